@@ -1,0 +1,139 @@
+"""The ``stagebench`` command: thin wrappers over plain functions.
+
+Each subcommand parses its arguments and calls one ``run``-style function that
+tests call directly (argv is injected, nothing reads ``sys.argv`` here except
+the default). User errors (a missing script, an unwritable directory, a bad
+option) print one line and exit 2; no tracebacks for them.
+
+Subcommands:
+  demo      the built-in example: diagnose a bundled SPDL pipeline on generated data
+  diagnose  run an unmodified script in diagnostic mode
+  report    rebuild summary.json and report.html from a run (or sweep) directory
+  compare   compare run directories side by side
+  sweep     the Hydra sweep app (all Hydra flags pass through)
+  data      generate the built-in ImageNet-style dataset
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["main", "StagebenchError"]
+
+
+class StagebenchError(Exception):
+    """A user error: printed as one line, exit code 2."""
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"stagebench: error: {msg}", file=sys.stderr)
+    return code
+
+
+def _cmd_demo(ns: argparse.Namespace) -> int:
+    from ._demo import run_demo
+
+    return run_demo(out=ns.out, quick=ns.quick)
+
+
+def _cmd_diagnose(ns: argparse.Namespace) -> int:
+    from ._diagnose import run_script
+
+    return run_script(ns.script, ns.args, out=ns.out)
+
+
+def _cmd_report(ns: argparse.Namespace) -> int:
+    from ._report import rebuild
+
+    path = rebuild(Path(ns.run_dir))
+    print(f"report: {path}")
+    return 0
+
+
+def _cmd_compare(ns: argparse.Namespace) -> int:
+    from ._compare import compare_runs
+
+    path = compare_runs([Path(p) for p in ns.run_dirs], out=Path(ns.out) if ns.out else None)
+    print(f"comparison: {path}")
+    return 0
+
+
+def _cmd_data(ns: argparse.Namespace) -> int:
+    from ._datasets import generate_imagenet
+
+    root = generate_imagenet(Path(ns.root), classes=ns.classes, per_class=ns.per_class, seed=ns.seed)
+    print(f"dataset: {root}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="stagebench",
+        description="How each stage of your data-loading pipeline scales, what holds it back, "
+        "and which num_workers / concurrency to use.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    d = sub.add_parser("demo", help="diagnose the built-in example pipeline on generated data")
+    d.add_argument("--out", default=None, help="run directory (default: a new folder under ./reports/)")
+    d.add_argument("--quick", action="store_true", help="smaller grid and budgets (about a minute)")
+    d.set_defaults(func=_cmd_demo)
+
+    g = sub.add_parser("diagnose", help="run SCRIPT in diagnostic mode (no training), write a report, exit")
+    g.add_argument("--out", default=None, help="run directory (default: STAGEBENCH_OUTPUT_DIR or ./reports/...)")
+    g.add_argument("script", help="the unmodified training script")
+    g.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    g.set_defaults(func=_cmd_diagnose)
+
+    r = sub.add_parser("report", help="rebuild summary.json and report.html from saved rows")
+    r.add_argument("run_dir", help="a run directory, or a multirun sweep directory")
+    r.set_defaults(func=_cmd_report)
+
+    c = sub.add_parser("compare", help="compare two or more run directories")
+    c.add_argument("run_dirs", nargs="+", help="run directories")
+    c.add_argument("--out", default=None, help="output folder (default: ./reports/compare-...)")
+    c.set_defaults(func=_cmd_compare)
+
+    s = sub.add_parser("sweep", help="Hydra app: sweep loader configurations from conf/ (try: sweep --help)",
+                       add_help=False)
+    s.set_defaults(func=None)
+
+    da = sub.add_parser("data", help="generate built-in datasets")
+    da_sub = da.add_subparsers(dest="dataset", metavar="DATASET", required=True)
+    im = da_sub.add_parser("imagenet", help="JPEGs in ImageNet layout (root/train/<class>/*.JPEG)")
+    im.add_argument("--root", required=True)
+    im.add_argument("--classes", type=int, default=10)
+    im.add_argument("--per-class", type=int, default=50)
+    im.add_argument("--seed", type=int, default=0)
+    im.set_defaults(func=_cmd_data)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "sweep":
+        # Hydra owns its own argument parsing (-m, --cfg, overrides, ...).
+        from ._hydra_app import main as sweep_main
+
+        return sweep_main(argv[1:])
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    if getattr(ns, "func", None) is None:
+        parser.print_help()
+        return 0 if not argv else 2
+    try:
+        return int(ns.func(ns) or 0)
+    except KeyboardInterrupt:
+        return _fail("interrupted; rows measured so far are on disk", 130)
+    except StagebenchError as e:
+        return _fail(str(e))
+    except FileNotFoundError as e:
+        return _fail(f"not found: {e.filename or e}")
+    except Exception as e:
+        from ._results import UnwritableOutputError
+
+        if isinstance(e, UnwritableOutputError):
+            return _fail(str(e))
+        raise

@@ -1,0 +1,99 @@
+"""Frozen, validated settings for measuring one point and for a sweep."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["MeasureConfig", "SweepConfig", "powers_of_two"]
+
+
+def powers_of_two(maximum: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to ``maximum`` (``maximum`` itself included if not a power)."""
+    if maximum < 1:
+        raise ValueError(f"max concurrency must be >= 1, got {maximum}")
+    levels = [1 << k for k in range(int(math.log2(maximum)) + 1)]
+    if levels[-1] != maximum:
+        levels.append(maximum)
+    return tuple(levels)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeasureConfig:
+    """How one point (stage x executor x concurrency) is measured."""
+
+    budget_s: float = 2.0
+    """Length of the steady-state window, in seconds. The window grows (up to
+    ``timeout_s``) only when items are so slow that fewer than three batches of
+    at least two item-latencies each would fit: a slow stage never gets an
+    interval it has not earned."""
+
+    warmup_s: float = 0.3
+    """Minimum warm-up before the window opens. The window also waits until every
+    worker has delivered at least one item (processes started, caches filled)."""
+
+    timeout_s: float = 60.0
+    """Hard deadline for the whole point. A stage that has not reached steady
+    state by then is recorded as ``timeout`` and its workers are cleaned up."""
+
+    max_batches: int = 10
+    """Batches for the batch-means confidence interval."""
+
+    confidence: float = 0.95
+    """Two-sided confidence level of ``qps_low``/``qps_high``."""
+
+    sample_interval_s: float = 0.1
+    """How often memory is sampled during the window."""
+
+    def __post_init__(self) -> None:
+        if not self.budget_s > 0:
+            raise ValueError(f"budget_s must be > 0, got {self.budget_s}")
+        if self.warmup_s < 0:
+            raise ValueError(f"warmup_s must be >= 0, got {self.warmup_s}")
+        if not self.timeout_s > self.budget_s:
+            raise ValueError(
+                f"timeout_s ({self.timeout_s}) must be larger than budget_s ({self.budget_s})"
+            )
+        if self.max_batches < 3:
+            raise ValueError(f"max_batches must be >= 3, got {self.max_batches}")
+        if not 0.5 < self.confidence < 1:
+            raise ValueError(f"confidence must be in (0.5, 1), got {self.confidence}")
+        if not self.sample_interval_s > 0:
+            raise ValueError(f"sample_interval_s must be > 0, got {self.sample_interval_s}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepConfig:
+    """Which points a stage sweep measures."""
+
+    executors: tuple[str, ...] = ("thread", "process")
+    """Executors to sweep. Coroutine functions always run on ``async``."""
+
+    concurrency: tuple[int, ...] = powers_of_two(32)
+    """Concurrency levels, ascending."""
+
+    harnesses: tuple[str, ...] = ("direct",)
+    """``direct`` (stagebench's workers) and/or ``spdl`` (a one-stage SPDL pipeline)."""
+
+    ceiling: bool = True
+    """Also measure the identity stage over the same inputs (the harness ceiling)."""
+
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+
+    ceiling_budget_s: float | None = None
+    """Window for ceiling points; ``None`` uses half of ``measure.budget_s``
+    (an identity stage reaches steady state quickly)."""
+
+    def __post_init__(self) -> None:
+        from ._schema import EXECUTORS, HARNESSES
+
+        for ex in self.executors:
+            if ex not in EXECUTORS:
+                raise ValueError(f"executors: unknown executor {ex!r}; allowed: {', '.join(EXECUTORS)}")
+        for h in self.harnesses:
+            if h not in HARNESSES:
+                raise ValueError(f"harnesses: unknown harness {h!r}; allowed: {', '.join(HARNESSES)}")
+        if not self.concurrency or any(c < 1 for c in self.concurrency):
+            raise ValueError(f"concurrency must be positive integers, got {self.concurrency}")
+        if list(self.concurrency) != sorted(set(self.concurrency)):
+            raise ValueError(f"concurrency must be ascending and distinct, got {self.concurrency}")

@@ -1,0 +1,339 @@
+"""Closed-loop runners: c workers, each taking the next cached input as soon as
+it finishes the previous one, recording (start, end, ok, worker, error) per item.
+
+A closed loop with exactly c items in flight is what "concurrency c" means in
+an SPDL pipe (c tasks in flight) and in a worker pool. The runners record
+timestamps from ``time.perf_counter`` (CLOCK_MONOTONIC on Linux), taken in the
+driving process so that process-pool latencies include the IPC they cost.
+
+Runners never raise for the stage's own errors: those are records with
+``ok=False``. A dead worker process is a fatal condition (:attr:`fatal`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import inspect
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+__all__ = [
+    "Record",
+    "Runner",
+    "ThreadRunner",
+    "AsyncRunner",
+    "ProcessRunner",
+    "is_coroutine_callable",
+    "make_runner",
+    "leaked_threads",
+]
+
+#: (start, end, ok, worker key, error message or None)
+Record = tuple[float, float, bool, Any, "str | None"]
+
+# Threads of timed-out points that are still inside the user's function. Python
+# cannot kill a thread; we say so instead of pretending it is gone.
+_LEAKED: list[threading.Thread] = []
+
+
+def leaked_threads() -> int:
+    """Worker threads abandoned by earlier points that are still running."""
+    return sum(t.is_alive() for t in _LEAKED)
+
+
+def _describe(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()
+    first = msg[0] if msg else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def is_coroutine_callable(fn: Callable) -> bool:
+    """True for ``async def`` functions, partials of them, and objects with ``async __call__``."""
+    while isinstance(fn, partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)
+    return call is not None and not inspect.isfunction(fn) and inspect.iscoroutinefunction(call)
+
+
+class Runner:
+    """Common state: records, the stop flag, and a fatal error if any."""
+
+    def __init__(self, fn: Callable, inputs: Sequence, concurrency: int) -> None:
+        if not inputs:
+            raise ValueError("no inputs to run the stage on")
+        self.fn = fn
+        self.inputs = inputs
+        self.concurrency = concurrency
+        self.records: list[Record] = []
+        self.fatal: str | None = None
+        self.fatal_status: str | None = None
+        self._stop = threading.Event()
+
+    def delivered_workers(self) -> int:
+        return len({r[3] for r in self.records})
+
+    def worker_pids(self) -> list[int]:
+        """Processes other than this one that run the stage (none for threads)."""
+        return []
+
+    def expected_workers(self) -> int:
+        """Distinct workers that must deliver before the window opens."""
+        return self.concurrency
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no item is in flight; False when the timeout passed first."""
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Release workers; kill them where that is possible."""
+        self._stop.set()
+
+
+class ThreadRunner(Runner):
+    """c daemon threads; worker i takes inputs i, i+c, i+2c, ... cyclically.
+
+    Daemon threads (not ThreadPoolExecutor, whose workers are joined at exit) so a
+    hung stage cannot keep the interpreter alive after the sweep ends.
+    """
+
+    def start(self) -> None:
+        self._threads = [
+            threading.Thread(target=self._work, args=(w,), name=f"stagebench-w{w}", daemon=True)
+            for w in range(self.concurrency)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _work(self, wid: int) -> None:
+        fn, inputs, n, step = self.fn, self.inputs, len(self.inputs), self.concurrency
+        append, now, stop = self.records.append, time.perf_counter, self._stop.is_set
+        i = wid
+        while not stop():
+            item = inputs[i % n]
+            i += step
+            t0 = now()
+            try:
+                fn(item)
+            except Exception as e:  # the stage's error is data, not a harness failure
+                append((t0, now(), False, wid, _describe(e)))
+            else:
+                append((t0, now(), True, wid, None))
+
+    def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    def abort(self) -> None:
+        super().abort()
+        _LEAKED.extend(t for t in getattr(self, "_threads", []) if t.is_alive())
+
+
+class AsyncRunner(Runner):
+    """c tasks in flight on one event loop, in its own thread (as SPDL runs coroutines)."""
+
+    def start(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stagebench-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._main_task = self._loop.create_task(self._main())
+            self._loop.run_until_complete(self._main_task)
+        except BaseException:  # cancelled by abort
+            pass
+        finally:
+            self._done.set()
+
+    async def _main(self) -> None:
+        await asyncio.gather(*(self._lane(w) for w in range(self.concurrency)))
+
+    async def _lane(self, wid: int) -> None:
+        fn, inputs, n, step = self.fn, self.inputs, len(self.inputs), self.concurrency
+        append, now, stop = self.records.append, time.perf_counter, self._stop.is_set
+        i = wid
+        while not stop():
+            item = inputs[i % n]
+            i += step
+            t0 = now()
+            try:
+                await fn(item)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                append((t0, now(), False, wid, _describe(e)))
+            else:
+                append((t0, now(), True, wid, None))
+
+    def wait_idle(self, timeout: float) -> bool:
+        return self._done.wait(timeout)
+
+    def abort(self) -> None:
+        super().abort()
+        if not self._done.is_set():
+            task = getattr(self, "_main_task", None)
+            if task is not None:
+                self._loop.call_soon_threadsafe(task.cancel)
+            if not self._done.wait(1.0):
+                _LEAKED.append(self._thread)  # the loop is blocked inside the stage
+
+
+# ---------------------------------------------------------------- processes
+_WORKER_FN: Callable | None = None
+_WORKER_INIT_ERROR: str | None = None
+
+
+def _worker_init(fn_bytes: bytes) -> None:
+    """Runs once per worker: unpickle the stage (cloudpickle) and keep it."""
+    global _WORKER_FN, _WORKER_INIT_ERROR
+    import cloudpickle
+
+    try:
+        _WORKER_FN = cloudpickle.loads(fn_bytes)
+    except Exception as e:  # e.g. the module defining it is not importable there
+        _WORKER_INIT_ERROR = f"cannot load the stage in a worker process: {_describe(e)}"
+
+
+def _worker_call(item: Any) -> tuple[int, bool, str | None, Any]:
+    if _WORKER_FN is None:
+        return (os.getpid(), False, _WORKER_INIT_ERROR or "stage not initialised", None)
+    try:
+        out = _WORKER_FN(item)
+    except Exception as e:
+        return (os.getpid(), False, _describe(e), None)
+    # The output travels back, as it does from a real process-pool stage.
+    return (os.getpid(), True, None, out)
+
+
+def _exit_codes(msg: str) -> str:
+    m = re.search(r"exit codes of the workers are (\{.*?\})", msg)
+    return m.group(1) if m else ""
+
+
+class ProcessRunner(Runner):
+    """A loky process pool of c workers with c calls in flight.
+
+    loky pickles with cloudpickle, so lambdas, functions from the user's
+    ``__main__``, partials and callable objects all run in workers. The stage is
+    sent once per worker (initializer); each call then ships only the item.
+    """
+
+    def __init__(self, fn: Callable, inputs: Sequence, concurrency: int, fn_bytes: bytes) -> None:
+        super().__init__(fn, inputs, concurrency)
+        self._fn_bytes = fn_bytes
+        self._in_flight = 0
+        self._idle = threading.Event()
+
+    def start(self) -> None:
+        from loky import ProcessPoolExecutor
+
+        self._ex = ProcessPoolExecutor(
+            max_workers=self.concurrency,
+            initializer=_worker_init,
+            initargs=(self._fn_bytes,),
+        )
+        self._driver = threading.Thread(target=self._drive, name="stagebench-driver", daemon=True)
+        self._driver.start()
+
+    def _drive(self) -> None:
+        inputs, n = self.inputs, len(self.inputs)
+        now = time.perf_counter
+        pending: dict[cf.Future, float] = {}
+        i = 0
+        try:
+            while True:
+                while not self._stop.is_set() and len(pending) < self.concurrency:
+                    fut = self._ex.submit(_worker_call, inputs[i % n])
+                    pending[fut] = now()
+                    i += 1
+                if not pending:
+                    break
+                done, _ = cf.wait(pending, timeout=0.05, return_when=cf.FIRST_COMPLETED)
+                t1 = now()
+                for fut in done:
+                    t0 = pending.pop(fut)
+                    exc = fut.exception()
+                    if exc is not None:
+                        self._on_pool_error(exc)
+                        return
+                    pid, ok, err, _out = fut.result()
+                    self.records.append((t0, t1, ok, pid, err))
+        except Exception as e:  # the pool broke while submitting
+            self._on_pool_error(e)
+        finally:
+            self._idle.set()
+
+    def _on_pool_error(self, exc: BaseException) -> None:
+        msg = str(exc)
+        name = type(exc).__name__
+        if name in ("TerminatedWorkerError", "BrokenProcessPool") or "terminated" in msg.lower():
+            codes = _exit_codes(msg)
+            self.fatal_status = "crashed"
+            self.fatal = f"a worker process died{f' (exit codes {codes})' if codes else ''}"
+        else:
+            # e.g. the item or the output could not be pickled
+            self.fatal_status = "failed"
+            self.fatal = _describe(exc)
+        self._stop.set()
+
+    def worker_pids(self) -> list[int]:
+        ex = getattr(self, "_ex", None)
+        try:
+            return list(getattr(ex, "_processes", None) or {})
+        except RuntimeError:  # dict changed size while the pool spawns
+            return []
+
+    def wait_idle(self, timeout: float) -> bool:
+        return self._idle.wait(timeout)
+
+    def abort(self) -> None:
+        super().abort()
+        ex = getattr(self, "_ex", None)
+        if ex is not None:
+            # kill_workers: a hung or runaway worker must not outlive its point.
+            ex.shutdown(wait=False, kill_workers=True)
+            self._reap(ex)
+
+    @staticmethod
+    def _reap(ex: Any) -> None:
+        procs = list(getattr(ex, "_processes", {}).values())
+        deadline = time.monotonic() + 5.0
+        for p in procs:
+            try:
+                p.join(max(0.0, deadline - time.monotonic()))
+            except Exception:
+                pass
+
+
+def make_runner(
+    executor: str, fn: Callable, inputs: Sequence, concurrency: int, fn_bytes: bytes | None = None
+) -> Runner:
+    if executor == "thread":
+        return ThreadRunner(fn, inputs, concurrency)
+    if executor == "async":
+        return AsyncRunner(fn, inputs, concurrency)
+    if executor == "process":
+        if fn_bytes is None:
+            import cloudpickle
+
+            fn_bytes = cloudpickle.dumps(fn)
+        return ProcessRunner(fn, inputs, concurrency, fn_bytes)
+    raise ValueError(f"executor: unknown {executor!r}; allowed: thread, process, async")

@@ -1,0 +1,260 @@
+"""Measure one point: a stage, an executor, a concurrency, a steady-state window.
+
+The protocol (each step is there for a reason):
+
+1. Start c workers in a closed loop over the cached inputs (cycled).
+2. Warm up until every worker has delivered at least one item *and* the
+   minimum warm-up has passed: process start-up, imports and cold caches stay
+   outside the window.
+3. Open the window; snapshot CPU and disk counters of the process tree.
+4. Keep the window open for the budget, longer only when items are so slow that
+   three batches of two item-latencies would not fit (never past the deadline).
+5. Close the window, snapshot again, read PSS while workers are alive.
+6. Stop taking new items, let in-flight items finish (their intervals straddle
+   the window end and count fractionally), then tear the workers down.
+7. Throughput = fractional item count / window, with a batch-means interval.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import pickle
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._config import MeasureConfig
+from ._executors import is_coroutine_callable, leaked_threads, make_runner
+from ._resources import ResourceMonitor, TreeSnapshot, tree_pss_mb
+from ._schema import EXECUTORS, HARNESSES, STAGE_COLUMNS
+from ._stats import batch_count, fractional_counts, mean_interval, percentiles_ms
+
+__all__ = ["measure_stage", "identity", "payload_bytes", "empty_row"]
+
+_POLL_S = 0.01
+
+
+def identity(x: Any) -> Any:
+    """The no-op stage behind every harness ceiling."""
+    return x
+
+
+async def async_identity(x: Any) -> Any:
+    return x
+
+
+def payload_bytes(inputs: Sequence, sample: int = 8) -> float:
+    """Mean pickled size of a few inputs: what a process executor ships per item."""
+    sizes = []
+    step = max(1, len(inputs) // sample)
+    for item in list(inputs)[::step][:sample]:
+        try:
+            sizes.append(len(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)))
+        except Exception:
+            return math.nan
+    return float(np.mean(sizes)) if sizes else math.nan
+
+
+def empty_row(stage: str, role: str, executor: str, harness: str, concurrency: int) -> dict[str, Any]:
+    row: dict[str, Any] = {c: math.nan for c in STAGE_COLUMNS}
+    row.update(
+        stage=stage, role=role, executor=executor, harness=harness, concurrency=int(concurrency),
+        status="ok", reason="", error_example="", n_errors=0, workers_seen=0,
+        started_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
+    )
+    return row
+
+
+def _skip_reason(fn: Callable, inputs: Sequence, executor: str) -> tuple[str | None, bytes | None]:
+    """Why this stage cannot run on this executor (None if it can), and its pickle."""
+    coro = is_coroutine_callable(fn)
+    if executor == "async" and not coro:
+        return "not a coroutine function: the event loop runs only async stages", None
+    if executor != "async" and coro:
+        return f"coroutine function: it runs on the event loop, not on a {executor} pool", None
+    if executor != "process":
+        return None, None
+    import cloudpickle
+
+    try:
+        fn_bytes = cloudpickle.dumps(fn)
+    except Exception as e:
+        return f"cannot be pickled for a process pool: {type(e).__name__}: {e}", None
+    try:
+        cloudpickle.dumps(inputs[0])
+    except Exception as e:
+        return f"inputs cannot be pickled for a process pool: {type(e).__name__}: {e}", None
+    return None, fn_bytes
+
+
+def measure_stage(
+    fn: Callable,
+    inputs: Sequence,
+    *,
+    executor: str = "thread",
+    concurrency: int = 1,
+    config: MeasureConfig | None = None,
+    name: str | None = None,
+    role: str = "stage",
+    harness: str = "direct",
+    payload: float | None = None,
+) -> dict[str, Any]:
+    """Measure ``fn`` over ``inputs`` at one executor and concurrency.
+
+    ``harness="spdl"`` runs the stage inside a one-stage SPDL pipeline instead of
+    stagebench's own workers (same window, same statistics).
+
+    Returns one row (a dict with :data:`stagebench._schema.STAGE_COLUMNS`). Never
+    raises for the stage's own faults: they become ``status``/``reason``. Only
+    ``KeyboardInterrupt`` propagates, after the workers are torn down.
+    """
+    cfg = config or MeasureConfig()
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor: unknown {executor!r}; allowed: {', '.join(EXECUTORS)}")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if harness not in HARNESSES:
+        raise ValueError(f"harness: unknown {harness!r}; allowed: {', '.join(HARNESSES)}")
+    inputs = list(inputs) if not isinstance(inputs, Sequence) else inputs
+    stage = name or getattr(fn, "__name__", None) or type(fn).__name__
+    row = empty_row(stage, role, executor, harness, concurrency)
+    row["payload_bytes"] = payload if payload is not None else payload_bytes(inputs)
+    t_begin = time.perf_counter()
+
+    if not inputs:
+        row.update(status="skipped", reason="no inputs")
+        return row
+    reason, fn_bytes = _skip_reason(fn, inputs, executor)
+    if reason:
+        row.update(status="skipped", reason=reason, elapsed_s=0.0)
+        return row
+
+    if harness == "spdl":
+        from ._spdl_harness import SpdlRunner
+
+        runner = SpdlRunner(fn, inputs, concurrency, executor, fn_bytes)
+    else:
+        runner = make_runner(executor, fn, inputs, concurrency, fn_bytes)
+    deadline = t_begin + cfg.timeout_s
+    outcome = None
+    try:
+        with ResourceMonitor(cfg.sample_interval_s, runner.worker_pids) as mon:
+            runner.start()
+            outcome = _run_window(runner, cfg, deadline, t_begin, row, mon)
+        runner.request_stop()
+        # In-flight items straddle the window end; wait for them (bounded).
+        idle = runner.wait_idle(max(0.0, min(deadline - time.perf_counter(), 5.0)))
+        if outcome is not None:
+            # Read PSS now: workers are alive but idle, so reading smaps does not
+            # fight the stage for the GIL.
+            row["mem_pss_mb"] = tree_pss_mb(runner.worker_pids())
+            if not idle:
+                row["reason"] = "an item was still running 5 s after the window closed"
+    finally:
+        runner.abort()
+    if outcome is not None:
+        t0, t1, snap0, snap1 = outcome
+        _fill_from_records(row, runner.records, t0, t1, snap0, snap1, cfg)
+    if runner.fatal is not None and row["status"] == "ok":
+        row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
+    if leaked_threads():
+        note = f"{leaked_threads()} worker thread(s) of a hung stage still running; later thread points may be perturbed"
+        row["reason"] = f"{row['reason']}; {note}" if row["reason"] else note
+    row["elapsed_s"] = time.perf_counter() - t_begin
+    return row
+
+
+def _run_window(runner, cfg, deadline, t_begin, row, mon):
+    """Warm up, then time the window. Returns (t0, t1, snap0, snap1) or None."""
+    c = runner.concurrency
+    while True:
+        now = time.perf_counter()
+        if runner.fatal is not None:
+            row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
+            return None
+        seen = runner.delivered_workers()
+        if seen >= runner.expected_workers() and now - t_begin >= cfg.warmup_s:
+            break
+        if now >= deadline:
+            row.update(
+                status="timeout",
+                reason=f"no steady state within {cfg.timeout_s:g}s: {seen} of {c} workers delivered an item",
+                workers_seen=seen,
+            )
+            return None
+        time.sleep(_POLL_S)
+    row["workers_seen"] = runner.delivered_workers()
+    t0 = time.perf_counter()
+    row["warmup_s"] = t0 - t_begin
+    snap0 = TreeSnapshot.take(runner.worker_pids())
+    mon.peak_rss_mb = 0.0
+    end = t0 + cfg.budget_s
+    extended = False
+    while True:
+        now = time.perf_counter()
+        if runner.fatal is not None:
+            row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
+            return None
+        if now >= end:
+            if extended:
+                break
+            extended = True
+            lat = _median_latency(runner.records, t0)
+            # three batches of two latencies each, capped by the deadline
+            need = t0 + 6.0 * lat if math.isfinite(lat) else end
+            end = min(max(end, need), deadline - 0.5)
+            if end <= now:
+                break
+            continue
+        time.sleep(min(_POLL_S * 5, max(0.0, end - now)))
+    t1 = time.perf_counter()
+    snap1 = TreeSnapshot.take(runner.worker_pids())
+    mon._sample()
+    row["mem_peak_mb"] = mon.peak_rss_mb
+    return t0, t1, snap0, snap1
+
+
+def _median_latency(records, since: float) -> float:
+    recent = [r[1] - r[0] for r in records[-2000:] if r[1] >= since]
+    if not recent:
+        recent = [r[1] - r[0] for r in records[-2000:]]
+    return float(np.median(recent)) if recent else math.nan
+
+
+def _fill_from_records(row, records, t0, t1, snap0, snap1, cfg: MeasureConfig) -> None:
+    recs = [r for r in list(records) if r[1] > t0 and r[0] < t1]
+    ok = [r for r in recs if r[2]]
+    bad = [r for r in recs if not r[2] and t0 < r[1] <= t1]
+    window = t1 - t0
+    row["window_s"] = window
+    row["n_errors"] = len(bad)
+    if bad:
+        row["error_example"] = bad[0][4] or ""
+    starts = np.array([r[0] for r in ok])
+    ends = np.array([r[1] for r in ok])
+    durations = np.array([r[1] - r[0] for r in ok if t0 < r[1] <= t1])
+    lat_med = float(np.median(durations)) if len(durations) else window
+    nb = batch_count(window, lat_med, cfg.max_batches)
+    edges = np.linspace(t0, t1, nb + 1)
+    counts = fractional_counts(starts, ends, edges)
+    n_items = float(counts.sum())
+    rates = counts / (window / nb)
+    qps, lo, hi, cv = mean_interval(rates, cfg.confidence)
+    row.update(
+        n_items=n_items, n_batches=nb, qps=qps if n_items > 0 else 0.0,
+        qps_low=lo, qps_high=hi, qps_cv=cv,
+    )
+    row["latency_p50_ms"], row["latency_p90_ms"], row["latency_p99_ms"] = percentiles_ms(durations)
+    cpu = snap1.cpu_since(snap0)
+    row["cores_used"] = cpu / window
+    row["cpu_s_per_item"] = cpu / n_items if n_items > 0 else math.nan
+    row["disk_read_mb_s"] = snap1.read_bytes_since(snap0) / window / 2**20
+    row["read_mb_s"] = snap1.read_chars_since(snap0) / window / 2**20
+    if n_items == 0:
+        if bad:
+            row.update(status="failed", reason=f"every item raised: {row['error_example']}")
+        else:
+            row.update(status="timeout", reason=f"no item completed in a {window:.1f}s window")

@@ -1,0 +1,103 @@
+"""What a measurement was taken on: machine, interpreter, libraries, knobs, load.
+
+A throughput figure without its machine is not a claim anyone can check. Every
+run directory stores this next to its rows; comparisons warn when runs differ.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import socket
+import sys
+import sysconfig
+from importlib import metadata
+
+import psutil
+
+__all__ = ["collect_provenance", "load_warnings", "is_free_threaded"]
+
+_ENV_KNOBS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "PYTHON_GIL",
+    "SPDL_PIPELINE_DIAGNOSTIC_MODE",
+    "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS",
+    "LOCAL_RANK",
+    "SLURM_JOB_ID",
+    "SLURM_JOB_PARTITION",
+    "SLURM_CPUS_PER_TASK",
+)
+_LIBRARIES = ("stagebench", "spdl", "spdl_core", "spdl_io", "torch", "numpy", "pandas", "joblib", "loky", "hydra-core")
+
+
+def is_free_threaded() -> bool:
+    """True on a free-threaded (no-GIL) CPython build with the GIL actually off."""
+    built = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+    gil_check = getattr(sys, "_is_gil_enabled", None)
+    return built and (gil_check is None or not gil_check())
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def collect_provenance() -> dict:
+    """A JSON-ready description of this machine and process, taken now."""
+    vm = psutil.virtual_memory()
+    try:
+        affinity = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        affinity = list(range(os.cpu_count() or 1))
+    return {
+        "taken_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": affinity,
+        "usable_cores": len(affinity),
+        "memory_total_gb": round(vm.total / 2**30, 2),
+        "memory_available_gb": round(vm.available / 2**30, 2),
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "free_threaded": is_free_threaded(),
+        "libraries": {name: _version(name) for name in _LIBRARIES},
+        "env": {k: os.environ.get(k) for k in _ENV_KNOBS if k in os.environ},
+        "load_avg": list(os.getloadavg()),
+    }
+
+
+def load_warnings(before: dict, after: dict | None = None) -> list[str]:
+    """Warnings when the machine looked busy around the measurement.
+
+    The 1-minute load average counts runnable tasks, including ours; a load
+    above half the usable cores before we started means someone else was busy.
+    """
+    out = []
+    cores = before.get("usable_cores") or 1
+    la0 = before.get("load_avg", [0.0])[0]
+    if la0 > 0.5 * cores:
+        out.append(
+            f"the machine was busy before the run (1-min load {la0:.2f} on {cores} cores): "
+            "timings may be low and intervals wide"
+        )
+    if after is not None and before.get("hostname") != after.get("hostname"):
+        out.append("the run moved between machines")
+    return out

@@ -1,0 +1,148 @@
+"""CPU, memory and disk counters of this process and its pool's worker processes.
+
+Summing over the workers is what lets a process-pool stage show the cores they
+really used. The set of processes is explicit (this process plus the worker
+pids the runner reports), never a scan of /proc: while the stage's threads hold
+the GIL, every /proc read costs a GIL hand-off (a convoy of milliseconds each),
+so a scan of hundreds of processes both takes seconds and perturbs the very
+stage being measured. RSS summed over processes counts
+shared pages (the interpreter, torch) once per process, so the peak is reported
+as "summed RSS" and the honest total is PSS, read once at the end of the window
+(PSS reads smaps and costs milliseconds per process: too slow to poll).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+__all__ = ["TreeSnapshot", "ResourceMonitor", "tree_pss_mb", "tree_uss_mb"]
+
+
+def _procs(pids: "list[int] | tuple[int, ...]") -> list[psutil.Process]:
+    out = []
+    for pid in pids:
+        try:
+            out.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TreeSnapshot:
+    """Counters of a process tree at one instant, keyed by pid."""
+
+    t: float
+    cpu_s: dict[int, float]
+    read_bytes: dict[int, int]
+    read_chars: dict[int, int]
+
+    @classmethod
+    def take(cls, worker_pids: "list[int] | tuple[int, ...]" = ()) -> "TreeSnapshot":
+        """Counters of this process (all its threads) and of ``worker_pids``."""
+        cpu: dict[int, float] = {}
+        rb: dict[int, int] = {}
+        rc: dict[int, int] = {}
+        me = os.getpid()
+        t = os.times()  # a syscall, no file read
+        cpu[me] = t.user + t.system
+        for p in _procs([me, *worker_pids]):
+            try:
+                with p.oneshot():
+                    if p.pid != me:
+                        ct = p.cpu_times()
+                        cpu[p.pid] = ct.user + ct.system
+                    try:
+                        io = p.io_counters()
+                        rb[p.pid] = io.read_bytes
+                        rc[p.pid] = getattr(io, "read_chars", io.read_bytes)
+                    except (psutil.AccessDenied, AttributeError, NotImplementedError):
+                        pass
+            except psutil.Error:
+                continue
+        return cls(time.perf_counter(), cpu, rb, rc)
+
+    @staticmethod
+    def _delta(a: dict[int, float], b: dict[int, float]) -> float:
+        # A worker born inside the window counts from zero; one that died inside it
+        # is lost (its CPU is not attributable): the sweep records crashes anyway.
+        return float(sum(v - a.get(pid, 0) for pid, v in b.items()))
+
+    def cpu_since(self, earlier: "TreeSnapshot") -> float:
+        return self._delta(earlier.cpu_s, self.cpu_s)
+
+    def read_bytes_since(self, earlier: "TreeSnapshot") -> float:
+        return self._delta(earlier.read_bytes, self.read_bytes)  # type: ignore[arg-type]
+
+    def read_chars_since(self, earlier: "TreeSnapshot") -> float:
+        return self._delta(earlier.read_chars, self.read_chars)  # type: ignore[arg-type]
+
+
+def tree_pss_mb(worker_pids: "list[int] | tuple[int, ...]" = ()) -> float:
+    """Proportional set size of this process and the workers in MiB (shared pages split)."""
+    total = 0
+    for p in _procs([os.getpid(), *worker_pids]):
+        try:
+            total += p.memory_full_info().pss
+        except (psutil.Error, AttributeError):
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+    return total / 2**20
+
+
+def tree_uss_mb(worker_pids: "list[int] | tuple[int, ...]" = ()) -> float:
+    """Unique set size of this process and the workers in MiB: memory freed if they exited."""
+    total = 0
+    for p in _procs([os.getpid(), *worker_pids]):
+        try:
+            total += p.memory_full_info().uss
+        except (psutil.Error, AttributeError):
+            pass
+    return total / 2**20
+
+
+class ResourceMonitor:
+    """Samples summed RSS of this process and the workers in a background thread; keeps the peak.
+
+    ``worker_pids`` is called at each sample: pools start workers lazily.
+    """
+
+    def __init__(self, interval_s: float = 0.25, worker_pids: "Callable[[], list[int]] | None" = None) -> None:
+        self._pids = worker_pids or (lambda: [])
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.peak_rss_mb = 0.0
+
+    def _sample(self) -> None:
+        total = 0
+        for p in _procs([os.getpid(), *self._pids()]):
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        self.peak_rss_mb = max(self.peak_rss_mb, total / 2**20)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._sample()
+
+    def __enter__(self) -> "ResourceMonitor":
+        self._sample()
+        self._thread = threading.Thread(target=self._run, name="stagebench-mem", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        self._sample()

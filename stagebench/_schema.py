@@ -1,0 +1,76 @@
+"""The data contract: names and allowed values of the tidy result rows.
+
+One row is one measured point. Every analysis, report and summary is a pure
+function of these rows, so `stagebench report RUN_DIR` can rebuild anything
+from `results.csv` alone. Changing a column name is a breaking change of the
+results schema; bump :data:`RESULTS_SCHEMA_VERSION` when you do.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RESULTS_SCHEMA_VERSION",
+    "SUMMARY_SCHEMA_VERSION",
+    "EXECUTORS",
+    "HARNESSES",
+    "STATUSES",
+    "ROLES",
+    "STAGE_COLUMNS",
+]
+
+RESULTS_SCHEMA_VERSION = 1
+SUMMARY_SCHEMA_VERSION = 1
+
+#: How a stage is run: a pool of threads, a pool of processes, or c coroutines
+#: in flight on one event loop.
+EXECUTORS = ("thread", "process", "async")
+
+#: Which harness drove the stage: stagebench's own closed-loop workers
+#: (``direct``), or a one-stage SPDL pipeline (``spdl``, what a real pipeline
+#: can deliver, including SPDL's per-item overhead).
+HARNESSES = ("direct", "spdl")
+
+#: ``ok``: measured. ``failed``: every item raised (or the run raised).
+#: ``timeout``: no steady state before the point's deadline (a hang).
+#: ``crashed``: a worker process died. ``skipped``: cannot run this way
+#: (cannot be pickled, a coroutine on a process pool, ...), with the reason.
+STATUSES = ("ok", "failed", "timeout", "crashed", "skipped")
+
+#: ``stage``: the user's function. ``ceiling``: an identity stage over the same
+#: inputs through the same harness and executor: the most the harness can
+#: deliver for this payload (per-item overhead and, for processes, IPC).
+ROLES = ("stage", "ceiling")
+
+#: Columns of a stage-measurement row, in order (``results.csv``).
+STAGE_COLUMNS = (
+    "stage",            # user-given stage name (any string)
+    "role",             # ROLES
+    "executor",         # EXECUTORS
+    "harness",          # HARNESSES
+    "concurrency",      # workers / tasks in flight
+    "status",           # STATUSES
+    "reason",           # why not ok ("" when ok)
+    "qps",              # successful items per second in the steady-state window
+    "qps_low",          # 95% confidence interval (batch means, Student t)
+    "qps_high",
+    "qps_cv",           # coefficient of variation of the batch means
+    "n_items",          # successful items completed in the window (fractional count)
+    "n_errors",         # items that raised in the window
+    "error_example",    # one exception message, when any item raised
+    "window_s",         # length of the timed window
+    "warmup_s",         # time from start until every worker had delivered
+    "n_batches",        # batches behind the interval
+    "latency_p50_ms",   # per-item latency (call to return; processes: submit to result)
+    "latency_p90_ms",
+    "latency_p99_ms",
+    "cpu_s_per_item",   # CPU seconds (process + workers) per successful item
+    "cores_used",       # CPU seconds / wall seconds in the window
+    "mem_peak_mb",      # peak of summed RSS of the process and its workers (sampled)
+    "mem_pss_mb",       # PSS of the process and its workers at window end (no double count)
+    "disk_read_mb_s",   # bytes read from storage per second (psutil read_bytes)
+    "read_mb_s",        # bytes read through read() per second, page cache included
+    "payload_bytes",    # mean pickled size of one input item
+    "workers_seen",     # distinct workers that delivered before the window opened
+    "started_at",       # ISO time the point started
+    "elapsed_s",        # wall time of the whole point, start-up and tear-down included
+)

@@ -1,0 +1,109 @@
+"""Sweep one stage over harness x executor x concurrency, with its ceiling.
+
+Each point is written to disk the moment it is measured. A point that shows
+the stage cannot run this way (skipped), never gets going (timeout), or fails
+on every item skips the remaining levels of that executor with the reason:
+repeating a 60 s hang at six levels helps nobody. A crash does not: running
+out of memory at 32 processes says nothing about 4.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._config import SweepConfig
+from ._executors import is_coroutine_callable
+from ._measure import async_identity, empty_row, identity, measure_stage, payload_bytes
+from ._progress import Progress
+from ._results import RowWriter
+from ._schema import STAGE_COLUMNS
+
+__all__ = ["sweep_stage", "plan_points"]
+
+_STOP_STATUSES = ("skipped", "timeout", "failed")
+
+
+def _executors_for(fn: Callable, config: SweepConfig) -> tuple[str, ...]:
+    if is_coroutine_callable(fn):
+        return ("async",)  # coroutines run on the event loop, never on a pool
+    out = tuple(e for e in config.executors if e != "async")
+    return out or ("thread",)
+
+
+def plan_points(fn: Callable, config: SweepConfig) -> list[tuple[str, str, str, int]]:
+    """(role, harness, executor, concurrency) in measuring order."""
+    pts = []
+    for harness in config.harnesses:
+        for ex in _executors_for(fn, config):
+            for c in config.concurrency:
+                pts.append(("stage", harness, ex, c))
+                if config.ceiling:
+                    pts.append(("ceiling", harness, ex, c))
+    return pts
+
+
+def sweep_stage(
+    fn: Callable,
+    inputs: Sequence,
+    *,
+    name: str | None = None,
+    config: SweepConfig | None = None,
+    writer: RowWriter | None = None,
+    progress: Progress | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+):
+    """Measure ``fn`` at every planned point; return a tidy DataFrame (one row per point).
+
+    Rows are appended to ``writer`` as they are measured. ``KeyboardInterrupt``
+    propagates after the current point's workers are torn down; every row
+    measured before it is already on disk.
+    """
+    import pandas as pd
+
+    cfg = config or SweepConfig()
+    stage = name or getattr(fn, "__name__", None) or type(fn).__name__
+    inputs = list(inputs)
+    payload = payload_bytes(inputs) if inputs else math.nan
+    noop = async_identity if is_coroutine_callable(fn) else identity
+    ceiling_cfg = cfg.measure
+    if cfg.ceiling:
+        from dataclasses import replace
+
+        budget = cfg.ceiling_budget_s or max(0.2, cfg.measure.budget_s / 2)
+        ceiling_cfg = replace(cfg.measure, budget_s=budget)
+
+    rows: list[dict[str, Any]] = []
+    stopped: dict[tuple[str, str, str], str] = {}
+    for role, harness, ex, c in plan_points(fn, cfg):
+        key = (role, harness, ex)
+        if key in stopped:
+            row = empty_row(stage, role, ex, harness, c)
+            row.update(status="skipped", reason=stopped[key], payload_bytes=payload, elapsed_s=0.0)
+        else:
+            if progress is not None:
+                progress.start(f"{stage} | {role} {harness}/{ex} c={c}")
+            row = measure_stage(
+                fn if role == "stage" else noop,
+                inputs,
+                executor=ex,
+                concurrency=c,
+                config=cfg.measure if role == "stage" else ceiling_cfg,
+                name=stage,
+                role=role,
+                harness=harness,
+                payload=payload,
+            )
+            if row["status"] in _STOP_STATUSES:
+                stopped[key] = f"not measured: {row['status']} at concurrency {c} ({row['reason']})"
+                if row["status"] == "skipped":
+                    stopped[key] = row["reason"]
+        rows.append(row)
+        if writer is not None:
+            writer.write(row)
+        if progress is not None:
+            progress.done(row)
+        if on_row is not None:
+            on_row(row)
+    return pd.DataFrame(rows, columns=list(STAGE_COLUMNS))
