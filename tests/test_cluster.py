@@ -93,3 +93,47 @@ def test_submitit_runs_a_python_function_on_slurm(slurm, tmp_path):
     assert got["prefix"] == sys.prefix  # this venv, with stagebench in it
     # An exclusive job has every core of the node.
     assert got["cores"] == len(os.sched_getaffinity(0))
+
+
+def _conf_dir() -> Path:
+    """The conf/ that ships with the installed package (the checkout's one in a dev install)."""
+    import stagebench
+
+    shipped = Path(stagebench.__file__).resolve().parent / "conf"
+    return shipped if shipped.is_dir() else HERE.parent / "conf"
+
+
+def _launcher(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(_conf_dir()), version_base="1.3"):
+        cfg = compose(config_name=None, overrides=list(overrides), return_hydra_config=True)
+    return cfg.hydra.launcher
+
+
+def test_slurm_launcher_defaults_are_for_timing():
+    launcher = _launcher("hydra/launcher=slurm")
+    assert launcher_kind(launcher) == "submitit_slurm"
+    assert launcher.additional_parameters.exclusive is True
+    assert launcher.cpus_per_task is None  # the exclusive node's cores are all the job's
+    assert launcher.timeout_min == 60 and launcher.array_parallelism == 8
+    assert launcher_warnings(launcher) == []
+    # Every key of the plugin's schema is still there to override, with its types.
+    over = _launcher("hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.account=me",
+                     "hydra.launcher.timeout_min=30")
+    assert (over.partition, over.account, over.timeout_min) == ("gpu", "me", 30)
+
+
+def test_shared_machines_are_warned_about():
+    shared = _launcher("hydra/launcher=slurm", "~hydra.launcher.additional_parameters.exclusive")
+    assert "share nodes" in launcher_warnings(shared)[0]
+    assert "share nodes" in launcher_warnings(_launcher("hydra/launcher=submitit_slurm"))[0]
+    user = _launcher("hydra/launcher=slurm", "hydra.launcher.additional_parameters.exclusive=user")
+    assert "your own jobs" in launcher_warnings(user)[0]
+    local = _launcher("hydra/launcher=submitit_local")
+    assert launcher_kind(local) == "submitit_local"
+    assert "at once" in launcher_warnings(local)[0]
+    assert "at once" in launcher_warnings(_launcher("hydra/launcher=joblib"))[0]
+    assert launcher_warnings(_launcher("hydra/launcher=joblib", "hydra.launcher.n_jobs=1")) == []
+    basic = _launcher()
+    assert launcher_kind(basic) == "basic" and launcher_warnings(basic) == []
