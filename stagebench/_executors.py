@@ -182,6 +182,11 @@ class AsyncRunner(Runner):
                 append((t0, now(), False, wid, _describe(e)))
             else:
                 append((t0, now(), True, wid, None))
+            # A coroutine that never suspends (the no-op ceiling, or a stage that
+            # awaits nothing) would otherwise keep this lane running forever and
+            # starve the other c-1 lanes; SPDL runs each item as its own task, so
+            # every item gives the loop a turn there too.
+            await asyncio.sleep(0)
 
     def wait_idle(self, timeout: float) -> bool:
         return self._done.wait(timeout)
