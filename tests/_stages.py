@@ -1,0 +1,190 @@
+"""Known-answer stage functions for tests: work whose GIL share is known by construction.
+
+Every stage here is a small picklable callable object, so the same instance runs
+on threads, on the event loop (the async ones) and in worker processes. The
+amount of work is fixed when the object is built, in the parent process:
+
+- CPU work is a **fixed loop count**, never "spin until the clock has advanced
+  by g ms". A wall-clock spin finishes on time even while it waits for the GIL
+  (the clock runs while it is descheduled), so it would look GIL-free on
+  threads. A fixed amount of bytecode can only finish when it has held the GIL
+  long enough to execute.
+- The loop count (and the hash size of :class:`HashCPU`) is calibrated **once
+  per process**, by the fastest of several short trials: the fastest trial is
+  the one least disturbed by other load on a shared machine, so ``spin(g)`` is
+  g ms of uncontended work. Worker processes never recalibrate; they receive
+  the count inside the pickled object.
+
+Per-item time is t = g (GIL held) + r (GIL released: sleeping, or C code that
+drops the GIL), so the GIL fraction of :class:`SpinSleep` is g / (g + r).
+Threads then reach about ``min(c / t, 1 / g, cores / cpu_per_item)`` items/s.
+
+Use::
+
+    from _stages import SpinSleep, Sleep, Spin, HashCPU, AsyncSleep
+    stage = SpinSleep(spin_ms=0.8, sleep_ms=3.2)   # GIL fraction 0.2
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Calibration",
+    "calibrate",
+    "spin_loops",
+    "Spin",
+    "Sleep",
+    "SpinSleep",
+    "HashCPU",
+    "AsyncSleep",
+    "AsyncSpinSleep",
+]
+
+# Short trials (about 1 ms each): on a busy machine the scheduler preempts us
+# every few milliseconds, and only a trial shorter than a time slice can run
+# undisturbed. Many trials make it likely that at least one did.
+_TRIAL_LOOPS = 20_000
+_TRIAL_HASH_BYTES = 1 << 20
+
+
+def spin_loops(n: int) -> int:
+    """Pure-Python work that holds the GIL for all of it: ``n`` loop iterations."""
+    x = 0
+    for i in range(n):
+        x += i
+    return x
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """How much fixed work takes one millisecond on this machine (uncontended)."""
+
+    loops_per_ms: float
+    hash_bytes_per_ms: float
+
+
+def _fastest(fn, trials: int) -> float:
+    best = float("inf")
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@functools.cache
+def calibrate(trials: int = 40) -> Calibration:
+    """Calibrate once per process (cached): the fastest of ``trials`` short runs."""
+    spin_s = _fastest(lambda: spin_loops(_TRIAL_LOOPS), trials)
+    buf = bytes(_TRIAL_HASH_BYTES)
+    hash_s = _fastest(lambda: hashlib.sha256(buf).digest(), trials)
+    return Calibration(
+        loops_per_ms=_TRIAL_LOOPS / (spin_s * 1e3),
+        hash_bytes_per_ms=_TRIAL_HASH_BYTES / (hash_s * 1e3),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Spin:
+    """Hold the GIL for ``ms`` milliseconds of pure-Python work (GIL fraction 1)."""
+
+    ms: float
+    loops: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "loops", int(round(self.ms * calibrate().loops_per_ms)))
+
+    def __call__(self, item):
+        spin_loops(self.loops)
+        return item
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Wait ``ms`` milliseconds with the GIL released (GIL fraction 0, no CPU)."""
+
+    ms: float
+
+    def __call__(self, item):
+        time.sleep(self.ms / 1e3)
+        return item
+
+
+@dataclass(frozen=True, slots=True)
+class SpinSleep:
+    """Spin ``spin_ms`` (GIL held) then sleep ``sleep_ms``: GIL fraction spin / (spin + sleep)."""
+
+    spin_ms: float
+    sleep_ms: float
+    loops: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "loops", int(round(self.spin_ms * calibrate().loops_per_ms)))
+
+    @property
+    def gil_fraction(self) -> float:
+        return self.spin_ms / (self.spin_ms + self.sleep_ms)
+
+    def __call__(self, item):
+        spin_loops(self.loops)
+        if self.sleep_ms > 0:
+            time.sleep(self.sleep_ms / 1e3)
+        return item
+
+
+# Each process builds the buffer once; only its size travels in the pickle.
+_HASH_BUFFERS: dict[int, bytes] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class HashCPU:
+    """``ms`` milliseconds of CPU in hashlib, which releases the GIL for large buffers.
+
+    CPU-bound but (almost) GIL-free: threads scale to the cores like processes.
+    """
+
+    ms: float
+    nbytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nbytes", max(4096, int(self.ms * calibrate().hash_bytes_per_ms)))
+
+    def __call__(self, item):
+        buf = _HASH_BUFFERS.get(self.nbytes)
+        if buf is None:
+            buf = _HASH_BUFFERS.setdefault(self.nbytes, bytes(self.nbytes))
+        hashlib.sha256(buf).digest()
+        return item
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncSleep:
+    """A coroutine stage that awaits ``ms`` milliseconds (never blocks the event loop)."""
+
+    ms: float
+
+    async def __call__(self, item):
+        await asyncio.sleep(self.ms / 1e3)
+        return item
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncSpinSleep:
+    """A coroutine stage that blocks the loop for ``spin_ms`` of Python, then awaits ``sleep_ms``."""
+
+    spin_ms: float
+    sleep_ms: float
+    loops: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "loops", int(round(self.spin_ms * calibrate().loops_per_ms)))
+
+    async def __call__(self, item):
+        spin_loops(self.loops)
+        await asyncio.sleep(self.sleep_ms / 1e3)
+        return item
