@@ -84,8 +84,18 @@ def _looks_like_code(obj: Any) -> bool:
     ) or (callable(obj) and hasattr(type(obj), "__call__") and not isinstance(obj, _SIMPLE))
 
 
+def _const_key(c: Any) -> Any:
+    if isinstance(c, types.CodeType):
+        return _code_key(c)
+    if isinstance(c, frozenset):  # `x in {"a", "b"}`: repr order follows string hashing, which varies per process
+        return ("frozenset", tuple(sorted(repr(x) for x in c)))
+    if isinstance(c, tuple):
+        return tuple(_const_key(x) for x in c)
+    return repr(c)
+
+
 def _code_key(code: types.CodeType) -> tuple:
-    consts = tuple(_code_key(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts)
+    consts = tuple(_const_key(c) for c in code.co_consts)
     return ("code", code.co_code, consts, code.co_names, code.co_varnames, code.co_freevars)
 
 

@@ -1,0 +1,942 @@
+"""Diagnostic mode: an unmodified training script, diagnosed instead of trained.
+
+``SPDL_PIPELINE_DIAGNOSTIC_MODE=1 python train.py`` (or ``stagebench diagnose
+train.py ARGS``): SPDL's ``build_pipeline`` hands the pipeline config to
+``spdl.pipeline._profile._build_pipeline_diagnostic_mode``; :func:`patch_spdl`
+replaces that function so the user gets a stand-in pipeline. Its first
+iteration runs :func:`diagnose_pipeline` and exits: the training loop body
+never runs.
+
+The diagnosis, in order (each step for a reason):
+
+1. Validate settings, split the pipeline into stages (:mod:`._isolate`) and
+   create the run directory *before any work*: a typo in an environment
+   variable or an unwritable folder must not cost the user a source read.
+2. Write ``run.json`` first, so a run killed halfway is still identifiable.
+3. Read the source once; run each stage once over the previous stage's
+   outputs (cached on disk by :mod:`._stage_cache`), then sweep it alone:
+   thread / process (async: the event loop) x the concurrency grid, through
+   stagebench's workers and through a one-stage SPDL pipeline, each with its
+   no-op ceiling. Rows are on disk the moment they are measured.
+4. Run the whole pipeline once with the recommended settings over the cached
+   source items (the validation run): isolated curves predict, this checks.
+5. Summarize, write the report, print a short table, exit 0.
+
+Worker processes inherit the environment. The variable is set to ``0`` as
+soon as a diagnosis starts, so no worker (and none of the one-stage SPDL
+pipelines built while sweeping) ever starts a diagnosis of its own.
+
+This module is imported while ``spdl`` is being imported (from the
+post-import hook), so its top level imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import runpy
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DiagnoseSettings",
+    "DiagnoseError",
+    "SettingsError",
+    "ENV_VARS",
+    "patch_spdl",
+    "diagnose_pipeline",
+    "run_script",
+]
+
+_MODE_VAR = "SPDL_PIPELINE_DIAGNOSTIC_MODE"
+
+#: Every environment variable diagnostic mode reads, with what it means (the README table).
+ENV_VARS: dict[str, str] = {
+    "SPDL_PIPELINE_DIAGNOSTIC_MODE": "1 (or true/on/yes): diagnose the first SPDL pipeline the script iterates, then exit",
+    "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS": "source items read once and cached (default 200)",
+    "LOCAL_RANK": "only local rank 0 diagnoses; other ranks exit 0 quietly",
+    "STAGEBENCH_OUTPUT_DIR": "the run directory (default: a new folder under ./reports/)",
+    "STAGEBENCH_BUDGET_S": "length of each point's timed window, seconds (default 1.0)",
+    "STAGEBENCH_CONCURRENCY": "concurrency grid, e.g. 1,2,4,8 (default 1,2,4,8,16)",
+    "STAGEBENCH_MAX_CONCURRENCY": "grid of powers of two up to this (alternative to STAGEBENCH_CONCURRENCY)",
+    "STAGEBENCH_EXECUTORS": "executors for sync stages: thread,process (default both; async stages use the event loop)",
+    "STAGEBENCH_HARNESSES": "direct (stagebench's workers), spdl (a one-stage SPDL pipeline); default direct,spdl",
+    "STAGEBENCH_WARMUP_S": "minimum warm-up before each window, seconds (default 0.3)",
+    "STAGEBENCH_TIMEOUT_S": "deadline of one point; a stage that has not delivered by then is a hang (default 30)",
+    "STAGEBENCH_VALIDATION_S": "window of the whole-pipeline validation run, seconds (default max(2, 2 x budget); 0: skip)",
+    "STAGEBENCH_CACHE_DIR": "where stage outputs are cached (default <parent of run dir>/.stagebench-cache; off: no cache)",
+    "STAGEBENCH_CACHE_MAX_MB": "most MB of one stage's outputs kept; later items are dropped, with a message (default 1024)",
+}
+
+_TRUE = ("1", "true", "TRUE", "on", "ON", "yes", "YES")
+
+
+class SettingsError(ValueError):
+    """A bad setting: one line naming the variable and the allowed values."""
+
+
+class DiagnoseError(Exception):
+    """The diagnosis could not run; ``code`` is the exit status to use."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ---------------------------------------------------------------------------- settings
+def _default_grid() -> tuple[int, ...]:
+    return (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiagnoseSettings:
+    """What a diagnosis measures; read from the environment by :meth:`from_env`."""
+
+    num_items: int = 200
+    """Source items read once and cached. 200 is enough for a stable window
+    (inputs are cycled) while keeping decoded images in memory modest."""
+    output_dir: str | None = None
+    budget_s: float = 1.0
+    concurrency: tuple[int, ...] = field(default_factory=_default_grid)
+    executors: tuple[str, ...] = ("thread", "process")
+    harnesses: tuple[str, ...] = ("direct", "spdl")
+    warmup_s: float = 0.3
+    timeout_s: float = 30.0
+    validation_s: float | None = None
+    """``None``: max(2, 2 x budget_s). ``0``: no validation run."""
+    cache_dir: str | None = None
+    """``None``: ``<parent of run dir>/.stagebench-cache``; ``"off"``: no disk cache."""
+    cache_max_mb: float = 1024.0
+
+    def __post_init__(self) -> None:
+        from ._schema import HARNESSES
+
+        if self.num_items < 1:
+            raise SettingsError(f"SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS must be a positive integer, got {self.num_items}")
+        if not (self.budget_s > 0 and math.isfinite(self.budget_s)):
+            raise SettingsError(f"STAGEBENCH_BUDGET_S must be a number of seconds > 0, got {self.budget_s}")
+        if not self.concurrency or any(c < 1 for c in self.concurrency) or list(self.concurrency) != sorted(set(self.concurrency)):
+            raise SettingsError(f"STAGEBENCH_CONCURRENCY must be ascending distinct positive integers, e.g. 1,2,4,8; got {self.concurrency}")
+        bad = [e for e in self.executors if e not in ("thread", "process")] or (not self.executors and ["(empty)"])
+        if bad:
+            raise SettingsError(f"STAGEBENCH_EXECUTORS: unknown {bad[0]!r}; allowed: thread, process (comma-separated)")
+        bad = [h for h in self.harnesses if h not in HARNESSES] or (not self.harnesses and ["(empty)"])
+        if bad:
+            raise SettingsError(f"STAGEBENCH_HARNESSES: unknown {bad[0]!r}; allowed: {', '.join(HARNESSES)} (comma-separated)")
+        if not self.warmup_s >= 0:
+            raise SettingsError(f"STAGEBENCH_WARMUP_S must be >= 0, got {self.warmup_s}")
+        if not self.timeout_s > self.budget_s + self.warmup_s:
+            raise SettingsError(
+                f"STAGEBENCH_TIMEOUT_S ({self.timeout_s:g}) must be larger than budget + warm-up "
+                f"({self.budget_s + self.warmup_s:g} s)"
+            )
+        if self.validation_s is not None and not (self.validation_s >= 0 and math.isfinite(self.validation_s)):
+            raise SettingsError(f"STAGEBENCH_VALIDATION_S must be >= 0 seconds (0: skip), got {self.validation_s}")
+        if not self.cache_max_mb > 0:
+            raise SettingsError(f"STAGEBENCH_CACHE_MAX_MB must be a number of MB > 0, got {self.cache_max_mb}")
+
+    @property
+    def validation_window_s(self) -> float:
+        return max(2.0, 2 * self.budget_s) if self.validation_s is None else self.validation_s
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "DiagnoseSettings":
+        """Settings from the environment; :class:`SettingsError` on a bad value (nothing run yet)."""
+        env = os.environ if environ is None else environ
+        kw: dict[str, Any] = {}
+
+        def number(var: str, kind: type, what: str) -> Any:
+            raw = env.get(var, "").strip()
+            if not raw:
+                return None
+            try:
+                v = kind(raw)
+            except ValueError:
+                raise SettingsError(f"{var} must be {what}, got {raw!r}") from None
+            if isinstance(v, float) and not math.isfinite(v):
+                raise SettingsError(f"{var} must be {what}, got {raw!r}")
+            return v
+
+        def names(var: str) -> tuple[str, ...] | None:
+            raw = env.get(var, "").strip()
+            if not raw:
+                return None
+            return tuple(dict.fromkeys(p.strip().lower() for p in raw.split(",") if p.strip()))
+
+        for var, key, kind, what in (
+            ("SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS", "num_items", int, "a positive integer"),
+            ("STAGEBENCH_BUDGET_S", "budget_s", float, "a number of seconds > 0"),
+            ("STAGEBENCH_WARMUP_S", "warmup_s", float, "a number of seconds >= 0"),
+            ("STAGEBENCH_TIMEOUT_S", "timeout_s", float, "a number of seconds"),
+            ("STAGEBENCH_VALIDATION_S", "validation_s", float, "a number of seconds >= 0 (0: skip)"),
+            ("STAGEBENCH_CACHE_MAX_MB", "cache_max_mb", float, "a number of MB > 0"),
+        ):
+            v = number(var, kind, what)
+            if v is not None:
+                kw[key] = v
+        grid = env.get("STAGEBENCH_CONCURRENCY", "").strip()
+        top = env.get("STAGEBENCH_MAX_CONCURRENCY", "").strip()
+        if grid and top:
+            raise SettingsError("set one of STAGEBENCH_CONCURRENCY (a list) and STAGEBENCH_MAX_CONCURRENCY (a maximum), not both")
+        if grid:
+            try:
+                kw["concurrency"] = tuple(int(p) for p in grid.split(",") if p.strip())
+            except ValueError:
+                raise SettingsError(f"STAGEBENCH_CONCURRENCY must be comma-separated positive integers, e.g. 1,2,4,8; got {grid!r}") from None
+        elif top:
+            m = number("STAGEBENCH_MAX_CONCURRENCY", int, "a positive integer")
+            if m < 1:
+                raise SettingsError(f"STAGEBENCH_MAX_CONCURRENCY must be a positive integer, got {top!r}")
+            from ._config import powers_of_two
+
+            kw["concurrency"] = powers_of_two(m)
+        for var, key in (("STAGEBENCH_EXECUTORS", "executors"), ("STAGEBENCH_HARNESSES", "harnesses")):
+            v = names(var)
+            if v is not None:
+                kw[key] = v
+        if env.get("STAGEBENCH_OUTPUT_DIR", "").strip():
+            kw["output_dir"] = env["STAGEBENCH_OUTPUT_DIR"].strip()
+        if env.get("STAGEBENCH_CACHE_DIR", "").strip():
+            kw["cache_dir"] = env["STAGEBENCH_CACHE_DIR"].strip()
+        return cls(**kw)
+
+    def as_meta(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["concurrency"] = list(self.concurrency)
+        d["validation_s"] = self.validation_window_s
+        return d
+
+
+def _local_rank() -> int:
+    raw = os.environ.get("LOCAL_RANK", "0").strip() or "0"
+    try:
+        return int(raw)
+    except ValueError:
+        raise SettingsError(f"LOCAL_RANK must be an integer, got {raw!r}") from None
+
+
+# ---------------------------------------------------------------------------- SPDL hook
+class _State:
+    """What happened in this process (run_script reports on it)."""
+
+    started = False
+    finished = False
+    code: int | None = None
+    run_dir: Path | None = None
+    original_mode: str | None = None  # the variable's value before a diagnosis set it to 0
+
+
+def patch_spdl(profile_module: Any) -> None:
+    """Make SPDL's diagnostic mode build stagebench's stand-in pipeline.
+
+    Called by the post-import hook when ``spdl.pipeline._profile`` is imported.
+    Must stay cheap: it runs inside the user's ``import spdl``.
+    """
+    current = getattr(profile_module, "_build_pipeline_diagnostic_mode", None)
+    if getattr(current, "_stagebench", False):
+        return
+
+    def _build_pipeline_diagnostic_mode(cfg: Any) -> Any:
+        return _build_standin(cfg)
+
+    _build_pipeline_diagnostic_mode._stagebench = True  # type: ignore[attr-defined]
+    _build_pipeline_diagnostic_mode._spdl_original = current  # type: ignore[attr-defined]
+    profile_module._build_pipeline_diagnostic_mode = _build_pipeline_diagnostic_mode
+
+
+def _say(text: str) -> None:
+    print(f"stagebench: {text}", file=sys.stderr, flush=True)
+
+
+def _build_standin(cfg: Any) -> Any:
+    try:
+        settings = DiagnoseSettings.from_env()
+    except SettingsError as e:
+        _say(f"error: {e}")
+        raise SystemExit(2) from None
+    return _standin_class()(cfg, settings)
+
+
+_STANDIN: type | None = None
+
+
+def _standin_class() -> type:
+    """A :class:`spdl.pipeline.Pipeline` look-alike (``isinstance`` checks still pass)."""
+    global _STANDIN
+    if _STANDIN is not None:
+        return _STANDIN
+    from spdl.pipeline import Pipeline
+
+    class DiagnosticPipeline(Pipeline):
+        """Stands in for the user's pipeline: iterating it runs the diagnosis, then exits."""
+
+        def __init__(self, cfg: Any, settings: DiagnoseSettings) -> None:  # no super(): nothing to start
+            self._stagebench_cfg = cfg
+            self._stagebench_settings = settings
+
+        def __str__(self) -> str:
+            return f"stagebench diagnostic pipeline for\n{self._stagebench_cfg!r}"
+
+        def start(self, *, timeout: float | None = None, **kwargs: Any) -> None:
+            pass
+
+        def stop(self, *, timeout: float | None = None, **kwargs: Any) -> None:
+            pass
+
+        @contextmanager
+        def auto_stop(self, *, timeout: float | None = None):
+            yield
+
+        def get_item(self, *, timeout: float | None = None) -> Any:
+            _diagnose_and_exit(self._stagebench_cfg, self._stagebench_settings)
+
+        def _get_item_nowait(self) -> Any:
+            _diagnose_and_exit(self._stagebench_cfg, self._stagebench_settings)
+
+        def get_iterator(self, *, timeout: float | None = None):
+            return self._stagebench_iter()
+
+        def __iter__(self):
+            return self._stagebench_iter()
+
+        def _stagebench_iter(self):
+            _diagnose_and_exit(self._stagebench_cfg, self._stagebench_settings)
+            yield  # pragma: no cover - never reached: the diagnosis exits
+
+    _STANDIN = DiagnosticPipeline
+    return _STANDIN
+
+
+def _exit(code: int) -> None:
+    """End the program with ``code``, promptly.
+
+    ``SystemExit`` normally; ``os._exit`` when raising would not end the
+    program: the diagnosis ran in a thread other than the main one (SystemExit
+    would only end that thread), or a hung stage left a thread that the
+    interpreter would wait for at exit.
+    """
+    from ._executors import leaked_threads
+
+    _State.finished, _State.code = True, code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if threading.current_thread() is not threading.main_thread() or leaked_threads():
+        os._exit(code)
+    raise SystemExit(code)
+
+
+def _diagnose_and_exit(cfg: Any, settings: DiagnoseSettings) -> None:
+    try:
+        rank = _local_rank()
+    except SettingsError as e:
+        _say(f"error: {e}")
+        _exit(2)
+    if rank != 0:
+        _exit(0)  # as SPDL does: only local rank 0 diagnoses; the others leave quietly
+    _State.started = True
+    _State.original_mode = os.environ.get(_MODE_VAR)
+    # Worker processes inherit the environment; none of them may diagnose.
+    os.environ[_MODE_VAR] = "0"
+    try:
+        diagnose_pipeline(cfg, settings=settings)
+    except DiagnoseError as e:
+        _say(f"error: {e}")
+        _exit(e.code)
+    except KeyboardInterrupt:
+        where = f" in {_State.run_dir}" if _State.run_dir else ""
+        _say(f"interrupted; the rows measured so far are on disk{where}")
+        _exit(130)
+    except Exception as e:  # our bug, not the user's: show where it happened
+        traceback.print_exc()
+        _say(f"internal error while diagnosing: {type(e).__name__}: {e}")
+        _exit(1)
+    _exit(0)
+
+
+# ---------------------------------------------------------------------------- the diagnosis
+def _unwritable(path: Path, var: str) -> str | None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".stagebench-write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        return f"cannot write the {var} folder {str(path)!r}: {e.strerror or e}"
+    return None
+
+
+def _sweep_config(stage: Any, settings: DiagnoseSettings):
+    from ._config import MeasureConfig, SweepConfig
+
+    measure = MeasureConfig(budget_s=settings.budget_s, warmup_s=settings.warmup_s, timeout_s=settings.timeout_s)
+    if stage.type in ("aggregate", "disaggregate"):
+        # SPDL runs these inline on its event loop: no executor, no concurrency to choose.
+        return SweepConfig(executors=("thread",), concurrency=(1,), harnesses=settings.harnesses, measure=measure)
+    return SweepConfig(executors=settings.executors, concurrency=settings.concurrency,
+                       harnesses=settings.harnesses, measure=measure)
+
+
+def _skipped_rows(stage: Any, settings: DiagnoseSettings, reason: str) -> list[dict[str, Any]]:
+    from ._measure import empty_row
+    from ._sweep import plan_points
+
+    rows = []
+    for role, harness, ex, c in plan_points(stage.fn, _sweep_config(stage, settings)):
+        if role != "stage":
+            continue
+        row = empty_row(stage.name, role, ex, harness, c)
+        row.update(status="skipped", reason=reason, elapsed_s=0.0)
+        rows.append(row)
+    return rows
+
+
+def diagnose_pipeline(
+    cfg: Any,
+    *,
+    out: str | os.PathLike | None = None,
+    settings: DiagnoseSettings | None = None,
+    command: list[str] | None = None,
+    show_table: bool = True,
+) -> dict[str, Any]:
+    """Diagnose an SPDL ``PipelineConfig``: sweep each stage alone, validate, report.
+
+    Returns the summary (``summary.json``). Raises :class:`DiagnoseError` when
+    the diagnosis cannot run (its ``code``: 2 for a bad setting or pipeline, 1
+    for a source that fails) and ``KeyboardInterrupt`` after saving the rows.
+    """
+    from ._isolate import PlanError, plan_pipeline
+    from ._results import RunDir, UnwritableOutputError, default_run_dir
+
+    try:
+        settings = settings or DiagnoseSettings.from_env()
+    except SettingsError as e:
+        raise DiagnoseError(str(e), 2) from None
+    try:
+        plan = plan_pipeline(cfg)
+    except PlanError as e:
+        raise DiagnoseError(str(e), 2) from None
+    run_path = Path(out) if out is not None else Path(settings.output_dir) if settings.output_dir else default_run_dir("diagnose")
+    try:
+        run = RunDir.create(run_path)
+    except UnwritableOutputError as e:
+        raise DiagnoseError(f"{e} (STAGEBENCH_OUTPUT_DIR)", 2) from None
+    cache_dir: Path | None
+    if (settings.cache_dir or "").lower() in ("off", "none", "0", "false", "no"):
+        cache_dir = None
+    else:
+        cache_dir = Path(settings.cache_dir) if settings.cache_dir else run.path.resolve().parent / ".stagebench-cache"
+        problem = _unwritable(cache_dir, "STAGEBENCH_CACHE_DIR")
+        if problem:
+            raise DiagnoseError(problem, 2)
+    _State.run_dir = run.path
+    original = _State.original_mode if _State.started else os.environ.get(_MODE_VAR)
+    # Pool workers inherit the environment, and the one-stage SPDL pipelines built
+    # while sweeping go through build_pipeline: neither may start a diagnosis.
+    saved = os.environ.get(_MODE_VAR)
+    os.environ[_MODE_VAR] = "0"
+    try:
+        return _Diagnosis(plan, run, settings, cache_dir, command or list(sys.argv), show_table,
+                          mode_value=original).run()
+    finally:
+        if saved is None:
+            os.environ.pop(_MODE_VAR, None)
+        else:
+            os.environ[_MODE_VAR] = saved
+
+
+class _Diagnosis:
+    """One diagnosis run: holds the run directory, the metadata and the progress display."""
+
+    def __init__(self, plan: Any, run: Any, settings: DiagnoseSettings, cache_dir: Path | None,
+                 command: list[str], show_table: bool, mode_value: str | None = None) -> None:
+        from ._progress import Progress
+        from ._provenance import collect_provenance
+
+        self.plan, self.run_dir, self.settings, self.cache_dir = plan, run, settings, cache_dir
+        self.show_table = show_table
+        self.progress = Progress(desc="stagebench")
+        self.meta: dict[str, Any] = {
+            "schema_version": 1,
+            "kind": "pipeline",
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": command,
+            "status": "running",
+            "provenance": collect_provenance(),
+            "settings": {**settings.as_meta(), "cache_dir": str(cache_dir) if cache_dir else None},
+            "stages": [s.as_meta() for s in plan.stages],
+            "not_isolated": list(plan.not_isolated),
+            "validation": None,
+        }
+        env = self.meta["provenance"].setdefault("env", {})
+        if mode_value is None:
+            env.pop(_MODE_VAR, None)
+        else:
+            env[_MODE_VAR] = mode_value  # what the user set, not the 0 we set for workers
+        self.run_dir.write_meta(self.meta)
+
+    def say(self, text: str) -> None:
+        self.progress.message(text)
+
+    def _stage_meta(self, name: str) -> dict[str, Any]:
+        return next(s for s in self.meta["stages"] if s["name"] == name)
+
+    # ------------------------------------------------------------------ main
+    def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        except KeyboardInterrupt:
+            self.meta["status"] = "interrupted"
+            self.run_dir.write_meta(self.meta)
+            raise
+        except DiagnoseError as e:
+            self.meta.update(status="failed", error=str(e))
+            self.run_dir.write_meta(self.meta)
+            raise
+        finally:
+            self.progress.close()
+
+    def _run(self) -> dict[str, Any]:
+        from ._isolate import SourceError, read_source
+        from ._provenance import collect_provenance
+        from ._sweep import plan_points
+
+        plan, settings = self.plan, self.settings
+        names = ", ".join(repr(s.name) for s in plan.stages)
+        self.say(f"diagnosing {len(plan.stages)} stage(s) of the pipeline: {names}")
+        self.say(f"run directory: {self.run_dir.path}")
+        for ni in plan.not_isolated:
+            self.say(f"not isolated: {ni['name']!r}: {ni['reason']}")
+        total = sum(len(plan_points(s.fn, _sweep_config(s, settings))) for s in plan.stages)
+        self.progress.set_total(total)
+        self.say(
+            f"{total} points, {settings.budget_s:g} s each (+ warm-up); grid {list(settings.concurrency)}, "
+            f"executors {', '.join(settings.executors)}, harnesses {', '.join(settings.harnesses)}"
+        )
+        try:
+            src = read_source(plan, settings.num_items, timeout_s=max(60.0, settings.timeout_s))
+        except SourceError as e:
+            raise DiagnoseError(str(e), 1) from None
+        self.say(f"read {len(src.items)} source items in {src.seconds:.1f} s")
+        if src.note:
+            self.say(src.note)
+        self.meta["source"] = {"items": len(src.items), "asked": src.asked, "note": src.note}
+        self.run_dir.write_meta(self.meta)
+
+        self._sweep_all(src.items)
+        rows = self._rows()
+        summary = self._summarize(rows)
+        if settings.validation_window_s > 0:
+            self.meta["validation"] = self._validate(src.items, summary)
+        self.meta["provenance_after"] = collect_provenance()
+        self.meta["status"] = "complete"
+        self.run_dir.write_meta(self.meta)
+        summary = self._summarize(rows)
+        self.run_dir.write_summary(summary)
+        report = self._report(summary)
+        if self.show_table:
+            from ._terminal import format_table
+
+            print(format_table(summary, report), end="", flush=True)
+        self.say(f"done; report: {report}")
+        return summary
+
+    def _rows(self):
+        from ._results import read_rows
+
+        return read_rows(self.run_dir.results_csv)
+
+    # ------------------------------------------------------------------ stages
+    def _sweep_all(self, source_items: list) -> None:
+        from ._isolate import Passthrough, compute_outputs, measure_inputs, run_passthrough
+        from ._schema import STAGE_COLUMNS
+        from ._stage_cache import StageCache, callable_key, chain_key, items_key
+        from ._sweep import sweep_stage
+
+        settings = self.settings
+        cache = StageCache(self.cache_dir, max_disk_mb=10 * settings.cache_max_mb)
+        max_bytes = settings.cache_max_mb * 2**20
+        n_source = len(source_items)
+        inputs, in_key = source_items, items_key(source_items)[0]
+        src_fraction = 1.0  # share of the source items the current inputs derive from
+        blocked: str | None = None
+        with self.run_dir.writer(STAGE_COLUMNS) as writer:
+            for step in self.plan.steps:
+                if isinstance(step, Passthrough):
+                    if blocked:
+                        continue
+                    try:
+                        inputs, pmeta = run_passthrough(step, inputs, timeout_s=max(60.0, settings.timeout_s))
+                    except KeyboardInterrupt:
+                        raise
+                    except Exception as e:
+                        blocked = f"not measured: {', '.join(step.names)} (run as a whole) failed: {type(e).__name__}: {e}"
+                        self.say(blocked)
+                        continue
+                    # keyed by content: SPDL may emit them in any order, and the segment
+                    # itself cannot be fingerprinted (it may hold executors)
+                    in_key = items_key(inputs)[0]
+                    self.say(f"ran {', '.join(repr(n) for n in step.names)} as a whole: {len(inputs)} outputs")
+                    if not inputs:
+                        blocked = f"not measured: {', '.join(step.names)} produced no outputs"
+                    continue
+                smeta = self._stage_meta(step.name)
+                if blocked:
+                    smeta.update(status="not_measured", reason=blocked)
+                    self.meta["not_isolated"].append({"name": step.name, "reason": blocked})
+                    for row in _skipped_rows(step, settings, blocked):
+                        writer.write(row)
+                        self.progress.done(row)
+                    self.run_dir.write_meta(self.meta)
+                    continue
+                fn_key, unstable = callable_key(step.key_source)
+                key = chain_key(step.type, step.drop_last, fn_key, max_bytes, in_key)
+                started = time.perf_counter()
+                cached = cache.get_or_compute(
+                    key, lambda s=step, x=inputs: compute_outputs(s, x, max_bytes=max_bytes, stall_s=settings.timeout_s)
+                )
+                ometa = cached.meta or {}
+                self._report_outputs(step, inputs, cached, ometa, unstable, time.perf_counter() - started)
+                minputs = measure_inputs(step, inputs, ometa)
+                smeta.update(
+                    status="measured", n_inputs=len(minputs), n_outputs=len(cached.items),
+                    inputs_per_source_item=(len(minputs) / (n_source * src_fraction)) if n_source else None,
+                    cache="hit" if cached.hit else ("off" if self.cache_dir is None else "computed"),
+                    caching_errors=ometa.get("n_errors", 0), caching_error_example=ometa.get("error_example", ""),
+                    outputs_mb=round(ometa.get("bytes", 0) / 2**20, 3),
+                )
+                self.run_dir.write_meta(self.meta)
+                if minputs:
+                    sweep_stage(step.fn, minputs, name=step.name, config=_sweep_config(step, settings),
+                                writer=writer, progress=self.progress)
+                else:
+                    reason = "no inputs to measure it on" + (f" (the aggregator emitted nothing)" if step.type == "aggregate" else "")
+                    smeta.update(status="not_measured", reason=reason)
+                    for row in _skipped_rows(step, settings, reason):
+                        writer.write(row)
+                        self.progress.done(row)
+                if ometa.get("capped") and ometa.get("n_inputs"):
+                    src_fraction *= ometa.get("n_run", 0) / ometa["n_inputs"]
+                if not cached.items:
+                    if ometa.get("n_errors"):
+                        why = f"every item raised ({ometa.get('error_example', '')})"
+                    elif ometa.get("stalled"):
+                        why = f"no item finished within {settings.timeout_s:g} s"
+                    else:
+                        why = "every output was None (dropped)"
+                    blocked = f"not measured: the earlier stage {step.name!r} produced no outputs: {why}"
+                inputs, in_key = cached.items, key
+
+    def _report_outputs(self, step: Any, inputs: list, cached: Any, ometa: dict, unstable: str | None,
+                        seconds: float) -> None:
+        n_out, mb = len(cached.items), ometa.get("bytes", 0) / 2**20
+        if cached.hit:
+            self.say(f"{step.name!r}: {n_out} outputs ({mb:.1f} MB) loaded from the cache {self.cache_dir}")
+        else:
+            self.say(f"{step.name!r}: ran once over {len(inputs)} inputs in {seconds:.1f} s -> {n_out} outputs ({mb:.1f} MB)")
+        if unstable:
+            self.say(f"{step.name!r}: outputs not cached between runs: {unstable}")
+        if cached.note:
+            self.say(f"{step.name!r}: {cached.note}")
+        if ometa.get("n_errors"):
+            self.say(f"{step.name!r}: {ometa['n_errors']} of {ometa.get('n_run', len(inputs))} inputs raised "
+                     f"({ometa.get('error_example', '')}); later stages use the outputs of the others")
+        if ometa.get("capped"):
+            self.say(
+                f"{step.name!r}: outputs reached the cache cap STAGEBENCH_CACHE_MAX_MB={self.settings.cache_max_mb:g}: "
+                f"kept {n_out} outputs from the first {ometa.get('n_run')} of {len(inputs)} inputs; "
+                "the rest were dropped (raise the cap to keep more)"
+            )
+        if ometa.get("stalled"):
+            self.say(f"{step.name!r}: no item finished within {self.settings.timeout_s:g} s; "
+                     f"kept the {n_out} outputs computed before that")
+
+    # ------------------------------------------------------------------ summary & report
+    def _summarize(self, rows: Any) -> dict[str, Any]:
+        try:
+            from ._analysis import summarize
+        except ImportError:
+            return _fallback_summary(rows, self.meta)
+        try:
+            return summarize(rows, self.meta)
+        except Exception as e:
+            self._log_error("analysis", e)
+            self.say(f"the analysis failed ({type(e).__name__}: {e}); wrote a minimal summary instead "
+                     f"(details in {self.run_dir.path / 'error.log'}; rebuild with `stagebench report`)")
+            return _fallback_summary(rows, self.meta)
+
+    def _report(self, summary: dict[str, Any]) -> Path:
+        try:
+            from ._report import write_report
+        except ImportError:
+            return _fallback_report(self.run_dir.path, summary)
+        try:
+            return Path(write_report(self.run_dir.path))
+        except Exception as e:
+            self._log_error("report", e)
+            self.say(f"the report failed ({type(e).__name__}: {e}); wrote a minimal one instead")
+            return _fallback_report(self.run_dir.path, summary)
+
+    def _log_error(self, what: str, exc: BaseException) -> None:
+        with open(self.run_dir.path / "error.log", "a", encoding="utf-8") as f:
+            f.write(f"--- {what} ---\n{''.join(traceback.format_exception(exc))}\n")
+
+    # ------------------------------------------------------------------ validation run
+    def _validate(self, source_items: list, summary: dict[str, Any]) -> dict[str, Any]:
+        choices: dict[str, tuple[str, int]] = {}
+        for st in summary.get("stages") or []:
+            rec = st.get("recommended") or {}
+            if rec.get("executor") and _finite(rec.get("concurrency")):
+                choices[str(st.get("name"))] = (str(rec["executor"]), int(rec["concurrency"]))
+        window = self.settings.validation_window_s
+        warm = max(1.0, self.settings.budget_s)
+        self.say(f"validation: the whole pipeline with the recommended settings, {warm:g} s warm-up + {window:g} s window")
+        try:
+            result = run_validation(self.plan, source_items, choices, warmup_s=warm, window_s=window,
+                                    timeout_s=self.settings.timeout_s)
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:
+            self._log_error("validation", e)
+            result = {"qps": None, "error": f"{type(e).__name__}: {e}"}
+        if result.get("qps") is not None:
+            self.say(f"validation: {result['qps']:,.1f} {result['unit']}/s at the sink "
+                     f"({result['source_qps']:,.1f} source items/s)")
+        else:
+            self.say(f"validation run failed: {result.get('error')}")
+        return result
+
+
+def _finite(x: Any) -> bool:
+    try:
+        return math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def run_validation(plan: Any, source_items: list, choices: dict[str, tuple[str, int]], *,
+                   warmup_s: float, window_s: float, timeout_s: float) -> dict[str, Any]:
+    """Run the whole pipeline over the cached source items and time what reaches the sink.
+
+    Steady state as for one point: warm up (every pool started, first items
+    through) for ``warmup_s``, then count sink arrivals in a ``window_s`` window;
+    the interval is batch means over equal sub-windows.
+    """
+    import logging
+
+    import numpy as np
+
+    from ._isolate import _real_pipeline, build_validation_config, default_threads
+    from ._stats import mean_interval
+
+    stop = threading.Event()
+    pulls: list[float] = []
+    n = len(source_items)
+
+    def source():
+        i = 0
+        while not stop.is_set():
+            pulls.append(time.perf_counter())
+            yield source_items[i % n]
+            i += 1
+
+    cfg, closers, used = build_validation_config(plan, choices, source())
+    spdl_log = logging.getLogger("spdl")
+    level = spdl_log.level
+    spdl_log.setLevel(logging.CRITICAL)  # items that fail are the stage's business, measured per point
+    arrivals: list[float] = []
+    error = None
+    t_start = time.perf_counter()
+    t0 = t1 = None
+    deadline = t_start + warmup_s + window_s + timeout_s
+    pipeline = _real_pipeline(cfg, default_threads(plan))
+    try:
+        pipeline.start()
+        while True:
+            now = time.perf_counter()
+            # Warm: the minimum warm-up has passed *and* items have been reaching the
+            # sink for a while (pools start lazily, on their first item).
+            if t0 is None and arrivals and now - t_start >= warmup_s and now - arrivals[0] >= max(0.5, warmup_s / 2):
+                t0 = now
+            if t0 is not None and now >= t0 + window_s:
+                t1 = now
+                break
+            if now > deadline:
+                error = f"no item reached the sink within {timeout_s:g} s of warm-up"
+                break
+            try:
+                pipeline.get_item(timeout=0.1)
+            except TimeoutError:
+                continue
+            except EOFError:
+                error = "the pipeline ended (every item failed in some stage?)"
+                break
+            arrivals.append(time.perf_counter())
+    finally:
+        stop.set()
+        try:
+            pipeline.stop(timeout=10)
+        except Exception:
+            pass
+        for close in closers:
+            try:
+                close()
+            except Exception:
+                pass
+        spdl_log.setLevel(level)
+    if t0 is None or t1 is None:
+        return {"qps": None, "error": error or "no steady state", "settings": used}
+    window = t1 - t0
+    arr = np.array([a for a in arrivals if t0 <= a < t1])
+    src = sum(1 for p in pulls if t0 <= p < t1)
+    count = len(arr)
+    nb = int(max(1, min(10, count // 2)))  # every batch sees at least two arrivals
+    counts, _ = np.histogram(arr, bins=np.linspace(t0, t1, nb + 1))
+    qps, lo, hi, _cv = mean_interval(counts / (window / nb), 0.95)
+    if count == 0:
+        qps = 0.0
+    return {
+        "qps": qps, "qps_low": lo, "qps_high": hi, "seconds": window,
+        "unit": "sink items", "items": count, "source_qps": src / window,
+        "source_items_per_sink_item": (src / count) if count else None,
+        "warmup_s": t0 - t_start, "settings": used,
+    }
+
+
+# ---------------------------------------------------------------------------- fallbacks
+def _fallback_summary(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    """FALLBACK, used only while ``stagebench._analysis`` is unavailable or failed.
+
+    Honest and minimal: per stage the best measured point, the recommendation
+    (smallest concurrency within 5% of the best QPS), classification
+    ``unknown``. No GIL estimate, no prediction.
+    """
+    from . import __version__
+
+    stages = []
+    for st in meta.get("stages", []):
+        d = rows[(rows["stage"] == st["name"]) & (rows["role"] == "stage")] if len(rows) else rows
+        ok = d[(d["status"] == "ok") & d["qps"].notna()] if len(d) else d
+        entry: dict[str, Any] = {
+            "name": st["name"], "index": st["index"], "type": st["type"],
+            "status": "ok" if len(ok) else (str(d["status"].iloc[0]) if len(d) else "not_measured"),
+            "classification": "unknown", "gil_fraction": None, "gil_fraction_interval": None,
+            "evidence": {"summary": ["analysis engine unavailable: minimal summary"], "signals": {}},
+            "fit": {}, "recommended": None, "best": None, "ceiling_qps": None,
+            "cpu_s_per_item": None, "gil_s_per_item": None,
+        }
+        if len(ok):
+            best = ok.loc[ok["qps"].idxmax()]
+            near = ok[ok["qps"] >= 0.95 * best["qps"]].copy()
+            near["_pref"] = near["executor"].map({"thread": 0, "async": 0, "process": 1}).fillna(2)
+            rec = near.sort_values(["concurrency", "_pref", "qps"], ascending=[True, True, False]).iloc[0]
+
+            def point(r: Any) -> dict[str, Any]:
+                return {"executor": r["executor"], "concurrency": int(r["concurrency"]), "qps": float(r["qps"]),
+                        "qps_low": r["qps_low"], "qps_high": r["qps_high"], "harness": r["harness"]}
+
+            entry["best"] = point(best)
+            entry["recommended"] = {**point(rec), "why": "smallest concurrency within 5% of the best measured QPS"}
+        stages.append(entry)
+    return {
+        "schema_version": 1, "kind": "pipeline", "stagebench_version": __version__,
+        "provenance": meta.get("provenance"), "settings": meta.get("settings"),
+        "verdict": "minimal summary (analysis engine unavailable): see the per-stage recommendations",
+        "warnings": ["analysis engine unavailable: classification, GIL fraction and prediction were not computed"],
+        "stages": stages, "not_isolated": meta.get("not_isolated", []), "prediction": None,
+        "validation": meta.get("validation"), "findings": [], "fallback": True,
+    }
+
+
+def _fallback_report(run_dir: Path, summary: dict[str, Any]) -> Path:
+    """FALLBACK, used only while ``stagebench._report`` is unavailable: a plain, escaped table."""
+    import html
+    import json
+
+    from ._terminal import format_table
+
+    body = html.escape(format_table(summary))
+    data = html.escape(json.dumps(summary, indent=2, default=str))
+    path = run_dir / "report.html"
+    path.write_text(
+        "<!doctype html><meta charset='utf-8'><title>stagebench diagnosis</title>"
+        "<h1>stagebench diagnosis (minimal report)</h1>"
+        f"<pre>{body}</pre><details><summary>summary.json</summary><pre>{data}</pre></details>\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+# ---------------------------------------------------------------------------- stagebench diagnose
+def run_script(script: str, args: list[str], *, out: str | None) -> int:
+    """Run ``script`` with ``args`` as ``__main__`` in diagnostic mode; return the exit code."""
+    from . import _activate
+
+    path = Path(script)
+    if not path.is_file():
+        _say(f"error: script not found: {script}")
+        return 2
+    saved_env = {k: os.environ.get(k) for k in (_MODE_VAR, "STAGEBENCH_OUTPUT_DIR")}
+    if out is not None:
+        os.environ["STAGEBENCH_OUTPUT_DIR"] = out
+    try:
+        settings = DiagnoseSettings.from_env()
+        _local_rank()
+    except SettingsError as e:
+        _say(f"error: {e}")
+        _restore_env(saved_env)
+        return 2
+    if settings.output_dir:
+        problem = _unwritable(Path(settings.output_dir), "STAGEBENCH_OUTPUT_DIR")
+        if problem:
+            _say(f"error: {problem}")
+            _restore_env(saved_env)
+            return 2
+    os.environ[_MODE_VAR] = "1"
+    _activate.install()
+    _State.started = _State.finished = False
+    _State.code = None
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [str(path), *args]
+    sys.path.insert(0, str(path.resolve().parent))
+    code: int
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = _exit_code(e.code)
+    except KeyboardInterrupt:
+        _say("interrupted")
+        code = 130
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        _restore_env(saved_env)
+    if _State.finished and _State.code is not None:
+        return _State.code
+    if not _State.started:
+        _say(f"error: {script} finished (exit code {code}) without iterating an SPDL pipeline: nothing was diagnosed")
+        return code or 1
+    return code
+
+
+def _exit_code(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    print(value, file=sys.stderr)
+    return 1
+
+
+def _restore_env(saved: dict[str, str | None]) -> None:
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

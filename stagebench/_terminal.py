@@ -1,0 +1,111 @@
+"""The short table printed when a diagnosis ends.
+
+The report is the full story; the terminal gets what fits on one screen: per
+stage, what limits it, the setting to use, and the throughput there, then the
+pipeline's prediction and validation and the path of the report. Plain text
+with aligned columns (it lands in CI logs and Slurm output files), and stage
+names are cleaned of control characters because the user chose them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import unicodedata
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["format_table", "format_rate"]
+
+_MAX_NAME = 32
+
+
+def _clean(text: Any, limit: int | None = None) -> str:
+    s = "".join(ch if unicodedata.category(ch)[0] != "C" else " " for ch in str(text))
+    s = " ".join(s.split())
+    if limit is not None and len(s) > limit:
+        s = s[: limit - 1] + "…"
+    return s
+
+
+def _num(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x) if math.isfinite(x) else None
+
+
+def format_rate(qps: Any, low: Any = None, high: Any = None) -> str:
+    """``1,234`` or ``1,234 (1,200-1,270)``; ``12.3`` below 100; ``-`` when unknown."""
+    q = _num(qps)
+    if q is None:
+        return "-"
+
+    def fmt(v: float) -> str:
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.1f}"
+
+    lo, hi = _num(low), _num(high)
+    if lo is None or hi is None:
+        return fmt(q)
+    return f"{fmt(q)} ({fmt(max(lo, 0.0))}-{fmt(hi)})"
+
+
+def _setting(point: Mapping[str, Any] | None) -> str:
+    if not point or point.get("executor") is None:
+        return "-"
+    c = point.get("concurrency")
+    return f"{point['executor']} x {int(c)}" if _num(c) is not None else str(point["executor"])
+
+
+def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | None = None) -> str:
+    """The end-of-run table for a pipeline summary (see CONTRACTS.md)."""
+    header = ("stage", "verdict", "recommended", "items/s (95% CI)", "best")
+    rows: list[tuple[str, ...]] = [header]
+    for st in summary.get("stages") or []:
+        status = st.get("status") or "ok"
+        verdict = st.get("classification") or "unknown"
+        if status not in ("ok", None):
+            verdict = f"{status}" if verdict == "unknown" else f"{verdict} ({status})"
+        gil = _num(st.get("gil_fraction"))
+        if gil is not None:
+            verdict += f", GIL {gil:.0%}"
+        rec = st.get("recommended") or {}
+        best = st.get("best") or {}
+        rows.append((
+            _clean(st.get("name", "?"), _MAX_NAME),
+            _clean(verdict, 40),
+            _setting(rec),
+            format_rate(rec.get("qps"), rec.get("qps_low"), rec.get("qps_high")),
+            "" if _setting(best) == _setting(rec) else f"{_setting(best)}: {format_rate(best.get('qps'))}",
+        ))
+    lines = ["", "stagebench diagnosis"]
+    if len(rows) > 1:
+        lines += _aligned(rows)
+    else:
+        lines.append("  (no stage was measured)")
+    for ni in summary.get("not_isolated") or []:
+        lines.append(f"not isolated: {_clean(ni.get('name'), _MAX_NAME)}: {_clean(ni.get('reason'), 120)}")
+    pred = summary.get("prediction") or {}
+    if _num(pred.get("qps")) is not None:
+        why = f" ({_clean(pred.get('binding'))} binds)" if pred.get("binding") else ""
+        lines.append(f"predicted pipeline: {format_rate(pred['qps'])} items/s{why}")
+    val = summary.get("validation") or {}
+    if _num(val.get("qps")) is not None:
+        lines.append(
+            f"measured pipeline:  {format_rate(val['qps'], val.get('qps_low'), val.get('qps_high'))} "
+            f"{_clean(val.get('unit') or 'items')}/s with the recommended settings "
+            f"({_num(val.get('seconds')) or 0:.1f} s window)"
+        )
+    elif val.get("error"):
+        lines.append(f"validation run: {_clean(val['error'], 160)}")
+    if summary.get("verdict"):
+        lines.append(f"verdict: {_clean(summary['verdict'], 200)}")
+    for w in (summary.get("warnings") or [])[:3]:
+        lines.append(f"warning: {_clean(w, 200)}")
+    if report_path is not None:
+        lines.append(f"report: {os.fspath(report_path)}")
+    return "\n".join(lines) + "\n"
