@@ -1,0 +1,173 @@
+"""The stage-output cache: keys follow the stage's code and inputs, and nothing else."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from stagebench._stage_cache import StageCache, approx_nbytes, callable_key, chain_key, items_key
+
+
+def _define(src: str, name: str = "stage", extra: dict | None = None):
+    """A function defined from source, as a user's module would define it."""
+    ns: dict = {"__name__": "user_module", **(extra or {})}
+    exec(textwrap.dedent(src), ns)
+    return ns[name]
+
+
+def key(fn) -> str:
+    k, why = callable_key(fn)
+    assert why is None, why
+    return k
+
+
+def test_same_code_same_key_and_edits_change_it():
+    a = _define("def stage(x):\n    return x + 1\n")
+    b = _define("def stage(x):\n    return x + 1\n")
+    c = _define("def stage(x):\n    return x + 2\n")  # a constant changed
+    d = _define("def stage(x):\n    return abs(x) + 1\n")  # a name changed
+    assert key(a) == key(b)
+    assert key(a) != key(c)
+    assert key(a) != key(d)
+
+
+def test_closure_values_defaults_and_partial_args_are_part_of_the_key():
+    make = _define("def make(k):\n    def stage(x):\n        return x * k\n    return stage\n", "make")
+    assert key(make(2)) == key(make(2))
+    assert key(make(2)) != key(make(3))
+    f = _define("def stage(x, scale=1.0):\n    return x * scale\n")
+    g = _define("def stage(x, scale=2.0):\n    return x * scale\n")
+    assert key(f) != key(g)
+    assert key(functools.partial(f, scale=2)) != key(functools.partial(f, scale=3))
+    assert key(functools.partial(f, scale=2)) == key(functools.partial(f, scale=2))
+
+
+def test_editing_a_helper_the_stage_calls_changes_the_key():
+    src = "def helper(x):\n    return x {op} 1\n\ndef stage(x):\n    return helper(x)\n"
+    assert key(_define(src.format(op="+"))) == key(_define(src.format(op="+")))
+    assert key(_define(src.format(op="+"))) != key(_define(src.format(op="-")))
+    # a module-level constant it reads, too
+    const = "SIZE = {n}\n\ndef stage(x):\n    return x[:SIZE]\n"
+    assert key(_define(const.format(n=3))) != key(_define(const.format(n=4)))
+
+
+def test_callable_objects_key_on_class_code_and_state():
+    cls_src = "class Resize:\n    def __init__(self, n):\n        self.n = n\n    def __call__(self, x):\n        return x[: self.n]\n"
+    Resize = _define(cls_src, "Resize")
+    Resize2 = _define(cls_src.replace("x[: self.n]", "x[self.n :]"), "Resize")
+    assert key(Resize(3)) == key(Resize(3))
+    assert key(Resize(3)) != key(Resize(4))
+    assert key(Resize(3)) != key(Resize2(3))
+
+
+def test_an_unhashable_closure_gives_a_one_off_key_and_says_why():
+    lock = threading.Lock()
+    make = _define("def make(lock):\n    def stage(x):\n        with lock:\n            return x\n    return stage\n", "make")
+    k1, why = callable_key(make(lock))
+    k2, _ = callable_key(make(lock))
+    assert k1.startswith("unstable-") and k1 != k2
+    assert "lock" in why.lower()
+
+
+def test_keys_are_stable_across_processes_with_different_hash_seeds(tmp_path):
+    script = tmp_path / "k.py"
+    script.write_text(textwrap.dedent("""
+        from stagebench._stage_cache import callable_key
+        def stage(x):
+            if x in {"jpeg", "png", "webp", "gif"}:
+                return {"kind": x, "n": len(x)}
+            return None
+        print(callable_key(stage)[0])
+    """))
+    keys = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        keys.add(subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                                check=True).stdout.strip())
+    assert len(keys) == 1
+
+
+def test_items_key_follows_content_and_the_files_items_name(tmp_path):
+    f = tmp_path / "a.bin"
+    f.write_bytes(b"1234")
+    k1 = items_key([str(f), 1])[0]
+    assert items_key([str(f), 1])[0] == k1
+    assert items_key([str(f), 2])[0] != k1
+    time.sleep(0.01)
+    f.write_bytes(b"123456")  # edited data: what was read from it is stale
+    assert items_key([str(f), 1])[0] != k1
+
+
+def test_cache_computes_once_then_hits(tmp_path):
+    cache = StageCache(tmp_path / "c")
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return [1, 2, 3], {"n_errors": 0}
+
+    first = cache.get_or_compute("k1", compute)
+    second = cache.get_or_compute("k1", compute)
+    assert (first.hit, second.hit) == (False, True)
+    assert second.items == [1, 2, 3] and second.meta == {"n_errors": 0}
+    assert len(calls) == 1
+    # a fresh cache object on the same folder (the next run) hits too
+    assert StageCache(tmp_path / "c").get_or_compute("k1", compute).hit
+    assert len(calls) == 1
+
+
+def test_editing_a_later_stage_keeps_earlier_entries(tmp_path):
+    """Chained keys: stage 2's edit changes key 2 only; stage 1 is served from the cache."""
+    cache = StageCache(tmp_path / "c")
+    s1 = _define("def stage(x):\n    return x * 2\n")
+    s2_old = _define("def stage(x):\n    return x + 1\n")
+    s2_new = _define("def stage(x):\n    return x + 100\n")
+    src_key = items_key([1, 2, 3])[0]
+    ran = []
+
+    def run(s2):
+        k1 = chain_key(key(s1), src_key)
+        out1 = cache.get_or_compute(k1, lambda: (ran.append("s1") or [s1(x) for x in [1, 2, 3]], {}))
+        k2 = chain_key(key(s2), k1)
+        out2 = cache.get_or_compute(k2, lambda: (ran.append("s2") or [s2(x) for x in out1.items], {}))
+        return out2.items
+
+    assert run(s2_old) == [3, 5, 7]
+    assert run(s2_new) == [102, 104, 106]
+    assert ran == ["s1", "s2", "s2"]
+
+
+def test_no_folder_means_no_disk_cache():
+    cache = StageCache(None)
+    calls = []
+    for _ in range(2):
+        out = cache.get_or_compute("k", lambda: (calls.append(1) or [1], {}))
+        assert not out.hit
+    assert len(calls) == 2
+
+
+def test_outputs_that_cannot_be_pickled_are_used_but_not_stored(tmp_path):
+    cache = StageCache(tmp_path / "c")
+    out = cache.get_or_compute("k", lambda: ([threading.Lock()], {}))
+    assert len(out.items) == 1 and not out.hit
+    assert out.note and "not stored" in out.note
+    assert not cache.get_or_compute("k", lambda: ([threading.Lock()], {})).hit
+
+
+def test_approx_nbytes_is_exact_for_arrays_and_bytes():
+    assert approx_nbytes(np.zeros((10, 20, 3), dtype=np.uint8)) == 600
+    assert approx_nbytes(b"x" * 1000) == 1000
+    assert approx_nbytes([np.zeros(100, dtype=np.float32)] * 4) == 64 + 4 * 400
+    assert approx_nbytes({"a": b"xy"}) == 64 + 1 + 2
+    pytest.importorskip("PIL")
+    from PIL import Image
+
+    assert approx_nbytes(Image.new("RGB", (10, 10))) == 300
