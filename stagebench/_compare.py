@@ -1,0 +1,477 @@
+"""Compare run directories: who wins, by how much, and whether the difference is real.
+
+Used by ``stagebench compare RUN_A RUN_B ...`` and by the Hydra multirun
+callback (one run directory per job). Writes ``comparison.csv`` (one row per
+run, for spreadsheets and scripts) and ``comparison.html`` (self-contained, like
+the run report).
+
+Significance: every throughput carries a batch-means Student-t interval
+(``mean ± t(n−1)·s/√n`` over ``n`` batches, see ``_stats.mean_interval``), so
+its standard error is recoverable as ``half-width / t(n−1)``. Two runs are
+compared with Welch's t-test on those standard errors (unequal variances,
+Welch–Satterthwaite degrees of freedom). Where the batch count is unknown (a
+whole-pipeline validation run, an old summary) the comparison falls back to
+whether the two 95% intervals overlap, and says so; with no interval at all it
+says the difference is untested. Runs from different machines get a warning:
+their difference is the machines' as much as the settings'.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ._report import (
+    RunData,
+    _finite,
+    _interval,
+    _num,
+    _rate,
+    _write_text,
+    csv_uri,
+    is_run_dir,
+    job_label,
+    json_island,
+    load_run,
+    machine_label,
+    render,
+    svg_uri,
+)
+
+__all__ = ["compare_runs", "write_comparison", "Estimate", "difference", "COMPARISON_COLUMNS"]
+
+COMPARISON_COLUMNS = (
+    "label", "kind", "status", "reason", "unit",
+    "best", "best_low", "best_high", "best_setting",
+    "recommended", "recommended_low", "recommended_high", "recommended_setting",
+    "vs_winner_pct", "p_value_vs_winner", "significant_vs_winner", "test",
+    "verdict", "hostname", "cpu_model", "cpu_count", "usable_cores", "run_dir",
+)
+_MACHINE_KEYS = ("hostname", "cpu_model", "cpu_count", "usable_cores")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    """A throughput with its interval and the number of batches behind it (None: unknown)."""
+
+    value: float
+    low: float | None = None
+    high: float | None = None
+    n: int | None = None
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        if not 0.5 < self.confidence < 1:
+            raise ValueError(f"confidence must be in (0.5, 1), got {self.confidence}")
+
+    @property
+    def has_interval(self) -> bool:
+        return _finite(self.low) and _finite(self.high)
+
+    def stderr(self) -> float | None:
+        if not self.has_interval or self.n is None or self.n < 2:
+            return None
+        from scipy import stats
+
+        t = float(stats.t.ppf(0.5 + self.confidence / 2, self.n - 1))
+        return (float(self.high) - float(self.low)) / 2 / t
+
+
+def difference(a: Estimate, b: Estimate) -> dict[str, Any]:
+    """How much ``a`` exceeds ``b``, and how sure we are.
+
+    Returns ``{"ratio", "pct", "p", "significant", "test"}``: ``pct`` = a/b − 1;
+    ``p`` the two-sided Welch p-value (None when the test could not be run);
+    ``significant`` True/False at 5% (or by non-overlapping intervals), None
+    when there is nothing to test with.
+    """
+    ratio = a.value / b.value if b.value else math.inf
+    out: dict[str, Any] = {"ratio": ratio, "pct": ratio - 1, "p": None, "significant": None,
+                           "test": "no interval: untested"}
+    se_a, se_b = a.stderr(), b.stderr()
+    if se_a is not None and se_b is not None:
+        from scipy import stats
+
+        var = se_a**2 + se_b**2
+        if var == 0:
+            out.update(p=0.0 if a.value != b.value else 1.0, significant=a.value != b.value,
+                       test="Welch's t on batch means")
+            return out
+        t = (a.value - b.value) / math.sqrt(var)
+        df = var**2 / (se_a**4 / (a.n - 1) + se_b**4 / (b.n - 1))
+        p = float(2 * stats.t.sf(abs(t), df))
+        out.update(p=p, significant=p < 0.05, test="Welch's t on batch means")
+    elif a.has_interval and b.has_interval:
+        apart = float(a.low) > float(b.high) or float(b.low) > float(a.high)
+        out.update(significant=apart, test="95% intervals " + ("do not overlap" if apart else "overlap"))
+    return out
+
+
+# --------------------------------------------------------------------------- per-run figures of merit
+
+
+@dataclass(slots=True)
+class _Entry:
+    label: str
+    run: RunData
+    unit: str
+    best: Estimate | None
+    best_setting: str
+    best_note: str
+    rec: Estimate | None
+    rec_setting: str
+    verdict: str
+
+
+def _n_batches(rows: pd.DataFrame, **match: Any) -> int | None:
+    if rows.empty or "n_batches" not in rows:
+        return None
+    sel = rows
+    for k, v in match.items():
+        if k not in sel or v is None:
+            continue
+        col = sel[k]
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            sel = sel[pd.to_numeric(col, errors="coerce") == v]
+        else:
+            sel = sel[col.astype(str).str.lower() == str(v).lower()]
+    n = pd.to_numeric(sel["n_batches"], errors="coerce").dropna()
+    return int(n.iloc[0]) if len(n) else None
+
+
+def _confidence(run: RunData) -> float:
+    c = (run.summary.get("settings") or run.meta.get("settings") or {}).get("confidence")
+    return float(c) if _finite(c) and 0.5 < float(c) < 1 else 0.95
+
+
+def _loader_estimate(run: RunData, d: Mapping[str, Any] | None) -> Estimate | None:
+    if not d or not _finite(d.get("samples_per_s")):
+        return None
+    n = _n_batches(run.rows, status="ok", num_workers=d.get("num_workers"),
+                   prefetch_factor=d.get("prefetch_factor") if d.get("num_workers") else None,
+                   persistent_workers=d.get("persistent_workers"), pin_memory=d.get("pin_memory"))
+    return Estimate(value=float(d["samples_per_s"]), low=d.get("samples_per_s_low"), high=d.get("samples_per_s_high"),
+                    n=n, confidence=_confidence(run))
+
+
+def _knobs(d: Mapping[str, Any] | None) -> str:
+    if not d:
+        return ""
+    keys = [k for k in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory") if k in d]
+    keys += [k for k in d if k not in keys and not k.startswith("samples_per_s") and k not in ("why", "batches_per_s")]
+    return ", ".join(f"{k}={d[k]}" for k in keys if d[k] is not None)
+
+
+def _stage_estimate(run: RunData, stage: Mapping[str, Any], key: str = "recommended") -> Estimate | None:
+    d = stage.get(key) or {}
+    if not _finite(d.get("qps")):
+        return None
+    n = _n_batches(run.rows, stage=str(stage.get("name")), role="stage", status="ok", executor=d.get("executor"),
+                   harness=d.get("harness"), concurrency=d.get("concurrency"))
+    return Estimate(value=float(d["qps"]), low=d.get("qps_low"), high=d.get("qps_high"), n=n,
+                    confidence=_confidence(run))
+
+
+def _entry(run: RunData, label: str) -> _Entry:
+    s = run.summary
+    if run.kind == "loader":
+        return _Entry(label=label, run=run, unit="samples/s", best=_loader_estimate(run, s.get("best")),
+                      best_setting=_knobs(s.get("best")), best_note="best measured loader setting",
+                      rec=_loader_estimate(run, s.get("recommended")), rec_setting=_knobs(s.get("recommended")),
+                      verdict=str(s.get("verdict") or ""))
+    pred, val = s.get("prediction") or {}, s.get("validation") or {}
+    settings = "; ".join(f"{x.get('stage')}: {x.get('executor')} × {x.get('concurrency')}"
+                         for x in pred.get("settings") or [])
+    if _finite(val.get("qps")):
+        best = Estimate(value=float(val["qps"]), low=val.get("qps_low"), high=val.get("qps_high"), n=None)
+        note = "whole pipeline, measured at the recommended settings"
+    elif _finite(pred.get("qps")):
+        best = Estimate(value=float(pred["qps"]))
+        note = "whole pipeline, predicted (no validation run)"
+    else:
+        best, note = None, "no pipeline throughput in the summary"
+    return _Entry(label=label, run=run, unit="items/s", best=best, best_setting=settings, best_note=note,
+                  rec=best, rec_setting=settings, verdict=str(s.get("verdict") or ""))
+
+
+def _unique_labels(labels: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for lab in labels:
+        seen[lab] = seen.get(lab, 0) + 1
+        out.append(lab if seen[lab] == 1 else f"{lab} ({seen[lab]})")
+    return out
+
+
+def _machine_warning(entries: Sequence[_Entry]) -> str | None:
+    provs = [(e.label, e.run.summary.get("provenance") or e.run.meta.get("provenance") or {}) for e in entries]
+    differ = [k for k in _MACHINE_KEYS if len({str(p.get(k)) for _, p in provs}) > 1]
+    if not differ:
+        return None
+    detail = "; ".join(f"{lab}: {machine_label(p)}" for lab, p in provs)
+    return (f"these runs come from different machines ({', '.join(differ)} differ): a difference may be the "
+            f"machines', not the settings' ({detail})")
+
+
+# --------------------------------------------------------------------------- context
+
+
+def _group_context(entries: list[_Entry], kind: str) -> dict[str, Any]:
+    from . import _plots
+
+    ranked = sorted([e for e in entries if e.best is not None], key=lambda e: -e.best.value)
+    rows = []
+    winner = ranked[0] if ranked else None
+    for e in entries:
+        diff = difference(e.best, winner.best) if winner and e.best is not None and e is not winner else None
+        rows.append({"e": e, "diff": diff, "is_winner": e is winner})
+    headline = ""
+    diff_w = None
+    if winner and len(ranked) >= 2:
+        runner = ranked[1]
+        diff_w = difference(winner.best, runner.best)
+        sig = diff_w["significant"]
+        if sig is True:
+            how = f"significant ({diff_w['test']}" + (f", p = {diff_w['p']:.2g})" if diff_w["p"] is not None else ")")
+        elif sig is False:
+            how = f"NOT significant: within noise ({diff_w['test']}" + (
+                f", p = {diff_w['p']:.2g})" if diff_w["p"] is not None else ")")
+        else:
+            how = diff_w["test"]
+        headline = (f"{winner.label} wins: {_rate(winner.best.value)} {winner.unit} vs {_rate(runner.best.value)} "
+                    f"for {runner.label} ({diff_w['pct'] * 100:+.0f}%); {how}")
+    elif winner:
+        headline = f"only one {kind} run with results: {winner.label}, {_rate(winner.best.value)} {winner.unit}"
+    unit = entries[0].unit if entries else ""
+    best_img = svg_uri(_plots.compare_best_svg(
+        [{"label": e.label, "value": e.best.value, "low": e.best.low, "high": e.best.high} for e in ranked],
+        unit=unit))
+    curves = _loader_curves(entries) if kind == "loader" else _stage_curves(entries)
+    return {"kind": kind, "unit": unit, "headline": headline, "winner": winner, "runner_diff": diff_w,
+            "rows": rows, "best_img": best_img, "curves": curves,
+            "stage_tables": _stage_tables(entries) if kind == "pipeline" else []}
+
+
+def _loader_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
+    from . import _plots
+
+    series = []
+    for e in entries:
+        r = e.run.rows
+        if r.empty or "num_workers" not in r:
+            continue
+        ok = r[r["status"] == "ok"].copy()
+        for c in ("num_workers", "samples_per_s", "samples_per_s_low", "samples_per_s_high"):
+            ok[c] = pd.to_numeric(ok[c], errors="coerce")
+        ok = ok.dropna(subset=["num_workers", "samples_per_s"])
+        if ok.empty:
+            continue
+        top = ok.loc[ok.groupby("num_workers")["samples_per_s"].idxmax()].sort_values("num_workers")
+        rec = e.run.summary.get("recommended") or {}
+        series.append({"label": e.label, "x": top["num_workers"].astype(int).tolist(), "y": top["samples_per_s"].tolist(),
+                       "low": top["samples_per_s_low"].tolist(), "high": top["samples_per_s_high"].tolist(),
+                       "rec_x": rec.get("num_workers"), "rec_y": rec.get("samples_per_s")})
+    img = _plots.compare_curves_svg(series, xlabel="num_workers (best prefetch_factor at each)",
+                                    ylabel="throughput (samples/s)", log2_x=False)
+    return [{"title": "samples/s against num_workers", "img": svg_uri(img),
+             "caption": "Each run's best measured throughput at each num_workers (bands: 95% intervals); ★ its recommendation."}] if img else []
+
+
+def _stage_names(entries: Sequence[_Entry]) -> list[str]:
+    names: list[str] = []
+    for e in entries:
+        for s in e.run.summary.get("stages") or []:
+            n = str(s.get("name"))
+            if n not in names:
+                names.append(n)
+        if not e.run.summary.get("stages") and "stage" in e.run.rows:
+            for n in e.run.rows["stage"].astype(str).unique():
+                if n not in names:
+                    names.append(n)
+    return names
+
+
+def _stage_summary(e: _Entry, name: str) -> dict[str, Any]:
+    for s in e.run.summary.get("stages") or []:
+        if str(s.get("name")) == name:
+            return s
+    return {}
+
+
+def _stage_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
+    """Per stage, each run's curve on the executor/harness it recommends (else its best)."""
+    from . import _plots
+
+    out = []
+    for name in _stage_names(entries):
+        series = []
+        for e in entries:
+            r = e.run.rows
+            if r.empty or "stage" not in r:
+                continue
+            sub = r[(r["stage"].astype(str) == name) & (r["role"] == "stage") & (r["status"] == "ok")].copy()
+            for c in ("concurrency", "qps", "qps_low", "qps_high"):
+                sub[c] = pd.to_numeric(sub[c], errors="coerce")
+            if sub.empty:
+                continue
+            st = _stage_summary(e, name)
+            rec = st.get("recommended") or {}
+            ex, h = rec.get("executor"), rec.get("harness")
+            if not ex:
+                top = sub.loc[sub["qps"].idxmax()]
+                ex, h = top["executor"], top["harness"]
+            g = sub[(sub["executor"] == ex) & ((sub["harness"] == h) if h else True)].sort_values("concurrency")
+            series.append({"label": f"{e.label} · {ex}", "x": g["concurrency"].tolist(), "y": g["qps"].tolist(),
+                           "low": g["qps_low"].tolist(), "high": g["qps_high"].tolist(),
+                           "rec_x": rec.get("concurrency"), "rec_y": rec.get("qps")})
+        img = _plots.compare_curves_svg(series, xlabel="concurrency (log₂ scale)", ylabel="throughput (items/s)",
+                                        log2_x=True, title=f"stage {name}")
+        if img:
+            out.append({"title": f"stage {name}", "img": svg_uri(img),
+                        "caption": "Each run's curve on the executor it recommends for this stage (bands: 95% intervals); ★ the recommendation."})
+    return out
+
+
+def _stage_tables(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
+    tables = []
+    for name in _stage_names(entries):
+        cells = []
+        for e in entries:
+            st = _stage_summary(e, name)
+            est = _stage_estimate(e.run, st) if st else None
+            rec = st.get("recommended") or {}
+            cells.append({"label": e.label, "classification": st.get("classification") or "—", "est": est,
+                          "setting": f"{rec.get('executor')} × {rec.get('concurrency')}" if rec.get("executor") else "—"})
+        have = [c for c in cells if c["est"] is not None]
+        top = max(have, key=lambda c: c["est"].value) if have else None
+        for c in cells:
+            c["diff"] = difference(c["est"], top["est"]) if top and c["est"] is not None and c is not top else None
+            c["is_top"] = c is top
+        tables.append({"name": name, "cells": cells})
+    return tables
+
+
+def _csv_rows(groups: Sequence[dict[str, Any]], failed: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for g in groups:
+        for row in g["rows"]:
+            e: _Entry = row["e"]
+            d = row["diff"] or {}
+            prov = e.run.summary.get("provenance") or e.run.meta.get("provenance") or {}
+            out.append({
+                "label": e.label, "kind": e.run.kind, "status": "ok", "reason": e.run.summary_error or "",
+                "unit": e.unit,
+                "best": e.best.value if e.best else None, "best_low": e.best.low if e.best else None,
+                "best_high": e.best.high if e.best else None, "best_setting": e.best_setting,
+                "recommended": e.rec.value if e.rec else None, "recommended_low": e.rec.low if e.rec else None,
+                "recommended_high": e.rec.high if e.rec else None, "recommended_setting": e.rec_setting,
+                "vs_winner_pct": 0.0 if row["is_winner"] else (d.get("pct") * 100 if d.get("pct") is not None else None),
+                "p_value_vs_winner": d.get("p"), "significant_vs_winner": d.get("significant"),
+                "test": d.get("test", "winner" if row["is_winner"] else ""),
+                "verdict": e.verdict, **{k: prov.get(k) for k in _MACHINE_KEYS}, "run_dir": str(e.run.path),
+            })
+    for f in failed:
+        out.append({"label": f.get("name", "?"), "status": "failed", "reason": f.get("reason", ""),
+                    "run_dir": f.get("path", "")})
+    return out
+
+
+def _csv_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COMPARISON_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: _csv_value(r.get(k)) for k in COMPARISON_COLUMNS})
+    return buf.getvalue()
+
+
+def _csv_value(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return v
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def write_comparison(run_dirs: Sequence[Path], out_dir: Path, *, title: str,
+                     failed: list[dict] | None = None) -> Path:
+    """Write ``out_dir/comparison.csv`` and ``out_dir/comparison.html``; return the HTML path.
+
+    ``failed``: jobs that produced no usable run directory, ``{"name", "reason", "path"?}``;
+    they are listed, not dropped. A run whose files cannot be read joins them.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    failed = [dict(f) for f in failed or []]
+    runs: list[RunData] = []
+    for d in run_dirs:
+        try:
+            runs.append(load_run(Path(d)))
+        except Exception as e:  # noqa: BLE001 - one unreadable run must not lose the others
+            failed.append({"name": job_label(Path(d)), "path": str(d), "reason": f"{type(e).__name__}: {e}"})
+    labels = _unique_labels([job_label(r.path, r.meta) for r in runs])
+    entries = [_entry(r, lab) for r, lab in zip(runs, labels)]
+    groups = [_group_context([e for e in entries if e.run.kind == kind], kind)
+              for kind in ("loader", "pipeline") if any(e.run.kind == kind for e in entries)]
+    warnings = []
+    mw = _machine_warning(entries)
+    if mw:
+        warnings.append(mw)
+    if len(groups) > 1:
+        warnings.append("the runs mix loader and pipeline measurements; each kind is compared on its own")
+    for e in entries:
+        if e.run.summary_error:
+            warnings.append(f"{e.label}: the analysis could not run ({e.run.summary_error})")
+    if failed:
+        warnings.append(f"{len(failed)} job(s) produced no results; they are listed below")
+    csv_rows = _csv_rows(groups, failed)
+    csv_text = _csv_text(csv_rows)
+    _write_text(out_dir / "comparison.csv", csv_text)
+    runs_ctx = []
+    for e in entries:
+        rep = e.run.path / "report.html"
+        runs_ctx.append({
+            "label": e.label, "kind": e.run.kind, "verdict": e.verdict, "machine": machine_label(
+                e.run.summary.get("provenance") or e.run.meta.get("provenance")),
+            "report": os.path.relpath(rep, out_dir) if rep.is_file() else None,
+            "path": os.path.relpath(e.run.path, out_dir),
+        })
+    html = render(
+        "comparison.html.j2", title=title, groups=groups, warnings=warnings,
+        failed=[{"name": str(f.get("name", "?")), "reason": str(f.get("reason", ""))} for f in failed],
+        runs=runs_ctx, n_runs=len(entries), csv_uri=csv_uri(csv_text.encode("utf-8")),
+        rows_json=json_island(csv_rows), fmt_rate=_rate, fmt_interval=_interval, fmt_num=_num,
+    )
+    out = out_dir / "comparison.html"
+    _write_text(out, html)
+    return out
+
+
+def compare_runs(run_dirs: list[Path], out: Path | None = None) -> Path:
+    """``stagebench compare``: check the run directories, then write the comparison into ``out``."""
+    from ._cli import StagebenchError
+
+    dirs = [Path(p) for p in run_dirs]
+    missing = [str(p) for p in dirs if not (p.is_dir() and is_run_dir(p))]
+    if missing:
+        raise StagebenchError(f"not a run directory (no run.json or results.csv): {', '.join(missing)}")
+    if out is None:
+        from ._results import default_run_dir
+
+        out = default_run_dir(prefix="compare")
+    from ._results import RunDir
+
+    labels = [job_label(p, RunDir(p).read_meta()) for p in dirs]
+    title = "comparison: " + " vs ".join(labels[:4]) + (" …" if len(labels) > 4 else "")
+    return write_comparison(dirs, Path(out), title=title)

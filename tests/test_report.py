@@ -1,0 +1,351 @@
+"""The run report: sections, known values read back, escaping, determinism, rebuild."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import _fixtures as fx
+from stagebench import _report
+from stagebench._cli import StagebenchError
+from stagebench._plots import stage_throughput_svg, usl_curve
+from stagebench._results import read_rows
+
+
+class _Page(HTMLParser):
+    """Collects what the tests inspect: tags with attributes, ids, script bodies."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict]] = []
+        self.ids: set[str] = set()
+        self.scripts: list[tuple[dict, str]] = []
+        self._in_script: dict | None = None
+        self._buf: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append((tag, a))
+        if "id" in a:
+            self.ids.add(a["id"])
+        if tag == "script":
+            self._in_script, self._buf = a, []
+
+    def handle_data(self, data):
+        if self._in_script is not None:
+            self._buf.append(data)
+
+    def handle_endtag(self, tag):
+        if tag == "script" and self._in_script is not None:
+            self.scripts.append((self._in_script, "".join(self._buf)))
+            self._in_script = None
+
+
+def parse(html: str) -> _Page:
+    p = _Page()
+    p.feed(html)
+    return p
+
+
+def svgs(page: _Page) -> list[str]:
+    out = []
+    for tag, a in page.tags:
+        if tag == "img":
+            src = a.get("src", "")
+            assert src.startswith("data:image/svg+xml;base64,"), src[:60]
+            out.append(base64.b64decode(src.split(",", 1)[1]).decode("utf-8"))
+    return out
+
+
+@pytest.fixture()
+def pipeline_run(tmp_path: Path) -> Path:
+    return fx.synthetic_run(tmp_path / "run")
+
+
+@pytest.fixture(scope="module")
+def pipeline_report(tmp_path_factory) -> tuple[Path, str]:
+    """One synthetic pipeline report shared by the read-only tests (rendering costs about a second)."""
+    run = fx.synthetic_run(tmp_path_factory.mktemp("shared") / "run")
+    return run, _report.write_report(run).read_text()
+
+
+@pytest.fixture()
+def loader_run(tmp_path: Path) -> Path:
+    return fx.synthetic_loader_run(tmp_path / "loader")
+
+
+@pytest.fixture()
+def fake_summaries(monkeypatch):
+    """summarize_run without the analysis modules: the contract-shaped fixtures."""
+
+    def summarize(run_dir: Path) -> dict:
+        meta = json.loads((Path(run_dir) / "run.json").read_text())
+        rows = read_rows(run_dir)
+        if meta["kind"] == "loader":
+            return fx.synthetic_loader_summary(rows, meta)
+        if set(rows["stage"]) <= set(fx.SYNTH_CURVES):
+            return fx.synthetic_summary(rows, meta)
+        return fx.simple_summary(rows, meta)
+
+    monkeypatch.setattr(_report, "summarize_run", summarize)
+    return summarize
+
+
+# --------------------------------------------------------------------------- pipeline report
+
+
+def test_pipeline_report_has_every_section_and_the_known_recommendation(pipeline_report) -> None:
+    _, html = pipeline_report
+    page = parse(html)
+    for sec in ("summary", "verdict", "recommended", "overview", "findings", "stages", "stage-1", "stage-2",
+                "not-isolated", "provenance", "data", "rows", "summary-data", "csv-download"):
+        assert sec in page.ids, sec
+    # decode: threads flat near 1000/s, processes reach ~3.98k at 8: the summary recommends process x 8
+    assert "process × 8" in html
+    assert "ProcessPoolExecutor(max_workers=8)" in html
+    assert "decode is the bottleneck" in html
+    # the crashed point is listed with its reason, the noise warning is shown
+    assert "a worker process died (SIGKILL): out of memory?" in html
+    assert "the machine was busy before the run" in html
+    # provenance
+    assert "Test CPU @ 2.0GHz" in html and "bench-a" in html
+    # one throughput plot and one resource plot per stage, plus the overview
+    assert len(svgs(page)) == 5
+
+
+def test_hostile_names_appear_as_text_everywhere(pipeline_report) -> None:
+    _, html = pipeline_report
+    page = parse(html)
+    # no tag came from user text: every img is ours (a data: SVG), nothing carries an event handler
+    assert not any(k.startswith("on") for _, a in page.tags for k in a)
+    assert [t for t, a in page.tags if t == "img" and not a.get("src", "").startswith("data:image/svg+xml")] == []
+    # the only scripts are the two inert JSON islands
+    assert [a.get("type") for a, _ in page.scripts] == ["application/json", "application/json"]
+    assert "<img src=x" not in html and "</script><script>" not in html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html
+    # the JSON islands round-trip the hostile strings exactly
+    rows = json.loads(page.scripts[0][1])
+    summary = json.loads(page.scripts[1][1])
+    assert fx.HOSTILE in {r["stage"] for r in rows}
+    assert summary["not_isolated"][0]["name"] == fx.SCRIPT_BREAKOUT
+    # inside the SVGs the name is escaped text and the documents are well-formed XML without script
+    svg_texts = svgs(page)
+    for svg in svg_texts:
+        root = ET.fromstring(svg)
+        assert not [e for e in root.iter() if e.tag.endswith("script")]
+        assert not any(k.startswith("on") for e in root.iter() for k in e.attrib)
+    labels = "".join("".join(ET.fromstring(s).itertext()) for s in svg_texts)
+    assert fx.HOSTILE in labels  # drawn as a label (overview y axis), as text
+
+
+def test_json_rows_and_csv_download_match_the_saved_rows(pipeline_report) -> None:
+    pipeline_run, html = pipeline_report
+    page = parse(html)
+    rows = json.loads(page.scripts[0][1])
+    saved = read_rows(pipeline_run)
+    assert len(rows) == len(saved)
+    assert [r["stage"] for r in rows] == list(saved["stage"])
+    got = np.array([math.nan if r["qps"] is None else r["qps"] for r in rows])
+    np.testing.assert_allclose(got, saved["qps"].to_numpy(float), equal_nan=True)
+    link = next(a for t, a in page.tags if t == "a" and a.get("id") == "csv-download")
+    assert link["download"] == "results.csv"
+    assert base64.b64decode(link["href"].split(",", 1)[1]) == (pipeline_run / "results.csv").read_bytes()
+
+
+def test_no_external_references(pipeline_report, loader_run: Path) -> None:
+    for html in (pipeline_report[1], _report.write_report(loader_run).read_text()):
+        page = parse(html)
+        for tag, a in page.tags:
+            for k in ("src", "href"):
+                v = a.get(k)
+                if v is not None:
+                    assert v.startswith(("data:", "#")), (tag, v[:80])
+        # a CSS url() or @import would fetch too
+        assert "@import" not in html and "url(" not in html
+
+
+def test_same_rows_give_the_same_bytes_even_in_another_process(pipeline_report, tmp_path: Path) -> None:
+    pipeline_run, html = pipeline_report
+    first = html.encode("utf-8")
+    assert _report.write_report(pipeline_run).read_bytes() == first
+    # A fresh interpreter with another hash seed (set and dict orders, matplotlib ids) must agree.
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    code = "import sys; from stagebench._report import write_report; write_report(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", code, str(pipeline_run)], check=True, env=env, cwd=tmp_path)
+    assert (pipeline_run / "report.html").read_bytes() == first
+
+
+def test_rebuild_recomputes_the_summary_and_reproduces_the_report(pipeline_run: Path, fake_summaries) -> None:
+    first = _report.write_report(pipeline_run).read_bytes()
+    summary_path = pipeline_run / "summary.json"
+    original = json.loads(summary_path.read_text())
+    summary_path.write_text(json.dumps({**original, "verdict": "stale"}))
+    out = _report.rebuild(pipeline_run)
+    assert out == pipeline_run / "report.html"
+    assert json.loads(summary_path.read_text())["verdict"] == original["verdict"]
+    assert out.read_bytes() == first
+
+
+def test_report_without_analysis_still_shows_the_rows(pipeline_run: Path, monkeypatch) -> None:
+    (pipeline_run / "summary.json").unlink()
+
+    def broken(run_dir):
+        raise ModuleNotFoundError("No module named 'stagebench._analysis'")
+
+    monkeypatch.setattr(_report, "summarize_run", broken)
+    html = _report.write_report(pipeline_run).read_text()
+    assert "the analysis could not run" in html
+    assert "stage-2" in parse(html).ids
+    assert len(svgs(parse(html))) == 4  # the stage plots come from rows alone
+    assert not (pipeline_run / "summary.json").exists()  # nothing derived from a failed analysis
+
+
+def test_mathtext_and_long_names_do_not_break_plots() -> None:
+    rows = fx.synthetic_rows()
+    rows = rows[rows.stage == "decode"].copy()
+    rows["stage"] = "cost $x$ \\frac{" + "y" * 200
+    svg = stage_throughput_svg(rows, {"recommended": {"executor": "process", "concurrency": 8, "qps": 3979.0}})
+    assert svg and "<svg" in svg
+
+
+def test_usl_curve_known_answer() -> None:
+    c = np.array([1, 2, 4, 8, 16], float)
+    truth = fx.usl(c, 950.0, 0.05, 0.01)
+    np.testing.assert_allclose(usl_curve(c, {"lambda": 950.0, "sigma": 0.05, "kappa": 0.01}), truth)
+    # without lambda: the least-squares scale through exact points recovers it
+    pts = pd.DataFrame({"concurrency": c, "qps": truth})
+    np.testing.assert_allclose(usl_curve(c, {"sigma": 0.05, "kappa": 0.01}, pts), truth, rtol=1e-9)
+    assert usl_curve(c, {"sigma": None, "kappa": 0.0}) is None
+
+
+# --------------------------------------------------------------------------- loader report
+
+
+def test_loader_report_sections_snippet_and_failures(loader_run: Path) -> None:
+    html = _report.write_report(loader_run).read_text()
+    page = parse(html)
+    for sec in ("summary", "loader", "findings", "provenance", "data", "rows"):
+        assert sec in page.ids, sec
+    assert "stages" not in page.ids
+    # throughput, heat map, start-up/memory
+    assert len(svgs(page)) == 3
+    # recommended by the fixture's truth: 2 workers, prefetch 4 (690 samples/s)
+    assert re.search(r"DataLoader\(\s*dataset, batch_size=32,\s*num_workers=2, prefetch_factor=4, "
+                     r"persistent_workers=True, pin_memory=False", html)
+    assert "worker killed (OOM?)" in html
+    assert "690 samples/s" in html
+
+
+def test_loader_snippet_without_workers_drops_worker_only_knobs() -> None:
+    snip = _report.loader_snippet({"loader": {"backend": "torch", "batch_size": 8},
+                                   "recommended": {"num_workers": 0, "prefetch_factor": 2,
+                                                   "persistent_workers": True, "pin_memory": False}})
+    assert "prefetch_factor" not in snip and "persistent_workers=False" in snip
+    spdl = _report.loader_snippet({"loader": {"backend": "spdl_pytorch"},
+                                   "recommended": {"num_workers": 4, "prefetch_factor": 2}})
+    assert "get_pytorch_dataloader(" in spdl and "num_workers=4" in spdl
+
+
+def test_pipeline_snippet_handles_every_executor_and_odd_names() -> None:
+    summary = {"stages": [
+        {"name": "decode", "type": "pipe", "recommended": {"executor": "process", "concurrency": 4}},
+        {"name": "fetch", "type": "pipe", "recommended": {"executor": "async", "concurrency": 16}},
+        {"name": "my stage!", "type": "pipe", "recommended": {"executor": "thread", "concurrency": 2}},
+        {"name": "batch", "type": "aggregate"},
+    ]}
+    snip = _report.pipeline_snippet(summary, {})
+    assert ".pipe(decode, concurrency=4, executor=ProcessPoolExecutor(max_workers=4))" in snip
+    assert ".pipe(fetch, concurrency=16)\n" in snip
+    assert ".pipe(fn, concurrency=2, executor=ThreadPoolExecutor(max_workers=2))  # stage 'my stage!'" in snip
+    assert "# .aggregate(...)" in snip
+    compile(snip.replace("buffer_size=...", "buffer_size=1").replace("num_threads=...", "num_threads=1"),
+            "<snippet>", "exec")  # it is valid Python
+
+
+# --------------------------------------------------------------------------- rebuild: sweeps and errors
+
+
+def test_rebuild_sweep_dir_compares_jobs_and_lists_the_failed_one(tmp_path: Path, fake_summaries) -> None:
+    sweep = tmp_path / "multirun"
+    fx.synthetic_loader_run(sweep / "0", backend="torch")
+    fx.synthetic_loader_run(sweep / "1", backend="spdl_pytorch", scale=1.3)
+    (sweep / "2" / ".hydra").mkdir(parents=True)
+    (sweep / "2" / ".hydra" / "overrides.yaml").write_text("- loader.backend=spdl_pipeline\n")
+    (sweep / "2" / "stagebench.log").write_text("[INFO] start\n[ERROR] ValueError: bad root\n")
+    for d in ("0", "1"):
+        (sweep / d / ".hydra").mkdir()
+        (sweep / d / ".hydra" / "overrides.yaml").write_text(
+            f"- loader.backend={'torch' if d == '0' else 'spdl_pytorch'}\n")
+    out = _report.rebuild(sweep)
+    assert out == sweep / "comparison.html"
+    assert (sweep / "0" / "report.html").is_file() and (sweep / "1" / "report.html").is_file()
+    html = out.read_text()
+    assert "loader.backend=spdl_pytorch wins" in html
+    assert "loader.backend=spdl_pipeline" in html and "ValueError: bad root" in html
+    csv = pd.read_csv(sweep / "comparison.csv")
+    assert list(csv["status"]) == ["ok", "ok", "failed"]
+
+
+def test_rebuild_rejects_a_folder_without_runs(tmp_path: Path) -> None:
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    with pytest.raises(StagebenchError, match="neither a run directory"):
+        _report.rebuild(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError):
+        _report.rebuild(tmp_path / "missing")
+
+
+def test_cli_report_command(pipeline_run: Path, fake_summaries, capsys) -> None:
+    from stagebench._cli import main
+
+    assert main(["report", str(pipeline_run)]) == 0
+    assert "report:" in capsys.readouterr().out
+    assert main(["report", str(pipeline_run / "nope")]) == 2
+
+
+# --------------------------------------------------------------------------- real measured rows
+
+
+@pytest.fixture(scope="session")
+def measured_run(tmp_path_factory) -> Path:
+    """Three tiny stages measured for real (about 40 s on a loaded 2-core machine)."""
+    return fx.measure_run(tmp_path_factory.mktemp("measured") / "run")
+
+
+@pytest.mark.slow
+def test_report_on_really_measured_rows(measured_run: Path, tmp_path: Path, fake_summaries) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(measured_run, run)
+    out = _report.rebuild(run)
+    html = out.read_text()
+    page = parse(html)
+    assert {"stage-1", "stage-2", "stage-3"} <= page.ids
+    assert len(svgs(page)) == 7
+    rows = json.loads(page.scripts[0][1])
+    assert len(rows) == len(read_rows(run)) == 3 * 2 * 4 * 2
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html and "<img src=x" not in html
+    assert _report.rebuild(run).read_bytes() == out.read_bytes()
+
+
+@pytest.mark.slow
+def test_real_analysis_rebuild_is_deterministic(measured_run: Path, tmp_path: Path) -> None:
+    """With the real analysis module: same rows, same summary.json and report.html, twice."""
+    pytest.importorskip("stagebench._analysis")
+    run = tmp_path / "run"
+    shutil.copytree(measured_run, run)
+    first = _report.rebuild(run).read_bytes()
+    summary = (run / "summary.json").read_bytes()
+    assert _report.rebuild(run).read_bytes() == first
+    assert (run / "summary.json").read_bytes() == summary
