@@ -1,0 +1,299 @@
+"""Isolating SPDL stages: what each stage sees and emits matches what SPDL would do."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from spdl.pipeline import PipelineBuilder
+from spdl.pipeline.defs import (
+    Aggregate,
+    Aggregator,
+    Disaggregate,
+    Merge,
+    PathVariants,
+    Pipe,
+    PipelineConfig,
+    SinkConfig,
+    SourceConfig,
+)
+
+from stagebench._isolate import (
+    Passthrough,
+    PlanError,
+    SourceError,
+    build_validation_config,
+    compute_outputs,
+    measure_inputs,
+    plan_pipeline,
+    read_source,
+    run_passthrough,
+)
+
+
+def double(x):
+    return 2 * x
+
+
+async def add_one(x):
+    await asyncio.sleep(0)
+    return x + 1
+
+
+def odd_only(x):
+    return x if x % 2 else None  # None: SPDL drops the item
+
+
+def twice(x):
+    yield x
+    yield x
+
+
+async def atwice(x):
+    yield x
+    yield -x
+
+
+def cfg_of(builder):
+    return builder.add_sink(4).get_config()
+
+
+def real_outputs(cfg, num_threads=4):
+    from spdl.pipeline import build_pipeline
+
+    p = build_pipeline(cfg, num_threads=num_threads)
+    with p.auto_stop():
+        return list(p)
+
+
+def chain(plan, items):
+    """Compute every stage's outputs in turn, as a diagnosis does."""
+    for step in plan.steps:
+        if isinstance(step, Passthrough):
+            items, _ = run_passthrough(step, items)
+        else:
+            items, _ = compute_outputs(step, items, max_bytes=1e12)
+    return items
+
+
+def test_plan_names_types_and_user_settings():
+    pool = ThreadPoolExecutor(3)
+    cfg = cfg_of(
+        PipelineBuilder().add_source(range(10))
+        .pipe(double, concurrency=4)
+        .pipe(add_one, concurrency=8, name="add one: async")
+        .pipe(double, executor=pool, concurrency=3, output_order="input")
+        .aggregate(3)
+        .disaggregate()
+    )
+    plan = plan_pipeline(cfg)
+    meta = [s.as_meta() for s in plan.stages]
+    assert [m["name"] for m in meta] == ["double", "add one: async", "double (2)",
+                                         "aggregate(op=collate(3), drop_last=False)", "disaggregate"]
+    assert [m["type"] for m in meta] == ["pipe", "pipe", "pipe", "aggregate", "disaggregate"]
+    assert [m["user_executor"] for m in meta] == ["default", "async", "thread", "default", "default"]
+    assert [m["user_concurrency"] for m in meta] == [4, 8, 3, 1, 1]
+    assert [m["is_async"] for m in meta] == [False, True, False, False, False]
+    assert meta[2]["ordered"] and not meta[0]["ordered"]
+    assert plan.not_isolated == []
+    pool.shutdown()
+
+
+def test_process_executor_is_recognised():
+    from concurrent.futures import ProcessPoolExecutor
+
+    ex = ProcessPoolExecutor(1)
+    plan = plan_pipeline(cfg_of(PipelineBuilder().add_source(range(3)).pipe(double, executor=ex)))
+    assert plan.stages[0].user_executor == "process"
+    ex.shutdown()
+
+
+def test_cached_outputs_equal_what_spdl_delivers():
+    """None drops, generators emit each element, async generators too, batches and unbatches."""
+    builder = lambda: (  # noqa: E731
+        PipelineBuilder().add_source(range(20))
+        .pipe(double, concurrency=2)
+        .pipe(add_one, concurrency=4)
+        .pipe(odd_only)
+        .pipe(twice)
+        .pipe(atwice)
+        .aggregate(6)
+        .pipe(lambda b: [x * 10 for x in b])
+        .disaggregate()
+    )
+    expected = real_outputs(cfg_of(builder()))
+    plan = plan_pipeline(cfg_of(builder()))
+    got = chain(plan, read_source(plan, 100).items)
+    assert sorted(got) == sorted(expected)
+    assert len(got) == 20 * 2 * 2  # every (2x+1) is odd; two generators double twice
+
+
+def test_aggregate_groups_and_drop_last():
+    for drop_last, groups in ((False, [[0, 3], [3, 6], [6, 9], [9, 10]]), (True, [[0, 3], [3, 6], [6, 9]])):
+        plan = plan_pipeline(cfg_of(PipelineBuilder().add_source(range(10)).aggregate(3, drop_last=drop_last)))
+        st = plan.stages[0]
+        items = list(range(10))
+        out, meta = compute_outputs(st, items, max_bytes=1e12)
+        assert meta["groups"] == groups
+        measured = measure_inputs(st, items, meta)
+        assert measured == [items[a:b] for a, b in groups]
+        # the measured callable turns each group into exactly the output SPDL emits
+        assert [st.fn(g) for g in measured] == out
+
+
+class EveryThird(Aggregator):
+    """A custom aggregator: emits the sum of every three items."""
+
+    def __init__(self):
+        self.buf = []
+
+    def accumulate(self, item):
+        self.buf.append(item)
+        if len(self.buf) == 3:
+            out, self.buf = sum(self.buf), []
+            return out
+        return None
+
+    def flush(self):
+        out, self.buf = (sum(self.buf) if self.buf else None), []
+        return out
+
+
+def test_custom_aggregator_runs_on_fresh_copies():
+    cfg = PipelineConfig(src=SourceConfig(range(8)), pipes=[Aggregate(EveryThird())], sink=SinkConfig(2))
+    st = plan_pipeline(cfg).stages[0]
+    out, meta = compute_outputs(st, list(range(8)), max_bytes=1e12)
+    assert out == [3, 12, 13]
+    groups = measure_inputs(st, list(range(8)), meta)
+    assert [st.fn(g) for g in groups] == out
+    # concurrent calls must not share state
+    with ThreadPoolExecutor(4) as ex:
+        assert list(ex.map(st.fn, groups * 20)) == out * 20
+    # the user's aggregator was not consumed: the validation run can still use it
+    assert cfg.pipes[0].op.buf == []
+
+
+def test_errors_are_counted_and_the_other_items_go_on():
+    def flaky(x):
+        if x % 4 == 0:
+            raise ValueError(f"bad record {x}")
+        return x
+
+    st = plan_pipeline(cfg_of(PipelineBuilder().add_source(range(3)).pipe(flaky, concurrency=3))).stages[0]
+    out, meta = compute_outputs(st, list(range(12)), max_bytes=1e12)
+    assert sorted(out) == [1, 2, 3, 5, 6, 7, 9, 10, 11]
+    assert out == sorted(out)  # inputs order is kept
+    assert meta["n_errors"] == 3 and meta["error_example"].startswith("ValueError: bad record")
+
+
+def test_byte_cap_keeps_a_prefix_and_says_so():
+    st = plan_pipeline(cfg_of(PipelineBuilder().add_source(range(3)).pipe(lambda x: b"x" * 1000))).stages[0]
+    out, meta = compute_outputs(st, list(range(50)), max_bytes=10_500)
+    assert len(out) == 10 and meta["capped"] and meta["bytes"] == 10_000
+    assert len(measure_inputs(st, list(range(50)), meta)) == meta["n_run"] < 50
+
+
+def test_a_hanging_stage_stops_computing_after_the_stall_limit():
+    def hang_after_3(x):
+        if x >= 3:
+            time.sleep(30)
+        return x
+
+    st = plan_pipeline(cfg_of(PipelineBuilder().add_source(range(3)).pipe(hang_after_3))).stages[0]
+    t0 = time.perf_counter()
+    out, meta = compute_outputs(st, list(range(10)), max_bytes=1e12, stall_s=0.5, workers=2)
+    assert time.perf_counter() - t0 < 5
+    assert out == [0, 1, 2] and meta["stalled"]
+
+
+def test_read_source_short_raising_async_and_merged():
+    plan = plan_pipeline(cfg_of(PipelineBuilder().add_source(range(5)).pipe(double)))
+    r = read_source(plan, 10)
+    assert r.items == [0, 1, 2, 3, 4] and "fewer than the 10 asked" in r.note
+
+    def broken():
+        yield 1
+        raise OSError("shard 2 is missing")
+
+    plan = plan_pipeline(cfg_of(PipelineBuilder().add_source(broken()).pipe(double)))
+    with pytest.raises(SourceError, match="OSError: shard 2 is missing.*after 1 item"):
+        read_source(plan, 10)
+    with pytest.raises(SourceError, match="no items"):
+        read_source(plan_pipeline(cfg_of(PipelineBuilder().add_source([]).pipe(double))), 10)
+
+    async def agen():
+        for i in range(4):
+            yield i
+
+    plan = plan_pipeline(cfg_of(PipelineBuilder().add_source(agen()).pipe(double)))
+    assert read_source(plan, 3).items == [0, 1, 2]
+
+    sub = [PipelineConfig(src=SourceConfig(range(k * 10, k * 10 + 5)), pipes=[Pipe(double, name="pre")],
+                          sink=SinkConfig(2)) for k in range(2)]
+    plan = plan_pipeline(PipelineConfig(src=Merge(sub), pipes=[Pipe(double)], sink=SinkConfig(2)))
+    got = read_source(plan, 100).items
+    assert sorted(got) == sorted(2 * x for k in range(2) for x in range(k * 10, k * 10 + 5))
+    assert [d["name"] for d in plan.not_isolated] == ["pre", "pre"]
+
+
+@pytest.mark.filterwarnings("ignore:Fusing subprocess pipeline stages:RuntimeWarning")
+def test_not_isolatable_segments_run_as_a_whole_and_are_listed():
+    from spdl.pipeline.defs import MAIN_PROCESS, PlacementConfig, ProcessPoolExecutorConfig
+
+    cfg = PipelineConfig(
+        src=SourceConfig(range(10)),
+        pipes=[
+            Pipe(double),
+            PathVariants(lambda x: x % 2, [[Pipe(lambda x: x + 1000, name="even")],
+                                           [Pipe(lambda x: x + 2000, name="odd")]], name="route"),
+            PlacementConfig(ProcessPoolExecutorConfig(max_workers=1)),
+            Pipe(double, name="in region"),
+            PlacementConfig(MAIN_PROCESS),
+            Pipe(add_one, name="after"),
+        ],
+        sink=SinkConfig(2),
+    )
+    plan = plan_pipeline(cfg)
+    assert [s.name for s in plan.stages] == ["double", "after"]
+    reasons = {d["name"]: d["reason"] for d in plan.not_isolated}
+    assert set(reasons) == {"route", "in region"}
+    assert "path variants" in reasons["route"] and ".to(ProcessPoolExecutorConfig)" in reasons["in region"]
+    assert sorted(chain(plan, list(range(10)))) == sorted(real_outputs(cfg))
+
+
+def test_nothing_to_diagnose():
+    with pytest.raises(PlanError, match="no stages"):
+        plan_pipeline(cfg_of(PipelineBuilder().add_source(range(3))))
+    only_variants = PipelineConfig(src=SourceConfig(range(3)), sink=SinkConfig(2),
+                                   pipes=[PathVariants(lambda x: 0, [[Pipe(double)]], name="v")])
+    with pytest.raises(PlanError, match="no stage of the pipeline can run alone"):
+        plan_pipeline(only_variants)
+
+
+@pytest.mark.parametrize("executor", ["thread", "process", "async"])
+def test_validation_pipeline_delivers_the_same_items(executor):
+    """The rebuilt pipeline (recommended settings) computes what the user's does."""
+    def source():
+        yield from range(30)
+
+    cfg = cfg_of(
+        PipelineBuilder().add_source(range(30))
+        .pipe(lambda x: x * 3, name="triple", concurrency=2)  # a lambda: process pools must take it
+        .pipe(twice, name="gen")
+        .pipe(add_one, name="async one", concurrency=4)
+        .aggregate(7)
+        .disaggregate()
+    )
+    plan = plan_pipeline(cfg)
+    choice = (executor, 3) if executor != "async" else ("thread", 2)
+    vcfg, closers, used = build_validation_config(plan, {"triple": choice, "gen": choice}, source())
+    try:
+        got = real_outputs(vcfg)
+    finally:
+        for close in closers:
+            close()
+    assert sorted(got) == sorted(3 * x + 1 for x in range(30) for _ in range(2))
+    by_stage = {u["stage"]: (u["executor"], u["concurrency"]) for u in used}
+    assert by_stage["triple"] == choice and by_stage["async one"] == ("async", 4)
