@@ -74,3 +74,39 @@ STAGE_COLUMNS = (
     "started_at",       # ISO time the point started
     "elapsed_s",        # wall time of the whole point, start-up and tear-down included
 )
+
+#: Columns of a loader-sweep row, in order (``results.csv`` of a ``kind: "loader"`` run).
+#: One row is one loader setting (knobs after normalisation), measured on a fresh loader.
+LOADER_COLUMNS = (
+    "loader",                 # user-given loader name
+    "backend",                # torch | spdl_pytorch | a custom backend name
+    "num_workers",            # worker processes actually used (after normalisation)
+    "prefetch_factor",        # batches in flight per worker; empty when it does not apply (0 workers)
+    "persistent_workers",     # True / False, or "n/a" where the backend has no such knob
+    "pin_memory",             # True / False, or "n/a" where no CUDA device is present
+    "status",                 # STATUSES
+    "reason",                 # why not ok ("" when ok)
+    "samples_per_s",          # steady-state samples per second delivered to the consumer
+    "samples_per_s_low",      # confidence interval (batch means over inter-arrival times)
+    "samples_per_s_high",
+    "batches_per_s",          # steady-state batches per second
+    "cv",                     # coefficient of variation of the batch means
+    "time_to_first_batch_s",  # loader construction + iter() + first batch
+    "epoch_stall_s",          # last batch of epoch k to first batch of epoch k+1 (mean)
+    "n_batches",              # batches behind the steady-state figure
+    "window_s",               # length of the steady-state window
+    "cores_used",             # CPU seconds of main process + workers / wall seconds in the window
+    "mem_pss_mb",             # PSS of main process + workers after the window (no double count)
+    "mem_uss_mb",             # USS of main process + workers (memory freed if they exited)
+    "mem_main_mb",            # PSS of the main process
+    "mem_workers_mb",         # PSS of the workers
+    "disk_read_mb_s",         # bytes read from storage per second (main + workers)
+    "search_phase",           # num_workers | prefetch_factor | persistent_workers | pin_memory | grid | user
+    "started_at",             # ISO time the point started
+    "elapsed_s",              # wall time of the whole point, start-up and tear-down included
+    "n_samples",              # samples behind the steady-state figure
+    "workers_seen",           # distinct worker processes that delivered before the window opened
+    "worker_threads",         # torch intra-op threads inside a worker (what the backend set there)
+    "notes",                  # normalisations and caveats of this point ("; "-separated)
+)
+__all__ += ["LOADER_COLUMNS"]
