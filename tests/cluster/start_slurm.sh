@@ -42,12 +42,53 @@ export SLURM_CONF=$CONF
 node_state() { sinfo -h -n "$NODE" -o %T 2>/dev/null | head -n 1; }
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# slurm.conf for this machine, into $CONF.new. `slurmd -C` prints this node's real
+# layout; a NodeName line that claims more than the hardware has leaves the node
+# drained ("Low socket*core*thread count").
+render_conf() {
+  hw=$(slurmd -C 2>/dev/null | head -n 1) || true
+  case "$hw" in NodeName=*) ;; *) echo "slurmd -C did not report this node's layout: $hw" >&2; return 1 ;; esac
+  layout=$(echo "$hw" | tr ' ' '\n' | grep -E '^(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore|RealMemory)=' | tr '\n' ' ')
+  cat >"$CONF".new <<EOF
+# Written by stagebench tests/cluster/start_slurm.sh: a one-node cluster on localhost.
+ClusterName=stagebench
+SlurmctldHost=$NODE(127.0.0.1)
+SlurmUser=root
+AuthType=auth/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+# A node that was down (machine restarted, daemon killed) rejoins when slurmd registers.
+ReturnToService=2
+# Seconds between SIGTERM and SIGKILL for a cancelled job (default 30). submitit's job
+# process ignores SIGTERM, so a cancelled job ends only at SIGKILL: keep tests short.
+KillWait=5
+StateSaveLocation=$STATE/ctld
+SlurmdSpoolDir=$STATE/d
+SlurmctldPidFile=$STATE/slurmctld.pid
+SlurmdPidFile=$STATE/slurmd.pid
+SlurmctldLogFile=$STATE/slurmctld.log
+SlurmdLogFile=$STATE/slurmd.log
+NodeName=$NODE NodeAddr=127.0.0.1 $layout State=UNKNOWN
+PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+EOF
+}
+
 # Already up: nothing to do (the common case after the first run).
-if [ -f "$CONF" ] && command -v sinfo >/dev/null; then
+if [ -f "$CONF" ] && command -v sinfo >/dev/null && command -v slurmd >/dev/null; then
   case "$(node_state)" in
     idle|mixed|allocated|completing)
-      say "already running (node $NODE $(node_state)); SLURM_CONF=$CONF"
-      exit 0 ;;
+      if render_conf 2>/dev/null && cmp -s "$CONF".new "$CONF"; then
+        rm -f "$CONF".new
+        say "already running (node $NODE $(node_state)); SLURM_CONF=$CONF"
+        exit 0
+      fi ;;
   esac
 fi
 
@@ -88,45 +129,16 @@ if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
   munge -n | unmunge >/dev/null 2>&1 || fail "munge credentials do not round-trip (munge -n | unmunge)"
 fi
 
-# 3. slurm.conf, written only while no daemon of ours runs (they read it at start).
+# 3. slurm.conf (rewritten only when it changed)
 mkdir -p "$STATE"/ctld "$STATE"/d
-if ! alive "$STATE"/slurmctld.pid && ! alive "$STATE"/slurmd.pid; then
-  # `slurmd -C` prints this node's real layout; a NodeName line that claims more
-  # than the hardware has leaves the node drained ("Low socket*core*thread count").
-  hw=$(slurmd -C 2>/dev/null | head -n 1) || true
-  case "$hw" in NodeName=*) ;; *) fail "slurmd -C did not report this node's layout: $hw" ;; esac
-  layout=$(echo "$hw" | tr ' ' '\n' | grep -E '^(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore|RealMemory)=' | tr '\n' ' ')
-  cat >"$CONF".new <<EOF
-# Written by stagebench tests/cluster/start_slurm.sh: a one-node cluster on localhost.
-ClusterName=stagebench
-SlurmctldHost=$NODE(127.0.0.1)
-SlurmUser=root
-AuthType=auth/munge
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SchedulerType=sched/backfill
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-# A node that was down (machine restarted, daemon killed) rejoins when slurmd registers.
-ReturnToService=2
-StateSaveLocation=$STATE/ctld
-SlurmdSpoolDir=$STATE/d
-SlurmctldPidFile=$STATE/slurmctld.pid
-SlurmdPidFile=$STATE/slurmd.pid
-SlurmctldLogFile=$STATE/slurmctld.log
-SlurmdLogFile=$STATE/slurmd.log
-NodeName=$NODE NodeAddr=127.0.0.1 $layout State=UNKNOWN
-PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
-EOF
-  mv "$CONF".new "$CONF"
-fi
+render_conf || fail "cannot write slurm.conf"
+changed=0
+if ! cmp -s "$CONF".new "$CONF"; then mv "$CONF".new "$CONF"; changed=1; else rm -f "$CONF".new; fi
 
 # 4. daemons
-if ! alive "$STATE"/slurmctld.pid; then
+ctld_was_up=0
+alive "$STATE"/slurmctld.pid && ctld_was_up=1
+if [ "$ctld_was_up" = 0 ]; then
   say "starting slurmctld"
   slurmctld -f "$CONF" || fail "slurmctld did not start"
 fi
@@ -134,13 +146,26 @@ if ! alive "$STATE"/slurmd.pid; then
   say "starting slurmd"
   slurmd -f "$CONF" || fail "slurmd did not start"
 fi
+if [ "$changed" = 1 ] && [ "$ctld_was_up" = 1 ]; then
+  # Daemons started from an older slurm.conf (an older version of this script): re-read it.
+  say "slurm.conf changed; scontrol reconfigure"
+  scontrol reconfigure || fail "scontrol reconfigure failed"
+fi
 
+resumed=0
 for _ in $(seq 60); do
   s=$(node_state)
   case "$s" in
     idle|mixed|allocated|completing)
       say "running: node $NODE $s, partition $PARTITION; export SLURM_CONF=$CONF"
       exit 0 ;;
+    drain*|down*)
+      # Left drained or down by an earlier run whose slurmd was killed mid-job.
+      if [ "$resumed" = 0 ]; then
+        say "node $NODE is $s ($(sinfo -h -n "$NODE" -o %E)); resuming it"
+        scontrol update nodename="$NODE" state=resume >/dev/null 2>&1 || true
+        resumed=1
+      fi ;;
   esac
   sleep 0.5
 done
