@@ -157,7 +157,7 @@ def measure_stage(
         runner.abort()
     if outcome is not None:
         t0, t1, snap0, snap1 = outcome
-        _fill_from_records(row, runner.records, t0, t1, snap0, snap1, cfg)
+        _fill_from_records(row, runner.lanes, t0, t1, snap0, snap1, cfg)
     if runner.fatal is not None and row["status"] == "ok":
         row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
     if leaked_threads():
@@ -202,9 +202,10 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon):
             if extended:
                 break
             extended = True
-            lat = _median_latency(runner.records, t0)
-            # three batches of two latencies each, capped by the deadline
-            need = t0 + 6.0 * lat if math.isfinite(lat) else end
+            lat = _median_latency(runner.lanes)
+            # three batches of two latencies each (5% spare so jitter cannot round
+            # it down to two), capped by the deadline
+            need = t0 + 6.3 * lat if math.isfinite(lat) else end
             end = min(max(end, need), deadline - 0.5)
             if end <= now:
                 break
@@ -217,25 +218,42 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon):
     return t0, t1, snap0, snap1
 
 
-def _median_latency(records, since: float) -> float:
-    recent = [r[1] - r[0] for r in records[-2000:] if r[1] >= since]
-    if not recent:
-        recent = [r[1] - r[0] for r in records[-2000:]]
+def _median_latency(lanes) -> float:
+    recent = []
+    for lane in list(lanes.values()):
+        k = min(len(lane.ends), len(lane.starts), 200)
+        if k:
+            recent.extend(e - s for s, e in zip(lane.starts[-k:], lane.ends[-k:]))
+        recent.extend(e - s for s, e, _ in lane.fails[-50:])
     return float(np.median(recent)) if recent else math.nan
 
 
-def _fill_from_records(row, records, t0, t1, snap0, snap1, cfg: MeasureConfig) -> None:
-    recs = [r for r in list(records) if r[1] > t0 and r[0] < t1]
-    ok = [r for r in recs if r[2]]
-    bad = [r for r in recs if not r[2] and t0 < r[1] <= t1]
+def _collect(lanes, t0: float, t1: float):
+    """Successful (starts, ends) overlapping the window, and failures ending in it."""
+    starts, ends, bad = [], [], []
+    for lane in list(lanes.values()):
+        n = min(len(lane.starts), len(lane.ends))
+        # Slicing copies: a straggling worker may still append to its lane, and
+        # an exported buffer would make its append raise.
+        s = np.frombuffer(lane.starts[:n], dtype=float) if n else np.empty(0)
+        e = np.frombuffer(lane.ends[:n], dtype=float) if n else np.empty(0)
+        keep = (e > t0) & (s < t1)
+        starts.append(s[keep])
+        ends.append(e[keep])
+        bad.extend(f for f in list(lane.fails) if t0 < f[1] <= t1)
+    cat = (lambda xs: np.concatenate(xs) if xs else np.empty(0))
+    return cat(starts), cat(ends), bad
+
+
+def _fill_from_records(row, lanes, t0, t1, snap0, snap1, cfg: MeasureConfig) -> None:
+    starts, ends, bad = _collect(lanes, t0, t1)
     window = t1 - t0
     row["window_s"] = window
     row["n_errors"] = len(bad)
     if bad:
-        row["error_example"] = bad[0][4] or ""
-    starts = np.array([r[0] for r in ok])
-    ends = np.array([r[1] for r in ok])
-    durations = np.array([r[1] - r[0] for r in ok if t0 < r[1] <= t1])
+        row["error_example"] = bad[0][2] or ""
+    in_window = (ends > t0) & (ends <= t1)
+    durations = ends[in_window] - starts[in_window]
     lat_med = float(np.median(durations)) if len(durations) else window
     nb = batch_count(window, lat_med, cfg.max_batches)
     edges = np.linspace(t0, t1, nb + 1)

@@ -44,16 +44,17 @@ class SpdlRunner(Runner):
             i += 1
 
     def _op(self) -> Callable:
-        fn, append, now = self.fn, self.records.append, time.perf_counter
+        fn, record, now = self.fn, self.record, time.perf_counter
         if self.executor == "async":
+            # All coroutines run on SPDL's one loop thread: one lane is single-writer.
             async def timed_async(item: Any) -> None:
                 t0 = now()
                 try:
                     await fn(item)
                 except Exception as e:
-                    append((t0, now(), False, id(asyncio_current()), _describe(e)))
+                    record("loop", t0, now(), False, _describe(e))
                 else:
-                    append((t0, now(), True, id(asyncio_current()), None))
+                    record("loop", t0, now(), True, None)
             return timed_async
         if self.executor == "thread":
             def timed(item: Any) -> None:
@@ -61,9 +62,9 @@ class SpdlRunner(Runner):
                 try:
                     fn(item)
                 except Exception as e:
-                    append((t0, now(), False, threading.get_ident(), _describe(e)))
+                    record(threading.get_ident(), t0, now(), False, _describe(e))
                 else:
-                    append((t0, now(), True, threading.get_ident(), None))
+                    record(threading.get_ident(), t0, now(), True, None)
             return timed
 
         # process: the pipe awaits the pool; the call is timed from the event loop's
@@ -79,7 +80,8 @@ class SpdlRunner(Runner):
             except Exception as e:
                 self._pool_error(e)
                 raise
-            append((t0, now(), ok, pid, err))
+            # completions are handled on the loop thread: single writer per lane
+            record(pid, t0, now(), ok, err)
         return timed_process
 
     def _pool_error(self, exc: BaseException) -> None:
@@ -153,8 +155,3 @@ class SpdlRunner(Runner):
         if self._pool is not None:
             self._pool.shutdown(wait=False, kill_workers=True)
 
-
-def asyncio_current():
-    import asyncio
-
-    return asyncio.current_task()

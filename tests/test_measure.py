@@ -1,0 +1,220 @@
+"""Known-answer tests of the measuring instrument (issue 2).
+
+Each test names a stage whose true throughput is known from first principles
+and checks stagebench finds it, with tolerances that hold on a loaded 2-core
+machine: sleeping scales with concurrency whatever the load; a GIL-holding loop
+cannot scale on threads whatever the load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import os
+import threading
+import time
+from functools import partial
+
+import pytest
+
+from stagebench import MeasureConfig, measure_stage
+
+CORES = len(os.sched_getaffinity(0))
+FAST = MeasureConfig(budget_s=0.8, warmup_s=0.2, timeout_s=30)
+
+
+def sleep_stage(x, d=0.02):
+    time.sleep(d)
+    return x
+
+
+async def async_sleep_stage(x, d=0.02):
+    await asyncio.sleep(d)
+    return x
+
+
+def python_loop(x, n=30_000):
+    """Fixed pure-Python work: holds the GIL for its whole duration."""
+    s = 0
+    for i in range(n):
+        s += i * i
+    return s
+
+
+_BLOB = os.urandom(4 << 20)
+
+
+def sha_stage(x):
+    """hashlib releases the GIL for buffers over 2 KiB: CPU work that threads can parallelise."""
+    return hashlib.sha256(_BLOB).digest()
+
+
+def _ok(row):
+    assert row["status"] == "ok", (row["status"], row["reason"])
+    return row
+
+
+# ---------------------------------------------------------------- known answers
+@pytest.mark.parametrize("executor,fn", [("thread", sleep_stage), ("async", async_sleep_stage)])
+def test_sleep_stage_matches_c_over_d(executor, fn):
+    inputs = list(range(64))
+    base = _ok(measure_stage(fn, inputs, executor=executor, concurrency=1, config=FAST))
+    d_eff = 1.0 / base["qps"]  # the per-item time the harness really sees at c=1
+    assert 0.019 < d_eff < 0.03, d_eff
+    for c in (4, 16, 32):
+        row = _ok(measure_stage(fn, inputs, executor=executor, concurrency=c, config=FAST))
+        truth = c / d_eff
+        assert abs(row["qps"] - truth) / truth < 0.10, (c, row["qps"], truth)
+        assert row["qps_low"] <= row["qps"] <= row["qps_high"]
+        # sleeping uses (almost) no CPU: io-bound evidence must be visible
+        assert row["cores_used"] < 0.6, row["cores_used"]
+        assert row["latency_p50_ms"] == pytest.approx(d_eff * 1e3, rel=0.25)
+
+
+def test_gil_holding_loop_does_not_scale_on_threads():
+    inputs = list(range(32))
+    one = _ok(measure_stage(python_loop, inputs, executor="thread", concurrency=1, config=FAST))
+    eight = _ok(measure_stage(python_loop, inputs, executor="thread", concurrency=8, config=FAST))
+    assert eight["qps"] <= 1.3 * one["qps"], (one["qps"], eight["qps"])
+    # one interpreter, one GIL: never much more than one core busy
+    assert eight["cores_used"] < 1.35, eight["cores_used"]
+
+
+@pytest.mark.skipif(CORES < 2, reason="needs 2 cores to scale")
+def test_gil_holding_loop_scales_on_processes():
+    inputs = list(range(32))
+    one = _ok(measure_stage(python_loop, inputs, executor="process", concurrency=1, config=FAST))
+    two = _ok(measure_stage(python_loop, inputs, executor="process", concurrency=2, config=FAST))
+    assert two["qps"] >= 1.3 * one["qps"], (one["qps"], two["qps"])
+    assert two["cores_used"] > 1.3, two["cores_used"]
+    assert two["workers_seen"] == 2
+
+
+@pytest.mark.skipif(CORES < 2, reason="needs 2 cores to scale")
+def test_gil_releasing_cpu_stage_scales_on_threads():
+    inputs = list(range(8))
+    one = _ok(measure_stage(sha_stage, inputs, executor="thread", concurrency=1, config=FAST))
+    two = _ok(measure_stage(sha_stage, inputs, executor="thread", concurrency=2, config=FAST))
+    assert two["qps"] >= 1.3 * one["qps"], (one["qps"], two["qps"])
+    assert two["cores_used"] > 1.3
+
+
+def test_cpu_per_item_matches_cores_times_latency():
+    row = _ok(measure_stage(python_loop, list(range(16)), executor="thread", concurrency=1, config=FAST))
+    # one busy thread: CPU per item ~ wall time per item
+    assert row["cpu_s_per_item"] == pytest.approx(1.0 / row["qps"], rel=0.3)
+    assert 0.7 < row["cores_used"] < 1.3
+
+
+# ---------------------------------------------------------------- callables users write
+class Scale:
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, x):
+        return x * self.k
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x: x + 1, partial(sleep_stage, d=0.001), Scale(3)],
+    ids=["lambda", "partial", "callable-object"],
+)
+def test_user_callables_run_in_processes(fn):
+    row = _ok(measure_stage(fn, list(range(16)), executor="process", concurrency=2, config=FAST))
+    assert row["qps"] > 0 and row["n_errors"] == 0
+
+
+# ---------------------------------------------------------------- faults
+def every_third_raises(x):
+    if x % 3 == 0:
+        raise ValueError(f"bad item {x}")
+    time.sleep(0.002)
+    return x
+
+
+def always_raises(x):
+    raise RuntimeError("decoder exploded")
+
+
+def hangs(x):
+    time.sleep(3600)
+
+
+def dies(x):
+    os._exit(13)
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_partial_errors_are_counted_and_throughput_counts_successes(executor):
+    row = _ok(measure_stage(every_third_raises, list(range(30)), executor=executor, concurrency=2, config=FAST))
+    assert row["n_errors"] > 0
+    assert "ValueError: bad item" in row["error_example"]
+    assert row["qps"] > 0
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_always_raising_stage_is_failed_with_message(executor):
+    row = measure_stage(always_raises, list(range(8)), executor=executor, concurrency=2, config=FAST)
+    assert row["status"] == "failed"
+    assert "RuntimeError: decoder exploded" in row["reason"]
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_hanging_stage_times_out_and_is_cleaned_up(executor):
+    cfg = MeasureConfig(budget_s=0.3, warmup_s=0.1, timeout_s=2.0)
+    t = time.perf_counter()
+    row = measure_stage(hangs, list(range(4)), executor=executor, concurrency=2, config=cfg)
+    assert row["status"] == "timeout"
+    assert time.perf_counter() - t < 15
+    if executor == "process":
+        import psutil
+
+        # the pool's workers were killed: no child of ours is still sleeping in `hangs`
+        time.sleep(0.5)
+        workers = [
+            p for p in psutil.Process().children(recursive=True)
+            if "resource_tracker" not in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE
+        ]
+        assert not workers, [p.cmdline() for p in workers]
+
+
+def test_crashing_worker_is_recorded_with_exit_code():
+    row = measure_stage(dies, list(range(4)), executor="process", concurrency=2, config=FAST)
+    assert row["status"] == "crashed", row
+    assert "13" in row["reason"]
+
+
+def test_unpicklable_stage_is_skipped_with_reason():
+    lock = threading.Lock()
+
+    def uses_lock(x):
+        with lock:
+            return x
+
+    row = measure_stage(uses_lock, [1, 2], executor="process", concurrency=1, config=FAST)
+    assert row["status"] == "skipped"
+    assert "pickle" in row["reason"]
+
+
+def test_coroutine_on_process_pool_is_skipped():
+    row = measure_stage(async_sleep_stage, [1], executor="process", concurrency=1, config=FAST)
+    assert row["status"] == "skipped"
+    assert "coroutine" in row["reason"]
+
+
+def test_rejects_unknown_executor_with_allowed_values():
+    with pytest.raises(ValueError, match="allowed: thread, process, async"):
+        measure_stage(sleep_stage, [1], executor="gpu")
+
+
+# ---------------------------------------------------------------- window mechanics
+def test_slow_stage_gets_a_window_long_enough_for_an_interval():
+    slow = partial(sleep_stage, d=0.25)
+    cfg = MeasureConfig(budget_s=0.5, warmup_s=0.1, timeout_s=20)
+    row = _ok(measure_stage(slow, [1, 2], executor="thread", concurrency=1, config=cfg))
+    assert row["window_s"] >= 1.4  # extended: 3 batches of 2 latencies
+    assert row["n_batches"] >= 3
+    assert row["qps"] == pytest.approx(4.0, rel=0.1)
+    assert math.isfinite(row["qps_low"]) and row["qps_low"] < row["qps"]
