@@ -404,10 +404,12 @@ def diagnose_pipeline(
     settings: DiagnoseSettings | None = None,
     command: list[str] | None = None,
     show_table: bool = True,
+    report: bool = True,
 ) -> dict[str, Any]:
     """Diagnose an SPDL ``PipelineConfig``: sweep each stage alone, validate, report.
 
-    Returns the summary (``summary.json``). Raises :class:`DiagnoseError` when
+    ``report=False`` skips ``report.html`` (``stagebench report RUN_DIR`` writes it
+    later). Returns the summary (``summary.json``). Raises :class:`DiagnoseError` when
     the diagnosis cannot run (its ``code``: 2 for a bad setting or pipeline, 1
     for a source that fails) and ``KeyboardInterrupt`` after saving the rows.
     """
@@ -443,7 +445,7 @@ def diagnose_pipeline(
     os.environ[_MODE_VAR] = "0"
     try:
         return _Diagnosis(plan, run, settings, cache_dir, command or list(sys.argv), show_table,
-                          mode_value=original).run()
+                          mode_value=original, write_report=report).run()
     finally:
         if saved is None:
             os.environ.pop(_MODE_VAR, None)
@@ -455,12 +457,14 @@ class _Diagnosis:
     """One diagnosis run: holds the run directory, the metadata and the progress display."""
 
     def __init__(self, plan: Any, run: Any, settings: DiagnoseSettings, cache_dir: Path | None,
-                 command: list[str], show_table: bool, mode_value: str | None = None) -> None:
+                 command: list[str], show_table: bool, mode_value: str | None = None,
+                 write_report: bool = True) -> None:
         from ._progress import Progress
         from ._provenance import collect_provenance
 
         self.plan, self.run_dir, self.settings, self.cache_dir = plan, run, settings, cache_dir
-        self.show_table = show_table
+        self.show_table, self.write_report = show_table, write_report
+        self.blocked: str | None = None  # why later stages could not be measured
         self.progress = Progress(desc="stagebench")
         self.meta: dict[str, Any] = {
             "schema_version": 1,
@@ -532,19 +536,21 @@ class _Diagnosis:
         self._sweep_all(src.items)
         rows = self._rows()
         summary = self._summarize(rows)
-        if settings.validation_window_s > 0:
+        if self.blocked:
+            self.meta["validation"] = {"qps": None, "error": f"skipped: {self.blocked}"}
+        elif settings.validation_window_s > 0:
             self.meta["validation"] = self._validate(src.items, summary)
         self.meta["provenance_after"] = collect_provenance()
         self.meta["status"] = "complete"
         self.run_dir.write_meta(self.meta)
         summary = self._summarize(rows)
         self.run_dir.write_summary(summary)
-        report = self._report(summary)
+        report = self._report(summary) if self.write_report else None
         if self.show_table:
             from ._terminal import format_table
 
             print(format_table(summary, report), end="", flush=True)
-        self.say(f"done; report: {report}")
+        self.say(f"done; report: {report}" if report else f"done; results in {self.run_dir.path}")
         return summary
 
     def _rows(self):
@@ -632,6 +638,7 @@ class _Diagnosis:
                         why = "every output was None (dropped)"
                     blocked = f"not measured: the earlier stage {step.name!r} produced no outputs: {why}"
                 inputs, in_key = cached.items, key
+        self.blocked = blocked
 
     def _report_outputs(self, step: Any, inputs: list, cached: Any, ometa: dict, unstable: str | None,
                         seconds: float) -> None:
@@ -645,8 +652,10 @@ class _Diagnosis:
         if cached.note:
             self.say(f"{step.name!r}: {cached.note}")
         if ometa.get("n_errors"):
+            rest = ("later stages use the outputs of the others" if n_out
+                    else "later stages cannot be measured")
             self.say(f"{step.name!r}: {ometa['n_errors']} of {ometa.get('n_run', len(inputs))} inputs raised "
-                     f"({ometa.get('error_example', '')}); later stages use the outputs of the others")
+                     f"({ometa.get('error_example', '')}); {rest}")
         if ometa.get("capped"):
             self.say(
                 f"{step.name!r}: outputs reached the cache cap STAGEBENCH_CACHE_MAX_MB={self.settings.cache_max_mb:g}: "

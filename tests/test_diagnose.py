@@ -1,0 +1,436 @@
+"""Diagnostic mode end to end: the variable, `stagebench diagnose`, the run directory, bad input.
+
+The subprocess tests run ``tests/scripts/diag_train.py``, an ordinary SPDL
+training script whose loop body writes a marker file: the marker tells whether
+the loop ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from spdl.pipeline import PipelineBuilder
+
+from stagebench._diagnose import DiagnoseError, DiagnoseSettings, SettingsError, diagnose_pipeline
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "diag_train.py"
+FAST = {
+    "STAGEBENCH_BUDGET_S": "0.3",
+    "STAGEBENCH_WARMUP_S": "0.1",
+    "STAGEBENCH_TIMEOUT_S": "15",
+    "STAGEBENCH_VALIDATION_S": "1",
+    "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS": "40",
+}
+
+
+def small(**kw) -> DiagnoseSettings:
+    base = dict(num_items=20, budget_s=0.2, warmup_s=0.05, timeout_s=5.0, concurrency=(1, 2),
+                executors=("thread",), harnesses=("direct",), validation_s=0.5, cache_dir="off")
+    base.update(kw)
+    return DiagnoseSettings(**base)
+
+
+def run_env(tmp_path: Path, *args: str, env: dict | None = None, mode: str | None = "1",
+            timeout: float = 300) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("STAGEBENCH_", "SPDL_PIPELINE_DIAGNOSTIC"))}
+    e.pop("LOCAL_RANK", None)
+    if mode is not None:
+        e["SPDL_PIPELINE_DIAGNOSTIC_MODE"] = mode
+    e.update(env or {})
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=e, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def sleep_stage(x):
+    time.sleep(0.002)
+    return x
+
+
+async def async_stage(x):
+    await asyncio.sleep(0.001)
+    return x + 1
+
+
+# ------------------------------------------------------------------------- settings
+def test_settings_from_env_defaults_and_values():
+    s = DiagnoseSettings.from_env({})
+    assert (s.num_items, s.budget_s, s.concurrency, s.executors, s.harnesses) == (
+        200, 1.0, (1, 2, 4, 8, 16), ("thread", "process"), ("direct", "spdl"))
+    assert s.validation_window_s == 2.0
+    s = DiagnoseSettings.from_env({
+        "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS": "50", "STAGEBENCH_BUDGET_S": "0.5",
+        "STAGEBENCH_MAX_CONCURRENCY": "12", "STAGEBENCH_EXECUTORS": "Thread", "STAGEBENCH_HARNESSES": "spdl",
+        "STAGEBENCH_CACHE_MAX_MB": "64", "STAGEBENCH_OUTPUT_DIR": "out", "STAGEBENCH_VALIDATION_S": "0",
+    })
+    assert (s.num_items, s.budget_s, s.concurrency, s.executors, s.harnesses, s.cache_max_mb, s.output_dir) == (
+        50, 0.5, (1, 2, 4, 8, 12), ("thread",), ("spdl",), 64.0, "out")
+    assert s.validation_window_s == 0
+    assert DiagnoseSettings.from_env({"STAGEBENCH_CONCURRENCY": "1, 3,9"}).concurrency == (1, 3, 9)
+
+
+@pytest.mark.parametrize(("var", "value", "says"), [
+    ("STAGEBENCH_BUDGET_S", "fast", "a number of seconds"),
+    ("STAGEBENCH_BUDGET_S", "-1", "> 0"),
+    ("STAGEBENCH_BUDGET_S", "nan", "a number of seconds"),
+    ("STAGEBENCH_CONCURRENCY", "4,2", "ascending"),
+    ("STAGEBENCH_CONCURRENCY", "1,two", "comma-separated positive integers"),
+    ("STAGEBENCH_MAX_CONCURRENCY", "0", "positive integer"),
+    ("STAGEBENCH_EXECUTORS", "thread,gpu", "allowed: thread, process"),
+    ("STAGEBENCH_HARNESSES", "torch", "allowed: direct, spdl"),
+    ("SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS", "0", "positive integer"),
+    ("STAGEBENCH_CACHE_MAX_MB", "0", "> 0"),
+    ("STAGEBENCH_TIMEOUT_S", "0.5", "must be larger than budget"),
+])
+def test_bad_settings_name_the_variable_and_what_is_allowed(var, value, says):
+    with pytest.raises(SettingsError) as e:
+        DiagnoseSettings.from_env({var: value})
+    msg = str(e.value)
+    assert var in msg and says in msg and "\n" not in msg
+
+
+def test_two_grid_variables_conflict():
+    with pytest.raises(SettingsError, match="not both"):
+        DiagnoseSettings.from_env({"STAGEBENCH_CONCURRENCY": "1,2", "STAGEBENCH_MAX_CONCURRENCY": "4"})
+
+
+# ------------------------------------------------------------------------- the SPDL hook
+def test_patch_spdl_makes_build_return_a_stand_in(monkeypatch):
+    import spdl.pipeline._profile as profile
+    from spdl.pipeline import Pipeline
+
+    from stagebench._diagnose import patch_spdl
+
+    monkeypatch.setattr(profile, "_build_pipeline_diagnostic_mode", profile._build_pipeline_diagnostic_mode)
+    patch_spdl(profile)
+    patched = profile._build_pipeline_diagnostic_mode
+    patch_spdl(profile)  # idempotent
+    assert profile._build_pipeline_diagnostic_mode is patched
+    builder = lambda: PipelineBuilder().add_source(range(3)).pipe(sleep_stage).add_sink(2)  # noqa: E731
+    monkeypatch.setenv("SPDL_PIPELINE_DIAGNOSTIC_MODE", "1")
+    p = builder().build(num_threads=1)
+    assert isinstance(p, Pipeline) and type(p).__name__ == "DiagnosticPipeline"
+    p.start()
+    p.stop()  # no-ops: nothing runs until the first item is asked for
+    monkeypatch.setenv("SPDL_PIPELINE_DIAGNOSTIC_MODE", "0")
+    p = builder().build(num_threads=1)
+    with p.auto_stop():
+        assert list(p) == [0, 1, 2]
+
+
+# ------------------------------------------------------------------------- in process
+def test_diagnose_pipeline_writes_the_run_directory(tmp_path, capsys):
+    cfg = (PipelineBuilder().add_source(range(1000))
+           .pipe(sleep_stage, concurrency=4, name="sleep: 2 ms <io>")
+           .pipe(async_stage, concurrency=2)
+           .aggregate(4)
+           .pipe(lambda b: len(b), name="size")
+           .add_sink(2).get_config())
+    out = tmp_path / "run"
+    summary = diagnose_pipeline(cfg, out=out, settings=small(), command=["train.py"])
+    names = ["sleep: 2 ms <io>", "async_stage", "aggregate(op=collate(4), drop_last=False)", "size"]
+    assert [s["name"] for s in summary["stages"]] == names
+    assert summary["kind"] == "pipeline" and summary["schema_version"] == 1
+    for f in ("results.csv", "run.json", "summary.json", "report.html"):
+        assert (out / f).is_file(), f
+    rows = pd.read_csv(out / "results.csv")
+    assert set(rows["stage"]) == set(names)
+    assert {"stage", "executor", "harness", "concurrency", "qps", "qps_low", "qps_high", "cores_used",
+            "status"} <= set(rows.columns)
+    assert set(rows[rows["stage"] == "async_stage"]["executor"]) == {"async"}
+    agg = rows[rows["stage"] == names[2]]
+    assert set(agg["concurrency"]) == {1}  # SPDL runs aggregates inline: nothing to sweep
+    ok = rows[(rows["role"] == "stage") & (rows["stage"] == names[0])]
+    assert (ok["status"] == "ok").all()
+    # a 2 ms sleep at concurrency c: about c / 2 ms (loose: a loaded machine)
+    qps2 = ok[ok["concurrency"] == 2]["qps"].iloc[0]
+    assert 300 < qps2 < 1100
+
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["kind"] == "pipeline" and meta["status"] == "complete" and meta["command"] == ["train.py"]
+    for k in ("schema_version", "created_at", "provenance", "provenance_after", "settings", "stages",
+              "not_isolated", "validation"):
+        assert k in meta, k
+    st = {s["name"]: s for s in meta["stages"]}
+    assert st[names[0]]["user_executor"] == "default" and st[names[0]]["user_concurrency"] == 4
+    assert st["async_stage"]["is_async"] and st["async_stage"]["user_executor"] == "async"
+    assert st[names[2]]["type"] == "aggregate"
+    assert st["size"]["inputs_per_source_item"] == pytest.approx(1 / 4)
+    v = meta["validation"]
+    assert v["qps"] > 0 and v["qps_low"] <= v["qps"] <= v["qps_high"] and v["seconds"] >= 0.5
+    # the sink receives batches of 4: about 4 source items per sink item
+    assert v["source_items_per_sink_item"] == pytest.approx(4, rel=0.3)
+    captured = capsys.readouterr()
+    assert "report:" in captured.out and "sleep: 2 ms <io>" in captured.out
+    assert "diagnosing 4 stage(s)" in captured.err
+
+
+def test_stage_that_always_raises_blocks_later_stages(tmp_path):
+    def broken(x):
+        raise RuntimeError(f"corrupt record {x}")
+
+    cfg = (PipelineBuilder().add_source(range(50)).pipe(broken).pipe(sleep_stage, name="later")
+           .add_sink(2).get_config())
+    out = tmp_path / "run"
+    diagnose_pipeline(cfg, out=out, settings=small(), show_table=False, report=False)
+    rows = pd.read_csv(out / "results.csv")
+    b = rows[(rows["stage"] == "broken") & (rows["role"] == "stage")]
+    assert b["status"].tolist() == ["failed", "skipped"] and "corrupt record" in b["reason"].iloc[0]
+    later = rows[rows["stage"] == "later"]
+    assert len(later) and (later["status"] == "skipped").all()
+    assert "'broken' produced no outputs" in later["reason"].iloc[0]
+    meta = json.loads((out / "run.json").read_text())
+    assert any(d["name"] == "later" and "broken" in d["reason"] for d in meta["not_isolated"])
+    assert meta["validation"]["qps"] is None and "'broken' produced no outputs" in meta["validation"]["error"]
+
+
+def test_no_stages_is_refused_before_any_work(tmp_path):
+    cfg = PipelineBuilder().add_source(range(3)).add_sink(2).get_config()
+    with pytest.raises(DiagnoseError, match="no stages") as e:
+        diagnose_pipeline(cfg, out=tmp_path / "run", settings=small())
+    assert e.value.code == 2 and not (tmp_path / "run").exists()
+
+
+def test_unwritable_output_is_refused_before_reading_the_source(tmp_path):
+    read = []
+
+    def source():
+        read.append(1)
+        yield 1
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    cfg = PipelineBuilder().add_source(source()).pipe(sleep_stage).add_sink(2).get_config()
+    with pytest.raises(DiagnoseError, match="cannot write the output directory") as e:
+        diagnose_pipeline(cfg, out=blocker / "run", settings=small())
+    assert e.value.code == 2 and read == []
+
+
+def test_raising_source_is_a_clear_error(tmp_path):
+    def source():
+        yield 1
+        raise ConnectionError("bucket unreachable")
+
+    cfg = PipelineBuilder().add_source(source()).pipe(sleep_stage).add_sink(2).get_config()
+    with pytest.raises(DiagnoseError, match="source raised ConnectionError: bucket unreachable") as e:
+        diagnose_pipeline(cfg, out=tmp_path / "run", settings=small())
+    assert e.value.code == 1
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"
+
+
+def test_short_source_is_used_and_reported(tmp_path, capsys):
+    cfg = PipelineBuilder().add_source(range(7)).pipe(sleep_stage).add_sink(2).get_config()
+    diagnose_pipeline(cfg, out=tmp_path / "run", settings=small(num_items=50, validation_s=0), show_table=False,
+                      report=False)
+    assert "yielded 7 items, fewer than the 50 asked" in capsys.readouterr().err
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["source"]["items"] == 7 and meta["stages"][0]["n_inputs"] == 7
+
+
+_CALLS: list = []
+
+
+def first(x):
+    _CALLS.append(x)  # a module global: not part of the stage's key (a closure value would be)
+    return x * 2
+
+
+def test_cached_outputs_are_reused_and_an_edited_later_stage_recomputed(tmp_path):
+    calls = _CALLS
+    calls.clear()
+
+    def build(last):
+        return PipelineBuilder().add_source(range(10)).pipe(first).pipe(last, name="last").add_sink(2).get_config()
+
+    cache = tmp_path / "cache"
+    s = small(cache_dir=str(cache), validation_s=0, concurrency=(1,))
+
+    def stage_cache(run):
+        return {st["name"]: st["cache"] for st in json.loads((run / "run.json").read_text())["stages"]}
+
+    diagnose_pipeline(build(lambda x: x + 1), out=tmp_path / "a", settings=s, show_table=False, report=False)
+    n = len(calls)
+    diagnose_pipeline(build(lambda x: x + 1), out=tmp_path / "b", settings=s, show_table=False, report=False)
+    assert stage_cache(tmp_path / "b") == {"first": "hit", "last": "hit"}
+    diagnose_pipeline(build(lambda x: x - 1), out=tmp_path / "c", settings=s, show_table=False, report=False)
+    assert stage_cache(tmp_path / "c") == {"first": "hit", "last": "computed"}
+    # `first` ran while sweeping in every run, but its outputs were computed only once
+    assert sorted(calls[:10]) == list(range(10)) and len(calls) > n
+
+
+# ------------------------------------------------------------------------- subprocesses
+def test_without_the_variable_the_script_trains(tmp_path):
+    marker = tmp_path / "marker"
+    r = run_env(tmp_path, str(SCRIPT), "--marker", str(marker), "--items", "20", mode=None)
+    assert r.returncode == 0, r.stderr
+    assert marker.read_text().strip() == "trained on 20 items"
+    assert "stagebench" not in r.stderr
+    r = run_env(tmp_path, str(SCRIPT), "--marker", str(marker), "--items", "5", mode="0")
+    assert r.returncode == 0 and marker.read_text().strip() == "trained on 5 items"
+
+
+@pytest.mark.slow
+def test_env_var_diagnoses_and_exits_without_training(tmp_path):
+    """The headline: SPDL_PIPELINE_DIAGNOSTIC_MODE=1 python train.py."""
+    marker = tmp_path / "marker"
+    out = tmp_path / "reports" / "run"
+    env = {**FAST, "STAGEBENCH_OUTPUT_DIR": str(out), "STAGEBENCH_CONCURRENCY": "1,2,4,8,16",
+           "STAGEBENCH_HARNESSES": "direct", "STAGEBENCH_EXECUTORS": "thread,process"}
+    t0 = time.perf_counter()
+    r = run_env(tmp_path, str(SCRIPT), "--marker", str(marker), env=env, timeout=400)
+    print(f"diagnosis took {time.perf_counter() - t0:.0f} s\n{r.stdout}\n{r.stderr[-3000:]}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not marker.exists(), "the training loop ran"
+    for f in ("results.csv", "run.json", "summary.json", "report.html"):
+        assert (out / f).is_file(), f
+    assert (tmp_path / "reports" / ".stagebench-cache").is_dir()
+    assert f"report: {out / 'report.html'}" in r.stdout
+    assert "diagnosing 4 stage(s)" in r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    stages = {s["name"]: s for s in summary["stages"]}
+    assert list(stages) == ["sleep io", "gil", "fetch", "<lambda>"]
+    assert stages["fetch"]["recommended"]["executor"] == "async"
+    rows = pd.read_csv(out / "results.csv")
+    assert set(rows["executor"]) == {"thread", "process", "async"}  # the lambda ran on processes too
+    lam = rows[(rows["stage"] == "<lambda>") & (rows["executor"] == "process") & (rows["role"] == "stage")]
+    assert (lam["status"] == "ok").any(), lam[["status", "reason"]]
+    # A 10 ms sleep scales linearly up to the top of the grid.
+    assert stages["sleep io"]["recommended"]["concurrency"] >= 16
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["provenance"]["env"]["SPDL_PIPELINE_DIAGNOSTIC_MODE"] == "1"
+    assert meta["validation"]["qps"] > 0
+
+    if summary.get("fallback"):
+        # ANALYSIS PENDING: stagebench._analysis (issue 4) classifies stages; until it
+        # lands the summary is the explicit minimal fallback and says "unknown".
+        pytest.skip("classification asserts need stagebench._analysis (fallback summary in use)")
+    assert stages["sleep io"]["classification"] == "io-bound"
+    assert stages["gil"]["classification"] == "gil-bound"
+    if (os.cpu_count() or 1) >= 2:
+        assert stages["gil"]["recommended"]["executor"] == "process"
+
+
+@pytest.mark.slow
+def test_stagebench_diagnose_command_with_the_spdl_harness(tmp_path):
+    marker = tmp_path / "marker"
+    out = tmp_path / "run"
+    env = {**FAST, "STAGEBENCH_CONCURRENCY": "1,2", "STAGEBENCH_HARNESSES": "spdl",
+           "STAGEBENCH_EXECUTORS": "thread", "STAGEBENCH_CACHE_DIR": "off"}
+    r = run_env(tmp_path, "-m", "stagebench", "diagnose", "--out", str(out), str(SCRIPT), "--marker", str(marker),
+                env=env, mode=None)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not marker.exists()
+    rows = pd.read_csv(out / "results.csv")
+    assert set(rows["harness"]) == {"spdl"} and (rows["status"] == "ok").mean() > 0.9
+    assert not (tmp_path / ".stagebench-cache").exists()
+
+
+def test_diagnose_of_a_script_without_a_pipeline_says_so(tmp_path):
+    script = tmp_path / "no_pipeline.py"
+    script.write_text("print('hello')\n")
+    r = run_env(tmp_path, "-m", "stagebench", "diagnose", str(script), mode=None)
+    assert r.returncode != 0
+    assert "without iterating an SPDL pipeline" in r.stderr
+    r = run_env(tmp_path, "-m", "stagebench", "diagnose", str(tmp_path / "missing.py"), mode=None)
+    assert r.returncode == 2 and "not found" in r.stderr
+
+
+@pytest.mark.parametrize(("mode", "env", "code", "says"), [
+    ("normal", {"STAGEBENCH_BUDGET_S": "soon"}, 2, "STAGEBENCH_BUDGET_S must be a number of seconds"),
+    ("empty", {}, 2, "no stages"),
+    ("raising-source", {}, 1, "source raised ValueError: cannot open shard 3"),
+])
+def test_bad_input_exits_non_zero_with_one_line(tmp_path, mode, env, code, says):
+    marker = tmp_path / "marker"
+    out = tmp_path / "run"
+    r = run_env(tmp_path, str(SCRIPT), "--marker", str(marker), "--mode", mode,
+                env={**FAST, "STAGEBENCH_OUTPUT_DIR": str(out), **env})
+    assert r.returncode == code, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "error" in ln]
+    assert len(lines) == 1 and says in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+    assert not marker.exists()
+    if mode != "raising-source":
+        assert not out.exists()  # refused before any work
+
+
+def test_unwritable_output_dir_exits_2(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = run_env(tmp_path, str(SCRIPT), "--marker", str(tmp_path / "m"),
+                env={**FAST, "STAGEBENCH_OUTPUT_DIR": str(blocker / "run")})
+    assert r.returncode == 2 and "cannot write the output directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_other_local_ranks_exit_quietly(tmp_path):
+    r = run_env(tmp_path, str(SCRIPT), "--marker", str(tmp_path / "m"),
+                env={**FAST, "LOCAL_RANK": "1", "STAGEBENCH_OUTPUT_DIR": str(tmp_path / "run")})
+    assert r.returncode == 0 and r.stderr == "" and r.stdout == ""
+    assert not (tmp_path / "run").exists() and not (tmp_path / "m").exists()
+
+
+def test_ctrl_c_keeps_the_rows_and_exits_130(tmp_path):
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGEBENCH_")}
+    env.update(FAST, SPDL_PIPELINE_DIAGNOSTIC_MODE="1", STAGEBENCH_OUTPUT_DIR=str(out),
+               STAGEBENCH_EXECUTORS="thread", STAGEBENCH_HARNESSES="direct", STAGEBENCH_BUDGET_S="1")
+    p = subprocess.Popen([sys.executable, str(SCRIPT), "--marker", str(tmp_path / "m")], cwd=tmp_path, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    csv = out / "results.csv"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not csv.exists() or len(csv.read_text().splitlines()) < 3):
+        time.sleep(0.1)
+    n_before = len(csv.read_text().splitlines())
+    p.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err[-2000:]
+    assert time.monotonic() - t0 < 15
+    assert "interrupted" in err
+    assert len(csv.read_text().splitlines()) >= n_before >= 3
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_startup_cost_without_the_variable_is_negligible(tmp_path):
+    """The .pth line runs at every interpreter start; without the variable it must cost ~nothing."""
+    import site
+    import timeit
+
+    pth = Path(__file__).resolve().parents[1] / "stagebench_activate.pth"
+    line = next(ln for ln in pth.read_text().splitlines() if ln.startswith("import"))
+    os.environ.pop("SPDL_PIPELINE_DIAGNOSTIC_MODE", None)
+    code = compile(line, str(pth), "exec")
+    per_exec = min(timeit.repeat(lambda: exec(code, {}), number=1000, repeat=5)) / 1000
+    print(f".pth line without the variable: {per_exec * 1e6:.2f} us per interpreter start")
+    assert per_exec < 1e-3
+
+    # Whole-interpreter check, loose (a loaded machine): processing a site dir holding the
+    # .pth vs an empty one, interleaved to share the noise.
+    with_pth, empty = tmp_path / "with", tmp_path / "empty"
+    with_pth.mkdir()
+    empty.mkdir()
+    (with_pth / pth.name).write_text(pth.read_text())
+    env = {k: v for k, v in os.environ.items() if k != "SPDL_PIPELINE_DIAGNOSTIC_MODE"}
+
+    def start(d: Path) -> float:
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", f"import site; site.addsitedir({str(d)!r})"], env=env, check=True)
+        return time.perf_counter() - t
+
+    a, b = [], []
+    for _ in range(8):
+        a.append(start(with_pth))
+        b.append(start(empty))
+    diff = statistics.median(a) - statistics.median(b)
+    print(f"interpreter start with the .pth: {diff * 1e3:+.2f} ms (median of 8; noise included)")
+    assert diff < 0.020
+    assert site  # imported for the reader: the mechanism under test
