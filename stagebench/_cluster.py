@@ -11,14 +11,28 @@ before it spends the time (the Hydra app's ``on_multirun_start``).
 
 It reads the config only (the launcher's ``_target_`` and a few keys): nothing is
 imported, nothing is submitted, so it is cheap and safe to call on any config.
+
+A job on Slurm can also end early: ``scancel``, the time limit and preemption all
+send SIGTERM to every process of the job, then SIGKILL after the cluster's KillWait
+(30 s by default). submitit's job process logs and ignores the SIGTERM, but the
+loader's worker processes die of it, so the points measured in that window fail
+with the loader's error (an ``EOFError`` from a dead worker) and the job may even
+finish and call itself done. :func:`watch_termination` notes the signal, without
+changing what the process does on it, so the job can record that it was stopped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["launcher_kind", "launcher_warnings"]
+__all__ = ["launcher_kind", "launcher_warnings", "Termination", "watch_termination"]
 
 _KINDS = {
     "BasicLauncher": "basic",
@@ -80,3 +94,61 @@ def launcher_warnings(launcher: Mapping[str, Any]) -> list[str]:
             "+hydra.launcher.additional_parameters.exclusive=true"
         ]
     return []
+
+
+@dataclass(slots=True)
+class Termination:
+    """What :func:`watch_termination` saw: the first terminating signal, if any."""
+
+    signal: str | None = None
+    """Its name (``SIGTERM``), or None when none arrived."""
+
+    at: float | None = None
+    """When it arrived (``time.time()``)."""
+
+    def reason(self) -> str:
+        """One line for a job's status, empty when no signal arrived."""
+        if self.signal is None:
+            return ""
+        when = time.strftime("%H:%M:%S", time.localtime(self.at)) if self.at else "?"
+        return (
+            f"stopped by {self.signal} at {when} (on Slurm: scancel, the time limit or preemption); "
+            "points measured after it are not valid, those before it are on disk"
+        )
+
+
+@contextmanager
+def watch_termination(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Iterator[Termination]:
+    """Note a terminating signal that arrives while the block runs.
+
+    The handler that was installed before still runs (submitit's logs and ignores
+    SIGTERM; Python's default ends the process), so the process behaves as it did:
+    the note only lets the job say why it ended or why its last points failed.
+    Outside the main thread (where Python cannot install handlers) nothing is watched.
+    """
+    seen = Termination()
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+    previous: dict[int, Any] = {}
+
+    def note(signum: int, frame: Any) -> None:
+        if seen.signal is None:
+            seen.signal = signal.Signals(signum).name
+            seen.at = time.time()
+        before = previous.get(signum)
+        if callable(before):
+            before(signum, frame)
+        elif before == signal.SIG_IGN:
+            return
+        else:  # the default action (or a handler installed outside Python): let it happen
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    for sig in signals:
+        previous[sig] = signal.signal(sig, note)
+    try:
+        yield seen
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

@@ -11,13 +11,17 @@ running afterwards: idle they cost nothing, and the next session reuses them
 
 from __future__ import annotations
 
+import csv
+import datetime as dt
 import importlib.util
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -95,12 +99,40 @@ def test_submitit_runs_a_python_function_on_slurm(slurm, tmp_path):
     assert got["cores"] == len(os.sched_getaffinity(0))
 
 
+def _note_sigterm(marker: str) -> str | None:
+    from stagebench._cluster import watch_termination
+
+    with watch_termination() as seen:
+        Path(marker).write_text("watching")
+        deadline = time.monotonic() + 60
+        while seen.signal is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return seen.signal
+
+
+@pytest.mark.cluster
+def test_a_cancelled_job_knows_it_was_stopped(slurm, tmp_path):
+    """scancel sends SIGTERM, which submitit's job process ignores; the watch notes it."""
+    import cloudpickle
+    import submitit
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ex = submitit.AutoExecutor(folder=tmp_path / "submitit", cluster="slurm")
+    ex.update_parameters(timeout_min=5)
+    marker = tmp_path / "watching"
+    job = ex.submit(_note_sigterm, str(marker))
+    _wait_for("the job to start watching", marker.exists, 120)
+    subprocess.run(["scancel", str(job.job_id)], check=True, timeout=30)
+    # No sacct here, so submitit cannot see a job that died without a result: poll for it.
+    _wait_for("the job's result", job.paths.result_pickle.exists, 60)
+    assert job.result() == "SIGTERM"
+
+
 def _conf_dir() -> Path:
     """The conf/ that ships with the installed package (the checkout's one in a dev install)."""
-    import stagebench
+    from stagebench._hydra_app import config_dir
 
-    shipped = Path(stagebench.__file__).resolve().parent / "conf"
-    return shipped if shipped.is_dir() else HERE.parent / "conf"
+    return config_dir()
 
 
 def _launcher(*overrides: str):
@@ -137,3 +169,184 @@ def test_shared_machines_are_warned_about():
     assert launcher_warnings(_launcher("hydra/launcher=joblib", "hydra.launcher.n_jobs=1")) == []
     basic = _launcher()
     assert launcher_kind(basic) == "basic" and launcher_warnings(basic) == []
+
+
+
+# --------------------------------------------------------------------------- sweeps through Slurm
+
+# One point per job, tiny budgets: the subject is where jobs run, not the loader.
+_TINY = ["loader=synthetic", "loader.num_items=128", "loader.sample_shape=[3,16,16]", "sweep.timeout_s=60",
+         "progress=false"]
+
+
+def _needs_sweep_app() -> None:
+    if importlib.util.find_spec("stagebench._hydra_app") is None:
+        pytest.skip("the sweep app (stagebench._hydra_app, issue 7) is not installed")
+
+
+def _stagebench(*args: str) -> list[str]:
+    # The console script's module form: the same interpreter and install as this test.
+    return [sys.executable, "-m", "stagebench", *args]
+
+
+def _jobs(sweep: Path) -> list[Path]:
+    return sorted((d for d in sweep.iterdir() if (d / ".hydra").is_dir()), key=lambda d: int(d.name.split("-")[0]))
+
+
+def _comparison(sweep: Path) -> dict[str, dict]:
+    with open(sweep / "comparison.csv", newline="", encoding="utf-8") as f:
+        return {Path(r["run_dir"]).name: r for r in csv.DictReader(f)}
+
+
+def _wait_for(what: str, check, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_sweep_runs_each_job_on_slurm_and_compares_them(slurm, tmp_path):
+    _needs_sweep_app()
+    sweep = tmp_path / "sweep"
+    p = subprocess.run(
+        _stagebench("sweep", "-m", "hydra/launcher=slurm", *_TINY, "sweep.num_workers=[0]", "sweep.budget_s=0.3",
+                    "loader.batch_size=8,16", f"hydra.sweep.dir={sweep}"),
+        cwd=tmp_path, capture_output=True, text=True, timeout=400,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+
+    jobs = _jobs(sweep)
+    assert [d.name.split("-")[0] for d in jobs] == ["0", "1"]
+    slurm_ids, spans = set(), []
+    for d in jobs:
+        status = json.loads((d / "job_status.json").read_text())
+        assert status["status"] == "ok", status
+        prov = json.loads((d / "run.json").read_text())["provenance"]
+        # The machine each job ran on, and the Slurm job it ran as.
+        assert prov["hostname"] == socket.gethostname()
+        assert prov["env"].get("SLURM_JOB_PARTITION") == "local", prov["env"]
+        slurm_ids.add(prov["env"]["SLURM_JOB_ID"])
+        start = dt.datetime.fromisoformat(status["started_at"]).timestamp()  # whole seconds
+        spans.append((start, start + status["elapsed_s"]))
+    assert len(slurm_ids) == 2, slurm_ids
+    # Exclusive nodes, one node: the second job started after the first ended
+    # (1 s slack: started_at is truncated to the second). Shared nodes would overlap.
+    spans.sort()
+    assert spans[1][0] >= spans[0][1] - 1.0, spans
+
+    # hydra/launcher=slurm reached sbatch: one array, whole nodes, its time limit.
+    scripts = list((sweep / ".submitit").glob("*/*_submission.sh"))
+    assert len(scripts) == 1, scripts
+    text = scripts[0].read_text()
+    assert "#SBATCH --exclusive" in text and "#SBATCH --time=60" in text and "#SBATCH --array=0-1%2" in text
+
+    # The comparison, written by the submitting process once both jobs had ended.
+    rows = _comparison(sweep)
+    assert set(rows) == {d.name for d in jobs}
+    for r in rows.values():
+        assert r["status"] == "ok" and float(r["best"]) > 0, r
+        assert r["hostname"] == socket.gethostname()
+    assert (sweep / "comparison.html").is_file()
+    assert (sweep / "comparison.csv").stat().st_mtime >= max((d / "job_status.json").stat().st_mtime for d in jobs)
+    assert f"comparison: {sweep / 'comparison.html'}" in p.stdout
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_report_rebuilds_the_comparison_after_cancelled_jobs(slurm, tmp_path):
+    _needs_sweep_app()
+    sweep = tmp_path / "sweep"
+    log = open(tmp_path / "sweep.log", "w")
+    # Job 0 measures long points (cancelled after its first row), job 1 finishes,
+    # job 2 is cancelled while it waits for the node.
+    sub = subprocess.Popen(
+        _stagebench("sweep", "-m", "hydra/launcher=slurm", *_TINY, "sweep.num_workers=[0,1]",
+                    "sweep.budget_s=10,0.3,0.31", f"hydra.sweep.dir={sweep}"),
+        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        def first_row_of_job0():
+            results = next(sweep.glob("0-*/results.csv"), None)
+            return results is not None and len(results.read_text().splitlines()) >= 2
+
+        _wait_for("job 0's first measured row", first_row_of_job0, 180)
+        array = next(d.name for d in (sweep / ".submitit").iterdir() if d.name.isdigit())
+        subprocess.run(["scancel", f"{array}_0", f"{array}_2"], check=True, timeout=30)
+        _wait_for("job 1 to finish", lambda: next(sweep.glob("1-*/job_status.json"), None), 180)
+        _wait_for(
+            "the sweep's jobs to leave the queue",
+            lambda: subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True).stdout.strip() == "",
+            60,
+        )
+    finally:
+        # With accounting (real clusters) submitit sees the cancellation and the sweep
+        # exits with an error; without it (this cluster) the sweep waits: Ctrl-C, as a user would.
+        if sub.poll() is None:
+            sub.send_signal(signal.SIGINT)
+            try:
+                sub.wait(30)
+            except subprocess.TimeoutExpired:
+                sub.kill()
+                sub.wait()
+        log.close()
+
+    jobs = _jobs(sweep)
+    assert not (jobs[0] / "job_status.json").exists(), "job 0 finished before it was cancelled: the test lost a race"
+    r = subprocess.run(_stagebench("report", str(sweep)), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = _comparison(sweep)
+    by_job = {name.split("-")[0]: row for name, row in rows.items()}
+    assert by_job["1"]["status"] == "ok" and float(by_job["1"]["best"]) > 0, by_job["1"]
+    # A job killed mid-sweep has rows, but no result: it must not be compared as one.
+    assert by_job["0"]["status"] != "ok", by_job["0"]
+    # A job cancelled before it started left no folder; it must still be listed.
+    assert "2" in by_job or any("budget_s=0.31" in row["label"] for row in rows.values()), list(rows)
+
+
+@pytest.mark.slow
+def test_submitit_local_runs_the_sweep_on_this_machine(tmp_path):
+    _needs_sweep_app()
+    sweep = tmp_path / "sweep"
+    p = subprocess.run(
+        _stagebench("sweep", "-m", "hydra/launcher=submitit_local", *_TINY, "sweep.num_workers=[0]",
+                    "sweep.budget_s=0.3", "loader.batch_size=8,16", f"hydra.sweep.dir={sweep}"),
+        cwd=tmp_path, capture_output=True, text=True, timeout=400,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    jobs = _jobs(sweep)
+    assert len(jobs) == 2
+    for d in jobs:
+        assert json.loads((d / "job_status.json").read_text())["status"] == "ok"
+        # Each job ran in its own process, started by submitit, not by this test's interpreter.
+        assert (sweep / ".submitit").is_dir()
+    rows = _comparison(sweep)
+    assert set(rows) == {d.name for d in jobs} and all(r["status"] == "ok" for r in rows.values())
+    # Jobs side by side on one machine: the sweep says their timings distort each other.
+    assert "side by side" in p.stderr or "at once" in p.stderr, p.stderr[-2000:]
+
+
+def test_watch_termination_notes_the_signal_and_keeps_the_previous_handler():
+    from stagebench._cluster import watch_termination
+
+    calls = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))
+    try:
+        with watch_termination() as seen:
+            assert seen.signal is None and seen.reason() == ""
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # handlers run between bytecodes of the main thread
+        assert seen.signal == "SIGTERM" and "stopped by SIGTERM" in seen.reason()
+        assert calls == [signal.SIGTERM]  # what the process did on SIGTERM, it still does
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with watch_termination() as ignored:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        assert ignored.signal == "SIGTERM"  # noted, and still ignored: we are alive
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # restored on exit
+    finally:
+        signal.signal(signal.SIGTERM, before)
