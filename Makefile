@@ -41,8 +41,10 @@ setup: .stamp-apt .stamp-install
 demo: setup
 	$(BIN)/stagebench demo
 
+# TESTS: files or -k expressions to narrow the run, e.g. `make test TESTS=test_measure.py`
+TESTS ?= .
 test: setup
-	cd tests && ../$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) .
+	cd tests && ../$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(TESTS)
 
 bench: setup
 	$(BIN)/python benchmarks/run_all.py

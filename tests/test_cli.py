@@ -1,0 +1,32 @@
+"""The command line: argv injected, user errors as one line without a traceback."""
+
+import subprocess
+import sys
+
+from stagebench._cli import main
+
+
+def test_help_lists_the_commands(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for cmd in ("demo", "diagnose", "report", "compare", "sweep", "data"):
+        assert cmd in out
+
+
+def test_python_dash_m_is_the_same_command():
+    r = subprocess.run([sys.executable, "-m", "stagebench", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "diagnose" in r.stdout
+
+
+def test_missing_script_is_one_line_without_traceback(tmp_path, capsys):
+    rc = main(["diagnose", "--out", str(tmp_path / "run"), str(tmp_path / "nope.py")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "Traceback" not in err
+    assert err.strip().startswith("stagebench: error:") and len(err.strip().splitlines()) == 1
+
+
+def test_importing_stagebench_is_light():
+    code = "import sys, stagebench; print(sorted(m for m in ('pandas', 'numpy', 'torch', 'spdl', 'scipy') if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]"
