@@ -47,6 +47,7 @@ __all__ = [
     "ConfigError",
     "validate_overrides",
     "describe_error",
+    "loader_sweep_config",
     "run_job",
     "collect_jobs",
     "SweepCallback",
@@ -155,9 +156,23 @@ def validate_overrides(
 
     Raises :class:`ConfigError` with one line for the first config that fails.
     """
+    return _validate(overrides, multirun=multirun, config_name=config_name,
+                     extra_config_dir=extra_config_dir, config_path=config_path)[0]
+
+
+def _validate(
+    overrides: Sequence[str],
+    *,
+    multirun: bool,
+    config_name: str | None,
+    extra_config_dir: str | None,
+    config_path: str | None,
+) -> tuple[int, list[str], list[str]]:
+    """(number of jobs, keys overridden with one value, the config's override_dirname exclude_keys)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from hydra.types import RunMode
+    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from ._hydra_config import to_settings
@@ -168,18 +183,23 @@ def validate_overrides(
     except HydraException as e:
         raise ConfigError(describe_error(e)) from None
     combos = _job_combinations(parsed, multirun)
-    for combo in combos:
+    exclude: list[str] = []
+    for i, combo in enumerate(combos):
         try:
             cfg = loader.load_configuration(
                 config_name=config_name or CONFIG_NAME, overrides=combo, run_mode=RunMode.RUN
             )
-            to_settings(cfg)
+            if i == 0:
+                keys = OmegaConf.select(cfg, "hydra.job.config.override_dirname.exclude_keys", default=None)
+                exclude = [str(k) for k in keys] if keys is not None else []
+            loader_sweep_config(to_settings(cfg).sweep)
         except (HydraException, OmegaConfBaseException, ValueError) as e:
             msg = describe_error(e)
             if multirun and len(combos) > 1:
                 msg += f"  [job overrides: {' '.join(combo)}]"
             raise ConfigError(msg) from None
-    return len(combos)
+    fixed = [o.key_or_group for o in parsed if not o.is_sweep_override() and not o.is_hydra_override()]
+    return len(combos), fixed, exclude
 
 
 def _schema_keys(cls: Any, prefix: str) -> list[str]:
@@ -300,46 +320,47 @@ def _first_lines(text: str) -> str:
 
 
 def _one_line(e: BaseException) -> str:
+    """The first line of an error; its type too unless it is a user error that names its key."""
+    from ._cli import StagebenchError
+
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+    if not text:
+        return type(e).__name__
+    if isinstance(e, (ValueError, FileNotFoundError, StagebenchError)):
+        return text[0]
+    return f"{type(e).__name__}: {text[0]}"
 
 
-def _loader_sweep_config(sweep: Any) -> Any:
-    """Map ``sweep.*`` onto the loader sweep's config, refusing a setting it would drop."""
-    from . import _loader
+def loader_sweep_config(sweep: Any) -> Any:
+    """``sweep.*`` as the loader sweep's ``LoaderSweepConfig`` (its own checks run here too).
 
-    cls = _loader.LoaderSweepConfig
-    names = {f.name for f in dataclasses.fields(cls)}
-    wanted: dict[str, Any] = {
+    Raises ``ValueError`` naming the ``sweep.`` key.
+    """
+    from ._loader import LoaderSweepConfig
+
+    kwargs: dict[str, Any] = {
         "strategy": sweep.strategy.name,
-        "num_workers": None if sweep.num_workers is None else tuple(int(n) for n in sweep.num_workers),
-        "prefetch_factor": None if sweep.prefetch_factor is None else tuple(int(n) for n in sweep.prefetch_factor),
-        "persistent_workers": None
-        if sweep.persistent_workers is None
-        else tuple(bool(b) for b in sweep.persistent_workers),
         "budget_s": float(sweep.budget_s),
         "timeout_s": float(sweep.timeout_s),
+        "epoch_stall": bool(sweep.epoch_stall),
+        "transforms": bool(sweep.transforms),
     }
-    kwargs: dict[str, Any] = {}
-    measure: dict[str, Any] = {}
-    measure_cls = None
-    if "measure" in names:
-        from ._config import MeasureConfig
-
-        measure_cls = MeasureConfig
-        measure_names = {f.name for f in dataclasses.fields(MeasureConfig)}
-    for key, value in wanted.items():
-        if value is None:
-            continue
-        if key in names:
-            kwargs[key] = value
-        elif measure_cls is not None and key in measure_names:
-            measure[key] = value
-        else:
-            raise ValueError(f"sweep.{key}: not supported by this version's loader sweep")
-    if measure:
-        kwargs["measure"] = measure_cls(**measure)
-    return cls(**kwargs)
+    # A list on the command line is a set of values to try: order and repeats carry no meaning.
+    if sweep.num_workers is not None:
+        kwargs["num_workers"] = tuple(sorted({int(n) for n in sweep.num_workers}))
+    if sweep.max_workers is not None:
+        kwargs["max_workers"] = int(sweep.max_workers)
+    if sweep.prefetch_factor is not None:
+        kwargs["prefetch_factors"] = tuple(sorted({int(n) for n in sweep.prefetch_factor}))
+    if sweep.persistent_workers is not None:
+        kwargs["persistent_workers"] = tuple(dict.fromkeys(bool(b) for b in sweep.persistent_workers))
+    if sweep.memory_budget_mb is not None:
+        kwargs["memory_budget_mb"] = float(sweep.memory_budget_mb)
+    try:
+        return LoaderSweepConfig(**kwargs)
+    except ValueError as e:
+        msg = str(e).replace("prefetch_factors", "prefetch_factor")
+        raise ValueError(msg if msg.startswith("sweep.") else f"sweep.{msg}") from None
 
 
 def _write_status(job_dir: Path, status: dict[str, Any]) -> None:
@@ -361,16 +382,15 @@ def run_job(
     overrides: Sequence[str] = (),
     job_num: int | None = None,
     launcher: str | None = None,
+    label: str | None = None,
 ) -> dict[str, Any]:
     """Run one loader configuration; never raises (except on Ctrl-C).
 
     Writes ``job_dir`` as a run directory plus ``job_status.json``, and
-    returns the status dict.
+    returns the status dict. ``label`` names the job in comparisons (in a
+    multirun: the overrides that differ between jobs).
     """
-    from omegaconf import OmegaConf
-
-    from ._hydra_config import to_settings
-    from ._progress import Progress
+    from ._cluster import watch_termination
 
     t0 = time.perf_counter()
     status: dict[str, Any] = {
@@ -379,67 +399,93 @@ def run_job(
         "reason": "interrupted before the job finished",
         "job_num": job_num,
         "overrides": list(overrides),
+        "label": label if label is not None else " ".join(overrides),
         "launcher": launcher,
         "host": os.uname().nodename,
         "started_at": _dt.datetime.now().isoformat(timespec="seconds"),
         "run_dir": str(job_dir),
     }
-    progress = None
-    try:
-        settings = to_settings(cfg)
-        lc = settings.loader
-        status.update(loader=lc.name, kind=lc.kind, backend=lc.backend.name)
-        total = _SWEEP_TOTAL.get("jobs")
-        label = "" if job_num is None else f"job {job_num + 1}{f'/{total}' if total else ''}: "
-        progress = Progress(desc=f"{label}{lc.name}/{lc.backend.name}", enabled=settings.progress)
-        progress.message(f"{label}{' '.join(overrides) or lc.name} -> {job_dir}")
+    progress: Any = None
+    with watch_termination() as term:
+        try:
+            from ._hydra_config import to_settings
 
-        from ._builtin_loaders import build_loader
-
-        spec = build_loader(lc, progress=progress)
-        from ._loader import run_loader_sweep
-
-        loader_cfg = OmegaConf.to_container(cfg.loader, resolve=True, enum_to_str=True)
-        summary = run_loader_sweep(
-            spec.factory,
-            name=lc.name,
-            backend=lc.backend.name,
-            batch_size=lc.batch_size,
-            run_dir=job_dir,
-            config=_loader_sweep_config(settings.sweep),
-            target_rate=settings.sweep.target_rate,
-            extra_meta={
-                "hydra": {
-                    "overrides": list(overrides),
-                    "job_num": job_num,
-                    "launcher": launcher,
-                    "loader_config": loader_cfg,
-                },
-                "dataset": spec.info,
-            },
-            progress=progress,
-        )
-        status.update(
-            status="ok",
-            reason="",
-            verdict=summary.get("verdict"),
-            best=summary.get("best"),
-            recommended=summary.get("recommended"),
-        )
-    except KeyboardInterrupt:
-        status["reason"] = "interrupted (Ctrl-C)"
-        raise
-    except Exception as e:  # recorded, not raised: see the module docstring
-        status["reason"] = _one_line(e)
-        log.exception("job failed")  # the full traceback goes to the job's log file
-        print(f"stagebench sweep: job failed: {status['reason']}", file=sys.stderr)
-    finally:
-        status["elapsed_s"] = round(time.perf_counter() - t0, 3)
-        _write_status(job_dir, status)
-        _JOB_OUTCOMES.append(status)
-        if progress is not None:
-            progress.close()
+            settings = to_settings(cfg)
+            progress = _job_progress(settings, status, job_dir)
+            _run_sweep(cfg, settings, job_dir=job_dir, status=status, label=label, progress=progress)
+        except KeyboardInterrupt:
+            status["reason"] = "interrupted (Ctrl-C)"
+            raise
+        except Exception as e:  # recorded, not raised: see the module docstring
+            status["reason"] = _one_line(e)
+            # The traceback goes to the job's log file only (the terminal shows warnings and up).
+            log.info("job failed", exc_info=True)
+            print(f"stagebench sweep: job failed: {status['reason']}", file=sys.stderr)
+        finally:
+            if term.signal is not None:  # told to stop (scancel, time limit): the result is not whole
+                why = term.reason()
+                status["reason"] = why if status["status"] == "ok" else f"{why}; {status['reason']}"
+                status["status"] = "failed"
+            status["elapsed_s"] = round(time.perf_counter() - t0, 3)
+            _write_status(job_dir, status)
+            _JOB_OUTCOMES.append(status)
+            if progress is not None:
+                progress.close()
     return status
+
+
+def _job_progress(settings: Any, status: dict[str, Any], job_dir: Path) -> Any:
+    """The job's progress display, after one line saying which job this is and where it writes."""
+    from ._progress import Progress
+
+    lc = settings.loader
+    status.update(loader=lc.name, kind=lc.kind, backend=lc.backend.name)
+    total = _SWEEP_TOTAL.get("jobs")
+    num = status["job_num"]
+    prefix = "" if num is None else f"job {num + 1}{f'/{total}' if total else ''}: "
+    progress = Progress(desc=f"{prefix}{lc.name}/{lc.backend.name}", enabled=settings.progress)
+    progress.message(f"{prefix}{status['label'] or lc.name} -> {job_dir}")
+    return progress
+
+
+def _run_sweep(cfg: Any, settings: Any, *, job_dir: Path, status: dict[str, Any], label: str | None,
+               progress: Any) -> None:
+    """The job's work: build the loader (generating data on first use), sweep it; fills ``status``."""
+    from omegaconf import OmegaConf
+
+    from ._builtin_loaders import build_loader
+    from ._loader import run_loader_sweep
+
+    lc = settings.loader
+    spec = build_loader(lc, progress=progress)
+    summary = run_loader_sweep(
+        spec.factory,
+        name=lc.name,
+        backend=lc.backend.name,
+        batch_size=lc.batch_size,
+        run_dir=job_dir,
+        config=loader_sweep_config(settings.sweep),
+        target_rate=settings.sweep.target_rate,
+        extra_meta={
+            **({"label": label} if label else {}),
+            "hydra": {
+                "overrides": status["overrides"],
+                "job_num": status["job_num"],
+                "launcher": status["launcher"],
+                "loader_config": OmegaConf.to_container(cfg.loader, resolve=True, enum_to_str=True),
+            },
+            "dataset": spec.info,
+            "loader": spec.factory.describe() if hasattr(spec.factory, "describe") else {},
+        },
+        progress=progress,
+    )
+    status.update(
+        status="ok",
+        reason="",
+        verdict=summary.get("verdict"),
+        best=summary.get("best"),
+        recommended=summary.get("recommended"),
+    )
 
 
 def _task(cfg: Any) -> int:
@@ -456,6 +502,7 @@ def _task(cfg: Any) -> int:
         overrides=list(hc.overrides.task),
         job_num=int(hc.job.num) if multirun else None,
         launcher=str(OmegaConf.select(hc, "launcher._target_", default="")) or None,
+        label=str(hc.job.override_dirname) if multirun else None,
     )
     if not multirun and status["status"] == "ok":
         report = Path(hc.runtime.output_dir) / "report.html"
@@ -508,10 +555,6 @@ def _count_jobs(task_overrides: Sequence[str]) -> int | None:
         return None
 
 
-#: Launchers that run one job at a time, or each job on its own node.
-_QUIET_LAUNCHERS = ("BasicLauncher", "SlurmLauncher")
-
-
 class SweepCallback(Callback):
     """Progress over jobs, a launcher warning, and the comparison at the end of a multirun."""
 
@@ -520,15 +563,10 @@ class SweepCallback(Callback):
         total = _count_jobs(list(config.hydra.overrides.task))
         if total:
             _SWEEP_TOTAL["jobs"] = total
-        target = str(config.hydra.launcher.get("_target_", ""))
-        if target and not target.endswith(_QUIET_LAUNCHERS):
-            short = target.rsplit(".", 1)[-1]
-            print(
-                f"stagebench sweep: warning: {short} runs jobs side by side on this machine; they share its "
-                "cores, memory and disk, so each job's timings are distorted by the others. Use it to check "
-                "configurations; compare throughput with the default launcher (one job at a time).",
-                file=sys.stderr,
-            )
+        from ._cluster import launcher_warnings
+
+        for warning in launcher_warnings(config.hydra.launcher):
+            print(f"stagebench sweep: warning: {warning}", file=sys.stderr)
         if config.get("progress", True):
             n = f"{total} jobs" if total else "jobs"
             print(f"[stagebench] sweep: {n} -> {config.hydra.sweep.dir}", file=sys.stderr, flush=True)
@@ -539,8 +577,8 @@ class SweepCallback(Callback):
         ok = [Path(j["run_dir"]) for j in jobs if j.get("status") == "ok"]
         failed = [
             {
-                "run_dir": j["run_dir"],
-                "name": j.get("loader") or j["name"],
+                "path": j["run_dir"],
+                "name": j.get("label") or j.get("loader") or j["name"],
                 "backend": j.get("backend"),
                 "overrides": j.get("overrides", []),
                 "reason": j.get("reason", ""),
@@ -579,7 +617,7 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
         knobs = (
             f"num_workers={rec.get('num_workers')} prefetch={rec.get('prefetch_factor')}" if rec else "-"
         )
-        what = " ".join(j.get("overrides") or []) or j.get("loader") or j.get("name", "")
+        what = j.get("label") or " ".join(j.get("overrides") or []) or j.get("loader") or j.get("name", "")
         if j.get("status") != "ok":
             what += f"  ({j.get('reason', '')})"
         print(f"{num:>4}  {j.get('status', '?'):<7} {rate_s:>10}  {knobs:<28} {what}")
@@ -623,7 +661,7 @@ def main(argv: list[str]) -> int:
     informational = args.help or args.hydra_help or args.shell_completion or args.info is not None
     if not informational:
         try:
-            njobs = validate_overrides(
+            njobs, fixed, exclude = _validate(
                 args.overrides,
                 multirun=bool(args.multirun),
                 config_name=args.config_name,
@@ -635,6 +673,7 @@ def main(argv: list[str]) -> int:
             return 2
         if args.multirun:
             _SWEEP_TOTAL["jobs"] = njobs
+            argv = [*argv, *_dirname_override(args.overrides, fixed, exclude)]
     saved = sys.argv
     sys.argv = ["stagebench sweep", *argv]
     try:
@@ -658,6 +697,21 @@ def main(argv: list[str]) -> int:
             return 1
         return 0
     return 0 if _JOB_OUTCOMES and all(o["status"] == "ok" for o in _JOB_OUTCOMES) else 1
+
+
+def _dirname_override(overrides: Sequence[str], fixed: list[str], exclude: list[str]) -> list[str]:
+    """Name job folders by what differs between the jobs only.
+
+    Keys given one value are the same in every job; leaving them out of
+    ``override_dirname`` turns ``3-loader.backend=torch,loader.num_items=256,...``
+    into ``3-loader.backend=torch``. Every job's full overrides stay in its
+    ``.hydra/overrides.yaml``. A user who sets the exclusions themselves wins.
+    """
+    key = "hydra.job.config.override_dirname.exclude_keys"
+    if not fixed or any(o.lstrip("+~").startswith(key) for o in overrides):
+        return []
+    keys = list(dict.fromkeys([*exclude, *fixed]))
+    return [f"{key}=[{','.join(keys)}]"]
 
 
 def _exit_code(e: SystemExit) -> int:

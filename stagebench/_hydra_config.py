@@ -207,20 +207,24 @@ class CustomLoaderConfig(LoaderConfig):
 
 @dataclass(slots=True, kw_only=True)
 class SweepSettings:
-    """How one job sweeps its loader's knobs (passed to the loader sweep)."""
+    """How one job sweeps its loader's knobs (mapped onto the loader sweep's
+    ``LoaderSweepConfig``, which checks them again with its own rules)."""
 
     strategy: Strategy = Strategy.adaptive
     """adaptive: num_workers 0, 1, 2, 4, ... until throughput stops improving, then
     prefetch_factor at the best; grid: every combination."""
 
     num_workers: Optional[list[int]] = None
-    """Values to try; null: the loader sweep's default (0 upwards, capped by cores and memory)."""
+    """Values to try; null: 0, 1, 2, 4, ... up to sweep.max_workers."""
+
+    max_workers: Optional[int] = None
+    """Highest num_workers when num_workers is null; null: twice the usable cores."""
 
     prefetch_factor: Optional[list[int]] = None
-    """Values to try; null: the loader sweep's default."""
+    """Values to try; null: the loader sweep's default (1, 2, 4)."""
 
     persistent_workers: Optional[list[bool]] = None
-    """Values to try; null: the loader sweep's default."""
+    """Values to try; null: the loader sweep's default (false, true)."""
 
     budget_s: float = 3.0
     """Steady-state window per point, seconds."""
@@ -230,6 +234,15 @@ class SweepSettings:
 
     target_rate: Optional[float] = None
     """Samples/s your trainer consumes: recommend the cheapest setting that meets it."""
+
+    memory_budget_mb: Optional[float] = None
+    """Memory (PSS of main process + workers) a recommendation may use; null: half the available RAM."""
+
+    epoch_stall: bool = True
+    """Measure the stall at an epoch boundary."""
+
+    transforms: bool = True
+    """Also measure each transform of the dataset as a stage."""
 
     def __post_init__(self) -> None:
         _check(self.budget_s > 0, "sweep.budget_s", f"must be > 0, got {self.budget_s}")
@@ -244,6 +257,8 @@ class SweepSettings:
                 "sweep.num_workers",
                 f"must be a non-empty list of integers >= 0 or null, got {list(self.num_workers)}",
             )
+        if self.max_workers is not None:
+            _check(self.max_workers >= 1, "sweep.max_workers", f"must be >= 1 or null, got {self.max_workers}")
         if self.prefetch_factor is not None:
             _check(
                 len(self.prefetch_factor) > 0 and all(int(n) >= 1 for n in self.prefetch_factor),
@@ -258,6 +273,9 @@ class SweepSettings:
             )
         if self.target_rate is not None:
             _check(self.target_rate > 0, "sweep.target_rate", f"must be > 0 or null, got {self.target_rate}")
+        if self.memory_budget_mb is not None:
+            _check(self.memory_budget_mb > 0, "sweep.memory_budget_mb",
+                   f"must be > 0 or null, got {self.memory_budget_mb}")
 
 
 @dataclass(slots=True, kw_only=True)
