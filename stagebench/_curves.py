@@ -140,7 +140,7 @@ class StageRows:
     """The rows of one stage, split into ok curves and ceilings, with the rest kept for reasons."""
 
     def __init__(self, rows: pd.DataFrame) -> None:
-        df = rows.copy()
+        df = rows.reset_index(drop=True)  # concatenated frames repeat index labels
         for col in ("stage", "role", "executor", "harness", "status", "reason", "error_example"):
             if col not in df.columns:
                 df[col] = ""

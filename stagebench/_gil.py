@@ -21,7 +21,9 @@ The signals, each reported with its label and role:
     does not bias it. It reads high when C code computes without the GIL
     (detected: threads then burn more than one core, which GIL-held work
     cannot), and low when other programs take the cores (a descheduled
-    thread still holds the GIL).
+    thread still holds the GIL); the direct harness's one-thread no-op
+    ceiling, measured right after, says how much of a core a busy thread
+    could get, and the share is divided by it.
 ``thread_plateau``
     g <= 1 / (peak thread throughput) minus the harness's per-item GIL time,
     so f <= that / t: always an upper bound. It becomes an estimate when the
@@ -176,10 +178,26 @@ def estimate_gil(
     u_max = max((p.cores_used for p in T if finite(p.cores_used)), default=math.nan)
     gil_free = finite(u_max) and u_max > _GIL_FREE_CORES
     A = A_lo = A_hi = math.nan
+    # The direct harness's no-op ceiling on one thread is pure Python that never
+    # waits: the cores it got are the share of a core a busy thread could get at
+    # that moment. Below 1, other programs were taking the CPU, and a thread that
+    # holds the GIL keeps holding it while it waits for a core.
+    avail = math.nan
+    if H == "direct" and ceil0 is not None and finite(ceil0.cores_used) and ceil0.cores_used > 0:
+        avail = min(1.0, ceil0.cores_used)  # GIL-bound: at most one core at any concurrency
+        if avail < 0.2:
+            avail = math.nan  # too little to correct by; the point says nothing then
     if finite(p0.cpu_s_per_item):
         cpu = max(0.0, p0.cpu_s_per_item - harness_cpu_s(ceil0))
         tick = _TICK_S / p0.n_items if finite(p0.n_items) and p0.n_items > 0 else 0.0
         A, A_lo, A_hi = cpu / t, max(0.0, cpu - tick) / t_hi, (cpu + tick) / t_lo
+        A_raw = A
+        if finite(avail) and avail < 0.95:
+            A, A_lo, A_hi = A / avail, A_lo / avail, A_hi / avail
+            notes.append(
+                f"a busy no-op thread got only {avail:.2f} of a core while the stage was measured (other load): "
+                "the CPU share is divided by that, since a descheduled thread still holds the GIL"
+            )
         if gil_free:
             role = "upper bound"
             detail = (f"threads used up to {u_max:.2f} cores, more than GIL-held work can: "
@@ -187,6 +205,8 @@ def estimate_gil(
         else:
             role = "estimate"
             detail = f"{cpu * 1e3:.3g} ms CPU in {t * 1e3:.3g} ms per item at {E} concurrency {c0}"
+            if A != A_raw:
+                detail += f" ({A_raw:.2f}), over the {avail:.2f} of a core a busy thread could get"
         signals["cpu_share"] = _signal(A, [A_lo, A_hi], "cpu_share", role, A, [A_lo, A_hi], detail)
 
     # --- thread_plateau -------------------------------------------------------------
@@ -335,5 +355,10 @@ def estimate_gil(
     point = _clip01(point)
     out["fraction"] = point
     out["interval"] = [_clip01(min(lo, point)), _clip01(max(hi, point))]
-    out["gil_s_per_item"] = point * t
+    g = point * t
+    if len(T) >= 2:
+        # Threads reached the peak, so per-item GIL time cannot exceed 1/peak (minus
+        # the harness's share): a physical bound that holds even when t drifted.
+        g = min(g, max(0.0, 1.0 / pm.qps - h_m))
+    out["gil_s_per_item"] = g
     return out

@@ -1,0 +1,505 @@
+"""From measured rows to verdicts: per-stage analysis and the pipeline summary.
+
+Everything here is a pure function of the rows (and ``run.json``), so
+``stagebench report RUN_DIR`` rebuilds the same summary from ``results.csv``.
+
+Per stage (:func:`analyze_stage`):
+
+- **fits**: USL and Amdahl per harness x executor (:mod:`._fit`);
+- **GIL fraction** with its signals (:mod:`._gil`);
+- **recommendation**: the executor, then the smallest concurrency within 5%
+  of that executor's best measured throughput. Never outside the measured
+  range: an unmeasured setting is a guess. Threads win whenever their best is
+  within noise of the processes' best (intervals overlap, or within 5%):
+  they use less memory and no IPC.
+- **harness**: the recommendation and classification use the ``spdl``
+  harness when the stage was measured through it (that is what the user's
+  pipeline can deliver, SPDL's per-item overhead included), else ``direct``.
+  The GIL fraction prefers ``direct`` (the least harness time to subtract).
+- **classification** at the best point, first match wins:
+  ``overhead-bound`` (a thread/async best within 20% of the no-op ceiling of
+  the same harness, executor and concurrency), ``ipc-bound`` (a process best
+  within 20% of the process ceiling, or moving a large payload costs more CPU
+  than the work), ``gil-bound`` (the thread curve flattens below the cores,
+  and the serialiser is the GIL), ``cpu-bound`` (the best point uses >= 75%
+  of the cores, or CPU per item explains its throughput), ``io-bound`` (few
+  cores used while scaling with concurrency: it waits), else ``unknown``.
+  A GIL-bound stage stays ``gil-bound`` when its best point is on processes:
+  the GIL is what limits it where a pipeline runs it by default, and it is
+  why processes win.
+
+The pipeline summary adds the prediction (:mod:`._predict`), findings
+(:mod:`._findings`), warnings and a one-line verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from ._curves import Curve, Point, StageRows, finite
+from ._fit import fit_scaling
+from ._gil import estimate_gil, harness_gil_s
+
+__all__ = ["analyze_stage", "summarize", "CLASSIFICATIONS"]
+
+CLASSIFICATIONS = ("gil-bound", "cpu-bound", "io-bound", "overhead-bound", "ipc-bound", "unknown")
+
+_WITHIN_BEST = 0.95        # recommendation: smallest concurrency within 5% of the best
+_NEAR_CEILING = 0.80       # within 20% of the no-op ceiling
+_CPU_BOUND = 0.75          # share of the cores
+_IO_CORES = 0.50           # fewer cores than this share: mostly waiting
+_LARGE_PAYLOAD = 64 * 1024
+_NOISY_CV = 0.15
+_WIDE_INTERVAL = 0.30      # interval width / value
+_EXEC_PREFERENCE = ("thread", "async", "process")   # less memory first
+_STATUS_ORDER = ("crashed", "failed", "timeout", "skipped")
+
+
+# ------------------------------------------------------------------ small helpers
+def _fmt_q(q: float) -> str:
+    return f"{q:,.0f}" if q >= 10 else f"{q:.3g}"
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3g} ms"
+
+
+def _point_dict(p: Point, harness: str, executor: str) -> dict[str, Any]:
+    return {
+        "executor": executor, "concurrency": p.concurrency, "qps": p.qps,
+        "qps_low": p.qps_low if p.has_interval else None, "qps_high": p.qps_high if p.has_interval else None,
+        "harness": harness,
+    }
+
+
+def _recommend_harness(sr: StageRows) -> str | None:
+    hs = sr.harnesses()
+    if not hs:
+        return None
+    return "spdl" if "spdl" in hs else hs[0]
+
+
+def _problems(sr: StageRows) -> list[str]:
+    """One line per harness/executor/role whose points did not all measure."""
+    bad = sr.not_ok()
+    lines = []
+    for (h, e, role), grp in bad.groupby(["harness", "executor", "role"], sort=False):
+        grp = grp.sort_values("concurrency")
+        first = grp.iloc[0]
+        levels = ", ".join(str(int(c)) for c in grp["concurrency"] if finite(float(c)))
+        what = "no-op ceiling" if role == "ceiling" else "stage"
+        reason = str(first["reason"]) or "no items completed"
+        lines.append(f"{h}/{e} {what} at concurrency {levels}: {first['status']} ({reason})")
+    return lines
+
+
+def _stage_status(sr: StageRows) -> tuple[str, str]:
+    if len(sr.ok):
+        return "ok", ""
+    sr_rows = sr.stage_rows
+    if not len(sr_rows):
+        return "skipped", "not measured"
+    for st in _STATUS_ORDER:
+        hit = sr_rows[sr_rows["status"] == st]
+        if len(hit):
+            return st, str(hit.iloc[0]["reason"]) or st
+    return "failed", "no item completed at any point"
+
+
+# ------------------------------------------------------------------ recommendation
+def _recommend(sr: StageRows, harness: str) -> tuple[dict | None, dict | None, dict[str, Point]]:
+    curves = {e: sr.curve(harness, e) for e in _EXEC_PREFERENCE if sr.curve(harness, e)}
+    if not curves:
+        return None, None, {}
+    bests = {e: c.best() for e, c in curves.items()}
+    top_exec = max(bests, key=lambda e: bests[e].qps)
+    top = bests[top_exec]
+    # within noise of the very best: intervals overlap, or within 5%
+    near = [e for e in _EXEC_PREFERENCE if e in bests
+            and (bests[e].overlaps(top) or bests[e].qps >= _WITHIN_BEST * top.qps)]
+    chosen = near[0]
+    curve = curves[chosen]
+    target = _WITHIN_BEST * bests[chosen].qps
+    rec = next(p for p in curve if p.qps >= target)
+    why = []
+    others = [e for e in bests if e != chosen]
+    if chosen != top_exec:
+        why.append(
+            f"{chosen} and {top_exec} are within noise of each other ({_fmt_q(bests[chosen].qps)} vs "
+            f"{_fmt_q(top.qps)} items/s at their best): {chosen} preferred (less memory, no IPC)"
+        )
+    elif others:
+        alt = max(others, key=lambda e: bests[e].qps)
+        if bests[alt].overlaps(top) or bests[alt].qps >= _WITHIN_BEST * top.qps:
+            why.append(f"{chosen} and {alt} are within noise; {chosen} preferred (less memory, no IPC)")
+        else:
+            why.append(
+                f"{chosen} beats {alt} beyond noise ({_fmt_q(top.qps)} vs {_fmt_q(bests[alt].qps)} items/s at their best)"
+            )
+    best_c = bests[chosen].concurrency
+    if rec.concurrency == best_c:
+        why.append(f"concurrency {rec.concurrency} gives the best measured throughput of {chosen}")
+    else:
+        why.append(
+            f"concurrency {rec.concurrency} is the smallest within 5% of {chosen}'s best "
+            f"({_fmt_q(bests[chosen].qps)} items/s at {best_c})"
+        )
+    if rec.concurrency == curve.levels[-1] and len(curve) >= 2:
+        prev = curve.points[-2]
+        if rec.low > prev.high:
+            why.append(f"still rising at the largest level measured ({rec.concurrency}): more may help, not measured")
+    why.append(f"{harness} harness" + (" (what the pipeline delivers, SPDL overhead included)" if harness == "spdl" else ""))
+    recommended = _point_dict(rec, harness, chosen)
+    recommended["why"] = "; ".join(why)
+    best = _point_dict(top, harness, top_exec)
+    return recommended, best, bests
+
+
+# ------------------------------------------------------------------ classification
+def _classify(
+    sr: StageRows, harness: str, best: dict, bests: dict[str, Point], gil: dict, cores: int,
+) -> tuple[str, list[str], dict[str, dict]]:
+    ex, c = best["executor"], best["concurrency"]
+    bp = sr.curve(harness, ex).at(c)
+    signals: dict[str, dict] = {}
+    ceil = sr.ceiling(harness, ex, c)
+    u = bp.cores_used
+    if finite(u):
+        signals["cores_used_at_best"] = {
+            "value": u, "interval": None,
+            "label": f"cores used at the best point ({ex} concurrency {c}), of {cores} usable",
+        }
+    if ceil is not None:
+        share = bp.qps / ceil.qps
+        signals["ceiling_share"] = {
+            "value": share, "interval": None,
+            "label": f"best throughput / no-op ceiling of the {harness} harness at {ex} concurrency {c}",
+        }
+        near = share >= _NEAR_CEILING
+        if near and ex != "process":
+            return "overhead-bound", [
+                f"{_fmt_q(bp.qps)} items/s at {ex} concurrency {c} is {share:.0%} of the {harness} harness's "
+                f"no-op ceiling ({_fmt_q(ceil.qps)} items/s): the per-item work is smaller than the per-item overhead"
+            ], signals
+        # on processes that fill the cores, the cores (not the transfer) are the limit
+        if near and not (finite(u) and u >= _CPU_BOUND * cores):
+            return "ipc-bound", [
+                f"on processes it reaches {_fmt_q(bp.qps)} items/s at concurrency {c}, {share:.0%} of the process "
+                f"no-op ceiling ({_fmt_q(ceil.qps)} items/s): moving items between processes is the limit"
+            ], signals
+
+    payload = sr.payload_bytes()
+    if ex == "process" and finite(payload) and payload >= _LARGE_PAYLOAD:
+        pt = sr.curve(harness, "thread").at(c)
+        if pt is not None and finite(pt.cpu_s_per_item, bp.cpu_s_per_item):
+            ipc_cpu = bp.cpu_s_per_item - pt.cpu_s_per_item
+            if ipc_cpu > pt.cpu_s_per_item:
+                return "ipc-bound", [
+                    f"each item moves {payload / 1024:,.0f} KiB between processes; that costs {_ms(ipc_cpu)} of CPU "
+                    f"per item, more than the work itself ({_ms(pt.cpu_s_per_item)} on threads)"
+                ], signals
+
+    tb = bests.get(gil.get("executor") or "thread")
+    if gil.get("saturated") and gil.get("serializer") == "gil" and tb is not None:
+        f = gil["fraction"]
+        lines = [
+            f"{gil['executor']}s flatten at {_fmt_q(tb.qps)} items/s (concurrency {tb.concurrency}, "
+            f"{tb.cores_used:.2f} of {cores} cores): the stage holds the GIL about {f:.0%} of each item "
+            f"({_ms(gil['gil_s_per_item'])} of {_ms(gil['stage_s_per_item'])})"
+        ]
+        pb = bests.get("process")
+        if pb is not None:
+            lines.append(f"processes, each with its own GIL, reach {_fmt_q(pb.qps)} items/s (concurrency {pb.concurrency})")
+        return "gil-bound", lines, signals
+
+    cpu = bp.cpu_s_per_item
+    if (finite(u) and u >= _CPU_BOUND * cores) or (finite(cpu) and cpu > 0 and bp.qps >= 0.8 * cores / cpu):
+        return "cpu-bound", [
+            f"at {ex} concurrency {c} it uses {u:.2f} of {cores} cores ({_ms(cpu)} CPU per item, "
+            f"{_fmt_q(bp.qps)} items/s): the cores are the limit"
+        ], signals
+
+    if gil.get("saturated") and gil.get("serializer") == "other":
+        return "unknown", [
+            f"threads flatten at {_fmt_q(tb.qps)} items/s using {tb.cores_used:.2f} cores and little CPU per item: "
+            "something other than the GIL serialises them (a lock, or an external limit such as a disk or a server)"
+        ], signals
+
+    curve = sr.curve(harness, ex)
+    p0 = curve.points[0]
+    linear_share = bp.qps / (bp.concurrency * p0.qps / p0.concurrency)
+    if finite(u) and u < _IO_CORES * cores and (c > cores or linear_share >= 0.75):
+        return "io-bound", [
+            f"at {ex} concurrency {c} it delivers {_fmt_q(bp.qps)} items/s ({linear_share:.0%} of linear scaling) "
+            f"using only {u:.2f} of {cores} cores: it waits (I/O, sleep, GIL-free waiting)"
+        ], signals
+
+    return "unknown", [
+        f"at {ex} concurrency {c}: {_fmt_q(bp.qps)} items/s, {u:.2f} cores used; no single limit stands out"
+    ], signals
+
+
+# ------------------------------------------------------------------ per stage
+def analyze_stage(
+    rows_for_one_stage: pd.DataFrame,
+    *,
+    cores: int,
+    free_threaded: bool = False,
+    n_boot: int = 200,
+) -> dict[str, Any]:
+    """Analyse the rows of one stage (all harnesses, executors, roles).
+
+    Returns the stage entry of ``summary.json`` (``index`` and ``type`` are
+    ``None``; :func:`summarize` fills them from ``run.json``). Never raises for
+    odd rows: stages with no successful point get ``status`` and ``reason``.
+    """
+    if cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores}")
+    df = rows_for_one_stage if isinstance(rows_for_one_stage, pd.DataFrame) else pd.DataFrame(rows_for_one_stage)
+    sr = StageRows(df)
+    names = [n for n in sr.all["stage"].unique() if n]
+    entry: dict[str, Any] = {
+        "name": names[0] if names else "", "index": None, "type": None, "status": "ok", "reason": "",
+        "classification": "unknown", "gil_fraction": None, "gil_fraction_interval": None,
+        "evidence": {"summary": [], "signals": {}}, "fit": {}, "recommended": None, "best": None,
+        "ceiling_qps": None, "cpu_s_per_item": None, "gil_s_per_item": None,
+        # extensions
+        "harness": None, "stage_s_per_item": None, "harness_gil_s_per_item": None,
+        "alternatives": {}, "gil": None, "problems": _problems(sr), "levels_measured": {},
+        "payload_bytes": None,
+    }
+    status, reason = _stage_status(sr)
+    entry["status"], entry["reason"] = status, reason
+    payload = sr.payload_bytes()
+    entry["payload_bytes"] = payload if finite(payload) else None
+    if status != "ok":
+        entry["evidence"]["summary"].append(f"not measured: {status} ({reason})")
+        entry["evidence"]["summary"].extend(entry["problems"])
+        return entry
+
+    for curve in sr.curves():
+        entry["fit"][curve.key] = fit_scaling(
+            [p.concurrency for p in curve], [p.qps for p in curve],
+            [p.qps_low for p in curve], [p.qps_high for p in curve], [p.n_batches for p in curve],
+            n_boot=n_boot,
+        )
+        entry["levels_measured"][curve.key] = curve.levels
+
+    gil = estimate_gil(sr, cores=cores, fits=entry["fit"], free_threaded=free_threaded)
+    entry["gil"] = {k: gil[k] for k in ("pinned", "saturated", "serializer", "harness", "executor", "notes")}
+    entry["gil_fraction"] = gil["fraction"]
+    entry["gil_fraction_interval"] = gil["interval"]
+    entry["gil_s_per_item"] = gil["gil_s_per_item"]
+    entry["stage_s_per_item"] = gil["stage_s_per_item"]
+    entry["evidence"]["signals"].update(gil["signals"])
+
+    harness = _recommend_harness(sr)
+    entry["harness"] = harness
+    recommended, best, bests = _recommend(sr, harness)
+    entry["recommended"], entry["best"] = recommended, best
+    for e, p in bests.items():
+        alt = _point_dict(p, harness, e)
+        alt["cpu_s_per_item"] = p.cpu_s_per_item if finite(p.cpu_s_per_item) else None
+        alt["harness_gil_s_per_item"] = _main_gil_overhead(sr, harness, e, p.concurrency)
+        entry["alternatives"][e] = alt
+
+    rp = sr.curve(harness, recommended["executor"]).at(recommended["concurrency"])
+    ceil = sr.ceiling(harness, recommended["executor"], recommended["concurrency"])
+    entry["ceiling_qps"] = ceil.qps if ceil is not None else None
+    entry["cpu_s_per_item"] = rp.cpu_s_per_item if finite(rp.cpu_s_per_item) else None
+    entry["harness_gil_s_per_item"] = _main_gil_overhead(sr, harness, recommended["executor"], recommended["concurrency"])
+
+    label, lines, cls_signals = _classify(sr, harness, best, bests, gil, cores)
+    entry["classification"] = label
+    entry["evidence"]["signals"].update(cls_signals)
+    summary = entry["evidence"]["summary"]
+    summary.extend(lines)
+    if gil["fraction"] is not None:
+        lo, hi = gil["interval"]
+        kind = "inferred from the curves" if gil["pinned"] else "bounded only"
+        summary.append(
+            f"GIL share {gil['fraction']:.2f} (interval {lo:.2f}-{hi:.2f}, {kind}; not a direct measurement)"
+        )
+    summary.extend(gil["notes"])
+    summary.append(
+        f"recommended: {recommended['executor']} x {recommended['concurrency']} -> "
+        f"{_fmt_q(recommended['qps'])} items/s ({recommended['why']})"
+    )
+    summary.extend(entry["problems"])
+    return entry
+
+
+def _main_gil_overhead(sr: StageRows, harness: str, executor: str, concurrency: int) -> float:
+    """Per-item GIL time the harness spends in the main process for this setting.
+
+    Thread and async stages: the no-op ceiling of the same setting. Process
+    stages still schedule every item from the main process; the thread ceiling
+    at the same concurrency stands for that scheduling cost (the process
+    ceiling would add the workers' side of the IPC, which does not take the
+    main GIL).
+    """
+    if executor == "process":
+        return harness_gil_s(sr.ceiling(harness, "thread", concurrency))
+    return harness_gil_s(sr.ceiling(harness, executor, concurrency))
+
+
+# ------------------------------------------------------------------ pipeline summary
+def _cores(prov: Mapping[str, Any]) -> int:
+    for key in ("usable_cores", "cpu_count"):
+        v = prov.get(key)
+        if isinstance(v, (int, float)) and v >= 1:
+            return int(v)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _run_warnings(df: pd.DataFrame, stages: list[dict], meta: Mapping[str, Any], cores: int) -> list[str]:
+    from ._provenance import load_warnings
+
+    out: list[str] = []
+    prov = meta.get("provenance") or {}
+    if prov:
+        out.extend(load_warnings(prov, meta.get("provenance_after")))
+    if prov.get("free_threaded"):
+        out.append("free-threaded Python: there is no GIL; GIL fractions measure how much threads serialise")
+    if len(df):
+        qps = pd.to_numeric(df.get("qps"), errors="coerce")
+        ok = (df.get("status", "ok").astype(str) == "ok") & (qps > 0)
+        cv = pd.to_numeric(df.get("qps_cv"), errors="coerce")[ok]
+        width = ((pd.to_numeric(df.get("qps_high"), errors="coerce") - pd.to_numeric(df.get("qps_low"), errors="coerce"))
+                 / qps)[ok]
+        n_ok = int(ok.sum())
+        noisy = int((cv > _NOISY_CV).sum())
+        wide = int((width > _WIDE_INTERVAL).sum())
+        if noisy:
+            out.append(
+                f"{noisy} of {n_ok} points are noisy (batch-to-batch variation above {_NOISY_CV:.0%}): "
+                "differences smaller than their intervals are not evidence"
+            )
+        if wide:
+            out.append(f"{wide} of {n_ok} points have confidence intervals wider than {_WIDE_INTERVAL:.0%} of their value")
+        reasons = df.get("reason", pd.Series(dtype=str)).fillna("").astype(str)
+        if reasons.str.contains("hung stage still running").any():
+            out.append("worker threads of a hung stage kept running during later points: those thread points may be low")
+        cu = pd.to_numeric(df.get("cores_used"), errors="coerce")[ok]
+        conc = pd.to_numeric(df.get("concurrency"), errors="coerce")[ok]
+        ex = df.get("executor", pd.Series(dtype=str)).astype(str)[ok]
+        wide_runs = ((ex == "process") & (conc >= 2)).any()
+        if cores >= 2 and wide_runs and len(cu.dropna()) and cu.max() < 0.6 * cores:
+            out.append(
+                f"no point used more than {cu.max():.2f} of the {cores} cores, not even processes: other load may "
+                "have taken them; CPU-bound and GIL-bound stages then look alike"
+            )
+    for st in stages:
+        for key, fit in (st.get("fit") or {}).items():
+            if fit.get("warning"):
+                out.append(f"{st['name']} ({key}): {fit['warning']}")
+    return out
+
+
+def summarize(rows: pd.DataFrame, meta: dict) -> dict:
+    """The pipeline ``summary.json``: per-stage verdicts, prediction, findings, verdict.
+
+    ``rows``: :data:`stagebench._schema.STAGE_COLUMNS` rows of every stage
+    (any roles, harnesses, executors and statuses). ``meta``: ``run.json``
+    (``provenance``, ``settings``, ``stages`` in pipeline order,
+    ``not_isolated``, optionally ``validation``). Stage entries of ``run.json``
+    may carry ``items_per_input`` (source items per input of that stage, for
+    stages after a batching step); it defaults to 1.
+    """
+    from . import __version__
+    from ._findings import build_findings
+    from ._predict import predict_pipeline
+    from ._schema import SUMMARY_SCHEMA_VERSION
+
+    meta = dict(meta or {})
+    prov = meta.get("provenance") or {}
+    cores = _cores(prov)
+    free_threaded = bool(prov.get("free_threaded"))
+    df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    if "stage" not in df.columns:
+        df = df.assign(stage=pd.Series(dtype=str))
+    df = df.assign(stage=df["stage"].fillna("").astype(str))
+
+    declared = list(meta.get("stages") or [])
+    names = [str(s.get("name", "")) for s in declared]
+    for extra in df["stage"].unique():
+        if extra and extra not in names:
+            names.append(extra)
+            declared.append({"name": extra})
+    stages: list[dict] = []
+    for i, (name, decl) in enumerate(zip(names, declared)):
+        part = df[df["stage"] == name]
+        entry = analyze_stage(part, cores=cores, free_threaded=free_threaded) if len(part) else _unmeasured(name)
+        entry["name"] = name
+        entry["index"] = decl.get("index", i)
+        entry["type"] = decl.get("type", "pipe")
+        entry["is_async"] = bool(decl.get("is_async", False))
+        entry["items_per_input"] = float(decl.get("items_per_input") or 1.0)
+        for key in ("user_executor", "user_concurrency"):
+            if key in decl:
+                entry[key] = decl[key]
+        stages.append(entry)
+
+    prediction = predict_pipeline(stages, cores=cores, free_threaded=free_threaded) if stages else None
+    validation = _validation(meta.get("validation"), prediction)
+    warnings = _run_warnings(df, stages, meta, cores)
+    not_isolated = list(meta.get("not_isolated") or [])
+    findings = build_findings(stages, prediction=prediction, validation=validation, warnings=warnings,
+                              not_isolated=not_isolated, cores=cores)
+    return {
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        "kind": "pipeline",
+        "stagebench_version": __version__,
+        "provenance": prov,
+        "settings": meta.get("settings") or {},
+        "verdict": _verdict(stages, prediction),
+        "warnings": warnings,
+        "cores": cores,
+        "stages": stages,
+        "not_isolated": not_isolated,
+        "prediction": prediction,
+        "validation": validation,
+        "findings": findings,
+    }
+
+
+def _unmeasured(name: str) -> dict[str, Any]:
+    from ._schema import STAGE_COLUMNS
+
+    entry = analyze_stage(pd.DataFrame(columns=list(STAGE_COLUMNS)), cores=1)
+    entry.update(name=name, status="skipped", reason="not measured: no rows for this stage")
+    entry["evidence"]["summary"] = ["not measured: no rows for this stage"]
+    return entry
+
+
+def _validation(val: Any, prediction: dict | None) -> dict | None:
+    if not isinstance(val, Mapping) or not finite(val.get("qps")):
+        return None
+    out = dict(val)
+    pred = (prediction or {}).get("qps")
+    measured = float(val["qps"])
+    # relative error of the prediction against the measurement: +0.10 = predicted 10% too high
+    out["error_vs_prediction"] = (pred - measured) / measured if finite(pred) and measured > 0 else None
+    return out
+
+
+def _verdict(stages: list[dict], prediction: dict | None) -> str:
+    ok = [s for s in stages if s["status"] == "ok"]
+    if not ok:
+        return "no stage could be measured: see the stage reasons and warnings"
+    failed = [s["name"] for s in stages if s["status"] != "ok"]
+    if prediction is None or not finite(prediction.get("qps")):
+        return "no prediction could be made: see the stage reasons"
+    name = prediction["bottleneck"]
+    st = next((s for s in ok if s["name"] == name), None)
+    cls = st["classification"] if st else "unknown"
+    binding = {"stage": "its own capacity binds", "gil": "the GIL binds", "cores": "the cores bind"}[prediction["binding"]]
+    line = f"{name} is the bottleneck: {cls}; predicted {_fmt_q(prediction['qps'])} items/s ({binding})"
+    if failed:
+        line += f"; not measured: {', '.join(failed)}"
+    return line

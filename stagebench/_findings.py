@@ -1,0 +1,214 @@
+"""Ranked, actionable findings: what to change, how much it should help, and why we think so.
+
+Each finding names a stage (or none, for run-wide ones), a severity, a plain
+title, a detail with the numbers, and the evidence those numbers came from.
+Ranking: severity first (high, medium, low, info), then the expected gain,
+so the change that helps most is read first.
+
+Severity rules, so they mean the same thing in every report:
+
+- ``high``: a change with a measured (or bounded) gain of 1.5x or more on
+  the stage that limits the pipeline, a GIL bound that makes the pipeline
+  much slower than its slowest stage, a stage that could not be measured;
+- ``medium``: a smaller gain, a gain on a stage that does not limit the
+  pipeline, a busy or noisy machine, a validation run far from the
+  prediction;
+- ``low``: noise and fit quality that lower confidence without changing a
+  recommendation;
+- ``info``: context (what could not be isolated, what is only bounded).
+
+The same engine serves loader sweeps: it reads only stage entries of the
+shape :func:`stagebench._analysis.analyze_stage` returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._curves import finite
+
+__all__ = ["build_findings", "SEVERITIES"]
+
+SEVERITIES = ("high", "medium", "low", "info")
+
+
+def _fmt(q: float) -> str:
+    return f"{q:,.0f}" if q >= 10 else f"{q:.3g}"
+
+
+def _f(severity: str, title: str, detail: str, stage: str | None, evidence: dict, gain: float = 1.0) -> dict:
+    return {"severity": severity, "title": title, "detail": detail, "stage": stage, "evidence": evidence,
+            "_gain": gain}
+
+
+def _alt(st: dict, ex: str) -> dict | None:
+    return (st.get("alternatives") or {}).get(ex)
+
+
+def _stage_findings(st: dict, bottleneck: str | None, cores: int) -> list[dict]:
+    name = st["name"]
+    out: list[dict] = []
+    if st["status"] != "ok":
+        out.append(_f("high", f"{name} could not be measured", f"{st['status']}: {st['reason']}", name,
+                      {"status": st["status"], "reason": st["reason"], "problems": st.get("problems", [])}))
+        return out
+    cls = st["classification"]
+    rec = st["recommended"]
+    is_bn = name == bottleneck
+    thr = _alt(st, "thread") or _alt(st, "async")
+    proc = _alt(st, "process")
+    f = st.get("gil_fraction")
+
+    if cls == "gil-bound" or (f is not None and f >= 0.5 and (st.get("gil") or {}).get("saturated")):
+        ev = {"gil_fraction": f, "gil_fraction_interval": st.get("gil_fraction_interval"),
+              "thread_best": thr, "process_best": proc}
+        if proc and thr:
+            gain = proc["qps"] / thr["qps"]
+            beyond = proc["qps_low"] is not None and thr["qps_high"] is not None and proc["qps_low"] > thr["qps_high"]
+            if gain > 1 and beyond:
+                sev = "high" if (gain >= 1.5 or is_bn) else "medium"
+                out.append(_f(sev, f"{name} holds the GIL {f:.0%} of its time: use a process executor",
+                              f"expected {gain:.1f}x: {_fmt(thr['qps'])} items/s on threads -> {_fmt(proc['qps'])} "
+                              f"at {proc['concurrency']} processes (measured)", name, ev, gain))
+            else:
+                out.append(_f("medium", f"{name} holds the GIL {f:.0%} of its time, but processes did not help",
+                              f"processes reached {_fmt(proc['qps'])} items/s vs {_fmt(thr['qps'])} on threads: "
+                              "moving items between processes, or cores taken by other load, cancels the gain; "
+                              "less Python per item (vectorise, move work into C code that releases the GIL) "
+                              "is the way out", name, ev))
+        else:
+            # threads cap at 1/g; processes at cores/cpu: the gain is cores * g / cpu at most
+            g, cpu = st.get("gil_s_per_item"), st.get("cpu_s_per_item")
+            est = cores * g / cpu if finite(g) and finite(cpu) and cpu > 0 else float(cores)
+            est = min(float(cores), max(1.0, est))
+            out.append(_f("high" if is_bn else "medium",
+                          f"{name} holds the GIL {f:.0%} of its time: try a process executor",
+                          f"processes were not measured for this stage; up to about {est:.1f}x is possible on "
+                          f"{cores} cores if its inputs and outputs are cheap to move", name, ev, est))
+
+    if cls == "overhead-bound":
+        ceil = st.get("ceiling_qps")
+        out.append(_f("high" if is_bn else "medium", f"{name} is overhead-bound: batch its work",
+                      f"it reaches {_fmt(rec['qps'])} items/s, near the no-op ceiling of {_fmt(ceil)} items/s at "
+                      f"{rec['executor']} x {rec['concurrency']}: the harness cannot schedule items faster. Handing it "
+                      f"batches of k items per call raises that ceiling about k-fold (8 items: about "
+                      f"{_fmt(8 * ceil)} items/s)", name,
+                      {"qps": rec["qps"], "ceiling_qps": ceil, "stage_s_per_item": st.get("stage_s_per_item")}, 1.5))
+
+    if cls == "ipc-bound":
+        payload = st.get("payload_bytes")
+        size = f" ({payload / 1024:,.0f} KiB pickled per input item)" if finite(payload) else ""
+        out.append(_f("high" if is_bn else "medium", f"{name} is limited by moving data between processes",
+                      f"on processes it is capped by inter-process transfer{size}: return smaller outputs "
+                      "(decode to uint8, crop early), pass file paths instead of bytes, or use shared memory",
+                      name, {"payload_bytes": payload, "recommended": rec, "ceiling_qps": st.get("ceiling_qps")}, 1.3))
+
+    if cls == "io-bound":
+        rising = "still rising" in (rec.get("why") or "")
+        if rising:
+            out.append(_f("high" if is_bn else "medium", f"{name} waits: raise its concurrency",
+                          f"it was still scaling at concurrency {rec['concurrency']} ({_fmt(rec['qps'])} items/s), the "
+                          "largest level measured; measure higher levels to find where it stops", name,
+                          {"recommended": rec}, 1.5))
+        else:
+            out.append(_f("info", f"{name} waits (io-bound)",
+                          f"concurrency {rec['concurrency']} ({rec['executor']}) covers the waiting: "
+                          f"{_fmt(rec['qps'])} items/s", name, {"recommended": rec}))
+
+    if cls == "cpu-bound":
+        cpu = st.get("cpu_s_per_item")
+        out.append(_f("info" if not is_bn else "medium", f"{name} is limited by the cores",
+                      f"{_fmt(rec['qps'])} items/s at {rec['executor']} x {rec['concurrency']}"
+                      + (f", {cpu * 1e3:.3g} ms CPU per item" if finite(cpu) else "")
+                      + f": more cores or less work per item; more concurrency will not help", name,
+                      {"recommended": rec, "cpu_s_per_item": cpu}))
+
+    user_ex, user_c = st.get("user_executor"), st.get("user_concurrency")
+    if user_ex in ("thread", "process", "async") and user_c:
+        alt = _alt(st, user_ex)
+        if alt is not None and (user_ex != rec["executor"] or user_c != rec["concurrency"]):
+            # the user's throughput is known only if their concurrency was the executor's best point
+            yours = alt["qps"] if alt["concurrency"] == user_c else None
+            gain_txt = ""
+            if yours:
+                gain = rec["qps"] / yours
+                gain_txt = f" ({gain:.1f}x the {_fmt(yours)} items/s of your setting)"
+            out.append(_f("medium" if (yours and rec["qps"] / yours >= 1.2) else "low",
+                          f"{name}: change {user_ex} x {user_c} to {rec['executor']} x {rec['concurrency']}",
+                          f"the recommended setting delivers {_fmt(rec['qps'])} items/s{gain_txt}", name,
+                          {"yours": {"executor": user_ex, "concurrency": user_c}, "recommended": rec},
+                          rec["qps"] / yours if yours else 1.0))
+
+    gil = st.get("gil") or {}
+    if f is not None and not gil.get("pinned", True):
+        lo, hi = st["gil_fraction_interval"]
+        out.append(_f("info", f"{name}: GIL share only bounded ({lo:.2f}-{hi:.2f})",
+                      "its threads used the cores before any GIL cap showed; more cores would pin the share down. "
+                      "The pipeline prediction uses the middle of the range", name,
+                      {"gil_fraction": f, "gil_fraction_interval": st["gil_fraction_interval"]}))
+    for p in st.get("problems", []):
+        out.append(_f("low", f"{name}: some points did not measure", p, name, {"problem": p}))
+    return out
+
+
+def build_findings(
+    stages: list[dict],
+    *,
+    prediction: dict | None,
+    validation: dict | None,
+    warnings: list[str],
+    not_isolated: list[dict],
+    cores: int,
+) -> list[dict[str, Any]]:
+    """All findings for a run, most important first (see the module docstring for the ranking)."""
+    bottleneck = (prediction or {}).get("bottleneck")
+    out: list[dict] = []
+    for st in stages:
+        out.extend(_stage_findings(st, bottleneck, cores))
+
+    if prediction and finite(prediction.get("qps")):
+        naive, pred = prediction.get("naive_qps"), prediction["qps"]
+        if prediction["binding"] in ("gil", "cores") and naive and pred < 0.9 * naive:
+            what = "GIL" if prediction["binding"] == "gil" else "cores"
+            sev = "high" if pred < 0.75 * naive else "medium"
+            out.append(_f(sev, f"the {what} shared by the stages binds the pipeline",
+                          f"predicted {_fmt(pred)} items/s together, although the slowest stage alone reaches "
+                          f"{_fmt(naive)}. {prediction['explanation']}", prediction.get("bottleneck"),
+                          {"bounds": prediction["bounds"], "naive_qps": naive, "lift": prediction.get("lift")},
+                          naive / pred))
+
+    if validation and finite(validation.get("error_vs_prediction")):
+        err = validation["error_vs_prediction"]
+        if abs(err) > 0.15:
+            out.append(_f("medium", "the whole-pipeline run differs from the prediction",
+                          f"measured {_fmt(validation['qps'])} items/s vs predicted "
+                          f"{_fmt(prediction['qps'])} ({err:+.0%} error): stages interfere in ways the bounds do "
+                          "not capture (memory bandwidth, queueing between stages, other load); trust the "
+                          "measured number", None, {"validation": validation}))
+        else:
+            out.append(_f("info", "the whole-pipeline run confirms the prediction",
+                          f"measured {_fmt(validation['qps'])} items/s vs predicted {_fmt(prediction['qps'])} "
+                          f"({err:+.0%})", None, {"validation": validation}))
+
+    for w in warnings:
+        busy = "busy" in w or "other load" in w
+        noisy = "noisy" in w or "wider than" in w
+        if busy or noisy:
+            out.append(_f("medium" if busy else "low",
+                          "the machine was busy: numbers are low and uncertain" if busy else "noisy measurements",
+                          w + (". Verdicts that rest on small differences (threads vs processes within noise, "
+                               "the 5% rule) are less certain; re-run on a quiet machine to confirm" if noisy else ""),
+                          None, {"warning": w}))
+        elif "poor fit" in w or "indicative only" in w:
+            out.append(_f("low", "curve fit is weak", w, None, {"warning": w}))
+        else:
+            out.append(_f("low", "warning", w, None, {"warning": w}))
+    for ni in not_isolated:
+        out.append(_f("info", f"{ni.get('name', '?')} was not measured alone", str(ni.get("reason", "")),
+                      ni.get("name"), {"not_isolated": ni}))
+
+    rank = {s: i for i, s in enumerate(SEVERITIES)}
+    out.sort(key=lambda d: (rank[d["severity"]], -d["_gain"]))
+    for d in out:
+        del d["_gain"]
+    return out

@@ -1,0 +1,267 @@
+"""Per-stage verdicts and the pipeline summary, on model rows and on awkward real-world rows."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from _rows import model_rows, row
+from stagebench._analysis import CLASSIFICATIONS, analyze_stage, summarize
+from stagebench._results import RunDir, read_rows, to_jsonable
+from stagebench._schema import STAGE_COLUMNS
+
+STAGE_KEYS = {
+    "name", "index", "type", "status", "classification", "gil_fraction", "gil_fraction_interval", "evidence",
+    "fit", "recommended", "best", "ceiling_qps", "cpu_s_per_item", "gil_s_per_item",
+}
+
+
+def _meta(*names, **extra):
+    return {"provenance": {"usable_cores": 2, "load_avg": [0.1, 0.1, 0.1], "hostname": "h"},
+            "settings": {"budget_s": 1},
+            "stages": [{"name": n, "index": i, "type": "pipe"} for i, n in enumerate(names)], **extra}
+
+
+# ------------------------------------------------------------------ classification
+def test_sleep_stage_is_io_bound_and_recommended_at_the_top_of_the_grid():
+    st = analyze_stage(model_rows("sleep", gil_ms=0.0, wait_ms=5.0), cores=2)
+    assert st["classification"] == "io-bound"
+    assert st["recommended"]["concurrency"] == 16
+    assert st["recommended"]["executor"] == "thread"  # processes are as good within noise, threads preferred
+    assert "still rising" in st["recommended"]["why"]
+
+
+def test_gil_holding_stage_is_gil_bound_and_recommended_on_processes():
+    st = analyze_stage(model_rows("spin", gil_ms=4.0, wait_ms=0.0), cores=2)
+    assert st["classification"] == "gil-bound"
+    assert st["recommended"]["executor"] == "process"
+    assert st["recommended"]["concurrency"] == 2  # the smallest level within 5% of the best
+    assert any("GIL" in line for line in st["evidence"]["summary"])
+
+
+def test_gil_free_cpu_stage_is_cpu_bound_and_prefers_threads_within_noise():
+    st = analyze_stage(model_rows("hash", gil_ms=0.02, wait_ms=0.0, free_cpu_ms=4.0, ipc_ms=0.01), cores=2)
+    assert st["classification"] == "cpu-bound"
+    assert st["recommended"]["executor"] == "thread"
+    assert "within noise" in st["recommended"]["why"]
+    assert st["recommended"]["concurrency"] == 2
+
+
+def test_tiny_work_is_overhead_bound():
+    # 2 us of work per item, harness overhead 20 us: the no-op ceiling dominates
+    st = analyze_stage(model_rows("tiny", gil_ms=0.002, wait_ms=0.0, overhead_ms=0.02,
+                                  executors=("thread",)), cores=2)
+    assert st["classification"] == "overhead-bound"
+    assert st["ceiling_qps"] == pytest.approx(50_000, rel=0.01)
+    assert st["evidence"]["signals"]["ceiling_share"]["value"] >= 0.8
+
+
+def test_process_best_at_the_process_ceiling_is_ipc_bound():
+    # GIL-bound on threads; processes capped by a low IPC ceiling
+    st = analyze_stage(model_rows("big", gil_ms=2.0, wait_ms=0.0, process_ceiling=700.0, ipc_ms=0.1),
+                       cores=4)
+    assert st["best"]["executor"] == "process"
+    assert st["classification"] == "ipc-bound"
+
+
+def test_large_payload_costing_more_cpu_than_the_work_is_ipc_bound():
+    rows = []
+    for c in (1, 2, 4):
+        rows.append(row("copy", "thread", c, 300.0, cores_used=0.3, cpu_s_per_item=1e-3, latency_ms=3.3 * c,
+                        payload_bytes=4e6))
+        rows.append(row("copy", "process", c, 600.0 * c / 2 + 300, cores_used=1.5, cpu_s_per_item=5e-3,
+                        latency_ms=3.0, payload_bytes=4e6))
+    st = analyze_stage(pd.DataFrame(rows), cores=8)
+    assert st["best"]["executor"] == "process"
+    assert st["classification"] == "ipc-bound"
+    assert "KiB" in st["evidence"]["summary"][0]
+
+
+@pytest.mark.parametrize("g,w,n", [(0, 4, 0), (0.8, 3.2, 0), (2, 2, 0), (4, 0, 0), (0.02, 0, 4)])
+def test_classification_is_one_of_the_documented_labels(g, w, n):
+    st = analyze_stage(model_rows("s", gil_ms=g, wait_ms=w, free_cpu_ms=n), cores=2)
+    assert st["classification"] in CLASSIFICATIONS
+    assert STAGE_KEYS <= set(st)
+
+
+# ------------------------------------------------------------------ recommendation
+def test_recommendation_is_the_smallest_measured_level_within_5_percent():
+    rows = [row("s", "thread", c, q) for c, q in ((1, 100.0), (2, 190.0), (4, 380.0), (8, 396.0), (16, 400.0))]
+    st = analyze_stage(pd.DataFrame(rows), cores=2)
+    assert st["recommended"]["concurrency"] == 4  # 380 >= 0.95 * 400
+    assert st["best"]["concurrency"] == 16
+
+
+def test_recommendation_never_leaves_the_measured_range():
+    rows = [row("s", "thread", c, 100.0 * c) for c in (3, 6, 12)]
+    st = analyze_stage(pd.DataFrame(rows), cores=2)
+    assert st["recommended"]["concurrency"] in (3, 6, 12)
+
+
+def test_threads_beyond_noise_of_processes_are_not_dropped_for_processes():
+    rows = [row("s", "thread", c, q, noise=0.01) for c, q in ((1, 100.0), (2, 150.0))]
+    rows += [row("s", "process", c, q, noise=0.01) for c, q in ((1, 90.0), (2, 180.0))]
+    st = analyze_stage(pd.DataFrame(rows), cores=2)
+    assert st["recommended"]["executor"] == "process"
+    assert "beats thread beyond noise" in st["recommended"]["why"]
+
+
+def test_spdl_harness_is_used_for_the_recommendation_when_present():
+    direct = model_rows("s", gil_ms=0.0, wait_ms=4.0)
+    spdl = model_rows("s", gil_ms=0.0, wait_ms=4.0, harness="spdl", overhead_ms=0.3)
+    st = analyze_stage(pd.concat([direct, spdl]), cores=2)
+    assert st["recommended"]["harness"] == "spdl"
+    assert set(st["fit"]) == {"direct/thread", "direct/process", "spdl/thread", "spdl/process"}
+    assert st["gil"]["harness"] == "direct"  # the GIL is read where the harness adds least
+
+
+# ------------------------------------------------------------------ robustness
+def test_all_points_failed_gives_a_failed_stage_with_the_reason():
+    rows = [row("bad", "thread", 1, 0.0, status="failed", reason="every item raised: ValueError: boom")]
+    rows += [row("bad", "thread", c, 0.0, status="skipped", reason="not measured: failed at concurrency 1")
+             for c in (2, 4)]
+    st = analyze_stage(pd.DataFrame(rows), cores=2)
+    assert st["status"] == "failed"
+    assert "boom" in st["reason"]
+    assert st["recommended"] is None and st["classification"] == "unknown"
+
+
+def test_skipped_process_rows_and_nan_columns_are_tolerated():
+    rows = model_rows("s", gil_ms=1.0, wait_ms=3.0, executors=("thread",))
+    rows["mem_pss_mb"] = math.nan
+    rows["latency_p50_ms"] = math.nan
+    skipped = pd.DataFrame([row("s", "process", c, 0.0, status="skipped",
+                                reason="cannot be pickled for a process pool: PicklingError") for c in (1, 2)])
+    st = analyze_stage(pd.concat([rows, skipped]), cores=2)
+    assert st["status"] == "ok"
+    assert st["recommended"]["executor"] == "thread"
+    assert any("cannot be pickled" in p for p in st["problems"])
+
+
+def test_crashed_high_levels_do_not_hide_the_measured_ones():
+    rows = model_rows("s", gil_ms=4.0, wait_ms=0.0, levels=(1, 2, 4))
+    crashed = pd.DataFrame([row("s", "process", 8, 0.0, status="crashed", reason="a worker process died")])
+    st = analyze_stage(pd.concat([rows, crashed]), cores=2)
+    assert st["status"] == "ok"
+    assert any("crashed" in p for p in st["problems"])
+
+
+def test_async_only_stage():
+    rows = model_rows("fetch", gil_ms=0.05, wait_ms=10.0, executors=("async",), levels=(1, 4, 16, 64))
+    st = analyze_stage(rows, cores=2)
+    assert st["recommended"]["executor"] == "async"
+    assert st["classification"] == "io-bound"
+    assert st["gil_fraction"] < 0.05
+
+
+def test_single_level_stage_gets_a_recommendation_and_a_fit_warning():
+    st = analyze_stage(model_rows("s", gil_ms=1.0, wait_ms=1.0, levels=(4,)), cores=2)
+    assert st["recommended"]["concurrency"] == 4
+    assert "one concurrency level" in st["fit"]["direct/thread"]["warning"]
+
+
+def test_rows_read_back_from_csv_give_the_same_verdict(tmp_path):
+    rows = model_rows("s", gil_ms=2.0, wait_ms=2.0)
+    run = RunDir.create(tmp_path / "run")
+    w = run.writer(STAGE_COLUMNS)
+    for r in rows.to_dict("records"):
+        w.write(r)
+    w.close()
+    back = read_rows(run.path)
+    a, b = analyze_stage(rows, cores=2), analyze_stage(back, cores=2)
+    assert a["classification"] == b["classification"]
+    assert a["gil_fraction"] == pytest.approx(b["gil_fraction"], rel=1e-6)
+    assert a["recommended"] == b["recommended"]
+
+
+# ------------------------------------------------------------------ summary
+def _pipeline_rows(executors=("thread",)):
+    """The issue's example pipeline through the spdl harness (0.3 ms of SPDL time per item and stage)."""
+    kw = dict(harness="spdl", overhead_ms=0.3, executors=executors)
+    return pd.concat([
+        model_rows("gil", gil_ms=1.0, wait_ms=0.0, **kw),
+        model_rows("sleep", gil_ms=0.0, wait_ms=5.0, **kw),
+        model_rows("mixed", gil_ms=0.5, wait_ms=2.0, **kw),
+    ], ignore_index=True)
+
+
+def test_summary_follows_the_contract_and_is_strict_json():
+    meta = _meta("gil", "sleep", "mixed", not_isolated=[{"name": "branch", "reason": "path variant"}])
+    s = summarize(_pipeline_rows(), meta)
+    for key in ("schema_version", "kind", "stagebench_version", "provenance", "settings", "verdict", "warnings",
+                "stages", "not_isolated", "prediction", "validation", "findings"):
+        assert key in s
+    assert s["kind"] == "pipeline" and s["schema_version"] == 1
+    assert [st["name"] for st in s["stages"]] == ["gil", "sleep", "mixed"]
+    for st in s["stages"]:
+        assert STAGE_KEYS <= set(st)
+        fit = next(iter(st["fit"].values()))
+        assert {"model", "sigma", "kappa", "sigma_interval", "kappa_interval", "amdahl_serial_fraction",
+                "amdahl_interval", "peak_concurrency", "r2", "levels", "warning"} <= set(fit)
+        assert {"executor", "concurrency", "qps", "qps_low", "qps_high", "harness", "why"} <= set(st["recommended"])
+    p = s["prediction"]
+    assert {"qps", "binding", "bottleneck", "explanation", "bounds", "naive_qps", "settings"} <= set(p)
+    assert set(p["bounds"]) >= {"stages", "cores", "gil"}
+    for f in s["findings"]:
+        assert {"severity", "title", "detail", "stage", "evidence"} <= set(f)
+    assert "\n" not in s["verdict"]
+    json.dumps(to_jsonable(s), allow_nan=False)
+
+
+def test_summary_verdict_names_the_gil_when_it_binds():
+    s = summarize(_pipeline_rows(), _meta("gil", "sleep", "mixed"))
+    assert s["prediction"]["binding"] == "gil"
+    assert "GIL" in s["verdict"]
+    assert s["prediction"]["qps"] < s["prediction"]["naive_qps"]
+    # the run-wide GIL finding ranks among the high-severity ones
+    assert s["findings"][0]["severity"] == "high"
+    assert any("binds the pipeline" in f["title"] for f in s["findings"])
+
+
+def test_findings_are_ranked_by_severity():
+    s = summarize(_pipeline_rows(("thread", "process")), _meta("gil", "sleep", "mixed"))
+    order = ["high", "medium", "low", "info"]
+    ranks = [order.index(f["severity"]) for f in s["findings"]]
+    assert ranks == sorted(ranks)
+    proc = [f for f in s["findings"] if f["stage"] == "gil" and "process executor" in f["title"]]
+    assert proc and "expected" in proc[0]["detail"] and "x" in proc[0]["detail"]
+
+
+def test_stage_without_rows_and_extra_stages_in_rows():
+    rows = model_rows("a", gil_ms=0.0, wait_ms=2.0)
+    extra = model_rows("zzz", gil_ms=0.0, wait_ms=2.0)
+    s = summarize(pd.concat([rows, extra]), _meta("a", "missing"))
+    names = [st["name"] for st in s["stages"]]
+    assert names == ["a", "missing", "zzz"]
+    missing = s["stages"][1]
+    assert missing["status"] == "skipped"
+    assert "missing" in s["prediction"]["missing"]
+
+
+def test_validation_is_copied_with_its_error_against_the_prediction():
+    meta = _meta("gil", "sleep", "mixed", validation={"qps": 400.0, "qps_low": 380.0, "qps_high": 420.0,
+                                                      "seconds": 3.0})
+    s = summarize(_pipeline_rows(), meta)
+    v = s["validation"]
+    assert v["qps"] == 400.0 and v["seconds"] == 3.0
+    assert v["error_vs_prediction"] == pytest.approx((s["prediction"]["qps"] - 400.0) / 400.0)
+    assert summarize(_pipeline_rows(), _meta("gil", "sleep", "mixed"))["validation"] is None
+
+
+def test_empty_rows_give_an_honest_summary():
+    s = summarize(pd.DataFrame(columns=list(STAGE_COLUMNS)), _meta())
+    assert s["stages"] == [] and s["prediction"] is None
+    assert "no stage" in s["verdict"]
+
+
+def test_busy_machine_and_noise_become_warnings_and_findings():
+    rows = model_rows("s", gil_ms=1.0, wait_ms=3.0, noise=0.4)
+    meta = _meta("s")
+    meta["provenance"]["load_avg"] = [3.5, 3.0, 2.0]
+    s = summarize(rows, meta)
+    assert any("busy" in w for w in s["warnings"])
+    assert any("noisy" in w or "wider than" in w for w in s["warnings"])
+    assert any(f["title"].startswith("the machine was busy") for f in s["findings"])
