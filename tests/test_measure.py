@@ -76,7 +76,12 @@ def test_gil_holding_loop_does_not_scale_on_threads():
     inputs = list(range(32))
     one = _ok(measure_stage(python_loop, inputs, executor="thread", concurrency=1, config=FAST))
     eight = _ok(measure_stage(python_loop, inputs, executor="thread", concurrency=8, config=FAST))
-    assert eight["qps"] <= 1.3 * one["qps"], (one["qps"], eight["qps"])
+    # On a busy machine one thread may get only part of a core, while eight GIL
+    # waiters win more scheduler share (CFS is fair per thread). The claim that
+    # holds under any load: eight threads do no better than one thread would
+    # with a whole core to itself.
+    one_full_core = one["qps"] / min(1.0, one["cores_used"])
+    assert eight["qps"] <= 1.3 * one_full_core, (one["qps"], one["cores_used"], eight["qps"])
     # one interpreter, one GIL: never much more than one core busy
     assert eight["cores_used"] < 1.35, eight["cores_used"]
 
