@@ -465,6 +465,7 @@ class _Diagnosis:
         self.plan, self.run_dir, self.settings, self.cache_dir = plan, run, settings, cache_dir
         self.show_table, self.write_report = show_table, write_report
         self.blocked: str | None = None  # why later stages could not be measured
+        self.items_per_sink_item: float | None = None
         self.progress = Progress(desc="stagebench")
         self.meta: dict[str, Any] = {
             "schema_version": 1,
@@ -612,7 +613,9 @@ class _Diagnosis:
                 minputs = measure_inputs(step, inputs, ometa)
                 smeta.update(
                     status="measured", n_inputs=len(minputs), n_outputs=len(cached.items),
-                    inputs_per_source_item=(len(minputs) / (n_source * src_fraction)) if n_source else None,
+                    # source items per input of this stage (after a batch: the batch size);
+                    # the analysis turns per-input figures into per-source-item ones with it
+                    items_per_input=(n_source * src_fraction / len(minputs)) if minputs else None,
                     cache="hit" if cached.hit else ("off" if self.cache_dir is None else "computed"),
                     caching_errors=ometa.get("n_errors", 0), caching_error_example=ometa.get("error_example", ""),
                     outputs_mb=round(ometa.get("bytes", 0) / 2**20, 3),
@@ -639,6 +642,9 @@ class _Diagnosis:
                     blocked = f"not measured: the earlier stage {step.name!r} produced no outputs: {why}"
                 inputs, in_key = cached.items, key
         self.blocked = blocked
+        # what one item at the sink stands for, in source items (batches: the batch size)
+        self.items_per_sink_item = (n_source * src_fraction / len(inputs)) if inputs else None
+        self.meta["items_per_sink_item"] = self.items_per_sink_item
 
     def _report_outputs(self, step: Any, inputs: list, cached: Any, ometa: dict, unstable: str | None,
                         seconds: float) -> None:
@@ -708,15 +714,16 @@ class _Diagnosis:
         self.say(f"validation: the whole pipeline with the recommended settings, {warm:g} s warm-up + {window:g} s window")
         try:
             result = run_validation(self.plan, source_items, choices, warmup_s=warm, window_s=window,
-                                    timeout_s=self.settings.timeout_s)
+                                    timeout_s=self.settings.timeout_s,
+                                    items_per_sink_item=self.items_per_sink_item or 1.0)
         except KeyboardInterrupt:
             raise
         except Exception as e:
             self._log_error("validation", e)
             result = {"qps": None, "error": f"{type(e).__name__}: {e}"}
         if result.get("qps") is not None:
-            self.say(f"validation: {result['qps']:,.1f} {result['unit']}/s at the sink "
-                     f"({result['source_qps']:,.1f} source items/s)")
+            self.say(f"validation: {result['qps']:,.1f} items/s ({result['sink_qps']:,.1f} sink items/s "
+                     f"at the sink; {result['source_qps']:,.1f} items/s drawn from the source)")
         else:
             self.say(f"validation run failed: {result.get('error')}")
         return result
@@ -730,12 +737,17 @@ def _finite(x: Any) -> bool:
 
 
 def run_validation(plan: Any, source_items: list, choices: dict[str, tuple[str, int]], *,
-                   warmup_s: float, window_s: float, timeout_s: float) -> dict[str, Any]:
+                   warmup_s: float, window_s: float, timeout_s: float,
+                   items_per_sink_item: float = 1.0) -> dict[str, Any]:
     """Run the whole pipeline over the cached source items and time what reaches the sink.
 
     Steady state as for one point: warm up (every pool started, first items
     through) for ``warmup_s``, then count sink arrivals in a ``window_s`` window;
-    the interval is batch means over equal sub-windows.
+    the interval is batch means over equal sub-windows. ``qps`` is in source
+    items per second (the prediction's unit): sink arrivals times
+    ``items_per_sink_item`` (the batch size after an aggregate, as observed
+    while caching); ``sink_qps`` is the raw arrival rate, and ``source_qps``
+    counts the items drawn from the source, a cross-check.
     """
     import logging
 
@@ -807,14 +819,14 @@ def run_validation(plan: Any, source_items: list, choices: dict[str, tuple[str, 
     count = len(arr)
     nb = int(max(1, min(10, count // 2)))  # every batch sees at least two arrivals
     counts, _ = np.histogram(arr, bins=np.linspace(t0, t1, nb + 1))
-    qps, lo, hi, _cv = mean_interval(counts / (window / nb), 0.95)
+    sink_qps, lo, hi, _cv = mean_interval(counts / (window / nb), 0.95)
     if count == 0:
-        qps = 0.0
+        sink_qps = 0.0
+    k = items_per_sink_item
     return {
-        "qps": qps, "qps_low": lo, "qps_high": hi, "seconds": window,
-        "unit": "sink items", "items": count, "source_qps": src / window,
-        "source_items_per_sink_item": (src / count) if count else None,
-        "warmup_s": t0 - t_start, "settings": used,
+        "qps": sink_qps * k, "qps_low": lo * k, "qps_high": hi * k, "seconds": window,
+        "sink_qps": sink_qps, "sink_items": count, "items_per_sink_item": k,
+        "source_qps": src / window, "warmup_s": t0 - t_start, "settings": used,
     }
 
 

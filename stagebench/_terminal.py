@@ -97,8 +97,7 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
     if _num(val.get("qps")) is not None:
         lines.append(
             f"measured pipeline:  {format_rate(val['qps'], val.get('qps_low'), val.get('qps_high'))} "
-            f"{_clean(val.get('unit') or 'items')}/s with the recommended settings "
-            f"({_num(val.get('seconds')) or 0:.1f} s window)"
+            f"items/s with the recommended settings ({_num(val.get('seconds')) or 0:.1f} s window)"
         )
     elif val.get("error"):
         lines.append(f"validation run: {_clean(val['error'], 160)}")

@@ -164,11 +164,14 @@ def test_diagnose_pipeline_writes_the_run_directory(tmp_path, capsys):
     assert st[names[0]]["user_executor"] == "default" and st[names[0]]["user_concurrency"] == 4
     assert st["async_stage"]["is_async"] and st["async_stage"]["user_executor"] == "async"
     assert st[names[2]]["type"] == "aggregate"
-    assert st["size"]["inputs_per_source_item"] == pytest.approx(1 / 4)
+    assert st["size"]["items_per_input"] == pytest.approx(4)  # batches of 4 source items
+    assert st[names[0]]["items_per_input"] == pytest.approx(1)
     v = meta["validation"]
     assert v["qps"] > 0 and v["qps_low"] <= v["qps"] <= v["qps_high"] and v["seconds"] >= 0.5
-    # the sink receives batches of 4: about 4 source items per sink item
-    assert v["source_items_per_sink_item"] == pytest.approx(4, rel=0.3)
+    # the sink receives batches of 4: qps counts source items, 4 per sink item; the items
+    # drawn from the source agree (a loose cross-check: buffers fill during the window)
+    assert v["items_per_sink_item"] == pytest.approx(4) and v["qps"] == pytest.approx(4 * v["sink_qps"])
+    assert v["source_qps"] == pytest.approx(v["qps"], rel=0.5)
     captured = capsys.readouterr()
     assert "report:" in captured.out and "sleep: 2 ms <io>" in captured.out
     assert "diagnosing 4 stage(s)" in captured.err
@@ -283,7 +286,7 @@ def test_env_var_diagnoses_and_exits_without_training(tmp_path):
     """The headline: SPDL_PIPELINE_DIAGNOSTIC_MODE=1 python train.py."""
     marker = tmp_path / "marker"
     out = tmp_path / "reports" / "run"
-    env = {**FAST, "STAGEBENCH_OUTPUT_DIR": str(out), "STAGEBENCH_CONCURRENCY": "1,2,4,8,16",
+    env = {**FAST, "STAGEBENCH_OUTPUT_DIR": str(out), "STAGEBENCH_CONCURRENCY": "1,2,4,16",
            "STAGEBENCH_HARNESSES": "direct", "STAGEBENCH_EXECUTORS": "thread,process"}
     t0 = time.perf_counter()
     r = run_env(tmp_path, str(SCRIPT), "--marker", str(marker), env=env, timeout=400)
