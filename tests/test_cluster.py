@@ -262,11 +262,11 @@ def test_report_rebuilds_the_comparison_after_cancelled_jobs(slurm, tmp_path):
     _needs_sweep_app()
     sweep = tmp_path / "sweep"
     log = open(tmp_path / "sweep.log", "w")
-    # Job 0 measures long points (cancelled after its first row), job 1 finishes,
-    # job 2 is cancelled while it waits for the node.
+    # Job 0 is cancelled after its first row, while it measures its second point;
+    # job 1 finishes; job 2 is cancelled while it waits for the node.
     sub = subprocess.Popen(
         _stagebench("sweep", "-m", "hydra/launcher=slurm", *_TINY, "sweep.num_workers=[0,1]",
-                    "sweep.budget_s=10,0.3,0.31", f"hydra.sweep.dir={sweep}"),
+                    "sweep.budget_s=4,0.3,0.31", f"hydra.sweep.dir={sweep}"),
         cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, text=True,
     )
     try:
