@@ -226,8 +226,8 @@ def _classify(
 
     if gil.get("saturated") and gil.get("serializer") == "other":
         return "unknown", [
-            f"threads flatten at {_fmt_q(tb.qps)} items/s using {tb.cores_used:.2f} cores and little CPU per item: "
-            "something other than the GIL serialises them (a lock, or an external limit such as a disk or a server)"
+            f"{gil['executor']}s flatten using little CPU per item: something other than the GIL serialises them "
+            "(a lock, or an external limit such as a disk or a server)"
         ], signals
 
     curve = sr.curve(harness, ex)
@@ -367,11 +367,10 @@ def _run_warnings(df: pd.DataFrame, stages: list[dict], meta: Mapping[str, Any],
     if prov.get("free_threaded"):
         out.append("free-threaded Python: there is no GIL; GIL fractions measure how much threads serialise")
     if len(df):
-        qps = pd.to_numeric(df.get("qps"), errors="coerce")
-        ok = (df.get("status", "ok").astype(str) == "ok") & (qps > 0)
-        cv = pd.to_numeric(df.get("qps_cv"), errors="coerce")[ok]
-        width = ((pd.to_numeric(df.get("qps_high"), errors="coerce") - pd.to_numeric(df.get("qps_low"), errors="coerce"))
-                 / qps)[ok]
+        qps = df["qps"]
+        ok = (df["status"] == "ok") & (qps > 0)
+        cv = df["qps_cv"][ok]
+        width = ((df["qps_high"] - df["qps_low"]) / qps)[ok]
         n_ok = int(ok.sum())
         noisy = int((cv > _NOISY_CV).sum())
         wide = int((width > _WIDE_INTERVAL).sum())
@@ -382,12 +381,11 @@ def _run_warnings(df: pd.DataFrame, stages: list[dict], meta: Mapping[str, Any],
             )
         if wide:
             out.append(f"{wide} of {n_ok} points have confidence intervals wider than {_WIDE_INTERVAL:.0%} of their value")
-        reasons = df.get("reason", pd.Series(dtype=str)).fillna("").astype(str)
-        if reasons.str.contains("hung stage still running").any():
+        if df["reason"].str.contains("hung stage still running", regex=False).any():
             out.append("worker threads of a hung stage kept running during later points: those thread points may be low")
-        cu = pd.to_numeric(df.get("cores_used"), errors="coerce")[ok]
-        conc = pd.to_numeric(df.get("concurrency"), errors="coerce")[ok]
-        ex = df.get("executor", pd.Series(dtype=str)).astype(str)[ok]
+        cu = df["cores_used"][ok]
+        conc = df["concurrency"][ok]
+        ex = df["executor"][ok]
         wide_runs = ((ex == "process") & (conc >= 2)).any()
         if cores >= 2 and wide_runs and len(cu.dropna()) and cu.max() < 0.6 * cores:
             out.append(
@@ -447,7 +445,7 @@ def summarize(rows: pd.DataFrame, meta: dict) -> dict:
 
     prediction = predict_pipeline(stages, cores=cores, free_threaded=free_threaded) if stages else None
     validation = _validation(meta.get("validation"), prediction)
-    warnings = _run_warnings(df, stages, meta, cores)
+    warnings = _run_warnings(StageRows(df).all, stages, meta, cores)
     not_isolated = list(meta.get("not_isolated") or [])
     findings = build_findings(stages, prediction=prediction, validation=validation, warnings=warnings,
                               not_isolated=not_isolated, cores=cores)

@@ -265,3 +265,11 @@ def test_busy_machine_and_noise_become_warnings_and_findings():
     assert any("busy" in w for w in s["warnings"])
     assert any("noisy" in w or "wider than" in w for w in s["warnings"])
     assert any(f["title"].startswith("the machine was busy") for f in s["findings"])
+
+
+def test_free_threaded_build_is_warned_and_has_no_gil_bound():
+    meta = _meta("gil", "sleep", "mixed")
+    meta["provenance"]["free_threaded"] = True
+    s = summarize(_pipeline_rows(), meta)
+    assert any("free-threaded" in w for w in s["warnings"])
+    assert s["prediction"]["bounds"]["gil"] is None

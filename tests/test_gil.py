@@ -166,3 +166,16 @@ def test_known_gil_fraction_of_real_spin_sleep_stages(spin_ms, sleep_ms):
         assert st["classification"] == "gil-bound"
     if truth == 0.0:
         assert st["classification"] == "io-bound"
+
+
+def test_known_answer_stages_carry_their_calibration_across_pickling():
+    import cloudpickle
+
+    from _stages import HashCPU, Spin, SpinSleep
+
+    s = SpinSleep(0.8, 3.2)
+    assert s.gil_fraction == pytest.approx(0.2)
+    back = cloudpickle.loads(cloudpickle.dumps(s))
+    assert back.loops == s.loops > 0  # workers never recalibrate
+    assert Spin(2.0).loops == pytest.approx(2 * Spin(1.0).loops, rel=0.01)
+    assert HashCPU(1.0)(7) == 7
