@@ -52,8 +52,20 @@ class _PatchingLoader(importlib.abc.Loader):
         getattr(_diagnose, self._patch)(module)
 
 
+# SPDL's own spelling of "true" (spdl.pipeline._common._misc._get_env_bool).
+_TRUTHY = ("1", "true", "TRUE", "on", "ON", "yes", "YES")
+
+
 def install() -> None:
-    """Arrange for stagebench to replace SPDL's diagnostic mode when spdl is imported."""
+    """Arrange for stagebench to replace SPDL's diagnostic mode when spdl is imported.
+
+    The .pth line only checks that the variable exists (the shortest line compiles
+    fastest: every interpreter start pays for it); its value is checked here.
+    """
+    import os
+
+    if os.environ.get("SPDL_PIPELINE_DIAGNOSTIC_MODE", "0") not in _TRUTHY:
+        return
     if any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
         return
     for name, patch in _TARGETS.items():
