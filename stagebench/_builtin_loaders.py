@@ -38,8 +38,9 @@ Backends, and how the sweep's knobs map onto each:
     thread (the in-process baseline, like DataLoader's 0).
     ``prefetch_factor`` x max(1, num_workers) is the sink buffer in batches,
     the same total prefetch a DataLoader holds. ``persistent_workers`` keeps
-    one pipeline over a continuous source across epochs instead of building
-    one per epoch.
+    one pipeline (its threads) over a continuous source across epochs instead
+    of building one per epoch; as with torch's persistent workers, an epoch's
+    work starts when the epoch is requested.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import importlib
 import io
 import math
 import random
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -439,6 +441,47 @@ def _collate(batch: list[Any]) -> Any:
     return default_collate(batch)
 
 
+class _EpochGate:
+    """The source of a persistent pipeline: an epoch starts only when the consumer asks for it.
+
+    A continuous SPDL source starts its next epoch as soon as one ends, before
+    the consumer has decided how long that epoch is (the sweep's epoch control
+    sets it between epochs). Gating it gives persistent workers' semantics in
+    torch: the threads stay, and an epoch's work starts at ``iter()``.
+    """
+
+    def __init__(self, inner: Iterable[Any]) -> None:
+        self.inner = inner
+        self._go = threading.Event()
+        self._stopped = False
+
+    def open(self) -> None:
+        self._go.set()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._go.set()
+
+    def __iter__(self) -> Iterator[Any]:
+        # SPDL iterates a source on a non-daemon thread: never block it for good, or the
+        # interpreter could not exit (SPDL stops the pipeline itself at exit).
+        while not self._go.wait(0.1):
+            if self._stopped or not threading.main_thread().is_alive():
+                return
+        self._go.clear()
+        if not self._stopped:
+            yield from self.inner
+
+
+def _item_error(e: Exception) -> Exception:
+    """SPDL's ``PipelineFailure`` says only "pipeline stages failed": surface the item's own error."""
+    for sub in getattr(e, "exceptions", ()) or ():
+        cause = sub.__cause__
+        if cause is not None:
+            return RuntimeError(f"{type(cause).__name__}: {cause} ({sub})")
+    return e
+
+
 class SpdlPipelineLoader:
     """An iterable over batches from an SPDL pipeline of thread stages (one pipeline per epoch).
 
@@ -462,15 +505,16 @@ class SpdlPipelineLoader:
         self.drop_last = drop_last
         self.collate_fn = collate_fn
         self._pipeline: Any = None
+        self._gate: _EpochGate | None = None
 
     def __len__(self) -> int:
         return len(self.batch_sampler)  # type: ignore[arg-type]
 
-    def _build(self, continuous: bool) -> Any:
+    def _build(self, source: Iterable[Any], continuous: bool) -> Any:
         from spdl.pipeline import PipelineBuilder
 
         c = max(1, self.num_workers)
-        builder = PipelineBuilder().add_source(self.batch_sampler, continuous=continuous).disaggregate()
+        builder = PipelineBuilder().add_source(source, continuous=continuous).disaggregate()
         for name, fn in self.dataset.pipeline_stages():
             builder.pipe(fn, concurrency=c, name=name)
         builder.aggregate(self.batch_size, drop_last=self.drop_last)
@@ -494,17 +538,31 @@ class SpdlPipelineLoader:
         if self.num_workers == 0:
             yield from self._serial()
             return
+        try:
+            yield from self._iter_pipeline()
+        except Exception as e:
+            surfaced = _item_error(e)
+            if surfaced is e:
+                raise
+            raise surfaced from e
+
+    def _iter_pipeline(self) -> Iterator[Any]:
         if self.persistent:
             if self._pipeline is None:
-                self._pipeline = self._build(continuous=True)
+                self._gate = _EpochGate(self.batch_sampler)
+                self._pipeline = self._build(self._gate, continuous=True)
                 self._pipeline.start()
+            assert self._gate is not None
+            self._gate.open()
             yield from self._pipeline.get_iterator()
             return
-        pipeline = self._build(continuous=False)
+        pipeline = self._build(self.batch_sampler, continuous=False)
         with pipeline.auto_stop():
             yield from pipeline.get_iterator()
 
     def close(self) -> None:
+        if self._gate is not None:
+            self._gate.stop()
         if self._pipeline is not None:
             pipeline, self._pipeline = self._pipeline, None
             pipeline.stop()
