@@ -72,7 +72,7 @@ __all__ = [
 #: generic rules (no prefetch or persistence without workers).
 KNOWN_BACKENDS = ("torch", "spdl_pytorch")
 STRATEGIES = ("adaptive", "grid")
-NOT_APPLICABLE = "n/a"
+NOT_APPLICABLE = "not applicable"  # not "n/a": pandas reads "n/a" back as NaN
 _PHASES = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "grid", "user")
 
 _POLL_S = 0.005
@@ -210,6 +210,10 @@ class LoaderSweepConfig:
     transform_max_concurrency: int | None = None
     """Highest concurrency for transforms. ``None``: the usable cores."""
 
+    transform_executors: tuple[str, ...] = ("thread", "process")
+    """Executors for transforms: threads against processes is the GIL evidence;
+    process points cost a pool start each (seconds on a busy machine)."""
+
     extra_points: tuple[LoaderKnobs, ...] = ()
     """Settings measured after the search (e.g. the script's own setting)."""
 
@@ -271,6 +275,11 @@ class LoaderSweepConfig:
             raise ValueError(
                 f"transform_max_concurrency must be None or >= 1, got {self.transform_max_concurrency}"
             )
+        from ._schema import EXECUTORS
+
+        if not self.transform_executors or any(e not in EXECUTORS for e in self.transform_executors):
+            raise ValueError(f"transform_executors: unknown in {self.transform_executors!r}; "
+                             f"allowed: {', '.join(EXECUTORS)}")
         for k in self.extra_points:
             if not isinstance(k, LoaderKnobs):
                 raise ValueError(f"extra_points must hold LoaderKnobs, got {type(k).__name__}")
@@ -406,7 +415,7 @@ def normalize_knobs(knobs: LoaderKnobs, backend: str, *, cuda: bool) -> tuple[Lo
     """The knobs a backend can actually take, how to show them, and what was changed.
 
     Returns (effective knobs, displayed values for persistent_workers/pin_memory
-    -- ``"n/a"`` where the knob does not exist here --, notes). Never raises for
+    -- :data:`NOT_APPLICABLE` where the knob does not exist here --, notes). Never raises for
     a combination the backend would reject: it is normalised and the change noted.
     """
     nw, pf, pw, pin = knobs.num_workers, knobs.prefetch_factor, knobs.persistent_workers, knobs.pin_memory
@@ -536,6 +545,7 @@ class _Consumer(threading.Thread):
                 it = iter(self.loader)
                 self.iterator = it
                 ended = True
+                n_before = len(events)
                 for batch in it:
                     t = time.perf_counter()
                     if isinstance(batch, BatchTag):
@@ -548,6 +558,9 @@ class _Consumer(threading.Thread):
                         break
                 if not ended:
                     break
+                if len(events) == n_before:
+                    raise RuntimeError("an epoch yielded no batches (an empty dataset, or fewer samples than one "
+                                       "batch with drop_last=True?)")
                 epoch += 1
                 if self.max_epochs is not None and epoch >= self.max_epochs:
                     break

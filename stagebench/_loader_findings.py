@@ -28,6 +28,8 @@ __all__ = [
     "format_loader_table",
 ]
 
+NOT_APPLICABLE = "not applicable"  # the same marker as stagebench._loader.NOT_APPLICABLE
+
 _SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
 _NUMERIC = (
     "samples_per_s", "samples_per_s_low", "samples_per_s_high", "batches_per_s", "cv",
@@ -46,7 +48,7 @@ def _num(v: Any) -> float:
 
 
 def _flag(v: Any) -> bool | str:
-    """True / False, or "n/a" where the knob does not apply."""
+    """True / False, or NOT_APPLICABLE where the knob does not apply (NaN after a CSV round trip)."""
     if isinstance(v, bool):
         return v
     if isinstance(v, str):
@@ -55,13 +57,13 @@ def _flag(v: Any) -> bool | str:
             return True
         if s in ("false", "0", "no"):
             return False
-        return "n/a"
+        return NOT_APPLICABLE
     try:
         if v is None or math.isnan(float(v)):
-            return "n/a"
+            return NOT_APPLICABLE
         return bool(v)
     except (TypeError, ValueError):
-        return "n/a"
+        return NOT_APPLICABLE
 
 
 def _text(v: Any) -> str:
@@ -71,7 +73,7 @@ def _text(v: Any) -> str:
 
 
 def normalize_row(row: Any) -> dict[str, Any]:
-    """One row with Python types: ints, floats (NaN when missing), True/False/"n/a"."""
+    """One row with Python types: ints, floats (NaN when missing), True/False/NOT_APPLICABLE."""
     from ._schema import LOADER_COLUMNS
 
     r = dict(row)

@@ -113,7 +113,7 @@ def isolate_transforms(dataset: Any, *, run_dir: Path, config: Any, progress: An
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     maxc = config.transform_max_concurrency or max(1, cores)
     sweep_cfg = SweepConfig(
-        executors=("thread", "process"), concurrency=powers_of_two(maxc),
+        executors=tuple(config.transform_executors), concurrency=powers_of_two(maxc),
         measure=MeasureConfig(budget_s=config.transform_budget_s, warmup_s=min(0.2, config.warmup_s),
                               timeout_s=max(10.0, 20 * config.transform_budget_s)),
     )

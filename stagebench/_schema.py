@@ -82,8 +82,8 @@ LOADER_COLUMNS = (
     "backend",                # torch | spdl_pytorch | a custom backend name
     "num_workers",            # worker processes actually used (after normalisation)
     "prefetch_factor",        # batches in flight per worker; empty when it does not apply (0 workers)
-    "persistent_workers",     # True / False, or "n/a" where the backend has no such knob
-    "pin_memory",             # True / False, or "n/a" where no CUDA device is present
+    "persistent_workers",     # True / False, or "not applicable" where the backend has no such knob
+    "pin_memory",             # True / False, or "not applicable" where no CUDA device is present
     "status",                 # STATUSES
     "reason",                 # why not ok ("" when ok)
     "samples_per_s",          # steady-state samples per second delivered to the consumer
