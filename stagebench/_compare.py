@@ -39,10 +39,13 @@ from ._report import (
     csv_uri,
     is_run_dir,
     job_label,
+    job_overrides,
     json_island,
     load_run,
+    loader_knobs,
     machine_label,
     render,
+    short_labels,
     svg_uri,
 )
 
@@ -163,11 +166,7 @@ def _loader_estimate(run: RunData, d: Mapping[str, Any] | None) -> Estimate | No
 
 
 def _knobs(d: Mapping[str, Any] | None) -> str:
-    if not d:
-        return ""
-    keys = [k for k in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory") if k in d]
-    keys += [k for k in d if k not in keys and not k.startswith("samples_per_s") and k not in ("why", "batches_per_s")]
-    return ", ".join(f"{k}={d[k]}" for k in keys if d[k] is not None)
+    return ", ".join(f"{k}={v}" for k, v in loader_knobs(d).items())
 
 
 def _stage_estimate(run: RunData, stage: Mapping[str, Any], key: str = "recommended") -> Estimate | None:
@@ -420,7 +419,17 @@ def write_comparison(run_dirs: Sequence[Path], out_dir: Path, *, title: str,
             runs.append(load_run(Path(d)))
         except Exception as e:  # noqa: BLE001 - one unreadable run must not lose the others
             failed.append({"name": job_label(Path(d)), "path": str(d), "reason": f"{type(e).__name__}: {e}"})
-    labels = _unique_labels([job_label(r.path, r.meta) for r in runs])
+    labels = _unique_labels(short_labels([r.path for r in runs], [r.meta for r in runs]))
+    if failed and runs:
+        # name failed Hydra jobs by the same differing overrides as the runs beside them
+        paths = [r.path for r in runs] + [Path(f["path"]) for f in failed if f.get("path")]
+        short = short_labels(paths, [r.meta for r in runs] + [None] * (len(paths) - len(runs)))[len(runs):]
+        it = iter(short)
+        for f in failed:
+            if f.get("path") and job_overrides(Path(f["path"])):
+                f["name"] = next(it)
+            elif f.get("path"):
+                next(it)
     entries = [_entry(r, lab) for r, lab in zip(runs, labels)]
     groups = [_group_context([e for e in entries if e.run.kind == kind], kind)
               for kind in ("loader", "pipeline") if any(e.run.kind == kind for e in entries)]
@@ -472,6 +481,6 @@ def compare_runs(run_dirs: list[Path], out: Path | None = None) -> Path:
         out = default_run_dir(prefix="compare")
     from ._results import RunDir
 
-    labels = [job_label(p, RunDir(p).read_meta()) for p in dirs]
+    labels = short_labels(dirs, [RunDir(p).read_meta() for p in dirs])
     title = "comparison: " + " vs ".join(labels[:4]) + (" …" if len(labels) > 4 else "")
     return write_comparison(dirs, Path(out), title=title)

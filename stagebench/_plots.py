@@ -240,7 +240,6 @@ def stage_throughput_svg(rows: pd.DataFrame, stage: Mapping[str, Any] | None = N
     levels = sorted(set(rows["concurrency"].dropna().astype(int)))
     top = float(np.nanmax(ok[["qps", "qps_high"]].to_numpy(float)))
     fits = stage.get("fit") or {}
-    cgrid = np.geomspace(max(1, levels[0]), levels[-1], 96)
     above: list[str] = []
     for (harness, ex), g in ok.groupby(["harness", "executor"], sort=True):
         color = EXECUTOR_COLORS.get(ex, OKABE_ITO["black"])
@@ -255,6 +254,8 @@ def stage_throughput_svg(rows: pd.DataFrame, stage: Mapping[str, Any] | None = N
                 label=f"{label}: measured", zorder=3)
         fit = fits.get(f"{harness}/{ex}")
         if fit:
+            # the fitted curve only where this series was measured: no extrapolation
+            cgrid = np.geomspace(max(1.0, float(c.min())), float(c.max()), 96)
             y = usl_curve(cgrid, fit, g)
             if y is not None and np.all(np.isfinite(y)):
                 ax.plot(cgrid, y, ":", color=color, linewidth=1.4, label=f"{label}: USL fit", zorder=2)
@@ -374,8 +375,9 @@ def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
         ax.barh(y, q, height=0.5, color=color, alpha=0.9, xerr=xerr,
                 error_kw={"ecolor": _INK, "capsize": 3, "linewidth": 1})
         right = max(q, float(hi)) if xerr is not None else q
-        ax.text(right, y + 0.34, f" {fmt_rate(q)}/s · {r.get('executor', '?')} × {r.get('concurrency', '?')}",
-                va="bottom", ha="right", fontsize=8.5, color=_INK)
+        ax.text(right, y + 0.3, f"{fmt_rate(q)}/s · {r.get('executor', '?')} × {r.get('concurrency', '?')}",
+                va="bottom", ha="right", fontsize=8.5, color=_INK, zorder=4,
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.0})
     ax.set_yticks(ys)
     ax.set_yticklabels([_text(s.get("name", "?"), 32) for s in stages])
     lines = []
@@ -395,7 +397,10 @@ def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
     xmax = max(vals) * 1.3
     for v, label, style, color in lines:
         if v <= xmax * 1.05:
-            ax.axvline(v, linestyle=style, color=color, linewidth=1.6, label=label)
+            # the solid prediction goes underneath: a bound equal to it stays visible on top
+            solid = style == "-"
+            ax.axvline(v, linestyle=style, color=color, linewidth=3.2 if solid else 1.8,
+                       alpha=0.35 if solid else 1.0, zorder=2 if solid else 3, label=label)
     ax.set_xlim(0, xmax)
     ax.xaxis.set_major_formatter(FuncFormatter(_si))
     ax.set_xlabel("throughput at the recommended setting (items/s)")
@@ -497,7 +502,7 @@ def loader_heatmap_svg(rows: pd.DataFrame, summary: Mapping[str, Any] | None = N
     pfs = sorted(table.index, key=lambda p: (p != "—", int(p) if p != "—" else 0))
     table = table.reindex(index=pfs)
     nws = [int(n) for n in table.columns]
-    fig = _figure(8.4, 0.5 * len(pfs) + 1.6)
+    fig = _figure(8.4, 0.55 * len(pfs) + 1.7)
     ax = fig.add_subplot()
     data = table.to_numpy(float)
     masked = np.ma.masked_invalid(data)
@@ -523,7 +528,7 @@ def loader_heatmap_svg(rows: pd.DataFrame, summary: Mapping[str, Any] | None = N
     ax.set_yticks(range(len(pfs)))
     ax.set_yticklabels(pfs)
     ax.set_xlabel("num_workers")
-    ax.set_ylabel("prefetch_factor (batches per worker)")
+    ax.set_ylabel("prefetch_factor")
     cb = fig.colorbar(im, ax=ax, pad=0.01)
     cb.set_label("samples/s")
     cb.formatter = FuncFormatter(_si)
@@ -561,8 +566,12 @@ def loader_startup_memory_svg(rows: pd.DataFrame, memory_budget_mb: float | None
         a1.plot(x, by["main"], "--", color=OKABE_ITO["green"], marker="^", label="main process")
     if by["workers"].notna().any():
         a1.plot(x, by["workers"], ":", color=OKABE_ITO["vermillion"], marker="s", label="workers")
-    if memory_budget_mb:
+    top = float(np.nanmax(by[["pss", "main", "workers"]].to_numpy(float))) if by["pss"].notna().any() else 0.0
+    if memory_budget_mb and memory_budget_mb <= 3 * top:
         a1.axhline(memory_budget_mb, color=OKABE_ITO["grey"], linestyle="-.", label="memory budget")
+    elif memory_budget_mb:
+        a1.text(0.98, 0.97, f"memory budget {memory_budget_mb:,.0f} MB: far above", transform=a1.transAxes,
+                ha="right", va="top", fontsize=8, color="#555555")
     a1.set_ylim(bottom=0)
     a1.set_title("memory")
     a1.set_ylabel("memory (MB)")

@@ -44,9 +44,12 @@ __all__ = [
     "RunData",
     "json_island",
     "find_run_dirs",
+    "job_label",
+    "short_labels",
 ]
 
 _STAGE_ROW_ORDER = ("stage", "role", "harness", "executor", "concurrency")
+TRANSFORMS_CSV = "transforms.csv"  # written by _loader_transforms next to a loader run's results.csv
 _CLASS_TEXT = {
     "gil-bound": "holds the GIL: threads cannot add throughput",
     "cpu-bound": "limited by the cores",
@@ -135,8 +138,13 @@ def load_run(run_dir: Path, *, recompute: bool = False) -> RunData:
                 raise
             error = f"{type(e).__name__}: {e}"
     csv_bytes = rd.results_csv.read_bytes() if rd.results_csv.is_file() else b""
+    extra: dict[str, Any] = {}
+    tpath = run_dir / TRANSFORMS_CSV
+    if tpath.is_file() and tpath.stat().st_size > 0:
+        # a loader's transforms, measured as pipeline stages (STAGE_COLUMNS rows)
+        extra["transform_rows"] = read_rows(tpath)
     return RunData(path=run_dir, meta=meta, rows=rows, summary=summary, summary_error=error,
-                   csv_bytes=csv_bytes, kind=kind)
+                   csv_bytes=csv_bytes, kind=kind, extra=extra)
 
 
 # --------------------------------------------------------------------------- html helpers
@@ -327,8 +335,20 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str
                              "    .add_sink(buffer_size=...)", "    .build(num_threads=...)", ")"])
 
 
-_KNOB_ORDER = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
-_NOT_KNOBS = {"samples_per_s", "samples_per_s_low", "samples_per_s_high", "why", "batches_per_s"}
+KNOB_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
+#: Keys of a loader point that are measurements or prose, not settings.
+_NOT_KNOBS = {"samples_per_s", "samples_per_s_low", "samples_per_s_high", "batches_per_s", "why", "mem_pss_mb",
+              "mem_uss_mb", "mem_main_mb", "mem_workers_mb", "cores_used", "time_to_first_batch_s",
+              "epoch_stall_s", "cv", "n_batches", "window_s", "status", "reason", "search_phase", "elapsed_s",
+              "started_at", "disk_read_mb_s", "loader", "backend"}
+
+
+def loader_knobs(d: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The settings in a loader point (recommended/best), in a stable order; knobs that do not
+    apply (``None``, ``"not applicable"``) are left out."""
+    d = d or {}
+    keys = [k for k in KNOB_KEYS if k in d] + sorted(k for k in d if k not in KNOB_KEYS and k not in _NOT_KNOBS)
+    return {k: d[k] for k in keys if d[k] is not None and d[k] != "not applicable"}
 
 
 def loader_snippet(summary: Mapping[str, Any]) -> str:
@@ -337,8 +357,7 @@ def loader_snippet(summary: Mapping[str, Any]) -> str:
         return ""
     info = summary.get("loader") or {}
     backend = str(info.get("backend") or "")
-    knobs = {k: rec[k] for k in _KNOB_ORDER if k in rec}
-    knobs |= {k: v for k, v in rec.items() if k not in _NOT_KNOBS and k not in knobs}
+    knobs = loader_knobs(rec)
     if int(knobs.get("num_workers") or 0) == 0 and backend in ("torch", "spdl_pytorch", ""):
         # DataLoader rejects prefetch_factor/persistent_workers without workers.
         knobs.pop("prefetch_factor", None)
@@ -357,20 +376,6 @@ def loader_snippet(summary: Mapping[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- context
-
-
-def _stage_order(rows: pd.DataFrame, meta: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str]:
-    names: list[str] = []
-    for src in (summary.get("stages") or [], meta.get("stages") or []):
-        for s in src:
-            n = str(s.get("name"))
-            if n not in names:
-                names.append(n)
-    if "stage" in rows.columns:
-        for n in rows["stage"].astype(str).unique():
-            if n not in names:
-                names.append(n)
-    return names
 
 
 def _signal_items(evidence: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -414,6 +419,8 @@ def _cell(v: Any) -> Any:
         return int(v)
     if isinstance(v, (bool,)) or str(v) in ("True", "False"):
         return "yes" if str(v) == "True" else "no"
+    if v == "not applicable":
+        return "n/a"
     return v
 
 
@@ -429,23 +436,29 @@ def _noise(rows: pd.DataFrame, value: str, low: str, high: str) -> float | None:
     return float(rel.median()) if len(rel) else None
 
 
-def _pipeline_context(run: RunData) -> dict[str, Any]:
+def stage_cards(rows: pd.DataFrame, summaries: Sequence[Mapping[str, Any]], meta_stages: Sequence[Mapping[str, Any]],
+                cores: float | None, anchor: str = "stage") -> list[dict[str, Any]]:
+    """One card per stage (pipeline stages, or a loader's transforms measured as stages)."""
     from . import _plots
 
-    rows, meta, summary = run.rows, run.meta, run.summary
-    prov = summary.get("provenance") or meta.get("provenance") or {}
-    cores = prov.get("usable_cores") or prov.get("cpu_count")
-    by_name = {str(s.get("name")): s for s in summary.get("stages") or []}
-    stages = []
-    for i, name in enumerate(_stage_order(rows, meta, summary), start=1):
+    by_name = {str(s.get("name")): s for s in summaries}
+    names: list[str] = []
+    for src in (summaries, meta_stages):
+        for s in src:
+            if str(s.get("name")) not in names:
+                names.append(str(s.get("name")))
+    if "stage" in rows.columns:
+        names += [n for n in rows["stage"].astype(str).unique() if n not in names]
+    cards = []
+    for i, name in enumerate(names, start=1):
         s = by_name.get(name, {})
         sub = rows[rows["stage"].astype(str) == name] if "stage" in rows else rows.iloc[0:0]
         sub = sub.sort_values(list(_STAGE_ROW_ORDER), kind="stable") if len(sub) else sub
         cls = s.get("classification") or "unknown"
         ev = s.get("evidence") or {}
         gi = s.get("gil_fraction_interval") or [None, None]
-        stages.append({
-            "anchor": f"stage-{i}", "name": name, "index": s.get("index", i), "type": s.get("type", "pipe"),
+        cards.append({
+            "anchor": f"{anchor}-{i}", "name": name, "index": i, "type": s.get("type") or "",
             "status": s.get("status", "ok" if len(sub) else "not measured"),
             "classification": cls, "class_text": _CLASS_TEXT.get(cls, cls),
             "class_color": _plots.CLASS_COLORS.get(cls, _plots.OKABE_ITO["grey"]),
@@ -459,6 +472,16 @@ def _pipeline_context(run: RunData) -> dict[str, Any]:
             "img_res": svg_uri(_plots.stage_resources_svg(sub, cores)) if len(sub) else None,
             "problems": _problem_rows(sub),
         })
+    return cards
+
+
+def _pipeline_context(run: RunData) -> dict[str, Any]:
+    from . import _plots
+
+    rows, meta, summary = run.rows, run.meta, run.summary
+    prov = summary.get("provenance") or meta.get("provenance") or {}
+    cores = prov.get("usable_cores") or prov.get("cpu_count")
+    stages = stage_cards(rows, summary.get("stages") or [], meta.get("stages") or [], cores)
     pred = _keys(summary.get("prediction"), ("qps", "binding", "bottleneck", "explanation", "bounds", "naive_qps"))
     val = _keys(summary.get("validation"), ("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction"))
     tiles = []
@@ -533,6 +556,10 @@ def _loader_context(run: RunData) -> dict[str, Any]:
             sub += f"; saved {_num(search['time_saved_s'])} s vs the full grid"
         tiles.append({"label": f"search ({search.get('strategy', '?')})", "value": f"{search.get('points_measured')} points",
                       "sub": sub})
+    user = summary.get("user_setting") or {}
+    if _finite(user.get("samples_per_s")):
+        tiles.append({"label": "your current setting", "value": f"{_rate(user['samples_per_s'])} samples/s",
+                      "sub": f"num_workers={user.get('num_workers')}, prefetch_factor={user.get('prefetch_factor')}"})
     noise = _noise(rows, "samples_per_s", "samples_per_s_low", "samples_per_s_high")
     if noise is not None:
         tiles.append({"label": "measurement noise", "value": f"±{noise * 100:.1f}%",
@@ -553,19 +580,19 @@ def _loader_context(run: RunData) -> dict[str, Any]:
                 "cores": r.get("cores_used"), "mem": r.get("mem_pss_mb"),
                 "rec": _same_knobs(r, rec),
             })
-    transforms = []
-    for t in summary.get("transforms") or []:
-        cls = t.get("classification") or "unknown"
-        transforms.append({"name": str(t.get("name", "?")), "classification": cls,
-                           "class_color": _plots.CLASS_COLORS.get(cls, _plots.OKABE_ITO["grey"]),
-                           "gil": t.get("gil_fraction"), "rec": _keys(t.get("recommended"), _POINT_KEYS)})
+    prov = summary.get("provenance") or run.meta.get("provenance") or {}
+    trows = run.extra.get("transform_rows")
+    transforms = stage_cards(trows if trows is not None else pd.DataFrame(), summary.get("transforms") or [], [],
+                             prov.get("usable_cores") or prov.get("cpu_count"), anchor="transform")
+    budget = (summary.get("settings") or {}).get("memory_budget_mb")
     return {
         "info": {str(k): v for k, v in info.items()},
         "rec": rec, "best": best, "search": search, "target": target, "tiles": tiles,
         "snippet": loader_snippet(summary),
         "img_tput": svg_uri(_plots.loader_throughput_svg(rows, summary)) if len(rows) else None,
         "img_heat": svg_uri(_plots.loader_heatmap_svg(rows, summary)) if len(rows) else None,
-        "img_startup": svg_uri(_plots.loader_startup_memory_svg(rows)) if len(rows) else None,
+        "img_startup": svg_uri(_plots.loader_startup_memory_svg(rows, budget if _finite(budget) else None))
+        if len(rows) else None,
         "points": points, "problems": _problem_rows(rows), "transforms": transforms,
     }
 
@@ -604,18 +631,21 @@ def report_context(run: RunData) -> dict[str, Any]:
     if run.rows.empty:
         warnings.insert(0, "no measured rows: results.csv is missing or empty")
     settings = summary.get("settings") or meta.get("settings") or {}
+    findings = [{"severity": str(f.get("severity", "info")), "title": str(f.get("title", "")),
+                 "detail": str(f.get("detail", "")), "stage": f.get("stage")}
+                for f in summary.get("findings") or []]
+    # Findings arrive ranked: show the important ones, fold the minor tail away.
+    split = max(3, sum(1 for f in findings if f["severity"] in ("high", "medium")))
     ctx: dict[str, Any] = {
         "kind": run.kind,
         "title": _title(run),
         "verdict": summary.get("verdict") or ("no verdict: the analysis did not run" if run.summary_error
                                               else "no verdict in summary.json"),
         "warnings": warnings,
-        "findings": [{"severity": str(f.get("severity", "info")), "title": str(f.get("title", "")),
-                      "detail": str(f.get("detail", "")), "stage": f.get("stage")}
-                     for f in summary.get("findings") or []],
+        "findings": findings[:split], "more_findings": findings[split:],
         "provenance": provenance_items(summary.get("provenance") or meta.get("provenance"),
                                        meta.get("provenance_after")),
-        "run_items": [(k, str(v)) for k, v in (("created", meta.get("created_at")), ("command", meta.get("command")),
+        "run_items": [(k, str(v)) for k, v in (("created", meta.get("created_at")), ("command", _command(meta)),
                                                ("stagebench", summary.get("stagebench_version")),
                                                ("run directory", run.path.name)) if v],
         "settings": [(str(k), json.dumps(to_jsonable(v), ensure_ascii=False, default=str))
@@ -626,6 +656,8 @@ def report_context(run: RunData) -> dict[str, Any]:
         "n_rows": len(run.rows),
         "columns": list(run.rows.columns),
     }
+    trows = run.extra.get("transform_rows")
+    ctx["transform_rows_json"] = json_island(rows_records(trows)) if trows is not None else None
     if run.kind == "loader":
         ctx["loader"] = _loader_context(run)
         ctx["pipeline"] = None
@@ -633,6 +665,15 @@ def report_context(run: RunData) -> dict[str, Any]:
         ctx["pipeline"] = _pipeline_context(run)
         ctx["loader"] = None
     return ctx
+
+
+def _command(meta: Mapping[str, Any]) -> str | None:
+    cmd = meta.get("command")
+    if isinstance(cmd, (list, tuple)):
+        import shlex
+
+        return shlex.join(str(c) for c in cmd)
+    return cmd
 
 
 def render_report(run: RunData) -> str:
@@ -680,10 +721,10 @@ def find_run_dirs(sweep_dir: Path) -> tuple[list[Path], list[dict[str, str]]]:
         inner = sorted((p for p in d.iterdir() if p.is_dir() and is_run_dir(p)), key=_natural_key)
         if inner:
             runs.extend(inner)
-        elif (d / ".hydra").is_dir():
-            failed.append({"name": job_label(d), "path": str(d),
-                           "reason": "no results: the job failed or was interrupted before measuring"
-                                     + _log_hint(d)})
+        elif (d / ".hydra").is_dir() or (d / JOB_STATUS).is_file():
+            reason = job_status(d).get("reason") or (
+                "no results: the job failed or was interrupted before measuring" + _log_hint(d))
+            failed.append({"name": job_label(d), "path": str(d), "reason": str(reason)})
     return runs, failed
 
 
@@ -700,18 +741,66 @@ def _log_hint(job_dir: Path) -> str:
     return f"; see {logs[0].name}" if logs else ""
 
 
-def job_label(run_dir: Path, meta: Mapping[str, Any] | None = None) -> str:
-    """A short name for a run: run.json's ``label``, else its Hydra overrides, else the folder name."""
-    meta = meta or {}
-    if meta.get("label"):
-        return str(meta["label"])
+JOB_STATUS = "job_status.json"  # written by the Hydra sweep app in each job folder
+
+
+def job_status(job_dir: Path) -> dict[str, Any]:
+    """The Hydra job's own record (status, reason, label, overrides), or {}."""
+    p = Path(job_dir) / JOB_STATUS
+    if not p.is_file():
+        return {}
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def job_overrides(run_dir: Path) -> list[str]:
+    """Hydra overrides of the job that wrote ``run_dir`` ([] when it was not a Hydra job)."""
+    st = job_status(run_dir)
+    if isinstance(st.get("overrides"), list):
+        return [str(x) for x in st["overrides"]]
     for d in (run_dir, run_dir.parent):
         ov = d / ".hydra" / "overrides.yaml"
         if ov.is_file():
-            items = _read_overrides(ov)
-            if items:
-                return ", ".join(items)
-    return run_dir.name
+            return _read_overrides(ov)
+    return []
+
+
+def job_label(run_dir: Path, meta: Mapping[str, Any] | None = None) -> str:
+    """A name for a run: run.json's ``label``, the job's label, its Hydra overrides, or the folder name."""
+    run_dir = Path(run_dir)
+    meta = meta or {}
+    if meta.get("label"):
+        return str(meta["label"])
+    st = job_status(run_dir)
+    if st.get("label"):
+        return str(st["label"])
+    items = job_overrides(run_dir)
+    return ", ".join(items) if items else run_dir.name
+
+
+def short_labels(run_dirs: Sequence[Path], metas: Sequence[Mapping[str, Any] | None]) -> list[str]:
+    """Labels for runs shown together: explicit labels win; otherwise only the Hydra
+    overrides that differ between the runs (``loader.backend=torch``), not the ones they share."""
+    overrides = [job_overrides(Path(d)) for d in run_dirs]
+    parsed = [dict(o.split("=", 1) if "=" in o else (o, "") for o in ov) for ov in overrides]
+    keys: list[str] = []
+    for p in parsed:
+        keys += [k for k in p if k not in keys]
+    differ = [k for k in keys if len({p.get(k) for p in parsed}) > 1]
+    out = []
+    for d, meta, p in zip(run_dirs, metas, parsed):
+        meta = meta or {}
+        st = job_status(Path(d))
+        if meta.get("label") or st.get("label"):
+            out.append(str(meta.get("label") or st.get("label")))
+        elif p and differ and len(run_dirs) > 1:
+            out.append(", ".join(f"{k}={p[k]}" for k in differ if k in p))
+        else:
+            out.append(job_label(Path(d), meta))
+    return out
 
 
 def _read_overrides(path: Path) -> list[str]:

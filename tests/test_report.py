@@ -243,10 +243,26 @@ def test_loader_report_sections_snippet_and_failures(loader_run: Path) -> None:
     # throughput, heat map, start-up/memory
     assert len(svgs(page)) == 3
     # recommended by the fixture's truth: 2 workers, prefetch 4 (690 samples/s)
+    # only settings reach the snippet: no measurements, no knob that does not apply (pin_memory here)
     assert re.search(r"DataLoader\(\s*dataset, batch_size=32,\s*num_workers=2, prefetch_factor=4, "
-                     r"persistent_workers=True, pin_memory=False", html)
+                     r"persistent_workers=True,\s*\)", html)
     assert "worker killed (OOM?)" in html
     assert "690 samples/s" in html
+
+
+def test_loader_transforms_get_stage_cards(loader_run: Path) -> None:
+    """A loader's transforms measured as stages (transforms.csv + summary transforms) render like stages."""
+    rows = fx.synthetic_rows()
+    rows.to_csv(loader_run / "transforms.csv", index=False)
+    summary = json.loads((loader_run / "summary.json").read_text())
+    summary["transforms"] = fx.synthetic_summary(rows, fx.synthetic_meta())["stages"]
+    (loader_run / "summary.json").write_text(json.dumps(summary))
+    html = _report.write_report(loader_run).read_text()
+    page = parse(html)
+    assert {"transforms", "transform-1", "transform-2", "transform-rows"} <= page.ids
+    assert len(svgs(page)) == 3 + 2 * 2
+    assert json.loads(next(b for a, b in page.scripts if a.get("id") == "transform-rows"))[0]["stage"] == "decode"
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html and "<img src=x" not in html
 
 
 def test_loader_snippet_without_workers_drops_worker_only_knobs() -> None:
