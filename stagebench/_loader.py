@@ -386,7 +386,6 @@ class BuiltLoader:
 
     loader: Iterable
     control: EpochControl | None = None
-    tagged: bool = False
     close: Callable[[], None] | None = None
 
 
@@ -523,7 +522,6 @@ class _Consumer(threading.Thread):
         self.max_epochs: int | None = None
         self.stall_batches = 4
         self.finished = False
-        self.closed = False
 
     @property
     def control(self) -> EpochControl | None:
@@ -588,7 +586,6 @@ class _Consumer(threading.Thread):
                 self.built.close()
         except BaseException:  # noqa: BLE001
             pass
-        self.closed = True
 
     def _worker_procs(self) -> list[Any]:
         it = self.iterator
@@ -1076,11 +1073,13 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...], budget_mb: float) -> list[str
     stops: list[str] = []
     pf0 = cfg.default_prefetch()
     best: dict[str, Any] | None = None
+    last: dict[str, Any] | None = None  # the latest ok point with workers: memory per worker
     stale = 0
-    for i, nw in enumerate(levels):
-        if best is not None and best["num_workers"] > 0 and i > 0:
-            per_worker = best["mem_workers_mb"] / best["num_workers"]
-            predicted = best["mem_main_mb"] + nw * per_worker
+    for nw in levels:
+        if last is not None:
+            # Each worker holds about the same memory (its copy of the dataset
+            # object, its batches in flight): predict before forking them.
+            predicted = last["mem_main_mb"] + nw * last["mem_workers_mb"] / last["num_workers"]
             if math.isfinite(predicted) and predicted > budget_mb:
                 stops.append(f"num_workers stopped before {nw}: about {predicted:,.0f} MB predicted, "
                              f"over the memory budget of {budget_mb:,.0f} MB")
@@ -1094,6 +1093,12 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...], budget_mb: float) -> list[str
             break
         if not _ok(row):
             continue
+        if nw > 0:
+            last = row
+        if math.isfinite(row["mem_pss_mb"]) and row["mem_pss_mb"] > budget_mb:
+            stops.append(f"num_workers stopped at {nw}: {row['mem_pss_mb']:,.0f} MB, over the memory budget "
+                         f"of {budget_mb:,.0f} MB")
+            break
         if best is None or _improves(row, best, cfg.min_gain):
             stale = 0
         else:

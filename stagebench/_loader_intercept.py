@@ -119,7 +119,7 @@ class DatasetLoaderFactory:
         else:
             kw.update(sampler=control, batch_size=None)
         loader = DataLoader(self.dataset, **kw)
-        return BuiltLoader(loader=loader, control=control, tagged=True)
+        return BuiltLoader(loader=loader, control=control)
 
     def _spdl(self, knobs: LoaderKnobs, control: EpochControl | None, collate: TaggedCollate) -> BuiltLoader:
         from spdl.dataloader import get_pytorch_dataloader
@@ -149,7 +149,7 @@ class DatasetLoaderFactory:
                 except (FileNotFoundError, OSError):
                     pass
 
-        return BuiltLoader(loader=loader, control=control, tagged=True, close=close)
+        return BuiltLoader(loader=loader, control=control, close=close)
 
     def describe(self) -> dict[str, Any]:
         """What run.json records about the loader under test."""

@@ -408,3 +408,13 @@ def test_pin_memory_is_swept_where_cuda_is_present(tmp_path, monkeypatch):
     s = sweep_dataset(SleepDataset(n=32, d=0.002), batch_size=4, run_dir=tmp_path / "run", config=cfg)
     assert [p["pin_memory"] for p in s["points"]] == [False, True]
     assert all(p["status"] == "ok" for p in s["points"])
+
+
+def test_memory_budget_stops_the_search_and_is_reported(tmp_path):
+    cfg = LoaderSweepConfig(num_workers=(0, 1, 2), memory_budget_mb=1.0, budget_s=0.3, warmup_s=0.1,
+                            timeout_s=20, transforms=False, epoch_stall=False)
+    s = sweep_dataset(SleepDataset(n=32, d=0.002), batch_size=4, run_dir=tmp_path / "run", config=cfg)
+    assert [p["num_workers"] for p in s["points"]] == [0]  # a python process alone is over 1 MB
+    assert any("over the memory budget" in x for x in s["search"]["stopped"])
+    assert any(f["title"] == "Some settings exceed the memory budget" for f in s["findings"])
+    assert "no setting fits the memory budget" in s["recommended"]["why"]
