@@ -600,7 +600,7 @@ class PipelineLoaderFactory:
             prefetch_factor=int(knobs.prefetch_factor or 2), persistent=bool(knobs.persistent_workers),
             drop_last=self.drop_last, collate_fn=self.collate_fn,
         )
-        return BuiltLoader(loader=loader, control=control, tagged=False, close=loader.close)
+        return BuiltLoader(loader=loader, control=control, close=loader.close)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -265,7 +265,10 @@ def describe_error(exc: BaseException) -> str:
                 + _did_you_mean(option, options).replace("'", "")
             )
         return _first_lines(str(exc))
-    cause = exc if exc.__cause__ is None else exc.__cause__
+    cause = _omegaconf_cause(exc) or exc
+    text = str(exc)
+    origin = text.split("'", 2)[1] if text.startswith("In '") and text.count("'") >= 2 else ""
+    where_from = f" in {origin}.yaml" if origin and origin != CONFIG_NAME else ""
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and getattr(cause, "full_key", None):
         key = str(cause.full_key)
         where, _, leaf = key.rpartition(".")
@@ -277,11 +280,11 @@ def describe_error(exc: BaseException) -> str:
             from ._hydra_config import LOADER_SCHEMAS
 
             names = [n for n, c in LOADER_SCHEMAS.items() if c is obj_type]
-            kind = f" (loader={names[0]})" if names else ""
+            kind = f" ({names[0]} loader schema)" if names else ""
             owners = [n for n, c in LOADER_SCHEMAS.items() if leaf in _schema_keys(c, "")]
             if owners:
                 elsewhere = f"; {leaf!r} is a key of the {' and '.join(owners)} loader{'s' if len(owners) > 1 else ''}"
-        msg = f"unknown key {key!r}{kind}"
+        msg = f"unknown key {key!r}{kind}{where_from}"
         if allowed:
             msg += f"; allowed keys in {where or 'the config'}: {', '.join(allowed)}"
         return msg + (elsewhere or _did_you_mean(key, _all_keys()))
@@ -304,6 +307,20 @@ def describe_error(exc: BaseException) -> str:
         arg = text.split("'", 2)[1] if text.count("'") >= 2 else text
         return f"{arg}: several values sweep only with -m (stagebench sweep -m ...); a list value is key=[a,b]"
     return _first_lines(text)
+
+
+def _omegaconf_cause(exc: BaseException) -> BaseException | None:
+    """The OmegaConf error behind a Hydra error (it names the key), if any."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    seen: set[int] = set()
+    c: BaseException | None = exc
+    while c is not None and id(c) not in seen:
+        seen.add(id(c))
+        if isinstance(c, OmegaConfBaseException) and getattr(c, "full_key", None):
+            return c
+        c = c.__cause__ or c.__context__
+    return None
 
 
 def _first_lines(text: str) -> str:

@@ -37,7 +37,7 @@ from stagebench._hydra_config import (
     ImageNetLoaderConfig,
     SyntheticLoaderConfig,
 )
-from stagebench._loader import BuiltLoader, LoaderKnobs
+from stagebench._loader import BatchTag, BuiltLoader, LoaderKnobs
 
 
 def _quiet(msg: str) -> None:
@@ -56,7 +56,7 @@ def clips(tmp_path_factory) -> Path:
 
 def _epoch(built: BuiltLoader) -> list:
     """One epoch of batches (the user's batches, without the sweep's worker tags)."""
-    out = [b.batch if built.tagged else b for b in built.loader]
+    out = [b.batch if isinstance(b, BatchTag) else b for b in built.loader]
     if built.close is not None:
         built.close()
     return out
