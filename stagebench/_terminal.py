@@ -63,7 +63,7 @@ def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
 
 def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | None = None) -> str:
     """The end-of-run table for a pipeline summary (see CONTRACTS.md)."""
-    header = ("stage", "verdict", "recommended", "items/s (95% CI)", "best")
+    header = ("stage", "verdict", "recommended", "items/s (95% CI)", "notes")
     rows: list[tuple[str, ...]] = [header]
     for st in summary.get("stages") or []:
         status = st.get("status") or "ok"
@@ -75,12 +75,25 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
             verdict += f", GIL {gil:.0%}"
         rec = st.get("recommended") or {}
         best = st.get("best") or {}
+        # Rates in source items/s, comparable across stages and with the prediction: a
+        # stage after a batch of 16 handles 16 items per call.
+        k = _num(st.get("items_per_input")) or 1.0
+
+        def scaled(key: str, point: Mapping[str, Any] = rec) -> float | None:
+            v = _num(point.get(key))
+            return v * k if v is not None else None
+
+        notes = []
+        if _setting(best) != _setting(rec):
+            notes.append(f"best {_setting(best)}: {format_rate(scaled('qps', best))}")
+        if k != 1.0 and _num(rec.get("qps")) is not None:
+            notes.append(f"{format_rate(rec['qps'])} calls/s x {k:.3g} items")
         rows.append((
             _clean(st.get("name", "?"), _MAX_NAME),
             _clean(verdict, 40),
             _setting(rec),
-            format_rate(rec.get("qps"), rec.get("qps_low"), rec.get("qps_high")),
-            "" if _setting(best) == _setting(rec) else f"{_setting(best)}: {format_rate(best.get('qps'))}",
+            format_rate(scaled("qps"), scaled("qps_low"), scaled("qps_high")),
+            "; ".join(notes),
         ))
     lines = ["", "stagebench diagnosis"]
     if len(rows) > 1:

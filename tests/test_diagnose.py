@@ -437,3 +437,32 @@ def test_startup_cost_without_the_variable_is_negligible(tmp_path):
     print(f"interpreter start with the .pth: {diff * 1e3:+.2f} ms (median of 8; noise included)")
     assert diff < 0.020
     assert site  # imported for the reader: the mechanism under test
+
+
+def test_terminal_table_scales_batched_stages_and_cleans_names():
+    from stagebench._terminal import format_table
+
+    summary = {
+        "stages": [
+            {"name": "read\x1b[31m\nfiles", "classification": "io-bound", "gil_fraction": 0.02,
+             "recommended": {"executor": "thread", "concurrency": 16, "qps": 1500.0, "qps_low": 1400.0,
+                             "qps_high": 1600.0},
+             "best": {"executor": "thread", "concurrency": 16, "qps": 1500.0}},
+            {"name": "collate", "classification": "cpu-bound", "items_per_input": 16,
+             "recommended": {"executor": "process", "concurrency": 2, "qps": 50.0},
+             "best": {"executor": "process", "concurrency": 4, "qps": 51.0}},
+        ],
+        "not_isolated": [{"name": "route", "reason": "path variants"}],
+        "validation": {"qps": 700.0, "qps_low": 650.0, "qps_high": 750.0, "seconds": 3.0},
+    }
+    text = format_table(summary, "/r/report.html")
+    lines = text.splitlines()
+    header = next(ln for ln in lines if ln.startswith("stage "))
+    read = next(ln for ln in lines if ln.startswith("read"))
+    coll = next(ln for ln in lines if ln.startswith("collate"))
+    assert "\x1b" not in text and "read [31m files" in read  # control characters never reach the terminal
+    assert header.index("recommended") == read.index("thread x 16") == coll.index("process x 2")  # aligned
+    assert "1,500 (1,400-1,600)" in read and "io-bound, GIL 2%" in read
+    assert "800" in coll and "50.0 calls/s x 16 items" in coll and "best process x 4: 816" in coll
+    assert "not isolated: route: path variants" in text
+    assert "measured pipeline:  700 (650-750) items/s" in text and lines[-1] == "report: /r/report.html"
