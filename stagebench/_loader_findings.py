@@ -22,6 +22,7 @@ from typing import Any
 
 __all__ = [
     "normalize_row",
+    "user_point",
     "recommend",
     "summarize_loader",
     "loader_findings",
@@ -338,8 +339,9 @@ def loader_findings(pts: list[dict[str, Any]], meta: dict[str, Any], rec: dict |
     for p in multi:
         t = p["worker_threads"]
         if math.isfinite(t) and t > 1 and t * p["num_workers"] > cores:
+            busy = math.isfinite(p["cores_used"]) and p["cores_used"] >= 0.75 * cores
             out.append(_finding(
-                "medium", "Thread oversubscription inside the workers",
+                "medium" if busy else "low", "Thread oversubscription inside the workers",
                 f"Each of the {p['num_workers']} workers runs torch with {int(t)} intra-op threads: "
                 f"{int(t * p['num_workers'])} threads for {cores} cores. torch's DataLoader sets 1 thread per "
                 "worker; this loader's workers keep torch's default"
@@ -375,9 +377,8 @@ def loader_findings(pts: list[dict[str, Any]], meta: dict[str, Any], rec: dict |
             break
 
     # The user's own setting, when it was measured.
-    user = [p for p in pts if p["search_phase"] == "user"]
-    if user and rec is not None:
-        u = user[0]
+    u = user_point(pts, meta)
+    if u is not None and rec is not None:
         if _is_ok(u):
             if u["samples_per_s"] < 0.9 * rec["samples_per_s"]:
                 out.append(_finding(
@@ -397,6 +398,29 @@ def loader_findings(pts: list[dict[str, Any]], meta: dict[str, Any], rec: dict |
                 ))
     out.sort(key=lambda f: _SEVERITY_ORDER.get(f["severity"], 9))
     return out
+
+
+def user_point(pts: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The point measured at the user's own setting: the "user" row, or the search point it coincided with."""
+    for p in pts:
+        if p["search_phase"] == "user":
+            return p
+    knobs = (meta.get("loader") or {}).get("user_knobs")
+    if not knobs:
+        return None
+    from ._loader import LoaderKnobs, normalize_knobs
+
+    try:
+        eff, _, _ = normalize_knobs(LoaderKnobs(**knobs), (meta.get("loader") or {}).get("backend", "torch"),
+                                    cuda=bool((meta.get("settings") or {}).get("cuda")))
+    except (TypeError, ValueError):
+        return None
+    for p in pts:
+        if (p["num_workers"] == eff.num_workers and p["prefetch_factor"] == eff.prefetch_factor
+                and (p["persistent_workers"] is True) == eff.persistent_workers
+                and (p["pin_memory"] is True) == eff.pin_memory):
+            return p
+    return None
 
 
 def _warnings(pts: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
@@ -477,7 +501,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "stopped": list(search_meta.get("stopped", [])),
     }
     loader = dict(meta.get("loader") or {})
-    user = next((p for p in pts if p["search_phase"] == "user"), None)
+    user = user_point(pts, meta)
     return {
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "kind": "loader",

@@ -418,3 +418,20 @@ def test_memory_budget_stops_the_search_and_is_reported(tmp_path):
     assert any("over the memory budget" in x for x in s["search"]["stopped"])
     assert any(f["title"] == "Some settings exceed the memory budget" for f in s["findings"])
     assert "no setting fits the memory budget" in s["recommended"]["why"]
+
+
+def test_user_setting_found_when_the_search_already_measured_it():
+    rows = [_row(0, 100), _row(2, 200), _row(4, 205, mem=900)]
+    meta = {"settings": {"memory_budget_mb": None, "usable_cores": 2, "cuda": False},
+            "loader": {"backend": "torch", "user_knobs": {"num_workers": 4, "prefetch_factor": None,
+                                                          "persistent_workers": False, "pin_memory": True}}}
+    s = summarize_loader(rows, meta)
+    assert s["user_setting"]["num_workers"] == 4  # pin_memory normalised away: no CUDA
+    assert s["recommended"]["num_workers"] == 2
+    assert any(f["title"] == "Your setting uses more workers than it needs" for f in s["findings"])
+
+
+def test_a_used_run_dir_is_refused(cheap_run):
+    out, _ = cheap_run
+    with pytest.raises(ValueError, match="already holds results.csv"):
+        run_loader_sweep(lambda k: [], name="x", backend="torch", batch_size=1, run_dir=out)
