@@ -33,8 +33,10 @@ class Progress:
         if self._bar is not None:
             self._bar.set_postfix_str(label, refresh=True)
 
-    def done(self, row: dict[str, Any]) -> None:
-        label = f"{row['stage']} | {row['role']} {row['harness']}/{row['executor']} c={row['concurrency']}"
+    def done(self, row: dict[str, Any], label: str | None = None) -> None:
+        """One point finished. ``label`` names it; by default a stage-sweep row's coordinates."""
+        if label is None:
+            label = f"{row['stage']} | {row['role']} {row['harness']}/{row['executor']} c={row['concurrency']}"
         qps = row.get("qps")
         status = row.get("status", "ok")
         if status == "ok" and isinstance(qps, (int, float)) and math.isfinite(qps):

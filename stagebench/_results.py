@@ -166,9 +166,10 @@ def read_rows(path: str | os.PathLike):
     if p.is_dir():
         p = p / RESULTS
     df = pd.read_csv(p, keep_default_na=True)
-    for col in ("reason", "error_example", "stage"):
+    for col in ("reason", "error_example", "stage", "notes"):
         if col in df:
-            df[col] = df[col].fillna("").astype(str)
+            # an all-empty column is read as float NaN; text columns stay text
+            df[col] = df[col].astype(object).where(df[col].notna(), "").astype(str)
     return df
 
 
