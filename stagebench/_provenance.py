@@ -29,6 +29,13 @@ _ENV_KNOBS = (
     "SLURM_JOB_ID",
     "SLURM_JOB_PARTITION",
     "SLURM_CPUS_PER_TASK",
+    "SLURM_CPUS_ON_NODE",
+    "SLURM_JOB_NODELIST",
+    "SLURM_CLUSTER_NAME",
+    # the array ids link a run to submitit's .submitit/<A>_<i> logs
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    "SUBMITIT_EXECUTOR",
 )
 _LIBRARIES = ("stagebench", "spdl", "spdl_core", "spdl_io", "torch", "numpy", "pandas", "joblib", "loky", "hydra-core")
 
