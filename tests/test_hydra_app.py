@@ -190,6 +190,21 @@ def test_installed_console_script_from_another_directory(tmp_path):
     assert not (tmp_path / "reports").exists()
 
 
+def test_configs_load_as_a_package_when_installed():
+    """Installed from a wheel, conf/ is stagebench/conf: other Hydra apps can use pkg://stagebench.conf."""
+    import importlib.util
+
+    if importlib.util.find_spec("stagebench.conf") is None:
+        pytest.skip("editable install: conf/ sits next to the package (a wheel puts it inside)")
+    from hydra import initialize_config_module
+
+    register_configs()
+    with initialize_config_module(config_module="stagebench.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["loader=audio"])
+    assert to_settings(cfg).loader.name == "audio"
+    assert config_dir() == Path(importlib.util.find_spec("stagebench.conf").origin).parent
+
+
 # --------------------------------------------------------------------------- jobs
 
 
