@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import matplotlib
+import matplotlib.patches
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -209,6 +210,13 @@ def _ok(df: pd.DataFrame, value: str = "qps") -> pd.DataFrame:
     return out.sort_values("concurrency") if "concurrency" in out else out
 
 
+def _finite(x: Any) -> bool:
+    try:
+        return x is not None and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
 def _numeric(df: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
     df = df.copy()
     for c in cols:
@@ -349,37 +357,15 @@ def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
     """Each stage's recommended throughput (with interval) against the pipeline's bounds.
 
     One glance shows the bottleneck: the shortest bar, unless the cores or GIL line
-    sits left of every bar.
+    sits left of every bar. When the stages differ by more than 10x (a batching
+    stage next to a decoder) the axis is logarithmic, or the slow stages vanish.
     """
-    stages = [s for s in summary.get("stages") or [] if (s.get("recommended") or {}).get("qps")]
+    stages = [s for s in summary.get("stages") or [] if _finite((s.get("recommended") or {}).get("qps"))
+              and float(s["recommended"]["qps"]) > 0]
     if not stages:
         return None
     pred = summary.get("prediction") or {}
     val = summary.get("validation") or {}
-    fig = _figure(8.4, 0.75 * len(stages) + 1.2)
-    ax = fig.add_subplot()
-    _style_axes(ax)
-    ax.grid(True, axis="x", color=_GRID)
-    ax.grid(False, axis="y")
-    ys = np.arange(len(stages))[::-1]
-    vals = []
-    for y, s in zip(ys, stages):
-        r = s["recommended"]
-        q = float(r["qps"])
-        vals.append(q)
-        color = CLASS_COLORS.get(s.get("classification") or "unknown", OKABE_ITO["grey"])
-        lo, hi = r.get("qps_low"), r.get("qps_high")
-        xerr = None
-        if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi):
-            xerr = [[max(0.0, q - lo)], [max(0.0, hi - q)]]
-        ax.barh(y, q, height=0.5, color=color, alpha=0.9, xerr=xerr,
-                error_kw={"ecolor": _INK, "capsize": 3, "linewidth": 1})
-        right = max(q, float(hi)) if xerr is not None else q
-        ax.text(right, y + 0.3, f"{fmt_rate(q)}/s · {r.get('executor', '?')} × {r.get('concurrency', '?')}",
-                va="bottom", ha="right", fontsize=8.5, color=_INK, zorder=4,
-                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.0})
-    ax.set_yticks(ys)
-    ax.set_yticklabels([_text(s.get("name", "?"), 32) for s in stages])
     lines = []
     bounds = pred.get("bounds") or {}
     for key, label, style, color in (
@@ -387,25 +373,58 @@ def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
         ("gil", "GIL bound", "-.", OKABE_ITO["vermillion"]),
     ):
         v = bounds.get(key)
-        if v is not None and math.isfinite(float(v)) and v > 0:
+        if _finite(v) and float(v) > 0:
             lines.append((float(v), f"{label}: {fmt_rate(float(v))}/s", style, color))
-    if pred.get("qps"):
+    if _finite(pred.get("qps")) and float(pred["qps"]) > 0:
         lines.append((float(pred["qps"]), f"predicted pipeline: {fmt_rate(float(pred['qps']))}/s", "-", _INK))
-    if val.get("qps"):
+    if _finite(val.get("qps")) and float(val["qps"]) > 0:
         lines.append((float(val["qps"]), f"measured pipeline: {fmt_rate(float(val['qps']))}/s", ":",
                       OKABE_ITO["green"]))
-    xmax = max(vals) * 1.3
+    vals = [float(s["recommended"]["qps"]) for s in stages]
+    lo_all = min(vals + [v for v, *_ in lines])
+    log = max(vals) / lo_all > 10
+    xmin, xmax = (lo_all / 2, max(vals) * 6) if log else (0.0, max(vals) * 1.3)
+
+    fig = _figure(8.4, 0.75 * len(stages) + 1.2)
+    ax = fig.add_subplot()
+    _style_axes(ax)
+    ax.grid(True, axis="x", color=_GRID)
+    ax.grid(False, axis="y")
+    if log:
+        ax.set_xscale("log")
+    ys = np.arange(len(stages))[::-1]
+    for y, s, q in zip(ys, stages, vals):
+        r = s["recommended"]
+        color = CLASS_COLORS.get(s.get("classification") or "unknown", OKABE_ITO["grey"])
+        lo, hi = r.get("qps_low"), r.get("qps_high")
+        xerr = None
+        if _finite(lo) and _finite(hi):
+            xerr = [[max(0.0, q - float(lo))], [max(0.0, float(hi) - q)]]
+        ax.barh(y, q - xmin, left=xmin, height=0.5, color=color, alpha=0.9, xerr=xerr,
+                error_kw={"ecolor": _INK, "capsize": 3, "linewidth": 1})
+        ax.text(q, y + 0.3, f"{fmt_rate(q)}/s · {r.get('executor', '?')} × {r.get('concurrency', '?')}",
+                va="bottom", ha="right" if not log else "center", fontsize=8.5, color=_INK, zorder=4,
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.0})
+    ax.set_yticks(ys)
+    ax.set_yticklabels([_text(s.get("name", "?"), 32) for s in stages])
     for v, label, style, color in lines:
         if v <= xmax * 1.05:
             # the solid prediction goes underneath: a bound equal to it stays visible on top
             solid = style == "-"
             ax.axvline(v, linestyle=style, color=color, linewidth=3.2 if solid else 1.8,
                        alpha=0.35 if solid else 1.0, zorder=2 if solid else 3, label=label)
-    ax.set_xlim(0, xmax)
+    ax.set_xlim(xmin, xmax)
     ax.xaxis.set_major_formatter(FuncFormatter(_si))
-    ax.set_xlabel("throughput at the recommended setting (items/s)")
-    if lines:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    ax.set_xlabel("throughput at the recommended setting (items/s" + (", log scale)" if log else ")"))
+    handles, _ = ax.get_legend_handles_labels()
+    seen = []
+    for s in stages:
+        c = s.get("classification") or "unknown"
+        if c not in seen:
+            seen.append(c)
+    handles += [matplotlib.patches.Patch(color=CLASS_COLORS.get(c, OKABE_ITO["grey"]), alpha=0.9, label=c)
+                for c in seen]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return figure_to_svg(fig)
 
 

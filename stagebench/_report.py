@@ -491,8 +491,9 @@ def _pipeline_context(run: RunData) -> dict[str, Any]:
                       "sub": f"bound by {binding}" + (f" · bottleneck: {pred['bottleneck']}" if pred.get("bottleneck") else "")})
     if val.get("qps") is not None:
         sub = f"{_interval(val.get('qps_low'), val.get('qps_high'))}"
-        if _finite(val.get("error_vs_prediction")):
-            sub += f" · {_pct(val['error_vs_prediction'], signed=True)} vs predicted"
+        if _finite(val["qps"]) and _finite(pred.get("qps")) and float(pred["qps"]) > 0:
+            # computed here, not read from error_vs_prediction: the sign convention is then unambiguous
+            sub += f" · {_pct(float(val['qps']) / float(pred['qps']) - 1, signed=True)} vs predicted"
         tiles.append({"label": "measured whole pipeline", "value": f"{_rate(val['qps'])} items/s", "sub": sub})
     if pred.get("naive_qps") is not None and pred.get("qps") is not None and _finite(pred.get("naive_qps")):
         tiles.append({"label": "slowest stage alone", "value": f"{_rate(pred['naive_qps'])} items/s",

@@ -306,15 +306,20 @@ def mixed(x: int) -> int:
     return x + acc
 
 
-def measure_run(path: Path, *, budget_s: float = 0.3) -> Path:
-    """Measure three tiny stages for real into a pipeline run dir (no summary.json)."""
+def measure_run(path: Path, *, budget_s: float = 0.25, with_sleep: bool = False) -> Path:
+    """Measure tiny stages for real into a pipeline run dir (no summary.json).
+
+    A GIL-holding loop and a mixed stage under the hostile name; ``with_sleep`` adds
+    a sleep stage (a third of the time more)."""
     from stagebench import MeasureConfig, SweepConfig, collect_provenance, sweep_stage
 
     rd = RunDir.create(path)
     measure = MeasureConfig(budget_s=budget_s, warmup_s=0.05, timeout_s=20.0, max_batches=6)
     cfg = SweepConfig(executors=("thread", "process"), concurrency=GRID, harnesses=("direct",),
-                      ceiling=True, measure=measure, ceiling_budget_s=0.2)
-    stages = [("sleep_2ms", sleep_2ms), ("spin_loop", spin_loop), (HOSTILE, mixed)]
+                      ceiling=True, measure=measure, ceiling_budget_s=0.15)
+    stages = [("spin_loop", spin_loop), (HOSTILE, mixed)]
+    if with_sleep:
+        stages.insert(0, ("sleep_2ms", sleep_2ms))
     meta = {
         "schema_version": 1, "kind": "pipeline", "created_at": "2024-01-01T00:00:00+00:00",
         "command": "tests/_fixtures.py measure_run", "provenance": collect_provenance(),

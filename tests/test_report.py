@@ -336,7 +336,7 @@ def test_cli_report_command(pipeline_run: Path, fake_summaries, capsys) -> None:
 
 @pytest.fixture(scope="session")
 def measured_run(tmp_path_factory) -> Path:
-    """Three tiny stages measured for real (about 40 s on a loaded 2-core machine)."""
+    """Two tiny stages measured for real (about 30 s on a 2-core machine, more when it is busy)."""
     return fx.measure_run(tmp_path_factory.mktemp("measured") / "run")
 
 
@@ -347,10 +347,10 @@ def test_report_on_really_measured_rows(measured_run: Path, tmp_path: Path, fake
     out = _report.rebuild(run)
     html = out.read_text()
     page = parse(html)
-    assert {"stage-1", "stage-2", "stage-3"} <= page.ids
-    assert len(svgs(page)) == 7
+    assert {"stage-1", "stage-2"} <= page.ids
+    assert len(svgs(page)) == 1 + 2 * 2
     rows = json.loads(page.scripts[0][1])
-    assert len(rows) == len(read_rows(run)) == 3 * 2 * 4 * 2
+    assert len(rows) == len(read_rows(run)) == 2 * 2 * 4 * 2  # stages x executors x levels x (stage, ceiling)
     assert "&lt;img src=x onerror=alert(1)&gt;" in html and "<img src=x" not in html
     assert _report.rebuild(run).read_bytes() == out.read_bytes()
 

@@ -136,7 +136,8 @@ _CHECK = """
   const overflow = [...document.querySelectorAll('main *')]
     .filter(e => !e.closest('.scroll') && e.getBoundingClientRect().right > right + 1)
     .map(e => e.tagName + (e.id ? '#' + e.id : '') + ' ' + (e.textContent || '').slice(0, 40));
-  return {imgs, ids, rows, rowsError, overflow, csv: link ? link.href.startsWith('data:text/csv') && link.download : null,
+  const scrolling = [...document.querySelectorAll('.scroll')].filter(e => e.scrollWidth > e.clientWidth + 1).length;
+  return {imgs, ids, rows, rowsError, overflow, scrolling, csv: link ? link.href.startsWith('data:text/csv') && link.download : null,
           scripts: document.scripts.length, width: document.documentElement.scrollWidth,
           height: document.documentElement.scrollHeight, title: document.title};
 })()
@@ -208,6 +209,7 @@ def _assert_clean(res: dict[str, Any], shot: Path, expected_ids: set[str], n_ima
     assert res["scripts"] == sum(1 for i in res["ids"] if i in ("rows", "summary-data"))  # only JSON islands
     assert res["width"] <= 1280, "the page scrolls sideways"
     assert res["overflow"] == [], res["overflow"]
+    assert res["scrolling"] == 0, "a table needs sideways scrolling at 1280 px"
     assert shot.stat().st_size > 20_000  # a real picture, not a blank page
 
 
