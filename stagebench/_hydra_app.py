@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 CONFIG_NAME = "config"
 #: Written into every job's run directory, ok or not (a contract with `stagebench report`).
 JOB_STATUS = "job_status.json"
+#: Where a multirun tells its jobs which keys it sweeps (the jobs' labels).
+_SWEEP_KEYS = "hydra.job.env_set.STAGEBENCH_SWEEP_KEYS"
 #: Composing more combinations than this up front costs seconds; beyond it every
 #: value of every sweep override is still checked once.
 _MAX_FULL_PRODUCT = 64
@@ -167,8 +169,9 @@ def _validate(
     config_name: str | None,
     extra_config_dir: str | None,
     config_path: str | None,
-) -> tuple[int, list[str], list[str]]:
-    """(number of jobs, keys overridden with one value, the config's override_dirname exclude_keys)."""
+) -> tuple[int, list[str], list[str], list[str]]:
+    """(number of jobs, keys overridden with one value, the config's override_dirname exclude_keys,
+    keys swept over several values)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from hydra.types import RunMode
@@ -199,7 +202,8 @@ def _validate(
                 msg += f"  [job overrides: {' '.join(combo)}]"
             raise ConfigError(msg) from None
     fixed = [o.key_or_group for o in parsed if not o.is_sweep_override() and not o.is_hydra_override()]
-    return len(combos), fixed, exclude
+    varying = [o.key_or_group for o in parsed if o.is_sweep_override() and not o.is_hydra_override()]
+    return len(combos), fixed, exclude, varying
 
 
 def _schema_keys(cls: Any, prefix: str) -> list[str]:
@@ -519,7 +523,8 @@ def _task(cfg: Any) -> int:
         overrides=list(hc.overrides.task),
         job_num=int(hc.job.num) if multirun else None,
         launcher=str(OmegaConf.select(hc, "launcher._target_", default="")) or None,
-        label=str(hc.job.override_dirname) if multirun else None,
+        label=_job_label(list(hc.overrides.task), str(hc.job.env_set.get("STAGEBENCH_SWEEP_KEYS", "")))
+        if multirun else None,
     )
     if not multirun and status["status"] == "ok":
         report = Path(hc.runtime.output_dir) / "report.html"
@@ -529,6 +534,13 @@ def _task(cfg: Any) -> int:
         if status.get("verdict"):
             print(status["verdict"])
     return 0 if status["status"] == "ok" else 1
+
+
+def _job_label(overrides: Sequence[str], swept: str) -> str:
+    """The overrides of the swept keys: what tells this job from the others of its sweep."""
+    keys = {k for k in swept.split(",") if k}
+    picked = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in keys]
+    return ", ".join(picked)
 
 
 # --------------------------------------------------------------------------- multirun
@@ -678,7 +690,7 @@ def main(argv: list[str]) -> int:
     informational = args.help or args.hydra_help or args.shell_completion or args.info is not None
     if not informational:
         try:
-            njobs, fixed, exclude = _validate(
+            njobs, fixed, exclude, varying = _validate(
                 args.overrides,
                 multirun=bool(args.multirun),
                 config_name=args.config_name,
@@ -691,6 +703,9 @@ def main(argv: list[str]) -> int:
         if args.multirun:
             _SWEEP_TOTAL["jobs"] = njobs
             argv = [*argv, *_dirname_override(args.overrides, fixed, exclude)]
+            if varying:
+                # Travels with each job's config (any launcher): the job's label in comparisons.
+                argv.append(f"+{_SWEEP_KEYS}='{','.join(varying)}'")
     saved = sys.argv
     sys.argv = ["stagebench sweep", *argv]
     try:

@@ -266,8 +266,10 @@ def test_multirun_compares_jobs_and_keeps_a_failed_one(tmp_path, monkeypatch, ca
     with open(sweep / "comparison.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert sorted(r["status"] for r in rows) == ["failed", "failed", "ok", "ok"]
-    assert {r["label"] for r in rows if r["status"] == "ok"} == {"loader.backend=torch",
-                                                                 "loader.backend=spdl_pipeline"}
+    # Each job is labelled by the keys the sweep varies.
+    assert {r["label"] for r in rows if r["status"] == "ok"} == {f"loader.root={data}, loader.backend=torch",
+                                                                 f"loader.root={data}, loader.backend=spdl_pipeline"}
+    assert all(j["label"] == ", ".join(j["overrides"][1:3]) for j in jobs)
     assert (sweep / "comparison.html").is_file()
     out, err = capsys.readouterr()
     assert f"comparison: {sweep / 'comparison.html'}" in out
