@@ -466,3 +466,28 @@ def test_terminal_table_scales_batched_stages_and_cleans_names():
     assert "800" in coll and "50.0 calls/s x 16 items" in coll and "best process x 4: 816" in coll
     assert "not isolated: route: path variants" in text
     assert "measured pipeline:  700 (650-750) items/s" in text and lines[-1] == "report: /r/report.html"
+
+
+def test_validation_run_known_answer():
+    """Two sleep stages in series: the slower one (10 ms at 4 threads) sets 400 items/s."""
+    from stagebench._diagnose import run_validation
+    from stagebench._isolate import plan_pipeline
+
+    def slow(x):
+        time.sleep(0.010)
+        return x
+
+    def fast(x):
+        time.sleep(0.002)
+        return x
+
+    cfg = (PipelineBuilder().add_source(range(10)).pipe(slow).pipe(fast).aggregate(4)
+           .add_sink(2).get_config())
+    r = run_validation(plan_pipeline(cfg), list(range(40)), {"slow": ("thread", 4), "fast": ("thread", 2)},
+                       warmup_s=0.5, window_s=1.5, timeout_s=10, items_per_sink_item=4)
+    print({k: v for k, v in r.items() if k != "settings"})
+    # sleeps overshoot on a loaded machine and SPDL adds per-item time: a loose lower bound
+    assert 220 < r["qps"] < 440
+    assert r["qps_low"] <= r["qps"] <= r["qps_high"]
+    assert r["sink_qps"] == pytest.approx(r["qps"] / 4)
+    assert {u["stage"]: (u["executor"], u["concurrency"]) for u in r["settings"]}["slow"] == ("thread", 4)
