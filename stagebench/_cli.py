@@ -61,9 +61,12 @@ def _cmd_compare(ns: argparse.Namespace) -> int:
 
 
 def _cmd_data(ns: argparse.Namespace) -> int:
-    from ._datasets import generate_imagenet
+    from ._datasets import generate_audio, generate_imagenet
 
-    root = generate_imagenet(Path(ns.root), classes=ns.classes, per_class=ns.per_class, seed=ns.seed)
+    if ns.dataset == "audio":
+        root = generate_audio(Path(ns.root), clips=ns.clips, seconds=ns.seconds, seed=ns.seed)
+    else:
+        root = generate_imagenet(Path(ns.root), classes=ns.classes, per_class=ns.per_class, seed=ns.seed)
     print(f"dataset: {root}")
     return 0
 
@@ -108,6 +111,12 @@ def _parser() -> argparse.ArgumentParser:
     im.add_argument("--per-class", type=int, default=50)
     im.add_argument("--seed", type=int, default=0)
     im.set_defaults(func=_cmd_data)
+    au = da_sub.add_parser("audio", help="WAV clips for the audio loader")
+    au.add_argument("--root", required=True)
+    au.add_argument("--clips", type=int, default=200)
+    au.add_argument("--seconds", type=float, default=4.0)
+    au.add_argument("--seed", type=int, default=0)
+    au.set_defaults(func=_cmd_data)
     return p
 
 
