@@ -579,7 +579,7 @@ def loader_startup_memory_svg(rows: pd.DataFrame, memory_budget_mb: float | None
     a0.set_title("start-up")
     a0.set_ylabel("seconds")
     a0.set_xlabel("num_workers")
-    a0.legend(loc="upper left")
+    a0.legend(loc="best")
     a1.plot(x, by["pss"], "-", color=OKABE_ITO["blue"], marker="o", label="total (PSS)")
     if by["main"].notna().any():
         a1.plot(x, by["main"], "--", color=OKABE_ITO["green"], marker="^", label="main process")
@@ -589,13 +589,13 @@ def loader_startup_memory_svg(rows: pd.DataFrame, memory_budget_mb: float | None
     if memory_budget_mb and memory_budget_mb <= 3 * top:
         a1.axhline(memory_budget_mb, color=OKABE_ITO["grey"], linestyle="-.", label="memory budget")
     elif memory_budget_mb:
-        a1.text(0.98, 0.97, f"memory budget {memory_budget_mb:,.0f} MB: far above", transform=a1.transAxes,
-                ha="right", va="top", fontsize=8, color="#555555")
+        a1.text(0.98, 0.03, f"memory budget {memory_budget_mb:,.0f} MB: far above", transform=a1.transAxes,
+                ha="right", va="bottom", fontsize=8, color="#555555")
     a1.set_ylim(bottom=0)
     a1.set_title("memory")
     a1.set_ylabel("memory (MB)")
     a1.set_xlabel("num_workers")
-    a1.legend(loc="upper left")
+    a1.legend(loc="best")
     return figure_to_svg(fig)
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import pandas as pd
 
-from ._results import RESULTS, RUN_META, SUMMARY, RunDir, read_rows, to_jsonable
+from ._results import RESULTS, RUN_META, RunDir, read_rows, to_jsonable
 
 __all__ = [
     "write_report",

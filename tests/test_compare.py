@@ -165,3 +165,11 @@ def test_labels_show_only_the_overrides_that_differ(tmp_path: Path) -> None:
     assert short_labels(dirs, [{}, {"label": "mine"}]) == ["torch baseline", "mine"]
     html = write_comparison(dirs, tmp_path / "cmp", title="t").read_text()
     assert "torch baseline" in html and "sweep.budget_s" not in html.split('id="rows"')[0]
+
+
+def test_all_jobs_failed_still_writes_both_files(tmp_path: Path) -> None:
+    out = write_comparison([], tmp_path / "cmp", title="t",
+                           failed=[{"name": "a", "reason": "boom"}, {"name": "b", "reason": "bang"}])
+    assert "No run with results to compare" in out.read_text()
+    csv = pd.read_csv(tmp_path / "cmp" / "comparison.csv")
+    assert list(csv["reason"]) == ["boom", "bang"]
