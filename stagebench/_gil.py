@@ -21,9 +21,13 @@ The signals, each reported with its label and role:
     does not bias it. It reads high when C code computes without the GIL
     (detected: threads then burn more than one core, which GIL-held work
     cannot), and low when other programs take the cores (a descheduled
-    thread still holds the GIL); the direct harness's one-thread no-op
-    ceiling, measured right after, says how much of a core a busy thread
-    could get, and the share is divided by it.
+    thread still holds the GIL).
+``cpu_share_for_load``
+    ``cpu_share`` divided by the share of a core that the direct harness's
+    one-thread no-op ceiling (pure Python that never waits) got right after:
+    a correction for other programs taking the cores, shown only when the
+    machine was busy. Only a correction: the load moves between the two
+    windows, and a thread waking from a wait gets a core sooner than a busy one.
 ``thread_plateau``
     g <= 1 / (peak thread throughput) minus the harness's per-item GIL time,
     so f <= that / t: always an upper bound. It becomes an estimate when the
@@ -66,6 +70,8 @@ __all__ = ["estimate_gil", "harness_gil_s", "harness_cpu_s", "SIGNAL_LABELS"]
 SIGNAL_LABELS = {
     "cpu_share": "CPU time / time per item on one thread (= GIL share for pure Python on an idle machine; "
                  "high when C code computes without the GIL, low when other programs take the cores)",
+    "cpu_share_for_load": "CPU share divided by the share of a core a busy no-op thread got at the same "
+                          "concurrency (corrects for other programs taking the cores; a correction, not a reading)",
     "cpu_share_at_plateau": "CPU share divided by the cores the threads use on their plateau "
                             "(corrects the CPU share for other load when the GIL is saturated)",
     "thread_plateau": "peak thread throughput caps GIL time per item at 1/peak: an upper bound on the "
@@ -163,7 +169,7 @@ def estimate_gil(
     c0 = p0.concurrency
     ceil0 = sr.ceiling(H, E, c0)
     lane = c0 / p0.qps  # seconds per item per lane (Little's law in a closed loop)
-    t = lane - (c0 / ceil0.qps if ceil0 else 0.0)
+    t = lane - harness_gil_s(ceil0)  # the harness's own time per item is not the stage's
     p50 = p0.latency_p50_ms / 1e3 if finite(p0.latency_p50_ms) else math.nan
     if finite(p50) and p50 > 0 and t < min(p50, lane):
         t = min(p50, lane)  # never subtract more harness time than the call itself leaves
@@ -179,25 +185,16 @@ def estimate_gil(
     gil_free = finite(u_max) and u_max > _GIL_FREE_CORES
     A = A_lo = A_hi = math.nan
     # The direct harness's no-op ceiling on one thread is pure Python that never
-    # waits: the cores it got are the share of a core a busy thread could get at
-    # that moment. Below 1, other programs were taking the CPU, and a thread that
-    # holds the GIL keeps holding it while it waits for a core.
+    # waits: the cores it got say how much of a core a busy thread could get
+    # around that moment. Below 1, other programs were taking the CPU, and a
+    # thread that holds the GIL keeps holding it while it waits for a core.
     avail = math.nan
     if H == "direct" and ceil0 is not None and finite(ceil0.cores_used) and ceil0.cores_used > 0:
         avail = min(1.0, ceil0.cores_used)  # GIL-bound: at most one core at any concurrency
-        if avail < 0.2:
-            avail = math.nan  # too little to correct by; the point says nothing then
     if finite(p0.cpu_s_per_item):
         cpu = max(0.0, p0.cpu_s_per_item - harness_cpu_s(ceil0))
         tick = _TICK_S / p0.n_items if finite(p0.n_items) and p0.n_items > 0 else 0.0
         A, A_lo, A_hi = cpu / t, max(0.0, cpu - tick) / t_hi, (cpu + tick) / t_lo
-        A_raw = A
-        if finite(avail) and avail < 0.95:
-            A, A_lo, A_hi = A / avail, A_lo / avail, A_hi / avail
-            notes.append(
-                f"a busy no-op thread got only {avail:.2f} of a core while the stage was measured (other load): "
-                "the CPU share is divided by that, since a descheduled thread still holds the GIL"
-            )
         if gil_free:
             role = "upper bound"
             detail = (f"threads used up to {u_max:.2f} cores, more than GIL-held work can: "
@@ -205,9 +202,19 @@ def estimate_gil(
         else:
             role = "estimate"
             detail = f"{cpu * 1e3:.3g} ms CPU in {t * 1e3:.3g} ms per item at {E} concurrency {c0}"
-            if A != A_raw:
-                detail += f" ({A_raw:.2f}), over the {avail:.2f} of a core a busy thread could get"
         signals["cpu_share"] = _signal(A, [A_lo, A_hi], "cpu_share", role, A, [A_lo, A_hi], detail)
+        if finite(avail) and 0.2 <= avail < 0.95 and not gil_free:
+            # Only a correction: the load fluctuates between the two windows, and a
+            # thread that wakes from waiting gets the CPU sooner than a busy one.
+            Ac = [min(1.0, x / avail) for x in (A, A_lo, A_hi)]
+            signals["cpu_share_for_load"] = _signal(
+                Ac[0], Ac[1:], "cpu_share_for_load", "estimate", Ac[0], Ac[1:],
+                f"CPU share {A:.2f} / {avail:.2f} of a core that a busy no-op thread got at concurrency {c0}",
+            )
+            notes.append(
+                f"a busy no-op thread got only {avail:.2f} of a core around this measurement (other load): "
+                "CPU-based signals read low and the estimate is less certain"
+            )
 
     # --- thread_plateau -------------------------------------------------------------
     pm = T.best()
@@ -320,6 +327,9 @@ def estimate_gil(
     ests: list[tuple[float, float, float]] = []
     if finite(A) and not gil_free:
         ests.append((A, A_lo, A_hi))
+        if "cpu_share_for_load" in signals:
+            sig = signals["cpu_share_for_load"]
+            ests.append((sig["value"], *sig["interval"]))
     if gil_saturated:
         ests.append((B, B_lo, B_hi))
         if finite(A2):
