@@ -52,6 +52,7 @@ __all__ = [
     "ENV_VARS",
     "patch_spdl",
     "diagnose_pipeline",
+    "run_validation",
     "run_script",
 ]
 
@@ -533,6 +534,10 @@ class _Diagnosis:
             self.say(src.note)
         self.meta["source"] = {"items": len(src.items), "asked": src.asked, "note": src.note}
         self.run_dir.write_meta(self.meta)
+        # Heavy imports the first point would otherwise pay for while tearing down.
+        from ._stats import mean_interval
+
+        mean_interval([1.0, 2.0], 0.95)
 
         self._sweep_all(src.items)
         rows = self._rows()

@@ -318,7 +318,14 @@ def test_env_var_diagnoses_and_exits_without_training(tmp_path):
         pytest.skip("classification asserts need stagebench._analysis (fallback summary in use)")
     assert stages["sleep io"]["classification"] == "io-bound"
     assert stages["gil"]["classification"] == "gil-bound"
-    if (os.cpu_count() or 1) >= 2:
+    prov = summary["provenance"]
+    cores, load = prov["usable_cores"], prov["load_avg"][0]
+    if cores >= 2:
+        if load > cores:
+            # Two processes only beat the GIL when two cores are free; on an oversubscribed
+            # machine they are not (the summary warns about it), so this claim is untestable.
+            pytest.skip(f"machine oversubscribed (1-min load {load:.1f} on {cores} cores): "
+                        "not asserting that processes win for the GIL-bound stage")
         assert stages["gil"]["recommended"]["executor"] == "process"
 
 

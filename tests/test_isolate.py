@@ -11,7 +11,6 @@ from spdl.pipeline import PipelineBuilder
 from spdl.pipeline.defs import (
     Aggregate,
     Aggregator,
-    Disaggregate,
     Merge,
     PathVariants,
     Pipe,
