@@ -498,3 +498,21 @@ def test_validation_run_known_answer():
     assert r["qps_low"] <= r["qps"] <= r["qps_high"]
     assert r["sink_qps"] == pytest.approx(r["qps"] / 4)
     assert {u["stage"]: (u["executor"], u["concurrency"]) for u in r["settings"]}["slow"] == ("thread", 4)
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_demo_settings_are_valid(quick):
+    from stagebench._demo import demo_settings
+
+    s = DiagnoseSettings.from_env(demo_settings(quick))
+    assert s.validation_window_s > 0 and s.concurrency[0] == 1
+
+
+def test_demo_script_trains_when_not_diagnosed(tmp_path):
+    from stagebench._demo import DEMO_SCRIPT
+
+    r = run_env(tmp_path, str(DEMO_SCRIPT), "--data", str(tmp_path / "data"), "--images", "24",
+                "--batch-size", "8", mode=None, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "epoch 0: 24 images" in r.stdout
+    assert len(list((tmp_path / "data").glob("*.jpg"))) == 24
