@@ -12,8 +12,16 @@ compared with Welch's t-test on those standard errors (unequal variances,
 Welch–Satterthwaite degrees of freedom). Where the batch count is unknown (a
 whole-pipeline validation run, an old summary) the comparison falls back to
 whether the two 95% intervals overlap, and says so; with no interval at all it
-says the difference is untested. Runs from different machines get a warning:
-their difference is the machines' as much as the settings'.
+says the difference is untested.
+
+Runs from different *kinds* of machine get a warning: their difference is the
+machines' as much as the settings'. The kind is what sets a loader's speed:
+CPU model, usable cores, memory (within a few percent: identical nodes report
+slightly different totals), Python version and build (free-threaded or not),
+and the torch and spdl versions. The hostname is not part of it: a sweep spread
+over identical cluster nodes runs on many hosts of one kind, and warning on
+every such sweep would teach users to ignore the warning. Hostnames still
+appear in the runs table and in ``comparison.csv``.
 """
 
 from __future__ import annotations
@@ -49,7 +57,10 @@ from ._report import (
     svg_uri,
 )
 
-__all__ = ["compare_runs", "write_comparison", "Estimate", "difference", "COMPARISON_COLUMNS"]
+__all__ = [
+    "compare_runs", "write_comparison", "Estimate", "difference", "COMPARISON_COLUMNS",
+    "machine_kind", "machine_kind_differences", "MEMORY_TOLERANCE",
+]
 
 COMPARISON_COLUMNS = (
     "label", "kind", "status", "reason", "unit",
@@ -57,8 +68,14 @@ COMPARISON_COLUMNS = (
     "recommended", "recommended_low", "recommended_high", "recommended_setting",
     "vs_winner_pct", "p_value_vs_winner", "significant_vs_winner", "test",
     "verdict", "hostname", "cpu_model", "cpu_count", "usable_cores", "run_dir",
+    "memory_total_gb", "python", "free_threaded", "torch", "spdl",
 )
 _MACHINE_KEYS = ("hostname", "cpu_model", "cpu_count", "usable_cores")
+#: Libraries whose version changes a loader's speed (their own code does the work).
+_KIND_LIBRARIES = ("torch", "spdl")
+#: Relative spread of memory_total_gb still counted as one kind of machine: the same
+#: node type reports totals a little apart (firmware and kernel reservations).
+MEMORY_TOLERANCE = 0.03
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,14 +227,65 @@ def _unique_labels(labels: list[str]) -> list[str]:
     return out
 
 
+def _provenance(run: RunData) -> Mapping[str, Any]:
+    return run.summary.get("provenance") or run.meta.get("provenance") or {}
+
+
+def machine_kind(prov: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What makes a machine the kind it is for timings (None: not recorded). No hostname."""
+    p = prov or {}
+    libs = p.get("libraries") or {}
+    return {
+        "cpu_model": p.get("cpu_model"),
+        "usable_cores": p.get("usable_cores") or p.get("cpu_count"),
+        "memory_total_gb": p.get("memory_total_gb"),
+        "python": " ".join(str(x) for x in (p.get("python_implementation"), p.get("python")) if x) or None,
+        "free_threaded": p.get("free_threaded"),
+        **{lib: libs.get(lib) for lib in _KIND_LIBRARIES},
+    }
+
+
+def machine_kind_differences(provs: Sequence[Mapping[str, Any] | None]) -> list[str]:
+    """The keys of :func:`machine_kind` on which the runs differ.
+
+    A key a run did not record is left out for that run (an older run directory
+    is not a different machine); memory counts as different beyond
+    :data:`MEMORY_TOLERANCE` relative spread.
+    """
+    kinds = [machine_kind(p) for p in provs]
+    differ = []
+    for key in kinds[0] if kinds else ():
+        known = [k[key] for k in kinds if k[key] is not None]
+        if key == "memory_total_gb":
+            gb = [float(v) for v in known if _finite(v)]
+            if gb and min(gb) > 0 and max(gb) / min(gb) - 1 > MEMORY_TOLERANCE:
+                differ.append(key)
+        elif len({str(v) for v in known}) > 1:
+            differ.append(key)
+    return differ
+
+
+def machine_text(prov: Mapping[str, Any] | None) -> str:
+    """Host and kind of machine in one line, for the runs table and the warning."""
+    p = prov or {}
+    kind = machine_kind(p)
+    parts = [machine_label(p)]
+    if _finite(kind["memory_total_gb"]):
+        parts.append(f"{float(kind['memory_total_gb']):.1f} GB")
+    if kind["python"]:
+        parts.append(str(kind["python"]) + (" free-threaded" if kind["free_threaded"] else ""))
+    parts += [f"{lib} {kind[lib]}" for lib in _KIND_LIBRARIES if kind[lib]]
+    return " · ".join(parts)
+
+
 def _machine_warning(entries: Sequence[_Entry]) -> str | None:
-    provs = [(e.label, e.run.summary.get("provenance") or e.run.meta.get("provenance") or {}) for e in entries]
-    differ = [k for k in _MACHINE_KEYS if len({str(p.get(k)) for _, p in provs}) > 1]
+    provs = [(e.label, _provenance(e.run)) for e in entries]
+    differ = machine_kind_differences([p for _, p in provs])
     if not differ:
         return None
-    detail = "; ".join(f"{lab}: {machine_label(p)}" for lab, p in provs)
-    return (f"these runs come from different machines ({', '.join(differ)} differ): a difference may be the "
-            f"machines', not the settings' ({detail})")
+    detail = "; ".join(f"{lab}: {machine_text(p)}" for lab, p in provs)
+    return (f"these runs come from different kinds of machine ({', '.join(differ)} differ): a difference may be "
+            f"the machines', not the settings' ({detail})")
 
 
 # --------------------------------------------------------------------------- context
@@ -364,7 +432,8 @@ def _csv_rows(groups: Sequence[dict[str, Any]], failed: Sequence[Mapping[str, An
         for row in g["rows"]:
             e: _Entry = row["e"]
             d = row["diff"] or {}
-            prov = e.run.summary.get("provenance") or e.run.meta.get("provenance") or {}
+            prov = _provenance(e.run)
+            kind = machine_kind(prov)
             out.append({
                 "label": e.label, "kind": e.run.kind, "status": "ok", "reason": e.run.summary_error or "",
                 "unit": e.unit,
@@ -376,6 +445,8 @@ def _csv_rows(groups: Sequence[dict[str, Any]], failed: Sequence[Mapping[str, An
                 "p_value_vs_winner": d.get("p"), "significant_vs_winner": d.get("significant"),
                 "test": d.get("test", "winner" if row["is_winner"] else ""),
                 "verdict": e.verdict, **{k: prov.get(k) for k in _MACHINE_KEYS}, "run_dir": str(e.run.path),
+                **{k: kind[k] for k in ("memory_total_gb", "free_threaded", *_KIND_LIBRARIES)},
+                "python": prov.get("python"),
             })
     for f in failed:
         out.append({"label": f.get("name", "?"), "status": "failed", "reason": f.get("reason", ""),
@@ -451,8 +522,7 @@ def write_comparison(run_dirs: Sequence[Path], out_dir: Path, *, title: str,
     for e in entries:
         rep = e.run.path / "report.html"
         runs_ctx.append({
-            "label": e.label, "kind": e.run.kind, "verdict": e.verdict, "machine": machine_label(
-                e.run.summary.get("provenance") or e.run.meta.get("provenance")),
+            "label": e.label, "kind": e.run.kind, "verdict": e.verdict, "machine": machine_text(_provenance(e.run)),
             "report": os.path.relpath(rep, out_dir) if rep.is_file() else None,
             "path": os.path.relpath(e.run.path, out_dir),
         })

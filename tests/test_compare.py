@@ -64,7 +64,7 @@ def test_loader_comparison_names_the_winner_margin_and_failed_job(tmp_path: Path
     # 690 * 1.3 = 897 vs 690: +30%, intervals +-4% over 10 batches: clearly significant
     assert "spdl wins: 897 samples/s vs 690 for torch (+30%); significant (Welch" in html
     assert "ImportError: no spdl" in html
-    assert "different machines" not in html
+    assert "different kinds of machine" not in html
     csv = pd.read_csv(tmp_path / "cmp" / "comparison.csv")
     assert list(csv["label"]) == ["torch", "spdl", "spdl_pipeline"]
     assert list(csv["status"]) == ["ok", "ok", "failed"]
@@ -91,11 +91,59 @@ def test_within_noise_is_reported_as_such(tmp_path: Path) -> None:
     assert len(svgs(parse(html))) == 1 + 2
 
 
-def test_different_machines_warn(tmp_path: Path) -> None:
-    a = fx.synthetic_loader_run(tmp_path / "a", hostname="bench-a")
-    b = fx.synthetic_loader_run(tmp_path / "b", hostname="bench-b")
+def _set_provenance(run: Path, **changes) -> Path:
+    """Edit a run's recorded machine (run.json and summary.json agree, as a real run's do)."""
+    for name in ("run.json", "summary.json"):
+        f = run / name
+        data = json.loads(f.read_text())
+        prov = data["provenance"]
+        for key, value in changes.items():
+            if key in ("torch", "spdl"):
+                prov["libraries"][key] = value
+            else:
+                prov[key] = value
+        f.write_text(json.dumps(data))
+    return run
+
+
+def test_identical_nodes_with_different_hostnames_do_not_warn(tmp_path: Path) -> None:
+    # A sweep spread over identical cluster nodes; memory totals a little apart, as such nodes report them.
+    a = _set_provenance(fx.synthetic_loader_run(tmp_path / "a", hostname="node-001"), memory_total_gb=251.4)
+    b = _set_provenance(fx.synthetic_loader_run(tmp_path / "b", hostname="node-017", scale=1.1),
+                        memory_total_gb=250.1)
     html = write_comparison([a, b], tmp_path / "cmp", title="x").read_text()
-    assert "different machines (hostname differ)" in html
+    assert "different kinds of machine" not in html
+    # the hosts are still named, in the runs table and the CSV
+    assert "node-001" in html and "node-017" in html
+    csv = pd.read_csv(tmp_path / "cmp" / "comparison.csv")
+    assert sorted(csv["hostname"]) == ["node-001", "node-017"]
+    assert list(csv["memory_total_gb"]) == [251.4, 250.1]
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    ({"cpu_model": "Other CPU @ 3.1GHz"}, "cpu_model"),
+    ({"usable_cores": 4, "cpu_count": 4}, "usable_cores"),
+    ({"memory_total_gb": 8.0 * 1.05}, "memory_total_gb"),  # 5% more: beyond the tolerance
+    ({"python": "3.12.4"}, "python"),
+    ({"free_threaded": True}, "free_threaded"),
+    ({"torch": "2.5.1"}, "torch"),
+    ({"spdl": "0.9.0"}, "spdl"),
+])
+def test_a_different_kind_of_machine_warns_and_names_what_differs(tmp_path: Path, change, key) -> None:
+    a = fx.synthetic_loader_run(tmp_path / "a", hostname="bench-a")
+    b = _set_provenance(fx.synthetic_loader_run(tmp_path / "b", hostname="bench-a", scale=1.1), **change)
+    html = write_comparison([a, b], tmp_path / "cmp", title="x").read_text()
+    assert f"different kinds of machine ({key} differ)" in html
+
+
+def test_machine_kind_ignores_what_a_run_did_not_record() -> None:
+    from stagebench._compare import machine_kind_differences
+
+    full = dict(fx.PROVENANCE)
+    old = {k: v for k, v in full.items() if k not in ("usable_cores", "memory_total_gb", "free_threaded", "libraries")}
+    assert machine_kind_differences([full, old, dict(full, hostname="elsewhere")]) == []
+    # usable_cores falls back to cpu_count where it is missing: 4 cores is not 2
+    assert machine_kind_differences([full, dict(old, cpu_count=4)]) == ["usable_cores"]
 
 
 def test_hostile_labels_stay_text(tmp_path: Path) -> None:
