@@ -21,7 +21,9 @@ Per stage (:func:`analyze_stage`):
   the same harness, executor and concurrency), ``ipc-bound`` (a process best
   within 20% of the process ceiling, or moving a large payload costs more CPU
   than the work), ``gil-bound`` (the thread curve flattens below the cores,
-  and the serialiser is the GIL), ``cpu-bound`` (the best point uses >= 75%
+  and the serialiser is the GIL; or, at the best thread point, the stage's
+  own GIL time plus the harness's keeps the GIL >= 80% busy and the stage's
+  part is at least half the harness's, else that is ``overhead-bound``), ``cpu-bound`` (the best point uses >= 75%
   of the cores, or CPU per item explains its throughput), ``io-bound`` (few
   cores used while scaling with concurrency: it waits), else ``unknown``.
   A GIL-bound stage stays ``gil-bound`` when its best point is on processes:
@@ -216,6 +218,20 @@ def _classify(
         if pb is not None:
             lines.append(f"processes, each with its own GIL, reach {_fmt_q(pb.qps)} items/s (concurrency {pb.concurrency})")
         return "gil-bound", lines, signals
+
+    # The GIL busy at the best point itself: the stage's own GIL time plus the
+    # harness's per item, times the throughput (catches a GIL that saturates
+    # only together with SPDL's own Python, at the top of the curve).
+    g = gil.get("gil_s_per_item")
+    if ex in ("thread", "async") and g is not None and not gil.get("serializer") == "other":
+        h = harness_gil_s(sr.ceiling(harness, ex, c))
+        busy = bp.qps * (g + h)
+        line = (f"at {ex} concurrency {c}, {_fmt_q(bp.qps)} items/s x ({_ms(g)} of the stage's own Python + {_ms(h)} "
+                f"of the harness's) keeps the GIL {busy:.0%} busy")
+        if busy >= _NEAR_CEILING and g >= 0.5 * h:
+            return "gil-bound", [line + ": the GIL is the limit"], signals
+        if busy >= _NEAR_CEILING:
+            return "overhead-bound", [line + ": mostly the harness's own per-item Python, the GIL is the limit"], signals
 
     cpu = bp.cpu_s_per_item
     if (finite(u) and u >= _CPU_BOUND * cores) or (finite(cpu) and cpu > 0 and bp.qps >= 0.8 * cores / cpu):

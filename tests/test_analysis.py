@@ -273,3 +273,15 @@ def test_free_threaded_build_is_warned_and_has_no_gil_bound():
     s = summarize(_pipeline_rows(), meta)
     assert any("free-threaded" in w for w in s["warnings"])
     assert s["prediction"]["bounds"]["gil"] is None
+
+
+def test_gil_saturated_only_together_with_spdls_own_python_is_gil_bound():
+    # alone on the direct harness the stage never saturates the GIL (levels up to 4);
+    # in SPDL its 0.5 ms plus SPDL's 0.3 ms per item cap threads at 1,250 items/s
+    direct = model_rows("mixed", gil_ms=0.5, wait_ms=2.0, levels=(1, 2, 4), executors=("thread",))
+    spdl = model_rows("mixed", gil_ms=0.5, wait_ms=2.0, harness="spdl", overhead_ms=0.3,
+                      levels=(1, 2, 4, 8), executors=("thread",))
+    st = analyze_stage(pd.concat([direct, spdl]), cores=4)
+    assert not st["gil"]["saturated"]
+    assert st["classification"] == "gil-bound"
+    assert "keeps the GIL" in st["evidence"]["summary"][0]
