@@ -462,6 +462,9 @@ def summarize(rows: pd.DataFrame, meta: dict) -> dict:
     prediction = predict_pipeline(stages, cores=cores, free_threaded=free_threaded) if stages else None
     validation = _validation(meta.get("validation"), prediction)
     warnings = _run_warnings(StageRows(df).all, stages, meta, cores)
+    raw_val = meta.get("validation")
+    if validation is None and isinstance(raw_val, Mapping) and raw_val.get("error"):
+        warnings.append(f"the whole-pipeline validation run did not complete: {raw_val['error']}")
     not_isolated = list(meta.get("not_isolated") or [])
     findings = build_findings(stages, prediction=prediction, validation=validation, warnings=warnings,
                               not_isolated=not_isolated, cores=cores)

@@ -285,3 +285,10 @@ def test_gil_saturated_only_together_with_spdls_own_python_is_gil_bound():
     assert not st["gil"]["saturated"]
     assert st["classification"] == "gil-bound"
     assert "keeps the GIL" in st["evidence"]["summary"][0]
+
+
+def test_a_validation_run_that_failed_becomes_a_warning_not_a_number():
+    meta = _meta("gil", "sleep", "mixed", validation={"qps": None, "error": "RuntimeError: pipeline stalled"})
+    s = summarize(_pipeline_rows(), meta)
+    assert s["validation"] is None
+    assert any("pipeline stalled" in w for w in s["warnings"])
