@@ -66,6 +66,7 @@ def _load(st: dict, setting: dict) -> dict[str, Any]:
         "capacity": setting["qps"] * k,
         "cpu_s_per_item": cpu / k if finite(cpu) else None,
         "gil_s_per_item": gil,
+        "harness_gil_s_per_item": harness_gil / k,
         "own_gil_known": own_gil is not None or ex not in _MAIN_PROCESS,
     }
 
@@ -146,10 +147,12 @@ def predict_pipeline(stage_summaries: list[dict], *, cores: int, free_threaded: 
         holders = sorted((d for d in loads if d["gil_s_per_item"] > 0), key=lambda d: -d["gil_s_per_item"])
         out["bottleneck"] = holders[0]["stage"]
         main = [d for d in holders if d["executor"] in _MAIN_PROCESS and (by_name[d["stage"]].get("gil_s_per_item") or 0) > 0]
+        sched = sum(d["harness_gil_s_per_item"] for d in loads)
         parts.append(
             f"the GIL binds: one item needs {_ms(b['gil_sum'])} of the main process's GIL "
-            f"({_shares(holders, 'gil_s_per_item')}, SPDL/harness scheduling "
-            f"included), so at most {_fmt(b['qps'])} items/s, below the slowest stage alone "
+            f"({_shares(holders, 'gil_s_per_item')}"
+            + (f"; {_ms(sched)} of it is the pipeline's own per-stage scheduling" if sched > 0 else "")
+            + f"), so at most {_fmt(b['qps'])} items/s, below the slowest stage alone "
             f"({b['cap_stage']}, {_fmt(b['bounds']['stage'])} items/s)"
         )
         lift = _lift_by_processes(main, loads, stage_summaries, cores, free_threaded)
