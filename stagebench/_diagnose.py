@@ -232,6 +232,7 @@ class _State:
     code: int | None = None
     run_dir: Path | None = None
     original_mode: str | None = None  # the variable's value before a diagnosis set it to 0
+    on_start: list = []  # called once when a pipeline diagnosis starts (run_script sets it)
 
 
 def patch_spdl(profile_module: Any) -> None:
@@ -342,6 +343,9 @@ def _diagnose_and_exit(cfg: Any, settings: DiagnoseSettings) -> None:
     if rank != 0:
         _exit(0)  # as SPDL does: only local rank 0 diagnoses; the others leave quietly
     _State.started = True
+    for hook in _State.on_start:
+        hook()  # e.g. remove the DataLoader hook: this run diagnoses the pipeline
+    _State.on_start = []
     _State.original_mode = os.environ.get(_MODE_VAR)
     # Worker processes inherit the environment; none of them may diagnose.
     os.environ[_MODE_VAR] = "0"
@@ -928,6 +932,11 @@ def run_script(script: str, args: list[str], *, out: str | None) -> int:
     _activate.install()
     _State.started = _State.finished = False
     _State.code = None
+    # PyTorch users: the first DataLoader the script iterates is swept instead,
+    # unless an SPDL pipeline is diagnosed first.
+    from ._loader_intercept import diagnose_first_loader, loader_was_caught
+
+    _State.on_start = [diagnose_first_loader(settings.output_dir, config=_loader_config(settings))]
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [str(path), *args]
     sys.path.insert(0, str(path.resolve().parent))
@@ -943,12 +952,31 @@ def run_script(script: str, args: list[str], *, out: str | None) -> int:
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         _restore_env(saved_env)
+    for hook in _State.on_start:
+        hook()
+    _State.on_start = []
     if _State.finished and _State.code is not None:
         return _State.code
+    if loader_was_caught():
+        return code
     if not _State.started:
-        _say(f"error: {script} finished (exit code {code}) without iterating an SPDL pipeline: nothing was diagnosed")
+        _say(f"error: {script} finished (exit code {code}) without iterating an SPDL pipeline "
+             "or a DataLoader: nothing was diagnosed")
         return code or 1
     return code
+
+
+def _loader_config(settings: DiagnoseSettings) -> Any:
+    """The same budgets for a caught DataLoader as for pipeline stages (one set of knobs)."""
+    from ._loader import LoaderSweepConfig
+
+    return LoaderSweepConfig(
+        budget_s=max(settings.budget_s, 0.5),  # batches are slower than items: keep a few per window
+        warmup_s=settings.warmup_s,
+        timeout_s=max(settings.timeout_s, 2 * settings.budget_s + 1),
+        transform_budget_s=max(0.2, settings.budget_s / 2),
+        transform_executors=tuple(e for e in settings.executors if e in ("thread", "process")) or ("thread",),
+    )
 
 
 def _exit_code(value: Any) -> int:

@@ -397,21 +397,34 @@ def install_dataloader_hook(on_loader: Callable[[Any], None]) -> Callable[[], No
     return hook.uninstall
 
 
+class _Caught:
+    """Whether diagnose_first_loader caught a loader in this process (run_script asks)."""
+
+    loader = False
+
+
+def loader_was_caught() -> bool:
+    return _Caught.loader
+
+
 def diagnose_first_loader(
     out: Path | str | None = None,
     *,
     config: Any = None,
     target_rate: float | None = None,
     progress: Any = None,
-) -> None:
+) -> Callable[[], None]:
     """Install the hook; on capture, sweep the loader, print a table, and exit 0.
 
     The loop body of the script never runs: ``SystemExit(0)`` is raised from the
     ``for`` statement that iterates the loader. ``out``: the run directory
     (default: ``$STAGEBENCH_OUTPUT_DIR`` or ``./reports``, a new ``loader-...`` folder).
+    Returns a function that removes the hook (an SPDL diagnosis that starts first
+    calls it: a pipeline whose source is a DataLoader is diagnosed as a pipeline).
     """
 
     def on_loader(loader: Any) -> None:
+        _Caught.loader = True
         from dataclasses import replace
 
         from ._loader import LoaderSweepConfig, run_loader_sweep
@@ -436,4 +449,4 @@ def diagnose_first_loader(
         print(f"report: {report if report.exists() else run_dir}")
         raise SystemExit(0)
 
-    install_dataloader_hook(on_loader)
+    return install_dataloader_hook(on_loader)

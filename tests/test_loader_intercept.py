@@ -125,3 +125,23 @@ def test_hook_catches_only_the_first_iterated_loader_and_can_be_removed():
     uninstall()
     list(DataLoader(SleepDataset(n=2, d=0.0), batch_size=2))
     assert caught == []
+
+
+@pytest.mark.slow
+def test_stagebench_diagnose_catches_a_dataloader_script(tmp_path):
+    """`stagebench diagnose train.py` on a PyTorch script: the loader is swept, the loop never runs."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "marker"
+    out = tmp_path / "run"
+    env = {**os.environ, "LOADER_TRAIN_MARKER": str(marker), "STAGEBENCH_BUDGET_S": "0.3",
+           "STAGEBENCH_EXECUTORS": "thread", "STAGEBENCH_CONCURRENCY": "1,2"}
+    script = Path(__file__).parent / "scripts" / "loader_train.py"
+    r = subprocess.run([sys.executable, "-m", "stagebench", "diagnose", "--out", str(out), str(script)],
+                       env=env, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not marker.exists(), "the training loop body ran"
+    assert {"results.csv", "summary.json", "run.json"} <= {p.name for p in out.iterdir()}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["kind"] == "loader" and summary["recommended"]["num_workers"] >= 0
