@@ -8,8 +8,6 @@ build a pipeline (pool workers) never pay for spdl.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import sys
 
 __all__ = ["install"]
@@ -20,8 +18,12 @@ _TARGETS: dict[str, str] = {
 }
 
 
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Wraps the loader of the target modules to run a patch after they execute."""
+class _PostImportFinder:
+    """Wraps the loader of the target modules to run a patch after they execute.
+
+    A plain class with ``find_spec`` (the meta-path protocol): importing
+    ``importlib.abc`` for the base class would cost most of activation's time.
+    """
 
     def find_spec(self, fullname, path, target=None):  # noqa: ANN001
         if fullname not in _TARGETS:
@@ -37,7 +39,7 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         return None
 
 
-class _PatchingLoader(importlib.abc.Loader):
+class _PatchingLoader:
     def __init__(self, inner, patch_name: str) -> None:  # noqa: ANN001
         self._inner = inner
         self._patch = patch_name

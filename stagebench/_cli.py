@@ -84,7 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--quick", action="store_true", help="smaller grid and budgets (about a minute)")
     d.set_defaults(func=_cmd_demo)
 
-    g = sub.add_parser("diagnose", help="run SCRIPT in diagnostic mode (no training), write a report, exit")
+    from ._diagnose import ENV_VARS
+
+    env_help = "environment variables:\n" + "\n".join(f"  {k}\n      {v}" for k, v in ENV_VARS.items())
+    g = sub.add_parser("diagnose", help="run SCRIPT in diagnostic mode (no training), write a report, exit",
+                       epilog=env_help, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("--out", default=None, help="run directory (default: STAGEBENCH_OUTPUT_DIR or ./reports/...)")
     g.add_argument("script", help="the unmodified training script")
     g.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
