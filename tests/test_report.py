@@ -315,6 +315,106 @@ def test_rebuild_sweep_dir_compares_jobs_and_lists_the_failed_one(tmp_path: Path
     assert list(csv["status"]) == ["ok", "ok", "failed"]
 
 
+def _multirun_yaml(sweep: Path, task: list[str], *, sweeper: dict | None = None, ours: bool = True) -> None:
+    """The parts of Hydra's SWEEP_DIR/multirun.yaml that `stagebench report` reads."""
+    import yaml
+
+    hydra = {"sweeper": sweeper or {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                                    "max_batch_size": None, "params": None},
+             "overrides": {"hydra": ["hydra.mode=MULTIRUN"], "task": task}}
+    if ours:
+        hydra["callbacks"] = {"stagebench": {"_target_": "stagebench._hydra_app.SweepCallback"}}
+    sweep.mkdir(parents=True, exist_ok=True)
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": hydra, "progress": False}))
+
+
+def _fake_job(sweep: Path, num: int, overrides: list[str], *, scale: float, status: str | None,
+              reason: str = "", swept: str = "sweep.budget_s") -> Path:
+    """A job folder as the sweep app leaves it: .hydra/overrides.yaml, rows, and job_status.json unless None."""
+    label = ", ".join(o for o in overrides if o.startswith(swept + "="))
+    d = fx.synthetic_loader_run(sweep / f"{num}-{label}", backend="torch", scale=scale)
+    (d / ".hydra").mkdir()
+    (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    if status is not None:
+        (d / "job_status.json").write_text(json.dumps({
+            "schema_version": 1, "status": status, "reason": reason, "job_num": num, "overrides": overrides,
+            "label": label, "run_dir": str(d)}))
+    return d
+
+
+def test_rebuild_sweep_lists_unfinished_jobs_as_failed_never_as_winner(tmp_path: Path, fake_summaries) -> None:
+    sweep = tmp_path / "multirun"
+    _multirun_yaml(sweep, ["loader=synthetic", "sweep.budget_s=1,2,3,4,5", "progress=false"])
+    jobs = [["loader=synthetic", f"sweep.budget_s={b}", "progress=False"] for b in (1, 2, 3, 4, 5)]
+    # The unfinished jobs measured the fastest points: compared as they are, they would win.
+    _fake_job(sweep, 0, jobs[0], scale=1.0, status="ok")
+    _fake_job(sweep, 1, jobs[1], scale=1.5, status="failed",
+              reason="stopped by SIGTERM (Slurm scancel or time limit?) before the job finished")
+    _fake_job(sweep, 2, jobs[2], scale=2.0, status=None)  # killed before its finally could run
+    # job 3 was cancelled while it waited for a node: no folder at all
+    _fake_job(sweep, 4, jobs[4], scale=1.1, status="ok")
+
+    out = _report.rebuild(sweep)
+    html = out.read_text()
+    csv = pd.read_csv(sweep / "comparison.csv", keep_default_na=False)
+    by_label = {r["label"]: r for r in csv.to_dict("records")}
+    assert set(by_label) == {f"sweep.budget_s={b}" for b in (1, 2, 3, 4, 5)}
+    assert [by_label[f"sweep.budget_s={b}"]["status"] for b in (1, 2, 3, 4, 5)] == \
+        ["ok", "failed", "failed", "failed", "ok"]
+    assert "stopped by SIGTERM" in by_label["sweep.budget_s=2"]["reason"]
+    assert "not compared" in by_label["sweep.budget_s=2"]["reason"]  # it has rows; they are not used
+    assert "no job_status.json: the job did not finish" in by_label["sweep.budget_s=3"]["reason"]
+    assert "never started" in by_label["sweep.budget_s=4"]["reason"]
+    assert by_label["sweep.budget_s=4"]["run_dir"] == ""
+    # the winner is the best FINISHED job; the failed ones have no figures of merit
+    assert "sweep.budget_s=5 wins" in html
+    assert by_label["sweep.budget_s=5"]["test"] == "winner"
+    for b in (2, 3, 4):
+        assert by_label[f"sweep.budget_s={b}"]["best"] == ""
+    assert "3 job(s) produced no results" in html
+
+
+def test_a_users_own_hydra_app_is_judged_by_its_results(tmp_path: Path, fake_summaries) -> None:
+    """No stagebench callback in multirun.yaml, no job_status.json: job folders with rows are runs."""
+    sweep = tmp_path / "multirun"
+    _multirun_yaml(sweep, ["sweep.budget_s=1,2,3"], ours=False)
+    _fake_job(sweep, 0, ["sweep.budget_s=1"], scale=1.0, status=None)
+    _fake_job(sweep, 1, ["sweep.budget_s=2"], scale=1.2, status=None)
+    runs, failed = _report.find_run_dirs(sweep)
+    assert [r.name for r in runs] == ["0-sweep.budget_s=1", "1-sweep.budget_s=2"]
+    assert [(f["name"], f["path"]) for f in failed] == [("sweep.budget_s=3", "")]
+
+
+def test_sweep_plan_follows_hydras_basic_sweeper(tmp_path: Path) -> None:
+    sweep = tmp_path / "s"
+    _multirun_yaml(sweep, ["loader=synthetic", "loader.backend=torch,spdl_pytorch", "sweep.persistent_workers=[false]"],
+                   sweeper={"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                            "params": {"sweep.budget_s": "1,2"}})
+    plan = _report.sweep_plan(sweep)
+    # params first, then the command line; job numbers in product order, values as jobs record them
+    assert plan["jobs"] == [
+        ["sweep.budget_s=1", "loader=synthetic", "loader.backend=torch", "sweep.persistent_workers=[False]"],
+        ["sweep.budget_s=1", "loader=synthetic", "loader.backend=spdl_pytorch", "sweep.persistent_workers=[False]"],
+        ["sweep.budget_s=2", "loader=synthetic", "loader.backend=torch", "sweep.persistent_workers=[False]"],
+        ["sweep.budget_s=2", "loader=synthetic", "loader.backend=spdl_pytorch", "sweep.persistent_workers=[False]"],
+    ]
+    assert plan["count"] == 4 and plan["stagebench"] is True
+    assert _report.sweep_plan(tmp_path) is None
+
+
+def test_other_sweepers_compare_the_job_count(tmp_path: Path, fake_summaries) -> None:
+    sweep = tmp_path / "optuna"
+    _multirun_yaml(sweep, ["sweep.budget_s=interval(1,5)"],
+                   sweeper={"_target_": "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper",
+                            "n_trials": 4})
+    _fake_job(sweep, 0, ["sweep.budget_s=1.5"], scale=1.0, status="ok")
+    _fake_job(sweep, 1, ["sweep.budget_s=2.5"], scale=1.1, status="ok")
+    runs, failed = _report.find_run_dirs(sweep)
+    assert len(runs) == 2
+    assert [f["name"] for f in failed] == ["2 jobs"]
+    assert "planned 4 jobs and 2 left a folder" in failed[0]["reason"]
+
+
 def test_rebuild_rejects_a_folder_without_runs(tmp_path: Path) -> None:
     (tmp_path / "empty" / "sub").mkdir(parents=True)
     with pytest.raises(StagebenchError, match="neither a run directory"):
