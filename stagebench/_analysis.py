@@ -462,6 +462,8 @@ def summarize(rows: pd.DataFrame, meta: dict) -> dict:
     prediction = predict_pipeline(stages, cores=cores, free_threaded=free_threaded) if stages else None
     validation = _validation(meta.get("validation"), prediction)
     warnings = _run_warnings(StageRows(df).all, stages, meta, cores)
+    if prediction and prediction.get("caveat"):
+        warnings.append(prediction["caveat"])
     raw_val = meta.get("validation")
     if validation is None and isinstance(raw_val, Mapping) and raw_val.get("error"):
         warnings.append(f"the whole-pipeline validation run did not complete: {raw_val['error']}")

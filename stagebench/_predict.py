@@ -125,7 +125,7 @@ def predict_pipeline(stage_summaries: list[dict], *, cores: int, free_threaded: 
     out: dict[str, Any] = {
         "qps": None, "binding": None, "bottleneck": None, "explanation": "", "unit": "source items/s",
         "bounds": {"stages": None, "cores": None, "gil": None}, "naive_qps": None,
-        "settings": settings, "stages": loads, "missing": missing, "lift": None,
+        "settings": settings, "stages": loads, "missing": missing, "lift": None, "caveat": None,
     }
     if not loads:
         out["explanation"] = "no stage was measured, so nothing can be predicted"
@@ -194,6 +194,16 @@ def predict_pipeline(stage_summaries: list[dict], *, cores: int, free_threaded: 
         parts.append("other bounds: " + ", ".join(f"{k} {_fmt(v)}" for k, v in others.items()))
     if missing:
         parts.append(f"not counted (not measured): {_names(missing)}")
+    direct = [s["stage"] for s in settings if s.get("harness") == "direct"]
+    if direct:
+        # The direct harness costs microseconds per item; an SPDL pipeline spends
+        # a fraction of a millisecond of main-process Python per item and stage.
+        out["caveat"] = (
+            f"{_names(direct)} {'was' if len(direct) == 1 else 'were'} measured without SPDL (direct harness): "
+            "SPDL's own per-item scheduling in the main process is not counted, so the real pipeline will be "
+            "slower than predicted; measure with the spdl harness for a closer prediction"
+        )
+        parts.append(out["caveat"])
     out["explanation"] = "; ".join(parts)
     return out
 

@@ -144,3 +144,12 @@ def test_gil_bound_of_really_measured_stages_matches_the_analytic_value():
           f"({p['binding']})")
     assert p["bounds"]["gil"] == pytest.approx(analytic, rel=0.35)
     assert p["qps"] <= p["naive_qps"]
+
+
+def test_direct_harness_only_predictions_say_spdl_overhead_is_not_counted():
+    stages = _issue_pipeline()
+    for st in stages:
+        st["recommended"]["harness"] = "direct"
+    p = predict_pipeline(stages, cores=2)
+    assert "not counted" in p["caveat"] and "spdl harness" in p["caveat"]
+    assert predict_pipeline(_issue_pipeline(), cores=2)["caveat"] is None
