@@ -408,10 +408,19 @@ def _run_warnings(df: pd.DataFrame, stages: list[dict], meta: Mapping[str, Any],
                 f"no point used more than {cu.max():.2f} of the {cores} cores, not even processes: other load may "
                 "have taken them; CPU-bound and GIL-bound stages then look alike"
             )
+    few, poor = [], []
     for st in stages:
         for key, fit in (st.get("fit") or {}).items():
-            if fit.get("warning"):
-                out.append(f"{st['name']} ({key}): {fit['warning']}")
+            w = fit.get("warning") or ""
+            if "poor fit" in w:
+                poor.append(f"{st['name']} ({key}, R² {fit['r2']:.2f})")
+            elif w:
+                few.append(f"{st['name']} ({key})")
+    # one line each: the per-curve details stay in each stage's fit entry
+    if few:
+        out.append(f"curve fits are indicative only (fewer than 4 concurrency levels): {', '.join(few)}")
+    if poor:
+        out.append(f"poor fit: the USL does not describe these curves well: {', '.join(poor)}")
     return out
 
 

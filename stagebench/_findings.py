@@ -45,7 +45,22 @@ def _alt(st: dict, ex: str) -> dict | None:
     return (st.get("alternatives") or {}).get(ex)
 
 
-def _stage_findings(st: dict, bottleneck: str | None, cores: int) -> list[dict]:
+def _far_from_binding(st: dict, prediction: dict | None) -> bool:
+    """The stage alone delivers at least twice what the pipeline is predicted to: fixing it changes little."""
+    pred = (prediction or {}).get("qps")
+    rec = st.get("recommended") or {}
+    if not finite(pred) or not finite(rec.get("qps")):
+        return False
+    return rec["qps"] * float(st.get("items_per_input") or 1.0) >= 2 * pred
+
+
+def _demote(finding: dict) -> dict:
+    finding["severity"] = {"high": "medium", "medium": "low"}.get(finding["severity"], finding["severity"])
+    finding["detail"] += "; it is far from limiting the pipeline (it alone delivers at least twice the prediction)"
+    return finding
+
+
+def _stage_findings(st: dict, bottleneck: str | None, cores: int, prediction: dict | None = None) -> list[dict]:
     name = st["name"]
     out: list[dict] = []
     if st["status"] != "ok":
@@ -86,14 +101,15 @@ def _stage_findings(st: dict, bottleneck: str | None, cores: int) -> list[dict]:
                           f"processes were not measured for this stage; up to about {est:.1f}x is possible on "
                           f"{cores} cores if its inputs and outputs are cheap to move", name, ev, est))
 
+    far = _far_from_binding(st, prediction) and not is_bn
     if cls == "overhead-bound":
         ceil = st.get("ceiling_qps")
-        out.append(_f("high" if is_bn else "medium", f"{name} is overhead-bound: batch its work",
+        out.append((_demote if far else (lambda x: x))(_f("high" if is_bn else "medium", f"{name} is overhead-bound: batch its work",
                       f"it reaches {_fmt(rec['qps'])} items/s, near the no-op ceiling of {_fmt(ceil)} items/s at "
                       f"{rec['executor']} x {rec['concurrency']}: the harness cannot schedule items faster. Handing it "
                       f"batches of k items per call raises that ceiling about k-fold (8 items: about "
                       f"{_fmt(8 * ceil)} items/s)", name,
-                      {"qps": rec["qps"], "ceiling_qps": ceil, "stage_s_per_item": st.get("stage_s_per_item")}, 1.5))
+                      {"qps": rec["qps"], "ceiling_qps": ceil, "stage_s_per_item": st.get("stage_s_per_item")}, 1.5)))
 
     if cls == "ipc-bound":
         payload = st.get("payload_bytes")
@@ -106,10 +122,11 @@ def _stage_findings(st: dict, bottleneck: str | None, cores: int) -> list[dict]:
     if cls == "io-bound":
         rising = "still rising" in (rec.get("why") or "")
         if rising:
-            out.append(_f("high" if is_bn else "medium", f"{name} waits: raise its concurrency",
-                          f"it was still scaling at concurrency {rec['concurrency']} ({_fmt(rec['qps'])} items/s), the "
-                          "largest level measured; measure higher levels to find where it stops", name,
-                          {"recommended": rec}, 1.5))
+            finding = _f("high" if is_bn else "medium", f"{name} waits: raise its concurrency",
+                         f"it was still scaling at concurrency {rec['concurrency']} ({_fmt(rec['qps'])} items/s), the "
+                         "largest level measured; measure higher levels to find where it stops", name,
+                         {"recommended": rec}, 1.5)
+            out.append(_demote(finding) if far else finding)
         else:
             out.append(_f("info", f"{name} waits (io-bound)",
                           f"concurrency {rec['concurrency']} ({rec['executor']}) covers the waiting: "
@@ -164,7 +181,7 @@ def build_findings(
     bottleneck = (prediction or {}).get("bottleneck")
     out: list[dict] = []
     for st in stages:
-        out.extend(_stage_findings(st, bottleneck, cores))
+        out.extend(_stage_findings(st, bottleneck, cores, prediction))
 
     if prediction and finite(prediction.get("qps")):
         naive, pred = prediction.get("naive_qps"), prediction["qps"]
@@ -201,6 +218,9 @@ def build_findings(
                           w + (". Verdicts that rest on small differences (threads vs processes within noise, "
                                "the 5% rule) are less certain; re-run on a quiet machine to confirm" if noisy else ""),
                           None, {"warning": w}))
+        elif "measured without SPDL" in w:
+            out.append(_f("medium", "the prediction is optimistic: SPDL's own scheduling is not counted", w, None,
+                          {"warning": w}))
         elif "poor fit" in w or "indicative only" in w:
             out.append(_f("low", "curve fit is weak", w, None, {"warning": w}))
         else:
