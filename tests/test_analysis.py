@@ -292,3 +292,10 @@ def test_a_validation_run_that_failed_becomes_a_warning_not_a_number():
     s = summarize(_pipeline_rows(), meta)
     assert s["validation"] is None
     assert any("pipeline stalled" in w for w in s["warnings"])
+
+
+def test_fixes_on_stages_far_from_the_bottleneck_rank_low():
+    s = summarize(_pipeline_rows(), _meta("gil", "sleep", "mixed"))
+    sleep = [f for f in s["findings"] if f["stage"] == "sleep" and "overhead-bound" in f["title"]]
+    assert sleep and sleep[0]["severity"] == "low"
+    assert "far from limiting the pipeline" in sleep[0]["detail"]
