@@ -36,14 +36,13 @@ The pipeline summary adds the prediction (:mod:`._predict`), findings
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
 
-from ._curves import Curve, Point, StageRows, finite
+from ._curves import Point, StageRows, finite
 from ._fit import fit_scaling
 from ._gil import estimate_gil, harness_gil_s
 

@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from ._curves import Curve, Point, StageRows, finite
+from ._curves import Point, StageRows, finite
 
 __all__ = ["estimate_gil", "harness_gil_s", "harness_cpu_s", "SIGNAL_LABELS"]
 
