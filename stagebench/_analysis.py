@@ -285,7 +285,7 @@ def analyze_stage(
         "ceiling_qps": None, "cpu_s_per_item": None, "gil_s_per_item": None,
         # extensions
         "harness": None, "stage_s_per_item": None, "harness_gil_s_per_item": None,
-        "alternatives": {}, "gil": None, "problems": _problems(sr), "levels_measured": {},
+        "alternatives": {}, "gil": None, "problems": _problems(sr), "levels_measured": {}, "curves": {},
         "payload_bytes": None,
     }
     status, reason = _stage_status(sr)
@@ -304,6 +304,9 @@ def analyze_stage(
             n_boot=n_boot,
         )
         entry["levels_measured"][curve.key] = curve.levels
+        entry["curves"][curve.key] = [
+            {**p.as_dict(), "cores_used": p.cores_used, "cpu_s_per_item": p.cpu_s_per_item} for p in curve
+        ]
 
     gil = estimate_gil(sr, cores=cores, fits=entry["fit"], free_threaded=free_threaded)
     entry["gil"] = {k: gil[k] for k in ("pinned", "saturated", "serializer", "harness", "executor", "notes")}

@@ -144,8 +144,9 @@ def _stage_findings(st: dict, bottleneck: str | None, cores: int, prediction: di
     if user_ex in ("thread", "process", "async") and user_c:
         alt = _alt(st, user_ex)
         if alt is not None and (user_ex != rec["executor"] or user_c != rec["concurrency"]):
-            # the user's throughput is known only if their concurrency was the executor's best point
-            yours = alt["qps"] if alt["concurrency"] == user_c else None
+            # the user's own setting, when it was one of the measured points
+            curve = (st.get("curves") or {}).get(f"{rec.get('harness')}/{user_ex}") or []
+            yours = next((p["qps"] for p in curve if p["concurrency"] == user_c), None)
             gain_txt = ""
             if yours:
                 gain = rec["qps"] / yours

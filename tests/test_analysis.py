@@ -299,3 +299,12 @@ def test_fixes_on_stages_far_from_the_bottleneck_rank_low():
     sleep = [f for f in s["findings"] if f["stage"] == "sleep" and "overhead-bound" in f["title"]]
     assert sleep and sleep[0]["severity"] == "low"
     assert "far from limiting the pipeline" in sleep[0]["detail"]
+
+
+def test_the_users_own_setting_is_compared_with_the_recommendation():
+    meta = _meta("spin")
+    meta["stages"][0].update(user_executor="thread", user_concurrency=8)
+    s = summarize(model_rows("spin", gil_ms=4.0, wait_ms=0.0), meta)
+    f = [f for f in s["findings"] if f["title"].startswith("spin: change thread x 8")]
+    assert f and "to process x 2" in f[0]["title"]
+    assert "1.9x the 250 items/s of your setting" in f[0]["detail"]
