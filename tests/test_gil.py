@@ -137,15 +137,18 @@ def _require_a_quiet_window(rows: pd.DataFrame, min_share: float = 0.8) -> None:
         pytest.skip(f"the machine became busy during the measurement: a busy thread got {got:.0%} of a core")
 
 
-def _measure(fn, levels=(1, 2, 4, 8, 16), budget=0.25):
-    """Threads and processes over the grid, plus the one-thread no-op ceiling right after c=1."""
+def _measure(fn, levels=(1, 2, 4, 8, 16), budget=0.25, first=None):
+    """Threads and processes over the grid, plus the one-thread no-op ceiling right after c=1.
+
+    ``first`` (same work as ``fn``) runs the lowest thread level instead, e.g. a probed copy.
+    """
     from stagebench._config import MeasureConfig, SweepConfig
     from stagebench._measure import identity, measure_stage
     from stagebench._sweep import sweep_stage
 
     m = MeasureConfig(budget_s=budget, warmup_s=0.05, timeout_s=30)
     inputs = list(range(32))
-    rows = [measure_stage(fn, inputs, executor="thread", concurrency=levels[0], config=m, name="s")]
+    rows = [measure_stage(first or fn, inputs, executor="thread", concurrency=levels[0], config=m, name="s")]
     rows.append(measure_stage(identity, inputs, executor="thread", concurrency=levels[0],
                               config=MeasureConfig(budget_s=0.15, warmup_s=0.05, timeout_s=30), name="s",
                               role="ceiling"))
@@ -188,17 +191,13 @@ class _Probed:
 def test_known_gil_fraction_of_real_spin_sleep_stages(spin_ms, sleep_ms):
     """A stage that spins g ms of pure Python then sleeps r ms holds the GIL g/(g+r) of its time."""
     from _stages import SpinSleep
-    from stagebench._config import MeasureConfig
-    from stagebench._measure import measure_stage
 
     stage = SpinSleep(spin_ms, sleep_ms)
     _wait_for_a_core()
-    rows = _measure(stage)
-    _require_a_quiet_window(rows)
-    # what the stage really did at concurrency 1, measured from inside it
+    # the concurrency-1 point runs a probed copy: what the stage really held, in the same window
     probe = _Probed(stage)
-    measure_stage(probe, list(range(32)), executor="thread", concurrency=1,
-                  config=MeasureConfig(budget_s=0.25, warmup_s=0.05, timeout_s=30))
+    rows = _measure(stage, first=probe)
+    _require_a_quiet_window(rows)
     held = probe.spin_s / probe.total_s
     st = analyze_stage(rows, cores=len(os.sched_getaffinity(0)), n_boot=50)
     nominal = stage.gil_fraction
