@@ -357,19 +357,29 @@ class ProcessRunner(Runner):
         super().abort()
         ex = getattr(self, "_ex", None)
         if ex is not None:
+            pids = self.worker_pids()
             # kill_workers: a hung or runaway worker must not outlive its point.
             ex.shutdown(wait=False, kill_workers=True)
-            self._reap(ex)
+            kill_and_reap(pids)
 
-    @staticmethod
-    def _reap(ex: Any) -> None:
-        procs = list(getattr(ex, "_processes", {}).values())
-        deadline = time.monotonic() + 5.0
-        for p in procs:
-            try:
-                p.join(max(0.0, deadline - time.monotonic()))
-            except Exception:
-                pass
+
+def kill_and_reap(pids: list[int], timeout: float = 5.0) -> None:
+    """SIGKILL the given worker processes and wait for them.
+
+    loky's ``shutdown(kill_workers=True)`` kills from its manager thread, later;
+    a worker hung in the stage must be gone before the next point is timed.
+    """
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            p.kill()
+            procs.append(p)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=timeout)
 
 
 def make_runner(

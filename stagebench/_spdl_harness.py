@@ -153,5 +153,9 @@ class SpdlRunner(Runner):
             except Exception:
                 pass
         if self._pool is not None:
+            from ._executors import kill_and_reap
+
+            pids = self.worker_pids()
             self._pool.shutdown(wait=False, kill_workers=True)
+            kill_and_reap(pids)
 

@@ -16,8 +16,10 @@ import threading
 import time
 from functools import partial
 
+import numpy as np
 import pytest
 
+from _machine import require_free_cores
 from stagebench import MeasureConfig, measure_stage
 
 CORES = len(os.sched_getaffinity(0))
@@ -88,6 +90,7 @@ def test_gil_holding_loop_does_not_scale_on_threads():
 
 @pytest.mark.skipif(CORES < 2, reason="needs 2 cores to scale")
 def test_gil_holding_loop_scales_on_processes():
+    require_free_cores(1.6)
     inputs = list(range(32))
     one = _ok(measure_stage(python_loop, inputs, executor="process", concurrency=1, config=FAST))
     two = _ok(measure_stage(python_loop, inputs, executor="process", concurrency=2, config=FAST))
@@ -98,6 +101,7 @@ def test_gil_holding_loop_scales_on_processes():
 
 @pytest.mark.skipif(CORES < 2, reason="needs 2 cores to scale")
 def test_gil_releasing_cpu_stage_scales_on_threads():
+    require_free_cores(1.6)
     inputs = list(range(8))
     one = _ok(measure_stage(sha_stage, inputs, executor="thread", concurrency=1, config=FAST))
     two = _ok(measure_stage(sha_stage, inputs, executor="thread", concurrency=2, config=FAST))
@@ -105,11 +109,25 @@ def test_gil_releasing_cpu_stage_scales_on_threads():
     assert two["cores_used"] > 1.3
 
 
-def test_cpu_per_item_matches_cores_times_latency():
-    row = _ok(measure_stage(python_loop, list(range(16)), executor="thread", concurrency=1, config=FAST))
-    # one busy thread: CPU per item ~ wall time per item
-    assert row["cpu_s_per_item"] == pytest.approx(1.0 / row["qps"], rel=0.3)
-    assert 0.7 < row["cores_used"] < 1.3
+_OWN_CPU: list[float] = []
+
+
+def self_timed_loop(x):
+    """The loop, recording the CPU time its own thread spent on it (the truth, same window)."""
+    t = time.thread_time()
+    python_loop(x)
+    _OWN_CPU.append(time.thread_time() - t)
+
+
+def test_cpu_per_item_matches_the_stages_own_cpu_time():
+    # On a busy VM the CPU time of fixed work itself varies from run to run, so
+    # the truth is what the stage's thread recorded during the same measurement.
+    _OWN_CPU.clear()
+    row = _ok(measure_stage(self_timed_loop, list(range(16)), executor="thread", concurrency=1, config=FAST))
+    truth = float(np.median(_OWN_CPU))
+    # the harness adds its own bookkeeping, never removes any
+    assert truth * 0.9 <= row["cpu_s_per_item"] <= truth * 1.3, (row["cpu_s_per_item"], truth)
+    assert row["cores_used"] < 1.3
 
 
 # ---------------------------------------------------------------- callables users write

@@ -1,0 +1,34 @@
+"""How much of the machine is free right now, measured rather than guessed.
+
+Scaling claims ("two processes do 1.3x the work of one") need two free cores.
+On a machine that other programs keep busy they cannot be checked at all, and a
+test that fails there says nothing about stagebench. We measure the free cores
+directly (the load average lags by a minute and counts our own past tests) and
+skip with the figure when there are too few.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+_SPIN = "import time,sys\nt=time.monotonic()\nwhile time.monotonic()-t<{s}: pass\nprint(time.process_time())"
+
+
+def free_cores(seconds: float = 0.5) -> float:
+    """CPU seconds that N busy processes (N = usable cores) got per wall second."""
+    n = len(os.sched_getaffinity(0))
+    procs = [subprocess.Popen([sys.executable, "-S", "-c", _SPIN.format(s=seconds)], stdout=subprocess.PIPE, text=True)
+             for _ in range(n)]
+    cpu = sum(float(p.communicate()[0]) for p in procs)
+    return cpu / seconds
+
+
+def require_free_cores(needed: float) -> float:
+    got = free_cores()
+    if got < needed:
+        pytest.skip(f"machine too busy to test scaling: {got:.2f} free cores measured, {needed} needed")
+    return got
