@@ -44,7 +44,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -729,18 +730,19 @@ def measure_loader_point(
     errors.attach()
     outcome = None
     hung = False
-    try:
-        cons.start()
-        outcome, hung = _supervise(cons, eff, cfg, deadline, row, errors)
-    except KeyboardInterrupt:
-        _teardown(cons, hung=True)
-        errors.detach()
-        raise
-    try:
-        for note in _teardown(cons, hung=hung):
-            _add_note(row, note)
-    finally:
-        errors.detach()
+    with _quiet_sigchld():
+        try:
+            cons.start()
+            outcome, hung = _supervise(cons, eff, cfg, deadline, row, errors)
+        except KeyboardInterrupt:
+            _teardown(cons, hung=True)
+            errors.detach()
+            raise
+        try:
+            for note in _teardown(cons, hung=hung):
+                _add_note(row, note)
+        finally:
+            errors.detach()
     if row["status"] == "ok" and cons.error is not None:
         row["status"], row["reason"] = cons.error  # raised during the epoch-stall phase
     if row["status"] == "ok" and errors.records:
@@ -748,6 +750,26 @@ def measure_loader_point(
     _fill(row, cons, outcome, eff, batch_size, cfg)
     row["elapsed_s"] = time.perf_counter() - t_begin
     return row
+
+
+@contextmanager
+def _quiet_sigchld() -> Iterator[None]:
+    """Keep torch's SIGCHLD handler from raising in the main thread during a point.
+
+    Once any DataLoader iterator was created on the main thread, torch keeps a
+    process-wide SIGCHLD handler that raises ``RuntimeError: DataLoader worker
+    ... is killed`` wherever the main thread happens to be (here: in the
+    supervisor's sleep, or its teardown). The sweep detects dead workers itself
+    and records the point as crashed, so the handler is set aside meanwhile.
+    """
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGCHLD"):
+        yield
+        return
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
 
 
 def _failure(cons: _Consumer, errors: _SpdlErrors, check_workers: bool = False) -> tuple[str, str] | None:
