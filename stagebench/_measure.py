@@ -267,8 +267,11 @@ def _fill_from_records(row, lanes, t0, t1, snap0, snap1, cfg: MeasureConfig) -> 
     )
     row["latency_p50_ms"], row["latency_p90_ms"], row["latency_p99_ms"] = percentiles_ms(durations)
     cpu = snap1.cpu_since(snap0)
-    row["cores_used"] = cpu / window
-    row["cpu_s_per_item"] = cpu / n_items if n_items > 0 else math.nan
+    # per CPU-counter interval, not the window: reading counters can lag the
+    # window's edges when the stage's threads hold the GIL
+    cpu_span = max(snap1.t - snap0.t, 1e-9)
+    row["cores_used"] = cpu / cpu_span
+    row["cpu_s_per_item"] = cpu / (n_items * cpu_span / window) if n_items > 0 else math.nan
     row["disk_read_mb_s"] = snap1.read_bytes_since(snap0) / window / 2**20
     row["read_mb_s"] = snap1.read_chars_since(snap0) / window / 2**20
     if n_items == 0:

@@ -24,11 +24,20 @@ import psutil
 __all__ = ["TreeSnapshot", "ResourceMonitor", "tree_pss_mb", "tree_uss_mb"]
 
 
+_SELF: dict[int, psutil.Process] = {}
+
+
 def _procs(pids: "list[int] | tuple[int, ...]") -> list[psutil.Process]:
     out = []
+    me = os.getpid()
     for pid in pids:
         try:
-            out.append(psutil.Process(pid))
+            if pid == me:
+                # Constructing a Process reads /proc: cache our own (pid reuse is
+                # impossible while we are alive; a fork gets a new pid and entry).
+                out.append(_SELF.get(me) or _SELF.setdefault(me, psutil.Process(me)))
+            else:
+                out.append(psutil.Process(pid))
         except psutil.Error:
             pass
     return out
@@ -50,7 +59,8 @@ class TreeSnapshot:
         rb: dict[int, int] = {}
         rc: dict[int, int] = {}
         me = os.getpid()
-        t = os.times()  # a syscall, no file read
+        t = os.times()  # a syscall, no file read: the snapshot's instant
+        when = time.perf_counter()
         cpu[me] = t.user + t.system
         for p in _procs([me, *worker_pids]):
             try:
@@ -66,7 +76,7 @@ class TreeSnapshot:
                         pass
             except psutil.Error:
                 continue
-        return cls(time.perf_counter(), cpu, rb, rc)
+        return cls(when, cpu, rb, rc)
 
     @staticmethod
     def _delta(a: dict[int, float], b: dict[int, float]) -> float:

@@ -46,3 +46,27 @@ def test_percentiles_in_ms():
     p50, p90, p99 = percentiles_ms(np.linspace(0.001, 0.1, 100))
     assert p50 == pytest.approx(50.5, rel=0.02)
     assert p99 > p90 > p50
+
+
+def _dense_reference(starts, ends, edges):
+    counts = np.zeros(len(edges) - 1)
+    for s, e in zip(starts, ends):
+        if e <= s:
+            i = np.searchsorted(edges, e, side="right") - 1
+            if e == edges[-1]:
+                i = len(edges) - 2
+            if 0 <= i < len(counts):
+                counts[i] += 1
+            continue
+        for b in range(len(counts)):
+            counts[b] += max(0.0, min(e, edges[b + 1]) - max(s, edges[b])) / (e - s)
+    return counts
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fast_counting_equals_the_overlap_definition(seed):
+    rng = np.random.default_rng(seed)
+    starts = rng.uniform(-0.5, 1.5, 3000)
+    ends = starts + rng.exponential(0.05, 3000) * (rng.random(3000) > 0.05)  # some zero-length
+    edges = np.linspace(0.0, 1.0, 11)
+    np.testing.assert_allclose(fractional_counts(starts, ends, edges), _dense_reference(starts, ends, edges), atol=1e-9)
