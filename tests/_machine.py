@@ -32,3 +32,25 @@ def require_free_cores(needed: float) -> float:
     if got < needed:
         pytest.skip(f"machine too busy to test scaling: {got:.2f} free cores measured, {needed} needed")
     return got
+
+
+class quiet_machine:
+    """Context: skip (with the figures) if the machine was busy before or after the block.
+
+    Other programs can take the cores while a scaling measurement runs; checking
+    both sides brackets the measurement without disturbing it.
+    """
+
+    def __init__(self, needed: float) -> None:
+        self.needed = needed
+
+    def __enter__(self) -> "quiet_machine":
+        require_free_cores(self.needed)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        after = free_cores()
+        if after < self.needed:
+            pytest.skip(f"machine became busy during the scaling measurement: "
+                        f"{after:.2f} free cores afterwards, {self.needed} needed")
+        return False
