@@ -1,0 +1,183 @@
+"""Shared pieces of the benchmarks: known-answer stages, direct timing, SPDL's profiler, output.
+
+The known-answer stages are the test suite's (``tests/_stages.py``: fixed
+work, calibrated once per process; picklable, so process workers run the same
+work). ``tests/`` goes on ``sys.path`` rather than being imported by file
+location, so that process workers, which inherit the path, can unpickle the
+stages by reference.
+
+:func:`direct_cost` times a stage in a plain loop in this thread, with no
+harness at all: the per-item costs every truth model starts from are measured
+independently of the instrument under test. :func:`spdl_profile` is SPDL's own
+public profiler, run as SPDL's diagnostic mode runs it.
+
+Reference pipelines (:data:`PIPELINES`) are the ones the diagnosis and
+prediction benchmarks share; each is a function building a fresh
+``PipelineConfig`` over ``n`` source items.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))
+
+import _stages  # noqa: E402  (tests/_stages.py: the known-answer stages)
+
+__all__ = [
+    "ROOT",
+    "_stages",
+    "DirectCost",
+    "direct_cost",
+    "spdl_profile",
+    "rel_error",
+    "machine_line",
+    "load_now",
+    "usable_cores",
+    "write_json",
+    "fmt_pct",
+    "fmt_q",
+    "PIPELINES",
+    "PIPELINE_NOTES",
+    "SPDL_DEFAULT_NUM_INPUTS",
+]
+
+#: SPDL's own default number of source items for its diagnostic mode.
+SPDL_DEFAULT_NUM_INPUTS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class DirectCost:
+    """Per-item costs of a stage timed in a plain loop in one thread (no harness)."""
+
+    wall_s: float
+    """Mean wall time per item: what one lane of a closed loop can do at best."""
+    cpu_s: float
+    """Mean CPU time of this thread per item (GIL-releasing C code included)."""
+    items: int
+
+
+def direct_cost(fn: Callable[[Any], Any], seconds: float = 0.4, min_items: int = 20) -> DirectCost:
+    """Time ``fn`` over a plain loop for about ``seconds`` (at least ``min_items`` calls).
+
+    The mean, not the median: throughput is items over total time, so a rare
+    slow call (a preemption on a busy machine) counts as much as it costs.
+    """
+    fn(0)  # first call: lazily built buffers, imports
+    n = 0
+    c0, t0 = time.thread_time(), time.perf_counter()
+    while n < min_items or time.perf_counter() - t0 < seconds:
+        fn(n)
+        n += 1
+    wall = time.perf_counter() - t0
+    cpu = time.thread_time() - c0
+    return DirectCost(wall_s=wall / n, cpu_s=cpu / n, items=n)
+
+
+def spdl_profile(fn: Callable[[Any], Any], *, name: str, num_inputs: int = SPDL_DEFAULT_NUM_INPUTS) -> dict[int, float]:
+    """QPS per concurrency from ``spdl.pipeline.profile_pipeline`` (concurrency 1, 4, 8, 16, 32)."""
+    from spdl.pipeline import profile_pipeline
+    from spdl.pipeline.defs import Pipe, PipelineConfig, SinkConfig, SourceConfig
+
+    logging.getLogger("spdl").setLevel(logging.ERROR)
+    cfg = PipelineConfig(src=SourceConfig(range(num_inputs)), pipes=[Pipe(fn, name=name)], sink=SinkConfig(10))
+    results = profile_pipeline(cfg, num_inputs=num_inputs)
+    return {s.concurrency: float(s.qps) for s in results[0].stats}
+
+
+def rel_error(measured: float | None, truth: float | None) -> float | None:
+    if measured is None or truth is None or not (math.isfinite(measured) and math.isfinite(truth)) or truth <= 0:
+        return None
+    return (measured - truth) / truth
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def machine_line() -> str:
+    """Cores and load average now: every table is read against the load it ran under."""
+    la = os.getloadavg()
+    return f"{usable_cores()} usable cores, load average {la[0]:.1f} {la[1]:.1f} {la[2]:.1f}"
+
+
+def load_now() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def write_json(path: str | os.PathLike | None, data: dict[str, Any]) -> None:
+    if not path:
+        return
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+
+    def clean(x: Any) -> Any:  # NaN/inf are not JSON
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    p.write_text(json.dumps(clean(data), indent=2) + "\n")
+
+
+def fmt_pct(x: float | None, width: int = 6) -> str:
+    return f"{x * 100:{width}.1f}" if x is not None else f"{'n/a':>{width}}"
+
+
+def fmt_q(x: float | None, width: int = 9) -> str:
+    if x is None or not math.isfinite(x):
+        return f"{'n/a':>{width}}"
+    return f"{x:{width},.0f}" if x >= 100 else f"{x:{width}.1f}"
+
+
+# ------------------------------------------------------------------ reference pipelines
+def _pipeline(n: int, stages: list[tuple[str, Callable[[Any], Any], int]]):
+    from spdl.pipeline.defs import Pipe, PipelineConfig, SinkConfig, SourceConfig
+
+    return PipelineConfig(
+        src=SourceConfig(range(n)),
+        pipes=[Pipe(fn, concurrency=c, name=name) for name, fn, c in stages],
+        sink=SinkConfig(32),
+    )
+
+
+def gil_mix(n: int):
+    """The issue's GIL example: 1 ms GIL-holding, 5 ms sleep, 0.5 ms GIL + 2 ms sleep."""
+    S = _stages
+    return _pipeline(n, [("tokenize", S.Spin(1.0), 4), ("fetch", S.Sleep(5.0), 16),
+                         ("mixed", S.SpinSleep(0.5, 2.0), 8)])
+
+
+def sleep_chain(n: int):
+    """Waiting only (reads, remote calls): 2 ms, 10 ms and 1 ms sleeps."""
+    S = _stages
+    return _pipeline(n, [("list", S.Sleep(2.0), 4), ("download", S.Sleep(10.0), 16),
+                         ("stat", S.Sleep(1.0), 2)])
+
+
+def cpu_free(n: int):
+    """CPU that releases the GIL: a 1 ms read, 2 ms of hashlib, 0.2 ms of Python."""
+    S = _stages
+    return _pipeline(n, [("read", S.Sleep(1.0), 4), ("checksum", S.HashCPU(2.0), 2),
+                         ("label", S.Spin(0.2), 1)])
+
+
+PIPELINES: dict[str, Callable[[int], Any]] = {"gil_mix": gil_mix, "sleep_chain": sleep_chain, "cpu_free": cpu_free}
+PIPELINE_NOTES = {k: (f.__doc__ or "").strip() for k, f in PIPELINES.items()}
