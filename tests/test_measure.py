@@ -165,6 +165,18 @@ def hangs(x):
     time.sleep(3600)
 
 
+class HangsAndTellsPid:
+    """Hangs after writing its worker's pid, so a test can check that exact process is gone."""
+
+    def __init__(self, folder):
+        self.folder = str(folder)
+
+    def __call__(self, x):
+        with open(os.path.join(self.folder, f"{os.getpid()}.pid"), "w"):
+            pass
+        time.sleep(3600)
+
+
 def dies(x):
     os._exit(13)
 
@@ -185,22 +197,21 @@ def test_always_raising_stage_is_failed_with_message(executor):
 
 
 @pytest.mark.parametrize("executor", ["thread", "process"])
-def test_hanging_stage_times_out_and_is_cleaned_up(executor):
+def test_hanging_stage_times_out_and_is_cleaned_up(executor, tmp_path):
     cfg = MeasureConfig(budget_s=0.3, warmup_s=0.1, timeout_s=2.0)
     t = time.perf_counter()
-    row = measure_stage(hangs, list(range(4)), executor=executor, concurrency=2, config=cfg)
+    row = measure_stage(HangsAndTellsPid(tmp_path), list(range(4)), executor=executor, concurrency=2, config=cfg)
     assert row["status"] == "timeout"
     assert time.perf_counter() - t < 15
     if executor == "process":
         import psutil
 
-        # the pool's workers were killed: no child of ours is still sleeping in `hangs`
-        time.sleep(0.5)
-        workers = [
-            p for p in psutil.Process().children(recursive=True)
-            if "resource_tracker" not in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE
-        ]
-        assert not workers, [p.cmdline() for p in workers]
+        pids = [int(p.stem) for p in tmp_path.glob("*.pid")]
+        assert pids, "the stage never started in a worker"
+        # the workers that were stuck in the stage are gone when measure_stage returns
+        alive = [pid for pid in pids if psutil.pid_exists(pid)
+                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        assert not alive, alive
 
 
 def test_crashing_worker_is_recorded_with_exit_code():

@@ -56,20 +56,16 @@ def _in_worker(main_pid: int) -> bool:
     return os.getpid() != main_pid
 
 
-_SIBLINGS: dict[int, int] = {}
-
-
 def _worker_count() -> int:
-    """Worker processes of this loader: the parent's children (counted once per worker)."""
-    pid = os.getpid()
-    if pid not in _SIBLINGS:
-        import psutil
+    """Worker processes of this loader, as torch tells the worker itself.
 
-        from multiprocessing import resource_tracker
+    (Counting the parent's children is wrong in a test session: earlier tests
+    leave other children, such as loky's reusable workers.)
+    """
+    from torch.utils.data import get_worker_info
 
-        tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
-        _SIBLINGS[pid] = len([c for c in psutil.Process(os.getppid()).children() if c.pid != tracker])
-    return _SIBLINGS[pid]
+    info = get_worker_info()
+    return info.num_workers if info is not None else 0
 
 
 class KillWorkerDataset(SleepDataset):
