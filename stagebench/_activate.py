@@ -10,23 +10,28 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["install"]
+__all__ = ["install", "PostImportFinder"]
 
-_TARGETS: dict[str, str] = {
-    # module whose import triggers the patch -> function in stagebench._diagnose
-    "spdl.pipeline._profile": "patch_spdl",
-}
+#: module whose import triggers the patch
+_SPDL_PROFILE = "spdl.pipeline._profile"
 
 
-class _PostImportFinder:
-    """Wraps the loader of the target modules to run a patch after they execute.
+class PostImportFinder:
+    """Calls ``on_import(module)`` right after any of ``targets`` is executed.
 
-    A plain class with ``find_spec`` (the meta-path protocol): importing
-    ``importlib.abc`` for the base class would cost most of activation's time.
+    Patching on import (rather than importing the target now) keeps start-up
+    fast and lets processes that never import it pay nothing. A plain class with
+    ``find_spec`` (the meta-path protocol): importing ``importlib.abc`` for the
+    base class would cost most of activation's time. Also used by the DataLoader
+    hook (``_loader_intercept``).
     """
 
+    def __init__(self, targets, on_import) -> None:  # noqa: ANN001
+        self.targets = frozenset(targets)
+        self.on_import = on_import
+
     def find_spec(self, fullname, path, target=None):  # noqa: ANN001
-        if fullname not in _TARGETS:
+        if fullname not in self.targets:
             return None
         # Find the real spec with the rest of the meta path (skip ourselves).
         for finder in sys.meta_path:
@@ -34,24 +39,28 @@ class _PostImportFinder:
                 continue
             spec = getattr(finder, "find_spec", lambda *a: None)(fullname, path, target)
             if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader, _TARGETS[fullname])
+                spec.loader = _PatchingLoader(spec.loader, self.on_import)
                 return spec
         return None
 
 
 class _PatchingLoader:
-    def __init__(self, inner, patch_name: str) -> None:  # noqa: ANN001
+    def __init__(self, inner, on_import) -> None:  # noqa: ANN001
         self._inner = inner
-        self._patch = patch_name
+        self._on_import = on_import
 
     def create_module(self, spec):  # noqa: ANN001
         return self._inner.create_module(spec)
 
     def exec_module(self, module) -> None:  # noqa: ANN001
         self._inner.exec_module(module)
-        from . import _diagnose
+        self._on_import(module)
 
-        getattr(_diagnose, self._patch)(module)
+
+def _patch_spdl(module) -> None:  # noqa: ANN001
+    from . import _diagnose
+
+    _diagnose.patch_spdl(module)
 
 
 # SPDL's own spelling of "true" (spdl.pipeline._common._misc._get_env_bool).
@@ -68,11 +77,8 @@ def install() -> None:
 
     if os.environ.get("SPDL_PIPELINE_DIAGNOSTIC_MODE", "0") not in _TRUTHY:
         return
-    if any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
+    if any(getattr(f, "on_import", None) is _patch_spdl for f in sys.meta_path):
         return
-    for name, patch in _TARGETS.items():
-        if name in sys.modules:  # already imported: patch in place
-            from . import _diagnose
-
-            getattr(_diagnose, patch)(sys.modules[name])
-    sys.meta_path.insert(0, _PostImportFinder())
+    if _SPDL_PROFILE in sys.modules:  # already imported: patch in place
+        _patch_spdl(sys.modules[_SPDL_PROFILE])
+    sys.meta_path.insert(0, PostImportFinder((_SPDL_PROFILE,), _patch_spdl))

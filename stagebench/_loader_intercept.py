@@ -25,7 +25,6 @@ pays for importing it.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import os
 import sys
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._activate import PostImportFinder
 from ._loader import BuiltLoader, EpochControl, LoaderKnobs, TaggedCollate
 
 __all__ = [
@@ -340,6 +340,10 @@ class _Hook:
         cls.__iter__ = __iter__
         self.patched.append((cls, original))
 
+    def patch_unless_captured(self, module: Any) -> None:
+        if not self.captured:
+            self.patch(module)
+
     def uninstall(self) -> None:
         for cls, original in self.patched:
             cls.__iter__ = original
@@ -347,39 +351,6 @@ class _Hook:
         if self.finder is not None and self.finder in sys.meta_path:
             sys.meta_path.remove(self.finder)
         self.finder = None
-
-
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Runs the patch right after a target module executes (no eager torch import)."""
-
-    def __init__(self, hook: _Hook) -> None:
-        self.hook = hook
-
-    def find_spec(self, fullname, path, target=None):  # noqa: ANN001
-        if fullname not in _TARGETS:
-            return None
-        for finder in sys.meta_path:
-            if finder is self:
-                continue
-            spec = getattr(finder, "find_spec", lambda *a: None)(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader, self.hook)
-                return spec
-        return None
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner: Any, hook: _Hook) -> None:
-        self._inner = inner
-        self._hook = hook
-
-    def create_module(self, spec):  # noqa: ANN001
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module) -> None:  # noqa: ANN001
-        self._inner.exec_module(module)
-        if not self._hook.captured:
-            self._hook.patch(module)
 
 
 def install_dataloader_hook(on_loader: Callable[[Any], None]) -> Callable[[], None]:
@@ -392,7 +363,7 @@ def install_dataloader_hook(on_loader: Callable[[Any], None]) -> Callable[[], No
     for name in _TARGETS:
         if name in sys.modules:
             hook.patch(sys.modules[name])
-    hook.finder = _PostImportFinder(hook)
+    hook.finder = PostImportFinder(_TARGETS, hook.patch_unless_captured)
     sys.meta_path.insert(0, hook.finder)
     return hook.uninstall
 
