@@ -21,11 +21,17 @@ loop on k usable cores then deliver
     processes:  min(c / (t + o),  k / (cpu + h))            (a GIL per worker)
 
 The model is exact away from the knees of the min; near a knee, queueing for
-the GIL or the cores makes the real curve a few percent lower, so the grid
-avoids knees. It assumes the k cores are free: on a machine busy with other
-work the costs drift within a point and the points bound by the cores read
-low (load average and drift are printed and saved; a drift above 10% means
-the truth itself is uncertain by that much).
+the GIL or the cores makes the real curve lower, so the thread grid avoids
+knees. Processes at c >= k cannot: c workers plus the parent's dispatching
+share k cores, each round trip waits for a core, and the closed loop reads
+25-40% below the model there (stagebench's direct harness and a one-stage SPDL
+pipeline with a process executor agree with each other at those points, so
+it is the model's optimism). The model also leaves out waking threads: at tens
+of thousands of wake-ups per second (64 threads sleeping 2 ms), each wake-up
+takes the GIL, which the hot no-op ceiling never pays. It assumes the k cores
+are free: on a machine busy with other work the costs drift within a point and
+the points bound by the cores read low (load average and drift are printed
+and saved; a drift above 10% means the truth itself is uncertain by that much).
 
 stagebench: ``measure_stage`` (direct harness), ``--budget`` s window per point.
 SPDL: ``spdl.pipeline.profile_pipeline`` on a one-stage pipeline, with SPDL's
