@@ -24,9 +24,9 @@ The model is exact away from the knees of the min; near a knee, queueing for
 the GIL or the cores makes the real curve lower, so the thread grid avoids
 knees. Processes at c >= k cannot: c workers plus the parent's dispatching
 share k cores, each round trip waits for a core, and the closed loop reads
-25-40% below the model there (stagebench's direct harness and a one-stage SPDL
-pipeline with a process executor agree with each other at those points, so
-it is the model's optimism). The model also leaves out waking threads: at tens
+25-40% below the model there (a one-stage SPDL pipeline with a process
+executor reads as low or lower at those points: it is the model's optimism,
+not the harness's overhead). The model also leaves out waking threads: at tens
 of thousands of wake-ups per second (64 threads sleeping 2 ms), each wake-up
 takes the GIL, which the hot no-op ceiling never pays. It assumes the k cores
 are free: on a machine busy with other work the costs drift within a point and
