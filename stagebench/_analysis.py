@@ -23,9 +23,14 @@ Per stage (:func:`analyze_stage`):
   than the work), ``gil-bound`` (the thread curve flattens below the cores,
   and the serialiser is the GIL; or, at the best thread point, the stage's
   own GIL time plus the harness's keeps the GIL >= 80% busy and the stage's
-  part is at least half the harness's, else that is ``overhead-bound``), ``cpu-bound`` (the best point uses >= 75%
+  part is at least half the harness's, else that is ``overhead-bound``;
+  never while the thread curve is still rising at the top of the grid: a GIL
+  that binds flattens the curve, and a small GIL share read from wake-up CPU
+  would otherwise pass for one), ``cpu-bound`` (the best point uses >= 75%
   of the cores, or CPU per item explains its throughput), ``io-bound`` (few
-  cores used while scaling with concurrency: it waits), else ``unknown``.
+  cores used *by the stage itself* while scaling with concurrency: it waits;
+  the harness's own CPU per item, read from its no-op ceiling at the same
+  setting, is not the stage's), else ``unknown``.
   A GIL-bound stage stays ``gil-bound`` when its best point is on processes:
   the GIL is what limits it where a pipeline runs it by default, and it is
   why processes win.
@@ -42,7 +47,7 @@ from typing import Any
 
 import pandas as pd
 
-from ._curves import Point, StageRows, finite
+from ._curves import Curve, Point, StageRows, finite
 from ._fit import fit_scaling
 from ._gil import estimate_gil, harness_gil_s
 
@@ -54,6 +59,8 @@ _WITHIN_BEST = 0.95        # recommendation: smallest concurrency within 5% of t
 _NEAR_CEILING = 0.80       # within 20% of the no-op ceiling
 _CPU_BOUND = 0.75          # share of the cores
 _IO_CORES = 0.50           # fewer cores than this share: mostly waiting
+_RISING = 0.5              # top level above prev x (1 + this x (ideal ratio - 1)): still rising
+_EFFICIENT = 0.9           # top level at this share of linear scaling: still rising
 _LARGE_PAYLOAD = 64 * 1024
 _NOISY_CV = 0.15
 _WIDE_INTERVAL = 0.30      # interval width / value
@@ -162,6 +169,27 @@ def _recommend(sr: StageRows, harness: str) -> tuple[dict | None, dict | None, d
 
 
 # ------------------------------------------------------------------ classification
+def _still_rising(curve: Curve | None) -> str | None:
+    """Why the curve has not flattened at its largest measured level, or None.
+
+    Rising: the top level beats the one below it by half of what linear
+    scaling would add (1.5x when it doubles), beyond noise; or the top level
+    still runs at >= 90% of linear scaling from the lowest level.
+    """
+    if not curve or len(curve) < 2:
+        return None
+    top, prev, p0 = curve.points[-1], curve.points[-2], curve.points[0]
+    ideal = top.concurrency / prev.concurrency
+    if top.qps > prev.qps * (1 + _RISING * (ideal - 1)) and top.low > prev.high:
+        return (f"still rising at the top of the grid ({_fmt_q(top.qps)} items/s at {curve.executor} concurrency "
+                f"{top.concurrency}, {top.qps / prev.qps:.2f}x the {_fmt_q(prev.qps)} at {prev.concurrency})")
+    efficiency = top.qps / (top.concurrency * p0.qps / p0.concurrency)
+    if efficiency >= _EFFICIENT:
+        return (f"still rising at the top of the grid ({_fmt_q(top.qps)} items/s at {curve.executor} concurrency "
+                f"{top.concurrency}, {efficiency:.0%} of linear scaling)")
+    return None
+
+
 def _classify(
     sr: StageRows, harness: str, best: dict, bests: dict[str, Point], gil: dict, cores: int,
 ) -> tuple[str, list[str], dict[str, dict]]:
@@ -205,8 +233,13 @@ def _classify(
                     f"per item, more than the work itself ({_ms(pt.cpu_s_per_item)} on threads)"
                 ], signals
 
+    # A GIL that binds caps the thread curve; one still rising at the top of
+    # the grid has not met it, whatever small GIL share its CPU suggests. Each
+    # rule judges the curve it reads: the GIL estimate's, and the best point's.
+    gil_curve = sr.curve(gil.get("harness") or harness, gil.get("executor") or "thread")
     tb = bests.get(gil.get("executor") or "thread")
-    if gil.get("saturated") and gil.get("serializer") == "gil" and tb is not None:
+    if (gil.get("saturated") and gil.get("serializer") == "gil" and tb is not None
+            and not _still_rising(gil_curve)):
         f = gil["fraction"]
         lines = [
             f"{gil['executor']}s flatten at {_fmt_q(tb.qps)} items/s (concurrency {tb.concurrency}, "
@@ -222,14 +255,18 @@ def _classify(
     # harness's per item, times the throughput (catches a GIL that saturates
     # only together with SPDL's own Python, at the top of the curve).
     g = gil.get("gil_s_per_item")
+    rising = _still_rising(sr.curve(harness, ex)) if ex in ("thread", "async") else None
+    rising_note: str | None = None
     if ex in ("thread", "async") and g is not None and not gil.get("serializer") == "other":
         h = harness_gil_s(sr.ceiling(harness, ex, c))
         busy = bp.qps * (g + h)
         line = (f"at {ex} concurrency {c}, {_fmt_q(bp.qps)} items/s x ({_ms(g)} of the stage's own Python + {_ms(h)} "
                 f"of the harness's) keeps the GIL {busy:.0%} busy")
-        if busy >= _NEAR_CEILING and g >= 0.5 * h:
+        if busy >= _NEAR_CEILING and rising:
+            rising_note = f"{line}, yet the curve is {rising}: the GIL is not the limit yet"
+        elif busy >= _NEAR_CEILING and g >= 0.5 * h:
             return "gil-bound", [line + ": the GIL is the limit"], signals
-        if busy >= _NEAR_CEILING:
+        elif busy >= _NEAR_CEILING:
             return "overhead-bound", [line + ": mostly the harness's own per-item Python, the GIL is the limit"], signals
 
     cpu = bp.cpu_s_per_item
@@ -248,15 +285,30 @@ def _classify(
     curve = sr.curve(harness, ex)
     p0 = curve.points[0]
     linear_share = bp.qps / (bp.concurrency * p0.qps / p0.concurrency)
-    if finite(u) and u < _IO_CORES * cores and (c > cores or linear_share >= 0.75):
-        return "io-bound", [
+    # The harness's per-item scheduling (its no-op ceiling's CPU per item at the
+    # same setting) is CPU the stage would not spend in any other harness: a
+    # stage that waits is judged on its own cores, both numbers shown.
+    own_u, used = u, f"{u:.2f} of {cores} cores"
+    if finite(u, cpu) and ceil is not None and finite(ceil.cpu_s_per_item) and ceil.cpu_s_per_item > 0:
+        own_cpu = max(0.0, cpu - ceil.cpu_s_per_item)
+        own_u = own_cpu * bp.qps
+        used = (f"{own_u:.2f} of {cores} cores for its own work ({_ms(own_cpu)} CPU per item; {u:.2f} cores with "
+                f"the {harness} harness's own per-item scheduling, {_ms(ceil.cpu_s_per_item)} per item)")
+        signals["own_cores_at_best"] = {
+            "value": own_u, "interval": None,
+            "label": f"cores used by the stage itself at the best point: (CPU per item - the {harness} harness's "
+                     f"no-op CPU per item) x throughput, of {cores} usable",
+        }
+    lines = [rising_note] if rising_note else []
+    if finite(own_u) and own_u < _IO_CORES * cores and (c > cores or linear_share >= 0.75):
+        lines.insert(0,
             f"at {ex} concurrency {c} it delivers {_fmt_q(bp.qps)} items/s ({linear_share:.0%} of linear scaling) "
-            f"using only {u:.2f} of {cores} cores: it waits (I/O, sleep, GIL-free waiting)"
-        ], signals
+            f"using only {used}: it waits (I/O, sleep, GIL-free waiting)"
+        )
+        return "io-bound", lines, signals
 
-    return "unknown", [
-        f"at {ex} concurrency {c}: {_fmt_q(bp.qps)} items/s, {u:.2f} cores used; no single limit stands out"
-    ], signals
+    lines.insert(0, f"at {ex} concurrency {c}: {_fmt_q(bp.qps)} items/s, {used}; no single limit stands out")
+    return "unknown", lines, signals
 
 
 # ------------------------------------------------------------------ per stage

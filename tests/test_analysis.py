@@ -308,3 +308,65 @@ def test_the_users_own_setting_is_compared_with_the_recommendation():
     f = [f for f in s["findings"] if f["title"].startswith("spin: change thread x 8")]
     assert f and "to process x 2" in f[0]["title"]
     assert "1.9x the 250 items/s of your setting" in f[0]["detail"]
+
+
+# ------------------------------------------------------------------ the harness's own CPU, still-rising curves
+def _wait_stage_through_spdl():
+    """A 4 ms storage wait measured like the example's ``read`` stage: the direct harness costs nothing, SPDL
+    spends about 0.5 ms of CPU per item scheduling it (its no-op ceiling), the stage itself about 0.08 ms."""
+    rows = []
+    for c in (1, 2, 4, 8):
+        q = c / 4.2e-3  # the wait scales linearly with the threads
+        rows.append(row("read", "thread", c, q, cores_used=q * 0.08e-3, cpu_s_per_item=0.08e-3, latency_ms=4.2))
+        rows.append(row("read", "thread", c, 2.5e6, role="ceiling", cores_used=1.0, cpu_s_per_item=4e-7,
+                        latency_ms=1e-4))
+        # through SPDL: 0.5 ms of scheduling CPU per item on top of the stage's own 0.1 ms
+        qs = {1: 218.0, 2: 443.0, 4: 834.0, 8: 1381.0}[c]
+        cpu = 0.6e-3 if c < 8 else 0.81e-3
+        rows.append(row("read", "thread", c, qs, harness="spdl", cores_used=qs * cpu, cpu_s_per_item=cpu,
+                        latency_ms=4.2))
+        rows.append(row("read", "thread", c, 2100.0, role="ceiling", harness="spdl", cores_used=1.12,
+                        cpu_s_per_item=0.53e-3, latency_ms=1e-3))
+    return pd.DataFrame(rows)
+
+
+def test_wait_stage_whose_cores_are_mostly_the_harness_is_io_bound():
+    st = analyze_stage(_wait_stage_through_spdl(), cores=2)
+    assert st["recommended"]["harness"] == "spdl" and st["best"]["concurrency"] == 8
+    assert st["classification"] == "io-bound"
+    line = st["evidence"]["summary"][0]
+    # both numbers: the stage's own cores ((0.81 - 0.53) ms x 1,381/s = 0.39) and the total with the harness (1.12)
+    assert "0.39" in line and "1.12" in line
+
+
+def test_wait_stage_without_a_ceiling_is_judged_on_all_its_cores():
+    rows = _wait_stage_through_spdl()
+    st = analyze_stage(rows[rows["role"] == "stage"], cores=2)
+    assert st["classification"] != "io-bound"  # 1.12 of 2 cores, nothing says whose: not "few cores"
+
+
+def test_still_rising_thread_curve_with_a_small_gil_share_is_not_gil_bound():
+    # a 10 ms sleep whose wake-ups cost 0.6 ms of CPU per item: GIL share ~0.06, threads near-linear up to 16
+    rows = []
+    for c, q in ((1, 95.0), (2, 190.0), (4, 378.0), (8, 750.0), (16, 1480.0)):
+        rows.append(row("nap", "thread", c, q, noise=0.02, cores_used=q * 0.6e-3, cpu_s_per_item=0.6e-3,
+                        latency_ms=10.5))
+        rows.append(row("nap", "thread", c, 2.5e6, role="ceiling", cores_used=1.0, cpu_s_per_item=4e-7,
+                        latency_ms=1e-4))
+    st = analyze_stage(pd.DataFrame(rows), cores=2)
+    assert 0.03 < st["gil_fraction"] < 0.1
+    assert st["classification"] != "gil-bound"
+    assert st["classification"] == "io-bound"
+    assert any("still rising" in line for line in st["evidence"]["summary"])
+
+
+def test_flattened_thread_curve_with_the_gil_busy_stays_gil_bound():
+    # the same stage where the curve did flatten at the top: the GIL-busy rule still applies
+    rows = []
+    for c, q in ((1, 95.0), (2, 190.0), (4, 378.0), (8, 750.0), (16, 820.0)):
+        rows.append(row("nap", "thread", c, q, noise=0.02, cores_used=q * 1.1e-3, cpu_s_per_item=1.1e-3,
+                        latency_ms=10.5))
+        rows.append(row("nap", "thread", c, 2.5e6, role="ceiling", cores_used=1.0, cpu_s_per_item=4e-7,
+                        latency_ms=1e-4))
+    st = analyze_stage(pd.DataFrame(rows), cores=2)
+    assert st["classification"] == "gil-bound"
