@@ -18,6 +18,13 @@ The diagnosis, in order (each step for a reason):
    thread / process (async: the event loop) x the concurrency grid, through
    stagebench's workers and through a one-stage SPDL pipeline, each with its
    no-op ceiling. Rows are on disk the moment they are measured.
+   With two or more stages, also measure SPDL no-op pipelines of one and two
+   identity stages (thread x 1) into ``run.json["pipeline_overhead"]``
+   (``one_stage``/``two_stage``: ``status``, ``qps``, ``cpu_s_per_item``,
+   ...): the one-stage ceiling includes the source, sink and consumer, which
+   a k-stage pipeline pays once; the prediction charges that fixed part once
+   and only the per-stage increment per stage. Not rows of ``results.csv``:
+   they belong to no stage.
 4. Run the whole pipeline once with the recommended settings over the cached
    source items (the validation run): isolated curves predict, this checks.
 5. Summarize, write the report, print a short table, exit 0.
@@ -544,6 +551,9 @@ class _Diagnosis:
         mean_interval([1.0, 2.0], 0.95)
 
         self._sweep_all(src.items)
+        if "spdl" in settings.harnesses and len(plan.stages) > 1:
+            self.meta["pipeline_overhead"] = self._pipeline_overhead(src.items)
+            self.run_dir.write_meta(self.meta)
         rows = self._rows()
         summary = self._summarize(rows)
         if self.blocked:
@@ -654,6 +664,30 @@ class _Diagnosis:
         # what one item at the sink stands for, in source items (batches: the batch size)
         self.items_per_sink_item = (n_source * src_fraction / len(inputs)) if inputs else None
         self.meta["items_per_sink_item"] = self.items_per_sink_item
+
+    def _pipeline_overhead(self, source_items: list) -> dict[str, Any]:
+        """SPDL's no-op cost with one and with two pipes (thread x 1, same window and statistics).
+
+        A one-stage ceiling includes the source, the sink and the consumer
+        thread, which a k-stage pipeline pays once; the difference between the
+        two no-op pipelines is what each further stage adds. The prediction
+        charges the first once and the second per stage.
+        """
+        from ._config import MeasureConfig
+        from ._measure import identity, measure_stage
+
+        s = self.settings
+        cfg = MeasureConfig(budget_s=s.budget_s, warmup_s=s.warmup_s, timeout_s=s.timeout_s)
+        out: dict[str, Any] = {"harness": "spdl", "executor": "thread", "concurrency": 1}
+        for key, extra in (("one_stage", 0), ("two_stage", 1)):
+            row = measure_stage(identity, source_items, executor="thread", concurrency=1, config=cfg,
+                                name="(pipeline)", role="ceiling", harness="spdl", spdl_extra_pipes=extra)
+            out[key] = {k: (v if not isinstance(v, float) or _finite(v) else None) for k in
+                        ("status", "qps", "cpu_s_per_item", "qps_low", "qps_high", "reason") for v in [row.get(k)]}
+        self.say("SPDL no-op pipeline: " + ", ".join(
+            f"{k.replace('_', ' ')} {out[k]['qps']:,.0f} items/s" for k in ("one_stage", "two_stage")
+            if _finite(out[k]["qps"])))
+        return out
 
     def _report_outputs(self, step: Any, inputs: list, cached: Any, ometa: dict, unstable: str | None,
                         seconds: float) -> None:

@@ -101,11 +101,13 @@ def measure_stage(
     role: str = "stage",
     harness: str = "direct",
     payload: float | None = None,
+    spdl_extra_pipes: int = 0,
 ) -> dict[str, Any]:
     """Measure ``fn`` over ``inputs`` at one executor and concurrency.
 
     ``harness="spdl"`` runs the stage inside a one-stage SPDL pipeline instead of
-    stagebench's own workers (same window, same statistics).
+    stagebench's own workers (same window, same statistics);
+    ``spdl_extra_pipes`` identity pipes go before it (a multi-stage pipeline).
 
     Returns one row (a dict with :data:`stagebench._schema.STAGE_COLUMNS`). Never
     raises for the stage's own faults: they become ``status``/``reason``. Only
@@ -118,6 +120,8 @@ def measure_stage(
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if harness not in HARNESSES:
         raise ValueError(f"harness: unknown {harness!r}; allowed: {', '.join(HARNESSES)}")
+    if spdl_extra_pipes < 0 or (spdl_extra_pipes and harness != "spdl"):
+        raise ValueError(f"spdl_extra_pipes must be >= 0 and needs harness='spdl', got {spdl_extra_pipes} with {harness!r}")
     inputs = list(inputs) if not isinstance(inputs, Sequence) else inputs
     stage = name or getattr(fn, "__name__", None) or type(fn).__name__
     row = empty_row(stage, role, executor, harness, concurrency)
@@ -135,7 +139,7 @@ def measure_stage(
     if harness == "spdl":
         from ._spdl_harness import SpdlRunner
 
-        runner = SpdlRunner(fn, inputs, concurrency, executor, fn_bytes)
+        runner = SpdlRunner(fn, inputs, concurrency, executor, fn_bytes, extra_pipes=spdl_extra_pipes)
     else:
         runner = make_runner(executor, fn, inputs, concurrency, fn_bytes)
     deadline = t_begin + cfg.timeout_s

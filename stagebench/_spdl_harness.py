@@ -26,11 +26,18 @@ from ._executors import Runner, _describe, _worker_call, _worker_init
 __all__ = ["SpdlRunner"]
 
 
+def _identity(x: Any) -> Any:
+    return x
+
+
 class SpdlRunner(Runner):
     def __init__(self, fn: Callable, inputs: Sequence, concurrency: int, executor: str,
-                 fn_bytes: bytes | None = None) -> None:
+                 fn_bytes: bytes | None = None, extra_pipes: int = 0) -> None:
         super().__init__(fn, inputs, concurrency)
         self.executor = executor
+        # identity pipes before the timed one: a k-stage no-op pipeline, which
+        # separates SPDL's fixed cost (source, sink, consumer) from its per-stage cost
+        self.extra_pipes = int(extra_pipes)
         self._fn_bytes = fn_bytes
         self._done = threading.Event()
         self._pool = None
@@ -102,12 +109,10 @@ class SpdlRunner(Runner):
             self._pool = ProcessPoolExecutor(
                 max_workers=self.concurrency, initializer=_worker_init, initargs=(self._fn_bytes,)
             )
-        builder = (
-            PipelineBuilder()
-            .add_source(self._source())
-            .pipe(self._op(), concurrency=self.concurrency, name="stage")
-            .add_sink(max(2, self.concurrency))
-        )
+        builder = PipelineBuilder().add_source(self._source())
+        for i in range(self.extra_pipes):
+            builder = builder.pipe(_identity, concurrency=self.concurrency, name=f"noop{i}")
+        builder = builder.pipe(self._op(), concurrency=self.concurrency, name="stage").add_sink(max(2, self.concurrency))
         # SPDL logs each dropped item; our wrapper never lets the stage's own errors
         # through, so anything logged is the harness's business, not the user's.
         logging.getLogger("spdl").setLevel(logging.CRITICAL)
