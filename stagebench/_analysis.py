@@ -35,14 +35,19 @@ Per stage (:func:`analyze_stage`):
   the GIL is what limits it where a pipeline runs it by default, and it is
   why processes win.
 
-The pipeline summary adds the prediction (:mod:`._predict`), findings
+The pipeline summary adds the prediction (:mod:`._predict`), with SPDL's
+fixed per-item cost (source, sink, consumer) and its per-stage increment
+read from ``run.json["pipeline_overhead"]`` (:func:`pipeline_overhead`),
+findings
 (:mod:`._findings`), warnings and a one-line verdict.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
@@ -51,7 +56,7 @@ from ._curves import Curve, Point, StageRows, finite
 from ._fit import fit_scaling
 from ._gil import estimate_gil, harness_gil_s
 
-__all__ = ["analyze_stage", "summarize", "CLASSIFICATIONS"]
+__all__ = ["analyze_stage", "summarize", "pipeline_overhead", "CLASSIFICATIONS"]
 
 CLASSIFICATIONS = ("gil-bound", "cpu-bound", "io-bound", "overhead-bound", "ipc-bound", "unknown")
 
@@ -419,6 +424,30 @@ def _main_gil_overhead(sr: StageRows, harness: str, executor: str, concurrency: 
 
 
 # ------------------------------------------------------------------ pipeline summary
+def pipeline_overhead(raw: Any) -> dict[str, float] | None:
+    """SPDL's fixed and per-stage main-process time per item, from ``run.json["pipeline_overhead"]``.
+
+    ``one_stage`` and ``two_stage`` are no-op pipelines (thread x 1). A
+    k-stage pipeline costs about fixed + k x per-stage, so per-stage = two -
+    one and fixed = one - per-stage. ``None`` when absent (older runs) or not
+    measured: the prediction then charges the whole one-stage cost per stage.
+    """
+    if not isinstance(raw, Mapping):
+        return None
+    cost = []
+    for key in ("one_stage", "two_stage"):
+        r = raw.get(key)
+        if not isinstance(r, Mapping) or r.get("status") != "ok" or not finite(r.get("qps")) or not r["qps"] > 0:
+            return None
+        cpu = r.get("cpu_s_per_item")
+        cost.append(harness_gil_s(SimpleNamespace(qps=float(r["qps"]), cpu_s_per_item=float(cpu) if finite(cpu) else math.nan)))
+    one, two = cost
+    # the second pipe cannot make the pipeline cheaper; noise that says so is read as no increment
+    per_stage = max(0.0, two - one)
+    return {"one_stage_s_per_item": one, "two_stage_s_per_item": two,
+            "per_stage_s_per_item": per_stage, "fixed_s_per_item": max(0.0, one - per_stage)}
+
+
 def _cores(prov: Mapping[str, Any]) -> int:
     for key in ("usable_cores", "cpu_count"):
         v = prov.get(key)
@@ -522,7 +551,9 @@ def summarize(rows: pd.DataFrame, meta: dict) -> dict:
                 entry[key] = decl[key]
         stages.append(entry)
 
-    prediction = predict_pipeline(stages, cores=cores, free_threaded=free_threaded) if stages else None
+    overhead = pipeline_overhead(meta.get("pipeline_overhead"))
+    prediction = (predict_pipeline(stages, cores=cores, free_threaded=free_threaded, overhead=overhead)
+                  if stages else None)
     validation = _validation(meta.get("validation"), prediction)
     warnings = _run_warnings(StageRows(df).all, stages, meta, cores)
     if prediction and prediction.get("caveat"):
