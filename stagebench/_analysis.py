@@ -427,24 +427,24 @@ def _main_gil_overhead(sr: StageRows, harness: str, executor: str, concurrency: 
 def pipeline_overhead(raw: Any) -> dict[str, float] | None:
     """SPDL's fixed and per-stage main-process time per item, from ``run.json["pipeline_overhead"]``.
 
-    ``one_stage`` and ``two_stage`` are no-op pipelines (thread x 1). A
-    k-stage pipeline costs about fixed + k x per-stage, so per-stage = two -
-    one and fixed = one - per-stage. ``None`` when absent (older runs) or not
+    ``one_stage`` and ``three_stage`` are no-op pipelines (thread x 1). A
+    k-stage pipeline costs about fixed + k x per-stage, so per-stage =
+    (three - one) / 2 and fixed = one - per-stage. ``None`` when absent (older runs) or not
     measured: the prediction then charges the whole one-stage cost per stage.
     """
     if not isinstance(raw, Mapping):
         return None
     cost = []
-    for key in ("one_stage", "two_stage"):
+    for key in ("one_stage", "three_stage"):
         r = raw.get(key)
         if not isinstance(r, Mapping) or r.get("status") != "ok" or not finite(r.get("qps")) or not r["qps"] > 0:
             return None
         cpu = r.get("cpu_s_per_item")
         cost.append(harness_gil_s(SimpleNamespace(qps=float(r["qps"]), cpu_s_per_item=float(cpu) if finite(cpu) else math.nan)))
-    one, two = cost
-    # the second pipe cannot make the pipeline cheaper; noise that says so is read as no increment
-    per_stage = max(0.0, two - one)
-    return {"one_stage_s_per_item": one, "two_stage_s_per_item": two,
+    one, three = cost
+    # more pipes cannot make the pipeline cheaper; noise that says so is read as no increment
+    per_stage = max(0.0, (three - one) / 2)
+    return {"one_stage_s_per_item": one, "three_stage_s_per_item": three,
             "per_stage_s_per_item": per_stage, "fixed_s_per_item": max(0.0, one - per_stage)}
 
 

@@ -11,7 +11,7 @@ share it, so the pipeline (in source items per second) is bounded by
     time, from its no-op ceiling). Stages on process executors keep their
     Python in their workers' GILs. SPDL's one-stage no-op ceiling includes
     the source, the sink and the consumer thread, which a k-stage pipeline
-    pays once: that fixed part (measured with no-op pipelines of one and two
+    pays once: that fixed part (measured with no-op pipelines of one and three
     stages) is charged once, each stage only its increment. Measured no-op
     pipelines cost about 360-550 µs per item with one stage and 650-820 with
     three, so charging the whole one-stage cost per stage under-predicted a

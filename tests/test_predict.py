@@ -179,11 +179,11 @@ def _sleep_pipeline(k: int) -> list[dict]:
 def test_pipeline_overhead_reads_fixed_and_per_stage_cost_from_run_json():
     from stagebench._analysis import pipeline_overhead
 
-    o = pipeline_overhead({"one_stage": _noop_row(1), "two_stage": _noop_row(2)})
+    o = pipeline_overhead({"one_stage": _noop_row(1), "three_stage": _noop_row(3)})
     assert o["per_stage_s_per_item"] == pytest.approx(PER_STAGE)
     assert o["fixed_s_per_item"] == pytest.approx(FIXED)
     assert pipeline_overhead(None) is None  # an older run
-    assert pipeline_overhead({"one_stage": _noop_row(1), "two_stage": {**_noop_row(2), "status": "timeout"}}) is None
+    assert pipeline_overhead({"one_stage": _noop_row(1), "three_stage": {**_noop_row(3), "status": "timeout"}}) is None
 
 
 @pytest.mark.parametrize("k", [2, 3, 5])
@@ -196,7 +196,7 @@ def test_k_sleep_stages_charge_the_fixed_cost_once(k):
     assert old["bounds"]["gil"] == pytest.approx(1.0 / (k * (FIXED + PER_STAGE)))
     assert old["qps"] < 0.85 * truth
     assert "not measured separately" in old["caveat"]
-    overhead = pipeline_overhead({"one_stage": _noop_row(1), "two_stage": _noop_row(2)})
+    overhead = pipeline_overhead({"one_stage": _noop_row(1), "three_stage": _noop_row(3)})
     new = predict_pipeline(_sleep_pipeline(k), cores=4, overhead=overhead)
     assert new["bounds"]["gil"] == pytest.approx(truth)
     assert new["qps"] == pytest.approx(truth) and new["binding"] == "gil"
@@ -207,7 +207,7 @@ def test_k_sleep_stages_charge_the_fixed_cost_once(k):
 def test_one_stage_prediction_is_unchanged_by_the_fixed_cost():
     from stagebench._analysis import pipeline_overhead
 
-    overhead = pipeline_overhead({"one_stage": _noop_row(1), "two_stage": _noop_row(2)})
+    overhead = pipeline_overhead({"one_stage": _noop_row(1), "three_stage": _noop_row(3)})
     a = predict_pipeline(_sleep_pipeline(1), cores=4)
     b = predict_pipeline(_sleep_pipeline(1), cores=4, overhead=overhead)
     assert a["caveat"] is None  # one stage: the whole one-stage cost is exactly right
