@@ -427,7 +427,7 @@ def _main_gil_overhead(sr: StageRows, harness: str, executor: str, concurrency: 
 def pipeline_overhead(raw: Any) -> dict[str, float] | None:
     """SPDL's fixed and per-stage main-process time per item, from ``run.json["pipeline_overhead"]``.
 
-    ``one_stage`` and ``three_stage`` are no-op pipelines (thread x 1). A
+    ``one_stage`` and ``three_stage`` are no-op pipelines (thread x 4). A
     k-stage pipeline costs about fixed + k x per-stage, so per-stage =
     (three - one) / 2 and fixed = one - per-stage. ``None`` when absent (older runs) or not
     measured: the prediction then charges the whole one-stage cost per stage.
