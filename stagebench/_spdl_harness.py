@@ -115,7 +115,10 @@ class SpdlRunner(Runner):
         builder = builder.pipe(self._op(), concurrency=self.concurrency, name="stage").add_sink(max(2, self.concurrency))
         # SPDL logs each dropped item; our wrapper never lets the stage's own errors
         # through, so anything logged is the harness's business, not the user's.
-        logging.getLogger("spdl").setLevel(logging.CRITICAL)
+        # The level is restored in abort(): others (the loader sweep) read SPDL's log.
+        spdl_log = logging.getLogger("spdl")
+        self._saved_log_level = spdl_log.level
+        spdl_log.setLevel(logging.CRITICAL)
         self._pipeline = builder.build(num_threads=max(1, self.concurrency), max_failures=0)
         self._consumer = threading.Thread(target=self._consume, name="stagebench-sink", daemon=True)
         self._consumer.start()
@@ -152,6 +155,13 @@ class SpdlRunner(Runner):
 
     def abort(self) -> None:
         super().abort()
+        try:
+            self._abort_pipeline()
+        finally:
+            if hasattr(self, "_saved_log_level"):
+                logging.getLogger("spdl").setLevel(self._saved_log_level)
+
+    def _abort_pipeline(self) -> None:
         if not self._done.wait(2.0):
             try:
                 self._pipeline.stop()

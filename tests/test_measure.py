@@ -252,3 +252,14 @@ def test_slow_stage_gets_a_window_long_enough_for_an_interval():
     assert row["n_batches"] >= 3
     assert row["qps"] == pytest.approx(4.0, rel=0.1)
     assert math.isfinite(row["qps_low"]) and row["qps_low"] < row["qps"]
+
+
+def test_spdl_harness_leaves_the_spdl_loggers_level_as_it_found_it():
+    # the loader sweep reads SPDL's log to see failed items: a harness that
+    # silenced it for good broke every loader sweep that ran after it
+    import logging
+
+    log = logging.getLogger("spdl")
+    before = log.level
+    _ok(measure_stage(sleep_stage, list(range(8)), executor="thread", concurrency=1, config=FAST, harness="spdl"))
+    assert log.level == before
