@@ -90,10 +90,12 @@ def test_gil_holding_loop_does_not_scale_on_threads():
 
 @pytest.mark.skipif(CORES < 2, reason="needs 2 cores to scale")
 def test_gil_holding_loop_scales_on_processes():
+    # ~10 ms items: the parent's per-item dispatch (IPC) must not take the second core
+    heavy = partial(python_loop, n=150_000)
     inputs = list(range(32))
     with quiet_machine(1.6):
-        one = _ok(measure_stage(python_loop, inputs, executor="process", concurrency=1, config=FAST))
-        two = _ok(measure_stage(python_loop, inputs, executor="process", concurrency=2, config=FAST))
+        one = _ok(measure_stage(heavy, inputs, executor="process", concurrency=1, config=FAST))
+        two = _ok(measure_stage(heavy, inputs, executor="process", concurrency=2, config=FAST))
     assert two["qps"] >= 1.3 * one["qps"], (one["qps"], two["qps"])
     assert two["cores_used"] > 1.3, two["cores_used"]
     assert two["workers_seen"] == 2
