@@ -36,25 +36,6 @@ TOTAL_MS = 4.0
 FRACTIONS = (0.0, 0.2, 0.5, 0.8, 1.0)
 
 
-class Probed:
-    """Runs a SpinSleep's own work and times its spin and its sleep (threads only)."""
-
-    def __init__(self, stage: _stages.SpinSleep) -> None:
-        self.stage = stage
-        self.spin_s = 0.0
-        self.total_s = 0.0
-
-    def __call__(self, item):
-        t0 = time.perf_counter()
-        _stages.spin_loops(self.stage.loops)
-        t1 = time.perf_counter()
-        if self.stage.sleep_ms > 0:
-            time.sleep(self.stage.sleep_ms / 1e3)
-        self.spin_s += t1 - t0
-        self.total_s += time.perf_counter() - t0
-        return item
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=0.5, help="window per point, seconds")
@@ -73,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         name = f"spin{TOTAL_MS * f:g}+sleep{TOTAL_MS * (1 - f):g}"
         t0 = time.perf_counter()
         df = sweep_stage(stage, inputs, name=name, config=sweep)
-        probe = Probed(stage)
+        probe = _stages.SpinSleepProbe(stage)
         measure_stage(probe, inputs, executor="thread", concurrency=1, config=measure)
         held = probe.spin_s / probe.total_s if probe.total_s > 0 else math.nan
         st = analyze_stage(df, cores=cores, n_boot=100)

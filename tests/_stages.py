@@ -40,6 +40,7 @@ __all__ = [
     "Spin",
     "Sleep",
     "SpinSleep",
+    "SpinSleepProbe",
     "HashCPU",
     "AsyncSleep",
     "AsyncSpinSleep",
@@ -134,6 +135,31 @@ class SpinSleep:
         spin_loops(self.loops)
         if self.sleep_ms > 0:
             time.sleep(self.sleep_ms / 1e3)
+        return item
+
+
+class SpinSleepProbe:
+    """A SpinSleep that also times its own spin and sleep (ground truth, threads only).
+
+    On a busy machine the spin stretches (descheduled while holding the GIL) and
+    the sleep overshoots (waking needs a free core), so the share of time the
+    stage really held the GIL drifts from the nominal g / (g + r). The probe
+    measures what actually happened.
+    """
+
+    def __init__(self, stage: SpinSleep) -> None:
+        self.stage = stage
+        self.spin_s = 0.0
+        self.total_s = 0.0
+
+    def __call__(self, item):
+        t0 = time.perf_counter()
+        spin_loops(self.stage.loops)
+        t1 = time.perf_counter()
+        if self.stage.sleep_ms > 0:
+            time.sleep(self.stage.sleep_ms / 1e3)
+        self.spin_s += t1 - t0
+        self.total_s += time.perf_counter() - t0
         return item
 
 

@@ -159,33 +159,6 @@ def _measure(fn, levels=(1, 2, 4, 8, 16), budget=0.25, first=None):
     return pd.concat([pd.DataFrame(rows), rest, procs], ignore_index=True)
 
 
-class _Probed:
-    """A SpinSleep that also times its own spin and sleep (ground truth, threads only).
-
-    On a busy machine the spin stretches (descheduled while holding the GIL) and
-    the sleep overshoots (waking needs a free core), so the share of time the
-    stage really held the GIL drifts from the nominal g / (g + r). The probe
-    measures what actually happened at concurrency 1.
-    """
-
-    def __init__(self, stage) -> None:
-        self.stage = stage
-        self.spin_s = 0.0
-        self.total_s = 0.0
-
-    def __call__(self, item):
-        from _stages import spin_loops
-
-        t0 = time.perf_counter()
-        spin_loops(self.stage.loops)
-        t1 = time.perf_counter()
-        if self.stage.sleep_ms > 0:
-            time.sleep(self.stage.sleep_ms / 1e3)
-        self.spin_s += t1 - t0
-        self.total_s += time.perf_counter() - t0
-        return item
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("spin_ms,sleep_ms", [
     (0.0, 4.0), (0.8, 3.2), (2.0, 2.0),
@@ -197,12 +170,12 @@ class _Probed:
 ])
 def test_known_gil_fraction_of_real_spin_sleep_stages(spin_ms, sleep_ms):
     """A stage that spins g ms of pure Python then sleeps r ms holds the GIL g/(g+r) of its time."""
-    from _stages import SpinSleep
+    from _stages import SpinSleep, SpinSleepProbe
 
     stage = SpinSleep(spin_ms, sleep_ms)
     _wait_for_a_core()
     # the concurrency-1 point runs a probed copy: what the stage really held, in the same window
-    probe = _Probed(stage)
+    probe = SpinSleepProbe(stage)
     rows = _measure(stage, first=probe)
     _require_a_quiet_window(rows)
     held = probe.spin_s / probe.total_s
