@@ -247,6 +247,14 @@ class RandomCrop1d:
         return f"RandomCrop1d({self.length})"
 
 
+
+def _user_root(root: str) -> Path:
+    """The dataset folder the user gave as ``loader.root``; a missing one names the key."""
+    path = Path(root).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"loader.root: folder {str(path)!r} does not exist")
+    return path
+
 def _mel_filterbank(sample_rate: int, n_fft: int, n_mels: int) -> torch.Tensor:
     """Slaney-style triangular mel filters, (n_mels, n_fft // 2 + 1)."""
     def hz_to_mel(f: torch.Tensor) -> torch.Tensor:
@@ -715,9 +723,7 @@ def build_loader(cfg: Any, *, progress: Any = None) -> LoaderSpec:
             root = _datasets.builtin_imagenet(classes=cfg.classes, per_class=cfg.per_class, seed=cfg.seed, log=log)
             info["generated"] = _datasets.read_manifest(root)
         else:
-            root = Path(cfg.root).expanduser()
-            if not root.is_dir():
-                raise FileNotFoundError(f"loader.root: folder {str(root)!r} does not exist")
+            root = _user_root(cfg.root)
         transform = Compose([
             DecodeImage(cfg.decoder.name), RandomResizedCrop(cfg.image_size), RandomHorizontalFlip(), Normalize(),
         ])
@@ -729,9 +735,7 @@ def build_loader(cfg: Any, *, progress: Any = None) -> LoaderSpec:
                                            seed=cfg.seed, log=log)
             info["generated"] = _datasets.read_manifest(root)
         else:
-            root = Path(cfg.root).expanduser()
-            if not root.is_dir():
-                raise FileNotFoundError(f"loader.root: folder {str(root)!r} does not exist")
+            root = _user_root(cfg.root)
         transform = Compose([
             DecodeAudio(cfg.decoder.name, cfg.sample_rate),
             RandomCrop1d(int(round(cfg.crop_seconds * cfg.sample_rate))),
