@@ -247,13 +247,13 @@ class RandomCrop1d:
         return f"RandomCrop1d({self.length})"
 
 
-
 def _user_root(root: str) -> Path:
     """The dataset folder the user gave as ``loader.root``; a missing one names the key."""
     path = Path(root).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(f"loader.root: folder {str(path)!r} does not exist")
     return path
+
 
 def _mel_filterbank(sample_rate: int, n_fft: int, n_mels: int) -> torch.Tensor:
     """Slaney-style triangular mel filters, (n_mels, n_fft // 2 + 1)."""
