@@ -154,6 +154,13 @@ def fit_scaling(
     amdahl_only = levels < 3  # two levels determine two parameters, not three
     lam, sig, kap = _nnls_fit(c, x, rel, amdahl=amdahl_only)
     a_lam, a_sig, _ = _nnls_fit(c, x, rel, amdahl=True)
+    if not (math.isfinite(lam) and math.isfinite(a_lam)):
+        # c / X falls with c: no non-negative (σ, κ) describes that, so there is
+        # nothing to fit or bootstrap around. Seen with a low first point measured
+        # while the machine was busy.
+        out["warning"] = ("throughput rises faster than linearly with concurrency: no scaling law fits "
+                          "(usually a low-concurrency point measured low by noise)")
+        return out
     pred = usl(c, lam, sig, kap)
     a_pred = usl(c, a_lam, a_sig, 0.0)
     r2 = _r2(x, pred)

@@ -85,3 +85,14 @@ def test_nan_and_non_positive_points_are_ignored_and_results_are_deterministic()
     assert a == b
     assert a["points"] == 5
     assert a["sigma"] == pytest.approx(0.05, abs=1e-6)
+
+
+def test_a_superlinear_curve_gets_a_reason_not_an_exception():
+    # A first point measured during a load spike: c / X falls with c, which no
+    # non-negative (σ, κ) describes. Seen inside a real diagnosis, where the
+    # exception replaced the whole analysis with the fallback summary.
+    c = [1.0, 2.0, 4.0, 8.0]
+    q = [358.1, 18143.6, 761.5, 145.3]
+    fit = fit_scaling(c, q, [x * 0.9 for x in q], [x * 1.1 for x in q], [10.0] * 4)
+    assert fit["sigma"] is None and fit["points"] == 4
+    assert "faster than linearly" in fit["warning"]
