@@ -726,14 +726,14 @@ class _Diagnosis:
         try:
             from ._analysis import summarize
         except ImportError:
-            return _fallback_summary(rows, self.meta)
+            return _fallback_summary(rows, self.meta, "analysis engine unavailable")
         try:
             return summarize(rows, self.meta)
         except Exception as e:
             self._log_error("analysis", e)
             self.say(f"the analysis failed ({type(e).__name__}: {e}); wrote a minimal summary instead "
                      f"(details in {self.run_dir.path / 'error.log'}; rebuild with `stagebench report`)")
-            return _fallback_summary(rows, self.meta)
+            return _fallback_summary(rows, self.meta, f"the analysis failed: {type(e).__name__}: {e}")
 
     def _report(self, summary: dict[str, Any]) -> Path:
         try:
@@ -880,12 +880,13 @@ def run_validation(plan: Any, source_items: list, choices: dict[str, tuple[str, 
 
 
 # ---------------------------------------------------------------------------- fallbacks
-def _fallback_summary(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
+def _fallback_summary(rows: Any, meta: dict[str, Any], why: str) -> dict[str, Any]:
     """FALLBACK, used only while ``stagebench._analysis`` is unavailable or failed.
 
     Honest and minimal: per stage the best measured point, the recommendation
     (smallest concurrency within 5% of the best QPS), classification
-    ``unknown``. No GIL estimate, no prediction.
+    ``unknown``. No GIL estimate, no prediction. ``why`` (the error, when the
+    analysis raised) is kept in ``summary["error"]``.
     """
     from . import __version__
 
@@ -897,7 +898,7 @@ def _fallback_summary(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
             "name": st["name"], "index": st["index"], "type": st["type"],
             "status": "ok" if len(ok) else (str(d["status"].iloc[0]) if len(d) else "not_measured"),
             "classification": "unknown", "gil_fraction": None, "gil_fraction_interval": None,
-            "evidence": {"summary": ["analysis engine unavailable: minimal summary"], "signals": {}},
+            "evidence": {"summary": [f"{why}: minimal summary"], "signals": {}},
             "fit": {}, "recommended": None, "best": None, "ceiling_qps": None,
             "cpu_s_per_item": None, "gil_s_per_item": None,
         }
@@ -917,10 +918,10 @@ def _fallback_summary(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     return {
         "schema_version": 1, "kind": "pipeline", "stagebench_version": __version__,
         "provenance": meta.get("provenance"), "settings": meta.get("settings"),
-        "verdict": "minimal summary (analysis engine unavailable): see the per-stage recommendations",
-        "warnings": ["analysis engine unavailable: classification, GIL fraction and prediction were not computed"],
+        "verdict": f"minimal summary ({why}): see the per-stage recommendations",
+        "warnings": [f"{why}: classification, GIL fraction and prediction were not computed"],
         "stages": stages, "not_isolated": meta.get("not_isolated", []), "prediction": None,
-        "validation": meta.get("validation"), "findings": [], "fallback": True,
+        "validation": meta.get("validation"), "findings": [], "fallback": True, "error": why,
     }
 
 

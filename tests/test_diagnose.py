@@ -338,8 +338,9 @@ def test_env_var_diagnoses_and_exits_without_training(tmp_path):
     if summary.get("fallback"):
         # Known intermittent bug (in the closing note): the analysis sometimes raises inside a
         # diagnosis and the fallback summary is written. Reported as xfail with its error, not hidden.
-        pytest.xfail(f"analysis failed during the diagnosis; fallback summary: {summary.get('verdict')!r} "
-                     f"{summary.get('error', summary.get('warnings'))!r}")
+        log = out / "error.log"
+        pytest.xfail(f"analysis failed during the diagnosis: {summary.get('error')!r}\n"
+                     + (log.read_text() if log.is_file() else "(no error.log)"))
     assert stages["sleep io"]["classification"] == "io-bound"
     assert stages["gil"]["classification"] == "gil-bound"
     if summary["provenance"]["usable_cores"] >= 2:
@@ -349,7 +350,14 @@ def test_env_var_diagnoses_and_exits_without_training(tmp_path):
         if min(free_before, free_after) < 1.6:
             pytest.skip(f"machine too busy to test scaling: {free_before:.2f} free cores before the "
                         f"diagnosis, {free_after:.2f} after; not asserting that processes win")
-        assert stages["gil"]["recommended"]["executor"] == "process"
+        # The load average before and after cannot see load *during* the process points;
+        # the rows can: the cores the process workers actually got in their windows.
+        gil_proc = rows[(rows["stage"] == "gil") & (rows["executor"] == "process") & (rows["role"] == "stage")]
+        got = gil_proc["cores_used"].max()
+        if not got >= 1.6:
+            pytest.skip(f"the process points got at most {got:.2f} cores (the machine was busy during "
+                        "the sweep); not asserting that processes win")
+        assert stages["gil"]["recommended"]["executor"] == "process", stages["gil"]["recommended"]
 
 
 @pytest.mark.slow
