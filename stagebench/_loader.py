@@ -1072,13 +1072,8 @@ class _Sweep:
         self.by_key[_key(eff)] = row
         self.writer.write(row)
         if self.progress is not None:
-            self.progress.done({
-                "stage": self.name, "role": "loader", "harness": self.backend,
-                "executor": f"prefetch={eff.prefetch_factor if eff.prefetch_factor is not None else '-'}"
-                + (" persistent" if eff.persistent_workers else ""),
-                "concurrency": eff.num_workers, "qps": row["samples_per_s"], "status": row["status"],
-                "reason": row["reason"],
-            })
+            self.progress.done(row, label=f"{self.name} | {self.backend} {eff.label()}", rate_key="samples_per_s",
+                               unit="samples/s")
         return row
 
 

@@ -33,14 +33,19 @@ class Progress:
         if self._bar is not None:
             self._bar.set_postfix_str(label, refresh=True)
 
-    def done(self, row: dict[str, Any], label: str | None = None) -> None:
-        """One point finished. ``label`` names it; by default a stage-sweep row's coordinates."""
+    def done(self, row: dict[str, Any], label: str | None = None, *, rate_key: str = "qps",
+             unit: str = "items/s") -> None:
+        """One point finished. ``label`` names it; by default a stage-sweep row's coordinates.
+
+        ``rate_key`` is the row's throughput column and ``unit`` what it counts, so rows
+        other than stage rows (a loader point's ``samples_per_s``) report themselves as they are.
+        """
         if label is None:
             label = f"{row['stage']} | {row['role']} {row['harness']}/{row['executor']} c={row['concurrency']}"
-        qps = row.get("qps")
+        rate = row.get(rate_key)
         status = row.get("status", "ok")
-        if status == "ok" and isinstance(qps, (int, float)) and math.isfinite(qps):
-            what = f"{qps:,.1f} items/s"
+        if status == "ok" and isinstance(rate, (int, float)) and math.isfinite(rate):
+            what = f"{rate:,.1f} {unit}"
         else:
             what = f"{status}: {row.get('reason', '')}"[:100]
         if self._bar is not None:

@@ -434,3 +434,15 @@ def test_a_used_run_dir_is_refused(cheap_run):
     out, _ = cheap_run
     with pytest.raises(ValueError, match="already holds results.csv"):
         run_loader_sweep(lambda k: [], name="x", backend="torch", batch_size=1, run_dir=out)
+
+
+def test_each_loader_point_prints_its_knobs_and_samples_per_s(tmp_path, capsys):
+    """The progress line of a loader point names its workers and prefetch and the rate the row recorded."""
+    cfg = LoaderSweepConfig(strategy="grid", num_workers=(1,), prefetch_factors=(3,), persistent_workers=(False,),
+                            budget_s=0.3, warmup_s=0.1, timeout_s=20, transforms=False, epoch_stall=False)
+    s = sweep_dataset(SleepDataset(n=32, d=0.002), batch_size=4, name="sleepy", run_dir=tmp_path / "run",
+                      config=cfg)
+    (point,) = s["points"]
+    _ok(point)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[stagebench] sleepy |")]
+    assert lines == [f"[stagebench] sleepy | torch workers=1 prefetch=3: {point['samples_per_s']:,.1f} samples/s"]
