@@ -426,7 +426,7 @@ def diagnose_pipeline(
     for a source that fails) and ``KeyboardInterrupt`` after saving the rows.
     """
     from ._isolate import PlanError, plan_pipeline
-    from ._results import RunDir, UnwritableOutputError, default_run_dir
+    from ._results import RunDir, RunDirInUseError, UnwritableOutputError, default_run_dir
 
     try:
         settings = settings or DiagnoseSettings.from_env()
@@ -438,9 +438,10 @@ def diagnose_pipeline(
         raise DiagnoseError(str(e), 2) from None
     run_path = Path(out) if out is not None else Path(settings.output_dir) if settings.output_dir else default_run_dir("diagnose")
     try:
-        run = RunDir.create(run_path)
-    except UnwritableOutputError as e:
-        raise DiagnoseError(f"{e} (STAGEBENCH_OUTPUT_DIR)", 2) from None
+        run = RunDir.create(run_path, fresh=True)
+    except (UnwritableOutputError, RunDirInUseError) as e:
+        where = " (STAGEBENCH_OUTPUT_DIR)" if out is None and settings.output_dir else ""
+        raise DiagnoseError(f"{e}{where}", 2) from None
     cache_dir: Path | None
     if (settings.cache_dir or "").lower() in ("off", "none", "0", "false", "no"):
         cache_dir = None
@@ -964,9 +965,14 @@ def run_script(script: str, args: list[str], *, out: str | None) -> int:
         _restore_env(saved_env)
         return 2
     if settings.output_dir:
-        problem = _unwritable(Path(settings.output_dir), "STAGEBENCH_OUTPUT_DIR")
-        if problem:
-            _say(f"error: {problem}")
+        # Before the script runs: its own start-up may take minutes, and then
+        # neither the pipeline nor a caught DataLoader could use this folder.
+        from ._results import RunDir, RunDirInUseError, UnwritableOutputError
+
+        try:
+            RunDir.create(settings.output_dir, fresh=True)
+        except (UnwritableOutputError, RunDirInUseError) as e:
+            _say(f"error: {e}")
             _restore_env(saved_env)
             return 2
     os.environ[_MODE_VAR] = "1"

@@ -31,6 +31,9 @@ __all__ = [
     "ThreadRunner",
     "AsyncRunner",
     "ProcessRunner",
+    "WorkerPool",
+    "identity",
+    "async_identity",
     "is_coroutine_callable",
     "make_runner",
     "leaked_threads",
@@ -57,6 +60,15 @@ class Lane:
 
     def __len__(self) -> int:
         return len(self.ends) + len(self.fails)
+
+def identity(x: Any) -> Any:
+    """The no-op stage behind every harness ceiling."""
+    return x
+
+
+async def async_identity(x: Any) -> Any:
+    return x
+
 
 # Threads of timed-out points that are still inside the user's function. Python
 # cannot kill a thread; we say so instead of pretending it is gone.
@@ -272,45 +284,139 @@ def _worker_call(item: Any) -> tuple[int, bool, str | None, Any]:
     return (os.getpid(), True, None, out)
 
 
+def _worker_noop(item: Any) -> tuple[int, bool, None, Any]:
+    """The no-op ceiling on the stage's own workers: the same IPC both ways, no work."""
+    return (os.getpid(), True, None, item)
+
+
 def _exit_codes(msg: str) -> str:
     m = re.search(r"exit codes of the workers are (\{.*?\})", msg)
     return m.group(1) if m else ""
 
 
+class WorkerPool:
+    """A stage's loky pool, kept across the points of a sweep.
+
+    Starting a worker means a fresh interpreter that unpickles the stage and
+    imports its modules: about 0.1 s of CPU per worker here, and when every
+    point started its own pool that was 60% of a diagnosis. A sweep measures
+    levels in ascending order, so the pool *grows* to c workers at level c:
+    every point still runs on exactly c workers (its CPU and memory are c
+    workers'), the stage and its no-op ceiling share them (the ceiling calls
+    :func:`_worker_noop`: the same IPC, no work), and going down in c starts a
+    fresh pool. A point that ends with a dead, hung or busy worker discards the
+    pool (:meth:`discard` kills it); the next point starts clean.
+
+    Growing uses loky's private ``_adjust_process_count`` as loky's own
+    reusable executor does to resize; where that is missing (a future loky),
+    the pool is replaced instead, which is only slower.
+    """
+
+    def __init__(self, fn: Callable, fn_bytes: bytes | None = None) -> None:
+        self.fn = fn
+        self._fn_bytes = fn_bytes
+        self._ex: Any = None
+        self.size = 0
+        self.starts = 0  # fresh pools started; read by tests and the benchmark
+
+    @property
+    def fn_bytes(self) -> bytes:
+        if self._fn_bytes is None:
+            import cloudpickle
+
+            self._fn_bytes = cloudpickle.dumps(self.fn)
+        return self._fn_bytes
+
+    def call_for(self, fn: Callable) -> Callable:
+        """The worker-side call that runs ``fn``: the stage itself or the no-op ceiling."""
+        if fn is self.fn:
+            return _worker_call
+        if fn is identity:
+            return _worker_noop
+        raise ValueError(f"this pool runs {getattr(self.fn, '__name__', self.fn)!r}, not {fn!r}")
+
+    def executor(self, workers: int) -> Any:
+        """The pool with exactly ``workers`` workers (grown, or started fresh)."""
+        from loky import ProcessPoolExecutor
+
+        if self._ex is not None and (workers < self.size or getattr(self._ex._flags, "broken", None)):
+            self.discard()
+        if self._ex is not None and workers > self.size and not self._grow(workers):
+            self.discard()
+        if self._ex is None:
+            self._ex = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(self.fn_bytes,))
+            self.size = workers
+            self.starts += 1
+        return self._ex
+
+    def _grow(self, n: int) -> bool:
+        ex = self._ex
+        lock = getattr(ex, "_processes_management_lock", None)
+        adjust = getattr(ex, "_adjust_process_count", None)
+        if lock is None or adjust is None or not hasattr(ex, "_max_workers"):
+            return False
+        with lock:
+            ex._max_workers = n
+        if getattr(ex, "_executor_manager_thread", None) is not None:
+            adjust()  # before the first submit, loky spawns max_workers itself
+        self.size = n
+        return True
+
+    def pids(self) -> list[int]:
+        try:
+            return list(getattr(self._ex, "_processes", None) or {})
+        except RuntimeError:  # dict changed size while the pool spawns
+            return []
+
+    def discard(self) -> None:
+        """Kill the workers now (a hung one must be gone before the next point is timed)."""
+        ex, self._ex, self.size = self._ex, None, 0
+        if ex is not None:
+            pids = list(getattr(ex, "_processes", None) or {})
+            ex.shutdown(wait=False, kill_workers=True)
+            kill_and_reap(pids)
+
+    close = discard
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.discard()
+
+
 class ProcessRunner(Runner):
-    """A loky process pool of c workers with c calls in flight.
+    """c calls in flight on a :class:`WorkerPool` of c workers.
 
     loky pickles with cloudpickle, so lambdas, functions from the user's
     ``__main__``, partials and callable objects all run in workers. The stage is
-    sent once per worker (initializer); each call then ships only the item.
+    sent once per worker (initializer); each call then ships only the item. A
+    pool passed in is left running for the next point unless this point ended
+    badly; without one, the runner starts and kills its own.
     """
 
-    def __init__(self, fn: Callable, inputs: Sequence, concurrency: int, fn_bytes: bytes) -> None:
+    def __init__(self, fn: Callable, inputs: Sequence, concurrency: int, pool: WorkerPool,
+                 own_pool: bool = False) -> None:
         super().__init__(fn, inputs, concurrency)
-        self._fn_bytes = fn_bytes
-        self._in_flight = 0
+        self.pool = pool
+        self._own_pool = own_pool
+        self._call = pool.call_for(fn)
         self._idle = threading.Event()
 
     def start(self) -> None:
-        from loky import ProcessPoolExecutor
-
-        self._ex = ProcessPoolExecutor(
-            max_workers=self.concurrency,
-            initializer=_worker_init,
-            initargs=(self._fn_bytes,),
-        )
+        self._ex = self.pool.executor(self.concurrency)
         self._driver = threading.Thread(target=self._drive, name="stagebench-driver", daemon=True)
         self._driver.start()
 
     def _drive(self) -> None:
-        inputs, n = self.inputs, len(self.inputs)
+        inputs, n, call = self.inputs, len(self.inputs), self._call
         now = time.perf_counter
         pending: dict[cf.Future, float] = {}
         i = 0
         try:
             while True:
                 while not self._stop.is_set() and len(pending) < self.concurrency:
-                    fut = self._ex.submit(_worker_call, inputs[i % n])
+                    fut = self._ex.submit(call, inputs[i % n])
                     pending[fut] = now()
                     i += 1
                 if not pending:
@@ -344,23 +450,17 @@ class ProcessRunner(Runner):
         self._stop.set()
 
     def worker_pids(self) -> list[int]:
-        ex = getattr(self, "_ex", None)
-        try:
-            return list(getattr(ex, "_processes", None) or {})
-        except RuntimeError:  # dict changed size while the pool spawns
-            return []
+        return self.pool.pids()
 
     def wait_idle(self, timeout: float) -> bool:
         return self._idle.wait(timeout)
 
     def abort(self) -> None:
         super().abort()
-        ex = getattr(self, "_ex", None)
-        if ex is not None:
-            pids = self.worker_pids()
-            # kill_workers: a hung or runaway worker must not outlive its point.
-            ex.shutdown(wait=False, kill_workers=True)
-            kill_and_reap(pids)
+        # A hung or runaway worker must not outlive its point; a healthy, idle
+        # pool serves the next one.
+        if self._own_pool or self.fatal is not None or not self._idle.is_set():
+            self.pool.discard()
 
 
 def kill_and_reap(pids: list[int], timeout: float = 5.0) -> None:
@@ -383,16 +483,15 @@ def kill_and_reap(pids: list[int], timeout: float = 5.0) -> None:
 
 
 def make_runner(
-    executor: str, fn: Callable, inputs: Sequence, concurrency: int, fn_bytes: bytes | None = None
+    executor: str, fn: Callable, inputs: Sequence, concurrency: int, pool: WorkerPool | None = None
 ) -> Runner:
+    """The runner for one point; ``pool`` (processes only) is reused, else one is started for the point."""
     if executor == "thread":
         return ThreadRunner(fn, inputs, concurrency)
     if executor == "async":
         return AsyncRunner(fn, inputs, concurrency)
     if executor == "process":
-        if fn_bytes is None:
-            import cloudpickle
-
-            fn_bytes = cloudpickle.dumps(fn)
-        return ProcessRunner(fn, inputs, concurrency, fn_bytes)
+        if pool is None:
+            return ProcessRunner(fn, inputs, concurrency, WorkerPool(fn), own_pool=True)
+        return ProcessRunner(fn, inputs, concurrency, pool)
     raise ValueError(f"executor: unknown {executor!r}; allowed: thread, process, async")

@@ -1194,10 +1194,7 @@ def run_loader_sweep(
     if target_rate is not None and not (isinstance(target_rate, (int, float)) and target_rate > 0):
         raise ValueError(f"target_rate must be None or a number > 0 (samples/s), got {target_rate!r}")
 
-    rd = RunDir.create(run_dir)
-    if rd.results_csv.exists() and rd.results_csv.stat().st_size > 0:
-        raise ValueError(f"run_dir {str(rd.path)!r} already holds results.csv: choose a new directory "
-                         "(rows of two runs must not mix)")
+    rd = RunDir.create(run_dir, fresh=True)
     prov = collect_provenance()
     cuda = _cuda_available()
     budget_mb = _memory_budget(cfg)

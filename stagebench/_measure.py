@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ._config import MeasureConfig
-from ._executors import is_coroutine_callable, leaked_threads, make_runner
+from ._executors import WorkerPool, async_identity, identity, is_coroutine_callable, leaked_threads, make_runner
 from ._resources import ResourceMonitor, TreeSnapshot, tree_pss_mb
 from ._schema import EXECUTORS, HARNESSES, STAGE_COLUMNS
 from ._stats import batch_count, fractional_counts, mean_interval, percentiles_ms
@@ -35,15 +35,6 @@ from ._stats import batch_count, fractional_counts, mean_interval, percentiles_m
 __all__ = ["measure_stage", "identity", "payload_bytes", "empty_row"]
 
 _POLL_S = 0.01
-
-
-def identity(x: Any) -> Any:
-    """The no-op stage behind every harness ceiling."""
-    return x
-
-
-async def async_identity(x: Any) -> Any:
-    return x
 
 
 def payload_bytes(inputs: Sequence, sample: int = 8) -> float:
@@ -68,26 +59,31 @@ def empty_row(stage: str, role: str, executor: str, harness: str, concurrency: i
     return row
 
 
-def _skip_reason(fn: Callable, inputs: Sequence, executor: str) -> tuple[str | None, bytes | None]:
-    """Why this stage cannot run on this executor (None if it can), and its pickle."""
+def _skip_reason(fn: Callable, inputs: Sequence, executor: str, pool: WorkerPool | None) -> str | None:
+    """Why this stage cannot run on this executor (None if it can)."""
     coro = is_coroutine_callable(fn)
     if executor == "async" and not coro:
-        return "not a coroutine function: the event loop runs only async stages", None
+        return "not a coroutine function: the event loop runs only async stages"
     if executor != "async" and coro:
-        return f"coroutine function: it runs on the event loop, not on a {executor} pool", None
+        return f"coroutine function: it runs on the event loop, not on a {executor} pool"
     if executor != "process":
-        return None, None
+        return None
     import cloudpickle
 
+    if pool is not None:
+        pool.call_for(fn)  # a pool runs one stage (and its no-op ceiling): a mix-up is a bug, so it raises
     try:
-        fn_bytes = cloudpickle.dumps(fn)
+        if pool is not None:
+            pool.fn_bytes  # noqa: B018 (pickles the pool's stage once, then cached)
+        else:
+            cloudpickle.dumps(fn)
     except Exception as e:
-        return f"cannot be pickled for a process pool: {type(e).__name__}: {e}", None
+        return f"cannot be pickled for a process pool: {type(e).__name__}: {e}"
     try:
         cloudpickle.dumps(inputs[0])
     except Exception as e:
-        return f"inputs cannot be pickled for a process pool: {type(e).__name__}: {e}", None
-    return None, fn_bytes
+        return f"inputs cannot be pickled for a process pool: {type(e).__name__}: {e}"
+    return None
 
 
 def measure_stage(
@@ -102,12 +98,16 @@ def measure_stage(
     harness: str = "direct",
     payload: float | None = None,
     spdl_extra_pipes: int = 0,
+    pool: WorkerPool | None = None,
 ) -> dict[str, Any]:
     """Measure ``fn`` over ``inputs`` at one executor and concurrency.
 
     ``harness="spdl"`` runs the stage inside a one-stage SPDL pipeline instead of
     stagebench's own workers (same window, same statistics);
     ``spdl_extra_pipes`` identity pipes go before it (a multi-stage pipeline).
+    ``pool`` (process executor): a :class:`~stagebench._executors.WorkerPool`
+    of this stage kept across points (``fn`` is its stage, or ``identity`` for
+    the ceiling); without one, the point starts and kills its own workers.
 
     Returns one row (a dict with :data:`stagebench._schema.STAGE_COLUMNS`). Never
     raises for the stage's own faults: they become ``status``/``reason``. Only
@@ -131,7 +131,9 @@ def measure_stage(
     if not inputs:
         row.update(status="skipped", reason="no inputs")
         return row
-    reason, fn_bytes = _skip_reason(fn, inputs, executor)
+    if executor != "process":
+        pool = None
+    reason = _skip_reason(fn, inputs, executor, pool)
     if reason:
         row.update(status="skipped", reason=reason, elapsed_s=0.0)
         return row
@@ -139,9 +141,9 @@ def measure_stage(
     if harness == "spdl":
         from ._spdl_harness import SpdlRunner
 
-        runner = SpdlRunner(fn, inputs, concurrency, executor, fn_bytes, extra_pipes=spdl_extra_pipes)
+        runner = SpdlRunner(fn, inputs, concurrency, executor, pool, extra_pipes=spdl_extra_pipes)
     else:
-        runner = make_runner(executor, fn, inputs, concurrency, fn_bytes)
+        runner = make_runner(executor, fn, inputs, concurrency, pool)
     deadline = t_begin + cfg.timeout_s
     outcome = None
     try:

@@ -26,6 +26,7 @@ from typing import Any
 __all__ = [
     "RunDir",
     "RowWriter",
+    "RunDirInUseError",
     "UnwritableOutputError",
     "default_run_dir",
     "read_rows",
@@ -40,6 +41,10 @@ REPORT = "report.html"
 
 class UnwritableOutputError(Exception):
     """The run directory cannot be created or written (checked before any work)."""
+
+
+class RunDirInUseError(ValueError):
+    """The run directory already holds a run: rows of two runs must not mix (checked before any work)."""
 
 
 def default_run_dir(prefix: str = "run", base: str | os.PathLike = "reports") -> Path:
@@ -108,8 +113,22 @@ class RunDir:
         self.path = Path(path)
 
     @classmethod
-    def create(cls, path: str | os.PathLike) -> "RunDir":
+    def create(cls, path: str | os.PathLike, *, fresh: bool = False) -> "RunDir":
+        """Create ``path`` and check it is writable.
+
+        ``fresh=True`` is for a new measurement: a directory that already holds a
+        run (a non-empty results.csv or run.json) is refused with
+        :class:`RunDirInUseError`, because appending would mix two runs' rows
+        under one run.json.
+        """
         p = Path(path)
+        if fresh:
+            held = [n for n in (RESULTS, RUN_META) if (p / n).is_file() and (p / n).stat().st_size > 0]
+            if held:
+                raise RunDirInUseError(
+                    f"the output directory {str(p)!r} already holds {' and '.join(held)} from an earlier run, "
+                    "and rows of two runs must not mix: choose another directory or remove it"
+                )
         try:
             p.mkdir(parents=True, exist_ok=True)
             probe = p / ".stagebench-write-test"

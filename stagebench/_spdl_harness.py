@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._executors import Runner, _describe, _worker_call, _worker_init
+from ._executors import Runner, WorkerPool, _describe
 
 __all__ = ["SpdlRunner"]
 
@@ -32,15 +32,19 @@ def _identity(x: Any) -> Any:
 
 class SpdlRunner(Runner):
     def __init__(self, fn: Callable, inputs: Sequence, concurrency: int, executor: str,
-                 fn_bytes: bytes | None = None, extra_pipes: int = 0) -> None:
+                 pool: WorkerPool | None = None, extra_pipes: int = 0) -> None:
         super().__init__(fn, inputs, concurrency)
         self.executor = executor
         # identity pipes before the timed one: a k-stage no-op pipeline, which
         # separates SPDL's fixed cost (source, sink, consumer) from its per-stage cost
         self.extra_pipes = int(extra_pipes)
-        self._fn_bytes = fn_bytes
         self._done = threading.Event()
+        # process: a pool kept across points (see WorkerPool), or one of our own
+        self._own_pool = executor == "process" and pool is None
+        self._workers = WorkerPool(fn) if self._own_pool else pool
+        self._call = self._workers.call_for(fn) if executor == "process" else None
         self._pool = None
+        self._outstanding: set = set()
 
     # ---- sources and wrapped ops -------------------------------------------------
     def _source(self):
@@ -76,14 +80,19 @@ class SpdlRunner(Runner):
 
         # process: the pipe awaits the pool; the call is timed from the event loop's
         # side (submit to result), like the direct harness's process latencies.
-        pool = self._pool
+        pool, call, outstanding = self._pool, self._call, self._outstanding
 
         async def timed_process(item: Any) -> None:
             import asyncio
 
             t0 = now()
             try:
-                pid, ok, err, _ = await asyncio.get_running_loop().run_in_executor(pool, _worker_call, item)
+                # submit + wrap_future is run_in_executor, keeping the pool-side future:
+                # SPDL cancels the awaiting task at shutdown, the call runs on regardless
+                fut = pool.submit(call, item)
+                outstanding.add(fut)
+                fut.add_done_callback(outstanding.discard)
+                pid, ok, err, _ = await asyncio.wrap_future(fut)
             except Exception as e:
                 self._pool_error(e)
                 raise
@@ -104,11 +113,7 @@ class SpdlRunner(Runner):
         from spdl.pipeline import PipelineBuilder
 
         if self.executor == "process":
-            from loky import ProcessPoolExecutor
-
-            self._pool = ProcessPoolExecutor(
-                max_workers=self.concurrency, initializer=_worker_init, initargs=(self._fn_bytes,)
-            )
+            self._pool = self._workers.executor(self.concurrency)
         builder = PipelineBuilder().add_source(self._source())
         for i in range(self.extra_pipes):
             builder = builder.pipe(_identity, concurrency=self.concurrency, name=f"noop{i}")
@@ -145,10 +150,7 @@ class SpdlRunner(Runner):
         return 1
 
     def worker_pids(self) -> list[int]:
-        try:
-            return list(getattr(self._pool, "_processes", None) or {})
-        except RuntimeError:
-            return []
+        return self._workers.pids() if self._pool is not None else []
 
     def wait_idle(self, timeout: float) -> bool:
         return self._done.wait(timeout)
@@ -162,15 +164,19 @@ class SpdlRunner(Runner):
                 logging.getLogger("spdl").setLevel(self._saved_log_level)
 
     def _abort_pipeline(self) -> None:
-        if not self._done.wait(2.0):
+        done = self._done.wait(2.0)
+        if not done:
             try:
                 self._pipeline.stop()
             except Exception:
                 pass
-        if self._pool is not None:
-            from ._executors import kill_and_reap
+        if self._pool is None:
+            return
+        import concurrent.futures as cf
 
-            pids = self.worker_pids()
-            self._pool.shutdown(wait=False, kill_workers=True)
-            kill_and_reap(pids)
+        # a healthy pool serves the next point once its calls have returned; a
+        # worker still busy (hung) or dead is killed with the pool
+        _, busy = cf.wait(list(self._outstanding), timeout=5.0 if done else 0.0)
+        if self._own_pool or self.fatal is not None or not done or busy:
+            self._workers.discard()
 

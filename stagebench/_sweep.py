@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._config import SweepConfig
-from ._executors import is_coroutine_callable
+from ._executors import WorkerPool, is_coroutine_callable
 from ._measure import async_identity, empty_row, identity, measure_stage, payload_bytes
 from ._progress import Progress
 from ._results import RowWriter
@@ -76,34 +76,60 @@ def sweep_stage(
 
     rows: list[dict[str, Any]] = []
     stopped: dict[tuple[str, str, str], str] = {}
-    for role, harness, ex, c in plan_points(fn, cfg):
-        key = (role, harness, ex)
-        if key in stopped:
-            row = empty_row(stage, role, ex, harness, c)
-            row.update(status="skipped", reason=stopped[key], payload_bytes=payload, elapsed_s=0.0)
-        else:
+    with _stage_pool(fn, cfg) as pool:
+        for role, harness, ex, c in plan_points(fn, cfg):
+            row = _point(fn, noop, inputs, stage, role, harness, ex, c, cfg, ceiling_cfg, payload, pool,
+                         stopped, progress)
+            rows.append(row)
+            if writer is not None:
+                writer.write(row)
             if progress is not None:
-                progress.start(f"{stage} | {role} {harness}/{ex} c={c}")
-            row = measure_stage(
-                fn if role == "stage" else noop,
-                inputs,
-                executor=ex,
-                concurrency=c,
-                config=cfg.measure if role == "stage" else ceiling_cfg,
-                name=stage,
-                role=role,
-                harness=harness,
-                payload=payload,
-            )
-            if row["status"] in _STOP_STATUSES:
-                stopped[key] = f"not measured: {row['status']} at concurrency {c} ({row['reason']})"
-                if row["status"] == "skipped":
-                    stopped[key] = row["reason"]
-        rows.append(row)
-        if writer is not None:
-            writer.write(row)
-        if progress is not None:
-            progress.done(row)
-        if on_row is not None:
-            on_row(row)
+                progress.done(row)
+            if on_row is not None:
+                on_row(row)
     return pd.DataFrame(rows, columns=list(STAGE_COLUMNS))
+
+
+def _stage_pool(fn: Callable, cfg: SweepConfig) -> Any:
+    """One process pool for all of this stage's process points (see WorkerPool).
+
+    None (each point starts its own) when the stage cannot be pickled: the
+    first point then records why and the ceiling still runs on its own pool.
+    """
+    import contextlib
+
+    if "process" not in _executors_for(fn, cfg):
+        return contextlib.nullcontext()
+    try:
+        pool = WorkerPool(fn)
+        pool.fn_bytes  # noqa: B018 (pickle once, up front)
+    except Exception:
+        return contextlib.nullcontext()
+    return pool
+
+
+def _point(fn, noop, inputs, stage, role, harness, ex, c, cfg, ceiling_cfg, payload, pool, stopped, progress):
+    key = (role, harness, ex)
+    if key in stopped:
+        row = empty_row(stage, role, ex, harness, c)
+        row.update(status="skipped", reason=stopped[key], payload_bytes=payload, elapsed_s=0.0)
+        return row
+    if progress is not None:
+        progress.start(f"{stage} | {role} {harness}/{ex} c={c}")
+    row = measure_stage(
+        fn if role == "stage" else noop,
+        inputs,
+        executor=ex,
+        concurrency=c,
+        config=cfg.measure if role == "stage" else ceiling_cfg,
+        name=stage,
+        role=role,
+        harness=harness,
+        payload=payload,
+        pool=pool if ex == "process" else None,
+    )
+    if row["status"] in _STOP_STATUSES:
+        stopped[key] = f"not measured: {row['status']} at concurrency {c} ({row['reason']})"
+        if row["status"] == "skipped":
+            stopped[key] = row["reason"]
+    return row

@@ -404,6 +404,47 @@ def test_bad_input_exits_non_zero_with_one_line(tmp_path, mode, env, code, says)
         assert not out.exists()  # refused before any work
 
 
+def _previous_run(path: Path) -> dict[str, str]:
+    """A directory holding an earlier run's files; returns their contents to check they are left alone."""
+    path.mkdir(parents=True)
+    (path / "results.csv").write_text("stage,role,qps\nold,stage,1.0\n")
+    (path / "run.json").write_text('{"schema_version": 1, "kind": "pipeline"}\n')
+    return {p.name: p.read_text() for p in path.iterdir()}
+
+
+def test_a_used_output_dir_is_refused_before_reading_the_source(tmp_path):
+    read = []
+
+    def source():
+        read.append(1)
+        yield 1
+
+    before = _previous_run(tmp_path / "run")
+    cfg = PipelineBuilder().add_source(source()).pipe(sleep_stage).add_sink(2).get_config()
+    with pytest.raises(DiagnoseError, match="already holds results.csv and run.json from an earlier run") as e:
+        diagnose_pipeline(cfg, out=tmp_path / "run", settings=small())
+    assert e.value.code == 2 and read == []
+    assert str(tmp_path / "run") in str(e.value) and "choose another directory or remove it" in str(e.value)
+    assert {p.name: p.read_text() for p in (tmp_path / "run").iterdir()} == before
+
+
+@pytest.mark.parametrize("how", ["variable", "command"])
+def test_a_used_output_dir_exits_2_with_one_line_and_keeps_the_old_run(tmp_path, how):
+    out = tmp_path / "run"
+    before = _previous_run(out)
+    marker = tmp_path / "marker"
+    if how == "variable":
+        r = run_env(tmp_path, str(SCRIPT), "--marker", str(marker), env={**FAST, "STAGEBENCH_OUTPUT_DIR": str(out)})
+    else:
+        r = run_env(tmp_path, "-m", "stagebench", "diagnose", "--out", str(out), str(SCRIPT), "--marker", str(marker),
+                    env=FAST, mode=None)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "error" in ln]
+    assert len(lines) == 1 and f"{str(out)!r} already holds results.csv" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr and not marker.exists()
+    assert {p.name: p.read_text() for p in out.iterdir()} == before  # nothing appended, nothing measured
+
+
 def test_unwritable_output_dir_exits_2(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -265,3 +265,55 @@ def test_spdl_harness_leaves_the_spdl_loggers_level_as_it_found_it():
     before = log.level
     _ok(measure_stage(sleep_stage, list(range(8)), executor="thread", concurrency=1, config=FAST, harness="spdl"))
     assert log.level == before
+
+
+# ---------------------------------------------------------------- a pool kept across points
+def _hang_on_negative(x):
+    if x < 0:
+        time.sleep(60)
+    time.sleep(0.005)
+    return x
+
+
+def test_a_pool_grows_across_levels_and_runs_the_stage_and_its_ceiling():
+    from stagebench._executors import WorkerPool
+    from stagebench._measure import identity
+
+    inputs = list(range(20))
+    with WorkerPool(sleep_stage) as pool:
+        r1 = _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=1, config=FAST, pool=pool))
+        first = set(pool.pids())
+        r2 = _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=4, config=FAST, pool=pool))
+        grown = set(pool.pids())
+        ceil = _ok(measure_stage(identity, inputs, executor="process", concurrency=4, config=FAST, pool=pool,
+                                 role="ceiling"))
+        assert pool.starts == 1 and first < grown and len(grown) == 4 and set(pool.pids()) == grown
+        # every point runs on exactly c workers, all of which delivered
+        assert (r1["workers_seen"], r2["workers_seen"], ceil["workers_seen"]) == (1, 4, 4)
+        # a grown pool measures what a fresh one does: 20 ms sleeps, c in flight
+        d_eff = 1.0 / r1["qps"]
+        assert abs(r2["qps"] - 4 / d_eff) / (4 / d_eff) < 0.10, (r1["qps"], r2["qps"])
+        assert ceil["qps"] > 2 * r2["qps"]  # no work: only the IPC
+        # going down in c starts afresh rather than measuring 2 of 4 workers
+        _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=2, config=FAST, pool=pool))
+        assert pool.starts == 2 and len(pool.pids()) == 2 and not set(pool.pids()) & grown
+    assert pool.pids() == []
+
+
+def test_a_point_with_a_hung_worker_discards_the_pool():
+    from stagebench._executors import WorkerPool
+
+    cfg = MeasureConfig(budget_s=0.3, warmup_s=0.1, timeout_s=3)
+    with WorkerPool(_hang_on_negative) as pool:
+        row = measure_stage(_hang_on_negative, [-1, 1, 2], executor="process", concurrency=2, config=cfg, pool=pool)
+        assert row["status"] == "timeout" or "still running" in row["reason"], (row["status"], row["reason"])
+        assert pool.pids() == []  # killed, not left to hang the next point
+        ok = _ok(measure_stage(_hang_on_negative, [1, 2], executor="process", concurrency=2, config=cfg, pool=pool))
+        assert ok["workers_seen"] == 2 and pool.starts == 2
+
+
+def test_a_pool_refuses_a_stage_it_does_not_run():
+    from stagebench._executors import WorkerPool
+
+    with WorkerPool(sleep_stage) as pool, pytest.raises(ValueError, match="this pool runs"):
+        measure_stage(python_loop, [1], executor="process", concurrency=1, config=FAST, pool=pool)
