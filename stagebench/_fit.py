@@ -60,9 +60,9 @@ def point_sd(qps: float, low: float, high: float, n_batches: float | None = None
     half = (high - low) / 2.0
     crit = 1.96
     if n_batches is not None and math.isfinite(n_batches) and n_batches >= 2:
-        from scipy import stats
+        from ._stats import t_quantile
 
-        crit = float(stats.t.ppf(0.975, int(n_batches) - 1))
+        crit = t_quantile(0.975, int(n_batches) - 1)
     return max(half / crit, _MIN_REL_SD * qps)
 
 

@@ -1236,7 +1236,7 @@ def run_loader_sweep(
     writer = RowWriter(rd.results_csv, LOADER_COLUMNS)
     sw = _Sweep(factory, name=name, backend=backend, batch_size=batch_size, cfg=cfg, cuda=cuda,
                 writer=writer, progress=progress)
-    from scipy import stats  # noqa: F401 - imported now, not inside the first point's time
+    from scipy import special  # noqa: F401 - imported now, not inside the first point's time
 
     t_search = time.perf_counter()
     stops: list[str] = []
