@@ -23,6 +23,7 @@ from ._schema import STAGE_COLUMNS
 __all__ = ["sweep_stage", "plan_points"]
 
 _STOP_STATUSES = ("skipped", "timeout", "failed")
+_SHARED_REASON = "shared: measured once for all stages (a no-op on threads or the event loop does not touch the items)"
 
 
 def _executors_for(fn: Callable, config: SweepConfig) -> tuple[str, ...]:
@@ -53,12 +54,20 @@ def sweep_stage(
     writer: RowWriter | None = None,
     progress: Progress | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    shared_ceilings: dict[tuple[str, str, int], dict[str, Any]] | None = None,
 ):
     """Measure ``fn`` at every planned point; return a tidy DataFrame (one row per point).
 
     Rows are appended to ``writer`` as they are measured. ``KeyboardInterrupt``
     propagates after the current point's workers are torn down; every row
     measured before it is already on disk.
+
+    ``shared_ceilings``: pass the same dict to the sweeps of several stages and
+    each thread / async ceiling (harness, executor, concurrency) is measured
+    once: a no-op on threads or the event loop only passes references, so its
+    ceiling does not depend on the stage's items. Later stages get a copy of
+    the row (``elapsed_s`` 0, the original ``started_at``, a ``reason`` that
+    says so). Process ceilings ship the stage's own items: always measured.
     """
     import pandas as pd
 
@@ -78,8 +87,15 @@ def sweep_stage(
     stopped: dict[tuple[str, str, str], str] = {}
     with _stage_pool(fn, cfg) as pool:
         for role, harness, ex, c in plan_points(fn, cfg):
-            row = _point(fn, noop, inputs, stage, role, harness, ex, c, cfg, ceiling_cfg, payload, pool,
-                         stopped, progress)
+            shared = shared_ceilings if role == "ceiling" and ex != "process" else None
+            if shared is not None and (harness, ex, c) in shared:
+                row = {**shared[(harness, ex, c)], "stage": stage, "payload_bytes": payload, "elapsed_s": 0.0,
+                       "reason": _SHARED_REASON}
+            else:
+                row = _point(fn, noop, inputs, stage, role, harness, ex, c, cfg, ceiling_cfg, payload, pool,
+                             stopped, progress)
+                if shared is not None and row["status"] == "ok" and not row["reason"]:
+                    shared[(harness, ex, c)] = dict(row)
             rows.append(row)
             if writer is not None:
                 writer.write(row)

@@ -129,3 +129,24 @@ def test_ctrl_c_keeps_measured_rows_and_exits_promptly(tmp_path):
     assert rc == 130, proc.stderr.read().decode()
     rows = read_rows(out)
     assert len(rows) >= 2 and (rows.status == "ok").all()
+
+
+def double(x):
+    return 2 * x
+
+
+def test_thread_ceilings_are_measured_once_per_run_and_process_ceilings_per_stage():
+    cfg = SweepConfig(executors=("thread", "process"), concurrency=(1, 2), measure=TINY)
+    shared: dict = {}
+    a = sweep_stage(sleepy, list(range(10)), name="a", config=cfg, shared_ceilings=shared)
+    b = sweep_stage(double, [b"x" * 1000] * 10, name="b", config=cfg, shared_ceilings=shared)
+    ca, cb = (d[d["role"] == "ceiling"].set_index(["executor", "concurrency"]) for d in (a, b))
+    assert (ca["status"] == "ok").all() and (cb["status"] == "ok").all()
+    for c in (1, 2):
+        copy, orig = cb.loc[("thread", c)], ca.loc[("thread", c)]
+        assert copy["elapsed_s"] == 0 and copy["reason"].startswith("shared: measured once")
+        assert (copy["qps"], copy["started_at"]) == (orig["qps"], orig["started_at"])
+        assert copy["stage"] == "b" and copy["payload_bytes"] > 1000
+        # processes ship the stage's own items: measured for each stage
+        assert cb.loc[("process", c)]["elapsed_s"] > 0 and not cb.loc[("process", c)]["reason"]
+    assert set(shared) == {("direct", "thread", 1), ("direct", "thread", 2)}
