@@ -395,13 +395,15 @@ def _sweep_config(stage: Any, settings: DiagnoseSettings):
                        harnesses=settings.harnesses, measure=measure)
 
 
-def _skipped_rows(stage: Any, settings: DiagnoseSettings, reason: str) -> list[dict[str, Any]]:
+def _skipped_rows(stage: Any, settings: DiagnoseSettings, reason: str, *, executor: str | None = None,
+                  ceilings: bool = False) -> list[dict[str, Any]]:
+    """Rows for points not measured: the stage's (and with ``ceilings``, its ceiling's), of ``executor`` or all."""
     from ._measure import empty_row
     from ._sweep import plan_points
 
     rows = []
     for role, harness, ex, c in plan_points(stage.fn, _sweep_config(stage, settings)):
-        if role != "stage":
+        if (role != "stage" and not ceilings) or (executor is not None and ex != executor):
             continue
         row = empty_row(stage.name, role, ex, harness, c)
         row.update(status="skipped", reason=reason, elapsed_s=0.0)
@@ -590,7 +592,9 @@ class _Diagnosis:
         cache = StageCache(self.cache_dir, max_disk_mb=10 * settings.cache_max_mb)
         max_bytes = settings.cache_max_mb * 2**20
         n_source = len(source_items)
-        inputs, in_key = source_items, items_key(source_items)[0]
+        inputs, (in_key, unhashable) = source_items, items_key(source_items)
+        src_problem = self._announce_source(source_items, unhashable)
+        came_from: str | None = None  # the step whose outputs are the current inputs (None: the source)
         src_fraction = 1.0  # share of the source items the current inputs derive from
         blocked: str | None = None
         with self.run_dir.writer(STAGE_COLUMNS) as writer:
@@ -609,7 +613,8 @@ class _Diagnosis:
                     # keyed by content: SPDL may emit them in any order, and the segment
                     # itself cannot be fingerprinted (it may hold executors)
                     in_key = items_key(inputs)[0]
-                    self.say(f"ran {', '.join(repr(n) for n in step.names)} as a whole: {len(inputs)} outputs")
+                    came_from = ", ".join(repr(n) for n in step.names)
+                    self.say(f"ran {came_from} as a whole: {len(inputs)} outputs")
                     if not inputs:
                         blocked = f"not measured: {', '.join(step.names)} produced no outputs"
                     continue
@@ -642,8 +647,7 @@ class _Diagnosis:
                 )
                 self.run_dir.write_meta(self.meta)
                 if minputs:
-                    sweep_stage(step.fn, minputs, name=step.name, config=_sweep_config(step, settings),
-                                writer=writer, progress=self.progress)
+                    self._sweep_stage(step, minputs, writer, came_from, src_problem)
                 else:
                     reason = "no inputs to measure it on" + (f" (the aggregator emitted nothing)" if step.type == "aggregate" else "")
                     smeta.update(status="not_measured", reason=reason)
@@ -660,11 +664,68 @@ class _Diagnosis:
                     else:
                         why = "every output was None (dropped)"
                     blocked = f"not measured: the earlier stage {step.name!r} produced no outputs: {why}"
-                inputs, in_key = cached.items, key
+                inputs, in_key, came_from = cached.items, key, repr(step.name)
         self.blocked = blocked
         # what one item at the sink stands for, in source items (batches: the batch size)
         self.items_per_sink_item = (n_source * src_fraction / len(inputs)) if inputs else None
         self.meta["items_per_sink_item"] = self.items_per_sink_item
+
+    def _announce_source(self, source_items: list, unhashable: str | None) -> str | None:
+        """Say once, before any stage runs, what source items that cannot be pickled rule out.
+
+        Returns why a process pool cannot take them (None when it can, or when
+        no process points are planned).
+        """
+        from ._stage_cache import pickle_problem
+
+        problem = pickle_problem(source_items, cloud=True) if "process" in self.settings.executors else None
+        uncached = "; stage outputs are not cached between runs" if unhashable and self.cache_dir else ""
+        if problem:
+            self.say(f"source items cannot be pickled ({problem}): process executors are skipped for stages "
+                     f"that receive them; {self._the_others()}{uncached}")
+        elif uncached:
+            self.say(f"{unhashable}{uncached}")
+        return problem
+
+    def _sweep_stage(self, step: Any, inputs: list, writer: Any, came_from: str | None,
+                     src_problem: str | None) -> None:
+        """Sweep one stage; process points are skipped with one reason when its inputs cannot be pickled.
+
+        Only the first input is checked per point when measuring, so inputs
+        that pickle only in part would otherwise start a pool, fail, and be
+        recorded as failures of the stage.
+        """
+        from dataclasses import replace
+
+        from ._stage_cache import pickle_problem
+        from ._sweep import plan_points, sweep_stage
+
+        cfg = _sweep_config(step, self.settings)
+        planned = {ex for _, _, ex, _ in plan_points(step.fn, cfg)}
+        problem = pickle_problem(inputs, cloud=True) if "process" in planned else None
+        if not problem:
+            sweep_stage(step.fn, inputs, name=step.name, config=cfg, writer=writer, progress=self.progress)
+            return
+        if came_from is not None or not src_problem:  # the source's own message covered the first stage
+            self.say(f"{step.name!r}: its inputs (the outputs of {came_from or 'the source'}) cannot be pickled "
+                     f"({problem}): process executors are skipped for it; {self._the_others('it is')}")
+        kept = tuple(ex for ex in cfg.executors if ex != "process")
+        if kept:
+            sweep_stage(step.fn, inputs, name=step.name, config=replace(cfg, executors=kept), writer=writer,
+                        progress=self.progress)
+        else:
+            self._stage_meta(step.name).update(status="not_measured", reason=f"inputs cannot be pickled ({problem}) "
+                                               "and STAGEBENCH_EXECUTORS allows only process")
+        for row in _skipped_rows(step, self.settings, f"inputs cannot be pickled for a process pool: {problem}",
+                                 executor="process", ceilings=True):
+            writer.write(row)
+            self.progress.done(row)
+
+    def _the_others(self, what: str = "they are") -> str:
+        """What becomes of the points that are not process points."""
+        if any(ex != "process" for ex in self.settings.executors):
+            return "thread/async points are measured"
+        return f"STAGEBENCH_EXECUTORS allows only process, so {what} not measured"
 
     def _pipeline_overhead(self, source_items: list) -> dict[str, Any]:
         """SPDL's no-op cost with one and with three pipes (thread x 4, same window and statistics).

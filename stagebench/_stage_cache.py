@@ -49,6 +49,7 @@ __all__ = [
     "items_key",
     "chain_key",
     "approx_nbytes",
+    "pickle_problem",
 ]
 
 _MAX_DEPTH = 4  # how far helper functions called by a stage are followed
@@ -249,9 +250,44 @@ def items_key(items: Sequence[Any]) -> tuple[str, str | None]:
 
 
 def chain_key(*parts: Any) -> str:
+    """Key of a stage from its parts; one-off (``unstable-``) when any part is.
+
+    A key chained from a one-off key is never looked up again, so storing
+    under it would only fill the cache folder run after run.
+    """
     import joblib
 
-    return joblib.hash(("stagebench-stage", *parts))
+    key = joblib.hash(("stagebench-stage", *parts))
+    if any(isinstance(p, str) and p.startswith("unstable-") for p in parts):
+        return f"unstable-{key}"
+    return key
+
+
+class _Discard:
+    def write(self, data: Any) -> int:
+        return len(data)
+
+
+def pickle_problem(obj: Any, *, cloud: bool = False) -> str | None:
+    """Why ``obj`` cannot be pickled (``"TypeError: cannot pickle '_thread.lock' object"``), or None.
+
+    ``cloud=True`` checks with cloudpickle, as a process pool ships items;
+    otherwise with pickle, as the disk cache stores them. Pickles into nothing
+    with array buffers left out of band (protocol 5), so the check walks the
+    objects without copying their data.
+    """
+    if cloud:
+        import cloudpickle
+
+        pickler: Any = cloudpickle.CloudPickler
+    else:
+        pickler = pickle.Pickler
+    try:
+        pickler(_Discard(), protocol=5, buffer_callback=lambda buf: None).dump(obj)
+    except Exception as e:
+        msg = str(e).splitlines()[0][:200] if str(e) else ""
+        return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+    return None
 
 
 # ---------------------------------------------------------------------------- sizes
@@ -310,6 +346,14 @@ def _stored_call(key: str, compute: Callable[[], tuple[list, dict]]) -> tuple[li
     return compute()
 
 
+class _NotStorable(Exception):
+    """Outputs that pickle cannot write: raised through joblib so that it stores nothing."""
+
+    def __init__(self, outputs: tuple[list, dict], why: str) -> None:
+        super().__init__(why)
+        self.outputs, self.why = outputs, why
+
+
 class StageCache:
     """Stage outputs under ``folder`` (``None``: no disk cache, compute every time).
 
@@ -344,9 +388,24 @@ class StageCache:
                 note = f"cache entry unreadable ({type(e).__name__}); recomputed"
                 items, meta = compute()
                 return CachedOutputs(items=items, key=key, hit=False, note=note, meta=meta)
+
+        def storable() -> tuple[list, dict]:
+            out = compute()
+            # joblib would write a truncated output.pkl (then fail to load it on
+            # the next run) or leave a temporary file behind
+            why = pickle_problem(out)
+            if why:
+                raise _NotStorable(out, why)
+            return out
+
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            items, meta = self._cached(key, compute)
+            try:
+                items, meta = self._cached(key, storable)
+            except _NotStorable as e:
+                items, meta = e.outputs
+                note = f"outputs not stored on disk: they cannot be pickled ({e.why}); recomputed every run"
+                return CachedOutputs(items=items, key=key, hit=False, note=note, meta=meta)
         note = None
         for w in caught:
             if "cache" in str(w.message).lower():

@@ -14,6 +14,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -289,6 +290,69 @@ def test_cached_outputs_are_reused_and_an_edited_later_stage_recomputed(tmp_path
     assert stage_cache(tmp_path / "c") == {"first": "hit", "last": "computed"}
     # `first` ran while sweeping in every run, but its outputs were computed only once
     assert sorted(calls[:10]) == list(range(10)) and len(calls) > n
+
+
+class Locked:
+    """An item holding a lock: it cannot be pickled, so it cannot reach a process pool."""
+
+    def __init__(self, i: int) -> None:
+        self.i, self.lock = i, threading.Lock()
+
+
+def keep_item(x):
+    time.sleep(0.001)
+    return x
+
+
+def unwrap(x):
+    time.sleep(0.001)
+    return getattr(x, "i", x)
+
+
+def test_unpicklable_source_items_skip_process_points_with_one_message(tmp_path, capsys):
+    """The first item pickles and the rest do not: a per-point check of the first item would start a pool and fail."""
+    cfg = (PipelineBuilder().add_source(Locked(i) if i else i for i in range(100))
+           .pipe(keep_item).pipe(unwrap).add_sink(2).get_config())
+    out = tmp_path / "run"
+    diagnose_pipeline(cfg, out=out, settings=small(executors=("thread", "process"), concurrency=(1, 2),
+                                                   cache_dir=str(tmp_path / "cache"), validation_s=0),
+                      show_table=False, report=False)
+    err = capsys.readouterr().err
+    lock = "TypeError: cannot pickle '_thread.lock' object"
+    said = [ln for ln in err.splitlines() if "cannot be pickled (" in ln]
+    assert said == [
+        f"[stagebench] source items cannot be pickled ({lock}): process executors are skipped for stages that "
+        "receive them; thread/async points are measured; stage outputs are not cached between runs",
+        f"[stagebench] 'unwrap': its inputs (the outputs of 'keep_item') cannot be pickled ({lock}): "
+        "process executors are skipped for it; thread/async points are measured",
+    ], err
+    rows = pd.read_csv(out / "results.csv")
+    proc, thread = rows[rows["executor"] == "process"], rows[rows["executor"] == "thread"]
+    assert len(proc) == 2 * 2 * 2  # two stages x two levels x stage and ceiling: every planned point has a row
+    assert (proc["status"] == "skipped").all()
+    assert (proc["reason"] == f"inputs cannot be pickled for a process pool: {lock}").all()
+    assert len(thread) == 8 and (thread["status"] == "ok").all()
+    assert not list((tmp_path / "cache").rglob("output.pkl*"))  # one-off keys: nothing stored for later
+
+
+def test_stage_outputs_that_cannot_be_pickled_are_not_cached_and_do_not_stop_the_diagnosis(tmp_path, capsys):
+    def wrap(x):
+        return Locked(x)
+
+    cfg = PipelineBuilder().add_source(range(30)).pipe(wrap).pipe(unwrap).add_sink(2).get_config()
+    s = small(cache_dir=str(tmp_path / "cache"), validation_s=0, concurrency=(1,))
+    for run in ("a", "b"):  # the second run finds no broken entry: it computes again and says so again
+        diagnose_pipeline(cfg, out=tmp_path / run, settings=s, show_table=False, report=False)
+        err = capsys.readouterr().err
+        assert ("'wrap': outputs not stored on disk: they cannot be pickled (TypeError: cannot pickle "
+                "'_thread.lock' object); recomputed every run") in err, err
+        stages = {st["name"]: st for st in json.loads((tmp_path / run / "run.json").read_text())["stages"]}
+        assert stages["wrap"]["cache"] == "computed" and stages["unwrap"]["status"] == "measured"
+        # unwrap's outputs pickle and its key (wrap's code and inputs) is stable: stored in run a, used in run b
+        assert stages["unwrap"]["cache"] == {"a": "computed", "b": "hit"}[run]
+    rows = pd.read_csv(tmp_path / "b" / "results.csv")
+    assert (rows["status"] == "ok").all() and set(rows["stage"]) == {"wrap", "unwrap"}
+    assert "Traceback" not in err
 
 
 # ------------------------------------------------------------------------- subprocesses

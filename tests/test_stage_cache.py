@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from stagebench._stage_cache import StageCache, approx_nbytes, callable_key, chain_key, items_key
+from stagebench._stage_cache import StageCache, approx_nbytes, callable_key, chain_key, items_key, pickle_problem
 
 
 def _define(src: str, name: str = "stage", extra: dict | None = None):
@@ -154,12 +154,36 @@ def test_no_folder_means_no_disk_cache():
     assert len(calls) == 2
 
 
-def test_outputs_that_cannot_be_pickled_are_used_but_not_stored(tmp_path):
+@pytest.mark.parametrize(("make", "says"), [
+    (threading.Lock, "TypeError: cannot pickle '_thread.lock' object"),
+    (lambda: (lambda: 1), "Can't pickle"),  # pickle raises here, mid-file: joblib used to keep the truncated file
+])
+def test_outputs_that_cannot_be_pickled_are_used_but_not_stored(tmp_path, make, says):
     cache = StageCache(tmp_path / "c")
-    out = cache.get_or_compute("k", lambda: ([threading.Lock()], {}))
-    assert len(out.items) == 1 and not out.hit
-    assert out.note and "not stored" in out.note
-    assert not cache.get_or_compute("k", lambda: ([threading.Lock()], {})).hit
+    for _ in range(2):  # the second run recomputes with the same message: no broken entry to load
+        out = cache.get_or_compute("k", lambda: ([1, make()], {"n_errors": 0}))
+        assert len(out.items) == 2 and not out.hit and out.meta == {"n_errors": 0}
+        assert out.note.startswith("outputs not stored on disk: they cannot be pickled (") and says in out.note
+    assert not [f for f in (tmp_path / "c").rglob("output.pkl*")]
+
+
+def test_a_key_chained_from_a_one_off_key_is_one_off(tmp_path):
+    stable = chain_key("pipe", items_key([1, 2])[0])
+    assert not stable.startswith("unstable-") and stable == chain_key("pipe", items_key([1, 2])[0])
+    one_off, why = items_key([threading.Lock()])
+    assert one_off.startswith("unstable-") and "cannot be hashed" in why
+    assert chain_key("pipe", one_off).startswith("unstable-")
+    cache = StageCache(tmp_path / "c")
+    cache.get_or_compute(chain_key("pipe", one_off), lambda: ([1], {}))
+    assert not [f for f in (tmp_path / "c").rglob("output.pkl*")]  # never looked up again: not stored
+
+
+def test_pickle_problem_names_the_error_and_the_pickler_matters():
+    assert pickle_problem([1, np.zeros(10)]) is None
+    assert pickle_problem([1, threading.Lock()]) == "TypeError: cannot pickle '_thread.lock' object"
+    gen = (i for i in range(3))
+    assert pickle_problem([gen], cloud=True) == "TypeError: cannot pickle 'generator' object"
+    assert pickle_problem([lambda: 1]) is not None and pickle_problem([lambda: 1], cloud=True) is None
 
 
 def test_approx_nbytes_is_exact_for_arrays_and_bytes():
