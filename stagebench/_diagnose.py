@@ -17,7 +17,9 @@ The diagnosis, in order (each step for a reason):
    outputs (cached on disk by :mod:`._stage_cache`), then sweep it alone:
    thread / process (async: the event loop) x the concurrency grid, through
    stagebench's workers and through a one-stage SPDL pipeline, each with its
-   no-op ceiling. Rows are on disk the moment they are measured.
+   no-op ceiling (thread/async ceilings once per run, shared by the stages;
+   process ceilings per stage, on the stage's own pool, with its own items).
+   Rows are on disk the moment they are measured.
    With two or more stages, also measure SPDL no-op pipelines of one and three
    identity stages (thread x 4) into ``run.json["pipeline_overhead"]``
    (``one_stage``/``three_stage``: ``status``, ``qps``, ``cpu_s_per_item``,
@@ -482,6 +484,8 @@ class _Diagnosis:
         self.blocked: str | None = None  # why later stages could not be measured
         self.items_per_sink_item: float | None = None
         self.progress = Progress(desc="stagebench")
+        # thread/async no-op ceilings do not depend on the stage: measured once per run
+        self.shared_ceilings: dict[tuple[str, str, int], dict[str, Any]] = {}
         self.meta: dict[str, Any] = {
             "schema_version": 1,
             "kind": "pipeline",
@@ -704,7 +708,8 @@ class _Diagnosis:
         planned = {ex for _, _, ex, _ in plan_points(step.fn, cfg)}
         problem = pickle_problem(inputs, cloud=True) if "process" in planned else None
         if not problem:
-            sweep_stage(step.fn, inputs, name=step.name, config=cfg, writer=writer, progress=self.progress)
+            sweep_stage(step.fn, inputs, name=step.name, config=cfg, writer=writer, progress=self.progress,
+                        shared_ceilings=self.shared_ceilings)
             return
         if came_from is not None or not src_problem:  # the source's own message covered the first stage
             self.say(f"{step.name!r}: its inputs (the outputs of {came_from or 'the source'}) cannot be pickled "
@@ -712,7 +717,7 @@ class _Diagnosis:
         kept = tuple(ex for ex in cfg.executors if ex != "process")
         if kept:
             sweep_stage(step.fn, inputs, name=step.name, config=replace(cfg, executors=kept), writer=writer,
-                        progress=self.progress)
+                        progress=self.progress, shared_ceilings=self.shared_ceilings)
         else:
             self._stage_meta(step.name).update(status="not_measured", reason=f"inputs cannot be pickled ({problem}) "
                                                "and STAGEBENCH_EXECUTORS allows only process")
