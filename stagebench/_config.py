@@ -84,6 +84,14 @@ class SweepConfig:
     """Window for ceiling points; ``None`` uses half of ``measure.budget_s``
     (an identity stage reaches steady state quickly)."""
 
+    process_flat_levels: int = 2
+    """Stop a process curve after this many consecutive levels that do not
+    raise its best throughput beyond noise (each higher level starts more
+    interpreters, which was most of a diagnosis on a small machine, and a
+    plateau does not come back up on processes). 0 measures every level.
+    Thread curves always get every level: they are cheap, and their fall at
+    high concurrency is GIL evidence."""
+
     def __post_init__(self) -> None:
         from ._schema import EXECUTORS, HARNESSES
 
@@ -95,5 +103,7 @@ class SweepConfig:
                 raise ValueError(f"harnesses: unknown harness {h!r}; allowed: {', '.join(HARNESSES)}")
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise ValueError(f"concurrency must be positive integers, got {self.concurrency}")
+        if self.process_flat_levels < 0:
+            raise ValueError(f"process_flat_levels must be >= 0 (0: every level), got {self.process_flat_levels}")
         if list(self.concurrency) != sorted(set(self.concurrency)):
             raise ValueError(f"concurrency must be ascending and distinct, got {self.concurrency}")

@@ -83,6 +83,7 @@ ENV_VARS: dict[str, str] = {
     "STAGEBENCH_VALIDATION_S": "window of the whole-pipeline validation run, seconds (default max(2, 2 x budget); 0: skip)",
     "STAGEBENCH_CACHE_DIR": "where stage outputs are cached (default <parent of run dir>/.stagebench-cache; off: no cache)",
     "STAGEBENCH_CACHE_MAX_MB": "most MB of one stage's outputs kept; later items are dropped, with a message (default 1024)",
+    "STAGEBENCH_PROCESS_FLAT_LEVELS": "stop a process curve after this many levels in a row without gain (default 2; 0: every level)",
 }
 
 _TRUE = ("1", "true", "TRUE", "on", "ON", "yes", "YES")
@@ -124,6 +125,8 @@ class DiagnoseSettings:
     cache_dir: str | None = None
     """``None``: ``<parent of run dir>/.stagebench-cache``; ``"off"``: no disk cache."""
     cache_max_mb: float = 1024.0
+    process_flat_levels: int = 2
+    """See :attr:`stagebench.SweepConfig.process_flat_levels`."""
 
     def __post_init__(self) -> None:
         from ._schema import HARNESSES
@@ -151,6 +154,9 @@ class DiagnoseSettings:
             raise SettingsError(f"STAGEBENCH_VALIDATION_S must be >= 0 seconds (0: skip), got {self.validation_s}")
         if not self.cache_max_mb > 0:
             raise SettingsError(f"STAGEBENCH_CACHE_MAX_MB must be a number of MB > 0, got {self.cache_max_mb}")
+        if self.process_flat_levels < 0:
+            raise SettingsError(f"STAGEBENCH_PROCESS_FLAT_LEVELS must be an integer >= 0 (0: every level), "
+                                f"got {self.process_flat_levels}")
 
     @property
     def validation_window_s(self) -> float:
@@ -187,6 +193,7 @@ class DiagnoseSettings:
             ("STAGEBENCH_TIMEOUT_S", "timeout_s", float, "a number of seconds"),
             ("STAGEBENCH_VALIDATION_S", "validation_s", float, "a number of seconds >= 0 (0: skip)"),
             ("STAGEBENCH_CACHE_MAX_MB", "cache_max_mb", float, "a number of MB > 0"),
+            ("STAGEBENCH_PROCESS_FLAT_LEVELS", "process_flat_levels", int, "an integer >= 0 (0: every level)"),
         ):
             v = number(var, kind, what)
             if v is not None:
@@ -394,7 +401,7 @@ def _sweep_config(stage: Any, settings: DiagnoseSettings):
         # SPDL runs these inline on its event loop: no executor, no concurrency to choose.
         return SweepConfig(executors=("thread",), concurrency=(1,), harnesses=settings.harnesses, measure=measure)
     return SweepConfig(executors=settings.executors, concurrency=settings.concurrency,
-                       harnesses=settings.harnesses, measure=measure)
+                       harnesses=settings.harnesses, measure=measure, process_flat_levels=settings.process_flat_levels)
 
 
 def _skipped_rows(stage: Any, settings: DiagnoseSettings, reason: str, *, executor: str | None = None,

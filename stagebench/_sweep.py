@@ -5,6 +5,11 @@ the stage cannot run this way (skipped), never gets going (timeout), or fails
 on every item skips the remaining levels of that executor with the reason:
 repeating a 60 s hang at six levels helps nobody. A crash does not: running
 out of memory at 32 processes says nothing about 4.
+
+Process points are the expensive ones (each level starts more interpreters):
+a stage keeps one pool, grown level by level and shared with its ceiling
+(:class:`~stagebench._executors.WorkerPool`), and a process curve that stopped
+rising for ``process_flat_levels`` levels is not measured further.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from ._schema import STAGE_COLUMNS
 __all__ = ["sweep_stage", "plan_points"]
 
 _STOP_STATUSES = ("skipped", "timeout", "failed")
+_PLATEAU = "not measured: process throughput stopped rising"
 _SHARED_REASON = "shared: measured once for all stages (a no-op on threads or the event loop does not touch the items)"
 
 
@@ -85,17 +91,24 @@ def sweep_stage(
 
     rows: list[dict[str, Any]] = []
     stopped: dict[tuple[str, str, str], str] = {}
+    plateaus: dict[str, tuple[dict[str, Any], int]] = {}
     with _stage_pool(fn, cfg) as pool:
         for role, harness, ex, c in plan_points(fn, cfg):
             shared = shared_ceilings if role == "ceiling" and ex != "process" else None
             if shared is not None and (harness, ex, c) in shared:
-                row = {**shared[(harness, ex, c)], "stage": stage, "payload_bytes": payload, "elapsed_s": 0.0,
-                       "reason": _SHARED_REASON}
+                orig = shared[(harness, ex, c)]
+                row = {**orig, "stage": stage, "payload_bytes": payload, "elapsed_s": 0.0,
+                       "reason": "; ".join(r for r in (_SHARED_REASON, orig["reason"]) if r)}
             else:
                 row = _point(fn, noop, inputs, stage, role, harness, ex, c, cfg, ceiling_cfg, payload, pool,
                              stopped, progress)
-                if shared is not None and row["status"] == "ok" and not row["reason"]:
+                if shared is not None and row["status"] == "ok":
                     shared[(harness, ex, c)] = dict(row)
+                if role == "stage" and ex == "process" and cfg.process_flat_levels:
+                    _watch_plateau(row, harness, plateaus, stopped, cfg.process_flat_levels)
+                if role == "ceiling" and stopped.get(("stage", harness, ex), "").startswith(_PLATEAU):
+                    # the ceiling of the last measured level is kept; none above it
+                    stopped[("ceiling", harness, ex)] = stopped[("stage", harness, ex)]
             rows.append(row)
             if writer is not None:
                 writer.write(row)
@@ -104,6 +117,30 @@ def sweep_stage(
             if on_row is not None:
                 on_row(row)
     return pd.DataFrame(rows, columns=list(STAGE_COLUMNS))
+
+
+def _beats(new: dict[str, Any], best: dict[str, Any]) -> bool:
+    """``new`` is faster than ``best`` beyond noise: 5% higher and, with intervals, not overlapping."""
+    if not new["qps"] > 1.05 * best["qps"]:
+        return False
+    lo, hi = new["qps_low"], best["qps_high"]
+    return not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi
+
+
+def _watch_plateau(row: dict[str, Any], harness: str, plateaus: dict, stopped: dict, flat_levels: int) -> None:
+    """Stop the process curve (and its ceilings) after ``flat_levels`` levels in a row without gain."""
+    if row["status"] != "ok" or not row["qps"] > 0:
+        return
+    best, flat = plateaus.get(harness, (None, 0))
+    if best is None or _beats(row, best):
+        plateaus[harness] = (row, 0)
+        return
+    flat += 1
+    plateaus[harness] = (best, flat)
+    if flat >= flat_levels:
+        stopped[("stage", harness, "process")] = (
+            f"{_PLATEAU} ({flat} levels up to c={row['concurrency']} within noise of {best['qps']:,.0f} items/s "
+            f"at c={best['concurrency']}; process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures every level)")
 
 
 def _stage_pool(fn: Callable, cfg: SweepConfig) -> Any:

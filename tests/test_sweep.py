@@ -148,5 +148,56 @@ def test_thread_ceilings_are_measured_once_per_run_and_process_ceilings_per_stag
         assert (copy["qps"], copy["started_at"]) == (orig["qps"], orig["started_at"])
         assert copy["stage"] == "b" and copy["payload_bytes"] > 1000
         # processes ship the stage's own items: measured for each stage
-        assert cb.loc[("process", c)]["elapsed_s"] > 0 and not cb.loc[("process", c)]["reason"]
+        assert cb.loc[("process", c)]["elapsed_s"] > 0 and "shared" not in cb.loc[("process", c)]["reason"]
     assert set(shared) == {("direct", "thread", 1), ("direct", "thread", 2)}
+
+
+def one_at_a_time(x, lock_file):
+    """20 ms under a lock shared by all processes: 50 items/s at any concurrency, on any load."""
+    import fcntl
+
+    with open(lock_file, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        time.sleep(0.02)
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return x
+
+
+def test_a_process_curve_that_stopped_rising_is_not_measured_further(tmp_path):
+    from functools import partial
+
+    cfg = SweepConfig(executors=("process",), concurrency=(1, 2, 4, 8, 16), measure=TINY)
+    stage = partial(one_at_a_time, lock_file=str(tmp_path / "lock"))
+    df = sweep_stage(stage, list(range(10)), config=cfg).set_index(["role", "concurrency"])
+    levels = (1, 2, 4, 8, 16)
+    measured = [c for c in levels if df.loc[("stage", c), "status"] == "ok"]
+    # c=2 may gain a little (one item's IPC overlaps the other's turn at the lock: < 5%
+    # with 20 ms turns, unless noise says more); two flat levels end the curve
+    assert measured in ([1, 2, 4], [1, 2, 4, 8]), df[["status", "qps", "qps_low", "qps_high"]].to_string()
+    for c in levels[len(measured):]:
+        for role in ("stage", "ceiling"):
+            assert df.loc[(role, c), "status"] == "skipped"
+            assert f"process throughput stopped rising (2 levels up to c={measured[-1]}" in df.loc[(role, c), "reason"]
+    assert df.loc[("ceiling", measured[-1]), "status"] == "ok"  # the last measured level keeps its ceiling
+    # a curve that keeps rising is measured to the top; 0 turns the rule off
+    rising = sweep_stage(sleepy, list(range(10)), config=SweepConfig(
+        executors=("process",), concurrency=(1, 2, 4), measure=TINY, ceiling=False))
+    assert (rising["status"] == "ok").all()
+    with pytest.raises(ValueError, match="process_flat_levels must be >= 0"):
+        SweepConfig(process_flat_levels=-1)
+
+
+def test_the_plateau_rule_counts_levels_without_gain_beyond_noise():
+    from stagebench._sweep import _watch_plateau
+
+    def row(c, q, half):
+        return {"status": "ok", "concurrency": c, "qps": q, "qps_low": q - half, "qps_high": q + half}
+
+    plateaus, stopped = {}, {}
+    for r in (row(1, 100, 5), row(2, 190, 5), row(4, 198, 5), row(8, 260, 5)):  # +4% is not a gain; +31% is
+        _watch_plateau(r, "direct", plateaus, stopped, 2)
+    assert not stopped and plateaus["direct"][0]["concurrency"] == 8
+    _watch_plateau(row(16, 300, 60), "direct", plateaus, stopped, 2)  # 15% higher, intervals overlap: noise
+    assert not stopped
+    _watch_plateau(row(32, 240, 5), "direct", plateaus, stopped, 2)
+    assert "2 levels up to c=32 within noise of 260 items/s at c=8" in stopped[("stage", "direct", "process")]
