@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["install", "PostImportFinder"]
+__all__ = ["install", "installed", "uninstall", "PostImportFinder"]
 
 #: module whose import triggers the patch
 _SPDL_PROFILE = "spdl.pipeline._profile"
@@ -77,8 +77,27 @@ def install() -> None:
 
     if os.environ.get("SPDL_PIPELINE_DIAGNOSTIC_MODE", "0") not in _TRUTHY:
         return
-    if any(getattr(f, "on_import", None) is _patch_spdl for f in sys.meta_path):
+    if installed():
         return
     if _SPDL_PROFILE in sys.modules:  # already imported: patch in place
         _patch_spdl(sys.modules[_SPDL_PROFILE])
     sys.meta_path.insert(0, PostImportFinder((_SPDL_PROFILE,), _patch_spdl))
+
+
+def installed() -> bool:
+    """Whether :func:`install` put its post-import hook in this process."""
+    return any(getattr(f, "on_import", None) is _patch_spdl for f in sys.meta_path)
+
+
+def uninstall() -> None:
+    """Undo :func:`install`: remove the hook and give SPDL its own diagnostic mode back.
+
+    For ``stagebench diagnose`` run inside a longer-lived process (a test, a
+    notebook): the hook would otherwise stay in every later import, and a later
+    pipeline built with the variable set would be replaced by the stand-in.
+    """
+    sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "on_import", None) is not _patch_spdl]
+    profile = sys.modules.get(_SPDL_PROFILE)
+    current = getattr(profile, "_build_pipeline_diagnostic_mode", None)
+    if getattr(current, "_stagebench", False):
+        profile._build_pipeline_diagnostic_mode = current._spdl_original
