@@ -670,9 +670,12 @@ def build_validation_config(plan: Plan, choices: dict[str, tuple[str, int]],
             ex = "async"
         elif ex == "process" and not (step.many and cfg._type == _PipeType.OrderedPipe):
             from loky import ProcessPoolExecutor
+            from loky.backend.context import ctx_loky
 
+            # loky's own context, named: importing joblib (the stage cache does) re-registers
+            # the process-wide "loky" context as joblib's older vendored copy
             pool = ProcessPoolExecutor(max_workers=c, initializer=_install,
-                                       initargs=(cloudpickle.dumps(step.fn),))
+                                       initargs=(cloudpickle.dumps(step.fn),), context=ctx_loky)
             closers.append(functools.partial(pool.shutdown, wait=False, kill_workers=True))
             op = _PoolGenOp(pool) if step.many else _PoolOp(pool)
         elif ex in ("thread", "process"):
