@@ -1049,6 +1049,7 @@ def run_script(script: str, args: list[str], *, out: str | None) -> int:
             _restore_env(saved_env)
             return 2
     os.environ[_MODE_VAR] = "1"
+    was_installed = _activate.installed()
     _activate.install()
     _State.started = _State.finished = False
     _State.code = None
@@ -1072,6 +1073,8 @@ def run_script(script: str, args: list[str], *, out: str | None) -> int:
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         _restore_env(saved_env)
+        if not was_installed:  # in-process callers (tests, notebooks) get their import system back
+            _activate.uninstall()
     for hook in _State.on_start:
         hook()
     _State.on_start = []

@@ -294,8 +294,6 @@ with pipeline.auto_stop():
 """
 
 
-@pytest.mark.xfail(strict=True, reason="run_script installs _activate's hook and SPDL patch and never removes "
-                   "them: needs `_activate.uninstall()` in run_script's finally (requested from the lead)")
 def test_stagebench_diagnose_in_process_leaves_nothing_behind(tmp_path, monkeypatch):
     """`stagebench diagnose script.py` run in-process (as `_cli.main` would): the hooks go with it."""
     from stagebench._diagnose import run_script
