@@ -88,7 +88,9 @@ class SweepConfig:
     """Stop a process curve after this many consecutive levels that do not
     raise its best throughput beyond noise (each higher level starts more
     interpreters, which was most of a diagnosis on a small machine, and a
-    plateau does not come back up on processes). 0 measures every level.
+    plateau does not come back up on processes). With a value above 0, no
+    process point is measured when threads scale within 5% of linearly to the
+    top of the grid: processes could not win there. 0 measures every level.
     Thread curves always get every level: they are cheap, and their fall at
     high concurrency is GIL evidence."""
 

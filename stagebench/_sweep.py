@@ -8,8 +8,11 @@ out of memory at 32 processes says nothing about 4.
 
 Process points are the expensive ones (each level starts more interpreters):
 a stage keeps one pool, grown level by level and shared with its ceiling
-(:class:`~stagebench._executors.WorkerPool`), and a process curve that stopped
-rising for ``process_flat_levels`` levels is not measured further.
+(:class:`~stagebench._executors.WorkerPool`); a process curve that stopped
+rising for ``process_flat_levels`` levels is not measured further, and none
+is measured when threads already scale linearly to the top of the grid
+(a worker process is at most as fast as one thread alone, so processes
+could not win by more than the 5% within which threads are preferred).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ __all__ = ["sweep_stage", "plan_points"]
 
 _STOP_STATUSES = ("skipped", "timeout", "failed")
 _PLATEAU = "not measured: process throughput stopped rising"
+_LINEAR = 0.95  # threads within 5% of linear scaling: processes cannot win by more
 _SHARED_REASON = "shared: measured once for all stages (a no-op on threads or the event loop does not touch the items)"
 
 
@@ -94,6 +98,10 @@ def sweep_stage(
     plateaus: dict[str, tuple[dict[str, Any], int]] = {}
     with _stage_pool(fn, cfg) as pool:
         for role, harness, ex, c in plan_points(fn, cfg):
+            if ex == "process" and cfg.process_flat_levels and ("stage", harness, ex) not in stopped:
+                why = _threads_linear(rows, harness)
+                if why:
+                    stopped[("stage", harness, ex)] = stopped[("ceiling", harness, ex)] = why
             shared = shared_ceilings if role == "ceiling" and ex != "process" else None
             if shared is not None and (harness, ex, c) in shared:
                 orig = shared[(harness, ex, c)]
@@ -117,6 +125,28 @@ def sweep_stage(
             if on_row is not None:
                 on_row(row)
     return pd.DataFrame(rows, columns=list(STAGE_COLUMNS))
+
+
+def _threads_linear(rows: list[dict[str, Any]], harness: str) -> str | None:
+    """Why processes cannot change this stage's answer, or None.
+
+    When threads scale within 5% of linearly from the first level to the top
+    one, a process curve cannot beat them by more than 5%: a worker process is
+    at most as fast as one thread alone (the c=1 point), and within 5% the
+    recommendation takes threads anyway.
+    """
+    pts = [r for r in rows if r["role"] == "stage" and r["executor"] == "thread" and r["harness"] == harness]
+    if len(pts) < 2 or any(r["status"] != "ok" or not r["qps"] > 0 for r in pts):
+        return None
+    first, top = pts[0], pts[-1]
+    if top["qps"] < max(r["qps"] for r in pts):
+        return None
+    share = (top["qps"] / first["qps"]) / (top["concurrency"] / first["concurrency"])
+    if share < _LINEAR:
+        return None
+    return (f"not measured: threads scale linearly to the top of the grid ({share:.0%} of {top['concurrency']}x "
+            f"c={first['concurrency']}), so processes cannot beat them beyond 5% (a worker process is at most as "
+            "fast as one thread alone); process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures them")
 
 
 def _beats(new: dict[str, Any], best: dict[str, Any]) -> bool:

@@ -136,7 +136,7 @@ def double(x):
 
 
 def test_thread_ceilings_are_measured_once_per_run_and_process_ceilings_per_stage():
-    cfg = SweepConfig(executors=("thread", "process"), concurrency=(1, 2), measure=TINY)
+    cfg = SweepConfig(executors=("thread", "process"), concurrency=(1, 2), measure=TINY, process_flat_levels=0)
     shared: dict = {}
     a = sweep_stage(sleepy, list(range(10)), name="a", config=cfg, shared_ceilings=shared)
     b = sweep_stage(double, [b"x" * 1000] * 10, name="b", config=cfg, shared_ceilings=shared)
@@ -201,3 +201,19 @@ def test_the_plateau_rule_counts_levels_without_gain_beyond_noise():
     assert not stopped
     _watch_plateau(row(32, 240, 5), "direct", plateaus, stopped, 2)
     assert "2 levels up to c=32 within noise of 260 items/s at c=8" in stopped[("stage", "direct", "process")]
+
+
+def test_no_process_points_when_threads_already_scale_linearly(tmp_path):
+    cfg = SweepConfig(executors=("thread", "process"), concurrency=(1, 2, 4), measure=TINY)
+    df = sweep_stage(sleepy, list(range(10)), config=cfg)  # 5 ms sleeps: threads scale linearly
+    threads, procs = df[df["executor"] == "thread"], df[df["executor"] == "process"]
+    assert (threads["status"] == "ok").all()
+    assert len(procs) == 6 and (procs["status"] == "skipped").all()
+    assert procs["reason"].str.startswith("not measured: threads scale linearly to the top of the grid").all()
+    # a stage that threads cannot scale gets its process curve
+    from functools import partial
+
+    serial = partial(one_at_a_time, lock_file=str(tmp_path / "lock"))
+    cfg = SweepConfig(executors=("thread", "process"), concurrency=(1, 2), measure=TINY, ceiling=False)
+    df = sweep_stage(serial, list(range(10)), config=cfg)
+    assert (df["status"] == "ok").all() and (df["executor"] == "process").sum() == 2
