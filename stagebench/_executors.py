@@ -338,13 +338,17 @@ class WorkerPool:
     def executor(self, workers: int) -> Any:
         """The pool with exactly ``workers`` workers (grown, or started fresh)."""
         from loky import ProcessPoolExecutor
+        from loky.backend.context import ctx_loky
 
         if self._ex is not None and (workers < self.size or getattr(self._ex._flags, "broken", None)):
             self.discard()
         if self._ex is not None and workers > self.size and not self._grow(workers):
             self.discard()
         if self._ex is None:
-            self._ex = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(self.fn_bytes,))
+            # loky's own context, named: `import joblib` re-registers the process-wide
+            # "loky" context as joblib's older vendored copy
+            self._ex = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(self.fn_bytes,),
+                                           context=ctx_loky)
             self.size = workers
             self.starts += 1
         return self._ex

@@ -340,8 +340,6 @@ assert df["status"].tolist() == ["ok"], df["reason"].tolist()
 """
 
 
-@pytest.mark.xfail(strict=True, reason="WorkerPool.executor builds loky pools without a context: after "
-                   "`import joblib` they run on joblib's vendored loky (fix requested from the lead)")
 def test_process_pools_stay_on_loky_after_joblib_is_imported(tmp_path):
     """A diagnosis imports joblib (the stage cache); later pools in the process must not change backend.
 
