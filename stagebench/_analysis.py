@@ -413,13 +413,18 @@ def _main_gil_overhead(sr: StageRows, harness: str, executor: str, concurrency: 
     """Per-item GIL time the harness spends in the main process for this setting.
 
     Thread and async stages: the no-op ceiling of the same setting. Process
-    stages still schedule every item from the main process; the thread ceiling
-    at the same concurrency stands for that scheduling cost (the process
-    ceiling would add the workers' side of the IPC, which does not take the
-    main GIL).
+    stages schedule, pickle and unpickle every item in the main process (the
+    event loop or driver, loky's feeder and manager threads): their process
+    no-op ceiling is limited by that serial work, so its time per item
+    (:func:`harness_gil_s`: 1/throughput or CPU per item, whichever is
+    smaller) stands for it. Charging only the thread ceiling's scheduling
+    cost, as before, left the IPC out: a pipeline with one process stage ran
+    at 277 items/s where that predicted 503. Without a process ceiling, the
+    thread ceiling at the same concurrency is the fallback.
     """
     if executor == "process":
-        return harness_gil_s(sr.ceiling(harness, "thread", concurrency))
+        ceil = sr.ceiling(harness, "process", concurrency)
+        return harness_gil_s(ceil if ceil is not None else sr.ceiling(harness, "thread", concurrency))
     return harness_gil_s(sr.ceiling(harness, executor, concurrency))
 
 

@@ -370,3 +370,15 @@ def test_flattened_thread_curve_with_the_gil_busy_stays_gil_bound():
                         latency_ms=1e-4))
     st = analyze_stage(pd.DataFrame(rows), cores=2)
     assert st["classification"] == "gil-bound"
+
+
+def test_a_process_stage_charges_the_main_process_its_process_ceilings_time_per_item():
+    # Pickling, the pipe and loky's threads run in the main process for every item: the
+    # process no-op ceiling (1,000 items/s, 0.6 ms CPU per item here) is that cost, far above
+    # the thread ceiling's scheduling (5 µs), and the pipeline's GIL bound must see it.
+    df = pd.DataFrame(model_rows("tok", gil_ms=2.0, wait_ms=0.0, process_ceiling=1000.0, ipc_ms=0.6))
+    st = analyze_stage(df, cores=2)
+    assert st["recommended"]["executor"] == "process"
+    assert st["harness_gil_s_per_item"] == pytest.approx(0.6e-3, rel=0.05)  # min(1/qps, CPU per item)
+    no_proc_ceiling = df[~((df["role"] == "ceiling") & (df["executor"] == "process"))]
+    assert analyze_stage(no_proc_ceiling, cores=2)["harness_gil_s_per_item"] < 1e-4  # the thread ceiling's
