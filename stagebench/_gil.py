@@ -106,6 +106,28 @@ def harness_cpu_s(ceiling: Point | None) -> float:
     return max(0.0, ceiling.cpu_s_per_item)
 
 
+def _slowdown(sr: StageRows, H: str, E: str, p: Point, p0: Point, cpu_share: float) -> float:
+    """CPU per item of the stage at ``p`` over that at the lowest level ``p0`` (1: same speed).
+
+    Signals that compare times read at different points (the plateau against
+    the lowest level) assume the machine ran at one speed. On a shared host it
+    does not: the same 4 ms of Python took 7 ms of CPU in one point, and the
+    fraction-1 stage read 0.6-0.8 on the plateau signal while its CPU share,
+    read within one point, said 1.0. The same work's CPU per item measures the
+    speed, for stages whose time is mostly CPU (CPU share >= 0.5; below that
+    the per-item CPU is small and wake-ups dominate it). Ratios outside
+    [0.5, 2] are not a speed change but a different regime: no correction.
+    """
+    if not (finite(cpu_share) and cpu_share >= 0.5):
+        return 1.0
+    c_p = p.cpu_s_per_item - harness_cpu_s(sr.ceiling(H, E, p.concurrency))
+    c_0 = p0.cpu_s_per_item - harness_cpu_s(sr.ceiling(H, E, p0.concurrency))
+    if not (finite(c_p) and finite(c_0)) or c_p <= 0 or c_0 <= 0:
+        return 1.0
+    k = c_p / c_0
+    return k if 0.5 <= k <= 2.0 else 1.0
+
+
 def _signal(value, interval, label_key, role, implied=None, implied_interval=None, detail="") -> dict[str, Any]:
     return {
         "value": value, "interval": interval, "label": SIGNAL_LABELS[label_key], "role": role,
@@ -220,8 +242,10 @@ def estimate_gil(
     pm = T.best()
     cm = pm.concurrency
     h_m = harness_gil_s(sr.ceiling(H, E, cm))
-    B = (1.0 / pm.qps - h_m) / t
-    B_lo, B_hi = (1.0 / pm.high - h_m) / t_hi, (1.0 / pm.low - h_m) / t_lo
+    # GIL time read at the plateau, at the lowest level's machine speed
+    k_m = _slowdown(sr, H, E, pm, p0, A)
+    B = (1.0 / pm.qps - h_m) / t / k_m
+    B_lo, B_hi = (1.0 / pm.high - h_m) / t_hi / k_m, (1.0 / pm.low - h_m) / t_lo / k_m
     # Flattened: some level's whole interval lies well below linear scaling from
     # the lowest level (a noisy point that merely dips does not count).
     sublinear = any(p.high < _SUBLINEAR * p.concurrency * p0.qps / c0 for p in T.points[1:])
@@ -237,6 +261,9 @@ def estimate_gil(
         if saturated:
             why = (f"threads flatten at {pm.qps:,.0f} items/s (concurrency {cm}) using "
                    f"{pm.cores_used:.2f} of {cores} cores: something inside the process serialises them")
+            if k_m != 1.0:
+                why += (f"; the same work took {k_m:.2f}x the CPU per item there as at concurrency {c0} "
+                        "(the machine's speed changed), so its time per item is scaled back by that")
         elif cores_limited:
             why = f"threads reach the cores ({pm.cores_used:.2f} of {cores}) before any serial limit shows"
         elif rising:
@@ -277,10 +304,11 @@ def estimate_gil(
         faster = pp.low > pt.high
         c = pt.concurrency
         if faster and serializer != "other":
+            k_c = _slowdown(sr, H, E, pt, p0, A)
             g_c = 1.0 / pt.qps - harness_gil_s(sr.ceiling(H, E, c))
-            imp = g_c / t
-            imp_int = [(1.0 / pt.high - harness_gil_s(sr.ceiling(H, E, c))) / t_hi,
-                       (1.0 / pt.low - harness_gil_s(sr.ceiling(H, E, c))) / t_lo]
+            imp = g_c / t / k_c
+            imp_int = [(1.0 / pt.high - harness_gil_s(sr.ceiling(H, E, c))) / t_hi / k_c,
+                       (1.0 / pt.low - harness_gil_s(sr.ceiling(H, E, c))) / t_lo / k_c]
             C_est = (imp, imp_int)
             detail = (f"at concurrency {c} processes deliver {pp.qps:,.0f} items/s, threads {pt.qps:,.0f}: "
                       "the threads' cap lives inside one process")
