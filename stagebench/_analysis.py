@@ -35,6 +35,12 @@ Per stage (:func:`analyze_stage`):
   the GIL is what limits it where a pipeline runs it by default, and it is
   why processes win.
 
+The CPU's speed (``run.json["cpu_speed"]``, :func:`cpu_speed`): a fixed
+loop's CPU time per iteration after every point and around the validation
+run. A spread during the sweeps, or a validation run at another speed, is a
+warning. Not a correction: scaling the prediction by the speed ratio made it
+worse on 2 of 3 benchmark pipelines, because the speed flips within seconds.
+
 The pipeline summary adds the prediction (:mod:`._predict`), with SPDL's
 fixed per-item cost (source, sink, consumer) and its per-stage increment
 read from ``run.json["pipeline_overhead"]`` (:func:`pipeline_overhead`),
@@ -50,13 +56,14 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ._curves import Curve, Point, StageRows, finite
 from ._fit import fit_scaling
 from ._gil import estimate_gil, harness_gil_s
 
-__all__ = ["analyze_stage", "summarize", "pipeline_overhead", "CLASSIFICATIONS"]
+__all__ = ["analyze_stage", "summarize", "pipeline_overhead", "cpu_speed", "CLASSIFICATIONS"]
 
 CLASSIFICATIONS = ("gil-bound", "cpu-bound", "io-bound", "overhead-bound", "ipc-bound", "unknown")
 
@@ -559,8 +566,10 @@ def summarize(rows: pd.DataFrame, meta: dict) -> dict:
     overhead = pipeline_overhead(meta.get("pipeline_overhead"))
     prediction = (predict_pipeline(stages, cores=cores, free_threaded=free_threaded, overhead=overhead)
                   if stages else None)
+    speed = cpu_speed(meta.get("cpu_speed"))
     validation = _validation(meta.get("validation"), prediction)
     warnings = _run_warnings(StageRows(df).all, stages, meta, cores)
+    warnings.extend(_speed_warnings(speed))
     if prediction and prediction.get("caveat"):
         warnings.append(prediction["caveat"])
     raw_val = meta.get("validation")
@@ -582,6 +591,7 @@ def summarize(rows: pd.DataFrame, meta: dict) -> dict:
         "not_isolated": not_isolated,
         "prediction": prediction,
         "validation": validation,
+        "cpu_speed": speed,
         "findings": findings,
     }
 
@@ -603,6 +613,52 @@ def _validation(val: Any, prediction: dict | None) -> dict | None:
     measured = float(val["qps"])
     # relative error of the prediction against the measurement: +0.10 = predicted 10% too high
     out["error_vs_prediction"] = (pred - measured) / measured if finite(pred) and measured > 0 else None
+    return out
+
+
+# ------------------------------------------------------------------ the CPU's speed
+_SPEED_SPREAD = 1.25   # sweep probes further apart than this: warn
+_SPEED_SHIFT = 0.10    # validation this far from the sweeps' median: say so
+
+
+def cpu_speed(raw: Any) -> dict[str, Any] | None:
+    """The core's speed during the sweeps and the validation run, from ``run.json["cpu_speed"]``.
+
+    ``sweep_ns``: a fixed Python loop's CPU ns per iteration after each measured
+    point; ``validation_ns``: before and after the validation run (see
+    :mod:`stagebench._speed`). Lower is faster.
+    """
+    if not isinstance(raw, Mapping):
+        return None
+    sweep = [float(x) for x in raw.get("sweep_ns") or [] if finite(x) and float(x) > 0]
+    val = [float(x) for x in raw.get("validation_ns") or [] if finite(x) and float(x) > 0]
+    if not sweep:
+        return None
+    out = {"sweep_ns_median": float(np.median(sweep)), "sweep_ns_min": min(sweep), "sweep_ns_max": max(sweep),
+           "probes": len(sweep), "validation_ns": float(np.mean(val)) if val else None,
+           "validation_ns_probes": val}
+    out["sweep_spread"] = out["sweep_ns_max"] / out["sweep_ns_min"]
+    return out
+
+
+def _speed_warnings(speed: dict | None) -> list[str]:
+    if not speed:
+        return []
+    out = []
+    if speed["sweep_spread"] > _SPEED_SPREAD:
+        out.append(
+            f"the CPU's speed changed during the sweeps: a fixed Python loop took {speed['sweep_ns_min']:.0f}-"
+            f"{speed['sweep_ns_max']:.0f} ns per iteration ({speed['sweep_spread']:.1f}x; a shared host's other "
+            "tenants do this): CPU-bound points measured at different moments can differ by that much"
+        )
+    v, m = speed.get("validation_ns"), speed["sweep_ns_median"]
+    if finite(v) and abs(m / v - 1) > _SPEED_SHIFT:
+        # Only said, not corrected: scaling the prediction by this ratio made it worse in 2 of
+        # 3 benchmark pipelines (the speed flips within the validation window itself).
+        out.append(
+            f"the CPU ran at another speed around the validation run than during the sweeps ({v:.0f} vs a "
+            f"median {m:.0f} ns per loop): the measured pipeline and the prediction compare different moments"
+        )
     return out
 
 

@@ -493,6 +493,8 @@ class _Diagnosis:
         self.progress = Progress(desc="stagebench")
         # thread/async no-op ceilings do not depend on the stage: measured once per run
         self.shared_ceilings: dict[tuple[str, str, int], dict[str, Any]] = {}
+        # the core's speed after every point (see _speed): the stage curves were measured at these
+        self.sweep_speeds: list[float] = []
         self.meta: dict[str, Any] = {
             "schema_version": 1,
             "kind": "pipeline",
@@ -565,6 +567,7 @@ class _Diagnosis:
         mean_interval([1.0, 2.0], 0.95)
 
         self._sweep_all(src.items)
+        self.meta["cpu_speed"] = {"sweep_ns": self.sweep_speeds}
         if "spdl" in settings.harnesses and len(plan.stages) > 1:
             self.meta["pipeline_overhead"] = self._pipeline_overhead(src.items)
             self.run_dir.write_meta(self.meta)
@@ -698,6 +701,12 @@ class _Diagnosis:
             self.say(f"{unhashable}{uncached}")
         return problem
 
+    def _probe_speed(self, row: dict[str, Any]) -> None:
+        from ._speed import cpu_speed_ns
+
+        if row.get("elapsed_s"):  # measured, not a skipped or shared row
+            self.sweep_speeds.append(round(cpu_speed_ns(), 2))
+
     def _sweep_stage(self, step: Any, inputs: list, writer: Any, came_from: str | None,
                      src_problem: str | None) -> None:
         """Sweep one stage; process points are skipped with one reason when its inputs cannot be pickled.
@@ -716,7 +725,7 @@ class _Diagnosis:
         problem = pickle_problem(inputs, cloud=True) if "process" in planned else None
         if not problem:
             sweep_stage(step.fn, inputs, name=step.name, config=cfg, writer=writer, progress=self.progress,
-                        shared_ceilings=self.shared_ceilings)
+                        shared_ceilings=self.shared_ceilings, on_row=self._probe_speed)
             return
         if came_from is not None or not src_problem:  # the source's own message covered the first stage
             self.say(f"{step.name!r}: its inputs (the outputs of {came_from or 'the source'}) cannot be pickled "
@@ -724,7 +733,7 @@ class _Diagnosis:
         kept = tuple(ex for ex in cfg.executors if ex != "process")
         if kept:
             sweep_stage(step.fn, inputs, name=step.name, config=replace(cfg, executors=kept), writer=writer,
-                        progress=self.progress, shared_ceilings=self.shared_ceilings)
+                        progress=self.progress, shared_ceilings=self.shared_ceilings, on_row=self._probe_speed)
         else:
             self._stage_meta(step.name).update(status="not_measured", reason=f"inputs cannot be pickled ({problem}) "
                                                "and STAGEBENCH_EXECUTORS allows only process")
@@ -835,10 +844,14 @@ class _Diagnosis:
         window = self.settings.validation_window_s
         warm = max(1.0, self.settings.budget_s)
         self.say(f"validation: the whole pipeline with the recommended settings, {warm:g} s warm-up + {window:g} s window")
+        from ._speed import cpu_speed_ns
+
         try:
+            before = cpu_speed_ns()
             result = run_validation(self.plan, source_items, choices, warmup_s=warm, window_s=window,
                                     timeout_s=self.settings.timeout_s,
                                     items_per_sink_item=self.items_per_sink_item or 1.0)
+            self.meta.setdefault("cpu_speed", {})["validation_ns"] = [round(before, 2), round(cpu_speed_ns(), 2)]
         except KeyboardInterrupt:
             raise
         except Exception as e:

@@ -382,3 +382,21 @@ def test_a_process_stage_charges_the_main_process_its_process_ceilings_time_per_
     assert st["harness_gil_s_per_item"] == pytest.approx(0.6e-3, rel=0.05)  # min(1/qps, CPU per item)
     no_proc_ceiling = df[~((df["role"] == "ceiling") & (df["executor"] == "process"))]
     assert analyze_stage(no_proc_ceiling, cores=2)["harness_gil_s_per_item"] < 1e-4  # the thread ceiling's
+
+
+def test_a_cpu_whose_speed_changed_during_the_run_is_a_warning_with_the_numbers():
+    val = {"qps": 200.0, "qps_low": 190.0, "qps_high": 210.0, "seconds": 2.0}
+    meta = _meta("gil", "sleep", "mixed", validation=val)
+    meta["cpu_speed"] = {"sweep_ns": [30.0, 31.0, 55.0, 30.5, 30.0], "validation_ns": [54.0, 56.0]}
+    s = summarize(_pipeline_rows(), meta)
+    assert s["cpu_speed"]["sweep_spread"] == pytest.approx(55 / 30)
+    assert s["cpu_speed"]["sweep_ns_median"] == 30.5 and s["cpu_speed"]["validation_ns"] == 55.0
+    assert any("the CPU's speed changed during the sweeps: a fixed Python loop took 30-55 ns" in w
+               for w in s["warnings"])
+    assert any("another speed around the validation run" in w for w in s["warnings"])
+    # the prediction itself is not rescaled (that made it worse on real pipelines)
+    assert s["prediction"]["qps"] == summarize(_pipeline_rows(), _meta("gil", "sleep", "mixed"))["prediction"]["qps"]
+    # the same speed throughout: nothing to warn about
+    meta["cpu_speed"] = {"sweep_ns": [30.0, 31.0, 30.5], "validation_ns": [30.2, 30.8]}
+    s = summarize(_pipeline_rows(), meta)
+    assert not any("CPU's speed" in w or "another speed" in w for w in s["warnings"])
