@@ -568,8 +568,8 @@ def summarize(rows: pd.DataFrame, meta: dict) -> dict:
                   if stages else None)
     speed = cpu_speed(meta.get("cpu_speed"))
     validation = _validation(meta.get("validation"), prediction)
-    warnings = _run_warnings(StageRows(df).all, stages, meta, cores)
-    warnings.extend(_speed_warnings(speed))
+    # the CPU's speed first: on a host that changes it, it outweighs every other noise source
+    warnings = _speed_warnings(speed) + _run_warnings(StageRows(df).all, stages, meta, cores)
     if prediction and prediction.get("caveat"):
         warnings.append(prediction["caveat"])
     raw_val = meta.get("validation")
