@@ -567,7 +567,7 @@ def summarize(rows: pd.DataFrame, meta: dict) -> dict:
     prediction = (predict_pipeline(stages, cores=cores, free_threaded=free_threaded, overhead=overhead)
                   if stages else None)
     speed = cpu_speed(meta.get("cpu_speed"))
-    validation = _validation(meta.get("validation"), prediction)
+    validation = _validation(meta.get("validation"), prediction, df, stages)
     # the CPU's speed first: on a host that changes it, it outweighs every other noise source
     warnings = _speed_warnings(speed) + _run_warnings(StageRows(df).all, stages, meta, cores)
     if prediction and prediction.get("caveat"):
@@ -605,7 +605,8 @@ def _unmeasured(name: str) -> dict[str, Any]:
     return entry
 
 
-def _validation(val: Any, prediction: dict | None) -> dict | None:
+def _validation(val: Any, prediction: dict | None, rows: pd.DataFrame | None = None,
+                stages: list[dict] | None = None) -> dict | None:
     if not isinstance(val, Mapping) or not finite(val.get("qps")):
         return None
     out = dict(val)
@@ -613,6 +614,33 @@ def _validation(val: Any, prediction: dict | None) -> dict | None:
     measured = float(val["qps"])
     # relative error of the prediction against the measurement: +0.10 = predicted 10% too high
     out["error_vs_prediction"] = (pred - measured) / measured if finite(pred) and measured > 0 else None
+    out["interference"] = _interference(val.get("stage_latency"), rows, stages or [])
+    return out
+
+
+def _interference(lat: Any, rows: pd.DataFrame | None, stages: list[dict]) -> list[dict[str, Any]]:
+    """Each timed stage's median call inside the pipeline against alone at the same setting.
+
+    Alone: the stage's row at its recommended harness, executor and
+    concurrency. A ratio well above 1 is the interference the prediction's
+    bounds leave out (the GIL or the cores shared with the other stages, seen
+    as longer calls), measured rather than modelled.
+    """
+    if not isinstance(lat, Mapping) or rows is None or not len(rows):
+        return []
+    out = []
+    for st in stages:
+        name, rec = st.get("name"), st.get("recommended") or {}
+        got = lat.get(name)
+        if not isinstance(got, Mapping) or not finite(got.get("p50_ms")) or not rec:
+            continue
+        hit = rows[(rows["stage"] == name) & (rows["role"] == "stage") & (rows["status"] == "ok")
+                   & (rows["harness"] == rec.get("harness")) & (rows["executor"] == rec.get("executor"))
+                   & (rows["concurrency"] == rec.get("concurrency"))]
+        alone = float(hit["latency_p50_ms"].iloc[0]) if len(hit) else math.nan
+        out.append({"stage": name, "in_pipeline_p50_ms": float(got["p50_ms"]), "calls": got.get("calls"),
+                    "alone_p50_ms": alone if finite(alone) else None,
+                    "ratio": float(got["p50_ms"]) / alone if finite(alone) and alone > 0 else None})
     return out
 
 

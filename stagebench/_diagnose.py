@@ -883,7 +883,10 @@ def run_validation(plan: Any, source_items: list, choices: dict[str, tuple[str, 
     items per second (the prediction's unit): sink arrivals times
     ``items_per_sink_item`` (the batch size after an aggregate, as observed
     while caching); ``sink_qps`` is the raw arrival rate, and ``source_qps``
-    counts the items drawn from the source, a cross-check.
+    counts the items drawn from the source, a cross-check. ``stage_latency``:
+    per thread / async stage, the median call duration inside the pipeline
+    during the window, and the calls counted (the analysis compares it with
+    the stage alone at the same setting).
     """
     import logging
 
@@ -903,7 +906,8 @@ def run_validation(plan: Any, source_items: list, choices: dict[str, tuple[str, 
             yield source_items[i % n]
             i += 1
 
-    cfg, closers, used = build_validation_config(plan, choices, source())
+    timings: dict[str, list] = {}
+    cfg, closers, used = build_validation_config(plan, choices, source(), timings)
     spdl_log = logging.getLogger("spdl")
     level = spdl_log.level
     spdl_log.setLevel(logging.CRITICAL)  # items that fail are the stage's business, measured per point
@@ -963,7 +967,18 @@ def run_validation(plan: Any, source_items: list, choices: dict[str, tuple[str, 
         "qps": sink_qps * k, "qps_low": lo * k, "qps_high": hi * k, "seconds": window,
         "sink_qps": sink_qps, "sink_items": count, "items_per_sink_item": k,
         "source_qps": src / window, "warmup_s": t0 - t_start, "settings": used,
+        "stage_latency": _latencies_in_window(timings, t0, t1),
     }
+
+
+def _latencies_in_window(timings: dict[str, list], t0: float, t1: float) -> dict[str, dict[str, float]]:
+    """Per timed stage: median call duration (ms) and calls completed in the window."""
+    out = {}
+    for name, spans in timings.items():
+        d = sorted(e - s for s, e in list(spans) if t0 <= e < t1)
+        if d:
+            out[name] = {"p50_ms": d[len(d) // 2] * 1e3, "calls": len(d)}
+    return out
 
 
 # ---------------------------------------------------------------------------- fallbacks

@@ -197,14 +197,20 @@ def build_findings(
 
     if validation and finite(validation.get("error_vs_prediction")):
         err = validation["error_vs_prediction"]
+        slower = sorted((x for x in validation.get("interference") or [] if finite(x.get("ratio")) and x["ratio"] >= 1.3),
+                        key=lambda x: -x["ratio"])
+        seen = ("; in the pipeline " + ", ".join(
+            f"{x['stage']} took {x['ratio']:.1f}x as long per call as alone ({x['in_pipeline_p50_ms']:.3g} vs "
+            f"{x['alone_p50_ms']:.3g} ms median)" for x in slower[:3])) if slower else ""
         if abs(err) > 0.15:
             out.append(_f("medium", "the whole-pipeline run differs from the prediction",
                           f"measured {_fmt(validation['qps'])} items/s vs predicted "
                           f"{_fmt(prediction['qps'])} ({err:+.0%} error): "
                           + ("the prediction leaves out SPDL's own per-item scheduling (direct harness only); "
                              if prediction.get("caveat") else "")
-                          + "stages interfere in ways the bounds do not capture (memory bandwidth, queueing "
-                          "between stages, other load); trust the measured number", None, {"validation": validation}))
+                          + "stages interfere in ways the bounds do not capture (the GIL held by one stage "
+                          "while another waits for it, cores taken by GIL-free work, other load)" + seen
+                          + "; trust the measured number", None, {"validation": validation}))
         else:
             out.append(_f("info", "the whole-pipeline run confirms the prediction",
                           f"measured {_fmt(validation['qps'])} items/s vs predicted {_fmt(prediction['qps'])} "

@@ -624,14 +624,48 @@ class _PoolGenOp:
             yield x
 
 
+def _timed_op(op: Callable, spans: list) -> Callable | None:
+    """``op`` recording (start, end) of every call into ``spans``; None when it cannot be wrapped.
+
+    Plain functions and coroutine functions only: wrapping a generator
+    function would time the creation of the generator, not the work, and the
+    process ops time the pool round trip, which is not the stage alone.
+    """
+    now = time.perf_counter
+    if inspect.iscoroutinefunction(op) or inspect.iscoroutinefunction(getattr(op, "__call__", None)):
+        if inspect.isasyncgenfunction(op):
+            return None
+
+        async def timed_async(item: Any) -> Any:
+            t0 = now()
+            try:
+                return await op(item)
+            finally:
+                spans.append((t0, now()))
+        return timed_async
+    if inspect.isgeneratorfunction(op) or inspect.isasyncgenfunction(op) or not callable(op):
+        return None
+
+    def timed(item: Any) -> Any:
+        t0 = now()
+        try:
+            return op(item)
+        finally:
+            spans.append((t0, now()))  # list.append is atomic under the GIL: many threads may write
+    return timed
+
+
 def build_validation_config(plan: Plan, choices: dict[str, tuple[str, int]],
-                            source: Callable[[], Any]) -> tuple[Any, list[Callable[[], None]], list[dict]]:
+                            source: Callable[[], Any], timings: dict[str, list] | None = None,
+                            ) -> tuple[Any, list[Callable[[], None]], list[dict]]:
     """The whole pipeline with each stage's chosen (executor, concurrency).
 
     ``choices`` maps stage name to ``(executor, concurrency)``; stages not in it
     keep the user's settings. ``source`` is the iterable of source items.
     Returns the config, callables that release the pools it created, and the
-    settings actually used.
+    settings actually used. With ``timings``, thread and async stages record
+    the (start, end) of every call under their name: how long each stage takes
+    per item *inside* the pipeline, to compare with the stage alone.
     """
     import cloudpickle
     from concurrent.futures import ThreadPoolExecutor
@@ -684,6 +718,12 @@ def build_validation_config(plan: Plan, choices: dict[str, tuple[str, int]],
             closers.append(functools.partial(executor.shutdown, wait=False, cancel_futures=True))
         else:  # keep what the user configured
             ex, c, executor = step.user_executor, step.user_concurrency, cfg._args.executor
+        if timings is not None and ex in ("thread", "async") and op is cfg._args.op:
+            spans: list = []
+            timed = _timed_op(op, spans)
+            if timed is not None:
+                op = timed
+                timings[step.name] = spans
         pipes.append(PipeConfig(
             name=cfg.name, _type=cfg._type,
             _args=_PipeArgs(op=op, executor=executor, concurrency=int(c)),

@@ -400,3 +400,22 @@ def test_a_cpu_whose_speed_changed_during_the_run_is_a_warning_with_the_numbers(
     meta["cpu_speed"] = {"sweep_ns": [30.0, 31.0, 30.5], "validation_ns": [30.2, 30.8]}
     s = summarize(_pipeline_rows(), meta)
     assert not any("CPU's speed" in w or "another speed" in w for w in s["warnings"])
+
+
+def test_stage_calls_timed_inside_the_validation_run_are_compared_with_the_stage_alone():
+    rows = _pipeline_rows()
+    first = summarize(rows, _meta("gil", "sleep", "mixed"))
+    alone = {}
+    for st in first["stages"]:
+        rec = st["recommended"]
+        hit = rows[(rows["stage"] == st["name"]) & (rows["role"] == "stage") & (rows["harness"] == rec["harness"])
+                   & (rows["executor"] == rec["executor"]) & (rows["concurrency"] == rec["concurrency"])]
+        alone[st["name"]] = float(hit["latency_p50_ms"].iloc[0])
+    lat = {"gil": {"p50_ms": 2.5 * alone["gil"], "calls": 300}, "sleep": {"p50_ms": alone["sleep"], "calls": 300}}
+    val = {"qps": 100.0, "qps_low": 95.0, "qps_high": 105.0, "seconds": 2.0, "stage_latency": lat}
+    s = summarize(rows, _meta("gil", "sleep", "mixed", validation=val))
+    got = {x["stage"]: x for x in s["validation"]["interference"]}
+    assert set(got) == {"gil", "sleep"}  # mixed was not timed (e.g. a process stage)
+    assert got["gil"]["ratio"] == pytest.approx(2.5) and got["sleep"]["ratio"] == pytest.approx(1.0)
+    differs = next(f for f in s["findings"] if f["title"] == "the whole-pipeline run differs from the prediction")
+    assert "gil took 2.5x as long per call as alone" in differs["detail"] and "sleep took" not in differs["detail"]

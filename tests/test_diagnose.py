@@ -402,6 +402,11 @@ def test_env_var_diagnoses_and_exits_without_training(tmp_path):
     speeds = meta["cpu_speed"]
     assert len(speeds["sweep_ns"]) == int((rows["elapsed_s"] > 0).sum()) and min(speeds["sweep_ns"]) > 0
     assert len(speeds["validation_ns"]) == 2
+    # stage calls timed inside the validation run, compared with the stage alone: a 10 ms
+    # sleep takes about as long in the pipeline as alone
+    inter = {x["stage"]: x for x in summary["validation"]["interference"]}
+    assert meta["validation"]["stage_latency"]["sleep io"]["calls"] > 0
+    assert 0.9 < inter["sleep io"]["ratio"] < 1.5, inter["sleep io"]
 
     # The analysis must not fall back to the minimal summary (it did once: a superlinear
     # curve crashed the fit's bootstrap; tests/test_fit.py has that case now).
