@@ -52,6 +52,16 @@ def sha_stage(x):
     return hashlib.sha256(_BLOB).digest()
 
 
+def _speedup(first, later):
+    """How much faster the CPU ran the same fixed work at ``later`` than at ``first``.
+
+    From the CPU seconds per item of the same stage: on a shared VM a core's speed
+    changes by up to ~2x within seconds (stagebench/_speed.py), and comparisons of
+    CPU-bound throughput between two points must be made at one speed.
+    """
+    return first["cpu_s_per_item"] / later["cpu_s_per_item"]
+
+
 def _ok(row):
     assert row["status"] == "ok", (row["status"], row["reason"])
     return row
@@ -83,7 +93,10 @@ def test_gil_holding_loop_does_not_scale_on_threads():
     # holds under any load: eight threads do no better than one thread would
     # with a whole core to itself.
     one_full_core = one["qps"] / min(1.0, one["cores_used"])
-    assert eight["qps"] <= 1.3 * one_full_core, (one["qps"], one["cores_used"], eight["qps"])
+    # ... at the same CPU speed: this VM's cores flip between two speeds ~1.8x apart within
+    # seconds, and the same fixed loop's CPU per item says which one each point ran at
+    speed = _speedup(one, eight)
+    assert eight["qps"] <= 1.3 * one_full_core * speed, (one["qps"], one["cores_used"], eight["qps"], speed)
     # one interpreter, one GIL: never much more than one core busy
     assert eight["cores_used"] < 1.35, eight["cores_used"]
 
@@ -96,7 +109,7 @@ def test_gil_holding_loop_scales_on_processes():
     with quiet_machine(1.6):
         one = _ok(measure_stage(heavy, inputs, executor="process", concurrency=1, config=FAST))
         two = _ok(measure_stage(heavy, inputs, executor="process", concurrency=2, config=FAST))
-    assert two["qps"] >= 1.3 * one["qps"], (one["qps"], two["qps"])
+    assert two["qps"] >= 1.3 * one["qps"] * _speedup(one, two), (one["qps"], two["qps"], _speedup(one, two))
     assert two["cores_used"] > 1.3, two["cores_used"]
     assert two["workers_seen"] == 2
 
@@ -107,7 +120,7 @@ def test_gil_releasing_cpu_stage_scales_on_threads():
     with quiet_machine(1.6):
         one = _ok(measure_stage(sha_stage, inputs, executor="thread", concurrency=1, config=FAST))
         two = _ok(measure_stage(sha_stage, inputs, executor="thread", concurrency=2, config=FAST))
-    assert two["qps"] >= 1.3 * one["qps"], (one["qps"], two["qps"])
+    assert two["qps"] >= 1.3 * one["qps"] * _speedup(one, two), (one["qps"], two["qps"], _speedup(one, two))
     assert two["cores_used"] > 1.3
 
 
