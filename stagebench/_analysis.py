@@ -44,8 +44,7 @@ worse on 2 of 3 benchmark pipelines, because the speed flips within seconds.
 The pipeline summary adds the prediction (:mod:`._predict`), with SPDL's
 fixed per-item cost (source, sink, consumer) and its per-stage increment
 read from ``run.json["pipeline_overhead"]`` (:func:`pipeline_overhead`),
-findings
-(:mod:`._findings`), warnings and a one-line verdict.
+findings (:mod:`._findings`), warnings and a one-line verdict.
 """
 
 from __future__ import annotations

@@ -723,17 +723,20 @@ class _Diagnosis:
         cfg = _sweep_config(step, self.settings)
         planned = {ex for _, _, ex, _ in plan_points(step.fn, cfg)}
         problem = pickle_problem(inputs, cloud=True) if "process" in planned else None
-        if not problem:
-            sweep_stage(step.fn, inputs, name=step.name, config=cfg, writer=writer, progress=self.progress,
+
+        def sweep(config: Any) -> None:
+            sweep_stage(step.fn, inputs, name=step.name, config=config, writer=writer, progress=self.progress,
                         shared_ceilings=self.shared_ceilings, on_row=self._probe_speed)
+
+        if not problem:
+            sweep(cfg)
             return
         if came_from is not None or not src_problem:  # the source's own message covered the first stage
             self.say(f"{step.name!r}: its inputs (the outputs of {came_from or 'the source'}) cannot be pickled "
                      f"({problem}): process executors are skipped for it; {self._the_others('it is')}")
         kept = tuple(ex for ex in cfg.executors if ex != "process")
         if kept:
-            sweep_stage(step.fn, inputs, name=step.name, config=replace(cfg, executors=kept), writer=writer,
-                        progress=self.progress, shared_ceilings=self.shared_ceilings, on_row=self._probe_speed)
+            sweep(replace(cfg, executors=kept))
         else:
             self._stage_meta(step.name).update(status="not_measured", reason=f"inputs cannot be pickled ({problem}) "
                                                "and STAGEBENCH_EXECUTORS allows only process")

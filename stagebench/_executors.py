@@ -61,6 +61,7 @@ class Lane:
     def __len__(self) -> int:
         return len(self.ends) + len(self.fails)
 
+
 def identity(x: Any) -> Any:
     """The no-op stage behind every harness ceiling."""
     return x
@@ -374,9 +375,9 @@ class WorkerPool:
 
     def discard(self) -> None:
         """Kill the workers now (a hung one must be gone before the next point is timed)."""
+        pids = self.pids()
         ex, self._ex, self.size = self._ex, None, 0
         if ex is not None:
-            pids = list(getattr(ex, "_processes", None) or {})
             ex.shutdown(wait=False, kill_workers=True)
             kill_and_reap(pids)
 

@@ -305,10 +305,9 @@ def estimate_gil(
         c = pt.concurrency
         if faster and serializer != "other":
             k_c = _slowdown(sr, H, E, pt, p0, A)
-            g_c = 1.0 / pt.qps - harness_gil_s(sr.ceiling(H, E, c))
-            imp = g_c / t / k_c
-            imp_int = [(1.0 / pt.high - harness_gil_s(sr.ceiling(H, E, c))) / t_hi / k_c,
-                       (1.0 / pt.low - harness_gil_s(sr.ceiling(H, E, c))) / t_lo / k_c]
+            h_c = harness_gil_s(sr.ceiling(H, E, c))
+            imp = (1.0 / pt.qps - h_c) / t / k_c
+            imp_int = [(1.0 / pt.high - h_c) / t_hi / k_c, (1.0 / pt.low - h_c) / t_lo / k_c]
             C_est = (imp, imp_int)
             detail = (f"at concurrency {c} processes deliver {pp.qps:,.0f} items/s, threads {pt.qps:,.0f}: "
                       "the threads' cap lives inside one process")

@@ -633,9 +633,6 @@ def _timed_op(op: Callable, spans: list) -> Callable | None:
     """
     now = time.perf_counter
     if inspect.iscoroutinefunction(op) or inspect.iscoroutinefunction(getattr(op, "__call__", None)):
-        if inspect.isasyncgenfunction(op):
-            return None
-
         async def timed_async(item: Any) -> Any:
             t0 = now()
             try:

@@ -79,11 +79,10 @@ def _skip_reason(fn: Callable, inputs: Sequence, executor: str, pool: WorkerPool
             cloudpickle.dumps(fn)
     except Exception as e:
         return f"cannot be pickled for a process pool: {type(e).__name__}: {e}"
-    try:
-        cloudpickle.dumps(inputs[0])
-    except Exception as e:
-        return f"inputs cannot be pickled for a process pool: {type(e).__name__}: {e}"
-    return None
+    from ._stage_cache import pickle_problem
+
+    problem = pickle_problem(inputs[0], cloud=True)
+    return f"inputs cannot be pickled for a process pool: {problem}" if problem else None
 
 
 def measure_stage(

@@ -21,13 +21,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._executors import Runner, WorkerPool, _describe
+from ._executors import Runner, WorkerPool, _describe, identity
 
 __all__ = ["SpdlRunner"]
-
-
-def _identity(x: Any) -> Any:
-    return x
 
 
 class SpdlRunner(Runner):
@@ -116,7 +112,7 @@ class SpdlRunner(Runner):
             self._pool = self._workers.executor(self.concurrency)
         builder = PipelineBuilder().add_source(self._source())
         for i in range(self.extra_pipes):
-            builder = builder.pipe(_identity, concurrency=self.concurrency, name=f"noop{i}")
+            builder = builder.pipe(identity, concurrency=self.concurrency, name=f"noop{i}")
         builder = builder.pipe(self._op(), concurrency=self.concurrency, name="stage").add_sink(max(2, self.concurrency))
         # SPDL logs each dropped item; our wrapper never lets the stage's own errors
         # through, so anything logged is the harness's business, not the user's.

@@ -96,9 +96,11 @@ def sweep_stage(
     rows: list[dict[str, Any]] = []
     stopped: dict[tuple[str, str, str], str] = {}
     plateaus: dict[str, tuple[dict[str, Any], int]] = {}
+    linear_checked: set[str] = set()  # harnesses whose thread curve was judged (once, before its first process point)
     with _stage_pool(fn, cfg) as pool:
         for role, harness, ex, c in plan_points(fn, cfg):
-            if ex == "process" and cfg.process_flat_levels and ("stage", harness, ex) not in stopped:
+            if ex == "process" and cfg.process_flat_levels and harness not in linear_checked:
+                linear_checked.add(harness)
                 why = _threads_linear(rows, harness)
                 if why:
                     stopped[("stage", harness, ex)] = stopped[("ceiling", harness, ex)] = why
