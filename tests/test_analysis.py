@@ -345,15 +345,20 @@ def test_wait_stage_without_a_ceiling_is_judged_on_all_its_cores():
     assert st["classification"] != "io-bound"  # 1.12 of 2 cores, nothing says whose: not "few cores"
 
 
-def test_still_rising_thread_curve_with_a_small_gil_share_is_not_gil_bound():
-    # a 10 ms sleep whose wake-ups cost 0.6 ms of CPU per item: GIL share ~0.06, threads near-linear up to 16
+def _nap_rows(top_qps: float, cpu_s_per_item: float) -> pd.DataFrame:
+    """A 10 ms sleep on threads at 1-16 (linear up to 8, ``top_qps`` at 16), with its no-op ceilings."""
     rows = []
-    for c, q in ((1, 95.0), (2, 190.0), (4, 378.0), (8, 750.0), (16, 1480.0)):
-        rows.append(row("nap", "thread", c, q, noise=0.02, cores_used=q * 0.6e-3, cpu_s_per_item=0.6e-3,
-                        latency_ms=10.5))
+    for c, q in ((1, 95.0), (2, 190.0), (4, 378.0), (8, 750.0), (16, top_qps)):
+        rows.append(row("nap", "thread", c, q, noise=0.02, cores_used=q * cpu_s_per_item,
+                        cpu_s_per_item=cpu_s_per_item, latency_ms=10.5))
         rows.append(row("nap", "thread", c, 2.5e6, role="ceiling", cores_used=1.0, cpu_s_per_item=4e-7,
                         latency_ms=1e-4))
-    st = analyze_stage(pd.DataFrame(rows), cores=2)
+    return pd.DataFrame(rows)
+
+
+def test_still_rising_thread_curve_with_a_small_gil_share_is_not_gil_bound():
+    # a 10 ms sleep whose wake-ups cost 0.6 ms of CPU per item: GIL share ~0.06, threads near-linear up to 16
+    st = analyze_stage(_nap_rows(1480.0, 0.6e-3), cores=2)
     assert 0.03 < st["gil_fraction"] < 0.1
     assert st["classification"] != "gil-bound"
     assert st["classification"] == "io-bound"
@@ -362,13 +367,7 @@ def test_still_rising_thread_curve_with_a_small_gil_share_is_not_gil_bound():
 
 def test_flattened_thread_curve_with_the_gil_busy_stays_gil_bound():
     # the same stage where the curve did flatten at the top: the GIL-busy rule still applies
-    rows = []
-    for c, q in ((1, 95.0), (2, 190.0), (4, 378.0), (8, 750.0), (16, 820.0)):
-        rows.append(row("nap", "thread", c, q, noise=0.02, cores_used=q * 1.1e-3, cpu_s_per_item=1.1e-3,
-                        latency_ms=10.5))
-        rows.append(row("nap", "thread", c, 2.5e6, role="ceiling", cores_used=1.0, cpu_s_per_item=4e-7,
-                        latency_ms=1e-4))
-    st = analyze_stage(pd.DataFrame(rows), cores=2)
+    st = analyze_stage(_nap_rows(820.0, 1.1e-3), cores=2)
     assert st["classification"] == "gil-bound"
 
 
