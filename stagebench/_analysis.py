@@ -530,7 +530,7 @@ def summarize(rows: pd.DataFrame, meta: dict) -> dict:
     """
     from . import __version__
     from ._findings import build_findings
-    from ._predict import predict_pipeline
+    from ._predict import apply_replay, predict_pipeline
     from ._schema import SUMMARY_SCHEMA_VERSION
 
     meta = dict(meta or {})
@@ -565,6 +565,7 @@ def summarize(rows: pd.DataFrame, meta: dict) -> dict:
     overhead = pipeline_overhead(meta.get("pipeline_overhead"))
     prediction = (predict_pipeline(stages, cores=cores, free_threaded=free_threaded, overhead=overhead)
                   if stages else None)
+    prediction = apply_replay(prediction, meta.get("replay"))
     speed = cpu_speed(meta.get("cpu_speed"))
     validation = _validation(meta.get("validation"), prediction, df, stages)
     # the CPU's speed first: on a host that changes it, it outweighs every other noise source

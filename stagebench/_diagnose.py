@@ -576,6 +576,8 @@ class _Diagnosis:
         if self.blocked:
             self.meta["validation"] = {"qps": None, "error": f"skipped: {self.blocked}"}
         elif settings.validation_window_s > 0:
+            self.meta["replay"] = self._replay(src.items, summary)
+            self.run_dir.write_meta(self.meta)
             self.meta["validation"] = self._validate(src.items, summary)
         self.meta["provenance_after"] = collect_provenance()
         self.meta["status"] = "complete"
@@ -837,13 +839,35 @@ class _Diagnosis:
         with open(self.run_dir.path / "error.log", "a", encoding="utf-8") as f:
             f.write(f"--- {what} ---\n{''.join(traceback.format_exception(exc))}\n")
 
-    # ------------------------------------------------------------------ validation run
+    # ------------------------------------------------------------------ replay and validation runs
+    def _replay(self, source_items: list, summary: dict[str, Any]) -> dict[str, Any]:
+        """The pipeline with stand-ins for the stages (the prediction; see :mod:`stagebench._replay`)."""
+        from ._replay import plan_stand_ins
+
+        stand_ins = plan_stand_ins(summary.get("stages") or [])
+        if not stand_ins:
+            return {"qps": None, "error": "no stage could be stood in (none measured)"}
+        window = self.settings.validation_window_s
+        self.say(f"replay: the pipeline with stand-ins for {len(stand_ins)} stage(s), 0.5 s warm-up + {window:g} s window")
+        try:
+            result = run_validation(self.plan, source_items, _choices(summary), warmup_s=0.5, window_s=window,
+                                    timeout_s=self.settings.timeout_s,
+                                    items_per_sink_item=self.items_per_sink_item or 1.0, stand_ins=stand_ins)
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:
+            self._log_error("replay", e)
+            result = {"qps": None, "error": f"{type(e).__name__}: {e}"}
+        result.pop("stage_latency", None)
+        result["stand_ins"] = [s.as_dict() for s in stand_ins.values()]
+        if result.get("qps") is not None:
+            self.say(f"replay: {result['qps']:,.1f} items/s")
+        else:
+            self.say(f"replay failed: {result.get('error')}")
+        return result
+
     def _validate(self, source_items: list, summary: dict[str, Any]) -> dict[str, Any]:
-        choices: dict[str, tuple[str, int]] = {}
-        for st in summary.get("stages") or []:
-            rec = st.get("recommended") or {}
-            if rec.get("executor") and _finite(rec.get("concurrency")):
-                choices[str(st.get("name"))] = (str(rec["executor"]), int(rec["concurrency"]))
+        choices = _choices(summary)
         window = self.settings.validation_window_s
         warm = max(1.0, self.settings.budget_s)
         self.say(f"validation: the whole pipeline with the recommended settings, {warm:g} s warm-up + {window:g} s window")
@@ -868,6 +892,16 @@ class _Diagnosis:
         return result
 
 
+def _choices(summary: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    """Each stage's recommended (executor, concurrency), by name."""
+    choices: dict[str, tuple[str, int]] = {}
+    for st in summary.get("stages") or []:
+        rec = st.get("recommended") or {}
+        if rec.get("executor") and _finite(rec.get("concurrency")):
+            choices[str(st.get("name"))] = (str(rec["executor"]), int(rec["concurrency"]))
+    return choices
+
+
 def _finite(x: Any) -> bool:
     try:
         return math.isfinite(float(x))
@@ -877,7 +911,7 @@ def _finite(x: Any) -> bool:
 
 def run_validation(plan: Any, source_items: list, choices: dict[str, tuple[str, int]], *,
                    warmup_s: float, window_s: float, timeout_s: float,
-                   items_per_sink_item: float = 1.0) -> dict[str, Any]:
+                   items_per_sink_item: float = 1.0, stand_ins: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the whole pipeline over the cached source items and time what reaches the sink.
 
     Steady state as for one point: warm up (every pool started, first items
@@ -889,7 +923,9 @@ def run_validation(plan: Any, source_items: list, choices: dict[str, tuple[str, 
     counts the items drawn from the source, a cross-check. ``stage_latency``:
     per thread / async stage, the median call duration inside the pipeline
     during the window, and the calls counted (the analysis compares it with
-    the stage alone at the same setting).
+    the stage alone at the same setting). With ``stand_ins``, the same run
+    with those stages replaced by their stand-ins (the replay,
+    :mod:`stagebench._replay`); stage latencies are then not recorded.
     """
     import logging
 
@@ -910,7 +946,8 @@ def run_validation(plan: Any, source_items: list, choices: dict[str, tuple[str, 
             i += 1
 
     timings: dict[str, list] = {}
-    cfg, closers, used = build_validation_config(plan, choices, source(), timings)
+    cfg, closers, used = build_validation_config(plan, choices, source(), None if stand_ins else timings,
+                                                 stand_ins=stand_ins)
     spdl_log = logging.getLogger("spdl")
     level = spdl_log.level
     spdl_log.setLevel(logging.CRITICAL)  # items that fail are the stage's business, measured per point

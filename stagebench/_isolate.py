@@ -654,6 +654,7 @@ def _timed_op(op: Callable, spans: list) -> Callable | None:
 
 def build_validation_config(plan: Plan, choices: dict[str, tuple[str, int]],
                             source: Callable[[], Any], timings: dict[str, list] | None = None,
+                            stand_ins: dict[str, Any] | None = None,
                             ) -> tuple[Any, list[Callable[[], None]], list[dict]]:
     """The whole pipeline with each stage's chosen (executor, concurrency).
 
@@ -662,7 +663,11 @@ def build_validation_config(plan: Plan, choices: dict[str, tuple[str, int]],
     Returns the config, callables that release the pools it created, and the
     settings actually used. With ``timings``, thread and async stages record
     the (start, end) of every call under their name: how long each stage takes
-    per item *inside* the pipeline, to compare with the stage alone.
+    per item *inside* the pipeline, to compare with the stage alone. With
+    ``stand_ins`` (name -> :class:`stagebench._replay.StandIn`), those stages
+    run their stand-in instead of their own code (the replay), on threads, or
+    on the event loop for async ones; stages that yield several items per
+    input keep their own code.
     """
     import cloudpickle
     from concurrent.futures import ThreadPoolExecutor
@@ -697,6 +702,20 @@ def build_validation_config(plan: Plan, choices: dict[str, tuple[str, int]],
         ex, c = choices.get(step.name, (None, step.user_concurrency))
         op = cfg._args.op
         executor = None
+        stand = (stand_ins or {}).get(step.name) if not step.many else None
+        if stand is not None:
+            op, c = stand.op(), stand.concurrency
+            if stand.executor == "async":
+                ex = "async"
+            else:
+                ex = "thread"
+                executor = ThreadPoolExecutor(max_workers=c, thread_name_prefix="stagebench-replay")
+                closers.append(functools.partial(executor.shutdown, wait=False, cancel_futures=True))
+            pipes.append(PipeConfig(name=cfg.name, _type=cfg._type,
+                                    _args=_PipeArgs(op=op, executor=executor, concurrency=int(c)),
+                                    _max_failures=cfg._max_failures))
+            used.append({"stage": step.name, "executor": ex, "concurrency": int(c), "stand_in": True})
+            continue
         if step.is_async or ex == "async":
             ex = "async"
         elif ex == "process" and not (step.many and cfg._type == _PipeType.OrderedPipe):

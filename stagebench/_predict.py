@@ -17,7 +17,13 @@ share it, so the pipeline (in source items per second) is bounded by
     three, so charging the whole one-stage cost per stage under-predicted a
     three-stage pipeline by a third.
 
-The prediction is the smallest bound. Why the GIL term matters: a pipeline
+The bounds are the explanation; the number is the replay's when there is one
+(:func:`apply_replay`, :mod:`stagebench._replay`): the bounds add demands
+measured one stage at a time and leave out what the stages cost each other
+(hand-offs through the event loop, threads queueing for the GIL after waits,
+a GIL holder losing its core to GIL-free threads), which put them 20-100%
+above the measured pipeline on the reference pipelines. Without a replay the
+prediction is the smallest bound. Why the GIL term matters: a pipeline
 of a 1 ms GIL-holding stage, a 5 ms sleep and a 0.5 ms-GIL + 2 ms-sleep stage
 reaches about 770, 2,900 and 1,270 items/s per stage alone in SPDL on two
 cores, yet about 490 together. The minimum of the capacities says 770; the
@@ -35,7 +41,7 @@ from typing import Any
 
 from ._curves import finite
 
-__all__ = ["predict_pipeline"]
+__all__ = ["predict_pipeline", "apply_replay"]
 
 _MAIN_PROCESS = ("thread", "async")
 
@@ -153,7 +159,7 @@ def predict_pipeline(stage_summaries: list[dict], *, cores: int, free_threaded: 
         "qps": None, "binding": None, "bottleneck": None, "explanation": "", "unit": "source items/s",
         "bounds": {"stages": None, "cores": None, "gil": None}, "naive_qps": None,
         "settings": settings, "stages": loads, "missing": missing, "lift": None, "caveat": None,
-        "fixed_s_per_item": None,
+        "fixed_s_per_item": None, "method": "bounds", "bounds_qps": None, "replay": None,
     }
     if not loads:
         out["explanation"] = "no stage was measured, so nothing can be predicted"
@@ -162,7 +168,7 @@ def predict_pipeline(stage_summaries: list[dict], *, cores: int, free_threaded: 
     b = _bounds(loads, cores, free_threaded, fixed)
     out["fixed_s_per_item"] = b["fixed"] if overhead else None
     by_name = {st["name"]: st for st in stage_summaries}
-    out["qps"] = b["qps"]
+    out["qps"] = out["bounds_qps"] = b["qps"]
     out["binding"] = b["binding"]
     out["naive_qps"] = b["bounds"]["stage"]
     out["bounds"] = {
@@ -283,3 +289,36 @@ def _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed
                 "gil_bound": gil_bound if math.isfinite(gil_bound) else None, "qps": nb["qps"],
                 "binding": nb["binding"], "text": text}
     return None
+
+
+def apply_replay(prediction: dict[str, Any] | None, replay: Any) -> dict[str, Any] | None:
+    """The prediction with the replay's throughput as its number (``method: "replay"``).
+
+    ``replay``: ``run.json["replay"]`` (:meth:`Diagnosis._replay`): ``qps``,
+    ``qps_low``, ``qps_high``, ``seconds``, ``stand_ins``, or ``error``. The
+    bounds stay as they are (``bounds``, ``bounds_qps``, ``binding``): they say
+    *what* binds; the replay says how far below the bounds the stages' mutual
+    costs put the pipeline. A failed replay leaves the bounds' number and
+    records why in ``replay``.
+    """
+    if not prediction or not isinstance(replay, dict):
+        return prediction
+    out = dict(prediction)
+    q = replay.get("qps")
+    keep = ("qps", "qps_low", "qps_high", "seconds", "stand_ins", "error")
+    out["replay"] = {k: replay.get(k) for k in keep if k in replay}
+    if not finite(q) or not q > 0 or not finite(prediction.get("qps")):
+        return out
+    q = float(q)
+    out["method"] = "replay"
+    out["qps"] = q
+    out["qps_low"], out["qps_high"] = replay.get("qps_low"), replay.get("qps_high")
+    bq = float(prediction["qps"])
+    rel = (f"{q / bq:.0%} of the bounds' {_fmt(bq)}: the stages' hand-offs, waits for the GIL and shared cores "
+           "cost the rest" if q < bq else f"the bounds allow {_fmt(bq)}")
+    out["explanation"] = (
+        f"predicted {_fmt(q)} items/s: the pipeline replayed with a stand-in for each stage (its GIL-held "
+        f"CPU, GIL-free CPU and waiting per call, as measured alone) at the recommended settings ran at that "
+        f"rate ({rel}); " + prediction["explanation"]
+    )
+    return out

@@ -174,6 +174,14 @@ def test_diagnose_pipeline_writes_the_run_directory(tmp_path, capsys):
     # drawn from the source agree (a loose cross-check: buffers fill during the window)
     assert v["items_per_sink_item"] == pytest.approx(4) and v["qps"] == pytest.approx(4 * v["sink_qps"])
     assert v["source_qps"] == pytest.approx(v["qps"], rel=0.5)
+    # the replay ran the same pipeline with stand-ins for the measured pipes (not the aggregate);
+    # its rate is the prediction's number, the bounds stay beside it
+    r = meta["replay"]
+    assert r["qps"] > 0 and {s["name"] for s in r["stand_ins"]} == {"sleep: 2 ms <io>", "async_stage", "size"}
+    assert {s["name"]: s["executor"] for s in r["stand_ins"]}["async_stage"] == "async"
+    p = summary["prediction"]
+    assert p["method"] == "replay" and p["qps"] == pytest.approx(r["qps"]) and p["bounds_qps"] > 0
+    assert v["qps"] == pytest.approx(r["qps"], rel=0.6)  # a loose sanity check: the benchmark measures accuracy
     captured = capsys.readouterr()
     assert "report:" in captured.out and "sleep: 2 ms <io>" in captured.out
     assert "diagnosing 4 stage(s)" in captured.err

@@ -1,0 +1,183 @@
+"""Replay: the whole pipeline run with stand-ins that do what each stage did alone.
+
+Why: the prediction's bounds (:mod:`stagebench._predict`) add up per-item
+demands measured stage by stage. Together the stages also pay for each other:
+every call's hand-off to and from the event loop, threads waking from waits
+and queueing for the GIL behind the others, a GIL holder losing its core to
+threads that compute without the GIL. On the three reference pipelines the
+bounds came out 20-100% above the measured pipeline for that reason alone
+(``benchmarks/bench_diagnosis.py``), while a pipeline of stand-ins with the
+stages' true work reproduced the real one within its run-to-run noise.
+
+So the prediction runs the pipeline itself, with SPDL, the recommended
+settings and the real aggregate / disaggregate steps, but with each measured
+stage replaced by a **stand-in** built from its isolated measurements only:
+
+- ``gil_s``: pure Python for that much CPU time (holds the GIL): the stage's
+  GIL share times its time per call, capped by the CPU it used per call
+  beyond the harness's no-op cost;
+- ``free_s``: CPU without the GIL (``hashlib`` over a buffer, which releases
+  it): the rest of that CPU;
+- ``wait_s``: a sleep for what remains of its time per call (waiting on I/O,
+  locks, other processes).
+
+A stage on a process executor becomes a thread stand-in whose work is all
+GIL-free (it runs in another interpreter) plus the main process's extra cost
+of moving items to and from workers (its process no-op ceiling's time per
+item beyond the thread ceiling's). Stages that yield several items, or were
+not measured, run as themselves.
+
+Nothing of the user's stage code runs, so the replay is a prediction and the
+validation run (the real stages) checks it. CPU amounts are CPU *time* as
+measured during the sweeps: on a host whose speed drifts they carry the speed
+of that moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["StandIn", "plan_stand_ins"]
+
+_BUF = os.urandom(1 << 20)  # hashed, never read otherwise: what it holds does not matter
+_S_PER_BYTE: float | None = None
+
+
+def _seconds_per_byte() -> float:
+    """CPU seconds per byte of SHA-256 here, now (median of a few 256 KiB runs)."""
+    global _S_PER_BYTE
+    if _S_PER_BYTE is None:
+        view = memoryview(_BUF)[: 1 << 18]
+        ts = []
+        for _ in range(5):
+            c0 = time.thread_time()
+            hashlib.sha256(view).digest()
+            ts.append(time.thread_time() - c0)
+        _S_PER_BYTE = max(statistics.median(ts), 1e-7) / len(view)
+    return _S_PER_BYTE
+
+
+def _spin(seconds: float) -> None:
+    """Hold the GIL for ``seconds`` of this thread's CPU time (waiting for a core does not count)."""
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < seconds:
+        pass
+
+
+def _burn_free(n_bytes: int) -> None:
+    """CPU without the GIL: SHA-256 releases it for buffers this large."""
+    view = memoryview(_BUF)
+    while n_bytes > 0:
+        k = min(n_bytes, len(view))
+        hashlib.sha256(view[:k]).digest()
+        n_bytes -= k
+
+
+@dataclass(frozen=True, slots=True)
+class StandIn:
+    """What one stage's stand-in does per call, in seconds, and where it runs."""
+
+    name: str
+    executor: str       # the recommended executor it stands in for
+    concurrency: int
+    gil_s: float
+    free_s: float
+    wait_s: float
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def op(self) -> Any:
+        """The callable the replay pipeline runs (async for the event loop's own stages)."""
+        return _AsyncStandIn(self) if self.executor == "async" else _ThreadStandIn(self)
+
+
+class _ThreadStandIn:
+    def __init__(self, s: StandIn) -> None:
+        self.gil_s, self.wait_s = s.gil_s, s.wait_s
+        self.free_bytes = int(s.free_s / _seconds_per_byte()) if s.free_s > 0 else 0
+
+    def __call__(self, item: Any) -> Any:
+        if self.gil_s > 0:
+            _spin(self.gil_s)
+        if self.free_bytes:
+            _burn_free(self.free_bytes)
+        if self.wait_s > 0:
+            time.sleep(self.wait_s)
+        return item
+
+
+class _AsyncStandIn:
+    """Runs on the event loop: all its CPU holds the GIL, its waits are awaits."""
+
+    def __init__(self, s: StandIn) -> None:
+        self.cpu_s, self.wait_s = s.gil_s + s.free_s, s.wait_s
+
+    async def __call__(self, item: Any) -> Any:
+        if self.cpu_s > 0:
+            _spin(self.cpu_s)
+        await asyncio.sleep(self.wait_s)
+        return item
+
+
+def _num(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _stand_in(st: dict) -> StandIn | None:
+    rec = st.get("recommended") or {}
+    t = _num(st.get("stage_s_per_item"))
+    if st.get("status", "ok") != "ok" or not rec.get("executor") or t is None or t <= 0:
+        return None
+    alts = st.get("alternatives") or {}
+    ex, c = str(rec["executor"]), int(rec["concurrency"])
+    # CPU per call beyond the harness's own no-op cost, from the executor the GIL share
+    # was read on (threads or the event loop), at its best point: busy enough that
+    # time-based background CPU (timers, polling) is spread over many items.
+    base = alts.get("async" if st.get("is_async") else "thread") or (alts.get(ex) if ex != "process" else None) or {}
+    cpu, harness = _num(base.get("cpu_s_per_item")), _num(base.get("harness_gil_s_per_item")) or 0.0
+    own = min(t, max(0.0, cpu - harness)) if cpu is not None else None
+    frac = _num(st.get("gil_fraction"))
+    note = ""
+    if own is None:
+        # no CPU reading: the GIL share of the time is all there is
+        own = t * frac if frac is not None else 0.0
+        note = "no CPU per call measured: the GIL share of its time stands for its CPU"
+    gil = min(own, frac * t) if frac is not None else own
+    free = own - gil
+    wait = max(0.0, t - own)
+    if ex == "process":
+        proc = alts.get("process") or {}
+        ipc = max(0.0, (_num(proc.get("harness_gil_s_per_item")) or 0.0) - harness)
+        return StandIn(st["name"], ex, c, gil_s=ipc, free_s=gil + free, wait_s=wait,
+                       note="process: its work runs outside the main process's GIL; the main process "
+                            "pays the moving of items (process no-op ceiling beyond the thread one)")
+    return StandIn(st["name"], ex, c, gil_s=gil, free_s=free, wait_s=wait, note=note)
+
+
+def plan_stand_ins(stages: list[dict]) -> dict[str, StandIn]:
+    """Stand-ins for the measured stages of a summary (``summary["stages"]``), by name.
+
+    Stages left out (not measured, no per-call time, or yielding several items
+    per input) run as themselves in the replay.
+    """
+    out: dict[str, StandIn] = {}
+    for st in stages:
+        if st.get("type", "pipe") != "pipe":
+            continue
+        s = _stand_in(st)
+        if s is not None:
+            out[s.name] = s
+    return out

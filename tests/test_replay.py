@@ -1,0 +1,145 @@
+"""The replay: stand-ins built from a stage's isolated measurements, and the prediction it becomes."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from stagebench._predict import apply_replay, predict_pipeline
+from stagebench._replay import StandIn, plan_stand_ins
+
+
+def _stage(name="s", *, t=3e-3, frac=0.5, cpu=1.7e-3, harness=0.2e-3, executor="thread", concurrency=4,
+           status="ok", proc_harness=None, is_async=False, type_="pipe"):
+    alts = {("async" if is_async else "thread"): {"cpu_s_per_item": cpu, "harness_gil_s_per_item": harness}}
+    if proc_harness is not None:
+        alts["process"] = {"cpu_s_per_item": cpu, "harness_gil_s_per_item": proc_harness}
+    return {"name": name, "status": status, "type": type_, "is_async": is_async, "stage_s_per_item": t,
+            "gil_fraction": frac, "alternatives": alts,
+            "recommended": {"executor": executor, "concurrency": concurrency, "qps": 1000.0}}
+
+
+def test_thread_stand_in_splits_the_call_into_gil_free_cpu_and_waiting():
+    # 1.5 ms of CPU beyond the harness; the GIL share says 1.5 ms of the 3 ms call held it
+    s = plan_stand_ins([_stage()])["s"]
+    assert (s.executor, s.concurrency) == ("thread", 4)
+    assert s.gil_s == pytest.approx(1.5e-3)
+    assert s.free_s == pytest.approx(0.0)
+    assert s.wait_s == pytest.approx(1.5e-3)
+
+
+def test_cpu_beyond_the_gil_share_is_gil_free():
+    # a hashlib-like stage: 2 ms of CPU per 2.2 ms call, but only 10% of it holding the GIL
+    s = plan_stand_ins([_stage(t=2.2e-3, frac=0.1, cpu=2.2e-3, harness=0.2e-3)])["s"]
+    assert s.gil_s == pytest.approx(0.22e-3)
+    assert s.free_s == pytest.approx(1.78e-3)
+    assert s.wait_s == pytest.approx(0.2e-3)
+
+
+def test_a_sleep_stage_with_a_noisy_gil_share_holds_no_more_gil_than_the_cpu_it_used():
+    # a 10 ms sleep read as GIL share 0.1 (1 ms) but using 0.05 ms of CPU beyond the harness
+    s = plan_stand_ins([_stage(t=10e-3, frac=0.1, cpu=0.25e-3, harness=0.2e-3)])["s"]
+    assert s.gil_s == pytest.approx(0.05e-3)
+    assert s.free_s == pytest.approx(0.0)
+    assert s.wait_s == pytest.approx(9.95e-3)
+
+
+def test_process_stand_in_keeps_the_work_off_the_main_gil_and_charges_the_ipc():
+    s = plan_stand_ins([_stage(executor="process", proc_harness=0.9e-3)])["s"]
+    assert s.executor == "process"
+    assert s.gil_s == pytest.approx(0.7e-3)      # process ceiling's main-process cost beyond the thread one
+    assert s.free_s == pytest.approx(1.5e-3)     # all the stage's CPU runs in a worker
+    assert s.wait_s == pytest.approx(1.5e-3)
+
+
+def test_unmeasured_and_non_pipe_stages_run_as_themselves():
+    stages = [_stage("ok"), _stage("failed", status="failed"), _stage("agg", type_="aggregate"),
+              {**_stage("no_time"), "stage_s_per_item": None}]
+    assert list(plan_stand_ins(stages)) == ["ok"]
+
+
+def test_without_a_cpu_reading_the_gil_share_of_the_time_stands_in():
+    st = _stage(t=4e-3, frac=0.25)
+    st["alternatives"]["thread"]["cpu_s_per_item"] = None
+    s = plan_stand_ins([st])["s"]
+    assert s.gil_s == pytest.approx(1e-3)
+    assert s.wait_s == pytest.approx(3e-3)
+    assert "no CPU per call" in s.note
+
+
+def test_thread_stand_in_spends_its_gil_time_as_cpu_and_waits_the_rest():
+    op = StandIn("s", "thread", 1, gil_s=3e-3, free_s=0.0, wait_s=20e-3).op()
+    c0, t0 = time.thread_time(), time.perf_counter()
+    assert op("x") == "x"
+    cpu, wall = time.thread_time() - c0, time.perf_counter() - t0
+    assert 3e-3 <= cpu < 10e-3   # spins by this thread's CPU time: waiting for a core does not count
+    assert wall >= 23e-3
+
+
+def test_free_cpu_releases_the_gil():
+    # While one thread burns 'free' CPU, another thread keeps running Python. If the burn held
+    # the GIL, the ticker would stall for the whole burn (tens of ms) instead of a switch interval.
+    op = StandIn("s", "thread", 1, gil_s=0.0, free_s=0.2, wait_s=0.0).op()
+    gaps: list[float] = []
+    done = threading.Event()
+
+    def ticker():
+        last = time.perf_counter()
+        while not done.is_set():
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+            time.sleep(0.001)
+
+    th = threading.Thread(target=ticker)
+    th.start()
+    t0 = time.perf_counter()
+    op(0)
+    burn = time.perf_counter() - t0
+    done.set()
+    th.join()
+    assert burn > 0.05                      # it did burn CPU for a while
+    assert max(gaps) < burn / 2             # and the other thread ran meanwhile
+
+
+async def _run_async(op):
+    return await op(7)
+
+
+def test_async_stand_in_awaits_its_wait():
+    import asyncio
+
+    op = StandIn("a", "async", 2, gil_s=1e-3, free_s=0.0, wait_s=10e-3).op()
+    t0 = time.perf_counter()
+    assert asyncio.run(_run_async(op)) == 7
+    assert time.perf_counter() - t0 >= 11e-3
+
+
+def _summaries():
+    return [
+        {"name": "a", "status": "ok", "items_per_input": 1.0, "gil_s_per_item": 1e-3, "harness": "direct",
+         "recommended": {"executor": "thread", "concurrency": 4, "qps": 2000.0, "harness": "direct"},
+         "cpu_s_per_item": 1e-3, "classification": "gil-bound"},
+    ]
+
+
+def test_replay_becomes_the_number_and_the_bounds_stay_as_the_explanation():
+    p = predict_pipeline(_summaries(), cores=2)
+    assert p["method"] == "bounds" and p["qps"] == pytest.approx(p["bounds_qps"])
+    r = apply_replay(p, {"qps": 600.0, "qps_low": 550.0, "qps_high": 650.0, "seconds": 2.0, "stand_ins": []})
+    assert r["method"] == "replay"
+    assert r["qps"] == 600.0 and (r["qps_low"], r["qps_high"]) == (550.0, 650.0)
+    assert r["bounds_qps"] == pytest.approx(p["qps"])
+    assert r["binding"] == p["binding"] and r["bounds"] == p["bounds"]
+    assert r["explanation"].startswith("predicted 600 items/s")
+    assert p["explanation"] in r["explanation"]
+
+
+def test_a_failed_replay_keeps_the_bounds_and_says_why():
+    p = predict_pipeline(_summaries(), cores=2)
+    r = apply_replay(p, {"qps": None, "error": "boom"})
+    assert r["method"] == "bounds" and r["qps"] == p["qps"]
+    assert r["replay"]["error"] == "boom"
+    assert apply_replay(p, None) is p
