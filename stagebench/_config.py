@@ -94,8 +94,20 @@ class SweepConfig:
     Thread curves always get every level: they are cheap, and their fall at
     high concurrency is GIL evidence."""
 
+    process_ceilings: str = "near_best"
+    """Which levels of a process curve get their no-op ceiling: ``"near_best"``
+    measures it only after a stage point within 5% of the best so far (the
+    recommendation and the verdicts read the ceiling at the best level and at
+    the smallest level within 5% of it, and both always qualify), ``"all"`` at
+    every level. A process ceiling ships the stage's own items, so it cannot be
+    shared between stages like the thread ones; measuring it at points that
+    cannot be chosen was about a sixth of a diagnosis."""
+
     def __post_init__(self) -> None:
         from ._schema import EXECUTORS, HARNESSES
+
+        if self.process_ceilings not in ("near_best", "all"):
+            raise ValueError(f"process_ceilings: unknown value {self.process_ceilings!r}; allowed: near_best, all")
 
         for ex in self.executors:
             if ex not in EXECUTORS:

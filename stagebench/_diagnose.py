@@ -84,6 +84,7 @@ ENV_VARS: dict[str, str] = {
     "STAGEBENCH_CACHE_DIR": "where stage outputs are cached (default <parent of run dir>/.stagebench-cache; off: no cache)",
     "STAGEBENCH_CACHE_MAX_MB": "most MB of one stage's outputs kept; later items are dropped, with a message (default 1024)",
     "STAGEBENCH_PROCESS_FLAT_LEVELS": "stop a process curve after this many levels in a row without gain (default 2; 0: every level)",
+    "STAGEBENCH_PROCESS_CEILINGS": "near_best (default: a process no-op ceiling only after points within 5% of the best so far) or all",
 }
 
 _TRUE = ("1", "true", "TRUE", "on", "ON", "yes", "YES")
@@ -127,6 +128,8 @@ class DiagnoseSettings:
     cache_max_mb: float = 1024.0
     process_flat_levels: int = 2
     """See :attr:`stagebench.SweepConfig.process_flat_levels`."""
+    process_ceilings: str = "near_best"
+    """See :attr:`stagebench.SweepConfig.process_ceilings`."""
 
     def __post_init__(self) -> None:
         from ._schema import HARNESSES
@@ -157,6 +160,8 @@ class DiagnoseSettings:
         if self.process_flat_levels < 0:
             raise SettingsError(f"STAGEBENCH_PROCESS_FLAT_LEVELS must be an integer >= 0 (0: every level), "
                                 f"got {self.process_flat_levels}")
+        if self.process_ceilings not in ("near_best", "all"):
+            raise SettingsError(f"STAGEBENCH_PROCESS_CEILINGS must be one of near_best, all; got {self.process_ceilings!r}")
 
     @property
     def validation_window_s(self) -> float:
@@ -222,6 +227,8 @@ class DiagnoseSettings:
             kw["output_dir"] = env["STAGEBENCH_OUTPUT_DIR"].strip()
         if env.get("STAGEBENCH_CACHE_DIR", "").strip():
             kw["cache_dir"] = env["STAGEBENCH_CACHE_DIR"].strip()
+        if env.get("STAGEBENCH_PROCESS_CEILINGS", "").strip():
+            kw["process_ceilings"] = env["STAGEBENCH_PROCESS_CEILINGS"].strip().lower()
         return cls(**kw)
 
     def as_meta(self) -> dict[str, Any]:
@@ -401,7 +408,8 @@ def _sweep_config(stage: Any, settings: DiagnoseSettings):
         # SPDL runs these inline on its event loop: no executor, no concurrency to choose.
         return SweepConfig(executors=("thread",), concurrency=(1,), harnesses=settings.harnesses, measure=measure)
     return SweepConfig(executors=settings.executors, concurrency=settings.concurrency,
-                       harnesses=settings.harnesses, measure=measure, process_flat_levels=settings.process_flat_levels)
+                       harnesses=settings.harnesses, measure=measure, process_flat_levels=settings.process_flat_levels,
+                       process_ceilings=settings.process_ceilings)
 
 
 def _skipped_rows(stage: Any, settings: DiagnoseSettings, reason: str, *, executor: str | None = None,
@@ -847,10 +855,11 @@ class _Diagnosis:
         stand_ins = plan_stand_ins(summary.get("stages") or [])
         if not stand_ins:
             return {"qps": None, "error": "no stage could be stood in (none measured)"}
-        window = self.settings.validation_window_s
-        self.say(f"replay: the pipeline with stand-ins for {len(stand_ins)} stage(s), 0.5 s warm-up + {window:g} s window")
+        # the validation run's window and warm-up: the two are compared, so neither gets a shorter start
+        window, warm = self.settings.validation_window_s, max(1.0, self.settings.budget_s)
+        self.say(f"replay: the pipeline with stand-ins for {len(stand_ins)} stage(s), {warm:g} s warm-up + {window:g} s window")
         try:
-            result = run_validation(self.plan, source_items, _choices(summary), warmup_s=0.5, window_s=window,
+            result = run_validation(self.plan, source_items, _choices(summary), warmup_s=warm, window_s=window,
                                     timeout_s=self.settings.timeout_s,
                                     items_per_sink_item=self.items_per_sink_item or 1.0, stand_ins=stand_ins)
         except KeyboardInterrupt:

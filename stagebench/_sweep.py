@@ -32,6 +32,7 @@ __all__ = ["sweep_stage", "plan_points"]
 
 _STOP_STATUSES = ("skipped", "timeout", "failed")
 _PLATEAU = "not measured: process throughput stopped rising"
+_NOT_NEAR = "not measured: this level's process throughput is more than 5% below the best so far"
 _LINEAR = 0.95  # threads within 5% of linear scaling: processes cannot win by more
 _SHARED_REASON = "shared: measured once for all stages (a no-op on threads or the event loop does not touch the items)"
 
@@ -116,6 +117,8 @@ def sweep_stage(
                     shared[(harness, ex, c)] = dict(row)
                 if role == "stage" and ex == "process" and cfg.process_flat_levels:
                     _watch_plateau(row, harness, plateaus, stopped, cfg.process_flat_levels)
+                if role == "stage" and ex == "process" and cfg.process_ceilings == "near_best":
+                    _skip_ceiling_unless_near_best(row, rows, harness, stopped)
                 if role == "ceiling" and stopped.get(("stage", harness, ex), "").startswith(_PLATEAU):
                     # the ceiling of the last measured level is kept; none above it
                     stopped[("ceiling", harness, ex)] = stopped[("stage", harness, ex)]
@@ -173,6 +176,31 @@ def _watch_plateau(row: dict[str, Any], harness: str, plateaus: dict, stopped: d
         stopped[("stage", harness, "process")] = (
             f"{_PLATEAU} ({flat} levels up to c={row['concurrency']} within noise of {best['qps']:,.0f} items/s "
             f"at c={best['concurrency']}; process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures every level)")
+
+
+_NEAR_BEST = 0.95
+
+
+def _skip_ceiling_unless_near_best(row: dict[str, Any], rows: list[dict[str, Any]], harness: str,
+                                   stopped: dict) -> None:
+    """Skip this level's process ceiling when its stage point is more than 5% below the best so far.
+
+    The analysis reads a process ceiling only at the curve's best level and at
+    the smallest level within 5% of the best (the recommendation). Both are
+    within 5% of the best *so far* when measured, so both keep their ceiling;
+    the ceiling runs right after its stage point, on the same workers.
+    """
+    key = ("ceiling", harness, "process")
+    if stopped.get(key, "").startswith(_NOT_NEAR):
+        del stopped[key]
+    if row["status"] != "ok" or not row["qps"] > 0:
+        return
+    best = max((r["qps"] for r in rows if r["role"] == "stage" and r["executor"] == "process"
+                and r["harness"] == harness and r["status"] == "ok" and r["qps"] > 0), default=0.0)
+    if row["qps"] < _NEAR_BEST * best and key not in stopped:
+        stopped[key] = (f"{_NOT_NEAR} ({row['qps']:,.0f} items/s against {best:,.0f} at a lower level): "
+                        "the analysis reads process ceilings only at the best level and the smallest within 5% "
+                        "of it; process_ceilings='all' or STAGEBENCH_PROCESS_CEILINGS=all measures every level")
 
 
 def _stage_pool(fn: Callable, cfg: SweepConfig) -> Any:

@@ -78,6 +78,8 @@ def test_settings_from_env_defaults_and_values():
         50, 0.5, (1, 2, 4, 8, 12), ("thread",), ("spdl",), 64.0, "out")
     assert s.validation_window_s == 0
     assert DiagnoseSettings.from_env({"STAGEBENCH_CONCURRENCY": "1, 3,9"}).concurrency == (1, 3, 9)
+    assert s.process_ceilings == "near_best"
+    assert DiagnoseSettings.from_env({"STAGEBENCH_PROCESS_CEILINGS": "All"}).process_ceilings == "all"
 
 
 @pytest.mark.parametrize(("var", "value", "says"), [
@@ -92,6 +94,7 @@ def test_settings_from_env_defaults_and_values():
     ("SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS", "0", "positive integer"),
     ("STAGEBENCH_CACHE_MAX_MB", "0", "> 0"),
     ("STAGEBENCH_TIMEOUT_S", "0.5", "must be larger than budget"),
+    ("STAGEBENCH_PROCESS_CEILINGS", "some", "one of near_best, all"),
 ])
 def test_bad_settings_name_the_variable_and_what_is_allowed(var, value, says):
     with pytest.raises(SettingsError) as e:

@@ -166,7 +166,7 @@ def one_at_a_time(x, lock_file):
 def test_a_process_curve_that_stopped_rising_is_not_measured_further(tmp_path):
     from functools import partial
 
-    cfg = SweepConfig(executors=("process",), concurrency=(1, 2, 4, 8, 16), measure=TINY)
+    cfg = SweepConfig(executors=("process",), concurrency=(1, 2, 4, 8, 16), measure=TINY, process_ceilings="all")
     stage = partial(one_at_a_time, lock_file=str(tmp_path / "lock"))
     df = sweep_stage(stage, list(range(10)), config=cfg).set_index(["role", "concurrency"])
     levels = (1, 2, 4, 8, 16)
@@ -185,6 +185,29 @@ def test_a_process_curve_that_stopped_rising_is_not_measured_further(tmp_path):
     assert (rising["status"] == "ok").all()
     with pytest.raises(ValueError, match="process_flat_levels must be >= 0"):
         SweepConfig(process_flat_levels=-1)
+
+
+def _proc_row(c, qps, status="ok"):
+    return {"role": "stage", "executor": "process", "harness": "spdl", "concurrency": c, "qps": qps, "status": status}
+
+
+def test_process_ceilings_are_measured_only_near_the_best_so_far():
+    from stagebench._sweep import _skip_ceiling_unless_near_best
+
+    key = ("ceiling", "spdl", "process")
+    rows, stopped = [], {}
+    for c, qps, measured in ((1, 100.0, True), (2, 180.0, True), (4, 174.0, True),   # 174 is within 5% of 180
+                             (8, 150.0, False), (16, 200.0, True)):                  # a new best measures again
+        row = _proc_row(c, qps)
+        _skip_ceiling_unless_near_best(row, rows, "spdl", stopped)
+        assert (key not in stopped) == measured, (c, stopped)
+        rows.append(row)
+    # a stop for another reason (a failed ceiling, the plateau rule) is not lifted
+    stopped = {key: "not measured: timeout at concurrency 2"}
+    _skip_ceiling_unless_near_best(_proc_row(4, 500.0), [_proc_row(1, 100.0)], "spdl", stopped)
+    assert stopped[key].startswith("not measured: timeout")
+    with pytest.raises(ValueError, match="process_ceilings: unknown value 'some'; allowed: near_best, all"):
+        SweepConfig(process_ceilings="some")
 
 
 def test_the_plateau_rule_counts_levels_without_gain_beyond_noise():
