@@ -150,11 +150,19 @@ def _stand_in(st: dict) -> StandIn | None:
     cpu, harness = _num(base.get("cpu_s_per_item")), _num(base.get("harness_gil_s_per_item")) or 0.0
     own = min(t, max(0.0, cpu - harness)) if cpu is not None else None
     frac = _num(st.get("gil_fraction"))
+    interval = st.get("gil_fraction_interval") or [None, None]
     note = ""
+    if frac is not None and (st.get("gil") or {}).get("pinned") is False and _num(interval[0]) is not None:
+        # Only bounded from above: its threads ran into the cores before any GIL cap
+        # showed, so much of its CPU ran without the GIL. The estimate's midpoint is
+        # a guess; the lower end is what the data allow, and what such stages (C code
+        # that releases the GIL: hashing, decoding, numpy) do.
+        frac = _num(interval[0])
+        note = "GIL share only bounded from above: the stand-in takes its lower end"
     if own is None:
         # no CPU reading: the GIL share of the time is all there is
         own = t * frac if frac is not None else 0.0
-        note = "no CPU per call measured: the GIL share of its time stands for its CPU"
+        note = "; ".join(x for x in (note, "no CPU per call measured: the GIL share of its time stands for its CPU") if x)
     gil = min(own, frac * t) if frac is not None else own
     free = own - gil
     wait = max(0.0, t - own)

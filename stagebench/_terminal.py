@@ -105,6 +105,9 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
     pred = summary.get("prediction") or {}
     if _num(pred.get("qps")) is not None:
         why = f" ({_clean(pred.get('binding'))} binds)" if pred.get("binding") else ""
+        if pred.get("method") == "replay" and _num(pred.get("bounds_qps")) is not None:
+            why = (f" (replayed with stand-ins; the bounds say {format_rate(pred['bounds_qps'])}"
+                   + (f", {_clean(pred.get('binding'))} binds)" if pred.get("binding") else ")"))
         lines.append(f"predicted pipeline: {format_rate(pred['qps'])} items/s{why}")
     val = summary.get("validation") or {}
     if _num(val.get("qps")) is not None:

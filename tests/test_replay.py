@@ -143,3 +143,14 @@ def test_a_failed_replay_keeps_the_bounds_and_says_why():
     assert r["method"] == "bounds" and r["qps"] == p["qps"]
     assert r["replay"]["error"] == "boom"
     assert apply_replay(p, None) is p
+
+
+def test_a_gil_share_bounded_only_from_above_stands_in_at_its_lower_end():
+    # threads ran into the 2 cores first (hashlib-like): the share is only known to be <= 0.56
+    st = {**_stage(t=2.2e-3, frac=0.28, cpu=2.2e-3, harness=0.2e-3),
+          "gil_fraction_interval": [0.0, 0.56], "gil": {"pinned": False}}
+    s = plan_stand_ins([st])["s"]
+    assert s.gil_s == pytest.approx(0.0) and s.free_s == pytest.approx(2.0e-3)
+    assert "bounded from above" in s.note
+    pinned = plan_stand_ins([{**st, "gil": {"pinned": True}}])["s"]
+    assert pinned.gil_s == pytest.approx(0.28 * 2.2e-3)
