@@ -136,6 +136,41 @@ def _num(x: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
+_MIN_SPREAD = 2.0   # the curve's throughput must span this ratio for a slope to mean anything
+_MIN_R2 = 0.9
+
+
+def _marginal_cpu(points: list[dict]) -> float | None:
+    """CPU per extra item along a stage's curve: the slope of CPU per second against items per second.
+
+    Why not CPU per item at one point: a harness that is not busy spends CPU
+    per second (its event loop waking, timers, polling) that a slow point
+    divides over few items. A sleep stage at 1,000 items/s used 0.3 ms of CPU
+    per item more than the harness's no-op at its saturated 1,900, all of it
+    that idle premium: a stand-in charged it held the GIL 0.65 ms per item too
+    long in a 3-stage replay (-36%). Inside a pipeline that the GIL binds, the
+    main process never idles, so the marginal cost is what counts. ``None``
+    (use the point) when the throughputs span less than 2x (a stage that
+    flattened at once: the GIL-bound ones) or the line does not fit.
+    """
+    import numpy as np
+
+    pts = [(_num(p.get("qps")), _num(p.get("cpu_s_per_item"))) for p in points]
+    pts = [(q, c) for q, c in pts if q is not None and c is not None and q > 0 and c > 0]
+    if len(pts) < 3:
+        return None
+    x = np.array([q for q, _ in pts])
+    y = np.array([q * c for q, c in pts])  # CPU seconds per second
+    if x.max() / x.min() < _MIN_SPREAD:
+        return None
+    slope, icpt = np.polyfit(x, y, 1)
+    resid = y - (slope * x + icpt)
+    ss = float(((y - y.mean()) ** 2).sum())
+    if not slope > 0 or ss <= 0 or 1.0 - float((resid ** 2).sum()) / ss < _MIN_R2:
+        return None
+    return float(slope)
+
+
 def _stand_in(st: dict) -> StandIn | None:
     rec = st.get("recommended") or {}
     t = _num(st.get("stage_s_per_item"))
@@ -146,8 +181,12 @@ def _stand_in(st: dict) -> StandIn | None:
     # CPU per call beyond the harness's own no-op cost, from the executor the GIL share
     # was read on (threads or the event loop), at its best point: busy enough that
     # time-based background CPU (timers, polling) is spread over many items.
-    base = alts.get("async" if st.get("is_async") else "thread") or (alts.get(ex) if ex != "process" else None) or {}
+    base_ex = "async" if st.get("is_async") else "thread"
+    base = alts.get(base_ex) or (alts.get(ex) if ex != "process" else None) or {}
     cpu, harness = _num(base.get("cpu_s_per_item")), _num(base.get("harness_gil_s_per_item")) or 0.0
+    marginal = _marginal_cpu((st.get("curves") or {}).get(f"{st.get('harness')}/{base_ex}") or [])
+    if marginal is not None:
+        cpu = marginal
     own = min(t, max(0.0, cpu - harness)) if cpu is not None else None
     frac = _num(st.get("gil_fraction"))
     interval = st.get("gil_fraction_interval") or [None, None]
