@@ -483,13 +483,16 @@ def _pipeline_context(run: RunData) -> dict[str, Any]:
     prov = summary.get("provenance") or meta.get("provenance") or {}
     cores = prov.get("usable_cores") or prov.get("cpu_count")
     stages = stage_cards(rows, summary.get("stages") or [], meta.get("stages") or [], cores)
-    pred = _keys(summary.get("prediction"), ("qps", "binding", "bottleneck", "explanation", "bounds", "naive_qps"))
+    pred = _keys(summary.get("prediction"), ("qps", "binding", "bottleneck", "explanation", "bounds", "naive_qps",
+                                             "method", "bounds_qps"))
     val = _keys(summary.get("validation"), ("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction"))
     tiles = []
     if pred.get("qps") is not None:
         binding = _BINDING_TEXT.get(pred.get("binding"), pred.get("binding") or "?")
         tiles.append({"label": "predicted pipeline throughput", "value": f"{_rate(pred['qps'])} items/s",
-                      "sub": f"bound by {binding}" + (f" · bottleneck: {pred['bottleneck']}" if pred.get("bottleneck") else "")})
+                      "sub": (f"replayed with stand-ins (bounds: {_rate(pred['bounds_qps'])}) · "
+                              if pred.get("method") == "replay" and _finite(pred.get("bounds_qps")) else "")
+                             + f"bound by {binding}" + (f" · bottleneck: {pred['bottleneck']}" if pred.get("bottleneck") else "")})
     if val.get("qps") is not None:
         sub = f"{_interval(val.get('qps_low'), val.get('qps_high'))}"
         if _finite(val["qps"]) and _finite(pred.get("qps")) and float(pred["qps"]) > 0:
