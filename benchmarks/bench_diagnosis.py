@@ -23,9 +23,11 @@ Cost: wall time of each, and what each produced (points, executors,
 intervals, verdicts, report). Target: stagebench no slower than SPDL while
 covering processes, intervals, verdicts and the report.
 
-Prediction: stagebench's predicted whole-pipeline throughput (bounded by the
-stages, the cores and the GIL), the naive minimum of the stage capacities, and
-the throughput measured by its validation run. Target: within 15%.
+Prediction: stagebench's predicted whole-pipeline throughput (the replay: the
+pipeline run with stand-ins built from the isolated measurements), the bounds
+it is explained by (the stages, the cores and the GIL), the naive minimum of
+the stage capacities, and the throughput measured by its validation run.
+Target: within 15%.
 
 Usage: python benchmarks/bench_diagnosis.py [--budget 0.3] [--pipelines gil_mix,...] [--json OUT]
 """
@@ -119,6 +121,8 @@ def _stagebench_products(run_dir: Path) -> dict:
     vmeta = meta.get("validation") or {}
     spent = {f"{e} {'ceilings' if r == 'ceiling' else 'points'}": round(float(t), 1)
              for (e, r), t in rows.groupby(["executor", "role"])["elapsed_s"].sum().items()}
+    rmeta = meta.get("replay") or {}
+    spent["replay run"] = round(float(rmeta.get("warmup_s") or 0) + float(rmeta.get("seconds") or 0), 1)
     spent["validation run"] = round(float(vmeta.get("warmup_s") or 0) + float(vmeta.get("seconds") or 0), 1)
     return {
         "time_spent_s": spent,
@@ -131,6 +135,7 @@ def _stagebench_products(run_dir: Path) -> dict:
         "report": str(report) if report.exists() else None,
         "report_kb": round(report.stat().st_size / 1024, 1) if report.exists() else None,
         "predicted_qps": pred.get("qps"), "binding": pred.get("binding"), "naive_qps": pred.get("naive_qps"),
+        "method": pred.get("method"), "bounds_qps": pred.get("bounds_qps"),
         "bounds": pred.get("bounds"), "explanation": pred.get("explanation"),
         "measured_qps": val.get("qps"), "measured_low": val.get("qps_low"), "measured_high": val.get("qps_high"),
         "validation_error": val.get("error"),
@@ -225,15 +230,17 @@ def _report_one(name: str, t_sp: float, spdl: dict | None, t_sb: float, sb: dict
                   f"  recommended {rec.get('executor')} x {rec.get('concurrency')} -> {fmt_q(rec.get('qps'), 0)}/s"
                   + (f"   (SPDL's best: threads x {sp_best['concurrency']} -> {fmt_q(sp_best['qps'], 0)}/s)"
                      if sp_best else ""))
-    pred_err = naive_err = None
+    pred_err = naive_err = bounds_err = None
     if sb and sb["measured_qps"]:
         m = sb["measured_qps"]
         pred_err = (sb["predicted_qps"] - m) / m if sb["predicted_qps"] else None
         naive_err = (sb["naive_qps"] - m) / m if sb["naive_qps"] else None
-        print(f"   prediction: {fmt_q(sb['predicted_qps'], 0)}/s ({sb['binding']} binds), naive min of stages "
+        bounds_err = (sb["bounds_qps"] - m) / m if sb.get("bounds_qps") else None
+        print(f"   prediction ({sb.get('method')}): {fmt_q(sb['predicted_qps'], 0)}/s; the bounds "
+              f"{fmt_q(sb.get('bounds_qps'), 0)}/s ({sb['binding']} binds); naive min of stages "
               f"{fmt_q(sb['naive_qps'], 0)}/s; measured (validation run) {fmt_q(m, 0)}/s "
               f"[{fmt_q(sb['measured_low'], 0)}, {fmt_q(sb['measured_high'], 0)}]: error {fmt_pct(pred_err, 0)}% "
-              f"(naive {fmt_pct(naive_err, 0)}%)  "
+              f"(bounds {fmt_pct(bounds_err, 0)}%, naive {fmt_pct(naive_err, 0)}%)  "
               + ("within target" if pred_err is not None and abs(pred_err) <= PRED_TARGET else "OUTSIDE target"))
     elif sb:
         print(f"   no validation measurement: {sb['validation_error']}")
@@ -245,7 +252,7 @@ def _report_one(name: str, t_sp: float, spdl: dict | None, t_sb: float, sb: dict
             "stagebench_seconds": t_sb if sb else None, "cost_ratio": ratio, "spdl": spdl and {
                 "points": sp_points, "executors": ["thread"], "intervals": 0, "verdicts": 0, "report": None,
                 "stages": spdl["stages"], "seconds_inside": spdl["seconds_inside"]},
-            "stagebench": sb, "prediction_error": pred_err, "naive_error": naive_err}
+            "stagebench": sb, "prediction_error": pred_err, "naive_error": naive_err, "bounds_error": bounds_err}
 
 
 if __name__ == "__main__":
