@@ -700,7 +700,7 @@ class _Diagnosis:
         Returns why a process pool cannot take them (None when it can, or when
         no process points are planned).
         """
-        from ._stage_cache import pickle_problem
+        from ._pickling import pickle_problem
 
         problem = pickle_problem(source_items, cloud=True) if "process" in self.settings.executors else None
         uncached = "; stage outputs are not cached between runs" if unhashable and self.cache_dir else ""
@@ -727,7 +727,7 @@ class _Diagnosis:
         """
         from dataclasses import replace
 
-        from ._stage_cache import pickle_problem
+        from ._pickling import pickle_problem
         from ._sweep import plan_points, sweep_stage
 
         cfg = _sweep_config(step, self.settings)

@@ -79,7 +79,7 @@ def _skip_reason(fn: Callable, inputs: Sequence, executor: str, pool: WorkerPool
             cloudpickle.dumps(fn)
     except Exception as e:
         return f"cannot be pickled for a process pool: {type(e).__name__}: {e}"
-    from ._stage_cache import pickle_problem
+    from ._pickling import pickle_problem
 
     problem = pickle_problem(inputs[0], cloud=True)
     return f"inputs cannot be pickled for a process pool: {problem}" if problem else None

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._pickling import pickle_problem
+
 __all__ = [
     "StageCache",
     "CachedOutputs",
@@ -49,7 +51,6 @@ __all__ = [
     "items_key",
     "chain_key",
     "approx_nbytes",
-    "pickle_problem",
 ]
 
 _MAX_DEPTH = 4  # how far helper functions called by a stage are followed
@@ -261,33 +262,6 @@ def chain_key(*parts: Any) -> str:
     if any(isinstance(p, str) and p.startswith("unstable-") for p in parts):
         return f"unstable-{key}"
     return key
-
-
-class _Discard:
-    def write(self, data: Any) -> int:
-        return len(data)
-
-
-def pickle_problem(obj: Any, *, cloud: bool = False) -> str | None:
-    """Why ``obj`` cannot be pickled (``"TypeError: cannot pickle '_thread.lock' object"``), or None.
-
-    ``cloud=True`` checks with cloudpickle, as a process pool ships items;
-    otherwise with pickle, as the disk cache stores them. Pickles into nothing
-    with array buffers left out of band (protocol 5), so the check walks the
-    objects without copying their data.
-    """
-    if cloud:
-        import cloudpickle
-
-        pickler: Any = cloudpickle.CloudPickler
-    else:
-        pickler = pickle.Pickler
-    try:
-        pickler(_Discard(), protocol=5, buffer_callback=lambda buf: None).dump(obj)
-    except Exception as e:
-        msg = str(e).splitlines()[0][:200] if str(e) else ""
-        return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
-    return None
 
 
 # ---------------------------------------------------------------------------- sizes

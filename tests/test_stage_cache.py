@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from stagebench._stage_cache import StageCache, approx_nbytes, callable_key, chain_key, items_key, pickle_problem
+from stagebench._pickling import pickle_problem
+from stagebench._stage_cache import StageCache, approx_nbytes, callable_key, chain_key, items_key
 
 
 def _define(src: str, name: str = "stage", extra: dict | None = None):
