@@ -88,8 +88,10 @@ def test_sweep_config_names_the_bad_key_and_allowed_values():
 
 CTRL_C_SCRIPT = textwrap.dedent(
     """
-    import sys, time
+    import faulthandler, signal, sys, time
     from stagebench import MeasureConfig, RunDir, SweepConfig, sweep_stage
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for stacks if it hangs
     from stagebench._schema import STAGE_COLUMNS
 
     def sleepy(x):
@@ -124,7 +126,13 @@ def test_ctrl_c_keeps_measured_rows_and_exits_promptly(tmp_path):
         pytest.fail("no rows appeared")
     proc.send_signal(signal.SIGINT)
     t = time.time()
-    rc = proc.wait(timeout=20)
+    try:
+        rc = proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # every thread's stack on stderr, for the failure message
+        time.sleep(1)
+        proc.kill()
+        pytest.fail("still running 20 s after Ctrl-C; its threads:\n" + proc.stderr.read().decode()[-6000:])
     assert time.time() - t < 5, "Ctrl-C must stop the sweep promptly"
     assert rc == 130, proc.stderr.read().decode()
     rows = read_rows(out)
