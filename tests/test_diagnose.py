@@ -23,6 +23,7 @@ import pytest
 from _machine import free_cores
 from spdl.pipeline import PipelineBuilder
 
+from _signals import default_sigint
 from stagebench._diagnose import DiagnoseError, DiagnoseSettings, SettingsError, diagnose_pipeline
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "diag_train.py"
@@ -554,7 +555,7 @@ def test_ctrl_c_keeps_the_rows_and_exits_130(tmp_path):
     env.update(FAST, SPDL_PIPELINE_DIAGNOSTIC_MODE="1", STAGEBENCH_OUTPUT_DIR=str(out),
                STAGEBENCH_EXECUTORS="thread", STAGEBENCH_HARNESSES="direct", STAGEBENCH_BUDGET_S="1")
     p = subprocess.Popen([sys.executable, str(SCRIPT), "--marker", str(tmp_path / "m")], cwd=tmp_path, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     csv = out / "results.csv"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not csv.exists() or len(csv.read_text().splitlines()) < 3):

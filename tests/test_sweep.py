@@ -12,6 +12,7 @@ import time
 import pandas as pd
 import pytest
 
+from _signals import default_sigint
 from stagebench import MeasureConfig, RunDir, SweepConfig, read_rows, sweep_stage
 from stagebench._schema import STAGE_COLUMNS
 
@@ -114,7 +115,8 @@ def test_ctrl_c_keeps_measured_rows_and_exits_promptly(tmp_path):
     script = tmp_path / "sweep.py"
     script.write_text(CTRL_C_SCRIPT)
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(script), str(out)], stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, str(script), str(out)], stderr=subprocess.PIPE,
+                            preexec_fn=default_sigint)
     csv = out / "results.csv"
     deadline = time.time() + 60
     while time.time() < deadline:
