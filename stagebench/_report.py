@@ -510,6 +510,7 @@ def _pipeline_context(run: RunData) -> dict[str, Any]:
     return {
         "stages": stages,
         "tiles": tiles,
+        "stand_ins": _stand_in_rows(summary.get("prediction")),
         "prediction": pred,
         "binding_text": _BINDING_TEXT.get(pred.get("binding"), pred.get("binding") or ""),
         "validation": val,
@@ -519,6 +520,20 @@ def _pipeline_context(run: RunData) -> dict[str, Any]:
         "not_isolated": [{"name": str(x.get("name", "?")), "reason": str(x.get("reason", ""))}
                          for x in (summary.get("not_isolated") or meta.get("not_isolated") or [])],
     }
+
+
+def _stand_in_rows(pred: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """What the replay ran in place of each stage, in ms per call (what the predicted number rests on)."""
+    replay = (pred or {}).get("replay") or {}
+    out = []
+    for s in replay.get("stand_ins") or []:
+        if not isinstance(s, Mapping):
+            continue
+        out.append({"name": str(s.get("name", "?")), "executor": str(s.get("executor", "?")),
+                    "concurrency": s.get("concurrency"), "gil_ms": _ms(s.get("gil_s")),
+                    "free_ms": _ms(s.get("free_s")), "wait_ms": _ms(s.get("wait_s")),
+                    "note": str(s.get("note") or "")})
+    return out
 
 
 _POINT_KEYS = ("executor", "concurrency", "harness", "qps", "qps_low", "qps_high", "why")

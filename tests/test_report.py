@@ -124,6 +124,9 @@ def test_pipeline_report_has_every_section_and_the_known_recommendation(pipeline
     assert "Test CPU @ 2.0GHz" in html and "bench-a" in html
     # one throughput plot and one resource plot per stage, plus the overview
     assert len(svgs(page)) == 5
+    # the replay's stand-ins, which the predicted number rests on, and the bounds beside it
+    assert "What the replay ran in place of each stage" in html and "process × 8" in html
+    assert "replayed with stand-ins (bounds: " in html
 
 
 def test_hostile_names_appear_as_text_everywhere(pipeline_report) -> None:
