@@ -386,6 +386,7 @@ def analyze_stage(
     for e, p in bests.items():
         alt = _point_dict(p, harness, e)
         alt["cpu_s_per_item"] = p.cpu_s_per_item if finite(p.cpu_s_per_item) else None
+        alt["call_cpu_s"] = p.call_cpu_ms / 1e3 if finite(p.call_cpu_ms) else None
         alt["harness_gil_s_per_item"] = _main_gil_overhead(sr, harness, e, p.concurrency)
         entry["alternatives"][e] = alt
 

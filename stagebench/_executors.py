@@ -51,12 +51,15 @@ class Lane:
     would both slow the harness and inflate the memory it reports for the stage.
     """
 
-    __slots__ = ("starts", "ends", "fails")
+    __slots__ = ("starts", "ends", "fails", "cpu")
 
     def __init__(self) -> None:
         self.starts = array("d")
         self.ends = array("d")
         self.fails: list[tuple[float, float, str]] = []
+        # the calling thread's CPU seconds per successful call, where the harness
+        # times it (the spdl harness's thread executor); empty elsewhere
+        self.cpu = array("d")
 
     def __len__(self) -> int:
         return len(self.ends) + len(self.fails)

@@ -235,7 +235,8 @@ def _median_latency(lanes) -> float:
 
 def _collect(lanes, t0: float, t1: float):
     """Successful (starts, ends) overlapping the window, and failures ending in it."""
-    starts, ends, bad = [], [], []
+    starts, ends, bad, cpus = [], [], [], []
+    timed_cpu = True
     for lane in list(lanes.values()):
         n = min(len(lane.starts), len(lane.ends))
         # Slicing copies: a straggling worker may still append to its lane, and
@@ -246,12 +247,17 @@ def _collect(lanes, t0: float, t1: float):
         starts.append(s[keep])
         ends.append(e[keep])
         bad.extend(f for f in list(lane.fails) if t0 < f[1] <= t1)
+        # cpu is appended before starts/ends, so it is at least n long where it is kept
+        if n and len(lane.cpu) >= n:
+            cpus.append(np.frombuffer(lane.cpu[:n], dtype=float)[keep])
+        elif n:
+            timed_cpu = False
     cat = (lambda xs: np.concatenate(xs) if xs else np.empty(0))
-    return cat(starts), cat(ends), bad
+    return cat(starts), cat(ends), bad, (cat(cpus) if timed_cpu and cpus else None)
 
 
 def _fill_from_records(row, lanes, t0, t1, snap0, snap1, cfg: MeasureConfig) -> None:
-    starts, ends, bad = _collect(lanes, t0, t1)
+    starts, ends, bad, call_cpu = _collect(lanes, t0, t1)
     window = t1 - t0
     row["window_s"] = window
     row["n_errors"] = len(bad)
@@ -271,6 +277,9 @@ def _fill_from_records(row, lanes, t0, t1, snap0, snap1, cfg: MeasureConfig) -> 
         qps_low=lo, qps_high=hi, qps_cv=cv,
     )
     row["latency_p50_ms"], row["latency_p90_ms"], row["latency_p99_ms"] = percentiles_ms(durations)
+    if call_cpu is not None and in_window.any():
+        # the mean, as for CPU per item: a rare long call costs what it costs
+        row["call_cpu_ms"] = float(np.mean(call_cpu[in_window])) * 1e3
     cpu = snap1.cpu_since(snap0)
     # per CPU-counter interval, not the window: reading counters can lag the
     # window's edges when the stage's threads hold the GIL

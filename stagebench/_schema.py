@@ -69,6 +69,7 @@ STAGE_COLUMNS = (
     "mem_pss_mb",       # PSS of the process and its workers at window end (no double count)
     "disk_read_mb_s",   # bytes read from storage per second (psutil read_bytes)
     "read_mb_s",        # bytes read through read() per second, page cache included
+    "call_cpu_ms",      # mean CPU of the calling thread per call: the stage's own work (spdl harness, threads only)
     "payload_bytes",    # mean pickled size of one input item
     "workers_seen",     # distinct workers that delivered before the window opened
     "started_at",       # ISO time the point started

@@ -64,14 +64,23 @@ class SpdlRunner(Runner):
                     record("loop", t0, now(), True, None)
             return timed_async
         if self.executor == "thread":
+            lane, cpu_now = self.lane, time.thread_time
+
             def timed(item: Any) -> None:
-                t0 = now()
+                # The calling thread's CPU during the call: the stage's own work (its
+                # Python and the C code it runs, GIL-free or not), none of SPDL's.
+                # Two clock reads (~1 us) next to SPDL's ~0.5 ms per item.
+                t0, c0 = now(), cpu_now()
                 try:
                     fn(item)
                 except Exception as e:
                     record(threading.get_ident(), t0, now(), False, _describe(e))
                 else:
-                    record(threading.get_ident(), t0, now(), True, None)
+                    c1, t1 = cpu_now(), now()
+                    mine = lane(threading.get_ident())  # one lane per thread: a single writer
+                    mine.cpu.append(c1 - c0)
+                    mine.starts.append(t0)
+                    mine.ends.append(t1)
             return timed
 
         # process: the pipe awaits the pool; the call is timed from the event loop's

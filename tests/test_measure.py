@@ -333,3 +333,37 @@ def test_a_pool_refuses_a_stage_it_does_not_run():
 
     with WorkerPool(sleep_stage) as pool, pytest.raises(ValueError, match="this pool runs"):
         measure_stage(python_loop, [1], executor="process", concurrency=1, config=FAST, pool=pool)
+
+
+class _OwnCpu:
+    """Spins ``spin_ms`` then sleeps ``sleep_ms``, recording each call's own thread CPU (the truth)."""
+
+    def __init__(self, spin_ms: float, sleep_ms: float) -> None:
+        self.spin_s, self.sleep_s = spin_ms / 1e3, sleep_ms / 1e3
+        self.cpu: list[float] = []
+
+    def __call__(self, item):
+        c0 = time.thread_time()
+        while time.thread_time() - c0 < self.spin_s:
+            pass
+        time.sleep(self.sleep_s)
+        self.cpu.append(time.thread_time() - c0)  # list.append is atomic: many threads write
+        return item
+
+
+def test_spdl_thread_harness_reads_the_stages_own_cpu_per_call():
+    cfg = MeasureConfig(budget_s=0.4, warmup_s=0.1, timeout_s=30)
+    stage = _OwnCpu(1.0, 2.0)
+    row = measure_stage(stage, list(range(50)), executor="thread", concurrency=2, harness="spdl", config=cfg)
+    assert row["status"] == "ok"
+    truth_ms = float(np.mean(stage.cpu)) * 1e3  # ~1 ms of spin, whatever the CPU's speed
+    assert row["call_cpu_ms"] == pytest.approx(truth_ms, rel=0.25)
+    # the process's CPU per item also holds SPDL's own scheduling: clearly more than the call's
+    assert row["cpu_s_per_item"] * 1e3 > row["call_cpu_ms"] + 0.1
+    # a stage that only waits uses almost none of its own
+    nap = measure_stage(_OwnCpu(0.0, 2.0), list(range(50)), executor="thread", concurrency=2, harness="spdl",
+                        config=cfg)
+    assert nap["call_cpu_ms"] < 0.2
+    # only where it is timed: the direct harness and other executors leave it empty
+    direct = measure_stage(_OwnCpu(0.0, 1.0), list(range(50)), executor="thread", concurrency=2, config=cfg)
+    assert math.isnan(direct["call_cpu_ms"])

@@ -175,3 +175,17 @@ def test_the_stand_in_uses_the_marginal_cpu_when_the_curve_has_one():
                                     for q in (100.0, 200.0, 400.0, 800.0)]}
     s = plan_stand_ins([st])["s"]
     assert s.gil_s == pytest.approx(0.1e-3)  # 0.6 ms marginal - 0.5 ms harness, not 1.0 - 0.5
+
+
+def test_the_stand_in_prefers_the_cpu_measured_inside_the_call():
+    # the spdl harness timed the calling thread's CPU: 0.02 ms for a 10 ms sleep, whatever the
+    # process's CPU per item beyond the harness says (0.3 ms: waking up, SPDL's idle cost)
+    st = _stage(t=10e-3, frac=0.1, cpu=0.5e-3, harness=0.2e-3)
+    st["alternatives"]["thread"]["call_cpu_s"] = 0.02e-3
+    s = plan_stand_ins([st])["s"]
+    assert s.gil_s == pytest.approx(0.02e-3) and s.wait_s == pytest.approx(9.98e-3)
+    # and the GIL share still splits it: a hashlib-like call of 2 ms CPU, 10% GIL of 2.2 ms
+    h = _stage(t=2.2e-3, frac=0.1, cpu=2.6e-3, harness=0.2e-3)
+    h["alternatives"]["thread"]["call_cpu_s"] = 2.0e-3
+    s = plan_stand_ins([h])["s"]
+    assert s.gil_s == pytest.approx(0.22e-3) and s.free_s == pytest.approx(1.78e-3)
