@@ -368,7 +368,8 @@ def analyze_stage(
         )
         entry["levels_measured"][curve.key] = curve.levels
         entry["curves"][curve.key] = [
-            {**p.as_dict(), "cores_used": p.cores_used, "cpu_s_per_item": p.cpu_s_per_item} for p in curve
+            {**p.as_dict(), "cores_used": p.cores_used, "cpu_s_per_item": p.cpu_s_per_item,
+             "latency_p50_ms": p.latency_p50_ms} for p in curve
         ]
 
     gil = estimate_gil(sr, cores=cores, fits=entry["fit"], free_threaded=free_threaded)

@@ -186,13 +186,21 @@ def _stand_in(st: dict) -> StandIn | None:
     # time-based background CPU (timers, polling) is spread over many items.
     base_ex = "async" if st.get("is_async") else "thread"
     base = alts.get(base_ex) or (alts.get(ex) if ex != "process" else None) or {}
+    curve = (st.get("curves") or {}).get(f"{st.get('harness')}/{base_ex}") or []
+    p50 = _num(curve[0].get("latency_p50_ms")) if curve else None
+    if p50 is not None and p50 > 0:
+        # The call itself at the lowest level (least contention), timed where it runs.
+        # stage_s_per_item comes from a closed loop's time per item, which at low
+        # concurrency also holds the harness's hand-offs: a 1 ms sleep read 8.8 ms
+        # in a one-thread SPDL pipeline, and its stand-in would have waited that long.
+        t = min(t, p50 / 1e3)
     cpu, harness = _num(base.get("cpu_s_per_item")), _num(base.get("harness_gil_s_per_item")) or 0.0
     call_cpu = _num(base.get("call_cpu_s"))
     if call_cpu is not None:
         # measured directly: the calling thread's CPU during the call, no harness in it
         own: float | None = min(t, max(0.0, call_cpu))
     else:
-        marginal = _marginal_cpu((st.get("curves") or {}).get(f"{st.get('harness')}/{base_ex}") or [])
+        marginal = _marginal_cpu(curve)
         if marginal is not None:
             cpu = marginal
         own = min(t, max(0.0, cpu - harness)) if cpu is not None else None

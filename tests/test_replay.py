@@ -189,3 +189,13 @@ def test_the_stand_in_prefers_the_cpu_measured_inside_the_call():
     h["alternatives"]["thread"]["call_cpu_s"] = 2.0e-3
     s = plan_stand_ins([h])["s"]
     assert s.gil_s == pytest.approx(0.22e-3) and s.free_s == pytest.approx(1.78e-3)
+
+
+def test_the_stand_in_waits_as_long_as_the_call_took_not_the_harness_round_trip():
+    # a 1 ms sleep whose one-thread SPDL pipeline ran at 105 items/s: 9.5 ms per item, 1.1 ms of it the call
+    st = _stage(t=8.8e-3, frac=0.0, cpu=0.5e-3, harness=0.5e-3)
+    st["harness"] = "spdl"
+    st["alternatives"]["thread"]["call_cpu_s"] = 0.02e-3
+    st["curves"] = {"spdl/thread": [{"concurrency": 1, "qps": 105.0, "cpu_s_per_item": 1.5e-3, "latency_p50_ms": 1.1}]}
+    s = plan_stand_ins([st])["s"]
+    assert s.gil_s + s.free_s + s.wait_s == pytest.approx(1.1e-3)
