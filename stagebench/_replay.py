@@ -4,10 +4,11 @@ Why: the prediction's bounds (:mod:`stagebench._predict`) add up per-item
 demands measured stage by stage. Together the stages also pay for each other:
 every call's hand-off to and from the event loop, threads waking from waits
 and queueing for the GIL behind the others, a GIL holder losing its core to
-threads that compute without the GIL. On the three reference pipelines the
-bounds came out 20-100% above the measured pipeline for that reason alone
-(``benchmarks/bench_diagnosis.py``), while a pipeline of stand-ins with the
-stages' true work reproduced the real one within its run-to-run noise.
+threads that compute without the GIL. On the three reference pipelines
+(``benchmarks/bench_diagnosis.py``) the bounds came out −24% to +119% off the
+measured pipeline over 24 diagnoses, +50% in the median, while a pipeline of
+stand-ins with the stages' true work reproduced the real one within its
+run-to-run noise.
 
 So the prediction runs the pipeline itself, with SPDL, the recommended
 settings and the real aggregate / disaggregate steps, but with each measured
@@ -54,16 +55,21 @@ _S_PER_BYTE: float | None = None
 
 
 def _seconds_per_byte() -> float:
-    """CPU seconds per byte of SHA-256 here, now (median of a few 256 KiB runs)."""
+    """CPU seconds per byte of SHA-256 here, now: the mean of 16 runs over 256 KiB (~8 ms).
+
+    The mean over several milliseconds, not the median of a few: this VM's core
+    speed flips every few tens of milliseconds, and a calibration taken in one
+    phase would make every GIL-free stand-in that much too long or too short.
+    """
     global _S_PER_BYTE
     if _S_PER_BYTE is None:
         view = memoryview(_BUF)[: 1 << 18]
         ts = []
-        for _ in range(5):
+        for _ in range(16):
             c0 = time.thread_time()
             hashlib.sha256(view).digest()
             ts.append(time.thread_time() - c0)
-        _S_PER_BYTE = max(statistics.median(ts), 1e-7) / len(view)
+        _S_PER_BYTE = max(statistics.fmean(ts), 1e-7) / len(view)
     return _S_PER_BYTE
 
 
