@@ -307,9 +307,11 @@ def test_a_pool_grows_across_levels_and_runs_the_stage_and_its_ceiling():
         assert (r1["workers_seen"], r2["workers_seen"], ceil["workers_seen"]) == (1, 4, 4)
         assert ceil["qps"] > 2 * r2["qps"]  # no work: only the IPC
         # a grown pool measures what a fresh one does (paired, right after: 20 ms sleeps at
-        # c=4 are 4x c=1 in both; on a quiet machine they agree within 3%)
+        # c=4 are 4x c=1 in both). On a quiet machine they agree within 3%; on this VM on a noisy
+        # day two such short points differed by 18% (146 vs 179/s), so 25% here. Running on fewer
+        # workers than asked is caught above (workers_seen), not by this comparison.
         fresh = _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=4, config=FAST))
-        assert abs(r2["qps"] - fresh["qps"]) / fresh["qps"] < 0.15, (r1["qps"], r2["qps"], fresh["qps"])
+        assert abs(r2["qps"] - fresh["qps"]) / fresh["qps"] < 0.25, (r1["qps"], r2["qps"], fresh["qps"])
         # going down in c starts afresh rather than measuring 2 of 4 workers
         _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=2, config=FAST, pool=pool))
         assert pool.starts == 2 and len(pool.pids()) == 2 and not set(pool.pids()) & grown
