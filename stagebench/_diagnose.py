@@ -848,6 +848,25 @@ class _Diagnosis:
             f.write(f"--- {what} ---\n{''.join(traceback.format_exception(exc))}\n")
 
     # ------------------------------------------------------------------ replay and validation runs
+    def _whole_pipeline(self, what: str, desc: str, source_items: list, summary: dict[str, Any],
+                        stand_ins: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One run of the whole pipeline at the recommended settings; a failure is the result's ``error``.
+
+        The replay and the validation run share the window and the warm-up: the
+        two are compared, so neither gets a shorter start.
+        """
+        window, warm = self.settings.validation_window_s, max(1.0, self.settings.budget_s)
+        self.say(f"{what}: {desc}, {warm:g} s warm-up + {window:g} s window")
+        try:
+            return run_validation(self.plan, source_items, _choices(summary), warmup_s=warm, window_s=window,
+                                  timeout_s=self.settings.timeout_s,
+                                  items_per_sink_item=self.items_per_sink_item or 1.0, stand_ins=stand_ins)
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:
+            self._log_error(what, e)
+            return {"qps": None, "error": f"{type(e).__name__}: {e}"}
+
     def _replay(self, source_items: list, summary: dict[str, Any]) -> dict[str, Any]:
         """The pipeline with stand-ins for the stages (the prediction; see :mod:`stagebench._replay`)."""
         from ._replay import plan_stand_ins
@@ -855,18 +874,8 @@ class _Diagnosis:
         stand_ins = plan_stand_ins(summary.get("stages") or [])
         if not stand_ins:
             return {"qps": None, "error": "no stage could be stood in (none measured)"}
-        # the validation run's window and warm-up: the two are compared, so neither gets a shorter start
-        window, warm = self.settings.validation_window_s, max(1.0, self.settings.budget_s)
-        self.say(f"replay: the pipeline with stand-ins for {len(stand_ins)} stage(s), {warm:g} s warm-up + {window:g} s window")
-        try:
-            result = run_validation(self.plan, source_items, _choices(summary), warmup_s=warm, window_s=window,
-                                    timeout_s=self.settings.timeout_s,
-                                    items_per_sink_item=self.items_per_sink_item or 1.0, stand_ins=stand_ins)
-        except KeyboardInterrupt:
-            raise
-        except Exception as e:
-            self._log_error("replay", e)
-            result = {"qps": None, "error": f"{type(e).__name__}: {e}"}
+        result = self._whole_pipeline("replay", f"the pipeline with stand-ins for {len(stand_ins)} stage(s)",
+                                      source_items, summary, stand_ins=stand_ins)
         result.pop("stage_latency", None)
         result["stand_ins"] = [s.as_dict() for s in stand_ins.values()]
         if result.get("qps") is not None:
@@ -876,23 +885,13 @@ class _Diagnosis:
         return result
 
     def _validate(self, source_items: list, summary: dict[str, Any]) -> dict[str, Any]:
-        choices = _choices(summary)
-        window = self.settings.validation_window_s
-        warm = max(1.0, self.settings.budget_s)
-        self.say(f"validation: the whole pipeline with the recommended settings, {warm:g} s warm-up + {window:g} s window")
         from ._speed import cpu_speed_ns
 
-        try:
-            before = cpu_speed_ns()
-            result = run_validation(self.plan, source_items, choices, warmup_s=warm, window_s=window,
-                                    timeout_s=self.settings.timeout_s,
-                                    items_per_sink_item=self.items_per_sink_item or 1.0)
+        before = cpu_speed_ns()
+        result = self._whole_pipeline("validation", "the whole pipeline with the recommended settings",
+                                      source_items, summary)
+        if "settings" in result:  # the run happened (its own result, not a raised error)
             self.meta.setdefault("cpu_speed", {})["validation_ns"] = [round(before, 2), round(cpu_speed_ns(), 2)]
-        except KeyboardInterrupt:
-            raise
-        except Exception as e:
-            self._log_error("validation", e)
-            result = {"qps": None, "error": f"{type(e).__name__}: {e}"}
         if result.get("qps") is not None:
             self.say(f"validation: {result['qps']:,.1f} items/s ({result['sink_qps']:,.1f} sink items/s "
                      f"at the sink; {result['source_qps']:,.1f} items/s drawn from the source)")

@@ -118,9 +118,12 @@ class Runner:
         # dict.setdefault is atomic under the GIL; each lane then has one writer.
         return self.lanes.setdefault(key, Lane())
 
-    def record(self, key: Any, t0: float, t1: float, ok: bool, err: str | None) -> None:
+    def record(self, key: Any, t0: float, t1: float, ok: bool, err: str | None, cpu: float | None = None) -> None:
+        """One call's log; ``cpu``: the calling thread's CPU seconds, where the harness timed it."""
         lane = self.lane(key)
         if ok:
+            if cpu is not None:
+                lane.cpu.append(cpu)  # before starts/ends: a reader slicing to len(ends) finds it
             lane.starts.append(t0)
             lane.ends.append(t1)
         else:

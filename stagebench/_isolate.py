@@ -685,6 +685,12 @@ def build_validation_config(plan: Plan, choices: dict[str, tuple[str, int]],
     closers: list[Callable[[], None]] = []
     used: list[dict] = []
     pipes: list = []
+
+    def thread_pool(workers: int, prefix: str) -> ThreadPoolExecutor:
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix)
+        closers.append(functools.partial(pool.shutdown, wait=False, cancel_futures=True))
+        return pool
+
     for step in plan.steps:
         if isinstance(step, Passthrough):
             pipes.extend(step.configs)
@@ -704,19 +710,13 @@ def build_validation_config(plan: Plan, choices: dict[str, tuple[str, int]],
         executor = None
         stand = (stand_ins or {}).get(step.name) if not step.many else None
         if stand is not None:
+            # its stand-in, on threads (a process stage's work stands in as GIL-free CPU)
+            # or on the event loop; never timed: it is not the stage
             op, c = stand.op(), stand.concurrency
-            if stand.executor == "async":
-                ex = "async"
-            else:
-                ex = "thread"
-                executor = ThreadPoolExecutor(max_workers=c, thread_name_prefix="stagebench-replay")
-                closers.append(functools.partial(executor.shutdown, wait=False, cancel_futures=True))
-            pipes.append(PipeConfig(name=cfg.name, _type=cfg._type,
-                                    _args=_PipeArgs(op=op, executor=executor, concurrency=int(c)),
-                                    _max_failures=cfg._max_failures))
-            used.append({"stage": step.name, "executor": ex, "concurrency": int(c), "stand_in": True})
-            continue
-        if step.is_async or ex == "async":
+            ex = "async" if stand.executor == "async" else "thread"
+            if ex == "thread":
+                executor = thread_pool(c, "stagebench-replay")
+        elif step.is_async or ex == "async":
             ex = "async"
         elif ex == "process" and not (step.many and cfg._type == _PipeType.OrderedPipe):
             from loky import ProcessPoolExecutor
@@ -730,8 +730,7 @@ def build_validation_config(plan: Plan, choices: dict[str, tuple[str, int]],
             op = _PoolGenOp(pool) if step.many else _PoolOp(pool)
         elif ex in ("thread", "process"):
             ex = "thread"
-            executor = ThreadPoolExecutor(max_workers=c, thread_name_prefix="stagebench-validate")
-            closers.append(functools.partial(executor.shutdown, wait=False, cancel_futures=True))
+            executor = thread_pool(c, "stagebench-validate")
         else:  # keep what the user configured
             ex, c, executor = step.user_executor, step.user_concurrency, cfg._args.executor
         if timings is not None and ex in ("thread", "async") and op is cfg._args.op:
@@ -745,7 +744,8 @@ def build_validation_config(plan: Plan, choices: dict[str, tuple[str, int]],
             _args=_PipeArgs(op=op, executor=executor, concurrency=int(c)),
             _max_failures=cfg._max_failures,
         ))
-        used.append({"stage": step.name, "executor": ex, "concurrency": int(c)})
+        used.append({"stage": step.name, "executor": ex, "concurrency": int(c),
+                     **({"stand_in": True} if stand is not None else {})})
     cfg = PipelineConfig(src=SourceConfig(source), pipes=pipes, sink=SinkConfig(max(1, plan.sink_buffer)))
     return cfg, closers, used
 

@@ -21,8 +21,8 @@ The bounds are the explanation; the number is the replay's when there is one
 (:func:`apply_replay`, :mod:`stagebench._replay`): the bounds add demands
 measured one stage at a time and leave out what the stages cost each other
 (hand-offs through the event loop, threads queueing for the GIL after waits,
-a GIL holder losing its core to GIL-free threads), which put them 20-100%
-above the measured pipeline on the reference pipelines. Without a replay the
+a GIL holder losing its core to GIL-free threads), which put them −24% to
++119% off the measured pipeline on the reference pipelines (+50% median). Without a replay the
 prediction is the smallest bound. Why the GIL term matters: a pipeline
 of a 1 ms GIL-holding stage, a 5 ms sleep and a 0.5 ms-GIL + 2 ms-sleep stage
 reaches about 770, 2,900 and 1,270 items/s per stage alone in SPDL on two

@@ -187,9 +187,8 @@ def _stand_in(st: dict) -> StandIn | None:
         return None
     alts = st.get("alternatives") or {}
     ex, c = str(rec["executor"]), int(rec["concurrency"])
-    # CPU per call beyond the harness's own no-op cost, from the executor the GIL share
-    # was read on (threads or the event loop), at its best point: busy enough that
-    # time-based background CPU (timers, polling) is spread over many items.
+    # The stage's own CPU and time per call come from the executor its GIL share was
+    # read on (threads or the event loop), at that executor's best point.
     base_ex = "async" if st.get("is_async") else "thread"
     base = alts.get(base_ex) or (alts.get(ex) if ex != "process" else None) or {}
     curve = (st.get("curves") or {}).get(f"{st.get('harness')}/{base_ex}") or []

@@ -64,7 +64,7 @@ class SpdlRunner(Runner):
                     record("loop", t0, now(), True, None)
             return timed_async
         if self.executor == "thread":
-            lane, cpu_now = self.lane, time.thread_time
+            cpu_now = time.thread_time
 
             def timed(item: Any) -> None:
                 # The calling thread's CPU during the call: the stage's own work (its
@@ -76,11 +76,8 @@ class SpdlRunner(Runner):
                 except Exception as e:
                     record(threading.get_ident(), t0, now(), False, _describe(e))
                 else:
-                    c1, t1 = cpu_now(), now()
-                    mine = lane(threading.get_ident())  # one lane per thread: a single writer
-                    mine.cpu.append(c1 - c0)
-                    mine.starts.append(t0)
-                    mine.ends.append(t1)
+                    c1 = cpu_now()
+                    record(threading.get_ident(), t0, now(), True, None, cpu=c1 - c0)
             return timed
 
         # process: the pipe awaits the pool; the call is timed from the event loop's

@@ -178,7 +178,7 @@ def _watch_plateau(row: dict[str, Any], harness: str, plateaus: dict, stopped: d
             f"at c={best['concurrency']}; process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures every level)")
 
 
-_NEAR_BEST = 0.95
+_NEAR_BEST = 0.95  # must not be above _analysis._WITHIN_BEST, or the recommended level could lose its ceiling
 
 
 def _skip_ceiling_unless_near_best(row: dict[str, Any], rows: list[dict[str, Any]], harness: str,
