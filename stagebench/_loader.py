@@ -824,7 +824,7 @@ def _supervise(cons, eff, cfg, deadline, row, errors):
         time.sleep(_POLL_S)
     row["workers_seen"] = len(seen) if cons.events and cons.events[0].pid is not None else math.nan
 
-    from ._resources import TreeSnapshot, tree_pss_mb, tree_uss_mb
+    from ._resources import TreeSnapshot, tree_memory_mb
 
     # --- window
     t0 = time.perf_counter()
@@ -857,11 +857,7 @@ def _supervise(cons, eff, cfg, deadline, row, errors):
 
     # --- memory, read while the workers are alive and the window is closed
     pids = cons.worker_pids()
-    mem = {
-        "main": tree_pss_mb(()),
-        "pss": tree_pss_mb(pids),
-        "uss": tree_uss_mb(pids),
-    }
+    mem = tree_memory_mb(pids)
     outcome = (t0, t1, snap0, snap1, mem)
 
     # --- epoch stall
@@ -1001,7 +997,7 @@ def _fill(row, cons: _Consumer, outcome, eff: LoaderKnobs, batch_size: int | Non
     row["mem_main_mb"] = mem["main"]
     row["mem_pss_mb"] = mem["pss"]
     row["mem_uss_mb"] = mem["uss"]
-    row["mem_workers_mb"] = max(0.0, mem["pss"] - mem["main"])
+    row["mem_workers_mb"] = mem["workers"]
 
 
 # ------------------------------------------------------------------------ search

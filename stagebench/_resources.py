@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["TreeSnapshot", "ResourceMonitor", "tree_pss_mb", "tree_uss_mb"]
+__all__ = ["TreeSnapshot", "ResourceMonitor", "tree_memory_mb", "tree_pss_mb", "tree_uss_mb"]
 
 
 _SELF: dict[int, psutil.Process] = {}
@@ -92,6 +92,31 @@ class TreeSnapshot:
 
     def read_chars_since(self, earlier: "TreeSnapshot") -> float:
         return self._delta(earlier.read_chars, self.read_chars)  # type: ignore[arg-type]
+
+
+def tree_memory_mb(worker_pids: "list[int] | tuple[int, ...]" = ()) -> dict[str, float]:
+    """This process's and the workers' memory in MiB, each process read once.
+
+    Returns ``main`` (our PSS), ``workers`` (the workers' summed PSS), ``pss`` (their
+    sum) and ``uss``. Reading each process once matters: the main process's PSS moves
+    by a page between two reads, so "total minus a second reading of main" invents
+    worker memory where there are no workers.
+    """
+    me = os.getpid()
+    out = {"main": 0.0, "workers": 0.0, "uss": 0.0}
+    for p in _procs([me, *worker_pids]):
+        try:
+            info = p.memory_full_info()
+            pss, uss = info.pss, info.uss
+        except (psutil.Error, AttributeError):
+            try:
+                pss, uss = p.memory_info().rss, 0
+            except psutil.Error:
+                continue
+        out["main" if p.pid == me else "workers"] += pss / 2**20
+        out["uss"] += uss / 2**20
+    out["pss"] = out["main"] + out["workers"]
+    return out
 
 
 def tree_pss_mb(worker_pids: "list[int] | tuple[int, ...]" = ()) -> float:
