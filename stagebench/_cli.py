@@ -40,8 +40,18 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
 
 def _cmd_diagnose(ns: argparse.Namespace) -> int:
     from ._diagnose import run_script
+    from ._executors import leaked_threads
 
-    return run_script(ns.script, ns.args, out=ns.out)
+    code = run_script(ns.script, ns.args, out=ns.out)
+    if leaked_threads():
+        # A hung stage's thread cannot be killed, and the interpreter would wait
+        # for it at exit: this command's work is done and on disk, so end now.
+        import os
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _cmd_report(ns: argparse.Namespace) -> int:

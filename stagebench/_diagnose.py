@@ -256,6 +256,7 @@ class _State:
     run_dir: Path | None = None
     original_mode: str | None = None  # the variable's value before a diagnosis set it to 0
     on_start: list = []  # called once when a pipeline diagnosis starts (run_script sets it)
+    in_process = False  # run_script is running the script: it, not the interpreter's exit, ends the diagnosis
 
 
 def patch_spdl(profile_module: Any) -> None:
@@ -345,14 +346,19 @@ def _exit(code: int) -> None:
     ``SystemExit`` normally; ``os._exit`` when raising would not end the
     program: the diagnosis ran in a thread other than the main one (SystemExit
     would only end that thread), or a hung stage left a thread that the
-    interpreter would wait for at exit.
+    interpreter would wait for at exit. Under :func:`run_script` (the
+    ``stagebench diagnose`` command, or a test or notebook calling it) a
+    leaked thread is its caller's business: ``os._exit`` there would end the
+    caller's process too (a test session would stop, silently, with code 0),
+    so ``SystemExit`` reaches ``run_script`` and the command exits promptly
+    itself (``_cli``).
     """
     from ._executors import leaked_threads
 
     _State.finished, _State.code = True, code
     sys.stdout.flush()
     sys.stderr.flush()
-    if threading.current_thread() is not threading.main_thread() or leaked_threads():
+    if threading.current_thread() is not threading.main_thread() or (leaked_threads() and not _State.in_process):
         os._exit(code)
     raise SystemExit(code)
 
@@ -1138,6 +1144,7 @@ def run_script(script: str, args: list[str], *, out: str | None) -> int:
     sys.argv = [str(path), *args]
     sys.path.insert(0, str(path.resolve().parent))
     code: int
+    _State.in_process = True
     try:
         runpy.run_path(str(path), run_name="__main__")
         code = 0
@@ -1147,6 +1154,7 @@ def run_script(script: str, args: list[str], *, out: str | None) -> int:
         _say("interrupted")
         code = 130
     finally:
+        _State.in_process = False
         sys.argv, sys.path[:] = saved_argv, saved_path
         _restore_env(saved_env)
         if not was_installed:  # in-process callers (tests, notebooks) get their import system back

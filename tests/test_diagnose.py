@@ -464,6 +464,69 @@ def test_stagebench_diagnose_command_with_the_spdl_harness(tmp_path):
     assert not (tmp_path / ".stagebench-cache").exists()
 
 
+_HUNG_SCRIPT = """
+import threading
+from spdl.pipeline import PipelineBuilder
+
+def stuck(x):
+    threading.Event().wait()  # never returns: a read that hangs
+    return x
+
+p = PipelineBuilder().add_source(range(100)).pipe(stuck, concurrency=2).add_sink(4).build(num_threads=4)
+with p.auto_stop():
+    for _ in p:
+        open("marker", "w").write("trained")
+"""
+
+_HUNG_ENV = {"STAGEBENCH_TIMEOUT_S": "2", "STAGEBENCH_BUDGET_S": "0.2", "STAGEBENCH_WARMUP_S": "0.05",
+             "STAGEBENCH_EXECUTORS": "thread", "STAGEBENCH_CONCURRENCY": "1,2", "STAGEBENCH_CACHE_DIR": "off",
+             "STAGEBENCH_VALIDATION_S": "0.5", "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS": "10"}
+
+
+def test_a_hung_stage_is_recorded_and_the_command_still_exits(tmp_path):
+    """A thread stuck in the user's code cannot be killed; the command must not wait for it at exit."""
+    (tmp_path / "train.py").write_text(_HUNG_SCRIPT)
+    t0 = time.perf_counter()
+    r = run_env(tmp_path, "-m", "stagebench", "diagnose", "--out", "out", "train.py", env=_HUNG_ENV, mode=None,
+                timeout=240)
+    took = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not (tmp_path / "marker").exists()
+    rows = pd.read_csv(tmp_path / "out" / "results.csv")
+    stage = rows[rows["role"] == "stage"]
+    assert stage["status"].iloc[0] == "timeout" and "no steady state within 2s" in stage["reason"].iloc[0]
+    assert (tmp_path / "out" / "report.html").is_file()
+    assert took < 180, took  # the timeouts add up to tens of seconds; waiting for the thread would be forever
+
+
+def test_run_script_in_process_returns_even_with_leaked_threads(tmp_path):
+    """In-process callers (tests, notebooks) get an exit code back, never os._exit.
+
+    Threads leaked by an earlier hung stage in the same process once made the
+    diagnosis end with os._exit(0), which ended a whole pytest session
+    silently. Run in a child so that failing cannot end this session too.
+    """
+    (tmp_path / "train.py").write_text(SCRIPT.read_text())
+    code = (
+        "import threading, sys\n"
+        "from stagebench import _executors\n"
+        "from stagebench._diagnose import run_script\n"
+        "gate = threading.Event()\n"
+        "t = threading.Thread(target=gate.wait, daemon=True); t.start()\n"
+        "_executors._LEAKED.append(t)  # as a hung point leaves it\n"
+        "rc = run_script('train.py', ['--marker', 'marker'], out='out')\n"
+        "print('run_script returned', rc, flush=True)\n"
+        "gate.set(); t.join()\n"
+        "sys.exit(3)\n"
+    )
+    env = {**FAST, "STAGEBENCH_CONCURRENCY": "1,2", "STAGEBENCH_EXECUTORS": "thread",
+           "STAGEBENCH_HARNESSES": "direct", "STAGEBENCH_CACHE_DIR": "off", "STAGEBENCH_VALIDATION_S": "0"}
+    r = run_env(tmp_path, "-c", code, env=env, mode=None)
+    assert "run_script returned 0" in r.stdout, (r.stdout[-2000:], r.stderr[-3000:])
+    assert r.returncode == 3
+    assert (tmp_path / "out" / "summary.json").is_file() and not (tmp_path / "marker").exists()
+
+
 def test_diagnose_of_a_script_without_a_pipeline_says_so(tmp_path):
     script = tmp_path / "no_pipeline.py"
     script.write_text("print('hello')\n")
