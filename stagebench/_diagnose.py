@@ -778,6 +778,7 @@ class _Diagnosis:
         """
         from ._config import MeasureConfig
         from ._measure import identity, measure_stage
+        from ._spdl_harness import deferred_teardown
 
         s = self.settings
         cfg = MeasureConfig(budget_s=s.budget_s, warmup_s=s.warmup_s, timeout_s=s.timeout_s)
@@ -787,11 +788,12 @@ class _Diagnosis:
         # what a pipeline running stages at concurrency 4-16 pays
         c = 4
         out: dict[str, Any] = {"harness": "spdl", "executor": "thread", "concurrency": c}
-        for key, extra in (("one_stage", 0), ("three_stage", 2)):
-            row = measure_stage(identity, source_items, executor="thread", concurrency=c, config=cfg,
-                                name="(pipeline)", role="ceiling", harness="spdl", spdl_extra_pipes=extra)
-            out[key] = {k: (v if not isinstance(v, float) or _finite(v) else None) for k in
-                        ("status", "qps", "cpu_s_per_item", "qps_low", "qps_high", "reason") for v in [row.get(k)]}
+        with deferred_teardown():
+            for key, extra in (("one_stage", 0), ("three_stage", 2)):
+                row = measure_stage(identity, source_items, executor="thread", concurrency=c, config=cfg,
+                                    name="(pipeline)", role="ceiling", harness="spdl", spdl_extra_pipes=extra)
+                out[key] = {k: (v if not isinstance(v, float) or _finite(v) else None) for k in
+                            ("status", "qps", "cpu_s_per_item", "qps_low", "qps_high", "reason") for v in [row.get(k)]}
         self.say("SPDL no-op pipeline: " + ", ".join(
             f"{k.replace('_', ' ')} {out[k]['qps']:,.0f} items/s" for k in ("one_stage", "three_stage")
             if _finite(out[k]["qps"])))

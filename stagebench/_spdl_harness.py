@@ -7,6 +7,16 @@ the pipe runs a thin wrapper that timestamps each call, so throughput comes
 from the same fractional counting, and the sink is drained by a consumer
 thread (a real pipeline's consumer is the training loop).
 
+Ending a point: when the window closes the source stops yielding and the
+pipe finishes what is in flight. The point ends (``wait_idle``) when every
+item the source gave SPDL has been through the stage: no call is running.
+SPDL's own end of stream and tear-down come after that and cost ~0.2 s of
+nothing (its consumer side and its event loop both poll every 0.1 s), once per
+point: a sweep's dozens of points would wait seconds for it. So they finish
+in the background, on the consumer thread, while the next point warms up;
+:func:`deferred_teardown` (around a sweep) allows that and waits for all of
+them at its end.
+
 Executors: ``thread`` uses the pipeline's own thread pool (``num_threads`` =
 concurrency, as a user would build it); ``process`` passes a loky process pool
 (cloudpickle, so lambdas and ``__main__`` functions work) as the pipe's
@@ -15,15 +25,75 @@ executor; ``async`` pipes the coroutine function directly.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ._executors import Runner, WorkerPool, _describe, identity
 
-__all__ = ["SpdlRunner"]
+__all__ = ["SpdlRunner", "deferred_teardown", "settle"]
+
+# Runners whose pipeline is still shutting down (see the module docstring).
+_STOPPING: list["SpdlRunner"] = []
+_STOPPING_LOCK = threading.Lock()
+
+
+_QUIET = {"depth": 0, "level": logging.NOTSET}
+
+
+def _quiet_spdl(on: bool) -> None:
+    """SPDL's log off while any of our pipelines runs or shuts down (nested: points overlap in tear-down).
+
+    SPDL logs each dropped item; our wrapper never lets the stage's own errors
+    through, so anything logged is the harness's business, not the user's. The
+    level comes back when the last one is gone: others (the loader sweep) read
+    SPDL's log.
+    """
+    log = logging.getLogger("spdl")
+    with _STOPPING_LOCK:
+        if on:
+            if _QUIET["depth"] == 0:
+                _QUIET["level"] = log.level
+                log.setLevel(logging.CRITICAL)
+            _QUIET["depth"] += 1
+        else:
+            _QUIET["depth"] -= 1
+            if _QUIET["depth"] == 0:
+                log.setLevel(_QUIET["level"])
+
+
+_DEFER = {"depth": 0}
+
+
+@contextlib.contextmanager
+def deferred_teardown() -> Iterator[None]:
+    """Points measured inside end without waiting for SPDL's tear-down; on exit, wait for all of them.
+
+    Outside it (a single ``measure_stage`` call) a point returns with its
+    pipeline fully stopped, as before.
+    """
+    _DEFER["depth"] += 1
+    try:
+        yield
+    finally:
+        _DEFER["depth"] -= 1
+        settle()
+
+
+def settle(timeout: float = 5.0) -> bool:
+    """Wait until every finished point's SPDL pipeline has shut down; False if one is still going."""
+    deadline = time.monotonic() + timeout
+    with _STOPPING_LOCK:
+        pending = list(_STOPPING)
+    for r in pending:
+        r._done.wait(max(0.0, deadline - time.monotonic()))
+    with _STOPPING_LOCK:
+        _STOPPING[:] = [r for r in _STOPPING if not r._done.is_set()]
+        return not _STOPPING
+
 
 
 class SpdlRunner(Runner):
@@ -34,7 +104,10 @@ class SpdlRunner(Runner):
         # identity pipes before the timed one: a k-stage no-op pipeline, which
         # separates SPDL's fixed cost (source, sink, consumer) from its per-stage cost
         self.extra_pipes = int(extra_pipes)
-        self._done = threading.Event()
+        self._source_ended = threading.Event()
+        self._n_yielded = 0
+        self._drained = threading.Event()  # the consumer read to the end: no call is in flight
+        self._done = threading.Event()  # and SPDL's tear-down has finished
         # process: a pool kept across points (see WorkerPool), or one of our own
         self._own_pool = executor == "process" and pool is None
         self._workers = WorkerPool(fn) if self._own_pool else pool
@@ -46,9 +119,16 @@ class SpdlRunner(Runner):
     def _source(self):
         inputs, n, stop = self.inputs, len(self.inputs), self._stop.is_set
         i = 0
-        while not stop():
-            yield inputs[i % n]
-            i += 1
+        try:
+            while not stop():
+                yield inputs[i % n]
+                i += 1  # after the resume: i counts the items SPDL took
+        finally:
+            self._n_yielded = i
+            self._source_ended.set()
+
+    def _calls_done(self) -> int:
+        return sum(len(lane) for lane in list(self.lanes.values()))
 
     def _op(self) -> Callable:
         fn, record, now = self.fn, self.record, time.perf_counter
@@ -123,9 +203,8 @@ class SpdlRunner(Runner):
         # SPDL logs each dropped item; our wrapper never lets the stage's own errors
         # through, so anything logged is the harness's business, not the user's.
         # The level is restored in abort(): others (the loader sweep) read SPDL's log.
-        spdl_log = logging.getLogger("spdl")
-        self._saved_log_level = spdl_log.level
-        spdl_log.setLevel(logging.CRITICAL)
+        _quiet_spdl(True)
+        self._quieted = True
         self._pipeline = builder.build(num_threads=max(1, self.concurrency), max_failures=0)
         self._consumer = threading.Thread(target=self._consume, name="stagebench-sink", daemon=True)
         self._consumer.start()
@@ -133,13 +212,17 @@ class SpdlRunner(Runner):
     def _consume(self) -> None:
         try:
             with self._pipeline.auto_stop():
+                # No break on stop: the source ends, and reading to the end means
+                # every call that was in flight has returned (the point is idle).
                 for _ in self._pipeline:
-                    if self._stop.is_set():
-                        break
+                    pass
+                self._drained.set()
         except Exception as e:
             if self.fatal is None and not self._stop.is_set():
                 self._pool_error(e)
         finally:
+            self._drained.set()
+            self._unquiet()
             self._done.set()
 
     def expected_workers(self) -> int:
@@ -154,24 +237,47 @@ class SpdlRunner(Runner):
     def worker_pids(self) -> list[int]:
         return self._workers.pids() if self._pool is not None else []
 
+    def _unquiet(self) -> None:
+        with _STOPPING_LOCK:
+            quieted, self._quieted = getattr(self, "_quieted", False), False
+        if quieted:
+            _quiet_spdl(False)
+
     def wait_idle(self, timeout: float) -> bool:
-        return self._done.wait(timeout)
+        # Idle: every item the source gave SPDL has been through the stage. The
+        # consumer's end of the stream says the same thing ~0.1 s later (SPDL
+        # finds the end by polling its output queue every 0.1 s).
+        deadline = time.monotonic() + timeout
+        while not self._drained.is_set():
+            if self._source_ended.is_set() and self._calls_done() >= self._n_yielded:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._drained.wait(min(0.001, left))
+        return True
 
     def abort(self) -> None:
         super().abort()
-        try:
-            self._abort_pipeline()
-        finally:
-            if hasattr(self, "_saved_log_level"):
-                logging.getLogger("spdl").setLevel(self._saved_log_level)
+        self._abort_pipeline()
 
     def _abort_pipeline(self) -> None:
-        done = self._done.wait(2.0)
-        if not done:
+        started = hasattr(self, "_consumer")
+        done = started and self.wait_idle(2.0)
+        if started and not done:
             try:
                 self._pipeline.stop()
             except Exception:
                 pass
+            self._unquiet()  # a hung call may keep the consumer forever
+        if not started:
+            self._unquiet()  # no consumer thread will
+        elif done and not self._done.is_set():
+            if _DEFER["depth"]:
+                with _STOPPING_LOCK:  # SPDL's tear-down finishes in the background (module docstring)
+                    _STOPPING.append(self)
+            else:
+                self._done.wait(2.0)
         if self._pool is None:
             return
         import concurrent.futures as cf

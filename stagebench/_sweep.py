@@ -98,7 +98,10 @@ def sweep_stage(
     stopped: dict[tuple[str, str, str], str] = {}
     plateaus: dict[str, tuple[dict[str, Any], int]] = {}
     linear_checked: set[str] = set()  # harnesses whose thread curve was judged (once, before its first process point)
-    with _stage_pool(fn, cfg) as pool:
+    from ._spdl_harness import deferred_teardown
+
+    # deferred_teardown: SPDL's ~0.2 s of tear-down per point overlaps the next point's start
+    with _stage_pool(fn, cfg) as pool, deferred_teardown():
         for role, harness, ex, c in plan_points(fn, cfg):
             if ex == "process" and cfg.process_flat_levels and harness not in linear_checked:
                 linear_checked.add(harness)
