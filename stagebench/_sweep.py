@@ -12,7 +12,9 @@ a stage keeps one pool, grown level by level and shared with its ceiling
 rising for ``process_flat_levels`` levels is not measured further, and none
 is measured when threads already scale linearly to the top of the grid
 (a worker process is at most as fast as one thread alone, so processes
-could not win by more than the 5% within which threads are preferred).
+could not win by more than the 5% within which threads are preferred), or
+when threads already reach the harness's thread no-op ceiling (the stage is
+overhead-bound; the process executor's own ceiling is lower).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ _STOP_STATUSES = ("skipped", "timeout", "failed")
 _PLATEAU = "not measured: process throughput stopped rising"
 _NOT_NEAR = "not measured: this level's process throughput is more than 5% below the best so far"
 _LINEAR = 0.95  # threads within 5% of linear scaling: processes cannot win by more
+_AT_CEILING = 0.9  # threads within 10% of the thread no-op ceiling: the process ceiling is lower still
 _SHARED_REASON = "shared: measured once for all stages (a no-op on threads or the event loop does not touch the items)"
 
 
@@ -105,7 +108,7 @@ def sweep_stage(
         for role, harness, ex, c in plan_points(fn, cfg):
             if ex == "process" and cfg.process_flat_levels and harness not in linear_checked:
                 linear_checked.add(harness)
-                why = _threads_linear(rows, harness)
+                why = _threads_linear(rows, harness) or _threads_at_ceiling(rows, harness)
                 if why:
                     stopped[("stage", harness, ex)] = stopped[("ceiling", harness, ex)] = why
             shared = shared_ceilings if role == "ceiling" and ex != "process" else None
@@ -155,6 +158,36 @@ def _threads_linear(rows: list[dict[str, Any]], harness: str) -> str | None:
     return (f"not measured: threads scale linearly to the top of the grid ({share:.0%} of {top['concurrency']}x "
             f"c={first['concurrency']}), so processes cannot beat them beyond 5% (a worker process is at most as "
             "fast as one thread alone); process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures them")
+
+
+def _threads_at_ceiling(rows: list[dict[str, Any]], harness: str) -> str | None:
+    """Why processes cannot change this stage's answer because threads already reach the harness's limit.
+
+    The thread no-op ceiling is the most this harness delivers with any thread
+    work at all. A process executor pays the same per-item scheduling plus the
+    IPC (pickling, loky's queue threads), so its no-op ceiling is lower: in
+    every diagnosis measured here it was at most ~0.8x the thread one (SPDL:
+    500-1,000 vs 930-1,900 items/s; direct: ~2,500 vs ~2,000,000). When the
+    stage's best thread point reaches 90% of the thread ceiling (the median over
+    levels: one low reading must not decide), the stage is overhead-bound and
+    processes cannot beat threads.
+    """
+    def ok(r: dict[str, Any]) -> bool:
+        return r["status"] == "ok" and r["qps"] > 0 and r["executor"] == "thread" and r["harness"] == harness
+
+    stage = [r["qps"] for r in rows if r["role"] == "stage" and ok(r)]
+    ceilings = sorted(r["qps"] for r in rows if r["role"] == "ceiling" and ok(r))
+    if not stage or len(ceilings) < 2:
+        return None
+    import statistics
+
+    ceiling, best = statistics.median(ceilings), max(stage)
+    if best < _AT_CEILING * ceiling:
+        return None
+    return (f"not measured: threads already deliver {best / ceiling:.0%} of the harness's thread no-op ceiling "
+            f"({best:,.0f} vs {ceiling:,.0f} items/s, the median over levels): the stage is overhead-bound, and a "
+            "process executor adds IPC to the same per-item overhead, so it cannot beat threads; "
+            "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures them")
 
 
 def _beats(new: dict[str, Any], best: dict[str, Any]) -> bool:

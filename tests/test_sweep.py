@@ -236,6 +236,43 @@ def test_the_plateau_rule_counts_levels_without_gain_beyond_noise():
     assert "2 levels up to c=32 within noise of 260 items/s at c=8" in stopped[("stage", "direct", "process")]
 
 
+def test_the_at_ceiling_rule_compares_the_best_thread_point_with_the_median_ceiling():
+    from stagebench._sweep import _threads_at_ceiling
+
+    def r(role, c, q, ex="thread", status="ok"):
+        return {"role": role, "executor": ex, "harness": "spdl", "concurrency": c, "qps": q, "status": status}
+
+    ceilings = [r("ceiling", 1, 1900.0), r("ceiling", 2, 1300.0), r("ceiling", 4, 930.0), r("ceiling", 8, 1250.0)]
+    at = [r("stage", 1, 620.0), r("stage", 2, 1060.0), r("stage", 4, 890.0), r("stage", 8, 1200.0)]
+    why = _threads_at_ceiling(at + ceilings, "spdl")  # 1,200 of a median 1,275: 94%
+    assert why and "overhead-bound" in why and "1,200 vs 1,275 items/s" in why
+    # a GIL-bound stage far below the ceiling keeps its process curve, even next to one low ceiling reading
+    gil = [r("stage", c, q) for c, q in ((1, 450.0), (2, 480.0), (4, 900.0), (8, 500.0))]
+    assert _threads_at_ceiling(gil + ceilings, "spdl") is None
+    # other harnesses' and executors' rows, failed rows and a single ceiling say nothing
+    assert _threads_at_ceiling(at + [dict(c, harness="direct") for c in ceilings], "spdl") is None
+    assert _threads_at_ceiling(at + ceilings[:1], "spdl") is None
+    assert _threads_at_ceiling([dict(x, status="failed") for x in at] + ceilings, "spdl") is None
+
+
+def pass_through(x):
+    return x
+
+
+def test_no_process_points_for_a_stage_at_the_harness_ceiling():
+    """A stage that costs nothing is overhead-bound: its thread points reach the no-op ceiling.
+
+    The best of four stage points against the median of four ceilings, all of
+    one distribution: one noisy point cannot make the rule miss (1 in 15 runs
+    did with three levels next to a CPU burner).
+    """
+    cfg = SweepConfig(executors=("thread", "process"), concurrency=(1, 2, 3, 4), harnesses=("spdl",), measure=TINY)
+    df = sweep_stage(pass_through, list(range(10)), config=cfg)
+    procs = df[df["executor"] == "process"]
+    assert len(procs) == 8 and (procs["status"] == "skipped").all(), df[["executor", "role", "concurrency", "qps"]]
+    assert procs["reason"].str.contains("overhead-bound").all()
+
+
 def long_nap(x):
     time.sleep(0.02)
     return x
