@@ -90,7 +90,9 @@ class SweepConfig:
     interpreters, which was most of a diagnosis on a small machine, and a
     plateau does not come back up on processes). With a value above 0, no
     process point is measured when threads scale within 5% of linearly to the
-    top of the grid: processes could not win there. 0 measures every level.
+    top of the grid, or when their best point reaches 90% of the harness's
+    thread no-op ceiling (overhead-bound): processes could not win there.
+    0 measures every level.
     Thread curves always get every level: they are cheap, and their fall at
     high concurrency is GIL evidence."""
 

@@ -83,7 +83,7 @@ ENV_VARS: dict[str, str] = {
     "STAGEBENCH_VALIDATION_S": "window of the whole-pipeline validation run, seconds (default max(2, 2 x budget); 0: skip)",
     "STAGEBENCH_CACHE_DIR": "where stage outputs are cached (default <parent of run dir>/.stagebench-cache; off: no cache)",
     "STAGEBENCH_CACHE_MAX_MB": "most MB of one stage's outputs kept; later items are dropped, with a message (default 1024)",
-    "STAGEBENCH_PROCESS_FLAT_LEVELS": "stop a process curve after this many levels in a row without gain (default 2; 0: every level)",
+    "STAGEBENCH_PROCESS_FLAT_LEVELS": "stop a process curve after this many levels in a row without gain (default 2; 0: every level, and processes even where threads already scale linearly or reach the harness ceiling)",
     "STAGEBENCH_PROCESS_CEILINGS": "near_best (default: a process no-op ceiling only after points within 5% of the best so far) or all",
 }
 
@@ -590,9 +590,7 @@ class _Diagnosis:
         if self.blocked:
             self.meta["validation"] = {"qps": None, "error": f"skipped: {self.blocked}"}
         elif settings.validation_window_s > 0:
-            self.meta["replay"] = self._replay(src.items, summary)
-            self.run_dir.write_meta(self.meta)
-            self.meta["validation"] = self._validate(src.items, summary)
+            self.meta["replay"], self.meta["validation"] = self._replay_and_validate(src.items, summary)
         self.meta["provenance_after"] = collect_provenance()
         self.meta["status"] = "complete"
         self.run_dir.write_meta(self.meta)
@@ -856,56 +854,55 @@ class _Diagnosis:
             f.write(f"--- {what} ---\n{''.join(traceback.format_exception(exc))}\n")
 
     # ------------------------------------------------------------------ replay and validation runs
-    def _whole_pipeline(self, what: str, desc: str, source_items: list, summary: dict[str, Any],
-                        stand_ins: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One run of the whole pipeline at the recommended settings; a failure is the result's ``error``.
+    def _replay_and_validate(self, source_items: list, summary: dict[str, Any]) -> tuple[dict, dict]:
+        """The replay (the prediction, :mod:`stagebench._replay`) and the validation run, taking turns.
 
-        The replay and the validation run share the window and the warm-up: the
-        two are compared, so neither gets a shorter start.
+        Both at the recommended settings, with the same warm-up and counting
+        time; interleaved so that both see the same moments of the machine
+        (:mod:`stagebench._wholerun`). A failure is the result's ``error``.
         """
+        from ._replay import plan_stand_ins
+        from ._speed import cpu_speed_ns
+        from ._wholerun import run_pipelines
+
         window, warm = self.settings.validation_window_s, max(1.0, self.settings.budget_s)
-        self.say(f"{what}: {desc}, {warm:g} s warm-up + {window:g} s window")
+        stand_ins = plan_stand_ins(summary.get("stages") or [])
+        runs: dict[str, Any] = {"validation": None}
+        if stand_ins:
+            runs = {"replay": stand_ins, "validation": None}
+            self.say(f"replay and validation, taking turns: the pipeline with stand-ins for {len(stand_ins)} "
+                     f"stage(s) and the real one, recommended settings, {warm:g} s warm-up each + {window:g} s "
+                     "of counting each, in slices")
+        else:
+            self.say(f"validation: the whole pipeline with the recommended settings, {warm:g} s warm-up + "
+                     f"{window:g} s window")
+        before = cpu_speed_ns()
         try:
-            return run_validation(self.plan, source_items, _choices(summary), warmup_s=warm, window_s=window,
-                                  timeout_s=self.settings.timeout_s,
-                                  items_per_sink_item=self.items_per_sink_item or 1.0, stand_ins=stand_ins)
+            out = run_pipelines(self.plan, source_items, _choices(summary), runs, warmup_s=warm, window_s=window,
+                                timeout_s=self.settings.timeout_s, items_per_sink_item=self.items_per_sink_item or 1.0)
+            self.meta.setdefault("cpu_speed", {})["validation_ns"] = [round(before, 2), round(cpu_speed_ns(), 2)]
         except KeyboardInterrupt:
             raise
         except Exception as e:
-            self._log_error(what, e)
-            return {"qps": None, "error": f"{type(e).__name__}: {e}"}
-
-    def _replay(self, source_items: list, summary: dict[str, Any]) -> dict[str, Any]:
-        """The pipeline with stand-ins for the stages (the prediction; see :mod:`stagebench._replay`)."""
-        from ._replay import plan_stand_ins
-
-        stand_ins = plan_stand_ins(summary.get("stages") or [])
-        if not stand_ins:
-            return {"qps": None, "error": "no stage could be stood in (none measured)"}
-        result = self._whole_pipeline("replay", f"the pipeline with stand-ins for {len(stand_ins)} stage(s)",
-                                      source_items, summary, stand_ins=stand_ins)
-        result.pop("stage_latency", None)
-        result["stand_ins"] = [s.as_dict() for s in stand_ins.values()]
-        if result.get("qps") is not None:
-            self.say(f"replay: {result['qps']:,.1f} items/s")
+            self._log_error("replay and validation", e)
+            out = {k: {"qps": None, "error": f"{type(e).__name__}: {e}"} for k in runs}
+        validation = out["validation"]
+        if stand_ins:
+            replay = out["replay"]
+            replay.pop("stage_latency", None)
+            replay["stand_ins"] = [s.as_dict() for s in stand_ins.values()]
         else:
-            self.say(f"replay failed: {result.get('error')}")
-        return result
-
-    def _validate(self, source_items: list, summary: dict[str, Any]) -> dict[str, Any]:
-        from ._speed import cpu_speed_ns
-
-        before = cpu_speed_ns()
-        result = self._whole_pipeline("validation", "the whole pipeline with the recommended settings",
-                                      source_items, summary)
-        if "settings" in result:  # the run happened (its own result, not a raised error)
-            self.meta.setdefault("cpu_speed", {})["validation_ns"] = [round(before, 2), round(cpu_speed_ns(), 2)]
-        if result.get("qps") is not None:
-            self.say(f"validation: {result['qps']:,.1f} items/s ({result['sink_qps']:,.1f} sink items/s "
-                     f"at the sink; {result['source_qps']:,.1f} items/s drawn from the source)")
+            replay = {"qps": None, "error": "no stage could be stood in (none measured)"}
+        if replay.get("qps") is not None:
+            self.say(f"replay: {replay['qps']:,.1f} items/s")
+        elif stand_ins:
+            self.say(f"replay failed: {replay.get('error')}")
+        if validation.get("qps") is not None:
+            self.say(f"validation: {validation['qps']:,.1f} items/s ({validation['sink_qps']:,.1f} sink items/s "
+                     f"at the sink; {validation['source_qps']:,.1f} items/s drawn from the source)")
         else:
-            self.say(f"validation run failed: {result.get('error')}")
-        return result
+            self.say(f"validation run failed: {validation.get('error')}")
+        return replay, validation
 
 
 def _choices(summary: dict[str, Any]) -> dict[str, tuple[str, int]]:
@@ -928,113 +925,17 @@ def _finite(x: Any) -> bool:
 def run_validation(plan: Any, source_items: list, choices: dict[str, tuple[str, int]], *,
                    warmup_s: float, window_s: float, timeout_s: float,
                    items_per_sink_item: float = 1.0, stand_ins: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run the whole pipeline over the cached source items and time what reaches the sink.
+    """Run the whole pipeline alone over the cached source items and time what reaches the sink.
 
-    Steady state as for one point: warm up (every pool started, first items
-    through) for ``warmup_s``, then count sink arrivals in a ``window_s`` window;
-    the interval is batch means over equal sub-windows. ``qps`` is in source
-    items per second (the prediction's unit): sink arrivals times
-    ``items_per_sink_item`` (the batch size after an aggregate, as observed
-    while caching); ``sink_qps`` is the raw arrival rate, and ``source_qps``
-    counts the items drawn from the source, a cross-check. ``stage_latency``:
-    per thread / async stage, the median call duration inside the pipeline
-    during the window, and the calls counted (the analysis compares it with
-    the stage alone at the same setting). With ``stand_ins``, the same run
-    with those stages replaced by their stand-ins (the replay,
-    :mod:`stagebench._replay`); stage latencies are then not recorded.
+    One run of :func:`stagebench._wholerun.run_pipelines` (its result's keys):
+    the real stages, or with ``stand_ins`` the replay. The diagnosis runs the
+    two together, taking turns.
     """
-    import logging
+    from ._wholerun import run_pipelines
 
-    import numpy as np
-
-    from ._isolate import _real_pipeline, build_validation_config, default_threads
-    from ._stats import mean_interval
-
-    stop = threading.Event()
-    pulls: list[float] = []
-    n = len(source_items)
-
-    def source():
-        i = 0
-        while not stop.is_set():
-            pulls.append(time.perf_counter())
-            yield source_items[i % n]
-            i += 1
-
-    timings: dict[str, list] = {}
-    cfg, closers, used = build_validation_config(plan, choices, source(), None if stand_ins else timings,
-                                                 stand_ins=stand_ins)
-    spdl_log = logging.getLogger("spdl")
-    level = spdl_log.level
-    spdl_log.setLevel(logging.CRITICAL)  # items that fail are the stage's business, measured per point
-    arrivals: list[float] = []
-    error = None
-    t_start = time.perf_counter()
-    t0 = t1 = None
-    deadline = t_start + warmup_s + window_s + timeout_s
-    pipeline = _real_pipeline(cfg, default_threads(plan))
-    try:
-        pipeline.start()
-        while True:
-            now = time.perf_counter()
-            # Warm: the minimum warm-up has passed *and* items have been reaching the
-            # sink for a while (pools start lazily, on their first item).
-            if t0 is None and arrivals and now - t_start >= warmup_s and now - arrivals[0] >= max(0.5, warmup_s / 2):
-                t0 = now
-            if t0 is not None and now >= t0 + window_s:
-                t1 = now
-                break
-            if now > deadline:
-                error = f"no item reached the sink within {timeout_s:g} s of warm-up"
-                break
-            try:
-                pipeline.get_item(timeout=0.1)
-            except TimeoutError:
-                continue
-            except EOFError:
-                error = "the pipeline ended (every item failed in some stage?)"
-                break
-            arrivals.append(time.perf_counter())
-    finally:
-        stop.set()
-        try:
-            pipeline.stop(timeout=10)
-        except Exception:
-            pass
-        for close in closers:
-            try:
-                close()
-            except Exception:
-                pass
-        spdl_log.setLevel(level)
-    if t0 is None or t1 is None:
-        return {"qps": None, "error": error or "no steady state", "settings": used}
-    window = t1 - t0
-    arr = np.array([a for a in arrivals if t0 <= a < t1])
-    src = sum(1 for p in pulls if t0 <= p < t1)
-    count = len(arr)
-    nb = int(max(1, min(10, count // 2)))  # every batch sees at least two arrivals
-    counts, _ = np.histogram(arr, bins=np.linspace(t0, t1, nb + 1))
-    sink_qps, lo, hi, _cv = mean_interval(counts / (window / nb), 0.95)
-    if count == 0:
-        sink_qps = 0.0
-    k = items_per_sink_item
-    return {
-        "qps": sink_qps * k, "qps_low": lo * k, "qps_high": hi * k, "seconds": window,
-        "sink_qps": sink_qps, "sink_items": count, "items_per_sink_item": k,
-        "source_qps": src / window, "warmup_s": t0 - t_start, "settings": used,
-        "stage_latency": _latencies_in_window(timings, t0, t1),
-    }
-
-
-def _latencies_in_window(timings: dict[str, list], t0: float, t1: float) -> dict[str, dict[str, float]]:
-    """Per timed stage: median call duration (ms) and calls completed in the window."""
-    out = {}
-    for name, spans in timings.items():
-        d = sorted(e - s for s, e in list(spans) if t0 <= e < t1)
-        if d:
-            out[name] = {"p50_ms": d[len(d) // 2] * 1e3, "calls": len(d)}
-    return out
+    name = "replay" if stand_ins else "validation"
+    return run_pipelines(plan, source_items, choices, {name: stand_ins}, warmup_s=warmup_s, window_s=window_s,
+                         timeout_s=timeout_s, items_per_sink_item=items_per_sink_item)[name]
 
 
 # ---------------------------------------------------------------------------- fallbacks

@@ -383,8 +383,11 @@ def test_env_var_diagnoses_and_exits_without_training(tmp_path):
     """The headline: SPDL_PIPELINE_DIAGNOSTIC_MODE=1 python train.py."""
     marker = tmp_path / "marker"
     out = tmp_path / "reports" / "run"
+    # STAGEBENCH_PROCESS_FLAT_LEVELS=0: every process level, even for the lambda, which is so cheap that
+    # its threads reach the harness ceiling (the sweep would rightly skip its processes): it must pickle
     env = {**FAST, "STAGEBENCH_OUTPUT_DIR": str(out), "STAGEBENCH_CONCURRENCY": "1,2,4,16",
-           "STAGEBENCH_HARNESSES": "direct", "STAGEBENCH_EXECUTORS": "thread,process"}
+           "STAGEBENCH_HARNESSES": "direct", "STAGEBENCH_EXECUTORS": "thread,process",
+           "STAGEBENCH_PROCESS_FLAT_LEVELS": "0"}
     free_before = free_cores()
     t0 = time.perf_counter()
     r = run_env(tmp_path, str(SCRIPT), "--marker", str(marker), env=env, timeout=400)

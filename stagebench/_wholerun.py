@@ -1,0 +1,249 @@
+"""Whole-pipeline runs: the validation run and the replay, taking turns.
+
+Both run the user's pipeline at the recommended settings over the cached
+source items and count what reaches the sink: the validation run with the
+real stages (the truth), the replay with stand-ins (the prediction,
+:mod:`stagebench._replay`).
+
+Why they take turns: they are compared, and this kind of host does not hold
+still. On the 2-core VM this was built on, two back-to-back 2 s runs of one
+pipeline differed by up to 30%: the CPU's speed changes in phases that last
+seconds. Run one after the other, the prediction's error was mostly the
+machine's. So each pipeline is built and warmed up once, and then their
+sources are opened in turn, in slices, in the order R V V R R V V R: both
+see the same moments of the machine, and a steady drift cancels. While one
+runs, the other's source is closed and its stages idle. After each switch,
+``settle`` seconds pass before counting starts: the other pipeline drains
+and this one refills (three times the slower pipeline's first-item latency,
+at least 0.25 s, at most 1 s).
+
+One run alone (the validation run without a replay) counts one contiguous
+window, as before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+__all__ = ["run_pipelines"]
+
+_SLICES = 4  # counting windows per pipeline when two take turns
+_MIN_SETTLE_S, _MAX_SETTLE_S = 0.25, 1.0
+
+
+class _Run:
+    """One pipeline with a source that can be paused, and a thread that drains its sink."""
+
+    def __init__(self, name: str, plan: Any, source_items: list, choices: dict[str, tuple[str, int]],
+                 stand_ins: dict[str, Any] | None) -> None:
+        from ._isolate import _real_pipeline, build_validation_config, default_threads
+
+        self.name = name
+        self.gate, self.stop = threading.Event(), threading.Event()
+        self.pulls: list[float] = []
+        self.arrivals: list[float] = []
+        self.windows: list[tuple[float, float]] = []
+        self.error: str | None = None
+        self.warmup_s: float | None = None
+        self.latency_s: float | None = None
+        self.settle_s: float | None = None  # when it took turns with another run
+        self.partner: str | None = None
+        # stage call timings: only for the real stages (the analysis compares them with the stage alone)
+        self.timings: dict[str, list] = {}
+        cfg, self.closers, self.used = build_validation_config(
+            plan, choices, self._source(source_items), None if stand_ins else self.timings, stand_ins=stand_ins)
+        self.pipeline = _real_pipeline(cfg, default_threads(plan))
+        self._consumer = threading.Thread(target=self._consume, name=f"stagebench-{name}-sink", daemon=True)
+
+    def _source(self, items: list):
+        n, i = len(items), 0
+        while True:
+            self.gate.wait()  # closed: SPDL's source thread waits here and the stages go idle
+            if self.stop.is_set():
+                return
+            self.pulls.append(time.perf_counter())
+            yield items[i % n]
+            i += 1
+
+    def _consume(self) -> None:
+        try:
+            while not self.stop.is_set():
+                try:
+                    self.pipeline.get_item(timeout=0.1)
+                except TimeoutError:
+                    continue
+                except EOFError:
+                    if not self.stop.is_set():
+                        self.error = self.error or "the pipeline ended (every item failed in some stage?)"
+                    return
+                self.arrivals.append(time.perf_counter())
+        except Exception as e:  # the pipeline's own failure: the result's error
+            if not self.stop.is_set():
+                self.error = self.error or f"{type(e).__name__}: {e}"
+
+    def start(self) -> None:
+        self.pipeline.start()
+        self._consumer.start()
+
+    def warm_up(self, warmup_s: float, timeout_s: float, *, close: bool = True) -> None:
+        """Open the source until items have been reaching the sink for a while; then close it (``close``)."""
+        t_open = time.perf_counter()
+        n0 = len(self.arrivals)
+        deadline = t_open + warmup_s + timeout_s
+        self.gate.set()
+        try:
+            while self.error is None:
+                now = time.perf_counter()
+                first = self.arrivals[n0] if len(self.arrivals) > n0 else None
+                # warm: the minimum warm-up has passed *and* items have been reaching
+                # the sink for a while (pools start lazily, on their first item)
+                if first is not None and now - t_open >= warmup_s and now - first >= max(0.5, warmup_s / 2):
+                    self.warmup_s, self.latency_s = now - t_open, first - t_open
+                    return
+                if now > deadline:
+                    self.error = f"no item reached the sink within {timeout_s:g} s of warm-up"
+                    return
+                time.sleep(0.01)
+        finally:
+            if close or self.error is not None:
+                self.gate.clear()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.gate.set()
+        try:
+            self.pipeline.stop(timeout=10)
+        except Exception:
+            pass
+        self._consumer.join(timeout=2.0)
+        for close in self.closers:
+            try:
+                close()
+            except Exception:
+                pass
+
+    def result(self, items_per_sink_item: float) -> dict[str, Any]:
+        import numpy as np
+
+        from ._stats import mean_interval
+
+        if self.error is not None or not self.windows:
+            return {"qps": None, "error": self.error or "no steady state", "settings": self.used}
+        arr = np.asarray(self.arrivals, dtype=float)
+        seconds = sum(t1 - t0 for t0, t1 in self.windows)
+        count = sum(int(((arr >= t0) & (arr < t1)).sum()) for t0, t1 in self.windows)
+        if len(self.windows) > 1:
+            # batch means over the slices: one rate per slice
+            rates = [((arr >= t0) & (arr < t1)).sum() / (t1 - t0) for t0, t1 in self.windows]
+        else:
+            (t0, t1), = self.windows
+            nb = int(max(1, min(10, count // 2)))  # every batch sees at least two arrivals
+            counts, _ = np.histogram(arr[(arr >= t0) & (arr < t1)], bins=np.linspace(t0, t1, nb + 1))
+            rates = list(counts / ((t1 - t0) / nb))
+        _, lo, hi, _cv = mean_interval(rates, 0.95)
+        sink_qps = count / seconds
+        src = sum(1 for p in self.pulls for t0, t1 in self.windows if t0 <= p < t1)
+        k = items_per_sink_item
+        return {
+            "qps": sink_qps * k, "qps_low": lo * k, "qps_high": hi * k, "seconds": seconds,
+            "sink_qps": sink_qps, "sink_items": count, "items_per_sink_item": k,
+            "source_qps": src / seconds, "warmup_s": self.warmup_s, "settings": self.used,
+            "windows": len(self.windows),
+            "stage_latency": _latencies_in_windows(self.timings, self.windows),
+        }
+
+
+def _latencies_in_windows(timings: dict[str, list], windows: list[tuple[float, float]]) -> dict[str, dict[str, float]]:
+    """Per timed stage: median call duration (ms) and calls completed in the windows."""
+    out = {}
+    for name, spans in timings.items():
+        d = sorted(e - s for s, e in list(spans) if any(t0 <= e < t1 for t0, t1 in windows))
+        if d:
+            out[name] = {"p50_ms": d[len(d) // 2] * 1e3, "calls": len(d)}
+    return out
+
+
+def run_pipelines(plan: Any, source_items: list, choices: dict[str, tuple[str, int]], runs: dict[str, Any], *,
+                  warmup_s: float, window_s: float, timeout_s: float,
+                  items_per_sink_item: float = 1.0) -> dict[str, dict[str, Any]]:
+    """Run the pipeline once per entry of ``runs`` (name -> stand-ins, or None for the real stages).
+
+    Each counts ``window_s`` seconds of steady state after ``warmup_s`` of
+    warm-up. Two runs take turns in slices (module docstring); one runs
+    alone. Returns name -> result: ``qps`` in source items per second (sink
+    arrivals times ``items_per_sink_item``, the batch size after an
+    aggregate), ``qps_low``/``qps_high`` (batch means over the slices, or over
+    ten sub-windows of one window), ``sink_qps``, ``source_qps`` (items drawn
+    from the source in the windows: a cross-check), ``warmup_s``,
+    ``settings``, ``windows``, ``wall_s`` (the whole call's) and, for the
+    real stages, ``stage_latency``
+    (median call duration inside the pipeline per thread / async stage). A
+    run that fails has ``qps`` None and its ``error``; the other goes on
+    alone.
+    """
+    import logging
+
+    if not 1 <= len(runs) <= 2:
+        raise ValueError(f"one or two runs take turns, got {len(runs)}")
+    spdl_log = logging.getLogger("spdl")
+    level = spdl_log.level
+    spdl_log.setLevel(logging.CRITICAL)  # items that fail are the stage's business, measured per point
+    made: list[_Run] = []
+    t_begin = time.perf_counter()
+    try:
+        for name, stand_ins in runs.items():
+            made.append(_Run(name, plan, source_items, choices, stand_ins))
+        for r in made:
+            r.start()
+        for r in made:
+            r.warm_up(warmup_s, timeout_s, close=len(made) > 1)
+        live = [r for r in made if r.error is None]
+        if len(live) == 1:
+            _count(live[0], window_s)
+        elif len(live) == 2:
+            a, b = live
+            settle = min(_MAX_SETTLE_S, max(_MIN_SETTLE_S, 3 * max(a.latency_s or 0.0, b.latency_s or 0.0)))
+            order = [a, b, b, a] * (_SLICES // 2)
+            prev: _Run | None = None
+            for r in order:
+                if r.error is not None:
+                    continue
+                if r is not prev:
+                    if prev is not None:
+                        prev.gate.clear()
+                    r.gate.set()
+                    time.sleep(settle)  # the other drains, this one refills
+                _count(r, window_s / _SLICES, keep_open=True)
+                prev = r
+            for r, other in ((a, b), (b, a)):
+                r.gate.clear()
+                r.settle_s, r.partner = settle, other.name
+    finally:
+        for r in made:
+            r.close()
+        spdl_log.setLevel(level)
+    out = {}
+    wall = time.perf_counter() - t_begin
+    for r in made:
+        res = r.result(items_per_sink_item)
+        res["wall_s"] = wall  # of the whole call, shared when two took turns
+        if r.partner is not None and res.get("qps") is not None:
+            res["settle_s"], res["interleaved_with"] = r.settle_s, r.partner
+        out[r.name] = res
+    return out
+
+
+def _count(r: _Run, seconds: float, keep_open: bool = False) -> None:
+    """Count one window of ``r``'s sink arrivals (its source open)."""
+    r.gate.set()
+    t0 = time.perf_counter()
+    end = t0 + seconds
+    while r.error is None and time.perf_counter() < end:
+        time.sleep(min(0.05, max(0.0, end - time.perf_counter())))
+    t1 = time.perf_counter()
+    if not keep_open:
+        r.gate.clear()
+    if r.error is None:
+        r.windows.append((t0, t1))
