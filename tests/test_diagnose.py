@@ -727,6 +727,59 @@ def test_validation_run_known_answer():
     assert {u["stage"]: (u["executor"], u["concurrency"]) for u in r["settings"]}["slow"] == ("thread", 4)
 
 
+def _two_sleeps_plan():
+    from stagebench._isolate import plan_pipeline
+
+    def slow(x):
+        time.sleep(0.010)
+        return x
+
+    def fast(x):
+        time.sleep(0.002)
+        return x
+
+    return plan_pipeline(PipelineBuilder().add_source(range(10)).pipe(slow).pipe(fast).add_sink(2).get_config())
+
+
+def test_replay_and_validation_take_turns_and_agree_on_a_known_answer():
+    """Stand-ins that sleep as long as the real stages: both runs read ~400 items/s, slice by slice."""
+    from stagebench._replay import StandIn
+    from stagebench._wholerun import run_pipelines
+
+    plan = _two_sleeps_plan()
+    stand_ins = {"slow": StandIn("slow", "thread", 4, 0.0, 0.0, 0.010),
+                 "fast": StandIn("fast", "thread", 2, 0.0, 0.0, 0.002)}
+    out = run_pipelines(plan, list(range(40)), {"slow": ("thread", 4), "fast": ("thread", 2)},
+                        {"replay": stand_ins, "validation": None}, warmup_s=0.5, window_s=1.2, timeout_s=10)
+    r, v = out["replay"], out["validation"]
+    print({k: (x["qps"], x["qps_low"], x["qps_high"]) for k, x in out.items()})
+    for x, other in ((r, "validation"), (v, "replay")):
+        assert 220 < x["qps"] < 440  # 4 threads / 10 ms; sleeps overshoot on a loaded machine
+        assert x["windows"] == 4 and x["seconds"] == pytest.approx(1.2, rel=0.1)
+        assert x["interleaved_with"] == other and x["settle_s"] >= 0.25
+    assert r["qps"] == pytest.approx(v["qps"], rel=0.25)
+    assert "stage_latency" in v and set(v["stage_latency"]) == {"slow", "fast"}
+    assert not r["stage_latency"]  # stand-ins are not the stages: no call timings for them
+
+
+def test_a_run_that_fails_does_not_stop_the_other():
+    from stagebench._replay import StandIn
+    from stagebench._wholerun import run_pipelines
+
+    class Raising(StandIn):
+        def op(self):
+            def fail(x):
+                raise RuntimeError("stand-in broke")
+            return fail
+
+    plan = _two_sleeps_plan()
+    broken = {"slow": StandIn("slow", "thread", 4, 0.0, 0.0, 0.010), "fast": Raising("fast", "thread", 2, 0.0, 0.0, 0.0)}
+    out = run_pipelines(plan, list(range(40)), {"slow": ("thread", 4), "fast": ("thread", 2)},
+                        {"replay": broken, "validation": None}, warmup_s=0.3, window_s=0.8, timeout_s=3)
+    assert out["replay"]["qps"] is None and out["replay"]["error"]
+    assert out["validation"]["qps"] > 0 and out["validation"]["windows"] == 1
+
+
 @pytest.mark.parametrize("quick", [True, False])
 def test_demo_settings_are_valid(quick):
     from stagebench._demo import demo_settings
