@@ -49,6 +49,7 @@ findings (:mod:`._findings`), warnings and a one-line verdict.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from collections.abc import Mapping
@@ -520,7 +521,7 @@ def _run_warnings(df: pd.DataFrame, stages: list[dict], meta: Mapping[str, Any],
     return out
 
 
-def summarize(rows: pd.DataFrame, meta: dict) -> dict:
+def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None) -> dict:
     """The pipeline ``summary.json``: per-stage verdicts, prediction, findings, verdict.
 
     ``rows``: :data:`stagebench._schema.STAGE_COLUMNS` rows of every stage
@@ -529,6 +530,9 @@ def summarize(rows: pd.DataFrame, meta: dict) -> dict:
     ``not_isolated``, optionally ``validation``). Stage entries of ``run.json``
     may carry ``items_per_input`` (source items per input of that stage, for
     stages after a batching step); it defaults to 1.
+    ``stage_cache``: a dict kept between calls on the same rows (the diagnosis
+    summarizes before and after its whole-pipeline runs): each stage's analysis,
+    whose bootstrap fits are most of the time, is then done once.
     """
     from . import __version__
     from ._findings import build_findings
@@ -553,7 +557,13 @@ def summarize(rows: pd.DataFrame, meta: dict) -> dict:
     stages: list[dict] = []
     for i, (name, decl) in enumerate(zip(names, declared)):
         part = df[df["stage"] == name]
-        entry = analyze_stage(part, cores=cores, free_threaded=free_threaded) if len(part) else _unmeasured(name)
+        key = (name, cores, free_threaded, len(part))
+        if stage_cache is not None and key in stage_cache:
+            entry = copy.deepcopy(stage_cache[key])
+        else:
+            entry = analyze_stage(part, cores=cores, free_threaded=free_threaded) if len(part) else _unmeasured(name)
+            if stage_cache is not None:
+                stage_cache[key] = copy.deepcopy(entry)
         entry["name"] = name
         entry["index"] = decl.get("index", i)
         entry["type"] = decl.get("type", "pipe")

@@ -507,6 +507,7 @@ class _Diagnosis:
         self.progress = Progress(desc="stagebench")
         # thread/async no-op ceilings do not depend on the stage: measured once per run
         self.shared_ceilings: dict[tuple[str, str, int], dict[str, Any]] = {}
+        self.analysis_cache: dict = {}  # each stage analysed once, before and after the whole-pipeline runs
         # the core's speed after every point (see _speed): the stage curves were measured at these
         self.sweep_speeds: list[float] = []
         self.meta: dict[str, Any] = {
@@ -830,7 +831,7 @@ class _Diagnosis:
         except ImportError:
             return _fallback_summary(rows, self.meta, "analysis engine unavailable")
         try:
-            return summarize(rows, self.meta)
+            return summarize(rows, self.meta, stage_cache=self.analysis_cache)
         except Exception as e:
             self._log_error("analysis", e)
             self.say(f"the analysis failed ({type(e).__name__}: {e}); wrote a minimal summary instead "
