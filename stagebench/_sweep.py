@@ -9,7 +9,8 @@ out of memory at 32 processes says nothing about 4.
 Process points are the expensive ones (each level starts more interpreters):
 a stage keeps one pool, grown level by level and shared with its ceiling
 (:class:`~stagebench._executors.WorkerPool`); a process curve that stopped
-rising for ``process_flat_levels`` levels is not measured further, and none
+rising for ``process_flat_levels`` levels (one, when that level already kept
+80% of the usable cores busy) is not measured further, and none
 is measured when threads already scale linearly to the top of the grid
 (a worker process is at most as fast as one thread alone, so processes
 could not win by more than the 5% within which threads are preferred), or
@@ -20,6 +21,7 @@ overhead-bound; the process executor's own ceiling is lower).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -198,8 +200,20 @@ def _beats(new: dict[str, Any], best: dict[str, Any]) -> bool:
     return not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi
 
 
-def _watch_plateau(row: dict[str, Any], harness: str, plateaus: dict, stopped: dict, flat_levels: int) -> None:
-    """Stop the process curve (and its ceilings) after ``flat_levels`` levels in a row without gain."""
+_SATURATED = 0.8  # share of the usable cores in use at which one level without gain ends a process curve
+
+
+def _usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _watch_plateau(row: dict[str, Any], harness: str, plateaus: dict, stopped: dict, flat_levels: int,
+                   cores: int | None = None) -> None:
+    """Stop the process curve (and its ceilings) after ``flat_levels`` levels in a row without gain.
+
+    One level is enough when that level already kept 80% of the usable cores
+    busy: the cores are what limits it, and more processes only queue for them.
+    """
     if row["status"] != "ok" or not row["qps"] > 0:
         return
     best, flat = plateaus.get(harness, (None, 0))
@@ -208,10 +222,15 @@ def _watch_plateau(row: dict[str, Any], harness: str, plateaus: dict, stopped: d
         return
     flat += 1
     plateaus[harness] = (best, flat)
-    if flat >= flat_levels:
+    cores = cores or _usable_cores()
+    used = row.get("cores_used")
+    saturated = isinstance(used, (int, float)) and math.isfinite(used) and used >= _SATURATED * cores
+    if flat >= flat_levels or saturated:
+        why = (f"{row['concurrency']} processes kept {used:.1f} of {cores} usable cores busy: the cores limit it"
+               if saturated and flat < flat_levels else f"{flat} levels up to c={row['concurrency']}")
         stopped[("stage", harness, "process")] = (
-            f"{_PLATEAU} ({flat} levels up to c={row['concurrency']} within noise of {best['qps']:,.0f} items/s "
-            f"at c={best['concurrency']}; process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures every level)")
+            f"{_PLATEAU} ({why}, within noise of {best['qps']:,.0f} items/s at c={best['concurrency']}; "
+            "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures every level)")
 
 
 _NEAR_BEST = 0.95  # must not be above _analysis._WITHIN_BEST, or the recommended level could lose its ceiling

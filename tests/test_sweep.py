@@ -233,7 +233,16 @@ def test_the_plateau_rule_counts_levels_without_gain_beyond_noise():
     _watch_plateau(row(16, 300, 60), "direct", plateaus, stopped, 2)  # 15% higher, intervals overlap: noise
     assert not stopped
     _watch_plateau(row(32, 240, 5), "direct", plateaus, stopped, 2)
-    assert "2 levels up to c=32 within noise of 260 items/s at c=8" in stopped[("stage", "direct", "process")]
+    assert "2 levels up to c=32, within noise of 260 items/s at c=8" in stopped[("stage", "direct", "process")]
+    # one level without gain is enough when it kept 80% of the cores busy: the cores are the limit
+    plateaus, stopped = {}, {}
+    for r in (row(1, 100, 5), row(2, 190, 5), {**row(4, 195, 5), "cores_used": 1.5}):  # 75% of 2 cores: go on
+        _watch_plateau(r, "direct", plateaus, stopped, 2, cores=2)
+    assert not stopped
+    plateaus = {}
+    for r in (row(1, 100, 5), row(2, 190, 5), {**row(4, 195, 5), "cores_used": 1.7}):
+        _watch_plateau(r, "direct", plateaus, stopped, 2, cores=2)
+    assert "4 processes kept 1.7 of 2 usable cores busy" in stopped[("stage", "direct", "process")]
 
 
 def test_the_at_ceiling_rule_compares_the_best_thread_point_with_the_median_ceiling():
