@@ -866,7 +866,16 @@ class _Diagnosis:
         from ._speed import cpu_speed_ns
         from ._wholerun import run_pipelines
 
-        window, warm = self.settings.validation_window_s, max(1.0, self.settings.budget_s)
+        from ._isolate import Passthrough
+
+        choices = _choices(summary)
+        # The warm-up is for pools that start lazily, on their first items: worker
+        # processes take ~1 s here. Thread pools start at once, so a pipeline without
+        # processes (none recommended, none of the user's own, no segment run as is)
+        # is warm once items have reached the sink for 0.5 s.
+        procs = (any(ex == "process" for ex, _ in choices.values())
+                 or any(isinstance(st, Passthrough) or st.user_executor == "process" for st in self.plan.steps))
+        window, warm = self.settings.validation_window_s, max(1.0 if procs else 0.5, self.settings.budget_s)
         stand_ins = plan_stand_ins(summary.get("stages") or [])
         runs: dict[str, Any] = {"validation": None}
         if stand_ins:
@@ -879,7 +888,7 @@ class _Diagnosis:
                      f"{window:g} s window")
         before = cpu_speed_ns()
         try:
-            out = run_pipelines(self.plan, source_items, _choices(summary), runs, warmup_s=warm, window_s=window,
+            out = run_pipelines(self.plan, source_items, choices, runs, warmup_s=warm, window_s=window,
                                 timeout_s=self.settings.timeout_s, items_per_sink_item=self.items_per_sink_item or 1.0)
             self.meta.setdefault("cpu_speed", {})["validation_ns"] = [round(before, 2), round(cpu_speed_ns(), 2)]
         except KeyboardInterrupt:
