@@ -702,9 +702,8 @@ def test_terminal_table_scales_batched_stages_and_cleans_names():
     assert "measured pipeline:  700 (650-750) items/s" in text and lines[-1] == "report: /r/report.html"
 
 
-def test_validation_run_known_answer():
-    """Two sleep stages in series: the slower one (10 ms at 4 threads) sets 400 items/s."""
-    from stagebench._diagnose import run_validation
+def _two_sleeps_plan(batch: int | None = None):
+    """A 10 ms sleep, then a 2 ms one (then batches of ``batch``, if given)."""
     from stagebench._isolate import plan_pipeline
 
     def slow(x):
@@ -715,9 +714,17 @@ def test_validation_run_known_answer():
         time.sleep(0.002)
         return x
 
-    cfg = (PipelineBuilder().add_source(range(10)).pipe(slow).pipe(fast).aggregate(4)
-           .add_sink(2).get_config())
-    r = run_validation(plan_pipeline(cfg), list(range(40)), {"slow": ("thread", 4), "fast": ("thread", 2)},
+    b = PipelineBuilder().add_source(range(10)).pipe(slow).pipe(fast)
+    if batch:
+        b = b.aggregate(batch)
+    return plan_pipeline(b.add_sink(2).get_config())
+
+
+def test_validation_run_known_answer():
+    """Two sleep stages in series: the slower one (10 ms at 4 threads) sets 400 items/s."""
+    from stagebench._diagnose import run_validation
+
+    r = run_validation(_two_sleeps_plan(batch=4), list(range(40)), {"slow": ("thread", 4), "fast": ("thread", 2)},
                        warmup_s=0.5, window_s=1.5, timeout_s=10, items_per_sink_item=4)
     print({k: v for k, v in r.items() if k != "settings"})
     # sleeps overshoot on a loaded machine and SPDL adds per-item time: a loose lower bound
@@ -725,20 +732,6 @@ def test_validation_run_known_answer():
     assert r["qps_low"] <= r["qps"] <= r["qps_high"]
     assert r["sink_qps"] == pytest.approx(r["qps"] / 4)
     assert {u["stage"]: (u["executor"], u["concurrency"]) for u in r["settings"]}["slow"] == ("thread", 4)
-
-
-def _two_sleeps_plan():
-    from stagebench._isolate import plan_pipeline
-
-    def slow(x):
-        time.sleep(0.010)
-        return x
-
-    def fast(x):
-        time.sleep(0.002)
-        return x
-
-    return plan_pipeline(PipelineBuilder().add_source(range(10)).pipe(slow).pipe(fast).add_sink(2).get_config())
 
 
 def test_replay_and_validation_take_turns_and_agree_on_a_known_answer():
