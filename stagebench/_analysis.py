@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
@@ -62,6 +61,7 @@ import pandas as pd
 from ._curves import Curve, Point, StageRows, finite
 from ._fit import fit_scaling
 from ._gil import estimate_gil, harness_gil_s
+from ._resources import usable_cores
 
 __all__ = ["analyze_stage", "summarize", "pipeline_overhead", "cpu_speed", "CLASSIFICATIONS"]
 
@@ -467,7 +467,7 @@ def _cores(prov: Mapping[str, Any]) -> int:
         v = prov.get(key)
         if isinstance(v, (int, float)) and v >= 1:
             return int(v)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return usable_cores()
 
 
 def _run_warnings(df: pd.DataFrame, stages: list[dict], meta: Mapping[str, Any], cores: int) -> list[str]:

@@ -20,7 +20,6 @@ the analysed stages go to run.json ``transforms`` and summary.json ``transforms`
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -110,7 +109,9 @@ def isolate_transforms(dataset: Any, *, run_dir: Path, config: Any, progress: An
                  "classification": "unknown", "note": f"could not capture transform inputs: {type(e).__name__}: {e}"}]
     if not inputs:
         return []
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from ._resources import usable_cores
+
+    cores = usable_cores()
     maxc = config.transform_max_concurrency or max(1, cores)
     sweep_cfg = SweepConfig(
         executors=tuple(config.transform_executors), concurrency=powers_of_two(maxc),

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["TreeSnapshot", "ResourceMonitor", "tree_memory_mb", "tree_pss_mb", "tree_uss_mb"]
+__all__ = ["TreeSnapshot", "ResourceMonitor", "tree_memory_mb", "tree_pss_mb", "usable_cores"]
+
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity; all of them where that is unknown)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 _SELF: dict[int, psutil.Process] = {}
@@ -121,27 +127,7 @@ def tree_memory_mb(worker_pids: "list[int] | tuple[int, ...]" = ()) -> dict[str,
 
 def tree_pss_mb(worker_pids: "list[int] | tuple[int, ...]" = ()) -> float:
     """Proportional set size of this process and the workers in MiB (shared pages split)."""
-    total = 0
-    for p in _procs([os.getpid(), *worker_pids]):
-        try:
-            total += p.memory_full_info().pss
-        except (psutil.Error, AttributeError):
-            try:
-                total += p.memory_info().rss
-            except psutil.Error:
-                pass
-    return total / 2**20
-
-
-def tree_uss_mb(worker_pids: "list[int] | tuple[int, ...]" = ()) -> float:
-    """Unique set size of this process and the workers in MiB: memory freed if they exited."""
-    total = 0
-    for p in _procs([os.getpid(), *worker_pids]):
-        try:
-            total += p.memory_full_info().uss
-        except (psutil.Error, AttributeError):
-            pass
-    return total / 2**20
+    return tree_memory_mb(worker_pids)["pss"]
 
 
 class ResourceMonitor:

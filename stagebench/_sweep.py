@@ -21,7 +21,7 @@ overhead-bound; the process executor's own ceiling is lower).
 from __future__ import annotations
 
 import math
-import os
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +29,7 @@ from ._config import SweepConfig
 from ._executors import WorkerPool, is_coroutine_callable
 from ._measure import async_identity, empty_row, identity, measure_stage, payload_bytes
 from ._progress import Progress
+from ._resources import usable_cores
 from ._results import RowWriter
 from ._schema import STAGE_COLUMNS
 
@@ -181,8 +182,6 @@ def _threads_at_ceiling(rows: list[dict[str, Any]], harness: str) -> str | None:
     ceilings = sorted(r["qps"] for r in rows if r["role"] == "ceiling" and ok(r))
     if not stage or len(ceilings) < 2:
         return None
-    import statistics
-
     ceiling, best = statistics.median(ceilings), max(stage)
     if best < _AT_CEILING * ceiling:
         return None
@@ -203,10 +202,6 @@ def _beats(new: dict[str, Any], best: dict[str, Any]) -> bool:
 _SATURATED = 0.8  # share of the usable cores in use at which one level without gain ends a process curve
 
 
-def _usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def _watch_plateau(row: dict[str, Any], harness: str, plateaus: dict, stopped: dict, flat_levels: int,
                    cores: int | None = None) -> None:
     """Stop the process curve (and its ceilings) after ``flat_levels`` levels in a row without gain.
@@ -222,7 +217,7 @@ def _watch_plateau(row: dict[str, Any], harness: str, plateaus: dict, stopped: d
         return
     flat += 1
     plateaus[harness] = (best, flat)
-    cores = cores or _usable_cores()
+    cores = cores or usable_cores()
     used = row.get("cores_used")
     saturated = isinstance(used, (int, float)) and math.isfinite(used) and used >= _SATURATED * cores
     if flat >= flat_levels or saturated:
