@@ -34,7 +34,7 @@ from typing import Any
 
 from ._executors import Runner, WorkerPool, _describe, identity
 
-__all__ = ["SpdlRunner", "deferred_teardown", "settle"]
+__all__ = ["SpdlRunner", "deferred_teardown", "quiet_spdl_log", "settle"]
 
 # Runners whose pipeline is still shutting down (see the module docstring).
 _STOPPING: list["SpdlRunner"] = []
@@ -42,18 +42,18 @@ _STOPPING_LOCK = threading.Lock()
 
 
 _QUIET = {"depth": 0, "level": logging.NOTSET}
+_QUIET_LOCK = threading.Lock()
 
 
 def _quiet_spdl(on: bool) -> None:
     """SPDL's log off while any of our pipelines runs or shuts down (nested: points overlap in tear-down).
 
-    SPDL logs each dropped item; our wrapper never lets the stage's own errors
-    through, so anything logged is the harness's business, not the user's. The
-    level comes back when the last one is gone: others (the loader sweep) read
-    SPDL's log.
+    SPDL logs each dropped item; our pipelines' failures are measured, not
+    the user's business to read in a log. The level comes back when the last
+    one is gone: others (the loader sweep) read SPDL's log.
     """
     log = logging.getLogger("spdl")
-    with _STOPPING_LOCK:
+    with _QUIET_LOCK:
         if on:
             if _QUIET["depth"] == 0:
                 _QUIET["level"] = log.level
@@ -63,6 +63,16 @@ def _quiet_spdl(on: bool) -> None:
             _QUIET["depth"] -= 1
             if _QUIET["depth"] == 0:
                 log.setLevel(_QUIET["level"])
+
+
+@contextlib.contextmanager
+def quiet_spdl_log() -> Iterator[None]:
+    """:func:`_quiet_spdl` around a block (a whole-pipeline run)."""
+    _quiet_spdl(True)
+    try:
+        yield
+    finally:
+        _quiet_spdl(False)
 
 
 _DEFER = {"depth": 0}
@@ -200,9 +210,8 @@ class SpdlRunner(Runner):
         for i in range(self.extra_pipes):
             builder = builder.pipe(identity, concurrency=self.concurrency, name=f"noop{i}")
         builder = builder.pipe(self._op(), concurrency=self.concurrency, name="stage").add_sink(max(2, self.concurrency))
-        # SPDL logs each dropped item; our wrapper never lets the stage's own errors
-        # through, so anything logged is the harness's business, not the user's.
-        # The level is restored in abort(): others (the loader sweep) read SPDL's log.
+        # our wrapper never lets the stage's own errors through: SPDL's log is
+        # off until this pipeline is gone (_unquiet, after its tear-down)
         _quiet_spdl(True)
         self._quieted = True
         self._pipeline = builder.build(num_threads=max(1, self.concurrency), max_failures=0)
@@ -238,7 +247,7 @@ class SpdlRunner(Runner):
         return self._workers.pids() if self._pool is not None else []
 
     def _unquiet(self) -> None:
-        with _STOPPING_LOCK:
+        with _QUIET_LOCK:
             quieted, self._quieted = getattr(self, "_quieted", False), False
         if quieted:
             _quiet_spdl(False)

@@ -183,47 +183,28 @@ def run_pipelines(plan: Any, source_items: list, choices: dict[str, tuple[str, i
     run that fails has ``qps`` None and its ``error``; the other goes on
     alone.
     """
-    import logging
+    from ._spdl_harness import quiet_spdl_log
 
     if not 1 <= len(runs) <= 2:
         raise ValueError(f"one or two runs take turns, got {len(runs)}")
-    spdl_log = logging.getLogger("spdl")
-    level = spdl_log.level
-    spdl_log.setLevel(logging.CRITICAL)  # items that fail are the stage's business, measured per point
     made: list[_Run] = []
     t_begin = time.perf_counter()
-    try:
-        for name, stand_ins in runs.items():
-            made.append(_Run(name, plan, source_items, choices, stand_ins))
-        for r in made:
-            r.start()
-        for r in made:
-            r.warm_up(warmup_s, timeout_s, close=len(made) > 1)
-        live = [r for r in made if r.error is None]
-        if len(live) == 1:
-            _count(live[0], window_s)
-        elif len(live) == 2:
-            a, b = live
-            settle = min(_MAX_SETTLE_S, max(_MIN_SETTLE_S, 3 * max(a.latency_s or 0.0, b.latency_s or 0.0)))
-            order = [a, b, b, a] * (_SLICES // 2)
-            prev: _Run | None = None
-            for r in order:
-                if r.error is not None:
-                    continue
-                if r is not prev:
-                    if prev is not None:
-                        prev.gate.clear()
-                    r.gate.set()
-                    time.sleep(settle)  # the other drains, this one refills
-                _count(r, window_s / _SLICES, keep_open=True)
-                prev = r
-            for r, other in ((a, b), (b, a)):
-                r.gate.clear()
-                r.settle_s, r.partner = settle, other.name
-    finally:
-        for r in made:
-            r.close()
-        spdl_log.setLevel(level)
+    with quiet_spdl_log():  # items that fail are the stage's business, measured per point
+        try:
+            for name, stand_ins in runs.items():
+                made.append(_Run(name, plan, source_items, choices, stand_ins))
+            for r in made:
+                r.start()
+            for r in made:
+                r.warm_up(warmup_s, timeout_s, close=len(made) > 1)
+            live = [r for r in made if r.error is None]
+            if len(live) == 1:
+                _count(live[0], window_s)
+            elif len(live) == 2:
+                _take_turns(*live, window_s)
+        finally:
+            for r in made:
+                r.close()
     out = {}
     wall = time.perf_counter() - t_begin
     for r in made:
@@ -233,6 +214,25 @@ def run_pipelines(plan: Any, source_items: list, choices: dict[str, tuple[str, i
             res["settle_s"], res["interleaved_with"] = r.settle_s, r.partner
         out[r.name] = res
     return out
+
+
+def _take_turns(a: _Run, b: _Run, window_s: float) -> None:
+    """Count ``window_s`` of each in slices, R V V R R V V R, settling after each switch."""
+    settle = min(_MAX_SETTLE_S, max(_MIN_SETTLE_S, 3 * max(a.latency_s or 0.0, b.latency_s or 0.0)))
+    prev: _Run | None = None
+    for r in [a, b, b, a] * (_SLICES // 2):
+        if r.error is not None:
+            continue
+        if r is not prev:
+            if prev is not None:
+                prev.gate.clear()
+            r.gate.set()
+            time.sleep(settle)  # the other drains, this one refills
+        _count(r, window_s / _SLICES, keep_open=True)
+        prev = r
+    for r, other in ((a, b), (b, a)):
+        r.gate.clear()
+        r.settle_s, r.partner = settle, other.name
 
 
 def _count(r: _Run, seconds: float, keep_open: bool = False) -> None:
