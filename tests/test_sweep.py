@@ -146,7 +146,8 @@ def double(x):
 
 
 def test_thread_ceilings_are_measured_once_per_run_and_process_ceilings_per_stage():
-    cfg = SweepConfig(executors=("thread", "process"), concurrency=(1, 2), measure=TINY, process_flat_levels=0)
+    cfg = SweepConfig(executors=("thread", "process"), concurrency=(1, 2), measure=TINY, process_flat_levels=0,
+                      process_ceilings="all")
     shared: dict = {}
     a = sweep_stage(sleepy, list(range(10)), name="a", config=cfg, shared_ceilings=shared)
     b = sweep_stage(double, [b"x" * 1000] * 10, name="b", config=cfg, shared_ceilings=shared)
