@@ -507,6 +507,7 @@ class _Diagnosis:
         self.progress = Progress(desc="stagebench")
         # thread/async no-op ceilings do not depend on the stage: measured once per run
         self.shared_ceilings: dict[tuple[str, str, int], dict[str, Any]] = {}
+        self.process_sweeps: list[Any] = []  # stages whose process points wait for the level-by-level pass
         self.analysis_cache: dict = {}  # each stage analysed once, before and after the whole-pipeline runs
         # the core's speed after every point (see _speed): the stage curves were measured at these
         self.sweep_speeds: list[float] = []
@@ -694,6 +695,11 @@ class _Diagnosis:
                         why = "every output was None (dropped)"
                     blocked = f"not measured: the earlier stage {step.name!r} produced no outputs: {why}"
                 inputs, in_key, came_from = cached.items, key, repr(step.name)
+            if self.process_sweeps:
+                from ._sweep import sweep_process_points
+
+                sweep_process_points(self.process_sweeps)
+                self.process_sweeps.clear()  # their inputs can go
         self.blocked = blocked
         # what one item at the sink stands for, in source items (batches: the batch size)
         self.items_per_sink_item = (n_source * src_fraction / len(inputs)) if inputs else None
@@ -733,15 +739,24 @@ class _Diagnosis:
         from dataclasses import replace
 
         from ._pickling import pickle_problem
-        from ._sweep import plan_points, sweep_stage
+        from ._spdl_harness import deferred_teardown
+        from ._sweep import StageSweep, plan_points
 
         cfg = _sweep_config(step, self.settings)
         planned = {ex for _, _, ex, _ in plan_points(step.fn, cfg)}
         problem = pickle_problem(inputs, cloud=True) if "process" in planned else None
 
         def sweep(config: Any) -> None:
-            sweep_stage(step.fn, inputs, name=step.name, config=config, writer=writer, progress=self.progress,
-                        shared_ceilings=self.shared_ceilings, on_row=self._probe_speed)
+            # threads and the event loop now; process points later, every stage's
+            # level by level on one pool (_sweep_process_points)
+            s = StageSweep(step.fn, inputs, name=step.name, config=config, writer=writer, progress=self.progress,
+                           shared_ceilings=self.shared_ceilings, on_row=self._probe_speed)
+            with deferred_teardown():
+                s.run([p for p in s.points if p[2] != "process"], None)
+            if s.process_pending():
+                self.process_sweeps.append(s)
+            else:  # ruled out by its thread curve: the skipped rows now, and its inputs need not be kept
+                s.run(s.remaining("process"), None)
 
         if not problem:
             sweep(cfg)

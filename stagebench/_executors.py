@@ -265,26 +265,33 @@ class AsyncRunner(Runner):
 
 
 # ---------------------------------------------------------------- processes
-_WORKER_FN: Callable | None = None
-_WORKER_INIT_ERROR: str | None = None
+_WORKER_FNS: list[tuple[Callable | None, str | None]] = []  # per stage: (the stage, why it did not load)
 
 
-def _worker_init(fn_bytes: bytes) -> None:
-    """Runs once per worker: unpickle the stage (cloudpickle) and keep it."""
-    global _WORKER_FN, _WORKER_INIT_ERROR
+def _worker_init(*fn_bytes: bytes) -> None:
+    """Runs once per worker, before it takes a call: unpickle the pool's stages (cloudpickle) and keep them.
+
+    Loading here rather than at a stage's first call keeps imports out of the
+    points: a worker that is still importing takes no item, while one that
+    took an item and then imported for a second stalled a point's window.
+    """
+    global _WORKER_FNS
     import cloudpickle
 
-    try:
-        _WORKER_FN = cloudpickle.loads(fn_bytes)
-    except Exception as e:  # e.g. the module defining it is not importable there
-        _WORKER_INIT_ERROR = f"cannot load the stage in a worker process: {_describe(e)}"
+    _WORKER_FNS = []
+    for b in fn_bytes:
+        try:
+            _WORKER_FNS.append((cloudpickle.loads(b), None))
+        except Exception as e:  # e.g. the module defining it is not importable there
+            _WORKER_FNS.append((None, f"cannot load the stage in a worker process: {_describe(e)}"))
 
 
-def _worker_call(item: Any) -> tuple[int, bool, str | None, Any]:
-    if _WORKER_FN is None:
-        return (os.getpid(), False, _WORKER_INIT_ERROR or "stage not initialised", None)
+def _worker_call(i: int, item: Any) -> tuple[int, bool, str | None, Any]:
+    fn, err = _WORKER_FNS[i] if i < len(_WORKER_FNS) else (None, "stage not initialised")
+    if fn is None:
+        return (os.getpid(), False, err, None)
     try:
-        out = _WORKER_FN(item)
+        out = fn(item)
     except Exception as e:
         return (os.getpid(), False, _describe(e), None)
     # The output travels back, as it does from a real process-pool stage.
@@ -302,45 +309,57 @@ def _exit_codes(msg: str) -> str:
 
 
 class WorkerPool:
-    """A stage's loky pool, kept across the points of a sweep.
+    """A loky pool kept across the points of a sweep, for one stage or several.
 
-    Starting a worker means a fresh interpreter that unpickles the stage and
-    imports its modules: about 0.1 s of CPU per worker here, and when every
-    point started its own pool that was 60% of a diagnosis. A sweep measures
-    levels in ascending order, so the pool *grows* to c workers at level c:
-    every point still runs on exactly c workers (its CPU and memory are c
-    workers'), the stage and its no-op ceiling share them (the ceiling calls
+    Starting a worker means a fresh interpreter that imports the stage's
+    modules: about 0.1 s of CPU per worker here, and when every point started
+    its own pool that was 60% of a diagnosis. A sweep measures levels in
+    ascending order, so the pool *grows* to c workers at level c: every point
+    still runs on exactly c workers (its CPU and memory are c workers'), the
+    stage and its no-op ceiling share them (the ceiling calls
     :func:`_worker_noop`: the same IPC, no work), and going down in c starts a
     fresh pool. A point that ends with a dead, hung or busy worker discards the
     pool (:meth:`discard` kills it); the next point starts clean.
+
+    Several stages (``WorkerPool(f, g, h)``) share the workers when their
+    process points are measured level by level (the diagnosis does): the pool
+    grows to the top level once for all of them instead of once per stage.
+    Every worker then holds all of them, so a stage's worker memory includes
+    the others' modules and unpickled state; the sweep shares a pool only
+    among stages that pickle small (see ``_sweep._pool_for``).
 
     Growing uses loky's private ``_adjust_process_count`` as loky's own
     reusable executor does to resize; where that is missing (a future loky),
     the pool is replaced instead, which is only slower.
     """
 
-    def __init__(self, fn: Callable, fn_bytes: bytes | None = None) -> None:
-        self.fn = fn
-        self._fn_bytes = fn_bytes
+    def __init__(self, *fns: Callable, fn_bytes: Sequence[bytes] | None = None) -> None:
+        if not fns:
+            raise ValueError("WorkerPool: no stage to run")
+        self.fns = fns
+        self._fn_bytes = tuple(fn_bytes) if fn_bytes is not None else None  # already pickled by the caller
         self._ex: Any = None
         self.size = 0
         self.starts = 0  # fresh pools started; read by tests and the benchmark
 
     @property
-    def fn_bytes(self) -> bytes:
+    def fn_bytes(self) -> tuple[bytes, ...]:
+        """The stages, pickled once (raises what cloudpickle raises for one that cannot be)."""
         if self._fn_bytes is None:
             import cloudpickle
 
-            self._fn_bytes = cloudpickle.dumps(self.fn)
+            self._fn_bytes = tuple(cloudpickle.dumps(f) for f in self.fns)
         return self._fn_bytes
 
     def call_for(self, fn: Callable) -> Callable:
-        """The worker-side call that runs ``fn``: the stage itself or the no-op ceiling."""
-        if fn is self.fn:
-            return _worker_call
+        """The worker-side call that runs ``fn``: one of the pool's stages or the no-op ceiling."""
+        for i, f in enumerate(self.fns):
+            if f is fn:
+                return partial(_worker_call, i)
         if fn is identity:
             return _worker_noop
-        raise ValueError(f"this pool runs {getattr(self.fn, '__name__', self.fn)!r}, not {fn!r}")
+        raise ValueError(f"this pool runs {', '.join(repr(getattr(f, '__name__', f)) for f in self.fns)}, "
+                         f"not {fn!r}")
 
     def executor(self, workers: int) -> Any:
         """The pool with exactly ``workers`` workers (grown, or started fresh)."""
@@ -354,7 +373,7 @@ class WorkerPool:
         if self._ex is None:
             # loky's own context, named: `import joblib` re-registers the process-wide
             # "loky" context as joblib's older vendored copy
-            self._ex = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(self.fn_bytes,),
+            self._ex = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=self.fn_bytes,
                                            context=ctx_loky)
             self.size = workers
             self.starts += 1

@@ -8,7 +8,9 @@ out of memory at 32 processes says nothing about 4.
 
 Process points are the expensive ones (each level starts more interpreters):
 a stage keeps one pool, grown level by level and shared with its ceiling
-(:class:`~stagebench._executors.WorkerPool`); a process curve that stopped
+(:class:`~stagebench._executors.WorkerPool`), and the diagnosis measures all
+its stages' process points level by level on one pool
+(:func:`sweep_process_points`); a process curve that stopped
 rising for ``process_flat_levels`` levels (one, when that level already kept
 80% of the usable cores busy) is not measured further, and none
 is measured when threads already scale linearly to the top of the grid
@@ -33,7 +35,7 @@ from ._resources import usable_cores
 from ._results import RowWriter
 from ._schema import STAGE_COLUMNS
 
-__all__ = ["sweep_stage", "plan_points"]
+__all__ = ["sweep_stage", "plan_points", "StageSweep", "sweep_process_points"]
 
 _STOP_STATUSES = ("skipped", "timeout", "failed")
 _PLATEAU = "not measured: process throughput stopped rising"
@@ -86,59 +88,134 @@ def sweep_stage(
     the row (``elapsed_s`` 0, the original ``started_at``, a ``reason`` that
     says so). Process ceilings ship the stage's own items: always measured.
     """
-    import pandas as pd
+    import contextlib
 
-    cfg = config or SweepConfig()
-    stage = name or getattr(fn, "__name__", None) or type(fn).__name__
-    inputs = list(inputs)
-    payload = payload_bytes(inputs) if inputs else math.nan
-    noop = async_identity if is_coroutine_callable(fn) else identity
-    ceiling_cfg = cfg.measure
-    if cfg.ceiling:
-        from dataclasses import replace
-
-        budget = cfg.ceiling_budget_s or max(0.2, cfg.measure.budget_s / 2)
-        ceiling_cfg = replace(cfg.measure, budget_s=budget)
-
-    rows: list[dict[str, Any]] = []
-    stopped: dict[tuple[str, str, str], str] = {}
-    plateaus: dict[str, tuple[dict[str, Any], int]] = {}
-    linear_checked: set[str] = set()  # harnesses whose thread curve was judged (once, before its first process point)
     from ._spdl_harness import deferred_teardown
 
+    sweep = StageSweep(fn, inputs, name=name, config=config, writer=writer, progress=progress, on_row=on_row,
+                       shared_ceilings=shared_ceilings)
     # deferred_teardown: SPDL's ~0.2 s of tear-down per point overlaps the next point's start
-    with _stage_pool(fn, cfg) as pool, deferred_teardown():
-        for role, harness, ex, c in plan_points(fn, cfg):
-            if ex == "process" and cfg.process_flat_levels and harness not in linear_checked:
-                linear_checked.add(harness)
-                why = _threads_linear(rows, harness) or _threads_at_ceiling(rows, harness)
-                if why:
-                    stopped[("stage", harness, ex)] = stopped[("ceiling", harness, ex)] = why
-            shared = shared_ceilings if role == "ceiling" and ex != "process" else None
+    with contextlib.ExitStack() as stack, deferred_teardown():
+        pools = _pools(stack, [fn]) if "process" in _executors_for(fn, sweep.cfg) else {}
+        sweep.run(sweep.points, pools.get(id(fn)))
+    return sweep.frame()
+
+
+class StageSweep:
+    """One stage's sweep: its planned points, the rows measured so far, and the rules that stop a curve.
+
+    :func:`sweep_stage` runs all its points in order. The diagnosis runs each
+    stage's thread / async points first and then every stage's process points
+    level by level on one shared pool (:func:`sweep_process_points`); the
+    rules see the same rows either way.
+    """
+
+    def __init__(self, fn: Callable, inputs: Sequence, *, name: str | None = None,
+                 config: SweepConfig | None = None, writer: RowWriter | None = None,
+                 progress: Progress | None = None, on_row: Callable[[dict[str, Any]], None] | None = None,
+                 shared_ceilings: dict[tuple[str, str, int], dict[str, Any]] | None = None) -> None:
+        self.fn, self.cfg = fn, config or SweepConfig()
+        self.name = name or getattr(fn, "__name__", None) or type(fn).__name__
+        self.inputs = list(inputs)
+        self.writer, self.progress, self.on_row, self.shared = writer, progress, on_row, shared_ceilings
+        self.payload = payload_bytes(self.inputs) if self.inputs else math.nan
+        self.noop = async_identity if is_coroutine_callable(fn) else identity
+        self.ceiling_cfg = self.cfg.measure
+        if self.cfg.ceiling:
+            from dataclasses import replace
+
+            budget = self.cfg.ceiling_budget_s or max(0.2, self.cfg.measure.budget_s / 2)
+            self.ceiling_cfg = replace(self.cfg.measure, budget_s=budget)
+        self.points = plan_points(fn, self.cfg)
+        self.rows: list[dict[str, Any]] = []
+        self.stopped: dict[tuple[str, str, str], str] = {}
+        self._plateaus: dict[str, tuple[dict[str, Any], int]] = {}
+        self._linear_checked: set[str] = set()  # harnesses whose thread curve was judged (before its first process point)
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=list(STAGE_COLUMNS))
+
+    def remaining(self, executor: str) -> list[tuple[str, str, str, int]]:
+        """This executor's planned points not measured (or recorded as skipped) yet."""
+        done = {(r["role"], r["harness"], r["executor"], r["concurrency"]) for r in self.rows}
+        return [p for p in self.points if p[2] == executor and p not in done]
+
+    def process_pending(self) -> bool:
+        """Whether a process point of this stage is still to be measured (not ruled out by its thread curve)."""
+        for _, harness, ex, _ in self.remaining("process"):
+            self._judge_threads(harness)
+            if ("stage", harness, ex) not in self.stopped:
+                return True
+        return False
+
+    def _judge_threads(self, harness: str) -> None:
+        if self.cfg.process_flat_levels and harness not in self._linear_checked:
+            self._linear_checked.add(harness)
+            why = _threads_linear(self.rows, harness) or _threads_at_ceiling(self.rows, harness)
+            if why:
+                self.stopped[("stage", harness, "process")] = self.stopped[("ceiling", harness, "process")] = why
+
+    def run(self, points: Sequence[tuple[str, str, str, int]], pool: Any) -> None:
+        """Measure (or record as skipped) ``points``, in order; ``pool`` serves the process points."""
+        cfg, stopped = self.cfg, self.stopped
+        for role, harness, ex, c in points:
+            if ex == "process":
+                self._judge_threads(harness)
+            shared = self.shared if role == "ceiling" and ex != "process" else None
             if shared is not None and (harness, ex, c) in shared:
                 orig = shared[(harness, ex, c)]
-                row = {**orig, "stage": stage, "payload_bytes": payload, "elapsed_s": 0.0,
+                row = {**orig, "stage": self.name, "payload_bytes": self.payload, "elapsed_s": 0.0,
                        "reason": "; ".join(r for r in (_SHARED_REASON, orig["reason"]) if r)}
             else:
-                row = _point(fn, noop, inputs, stage, role, harness, ex, c, cfg, ceiling_cfg, payload, pool,
-                             stopped, progress)
+                row = _point(self.fn, self.noop, self.inputs, self.name, role, harness, ex, c, cfg, self.ceiling_cfg,
+                             self.payload, pool, stopped, self.progress)
                 if shared is not None and row["status"] == "ok":
                     shared[(harness, ex, c)] = dict(row)
                 if role == "stage" and ex == "process" and cfg.process_flat_levels:
-                    _watch_plateau(row, harness, plateaus, stopped, cfg.process_flat_levels)
+                    _watch_plateau(row, harness, self._plateaus, stopped, cfg.process_flat_levels)
                 if role == "stage" and ex == "process" and cfg.process_ceilings == "near_best":
-                    _skip_ceiling_unless_near_best(row, rows, harness, stopped)
+                    _skip_ceiling_unless_near_best(row, self.rows, harness, stopped)
                 if role == "ceiling" and stopped.get(("stage", harness, ex), "").startswith(_PLATEAU):
                     # the ceiling of the last measured level is kept; none above it
                     stopped[("ceiling", harness, ex)] = stopped[("stage", harness, ex)]
-            rows.append(row)
-            if writer is not None:
-                writer.write(row)
-            if progress is not None:
-                progress.done(row)
-            if on_row is not None:
-                on_row(row)
-    return pd.DataFrame(rows, columns=list(STAGE_COLUMNS))
+            self.rows.append(row)
+            if self.writer is not None:
+                self.writer.write(row)
+            if self.progress is not None:
+                self.progress.done(row)
+            if self.on_row is not None:
+                self.on_row(row)
+
+
+def sweep_process_points(sweeps: Sequence[StageSweep]) -> None:
+    """The remaining (process) points of several stages, level by level, on one shared pool.
+
+    Why: a pool grown stage by stage starts 1+1+2+4+8 = 16 workers per stage
+    for a 1..16 grid, about 0.1 s of CPU each on top of the points, and the
+    workers of one stage would serve the next just as well. Level by level,
+    every stage's point at c runs on the same c workers, so the pool grows to
+    the top level once. Stages whose process curve was ruled out are skipped
+    with their reason as before; a stage that cannot be pickled runs its
+    points on pools of its own (the first records why). Each harness is its
+    own pass: its levels start again from the lowest. A stage that pickles
+    larger than 1 MiB keeps a pool of its own (see :func:`_pools`).
+    """
+    import contextlib
+
+    from ._spdl_harness import deferred_teardown
+
+    todo = {id(s): s.remaining("process") for s in sweeps}
+    with contextlib.ExitStack() as stack, deferred_teardown():
+        pools = _pools(stack, [s.fn for s in sweeps if s.process_pending()])
+        for harness in dict.fromkeys(p[1] for s in sweeps for p in todo[id(s)]):
+            levels = sorted({p[3] for s in sweeps for p in todo[id(s)] if p[1] == harness})
+            for c in levels:
+                for s in sweeps:
+                    pts = [p for p in todo[id(s)] if p[1] == harness and p[3] == c]
+                    if pts:
+                        s.run(pts, pools.get(id(s.fn)))
 
 
 def _threads_linear(rows: list[dict[str, Any]], harness: str) -> str | None:
@@ -253,22 +330,36 @@ def _skip_ceiling_unless_near_best(row: dict[str, Any], rows: list[dict[str, Any
                         "of it; process_ceilings='all' or STAGEBENCH_PROCESS_CEILINGS=all measures every level")
 
 
-def _stage_pool(fn: Callable, cfg: SweepConfig) -> Any:
-    """One process pool for all of this stage's process points (see WorkerPool).
+_SHARE_MAX_BYTES = 1 << 20  # a stage that pickles larger carries state (a model): it gets workers of its own
 
-    None (each point starts its own) when the stage cannot be pickled: the
-    first point then records why and the ceiling still runs on its own pool.
+
+def _pools(stack: Any, fns: Sequence[Callable]) -> dict[int, WorkerPool]:
+    """Process pools for these stages' process points (see WorkerPool), by ``id(fn)``.
+
+    Stages that pickle small share one pool; one that pickles larger than
+    1 MiB carries state (weights, tables) that every worker of a shared pool
+    would hold, and that would count in the other stages' memory, so it gets
+    its own. Stages that cannot be pickled are left out: their points run
+    without a pool, so the first starts its own, records why and stops that
+    curve. The pools close with ``stack``.
     """
-    import contextlib
+    import cloudpickle
 
-    if "process" not in _executors_for(fn, cfg):
-        return contextlib.nullcontext()
-    try:
-        pool = WorkerPool(fn)
-        pool.fn_bytes  # noqa: B018 (pickle once, up front)
-    except Exception:
-        return contextlib.nullcontext()
-    return pool
+    small: list[tuple[Callable, bytes]] = []
+    out: dict[int, WorkerPool] = {}
+    for fn in dict.fromkeys(fns):  # the same callable twice: one entry
+        try:
+            blob = cloudpickle.dumps(fn)  # pickled once, up front
+        except Exception:
+            continue
+        if len(blob) > _SHARE_MAX_BYTES:
+            out[id(fn)] = stack.enter_context(WorkerPool(fn, fn_bytes=[blob]))
+        else:
+            small.append((fn, blob))
+    if small:
+        shared = stack.enter_context(WorkerPool(*(f for f, _ in small), fn_bytes=[b for _, b in small]))
+        out.update((id(f), shared) for f, _ in small)
+    return out
 
 
 def _point(fn, noop, inputs, stage, role, harness, ex, c, cfg, ceiling_cfg, payload, pool, stopped, progress):

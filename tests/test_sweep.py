@@ -163,6 +163,50 @@ def test_thread_ceilings_are_measured_once_per_run_and_process_ceilings_per_stag
     assert set(shared) == {("direct", "thread", 1), ("direct", "thread", 2)}
 
 
+class _Weights:
+    """A stage that carries 2 MiB of state, as one holding a model would."""
+
+    def __init__(self) -> None:
+        self.w = os.urandom(2 << 20)
+
+    def __call__(self, x):
+        return x
+
+
+def test_the_process_points_of_several_stages_share_one_pool_grown_level_by_level(monkeypatch):
+    import stagebench._sweep as sw
+
+    pools = []
+
+    class Recorded(sw.WorkerPool):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            pools.append(self)
+
+    monkeypatch.setattr(sw, "WorkerPool", Recorded)
+    cfg = SweepConfig(executors=("thread", "process"), concurrency=(1, 2), measure=TINY, process_flat_levels=0,
+                      process_ceilings="all")
+    big = _Weights()
+    sweeps = [sw.StageSweep(sleepy, range(10), name="a", config=cfg),
+              sw.StageSweep(double, [b"x"] * 10, name="b", config=cfg),
+              sw.StageSweep(big, range(10), name="big", config=cfg)]
+    for s in sweeps:
+        s.run([p for p in s.points if p[2] != "process"], None)
+    sw.sweep_process_points(sweeps)
+    # a and b share workers grown once to 2; the stage with 2 MiB of state has its own
+    assert [p.fns for p in pools] == [(big,), (sleepy, double)]
+    assert [p.starts for p in pools] == [1, 1] and all(p.pids() == [] for p in pools)
+    rows = pd.concat([s.frame() for s in sweeps])
+    procs = rows[rows.executor == "process"].sort_values("started_at")
+    assert (procs.status == "ok").all(), procs[["stage", "role", "concurrency", "status", "reason"]]
+    assert (procs.workers_seen == procs.concurrency).all()  # every point on exactly c workers
+    # level by level: every stage at c=1 before any at c=2
+    assert list(procs.concurrency) == [1] * 6 + [2] * 6
+    assert list(procs.stage)[:6:2] == ["a", "b", "big"]
+    # each stage's rows: threads first, then processes, as sweep_stage would give them
+    assert all(list(s.frame().executor) == ["thread"] * 4 + ["process"] * 4 for s in sweeps)
+
+
 def one_at_a_time(x, lock_file):
     """20 ms under a lock shared by all processes: 50 items/s at any concurrency, on any load."""
     import fcntl
