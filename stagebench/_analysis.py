@@ -330,8 +330,12 @@ def analyze_stage(
     cores: int,
     free_threaded: bool = False,
     n_boot: int = 200,
+    gil_probe: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Analyse the rows of one stage (all harnesses, executors, roles).
+
+    ``gil_probe``: the stage's direct GIL reading, if one was taken (see
+    :func:`stagebench._gil.estimate_gil`).
 
     Returns the stage entry of ``summary.json`` (``index`` and ``type`` are
     ``None``; :func:`summarize` fills them from ``run.json``). Never raises for
@@ -373,8 +377,9 @@ def analyze_stage(
              "latency_p50_ms": p.latency_p50_ms} for p in curve
         ]
 
-    gil = estimate_gil(sr, cores=cores, fits=entry["fit"], free_threaded=free_threaded)
-    entry["gil"] = {k: gil[k] for k in ("pinned", "saturated", "serializer", "harness", "executor", "notes")}
+    gil = estimate_gil(sr, cores=cores, fits=entry["fit"], free_threaded=free_threaded, probe=gil_probe)
+    entry["gil"] = {k: gil.get(k) for k in ("pinned", "source", "saturated", "serializer", "harness", "executor",
+                                              "notes")}
     entry["gil_fraction"] = gil["fraction"]
     entry["gil_fraction_interval"] = gil["interval"]
     entry["gil_s_per_item"] = gil["gil_s_per_item"]
@@ -405,7 +410,8 @@ def analyze_stage(
     summary.extend(lines)
     if gil["fraction"] is not None:
         lo, hi = gil["interval"]
-        kind = "inferred from the curves" if gil["pinned"] else "bounded only"
+        kind = ("read by a counter thread next to the stage" if gil.get("source") == "probe"
+                else "inferred from the curves" if gil["pinned"] else "bounded only")
         summary.append(
             f"GIL share {gil['fraction']:.2f} (interval {lo:.2f}-{hi:.2f}, {kind}; not a direct measurement)"
         )
@@ -561,7 +567,8 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         if stage_cache is not None and key in stage_cache:
             entry = copy.deepcopy(stage_cache[key])
         else:
-            entry = analyze_stage(part, cores=cores, free_threaded=free_threaded) if len(part) else _unmeasured(name)
+            entry = (analyze_stage(part, cores=cores, free_threaded=free_threaded, gil_probe=decl.get("gil_probe"))
+                     if len(part) else _unmeasured(name))
             if stage_cache is not None:
                 stage_cache[key] = copy.deepcopy(entry)
         entry["name"] = name

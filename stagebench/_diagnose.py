@@ -85,6 +85,8 @@ ENV_VARS: dict[str, str] = {
     "STAGEBENCH_CACHE_MAX_MB": "most MB of one stage's outputs kept; later items are dropped, with a message (default 1024)",
     "STAGEBENCH_PROCESS_FLAT_LEVELS": "stop a process curve after this many levels in a row without gain (default 2; 0: every level, and processes even where threads already scale linearly or reach the harness ceiling)",
     "STAGEBENCH_PROCESS_CEILINGS": "near_best (default: a process no-op ceiling only after points within 5% of the best so far) or all",
+    "STAGEBENCH_GIL_PROBE": "auto (default: a counter thread reads the GIL share of each sync stage that computes at least "
+                            "15% of its call, ~0.5 s each) or off",
 }
 
 _TRUE = ("1", "true", "TRUE", "on", "ON", "yes", "YES")
@@ -130,6 +132,8 @@ class DiagnoseSettings:
     """See :attr:`stagebench.SweepConfig.process_flat_levels`."""
     process_ceilings: str = "near_best"
     """See :attr:`stagebench.SweepConfig.process_ceilings`."""
+    gil_probe: str = "auto"
+    """``auto``: read the GIL share of stages that compute (see :mod:`stagebench._gilprobe`); ``off``: curves only."""
 
     def __post_init__(self) -> None:
         from ._schema import HARNESSES
@@ -162,6 +166,8 @@ class DiagnoseSettings:
                                 f"got {self.process_flat_levels}")
         if self.process_ceilings not in ("near_best", "all"):
             raise SettingsError(f"STAGEBENCH_PROCESS_CEILINGS must be one of near_best, all; got {self.process_ceilings!r}")
+        if self.gil_probe not in ("auto", "off"):
+            raise SettingsError(f"STAGEBENCH_GIL_PROBE must be one of auto, off; got {self.gil_probe!r}")
 
     @property
     def validation_window_s(self) -> float:
@@ -229,6 +235,8 @@ class DiagnoseSettings:
             kw["cache_dir"] = env["STAGEBENCH_CACHE_DIR"].strip()
         if env.get("STAGEBENCH_PROCESS_CEILINGS", "").strip():
             kw["process_ceilings"] = env["STAGEBENCH_PROCESS_CEILINGS"].strip().lower()
+        if env.get("STAGEBENCH_GIL_PROBE", "").strip():
+            kw["gil_probe"] = env["STAGEBENCH_GIL_PROBE"].strip().lower()
         return cls(**kw)
 
     def as_meta(self) -> dict[str, Any]:
@@ -416,6 +424,39 @@ def _sweep_config(stage: Any, settings: DiagnoseSettings):
     return SweepConfig(executors=settings.executors, concurrency=settings.concurrency,
                        harnesses=settings.harnesses, measure=measure, process_flat_levels=settings.process_flat_levels,
                        process_ceilings=settings.process_ceilings)
+
+
+_COMPUTES = 0.15  # share of its call a stage computes, from which its GIL share is worth reading directly
+
+
+def _computes(rows: list[dict[str, Any]]) -> bool:
+    """Whether a sync stage's thread points show it computing at least 15% of its call.
+
+    The spdl harness times the calling thread's CPU during the call
+    (``call_cpu_ms``); the direct harness adds almost nothing to the stage's
+    own cores used at the lowest level.
+    """
+    pts = [r for r in rows if r["role"] == "stage" and r["executor"] == "thread" and r["status"] == "ok"]
+    if not pts:
+        return False
+    c0 = min(r["concurrency"] for r in pts)
+    for r in pts:
+        if r["concurrency"] != c0:
+            continue
+        cpu, p50, used = (r.get(k) for k in ("call_cpu_ms", "latency_p50_ms", "cores_used"))
+        if r["harness"] == "spdl" and _finite(cpu) and _finite(p50) and p50 > 0:
+            share = cpu / p50
+        elif r["harness"] == "direct" and _finite(used):
+            share = used / c0
+        else:
+            continue
+        if share >= _COMPUTES:
+            return True
+    return False
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def _skipped_rows(stage: Any, settings: DiagnoseSettings, reason: str, *, executor: str | None = None,
@@ -753,6 +794,7 @@ class _Diagnosis:
                            shared_ceilings=self.shared_ceilings, on_row=self._probe_speed)
             with deferred_teardown():
                 s.run([p for p in s.points if p[2] != "process"], None)
+            self._probe_gil(step, inputs, s.rows)
             if s.process_pending():
                 self.process_sweeps.append(s)
             else:  # ruled out by its thread curve: the skipped rows now, and its inputs need not be kept
@@ -774,6 +816,25 @@ class _Diagnosis:
                                  executor="process", ceilings=True):
             writer.write(row)
             self.progress.done(row)
+
+    def _probe_gil(self, step: Any, inputs: list, rows: list[dict[str, Any]]) -> None:
+        """Read the stage's GIL share directly (stagebench._gilprobe) when it computes enough for it to matter.
+
+        After its thread points, with SPDL's tear-downs finished: the probe
+        sets the switch interval and reads CPU clocks, so nothing else may run.
+        A stage that computes less than 15% of its call (waits) holds the GIL
+        at most that share, which the curves bound well; the probe (~0.5 s)
+        is for the others.
+        """
+        if self.settings.gil_probe == "off" or not _computes(rows):
+            return
+        from ._gilprobe import probe_gil
+
+        reading = probe_gil(step.fn, inputs[:32], timeout_s=self.settings.timeout_s)
+        self._stage_meta(step.name)["gil_probe"] = reading
+        if "error" in reading:
+            self.say(f"{step.name!r}: no GIL probe: {reading['error']}")
+        self.run_dir.write_meta(self.meta)
 
     def _the_others(self, what: str = "they are") -> str:
         """What becomes of the points that are not process points."""

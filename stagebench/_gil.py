@@ -79,6 +79,9 @@ SIGNAL_LABELS = {
     "threads_vs_processes": "process / thread throughput at equal concurrency (above 1 beyond noise: the "
                             "threads' limit is inside one process, the GIL or a lock)",
     "serial_fraction": "Amdahl serial fraction of the thread curve, against the process curve's",
+    "gil_probe": "share of its time the stage held the GIL while a pure-Python counter thread ran next to it "
+                 "(the counter's CPU time is its own GIL time; reads high by the GIL's hand-offs and on a "
+                 "busy machine)",
 }
 
 _GIL_FREE_CORES = 1.2        # threads above this many cores: part of their CPU runs without the GIL
@@ -155,6 +158,7 @@ def estimate_gil(
     cores: int,
     fits: dict[str, dict] | None = None,
     free_threaded: bool = False,
+    probe: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The GIL fraction of one stage, its interval, and every signal behind it.
 
@@ -165,10 +169,18 @@ def estimate_gil(
     ``saturated`` (the thread curve flattened below the cores),
     ``serializer`` (``"gil"``, ``"other"`` or ``None``), ``harness``,
     ``executor``, ``signals`` and plain-words ``notes``.
+
+    ``probe``: a reading of :func:`stagebench._gilprobe.probe_gil` (``share``,
+    ``low``, ``high``), shown as the ``gil_probe`` signal. It decides the
+    fraction where the curves only bound it, and where it reads below the
+    curves' whole interval: its errors push it up (hand-offs, a busy
+    machine), so a low reading is evidence the curves cannot give on few
+    cores (C code that releases the GIL flattens at the cores as GIL-bound
+    code flattens at the GIL). ``source`` says which decided.
     """
     fits = fits or {}
     out: dict[str, Any] = {
-        "fraction": None, "interval": None, "pinned": False, "gil_s_per_item": None,
+        "fraction": None, "interval": None, "pinned": False, "source": None, "gil_s_per_item": None,
         "stage_s_per_item": None, "saturated": False, "serializer": None, "harness": None,
         "executor": None, "signals": {}, "notes": [],
     }
@@ -389,6 +401,32 @@ def estimate_gil(
             f"GIL and the threads were limited by the cores before any GIL cap showed; "
             f"more cores would pin it down"
         )
+    out["source"] = "curves"
+    if probe and probe.get("share") is not None:
+        ps, p_lo, p_hi = (float(probe[k]) for k in ("share", "low", "high"))
+        below = out["pinned"] and p_hi < lo
+        signals["gil_probe"] = _signal(
+            ps, [p_lo, p_hi], "gil_probe", "estimate" if (below or not out["pinned"]) else "check", ps, [p_lo, p_hi],
+            f"median of {probe.get('rounds', '?')} rounds at a {1e3 * float(probe.get('switch_interval_s', 0.0005)):g} ms "
+            "switch interval (interval: quartiles)",
+        )
+        if below or not out["pinned"]:
+            cap = hi if not out["pinned"] else 1.0  # a bound from the curves still holds
+            if below:
+                notes.append(
+                    f"the curves put the GIL share at {point:.2f} ({lo:.2f}-{hi:.2f}), but a counter thread next "
+                    f"to the stage kept the GIL for all but {ps:.2f} of its time: the threads were limited by "
+                    "something else (the cores, memory); the probe's reading is used"
+                )
+            else:
+                notes[:] = [n for n in notes if "only from above" not in n]
+                notes.append(
+                    f"the curves bound the GIL share only from above (≤ {hi:.2f}); a counter thread next to the "
+                    f"stage read {ps:.2f} ({p_lo:.2f}-{p_hi:.2f})"
+                    + (", capped at that bound" if ps > hi else "") + ", which is used"
+                )
+            point, lo, hi = min(ps, cap), min(p_lo, cap), min(p_hi, cap)
+            out["pinned"], out["source"] = True, "probe"
     point = _clip01(point)
     out["fraction"] = point
     out["interval"] = [_clip01(min(lo, point)), _clip01(max(hi, point))]

@@ -241,10 +241,11 @@ def _stand_in(st: dict) -> StandIn | None:
     interval = st.get("gil_fraction_interval") or [None, None]
     note = ""
     if frac is not None and (st.get("gil") or {}).get("pinned") is False and _num(interval[0]) is not None:
-        # Only bounded from above: its threads ran into the cores before any GIL cap
-        # showed, so much of its CPU ran without the GIL. The estimate's midpoint is
-        # a guess; the lower end is what the data allow, and what such stages (C code
-        # that releases the GIL: hashing, decoding, numpy) do.
+        # Only bounded from above (and not probed: STAGEBENCH_GIL_PROBE=off, or the
+        # probe failed): its threads ran into the cores before any GIL cap showed, so
+        # much of its CPU ran without the GIL. The estimate's midpoint is a guess; the
+        # lower end is what the data allow. It reads high on Pillow and numpy stages
+        # (the demo +19% to +45%), which the probe's reading fixes where it runs.
         frac = _num(interval[0])
         note = "GIL share only bounded from above: the stand-in takes its lower end"
     if own is None:

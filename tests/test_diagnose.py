@@ -81,6 +81,7 @@ def test_settings_from_env_defaults_and_values():
     assert DiagnoseSettings.from_env({"STAGEBENCH_CONCURRENCY": "1, 3,9"}).concurrency == (1, 3, 9)
     assert s.process_ceilings == "near_best"
     assert DiagnoseSettings.from_env({"STAGEBENCH_PROCESS_CEILINGS": "All"}).process_ceilings == "all"
+    assert s.gil_probe == "auto" and DiagnoseSettings.from_env({"STAGEBENCH_GIL_PROBE": "Off"}).gil_probe == "off"
 
 
 @pytest.mark.parametrize(("var", "value", "says"), [
@@ -96,6 +97,7 @@ def test_settings_from_env_defaults_and_values():
     ("STAGEBENCH_CACHE_MAX_MB", "0", "> 0"),
     ("STAGEBENCH_TIMEOUT_S", "0.5", "must be larger than budget"),
     ("STAGEBENCH_PROCESS_CEILINGS", "some", "one of near_best, all"),
+    ("STAGEBENCH_GIL_PROBE", "maybe", "one of auto, off"),
 ])
 def test_bad_settings_name_the_variable_and_what_is_allowed(var, value, says):
     with pytest.raises(SettingsError) as e:
@@ -172,6 +174,10 @@ def test_diagnose_pipeline_writes_the_run_directory(tmp_path, capsys):
     assert st[names[2]]["type"] == "aggregate"
     assert st["size"]["items_per_input"] == pytest.approx(4)  # batches of 4 source items
     assert st[names[0]]["items_per_input"] == pytest.approx(1)
+    # the GIL probe reads stages that compute (the tight lambda), not one that waits
+    assert "gil_probe" not in st[names[0]] and "gil_probe" not in st["async_stage"]
+    assert 0 <= st["size"]["gil_probe"]["share"] <= 1
+    assert {s["name"]: s["gil"]["source"] for s in summary["stages"]}["size"] in ("probe", "curves")
     v = meta["validation"]
     assert v["qps"] > 0 and v["qps_low"] <= v["qps"] <= v["qps_high"] and v["seconds"] >= 0.5
     # the sink receives batches of 4: qps counts source items, 4 per sink item; the items

@@ -215,3 +215,70 @@ def test_known_answer_stages_carry_their_calibration_across_pickling():
     assert back.loops == s.loops > 0  # workers never recalibrate
     assert Spin(2.0).loops == pytest.approx(2 * Spin(1.0).loops, rel=0.01)
     assert HashCPU(1.0)(7) == 7
+
+
+# ------------------------------------------------------------------ the direct probe
+def test_a_probe_decides_where_the_curves_only_bound_the_share():
+    # hashlib-like on 2 cores: threads flatten at the cores, so the curves bound the share only from above
+    rows = StageRows(model_rows("s", gil_ms=0.02, wait_ms=0.0, free_cpu_ms=4.0, cores=2))
+    assert not estimate_gil(rows, cores=2)["pinned"]
+    r = estimate_gil(rows, cores=2, probe={"share": 0.03, "low": 0.01, "high": 0.08, "rounds": 8})
+    assert (r["fraction"], r["interval"], r["pinned"], r["source"]) == (0.03, [0.01, 0.08], True, "probe")
+    assert r["signals"]["gil_probe"]["role"] == "estimate"
+    assert not any("only from above (≤" in n and "more cores" in n for n in r["notes"])
+    assert any("a counter thread next to the stage read 0.03" in n for n in r["notes"])
+    # the curves' upper bound still holds over a higher reading
+    hi = estimate_gil(rows, cores=2)["interval"][1]
+    capped = estimate_gil(rows, cores=2, probe={"share": 0.9, "low": 0.8, "high": 1.0})
+    assert capped["fraction"] == pytest.approx(hi) and "capped at that bound" in capped["notes"][-1]
+
+
+def test_a_probe_below_the_curves_interval_overrides_them_and_one_above_is_only_a_check():
+    rows = StageRows(model_rows("s", gil_ms=2.4, wait_ms=1.6))  # the curves pin 0.6
+    base = estimate_gil(rows, cores=2)
+    assert base["pinned"] and base["interval"][0] > 0.3
+    low = estimate_gil(rows, cores=2, probe={"share": 0.05, "low": 0.02, "high": 0.1})
+    assert low["fraction"] == 0.05 and low["source"] == "probe"
+    assert any("limited by something else" in n for n in low["notes"])
+    # the probe's errors push it up (hand-offs, a busy machine): a higher reading does not move the curves
+    high = estimate_gil(rows, cores=2, probe={"share": 0.9, "low": 0.8, "high": 1.0})
+    assert high["fraction"] == base["fraction"] and high["source"] == "curves"
+    assert high["signals"]["gil_probe"]["role"] == "check"
+    st = analyze_stage(model_rows("s", gil_ms=2.4, wait_ms=1.6), cores=2, gil_probe={"share": 0.05, "low": 0.02,
+                                                                                       "high": 0.1})
+    assert st["gil"]["source"] == "probe" and st["gil_fraction"] == 0.05
+    assert any("read by a counter thread" in line for line in st["evidence"]["summary"])
+
+
+def test_the_probe_reads_known_answers_on_real_stages():
+    """Pure Python reads high, waiting and SHA-256 read low (tolerances for a loaded 2-core VM:
+    its errors push readings up, so the low ones are tight)."""
+    from _stages import HashCPU, Sleep, Spin
+    from stagebench._gilprobe import probe_gil
+
+    spin, nap, sha = probe_gil(Spin(2.0), [0]), probe_gil(Sleep(2.0), [0]), probe_gil(HashCPU(2.0), [0])
+    print({k: round(v["share"], 3) for k, v in (("spin", spin), ("sleep", nap), ("sha256", sha))})
+    assert spin["share"] > 0.6 and nap["share"] < 0.2 and sha["share"] < 0.3
+    assert 3 <= spin["rounds"] <= 8 and spin["low"] <= spin["share"] <= spin["high"]
+    assert spin["seconds"] < 3
+
+
+def test_the_probe_records_a_stage_that_raises_or_hangs_and_restores_the_switch_interval():
+    import sys
+    import threading
+
+    from stagebench._gilprobe import probe_gil
+
+    def bad(x):
+        raise ValueError("bad record")
+
+    old = sys.getswitchinterval()
+    assert probe_gil(bad, [1]) == {"error": "the stage raised during the GIL probe: ValueError: bad record"}
+    release = threading.Event()
+    t0 = time.perf_counter()
+    r = probe_gil(lambda x: release.wait(), [1], timeout_s=0.5)
+    assert r == {"error": "the stage did not return within 0.5 s during the GIL probe"}
+    assert time.perf_counter() - t0 < 2
+    release.set()
+    assert sys.getswitchinterval() == old
+    assert probe_gil(bad, []) == {"error": "no inputs to probe with"}
