@@ -88,6 +88,7 @@ _GIL_FREE_CORES = 1.2        # threads above this many cores: part of their CPU 
 _CORES_LIMITED = 0.75        # share of the cores at which a curve counts as limited by them
 _SUBLINEAR = 0.75            # peak below this share of linear scaling: the curve has flattened
 _TICK_S = 0.02               # CPU counters tick at 10 ms, read twice per window
+_VAGUE = 0.3                 # a curves' interval wider than this: a probe reading inside it decides
 
 
 def harness_gil_s(ceiling: Point | None) -> float:
@@ -172,11 +173,13 @@ def estimate_gil(
 
     ``probe``: a reading of :func:`stagebench._gilprobe.probe_gil` (``share``,
     ``low``, ``high``), shown as the ``gil_probe`` signal. It decides the
-    fraction where the curves only bound it, and where it reads below the
+    fraction where the curves only bound it, where they leave it wider open
+    than 0.3 and the reading falls inside, and where it reads below the
     curves' whole interval: its errors push it up (hand-offs, a busy
     machine), so a low reading is evidence the curves cannot give on few
     cores (C code that releases the GIL flattens at the cores as GIL-bound
-    code flattens at the GIL). ``source`` says which decided.
+    code flattens at the GIL). Above the curves it is only a check.
+    ``source`` says which decided.
     """
     fits = fits or {}
     out: dict[str, Any] = {
@@ -405,14 +408,19 @@ def estimate_gil(
     if probe and probe.get("share") is not None:
         ps, p_lo, p_hi = (float(probe[k]) for k in ("share", "low", "high"))
         below = out["pinned"] and p_hi < lo
+        vague = out["pinned"] and hi - lo > _VAGUE and lo <= ps <= hi  # consistent, and far more precise
+        decides = below or vague or not out["pinned"]
         signals["gil_probe"] = _signal(
-            ps, [p_lo, p_hi], "gil_probe", "estimate" if (below or not out["pinned"]) else "check", ps, [p_lo, p_hi],
+            ps, [p_lo, p_hi], "gil_probe", "estimate" if decides else "check", ps, [p_lo, p_hi],
             f"median of {probe.get('rounds', '?')} rounds at a {1e3 * float(probe.get('switch_interval_s', 0.0005)):g} ms "
             "switch interval (interval: quartiles)",
         )
-        if below or not out["pinned"]:
+        if decides:
             cap = hi if not out["pinned"] else 1.0  # a bound from the curves still holds
-            if below:
+            if vague:
+                notes.append(f"the curves leave the GIL share anywhere in {lo:.2f}-{hi:.2f}; a counter thread next "
+                             f"to the stage read {ps:.2f} ({p_lo:.2f}-{p_hi:.2f}), which is used")
+            elif below:
                 notes.append(
                     f"the curves put the GIL share at {point:.2f} ({lo:.2f}-{hi:.2f}), but a counter thread next "
                     f"to the stage kept the GIL for all but {ps:.2f} of its time: the threads were limited by "

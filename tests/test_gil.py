@@ -282,3 +282,18 @@ def test_the_probe_records_a_stage_that_raises_or_hangs_and_restores_the_switch_
     release.set()
     assert sys.getswitchinterval() == old
     assert probe_gil(bad, []) == {"error": "no inputs to probe with"}
+
+
+def test_a_probe_inside_a_wide_curves_interval_decides_and_inside_a_narrow_one_does_not(monkeypatch):
+    import stagebench._gil as G
+
+    rows = StageRows(model_rows("s", gil_ms=2.4, wait_ms=1.6))
+    lo, hi = estimate_gil(rows, cores=2)["interval"]
+    inside = {"share": (lo + hi) / 2 + 0.01, "low": lo, "high": hi}
+    assert hi - lo < G._VAGUE and estimate_gil(rows, cores=2, probe=inside)["source"] == "curves"
+    # the same interval counts as wide open once the threshold is below its width (a 0.2 ms
+    # pure-Python stage's curves gave 0-1 in a diagnosis; its probe read 0.94)
+    monkeypatch.setattr(G, "_VAGUE", (hi - lo) / 2)
+    r = estimate_gil(rows, cores=2, probe=inside)
+    assert r["source"] == "probe" and r["fraction"] == pytest.approx(inside["share"])
+    assert any("leave the GIL share anywhere in" in n for n in r["notes"])
