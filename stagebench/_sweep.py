@@ -347,7 +347,7 @@ def _pools(stack: Any, fns: Sequence[Callable]) -> dict[int, WorkerPool]:
 
     small: list[tuple[Callable, bytes]] = []
     out: dict[int, WorkerPool] = {}
-    for fn in dict.fromkeys(fns):  # the same callable twice: one entry
+    for fn in {id(f): f for f in fns}.values():  # the same callable twice: one entry (by identity: may be unhashable)
         try:
             blob = cloudpickle.dumps(fn)  # pickled once, up front
         except Exception:
