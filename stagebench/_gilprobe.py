@@ -17,7 +17,8 @@ GIL; the stage held it for the rest of the window. Per call::
 
 The switch interval is set to 0.5 ms during the probe (and restored), so the
 stage gets the GIL back within 0.5 ms of asking instead of 5 ms and its
-GIL-free work runs at its own pace next to the counter. The median over
+GIL-free work runs at its own pace next to the counter. Stages whose
+calls take over 0.1 s are not probed (it needs a dozen calls). The median over
 several short alternating rounds keeps this VM's speed phases (tens of
 milliseconds) out of it. On known answers here (a spin of g ms then a sleep
 of r ms) it read 0.90 (truth 1), 0.73 (0.8), 0.49 (0.5), 0.20 (0.2) and
@@ -46,20 +47,27 @@ _SWITCH_S = 0.0005
 _MIN_WINDOW_S = 0.03
 _BUDGET_S = 0.6      # all rounds together, alone + with the counter
 _MIN_ROUNDS, _MAX_ROUNDS = 3, 8
+_MAX_CALL_S = 0.1    # slower calls would need > 1.2 s (3 rounds of 2 x 2 calls): not probed
 
 
-def _spin_counter(stop: threading.Event, ready: threading.Event) -> None:
+class _Abandoned(Exception):
+    """The caller gave up waiting (a hung stage): stop at the next call boundary."""
+
+
+def _spin_counter(stop: threading.Event, abandon: threading.Event, ready: threading.Event) -> None:
     ready.set()
-    while not stop.is_set():
+    while not (stop.is_set() or abandon.is_set()):
         for _ in range(50):
             pass
 
 
-def _calls(fn: Callable, items: Sequence, window_s: float) -> tuple[float, int]:
+def _calls(fn: Callable, items: Sequence, window_s: float, abandon: threading.Event) -> tuple[float, int]:
     """Wall seconds and calls of ``fn`` back to back over ``items`` for at least ``window_s``."""
     n, k = len(items), 0
     t0 = time.perf_counter()
     while True:
+        if abandon.is_set():
+            raise _Abandoned
         fn(items[k % n])
         k += 1
         el = time.perf_counter() - t0
@@ -67,22 +75,25 @@ def _calls(fn: Callable, items: Sequence, window_s: float) -> tuple[float, int]:
             return el, k
 
 
-def _rounds(fn: Callable, items: Sequence, call_s: float) -> list[float]:
+def _rounds(fn: Callable, items: Sequence, call_s: float, abandon: threading.Event) -> list[float]:
     window = max(_MIN_WINDOW_S, 2 * call_s)
     n = max(_MIN_ROUNDS, min(_MAX_ROUNDS, int(_BUDGET_S / (2 * window))))
     shares = []
     for _ in range(n):
-        w_a, k_a = _calls(fn, items, window)
+        w_a, k_a = _calls(fn, items, window, abandon)
         stop, ready = threading.Event(), threading.Event()
-        t = threading.Thread(target=_spin_counter, args=(stop, ready), name="stagebench-gil-probe", daemon=True)
+        t = threading.Thread(target=_spin_counter, args=(stop, abandon, ready), name="stagebench-gil-probe",
+                             daemon=True)
         t.start()
         ready.wait()
         clock = time.pthread_getcpuclockid(t.ident)  # the counter's CPU time, read from this thread
         c0 = time.clock_gettime(clock)
-        w, k = _calls(fn, items, window)
-        counter_cpu = time.clock_gettime(clock) - c0
-        stop.set()
-        t.join()
+        try:
+            w, k = _calls(fn, items, window, abandon)
+            counter_cpu = time.clock_gettime(clock) - c0
+        finally:
+            stop.set()  # never leave a spinner running: it would slow everything measured after
+            t.join()
         held = max(0.0, w - min(counter_cpu, w)) / k
         shares.append(held / (w_a / k_a))
     return shares
@@ -101,13 +112,21 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
         return {"error": "no inputs to probe with"}
     result: dict[str, Any] = {}
     old = sys.getswitchinterval()
+    abandon = threading.Event()
 
     def work() -> None:
         t0 = time.perf_counter()
         try:
-            w, k = _calls(fn, items, 0.01)  # warm: first calls import, fill caches
+            _calls(fn, items, 0.0, abandon)  # warm: a first call imports, fills caches
+            w, k = _calls(fn, items, 0.01, abandon)
+            if w / k > _MAX_CALL_S:
+                result["error"] = (f"not probed: a call takes {w / k:.2g} s; the probe runs only stages whose "
+                                   f"calls take under {_MAX_CALL_S:g} s (it needs a dozen calls)")
+                return
             sys.setswitchinterval(_SWITCH_S)
-            shares = _rounds(fn, items, w / k)
+            shares = _rounds(fn, items, w / k, abandon)
+        except _Abandoned:
+            return
         except Exception as e:  # noqa: BLE001 - recorded, the diagnosis goes on
             result["error"] = f"the stage raised during the GIL probe: {type(e).__name__}: {e}"
             return
@@ -123,6 +142,7 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
     t.start()
     t.join(timeout_s)
     if t.is_alive():
+        abandon.set()  # its spinner stops now; the stage's thread at its next call boundary
         sys.setswitchinterval(old)
         from ._executors import _LEAKED
 

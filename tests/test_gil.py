@@ -275,12 +275,24 @@ def test_the_probe_records_a_stage_that_raises_or_hangs_and_restores_the_switch_
     old = sys.getswitchinterval()
     assert probe_gil(bad, [1]) == {"error": "the stage raised during the GIL probe: ValueError: bad record"}
     release = threading.Event()
+    calls = []
+
+    def hangs_later(x):  # returns for a while (the probe's spinner is running by then), then hangs
+        calls.append(x)
+        if len(calls) > 40:
+            release.wait()
+        time.sleep(0.001)
+
     t0 = time.perf_counter()
-    r = probe_gil(lambda x: release.wait(), [1], timeout_s=0.5)
+    r = probe_gil(hangs_later, [1], timeout_s=0.5)
     assert r == {"error": "the stage did not return within 0.5 s during the GIL probe"}
     assert time.perf_counter() - t0 < 2
-    release.set()
     assert sys.getswitchinterval() == old
+    time.sleep(0.2)  # the spinner must not outlive the probe: it would slow everything measured after
+    assert not [t for t in threading.enumerate() if t.name == "stagebench-gil-probe" and t.is_alive()]
+    release.set()
+    slow = probe_gil(lambda x: time.sleep(0.15), [1])
+    assert slow["error"].startswith("not probed: a call takes 0.15 s")
     assert probe_gil(bad, []) == {"error": "no inputs to probe with"}
 
 
