@@ -190,12 +190,19 @@ def test_known_gil_fraction_of_real_spin_sleep_stages(spin_ms, sleep_ms):
     probe = SpinSleepProbe(stage)
     rows = _measure(stage, first=probe)
     _require_a_quiet_window(rows)
+    if probe.spin_s > 0 and probe.spin_cpu_s < 0.8 * probe.spin_s:
+        # The truth is wall time holding the GIL; the curves see CPU time. A core taken away
+        # mid-spin (another VM's turn) stretches the first, not the second. One fresh-clone run
+        # read a held share of 0.43 against a CPU share of 0.27 (estimate 0.28): that signature.
+        pytest.skip(f"the spin got {probe.spin_cpu_s / probe.spin_s:.0%} of a core while holding the GIL: "
+                    "the machine took the core away; the held share is not the stage's")
     held = probe.spin_s / probe.total_s
     st = analyze_stage(rows, cores=len(os.sched_getaffinity(0)), n_boot=50)
     nominal = stage.gil_fraction
     signals = {k: round(v["value"], 3) for k, v in st["evidence"]["signals"].items()
                if isinstance(v.get("value"), float)}
-    print(f"GIL fraction nominal {nominal:.2f}, held (probe) {held:.3f}, estimated {st['gil_fraction']:.3f} "
+    print(f"spin CPU / wall {probe.spin_cpu_s / max(probe.spin_s, 1e-9):.2f}; "
+          f"GIL fraction nominal {nominal:.2f}, held (probe) {held:.3f}, estimated {st['gil_fraction']:.3f} "
           f"interval {st['gil_fraction_interval']} signals {signals}")
     assert st["gil_fraction"] == pytest.approx(held, abs=0.1)
     if nominal >= 0.5:
