@@ -789,7 +789,7 @@ class _Diagnosis:
 
         def sweep(config: Any) -> None:
             # threads and the event loop now; process points later, every stage's
-            # level by level on one pool (_sweep_process_points)
+            # level by level on one pool (_sweep.sweep_process_points, after the last stage)
             s = StageSweep(step.fn, inputs, name=step.name, config=config, writer=writer, progress=self.progress,
                            shared_ceilings=self.shared_ceilings, on_row=self._probe_speed)
             with deferred_teardown():
