@@ -24,10 +24,16 @@ milliseconds) out of it. On known answers here (a spin of g ms then a sleep
 of r ms) it read 0.90 (truth 1), 0.73 (0.8), 0.49 (0.5), 0.20 (0.2) and
 0.00 (a sleep); SHA-256 of 1 MiB buffers 0.00-0.06.
 
+A counter that holds the GIL but not a core (the machine took it away:
+other VMs, other programs) would read as GIL the stage held: on a fresh
+clone whose cores were being taken, SHA-256 read 0.55. So each round first
+lets the spinner run alone for 5 ms; the share of a core it got there
+(``spinner_core``) scales its CPU time up to its GIL time. The correction
+assumes the machine takes cores at the same rate for the whole round.
+
 What it is not: the hand-offs of the GIL count as the stage's (a stage that
-reacquires the GIL often reads a little high), and a counter that waits for
-a core because other programs hold them reads as GIL the stage held (a busy
-machine reads high). The stage runs in a thread of its own that the
+reacquires the GIL often reads a little high), and a machine whose load
+changes within a round is not corrected. The stage runs in a thread of its own that the
 diagnosis abandons after ``timeout_s`` (a stage that hangs on the probe's
 inputs cannot stop the diagnosis).
 """
@@ -48,6 +54,8 @@ _MIN_WINDOW_S = 0.03
 _BUDGET_S = 0.6      # all rounds together, alone + with the counter
 _MIN_ROUNDS, _MAX_ROUNDS = 3, 8
 _MAX_CALL_S = 0.1    # slower calls would need > 1.2 s (3 rounds of 2 x 2 calls): not probed
+_SOLO_S = 0.005      # the spinner alone before each round: the share of a core it gets
+_MIN_CORE = 0.3      # below this the correction would be mostly noise
 
 
 class _Abandoned(Exception):
@@ -75,10 +83,11 @@ def _calls(fn: Callable, items: Sequence, window_s: float, abandon: threading.Ev
             return el, k
 
 
-def _rounds(fn: Callable, items: Sequence, call_s: float, abandon: threading.Event) -> list[float]:
+def _rounds(fn: Callable, items: Sequence, call_s: float,
+            abandon: threading.Event) -> tuple[list[float], list[float]]:
     window = max(_MIN_WINDOW_S, 2 * call_s)
     n = max(_MIN_ROUNDS, min(_MAX_ROUNDS, int(_BUDGET_S / (2 * window))))
-    shares = []
+    shares, cores = [], []
     for _ in range(n):
         w_a, k_a = _calls(fn, items, window, abandon)
         stop, ready = threading.Event(), threading.Event()
@@ -87,24 +96,32 @@ def _rounds(fn: Callable, items: Sequence, call_s: float, abandon: threading.Eve
         t.start()
         ready.wait()
         clock = time.pthread_getcpuclockid(t.ident)  # the counter's CPU time, read from this thread
-        c0 = time.clock_gettime(clock)
         try:
+            # the spinner alone first: the share of a core it gets when it holds the GIL
+            # (below 1 when the machine takes the core away: other VMs, other programs)
+            s0, c0 = time.perf_counter(), time.clock_gettime(clock)
+            time.sleep(_SOLO_S)
+            s1, c1 = time.perf_counter(), time.clock_gettime(clock)
             w, k = _calls(fn, items, window, abandon)
-            counter_cpu = time.clock_gettime(clock) - c0
+            counter_cpu = time.clock_gettime(clock) - c1
         finally:
             stop.set()  # never leave a spinner running: it would slow everything measured after
             t.join()
-        held = max(0.0, w - min(counter_cpu, w)) / k
+        core = min(1.0, max(_MIN_CORE, (c1 - c0) / (s1 - s0)))
+        cores.append(core)
+        counter_gil = min(counter_cpu / core, w)
+        held = (w - counter_gil) / k
         shares.append(held / (w_a / k_a))
-    return shares
+    return shares, cores
 
 
 def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict[str, Any]:
     """The share of its time ``fn`` holds the GIL, read by a counter thread next to it.
 
-    Returns ``{"share", "low", "high", "rounds", "seconds", "switch_interval_s"}``
-    (``low``/``high``: the lower and upper quartile over rounds; ``share``
-    their median, clipped to 0..1) or ``{"error": why}`` when the stage
+    Returns ``{"share", "low", "high", "rounds", "seconds", "switch_interval_s",
+    "spinner_core"}`` (``low``/``high``: the lower and upper quartile over
+    rounds; ``share`` their median, clipped to 0..1; ``spinner_core``: the
+    median share of a core the spinner got alone) or ``{"error": why}`` when the stage
     raised, hung or there is nothing to run it on.
     """
     items = list(items)
@@ -124,7 +141,7 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
                                    f"calls take under {_MAX_CALL_S:g} s (it needs a dozen calls)")
                 return
             sys.setswitchinterval(_SWITCH_S)
-            shares = _rounds(fn, items, w / k, abandon)
+            shares, cores = _rounds(fn, items, w / k, abandon)
         except _Abandoned:
             return
         except Exception as e:  # noqa: BLE001 - recorded, the diagnosis goes on
@@ -136,7 +153,7 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
         clip = lambda x: min(1.0, max(0.0, x))  # noqa: E731
         result.update(share=clip(statistics.median(shares)), low=clip(qs[0]), high=clip(qs[2]),
                       rounds=len(shares), seconds=round(time.perf_counter() - t0, 3),
-                      switch_interval_s=_SWITCH_S)
+                      switch_interval_s=_SWITCH_S, spinner_core=round(statistics.median(cores), 3))
 
     t = threading.Thread(target=work, name="stagebench-gil-probe-stage", daemon=True)
     t.start()

@@ -264,7 +264,10 @@ def test_the_probe_reads_known_answers_on_real_stages():
     from stagebench._gilprobe import probe_gil
 
     spin, nap, sha = probe_gil(Spin(2.0), [0]), probe_gil(Sleep(2.0), [0]), probe_gil(HashCPU(2.0), [0])
-    print({k: round(v["share"], 3) for k, v in (("spin", spin), ("sleep", nap), ("sha256", sha))})
+    print({k: (round(v["share"], 3), v["spinner_core"]) for k, v in (("spin", spin), ("sleep", nap), ("sha256", sha))})
+    if min(r["spinner_core"] for r in (spin, nap, sha)) < 0.8:
+        pytest.skip("the machine took cores away from the probe's spinner (it got "
+                    f"{min(r['spinner_core'] for r in (spin, nap, sha)):.0%} of one alone)")
     assert spin["share"] > 0.6 and nap["share"] < 0.2 and sha["share"] < 0.3
     assert 3 <= spin["rounds"] <= 8 and spin["low"] <= spin["share"] <= spin["high"]
     assert spin["seconds"] < 3
