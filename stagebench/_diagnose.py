@@ -455,10 +455,6 @@ def _computes(rows: list[dict[str, Any]]) -> bool:
     return False
 
 
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
 def _skipped_rows(stage: Any, settings: DiagnoseSettings, reason: str, *, executor: str | None = None,
                   ceilings: bool = False) -> list[dict[str, Any]]:
     """Rows for points not measured: the stage's (and with ``ceilings``, its ceiling's), of ``executor`` or all."""

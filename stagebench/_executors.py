@@ -326,7 +326,7 @@ class WorkerPool:
     grows to the top level once for all of them instead of once per stage.
     Every worker then holds all of them, so a stage's worker memory includes
     the others' modules and unpickled state; the sweep shares a pool only
-    among stages that pickle small (see ``_sweep._pool_for``).
+    among stages that pickle small (see ``_sweep._pools``).
 
     Growing uses loky's private ``_adjust_process_count`` as loky's own
     reusable executor does to resize; where that is missing (a future loky),

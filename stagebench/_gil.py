@@ -80,8 +80,8 @@ SIGNAL_LABELS = {
                             "threads' limit is inside one process, the GIL or a lock)",
     "serial_fraction": "Amdahl serial fraction of the thread curve, against the process curve's",
     "gil_probe": "share of its time the stage held the GIL while a pure-Python counter thread ran next to it "
-                 "(the counter's CPU time is its own GIL time; reads high by the GIL's hand-offs and on a "
-                 "busy machine)",
+                 "(the counter's CPU time, scaled by the share of a core it gets alone, is its own GIL time; "
+                 "reads high by the GIL's hand-offs and when the machine's load changes mid-round)",
 }
 
 _GIL_FREE_CORES = 1.2        # threads above this many cores: part of their CPU runs without the GIL

@@ -244,8 +244,8 @@ def _stand_in(st: dict) -> StandIn | None:
         # Only bounded from above (and not probed: STAGEBENCH_GIL_PROBE=off, or the
         # probe failed): its threads ran into the cores before any GIL cap showed, so
         # much of its CPU ran without the GIL. The estimate's midpoint is a guess; the
-        # lower end is what the data allow. It reads high on Pillow and numpy stages
-        # (the demo +19% to +45%), which the probe's reading fixes where it runs.
+        # lower end is what the data allow. It read high on Pillow and numpy stages
+        # (the demo +19% to +45%); where the probe runs, its reading replaces this.
         frac = _num(interval[0])
         note = "GIL share only bounded from above: the stand-in takes its lower end"
     if own is None:

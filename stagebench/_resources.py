@@ -24,7 +24,6 @@ import psutil
 __all__ = ["TreeSnapshot", "ResourceMonitor", "tree_memory_mb", "tree_pss_mb", "usable_cores"]
 
 
-
 def usable_cores() -> int:
     """Cores this process may run on (its CPU affinity; all of them where that is unknown)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -761,7 +761,6 @@ def test_replay_and_validation_take_turns_and_agree_on_a_known_answer():
         pytest.skip(f"the slices of {', '.join(wide)} disagree by over 40%: the machine did not keep time")
     for x, other in ((r, "validation"), (v, "replay")):
         assert 220 < x["qps"] < 440  # 4 threads / 10 ms; sleeps overshoot on a loaded machine
-        assert x["windows"] == 4 and x["seconds"] == pytest.approx(1.2, rel=0.1)
         assert x["interleaved_with"] == other and x["settle_s"] >= 0.25
     assert r["qps"] == pytest.approx(v["qps"], rel=0.25)
     assert "stage_latency" in v and set(v["stage_latency"]) == {"slow", "fast"}

@@ -164,7 +164,7 @@ def test_thread_ceilings_are_measured_once_per_run_and_process_ceilings_per_stag
 
 
 class _Weights:
-    """A stage that carries 2 MiB of state, as one holding a model would (and, with ``__eq__``, no hash)."""
+    """A stage that carries 2 MiB of state, as one holding a model would, and cannot be hashed."""
 
     __hash__ = None  # type: ignore[assignment]
 
