@@ -28,8 +28,20 @@ A counter that holds the GIL but not a core (the machine took it away:
 other VMs, other programs) would read as GIL the stage held: on a fresh
 clone whose cores were being taken, SHA-256 read 0.55. So each round first
 lets the spinner run alone for 5 ms; the share of a core it got there
-(``spinner_core``) scales its CPU time up to its GIL time. The correction
-assumes the machine takes cores at the same rate for the whole round.
+(``spinner_core``) scales its CPU time up to its GIL time. That corrects a
+steady loss (a hypervisor taking a share of every core), not programs in
+this machine competing for the cores during the round: with one busy
+process beside it on 2 cores, SHA-256 still read 0.92. Those show as the
+spinner's wait for a core, which Linux counts per thread (``run_delay`` in
+``/proc/<pid>/task/<tid>/schedstat``; 0-2% of a round on a quiet machine,
+~50% beside a busy process). It cannot be subtracted: a spinner that waits
+for a core while the stage holds the GIL and one that waits while the stage
+computes without it look the same (adding the wait back read a pure-Python
+stage at 0.2). So a round whose spinner waited over 10% of it is dropped,
+and a probe that cannot get three clean rounds in twice its budget reports
+the machine busy instead of a share; the curves decide then. Where
+``schedstat`` is missing (not Linux) every round counts and
+``core_wait`` is ``None``.
 
 What it is not: the hand-offs of the GIL count as the stage's (a stage that
 reacquires the GIL often reads a little high), and a machine whose load
@@ -56,10 +68,19 @@ _MIN_ROUNDS, _MAX_ROUNDS = 3, 8
 _MAX_CALL_S = 0.1    # slower calls would need > 1.2 s (3 rounds of 2 x 2 calls): not probed
 _SOLO_S = 0.005      # the spinner alone before each round: the share of a core it gets
 _MIN_CORE = 0.3      # below this the correction would be mostly noise
+_MAX_WAIT = 0.1      # a round whose spinner waited for a core longer than this share of it is dropped
 
 
 class _Abandoned(Exception):
     """The caller gave up waiting (a hung stage): stop at the next call boundary."""
+
+
+class _Busy(Exception):
+    """Too few clean rounds: the spinner kept waiting for a core."""
+
+    def __init__(self, why: str, core_wait: float) -> None:
+        super().__init__(why)
+        self.core_wait = core_wait
 
 
 def _spin_counter(stop: threading.Event, abandon: threading.Event, ready: threading.Event) -> None:
@@ -83,12 +104,25 @@ def _calls(fn: Callable, items: Sequence, window_s: float, abandon: threading.Ev
             return el, k
 
 
+def _schedstat(tid: int | None) -> tuple[float, float] | None:
+    """A thread's CPU seconds and seconds spent runnable waiting for a core (Linux), or None."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            cpu_ns, wait_ns = f.read().split()[:2]
+        return int(cpu_ns) / 1e9, int(wait_ns) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
 def _rounds(fn: Callable, items: Sequence, call_s: float,
-            abandon: threading.Event) -> tuple[list[float], list[float]]:
+            abandon: threading.Event) -> tuple[list[float], list[float], list[float | None]]:
+    """Shares, spinner cores and spinner waits of the clean rounds (see the module's docstring)."""
     window = max(_MIN_WINDOW_S, 2 * call_s)
     n = max(_MIN_ROUNDS, min(_MAX_ROUNDS, int(_BUDGET_S / (2 * window))))
-    shares, cores = [], []
-    for _ in range(n):
+    shares, cores, waits, dropped = [], [], [], []
+    for _ in range(2 * n):
+        if len(shares) >= n:
+            break
         w_a, k_a = _calls(fn, items, window, abandon)
         stop, ready = threading.Event(), threading.Event()
         t = threading.Thread(target=_spin_counter, args=(stop, abandon, ready), name="stagebench-gil-probe",
@@ -102,27 +136,41 @@ def _rounds(fn: Callable, items: Sequence, call_s: float,
             s0, c0 = time.perf_counter(), time.clock_gettime(clock)
             time.sleep(_SOLO_S)
             s1, c1 = time.perf_counter(), time.clock_gettime(clock)
+            q1 = _schedstat(t.native_id)
             w, k = _calls(fn, items, window, abandon)
             counter_cpu = time.clock_gettime(clock) - c1
+            q2 = _schedstat(t.native_id)
         finally:
             stop.set()  # never leave a spinner running: it would slow everything measured after
             t.join()
+        wait = (q2[1] - q1[1]) / w if q1 and q2 else None
+        if wait is not None and wait > _MAX_WAIT:
+            dropped.append(wait)
+            continue
         core = min(1.0, max(_MIN_CORE, (c1 - c0) / (s1 - s0)))
         cores.append(core)
+        waits.append(wait)
         counter_gil = min(counter_cpu / core, w)
         held = (w - counter_gil) / k
         shares.append(held / (w_a / k_a))
-    return shares, cores
+    if len(shares) < _MIN_ROUNDS:
+        raise _Busy(f"not probed: the machine was busy (in {len(dropped)} of {len(dropped) + len(shares)} rounds "
+                    f"the probe's spinner waited for a core {statistics.median(dropped):.0%} of the time: "
+                    "other programs, or the stage's own threads, were using the cores)", statistics.median(dropped))
+    return shares, cores, waits
 
 
 def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict[str, Any]:
     """The share of its time ``fn`` holds the GIL, read by a counter thread next to it.
 
     Returns ``{"share", "low", "high", "rounds", "seconds", "switch_interval_s",
-    "spinner_core"}`` (``low``/``high``: the lower and upper quartile over
-    rounds; ``share`` their median, clipped to 0..1; ``spinner_core``: the
-    median share of a core the spinner got alone) or ``{"error": why}`` when the stage
-    raised, hung or there is nothing to run it on.
+    "spinner_core", "core_wait"}`` (``low``/``high``: the lower and upper
+    quartile over rounds; ``share`` their median, clipped to 0..1;
+    ``spinner_core``: the median share of a core the spinner got alone;
+    ``core_wait``: the median share of a round the spinner waited for a core,
+    ``None`` off Linux) or ``{"error": why}`` when the stage raised, hung or
+    there is nothing to run it on, and ``{"error": why, "core_wait"}`` when
+    the machine was too busy for three clean rounds.
     """
     items = list(items)
     if not items:
@@ -141,8 +189,11 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
                                    f"calls take under {_MAX_CALL_S:g} s (it needs a dozen calls)")
                 return
             sys.setswitchinterval(_SWITCH_S)
-            shares, cores = _rounds(fn, items, w / k, abandon)
+            shares, cores, waits = _rounds(fn, items, w / k, abandon)
         except _Abandoned:
+            return
+        except _Busy as e:
+            result.update(error=str(e), core_wait=round(e.core_wait, 3))
             return
         except Exception as e:  # noqa: BLE001 - recorded, the diagnosis goes on
             result["error"] = f"the stage raised during the GIL probe: {type(e).__name__}: {e}"
@@ -153,7 +204,8 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
         clip = lambda x: min(1.0, max(0.0, x))  # noqa: E731
         result.update(share=clip(statistics.median(shares)), low=clip(qs[0]), high=clip(qs[2]),
                       rounds=len(shares), seconds=round(time.perf_counter() - t0, 3),
-                      switch_interval_s=_SWITCH_S, spinner_core=round(statistics.median(cores), 3))
+                      switch_interval_s=_SWITCH_S, spinner_core=round(statistics.median(cores), 3),
+                      core_wait=None if None in waits else round(statistics.median(waits), 3))
 
     t = threading.Thread(target=work, name="stagebench-gil-probe-stage", daemon=True)
     t.start()
