@@ -435,6 +435,9 @@ def estimate_gil(
                 )
             point, lo, hi = min(ps, cap), min(p_lo, cap), min(p_hi, cap)
             out["pinned"], out["source"] = True, "probe"
+    elif probe and probe.get("error"):
+        # said, not hidden: a reader of a vague verdict should know a direct reading was tried
+        notes.append(f"no direct GIL reading: {probe['error']}")
     point = _clip01(point)
     out["fraction"] = point
     out["interval"] = [_clip01(min(lo, point)), _clip01(max(hi, point))]

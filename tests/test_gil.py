@@ -252,6 +252,9 @@ def test_a_probe_below_the_curves_interval_overrides_them_and_one_above_is_only_
     high = estimate_gil(rows, cores=2, probe={"share": 0.9, "low": 0.8, "high": 1.0})
     assert high["fraction"] == base["fraction"] and high["source"] == "curves"
     assert high["signals"]["gil_probe"]["role"] == "check"
+    busy = estimate_gil(rows, cores=2, probe={"error": "not probed: the machine was busy (...)", "core_wait": 0.4})
+    assert busy["fraction"] == base["fraction"] and busy["source"] == "curves"
+    assert busy["notes"][-1] == "no direct GIL reading: not probed: the machine was busy (...)"
     st = analyze_stage(model_rows("s", gil_ms=2.4, wait_ms=1.6), cores=2, gil_probe={"share": 0.05, "low": 0.02,
                                                                                        "high": 0.1})
     assert st["gil"]["source"] == "probe" and st["gil_fraction"] == 0.05
