@@ -277,6 +277,7 @@ def _fill_from_records(row, lanes, t0, t1, snap0, snap1, cfg: MeasureConfig) -> 
         qps_low=lo, qps_high=hi, qps_cv=cv,
     )
     row["latency_p50_ms"], row["latency_p90_ms"], row["latency_p99_ms"] = percentiles_ms(durations)
+    row["latency_mean_ms"] = float(durations.mean()) * 1e3 if len(durations) else math.nan
     if call_cpu is not None and in_window.any():
         # the mean, as for CPU per item: a rare long call costs what it costs
         row["call_cpu_ms"] = float(np.mean(call_cpu[in_window])) * 1e3

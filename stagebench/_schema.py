@@ -63,6 +63,7 @@ STAGE_COLUMNS = (
     "latency_p50_ms",   # per-item latency (call to return; processes: submit to result)
     "latency_p90_ms",
     "latency_p99_ms",
+    "latency_mean_ms",  # Little's law: c in flight / mean latency is the most c callers can deliver
     "cpu_s_per_item",   # CPU seconds (process + workers) per successful item
     "cores_used",       # CPU seconds / wall seconds in the window
     "mem_peak_mb",      # peak of summed RSS of the process and its workers (sampled)
