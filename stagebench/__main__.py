@@ -1,7 +1,5 @@
 """``python -m stagebench`` is the ``stagebench`` command."""
 
-import sys
+from ._cli import console
 
-from ._cli import main
-
-sys.exit(main())
+console()

@@ -20,7 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
-__all__ = ["main", "StagebenchError"]
+__all__ = ["main", "console", "StagebenchError"]
 
 
 class StagebenchError(Exception):
@@ -40,18 +40,8 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
 
 def _cmd_diagnose(ns: argparse.Namespace) -> int:
     from ._diagnose import run_script
-    from ._executors import leaked_threads
 
-    code = run_script(ns.script, ns.args, out=ns.out)
-    if leaked_threads():
-        # A hung stage's thread cannot be killed, and the interpreter would wait
-        # for it at exit: this command's work is done and on disk, so end now.
-        import os
-
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    return run_script(ns.script, ns.args, out=ns.out)
 
 
 def _cmd_report(ns: argparse.Namespace) -> int:
@@ -132,6 +122,27 @@ def _parser() -> argparse.ArgumentParser:
     au.add_argument("--seed", type=int, default=0)
     au.set_defaults(func=_cmd_data)
     return p
+
+
+def console() -> None:
+    """The ``stagebench`` command (and ``python -m stagebench``): :func:`main`, then exit.
+
+    A hung stage's thread cannot be killed, and the interpreter would wait for
+    it at exit; the command's work is done and on disk by then, so it ends the
+    process at once. Only here: :func:`main` is also called in-process (tests,
+    notebooks), where ending the process would end the caller's (a test session
+    stopped silently, mid-run, when a test before it had left such a thread).
+    """
+    code = main()
+    from ._executors import leaked_threads
+
+    if leaked_threads():
+        import os
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

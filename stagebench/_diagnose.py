@@ -359,7 +359,7 @@ def _exit(code: int) -> None:
     leaked thread is its caller's business: ``os._exit`` there would end the
     caller's process too (a test session would stop, silently, with code 0),
     so ``SystemExit`` reaches ``run_script`` and the command exits promptly
-    itself (``_cli``).
+    itself (``_cli.console``).
     """
     from ._executors import leaked_threads
 

@@ -26,6 +26,25 @@ def test_missing_script_is_one_line_without_traceback(tmp_path, capsys):
     assert err.strip().startswith("stagebench: error:") and len(err.strip().splitlines()) == 1
 
 
+def test_main_returns_in_process_even_when_a_hung_stage_left_a_thread(tmp_path, capsys):
+    """A test before this one that left a hung stage's thread made main() end the whole test
+    session (os._exit) mid-run; only the console command may end the process."""
+    import threading
+
+    from stagebench._executors import _LEAKED
+
+    release = threading.Event()
+    hung = threading.Thread(target=release.wait, daemon=True)
+    hung.start()
+    _LEAKED.append(hung)
+    try:
+        assert main(["diagnose", "--out", str(tmp_path / "run"), str(tmp_path / "nope.py")]) == 2
+    finally:
+        release.set()
+        hung.join()
+        _LEAKED.remove(hung)
+
+
 def test_importing_stagebench_is_light():
     code = "import sys, stagebench; print(sorted(m for m in ('pandas', 'numpy', 'torch', 'spdl', 'scipy') if m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
