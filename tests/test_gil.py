@@ -283,14 +283,17 @@ def test_the_probe_reads_known_answers_on_real_stages():
 
 
 def test_the_probe_says_the_machine_was_busy_rather_than_read_a_gil_free_stage_high():
-    """Busy programs beside the probe on every core: SHA-256 (GIL-free) read 0.92 before rounds whose
-    spinner waited for a core were dropped. Now it reads low or says the machine was busy."""
+    """Busy programs on all cores but one, which the stage and the spinner then share: SHA-256 (GIL-free)
+    read 0.92-1.0 (4 tries of 5) before rounds whose spinner waited for a core were dropped. Now it reads
+    low or says the machine was busy. (A busy program on every core reads low even so: the spinner's
+    share of a core alone, which scales its reading, drops as much.)"""
     import subprocess
 
     from _stages import HashCPU
     from stagebench._gilprobe import probe_gil
 
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(max(1, len(os.sched_getaffinity(0)) - 1))]
     try:
         time.sleep(0.3)
         sha = probe_gil(HashCPU(2.0), [0])

