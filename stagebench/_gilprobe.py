@@ -104,13 +104,12 @@ def _calls(fn: Callable, items: Sequence, window_s: float, abandon: threading.Ev
             return el, k
 
 
-def _schedstat(tid: int | None) -> tuple[float, float] | None:
-    """A thread's CPU seconds and seconds spent runnable waiting for a core (Linux), or None."""
+def _core_wait_s(tid: int | None) -> float | None:
+    """Seconds a thread has spent runnable but waiting for a core (Linux's schedstat), or None."""
     try:
         with open(f"/proc/self/task/{tid}/schedstat") as f:
-            cpu_ns, wait_ns = f.read().split()[:2]
-        return int(cpu_ns) / 1e9, int(wait_ns) / 1e9
-    except (OSError, ValueError):
+            return int(f.read().split()[1]) / 1e9  # fields: CPU ns, wait ns, timeslices
+    except (OSError, ValueError, IndexError):
         return None
 
 
@@ -136,14 +135,14 @@ def _rounds(fn: Callable, items: Sequence, call_s: float,
             s0, c0 = time.perf_counter(), time.clock_gettime(clock)
             time.sleep(_SOLO_S)
             s1, c1 = time.perf_counter(), time.clock_gettime(clock)
-            q1 = _schedstat(t.native_id)
+            q1 = _core_wait_s(t.native_id)
             w, k = _calls(fn, items, window, abandon)
             counter_cpu = time.clock_gettime(clock) - c1
-            q2 = _schedstat(t.native_id)
+            q2 = _core_wait_s(t.native_id)
         finally:
             stop.set()  # never leave a spinner running: it would slow everything measured after
             t.join()
-        wait = (q2[1] - q1[1]) / w if q1 and q2 else None
+        wait = (q2 - q1) / w if q1 is not None and q2 is not None else None
         if wait is not None and wait > _MAX_WAIT:
             dropped.append(wait)
             continue

@@ -312,7 +312,7 @@ def test_the_probe_counts_every_round_where_the_wait_for_a_core_cannot_be_read(m
     from _stages import Sleep
     from stagebench import _gilprobe
 
-    monkeypatch.setattr(_gilprobe, "_schedstat", lambda tid: None)
+    monkeypatch.setattr(_gilprobe, "_core_wait_s", lambda tid: None)
     r = _gilprobe.probe_gil(Sleep(2.0), [0])
     assert r["core_wait"] is None and 3 <= r["rounds"] <= 8 and 0 <= r["share"] <= 1
 
