@@ -261,15 +261,39 @@ def test_a_probe_below_the_curves_interval_overrides_them_and_one_above_is_only_
     assert any("read by a counter thread" in line for line in st["evidence"]["summary"])
 
 
+def _steal_ticks() -> int | None:
+    """Clock ticks the hypervisor took from this VM's CPUs so far (/proc/stat's steal), or None."""
+    try:
+        with open("/proc/stat") as f:
+            return int(f.readline().split()[8])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _stolen_share(ticks0: int | None, seconds: float) -> float | None:
+    """Share of the usable cores' time the hypervisor took since ``ticks0``."""
+    ticks1 = _steal_ticks()
+    if ticks0 is None or ticks1 is None or seconds <= 0:
+        return None
+    return (ticks1 - ticks0) / os.sysconf("SC_CLK_TCK") / (seconds * os.cpu_count())
+
+
 def test_the_probe_reads_known_answers_on_real_stages():
     """Pure Python reads high, waiting and SHA-256 read low (tolerances for a loaded 2-core VM:
     its errors push readings up, so the low ones are tight)."""
     from _stages import HashCPU, Sleep, Spin
     from stagebench._gilprobe import probe_gil
 
+    steal0 = _steal_ticks()
+    t0 = time.monotonic()
     spin, nap, sha = probe_gil(Spin(2.0), [0]), probe_gil(Sleep(2.0), [0]), probe_gil(HashCPU(2.0), [0])
+    stolen = _stolen_share(steal0, time.monotonic() - t0)
     print({k: (v.get("share"), v.get("spinner_core"), v.get("core_wait")) for k, v in
-           (("spin", spin), ("sleep", nap), ("sha256", sha))})
+           (("spin", spin), ("sleep", nap), ("sha256", sha))}, "stolen", stolen)
+    # A fresh clone read SHA-256 at 0.37 with the spinner waiting for no core (0.1%) and getting 95% of
+    # one alone: time taken by the hypervisor mid-round shows in neither. /proc/stat counts it.
+    if stolen is not None and stolen > 0.1:  # 2-8% on quiet runs here; 0.37 of one core is ~18% of two
+        pytest.skip(f"the hypervisor took {stolen:.0%} of the cores during the probes")
     busy = [r["error"] for r in (spin, nap, sha) if "error" in r]
     if busy:
         assert all("the machine was busy" in e for e in busy), busy
