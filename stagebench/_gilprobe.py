@@ -26,12 +26,27 @@ of r ms) it read 0.90 (truth 1), 0.73 (0.8), 0.49 (0.5), 0.20 (0.2) and
 
 A counter that holds the GIL but not a core (the machine took it away:
 other VMs, other programs) would read as GIL the stage held: on a fresh
-clone whose cores were being taken, SHA-256 read 0.55. So each round first
-lets the spinner run alone for 5 ms; the share of a core it got there
-(``spinner_core``) scales its CPU time up to its GIL time. That corrects a
-steady loss (a hypervisor taking a share of every core), not programs in
-this machine competing for the cores during the round: with one busy
-process beside it on 2 cores, SHA-256 still read 0.92. Those show as the
+clone whose cores were being taken, SHA-256 read 0.55. Two corrections:
+
+- The spinner times its own loop. A pause over 0.1 ms in which it did not
+  block (its count of voluntary context switches, ``getrusage`` per
+  thread, did not move) is time it held the GIL without a core: the
+  hypervisor took the core mid-round, or an interrupt or another program
+  did. That time is counted as the spinner's (``spinner_lost``: its median
+  share of a round; 0-2% on a quiet machine, where a sleeping stage read
+  ~0.01 high from it before). A pause in which it blocked is a wait for the
+  GIL, and stays the stage's. On a quiet 2-core VM, the rounds that read
+  SHA-256 above 0.1 (2 of 96) all had such pauses of 1-3 ms. Off Linux
+  there is no per-thread count and no pause is counted.
+- Each round first lets the spinner run alone for 5 ms; the share of a
+  core it got there (``spinner_core``, net of the pauses above) scales its
+  CPU time up to its GIL time. That corrects a steady loss in slices too
+  short to see as pauses.
+
+Neither corrects programs in this machine competing for the cores during
+the round: with one busy process beside it on 2 cores, SHA-256 still read
+0.92, because a spinner woken to take the GIL then waits for a core with
+the GIL free. Those show as the
 spinner's wait for a core, which Linux counts per thread (``run_delay`` in
 ``/proc/<pid>/task/<tid>/schedstat``; 0-2% of a round on a quiet machine,
 ~50% beside a busy process). It cannot be subtracted: a spinner that waits
@@ -44,8 +59,12 @@ the machine busy instead of a share; the curves decide then. Where
 ``core_wait`` is ``None``.
 
 What it is not: the hand-offs of the GIL count as the stage's (a stage that
-reacquires the GIL often reads a little high), and a machine whose load
-changes within a round is not corrected. The stage runs in a thread of its own that the
+reacquires the GIL often reads a little high), and time taken from the
+*stage's* thread while it holds the GIL is the stage's too (its calls grow
+longer; the spinner waits, blocked). That one cannot be told apart from a
+C call that holds the GIL: on this VM it shows as 2-6 ms pauses with
+several GIL timeouts in them. The median over rounds keeps such moments out
+unless they fill half the rounds. The stage runs in a thread of its own that the
 diagnosis abandons after ``timeout_s`` (a stage that hangs on the probe's
 inputs cannot stop the diagnosis).
 """
@@ -69,6 +88,7 @@ _MAX_CALL_S = 0.1    # slower calls would need > 1.2 s (3 rounds of 2 x 2 calls)
 _SOLO_S = 0.005      # the spinner alone before each round: the share of a core it gets
 _MIN_CORE = 0.3      # below this the correction would be mostly noise
 _MAX_WAIT = 0.1      # a round whose spinner waited for a core longer than this share of it is dropped
+_GAP_S = 1e-4        # a pause of the spinner this long is a GIL wait, a wait for a core or time taken
 
 
 class _Abandoned(Exception):
@@ -83,11 +103,36 @@ class _Busy(Exception):
         self.core_wait = core_wait
 
 
-def _spin_counter(stop: threading.Event, abandon: threading.Event, ready: threading.Event) -> None:
+def _spin_counter(stop: threading.Event, abandon: threading.Event, ready: threading.Event,
+                  lost: list[float]) -> None:
+    """Spin in pure Python; add to ``lost[0]`` the pauses it did not block in (see the module's docstring)."""
+    clock, usage = time.perf_counter, _thread_usage()
+    blocks = usage() if usage else 0
     ready.set()
+    last = clock()
     while not (stop.is_set() or abandon.is_set()):
         for _ in range(50):
             pass
+        now = clock()
+        if now - last > _GAP_S and usage:
+            b = usage()
+            if b == blocks:  # no voluntary switch: it held the GIL, the machine took its core
+                lost[0] += now - last
+            blocks = b
+            now = clock()
+        last = now
+
+
+def _thread_usage() -> Callable[[], int] | None:
+    """The calling thread's count of voluntary context switches, as a function; None where unsupported."""
+    try:
+        import resource
+
+        who = resource.RUSAGE_THREAD  # Linux only
+        resource.getrusage(who)
+    except (ImportError, AttributeError, OSError):
+        return None
+    return lambda: resource.getrusage(who).ru_nvcsw
 
 
 def _calls(fn: Callable, items: Sequence, window_s: float, abandon: threading.Event) -> tuple[float, int]:
@@ -114,30 +159,30 @@ def _core_wait_s(tid: int | None) -> float | None:
 
 
 def _rounds(fn: Callable, items: Sequence, call_s: float,
-            abandon: threading.Event) -> tuple[list[float], list[float], list[float | None]]:
-    """Shares, spinner cores and spinner waits of the clean rounds (see the module's docstring)."""
+            abandon: threading.Event) -> tuple[list[float], list[float], list[float | None], list[float]]:
+    """Shares, spinner cores, spinner waits and spinner losses of the clean rounds (see the module's docstring)."""
     window = max(_MIN_WINDOW_S, 2 * call_s)
     n = max(_MIN_ROUNDS, min(_MAX_ROUNDS, int(_BUDGET_S / (2 * window))))
-    shares, cores, waits, dropped = [], [], [], []
+    shares, cores, waits, losses, dropped = [], [], [], [], []
     for _ in range(2 * n):
         if len(shares) >= n:
             break
         w_a, k_a = _calls(fn, items, window, abandon)
-        stop, ready = threading.Event(), threading.Event()
-        t = threading.Thread(target=_spin_counter, args=(stop, abandon, ready), name="stagebench-gil-probe",
+        stop, ready, lost = threading.Event(), threading.Event(), [0.0]
+        t = threading.Thread(target=_spin_counter, args=(stop, abandon, ready, lost), name="stagebench-gil-probe",
                              daemon=True)
         t.start()
         ready.wait()
         clock = time.pthread_getcpuclockid(t.ident)  # the counter's CPU time, read from this thread
         try:
             # the spinner alone first: the share of a core it gets when it holds the GIL
-            # (below 1 when the machine takes the core away: other VMs, other programs)
-            s0, c0 = time.perf_counter(), time.clock_gettime(clock)
+            # (below 1 when the machine takes the core away in slices too short to see as pauses)
+            s0, c0, l0 = time.perf_counter(), time.clock_gettime(clock), lost[0]
             time.sleep(_SOLO_S)
-            s1, c1 = time.perf_counter(), time.clock_gettime(clock)
+            s1, c1, l1 = time.perf_counter(), time.clock_gettime(clock), lost[0]
             q1 = _core_wait_s(t.native_id)
             w, k = _calls(fn, items, window, abandon)
-            counter_cpu = time.clock_gettime(clock) - c1
+            counter_cpu, counter_lost = time.clock_gettime(clock) - c1, lost[0] - l1
             q2 = _core_wait_s(t.native_id)
         finally:
             stop.set()  # never leave a spinner running: it would slow everything measured after
@@ -146,28 +191,30 @@ def _rounds(fn: Callable, items: Sequence, call_s: float,
         if wait is not None and wait > _MAX_WAIT:
             dropped.append(wait)
             continue
-        core = min(1.0, max(_MIN_CORE, (c1 - c0) / (s1 - s0)))
+        core = min(1.0, max(_MIN_CORE, (c1 - c0 + l1 - l0) / (s1 - s0)))
         cores.append(core)
         waits.append(wait)
-        counter_gil = min(counter_cpu / core, w)
+        losses.append(counter_lost / w)
+        counter_gil = min(counter_cpu / core + counter_lost, w)
         held = (w - counter_gil) / k
         shares.append(held / (w_a / k_a))
     if len(shares) < _MIN_ROUNDS:
         raise _Busy(f"not probed: the machine was busy (in {len(dropped)} of {len(dropped) + len(shares)} rounds "
                     f"the probe's spinner waited for a core {statistics.median(dropped):.0%} of the time: "
                     "other programs, or the stage's own threads, were using the cores)", statistics.median(dropped))
-    return shares, cores, waits
+    return shares, cores, waits, losses
 
 
 def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict[str, Any]:
     """The share of its time ``fn`` holds the GIL, read by a counter thread next to it.
 
     Returns ``{"share", "low", "high", "rounds", "seconds", "switch_interval_s",
-    "spinner_core", "core_wait"}`` (``low``/``high``: the lower and upper
+    "spinner_core", "core_wait", "spinner_lost"}`` (``low``/``high``: the lower and upper
     quartile over rounds; ``share`` their median, clipped to 0..1;
     ``spinner_core``: the median share of a core the spinner got alone;
     ``core_wait``: the median share of a round the spinner waited for a core,
-    ``None`` off Linux) or ``{"error": why}`` when the stage raised, hung or
+    ``None`` off Linux; ``spinner_lost``: the median share of a round it held
+    the GIL without a core, counted as its own) or ``{"error": why}`` when the stage raised, hung or
     there is nothing to run it on, and ``{"error": why, "core_wait"}`` when
     the machine was too busy for three clean rounds.
     """
@@ -188,7 +235,7 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
                                    f"calls take under {_MAX_CALL_S:g} s (it needs a dozen calls)")
                 return
             sys.setswitchinterval(_SWITCH_S)
-            shares, cores, waits = _rounds(fn, items, w / k, abandon)
+            shares, cores, waits, losses = _rounds(fn, items, w / k, abandon)
         except _Abandoned:
             return
         except _Busy as e:
@@ -204,7 +251,8 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
         result.update(share=clip(statistics.median(shares)), low=clip(qs[0]), high=clip(qs[2]),
                       rounds=len(shares), seconds=round(time.perf_counter() - t0, 3),
                       switch_interval_s=_SWITCH_S, spinner_core=round(statistics.median(cores), 3),
-                      core_wait=None if None in waits else round(statistics.median(waits), 3))
+                      core_wait=None if None in waits else round(statistics.median(waits), 3),
+                      spinner_lost=round(statistics.median(losses), 3))
 
     t = threading.Thread(target=work, name="stagebench-gil-probe-stage", daemon=True)
     t.start()

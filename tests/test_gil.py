@@ -341,6 +341,42 @@ def test_the_probe_counts_every_round_where_the_wait_for_a_core_cannot_be_read(m
     assert r["core_wait"] is None and 3 <= r["rounds"] <= 8 and 0 <= r["share"] <= 1
 
 
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
+def test_the_spinner_counts_the_time_it_held_the_gil_without_a_core_as_its_own():
+    """A busy program pinned to the spinner's core takes it away mid-loop, without the spinner
+    blocking: those pauses are counted (`lost`), so CPU time plus lost time covers the wall time.
+    Before, the missing half read as GIL the stage held."""
+    import subprocess
+    import threading
+
+    from stagebench import _gilprobe
+
+    if _gilprobe._thread_usage() is None:
+        pytest.skip("no per-thread context-switch counts here")
+    saved = os.sched_getaffinity(0)
+    cpu = min(saved)
+    hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    try:
+        os.sched_setaffinity(0, {cpu})
+        time.sleep(0.3)  # the busy program is spinning on that core
+        stop, ready, lost = threading.Event(), threading.Event(), [0.0]
+        t = threading.Thread(target=_gilprobe._spin_counter, args=(stop, threading.Event(), ready, lost))
+        t.start()
+        ready.wait()
+        clock = time.pthread_getcpuclockid(t.ident)
+        w0, c0, l0 = time.perf_counter(), time.clock_gettime(clock), lost[0]
+        time.sleep(0.5)  # this thread sleeps: the spinner holds the GIL throughout
+        w, c, gone = time.perf_counter() - w0, time.clock_gettime(clock) - c0, lost[0] - l0
+        stop.set()
+        t.join()
+    finally:
+        os.sched_setaffinity(0, saved)
+        hog.kill()
+        hog.wait()
+    print(f"wall {w:.3f} s, spinner CPU {c:.3f} s, lost {gone:.3f} s")
+    assert gone > 0.25 * w, "the busy program took about half the core; the spinner must have seen it"
+    assert abs(c + gone - w) < 0.15 * w
 def test_the_probe_records_a_stage_that_raises_or_hangs_and_restores_the_switch_interval():
     import sys
     import threading
