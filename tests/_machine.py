@@ -54,3 +54,25 @@ class quiet_machine:
             pytest.skip(f"machine became busy during the scaling measurement: "
                         f"{after:.2f} free cores afterwards, {self.needed} needed")
         return False
+
+
+#: A 95% interval wider than this share of its value, either side, says the machine did not keep
+#: time during the point (quiet runs here stay within +-10%; the bad phases read +-45% to +-96%).
+NOISY_HALF_WIDTH = 0.25
+
+
+def noisy_points(points, value: str = "qps") -> str | None:
+    """The points (a DataFrame with ``value``, ``value_low``, ``value_high``) whose interval is wider
+    than +-``NOISY_HALF_WIDTH`` of their value, as a table for the skip message; None if none is.
+
+    Known answers use it to stand down only when their outcome differs *and* this reading explains
+    it: a wide interval is the machine's doing, and the rules under test rightly refuse to decide on it.
+    """
+    if not {value, f"{value}_low", f"{value}_high"} <= set(points.columns):
+        return None
+    half = (points[f"{value}_high"] - points[f"{value}_low"]) / 2
+    wide = points[half > NOISY_HALF_WIDTH * points[value]]
+    if wide.empty:
+        return None
+    return (f"the machine did not keep time: a point's 95% interval is wider than +-{NOISY_HALF_WIDTH:.0%} of its "
+            f"value\n" + wide[[value, f"{value}_low", f"{value}_high"]].to_string())

@@ -16,11 +16,13 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 
+from _machine import noisy_points  # noqa: E402
 from loader_datasets import (  # noqa: E402
     CheapDataset,
     Compose,
@@ -322,12 +324,10 @@ def test_cheap_items_make_workers_slower_than_none(cheap_run):
     assert s["recommended"]["num_workers"] == 0
     # The finding fires only beyond noise. On a fresh clone in one of this VM's bad phases, 0 workers
     # read 187k samples/s with an interval over +-96% wide against 7k with 2: rightly no finding.
-    z = next(p for p in s["points"] if p["num_workers"] == 0)
-    lo, hi = z.get("samples_per_s_low"), z.get("samples_per_s_high")
-    if lo is not None and hi is not None and (hi - lo) / 2 > 0.5 * z["samples_per_s"]:
-        pytest.skip(f"the machine did not keep time: num_workers=0 read {z['samples_per_s']:,.0f} "
-                    f"[{lo:,.0f}, {hi:,.0f}] samples/s")
-    assert any(f["title"].startswith("Workers make this loader slower") for f in s["findings"])
+    found = any(f["title"].startswith("Workers make this loader slower") for f in s["findings"])
+    if not found and (why := noisy_points(pd.DataFrame(s["points"]), "samples_per_s")):
+        pytest.skip(why)
+    assert found, s["findings"]
     assert s["user_setting"]["num_workers"] == 1
     assert any(f["title"] == "Your setting leaves throughput on the table" for f in s["findings"])
 
