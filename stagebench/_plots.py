@@ -82,6 +82,8 @@ _GRID = "#E3E3E3"
 _RC = {
     "svg.hashsalt": "stagebench",  # fixed ids: same figure, same bytes
     "svg.fonttype": "none",
+    "figure.autolayout": False,  # the figures bring their own layout (see figure_to_svg)
+    "figure.constrained_layout.use": False,
     "font.size": 9.5,
     "axes.edgecolor": "#9A9A9A",
     "axes.labelcolor": _INK,
@@ -127,9 +129,21 @@ def _figure(width: float, height: float) -> Figure:
 
 
 def figure_to_svg(fig: Figure) -> str:
-    """The figure as standalone SVG text, byte-identical for identical figures."""
+    """The figure as standalone SVG text, byte-identical for identical figures.
+
+    The constrained layout runs once, here, and is then fixed: ``savefig`` on
+    a figure that keeps its layout engine draws it twice (a hidden draw that
+    lays it out, then the real one): a diagnosis report with seven figures
+    took 2.9 s instead of 2.25 s (paired runs; 2.7 vs 1.7 s at a faster
+    moment of this VM). Axes land within ~1.5 pt of where the second pass
+    would put them.
+    """
     buf = io.StringIO()
     with matplotlib.rc_context(_RC):
+        engine = fig.get_layout_engine()
+        if engine is not None:
+            engine.execute(fig)
+            fig.set_layout_engine(None)  # _RC turns off the rc defaults that would put one back
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": "stagebench (matplotlib)"})
     return buf.getvalue()
 
