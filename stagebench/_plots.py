@@ -623,7 +623,9 @@ def compare_curves_svg(series: Sequence[Mapping[str, Any]], *, xlabel: str, ylab
     series = [s for s in series if len(s.get("x", ()))]
     if not series:
         return None
-    fig = _figure(8.4, 3.6)
+    # the legend sits beside the axes, one line a run: the figure grows with it (about 0.2 in a
+    # line) so that comparing many runs does not crush the axes to nothing
+    fig = _figure(8.4, max(3.6, 0.2 * len(series) + 0.9))
     ax = fig.add_subplot()
     _style_axes(ax)
     xs_all = sorted({float(v) for s in series for v in s["x"]})
@@ -633,7 +635,10 @@ def compare_curves_svg(series: Sequence[Mapping[str, Any]], *, xlabel: str, ylab
     else:
         pos = _nw_axis(ax, [int(v) for v in xs_all])
     for i, s in enumerate(series):
+        # colour and marker together tell runs apart (and without colour): past eight runs the
+        # colours repeat and the markers shift by one, so no pair repeats before 64 runs
         color = SERIES_COLORS[i % len(SERIES_COLORS)]
+        marker = SERIES_MARKERS[(i + i // len(SERIES_COLORS)) % len(SERIES_MARKERS)]
         x = np.asarray(s["x"], float)
         xp = x if pos is None else np.array([pos[int(v)] for v in x], float)
         y = np.asarray(s["y"], float)
@@ -641,7 +646,7 @@ def compare_curves_svg(series: Sequence[Mapping[str, Any]], *, xlabel: str, ylab
         band = np.isfinite(lo) & np.isfinite(hi)
         if band.any():
             ax.fill_between(xp[band], lo[band], hi[band], color=color, alpha=0.15, linewidth=0)
-        ax.plot(xp, y, "-", color=color, marker=SERIES_MARKERS[i % len(SERIES_MARKERS)], markersize=5,
+        ax.plot(xp, y, "-", color=color, marker=marker, markersize=5,
                 linewidth=2, label=_text(s["label"], 40))
         if s.get("rec_x") is not None and s.get("rec_y") is not None:
             rx = float(s["rec_x"]) if pos is None else pos.get(int(s["rec_x"]))
