@@ -1129,6 +1129,7 @@ def run_script(script: str, args: list[str], *, out: str | None) -> int:
     sys.argv = [str(path), *args]
     sys.path.insert(0, str(path.resolve().parent))
     code: int
+    raised: str | None = None
     _State.in_process = True
     try:
         runpy.run_path(str(path), run_name="__main__")
@@ -1138,6 +1139,9 @@ def run_script(script: str, args: list[str], *, out: str | None) -> int:
     except KeyboardInterrupt:
         _say("interrupted")
         code = 130
+    except Exception as e:  # noqa: BLE001 - the script's own error: shown as Python shows it, then said
+        _print_script_traceback(e, str(path))
+        raised, code = f"{type(e).__name__}: {e}", 1
     finally:
         _State.in_process = False
         sys.argv, sys.path[:] = saved_argv, saved_path
@@ -1152,10 +1156,22 @@ def run_script(script: str, args: list[str], *, out: str | None) -> int:
     if loader_was_caught():
         return code
     if not _State.started:
-        _say(f"error: {script} finished (exit code {code}) without iterating an SPDL pipeline "
-             "or a DataLoader: nothing was diagnosed")
+        how = f"raised {raised}" if raised else f"finished (exit code {code})"
+        _say(f"error: {script} {how} without iterating an SPDL pipeline or a DataLoader: nothing was diagnosed")
         return code or 1
     return code
+
+
+def _print_script_traceback(exc: BaseException, filename: str) -> None:
+    """The traceback of an exception the user's script raised, from the script's own frame on.
+
+    What ``python script.py`` would print: stagebench's and runpy's frames
+    above it are how the script was started, not where it went wrong.
+    """
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
 
 
 def _loader_config(settings: DiagnoseSettings) -> Any:

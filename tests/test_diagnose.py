@@ -548,6 +548,13 @@ def test_diagnose_of_a_script_without_a_pipeline_says_so(tmp_path):
     assert "without iterating an SPDL pipeline" in r.stderr
     r = run_env(tmp_path, "-m", "stagebench", "diagnose", str(tmp_path / "missing.py"), mode=None)
     assert r.returncode == 2 and "not found" in r.stderr
+    # a script that raises: its own traceback, as python shows it (no stagebench or runpy frames), then what it means
+    script.write_text("def load():\n    raise ValueError('no such shard')\nload()\n")
+    r = run_env(tmp_path, "-m", "stagebench", "diagnose", str(script), mode=None)
+    assert r.returncode == 1
+    assert "Traceback" in r.stderr and "_cli.py" not in r.stderr and "runpy" not in r.stderr, r.stderr
+    assert f'File "{script}", line 3' in r.stderr and "ValueError: no such shard" in r.stderr
+    assert "raised ValueError: no such shard without iterating an SPDL pipeline" in r.stderr
 
 
 @pytest.mark.parametrize(("mode", "env", "code", "says"), [
