@@ -45,7 +45,6 @@ Backends, and how the sweep's knobs map onto each:
 
 from __future__ import annotations
 
-import importlib
 import io
 import math
 import random
@@ -693,9 +692,11 @@ class LoaderSpec:
 
 
 def _import_path(spec: str, key: str) -> Callable[..., Any]:
+    from ._loader_intercept import import_user_module
+
     mod_name, _, attr = spec.partition(":")
     try:
-        obj: Any = importlib.import_module(mod_name)
+        obj: Any = import_user_module(mod_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as e:

@@ -54,13 +54,28 @@ LOADER_ARGS = (
 KNOB_ARGS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 
 
+def import_user_module(name: str) -> Any:
+    """``importlib.import_module``, also looking in the working directory.
+
+    ``python -m stagebench`` has the working directory on ``sys.path``; the
+    ``stagebench`` script does not, so ``stagebench sweep loader=custom
+    loader.dataset=mydata:make`` run next to ``mydata.py`` would not find it.
+    The directory is appended (installed packages keep precedence) and stays:
+    worker processes unpickle references to the module's objects by name.
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    return importlib.import_module(name)
+
+
 def resolve_dataset(spec: str) -> Any:
     """``"module:attr"`` -> the dataset: attr itself, or attr() when it is a factory or a class."""
     if not isinstance(spec, str) or ":" not in spec:
         raise ValueError(f"dataset path must look like 'module:factory', got {spec!r}")
     mod_name, _, attr = spec.partition(":")
     try:
-        mod = importlib.import_module(mod_name)
+        mod = import_user_module(mod_name)
     except ImportError as e:
         raise ValueError(f"dataset path {spec!r}: cannot import module {mod_name!r} ({e})") from None
     obj: Any = mod

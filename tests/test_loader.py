@@ -191,6 +191,20 @@ def test_dataset_paths_and_loader_arguments_are_checked():
         resolve_dataset("loader_datasets:nope")
     with pytest.raises(ValueError, match="unknown loader argument.*num_wrkers.*allowed: batch_size"):
         make_loader_factory(SleepDataset(), num_wrkers=2)
+
+
+def test_a_dataset_module_in_the_working_directory_is_found(tmp_path, monkeypatch):
+    """`stagebench sweep loader=custom loader.dataset=mydata:make` next to mydata.py: the script, unlike
+    `python -m`, has no working directory on sys.path, and said "No module named 'mydata'"."""
+    from stagebench._builtin_loaders import _import_path
+
+    (tmp_path / "sb_cwd_dataset.py").write_text("def make():\n    return [1, 2, 3]\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "sb_cwd_dataset", raising=False)
+    assert resolve_dataset("sb_cwd_dataset:make") == [1, 2, 3]
+    assert _import_path("sb_cwd_dataset:make", "loader.dataset")() == [1, 2, 3]
+    assert sys.path[-1] == str(tmp_path)  # after the installed packages, which keep precedence
     with pytest.raises(ValueError, match="backend: unknown 'jax'; allowed: torch, spdl_pytorch"):
         make_loader_factory(SleepDataset(), backend="jax")
     with pytest.raises(ValueError, match="loader arguments"):
