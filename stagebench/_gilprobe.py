@@ -43,11 +43,12 @@ clone whose cores were being taken, SHA-256 read 0.55. Two corrections:
   CPU time up to its GIL time. That corrects a steady loss in slices too
   short to see as pauses.
 
-Neither corrects programs in this machine competing for the cores during
-the round: with one busy process beside it on 2 cores, SHA-256 still read
-0.92, because a spinner woken to take the GIL then waits for a core with
-the GIL free. Those show as the
-spinner's wait for a core, which Linux counts per thread (``run_delay`` in
+Neither covers programs in this machine competing for the cores during
+the round: a spinner woken to take the GIL may then wait for a core with
+the GIL free, and that pause holds a block, so it stays the stage's (with
+only the core correction, SHA-256 read 0.92 beside one busy process on 2
+cores). Those show as the spinner's wait for a core, which Linux counts
+per thread (``run_delay`` in
 ``/proc/<pid>/task/<tid>/schedstat``; 0-2% of a round on a quiet machine,
 ~50% beside a busy process). It cannot be subtracted: a spinner that waits
 for a core while the stage holds the GIL and one that waits while the stage
@@ -214,9 +215,10 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
     ``spinner_core``: the median share of a core the spinner got alone;
     ``core_wait``: the median share of a round the spinner waited for a core,
     ``None`` off Linux; ``spinner_lost``: the median share of a round it held
-    the GIL without a core, counted as its own) or ``{"error": why}`` when the stage raised, hung or
-    there is nothing to run it on, and ``{"error": why, "core_wait"}`` when
-    the machine was too busy for three clean rounds.
+    the GIL without a core, counted as its own) or ``{"error": why}`` when
+    the stage raised, hung or there is nothing to run it on, and
+    ``{"error": why, "core_wait"}`` when the machine was too busy for three
+    clean rounds.
     """
     items = list(items)
     if not items:

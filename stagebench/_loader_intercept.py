@@ -39,6 +39,7 @@ __all__ = [
     "DatasetLoaderFactory",
     "make_loader_factory",
     "resolve_dataset",
+    "import_user_module",
     "factory_from_loader",
     "install_dataloader_hook",
     "diagnose_first_loader",
