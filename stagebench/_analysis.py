@@ -71,6 +71,7 @@ _WITHIN_BEST = 0.95        # recommendation: smallest concurrency within 5% of t
 _NEAR_CEILING = 0.80       # within 20% of the no-op ceiling
 _CPU_BOUND = 0.75          # share of the cores
 _IO_CORES = 0.50           # fewer cores than this share: mostly waiting
+_COMPUTES = 0.50           # CPU time / time per call alone at least this: the stage computes, it does not wait
 _RISING = 0.5              # top level above prev x (1 + this x (ideal ratio - 1)): still rising
 _EFFICIENT = 0.9           # top level at this share of linear scaling: still rising
 _LARGE_PAYLOAD = 64 * 1024
@@ -300,7 +301,7 @@ def _classify(
     # The harness's per-item scheduling (its no-op ceiling's CPU per item at the
     # same setting) is CPU the stage would not spend in any other harness: a
     # stage that waits is judged on its own cores, both numbers shown.
-    own_u, used = u, f"{u:.2f} of {cores} cores"
+    own_u, used, own_cpu = u, f"{u:.2f} of {cores} cores", math.nan
     if finite(u, cpu) and ceil is not None and finite(ceil.cpu_s_per_item) and ceil.cpu_s_per_item > 0:
         own_cpu = max(0.0, cpu - ceil.cpu_s_per_item)
         own_u = own_cpu * bp.qps
@@ -312,7 +313,21 @@ def _classify(
                      f"no-op CPU per item) x throughput, of {cores} usable",
         }
     lines = [rising_note] if rising_note else []
-    if finite(own_u) and own_u < _IO_CORES * cores and (c > cores or linear_share >= 0.75):
+    # Few cores of its own do not make a stage that computes a waiting one: a stage that computes
+    # most of its call when alone, with less work per item than the harness's own scheduling,
+    # is paced by the harness (the demo's aggregate step, 0.18 us of Python a call, read
+    # "io-bound, it waits" at 80% of the SPDL ceiling, just short of the 'near the ceiling' rule).
+    alone = ((gil.get("signals") or {}).get("cpu_share") or {}).get("value")
+    computes = finite(alone) and alone >= _COMPUTES
+    if computes and finite(own_cpu) and own_cpu < ceil.cpu_s_per_item:
+        lines.insert(0,
+            f"at {ex} concurrency {c} it delivers {_fmt_q(bp.qps)} items/s, {bp.qps / ceil.qps:.0%} of the {harness} "
+            f"harness's no-op ceiling; its own work ({_ms(own_cpu)} CPU per item; it computes {alone:.0%} of its call "
+            f"alone) is less than the harness's per-item scheduling ({_ms(ceil.cpu_s_per_item)}): the overhead sets "
+            "the pace"
+        )
+        return "overhead-bound", lines, signals
+    if finite(own_u) and own_u < _IO_CORES * cores and (c > cores or linear_share >= 0.75) and not computes:
         lines.insert(0,
             f"at {ex} concurrency {c} it delivers {_fmt_q(bp.qps)} items/s ({linear_share:.0%} of linear scaling) "
             f"using only {used}: it waits (I/O, sleep, GIL-free waiting)"

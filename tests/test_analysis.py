@@ -59,6 +59,26 @@ def test_tiny_work_is_overhead_bound():
     assert st["evidence"]["signals"]["ceiling_share"]["value"] >= 0.8
 
 
+def test_a_stage_that_computes_a_little_next_to_a_costly_harness_is_overhead_bound_not_io_bound():
+    """The demo's aggregate(collate(16)) step as a fresh clone measured it: 0.18 us of Python a call, at
+    80% of the SPDL ceiling (just short of the near-the-ceiling rule). It computes 84% of its call alone,
+    so it does not wait, yet it read "io-bound: it waits", with the probe's GIL share of 1.0 beside it."""
+    rows = pd.DataFrame([
+        row("agg", "thread", 1, 1.546e6, noise=0.19, cores_used=0.977, cpu_s_per_item=6.32e-7, latency_ms=1.8e-4),
+        row("agg", "thread", 1, 2.036e6, role="ceiling", noise=0.13, cores_used=0.977, cpu_s_per_item=4.80e-7,
+            latency_ms=9.1e-5),
+        row("agg", "thread", 1, 1434.0, harness="spdl", noise=0.115, cores_used=0.936, cpu_s_per_item=6.53e-4,
+            latency_ms=5.9e-3),
+        row("agg", "thread", 1, 1798.0, role="ceiling", harness="spdl", noise=0.067, cores_used=1.072,
+            cpu_s_per_item=5.96e-4, latency_ms=3.8e-3),
+    ])
+    for probe in ({"share": 1.0, "low": 0.907, "high": 1.0}, None):
+        st = analyze_stage(rows, cores=2, gil_probe=probe)
+        assert st["classification"] == "overhead-bound", st["evidence"]["summary"]
+        assert "less than the harness's per-item scheduling (0.596 ms)" in st["evidence"]["summary"][0]
+    # a stage that waits with as few cores of its own stays io-bound (the sleep through SPDL below)
+
+
 def test_process_best_at_the_process_ceiling_is_ipc_bound():
     # GIL-bound on threads; processes capped by a low IPC ceiling
     st = analyze_stage(model_rows("big", gil_ms=2.0, wait_ms=0.0, process_ceiling=700.0, ipc_ms=0.1),
