@@ -74,7 +74,7 @@ ENV_VARS: dict[str, str] = {
     "LOCAL_RANK": "only local rank 0 diagnoses; other ranks exit 0 quietly",
     "STAGEBENCH_OUTPUT_DIR": "the run directory (default: a new folder under ./reports/)",
     "STAGEBENCH_BUDGET_S": "length of each point's timed window, seconds (default 1.0)",
-    "STAGEBENCH_CONCURRENCY": "concurrency grid, e.g. 1,2,4,8 (default 1,2,4,8,16)",
+    "STAGEBENCH_CONCURRENCY": "concurrency grid, e.g. 1,2,4,8 (default 1,2,4,8,16; up to the core count above 16 cores)",
     "STAGEBENCH_MAX_CONCURRENCY": "grid of powers of two up to this (alternative to STAGEBENCH_CONCURRENCY)",
     "STAGEBENCH_EXECUTORS": "executors for sync stages: thread,process (default both; async stages use the event loop)",
     "STAGEBENCH_HARNESSES": "direct (stagebench's workers), spdl (a one-stage SPDL pipeline); default direct,spdl",
@@ -106,7 +106,13 @@ class DiagnoseError(Exception):
 
 # ---------------------------------------------------------------------------- settings
 def _default_grid() -> tuple[int, ...]:
-    return (1, 2, 4, 8, 16)
+    """Powers of two up to 16, or up to the usable cores when there are more (then the core count
+    itself is the top level): a process curve needs a worker per core to show where the cores end,
+    and the plateau rule stops a flat curve early, so the extra levels cost little where they say nothing."""
+    from . import _resources
+    from ._config import powers_of_two
+
+    return powers_of_two(max(16, _resources.usable_cores()))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -65,7 +65,19 @@ async def async_stage(x):
 
 
 # ------------------------------------------------------------------------- settings
-def test_settings_from_env_defaults_and_values():
+def test_the_default_grid_reaches_the_core_count_on_big_machines(monkeypatch):
+    from stagebench import _resources
+
+    monkeypatch.setattr(_resources, "usable_cores", lambda: 48)
+    assert DiagnoseSettings.from_env({}).concurrency == (1, 2, 4, 8, 16, 32, 48)
+    monkeypatch.setattr(_resources, "usable_cores", lambda: 4)
+    assert DiagnoseSettings.from_env({}).concurrency == (1, 2, 4, 8, 16)
+
+
+def test_settings_from_env_defaults_and_values(monkeypatch):
+    from stagebench import _resources
+
+    monkeypatch.setattr(_resources, "usable_cores", lambda: 2)  # the default grid follows the cores above 16
     s = DiagnoseSettings.from_env({})
     assert (s.num_items, s.budget_s, s.concurrency, s.executors, s.harnesses) == (
         200, 1.0, (1, 2, 4, 8, 16), ("thread", "process"), ("direct", "spdl"))
