@@ -105,6 +105,9 @@ class DiagnoseError(Exception):
 
 
 # ---------------------------------------------------------------------------- settings
+_SAMPLE_OUTPUTS = 8  # real outputs kept per stage for its stand-in in the replay (_replay.StandIn.op)
+
+
 def _default_grid() -> tuple[int, ...]:
     """Powers of two up to 16, or up to the usable cores when there are more (then the core count
     itself is the top level): a process curve needs a worker per core to show where the cores end,
@@ -707,6 +710,7 @@ class _Diagnosis:
                     key, lambda s=step, x=inputs: compute_outputs(s, x, max_bytes=max_bytes, stall_s=settings.timeout_s)
                 )
                 ometa = cached.meta or {}
+                self.plan.sample_outputs[step.name] = list(cached.items[:_SAMPLE_OUTPUTS])  # for its stand-in
                 self._report_outputs(step, inputs, cached, ometa, unstable, time.perf_counter() - started)
                 minputs = measure_inputs(step, inputs, ometa)
                 smeta.update(

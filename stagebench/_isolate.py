@@ -160,6 +160,11 @@ class Plan:
     not_isolated: list[dict[str, str]] = field(default_factory=list)
     sink_buffer: int = 3
     source_is_merge: bool = False
+    #: a few real outputs of each measured stage, by name: what its stand-in returns in the replay,
+    #: so that the steps after it (disaggregate, aggregate, stages run as themselves) get items of
+    #: the right kind (a stand-in that passed its input on broke a disaggregate after a stage
+    #: returning lists: nothing reached the sink)
+    sample_outputs: dict[str, list] = field(default_factory=dict)
 
     @property
     def stages(self) -> list[Stage]:
@@ -712,7 +717,7 @@ def build_validation_config(plan: Plan, choices: dict[str, tuple[str, int]],
         if stand is not None:
             # its stand-in, on threads (a process stage's work stands in as GIL-free CPU)
             # or on the event loop; never timed: it is not the stage
-            op, c = stand.op(), stand.concurrency
+            op, c = stand.op(plan.sample_outputs.get(step.name)), stand.concurrency
             ex = "async" if stand.executor == "async" else "thread"
             if ex == "thread":
                 executor = thread_pool(c, "stagebench-replay")

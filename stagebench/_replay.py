@@ -33,7 +33,10 @@ A stage on a process executor becomes a thread stand-in whose work is all
 GIL-free (it runs in another interpreter) plus the main process's extra cost
 of moving items to and from workers (its process no-op ceiling's time per
 item beyond the thread ceiling's). Stages that yield several items, or were
-not measured, run as themselves.
+not measured, run as themselves. A stand-in returns real outputs of its
+stage in turn (a few kept from the diagnosis), so the steps after it get
+items of the right kind: a stage returning lists before a disaggregate, or a
+stage run as itself, would otherwise be handed the stand-in's input.
 
 Nothing of the user's stage code runs, so the replay is a prediction and the
 validation run (the real stages) checks it. CPU amounts are CPU *time* as
@@ -45,10 +48,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import math
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -132,15 +137,30 @@ class StandIn:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def op(self) -> Any:
-        """The callable the replay pipeline runs (async for the event loop's own stages)."""
-        return _AsyncStandIn(self) if self.executor == "async" else _ThreadStandIn(self)
+    def op(self, outputs: Sequence[Any] | None = None) -> Any:
+        """The callable the replay pipeline runs (async for the event loop's own stages).
+
+        It returns ``outputs`` in turn (real outputs of the stage, so that what
+        follows it gets items of the right kind), or its input when there are none.
+        """
+        return _AsyncStandIn(self, outputs) if self.executor == "async" else _ThreadStandIn(self, outputs)
+
+
+class _Outputs:
+    """The stand-in's return value: the stage's own outputs in turn, else the input passed on."""
+
+    def __init__(self, outputs: Sequence[Any] | None) -> None:
+        self._cycle = itertools.cycle(list(outputs)) if outputs else None
+
+    def __call__(self, item: Any) -> Any:
+        return item if self._cycle is None else next(self._cycle)
 
 
 class _ThreadStandIn:
-    def __init__(self, s: StandIn) -> None:
+    def __init__(self, s: StandIn, outputs: Sequence[Any] | None = None) -> None:
         self.gil_s, self.wait_s = s.gil_s, s.wait_s
         self.free_bytes = int(s.free_s / _seconds_per_byte()) if s.free_s > 0 else 0
+        self.output = _Outputs(outputs)
 
     def __call__(self, item: Any) -> Any:
         if self.gil_s > 0:
@@ -149,20 +169,21 @@ class _ThreadStandIn:
             _burn_free(self.free_bytes)
         if self.wait_s > 0:
             time.sleep(self.wait_s)
-        return item
+        return self.output(item)
 
 
 class _AsyncStandIn:
     """Runs on the event loop: all its CPU holds the GIL, its waits are awaits."""
 
-    def __init__(self, s: StandIn) -> None:
+    def __init__(self, s: StandIn, outputs: Sequence[Any] | None = None) -> None:
         self.cpu_s, self.wait_s = s.gil_s + s.free_s, s.wait_s
+        self.output = _Outputs(outputs)
 
     async def __call__(self, item: Any) -> Any:
         if self.cpu_s > 0:
             _spin(self.cpu_s)
         await asyncio.sleep(self.wait_s)
-        return item
+        return self.output(item)
 
 
 def _num(x: Any) -> float | None:

@@ -790,12 +790,34 @@ def test_replay_and_validation_take_turns_and_agree_on_a_known_answer():
     assert not r["stage_latency"]  # stand-ins are not the stages: no call timings for them
 
 
+def test_a_stand_in_hands_on_the_stages_own_outputs():
+    """A stage that returns lists, then a disaggregate: a stand-in that passed its input on gave the
+    disaggregate an int, nothing reached the sink, and the replay failed after its 30 s warm-up (the
+    prediction fell back to the bounds). It now returns the stage's real outputs in turn."""
+    from stagebench._isolate import plan_pipeline
+    from stagebench._replay import StandIn
+    from stagebench._wholerun import run_pipelines
+
+    def split(x):
+        time.sleep(0.002)
+        return [x, x + 1]
+
+    plan = plan_pipeline(PipelineBuilder().add_source(range(10)).pipe(split).disaggregate().add_sink(2).get_config())
+    plan.sample_outputs["split"] = [split(x) for x in range(4)]
+    stand_ins = {"split": StandIn("split", "thread", 2, 0.0, 0.0, 0.002)}
+    out = run_pipelines(plan, list(range(40)), {"split": ("thread", 2)}, {"replay": stand_ins},
+                        warmup_s=0.3, window_s=0.6, timeout_s=5, items_per_sink_item=0.5)
+    assert out["replay"]["qps"] and out["replay"]["qps"] > 0, out["replay"].get("error")
+    op = stand_ins["split"].op([[1, 2], [3, 4]])
+    assert [op(9), op(9), op(9)] == [[1, 2], [3, 4], [1, 2]] and stand_ins["split"].op()(9) == 9
+
+
 def test_a_run_that_fails_does_not_stop_the_other():
     from stagebench._replay import StandIn
     from stagebench._wholerun import run_pipelines
 
     class Raising(StandIn):
-        def op(self):
+        def op(self, outputs=None):
             def fail(x):
                 raise RuntimeError("stand-in broke")
             return fail
