@@ -44,6 +44,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -1238,13 +1239,19 @@ def run_loader_sweep(
     stops: list[str] = []
     interrupted = False
     try:
-        if cfg.strategy == "grid":
-            for req, _eff, _notes in grid:
-                sw.point(req, "grid")
-        else:
-            stops = _adaptive(sw, levels, budget_mb)
-        for k in cfg.extra_points:
-            sw.point(k, "user")
+        with warnings.catch_warnings():
+            # torch warns, twice a point, whenever num_workers exceeds the cores ("might get
+            # DataLoader running slow or even freeze"): the sweep goes there on purpose, measures
+            # what it costs, and says so in its findings
+            warnings.filterwarnings("ignore", message=r"This DataLoader will create \d+ worker processes",
+                                    category=UserWarning)
+            if cfg.strategy == "grid":
+                for req, _eff, _notes in grid:
+                    sw.point(req, "grid")
+            else:
+                stops = _adaptive(sw, levels, budget_mb)
+            for k in cfg.extra_points:
+                sw.point(k, "user")
     except KeyboardInterrupt:
         interrupted = True
     finally:

@@ -333,6 +333,27 @@ def cheap_run(tmp_path_factory):
     return out, summary
 
 
+def test_more_workers_than_cores_is_measured_without_torchs_warning(tmp_path):
+    """torch warns twice a point when num_workers exceeds the cores; the sweep goes there on purpose
+    (and its findings say what it cost), so the warning is not shown there, and only there."""
+    import os
+    import warnings
+
+    import torch
+
+    many = len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) + 1
+    cfg = LoaderSweepConfig(strategy="grid", num_workers=(many,), prefetch_factors=(2,), persistent_workers=(False,),
+                            budget_s=0.3, warmup_s=0.05, timeout_s=20, transforms=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        s = sweep_dataset(CheapDataset(n=256, dim=8), batch_size=32, run_dir=tmp_path / "run", config=cfg,
+                          progress=None)
+        assert s["points"] and s["points"][0]["num_workers"] == many
+        assert not [w for w in seen if "worker processes in total" in str(w.message)]
+        torch.utils.data.DataLoader(CheapDataset(n=8, dim=2), num_workers=many)  # outside the sweep: torch's own
+    assert [w for w in seen if "worker processes in total" in str(w.message)]
+
+
 def test_cheap_items_make_workers_slower_than_none(cheap_run):
     _, s = cheap_run
     assert s["recommended"]["num_workers"] == 0
