@@ -317,7 +317,7 @@ def _classify(
     # most of its call when alone, with less work per item than the harness's own scheduling,
     # is paced by the harness (the demo's aggregate step, 0.18 us of Python a call, read
     # "io-bound, it waits" at 80% of the SPDL ceiling, just short of the 'near the ceiling' rule).
-    alone = ((gil.get("signals") or {}).get("cpu_share") or {}).get("value")
+    alone = gil["signals"].get("cpu_share", {}).get("value")
     computes = finite(alone) and alone >= _COMPUTES
     if computes and finite(own_cpu) and own_cpu < ceil.cpu_s_per_item:
         lines.insert(0,

@@ -271,7 +271,8 @@ def _steal_ticks() -> int | None:
 
 
 def _stolen_share(ticks0: int | None, seconds: float) -> float | None:
-    """Share of the usable cores' time the hypervisor took since ``ticks0``."""
+    """Share of all the machine's cores' time (what /proc/stat's first line sums) that the hypervisor
+    took since ``ticks0``."""
     ticks1 = _steal_ticks()
     if ticks0 is None or ticks1 is None or seconds <= 0:
         return None

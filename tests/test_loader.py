@@ -336,12 +336,13 @@ def cheap_run(tmp_path_factory):
 def test_more_workers_than_cores_is_measured_without_torchs_warning(tmp_path):
     """torch warns twice a point when num_workers exceeds the cores; the sweep goes there on purpose
     (and its findings say what it cost), so the warning is not shown there, and only there."""
-    import os
     import warnings
 
     import torch
 
-    many = len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) + 1
+    from stagebench._resources import usable_cores
+
+    many = usable_cores() + 1
     cfg = LoaderSweepConfig(strategy="grid", num_workers=(many,), prefetch_factors=(2,), persistent_workers=(False,),
                             budget_s=0.3, warmup_s=0.05, timeout_s=20, transforms=False)
     with warnings.catch_warnings(record=True) as seen:
