@@ -119,7 +119,7 @@ def _stagebench_products(run_dir: Path) -> dict:
     val = summary.get("validation") or {}
     meta = json.loads((run_dir / "run.json").read_text())
     vmeta = meta.get("validation") or {}
-    spent = {f"{e} {'ceilings' if r == 'ceiling' else 'points'}": round(float(t), 1)
+    spent = {f"{e} {({'ceiling': 'ceilings', 'paired': 'head-to-head'}).get(r, 'points')}": round(float(t), 1)
              for (e, r), t in rows.groupby(["executor", "role"])["elapsed_s"].sum().items()}
     spent["replay + validation (taking turns)"] = round(float(vmeta.get("wall_s") or 0), 1)
     return {

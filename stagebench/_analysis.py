@@ -11,7 +11,10 @@ Per stage (:func:`analyze_stage`):
   of that executor's best measured throughput. Never outside the measured
   range: an unmeasured setting is a guess. Threads win whenever their best is
   within noise of the processes' best (intervals overlap, or within 5%):
-  they use less memory and no IPC.
+  they use less memory and no IPC. Where the sweep measured a head-to-head
+  (role ``paired``: threads and processes in turns, because the curves alone
+  had processes ahead by less than 1.5x; :mod:`._paired`), it decides the
+  executor instead: processes only when they win it beyond noise.
 - **harness**: the recommendation and classification use the ``spdl``
   harness when the stage was measured through it (that is what the user's
   pipeline can deliver, SPDL's per-item overhead included), else ``direct``.
@@ -61,13 +64,13 @@ import pandas as pd
 from ._curves import Curve, Point, StageRows, finite
 from ._fit import fit_scaling
 from ._gil import estimate_gil, harness_gil_s
+from ._paired import WITHIN_BEST, paired_result, within_noise
 from ._resources import usable_cores
 
 __all__ = ["analyze_stage", "summarize", "pipeline_overhead", "cpu_speed", "CLASSIFICATIONS"]
 
 CLASSIFICATIONS = ("gil-bound", "cpu-bound", "io-bound", "overhead-bound", "ipc-bound", "unknown")
 
-_WITHIN_BEST = 0.95        # recommendation: smallest concurrency within 5% of the best
 _NEAR_CEILING = 0.80       # within 20% of the no-op ceiling
 _CPU_BOUND = 0.75          # share of the cores
 _IO_CORES = 0.50           # fewer cores than this share: mostly waiting
@@ -98,13 +101,6 @@ def _point_dict(p: Point, harness: str, executor: str) -> dict[str, Any]:
     }
 
 
-def _recommend_harness(sr: StageRows) -> str | None:
-    hs = sr.harnesses()
-    if not hs:
-        return None
-    return "spdl" if "spdl" in hs else hs[0]
-
-
 def _problems(sr: StageRows) -> list[str]:
     """One line per harness/executor/role whose points did not all measure."""
     bad = sr.not_ok()
@@ -133,35 +129,41 @@ def _stage_status(sr: StageRows) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------ recommendation
-def _recommend(sr: StageRows, harness: str) -> tuple[dict | None, dict | None, dict[str, Point]]:
+def _recommend(sr: StageRows, harness: str) -> tuple[dict | None, dict | None, dict[str, Point], dict | None]:
     curves = {e: sr.curve(harness, e) for e in _EXEC_PREFERENCE if sr.curve(harness, e)}
     if not curves:
-        return None, None, {}
+        return None, None, {}, None
     bests = {e: c.best() for e, c in curves.items()}
     top_exec = max(bests, key=lambda e: bests[e].qps)
     top = bests[top_exec]
-    # within noise of the very best: intervals overlap, or within 5%
-    near = [e for e in _EXEC_PREFERENCE if e in bests
-            and (bests[e].overlaps(top) or bests[e].qps >= _WITHIN_BEST * top.qps)]
+    near = [e for e in _EXEC_PREFERENCE if e in bests and within_noise(bests[e], top)]
     chosen = near[0]
-    curve = curves[chosen]
-    target = _WITHIN_BEST * bests[chosen].qps
-    rec = next(p for p in curve if p.qps >= target)
     why = []
-    others = [e for e in bests if e != chosen]
-    if chosen != top_exec:
-        why.append(
-            f"{chosen} and {top_exec} are within noise of each other ({_fmt_q(bests[chosen].qps)} vs "
-            f"{_fmt_q(top.qps)} items/s at their best): {chosen} preferred (less memory, no IPC)"
-        )
-    elif others:
-        alt = max(others, key=lambda e: bests[e].qps)
-        if bests[alt].overlaps(top) or bests[alt].qps >= _WITHIN_BEST * top.qps:
-            why.append(f"{chosen} and {alt} are within noise; {chosen} preferred (less memory, no IPC)")
-        else:
+    paired = paired_result(sr, harness) if {"thread", "process"} <= set(bests) else None
+    if paired is not None and paired["decisive"]:
+        # the head-to-head saw both executors at the same moments of the machine: it decides
+        chosen = "process" if paired["processes_win"] else "thread"
+        why.append(_paired_why(paired, chosen))
+    else:
+        if paired is not None:
+            why.append(f"the head-to-head measured only {paired['pairs']} usable pair(s): the curves decide")
+        others = [e for e in bests if e != chosen]
+        if chosen != top_exec:
             why.append(
-                f"{chosen} beats {alt} beyond noise ({_fmt_q(top.qps)} vs {_fmt_q(bests[alt].qps)} items/s at their best)"
+                f"{chosen} and {top_exec} are within noise of each other ({_fmt_q(bests[chosen].qps)} vs "
+                f"{_fmt_q(top.qps)} items/s at their best): {chosen} preferred (less memory, no IPC)"
             )
+        elif others:
+            alt = max(others, key=lambda e: bests[e].qps)
+            if within_noise(bests[alt], top):
+                why.append(f"{chosen} and {alt} are within noise; {chosen} preferred (less memory, no IPC)")
+            else:
+                why.append(
+                    f"{chosen} beats {alt} beyond noise ({_fmt_q(top.qps)} vs {_fmt_q(bests[alt].qps)} items/s at their best)"
+                )
+    curve = curves[chosen]
+    target = WITHIN_BEST * bests[chosen].qps
+    rec = next(p for p in curve if p.qps >= target)
     best_c = bests[chosen].concurrency
     if rec.concurrency == best_c:
         why.append(f"concurrency {rec.concurrency} gives the best measured throughput of {chosen}")
@@ -178,7 +180,19 @@ def _recommend(sr: StageRows, harness: str) -> tuple[dict | None, dict | None, d
     recommended = _point_dict(rec, harness, chosen)
     recommended["why"] = "; ".join(why)
     best = _point_dict(top, harness, top_exec)
-    return recommended, best, bests
+    return recommended, best, bests, paired
+
+
+def _paired_why(paired: dict[str, Any], chosen: str) -> str:
+    """What the head-to-head found, in one clause."""
+    t, p = paired["thread"], paired["process"]
+    ci = (f" (95% interval {paired['ratio_low']:.2f}-{paired['ratio_high']:.2f})"
+          if paired["ratio_low"] is not None else "")
+    said = (f"in a head-to-head (threads x {t['concurrency']} and processes x {p['concurrency']} in turns, "
+            f"{paired['pairs']} pairs of windows) processes reached {paired['ratio']:.2f}x threads' throughput{ci}")
+    if chosen == "process":
+        return f"{said}: processes win beyond noise"
+    return f"{said}: threads preferred (the curves, measured seconds apart, had processes ahead; less memory, no IPC)"
 
 
 # ------------------------------------------------------------------ classification
@@ -368,7 +382,7 @@ def analyze_stage(
         "ceiling_qps": None, "cpu_s_per_item": None, "gil_s_per_item": None,
         # extensions
         "harness": None, "stage_s_per_item": None, "harness_gil_s_per_item": None,
-        "alternatives": {}, "gil": None, "problems": _problems(sr), "levels_measured": {}, "curves": {},
+        "alternatives": {}, "head_to_head": None, "gil": None, "problems": _problems(sr), "levels_measured": {}, "curves": {},
         "payload_bytes": None,
     }
     status, reason = _stage_status(sr)
@@ -401,10 +415,11 @@ def analyze_stage(
     entry["stage_s_per_item"] = gil["stage_s_per_item"]
     entry["evidence"]["signals"].update(gil["signals"])
 
-    harness = _recommend_harness(sr)
+    harness = sr.recommendation_harness()
     entry["harness"] = harness
-    recommended, best, bests = _recommend(sr, harness)
+    recommended, best, bests, paired = _recommend(sr, harness)
     entry["recommended"], entry["best"] = recommended, best
+    entry["head_to_head"] = paired
     for e, p in bests.items():
         alt = _point_dict(p, harness, e)
         alt["cpu_s_per_item"] = p.cpu_s_per_item if finite(p.cpu_s_per_item) else None

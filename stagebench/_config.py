@@ -105,6 +105,13 @@ class SweepConfig:
     shared between stages like the thread ones; measuring it at points that
     cannot be chosen was about a sixth of a diagnosis."""
 
+    paired_rounds: int = 2
+    """Rounds of the head-to-head (:mod:`stagebench._paired`): when the curves
+    alone would recommend processes by less than 1.5x, both executors are
+    measured again at their best levels in turns, T P P T per round, and the
+    recommendation follows that paired result. 0: no head-to-head (the curves
+    decide, as measured seconds apart)."""
+
     def __post_init__(self) -> None:
         from ._schema import EXECUTORS, HARNESSES
 
@@ -121,5 +128,7 @@ class SweepConfig:
             raise ValueError(f"concurrency must be positive integers, got {self.concurrency}")
         if self.process_flat_levels < 0:
             raise ValueError(f"process_flat_levels must be >= 0 (0: every level), got {self.process_flat_levels}")
+        if self.paired_rounds < 0:
+            raise ValueError(f"paired_rounds must be >= 0 (0: no head-to-head), got {self.paired_rounds}")
         if list(self.concurrency) != sorted(set(self.concurrency)):
             raise ValueError(f"concurrency must be ascending and distinct, got {self.concurrency}")

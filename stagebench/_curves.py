@@ -157,6 +157,7 @@ class StageRows:
         self.ok = df[ok & (df["role"] == "stage")]
         self.ceiling_ok = df[ok & (df["role"] == "ceiling")]
         self.stage_rows = df[df["role"] == "stage"]
+        self._paired = df[df["role"] == "paired"]  # head-to-head windows, in measuring order (see _paired)
         self._curves: dict[tuple[str, str], Curve] = {}
         for (h, e), grp in self.ok.groupby(["harness", "executor"], sort=False):
             self._curves[(h, e)] = _curve(grp, h, e)
@@ -180,6 +181,17 @@ class StageRows:
 
     def ceiling_curve(self, harness: str, executor: str) -> Curve:
         return self._ceilings.get((harness, executor)) or Curve(harness, executor, ())
+
+    def paired_rows(self, harness: str) -> pd.DataFrame:
+        """The head-to-head windows of ``harness`` (role ``paired``, any status), in measuring order."""
+        return self._paired[self._paired["harness"] == harness]
+
+    def recommendation_harness(self) -> str | None:
+        """The harness the recommendation reads: ``spdl`` when measured (what the pipeline delivers), else the first."""
+        hs = self.harnesses()
+        if not hs:
+            return None
+        return "spdl" if "spdl" in hs else hs[0]
 
     def not_ok(self) -> pd.DataFrame:
         """Stage rows that did not measure (any status but ok, or ok with no items)."""

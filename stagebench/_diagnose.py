@@ -85,6 +85,8 @@ ENV_VARS: dict[str, str] = {
     "STAGEBENCH_CACHE_MAX_MB": "most MB of one stage's outputs kept; later items are dropped, with a message (default 1024)",
     "STAGEBENCH_PROCESS_FLAT_LEVELS": "stop a process curve after this many levels in a row without gain (default 2; 0: every level, and processes even where threads already scale linearly or reach the harness ceiling)",
     "STAGEBENCH_PROCESS_CEILINGS": "near_best (default: a process no-op ceiling only after points within 5% of the best so far) or all",
+    "STAGEBENCH_PAIRED_ROUNDS": "rounds of the threads-vs-processes head-to-head (T P P T each) run when the curves alone "
+                                "would pick processes by less than 1.5x (default 2; 0: the curves decide)",
     "STAGEBENCH_GIL_PROBE": "auto (default: a counter thread reads the GIL share of each sync stage that computes at least "
                             "15% of its call, ~0.5 s each) or off",
 }
@@ -141,6 +143,8 @@ class DiagnoseSettings:
     """See :attr:`stagebench.SweepConfig.process_flat_levels`."""
     process_ceilings: str = "near_best"
     """See :attr:`stagebench.SweepConfig.process_ceilings`."""
+    paired_rounds: int = 2
+    """See :attr:`stagebench.SweepConfig.paired_rounds`."""
     gil_probe: str = "auto"
     """``auto``: read the GIL share of stages that compute (see :mod:`stagebench._gilprobe`); ``off``: curves only."""
 
@@ -173,6 +177,9 @@ class DiagnoseSettings:
         if self.process_flat_levels < 0:
             raise SettingsError(f"STAGEBENCH_PROCESS_FLAT_LEVELS must be an integer >= 0 (0: every level), "
                                 f"got {self.process_flat_levels}")
+        if self.paired_rounds < 0:
+            raise SettingsError(f"STAGEBENCH_PAIRED_ROUNDS must be an integer >= 0 (0: no head-to-head), "
+                                f"got {self.paired_rounds}")
         if self.process_ceilings not in ("near_best", "all"):
             raise SettingsError(f"STAGEBENCH_PROCESS_CEILINGS must be one of near_best, all; got {self.process_ceilings!r}")
         if self.gil_probe not in ("auto", "off"):
@@ -214,6 +221,7 @@ class DiagnoseSettings:
             ("STAGEBENCH_VALIDATION_S", "validation_s", float, "a number of seconds >= 0 (0: skip)"),
             ("STAGEBENCH_CACHE_MAX_MB", "cache_max_mb", float, "a number of MB > 0"),
             ("STAGEBENCH_PROCESS_FLAT_LEVELS", "process_flat_levels", int, "an integer >= 0 (0: every level)"),
+            ("STAGEBENCH_PAIRED_ROUNDS", "paired_rounds", int, "an integer >= 0 (0: no head-to-head)"),
         ):
             v = number(var, kind, what)
             if v is not None:
@@ -432,7 +440,7 @@ def _sweep_config(stage: Any, settings: DiagnoseSettings):
         return SweepConfig(executors=("thread",), concurrency=(1,), harnesses=settings.harnesses, measure=measure)
     return SweepConfig(executors=settings.executors, concurrency=settings.concurrency,
                        harnesses=settings.harnesses, measure=measure, process_flat_levels=settings.process_flat_levels,
-                       process_ceilings=settings.process_ceilings)
+                       process_ceilings=settings.process_ceilings, paired_rounds=settings.paired_rounds)
 
 
 _COMPUTES = 0.15  # share of its call a stage computes, from which its GIL share is worth reading directly

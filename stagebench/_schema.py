@@ -39,7 +39,11 @@ STATUSES = ("ok", "failed", "timeout", "crashed", "skipped")
 #: ``stage``: the user's function. ``ceiling``: an identity stage over the same
 #: inputs through the same harness and executor: the most the harness can
 #: deliver for this payload (per-item overhead and, for processes, IPC).
-ROLES = ("stage", "ceiling")
+#: ``paired``: the stage again, threads and processes in turns at their best
+#: levels (windows in the order T P P T), when the curves alone would pick
+#: processes by less than 1.5x; the recommendation follows it
+#: (:mod:`stagebench._paired`). Not part of any curve.
+ROLES = ("stage", "ceiling", "paired")
 
 #: Columns of a stage-measurement row, in order (``results.csv``).
 STAGE_COLUMNS = (

@@ -18,6 +18,10 @@ is measured when threads already scale linearly to the top of the grid
 could not win by more than the 5% within which threads are preferred), or
 when threads already reach the harness's thread no-op ceiling (the stage is
 overhead-bound; the process executor's own ceiling is lower).
+
+Last, when the curves alone would recommend processes by less than 1.5x,
+both executors are measured again in turns at their best levels
+(:meth:`StageSweep.run_paired`; why: :mod:`stagebench._paired`).
 """
 
 from __future__ import annotations
@@ -98,6 +102,7 @@ def sweep_stage(
     with contextlib.ExitStack() as stack, deferred_teardown():
         pools = _pools(stack, [fn]) if "process" in _executors_for(fn, sweep.cfg) else {}
         sweep.run(sweep.points, pools.get(id(fn)))
+        sweep.run_paired(pools.get(id(fn)))
     return sweep.frame()
 
 
@@ -180,13 +185,45 @@ class StageSweep:
                 if role == "ceiling" and stopped.get(("stage", harness, ex), "").startswith(_PLATEAU):
                     # the ceiling of the last measured level is kept; none above it
                     stopped[("ceiling", harness, ex)] = stopped[("stage", harness, ex)]
-            self.rows.append(row)
-            if self.writer is not None:
-                self.writer.write(row)
+            self._record(row)
+
+    def run_paired(self, pool: Any) -> None:
+        """The head-to-head (:mod:`stagebench._paired`), when the curves alone would pick processes by a small margin.
+
+        Windows in the order T P P T, ``paired_rounds`` times, at each
+        executor's best level of the recommendation's harness; ``pool`` serves
+        the process windows. A window that does not measure ends it (the
+        pairs before it still count).
+        """
+        from . import _paired
+        from ._curves import StageRows
+
+        if not self.cfg.paired_rounds or "process" not in _executors_for(self.fn, self.cfg):
+            return
+        sr = StageRows(self.frame())
+        harness = sr.recommendation_harness()
+        levels = _paired.plan(sr, harness) if harness else None
+        if levels is None:
+            return
+        at = dict(zip(("thread", "process"), levels))
+        for ex in ("thread", "process", "process", "thread") * self.cfg.paired_rounds:
             if self.progress is not None:
-                self.progress.done(row)
-            if self.on_row is not None:
-                self.on_row(row)
+                self.progress.start(f"{self.name} | head-to-head {harness}/{ex} c={at[ex]}")
+            row = measure_stage(self.fn, self.inputs, executor=ex, concurrency=at[ex], config=self.cfg.measure,
+                                name=self.name, role="paired", harness=harness, payload=self.payload,
+                                pool=pool if ex == "process" else None)
+            self._record(row)
+            if row["status"] != "ok":
+                return
+
+    def _record(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if self.writer is not None:
+            self.writer.write(row)
+        if self.progress is not None:
+            self.progress.done(row)
+        if self.on_row is not None:
+            self.on_row(row)
 
 
 def sweep_process_points(sweeps: Sequence[StageSweep]) -> None:
@@ -200,7 +237,8 @@ def sweep_process_points(sweeps: Sequence[StageSweep]) -> None:
     with their reason as before; a stage that cannot be pickled runs its
     points on pools of its own (the first records why). Each harness is its
     own pass: its levels start again from the lowest. A stage that pickles
-    larger than 1 MiB keeps a pool of its own (see :func:`_pools`).
+    larger than 1 MiB keeps a pool of its own (see :func:`_pools`). Then each
+    stage's head-to-head, if its curves call for one (:meth:`StageSweep.run_paired`).
     """
     import contextlib
 
@@ -216,6 +254,8 @@ def sweep_process_points(sweeps: Sequence[StageSweep]) -> None:
                     pts = [p for p in todo[id(s)] if p[1] == harness and p[3] == c]
                     if pts:
                         s.run(pts, pools.get(id(s.fn)))
+        for s in sweeps:
+            s.run_paired(pools.get(id(s.fn)))
 
 
 def _threads_linear(rows: list[dict[str, Any]], harness: str) -> str | None:
@@ -305,7 +345,7 @@ def _watch_plateau(row: dict[str, Any], harness: str, plateaus: dict, stopped: d
             "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures every level)")
 
 
-_NEAR_BEST = 0.95  # must not be above _analysis._WITHIN_BEST, or the recommended level could lose its ceiling
+_NEAR_BEST = 0.95  # must not be above _paired.WITHIN_BEST, or the recommended level could lose its ceiling
 
 
 def _skip_ceiling_unless_near_best(row: dict[str, Any], rows: list[dict[str, Any]], harness: str,

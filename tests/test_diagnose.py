@@ -94,6 +94,7 @@ def test_settings_from_env_defaults_and_values(monkeypatch):
     assert s.process_ceilings == "near_best"
     assert DiagnoseSettings.from_env({"STAGEBENCH_PROCESS_CEILINGS": "All"}).process_ceilings == "all"
     assert s.gil_probe == "auto" and DiagnoseSettings.from_env({"STAGEBENCH_GIL_PROBE": "Off"}).gil_probe == "off"
+    assert s.paired_rounds == 2 and DiagnoseSettings.from_env({"STAGEBENCH_PAIRED_ROUNDS": "0"}).paired_rounds == 0
 
 
 @pytest.mark.parametrize(("var", "value", "says"), [
@@ -110,6 +111,8 @@ def test_settings_from_env_defaults_and_values(monkeypatch):
     ("STAGEBENCH_TIMEOUT_S", "0.5", "must be larger than budget"),
     ("STAGEBENCH_PROCESS_CEILINGS", "some", "one of near_best, all"),
     ("STAGEBENCH_GIL_PROBE", "maybe", "one of auto, off"),
+    ("STAGEBENCH_PAIRED_ROUNDS", "-1", "an integer >= 0"),
+    ("STAGEBENCH_PAIRED_ROUNDS", "two", "an integer >= 0"),
 ])
 def test_bad_settings_name_the_variable_and_what_is_allowed(var, value, says):
     with pytest.raises(SettingsError) as e:

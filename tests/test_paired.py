@@ -1,0 +1,105 @@
+"""The threads-vs-processes head-to-head: when it runs, how it is read, and a known answer."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from _rows import row
+from _stages import Sleep
+from stagebench import MeasureConfig, SweepConfig
+from stagebench._analysis import analyze_stage
+from stagebench._curves import StageRows
+from stagebench._paired import MAX_RATIO, paired_result, plan
+from stagebench._sweep import StageSweep
+
+
+def _curves(thread_qps: float, process_qps: float, noise: float = 0.02) -> list[dict]:
+    """Thread and process curves over 1, 2, 4 whose bests are the given throughputs (at 2 and 4)."""
+    rows = [row("s", "thread", c, q, noise=noise) for c, q in ((1, thread_qps / 2), (2, thread_qps), (4, 0.97 * thread_qps))]
+    rows += [row("s", "process", c, q, noise=noise) for c, q in ((1, process_qps / 3), (2, 0.8 * process_qps), (4, process_qps))]
+    return rows
+
+
+def _paired(ratios: list[float], thread_qps: float = 400.0, status: dict[int, str] | None = None) -> list[dict]:
+    """Head-to-head windows T P P T ..., one pair per ratio (process / thread), threads at 2, processes at 4."""
+    out = []
+    for i, r in enumerate(ratios):
+        t = row("s", "thread", 2, thread_qps, role="paired")
+        p = row("s", "process", 4, thread_qps * r, role="paired")
+        if status and i in status:
+            p = row("s", "process", 4, 0.0, role="paired", status=status[i], reason="worker died")
+        out += [t, p] if i % 2 == 0 else [p, t]
+    return out
+
+
+@pytest.mark.parametrize(("thread_qps", "process_qps", "planned"), [
+    (400.0, 520.0, (2, 4)),                  # processes 1.3x ahead, beyond noise: measure in turns
+    (400.0, MAX_RATIO * 400.0 + 1, None),    # far enough ahead: the curves decide
+    (400.0, 410.0, None),                    # within noise: threads anyway
+    (520.0, 400.0, None),                    # threads ahead
+])
+def test_a_head_to_head_is_planned_only_when_the_curves_would_pick_processes_by_a_small_margin(
+        thread_qps, process_qps, planned):
+    assert plan(StageRows(pd.DataFrame(_curves(thread_qps, process_qps))), "direct") == planned
+
+
+def test_a_head_to_head_that_threads_win_overturns_the_curves():
+    st = analyze_stage(pd.DataFrame(_curves(400.0, 520.0) + _paired([0.86, 0.9, 0.84, 0.88])), cores=2)
+    h = st["head_to_head"]
+    assert h["pairs"] == 4 and h["decisive"] and not h["processes_win"]
+    assert h["ratio"] == pytest.approx(0.87) and h["ratio_low"] < 0.87 < h["ratio_high"] < 1
+    assert (h["thread"]["concurrency"], h["process"]["concurrency"]) == (2, 4)
+    assert st["recommended"]["executor"] == "thread" and st["recommended"]["concurrency"] == 2
+    assert "head-to-head" in st["recommended"]["why"] and "0.87x" in st["recommended"]["why"]
+    assert st["best"]["executor"] == "process"  # the best measured point stays what it was
+
+
+def test_processes_are_recommended_when_they_win_the_head_to_head_beyond_noise():
+    st = analyze_stage(pd.DataFrame(_curves(400.0, 520.0) + _paired([1.2, 1.25, 1.22, 1.18])), cores=2)
+    assert st["head_to_head"]["processes_win"]
+    assert st["recommended"]["executor"] == "process" and "processes win beyond noise" in st["recommended"]["why"]
+
+
+def test_a_head_to_head_within_noise_keeps_threads():
+    # processes ahead on average, but the pairs disagree: not beyond noise
+    st = analyze_stage(pd.DataFrame(_curves(400.0, 520.0) + _paired([1.3, 0.8, 1.25, 0.85])), cores=2)
+    assert not st["head_to_head"]["processes_win"] and st["recommended"]["executor"] == "thread"
+
+
+def test_windows_that_did_not_measure_leave_their_pair_out_and_too_few_pairs_leave_it_to_the_curves():
+    rows = _paired([1.2, 1.2, 1.2, 1.2], status={1: "crashed", 2: "crashed", 3: "crashed"})
+    h = paired_result(StageRows(pd.DataFrame(rows)), "direct")
+    assert (h["pairs"], h["windows"], h["decisive"]) == (1, 8, False)
+    st = analyze_stage(pd.DataFrame(_curves(400.0, 520.0) + rows), cores=2)
+    assert st["recommended"]["executor"] == "process"  # the curves' answer, and it says why
+    assert "only 1 usable pair" in st["recommended"]["why"]
+
+
+def test_paired_rows_are_not_part_of_any_curve():
+    st = analyze_stage(pd.DataFrame(_curves(400.0, 520.0) + _paired([9.0, 9.0])), cores=2)
+    assert st["levels_measured"]["direct/process"] == [1, 2, 4]
+    assert max(p["qps"] for p in st["curves"]["direct/process"]) == pytest.approx(520.0)
+
+
+def test_known_answer_a_sleep_stage_that_the_curves_say_runs_faster_on_processes_does_not(tmp_path):
+    """A sleep cannot run faster on processes than on threads at the same level (IPC only adds to
+    each call), so whatever the curves claimed, the head-to-head must not find processes ahead."""
+    cfg = SweepConfig(concurrency=(2,), measure=MeasureConfig(budget_s=0.4, warmup_s=0.1))
+    sw = StageSweep(Sleep(3.0), list(range(32)), name="s", config=cfg)
+    sw.rows = [row("s", "thread", 2, 500.0, noise=0.01), row("s", "process", 2, 640.0, noise=0.01)]  # a fake lead
+    sw.run_paired(None)
+    paired = [r for r in sw.rows if r["role"] == "paired"]
+    assert [r["executor"] for r in paired] == ["thread", "process", "process", "thread"] * 2
+    assert {r["concurrency"] for r in paired} == {2} and all(r["status"] == "ok" for r in paired)
+    st = analyze_stage(sw.frame(), cores=2)
+    assert st["head_to_head"]["decisive"] and not st["head_to_head"]["processes_win"]
+    assert st["recommended"]["executor"] == "thread"
+
+
+def test_no_head_to_head_when_switched_off():
+    cfg = SweepConfig(concurrency=(2,), paired_rounds=0)
+    sw = StageSweep(Sleep(3.0), list(range(8)), name="s", config=cfg)
+    sw.rows = [row("s", "thread", 2, 500.0, noise=0.01), row("s", "process", 2, 640.0, noise=0.01)]
+    sw.run_paired(None)
+    assert len(sw.rows) == 2
