@@ -268,6 +268,12 @@ def _classify(
     if (gil.get("saturated") and gil.get("serializer") == "gil" and tb is not None
             and not _still_rising(gil_curve)):
         f = gil["fraction"]
+        if gil.get("gil_s_per_item") is not None:
+            signals["gil_busy_at_best"] = {
+                "value": tb.qps * gil["gil_s_per_item"], "interval": None, "role": "verdict",
+                "label": f"share of the time the GIL is held where the {gil['executor']}s flatten (concurrency "
+                         f"{tb.concurrency}): throughput x the stage's own GIL time per item",
+            }
         lines = [
             f"{gil['executor']}s flatten at {_fmt_q(tb.qps)} items/s (concurrency {tb.concurrency}, "
             f"{tb.cores_used:.2f} of {cores} cores): the stage holds the GIL about {f:.0%} of each item "
@@ -289,11 +295,19 @@ def _classify(
         busy = bp.qps * (g + h)
         line = (f"at {ex} concurrency {c}, {_fmt_q(bp.qps)} items/s x ({_ms(g)} of the stage's own Python + {_ms(h)} "
                 f"of the harness's) keeps the GIL {busy:.0%} busy")
+        # a verdict of this rule rests on this share, not on the stage's own GIL share (which can be small)
+        signals["gil_busy_at_best"] = {
+            "value": busy, "interval": None,
+            "label": f"share of the time the GIL is held at the best point ({ex} concurrency {c}): throughput x "
+                     "(the stage's own GIL time + the harness's per item)",
+            "role": "check",
+        }
         if busy >= _NEAR_CEILING and rising:
             rising_note = f"{line}, yet the curve is {rising}: the GIL is not the limit yet"
-        elif busy >= _NEAR_CEILING and g >= 0.5 * h:
-            return "gil-bound", [line + ": the GIL is the limit"], signals
         elif busy >= _NEAR_CEILING:
+            signals["gil_busy_at_best"]["role"] = "verdict"  # the verdict rests on it
+            if g >= 0.5 * h:
+                return "gil-bound", [line + ": the GIL is the limit"], signals
             return "overhead-bound", [line + ": mostly the harness's own per-item Python, the GIL is the limit"], signals
 
     cpu = bp.cpu_s_per_item

@@ -71,7 +71,13 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
         if status not in ("ok", None):
             verdict = f"{status}" if verdict == "unknown" else f"{verdict} ({status})"
         gil = _num(st.get("gil_fraction"))
-        if gil is not None:
+        busy = ((st.get("evidence") or {}).get("signals") or {}).get("gil_busy_at_best") or {}
+        if (busy.get("role") == "verdict" and _num(busy.get("value")) is not None and gil is not None
+                and busy["value"] >= 2 * gil):
+            # the verdict rests on how busy the GIL is (many threads, or the harness's Python too): the
+            # stage's own share alone can be small and would read as a contradiction ("gil-bound, GIL 6%")
+            verdict += f", GIL {busy['value']:.0%} busy ({gil:.0%} its own)"
+        elif gil is not None:
             verdict += f", GIL {gil:.0%}"
         rec = st.get("recommended") or {}
         best = st.get("best") or {}
@@ -90,7 +96,7 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
             notes.append(f"{format_rate(rec['qps'])} calls/s x {k:.3g} items")
         rows.append((
             _clean(st.get("name", "?"), _MAX_NAME),
-            _clean(verdict, 40),
+            _clean(verdict, 48),
             _setting(rec),
             format_rate(scaled("qps"), scaled("qps_low"), scaled("qps_high")),
             "; ".join(notes),

@@ -734,6 +734,29 @@ def test_terminal_table_scales_batched_stages_and_cleans_names():
     assert "measured pipeline:  700 (650-750) items/s" in text and lines[-1] == "report: /r/report.html"
 
 
+def test_terminal_table_shows_how_busy_the_gil_is_when_a_verdict_rests_on_it():
+    from _rows import row
+    from stagebench._analysis import analyze_stage
+    from stagebench._terminal import format_table
+
+    # 16 threads, each holding the GIL 1.2 ms of a 10.5 ms item: flat at 800 items/s, the GIL ~95% busy
+    rows = [row("nap", "thread", c, min(c / 10.5e-3, 800.0), cores_used=min(c / 10.5e-3, 800.0) * 1.2e-3)
+            for c in (1, 2, 4, 8, 16)]
+    rows += [row("nap", "thread", c, 1e5, role="ceiling", cpu_s_per_item=5e-6) for c in (1, 2, 4, 8, 16)]
+    for r in rows:
+        r["cpu_s_per_item"] = r["cpu_s_per_item"] if r["role"] == "ceiling" else 1.2e-3
+        r["latency_p50_ms"] = 10.5
+    st = analyze_stage(pd.DataFrame(rows), cores=2)
+    assert st["classification"] == "gil-bound", st["evidence"]["summary"]
+    busy = st["evidence"]["signals"]["gil_busy_at_best"]
+    assert busy["role"] == "verdict" and busy["value"] > 0.8 > 0.2 > st["gil_fraction"]
+    line = next(ln for ln in format_table({"stages": [st]}).splitlines() if ln.startswith("nap"))
+    assert f"gil-bound, GIL {busy['value']:.0%} busy ({st['gil_fraction']:.0%} its own)" in line
+    # a stage whose own share is the story keeps the plain form
+    st["evidence"]["signals"]["gil_busy_at_best"]["value"] = 1.5 * st["gil_fraction"]
+    assert f"gil-bound, GIL {st['gil_fraction']:.0%}" in format_table({"stages": [st]})
+
+
 def _two_sleeps_plan(batch: int | None = None):
     """A 10 ms sleep, then a 2 ms one (then batches of ``batch``, if given)."""
     from stagebench._isolate import plan_pipeline
