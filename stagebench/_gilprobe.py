@@ -77,6 +77,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["probe_gil"]
@@ -159,51 +160,66 @@ def _core_wait_s(tid: int | None) -> float | None:
         return None
 
 
-def _rounds(fn: Callable, items: Sequence, call_s: float,
-            abandon: threading.Event) -> tuple[list[float], list[float], list[float | None], list[float]]:
-    """Shares, spinner cores, spinner waits and spinner losses of the clean rounds (see the module's docstring)."""
+@dataclass(frozen=True, slots=True)
+class _Round:
+    """One clean round's readings (see the module's docstring)."""
+
+    share: float          # the stage's GIL share of its call
+    core: float           # the share of a core the spinner got alone
+    wait: float | None    # the share of the stage's window the spinner waited for a core (None off Linux)
+    lost: float           # the share of the window the spinner held the GIL without a core
+
+
+def _one_round(fn: Callable, items: Sequence, window: float, abandon: threading.Event) -> _Round | float:
+    """A round: the stage alone, then the spinner alone, then both; its readings, or its core wait if not clean."""
+    w_a, k_a = _calls(fn, items, window, abandon)
+    stop, ready, lost = threading.Event(), threading.Event(), [0.0]
+    t = threading.Thread(target=_spin_counter, args=(stop, abandon, ready, lost), name="stagebench-gil-probe",
+                         daemon=True)
+    t.start()
+    ready.wait()
+    clock = time.pthread_getcpuclockid(t.ident)  # the counter's CPU time, read from this thread
+    try:
+        # the spinner alone first: the share of a core it gets when it holds the GIL
+        # (below 1 when the machine takes the core away in slices too short to see as pauses)
+        s0, c0, l0 = time.perf_counter(), time.clock_gettime(clock), lost[0]
+        time.sleep(_SOLO_S)
+        s1, c1, l1 = time.perf_counter(), time.clock_gettime(clock), lost[0]
+        q1 = _core_wait_s(t.native_id)
+        w, k = _calls(fn, items, window, abandon)
+        counter_cpu, counter_lost = time.clock_gettime(clock) - c1, lost[0] - l1
+        q2 = _core_wait_s(t.native_id)
+    finally:
+        stop.set()  # never leave a spinner running: it would slow everything measured after
+        t.join()
+    wait = (q2 - q1) / w if q1 is not None and q2 is not None else None
+    if wait is not None and wait > _MAX_WAIT:
+        return wait
+    core = min(1.0, max(_MIN_CORE, (c1 - c0 + l1 - l0) / (s1 - s0)))
+    counter_gil = min(counter_cpu / core + counter_lost, w)
+    held = (w - counter_gil) / k
+    return _Round(share=held / (w_a / k_a), core=core, wait=wait, lost=counter_lost / w)
+
+
+def _rounds(fn: Callable, items: Sequence, call_s: float, abandon: threading.Event) -> list[_Round]:
+    """The clean rounds, up to twice as many tried as wanted (see the module's docstring)."""
     window = max(_MIN_WINDOW_S, 2 * call_s)
     n = max(_MIN_ROUNDS, min(_MAX_ROUNDS, int(_BUDGET_S / (2 * window))))
-    shares, cores, waits, losses, dropped = [], [], [], [], []
+    clean: list[_Round] = []
+    dropped: list[float] = []
     for _ in range(2 * n):
-        if len(shares) >= n:
+        if len(clean) >= n:
             break
-        w_a, k_a = _calls(fn, items, window, abandon)
-        stop, ready, lost = threading.Event(), threading.Event(), [0.0]
-        t = threading.Thread(target=_spin_counter, args=(stop, abandon, ready, lost), name="stagebench-gil-probe",
-                             daemon=True)
-        t.start()
-        ready.wait()
-        clock = time.pthread_getcpuclockid(t.ident)  # the counter's CPU time, read from this thread
-        try:
-            # the spinner alone first: the share of a core it gets when it holds the GIL
-            # (below 1 when the machine takes the core away in slices too short to see as pauses)
-            s0, c0, l0 = time.perf_counter(), time.clock_gettime(clock), lost[0]
-            time.sleep(_SOLO_S)
-            s1, c1, l1 = time.perf_counter(), time.clock_gettime(clock), lost[0]
-            q1 = _core_wait_s(t.native_id)
-            w, k = _calls(fn, items, window, abandon)
-            counter_cpu, counter_lost = time.clock_gettime(clock) - c1, lost[0] - l1
-            q2 = _core_wait_s(t.native_id)
-        finally:
-            stop.set()  # never leave a spinner running: it would slow everything measured after
-            t.join()
-        wait = (q2 - q1) / w if q1 is not None and q2 is not None else None
-        if wait is not None and wait > _MAX_WAIT:
-            dropped.append(wait)
-            continue
-        core = min(1.0, max(_MIN_CORE, (c1 - c0 + l1 - l0) / (s1 - s0)))
-        cores.append(core)
-        waits.append(wait)
-        losses.append(counter_lost / w)
-        counter_gil = min(counter_cpu / core + counter_lost, w)
-        held = (w - counter_gil) / k
-        shares.append(held / (w_a / k_a))
-    if len(shares) < _MIN_ROUNDS:
-        raise _Busy(f"not probed: the machine was busy (in {len(dropped)} of {len(dropped) + len(shares)} rounds "
+        r = _one_round(fn, items, window, abandon)
+        if isinstance(r, _Round):
+            clean.append(r)
+        else:
+            dropped.append(r)
+    if len(clean) < _MIN_ROUNDS:
+        raise _Busy(f"not probed: the machine was busy (in {len(dropped)} of {len(dropped) + len(clean)} rounds "
                     f"the probe's spinner waited for a core {statistics.median(dropped):.0%} of the time: "
                     "other programs, or the stage's own threads, were using the cores)", statistics.median(dropped))
-    return shares, cores, waits, losses
+    return clean
 
 
 def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -237,7 +253,7 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
                                    f"calls take under {_MAX_CALL_S:g} s (it needs a dozen calls)")
                 return
             sys.setswitchinterval(_SWITCH_S)
-            shares, cores, waits, losses = _rounds(fn, items, w / k, abandon)
+            rounds = _rounds(fn, items, w / k, abandon)
         except _Abandoned:
             return
         except _Busy as e:
@@ -248,13 +264,15 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
             return
         finally:
             sys.setswitchinterval(old)
+        shares = [r.share for r in rounds]
+        waits = [r.wait for r in rounds]
         qs = statistics.quantiles(shares, n=4) if len(shares) >= 2 else [shares[0]] * 3
         clip = lambda x: min(1.0, max(0.0, x))  # noqa: E731
         result.update(share=clip(statistics.median(shares)), low=clip(qs[0]), high=clip(qs[2]),
-                      rounds=len(shares), seconds=round(time.perf_counter() - t0, 3),
-                      switch_interval_s=_SWITCH_S, spinner_core=round(statistics.median(cores), 3),
+                      rounds=len(rounds), seconds=round(time.perf_counter() - t0, 3),
+                      switch_interval_s=_SWITCH_S, spinner_core=round(statistics.median(r.core for r in rounds), 3),
                       core_wait=None if None in waits else round(statistics.median(waits), 3),
-                      spinner_lost=round(statistics.median(losses), 3))
+                      spinner_lost=round(statistics.median(r.lost for r in rounds), 3))
 
     t = threading.Thread(target=work, name="stagebench-gil-probe-stage", daemon=True)
     t.start()
