@@ -77,17 +77,26 @@ def _stage_findings(st: dict, bottleneck: str | None, cores: int, prediction: di
     if cls == "gil-bound" or (f is not None and f >= 0.5 and (st.get("gil") or {}).get("saturated")):
         ev = {"gil_fraction": f, "gil_fraction_interval": st.get("gil_fraction_interval"),
               "thread_best": thr, "process_best": proc}
+        h2h = st.get("head_to_head") or {}
         if proc and thr:
-            gain = proc["qps"] / thr["qps"]
-            beyond = proc["qps_low"] is not None and thr["qps_high"] is not None and proc["qps_low"] > thr["qps_high"]
+            if h2h.get("decisive"):
+                # measured in turns, at the same moments of the machine: it outranks the curves' comparison
+                thr, proc = {**thr, **h2h["thread"]}, {**proc, **h2h["process"]}
+                gain, beyond, how = h2h["ratio"], bool(h2h["processes_win"]), "measured in turns with threads"
+                ev["head_to_head"] = h2h
+            else:
+                gain = proc["qps"] / thr["qps"]
+                beyond = proc["qps_low"] is not None and thr["qps_high"] is not None and proc["qps_low"] > thr["qps_high"]
+                how = "measured"
             if gain > 1 and beyond:
                 sev = "high" if (gain >= 1.5 or is_bn) else "medium"
                 out.append(_f(sev, f"{name} holds the GIL {f:.0%} of its time: use a process executor",
                               f"expected {gain:.1f}x: {_fmt(thr['qps'])} items/s on threads -> {_fmt(proc['qps'])} "
-                              f"at {proc['concurrency']} processes (measured)", name, ev, gain))
+                              f"at {proc['concurrency']} processes ({how})", name, ev, gain))
             else:
                 out.append(_f("medium", f"{name} holds the GIL {f:.0%} of its time, but processes did not help",
-                              f"processes reached {_fmt(proc['qps'])} items/s vs {_fmt(thr['qps'])} on threads: "
+                              f"processes reached {_fmt(proc['qps'])} items/s vs {_fmt(thr['qps'])} on threads "
+                              f"({how}): "
                               "moving items between processes, or cores taken by other load, cancels the gain; "
                               "less Python per item (vectorise, move work into C code that releases the GIL) "
                               "is the way out", name, ev))

@@ -103,3 +103,17 @@ def test_no_head_to_head_when_switched_off():
     sw.rows = [row("s", "thread", 2, 500.0, noise=0.01), row("s", "process", 2, 640.0, noise=0.01)]
     sw.run_paired(None)
     assert len(sw.rows) == 2
+
+
+def test_the_gil_finding_follows_the_head_to_head():
+    from _rows import model_rows
+    from stagebench._findings import _stage_findings
+
+    base = model_rows("s", gil_ms=2.0, wait_ms=0.0)  # gil-bound: the curves put processes ahead
+    for ratios, says in (([0.9, 0.92, 0.88, 0.91], "but processes did not help"),
+                         ([1.4, 1.45, 1.38, 1.42], "use a process executor")):
+        st = analyze_stage(pd.concat([base, pd.DataFrame(_paired(ratios))]), cores=2)
+        assert st["classification"] == "gil-bound"
+        f = next(x for x in _stage_findings(st, "s", 2) if "holds the GIL" in x["title"])
+        assert says in f["title"] and "measured in turns with threads" in f["detail"]
+        assert f["evidence"]["head_to_head"]["pairs"] == 4
