@@ -473,7 +473,7 @@ def _main_gil_overhead(sr: StageRows, harness: str, executor: str, concurrency: 
 
     Thread and async stages: the no-op ceiling of the same setting. Process
     stages schedule, pickle and unpickle every item in the main process (the
-    event loop or driver, loky's feeder and manager threads): their process
+    event loop or driver, the pool's feeder and manager threads): their process
     no-op ceiling is limited by that serial work, so its time per item
     (:func:`harness_gil_s`: 1/throughput or CPU per item, whichever is
     smaller) stands for it. Charging only the thread ceiling's scheduling

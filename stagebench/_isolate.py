@@ -609,7 +609,7 @@ def _installed_call(item: Any) -> Any:
 
 
 class _PoolOp:
-    """Async op that runs the installed stage in a loky pool, as the process harness does."""
+    """Async op that runs the installed stage in a process pool, as the process harness does."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
@@ -724,14 +724,10 @@ def build_validation_config(plan: Plan, choices: dict[str, tuple[str, int]],
         elif step.is_async or ex == "async":
             ex = "async"
         elif ex == "process" and not (step.many and cfg._type == _PipeType.OrderedPipe):
-            from loky import ProcessPoolExecutor
-            from loky.backend.context import ctx_loky
+            from ._executors import close_pool, process_pool
 
-            # loky's own context, named: importing joblib (the stage cache does) re-registers
-            # the process-wide "loky" context as joblib's older vendored copy
-            pool = ProcessPoolExecutor(max_workers=c, initializer=_install,
-                                       initargs=(cloudpickle.dumps(step.fn),), context=ctx_loky)
-            closers.append(functools.partial(pool.shutdown, wait=False, kill_workers=True))
+            pool = process_pool(c, _install, (cloudpickle.dumps(step.fn),))
+            closers.append(functools.partial(close_pool, pool))
             op = _PoolGenOp(pool) if step.many else _PoolOp(pool)
         elif ex in ("thread", "process"):
             ex = "thread"

@@ -18,7 +18,7 @@ in the background, on the consumer thread, while the next point warms up;
 them at its end.
 
 Executors: ``thread`` uses the pipeline's own thread pool (``num_threads`` =
-concurrency, as a user would build it); ``process`` passes a loky process pool
+concurrency, as a user would build it); ``process`` passes a standard-library process pool (:class:`~._executors.WorkerPool`)
 (cloudpickle, so lambdas and ``__main__`` functions work) as the pipe's
 executor; ``async`` pipes the coroutine function directly.
 """
@@ -195,7 +195,8 @@ class SpdlRunner(Runner):
     def _pool_error(self, exc: BaseException) -> None:
         name = type(exc).__name__
         if name in ("TerminatedWorkerError", "BrokenProcessPool"):
-            self.fatal_status, self.fatal = "crashed", "a worker process died"
+            codes = self._workers.exit_codes() if self._workers is not None else ""
+            self.fatal_status, self.fatal = "crashed", f"a worker process died{f' (exit codes {codes})' if codes else ''}"
         else:
             self.fatal_status, self.fatal = "failed", _describe(exc)
         self._stop.set()

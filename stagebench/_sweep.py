@@ -285,7 +285,7 @@ def _threads_at_ceiling(rows: list[dict[str, Any]], harness: str) -> str | None:
 
     The thread no-op ceiling is the most this harness delivers with any thread
     work at all. A process executor pays the same per-item scheduling plus the
-    IPC (pickling, loky's queue threads), so its no-op ceiling is lower: in
+    IPC (pickling, the pool's queue threads), so its no-op ceiling is lower: in
     every diagnosis measured here it was at most ~0.8x the thread one (SPDL:
     500-1,000 vs 930-1,900 items/s; direct: ~2,500 vs ~2,000,000). When the
     stage's best thread point reaches 90% of the thread ceiling (the median over

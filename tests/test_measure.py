@@ -332,6 +332,32 @@ def test_a_pool_grows_across_levels_and_runs_the_stage_and_its_ceiling():
     assert pool.pids() == []
 
 
+def test_process_points_run_on_the_standard_library_pool_without_rerunning_an_unguarded_main(tmp_path):
+    """The pool users are told to pass to SPDL; its workers must not run the user's script again."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    marker = tmp_path / "runs.txt"
+    script.write_text(
+        "import concurrent.futures as cf, os\n"
+        f"open({str(marker)!r}, 'a').write(f'{{os.getpid()}}\\n')  # unguarded top level, as in many train.py\n"
+        "from stagebench import MeasureConfig, measure_stage\n"
+        "from stagebench._executors import WorkerPool\n"
+        "def double(x):\n"
+        "    return 2 * x\n"
+        "with WorkerPool(double) as pool:\n"
+        "    assert isinstance(pool.executor(2), cf.ProcessPoolExecutor)\n"
+        "    row = measure_stage(double, list(range(8)), executor='process', concurrency=2,\n"
+        "                        config=MeasureConfig(budget_s=0.2, warmup_s=0.05, timeout_s=20), pool=pool)\n"
+        "print(row['status'], row['workers_seen'])\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["ok", "2"]
+    assert len(marker.read_text().split()) == 1, "a worker ran the script's top level again"
+
+
 def test_a_point_with_a_hung_worker_discards_the_pool():
     from stagebench._executors import WorkerPool
 
