@@ -378,7 +378,10 @@ def test_the_spinner_counts_the_time_it_held_the_gil_without_a_core_as_its_own()
     print(f"wall {w:.3f} s, spinner CPU {c:.3f} s, lost {gone:.3f} s")
     assert gone > 0.25 * w, "the busy program took about half the core; the spinner must have seen it"
     assert abs(c + gone - w) < 0.15 * w
+
+
 def test_the_probe_records_a_stage_that_raises_or_hangs_and_restores_the_switch_interval():
+    import gc
     import sys
     import threading
 
@@ -403,12 +406,36 @@ def test_the_probe_records_a_stage_that_raises_or_hangs_and_restores_the_switch_
     assert r == {"error": "the stage did not return within 0.5 s during the GIL probe"}
     assert time.perf_counter() - t0 < 2
     assert sys.getswitchinterval() == old
+    assert gc.isenabled(), "the collector is paused only for the probe's rounds, even when the stage hangs"
     time.sleep(0.2)  # the spinner must not outlive the probe: it would slow everything measured after
     assert not [t for t in threading.enumerate() if t.name == "stagebench-gil-probe" and t.is_alive()]
     release.set()
     slow = probe_gil(lambda x: time.sleep(0.15), [1])
     assert slow["error"].startswith("not probed: a call takes 0.15 s")
     assert probe_gil(bad, []) == {"error": "no inputs to probe with"}
+    assert gc.isenabled()
+
+
+def test_the_probe_pauses_the_cyclic_collector_during_its_rounds_and_leaves_it_as_it_found_it():
+    import gc
+
+    from stagebench._gilprobe import probe_gil
+
+    seen = []
+
+    def stage(x):
+        seen.append(gc.isenabled())
+        time.sleep(0.001)
+
+    assert "share" in probe_gil(stage, [1])
+    assert seen[0] and not seen[-1], "on for the warm-up call, off in the rounds"
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        probe_gil(stage, [1])
+        assert not gc.isenabled(), "a program that runs with the collector off keeps it off"
+    finally:
+        gc.enable()
 
 
 def test_a_probe_inside_a_wide_curves_interval_decides_and_inside_a_narrow_one_does_not(monkeypatch):
