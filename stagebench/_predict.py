@@ -269,25 +269,38 @@ def _stage_hint(st: dict) -> str:
 
 
 def _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed=0.0) -> dict | None:
-    """Move the largest GIL holder that was measured on processes; recompute the bounds."""
+    """Move the largest GIL holder that was measured on processes; recompute the bounds.
+
+    Where the stage had a head-to-head (threads and processes measured in
+    turns, :mod:`._paired`), its capacity on processes is its thread capacity
+    times the head-to-head's ratio rather than the process curve's point,
+    which was measured at another moment: the same evidence the
+    recommendation followed, so the two never disagree about the stage.
+    """
     by_name = {st["name"]: st for st in stage_summaries}
     for d in main:
         st = by_name[d["stage"]]
         proc = _setting(st, "process")
         if not proc:
             continue
+        h2h, turns = st.get("head_to_head") or {}, ""
+        thread = _setting(st, "thread")
+        if h2h.get("decisive") and h2h.get("ratio") and thread and (h2h.get("process") or {}).get("concurrency") == proc["concurrency"]:
+            proc = {**proc, "qps": thread["qps"] * h2h["ratio"]}
+            turns = (f" (its capacity there: {h2h['ratio']:.2f}x its threads', measured in turns, "
+                     f"{_fmt(proc['qps'] * float(st.get('items_per_input') or 1.0))} items/s)")
         new = [(_load(st, proc, fixed) if x["stage"] == d["stage"] else x) for x in loads]
         nb = _bounds(new, cores, free_threaded, fixed)
         gil_bound = nb["bounds"]["gil"]
         text = (
-            f"moving {d['stage']} to processes (x {proc['concurrency']}) lifts the GIL bound to "
+            f"moving {d['stage']} to processes (x {proc['concurrency']}){turns} lifts the GIL bound to "
             + (f"{_fmt(gil_bound)} items/s" if math.isfinite(gil_bound) else "no limit")
             + f"; the pipeline would then reach about {_fmt(nb['qps'])} items/s, bound by "
             + ({"stage": f"{nb['cap_stage']}'s capacity", "gil": "the GIL", "cores": "the cores"}[nb["binding"]])
         )
         return {"stage": d["stage"], "executor": "process", "concurrency": proc["concurrency"],
                 "gil_bound": gil_bound if math.isfinite(gil_bound) else None, "qps": nb["qps"],
-                "binding": nb["binding"], "text": text}
+                "binding": nb["binding"], "head_to_head_ratio": h2h.get("ratio") if turns else None, "text": text}
     return None
 
 

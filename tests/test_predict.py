@@ -62,6 +62,23 @@ def test_the_explanation_says_what_moving_the_largest_holder_to_processes_would_
     assert "moving tokenize to processes (x 2) lifts the GIL bound to 714 items/s" in p["explanation"]
 
 
+def test_the_lift_takes_the_stages_process_capacity_from_its_head_to_head_when_there_is_one():
+    stages = _issue_pipeline(with_process=True)
+    # the curves put tokenize at 1,500 items/s on processes; in turns with threads it ran at 0.9x its threads
+    stages[0]["head_to_head"] = {"decisive": True, "pairs": 4, "ratio": 0.9, "ratio_low": 0.8, "ratio_high": 1.0,
+                                 "thread": {"concurrency": 4, "qps": 760.0},
+                                 "process": {"concurrency": 2, "qps": 690.0}, "processes_win": False}
+    lift = predict_pipeline(stages, cores=2)["lift"]
+    assert lift["head_to_head_ratio"] == pytest.approx(0.9)
+    assert lift["gil_bound"] == pytest.approx(1e3 / 1.4)  # the main GIL no longer carries its 1.0 ms either way
+    assert lift["qps"] == pytest.approx(770.0 * 0.9) and lift["binding"] == "stage"
+    assert "(its capacity there: 0.90x its threads', measured in turns, 693 items/s)" in lift["text"]
+    # a head-to-head at another process level than the one the lift moves to says nothing about it
+    stages[0]["head_to_head"]["process"]["concurrency"] = 4
+    lift = predict_pipeline(stages, cores=2)["lift"]
+    assert lift["head_to_head_ratio"] is None and lift["binding"] == "gil"
+
+
 def test_process_stages_do_not_add_their_python_to_the_main_gil():
     stages = [_stage("a", 500.0, executor="process", cpu_ms=3.0, gil_ms=3.0, harness_ms=0.1),
               _stage("b", 5000.0, cpu_ms=0.2, gil_ms=0.2, classification="overhead-bound")]
