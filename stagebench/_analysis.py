@@ -677,17 +677,25 @@ def _validation(val: Any, prediction: dict | None, rows: pd.DataFrame | None = N
     measured = float(val["qps"])
     # relative error of the prediction against the measurement: +0.10 = predicted 10% too high
     out["error_vs_prediction"] = (pred - measured) / measured if finite(pred) and measured > 0 else None
-    out["interference"] = _interference(val.get("stage_latency"), rows, stages or [])
+    replay = (prediction or {}).get("replay") or {}
+    out["interference"] = _interference(val.get("stage_latency"), rows, stages or [], replay.get("stage_latency"))
     return out
 
 
-def _interference(lat: Any, rows: pd.DataFrame | None, stages: list[dict]) -> list[dict[str, Any]]:
+def _interference(lat: Any, rows: pd.DataFrame | None, stages: list[dict],
+                  replay_lat: Any = None) -> list[dict[str, Any]]:
     """Each timed stage's median call inside the pipeline against alone at the same setting.
 
     Alone: the stage's row at its recommended harness, executor and
     concurrency. A ratio well above 1 is the interference the prediction's
     bounds leave out (the GIL or the cores shared with the other stages, seen
     as longer calls), measured rather than modelled.
+
+    ``replay_lat``: the stand-ins' median calls inside the replay, which took
+    turns with the validation run. ``vs_replay`` (the real call over its
+    stand-in's, both inside their pipelines) is where the replay's prediction
+    and the measurement part: above 1, the stage costs more among the others
+    than its stand-in does, so the replay is optimistic about it.
     """
     if not isinstance(lat, Mapping) or rows is None or not len(rows):
         return []
@@ -701,9 +709,13 @@ def _interference(lat: Any, rows: pd.DataFrame | None, stages: list[dict]) -> li
                    & (rows["harness"] == rec.get("harness")) & (rows["executor"] == rec.get("executor"))
                    & (rows["concurrency"] == rec.get("concurrency"))]
         alone = float(hit["latency_p50_ms"].iloc[0]) if len(hit) else math.nan
+        stood = (replay_lat or {}).get(name) if isinstance(replay_lat, Mapping) else None
+        rep = float(stood["p50_ms"]) if isinstance(stood, Mapping) and finite(stood.get("p50_ms")) else math.nan
         out.append({"stage": name, "in_pipeline_p50_ms": float(got["p50_ms"]), "calls": got.get("calls"),
                     "alone_p50_ms": alone if finite(alone) else None,
-                    "ratio": float(got["p50_ms"]) / alone if finite(alone) and alone > 0 else None})
+                    "ratio": float(got["p50_ms"]) / alone if finite(alone) and alone > 0 else None,
+                    "replay_p50_ms": rep if finite(rep) else None,
+                    "vs_replay": float(got["p50_ms"]) / rep if finite(rep) and rep > 0 else None})
     return out
 
 

@@ -989,7 +989,6 @@ class _Diagnosis:
         validation = out["validation"]
         if stand_ins:
             replay = out["replay"]
-            replay.pop("stage_latency", None)
             replay["stand_ins"] = [s.as_dict() for s in stand_ins.values()]
         else:
             replay = {"qps": None, "error": "no stage could be stood in (none measured)"}

@@ -211,6 +211,14 @@ def build_findings(
         seen = ("; in the pipeline " + ", ".join(
             f"{x['stage']} took {x['ratio']:.1f}x as long per call as alone ({x['in_pipeline_p50_ms']:.3g} vs "
             f"{x['alone_p50_ms']:.3g} ms median)" for x in slower[:3])) if slower else ""
+        # where the replay and the real pipeline part: a stage's calls inside the pipeline against its
+        # stand-in's inside the replay (they took turns, so the machine was the same)
+        apart = sorted((x for x in validation.get("interference") or [] if finite(x.get("vs_replay"))
+                        and max(x["vs_replay"], 1 / x["vs_replay"]) >= 1.2),
+                       key=lambda x: -max(x["vs_replay"], 1 / x["vs_replay"]))
+        seen += ("; against the replay, " + ", ".join(
+            f"{x['stage']}'s calls took {x['in_pipeline_p50_ms']:.3g} ms in the pipeline and its stand-in's "
+            f"{x['replay_p50_ms']:.3g} ms in the replay ({x['vs_replay']:.1f}x)" for x in apart[:3])) if apart else ""
         if abs(err) > 0.15:
             out.append(_f("medium", "the whole-pipeline run differs from the prediction",
                           f"measured {_fmt(validation['qps'])} items/s vs predicted "

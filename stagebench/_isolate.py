@@ -734,7 +734,8 @@ def build_validation_config(plan: Plan, choices: dict[str, tuple[str, int]],
             executor = thread_pool(c, "stagebench-validate")
         else:  # keep what the user configured
             ex, c, executor = step.user_executor, step.user_concurrency, cfg._args.executor
-        if timings is not None and ex in ("thread", "async") and op is cfg._args.op:
+        # the real stage's op, or its stand-in (the replay's calls are compared with the validation's)
+        if timings is not None and ex in ("thread", "async") and (op is cfg._args.op or stand is not None):
             spans: list = []
             timed = _timed_op(op, spans)
             if timed is not None:

@@ -308,7 +308,8 @@ def apply_replay(prediction: dict[str, Any] | None, replay: Any) -> dict[str, An
     """The prediction with the replay's throughput as its number (``method: "replay"``).
 
     ``replay``: ``run.json["replay"]`` (:meth:`Diagnosis._replay`): ``qps``,
-    ``qps_low``, ``qps_high``, ``seconds``, ``stand_ins``, or ``error``. The
+    ``qps_low``, ``qps_high``, ``seconds``, ``stand_ins``, ``stage_latency``
+    (the stand-ins' median call inside the replay), or ``error``. The
     bounds stay as they are (``bounds``, ``bounds_qps``, ``binding``): they say
     *what* binds; the replay says how far below the bounds the stages' mutual
     costs put the pipeline. A failed replay leaves the bounds' number and
@@ -318,7 +319,7 @@ def apply_replay(prediction: dict[str, Any] | None, replay: Any) -> dict[str, An
         return prediction
     out = dict(prediction)
     q = replay.get("qps")
-    keep = ("qps", "qps_low", "qps_high", "seconds", "stand_ins", "error")
+    keep = ("qps", "qps_low", "qps_high", "seconds", "stand_ins", "stage_latency", "error")
     out["replay"] = {k: replay.get(k) for k in keep if k in replay}
     if not finite(q) or not q > 0 or not finite(prediction.get("qps")):
         return out

@@ -50,10 +50,11 @@ class _Run:
         self.latency_s: float | None = None
         self.settle_s: float | None = None  # when it took turns with another run
         self.partner: str | None = None
-        # stage call timings: only for the real stages (the analysis compares them with the stage alone)
+        # stage call timings: the real stages' (compared with the stage alone) and the stand-ins'
+        # (compared with the real stages in the validation run)
         self.timings: dict[str, list] = {}
         cfg, self.closers, self.used = build_validation_config(
-            plan, choices, self._source(source_items), None if stand_ins else self.timings, stand_ins=stand_ins)
+            plan, choices, self._source(source_items), self.timings, stand_ins=stand_ins)
         self.pipeline = _real_pipeline(cfg, default_threads(plan))
         self._consumer = threading.Thread(target=self._consume, name=f"stagebench-{name}-sink", daemon=True)
 
@@ -177,9 +178,9 @@ def run_pipelines(plan: Any, source_items: list, choices: dict[str, tuple[str, i
     aggregate), ``qps_low``/``qps_high`` (batch means over the slices, or over
     ten sub-windows of one window), ``sink_qps``, ``source_qps`` (items drawn
     from the source in the windows: a cross-check), ``warmup_s``,
-    ``settings``, ``windows``, ``wall_s`` (the whole call's) and, for the
-    real stages, ``stage_latency``
-    (median call duration inside the pipeline per thread / async stage). A
+    ``settings``, ``windows``, ``wall_s`` (the whole call's) and
+    ``stage_latency`` (median call duration inside the pipeline per thread /
+    async stage, real or stand-in). A
     run that fails has ``qps`` None and its ``error``; the other goes on
     alone.
     """

@@ -438,3 +438,21 @@ def test_stage_calls_timed_inside_the_validation_run_are_compared_with_the_stage
     assert got["gil"]["ratio"] == pytest.approx(2.5) and got["sleep"]["ratio"] == pytest.approx(1.0)
     differs = next(f for f in s["findings"] if f["title"] == "the whole-pipeline run differs from the prediction")
     assert "gil took 2.5x as long per call as alone" in differs["detail"] and "sleep took" not in differs["detail"]
+    assert all(x["replay_p50_ms"] is None and x["vs_replay"] is None for x in got.values())  # no replay here
+
+
+def test_stage_calls_inside_the_validation_run_are_set_against_their_stand_ins_inside_the_replay():
+    rows = _pipeline_rows()
+    lat = {"gil": {"p50_ms": 5.0, "calls": 300}, "sleep": {"p50_ms": 4.0, "calls": 300}}
+    replay = {"qps": 140.0, "qps_low": 130.0, "qps_high": 150.0, "seconds": 2.0, "stand_ins": [],
+              "stage_latency": {"gil": {"p50_ms": 2.5, "calls": 400}, "sleep": {"p50_ms": 4.2, "calls": 400}}}
+    val = {"qps": 100.0, "qps_low": 95.0, "qps_high": 105.0, "seconds": 2.0, "stage_latency": lat}
+    s = summarize(rows, _meta("gil", "sleep", "mixed", validation=val, replay=replay))
+    got = {x["stage"]: x for x in s["validation"]["interference"]}
+    assert got["gil"]["replay_p50_ms"] == 2.5 and got["gil"]["vs_replay"] == pytest.approx(2.0)
+    assert got["sleep"]["vs_replay"] == pytest.approx(4.0 / 4.2)
+    assert s["prediction"]["replay"]["stage_latency"]["gil"]["calls"] == 400
+    differs = next(f for f in s["findings"] if f["title"] == "the whole-pipeline run differs from the prediction")
+    # the stage the replay was optimistic about is named with both numbers; one within 20% is not
+    assert "gil's calls took 5 ms in the pipeline and its stand-in's 2.5 ms in the replay (2.0x)" in differs["detail"]
+    assert "sleep's calls" not in differs["detail"]
