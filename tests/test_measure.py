@@ -320,12 +320,26 @@ def test_a_pool_grows_across_levels_and_runs_the_stage_and_its_ceiling():
         # every point runs on exactly c workers, all of which delivered
         assert (r1["workers_seen"], r2["workers_seen"], ceil["workers_seen"]) == (1, 4, 4)
         assert ceil["qps"] > 2 * r2["qps"]  # no work: only the IPC
-        # a grown pool measures what a fresh one does (paired, right after: 20 ms sleeps at
-        # c=4 are 4x c=1 in both). On a quiet machine they agree within 3%; on this VM on a noisy
-        # day two such short points differed by 18% (146 vs 179/s), so 25% here. Running on fewer
+        # a grown pool measures what a fresh one does (20 ms sleeps at c=4 are 4x c=1 in both). On a
+        # quiet machine they agree within 3%, beside two busy processes within 6%; on this VM on a
+        # noisy day two such short points differed by 18% (146 vs 179/s), and CI once read a fresh
+        # pool at 87/s right after the grown one's 158/s (its c=1 point also ran 12% slow). So one
+        # pair that disagrees by over 25% is measured again in turns, and the median of three
+        # pairs decides: a grown pool that is really slower loses every pair. Running on fewer
         # workers than asked is caught above (workers_seen), not by this comparison.
-        fresh = _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=4, config=FAST))
-        assert abs(r2["qps"] - fresh["qps"]) / fresh["qps"] < 0.25, (r1["qps"], r2["qps"], fresh["qps"])
+        def pair(grown_row=None):
+            g = grown_row or _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=4,
+                                               config=FAST, pool=pool))
+            f = _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=4, config=FAST))
+            assert f["workers_seen"] == 4
+            return g["qps"] / f["qps"], (round(g["qps"]), round(f["qps"]))
+
+        pairs = [pair(r2)]
+        if abs(pairs[0][0] - 1) >= 0.25:
+            pairs += [pair(), pair()]
+        ratios = sorted(p[0] for p in pairs)
+        assert abs(ratios[len(ratios) // 2] - 1) < 0.25, (r1["qps"], [p[1] for p in pairs])
+        assert pool.starts == 1 and set(pool.pids()) == grown  # the pairs ran on the same grown pool
         # going down in c starts afresh rather than measuring 2 of 4 workers
         _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=2, config=FAST, pool=pool))
         assert pool.starts == 2 and len(pool.pids()) == 2 and not set(pool.pids()) & grown
