@@ -40,6 +40,8 @@ __all__ = [
     "_stages",
     "DirectCost",
     "direct_cost",
+    "plain_threads_qps",
+    "plain_pool_qps",
     "spdl_profile",
     "rel_error",
     "machine_line",
@@ -83,6 +85,46 @@ def direct_cost(fn: Callable[[Any], Any], seconds: float = 0.4, min_items: int =
     wall = time.perf_counter() - t0
     cpu = time.thread_time() - c0
     return DirectCost(wall_s=wall / n, cpu_s=cpu / n, items=n)
+
+
+def plain_threads_qps(fn: Callable[[Any], Any], lanes: int, seconds: float, warmup: float = 0.2) -> float:
+    """Items/s of the plainest closed loop on threads: ``lanes`` threads, each calling ``fn`` again as soon as it returns.
+
+    The reference the thread points are held to (``bench_accuracy``), counted
+    at the same moment as the point (right before and right after), so the
+    host's speed phases, which move a CPU-bound stage's own cost by up to 2x
+    within seconds, are the same for both. No stagebench code on the path:
+    each thread logs (start, end) and an item counts by the share of it that
+    falls in the window, which opens after ``warmup`` and once every thread has
+    finished an item.
+    """
+    import threading
+
+    stop = threading.Event()
+    logs: list[list[tuple[float, float]]] = [[] for _ in range(lanes)]
+
+    def lane(k: int) -> None:
+        log, i, now = logs[k], k, time.perf_counter
+        while not stop.is_set():
+            t0 = now()
+            fn(i)
+            log.append((t0, now()))
+            i += lanes
+
+    threads = [threading.Thread(target=lane, args=(k,), daemon=True) for k in range(lanes)]
+    for t in threads:
+        t.start()
+    time.sleep(warmup)
+    while not all(logs):
+        time.sleep(0.005)
+    a = time.perf_counter()
+    time.sleep(seconds)
+    b = time.perf_counter()
+    stop.set()
+    for t in threads:
+        t.join()
+    n = sum((min(e, b) - max(s, a)) / (e - s) for log in logs for s, e in log if e > a and s < b and e > s)
+    return n / (b - a)
 
 
 def plain_pool_qps(pool: Any, fn: Callable[[Any], Any], lanes: int, seconds: float) -> float:
