@@ -315,13 +315,17 @@ def process_pool(workers: int, initializer: Callable, initargs: Sequence[bytes])
                                   initargs=tuple(initargs))
 
 
+def _pool_pids(ex: Any) -> list[int]:
+    """The worker pids of a standard-library process pool (none when it is shut down or missing)."""
+    try:
+        return list(getattr(ex, "_processes", None) or {})
+    except RuntimeError:  # dict changed size while the pool spawns
+        return []
+
+
 def close_pool(ex: cf.ProcessPoolExecutor) -> None:
     """Kill a process pool's workers and shut it down without waiting for a call in flight."""
-    try:
-        pids = list(getattr(ex, "_processes", None) or {})
-    except RuntimeError:  # dict changed size while the pool spawns
-        pids = []
-    kill_and_reap(pids)  # first: the pool's own shutdown would wait for a hung worker's call
+    kill_and_reap(_pool_pids(ex))  # first: the pool's own shutdown would wait for a hung worker's call
     ex.shutdown(wait=False, cancel_futures=True)
 
 
@@ -452,10 +456,7 @@ class WorkerPool:
         return True
 
     def pids(self) -> list[int]:
-        try:
-            return list(getattr(self._ex, "_processes", None) or {})
-        except RuntimeError:  # dict changed size while the pool spawns
-            return []
+        return _pool_pids(self._ex)
 
     def exit_codes(self) -> str:
         """The workers' exit codes other than 0 and the pool's own SIGTERM, as loky used to word them."""
