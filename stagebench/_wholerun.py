@@ -14,8 +14,9 @@ sources are opened in turn, in slices, in the order R V V R R V V R: both
 see the same moments of the machine, and a steady drift cancels. While one
 runs, the other's source is closed and its stages idle. After each switch,
 ``settle`` seconds pass before counting starts: the other pipeline drains
-and this one refills (three times the slower pipeline's first-item latency,
-at least 0.25 s, at most 1 s).
+and this one refills (three times the slower pipeline's steady-state
+latency, source to sink, at least 0.25 s, at most 1 s). Both warm up at the
+same time, before the first slice: warming up is not measured.
 
 One run alone (the validation run without a replay) counts one contiguous
 window, as before.
@@ -37,17 +38,20 @@ class _Run:
     """One pipeline with a source that can be paused, and a thread that drains its sink."""
 
     def __init__(self, name: str, plan: Any, source_items: list, choices: dict[str, tuple[str, int]],
-                 stand_ins: dict[str, Any] | None) -> None:
+                 stand_ins: dict[str, Any] | None, items_per_sink_item: float = 1.0) -> None:
         from ._isolate import _real_pipeline, build_validation_config, default_threads
 
         self.name = name
+        self.items_per_sink_item = items_per_sink_item  # source items per sink item (an aggregate's batch)
         self.gate, self.stop = threading.Event(), threading.Event()
         self.pulls: list[float] = []
         self.arrivals: list[float] = []
         self.windows: list[tuple[float, float]] = []
         self.error: str | None = None
         self.warmup_s: float | None = None
-        self.latency_s: float | None = None
+        self.latency_s: float | None = None  # the first item's, from opening the source: pools start on it
+        self.steady_latency_s: float | None = None  # once warm (:meth:`_steady_latency`)
+        self._t_open, self._n0 = 0.0, 0
         self.settle_s: float | None = None  # when it took turns with another run
         self.partner: str | None = None
         # stage call timings: the real stages' (compared with the stage alone) and the stand-ins'
@@ -88,28 +92,45 @@ class _Run:
         self.pipeline.start()
         self._consumer.start()
 
-    def warm_up(self, warmup_s: float, timeout_s: float, *, close: bool = True) -> None:
-        """Open the source until items have been reaching the sink for a while; then close it (``close``)."""
-        t_open = time.perf_counter()
-        n0 = len(self.arrivals)
-        deadline = t_open + warmup_s + timeout_s
+    def open_for_warm_up(self) -> None:
+        self._t_open, self._n0 = time.perf_counter(), len(self.arrivals)
         self.gate.set()
-        try:
-            while self.error is None:
-                now = time.perf_counter()
-                first = self.arrivals[n0] if len(self.arrivals) > n0 else None
-                # warm: the minimum warm-up has passed *and* items have been reaching
-                # the sink for a while (pools start lazily, on their first item)
-                if first is not None and now - t_open >= warmup_s and now - first >= max(0.5, warmup_s / 2):
-                    self.warmup_s, self.latency_s = now - t_open, first - t_open
-                    return
-                if now > deadline:
-                    self.error = f"no item reached the sink within {timeout_s:g} s of warm-up"
-                    return
-                time.sleep(0.01)
-        finally:
-            if close or self.error is not None:
-                self.gate.clear()
+
+    def warm(self, warmup_s: float, timeout_s: float) -> bool:
+        """Whether the warm-up opened by :meth:`open_for_warm_up` is over (warm, or failed: ``error``)."""
+        if self.error is not None:
+            return True
+        now = time.perf_counter()
+        first = self.arrivals[self._n0] if len(self.arrivals) > self._n0 else None
+        # warm: the minimum warm-up has passed *and* items have been reaching
+        # the sink for a while (pools start lazily, on their first item)
+        if first is not None and now - self._t_open >= warmup_s and now - first >= max(0.5, warmup_s / 2):
+            self.warmup_s, self.latency_s = now - self._t_open, first - self._t_open
+            self.steady_latency_s = self._steady_latency(first + (now - first) / 2, now)
+            return True
+        if now > self._t_open + warmup_s + timeout_s:
+            self.error = f"no item reached the sink within {timeout_s:g} s of warm-up"
+            return True
+        return False
+
+    def _steady_latency(self, t0: float, t1: float) -> float | None:
+        """Seconds an item spends between the source and the sink in [t0, t1], by Little's law.
+
+        The items in flight (drawn from the source, not yet at the sink: in
+        stages and in the queues between them) over the rate through. This is
+        how long the pipeline takes to drain once its source closes, and to
+        refill once it opens; the first item's latency is not, as it includes
+        starting the pools.
+        """
+        import numpy as np
+
+        pulls, arr = np.asarray(list(self.pulls)), np.asarray(list(self.arrivals))
+        through = int(np.searchsorted(arr, t1) - np.searchsorted(arr, t0)) * self.items_per_sink_item
+        if through <= 0 or t1 <= t0:
+            return None
+        ts = np.linspace(t0, t1, 64)
+        in_flight = np.searchsorted(pulls, ts, "right") - self.items_per_sink_item * np.searchsorted(arr, ts, "right")
+        return float(max(0.0, in_flight.mean()) / (through / (t1 - t0)))
 
     def close(self) -> None:
         self.stop.set()
@@ -151,7 +172,7 @@ class _Run:
             "qps": sink_qps * k, "qps_low": lo * k, "qps_high": hi * k, "seconds": seconds,
             "sink_qps": sink_qps, "sink_items": count, "items_per_sink_item": k,
             "source_qps": src / seconds, "warmup_s": self.warmup_s, "settings": self.used,
-            "windows": len(self.windows),
+            "windows": len(self.windows), "latency_s": self.steady_latency_s,
             "stage_latency": _latencies_in_windows(self.timings, self.windows),
         }
 
@@ -193,11 +214,10 @@ def run_pipelines(plan: Any, source_items: list, choices: dict[str, tuple[str, i
     with quiet_spdl_log():  # items that fail are the stage's business, measured per point
         try:
             for name, stand_ins in runs.items():
-                made.append(_Run(name, plan, source_items, choices, stand_ins))
+                made.append(_Run(name, plan, source_items, choices, stand_ins, items_per_sink_item))
             for r in made:
                 r.start()
-            for r in made:
-                r.warm_up(warmup_s, timeout_s, close=len(made) > 1)
+            _warm_up(made, warmup_s, timeout_s)
             live = [r for r in made if r.error is None]
             if len(live) == 1:
                 _count(live[0], window_s)
@@ -217,9 +237,28 @@ def run_pipelines(plan: Any, source_items: list, choices: dict[str, tuple[str, i
     return out
 
 
+def _warm_up(runs: list[_Run], warmup_s: float, timeout_s: float) -> None:
+    """Warm the runs up together: their sources open at once, each closes when it is warm.
+
+    Together, not one after the other: warming up is not measured, and pools
+    that start lazily (worker processes: ~1 s here) start side by side. Two
+    runs are left closed, to take turns; one run alone is left open.
+    """
+    for r in runs:
+        r.open_for_warm_up()
+    pending = list(runs)
+    while pending:
+        for r in [r for r in pending if r.warm(warmup_s, timeout_s)]:
+            pending.remove(r)
+            if len(runs) > 1 or r.error is not None:
+                r.gate.clear()
+        time.sleep(0.01)
+
+
 def _take_turns(a: _Run, b: _Run, window_s: float) -> None:
     """Count ``window_s`` of each in slices, R V V R R V V R, settling after each switch."""
-    settle = min(_MAX_SETTLE_S, max(_MIN_SETTLE_S, 3 * max(a.latency_s or 0.0, b.latency_s or 0.0)))
+    lat = [r.steady_latency_s if r.steady_latency_s is not None else r.latency_s for r in (a, b)]
+    settle = min(_MAX_SETTLE_S, max(_MIN_SETTLE_S, 3 * max(x or 0.0 for x in lat)))
     prev: _Run | None = None
     for r in [a, b, b, a] * (_SLICES // 2):
         if r.error is not None:
