@@ -18,7 +18,8 @@ The diagnosis, in order (each step for a reason):
    thread / process (async: the event loop) x the concurrency grid, through
    stagebench's workers and through a one-stage SPDL pipeline, each with its
    no-op ceiling (thread/async ceilings once per run, shared by the stages;
-   process ceilings per stage, on the stage's own pool, with its own items).
+   process ceilings with the stage's own items, shared only by stages whose
+   items pickle to at most 16 KiB).
    Rows are on disk the moment they are measured.
    With two or more stages, also measure SPDL no-op pipelines of one and three
    identity stages (thread x 4) into ``run.json["pipeline_overhead"]``

@@ -147,22 +147,61 @@ def double(x):
     return 2 * x
 
 
-def test_thread_ceilings_are_measured_once_per_run_and_process_ceilings_per_stage():
+def test_ceilings_are_shared_by_stages_whose_no_op_costs_the_same():
+    """Thread ceilings: once per run. Process ceilings: shared by stages with small items (a no-op's
+    cost per item), measured again for a stage whose items pickle to more than 16 KiB."""
     cfg = SweepConfig(executors=("thread", "process"), concurrency=(1, 2), measure=TINY, process_flat_levels=0,
                       process_ceilings="all")
     shared: dict = {}
     a = sweep_stage(sleepy, list(range(10)), name="a", config=cfg, shared_ceilings=shared)
     b = sweep_stage(double, [b"x" * 1000] * 10, name="b", config=cfg, shared_ceilings=shared)
-    ca, cb = (d[d["role"] == "ceiling"].set_index(["executor", "concurrency"]) for d in (a, b))
-    assert (ca["status"] == "ok").all() and (cb["status"] == "ok").all()
+    big = sweep_stage(double, [b"x" * 20_000] * 10, name="big", config=cfg, shared_ceilings=shared)
+    ca, cb, cbig = (d[d["role"] == "ceiling"].set_index(["executor", "concurrency"]) for d in (a, b, big))
+    assert all((x["status"] == "ok").all() for x in (ca, cb, cbig))
     for c in (1, 2):
-        copy, orig = cb.loc[("thread", c)], ca.loc[("thread", c)]
-        assert copy["elapsed_s"] == 0 and copy["reason"].startswith("shared: measured once")
-        assert (copy["qps"], copy["started_at"]) == (orig["qps"], orig["started_at"])
-        assert copy["stage"] == "b" and copy["payload_bytes"] > 1000
-        # processes ship the stage's own items: measured for each stage
-        assert cb.loc[("process", c)]["elapsed_s"] > 0 and "shared" not in cb.loc[("process", c)]["reason"]
-    assert set(shared) == {("direct", "thread", 1), ("direct", "thread", 2)}
+        for ex, copies in (("thread", (cb, cbig)), ("process", (cb,))):
+            orig = ca.loc[(ex, c)]
+            assert orig["elapsed_s"] > 0 and "shared" not in orig["reason"]
+            for d in copies:
+                copy = d.loc[(ex, c)]
+                assert copy["elapsed_s"] == 0 and copy["reason"].startswith("shared: measured once")
+                assert (copy["qps"], copy["started_at"]) == (orig["qps"], orig["started_at"])
+        assert cb.loc[("thread", c)]["stage"] == "b" and cb.loc[("thread", c)]["payload_bytes"] > 1000
+        assert "16 KiB" in cb.loc[("process", c)]["reason"]
+        # 20 KB items: the process no-op ships them both ways, so this stage's own ceiling
+        assert cbig.loc[("process", c)]["elapsed_s"] > 0 and "shared" not in cbig.loc[("process", c)]["reason"]
+    assert set(shared) == {(h, ex, c) for h in ("direct",) for ex in ("thread", "process") for c in (1, 2)}
+
+
+def test_a_stage_that_stopped_gets_no_shared_process_ceiling_above_its_plateau(monkeypatch):
+    """The plateau rule keeps a stage's ceiling at its last measured level and none above it, even
+    where another stage measured one that could be copied (a copy is free, but says the stage was
+    measured there)."""
+    import stagebench._sweep as sw
+    from stagebench._measure import empty_row
+
+    curves = {"rising": {c: 100.0 * c for c in (1, 2, 4, 8, 16)}, "flat": {1: 100.0, 2: 190.0, 4: 195.0, 8: 196.0}}
+
+    def fake_measure(fn, inputs, *, executor, concurrency, config, name, role, harness, payload, pool):
+        q = 5000.0 if role == "ceiling" else curves[name][concurrency]
+        row = empty_row(name, role, executor, harness, concurrency)
+        row.update(status="ok", qps=q, qps_low=q - 5, qps_high=q + 5, reason="", payload_bytes=payload,
+                   elapsed_s=0.1, started_at="t")
+        return row
+
+    monkeypatch.setattr(sw, "measure_stage", fake_measure)
+    cfg = SweepConfig(executors=("process",), concurrency=(1, 2, 4, 8, 16), process_ceilings="all",
+                      process_flat_levels=2)
+    shared: dict = {}
+    sweeps = [sw.StageSweep(double, [1, 2], name=n, config=cfg, shared_ceilings=shared) for n in ("rising", "flat")]
+    for c in cfg.concurrency:
+        for s in sweeps:
+            s.run([p for p in s.remaining("process") if p[3] == c], None)
+    flat = sweeps[1].frame().set_index(["role", "concurrency"])
+    assert flat.loc[("stage", 8), "status"] == "ok" and flat.loc[("stage", 16), "status"] == "skipped"
+    assert flat.loc[("ceiling", 8), "status"] == "ok" and flat.loc[("ceiling", 8), "elapsed_s"] == 0  # a copy
+    assert flat.loc[("ceiling", 16), "status"] == "skipped"
+    assert "stopped rising" in flat.loc[("ceiling", 16), "reason"]
 
 
 class _Weights:
