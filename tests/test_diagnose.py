@@ -786,6 +786,7 @@ def test_validation_run_known_answer():
     assert 220 < r["qps"] < 440
     assert r["qps_low"] <= r["qps"] <= r["qps_high"]
     assert r["sink_qps"] == pytest.approx(r["qps"] / 4)
+    assert r["latency_s"] >= 0.012  # in source items: each one waits out both sleeps (10 + 2 ms)
     assert {u["stage"]: (u["executor"], u["concurrency"]) for u in r["settings"]}["slow"] == ("thread", 4)
 
 
@@ -811,6 +812,10 @@ def test_replay_and_validation_take_turns_and_agree_on_a_known_answer():
     for x, other in ((r, "validation"), (v, "replay")):
         assert 220 < x["qps"] < 440  # 4 threads / 10 ms; sleeps overshoot on a loaded machine
         assert x["interleaved_with"] == other and x["settle_s"] >= 0.25
+        # Little's law: an item spends at least the two sleeps (10 + 2 ms) between source and sink,
+        # and far less than the first item's 0.5 s warm-up (the settle follows this, not that)
+        assert 0.012 <= x["latency_s"] < 0.25 and x["settle_s"] == pytest.approx(max(0.25, 3 * max(
+            r["latency_s"], v["latency_s"])))
     assert r["qps"] == pytest.approx(v["qps"], rel=0.25)
     assert "stage_latency" in v and set(v["stage_latency"]) == {"slow", "fast"}
     # the stand-ins' calls are timed too, so each stage can be set against its stand-in (10 ms sleeps)
