@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 import os
 import runpy
+import statistics
 import sys
 import threading
 import time
@@ -566,6 +567,8 @@ class _Diagnosis:
         self.analysis_cache: dict = {}  # each stage analysed once, before and after the whole-pipeline runs
         # the core's speed after every point (see _speed): the stage curves were measured at these
         self.sweep_speeds: list[float] = []
+        # per stage, the probes after its thread / async points: what its stand-in's CPU amounts were read at
+        self.stage_speeds: dict[str, list[float]] = {}
         self.meta: dict[str, Any] = {
             "schema_version": 1,
             "kind": "pipeline",
@@ -783,6 +786,8 @@ class _Diagnosis:
 
         if row.get("elapsed_s"):  # measured, not a skipped or shared row
             self.sweep_speeds.append(round(cpu_speed_ns(), 2))
+            if row.get("role") == "stage" and row.get("executor") in ("thread", "async"):
+                self.stage_speeds.setdefault(row["stage"], []).append(self.sweep_speeds[-1])
 
     def _sweep_stage(self, step: Any, inputs: list, writer: Any, came_from: str | None,
                      src_problem: str | None) -> None:
@@ -967,7 +972,9 @@ class _Diagnosis:
         procs = (any(ex == "process" for ex, _ in choices.values())
                  or any(isinstance(st, Passthrough) or st.user_executor == "process" for st in self.plan.steps))
         window, warm = self.settings.validation_window_s, max(1.0 if procs else 0.5, self.settings.budget_s)
-        stand_ins = plan_stand_ins(summary.get("stages") or [])
+        speeds = {name: statistics.median(v) for name, v in self.stage_speeds.items() if v}
+        self.meta.setdefault("cpu_speed", {})["stage_ns"] = speeds
+        stand_ins = plan_stand_ins(summary.get("stages") or [], speeds)
         runs: dict[str, Any] = {"validation": None}
         if stand_ins:
             runs = {"replay": stand_ins, "validation": None}

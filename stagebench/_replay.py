@@ -39,9 +39,21 @@ items of the right kind: a stage returning lists before a disaggregate, or a
 stage run as itself, would otherwise be handed the stand-in's input.
 
 Nothing of the user's stage code runs, so the replay is a prediction and the
-validation run (the real stages) checks it. CPU amounts are CPU *time* as
-measured during the sweeps: on a host whose speed drifts they carry the speed
-of that moment.
+validation run (the real stages) checks it.
+
+A stand-in does a fixed amount of *work*, not a fixed CPU time. Its CPU
+amounts are the stage's CPU time as measured during the sweeps, at the speed
+the core ran then (``speed_ns``: a fixed Python loop's ns per iteration,
+probed after each of the stage's points, :mod:`stagebench._speed`). This VM's
+cores change speed by up to 2x in phases of seconds, and a stage's CPU time
+per call follows (the same work takes twice the CPU time on a slow core). A
+stand-in that spun for a fixed CPU time did less work in a slow phase than the
+stage it stands for: in a demo whose validation ran at 36 ns per loop after
+sweeps at 26, the replay read +44%. So the GIL-held part is that many
+iterations of the speed probe's own loop at the sweep's speed, and the
+GIL-free part that many bytes of SHA-256 at the sweep's speed (calibrated
+now, scaled by the speed now against then). Without a speed (none probed),
+CPU time as before.
 """
 
 from __future__ import annotations
@@ -57,29 +69,35 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ._speed import cpu_speed_ns, speed_loop
+
 __all__ = ["StandIn", "plan_stand_ins"]
 
 _BUF = os.urandom(1 << 20)  # hashed, never read otherwise: what it holds does not matter
-_S_PER_BYTE: float | None = None
+_CALIBRATION: tuple[float, float] | None = None
 
 
-def _seconds_per_byte() -> float:
-    """CPU seconds per byte of SHA-256 here, now: the mean of 16 runs over 256 KiB (~8 ms).
+def _calibration() -> tuple[float, float]:
+    """(CPU seconds per byte of SHA-256, the speed probe's ns per loop) here, now, taken together.
 
-    The mean over several milliseconds, not the median of a few: this VM's core
-    speed flips every few tens of milliseconds, and a calibration taken in one
-    phase would make every GIL-free stand-in that much too long or too short.
+    SHA-256: the mean of 16 runs over 256 KiB (~8 ms), interleaved with the
+    speed probe. The mean over several milliseconds, not the median of a few:
+    this VM's core speed flips every few tens of milliseconds, and a
+    calibration taken in one phase would make every GIL-free stand-in that
+    much too long or too short. The speed read alongside says which phase the
+    calibration saw, so the bytes can be scaled to the sweep's speed.
     """
-    global _S_PER_BYTE
-    if _S_PER_BYTE is None:
+    global _CALIBRATION
+    if _CALIBRATION is None:
         view = memoryview(_BUF)[: 1 << 18]
-        ts = []
+        ts, speeds = [], []
         for _ in range(16):
             c0 = time.thread_time()
             hashlib.sha256(view).digest()
             ts.append(time.thread_time() - c0)
-        _S_PER_BYTE = max(statistics.fmean(ts), 1e-7) / len(view)
-    return _S_PER_BYTE
+            speeds.append(cpu_speed_ns(trials=1))
+        _CALIBRATION = (max(statistics.fmean(ts), 1e-7) / len(view), statistics.fmean(speeds))
+    return _CALIBRATION
 
 
 _SLEEP_COST: dict[float, tuple[float, float]] = {}
@@ -113,6 +131,32 @@ def _spin(seconds: float) -> None:
         pass
 
 
+class _Work:
+    """One stand-in's CPU as fixed work: loop iterations (GIL held) and SHA-256 bytes (GIL free).
+
+    ``speed_ns``: the speed probe's ns per loop iteration while the stage was
+    measured; None: fixed CPU time instead (no speed was probed).
+    """
+
+    def __init__(self, gil_s: float, free_s: float, speed_ns: float | None) -> None:
+        self.gil_s = gil_s
+        self.loops = int(round(gil_s * 1e9 / speed_ns)) if speed_ns and gil_s > 0 else 0
+        self.free_bytes = 0
+        if free_s > 0:
+            s_per_byte, now_ns = _calibration()
+            # bytes at the sweep's speed: a core slower now (more ns per loop) hashes slower too
+            at_sweep = s_per_byte * (speed_ns / now_ns) if speed_ns and now_ns > 0 else s_per_byte
+            self.free_bytes = int(free_s / at_sweep)
+
+    def __call__(self) -> None:
+        if self.loops:
+            speed_loop(self.loops)
+        elif self.gil_s > 0:
+            _spin(self.gil_s)
+        if self.free_bytes:
+            _burn_free(self.free_bytes)
+
+
 def _burn_free(n_bytes: int) -> None:
     """CPU without the GIL: SHA-256 releases it for buffers this large."""
     view = memoryview(_BUF)
@@ -133,6 +177,7 @@ class StandIn:
     free_s: float
     wait_s: float
     note: str = ""
+    speed_ns: float | None = None  # the core's speed while the stage was measured (see the module docstring)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -158,15 +203,11 @@ class _Outputs:
 
 class _ThreadStandIn:
     def __init__(self, s: StandIn, outputs: Sequence[Any] | None = None) -> None:
-        self.gil_s, self.wait_s = s.gil_s, s.wait_s
-        self.free_bytes = int(s.free_s / _seconds_per_byte()) if s.free_s > 0 else 0
+        self.work, self.wait_s = _Work(s.gil_s, s.free_s, s.speed_ns), s.wait_s
         self.output = _Outputs(outputs)
 
     def __call__(self, item: Any) -> Any:
-        if self.gil_s > 0:
-            _spin(self.gil_s)
-        if self.free_bytes:
-            _burn_free(self.free_bytes)
+        self.work()
         if self.wait_s > 0:
             time.sleep(self.wait_s)
         return self.output(item)
@@ -176,12 +217,11 @@ class _AsyncStandIn:
     """Runs on the event loop: all its CPU holds the GIL, its waits are awaits."""
 
     def __init__(self, s: StandIn, outputs: Sequence[Any] | None = None) -> None:
-        self.cpu_s, self.wait_s = s.gil_s + s.free_s, s.wait_s
+        self.work, self.wait_s = _Work(s.gil_s + s.free_s, 0.0, s.speed_ns), s.wait_s
         self.output = _Outputs(outputs)
 
     async def __call__(self, item: Any) -> Any:
-        if self.cpu_s > 0:
-            _spin(self.cpu_s)
+        self.work()
         await asyncio.sleep(self.wait_s)
         return self.output(item)
 
@@ -229,7 +269,7 @@ def _marginal_cpu(points: list[dict]) -> float | None:
     return float(slope)
 
 
-def _stand_in(st: dict) -> StandIn | None:
+def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
     rec = st.get("recommended") or {}
     t = _num(st.get("stage_s_per_item"))
     if st.get("status", "ok") != "ok" or not rec.get("executor") or t is None or t <= 0:
@@ -291,23 +331,26 @@ def _stand_in(st: dict) -> StandIn | None:
     if ex == "process":
         proc = alts.get("process") or {}
         ipc = max(0.0, (_num(proc.get("harness_gil_s_per_item")) or 0.0) - harness)
-        return StandIn(st["name"], ex, c, gil_s=ipc, free_s=gil + free, wait_s=wait,
+        return StandIn(st["name"], ex, c, gil_s=ipc, free_s=gil + free, wait_s=wait, speed_ns=speed_ns,
                        note="process: its work runs outside the main process's GIL; the main process "
                             "pays the moving of items (process no-op ceiling beyond the thread one)")
-    return StandIn(st["name"], ex, c, gil_s=gil, free_s=free, wait_s=wait, note=note)
+    return StandIn(st["name"], ex, c, gil_s=gil, free_s=free, wait_s=wait, note=note, speed_ns=speed_ns)
 
 
-def plan_stand_ins(stages: list[dict]) -> dict[str, StandIn]:
+def plan_stand_ins(stages: list[dict], speed_ns: dict[str, float] | None = None) -> dict[str, StandIn]:
     """Stand-ins for the measured stages of a summary (``summary["stages"]``), by name.
 
-    Stages left out (not measured, no per-call time, or yielding several items
-    per input) run as themselves in the replay.
+    ``speed_ns``: per stage, the core's speed while it was measured (the
+    median of the speed probes after its points); a stage without one does
+    fixed CPU time instead of fixed work. Stages left out (not measured, no
+    per-call time, or yielding several items per input) run as themselves in
+    the replay.
     """
     out: dict[str, StandIn] = {}
     for st in stages:
         if st.get("type", "pipe") != "pipe":
             continue
-        s = _stand_in(st)
+        s = _stand_in(st, (speed_ns or {}).get(st.get("name")))
         if s is not None:
             out[s.name] = s
     return out

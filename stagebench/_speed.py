@@ -21,12 +21,13 @@ from __future__ import annotations
 import statistics
 import time
 
-__all__ = ["cpu_speed_ns"]
+__all__ = ["cpu_speed_ns", "speed_loop"]
 
 _LOOPS = 20_000  # about 0.6-1.1 ms a trial here: shorter than a scheduler time slice
 
 
-def _work(n: int) -> int:
+def speed_loop(n: int) -> int:
+    """The fixed loop whose speed is probed (the replay's stand-ins run it as their GIL-held work)."""
     x = 0
     for i in range(n):
         x += i
@@ -38,6 +39,6 @@ def cpu_speed_ns(trials: int = 9) -> float:
     ts = []
     for _ in range(trials):
         t0 = time.thread_time_ns()
-        _work(_LOOPS)
+        speed_loop(_LOOPS)
         ts.append(time.thread_time_ns() - t0)
     return statistics.median(ts) / _LOOPS

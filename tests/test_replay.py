@@ -91,6 +91,36 @@ def test_thread_stand_in_spends_its_gil_time_as_cpu_and_waits_the_rest():
     assert wall >= 23e-3
 
 
+def test_a_stand_in_with_the_sweeps_speed_does_fixed_work_not_fixed_time():
+    """With ``speed_ns``, the GIL-held part is loop iterations at the sweep's speed: a stage measured
+    on a core twice as slow as now (twice the ns per loop) did half the work per CPU second, so its
+    stand-in takes about half its CPU time now; at today's speed, about all of it."""
+    from stagebench._speed import cpu_speed_ns
+
+    def cpu_of(op) -> float:
+        runs = []
+        for _ in range(5):
+            c0 = time.thread_time()
+            op("x")
+            runs.append(time.thread_time() - c0)
+        return sorted(runs)[2]
+
+    ratios = []
+    for _ in range(3):  # in turns: this host's speed moves in phases of seconds
+        now = cpu_speed_ns()
+        same = cpu_of(StandIn("s", "thread", 1, gil_s=20e-3, free_s=0.0, wait_s=0.0, speed_ns=now).op())
+        slow = cpu_of(StandIn("s", "thread", 1, gil_s=20e-3, free_s=0.0, wait_s=0.0, speed_ns=2 * now).op())
+        ratios.append(slow / same)
+        assert 10e-3 < same < 40e-3
+    assert 0.35 < sorted(ratios)[1] < 0.7
+    # the GIL-free part scales the same way: half the bytes for a sweep twice as slow as the calibration
+    from stagebench._replay import _calibration, _Work
+
+    _, cal_ns = _calibration()
+    assert _Work(0.0, 0.1, 2 * cal_ns).free_bytes == pytest.approx(_Work(0.0, 0.1, cal_ns).free_bytes / 2, rel=0.01)
+    assert _Work(0.0, 0.1, None).free_bytes == pytest.approx(_Work(0.0, 0.1, cal_ns).free_bytes, rel=0.01)
+
+
 def test_free_cpu_releases_the_gil():
     # While one thread burns 'free' CPU, another thread keeps running Python. If the burn held
     # the GIL, the ticker would stall for the whole burn (tens of ms) instead of a switch interval.
