@@ -462,6 +462,11 @@ class WorkerPool:
         """The workers' exit codes other than 0 and the pool's own SIGTERM, as loky used to word them."""
         return _dead_codes(self._procs)
 
+    def died(self) -> str:
+        """The reason recorded when a worker of this pool died: with its exit codes where they are known."""
+        codes = self.exit_codes()
+        return f"a worker process died{f' (exit codes {codes})' if codes else ''}"
+
     def discard(self) -> None:
         """Kill the workers now (a hung one must be gone before the next point is timed)."""
         ex, self._ex, self.size = self._ex, None, 0
@@ -532,9 +537,7 @@ class ProcessRunner(Runner):
         msg = str(exc)
         name = type(exc).__name__
         if name in ("TerminatedWorkerError", "BrokenProcessPool") or "terminated" in msg.lower():
-            codes = self.pool.exit_codes()
-            self.fatal_status = "crashed"
-            self.fatal = f"a worker process died{f' (exit codes {codes})' if codes else ''}"
+            self.fatal_status, self.fatal = "crashed", self.pool.died()
         else:
             # e.g. the item or the output could not be pickled
             self.fatal_status = "failed"

@@ -195,8 +195,8 @@ class SpdlRunner(Runner):
     def _pool_error(self, exc: BaseException) -> None:
         name = type(exc).__name__
         if name in ("TerminatedWorkerError", "BrokenProcessPool"):
-            codes = self._workers.exit_codes() if self._workers is not None else ""
-            self.fatal_status, self.fatal = "crashed", f"a worker process died{f' (exit codes {codes})' if codes else ''}"
+            self.fatal_status = "crashed"
+            self.fatal = self._workers.died() if self._workers is not None else "a worker process died"
         else:
             self.fatal_status, self.fatal = "failed", _describe(exc)
         self._stop.set()
