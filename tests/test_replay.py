@@ -105,13 +105,16 @@ def test_a_stand_in_with_the_sweeps_speed_does_fixed_work_not_fixed_time():
             runs.append(time.thread_time() - c0)
         return sorted(runs)[2]
 
-    ratios = []
+    ratios, sames = [], []
     for _ in range(3):  # in turns: this host's speed moves in phases of seconds
         now = cpu_speed_ns()
         same = cpu_of(StandIn("s", "thread", 1, gil_s=20e-3, free_s=0.0, wait_s=0.0, speed_ns=now).op())
         slow = cpu_of(StandIn("s", "thread", 1, gil_s=20e-3, free_s=0.0, wait_s=0.0, speed_ns=2 * now).op())
         ratios.append(slow / same)
-        assert 10e-3 < same < 40e-3
+        sames.append(same)
+    # medians of the three rounds: a fresh clone read 9.0 ms in one round, the core's speed having
+    # changed 2.2x between the probe and the calls
+    assert 10e-3 < sorted(sames)[1] < 40e-3
     assert 0.35 < sorted(ratios)[1] < 0.7
     # the GIL-free part scales the same way: half the bytes for a sweep twice as slow as the calibration
     from stagebench._replay import _calibration, _Work
