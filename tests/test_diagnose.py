@@ -95,6 +95,7 @@ def test_settings_from_env_defaults_and_values(monkeypatch):
     assert DiagnoseSettings.from_env({"STAGEBENCH_PROCESS_CEILINGS": "All"}).process_ceilings == "all"
     assert s.gil_probe == "auto" and DiagnoseSettings.from_env({"STAGEBENCH_GIL_PROBE": "Off"}).gil_probe == "off"
     assert s.paired_rounds == 2 and DiagnoseSettings.from_env({"STAGEBENCH_PAIRED_ROUNDS": "0"}).paired_rounds == 0
+    assert s.validate == "on" and DiagnoseSettings.from_env({"STAGEBENCH_VALIDATE": "OFF"}).validate == "off"
 
 
 @pytest.mark.parametrize(("var", "value", "says"), [
@@ -111,6 +112,7 @@ def test_settings_from_env_defaults_and_values(monkeypatch):
     ("STAGEBENCH_TIMEOUT_S", "0.5", "must be larger than budget"),
     ("STAGEBENCH_PROCESS_CEILINGS", "some", "one of near_best, all"),
     ("STAGEBENCH_GIL_PROBE", "maybe", "one of auto, off"),
+    ("STAGEBENCH_VALIDATE", "yes", "one of on, off"),
     ("STAGEBENCH_PAIRED_ROUNDS", "-1", "an integer >= 0"),
     ("STAGEBENCH_PAIRED_ROUNDS", "two", "an integer >= 0"),
 ])
@@ -214,6 +216,35 @@ def test_diagnose_pipeline_writes_the_run_directory(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "report:" in captured.out and "sleep: 2 ms <io>" in captured.out
     assert "diagnosing 4 stage(s)" in captured.err
+
+
+def test_validate_off_runs_the_replay_alone(tmp_path, capsys):
+    """STAGEBENCH_VALIDATE=off: the prediction is still the replay; the real pipeline does not run,
+    and its absence is not a warning (it was asked for)."""
+    out = tmp_path / "run"
+    def slow(x):
+        time.sleep(0.010)
+        return x
+
+    def fast(x):
+        time.sleep(0.002)
+        return x
+
+    cfg = PipelineBuilder().add_source(range(100)).pipe(slow).pipe(fast).add_sink(2).get_config()
+    summary = diagnose_pipeline(cfg, out=out, settings=small(validate="off"),
+                                command=["train.py"], show_table=True, report=False)
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["validation"] is None and "validation_ns" not in meta["cpu_speed"]
+    r = meta["replay"]
+    assert r["qps"] > 0 and "interleaved_with" not in r and {s["name"] for s in r["stand_ins"]} == {"slow", "fast"}
+    # two sleeps in series, 10 ms then 2 ms, recommended at 2 threads at most here: the slow one binds
+    assert 100 < r["qps"] < 240
+    p = summary["prediction"]
+    assert p["method"] == "replay" and p["qps"] == pytest.approx(r["qps"])
+    assert summary["validation"] is None and not any("validation" in w for w in summary["warnings"])
+    captured = capsys.readouterr()
+    assert "predicted pipeline:" in captured.out and "measured pipeline" not in captured.out
+    assert "no validation run: STAGEBENCH_VALIDATE=off" in captured.err
 
 
 def test_spdl_diagnosis_measures_the_pipelines_fixed_cost(tmp_path):
