@@ -29,7 +29,13 @@ it is explained by (the stages, the cores and the GIL), the naive minimum of
 the stage capacities, and the throughput measured by its validation run.
 Target: within 15%.
 
-Usage: python benchmarks/bench_diagnosis.py [--budget 0.3] [--pipelines gil_mix,...] [--json OUT]
+``--lean`` (not part of ``make bench``): stagebench without the two checks a
+user can turn off, the threads-vs-processes head-to-head
+(``STAGEBENCH_PAIRED_ROUNDS=0``) and the validation run
+(``STAGEBENCH_VALIDATE=off``; the replay still predicts): what those checks
+cost. There is no prediction error then: nothing measured to hold it to.
+
+Usage: python benchmarks/bench_diagnosis.py [--budget 0.3] [--pipelines gil_mix,...] [--lean] [--json OUT]
 """
 
 from __future__ import annotations
@@ -54,8 +60,8 @@ PRED_TARGET = 0.15
 SOURCE_ITEMS = 1_000_000  # range(): lazy; more than either tool reads
 
 
-def stagebench_env(budget: float) -> dict[str, str]:
-    return {
+def stagebench_env(budget: float, lean: bool = False) -> dict[str, str]:
+    env = {
         "STAGEBENCH_CONCURRENCY": "1,2,4,8,16",
         "STAGEBENCH_EXECUTORS": "thread,process",
         "STAGEBENCH_HARNESSES": "spdl",
@@ -64,6 +70,9 @@ def stagebench_env(budget: float) -> dict[str, str]:
         "STAGEBENCH_CACHE_DIR": "off",
         "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS": "200",
     }
+    if lean:  # the two checks a user can turn off: the head-to-head and the validation run
+        env.update(STAGEBENCH_PAIRED_ROUNDS="0", STAGEBENCH_VALIDATE="off")
+    return env
 
 
 # ------------------------------------------------------------------ children
@@ -119,9 +128,13 @@ def _stagebench_products(run_dir: Path) -> dict:
     val = summary.get("validation") or {}
     meta = json.loads((run_dir / "run.json").read_text())
     vmeta = meta.get("validation") or {}
+    replay_alone = not vmeta and meta.get("replay")  # STAGEBENCH_VALIDATE=off (--lean)
     spent = {f"{e} {({'ceiling': 'ceilings', 'paired': 'head-to-head'}).get(r, 'points')}": round(float(t), 1)
              for (e, r), t in rows.groupby(["executor", "role"])["elapsed_s"].sum().items()}
-    spent["replay + validation (taking turns)"] = round(float(vmeta.get("wall_s") or 0), 1)
+    if replay_alone:
+        spent["replay"] = round(float(meta["replay"].get("wall_s") or 0), 1)
+    else:
+        spent["replay + validation (taking turns)"] = round(float(vmeta.get("wall_s") or 0), 1)
     return {
         "time_spent_s": spent,
         "points": int(len(ok)), "ceiling_points": int(((rows["role"] == "ceiling") & (rows["status"] == "ok")).sum()),
@@ -144,9 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=0.3, help="stagebench window per point, seconds")
     ap.add_argument("--pipelines", default=",".join(PIPELINES), help=f"comma-separated: {', '.join(PIPELINES)}")
-    ap.add_argument("--runs-dir", default=str(ROOT / "reports" / "bench-runs" / "diagnosis"),
+    ap.add_argument("--runs-dir", default=None,
                     help="where stagebench's run directories go (reports for a look)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--lean", action="store_true",
+                    help="stagebench without its two checks (STAGEBENCH_PAIRED_ROUNDS=0, STAGEBENCH_VALIDATE=off): "
+                         "what they cost; no prediction error (nothing measured to hold the prediction to)")
     ap.add_argument("--child", choices=("pipeline", "spdl"), help=argparse.SUPPRESS)
     ap.add_argument("--pipeline", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -161,12 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"--pipelines: unknown {bad[0]!r}; allowed: {', '.join(PIPELINES)}")
         return 2
-    runs = Path(ns.runs_dir)
+    runs = Path(ns.runs_dir or ROOT / "reports" / "bench-runs" / ("diagnosis-lean" if ns.lean else "diagnosis"))
     runs.mkdir(parents=True, exist_ok=True)
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGEBENCH_", "SPDL_PIPELINE_DIAGNOSTIC"))}
-    sb_env = {**base_env, **stagebench_env(ns.budget)}
+    sb_env = {**base_env, **stagebench_env(ns.budget, ns.lean)}
     print(f"diagnosis: {machine_line()}")
-    print("stagebench settings: " + " ".join(f"{k}={v}" for k, v in stagebench_env(ns.budget).items()))
+    print("stagebench settings: " + " ".join(f"{k}={v}" for k, v in stagebench_env(ns.budget, ns.lean).items()))
     print(f"SPDL settings: profile_pipeline(cfg, num_inputs={SPDL_DEFAULT_NUM_INPUTS}) (its diagnostic-mode default)\n",
           flush=True)
     results = []
@@ -197,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{PRED_TARGET:.0%} on {sum(1 for r in pred if r['naive_error'] is not None and abs(r['naive_error']) <= PRED_TARGET)})")
     print(f"reports: {runs}/<pipeline>/report.html   ({machine_line()})")
     write_json(ns.json, {
-        "benchmark": "diagnosis", "budget_s": ns.budget, "stagebench_env": stagebench_env(ns.budget),
+        "benchmark": "diagnosis", "variant": "lean" if ns.lean else "default", "budget_s": ns.budget,
+        "stagebench_env": stagebench_env(ns.budget, ns.lean),
         "spdl_num_inputs": SPDL_DEFAULT_NUM_INPUTS, "cost_target_ratio": COST_TARGET,
         "prediction_target_rel_error": PRED_TARGET, "pipelines": results,
         "cost_met": cost_met, "prediction_met": pred_met, "met": bool(ok) and cost_met == len(ok)
@@ -240,6 +257,8 @@ def _report_one(name: str, t_sp: float, spdl: dict | None, t_sb: float, sb: dict
               f"[{fmt_q(sb['measured_low'], 0)}, {fmt_q(sb['measured_high'], 0)}]: error {fmt_pct(pred_err, 0)}% "
               f"(bounds {fmt_pct(bounds_err, 0)}%, naive {fmt_pct(naive_err, 0)}%)  "
               + ("within target" if pred_err is not None and abs(pred_err) <= PRED_TARGET else "OUTSIDE target"))
+    elif sb and sb["measured_qps"] is None and sb["validation_error"] is None:
+        print(f"   prediction ({sb.get('method')}): {fmt_q(sb['predicted_qps'], 0)}/s; no validation run (asked for)")
     elif sb:
         print(f"   no validation measurement: {sb['validation_error']}")
     ratio = t_sb / t_sp if (spdl and sb) else None
