@@ -287,6 +287,8 @@ def _fill_from_records(row, lanes, t0, t1, snap0, snap1, cfg: MeasureConfig) -> 
     cpu_span = max(snap1.t - snap0.t, 1e-9)
     row["cores_used"] = cpu / cpu_span
     row["cpu_s_per_item"] = cpu / (n_items * cpu_span / window) if n_items > 0 else math.nan
+    faults = snap1.minor_faults_since(snap0)
+    row["minor_faults_per_item"] = faults / (n_items * cpu_span / window) if n_items > 0 else math.nan
     row["disk_read_mb_s"] = snap1.read_bytes_since(snap0) / window / 2**20
     row["read_mb_s"] = snap1.read_chars_since(snap0) / window / 2**20
     if n_items == 0:

@@ -9,10 +9,19 @@ stage being measured. RSS summed over processes counts
 shared pages (the interpreter, torch) once per process, so the peak is reported
 as "summed RSS" and the honest total is PSS, read once at the end of the window
 (PSS reads smaps and costs milliseconds per process: too slow to poll).
+
+Minor page faults are counted too (this process: ``getrusage``; a worker: its
+``/proc/<pid>/stat``, Linux only): a fault is a page the kernel maps and
+zeroes on first touch. A stage that faults in megabytes per call usually does
+so because glibc's malloc hands its large temporaries back to the OS after
+each call (see :mod:`stagebench._findings`), and that can cost more CPU than
+the work. :func:`page_fault_cost_s` times one fault on this machine.
 """
 
 from __future__ import annotations
 
+import math
+import mmap
 import os
 import threading
 import time
@@ -21,7 +30,12 @@ from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["TreeSnapshot", "ResourceMonitor", "tree_memory_mb", "tree_pss_mb", "usable_cores"]
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None  # type: ignore[assignment]
+
+__all__ = ["TreeSnapshot", "ResourceMonitor", "tree_memory_mb", "tree_pss_mb", "usable_cores", "page_fault_cost_s"]
 
 
 def usable_cores() -> int:
@@ -56,6 +70,7 @@ class TreeSnapshot:
     cpu_s: dict[int, float]
     read_bytes: dict[int, int]
     read_chars: dict[int, int]
+    minor_faults: dict[int, int]
 
     @classmethod
     def take(cls, worker_pids: "list[int] | tuple[int, ...]" = ()) -> "TreeSnapshot":
@@ -63,10 +78,15 @@ class TreeSnapshot:
         cpu: dict[int, float] = {}
         rb: dict[int, int] = {}
         rc: dict[int, int] = {}
+        flt: dict[int, int] = {}
         me = os.getpid()
         t = os.times()  # a syscall, no file read: the snapshot's instant
         when = time.perf_counter()
         cpu[me] = t.user + t.system
+        for pid in (me, *worker_pids):
+            n = _minor_faults(pid, me)
+            if n is not None:
+                flt[pid] = n
         for p in _procs([me, *worker_pids]):
             try:
                 with p.oneshot():
@@ -81,7 +101,7 @@ class TreeSnapshot:
                         pass
             except psutil.Error:
                 continue
-        return cls(when, cpu, rb, rc)
+        return cls(when, cpu, rb, rc, flt)
 
     @staticmethod
     def _delta(a: dict[int, float], b: dict[int, float]) -> float:
@@ -97,6 +117,59 @@ class TreeSnapshot:
 
     def read_chars_since(self, earlier: "TreeSnapshot") -> float:
         return self._delta(earlier.read_chars, self.read_chars)  # type: ignore[arg-type]
+
+    def minor_faults_since(self, earlier: "TreeSnapshot") -> float:
+        """Minor page faults of the tree since ``earlier``; NaN where none could be read."""
+        if not self.minor_faults:
+            return math.nan
+        return self._delta(earlier.minor_faults, self.minor_faults)  # type: ignore[arg-type]
+
+
+def _minor_faults(pid: int, me: int) -> int | None:
+    """Minor page faults of a process so far (all its threads): getrusage for this one, /proc for a worker."""
+    if pid == me:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # the fields after "(comm)": state ppid pgrp session tty_nr tpgid flags minflt ...
+            return int(f.read().rsplit(b")", 1)[1].split()[7])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def page_fault_cost_s(mb: int = 32, rounds: int = 3) -> float | None:
+    """CPU seconds one minor page fault costs here: the kernel maps a fresh page and zeroes it.
+
+    Touches one byte per page of a fresh anonymous mapping, twice: the first
+    pass faults every page, the second (pages mapped) is the loop's own cost,
+    subtracted. The fastest of ``rounds`` (least disturbed). About 30 ms.
+    None without ``getrusage`` or when nothing faulted (huge pages).
+    """
+    if resource is None:
+        return None
+    size, page = mb << 20, mmap.PAGESIZE
+    best = None
+    for _ in range(rounds):
+        m = mmap.mmap(-1, size)
+        try:
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            t0 = time.thread_time()
+            for off in range(0, size, page):
+                m[off] = 1
+            t1 = time.thread_time()
+            f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            for off in range(0, size, page):
+                m[off] = 2
+            t2 = time.thread_time()
+        finally:
+            m.close()
+        faults = f1 - f0
+        if faults < (size // page) // 2:  # transparent huge pages: few faults, each a different cost
+            continue
+        cost = ((t1 - t0) - (t2 - t1)) / faults
+        if cost > 0 and (best is None or cost < best):
+            best = cost
+    return best
 
 
 def tree_memory_mb(worker_pids: "list[int] | tuple[int, ...]" = ()) -> dict[str, float]:

@@ -69,6 +69,7 @@ STAGE_COLUMNS = (
     "latency_p99_ms",
     "latency_mean_ms",  # Little's law: c in flight / mean latency is the most c callers can deliver
     "cpu_s_per_item",   # CPU seconds (process + workers) per successful item
+    "minor_faults_per_item",  # pages the kernel mapped and zeroed (process + workers) per item; NaN off Linux
     "cores_used",       # CPU seconds / wall seconds in the window
     "mem_peak_mb",      # peak of summed RSS of the process and its workers (sampled)
     "mem_pss_mb",       # PSS of the process and its workers at window end (no double count)

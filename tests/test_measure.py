@@ -161,6 +161,46 @@ def test_cpu_per_item_matches_the_stages_own_cpu_time():
     assert row["cores_used"] < 1.3
 
 
+def touch_fresh_pages(x, mib=4):
+    """Maps 4 MiB afresh and writes one byte per page: the kernel faults in every page, each call,
+    whatever state malloc is in (the mapping bypasses it)."""
+    import mmap
+
+    m = mmap.mmap(-1, mib << 20)
+    for off in range(0, mib << 20, mmap.PAGESIZE):
+        m[off] = 1
+    m.close()
+    return x
+
+
+def _faults_per_call(fn, calls=20):
+    import resource
+
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for i in range(calls):
+        fn(i)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / calls
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_page_faults_per_item_count_the_fresh_pages_a_call_touches(executor):
+    truth = _faults_per_call(touch_fresh_pages)  # 1,024 with 4 KiB pages; fewer where huge pages serve it
+    row = _ok(measure_stage(touch_fresh_pages, list(range(16)), executor=executor, concurrency=1, config=FAST))
+    # the harness adds a few faults of its own (and, on processes, the item's round trip), never removes any
+    assert truth * 0.9 <= row["minor_faults_per_item"] <= truth * 1.3 + 20, (row["minor_faults_per_item"], truth)
+    quiet = _ok(measure_stage(partial(sleep_stage, d=0.005), list(range(16)), executor=executor, concurrency=1,
+                              config=FAST))
+    assert 0 <= quiet["minor_faults_per_item"] < 50
+
+
+def test_page_fault_cost_is_a_plausible_time():
+    from stagebench._resources import page_fault_cost_s
+
+    cost = page_fault_cost_s(mb=8)
+    # a fresh 4 KiB page: tens of nanoseconds at the very least, and far below a tenth of a millisecond
+    assert cost is None or 2e-8 < cost < 1e-4, cost
+
+
 # ---------------------------------------------------------------- callables users write
 class Scale:
     def __init__(self, k):
