@@ -397,12 +397,13 @@ def analyze_stage(
         # extensions
         "harness": None, "stage_s_per_item": None, "harness_gil_s_per_item": None,
         "alternatives": {}, "head_to_head": None, "gil": None, "problems": _problems(sr), "levels_measured": {}, "curves": {},
-        "payload_bytes": None,
+        "payload_bytes": None, "page_faults": {},
     }
     status, reason = _stage_status(sr)
     entry["status"], entry["reason"] = status, reason
     payload = sr.payload_bytes()
     entry["payload_bytes"] = payload if finite(payload) else None
+    entry["page_faults"] = {ex: {k: (v if finite(v) else None) for k, v in d.items()} for ex, d in sr.page_faults().items()}
     if status != "ok":
         entry["evidence"]["summary"].append(f"not measured: {status} ({reason})")
         entry["evidence"]["summary"].extend(entry["problems"])
@@ -640,7 +641,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         warnings.append(f"the whole-pipeline validation run did not complete: {raw_val['error']}")
     not_isolated = list(meta.get("not_isolated") or [])
     findings = build_findings(stages, prediction=prediction, validation=validation, warnings=warnings,
-                              not_isolated=not_isolated, cores=cores)
+                              not_isolated=not_isolated, cores=cores, page_fault=meta.get("page_fault"))
     return {
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "kind": "pipeline",

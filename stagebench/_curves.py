@@ -28,6 +28,7 @@ _NUMERIC = (
     "concurrency", "qps", "qps_low", "qps_high", "qps_cv", "n_items", "n_errors", "window_s",
     "n_batches", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "cpu_s_per_item",
     "cores_used", "mem_peak_mb", "mem_pss_mb", "payload_bytes", "workers_seen", "elapsed_s", "call_cpu_ms",
+    "minor_faults_per_item",
 )
 
 
@@ -201,3 +202,19 @@ class StageRows:
     def payload_bytes(self) -> float:
         vals = self.all["payload_bytes"].dropna()
         return float(vals.median()) if len(vals) else math.nan
+
+    def page_faults(self) -> dict[str, dict[str, float]]:
+        """Per executor, the medians over the stage's measured points of minor page faults and CPU per item.
+
+        Medians over every level and harness: how much fresh memory a call
+        touches does not depend on concurrency, while single windows vary.
+        Executors whose points have no fault counts (off Linux) are left out.
+        """
+        out: dict[str, dict[str, float]] = {}
+        for ex, grp in self.ok.groupby("executor", sort=False):
+            f = grp["minor_faults_per_item"].dropna()
+            if len(f):
+                cpu = grp.loc[f.index, "cpu_s_per_item"].dropna()
+                out[str(ex)] = {"per_item": float(f.median()), "points": int(len(f)),
+                                "cpu_s_per_item": float(cpu.median()) if len(cpu) else math.nan}
+        return out

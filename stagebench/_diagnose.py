@@ -651,6 +651,12 @@ class _Diagnosis:
         from ._stats import mean_interval
 
         mean_interval([1.0, 2.0], 0.95)
+        # what one page fault costs here (a direct mapping: malloc's state is left as it is)
+        import mmap
+
+        from ._resources import page_fault_cost_s
+
+        self.meta["page_fault"] = {"cost_s": page_fault_cost_s(), "page_bytes": mmap.PAGESIZE}
 
         self._sweep_all(src.items)
         self.meta["cpu_speed"] = {"sweep_ns": self.sweep_speeds}

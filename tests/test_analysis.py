@@ -250,6 +250,29 @@ def test_findings_are_ranked_by_severity():
     assert proc and "expected" in proc[0]["detail"] and "x" in proc[0]["detail"]
 
 
+def test_a_stage_that_faults_in_fresh_memory_gets_a_finding_with_the_numbers():
+    rows = _pipeline_rows(("thread", "process"))
+    mixed = rows["stage"] == "mixed"
+    rows.loc[mixed & (rows["executor"] == "process"), "minor_faults_per_item"] = 2500.0
+    rows.loc[mixed & (rows["executor"] == "thread"), "minor_faults_per_item"] = 3.0
+    rows.loc[mixed, "cpu_s_per_item"] = 0.005
+    rows.loc[~mixed, "minor_faults_per_item"] = 2.0
+    meta = _meta("gil", "sleep", "mixed", page_fault={"cost_s": 1.8e-6, "page_bytes": 4096})
+    s = summarize(rows, meta)
+    st = {x["name"]: x for x in s["stages"]}["mixed"]
+    assert st["page_faults"]["process"]["per_item"] == 2500 and st["page_faults"]["thread"]["per_item"] == 3
+    f = [f for f in s["findings"] if "page faults" in f["title"]]
+    assert [x["stage"] for x in f] == ["mixed"]
+    d = f[0]["detail"]
+    # 2,500 faults x 1.8 us = 4.5 ms of the 5 ms: most of its CPU; the thread points, calm, are named
+    assert "2,500 minor page faults per call on process" in d and "9.8 MiB" in d and "most of its 5 ms" in d
+    assert "MALLOC_TRIM_THRESHOLD_" in d and "Its thread points took 3 per call" in d
+    # without the machine's cost per fault, or when faults are a small share of the CPU: no finding
+    assert not [f for f in summarize(rows, _meta("gil", "sleep", "mixed"))["findings"] if "page faults" in f["title"]]
+    rows.loc[mixed, "cpu_s_per_item"] = 0.5
+    assert not [f for f in summarize(rows, meta)["findings"] if "page faults" in f["title"]]
+
+
 def test_stage_without_rows_and_extra_stages_in_rows():
     rows = model_rows("a", gil_ms=0.0, wait_ms=2.0)
     extra = model_rows("zzz", gil_ms=0.0, wait_ms=2.0)
