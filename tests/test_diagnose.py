@@ -222,16 +222,7 @@ def test_validate_off_runs_the_replay_alone(tmp_path, capsys):
     """STAGEBENCH_VALIDATE=off: the prediction is still the replay; the real pipeline does not run,
     and its absence is not a warning (it was asked for)."""
     out = tmp_path / "run"
-    def slow(x):
-        time.sleep(0.010)
-        return x
-
-    def fast(x):
-        time.sleep(0.002)
-        return x
-
-    cfg = PipelineBuilder().add_source(range(100)).pipe(slow).pipe(fast).add_sink(2).get_config()
-    summary = diagnose_pipeline(cfg, out=out, settings=small(validate="off"),
+    summary = diagnose_pipeline(_two_sleeps_config(100), out=out, settings=small(validate="off"),
                                 command=["train.py"], show_table=True, report=False)
     meta = json.loads((out / "run.json").read_text())
     assert meta["validation"] is None and "validation_ns" not in meta["cpu_speed"]
@@ -788,10 +779,8 @@ def test_terminal_table_shows_how_busy_the_gil_is_when_a_verdict_rests_on_it():
     assert f"gil-bound, GIL {st['gil_fraction']:.0%}" in format_table({"stages": [st]})
 
 
-def _two_sleeps_plan(batch: int | None = None):
+def _two_sleeps_config(items: int = 10, batch: int | None = None):
     """A 10 ms sleep, then a 2 ms one (then batches of ``batch``, if given)."""
-    from stagebench._isolate import plan_pipeline
-
     def slow(x):
         time.sleep(0.010)
         return x
@@ -800,10 +789,16 @@ def _two_sleeps_plan(batch: int | None = None):
         time.sleep(0.002)
         return x
 
-    b = PipelineBuilder().add_source(range(10)).pipe(slow).pipe(fast)
+    b = PipelineBuilder().add_source(range(items)).pipe(slow).pipe(fast)
     if batch:
         b = b.aggregate(batch)
-    return plan_pipeline(b.add_sink(2).get_config())
+    return b.add_sink(2).get_config()
+
+
+def _two_sleeps_plan(batch: int | None = None):
+    from stagebench._isolate import plan_pipeline
+
+    return plan_pipeline(_two_sleeps_config(batch=batch))
 
 
 def test_validation_run_known_answer():
