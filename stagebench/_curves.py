@@ -28,7 +28,7 @@ _NUMERIC = (
     "concurrency", "qps", "qps_low", "qps_high", "qps_cv", "n_items", "n_errors", "window_s",
     "n_batches", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "cpu_s_per_item",
     "cores_used", "mem_peak_mb", "mem_pss_mb", "payload_bytes", "workers_seen", "elapsed_s", "call_cpu_ms",
-    "minor_faults_per_item",
+    "minor_faults_per_item", "gc_s_per_item",
 )
 
 
@@ -64,6 +64,8 @@ class Point:
     mem_pss_mb: float
     call_cpu_ms: float = math.nan
     """The calling thread's CPU per call (spdl harness, threads): the stage's own work."""
+    gc_s_per_item: float = math.nan
+    """Seconds this process's cyclic garbage collector ran per item (holding the GIL)."""
 
     @property
     def has_interval(self) -> bool:
@@ -128,7 +130,7 @@ def _point(row: pd.Series) -> Point:
         qps_cv=g["qps_cv"], n_items=g["n_items"], n_batches=g["n_batches"], window_s=g["window_s"],
         cores_used=g["cores_used"], cpu_s_per_item=g["cpu_s_per_item"],
         latency_p50_ms=g["latency_p50_ms"], payload_bytes=g["payload_bytes"], mem_pss_mb=g["mem_pss_mb"],
-        call_cpu_ms=g["call_cpu_ms"],
+        call_cpu_ms=g["call_cpu_ms"], gc_s_per_item=g["gc_s_per_item"],
     )
 
 

@@ -70,6 +70,7 @@ STAGE_COLUMNS = (
     "latency_mean_ms",  # Little's law: c in flight / mean latency is the most c callers can deliver
     "cpu_s_per_item",   # CPU seconds (process + workers) per successful item
     "minor_faults_per_item",  # pages the kernel mapped and zeroed (process + workers) per item; NaN off Linux
+    "gc_s_per_item",    # seconds this process's cyclic garbage collector ran per item (it holds the GIL)
     "cores_used",       # CPU seconds / wall seconds in the window
     "mem_peak_mb",      # peak of summed RSS of the process and its workers (sampled)
     "mem_pss_mb",       # PSS of the process and its workers at window end (no double count)

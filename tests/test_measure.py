@@ -193,6 +193,31 @@ def test_page_faults_per_item_count_the_fresh_pages_a_call_touches(executor):
     assert 0 <= quiet["minor_faults_per_item"] < 50
 
 
+def collect_garbage(x):
+    """A full collection per call: what a stage leaving many containers behind triggers now and then."""
+    import gc
+
+    gc.collect()
+    return x
+
+
+def test_gc_seconds_per_item_are_the_collections_the_stage_ran():
+    import gc
+
+    keep = [[i] for i in range(100_000)]  # a heap worth collecting: a few ms per full collection
+    t0 = time.perf_counter()
+    for _ in range(10):
+        gc.collect()
+    truth = (time.perf_counter() - t0) / 10
+    row = _ok(measure_stage(collect_garbage, list(range(16)), executor="thread", concurrency=1, config=FAST))
+    # the harness's own young collections add a little; a loaded machine stretches both
+    assert 0.6 * truth <= row["gc_s_per_item"] <= 1.6 * truth + 2e-4, (row["gc_s_per_item"], truth)
+    quiet = _ok(measure_stage(partial(sleep_stage, d=0.005), list(range(16)), executor="thread", concurrency=1,
+                              config=FAST))
+    assert 0 <= quiet["gc_s_per_item"] < 0.1 * truth
+    del keep
+
+
 def test_page_fault_cost_is_a_plausible_time():
     from stagebench._resources import page_fault_cost_s
 
