@@ -93,6 +93,20 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.3g} ms"
 
 
+def _own_gc(sr: StageRows, harness: str, executor: str, p: Point) -> float | None:
+    """Garbage-collector seconds per item the stage's own allocations cost: its point's less its ceiling's.
+
+    The harness allocates too (futures, queue entries), and the replay runs
+    the same harness, which pays that part by itself. Below the ceiling's
+    (noise) the stage's own part is none.
+    """
+    if not finite(p.gc_s_per_item):
+        return None
+    ceil = sr.ceiling(harness, executor, p.concurrency)
+    base = ceil.gc_s_per_item if ceil is not None and finite(ceil.gc_s_per_item) else 0.0
+    return max(0.0, p.gc_s_per_item - base)
+
+
 def _point_dict(p: Point, harness: str, executor: str) -> dict[str, Any]:
     return {
         "executor": executor, "concurrency": p.concurrency, "qps": p.qps,
@@ -439,6 +453,7 @@ def analyze_stage(
         alt = _point_dict(p, harness, e)
         alt["cpu_s_per_item"] = p.cpu_s_per_item if finite(p.cpu_s_per_item) else None
         alt["call_cpu_s"] = p.call_cpu_ms / 1e3 if finite(p.call_cpu_ms) else None
+        alt["gc_s_per_item"] = _own_gc(sr, harness, e, p)
         alt["harness_gil_s_per_item"] = _main_gil_overhead(sr, harness, e, p.concurrency)
         entry["alternatives"][e] = alt
 

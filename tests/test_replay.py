@@ -43,6 +43,21 @@ def test_thread_stand_in_splits_the_call_into_gil_free_cpu_and_waiting():
     assert s.wait_s == pytest.approx(1.5e-3)
 
 
+def test_the_collections_a_stage_triggers_hold_the_gil_in_its_stand_in():
+    """An allocating pure-Python stage: 0.6 ms calls (median), 0.9 of them under the GIL by the probe
+    (collector paused), 0.8 ms of CPU per call on average, 0.2 ms of which were full collections."""
+    st = _stage(t=0.6e-3, frac=0.9, cpu=0.8e-3, harness=0.0)
+    st["alternatives"]["thread"].update(call_cpu_s=0.8e-3, gc_s_per_item=0.2e-3)
+    s = plan_stand_ins([st])["s"]
+    assert s.gil_s == pytest.approx(0.54e-3 + 0.2e-3)  # its share of the call, and the collector's time
+    assert s.free_s == pytest.approx(0.06e-3)
+    assert s.wait_s == pytest.approx(0.0)
+    # without the collector's time the same readings give the old stand-in: 0.6 ms of CPU at most
+    del st["alternatives"]["thread"]["gc_s_per_item"]
+    old = plan_stand_ins([st])["s"]
+    assert old.gil_s == pytest.approx(0.54e-3) and old.gil_s + old.free_s == pytest.approx(0.6e-3)
+
+
 def test_cpu_beyond_the_gil_share_is_gil_free():
     # a hashlib-like stage: 2 ms of CPU per 2.2 ms call, but only 10% of it holding the GIL
     s = plan_stand_ins([_stage(t=2.2e-3, frac=0.1, cpu=2.2e-3, harness=0.2e-3)])["s"]
