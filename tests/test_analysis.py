@@ -273,6 +273,25 @@ def test_a_stage_that_faults_in_fresh_memory_gets_a_finding_with_the_numbers():
     assert not [f for f in summarize(rows, meta)["findings"] if "page faults" in f["title"]]
 
 
+def test_a_stage_that_keeps_the_collector_busy_gets_a_finding():
+    rows = _pipeline_rows()
+    gil = rows["stage"] == "gil"
+    rows.loc[gil & (rows["role"] == "stage"), "gc_s_per_item"] = 0.3e-3
+    rows.loc[gil & (rows["role"] == "ceiling"), "gc_s_per_item"] = 0.05e-3  # the harness's own share
+    rows.loc[gil & (rows["role"] == "stage"), "cpu_s_per_item"] = 1.25e-3
+    rows.loc[~gil, "gc_s_per_item"] = 0.0
+    s = summarize(rows, _meta("gil", "sleep", "mixed"))
+    st = {x["name"]: x for x in s["stages"]}["gil"]
+    assert st["alternatives"]["thread"]["gc_s_per_item"] == pytest.approx(0.25e-3)  # beyond the harness's
+    f = [f for f in s["findings"] if "garbage collection" in f["title"]]
+    assert [x["stage"] for x in f] == ["gil"] and f[0]["title"] == "gil spends 20% of its CPU in garbage collection"
+    assert "0.25 ms per item" in f[0]["detail"] and "gc.freeze()" in f[0]["detail"]
+    # a collector share under a tenth of the stage's CPU is not worth a finding
+    rows.loc[gil & (rows["role"] == "stage"), "cpu_s_per_item"] = 5e-3
+    assert not [f for f in summarize(rows, _meta("gil", "sleep", "mixed"))["findings"]
+                if "garbage collection" in f["title"]]
+
+
 def test_stage_without_rows_and_extra_stages_in_rows():
     rows = model_rows("a", gil_ms=0.0, wait_ms=2.0)
     extra = model_rows("zzz", gil_ms=0.0, wait_ms=2.0)
