@@ -127,16 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attempts", type=int, default=3,
                     help=f"tries per point while the reference moves by more than {STEADY:.0%} across it")
     ap.add_argument("--json", default=None, help="write the table as JSON here")
+    ap.add_argument("--only", default=None, help="run only the stages whose label contains this (e.g. 'spin 1ms')")
     ns = ap.parse_args(argv)
     cores = usable_cores()
     cfg = MeasureConfig(budget_s=ns.budget, warmup_s=0.2, timeout_s=60)
     ceil_cfg = MeasureConfig(budget_s=max(0.3, ns.budget / 2), warmup_s=0.2, timeout_s=60)
     inputs = list(range(64))
     print(f"accuracy: {machine_line()}", flush=True)
-    cases = _cases()
+    cases = [c for c in _cases() if ns.only is None or ns.only in c[0]]
 
-    levels = {"thread": sorted({c for *_, th, _p in cases for c in th}),
-              "process": sorted({c for *_, pr in cases for c in pr})}
+    # the ceilings always cover c = 1 (the harness's latency o comes from it)
+    levels = {"thread": sorted({1, *(c for *_, th, _p in cases for c in th)}),
+              "process": sorted({1, *(c for *_, pr in cases for c in pr)})}
     ceiling, h = {}, {}
     for ex, cs in levels.items():
         for c in cs:
