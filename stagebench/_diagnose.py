@@ -999,14 +999,16 @@ class _Diagnosis:
         self.meta.setdefault("cpu_speed", {})["stage_ns"] = speeds
         stand_ins = plan_stand_ins(summary.get("stages") or [], speeds)
         validate = self.settings.validate == "on"
-        runs: dict[str, Any] = {"validation": None} if validate else {}
-        if stand_ins and validate:
-            runs = {"replay": stand_ins, "validation": None}
+        runs: dict[str, Any] = {}
+        if stand_ins:
+            runs["replay"] = stand_ins
+        if validate:
+            runs["validation"] = None  # the real stages
+        if len(runs) == 2:
             self.say(f"replay and validation, taking turns: the pipeline with stand-ins for {len(stand_ins)} "
                      f"stage(s) and the real one, recommended settings, {warm:g} s warm-up each + {window:g} s "
                      "of counting each, in slices")
         elif stand_ins:
-            runs = {"replay": stand_ins}
             self.say(f"replay: the pipeline with stand-ins for {len(stand_ins)} stage(s), recommended settings, "
                      f"{warm:g} s warm-up + {window:g} s window (no validation run: STAGEBENCH_VALIDATE=off)")
         elif validate:
@@ -1035,12 +1037,10 @@ class _Diagnosis:
             self.say(f"replay: {replay['qps']:,.1f} items/s")
         elif stand_ins:
             self.say(f"replay failed: {replay.get('error')}")
-        if validation is None:
-            pass
-        elif validation.get("qps") is not None:
+        if validation is not None and validation.get("qps") is not None:
             self.say(f"validation: {validation['qps']:,.1f} items/s ({validation['sink_qps']:,.1f} sink items/s "
                      f"at the sink; {validation['source_qps']:,.1f} items/s drawn from the source)")
-        else:
+        elif validation is not None:
             self.say(f"validation run failed: {validation.get('error')}")
         return replay, validation
 

@@ -60,7 +60,8 @@ def _demote(finding: dict) -> dict:
     return finding
 
 
-def _stage_findings(st: dict, bottleneck: str | None, cores: int, prediction: dict | None = None) -> list[dict]:
+def _stage_findings(st: dict, bottleneck: str | None, cores: int, prediction: dict | None = None,
+                    page_fault: dict | None = None) -> list[dict]:
     name = st["name"]
     out: list[dict] = []
     if st["status"] != "ok":
@@ -181,6 +182,9 @@ def _stage_findings(st: dict, bottleneck: str | None, cores: int, prediction: di
                       "its threads used the cores before any GIL cap showed; more cores would pin the share down. "
                       "The pipeline prediction uses the middle of the range", name,
                       {"gil_fraction": f, "gil_fraction_interval": st["gil_fraction_interval"]}))
+    for extra in (_page_fault_finding(st, page_fault, is_bn), _gc_finding(st, is_bn)):
+        if extra is not None:
+            out.append(extra)
     for p in st.get("problems", []):
         out.append(_f("low", f"{name}: some points did not measure", p, name, {"problem": p}))
     return out
@@ -283,12 +287,7 @@ def build_findings(
     bottleneck = (prediction or {}).get("bottleneck")
     out: list[dict] = []
     for st in stages:
-        out.extend(_stage_findings(st, bottleneck, cores, prediction))
-        if st.get("status") == "ok":
-            for extra in (_page_fault_finding(st, page_fault, st["name"] == bottleneck),
-                          _gc_finding(st, st["name"] == bottleneck)):
-                if extra is not None:
-                    out.append(extra)
+        out.extend(_stage_findings(st, bottleneck, cores, prediction, page_fault))
 
     if prediction and finite(prediction.get("qps")):
         naive, pred = prediction.get("naive_qps"), prediction["qps"]

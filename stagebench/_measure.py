@@ -196,8 +196,7 @@ def measure_stage(
     finally:
         runner.abort()
     if outcome is not None:
-        t0, t1, snap0, snap1 = outcome
-        _fill_from_records(row, runner.lanes, t0, t1, snap0, snap1, cfg)
+        _fill_from_records(row, runner.lanes, *outcome, cfg)
     if runner.fatal is not None and row["status"] == "ok":
         row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
     if leaked_threads():
@@ -208,7 +207,10 @@ def measure_stage(
 
 
 def _run_window(runner, cfg, deadline, t_begin, row, mon):
-    """Warm up, then time the window. Returns (t0, t1, snap0, snap1) or None."""
+    """Warm up, then time the window. Returns (t0, t1, snap0, snap1, gc_s) or None.
+
+    ``gc_s``: seconds the garbage collector ran in this process during the window.
+    """
     c = runner.concurrency
     while True:
         now = time.perf_counter()
@@ -254,10 +256,9 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon):
             time.sleep(min(_POLL_S * 5, max(0.0, end - now)))
         t1 = time.perf_counter()
         snap1 = TreeSnapshot.take(runner.worker_pids())
-    row["gc_s"] = gc_clock.seconds  # per item in _fill_from_records
     mon._sample()
     row["mem_peak_mb"] = mon.peak_rss_mb
-    return t0, t1, snap0, snap1
+    return t0, t1, snap0, snap1, gc_clock.seconds
 
 
 def _median_latency(lanes) -> float:
@@ -293,7 +294,7 @@ def _collect(lanes, t0: float, t1: float):
     return cat(starts), cat(ends), bad, (cat(cpus) if timed_cpu and cpus else None)
 
 
-def _fill_from_records(row, lanes, t0, t1, snap0, snap1, cfg: MeasureConfig) -> None:
+def _fill_from_records(row, lanes, t0, t1, snap0, snap1, gc_s, cfg: MeasureConfig) -> None:
     starts, ends, bad, call_cpu = _collect(lanes, t0, t1)
     window = t1 - t0
     row["window_s"] = window
@@ -323,11 +324,11 @@ def _fill_from_records(row, lanes, t0, t1, snap0, snap1, cfg: MeasureConfig) -> 
     # window's edges when the stage's threads hold the GIL
     cpu_span = max(snap1.t - snap0.t, 1e-9)
     row["cores_used"] = cpu / cpu_span
-    row["cpu_s_per_item"] = cpu / (n_items * cpu_span / window) if n_items > 0 else math.nan
-    faults = snap1.minor_faults_since(snap0)
-    row["minor_faults_per_item"] = faults / (n_items * cpu_span / window) if n_items > 0 else math.nan
-    gc_s = row.pop("gc_s", math.nan)
-    row["gc_s_per_item"] = gc_s / (n_items * cpu_span / window) if n_items > 0 else math.nan
+    # per item completed over the counters' span: CPU, faults and collector time are read over it
+    span_items = n_items * cpu_span / window
+    for key, total in (("cpu_s_per_item", cpu), ("minor_faults_per_item", snap1.minor_faults_since(snap0)),
+                       ("gc_s_per_item", gc_s)):
+        row[key] = total / span_items if n_items > 0 else math.nan
     row["disk_read_mb_s"] = snap1.read_bytes_since(snap0) / window / 2**20
     row["read_mb_s"] = snap1.read_chars_since(snap0) / window / 2**20
     if n_items == 0:

@@ -252,7 +252,8 @@ def _warm_up(runs: list[_Run], warmup_s: float, timeout_s: float) -> None:
             pending.remove(r)
             if len(runs) > 1 or r.error is not None:
                 r.gate.clear()
-        time.sleep(0.01)
+        if pending:
+            time.sleep(0.01)
 
 
 def _take_turns(a: _Run, b: _Run, window_s: float) -> None:
