@@ -943,7 +943,7 @@ def window_rate(events: Sequence[_Event], t0: float, t1: float, *, rnd: int, bat
     """
     import numpy as np
 
-    from ._stats import mean_interval
+    from ._stats import interval_about
 
     gaps: list[float] = []
     samples: list[float] = []
@@ -965,15 +965,19 @@ def window_rate(events: Sequence[_Event], t0: float, t1: float, *, rnd: int, bat
     span = float(g.sum())
     if nb == 0 or span <= 0:
         return {}
-    out: dict[str, Any] = {"n_batches": nb, "n_samples": float(s.sum()), "samples_per_s": float(s.sum() / span),
+    n = float(s.sum())
+    # seconds per sample: the rate is its inverse, so the inverted bounds bracket the rate exactly
+    spi = span / n if n > 0 else math.inf
+    out: dict[str, Any] = {"n_batches": nb, "n_samples": n, "samples_per_s": 1.0 / spi if n > 0 else n,
                            "batches_per_s": nb / span}
-    # Batch means on seconds per sample over consecutive groups of whole rounds;
-    # inverting the mean keeps the point estimate equal to samples / span.
+    # Batch means on seconds per sample over consecutive groups of whole rounds,
+    # centred on span / samples (groups may differ by a round, so their plain
+    # mean is not exactly it); inverted, the bounds contain samples / span.
     k = min(max_groups, nb // max(2, rnd))
     if k >= 2 and np.isfinite(s).all():
         parts = [np.arange(r[0] * rnd, (r[-1] + 1) * rnd) for r in np.array_split(np.arange(rounds), k)]
         per = [g[p].sum() / s[p].sum() for p in parts if s[p].sum() > 0]
-        _m, lo, hi, cv = mean_interval(per, confidence)
+        lo, hi, cv = interval_about(spi, per, confidence)
         out["cv"] = cv
         if math.isfinite(hi) and hi > 0:
             out["samples_per_s_low"] = 1.0 / hi

@@ -24,6 +24,7 @@ __all__ = [
     "fractional_counts",
     "batch_count",
     "mean_interval",
+    "interval_about",
     "percentiles_ms",
     "t_quantile",
 ]
@@ -87,12 +88,27 @@ def mean_interval(samples: Sequence[float], confidence: float) -> tuple[float, f
     if len(x) == 0:
         return (math.nan, math.nan, math.nan, math.nan)
     mean = float(x.mean())
+    lo, hi, cv = interval_about(mean, x, confidence)
+    return (mean, lo, hi, cv)
+
+
+def interval_about(point: float, samples: Sequence[float], confidence: float) -> tuple[float, float, float]:
+    """Lower and upper bound of ``point`` ± the Student-t half-width of ``samples``' mean, and their CV.
+
+    For a point estimate that is not the samples' plain mean (a pooled rate:
+    all items over all seconds, where batches differ in length): the samples
+    give the spread, the point stays the measurement, and the interval always
+    contains it (an interval around the batch mean could miss the pooled rate
+    by a rounding error or by the weighting). NaN bounds below two samples.
+    """
+    x = np.asarray(samples, dtype=float)
     if len(x) < 2:
-        return (mean, math.nan, math.nan, math.nan)
+        return (math.nan, math.nan, math.nan)
+    mean = float(x.mean())
     sd = float(x.std(ddof=1))
     half = t_quantile(0.5 + confidence / 2, len(x) - 1) * sd / math.sqrt(len(x))
     cv = sd / mean if mean > 0 else math.nan
-    return (mean, mean - half, mean + half, cv)
+    return (point - half, point + half, cv)
 
 
 def percentiles_ms(durations_s: np.ndarray) -> tuple[float, float, float]:

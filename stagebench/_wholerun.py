@@ -149,7 +149,7 @@ class _Run:
     def result(self, items_per_sink_item: float) -> dict[str, Any]:
         import numpy as np
 
-        from ._stats import mean_interval
+        from ._stats import interval_about
 
         if self.error is not None or not self.windows:
             return {"qps": None, "error": self.error or "no steady state", "settings": self.used}
@@ -164,8 +164,8 @@ class _Run:
             nb = int(max(1, min(10, count // 2)))  # every batch sees at least two arrivals
             counts, _ = np.histogram(arr[(arr >= t0) & (arr < t1)], bins=np.linspace(t0, t1, nb + 1))
             rates = list(counts / ((t1 - t0) / nb))
-        _, lo, hi, _cv = mean_interval(rates, 0.95)
         sink_qps = count / seconds
+        lo, hi, _cv = interval_about(sink_qps, rates, 0.95)
         src = sum(1 for p in self.pulls for t0, t1 in self.windows if t0 <= p < t1)
         k = items_per_sink_item
         return {

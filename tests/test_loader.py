@@ -525,3 +525,17 @@ def test_each_loader_point_prints_its_knobs_and_samples_per_s(tmp_path, capsys):
     _ok(point)
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[stagebench] sleepy |")]
     assert lines == [f"[stagebench] sleepy | torch workers=1 prefetch=3: {point['samples_per_s']:,.1f} samples/s"]
+
+
+def test_a_perfectly_regular_stream_still_lies_inside_its_interval():
+    """Every gap alike: a zero-width interval that must hold the rate to the last bit (groups of unequal size)."""
+    import numpy as np
+
+    from stagebench._loader import _Event
+
+    rng = np.random.default_rng(5)
+    for _ in range(100):
+        period, n = float(rng.uniform(0.001, 0.05)), int(rng.integers(1, 64))
+        events = [_Event(t=i * period, epoch=0, pid=1, n=n, threads=1) for i in range(int(rng.integers(30, 300)))]
+        got = window_rate(events, 0.0, events[-1].t + period, rnd=1, batch_size=n, max_groups=10, confidence=0.95)
+        assert got["samples_per_s_low"] <= got["samples_per_s"] <= got["samples_per_s_high"], got

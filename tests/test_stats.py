@@ -70,3 +70,36 @@ def test_fast_counting_equals_the_overlap_definition(seed):
     ends = starts + rng.exponential(0.05, 3000) * (rng.random(3000) > 0.05)  # some zero-length
     edges = np.linspace(0.0, 1.0, 11)
     np.testing.assert_allclose(fractional_counts(starts, ends, edges), _dense_reference(starts, ends, edges), atol=1e-9)
+
+
+def test_interval_about_contains_a_pooled_point():
+    from stagebench._stats import interval_about
+
+    lo, hi, cv = interval_about(10.5, [10, 12, 11, 9, 13], 0.95)
+    m, lo_m, hi_m, cv_m = mean_interval([10, 12, 11, 9, 13], 0.95)
+    assert hi - lo == pytest.approx(hi_m - lo_m) and cv == pytest.approx(cv_m)
+    assert lo < 10.5 < hi and (lo + hi) / 2 == pytest.approx(10.5)
+    assert all(math.isnan(v) for v in interval_about(1.0, [1.0], 0.95))
+
+
+def test_whole_run_interval_contains_its_rate_when_every_batch_counts_alike():
+    """A periodic sink (sleep stages) fills every batch alike: a zero-width interval must still hold the rate.
+
+    CI once read qps 373.30285639061793 against bounds of 373.3028563906179: the
+    interval sat on the batches' mean rate, the point was items over seconds.
+    """
+    import numpy as np
+
+    from stagebench._wholerun import _Run
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        r = _Run.__new__(_Run)
+        t0 = float(rng.uniform(0, 100))
+        span = float(rng.uniform(0.5, 3.0))
+        n = int(rng.integers(20, 400))
+        r.error, r.windows, r.pulls, r.timings = None, [(t0, t0 + span)], [], {}
+        r.arrivals = list(t0 + (np.arange(n) + 0.5) * span / n)  # one arrival in each 1/n of the window
+        r.warmup_s, r.used, r.steady_latency_s = 0.0, {}, None
+        out = r.result(items_per_sink_item=4)
+        assert out["qps_low"] <= out["qps"] <= out["qps_high"], out
