@@ -438,6 +438,8 @@ def analyze_stage(
     gil = estimate_gil(sr, cores=cores, fits=entry["fit"], free_threaded=free_threaded, probe=gil_probe)
     entry["gil"] = {k: gil.get(k) for k in ("pinned", "source", "saturated", "serializer", "harness", "executor",
                                               "notes")}
+    # how often a call lets the GIL go (the probe's reading; its stand-in does the same: _replay)
+    entry["gil"]["releases_per_call"] = (gil_probe or {}).get("releases")
     entry["gil_fraction"] = gil["fraction"]
     entry["gil_fraction_interval"] = gil["interval"]
     entry["gil_s_per_item"] = gil["gil_s_per_item"]

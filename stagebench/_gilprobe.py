@@ -67,6 +67,17 @@ the machine busy instead of a share; the curves decide then. Where
 ``schedstat`` is missing (not Linux) every round counts and
 ``core_wait`` is ``None``.
 
+How often a call lets the GIL go (``releases``, for the replay's stand-ins:
+:mod:`stagebench._replay`): each time the stage's C code drops the GIL, the
+spinner takes it, and the stage blocks to take it back. So the stage
+thread's voluntary context switches per call next to the spinner, less
+those it makes alone (its own sleeps and reads), less one per switch
+interval of GIL it held (the spinner makes a holder hand it over that
+often), count the releases. The demo's collate (``np.stack`` of 16 images,
+then three array operations) read ~24; stand-ins built to release 1, 5,
+10 and 20 times read 1.0, 5.4, 9.8 and 27; a pure-Python loop 1.4, a
+sleep 0.6 (Linux only: ``getrusage`` per thread).
+
 What it is not: the hand-offs of the GIL count as the stage's (a stage that
 reacquires the GIL often reads a little high), and time taken from the
 *stage's* thread while it holds the GIL is the stage's too (its calls grow
@@ -177,11 +188,15 @@ class _Round:
     core: float           # the share of a core the spinner got alone
     wait: float | None    # the share of the stage's window the spinner waited for a core (None off Linux)
     lost: float           # the share of the window the spinner held the GIL without a core
+    releases: float | None  # times per call the stage let the GIL go and had to wait to take it back (None off Linux)
 
 
 def _one_round(fn: Callable, items: Sequence, window: float, abandon: threading.Event) -> _Round | float:
     """A round: the stage alone, then the spinner alone, then both; its readings, or its core wait if not clean."""
+    usage = _thread_usage()  # the stage's thread: this one
+    b0 = usage() if usage else 0
     w_a, k_a = _calls(fn, items, window, abandon)
+    b1 = usage() if usage else 0
     stop, ready, lost = threading.Event(), threading.Event(), [0.0]
     t = threading.Thread(target=_spin_counter, args=(stop, abandon, ready, lost), name="stagebench-gil-probe",
                          daemon=True)
@@ -195,7 +210,9 @@ def _one_round(fn: Callable, items: Sequence, window: float, abandon: threading.
         time.sleep(_SOLO_S)
         s1, c1, l1 = time.perf_counter(), time.clock_gettime(clock), lost[0]
         q1 = _core_wait_s(t.native_id)
+        b2 = usage() if usage else 0
         w, k = _calls(fn, items, window, abandon)
+        b3 = usage() if usage else 0
         counter_cpu, counter_lost = time.clock_gettime(clock) - c1, lost[0] - l1
         q2 = _core_wait_s(t.native_id)
     finally:
@@ -207,7 +224,13 @@ def _one_round(fn: Callable, items: Sequence, window: float, abandon: threading.
     core = min(1.0, max(_MIN_CORE, (c1 - c0 + l1 - l0) / (s1 - s0)))
     counter_gil = min(counter_cpu / core + counter_lost, w)
     held = (w - counter_gil) / k
-    return _Round(share=held / (w_a / k_a), core=core, wait=wait, lost=counter_lost / w)
+    releases = None
+    if usage:
+        # Blocks beyond the stage's own (a sleep blocks alone too) are waits for the GIL. A holder
+        # is made to hand it over every switch interval the spinner waits, and waits to retake it:
+        # held / interval of them come from holding it, not from letting it go.
+        releases = max(0.0, (b3 - b2) / k - (b1 - b0) / k_a - max(0.0, held) / _SWITCH_S)
+    return _Round(share=held / (w_a / k_a), core=core, wait=wait, lost=counter_lost / w, releases=releases)
 
 
 def _rounds(fn: Callable, items: Sequence, call_s: float, abandon: threading.Event) -> list[_Round]:
@@ -235,12 +258,14 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
     """The share of its time ``fn`` holds the GIL, read by a counter thread next to it.
 
     Returns ``{"share", "low", "high", "rounds", "seconds", "switch_interval_s",
-    "spinner_core", "core_wait", "spinner_lost"}`` (``low``/``high``: the lower and upper
+    "spinner_core", "core_wait", "spinner_lost", "releases"}`` (``low``/``high``: the lower and upper
     quartile over rounds; ``share`` their median, clipped to 0..1;
     ``spinner_core``: the median share of a core the spinner got alone;
     ``core_wait``: the median share of a round the spinner waited for a core,
     ``None`` off Linux; ``spinner_lost``: the median share of a round it held
-    the GIL without a core, counted as its own) or ``{"error": why}`` when
+    the GIL without a core, counted as its own; ``releases``: the median times
+    per call the stage let the GIL go and waited to take it back, ``None``
+    off Linux; see the module's docstring) or ``{"error": why}`` when
     the stage raised, hung or there is nothing to run it on, and
     ``{"error": why, "core_wait"}`` when the machine was too busy for three
     clean rounds.
@@ -279,13 +304,15 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
                 gc.enable()
         shares = [r.share for r in rounds]
         waits = [r.wait for r in rounds]
+        rel = [r.releases for r in rounds]
         qs = statistics.quantiles(shares, n=4) if len(shares) >= 2 else [shares[0]] * 3
         clip = lambda x: min(1.0, max(0.0, x))  # noqa: E731
         result.update(share=clip(statistics.median(shares)), low=clip(qs[0]), high=clip(qs[2]),
                       rounds=len(rounds), seconds=round(time.perf_counter() - t0, 3),
                       switch_interval_s=_SWITCH_S, spinner_core=round(statistics.median(r.core for r in rounds), 3),
                       core_wait=None if None in waits else round(statistics.median(waits), 3),
-                      spinner_lost=round(statistics.median(r.lost for r in rounds), 3))
+                      spinner_lost=round(statistics.median(r.lost for r in rounds), 3),
+                      releases=None if None in rel else round(statistics.median(rel), 1))
 
     t = threading.Thread(target=work, name="stagebench-gil-probe-stage", daemon=True)
     t.start()

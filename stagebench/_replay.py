@@ -39,6 +39,24 @@ stage replaced by a **stand-in** built from its isolated measurements only:
   sleep stages held the GIL ~0.17 ms per item too long and the replay read
   11% under the real pipeline in 4 paired runs).
 
+- ``releases``: how many times per call its GIL-free work lets the GIL go.
+  Every release is paid for in the pipeline: taking the GIL back means
+  waiting behind the threads that hold it. The demo's collate (``np.stack``
+  of 16 images, then three array operations: each copy and each operation
+  drops the GIL) made 20-22 voluntary context switches per call in the
+  pipeline and took 11-12 ms there; a stand-in that released the GIL once
+  made 2-3 and took 1.3-1.5 ms, one that released it 20 times made 20-25 and
+  took 7.1-7.3 ms (in a fresh process, where collate also paid ~2,300 page
+  faults per call). The count is the GIL probe's (``releases`` in
+  :mod:`stagebench._gilprobe`: the stage's waits to retake the GIL next to a
+  spinner), less the stand-in's own sleep; the work is done in that many
+  pieces, each some GIL-held loops and then a hash. Without a probe
+  reading, or without GIL-free CPU to split (a hash under 2 KiB keeps the
+  GIL), one release. The probe counts waits, and a release can cost two:
+  it read a stage hashing in 12 pieces at 16 and a stand-in built from that
+  reading (17 pieces, shorter ones) at 27, so a stand-in may let the GIL go
+  up to ~1.5x as often as its stage.
+
 A stage on a process executor becomes a thread stand-in whose work is all
 GIL-free (it runs in another interpreter) plus the main process's extra cost
 of moving items to and from workers (its process no-op ceiling's time per
@@ -84,6 +102,9 @@ from ._speed import cpu_speed_ns, speed_loop
 __all__ = ["StandIn", "plan_stand_ins"]
 
 _BUF = os.urandom(1 << 20)  # hashed, never read otherwise: what it holds does not matter
+_BIG: bytes | None = None  # _BUF 16 times (16 MiB, ~8 ms of hashing here), made when a piece needs more than _BUF
+_HASH_MIN_BYTES = 2048  # CPython's hashlib keeps the GIL for smaller buffers (HASHLIB_GIL_MINSIZE)
+_MAX_PIECES = 64  # releases per call a stand-in makes at most (the probe read ~24 for a 16-image numpy collate)
 _CALIBRATION: tuple[float, float] | None = None
 
 
@@ -148,7 +169,7 @@ class _Work:
     measured; None: fixed CPU time instead (no speed was probed).
     """
 
-    def __init__(self, gil_s: float, free_s: float, speed_ns: float | None) -> None:
+    def __init__(self, gil_s: float, free_s: float, speed_ns: float | None, releases: int = 1) -> None:
         self.gil_s = gil_s
         self.loops = int(round(gil_s * 1e9 / speed_ns)) if speed_ns and gil_s > 0 else 0
         self.free_bytes = 0
@@ -157,8 +178,17 @@ class _Work:
             # bytes at the sweep's speed: a core slower now (more ns per loop) hashes slower too
             at_sweep = s_per_byte * (speed_ns / now_ns) if speed_ns and now_ns > 0 else s_per_byte
             self.free_bytes = int(free_s / at_sweep)
+        # each piece: its share of the loops, then its share of the bytes (a GIL release);
+        # SHA-256 keeps the GIL for buffers under _HASH_MIN_BYTES, so no piece is smaller
+        self.pieces = max(1, min(int(releases), _MAX_PIECES, self.free_bytes // _HASH_MIN_BYTES))
 
     def __call__(self) -> None:
+        if self.pieces > 1:
+            loops, nbytes = self.loops // self.pieces, self.free_bytes // self.pieces
+            for _ in range(self.pieces):
+                speed_loop(loops)
+                _burn_free(nbytes)
+            return
         if self.loops:
             speed_loop(self.loops)
         elif self.gil_s > 0:
@@ -168,8 +198,17 @@ class _Work:
 
 
 def _burn_free(n_bytes: int) -> None:
-    """CPU without the GIL: SHA-256 releases it for buffers this large."""
-    view = memoryview(_BUF)
+    """CPU without the GIL in as few hashes as the buffers allow: one GIL release per 16 MiB.
+
+    SHA-256 releases the GIL for buffers of 2 KiB and more. Each hash is a
+    release, and the stand-in's releases are meant to be its stage's
+    (``releases``): hashed in 1 MiB slices, 3 ms of GIL-free work let the GIL go
+    six times and the probe read it as 6.2 releases, against 1.4 for one hash.
+    """
+    global _BIG
+    if n_bytes > len(_BUF) and _BIG is None:
+        _BIG = _BUF * 16
+    view = memoryview(_BUF if n_bytes <= len(_BUF) else _BIG)
     while n_bytes > 0:
         k = min(n_bytes, len(view))
         hashlib.sha256(view[:k]).digest()
@@ -188,6 +227,7 @@ class StandIn:
     wait_s: float
     note: str = ""
     speed_ns: float | None = None  # the core's speed while the stage was measured (see the module docstring)
+    releases: int = 1  # GIL releases per call in its GIL-free work (see the module docstring)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -213,7 +253,7 @@ class _Outputs:
 
 class _ThreadStandIn:
     def __init__(self, s: StandIn, outputs: Sequence[Any] | None = None) -> None:
-        self.work, self.wait_s = _Work(s.gil_s, s.free_s, s.speed_ns), s.wait_s
+        self.work, self.wait_s = _Work(s.gil_s, s.free_s, s.speed_ns, s.releases), s.wait_s
         self.output = _Outputs(outputs)
 
     def __call__(self, item: Any) -> Any:
@@ -350,7 +390,11 @@ def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
         return StandIn(st["name"], ex, c, gil_s=ipc, free_s=gil + free, wait_s=wait, speed_ns=speed_ns,
                        note="process: its work runs outside the main process's GIL; the main process "
                             "pays the moving of items (process no-op ceiling beyond the thread one)")
-    return StandIn(st["name"], ex, c, gil_s=gil, free_s=free, wait_s=wait, note=note, speed_ns=speed_ns)
+    # The probe counts every release, its waits' too; the stand-in's sleep is one of them.
+    probed = _num((st.get("gil") or {}).get("releases_per_call"))
+    releases = max(1, round(probed) - (1 if wait > 0 else 0)) if probed is not None else 1
+    return StandIn(st["name"], ex, c, gil_s=gil, free_s=free, wait_s=wait, note=note, speed_ns=speed_ns,
+                   releases=releases)
 
 
 def plan_stand_ins(stages: list[dict], speed_ns: dict[str, float] | None = None) -> dict[str, StandIn]:

@@ -42,6 +42,7 @@ __all__ = [
     "SpinSleep",
     "SpinSleepProbe",
     "HashCPU",
+    "HashPieces",
     "AsyncSleep",
     "AsyncSpinSleep",
 ]
@@ -187,6 +188,26 @@ class HashCPU:
         if buf is None:
             buf = _HASH_BUFFERS.setdefault(self.nbytes, bytes(self.nbytes))
         hashlib.sha256(buf).digest()
+        return item
+
+
+@dataclass(frozen=True, slots=True)
+class HashPieces:
+    """``ms`` milliseconds of hashlib CPU in ``k`` hashes a call: it lets the GIL go ``k`` times (numpy-like)."""
+
+    ms: float
+    k: int
+    nbytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nbytes", max(4096, int(self.ms / self.k * calibrate().hash_bytes_per_ms)))
+
+    def __call__(self, item):
+        buf = _HASH_BUFFERS.get(self.nbytes)
+        if buf is None:
+            buf = _HASH_BUFFERS.setdefault(self.nbytes, bytes(self.nbytes))
+        for _ in range(self.k):
+            hashlib.sha256(buf).digest()
         return item
 
 

@@ -451,3 +451,22 @@ def test_a_probe_inside_a_wide_curves_interval_decides_and_inside_a_narrow_one_d
     r = estimate_gil(rows, cores=2, probe=inside)
     assert r["source"] == "probe" and r["fraction"] == pytest.approx(inside["share"])
     assert any("leave the GIL share anywhere in" in n for n in r["notes"])
+
+
+def test_the_probe_counts_how_often_a_call_lets_the_gil_go():
+    """One hash a call against twelve: the stage's waits to retake the GIL, net of its own sleeps and of holding it."""
+    from _stages import HashPieces, Sleep, Spin
+    from stagebench._gilprobe import probe_gil
+
+    one, twelve = probe_gil(HashPieces(3.0, 1), [0]), probe_gil(HashPieces(3.0, 12), [0])
+    spin, nap = probe_gil(Spin(2.0), [0]), probe_gil(Sleep(2.0), [0])
+    readings = (one, twelve, spin, nap)
+    print([r.get("releases") for r in readings])
+    busy = [r["error"] for r in readings if "error" in r]
+    if busy:
+        pytest.skip(busy[0])
+    if any(r["releases"] is None for r in readings):
+        pytest.skip("no per-thread context switch counts here (not Linux)")
+    # here: ~1.4, ~16, ~1.4-2, ~0.6-2; each release may cost the retaking thread two waits, not one
+    assert one["releases"] < 4 and spin["releases"] < 4 and nap["releases"] < 4
+    assert 8 < twelve["releases"] < 30

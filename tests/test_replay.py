@@ -139,6 +139,57 @@ def test_a_stand_in_with_the_sweeps_speed_does_fixed_work_not_fixed_time():
     assert _Work(0.0, 0.1, None).free_bytes == pytest.approx(_Work(0.0, 0.1, cal_ns).free_bytes, rel=0.01)
 
 
+def test_a_stand_in_releases_the_gil_as_often_as_the_probe_read_less_its_own_sleep():
+    st = _stage(t=3e-3, frac=0.1, cpu=3e-3, harness=0.0)  # 0.3 ms GIL-held, 2.7 ms GIL-free, no waiting
+    st["gil"] = {"releases_per_call": 23.6}
+    assert plan_stand_ins([st])["s"].releases == 24
+    waits = _stage(t=3e-3, frac=0.1, cpu=1.5e-3, harness=0.0)  # half of its call waits: its sleep is one release
+    waits["gil"] = {"releases_per_call": 4.2}
+    assert plan_stand_ins([waits])["s"].releases == 3
+    for unread in (None, {}, {"releases_per_call": None}):
+        st["gil"] = unread
+        assert plan_stand_ins([st])["s"].releases == 1
+    # a process stand-in's work runs in another interpreter: the main GIL sees its IPC only
+    proc = _stage(executor="process", proc_harness=0.5e-3)
+    proc["gil"] = {"releases_per_call": 10}
+    assert plan_stand_ins([proc])["s"].releases == 1
+
+
+def test_a_stand_in_does_its_work_in_as_many_gil_releases_as_it_can():
+    from stagebench._replay import _HASH_MIN_BYTES, _Work
+
+    w = _Work(gil_s=1e-4, free_s=2e-3, speed_ns=25.0, releases=12)
+    assert w.pieces == 12 and w.free_bytes // w.pieces >= _HASH_MIN_BYTES
+    tiny = _Work(gil_s=1e-4, free_s=1e-6, speed_ns=25.0, releases=12)  # under 2 KiB of hashing in all
+    assert tiny.pieces == 1
+    assert _Work(gil_s=1e-4, free_s=0.0, speed_ns=25.0, releases=12).pieces == 1
+
+
+def test_a_stand_in_built_from_a_probe_releases_the_gil_about_as_often_as_its_stage():
+    """End to end: a stage that hashes in 12 pieces, its probe reading, and a stand-in built from it."""
+    from _stages import HashPieces
+    from stagebench._gilprobe import probe_gil
+    from stagebench._replay import _ThreadStandIn
+
+    stage = probe_gil(HashPieces(3.0, 12), [0])
+    if "error" in stage or stage.get("releases") is None:
+        pytest.skip(stage.get("error") or "no per-thread context switch counts here (not Linux)")
+    t0 = time.perf_counter()
+    for _ in range(20):
+        HashPieces(3.0, 12)(0)
+    per_call = (time.perf_counter() - t0) / 20
+    one = _ThreadStandIn(StandIn("s", "thread", 1, gil_s=0.0, free_s=per_call, wait_s=0.0, releases=1))
+    many = _ThreadStandIn(StandIn("s", "thread", 1, gil_s=0.0, free_s=per_call, wait_s=0.0,
+                                  releases=round(stage["releases"])))
+    r_one, r_many = probe_gil(one, [0]), probe_gil(many, [0])
+    print(stage["releases"], r_one.get("releases"), r_many.get("releases"))
+    if "error" in r_one or "error" in r_many:
+        pytest.skip(r_one.get("error") or r_many.get("error"))
+    assert r_one["releases"] < 4 < 6 < stage["releases"]
+    # the probe reads both with the same per-release bias (1.0-1.35 per release here): alike within 2x
+    assert stage["releases"] / 2 < r_many["releases"] < 2 * stage["releases"]
+
+
 def test_free_cpu_releases_the_gil():
     # While one thread burns 'free' CPU, another thread keeps running Python. If the burn held
     # the GIL, the ticker would stall for the whole burn (tens of ms) instead of a switch interval.
