@@ -532,6 +532,7 @@ def _stand_in_rows(pred: Mapping[str, Any] | None) -> list[dict[str, Any]]:
         out.append({"name": str(s.get("name", "?")), "executor": str(s.get("executor", "?")),
                     "concurrency": s.get("concurrency"), "gil_ms": _ms(s.get("gil_s")),
                     "free_ms": _ms(s.get("free_s")), "wait_ms": _ms(s.get("wait_s")),
+                    "releases": int(s["releases"]) if isinstance(s.get("releases"), (int, float)) else 1,
                     "note": str(s.get("note") or "")})
     return out
 
