@@ -468,5 +468,5 @@ def test_the_probe_counts_how_often_a_call_lets_the_gil_go():
     if any(r["releases"] is None for r in readings):
         pytest.skip("no per-thread context switch counts here (not Linux)")
     # here: ~1.4, ~16, ~1.4-2, ~0.6-2; each release may cost the retaking thread two waits, not one
-    assert one["releases"] < 4 and spin["releases"] < 4 and nap["releases"] < 4
+    assert one["releases"] < 5 and spin["releases"] < 5 and nap["releases"] < 5
     assert 8 < twelve["releases"] < 30
