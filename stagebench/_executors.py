@@ -36,6 +36,7 @@ __all__ = [
     "is_coroutine_callable",
     "make_runner",
     "leaked_threads",
+    "pool_failure",
 ]
 
 #: (start, end, ok, worker key, error message or None)
@@ -81,6 +82,23 @@ _LEAKED: list[threading.Thread] = []
 def leaked_threads() -> int:
     """Worker threads abandoned by earlier points that are still running."""
     return sum(t.is_alive() for t in _LEAKED)
+
+
+def pool_failure(exc: BaseException, pool: "WorkerPool | None") -> tuple[str, str]:
+    """(status, reason) for an error a process pool raised rather than the stage: ``crashed`` or ``failed``.
+
+    A broken pool (a worker died: the standard library's ``BrokenProcessPool``,
+    loky's ``TerminatedWorkerError``) is ``crashed``, with the workers' exit
+    codes where known. Anything else (an item or an output that cannot be
+    pickled) is ``failed``. Decided by the exception's type, not its message:
+    the process runner also called any message with "terminated" in it a
+    crash, and the SPDL harness did not; the standard library's and loky's
+    crashes both raise those two types, so the message adds nothing but a
+    way to misfile an unrelated error.
+    """
+    if any(t.__name__ in ("TerminatedWorkerError", "BrokenProcessPool") for t in type(exc).__mro__):
+        return "crashed", pool.died() if pool is not None else "a worker process died"
+    return "failed", _describe(exc)
 
 
 def _describe(exc: BaseException) -> str:
@@ -534,14 +552,7 @@ class ProcessRunner(Runner):
             self._idle.set()
 
     def _on_pool_error(self, exc: BaseException) -> None:
-        msg = str(exc)
-        name = type(exc).__name__
-        if name in ("TerminatedWorkerError", "BrokenProcessPool") or "terminated" in msg.lower():
-            self.fatal_status, self.fatal = "crashed", self.pool.died()
-        else:
-            # e.g. the item or the output could not be pickled
-            self.fatal_status = "failed"
-            self.fatal = _describe(exc)
+        self.fatal_status, self.fatal = pool_failure(exc, self.pool)
         self._stop.set()
 
     def worker_pids(self) -> list[int]:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ._executors import Runner, WorkerPool, _describe, identity
+from ._executors import Runner, WorkerPool, _describe, identity, pool_failure
 
 __all__ = ["SpdlRunner", "deferred_teardown", "quiet_spdl_log", "settle"]
 
@@ -193,12 +193,7 @@ class SpdlRunner(Runner):
         return timed_process
 
     def _pool_error(self, exc: BaseException) -> None:
-        name = type(exc).__name__
-        if name in ("TerminatedWorkerError", "BrokenProcessPool"):
-            self.fatal_status = "crashed"
-            self.fatal = self._workers.died() if self._workers is not None else "a worker process died"
-        else:
-            self.fatal_status, self.fatal = "failed", _describe(exc)
+        self.fatal_status, self.fatal = pool_failure(exc, self._workers)
         self._stop.set()
 
     # ---- lifecycle ---------------------------------------------------------------

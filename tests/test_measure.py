@@ -310,10 +310,30 @@ def test_hanging_stage_times_out_and_is_cleaned_up(executor, tmp_path):
         assert not alive, alive
 
 
-def test_crashing_worker_is_recorded_with_exit_code():
-    row = measure_stage(dies, list(range(4)), executor="process", concurrency=2, config=FAST)
+@pytest.mark.parametrize("harness", ["direct", "spdl"])
+def test_crashing_worker_is_recorded_with_exit_code(harness):
+    row = measure_stage(dies, list(range(4)), executor="process", concurrency=2, config=FAST, harness=harness)
     assert row["status"] == "crashed", row
     assert "13" in row["reason"]
+
+
+def test_a_pool_error_is_a_crash_by_its_type_not_its_message():
+    from concurrent.futures.process import BrokenProcessPool
+
+    from stagebench._executors import pool_failure
+
+    class TerminatedWorkerError(Exception):  # loky's, matched by name (loky is not imported for it)
+        pass
+
+    class MyBroken(BrokenProcessPool):
+        pass
+
+    for exc in (BrokenProcessPool("A process in the process pool was terminated abruptly"),
+                TerminatedWorkerError("worker exited"), MyBroken("x")):
+        status, reason = pool_failure(exc, None)
+        assert (status, reason) == ("crashed", "a worker process died"), exc
+    status, reason = pool_failure(ValueError("unterminated string in the item"), None)
+    assert status == "failed" and "ValueError" in reason
 
 
 def test_unpicklable_stage_is_skipped_with_reason():
