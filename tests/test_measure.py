@@ -222,8 +222,10 @@ def test_page_fault_cost_is_a_plausible_time():
     from stagebench._resources import page_fault_cost_s
 
     cost = page_fault_cost_s(mb=8)
+    if cost is None:  # said, not passed silently: nothing to check on this host
+        pytest.skip("no fault was counted (no getrusage, or transparent huge pages served the mapping)")
     # a fresh 4 KiB page: tens of nanoseconds at the very least, and far below a tenth of a millisecond
-    assert cost is None or 2e-8 < cost < 1e-4, cost
+    assert 2e-8 < cost < 1e-4, cost
 
 
 # ---------------------------------------------------------------- callables users write
