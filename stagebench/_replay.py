@@ -183,18 +183,15 @@ class _Work:
         self.pieces = max(1, min(int(releases), _MAX_PIECES, self.free_bytes // _HASH_MIN_BYTES))
 
     def __call__(self) -> None:
-        if self.pieces > 1:
-            loops, nbytes = self.loops // self.pieces, self.free_bytes // self.pieces
-            for _ in range(self.pieces):
+        n = self.pieces
+        loops, nbytes, gil_s = self.loops // n, self.free_bytes // n, self.gil_s / n
+        for _ in range(n):
+            if loops:
                 speed_loop(loops)
+            elif gil_s > 0:
+                _spin(gil_s)
+            if nbytes:
                 _burn_free(nbytes)
-            return
-        if self.loops:
-            speed_loop(self.loops)
-        elif self.gil_s > 0:
-            _spin(self.gil_s)
-        if self.free_bytes:
-            _burn_free(self.free_bytes)
 
 
 def _burn_free(n_bytes: int) -> None:

@@ -163,6 +163,12 @@ def test_a_stand_in_does_its_work_in_as_many_gil_releases_as_it_can():
     tiny = _Work(gil_s=1e-4, free_s=1e-6, speed_ns=25.0, releases=12)  # under 2 KiB of hashing in all
     assert tiny.pieces == 1
     assert _Work(gil_s=1e-4, free_s=0.0, speed_ns=25.0, releases=12).pieces == 1
+    # without a speed the GIL-held part is CPU time, and split into pieces it is all still spent
+    timed = _Work(gil_s=0.02, free_s=2e-3, speed_ns=None, releases=8)
+    assert timed.pieces == 8 and timed.loops == 0
+    c0 = time.thread_time()
+    timed()
+    assert time.thread_time() - c0 >= 0.02
 
 
 def test_a_stand_in_built_from_a_probe_releases_the_gil_about_as_often_as_its_stage():
