@@ -73,10 +73,12 @@ spinner takes it, and the stage blocks to take it back. So the stage
 thread's voluntary context switches per call next to the spinner, less
 those it makes alone (its own sleeps and reads), less one per switch
 interval of GIL it held (the spinner makes a holder hand it over that
-often), count the releases. The demo's collate (``np.stack`` of 16 images,
-then three array operations) read ~24; stand-ins built to release 1, 5,
-10 and 20 times read 1.0, 5.4, 9.8 and 27; a pure-Python loop 1.4, a
-sleep 0.6 (Linux only: ``getrusage`` per thread).
+often), count the releases. In one run here: the demo's collate
+(``np.stack`` of 16 images, then three array operations) read 23.6 in a
+fresh process (8-10 inside a diagnosis); stages hashing in 1, 2, 5, 10 and
+20 pieces read 1.0, 3.0, 7.2, 13.5 and 26.3 (a release can cost two
+waits); a pure-Python loop 2.1 and a 1 ms sleep 2.2, which release
+nothing beyond the sleep (Linux only: ``getrusage`` per thread).
 
 What it is not: the hand-offs of the GIL count as the stage's (a stage that
 reacquires the GIL often reads a little high), and time taken from the
