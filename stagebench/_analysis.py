@@ -30,7 +30,10 @@ Per stage (:func:`analyze_stage`):
   never while the thread curve is still rising at the top of the grid: a GIL
   that binds flattens the curve, and a small GIL share read from wake-up CPU
   would otherwise pass for one), ``cpu-bound`` (the best point uses >= 75%
-  of the cores, or CPU per item explains its throughput), ``io-bound`` (few
+  of the cores, or CPU per item explains its throughput), ``overhead-bound``
+  again (a stage that computes most of its call alone, by its CPU share or
+  by the GIL probe's share, with less CPU per item than the harness's no-op:
+  the harness sets the pace), ``io-bound`` (few
   cores used *by the stage itself* while scaling with concurrency: it waits;
   the harness's own CPU per item, read from its no-op ceiling at the same
   setting, is not the stage's), else ``unknown``.
@@ -360,6 +363,12 @@ def _classify(
     # is paced by the harness (the demo's aggregate step, 0.18 us of Python a call, read
     # "io-bound, it waits" at 80% of the SPDL ceiling, just short of the 'near the ceiling' rule).
     alone = gil["signals"].get("cpu_share", {}).get("value")
+    # The probe's GIL share is Python running, so computing, read directly; the CPU share of a
+    # sub-microsecond call is a difference of two per-item CPU readings (the demo's aggregate
+    # read 0.42 beside a probe of 0.97 and was called "io-bound, it waits").
+    probed = gil["signals"].get("gil_probe", {}).get("value")
+    if finite(probed) and probed >= _COMPUTES and not (finite(alone) and alone >= probed):
+        alone = probed
     computes = finite(alone) and alone >= _COMPUTES
     if computes and finite(own_cpu) and own_cpu < ceil.cpu_s_per_item:
         lines.insert(0,

@@ -79,6 +79,26 @@ def test_a_stage_that_computes_a_little_next_to_a_costly_harness_is_overhead_bou
     # a stage that waits with as few cores of its own stays io-bound (the sleep through SPDL below)
 
 
+def test_a_probe_that_reads_pure_python_says_the_stage_computes_where_its_cpu_share_is_noise():
+    """The same step in this session's fresh-clone demo: its CPU share (own CPU over call time, at 0.12 us
+    a call) read 0.42, the probe 0.97, and it was called "io-bound, it waits" at 76% of the SPDL ceiling."""
+    rows = pd.DataFrame([
+        row("agg", "thread", 1, 2.848e6, noise=0.25, cores_used=0.990, cpu_s_per_item=3.475e-7, latency_ms=1.2e-4),
+        row("agg", "thread", 1, 3.394e6, role="ceiling", noise=0.2, cores_used=1.009, cpu_s_per_item=2.974e-7,
+            latency_ms=7.0e-5),
+        row("agg", "thread", 1, 4085.0, harness="spdl", noise=0.22, cores_used=1.079, cpu_s_per_item=2.642e-4,
+            latency_ms=2.8e-3),
+        row("agg", "thread", 1, 5388.0, role="ceiling", harness="spdl", noise=0.02, cores_used=1.078,
+            cpu_s_per_item=2.001e-4, latency_ms=1.8e-3),
+    ])
+    st = analyze_stage(rows, cores=2, gil_probe={"share": 0.97, "low": 0.85, "high": 1.0})
+    assert st["classification"] == "overhead-bound", st["evidence"]["summary"]
+    assert "it computes 97% of its call alone" in st["evidence"]["summary"][0]
+    # without the probe, or with one that reads little GIL, the CPU share decides, as before
+    for probe in (None, {"share": 0.05, "low": 0.0, "high": 0.1}):
+        assert analyze_stage(rows, cores=2, gil_probe=probe)["classification"] == "io-bound"
+
+
 def test_process_best_at_the_process_ceiling_is_ipc_bound():
     # GIL-bound on threads; processes capped by a low IPC ceiling
     st = analyze_stage(model_rows("big", gil_ms=2.0, wait_ms=0.0, process_ceiling=700.0, ipc_ms=0.1),
