@@ -352,12 +352,22 @@ def _dead_codes(procs: Any) -> str:
     from multiprocessing.connection import wait
 
     procs = list((procs or {}).values())
-    for p in procs:
-        # A worker's sentinel fires when its pipes close, a moment before its exit
-        # status can be read: join the ones whose sentinel fired, briefly.
-        sentinel = getattr(p, "_popen", None) and getattr(p, "sentinel", None)
-        if sentinel is not None and p.exitcode is None and wait([sentinel], timeout=0):
+    # A dead worker's exit status shows a moment after the pool reports itself broken:
+    # its sentinel may not have fired yet, and the pool's own thread reaps it too, so
+    # our poll can find the pid already reaped (ECHILD: exitcode None) before that
+    # thread has stored the code. A loaded fresh clone read "a worker process died"
+    # with no code; a fresh process per crash did 1 time in 25 here. So wait up to 1 s
+    # for a sentinel, then for the fired ones' codes. Only on this path: the caller
+    # knows a worker died.
+    pending = {p.sentinel: p for p in procs if getattr(p, "_popen", None) is not None and p.exitcode is None}
+    known = any(getattr(p, "exitcode", None) not in (None, 0, -signal.SIGTERM) for p in procs)
+    if pending and not known:
+        deadline = time.monotonic() + 1.0
+        for sentinel in wait(list(pending), timeout=1.0):
+            p = pending[sentinel]
             p.join(0.5)
+            while p.exitcode is None and time.monotonic() < deadline:
+                time.sleep(0.01)
     codes = set()
     for p in procs:
         code = getattr(p, "exitcode", None)
