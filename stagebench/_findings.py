@@ -120,7 +120,17 @@ def _stage_findings(st: dict, bottleneck: str | None, cores: int, prediction: di
                           f"{cores} cores if its inputs and outputs are cheap to move", name, ev, est))
 
     far = _far_from_binding(st, prediction) and not is_bn
-    if cls == "overhead-bound":
+    own_step = st.get("type") in ("aggregate", "disaggregate")  # SPDL's grouping steps, not the user's code
+    if cls == "overhead-bound" and own_step and not far:
+        ceil = st.get("ceiling_qps")
+        out.append(_f("high" if is_bn else "medium", f"{name} is overhead-bound: fewer, larger items must reach it",
+                      f"it reaches {_fmt(rec['qps'])} items/s, near the no-op ceiling of {_fmt(ceil)} items/s: SPDL "
+                      "schedules every item through this grouping step one at a time. Its own work cannot be "
+                      "batched; have the stage before it return lists of items (so fewer items reach it), or "
+                      "group the items earlier in the pipeline", name,
+                      {"qps": rec["qps"], "ceiling_qps": ceil, "stage_s_per_item": st.get("stage_s_per_item")}, 1.5))
+    elif cls == "overhead-bound" and not own_step:
+        # (SPDL's own grouping steps far from binding get none: the user has nothing to change there)
         ceil = st.get("ceiling_qps")
         out.append((_demote if far else (lambda x: x))(_f("high" if is_bn else "medium", f"{name} is overhead-bound: batch its work",
                       f"it reaches {_fmt(rec['qps'])} items/s, near the no-op ceiling of {_fmt(ceil)} items/s at "

@@ -79,6 +79,22 @@ def test_a_stage_that_computes_a_little_next_to_a_costly_harness_is_overhead_bou
     # a stage that waits with as few cores of its own stays io-bound (the sleep through SPDL below)
 
 
+def test_spdls_own_grouping_step_gets_no_batch_your_work_advice():
+    """The demo's aggregate step, overhead-bound at 5,187 items/s against a predicted 471, got 'batch its
+    work' (it is the batching step, SPDL's code): none when far from binding, grouping advice when it binds."""
+    from _rows import model_rows
+    from stagebench._findings import _stage_findings
+
+    st = analyze_stage(model_rows("agg", gil_ms=0.002, wait_ms=0.0, overhead_ms=0.02, executors=("thread",)), cores=2)
+    assert st["classification"] == "overhead-bound"
+    pipe = dict(st, type="pipe")
+    assert any("batch its work" in f["title"] for f in _stage_findings(pipe, "x", 2, {"qps": 100.0}))
+    agg = dict(st, type="aggregate")
+    assert not any("overhead-bound" in f["title"] for f in _stage_findings(agg, "x", 2, {"qps": 100.0}))
+    binds = [f for f in _stage_findings(agg, "agg", 2, {"qps": st["recommended"]["qps"]}) if "overhead" in f["title"]]
+    assert binds and "fewer, larger items" in binds[0]["title"] and "batch its work" not in binds[0]["title"]
+
+
 def test_a_probe_that_reads_pure_python_says_the_stage_computes_where_its_cpu_share_is_noise():
     """The same step in this session's fresh-clone demo: its CPU share (own CPU over call time, at 0.12 us
     a call) read 0.42, the probe 0.97, and it was called "io-bound, it waits" at 76% of the SPDL ceiling."""
