@@ -121,23 +121,23 @@ def _stage_findings(st: dict, bottleneck: str | None, cores: int, prediction: di
 
     far = _far_from_binding(st, prediction) and not is_bn
     own_step = st.get("type") in ("aggregate", "disaggregate")  # SPDL's grouping steps, not the user's code
-    if cls == "overhead-bound" and own_step and not far:
+    # (an own step far from binding gets none: the user has nothing to change there)
+    if cls == "overhead-bound" and not (own_step and far):
         ceil = st.get("ceiling_qps")
-        out.append(_f("high" if is_bn else "medium", f"{name} is overhead-bound: fewer, larger items must reach it",
-                      f"it reaches {_fmt(rec['qps'])} items/s, near the no-op ceiling of {_fmt(ceil)} items/s: SPDL "
-                      "schedules every item through this grouping step one at a time. Its own work cannot be "
-                      "batched; have the stage before it return lists of items (so fewer items reach it), or "
-                      "group the items earlier in the pipeline", name,
-                      {"qps": rec["qps"], "ceiling_qps": ceil, "stage_s_per_item": st.get("stage_s_per_item")}, 1.5))
-    elif cls == "overhead-bound" and not own_step:
-        # (SPDL's own grouping steps far from binding get none: the user has nothing to change there)
-        ceil = st.get("ceiling_qps")
-        out.append((_demote if far else (lambda x: x))(_f("high" if is_bn else "medium", f"{name} is overhead-bound: batch its work",
-                      f"it reaches {_fmt(rec['qps'])} items/s, near the no-op ceiling of {_fmt(ceil)} items/s at "
-                      f"{rec['executor']} x {rec['concurrency']}: the harness cannot schedule items faster. Handing it "
-                      f"batches of k items per call raises that ceiling about k-fold (8 items: about "
-                      f"{_fmt(8 * ceil)} items/s)", name,
-                      {"qps": rec["qps"], "ceiling_qps": ceil, "stage_s_per_item": st.get("stage_s_per_item")}, 1.5)))
+        near = f"it reaches {_fmt(rec['qps'])} items/s, near the no-op ceiling of {_fmt(ceil)} items/s"
+        if own_step:
+            title = f"{name} is overhead-bound: fewer, larger items must reach it"
+            detail = (f"{near}: SPDL schedules every item through this grouping step one at a time. Its own work "
+                      "cannot be batched; have the stage before it return lists of items (so fewer items reach "
+                      "it), or group the items earlier in the pipeline")
+        else:
+            title = f"{name} is overhead-bound: batch its work"
+            detail = (f"{near} at {rec['executor']} x {rec['concurrency']}: the harness cannot schedule items "
+                      f"faster. Handing it batches of k items per call raises that ceiling about k-fold (8 items: "
+                      f"about {_fmt(8 * ceil)} items/s)")
+        found = _f("high" if is_bn else "medium", title, detail, name,
+                   {"qps": rec["qps"], "ceiling_qps": ceil, "stage_s_per_item": st.get("stage_s_per_item")}, 1.5)
+        out.append(_demote(found) if far else found)
 
     if cls == "ipc-bound":
         payload = st.get("payload_bytes")
