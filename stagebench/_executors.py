@@ -359,19 +359,18 @@ def _dead_codes(procs: Any) -> str:
     # with no code; a fresh process per crash did 1 time in 25 here. So wait up to 1 s
     # for a sentinel, then for the fired ones' codes. Only on this path: the caller
     # knows a worker died.
+    silent = (None, 0, -signal.SIGTERM)  # not yet known, clean, or the pool's own kill of the others
     pending = {p.sentinel: p for p in procs if getattr(p, "_popen", None) is not None and p.exitcode is None}
-    known = any(getattr(p, "exitcode", None) not in (None, 0, -signal.SIGTERM) for p in procs)
-    if pending and not known:
+    if pending and all(getattr(p, "exitcode", None) in silent for p in procs):
         deadline = time.monotonic() + 1.0
         for sentinel in wait(list(pending), timeout=1.0):
-            p = pending[sentinel]
-            p.join(0.5)
+            p = pending[sentinel]  # dead: its code shows once a reaper has stored it
             while p.exitcode is None and time.monotonic() < deadline:
                 time.sleep(0.01)
     codes = set()
     for p in procs:
         code = getattr(p, "exitcode", None)
-        if code in (None, 0, -signal.SIGTERM):  # the pool terminates the others once one died
+        if code in silent:
             continue
         try:
             codes.add(f"{signal.Signals(-code).name}({code})" if code < 0 else str(code))

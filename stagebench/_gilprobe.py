@@ -75,7 +75,7 @@ those it makes alone (its own sleeps and reads), less one per switch
 interval of GIL it held (the spinner makes a holder hand it over that
 often), count the releases. In one run here: the demo's collate
 (``np.stack`` of 16 images, then three array operations) read 23.6 in a
-fresh process (8-10 inside a diagnosis); stages hashing in 1, 2, 5, 10 and
+fresh process (8-14 inside a diagnosis); stages hashing in 1, 2, 5, 10 and
 20 pieces read 1.0, 3.0, 7.2, 13.5 and 26.3 (a release can cost two
 waits); a pure-Python loop 2.1 and a 1 ms sleep 2.2, which release
 nothing beyond the sleep (Linux only: ``getrusage`` per thread).
@@ -196,9 +196,10 @@ class _Round:
 def _one_round(fn: Callable, items: Sequence, window: float, abandon: threading.Event) -> _Round | float:
     """A round: the stage alone, then the spinner alone, then both; its readings, or its core wait if not clean."""
     usage = _thread_usage()  # the stage's thread: this one
-    b0 = usage() if usage else 0
+    blocks = usage or (lambda: 0)
+    b0 = blocks()
     w_a, k_a = _calls(fn, items, window, abandon)
-    b1 = usage() if usage else 0
+    b1 = blocks()
     stop, ready, lost = threading.Event(), threading.Event(), [0.0]
     t = threading.Thread(target=_spin_counter, args=(stop, abandon, ready, lost), name="stagebench-gil-probe",
                          daemon=True)
@@ -212,9 +213,9 @@ def _one_round(fn: Callable, items: Sequence, window: float, abandon: threading.
         time.sleep(_SOLO_S)
         s1, c1, l1 = time.perf_counter(), time.clock_gettime(clock), lost[0]
         q1 = _core_wait_s(t.native_id)
-        b2 = usage() if usage else 0
+        b2 = blocks()
         w, k = _calls(fn, items, window, abandon)
-        b3 = usage() if usage else 0
+        b3 = blocks()
         counter_cpu, counter_lost = time.clock_gettime(clock) - c1, lost[0] - l1
         q2 = _core_wait_s(t.native_id)
     finally:
