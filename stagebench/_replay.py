@@ -180,12 +180,14 @@ class _Work:
             self.free_bytes = int(free_s / at_sweep)
         # each piece: its share of the loops, then its share of the bytes (a GIL release);
         # SHA-256 keeps the GIL for buffers under _HASH_MIN_BYTES, so no piece is smaller
-        self.pieces = max(1, min(int(releases), _MAX_PIECES, self.free_bytes // _HASH_MIN_BYTES))
+        self.pieces = n = max(1, min(int(releases), _MAX_PIECES, self.free_bytes // _HASH_MIN_BYTES))
+        # one piece's share, worked out once (a call is the replay's hot path); the remainders,
+        # under n loops and n bytes, are left out
+        self._piece = (self.loops // n, gil_s / n, self.free_bytes // n)
 
     def __call__(self) -> None:
-        n = self.pieces
-        loops, nbytes, gil_s = self.loops // n, self.free_bytes // n, self.gil_s / n
-        for _ in range(n):
+        loops, gil_s, nbytes = self._piece
+        for _ in range(self.pieces):
             if loops:
                 speed_loop(loops)
             elif gil_s > 0:
