@@ -180,9 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = Path(ns.runs_dir or ROOT / "reports" / "bench-runs" / ("diagnosis-lean" if ns.lean else "diagnosis"))
     runs.mkdir(parents=True, exist_ok=True)
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGEBENCH_", "SPDL_PIPELINE_DIAGNOSTIC"))}
-    sb_env = {**base_env, **stagebench_env(ns.budget, ns.lean)}
+    sb_settings = stagebench_env(ns.budget, ns.lean)
+    sb_env = {**base_env, **sb_settings}
     print(f"diagnosis: {machine_line()}")
-    print("stagebench settings: " + " ".join(f"{k}={v}" for k, v in stagebench_env(ns.budget, ns.lean).items()))
+    print("stagebench settings: " + " ".join(f"{k}={v}" for k, v in sb_settings.items()))
     print(f"SPDL settings: profile_pipeline(cfg, num_inputs={SPDL_DEFAULT_NUM_INPUTS}) (its diagnostic-mode default)\n",
           flush=True)
     results = []
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"reports: {runs}/<pipeline>/report.html   ({machine_line()})")
     write_json(ns.json, {
         "benchmark": "diagnosis", "variant": "lean" if ns.lean else "default", "budget_s": ns.budget,
-        "stagebench_env": stagebench_env(ns.budget, ns.lean),
+        "stagebench_env": sb_settings,
         "spdl_num_inputs": SPDL_DEFAULT_NUM_INPUTS, "cost_target_ratio": COST_TARGET,
         "prediction_target_rel_error": PRED_TARGET, "pipelines": results,
         "cost_met": cost_met, "prediction_met": pred_met, "met": bool(ok) and cost_met == len(ok)

@@ -170,6 +170,14 @@ class SpinSleepProbe:
 _HASH_BUFFERS: dict[int, bytes] = {}
 
 
+def _hash_buffer(nbytes: int) -> bytes:
+    """A zero buffer of ``nbytes``, made once per size (per process)."""
+    buf = _HASH_BUFFERS.get(nbytes)
+    if buf is None:
+        buf = _HASH_BUFFERS.setdefault(nbytes, bytes(nbytes))
+    return buf
+
+
 @dataclass(frozen=True, slots=True)
 class HashCPU:
     """``ms`` milliseconds of CPU in hashlib, which releases the GIL for large buffers.
@@ -184,9 +192,7 @@ class HashCPU:
         object.__setattr__(self, "nbytes", max(4096, int(self.ms * calibrate().hash_bytes_per_ms)))
 
     def __call__(self, item):
-        buf = _HASH_BUFFERS.get(self.nbytes)
-        if buf is None:
-            buf = _HASH_BUFFERS.setdefault(self.nbytes, bytes(self.nbytes))
+        buf = _hash_buffer(self.nbytes)
         hashlib.sha256(buf).digest()
         return item
 
@@ -203,9 +209,7 @@ class HashPieces:
         object.__setattr__(self, "nbytes", max(4096, int(self.ms / self.k * calibrate().hash_bytes_per_ms)))
 
     def __call__(self, item):
-        buf = _HASH_BUFFERS.get(self.nbytes)
-        if buf is None:
-            buf = _HASH_BUFFERS.setdefault(self.nbytes, bytes(self.nbytes))
+        buf = _hash_buffer(self.nbytes)
         for _ in range(self.k):
             hashlib.sha256(buf).digest()
         return item
