@@ -11,7 +11,7 @@ TORCH := torch==2.13.0
 APT_PKGS := libavutil57 libavcodec59 libavformat59 libavdevice59 libavfilter8 chromium
 SRC := $(shell find stagebench conf -type f \( -name '*.py' -o -name '*.yaml' -o -name '*.j2' -o -name '*.css' -o -name '*.js' \) 2>/dev/null) pyproject.toml stagebench_activate.pth
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test check bench clean
 
 .stamp-apt:
 	@if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
@@ -46,7 +46,14 @@ demo: setup
 ACCURACY := test_stats.py test_measure.py test_sweep.py test_fit.py test_gil.py test_predict.py
 # TESTS: files or -k expressions to narrow the run, e.g. `make test TESTS=test_measure.py`
 TESTS ?=
-test: setup
+# Static checks first: a lint, format or type error fails in seconds, not after the suite.
+check: setup
+	$(BIN)/ruff check stagebench tests benchmarks docs
+	$(BIN)/ruff format --check stagebench tests benchmarks docs
+	$(BIN)/mypy
+	$(BIN)/python docs/generate.py --check
+
+test: setup check
 ifeq ($(strip $(TESTS)),)
 	cd tests && ../$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(ACCURACY)
 	cd tests && ../$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(addprefix --ignore=,$(ACCURACY)) .

@@ -229,22 +229,21 @@ def _pipeline(n: int, stages: list[tuple[str, Callable[[Any], Any], int]]):
 def gil_mix(n: int):
     """The issue's GIL example: 1 ms GIL-holding, 5 ms sleep, 0.5 ms GIL + 2 ms sleep."""
     S = _stages
-    return _pipeline(n, [("tokenize", S.Spin(1.0), 4), ("fetch", S.Sleep(5.0), 16),
-                         ("mixed", S.SpinSleep(0.5, 2.0), 8)])
+    return _pipeline(
+        n, [("tokenize", S.Spin(1.0), 4), ("fetch", S.Sleep(5.0), 16), ("mixed", S.SpinSleep(0.5, 2.0), 8)]
+    )
 
 
 def sleep_chain(n: int):
     """Waiting only (reads, remote calls): 2 ms, 10 ms and 1 ms sleeps."""
     S = _stages
-    return _pipeline(n, [("list", S.Sleep(2.0), 4), ("download", S.Sleep(10.0), 16),
-                         ("stat", S.Sleep(1.0), 2)])
+    return _pipeline(n, [("list", S.Sleep(2.0), 4), ("download", S.Sleep(10.0), 16), ("stat", S.Sleep(1.0), 2)])
 
 
 def cpu_free(n: int):
     """CPU that releases the GIL: a 1 ms read, 2 ms of hashlib, 0.2 ms of Python."""
     S = _stages
-    return _pipeline(n, [("read", S.Sleep(1.0), 4), ("checksum", S.HashCPU(2.0), 2),
-                         ("label", S.Spin(0.2), 1)])
+    return _pipeline(n, [("read", S.Sleep(1.0), 4), ("checksum", S.HashCPU(2.0), 2), ("label", S.Spin(0.2), 1)])
 
 
 PIPELINES: dict[str, Callable[[int], Any]] = {"gil_mix": gil_mix, "sleep_chain": sleep_chain, "cpu_free": cpu_free}

@@ -78,10 +78,11 @@ from _common import (
 )
 
 from stagebench import MeasureConfig, measure_stage
-from stagebench._measure import identity
+from stagebench.core._measure import identity
 
 TARGET = 0.05
 STEADY = TARGET  # a reference that moved more than this across a point does not pin the truth to the target
+
 
 def _reference_pool(fn, c: int) -> ProcessPoolExecutor:
     """A standard-library pool of ``c`` spawned workers, each started and warm before it is timed."""
@@ -124,8 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=1.0, help="window per stagebench point, seconds")
     ap.add_argument("--spdl-inputs", type=int, default=1000, help="num_inputs for SPDL's profiler (its default)")
-    ap.add_argument("--attempts", type=int, default=3,
-                    help=f"tries per point while the reference moves by more than {STEADY:.0%} across it")
+    ap.add_argument(
+        "--attempts",
+        type=int,
+        default=3,
+        help=f"tries per point while the reference moves by more than {STEADY:.0%} across it",
+    )
     ap.add_argument("--json", default=None, help="write the table as JSON here")
     ap.add_argument("--only", default=None, help="run only the stages whose label contains this (e.g. 'spin 1ms')")
     ns = ap.parse_args(argv)
@@ -137,8 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in _cases() if ns.only is None or ns.only in c[0]]
 
     # the ceilings always cover c = 1 (the harness's latency o comes from it)
-    levels = {"thread": sorted({1, *(c for *_, th, _p in cases for c in th)}),
-              "process": sorted({1, *(c for *_, pr in cases for c in pr)})}
+    levels = {
+        "thread": sorted({1, *(c for *_, th, _p in cases for c in th)}),
+        "process": sorted({1, *(c for *_, pr in cases for c in pr)}),
+    }
     ceiling, h = {}, {}
     for ex, cs in levels.items():
         for c in cs:
@@ -147,13 +154,18 @@ def main(argv: list[str] | None = None) -> int:
             h[(ex, c)] = r["cpu_s_per_item"] if math.isfinite(r["cpu_s_per_item"]) else 0.0
     o = {ex: 1.0 / ceiling[(ex, 1)] for ex in levels}
     print("no-op ceiling: " + ", ".join(f"{ex} c={c} {fmt_q(q, 0)}" for (ex, c), q in ceiling.items()), flush=True)
-    print(f"harness latency o: thread {o['thread'] * 1e6:.1f} us, process {o['process'] * 1e6:.0f} us; "
-          f"harness CPU per item h: process " + ", ".join(f"c={c} {h[('process', c)] * 1e6:.0f} us"
-                                                         for c in levels["process"]) + "\n")
+    print(
+        f"harness latency o: thread {o['thread'] * 1e6:.1f} us, process {o['process'] * 1e6:.0f} us; "
+        f"harness CPU per item h: process "
+        + ", ".join(f"c={c} {h[('process', c)] * 1e6:.0f} us" for c in levels["process"])
+        + "\n"
+    )
 
     rows = []
-    print(f"{'stage':>20} {'exec':>7} {'c':>3} {'truth':>9} {'drift%':>6} {'stagebench':>10} {'err%':>6} "
-          f"{'ci95':>19} {'ceiling':>9} {'spdl_prof':>9} {'spdl_err%':>9}  within_target")
+    print(
+        f"{'stage':>20} {'exec':>7} {'c':>3} {'truth':>9} {'drift%':>6} {'stagebench':>10} {'err%':>6} "
+        f"{'ci95':>19} {'ceiling':>9} {'spdl_prof':>9} {'spdl_err%':>9}  within_target"
+    )
     for label, fn, twin, th_levels, pr_levels in cases:
         spdl = spdl_profile(fn, name=label, num_inputs=ns.spdl_inputs)
         for ex, cs in (("thread", th_levels), ("process", pr_levels)):
@@ -185,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
                         pool.shutdown()
                 # the steadiest reference decides (the last one, unless an earlier one moved less)
                 used = min(reversed(attempts), key=lambda a: a["drift"])
-                before, after, ref_a, ref_b, r, drift = (used[k] for k in ("before", "after", "ref_a", "ref_b", "r", "drift"))
+                before, after, ref_a, ref_b, r, drift = (
+                    used[k] for k in ("before", "after", "ref_a", "ref_b", "r", "drift")
+                )
                 t, cpu, g = ((a + b) / 2 for a, b in zip(before, after))
                 model = truth_qps(ex, c, t=t, g=g, cpu=cpu, o=o[ex], h=h[(ex, c)], cores=cores)
                 truth = (ref_a + ref_b) / 2
@@ -196,24 +210,60 @@ def main(argv: list[str] | None = None) -> int:
                 sp_err = rel_error(sp, truth)
                 eligible = truth < 0.5 * ceiling[(ex, c)]
                 ok = (err is not None and abs(err) <= TARGET) if eligible else None
-                rows.append(dict(
-                    stage=label, executor=ex, c=c, truth=truth, truth_source="reference loop",
-                    model=model, model_rel_error=model_err, reference=[ref_a, ref_b], t_ms=t * 1e3, g_ms=g * 1e3, cpu_ms=cpu * 1e3,
-                    drift=drift, o_us=o[ex] * 1e6, h_us=h[(ex, c)] * 1e6, qps=q, qps_low=r["qps_low"],
-                    qps_high=r["qps_high"], cores_used=r["cores_used"], status=r["status"], rel_error=err,
-                    ceiling=ceiling[(ex, c)], spdl_qps=sp, spdl_rel_error=sp_err, eligible=eligible,
-                    within_target=ok, load=load_now(),
-                    attempts=[dict(reference=[a["ref_a"], a["ref_b"]], drift=a["drift"],
-                                   qps=a["r"]["qps"] if a["r"]["status"] == "ok" else None) for a in attempts],
-                ))
-                print(f"{label:>20} {ex:>7} {c:3d} {fmt_q(truth)} {fmt_pct(drift)} {fmt_q(q, 10)} {fmt_pct(err)} "
-                      f"[{fmt_q(r['qps_low'], 8)},{fmt_q(r['qps_high'], 8)}] {fmt_q(ceiling[(ex, c)])} "
-                      f"{fmt_q(sp)} {fmt_pct(sp_err, 9)}  "
-                      + ("yes" if ok else ("NO" if ok is False else "n/a (near ceiling)"))
-                      + f"  (reference {ref_a:,.0f} then {ref_b:,.0f}; model {model:,.0f}: {fmt_pct(model_err, 0).strip()}%)"
-                      + (f"  attempt {attempts.index(used) + 1} of {len(attempts)} (references moved "
-                         + ", ".join(f"{a['drift']:.0%}" for a in attempts) + ")" if len(attempts) > 1 else "")
-                      + ("" if r["status"] == "ok" else f"  {r['status']}: {r['reason']}"), flush=True)
+                rows.append(
+                    dict(
+                        stage=label,
+                        executor=ex,
+                        c=c,
+                        truth=truth,
+                        truth_source="reference loop",
+                        model=model,
+                        model_rel_error=model_err,
+                        reference=[ref_a, ref_b],
+                        t_ms=t * 1e3,
+                        g_ms=g * 1e3,
+                        cpu_ms=cpu * 1e3,
+                        drift=drift,
+                        o_us=o[ex] * 1e6,
+                        h_us=h[(ex, c)] * 1e6,
+                        qps=q,
+                        qps_low=r["qps_low"],
+                        qps_high=r["qps_high"],
+                        cores_used=r["cores_used"],
+                        status=r["status"],
+                        rel_error=err,
+                        ceiling=ceiling[(ex, c)],
+                        spdl_qps=sp,
+                        spdl_rel_error=sp_err,
+                        eligible=eligible,
+                        within_target=ok,
+                        load=load_now(),
+                        attempts=[
+                            dict(
+                                reference=[a["ref_a"], a["ref_b"]],
+                                drift=a["drift"],
+                                qps=a["r"]["qps"] if a["r"]["status"] == "ok" else None,
+                            )
+                            for a in attempts
+                        ],
+                    )
+                )
+                print(
+                    f"{label:>20} {ex:>7} {c:3d} {fmt_q(truth)} {fmt_pct(drift)} {fmt_q(q, 10)} {fmt_pct(err)} "
+                    f"[{fmt_q(r['qps_low'], 8)},{fmt_q(r['qps_high'], 8)}] {fmt_q(ceiling[(ex, c)])} "
+                    f"{fmt_q(sp)} {fmt_pct(sp_err, 9)}  "
+                    + ("yes" if ok else ("NO" if ok is False else "n/a (near ceiling)"))
+                    + f"  (reference {ref_a:,.0f} then {ref_b:,.0f}; model {model:,.0f}: {fmt_pct(model_err, 0).strip()}%)"
+                    + (
+                        f"  attempt {attempts.index(used) + 1} of {len(attempts)} (references moved "
+                        + ", ".join(f"{a['drift']:.0%}" for a in attempts)
+                        + ")"
+                        if len(attempts) > 1
+                        else ""
+                    )
+                    + ("" if r["status"] == "ok" else f"  {r['status']}: {r['reason']}"),
+                    flush=True,
+                )
 
     elig = [r for r in rows if r["eligible"] and r["rel_error"] is not None]
     worst = max((abs(r["rel_error"]) for r in elig), default=math.nan)
@@ -225,22 +275,40 @@ def main(argv: list[str] | None = None) -> int:
     paired = [r for r in rows if r["spdl_rel_error"] is not None and r["rel_error"] is not None]
     sb_mean = sum(abs(r["rel_error"]) for r in paired) / len(paired) if paired else math.nan
     sp_mean = sum(abs(r["spdl_rel_error"]) for r in paired) / len(paired) if paired else math.nan
-    print(f"\nstagebench within {TARGET:.0%} at {met} of {len(elig)} eligible points; worst error {worst * 100:.1f}%; "
-          f"at points whose reference moved <= {STEADY:.0%}: {met_steady} of {len(steady)}")
+    print(
+        f"\nstagebench within {TARGET:.0%} at {met} of {len(elig)} eligible points; worst error {worst * 100:.1f}%; "
+        f"at points whose reference moved <= {STEADY:.0%}: {met_steady} of {len(steady)}"
+    )
     print(f"against the first-principles model instead: {met_model} of {len(vs_model)} within {TARGET:.0%}")
-    print(f"mean |error| where both measured ({len(paired)} points): stagebench {sb_mean * 100:.1f}%, "
-          f"SPDL profile_pipeline {sp_mean * 100:.1f}%")
+    print(
+        f"mean |error| where both measured ({len(paired)} points): stagebench {sb_mean * 100:.1f}%, "
+        f"SPDL profile_pipeline {sp_mean * 100:.1f}%"
+    )
     print(f"({machine_line()})")
-    write_json(ns.json, {
-        "benchmark": "accuracy", "target_rel_error": TARGET, "budget_s": ns.budget,
-        "spdl_num_inputs": ns.spdl_inputs, "cores": cores, "ceiling": {f"{e}/{c}": q for (e, c), q in ceiling.items()},
-        "rows": rows, "eligible_points": len(elig), "within_target": met, "worst_rel_error": worst,
-        "steady_threshold": STEADY, "attempts_max": ns.attempts,
-        "points_measured_again": sum(1 for r in rows if len(r["attempts"]) > 1),
-        "steady_points": len(steady), "within_target_steady": met_steady, "within_target_vs_model": met_model,
-        "mean_abs_error_stagebench": sb_mean, "mean_abs_error_spdl": sp_mean,
-        "met": bool(elig) and met == len(elig),
-    })
+    write_json(
+        ns.json,
+        {
+            "benchmark": "accuracy",
+            "target_rel_error": TARGET,
+            "budget_s": ns.budget,
+            "spdl_num_inputs": ns.spdl_inputs,
+            "cores": cores,
+            "ceiling": {f"{e}/{c}": q for (e, c), q in ceiling.items()},
+            "rows": rows,
+            "eligible_points": len(elig),
+            "within_target": met,
+            "worst_rel_error": worst,
+            "steady_threshold": STEADY,
+            "attempts_max": ns.attempts,
+            "points_measured_again": sum(1 for r in rows if len(r["attempts"]) > 1),
+            "steady_points": len(steady),
+            "within_target_steady": met_steady,
+            "within_target_vs_model": met_model,
+            "mean_abs_error_stagebench": sb_mean,
+            "mean_abs_error_spdl": sp_mean,
+            "met": bool(elig) and met == len(elig),
+        },
+    )
     return 0
 
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from stagebench import MeasureConfig, measure_stage
-from stagebench._measure import async_identity, identity
+from stagebench.core._executors import async_identity, identity
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,11 +33,28 @@ def main(argv: list[str] | None = None) -> int:
             fn = async_identity if executor == "async" else identity
             for c in (1, 4, 16):
                 r = measure_stage(fn, inputs, executor=executor, concurrency=c, config=cfg, harness=harness)
-                rows.append({k: r[k] for k in ("harness", "executor", "concurrency", "status", "qps",
-                                               "qps_low", "qps_high", "cores_used", "latency_p50_ms")})
-                print(f"{harness:>8} {executor:>8} {c:3d} {r['qps']:12,.0f} "
-                      f"[{r['qps_low']:11,.0f},{r['qps_high']:11,.0f}] {r['cores_used']:6.2f}"
-                      + ("" if r["status"] == "ok" else f"  {r['status']}: {r['reason']}"), flush=True)
+                rows.append(
+                    {
+                        k: r[k]
+                        for k in (
+                            "harness",
+                            "executor",
+                            "concurrency",
+                            "status",
+                            "qps",
+                            "qps_low",
+                            "qps_high",
+                            "cores_used",
+                            "latency_p50_ms",
+                        )
+                    }
+                )
+                print(
+                    f"{harness:>8} {executor:>8} {c:3d} {r['qps']:12,.0f} "
+                    f"[{r['qps_low']:11,.0f},{r['qps_high']:11,.0f}] {r['cores_used']:6.2f}"
+                    + ("" if r["status"] == "ok" else f"  {r['status']}: {r['reason']}"),
+                    flush=True,
+                )
     if ns.json:
         Path(ns.json).write_text(json.dumps({"benchmark": "ceiling", "rows": rows}, indent=2))
     return 0

@@ -5,7 +5,7 @@ of it) and then sleeps r ms holds the GIL g / (g + r) of its time. We sweep
 fractions 0, 0.2, 0.5, 0.8 and 1 at g + r = 4 ms the way a diagnosis does
 (``stagebench.sweep_stage``: threads and processes at concurrency 1, 2, 4, 8,
 each with its no-op ceiling) and estimate with
-``stagebench._analysis.analyze_stage``, the same code ``summary.json`` comes from.
+``stagebench.analysis._pipeline.analyze_stage``, the same code ``summary.json`` comes from.
 
 Two truths are shown. ``nominal`` is g / (g + r) by construction (the truth on
 a quiet machine). ``held`` is what the stage really did in this run, timed from
@@ -29,7 +29,7 @@ import time
 from _common import _stages, load_now, machine_line, usable_cores, write_json
 
 from stagebench import MeasureConfig, SweepConfig, measure_stage, sweep_stage
-from stagebench._analysis import analyze_stage
+from stagebench.analysis._pipeline import analyze_stage
 
 TARGET = 0.10
 TOTAL_MS = 4.0
@@ -46,8 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     sweep = SweepConfig(executors=("thread", "process"), concurrency=(1, 2, 4, 8), ceiling=True, measure=measure)
     inputs = list(range(32))
     print(f"GIL fraction: {machine_line()}; spin+sleep at g+r = {TOTAL_MS:g} ms", flush=True)
-    print(f"{'nominal':>7} {'held':>6} {'estimate':>8} {'interval':>13} {'err':>6} {'class':>14} {'secs':>5}  "
-          "within_target  (signals)")
+    print(
+        f"{'nominal':>7} {'held':>6} {'estimate':>8} {'interval':>13} {'err':>6} {'class':>14} {'secs':>5}  "
+        "within_target  (signals)"
+    )
     rows = []
     for f in FRACTIONS:
         stage = _stages.SpinSleep(spin_ms=TOTAL_MS * f, sleep_ms=TOTAL_MS * (1 - f))
@@ -62,23 +64,52 @@ def main(argv: list[str] | None = None) -> int:
         est = st["gil_fraction"]
         err = est - held if est is not None else None
         ok = err is not None and abs(err) <= TARGET
-        sig = {k: round(v["value"], 3) for k, v in st["evidence"]["signals"].items()
-               if isinstance(v, dict) and isinstance(v.get("value"), float) and math.isfinite(v["value"])}
+        sig = {
+            k: round(v["value"], 3)
+            for k, v in st["evidence"]["signals"].items()
+            if isinstance(v, dict) and isinstance(v.get("value"), float) and math.isfinite(v["value"])
+        }
         interval = st["gil_fraction_interval"]
-        rows.append(dict(nominal=f, held=held, estimate=est, interval=interval, error=err,
-                         error_vs_nominal=(est - f) if est is not None else None, within_target=ok,
-                         classification=st["classification"], signals=sig, seconds=secs, load=load_now()))
+        rows.append(
+            dict(
+                nominal=f,
+                held=held,
+                estimate=est,
+                interval=interval,
+                error=err,
+                error_vs_nominal=(est - f) if est is not None else None,
+                within_target=ok,
+                classification=st["classification"],
+                signals=sig,
+                seconds=secs,
+                load=load_now(),
+            )
+        )
         iv = f"[{interval[0]:.2f},{interval[1]:.2f}]" if interval else "n/a"
-        print(f"{f:7.2f} {held:6.3f} {(f'{est:8.3f}' if est is not None else '     n/a')} {iv:>13} "
-              f"{(f'{err:+6.3f}' if err is not None else '   n/a')} {st['classification']:>14} {secs:5.1f}  "
-              f"{'yes' if ok else 'NO':<13}  {sig}", flush=True)
+        print(
+            f"{f:7.2f} {held:6.3f} {(f'{est:8.3f}' if est is not None else '     n/a')} {iv:>13} "
+            f"{(f'{err:+6.3f}' if err is not None else '   n/a')} {st['classification']:>14} {secs:5.1f}  "
+            f"{'yes' if ok else 'NO':<13}  {sig}",
+            flush=True,
+        )
     worst = max((abs(r["error"]) for r in rows if r["error"] is not None), default=math.nan)
     met = sum(1 for r in rows if r["within_target"])
     print(f"\nwithin +-{TARGET} of the held fraction: {met} of {len(rows)}; worst |error| {worst:.3f}")
     print(f"({machine_line()})")
-    write_json(ns.json, {"benchmark": "gil_fraction", "target_abs_error": TARGET, "total_ms": TOTAL_MS,
-                         "budget_s": ns.budget, "cores": cores, "rows": rows, "worst_abs_error": worst,
-                         "within_target": met, "met": met == len(rows)})
+    write_json(
+        ns.json,
+        {
+            "benchmark": "gil_fraction",
+            "target_abs_error": TARGET,
+            "total_ms": TOTAL_MS,
+            "budget_s": ns.budget,
+            "cores": cores,
+            "rows": rows,
+            "worst_abs_error": worst,
+            "within_target": met,
+            "met": met == len(rows),
+        },
+    )
     return 0
 
 

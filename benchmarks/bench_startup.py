@@ -60,15 +60,28 @@ def main(argv: list[str] | None = None) -> int:
     pth_us = (ourcost - empty) * 1e6
     start_unset = _interpreter_start(env, 30)
     start_set = _interpreter_start({**env, "SPDL_PIPELINE_DIAGNOSTIC_MODE": "1"}, 30)
-    print(f"processing our .pth (variable unset): {ourcost*1e6:.1f} us (empty .pth {empty*1e6:.1f} us): "
-          f"+{pth_us:.1f} us   target < 1000 us: {'yes' if pth_us < 1000 else 'NO'}")
-    print(f"python -c pass, median of 30: variable unset {start_unset*1e3:.1f} ms, "
-          f"set {start_set*1e3:.1f} ms (set installs the import hook)")
+    print(
+        f"processing our .pth (variable unset): {ourcost * 1e6:.1f} us (empty .pth {empty * 1e6:.1f} us): "
+        f"+{pth_us:.1f} us   target < 1000 us: {'yes' if pth_us < 1000 else 'NO'}"
+    )
+    print(
+        f"python -c pass, median of 30: variable unset {start_unset * 1e3:.1f} ms, "
+        f"set {start_set * 1e3:.1f} ms (set installs the import hook)"
+    )
     if ns.json:
-        Path(ns.json).write_text(json.dumps({"benchmark": "startup", "pth_overhead_us": pth_us,
-                                             "interpreter_start_unset_ms": start_unset * 1e3,
-                                             "interpreter_start_set_ms": start_set * 1e3,
-                                             "target_us": 1000, "met": pth_us < 1000}, indent=2))
+        Path(ns.json).write_text(
+            json.dumps(
+                {
+                    "benchmark": "startup",
+                    "pth_overhead_us": pth_us,
+                    "interpreter_start_unset_ms": start_unset * 1e3,
+                    "interpreter_start_set_ms": start_set * 1e3,
+                    "target_us": 1000,
+                    "met": pth_us < 1000,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

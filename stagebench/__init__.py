@@ -19,11 +19,11 @@ Diagnosing a pipeline, sweeping a loader, reporting::
 
 from __future__ import annotations
 
+from stagebench._version import __version__
+
 # Not `from typing import TYPE_CHECKING`: importing typing costs ~10 ms, and this
 # package is imported at interpreter start whenever diagnostic mode is on.
 TYPE_CHECKING = False
-
-__version__ = "0.1.0"
 
 __all__ = [
     # measuring one stage
@@ -52,23 +52,23 @@ __all__ = [
 ]
 
 _LAZY = {
-    "MeasureConfig": ("._config", "MeasureConfig"),
-    "SweepConfig": ("._config", "SweepConfig"),
-    "measure_stage": ("._measure", "measure_stage"),
-    "sweep_stage": ("._sweep", "sweep_stage"),
-    "DiagnoseSettings": ("._diagnose", "DiagnoseSettings"),
-    "diagnose_pipeline": ("._diagnose", "diagnose_pipeline"),
-    "LoaderKnobs": ("._loader", "LoaderKnobs"),
-    "LoaderSweepConfig": ("._loader", "LoaderSweepConfig"),
-    "run_loader_sweep": ("._loader", "run_loader_sweep"),
-    "sweep_dataset": ("._loader", "sweep_dataset"),
-    "summarize_run": ("._report", "summarize_run"),
-    "write_report": ("._report", "write_report"),
-    "rebuild_report": ("._report", "rebuild"),
-    "compare_runs": ("._compare", "compare_runs"),
-    "RunDir": ("._results", "RunDir"),
-    "read_rows": ("._results", "read_rows"),
-    "collect_provenance": ("._provenance", "collect_provenance"),
+    "MeasureConfig": ("stagebench.core._config", "MeasureConfig"),
+    "SweepConfig": ("stagebench.core._config", "SweepConfig"),
+    "measure_stage": ("stagebench.core._measure", "measure_stage"),
+    "sweep_stage": ("stagebench.core._sweep", "sweep_stage"),
+    "DiagnoseSettings": ("stagebench.pipeline._settings", "DiagnoseSettings"),
+    "diagnose_pipeline": ("stagebench.pipeline._diagnose", "diagnose_pipeline"),
+    "LoaderKnobs": ("stagebench.runs._knobs", "LoaderKnobs"),
+    "LoaderSweepConfig": ("stagebench.loader._sweep", "LoaderSweepConfig"),
+    "run_loader_sweep": ("stagebench.loader._sweep", "run_loader_sweep"),
+    "sweep_dataset": ("stagebench.loader._intercept", "sweep_dataset"),
+    "summarize_run": ("stagebench.analysis._summary", "summarize_run"),
+    "write_report": ("stagebench.report._render", "write_report"),
+    "rebuild_report": ("stagebench.sweep._rebuild", "rebuild"),
+    "compare_runs": ("stagebench.report._compare", "compare_runs"),
+    "RunDir": ("stagebench.runs._results", "RunDir"),
+    "read_rows": ("stagebench.runs._results", "read_rows"),
+    "collect_provenance": ("stagebench.runs._provenance", "collect_provenance"),
 }
 
 
@@ -79,7 +79,7 @@ def __getattr__(name: str) -> object:
     import importlib
 
     mod, attr = target
-    value = getattr(importlib.import_module(mod, __name__), attr)
+    value = getattr(importlib.import_module(mod), attr)
     globals()[name] = value
     return value
 
@@ -89,13 +89,17 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs only
-    from ._compare import compare_runs
-    from ._config import MeasureConfig, SweepConfig
-    from ._diagnose import DiagnoseSettings, diagnose_pipeline
-    from ._loader import LoaderKnobs, LoaderSweepConfig, run_loader_sweep, sweep_dataset
-    from ._measure import measure_stage
-    from ._provenance import collect_provenance
-    from ._report import rebuild as rebuild_report
-    from ._report import summarize_run, write_report
-    from ._results import RunDir, read_rows
-    from ._sweep import sweep_stage
+    from stagebench.analysis._summary import summarize_run
+    from stagebench.core._config import MeasureConfig, SweepConfig
+    from stagebench.core._measure import measure_stage
+    from stagebench.core._sweep import sweep_stage
+    from stagebench.loader._intercept import sweep_dataset
+    from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
+    from stagebench.pipeline._diagnose import diagnose_pipeline
+    from stagebench.pipeline._settings import DiagnoseSettings
+    from stagebench.report._compare import compare_runs
+    from stagebench.report._render import write_report
+    from stagebench.runs._knobs import LoaderKnobs
+    from stagebench.runs._provenance import collect_provenance
+    from stagebench.runs._results import RunDir, read_rows
+    from stagebench.sweep._rebuild import rebuild as rebuild_report

@@ -1,5 +1,5 @@
 """``python -m stagebench`` is the ``stagebench`` command."""
 
-from ._cli import console
+from stagebench._cli import console
 
 console()

@@ -20,11 +20,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from stagebench._errors import StagebenchError
+
 __all__ = ["main", "console", "StagebenchError"]
-
-
-class StagebenchError(Exception):
-    """A user error: printed as one line, exit code 2."""
 
 
 def _fail(msg: str, code: int = 2) -> int:
@@ -33,19 +31,19 @@ def _fail(msg: str, code: int = 2) -> int:
 
 
 def _cmd_demo(ns: argparse.Namespace) -> int:
-    from ._demo import run_demo
+    from stagebench.pipeline._demo import run_demo
 
     return run_demo(out=ns.out, quick=ns.quick)
 
 
 def _cmd_diagnose(ns: argparse.Namespace) -> int:
-    from ._diagnose import run_script
+    from stagebench.pipeline._script import run_script
 
     return run_script(ns.script, ns.args, out=ns.out)
 
 
 def _cmd_report(ns: argparse.Namespace) -> int:
-    from ._report import rebuild
+    from stagebench.sweep._rebuild import rebuild
 
     path = rebuild(Path(ns.run_dir))
     print(f"report: {path}")
@@ -53,7 +51,7 @@ def _cmd_report(ns: argparse.Namespace) -> int:
 
 
 def _cmd_compare(ns: argparse.Namespace) -> int:
-    from ._compare import compare_runs
+    from stagebench.report._compare import compare_runs
 
     path = compare_runs([Path(p) for p in ns.run_dirs], out=Path(ns.out) if ns.out else None)
     print(f"comparison: {path}")
@@ -61,7 +59,7 @@ def _cmd_compare(ns: argparse.Namespace) -> int:
 
 
 def _cmd_data(ns: argparse.Namespace) -> int:
-    from ._datasets import generate_audio, generate_imagenet
+    from stagebench.sweep._datasets import generate_audio, generate_imagenet
 
     if ns.dataset == "audio":
         root = generate_audio(Path(ns.root), clips=ns.clips, seconds=ns.seconds, seed=ns.seed)
@@ -84,11 +82,15 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--quick", action="store_true", help="smaller grid and budgets (about a minute)")
     d.set_defaults(func=_cmd_demo)
 
-    from ._diagnose import ENV_VARS
+    from stagebench.pipeline._settings import ENV_VARS
 
     env_help = "environment variables:\n" + "\n".join(f"  {k}\n      {v}" for k, v in ENV_VARS.items())
-    g = sub.add_parser("diagnose", help="run SCRIPT in diagnostic mode (no training), write a report, exit",
-                       epilog=env_help, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = sub.add_parser(
+        "diagnose",
+        help="run SCRIPT in diagnostic mode (no training), write a report, exit",
+        epilog=env_help,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     g.add_argument("--out", default=None, help="run directory (default: STAGEBENCH_OUTPUT_DIR or ./reports/...)")
     g.add_argument("script", help="the unmodified training script")
     g.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -103,15 +105,20 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default=None, help="output folder (default: ./reports/compare-...)")
     c.set_defaults(func=_cmd_compare)
 
-    s = sub.add_parser("sweep", help="Hydra app: sweep loader configurations from conf/ (try: sweep --help)",
-                       add_help=False)
+    s = sub.add_parser(
+        "sweep", help="Hydra app: sweep loader configurations from conf/ (try: sweep --help)", add_help=False
+    )
     s.set_defaults(func=None)
 
     da = sub.add_parser("data", help="generate built-in datasets")
     da_sub = da.add_subparsers(dest="dataset", metavar="DATASET", required=True)
     im = da_sub.add_parser("imagenet", help="JPEGs in ImageNet layout (root/train/<class>/*.JPEG)")
-    im.add_argument("--root", required=True, help="folder to write (kept: a second run with the same settings "
-                    "does nothing; a folder holding something else is refused)")
+    im.add_argument(
+        "--root",
+        required=True,
+        help="folder to write (kept: a second run with the same settings "
+        "does nothing; a folder holding something else is refused)",
+    )
     im.add_argument("--classes", type=int, default=10, help="number of classes (default: %(default)s)")
     im.add_argument("--per-class", type=int, default=50, help="images per class (default: %(default)s)")
     im.add_argument("--seed", type=int, default=0, help="same seed, same bytes (default: %(default)s)")
@@ -119,7 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     au = da_sub.add_parser("audio", help="WAV clips for the audio loader")
     au.add_argument("--root", required=True, help="folder to write (kept between runs, like imagenet's)")
     au.add_argument("--clips", type=int, default=200, help="number of clips (default: %(default)s)")
-    au.add_argument("--seconds", type=float, default=4.0, help="length of each clip, 16 kHz mono (default: %(default)s)")
+    au.add_argument(
+        "--seconds", type=float, default=4.0, help="length of each clip, 16 kHz mono (default: %(default)s)"
+    )
     au.add_argument("--seed", type=int, default=0, help="same seed, same bytes (default: %(default)s)")
     au.set_defaults(func=_cmd_data)
     return p
@@ -135,7 +144,7 @@ def console() -> None:
     stopped silently, mid-run, when a test before it had left such a thread).
     """
     code = main()
-    from ._executors import leaked_threads
+    from stagebench.core._executors import leaked_threads
 
     if leaked_threads():
         import os
@@ -150,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "sweep":
         # Hydra owns its own argument parsing (-m, --cfg, overrides, ...).
-        from ._hydra_app import main as sweep_main
+        from stagebench.sweep._app import main as sweep_main
 
         return sweep_main(argv[1:])
     parser = _parser()
@@ -167,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         return _fail(f"not found: {e.filename or e}")
     except Exception as e:
-        from ._results import UnwritableOutputError
+        from stagebench.runs._results import UnwritableOutputError
 
         if isinstance(e, UnwritableOutputError):
             return _fail(str(e))

@@ -21,8 +21,10 @@ _SPIN = "import time,sys\nt=time.monotonic()\nwhile time.monotonic()-t<{s}: pass
 def free_cores(seconds: float = 0.5) -> float:
     """CPU seconds that N busy processes (N = usable cores) got per wall second."""
     n = len(os.sched_getaffinity(0))
-    procs = [subprocess.Popen([sys.executable, "-S", "-c", _SPIN.format(s=seconds)], stdout=subprocess.PIPE, text=True)
-             for _ in range(n)]
+    procs = [
+        subprocess.Popen([sys.executable, "-S", "-c", _SPIN.format(s=seconds)], stdout=subprocess.PIPE, text=True)
+        for _ in range(n)
+    ]
     cpu = sum(float(p.communicate()[0]) for p in procs)
     return cpu / seconds
 
@@ -51,8 +53,10 @@ class quiet_machine:
     def __exit__(self, exc_type, exc, tb) -> bool:
         after = free_cores()
         if after < self.needed:
-            pytest.skip(f"machine became busy during the scaling measurement: "
-                        f"{after:.2f} free cores afterwards, {self.needed} needed")
+            pytest.skip(
+                f"machine became busy during the scaling measurement: "
+                f"{after:.2f} free cores afterwards, {self.needed} needed"
+            )
         return False
 
 
@@ -74,5 +78,7 @@ def noisy_points(points, value: str = "qps") -> str | None:
     wide = points[half > NOISY_HALF_WIDTH * points[value]]
     if wide.empty:
         return None
-    return (f"the machine did not keep time: a point's 95% interval is wider than +-{NOISY_HALF_WIDTH:.0%} of its "
-            f"value\n" + wide[[value, f"{value}_low", f"{value}_high"]].to_string())
+    return (
+        f"the machine did not keep time: a point's 95% interval is wider than +-{NOISY_HALF_WIDTH:.0%} of its "
+        f"value\n" + wide[[value, f"{value}_low", f"{value}_high"]].to_string()
+    )

@@ -19,25 +19,54 @@ import math
 
 import pandas as pd
 
-from stagebench._schema import STAGE_COLUMNS
+from stagebench.runs._schema import STAGE_COLUMNS
 
 __all__ = ["model_rows", "row"]
 
 
-def row(stage: str, executor: str, concurrency: int, qps: float, *, role: str = "stage", harness: str = "direct",
-        status: str = "ok", reason: str = "", noise: float = 0.03, cores_used: float = math.nan,
-        cpu_s_per_item: float = math.nan, latency_ms: float = math.nan, payload_bytes: float = 100.0,
-        window_s: float = 1.0) -> dict:
+def row(
+    stage: str,
+    executor: str,
+    concurrency: int,
+    qps: float,
+    *,
+    role: str = "stage",
+    harness: str = "direct",
+    status: str = "ok",
+    reason: str = "",
+    noise: float = 0.03,
+    cores_used: float = math.nan,
+    cpu_s_per_item: float = math.nan,
+    latency_ms: float = math.nan,
+    payload_bytes: float = 100.0,
+    window_s: float = 1.0,
+) -> dict:
     r = {c: math.nan for c in STAGE_COLUMNS}
     ok = status == "ok"
     r.update(
-        stage=stage, role=role, executor=executor, harness=harness, concurrency=concurrency, status=status,
-        reason=reason, error_example="", n_errors=0, workers_seen=concurrency if ok else 0,
-        qps=qps if ok else math.nan, qps_low=qps * (1 - noise) if ok else math.nan,
-        qps_high=qps * (1 + noise) if ok else math.nan, qps_cv=noise / 2 if ok else math.nan,
-        n_items=qps * window_s if ok else math.nan, n_batches=10 if ok else math.nan, window_s=window_s,
-        cores_used=cores_used, cpu_s_per_item=cpu_s_per_item, latency_p50_ms=latency_ms,
-        payload_bytes=payload_bytes, started_at="2024-01-01T00:00:00", elapsed_s=window_s + 0.2,
+        stage=stage,
+        role=role,
+        executor=executor,
+        harness=harness,
+        concurrency=concurrency,
+        status=status,
+        reason=reason,
+        error_example="",
+        n_errors=0,
+        workers_seen=concurrency if ok else 0,
+        qps=qps if ok else math.nan,
+        qps_low=qps * (1 - noise) if ok else math.nan,
+        qps_high=qps * (1 + noise) if ok else math.nan,
+        qps_cv=noise / 2 if ok else math.nan,
+        n_items=qps * window_s if ok else math.nan,
+        n_batches=10 if ok else math.nan,
+        window_s=window_s,
+        cores_used=cores_used,
+        cpu_s_per_item=cpu_s_per_item,
+        latency_p50_ms=latency_ms,
+        payload_bytes=payload_bytes,
+        started_at="2024-01-01T00:00:00",
+        elapsed_s=window_s + 0.2,
     )
     return r
 
@@ -75,14 +104,38 @@ def model_rows(
                 q = min(c / lane, cores / (cpu + ipc), process_ceiling)
                 cpu_item = cpu + ipc
                 lat = c / q * 1e3
-            rows.append(row(stage, ex, c, q, harness=harness, noise=noise, cores_used=q * cpu_item,
-                            cpu_s_per_item=cpu_item, latency_ms=lat, payload_bytes=payload_bytes))
+            rows.append(
+                row(
+                    stage,
+                    ex,
+                    c,
+                    q,
+                    harness=harness,
+                    noise=noise,
+                    cores_used=q * cpu_item,
+                    cpu_s_per_item=cpu_item,
+                    latency_ms=lat,
+                    payload_bytes=payload_bytes,
+                )
+            )
             if ceiling:
                 if ex in ("thread", "async"):
                     cq, ccpu = 1 / h, h
                 else:
                     cq, ccpu = min(c / ipc, process_ceiling), ipc
-                rows.append(row(stage, ex, c, cq, role="ceiling", harness=harness, noise=noise,
-                                cores_used=min(cq * ccpu, cores), cpu_s_per_item=ccpu, latency_ms=0.001,
-                                payload_bytes=payload_bytes))
+                rows.append(
+                    row(
+                        stage,
+                        ex,
+                        c,
+                        cq,
+                        role="ceiling",
+                        harness=harness,
+                        noise=noise,
+                        cores_used=min(cq * ccpu, cores),
+                        cpu_s_per_item=ccpu,
+                        latency_ms=0.001,
+                        payload_bytes=payload_bytes,
+                    )
+                )
     return pd.DataFrame(rows, columns=list(STAGE_COLUMNS))

@@ -7,22 +7,37 @@ import math
 
 import pandas as pd
 import pytest
-
 from _rows import model_rows, row
-from stagebench._analysis import CLASSIFICATIONS, analyze_stage, summarize
-from stagebench._results import RunDir, read_rows, to_jsonable
-from stagebench._schema import STAGE_COLUMNS
+
+from stagebench.analysis._pipeline import CLASSIFICATIONS, analyze_stage, summarize
+from stagebench.runs._results import RunDir, read_rows, to_jsonable
+from stagebench.runs._schema import STAGE_COLUMNS
 
 STAGE_KEYS = {
-    "name", "index", "type", "status", "classification", "gil_fraction", "gil_fraction_interval", "evidence",
-    "fit", "recommended", "best", "ceiling_qps", "cpu_s_per_item", "gil_s_per_item",
+    "name",
+    "index",
+    "type",
+    "status",
+    "classification",
+    "gil_fraction",
+    "gil_fraction_interval",
+    "evidence",
+    "fit",
+    "recommended",
+    "best",
+    "ceiling_qps",
+    "cpu_s_per_item",
+    "gil_s_per_item",
 }
 
 
 def _meta(*names, **extra):
-    return {"provenance": {"usable_cores": 2, "load_avg": [0.1, 0.1, 0.1], "hostname": "h"},
-            "settings": {"budget_s": 1},
-            "stages": [{"name": n, "index": i, "type": "pipe"} for i, n in enumerate(names)], **extra}
+    return {
+        "provenance": {"usable_cores": 2, "load_avg": [0.1, 0.1, 0.1], "hostname": "h"},
+        "settings": {"budget_s": 1},
+        "stages": [{"name": n, "index": i, "type": "pipe"} for i, n in enumerate(names)],
+        **extra,
+    }
 
 
 # ------------------------------------------------------------------ classification
@@ -52,8 +67,7 @@ def test_gil_free_cpu_stage_is_cpu_bound_and_prefers_threads_within_noise():
 
 def test_tiny_work_is_overhead_bound():
     # 2 us of work per item, harness overhead 20 us: the no-op ceiling dominates
-    st = analyze_stage(model_rows("tiny", gil_ms=0.002, wait_ms=0.0, overhead_ms=0.02,
-                                  executors=("thread",)), cores=2)
+    st = analyze_stage(model_rows("tiny", gil_ms=0.002, wait_ms=0.0, overhead_ms=0.02, executors=("thread",)), cores=2)
     assert st["classification"] == "overhead-bound"
     assert st["ceiling_qps"] == pytest.approx(50_000, rel=0.01)
     assert st["evidence"]["signals"]["ceiling_share"]["value"] >= 0.8
@@ -63,15 +77,45 @@ def test_a_stage_that_computes_a_little_next_to_a_costly_harness_is_overhead_bou
     """The demo's aggregate(collate(16)) step as a fresh clone measured it: 0.18 us of Python a call, at
     80% of the SPDL ceiling (just short of the near-the-ceiling rule). It computes 84% of its call alone,
     so it does not wait, yet it read "io-bound: it waits", with the probe's GIL share of 1.0 beside it."""
-    rows = pd.DataFrame([
-        row("agg", "thread", 1, 1.546e6, noise=0.19, cores_used=0.977, cpu_s_per_item=6.32e-7, latency_ms=1.8e-4),
-        row("agg", "thread", 1, 2.036e6, role="ceiling", noise=0.13, cores_used=0.977, cpu_s_per_item=4.80e-7,
-            latency_ms=9.1e-5),
-        row("agg", "thread", 1, 1434.0, harness="spdl", noise=0.115, cores_used=0.936, cpu_s_per_item=6.53e-4,
-            latency_ms=5.9e-3),
-        row("agg", "thread", 1, 1798.0, role="ceiling", harness="spdl", noise=0.067, cores_used=1.072,
-            cpu_s_per_item=5.96e-4, latency_ms=3.8e-3),
-    ])
+    rows = pd.DataFrame(
+        [
+            row("agg", "thread", 1, 1.546e6, noise=0.19, cores_used=0.977, cpu_s_per_item=6.32e-7, latency_ms=1.8e-4),
+            row(
+                "agg",
+                "thread",
+                1,
+                2.036e6,
+                role="ceiling",
+                noise=0.13,
+                cores_used=0.977,
+                cpu_s_per_item=4.80e-7,
+                latency_ms=9.1e-5,
+            ),
+            row(
+                "agg",
+                "thread",
+                1,
+                1434.0,
+                harness="spdl",
+                noise=0.115,
+                cores_used=0.936,
+                cpu_s_per_item=6.53e-4,
+                latency_ms=5.9e-3,
+            ),
+            row(
+                "agg",
+                "thread",
+                1,
+                1798.0,
+                role="ceiling",
+                harness="spdl",
+                noise=0.067,
+                cores_used=1.072,
+                cpu_s_per_item=5.96e-4,
+                latency_ms=3.8e-3,
+            ),
+        ]
+    )
     for probe in ({"share": 1.0, "low": 0.907, "high": 1.0}, None):
         st = analyze_stage(rows, cores=2, gil_probe=probe)
         assert st["classification"] == "overhead-bound", st["evidence"]["summary"]
@@ -83,7 +127,8 @@ def test_spdls_own_grouping_step_gets_no_batch_your_work_advice():
     """The demo's aggregate step, overhead-bound at 5,187 items/s against a predicted 471, got 'batch its
     work' (it is the batching step, SPDL's code): none when far from binding, grouping advice when it binds."""
     from _rows import model_rows
-    from stagebench._findings import _stage_findings
+
+    from stagebench.analysis._findings import _stage_findings
 
     st = analyze_stage(model_rows("agg", gil_ms=0.002, wait_ms=0.0, overhead_ms=0.02, executors=("thread",)), cores=2)
     assert st["classification"] == "overhead-bound"
@@ -98,15 +143,45 @@ def test_spdls_own_grouping_step_gets_no_batch_your_work_advice():
 def test_a_probe_that_reads_pure_python_says_the_stage_computes_where_its_cpu_share_is_noise():
     """The same step in this session's fresh-clone demo: its CPU share (own CPU over call time, at 0.12 us
     a call) read 0.42, the probe 0.97, and it was called "io-bound, it waits" at 76% of the SPDL ceiling."""
-    rows = pd.DataFrame([
-        row("agg", "thread", 1, 2.848e6, noise=0.25, cores_used=0.990, cpu_s_per_item=3.475e-7, latency_ms=1.2e-4),
-        row("agg", "thread", 1, 3.394e6, role="ceiling", noise=0.2, cores_used=1.009, cpu_s_per_item=2.974e-7,
-            latency_ms=7.0e-5),
-        row("agg", "thread", 1, 4085.0, harness="spdl", noise=0.22, cores_used=1.079, cpu_s_per_item=2.642e-4,
-            latency_ms=2.8e-3),
-        row("agg", "thread", 1, 5388.0, role="ceiling", harness="spdl", noise=0.02, cores_used=1.078,
-            cpu_s_per_item=2.001e-4, latency_ms=1.8e-3),
-    ])
+    rows = pd.DataFrame(
+        [
+            row("agg", "thread", 1, 2.848e6, noise=0.25, cores_used=0.990, cpu_s_per_item=3.475e-7, latency_ms=1.2e-4),
+            row(
+                "agg",
+                "thread",
+                1,
+                3.394e6,
+                role="ceiling",
+                noise=0.2,
+                cores_used=1.009,
+                cpu_s_per_item=2.974e-7,
+                latency_ms=7.0e-5,
+            ),
+            row(
+                "agg",
+                "thread",
+                1,
+                4085.0,
+                harness="spdl",
+                noise=0.22,
+                cores_used=1.079,
+                cpu_s_per_item=2.642e-4,
+                latency_ms=2.8e-3,
+            ),
+            row(
+                "agg",
+                "thread",
+                1,
+                5388.0,
+                role="ceiling",
+                harness="spdl",
+                noise=0.02,
+                cores_used=1.078,
+                cpu_s_per_item=2.001e-4,
+                latency_ms=1.8e-3,
+            ),
+        ]
+    )
     st = analyze_stage(rows, cores=2, gil_probe={"share": 0.97, "low": 0.85, "high": 1.0})
     assert st["classification"] == "overhead-bound", st["evidence"]["summary"]
     assert "it computes 97% of its call alone" in st["evidence"]["summary"][0]
@@ -117,8 +192,7 @@ def test_a_probe_that_reads_pure_python_says_the_stage_computes_where_its_cpu_sh
 
 def test_process_best_at_the_process_ceiling_is_ipc_bound():
     # GIL-bound on threads; processes capped by a low IPC ceiling
-    st = analyze_stage(model_rows("big", gil_ms=2.0, wait_ms=0.0, process_ceiling=700.0, ipc_ms=0.1),
-                       cores=4)
+    st = analyze_stage(model_rows("big", gil_ms=2.0, wait_ms=0.0, process_ceiling=700.0, ipc_ms=0.1), cores=4)
     assert st["best"]["executor"] == "process"
     assert st["classification"] == "ipc-bound"
 
@@ -126,10 +200,21 @@ def test_process_best_at_the_process_ceiling_is_ipc_bound():
 def test_large_payload_costing_more_cpu_than_the_work_is_ipc_bound():
     rows = []
     for c in (1, 2, 4):
-        rows.append(row("copy", "thread", c, 300.0, cores_used=0.3, cpu_s_per_item=1e-3, latency_ms=3.3 * c,
-                        payload_bytes=4e6))
-        rows.append(row("copy", "process", c, 600.0 * c / 2 + 300, cores_used=1.5, cpu_s_per_item=5e-3,
-                        latency_ms=3.0, payload_bytes=4e6))
+        rows.append(
+            row("copy", "thread", c, 300.0, cores_used=0.3, cpu_s_per_item=1e-3, latency_ms=3.3 * c, payload_bytes=4e6)
+        )
+        rows.append(
+            row(
+                "copy",
+                "process",
+                c,
+                600.0 * c / 2 + 300,
+                cores_used=1.5,
+                cpu_s_per_item=5e-3,
+                latency_ms=3.0,
+                payload_bytes=4e6,
+            )
+        )
     st = analyze_stage(pd.DataFrame(rows), cores=8)
     assert st["best"]["executor"] == "process"
     assert st["classification"] == "ipc-bound"
@@ -177,8 +262,9 @@ def test_spdl_harness_is_used_for_the_recommendation_when_present():
 # ------------------------------------------------------------------ robustness
 def test_all_points_failed_gives_a_failed_stage_with_the_reason():
     rows = [row("bad", "thread", 1, 0.0, status="failed", reason="every item raised: ValueError: boom")]
-    rows += [row("bad", "thread", c, 0.0, status="skipped", reason="not measured: failed at concurrency 1")
-             for c in (2, 4)]
+    rows += [
+        row("bad", "thread", c, 0.0, status="skipped", reason="not measured: failed at concurrency 1") for c in (2, 4)
+    ]
     st = analyze_stage(pd.DataFrame(rows), cores=2)
     assert st["status"] == "failed"
     assert "boom" in st["reason"]
@@ -189,8 +275,12 @@ def test_skipped_process_rows_and_nan_columns_are_tolerated():
     rows = model_rows("s", gil_ms=1.0, wait_ms=3.0, executors=("thread",))
     rows["mem_pss_mb"] = math.nan
     rows["latency_p50_ms"] = math.nan
-    skipped = pd.DataFrame([row("s", "process", c, 0.0, status="skipped",
-                                reason="cannot be pickled for a process pool: PicklingError") for c in (1, 2)])
+    skipped = pd.DataFrame(
+        [
+            row("s", "process", c, 0.0, status="skipped", reason="cannot be pickled for a process pool: PicklingError")
+            for c in (1, 2)
+        ]
+    )
     st = analyze_stage(pd.concat([rows, skipped]), cores=2)
     assert st["status"] == "ok"
     assert st["recommended"]["executor"] == "thread"
@@ -237,26 +327,52 @@ def test_rows_read_back_from_csv_give_the_same_verdict(tmp_path):
 def _pipeline_rows(executors=("thread",)):
     """The issue's example pipeline through the spdl harness (0.3 ms of SPDL time per item and stage)."""
     kw = dict(harness="spdl", overhead_ms=0.3, executors=executors)
-    return pd.concat([
-        model_rows("gil", gil_ms=1.0, wait_ms=0.0, **kw),
-        model_rows("sleep", gil_ms=0.0, wait_ms=5.0, **kw),
-        model_rows("mixed", gil_ms=0.5, wait_ms=2.0, **kw),
-    ], ignore_index=True)
+    return pd.concat(
+        [
+            model_rows("gil", gil_ms=1.0, wait_ms=0.0, **kw),
+            model_rows("sleep", gil_ms=0.0, wait_ms=5.0, **kw),
+            model_rows("mixed", gil_ms=0.5, wait_ms=2.0, **kw),
+        ],
+        ignore_index=True,
+    )
 
 
 def test_summary_follows_the_contract_and_is_strict_json():
     meta = _meta("gil", "sleep", "mixed", not_isolated=[{"name": "branch", "reason": "path variant"}])
     s = summarize(_pipeline_rows(), meta)
-    for key in ("schema_version", "kind", "stagebench_version", "provenance", "settings", "verdict", "warnings",
-                "stages", "not_isolated", "prediction", "validation", "findings"):
+    for key in (
+        "schema_version",
+        "kind",
+        "stagebench_version",
+        "provenance",
+        "settings",
+        "verdict",
+        "warnings",
+        "stages",
+        "not_isolated",
+        "prediction",
+        "validation",
+        "findings",
+    ):
         assert key in s
     assert s["kind"] == "pipeline" and s["schema_version"] == 1
     assert [st["name"] for st in s["stages"]] == ["gil", "sleep", "mixed"]
     for st in s["stages"]:
         assert STAGE_KEYS <= set(st)
         fit = next(iter(st["fit"].values()))
-        assert {"model", "sigma", "kappa", "sigma_interval", "kappa_interval", "amdahl_serial_fraction",
-                "amdahl_interval", "peak_concurrency", "r2", "levels", "warning"} <= set(fit)
+        assert {
+            "model",
+            "sigma",
+            "kappa",
+            "sigma_interval",
+            "kappa_interval",
+            "amdahl_serial_fraction",
+            "amdahl_interval",
+            "peak_concurrency",
+            "r2",
+            "levels",
+            "warning",
+        } <= set(fit)
         assert {"executor", "concurrency", "qps", "qps_low", "qps_high", "harness", "why"} <= set(st["recommended"])
     p = s["prediction"]
     assert {"qps", "binding", "bottleneck", "explanation", "bounds", "naive_qps", "settings"} <= set(p)
@@ -324,8 +440,9 @@ def test_a_stage_that_keeps_the_collector_busy_gets_a_finding():
     assert "0.25 ms per item" in f[0]["detail"] and "gc.freeze()" in f[0]["detail"]
     # a collector share under a tenth of the stage's CPU is not worth a finding
     rows.loc[gil & (rows["role"] == "stage"), "cpu_s_per_item"] = 5e-3
-    assert not [f for f in summarize(rows, _meta("gil", "sleep", "mixed"))["findings"]
-                if "garbage collection" in f["title"]]
+    assert not [
+        f for f in summarize(rows, _meta("gil", "sleep", "mixed"))["findings"] if "garbage collection" in f["title"]
+    ]
 
 
 def test_stage_without_rows_and_extra_stages_in_rows():
@@ -340,8 +457,9 @@ def test_stage_without_rows_and_extra_stages_in_rows():
 
 
 def test_validation_is_copied_with_its_error_against_the_prediction():
-    meta = _meta("gil", "sleep", "mixed", validation={"qps": 400.0, "qps_low": 380.0, "qps_high": 420.0,
-                                                      "seconds": 3.0})
+    meta = _meta(
+        "gil", "sleep", "mixed", validation={"qps": 400.0, "qps_low": 380.0, "qps_high": 420.0, "seconds": 3.0}
+    )
     s = summarize(_pipeline_rows(), meta)
     v = s["validation"]
     assert v["qps"] == 400.0 and v["seconds"] == 3.0
@@ -377,8 +495,9 @@ def test_gil_saturated_only_together_with_spdls_own_python_is_gil_bound():
     # alone on the direct harness the stage never saturates the GIL (levels up to 4);
     # in SPDL its 0.5 ms plus SPDL's 0.3 ms per item cap threads at 1,250 items/s
     direct = model_rows("mixed", gil_ms=0.5, wait_ms=2.0, levels=(1, 2, 4), executors=("thread",))
-    spdl = model_rows("mixed", gil_ms=0.5, wait_ms=2.0, harness="spdl", overhead_ms=0.3,
-                      levels=(1, 2, 4, 8), executors=("thread",))
+    spdl = model_rows(
+        "mixed", gil_ms=0.5, wait_ms=2.0, harness="spdl", overhead_ms=0.3, levels=(1, 2, 4, 8), executors=("thread",)
+    )
     st = analyze_stage(pd.concat([direct, spdl]), cores=4)
     assert not st["gil"]["saturated"]
     assert st["classification"] == "gil-bound"
@@ -416,15 +535,28 @@ def _wait_stage_through_spdl():
     for c in (1, 2, 4, 8):
         q = c / 4.2e-3  # the wait scales linearly with the threads
         rows.append(row("read", "thread", c, q, cores_used=q * 0.08e-3, cpu_s_per_item=0.08e-3, latency_ms=4.2))
-        rows.append(row("read", "thread", c, 2.5e6, role="ceiling", cores_used=1.0, cpu_s_per_item=4e-7,
-                        latency_ms=1e-4))
+        rows.append(
+            row("read", "thread", c, 2.5e6, role="ceiling", cores_used=1.0, cpu_s_per_item=4e-7, latency_ms=1e-4)
+        )
         # through SPDL: 0.5 ms of scheduling CPU per item on top of the stage's own 0.1 ms
         qs = {1: 218.0, 2: 443.0, 4: 834.0, 8: 1381.0}[c]
         cpu = 0.6e-3 if c < 8 else 0.81e-3
-        rows.append(row("read", "thread", c, qs, harness="spdl", cores_used=qs * cpu, cpu_s_per_item=cpu,
-                        latency_ms=4.2))
-        rows.append(row("read", "thread", c, 2100.0, role="ceiling", harness="spdl", cores_used=1.12,
-                        cpu_s_per_item=0.53e-3, latency_ms=1e-3))
+        rows.append(
+            row("read", "thread", c, qs, harness="spdl", cores_used=qs * cpu, cpu_s_per_item=cpu, latency_ms=4.2)
+        )
+        rows.append(
+            row(
+                "read",
+                "thread",
+                c,
+                2100.0,
+                role="ceiling",
+                harness="spdl",
+                cores_used=1.12,
+                cpu_s_per_item=0.53e-3,
+                latency_ms=1e-3,
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -447,10 +579,21 @@ def _nap_rows(top_qps: float, cpu_s_per_item: float) -> pd.DataFrame:
     """A 10 ms sleep on threads at 1-16 (linear up to 8, ``top_qps`` at 16), with its no-op ceilings."""
     rows = []
     for c, q in ((1, 95.0), (2, 190.0), (4, 378.0), (8, 750.0), (16, top_qps)):
-        rows.append(row("nap", "thread", c, q, noise=0.02, cores_used=q * cpu_s_per_item,
-                        cpu_s_per_item=cpu_s_per_item, latency_ms=10.5))
-        rows.append(row("nap", "thread", c, 2.5e6, role="ceiling", cores_used=1.0, cpu_s_per_item=4e-7,
-                        latency_ms=1e-4))
+        rows.append(
+            row(
+                "nap",
+                "thread",
+                c,
+                q,
+                noise=0.02,
+                cores_used=q * cpu_s_per_item,
+                cpu_s_per_item=cpu_s_per_item,
+                latency_ms=10.5,
+            )
+        )
+        rows.append(
+            row("nap", "thread", c, 2.5e6, role="ceiling", cores_used=1.0, cpu_s_per_item=4e-7, latency_ms=1e-4)
+        )
     return pd.DataFrame(rows)
 
 
@@ -488,8 +631,9 @@ def test_a_cpu_whose_speed_changed_during_the_run_is_a_warning_with_the_numbers(
     s = summarize(_pipeline_rows(), meta)
     assert s["cpu_speed"]["sweep_spread"] == pytest.approx(55 / 30)
     assert s["cpu_speed"]["sweep_ns_median"] == 30.5 and s["cpu_speed"]["validation_ns"] == 55.0
-    assert any("the CPU's speed changed during the sweeps: a fixed Python loop took 30-55 ns" in w
-               for w in s["warnings"])
+    assert any(
+        "the CPU's speed changed during the sweeps: a fixed Python loop took 30-55 ns" in w for w in s["warnings"]
+    )
     assert any("another speed around the validation run" in w for w in s["warnings"])
     # the prediction itself is not rescaled (that made it worse on real pipelines)
     assert s["prediction"]["qps"] == summarize(_pipeline_rows(), _meta("gil", "sleep", "mixed"))["prediction"]["qps"]
@@ -505,8 +649,13 @@ def test_stage_calls_timed_inside_the_validation_run_are_compared_with_the_stage
     alone = {}
     for st in first["stages"]:
         rec = st["recommended"]
-        hit = rows[(rows["stage"] == st["name"]) & (rows["role"] == "stage") & (rows["harness"] == rec["harness"])
-                   & (rows["executor"] == rec["executor"]) & (rows["concurrency"] == rec["concurrency"])]
+        hit = rows[
+            (rows["stage"] == st["name"])
+            & (rows["role"] == "stage")
+            & (rows["harness"] == rec["harness"])
+            & (rows["executor"] == rec["executor"])
+            & (rows["concurrency"] == rec["concurrency"])
+        ]
         alone[st["name"]] = float(hit["latency_p50_ms"].iloc[0])
     lat = {"gil": {"p50_ms": 2.5 * alone["gil"], "calls": 300}, "sleep": {"p50_ms": alone["sleep"], "calls": 300}}
     val = {"qps": 100.0, "qps_low": 95.0, "qps_high": 105.0, "seconds": 2.0, "stage_latency": lat}
@@ -522,8 +671,14 @@ def test_stage_calls_timed_inside_the_validation_run_are_compared_with_the_stage
 def test_stage_calls_inside_the_validation_run_are_set_against_their_stand_ins_inside_the_replay():
     rows = _pipeline_rows()
     lat = {"gil": {"p50_ms": 5.0, "calls": 300}, "sleep": {"p50_ms": 4.0, "calls": 300}}
-    replay = {"qps": 140.0, "qps_low": 130.0, "qps_high": 150.0, "seconds": 2.0, "stand_ins": [],
-              "stage_latency": {"gil": {"p50_ms": 2.5, "calls": 400}, "sleep": {"p50_ms": 4.2, "calls": 400}}}
+    replay = {
+        "qps": 140.0,
+        "qps_low": 130.0,
+        "qps_high": 150.0,
+        "seconds": 2.0,
+        "stand_ins": [],
+        "stage_latency": {"gil": {"p50_ms": 2.5, "calls": 400}, "sleep": {"p50_ms": 4.2, "calls": 400}},
+    }
     val = {"qps": 100.0, "qps_low": 95.0, "qps_high": 105.0, "seconds": 2.0, "stage_latency": lat}
     s = summarize(rows, _meta("gil", "sleep", "mixed", validation=val, replay=replay))
     got = {x["stage"]: x for x in s["validation"]["interference"]}

@@ -13,7 +13,9 @@ import pytest
 import torch
 from PIL import Image
 
-from stagebench._builtin_loaders import (
+from stagebench.loader._sweep import BatchTag, BuiltLoader
+from stagebench.runs._knobs import LoaderKnobs
+from stagebench.sweep._builtin_loaders import (
     AudioClipDataset,
     DecodeAudio,
     DecodeImage,
@@ -27,8 +29,8 @@ from stagebench._builtin_loaders import (
     build_loader,
     make_factory,
 )
-from stagebench._datasets import generate_audio, generate_imagenet
-from stagebench._hydra_config import (
+from stagebench.sweep._datasets import generate_audio, generate_imagenet
+from stagebench.sweep._schema import (
     AudioDecoder,
     AudioLoaderConfig,
     Backend,
@@ -37,7 +39,6 @@ from stagebench._hydra_config import (
     ImageNetLoaderConfig,
     SyntheticLoaderConfig,
 )
-from stagebench._loader import BatchTag, BuiltLoader, LoaderKnobs
 
 
 def _quiet(msg: str) -> None:
@@ -159,11 +160,15 @@ def test_image_folder_dataset_items_and_transform_contract(images):
     assert x.shape == (3, 32, 32) and x.dtype == torch.float32 and y == 0
     assert ds[11][1] == 1, "labels follow the sorted class folders"
     # The loader sweep's transform isolation finds each step of the composition.
-    from stagebench._loader_transforms import find_transforms
+    from stagebench.loader._transforms import find_transforms
 
     holder, steps = find_transforms(ds)
-    assert [type(s).__name__ for s in steps] == ["DecodeImage", "RandomResizedCrop", "RandomHorizontalFlip",
-                                                 "Normalize"]
+    assert [type(s).__name__ for s in steps] == [
+        "DecodeImage",
+        "RandomResizedCrop",
+        "RandomHorizontalFlip",
+        "Normalize",
+    ]
     ds.transform = None
     raw, label = ds[0]
     assert isinstance(raw, bytes) and raw[:2] == b"\xff\xd8", "without the transform: the JPEG bytes"
@@ -196,8 +201,14 @@ def test_synthetic_items_are_in_memory_tensors():
 
 @pytest.mark.parametrize("backend", ["torch", "spdl_pytorch", "spdl_pipeline"])
 def test_every_backend_yields_whole_epochs(images, backend):
-    cfg = ImageNetLoaderConfig(name="img", root=str(images), image_size=16, batch_size=4, backend=Backend[backend],
-                               decoder=ImageDecoder.spdl if backend == "spdl_pipeline" else ImageDecoder.pillow)
+    cfg = ImageNetLoaderConfig(
+        name="img",
+        root=str(images),
+        image_size=16,
+        batch_size=4,
+        backend=Backend[backend],
+        decoder=ImageDecoder.spdl if backend == "spdl_pipeline" else ImageDecoder.pillow,
+    )
     spec = build_loader(cfg)
     for knobs in (LoaderKnobs(num_workers=0), LoaderKnobs(num_workers=1, prefetch_factor=2)):
         built = spec.factory(knobs)
@@ -211,8 +222,9 @@ def test_every_backend_yields_whole_epochs(images, backend):
 
 
 def test_spdl_pipeline_knobs_epoch_control_and_persistence(images):
-    spec = build_loader(ImageNetLoaderConfig(name="img", root=str(images), image_size=16, batch_size=2,
-                                             backend=Backend.spdl_pipeline))
+    spec = build_loader(
+        ImageNetLoaderConfig(name="img", root=str(images), image_size=16, batch_size=2, backend=Backend.spdl_pipeline)
+    )
     built = spec.factory(LoaderKnobs(num_workers=2, prefetch_factor=3, persistent_workers=True))
     loader = built.loader
     assert loader.num_workers == 2 and loader.prefetch_factor == 3 and loader.persistent
@@ -238,8 +250,16 @@ def test_spdl_pipeline_surfaces_a_failing_item(tmp_path, images):
     for i in range(3):
         (bad / f"ok_{i}.JPEG").write_bytes(next((images / "train" / "n00000000").iterdir()).read_bytes())
     (bad / "broken.JPEG").write_bytes(b"not a jpeg at all")
-    spec = build_loader(ImageNetLoaderConfig(name="bad", root=str(tmp_path / "bad"), image_size=16, batch_size=2,
-                                             shuffle=False, backend=Backend.spdl_pipeline))
+    spec = build_loader(
+        ImageNetLoaderConfig(
+            name="bad",
+            root=str(tmp_path / "bad"),
+            image_size=16,
+            batch_size=2,
+            shuffle=False,
+            backend=Backend.spdl_pipeline,
+        )
+    )
     # SPDL drops failing items by default; here the loader must fail, as torch's does, with the
     # item's own error (SPDL's PipelineFailure says only "pipeline stages failed").
     for nw in (0, 2):
@@ -248,8 +268,16 @@ def test_spdl_pipeline_surfaces_a_failing_item(tmp_path, images):
 
 
 def test_audio_and_synthetic_loaders(clips):
-    spec = build_loader(AudioLoaderConfig(name="aud", root=str(clips), batch_size=4, crop_seconds=0.5,
-                                          decoder=AudioDecoder.wav, backend=Backend.spdl_pipeline))
+    spec = build_loader(
+        AudioLoaderConfig(
+            name="aud",
+            root=str(clips),
+            batch_size=4,
+            crop_seconds=0.5,
+            decoder=AudioDecoder.wav,
+            backend=Backend.spdl_pipeline,
+        )
+    )
     (x, y), _ = _epoch(spec.factory(LoaderKnobs(num_workers=2)))
     assert x.shape == (4, 80, 51) and x.dtype == torch.float32
     assert [n for n, _ in spec.dataset.pipeline_stages()] == ["read", "decode", "features"]
@@ -260,7 +288,8 @@ def test_audio_and_synthetic_loaders(clips):
 
 
 def test_custom_dataset_by_import_path(tmp_path, monkeypatch):
-    (tmp_path / "my_data.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_data.py").write_text(
+        textwrap.dedent("""
         import torch
 
         class Squares(torch.utils.data.Dataset):
@@ -274,11 +303,13 @@ def test_custom_dataset_by_import_path(tmp_path, monkeypatch):
 
         def stack(items):
             return torch.stack(items) * 0 + 7
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     for backend in ("torch", "spdl_pipeline"):
-        cfg = CustomLoaderConfig(name="sq", dataset="my_data:make", batch_size=5, shuffle=False,
-                                 backend=Backend[backend])
+        cfg = CustomLoaderConfig(
+            name="sq", dataset="my_data:make", batch_size=5, shuffle=False, backend=Backend[backend]
+        )
         batches = _epoch(build_loader(cfg).factory(LoaderKnobs(num_workers=0)))
         values = sorted(torch.cat(batches).flatten().tolist())
         assert values == [float(i * i) for i in range(10)], backend

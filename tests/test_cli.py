@@ -31,7 +31,7 @@ def test_main_returns_in_process_even_when_a_hung_stage_left_a_thread(tmp_path, 
     session (os._exit) mid-run; only the console command may end the process."""
     import threading
 
-    from stagebench._executors import _LEAKED
+    from stagebench.core._executors import _LEAKED
 
     release = threading.Event()
     hung = threading.Thread(target=release.wait, daemon=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from stagebench._cluster import launcher_kind, launcher_warnings
+from stagebench.sweep._cluster import launcher_kind, launcher_warnings
 
 HERE = Path(__file__).resolve().parent
 START = HERE / "cluster" / "start_slurm.sh"
@@ -73,7 +73,10 @@ def test_slurm_node_is_up_and_runs_a_batch_job(slurm, tmp_path):
     # --wait: sbatch returns when the job has ended, with its exit code.
     subprocess.run(
         ["sbatch", "--wait", "--exclusive", "-o", str(out), "--wrap", "echo host=$(hostname -s) job=$SLURM_JOB_ID"],
-        check=True, capture_output=True, text=True, timeout=120,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     text = out.read_text()
     assert f"host={socket.gethostname().split('.')[0]}" in text, text
@@ -100,7 +103,7 @@ def test_submitit_runs_a_python_function_on_slurm(slurm, tmp_path):
 
 
 def _note_sigterm(marker: str) -> str | None:
-    from stagebench._cluster import watch_termination
+    from stagebench.sweep._cluster import watch_termination
 
     with watch_termination() as seen:
         Path(marker).write_text("watching")
@@ -130,7 +133,7 @@ def test_a_cancelled_job_knows_it_was_stopped(slurm, tmp_path):
 
 def _conf_dir() -> Path:
     """The conf/ that ships with the installed package (the checkout's one in a dev install)."""
-    from stagebench._hydra_app import config_dir
+    from stagebench.sweep._app import config_dir
 
     return config_dir()
 
@@ -151,8 +154,12 @@ def test_slurm_launcher_defaults_are_for_timing():
     assert launcher.timeout_min == 60 and launcher.array_parallelism == 8
     assert launcher_warnings(launcher) == []
     # Every key of the plugin's schema is still there to override, with its types.
-    over = _launcher("hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.account=me",
-                     "hydra.launcher.timeout_min=30")
+    over = _launcher(
+        "hydra/launcher=slurm",
+        "hydra.launcher.partition=gpu",
+        "hydra.launcher.account=me",
+        "hydra.launcher.timeout_min=30",
+    )
     assert (over.partition, over.account, over.timeout_min) == ("gpu", "me", 30)
 
 
@@ -171,17 +178,21 @@ def test_shared_machines_are_warned_about():
     assert launcher_kind(basic) == "basic" and launcher_warnings(basic) == []
 
 
-
 # --------------------------------------------------------------------------- sweeps through Slurm
 
 # One point per job, tiny budgets: the subject is where jobs run, not the loader.
-_TINY = ["loader=synthetic", "loader.num_items=128", "loader.sample_shape=[3,16,16]", "sweep.timeout_s=60",
-         "progress=false"]
+_TINY = [
+    "loader=synthetic",
+    "loader.num_items=128",
+    "loader.sample_shape=[3,16,16]",
+    "sweep.timeout_s=60",
+    "progress=false",
+]
 
 
 def _needs_sweep_app() -> None:
-    if importlib.util.find_spec("stagebench._hydra_app") is None:
-        pytest.skip("the sweep app (stagebench._hydra_app, issue 7) is not installed")
+    if importlib.util.find_spec("stagebench.sweep._app") is None:
+        pytest.skip("the sweep app (stagebench.sweep._app, issue 7) is not installed")
 
 
 def _stagebench(*args: str) -> list[str]:
@@ -214,9 +225,20 @@ def test_sweep_runs_each_job_on_slurm_and_compares_them(slurm, tmp_path):
     _needs_sweep_app()
     sweep = tmp_path / "sweep"
     p = subprocess.run(
-        _stagebench("sweep", "-m", "hydra/launcher=slurm", *_TINY, "sweep.num_workers=[0]", "sweep.budget_s=0.3",
-                    "loader.batch_size=8,16", f"hydra.sweep.dir={sweep}"),
-        cwd=tmp_path, capture_output=True, text=True, timeout=400,
+        _stagebench(
+            "sweep",
+            "-m",
+            "hydra/launcher=slurm",
+            *_TINY,
+            "sweep.num_workers=[0]",
+            "sweep.budget_s=0.3",
+            "loader.batch_size=8,16",
+            f"hydra.sweep.dir={sweep}",
+        ),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
 
@@ -265,11 +287,22 @@ def test_report_rebuilds_the_comparison_after_cancelled_jobs(slurm, tmp_path):
     # Job 0 is cancelled after its first row, while it measures its second point;
     # job 1 finishes; job 2 is cancelled while it waits for the node.
     sub = subprocess.Popen(
-        _stagebench("sweep", "-m", "hydra/launcher=slurm", *_TINY, "sweep.num_workers=[0,1]",
-                    "sweep.budget_s=4,0.3,0.31", f"hydra.sweep.dir={sweep}"),
-        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, text=True,
+        _stagebench(
+            "sweep",
+            "-m",
+            "hydra/launcher=slurm",
+            *_TINY,
+            "sweep.num_workers=[0,1]",
+            "sweep.budget_s=4,0.3,0.31",
+            f"hydra.sweep.dir={sweep}",
+        ),
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
+
         def first_row_of_job0():
             results = next(sweep.glob("0-*/results.csv"), None)
             return results is not None and len(results.read_text().splitlines()) >= 2
@@ -322,9 +355,20 @@ def test_submitit_local_runs_the_sweep_on_this_machine(tmp_path):
     _needs_sweep_app()
     sweep = tmp_path / "sweep"
     p = subprocess.run(
-        _stagebench("sweep", "-m", "hydra/launcher=submitit_local", *_TINY, "sweep.num_workers=[0]",
-                    "sweep.budget_s=0.3", "loader.batch_size=8,16", f"hydra.sweep.dir={sweep}"),
-        cwd=tmp_path, capture_output=True, text=True, timeout=400,
+        _stagebench(
+            "sweep",
+            "-m",
+            "hydra/launcher=submitit_local",
+            *_TINY,
+            "sweep.num_workers=[0]",
+            "sweep.budget_s=0.3",
+            "loader.batch_size=8,16",
+            f"hydra.sweep.dir={sweep}",
+        ),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     jobs = _jobs(sweep)
@@ -340,7 +384,7 @@ def test_submitit_local_runs_the_sweep_on_this_machine(tmp_path):
 
 
 def test_watch_termination_notes_the_signal_and_keeps_the_previous_handler():
-    from stagebench._cluster import watch_termination
+    from stagebench.sweep._cluster import watch_termination
 
     calls = []
     before = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))

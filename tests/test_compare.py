@@ -8,14 +8,14 @@ import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import _fixtures as fx
 import pandas as pd
 import pytest
 from scipy import stats
-
-import _fixtures as fx
-from stagebench._cli import StagebenchError
-from stagebench._compare import Estimate, compare_runs, difference, write_comparison
 from test_report import parse, svgs
+
+from stagebench._errors import StagebenchError
+from stagebench.report._compare import Estimate, compare_runs, difference, write_comparison
 
 
 def _estimate(mean: float, sd: float, n: int) -> Estimate:
@@ -55,8 +55,9 @@ def test_estimate_rejects_bad_confidence() -> None:
 def test_loader_comparison_names_the_winner_margin_and_failed_job(tmp_path: Path) -> None:
     a = fx.synthetic_loader_run(tmp_path / "a", backend="torch", label="torch")
     b = fx.synthetic_loader_run(tmp_path / "b", backend="spdl_pytorch", scale=1.3, label="spdl")
-    out = write_comparison([a, b], tmp_path / "cmp", title="loaders",
-                           failed=[{"name": "spdl_pipeline", "reason": "ImportError: no spdl"}])
+    out = write_comparison(
+        [a, b], tmp_path / "cmp", title="loaders", failed=[{"name": "spdl_pipeline", "reason": "ImportError: no spdl"}]
+    )
     html = out.read_text()
     page = parse(html)
     for sec in ("summary", "best", "curves", "failed", "runs", "data", "rows"):
@@ -109,8 +110,7 @@ def _set_provenance(run: Path, **changes) -> Path:
 def test_identical_nodes_with_different_hostnames_do_not_warn(tmp_path: Path) -> None:
     # A sweep spread over identical cluster nodes; memory totals a little apart, as such nodes report them.
     a = _set_provenance(fx.synthetic_loader_run(tmp_path / "a", hostname="node-001"), memory_total_gb=251.4)
-    b = _set_provenance(fx.synthetic_loader_run(tmp_path / "b", hostname="node-017", scale=1.1),
-                        memory_total_gb=250.1)
+    b = _set_provenance(fx.synthetic_loader_run(tmp_path / "b", hostname="node-017", scale=1.1), memory_total_gb=250.1)
     html = write_comparison([a, b], tmp_path / "cmp", title="x").read_text()
     assert "different kinds of machine" not in html
     # the hosts are still named, in the runs table and the CSV
@@ -120,15 +120,18 @@ def test_identical_nodes_with_different_hostnames_do_not_warn(tmp_path: Path) ->
     assert list(csv["memory_total_gb"]) == [251.4, 250.1]
 
 
-@pytest.mark.parametrize(("change", "key"), [
-    ({"cpu_model": "Other CPU @ 3.1GHz"}, "cpu_model"),
-    ({"usable_cores": 4, "cpu_count": 4}, "usable_cores"),
-    ({"memory_total_gb": 8.0 * 1.05}, "memory_total_gb"),  # 5% more: beyond the tolerance
-    ({"python": "3.12.4"}, "python"),
-    ({"free_threaded": True}, "free_threaded"),
-    ({"torch": "2.5.1"}, "torch"),
-    ({"spdl": "0.9.0"}, "spdl"),
-])
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"cpu_model": "Other CPU @ 3.1GHz"}, "cpu_model"),
+        ({"usable_cores": 4, "cpu_count": 4}, "usable_cores"),
+        ({"memory_total_gb": 8.0 * 1.05}, "memory_total_gb"),  # 5% more: beyond the tolerance
+        ({"python": "3.12.4"}, "python"),
+        ({"free_threaded": True}, "free_threaded"),
+        ({"torch": "2.5.1"}, "torch"),
+        ({"spdl": "0.9.0"}, "spdl"),
+    ],
+)
 def test_a_different_kind_of_machine_warns_and_names_what_differs(tmp_path: Path, change, key) -> None:
     a = fx.synthetic_loader_run(tmp_path / "a", hostname="bench-a")
     b = _set_provenance(fx.synthetic_loader_run(tmp_path / "b", hostname="bench-a", scale=1.1), **change)
@@ -137,7 +140,7 @@ def test_a_different_kind_of_machine_warns_and_names_what_differs(tmp_path: Path
 
 
 def test_machine_kind_ignores_what_a_run_did_not_record() -> None:
-    from stagebench._compare import machine_kind_differences
+    from stagebench.report._compare import machine_kind_differences
 
     full = dict(fx.PROVENANCE)
     old = {k: v for k, v in full.items() if k not in ("usable_cores", "memory_total_gb", "free_threaded", "libraries")}
@@ -149,8 +152,9 @@ def test_machine_kind_ignores_what_a_run_did_not_record() -> None:
 def test_hostile_labels_stay_text(tmp_path: Path) -> None:
     a = fx.synthetic_loader_run(tmp_path / "a", label=fx.HOSTILE)
     b = fx.synthetic_loader_run(tmp_path / "b", label=fx.SCRIPT_BREAKOUT, scale=1.1)
-    html = write_comparison([a, b], tmp_path / "cmp", title=fx.HOSTILE,
-                            failed=[{"name": fx.HOSTILE, "reason": fx.SCRIPT_BREAKOUT}]).read_text()
+    html = write_comparison(
+        [a, b], tmp_path / "cmp", title=fx.HOSTILE, failed=[{"name": fx.HOSTILE, "reason": fx.SCRIPT_BREAKOUT}]
+    ).read_text()
     page = parse(html)
     assert "<img src=x" not in html and "</script><script>" not in html
     assert not any(k.startswith("on") for _, a in page.tags for k in a)
@@ -198,14 +202,15 @@ def test_cli_compare(tmp_path: Path, capsys) -> None:
 
 
 def test_labels_show_only_the_overrides_that_differ(tmp_path: Path) -> None:
-    from stagebench._report import short_labels
+    from stagebench.runs._jobs import short_labels
 
     dirs = []
     for i, backend in enumerate(("torch", "spdl_pytorch")):
         d = fx.synthetic_loader_run(tmp_path / str(i), backend=backend)
         (d / ".hydra").mkdir()
         (d / ".hydra" / "overrides.yaml").write_text(
-            f"- loader=imagenet\n- loader.backend={backend}\n- sweep.budget_s=0.5\n")
+            f"- loader=imagenet\n- loader.backend={backend}\n- sweep.budget_s=0.5\n"
+        )
         dirs.append(d)
     assert short_labels(dirs, [{}, {}]) == ["loader.backend=torch", "loader.backend=spdl_pytorch"]
     # the sweep app's own label (job_status.json) and run.json's label take precedence
@@ -216,8 +221,9 @@ def test_labels_show_only_the_overrides_that_differ(tmp_path: Path) -> None:
 
 
 def test_all_jobs_failed_still_writes_both_files(tmp_path: Path) -> None:
-    out = write_comparison([], tmp_path / "cmp", title="t",
-                           failed=[{"name": "a", "reason": "boom"}, {"name": "b", "reason": "bang"}])
+    out = write_comparison(
+        [], tmp_path / "cmp", title="t", failed=[{"name": "a", "reason": "boom"}, {"name": "b", "reason": "bang"}]
+    )
     assert "No run with results to compare" in out.read_text()
     csv = pd.read_csv(tmp_path / "cmp" / "comparison.csv")
     assert list(csv["reason"]) == ["boom", "bang"]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from stagebench import _datasets
-from stagebench._datasets import (
+from stagebench.sweep import _datasets
+from stagebench.sweep._datasets import (
     MANIFEST,
     DatasetError,
     builtin_imagenet,

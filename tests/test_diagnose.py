@@ -21,10 +21,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from _machine import free_cores
+from _signals import default_sigint
 from spdl.pipeline import PipelineBuilder
 
-from _signals import default_sigint
-from stagebench._diagnose import DiagnoseError, DiagnoseSettings, SettingsError, diagnose_pipeline
+from stagebench.pipeline._diagnose import DiagnoseError, diagnose_pipeline
+from stagebench.pipeline._settings import DiagnoseSettings, SettingsError
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "diag_train.py"
 FAST = {
@@ -37,21 +38,30 @@ FAST = {
 
 
 def small(**kw) -> DiagnoseSettings:
-    base = dict(num_items=20, budget_s=0.2, warmup_s=0.05, timeout_s=5.0, concurrency=(1, 2),
-                executors=("thread",), harnesses=("direct",), validation_s=0.5, cache_dir="off")
+    base = dict(
+        num_items=20,
+        budget_s=0.2,
+        warmup_s=0.05,
+        timeout_s=5.0,
+        concurrency=(1, 2),
+        executors=("thread",),
+        harnesses=("direct",),
+        validation_s=0.5,
+        cache_dir="off",
+    )
     base.update(kw)
     return DiagnoseSettings(**base)
 
 
-def run_env(tmp_path: Path, *args: str, env: dict | None = None, mode: str | None = "1",
-            timeout: float = 300) -> subprocess.CompletedProcess:
+def run_env(
+    tmp_path: Path, *args: str, env: dict | None = None, mode: str | None = "1", timeout: float = 300
+) -> subprocess.CompletedProcess:
     e = {k: v for k, v in os.environ.items() if not k.startswith(("STAGEBENCH_", "SPDL_PIPELINE_DIAGNOSTIC"))}
     e.pop("LOCAL_RANK", None)
     if mode is not None:
         e["SPDL_PIPELINE_DIAGNOSTIC_MODE"] = mode
     e.update(env or {})
-    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=e, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=e, capture_output=True, text=True, timeout=timeout)
 
 
 def sleep_stage(x):
@@ -66,7 +76,7 @@ async def async_stage(x):
 
 # ------------------------------------------------------------------------- settings
 def test_the_default_grid_reaches_the_core_count_on_big_machines(monkeypatch):
-    from stagebench import _resources
+    from stagebench.core import _resources
 
     monkeypatch.setattr(_resources, "usable_cores", lambda: 48)
     assert DiagnoseSettings.from_env({}).concurrency == (1, 2, 4, 8, 16, 32, 48)
@@ -75,20 +85,39 @@ def test_the_default_grid_reaches_the_core_count_on_big_machines(monkeypatch):
 
 
 def test_settings_from_env_defaults_and_values(monkeypatch):
-    from stagebench import _resources
+    from stagebench.core import _resources
 
     monkeypatch.setattr(_resources, "usable_cores", lambda: 2)  # the default grid follows the cores above 16
     s = DiagnoseSettings.from_env({})
     assert (s.num_items, s.budget_s, s.concurrency, s.executors, s.harnesses) == (
-        200, 1.0, (1, 2, 4, 8, 16), ("thread", "process"), ("direct", "spdl"))
+        200,
+        1.0,
+        (1, 2, 4, 8, 16),
+        ("thread", "process"),
+        ("direct", "spdl"),
+    )
     assert s.validation_window_s == 2.0
-    s = DiagnoseSettings.from_env({
-        "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS": "50", "STAGEBENCH_BUDGET_S": "0.5",
-        "STAGEBENCH_MAX_CONCURRENCY": "12", "STAGEBENCH_EXECUTORS": "Thread", "STAGEBENCH_HARNESSES": "spdl",
-        "STAGEBENCH_CACHE_MAX_MB": "64", "STAGEBENCH_OUTPUT_DIR": "out", "STAGEBENCH_VALIDATION_S": "0",
-    })
+    s = DiagnoseSettings.from_env(
+        {
+            "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS": "50",
+            "STAGEBENCH_BUDGET_S": "0.5",
+            "STAGEBENCH_MAX_CONCURRENCY": "12",
+            "STAGEBENCH_EXECUTORS": "Thread",
+            "STAGEBENCH_HARNESSES": "spdl",
+            "STAGEBENCH_CACHE_MAX_MB": "64",
+            "STAGEBENCH_OUTPUT_DIR": "out",
+            "STAGEBENCH_VALIDATION_S": "0",
+        }
+    )
     assert (s.num_items, s.budget_s, s.concurrency, s.executors, s.harnesses, s.cache_max_mb, s.output_dir) == (
-        50, 0.5, (1, 2, 4, 8, 12), ("thread",), ("spdl",), 64.0, "out")
+        50,
+        0.5,
+        (1, 2, 4, 8, 12),
+        ("thread",),
+        ("spdl",),
+        64.0,
+        "out",
+    )
     assert s.validation_window_s == 0
     assert DiagnoseSettings.from_env({"STAGEBENCH_CONCURRENCY": "1, 3,9"}).concurrency == (1, 3, 9)
     assert s.process_ceilings == "near_best"
@@ -98,24 +127,27 @@ def test_settings_from_env_defaults_and_values(monkeypatch):
     assert s.validate == "on" and DiagnoseSettings.from_env({"STAGEBENCH_VALIDATE": "OFF"}).validate == "off"
 
 
-@pytest.mark.parametrize(("var", "value", "says"), [
-    ("STAGEBENCH_BUDGET_S", "fast", "a number of seconds"),
-    ("STAGEBENCH_BUDGET_S", "-1", "> 0"),
-    ("STAGEBENCH_BUDGET_S", "nan", "a number of seconds"),
-    ("STAGEBENCH_CONCURRENCY", "4,2", "ascending"),
-    ("STAGEBENCH_CONCURRENCY", "1,two", "comma-separated positive integers"),
-    ("STAGEBENCH_MAX_CONCURRENCY", "0", "positive integer"),
-    ("STAGEBENCH_EXECUTORS", "thread,gpu", "allowed: thread, process"),
-    ("STAGEBENCH_HARNESSES", "torch", "allowed: direct, spdl"),
-    ("SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS", "0", "positive integer"),
-    ("STAGEBENCH_CACHE_MAX_MB", "0", "> 0"),
-    ("STAGEBENCH_TIMEOUT_S", "0.5", "must be larger than budget"),
-    ("STAGEBENCH_PROCESS_CEILINGS", "some", "one of near_best, all"),
-    ("STAGEBENCH_GIL_PROBE", "maybe", "one of auto, off"),
-    ("STAGEBENCH_VALIDATE", "yes", "one of on, off"),
-    ("STAGEBENCH_PAIRED_ROUNDS", "-1", "an integer >= 0"),
-    ("STAGEBENCH_PAIRED_ROUNDS", "two", "an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    ("var", "value", "says"),
+    [
+        ("STAGEBENCH_BUDGET_S", "fast", "a number of seconds"),
+        ("STAGEBENCH_BUDGET_S", "-1", "> 0"),
+        ("STAGEBENCH_BUDGET_S", "nan", "a number of seconds"),
+        ("STAGEBENCH_CONCURRENCY", "4,2", "ascending"),
+        ("STAGEBENCH_CONCURRENCY", "1,two", "comma-separated positive integers"),
+        ("STAGEBENCH_MAX_CONCURRENCY", "0", "positive integer"),
+        ("STAGEBENCH_EXECUTORS", "thread,gpu", "allowed: thread, process"),
+        ("STAGEBENCH_HARNESSES", "torch", "allowed: direct, spdl"),
+        ("SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS", "0", "positive integer"),
+        ("STAGEBENCH_CACHE_MAX_MB", "0", "> 0"),
+        ("STAGEBENCH_TIMEOUT_S", "0.5", "must be larger than budget"),
+        ("STAGEBENCH_PROCESS_CEILINGS", "some", "one of near_best, all"),
+        ("STAGEBENCH_GIL_PROBE", "maybe", "one of auto, off"),
+        ("STAGEBENCH_VALIDATE", "yes", "one of on, off"),
+        ("STAGEBENCH_PAIRED_ROUNDS", "-1", "an integer >= 0"),
+        ("STAGEBENCH_PAIRED_ROUNDS", "two", "an integer >= 0"),
+    ],
+)
 def test_bad_settings_name_the_variable_and_what_is_allowed(var, value, says):
     with pytest.raises(SettingsError) as e:
         DiagnoseSettings.from_env({var: value})
@@ -133,14 +165,14 @@ def test_patch_spdl_makes_build_return_a_stand_in(monkeypatch):
     import spdl.pipeline._profile as profile
     from spdl.pipeline import Pipeline
 
-    from stagebench._diagnose import patch_spdl
+    from stagebench.pipeline._spdl_hook import patch_spdl
 
     monkeypatch.setattr(profile, "_build_pipeline_diagnostic_mode", profile._build_pipeline_diagnostic_mode)
     patch_spdl(profile)
     patched = profile._build_pipeline_diagnostic_mode
     patch_spdl(profile)  # idempotent
     assert profile._build_pipeline_diagnostic_mode is patched
-    builder = lambda: PipelineBuilder().add_source(range(3)).pipe(sleep_stage).add_sink(2)  # noqa: E731
+    builder = lambda: PipelineBuilder().add_source(range(3)).pipe(sleep_stage).add_sink(2)
     monkeypatch.setenv("SPDL_PIPELINE_DIAGNOSTIC_MODE", "1")
     p = builder().build(num_threads=1)
     assert isinstance(p, Pipeline) and type(p).__name__ == "DiagnosticPipeline"
@@ -154,12 +186,16 @@ def test_patch_spdl_makes_build_return_a_stand_in(monkeypatch):
 
 # ------------------------------------------------------------------------- in process
 def test_diagnose_pipeline_writes_the_run_directory(tmp_path, capsys):
-    cfg = (PipelineBuilder().add_source(range(1000))
-           .pipe(sleep_stage, concurrency=4, name="sleep: 2 ms <io>")
-           .pipe(async_stage, concurrency=2)
-           .aggregate(4)
-           .pipe(lambda b: len(b), name="size")
-           .add_sink(2).get_config())
+    cfg = (
+        PipelineBuilder()
+        .add_source(range(1000))
+        .pipe(sleep_stage, concurrency=4, name="sleep: 2 ms <io>")
+        .pipe(async_stage, concurrency=2)
+        .aggregate(4)
+        .pipe(lambda b: len(b), name="size")
+        .add_sink(2)
+        .get_config()
+    )
     out = tmp_path / "run"
     summary = diagnose_pipeline(cfg, out=out, settings=small(), command=["train.py"])
     names = ["sleep: 2 ms <io>", "async_stage", "aggregate(op=collate(4), drop_last=False)", "size"]
@@ -169,8 +205,9 @@ def test_diagnose_pipeline_writes_the_run_directory(tmp_path, capsys):
         assert (out / f).is_file(), f
     rows = pd.read_csv(out / "results.csv")
     assert set(rows["stage"]) == set(names)
-    assert {"stage", "executor", "harness", "concurrency", "qps", "qps_low", "qps_high", "cores_used",
-            "status"} <= set(rows.columns)
+    assert {"stage", "executor", "harness", "concurrency", "qps", "qps_low", "qps_high", "cores_used", "status"} <= set(
+        rows.columns
+    )
     assert set(rows[rows["stage"] == "async_stage"]["executor"]) == {"async"}
     agg = rows[rows["stage"] == names[2]]
     assert set(agg["concurrency"]) == {1}  # SPDL runs aggregates inline: nothing to sweep
@@ -182,8 +219,16 @@ def test_diagnose_pipeline_writes_the_run_directory(tmp_path, capsys):
 
     meta = json.loads((out / "run.json").read_text())
     assert meta["kind"] == "pipeline" and meta["status"] == "complete" and meta["command"] == ["train.py"]
-    for k in ("schema_version", "created_at", "provenance", "provenance_after", "settings", "stages",
-              "not_isolated", "validation"):
+    for k in (
+        "schema_version",
+        "created_at",
+        "provenance",
+        "provenance_after",
+        "settings",
+        "stages",
+        "not_isolated",
+        "validation",
+    ):
         assert k in meta, k
     st = {s["name"]: s for s in meta["stages"]}
     assert st[names[0]]["user_executor"] == "default" and st[names[0]]["user_concurrency"] == 4
@@ -222,8 +267,14 @@ def test_validate_off_runs_the_replay_alone(tmp_path, capsys):
     """STAGEBENCH_VALIDATE=off: the prediction is still the replay; the real pipeline does not run,
     and its absence is not a warning (it was asked for)."""
     out = tmp_path / "run"
-    summary = diagnose_pipeline(_two_sleeps_config(100), out=out, settings=small(validate="off"),
-                                command=["train.py"], show_table=True, report=False)
+    summary = diagnose_pipeline(
+        _two_sleeps_config(100),
+        out=out,
+        settings=small(validate="off"),
+        command=["train.py"],
+        show_table=True,
+        report=False,
+    )
     meta = json.loads((out / "run.json").read_text())
     assert meta["validation"] is None and "validation_ns" not in meta["cpu_speed"]
     r = meta["replay"]
@@ -239,13 +290,25 @@ def test_validate_off_runs_the_replay_alone(tmp_path, capsys):
 
 
 def test_spdl_diagnosis_measures_the_pipelines_fixed_cost(tmp_path):
-    from stagebench._analysis import pipeline_overhead
+    from stagebench.analysis._pipeline import pipeline_overhead
 
-    cfg = (PipelineBuilder().add_source(range(1000)).pipe(sleep_stage, concurrency=2)
-           .pipe(lambda x: x, name="noop").add_sink(2).get_config())
+    cfg = (
+        PipelineBuilder()
+        .add_source(range(1000))
+        .pipe(sleep_stage, concurrency=2)
+        .pipe(lambda x: x, name="noop")
+        .add_sink(2)
+        .get_config()
+    )
     out = tmp_path / "run"
-    summary = diagnose_pipeline(cfg, out=out, settings=small(harnesses=("spdl",), concurrency=(1,)),
-                                command=["train.py"], show_table=False, report=False)
+    summary = diagnose_pipeline(
+        cfg,
+        out=out,
+        settings=small(harnesses=("spdl",), concurrency=(1,)),
+        command=["train.py"],
+        show_table=False,
+        report=False,
+    )
     raw = json.loads((out / "run.json").read_text())["pipeline_overhead"]
     assert raw["one_stage"]["status"] == "ok" and raw["three_stage"]["status"] == "ok"
     # more pipes add scheduling: the three-stage no-op pipeline is not faster beyond noise
@@ -262,8 +325,7 @@ def test_stage_that_always_raises_blocks_later_stages(tmp_path):
     def broken(x):
         raise RuntimeError(f"corrupt record {x}")
 
-    cfg = (PipelineBuilder().add_source(range(50)).pipe(broken).pipe(sleep_stage, name="later")
-           .add_sink(2).get_config())
+    cfg = PipelineBuilder().add_source(range(50)).pipe(broken).pipe(sleep_stage, name="later").add_sink(2).get_config()
     out = tmp_path / "run"
     diagnose_pipeline(cfg, out=out, settings=small(), show_table=False, report=False)
     rows = pd.read_csv(out / "results.csv")
@@ -313,8 +375,9 @@ def test_raising_source_is_a_clear_error(tmp_path):
 
 def test_short_source_is_used_and_reported(tmp_path, capsys):
     cfg = PipelineBuilder().add_source(range(7)).pipe(sleep_stage).add_sink(2).get_config()
-    diagnose_pipeline(cfg, out=tmp_path / "run", settings=small(num_items=50, validation_s=0), show_table=False,
-                      report=False)
+    diagnose_pipeline(
+        cfg, out=tmp_path / "run", settings=small(num_items=50, validation_s=0), show_table=False, report=False
+    )
     assert "yielded 7 items, fewer than the 50 asked" in capsys.readouterr().err
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
     assert meta["source"]["items"] == 7 and meta["stages"][0]["n_inputs"] == 7
@@ -370,12 +433,24 @@ def unwrap(x):
 
 def test_unpicklable_source_items_skip_process_points_with_one_message(tmp_path, capsys):
     """The first item pickles and the rest do not: a per-point check of the first item would start a pool and fail."""
-    cfg = (PipelineBuilder().add_source(Locked(i) if i else i for i in range(100))
-           .pipe(keep_item).pipe(unwrap).add_sink(2).get_config())
+    cfg = (
+        PipelineBuilder()
+        .add_source(Locked(i) if i else i for i in range(100))
+        .pipe(keep_item)
+        .pipe(unwrap)
+        .add_sink(2)
+        .get_config()
+    )
     out = tmp_path / "run"
-    diagnose_pipeline(cfg, out=out, settings=small(executors=("thread", "process"), concurrency=(1, 2),
-                                                   cache_dir=str(tmp_path / "cache"), validation_s=0),
-                      show_table=False, report=False)
+    diagnose_pipeline(
+        cfg,
+        out=out,
+        settings=small(
+            executors=("thread", "process"), concurrency=(1, 2), cache_dir=str(tmp_path / "cache"), validation_s=0
+        ),
+        show_table=False,
+        report=False,
+    )
     err = capsys.readouterr().err
     lock = "TypeError: cannot pickle '_thread.lock' object"
     said = [ln for ln in err.splitlines() if "cannot be pickled (" in ln]
@@ -403,8 +478,10 @@ def test_stage_outputs_that_cannot_be_pickled_are_not_cached_and_do_not_stop_the
     for run in ("a", "b"):  # the second run finds no broken entry: it computes again and says so again
         diagnose_pipeline(cfg, out=tmp_path / run, settings=s, show_table=False, report=False)
         err = capsys.readouterr().err
-        assert ("'wrap': outputs not stored on disk: they cannot be pickled (TypeError: cannot pickle "
-                "'_thread.lock' object); recomputed every run") in err, err
+        assert (
+            "'wrap': outputs not stored on disk: they cannot be pickled (TypeError: cannot pickle "
+            "'_thread.lock' object); recomputed every run"
+        ) in err, err
         stages = {st["name"]: st for st in json.loads((tmp_path / run / "run.json").read_text())["stages"]}
         assert stages["wrap"]["cache"] == "computed" and stages["unwrap"]["status"] == "measured"
         # unwrap's outputs pickle and its key (wrap's code and inputs) is stable: stored in run a, used in run b
@@ -432,9 +509,15 @@ def test_env_var_diagnoses_and_exits_without_training(tmp_path):
     out = tmp_path / "reports" / "run"
     # STAGEBENCH_PROCESS_FLAT_LEVELS=0: every process level, even for the lambda, which is so cheap that
     # its threads reach the harness ceiling (the sweep would rightly skip its processes): it must pickle
-    env = {**FAST, "STAGEBENCH_OUTPUT_DIR": str(out), "STAGEBENCH_CONCURRENCY": "1,2,4,16",
-           "STAGEBENCH_HARNESSES": "direct", "STAGEBENCH_EXECUTORS": "thread,process",
-           "STAGEBENCH_PROCESS_FLAT_LEVELS": "0"}
+    env = {
+        **FAST,
+        "STAGEBENCH_OUTPUT_DIR": str(out),
+        "STAGEBENCH_CONCURRENCY": "1,2,4,16",
+        "STAGEBENCH_HARNESSES": "direct",
+        "STAGEBENCH_EXECUTORS": "thread,process",
+        "STAGEBENCH_PROCESS_FLAT_LEVELS": "0",
+        "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+    }
     free_before = free_cores()
     t0 = time.perf_counter()
     r = run_env(tmp_path, str(SCRIPT), "--marker", str(marker), env=env, timeout=400)
@@ -444,7 +527,9 @@ def test_env_var_diagnoses_and_exits_without_training(tmp_path):
     assert not marker.exists(), "the training loop ran"
     for f in ("results.csv", "run.json", "summary.json", "report.html"):
         assert (out / f).is_file(), f
-    assert (tmp_path / "reports" / ".stagebench-cache").is_dir()
+    # the user's own cache folder, private; nothing beside the run directory
+    assert (tmp_path / "xdg" / "stagebench").stat().st_mode & 0o777 == 0o700
+    assert not (tmp_path / "reports" / ".stagebench-cache").exists()
     assert f"report: {out / 'report.html'}" in r.stdout
     assert "diagnosing 4 stage(s)" in r.stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -481,21 +566,27 @@ def test_env_var_diagnoses_and_exits_without_training(tmp_path):
         # lags and counts our own earlier tests, so the free cores are measured
         # around the diagnosis instead.
         if min(free_before, free_after) < 1.6:
-            pytest.skip(f"machine too busy to test scaling: {free_before:.2f} free cores before the "
-                        f"diagnosis, {free_after:.2f} after; not asserting that processes win")
+            pytest.skip(
+                f"machine too busy to test scaling: {free_before:.2f} free cores before the "
+                f"diagnosis, {free_after:.2f} after; not asserting that processes win"
+            )
         # The load average before and after cannot see load *during* the process points;
         # the rows can: the cores the process workers actually got in their windows.
         gil_proc = rows[(rows["stage"] == "gil") & (rows["executor"] == "process") & (rows["role"] == "stage")]
         got = gil_proc["cores_used"].max()
         if not got >= 1.6:
-            pytest.skip(f"the process points got at most {got:.2f} cores (the machine was busy during "
-                        "the sweep); not asserting that processes win")
+            pytest.skip(
+                f"the process points got at most {got:.2f} cores (the machine was busy during "
+                "the sweep); not asserting that processes win"
+            )
         spread = (summary.get("cpu_speed") or {}).get("sweep_spread") or 1.0
         if spread > 1.25:
             # seen: a fixed loop at 30 and 55 ns per iteration, flipping within seconds: a thread
             # point measured fast can then beat process points measured slow
-            pytest.skip(f"the CPU's speed changed {spread:.2f}x during the sweep (the tool warns about it); "
-                        "not asserting that processes win")
+            pytest.skip(
+                f"the CPU's speed changed {spread:.2f}x during the sweep (the tool warns about it); "
+                "not asserting that processes win"
+            )
         assert stages["gil"]["recommended"]["executor"] == "process", stages["gil"]["recommended"]
 
 
@@ -503,10 +594,26 @@ def test_env_var_diagnoses_and_exits_without_training(tmp_path):
 def test_stagebench_diagnose_command_with_the_spdl_harness(tmp_path):
     marker = tmp_path / "marker"
     out = tmp_path / "run"
-    env = {**FAST, "STAGEBENCH_CONCURRENCY": "1,2", "STAGEBENCH_HARNESSES": "spdl",
-           "STAGEBENCH_EXECUTORS": "thread", "STAGEBENCH_CACHE_DIR": "off"}
-    r = run_env(tmp_path, "-m", "stagebench", "diagnose", "--out", str(out), str(SCRIPT), "--marker", str(marker),
-                env=env, mode=None)
+    env = {
+        **FAST,
+        "STAGEBENCH_CONCURRENCY": "1,2",
+        "STAGEBENCH_HARNESSES": "spdl",
+        "STAGEBENCH_EXECUTORS": "thread",
+        "STAGEBENCH_CACHE_DIR": "off",
+    }
+    r = run_env(
+        tmp_path,
+        "-m",
+        "stagebench",
+        "diagnose",
+        "--out",
+        str(out),
+        str(SCRIPT),
+        "--marker",
+        str(marker),
+        env=env,
+        mode=None,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert not marker.exists()
     rows = pd.read_csv(out / "results.csv")
@@ -528,17 +635,25 @@ with p.auto_stop():
         open("marker", "w").write("trained")
 """
 
-_HUNG_ENV = {"STAGEBENCH_TIMEOUT_S": "2", "STAGEBENCH_BUDGET_S": "0.2", "STAGEBENCH_WARMUP_S": "0.05",
-             "STAGEBENCH_EXECUTORS": "thread", "STAGEBENCH_CONCURRENCY": "1,2", "STAGEBENCH_CACHE_DIR": "off",
-             "STAGEBENCH_VALIDATION_S": "0.5", "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS": "10"}
+_HUNG_ENV = {
+    "STAGEBENCH_TIMEOUT_S": "2",
+    "STAGEBENCH_BUDGET_S": "0.2",
+    "STAGEBENCH_WARMUP_S": "0.05",
+    "STAGEBENCH_EXECUTORS": "thread",
+    "STAGEBENCH_CONCURRENCY": "1,2",
+    "STAGEBENCH_CACHE_DIR": "off",
+    "STAGEBENCH_VALIDATION_S": "0.5",
+    "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS": "10",
+}
 
 
 def test_a_hung_stage_is_recorded_and_the_command_still_exits(tmp_path):
     """A thread stuck in the user's code cannot be killed; the command must not wait for it at exit."""
     (tmp_path / "train.py").write_text(_HUNG_SCRIPT)
     t0 = time.perf_counter()
-    r = run_env(tmp_path, "-m", "stagebench", "diagnose", "--out", "out", "train.py", env=_HUNG_ENV, mode=None,
-                timeout=240)
+    r = run_env(
+        tmp_path, "-m", "stagebench", "diagnose", "--out", "out", "train.py", env=_HUNG_ENV, mode=None, timeout=240
+    )
     took = time.perf_counter() - t0
     assert r.returncode == 0, r.stderr[-3000:]
     assert not (tmp_path / "marker").exists()
@@ -559,8 +674,8 @@ def test_run_script_in_process_returns_even_with_leaked_threads(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT.read_text())
     code = (
         "import threading, sys\n"
-        "from stagebench import _executors\n"
-        "from stagebench._diagnose import run_script\n"
+        "from stagebench.core import _executors\n"
+        "from stagebench.pipeline._script import run_script\n"
         "gate = threading.Event()\n"
         "t = threading.Thread(target=gate.wait, daemon=True); t.start()\n"
         "_executors._LEAKED.append(t)  # as a hung point leaves it\n"
@@ -569,8 +684,14 @@ def test_run_script_in_process_returns_even_with_leaked_threads(tmp_path):
         "gate.set(); t.join()\n"
         "sys.exit(3)\n"
     )
-    env = {**FAST, "STAGEBENCH_CONCURRENCY": "1,2", "STAGEBENCH_EXECUTORS": "thread",
-           "STAGEBENCH_HARNESSES": "direct", "STAGEBENCH_CACHE_DIR": "off", "STAGEBENCH_VALIDATION_S": "0"}
+    env = {
+        **FAST,
+        "STAGEBENCH_CONCURRENCY": "1,2",
+        "STAGEBENCH_EXECUTORS": "thread",
+        "STAGEBENCH_HARNESSES": "direct",
+        "STAGEBENCH_CACHE_DIR": "off",
+        "STAGEBENCH_VALIDATION_S": "0",
+    }
     r = run_env(tmp_path, "-c", code, env=env, mode=None)
     assert "run_script returned 0" in r.stdout, (r.stdout[-2000:], r.stderr[-3000:])
     assert r.returncode == 3
@@ -594,16 +715,26 @@ def test_diagnose_of_a_script_without_a_pipeline_says_so(tmp_path):
     assert "raised ValueError: no such shard without iterating an SPDL pipeline" in r.stderr
 
 
-@pytest.mark.parametrize(("mode", "env", "code", "says"), [
-    ("normal", {"STAGEBENCH_BUDGET_S": "soon"}, 2, "STAGEBENCH_BUDGET_S must be a number of seconds"),
-    ("empty", {}, 2, "no stages"),
-    ("raising-source", {}, 1, "source raised ValueError: cannot open shard 3"),
-])
+@pytest.mark.parametrize(
+    ("mode", "env", "code", "says"),
+    [
+        ("normal", {"STAGEBENCH_BUDGET_S": "soon"}, 2, "STAGEBENCH_BUDGET_S must be a number of seconds"),
+        ("empty", {}, 2, "no stages"),
+        ("raising-source", {}, 1, "source raised ValueError: cannot open shard 3"),
+    ],
+)
 def test_bad_input_exits_non_zero_with_one_line(tmp_path, mode, env, code, says):
     marker = tmp_path / "marker"
     out = tmp_path / "run"
-    r = run_env(tmp_path, str(SCRIPT), "--marker", str(marker), "--mode", mode,
-                env={**FAST, "STAGEBENCH_OUTPUT_DIR": str(out), **env})
+    r = run_env(
+        tmp_path,
+        str(SCRIPT),
+        "--marker",
+        str(marker),
+        "--mode",
+        mode,
+        env={**FAST, "STAGEBENCH_OUTPUT_DIR": str(out), **env},
+    )
     assert r.returncode == code, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if "error" in ln]
     assert len(lines) == 1 and says in lines[0], r.stderr
@@ -645,8 +776,19 @@ def test_a_used_output_dir_exits_2_with_one_line_and_keeps_the_old_run(tmp_path,
     if how == "variable":
         r = run_env(tmp_path, str(SCRIPT), "--marker", str(marker), env={**FAST, "STAGEBENCH_OUTPUT_DIR": str(out)})
     else:
-        r = run_env(tmp_path, "-m", "stagebench", "diagnose", "--out", str(out), str(SCRIPT), "--marker", str(marker),
-                    env=FAST, mode=None)
+        r = run_env(
+            tmp_path,
+            "-m",
+            "stagebench",
+            "diagnose",
+            "--out",
+            str(out),
+            str(SCRIPT),
+            "--marker",
+            str(marker),
+            env=FAST,
+            mode=None,
+        )
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if "error" in ln]
     assert len(lines) == 1 and f"{str(out)!r} already holds results.csv" in lines[0], r.stderr
@@ -657,38 +799,87 @@ def test_a_used_output_dir_exits_2_with_one_line_and_keeps_the_old_run(tmp_path,
 def test_unwritable_output_dir_exits_2(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    r = run_env(tmp_path, str(SCRIPT), "--marker", str(tmp_path / "m"),
-                env={**FAST, "STAGEBENCH_OUTPUT_DIR": str(blocker / "run")})
+    r = run_env(
+        tmp_path,
+        str(SCRIPT),
+        "--marker",
+        str(tmp_path / "m"),
+        env={**FAST, "STAGEBENCH_OUTPUT_DIR": str(blocker / "run")},
+    )
     assert r.returncode == 2 and "cannot write the output directory" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_other_local_ranks_exit_quietly(tmp_path):
-    r = run_env(tmp_path, str(SCRIPT), "--marker", str(tmp_path / "m"),
-                env={**FAST, "LOCAL_RANK": "1", "STAGEBENCH_OUTPUT_DIR": str(tmp_path / "run")})
+    r = run_env(
+        tmp_path,
+        str(SCRIPT),
+        "--marker",
+        str(tmp_path / "m"),
+        env={**FAST, "LOCAL_RANK": "1", "STAGEBENCH_OUTPUT_DIR": str(tmp_path / "run")},
+    )
     assert r.returncode == 0 and r.stderr == "" and r.stdout == ""
     assert not (tmp_path / "run").exists() and not (tmp_path / "m").exists()
 
 
-def test_ctrl_c_keeps_the_rows_and_exits_130(tmp_path):
+def test_stagebench_diagnose_on_another_rank_leaves_rank_0s_run_alone(tmp_path):
+    """torchrun: rank 0 wrote the output directory first; rank 1 must neither refuse it nor touch it."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_text('{"kind": "pipeline"}')  # rank 0's run, already under way
+    (tmp_path / "train.py").write_text(SCRIPT.read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STAGEBENCH_")}
+    env.update(FAST, LOCAL_RANK="1")
+    r = subprocess.run(
+        [sys.executable, "-m", "stagebench", "diagnose", "--out", str(out), "train.py", "--marker", "m"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "already holds" not in r.stderr and not (tmp_path / "m").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["run.json"]
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "says", "status"),
+    [(signal.SIGINT, 130, "interrupted", "interrupted"), (signal.SIGTERM, 143, "terminated", "terminated")],
+)
+def test_ctrl_c_or_sigterm_keeps_the_rows_and_exits(tmp_path, sig, code, says, status):
+    """Ctrl-C, and SIGTERM (a scheduler's kill, `timeout`), keep what was measured and say so in run.json."""
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STAGEBENCH_")}
-    env.update(FAST, SPDL_PIPELINE_DIAGNOSTIC_MODE="1", STAGEBENCH_OUTPUT_DIR=str(out),
-               STAGEBENCH_EXECUTORS="thread", STAGEBENCH_HARNESSES="direct", STAGEBENCH_BUDGET_S="1")
-    p = subprocess.Popen([sys.executable, str(SCRIPT), "--marker", str(tmp_path / "m")], cwd=tmp_path, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+    env.update(
+        FAST,
+        SPDL_PIPELINE_DIAGNOSTIC_MODE="1",
+        STAGEBENCH_OUTPUT_DIR=str(out),
+        STAGEBENCH_EXECUTORS="thread",
+        STAGEBENCH_HARNESSES="direct",
+        STAGEBENCH_BUDGET_S="1",
+    )
+    p = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--marker", str(tmp_path / "m")],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+    )
     csv = out / "results.csv"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not csv.exists() or len(csv.read_text().splitlines()) < 3):
         time.sleep(0.1)
     n_before = len(csv.read_text().splitlines())
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     t0 = time.monotonic()
     _, err = p.communicate(timeout=60)
-    assert p.returncode == 130, err[-2000:]
+    assert p.returncode == code, err[-2000:]
     assert time.monotonic() - t0 < 15
-    assert "interrupted" in err
+    assert says in err
     assert len(csv.read_text().splitlines()) >= n_before >= 3
-    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    assert json.loads((out / "run.json").read_text())["status"] == status
 
 
 def test_startup_cost_without_the_variable_is_negligible(tmp_path):
@@ -728,17 +919,30 @@ def test_startup_cost_without_the_variable_is_negligible(tmp_path):
 
 
 def test_terminal_table_scales_batched_stages_and_cleans_names():
-    from stagebench._terminal import format_table
+    from stagebench.report._terminal import format_table
 
     summary = {
         "stages": [
-            {"name": "read\x1b[31m\nfiles", "classification": "io-bound", "gil_fraction": 0.02,
-             "recommended": {"executor": "thread", "concurrency": 16, "qps": 1500.0, "qps_low": 1400.0,
-                             "qps_high": 1600.0},
-             "best": {"executor": "thread", "concurrency": 16, "qps": 1500.0}},
-            {"name": "collate", "classification": "cpu-bound", "items_per_input": 16,
-             "recommended": {"executor": "process", "concurrency": 2, "qps": 50.0},
-             "best": {"executor": "process", "concurrency": 4, "qps": 51.0}},
+            {
+                "name": "read\x1b[31m\nfiles",
+                "classification": "io-bound",
+                "gil_fraction": 0.02,
+                "recommended": {
+                    "executor": "thread",
+                    "concurrency": 16,
+                    "qps": 1500.0,
+                    "qps_low": 1400.0,
+                    "qps_high": 1600.0,
+                },
+                "best": {"executor": "thread", "concurrency": 16, "qps": 1500.0},
+            },
+            {
+                "name": "collate",
+                "classification": "cpu-bound",
+                "items_per_input": 16,
+                "recommended": {"executor": "process", "concurrency": 2, "qps": 50.0},
+                "best": {"executor": "process", "concurrency": 4, "qps": 51.0},
+            },
         ],
         "not_isolated": [{"name": "route", "reason": "path variants"}],
         "validation": {"qps": 700.0, "qps_low": 650.0, "qps_high": 750.0, "seconds": 3.0},
@@ -758,12 +962,15 @@ def test_terminal_table_scales_batched_stages_and_cleans_names():
 
 def test_terminal_table_shows_how_busy_the_gil_is_when_a_verdict_rests_on_it():
     from _rows import row
-    from stagebench._analysis import analyze_stage
-    from stagebench._terminal import format_table
+
+    from stagebench.analysis._pipeline import analyze_stage
+    from stagebench.report._terminal import format_table
 
     # 16 threads, each holding the GIL 1.2 ms of a 10.5 ms item: flat at 800 items/s, the GIL ~95% busy
-    rows = [row("nap", "thread", c, min(c / 10.5e-3, 800.0), cores_used=min(c / 10.5e-3, 800.0) * 1.2e-3)
-            for c in (1, 2, 4, 8, 16)]
+    rows = [
+        row("nap", "thread", c, min(c / 10.5e-3, 800.0), cores_used=min(c / 10.5e-3, 800.0) * 1.2e-3)
+        for c in (1, 2, 4, 8, 16)
+    ]
     rows += [row("nap", "thread", c, 1e5, role="ceiling", cpu_s_per_item=5e-6) for c in (1, 2, 4, 8, 16)]
     for r in rows:
         r["cpu_s_per_item"] = r["cpu_s_per_item"] if r["role"] == "ceiling" else 1.2e-3
@@ -781,6 +988,7 @@ def test_terminal_table_shows_how_busy_the_gil_is_when_a_verdict_rests_on_it():
 
 def _two_sleeps_config(items: int = 10, batch: int | None = None):
     """A 10 ms sleep, then a 2 ms one (then batches of ``batch``, if given)."""
+
     def slow(x):
         time.sleep(0.010)
         return x
@@ -796,17 +1004,24 @@ def _two_sleeps_config(items: int = 10, batch: int | None = None):
 
 
 def _two_sleeps_plan(batch: int | None = None):
-    from stagebench._isolate import plan_pipeline
+    from stagebench.pipeline._isolate import plan_pipeline
 
     return plan_pipeline(_two_sleeps_config(batch=batch))
 
 
 def test_validation_run_known_answer():
     """Two sleep stages in series: the slower one (10 ms at 4 threads) sets 400 items/s."""
-    from stagebench._diagnose import run_validation
+    from stagebench.pipeline._diagnose import run_validation
 
-    r = run_validation(_two_sleeps_plan(batch=4), list(range(40)), {"slow": ("thread", 4), "fast": ("thread", 2)},
-                       warmup_s=0.5, window_s=1.5, timeout_s=10, items_per_sink_item=4)
+    r = run_validation(
+        _two_sleeps_plan(batch=4),
+        list(range(40)),
+        {"slow": ("thread", 4), "fast": ("thread", 2)},
+        warmup_s=0.5,
+        window_s=1.5,
+        timeout_s=10,
+        items_per_sink_item=4,
+    )
     print({k: v for k, v in r.items() if k != "settings"})
     # sleeps overshoot on a loaded machine and SPDL adds per-item time: a loose lower bound
     assert 220 < r["qps"] < 440
@@ -818,14 +1033,23 @@ def test_validation_run_known_answer():
 
 def test_replay_and_validation_take_turns_and_agree_on_a_known_answer():
     """Stand-ins that sleep as long as the real stages: both runs read ~400 items/s, slice by slice."""
-    from stagebench._replay import StandIn
-    from stagebench._wholerun import run_pipelines
+    from stagebench.pipeline._replay import StandIn
+    from stagebench.pipeline._wholerun import run_pipelines
 
     plan = _two_sleeps_plan()
-    stand_ins = {"slow": StandIn("slow", "thread", 4, 0.0, 0.0, 0.010),
-                 "fast": StandIn("fast", "thread", 2, 0.0, 0.0, 0.002)}
-    out = run_pipelines(plan, list(range(40)), {"slow": ("thread", 4), "fast": ("thread", 2)},
-                        {"replay": stand_ins, "validation": None}, warmup_s=0.5, window_s=1.2, timeout_s=10)
+    stand_ins = {
+        "slow": StandIn("slow", "thread", 4, 0.0, 0.0, 0.010),
+        "fast": StandIn("fast", "thread", 2, 0.0, 0.0, 0.002),
+    }
+    out = run_pipelines(
+        plan,
+        list(range(40)),
+        {"slow": ("thread", 4), "fast": ("thread", 2)},
+        {"replay": stand_ins, "validation": None},
+        warmup_s=0.5,
+        window_s=1.2,
+        timeout_s=10,
+    )
     r, v = out["replay"], out["validation"]
     print({k: (x["qps"], x["qps_low"], x["qps_high"]) for k, x in out.items()})
     for x, other in ((r, "validation"), (v, "replay")):
@@ -840,8 +1064,9 @@ def test_replay_and_validation_take_turns_and_agree_on_a_known_answer():
         assert x["interleaved_with"] == other and x["settle_s"] >= 0.25
         # Little's law: an item spends at least the two sleeps (10 + 2 ms) between source and sink,
         # and far less than the first item's 0.5 s warm-up (the settle follows this, not that)
-        assert 0.012 <= x["latency_s"] < 0.25 and x["settle_s"] == pytest.approx(max(0.25, 3 * max(
-            r["latency_s"], v["latency_s"])))
+        assert 0.012 <= x["latency_s"] < 0.25 and x["settle_s"] == pytest.approx(
+            max(0.25, 3 * max(r["latency_s"], v["latency_s"]))
+        )
     assert r["qps"] == pytest.approx(v["qps"], rel=0.25)
     assert "stage_latency" in v and set(v["stage_latency"]) == {"slow", "fast"}
     # the stand-ins' calls are timed too, so each stage can be set against its stand-in (10 ms sleeps)
@@ -853,9 +1078,9 @@ def test_a_stand_in_hands_on_the_stages_own_outputs():
     """A stage that returns lists, then a disaggregate: a stand-in that passed its input on gave the
     disaggregate an int, nothing reached the sink, and the replay failed after its 30 s warm-up (the
     prediction fell back to the bounds). It now returns the stage's real outputs in turn."""
-    from stagebench._isolate import plan_pipeline
-    from stagebench._replay import StandIn
-    from stagebench._wholerun import run_pipelines
+    from stagebench.pipeline._isolate import plan_pipeline
+    from stagebench.pipeline._replay import StandIn
+    from stagebench.pipeline._wholerun import run_pipelines
 
     def split(x):
         time.sleep(0.002)
@@ -864,44 +1089,73 @@ def test_a_stand_in_hands_on_the_stages_own_outputs():
     plan = plan_pipeline(PipelineBuilder().add_source(range(10)).pipe(split).disaggregate().add_sink(2).get_config())
     plan.sample_outputs["split"] = [split(x) for x in range(4)]
     stand_ins = {"split": StandIn("split", "thread", 2, 0.0, 0.0, 0.002)}
-    out = run_pipelines(plan, list(range(40)), {"split": ("thread", 2)}, {"replay": stand_ins},
-                        warmup_s=0.3, window_s=0.6, timeout_s=5, items_per_sink_item=0.5)
+    out = run_pipelines(
+        plan,
+        list(range(40)),
+        {"split": ("thread", 2)},
+        {"replay": stand_ins},
+        warmup_s=0.3,
+        window_s=0.6,
+        timeout_s=5,
+        items_per_sink_item=0.5,
+    )
     assert out["replay"]["qps"] and out["replay"]["qps"] > 0, out["replay"].get("error")
     op = stand_ins["split"].op([[1, 2], [3, 4]])
     assert [op(9), op(9), op(9)] == [[1, 2], [3, 4], [1, 2]] and stand_ins["split"].op()(9) == 9
 
 
 def test_a_run_that_fails_does_not_stop_the_other():
-    from stagebench._replay import StandIn
-    from stagebench._wholerun import run_pipelines
+    from stagebench.pipeline._replay import StandIn
+    from stagebench.pipeline._wholerun import run_pipelines
 
     class Raising(StandIn):
         def op(self, outputs=None):
             def fail(x):
                 raise RuntimeError("stand-in broke")
+
             return fail
 
     plan = _two_sleeps_plan()
-    broken = {"slow": StandIn("slow", "thread", 4, 0.0, 0.0, 0.010), "fast": Raising("fast", "thread", 2, 0.0, 0.0, 0.0)}
-    out = run_pipelines(plan, list(range(40)), {"slow": ("thread", 4), "fast": ("thread", 2)},
-                        {"replay": broken, "validation": None}, warmup_s=0.3, window_s=0.8, timeout_s=3)
+    broken = {
+        "slow": StandIn("slow", "thread", 4, 0.0, 0.0, 0.010),
+        "fast": Raising("fast", "thread", 2, 0.0, 0.0, 0.0),
+    }
+    out = run_pipelines(
+        plan,
+        list(range(40)),
+        {"slow": ("thread", 4), "fast": ("thread", 2)},
+        {"replay": broken, "validation": None},
+        warmup_s=0.3,
+        window_s=0.8,
+        timeout_s=3,
+    )
     assert out["replay"]["qps"] is None and out["replay"]["error"]
     assert out["validation"]["qps"] > 0 and out["validation"]["windows"] == 1
 
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_demo_settings_are_valid(quick):
-    from stagebench._demo import demo_settings
+    from stagebench.pipeline._demo import demo_settings
 
     s = DiagnoseSettings.from_env(demo_settings(quick))
     assert s.validation_window_s > 0 and s.concurrency[0] == 1
 
 
 def test_demo_script_trains_when_not_diagnosed(tmp_path):
-    from stagebench._demo import DEMO_SCRIPT
+    from stagebench.pipeline._demo import DEMO_SCRIPT
 
-    r = run_env(tmp_path, str(DEMO_SCRIPT), "--data", str(tmp_path / "data"), "--images", "24",
-                "--batch-size", "8", mode=None, timeout=120)
+    r = run_env(
+        tmp_path,
+        str(DEMO_SCRIPT),
+        "--data",
+        str(tmp_path / "data"),
+        "--images",
+        "24",
+        "--batch-size",
+        "8",
+        mode=None,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "epoch 0: 24 images" in r.stdout
     assert len(list((tmp_path / "data").glob("*.jpg"))) == 24

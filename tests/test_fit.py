@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from stagebench._fit import fit_scaling, usl
+from stagebench.analysis._fit import fit_scaling, usl
 
 LEVELS = np.array([1, 2, 4, 8, 16, 32], dtype=float)
 

@@ -8,11 +8,11 @@ import time
 
 import pandas as pd
 import pytest
-
 from _rows import model_rows, row
-from stagebench._analysis import analyze_stage
-from stagebench._curves import StageRows
-from stagebench._gil import SIGNAL_LABELS, estimate_gil
+
+from stagebench.analysis._gil import SIGNAL_LABELS, estimate_gil
+from stagebench.analysis._pipeline import analyze_stage
+from stagebench.core._curves import StageRows
 
 
 # ------------------------------------------------------------------ model rows
@@ -118,10 +118,12 @@ def test_one_level_only_still_estimates_from_the_cpu_share():
 def _cpu_availability(seconds: float = 0.2) -> float:
     """Share of a core a busy thread gets right now (schedstat: on-CPU vs run-queue wait)."""
     try:
+
         def read():
             with open("/proc/thread-self/schedstat") as f:
                 on, wait, _ = (int(x) for x in f.read().split())
             return on, wait
+
         on0, w0 = read()
         t0 = time.perf_counter()
         x = 0
@@ -157,30 +159,48 @@ def _measure(fn, levels=(1, 2, 4, 8, 16), budget=0.25, first=None):
 
     ``first`` (same work as ``fn``) runs the lowest thread level instead, e.g. a probed copy.
     """
-    from stagebench._config import MeasureConfig, SweepConfig
-    from stagebench._measure import identity, measure_stage
-    from stagebench._sweep import sweep_stage
+    from stagebench.core._config import MeasureConfig, SweepConfig
+    from stagebench.core._measure import identity, measure_stage
+    from stagebench.core._sweep import sweep_stage
 
     m = MeasureConfig(budget_s=budget, warmup_s=0.05, timeout_s=30)
     inputs = list(range(32))
     rows = [measure_stage(first or fn, inputs, executor="thread", concurrency=levels[0], config=m, name="s")]
-    rows.append(measure_stage(identity, inputs, executor="thread", concurrency=levels[0],
-                              config=MeasureConfig(budget_s=0.15, warmup_s=0.05, timeout_s=30), name="s",
-                              role="ceiling"))
-    rest = sweep_stage(fn, inputs, name="s", config=SweepConfig(
-        executors=("thread",), concurrency=levels[1:], ceiling=False, measure=m))
-    procs = sweep_stage(fn, inputs, name="s", config=SweepConfig(
-        executors=("process",), concurrency=levels, ceiling=False, measure=m))
+    rows.append(
+        measure_stage(
+            identity,
+            inputs,
+            executor="thread",
+            concurrency=levels[0],
+            config=MeasureConfig(budget_s=0.15, warmup_s=0.05, timeout_s=30),
+            name="s",
+            role="ceiling",
+        )
+    )
+    rest = sweep_stage(
+        fn,
+        inputs,
+        name="s",
+        config=SweepConfig(executors=("thread",), concurrency=levels[1:], ceiling=False, measure=m),
+    )
+    procs = sweep_stage(
+        fn, inputs, name="s", config=SweepConfig(executors=("process",), concurrency=levels, ceiling=False, measure=m)
+    )
     return pd.concat([pd.DataFrame(rows), rest, procs], ignore_index=True)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spin_ms,sleep_ms", [
-    (0.0, 4.0), (0.8, 3.2), (2.0, 2.0),
-    # Fraction 1 read ~0.87 at times: the machine's speed changed between the lowest level
-    # and the plateau (not state left in the interpreter); _gil._slowdown undoes that now.
-    (4.0, 0.0),
-])
+@pytest.mark.parametrize(
+    "spin_ms,sleep_ms",
+    [
+        (0.0, 4.0),
+        (0.8, 3.2),
+        (2.0, 2.0),
+        # Fraction 1 read ~0.87 at times: the machine's speed changed between the lowest level
+        # and the plateau (not state left in the interpreter); _gil._slowdown undoes that now.
+        (4.0, 0.0),
+    ],
+)
 def test_known_gil_fraction_of_real_spin_sleep_stages(spin_ms, sleep_ms):
     """A stage that spins g ms of pure Python then sleeps r ms holds the GIL g/(g+r) of its time."""
     from _stages import SpinSleep, SpinSleepProbe
@@ -195,16 +215,21 @@ def test_known_gil_fraction_of_real_spin_sleep_stages(spin_ms, sleep_ms):
         # The truth is wall time holding the GIL; the curves see CPU time. A core taken away
         # mid-spin (another VM's turn) stretches the first, not the second. One fresh-clone run
         # read a held share of 0.43 against a CPU share of 0.27 (estimate 0.28): that signature.
-        pytest.skip(f"the spin got {probe.spin_cpu_s / probe.spin_s:.0%} of a core while holding the GIL: "
-                    "the machine took the core away; the held share is not the stage's")
+        pytest.skip(
+            f"the spin got {probe.spin_cpu_s / probe.spin_s:.0%} of a core while holding the GIL: "
+            "the machine took the core away; the held share is not the stage's"
+        )
     held = probe.spin_s / probe.total_s
     st = analyze_stage(rows, cores=len(os.sched_getaffinity(0)), n_boot=50)
     nominal = stage.gil_fraction
-    signals = {k: round(v["value"], 3) for k, v in st["evidence"]["signals"].items()
-               if isinstance(v.get("value"), float)}
-    print(f"spin CPU / wall {probe.spin_cpu_s / max(probe.spin_s, 1e-9):.2f}; "
-          f"GIL fraction nominal {nominal:.2f}, held (probe) {held:.3f}, estimated {st['gil_fraction']:.3f} "
-          f"interval {st['gil_fraction_interval']} signals {signals}")
+    signals = {
+        k: round(v["value"], 3) for k, v in st["evidence"]["signals"].items() if isinstance(v.get("value"), float)
+    }
+    print(
+        f"spin CPU / wall {probe.spin_cpu_s / max(probe.spin_s, 1e-9):.2f}; "
+        f"GIL fraction nominal {nominal:.2f}, held (probe) {held:.3f}, estimated {st['gil_fraction']:.3f} "
+        f"interval {st['gil_fraction_interval']} signals {signals}"
+    )
     assert st["gil_fraction"] == pytest.approx(held, abs=0.1)
     if nominal >= 0.5:
         assert st["classification"] == "gil-bound"
@@ -214,7 +239,6 @@ def test_known_gil_fraction_of_real_spin_sleep_stages(spin_ms, sleep_ms):
 
 def test_known_answer_stages_carry_their_calibration_across_pickling():
     import cloudpickle
-
     from _stages import HashCPU, Spin, SpinSleep
 
     s = SpinSleep(0.8, 3.2)
@@ -255,8 +279,9 @@ def test_a_probe_below_the_curves_interval_overrides_them_and_one_above_is_only_
     busy = estimate_gil(rows, cores=2, probe={"error": "not probed: the machine was busy (...)", "core_wait": 0.4})
     assert busy["fraction"] == base["fraction"] and busy["source"] == "curves"
     assert busy["notes"][-1] == "no direct GIL reading: not probed: the machine was busy (...)"
-    st = analyze_stage(model_rows("s", gil_ms=2.4, wait_ms=1.6), cores=2, gil_probe={"share": 0.05, "low": 0.02,
-                                                                                       "high": 0.1})
+    st = analyze_stage(
+        model_rows("s", gil_ms=2.4, wait_ms=1.6), cores=2, gil_probe={"share": 0.05, "low": 0.02, "high": 0.1}
+    )
     assert st["gil"]["source"] == "probe" and st["gil_fraction"] == 0.05
     assert any("read by a counter thread" in line for line in st["evidence"]["summary"])
 
@@ -283,14 +308,21 @@ def test_the_probe_reads_known_answers_on_real_stages():
     """Pure Python reads high, waiting and SHA-256 read low (tolerances for a loaded 2-core VM:
     its errors push readings up, so the low ones are tight)."""
     from _stages import HashCPU, Sleep, Spin
-    from stagebench._gilprobe import probe_gil
+
+    from stagebench.pipeline._gilprobe import probe_gil
 
     steal0 = _steal_ticks()
     t0 = time.monotonic()
     spin, nap, sha = probe_gil(Spin(2.0), [0]), probe_gil(Sleep(2.0), [0]), probe_gil(HashCPU(2.0), [0])
     stolen = _stolen_share(steal0, time.monotonic() - t0)
-    print({k: (v.get("share"), v.get("spinner_core"), v.get("core_wait")) for k, v in
-           (("spin", spin), ("sleep", nap), ("sha256", sha))}, "stolen", stolen)
+    print(
+        {
+            k: (v.get("share"), v.get("spinner_core"), v.get("core_wait"))
+            for k, v in (("spin", spin), ("sleep", nap), ("sha256", sha))
+        },
+        "stolen",
+        stolen,
+    )
     # A fresh clone read SHA-256 at 0.37 with the spinner waiting for no core (0.1%) and getting 95% of
     # one alone: time taken by the hypervisor mid-round shows in neither. /proc/stat counts it.
     if stolen is not None and stolen > 0.1:  # 2-8% on quiet runs here; 0.37 of one core is ~18% of two
@@ -300,8 +332,10 @@ def test_the_probe_reads_known_answers_on_real_stages():
         assert all("the machine was busy" in e for e in busy), busy
         pytest.skip(busy[0])
     if min(r["spinner_core"] for r in (spin, nap, sha)) < 0.8:
-        pytest.skip("the machine took cores away from the probe's spinner (it got "
-                    f"{min(r['spinner_core'] for r in (spin, nap, sha)):.0%} of one alone)")
+        pytest.skip(
+            "the machine took cores away from the probe's spinner (it got "
+            f"{min(r['spinner_core'] for r in (spin, nap, sha)):.0%} of one alone)"
+        )
     assert spin["share"] > 0.6 and nap["share"] < 0.2 and sha["share"] < 0.3
     assert 3 <= spin["rounds"] <= 8 and spin["low"] <= spin["share"] <= spin["high"]
     assert spin["seconds"] < 3
@@ -315,10 +349,13 @@ def test_the_probe_says_the_machine_was_busy_rather_than_read_a_gil_free_stage_h
     import subprocess
 
     from _stages import HashCPU
-    from stagebench._gilprobe import probe_gil
 
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(max(1, len(os.sched_getaffinity(0)) - 1))]
+    from stagebench.pipeline._gilprobe import probe_gil
+
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(max(1, len(os.sched_getaffinity(0)) - 1))
+    ]
     try:
         time.sleep(0.3)
         sha = probe_gil(HashCPU(2.0), [0])
@@ -335,12 +372,12 @@ def test_the_probe_says_the_machine_was_busy_rather_than_read_a_gil_free_stage_h
 
 def test_the_probe_counts_every_round_where_the_wait_for_a_core_cannot_be_read(monkeypatch):
     from _stages import Sleep
-    from stagebench import _gilprobe
+
+    from stagebench.pipeline import _gilprobe
 
     monkeypatch.setattr(_gilprobe, "_core_wait_s", lambda tid: None)
     r = _gilprobe.probe_gil(Sleep(2.0), [0])
     assert r["core_wait"] is None and 3 <= r["rounds"] <= 8 and 0 <= r["share"] <= 1
-
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
@@ -351,7 +388,7 @@ def test_the_spinner_counts_the_time_it_held_the_gil_without_a_core_as_its_own()
     import subprocess
     import threading
 
-    from stagebench import _gilprobe
+    from stagebench.pipeline import _gilprobe
 
     if _gilprobe._thread_usage() is None:
         pytest.skip("no per-thread context-switch counts here")
@@ -385,7 +422,7 @@ def test_the_probe_records_a_stage_that_raises_or_hangs_and_restores_the_switch_
     import sys
     import threading
 
-    from stagebench._gilprobe import probe_gil
+    from stagebench.pipeline._gilprobe import probe_gil
 
     def bad(x):
         raise ValueError("bad record")
@@ -419,7 +456,7 @@ def test_the_probe_records_a_stage_that_raises_or_hangs_and_restores_the_switch_
 def test_the_probe_pauses_the_cyclic_collector_during_its_rounds_and_leaves_it_as_it_found_it():
     import gc
 
-    from stagebench._gilprobe import probe_gil
+    from stagebench.pipeline._gilprobe import probe_gil
 
     seen = []
 
@@ -439,7 +476,7 @@ def test_the_probe_pauses_the_cyclic_collector_during_its_rounds_and_leaves_it_a
 
 
 def test_a_probe_inside_a_wide_curves_interval_decides_and_inside_a_narrow_one_does_not(monkeypatch):
-    import stagebench._gil as G
+    import stagebench.analysis._gil as G
 
     rows = StageRows(model_rows("s", gil_ms=2.4, wait_ms=1.6))
     lo, hi = estimate_gil(rows, cores=2)["interval"]
@@ -456,7 +493,8 @@ def test_a_probe_inside_a_wide_curves_interval_decides_and_inside_a_narrow_one_d
 def test_the_probe_counts_how_often_a_call_lets_the_gil_go():
     """One hash a call against twelve: the stage's waits to retake the GIL, net of its own sleeps and of holding it."""
     from _stages import HashPieces, Sleep, Spin
-    from stagebench._gilprobe import probe_gil
+
+    from stagebench.pipeline._gilprobe import probe_gil
 
     one, twelve = probe_gil(HashPieces(3.0, 1), [0]), probe_gil(HashPieces(3.0, 12), [0])
     spin, nap = probe_gil(Spin(2.0), [0]), probe_gil(Sleep(2.0), [0])

@@ -12,16 +12,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from stagebench._hydra_app import (
-    JOB_STATUS,
-    SweepCallback,
-    _dirname_override,
-    collect_jobs,
-    config_dir,
-    loader_sweep_config,
-    main,
-)
-from stagebench._hydra_config import (
+from stagebench.runs._jobs import JOB_STATUS
+from stagebench.sweep._app import SweepCallback, _dirname_override, config_dir, loader_sweep_config, main
+from stagebench.sweep._multirun import collect_jobs
+from stagebench.sweep._schema import (
     LOADER_SCHEMAS,
     AudioLoaderConfig,
     ImageNetLoaderConfig,
@@ -32,9 +26,17 @@ from stagebench._hydra_config import (
 
 # One point per job, tiny budgets: these tests are about the app, not the loaders.
 TINY = [
-    "loader=synthetic", "loader.num_items=64", "loader.sample_shape=[3,8,8]", "loader.batch_size=8",
-    "sweep.num_workers=[0]", "sweep.prefetch_factor=[2]", "sweep.persistent_workers=[false]",
-    "sweep.budget_s=0.3", "sweep.timeout_s=30", "sweep.transforms=false", "sweep.epoch_stall=false",
+    "loader=synthetic",
+    "loader.num_items=64",
+    "loader.sample_shape=[3,8,8]",
+    "loader.batch_size=8",
+    "sweep.num_workers=[0]",
+    "sweep.prefetch_factor=[2]",
+    "sweep.persistent_workers=[false]",
+    "sweep.budget_s=0.3",
+    "sweep.timeout_s=30",
+    "sweep.transforms=false",
+    "sweep.epoch_stall=false",
     "progress=false",
 ]
 
@@ -76,16 +78,30 @@ def test_defaults_of_the_imagenet_loader_and_the_sweep():
 
 
 def test_sweep_lists_map_onto_the_loader_sweep_config():
-    s = to_settings(_compose("sweep.num_workers=[4,0,2,2]", "sweep.prefetch_factor=[4,2]",
-                             "sweep.persistent_workers=[true]", "sweep.max_workers=3", "sweep.strategy=grid"))
+    s = to_settings(
+        _compose(
+            "sweep.num_workers=[4,0,2,2]",
+            "sweep.prefetch_factor=[4,2]",
+            "sweep.persistent_workers=[true]",
+            "sweep.max_workers=3",
+            "sweep.strategy=grid",
+        )
+    )
     lsc = loader_sweep_config(s.sweep)
     assert lsc.num_workers == (0, 2, 4) and lsc.prefetch_factors == (2, 4)
     assert lsc.persistent_workers == (True,) and lsc.max_workers == 3 and lsc.strategy == "grid"
 
 
 def test_overrides_reach_the_typed_config():
-    s = to_settings(_compose("loader=audio", "loader.backend=spdl_pipeline", "loader.decoder=wav",
-                             "loader.crop_seconds=1.5", "sweep.target_rate=500"))
+    s = to_settings(
+        _compose(
+            "loader=audio",
+            "loader.backend=spdl_pipeline",
+            "loader.decoder=wav",
+            "loader.crop_seconds=1.5",
+            "sweep.target_rate=500",
+        )
+    )
     assert isinstance(s.loader, AudioLoaderConfig)
     assert (s.loader.backend.name, s.loader.decoder.name, s.loader.crop_seconds) == ("spdl_pipeline", "wav", 1.5)
     assert s.sweep.target_rate == 500.0
@@ -98,30 +114,41 @@ def test_output_layout():
     assert str(cfg.hydra.run.dir).startswith("reports/sweep-")
     assert str(cfg.hydra.sweep.dir).startswith("reports/multirun-")
     assert cfg.hydra.job.name == "stagebench"
-    assert "stagebench._hydra_app.SweepCallback" in str(cfg.hydra.callbacks)
+    assert "stagebench.sweep._app.SweepCallback" in str(cfg.hydra.callbacks)
 
 
 # --------------------------------------------------------------------------- validation (via the CLI function)
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    (["loader.num_wrkers=3"], ["unknown key 'loader.num_wrkers'", "allowed keys in loader:", "batch_size"]),
-    (["loader=imagenett"], ["loader=imagenett: no such option", "available: audio, custom, imagenet, synthetic",
-                            "did you mean imagenet"]),
-    (["loader.backend=tf"], ["loader.backend: invalid value 'tf'", "allowed: torch, spdl_pytorch, spdl_pipeline"]),
-    (["loader.decoder=cv2"], ["loader.decoder: invalid value 'cv2'", "allowed: pillow, spdl"]),
-    (["loader.batch_size=0"], ["loader.batch_size: must be >= 1, got 0"]),
-    (["loader.batch_size=abc"], ["loader.batch_size:", "Integer"]),
-    (["+loader.foo=1"], ["unknown key 'loader.foo'", "allowed keys in loader"]),
-    (["loader=synthetic", "loader.decoder=spdl"], ["unknown key 'loader.decoder'",
-                                                   "is a key of the imagenet and audio loaders"]),
-    (["sweep.strategy=gird"], ["sweep.strategy: invalid value 'gird'", "allowed: adaptive, grid"]),
-    (["sweep.timeout_s=3.1"], ["sweep.timeout_s", "must be larger than"]),
-    (["loader=custom"], ["loader.dataset: required"]),
-    (["loader.backend=torch,spdl_pytorch"], ["several values sweep only with -m"]),
-    (["hydra/launcher=jobilb"], ["hydra/launcher=jobilb: no such option", "joblib"]),
-    (["foo=1"], ["unknown key 'foo'", "loader, sweep, progress"]),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["loader.num_wrkers=3"], ["unknown key 'loader.num_wrkers'", "allowed keys in loader:", "batch_size"]),
+        (
+            ["loader=imagenett"],
+            [
+                "loader=imagenett: no such option",
+                "available: audio, custom, imagenet, synthetic",
+                "did you mean imagenet",
+            ],
+        ),
+        (["loader.backend=tf"], ["loader.backend: invalid value 'tf'", "allowed: torch, spdl_pytorch, spdl_pipeline"]),
+        (["loader.decoder=cv2"], ["loader.decoder: invalid value 'cv2'", "allowed: pillow, spdl"]),
+        (["loader.batch_size=0"], ["loader.batch_size: must be >= 1, got 0"]),
+        (["loader.batch_size=abc"], ["loader.batch_size:", "Integer"]),
+        (["+loader.foo=1"], ["unknown key 'loader.foo'", "allowed keys in loader"]),
+        (
+            ["loader=synthetic", "loader.decoder=spdl"],
+            ["unknown key 'loader.decoder'", "is a key of the imagenet and audio loaders"],
+        ),
+        (["sweep.strategy=gird"], ["sweep.strategy: invalid value 'gird'", "allowed: adaptive, grid"]),
+        (["sweep.timeout_s=3.1"], ["sweep.timeout_s", "must be larger than"]),
+        (["loader=custom"], ["loader.dataset: required"]),
+        (["loader.backend=torch,spdl_pytorch"], ["several values sweep only with -m"]),
+        (["hydra/launcher=jobilb"], ["hydra/launcher=jobilb: no such option", "joblib"]),
+        (["foo=1"], ["unknown key 'foo'", "loader, sweep, progress"]),
+    ],
+)
 def test_bad_configs_fail_with_one_line(overrides, expected, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(overrides) == 2
@@ -143,7 +170,8 @@ def test_user_config_dir(tmp_path, capsys):
     (tmp_path / "loader").mkdir()
     (tmp_path / "loader" / "mine.yaml").write_text("defaults: [imagenet, _self_]\nname: mine\nroot: /data/mine\n")
     (tmp_path / "loader" / "typo.yaml").write_text(
-        "defaults: [/schema/loader/imagenet@_here_, _self_]\nname: typo\nbach_size: 8\n")
+        "defaults: [/schema/loader/imagenet@_here_, _self_]\nname: typo\nbach_size: 8\n"
+    )
     (tmp_path / "loader" / "plain.yaml").write_text("name: plain\n")
     assert main(["--config-dir", str(tmp_path), "--cfg", "job", "loader=mine"]) == 0
     out = capsys.readouterr().out
@@ -179,12 +207,18 @@ def test_hydra_flags(capsys):
 def test_installed_console_script_from_another_directory(tmp_path):
     """The configs must ship with the package: run the console script away from the checkout."""
     script = Path(sys.executable).parent / "stagebench"
-    p = subprocess.run([str(script), "sweep", "--cfg", "job", "loader=imagenet"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [str(script), "sweep", "--cfg", "job", "loader=imagenet"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     assert "name: imagenet" in p.stdout and "decoder: pillow" in p.stdout
-    p = subprocess.run([str(script), "sweep", "loader=imagenett"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [str(script), "sweep", "loader=imagenett"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "available: audio, custom, imagenet, synthetic" in p.stderr
     assert not (tmp_path / "reports").exists()
@@ -238,23 +272,36 @@ def test_a_failing_job_is_recorded_with_exit_code_1(tmp_path, monkeypatch, capsy
 
 @pytest.mark.slow
 def test_multirun_compares_jobs_and_keeps_a_failed_one(tmp_path, monkeypatch, capsys):
-    from stagebench._datasets import generate_imagenet
+    from stagebench.sweep._datasets import generate_imagenet
 
     monkeypatch.chdir(tmp_path)
     data = generate_imagenet(tmp_path / "data", classes=2, per_class=4, log=lambda m: None)
     (tmp_path / "empty").mkdir()
     sweep = tmp_path / "sweep"
     tiny = [o for o in TINY if not o.startswith("loader")]
-    code = main(["-m", "loader=imagenet", f"loader.root={data},{tmp_path / 'empty'}",
-                 "loader.backend=torch,spdl_pipeline", "loader.image_size=16", "loader.batch_size=4", *tiny,
-                 f"hydra.sweep.dir={sweep}"])
+    code = main(
+        [
+            "-m",
+            "loader=imagenet",
+            f"loader.root={data},{tmp_path / 'empty'}",
+            "loader.backend=torch,spdl_pipeline",
+            "loader.image_size=16",
+            "loader.batch_size=4",
+            *tiny,
+            f"hydra.sweep.dir={sweep}",
+        ]
+    )
     assert code == 1, "one configuration failed"
     jobs = collect_jobs(sweep)
     assert [j["job_num"] for j in jobs] == [0, 1, 2, 3]
     # Folders are named by what differs between jobs (the root is excluded: a path).
     names = sorted(Path(j["run_dir"]).name for j in jobs)
-    assert names == ["0-loader.backend=torch", "1-loader.backend=spdl_pipeline",
-                     "2-loader.backend=torch", "3-loader.backend=spdl_pipeline"]
+    assert names == [
+        "0-loader.backend=torch",
+        "1-loader.backend=spdl_pipeline",
+        "2-loader.backend=torch",
+        "3-loader.backend=spdl_pipeline",
+    ]
     by_root = {}
     for j in jobs:
         root = next(o.split("=", 1)[1] for o in j["overrides"] if o.startswith("loader.root="))
@@ -267,8 +314,10 @@ def test_multirun_compares_jobs_and_keeps_a_failed_one(tmp_path, monkeypatch, ca
         rows = list(csv.DictReader(f))
     assert sorted(r["status"] for r in rows) == ["failed", "failed", "ok", "ok"]
     # Each job is labelled by the keys the sweep varies.
-    assert {r["label"] for r in rows if r["status"] == "ok"} == {f"loader.root={data}, loader.backend=torch",
-                                                                 f"loader.root={data}, loader.backend=spdl_pipeline"}
+    assert {r["label"] for r in rows if r["status"] == "ok"} == {
+        f"loader.root={data}, loader.backend=torch",
+        f"loader.root={data}, loader.backend=spdl_pipeline",
+    }
     assert all(j["label"] == ", ".join(j["overrides"][1:3]) for j in jobs)
     assert (sweep / "comparison.html").is_file()
     out, err = capsys.readouterr()
@@ -307,8 +356,17 @@ def test_joblib_launcher_runs_jobs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     sweep = tmp_path / "sweep"
     # Worker processes inside joblib's workers: the loaders must not use loky's start method.
-    code = main(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *TINY, "sweep.num_workers=[1]",
-                 "loader.backend=torch,spdl_pipeline", f"hydra.sweep.dir={sweep}"])
+    code = main(
+        [
+            "-m",
+            "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2",
+            *TINY,
+            "sweep.num_workers=[1]",
+            "loader.backend=torch,spdl_pipeline",
+            f"hydra.sweep.dir={sweep}",
+        ]
+    )
     assert code == 0, capsys.readouterr().err[-3000:]
     jobs = collect_jobs(sweep)
     assert [j["status"] for j in jobs] == ["ok", "ok"], jobs
@@ -320,10 +378,12 @@ def test_joblib_launcher_runs_jobs(tmp_path, monkeypatch, capsys):
 def test_user_loader_yaml_example_in_the_help_is_valid(tmp_path, capsys):
     # The help text shows how to write a loader of one's own: keep it working.
     (tmp_path / "loader").mkdir()
-    (tmp_path / "loader" / "mine.yaml").write_text(textwrap.dedent("""
+    (tmp_path / "loader" / "mine.yaml").write_text(
+        textwrap.dedent("""
         defaults: [/schema/loader/imagenet@_here_, _self_]
         name: mine
         root: /data/mine
-    """))
+    """)
+    )
     assert main(["--config-dir", str(tmp_path), "--cfg", "job", "loader=mine"]) == 0
     assert "root: /data/mine" in capsys.readouterr().out

@@ -19,7 +19,7 @@ from spdl.pipeline.defs import (
     SourceConfig,
 )
 
-from stagebench._isolate import (
+from stagebench.pipeline._isolate import (
     Passthrough,
     PlanError,
     SourceError,
@@ -80,7 +80,8 @@ def chain(plan, items):
 def test_plan_names_types_and_user_settings():
     pool = ThreadPoolExecutor(3)
     cfg = cfg_of(
-        PipelineBuilder().add_source(range(10))
+        PipelineBuilder()
+        .add_source(range(10))
         .pipe(double, concurrency=4)
         .pipe(add_one, concurrency=8, name="add one: async")
         .pipe(double, executor=pool, concurrency=3, output_order="input")
@@ -89,8 +90,13 @@ def test_plan_names_types_and_user_settings():
     )
     plan = plan_pipeline(cfg)
     meta = [s.as_meta() for s in plan.stages]
-    assert [m["name"] for m in meta] == ["double", "add one: async", "double (2)",
-                                         "aggregate(op=collate(3), drop_last=False)", "disaggregate"]
+    assert [m["name"] for m in meta] == [
+        "double",
+        "add one: async",
+        "double (2)",
+        "aggregate(op=collate(3), drop_last=False)",
+        "disaggregate",
+    ]
     assert [m["type"] for m in meta] == ["pipe", "pipe", "pipe", "aggregate", "disaggregate"]
     assert [m["user_executor"] for m in meta] == ["default", "async", "thread", "default", "default"]
     assert [m["user_concurrency"] for m in meta] == [4, 8, 3, 1, 1]
@@ -111,8 +117,9 @@ def test_process_executor_is_recognised():
 
 def test_cached_outputs_equal_what_spdl_delivers():
     """None drops, generators emit each element, async generators too, batches and unbatches."""
-    builder = lambda: (  # noqa: E731
-        PipelineBuilder().add_source(range(20))
+    builder = lambda: (
+        PipelineBuilder()
+        .add_source(range(20))
         .pipe(double, concurrency=2)
         .pipe(add_one, concurrency=4)
         .pipe(odd_only)
@@ -229,8 +236,12 @@ def test_read_source_short_raising_async_and_merged():
     plan = plan_pipeline(cfg_of(PipelineBuilder().add_source(agen()).pipe(double)))
     assert read_source(plan, 3).items == [0, 1, 2]
 
-    sub = [PipelineConfig(src=SourceConfig(range(k * 10, k * 10 + 5)), pipes=[Pipe(double, name="pre")],
-                          sink=SinkConfig(2)) for k in range(2)]
+    sub = [
+        PipelineConfig(
+            src=SourceConfig(range(k * 10, k * 10 + 5)), pipes=[Pipe(double, name="pre")], sink=SinkConfig(2)
+        )
+        for k in range(2)
+    ]
     plan = plan_pipeline(PipelineConfig(src=Merge(sub), pipes=[Pipe(double)], sink=SinkConfig(2)))
     got = read_source(plan, 100).items
     assert sorted(got) == sorted(2 * x for k in range(2) for x in range(k * 10, k * 10 + 5))
@@ -245,8 +256,11 @@ def test_not_isolatable_segments_run_as_a_whole_and_are_listed():
         src=SourceConfig(range(10)),
         pipes=[
             Pipe(double),
-            PathVariants(lambda x: x % 2, [[Pipe(lambda x: x + 1000, name="even")],
-                                           [Pipe(lambda x: x + 2000, name="odd")]], name="route"),
+            PathVariants(
+                lambda x: x % 2,
+                [[Pipe(lambda x: x + 1000, name="even")], [Pipe(lambda x: x + 2000, name="odd")]],
+                name="route",
+            ),
             PlacementConfig(ProcessPoolExecutorConfig(max_workers=1)),
             Pipe(double, name="in region"),
             PlacementConfig(MAIN_PROCESS),
@@ -265,8 +279,9 @@ def test_not_isolatable_segments_run_as_a_whole_and_are_listed():
 def test_nothing_to_diagnose():
     with pytest.raises(PlanError, match="no stages"):
         plan_pipeline(cfg_of(PipelineBuilder().add_source(range(3))))
-    only_variants = PipelineConfig(src=SourceConfig(range(3)), sink=SinkConfig(2),
-                                   pipes=[PathVariants(lambda x: 0, [[Pipe(double)]], name="v")])
+    only_variants = PipelineConfig(
+        src=SourceConfig(range(3)), sink=SinkConfig(2), pipes=[PathVariants(lambda x: 0, [[Pipe(double)]], name="v")]
+    )
     with pytest.raises(PlanError, match="no stage of the pipeline can run alone"):
         plan_pipeline(only_variants)
 
@@ -274,11 +289,13 @@ def test_nothing_to_diagnose():
 @pytest.mark.parametrize("executor", ["thread", "process", "async"])
 def test_validation_pipeline_delivers_the_same_items(executor):
     """The rebuilt pipeline (recommended settings) computes what the user's does."""
+
     def source():
         yield from range(30)
 
     cfg = cfg_of(
-        PipelineBuilder().add_source(range(30))
+        PipelineBuilder()
+        .add_source(range(30))
         .pipe(lambda x: x * 3, name="triple", concurrency=2)  # a lambda: process pools must take it
         .pipe(twice, name="gen")
         .pipe(add_one, name="async one", concurrency=4)

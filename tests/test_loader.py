@@ -22,8 +22,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 
-from _machine import noisy_points  # noqa: E402
-from loader_datasets import (  # noqa: E402
+from _machine import noisy_points
+from loader_datasets import (
     CheapDataset,
     Compose,
     HangingDataset,
@@ -35,23 +35,23 @@ from loader_datasets import (  # noqa: E402
     slow_worker_init,
 )
 
-from stagebench._loader import (  # noqa: E402
-    NOT_APPLICABLE,
+from stagebench.analysis._loader import (
+    recommend,
+    summarize_loader,
+)
+from stagebench.loader._intercept import make_loader_factory, resolve_dataset, sweep_dataset
+from stagebench.loader._sweep import (
     EpochControl,
-    LoaderKnobs,
     LoaderSweepConfig,
     measure_loader_point,
-    normalize_knobs,
     plan_grid,
     run_loader_sweep,
-    summarize_loader,
-    sweep_dataset,
     window_rate,
 )
-from stagebench._loader_findings import format_loader_table, recommend  # noqa: E402
-from stagebench._loader_intercept import make_loader_factory, resolve_dataset  # noqa: E402
-from stagebench._results import read_rows  # noqa: E402
-from stagebench._schema import LOADER_COLUMNS  # noqa: E402
+from stagebench.report._terminal import format_loader_table
+from stagebench.runs._knobs import NOT_APPLICABLE, LoaderKnobs, normalize_knobs
+from stagebench.runs._results import read_rows
+from stagebench.runs._schema import LOADER_COLUMNS
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 
@@ -123,7 +123,7 @@ def test_default_levels_go_to_twice_the_cores():
 
 def test_epoch_control_cycles_limits_and_ends():
     ctl = EpochControl([0, 1, 2])
-    assert list(ctl) == [0, 1, 2]           # a natural epoch
+    assert list(ctl) == [0, 1, 2]  # a natural epoch
     ctl.limit(7)
     assert list(ctl) == [0, 1, 2, 0, 1, 2, 0] and len(ctl) == 7
     ctl.cycle()
@@ -135,11 +135,25 @@ def test_epoch_control_cycles_limits_and_ends():
 
 def _row(nw, sps, *, pf=2, pw=False, mem=300.0, stall=math.nan, half=0.01, threads=1.0, cores=0.5, status="ok"):
     return {
-        "loader": "x", "backend": "torch", "num_workers": nw, "prefetch_factor": pf if nw else math.nan,
-        "persistent_workers": pw, "pin_memory": "n/a", "status": status, "reason": "",
-        "samples_per_s": sps, "samples_per_s_low": sps * (1 - half), "samples_per_s_high": sps * (1 + half),
-        "batches_per_s": sps / 4, "mem_pss_mb": mem, "mem_main_mb": 200.0, "epoch_stall_s": stall,
-        "cores_used": cores, "worker_threads": threads, "elapsed_s": 1.0, "search_phase": "num_workers",
+        "loader": "x",
+        "backend": "torch",
+        "num_workers": nw,
+        "prefetch_factor": pf if nw else math.nan,
+        "persistent_workers": pw,
+        "pin_memory": "n/a",
+        "status": status,
+        "reason": "",
+        "samples_per_s": sps,
+        "samples_per_s_low": sps * (1 - half),
+        "samples_per_s_high": sps * (1 + half),
+        "batches_per_s": sps / 4,
+        "mem_pss_mb": mem,
+        "mem_main_mb": 200.0,
+        "epoch_stall_s": stall,
+        "cores_used": cores,
+        "worker_threads": threads,
+        "elapsed_s": 1.0,
+        "search_phase": "num_workers",
     }
 
 
@@ -174,8 +188,9 @@ def test_findings_from_known_rows():
     assert any(t.startswith("Workers make this loader slower") for t in titles)
     assert s["recommended"]["num_workers"] == 0
     # 2 threads per worker x 4 workers on 2 cores: oversubscription; throughput falls past 2 workers
-    s = summarize_loader([_row(1, 100, threads=2), _row(2, 200, threads=2, cores=1.9),
-                          _row(4, 120, threads=2, cores=1.9)], meta)
+    s = summarize_loader(
+        [_row(1, 100, threads=2), _row(2, 200, threads=2, cores=1.9), _row(4, 120, threads=2, cores=1.9)], meta
+    )
     titles = [f["title"] for f in s["findings"]]
     assert "Thread oversubscription inside the workers" in titles
     assert any(t.startswith("Too many workers") for t in titles)
@@ -197,7 +212,7 @@ def test_dataset_paths_and_loader_arguments_are_checked():
 def test_a_dataset_module_in_the_working_directory_is_found(tmp_path, monkeypatch):
     """`stagebench sweep loader=custom loader.dataset=mydata:make` next to mydata.py: the script, unlike
     `python -m`, has no working directory on sys.path, and said "No module named 'mydata'"."""
-    from stagebench._builtin_loaders import _import_path
+    from stagebench.sweep._builtin_loaders import _import_path
 
     (tmp_path / "sb_cwd_dataset.py").write_text("def make():\n    return [1, 2, 3]\n")
     monkeypatch.chdir(tmp_path)
@@ -221,8 +236,10 @@ def test_sleep_dataset_scales_as_n_over_d():
     """
     factory = make_loader_factory(SleepDataset(n=64, d=D), batch_size=4)
     truth = 1.0 / D
-    rows = {nw: _ok(measure_loader_point(factory, LoaderKnobs(num_workers=nw), config=FAST, batch_size=4))
-            for nw in (0, 2, 4)}
+    rows = {
+        nw: _ok(measure_loader_point(factory, LoaderKnobs(num_workers=nw), config=FAST, batch_size=4))
+        for nw in (0, 2, 4)
+    }
     for nw, row in rows.items():
         expected = max(1, nw) * truth
         assert 0.4 * expected < row["samples_per_s"] < 1.05 * expected, (nw, row["samples_per_s"], expected)
@@ -245,11 +262,12 @@ def test_the_window_spans_whole_rounds_of_workers_that_deliver_in_clumps(t0):
     (39 gaps over 9 periods in a 0.4 s window: 433 samples/s, 8% high); a fresh clone's
     sweep read 424 samples/s for this dataset's 400 ceiling that way.
     """
-    from stagebench._loader import _Event
+    from stagebench.loader._sweep import _Event
 
     period, workers, n = 0.040, 4, 4
-    events = [_Event(t=r * period + w * 1e-4, epoch=0, pid=100 + w, n=n, threads=1)
-              for r in range(40) for w in range(workers)]
+    events = [
+        _Event(t=r * period + w * 1e-4, epoch=0, pid=100 + w, n=n, threads=1) for r in range(40) for w in range(workers)
+    ]
     got = window_rate(events, t0 + 0.2, t0 + 0.6, rnd=workers, batch_size=n, max_groups=10, confidence=0.95)
     assert got["samples_per_s"] == pytest.approx(workers * n / period, rel=1e-3)
     assert got["n_batches"] % workers == 0 and got["n_batches"] >= 32
@@ -257,19 +275,22 @@ def test_the_window_spans_whole_rounds_of_workers_that_deliver_in_clumps(t0):
     assert got["samples_per_s_high"] / got["samples_per_s_low"] < 1.01  # every round alike: a narrow interval
     # one worker: every gap counts
     one = [_Event(t=i * 0.01, epoch=0, pid=1, n=n, threads=1) for i in range(100)]
-    assert window_rate(one, 0.2, 0.6, rnd=1, batch_size=n, max_groups=10,
-                       confidence=0.95)["samples_per_s"] == pytest.approx(400.0)
+    assert window_rate(one, 0.2, 0.6, rnd=1, batch_size=n, max_groups=10, confidence=0.95)[
+        "samples_per_s"
+    ] == pytest.approx(400.0)
     assert window_rate(one, 2.0, 3.0, rnd=1, batch_size=n, max_groups=10, confidence=0.95) == {}
 
 
 def test_spdl_loader_point_and_normalisation():
     factory = make_loader_factory(SleepDataset(n=64, d=D), backend="spdl_pytorch", batch_size=4)
-    row0 = _ok(measure_loader_point(factory, LoaderKnobs(num_workers=0), backend="spdl_pytorch",
-                                    config=FAST, batch_size=4))
+    row0 = _ok(
+        measure_loader_point(factory, LoaderKnobs(num_workers=0), backend="spdl_pytorch", config=FAST, batch_size=4)
+    )
     assert row0["num_workers"] == 1 and "runs as 1" in row0["notes"]
     assert row0["persistent_workers"] == NOT_APPLICABLE
-    row2 = _ok(measure_loader_point(factory, LoaderKnobs(num_workers=2), backend="spdl_pytorch",
-                                    config=FAST, batch_size=4))
+    row2 = _ok(
+        measure_loader_point(factory, LoaderKnobs(num_workers=2), backend="spdl_pytorch", config=FAST, batch_size=4)
+    )
     assert 0.4 * 2 / D < row2["samples_per_s"] < 1.05 * 2 / D
     assert row2["workers_seen"] == 2
 
@@ -279,9 +300,14 @@ def test_untagged_factory_still_measures_and_finds_epoch_boundaries():
     from torch.utils.data import DataLoader
 
     ds = SleepDataset(n=32, d=0.005)
-    row = _ok(measure_loader_point(
-        lambda k: DataLoader(ds, batch_size=4, num_workers=k.num_workers, prefetch_factor=k.prefetch_factor),
-        LoaderKnobs(num_workers=2), config=FAST, batch_size=4))
+    row = _ok(
+        measure_loader_point(
+            lambda k: DataLoader(ds, batch_size=4, num_workers=k.num_workers, prefetch_factor=k.prefetch_factor),
+            LoaderKnobs(num_workers=2),
+            config=FAST,
+            batch_size=4,
+        )
+    )
     assert row["samples_per_s"] > 0 and math.isfinite(row["epoch_stall_s"])
     assert math.isnan(row["workers_seen"])  # not observable without tags
 
@@ -291,8 +317,9 @@ def test_epoch_stall_with_and_without_persistent_workers():
     factory = make_loader_factory(SleepDataset(n=32, d=0.002), batch_size=4, worker_init_fn=slow_worker_init)
     cfg = LoaderSweepConfig(budget_s=0.4, warmup_s=0.1, timeout_s=20, transforms=False)
     plain = _ok(measure_loader_point(factory, LoaderKnobs(num_workers=2), config=cfg, batch_size=4))
-    kept = _ok(measure_loader_point(factory, LoaderKnobs(num_workers=2, persistent_workers=True), config=cfg,
-                                    batch_size=4))
+    kept = _ok(
+        measure_loader_point(factory, LoaderKnobs(num_workers=2, persistent_workers=True), config=cfg, batch_size=4)
+    )
     assert plain["epoch_stall_s"] >= 0.38
     assert kept["epoch_stall_s"] < 0.3
     assert plain["time_to_first_batch_s"] >= 0.38 and kept["time_to_first_batch_s"] >= 0.38
@@ -309,8 +336,7 @@ def test_a_raising_worker_fails_the_point_with_its_message():
 def test_a_raising_item_in_spdl_fails_the_point_too():
     """SPDL's loader only logs a failed batch and carries on: the sweep catches the log."""
     factory = make_loader_factory(RaisingDataset(), batch_size=4, backend="spdl_pytorch")
-    row = measure_loader_point(factory, LoaderKnobs(num_workers=1), backend="spdl_pytorch", config=FAST,
-                               batch_size=4)
+    row = measure_loader_point(factory, LoaderKnobs(num_workers=1), backend="spdl_pytorch", config=FAST, batch_size=4)
     assert row["status"] == "failed" and "item 5 is corrupt" in row["reason"]
 
 
@@ -331,10 +357,10 @@ def test_a_hung_worker_times_out_and_is_torn_down():
 def test_adaptive_search_continues_with_fewer_workers_after_a_crash(tmp_path):
     """Workers SIGKILL themselves (the OOM killer) once 2 run: 2 crashes, the search keeps 0 and 1."""
     factory = make_loader_factory(KillWorkerDataset(kill_at=2), batch_size=4)
-    cfg = LoaderSweepConfig(budget_s=0.4, warmup_s=0.1, timeout_s=20, transforms=False, max_workers=4,
-                            prefetch_factors=(2, 4))
-    s = run_loader_sweep(factory, name="killer", backend="torch", batch_size=4, run_dir=tmp_path / "run",
-                         config=cfg)
+    cfg = LoaderSweepConfig(
+        budget_s=0.4, warmup_s=0.1, timeout_s=20, transforms=False, max_workers=4, prefetch_factors=(2, 4)
+    )
+    s = run_loader_sweep(factory, name="killer", backend="torch", batch_size=4, run_dir=tmp_path / "run", config=cfg)
     pts = {(p["num_workers"], p["prefetch_factor"], p["persistent_workers"]): p for p in s["points"]}
     crashed = pts[(2, 2, False)]
     assert crashed["status"] == "crashed" and "SIGKILL" in crashed["reason"]
@@ -351,11 +377,19 @@ def test_adaptive_search_continues_with_fewer_workers_after_a_crash(tmp_path):
 def cheap_run(tmp_path_factory):
     """In-memory tensors, grid 0 and 2 workers, the user's own setting (1 worker) measured too."""
     out = tmp_path_factory.mktemp("cheap") / "run"
-    cfg = LoaderSweepConfig(strategy="grid", num_workers=(0, 2), prefetch_factors=(2,),
-                            persistent_workers=(False,), budget_s=0.5, warmup_s=0.1, timeout_s=20,
-                            transforms=False)
-    summary = sweep_dataset(CheapDataset(n=2048, dim=128), batch_size=32, run_dir=out, config=cfg,
-                            num_workers=1, progress=None)
+    cfg = LoaderSweepConfig(
+        strategy="grid",
+        num_workers=(0, 2),
+        prefetch_factors=(2,),
+        persistent_workers=(False,),
+        budget_s=0.5,
+        warmup_s=0.1,
+        timeout_s=20,
+        transforms=False,
+    )
+    summary = sweep_dataset(
+        CheapDataset(n=2048, dim=128), batch_size=32, run_dir=out, config=cfg, num_workers=1, progress=None
+    )
     return out, summary
 
 
@@ -366,15 +400,24 @@ def test_more_workers_than_cores_is_measured_without_torchs_warning(tmp_path):
 
     import torch
 
-    from stagebench._resources import usable_cores
+    from stagebench.core._resources import usable_cores
 
     many = usable_cores() + 1
-    cfg = LoaderSweepConfig(strategy="grid", num_workers=(many,), prefetch_factors=(2,), persistent_workers=(False,),
-                            budget_s=0.3, warmup_s=0.05, timeout_s=20, transforms=False)
+    cfg = LoaderSweepConfig(
+        strategy="grid",
+        num_workers=(many,),
+        prefetch_factors=(2,),
+        persistent_workers=(False,),
+        budget_s=0.3,
+        warmup_s=0.05,
+        timeout_s=20,
+        transforms=False,
+    )
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        s = sweep_dataset(CheapDataset(n=256, dim=8), batch_size=32, run_dir=tmp_path / "run", config=cfg,
-                          progress=None)
+        s = sweep_dataset(
+            CheapDataset(n=256, dim=8), batch_size=32, run_dir=tmp_path / "run", config=cfg, progress=None
+        )
         assert s["points"] and s["points"][0]["num_workers"] == many
         assert not [w for w in seen if "worker processes in total" in str(w.message)]
         torch.utils.data.DataLoader(CheapDataset(n=8, dim=2), num_workers=many)  # outside the sweep: torch's own
@@ -410,13 +453,23 @@ def test_run_dir_follows_the_contract(cheap_run):
     assert on_disk["kind"] == "loader"
     for key in ("recommended", "best", "points", "search", "target", "findings", "transforms", "verdict"):
         assert key in on_disk
-    assert set(on_disk["recommended"]) >= {"num_workers", "prefetch_factor", "persistent_workers", "pin_memory",
-                                           "samples_per_s", "samples_per_s_low", "samples_per_s_high", "why"}
+    assert set(on_disk["recommended"]) >= {
+        "num_workers",
+        "prefetch_factor",
+        "persistent_workers",
+        "pin_memory",
+        "samples_per_s",
+        "samples_per_s_low",
+        "samples_per_s_high",
+        "why",
+    }
     assert on_disk["search"]["points_measured"] == 3
     # rebuilt from the saved rows: the same recommendation
     again = summarize_loader(rows, meta)
-    assert again["recommended"] == pytest.approx(on_disk["recommended"]) or \
-        again["recommended"]["num_workers"] == on_disk["recommended"]["num_workers"]
+    assert (
+        again["recommended"] == pytest.approx(on_disk["recommended"])
+        or again["recommended"]["num_workers"] == on_disk["recommended"]["num_workers"]
+    )
     assert again["verdict"] == on_disk["verdict"]
     table = format_loader_table(on_disk)
     assert "verdict:" in table and "*" in table
@@ -424,8 +477,9 @@ def test_run_dir_follows_the_contract(cheap_run):
 
 @pytest.mark.slow
 def test_adaptive_search_on_sleep_dataset_saves_time(tmp_path):
-    cfg = LoaderSweepConfig(budget_s=0.4, warmup_s=0.1, timeout_s=20, transforms=False, max_workers=4,
-                            prefetch_factors=(2, 4))
+    cfg = LoaderSweepConfig(
+        budget_s=0.4, warmup_s=0.1, timeout_s=20, transforms=False, max_workers=4, prefetch_factors=(2, 4)
+    )
     s = sweep_dataset(SleepDataset(n=64, d=D), batch_size=4, run_dir=tmp_path / "run", config=cfg)
     phases = [p["search_phase"] for p in s["points"]]
     assert phases[0] == "num_workers" and "prefetch_factor" in phases and "persistent_workers" in phases
@@ -442,8 +496,10 @@ def test_adaptive_search_on_sleep_dataset_saves_time(tmp_path):
     if nw.get(1, 0) < 0.7 / D:
         pytest.skip(f"the machine's sleeps ran long: one worker did {nw.get(1)} samples/s, ~{1 / D:.0f} expected")
     if nw.get(2, 0) < 1.5 * nw.get(1, math.inf):
-        pytest.skip(f"the machine did not let sleeping workers scale (1 worker {nw.get(1)}, 2 workers "
-                    f"{nw.get(2)} samples/s), so the search rightly stopped early")
+        pytest.skip(
+            f"the machine did not let sleeping workers scale (1 worker {nw.get(1)}, 2 workers "
+            f"{nw.get(2)} samples/s), so the search rightly stopped early"
+        )
     assert s["best"]["num_workers"] == 4
     assert s["best"]["samples_per_s"] < 1.05 * 4 / D
     assert any(f["evidence"].get("classification") == "io-bound" for f in s["findings"])
@@ -451,20 +507,30 @@ def test_adaptive_search_on_sleep_dataset_saves_time(tmp_path):
 
 @pytest.mark.slow
 def test_composed_transform_is_measured_stage_by_stage(tmp_path):
-    from stagebench._loader_transforms import TRANSFORMS_CSV, isolate_transforms
-    from stagebench._schema import STAGE_COLUMNS
+    from stagebench.loader._transforms import isolate_transforms
+    from stagebench.runs._results import TRANSFORMS_CSV
+    from stagebench.runs._schema import STAGE_COLUMNS
 
     ds = SleepDataset(n=32, d=0.0, transform=Compose([sleepy_transform, scale_transform]))
-    cfg = LoaderSweepConfig(transform_items=6, transform_budget_s=0.2, transform_max_concurrency=2, warmup_s=0.1,
-                            transform_executors=("thread",))  # process pools cost seconds each here
+    cfg = LoaderSweepConfig(
+        transform_items=6,
+        transform_budget_s=0.2,
+        transform_max_concurrency=2,
+        warmup_s=0.1,
+        transform_executors=("thread",),
+    )  # process pools cost seconds each here
     stages = isolate_transforms(ds, run_dir=tmp_path, config=cfg)
     assert [s["name"] for s in stages] == ["sleepy_transform", "scale_transform"]
     assert [s["index"] for s in stages] == [0, 1]
     assert ds.transform.transforms[0] is sleepy_transform  # the dataset is put back as it was
     rows = read_rows(tmp_path / TRANSFORMS_CSV)
     assert tuple(rows.columns) == STAGE_COLUMNS
-    sleepy = rows[(rows["stage"] == "sleepy_transform") & (rows["role"] == "stage") & (rows["executor"] == "thread")
-                  & (rows["concurrency"] == 1)]
+    sleepy = rows[
+        (rows["stage"] == "sleepy_transform")
+        & (rows["role"] == "stage")
+        & (rows["executor"] == "thread")
+        & (rows["concurrency"] == 1)
+    ]
     assert float(sleepy["qps"].iloc[0]) < 1.1 / 0.004  # a 4 ms sleep cannot run faster than 250/s on one thread
 
 
@@ -478,19 +544,35 @@ def test_an_empty_dataset_fails_fast_with_a_reason():
 
 def test_pin_memory_is_swept_where_cuda_is_present(tmp_path, monkeypatch):
     """Plumbing only (this machine has no GPU): with CUDA reported, pin_memory gets real True/False rows."""
-    import stagebench._loader as loader_mod
+    import stagebench.loader._sweep as loader_mod
 
     monkeypatch.setattr(loader_mod, "_cuda_available", lambda: True)
-    cfg = LoaderSweepConfig(strategy="grid", num_workers=(1,), prefetch_factors=(2,), persistent_workers=(False,),
-                            budget_s=0.3, warmup_s=0.1, timeout_s=20, transforms=False, epoch_stall=False)
+    cfg = LoaderSweepConfig(
+        strategy="grid",
+        num_workers=(1,),
+        prefetch_factors=(2,),
+        persistent_workers=(False,),
+        budget_s=0.3,
+        warmup_s=0.1,
+        timeout_s=20,
+        transforms=False,
+        epoch_stall=False,
+    )
     s = sweep_dataset(SleepDataset(n=32, d=0.002), batch_size=4, run_dir=tmp_path / "run", config=cfg)
     assert [p["pin_memory"] for p in s["points"]] == [False, True]
     assert all(p["status"] == "ok" for p in s["points"])
 
 
 def test_memory_budget_stops_the_search_and_is_reported(tmp_path):
-    cfg = LoaderSweepConfig(num_workers=(0, 1, 2), memory_budget_mb=1.0, budget_s=0.3, warmup_s=0.1,
-                            timeout_s=20, transforms=False, epoch_stall=False)
+    cfg = LoaderSweepConfig(
+        num_workers=(0, 1, 2),
+        memory_budget_mb=1.0,
+        budget_s=0.3,
+        warmup_s=0.1,
+        timeout_s=20,
+        transforms=False,
+        epoch_stall=False,
+    )
     s = sweep_dataset(SleepDataset(n=32, d=0.002), batch_size=4, run_dir=tmp_path / "run", config=cfg)
     assert [p["num_workers"] for p in s["points"]] == [0]  # a python process alone is over 1 MB
     assert any("over the memory budget" in x for x in s["search"]["stopped"])
@@ -500,9 +582,13 @@ def test_memory_budget_stops_the_search_and_is_reported(tmp_path):
 
 def test_user_setting_found_when_the_search_already_measured_it():
     rows = [_row(0, 100), _row(2, 200), _row(4, 205, mem=900)]
-    meta = {"settings": {"memory_budget_mb": None, "usable_cores": 2, "cuda": False},
-            "loader": {"backend": "torch", "user_knobs": {"num_workers": 4, "prefetch_factor": None,
-                                                          "persistent_workers": False, "pin_memory": True}}}
+    meta = {
+        "settings": {"memory_budget_mb": None, "usable_cores": 2, "cuda": False},
+        "loader": {
+            "backend": "torch",
+            "user_knobs": {"num_workers": 4, "prefetch_factor": None, "persistent_workers": False, "pin_memory": True},
+        },
+    }
     s = summarize_loader(rows, meta)
     assert s["user_setting"]["num_workers"] == 4  # pin_memory normalised away: no CUDA
     assert s["recommended"]["num_workers"] == 2
@@ -517,10 +603,18 @@ def test_a_used_run_dir_is_refused(cheap_run):
 
 def test_each_loader_point_prints_its_knobs_and_samples_per_s(tmp_path, capsys):
     """The progress line of a loader point names its workers and prefetch and the rate the row recorded."""
-    cfg = LoaderSweepConfig(strategy="grid", num_workers=(1,), prefetch_factors=(3,), persistent_workers=(False,),
-                            budget_s=0.3, warmup_s=0.1, timeout_s=20, transforms=False, epoch_stall=False)
-    s = sweep_dataset(SleepDataset(n=32, d=0.002), batch_size=4, name="sleepy", run_dir=tmp_path / "run",
-                      config=cfg)
+    cfg = LoaderSweepConfig(
+        strategy="grid",
+        num_workers=(1,),
+        prefetch_factors=(3,),
+        persistent_workers=(False,),
+        budget_s=0.3,
+        warmup_s=0.1,
+        timeout_s=20,
+        transforms=False,
+        epoch_stall=False,
+    )
+    s = sweep_dataset(SleepDataset(n=32, d=0.002), batch_size=4, name="sleepy", run_dir=tmp_path / "run", config=cfg)
     (point,) = s["points"]
     _ok(point)
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[stagebench] sleepy |")]
@@ -531,7 +625,7 @@ def test_a_perfectly_regular_stream_still_lies_inside_its_interval():
     """Every gap alike: a zero-width interval that must hold the rate to the last bit (groups of unequal size)."""
     import numpy as np
 
-    from stagebench._loader import _Event
+    from stagebench.loader._sweep import _Event
 
     rng = np.random.default_rng(5)
     for _ in range(100):

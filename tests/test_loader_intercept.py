@@ -18,10 +18,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 
-from loader_datasets import SleepDataset, slow_worker_init  # noqa: E402
+from loader_datasets import SleepDataset, slow_worker_init
 
-from stagebench._loader import LoaderKnobs  # noqa: E402
-from stagebench._loader_intercept import factory_from_loader, install_dataloader_hook  # noqa: E402
+from stagebench.loader._intercept import factory_from_loader, install_dataloader_hook
+from stagebench.runs._knobs import LoaderKnobs
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 SCRIPT = Path(__file__).parent / "scripts" / "loader_train.py"
@@ -33,8 +33,8 @@ def test_unmodified_script_is_swept_and_its_loop_never_runs(tmp_path):
     marker = tmp_path / "marker"
     code = textwrap.dedent(f"""
         import runpy, sys
-        from stagebench._loader import LoaderSweepConfig
-        from stagebench._loader_intercept import diagnose_first_loader
+        from stagebench.loader._sweep import LoaderSweepConfig
+        from stagebench.loader._intercept import diagnose_first_loader
         cfg = LoaderSweepConfig(strategy="grid", num_workers=(0, 2), prefetch_factors=(2,),
                                 persistent_workers=(False,), budget_s=0.3, warmup_s=0.1, timeout_s=20,
                                 transform_items=4, transform_budget_s=0.1, transform_max_concurrency=1,
@@ -45,8 +45,9 @@ def test_unmodified_script_is_swept_and_its_loop_never_runs(tmp_path):
         print("SCRIPT RETURNED")
     """)
     env = {**os.environ, "LOADER_TRAIN_MARKER": str(marker)}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not marker.exists(), "the loop body ran"
     assert "SCRIPT RETURNED" not in proc.stdout  # SystemExit(0) from the for statement
@@ -75,8 +76,16 @@ def test_factory_rebuilds_a_caught_torch_loader_with_its_own_objects():
         return list(batch)
 
     ds = SleepDataset(n=20, d=0.0)
-    dl = DataLoader(ds, batch_size=5, collate_fn=collate, worker_init_fn=slow_worker_init, num_workers=2,
-                    prefetch_factor=3, persistent_workers=True, drop_last=True)
+    dl = DataLoader(
+        ds,
+        batch_size=5,
+        collate_fn=collate,
+        worker_init_fn=slow_worker_init,
+        num_workers=2,
+        prefetch_factor=3,
+        persistent_workers=True,
+        drop_last=True,
+    )
     factory, backend = factory_from_loader(dl)
     assert backend == "torch" and factory.dataset is ds and factory.batch_size == 5
     assert factory.collate_fn is collate and factory.worker_init_fn is slow_worker_init
@@ -117,7 +126,9 @@ def test_hook_catches_only_the_first_iterated_loader_and_can_be_removed():
         assert len(list(b)) == 2  # iterating still works: the callback returned normally
         assert len(list(a)) == 2
         assert caught == [b]
-        assert DataLoader.__iter__ is DataLoader.__dict__["__iter__"] and not hasattr(DataLoader.__iter__, "__wrapped__")
+        assert DataLoader.__iter__ is DataLoader.__dict__["__iter__"] and not hasattr(
+            DataLoader.__iter__, "__wrapped__"
+        )
     finally:
         uninstall()
     caught.clear()
@@ -135,11 +146,21 @@ def test_stagebench_diagnose_catches_a_dataloader_script(tmp_path):
 
     marker = tmp_path / "marker"
     out = tmp_path / "run"
-    env = {**os.environ, "LOADER_TRAIN_MARKER": str(marker), "STAGEBENCH_BUDGET_S": "0.3",
-           "STAGEBENCH_EXECUTORS": "thread", "STAGEBENCH_CONCURRENCY": "1,2"}
+    env = {
+        **os.environ,
+        "LOADER_TRAIN_MARKER": str(marker),
+        "STAGEBENCH_BUDGET_S": "0.3",
+        "STAGEBENCH_EXECUTORS": "thread",
+        "STAGEBENCH_CONCURRENCY": "1,2",
+    }
     script = Path(__file__).parent / "scripts" / "loader_train.py"
-    r = subprocess.run([sys.executable, "-m", "stagebench", "diagnose", "--out", str(out), str(script)],
-                       env=env, capture_output=True, text=True, timeout=400)
+    r = subprocess.run(
+        [sys.executable, "-m", "stagebench", "diagnose", "--out", str(out), str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert not marker.exists(), "the training loop body ran"
     assert {"results.csv", "summary.json", "run.json"} <= {p.name for p in out.iterdir()}

@@ -18,8 +18,8 @@ from functools import partial
 
 import numpy as np
 import pytest
-
 from _machine import quiet_machine
+
 from stagebench import MeasureConfig, measure_stage
 
 CORES = len(os.sched_getaffinity(0))
@@ -89,8 +89,10 @@ def test_sleep_stage_matches_c_over_d(executor, fn):
         lat = row["latency_mean_ms"] / 1e3
         assert abs(row["qps"] - c / lat) / (c / lat) < 0.05, (c, row["qps"], c / lat)
         if abs(row["qps"] - truth) / truth >= 0.10 and not 0.95 < lat / lat0 < 1.05:
-            pytest.skip(f"the machine's sleeps changed length: calls took {lat * 1e3:.1f} ms (mean) at c={c} against "
-                        f"{lat0 * 1e3:.1f} ms at c=1, so {row['qps']:,.0f} items/s against c/d = {truth:,.0f}")
+            pytest.skip(
+                f"the machine's sleeps changed length: calls took {lat * 1e3:.1f} ms (mean) at c={c} against "
+                f"{lat0 * 1e3:.1f} ms at c=1, so {row['qps']:,.0f} items/s against c/d = {truth:,.0f}"
+            )
         assert abs(row["qps"] - truth) / truth < 0.10, (c, row["qps"], truth)
         assert row["qps_low"] <= row["qps"] <= row["qps_high"]
         # sleeping uses (almost) no CPU: io-bound evidence must be visible
@@ -188,8 +190,9 @@ def test_page_faults_per_item_count_the_fresh_pages_a_call_touches(executor):
     row = _ok(measure_stage(touch_fresh_pages, list(range(16)), executor=executor, concurrency=1, config=FAST))
     # the harness adds a few faults of its own (and, on processes, the item's round trip), never removes any
     assert truth * 0.9 <= row["minor_faults_per_item"] <= truth * 1.3 + 20, (row["minor_faults_per_item"], truth)
-    quiet = _ok(measure_stage(partial(sleep_stage, d=0.005), list(range(16)), executor=executor, concurrency=1,
-                              config=FAST))
+    quiet = _ok(
+        measure_stage(partial(sleep_stage, d=0.005), list(range(16)), executor=executor, concurrency=1, config=FAST)
+    )
     assert 0 <= quiet["minor_faults_per_item"] < 50
 
 
@@ -212,14 +215,15 @@ def test_gc_seconds_per_item_are_the_collections_the_stage_ran():
     row = _ok(measure_stage(collect_garbage, list(range(16)), executor="thread", concurrency=1, config=FAST))
     # the harness's own young collections add a little; a loaded machine stretches both
     assert 0.6 * truth <= row["gc_s_per_item"] <= 1.6 * truth + 2e-4, (row["gc_s_per_item"], truth)
-    quiet = _ok(measure_stage(partial(sleep_stage, d=0.005), list(range(16)), executor="thread", concurrency=1,
-                              config=FAST))
+    quiet = _ok(
+        measure_stage(partial(sleep_stage, d=0.005), list(range(16)), executor="thread", concurrency=1, config=FAST)
+    )
     assert 0 <= quiet["gc_s_per_item"] < 0.1 * truth
     del keep
 
 
 def test_page_fault_cost_is_a_plausible_time():
-    from stagebench._resources import page_fault_cost_s
+    from stagebench.core._resources import page_fault_cost_s
 
     cost = page_fault_cost_s(mb=8)
     if cost is None:  # said, not passed silently: nothing to check on this host
@@ -307,8 +311,7 @@ def test_hanging_stage_times_out_and_is_cleaned_up(executor, tmp_path):
         pids = [int(p.stem) for p in tmp_path.glob("*.pid")]
         assert pids, "the stage never started in a worker"
         # the workers that were stuck in the stage are gone when measure_stage returns
-        alive = [pid for pid in pids if psutil.pid_exists(pid)
-                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
         assert not alive, alive
 
 
@@ -322,7 +325,7 @@ def test_crashing_worker_is_recorded_with_exit_code(harness):
 def test_a_pool_error_is_a_crash_by_its_type_not_its_message():
     from concurrent.futures.process import BrokenProcessPool
 
-    from stagebench._executors import pool_failure
+    from stagebench.core._executors import pool_failure
 
     class TerminatedWorkerError(Exception):  # loky's, matched by name (loky is not imported for it)
         pass
@@ -330,8 +333,11 @@ def test_a_pool_error_is_a_crash_by_its_type_not_its_message():
     class MyBroken(BrokenProcessPool):
         pass
 
-    for exc in (BrokenProcessPool("A process in the process pool was terminated abruptly"),
-                TerminatedWorkerError("worker exited"), MyBroken("x")):
+    for exc in (
+        BrokenProcessPool("A process in the process pool was terminated abruptly"),
+        TerminatedWorkerError("worker exited"),
+        MyBroken("x"),
+    ):
         status, reason = pool_failure(exc, None)
         assert (status, reason) == ("crashed", "a worker process died"), exc
     status, reason = pool_failure(ValueError("unterminated string in the item"), None)
@@ -392,8 +398,8 @@ def _hang_on_negative(x):
 
 
 def test_a_pool_grows_across_levels_and_runs_the_stage_and_its_ceiling():
-    from stagebench._executors import WorkerPool
-    from stagebench._measure import identity
+    from stagebench.core._executors import WorkerPool
+    from stagebench.core._measure import identity
 
     inputs = list(range(20))
     with WorkerPool(sleep_stage) as pool:
@@ -401,12 +407,14 @@ def test_a_pool_grows_across_levels_and_runs_the_stage_and_its_ceiling():
         first = set(pool.pids())
         r2 = _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=4, config=FAST, pool=pool))
         grown = set(pool.pids())
-        ceil = _ok(measure_stage(identity, inputs, executor="process", concurrency=4, config=FAST, pool=pool,
-                                 role="ceiling"))
+        ceil = _ok(
+            measure_stage(identity, inputs, executor="process", concurrency=4, config=FAST, pool=pool, role="ceiling")
+        )
         assert pool.starts == 1 and first < grown and len(grown) == 4 and set(pool.pids()) == grown
         # every point runs on exactly c workers, all of which delivered
         assert (r1["workers_seen"], r2["workers_seen"], ceil["workers_seen"]) == (1, 4, 4)
         assert ceil["qps"] > 2 * r2["qps"]  # no work: only the IPC
+
         # a grown pool measures what a fresh one does (20 ms sleeps at c=4 are 4x c=1 in both). On a
         # quiet machine they agree within 3%, beside two busy processes within 6%; on this VM on a
         # noisy day two such short points differed by 18% (146 vs 179/s), and CI once read a fresh
@@ -415,8 +423,9 @@ def test_a_pool_grows_across_levels_and_runs_the_stage_and_its_ceiling():
         # pairs decides: a grown pool that is really slower loses every pair. Running on fewer
         # workers than asked is caught above (workers_seen), not by this comparison.
         def pair(grown_row=None):
-            g = grown_row or _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=4,
-                                               config=FAST, pool=pool))
+            g = grown_row or _ok(
+                measure_stage(sleep_stage, inputs, executor="process", concurrency=4, config=FAST, pool=pool)
+            )
             f = _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=4, config=FAST))
             assert f["workers_seen"] == 4
             return g["qps"] / f["qps"], (round(g["qps"]), round(f["qps"]))
@@ -444,7 +453,7 @@ def test_process_points_run_on_the_standard_library_pool_without_rerunning_an_un
         "import concurrent.futures as cf, os\n"
         f"open({str(marker)!r}, 'a').write(f'{{os.getpid()}}\\n')  # unguarded top level, as in many train.py\n"
         "from stagebench import MeasureConfig, measure_stage\n"
-        "from stagebench._executors import WorkerPool\n"
+        "from stagebench.core._executors import WorkerPool\n"
         "def double(x):\n"
         "    return 2 * x\n"
         "with WorkerPool(double) as pool:\n"
@@ -460,7 +469,7 @@ def test_process_points_run_on_the_standard_library_pool_without_rerunning_an_un
 
 
 def test_a_point_with_a_hung_worker_discards_the_pool():
-    from stagebench._executors import WorkerPool
+    from stagebench.core._executors import WorkerPool
 
     cfg = MeasureConfig(budget_s=0.3, warmup_s=0.1, timeout_s=3)
     with WorkerPool(_hang_on_negative) as pool:
@@ -472,7 +481,7 @@ def test_a_point_with_a_hung_worker_discards_the_pool():
 
 
 def test_a_pool_refuses_a_stage_it_does_not_run():
-    from stagebench._executors import WorkerPool
+    from stagebench.core._executors import WorkerPool
 
     with WorkerPool(sleep_stage) as pool, pytest.raises(ValueError, match="this pool runs"):
         measure_stage(python_loop, [1], executor="process", concurrency=1, config=FAST, pool=pool)
@@ -504,8 +513,9 @@ def test_spdl_thread_harness_reads_the_stages_own_cpu_per_call():
     # the process's CPU per item also holds SPDL's own scheduling: clearly more than the call's
     assert row["cpu_s_per_item"] * 1e3 > row["call_cpu_ms"] + 0.1
     # a stage that only waits uses almost none of its own
-    nap = measure_stage(_OwnCpu(0.0, 2.0), list(range(50)), executor="thread", concurrency=2, harness="spdl",
-                        config=cfg)
+    nap = measure_stage(
+        _OwnCpu(0.0, 2.0), list(range(50)), executor="thread", concurrency=2, harness="spdl", config=cfg
+    )
     assert nap["call_cpu_ms"] < 0.2
     # only where it is timed: the direct harness and other executors leave it empty
     direct = measure_stage(_OwnCpu(0.0, 1.0), list(range(50)), executor="thread", concurrency=2, config=cfg)

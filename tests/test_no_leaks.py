@@ -102,8 +102,10 @@ def _snapshot() -> dict[str, object]:
         "signals": {s: signal.getsignal(getattr(signal, s)) for s in _SIGNALS},
         "patched": _patched_attributes(),
         # pytest's own capture handlers come and go between test phases
-        "handlers": {n: [h for h in logging.getLogger(n).handlers if not type(h).__module__.startswith("_pytest")]
-                     for n in _LOGGERS},
+        "handlers": {
+            n: [h for h in logging.getLogger(n).handlers if not type(h).__module__.startswith("_pytest")]
+            for n in _LOGGERS
+        },
         "levels": {n: logging.getLogger(n).level for n in _LOGGERS},
         "switch_interval": sys.getswitchinterval(),
         "env": {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"},
@@ -128,8 +130,11 @@ class _State:
         return [t for t in threading.enumerate() if t not in self.threads and t.is_alive()]
 
     def new_children(self) -> dict[int, str]:
-        return {pid: what for pid, what in _children().items()
-                if pid not in self.children and not _is_resource_tracker(what)}
+        return {
+            pid: what
+            for pid, what in _children().items()
+            if pid not in self.children and not _is_resource_tracker(what)
+        }
 
     def leaks(self, grace_s: float = _GRACE_S) -> list[str]:
         deadline = time.monotonic() + grace_s
@@ -143,8 +148,9 @@ class _State:
             if now == before:
                 continue
             if isinstance(before, dict) and isinstance(now, dict):
-                diff = {k: (before.get(k), now.get(k)) for k in before.keys() | now.keys()
-                        if before.get(k) != now.get(k)}
+                diff = {
+                    k: (before.get(k), now.get(k)) for k in before.keys() | now.keys() if before.get(k) != now.get(k)
+                }
                 out.append(f"{key} changed (before, after): {diff!r}")
             else:
                 out.append(f"{key} changed: {before!r} -> {now!r}")
@@ -153,8 +159,10 @@ class _State:
             out.append(f"more than one resource tracker of a kind: {many}")
         native = _native_threads()
         if native > self.native:
-            out.append(f"native threads: {self.native} -> {native} "
-                       f"(Python threads {len(self.threads)} -> {threading.active_count()})")
+            out.append(
+                f"native threads: {self.native} -> {native} "
+                f"(Python threads {len(self.threads)} -> {threading.active_count()})"
+            )
         return out
 
 
@@ -163,13 +171,13 @@ def _imports() -> None:
     import joblib  # noqa: F401 - sets KMP_INIT_AT_FORK on import; the stage cache imports it lazily
     import loky  # noqa: F401
     import scipy.stats  # noqa: F401 - its OpenBLAS starts a native thread on import
-    import spdl.dataloader  # noqa: F401
+    import spdl.dataloader
     import spdl.pipeline  # noqa: F401
     import torch.utils.data  # noqa: F401
 
-    import stagebench._diagnose  # noqa: F401
-    import stagebench._loader  # noqa: F401
-    import stagebench._report  # noqa: F401
+    import stagebench.loader._sweep
+    import stagebench.pipeline._diagnose
+    import stagebench.report._render  # noqa: F401
 
 
 def spin(x):
@@ -198,14 +206,22 @@ def _imported():
 def test_sweep_stage_leaves_nothing_behind():
     state = _State()
     from stagebench import sweep_stage
-    from stagebench._config import MeasureConfig, SweepConfig
+    from stagebench.core._config import MeasureConfig, SweepConfig
 
     m = MeasureConfig(budget_s=0.15, warmup_s=0.05, timeout_s=10)
     for fn in (spin, async_sleepy):
         for harness in ("direct", "spdl"):
-            df = sweep_stage(fn, list(range(16)), config=SweepConfig(
-                executors=("thread", "process", "async"), concurrency=(1, 2), harnesses=(harness,),
-                ceiling=False, measure=m))
+            df = sweep_stage(
+                fn,
+                list(range(16)),
+                config=SweepConfig(
+                    executors=("thread", "process", "async"),
+                    concurrency=(1, 2),
+                    harnesses=(harness,),
+                    ceiling=False,
+                    measure=m,
+                ),
+            )
             assert (df["status"] == "ok").all(), df[["executor", "harness", "status", "reason"]]
     leaks = state.leaks()
     assert not leaks, "\n".join(leaks)
@@ -216,15 +232,25 @@ def test_loader_sweep_leaves_nothing_behind(tmp_path):
     from loader_datasets import SleepDataset
 
     from stagebench import run_loader_sweep
-    from stagebench._loader import LoaderSweepConfig
-    from stagebench._loader_intercept import make_loader_factory
+    from stagebench.loader._intercept import make_loader_factory
+    from stagebench.loader._sweep import LoaderSweepConfig
 
-    cfg = LoaderSweepConfig(strategy="grid", num_workers=(0, 1), prefetch_factors=(2,), persistent_workers=(False,),
-                            pin_memory=(False,), budget_s=0.3, warmup_s=0.05, timeout_s=15, transforms=False)
+    cfg = LoaderSweepConfig(
+        strategy="grid",
+        num_workers=(0, 1),
+        prefetch_factors=(2,),
+        persistent_workers=(False,),
+        pin_memory=(False,),
+        budget_s=0.3,
+        warmup_s=0.05,
+        timeout_s=15,
+        transforms=False,
+    )
     for backend in ("torch", "spdl_pytorch"):
         factory = make_loader_factory(SleepDataset(n=32, d=0.002), batch_size=4, backend=backend)
-        s = run_loader_sweep(factory, name="tiny", backend=backend, batch_size=4, run_dir=tmp_path / backend,
-                             config=cfg)
+        s = run_loader_sweep(
+            factory, name="tiny", backend=backend, batch_size=4, run_dir=tmp_path / backend, config=cfg
+        )
         assert s["points"] and all(p["status"] == "ok" for p in s["points"]), s["points"]
     leaks = state.leaks()
     assert not leaks, "\n".join(leaks)
@@ -234,17 +260,31 @@ def test_diagnose_pipeline_leaves_nothing_behind(tmp_path):
     state = _State()
     from spdl.pipeline import PipelineBuilder
 
-    from stagebench._diagnose import DiagnoseSettings, diagnose_pipeline
+    from stagebench.pipeline._diagnose import diagnose_pipeline
+    from stagebench.pipeline._settings import DiagnoseSettings
 
-    cfg = (PipelineBuilder().add_source(range(100))
-           .pipe(sleepy, concurrency=2)
-           .pipe(async_sleepy, concurrency=2)
-           .add_sink(2).get_config())
-    settings = DiagnoseSettings(num_items=16, budget_s=0.15, warmup_s=0.05, timeout_s=5.0, concurrency=(1, 2),
-                                executors=("thread", "process"), harnesses=("direct", "spdl"), validation_s=0.3,
-                                cache_dir="off")
-    summary = diagnose_pipeline(cfg, out=tmp_path / "run", settings=settings, command=["t.py"], show_table=False,
-                                report=False)
+    cfg = (
+        PipelineBuilder()
+        .add_source(range(100))
+        .pipe(sleepy, concurrency=2)
+        .pipe(async_sleepy, concurrency=2)
+        .add_sink(2)
+        .get_config()
+    )
+    settings = DiagnoseSettings(
+        num_items=16,
+        budget_s=0.15,
+        warmup_s=0.05,
+        timeout_s=5.0,
+        concurrency=(1, 2),
+        executors=("thread", "process"),
+        harnesses=("direct", "spdl"),
+        validation_s=0.3,
+        cache_dir="off",
+    )
+    summary = diagnose_pipeline(
+        cfg, out=tmp_path / "run", settings=settings, command=["t.py"], show_table=False, report=False
+    )
     assert [s["name"] for s in summary["stages"]] == ["sleepy", "async_sleepy"]
     leaks = state.leaks()
     assert not leaks, "\n".join(leaks)
@@ -296,12 +336,19 @@ with pipeline.auto_stop():
 
 def test_stagebench_diagnose_in_process_leaves_nothing_behind(tmp_path, monkeypatch):
     """`stagebench diagnose script.py` run in-process (as `_cli.main` would): the hooks go with it."""
-    from stagebench._diagnose import run_script
+    from stagebench.pipeline._script import run_script
 
-    for var, value in {"STAGEBENCH_BUDGET_S": "0.15", "STAGEBENCH_WARMUP_S": "0.05", "STAGEBENCH_TIMEOUT_S": "5",
-                       "STAGEBENCH_VALIDATION_S": "0", "STAGEBENCH_CONCURRENCY": "1,2",
-                       "STAGEBENCH_EXECUTORS": "thread,process", "STAGEBENCH_HARNESSES": "direct",
-                       "STAGEBENCH_CACHE_DIR": "off", "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS": "16"}.items():
+    for var, value in {
+        "STAGEBENCH_BUDGET_S": "0.15",
+        "STAGEBENCH_WARMUP_S": "0.05",
+        "STAGEBENCH_TIMEOUT_S": "5",
+        "STAGEBENCH_VALIDATION_S": "0",
+        "STAGEBENCH_CONCURRENCY": "1,2",
+        "STAGEBENCH_EXECUTORS": "thread,process",
+        "STAGEBENCH_HARNESSES": "direct",
+        "STAGEBENCH_CACHE_DIR": "off",
+        "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS": "16",
+    }.items():
         monkeypatch.setenv(var, value)
     monkeypatch.delenv("SPDL_PIPELINE_DIAGNOSTIC_MODE", raising=False)
     script = tmp_path / "train.py"
@@ -320,7 +367,7 @@ import loky
 import joblib  # after loky: joblib's vendored loky re-registers the process-wide "loky" context
 
 from stagebench import sweep_stage
-from stagebench._config import MeasureConfig, SweepConfig
+from stagebench.core._config import MeasureConfig, SweepConfig
 
 
 class Flavour:

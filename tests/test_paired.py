@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-
 from _rows import row
 from _stages import Sleep
+
 from stagebench import MeasureConfig, SweepConfig
-from stagebench._analysis import analyze_stage
-from stagebench._curves import StageRows
-from stagebench._paired import MAX_RATIO, paired_result, plan
-from stagebench._sweep import StageSweep
+from stagebench.analysis._pipeline import analyze_stage
+from stagebench.core._curves import StageRows
+from stagebench.core._paired import MAX_RATIO, paired_result, plan
+from stagebench.core._sweep import StageSweep
 
 
 def _curves(thread_qps: float, process_qps: float, noise: float = 0.02) -> list[dict]:
     """Thread and process curves over 1, 2, 4 whose bests are the given throughputs (at 2 and 4)."""
-    rows = [row("s", "thread", c, q, noise=noise) for c, q in ((1, thread_qps / 2), (2, thread_qps), (4, 0.97 * thread_qps))]
-    rows += [row("s", "process", c, q, noise=noise) for c, q in ((1, process_qps / 3), (2, 0.8 * process_qps), (4, process_qps))]
+    rows = [
+        row("s", "thread", c, q, noise=noise) for c, q in ((1, thread_qps / 2), (2, thread_qps), (4, 0.97 * thread_qps))
+    ]
+    rows += [
+        row("s", "process", c, q, noise=noise)
+        for c, q in ((1, process_qps / 3), (2, 0.8 * process_qps), (4, process_qps))
+    ]
     return rows
 
 
@@ -33,14 +38,18 @@ def _paired(ratios: list[float], thread_qps: float = 400.0, status: dict[int, st
     return out
 
 
-@pytest.mark.parametrize(("thread_qps", "process_qps", "planned"), [
-    (400.0, 520.0, (2, 4)),                  # processes 1.3x ahead, beyond noise: measure in turns
-    (400.0, MAX_RATIO * 400.0 + 1, None),    # far enough ahead: the curves decide
-    (400.0, 410.0, None),                    # within noise: threads anyway
-    (520.0, 400.0, None),                    # threads ahead
-])
+@pytest.mark.parametrize(
+    ("thread_qps", "process_qps", "planned"),
+    [
+        (400.0, 520.0, (2, 4)),  # processes 1.3x ahead, beyond noise: measure in turns
+        (400.0, MAX_RATIO * 400.0 + 1, None),  # far enough ahead: the curves decide
+        (400.0, 410.0, None),  # within noise: threads anyway
+        (520.0, 400.0, None),  # threads ahead
+    ],
+)
 def test_a_head_to_head_is_planned_only_when_the_curves_would_pick_processes_by_a_small_margin(
-        thread_qps, process_qps, planned):
+    thread_qps, process_qps, planned
+):
     assert plan(StageRows(pd.DataFrame(_curves(thread_qps, process_qps))), "direct") == planned
 
 
@@ -107,11 +116,14 @@ def test_no_head_to_head_when_switched_off():
 
 def test_the_gil_finding_follows_the_head_to_head():
     from _rows import model_rows
-    from stagebench._findings import _stage_findings
+
+    from stagebench.analysis._findings import _stage_findings
 
     base = model_rows("s", gil_ms=2.0, wait_ms=0.0)  # gil-bound: the curves put processes ahead
-    for ratios, says in (([0.9, 0.92, 0.88, 0.91], "but processes did not help"),
-                         ([1.4, 1.45, 1.38, 1.42], "use a process executor")):
+    for ratios, says in (
+        ([0.9, 0.92, 0.88, 0.91], "but processes did not help"),
+        ([1.4, 1.45, 1.38, 1.42], "use a process executor"),
+    ):
         st = analyze_stage(pd.concat([base, pd.DataFrame(_paired(ratios))]), cores=2)
         assert st["classification"] == "gil-bound"
         f = next(x for x in _stage_findings(st, "s", 2) if "holds the GIL" in x["title"])
@@ -123,7 +135,8 @@ def test_the_gil_finding_does_not_say_processes_did_not_help_when_they_were_ahea
     """A demo run read augment 1,053 items/s on processes vs 893 on threads, within noise, and the
     finding said 'processes did not help ... cancels the gain': the numbers said otherwise."""
     from _rows import model_rows
-    from stagebench._findings import _stage_findings
+
+    from stagebench.analysis._findings import _stage_findings
 
     df = model_rows("s", gil_ms=2.0, wait_ms=0.0, noise=0.25)  # intervals +-25%
     proc = (df["executor"] == "process") & (df["role"] == "stage")

@@ -9,18 +9,48 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stagebench._predict import predict_pipeline
+from stagebench.analysis._predict import predict_pipeline
 
 
-def _stage(name, qps, *, executor="thread", concurrency=4, cpu_ms, gil_ms, harness_ms=0.0,
-           classification="gil-bound", items_per_input=1.0, process=None):
+def _stage(
+    name,
+    qps,
+    *,
+    executor="thread",
+    concurrency=4,
+    cpu_ms,
+    gil_ms,
+    harness_ms=0.0,
+    classification="gil-bound",
+    items_per_input=1.0,
+    process=None,
+):
     st = {
-        "name": name, "status": "ok", "classification": classification, "items_per_input": items_per_input,
-        "recommended": {"executor": executor, "concurrency": concurrency, "qps": qps, "qps_low": qps * 0.97,
-                        "qps_high": qps * 1.03, "harness": "spdl", "why": ""},
-        "cpu_s_per_item": cpu_ms / 1e3, "gil_s_per_item": gil_ms / 1e3, "harness_gil_s_per_item": harness_ms / 1e3,
-        "alternatives": {executor: {"executor": executor, "concurrency": concurrency, "qps": qps,
-                                    "cpu_s_per_item": cpu_ms / 1e3, "harness_gil_s_per_item": harness_ms / 1e3}},
+        "name": name,
+        "status": "ok",
+        "classification": classification,
+        "items_per_input": items_per_input,
+        "recommended": {
+            "executor": executor,
+            "concurrency": concurrency,
+            "qps": qps,
+            "qps_low": qps * 0.97,
+            "qps_high": qps * 1.03,
+            "harness": "spdl",
+            "why": "",
+        },
+        "cpu_s_per_item": cpu_ms / 1e3,
+        "gil_s_per_item": gil_ms / 1e3,
+        "harness_gil_s_per_item": harness_ms / 1e3,
+        "alternatives": {
+            executor: {
+                "executor": executor,
+                "concurrency": concurrency,
+                "qps": qps,
+                "cpu_s_per_item": cpu_ms / 1e3,
+                "harness_gil_s_per_item": harness_ms / 1e3,
+            }
+        },
     }
     if process:
         st["alternatives"]["process"] = {"executor": "process", "harness": "spdl", **process}
@@ -65,9 +95,16 @@ def test_the_explanation_says_what_moving_the_largest_holder_to_processes_would_
 def test_the_lift_takes_the_stages_process_capacity_from_its_head_to_head_when_there_is_one():
     stages = _issue_pipeline(with_process=True)
     # the curves put tokenize at 1,500 items/s on processes; in turns with threads it ran at 0.9x its threads
-    stages[0]["head_to_head"] = {"decisive": True, "pairs": 4, "ratio": 0.9, "ratio_low": 0.8, "ratio_high": 1.0,
-                                 "thread": {"concurrency": 4, "qps": 760.0},
-                                 "process": {"concurrency": 2, "qps": 690.0}, "processes_win": False}
+    stages[0]["head_to_head"] = {
+        "decisive": True,
+        "pairs": 4,
+        "ratio": 0.9,
+        "ratio_low": 0.8,
+        "ratio_high": 1.0,
+        "thread": {"concurrency": 4, "qps": 760.0},
+        "process": {"concurrency": 2, "qps": 690.0},
+        "processes_win": False,
+    }
     lift = predict_pipeline(stages, cores=2)["lift"]
     assert lift["head_to_head_ratio"] == pytest.approx(0.9)
     assert lift["gil_bound"] == pytest.approx(1e3 / 1.4)  # the main GIL no longer carries its 1.0 ms either way
@@ -80,16 +117,20 @@ def test_the_lift_takes_the_stages_process_capacity_from_its_head_to_head_when_t
 
 
 def test_process_stages_do_not_add_their_python_to_the_main_gil():
-    stages = [_stage("a", 500.0, executor="process", cpu_ms=3.0, gil_ms=3.0, harness_ms=0.1),
-              _stage("b", 5000.0, cpu_ms=0.2, gil_ms=0.2, classification="overhead-bound")]
+    stages = [
+        _stage("a", 500.0, executor="process", cpu_ms=3.0, gil_ms=3.0, harness_ms=0.1),
+        _stage("b", 5000.0, cpu_ms=0.2, gil_ms=0.2, classification="overhead-bound"),
+    ]
     p = predict_pipeline(stages, cores=8)
     assert p["bounds"]["gil"] == pytest.approx(1e3 / (0.1 + 0.2))
     assert p["binding"] == "stage" and p["bottleneck"] == "a"
 
 
 def test_cores_bound():
-    stages = [_stage("a", 900.0, executor="process", cpu_ms=2.0, gil_ms=2.0, classification="cpu-bound"),
-              _stage("b", 900.0, executor="process", cpu_ms=2.0, gil_ms=2.0, classification="cpu-bound")]
+    stages = [
+        _stage("a", 900.0, executor="process", cpu_ms=2.0, gil_ms=2.0, classification="cpu-bound"),
+        _stage("b", 900.0, executor="process", cpu_ms=2.0, gil_ms=2.0, classification="cpu-bound"),
+    ]
     p = predict_pipeline(stages, cores=2)
     assert p["binding"] == "cores"
     assert p["qps"] == pytest.approx(500.0)
@@ -97,8 +138,10 @@ def test_cores_bound():
 
 
 def test_stage_bound_names_the_stage_and_a_remedy():
-    stages = [_stage("slow", 100.0, concurrency=16, cpu_ms=0.1, gil_ms=0.0, classification="io-bound"),
-              _stage("fast", 5000.0, cpu_ms=0.1, gil_ms=0.05)]
+    stages = [
+        _stage("slow", 100.0, concurrency=16, cpu_ms=0.1, gil_ms=0.0, classification="io-bound"),
+        _stage("fast", 5000.0, cpu_ms=0.1, gil_ms=0.05),
+    ]
     stages[0]["recommended"]["why"] = "still rising at the largest level measured (16): more may help"
     p = predict_pipeline(stages, cores=2)
     assert p["binding"] == "stage" and p["bottleneck"] == "slow" and p["qps"] == 100.0
@@ -107,8 +150,10 @@ def test_stage_bound_names_the_stage_and_a_remedy():
 
 def test_items_per_input_converts_batched_stages_to_source_items():
     # after a batch of 32, 30 batches/s is 960 source items/s; its CPU per item is per batch / 32
-    stages = [_stage("decode", 2000.0, cpu_ms=0.5, gil_ms=0.1),
-              _stage("collate", 30.0, cpu_ms=3.2, gil_ms=3.2, items_per_input=32.0)]
+    stages = [
+        _stage("decode", 2000.0, cpu_ms=0.5, gil_ms=0.1),
+        _stage("collate", 30.0, cpu_ms=3.2, gil_ms=3.2, items_per_input=32.0),
+    ]
     p = predict_pipeline(stages, cores=4)
     loads = {d["stage"]: d for d in p["stages"]}
     assert loads["collate"]["capacity"] == pytest.approx(960.0)
@@ -156,11 +201,12 @@ class _CpuProbe:
 def test_gil_bound_of_really_measured_stages_matches_the_analytic_value():
     """Measure the issue's three stages alone on threads; the GIL bound is about 1/(1 ms + 0.5 ms)."""
     from _stages import Sleep, Spin, SpinSleep
-    from stagebench._analysis import analyze_stage
-    from stagebench._config import MeasureConfig, SweepConfig
-    from stagebench._measure import identity, measure_stage
-    from stagebench._sweep import sweep_stage
     from test_gil import _require_a_quiet_window, _wait_for_a_core
+
+    from stagebench.analysis._pipeline import analyze_stage
+    from stagebench.core._config import MeasureConfig, SweepConfig
+    from stagebench.core._measure import identity, measure_stage
+    from stagebench.core._sweep import sweep_stage
 
     _wait_for_a_core()
     m = MeasureConfig(budget_s=0.25, warmup_s=0.05, timeout_s=30)
@@ -169,19 +215,32 @@ def test_gil_bound_of_really_measured_stages_matches_the_analytic_value():
     summaries = []
     for name, fn in stages.items():
         inputs = list(range(32))
-        rows = sweep_stage(fn, inputs, name=name, config=SweepConfig(
-            executors=("thread",), concurrency=(1, 2, 4, 8, 16), ceiling=False, measure=m))
-        ceil = measure_stage(identity, inputs, executor="thread", concurrency=1, name=name, role="ceiling",
-                             config=MeasureConfig(budget_s=0.15, warmup_s=0.05, timeout_s=30))
+        rows = sweep_stage(
+            fn,
+            inputs,
+            name=name,
+            config=SweepConfig(executors=("thread",), concurrency=(1, 2, 4, 8, 16), ceiling=False, measure=m),
+        )
+        ceil = measure_stage(
+            identity,
+            inputs,
+            executor="thread",
+            concurrency=1,
+            name=name,
+            role="ceiling",
+            config=MeasureConfig(budget_s=0.15, warmup_s=0.05, timeout_s=30),
+        )
         rows = pd.concat([rows, pd.DataFrame([ceil])], ignore_index=True)
         _require_a_quiet_window(rows)
         summaries.append(analyze_stage(rows, cores=cores, n_boot=50))
     p = predict_pipeline(summaries, cores=cores)
     # nominally 1 / (1 ms + 0.5 ms); the stages' own CPU per call says what they held here
     analytic = 1.0 / sum(float(np.mean(fn.cpu)) for fn in stages.values())
-    print(f"GIL bound measured {p['bounds']['gil']:.0f} vs analytic {analytic:.0f}; "
-          f"stages alone {[round(s['recommended']['qps']) for s in summaries]}; predicted {p['qps']:.0f} "
-          f"({p['binding']})")
+    print(
+        f"GIL bound measured {p['bounds']['gil']:.0f} vs analytic {analytic:.0f}; "
+        f"stages alone {[round(s['recommended']['qps']) for s in summaries]}; predicted {p['qps']:.0f} "
+        f"({p['binding']})"
+    )
     assert p["bounds"]["gil"] == pytest.approx(analytic, rel=0.35)
     assert p["qps"] <= p["naive_qps"]
 
@@ -212,12 +271,22 @@ def _noop_row(stages: int) -> dict:
 def _sleep_pipeline(k: int) -> list[dict]:
     """k sleep stages, each alone in a one-stage SPDL pipeline: its ceiling is the one-stage no-op cost."""
     one = FIXED + PER_STAGE
-    return [_stage(f"sleep{i}", 5000.0, concurrency=16, cpu_ms=one * 1e3, gil_ms=0.0, harness_ms=one * 1e3,
-                   classification="io-bound") for i in range(k)]
+    return [
+        _stage(
+            f"sleep{i}",
+            5000.0,
+            concurrency=16,
+            cpu_ms=one * 1e3,
+            gil_ms=0.0,
+            harness_ms=one * 1e3,
+            classification="io-bound",
+        )
+        for i in range(k)
+    ]
 
 
 def test_pipeline_overhead_reads_fixed_and_per_stage_cost_from_run_json():
-    from stagebench._analysis import pipeline_overhead
+    from stagebench.analysis._pipeline import pipeline_overhead
 
     o = pipeline_overhead({"one_stage": _noop_row(1), "three_stage": _noop_row(3)})
     assert o["per_stage_s_per_item"] == pytest.approx(PER_STAGE)
@@ -228,7 +297,7 @@ def test_pipeline_overhead_reads_fixed_and_per_stage_cost_from_run_json():
 
 @pytest.mark.parametrize("k", [2, 3, 5])
 def test_k_sleep_stages_charge_the_fixed_cost_once(k):
-    from stagebench._analysis import pipeline_overhead
+    from stagebench.analysis._pipeline import pipeline_overhead
 
     truth = 1.0 / (FIXED + k * PER_STAGE)  # the model pipeline's GIL limit
     old = predict_pipeline(_sleep_pipeline(k), cores=4)
@@ -245,7 +314,7 @@ def test_k_sleep_stages_charge_the_fixed_cost_once(k):
 
 
 def test_one_stage_prediction_is_unchanged_by_the_fixed_cost():
-    from stagebench._analysis import pipeline_overhead
+    from stagebench.analysis._pipeline import pipeline_overhead
 
     overhead = pipeline_overhead({"one_stage": _noop_row(1), "three_stage": _noop_row(3)})
     a = predict_pipeline(_sleep_pipeline(1), cores=4)

@@ -2,7 +2,7 @@ import os
 import sys
 
 from stagebench import collect_provenance
-from stagebench._provenance import is_free_threaded, load_warnings
+from stagebench.runs._provenance import is_free_threaded, load_warnings
 
 
 def test_provenance_records_machine_interpreter_libraries_and_knobs(monkeypatch):

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from stagebench._predict import apply_replay, predict_pipeline
-from stagebench._replay import StandIn, plan_stand_ins
-from stagebench._replay import _sleep_cost as _real_sleep_cost
+from stagebench.analysis._predict import apply_replay, predict_pipeline
+from stagebench.pipeline._replay import StandIn, plan_stand_ins
+from stagebench.pipeline._replay import _sleep_cost as _real_sleep_cost
 
 
 @pytest.fixture(autouse=True)
@@ -19,19 +19,38 @@ def free_sleeps(monkeypatch):
     What a real sleep costs is calibrated on the machine; the tests at the end of
     this file cover that.
     """
-    import stagebench._replay as replay
+    import stagebench.pipeline._replay as replay
 
     monkeypatch.setattr(replay, "_sleep_cost", lambda seconds: (0.0, 0.0))
 
 
-def _stage(name="s", *, t=3e-3, frac=0.5, cpu=1.7e-3, harness=0.2e-3, executor="thread", concurrency=4,
-           status="ok", proc_harness=None, is_async=False, type_="pipe"):
+def _stage(
+    name="s",
+    *,
+    t=3e-3,
+    frac=0.5,
+    cpu=1.7e-3,
+    harness=0.2e-3,
+    executor="thread",
+    concurrency=4,
+    status="ok",
+    proc_harness=None,
+    is_async=False,
+    type_="pipe",
+):
     alts = {("async" if is_async else "thread"): {"cpu_s_per_item": cpu, "harness_gil_s_per_item": harness}}
     if proc_harness is not None:
         alts["process"] = {"cpu_s_per_item": cpu, "harness_gil_s_per_item": proc_harness}
-    return {"name": name, "status": status, "type": type_, "is_async": is_async, "stage_s_per_item": t,
-            "gil_fraction": frac, "alternatives": alts,
-            "recommended": {"executor": executor, "concurrency": concurrency, "qps": 1000.0}}
+    return {
+        "name": name,
+        "status": status,
+        "type": type_,
+        "is_async": is_async,
+        "stage_s_per_item": t,
+        "gil_fraction": frac,
+        "alternatives": alts,
+        "recommended": {"executor": executor, "concurrency": concurrency, "qps": 1000.0},
+    }
 
 
 def test_thread_stand_in_splits_the_call_into_gil_free_cpu_and_waiting():
@@ -77,14 +96,18 @@ def test_a_sleep_stage_with_a_noisy_gil_share_holds_no_more_gil_than_the_cpu_it_
 def test_process_stand_in_keeps_the_work_off_the_main_gil_and_charges_the_ipc():
     s = plan_stand_ins([_stage(executor="process", proc_harness=0.9e-3)])["s"]
     assert s.executor == "process"
-    assert s.gil_s == pytest.approx(0.7e-3)      # process ceiling's main-process cost beyond the thread one
-    assert s.free_s == pytest.approx(1.5e-3)     # all the stage's CPU runs in a worker
+    assert s.gil_s == pytest.approx(0.7e-3)  # process ceiling's main-process cost beyond the thread one
+    assert s.free_s == pytest.approx(1.5e-3)  # all the stage's CPU runs in a worker
     assert s.wait_s == pytest.approx(1.5e-3)
 
 
 def test_unmeasured_and_non_pipe_stages_run_as_themselves():
-    stages = [_stage("ok"), _stage("failed", status="failed"), _stage("agg", type_="aggregate"),
-              {**_stage("no_time"), "stage_s_per_item": None}]
+    stages = [
+        _stage("ok"),
+        _stage("failed", status="failed"),
+        _stage("agg", type_="aggregate"),
+        {**_stage("no_time"), "stage_s_per_item": None},
+    ]
     assert list(plan_stand_ins(stages)) == ["ok"]
 
 
@@ -102,7 +125,7 @@ def test_thread_stand_in_spends_its_gil_time_as_cpu_and_waits_the_rest():
     c0, t0 = time.thread_time(), time.perf_counter()
     assert op("x") == "x"
     cpu, wall = time.thread_time() - c0, time.perf_counter() - t0
-    assert 3e-3 <= cpu < 10e-3   # spins by this thread's CPU time: waiting for a core does not count
+    assert 3e-3 <= cpu < 10e-3  # spins by this thread's CPU time: waiting for a core does not count
     assert wall >= 23e-3
 
 
@@ -110,7 +133,7 @@ def test_a_stand_in_with_the_sweeps_speed_does_fixed_work_not_fixed_time():
     """With ``speed_ns``, the GIL-held part is loop iterations at the sweep's speed: a stage measured
     on a core twice as slow as now (twice the ns per loop) did half the work per CPU second, so its
     stand-in takes about half its CPU time now; at today's speed, about all of it."""
-    from stagebench._speed import cpu_speed_ns
+    from stagebench.core._speed import cpu_speed_ns
 
     def cpu_of(op) -> float:
         runs = []
@@ -132,7 +155,7 @@ def test_a_stand_in_with_the_sweeps_speed_does_fixed_work_not_fixed_time():
     assert 10e-3 < sorted(sames)[1] < 40e-3
     assert 0.35 < sorted(ratios)[1] < 0.7
     # the GIL-free part scales the same way: half the bytes for a sweep twice as slow as the calibration
-    from stagebench._replay import _calibration, _Work
+    from stagebench.pipeline._replay import _calibration, _Work
 
     _, cal_ns = _calibration()
     assert _Work(0.0, 0.1, 2 * cal_ns).free_bytes == pytest.approx(_Work(0.0, 0.1, cal_ns).free_bytes / 2, rel=0.01)
@@ -156,7 +179,7 @@ def test_a_stand_in_releases_the_gil_as_often_as_the_probe_read_less_its_own_sle
 
 
 def test_a_stand_in_does_its_work_in_as_many_gil_releases_as_it_can():
-    from stagebench._replay import _HASH_MIN_BYTES, _Work
+    from stagebench.pipeline._replay import _HASH_MIN_BYTES, _Work
 
     w = _Work(gil_s=1e-4, free_s=2e-3, speed_ns=25.0, releases=12)
     assert w.pieces == 12 and w.free_bytes // w.pieces >= _HASH_MIN_BYTES
@@ -174,8 +197,9 @@ def test_a_stand_in_does_its_work_in_as_many_gil_releases_as_it_can():
 def test_a_stand_in_built_from_a_probe_releases_the_gil_about_as_often_as_its_stage():
     """End to end: a stage that hashes in 12 pieces, its probe reading, and a stand-in built from it."""
     from _stages import HashPieces
-    from stagebench._gilprobe import probe_gil
-    from stagebench._replay import _ThreadStandIn
+
+    from stagebench.pipeline._gilprobe import probe_gil
+    from stagebench.pipeline._replay import _ThreadStandIn
 
     stage = probe_gil(HashPieces(3.0, 12), [0])
     if "error" in stage or stage.get("releases") is None:
@@ -185,8 +209,9 @@ def test_a_stand_in_built_from_a_probe_releases_the_gil_about_as_often_as_its_st
         HashPieces(3.0, 12)(0)
     per_call = (time.perf_counter() - t0) / 20
     one = _ThreadStandIn(StandIn("s", "thread", 1, gil_s=0.0, free_s=per_call, wait_s=0.0, releases=1))
-    many = _ThreadStandIn(StandIn("s", "thread", 1, gil_s=0.0, free_s=per_call, wait_s=0.0,
-                                  releases=round(stage["releases"])))
+    many = _ThreadStandIn(
+        StandIn("s", "thread", 1, gil_s=0.0, free_s=per_call, wait_s=0.0, releases=round(stage["releases"]))
+    )
     r_one, r_many = probe_gil(one, [0]), probe_gil(many, [0])
     print(stage["releases"], r_one.get("releases"), r_many.get("releases"))
     if "error" in r_one or "error" in r_many:
@@ -218,8 +243,8 @@ def test_free_cpu_releases_the_gil():
     burn = time.perf_counter() - t0
     done.set()
     th.join()
-    assert burn > 0.05                      # it did burn CPU for a while
-    assert max(gaps) < burn / 2             # and the other thread ran meanwhile
+    assert burn > 0.05  # it did burn CPU for a while
+    assert max(gaps) < burn / 2  # and the other thread ran meanwhile
 
 
 async def _run_async(op):
@@ -237,9 +262,16 @@ def test_async_stand_in_awaits_its_wait():
 
 def _summaries():
     return [
-        {"name": "a", "status": "ok", "items_per_input": 1.0, "gil_s_per_item": 1e-3, "harness": "direct",
-         "recommended": {"executor": "thread", "concurrency": 4, "qps": 2000.0, "harness": "direct"},
-         "cpu_s_per_item": 1e-3, "classification": "gil-bound"},
+        {
+            "name": "a",
+            "status": "ok",
+            "items_per_input": 1.0,
+            "gil_s_per_item": 1e-3,
+            "harness": "direct",
+            "recommended": {"executor": "thread", "concurrency": 4, "qps": 2000.0, "harness": "direct"},
+            "cpu_s_per_item": 1e-3,
+            "classification": "gil-bound",
+        },
     ]
 
 
@@ -265,8 +297,11 @@ def test_a_failed_replay_keeps_the_bounds_and_says_why():
 
 def test_a_gil_share_bounded_only_from_above_stands_in_at_its_lower_end():
     # threads ran into the 2 cores first (hashlib-like): the share is only known to be <= 0.56
-    st = {**_stage(t=2.2e-3, frac=0.28, cpu=2.2e-3, harness=0.2e-3),
-          "gil_fraction_interval": [0.0, 0.56], "gil": {"pinned": False}}
+    st = {
+        **_stage(t=2.2e-3, frac=0.28, cpu=2.2e-3, harness=0.2e-3),
+        "gil_fraction_interval": [0.0, 0.56],
+        "gil": {"pinned": False},
+    }
     s = plan_stand_ins([st])["s"]
     assert s.gil_s == pytest.approx(0.0) and s.free_s == pytest.approx(2.0e-3)
     assert "bounded from above" in s.note
@@ -275,7 +310,7 @@ def test_a_gil_share_bounded_only_from_above_stands_in_at_its_lower_end():
 
 
 def test_marginal_cpu_is_the_slope_of_cpu_against_throughput():
-    from stagebench._replay import _marginal_cpu
+    from stagebench.pipeline._replay import _marginal_cpu
 
     # 0.1 cores of idle cost plus 0.5 ms per item: per-item CPU at 100 items/s reads 1.5 ms
     pts = [{"qps": q, "cpu_s_per_item": (0.1 + 0.5e-3 * q) / q} for q in (100.0, 200.0, 400.0, 800.0)]
@@ -289,8 +324,9 @@ def test_marginal_cpu_is_the_slope_of_cpu_against_throughput():
 def test_the_stand_in_uses_the_marginal_cpu_when_the_curve_has_one():
     st = _stage(t=10e-3, frac=0.1, cpu=1.0e-3, harness=0.5e-3)
     st["harness"] = "spdl"
-    st["curves"] = {"spdl/thread": [{"qps": q, "cpu_s_per_item": (0.1 + 0.6e-3 * q) / q}
-                                    for q in (100.0, 200.0, 400.0, 800.0)]}
+    st["curves"] = {
+        "spdl/thread": [{"qps": q, "cpu_s_per_item": (0.1 + 0.6e-3 * q) / q} for q in (100.0, 200.0, 400.0, 800.0)]
+    }
     s = plan_stand_ins([st])["s"]
     assert s.gil_s == pytest.approx(0.1e-3)  # 0.6 ms marginal - 0.5 ms harness, not 1.0 - 0.5
 
@@ -321,13 +357,13 @@ def test_the_stand_in_waits_as_long_as_the_call_took_not_the_harness_round_trip(
 
 def test_a_sleeps_own_cpu_and_lateness_are_taken_out_once(monkeypatch):
     """The stage's measured CPU and duration already hold one sleep's cost; the stand-in's sleep adds its own."""
-    import stagebench._replay as replay
+    import stagebench.pipeline._replay as replay
 
     monkeypatch.setattr(replay, "_sleep_cost", lambda seconds: (0.04e-3, 0.15e-3))
     # a 2 ms sleep measured as 2.2 ms per call with 0.05 ms of CPU (all of it the sleep's)
     st = _stage(t=2.2e-3, frac=0.5, cpu=0.25e-3, harness=0.2e-3)
     s = plan_stand_ins([st])["s"]
-    assert s.gil_s == pytest.approx(0.01e-3)                 # 0.05 ms less the sleep's own 0.04
+    assert s.gil_s == pytest.approx(0.01e-3)  # 0.05 ms less the sleep's own 0.04
     assert s.wait_s == pytest.approx(2.2e-3 - 0.01e-3 - 0.15e-3)  # it will wake 0.15 ms late
     # idle time shorter than a sleep's lateness was not a sleep: no stand-in sleep, the CPU untouched
     st = _stage(t=1.05e-3, frac=1.0, cpu=1.2e-3, harness=0.2e-3)
@@ -342,7 +378,7 @@ def test_a_sleep_stand_in_takes_as_long_as_the_sleep_it_stands_for(monkeypatch):
     """Known answer on this machine: the stand-in of a 5 ms sleep, measured as such, lasts ~5 ms."""
     import statistics
 
-    import stagebench._replay as replay
+    import stagebench.pipeline._replay as replay
 
     monkeypatch.setattr(replay, "_sleep_cost", _real_sleep_cost)
 

@@ -14,15 +14,16 @@ import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
 
+import _fixtures as fx
 import numpy as np
 import pandas as pd
 import pytest
 
-import _fixtures as fx
-from stagebench import _report
-from stagebench._cli import StagebenchError
-from stagebench._plots import stage_throughput_svg, usl_curve
-from stagebench._results import read_rows
+from stagebench._errors import StagebenchError
+from stagebench.report import _render
+from stagebench.report._plots import stage_throughput_svg, usl_curve
+from stagebench.runs._results import read_rows
+from stagebench.sweep import _multirun, _rebuild
 
 
 class _Page(HTMLParser):
@@ -79,7 +80,7 @@ def pipeline_run(tmp_path: Path) -> Path:
 def pipeline_report(tmp_path_factory) -> tuple[Path, str]:
     """One synthetic pipeline report shared by the read-only tests (rendering costs about a second)."""
     run = fx.synthetic_run(tmp_path_factory.mktemp("shared") / "run")
-    return run, _report.write_report(run).read_text()
+    return run, _render.write_report(run).read_text()
 
 
 @pytest.fixture()
@@ -100,7 +101,7 @@ def fake_summaries(monkeypatch):
             return fx.synthetic_summary(rows, meta)
         return fx.simple_summary(rows, meta)
 
-    monkeypatch.setattr(_report, "summarize_run", summarize)
+    monkeypatch.setattr(_render, "summarize_run", summarize)
     return summarize
 
 
@@ -110,8 +111,22 @@ def fake_summaries(monkeypatch):
 def test_pipeline_report_has_every_section_and_the_known_recommendation(pipeline_report) -> None:
     _, html = pipeline_report
     page = parse(html)
-    for sec in ("summary", "verdict", "recommended", "overview", "findings", "stages", "stage-1", "stage-2",
-                "not-isolated", "provenance", "data", "rows", "summary-data", "csv-download"):
+    for sec in (
+        "summary",
+        "verdict",
+        "recommended",
+        "overview",
+        "findings",
+        "stages",
+        "stage-1",
+        "stage-2",
+        "not-isolated",
+        "provenance",
+        "data",
+        "rows",
+        "summary-data",
+        "csv-download",
+    ):
         assert sec in page.ids, sec
     # decode: threads flat near 1000/s, processes reach ~3.98k at 8: the summary recommends process x 8
     assert "process × 8" in html
@@ -169,7 +184,7 @@ def test_json_rows_and_csv_download_match_the_saved_rows(pipeline_report) -> Non
 
 
 def test_no_external_references(pipeline_report, loader_run: Path) -> None:
-    for html in (pipeline_report[1], _report.write_report(loader_run).read_text()):
+    for html in (pipeline_report[1], _render.write_report(loader_run).read_text()):
         page = parse(html)
         for tag, a in page.tags:
             for k in ("src", "href"):
@@ -183,20 +198,20 @@ def test_no_external_references(pipeline_report, loader_run: Path) -> None:
 def test_same_rows_give_the_same_bytes_even_in_another_process(pipeline_report, tmp_path: Path) -> None:
     pipeline_run, html = pipeline_report
     first = html.encode("utf-8")
-    assert _report.write_report(pipeline_run).read_bytes() == first
+    assert _render.write_report(pipeline_run).read_bytes() == first
     # A fresh interpreter with another hash seed (set and dict orders, matplotlib ids) must agree.
     env = dict(os.environ, PYTHONHASHSEED="12345")
-    code = "import sys; from stagebench._report import write_report; write_report(sys.argv[1])"
+    code = "import sys; from stagebench.report._render import write_report; write_report(sys.argv[1])"
     subprocess.run([sys.executable, "-c", code, str(pipeline_run)], check=True, env=env, cwd=tmp_path)
     assert (pipeline_run / "report.html").read_bytes() == first
 
 
 def test_rebuild_recomputes_the_summary_and_reproduces_the_report(pipeline_run: Path, fake_summaries) -> None:
-    first = _report.write_report(pipeline_run).read_bytes()
+    first = _render.write_report(pipeline_run).read_bytes()
     summary_path = pipeline_run / "summary.json"
     original = json.loads(summary_path.read_text())
     summary_path.write_text(json.dumps({**original, "verdict": "stale"}))
-    out = _report.rebuild(pipeline_run)
+    out = _rebuild.rebuild(pipeline_run)
     assert out == pipeline_run / "report.html"
     assert json.loads(summary_path.read_text())["verdict"] == original["verdict"]
     assert out.read_bytes() == first
@@ -206,10 +221,10 @@ def test_report_without_analysis_still_shows_the_rows(pipeline_run: Path, monkey
     (pipeline_run / "summary.json").unlink()
 
     def broken(run_dir):
-        raise ModuleNotFoundError("No module named 'stagebench._analysis'")
+        raise ModuleNotFoundError("No module named 'stagebench.analysis._pipeline'")
 
-    monkeypatch.setattr(_report, "summarize_run", broken)
-    html = _report.write_report(pipeline_run).read_text()
+    monkeypatch.setattr(_render, "summarize_run", broken)
+    html = _render.write_report(pipeline_run).read_text()
     assert "the analysis could not run" in html
     assert "stage-2" in parse(html).ids
     assert len(svgs(parse(html))) == 4  # the stage plots come from rows alone
@@ -229,7 +244,7 @@ def test_a_comparison_of_many_runs_keeps_its_axes() -> None:
     warning (axes 'collapsed to zero')."""
     import warnings
 
-    from stagebench._plots import compare_curves_svg
+    from stagebench.report._plots import compare_curves_svg
 
     series = [{"label": f"run{i}", "x": [1, 2, 4], "y": [1.0 + i, 2.0 + i, 3.0 + i]} for i in range(30)]
     with warnings.catch_warnings():
@@ -252,7 +267,7 @@ def test_usl_curve_known_answer() -> None:
 
 
 def test_loader_report_sections_snippet_and_failures(loader_run: Path) -> None:
-    html = _report.write_report(loader_run).read_text()
+    html = _render.write_report(loader_run).read_text()
     page = parse(html)
     for sec in ("summary", "loader", "findings", "provenance", "data", "rows"):
         assert sec in page.ids, sec
@@ -261,8 +276,11 @@ def test_loader_report_sections_snippet_and_failures(loader_run: Path) -> None:
     assert len(svgs(page)) == 3
     # recommended by the fixture's truth: 2 workers, prefetch 4 (690 samples/s)
     # only settings reach the snippet: no measurements, no knob that does not apply (pin_memory here)
-    assert re.search(r"DataLoader\(\s*dataset, batch_size=32,\s*num_workers=2, prefetch_factor=4, "
-                     r"persistent_workers=True,\s*\)", html)
+    assert re.search(
+        r"DataLoader\(\s*dataset, batch_size=32,\s*num_workers=2, prefetch_factor=4, "
+        r"persistent_workers=True,\s*\)",
+        html,
+    )
     assert "worker killed (OOM?)" in html
     assert "690 samples/s" in html
 
@@ -274,7 +292,7 @@ def test_loader_transforms_get_stage_cards(loader_run: Path) -> None:
     summary = json.loads((loader_run / "summary.json").read_text())
     summary["transforms"] = fx.synthetic_summary(rows, fx.synthetic_meta())["stages"]
     (loader_run / "summary.json").write_text(json.dumps(summary))
-    html = _report.write_report(loader_run).read_text()
+    html = _render.write_report(loader_run).read_text()
     page = parse(html)
     assert {"transforms", "transform-1", "transform-2", "transform-rows"} <= page.ids
     assert len(svgs(page)) == 3 + 2 * 2
@@ -283,29 +301,38 @@ def test_loader_transforms_get_stage_cards(loader_run: Path) -> None:
 
 
 def test_loader_snippet_without_workers_drops_worker_only_knobs() -> None:
-    snip = _report.loader_snippet({"loader": {"backend": "torch", "batch_size": 8},
-                                   "recommended": {"num_workers": 0, "prefetch_factor": 2,
-                                                   "persistent_workers": True, "pin_memory": False}})
+    snip = _render.loader_snippet(
+        {
+            "loader": {"backend": "torch", "batch_size": 8},
+            "recommended": {"num_workers": 0, "prefetch_factor": 2, "persistent_workers": True, "pin_memory": False},
+        }
+    )
     assert "prefetch_factor" not in snip and "persistent_workers=False" in snip
-    spdl = _report.loader_snippet({"loader": {"backend": "spdl_pytorch"},
-                                   "recommended": {"num_workers": 4, "prefetch_factor": 2}})
+    spdl = _render.loader_snippet(
+        {"loader": {"backend": "spdl_pytorch"}, "recommended": {"num_workers": 4, "prefetch_factor": 2}}
+    )
     assert "get_pytorch_dataloader(" in spdl and "num_workers=4" in spdl
 
 
 def test_pipeline_snippet_handles_every_executor_and_odd_names() -> None:
-    summary = {"stages": [
-        {"name": "decode", "type": "pipe", "recommended": {"executor": "process", "concurrency": 4}},
-        {"name": "fetch", "type": "pipe", "recommended": {"executor": "async", "concurrency": 16}},
-        {"name": "my stage!", "type": "pipe", "recommended": {"executor": "thread", "concurrency": 2}},
-        {"name": "batch", "type": "aggregate"},
-    ]}
-    snip = _report.pipeline_snippet(summary, {})
+    summary = {
+        "stages": [
+            {"name": "decode", "type": "pipe", "recommended": {"executor": "process", "concurrency": 4}},
+            {"name": "fetch", "type": "pipe", "recommended": {"executor": "async", "concurrency": 16}},
+            {"name": "my stage!", "type": "pipe", "recommended": {"executor": "thread", "concurrency": 2}},
+            {"name": "batch", "type": "aggregate"},
+        ]
+    }
+    snip = _render.pipeline_snippet(summary, {})
     assert ".pipe(decode, concurrency=4, executor=ProcessPoolExecutor(max_workers=4))" in snip
     assert ".pipe(fetch, concurrency=16)\n" in snip
     assert ".pipe(fn, concurrency=2, executor=ThreadPoolExecutor(max_workers=2))  # stage 'my stage!'" in snip
     assert "# .aggregate(...)" in snip
-    compile(snip.replace("buffer_size=...", "buffer_size=1").replace("num_threads=...", "num_threads=1"),
-            "<snippet>", "exec")  # it is valid Python
+    compile(
+        snip.replace("buffer_size=...", "buffer_size=1").replace("num_threads=...", "num_threads=1"),
+        "<snippet>",
+        "exec",
+    )  # it is valid Python
 
 
 # --------------------------------------------------------------------------- rebuild: sweeps and errors
@@ -321,8 +348,9 @@ def test_rebuild_sweep_dir_compares_jobs_and_lists_the_failed_one(tmp_path: Path
     for d in ("0", "1"):
         (sweep / d / ".hydra").mkdir()
         (sweep / d / ".hydra" / "overrides.yaml").write_text(
-            f"- loader.backend={'torch' if d == '0' else 'spdl_pytorch'}\n")
-    out = _report.rebuild(sweep)
+            f"- loader.backend={'torch' if d == '0' else 'spdl_pytorch'}\n"
+        )
+    out = _rebuild.rebuild(sweep)
     assert out == sweep / "comparison.html"
     assert (sweep / "0" / "report.html").is_file() and (sweep / "1" / "report.html").is_file()
     html = out.read_text()
@@ -336,26 +364,50 @@ def _multirun_yaml(sweep: Path, task: list[str], *, sweeper: dict | None = None,
     """The parts of Hydra's SWEEP_DIR/multirun.yaml that `stagebench report` reads."""
     import yaml
 
-    hydra = {"sweeper": sweeper or {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
-                                    "max_batch_size": None, "params": None},
-             "overrides": {"hydra": ["hydra.mode=MULTIRUN"], "task": task}}
+    hydra = {
+        "sweeper": sweeper
+        or {
+            "_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+            "max_batch_size": None,
+            "params": None,
+        },
+        "overrides": {"hydra": ["hydra.mode=MULTIRUN"], "task": task},
+    }
     if ours:
-        hydra["callbacks"] = {"stagebench": {"_target_": "stagebench._hydra_app.SweepCallback"}}
+        hydra["callbacks"] = {"stagebench": {"_target_": "stagebench.sweep._app.SweepCallback"}}
     sweep.mkdir(parents=True, exist_ok=True)
     (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": hydra, "progress": False}))
 
 
-def _fake_job(sweep: Path, num: int, overrides: list[str], *, scale: float, status: str | None,
-              reason: str = "", swept: str = "sweep.budget_s") -> Path:
+def _fake_job(
+    sweep: Path,
+    num: int,
+    overrides: list[str],
+    *,
+    scale: float,
+    status: str | None,
+    reason: str = "",
+    swept: str = "sweep.budget_s",
+) -> Path:
     """A job folder as the sweep app leaves it: .hydra/overrides.yaml, rows, and job_status.json unless None."""
     label = ", ".join(o for o in overrides if o.startswith(swept + "="))
     d = fx.synthetic_loader_run(sweep / f"{num}-{label}", backend="torch", scale=scale)
     (d / ".hydra").mkdir()
     (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     if status is not None:
-        (d / "job_status.json").write_text(json.dumps({
-            "schema_version": 1, "status": status, "reason": reason, "job_num": num, "overrides": overrides,
-            "label": label, "run_dir": str(d)}))
+        (d / "job_status.json").write_text(
+            json.dumps(
+                {
+                    "schema_version": 1,
+                    "status": status,
+                    "reason": reason,
+                    "job_num": num,
+                    "overrides": overrides,
+                    "label": label,
+                    "run_dir": str(d),
+                }
+            )
+        )
     return d
 
 
@@ -365,19 +417,30 @@ def test_rebuild_sweep_lists_unfinished_jobs_as_failed_never_as_winner(tmp_path:
     jobs = [["loader=synthetic", f"sweep.budget_s={b}", "progress=False"] for b in (1, 2, 3, 4, 5)]
     # The unfinished jobs measured the fastest points: compared as they are, they would win.
     _fake_job(sweep, 0, jobs[0], scale=1.0, status="ok")
-    _fake_job(sweep, 1, jobs[1], scale=1.5, status="failed",
-              reason="stopped by SIGTERM (Slurm scancel or time limit?) before the job finished")
+    _fake_job(
+        sweep,
+        1,
+        jobs[1],
+        scale=1.5,
+        status="failed",
+        reason="stopped by SIGTERM (Slurm scancel or time limit?) before the job finished",
+    )
     _fake_job(sweep, 2, jobs[2], scale=2.0, status=None)  # killed before its finally could run
     # job 3 was cancelled while it waited for a node: no folder at all
     _fake_job(sweep, 4, jobs[4], scale=1.1, status="ok")
 
-    out = _report.rebuild(sweep)
+    out = _rebuild.rebuild(sweep)
     html = out.read_text()
     csv = pd.read_csv(sweep / "comparison.csv", keep_default_na=False)
     by_label = {r["label"]: r for r in csv.to_dict("records")}
     assert set(by_label) == {f"sweep.budget_s={b}" for b in (1, 2, 3, 4, 5)}
-    assert [by_label[f"sweep.budget_s={b}"]["status"] for b in (1, 2, 3, 4, 5)] == \
-        ["ok", "failed", "failed", "failed", "ok"]
+    assert [by_label[f"sweep.budget_s={b}"]["status"] for b in (1, 2, 3, 4, 5)] == [
+        "ok",
+        "failed",
+        "failed",
+        "failed",
+        "ok",
+    ]
     assert "stopped by SIGTERM" in by_label["sweep.budget_s=2"]["reason"]
     assert "not compared" in by_label["sweep.budget_s=2"]["reason"]  # it has rows; they are not used
     assert "no job_status.json: the job did not finish" in by_label["sweep.budget_s=3"]["reason"]
@@ -397,17 +460,22 @@ def test_a_users_own_hydra_app_is_judged_by_its_results(tmp_path: Path, fake_sum
     _multirun_yaml(sweep, ["sweep.budget_s=1,2,3"], ours=False)
     _fake_job(sweep, 0, ["sweep.budget_s=1"], scale=1.0, status=None)
     _fake_job(sweep, 1, ["sweep.budget_s=2"], scale=1.2, status=None)
-    runs, failed = _report.find_run_dirs(sweep)
+    runs, failed = _multirun.find_run_dirs(sweep)
     assert [r.name for r in runs] == ["0-sweep.budget_s=1", "1-sweep.budget_s=2"]
     assert [(f["name"], f["path"]) for f in failed] == [("sweep.budget_s=3", "")]
 
 
 def test_sweep_plan_follows_hydras_basic_sweeper(tmp_path: Path) -> None:
     sweep = tmp_path / "s"
-    _multirun_yaml(sweep, ["loader=synthetic", "loader.backend=torch,spdl_pytorch", "sweep.persistent_workers=[false]"],
-                   sweeper={"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
-                            "params": {"sweep.budget_s": "1,2"}})
-    plan = _report.sweep_plan(sweep)
+    _multirun_yaml(
+        sweep,
+        ["loader=synthetic", "loader.backend=torch,spdl_pytorch", "sweep.persistent_workers=[false]"],
+        sweeper={
+            "_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+            "params": {"sweep.budget_s": "1,2"},
+        },
+    )
+    plan = _multirun.sweep_plan(sweep)
     # params first, then the command line; job numbers in product order, values as jobs record them
     assert plan["jobs"] == [
         ["sweep.budget_s=1", "loader=synthetic", "loader.backend=torch", "sweep.persistent_workers=[False]"],
@@ -416,17 +484,19 @@ def test_sweep_plan_follows_hydras_basic_sweeper(tmp_path: Path) -> None:
         ["sweep.budget_s=2", "loader=synthetic", "loader.backend=spdl_pytorch", "sweep.persistent_workers=[False]"],
     ]
     assert plan["count"] == 4 and plan["stagebench"] is True
-    assert _report.sweep_plan(tmp_path) is None
+    assert _multirun.sweep_plan(tmp_path) is None
 
 
 def test_other_sweepers_compare_the_job_count(tmp_path: Path, fake_summaries) -> None:
     sweep = tmp_path / "optuna"
-    _multirun_yaml(sweep, ["sweep.budget_s=interval(1,5)"],
-                   sweeper={"_target_": "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper",
-                            "n_trials": 4})
+    _multirun_yaml(
+        sweep,
+        ["sweep.budget_s=interval(1,5)"],
+        sweeper={"_target_": "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper", "n_trials": 4},
+    )
     _fake_job(sweep, 0, ["sweep.budget_s=1.5"], scale=1.0, status="ok")
     _fake_job(sweep, 1, ["sweep.budget_s=2.5"], scale=1.1, status="ok")
-    runs, failed = _report.find_run_dirs(sweep)
+    runs, failed = _multirun.find_run_dirs(sweep)
     assert len(runs) == 2
     assert [f["name"] for f in failed] == ["2 jobs"]
     assert "planned 4 jobs and 2 left a folder" in failed[0]["reason"]
@@ -435,9 +505,9 @@ def test_other_sweepers_compare_the_job_count(tmp_path: Path, fake_summaries) ->
 def test_rebuild_rejects_a_folder_without_runs(tmp_path: Path) -> None:
     (tmp_path / "empty" / "sub").mkdir(parents=True)
     with pytest.raises(StagebenchError, match="neither a run directory"):
-        _report.rebuild(tmp_path / "empty")
+        _rebuild.rebuild(tmp_path / "empty")
     with pytest.raises(FileNotFoundError):
-        _report.rebuild(tmp_path / "missing")
+        _rebuild.rebuild(tmp_path / "missing")
 
 
 def test_cli_report_command(pipeline_run: Path, fake_summaries, capsys) -> None:
@@ -461,7 +531,7 @@ def measured_run(tmp_path_factory) -> Path:
 def test_report_on_really_measured_rows(measured_run: Path, tmp_path: Path, fake_summaries) -> None:
     run = tmp_path / "run"
     shutil.copytree(measured_run, run)
-    out = _report.rebuild(run)
+    out = _rebuild.rebuild(run)
     html = out.read_text()
     page = parse(html)
     assert {"stage-1", "stage-2"} <= page.ids
@@ -469,16 +539,16 @@ def test_report_on_really_measured_rows(measured_run: Path, tmp_path: Path, fake
     rows = json.loads(page.scripts[0][1])
     assert len(rows) == len(read_rows(run)) == 2 * 2 * 4 * 2  # stages x executors x levels x (stage, ceiling)
     assert "&lt;img src=x onerror=alert(1)&gt;" in html and "<img src=x" not in html
-    assert _report.rebuild(run).read_bytes() == out.read_bytes()
+    assert _rebuild.rebuild(run).read_bytes() == out.read_bytes()
 
 
 @pytest.mark.slow
 def test_real_analysis_rebuild_is_deterministic(measured_run: Path, tmp_path: Path) -> None:
     """With the real analysis module: same rows, same summary.json and report.html, twice."""
-    pytest.importorskip("stagebench._analysis")
+    pytest.importorskip("stagebench.analysis._pipeline")
     run = tmp_path / "run"
     shutil.copytree(measured_run, run)
-    first = _report.rebuild(run).read_bytes()
+    first = _rebuild.rebuild(run).read_bytes()
     summary = (run / "summary.json").read_bytes()
-    assert _report.rebuild(run).read_bytes() == first
+    assert _rebuild.rebuild(run).read_bytes() == first
     assert (run / "summary.json").read_bytes() == summary

@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _fixtures as fx
 import pytest
 
-import _fixtures as fx
-from stagebench import _report
-from stagebench._compare import write_comparison
+from stagebench.report import _render
+from stagebench.report._compare import write_comparison
 
 pytestmark = pytest.mark.browser
 
@@ -51,14 +51,29 @@ class DevTools:
             os.dup2(hi_w, 4)
 
         self.proc = subprocess.Popen(
-            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-             "--disable-extensions", "--mute-audio", f"--user-data-dir={profile}", "--remote-debugging-pipe",
-             "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--hide-scrollbars",
+                "--disable-extensions",
+                "--mute-audio",
+                f"--user-data-dir={profile}",
+                "--remote-debugging-pipe",
+                "about:blank",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             # close_fds=False: subprocess would close 3 and 4 after preexec_fn (and pass_fds=(3, 4)
             # fails when the parent has nothing open there). Python's own fds are non-inheritable.
-            close_fds=False, preexec_fn=child_fds,  # noqa: PLW1509 - the only way to place fds 3/4
+            close_fds=False,
+            preexec_fn=child_fds,
         )
         for fd in (cmd_r, out_w, hi_r, hi_w):
             os.close(fd)
@@ -110,7 +125,7 @@ class DevTools:
     def close(self) -> None:
         try:
             self.send("Browser.close")
-        except Exception:  # noqa: BLE001 - it may already be gone
+        except Exception:
             pass
         try:
             self.proc.wait(timeout=10)
@@ -151,7 +166,7 @@ def browser(tmp_path_factory):
     dt = DevTools(CHROMIUM, tmp_path_factory.mktemp("chromium-profile"))
     try:
         dt.send("Browser.getVersion")
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         dt.close()
         pytest.skip(f"chromium did not start: {e}")
     yield dt
@@ -164,22 +179,28 @@ def open_page(dt: DevTools, html: Path, shot: Path) -> dict[str, Any]:
     sid = dt.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
     for domain in ("Page", "Runtime", "Log", "Network"):
         dt.send(f"{domain}.enable", session=sid)
-    dt.send("Emulation.setDeviceMetricsOverride",
-            {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session=sid)
+    dt.send(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+        session=sid,
+    )
     dt.send("Page.navigate", {"url": html.resolve().as_uri()}, session=sid)
     dt.wait_event("Page.loadEventFired", sid)
     check = dt.send("Runtime.evaluate", {"expression": _CHECK, "returnByValue": True}, session=sid)
     result = check["result"]["value"]
-    dt.send("Emulation.setDeviceMetricsOverride",
-            {"width": 1280, "height": min(int(result["height"]), 16000), "deviceScaleFactor": 1, "mobile": False},
-            session=sid)
+    dt.send(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": 1280, "height": min(int(result["height"]), 16000), "deviceScaleFactor": 1, "mobile": False},
+        session=sid,
+    )
     png = dt.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}, session=sid)["data"]
     shot.write_bytes(base64.b64decode(png))
     # Events that arrived while we were busy, for this page only.
     mine = [e for e in dt.events if e.get("sessionId") == sid]
     dt.events = [e for e in dt.events if e.get("sessionId") != sid]
     result["console_errors"] = [
-        e["params"] for e in mine
+        e["params"]
+        for e in mine
         if (e["method"] == "Runtime.consoleAPICalled" and e["params"].get("type") in ("error", "assert"))
         or e["method"] == "Runtime.exceptionThrown"
         or (e["method"] == "Log.entryAdded" and e["params"]["entry"].get("level") == "error")
@@ -215,17 +236,35 @@ def _assert_clean(res: dict[str, Any], shot: Path, expected_ids: set[str], n_ima
 
 def test_pipeline_report_in_chromium(browser: DevTools, tmp_path: Path) -> None:
     run = fx.synthetic_run(tmp_path / "run")
-    html = _report.write_report(run)
+    html = _render.write_report(run)
     shot = _shot_dir(tmp_path) / "pipeline_report.png"
     res = open_page(browser, html, shot)
-    _assert_clean(res, shot, {"summary", "verdict", "recommended", "overview", "findings", "stages", "stage-1",
-                              "stage-2", "not-isolated", "provenance", "data", "rows", "csv-download"}, 5)
+    _assert_clean(
+        res,
+        shot,
+        {
+            "summary",
+            "verdict",
+            "recommended",
+            "overview",
+            "findings",
+            "stages",
+            "stage-1",
+            "stage-2",
+            "not-isolated",
+            "provenance",
+            "data",
+            "rows",
+            "csv-download",
+        },
+        5,
+    )
     assert fx.HOSTILE in res["title"]  # escaped into the title, shown as text
 
 
 def test_loader_report_in_chromium(browser: DevTools, tmp_path: Path) -> None:
     run = fx.synthetic_loader_run(tmp_path / "run")
-    html = _report.write_report(run)
+    html = _render.write_report(run)
     shot = _shot_dir(tmp_path) / "loader_report.png"
     res = open_page(browser, html, shot)
     _assert_clean(res, shot, {"summary", "verdict", "recommended", "loader", "findings", "provenance", "data"}, 3)
@@ -234,8 +273,12 @@ def test_loader_report_in_chromium(browser: DevTools, tmp_path: Path) -> None:
 def test_comparison_in_chromium(browser: DevTools, tmp_path: Path) -> None:
     a = fx.synthetic_loader_run(tmp_path / "a", label="loader.backend=torch")
     b = fx.synthetic_loader_run(tmp_path / "b", label=fx.HOSTILE, backend="spdl_pytorch", scale=1.3)
-    html = write_comparison([a, b], tmp_path / "cmp", title="loaders",
-                            failed=[{"name": "loader.backend=spdl_pipeline", "reason": "ImportError"}])
+    html = write_comparison(
+        [a, b],
+        tmp_path / "cmp",
+        title="loaders",
+        failed=[{"name": "loader.backend=spdl_pipeline", "reason": "ImportError"}],
+    )
     shot = _shot_dir(tmp_path) / "comparison.png"
     res = open_page(browser, html, shot)
     _assert_clean(res, shot, {"summary", "best", "curves", "failed", "runs", "data"}, 2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -13,8 +14,16 @@ import time
 import numpy as np
 import pytest
 
-from stagebench._pickling import pickle_problem
-from stagebench._stage_cache import StageCache, approx_nbytes, callable_key, chain_key, items_key
+from stagebench.core._pickling import pickle_problem
+from stagebench.pipeline._stage_cache import (
+    CacheDirError,
+    StageCache,
+    approx_nbytes,
+    callable_key,
+    chain_key,
+    default_cache_dir,
+    items_key,
+)
 
 
 def _define(src: str, name: str = "stage", extra: dict | None = None):
@@ -71,7 +80,9 @@ def test_callable_objects_key_on_class_code_and_state():
 
 def test_an_unhashable_closure_gives_a_one_off_key_and_says_why():
     lock = threading.Lock()
-    make = _define("def make(lock):\n    def stage(x):\n        with lock:\n            return x\n    return stage\n", "make")
+    make = _define(
+        "def make(lock):\n    def stage(x):\n        with lock:\n            return x\n    return stage\n", "make"
+    )
     k1, why = callable_key(make(lock))
     k2, _ = callable_key(make(lock))
     assert k1.startswith("unstable-") and k1 != k2
@@ -80,19 +91,24 @@ def test_an_unhashable_closure_gives_a_one_off_key_and_says_why():
 
 def test_keys_are_stable_across_processes_with_different_hash_seeds(tmp_path):
     script = tmp_path / "k.py"
-    script.write_text(textwrap.dedent("""
-        from stagebench._stage_cache import callable_key
+    script.write_text(
+        textwrap.dedent("""
+        from stagebench.pipeline._stage_cache import callable_key
         def stage(x):
             if x in {"jpeg", "png", "webp", "gif"}:
                 return {"kind": x, "n": len(x)}
             return None
         print(callable_key(stage)[0])
-    """))
+    """)
+    )
     keys = set()
     for seed in ("1", "2", "3"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        keys.add(subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                                check=True).stdout.strip())
+        keys.add(
+            subprocess.run(
+                [sys.executable, str(script)], env=env, capture_output=True, text=True, check=True
+            ).stdout.strip()
+        )
     assert len(keys) == 1
 
 
@@ -155,10 +171,13 @@ def test_no_folder_means_no_disk_cache():
     assert len(calls) == 2
 
 
-@pytest.mark.parametrize(("make", "says"), [
-    (threading.Lock, "TypeError: cannot pickle '_thread.lock' object"),
-    (lambda: (lambda: 1), "Can't pickle"),  # pickle raises here, mid-file: joblib used to keep the truncated file
-])
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (threading.Lock, "TypeError: cannot pickle '_thread.lock' object"),
+        (lambda: lambda: 1, "Can't pickle"),  # pickle raises here, mid-file: joblib used to keep the truncated file
+    ],
+)
 def test_outputs_that_cannot_be_pickled_are_used_but_not_stored(tmp_path, make, says):
     cache = StageCache(tmp_path / "c")
     for _ in range(2):  # the second run recomputes with the same message: no broken entry to load
@@ -196,3 +215,74 @@ def test_approx_nbytes_is_exact_for_arrays_and_bytes():
     from PIL import Image
 
     assert approx_nbytes(Image.new("RGB", (10, 10))) == 300
+
+
+# ------------------------------------------------------------------------- safety of the cache
+class _Planted:
+    """What an attacker's pickle does when it is loaded: run code (here: leave a mark)."""
+
+    def __init__(self, mark: str) -> None:
+        self.mark = mark
+
+    def __reduce__(self):
+        return (open, (self.mark, "w"))
+
+
+def test_a_pickle_planted_in_the_cache_is_never_loaded(tmp_path):
+    cache = StageCache(tmp_path / "c")
+    cache.get_or_compute("k", lambda: ([1, 2], {}))
+    (pkl,) = (tmp_path / "c").rglob("output.pkl")
+    mark = tmp_path / "pwned"
+    pkl.write_bytes(pickle.dumps(([_Planted(str(mark))], {})))  # another user's file, without the key
+    out = StageCache(tmp_path / "c").get_or_compute("k", lambda: ([1, 2], {}))
+    assert not mark.exists(), "a pickle this user did not sign was loaded"
+    assert not out.hit and out.items == [1, 2] and "not signed" in out.note
+
+
+def test_a_cache_folder_others_can_write_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(CacheDirError, match="writable by others"):
+        StageCache(shared)
+
+
+def test_a_cache_folder_of_another_user_is_refused(tmp_path, monkeypatch):
+    folder = tmp_path / "theirs"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setattr(os, "getuid", lambda: folder.stat().st_uid + 1)  # we are someone else
+    with pytest.raises(CacheDirError, match="belongs to another user"):
+        StageCache(folder)
+
+
+def test_the_default_cache_is_the_users_own_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "stagebench"
+    StageCache(default_cache_dir())
+    assert (tmp_path / "xdg" / "stagebench").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "xdg" / "stagebench" / ".stagebench-key").stat().st_mode & 0o777 == 0o600
+
+
+def test_editing_a_helper_in_another_user_module_changes_the_key(tmp_path):
+    """A stage that calls `helpers.resize` or a function imported from the user's own module:
+    editing that module (the next run sees the new code) must not serve the old outputs."""
+    (tmp_path / "helpers.py").write_text("def resize(x):\n    return x * 2\n\ndef scale(x):\n    return x + 1\n")
+    (tmp_path / "stages.py").write_text(
+        "import helpers\nfrom helpers import scale\n\n"
+        "def by_module(x):\n    return helpers.resize(x)\n\n"
+        "def by_name(x):\n    return scale(x)\n"
+    )
+    code = (
+        "import stages\nfrom stagebench.pipeline._stage_cache import callable_key\n"
+        "print(callable_key(stages.by_module)[0], callable_key(stages.by_name)[0])\n"
+    )
+
+    def keys() -> list[str]:
+        r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+        return r.stdout.split()
+
+    before = keys()
+    assert keys() == before  # stable while nothing changes
+    (tmp_path / "helpers.py").write_text("def resize(x):\n    return x * 3\n\ndef scale(x):\n    return x + 2\n")
+    after = keys()
+    assert after[0] != before[0] and after[1] != before[1]

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from stagebench._stats import batch_count, fractional_counts, mean_interval, percentiles_ms
+from stagebench.core._stats import batch_count, fractional_counts, mean_interval, percentiles_ms
 
 
 def test_back_to_back_items_tile_the_window_exactly():
@@ -73,7 +73,7 @@ def test_fast_counting_equals_the_overlap_definition(seed):
 
 
 def test_interval_about_contains_a_pooled_point():
-    from stagebench._stats import interval_about
+    from stagebench.core._stats import interval_about
 
     lo, hi, cv = interval_about(10.5, [10, 12, 11, 9, 13], 0.95)
     m, lo_m, hi_m, cv_m = mean_interval([10, 12, 11, 9, 13], 0.95)
@@ -90,7 +90,7 @@ def test_whole_run_interval_contains_its_rate_when_every_batch_counts_alike():
     """
     import numpy as np
 
-    from stagebench._wholerun import _Run
+    from stagebench.pipeline._wholerun import _Run
 
     rng = np.random.default_rng(3)
     for _ in range(200):

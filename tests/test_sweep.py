@@ -11,12 +11,12 @@ import time
 
 import pandas as pd
 import pytest
-
 from _machine import noisy_points
 from _signals import default_sigint
+
 from stagebench import MeasureConfig, RunDir, SweepConfig, read_rows, sweep_stage
-from stagebench._schema import STAGE_COLUMNS
-from stagebench._sweep import _LINEAR
+from stagebench.core._sweep import _LINEAR
+from stagebench.runs._schema import STAGE_COLUMNS
 
 TINY = MeasureConfig(budget_s=0.3, warmup_s=0.05, timeout_s=10)
 
@@ -47,9 +47,12 @@ def test_sweep_gives_tidy_rows_with_ceiling_and_writes_each_row_as_measured(tmp_
 
     with run.writer(STAGE_COLUMNS) as w:
         df = sweep_stage(
-            sleepy, range(20), name="sleep <5ms>",
+            sleepy,
+            range(20),
+            name="sleep <5ms>",
             config=SweepConfig(executors=("thread",), concurrency=(1, 2, 4), measure=TINY),
-            writer=w, on_row=check_disk,
+            writer=w,
+            on_row=check_disk,
         )
     assert list(df.columns) == list(STAGE_COLUMNS)
     assert seen_on_disk == [1, 2, 3, 4, 5, 6]
@@ -70,7 +73,9 @@ def test_async_stage_is_swept_on_the_event_loop_only():
 
 def test_a_timeout_skips_the_remaining_levels_of_that_executor_with_the_reason():
     cfg = SweepConfig(
-        executors=("thread",), concurrency=(1, 2, 4), ceiling=False,
+        executors=("thread",),
+        concurrency=(1, 2, 4),
+        ceiling=False,
         measure=MeasureConfig(budget_s=0.2, warmup_s=0.05, timeout_s=1.0),
     )
     t = time.perf_counter()
@@ -85,7 +90,7 @@ def test_sweep_config_names_the_bad_key_and_allowed_values():
         SweepConfig(executors=("gpu",))
     with pytest.raises(ValueError, match="concurrency must be ascending"):
         SweepConfig(concurrency=(4, 2))
-    with pytest.raises(ValueError, match="budget_s must be > 0"):
+    with pytest.raises(ValueError, match="budget_s must be a number of seconds > 0"):
         MeasureConfig(budget_s=0)
 
 
@@ -95,7 +100,7 @@ CTRL_C_SCRIPT = textwrap.dedent(
     from stagebench import MeasureConfig, RunDir, SweepConfig, sweep_stage
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for stacks if it hangs
-    from stagebench._schema import STAGE_COLUMNS
+    from stagebench.runs._schema import STAGE_COLUMNS
 
     def sleepy(x):
         time.sleep(0.01)
@@ -117,8 +122,7 @@ def test_ctrl_c_keeps_measured_rows_and_exits_promptly(tmp_path):
     script = tmp_path / "sweep.py"
     script.write_text(CTRL_C_SCRIPT)
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(script), str(out)], stderr=subprocess.PIPE,
-                            preexec_fn=default_sigint)
+    proc = subprocess.Popen([sys.executable, str(script), str(out)], stderr=subprocess.PIPE, preexec_fn=default_sigint)
     csv = out / "results.csv"
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -150,8 +154,9 @@ def double(x):
 def test_ceilings_are_shared_by_stages_whose_no_op_costs_the_same():
     """Thread ceilings: once per run. Process ceilings: shared by stages with small items (a no-op's
     cost per item), measured again for a stage whose items pickle to more than 16 KiB."""
-    cfg = SweepConfig(executors=("thread", "process"), concurrency=(1, 2), measure=TINY, process_flat_levels=0,
-                      process_ceilings="all")
+    cfg = SweepConfig(
+        executors=("thread", "process"), concurrency=(1, 2), measure=TINY, process_flat_levels=0, process_ceilings="all"
+    )
     shared: dict = {}
     a = sweep_stage(sleepy, list(range(10)), name="a", config=cfg, shared_ceilings=shared)
     b = sweep_stage(double, [b"x" * 1000] * 10, name="b", config=cfg, shared_ceilings=shared)
@@ -177,21 +182,30 @@ def test_a_stage_that_stopped_gets_no_shared_process_ceiling_above_its_plateau(m
     """The plateau rule keeps a stage's ceiling at its last measured level and none above it, even
     where another stage measured one that could be copied (a copy is free, but says the stage was
     measured there)."""
-    import stagebench._sweep as sw
-    from stagebench._measure import empty_row
+    import stagebench.core._sweep as sw
+    from stagebench.core._measure import empty_row
 
     curves = {"rising": {c: 100.0 * c for c in (1, 2, 4, 8, 16)}, "flat": {1: 100.0, 2: 190.0, 4: 195.0, 8: 196.0}}
 
     def fake_measure(fn, inputs, *, executor, concurrency, config, name, role, harness, payload, pool):
         q = 5000.0 if role == "ceiling" else curves[name][concurrency]
         row = empty_row(name, role, executor, harness, concurrency)
-        row.update(status="ok", qps=q, qps_low=q - 5, qps_high=q + 5, reason="", payload_bytes=payload,
-                   elapsed_s=0.1, started_at="t")
+        row.update(
+            status="ok",
+            qps=q,
+            qps_low=q - 5,
+            qps_high=q + 5,
+            reason="",
+            payload_bytes=payload,
+            elapsed_s=0.1,
+            started_at="t",
+        )
         return row
 
     monkeypatch.setattr(sw, "measure_stage", fake_measure)
-    cfg = SweepConfig(executors=("process",), concurrency=(1, 2, 4, 8, 16), process_ceilings="all",
-                      process_flat_levels=2)
+    cfg = SweepConfig(
+        executors=("process",), concurrency=(1, 2, 4, 8, 16), process_ceilings="all", process_flat_levels=2
+    )
     shared: dict = {}
     sweeps = [sw.StageSweep(double, [1, 2], name=n, config=cfg, shared_ceilings=shared) for n in ("rising", "flat")]
     for c in cfg.concurrency:
@@ -217,7 +231,7 @@ class _Weights:
 
 
 def test_the_process_points_of_several_stages_share_one_pool_grown_level_by_level(monkeypatch):
-    import stagebench._sweep as sw
+    import stagebench.core._sweep as sw
 
     pools = []
 
@@ -227,12 +241,15 @@ def test_the_process_points_of_several_stages_share_one_pool_grown_level_by_leve
             pools.append(self)
 
     monkeypatch.setattr(sw, "WorkerPool", Recorded)
-    cfg = SweepConfig(executors=("thread", "process"), concurrency=(1, 2), measure=TINY, process_flat_levels=0,
-                      process_ceilings="all")
+    cfg = SweepConfig(
+        executors=("thread", "process"), concurrency=(1, 2), measure=TINY, process_flat_levels=0, process_ceilings="all"
+    )
     big = _Weights()
-    sweeps = [sw.StageSweep(sleepy, range(10), name="a", config=cfg),
-              sw.StageSweep(double, [b"x"] * 10, name="b", config=cfg),
-              sw.StageSweep(big, range(10), name="big", config=cfg)]
+    sweeps = [
+        sw.StageSweep(sleepy, range(10), name="a", config=cfg),
+        sw.StageSweep(double, [b"x"] * 10, name="b", config=cfg),
+        sw.StageSweep(big, range(10), name="big", config=cfg),
+    ]
     for s in sweeps:
         s.run([p for p in s.points if p[2] != "process"], None)
     sw.sweep_process_points(sweeps)
@@ -281,14 +298,17 @@ def test_a_process_curve_that_stopped_rising_is_not_measured_further(tmp_path):
         pytest.skip(why)
     # two flat levels end the curve
     assert measured == [2, 4, 8], df[["status", "qps", "qps_low", "qps_high"]].to_string()
-    for c in levels[len(measured):]:
+    for c in levels[len(measured) :]:
         for role in ("stage", "ceiling"):
             assert df.loc[(role, c), "status"] == "skipped"
             assert f"process throughput stopped rising (2 levels up to c={measured[-1]}" in df.loc[(role, c), "reason"]
     assert df.loc[("ceiling", measured[-1]), "status"] == "ok"  # the last measured level keeps its ceiling
     # a curve that keeps rising is measured to the top; 0 turns the rule off
-    rising = sweep_stage(sleepy, list(range(10)), config=SweepConfig(
-        executors=("process",), concurrency=(1, 2, 4), measure=TINY, ceiling=False))
+    rising = sweep_stage(
+        sleepy,
+        list(range(10)),
+        config=SweepConfig(executors=("process",), concurrency=(1, 2, 4), measure=TINY, ceiling=False),
+    )
     assert (rising["status"] == "ok").all()
     with pytest.raises(ValueError, match="process_flat_levels must be >= 0"):
         SweepConfig(process_flat_levels=-1)
@@ -299,12 +319,17 @@ def _proc_row(c, qps, status="ok"):
 
 
 def test_process_ceilings_are_measured_only_near_the_best_so_far():
-    from stagebench._sweep import _skip_ceiling_unless_near_best
+    from stagebench.core._sweep import _skip_ceiling_unless_near_best
 
     key = ("ceiling", "spdl", "process")
     rows, stopped = [], {}
-    for c, qps, measured in ((1, 100.0, True), (2, 180.0, True), (4, 174.0, True),   # 174 is within 5% of 180
-                             (8, 150.0, False), (16, 200.0, True)):                  # a new best measures again
+    for c, qps, measured in (
+        (1, 100.0, True),
+        (2, 180.0, True),
+        (4, 174.0, True),  # 174 is within 5% of 180
+        (8, 150.0, False),
+        (16, 200.0, True),
+    ):  # a new best measures again
         row = _proc_row(c, qps)
         _skip_ceiling_unless_near_best(row, rows, "spdl", stopped)
         assert (key not in stopped) == measured, (c, stopped)
@@ -318,7 +343,7 @@ def test_process_ceilings_are_measured_only_near_the_best_so_far():
 
 
 def test_the_plateau_rule_counts_levels_without_gain_beyond_noise():
-    from stagebench._sweep import _watch_plateau
+    from stagebench.core._sweep import _watch_plateau
 
     def row(c, q, half):
         return {"status": "ok", "concurrency": c, "qps": q, "qps_low": q - half, "qps_high": q + half}
@@ -343,7 +368,7 @@ def test_the_plateau_rule_counts_levels_without_gain_beyond_noise():
 
 
 def test_the_at_ceiling_rule_compares_the_best_thread_point_with_the_median_ceiling():
-    from stagebench._sweep import _threads_at_ceiling
+    from stagebench.core._sweep import _threads_at_ceiling
 
     def r(role, c, q, ex="thread", status="ok"):
         return {"role": role, "executor": ex, "harness": "spdl", "concurrency": c, "qps": q, "status": status}
@@ -394,8 +419,10 @@ def test_no_process_points_when_threads_already_scale_linearly(tmp_path):
     assert (threads["status"] == "ok").all()
     pts = threads[threads["role"] == "stage"].set_index("concurrency")["qps"]
     if pts[4] < _LINEAR * 4 * pts[1]:  # the rule's own test: it then rightly measures processes
-        pytest.skip(f"the machine woke sleeping threads late: 4 threads did {pts[4] / pts[1]:.2f}x one, "
-                    f"under {_LINEAR:.0%} of linear, so measuring processes was right")
+        pytest.skip(
+            f"the machine woke sleeping threads late: 4 threads did {pts[4] / pts[1]:.2f}x one, "
+            f"under {_LINEAR:.0%} of linear, so measuring processes was right"
+        )
     assert len(procs) == 6 and (procs["status"] == "skipped").all()
     assert procs["reason"].str.startswith("not measured: threads scale linearly to the top of the grid").all()
     # a stage that threads cannot scale gets its process curve

@@ -33,7 +33,7 @@ from PIL import Image
 from spdl.pipeline import PipelineBuilder
 
 SIZE = 128  # training resolution
-GRID = 40   # augment touches a GRID x GRID lattice of pixels in pure Python
+GRID = 40  # augment touches a GRID x GRID lattice of pixels in pure Python
 
 
 def make_dataset(root: Path, n: int, seed: int = 0) -> list[Path]:

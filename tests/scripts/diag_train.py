@@ -37,7 +37,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--marker", required=True)
     p.add_argument("--items", type=int, default=1000)
-    p.add_argument("--mode", default="normal", choices=["normal", "empty", "raising-source", "short-source", "failing-stage"])
+    p.add_argument(
+        "--mode", default="normal", choices=["normal", "empty", "raising-source", "short-source", "failing-stage"]
+    )
     args = p.parse_args()
 
     def source():

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).parent))
-from loader_datasets import Compose, SleepDataset, scale_transform, sleepy_transform  # noqa: E402
+from loader_datasets import Compose, SleepDataset, scale_transform, sleepy_transform
 
 
 def seed_worker(worker_id: int) -> None:
@@ -24,8 +24,7 @@ def main() -> None:
     marker = Path(os.environ["LOADER_TRAIN_MARKER"])
     ds = SleepDataset(n=48, d=0.005, transform=Compose([sleepy_transform, scale_transform]))
     val = DataLoader(SleepDataset(n=8, d=0.0), batch_size=2)  # built, never iterated: not the one caught
-    loader = DataLoader(ds, batch_size=6, shuffle=True, num_workers=3, worker_init_fn=seed_worker,
-                        drop_last=True)
+    loader = DataLoader(ds, batch_size=6, shuffle=True, num_workers=3, worker_init_fn=seed_worker, drop_last=True)
     for epoch in range(2):
         for batch in loader:
             marker.write_text("the loop body ran")

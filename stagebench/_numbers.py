@@ -1,0 +1,50 @@
+"""Numbers as the rows and summaries hold them: one test for "a finite number", one way to write one.
+
+Rows come back from CSV and JSON as floats, numpy scalars, None or NaN; every
+layer asks the same questions of them, so they are answered once, here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["finite", "num", "num_or_none", "fmt_q", "fmt_ms"]
+
+
+def finite(*xs: Any) -> bool:
+    """Whether every ``x`` is a finite number (numpy scalars and numeric text included; None and NaN are not)."""
+    for x in xs:
+        if x is None:
+            return False
+        try:
+            if not math.isfinite(float(x)):
+                return False
+        except (TypeError, ValueError):
+            return False
+    return True
+
+
+def num(x: Any) -> float:
+    """A float, NaN for anything that is not a finite number."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return math.nan
+    return v if math.isfinite(v) else math.nan
+
+
+def num_or_none(x: Any) -> float | None:
+    """A float, None for anything that is not a finite number."""
+    v = num(x)
+    return None if math.isnan(v) else v
+
+
+def fmt_q(q: float) -> str:
+    """A throughput in prose: ``1,234`` from 10 up, three significant digits below."""
+    return f"{q:,.0f}" if q >= 10 else f"{q:.3g}"
+
+
+def fmt_ms(s: float) -> str:
+    """Seconds as milliseconds in prose: ``4.56 ms``."""
+    return f"{s * 1e3:.3g} ms"

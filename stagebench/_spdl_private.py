@@ -1,0 +1,80 @@
+"""The one place that imports SPDL's private names (checked by ``tests/test_architecture.py``).
+
+stagebench needs a few things SPDL does not export: the module whose function
+builds a pipeline in diagnostic mode (replaced by the stand-in), the helpers
+that tell how SPDL would run a callable, the pipe types and arguments of a
+``PipelineConfig`` (to rebuild one stage alone), and the batch fetcher of its
+PyTorch-style loader (to tell automatic batching). Each is resolved here,
+lazily, so an SPDL upgrade that moves one breaks in one file. Reading a
+config's private attributes (``cfg._args``, ``cfg._type``) stays in
+:mod:`stagebench.pipeline._isolate`, the one reader of pipeline configs.
+Importing this module imports nothing: it is loaded at interpreter start while
+diagnostic mode is on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "PROFILE_MODULE",
+    "PYTORCH_DATALOADER_MODULE",
+    "is_async_callable",
+    "is_asyncgen_callable",
+    "is_process_pool",
+    "main_process_class",
+    "pipe_args_class",
+    "pipe_type",
+    "pytorch_get_items",
+]
+
+#: The module whose ``_build_pipeline_diagnostic_mode`` SPDL calls when the mode is on.
+PROFILE_MODULE = "spdl.pipeline._profile"
+#: The module that defines SPDL's ``PyTorchDataLoader``.
+PYTORCH_DATALOADER_MODULE = "spdl.dataloader._pytorch_dataloader"
+
+
+def is_async_callable(op: Any) -> bool:
+    from spdl.pipeline._common._convert import _is_async_callable
+
+    return bool(_is_async_callable(op))
+
+
+def is_asyncgen_callable(op: Any) -> bool:
+    from spdl.pipeline._common._convert import _is_asyncgen_callable
+
+    return bool(_is_asyncgen_callable(op))
+
+
+def is_process_pool(executor: Any) -> bool:
+    from spdl.pipeline._common._convert import _is_process_pool
+
+    return bool(_is_process_pool(executor))
+
+
+def pipe_type() -> Any:
+    """The enum of pipe kinds (``OrderedPipe``, ...) a ``PipeConfig`` carries."""
+    from spdl.pipeline.defs import _PipeType
+
+    return _PipeType
+
+
+def pipe_args_class() -> Any:
+    """The arguments record inside a ``PipeConfig`` (op, executor, concurrency, ...)."""
+    from spdl.pipeline.defs import _PipeArgs
+
+    return _PipeArgs
+
+
+def main_process_class() -> Any:
+    """The placement marker that closes a sub-process region of a pipeline."""
+    from spdl.pipeline.defs import _MainProcess
+
+    return _MainProcess
+
+
+def pytorch_get_items() -> Any:
+    """The fetch function SPDL's PyTorch-style loader uses with automatic batching."""
+    from spdl.dataloader import _pytorch_dataloader
+
+    return _pytorch_dataloader._get_items

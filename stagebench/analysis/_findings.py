@@ -1,0 +1,538 @@
+"""Ranked, actionable findings: what to change, how much it should help, and why we think so.
+
+Each finding names a stage (or none, for run-wide ones), a severity, a plain
+title, a detail with the numbers, and the evidence those numbers came from.
+Ranking: severity first (high, medium, low, info), then the expected gain,
+so the change that helps most is read first.
+
+Severity rules, so they mean the same thing in every report:
+
+- ``high``: a change with a measured (or bounded) gain of 1.5x or more on
+  the stage that limits the pipeline, a GIL bound that makes the pipeline
+  much slower than its slowest stage, a stage that could not be measured;
+- ``medium``: a smaller gain, a gain on a stage that does not limit the
+  pipeline, a busy or noisy machine, a validation run far from the
+  prediction;
+- ``low``: noise and fit quality that lower confidence without changing a
+  recommendation;
+- ``info``: context (what could not be isolated, what is only bounded).
+
+The same engine serves loader sweeps: it reads only stage entries of the
+shape :func:`stagebench.analysis._pipeline.analyze_stage` returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stagebench._numbers import finite, fmt_q
+
+__all__ = ["build_findings", "SEVERITIES"]
+
+SEVERITIES = ("high", "medium", "low", "info")
+
+
+def _f(severity: str, title: str, detail: str, stage: str | None, evidence: dict, gain: float = 1.0) -> dict:
+    return {"severity": severity, "title": title, "detail": detail, "stage": stage, "evidence": evidence, "_gain": gain}
+
+
+def _alt(st: dict, ex: str) -> dict | None:
+    return (st.get("alternatives") or {}).get(ex)
+
+
+def _far_from_binding(st: dict, prediction: dict | None) -> bool:
+    """The stage alone delivers at least twice what the pipeline is predicted to: fixing it changes little."""
+    pred = (prediction or {}).get("qps")
+    rec = st.get("recommended") or {}
+    if not finite(pred) or not finite(rec.get("qps")):
+        return False
+    return rec["qps"] * float(st.get("items_per_input") or 1.0) >= 2 * pred
+
+
+def _demote(finding: dict) -> dict:
+    finding["severity"] = {"high": "medium", "medium": "low"}.get(finding["severity"], finding["severity"])
+    finding["detail"] += "; it is far from limiting the pipeline (it alone delivers at least twice the prediction)"
+    return finding
+
+
+def _stage_findings(
+    st: dict, bottleneck: str | None, cores: int, prediction: dict | None = None, page_fault: dict | None = None
+) -> list[dict]:
+    name = st["name"]
+    out: list[dict] = []
+    if st["status"] != "ok":
+        out.append(
+            _f(
+                "high",
+                f"{name} could not be measured",
+                f"{st['status']}: {st['reason']}",
+                name,
+                {"status": st["status"], "reason": st["reason"], "problems": st.get("problems", [])},
+            )
+        )
+        return out
+    cls = st["classification"]
+    rec = st["recommended"]
+    is_bn = name == bottleneck
+    thr = _alt(st, "thread") or _alt(st, "async")
+    proc = _alt(st, "process")
+    f = st.get("gil_fraction")
+
+    if cls == "gil-bound" or (f is not None and f >= 0.5 and (st.get("gil") or {}).get("saturated")):
+        ev = {
+            "gil_fraction": f,
+            "gil_fraction_interval": st.get("gil_fraction_interval"),
+            "thread_best": thr,
+            "process_best": proc,
+        }
+        h2h = st.get("head_to_head") or {}
+        if proc and thr:
+            if h2h.get("decisive"):
+                # measured in turns, at the same moments of the machine: it outranks the curves' comparison
+                thr, proc = {**thr, **h2h["thread"]}, {**proc, **h2h["process"]}
+                gain, beyond, how = h2h["ratio"], bool(h2h["processes_win"]), "measured in turns with threads"
+                ev["head_to_head"] = h2h
+            else:
+                gain = proc["qps"] / thr["qps"]
+                beyond = (
+                    proc["qps_low"] is not None and thr["qps_high"] is not None and proc["qps_low"] > thr["qps_high"]
+                )
+                how = "measured"
+            if gain > 1 and beyond:
+                sev = "high" if (gain >= 1.5 or is_bn) else "medium"
+                out.append(
+                    _f(
+                        sev,
+                        f"{name} holds the GIL {f:.0%} of its time: use a process executor",
+                        f"expected {gain:.1f}x: {fmt_q(thr['qps'])} items/s on threads -> {fmt_q(proc['qps'])} "
+                        f"at {proc['concurrency']} processes ({how})",
+                        name,
+                        ev,
+                        gain,
+                    )
+                )
+            elif gain > 1:
+                # ahead, but within the noise of the two curves: saying "did not help" would contradict the numbers
+                out.append(
+                    _f(
+                        "medium",
+                        f"{name} holds the GIL {f:.0%} of its time; processes were not clearly faster",
+                        f"processes reached {fmt_q(proc['qps'])} items/s vs {fmt_q(thr['qps'])} on threads "
+                        f"({how}), within the noise of these measurements, so threads are kept (less memory, "
+                        "no IPC); longer windows (STAGEBENCH_BUDGET_S) would tell them apart. Less Python per "
+                        "item (vectorise, move work into C code that releases the GIL) helps either way",
+                        name,
+                        ev,
+                    )
+                )
+            else:
+                out.append(
+                    _f(
+                        "medium",
+                        f"{name} holds the GIL {f:.0%} of its time, but processes did not help",
+                        f"processes reached {fmt_q(proc['qps'])} items/s vs {fmt_q(thr['qps'])} on threads "
+                        f"({how}): "
+                        "moving items between processes, or cores taken by other load, cancels the gain; "
+                        "less Python per item (vectorise, move work into C code that releases the GIL) "
+                        "is the way out",
+                        name,
+                        ev,
+                    )
+                )
+        else:
+            # threads cap at 1/g; processes at cores/cpu: the gain is cores * g / cpu at most
+            g, cpu = st.get("gil_s_per_item"), st.get("cpu_s_per_item")
+            est = cores * g / cpu if finite(g) and finite(cpu) and cpu > 0 else float(cores)
+            est = min(float(cores), max(1.0, est))
+            out.append(
+                _f(
+                    "high" if is_bn else "medium",
+                    f"{name} holds the GIL {f:.0%} of its time: try a process executor",
+                    f"processes were not measured for this stage; up to about {est:.1f}x is possible on "
+                    f"{cores} cores if its inputs and outputs are cheap to move",
+                    name,
+                    ev,
+                    est,
+                )
+            )
+
+    far = _far_from_binding(st, prediction) and not is_bn
+    own_step = st.get("type") in ("aggregate", "disaggregate")  # SPDL's grouping steps, not the user's code
+    # (an own step far from binding gets none: the user has nothing to change there)
+    if cls == "overhead-bound" and not (own_step and far):
+        ceil = st.get("ceiling_qps")
+        near = f"it reaches {fmt_q(rec['qps'])} items/s, near the no-op ceiling of {fmt_q(ceil)} items/s"
+        if own_step:
+            title = f"{name} is overhead-bound: fewer, larger items must reach it"
+            detail = (
+                f"{near}: SPDL schedules every item through this grouping step one at a time. Its own work "
+                "cannot be batched; have the stage before it return lists of items (so fewer items reach "
+                "it), or group the items earlier in the pipeline"
+            )
+        else:
+            title = f"{name} is overhead-bound: batch its work"
+            detail = (
+                f"{near} at {rec['executor']} x {rec['concurrency']}: the harness cannot schedule items "
+                f"faster. Handing it batches of k items per call raises that ceiling about k-fold (8 items: "
+                f"about {fmt_q(8 * ceil)} items/s)"
+            )
+        found = _f(
+            "high" if is_bn else "medium",
+            title,
+            detail,
+            name,
+            {"qps": rec["qps"], "ceiling_qps": ceil, "stage_s_per_item": st.get("stage_s_per_item")},
+            1.5,
+        )
+        out.append(_demote(found) if far else found)
+
+    if cls == "ipc-bound":
+        payload = st.get("payload_bytes")
+        size = f" ({payload / 1024:,.0f} KiB pickled per input item)" if finite(payload) else ""
+        out.append(
+            _f(
+                "high" if is_bn else "medium",
+                f"{name} is limited by moving data between processes",
+                f"on processes it is capped by inter-process transfer{size}: return smaller outputs "
+                "(decode to uint8, crop early), pass file paths instead of bytes, or use shared memory",
+                name,
+                {"payload_bytes": payload, "recommended": rec, "ceiling_qps": st.get("ceiling_qps")},
+                1.3,
+            )
+        )
+
+    if cls == "io-bound":
+        rising = "still rising" in (rec.get("why") or "")
+        if rising:
+            finding = _f(
+                "high" if is_bn else "medium",
+                f"{name} waits: raise its concurrency",
+                f"it was still scaling at concurrency {rec['concurrency']} ({fmt_q(rec['qps'])} items/s), the "
+                "largest level measured; measure higher levels to find where it stops",
+                name,
+                {"recommended": rec},
+                1.5,
+            )
+            out.append(_demote(finding) if far else finding)
+        else:
+            out.append(
+                _f(
+                    "info",
+                    f"{name} waits (io-bound)",
+                    f"concurrency {rec['concurrency']} ({rec['executor']}) covers the waiting: "
+                    f"{fmt_q(rec['qps'])} items/s",
+                    name,
+                    {"recommended": rec},
+                )
+            )
+
+    if cls == "cpu-bound":
+        cpu = st.get("cpu_s_per_item")
+        out.append(
+            _f(
+                "info" if not is_bn else "medium",
+                f"{name} is limited by the cores",
+                f"{fmt_q(rec['qps'])} items/s at {rec['executor']} x {rec['concurrency']}"
+                + (f", {cpu * 1e3:.3g} ms CPU per item" if finite(cpu) else "")
+                + ": more cores or less work per item; more concurrency will not help",
+                name,
+                {"recommended": rec, "cpu_s_per_item": cpu},
+            )
+        )
+
+    user_ex, user_c = st.get("user_executor"), st.get("user_concurrency")
+    if user_ex in ("thread", "process", "async") and user_c:
+        alt = _alt(st, user_ex)
+        if alt is not None and (user_ex != rec["executor"] or user_c != rec["concurrency"]):
+            # the user's own setting, when it was one of the measured points
+            curve = (st.get("curves") or {}).get(f"{rec.get('harness')}/{user_ex}") or []
+            yours = next((p["qps"] for p in curve if p["concurrency"] == user_c), None)
+            gain_txt = ""
+            if yours:
+                gain = rec["qps"] / yours
+                gain_txt = f" ({gain:.1f}x the {fmt_q(yours)} items/s of your setting)"
+            out.append(
+                _f(
+                    "medium" if (yours and rec["qps"] / yours >= 1.2) else "low",
+                    f"{name}: change {user_ex} x {user_c} to {rec['executor']} x {rec['concurrency']}",
+                    f"the recommended setting delivers {fmt_q(rec['qps'])} items/s{gain_txt}",
+                    name,
+                    {"yours": {"executor": user_ex, "concurrency": user_c}, "recommended": rec},
+                    rec["qps"] / yours if yours else 1.0,
+                )
+            )
+
+    gil = st.get("gil") or {}
+    if f is not None and not gil.get("pinned", True):
+        lo, hi = st["gil_fraction_interval"]
+        out.append(
+            _f(
+                "info",
+                f"{name}: GIL share only bounded ({lo:.2f}-{hi:.2f})",
+                "its threads used the cores before any GIL cap showed; more cores would pin the share down. "
+                "The pipeline prediction uses the middle of the range",
+                name,
+                {"gil_fraction": f, "gil_fraction_interval": st["gil_fraction_interval"]},
+            )
+        )
+    for extra in (_page_fault_finding(st, page_fault, is_bn), _gc_finding(st, is_bn)):
+        if extra is not None:
+            out.append(extra)
+    for p in st.get("problems", []):
+        out.append(_f("low", f"{name}: some points did not measure", p, name, {"problem": p}))
+    return out
+
+
+_FAULTS_MIN = 256  # minor faults per call: 1 MiB of fresh 4 KiB pages
+_FAULTS_SHARE = 0.2  # ... and at least this share of the stage's CPU per call, at this machine's cost per fault
+_MALLOC_ENV = "MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456"
+
+
+def _page_fault_finding(st: dict, page_fault: dict | None, is_bn: bool) -> dict | None:
+    """A stage that touches megabytes of fresh memory per item, and pays for it in CPU.
+
+    Why this matters for a data loader: glibc's malloc serves blocks of 128 KiB
+    and more (a batch, a float copy of an image) with a fresh mapping, or from
+    a heap it trims back to the OS once enough is free at its top, and the
+    kernel then maps and zeroes every page again on the next call. The
+    thresholds move with what the process freed before, so the same stage
+    costs different amounts in different processes: on the demo's collate, a
+    fresh process took 2,300-2,500 faults and 4.8-5.4 ms of CPU per call, and
+    1.1 ms with none once both thresholds were raised (the environment
+    variables below; raising only the mmap threshold changed nothing, as the
+    trim threshold then stays at 128 KiB). This diagnosis's own process may be
+    in either state, so the finding names the executor whose points showed it.
+    """
+    cost = (page_fault or {}).get("cost_s")
+    pf = {ex: d for ex, d in (st.get("page_faults") or {}).items() if finite(d.get("per_item"))}
+    if not pf or not finite(cost):
+        return None
+    ex, worst = max(pf.items(), key=lambda kv: kv[1]["per_item"])
+    n, cpu = worst["per_item"], worst.get("cpu_s_per_item")
+    if n < _FAULTS_MIN or not finite(cpu) or cpu <= 0 or n * cost < _FAULTS_SHARE * cpu:
+        return None
+    name = st["name"]
+    mib = n * float((page_fault or {}).get("page_bytes") or 4096) / 2**20
+    share = n * cost / cpu
+    part = "most" if share >= 0.5 else f"about {share:.0%}"
+    # per call: a point's items are the stage's own inputs (a batch, after an aggregate)
+    detail = (
+        f"{n:,.0f} minor page faults per call on {ex} ({mib:.1f} MiB of pages the kernel maps and zeroes "
+        f"for each call); at the {cost * 1e6:.1f} µs one fault took on this machine, that is {part} of its "
+        f"{cpu * 1e3:.3g} ms of CPU per call. The usual cause is glibc's malloc handing large temporaries "
+        "(arrays and tensors of 128 KiB and more) back to the OS after each call and taking them again on the "
+        f"next. Setting {_MALLOC_ENV} in the training job's environment keeps them, as does preloading "
+        "jemalloc or tcmalloc; memory then stays with the process instead of going back to the OS"
+    )
+    calm = {e: d["per_item"] for e, d in pf.items() if e != ex and d["per_item"] < n / 10}
+    if calm:
+        e, m = next(iter(calm.items()))
+        detail += (
+            f". Its {e} points took {m:,.0f} per call: whether a process pays this depends on what it freed "
+            f"before, so the stage may cost more in your training process than those points say"
+        )
+    return _f(
+        "medium" if is_bn else "low",
+        f"{name} spends CPU on fresh memory: {n:,.0f} page faults per call",
+        detail,
+        name,
+        {"page_faults": pf, "fault_cost_s": cost},
+    )
+
+
+_GC_SHARE = 0.1  # the collector's time per item, as a share of the stage's CPU per item, worth a finding
+
+
+def _gc_finding(st: dict, is_bn: bool) -> dict | None:
+    """A stage whose allocations make the cyclic garbage collector run a good share of its time.
+
+    Why it is worth saying: a full collection walks every object the process
+    holds, with the GIL held, so what a loader stage pays grows with the
+    training process around it (torch, the model, the dataset's index). In a
+    process holding 560k objects the demo's augment (which builds a list of
+    lists per image) spent 0.15-0.27 ms of its 0.6-0.8 ms per item in
+    collections; with ``gc.freeze()`` after set-up the same stage ran 14% (one
+    thread) to 34% (eight) faster.
+    """
+    alt = _alt(st, "thread") or _alt(st, "async") or {}
+    gc_s, cpu = alt.get("gc_s_per_item"), alt.get("cpu_s_per_item")
+    if not finite(gc_s) or not finite(cpu) or cpu <= 0 or gc_s < _GC_SHARE * cpu:
+        return None
+    name, share = st["name"], gc_s / cpu
+    detail = (
+        f"the garbage collector ran {gc_s * 1e3:.3g} ms per item during its {alt.get('executor', 'thread')} "
+        f"points, {share:.0%} of its {cpu * 1e3:.3g} ms of CPU per item, holding the GIL: the stage leaves "
+        "container objects (lists, dicts, objects) behind often enough to trigger collections, and a full "
+        "collection walks every object the process holds, so it costs more in a bigger process. Calling "
+        "gc.freeze() once the model and data are set up (before the training loop) takes what exists then "
+        "out of every later collection; fewer Python containers per item (arrays instead of lists of "
+        "lists) removes the cause"
+    )
+    gain = 1.0 + share  # for ranking only: what removing it gains depends on what the collector then still does
+    return _f(
+        "medium" if is_bn else "low",
+        f"{name} spends {share:.0%} of its CPU in garbage collection",
+        detail,
+        name,
+        {"gc_s_per_item": gc_s, "cpu_s_per_item": cpu, "executor": alt.get("executor")},
+        gain,
+    )
+
+
+def build_findings(
+    stages: list[dict],
+    *,
+    prediction: dict | None,
+    validation: dict | None,
+    warnings: list[str],
+    not_isolated: list[dict],
+    cores: int,
+    page_fault: dict | None = None,
+) -> list[dict[str, Any]]:
+    """All findings for a run, most important first (see the module docstring for the ranking).
+
+    ``page_fault``: ``{"cost_s", "page_bytes"}`` of this machine (``run.json``), for
+    the finding on stages that fault in fresh memory per item.
+    """
+    bottleneck = (prediction or {}).get("bottleneck")
+    out: list[dict] = []
+    for st in stages:
+        out.extend(_stage_findings(st, bottleneck, cores, prediction, page_fault))
+
+    if prediction and finite(prediction.get("qps")):
+        naive, pred = prediction.get("naive_qps"), prediction["qps"]
+        if prediction["binding"] in ("gil", "cores") and naive and pred < 0.9 * naive:
+            what = "GIL" if prediction["binding"] == "gil" else "cores"
+            sev = "high" if pred < 0.75 * naive else "medium"
+            out.append(
+                _f(
+                    sev,
+                    f"the {what} shared by the stages binds the pipeline",
+                    f"predicted {fmt_q(pred)} items/s together, although the slowest stage alone reaches "
+                    f"{fmt_q(naive)}. {prediction['explanation']}",
+                    prediction.get("bottleneck"),
+                    {"bounds": prediction["bounds"], "naive_qps": naive, "lift": prediction.get("lift")},
+                    naive / pred,
+                )
+            )
+
+    if validation and finite(validation.get("error_vs_prediction")):
+        err = validation["error_vs_prediction"]
+        slower = sorted(
+            (x for x in validation.get("interference") or [] if finite(x.get("ratio")) and x["ratio"] >= 1.3),
+            key=lambda x: -x["ratio"],
+        )
+        seen = (
+            (
+                "; in the pipeline "
+                + ", ".join(
+                    f"{x['stage']} took {x['ratio']:.1f}x as long per call as alone ({x['in_pipeline_p50_ms']:.3g} vs "
+                    f"{x['alone_p50_ms']:.3g} ms median)"
+                    for x in slower[:3]
+                )
+            )
+            if slower
+            else ""
+        )
+        # where the replay and the real pipeline part: a stage's calls inside the pipeline against its
+        # stand-in's inside the replay (they took turns, so the machine was the same)
+        apart = sorted(
+            (
+                x
+                for x in validation.get("interference") or []
+                if finite(x.get("vs_replay")) and max(x["vs_replay"], 1 / x["vs_replay"]) >= 1.2
+            ),
+            key=lambda x: -max(x["vs_replay"], 1 / x["vs_replay"]),
+        )
+        seen += (
+            (
+                "; against the replay, "
+                + ", ".join(
+                    f"{x['stage']}'s calls took {x['in_pipeline_p50_ms']:.3g} ms in the pipeline and its stand-in's "
+                    f"{x['replay_p50_ms']:.3g} ms in the replay ({x['vs_replay']:.1f}x)"
+                    for x in apart[:3]
+                )
+            )
+            if apart
+            else ""
+        )
+        if abs(err) > 0.15:
+            out.append(
+                _f(
+                    "medium",
+                    "the whole-pipeline run differs from the prediction",
+                    f"measured {fmt_q(validation['qps'])} items/s vs predicted "
+                    f"{fmt_q(prediction['qps'])} ({err:+.0%} error): "
+                    + (
+                        "the prediction leaves out SPDL's own per-item scheduling (direct harness only); "
+                        if prediction.get("caveat")
+                        else ""
+                    )
+                    + "stages interfere in ways the bounds do not capture (the GIL held by one stage "
+                    "while another waits for it, cores taken by GIL-free work, other load)"
+                    + seen
+                    + "; trust the measured number",
+                    None,
+                    {"validation": validation},
+                )
+            )
+        else:
+            out.append(
+                _f(
+                    "info",
+                    "the whole-pipeline run confirms the prediction",
+                    f"measured {fmt_q(validation['qps'])} items/s vs predicted {fmt_q(prediction['qps'])} ({err:+.0%})",
+                    None,
+                    {"validation": validation},
+                )
+            )
+
+    for w in warnings:
+        busy = "busy" in w or "other load" in w
+        noisy = "noisy" in w or "wider than" in w
+        if busy or noisy:
+            out.append(
+                _f(
+                    "medium" if busy else "low",
+                    "the machine was busy: numbers are low and uncertain" if busy else "noisy measurements",
+                    w
+                    + (
+                        ". Verdicts that rest on small differences (threads vs processes within noise, "
+                        "the 5% rule) are less certain; re-run on a quiet machine to confirm"
+                        if noisy
+                        else ""
+                    ),
+                    None,
+                    {"warning": w},
+                )
+            )
+        elif "measured without SPDL" in w:
+            out.append(
+                _f(
+                    "medium",
+                    "the prediction is optimistic: SPDL's own scheduling is not counted",
+                    w,
+                    None,
+                    {"warning": w},
+                )
+            )
+        elif "poor fit" in w or "indicative only" in w:
+            out.append(_f("low", "curve fit is weak", w, None, {"warning": w}))
+        else:
+            out.append(_f("low", "warning", w, None, {"warning": w}))
+    for ni in not_isolated:
+        out.append(
+            _f(
+                "info",
+                f"{ni.get('name', '?')} was not measured alone",
+                str(ni.get("reason", "")),
+                ni.get("name"),
+                {"not_isolated": ni},
+            )
+        )
+
+    rank = {s: i for i, s in enumerate(SEVERITIES)}
+    out.sort(key=lambda d: (rank[d["severity"]], -d["_gain"]))
+    for d in out:
+        del d["_gain"]
+    return out

@@ -1,0 +1,515 @@
+"""How much of a stage's per-item time holds the GIL, from several labelled signals.
+
+Nothing here measures the GIL directly: CPython exposes no counter for it.
+The estimate is inferred from the curves, with this physics. An item takes
+t = g + r seconds alone: g while holding the GIL (Python bytecode), r without
+it (sleeping, waiting on I/O, or C code that releases the GIL). Threads at
+concurrency c then deliver about
+
+    min(c / t,  1 / g,  cores / cpu_per_item)
+
+items/s, while processes lose the 1 / g cap (each has its own GIL) and pay
+for moving data instead. The GIL fraction is f = g / t.
+
+The signals, each reported with its label and role:
+
+``cpu_share``
+    CPU seconds per item / seconds per item, at the lowest thread level (the
+    harness's own share, from the no-op ceiling, removed). Pure Python runs
+    only while holding the GIL, so for Python-plus-waiting this *is* f. It is
+    read within one point, so a machine whose speed drifts between points
+    does not bias it. It reads high when C code computes without the GIL
+    (detected: threads then burn more than one core, which GIL-held work
+    cannot), and low when other programs take the cores (a descheduled
+    thread still holds the GIL).
+``cpu_share_for_load``
+    ``cpu_share`` divided by the share of a core that the direct harness's
+    one-thread no-op ceiling (pure Python that never waits) got right after:
+    a correction for other programs taking the cores, shown only when the
+    machine was busy. Only a correction: the load moves between the two
+    windows, and a thread waking from a wait gets a core sooner than a busy one.
+``thread_plateau``
+    g <= 1 / (peak thread throughput) minus the harness's per-item GIL time,
+    so f <= that / t: always an upper bound. It becomes an estimate when the
+    thread curve has flattened well below linear scaling without using the
+    cores, i.e. something inside the process serialises the threads.
+``cpu_share_at_plateau``
+    ``cpu_share`` divided by the cores the threads use on the plateau. When
+    the GIL is saturated by pure Python the plateau uses exactly the one core
+    the machine lets it have, so this corrects ``cpu_share`` for other load.
+``threads_vs_processes``
+    Throughput of processes over threads at the same concurrency. Processes
+    significantly faster (intervals apart) confirm that the threads' limit
+    lives inside one process: the GIL, or a lock.
+``serial_fraction``
+    Amdahl serial fraction of the thread curve against the process curve's.
+    A thread curve capped at 1 / g has σ ≈ g / t; a larger σ than the
+    processes' says the serial part is specific to threads.
+
+Why this combination: the signals fail in different ways (drifting machine
+speed, other load, GIL-free C code, locks that are not the GIL), so the
+estimate is the median of those that the data says are valid, and the
+interval spans them. A serialised thread curve with almost no CPU is a lock
+or an external limit, not the GIL, and is reported as such. When only upper
+bounds exist (GIL-free CPU that fills the cores) the fraction is not pinned
+down by the data; the interval says so and the point is its midpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from stagebench._numbers import finite
+from stagebench.core._curves import Point, StageRows
+
+__all__ = ["estimate_gil", "harness_gil_s", "harness_cpu_s", "SIGNAL_LABELS"]
+
+#: What each signal is, in words shown next to its value.
+SIGNAL_LABELS = {
+    "cpu_share": "CPU time / time per item on one thread (= GIL share for pure Python on an idle machine; "
+    "high when C code computes without the GIL, low when other programs take the cores)",
+    "cpu_share_for_load": "CPU share divided by the share of a core a busy no-op thread got at the same "
+    "concurrency (corrects for other programs taking the cores; a correction, not a reading)",
+    "cpu_share_at_plateau": "CPU share divided by the cores the threads use on their plateau "
+    "(corrects the CPU share for other load when the GIL is saturated)",
+    "thread_plateau": "peak thread throughput caps GIL time per item at 1/peak: an upper bound on the "
+    "GIL share, an estimate when the thread curve flattens without using the cores",
+    "threads_vs_processes": "process / thread throughput at equal concurrency (above 1 beyond noise: the "
+    "threads' limit is inside one process, the GIL or a lock)",
+    "serial_fraction": "Amdahl serial fraction of the thread curve, against the process curve's",
+    "gil_probe": "share of its time the stage held the GIL while a pure-Python counter thread ran next to it "
+    "(the counter's CPU time, scaled by the share of a core it gets alone, is its own GIL time; "
+    "reads high by the GIL's hand-offs and when the machine's load changes mid-round)",
+}
+
+_GIL_FREE_CORES = 1.2  # threads above this many cores: part of their CPU runs without the GIL
+_CORES_LIMITED = 0.75  # share of the cores at which a curve counts as limited by them
+_SUBLINEAR = 0.75  # peak below this share of linear scaling: the curve has flattened
+_TICK_S = 0.02  # CPU counters tick at 10 ms, read twice per window
+_VAGUE = 0.3  # a curves' interval wider than this: a probe reading inside it decides
+
+
+def harness_gil_s(ceiling: Point | None) -> float:
+    """GIL time per item spent by the harness itself (0 when its ceiling was not measured).
+
+    The no-op ceiling on threads is limited by the harness's own Python; its CPU
+    per item (or 1/throughput, whichever is smaller) is that time.
+    """
+    if ceiling is None or not ceiling.qps > 0:
+        return 0.0
+    wall = 1.0 / ceiling.qps
+    cpu = ceiling.cpu_s_per_item
+    return min(wall, cpu) if finite(cpu) and cpu > 0 else wall
+
+
+def harness_cpu_s(ceiling: Point | None) -> float:
+    if ceiling is None or not finite(ceiling.cpu_s_per_item):
+        return 0.0
+    return max(0.0, ceiling.cpu_s_per_item)
+
+
+def _slowdown(sr: StageRows, H: str, E: str, p: Point, p0: Point, cpu_share: float) -> float:
+    """CPU per item of the stage at ``p`` over that at the lowest level ``p0`` (1: same speed).
+
+    Signals that compare times read at different points (the plateau against
+    the lowest level) assume the machine ran at one speed. On a shared host it
+    does not: the same 4 ms of Python took 7 ms of CPU in one point, and the
+    fraction-1 stage read 0.6-0.8 on the plateau signal while its CPU share,
+    read within one point, said 1.0. The same work's CPU per item measures the
+    speed, for stages whose time is mostly CPU (CPU share >= 0.5; below that
+    the per-item CPU is small and wake-ups dominate it). Ratios outside
+    [0.5, 2] are not a speed change but a different regime: no correction.
+    """
+    if not (finite(cpu_share) and cpu_share >= 0.5):
+        return 1.0
+    c_p = p.cpu_s_per_item - harness_cpu_s(sr.ceiling(H, E, p.concurrency))
+    c_0 = p0.cpu_s_per_item - harness_cpu_s(sr.ceiling(H, E, p0.concurrency))
+    if not (finite(c_p) and finite(c_0)) or c_p <= 0 or c_0 <= 0:
+        return 1.0
+    k = c_p / c_0
+    return k if 0.5 <= k <= 2.0 else 1.0
+
+
+def _signal(value, interval, label_key, role, implied=None, implied_interval=None, detail="") -> dict[str, Any]:
+    return {
+        "value": value,
+        "interval": interval,
+        "label": SIGNAL_LABELS[label_key],
+        "role": role,
+        "implied_fraction": implied,
+        "implied_interval": implied_interval,
+        "detail": detail,
+    }
+
+
+def _choose(sr: StageRows) -> tuple[str, str] | None:
+    """Harness and thread-like executor to read the GIL from (direct first: least overhead)."""
+    for h in ("direct", "spdl"):
+        for e in ("thread", "async"):
+            if sr.curve(h, e):
+                return h, e
+    return None
+
+
+def _clip01(x: float) -> float:
+    # a fraction of time lives in [0, 1]; signals that overshoot (noise) are brought back
+    return float(min(1.0, max(0.0, x)))
+
+
+def estimate_gil(
+    sr: StageRows,
+    *,
+    cores: int,
+    fits: dict[str, dict] | None = None,
+    free_threaded: bool = False,
+    probe: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The GIL fraction of one stage, its interval, and every signal behind it.
+
+    ``fits`` are the stage's curve fits keyed ``"harness/executor"`` (for the
+    serial-fraction signal). Returns ``fraction`` and ``interval`` (``None``
+    when no thread or event-loop point was measured), ``pinned`` (False when
+    only bounds exist), ``gil_s_per_item``, ``stage_s_per_item``,
+    ``saturated`` (the thread curve flattened below the cores),
+    ``serializer`` (``"gil"``, ``"other"`` or ``None``), ``harness``,
+    ``executor``, ``signals`` and plain-words ``notes``.
+
+    ``probe``: a reading of :func:`stagebench.pipeline._gilprobe.probe_gil` (``share``,
+    ``low``, ``high``), shown as the ``gil_probe`` signal. It decides the
+    fraction where the curves only bound it, where they leave it wider open
+    than 0.3 and the reading falls inside, and where it reads below the
+    curves' whole interval: its errors push it up (hand-offs, a busy
+    machine), so a low reading is evidence the curves cannot give on few
+    cores (C code that releases the GIL flattens at the cores as GIL-bound
+    code flattens at the GIL). Above the curves it is only a check.
+    ``source`` says which decided.
+    """
+    fits = fits or {}
+    out: dict[str, Any] = {
+        "fraction": None,
+        "interval": None,
+        "pinned": False,
+        "source": None,
+        "gil_s_per_item": None,
+        "stage_s_per_item": None,
+        "saturated": False,
+        "serializer": None,
+        "harness": None,
+        "executor": None,
+        "signals": {},
+        "notes": [],
+    }
+    chosen = _choose(sr)
+    if chosen is None:
+        out["notes"].append(
+            "no thread or event-loop point was measured: the GIL share cannot be inferred "
+            "(process workers each have their own GIL)"
+        )
+        return out
+    H, E = chosen
+    T, P = sr.curve(H, E), sr.curve(H, "process")
+    out.update(harness=H, executor=E)
+    notes = out["notes"]
+    signals = out["signals"]
+    if free_threaded:
+        notes.append("free-threaded Python: there is no GIL; the fraction measures how much threads serialise")
+
+    p0 = T.points[0]
+    c0 = p0.concurrency
+    ceil0 = sr.ceiling(H, E, c0)
+    lane = c0 / p0.qps  # seconds per item per lane (Little's law in a closed loop)
+    t = lane - harness_gil_s(ceil0)  # the harness's own time per item is not the stage's
+    p50 = p0.latency_p50_ms / 1e3 if finite(p0.latency_p50_ms) else math.nan
+    if finite(p50) and p50 > 0 and t < min(p50, lane):
+        t = min(p50, lane)  # never subtract more harness time than the call itself leaves
+    if not t > 0:
+        t = lane
+    t_lo, t_hi = t * p0.qps / p0.high, t * p0.qps / p0.low
+    out["stage_s_per_item"] = t
+    if c0 > 1:
+        notes.append(f"the lowest thread level measured is {c0}, not 1: per-item time is inferred from it")
+
+    # --- cpu_share ----------------------------------------------------------------
+    u_max = max((p.cores_used for p in T if finite(p.cores_used)), default=math.nan)
+    gil_free = finite(u_max) and u_max > _GIL_FREE_CORES
+    A = A_lo = A_hi = math.nan
+    # The direct harness's no-op ceiling on one thread is pure Python that never
+    # waits: the cores it got say how much of a core a busy thread could get
+    # around that moment. Below 1, other programs were taking the CPU, and a
+    # thread that holds the GIL keeps holding it while it waits for a core.
+    avail = math.nan
+    if H == "direct" and ceil0 is not None and finite(ceil0.cores_used) and ceil0.cores_used > 0:
+        avail = min(1.0, ceil0.cores_used)  # GIL-bound: at most one core at any concurrency
+    if finite(p0.cpu_s_per_item):
+        cpu = max(0.0, p0.cpu_s_per_item - harness_cpu_s(ceil0))
+        tick = _TICK_S / p0.n_items if finite(p0.n_items) and p0.n_items > 0 else 0.0
+        A, A_lo, A_hi = cpu / t, max(0.0, cpu - tick) / t_hi, (cpu + tick) / t_lo
+        if gil_free:
+            role = "upper bound"
+            detail = (
+                f"threads used up to {u_max:.2f} cores, more than GIL-held work can: "
+                "part of the CPU runs without the GIL, so this overstates the GIL share"
+            )
+        else:
+            role = "estimate"
+            detail = f"{cpu * 1e3:.3g} ms CPU in {t * 1e3:.3g} ms per item at {E} concurrency {c0}"
+        signals["cpu_share"] = _signal(A, [A_lo, A_hi], "cpu_share", role, A, [A_lo, A_hi], detail)
+        if finite(avail) and 0.2 <= avail < 0.95 and not gil_free:
+            # Only a correction: the load fluctuates between the two windows, and a
+            # thread that wakes from waiting gets the CPU sooner than a busy one.
+            Ac = [min(1.0, x / avail) for x in (A, A_lo, A_hi)]
+            signals["cpu_share_for_load"] = _signal(
+                Ac[0],
+                Ac[1:],
+                "cpu_share_for_load",
+                "estimate",
+                Ac[0],
+                Ac[1:],
+                f"CPU share {A:.2f} / {avail:.2f} of a core that a busy no-op thread got at concurrency {c0}",
+            )
+            notes.append(
+                f"a busy no-op thread got only {avail:.2f} of a core around this measurement (other load): "
+                "CPU-based signals read low and the estimate is less certain"
+            )
+
+    # --- thread_plateau -------------------------------------------------------------
+    pm = T.best()
+    cm = pm.concurrency
+    h_m = harness_gil_s(sr.ceiling(H, E, cm))
+    # GIL time read at the plateau, at the lowest level's machine speed
+    k_m = _slowdown(sr, H, E, pm, p0, A)
+    B = (1.0 / pm.qps - h_m) / t / k_m
+    B_lo, B_hi = (1.0 / pm.high - h_m) / t_hi / k_m, (1.0 / pm.low - h_m) / t_lo / k_m
+    # Flattened: some level's whole interval lies well below linear scaling from
+    # the lowest level (a noisy point that merely dips does not count).
+    sublinear = any(p.high < _SUBLINEAR * p.concurrency * p0.qps / c0 for p in T.points[1:])
+    rising = False
+    if len(T) >= 2 and pm is T.points[-1]:
+        prev = T.points[-2]
+        ideal = pm.concurrency / prev.concurrency
+        rising = pm.qps > prev.qps * (1 + 0.3 * (ideal - 1)) and pm.low > prev.high
+    cores_limited = finite(pm.cores_used) and pm.cores_used >= _CORES_LIMITED * cores
+    saturated = sublinear and not rising and not cores_limited
+    out["saturated"] = bool(saturated)
+    if len(T) >= 2:
+        if saturated:
+            why = (
+                f"threads flatten at {pm.qps:,.0f} items/s (concurrency {cm}) using "
+                f"{pm.cores_used:.2f} of {cores} cores: something inside the process serialises them"
+            )
+            if k_m != 1.0:
+                why += (
+                    f"; the same work took {k_m:.2f}x the CPU per item there as at concurrency {c0} "
+                    "(the machine's speed changed), so its time per item is scaled back by that"
+                )
+        elif cores_limited:
+            why = f"threads reach the cores ({pm.cores_used:.2f} of {cores}) before any serial limit shows"
+        elif rising:
+            why = f"threads still scale at the top of the grid ({cm}): the cap has not been reached"
+        else:
+            why = f"threads scale close to linearly up to {cm}: no serial limit reached"
+        serializer = None
+        if saturated:
+            serializer = "gil" if (not finite(A) or gil_free or A >= 0.5 * B) else "other"
+            if serializer == "other":
+                why += (
+                    f"; yet the stage uses little CPU ({A:.0%} of its time): a lock or an external limit, not the GIL"
+                )
+        out["serializer"] = serializer
+        signals["thread_plateau"] = _signal(
+            B,
+            [B_lo, B_hi],
+            "thread_plateau",
+            "estimate" if serializer == "gil" else "upper bound",
+            B,
+            [B_lo, B_hi],
+            why,
+        )
+    serializer = out["serializer"]
+    gil_saturated = saturated and serializer == "gil"
+
+    # --- cpu_share_at_plateau ---------------------------------------------------------
+    A2 = math.nan
+    if (
+        gil_saturated
+        and finite(A)
+        and not gil_free
+        and finite(pm.cores_used)
+        and 0.3 < pm.cores_used <= _GIL_FREE_CORES
+    ):
+        u = pm.cores_used
+        A2 = A / u
+        signals["cpu_share_at_plateau"] = _signal(
+            A2,
+            [A_lo / u, A_hi / u],
+            "cpu_share_at_plateau",
+            "estimate",
+            A2,
+            [A_lo / u, A_hi / u],
+            f"CPU share {A:.2f} / {u:.2f} cores used on the plateau",
+        )
+
+    # --- threads_vs_processes -----------------------------------------------------------
+    C_est = None
+    common = [(pt, pp) for pt in T if (pp := P.at(pt.concurrency)) is not None] if P else []
+    if common:
+        pt, pp = max(common, key=lambda ab: ab[1].qps / ab[0].qps)
+        ratio = pp.qps / pt.qps
+        r_int = [pp.low / pt.high, pp.high / pt.low]
+        faster = pp.low > pt.high
+        c = pt.concurrency
+        if faster and serializer != "other":
+            k_c = _slowdown(sr, H, E, pt, p0, A)
+            h_c = harness_gil_s(sr.ceiling(H, E, c))
+            imp = (1.0 / pt.qps - h_c) / t / k_c
+            imp_int = [(1.0 / pt.high - h_c) / t_hi / k_c, (1.0 / pt.low - h_c) / t_lo / k_c]
+            C_est = (imp, imp_int)
+            detail = (
+                f"at concurrency {c} processes deliver {pp.qps:,.0f} items/s, threads {pt.qps:,.0f}: "
+                "the threads' cap lives inside one process"
+            )
+            role = "estimate" if gil_saturated else "check"
+        else:
+            imp, imp_int = None, None
+            slower = pp.high < pt.low
+            detail = (
+                f"at concurrency {c} processes {'trail' if slower else 'match'} threads "
+                f"({pp.qps:,.0f} vs {pt.qps:,.0f} items/s): no sign of a per-process cap here"
+            )
+            if faster:
+                detail = (
+                    f"at concurrency {c} processes beat threads ({pp.qps:,.0f} vs {pt.qps:,.0f}) "
+                    "but the stage uses little CPU: a lock, not the GIL"
+                )
+            role = "check"
+        signals["threads_vs_processes"] = _signal(ratio, r_int, "threads_vs_processes", role, imp, imp_int, detail)
+        if gil_saturated and not faster and not any(q.low > p.high for p, q in common):
+            notes.append(
+                "threads flatten below the cores yet processes do no better: other load on the machine or a "
+                "resource shared between processes may be the limit; the GIL evidence is weaker"
+            )
+
+    # --- serial_fraction ----------------------------------------------------------------
+    D_est = None
+    fT, fP = fits.get(f"{H}/{E}"), fits.get(f"{H}/process")
+    if fT and fT.get("amdahl_serial_fraction") is not None:
+        sT, sT_int = fT["amdahl_serial_fraction"], fT.get("amdahl_interval")
+        sP = fP.get("amdahl_serial_fraction") if fP else None
+        sP_int = fP.get("amdahl_interval") if fP else None
+        if sP is not None and sT_int and sP_int:
+            apart = sT_int[0] > sP_int[1]
+            detail = f"threads σ = {sT:.2f}, processes σ = {sP:.2f}: " + (
+                "the serial part is specific to threads" if apart else "no clear difference"
+            )
+            usable = apart and serializer != "other"
+        else:
+            detail = f"threads σ = {sT:.2f} (no process curve to compare)"
+            usable = gil_saturated
+        if usable:
+            D_est = (sT, sT_int or [sT, sT])
+        signals["serial_fraction"] = _signal(
+            sT,
+            sT_int,
+            "serial_fraction",
+            "estimate" if (usable and gil_saturated) else "check",
+            sT if usable else None,
+            (sT_int if usable else None),
+            detail,
+        )
+
+    # --- combine ------------------------------------------------------------------------
+    ests: list[tuple[float, float, float]] = []
+    if finite(A) and not gil_free:
+        ests.append((A, A_lo, A_hi))
+        if "cpu_share_for_load" in signals:
+            sig = signals["cpu_share_for_load"]
+            ests.append((sig["value"], *sig["interval"]))
+    if gil_saturated:
+        ests.append((B, B_lo, B_hi))
+        if finite(A2):
+            ests.append(
+                (A2, signals["cpu_share_at_plateau"]["interval"][0], signals["cpu_share_at_plateau"]["interval"][1])
+            )
+        if C_est:
+            ests.append((C_est[0], *C_est[1]))
+        if D_est:
+            ests.append((D_est[0], *D_est[1]))
+    elif ests and len(T) >= 2 and A_lo > B_hi:
+        # threads scaled further than the CPU share allows
+        notes.append(
+            "threads scaled further than the CPU share allows: the machine's speed changed during the sweep, "
+            "or part of the CPU runs without the GIL; both signals are used"
+        )
+        ests.append((B, B_lo, B_hi))
+    if ests:
+        vals = np.array([e[0] for e in ests])
+        point = float(np.median(vals))
+        lo = min(e[1] for e in ests)
+        hi = max(e[2] for e in ests)
+        if not gil_saturated and len(T) >= 2:
+            hi = min(hi, max(B_hi, point))  # the plateau bound holds unless the signals disagree
+        out["pinned"] = True
+    else:
+        bounds = [b for b in (B_hi if len(T) >= 2 else math.nan, A_hi) if finite(b)]
+        upper = _clip01(min(bounds)) if bounds else 1.0
+        point, lo, hi = upper / 2, 0.0, upper
+        notes.append(
+            f"the data bound the GIL share only from above (≤ {upper:.2f}): part of the CPU runs without the "
+            f"GIL and the threads were limited by the cores before any GIL cap showed; "
+            f"more cores would pin it down"
+        )
+    out["source"] = "curves"
+    if probe and probe.get("share") is not None:
+        ps, p_lo, p_hi = (float(probe[k]) for k in ("share", "low", "high"))
+        below = out["pinned"] and p_hi < lo
+        vague = out["pinned"] and hi - lo > _VAGUE and lo <= ps <= hi  # consistent, and far more precise
+        decides = below or vague or not out["pinned"]
+        signals["gil_probe"] = _signal(
+            ps,
+            [p_lo, p_hi],
+            "gil_probe",
+            "estimate" if decides else "check",
+            ps,
+            [p_lo, p_hi],
+            f"median of {probe.get('rounds', '?')} rounds at a {1e3 * float(probe.get('switch_interval_s', 0.0005)):g} ms "
+            "switch interval (interval: quartiles)",
+        )
+        if decides:
+            cap = hi if not out["pinned"] else 1.0  # a bound from the curves still holds
+            if vague:
+                notes.append(
+                    f"the curves leave the GIL share anywhere in {lo:.2f}-{hi:.2f}; a counter thread next "
+                    f"to the stage read {ps:.2f} ({p_lo:.2f}-{p_hi:.2f}), which is used"
+                )
+            elif below:
+                notes.append(
+                    f"the curves put the GIL share at {point:.2f} ({lo:.2f}-{hi:.2f}), but a counter thread next "
+                    f"to the stage kept the GIL for all but {ps:.2f} of its time: the threads were limited by "
+                    "something else (the cores, memory); the probe's reading is used"
+                )
+            else:
+                notes[:] = [n for n in notes if "only from above" not in n]
+                notes.append(
+                    f"the curves bound the GIL share only from above (≤ {hi:.2f}); a counter thread next to the "
+                    f"stage read {ps:.2f} ({p_lo:.2f}-{p_hi:.2f})"
+                    + (", capped at that bound" if ps > hi else "")
+                    + ", which is used"
+                )
+            point, lo, hi = min(ps, cap), min(p_lo, cap), min(p_hi, cap)
+            out["pinned"], out["source"] = True, "probe"
+    elif probe and probe.get("error"):
+        # said, not hidden: a reader of a vague verdict should know a direct reading was tried
+        notes.append(f"no direct GIL reading: {probe['error']}")
+    point = _clip01(point)
+    out["fraction"] = point
+    out["interval"] = [_clip01(min(lo, point)), _clip01(max(hi, point))]
+    g = point * t
+    if len(T) >= 2:
+        # Threads reached the peak, so per-item GIL time cannot exceed 1/peak (minus
+        # the harness's share): a physical bound that holds even when t drifted.
+        g = min(g, max(0.0, 1.0 / pm.qps - h_m))
+    out["gil_s_per_item"] = g
+    return out

@@ -1,0 +1,618 @@
+"""From loader rows to a recommendation, diagnoses and a terminal table.
+
+Everything here is a pure function of ``results.csv`` rows and ``run.json``, so
+``stagebench report RUN_DIR`` rebuilds the same summary from saved rows. Rows
+arrive either as the dicts the sweep just measured or as a DataFrame read back
+from CSV (where ``True`` became a string and an empty prefetch_factor became
+NaN); :func:`normalize_row` makes both look the same.
+
+The recommendation is the cheapest setting (fewest workers, then the smallest
+prefetch) within a few percent of the best throughput and inside the memory
+budget, because every worker costs memory and cores that the trainer could
+use, and a difference within the measurement's noise buys nothing. The
+diagnoses read the shape of the curve (throughput against workers) together
+with the cores the loader used, which is what separates "the work is CPU" from
+"the workers wait" from "the batches cost more to ship than to make".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from stagebench._numbers import num
+from stagebench.runs._knobs import NOT_APPLICABLE, LoaderKnobs, normalize_knobs
+
+__all__ = [
+    "setting_cost",
+    "normalize_row",
+    "user_point",
+    "recommend",
+    "summarize_loader",
+    "loader_findings",
+]
+
+
+_SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
+_NUMERIC = (
+    "samples_per_s",
+    "samples_per_s_low",
+    "samples_per_s_high",
+    "batches_per_s",
+    "cv",
+    "time_to_first_batch_s",
+    "epoch_stall_s",
+    "n_batches",
+    "window_s",
+    "cores_used",
+    "mem_pss_mb",
+    "mem_uss_mb",
+    "mem_main_mb",
+    "mem_workers_mb",
+    "disk_read_mb_s",
+    "elapsed_s",
+    "n_samples",
+    "workers_seen",
+    "worker_threads",
+)
+
+
+def _flag(v: Any) -> bool | str:
+    """True / False, or NOT_APPLICABLE where the knob does not apply (NaN after a CSV round trip)."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        s = v.strip().lower()
+        if s in ("true", "1", "yes"):
+            return True
+        if s in ("false", "0", "no"):
+            return False
+        return NOT_APPLICABLE
+    try:
+        if v is None or math.isnan(float(v)):
+            return NOT_APPLICABLE
+        return bool(v)
+    except (TypeError, ValueError):
+        return NOT_APPLICABLE
+
+
+def _text(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return str(v)
+
+
+def normalize_row(row: Any) -> dict[str, Any]:
+    """One row with Python types: ints, floats (NaN when missing), True/False/NOT_APPLICABLE."""
+    from stagebench.runs._schema import LOADER_COLUMNS
+
+    r = dict(row)
+    out: dict[str, Any] = {c: r.get(c, math.nan) for c in LOADER_COLUMNS}
+    out["num_workers"] = int(num(r.get("num_workers")) if math.isfinite(num(r.get("num_workers"))) else 0)
+    pf = num(r.get("prefetch_factor"))
+    out["prefetch_factor"] = int(pf) if math.isfinite(pf) else None
+    out["persistent_workers"] = _flag(r.get("persistent_workers"))
+    out["pin_memory"] = _flag(r.get("pin_memory"))
+    for c in _NUMERIC:
+        out[c] = num(r.get(c))
+    for c in ("loader", "backend", "status", "reason", "search_phase", "started_at", "notes"):
+        out[c] = _text(r.get(c))
+    out["status"] = out["status"] or "ok"
+    return out
+
+
+def _rows(rows: Any) -> list[dict[str, Any]]:
+    if hasattr(rows, "to_dict"):
+        rows = rows.to_dict(orient="records")
+    return [normalize_row(r) for r in rows]
+
+
+def _is_ok(p: dict[str, Any]) -> bool:
+    s = p["samples_per_s"]
+    return p["status"] == "ok" and math.isfinite(s) and s > 0
+
+
+def _over_budget(p: dict[str, Any], budget_mb: float | None) -> bool:
+    return budget_mb is not None and math.isfinite(p["mem_pss_mb"]) and p["mem_pss_mb"] > budget_mb
+
+
+def setting_cost(p: dict[str, Any]) -> tuple:
+    return (p["num_workers"], p["prefetch_factor"] or 0, p["persistent_workers"] is True, p["pin_memory"] is True)
+
+
+def _same_but_persistent(pool: list[dict], p: dict) -> dict | None:
+    for q in pool:
+        if (
+            q["num_workers"] == p["num_workers"]
+            and q["prefetch_factor"] == p["prefetch_factor"]
+            and q["pin_memory"] == p["pin_memory"]
+            and q["persistent_workers"] is True
+        ):
+            return q
+    return None
+
+
+def _stall_gain(p: dict, q: dict) -> float:
+    """Seconds per epoch that q's persistent workers save over p (NaN when unknown)."""
+    a, b = p["epoch_stall_s"], q["epoch_stall_s"]
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return math.nan
+    return a - b
+
+
+def _pick(candidates: list[dict], pool: list[dict], floor: float) -> tuple[dict, str]:
+    rec = min(candidates, key=setting_cost)
+    note = ""
+    if rec["persistent_workers"] is False and rec["num_workers"] > 0:
+        q = _same_but_persistent(pool, rec)
+        gain = _stall_gain(rec, q) if q is not None else math.nan
+        if q is not None and q["samples_per_s"] >= floor and gain > max(0.02, 0.5 * rec["epoch_stall_s"]):
+            note = (
+                f"; persistent_workers=True cuts the epoch-boundary stall from "
+                f"{rec['epoch_stall_s']:.2f}s to {q['epoch_stall_s']:.2f}s"
+            )
+            rec = q
+    return rec, note
+
+
+def recommend(
+    rows: Any,
+    *,
+    budget_mb: float | None,
+    within_best: float = 0.05,
+    target_rate: float | None = None,
+    headroom: float = 0.10,
+) -> dict[str, Any] | None:
+    """The recommended row (with a ``why``), or None when nothing was measured ok.
+
+    Without a target: the cheapest setting within ``within_best`` of the best
+    throughput and inside the memory budget. With a target: the cheapest that
+    delivers target x (1 + headroom); when none does, the same as without.
+    """
+    pts = _rows(rows)
+    ok = [p for p in pts if _is_ok(p)]
+    if not ok:
+        return None
+    best = max(ok, key=lambda p: p["samples_per_s"])
+    fits = [p for p in ok if not _over_budget(p, budget_mb)]
+    pool = fits or ok
+    budget_note = "" if fits else "; no setting fits the memory budget: the least memory-hungry near the best"
+    if target_rate is not None:
+        need = target_rate * (1 + headroom)
+        meeting = [p for p in pool if p["samples_per_s"] >= need]
+        if meeting:
+            rec, note = _pick(meeting, pool, need)
+            rec = dict(rec)
+            rec["why"] = (
+                f"cheapest setting that delivers the target {target_rate:,.1f} samples/s with "
+                f"{headroom:.0%} headroom ({need:,.1f}){note}"
+            )
+            return rec
+    floor = (1 - within_best) * best["samples_per_s"]
+    near = [p for p in pool if p["samples_per_s"] >= floor] or [max(pool, key=lambda p: p["samples_per_s"])]
+    rec, note = _pick(near, pool, floor)
+    rec = dict(rec)
+    if rec is best or setting_cost(rec) == setting_cost(best):
+        why = f"the best throughput measured, and no cheaper setting comes within {within_best:.0%} of it"
+    else:
+        why = (
+            f"cheapest setting within {within_best:.0%} of the best ({best['samples_per_s']:,.1f} samples/s at "
+            f"{_knob_text(best)})"
+        )
+    if budget_mb is not None and fits:
+        why += f"; inside the memory budget ({budget_mb:,.0f} MB)"
+    rec["why"] = why + note + budget_note
+    return rec
+
+
+def _knob_text(p: dict[str, Any]) -> str:
+    parts = [f"num_workers={p['num_workers']}"]
+    if p["prefetch_factor"] is not None:
+        parts.append(f"prefetch_factor={p['prefetch_factor']}")
+    if p["persistent_workers"] is True:
+        parts.append("persistent_workers=True")
+    if p["pin_memory"] is True:
+        parts.append("pin_memory=True")
+    return ", ".join(parts)
+
+
+def _public(p: dict[str, Any], why: str | None = None) -> dict[str, Any]:
+    out = {
+        "num_workers": p["num_workers"],
+        "prefetch_factor": p["prefetch_factor"],
+        "persistent_workers": p["persistent_workers"],
+        "pin_memory": p["pin_memory"],
+        "samples_per_s": p["samples_per_s"],
+        "samples_per_s_low": p["samples_per_s_low"],
+        "samples_per_s_high": p["samples_per_s_high"],
+        "batches_per_s": p["batches_per_s"],
+        "mem_pss_mb": p["mem_pss_mb"],
+        "cores_used": p["cores_used"],
+        "time_to_first_batch_s": p["time_to_first_batch_s"],
+        "epoch_stall_s": p["epoch_stall_s"],
+    }
+    if why is not None:
+        out["why"] = why
+    return out
+
+
+def _rel_half(p: dict[str, Any]) -> float:
+    lo, hi, s = p["samples_per_s_low"], p["samples_per_s_high"], p["samples_per_s"]
+    if math.isfinite(lo) and math.isfinite(hi) and s > 0:
+        return (hi - lo) / 2 / s
+    return 0.0
+
+
+def _finding(severity: str, title: str, detail: str, evidence: dict[str, Any]) -> dict[str, Any]:
+    return {"severity": severity, "title": title, "detail": detail, "stage": None, "evidence": evidence}
+
+
+def loader_findings(
+    pts: list[dict[str, Any]], meta: dict[str, Any], rec: dict | None, target: dict | None
+) -> list[dict[str, Any]]:
+    """Diagnoses, most important first (same shape as the pipeline findings)."""
+    settings = meta.get("settings", {})
+    prov = meta.get("provenance", {})
+    cores = int(settings.get("usable_cores") or prov.get("usable_cores") or 1)
+    budget = settings.get("memory_budget_mb")
+    backend = (meta.get("loader") or {}).get("backend", "")
+    out: list[dict[str, Any]] = []
+    ok = [p for p in pts if _is_ok(p)]
+
+    for p in pts:
+        if p["status"] in ("crashed", "timeout", "failed"):
+            title = {
+                "crashed": f"A worker died at {_knob_text(p)}",
+                "timeout": f"The loader hung at {_knob_text(p)}",
+                "failed": f"The loader raised at {_knob_text(p)}",
+            }[p["status"]]
+            detail = p["reason"]
+            if p["status"] == "crashed":
+                detail += ". The search kept the settings with fewer workers."
+            out.append(_finding("high", title, detail, {"num_workers": p["num_workers"], "status": p["status"]}))
+
+    if target is not None and not target.get("met"):
+        out.append(
+            _finding(
+                "high",
+                "Data-bound: the loader cannot feed the trainer",
+                target["verdict"],
+                {"target_rate": target["rate"]},
+            )
+        )
+
+    # Workers slower than none: IPC dominates.
+    zero = [p for p in ok if p["num_workers"] == 0]
+    multi = [p for p in ok if p["num_workers"] > 0]
+    if zero and multi:
+        z = zero[0]
+        w = max(multi, key=lambda p: p["samples_per_s"])
+        tol = max(0.05, _rel_half(z), _rel_half(w))
+        if w["samples_per_s"] < z["samples_per_s"] * (1 - tol):
+            per_batch_ms = 1e3 / z["batches_per_s"] if z["batches_per_s"] > 0 else math.nan
+            out.append(
+                _finding(
+                    "high" if rec is not None and rec["num_workers"] == 0 else "medium",
+                    "Workers make this loader slower: shipping batches costs more than making them",
+                    f"With no workers the main process makes a batch in {per_batch_ms:.2f} ms "
+                    f"({z['samples_per_s']:,.0f} samples/s); the best with workers is {w['samples_per_s']:,.0f} "
+                    f"samples/s at num_workers={w['num_workers']}. Items are cheap (in-memory tensors?), so "
+                    "inter-process communication dominates: use num_workers=0, or make each item do more "
+                    "work (bigger batches, decoding in the worker) before adding workers.",
+                    {
+                        "samples_per_s_0": z["samples_per_s"],
+                        "best_with_workers": w["samples_per_s"],
+                        "best_with_workers_num_workers": w["num_workers"],
+                        "batch_ms_at_0": per_batch_ms,
+                    },
+                )
+            )
+
+    # Too many workers: throughput falls past the peak, or memory runs out.
+    if ok:
+        best = max(ok, key=lambda p: p["samples_per_s"])
+        beyond = [p for p in ok if p["num_workers"] > best["num_workers"]]
+        if beyond:
+            worst = min(beyond, key=lambda p: p["samples_per_s"])
+            tol = max(0.1, _rel_half(best), _rel_half(worst))
+            if worst["samples_per_s"] < best["samples_per_s"] * (1 - tol):
+                extra = worst["mem_pss_mb"] - best["mem_pss_mb"]
+                out.append(
+                    _finding(
+                        "medium",
+                        f"Too many workers: throughput falls past num_workers={best['num_workers']}",
+                        f"{worst['samples_per_s']:,.0f} samples/s at num_workers={worst['num_workers']} against "
+                        f"{best['samples_per_s']:,.0f} at {best['num_workers']}"
+                        + (f", for {extra:,.0f} MB more memory" if math.isfinite(extra) and extra > 0 else "")
+                        + f". More workers than the {cores} usable cores compete for them (thrashing) and each "
+                        "holds a copy of the dataset object.",
+                        {
+                            "peak_num_workers": best["num_workers"],
+                            "peak_samples_per_s": best["samples_per_s"],
+                            "worst_num_workers": worst["num_workers"],
+                            "worst_samples_per_s": worst["samples_per_s"],
+                        },
+                    )
+                )
+    over = [p for p in pts if _over_budget(p, budget)]
+    if over:
+        p = max(over, key=lambda q: q["mem_pss_mb"])
+        out.append(
+            _finding(
+                "medium",
+                "Some settings exceed the memory budget",
+                f"{_knob_text(p)} uses {p['mem_pss_mb']:,.0f} MB (PSS of main process and workers) against a "
+                f"budget of {budget:,.0f} MB; such settings are never recommended.",
+                {"mem_pss_mb": p["mem_pss_mb"], "budget_mb": budget},
+            )
+        )
+    for s in (meta.get("search") or {}).get("stopped", []):
+        if "memory budget" in s:
+            out.append(_finding("info", "The memory budget capped num_workers", s, {"budget_mb": budget}))
+
+    # CPU-transform-bound vs waiting (I/O) -bound, at the best setting with workers.
+    if multi:
+        b = max(multi, key=lambda p: p["samples_per_s"])
+        u = b["cores_used"]
+        if math.isfinite(u):
+            cpu_ms = 1e3 * u / b["samples_per_s"]
+            top = max(p["num_workers"] for p in multi)
+            if u >= 0.75 * cores:
+                out.append(
+                    _finding(
+                        "medium",
+                        "CPU-bound: the loader's work saturates the cores",
+                        f"At num_workers={b['num_workers']} the loader keeps {u:.2f} of {cores} cores busy "
+                        f"({cpu_ms:.2f} ms of CPU per sample). More workers cannot help: make the per-sample "
+                        "transforms cheaper, decode smaller images, or move augmentations to the GPU.",
+                        {
+                            "cores_used": u,
+                            "usable_cores": cores,
+                            "cpu_ms_per_sample": cpu_ms,
+                            "classification": "cpu-bound",
+                        },
+                    )
+                )
+            elif u < 0.5 * max(1, min(b["num_workers"], cores)):
+                rising = b["num_workers"] == top
+                out.append(
+                    _finding(
+                        "info" if rising else "medium",
+                        "I/O- or wait-bound: the workers mostly wait",
+                        f"At num_workers={b['num_workers']} the loader uses only {u:.2f} cores for "
+                        f"{b['samples_per_s']:,.0f} samples/s ({cpu_ms:.2f} ms of CPU per sample): the workers wait "
+                        "on storage, the network or sleeps, not on the CPU. "
+                        + (
+                            "Throughput was still rising at the highest setting tried: more workers may help "
+                            "(raise max_workers) if memory allows."
+                            if rising
+                            else "Throughput stopped rising before the cores were busy: the storage or a shared lock "
+                            "is the limit (stage the data on local NVMe, shard small files, check locks)."
+                        ),
+                        {
+                            "cores_used": u,
+                            "usable_cores": cores,
+                            "cpu_ms_per_sample": cpu_ms,
+                            "classification": "io-bound",
+                            "still_rising": rising,
+                        },
+                    )
+                )
+
+    # Thread oversubscription: torch threads per worker x workers > cores.
+    for p in multi:
+        t = p["worker_threads"]
+        if math.isfinite(t) and t > 1 and t * p["num_workers"] > cores:
+            busy = math.isfinite(p["cores_used"]) and p["cores_used"] >= 0.75 * cores
+            out.append(
+                _finding(
+                    "medium" if busy else "low",
+                    "Thread oversubscription inside the workers",
+                    f"Each of the {p['num_workers']} workers runs torch with {int(t)} intra-op threads: "
+                    f"{int(t * p['num_workers'])} threads for {cores} cores. torch's DataLoader sets 1 thread per "
+                    "worker; this loader's workers keep torch's default"
+                    + (" (SPDL's loader does not change it)" if backend == "spdl_pytorch" else "")
+                    + ". Call torch.set_num_threads(1) in the dataset (or set OMP_NUM_THREADS=1) when the "
+                    "transforms use torch ops.",
+                    {"worker_threads": t, "num_workers": p["num_workers"], "usable_cores": cores},
+                )
+            )
+            break
+
+    # Worker start-up dominating short epochs.
+    epoch_batches = num((meta.get("loader") or {}).get("epoch_batches"))
+    # Judge at a setting that has a persistent twin (the comparison is measured), else the cheapest.
+    for p in sorted(multi, key=lambda p: (_same_but_persistent(ok, p) is None, setting_cost(p))):
+        if p["persistent_workers"] is not False or not math.isfinite(p["epoch_stall_s"]):
+            continue
+        q = _same_but_persistent(ok, p)
+        stall = p["epoch_stall_s"]
+        epoch_s = (
+            epoch_batches / p["batches_per_s"] if math.isfinite(epoch_batches) and p["batches_per_s"] > 0 else math.nan
+        )
+        share = stall / (epoch_s + stall) if math.isfinite(epoch_s) else math.nan
+        gain = _stall_gain(p, q) if q is not None else math.nan
+        if (math.isfinite(share) and share > 0.05) or (math.isfinite(gain) and gain > max(0.1, 0.5 * stall)):
+            detail = f"Each epoch starts with a {stall:.2f}s stall at {_knob_text(p)} while the workers restart"
+            if math.isfinite(share):
+                detail += f": {share:.0%} of an epoch of {int(epoch_batches)} batches ({epoch_s:.1f}s)"
+            if q is not None and math.isfinite(q["epoch_stall_s"]):
+                detail += f". With persistent_workers=True the stall is {q['epoch_stall_s']:.2f}s"
+            detail += ". Set persistent_workers=True."
+            sev = "high" if math.isfinite(share) and share > 0.2 else "medium"
+            out.append(
+                _finding(
+                    sev,
+                    "Worker start-up dominates short epochs",
+                    detail,
+                    {
+                        "epoch_stall_s": stall,
+                        "epoch_s": epoch_s,
+                        "share": share,
+                        "persistent_stall_s": q["epoch_stall_s"] if q is not None else None,
+                    },
+                )
+            )
+            break
+
+    # The user's own setting, when it was measured.
+    u = user_point(pts, meta)
+    if u is not None and rec is not None:
+        if _is_ok(u):
+            if u["samples_per_s"] < 0.9 * rec["samples_per_s"]:
+                out.append(
+                    _finding(
+                        "medium",
+                        "Your setting leaves throughput on the table",
+                        f"Your {_knob_text(u)} gives {u['samples_per_s']:,.0f} samples/s; the recommended "
+                        f"{_knob_text(rec)} gives {rec['samples_per_s']:,.0f}.",
+                        {"yours": u["samples_per_s"], "recommended": rec["samples_per_s"]},
+                    )
+                )
+            elif u["num_workers"] > rec["num_workers"]:
+                saved = u["mem_pss_mb"] - rec["mem_pss_mb"]
+                out.append(
+                    _finding(
+                        "low",
+                        "Your setting uses more workers than it needs",
+                        f"Your {_knob_text(u)} gives {u['samples_per_s']:,.0f} samples/s; {_knob_text(rec)} gives "
+                        f"{rec['samples_per_s']:,.0f} with fewer workers"
+                        + (f" and {saved:,.0f} MB less memory." if math.isfinite(saved) and saved > 0 else "."),
+                        {"yours": u["samples_per_s"], "recommended": rec["samples_per_s"]},
+                    )
+                )
+    out.sort(key=lambda f: _SEVERITY_ORDER.get(f["severity"], 9))
+    return out
+
+
+def user_point(pts: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The point measured at the user's own setting: the "user" row, or the search point it coincided with."""
+    for p in pts:
+        if p["search_phase"] == "user":
+            return p
+    knobs = (meta.get("loader") or {}).get("user_knobs")
+    if not knobs:
+        return None
+
+    try:
+        eff, _, _ = normalize_knobs(
+            LoaderKnobs(**knobs),
+            (meta.get("loader") or {}).get("backend", "torch"),
+            cuda=bool((meta.get("settings") or {}).get("cuda")),
+        )
+    except (TypeError, ValueError):
+        return None
+    for p in pts:
+        if (
+            p["num_workers"] == eff.num_workers
+            and p["prefetch_factor"] == eff.prefetch_factor
+            and (p["persistent_workers"] is True) == eff.persistent_workers
+            and (p["pin_memory"] is True) == eff.pin_memory
+        ):
+            return p
+    return None
+
+
+def _warnings(pts: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
+    from stagebench.runs._provenance import load_warnings
+
+    out = list(load_warnings(meta.get("provenance") or {}, meta.get("provenance_after")))
+    wide = [p for p in pts if _is_ok(p) and _rel_half(p) > 0.15]
+    if wide:
+        out.append(
+            f"wide intervals (over ±15%) at {len(wide)} of {len(pts)} points: the machine may be busy, "
+            "or batches are bursty; a longer budget_s narrows them"
+        )
+    no_int = [p for p in pts if _is_ok(p) and not math.isfinite(p["samples_per_s_low"])]
+    if no_int:
+        out.append(f"no interval at {len(no_int)} point(s): too few batches in the window (raise budget_s)")
+    for p in pts:
+        if "perturbed" in p["notes"]:
+            out.append(f"{_knob_text(p)}: {p['notes']}")
+    search = meta.get("search") or {}
+    if search.get("interrupted"):
+        out.append("the sweep was interrupted: the summary covers the points measured before it")
+    out.extend(str(w) for w in meta.get("warnings", []) or [])
+    return out
+
+
+def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    """The loader summary.json (CONTRACTS.md, kind "loader")."""
+    from stagebench._version import __version__
+    from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
+
+    settings = meta.get("settings") or {}
+    budget = settings.get("memory_budget_mb")
+    within = float(settings.get("within_best", 0.05))
+    headroom = float(settings.get("headroom", 0.10))
+    target_rate = settings.get("target_rate")
+    pts = _rows(rows)
+    ok = [p for p in pts if _is_ok(p)]
+    best = max(ok, key=lambda p: p["samples_per_s"]) if ok else None
+    rec = recommend(pts, budget_mb=budget, within_best=within, target_rate=target_rate, headroom=headroom)
+
+    target = None
+    if target_rate is not None:
+        need = target_rate * (1 + headroom)
+        met = best is not None and best["samples_per_s"] >= need
+        if best is None:
+            verdict = f"data-bound: no loader setting could be measured, the trainer needs {target_rate:,.1f} samples/s"
+        elif met:
+            verdict = (
+                f"the loader keeps up: {rec['samples_per_s']:,.1f} samples/s at {_knob_text(rec)} "
+                f"against {target_rate:,.1f} needed (+{headroom:.0%} headroom)"
+            )
+        else:
+            verdict = (
+                f"data-bound: the best loader gives {best['samples_per_s']:,.1f} samples/s, "
+                f"the trainer needs {target_rate:,.1f}"
+            )
+        target = {"rate": target_rate, "needed_with_headroom": need, "met": bool(met), "verdict": verdict}
+
+    if rec is None:
+        first = next((p for p in pts if p["reason"]), None)
+        verdict = "no loader setting could be measured" + (f": {first['reason']}" if first else "")
+    elif target is not None and not target["met"]:
+        verdict = target["verdict"]
+    else:
+        lo, hi = rec["samples_per_s_low"], rec["samples_per_s_high"]
+        ci = f" [{lo:,.1f}, {hi:,.1f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+        verdict = f"use {_knob_text(rec)}: {rec['samples_per_s']:,.1f} samples/s{ci}"
+        if best is not None and setting_cost(best) != setting_cost(rec):
+            verdict += f" (best {best['samples_per_s']:,.1f} at num_workers={best['num_workers']})"
+
+    search_meta = meta.get("search") or {}
+    elapsed = [p["elapsed_s"] for p in pts if math.isfinite(p["elapsed_s"])]
+    seconds = float(search_meta.get("seconds", sum(elapsed)))
+    grid_points = int(settings.get("full_grid_points") or len(pts))
+    mean_point = sum(elapsed) / len(elapsed) if elapsed else math.nan
+    est = mean_point * grid_points if math.isfinite(mean_point) else math.nan
+    search = {
+        "strategy": search_meta.get("strategy", settings.get("strategy", "adaptive")),
+        "points_measured": len(pts),
+        "seconds": seconds,
+        "full_grid_points": grid_points,
+        "estimated_full_grid_seconds": est,
+        "time_saved_s": max(0.0, est - seconds) if math.isfinite(est) else math.nan,
+        "stopped": list(search_meta.get("stopped", [])),
+    }
+    loader = dict(meta.get("loader") or {})
+    user = user_point(pts, meta)
+    return {
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        "kind": "loader",
+        "stagebench_version": __version__,
+        "provenance": meta.get("provenance"),
+        "settings": settings,
+        "loader": loader,
+        "verdict": verdict,
+        "warnings": _warnings(pts, meta),
+        "recommended": _public(rec, rec["why"]) if rec is not None else None,
+        "best": _public(best) if best is not None else None,
+        "user_setting": _public(user) if user is not None else None,
+        "points": pts,
+        "search": search,
+        "target": target,
+        "findings": loader_findings(pts, meta, rec, target),
+        "transforms": list(meta.get("transforms") or []),
+    }

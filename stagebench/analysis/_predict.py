@@ -1,0 +1,380 @@
+"""Whole-pipeline throughput from the isolated stages, with the GIL and the cores shared.
+
+Stages measured alone each had the machine to themselves. Together they
+share it, so the pipeline (in source items per second) is bounded by
+
+(a) **each stage's capacity** at its recommended setting (the naive answer),
+(b) **the cores**: ``cores / Σ CPU seconds per item`` over all stages,
+(c) **the GIL**: ``1 / Σ GIL-held seconds per item`` over the stages that run
+    in the main process (thread and async executors), plus the per-item
+    scheduling each stage costs the main process (the harness's own GIL
+    time, from its no-op ceiling). Stages on process executors keep their
+    Python in their workers' GILs. SPDL's one-stage no-op ceiling includes
+    the source, the sink and the consumer thread, which a k-stage pipeline
+    pays once: that fixed part (measured with no-op pipelines of one and three
+    stages) is charged once, each stage only its increment. Measured no-op
+    pipelines cost about 360-550 µs per item with one stage and 650-820 with
+    three, so charging the whole one-stage cost per stage under-predicted a
+    three-stage pipeline by a third.
+
+The bounds are the explanation; the number is the replay's when there is one
+(:func:`apply_replay`, :mod:`stagebench.pipeline._replay`): the bounds add demands
+measured one stage at a time and leave out what the stages cost each other
+(hand-offs through the event loop, threads queueing for the GIL after waits,
+a GIL holder losing its core to GIL-free threads), which put them −24% to
++119% off the measured pipeline on the reference pipelines (+50% median). Without a replay the
+prediction is the smallest bound. Why the GIL term matters: a pipeline
+of a 1 ms GIL-holding stage, a 5 ms sleep and a 0.5 ms-GIL + 2 ms-sleep stage
+reaches about 770, 2,900 and 1,270 items/s per stage alone in SPDL on two
+cores, yet about 490 together. The minimum of the capacities says 770; the
+GIL bound says one item needs 1.5 ms of GIL plus SPDL's own per-stage time.
+
+Stages that follow a batching step see fewer inputs than the source yields:
+``items_per_input`` (source items per stage input) converts every per-input
+quantity to per-source-item.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from stagebench._numbers import finite, fmt_ms, fmt_q
+
+__all__ = ["predict_pipeline", "apply_replay"]
+
+_MAIN_PROCESS = ("thread", "async")
+
+
+def _names(xs: list[str]) -> str:
+    return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
+
+
+def _shares(loads: list[dict], key: str) -> str:
+    return ", ".join(f"{d['stage']} {fmt_ms(d[key])}" for d in loads)
+
+
+def _load(st: dict, setting: dict, fixed: float = 0.0) -> dict[str, Any]:
+    """Per-source-item demands of one stage at one setting.
+
+    ``fixed``: SPDL's per-item cost that the whole pipeline pays once (source,
+    sink, consumer); it is inside every spdl-harness measurement of the stage,
+    so it is taken out here and charged once by :func:`_bounds`.
+    """
+    k = float(st.get("items_per_input") or 1.0)
+    ex = setting["executor"]
+    cpu = setting.get("cpu_s_per_item")
+    own_gil = st.get("gil_s_per_item")
+    harness_gil = setting.get("harness_gil_s_per_item") or 0.0
+    spdl = (setting.get("harness") or st.get("harness")) == "spdl"
+    if spdl and fixed > 0:
+        harness_gil = max(0.0, harness_gil - fixed)
+        if finite(cpu):
+            cpu = max(0.0, cpu - fixed)
+    if ex in _MAIN_PROCESS:
+        gil = ((own_gil or 0.0) + harness_gil) / k
+    else:
+        gil = harness_gil / k
+    return {
+        "stage": st["name"],
+        "executor": ex,
+        "concurrency": setting["concurrency"],
+        "capacity": setting["qps"] * k,
+        "cpu_s_per_item": cpu / k if finite(cpu) else None,
+        "gil_s_per_item": gil,
+        "harness_gil_s_per_item": harness_gil / k,
+        "own_gil_known": own_gil is not None or ex not in _MAIN_PROCESS,
+        "spdl": spdl,
+    }
+
+
+def _bounds(loads: list[dict], cores: int, free_threaded: bool, fixed: float = 0.0) -> dict[str, Any]:
+    cap = min(loads, key=lambda d: d["capacity"])
+    once = fixed if any(d["spdl"] for d in loads) else 0.0
+    cpu_sum = sum(d["cpu_s_per_item"] for d in loads if d["cpu_s_per_item"] is not None) + once
+    gil_sum = sum(d["gil_s_per_item"] for d in loads) + once
+    b_stage = cap["capacity"]
+    b_cores = cores / cpu_sum if cpu_sum > 0 else math.inf
+    b_gil = 1.0 / gil_sum if gil_sum > 0 and not free_threaded else math.inf
+    bounds = {"stage": b_stage, "cores": b_cores, "gil": b_gil}
+    binding = min(bounds, key=lambda k: (bounds[k], ("stage", "gil", "cores").index(k)))
+    return {
+        "qps": bounds[binding],
+        "binding": binding,
+        "bounds": bounds,
+        "cap_stage": cap["stage"],
+        "cpu_sum": cpu_sum,
+        "gil_sum": gil_sum,
+        "fixed": once,
+    }
+
+
+def _setting(st: dict, executor: str | None = None) -> dict | None:
+    if executor is None:
+        rec = st.get("recommended")
+        if not rec:
+            return None
+        alt = (st.get("alternatives") or {}).get(rec["executor"], {})
+        return {
+            **rec,
+            "cpu_s_per_item": st.get("cpu_s_per_item"),
+            "harness_gil_s_per_item": st.get("harness_gil_s_per_item", alt.get("harness_gil_s_per_item")),
+        }
+    return (st.get("alternatives") or {}).get(executor)
+
+
+def predict_pipeline(
+    stage_summaries: list[dict], *, cores: int, free_threaded: bool = False, overhead: dict | None = None
+) -> dict[str, Any]:
+    """Predict the pipeline's throughput from per-stage summaries (:func:`analyze_stage` entries).
+
+    Returns ``qps`` (source items/s), ``binding`` (``"stage" | "cores" |
+    "gil"``), ``bottleneck`` (the stage that binds, or the largest consumer of
+    the binding resource), ``explanation`` (plain words, with what would lift
+    the bound), ``bounds`` (``stages``, ``cores``, ``gil``; ``None`` for a
+    bound that does not apply), ``naive_qps`` (the minimum of the stage
+    capacities), ``settings`` and ``stages`` (each stage's per-item demands).
+    Stages that were not measured are left out and listed in ``missing``.
+
+    ``overhead``: SPDL's ``fixed_s_per_item`` (what the pipeline pays once per
+    item: source, sink, consumer) from :func:`stagebench.analysis._pipeline.pipeline_overhead`.
+    It is taken out of each spdl-measured stage's cost and charged once. Without
+    it (older runs) each stage is charged its whole one-stage cost, which
+    over-counts the fixed part for every stage after the first: the GIL and
+    cores bounds are then pessimistic, and ``caveat`` says so.
+    """
+    if cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores}")
+    fixed = float((overhead or {}).get("fixed_s_per_item") or 0.0)
+    loads, missing, settings = [], [], []
+    for st in stage_summaries:
+        s = _setting(st) if st.get("status", "ok") == "ok" else None
+        if s is None:
+            missing.append(st.get("name", "?"))
+            continue
+        loads.append(_load(st, s, fixed))
+        settings.append(
+            {
+                "stage": st["name"],
+                "executor": s["executor"],
+                "concurrency": s["concurrency"],
+                "harness": s.get("harness"),
+            }
+        )
+    out: dict[str, Any] = {
+        "qps": None,
+        "binding": None,
+        "bottleneck": None,
+        "explanation": "",
+        "unit": "source items/s",
+        "bounds": {"stages": None, "cores": None, "gil": None},
+        "naive_qps": None,
+        "settings": settings,
+        "stages": loads,
+        "missing": missing,
+        "lift": None,
+        "caveat": None,
+        "fixed_s_per_item": None,
+        "method": "bounds",
+        "bounds_qps": None,
+        "replay": None,
+    }
+    if not loads:
+        out["explanation"] = "no stage was measured, so nothing can be predicted"
+        return out
+
+    b = _bounds(loads, cores, free_threaded, fixed)
+    out["fixed_s_per_item"] = b["fixed"] if overhead else None
+    by_name = {st["name"]: st for st in stage_summaries}
+    out["qps"] = out["bounds_qps"] = b["qps"]
+    out["binding"] = b["binding"]
+    out["naive_qps"] = b["bounds"]["stage"]
+    out["bounds"] = {
+        "stages": b["bounds"]["stage"],
+        "cores": b["bounds"]["cores"] if math.isfinite(b["bounds"]["cores"]) else None,
+        "gil": b["bounds"]["gil"] if math.isfinite(b["bounds"]["gil"]) else None,
+    }
+
+    parts: list[str] = []
+    if b["binding"] == "gil":
+        holders = sorted((d for d in loads if d["gil_s_per_item"] > 0), key=lambda d: -d["gil_s_per_item"])
+        out["bottleneck"] = holders[0]["stage"]
+        main = [
+            d
+            for d in holders
+            if d["executor"] in _MAIN_PROCESS and (by_name[d["stage"]].get("gil_s_per_item") or 0) > 0
+        ]
+        sched = sum(d["harness_gil_s_per_item"] for d in loads) + b["fixed"]
+        parts.append(
+            f"the GIL binds: one item needs {fmt_ms(b['gil_sum'])} of the main process's GIL "
+            f"({_shares(holders, 'gil_s_per_item')}"
+            + (f"; {fmt_ms(sched)} of it is the pipeline's own scheduling" if sched > 0 else "")
+            + (f", {fmt_ms(b['fixed'])} of that paid once (source, sink, consumer)" if b["fixed"] > 0 else "")
+            + f"), so at most {fmt_q(b['qps'])} items/s, below the slowest stage alone "
+            f"({b['cap_stage']}, {fmt_q(b['bounds']['stage'])} items/s)"
+        )
+        lift = _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed)
+        if lift:
+            out["lift"] = lift
+            parts.append(lift["text"])
+        elif main:
+            top = main[0]
+            own = (by_name[top["stage"]].get("gil_s_per_item") or 0.0) / float(
+                by_name[top["stage"]].get("items_per_input") or 1.0
+            )
+            rest = b["gil_sum"] - own
+            lifted = f"{fmt_q(1.0 / rest)} items/s" if rest > 0 else "no limit"
+            parts.append(
+                f"moving {top['stage']}'s Python out of the main process (a process executor; not measured for it) "
+                f"or shrinking it would lift the GIL bound, up to {lifted} without it"
+            )
+    elif b["binding"] == "cores":
+        users = sorted((d for d in loads if d["cpu_s_per_item"]), key=lambda d: -d["cpu_s_per_item"])
+        out["bottleneck"] = users[0]["stage"]
+        parts.append(
+            f"the cores bind: one item needs {fmt_ms(b['cpu_sum'])} of CPU across the stages "
+            f"({_shares(users, 'cpu_s_per_item')}); {cores} cores give at most "
+            f"{fmt_q(b['qps'])} items/s. More cores, or less work in {users[0]['stage']}, would lift it"
+        )
+    else:
+        name = b["cap_stage"]
+        out["bottleneck"] = name
+        st = by_name[name]
+        d = next(x for x in loads if x["stage"] == name)
+        parts.append(
+            f"{name} binds: at {d['executor']} x {d['concurrency']} it delivers {fmt_q(d['capacity'])} items/s "
+            f"({st.get('classification', 'unknown')})"
+        )
+        hint = _stage_hint(st)
+        if hint:
+            parts.append(hint)
+    bound_key = "stages" if b["binding"] == "stage" else b["binding"]
+    others = {k: v for k, v in out["bounds"].items() if v is not None and k != bound_key}
+    if others:
+        parts.append("other bounds: " + ", ".join(f"{k} {fmt_q(v)}" for k, v in others.items()))
+    if missing:
+        parts.append(f"not counted (not measured): {_names(missing)}")
+    caveats: list[str] = []
+    n_spdl = sum(1 for d in loads if d["spdl"])
+    if overhead is None and n_spdl > 1:
+        caveats.append(
+            "SPDL's fixed per-item cost (source, sink, consumer) was not measured separately (an older run): "
+            "each stage is charged a whole one-stage pipeline's cost, so the GIL and cores bounds count that "
+            "fixed part once per stage and the prediction is low for multi-stage pipelines"
+        )
+    direct = [s["stage"] for s in settings if s.get("harness") == "direct"]
+    if direct:
+        # The direct harness costs microseconds per item; an SPDL pipeline spends
+        # a fraction of a millisecond of main-process Python per item and stage.
+        caveats.append(
+            f"{_names(direct)} {'was' if len(direct) == 1 else 'were'} measured without SPDL (direct harness): "
+            "SPDL's own per-item scheduling in the main process is not counted, so the real pipeline will be "
+            "slower than predicted; measure with the spdl harness for a closer prediction"
+        )
+    if caveats:
+        out["caveat"] = "; ".join(caveats)
+        parts.append(out["caveat"])
+    out["explanation"] = "; ".join(parts)
+    return out
+
+
+def _stage_hint(st: dict) -> str:
+    cls = st.get("classification")
+    rec = st.get("recommended") or {}
+    if cls == "io-bound" and "still rising" in (rec.get("why") or ""):
+        return f"it was still scaling at concurrency {rec['concurrency']}: raise its concurrency"
+    return {
+        "io-bound": "it waits: more concurrency lifts it until the cores or the GIL bind",
+        "overhead-bound": "its work per item is smaller than the per-item overhead: batch items into larger calls",
+        "gil-bound": "it holds the GIL: a process executor lifts it",
+        "cpu-bound": "it uses the cores: more cores or less work per item lifts it",
+        "ipc-bound": "moving items between processes limits it: return smaller outputs or use shared memory",
+    }.get(cls or "", "")
+
+
+def _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed=0.0) -> dict | None:
+    """Move the largest GIL holder that was measured on processes; recompute the bounds.
+
+    Where the stage had a head-to-head (threads and processes measured in
+    turns, :mod:`._paired`), its capacity on processes is its thread capacity
+    times the head-to-head's ratio rather than the process curve's point,
+    which was measured at another moment: the same evidence the
+    recommendation followed, so the two never disagree about the stage.
+    """
+    by_name = {st["name"]: st for st in stage_summaries}
+    for d in main:
+        st = by_name[d["stage"]]
+        proc = _setting(st, "process")
+        if not proc:
+            continue
+        h2h, turns = st.get("head_to_head") or {}, ""
+        thread = _setting(st, "thread")
+        if (
+            h2h.get("decisive")
+            and h2h.get("ratio")
+            and thread
+            and (h2h.get("process") or {}).get("concurrency") == proc["concurrency"]
+        ):
+            proc = {**proc, "qps": thread["qps"] * h2h["ratio"]}
+            turns = (
+                f" (its capacity there: {h2h['ratio']:.2f}x its threads', measured in turns, "
+                f"{fmt_q(proc['qps'] * float(st.get('items_per_input') or 1.0))} items/s)"
+            )
+        new = [(_load(st, proc, fixed) if x["stage"] == d["stage"] else x) for x in loads]
+        nb = _bounds(new, cores, free_threaded, fixed)
+        gil_bound = nb["bounds"]["gil"]
+        text = (
+            f"moving {d['stage']} to processes (x {proc['concurrency']}){turns} lifts the GIL bound to "
+            + (f"{fmt_q(gil_bound)} items/s" if math.isfinite(gil_bound) else "no limit")
+            + f"; the pipeline would then reach about {fmt_q(nb['qps'])} items/s, bound by "
+            + ({"stage": f"{nb['cap_stage']}'s capacity", "gil": "the GIL", "cores": "the cores"}[nb["binding"]])
+        )
+        return {
+            "stage": d["stage"],
+            "executor": "process",
+            "concurrency": proc["concurrency"],
+            "gil_bound": gil_bound if math.isfinite(gil_bound) else None,
+            "qps": nb["qps"],
+            "binding": nb["binding"],
+            "head_to_head_ratio": h2h.get("ratio") if turns else None,
+            "text": text,
+        }
+    return None
+
+
+def apply_replay(prediction: dict[str, Any] | None, replay: Any) -> dict[str, Any] | None:
+    """The prediction with the replay's throughput as its number (``method: "replay"``).
+
+    ``replay``: ``run.json["replay"]`` (:meth:`Diagnosis._replay`): ``qps``,
+    ``qps_low``, ``qps_high``, ``seconds``, ``stand_ins``, ``stage_latency``
+    (the stand-ins' median call inside the replay), or ``error``. The
+    bounds stay as they are (``bounds``, ``bounds_qps``, ``binding``): they say
+    *what* binds; the replay says how far below the bounds the stages' mutual
+    costs put the pipeline. A failed replay leaves the bounds' number and
+    records why in ``replay``.
+    """
+    if not prediction or not isinstance(replay, dict):
+        return prediction
+    out = dict(prediction)
+    q = replay.get("qps")
+    keep = ("qps", "qps_low", "qps_high", "seconds", "stand_ins", "stage_latency", "error")
+    out["replay"] = {k: replay.get(k) for k in keep if k in replay}
+    if not finite(q) or not q > 0 or not finite(prediction.get("qps")):
+        return out
+    q = float(q)
+    out["method"] = "replay"
+    out["qps"] = q
+    out["qps_low"], out["qps_high"] = replay.get("qps_low"), replay.get("qps_high")
+    bq = float(prediction["qps"])
+    rel = (
+        f"{q / bq:.0%} of the bounds' {fmt_q(bq)}: the stages' hand-offs, waits for the GIL and shared cores "
+        "cost the rest"
+        if q < bq
+        else f"the bounds allow {fmt_q(bq)}"
+    )
+    out["explanation"] = (
+        f"predicted {fmt_q(q)} items/s: the pipeline replayed with a stand-in for each stage (its GIL-held "
+        f"CPU, GIL-free CPU and waiting per call, as measured alone) at the recommended settings ran at that "
+        f"rate ({rel}); " + prediction["explanation"]
+    )
+    return out

@@ -1,0 +1,132 @@
+"""Frozen, validated settings for measuring one point and for a sweep."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from stagebench._settings import STAGE_WINDOW_S, check
+
+__all__ = ["MeasureConfig", "SweepConfig", "powers_of_two"]
+
+
+def powers_of_two(maximum: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to ``maximum`` (``maximum`` itself included if not a power)."""
+    if maximum < 1:
+        raise ValueError(f"max concurrency must be >= 1, got {maximum}")
+    levels = [1 << k for k in range(int(math.log2(maximum)) + 1)]
+    if levels[-1] != maximum:
+        levels.append(maximum)
+    return tuple(levels)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeasureConfig:
+    """How one point (stage x executor x concurrency) is measured."""
+
+    budget_s: float = STAGE_WINDOW_S
+    """Length of the steady-state window, in seconds. The window grows (up to
+    ``timeout_s``) only when items are so slow that fewer than three batches of
+    at least two item-latencies each would fit: a slow stage never gets an
+    interval it has not earned."""
+
+    warmup_s: float = 0.3
+    """Minimum warm-up before the window opens. The window also waits until every
+    worker has delivered at least one item (processes started, caches filled)."""
+
+    timeout_s: float = 60.0
+    """Hard deadline for the whole point. A stage that has not reached steady
+    state by then is recorded as ``timeout`` and its workers are cleaned up."""
+
+    max_batches: int = 10
+    """Batches for the batch-means confidence interval."""
+
+    confidence: float = 0.95
+    """Two-sided confidence level of ``qps_low``/``qps_high``."""
+
+    sample_interval_s: float = 0.1
+    """How often memory is sampled during the window."""
+
+    def __post_init__(self) -> None:
+        check("budget_s", self.budget_s, "budget_s")
+        check("warmup_s", self.warmup_s, "warmup_s")
+        if not self.timeout_s > self.budget_s:
+            raise ValueError(f"timeout_s ({self.timeout_s}) must be larger than budget_s ({self.budget_s})")
+        if self.max_batches < 3:
+            raise ValueError(f"max_batches must be >= 3, got {self.max_batches}")
+        if not 0.5 < self.confidence < 1:
+            raise ValueError(f"confidence must be in (0.5, 1), got {self.confidence}")
+        if not self.sample_interval_s > 0:
+            raise ValueError(f"sample_interval_s must be > 0, got {self.sample_interval_s}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepConfig:
+    """Which points a stage sweep measures."""
+
+    executors: tuple[str, ...] = ("thread", "process")
+    """Executors to sweep. Coroutine functions always run on ``async``."""
+
+    concurrency: tuple[int, ...] = powers_of_two(32)
+    """Concurrency levels, ascending."""
+
+    harnesses: tuple[str, ...] = ("direct",)
+    """``direct`` (stagebench's workers) and/or ``spdl`` (a one-stage SPDL pipeline)."""
+
+    ceiling: bool = True
+    """Also measure the identity stage over the same inputs (the harness ceiling)."""
+
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+
+    ceiling_budget_s: float | None = None
+    """Window for ceiling points; ``None`` uses half of ``measure.budget_s``
+    (an identity stage reaches steady state quickly)."""
+
+    process_flat_levels: int = 2
+    """Stop a process curve after this many consecutive levels that do not
+    raise its best throughput beyond noise (each higher level starts more
+    interpreters, which was most of a diagnosis on a small machine, and a
+    plateau does not come back up on processes). With a value above 0, no
+    process point is measured when threads scale within 5% of linearly to the
+    top of the grid, or when their best point reaches 90% of the harness's
+    thread no-op ceiling (overhead-bound): processes could not win there.
+    0 measures every level.
+    Thread curves always get every level: they are cheap, and their fall at
+    high concurrency is GIL evidence."""
+
+    process_ceilings: str = "near_best"
+    """Which levels of a process curve get their no-op ceiling: ``"near_best"``
+    measures it only after a stage point within 5% of the best so far (the
+    recommendation and the verdicts read the ceiling at the best level and at
+    the smallest level within 5% of it, and both always qualify), ``"all"`` at
+    every level. A process ceiling ships the stage's own items, so it cannot be
+    shared between stages like the thread ones; measuring it at points that
+    cannot be chosen was about a sixth of a diagnosis."""
+
+    paired_rounds: int = 2
+    """Rounds of the head-to-head (:mod:`stagebench.core._paired`): when the curves
+    alone would recommend processes by less than 1.5x, both executors are
+    measured again at their best levels in turns, T P P T per round, and the
+    recommendation follows that paired result. 0: no head-to-head (the curves
+    decide, as measured seconds apart)."""
+
+    def __post_init__(self) -> None:
+        from stagebench.runs._schema import EXECUTORS, HARNESSES
+
+        if self.process_ceilings not in ("near_best", "all"):
+            raise ValueError(f"process_ceilings: unknown value {self.process_ceilings!r}; allowed: near_best, all")
+
+        for ex in self.executors:
+            if ex not in EXECUTORS:
+                raise ValueError(f"executors: unknown executor {ex!r}; allowed: {', '.join(EXECUTORS)}")
+        for h in self.harnesses:
+            if h not in HARNESSES:
+                raise ValueError(f"harnesses: unknown harness {h!r}; allowed: {', '.join(HARNESSES)}")
+        if not self.concurrency or any(c < 1 for c in self.concurrency):
+            raise ValueError(f"concurrency must be positive integers, got {self.concurrency}")
+        if self.process_flat_levels < 0:
+            raise ValueError(f"process_flat_levels must be >= 0 (0: every level), got {self.process_flat_levels}")
+        if self.paired_rounds < 0:
+            raise ValueError(f"paired_rounds must be >= 0 (0: no head-to-head), got {self.paired_rounds}")
+        if list(self.concurrency) != sorted(set(self.concurrency)):
+            raise ValueError(f"concurrency must be ascending and distinct, got {self.concurrency}")

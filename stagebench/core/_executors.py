@@ -1,0 +1,615 @@
+"""Closed-loop runners: c workers, each taking the next cached input as soon as
+it finishes the previous one, recording (start, end, ok, worker, error) per item.
+
+A closed loop with exactly c items in flight is what "concurrency c" means in
+an SPDL pipe (c tasks in flight) and in a worker pool. The runners record
+timestamps from ``time.perf_counter`` (CLOCK_MONOTONIC on Linux), taken in the
+driving process so that process-pool latencies include the IPC they cost.
+
+Runners never raise for the stage's own errors: those are records with
+``ok=False``. A dead worker process is a fatal condition (:attr:`fatal`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import inspect
+import os
+import threading
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+__all__ = [
+    "Lane",
+    "Record",
+    "Runner",
+    "ThreadRunner",
+    "AsyncRunner",
+    "ProcessRunner",
+    "WorkerPool",
+    "identity",
+    "async_identity",
+    "is_coroutine_callable",
+    "make_runner",
+    "leaked_threads",
+    "pool_failure",
+]
+
+#: (start, end, ok, worker key, error message or None)
+Record = tuple[float, float, bool, Any, "str | None"]
+
+
+class Lane:
+    """One worker's item log. Written by one thread only, so no lock.
+
+    Successes go into two ``array('d')`` (16 bytes an item): a no-op ceiling
+    stage logs hundreds of thousands of items a second, and a list of tuples
+    would both slow the harness and inflate the memory it reports for the stage.
+    """
+
+    __slots__ = ("starts", "ends", "fails", "cpu")
+
+    def __init__(self) -> None:
+        self.starts = array("d")
+        self.ends = array("d")
+        self.fails: list[tuple[float, float, str]] = []
+        # the calling thread's CPU seconds per successful call, where the harness
+        # times it (the spdl harness's thread executor); empty elsewhere
+        self.cpu = array("d")
+
+    def __len__(self) -> int:
+        return len(self.ends) + len(self.fails)
+
+
+def identity(x: Any) -> Any:
+    """The no-op stage behind every harness ceiling."""
+    return x
+
+
+async def async_identity(x: Any) -> Any:
+    return x
+
+
+# Threads of timed-out points that are still inside the user's function. Python
+# cannot kill a thread; we say so instead of pretending it is gone.
+_LEAKED: list[threading.Thread] = []
+
+
+def leaked_threads() -> int:
+    """Worker threads abandoned by earlier points that are still running."""
+    return sum(t.is_alive() for t in _LEAKED)
+
+
+def pool_failure(exc: BaseException, pool: "WorkerPool | None") -> tuple[str, str]:
+    """(status, reason) for an error a process pool raised rather than the stage: ``crashed`` or ``failed``.
+
+    A broken pool (a worker died: the standard library's ``BrokenProcessPool``,
+    loky's ``TerminatedWorkerError``) is ``crashed``, with the workers' exit
+    codes where known. Anything else (an item or an output that cannot be
+    pickled) is ``failed``. Decided by the exception's type, not its message:
+    the process runner also called any message with "terminated" in it a
+    crash, and the SPDL harness did not; the standard library's and loky's
+    crashes both raise those two types, so the message adds nothing but a
+    way to misfile an unrelated error.
+    """
+    if any(t.__name__ in ("TerminatedWorkerError", "BrokenProcessPool") for t in type(exc).__mro__):
+        return "crashed", pool.died() if pool is not None else "a worker process died"
+    return "failed", _describe(exc)
+
+
+def _describe(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()
+    first = msg[0] if msg else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def is_coroutine_callable(fn: Callable) -> bool:
+    """True for ``async def`` functions, partials of them, and objects with ``async __call__``."""
+    while isinstance(fn, partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)
+    return call is not None and not inspect.isfunction(fn) and inspect.iscoroutinefunction(call)
+
+
+class Runner:
+    """Common state: records, the stop flag, and a fatal error if any."""
+
+    def __init__(self, fn: Callable, inputs: Sequence, concurrency: int) -> None:
+        if not inputs:
+            raise ValueError("no inputs to run the stage on")
+        self.fn = fn
+        self.inputs = inputs
+        self.concurrency = concurrency
+        self.lanes: dict[Any, Lane] = {}
+        self.fatal: str | None = None
+        self.fatal_status: str | None = None
+        self._stop = threading.Event()
+
+    def lane(self, key: Any) -> Lane:
+        # dict.setdefault is atomic under the GIL; each lane then has one writer.
+        return self.lanes.setdefault(key, Lane())
+
+    def record(self, key: Any, t0: float, t1: float, ok: bool, err: str | None, cpu: float | None = None) -> None:
+        """One call's log; ``cpu``: the calling thread's CPU seconds, where the harness timed it."""
+        lane = self.lane(key)
+        if ok:
+            if cpu is not None:
+                lane.cpu.append(cpu)  # before starts/ends: a reader slicing to len(ends) finds it
+            lane.starts.append(t0)
+            lane.ends.append(t1)
+        else:
+            lane.fails.append((t0, t1, err or ""))
+
+    def delivered_workers(self) -> int:
+        return sum(1 for lane in list(self.lanes.values()) if len(lane))
+
+    def worker_pids(self) -> list[int]:
+        """Processes other than this one that run the stage (none for threads)."""
+        return []
+
+    def expected_workers(self) -> int:
+        """Distinct workers that must deliver before the window opens."""
+        return self.concurrency
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no item is in flight; False when the timeout passed first."""
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Release workers; kill them where that is possible."""
+        self._stop.set()
+
+
+class ThreadRunner(Runner):
+    """c daemon threads; worker i takes inputs i, i+c, i+2c, ... cyclically.
+
+    Daemon threads (not ThreadPoolExecutor, whose workers are joined at exit) so a
+    hung stage cannot keep the interpreter alive after the sweep ends.
+    """
+
+    def start(self) -> None:
+        # Every thread starts blocked on `go`: Thread.start() waits for the new
+        # thread to run, and with earlier workers already holding the GIL in a
+        # tight loop that hand-off convoys (we saw 64 starts take 29 s).
+        self._go = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._work, args=(w,), name=f"stagebench-w{w}", daemon=True)
+            for w in range(self.concurrency)
+        ]
+        for t in self._threads:
+            t.start()
+        self._go.set()
+
+    def _work(self, wid: int) -> None:
+        fn, inputs, n, step = self.fn, self.inputs, len(self.inputs), self.concurrency
+        lane, now, stop = self.lane(wid), time.perf_counter, self._stop.is_set
+        self._go.wait()
+        starts, ends, fails = lane.starts.append, lane.ends.append, lane.fails.append
+        i = wid
+        while not stop():
+            item = inputs[i % n]
+            i += step
+            t0 = now()
+            try:
+                fn(item)
+            except Exception as e:  # the stage's error is data, not a harness failure
+                fails((t0, now(), _describe(e)))
+            else:
+                t1 = now()
+                starts(t0)
+                ends(t1)
+
+    def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    def abort(self) -> None:
+        super().abort()
+        _LEAKED.extend(t for t in getattr(self, "_threads", []) if t.is_alive())
+
+
+class AsyncRunner(Runner):
+    """c tasks in flight on one event loop, in its own thread (as SPDL runs coroutines)."""
+
+    def start(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stagebench-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._main_task = self._loop.create_task(self._main())
+            self._loop.run_until_complete(self._main_task)
+        except BaseException:  # cancelled by abort
+            pass
+        finally:
+            self._done.set()
+
+    async def _main(self) -> None:
+        await asyncio.gather(*(self._lane(w) for w in range(self.concurrency)))
+
+    async def _lane(self, wid: int) -> None:
+        fn, inputs, n, step = self.fn, self.inputs, len(self.inputs), self.concurrency
+        lane, now, stop = self.lane(wid), time.perf_counter, self._stop.is_set
+        i = wid
+        while not stop():
+            item = inputs[i % n]
+            i += step
+            t0 = now()
+            try:
+                await fn(item)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                lane.fails.append((t0, now(), _describe(e)))
+            else:
+                t1 = now()
+                lane.starts.append(t0)
+                lane.ends.append(t1)
+            # A coroutine that never suspends (the no-op ceiling, or a stage that
+            # awaits nothing) would otherwise keep this lane running forever and
+            # starve the other c-1 lanes; SPDL runs each item as its own task, so
+            # every item gives the loop a turn there too.
+            await asyncio.sleep(0)
+
+    def wait_idle(self, timeout: float) -> bool:
+        return self._done.wait(timeout)
+
+    def abort(self) -> None:
+        super().abort()
+        if not self._done.is_set():
+            task = getattr(self, "_main_task", None)
+            if task is not None:
+                self._loop.call_soon_threadsafe(task.cancel)
+            if not self._done.wait(1.0):
+                _LEAKED.append(self._thread)  # the loop is blocked inside the stage
+
+
+# ---------------------------------------------------------------- processes
+_WORKER_FNS: list[tuple[Callable | None, str | None]] = []  # per stage: (the stage, why it did not load)
+
+
+def _worker_init(*fn_bytes: bytes) -> None:
+    """Runs once per worker, before it takes a call: unpickle the pool's stages (cloudpickle) and keep them.
+
+    Loading here rather than at a stage's first call keeps imports out of the
+    points: a worker that is still importing takes no item, while one that
+    took an item and then imported for a second stalled a point's window.
+    """
+    global _WORKER_FNS
+    import cloudpickle
+
+    _WORKER_FNS = []
+    for b in fn_bytes:
+        try:
+            _WORKER_FNS.append((cloudpickle.loads(b), None))
+        except Exception as e:  # e.g. the module defining it is not importable there
+            _WORKER_FNS.append((None, f"cannot load the stage in a worker process: {_describe(e)}"))
+
+
+def _worker_call(i: int, item: Any) -> tuple[int, bool, str | None, Any]:
+    fn, err = _WORKER_FNS[i] if i < len(_WORKER_FNS) else (None, "stage not initialised")
+    if fn is None:
+        return (os.getpid(), False, err, None)
+    try:
+        out = fn(item)
+    except Exception as e:
+        return (os.getpid(), False, _describe(e), None)
+    # The output travels back, as it does from a real process-pool stage.
+    return (os.getpid(), True, None, out)
+
+
+def _worker_noop(item: Any) -> tuple[int, bool, None, Any]:
+    """The no-op ceiling on the stage's own workers: the same IPC both ways, no work."""
+    return (os.getpid(), True, None, item)
+
+
+_QUEUE_WORKERS = 64  # a pool's call queue holds this many workers' calls (+1): enough to grow into
+
+
+def process_pool(workers: int, initializer: Callable, initargs: Sequence[bytes]) -> cf.ProcessPoolExecutor:
+    """A standard-library process pool whose workers start with loky's context (see :class:`WorkerPool`)."""
+    from loky.backend.context import ctx_loky
+
+    # loky's own context, named: `import joblib` re-registers the process-wide
+    # "loky" context as joblib's older vendored copy
+    return cf.ProcessPoolExecutor(
+        max_workers=workers, mp_context=ctx_loky, initializer=initializer, initargs=tuple(initargs)
+    )
+
+
+def _pool_pids(ex: Any) -> list[int]:
+    """The worker pids of a standard-library process pool (none when it is shut down or missing)."""
+    try:
+        return list(getattr(ex, "_processes", None) or {})
+    except RuntimeError:  # dict changed size while the pool spawns
+        return []
+
+
+def close_pool(ex: cf.ProcessPoolExecutor) -> None:
+    """Kill a process pool's workers and shut it down without waiting for a call in flight."""
+    kill_and_reap(_pool_pids(ex))  # first: the pool's own shutdown would wait for a hung worker's call
+    ex.shutdown(wait=False, cancel_futures=True)
+
+
+def _dead_codes(procs: Any) -> str:
+    import signal
+    from multiprocessing.connection import wait
+
+    procs = list((procs or {}).values())
+    # A dead worker's exit status shows a moment after the pool reports itself broken:
+    # its sentinel may not have fired yet, and the pool's own thread reaps it too, so
+    # our poll can find the pid already reaped (ECHILD: exitcode None) before that
+    # thread has stored the code. A loaded fresh clone read "a worker process died"
+    # with no code; a fresh process per crash did 1 time in 25 here. So wait up to 1 s
+    # for a sentinel, then for the fired ones' codes. Only on this path: the caller
+    # knows a worker died.
+    silent = (None, 0, -signal.SIGTERM)  # not yet known, clean, or the pool's own kill of the others
+    pending = {p.sentinel: p for p in procs if getattr(p, "_popen", None) is not None and p.exitcode is None}
+    if pending and all(getattr(p, "exitcode", None) in silent for p in procs):
+        deadline = time.monotonic() + 1.0
+        for sentinel in wait(list(pending), timeout=1.0):
+            p = pending[sentinel]  # dead: its code shows once a reaper has stored it
+            while p.exitcode is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+    codes = set()
+    for p in procs:
+        code = getattr(p, "exitcode", None)
+        if code in silent:
+            continue
+        try:
+            codes.add(f"{signal.Signals(-code).name}({code})" if code < 0 else str(code))
+        except ValueError:
+            codes.add(str(code))
+    return "{" + ", ".join(sorted(codes)) + "}" if codes else ""
+
+
+class WorkerPool:
+    """A process pool kept across the points of a sweep, for one stage or several.
+
+    Starting a worker means a fresh interpreter that imports the stage's
+    modules: about 0.1 s of CPU per worker here, and when every point started
+    its own pool that was 60% of a diagnosis. A sweep measures levels in
+    ascending order, so the pool *grows* to c workers at level c: every point
+    still runs on exactly c workers (its CPU and memory are c workers'), the
+    stage and its no-op ceiling share them (the ceiling calls
+    :func:`_worker_noop`: the same IPC, no work), and going down in c starts a
+    fresh pool. A point that ends with a dead, hung or busy worker discards the
+    pool (:meth:`discard` kills it); the next point starts clean.
+
+    Several stages (``WorkerPool(f, g, h)``) share the workers when their
+    process points are measured level by level (the diagnosis does): the pool
+    grows to the top level once for all of them instead of once per stage.
+    Every worker then holds all of them, so a stage's worker memory includes
+    the others' modules and unpickled state; the sweep shares a pool only
+    among stages that pickle small (see ``_sweep._pools``).
+
+    The pool is the standard library's ``concurrent.futures.ProcessPoolExecutor``,
+    the one the report tells users to pass to SPDL, so the IPC measured is
+    theirs. Its workers start with loky's context: a fresh interpreter like
+    ``spawn``, but without re-running the user's ``__main__`` (``spawn`` and
+    ``forkserver`` would run an unguarded ``train.py`` again in every worker),
+    and without ``fork``'s copies of the threads and locks of a process that
+    has SPDL and torch loaded. Stages and their state travel with cloudpickle,
+    once per worker (:func:`_worker_init`); each call ships the item with
+    standard pickle, as the user's pool would. (loky's own executor, used
+    before, reached 0.81x this one's no-op throughput at c = 1 on a 2-core VM,
+    8 windows in turns, sd 0.08, and 0.94x on a 2 ms pure-Python stage.)
+
+    Growing sets the pool's worker count and starts the new workers (the
+    standard library's private ``_max_workers`` and ``_spawn_process``, as its
+    own submit does when it spawns on demand); the call queue is sized for
+    :data:`_QUEUE_WORKERS` workers from the start, since it cannot grow.
+    Where those are missing (another Python), the pool is replaced instead,
+    which is only slower.
+    """
+
+    def __init__(self, *fns: Callable, fn_bytes: Sequence[bytes] | None = None) -> None:
+        if not fns:
+            raise ValueError("WorkerPool: no stage to run")
+        self.fns = fns
+        self._fn_bytes = tuple(fn_bytes) if fn_bytes is not None else None  # already pickled by the caller
+        self._ex: Any = None
+        self._procs: dict | None = None  # pid -> Process of the current pool
+        self.size = self._capacity = 0
+        self.starts = 0  # fresh pools started; read by tests and the benchmark
+
+    @property
+    def fn_bytes(self) -> tuple[bytes, ...]:
+        """The stages, pickled once (raises what cloudpickle raises for one that cannot be)."""
+        if self._fn_bytes is None:
+            import cloudpickle
+
+            self._fn_bytes = tuple(cloudpickle.dumps(f) for f in self.fns)
+        return self._fn_bytes
+
+    def call_for(self, fn: Callable) -> Callable:
+        """The worker-side call that runs ``fn``: one of the pool's stages or the no-op ceiling."""
+        for i, f in enumerate(self.fns):
+            if f is fn:
+                return partial(_worker_call, i)
+        if fn is identity:
+            return _worker_noop
+        raise ValueError(f"this pool runs {', '.join(repr(getattr(f, '__name__', f)) for f in self.fns)}, not {fn!r}")
+
+    def executor(self, workers: int) -> Any:
+        """The pool with exactly ``workers`` workers, all started (grown, or started fresh)."""
+        if self._ex is not None and (workers < self.size or getattr(self._ex, "_broken", False)):
+            self.discard()
+        if self._ex is not None and workers > self.size and not self._grow(workers):
+            self.discard()
+        if self._ex is None:
+            self._capacity = max(workers, _QUEUE_WORKERS)
+            self._ex = process_pool(self._capacity, _worker_init, self.fn_bytes)
+            self._procs = getattr(
+                self._ex, "_processes", None
+            )  # the same dict; shutdown drops the pool's reference to it
+            self.starts += 1
+            if not self._grow(workers):  # another Python: a pool of exactly this size, started on demand
+                self._ex.shutdown(wait=False)
+                self._ex = process_pool(workers, _worker_init, self.fn_bytes)
+                self._procs = getattr(self._ex, "_processes", None)
+                self.size = self._capacity = workers
+        return self._ex
+
+    def _grow(self, n: int) -> bool:
+        """Set the pool to ``n`` workers and start the missing ones now (before the point's warm-up)."""
+        ex = self._ex
+        lock, spawn = getattr(ex, "_shutdown_lock", None), getattr(ex, "_spawn_process", None)
+        procs = getattr(ex, "_processes", None)
+        if lock is None or spawn is None or procs is None or not hasattr(ex, "_max_workers"):
+            return False
+        if n > self._capacity:
+            return False  # the call queue was sized for fewer: a fresh pool
+        with lock:
+            ex._max_workers = n
+            while len(procs) < n:
+                spawn()
+        self.size = n
+        return True
+
+    def pids(self) -> list[int]:
+        return _pool_pids(self._ex)
+
+    def exit_codes(self) -> str:
+        """The workers' exit codes other than 0 and the pool's own SIGTERM, as loky used to word them."""
+        return _dead_codes(self._procs)
+
+    def died(self) -> str:
+        """The reason recorded when a worker of this pool died: with its exit codes where they are known."""
+        codes = self.exit_codes()
+        return f"a worker process died{f' (exit codes {codes})' if codes else ''}"
+
+    def discard(self) -> None:
+        """Kill the workers now (a hung one must be gone before the next point is timed)."""
+        ex, self._ex, self.size = self._ex, None, 0
+        if ex is not None:
+            close_pool(ex)
+
+    close = discard
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.discard()
+
+
+class ProcessRunner(Runner):
+    """c calls in flight on a :class:`WorkerPool` of c workers.
+
+    The stage is sent once per worker with cloudpickle (initializer), so
+    lambdas, functions from the user's ``__main__``, partials and callable
+    objects all run in workers; each call then ships only the item. A
+    pool passed in is left running for the next point unless this point ended
+    badly; without one, the runner starts and kills its own.
+    """
+
+    def __init__(
+        self, fn: Callable, inputs: Sequence, concurrency: int, pool: WorkerPool, own_pool: bool = False
+    ) -> None:
+        super().__init__(fn, inputs, concurrency)
+        self.pool = pool
+        self._own_pool = own_pool
+        self._call = pool.call_for(fn)
+        self._idle = threading.Event()
+
+    def start(self) -> None:
+        self._ex = self.pool.executor(self.concurrency)
+        self._driver = threading.Thread(target=self._drive, name="stagebench-driver", daemon=True)
+        self._driver.start()
+
+    def _drive(self) -> None:
+        inputs, n, call = self.inputs, len(self.inputs), self._call
+        now = time.perf_counter
+        pending: dict[cf.Future, float] = {}
+        i = 0
+        try:
+            while True:
+                while not self._stop.is_set() and len(pending) < self.concurrency:
+                    fut = self._ex.submit(call, inputs[i % n])
+                    pending[fut] = now()
+                    i += 1
+                if not pending:
+                    break
+                done, _ = cf.wait(pending, timeout=0.05, return_when=cf.FIRST_COMPLETED)
+                t1 = now()
+                for fut in done:
+                    t0 = pending.pop(fut)
+                    exc = fut.exception()
+                    if exc is not None:
+                        self._on_pool_error(exc)
+                        return
+                    pid, ok, err, _out = fut.result()
+                    self.record(pid, t0, t1, ok, err)
+        except Exception as e:  # the pool broke while submitting
+            self._on_pool_error(e)
+        finally:
+            self._idle.set()
+
+    def _on_pool_error(self, exc: BaseException) -> None:
+        self.fatal_status, self.fatal = pool_failure(exc, self.pool)
+        self._stop.set()
+
+    def worker_pids(self) -> list[int]:
+        return self.pool.pids()
+
+    def wait_idle(self, timeout: float) -> bool:
+        return self._idle.wait(timeout)
+
+    def abort(self) -> None:
+        super().abort()
+        # A hung or runaway worker must not outlive its point; a healthy, idle
+        # pool serves the next one.
+        if self._own_pool or self.fatal is not None or not self._idle.is_set():
+            self.pool.discard()
+
+
+def kill_and_reap(pids: list[int], timeout: float = 5.0) -> None:
+    """SIGKILL the given worker processes and wait for them.
+
+    A pool's own shutdown waits for its workers' calls, or kills them later from its manager thread;
+    a worker hung in the stage must be gone before the next point is timed.
+    """
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            p.kill()
+            procs.append(p)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=timeout)
+
+
+def make_runner(
+    executor: str, fn: Callable, inputs: Sequence, concurrency: int, pool: WorkerPool | None = None
+) -> Runner:
+    """The runner for one point; ``pool`` (processes only) is reused, else one is started for the point."""
+    if executor == "thread":
+        return ThreadRunner(fn, inputs, concurrency)
+    if executor == "async":
+        return AsyncRunner(fn, inputs, concurrency)
+    if executor == "process":
+        if pool is None:
+            return ProcessRunner(fn, inputs, concurrency, WorkerPool(fn), own_pool=True)
+        return ProcessRunner(fn, inputs, concurrency, pool)
+    raise ValueError(f"executor: unknown {executor!r}; allowed: thread, process, async")

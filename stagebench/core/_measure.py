@@ -1,0 +1,357 @@
+"""Measure one point: a stage, an executor, a concurrency, a steady-state window.
+
+The protocol (each step is there for a reason):
+
+1. Start c workers in a closed loop over the cached inputs (cycled).
+2. Warm up until every worker has delivered at least one item *and* the
+   minimum warm-up has passed: process start-up, imports and cold caches stay
+   outside the window.
+3. Open the window; snapshot CPU and disk counters of the process tree.
+4. Keep the window open for the budget, longer only when items are so slow that
+   three batches of two item-latencies would not fit (never past the deadline).
+5. Close the window, snapshot again, read PSS while workers are alive.
+6. Stop taking new items, let in-flight items finish (their intervals straddle
+   the window end and count fractionally), then tear the workers down.
+7. Throughput = fractional item count / window, with a batch-means interval.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import math
+import pickle
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from stagebench.core._config import MeasureConfig
+from stagebench.core._executors import WorkerPool, identity, is_coroutine_callable, leaked_threads, make_runner
+from stagebench.core._resources import ResourceMonitor, TreeSnapshot, tree_pss_mb
+from stagebench.core._stats import batch_count, fractional_counts, mean_interval, percentiles_ms
+from stagebench.runs._schema import EXECUTORS, HARNESSES, STAGE_COLUMNS
+
+__all__ = ["measure_stage", "identity", "payload_bytes", "empty_row"]
+
+_POLL_S = 0.01
+
+
+class _GcClock:
+    """Seconds the cyclic garbage collector runs in this process while installed (``gc.callbacks``).
+
+    Why: a collection holds the GIL, and a stage that leaves many container
+    objects behind triggers collections whose cost grows with everything else
+    the process holds (a training script's torch, a diagnosis's pandas). In a
+    process with 560k tracked objects the demo's augment stage spent 0.15-0.27
+    ms of its 0.7-0.8 ms per item in full collections. Its calls' median time
+    and its probed GIL share (the probe pauses the collector) leave them out, so
+    without this the replay's stand-ins skipped them and read 20-25% fast.
+    """
+
+    def __init__(self) -> None:
+        self.seconds, self.collections, self._t = 0.0, 0, None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        elif self._t is not None:
+            self.seconds += time.perf_counter() - self._t
+            self.collections += 1
+            self._t = None
+
+    def __enter__(self) -> "_GcClock":
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            gc.callbacks.remove(self)
+        except ValueError:
+            pass
+
+
+def payload_bytes(inputs: Sequence, sample: int = 8) -> float:
+    """Mean pickled size of a few inputs: what a process executor ships per item."""
+    sizes = []
+    step = max(1, len(inputs) // sample)
+    for item in list(inputs)[::step][:sample]:
+        try:
+            sizes.append(len(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)))
+        except Exception:
+            return math.nan
+    return float(np.mean(sizes)) if sizes else math.nan
+
+
+def empty_row(stage: str, role: str, executor: str, harness: str, concurrency: int) -> dict[str, Any]:
+    row: dict[str, Any] = {c: math.nan for c in STAGE_COLUMNS}
+    row.update(
+        stage=stage,
+        role=role,
+        executor=executor,
+        harness=harness,
+        concurrency=int(concurrency),
+        status="ok",
+        reason="",
+        error_example="",
+        n_errors=0,
+        workers_seen=0,
+        started_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
+    )
+    return row
+
+
+def _skip_reason(fn: Callable, inputs: Sequence, executor: str, pool: WorkerPool | None) -> str | None:
+    """Why this stage cannot run on this executor (None if it can)."""
+    coro = is_coroutine_callable(fn)
+    if executor == "async" and not coro:
+        return "not a coroutine function: the event loop runs only async stages"
+    if executor != "async" and coro:
+        return f"coroutine function: it runs on the event loop, not on a {executor} pool"
+    if executor != "process":
+        return None
+    import cloudpickle
+
+    if pool is not None:
+        pool.call_for(fn)  # a pool runs one stage (and its no-op ceiling): a mix-up is a bug, so it raises
+    try:
+        if pool is not None:
+            pool.fn_bytes  # noqa: B018 (pickles the pool's stage once, then cached)
+        else:
+            cloudpickle.dumps(fn)
+    except Exception as e:
+        return f"cannot be pickled for a process pool: {type(e).__name__}: {e}"
+    from stagebench.core._pickling import pickle_problem
+
+    problem = pickle_problem(inputs[0], cloud=True)
+    return f"inputs cannot be pickled for a process pool: {problem}" if problem else None
+
+
+def measure_stage(
+    fn: Callable,
+    inputs: Sequence,
+    *,
+    executor: str = "thread",
+    concurrency: int = 1,
+    config: MeasureConfig | None = None,
+    name: str | None = None,
+    role: str = "stage",
+    harness: str = "direct",
+    payload: float | None = None,
+    spdl_extra_pipes: int = 0,
+    pool: WorkerPool | None = None,
+) -> dict[str, Any]:
+    """Measure ``fn`` over ``inputs`` at one executor and concurrency.
+
+    ``harness="spdl"`` runs the stage inside a one-stage SPDL pipeline instead of
+    stagebench's own workers (same window, same statistics);
+    ``spdl_extra_pipes`` identity pipes go before it (a multi-stage pipeline).
+    ``pool`` (process executor): a :class:`~stagebench.core._executors.WorkerPool`
+    of this stage kept across points (``fn`` is its stage, or ``identity`` for
+    the ceiling); without one, the point starts and kills its own workers.
+
+    Returns one row (a dict with :data:`stagebench.runs._schema.STAGE_COLUMNS`). Never
+    raises for the stage's own faults: they become ``status``/``reason``. Only
+    ``KeyboardInterrupt`` propagates, after the workers are torn down.
+    """
+    cfg = config or MeasureConfig()
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor: unknown {executor!r}; allowed: {', '.join(EXECUTORS)}")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if harness not in HARNESSES:
+        raise ValueError(f"harness: unknown {harness!r}; allowed: {', '.join(HARNESSES)}")
+    if spdl_extra_pipes < 0 or (spdl_extra_pipes and harness != "spdl"):
+        raise ValueError(
+            f"spdl_extra_pipes must be >= 0 and needs harness='spdl', got {spdl_extra_pipes} with {harness!r}"
+        )
+    inputs = list(inputs) if not isinstance(inputs, Sequence) else inputs
+    stage = name or getattr(fn, "__name__", None) or type(fn).__name__
+    row = empty_row(stage, role, executor, harness, concurrency)
+    row["payload_bytes"] = payload if payload is not None else payload_bytes(inputs)
+    t_begin = time.perf_counter()
+
+    if not inputs:
+        row.update(status="skipped", reason="no inputs")
+        return row
+    if executor != "process":
+        pool = None
+    reason = _skip_reason(fn, inputs, executor, pool)
+    if reason:
+        row.update(status="skipped", reason=reason, elapsed_s=0.0)
+        return row
+
+    if harness == "spdl":
+        from stagebench.core._spdl_harness import SpdlRunner
+
+        runner = SpdlRunner(fn, inputs, concurrency, executor, pool, extra_pipes=spdl_extra_pipes)
+    else:
+        runner = make_runner(executor, fn, inputs, concurrency, pool)
+    deadline = t_begin + cfg.timeout_s
+    outcome = None
+    try:
+        with ResourceMonitor(cfg.sample_interval_s, runner.worker_pids) as mon:
+            runner.start()
+            outcome = _run_window(runner, cfg, deadline, t_begin, row, mon)
+        runner.request_stop()
+        # In-flight items straddle the window end; wait for them (bounded).
+        idle = runner.wait_idle(max(0.0, min(deadline - time.perf_counter(), 5.0)))
+        if outcome is not None:
+            # Read PSS now: workers are alive but idle, so reading smaps does not
+            # fight the stage for the GIL.
+            row["mem_pss_mb"] = tree_pss_mb(runner.worker_pids())
+            if not idle:
+                row["reason"] = "an item was still running 5 s after the window closed"
+    finally:
+        runner.abort()
+    if outcome is not None:
+        _fill_from_records(row, runner.lanes, *outcome, cfg)
+    if runner.fatal is not None and row["status"] == "ok":
+        row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
+    if leaked_threads():
+        note = (
+            f"{leaked_threads()} worker thread(s) of a hung stage still running; later thread points may be perturbed"
+        )
+        row["reason"] = f"{row['reason']}; {note}" if row["reason"] else note
+    row["elapsed_s"] = time.perf_counter() - t_begin
+    return row
+
+
+def _run_window(runner, cfg, deadline, t_begin, row, mon):
+    """Warm up, then time the window. Returns (t0, t1, snap0, snap1, gc_s) or None.
+
+    ``gc_s``: seconds the garbage collector ran in this process during the window.
+    """
+    c = runner.concurrency
+    while True:
+        now = time.perf_counter()
+        if runner.fatal is not None:
+            row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
+            return None
+        seen = runner.delivered_workers()
+        if seen >= runner.expected_workers() and now - t_begin >= cfg.warmup_s:
+            break
+        if now >= deadline:
+            row.update(
+                status="timeout",
+                reason=f"no steady state within {cfg.timeout_s:g}s: {seen} of {c} workers delivered an item",
+                workers_seen=seen,
+            )
+            return None
+        time.sleep(_POLL_S)
+    row["workers_seen"] = runner.delivered_workers()
+    t0 = time.perf_counter()
+    row["warmup_s"] = t0 - t_begin
+    snap0 = TreeSnapshot.take(runner.worker_pids())
+    mon.peak_rss_mb = 0.0
+    end = t0 + cfg.budget_s
+    extended = False
+    with _GcClock() as gc_clock:
+        while True:
+            now = time.perf_counter()
+            if runner.fatal is not None:
+                row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
+                return None
+            if now >= end:
+                if extended:
+                    break
+                extended = True
+                lat = _median_latency(runner.lanes)
+                # three batches of two latencies each (5% spare so jitter cannot round
+                # it down to two), capped by the deadline
+                need = t0 + 6.3 * lat if math.isfinite(lat) else end
+                end = min(max(end, need), deadline - 0.5)
+                if end <= now:
+                    break
+                continue
+            time.sleep(min(_POLL_S * 5, max(0.0, end - now)))
+        t1 = time.perf_counter()
+        snap1 = TreeSnapshot.take(runner.worker_pids())
+    mon._sample()
+    row["mem_peak_mb"] = mon.peak_rss_mb
+    return t0, t1, snap0, snap1, gc_clock.seconds
+
+
+def _median_latency(lanes) -> float:
+    recent = []
+    for lane in list(lanes.values()):
+        k = min(len(lane.ends), len(lane.starts), 200)
+        if k:
+            recent.extend(e - s for s, e in zip(lane.starts[-k:], lane.ends[-k:]))
+        recent.extend(e - s for s, e, _ in lane.fails[-50:])
+    return float(np.median(recent)) if recent else math.nan
+
+
+def _collect(lanes, t0: float, t1: float):
+    """Successful (starts, ends) overlapping the window, and failures ending in it."""
+    starts, ends, bad, cpus = [], [], [], []
+    timed_cpu = True
+    for lane in list(lanes.values()):
+        n = min(len(lane.starts), len(lane.ends))
+        # Slicing copies: a straggling worker may still append to its lane, and
+        # an exported buffer would make its append raise.
+        s = np.frombuffer(lane.starts[:n], dtype=float) if n else np.empty(0)
+        e = np.frombuffer(lane.ends[:n], dtype=float) if n else np.empty(0)
+        keep = (e > t0) & (s < t1)
+        starts.append(s[keep])
+        ends.append(e[keep])
+        bad.extend(f for f in list(lane.fails) if t0 < f[1] <= t1)
+        # cpu is appended before starts/ends, so it is at least n long where it is kept
+        if n and len(lane.cpu) >= n:
+            cpus.append(np.frombuffer(lane.cpu[:n], dtype=float)[keep])
+        elif n:
+            timed_cpu = False
+    cat = lambda xs: np.concatenate(xs) if xs else np.empty(0)
+    return cat(starts), cat(ends), bad, (cat(cpus) if timed_cpu and cpus else None)
+
+
+def _fill_from_records(row, lanes, t0, t1, snap0, snap1, gc_s, cfg: MeasureConfig) -> None:
+    starts, ends, bad, call_cpu = _collect(lanes, t0, t1)
+    window = t1 - t0
+    row["window_s"] = window
+    row["n_errors"] = len(bad)
+    if bad:
+        row["error_example"] = bad[0][2] or ""
+    in_window = (ends > t0) & (ends <= t1)
+    durations = ends[in_window] - starts[in_window]
+    lat_med = float(np.median(durations)) if len(durations) else window
+    nb = batch_count(window, lat_med, cfg.max_batches)
+    edges = np.linspace(t0, t1, nb + 1)
+    counts = fractional_counts(starts, ends, edges)
+    n_items = float(counts.sum())
+    rates = counts / (window / nb)
+    qps, lo, hi, cv = mean_interval(rates, cfg.confidence)
+    row.update(
+        n_items=n_items,
+        n_batches=nb,
+        qps=qps if n_items > 0 else 0.0,
+        qps_low=lo,
+        qps_high=hi,
+        qps_cv=cv,
+    )
+    row["latency_p50_ms"], row["latency_p90_ms"], row["latency_p99_ms"] = percentiles_ms(durations)
+    row["latency_mean_ms"] = float(durations.mean()) * 1e3 if len(durations) else math.nan
+    if call_cpu is not None and in_window.any():
+        # the mean, as for CPU per item: a rare long call costs what it costs
+        row["call_cpu_ms"] = float(np.mean(call_cpu[in_window])) * 1e3
+    cpu = snap1.cpu_since(snap0)
+    # per CPU-counter interval, not the window: reading counters can lag the
+    # window's edges when the stage's threads hold the GIL
+    cpu_span = max(snap1.t - snap0.t, 1e-9)
+    row["cores_used"] = cpu / cpu_span
+    # per item completed over the counters' span: CPU, faults and collector time are read over it
+    span_items = n_items * cpu_span / window
+    for key, total in (
+        ("cpu_s_per_item", cpu),
+        ("minor_faults_per_item", snap1.minor_faults_since(snap0)),
+        ("gc_s_per_item", gc_s),
+    ):
+        row[key] = total / span_items if n_items > 0 else math.nan
+    row["disk_read_mb_s"] = snap1.read_bytes_since(snap0) / window / 2**20
+    row["read_mb_s"] = snap1.read_chars_since(snap0) / window / 2**20
+    if n_items == 0:
+        if bad:
+            row.update(status="failed", reason=f"every item raised: {row['error_example']}")
+        else:
+            row.update(status="timeout", reason=f"no item completed in a {window:.1f}s window")

@@ -1,0 +1,110 @@
+"""Threads against processes in turns: the head-to-head behind a process recommendation.
+
+Why. A stage's thread curve is measured first and its process curve seconds
+later. An interval inside one point covers the noise inside that point's
+window, not a change of the machine between points. On the 2-core VM this
+was built on, the CPU's speed moves in phases that last seconds: one
+diagnosis of a GIL-free hashing stage read threads 24% above processes (557
+vs 449 items/s), the next one processes 18% above threads (502 vs 424,
+beyond both intervals). Measured in turns, threads then processes then processes then
+threads, six rounds at 2 workers each all had threads ahead (processes at
+0.61-0.82 of threads), and six rounds at 4 workers too (0.84-0.95).
+
+So when the curves alone would recommend processes by less than
+:data:`MAX_RATIO` (1.5x), the sweep measures both executors again at their
+best levels, in the order T P P T per round (:func:`plan`), and the
+recommendation follows that paired result (:func:`paired_result`): processes
+only when they beat threads in it beyond noise, else threads. Each adjacent
+thread/process pair of windows saw the same moments of the machine; the
+ratio is averaged over the pairs with a Student-t interval.
+
+Why only to confirm processes: threads are preferred whenever the two are
+within noise (less memory, no IPC, no pickling), so the costlier executor is
+the claim that needs the stronger evidence. Why 1.5x: single windows of one
+point varied by up to 18% here from one second to the next, so two points
+measured apart can differ by up to about 1.4x on this host's phases alone;
+beyond 1.5x the unpaired curves decide. The rows have role ``paired``
+(``results.csv``) and the analysis reads them like any other row, so
+``stagebench report`` rebuilds the same recommendation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from stagebench._numbers import num
+from stagebench.core._curves import Point, StageRows
+
+__all__ = ["MAX_RATIO", "WITHIN_BEST", "within_noise", "plan", "paired_result"]
+
+MAX_RATIO = 1.5  # processes ahead by at least this on the curves: no head-to-head needed
+WITHIN_BEST = 0.95  # within 5% of the best counts as equal (the recommendation's rule)
+_MIN_PAIRS = 2  # fewer usable pairs than this: the head-to-head says nothing
+
+
+def within_noise(p: Point, top: Point) -> bool:
+    """``p`` is as good as ``top``: their intervals overlap, or ``p`` is within 5% of it."""
+    return p.overlaps(top) or p.qps >= WITHIN_BEST * top.qps
+
+
+def plan(sr: StageRows, harness: str) -> tuple[int, int] | None:
+    """(thread level, process level) to measure in turns, or None when the curves decide alone.
+
+    A head-to-head is planned when the process curve's best beats the thread
+    curve's best beyond noise, by less than :data:`MAX_RATIO`.
+    """
+    t = sr.curve(harness, "thread").best()
+    p = sr.curve(harness, "process").best()
+    if t is None or p is None or p.qps <= t.qps or within_noise(t, p) or p.qps >= MAX_RATIO * t.qps:
+        return None
+    return t.concurrency, p.concurrency
+
+
+def paired_result(sr: StageRows, harness: str) -> dict[str, Any] | None:
+    """The head-to-head of ``harness`` from the stage's ``paired`` rows, or None when there is none.
+
+    Rows are read in the order they were measured; windows two by two form
+    the pairs (T P, then P T). A pair with a window that did not measure is
+    left out. Returns ``thread`` and ``process`` (level and mean throughput
+    over the usable pairs), ``ratio`` (process / thread, mean over pairs),
+    ``ratio_low``/``ratio_high`` (95% Student-t; None below two pairs),
+    ``pairs``, ``processes_win`` (beyond noise: the interval's low end above
+    1 and the ratio above 1 / 0.95) and ``decisive`` (enough pairs to count).
+    """
+    from stagebench.core._stats import mean_interval
+
+    rows = sr.paired_rows(harness)
+    if not len(rows):
+        return None
+    pairs, levels = [], {}
+    recs = rows.to_dict("records")
+    for a, b in zip(recs[0::2], recs[1::2]):
+        by_ex = {r["executor"]: r for r in (a, b)}
+        if set(by_ex) != {"thread", "process"}:
+            continue
+        qt, qp = num(by_ex["thread"]["qps"]), num(by_ex["process"]["qps"])
+        ok = all(by_ex[e]["status"] == "ok" for e in by_ex)
+        if ok and qt > 0 and qp > 0:
+            pairs.append((qt, qp))
+            levels = {e: int(num(by_ex[e]["concurrency"])) for e in by_ex}
+    out: dict[str, Any] = {
+        "pairs": len(pairs),
+        "decisive": len(pairs) >= _MIN_PAIRS,
+        "harness": harness,
+        "windows": len(recs),
+    }
+    if not pairs:
+        out.update(thread=None, process=None, ratio=None, ratio_low=None, ratio_high=None, processes_win=False)
+        return out
+    ratio, lo, hi, _ = mean_interval([qp / qt for qt, qp in pairs], 0.95)
+    lo, hi = (lo, hi) if math.isfinite(lo) else (None, None)
+    out.update(
+        thread={"concurrency": levels["thread"], "qps": sum(q for q, _ in pairs) / len(pairs)},
+        process={"concurrency": levels["process"], "qps": sum(q for _, q in pairs) / len(pairs)},
+        ratio=ratio,
+        ratio_low=lo,
+        ratio_high=hi,
+        processes_win=bool(out["decisive"] and lo is not None and lo > 1.0 and ratio * WITHIN_BEST > 1.0),
+    )
+    return out

@@ -1,0 +1,69 @@
+"""Live progress: a tqdm bar on a terminal, one plain line per point otherwise.
+
+Long sweeps must show what they are doing (SPDL's built-in profiler is silent
+unless logging was configured). Output goes to stderr so stdout stays clean for
+the final table.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+__all__ = ["Progress"]
+
+
+class Progress:
+    def __init__(self, total: int | None = None, desc: str = "stagebench", enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.tty = enabled and sys.stderr.isatty()
+        self._bar = None
+        if self.tty:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, unit="pt", file=sys.stderr, leave=False, dynamic_ncols=True)
+
+    def set_total(self, total: int) -> None:
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.refresh()
+
+    def start(self, label: str) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(label, refresh=True)
+
+    def done(
+        self, row: dict[str, Any], label: str | None = None, *, rate_key: str = "qps", unit: str = "items/s"
+    ) -> None:
+        """One point finished. ``label`` names it; by default a stage-sweep row's coordinates.
+
+        ``rate_key`` is the row's throughput column and ``unit`` what it counts, so rows
+        other than stage rows (a loader point's ``samples_per_s``) report themselves as they are.
+        """
+        if label is None:
+            label = f"{row['stage']} | {row['role']} {row['harness']}/{row['executor']} c={row['concurrency']}"
+        rate = row.get(rate_key)
+        status = row.get("status", "ok")
+        if status == "ok" and isinstance(rate, (int, float)) and math.isfinite(rate):
+            what = f"{rate:,.1f} {unit}"
+        else:
+            what = f"{status}: {row.get('reason', '')}"[:100]
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"{label}: {what}", refresh=False)
+            self._bar.update(1)
+        elif self.enabled:
+            print(f"[stagebench] {label}: {what}", file=sys.stderr, flush=True)
+
+    def message(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(f"[stagebench] {text}", file=sys.stderr)
+        else:
+            print(f"[stagebench] {text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

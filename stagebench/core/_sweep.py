@@ -1,0 +1,510 @@
+"""Sweep one stage over harness x executor x concurrency, with its ceiling.
+
+Each point is written to disk the moment it is measured. A point that shows
+the stage cannot run this way (skipped), never gets going (timeout), or fails
+on every item skips the remaining levels of that executor with the reason:
+repeating a 60 s hang at six levels helps nobody. A crash does not: running
+out of memory at 32 processes says nothing about 4.
+
+Process points are the expensive ones (each level starts more interpreters):
+a stage keeps one pool, grown level by level and shared with its ceiling
+(:class:`~stagebench.core._executors.WorkerPool`), and the diagnosis measures all
+its stages' process points level by level on one pool
+(:func:`sweep_process_points`); a process curve that stopped
+rising for ``process_flat_levels`` levels (one, when that level already kept
+80% of the usable cores busy) is not measured further, and none
+is measured when threads already scale linearly to the top of the grid
+(a worker process is at most as fast as one thread alone, so processes
+could not win by more than the 5% within which threads are preferred), or
+when threads already reach the harness's thread no-op ceiling (the stage is
+overhead-bound; the process executor's own ceiling is lower).
+
+Last, when the curves alone would recommend processes by less than 1.5x,
+both executors are measured again in turns at their best levels
+(:meth:`StageSweep.run_paired`; why: :mod:`stagebench.core._paired`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from stagebench.core._config import SweepConfig
+from stagebench.core._executors import WorkerPool, async_identity, identity, is_coroutine_callable
+from stagebench.core._measure import empty_row, measure_stage, payload_bytes
+from stagebench.core._progress import Progress
+from stagebench.core._resources import usable_cores
+from stagebench.runs._results import RowWriter
+from stagebench.runs._schema import STAGE_COLUMNS
+
+__all__ = ["sweep_stage", "plan_points", "StageSweep", "sweep_process_points"]
+
+_STOP_STATUSES = ("skipped", "timeout", "failed")
+_PLATEAU = "not measured: process throughput stopped rising"
+_NOT_NEAR = "not measured: this level's process throughput is more than 5% below the best so far"
+_LINEAR = 0.95  # threads within 5% of linear scaling: processes cannot win by more
+_AT_CEILING = 0.9  # threads within 10% of the thread no-op ceiling: the process ceiling is lower still
+_SHARED_REASON = "shared: measured once for all stages (a no-op on threads or the event loop does not touch the items)"
+# A process no-op ships each item to a worker and back. Up to this pickled size its
+# cost is per item, not per byte (here: 100 B, 4 KiB and 16 KiB items read alike, 2.4-4.0k
+# items/s at c=1 and 4; 64 KiB read 30% lower at c=4), so stages whose items are
+# this small share their process ceilings; larger ones measure their own.
+_SMALL_PAYLOAD = 16 * 1024
+_SHARED_PROCESS_REASON = (
+    "shared: measured once for the stages whose items pickle to at most 16 KiB "
+    "(a process no-op's cost is per item at that size, not per byte)"
+)
+
+
+def _executors_for(fn: Callable, config: SweepConfig) -> tuple[str, ...]:
+    if is_coroutine_callable(fn):
+        return ("async",)  # coroutines run on the event loop, never on a pool
+    out = tuple(e for e in config.executors if e != "async")
+    return out or ("thread",)
+
+
+def plan_points(fn: Callable, config: SweepConfig) -> list[tuple[str, str, str, int]]:
+    """(role, harness, executor, concurrency) in measuring order."""
+    pts = []
+    for harness in config.harnesses:
+        for ex in _executors_for(fn, config):
+            for c in config.concurrency:
+                pts.append(("stage", harness, ex, c))
+                if config.ceiling:
+                    pts.append(("ceiling", harness, ex, c))
+    return pts
+
+
+def sweep_stage(
+    fn: Callable,
+    inputs: Sequence,
+    *,
+    name: str | None = None,
+    config: SweepConfig | None = None,
+    writer: RowWriter | None = None,
+    progress: Progress | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    shared_ceilings: dict[tuple[str, str, int], dict[str, Any]] | None = None,
+):
+    """Measure ``fn`` at every planned point; return a tidy DataFrame (one row per point).
+
+    Rows are appended to ``writer`` as they are measured. ``KeyboardInterrupt``
+    propagates after the current point's workers are torn down; every row
+    measured before it is already on disk.
+
+    ``shared_ceilings``: pass the same dict to the sweeps of several stages and
+    each thread / async ceiling (harness, executor, concurrency) is measured
+    once: a no-op on threads or the event loop only passes references, so its
+    ceiling does not depend on the stage's items. Later stages get a copy of
+    the row (``elapsed_s`` 0, the original ``started_at``, a ``reason`` that
+    says so). Process ceilings ship the stage's own items: shared only among
+    stages whose items pickle to at most 16 KiB (``_SMALL_PAYLOAD``), where
+    the cost is per item; a stage with larger items measures its own.
+    """
+    import contextlib
+
+    from stagebench.core._spdl_harness import deferred_teardown
+
+    sweep = StageSweep(
+        fn,
+        inputs,
+        name=name,
+        config=config,
+        writer=writer,
+        progress=progress,
+        on_row=on_row,
+        shared_ceilings=shared_ceilings,
+    )
+    # deferred_teardown: SPDL's ~0.2 s of tear-down per point overlaps the next point's start
+    with contextlib.ExitStack() as stack, deferred_teardown():
+        pools = _pools(stack, [fn]) if "process" in _executors_for(fn, sweep.cfg) else {}
+        sweep.run(sweep.points, pools.get(id(fn)))
+        sweep.run_paired(pools.get(id(fn)))
+    return sweep.frame()
+
+
+class StageSweep:
+    """One stage's sweep: its planned points, the rows measured so far, and the rules that stop a curve.
+
+    :func:`sweep_stage` runs all its points in order. The diagnosis runs each
+    stage's thread / async points first and then every stage's process points
+    level by level on one shared pool (:func:`sweep_process_points`); the
+    rules see the same rows either way.
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        inputs: Sequence,
+        *,
+        name: str | None = None,
+        config: SweepConfig | None = None,
+        writer: RowWriter | None = None,
+        progress: Progress | None = None,
+        on_row: Callable[[dict[str, Any]], None] | None = None,
+        shared_ceilings: dict[tuple[str, str, int], dict[str, Any]] | None = None,
+    ) -> None:
+        self.fn, self.cfg = fn, config or SweepConfig()
+        self.name = name or getattr(fn, "__name__", None) or type(fn).__name__
+        self.inputs = list(inputs)
+        self.writer, self.progress, self.on_row, self.shared = writer, progress, on_row, shared_ceilings
+        self.payload = payload_bytes(self.inputs) if self.inputs else math.nan
+        self.noop = async_identity if is_coroutine_callable(fn) else identity
+        self.ceiling_cfg = self.cfg.measure
+        if self.cfg.ceiling:
+            from dataclasses import replace
+
+            budget = self.cfg.ceiling_budget_s or max(0.2, self.cfg.measure.budget_s / 2)
+            self.ceiling_cfg = replace(self.cfg.measure, budget_s=budget)
+        self.points = plan_points(fn, self.cfg)
+        self.rows: list[dict[str, Any]] = []
+        self.stopped: dict[tuple[str, str, str], str] = {}
+        self._plateaus: dict[str, tuple[dict[str, Any], int]] = {}
+        self._linear_checked: set[str] = (
+            set()
+        )  # harnesses whose thread curve was judged (before its first process point)
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=list(STAGE_COLUMNS))
+
+    def remaining(self, executor: str) -> list[tuple[str, str, str, int]]:
+        """This executor's planned points not measured (or recorded as skipped) yet."""
+        done = {(r["role"], r["harness"], r["executor"], r["concurrency"]) for r in self.rows}
+        return [p for p in self.points if p[2] == executor and p not in done]
+
+    def process_pending(self) -> bool:
+        """Whether a process point of this stage is still to be measured (not ruled out by its thread curve)."""
+        for _, harness, ex, _ in self.remaining("process"):
+            self._judge_threads(harness)
+            if ("stage", harness, ex) not in self.stopped:
+                return True
+        return False
+
+    def _judge_threads(self, harness: str) -> None:
+        if self.cfg.process_flat_levels and harness not in self._linear_checked:
+            self._linear_checked.add(harness)
+            why = _threads_linear(self.rows, harness) or _threads_at_ceiling(self.rows, harness)
+            if why:
+                self.stopped[("stage", harness, "process")] = self.stopped[("ceiling", harness, "process")] = why
+
+    def run(self, points: Sequence[tuple[str, str, str, int]], pool: Any) -> None:
+        """Measure (or record as skipped) ``points``, in order; ``pool`` serves the process points."""
+        cfg, stopped = self.cfg, self.stopped
+        for role, harness, ex, c in points:
+            if ex == "process":
+                self._judge_threads(harness)
+            shared = self.shared if role == "ceiling" and (ex != "process" or self.payload <= _SMALL_PAYLOAD) else None
+            if shared is not None and (harness, ex, c) in shared and (role, harness, ex) not in stopped:
+                orig = shared[(harness, ex, c)]
+                why = _SHARED_PROCESS_REASON if ex == "process" else _SHARED_REASON
+                row = {
+                    **orig,
+                    "stage": self.name,
+                    "payload_bytes": self.payload,
+                    "elapsed_s": 0.0,
+                    "reason": "; ".join(r for r in (why, orig["reason"]) if r),
+                }
+            else:
+                row = _point(
+                    self.fn,
+                    self.noop,
+                    self.inputs,
+                    self.name,
+                    role,
+                    harness,
+                    ex,
+                    c,
+                    cfg,
+                    self.ceiling_cfg,
+                    self.payload,
+                    pool,
+                    stopped,
+                    self.progress,
+                )
+                if shared is not None and row["status"] == "ok":
+                    shared[(harness, ex, c)] = dict(row)
+                if role == "stage" and ex == "process" and cfg.process_flat_levels:
+                    _watch_plateau(row, harness, self._plateaus, stopped, cfg.process_flat_levels)
+                if role == "stage" and ex == "process" and cfg.process_ceilings == "near_best":
+                    _skip_ceiling_unless_near_best(row, self.rows, harness, stopped)
+            if role == "ceiling" and stopped.get(("stage", harness, ex), "").startswith(_PLATEAU):
+                # the ceiling of the last measured level is kept (measured or shared); none above it
+                stopped[("ceiling", harness, ex)] = stopped[("stage", harness, ex)]
+            self._record(row)
+
+    def run_paired(self, pool: Any) -> None:
+        """The head-to-head (:mod:`stagebench.core._paired`), when the curves alone would pick processes by a small margin.
+
+        Windows in the order T P P T, ``paired_rounds`` times, at each
+        executor's best level of the recommendation's harness; ``pool`` serves
+        the process windows. A window that does not measure ends it (the
+        pairs before it still count).
+        """
+        from stagebench.core import _paired
+        from stagebench.core._curves import StageRows
+
+        if not self.cfg.paired_rounds or "process" not in _executors_for(self.fn, self.cfg):
+            return
+        sr = StageRows(self.frame())
+        harness = sr.recommendation_harness()
+        levels = _paired.plan(sr, harness) if harness else None
+        if levels is None:
+            return
+        at = dict(zip(("thread", "process"), levels))
+        for ex in ("thread", "process", "process", "thread") * self.cfg.paired_rounds:
+            if self.progress is not None:
+                self.progress.start(f"{self.name} | head-to-head {harness}/{ex} c={at[ex]}")
+            row = measure_stage(
+                self.fn,
+                self.inputs,
+                executor=ex,
+                concurrency=at[ex],
+                config=self.cfg.measure,
+                name=self.name,
+                role="paired",
+                harness=harness,
+                payload=self.payload,
+                pool=pool if ex == "process" else None,
+            )
+            self._record(row)
+            if row["status"] != "ok":
+                return
+
+    def _record(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if self.writer is not None:
+            self.writer.write(row)
+        if self.progress is not None:
+            self.progress.done(row)
+        if self.on_row is not None:
+            self.on_row(row)
+
+
+def sweep_process_points(sweeps: Sequence[StageSweep]) -> None:
+    """The remaining (process) points of several stages, level by level, on one shared pool.
+
+    Why: a pool grown stage by stage starts 1+1+2+4+8 = 16 workers per stage
+    for a 1..16 grid, about 0.1 s of CPU each on top of the points, and the
+    workers of one stage would serve the next just as well. Level by level,
+    every stage's point at c runs on the same c workers, so the pool grows to
+    the top level once. Stages whose process curve was ruled out are skipped
+    with their reason as before; a stage that cannot be pickled runs its
+    points on pools of its own (the first records why). Each harness is its
+    own pass: its levels start again from the lowest. A stage that pickles
+    larger than 1 MiB keeps a pool of its own (see :func:`_pools`). Then each
+    stage's head-to-head, if its curves call for one (:meth:`StageSweep.run_paired`).
+    """
+    import contextlib
+
+    from stagebench.core._spdl_harness import deferred_teardown
+
+    todo = {id(s): s.remaining("process") for s in sweeps}
+    with contextlib.ExitStack() as stack, deferred_teardown():
+        pools = _pools(stack, [s.fn for s in sweeps if s.process_pending()])
+        for harness in dict.fromkeys(p[1] for s in sweeps for p in todo[id(s)]):
+            levels = sorted({p[3] for s in sweeps for p in todo[id(s)] if p[1] == harness})
+            for c in levels:
+                for s in sweeps:
+                    pts = [p for p in todo[id(s)] if p[1] == harness and p[3] == c]
+                    if pts:
+                        s.run(pts, pools.get(id(s.fn)))
+        for s in sweeps:
+            s.run_paired(pools.get(id(s.fn)))
+
+
+def _threads_linear(rows: list[dict[str, Any]], harness: str) -> str | None:
+    """Why processes cannot change this stage's answer, or None.
+
+    When threads scale within 5% of linearly from the first level to the top
+    one, a process curve cannot beat them by more than 5%: a worker process is
+    at most as fast as one thread alone (the c=1 point), and within 5% the
+    recommendation takes threads anyway.
+    """
+    pts = [r for r in rows if r["role"] == "stage" and r["executor"] == "thread" and r["harness"] == harness]
+    if len(pts) < 2 or any(r["status"] != "ok" or not r["qps"] > 0 for r in pts):
+        return None
+    first, top = pts[0], pts[-1]
+    if top["qps"] < max(r["qps"] for r in pts):
+        return None
+    share = (top["qps"] / first["qps"]) / (top["concurrency"] / first["concurrency"])
+    if share < _LINEAR:
+        return None
+    return (
+        f"not measured: threads scale linearly to the top of the grid ({share:.0%} of {top['concurrency']}x "
+        f"c={first['concurrency']}), so processes cannot beat them beyond 5% (a worker process is at most as "
+        "fast as one thread alone); process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures them"
+    )
+
+
+def _threads_at_ceiling(rows: list[dict[str, Any]], harness: str) -> str | None:
+    """Why processes cannot change this stage's answer because threads already reach the harness's limit.
+
+    The thread no-op ceiling is the most this harness delivers with any thread
+    work at all. A process executor pays the same per-item scheduling plus the
+    IPC (pickling, the pool's queue threads), so its no-op ceiling is lower: in
+    every diagnosis measured here it was at most ~0.8x the thread one (SPDL:
+    500-1,000 vs 930-1,900 items/s; direct: ~2,500 vs ~2,000,000). When the
+    stage's best thread point reaches 90% of the thread ceiling (the median over
+    levels: one low reading must not decide), the stage is overhead-bound and
+    processes cannot beat threads.
+    """
+
+    def ok(r: dict[str, Any]) -> bool:
+        return r["status"] == "ok" and r["qps"] > 0 and r["executor"] == "thread" and r["harness"] == harness
+
+    stage = [r["qps"] for r in rows if r["role"] == "stage" and ok(r)]
+    ceilings = sorted(r["qps"] for r in rows if r["role"] == "ceiling" and ok(r))
+    if not stage or len(ceilings) < 2:
+        return None
+    ceiling, best = statistics.median(ceilings), max(stage)
+    if best < _AT_CEILING * ceiling:
+        return None
+    return (
+        f"not measured: threads already deliver {best / ceiling:.0%} of the harness's thread no-op ceiling "
+        f"({best:,.0f} vs {ceiling:,.0f} items/s, the median over levels): the stage is overhead-bound, and a "
+        "process executor adds IPC to the same per-item overhead, so it cannot beat threads; "
+        "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures them"
+    )
+
+
+def _beats(new: dict[str, Any], best: dict[str, Any]) -> bool:
+    """``new`` is faster than ``best`` beyond noise: 5% higher and, with intervals, not overlapping."""
+    if not new["qps"] > 1.05 * best["qps"]:
+        return False
+    lo, hi = new["qps_low"], best["qps_high"]
+    return not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi
+
+
+_SATURATED = 0.8  # share of the usable cores in use at which one level without gain ends a process curve
+
+
+def _watch_plateau(
+    row: dict[str, Any], harness: str, plateaus: dict, stopped: dict, flat_levels: int, cores: int | None = None
+) -> None:
+    """Stop the process curve (and its ceilings) after ``flat_levels`` levels in a row without gain.
+
+    One level is enough when that level already kept 80% of the usable cores
+    busy: the cores are what limits it, and more processes only queue for them.
+    """
+    if row["status"] != "ok" or not row["qps"] > 0:
+        return
+    best, flat = plateaus.get(harness, (None, 0))
+    if best is None or _beats(row, best):
+        plateaus[harness] = (row, 0)
+        return
+    flat += 1
+    plateaus[harness] = (best, flat)
+    cores = cores or usable_cores()
+    used = row.get("cores_used")
+    saturated = isinstance(used, (int, float)) and math.isfinite(used) and used >= _SATURATED * cores
+    if flat >= flat_levels or saturated:
+        why = (
+            f"{row['concurrency']} processes kept {used:.1f} of {cores} usable cores busy: the cores limit it"
+            if saturated and flat < flat_levels
+            else f"{flat} levels up to c={row['concurrency']}"
+        )
+        stopped[("stage", harness, "process")] = (
+            f"{_PLATEAU} ({why}, within noise of {best['qps']:,.0f} items/s at c={best['concurrency']}; "
+            "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures every level)"
+        )
+
+
+_NEAR_BEST = 0.95  # must not be above _paired.WITHIN_BEST, or the recommended level could lose its ceiling
+
+
+def _skip_ceiling_unless_near_best(
+    row: dict[str, Any], rows: list[dict[str, Any]], harness: str, stopped: dict
+) -> None:
+    """Skip this level's process ceiling when its stage point is more than 5% below the best so far.
+
+    The analysis reads a process ceiling only at the curve's best level and at
+    the smallest level within 5% of the best (the recommendation). Both are
+    within 5% of the best *so far* when measured, so both keep their ceiling;
+    the ceiling runs right after its stage point, on the same workers.
+    """
+    key = ("ceiling", harness, "process")
+    if stopped.get(key, "").startswith(_NOT_NEAR):
+        del stopped[key]
+    if row["status"] != "ok" or not row["qps"] > 0:
+        return
+    best = max(
+        (
+            r["qps"]
+            for r in rows
+            if r["role"] == "stage"
+            and r["executor"] == "process"
+            and r["harness"] == harness
+            and r["status"] == "ok"
+            and r["qps"] > 0
+        ),
+        default=0.0,
+    )
+    if row["qps"] < _NEAR_BEST * best and key not in stopped:
+        stopped[key] = (
+            f"{_NOT_NEAR} ({row['qps']:,.0f} items/s against {best:,.0f} at a lower level): "
+            "the analysis reads process ceilings only at the best level and the smallest within 5% "
+            "of it; process_ceilings='all' or STAGEBENCH_PROCESS_CEILINGS=all measures every level"
+        )
+
+
+_SHARE_MAX_BYTES = 1 << 20  # a stage that pickles larger carries state (a model): it gets workers of its own
+
+
+def _pools(stack: Any, fns: Sequence[Callable]) -> dict[int, WorkerPool]:
+    """Process pools for these stages' process points (see WorkerPool), by ``id(fn)``.
+
+    Stages that pickle small share one pool; one that pickles larger than
+    1 MiB carries state (weights, tables) that every worker of a shared pool
+    would hold, and that would count in the other stages' memory, so it gets
+    its own. Stages that cannot be pickled are left out: their points run
+    without a pool, so the first starts its own, records why and stops that
+    curve. The pools close with ``stack``.
+    """
+    import cloudpickle
+
+    small: list[tuple[Callable, bytes]] = []
+    out: dict[int, WorkerPool] = {}
+    for fn in {id(f): f for f in fns}.values():  # the same callable twice: one entry (by identity: may be unhashable)
+        try:
+            blob = cloudpickle.dumps(fn)  # pickled once, up front
+        except Exception:
+            continue
+        if len(blob) > _SHARE_MAX_BYTES:
+            out[id(fn)] = stack.enter_context(WorkerPool(fn, fn_bytes=[blob]))
+        else:
+            small.append((fn, blob))
+    if small:
+        shared = stack.enter_context(WorkerPool(*(f for f, _ in small), fn_bytes=[b for _, b in small]))
+        out.update((id(f), shared) for f, _ in small)
+    return out
+
+
+def _point(fn, noop, inputs, stage, role, harness, ex, c, cfg, ceiling_cfg, payload, pool, stopped, progress):
+    key = (role, harness, ex)
+    if key in stopped:
+        row = empty_row(stage, role, ex, harness, c)
+        row.update(status="skipped", reason=stopped[key], payload_bytes=payload, elapsed_s=0.0)
+        return row
+    if progress is not None:
+        progress.start(f"{stage} | {role} {harness}/{ex} c={c}")
+    row = measure_stage(
+        fn if role == "stage" else noop,
+        inputs,
+        executor=ex,
+        concurrency=c,
+        config=cfg.measure if role == "stage" else ceiling_cfg,
+        name=stage,
+        role=role,
+        harness=harness,
+        payload=payload,
+        pool=pool if ex == "process" else None,
+    )
+    if row["status"] in _STOP_STATUSES:
+        stopped[key] = f"not measured: {row['status']} at concurrency {c} ({row['reason']})"
+        if row["status"] == "skipped":
+            stopped[key] = row["reason"]
+    return row

@@ -1,0 +1,542 @@
+"""From the user's own loader objects to a loader factory, and the zero-code hook.
+
+Two ways in, one result (a :class:`DatasetLoaderFactory`: knobs -> a fresh loader):
+
+* given objects: a dataset (or a ``"module:factory"`` path) and DataLoader
+  arguments (:func:`make_loader_factory`);
+* caught objects: the first ``torch.utils.data.DataLoader`` or SPDL
+  ``PyTorchDataLoader`` that an unmodified script iterates
+  (:func:`install_dataloader_hook`, :func:`diagnose_first_loader`). The script's
+  dataset, sampler, collate_fn and worker_init_fn are reused as they are; the
+  loop body never runs.
+
+Every loader the factory builds wraps the resolved (batch) sampler in an
+:class:`~stagebench.loader._sweep.EpochControl` and the collate function in a
+:class:`~stagebench.loader._sweep.TaggedCollate`, so the measurement controls where
+epochs end and sees which worker made each batch, without touching the
+batches themselves.
+
+The hook patches ``__iter__`` rather than ``__init__`` because a script may
+build several loaders (train, val) and only iterating one commits to it; it is
+installed by a post-import hook, so a script that never imports torch never
+pays for importing it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from stagebench._import_hook import PostImportFinder
+from stagebench._spdl_private import PYTORCH_DATALOADER_MODULE, pytorch_get_items
+from stagebench.loader._sweep import BuiltLoader, EpochControl, LoaderSweepConfig, TaggedCollate, run_loader_sweep
+from stagebench.runs._knobs import LoaderKnobs
+
+__all__ = [
+    "DatasetLoaderFactory",
+    "make_loader_factory",
+    "resolve_dataset",
+    "import_user_module",
+    "factory_from_loader",
+    "install_dataloader_hook",
+    "diagnose_first_loader",
+]
+
+BACKENDS = ("torch", "spdl_pytorch")
+
+#: DataLoader arguments the factory accepts (besides the knobs).
+LOADER_ARGS = (
+    "batch_size",
+    "shuffle",
+    "sampler",
+    "batch_sampler",
+    "collate_fn",
+    "drop_last",
+    "generator",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "in_order",
+    "worker_init_concurrency",
+)
+KNOB_ARGS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
+
+
+def import_user_module(name: str) -> Any:
+    """``importlib.import_module``, also looking in the working directory.
+
+    ``python -m stagebench`` has the working directory on ``sys.path``; the
+    ``stagebench`` script does not, so ``stagebench sweep loader=custom
+    loader.dataset=mydata:make`` run next to ``mydata.py`` would not find it.
+    The directory is appended (installed packages keep precedence) and stays:
+    worker processes unpickle references to the module's objects by name.
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    return importlib.import_module(name)
+
+
+def resolve_dataset(spec: str) -> Any:
+    """``"module:attr"`` -> the dataset: attr itself, or attr() when it is a factory or a class."""
+    if not isinstance(spec, str) or ":" not in spec:
+        raise ValueError(f"dataset path must look like 'module:factory', got {spec!r}")
+    mod_name, _, attr = spec.partition(":")
+    try:
+        mod = import_user_module(mod_name)
+    except ImportError as e:
+        raise ValueError(f"dataset path {spec!r}: cannot import module {mod_name!r} ({e})") from None
+    obj: Any = mod
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"dataset path {spec!r}: module {mod_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "__getitem__")):
+        return obj()  # a dataset class or a factory function
+    if hasattr(obj, "__getitem__") or hasattr(obj, "__iter__"):
+        return obj
+    raise ValueError(f"dataset path {spec!r} names neither a dataset nor a callable that returns one")
+
+
+@dataclass(slots=True, kw_only=True)
+class DatasetLoaderFactory:
+    """Builds a fresh torch or SPDL loader per knob setting from the user's objects."""
+
+    dataset: Any
+    backend: str
+    index_sampler: Any  # what the loader iterates per batch (batch sampler) or per item
+    auto_collation: bool  # True: index_sampler yields lists of indices
+    collate_fn: Callable
+    batch_size: int  # samples per batch (nominal)
+    iterable: bool = False  # an IterableDataset: no sampler to control
+    drop_last: bool = False
+    worker_init_fn: Callable | None = None
+    generator: Any = None
+    multiprocessing_context: Any = None
+    in_order: bool = True
+    worker_init_concurrency: int | None = None
+    user_knobs: LoaderKnobs | None = None
+    name: str = "loader"
+    notes: tuple[str, ...] = ()
+
+    def __call__(self, knobs: LoaderKnobs) -> BuiltLoader:
+        control = None if self.iterable else EpochControl(self.index_sampler)
+        collate = TaggedCollate(self.collate_fn, self.auto_collation)
+        if self.backend == "spdl_pytorch":
+            return self._spdl(knobs, control, collate)
+        from torch.utils.data import DataLoader
+
+        kw: dict[str, Any] = dict(
+            num_workers=knobs.num_workers,
+            collate_fn=collate,
+            pin_memory=knobs.pin_memory,
+            worker_init_fn=self.worker_init_fn,
+            generator=self.generator,
+            multiprocessing_context=self.multiprocessing_context if knobs.num_workers > 0 else None,
+            persistent_workers=knobs.persistent_workers if knobs.num_workers > 0 else False,
+            prefetch_factor=knobs.prefetch_factor if knobs.num_workers > 0 else None,
+        )
+        if _accepts_in_order():
+            kw["in_order"] = self.in_order
+        if self.iterable:
+            kw.update(batch_size=self.batch_size if self.auto_collation else None, drop_last=self.drop_last)
+        elif self.auto_collation:
+            kw["batch_sampler"] = control
+        else:
+            kw.update(sampler=control, batch_size=None)
+        loader = DataLoader(self.dataset, **kw)
+        return BuiltLoader(loader=loader, control=control)
+
+    def _spdl(self, knobs: LoaderKnobs, control: EpochControl | None, collate: TaggedCollate) -> BuiltLoader:
+        from spdl.dataloader import get_pytorch_dataloader
+
+        if self.iterable:
+            raise ValueError("backend 'spdl_pytorch' does not support an IterableDataset; use backend 'torch'")
+        kw: dict[str, Any] = dict(
+            batch_size=None,
+            collate_fn=collate,
+            num_workers=max(1, knobs.num_workers),
+            pin_memory=knobs.pin_memory,
+            prefetch_factor=knobs.prefetch_factor or 2,
+            multiprocessing_context=self.multiprocessing_context,
+            in_order=self.in_order,
+            worker_init_concurrency=self.worker_init_concurrency,
+        )
+        if self.auto_collation:
+            kw["batch_sampler"] = control
+        else:
+            kw["sampler"] = control
+        loader = get_pytorch_dataloader(self.dataset, **kw)
+
+        def close() -> None:
+            # SPDL leaves the dataset's shared-memory copy to the resource tracker
+            # at exit; a sweep builds one per point, so release each now.
+            shm = getattr(loader, "_shmem", None)
+            if shm is not None:
+                try:
+                    shm.close()
+                    shm.unlink()
+                except (FileNotFoundError, OSError):
+                    pass
+
+        return BuiltLoader(loader=loader, control=control, close=close)
+
+    def describe(self) -> dict[str, Any]:
+        """What run.json records about the loader under test."""
+        try:
+            epoch_batches = len(self.index_sampler) if not self.iterable else None
+        except TypeError:
+            epoch_batches = None
+        d: dict[str, Any] = {
+            "name": self.name,
+            "backend": self.backend,
+            "batch_size": self.batch_size,
+            "dataset": f"{type(self.dataset).__module__}.{type(self.dataset).__qualname__}",
+            "dataset_len": _safe_len(self.dataset),
+            "epoch_batches": epoch_batches,
+            "sampler": type(self.index_sampler).__name__ if self.index_sampler is not None else None,
+            "collate_fn": getattr(self.collate_fn, "__qualname__", type(self.collate_fn).__name__),
+            "worker_init_fn": None
+            if self.worker_init_fn is None
+            else getattr(self.worker_init_fn, "__qualname__", type(self.worker_init_fn).__name__),
+            "multiprocessing_context": _ctx_name(self.multiprocessing_context),
+            "in_order": self.in_order,
+            "notes": list(self.notes),
+        }
+        if self.user_knobs is not None:
+            d["user_knobs"] = {
+                "num_workers": self.user_knobs.num_workers,
+                "prefetch_factor": self.user_knobs.prefetch_factor,
+                "persistent_workers": self.user_knobs.persistent_workers,
+                "pin_memory": self.user_knobs.pin_memory,
+            }
+        return d
+
+
+def _safe_len(x: Any) -> int | None:
+    try:
+        return len(x)
+    except Exception:
+        return None
+
+
+def _ctx_name(ctx: Any) -> str | None:
+    if ctx is None or isinstance(ctx, str):
+        return ctx
+    get = getattr(ctx, "get_start_method", None)
+    return get() if callable(get) else type(ctx).__name__
+
+
+_IN_ORDER: bool | None = None
+
+
+def _accepts_in_order() -> bool:
+    global _IN_ORDER
+    if _IN_ORDER is None:
+        import inspect
+
+        from torch.utils.data import DataLoader
+
+        _IN_ORDER = "in_order" in inspect.signature(DataLoader.__init__).parameters
+    return _IN_ORDER
+
+
+def make_loader_factory(dataset: Any, *, backend: str = "torch", **kwargs: Any) -> DatasetLoaderFactory:
+    """A loader factory for ``dataset`` with DataLoader arguments ``kwargs``.
+
+    Sampler, batching and collation are resolved once, the way torch's DataLoader
+    resolves them (a loader built with num_workers=0 starts nothing), so torch
+    and SPDL loaders get the same batches. Knob arguments (num_workers, ...) are
+    kept as the user's own setting. Unknown arguments raise a one-line error.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: unknown {backend!r}; allowed: {', '.join(BACKENDS)}")
+    unknown = sorted(set(kwargs) - set(LOADER_ARGS) - set(KNOB_ARGS))
+    if unknown:
+        raise ValueError(
+            f"unknown loader argument(s) {', '.join(unknown)}; allowed: {', '.join(LOADER_ARGS + KNOB_ARGS)}"
+        )
+    import torch.utils.data as tud
+
+    knob_kw = {k: kwargs.pop(k) for k in KNOB_ARGS if k in kwargs}
+    user_knobs = None
+    if knob_kw:
+        try:
+            user_knobs = LoaderKnobs(**knob_kw)
+        except ValueError as e:
+            raise ValueError(f"loader knobs: {e}") from None
+    extra = {
+        k: kwargs.pop(k)
+        for k in ("multiprocessing_context", "in_order", "worker_init_concurrency", "worker_init_fn")
+        if k in kwargs
+    }
+    try:
+        template = tud.DataLoader(dataset, num_workers=0, **kwargs)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"loader arguments: {e}") from None
+    notes: list[str] = []
+    if backend == "spdl_pytorch" and extra.get("worker_init_fn") is not None:
+        notes.append("worker_init_fn not applied: SPDL's loader does not support it")
+        extra["worker_init_fn"] = None
+    return _from_template(template, backend=backend, user_knobs=user_knobs, notes=notes, **extra)
+
+
+def _from_template(
+    template: Any, *, backend: str, user_knobs: LoaderKnobs | None, notes: list[str], **extra: Any
+) -> DatasetLoaderFactory:
+    import torch.utils.data as tud
+
+    ds = template.dataset
+    iterable = isinstance(ds, tud.IterableDataset)
+    auto = bool(template._auto_collation)
+    index_sampler = None if iterable else (template.batch_sampler if auto else template.sampler)
+    bs = template.batch_size
+    if bs is None:
+        bs = _probe_batch_size(index_sampler) if auto else 1
+    return DatasetLoaderFactory(
+        dataset=ds,
+        backend=backend,
+        index_sampler=index_sampler,
+        auto_collation=auto,
+        collate_fn=template.collate_fn,
+        batch_size=int(bs or 1),
+        iterable=iterable,
+        drop_last=bool(template.drop_last),
+        generator=template.generator,
+        worker_init_fn=extra.get("worker_init_fn", getattr(template, "worker_init_fn", None)),
+        multiprocessing_context=extra.get(
+            "multiprocessing_context", getattr(template, "multiprocessing_context", None)
+        ),
+        in_order=bool(extra.get("in_order", getattr(template, "in_order", True))),
+        worker_init_concurrency=extra.get("worker_init_concurrency"),
+        user_knobs=user_knobs,
+        name=type(ds).__name__,
+        notes=tuple(notes),
+    )
+
+
+def _probe_batch_size(batch_sampler: Any) -> int:
+    """Samples per batch of a user batch sampler (its first batch)."""
+    try:
+        return max(1, len(next(iter(batch_sampler))))
+    except Exception:
+        return 1
+
+
+def factory_from_loader(loader: Any) -> tuple[DatasetLoaderFactory, str]:
+    """A factory that rebuilds a caught loader with other knobs, and its backend name."""
+    from torch.utils.data import DataLoader
+
+    if isinstance(loader, DataLoader):
+        knobs = LoaderKnobs(
+            num_workers=int(loader.num_workers),
+            prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
+            persistent_workers=bool(loader.persistent_workers),
+            pin_memory=bool(loader.pin_memory),
+        )
+        return _from_template(loader, backend="torch", user_knobs=knobs, notes=[]), "torch"
+    from spdl.dataloader import PyTorchDataLoader
+
+    if isinstance(loader, PyTorchDataLoader):
+        nw = int(loader._num_workers)
+        knobs = LoaderKnobs(
+            num_workers=nw,
+            prefetch_factor=max(1, int(loader._buffer_size) // max(1, nw)),
+            pin_memory=loader._transfer_fn is not None,
+        )
+        auto = loader._fetch_fn is pytorch_get_items()
+        sampler = loader._sampler
+        bs = _probe_batch_size(sampler) if auto else 1
+        factory = DatasetLoaderFactory(
+            dataset=loader.dataset,
+            backend="spdl_pytorch",
+            index_sampler=sampler,
+            auto_collation=auto,
+            collate_fn=loader._collate_fn,
+            batch_size=bs,
+            multiprocessing_context=loader._mp_ctx,
+            in_order=loader._output_order == "input",
+            worker_init_concurrency=loader._worker_init_concurrency,
+            user_knobs=knobs,
+            name=type(loader.dataset).__name__,
+        )
+        return factory, "spdl_pytorch"
+    raise TypeError(f"not a torch DataLoader or SPDL PyTorchDataLoader: {type(loader).__name__}")
+
+
+# ------------------------------------------------------------------------- hook
+_TARGETS = {
+    "torch.utils.data.dataloader": "DataLoader",
+    PYTORCH_DATALOADER_MODULE: "PyTorchDataLoader",
+}
+
+
+class _Hook:
+    """Patched ``__iter__`` methods, the callback, and the post-import finder."""
+
+    def __init__(self, on_loader: Callable[[Any], None]) -> None:
+        self.on_loader = on_loader
+        self.patched: list[tuple[type, Any]] = []
+        self.captured = False
+        self.finder: PostImportFinder | None = None
+
+    def patch(self, module: Any) -> None:
+        cls = getattr(module, _TARGETS.get(module.__name__, ""), None)
+        if cls is None or any(c is cls for c, _ in self.patched):
+            return
+        original = cls.__dict__["__iter__"]
+        hook = self
+
+        def __iter__(loader):
+            if not hook.captured:
+                hook.captured = True
+                hook.uninstall()  # the sweep's own loaders must iterate normally
+                hook.on_loader(loader)
+            return original(loader)
+
+        __iter__.__wrapped__ = original  # type: ignore[attr-defined]
+        cls.__iter__ = __iter__
+        self.patched.append((cls, original))
+
+    def patch_unless_captured(self, module: Any) -> None:
+        if not self.captured:
+            self.patch(module)
+
+    def uninstall(self) -> None:
+        for cls, original in self.patched:
+            cls.__iter__ = original
+        self.patched.clear()
+        if self.finder is not None and self.finder in sys.meta_path:
+            sys.meta_path.remove(self.finder)
+        self.finder = None
+
+
+def install_dataloader_hook(on_loader: Callable[[Any], None]) -> Callable[[], None]:
+    """Call ``on_loader(loader)`` when the first torch/SPDL loader is iterated.
+
+    Only the first loader is caught; the patches are removed before the callback
+    runs. Returns a function that removes the hook if nothing was caught.
+    """
+    hook = _Hook(on_loader)
+    for name in _TARGETS:
+        if name in sys.modules:
+            hook.patch(sys.modules[name])
+    hook.finder = PostImportFinder(_TARGETS, hook.patch_unless_captured)
+    sys.meta_path.insert(0, hook.finder)
+    return hook.uninstall
+
+
+class _Caught:
+    """Whether diagnose_first_loader caught a loader in this process (run_script asks)."""
+
+    loader = False
+
+
+def loader_was_caught() -> bool:
+    return _Caught.loader
+
+
+def diagnose_first_loader(
+    out: Path | str | None = None,
+    *,
+    config: Any = None,
+    target_rate: float | None = None,
+    progress: Any = None,
+) -> Callable[[], None]:
+    """Install the hook; on capture, sweep the loader, print a table, and exit 0.
+
+    The loop body of the script never runs: ``SystemExit(0)`` is raised from the
+    ``for`` statement that iterates the loader. ``out``: the run directory
+    (default: ``$STAGEBENCH_OUTPUT_DIR`` or ``./reports``, a new ``loader-...`` folder).
+    Returns a function that removes the hook (an SPDL diagnosis that starts first
+    calls it: a pipeline whose source is a DataLoader is diagnosed as a pipeline).
+    """
+
+    def on_loader(loader: Any) -> None:
+        _Caught.loader = True
+        from dataclasses import replace
+
+        from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
+        from stagebench.report._terminal import format_loader_table
+        from stagebench.runs._results import default_run_dir
+
+        factory, backend = factory_from_loader(loader)
+        cfg = config or LoaderSweepConfig()
+        if factory.user_knobs is not None:
+            cfg = replace(cfg, extra_points=(*cfg.extra_points, factory.user_knobs))
+        run_dir = (
+            Path(out)
+            if out is not None
+            else default_run_dir("loader", base=os.environ.get("STAGEBENCH_OUTPUT_DIR", "reports"))
+        )
+        print(
+            f"[stagebench] caught {type(loader).__name__} over {factory.name} "
+            f"(batch size {factory.batch_size}); sweeping its knobs instead of running the loop",
+            file=sys.stderr,
+            flush=True,
+        )
+        summary = run_loader_sweep(
+            factory,
+            name=factory.name,
+            backend=backend,
+            batch_size=factory.batch_size,
+            run_dir=run_dir,
+            config=cfg,
+            target_rate=target_rate,
+            extra_meta={"loader": factory.describe()},
+            progress=progress,
+        )
+        print(format_loader_table(summary))
+        report = run_dir / "report.html"
+        print(f"report: {report if report.exists() else run_dir}")
+        raise SystemExit(0)
+
+    return install_dataloader_hook(on_loader)
+
+
+def sweep_dataset(
+    dataset: Any,
+    *,
+    backend: str = "torch",
+    name: str | None = None,
+    run_dir: Path | str | None = None,
+    config: LoaderSweepConfig | None = None,
+    target_rate: float | None = None,
+    progress: Any = None,
+    **loader_kwargs: Any,
+) -> dict[str, Any]:
+    """Sweep a dataset given directly: an object, or a ``"module:factory"`` path.
+
+    ``loader_kwargs`` are DataLoader arguments (batch_size, shuffle, sampler,
+    batch_sampler, collate_fn, drop_last, generator, worker_init_fn, ...). Knob
+    arguments given here (num_workers, prefetch_factor, ...) are the user's own
+    setting: it is measured too, after the search, so the report compares it.
+    """
+    from stagebench.loader._intercept import make_loader_factory, resolve_dataset
+    from stagebench.runs._results import default_run_dir
+
+    ds = resolve_dataset(dataset) if isinstance(dataset, str) else dataset
+    factory = make_loader_factory(ds, backend=backend, **loader_kwargs)
+    cfg = config or LoaderSweepConfig()
+    if factory.user_knobs is not None:
+        cfg = replace(cfg, extra_points=(*cfg.extra_points, factory.user_knobs))
+    out = (
+        Path(run_dir)
+        if run_dir is not None
+        else default_run_dir("loader", base=os.environ.get("STAGEBENCH_OUTPUT_DIR", "reports"))
+    )
+    return run_loader_sweep(
+        factory,
+        name=name or factory.name,
+        backend=backend,
+        batch_size=factory.batch_size,
+        run_dir=out,
+        config=cfg,
+        target_rate=target_rate,
+        extra_meta={"loader": factory.describe()},
+        progress=progress,
+    )

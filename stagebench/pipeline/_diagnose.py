@@ -1,0 +1,980 @@
+"""Diagnostic mode: an unmodified training script, diagnosed instead of trained.
+
+``SPDL_PIPELINE_DIAGNOSTIC_MODE=1 python train.py`` (or ``stagebench diagnose
+train.py ARGS``): SPDL's ``build_pipeline`` hands the pipeline config to
+``spdl.pipeline._profile._build_pipeline_diagnostic_mode``; :func:`patch_spdl`
+replaces that function so the user gets a stand-in pipeline. Its first
+iteration runs :func:`diagnose_pipeline` and exits: the training loop body
+never runs.
+
+The diagnosis, in order (each step for a reason):
+
+1. Validate settings, split the pipeline into stages (:mod:`._isolate`) and
+   create the run directory *before any work*: a typo in an environment
+   variable or an unwritable folder must not cost the user a source read.
+2. Write ``run.json`` first, so a run killed halfway is still identifiable.
+3. Read the source once; run each stage once over the previous stage's
+   outputs (cached on disk by :mod:`._stage_cache`), then sweep it alone:
+   thread / process (async: the event loop) x the concurrency grid, through
+   stagebench's workers and through a one-stage SPDL pipeline, each with its
+   no-op ceiling (thread/async ceilings once per run, shared by the stages;
+   process ceilings with the stage's own items, shared only by stages whose
+   items pickle to at most 16 KiB).
+   Rows are on disk the moment they are measured.
+   With two or more stages, also measure SPDL no-op pipelines of one and three
+   identity stages (thread x 4) into ``run.json["pipeline_overhead"]``
+   (``one_stage``/``three_stage``: ``status``, ``qps``, ``cpu_s_per_item``,
+   ...): the one-stage ceiling includes the source, sink and consumer, which
+   a k-stage pipeline pays once; the prediction charges that fixed part once
+   and only the per-stage increment per stage. Not rows of ``results.csv``:
+   they belong to no stage.
+4. Run the whole pipeline once with the recommended settings over the cached
+   source items (the validation run): isolated curves predict, this checks.
+5. Summarize, write the report, print a short table, exit 0.
+
+Worker processes inherit the environment. The variable is set to ``0`` as
+soon as a diagnosis starts, so no worker (and none of the one-stage SPDL
+pipelines built while sweeping) ever starts a diagnosis of its own.
+
+This module is imported while ``spdl`` is being imported (from the
+post-import hook), so its top level imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from stagebench._numbers import finite, num
+from stagebench.pipeline._settings import SAMPLE_OUTPUTS, DiagnoseSettings, SettingsError
+from stagebench.pipeline._state import MODE_VAR, State, Terminated, on_sigterm
+from stagebench.runs._schema import RESULTS_SCHEMA_VERSION, SUMMARY_SCHEMA_VERSION
+
+__all__ = [
+    "DiagnoseError",
+    "diagnose_pipeline",
+    "run_validation",
+]
+
+
+class DiagnoseError(Exception):
+    """The diagnosis could not run; ``code`` is the exit status to use."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+# ---------------------------------------------------------------------------- SPDL hook
+
+
+# ---------------------------------------------------------------------------- the diagnosis
+def _unwritable(path: Path, var: str) -> str | None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".stagebench-write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        return f"cannot write the {var} folder {str(path)!r}: {e.strerror or e}"
+    return None
+
+
+#: Source items held above this are said before the sweeps start: the diagnosis keeps them (and
+#: each stage's outputs) in memory throughout, and a user should learn it before, not from the OOM killer.
+_SOURCE_WARN_BYTES = 2 * 2**30
+
+
+def _held_bytes(items: list) -> int:
+    """What the source items hold, from a sample of them (sizing all of a large set costs as much as reading it)."""
+    from stagebench.pipeline._stage_cache import approx_nbytes
+
+    if not items:
+        return 0
+    step = max(1, len(items) // 20)
+    sample = items[::step]
+    return int(sum(approx_nbytes(x) for x in sample) / len(sample) * len(items))
+
+
+def _sweep_config(stage: Any, settings: DiagnoseSettings):
+    from stagebench.core._config import MeasureConfig, SweepConfig
+
+    measure = MeasureConfig(budget_s=settings.budget_s, warmup_s=settings.warmup_s, timeout_s=settings.timeout_s)
+    if stage.type in ("aggregate", "disaggregate"):
+        # SPDL runs these inline on its event loop: no executor, no concurrency to choose.
+        return SweepConfig(executors=("thread",), concurrency=(1,), harnesses=settings.harnesses, measure=measure)
+    return SweepConfig(
+        executors=settings.executors,
+        concurrency=settings.concurrency,
+        harnesses=settings.harnesses,
+        measure=measure,
+        process_flat_levels=settings.process_flat_levels,
+        process_ceilings=settings.process_ceilings,
+        paired_rounds=settings.paired_rounds,
+    )
+
+
+_COMPUTES = 0.15  # share of its call a stage computes, from which its GIL share is worth reading directly
+
+
+def _computes(rows: list[dict[str, Any]]) -> bool:
+    """Whether a sync stage's thread points show it computing at least 15% of its call.
+
+    The spdl harness times the calling thread's CPU during the call
+    (``call_cpu_ms``); the direct harness adds almost nothing to the stage's
+    own cores used at the lowest level.
+    """
+    pts = [r for r in rows if r["role"] == "stage" and r["executor"] == "thread" and r["status"] == "ok"]
+    if not pts:
+        return False
+    c0 = min(r["concurrency"] for r in pts)
+    for r in pts:
+        if r["concurrency"] != c0:
+            continue
+        cpu, p50, used = (num(r.get(k)) for k in ("call_cpu_ms", "latency_p50_ms", "cores_used"))
+        if r["harness"] == "spdl" and finite(cpu) and finite(p50) and p50 > 0:
+            share = cpu / p50
+        elif r["harness"] == "direct" and finite(used):
+            share = used / c0
+        else:
+            continue
+        if share >= _COMPUTES:
+            return True
+    return False
+
+
+def _skipped_rows(
+    stage: Any, settings: DiagnoseSettings, reason: str, *, executor: str | None = None, ceilings: bool = False
+) -> list[dict[str, Any]]:
+    """Rows for points not measured: the stage's (and with ``ceilings``, its ceiling's), of ``executor`` or all."""
+    from stagebench.core._measure import empty_row
+    from stagebench.core._sweep import plan_points
+
+    rows = []
+    for role, harness, ex, c in plan_points(stage.fn, _sweep_config(stage, settings)):
+        if (role != "stage" and not ceilings) or (executor is not None and ex != executor):
+            continue
+        row = empty_row(stage.name, role, ex, harness, c)
+        row.update(status="skipped", reason=reason, elapsed_s=0.0)
+        rows.append(row)
+    return rows
+
+
+def diagnose_pipeline(
+    cfg: Any,
+    *,
+    out: str | os.PathLike | None = None,
+    settings: DiagnoseSettings | None = None,
+    command: list[str] | None = None,
+    show_table: bool = True,
+    report: bool = True,
+) -> dict[str, Any]:
+    """Diagnose an SPDL ``PipelineConfig``: sweep each stage alone, validate, report.
+
+    ``report=False`` skips ``report.html`` (``stagebench report RUN_DIR`` writes it
+    later). Returns the summary (``summary.json``). Raises :class:`DiagnoseError` when
+    the diagnosis cannot run (its ``code``: 2 for a bad setting or pipeline, 1
+    for a source that fails) and ``KeyboardInterrupt`` after saving the rows.
+    """
+    from stagebench.pipeline._isolate import PlanError, plan_pipeline
+    from stagebench.runs._results import RunDir, RunDirInUseError, UnwritableOutputError, default_run_dir
+
+    try:
+        settings = settings or DiagnoseSettings.from_env()
+    except SettingsError as e:
+        raise DiagnoseError(str(e), 2) from None
+    try:
+        plan = plan_pipeline(cfg)
+    except PlanError as e:
+        raise DiagnoseError(str(e), 2) from None
+    run_path = (
+        Path(out)
+        if out is not None
+        else Path(settings.output_dir)
+        if settings.output_dir
+        else default_run_dir("diagnose")
+    )
+    try:
+        run = RunDir.create(run_path, fresh=True)
+    except (UnwritableOutputError, RunDirInUseError) as e:
+        where = " (STAGEBENCH_OUTPUT_DIR)" if out is None and settings.output_dir else ""
+        raise DiagnoseError(f"{e}{where}", 2) from None
+    cache_dir: Path | None
+    if (settings.cache_dir or "").lower() in ("off", "none", "0", "false", "no"):
+        cache_dir = None
+    else:
+        from stagebench.pipeline._stage_cache import CacheDirError, default_cache_dir, private_dir
+
+        cache_dir = Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()
+        try:
+            private_dir(cache_dir)
+        except CacheDirError as e:
+            raise DiagnoseError(f"{e} (STAGEBENCH_CACHE_DIR)" if settings.cache_dir else str(e), 2) from None
+        problem = _unwritable(cache_dir, "STAGEBENCH_CACHE_DIR")
+        if problem:
+            raise DiagnoseError(problem, 2)
+    State.run_dir = run.path
+    original = State.original_mode if State.started else os.environ.get(MODE_VAR)
+    # Pool workers inherit the environment, and the one-stage SPDL pipelines built
+    # while sweeping go through build_pipeline: neither may start a diagnosis.
+    saved = os.environ.get(MODE_VAR)
+    os.environ[MODE_VAR] = "0"
+    try:
+        with on_sigterm():
+            return _Diagnosis(
+                plan,
+                run,
+                settings,
+                cache_dir,
+                command or list(sys.argv),
+                show_table,
+                mode_value=original,
+                write_report=report,
+            ).run()
+    finally:
+        if saved is None:
+            os.environ.pop(MODE_VAR, None)
+        else:
+            os.environ[MODE_VAR] = saved
+
+
+class _Diagnosis:
+    """One diagnosis run: holds the run directory, the metadata and the progress display."""
+
+    def __init__(
+        self,
+        plan: Any,
+        run: Any,
+        settings: DiagnoseSettings,
+        cache_dir: Path | None,
+        command: list[str],
+        show_table: bool,
+        mode_value: str | None = None,
+        write_report: bool = True,
+    ) -> None:
+        from stagebench.core._progress import Progress
+        from stagebench.runs._provenance import collect_provenance
+
+        self.plan, self.run_dir, self.settings, self.cache_dir = plan, run, settings, cache_dir
+        self.show_table, self.write_report = show_table, write_report
+        self.blocked: str | None = None  # why later stages could not be measured
+        self.items_per_sink_item: float | None = None
+        self.progress = Progress(desc="stagebench")
+        # thread/async no-op ceilings do not depend on the stage: measured once per run
+        self.shared_ceilings: dict[tuple[str, str, int], dict[str, Any]] = {}
+        self.process_sweeps: list[Any] = []  # stages whose process points wait for the level-by-level pass
+        self.analysis_cache: dict = {}  # each stage analysed once, before and after the whole-pipeline runs
+        # the core's speed after every point (see _speed): the stage curves were measured at these
+        self.sweep_speeds: list[float] = []
+        # per stage, the probes after its thread / async points: what its stand-in's CPU amounts were read at
+        self.stage_speeds: dict[str, list[float]] = {}
+        self.meta: dict[str, Any] = {
+            "schema_version": RESULTS_SCHEMA_VERSION,
+            "kind": "pipeline",
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": command,
+            "status": "running",
+            "provenance": collect_provenance(),
+            "settings": {**settings.as_meta(), "cache_dir": str(cache_dir) if cache_dir else None},
+            "stages": [s.as_meta() for s in plan.stages],
+            "not_isolated": list(plan.not_isolated),
+            "validation": None,
+        }
+        env = self.meta["provenance"].setdefault("env", {})
+        if mode_value is None:
+            env.pop(MODE_VAR, None)
+        else:
+            env[MODE_VAR] = mode_value  # what the user set, not the 0 we set for workers
+        self.run_dir.write_meta(self.meta)
+
+    def say(self, text: str) -> None:
+        self.progress.message(text)
+
+    def _stage_meta(self, name: str) -> dict[str, Any]:
+        return next(s for s in self.meta["stages"] if s["name"] == name)
+
+    # ------------------------------------------------------------------ main
+    def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        except KeyboardInterrupt as e:
+            self.meta["status"] = "terminated" if isinstance(e, Terminated) else "interrupted"
+            self.run_dir.write_meta(self.meta)
+            raise
+        except DiagnoseError as e:
+            self.meta.update(status="failed", error=str(e))
+            self.run_dir.write_meta(self.meta)
+            raise
+        finally:
+            self.progress.close()
+
+    def _run(self) -> dict[str, Any]:
+        from stagebench.core._sweep import plan_points
+        from stagebench.pipeline._isolate import SourceError, read_source
+        from stagebench.runs._provenance import collect_provenance
+
+        plan, settings = self.plan, self.settings
+        names = ", ".join(repr(s.name) for s in plan.stages)
+        self.say(f"diagnosing {len(plan.stages)} stage(s) of the pipeline: {names}")
+        self.say(f"run directory: {self.run_dir.path}")
+        for ni in plan.not_isolated:
+            self.say(f"not isolated: {ni['name']!r}: {ni['reason']}")
+        total = sum(len(plan_points(s.fn, _sweep_config(s, settings))) for s in plan.stages)
+        self.progress.set_total(total)
+        self.say(
+            f"{total} points, {settings.budget_s:g} s each (+ warm-up); grid {list(settings.concurrency)}, "
+            f"executors {', '.join(settings.executors)}, harnesses {', '.join(settings.harnesses)}"
+        )
+        try:
+            src = read_source(plan, settings.num_items, timeout_s=max(60.0, settings.timeout_s))
+        except SourceError as e:
+            raise DiagnoseError(str(e), 1) from None
+        self.say(f"read {len(src.items)} source items in {src.seconds:.1f} s")
+        if src.note:
+            self.say(src.note)
+        held = _held_bytes(src.items)
+        if held > _SOURCE_WARN_BYTES:
+            self.say(
+                f"warning: the {len(src.items)} source items hold {held / 2**30:.1f} GiB in memory for the whole "
+                f"diagnosis (and each stage's outputs as much again); fewer items: "
+                f"SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS"
+            )
+        self.meta["source"] = {"items": len(src.items), "asked": src.asked, "note": src.note, "bytes": held}
+        self.run_dir.write_meta(self.meta)
+        # Heavy imports the first point would otherwise pay for while tearing down.
+        from stagebench.core._stats import mean_interval
+
+        mean_interval([1.0, 2.0], 0.95)
+        # what one page fault costs here (a direct mapping: malloc's state is left as it is)
+        import mmap
+
+        from stagebench.core._resources import page_fault_cost_s
+
+        self.meta["page_fault"] = {"cost_s": page_fault_cost_s(), "page_bytes": mmap.PAGESIZE}
+
+        self._sweep_all(src.items)
+        self.meta["cpu_speed"] = {"sweep_ns": self.sweep_speeds}
+        if "spdl" in settings.harnesses and len(plan.stages) > 1:
+            self.meta["pipeline_overhead"] = self._pipeline_overhead(src.items)
+            self.run_dir.write_meta(self.meta)
+        rows = self._rows()
+        summary = self._summarize(rows)
+        if self.blocked:
+            self.meta["validation"] = {
+                "qps": None,
+                "error": f"skipped: {self.blocked}",
+                "failed": f"the pipeline delivers nothing: {self.blocked}",
+            }
+        elif settings.validation_window_s > 0:
+            replay, validation = self._replay_and_validate(src.items, summary)
+            self.meta["replay"] = replay
+            if validation is not None:
+                failed = _delivered_nothing(validation)
+                if failed:
+                    validation["failed"] = failed
+                self.meta["validation"] = validation
+        self.meta["provenance_after"] = collect_provenance()
+        self.meta["status"] = "complete"
+        self.run_dir.write_meta(self.meta)
+        summary = self._summarize(rows)
+        self.run_dir.write_summary(summary)
+        report = self._report(summary) if self.write_report else None
+        if self.show_table:
+            from stagebench.report._terminal import format_table
+
+            print(format_table(summary, report), end="", flush=True)
+        self.say(f"done; report: {report}" if report else f"done; results in {self.run_dir.path}")
+        return summary
+
+    def _rows(self):
+        from stagebench.runs._results import read_rows
+
+        return read_rows(self.run_dir.results_csv)
+
+    # ------------------------------------------------------------------ stages
+    def _sweep_all(self, source_items: list) -> None:
+        from stagebench.pipeline._isolate import Passthrough, compute_outputs, measure_inputs, run_passthrough
+        from stagebench.pipeline._stage_cache import StageCache, callable_key, chain_key, items_key
+        from stagebench.runs._schema import STAGE_COLUMNS
+
+        settings = self.settings
+        cache = StageCache(self.cache_dir, max_disk_mb=10 * settings.cache_max_mb)
+        max_bytes = settings.cache_max_mb * 2**20
+        n_source = len(source_items)
+        inputs, (in_key, unhashable) = source_items, items_key(source_items)
+        src_problem = self._announce_source(source_items, unhashable)
+        came_from: str | None = None  # the step whose outputs are the current inputs (None: the source)
+        src_fraction = 1.0  # share of the source items the current inputs derive from
+        blocked: str | None = None
+        with self.run_dir.writer(STAGE_COLUMNS) as writer:
+            for step in self.plan.steps:
+                if isinstance(step, Passthrough):
+                    if blocked:
+                        continue
+                    try:
+                        inputs, pmeta = run_passthrough(step, inputs, timeout_s=max(60.0, settings.timeout_s))
+                    except KeyboardInterrupt:
+                        raise
+                    except Exception as e:
+                        blocked = (
+                            f"not measured: {', '.join(step.names)} (run as a whole) failed: {type(e).__name__}: {e}"
+                        )
+                        self.say(blocked)
+                        continue
+                    # keyed by content: SPDL may emit them in any order, and the segment
+                    # itself cannot be fingerprinted (it may hold executors)
+                    in_key = items_key(inputs)[0]
+                    came_from = ", ".join(repr(n) for n in step.names)
+                    self.say(f"ran {came_from} as a whole: {len(inputs)} outputs")
+                    if not inputs:
+                        blocked = f"not measured: {', '.join(step.names)} produced no outputs"
+                    continue
+                smeta = self._stage_meta(step.name)
+                if blocked:
+                    smeta.update(status="not_measured", reason=blocked)
+                    self.meta["not_isolated"].append({"name": step.name, "reason": blocked})
+                    for row in _skipped_rows(step, settings, blocked):
+                        writer.write(row)
+                        self.progress.done(row)
+                    self.run_dir.write_meta(self.meta)
+                    continue
+                fn_key, unstable = callable_key(step.key_source)
+                key = chain_key(step.type, step.drop_last, fn_key, max_bytes, in_key)
+                started = time.perf_counter()
+                cached = cache.get_or_compute(
+                    key,
+                    functools.partial(compute_outputs, step, inputs, max_bytes=max_bytes, stall_s=settings.timeout_s),
+                )
+                ometa = cached.meta or {}
+                self.plan.sample_outputs[step.name] = list(cached.items[:SAMPLE_OUTPUTS])  # for its stand-in
+                self._report_outputs(step, inputs, cached, ometa, unstable, time.perf_counter() - started)
+                minputs = measure_inputs(step, inputs, ometa)
+                # Source items one call of this stage stands for (after a batch: the batch size); the
+                # analysis turns per-call figures into per-source-item ones with it. From what the stage
+                # really received and grouped, never from how many inputs it was measured on: the outputs
+                # cap can stop a stage part-way, and its calls do not stand for more items because of that.
+                per_input = n_source * src_fraction / len(inputs) if inputs else 0.0
+                per_call = sum(len(g) for g in minputs) / len(minputs) if step.type == "aggregate" and minputs else 1
+                cut = (
+                    f"measured on the first {len(minputs)} of its {len(inputs)} inputs: their outputs reached "
+                    f"STAGEBENCH_CACHE_MAX_MB ({settings.cache_max_mb:g} MB)"
+                    if ometa.get("capped") and step.type != "aggregate"
+                    else None
+                )
+                if cut:
+                    self.say(f"{step.name!r}: {cut}")
+                smeta.update(
+                    status="measured",
+                    n_inputs=len(minputs),
+                    n_outputs=len(cached.items),
+                    items_per_input=per_input * per_call if minputs else None,
+                    inputs_cut=cut,
+                    cache="hit" if cached.hit else ("off" if self.cache_dir is None else "computed"),
+                    caching_errors=ometa.get("n_errors", 0),
+                    caching_error_example=ometa.get("error_example", ""),
+                    outputs_mb=round(ometa.get("bytes", 0) / 2**20, 3),
+                )
+                self.run_dir.write_meta(self.meta)
+                if minputs:
+                    self._sweep_stage(step, minputs, writer, came_from, src_problem)
+                else:
+                    reason = "no inputs to measure it on" + (
+                        " (the aggregator emitted nothing)" if step.type == "aggregate" else ""
+                    )
+                    smeta.update(status="not_measured", reason=reason)
+                    for row in _skipped_rows(step, settings, reason):
+                        writer.write(row)
+                        self.progress.done(row)
+                if ometa.get("capped") and ometa.get("n_inputs"):
+                    src_fraction *= ometa.get("n_run", 0) / ometa["n_inputs"]
+                if not cached.items:
+                    if ometa.get("n_errors"):
+                        why = f"every item raised ({ometa.get('error_example', '')})"
+                    elif ometa.get("stalled"):
+                        why = f"no item finished within {settings.timeout_s:g} s"
+                    else:
+                        why = "every output was None (dropped)"
+                    blocked = f"not measured: the earlier stage {step.name!r} produced no outputs: {why}"
+                inputs, in_key, came_from = cached.items, key, repr(step.name)
+            if self.process_sweeps:
+                from stagebench.core._sweep import sweep_process_points
+
+                sweep_process_points(self.process_sweeps)
+                self.process_sweeps.clear()  # their inputs can go
+        self.blocked = blocked
+        # what one item at the sink stands for, in source items (batches: the batch size)
+        self.items_per_sink_item = (n_source * src_fraction / len(inputs)) if inputs else None
+        self.meta["items_per_sink_item"] = self.items_per_sink_item
+
+    def _announce_source(self, source_items: list, unhashable: str | None) -> str | None:
+        """Say once, before any stage runs, what source items that cannot be pickled rule out.
+
+        Returns why a process pool cannot take them (None when it can, or when
+        no process points are planned).
+        """
+        from stagebench.core._pickling import pickle_problem
+
+        problem = pickle_problem(source_items, cloud=True) if "process" in self.settings.executors else None
+        uncached = "; stage outputs are not cached between runs" if unhashable and self.cache_dir else ""
+        if problem:
+            self.say(
+                f"source items cannot be pickled ({problem}): process executors are skipped for stages "
+                f"that receive them; {self._the_others()}{uncached}"
+            )
+        elif uncached:
+            self.say(f"{unhashable}{uncached}")
+        return problem
+
+    def _probe_speed(self, row: dict[str, Any]) -> None:
+        from stagebench.core._speed import cpu_speed_ns
+
+        if row.get("elapsed_s"):  # measured, not a skipped or shared row
+            self.sweep_speeds.append(round(cpu_speed_ns(), 2))
+            if row.get("role") == "stage" and row.get("executor") in ("thread", "async"):
+                self.stage_speeds.setdefault(row["stage"], []).append(self.sweep_speeds[-1])
+
+    def _sweep_stage(
+        self, step: Any, inputs: list, writer: Any, came_from: str | None, src_problem: str | None
+    ) -> None:
+        """Sweep one stage; process points are skipped with one reason when its inputs cannot be pickled.
+
+        Only the first input is checked per point when measuring, so inputs
+        that pickle only in part would otherwise start a pool, fail, and be
+        recorded as failures of the stage.
+        """
+        from dataclasses import replace
+
+        from stagebench.core._pickling import pickle_problem
+        from stagebench.core._spdl_harness import deferred_teardown
+        from stagebench.core._sweep import StageSweep, plan_points
+
+        cfg = _sweep_config(step, self.settings)
+        planned = {ex for _, _, ex, _ in plan_points(step.fn, cfg)}
+        problem = pickle_problem(inputs, cloud=True) if "process" in planned else None
+
+        def sweep(config: Any) -> None:
+            # threads and the event loop now; process points later, every stage's
+            # level by level on one pool (_sweep.sweep_process_points, after the last stage)
+            s = StageSweep(
+                step.fn,
+                inputs,
+                name=step.name,
+                config=config,
+                writer=writer,
+                progress=self.progress,
+                shared_ceilings=self.shared_ceilings,
+                on_row=self._probe_speed,
+            )
+            with deferred_teardown():
+                s.run([p for p in s.points if p[2] != "process"], None)
+            self._probe_gil(step, inputs, s.rows)
+            if s.process_pending():
+                self.process_sweeps.append(s)
+            else:  # ruled out by its thread curve: the skipped rows now, and its inputs need not be kept
+                s.run(s.remaining("process"), None)
+
+        if not problem:
+            sweep(cfg)
+            return
+        if came_from is not None or not src_problem:  # the source's own message covered the first stage
+            self.say(
+                f"{step.name!r}: its inputs (the outputs of {came_from or 'the source'}) cannot be pickled "
+                f"({problem}): process executors are skipped for it; {self._the_others('it is')}"
+            )
+        kept = tuple(ex for ex in cfg.executors if ex != "process")
+        if kept:
+            sweep(replace(cfg, executors=kept))
+        else:
+            self._stage_meta(step.name).update(
+                status="not_measured",
+                reason=f"inputs cannot be pickled ({problem}) and STAGEBENCH_EXECUTORS allows only process",
+            )
+        for row in _skipped_rows(
+            step,
+            self.settings,
+            f"inputs cannot be pickled for a process pool: {problem}",
+            executor="process",
+            ceilings=True,
+        ):
+            writer.write(row)
+            self.progress.done(row)
+
+    def _probe_gil(self, step: Any, inputs: list, rows: list[dict[str, Any]]) -> None:
+        """Read the stage's GIL share directly (stagebench.pipeline._gilprobe) when it computes enough for it to matter.
+
+        After its thread points, with SPDL's tear-downs finished: the probe
+        sets the switch interval and reads CPU clocks, so nothing else may run.
+        A stage that computes less than 15% of its call (waits) holds the GIL
+        at most that share, which the curves bound well; the probe (~0.5 s)
+        is for the others.
+        """
+        if self.settings.gil_probe == "off" or not _computes(rows):
+            return
+        from stagebench.pipeline._gilprobe import probe_gil
+
+        reading = probe_gil(step.fn, inputs[:32], timeout_s=self.settings.timeout_s)
+        self._stage_meta(step.name)["gil_probe"] = reading
+        if "error" in reading:
+            self.say(f"{step.name!r}: no GIL probe: {reading['error']}")
+        self.run_dir.write_meta(self.meta)
+
+    def _the_others(self, what: str = "they are") -> str:
+        """What becomes of the points that are not process points."""
+        if any(ex != "process" for ex in self.settings.executors):
+            return "thread/async points are measured"
+        return f"STAGEBENCH_EXECUTORS allows only process, so {what} not measured"
+
+    def _pipeline_overhead(self, source_items: list) -> dict[str, Any]:
+        """SPDL's no-op cost with one and with three pipes (thread x 4, same window and statistics).
+
+        A one-stage ceiling includes the source, the sink and the consumer
+        thread, which a k-stage pipeline pays once; half the difference between
+        the two no-op pipelines is what each further stage adds (two stages
+        apart, not one: the increment is small next to the noise of one point). The prediction
+        charges the first once and the second per stage.
+        """
+        from stagebench.core._config import MeasureConfig
+        from stagebench.core._measure import identity, measure_stage
+        from stagebench.core._spdl_harness import deferred_teardown
+
+        s = self.settings
+        cfg = MeasureConfig(budget_s=s.budget_s, warmup_s=s.warmup_s, timeout_s=s.timeout_s)
+        # 4 threads, SPDL's smallest default pool (what a rebuilt pipeline gets): with one
+        # thread every hop queues behind the previous one and a stage costs about as
+        # much as the whole one-stage pipeline (275 us of 345 measured), which is not
+        # what a pipeline running stages at concurrency 4-16 pays
+        c = 4
+        out: dict[str, Any] = {"harness": "spdl", "executor": "thread", "concurrency": c}
+        with deferred_teardown():
+            for key, extra in (("one_stage", 0), ("three_stage", 2)):
+                row = measure_stage(
+                    identity,
+                    source_items,
+                    executor="thread",
+                    concurrency=c,
+                    config=cfg,
+                    name="(pipeline)",
+                    role="ceiling",
+                    harness="spdl",
+                    spdl_extra_pipes=extra,
+                )
+                out[key] = {
+                    k: (v if not isinstance(v, float) or finite(v) else None)
+                    for k in ("status", "qps", "cpu_s_per_item", "qps_low", "qps_high", "reason")
+                    for v in [row.get(k)]
+                }
+        self.say(
+            "SPDL no-op pipeline: "
+            + ", ".join(
+                f"{k.replace('_', ' ')} {out[k]['qps']:,.0f} items/s"
+                for k in ("one_stage", "three_stage")
+                if finite(out[k]["qps"])
+            )
+        )
+        return out
+
+    def _report_outputs(
+        self, step: Any, inputs: list, cached: Any, ometa: dict, unstable: str | None, seconds: float
+    ) -> None:
+        n_out, mb = len(cached.items), ometa.get("bytes", 0) / 2**20
+        if cached.hit:
+            self.say(f"{step.name!r}: {n_out} outputs ({mb:.1f} MB) loaded from the cache {self.cache_dir}")
+        else:
+            self.say(
+                f"{step.name!r}: ran once over {len(inputs)} inputs in {seconds:.1f} s -> {n_out} outputs ({mb:.1f} MB)"
+            )
+        if unstable:
+            self.say(f"{step.name!r}: outputs not cached between runs: {unstable}")
+        if cached.note:
+            self.say(f"{step.name!r}: {cached.note}")
+        if ometa.get("n_errors"):
+            rest = "later stages use the outputs of the others" if n_out else "later stages cannot be measured"
+            self.say(
+                f"{step.name!r}: {ometa['n_errors']} of {ometa.get('n_run', len(inputs))} inputs raised "
+                f"({ometa.get('error_example', '')}); {rest}"
+            )
+        if ometa.get("capped"):
+            self.say(
+                f"{step.name!r}: outputs reached the cache cap STAGEBENCH_CACHE_MAX_MB={self.settings.cache_max_mb:g}: "
+                f"kept {n_out} outputs from the first {ometa.get('n_run')} of {len(inputs)} inputs; "
+                "the rest were dropped (raise the cap to keep more)"
+            )
+        if ometa.get("stalled"):
+            self.say(
+                f"{step.name!r}: no item finished within {self.settings.timeout_s:g} s; "
+                f"kept the {n_out} outputs computed before that"
+            )
+
+    # ------------------------------------------------------------------ summary & report
+    def _summarize(self, rows: Any) -> dict[str, Any]:
+        try:
+            from stagebench.analysis._pipeline import summarize
+        except ImportError:
+            return _fallback_summary(rows, self.meta, "analysis engine unavailable")
+        try:
+            return summarize(rows, self.meta, stage_cache=self.analysis_cache)
+        except Exception as e:
+            self._log_error("analysis", e)
+            self.say(
+                f"the analysis failed ({type(e).__name__}: {e}); wrote a minimal summary instead "
+                f"(details in {self.run_dir.path / 'error.log'}; rebuild with `stagebench report`)"
+            )
+            return _fallback_summary(rows, self.meta, f"the analysis failed: {type(e).__name__}: {e}")
+
+    def _report(self, summary: dict[str, Any]) -> Path:
+        try:
+            from stagebench.report._render import write_report
+        except ImportError:
+            return _fallback_report(self.run_dir.path, summary)
+        try:
+            return Path(write_report(self.run_dir.path))
+        except Exception as e:
+            self._log_error("report", e)
+            self.say(f"the report failed ({type(e).__name__}: {e}); wrote a minimal one instead")
+            return _fallback_report(self.run_dir.path, summary)
+
+    def _log_error(self, what: str, exc: BaseException) -> None:
+        with open(self.run_dir.path / "error.log", "a", encoding="utf-8") as f:
+            f.write(f"--- {what} ---\n{''.join(traceback.format_exception(exc))}\n")
+
+    # ------------------------------------------------------------------ replay and validation runs
+    def _replay_and_validate(self, source_items: list, summary: dict[str, Any]) -> tuple[dict, dict | None]:
+        """The replay (the prediction, :mod:`stagebench.pipeline._replay`) and the validation run, taking turns.
+
+        Both at the recommended settings, with the same warm-up and counting
+        time; interleaved so that both see the same moments of the machine
+        (:mod:`stagebench.pipeline._wholerun`). A failure is the result's ``error``.
+        With ``validate="off"`` the replay runs alone and the validation is
+        None (not run, by request: no warning).
+        """
+        from stagebench.core._speed import cpu_speed_ns
+        from stagebench.pipeline._isolate import Passthrough
+        from stagebench.pipeline._replay import plan_stand_ins
+        from stagebench.pipeline._wholerun import run_pipelines
+
+        choices = _choices(summary)
+        # The warm-up is for pools that start lazily, on their first items: worker
+        # processes take ~1 s here. Thread pools start at once, so a pipeline without
+        # processes (none recommended, none of the user's own, no segment run as is)
+        # is warm once items have reached the sink for 0.5 s.
+        procs = any(ex == "process" for ex, _ in choices.values()) or any(
+            isinstance(st, Passthrough) or st.user_executor == "process" for st in self.plan.steps
+        )
+        window, warm = self.settings.validation_window_s, max(1.0 if procs else 0.5, self.settings.budget_s)
+        speeds = {name: statistics.median(v) for name, v in self.stage_speeds.items() if v}
+        self.meta.setdefault("cpu_speed", {})["stage_ns"] = speeds
+        stand_ins = plan_stand_ins(summary.get("stages") or [], speeds)
+        validate = self.settings.validate == "on"
+        runs: dict[str, Any] = {}
+        if stand_ins:
+            runs["replay"] = stand_ins
+        if validate:
+            runs["validation"] = None  # the real stages
+        if len(runs) == 2:
+            self.say(
+                f"replay and validation, taking turns: the pipeline with stand-ins for {len(stand_ins)} "
+                f"stage(s) and the real one, recommended settings, {warm:g} s warm-up each + {window:g} s "
+                "of counting each, in slices"
+            )
+        elif stand_ins:
+            self.say(
+                f"replay: the pipeline with stand-ins for {len(stand_ins)} stage(s), recommended settings, "
+                f"{warm:g} s warm-up + {window:g} s window (no validation run: STAGEBENCH_VALIDATE=off)"
+            )
+        elif validate:
+            self.say(
+                f"validation: the whole pipeline with the recommended settings, {warm:g} s warm-up + "
+                f"{window:g} s window"
+            )
+        else:
+            return {"qps": None, "error": "no stage could be stood in (none measured)"}, None
+        before = cpu_speed_ns()
+        try:
+            out = run_pipelines(
+                self.plan,
+                source_items,
+                choices,
+                runs,
+                warmup_s=warm,
+                window_s=window,
+                timeout_s=self.settings.timeout_s,
+                items_per_sink_item=self.items_per_sink_item or 1.0,
+            )
+            if validate:  # the speed the measured number was read at
+                self.meta.setdefault("cpu_speed", {})["validation_ns"] = [round(before, 2), round(cpu_speed_ns(), 2)]
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:
+            self._log_error("replay and validation", e)
+            out = {k: {"qps": None, "error": f"{type(e).__name__}: {e}"} for k in runs}
+        validation = out.get("validation")
+        if stand_ins:
+            replay = out["replay"]
+            replay["stand_ins"] = [s.as_dict() for s in stand_ins.values()]
+        else:
+            replay = {"qps": None, "error": "no stage could be stood in (none measured)"}
+        if replay.get("qps") is not None:
+            self.say(f"replay: {replay['qps']:,.1f} items/s")
+        elif stand_ins:
+            self.say(f"replay failed: {replay.get('error')}")
+        if validation is not None and validation.get("qps") is not None:
+            self.say(
+                f"validation: {validation['qps']:,.1f} items/s ({validation['sink_qps']:,.1f} sink items/s "
+                f"at the sink; {validation['source_qps']:,.1f} items/s drawn from the source)"
+            )
+        elif validation is not None:
+            self.say(f"validation run failed: {validation.get('error')}")
+        return replay, validation
+
+
+def _delivered_nothing(validation: dict[str, Any]) -> str | None:
+    """Why the real pipeline's run is a failed validation, or None: it must deliver items to the sink.
+
+    A prediction next to a pipeline that delivers nothing is not a result: the run ends with exit code 1.
+    """
+    if validation.get("qps") is None:
+        return f"the real pipeline delivered no measurable throughput ({validation.get('error') or 'no items'})"
+    if not validation.get("sink_items"):
+        return f"the real pipeline delivered no items to the sink in {num(validation.get('seconds')):.1f} s"
+    return None
+
+
+def _choices(summary: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    """Each stage's recommended (executor, concurrency), by name."""
+    choices: dict[str, tuple[str, int]] = {}
+    for st in summary.get("stages") or []:
+        rec = st.get("recommended") or {}
+        if rec.get("executor") and finite(rec.get("concurrency")):
+            choices[str(st.get("name"))] = (str(rec["executor"]), int(rec["concurrency"]))
+    return choices
+
+
+def run_validation(
+    plan: Any,
+    source_items: list,
+    choices: dict[str, tuple[str, int]],
+    *,
+    warmup_s: float,
+    window_s: float,
+    timeout_s: float,
+    items_per_sink_item: float = 1.0,
+    stand_ins: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run the whole pipeline alone over the cached source items and time what reaches the sink.
+
+    One run of :func:`stagebench.pipeline._wholerun.run_pipelines` (its result's keys):
+    the real stages, or with ``stand_ins`` the replay. The diagnosis runs the
+    two together, taking turns.
+    """
+    from stagebench.pipeline._wholerun import run_pipelines
+
+    name = "replay" if stand_ins else "validation"
+    return run_pipelines(
+        plan,
+        source_items,
+        choices,
+        {name: stand_ins},
+        warmup_s=warmup_s,
+        window_s=window_s,
+        timeout_s=timeout_s,
+        items_per_sink_item=items_per_sink_item,
+    )[name]
+
+
+# ---------------------------------------------------------------------------- fallbacks
+def _fallback_summary(rows: Any, meta: dict[str, Any], why: str) -> dict[str, Any]:
+    """FALLBACK, used only while ``stagebench.analysis._pipeline`` is unavailable or failed.
+
+    Honest and minimal: per stage the best measured point, the recommendation
+    (smallest concurrency within 5% of the best QPS), classification
+    ``unknown``. No GIL estimate, no prediction. ``why`` (the error, when the
+    analysis raised) is kept in ``summary["error"]``.
+    """
+    from stagebench._version import __version__
+
+    stages = []
+    for st in meta.get("stages", []):
+        d = rows[(rows["stage"] == st["name"]) & (rows["role"] == "stage")] if len(rows) else rows
+        ok = d[(d["status"] == "ok") & d["qps"].notna()] if len(d) else d
+        entry: dict[str, Any] = {
+            "name": st["name"],
+            "index": st["index"],
+            "type": st["type"],
+            "status": "ok" if len(ok) else (str(d["status"].iloc[0]) if len(d) else "not_measured"),
+            "classification": "unknown",
+            "gil_fraction": None,
+            "gil_fraction_interval": None,
+            "evidence": {"summary": [f"{why}: minimal summary"], "signals": {}},
+            "fit": {},
+            "recommended": None,
+            "best": None,
+            "ceiling_qps": None,
+            "cpu_s_per_item": None,
+            "gil_s_per_item": None,
+        }
+        if len(ok):
+            best = ok.loc[ok["qps"].idxmax()]
+            near = ok[ok["qps"] >= 0.95 * best["qps"]].copy()
+            near["_pref"] = near["executor"].map({"thread": 0, "async": 0, "process": 1}).fillna(2)
+            rec = near.sort_values(["concurrency", "_pref", "qps"], ascending=[True, True, False]).iloc[0]
+
+            def point(r: Any) -> dict[str, Any]:
+                return {
+                    "executor": r["executor"],
+                    "concurrency": int(r["concurrency"]),
+                    "qps": float(r["qps"]),
+                    "qps_low": r["qps_low"],
+                    "qps_high": r["qps_high"],
+                    "harness": r["harness"],
+                }
+
+            entry["best"] = point(best)
+            entry["recommended"] = {**point(rec), "why": "smallest concurrency within 5% of the best measured QPS"}
+        stages.append(entry)
+    return {
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        "kind": "pipeline",
+        "stagebench_version": __version__,
+        "provenance": meta.get("provenance"),
+        "settings": meta.get("settings"),
+        "verdict": f"minimal summary ({why}): see the per-stage recommendations",
+        "warnings": [f"{why}: classification, GIL fraction and prediction were not computed"],
+        "stages": stages,
+        "not_isolated": meta.get("not_isolated", []),
+        "prediction": None,
+        "validation": meta.get("validation"),
+        "findings": [],
+        "fallback": True,
+        "error": why,
+    }
+
+
+def _fallback_report(run_dir: Path, summary: dict[str, Any]) -> Path:
+    """FALLBACK, used only while ``stagebench.report._render`` is unavailable: a plain, escaped table."""
+    import html
+    import json
+
+    from stagebench.report._terminal import format_table
+
+    body = html.escape(format_table(summary))
+    data = html.escape(json.dumps(summary, indent=2, default=str))
+    path = run_dir / "report.html"
+    path.write_text(
+        "<!doctype html><meta charset='utf-8'><title>stagebench diagnosis</title>"
+        "<h1>stagebench diagnosis (minimal report)</h1>"
+        f"<pre>{body}</pre><details><summary>summary.json</summary><pre>{data}</pre></details>\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+# ---------------------------------------------------------------------------- stagebench diagnose

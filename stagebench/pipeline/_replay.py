@@ -1,0 +1,418 @@
+"""Replay: the whole pipeline run with stand-ins that do what each stage did alone.
+
+Why: the prediction's bounds (:mod:`stagebench.analysis._predict`) add up per-item
+demands measured stage by stage. Together the stages also pay for each other:
+every call's hand-off to and from the event loop, threads waking from waits
+and queueing for the GIL behind the others, a GIL holder losing its core to
+threads that compute without the GIL. On the three reference pipelines
+(``benchmarks/bench_diagnosis.py``) the bounds came out −24% to +119% off the
+measured pipeline over 24 diagnoses, +50% in the median, while a pipeline of
+stand-ins with the stages' true work reproduced the real one within its
+run-to-run noise.
+
+So the prediction runs the pipeline itself, with SPDL, the recommended
+settings and the real aggregate / disaggregate steps, but with each measured
+stage replaced by a **stand-in** built from its isolated measurements only:
+
+- ``gil_s``: pure Python for that much CPU time (holds the GIL): the stage's
+  GIL share times its time per call, capped by its own CPU per call. That CPU
+  is the calling thread's CPU during the call where the spdl harness timed it
+  (threads: ``call_cpu_ms``); otherwise the process's CPU per item beyond the
+  harness's no-op, which also counts waking up and the harness's idle cost,
+  so waiting stages read high (``-15%`` median on the reference pipelines);
+- ``free_s``: CPU without the GIL (``hashlib`` over a buffer, which releases
+  it): the rest of that CPU;
+- the collector: the seconds of cyclic garbage collection its allocations
+  cost per item (``gc_s_per_item`` of its point beyond its no-op ceiling's),
+  added to ``gil_s``. A collection holds the GIL, and neither the calls'
+  median time nor the probed GIL share (the probe pauses the collector)
+  includes it; its calls' mean CPU does. In a process holding 560k tracked
+  objects (what a diagnosis imports; a training script holds as many), the
+  demo's augment spent 0.15-0.27 ms of its 0.7-0.8 ms per item in full
+  collections, and a pipeline of stand-ins without them ran 1.24x the real
+  one (0.99x with the collector off in both; 1.04x with 0.25 ms added to
+  augment's stand-in);
+- ``wait_s``: a sleep for what remains of its time per call (waiting on I/O,
+  locks, other processes), less what a sleep itself costs here: its CPU and
+  its late wake-up, calibrated right before the replay, were already part of
+  the stage's measured CPU and duration (counted twice, the stand-ins of three
+  sleep stages held the GIL ~0.17 ms per item too long and the replay read
+  11% under the real pipeline in 4 paired runs).
+
+- ``releases``: how many times per call its GIL-free work lets the GIL go.
+  Every release is paid for in the pipeline: taking the GIL back means
+  waiting behind the threads that hold it. The demo's collate (``np.stack``
+  of 16 images, then three array operations: each copy and each operation
+  drops the GIL) made 20-22 voluntary context switches per call in the
+  pipeline and took 11-12 ms there; a stand-in that released the GIL once
+  made 2-3 and took 1.3-1.5 ms, one that released it 20 times made 20-25 and
+  took 7.1-7.3 ms (in a fresh process, where collate also paid ~2,300 page
+  faults per call). The count is the GIL probe's (``releases`` in
+  :mod:`stagebench.pipeline._gilprobe`: the stage's waits to retake the GIL next to a
+  spinner), less the stand-in's own sleep; the work is done in that many
+  pieces, each some GIL-held loops and then a hash. Without a probe
+  reading, or without GIL-free CPU to split (a hash under 2 KiB keeps the
+  GIL), one release. The probe counts waits, and a release can cost two:
+  it read a stage hashing in 12 pieces at 16 and a stand-in built from that
+  reading (17 pieces, shorter ones) at 27, so a stand-in may let the GIL go
+  up to ~1.5x as often as its stage.
+
+A stage on a process executor becomes a thread stand-in whose work is all
+GIL-free (it runs in another interpreter) plus the main process's extra cost
+of moving items to and from workers (its process no-op ceiling's time per
+item beyond the thread ceiling's). Stages that yield several items, or were
+not measured, run as themselves. A stand-in returns real outputs of its
+stage in turn (a few kept from the diagnosis), so the steps after it get
+items of the right kind: a stage returning lists before a disaggregate, or a
+stage run as itself, would otherwise be handed the stand-in's input.
+
+Nothing of the user's stage code runs, so the replay is a prediction and the
+validation run (the real stages) checks it.
+
+A stand-in does a fixed amount of *work*, not a fixed CPU time. Its CPU
+amounts are the stage's CPU time as measured during the sweeps, at the speed
+the core ran then (``speed_ns``: a fixed Python loop's ns per iteration,
+probed after each of the stage's points, :mod:`stagebench.core._speed`). This VM's
+cores change speed by up to 2x in phases of seconds, and a stage's CPU time
+per call follows (the same work takes twice the CPU time on a slow core). A
+stand-in that spun for a fixed CPU time did less work in a slow phase than the
+stage it stands for: in a demo whose validation ran at 36 ns per loop after
+sweeps at 26, the replay read +44%. So the GIL-held part is that many
+iterations of the speed probe's own loop at the sweep's speed, and the
+GIL-free part that many bytes of SHA-256 at the sweep's speed (calibrated
+now, scaled by the speed now against then). Without a speed (none probed),
+CPU time as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from stagebench._numbers import num_or_none
+from stagebench.core._speed import cpu_speed_ns, speed_loop
+
+__all__ = ["StandIn", "plan_stand_ins"]
+
+_BUF = os.urandom(1 << 20)  # hashed, never read otherwise: what it holds does not matter
+_BIG: bytes | None = None  # _BUF 16 times (16 MiB, ~8 ms of hashing here), made when a piece needs more than _BUF
+_HASH_MIN_BYTES = 2048  # CPython's hashlib keeps the GIL for smaller buffers (HASHLIB_GIL_MINSIZE)
+_MAX_PIECES = 64  # releases per call a stand-in makes at most (the probe read ~24 for a 16-image numpy collate)
+_CALIBRATION: tuple[float, float] | None = None
+
+
+def _calibration() -> tuple[float, float]:
+    """(CPU seconds per byte of SHA-256, the speed probe's ns per loop) here, now, taken together.
+
+    SHA-256: the mean of 16 runs over 256 KiB (~8 ms), interleaved with the
+    speed probe. The mean over several milliseconds, not the median of a few:
+    this VM's core speed flips every few tens of milliseconds, and a
+    calibration taken in one phase would make every GIL-free stand-in that
+    much too long or too short. The speed read alongside says which phase the
+    calibration saw, so the bytes can be scaled to the sweep's speed.
+    """
+    global _CALIBRATION
+    if _CALIBRATION is None:
+        view = memoryview(_BUF)[: 1 << 18]
+        ts, speeds = [], []
+        for _ in range(16):
+            c0 = time.thread_time()
+            hashlib.sha256(view).digest()
+            ts.append(time.thread_time() - c0)
+            speeds.append(cpu_speed_ns(trials=1))
+        _CALIBRATION = (max(statistics.fmean(ts), 1e-7) / len(view), statistics.fmean(speeds))
+    return _CALIBRATION
+
+
+_SLEEP_COST: dict[float, tuple[float, float]] = {}
+
+
+def _sleep_cost(seconds: float) -> tuple[float, float]:
+    """(CPU, oversleep) of one ``time.sleep(seconds)`` here, now: medians of a few calls.
+
+    A sleep is not free: on this VM a 2 ms sleep cost ~60 us of CPU and woke
+    ~150 us late. The stage's own waiting paid both, inside the CPU and the
+    duration measured for it; the stand-in's sleep pays them again, so they
+    are taken out of what it is asked to do. About 0.15 s per distinct wait.
+    """
+    key = round(seconds, 4)
+    if key not in _SLEEP_COST:
+        n = max(3, min(15, int(0.15 / max(seconds, 1e-4))))
+        cpu, over = [], []
+        for _ in range(n):
+            c0, t0 = time.thread_time(), time.perf_counter()
+            time.sleep(seconds)
+            over.append(time.perf_counter() - t0 - seconds)
+            cpu.append(time.thread_time() - c0)
+        _SLEEP_COST[key] = (max(0.0, statistics.median(cpu)), max(0.0, statistics.median(over)))
+    return _SLEEP_COST[key]
+
+
+def _spin(seconds: float) -> None:
+    """Hold the GIL for ``seconds`` of this thread's CPU time (waiting for a core does not count)."""
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < seconds:
+        pass
+
+
+class _Work:
+    """One stand-in's CPU as fixed work: loop iterations (GIL held) and SHA-256 bytes (GIL free).
+
+    ``speed_ns``: the speed probe's ns per loop iteration while the stage was
+    measured; None: fixed CPU time instead (no speed was probed).
+    """
+
+    def __init__(self, gil_s: float, free_s: float, speed_ns: float | None, releases: int = 1) -> None:
+        self.gil_s = gil_s
+        self.loops = int(round(gil_s * 1e9 / speed_ns)) if speed_ns and gil_s > 0 else 0
+        self.free_bytes = 0
+        if free_s > 0:
+            s_per_byte, now_ns = _calibration()
+            # bytes at the sweep's speed: a core slower now (more ns per loop) hashes slower too
+            at_sweep = s_per_byte * (speed_ns / now_ns) if speed_ns and now_ns > 0 else s_per_byte
+            self.free_bytes = int(free_s / at_sweep)
+        # each piece: its share of the loops, then its share of the bytes (a GIL release);
+        # SHA-256 keeps the GIL for buffers under _HASH_MIN_BYTES, so no piece is smaller
+        self.pieces = n = max(1, min(int(releases), _MAX_PIECES, self.free_bytes // _HASH_MIN_BYTES))
+        # one piece's share, worked out once (a call is the replay's hot path); the remainders,
+        # under n loops and n bytes, are left out
+        self._piece = (self.loops // n, gil_s / n, self.free_bytes // n)
+
+    def __call__(self) -> None:
+        loops, gil_s, nbytes = self._piece
+        for _ in range(self.pieces):
+            if loops:
+                speed_loop(loops)
+            elif gil_s > 0:
+                _spin(gil_s)
+            if nbytes:
+                _burn_free(nbytes)
+
+
+def _burn_free(n_bytes: int) -> None:
+    """CPU without the GIL in as few hashes as the buffers allow: one GIL release per 16 MiB.
+
+    SHA-256 releases the GIL for buffers of 2 KiB and more. Each hash is a
+    release, and the stand-in's releases are meant to be its stage's
+    (``releases``): hashed in 1 MiB slices, 3 ms of GIL-free work let the GIL go
+    six times and the probe read it as 6.2 releases, against 1.4 for one hash.
+    """
+    global _BIG
+    if n_bytes > len(_BUF) and _BIG is None:
+        _BIG = _BUF * 16
+    view = memoryview(_BUF if n_bytes <= len(_BUF) else _BIG)
+    while n_bytes > 0:
+        k = min(n_bytes, len(view))
+        hashlib.sha256(view[:k]).digest()
+        n_bytes -= k
+
+
+@dataclass(frozen=True, slots=True)
+class StandIn:
+    """What one stage's stand-in does per call, in seconds, and where it runs."""
+
+    name: str
+    executor: str  # the recommended executor it stands in for
+    concurrency: int
+    gil_s: float
+    free_s: float
+    wait_s: float
+    note: str = ""
+    speed_ns: float | None = None  # the core's speed while the stage was measured (see the module docstring)
+    releases: int = 1  # GIL releases per call in its GIL-free work (see the module docstring)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def op(self, outputs: Sequence[Any] | None = None) -> Any:
+        """The callable the replay pipeline runs (async for the event loop's own stages).
+
+        It returns ``outputs`` in turn (real outputs of the stage, so that what
+        follows it gets items of the right kind), or its input when there are none.
+        """
+        return _AsyncStandIn(self, outputs) if self.executor == "async" else _ThreadStandIn(self, outputs)
+
+
+class _Outputs:
+    """The stand-in's return value: the stage's own outputs in turn, else the input passed on."""
+
+    def __init__(self, outputs: Sequence[Any] | None) -> None:
+        self._cycle = itertools.cycle(list(outputs)) if outputs else None
+
+    def __call__(self, item: Any) -> Any:
+        return item if self._cycle is None else next(self._cycle)
+
+
+class _ThreadStandIn:
+    def __init__(self, s: StandIn, outputs: Sequence[Any] | None = None) -> None:
+        self.work, self.wait_s = _Work(s.gil_s, s.free_s, s.speed_ns, s.releases), s.wait_s
+        self.output = _Outputs(outputs)
+
+    def __call__(self, item: Any) -> Any:
+        self.work()
+        if self.wait_s > 0:
+            time.sleep(self.wait_s)
+        return self.output(item)
+
+
+class _AsyncStandIn:
+    """Runs on the event loop: all its CPU holds the GIL, its waits are awaits."""
+
+    def __init__(self, s: StandIn, outputs: Sequence[Any] | None = None) -> None:
+        self.work, self.wait_s = _Work(s.gil_s + s.free_s, 0.0, s.speed_ns), s.wait_s
+        self.output = _Outputs(outputs)
+
+    async def __call__(self, item: Any) -> Any:
+        self.work()
+        await asyncio.sleep(self.wait_s)
+        return self.output(item)
+
+
+_MIN_SPREAD = 2.0  # the curve's throughput must span this ratio for a slope to mean anything
+_MIN_R2 = 0.9
+
+
+def _marginal_cpu(points: list[dict]) -> float | None:
+    """CPU per extra item along a stage's curve: the slope of CPU per second against items per second.
+
+    Why not CPU per item at one point: a harness that is not busy spends CPU
+    per second (its event loop waking, timers, polling) that a slow point
+    divides over few items. A sleep stage at 1,000 items/s used 0.3 ms of CPU
+    per item more than the harness's no-op at its saturated 1,900, all of it
+    that idle premium: a stand-in charged it held the GIL 0.65 ms per item too
+    long in a 3-stage replay (-36%). Inside a pipeline that the GIL binds, the
+    main process never idles, so the marginal cost is what counts. ``None``
+    (use the point) when the throughputs span less than 2x (a stage that
+    flattened at once: the GIL-bound ones) or the line does not fit.
+    """
+    import numpy as np
+
+    pts = [(num_or_none(p.get("qps")), num_or_none(p.get("cpu_s_per_item"))) for p in points]
+    pts = [(q, c) for q, c in pts if q is not None and c is not None and q > 0 and c > 0]
+    if len(pts) < 3:
+        return None
+    x = np.array([q for q, _ in pts])
+    y = np.array([q * c for q, c in pts])  # CPU seconds per second
+    if x.max() / x.min() < _MIN_SPREAD:
+        return None
+    slope, icpt = np.polyfit(x, y, 1)
+    resid = y - (slope * x + icpt)
+    ss = float(((y - y.mean()) ** 2).sum())
+    if not slope > 0 or ss <= 0 or 1.0 - float((resid**2).sum()) / ss < _MIN_R2:
+        return None
+    return float(slope)
+
+
+def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
+    rec = st.get("recommended") or {}
+    t = num_or_none(st.get("stage_s_per_item"))
+    if st.get("status", "ok") != "ok" or not rec.get("executor") or t is None or t <= 0:
+        return None
+    alts = st.get("alternatives") or {}
+    ex, c = str(rec["executor"]), int(rec["concurrency"])
+    # The stage's own CPU and time per call come from the executor its GIL share was
+    # read on (threads or the event loop), at that executor's best point.
+    base_ex = "async" if st.get("is_async") else "thread"
+    base = alts.get(base_ex) or (alts.get(ex) if ex != "process" else None) or {}
+    curve = (st.get("curves") or {}).get(f"{st.get('harness')}/{base_ex}") or []
+    p50 = num_or_none(curve[0].get("latency_p50_ms")) if curve else None
+    if p50 is not None and p50 > 0:
+        # The call itself at the lowest level (least contention), timed where it runs.
+        # stage_s_per_item comes from a closed loop's time per item, which at low
+        # concurrency also holds the harness's hand-offs: a 1 ms sleep read 8.8 ms
+        # in a one-thread SPDL pipeline, and its stand-in would have waited that long.
+        t = min(t, p50 / 1e3)
+    cpu, harness = num_or_none(base.get("cpu_s_per_item")), num_or_none(base.get("harness_gil_s_per_item")) or 0.0
+    # The collections its allocations trigger: inside its calls' mean CPU, outside their
+    # median time and outside the probed GIL share (the probe pauses the collector).
+    gc_s = max(0.0, num_or_none(base.get("gc_s_per_item")) or 0.0)
+    call_cpu = num_or_none(base.get("call_cpu_s"))
+    if call_cpu is not None:
+        # measured directly: the calling thread's CPU during the call, no harness in it
+        own: float | None = min(t + gc_s, max(0.0, call_cpu))
+    else:
+        marginal = _marginal_cpu(curve)
+        if marginal is not None:
+            cpu = marginal
+        own = min(t + gc_s, max(0.0, cpu - harness)) if cpu is not None else None
+    frac = num_or_none(st.get("gil_fraction"))
+    interval = st.get("gil_fraction_interval") or [None, None]
+    note = ""
+    if frac is not None and (st.get("gil") or {}).get("pinned") is False and num_or_none(interval[0]) is not None:
+        # Only bounded from above (and not probed: STAGEBENCH_GIL_PROBE=off, or the
+        # probe failed): its threads ran into the cores before any GIL cap showed, so
+        # much of its CPU ran without the GIL. The estimate's midpoint is a guess; the
+        # lower end is what the data allow. It read high on Pillow and numpy stages
+        # (the demo +19% to +45%); where the probe runs, its reading replaces this.
+        frac = num_or_none(interval[0])
+        note = "GIL share only bounded from above: the stand-in takes its lower end"
+    if own is None:
+        # no CPU reading: the GIL share of the time is all there is
+        own = t * frac if frac is not None else 0.0
+        note = "; ".join(
+            x for x in (note, "no CPU per call measured: the GIL share of its time stands for its CPU") if x
+        )
+    gc_part = min(own, gc_s)  # the collector holds the GIL: GIL-held work, whatever the stage's share
+    own -= gc_part
+    wait = max(0.0, t - own)
+    if wait > 0 and not st.get("is_async"):
+        # The stand-in's time.sleep costs CPU and wakes late, as the stage's own
+        # waiting did (both are inside its measured CPU and duration): take them out
+        # once. A stage whose idle time is shorter than a sleep's lateness was not
+        # sleeping (GIL hand-offs): its stand-in does not sleep either.
+        s_cpu, s_over = _sleep_cost(wait)
+        cpu_back = min(own, s_cpu)
+        slept = wait + cpu_back - s_over
+        if slept > 0:
+            own, wait = own - cpu_back, slept
+        else:
+            wait = 0.0
+    gil = min(own, frac * t) if frac is not None else own
+    free = own - gil
+    gil += gc_part
+    if ex == "process":
+        proc = alts.get("process") or {}
+        ipc = max(0.0, (num_or_none(proc.get("harness_gil_s_per_item")) or 0.0) - harness)
+        return StandIn(
+            st["name"],
+            ex,
+            c,
+            gil_s=ipc,
+            free_s=gil + free,
+            wait_s=wait,
+            speed_ns=speed_ns,
+            note="process: its work runs outside the main process's GIL; the main process "
+            "pays the moving of items (process no-op ceiling beyond the thread one)",
+        )
+    # The probe counts every release, its waits' too; the stand-in's sleep is one of them.
+    probed = num_or_none((st.get("gil") or {}).get("releases_per_call"))
+    releases = max(1, round(probed) - (1 if wait > 0 else 0)) if probed is not None else 1
+    return StandIn(
+        st["name"], ex, c, gil_s=gil, free_s=free, wait_s=wait, note=note, speed_ns=speed_ns, releases=releases
+    )
+
+
+def plan_stand_ins(stages: list[dict], speed_ns: dict[str, float] | None = None) -> dict[str, StandIn]:
+    """Stand-ins for the measured stages of a summary (``summary["stages"]``), by name.
+
+    ``speed_ns``: per stage, the core's speed while it was measured (the
+    median of the speed probes after its points); a stage without one does
+    fixed CPU time instead of fixed work. Stages left out (not measured, no
+    per-call time, or yielding several items per input) run as themselves in
+    the replay.
+    """
+    out: dict[str, StandIn] = {}
+    for st in stages:
+        if st.get("type", "pipe") != "pipe":
+            continue
+        s = _stand_in(st, (speed_ns or {}).get(st.get("name")))
+        if s is not None:
+            out[s.name] = s
+    return out

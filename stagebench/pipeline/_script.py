@@ -1,0 +1,139 @@
+"""``stagebench diagnose script.py ARGS``: run a user's script as ``__main__`` in diagnostic mode."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from stagebench.pipeline._settings import DiagnoseSettings, SettingsError, local_rank
+from stagebench.pipeline._state import MODE_VAR, State, say
+
+__all__ = ["run_script"]
+
+
+def run_script(script: str, args: list[str], *, out: str | None) -> int:
+    """Run ``script`` with ``args`` as ``__main__`` in diagnostic mode; return the exit code."""
+    from stagebench.pipeline import _spdl_hook
+
+    path = Path(script)
+    if not path.is_file():
+        say(f"error: script not found: {script}")
+        return 2
+    saved_env = {k: os.environ.get(k) for k in (MODE_VAR, "STAGEBENCH_OUTPUT_DIR")}
+    if out is not None:
+        os.environ["STAGEBENCH_OUTPUT_DIR"] = out
+    try:
+        settings = DiagnoseSettings.from_env()
+        rank = local_rank()
+    except SettingsError as e:
+        say(f"error: {e}")
+        _restore_env(saved_env)
+        return 2
+    # Under torchrun every rank runs this; only rank 0 writes the run directory (the
+    # others leave quietly once their pipeline or loader is built, as SPDL's own mode does).
+    if settings.output_dir and rank == 0:
+        # Before the script runs: its own start-up may take minutes, and then
+        # neither the pipeline nor a caught DataLoader could use this folder.
+        from stagebench.runs._results import RunDir, RunDirInUseError, UnwritableOutputError
+
+        try:
+            RunDir.create(settings.output_dir, fresh=True)
+        except (UnwritableOutputError, RunDirInUseError) as e:
+            say(f"error: {e}")
+            _restore_env(saved_env)
+            return 2
+    os.environ[MODE_VAR] = "1"
+    was_installed = _spdl_hook.installed()
+    _spdl_hook.install()
+    State.started = State.finished = False
+    State.code = None
+    # PyTorch users: the first DataLoader the script iterates is swept instead,
+    # unless an SPDL pipeline is diagnosed first.
+    from stagebench.loader._intercept import diagnose_first_loader, loader_was_caught
+
+    State.on_start = [diagnose_first_loader(settings.output_dir, config=_loader_config(settings))]
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [str(path), *args]
+    sys.path.insert(0, str(path.resolve().parent))
+    code: int
+    raised: str | None = None
+    State.in_process = True
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = _exit_code(e.code)
+    except KeyboardInterrupt:
+        say("interrupted")
+        code = 130
+    except Exception as e:  # the script's own error: shown as Python shows it, then said
+        _print_script_traceback(e, str(path))
+        raised, code = f"{type(e).__name__}: {e}", 1
+    finally:
+        State.in_process = False
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        _restore_env(saved_env)
+        if not was_installed:  # in-process callers (tests, notebooks) get their import system back
+            _spdl_hook.uninstall()
+    for hook in State.on_start:
+        hook()
+    State.on_start = []
+    if State.finished and State.code is not None:
+        return State.code
+    if loader_was_caught():
+        return code
+    if not State.started:
+        how = f"raised {raised}" if raised else f"finished (exit code {code})"
+        say(f"error: {script} {how} without iterating an SPDL pipeline or a DataLoader: nothing was diagnosed")
+        return code or 1
+    return code
+
+
+def _print_script_traceback(exc: BaseException, filename: str) -> None:
+    """The traceback of an exception the user's script raised, from the script's own frame on.
+
+    What ``python script.py`` would print: stagebench's and runpy's frames
+    above it are how the script was started, not where it went wrong.
+    """
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+        tb = tb.tb_next
+    if tb is None and isinstance(exc, SyntaxError):
+        # The script did not compile: no frame of it ran. Python shows the line and the caret only.
+        print("".join(traceback.format_exception_only(type(exc), exc)), end="", file=sys.stderr)
+        return
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
+
+
+def _loader_config(settings: DiagnoseSettings) -> Any:
+    """The same budgets for a caught DataLoader as for pipeline stages (one set of knobs)."""
+    from stagebench.loader._sweep import LoaderSweepConfig
+
+    return LoaderSweepConfig(
+        budget_s=max(settings.budget_s, 0.5),  # batches are slower than items: keep a few per window
+        warmup_s=settings.warmup_s,
+        timeout_s=max(settings.timeout_s, 2 * settings.budget_s + 1),
+        transform_budget_s=max(0.2, settings.budget_s / 2),
+        transform_executors=tuple(e for e in settings.executors if e in ("thread", "process")) or ("thread",),
+    )
+
+
+def _exit_code(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    print(value, file=sys.stderr)
+    return 1
+
+
+def _restore_env(saved: dict[str, str | None]) -> None:
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

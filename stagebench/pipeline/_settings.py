@@ -1,0 +1,108 @@
+"""What a diagnosis measures, read from the environment: one frozen, validated settings object.
+
+Imported while ``spdl`` is being imported (from the post-import hook), so its
+top level imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from stagebench._settings import SETTINGS, SettingsError, check, env_help, local_rank, read_env, setting
+
+__all__ = ["DiagnoseSettings", "SettingsError", "ENV_VARS", "SAMPLE_OUTPUTS", "local_rank"]
+
+
+#: Every environment variable diagnostic mode reads, with what it means (from the settings table).
+ENV_VARS: dict[str, str] = env_help()
+
+SAMPLE_OUTPUTS = 8  # real outputs kept per stage for its stand-in in the replay (_replay.StandIn.op)
+
+
+def _default(key: str) -> Any:
+    return setting(key).default
+
+
+def _default_grid() -> tuple[int, ...]:
+    """Powers of two up to 16, or up to the usable cores when there are more (then the core count
+    itself is the top level): a process curve needs a worker per core to show where the cores end,
+    and the plateau rule stops a flat curve early, so the extra levels cost little where they say nothing."""
+    from stagebench.core import _resources
+    from stagebench.core._config import powers_of_two
+
+    return powers_of_two(max(16, _resources.usable_cores()))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiagnoseSettings:
+    """What a diagnosis measures; read from the environment by :meth:`from_env`."""
+
+    num_items: int = _default("num_items")
+    """Source items read once and cached. 200 is enough for a stable window
+    (inputs are cycled) while keeping decoded images in memory modest."""
+    output_dir: str | None = None
+    budget_s: float = _default("budget_s")
+    concurrency: tuple[int, ...] = field(default_factory=_default_grid)
+    executors: tuple[str, ...] = _default("executors")
+    harnesses: tuple[str, ...] = _default("harnesses")
+    warmup_s: float = _default("warmup_s")
+    timeout_s: float = _default("timeout_s")
+    validation_s: float | None = None
+    """Counting window of each whole-pipeline run (the replay, the validation run).
+    ``None``: max(2, 2 x budget_s). ``0``: neither runs (the prediction is the bounds alone)."""
+    validate: str = _default("validate")
+    """``on``: the real pipeline runs at the recommended settings, taking turns with the
+    replay, and its measured throughput is set against the prediction. ``off``: the
+    replay alone (the prediction without its check), which saves about half of the
+    whole-pipeline runs' time (3-4 s of a diagnosis at the default window). On by
+    default: the measured number is the one a user can hold the recommendation to,
+    and the only check of the prediction on the user's own pipeline."""
+    cache_dir: str | None = None
+    """``None``: ``<parent of run dir>/.stagebench-cache``; ``"off"``: no disk cache."""
+    cache_max_mb: float = _default("cache_max_mb")
+    process_flat_levels: int = _default("process_flat_levels")
+    """See :attr:`stagebench.SweepConfig.process_flat_levels`."""
+    process_ceilings: str = _default("process_ceilings")
+    """See :attr:`stagebench.SweepConfig.process_ceilings`."""
+    paired_rounds: int = _default("paired_rounds")
+    """See :attr:`stagebench.SweepConfig.paired_rounds`."""
+    gil_probe: str = _default("gil_probe")
+    """``auto``: read the GIL share of stages that compute (see :mod:`stagebench.pipeline._gilprobe`); ``off``: curves only."""
+
+    def __post_init__(self) -> None:
+        for s in SETTINGS:
+            if s.key != "max_concurrency":
+                check(s.key, getattr(self, s.key))
+        if not self.timeout_s > self.budget_s + self.warmup_s:
+            raise SettingsError(
+                f"STAGEBENCH_TIMEOUT_S ({self.timeout_s:g}) must be larger than budget + warm-up "
+                f"({self.budget_s + self.warmup_s:g} s)"
+            )
+
+    @property
+    def validation_window_s(self) -> float:
+        return max(2.0, 2 * self.budget_s) if self.validation_s is None else self.validation_s
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DiagnoseSettings:
+        """Settings from the environment; :class:`SettingsError` on a bad value (nothing run yet)."""
+        kw = read_env(os.environ if environ is None else environ)
+        top = kw.pop("max_concurrency", None)
+        if top is not None:
+            if "concurrency" in kw:
+                raise SettingsError(
+                    "set one of STAGEBENCH_CONCURRENCY (a list) and STAGEBENCH_MAX_CONCURRENCY (a maximum), not both"
+                )
+            from stagebench.core._config import powers_of_two
+
+            kw["concurrency"] = powers_of_two(top)
+        return cls(**kw)
+
+    def as_meta(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["concurrency"] = list(self.concurrency)
+        d["validation_s"] = self.validation_window_s
+        return d

@@ -1,0 +1,210 @@
+"""The one place that touches SPDL's private diagnostic-mode hook (``spdl.pipeline._profile``).
+
+SPDL's ``build_pipeline`` hands the pipeline config to
+``spdl.pipeline._profile._build_pipeline_diagnostic_mode`` when
+``SPDL_PIPELINE_DIAGNOSTIC_MODE`` is on. :func:`install` arranges for that
+function to be replaced, as soon as the module is imported, by one that returns
+a stand-in pipeline; iterating the stand-in runs the diagnosis and exits: the
+training loop body never runs.
+
+Imported at interpreter start while the mode is on (from the ``.pth`` file
+through :mod:`stagebench._activate`), so its top level imports only the
+standard library and :mod:`stagebench._import_hook`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import traceback
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from stagebench._import_hook import PostImportFinder
+from stagebench._spdl_private import PROFILE_MODULE
+from stagebench.pipeline._state import MODE_VAR, TRUTHY, State, Terminated, say
+
+if TYPE_CHECKING:
+    from stagebench.pipeline._settings import DiagnoseSettings
+
+__all__ = ["install", "installed", "uninstall", "patch_spdl", "exit_now"]
+
+
+def _patch_spdl(module: Any) -> None:
+    patch_spdl(module)
+
+
+def install() -> None:
+    """Arrange for stagebench to replace SPDL's diagnostic mode when spdl is imported.
+
+    The .pth line only checks that the variable exists (the shortest line compiles
+    fastest: every interpreter start pays for it); its value is checked here.
+    """
+    if os.environ.get(MODE_VAR, "0") not in TRUTHY:
+        return
+    if installed():
+        return
+    if PROFILE_MODULE in sys.modules:  # already imported: patch in place
+        _patch_spdl(sys.modules[PROFILE_MODULE])
+    sys.meta_path.insert(0, PostImportFinder((PROFILE_MODULE,), _patch_spdl))
+
+
+def installed() -> bool:
+    """Whether :func:`install` put its post-import hook in this process."""
+    return any(getattr(f, "on_import", None) is _patch_spdl for f in sys.meta_path)
+
+
+def uninstall() -> None:
+    """Undo :func:`install`: remove the hook and give SPDL its own diagnostic mode back.
+
+    For ``stagebench diagnose`` run inside a longer-lived process (a test, a
+    notebook): the hook would otherwise stay in every later import, and a later
+    pipeline built with the variable set would be replaced by the stand-in.
+    """
+    sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "on_import", None) is not _patch_spdl]
+    profile: Any = sys.modules.get(PROFILE_MODULE)
+    current: Any = getattr(profile, "_build_pipeline_diagnostic_mode", None)
+    if getattr(current, "_stagebench", False):
+        profile._build_pipeline_diagnostic_mode = current._spdl_original
+
+
+def patch_spdl(profile_module: Any) -> None:
+    """Make SPDL's diagnostic mode build stagebench's stand-in pipeline.
+
+    Called by the post-import hook when ``spdl.pipeline._profile`` is imported.
+    Must stay cheap: it runs inside the user's ``import spdl``.
+    """
+    current = getattr(profile_module, "_build_pipeline_diagnostic_mode", None)
+    if getattr(current, "_stagebench", False):
+        return
+
+    def _build_pipeline_diagnostic_mode(cfg: Any) -> Any:
+        return _build_standin(cfg)
+
+    _build_pipeline_diagnostic_mode._stagebench = True  # type: ignore[attr-defined]
+    _build_pipeline_diagnostic_mode._spdl_original = current  # type: ignore[attr-defined]
+    profile_module._build_pipeline_diagnostic_mode = _build_pipeline_diagnostic_mode
+
+
+def _build_standin(cfg: Any) -> Any:
+    from stagebench.pipeline._settings import DiagnoseSettings, SettingsError
+
+    try:
+        settings = DiagnoseSettings.from_env()
+    except SettingsError as e:
+        say(f"error: {e}")
+        raise SystemExit(2) from None
+    return _standin_class()(cfg, settings)
+
+
+_STANDIN: type | None = None
+
+
+def _standin_class() -> type:
+    """A :class:`spdl.pipeline.Pipeline` look-alike (``isinstance`` checks still pass)."""
+    global _STANDIN
+    if _STANDIN is not None:
+        return _STANDIN
+    from spdl.pipeline import Pipeline
+
+    class DiagnosticPipeline(Pipeline):
+        """Stands in for the user's pipeline: iterating it runs the diagnosis, then exits."""
+
+        def __init__(self, cfg: Any, settings: DiagnoseSettings) -> None:  # no super(): nothing to start
+            self._stagebench_cfg = cfg
+            self._stagebench_settings = settings
+
+        def __str__(self) -> str:
+            return f"stagebench diagnostic pipeline for\n{self._stagebench_cfg!r}"
+
+        def start(self, *, timeout: float | None = None, **kwargs: Any) -> None:
+            pass
+
+        def stop(self, *, timeout: float | None = None, **kwargs: Any) -> None:
+            pass
+
+        @contextmanager
+        def auto_stop(self, *, timeout: float | None = None):
+            yield
+
+        def get_item(self, *, timeout: float | None = None) -> Any:
+            _diagnose_and_exit(self._stagebench_cfg, self._stagebench_settings)
+
+        def _get_item_nowait(self) -> Any:
+            _diagnose_and_exit(self._stagebench_cfg, self._stagebench_settings)
+
+        def get_iterator(self, *, timeout: float | None = None):
+            return self._stagebench_iter()
+
+        def __iter__(self):
+            return self._stagebench_iter()
+
+        def _stagebench_iter(self):
+            _diagnose_and_exit(self._stagebench_cfg, self._stagebench_settings)
+            yield  # pragma: no cover - never reached: the diagnosis exits
+
+    _STANDIN = DiagnosticPipeline
+    return _STANDIN
+
+
+def exit_now(code: int) -> None:
+    """End the program with ``code``, promptly.
+
+    ``SystemExit`` normally; ``os._exit`` when raising would not end the
+    program: the diagnosis ran in a thread other than the main one (SystemExit
+    would only end that thread), or a hung stage left a thread that the
+    interpreter would wait for at exit. Under :func:`run_script` (the
+    ``stagebench diagnose`` command, or a test or notebook calling it) a
+    leaked thread is its caller's business: ``os._exit`` there would end the
+    caller's process too (a test session would stop, silently, with code 0),
+    so ``SystemExit`` reaches ``run_script`` and the command exits promptly
+    itself (``_cli.console``).
+    """
+    from stagebench.core._executors import leaked_threads
+
+    State.finished, State.code = True, code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if threading.current_thread() is not threading.main_thread() or (leaked_threads() and not State.in_process):
+        os._exit(code)
+    raise SystemExit(code)
+
+
+def _diagnose_and_exit(cfg: Any, settings: DiagnoseSettings) -> None:
+    from stagebench.pipeline._diagnose import DiagnoseError, diagnose_pipeline
+    from stagebench.pipeline._settings import SettingsError, local_rank
+
+    try:
+        rank = local_rank()
+    except SettingsError as e:
+        say(f"error: {e}")
+        exit_now(2)
+    if rank != 0:
+        exit_now(0)  # as SPDL does: only local rank 0 diagnoses; the others leave quietly
+    State.started = True
+    for hook in State.on_start:
+        hook()  # e.g. remove the DataLoader hook: this run diagnoses the pipeline
+    State.on_start = []
+    State.original_mode = os.environ.get(MODE_VAR)
+    # Worker processes inherit the environment; none of them may diagnose.
+    os.environ[MODE_VAR] = "0"
+    try:
+        summary = diagnose_pipeline(cfg, settings=settings)
+    except DiagnoseError as e:
+        say(f"error: {e}")
+        exit_now(e.code)
+    except KeyboardInterrupt as e:
+        where = f" in {State.run_dir}" if State.run_dir else ""
+        how, code = ("terminated (SIGTERM)", 143) if isinstance(e, Terminated) else ("interrupted", 130)
+        say(f"{how}; the rows measured so far are on disk{where}")
+        exit_now(code)
+    except Exception as e:  # our bug, not the user's: show where it happened
+        traceback.print_exc()
+        say(f"internal error while diagnosing: {type(e).__name__}: {e}")
+        exit_now(1)
+    failed = summary.get("validation_failed")
+    if failed:  # a pipeline that delivers nothing is not a diagnosed pipeline, whatever was predicted
+        say(f"error: validation failed: {failed}")
+        exit_now(1)
+    exit_now(0)

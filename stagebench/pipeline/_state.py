@@ -1,0 +1,63 @@
+"""What happened in this process: whether a diagnosis started, where, and how it ended.
+
+The SPDL hook writes it, ``run_script`` reads it; standard library only.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+__all__ = ["State", "say", "MODE_VAR", "TRUTHY", "Terminated", "on_sigterm"]
+
+#: The variable that turns diagnostic mode on (SPDL's own name for it).
+MODE_VAR = "SPDL_PIPELINE_DIAGNOSTIC_MODE"
+
+#: SPDL's own spelling of "true" (spdl.pipeline._common._misc._get_env_bool).
+TRUTHY = ("1", "true", "TRUE", "on", "ON", "yes", "YES")
+
+
+class State:
+    """What happened in this process (run_script reports on it)."""
+
+    started = False
+    finished = False
+    code: int | None = None
+    run_dir: Path | None = None
+    original_mode: str | None = None  # the variable's value before a diagnosis set it to 0
+    on_start: list = []  # called once when a pipeline diagnosis starts (run_script sets it)
+    in_process = False  # run_script is running the script: it, not the interpreter's exit, ends the diagnosis
+
+
+def say(text: str) -> None:
+    print(f"stagebench: {text}", file=sys.stderr, flush=True)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a diagnosis (a scheduler's kill, ``timeout``): handled as Ctrl-C is, exit 143.
+
+    A KeyboardInterrupt, so every place that keeps the rows on Ctrl-C keeps them here too.
+    """
+
+
+@contextmanager
+def on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into :class:`Terminated` while the block runs (main thread only: signals land there)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

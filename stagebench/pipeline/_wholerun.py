@@ -1,0 +1,314 @@
+"""Whole-pipeline runs: the validation run and the replay, taking turns.
+
+Both run the user's pipeline at the recommended settings over the cached
+source items and count what reaches the sink: the validation run with the
+real stages (the truth), the replay with stand-ins (the prediction,
+:mod:`stagebench.pipeline._replay`).
+
+Why they take turns: they are compared, and this kind of host does not hold
+still. On the 2-core VM this was built on, two back-to-back 2 s runs of one
+pipeline differed by up to 30%: the CPU's speed changes in phases that last
+seconds. Run one after the other, the prediction's error was mostly the
+machine's. So each pipeline is built and warmed up once, and then their
+sources are opened in turn, in slices, in the order R V V R R V V R: both
+see the same moments of the machine, and a steady drift cancels. While one
+runs, the other's source is closed and its stages idle. After each switch,
+``settle`` seconds pass before counting starts: the other pipeline drains
+and this one refills (three times the slower pipeline's steady-state
+latency, source to sink, at least 0.25 s, at most 1 s). Both warm up at the
+same time, before the first slice: warming up is not measured.
+
+One run alone (the validation run without a replay) counts one contiguous
+window, as before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+__all__ = ["run_pipelines"]
+
+_SLICES = 4  # counting windows per pipeline when two take turns
+_MIN_SETTLE_S, _MAX_SETTLE_S = 0.25, 1.0
+
+
+class _Run:
+    """One pipeline with a source that can be paused, and a thread that drains its sink."""
+
+    def __init__(
+        self,
+        name: str,
+        plan: Any,
+        source_items: list,
+        choices: dict[str, tuple[str, int]],
+        stand_ins: dict[str, Any] | None,
+        items_per_sink_item: float = 1.0,
+    ) -> None:
+        from stagebench.pipeline._isolate import _real_pipeline, build_validation_config, default_threads
+
+        self.name = name
+        self.items_per_sink_item = items_per_sink_item  # source items per sink item (an aggregate's batch)
+        self.gate, self.stop = threading.Event(), threading.Event()
+        self.pulls: list[float] = []
+        self.arrivals: list[float] = []
+        self.windows: list[tuple[float, float]] = []
+        self.error: str | None = None
+        self.warmup_s: float | None = None
+        self.latency_s: float | None = None  # the first item's, from opening the source: pools start on it
+        self.steady_latency_s: float | None = None  # once warm (:meth:`_steady_latency`)
+        self._t_open, self._n0 = 0.0, 0
+        self.settle_s: float | None = None  # when it took turns with another run
+        self.partner: str | None = None
+        # stage call timings: the real stages' (compared with the stage alone) and the stand-ins'
+        # (compared with the real stages in the validation run)
+        self.timings: dict[str, list] = {}
+        cfg, self.closers, self.used = build_validation_config(
+            plan, choices, self._source(source_items), self.timings, stand_ins=stand_ins
+        )
+        self.pipeline = _real_pipeline(cfg, default_threads(plan))
+        self._consumer = threading.Thread(target=self._consume, name=f"stagebench-{name}-sink", daemon=True)
+
+    def _source(self, items: list):
+        n, i = len(items), 0
+        while True:
+            self.gate.wait()  # closed: SPDL's source thread waits here and the stages go idle
+            if self.stop.is_set():
+                return
+            self.pulls.append(time.perf_counter())
+            yield items[i % n]
+            i += 1
+
+    def _consume(self) -> None:
+        try:
+            while not self.stop.is_set():
+                try:
+                    self.pipeline.get_item(timeout=0.1)
+                except TimeoutError:
+                    continue
+                except EOFError:
+                    if not self.stop.is_set():
+                        self.error = self.error or "the pipeline ended (every item failed in some stage?)"
+                    return
+                self.arrivals.append(time.perf_counter())
+        except Exception as e:  # the pipeline's own failure: the result's error
+            if not self.stop.is_set():
+                self.error = self.error or f"{type(e).__name__}: {e}"
+
+    def start(self) -> None:
+        self.pipeline.start()
+        self._consumer.start()
+
+    def open_for_warm_up(self) -> None:
+        self._t_open, self._n0 = time.perf_counter(), len(self.arrivals)
+        self.gate.set()
+
+    def warm(self, warmup_s: float, timeout_s: float) -> bool:
+        """Whether the warm-up opened by :meth:`open_for_warm_up` is over (warm, or failed: ``error``)."""
+        if self.error is not None:
+            return True
+        now = time.perf_counter()
+        first = self.arrivals[self._n0] if len(self.arrivals) > self._n0 else None
+        # warm: the minimum warm-up has passed *and* items have been reaching
+        # the sink for a while (pools start lazily, on their first item)
+        if first is not None and now - self._t_open >= warmup_s and now - first >= max(0.5, warmup_s / 2):
+            self.warmup_s, self.latency_s = now - self._t_open, first - self._t_open
+            self.steady_latency_s = self._steady_latency(first + (now - first) / 2, now)
+            return True
+        if now > self._t_open + warmup_s + timeout_s:
+            self.error = f"no item reached the sink within {timeout_s:g} s of warm-up"
+            return True
+        return False
+
+    def _steady_latency(self, t0: float, t1: float) -> float | None:
+        """Seconds an item spends between the source and the sink in [t0, t1], by Little's law.
+
+        The items in flight (drawn from the source, not yet at the sink: in
+        stages and in the queues between them) over the rate through. This is
+        how long the pipeline takes to drain once its source closes, and to
+        refill once it opens; the first item's latency is not, as it includes
+        starting the pools.
+        """
+        import numpy as np
+
+        pulls, arr = np.asarray(list(self.pulls)), np.asarray(list(self.arrivals))
+        through = int(np.searchsorted(arr, t1) - np.searchsorted(arr, t0)) * self.items_per_sink_item
+        if through <= 0 or t1 <= t0:
+            return None
+        ts = np.linspace(t0, t1, 64)
+        in_flight = np.searchsorted(pulls, ts, "right") - self.items_per_sink_item * np.searchsorted(arr, ts, "right")
+        return float(max(0.0, in_flight.mean()) / (through / (t1 - t0)))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.gate.set()
+        try:
+            self.pipeline.stop(timeout=10)
+        except Exception:
+            pass
+        self._consumer.join(timeout=2.0)
+        for close in self.closers:
+            try:
+                close()
+            except Exception:
+                pass
+
+    def result(self, items_per_sink_item: float) -> dict[str, Any]:
+        import numpy as np
+
+        from stagebench.core._stats import interval_about
+
+        if self.error is not None or not self.windows:
+            return {"qps": None, "error": self.error or "no steady state", "settings": self.used}
+        arr = np.asarray(self.arrivals, dtype=float)
+        seconds = sum(t1 - t0 for t0, t1 in self.windows)
+        count = sum(int(((arr >= t0) & (arr < t1)).sum()) for t0, t1 in self.windows)
+        if len(self.windows) > 1:
+            # batch means over the slices: one rate per slice
+            rates = [((arr >= t0) & (arr < t1)).sum() / (t1 - t0) for t0, t1 in self.windows]
+        else:
+            ((t0, t1),) = self.windows
+            nb = int(max(1, min(10, count // 2)))  # every batch sees at least two arrivals
+            counts, _ = np.histogram(arr[(arr >= t0) & (arr < t1)], bins=np.linspace(t0, t1, nb + 1))
+            rates = list(counts / ((t1 - t0) / nb))
+        sink_qps = count / seconds
+        lo, hi, _cv = interval_about(sink_qps, rates, 0.95)
+        src = sum(1 for p in self.pulls for t0, t1 in self.windows if t0 <= p < t1)
+        k = items_per_sink_item
+        return {
+            "qps": sink_qps * k,
+            "qps_low": lo * k,
+            "qps_high": hi * k,
+            "seconds": seconds,
+            "sink_qps": sink_qps,
+            "sink_items": count,
+            "items_per_sink_item": k,
+            "source_qps": src / seconds,
+            "warmup_s": self.warmup_s,
+            "settings": self.used,
+            "windows": len(self.windows),
+            "latency_s": self.steady_latency_s,
+            "stage_latency": _latencies_in_windows(self.timings, self.windows),
+        }
+
+
+def _latencies_in_windows(timings: dict[str, list], windows: list[tuple[float, float]]) -> dict[str, dict[str, float]]:
+    """Per timed stage: median call duration (ms) and calls completed in the windows."""
+    out = {}
+    for name, spans in timings.items():
+        d = sorted(e - s for s, e in list(spans) if any(t0 <= e < t1 for t0, t1 in windows))
+        if d:
+            out[name] = {"p50_ms": d[len(d) // 2] * 1e3, "calls": len(d)}
+    return out
+
+
+def run_pipelines(
+    plan: Any,
+    source_items: list,
+    choices: dict[str, tuple[str, int]],
+    runs: dict[str, Any],
+    *,
+    warmup_s: float,
+    window_s: float,
+    timeout_s: float,
+    items_per_sink_item: float = 1.0,
+) -> dict[str, dict[str, Any]]:
+    """Run the pipeline once per entry of ``runs`` (name -> stand-ins, or None for the real stages).
+
+    Each counts ``window_s`` seconds of steady state after ``warmup_s`` of
+    warm-up. Two runs take turns in slices (module docstring); one runs
+    alone. Returns name -> result: ``qps`` in source items per second (sink
+    arrivals times ``items_per_sink_item``, the batch size after an
+    aggregate), ``qps_low``/``qps_high`` (batch means over the slices, or over
+    ten sub-windows of one window), ``sink_qps``, ``source_qps`` (items drawn
+    from the source in the windows: a cross-check), ``warmup_s``,
+    ``settings``, ``windows``, ``wall_s`` (the whole call's) and
+    ``stage_latency`` (median call duration inside the pipeline per thread /
+    async stage, real or stand-in). A
+    run that fails has ``qps`` None and its ``error``; the other goes on
+    alone.
+    """
+    from stagebench.core._spdl_harness import quiet_spdl_log
+
+    if not 1 <= len(runs) <= 2:
+        raise ValueError(f"one or two runs take turns, got {len(runs)}")
+    made: list[_Run] = []
+    t_begin = time.perf_counter()
+    with quiet_spdl_log():  # items that fail are the stage's business, measured per point
+        try:
+            for name, stand_ins in runs.items():
+                made.append(_Run(name, plan, source_items, choices, stand_ins, items_per_sink_item))
+            for r in made:
+                r.start()
+            _warm_up(made, warmup_s, timeout_s)
+            live = [r for r in made if r.error is None]
+            if len(live) == 1:
+                _count(live[0], window_s)
+            elif len(live) == 2:
+                _take_turns(*live, window_s)
+        finally:
+            for r in made:
+                r.close()
+    out = {}
+    wall = time.perf_counter() - t_begin
+    for r in made:
+        res = r.result(items_per_sink_item)
+        res["wall_s"] = wall  # of the whole call, shared when two took turns
+        if r.partner is not None and res.get("qps") is not None:
+            res["settle_s"], res["interleaved_with"] = r.settle_s, r.partner
+        out[r.name] = res
+    return out
+
+
+def _warm_up(runs: list[_Run], warmup_s: float, timeout_s: float) -> None:
+    """Warm the runs up together: their sources open at once, each closes when it is warm.
+
+    Together, not one after the other: warming up is not measured, and pools
+    that start lazily (worker processes: ~1 s here) start side by side. Two
+    runs are left closed, to take turns; one run alone is left open.
+    """
+    for r in runs:
+        r.open_for_warm_up()
+    pending = list(runs)
+    while pending:
+        for r in [r for r in pending if r.warm(warmup_s, timeout_s)]:
+            pending.remove(r)
+            if len(runs) > 1 or r.error is not None:
+                r.gate.clear()
+        if pending:
+            time.sleep(0.01)
+
+
+def _take_turns(a: _Run, b: _Run, window_s: float) -> None:
+    """Count ``window_s`` of each in slices, R V V R R V V R, settling after each switch."""
+    lat = [r.steady_latency_s if r.steady_latency_s is not None else r.latency_s for r in (a, b)]
+    settle = min(_MAX_SETTLE_S, max(_MIN_SETTLE_S, 3 * max(x or 0.0 for x in lat)))
+    prev: _Run | None = None
+    for r in [a, b, b, a] * (_SLICES // 2):
+        if r.error is not None:
+            continue
+        if r is not prev:
+            if prev is not None:
+                prev.gate.clear()
+            r.gate.set()
+            time.sleep(settle)  # the other drains, this one refills
+        _count(r, window_s / _SLICES, keep_open=True)
+        prev = r
+    for r, other in ((a, b), (b, a)):
+        r.gate.clear()
+        r.settle_s, r.partner = settle, other.name
+
+
+def _count(r: _Run, seconds: float, keep_open: bool = False) -> None:
+    """Count one window of ``r``'s sink arrivals (its source open)."""
+    r.gate.set()
+    t0 = time.perf_counter()
+    end = t0 + seconds
+    while r.error is None and time.perf_counter() < end:
+        time.sleep(min(0.05, max(0.0, end - time.perf_counter())))
+    t1 = time.perf_counter()
+    if not keep_open:
+        r.gate.clear()
+    if r.error is None:
+        r.windows.append((t0, t1))

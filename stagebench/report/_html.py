@@ -1,0 +1,159 @@
+"""What the HTML pages share: the jinja2 environment, value formatting, and safe embedding.
+
+Every user-given string reaches a page only through jinja2 with autoescape or
+through :func:`json_island`; figures and the CSV download are ``data:`` URIs,
+so a page is one self-contained file with no script to run.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from stagebench._numbers import finite
+from stagebench.runs._results import to_jsonable
+
+
+@functools.cache
+def _env():
+    from jinja2 import Environment, PackageLoader, StrictUndefined
+
+    env = Environment(
+        loader=PackageLoader("stagebench.report", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,  # a missing context key is a bug in this module, not an empty cell
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["rate"] = rate_text
+    env.filters["num"] = num_text
+    env.filters["pct"] = pct_text
+    env.filters["interval"] = interval_text
+    return env
+
+
+def render(template: str, **ctx: Any) -> str:
+    return _env().get_template(template).render(**ctx)
+
+
+def rate_text(x: Any) -> str:
+    from stagebench.report._plots import fmt_rate
+
+    return fmt_rate(float(x)) if finite(x) else "n/a"
+
+
+def num_text(x: Any, digits: int = 3) -> str:
+    if isinstance(x, bool) or x is None:
+        return "—" if x is None else str(x).lower()
+    if isinstance(x, int):
+        return f"{x:,}"
+    if not finite(x):
+        return "—"
+    x = float(x)
+    if x == 0:
+        return "0"
+    if abs(x) >= 10**digits:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}"
+
+
+def pct_text(x: Any, signed: bool = False) -> str:
+    if not finite(x):
+        return "—"
+    return f"{float(x) * 100:+.0f}%" if signed else f"{float(x) * 100:.0f}%"
+
+
+def interval_text(lo: Any, hi: Any) -> str:
+    if not (finite(lo) and finite(hi)):
+        return "no interval"
+    return f"{rate_text(lo)}–{rate_text(hi)}"
+
+
+def json_island(obj: Any) -> Any:
+    """JSON that is safe inside ``<script type="application/json">``.
+
+    Escaping ``<`` ``>`` ``&`` as ``\\u003c`` etc. keeps the JSON identical
+    after parsing while making ``</script>`` (or ``<!--``) impossible inside
+    the element; U+2028/9 are escaped for old JavaScript parsers.
+    """
+    from markupsafe import Markup
+
+    text = json.dumps(to_jsonable(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=str)
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(ch, esc)
+    return Markup(text)
+
+
+def svg_uri(svg: str | None) -> str | None:
+    if not svg:
+        return None
+    return "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
+
+
+def csv_uri(data: bytes) -> str:
+    return "data:text/csv;charset=utf-8;base64," + base64.b64encode(data).decode("ascii")
+
+
+def rows_records(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    return to_jsonable(rows.astype(object).where(rows.notna(), None).to_dict("records"))
+
+
+def provenance_items(prov: Mapping[str, Any] | None, after: Mapping[str, Any] | None = None) -> list[tuple[str, str]]:
+    p = prov or {}
+    items: list[tuple[str, str]] = []
+
+    def add(label: str, value: Any) -> None:
+        if value not in (None, "", [], {}):
+            items.append((label, str(value)))
+
+    add("host", p.get("hostname"))
+    add("CPU", p.get("cpu_model"))
+    if p.get("cpu_count") is not None:
+        add("cores", f"{p.get('usable_cores', p.get('cpu_count'))} usable of {p.get('cpu_count')}")
+    if p.get("memory_total_gb") is not None:
+        add("memory", f"{p.get('memory_total_gb')} GB total, {p.get('memory_available_gb')} GB available at start")
+    py = p.get("python")
+    if py:
+        add(
+            "Python",
+            f"{py} ({p.get('python_implementation', '')}"
+            f"{', free-threaded' if p.get('free_threaded') else ', with the GIL'})",
+        )
+    add("platform", p.get("platform"))
+    la = p.get("load_avg")
+    if la:
+        txt = "start " + " / ".join(f"{v:.2f}" for v in la)
+        if after and after.get("load_avg"):
+            txt += ", end " + " / ".join(f"{v:.2f}" for v in after["load_avg"])
+        add("load average (1/5/15 min)", txt)
+    libs = p.get("libraries") or {}
+    add("libraries", ", ".join(f"{k} {v}" for k, v in libs.items() if v))
+    env = p.get("env") or {}
+    add("environment", ", ".join(f"{k}={v}" for k, v in env.items()))
+    add("taken at", p.get("taken_at"))
+    return items
+
+
+def machine_label(prov: Mapping[str, Any] | None) -> str:
+    p = prov or {}
+    parts = [str(p.get("hostname") or "?")]
+    if p.get("cpu_model"):
+        parts.append(str(p["cpu_model"]))
+    if p.get("usable_cores") or p.get("cpu_count"):
+        parts.append(f"{p.get('usable_cores') or p.get('cpu_count')} cores")
+    return " · ".join(parts)
+
+
+def write_text(path: Path, text: str) -> None:
+
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)  # a browser refreshing mid-write never sees half a page

@@ -1,0 +1,718 @@
+"""The per-run HTML report: one self-contained file, rebuilt from saved rows.
+
+Why it is built this way:
+
+* A pure function of the run directory. ``results.csv`` and ``run.json`` are
+  the source of truth; ``summary.json`` is derived from them (``rebuild``
+  recomputes it) and the HTML is derived from all three. Nothing in the page
+  depends on the clock, the host or hash seeds, so the same rows give the same
+  bytes and a report can be diffed, cached and committed.
+* Self-contained and offline: figures are SVG embedded as ``data:`` images
+  (an image cannot run script, and separate documents cannot clash on ids),
+  the CSV download is a ``data:`` link, and there is no JavaScript at all, so
+  there is nothing to fail in a browser console and nothing to fetch.
+* Every user-given string (stage names, reasons, labels) reaches the page only
+  through jinja2 with autoescape, or through :func:`json_island`, which escapes
+  ``<``, ``>`` and ``&`` so that no string can close the ``<script>`` element
+  that carries the machine-readable rows.
+* Analysis lives elsewhere (``_analysis.summarize`` for pipelines,
+  ``_loader.summarize_loader`` for loaders); this module only presents it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from stagebench._numbers import finite
+from stagebench.analysis._summary import guess_kind, summarize_run
+from stagebench.report._html import (
+    csv_uri,
+    interval_text,
+    json_island,
+    num_text,
+    pct_text,
+    provenance_items,
+    rate_text,
+    render,
+    rows_records,
+    svg_uri,
+    write_text,
+)
+from stagebench.runs._knobs import loader_knobs
+from stagebench.runs._results import TRANSFORMS_CSV, RunDir, is_run_dir, read_rows, read_rows_or_empty, to_jsonable
+from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
+
+__all__ = [
+    "write_report",
+    "summarize_run",
+    "render_report",
+    "load_run",
+    "RunData",
+    "json_island",
+]
+
+_STAGE_ROW_ORDER = ("stage", "role", "harness", "executor", "concurrency")
+_CLASS_TEXT = {
+    "gil-bound": "holds the GIL: threads cannot add throughput",
+    "cpu-bound": "limited by the cores",
+    "io-bound": "waiting (I/O or sleep): scales with concurrency",
+    "overhead-bound": "at the harness ceiling: per-item overhead dominates; batch it",
+    "ipc-bound": "limited by moving data between processes",
+    "unknown": "not classified",
+}
+_BINDING_TEXT = {"stage": "a stage's capacity", "cores": "the cores", "gil": "the GIL"}
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@dataclass(slots=True)
+class RunData:
+    """Everything a report needs from one run directory."""
+
+    path: Path
+    meta: dict[str, Any]
+    rows: pd.DataFrame
+    summary: dict[str, Any]
+    summary_error: str | None = None
+    csv_bytes: bytes = b""
+    kind: str = "pipeline"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _stored_summary(path: Path) -> dict[str, Any]:
+    """summary.json as saved; {} (so it is computed again from the rows) when it is damaged or was
+    written with another summary schema: it is derived, and the rows are the source of truth."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("schema_version", SUMMARY_SCHEMA_VERSION) != SUMMARY_SCHEMA_VERSION:
+        return {}
+    return data
+
+
+def load_run(run_dir: Path, *, recompute: bool = False) -> RunData:
+    """Read a run directory; compute the summary when it is missing (or when asked).
+
+    A summary that cannot be computed does not stop the report: the page shows
+    the rows and plots, and the error, rather than nothing at all.
+    """
+    run_dir = Path(run_dir)
+    if not is_run_dir(run_dir):
+        raise FileNotFoundError(2, "not a run directory (no run.json or results.csv)", str(run_dir))
+    rd = RunDir(run_dir)
+    meta = rd.read_meta()
+    rows = read_rows_or_empty(run_dir)
+    kind = meta.get("kind") or guess_kind(rows)
+    summary: dict[str, Any] = {}
+    error = None
+    if not recompute and rd.summary_json.is_file():
+        summary = _stored_summary(rd.summary_json)
+    if not summary:
+        try:
+            summary = to_jsonable(summarize_run(run_dir))
+            rd.write_summary(summary)
+        except Exception as e:
+            if recompute:
+                raise
+            error = f"{type(e).__name__}: {e}"
+    csv_bytes = rd.results_csv.read_bytes() if rd.results_csv.is_file() else b""
+    extra: dict[str, Any] = {}
+    tpath = run_dir / TRANSFORMS_CSV
+    if tpath.is_file() and tpath.stat().st_size > 0:
+        # a loader's transforms, measured as pipeline stages (STAGE_COLUMNS rows)
+        extra["transform_rows"] = read_rows(tpath)
+    return RunData(
+        path=run_dir,
+        meta=meta,
+        rows=rows,
+        summary=summary,
+        summary_error=error,
+        csv_bytes=csv_bytes,
+        kind=kind,
+        extra=extra,
+    )
+
+
+# --------------------------------------------------------------------------- html helpers
+
+
+# --------------------------------------------------------------------------- snippets
+
+
+def _identifier(name: str) -> tuple[str, str]:
+    """(code, comment): the stage name as code when it is a Python name, else a placeholder."""
+    if name.isidentifier():
+        return name, ""
+    return "fn", f"  # stage {name!r}"
+
+
+def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
+    """The recommended settings as a PipelineBuilder chain to paste."""
+    types = {s.get("name"): s for s in meta.get("stages") or []}
+    stages = summary.get("stages") or []
+    settings = {s.get("stage"): s for s in (summary.get("prediction") or {}).get("settings") or []}
+    lines, imports = [], set()
+    for st in stages:
+        name = str(st.get("name", "?"))
+        info = types.get(name, {})
+        stype = st.get("type") or info.get("type") or "pipe"
+        code, comment = _identifier(name)
+        if stype != "pipe":
+            lines.append(f"    # .{stype}(...)  stage {name!r}: keep as is")
+            continue
+        rec = settings.get(name) or st.get("recommended") or {}
+        ex, c = rec.get("executor"), rec.get("concurrency")
+        if not ex or not c:
+            lines.append(f"    .pipe({code}){comment}  # no recommendation: see the stage section")
+            continue
+        c = int(c)
+        if ex == "process":
+            imports.add("ProcessPoolExecutor")
+            lines.append(f"    .pipe({code}, concurrency={c}, executor=ProcessPoolExecutor(max_workers={c})){comment}")
+        elif ex == "thread":
+            imports.add("ThreadPoolExecutor")
+            lines.append(f"    .pipe({code}, concurrency={c}, executor=ThreadPoolExecutor(max_workers={c})){comment}")
+        else:  # async: coroutines on the event loop, concurrency is tasks in flight
+            lines.append(f"    .pipe({code}, concurrency={c}){comment}")
+    if not lines:
+        return ""
+    head = []
+    if imports:
+        head.append(f"from concurrent.futures import {', '.join(sorted(imports))}")
+    head.append("from spdl.pipeline import PipelineBuilder")
+    head.append("")
+    return "\n".join(
+        head
+        + [
+            "pipeline = (",
+            "    PipelineBuilder()",
+            "    .add_source(source)",
+            *lines,
+            "    .add_sink(buffer_size=...)",
+            "    .build(num_threads=...)",
+            ")",
+        ]
+    )
+
+
+def loader_snippet(summary: Mapping[str, Any]) -> str:
+    rec = summary.get("recommended") or {}
+    if not rec:
+        return ""
+    info = summary.get("loader") or {}
+    backend = str(info.get("backend") or "")
+    knobs = loader_knobs(rec)
+    if int(knobs.get("num_workers") or 0) == 0 and backend in ("torch", "spdl_pytorch", ""):
+        # DataLoader rejects prefetch_factor/persistent_workers without workers.
+        knobs.pop("prefetch_factor", None)
+        knobs["persistent_workers"] = False
+    args = ", ".join(f"{k}={v!r}" for k, v in knobs.items() if v is not None)
+    bs = info.get("batch_size")
+    bs_arg = f"batch_size={bs}, " if bs else ""
+    if backend == "spdl_pytorch":
+        return (
+            "from spdl.dataloader import get_pytorch_dataloader\n\n"
+            f"loader = get_pytorch_dataloader(\n    dataset, {bs_arg}\n    {args},\n)"
+        )
+    if backend in ("torch", ""):
+        return f"from torch.utils.data import DataLoader\n\nloader = DataLoader(\n    dataset, {bs_arg}\n    {args},\n)"
+    return f"# {backend} loader: recommended settings\n" + "\n".join(
+        f"{k} = {v!r}" for k, v in knobs.items() if v is not None
+    )
+
+
+# --------------------------------------------------------------------------- context
+
+
+def _signal_items(evidence: Mapping[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for key, sig in (evidence.get("signals") or {}).items():
+        if not isinstance(sig, Mapping):
+            sig = {"value": sig}
+        iv = sig.get("interval") or [None, None]
+        out.append(
+            {
+                "key": str(key),
+                "label": str(sig.get("label") or key),
+                "value": sig.get("value"),
+                "low": iv[0] if len(iv) > 0 else None,
+                "high": iv[1] if len(iv) > 1 else None,
+            }
+        )
+    return out
+
+
+def _fit_items(fits: Mapping[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for key, f in sorted((fits or {}).items()):
+        f = f or {}
+        out.append(
+            {
+                "key": key,
+                "model": f.get("model", "usl"),
+                "sigma": f.get("sigma"),
+                "kappa": f.get("kappa"),
+                "sigma_interval": f.get("sigma_interval"),
+                "amdahl": f.get("amdahl_serial_fraction"),
+                "amdahl_interval": f.get("amdahl_interval"),
+                "peak": f.get("peak_concurrency"),
+                "r2": f.get("r2"),
+                "levels": f.get("levels"),
+                "warning": f.get("warning"),
+            }
+        )
+    return out
+
+
+def _problem_rows(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    if rows.empty or "status" not in rows:
+        return []
+    bad = rows[rows["status"].astype(str) != "ok"]
+    cols = [
+        c
+        for c in (
+            "role",
+            "harness",
+            "executor",
+            "concurrency",
+            "num_workers",
+            "prefetch_factor",
+            "persistent_workers",
+            "status",
+            "reason",
+            "error_example",
+        )
+        if c in bad.columns
+    ]
+    return [{k: _cell(v) for k, v in r.items()} for r in bad[cols].to_dict("records")]
+
+
+def _cell(v: Any) -> Any:
+    """A table cell: blanks for missing values, integral floats as integers (CSV reads 2 as 2.0)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, (bool,)) or str(v) in ("True", "False"):
+        return "yes" if str(v) == "True" else "no"
+    if v == "not applicable":
+        return "n/a"
+    return v
+
+
+def _noise(rows: pd.DataFrame, value: str, low: str, high: str) -> float | None:
+    """Median relative half-width of the measured intervals (a fact of the rows, not an analysis)."""
+    if rows.empty or value not in rows:
+        return None
+    ok = rows[(rows["status"] == "ok")]
+    if "role" in ok:
+        ok = ok[ok["role"] == "stage"]
+    v, lo, hi = (pd.to_numeric(ok[c], errors="coerce") for c in (value, low, high))
+    rel = ((hi - lo) / 2 / v).replace([math.inf, -math.inf], math.nan).dropna()
+    return float(rel.median()) if len(rel) else None
+
+
+def stage_cards(
+    rows: pd.DataFrame,
+    summaries: Sequence[Mapping[str, Any]],
+    meta_stages: Sequence[Mapping[str, Any]],
+    cores: float | None,
+    anchor: str = "stage",
+) -> list[dict[str, Any]]:
+    """One card per stage (pipeline stages, or a loader's transforms measured as stages)."""
+    from stagebench.report import _plots
+
+    by_name = {str(s.get("name")): s for s in summaries}
+    names: list[str] = []
+    for src in (summaries, meta_stages):
+        for s in src:
+            if str(s.get("name")) not in names:
+                names.append(str(s.get("name")))
+    if "stage" in rows.columns:
+        names += [n for n in rows["stage"].astype(str).unique() if n not in names]
+    cards = []
+    for i, name in enumerate(names, start=1):
+        s = by_name.get(name, {})
+        sub = rows[rows["stage"].astype(str) == name] if "stage" in rows else rows.iloc[0:0]
+        sub = sub.sort_values(list(_STAGE_ROW_ORDER), kind="stable") if len(sub) else sub
+        cls = s.get("classification") or "unknown"
+        ev = s.get("evidence") or {}
+        gi = s.get("gil_fraction_interval") or [None, None]
+        cards.append(
+            {
+                "anchor": f"{anchor}-{i}",
+                "name": name,
+                "index": i,
+                "type": s.get("type") or "",
+                "status": s.get("status", "ok" if len(sub) else "not measured"),
+                "classification": cls,
+                "class_text": _CLASS_TEXT.get(cls, cls),
+                "class_color": _plots.CLASS_COLORS.get(cls, _plots.OKABE_ITO["grey"]),
+                "gil": s.get("gil_fraction"),
+                "gil_low": gi[0],
+                "gil_high": gi[1] if len(gi) > 1 else None,
+                "evidence": [str(x) for x in ev.get("summary") or []],
+                "signals": _signal_items(ev),
+                "fits": _fit_items(s.get("fit") or {}),
+                "rec": _keys(s.get("recommended"), _POINT_KEYS),
+                "best": _keys(s.get("best"), _POINT_KEYS),
+                "ceiling": s.get("ceiling_qps"),
+                "cpu_ms": _to_ms(s.get("cpu_s_per_item")),
+                "gil_ms": _to_ms(s.get("gil_s_per_item")),
+                "img_qps": svg_uri(_plots.stage_throughput_svg(sub, s)) if len(sub) else None,
+                "img_res": svg_uri(_plots.stage_resources_svg(sub, cores)) if len(sub) else None,
+                "problems": _problem_rows(sub),
+            }
+        )
+    return cards
+
+
+def _pipeline_context(run: RunData) -> dict[str, Any]:
+    from stagebench.report import _plots
+
+    rows, meta, summary = run.rows, run.meta, run.summary
+    prov = summary.get("provenance") or meta.get("provenance") or {}
+    cores = prov.get("usable_cores") or prov.get("cpu_count")
+    stages = stage_cards(rows, summary.get("stages") or [], meta.get("stages") or [], cores)
+    pred = _keys(
+        summary.get("prediction"),
+        ("qps", "binding", "bottleneck", "explanation", "bounds", "naive_qps", "method", "bounds_qps"),
+    )
+    val = _keys(summary.get("validation"), ("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction"))
+    tiles = []
+    if pred.get("qps") is not None:
+        binding = _BINDING_TEXT.get(pred.get("binding"), pred.get("binding") or "?")
+        tiles.append(
+            {
+                "label": "predicted pipeline throughput",
+                "value": f"{rate_text(pred['qps'])} items/s",
+                "sub": (
+                    f"replayed with stand-ins (bounds: {rate_text(pred['bounds_qps'])}) · "
+                    if pred.get("method") == "replay" and finite(pred.get("bounds_qps"))
+                    else ""
+                )
+                + f"bound by {binding}"
+                + (f" · bottleneck: {pred['bottleneck']}" if pred.get("bottleneck") else ""),
+            }
+        )
+    if val.get("qps") is not None:
+        sub = f"{interval_text(val.get('qps_low'), val.get('qps_high'))}"
+        if finite(val["qps"]) and finite(pred.get("qps")) and float(pred["qps"]) > 0:
+            # computed here, not read from error_vs_prediction: the sign convention is then unambiguous
+            sub += f" · {pct_text(float(val['qps']) / float(pred['qps']) - 1, signed=True)} vs predicted"
+        tiles.append({"label": "measured whole pipeline", "value": f"{rate_text(val['qps'])} items/s", "sub": sub})
+    if pred.get("naive_qps") is not None and pred.get("qps") is not None and finite(pred.get("naive_qps")):
+        tiles.append(
+            {
+                "label": "slowest stage alone",
+                "value": f"{rate_text(pred['naive_qps'])} items/s",
+                "sub": "the naive min-of-stages estimate",
+            }
+        )
+    noise = _noise(rows, "qps", "qps_low", "qps_high")
+    if noise is not None:
+        tiles.append(
+            {
+                "label": "measurement noise",
+                "value": f"±{noise * 100:.1f}%",
+                "sub": "median half-width of the 95% intervals",
+            }
+        )
+    n_bad = sum(len(s["problems"]) for s in stages)
+    return {
+        "stages": stages,
+        "tiles": tiles,
+        "stand_ins": _stand_in_rows(summary.get("prediction")),
+        "prediction": pred,
+        "binding_text": _BINDING_TEXT.get(pred.get("binding"), pred.get("binding") or ""),
+        "validation": val,
+        "snippet": pipeline_snippet(summary, meta),
+        "overview_img": svg_uri(_plots.pipeline_overview_svg(summary)),
+        "n_problems": n_bad,
+        "not_isolated": [
+            {"name": str(x.get("name", "?")), "reason": str(x.get("reason", ""))}
+            for x in (summary.get("not_isolated") or meta.get("not_isolated") or [])
+        ],
+    }
+
+
+def _stand_in_rows(pred: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """What the replay ran in place of each stage, in ms per call (what the predicted number rests on)."""
+    replay = (pred or {}).get("replay") or {}
+    out = []
+    for s in replay.get("stand_ins") or []:
+        if not isinstance(s, Mapping):
+            continue
+        out.append(
+            {
+                "name": str(s.get("name", "?")),
+                "executor": str(s.get("executor", "?")),
+                "concurrency": s.get("concurrency"),
+                "gil_ms": _to_ms(s.get("gil_s")),
+                "free_ms": _to_ms(s.get("free_s")),
+                "wait_ms": _to_ms(s.get("wait_s")),
+                "releases": int(s["releases"]) if isinstance(s.get("releases"), (int, float)) else 1,
+                "note": str(s.get("note") or ""),
+            }
+        )
+    return out
+
+
+_POINT_KEYS = ("executor", "concurrency", "harness", "qps", "qps_low", "qps_high", "why")
+_LOADER_KEYS = (
+    "num_workers",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory",
+    "samples_per_s",
+    "samples_per_s_low",
+    "samples_per_s_high",
+    "why",
+)
+
+
+def _keys(d: Mapping[str, Any] | None, keys: Sequence[str]) -> dict[str, Any]:
+    """A summary dict with every key the template reads (None when absent), extra keys kept."""
+    d = dict(d or {})
+    return {**{k: None for k in keys}, **d}
+
+
+def _to_ms(x: Any) -> float | None:
+    """Seconds as milliseconds, for a table cell."""
+    return float(x) * 1e3 if finite(x) else None
+
+
+def _loader_context(run: RunData) -> dict[str, Any]:
+    from stagebench.report import _plots
+
+    rows, summary = run.rows, run.summary
+    info = summary.get("loader") or run.meta.get("loader") or {}
+    rec = _keys(summary.get("recommended"), _LOADER_KEYS) if summary.get("recommended") else {}
+    best = _keys(summary.get("best"), _LOADER_KEYS)
+    search = summary.get("search") or {}
+    target = _keys(summary.get("target"), ("rate", "met", "verdict")) if summary.get("target") else None
+    tiles = []
+    if rec.get("samples_per_s") is not None:
+        tiles.append(
+            {
+                "label": "recommended setting",
+                "value": f"{rate_text(rec['samples_per_s'])} samples/s",
+                "sub": f"num_workers={rec.get('num_workers')}, prefetch_factor={rec.get('prefetch_factor')}",
+            }
+        )
+    if best.get("samples_per_s") is not None:
+        tiles.append(
+            {
+                "label": "best measured",
+                "value": f"{rate_text(best['samples_per_s'])} samples/s",
+                "sub": interval_text(best.get("samples_per_s_low"), best.get("samples_per_s_high")),
+            }
+        )
+    if target:
+        tiles.append(
+            {
+                "label": "trainer needs",
+                "value": f"{rate_text(target.get('rate'))} samples/s",
+                "sub": "met" if target.get("met") else "NOT met: data-bound",
+            }
+        )
+    if search.get("points_measured") is not None:
+        sub = f"{search.get('points_measured')} points in {num_text(search.get('seconds'))} s"
+        if finite(search.get("time_saved_s")):
+            sub += f"; saved {num_text(search['time_saved_s'])} s vs the full grid"
+        tiles.append(
+            {
+                "label": f"search ({search.get('strategy', '?')})",
+                "value": f"{search.get('points_measured')} points",
+                "sub": sub,
+            }
+        )
+    user = summary.get("user_setting") or {}
+    if finite(user.get("samples_per_s")):
+        tiles.append(
+            {
+                "label": "your current setting",
+                "value": f"{rate_text(user['samples_per_s'])} samples/s",
+                "sub": f"num_workers={user.get('num_workers')}, prefetch_factor={user.get('prefetch_factor')}",
+            }
+        )
+    noise = _noise(rows, "samples_per_s", "samples_per_s_low", "samples_per_s_high")
+    if noise is not None:
+        tiles.append(
+            {
+                "label": "measurement noise",
+                "value": f"±{noise * 100:.1f}%",
+                "sub": "median half-width of the 95% intervals",
+            }
+        )
+    points = []
+    if not rows.empty and "num_workers" in rows:
+        ok = rows[rows["status"] == "ok"].copy()
+        for c in ("num_workers", "prefetch_factor"):
+            ok[c] = pd.to_numeric(ok[c], errors="coerce")
+        ok = ok.sort_values(["num_workers", "prefetch_factor"], kind="stable", na_position="first")
+        for r in ok.to_dict("records"):
+            points.append(
+                {
+                    "nw": num_text(int(r["num_workers"])) if finite(r.get("num_workers")) else "—",
+                    "pf": num_text(int(r["prefetch_factor"])) if finite(r.get("prefetch_factor")) else "—",
+                    "pw": _cell(r.get("persistent_workers")),
+                    "pin": _cell(r.get("pin_memory")),
+                    "sps": r.get("samples_per_s"),
+                    "lo": r.get("samples_per_s_low"),
+                    "hi": r.get("samples_per_s_high"),
+                    "ttfb": r.get("time_to_first_batch_s"),
+                    "stall": r.get("epoch_stall_s"),
+                    "cores": r.get("cores_used"),
+                    "mem": r.get("mem_pss_mb"),
+                    "rec": _same_knobs(r, rec),
+                }
+            )
+    prov = summary.get("provenance") or run.meta.get("provenance") or {}
+    trows = run.extra.get("transform_rows")
+    transforms = stage_cards(
+        trows if trows is not None else pd.DataFrame(),
+        summary.get("transforms") or [],
+        [],
+        prov.get("usable_cores") or prov.get("cpu_count"),
+        anchor="transform",
+    )
+    budget = (summary.get("settings") or {}).get("memory_budget_mb")
+    return {
+        "info": {str(k): v for k, v in info.items()},
+        "rec": rec,
+        "best": best,
+        "search": search,
+        "target": target,
+        "tiles": tiles,
+        "snippet": loader_snippet(summary),
+        "img_tput": svg_uri(_plots.loader_throughput_svg(rows, summary)) if len(rows) else None,
+        "img_heat": svg_uri(_plots.loader_heatmap_svg(rows, summary)) if len(rows) else None,
+        "img_startup": svg_uri(_plots.loader_startup_memory_svg(rows, budget if finite(budget) else None))
+        if len(rows)
+        else None,
+        "points": points,
+        "problems": _problem_rows(rows),
+        "transforms": transforms,
+    }
+
+
+def _same_knobs(row: Mapping[str, Any], rec: Mapping[str, Any]) -> bool:
+    if not rec or rec.get("num_workers") is None:
+        return False
+    if int(row.get("num_workers") or 0) != int(rec["num_workers"]):
+        return False
+    pf_r, pf_c = row.get("prefetch_factor"), rec.get("prefetch_factor")
+    if finite(pf_r) and finite(pf_c) and int(pf_r) != int(pf_c):
+        return False
+    for k in ("persistent_workers", "pin_memory"):
+        if k in rec and str(row.get(k)).lower() != str(rec[k]).lower():
+            return False
+    return True
+
+
+def _title(run: RunData) -> str:
+    if run.kind == "loader":
+        info = run.summary.get("loader") or run.meta.get("loader") or {}
+        return f"{info.get('name', 'loader')} ({info.get('backend', '?')})"
+    pred = run.summary.get("prediction") or {}
+    names = [str(s.get("name")) for s in run.summary.get("stages") or run.meta.get("stages") or []]
+    if names:
+        return f"pipeline: {' → '.join(names[:6])}" + (" → …" if len(names) > 6 else "")
+    return f"pipeline {pred.get('bottleneck', '')}".strip()
+
+
+def report_context(run: RunData) -> dict[str, Any]:
+    summary, meta = run.summary, run.meta
+    warnings = [str(w) for w in summary.get("warnings") or []]
+    if run.summary_error:
+        warnings.insert(
+            0, f"the analysis could not run, so this report shows the raw measurements only ({run.summary_error})"
+        )
+    if run.rows.empty:
+        warnings.insert(0, "no measured rows: results.csv is missing or empty")
+    settings = summary.get("settings") or meta.get("settings") or {}
+    findings = [
+        {
+            "severity": str(f.get("severity", "info")),
+            "title": str(f.get("title", "")),
+            "detail": str(f.get("detail", "")),
+            "stage": f.get("stage"),
+        }
+        for f in summary.get("findings") or []
+    ]
+    # Findings arrive ranked: show the important ones, fold the minor tail away.
+    split = max(3, sum(1 for f in findings if f["severity"] in ("high", "medium")))
+    ctx: dict[str, Any] = {
+        "kind": run.kind,
+        "title": _title(run),
+        "verdict": summary.get("verdict")
+        or ("no verdict: the analysis did not run" if run.summary_error else "no verdict in summary.json"),
+        "warnings": warnings,
+        "findings": findings[:split],
+        "more_findings": findings[split:],
+        "provenance": provenance_items(
+            summary.get("provenance") or meta.get("provenance"), meta.get("provenance_after")
+        ),
+        "run_items": [
+            (k, str(v))
+            for k, v in (
+                ("created", meta.get("created_at")),
+                ("command", _command(meta)),
+                ("stagebench", summary.get("stagebench_version")),
+                ("run directory", run.path.name),
+            )
+            if v
+        ],
+        "settings": [
+            (str(k), json.dumps(to_jsonable(v), ensure_ascii=False, default=str)) for k, v in settings.items()
+        ],
+        "rows_json": json_island(rows_records(run.rows)),
+        "summary_json": json_island(summary),
+        "csv_uri": csv_uri(run.csv_bytes),
+        "n_rows": len(run.rows),
+        "columns": list(run.rows.columns),
+    }
+    trows = run.extra.get("transform_rows")
+    ctx["transform_rows_json"] = json_island(rows_records(trows)) if trows is not None else None
+    if run.kind == "loader":
+        ctx["loader"] = _loader_context(run)
+        ctx["pipeline"] = None
+    else:
+        ctx["pipeline"] = _pipeline_context(run)
+        ctx["loader"] = None
+    return ctx
+
+
+def _command(meta: Mapping[str, Any]) -> str | None:
+    cmd = meta.get("command")
+    if isinstance(cmd, (list, tuple)):
+        import shlex
+
+        return shlex.join(str(c) for c in cmd)
+    return cmd
+
+
+def render_report(run: RunData) -> str:
+    """The report HTML for a loaded run (pure: same run data, same text)."""
+    return render("report.html.j2", **report_context(run))
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def write_report(run_dir: Path) -> Path:
+    """Write ``report.html`` for a run directory (computing ``summary.json`` if missing)."""
+    run = load_run(Path(run_dir))
+    out = run.path / "report.html"
+    write_text(out, render_report(run))
+    return out

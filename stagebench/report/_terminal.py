@@ -1,0 +1,185 @@
+"""The short table printed when a diagnosis ends.
+
+The report is the full story; the terminal gets what fits on one screen: per
+stage, what limits it, the setting to use, and the throughput there, then the
+pipeline's prediction and validation and the path of the report. Plain text
+with aligned columns (it lands in CI logs and Slurm output files), and stage
+names are cleaned of control characters because the user chose them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import unicodedata
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stagebench._numbers import num_or_none
+from stagebench.analysis._loader import setting_cost
+
+__all__ = ["format_table", "format_rate"]
+
+_MAX_NAME = 32
+
+
+def _clean(text: Any, limit: int | None = None) -> str:
+    s = "".join(ch if unicodedata.category(ch)[0] != "C" else " " for ch in str(text))
+    s = " ".join(s.split())
+    if limit is not None and len(s) > limit:
+        s = s[: limit - 1] + "…"
+    return s
+
+
+def format_rate(qps: Any, low: Any = None, high: Any = None) -> str:
+    """``1,234`` or ``1,234 (1,200-1,270)``; ``12.3`` below 100; ``-`` when unknown."""
+    q = num_or_none(qps)
+    if q is None:
+        return "-"
+
+    def fmt(v: float) -> str:
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.1f}"
+
+    lo, hi = num_or_none(low), num_or_none(high)
+    if lo is None or hi is None:
+        return fmt(q)
+    return f"{fmt(q)} ({fmt(max(lo, 0.0))}-{fmt(hi)})"
+
+
+def _setting(point: Mapping[str, Any] | None) -> str:
+    if not point or point.get("executor") is None:
+        return "-"
+    c = point.get("concurrency")
+    return f"{point['executor']} x {int(c)}" if num_or_none(c) is not None else str(point["executor"])
+
+
+def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | None = None) -> str:
+    """The end-of-run table for a pipeline summary (see CONTRACTS.md)."""
+    header = ("stage", "verdict", "recommended", "items/s (95% CI)", "notes")
+    rows: list[tuple[str, ...]] = [header]
+    for st in summary.get("stages") or []:
+        status = st.get("status") or "ok"
+        verdict = st.get("classification") or "unknown"
+        if status not in ("ok", None):
+            verdict = f"{status}" if verdict == "unknown" else f"{verdict} ({status})"
+        gil = num_or_none(st.get("gil_fraction"))
+        busy = ((st.get("evidence") or {}).get("signals") or {}).get("gil_busy_at_best") or {}
+        if (
+            busy.get("role") == "verdict"
+            and num_or_none(busy.get("value")) is not None
+            and gil is not None
+            and busy["value"] >= 2 * gil
+        ):
+            # the verdict rests on how busy the GIL is (many threads, or the harness's Python too): the
+            # stage's own share alone can be small and would read as a contradiction ("gil-bound, GIL 6%")
+            verdict += f", GIL {busy['value']:.0%} busy ({gil:.0%} its own)"
+        elif gil is not None:
+            verdict += f", GIL {gil:.0%}"
+        rec = st.get("recommended") or {}
+        best = st.get("best") or {}
+        # Rates in source items/s, comparable across stages and with the prediction: a
+        # stage after a batch of 16 handles 16 items per call.
+        k = num_or_none(st.get("items_per_input")) or 1.0
+
+        def scaled(key: str, point: Mapping[str, Any] = rec, k: float = k) -> float | None:
+            v = num_or_none(point.get(key))
+            return v * k if v is not None else None
+
+        notes = []
+        if _setting(best) != _setting(rec):
+            notes.append(f"best {_setting(best)}: {format_rate(scaled('qps', best))}")
+        if k != 1.0 and num_or_none(rec.get("qps")) is not None:
+            notes.append(f"{format_rate(rec['qps'])} calls/s x {k:.3g} items")
+        rows.append(
+            (
+                _clean(st.get("name", "?"), _MAX_NAME),
+                _clean(verdict, 48),
+                _setting(rec),
+                format_rate(scaled("qps"), scaled("qps_low"), scaled("qps_high")),
+                "; ".join(notes),
+            )
+        )
+    lines = ["", "stagebench diagnosis"]
+    if len(rows) > 1:
+        lines += _aligned(rows)
+    else:
+        lines.append("  (no stage was measured)")
+    for ni in summary.get("not_isolated") or []:
+        lines.append(f"not isolated: {_clean(ni.get('name'), _MAX_NAME)}: {_clean(ni.get('reason'), 120)}")
+    pred = summary.get("prediction") or {}
+    if num_or_none(pred.get("qps")) is not None:
+        why = f" ({_clean(pred.get('binding'))} binds)" if pred.get("binding") else ""
+        if pred.get("method") == "replay" and num_or_none(pred.get("bounds_qps")) is not None:
+            why = f" (replayed with stand-ins; the bounds say {format_rate(pred['bounds_qps'])}" + (
+                f", {_clean(pred.get('binding'))} binds)" if pred.get("binding") else ")"
+            )
+        lines.append(f"predicted pipeline: {format_rate(pred['qps'])} items/s{why}")
+    val = summary.get("validation") or {}
+    if num_or_none(val.get("qps")) is not None:
+        lines.append(
+            f"measured pipeline:  {format_rate(val['qps'], val.get('qps_low'), val.get('qps_high'))} "
+            f"items/s with the recommended settings ({num_or_none(val.get('seconds')) or 0:.1f} s window)"
+        )
+    elif val.get("error"):
+        lines.append(f"validation run: {_clean(val['error'], 160)}")
+    if summary.get("verdict"):
+        lines.append(f"verdict: {_clean(summary['verdict'], 200)}")
+    for w in (summary.get("warnings") or [])[:3]:
+        lines.append(f"warning: {_clean(w, 200)}")
+    if report_path is not None:
+        lines.append(f"report: {os.fspath(report_path)}")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(v: float, spec: str, unit: str = "") -> str:
+    return f"{v:{spec}}{unit}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
+
+
+def format_loader_table(summary: dict[str, Any]) -> str:
+    """A short terminal table of the points, the recommendation marked with '*', the best with '+'."""
+    loader = summary.get("loader") or {}
+    lines = [
+        f"stagebench loader sweep: {loader.get('name', '?')} (backend {loader.get('backend', '?')}, "
+        f"batch size {loader.get('batch_size', '?')})"
+    ]
+    head = (
+        f"  {'':1} {'workers':>7} {'prefetch':>8} {'persist':>7} {'samples/s':>11} {'95% interval':>21} "
+        f"{'1st batch':>9} {'stall':>7} {'PSS MB':>8} {'cores':>5}  status"
+    )
+    lines.append(head)
+    rec, best = summary.get("recommended"), summary.get("best")
+
+    def same(p, q):
+        return q is not None and all(
+            p[k] == q[k] for k in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
+        )
+
+    for p in sorted(summary.get("points", []), key=setting_cost):
+        mark = "*" if same(p, rec) else ("+" if same(p, best) else " ")
+        lo, hi = p["samples_per_s_low"], p["samples_per_s_high"]
+        ci = f"[{lo:,.1f}, {hi:,.1f}]" if math.isfinite(lo) and math.isfinite(hi) else "-"
+        status = p["status"] if p["status"] == "ok" else f"{p['status']}: {p['reason']}"[:60]
+        pf = "-" if p["prefetch_factor"] is None else str(p["prefetch_factor"])
+        lines.append(
+            f"  {mark:1} {p['num_workers']:>7} {pf:>8} {str(p['persistent_workers']):>7} "
+            f"{_fmt(p['samples_per_s'], ',.1f'):>11} {ci:>21} {_fmt(p['time_to_first_batch_s'], '.2f', 's'):>9} "
+            f"{_fmt(p['epoch_stall_s'], '.2f', 's'):>7} {_fmt(p['mem_pss_mb'], ',.0f'):>8} "
+            f"{_fmt(p['cores_used'], '.2f'):>5}  {status}"
+        )
+    lines.append("  * recommended   + best throughput")
+    lines.append(f"verdict: {summary.get('verdict', '')}")
+    for f in (summary.get("findings") or [])[:3]:
+        lines.append(f"  [{f['severity']}] {f['title']}")
+    s = summary.get("search") or {}
+    if s:
+        lines.append(
+            f"search: {s.get('strategy')} measured {s.get('points_measured')} of {s.get('full_grid_points')} grid "
+            f"points in {_fmt(s.get('seconds', math.nan), '.0f', 's')} (full grid about "
+            f"{_fmt(s.get('estimated_full_grid_seconds', math.nan), '.0f', 's')})"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,89 @@
+"""Job folders of a Hydra sweep: each job's own record (``job_status.json``) and its label.
+
+Plain file reads: the comparison labels runs with them, and the sweep app writes them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["JOB_STATUS", "job_status", "job_overrides", "job_label", "short_labels"]
+
+
+JOB_STATUS = "job_status.json"  # written by the Hydra sweep app in each job folder
+
+
+def job_status(job_dir: Path) -> dict[str, Any]:
+    """The Hydra job's own record (status, reason, label, overrides), or {}."""
+    p = Path(job_dir) / JOB_STATUS
+    if not p.is_file():
+        return {}
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def job_overrides(run_dir: Path) -> list[str]:
+    """Hydra overrides of the job that wrote ``run_dir`` ([] when it was not a Hydra job)."""
+    st = job_status(run_dir)
+    if isinstance(st.get("overrides"), list):
+        return [str(x) for x in st["overrides"]]
+    for d in (run_dir, run_dir.parent):
+        ov = d / ".hydra" / "overrides.yaml"
+        if ov.is_file():
+            return _read_overrides(ov)
+    return []
+
+
+def job_label(run_dir: Path, meta: Mapping[str, Any] | None = None) -> str:
+    """A name for a run: run.json's ``label``, the job's label, its Hydra overrides, or the folder name."""
+    run_dir = Path(run_dir)
+    meta = meta or {}
+    if meta.get("label"):
+        return str(meta["label"])
+    st = job_status(run_dir)
+    if st.get("label"):
+        return str(st["label"])
+    items = job_overrides(run_dir)
+    return ", ".join(items) if items else run_dir.name
+
+
+def short_labels(run_dirs: Sequence[Path], metas: Sequence[Mapping[str, Any] | None]) -> list[str]:
+    """Labels for runs shown together: explicit labels win; otherwise only the Hydra
+    overrides that differ between the runs (``loader.backend=torch``), not the ones they share."""
+    overrides = [job_overrides(Path(d)) for d in run_dirs]
+    parsed = [dict(o.split("=", 1) if "=" in o else (o, "") for o in ov) for ov in overrides]
+    keys: list[str] = []
+    for p in parsed:
+        keys += [k for k in p if k not in keys]
+    differ = [k for k in keys if len({p.get(k) for p in parsed}) > 1]
+    out = []
+    for d, meta, p in zip(run_dirs, metas, parsed):
+        meta = meta or {}
+        st = job_status(Path(d))
+        if meta.get("label") or st.get("label"):
+            out.append(str(meta.get("label") or st.get("label")))
+        elif p and differ and len(run_dirs) > 1:
+            out.append(", ".join(f"{k}={p[k]}" for k in differ if k in p))
+        else:
+            out.append(job_label(Path(d), meta))
+    return out
+
+
+def _read_overrides(path: Path) -> list[str]:
+    try:
+        import yaml
+
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return [str(x) for x in data or []]
+    except Exception:  # a label is a nicety; fall back to the plain list
+        return [
+            ln[2:].strip()
+            for ln in path.read_text(encoding="utf-8", errors="replace").splitlines()
+            if ln.startswith("- ")
+        ]

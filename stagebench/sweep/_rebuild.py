@@ -1,0 +1,59 @@
+"""``stagebench report PATH``: rebuild derived files of a run or a sweep folder from saved rows.
+
+Here, beside the sweep app, because a sweep folder is read through
+:mod:`stagebench.sweep._multirun`; a plain run needs only the report layer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stagebench.report._compare import write_comparison
+from stagebench.report._html import write_text
+from stagebench.report._render import load_run, render_report
+from stagebench.runs._jobs import job_label
+from stagebench.runs._results import RunDir, is_run_dir
+from stagebench.sweep._multirun import find_run_dirs
+
+__all__ = ["rebuild"]
+
+
+def rebuild(path: Path) -> Path:
+    """Rebuild derived files from saved rows, measuring nothing.
+
+    A run directory: recompute ``summary.json`` from ``results.csv`` + ``run.json``
+    and rewrite ``report.html`` (returns its path). A sweep directory: rebuild
+    the report of every finished job, then the comparison over them (returns
+    ``comparison.html``); jobs that failed, did not finish or never started are
+    listed as failed (see :func:`find_run_dirs`).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(2, "no such directory", str(path))
+    if is_run_dir(path):
+        run = load_run(path, recompute=True)
+        out = path / "report.html"
+        write_text(out, render_report(run))
+        return out
+    runs, failed = find_run_dirs(path)
+    if not runs and not failed:
+        from stagebench._errors import StagebenchError
+
+        raise StagebenchError(
+            f"{path} is neither a run directory (run.json, results.csv) "
+            "nor a sweep directory with run directories inside"
+        )
+    good: list[Path] = []
+    for r in runs:
+        try:
+            run = load_run(r, recompute=True)
+            if run.rows.empty:
+                raise ValueError("results.csv has no rows")
+            write_text(r / "report.html", render_report(run))
+            good.append(r)
+        except Exception as e:  # one broken job must not lose the others
+            failed.append(
+                {"name": job_label(r, RunDir(r).read_meta()), "path": str(r), "reason": f"{type(e).__name__}: {e}"}
+            )
+
+    return write_comparison(good, path, title=f"sweep {path.name}", failed=failed)
