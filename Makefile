@@ -48,8 +48,8 @@ ACCURACY := test_stats.py test_measure.py test_sweep.py test_fit.py test_gil.py 
 TESTS ?=
 # Static checks first: a lint, format or type error fails in seconds, not after the suite.
 check: setup
-	$(BIN)/ruff check stagebench tests benchmarks docs
-	$(BIN)/ruff format --check stagebench tests benchmarks docs
+	$(BIN)/ruff check stagebench tests benchmarks docs/generate.py
+	$(BIN)/ruff format --check stagebench tests benchmarks docs/generate.py
 	$(BIN)/mypy
 	$(BIN)/python docs/generate.py --check
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
+sys.path.insert(0, str(DOCS.parent))  # the checkout's stagebench, not an installed copy
 
 
 def _cell(text: str) -> str:
@@ -55,7 +56,8 @@ def schema_tables() -> str:
         "| column | what it holds |",
         "|---|---|",
     ]
-    out += [f"| `{k}` | {_cell(v)} |" for k, v in STAGE_COLUMN_DOCS.items()]
+    named = {"ROLES": ROLES, "EXECUTORS": EXECUTORS, "HARNESSES": HARNESSES, "STATUSES": STATUSES}
+    out += [f"| `{k}` | {_cell(' | '.join(named[v]) if v in named else v)} |" for k, v in STAGE_COLUMN_DOCS.items()]
     out += [
         "",
         "Loader rows (`results.csv` of a loader run), in column order:",
@@ -63,7 +65,7 @@ def schema_tables() -> str:
         "| column | what it holds |",
         "|---|---|",
     ]
-    out += [f"| `{k}` | {_cell(v)} |" for k, v in LOADER_COLUMN_DOCS.items()]
+    out += [f"| `{k}` | {_cell(' | '.join(named[v]) if v in named else v)} |" for k, v in LOADER_COLUMN_DOCS.items()]
     return "\n".join(out)
 
 

@@ -17,6 +17,7 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -39,6 +40,8 @@ def _cmd_demo(ns: argparse.Namespace) -> int:
 def _cmd_diagnose(ns: argparse.Namespace) -> int:
     from stagebench.pipeline._script import run_script
 
+    if ns.target_rate is not None:  # one notion with the environment variable, read and checked there
+        os.environ["STAGEBENCH_TARGET_RATE"] = str(ns.target_rate)
     return run_script(ns.script, ns.args, out=ns.out)
 
 
@@ -92,6 +95,14 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g.add_argument("--out", default=None, help="run directory (default: STAGEBENCH_OUTPUT_DIR or ./reports/...)")
+    g.add_argument(
+        "--target-rate",
+        type=float,
+        default=None,
+        metavar="ITEMS_PER_S",
+        help="source items/s your training step consumes: say whether the pipeline or loader keeps up "
+        "(STAGEBENCH_TARGET_RATE)",
+    )
     g.add_argument("script", help="the unmodified training script")
     g.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     g.set_defaults(func=_cmd_diagnose)
@@ -147,8 +158,6 @@ def console() -> None:
     from stagebench.core._executors import leaked_threads
 
     if leaked_threads():
-        import os
-
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -225,6 +225,17 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=0,
     ),
     Setting(
+        "target_rate",
+        "STAGEBENCH_TARGET_RATE",
+        "float",
+        None,
+        "source items/s your training step consumes: the verdict says whether the pipeline (or the loader) "
+        "keeps up with 10% headroom, and a loader sweep recommends the cheapest setting that does",
+        minimum=0,
+        above=True,
+        unit="items/s",
+    ),
+    Setting(
         "gil_probe",
         "STAGEBENCH_GIL_PROBE",
         "choice",

@@ -24,39 +24,11 @@ from typing import Any
 import pandas as pd
 
 from stagebench.runs._results import RunDir
-from stagebench.runs._schema import STAGE_COLUMNS
+from stagebench.runs._schema import LOADER_COLUMNS, STAGE_COLUMNS
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 SCRIPT_BREAKOUT = "</script><script>alert(1)</script>"
 
-LOADER_COLUMNS = (
-    "loader",
-    "backend",
-    "num_workers",
-    "prefetch_factor",
-    "persistent_workers",
-    "pin_memory",
-    "status",
-    "reason",
-    "samples_per_s",
-    "samples_per_s_low",
-    "samples_per_s_high",
-    "batches_per_s",
-    "cv",
-    "time_to_first_batch_s",
-    "epoch_stall_s",
-    "n_batches",
-    "window_s",
-    "cores_used",
-    "mem_pss_mb",
-    "mem_uss_mb",
-    "mem_main_mb",
-    "mem_workers_mb",
-    "disk_read_mb_s",
-    "search_phase",
-    "started_at",
-    "elapsed_s",
-)
 
 PROVENANCE = {
     "taken_at": "2024-01-01T00:00:00+00:00",

@@ -689,3 +689,25 @@ def test_stage_calls_inside_the_validation_run_are_set_against_their_stand_ins_i
     # the stage the replay was optimistic about is named with both numbers; one within 20% is not
     assert "gil's calls took 5 ms in the pipeline and its stand-in's 2.5 ms in the replay (2.0x)" in differs["detail"]
     assert "sleep's calls" not in differs["detail"]
+
+
+@pytest.mark.parametrize(
+    ("measured", "target", "verdict"),
+    [(1000.0, 800.0, "trainer-bound"), (1000.0, 950.0, "balanced"), (1000.0, 1200.0, "data-bound")],
+)
+def test_the_trainers_demand_against_the_measured_pipeline(measured, target, verdict):
+    from stagebench.analysis._pipeline import demand_verdict
+
+    d = demand_verdict(target, {"qps": measured, "qps_low": 0.9 * measured, "qps_high": 1.1 * measured}, None)
+    assert d["verdict"] == verdict and d["source"] == "measured" and d["capacity"] == measured
+    assert verdict in d["text"]
+
+
+def test_the_demand_verdict_is_inconclusive_without_a_run_or_a_replay():
+    from stagebench.analysis._pipeline import demand_verdict
+
+    assert demand_verdict(None, {"qps": 10.0}, None) is None  # no demand stated: no verdict
+    bounds_only = {"qps": 500.0, "method": "bounds"}
+    assert demand_verdict(100.0, None, bounds_only)["verdict"] == "inconclusive"
+    replayed = demand_verdict(100.0, None, {"qps": 500.0, "method": "replay"})
+    assert replayed["verdict"] == "trainer-bound" and replayed["source"] == "replayed"

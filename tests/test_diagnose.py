@@ -655,7 +655,9 @@ def test_a_hung_stage_is_recorded_and_the_command_still_exits(tmp_path):
         tmp_path, "-m", "stagebench", "diagnose", "--out", "out", "train.py", env=_HUNG_ENV, mode=None, timeout=240
     )
     took = time.perf_counter() - t0
-    assert r.returncode == 0, r.stderr[-3000:]
+    # recorded, reported, and the command ends; a pipeline whose only stage hangs delivers nothing: exit 1
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "validation failed: the pipeline delivers nothing" in r.stderr
     assert not (tmp_path / "marker").exists()
     rows = pd.read_csv(tmp_path / "out" / "results.csv")
     stage = rows[rows["role"] == "stage"]
@@ -1159,3 +1161,55 @@ def test_demo_script_trains_when_not_diagnosed(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "epoch 0: 24 images" in r.stdout
     assert len(list((tmp_path / "data").glob("*.jpg"))) == 24
+
+
+def test_a_pipeline_that_delivers_nothing_is_a_failed_validation(tmp_path):
+    """Every item dropped (the stage returns None): no throughput to predict; said, and exit code 1."""
+
+    def keep(x):
+        return x
+
+    def drop(x):
+        return None
+
+    cfg = PipelineBuilder().add_source(range(100)).pipe(keep).pipe(drop).add_sink(2).get_config()
+    summary = diagnose_pipeline(cfg, out=tmp_path / "run", settings=small(), show_table=False, report=False)
+    assert summary["validation_failed"] and "delivers nothing" in summary["validation_failed"]
+    assert summary["verdict"].startswith("validation failed")
+    # the command: exit code 1, with the reason on one line
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from spdl.pipeline import PipelineBuilder\n"
+        "p = PipelineBuilder().add_source(range(100)).pipe(lambda x: x).pipe(lambda x: None).add_sink(2)"
+        ".build(num_threads=2)\n"
+        "with p.auto_stop():\n    for _ in p:\n        pass\n"
+    )
+    env = {**FAST, "STAGEBENCH_EXECUTORS": "thread", "STAGEBENCH_HARNESSES": "direct", "STAGEBENCH_CACHE_DIR": "off"}
+    r = run_env(tmp_path, str(script), env=env)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "validation failed" in r.stderr
+
+
+def test_the_outputs_cap_does_not_inflate_items_per_call(tmp_path):
+    """STAGEBENCH_CACHE_MAX_MB cuts a stage's run short: its calls still stand for one source item each."""
+
+    def big(x):
+        time.sleep(0.005)
+        return bytes(1 << 20)  # 1 MiB per output: the 5 MB cap keeps a few of the 20
+
+    def after(x):
+        time.sleep(0.005)
+        return len(x)
+
+    cfg = PipelineBuilder().add_source(range(100)).pipe(big).pipe(after).add_sink(2).get_config()
+    s = small(cache_max_mb=5, concurrency=(1,), validation_s=0)
+    summary = diagnose_pipeline(cfg, out=tmp_path / "run", settings=s, show_table=False, report=False)
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    stages = {st["name"]: st for st in meta["stages"]}
+    assert stages["big"]["n_inputs"] < 20 and "first" in stages["big"]["inputs_cut"]
+    assert stages["big"]["items_per_input"] == pytest.approx(1.0)
+    assert stages["after"]["items_per_input"] == pytest.approx(1.0)
+    by_name = {st["name"]: st for st in summary["stages"]}
+    # a 5 ms sleep at concurrency 1: 200 calls/s, each one source item (the cap made it 3-4x before)
+    assert by_name["big"]["recommended"]["qps"] * by_name["big"]["items_per_input"] < 260
+    assert any("STAGEBENCH_CACHE_MAX_MB" in w for w in summary["warnings"])

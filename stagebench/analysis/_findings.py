@@ -44,7 +44,7 @@ def _far_from_binding(st: dict, prediction: dict | None) -> bool:
     """The stage alone delivers at least twice what the pipeline is predicted to: fixing it changes little."""
     pred = (prediction or {}).get("qps")
     rec = st.get("recommended") or {}
-    if not finite(pred) or not finite(rec.get("qps")):
+    if pred is None or not finite(pred) or not finite(rec.get("qps")):
         return False
     return rec["qps"] * float(st.get("items_per_input") or 1.0) >= 2 * pred
 
@@ -142,7 +142,11 @@ def _stage_findings(
         else:
             # threads cap at 1/g; processes at cores/cpu: the gain is cores * g / cpu at most
             g, cpu = st.get("gil_s_per_item"), st.get("cpu_s_per_item")
-            est = cores * g / cpu if finite(g) and finite(cpu) and cpu > 0 else float(cores)
+            est = (
+                cores * g / cpu
+                if g is not None and cpu is not None and finite(g) and finite(cpu) and cpu > 0
+                else float(cores)
+            )
             est = min(float(cores), max(1.0, est))
             out.append(
                 _f(
@@ -160,8 +164,9 @@ def _stage_findings(
     own_step = st.get("type") in ("aggregate", "disaggregate")  # SPDL's grouping steps, not the user's code
     # (an own step far from binding gets none: the user has nothing to change there)
     if cls == "overhead-bound" and not (own_step and far):
+        # an overhead-bound verdict rests on a measured ceiling; without one these fail, as they always did
         ceil = st.get("ceiling_qps")
-        near = f"it reaches {fmt_q(rec['qps'])} items/s, near the no-op ceiling of {fmt_q(ceil)} items/s"
+        near = f"it reaches {fmt_q(rec['qps'])} items/s, near the no-op ceiling of {fmt_q(ceil)} items/s"  # type: ignore[arg-type]
         if own_step:
             title = f"{name} is overhead-bound: fewer, larger items must reach it"
             detail = (
@@ -174,7 +179,7 @@ def _stage_findings(
             detail = (
                 f"{near} at {rec['executor']} x {rec['concurrency']}: the harness cannot schedule items "
                 f"faster. Handing it batches of k items per call raises that ceiling about k-fold (8 items: "
-                f"about {fmt_q(8 * ceil)} items/s)"
+                f"about {fmt_q(8 * ceil)} items/s)"  # type: ignore[operator]
             )
         found = _f(
             "high" if is_bn else "medium",
@@ -188,7 +193,7 @@ def _stage_findings(
 
     if cls == "ipc-bound":
         payload = st.get("payload_bytes")
-        size = f" ({payload / 1024:,.0f} KiB pickled per input item)" if finite(payload) else ""
+        size = f" ({payload / 1024:,.0f} KiB pickled per input item)" if payload is not None and finite(payload) else ""
         out.append(
             _f(
                 "high" if is_bn else "medium",
@@ -233,7 +238,7 @@ def _stage_findings(
                 "info" if not is_bn else "medium",
                 f"{name} is limited by the cores",
                 f"{fmt_q(rec['qps'])} items/s at {rec['executor']} x {rec['concurrency']}"
-                + (f", {cpu * 1e3:.3g} ms CPU per item" if finite(cpu) else "")
+                + (f", {cpu * 1e3:.3g} ms CPU per item" if cpu is not None and finite(cpu) else "")
                 + ": more cores or less work per item; more concurrency will not help",
                 name,
                 {"recommended": rec, "cpu_s_per_item": cpu},
@@ -305,7 +310,7 @@ def _page_fault_finding(st: dict, page_fault: dict | None, is_bn: bool) -> dict 
     """
     cost = (page_fault or {}).get("cost_s")
     pf = {ex: d for ex, d in (st.get("page_faults") or {}).items() if finite(d.get("per_item"))}
-    if not pf or not finite(cost):
+    if not pf or cost is None or not finite(cost):
         return None
     ex, worst = max(pf.items(), key=lambda kv: kv[1]["per_item"])
     n, cpu = worst["per_item"], worst.get("cpu_s_per_item")
@@ -356,7 +361,7 @@ def _gc_finding(st: dict, is_bn: bool) -> dict | None:
     """
     alt = _alt(st, "thread") or _alt(st, "async") or {}
     gc_s, cpu = alt.get("gc_s_per_item"), alt.get("cpu_s_per_item")
-    if not finite(gc_s) or not finite(cpu) or cpu <= 0 or gc_s < _GC_SHARE * cpu:
+    if gc_s is None or cpu is None or not finite(gc_s) or not finite(cpu) or cpu <= 0 or gc_s < _GC_SHARE * cpu:
         return None
     name, share = st["name"], gc_s / cpu
     detail = (
@@ -416,6 +421,7 @@ def build_findings(
                 )
             )
 
+    # an error against the prediction exists only where there is a prediction (_pipeline._validation)
     if validation and finite(validation.get("error_vs_prediction")):
         err = validation["error_vs_prediction"]
         slower = sorted(
@@ -462,10 +468,10 @@ def build_findings(
                     "medium",
                     "the whole-pipeline run differs from the prediction",
                     f"measured {fmt_q(validation['qps'])} items/s vs predicted "
-                    f"{fmt_q(prediction['qps'])} ({err:+.0%} error): "
+                    f"{fmt_q(prediction['qps'])} ({err:+.0%} error): "  # type: ignore[index]
                     + (
                         "the prediction leaves out SPDL's own per-item scheduling (direct harness only); "
-                        if prediction.get("caveat")
+                        if prediction.get("caveat")  # type: ignore[union-attr]
                         else ""
                     )
                     + "stages interfere in ways the bounds do not capture (the GIL held by one stage "
@@ -481,7 +487,7 @@ def build_findings(
                 _f(
                     "info",
                     "the whole-pipeline run confirms the prediction",
-                    f"measured {fmt_q(validation['qps'])} items/s vs predicted {fmt_q(prediction['qps'])} ({err:+.0%})",
+                    f"measured {fmt_q(validation['qps'])} items/s vs predicted {fmt_q(prediction['qps'])} ({err:+.0%})",  # type: ignore[index]
                     None,
                     {"validation": validation},
                 )

@@ -84,7 +84,7 @@ def _nnls_fit(c: np.ndarray, x: np.ndarray, rel_sd: np.ndarray, amdahl: bool) ->
     return (lam, u * lam, d * lam)
 
 
-def _r2(x: np.ndarray, pred: np.ndarray) -> float:
+def _r2(x: np.ndarray, pred: np.ndarray | float) -> float:
     ss_tot = float(((x - x.mean()) ** 2).sum())
     ss_res = float(((x - pred) ** 2).sum())
     if ss_tot <= 0:

@@ -58,6 +58,7 @@ down by the data; the interval says so and the point is its midpoint.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -92,8 +93,10 @@ _TICK_S = 0.02  # CPU counters tick at 10 ms, read twice per window
 _VAGUE = 0.3  # a curves' interval wider than this: a probe reading inside it decides
 
 
-def harness_gil_s(ceiling: Point | None) -> float:
+def harness_gil_s(ceiling: Point | SimpleNamespace | None) -> float:
     """GIL time per item spent by the harness itself (0 when its ceiling was not measured).
+
+    ``ceiling``: a point, or anything with its ``qps`` and ``cpu_s_per_item`` (a no-op pipeline's reading).
 
     The no-op ceiling on threads is limited by the harness's own Python; its CPU
     per item (or 1/throughput, whichever is smaller) is that time.
@@ -277,6 +280,7 @@ def estimate_gil(
 
     # --- thread_plateau -------------------------------------------------------------
     pm = T.best()
+    assert pm is not None  # _choose picks only a curve with points
     cm = pm.concurrency
     h_m = harness_gil_s(sr.ceiling(H, E, cm))
     # GIL time read at the plateau, at the lowest level's machine speed
@@ -434,7 +438,7 @@ def estimate_gil(
                 (A2, signals["cpu_share_at_plateau"]["interval"][0], signals["cpu_share_at_plateau"]["interval"][1])
             )
         if C_est:
-            ests.append((C_est[0], *C_est[1]))
+            ests.append((C_est[0], C_est[1][0], C_est[1][1]))  # imp_int: [low, high]
         if D_est:
             ests.append((D_est[0], *D_est[1]))
     elif ests and len(T) >= 2 and A_lo > B_hi:

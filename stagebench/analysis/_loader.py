@@ -558,6 +558,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         if best is None:
             verdict = f"data-bound: no loader setting could be measured, the trainer needs {target_rate:,.1f} samples/s"
         elif met:
+            assert rec is not None  # recommend() is None only when no point is ok, and best is one
             verdict = (
                 f"the loader keeps up: {rec['samples_per_s']:,.1f} samples/s at {_knob_text(rec)} "
                 f"against {target_rate:,.1f} needed (+{headroom:.0%} headroom)"

@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagebench._numbers import finite, fmt_ms, fmt_q
+from stagebench._numbers import finite, fmt_ms, fmt_q, num
 from stagebench.analysis._fit import fit_scaling
 from stagebench.analysis._gil import estimate_gil, harness_gil_s
 from stagebench.core._curves import Curve, Point, StageRows
@@ -78,7 +78,7 @@ CLASSIFICATIONS = ("gil-bound", "cpu-bound", "io-bound", "overhead-bound", "ipc-
 _NEAR_CEILING = 0.80  # within 20% of the no-op ceiling
 _CPU_BOUND = 0.75  # share of the cores
 _IO_CORES = 0.50  # fewer cores than this share: mostly waiting
-_COMPUTES = 0.50  # CPU time / time per call alone at least this: the stage computes, it does not wait
+_COMPUTE_BOUND = 0.50  # CPU time / time per call alone at least this: the stage computes, it does not wait
 _RISING = 0.5  # top level above prev x (1 + this x (ideal ratio - 1)): still rising
 _EFFICIENT = 0.9  # top level at this share of linear scaling: still rising
 _LARGE_PAYLOAD = 64 * 1024
@@ -103,6 +103,13 @@ def _own_gc(sr: StageRows, harness: str, executor: str, p: Point) -> float | Non
     ceil = sr.ceiling(harness, executor, p.concurrency)
     base = ceil.gc_s_per_item if ceil is not None and finite(ceil.gc_s_per_item) else 0.0
     return max(0.0, p.gc_s_per_item - base)
+
+
+def _best(curve: Curve) -> Point:
+    """The best point of a curve that has points."""
+    best = curve.best()
+    assert best is not None  # callers pass only non-empty curves
+    return best
 
 
 def _point_dict(p: Point, harness: str, executor: str) -> dict[str, Any]:
@@ -148,7 +155,7 @@ def _recommend(sr: StageRows, harness: str) -> tuple[dict | None, dict | None, d
     curves = {e: sr.curve(harness, e) for e in _EXEC_PREFERENCE if sr.curve(harness, e)}
     if not curves:
         return None, None, {}, None
-    bests = {e: c.best() for e, c in curves.items()}
+    bests = {e: _best(c) for e, c in curves.items()}
     top_exec = max(bests, key=lambda e: bests[e].qps)
     top = bests[top_exec]
     near = [e for e in _EXEC_PREFERENCE if e in bests and within_noise(bests[e], top)]
@@ -253,6 +260,7 @@ def _classify(
 ) -> tuple[str, list[str], dict[str, dict]]:
     ex, c = best["executor"], best["concurrency"]
     bp = sr.curve(harness, ex).at(c)
+    assert bp is not None  # ``best`` is a point of this curve (_recommend)
     signals: dict[str, dict] = {}
     ceil = sr.ceiling(harness, ex, c)
     u = bp.cores_used
@@ -416,10 +424,11 @@ def _classify(
     # sub-microsecond call is a difference of two per-item CPU readings (the demo's aggregate
     # read 0.42 beside a probe of 0.97 and was called "io-bound, it waits").
     probed = gil["signals"].get("gil_probe", {}).get("value")
-    if finite(probed) and probed >= _COMPUTES and not (finite(alone) and alone >= probed):
+    if finite(probed) and probed >= _COMPUTE_BOUND and not (finite(alone) and alone >= probed):
         alone = probed
-    computes = finite(alone) and alone >= _COMPUTES
-    if computes and finite(own_cpu) and own_cpu < ceil.cpu_s_per_item:
+    computes = finite(alone) and alone >= _COMPUTE_BOUND
+    # own_cpu is finite only with a ceiling; the explicit test is for the type checker
+    if computes and ceil is not None and finite(own_cpu) and own_cpu < ceil.cpu_s_per_item:
         lines.insert(
             0,
             f"at {ex} concurrency {c} it delivers {fmt_q(bp.qps)} items/s, {bp.qps / ceil.qps:.0%} of the {harness} "
@@ -537,6 +546,7 @@ def analyze_stage(
     entry["evidence"]["signals"].update(gil["signals"])
 
     harness = sr.recommendation_harness()
+    assert harness is not None  # status ok: there are ok rows, so a harness with a curve
     entry["harness"] = harness
     recommended, best, bests, paired = _recommend(sr, harness)
     entry["recommended"], entry["best"] = recommended, best
@@ -549,15 +559,21 @@ def analyze_stage(
         alt["harness_gil_s_per_item"] = _main_gil_overhead(sr, harness, e, p.concurrency)
         entry["alternatives"][e] = alt
 
-    rp = sr.curve(harness, recommended["executor"]).at(recommended["concurrency"])
-    ceil = sr.ceiling(harness, recommended["executor"], recommended["concurrency"])
+    # recommended and best are None only when no curve of this harness is of a known executor (rows
+    # not written by stagebench); indexing them then fails, as it always did.
+    rp = sr.curve(harness, recommended["executor"]).at(recommended["concurrency"])  # type: ignore[index]
+    assert rp is not None  # the recommended point is a point of this curve (_recommend)
+    ceil = sr.ceiling(harness, recommended["executor"], recommended["concurrency"])  # type: ignore[index]
     entry["ceiling_qps"] = ceil.qps if ceil is not None else None
     entry["cpu_s_per_item"] = rp.cpu_s_per_item if finite(rp.cpu_s_per_item) else None
     entry["harness_gil_s_per_item"] = _main_gil_overhead(
-        sr, harness, recommended["executor"], recommended["concurrency"]
+        sr,
+        harness,
+        recommended["executor"],  # type: ignore[index]
+        recommended["concurrency"],  # type: ignore[index]
     )
 
-    label, lines, cls_signals = _classify(sr, harness, best, bests, gil, cores)
+    label, lines, cls_signals = _classify(sr, harness, best, bests, gil, cores)  # type: ignore[arg-type]
     entry["classification"] = label
     entry["evidence"]["signals"].update(cls_signals)
     summary = entry["evidence"]["summary"]
@@ -576,8 +592,8 @@ def analyze_stage(
         )
     summary.extend(gil["notes"])
     summary.append(
-        f"recommended: {recommended['executor']} x {recommended['concurrency']} -> "
-        f"{fmt_q(recommended['qps'])} items/s ({recommended['why']})"
+        f"recommended: {recommended['executor']} x {recommended['concurrency']} -> "  # type: ignore[index]
+        f"{fmt_q(recommended['qps'])} items/s ({recommended['why']})"  # type: ignore[index]
     )
     summary.extend(entry["problems"])
     return entry
@@ -619,9 +635,7 @@ def pipeline_overhead(raw: Any) -> dict[str, float] | None:
         if not isinstance(r, Mapping) or r.get("status") != "ok" or not finite(r.get("qps")) or not r["qps"] > 0:
             return None
         cpu = r.get("cpu_s_per_item")
-        cost.append(
-            harness_gil_s(SimpleNamespace(qps=float(r["qps"]), cpu_s_per_item=float(cpu) if finite(cpu) else math.nan))
-        )
+        cost.append(harness_gil_s(SimpleNamespace(qps=float(r["qps"]), cpu_s_per_item=num(cpu))))
     one, three = cost
     # more pipes cannot make the pipeline cheaper; noise that says so is read as no increment
     per_stage = max(0.0, (three - one) / 2)
@@ -645,6 +659,15 @@ def _run_warnings(df: pd.DataFrame, stages: list[dict], meta: Mapping[str, Any],
     from stagebench.runs._provenance import load_warnings
 
     out: list[str] = []
+    status = meta.get("status")
+    if status in ("interrupted", "terminated", "running"):
+        how = {"interrupted": "interrupted (Ctrl-C)", "terminated": "terminated (SIGTERM)"}.get(
+            str(status), "not finished (killed, or still running)"
+        )
+        out.append(f"the diagnosis was cut short: {how}; this summary covers the points measured before it")
+    for st in meta.get("stages") or []:
+        if st.get("inputs_cut"):
+            out.append(f"{st.get('name')}: {st['inputs_cut']}")
     prov = meta.get("provenance") or {}
     if prov:
         out.extend(load_warnings(prov, meta.get("provenance_after")))
@@ -748,9 +771,9 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         entry["type"] = decl.get("type", "pipe")
         entry["is_async"] = bool(decl.get("is_async", False))
         entry["items_per_input"] = float(decl.get("items_per_input") or 1.0)
-        for key in ("user_executor", "user_concurrency"):
-            if key in decl:
-                entry[key] = decl[key]
+        for field in ("user_executor", "user_concurrency"):
+            if field in decl:
+                entry[field] = decl[field]
         stages.append(entry)
 
     overhead = pipeline_overhead(meta.get("pipeline_overhead"))
@@ -765,7 +788,8 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     if prediction and prediction.get("caveat"):
         warnings.append(prediction["caveat"])
     raw_val = meta.get("validation")
-    if validation is None and isinstance(raw_val, Mapping) and raw_val.get("error"):
+    failed = raw_val.get("failed") if isinstance(raw_val, Mapping) else None
+    if validation is None and isinstance(raw_val, Mapping) and raw_val.get("error") and not failed:
         warnings.append(f"the whole-pipeline validation run did not complete: {raw_val['error']}")
     not_isolated = list(meta.get("not_isolated") or [])
     findings = build_findings(
@@ -783,15 +807,72 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         "stagebench_version": __version__,
         "provenance": prov,
         "settings": meta.get("settings") or {},
-        "verdict": _verdict(stages, prediction),
+        # a pipeline that delivers nothing has no throughput to predict: that, not the prediction, is the verdict
+        "verdict": f"validation failed: {failed}" if failed else _verdict(stages, prediction),
+        "validation_failed": failed,
         "warnings": warnings,
         "cores": cores,
         "stages": stages,
         "not_isolated": not_isolated,
         "prediction": prediction,
         "validation": validation,
+        "demand": demand_verdict((meta.get("settings") or {}).get("target_rate"), validation, prediction),
         "cpu_speed": speed,
         "findings": findings,
+    }
+
+
+#: Capacity a pipeline needs above the trainer's demand to be said to keep up: steps vary, and a
+#: loader at exactly the demand leaves the trainer waiting at every slow batch.
+DEMAND_HEADROOM = 0.10
+
+
+def demand_verdict(
+    target: Any, validation: Mapping[str, Any] | None, prediction: Mapping[str, Any] | None
+) -> dict | None:
+    """Whether the pipeline keeps up with the training step's demand (``STAGEBENCH_TARGET_RATE``).
+
+    The capacity is the measured whole pipeline at the recommended settings when there is one,
+    else the replay (labelled so); with neither, the verdict is ``inconclusive``: a bound alone
+    is not advice. ``trainer-bound``: capacity >= demand x 1.1 (the loader waits for the
+    trainer); ``balanced``: within 10% above the demand; ``data-bound``: below it.
+    """
+    if not finite(target) or not float(target) > 0:
+        return None
+    need = float(target)
+    val = validation or {}
+    pred = prediction or {}
+    if finite(val.get("qps")):
+        capacity, low, high, source = val["qps"], val.get("qps_low"), val.get("qps_high"), "measured"
+    elif pred.get("method") == "replay" and finite(pred.get("qps")):
+        capacity, low, high, source = pred["qps"], pred.get("qps_low"), pred.get("qps_high"), "replayed"
+    else:
+        return {
+            "target_rate": need,
+            "capacity": None,
+            "source": None,
+            "verdict": "inconclusive",
+            "text": f"inconclusive: the whole pipeline was neither run nor replayed, so its capacity against "
+            f"the {fmt_q(need)} items/s the trainer needs is not known",
+        }
+    capacity = float(capacity)
+    ratio = capacity / need
+    if ratio >= 1 + DEMAND_HEADROOM:
+        verdict, text = "trainer-bound", "keeps up with the trainer"
+    elif ratio >= 1:
+        verdict, text = "balanced", f"keeps up, with less than {DEMAND_HEADROOM:.0%} headroom"
+    else:
+        verdict, text = "data-bound", "cannot keep up: the trainer will wait for data"
+    return {
+        "target_rate": need,
+        "capacity": capacity,
+        "capacity_low": low,
+        "capacity_high": high,
+        "source": source,
+        "ratio": ratio,
+        "verdict": verdict,
+        "text": f"{verdict}: the pipeline {text} ({fmt_q(capacity)} items/s {source} at the recommended "
+        f"settings against {fmt_q(need)} needed, {ratio:.2f}x)",
     }
 
 
@@ -813,7 +894,9 @@ def _validation(
     pred = (prediction or {}).get("qps")
     measured = float(val["qps"])
     # relative error of the prediction against the measurement: +0.10 = predicted 10% too high
-    out["error_vs_prediction"] = (pred - measured) / measured if finite(pred) and measured > 0 else None
+    out["error_vs_prediction"] = (
+        (pred - measured) / measured if pred is not None and finite(pred) and measured > 0 else None
+    )
     replay = (prediction or {}).get("replay") or {}
     out["interference"] = _interference(val.get("stage_latency"), rows, stages or [], replay.get("stage_latency"))
     return out
@@ -886,7 +969,7 @@ def cpu_speed(raw: Any) -> dict[str, Any] | None:
     val = [float(x) for x in raw.get("validation_ns") or [] if finite(x) and float(x) > 0]
     if not sweep:
         return None
-    out = {
+    out: dict[str, Any] = {
         "sweep_ns_median": float(np.median(sweep)),
         "sweep_ns_min": min(sweep),
         "sweep_ns_max": max(sweep),

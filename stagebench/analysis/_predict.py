@@ -69,7 +69,7 @@ def _load(st: dict, setting: dict, fixed: float = 0.0) -> dict[str, Any]:
     spdl = (setting.get("harness") or st.get("harness")) == "spdl"
     if spdl and fixed > 0:
         harness_gil = max(0.0, harness_gil - fixed)
-        if finite(cpu):
+        if cpu is not None and finite(cpu):
             cpu = max(0.0, cpu - fixed)
     if ex in _MAIN_PROCESS:
         gil = ((own_gil or 0.0) + harness_gil) / k
@@ -80,7 +80,7 @@ def _load(st: dict, setting: dict, fixed: float = 0.0) -> dict[str, Any]:
         "executor": ex,
         "concurrency": setting["concurrency"],
         "capacity": setting["qps"] * k,
-        "cpu_s_per_item": cpu / k if finite(cpu) else None,
+        "cpu_s_per_item": cpu / k if cpu is not None and finite(cpu) else None,
         "gil_s_per_item": gil,
         "harness_gil_s_per_item": harness_gil / k,
         "own_gil_known": own_gil is not None or ex not in _MAIN_PROCESS,
@@ -359,7 +359,7 @@ def apply_replay(prediction: dict[str, Any] | None, replay: Any) -> dict[str, An
     q = replay.get("qps")
     keep = ("qps", "qps_low", "qps_high", "seconds", "stand_ins", "stage_latency", "error")
     out["replay"] = {k: replay.get(k) for k in keep if k in replay}
-    if not finite(q) or not q > 0 or not finite(prediction.get("qps")):
+    if q is None or not finite(q) or not q > 0 or not finite(prediction.get("qps")):
         return out
     q = float(q)
     out["method"] = "replay"

@@ -28,7 +28,14 @@ from typing import Any
 import numpy as np
 
 from stagebench.core._config import MeasureConfig
-from stagebench.core._executors import WorkerPool, identity, is_coroutine_callable, leaked_threads, make_runner
+from stagebench.core._executors import (
+    Runner,
+    WorkerPool,
+    identity,
+    is_coroutine_callable,
+    leaked_threads,
+    make_runner,
+)
 from stagebench.core._resources import ResourceMonitor, TreeSnapshot, tree_pss_mb
 from stagebench.core._stats import batch_count, fractional_counts, mean_interval, percentiles_ms
 from stagebench.runs._schema import EXECUTORS, HARNESSES, STAGE_COLUMNS
@@ -51,7 +58,8 @@ class _GcClock:
     """
 
     def __init__(self) -> None:
-        self.seconds, self.collections, self._t = 0.0, 0, None
+        self.seconds, self.collections = 0.0, 0
+        self._t: float | None = None
 
     def __call__(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -182,6 +190,7 @@ def measure_stage(
         row.update(status="skipped", reason=reason, elapsed_s=0.0)
         return row
 
+    runner: Runner
     if harness == "spdl":
         from stagebench.core._spdl_harness import SpdlRunner
 
@@ -189,7 +198,7 @@ def measure_stage(
     else:
         runner = make_runner(executor, fn, inputs, concurrency, pool)
     deadline = t_begin + cfg.timeout_s
-    outcome = None
+    outcome: _Outcome | None = None
     try:
         with ResourceMonitor(cfg.sample_interval_s, runner.worker_pids) as mon:
             runner.start()
@@ -218,7 +227,10 @@ def measure_stage(
     return row
 
 
-def _run_window(runner, cfg, deadline, t_begin, row, mon):
+_Outcome = tuple[float, float, TreeSnapshot, TreeSnapshot, float]  # t0, t1, snap0, snap1, gc_s
+
+
+def _run_window(runner, cfg, deadline, t_begin, row, mon) -> _Outcome | None:
     """Warm up, then time the window. Returns (t0, t1, snap0, snap1, gc_s) or None.
 
     ``gc_s``: seconds the garbage collector ran in this process during the window.
@@ -274,7 +286,7 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon):
 
 
 def _median_latency(lanes) -> float:
-    recent = []
+    recent: list[float] = []
     for lane in list(lanes.values()):
         k = min(len(lane.ends), len(lane.starts), 200)
         if k:
@@ -285,7 +297,10 @@ def _median_latency(lanes) -> float:
 
 def _collect(lanes, t0: float, t1: float):
     """Successful (starts, ends) overlapping the window, and failures ending in it."""
-    starts, ends, bad, cpus = [], [], [], []
+    starts: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    bad: list[tuple[float, float, str]] = []
+    cpus: list[np.ndarray] = []
     timed_cpu = True
     for lane in list(lanes.values()):
         n = min(len(lane.starts), len(lane.ends))

@@ -97,6 +97,8 @@ def paired_result(sr: StageRows, harness: str) -> dict[str, Any] | None:
     if not pairs:
         out.update(thread=None, process=None, ratio=None, ratio_low=None, ratio_high=None, processes_win=False)
         return out
+    lo: float | None
+    hi: float | None
     ratio, lo, hi, _ = mean_interval([qp / qt for qt, qp in pairs], 0.95)
     lo, hi = (lo, hi) if math.isfinite(lo) else (None, None)
     out.update(

@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 from stagebench.core._executors import Runner, WorkerPool, _describe, identity, pool_failure
@@ -127,8 +128,11 @@ class SpdlRunner(Runner):
         # process: a pool kept across points (see WorkerPool), or one of our own
         self._own_pool = executor == "process" and pool is None
         self._workers = WorkerPool(fn) if self._own_pool else pool
-        self._call = self._workers.call_for(fn) if executor == "process" else None
-        self._pool = None
+        self._call: Callable | None = None
+        if executor == "process":
+            assert self._workers is not None  # the given pool, or our own
+            self._call = self._workers.call_for(fn)
+        self._pool: Executor | None = None
         self._outstanding: set = set()
 
     # ---- sources and wrapped ops -------------------------------------------------
@@ -181,6 +185,7 @@ class SpdlRunner(Runner):
         # process: the pipe awaits the pool; the call is timed from the event loop's
         # side (submit to result), like the direct harness's process latencies.
         pool, call, outstanding = self._pool, self._call, self._outstanding
+        assert pool is not None and call is not None  # process: start() made the pool, __init__ the call
 
         async def timed_process(item: Any) -> None:
             import asyncio
@@ -210,8 +215,9 @@ class SpdlRunner(Runner):
         from spdl.pipeline import PipelineBuilder
 
         if self.executor == "process":
+            assert self._workers is not None  # set for processes in __init__
             self._pool = self._workers.executor(self.concurrency)
-        builder = PipelineBuilder().add_source(self._source())
+        builder: PipelineBuilder[Any, Any] = PipelineBuilder().add_source(self._source())
         for i in range(self.extra_pipes):
             builder = builder.pipe(identity, concurrency=self.concurrency, name=f"noop{i}")
         builder = builder.pipe(self._op(), concurrency=self.concurrency, name="stage").add_sink(
@@ -251,7 +257,10 @@ class SpdlRunner(Runner):
         return 1
 
     def worker_pids(self) -> list[int]:
-        return self._workers.pids() if self._pool is not None else []
+        if self._pool is None:
+            return []
+        assert self._workers is not None  # the pool was made from it (start)
+        return self._workers.pids()
 
     def _unquiet(self) -> None:
         with _QUIET_LOCK:
@@ -296,6 +305,7 @@ class SpdlRunner(Runner):
                 self._done.wait(2.0)
         if self._pool is None:
             return
+        assert self._workers is not None  # the pool was made from it (start)
         import concurrent.futures as cf
 
         # a healthy pool serves the next point once its calls have returned; a

@@ -90,7 +90,9 @@ def mean_interval(samples: Sequence[float], confidence: float) -> tuple[float, f
     return (mean, lo, hi, cv)
 
 
-def interval_about(point: float, samples: Sequence[float], confidence: float) -> tuple[float, float, float]:
+def interval_about(
+    point: float, samples: Sequence[float] | np.ndarray, confidence: float
+) -> tuple[float, float, float]:
     """Lower and upper bound of ``point`` ± the Student-t half-width of ``samples``' mean, and their CV.
 
     For a point estimate that is not the samples' plain mean (a pooled rate:

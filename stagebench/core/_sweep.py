@@ -251,7 +251,9 @@ class StageSweep:
             return
         sr = StageRows(self.frame())
         harness = sr.recommendation_harness()
-        levels = _paired.plan(sr, harness) if harness else None
+        if not harness:
+            return
+        levels = _paired.plan(sr, harness)
         if levels is None:
             return
         at = dict(zip(("thread", "process"), levels))

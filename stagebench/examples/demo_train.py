@@ -48,7 +48,7 @@ def make_dataset(root: Path, n: int, seed: int = 0) -> list[Path]:
         rng = np.random.default_rng(seed * 100_003 + i)
         w, h = int(rng.integers(200, 360)), int(rng.integers(160, 300))
         base = rng.integers(0, 256, size=(h // 8 + 1, w // 8 + 1, 3), dtype=np.uint8)
-        img = Image.fromarray(base).resize((w, h), Image.BILINEAR)
+        img = Image.fromarray(base).resize((w, h), Image.Resampling.BILINEAR)
         grain = rng.integers(-12, 13, size=(h, w, 3))
         arr = np.clip(np.asarray(img, dtype=np.int16) + grain, 0, 255).astype(np.uint8)
         tmp = path.with_suffix(".tmp")
@@ -63,9 +63,9 @@ def make_stages(latency_s: float):
         return path.read_bytes()
 
     def decode(data: bytes) -> np.ndarray:
-        img = Image.open(io.BytesIO(data))
+        img: Image.Image = Image.open(io.BytesIO(data))
         img.draft("RGB", (SIZE * 2, SIZE * 2))
-        img = img.convert("RGB").resize((SIZE, SIZE), Image.BILINEAR)
+        img = img.convert("RGB").resize((SIZE, SIZE), Image.Resampling.BILINEAR)
         return np.asarray(img)
 
     def augment(img: np.ndarray) -> np.ndarray:
@@ -104,9 +104,9 @@ def main() -> None:
 
     for epoch in range(args.epochs):
         random.Random(epoch).shuffle(paths)
+        builder: PipelineBuilder[Path, np.ndarray] = PipelineBuilder()
         pipeline = (
-            PipelineBuilder()
-            .add_source(paths)
+            builder.add_source(paths)
             .pipe(read, concurrency=8, name="read")
             .pipe(decode, concurrency=4, name="decode")
             .pipe(augment, concurrency=4, name="augment")

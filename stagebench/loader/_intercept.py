@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from stagebench._import_hook import PostImportFinder
+from stagebench._settings import local_rank
 from stagebench._spdl_private import PYTORCH_DATALOADER_MODULE, pytorch_get_items
 from stagebench.loader._sweep import BuiltLoader, EpochControl, LoaderSweepConfig, TaggedCollate, run_loader_sweep
 from stagebench.runs._knobs import LoaderKnobs
@@ -408,7 +409,7 @@ class _Hook:
 
     def uninstall(self) -> None:
         for cls, original in self.patched:
-            cls.__iter__ = original
+            cls.__iter__ = original  # type: ignore[attr-defined]  # putting back the method patch() replaced
         self.patched.clear()
         if self.finder is not None and self.finder in sys.meta_path:
             sys.meta_path.remove(self.finder)
@@ -458,6 +459,8 @@ def diagnose_first_loader(
 
     def on_loader(loader: Any) -> None:
         _Caught.loader = True
+        if local_rank() != 0:  # torchrun: rank 0 sweeps; the others leave quietly, touching nothing
+            raise SystemExit(0)
         from dataclasses import replace
 
         from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
@@ -480,7 +483,7 @@ def diagnose_first_loader(
             flush=True,
         )
         summary = run_loader_sweep(
-            factory,
+            factory,  # type: ignore[arg-type]  # LoaderFactory leaves out the BuiltLoader it accepts (loader/_sweep.py)
             name=factory.name,
             backend=backend,
             batch_size=factory.batch_size,
@@ -530,7 +533,7 @@ def sweep_dataset(
         else default_run_dir("loader", base=os.environ.get("STAGEBENCH_OUTPUT_DIR", "reports"))
     )
     return run_loader_sweep(
-        factory,
+        factory,  # type: ignore[arg-type]  # LoaderFactory leaves out the BuiltLoader it accepts (loader/_sweep.py)
         name=name or factory.name,
         backend=backend,
         batch_size=factory.batch_size,

@@ -364,7 +364,7 @@ class _Event(NamedTuple):
 
 
 def _cuda_available() -> bool:
-    torch = sys.modules.get("torch")
+    torch: Any = sys.modules.get("torch")
     if torch is None:
         try:
             import torch
@@ -460,7 +460,7 @@ class _Consumer(threading.Thread):
     def run(self) -> None:
         try:
             self.t_begin = time.perf_counter()
-            built = self.factory(self.knobs)
+            built: Iterable | BuiltLoader = self.factory(self.knobs)
             if not isinstance(built, BuiltLoader):
                 built = BuiltLoader(loader=built)
             self.built = built
@@ -907,8 +907,8 @@ def window_rate(
             and (e.epoch == 0 or k_in_epoch >= rnd)
         ):
             gaps.append(e.t - prev.t)
-            n = e.n if e.n is not None else batch_size
-            samples.append(float(n) if n is not None else math.nan)
+            n_batch = e.n if e.n is not None else batch_size
+            samples.append(float(n_batch) if n_batch is not None else math.nan)
         prev = e
     rounds = len(gaps) // rnd
     nb = rounds * rnd if rounds else len(gaps)  # fewer gaps than a round: all of them (min_gaps prevents it)
@@ -1268,8 +1268,8 @@ def run_loader_sweep(
                     sw.point(req, "grid")
             else:
                 stops = _adaptive(sw, levels, budget_mb)
-            for k in cfg.extra_points:
-                sw.point(k, "user")
+            for extra in cfg.extra_points:
+                sw.point(extra, "user")
     except KeyboardInterrupt:
         interrupted = True
     finally:

@@ -164,12 +164,14 @@ def _analyse(df: Any, name: str, index: int, cores: int) -> dict[str, Any]:
     try:
         from stagebench.analysis._pipeline import analyze_stage
     except ImportError:
-        analyze_stage = None
-    if analyze_stage is not None:
+        analyze = None
+    else:
+        analyze = analyze_stage
+    if analyze is not None:
         try:
             from stagebench.runs._provenance import is_free_threaded
 
-            res = analyze_stage(df, cores=cores, free_threaded=is_free_threaded())
+            res = analyze(df, cores=cores, free_threaded=is_free_threaded())
             if isinstance(res, dict):
                 res = dict(res)
                 res.setdefault("name", name)

@@ -123,7 +123,9 @@ def _sweep_config(stage: Any, settings: DiagnoseSettings):
     )
 
 
-_COMPUTES = 0.15  # share of its call a stage computes, from which its GIL share is worth reading directly
+#: Share of its call a stage computes from which its GIL share is worth reading with the probe (~0.5 s a
+#: stage); not the analysis's compute-bound threshold (analysis/_pipeline._COMPUTE_BOUND): a different question.
+_PROBE_MIN_COMPUTE = 0.15
 
 
 def _computes(rows: list[dict[str, Any]]) -> bool:
@@ -147,7 +149,7 @@ def _computes(rows: list[dict[str, Any]]) -> bool:
             share = used / c0
         else:
             continue
-        if share >= _COMPUTES:
+        if share >= _PROBE_MIN_COMPUTE:
             return True
     return False
 
@@ -716,10 +718,8 @@ class _Diagnosis:
 
     # ------------------------------------------------------------------ summary & report
     def _summarize(self, rows: Any) -> dict[str, Any]:
-        try:
-            from stagebench.analysis._pipeline import summarize
-        except ImportError:
-            return _fallback_summary(rows, self.meta, "analysis engine unavailable")
+        from stagebench.analysis._pipeline import summarize
+
         try:
             return summarize(rows, self.meta, stage_cache=self.analysis_cache)
         except Exception as e:
@@ -731,10 +731,8 @@ class _Diagnosis:
             return _fallback_summary(rows, self.meta, f"the analysis failed: {type(e).__name__}: {e}")
 
     def _report(self, summary: dict[str, Any]) -> Path:
-        try:
-            from stagebench.report._render import write_report
-        except ImportError:
-            return _fallback_report(self.run_dir.path, summary)
+        from stagebench.report._render import write_report
+
         try:
             return Path(write_report(self.run_dir.path))
         except Exception as e:
@@ -849,10 +847,10 @@ def _delivered_nothing(validation: dict[str, Any]) -> str | None:
 
 
 def _choices(summary: dict[str, Any]) -> dict[str, tuple[str, int]]:
-    """Each stage's recommended (executor, concurrency), by name."""
+    """Each stage's recommended (executor, concurrency), by name (its best point in a fallback summary)."""
     choices: dict[str, tuple[str, int]] = {}
     for st in summary.get("stages") or []:
-        rec = st.get("recommended") or {}
+        rec = st.get("recommended") or (st.get("best") if summary.get("fallback") else None) or {}
         if rec.get("executor") and finite(rec.get("concurrency")):
             choices[str(st.get("name"))] = (str(rec["executor"]), int(rec["concurrency"]))
     return choices
@@ -892,12 +890,12 @@ def run_validation(
 
 # ---------------------------------------------------------------------------- fallbacks
 def _fallback_summary(rows: Any, meta: dict[str, Any], why: str) -> dict[str, Any]:
-    """FALLBACK, used only while ``stagebench.analysis._pipeline`` is unavailable or failed.
+    """FALLBACK, used only when the analysis raised (a bug of ours): the rows must still be reported.
 
-    Honest and minimal: per stage the best measured point, the recommendation
-    (smallest concurrency within 5% of the best QPS), classification
-    ``unknown``. No GIL estimate, no prediction. ``why`` (the error, when the
-    analysis raised) is kept in ``summary["error"]``.
+    Honest and minimal: per stage the best measured point, classification
+    ``unknown``, and no recommendation: recommending is the analysis's rule
+    (:func:`stagebench.analysis._pipeline.summarize`), not one to keep a second
+    copy of here. No GIL estimate, no prediction. ``why`` is kept in ``summary["error"]``.
     """
     from stagebench._version import __version__
 
@@ -923,22 +921,14 @@ def _fallback_summary(rows: Any, meta: dict[str, Any], why: str) -> dict[str, An
         }
         if len(ok):
             best = ok.loc[ok["qps"].idxmax()]
-            near = ok[ok["qps"] >= 0.95 * best["qps"]].copy()
-            near["_pref"] = near["executor"].map({"thread": 0, "async": 0, "process": 1}).fillna(2)
-            rec = near.sort_values(["concurrency", "_pref", "qps"], ascending=[True, True, False]).iloc[0]
-
-            def point(r: Any) -> dict[str, Any]:
-                return {
-                    "executor": r["executor"],
-                    "concurrency": int(r["concurrency"]),
-                    "qps": float(r["qps"]),
-                    "qps_low": r["qps_low"],
-                    "qps_high": r["qps_high"],
-                    "harness": r["harness"],
-                }
-
-            entry["best"] = point(best)
-            entry["recommended"] = {**point(rec), "why": "smallest concurrency within 5% of the best measured QPS"}
+            entry["best"] = {
+                "executor": best["executor"],
+                "concurrency": int(best["concurrency"]),
+                "qps": float(best["qps"]),
+                "qps_low": best["qps_low"],
+                "qps_high": best["qps_high"],
+                "harness": best["harness"],
+            }
         stages.append(entry)
     return {
         "schema_version": SUMMARY_SCHEMA_VERSION,
@@ -946,7 +936,7 @@ def _fallback_summary(rows: Any, meta: dict[str, Any], why: str) -> dict[str, An
         "stagebench_version": __version__,
         "provenance": meta.get("provenance"),
         "settings": meta.get("settings"),
-        "verdict": f"minimal summary ({why}): see the per-stage recommendations",
+        "verdict": f"minimal summary ({why}): the best measured point of each stage, no recommendation",
         "warnings": [f"{why}: classification, GIL fraction and prediction were not computed"],
         "stages": stages,
         "not_isolated": meta.get("not_isolated", []),

@@ -100,7 +100,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["probe_gil"]
 
@@ -205,6 +205,7 @@ def _one_round(fn: Callable, items: Sequence, window: float, abandon: threading.
     )
     t.start()
     ready.wait()
+    assert t.ident is not None  # set by start()
     clock = time.pthread_getcpuclockid(t.ident)  # the counter's CPU time, read from this thread
     try:
         # the spinner alone first: the share of a core it gets when it holds the GIL
@@ -323,9 +324,9 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
             seconds=round(time.perf_counter() - t0, 3),
             switch_interval_s=_SWITCH_S,
             spinner_core=round(statistics.median(r.core for r in rounds), 3),
-            core_wait=None if None in waits else round(statistics.median(waits), 3),
+            core_wait=None if None in waits else round(statistics.median(cast("list[float]", waits)), 3),
             spinner_lost=round(statistics.median(r.lost for r in rounds), 3),
-            releases=None if None in rel else round(statistics.median(rel), 1),
+            releases=None if None in rel else round(statistics.median(cast("list[float]", rel)), 1),
         )
 
     t = threading.Thread(target=work, name="stagebench-gil-probe-stage", daemon=True)

@@ -32,7 +32,7 @@ import inspect
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,6 +197,7 @@ def _pipe_stage(cfg: Any, name: str, index: int) -> Stage:
     op = cfg._args.op
     call = getattr(op, "__call__", None)
     target = call if inspect.ismethod(call) else op  # as SPDL's convert_to_async does
+    fn: Callable[..., Any]
     if is_asyncgen_callable(op):
         fn, many = _AsyncGenDrain(op), True
     elif inspect.isgeneratorfunction(target):
@@ -466,7 +467,8 @@ def _map_ordered(
     stall_s: float,
 ) -> int:
     """Apply ``fn`` to inputs with ``workers`` in flight, feeding results in input order
-    to ``accept(index, ok, value)`` until it returns False. Returns how many inputs ran.
+    to ``accept(index, ok, value)`` until it returns False. Returns how many inputs ran and had
+    their outputs accepted.
 
     Stops (with the results so far) when no item finished for ``stall_s`` seconds.
     """
@@ -534,7 +536,9 @@ def _map_ordered(
             results[k] = None  # hand the reference over; keep memory to one copy
             k += 1
             if not accept(k - 1, ok, value):
-                return k
+                # this input's outputs were refused (the cap): it is not among the inputs run, so the
+                # inputs counted and the outputs kept stand for the same source items
+                return k - 1
         return k
     finally:
         state["stop"] = True
@@ -650,7 +654,9 @@ def run_passthrough(
     from spdl.pipeline.defs import PipelineConfig, SinkConfig, SourceConfig
 
     t0 = time.perf_counter()
-    cfg = PipelineConfig(src=SourceConfig(list(inputs)), pipes=list(step.configs), sink=SinkConfig(8))
+    cfg: PipelineConfig[Any] = PipelineConfig(
+        src=SourceConfig(list(inputs)), pipes=list(step.configs), sink=SinkConfig(8)
+    )
     pipeline = _real_pipeline(cfg, num_threads)
     outputs = []
     with pipeline.auto_stop():
@@ -677,7 +683,8 @@ def _install(fn_bytes: bytes) -> None:
 
 
 def _installed_call(item: Any) -> Any:
-    return _INSTALLED(item)
+    # set by the pool's initializer (_install) before any call; no check in the timed path
+    return _INSTALLED(item)  # type: ignore[misc]
 
 
 class _PoolOp:
@@ -735,7 +742,7 @@ def _timed_op(op: Callable, spans: list) -> Callable | None:
 def build_validation_config(
     plan: Plan,
     choices: dict[str, tuple[str, int]],
-    source: Callable[[], Any],
+    source: Iterable[Any],
     timings: dict[str, list] | None = None,
     stand_ins: dict[str, Any] | None = None,
 ) -> tuple[Any, list[Callable[[], None]], list[dict]]:

@@ -205,9 +205,12 @@ def _burn_free(n_bytes: int) -> None:
     six times and the probe read it as 6.2 releases, against 1.4 for one hash.
     """
     global _BIG
-    if n_bytes > len(_BUF) and _BIG is None:
-        _BIG = _BUF * 16
-    view = memoryview(_BUF if n_bytes <= len(_BUF) else _BIG)
+    buf = _BUF
+    if n_bytes > len(_BUF):
+        if _BIG is None:
+            _BIG = _BUF * 16
+        buf = _BIG
+    view = memoryview(buf)
     while n_bytes > 0:
         k = min(n_bytes, len(view))
         hashlib.sha256(view[:k]).digest()
@@ -294,8 +297,8 @@ def _marginal_cpu(points: list[dict]) -> float | None:
     """
     import numpy as np
 
-    pts = [(num_or_none(p.get("qps")), num_or_none(p.get("cpu_s_per_item"))) for p in points]
-    pts = [(q, c) for q, c in pts if q is not None and c is not None and q > 0 and c > 0]
+    read = [(num_or_none(p.get("qps")), num_or_none(p.get("cpu_s_per_item"))) for p in points]
+    pts = [(q, c) for q, c in read if q is not None and c is not None and q > 0 and c > 0]
     if len(pts) < 3:
         return None
     x = np.array([q for q, _ in pts])
@@ -412,7 +415,8 @@ def plan_stand_ins(stages: list[dict], speed_ns: dict[str, float] | None = None)
     for st in stages:
         if st.get("type", "pipe") != "pipe":
             continue
-        s = _stand_in(st, (speed_ns or {}).get(st.get("name")))
+        name = st.get("name")
+        s = _stand_in(st, speed_ns.get(name) if speed_ns and name is not None else None)
         if s is not None:
             out[s.name] = s
     return out

@@ -55,7 +55,9 @@ def run_script(script: str, args: list[str], *, out: str | None) -> int:
     # unless an SPDL pipeline is diagnosed first.
     from stagebench.loader._intercept import diagnose_first_loader, loader_was_caught
 
-    State.on_start = [diagnose_first_loader(settings.output_dir, config=_loader_config(settings))]
+    State.on_start = [
+        diagnose_first_loader(settings.output_dir, config=_loader_config(settings), target_rate=settings.target_rate)
+    ]
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [str(path), *args]
     sys.path.insert(0, str(path.resolve().parent))

@@ -69,6 +69,8 @@ class DiagnoseSettings:
     """See :attr:`stagebench.SweepConfig.process_ceilings`."""
     paired_rounds: int = _default("paired_rounds")
     """See :attr:`stagebench.SweepConfig.paired_rounds`."""
+    target_rate: float | None = None
+    """Source items/s the training step consumes (its demand); ``None``: no verdict on keeping up."""
     gil_probe: str = _default("gil_probe")
     """``auto``: read the GIL share of stages that compute (see :mod:`stagebench.pipeline._gilprobe`); ``off``: curves only."""
 

@@ -138,9 +138,9 @@ def _function_key(fn: types.FunctionType, depth: int, seen: set[int]) -> tuple:
                 globs.append((name, v))
             elif isinstance(v, types.ModuleType):  # `helpers.resize(x)`: the user's module, by its source
                 globs.append((name, _module_key(v.__name__)))
-            elif (
-                getattr(v, "__module__", None) == fn.__module__ or _user_source(getattr(v, "__module__", None))
-            ) and (isinstance(v, (types.FunctionType, type)) or _looks_like_code(v)):
+            elif (getattr(v, "__module__", None) == fn.__module__ or _user_source(getattr(v, "__module__", None))) and (
+                isinstance(v, (types.FunctionType, type)) or _looks_like_code(v)
+            ):
                 globs.append((name, _value_key(v, depth, seen)))
     parts.append(tuple(globs))
     return tuple(parts)

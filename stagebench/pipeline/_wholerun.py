@@ -246,7 +246,7 @@ def run_pipelines(
             if len(live) == 1:
                 _count(live[0], window_s)
             elif len(live) == 2:
-                _take_turns(*live, window_s)
+                _take_turns(live[0], live[1], window_s)
         finally:
             for r in made:
                 r.close()

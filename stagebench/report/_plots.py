@@ -23,7 +23,7 @@ import functools
 import io
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 import matplotlib.patches
@@ -34,6 +34,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from stagebench._numbers import finite
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType  # for the checker only: not in every matplotlib the package allows
 
 __all__ = [
     "OKABE_ITO",
@@ -81,7 +84,7 @@ SERIES_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 _INK = "#222222"
 _GRID = "#E3E3E3"
-_RC = {
+_RC: dict[RcKeyType, Any] = {
     "svg.hashsalt": "stagebench",  # fixed ids: same figure, same bytes
     "svg.fonttype": "none",
     "figure.autolayout": False,  # the figures bring their own layout (see figure_to_svg)
@@ -436,7 +439,7 @@ def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
         ("gil", "GIL bound", "-.", OKABE_ITO["vermillion"]),
     ):
         v = bounds.get(key)
-        if finite(v) and float(v) > 0:
+        if v is not None and finite(v) and float(v) > 0:
             lines.append((float(v), f"{label}: {fmt_rate(float(v))}/s", style, color))
     if finite(pred.get("qps")) and float(pred["qps"]) > 0:
         lines.append((float(pred["qps"]), f"predicted pipeline: {fmt_rate(float(pred['qps']))}/s", "-", _INK))
@@ -814,7 +817,7 @@ def compare_best_svg(entries: Sequence[Mapping[str, Any]], *, unit: str) -> str 
     _style_axes(ax)
     ax.grid(False, axis="y")
     ys = np.arange(len(entries))
-    for y, e in zip(ys, entries):
+    for y, e in enumerate(entries):  # ys[y] == y; a plain int, as Axes.text's stubs want
         v = float(e["value"])
         lo, hi = e.get("low"), e.get("high")
         xerr = None

@@ -67,7 +67,8 @@ _CLASS_TEXT = {
     "ipc-bound": "limited by moving data between processes",
     "unknown": "not classified",
 }
-_BINDING_TEXT = {"stage": "a stage's capacity", "cores": "the cores", "gil": "the GIL"}
+# looked up with whatever a summary holds, None included
+_BINDING_TEXT: dict[str | None, str] = {"stage": "a stage's capacity", "cores": "the cores", "gil": "the GIL"}
 
 
 # --------------------------------------------------------------------------- loading
@@ -612,7 +613,7 @@ def _same_knobs(row: Mapping[str, Any], rec: Mapping[str, Any]) -> bool:
     if int(row.get("num_workers") or 0) != int(rec["num_workers"]):
         return False
     pf_r, pf_c = row.get("prefetch_factor"), rec.get("prefetch_factor")
-    if finite(pf_r) and finite(pf_c) and int(pf_r) != int(pf_c):
+    if pf_r is not None and pf_c is not None and finite(pf_r) and finite(pf_c) and int(pf_r) != int(pf_c):
         return False
     for k in ("persistent_workers", "pin_memory"):
         if k in rec and str(row.get(k)).lower() != str(rec[k]).lower():
@@ -657,6 +658,7 @@ def report_context(run: RunData) -> dict[str, Any]:
         "title": _title(run),
         "verdict": summary.get("verdict")
         or ("no verdict: the analysis did not run" if run.summary_error else "no verdict in summary.json"),
+        "demand": (summary.get("demand") or {}).get("text"),
         "warnings": warnings,
         "findings": findings[:split],
         "more_findings": findings[split:],

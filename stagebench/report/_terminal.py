@@ -50,7 +50,7 @@ def _setting(point: Mapping[str, Any] | None) -> str:
     if not point or point.get("executor") is None:
         return "-"
     c = point.get("concurrency")
-    return f"{point['executor']} x {int(c)}" if num_or_none(c) is not None else str(point["executor"])
+    return f"{point['executor']} x {int(c)}" if c is not None and num_or_none(c) is not None else str(point["executor"])
 
 
 def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -129,6 +129,9 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
         lines.append(f"validation run: {_clean(val['error'], 160)}")
     if summary.get("verdict"):
         lines.append(f"verdict: {_clean(summary['verdict'], 200)}")
+    demand = summary.get("demand") or {}
+    if demand.get("text"):
+        lines.append(f"trainer: {_clean(demand['text'], 200)}")
     for w in (summary.get("warnings") or [])[:3]:
         lines.append(f"warning: {_clean(w, 200)}")
     if report_path is not None:

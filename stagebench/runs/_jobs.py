@@ -57,7 +57,8 @@ def short_labels(run_dirs: Sequence[Path], metas: Sequence[Mapping[str, Any] | N
     """Labels for runs shown together: explicit labels win; otherwise only the Hydra
     overrides that differ between the runs (``loader.backend=torch``), not the ones they share."""
     overrides = [job_overrides(Path(d)) for d in run_dirs]
-    parsed = [dict(o.split("=", 1) if "=" in o else (o, "") for o in ov) for ov in overrides]
+    # partition gives (o, "", "") without "=", so a bare override maps to ""
+    parsed = [{k: v for k, _, v in (o.partition("=") for o in ov)} for ov in overrides]
     keys: list[str] = []
     for p in parsed:
         keys += [k for k in p if k not in keys]

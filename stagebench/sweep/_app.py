@@ -42,6 +42,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from stagebench.runs._jobs import JOB_STATUS
+from stagebench.runs._schema import RESULTS_SCHEMA_VERSION
 from stagebench.sweep._hydra_internal import args_parser, config_loader, config_search_path, split_sweep
 from stagebench.sweep._multirun import collect_jobs
 
@@ -297,12 +298,12 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
         key = str(cause.full_key)
         leaf = key.rsplit(".", 1)[-1]
-        allowed = _enum_of(getattr(cause, "object_type", None), leaf)
+        choices = _enum_of(getattr(cause, "object_type", None), leaf)
         first = str(cause).splitlines()[0]
-        if allowed:
+        if choices:
             value = getattr(cause, "value", None)
             shown = f"{value!r}" if value is not None else first
-            return f"{key}: invalid value {shown}; allowed: {', '.join(allowed)}"
+            return f"{key}: invalid value {shown}; allowed: {', '.join(choices)}"
         return f"{key}: {first}"
     if isinstance(exc, ValueError):
         return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -415,7 +416,7 @@ def run_job(
 
     t0 = time.perf_counter()
     status: dict[str, Any] = {
-        "schema_version": 1,
+        "schema_version": RESULTS_SCHEMA_VERSION,
         "status": "failed",
         "reason": "interrupted before the job finished",
         "job_num": job_num,
@@ -523,7 +524,8 @@ def _task(cfg: Any) -> int:
         job_dir=Path(hc.runtime.output_dir),
         overrides=list(hc.overrides.task),
         job_num=int(hc.job.num) if multirun else None,
-        launcher=str(OmegaConf.select(hc, "launcher._target_", default="")) or None,
+        # HydraConfig.get() returns a DictConfig; hydra types it as its HydraConf schema
+        launcher=str(OmegaConf.select(hc, "launcher._target_", default="")) or None,  # type: ignore[arg-type]
         label=_job_label(list(hc.overrides.task), str(hc.job.env_set.get("STAGEBENCH_SWEEP_KEYS", "")))
         if multirun
         else None,

@@ -534,7 +534,7 @@ class SpdlPipelineLoader:
         from spdl.pipeline import PipelineBuilder
 
         c = max(1, self.num_workers)
-        builder = PipelineBuilder().add_source(source, continuous=continuous).disaggregate()
+        builder: PipelineBuilder[Any, Any] = PipelineBuilder().add_source(source, continuous=continuous).disaggregate()
         for name, fn in self.dataset.pipeline_stages():
             builder.pipe(fn, concurrency=c, name=name)
         builder.aggregate(self.batch_size, drop_last=self.drop_last)
@@ -783,7 +783,7 @@ def build_loader(cfg: Any, *, progress: Any = None) -> LoaderSpec:
         info.update(root=str(root), decoder=cfg.decoder.name, sample_rate=cfg.sample_rate)
     elif isinstance(cfg, SyntheticLoaderConfig):
         dataset = SyntheticTensorDataset(
-            num_items=int(cfg.num_items),
+            num_items=int(cfg.num_items),  # type: ignore[arg-type]  # never None: SyntheticLoaderConfig checks it
             sample_shape=list(cfg.sample_shape),
             dtype=cfg.dtype.name,
             distinct=cfg.distinct,

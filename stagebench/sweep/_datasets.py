@@ -167,7 +167,7 @@ def _upsample(field: np.ndarray, w: int, h: int) -> np.ndarray:
     from PIL import Image
 
     return np.stack(
-        [np.asarray(Image.fromarray(field[..., c]).resize((w, h), Image.BICUBIC)) for c in range(3)],
+        [np.asarray(Image.fromarray(field[..., c]).resize((w, h), Image.Resampling.BICUBIC)) for c in range(3)],
         axis=-1,
     )
 

@@ -331,7 +331,7 @@ def unknown_keys(cfg: DictConfig) -> list[tuple[str, list[str]]]:
         allowed = [f.name for f in dataclasses.fields(cls)]
         for k in node.keys():
             if k not in allowed:
-                bad.append((f"{node_key}.{k}", allowed))
+                bad.append((f"{node_key}.{k!s}", allowed))
     for k in cfg.keys():
         if k not in ("loader", "sweep", "progress", "hydra"):
             bad.append((str(k), ["loader", "sweep", "progress"]))
