@@ -1213,3 +1213,60 @@ def test_the_outputs_cap_does_not_inflate_items_per_call(tmp_path):
     # a 5 ms sleep at concurrency 1: 200 calls/s, each one source item (the cap made it 3-4x before)
     assert by_name["big"]["recommended"]["qps"] * by_name["big"]["items_per_input"] < 260
     assert any("STAGEBENCH_CACHE_MAX_MB" in w for w in summary["warnings"])
+
+
+def test_a_stage_that_kills_its_worker_process_does_not_end_the_diagnosis(tmp_path):
+    """The user runs it on a ProcessPoolExecutor, where a native crash (here os._exit) kills a worker:
+    the first pass runs it on worker processes too, so the diagnosis lives to record it."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    def dies(x):
+        if x == 3:
+            os._exit(3)
+        return x
+
+    with ProcessPoolExecutor(1) as pool:
+        cfg = PipelineBuilder().add_source(range(50)).pipe(dies, executor=pool).add_sink(2).get_config()
+        summary = diagnose_pipeline(cfg, out=tmp_path / "run", settings=small(), show_table=False, report=False)
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["status"] == "complete"
+    (stage,) = meta["stages"]
+    assert stage["status"] == "not_measured" and "worker process died" in stage["reason"]
+    assert "exit code 3" in stage["reason"] or "died" in stage["reason"]
+    rows = pd.read_csv(tmp_path / "run" / "results.csv")
+    assert len(rows) and set(rows["status"]) == {"skipped"}
+    assert summary["validation_failed"]
+
+
+POOL_SCRIPT = """
+import multiprocessing, sys, time
+from spdl.pipeline import PipelineBuilder
+
+def stage(x):
+    time.sleep(0.002)
+    return x
+
+def load(shard):
+    p = PipelineBuilder().add_source(range(200)).pipe(stage, concurrency=2).add_sink(4).build(num_threads=2)
+    with p.auto_stop():
+        return sum(1 for _ in p)
+
+if __name__ == "__main__":
+    with multiprocessing.Pool(2) as pool:
+        print("loaded", pool.map(load, range(4)), flush=True)
+    open(sys.argv[1], "w").write("the training loop ran")
+"""
+
+
+@pytest.mark.slow
+def test_a_pipeline_built_in_pool_workers_is_diagnosed_once_on_threads_and_the_program_ends(tmp_path):
+    (tmp_path / "train.py").write_text(POOL_SCRIPT)
+    out = tmp_path / "run"
+    env = {**FAST, "STAGEBENCH_OUTPUT_DIR": str(out), "STAGEBENCH_CACHE_DIR": "off", "STAGEBENCH_GIL_PROBE": "off"}
+    r = run_env(tmp_path, "train.py", str(tmp_path / "marker"), env=env, timeout=300)  # a hang fails here
+    assert "daemonic process" in r.stderr and "process executors are not measured" in r.stderr
+    assert r.stderr.count("diagnosing 1 stage(s)") == 1  # one of the two workers
+    assert not (tmp_path / "marker").exists() and "loaded" not in r.stdout
+    rows = pd.read_csv(out / "results.csv")
+    assert set(rows["executor"]) == {"thread"} and (rows["status"] == "ok").any()
+    assert (out / "report.html").is_file()

@@ -552,3 +552,40 @@ def test_real_analysis_rebuild_is_deterministic(measured_run: Path, tmp_path: Pa
     summary = (run / "summary.json").read_bytes()
     assert _rebuild.rebuild(run).read_bytes() == first
     assert (run / "summary.json").read_bytes() == summary
+
+
+def test_stage_rates_are_in_source_items_after_a_batch(tmp_path):
+    """After a batch of 16, a stage's calls/s times 16 is what it feeds the pipeline: the table says
+    items/s in the unit of the bound lines, with the calls/s as a side note."""
+    import _rows
+
+    from stagebench.report._html import rate_text
+    from stagebench.runs._results import RunDir
+    from stagebench.runs._schema import STAGE_COLUMNS
+
+    rows = pd.concat(
+        [
+            _rows.model_rows("decode", gil_ms=0.2, wait_ms=2.0, levels=(1, 2), executors=("thread",)),
+            _rows.model_rows("collate", gil_ms=0.1, wait_ms=1.0, levels=(1, 2), executors=("thread",)),
+        ]
+    )
+    meta = {
+        "kind": "pipeline",
+        "provenance": {"usable_cores": 2, "cpu_count": 2},
+        "settings": {"concurrency": [1, 2], "executors": ["thread"], "harnesses": ["direct"]},
+        "stages": [
+            {"name": "decode", "index": 1, "type": "pipe", "items_per_input": 1.0},
+            {"name": "collate", "index": 3, "type": "pipe", "items_per_input": 16.0},
+        ],
+        "not_isolated": [],
+    }
+    rd = RunDir.create(tmp_path / "run")
+    rd.write_meta(meta)
+    with rd.writer(STAGE_COLUMNS) as w:
+        for r in rows.to_dict("records"):
+            w.write(r)
+    html = _rebuild.rebuild(rd.path).read_text()
+    summary = json.loads((rd.path / "summary.json").read_text())
+    collate = next(s for s in summary["stages"] if s["name"] == "collate")
+    per_call = collate["recommended"]["qps"]
+    assert rate_text(per_call * 16) in html and "calls/s × 16" in html

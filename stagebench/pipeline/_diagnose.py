@@ -459,6 +459,19 @@ class _Diagnosis:
                 ometa = cached.meta or {}
                 self.plan.sample_outputs[step.name] = list(cached.items[:SAMPLE_OUTPUTS])  # for its stand-in
                 self._report_outputs(step, inputs, cached, ometa, unstable, time.perf_counter() - started)
+                if ometa.get("crashed"):
+                    # It kills the process that runs it: its thread points would run it in this one.
+                    reason = (
+                        f"not measured: a worker process died running it on its first pass ({ometa['crashed']}); "
+                        "on threads it would end this process too"
+                    )
+                    smeta.update(status="not_measured", reason=reason)
+                    for row in _skipped_rows(step, settings, reason):
+                        writer.write(row)
+                        self.progress.done(row)
+                    self.run_dir.write_meta(self.meta)
+                    blocked = f"not measured: the earlier stage {step.name!r} crashed its worker process"
+                    continue
                 minputs = measure_inputs(step, inputs, ometa)
                 # Source items one call of this stage stands for (after a batch: the batch size); the
                 # analysis turns per-call figures into per-source-item ones with it. From what the stage
@@ -499,7 +512,9 @@ class _Diagnosis:
                 if ometa.get("capped") and ometa.get("n_inputs"):
                     src_fraction *= ometa.get("n_run", 0) / ometa["n_inputs"]
                 if not cached.items:
-                    if ometa.get("n_errors"):
+                    if ometa.get("crashed"):
+                        why = f"a worker process died on its first pass ({ometa['crashed']})"
+                    elif ometa.get("n_errors"):
                         why = f"every item raised ({ometa.get('error_example', '')})"
                     elif ometa.get("stalled"):
                         why = f"no item finished within {settings.timeout_s:g} s"
@@ -710,6 +725,10 @@ class _Diagnosis:
                 f"kept {n_out} outputs from the first {ometa.get('n_run')} of {len(inputs)} inputs; "
                 "the rest were dropped (raise the cap to keep more)"
             )
+        if ometa.get("crashed"):
+            self.say(f"{step.name!r}: a worker process died on its first pass: {ometa['crashed']}")
+        if ometa.get("process_note"):
+            self.say(f"{step.name!r}: {ometa['process_note']}")
         if ometa.get("stalled"):
             self.say(
                 f"{step.name!r}: no item finished within {self.settings.timeout_s:g} s; "

@@ -626,12 +626,69 @@ def compute_outputs(
 
         is_async = _is_coro(stage.fn)
         w = workers or max(1, min(16 if is_async else 8, stage.user_concurrency))
-        n_run = _map_ordered(stage.fn, inputs, is_async=is_async, workers=w, accept=accept, stall_s=stall_s)
-        if n_run < len(inputs) and not meta["capped"]:
+        if stage.user_executor == "process" and not is_async:
+            # The user runs it on processes: a native crash there (a segfault in a C extension,
+            # os._exit) would end this process if run on its threads, taking the diagnosis, its
+            # rows and the user's terminal state with it. On worker processes it is a failure.
+            n_run = _map_on_processes(stage.fn, inputs, workers=w, accept=accept, stall_s=stall_s, meta=meta)
+        else:
+            n_run = _map_ordered(stage.fn, inputs, is_async=is_async, workers=w, accept=accept, stall_s=stall_s)
+        if n_run < len(inputs) and not (meta["capped"] or meta.get("crashed") or meta.get("process_error")):
             meta["stalled"] = True
         meta["n_run"] = n_run
     meta.update(n_outputs=len(outputs), bytes=size, seconds=time.perf_counter() - t0)
     return outputs, meta
+
+
+def _map_on_processes(
+    fn: Callable,
+    inputs: Sequence,
+    *,
+    workers: int,
+    accept: Callable[[int, bool, Any], bool],
+    stall_s: float,
+    meta: dict[str, Any],
+) -> int:
+    """:func:`_map_ordered` with the calls on ``workers`` processes (stagebench's loky-started pool).
+
+    A worker that dies stops the pass: the inputs before it keep their outputs, and the meta's
+    ``crashed`` says how it died (with the exit code where known).
+    """
+    import cloudpickle
+
+    from stagebench.core._executors import _worker_call, _worker_init, close_pool, pool_failure, process_pool
+
+    try:
+        payload = cloudpickle.dumps(fn)
+    except Exception as e:  # cannot ship it to a process: its threads are all there is
+        meta["process_note"] = f"ran on threads: the stage cannot be pickled ({type(e).__name__})"
+        return _map_ordered(fn, inputs, is_async=False, workers=workers, accept=accept, stall_s=stall_s)
+    pool = process_pool(workers, _worker_init, (payload,))
+
+    def call(x: Any) -> Any:
+        _pid, ok, err, out = pool.submit(_worker_call, 0, x).result()
+        if not ok:
+            raise _StageRaised(err or "the stage raised")
+        return out
+
+    def checked(i: int, ok: bool, value: Any) -> bool:
+        if not ok and not isinstance(value, _StageRaised):  # the pool broke, not the stage's call
+            status, reason = pool_failure(value, None)
+            meta["crashed" if status == "crashed" else "process_error"] = reason
+            return False
+        keep = accept(i, ok, value)
+        if isinstance(value, _StageRaised) and meta["error_example"] == _describe(value):
+            meta["error_example"] = str(value)  # the worker's own "ValueError: ..." line
+        return keep
+
+    try:
+        return _map_ordered(call, inputs, is_async=False, workers=workers, accept=checked, stall_s=stall_s)
+    finally:
+        close_pool(pool)
+
+
+class _StageRaised(Exception):
+    """The stage raised inside a worker process; the message is the worker's description of it."""
 
 
 def _is_coro(fn: Callable) -> bool:

@@ -166,9 +166,50 @@ def exit_now(code: int) -> None:
     State.finished, State.code = True, code
     sys.stdout.flush()
     sys.stderr.flush()
+    if State.end_parent is not None:  # a pool worker: its parent's pool.map would wait for it forever
+        import contextlib
+        import signal
+
+        with contextlib.suppress(OSError):
+            os.unlink(State.claim or "")
+        os.kill(State.end_parent, signal.SIGTERM)
+        os._exit(code)
     if threading.current_thread() is not threading.main_thread() or (leaked_threads() and not State.in_process):
         os._exit(code)
     raise SystemExit(code)
+
+
+def _in_a_pool_worker(settings: DiagnoseSettings) -> DiagnoseSettings:
+    """The settings for a pipeline built inside a daemonic process (a ``multiprocessing.Pool`` worker).
+
+    Such a process cannot start processes, so only threads are measured, and it says why. Its
+    siblings build the same pipeline: one diagnoses (the first to claim the parent's lock file);
+    the others wait, and the parent program is ended when the diagnosis is done
+    (:func:`exit_now`): its ``pool.map`` would otherwise wait forever for tasks that exited.
+    """
+    import multiprocessing
+    import tempfile
+    import time
+    from dataclasses import replace
+
+    if not multiprocessing.current_process().daemon:
+        return settings
+    parent = os.getppid()
+    lock = os.path.join(tempfile.gettempdir(), f"stagebench-{os.getuid()}-{parent}.diagnosing")
+    try:  # O_EXCL: a file (or a planted link) already there is never followed or reused
+        os.close(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        # A sibling worker diagnoses and ends the parent when it is done; this one leaves then (it
+        # would otherwise hold the parent's stdout open, and a caller waiting on it would wait forever).
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(0)
+    State.end_parent, State.claim = parent, lock
+    say(
+        "this pipeline runs in a daemonic process (a multiprocessing.Pool worker), which cannot start "
+        "processes: process executors are not measured; the program ends when the diagnosis is done"
+    )
+    return replace(settings, executors=tuple(e for e in settings.executors if e != "process") or ("thread",))
 
 
 def _diagnose_and_exit(cfg: Any, settings: DiagnoseSettings) -> None:
@@ -182,6 +223,7 @@ def _diagnose_and_exit(cfg: Any, settings: DiagnoseSettings) -> None:
         exit_now(2)
     if rank != 0:
         exit_now(0)  # as SPDL does: only local rank 0 diagnoses; the others leave quietly
+    settings = _in_a_pool_worker(settings)
     State.started = True
     for hook in State.on_start:
         hook()  # e.g. remove the DataLoader hook: this run diagnoses the pipeline

@@ -30,6 +30,8 @@ class State:
     original_mode: str | None = None  # the variable's value before a diagnosis set it to 0
     on_start: list = []  # called once when a pipeline diagnosis starts (run_script sets it)
     in_process = False  # run_script is running the script: it, not the interpreter's exit, ends the diagnosis
+    end_parent: int | None = None  # a multiprocessing.Pool worker diagnosed: the pid of the program to end
+    claim: str | None = None  # that worker's claim on the diagnosis (a lock file), removed as it ends
 
 
 def say(text: str) -> None:

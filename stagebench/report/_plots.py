@@ -447,7 +447,10 @@ def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
         lines.append(
             (float(val["qps"]), f"measured pipeline: {fmt_rate(float(val['qps']))}/s", ":", OKABE_ITO["green"])
         )
-    vals = [float(s["recommended"]["qps"]) for s in stages]
+    # One unit with the bound and pipeline lines: source items/s. A stage after a batch of 16 handles
+    # 16 source items per call, so its calls/s times 16 is what it can feed the pipeline.
+    per_call = [float(s.get("items_per_input") or 1.0) for s in stages]
+    vals = [float(s["recommended"]["qps"]) * k for s, k in zip(stages, per_call)]
     lo_all = min(vals + [v for v, *_ in lines])
     log = max(vals) / lo_all > 10
     xmin, xmax = (lo_all / 2, max(vals) * 6) if log else (0.0, max(vals) * 1.3)
@@ -460,13 +463,13 @@ def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
     if log:
         ax.set_xscale("log")
     ys = np.arange(len(stages))[::-1]
-    for y, s, q in zip(ys, stages, vals):
+    for y, s, q, k in zip(ys, stages, vals, per_call):
         r = s["recommended"]
         color = CLASS_COLORS.get(s.get("classification") or "unknown", OKABE_ITO["grey"])
         lo, hi = r.get("qps_low"), r.get("qps_high")
         xerr = None
-        if finite(lo) and finite(hi):
-            xerr = [[max(0.0, q - float(lo))], [max(0.0, float(hi) - q)]]
+        if lo is not None and hi is not None and finite(lo, hi):
+            xerr = [[max(0.0, q - float(lo) * k)], [max(0.0, float(hi) * k - q)]]
         ax.barh(
             y,
             q - xmin,
@@ -480,7 +483,7 @@ def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
         ax.text(
             q,
             y + 0.3,
-            f"{fmt_rate(q)}/s · {r.get('executor', '?')} × {r.get('concurrency', '?')}",
+            f"{fmt_rate(q)} items/s · {r.get('executor', '?')} × {r.get('concurrency', '?')}",
             va="bottom",
             ha="right" if not log else "center",
             fontsize=8.5,

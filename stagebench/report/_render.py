@@ -30,7 +30,7 @@ from typing import Any
 
 import pandas as pd
 
-from stagebench._numbers import finite
+from stagebench._numbers import finite, num_or_none
 from stagebench.analysis._summary import guess_kind, summarize_run
 from stagebench.report._html import (
     csv_uri,
@@ -364,9 +364,12 @@ def stage_cards(
                 "evidence": [str(x) for x in ev.get("summary") or []],
                 "signals": _signal_items(ev),
                 "fits": _fit_items(s.get("fit") or {}),
-                "rec": _keys(s.get("recommended"), _POINT_KEYS),
-                "best": _keys(s.get("best"), _POINT_KEYS),
-                "ceiling": s.get("ceiling_qps"),
+                # source items/s, the unit of the bounds and the pipeline lines; calls/s as a side note
+                "rec": _in_items(s.get("recommended"), s),
+                "best": _in_items(s.get("best"), s),
+                "ceiling": _in_items({"qps": s.get("ceiling_qps")}, s)["qps"],
+                "items_per_call": num_or_none(s.get("items_per_input")),
+                "calls_qps": (s.get("recommended") or {}).get("qps"),
                 "cpu_ms": _to_ms(s.get("cpu_s_per_item")),
                 "gil_ms": _to_ms(s.get("gil_s_per_item")),
                 "img_qps": svg_uri(_plots.stage_throughput_svg(sub, s)) if len(sub) else None,
@@ -485,6 +488,16 @@ def _keys(d: Mapping[str, Any] | None, keys: Sequence[str]) -> dict[str, Any]:
     """A summary dict with every key the template reads (None when absent), extra keys kept."""
     d = dict(d or {})
     return {**{k: None for k in keys}, **d}
+
+
+def _in_items(point: Mapping[str, Any] | None, stage: Mapping[str, Any]) -> dict[str, Any]:
+    """A point's throughputs in source items/s: per call times the source items one call stands for."""
+    k = num_or_none(stage.get("items_per_input")) or 1.0
+    out = _keys(point, _POINT_KEYS)
+    for key in ("qps", "qps_low", "qps_high"):
+        v = num_or_none(out.get(key))
+        out[key] = v * k if v is not None else out.get(key)
+    return out
 
 
 def _to_ms(x: Any) -> float | None:
