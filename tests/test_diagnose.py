@@ -1270,3 +1270,14 @@ def test_a_pipeline_built_in_pool_workers_is_diagnosed_once_on_threads_and_the_p
     rows = pd.read_csv(out / "results.csv")
     assert set(rows["executor"]) == {"thread"} and (rows["status"] == "ok").any()
     assert (out / "report.html").is_file()
+
+
+def test_a_syntax_error_in_the_script_shows_the_line_not_our_frames(tmp_path, capsys):
+    from stagebench._cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text("import os\nfor x in range(3)\n    print(x)\n")
+    assert main(["diagnose", "--out", str(tmp_path / "run"), str(script)]) == 1
+    err = capsys.readouterr().err
+    assert "SyntaxError" in err and "for x in range(3)" in err
+    assert "runpy" not in err and "stagebench/" not in err and "Traceback" not in err
