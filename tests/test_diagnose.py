@@ -1281,3 +1281,32 @@ def test_a_syntax_error_in_the_script_shows_the_line_not_our_frames(tmp_path, ca
     err = capsys.readouterr().err
     assert "SyntaxError" in err and "for x in range(3)" in err
     assert "runpy" not in err and "stagebench/" not in err and "Traceback" not in err
+
+
+def test_a_stage_that_consumes_its_inputs_is_measured_fused_with_the_one_before(tmp_path):
+    """Like SPDL's convert_frames, which takes ownership of its frames: the first call on an input
+    works, every repeat fails. Measured on fresh outputs of the stage before it, and said so."""
+
+    class Frames:
+        def __init__(self, n):
+            self.data = list(range(n))
+
+    def decode(x):
+        time.sleep(0.002)
+        return Frames(8)
+
+    def convert(frames):
+        if frames.data is None:
+            raise TypeError("frames were already converted (ownership moved)")
+        out, frames.data = sum(frames.data), None
+        return out
+
+    cfg = PipelineBuilder().add_source(range(100)).pipe(decode).pipe(convert).add_sink(2).get_config()
+    summary = diagnose_pipeline(cfg, out=tmp_path / "run", settings=small(), show_table=False, report=False)
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    conv = next(s for s in meta["stages"] if s["name"] == "convert")
+    assert "ownership moved" in conv["consumes_inputs"] and conv["fused_with"] == "decode"
+    rows = pd.read_csv(tmp_path / "run" / "results.csv")
+    points = rows[(rows["stage"] == "convert") & (rows["role"] == "stage")]
+    assert (points["status"] == "ok").all(), points[["status", "reason"]]
+    assert not summary["validation_failed"]

@@ -48,6 +48,7 @@ import statistics
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -404,7 +405,13 @@ class _Diagnosis:
 
     # ------------------------------------------------------------------ stages
     def _sweep_all(self, source_items: list) -> None:
-        from stagebench.pipeline._isolate import Passthrough, compute_outputs, measure_inputs, run_passthrough
+        from stagebench.pipeline._isolate import (
+            Fused,
+            Passthrough,
+            compute_outputs,
+            measure_inputs,
+            run_passthrough,
+        )
         from stagebench.pipeline._stage_cache import StageCache, callable_key, chain_key, items_key
         from stagebench.runs._schema import STAGE_COLUMNS
 
@@ -417,6 +424,7 @@ class _Diagnosis:
         came_from: str | None = None  # the step whose outputs are the current inputs (None: the source)
         src_fraction = 1.0  # share of the source items the current inputs derive from
         blocked: str | None = None
+        prev: tuple[Any, list, float | None] | None = None  # (stage, its inputs, source items per call)
         with self.run_dir.writer(STAGE_COLUMNS) as writer:
             for step in self.plan.steps:
                 if isinstance(step, Passthrough):
@@ -499,8 +507,14 @@ class _Diagnosis:
                     outputs_mb=round(ometa.get("bytes", 0) / 2**20, 3),
                 )
                 self.run_dir.write_meta(self.meta)
+                measured, sweep_inputs = step, minputs
+                if minputs and self._consumes(step, minputs[0], ometa, smeta, prev):
+                    assert prev is not None  # _consumes says so only when there is a stage to fuse with
+                    measured = replace(step, fn=Fused(prev[0].fn, step.fn))
+                    sweep_inputs = prev[1]
+                    smeta["items_per_input"] = prev[2]
                 if minputs:
-                    self._sweep_stage(step, minputs, writer, came_from, src_problem)
+                    self._sweep_stage(measured, sweep_inputs, writer, came_from, src_problem)
                 else:
                     reason = "no inputs to measure it on" + (
                         " (the aggregator emitted nothing)" if step.type == "aggregate" else ""
@@ -521,6 +535,8 @@ class _Diagnosis:
                     else:
                         why = "every output was None (dropped)"
                     blocked = f"not measured: the earlier stage {step.name!r} produced no outputs: {why}"
+                # the stage to fuse the next one with, should that one consume its inputs
+                prev = (step, minputs, smeta.get("items_per_input")) if step.type == "pipe" and not step.many else None
                 inputs, in_key, came_from = cached.items, key, repr(step.name)
             if self.process_sweeps:
                 from stagebench.core._sweep import sweep_process_points
@@ -531,6 +547,33 @@ class _Diagnosis:
         # what one item at the sink stands for, in source items (batches: the batch size)
         self.items_per_sink_item = (n_source * src_fraction / len(inputs)) if inputs else None
         self.meta["items_per_sink_item"] = self.items_per_sink_item
+
+    def _consumes(self, step: Any, item: Any, ometa: dict, smeta: dict, prev: tuple | None) -> bool:
+        """Whether ``step`` consumes its inputs and is to be measured fused with the stage before it.
+
+        Only a sync pipe on threads can tell (a process gets a fresh copy of each input), and only
+        after a first pass without errors. Says so, and why, in either case.
+        """
+        from stagebench.pipeline._isolate import consumes_inputs
+
+        if step.type != "pipe" or step.many or step.is_async or ometa.get("n_errors"):
+            return False
+        why = consumes_inputs(step.fn, item, timeout_s=self.settings.timeout_s)
+        if why is None:
+            return False
+        smeta["consumes_inputs"] = why
+        if prev is None or not prev[1]:
+            self.say(
+                f"{step.name!r}: calling it again on an input fails ({why}): it consumes its inputs, and no "
+                "stage before it can give it fresh ones; its points will fail"
+            )
+            return False
+        smeta["fused_with"] = prev[0].name
+        self.say(
+            f"{step.name!r}: calling it again on an input fails ({why}): it consumes its inputs; measured fused "
+            f"with {prev[0].name!r}, on fresh outputs of it each call (its rows are the pair's throughput)"
+        )
+        return True
 
     def _announce_source(self, source_items: list, unhashable: str | None) -> str | None:
         """Say once, before any stage runs, what source items that cannot be pickled rule out.

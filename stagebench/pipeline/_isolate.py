@@ -687,6 +687,41 @@ def _map_on_processes(
         close_pool(pool)
 
 
+def consumes_inputs(fn: Callable, item: Any, *, timeout_s: float) -> str | None:
+    """Why ``fn`` fails when called again on an input it has seen (it consumes its inputs), or None.
+
+    SPDL's ``convert_frames`` takes ownership of the frames it is given: the first call on a
+    decoded item works, every later one raises. The sweep calls a stage on its cached inputs many
+    times, so such a stage would fail at every point. Two calls on one input that the first pass
+    handled without error tell it; a call that does not return within ``timeout_s`` tells nothing.
+    """
+    errors: list[str] = []
+
+    def twice() -> None:
+        for _ in range(2):
+            try:
+                fn(item)
+            except Exception as e:
+                errors.append(_describe(e))
+                return
+
+    probe = threading.Thread(target=twice, name="stagebench-repeat-probe", daemon=True)
+    probe.start()
+    probe.join(timeout_s)
+    return errors[0] if errors else None
+
+
+@dataclass(frozen=True)
+class Fused:
+    """Two stages as one call: ``then(first(x))``, for a stage measured on fresh outputs of the one before."""
+
+    first: Callable
+    then: Callable
+
+    def __call__(self, x: Any) -> Any:
+        return self.then(self.first(x))
+
+
 class _StageRaised(Exception):
     """The stage raised inside a worker process; the message is the worker's description of it."""
 
