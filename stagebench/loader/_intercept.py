@@ -461,37 +461,17 @@ def diagnose_first_loader(
         _Caught.loader = True
         if local_rank() != 0:  # torchrun: rank 0 sweeps; the others leave quietly, touching nothing
             raise SystemExit(0)
-        from dataclasses import replace
-
-        from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
         from stagebench.report._terminal import format_loader_table
-        from stagebench.runs._results import default_run_dir
 
         factory, backend = factory_from_loader(loader)
-        cfg = config or LoaderSweepConfig()
-        if factory.user_knobs is not None:
-            cfg = replace(cfg, extra_points=(*cfg.extra_points, factory.user_knobs))
-        run_dir = (
-            Path(out)
-            if out is not None
-            else default_run_dir("loader", base=os.environ.get("STAGEBENCH_OUTPUT_DIR", "reports"))
-        )
         print(
             f"[stagebench] caught {type(loader).__name__} over {factory.name} "
             f"(batch size {factory.batch_size}); sweeping its knobs instead of running the loop",
             file=sys.stderr,
             flush=True,
         )
-        summary = run_loader_sweep(
-            factory,  # type: ignore[arg-type]  # LoaderFactory leaves out the BuiltLoader it accepts (loader/_sweep.py)
-            name=factory.name,
-            backend=backend,
-            batch_size=factory.batch_size,
-            run_dir=run_dir,
-            config=cfg,
-            target_rate=target_rate,
-            extra_meta={"loader": factory.describe()},
-            progress=progress,
+        run_dir, summary = _sweep_factory(
+            factory, backend, name=None, run_dir=out, config=config, target_rate=target_rate, progress=progress
         )
         print(format_loader_table(summary))
         report = run_dir / "report.html"
@@ -519,11 +499,27 @@ def sweep_dataset(
     arguments given here (num_workers, prefetch_factor, ...) are the user's own
     setting: it is measured too, after the search, so the report compares it.
     """
-    from stagebench.loader._intercept import make_loader_factory, resolve_dataset
-    from stagebench.runs._results import default_run_dir
-
     ds = resolve_dataset(dataset) if isinstance(dataset, str) else dataset
     factory = make_loader_factory(ds, backend=backend, **loader_kwargs)
+    return _sweep_factory(
+        factory, backend, name=name, run_dir=run_dir, config=config, target_rate=target_rate, progress=progress
+    )[1]
+
+
+def _sweep_factory(
+    factory: DatasetLoaderFactory,
+    backend: str,
+    *,
+    name: str | None,
+    run_dir: Path | str | None,
+    config: LoaderSweepConfig | None,
+    target_rate: float | None,
+    progress: Any,
+) -> tuple[Path, dict[str, Any]]:
+    """Sweep a user's loader, their own setting included (measured after the search, so the report
+    compares it); the run directory defaults to a new folder under $STAGEBENCH_OUTPUT_DIR or ./reports."""
+    from stagebench.runs._results import default_run_dir
+
     cfg = config or LoaderSweepConfig()
     if factory.user_knobs is not None:
         cfg = replace(cfg, extra_points=(*cfg.extra_points, factory.user_knobs))
@@ -532,7 +528,7 @@ def sweep_dataset(
         if run_dir is not None
         else default_run_dir("loader", base=os.environ.get("STAGEBENCH_OUTPUT_DIR", "reports"))
     )
-    return run_loader_sweep(
+    summary = run_loader_sweep(
         factory,  # type: ignore[arg-type]  # LoaderFactory leaves out the BuiltLoader it accepts (loader/_sweep.py)
         name=name or factory.name,
         backend=backend,
@@ -543,3 +539,4 @@ def sweep_dataset(
         extra_meta={"loader": factory.describe()},
         progress=progress,
     )
+    return out, summary
