@@ -90,6 +90,8 @@ def test_the_explanation_says_what_moving_the_largest_holder_to_processes_would_
     # without tokenize's own 1.0 ms, the main GIL carries 0.3 + 0.3 + 0.8 ms
     assert lift["gil_bound"] == pytest.approx(1e3 / 1.4)
     assert "moving tokenize to processes (x 2) lifts the GIL bound to 714 items/s" in p["explanation"]
+    # a bound, not a throughput: nothing replayed the change, so no "the pipeline would then reach N"
+    assert "would then reach" not in p["explanation"] and "no throughput is claimed" in p["explanation"]
 
 
 def test_the_lift_takes_the_stages_process_capacity_from_its_head_to_head_when_there_is_one():

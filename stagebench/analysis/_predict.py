@@ -326,8 +326,11 @@ def _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed
         text = (
             f"moving {d['stage']} to processes (x {proc['concurrency']}){turns} lifts the GIL bound to "
             + (f"{fmt_q(gil_bound)} items/s" if math.isfinite(gil_bound) else "no limit")
-            + f"; the pipeline would then reach about {fmt_q(nb['qps'])} items/s, bound by "
+            # No throughput for the changed pipeline: the bounds leave out what stages cost each other
+            # (the demo's claimed 390 items/s ran at 207-248), and nothing replayed this change.
+            + "; then "
             + ({"stage": f"{nb['cap_stage']}'s capacity", "gil": "the GIL", "cores": "the cores"}[nb["binding"]])
+            + " would set the bounds (not replayed: no throughput is claimed for the change)"
         )
         return {
             "stage": d["stage"],
