@@ -14,7 +14,10 @@ diagnostic mode is on.
 
 from __future__ import annotations
 
-from typing import Any
+# Not `from typing import ...`: this module loads at interpreter start while diagnostic mode is on.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "PROFILE_MODULE",

@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-import traceback
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
 
 from stagebench._import_hook import PostImportFinder
 from stagebench._spdl_private import PROFILE_MODULE
 from stagebench.pipeline._state import MODE_VAR, TRUTHY, State, Terminated, say
 
+# Not `from typing import ...` (nor threading, traceback, contextlib): this module loads at every
+# interpreter start while diagnostic mode is on, where each costs milliseconds (bench_startup).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from stagebench.pipeline._settings import DiagnoseSettings
 
 __all__ = ["install", "installed", "uninstall", "patch_spdl", "exit_now"]
@@ -106,6 +107,8 @@ def _standin_class() -> type:
     global _STANDIN
     if _STANDIN is not None:
         return _STANDIN
+    from contextlib import contextmanager
+
     from spdl.pipeline import Pipeline
 
     class DiagnosticPipeline(Pipeline):
@@ -161,6 +164,8 @@ def exit_now(code: int) -> None:
     so ``SystemExit`` reaches ``run_script`` and the command exits promptly
     itself (``_cli.console``).
     """
+    import threading
+
     from stagebench.core._executors import leaked_threads
 
     State.finished, State.code = True, code
@@ -242,6 +247,8 @@ def _diagnose_and_exit(cfg: Any, settings: DiagnoseSettings) -> None:
         say(f"{how}; the rows measured so far are on disk{where}")
         exit_now(code)
     except Exception as e:  # our bug, not the user's: show where it happened
+        import traceback
+
         traceback.print_exc()
         say(f"internal error while diagnosing: {type(e).__name__}: {e}")
         exit_now(1)

@@ -34,6 +34,7 @@ import os
 import pickle
 import shutil
 import sys
+import time
 import types
 import uuid
 from collections.abc import Callable, Sequence
@@ -420,6 +421,9 @@ def _user_key(folder: Path) -> bytes:
                 f"{path}: the cache's signing key must belong to you and be readable by no one else (mode 600)"
             ) from None
         key = path.read_bytes()
+        if len(key) < 32:  # another diagnosis may be writing it this instant: give it a moment
+            time.sleep(0.2)
+            key = path.read_bytes()
         if len(key) < 32:
             raise CacheDirError(f"{path}: damaged signing key; delete it (the cache is then rebuilt)") from None
         return key

@@ -6,10 +6,13 @@ The SPDL hook writes it, ``run_script`` reads it; standard library only.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any
+
+# Not `from typing import ...` (nor pathlib, contextlib): this module loads at interpreter start
+# while diagnostic mode is on, where each of those costs milliseconds (bench_startup).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
 
 __all__ = ["State", "say", "MODE_VAR", "TRUTHY", "Terminated", "on_sigterm"]
 
@@ -45,21 +48,26 @@ class Terminated(KeyboardInterrupt):
     """
 
 
-@contextmanager
-def on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM into :class:`Terminated` while the block runs (main thread only: signals land there)."""
-    import signal
-    import threading
+class on_sigterm:  # lower case: used as a function, `with on_sigterm():`
+    """Turn SIGTERM into :class:`Terminated` while the block runs (main thread only: signals land there).
 
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    A class, not a contextlib generator: contextlib is not loaded at interpreter start.
+    """
 
-    def handler(signum: int, frame: Any) -> None:
+    def __enter__(self) -> None:
+        import signal
+        import threading
+
+        self._previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._raise)
+
+    @staticmethod
+    def _raise(signum: int, frame: Any) -> None:
         raise Terminated()
 
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, self._previous)
