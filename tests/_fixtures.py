@@ -9,7 +9,7 @@ Two kinds, for two jobs:
   the report is also exercised on rows the instrument produced (NaNs, skipped
   points, ceiling rows, odd latencies) rather than only on rows we imagined.
 
-The summaries built here follow CONTRACTS.md; they stand in for
+The summaries built here follow docs/contracts.md; they stand in for
 ``_analysis.summarize`` / ``_loader.summarize_loader`` where a test must not
 depend on those modules' numbers.
 """
@@ -209,7 +209,7 @@ def synthetic_meta(*, hostname: str = "bench-a") -> dict[str, Any]:
 
 
 def synthetic_summary(rows: pd.DataFrame, meta: dict[str, Any]) -> dict[str, Any]:
-    """A pipeline summary in the CONTRACTS.md shape, numbers taken from the synthetic truth."""
+    """A pipeline summary in the docs/contracts.md shape, numbers taken from the synthetic truth."""
     stages = []
     for st in meta["stages"]:
         name = st["name"]

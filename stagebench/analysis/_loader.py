@@ -537,7 +537,7 @@ def _warnings(pts: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
 
 
 def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
-    """The loader summary.json (CONTRACTS.md, kind "loader")."""
+    """The loader summary.json (docs/contracts.md, kind "loader")."""
     from stagebench._version import __version__
     from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
 

@@ -59,7 +59,7 @@ def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | None = None) -> str:
-    """The end-of-run table for a pipeline summary (see CONTRACTS.md)."""
+    """The end-of-run table for a pipeline summary (see docs/contracts.md)."""
     header = ("stage", "verdict", "recommended", "items/s (95% CI)", "notes")
     rows: list[tuple[str, ...]] = [header]
     for st in summary.get("stages") or []:
