@@ -1310,3 +1310,34 @@ def test_a_stage_that_consumes_its_inputs_is_measured_fused_with_the_one_before(
     points = rows[(rows["stage"] == "convert") & (rows["role"] == "stage")]
     assert (points["status"] == "ok").all(), points[["status", "reason"]]
     assert not summary["validation_failed"]
+
+
+def test_a_stage_that_consumes_a_batch_is_measured_fused_with_the_decode_and_the_batching(tmp_path):
+    """decode -> aggregate -> convert, as SPDL's multi_thread_preprocessing.py: convert takes ownership of
+    the batch's frames, so each call gets a fresh batch: the group's inputs decoded, then batched."""
+
+    class Frames:
+        def __init__(self):
+            self.data = [1, 2, 3]
+
+    def decode(x):
+        time.sleep(0.001)
+        return Frames()
+
+    def convert(batch):
+        if any(f.data is None for f in batch):
+            raise TypeError("frames were already converted (ownership moved)")
+        total = sum(sum(f.data) for f in batch)
+        for f in batch:
+            f.data = None
+        return total
+
+    cfg = PipelineBuilder().add_source(range(100)).pipe(decode).aggregate(4).pipe(convert).add_sink(2).get_config()
+    diagnose_pipeline(cfg, out=tmp_path / "run", settings=small(), show_table=False, report=False)
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    conv = next(s for s in meta["stages"] if s["name"] == "convert")
+    assert "ownership moved" in conv["consumes_inputs"] and conv["fused_with"].startswith("aggregate")
+    assert conv["items_per_input"] == pytest.approx(4.0)  # a batch of 4 source items per call
+    rows = pd.read_csv(tmp_path / "run" / "results.csv")
+    points = rows[(rows["stage"] == "convert") & (rows["role"] == "stage")]
+    assert (points["status"] == "ok").all(), points[["status", "reason"]]

@@ -424,10 +424,11 @@ class _Diagnosis:
         came_from: str | None = None  # the step whose outputs are the current inputs (None: the source)
         src_fraction = 1.0  # share of the source items the current inputs derive from
         blocked: str | None = None
-        prev: tuple[Any, list, float | None] | None = None  # (stage, its inputs, source items per call)
+        prev: tuple[Any, list, float | None, bool] | None = None  # see _fresh_source
         with self.run_dir.writer(STAGE_COLUMNS) as writer:
             for step in self.plan.steps:
                 if isinstance(step, Passthrough):
+                    prev = None  # its outputs come from a whole segment: nothing to fuse a stage after it with
                     if blocked:
                         continue
                     try:
@@ -535,8 +536,7 @@ class _Diagnosis:
                     else:
                         why = "every output was None (dropped)"
                     blocked = f"not measured: the earlier stage {step.name!r} produced no outputs: {why}"
-                # the stage to fuse the next one with, should that one consume its inputs
-                prev = (step, minputs, smeta.get("items_per_input")) if step.type == "pipe" and not step.many else None
+                prev = _fresh_source(step, minputs, cached.items, ometa, smeta, prev)
                 inputs, in_key, came_from = cached.items, key, repr(step.name)
             if self.process_sweeps:
                 from stagebench.core._sweep import sweep_process_points
@@ -894,6 +894,30 @@ class _Diagnosis:
         elif validation is not None:
             self.say(f"validation run failed: {validation.get('error')}")
         return replay, validation
+
+
+def _fresh_source(
+    step: Any, minputs: list, outputs: list, ometa: dict[str, Any], smeta: dict[str, Any], prev: tuple | None
+) -> tuple[Any, list, float | None, bool] | None:
+    """What gives the next stage fresh inputs, should it consume them: (a stage, its inputs, items per
+    call, whether its i-th output is its i-th input's).
+
+    After a plain one-to-one pipe: that pipe over its own inputs. After an aggregate whose inputs came
+    from such a pipe with nothing dropped (so the i-th output is the i-th input's): the pipe over each
+    group's inputs, then the aggregate (decode -> batch -> convert, where convert takes ownership of the
+    decoded frames). Anything else: nothing, and a consuming stage after it says its points will fail.
+    """
+    from stagebench.pipeline._isolate import MapThen
+
+    if step.type == "pipe" and not step.many:
+        aligned = len(outputs) == len(minputs) and not ometa.get("n_errors") and not ometa.get("n_dropped")
+        return (step, minputs, smeta.get("items_per_input"), aligned)
+    if step.type == "aggregate" and prev is not None and prev[3] and ometa.get("groups"):
+        base = prev[1]
+        if all(b <= len(base) for _, b in ometa["groups"]):
+            groups = [list(base[a:b]) for a, b in ometa["groups"]]
+            return (replace(step, fn=MapThen(prev[0].fn, step.fn)), groups, smeta.get("items_per_input"), False)
+    return None
 
 
 def _delivered_nothing(validation: dict[str, Any]) -> str | None:

@@ -722,6 +722,17 @@ class Fused:
         return self.then(self.first(x))
 
 
+@dataclass(frozen=True)
+class MapThen:
+    """A group's inputs through a stage one by one, then the group through an aggregate: ``then([each(x) ...])``."""
+
+    each: Callable
+    then: Callable
+
+    def __call__(self, group: Any) -> Any:
+        return self.then([self.each(x) for x in group])
+
+
 class _StageRaised(Exception):
     """The stage raised inside a worker process; the message is the worker's description of it."""
 
