@@ -520,3 +520,28 @@ def test_spdl_thread_harness_reads_the_stages_own_cpu_per_call():
     # only where it is timed: the direct harness and other executors leave it empty
     direct = measure_stage(_OwnCpu(0.0, 1.0), list(range(50)), executor="thread", concurrency=2, config=cfg)
     assert math.isnan(direct["call_cpu_ms"])
+
+
+@pytest.mark.parametrize("error", [MemoryError(), RuntimeError("can't start new thread")])
+def test_running_out_of_memory_while_measuring_is_a_failed_point(monkeypatch, error):
+    """A stage that keeps what it allocates can leave none for the harness (a record, a thread's stack):
+    the point fails with the reason, it does not end the sweep as an 'internal error'."""
+    from stagebench.core import _measure
+
+    def no_memory(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(_measure, "make_runner", no_memory)
+    row = _measure.measure_stage(lambda x: x, list(range(10)), executor="thread", concurrency=2)
+    assert row["status"] == "failed" and "out of memory while measuring" in row["reason"]
+
+
+def test_other_runtime_errors_of_the_harness_are_not_called_out_of_memory(monkeypatch):
+    from stagebench.core import _measure
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(_measure, "make_runner", broken)
+    with pytest.raises(RuntimeError, match="a bug of ours"):
+        _measure.measure_stage(lambda x: x, list(range(10)), executor="thread", concurrency=2)

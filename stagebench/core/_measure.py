@@ -190,32 +190,46 @@ def measure_stage(
         row.update(status="skipped", reason=reason, elapsed_s=0.0)
         return row
 
-    runner: Runner
-    if harness == "spdl":
-        from stagebench.core._spdl_harness import SpdlRunner
-
-        runner = SpdlRunner(fn, inputs, concurrency, executor, pool, extra_pipes=spdl_extra_pipes)
-    else:
-        runner = make_runner(executor, fn, inputs, concurrency, pool)
-    deadline = t_begin + cfg.timeout_s
-    outcome: _Outcome | None = None
+    runner: Runner | None = None
     try:
-        with ResourceMonitor(cfg.sample_interval_s, runner.worker_pids) as mon:
-            runner.start()
-            outcome = _run_window(runner, cfg, deadline, t_begin, row, mon)
-        runner.request_stop()
-        # In-flight items straddle the window end; wait for them (bounded).
-        idle = runner.wait_idle(max(0.0, min(deadline - time.perf_counter(), 5.0)))
+        if harness == "spdl":
+            from stagebench.core._spdl_harness import SpdlRunner
+
+            runner = SpdlRunner(fn, inputs, concurrency, executor, pool, extra_pipes=spdl_extra_pipes)
+        else:
+            runner = make_runner(executor, fn, inputs, concurrency, pool)
+        deadline = t_begin + cfg.timeout_s
+        outcome: _Outcome | None = None
+        try:
+            with ResourceMonitor(cfg.sample_interval_s, runner.worker_pids) as mon:
+                runner.start()
+                outcome = _run_window(runner, cfg, deadline, t_begin, row, mon)
+            runner.request_stop()
+            # In-flight items straddle the window end; wait for them (bounded).
+            idle = runner.wait_idle(max(0.0, min(deadline - time.perf_counter(), 5.0)))
+            if outcome is not None:
+                # Read PSS now: workers are alive but idle, so reading smaps does not
+                # fight the stage for the GIL.
+                row["mem_pss_mb"] = tree_pss_mb(runner.worker_pids())
+                if not idle:
+                    row["reason"] = "an item was still running 5 s after the window closed"
+        finally:
+            runner.abort()
         if outcome is not None:
-            # Read PSS now: workers are alive but idle, so reading smaps does not
-            # fight the stage for the GIL.
-            row["mem_pss_mb"] = tree_pss_mb(runner.worker_pids())
-            if not idle:
-                row["reason"] = "an item was still running 5 s after the window closed"
-    finally:
-        runner.abort()
-    if outcome is not None:
-        _fill_from_records(row, runner.lanes, *outcome, cfg)
+            _fill_from_records(row, runner.lanes, *outcome, cfg)
+    except (MemoryError, RuntimeError) as e:
+        # Out of memory here, not in the stage's call (that would be the stage's own error): a stage
+        # that keeps what it allocates leaves none for measuring, and a thread's stack is memory too
+        # (CPython says "can't start new thread"). The point fails; the sweep goes on.
+        if isinstance(e, RuntimeError) and "can't start new thread" not in str(e):
+            raise
+        row.update(
+            status="failed",
+            reason=f"out of memory while measuring this point ({type(e).__name__}: {e or 'no memory'}): the "
+            "process could not allocate more; a stage that keeps memory across calls, or a memory limit (ulimit -v)",
+        )
+        row["elapsed_s"] = time.perf_counter() - t_begin
+        return row
     if runner.fatal is not None and row["status"] == "ok":
         row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
     if leaked_threads():

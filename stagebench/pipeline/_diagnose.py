@@ -317,6 +317,16 @@ class _Diagnosis:
             self.meta.update(status="failed", error=str(e))
             self.run_dir.write_meta(self.meta)
             raise
+        except MemoryError:
+            # The points themselves fail alone (core/_measure); this is what comes after them, in a process
+            # a stage left without memory. One line, and the rows are safe on disk for a later rebuild.
+            why = (
+                f"out of memory after measuring (a stage may keep what it allocates, or a memory limit is set); "
+                f"the rows are in {self.run_dir.path}: `stagebench report {self.run_dir.path}` rebuilds the rest"
+            )
+            self.meta.update(status="failed", error=why)
+            self.run_dir.write_meta(self.meta)
+            raise DiagnoseError(why, 1) from None
         finally:
             self.progress.close()
 
@@ -363,6 +373,8 @@ class _Diagnosis:
         from stagebench.core._resources import page_fault_cost_s
 
         self.meta["page_fault"] = {"cost_s": page_fault_cost_s(), "page_bytes": mmap.PAGESIZE}
+        # And what reading the rows back needs, now: a stage that exhausts memory would leave none to load it.
+        import pandas  # noqa: F401
 
         self._sweep_all(src.items)
         self.meta["cpu_speed"] = {"sweep_ns": self.sweep_speeds}
