@@ -649,31 +649,30 @@ def _map_on_processes(
     stall_s: float,
     meta: dict[str, Any],
 ) -> int:
-    """:func:`_map_ordered` with the calls on ``workers`` processes (stagebench's loky-started pool).
+    """:func:`_map_ordered` with the calls on ``workers`` processes (a :class:`WorkerPool`, as the sweep's).
 
     A worker that dies stops the pass: the inputs before it keep their outputs, and the meta's
     ``crashed`` says how it died (with the exit code where known).
     """
-    import cloudpickle
+    from stagebench.core._executors import WorkerPool, pool_failure
 
-    from stagebench.core._executors import _worker_call, _worker_init, close_pool, pool_failure, process_pool
-
+    pool = WorkerPool(fn)
     try:
-        payload = cloudpickle.dumps(fn)
-    except Exception as e:  # cannot ship it to a process: its threads are all there is
+        _ = pool.fn_bytes  # pickled once, here: a stage that cannot be has only this process's threads
+    except Exception as e:
         meta["process_note"] = f"ran on threads: the stage cannot be pickled ({type(e).__name__})"
         return _map_ordered(fn, inputs, is_async=False, workers=workers, accept=accept, stall_s=stall_s)
-    pool = process_pool(workers, _worker_init, (payload,))
+    ex, remote = pool.executor(workers), pool.call_for(fn)
 
     def call(x: Any) -> Any:
-        _pid, ok, err, out = pool.submit(_worker_call, 0, x).result()
+        _pid, ok, err, out = ex.submit(remote, x).result()
         if not ok:
             raise _StageRaised(err or "the stage raised")
         return out
 
     def checked(i: int, ok: bool, value: Any) -> bool:
         if not ok and not isinstance(value, _StageRaised):  # the pool broke, not the stage's call
-            status, reason = pool_failure(value, None)
+            status, reason = pool_failure(value, pool)
             meta["crashed" if status == "crashed" else "process_error"] = reason
             return False
         keep = accept(i, ok, value)
@@ -681,10 +680,8 @@ def _map_on_processes(
             meta["error_example"] = str(value)  # the worker's own "ValueError: ..." line
         return keep
 
-    try:
+    with pool:
         return _map_ordered(call, inputs, is_async=False, workers=workers, accept=checked, stall_s=stall_s)
-    finally:
-        close_pool(pool)
 
 
 def consumes_inputs(fn: Callable, item: Any, *, timeout_s: float) -> str | None:
