@@ -147,7 +147,9 @@ def _function_key(fn: types.FunctionType, depth: int, seen: set[int]) -> tuple:
     return tuple(parts)
 
 
+@functools.cache
 def _library_dirs() -> tuple[str, ...]:
+    """Where the standard library and installed packages live: read once (asked for every module a key reaches)."""
     import sysconfig
 
     paths = sysconfig.get_paths()
@@ -169,8 +171,6 @@ def _user_source(module: str | None) -> str | None:
 
 @functools.lru_cache(maxsize=256)
 def _source_digest(path: str, mtime_ns: int, size: int) -> str:
-    import hashlib
-
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
