@@ -560,8 +560,6 @@ def test_stage_rates_are_in_source_items_after_a_batch(tmp_path):
     import _rows
 
     from stagebench.report._html import rate_text
-    from stagebench.runs._results import RunDir
-    from stagebench.runs._schema import STAGE_COLUMNS
 
     rows = pd.concat(
         [
@@ -579,13 +577,9 @@ def test_stage_rates_are_in_source_items_after_a_batch(tmp_path):
         ],
         "not_isolated": [],
     }
-    rd = RunDir.create(tmp_path / "run")
-    rd.write_meta(meta)
-    with rd.writer(STAGE_COLUMNS) as w:
-        for r in rows.to_dict("records"):
-            w.write(r)
-    html = _rebuild.rebuild(rd.path).read_text()
-    summary = json.loads((rd.path / "summary.json").read_text())
+    run = fx.write_run(tmp_path / "run", rows, meta, None)
+    html = _rebuild.rebuild(run).read_text()
+    summary = json.loads((run / "summary.json").read_text())
     collate = next(s for s in summary["stages"] if s["name"] == "collate")
     per_call = collate["recommended"]["qps"]
     assert rate_text(per_call * 16) in html and "calls/s × 16" in html

@@ -16,12 +16,12 @@ import subprocess
 import sys
 import textwrap
 
+import _fixtures as fx
 import _rows
 import pandas as pd
 import pytest
 
-from stagebench.runs._results import RunDir, read_rows
-from stagebench.runs._schema import STAGE_COLUMNS
+from stagebench.runs._results import read_rows
 from stagebench.sweep._rebuild import rebuild
 
 PIECES = [
@@ -93,12 +93,7 @@ def _run(path, names):
         "stages": [{"name": n, "index": i + 1, "type": "pipe", "is_async": False} for i, n in enumerate(names)],
         "not_isolated": [],
     }
-    rd = RunDir.create(path)
-    rd.write_meta(meta)
-    with rd.writer(STAGE_COLUMNS) as w:
-        for r in rows.to_dict("records"):
-            w.write(r)
-    return rd.path
+    return fx.write_run(path, rows, meta, None)
 
 
 def _visible_text(page: str) -> str:
