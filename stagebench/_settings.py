@@ -29,6 +29,7 @@ __all__ = [
     "STAGE_WINDOW_S",
     "LOADER_WINDOW_S",
     "SettingsError",
+    "DEMAND_HEADROOM",
     "check",
     "read_env",
     "env_help",
@@ -37,6 +38,9 @@ __all__ = [
 
 #: Default steady-state window of one stage point, seconds (MeasureConfig, diagnostic mode).
 STAGE_WINDOW_S = 1.0
+#: Capacity a loader or pipeline needs above the trainer's demand to be said to keep up (10%): steps
+#: vary, and a loader at exactly the demand leaves the trainer waiting at every slow batch.
+DEMAND_HEADROOM = 0.10
 #: Default steady-state window of one loader point, seconds (LoaderSweepConfig, ``stagebench sweep``).
 LOADER_WINDOW_S = 2.0
 

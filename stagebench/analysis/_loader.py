@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 from stagebench._numbers import num
+from stagebench._settings import DEMAND_HEADROOM
 from stagebench.runs._knobs import NOT_APPLICABLE, LoaderKnobs, normalize_knobs
 
 __all__ = [
@@ -161,7 +162,7 @@ def recommend(
     budget_mb: float | None,
     within_best: float = 0.05,
     target_rate: float | None = None,
-    headroom: float = 0.10,
+    headroom: float = DEMAND_HEADROOM,
 ) -> dict[str, Any] | None:
     """The recommended row (with a ``why``), or None when nothing was measured ok.
 
@@ -544,7 +545,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     settings = meta.get("settings") or {}
     budget = settings.get("memory_budget_mb")
     within = float(settings.get("within_best", 0.05))
-    headroom = float(settings.get("headroom", 0.10))
+    headroom = float(settings.get("headroom", DEMAND_HEADROOM))
     target_rate = settings.get("target_rate")
     pts = _rows(rows)
     ok = [p for p in pts if _is_ok(p)]

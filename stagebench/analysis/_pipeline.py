@@ -65,6 +65,7 @@ import numpy as np
 import pandas as pd
 
 from stagebench._numbers import finite, fmt_ms, fmt_q, num
+from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._fit import fit_scaling
 from stagebench.analysis._gil import estimate_gil, harness_gil_s
 from stagebench.core._curves import Curve, Point, StageRows
@@ -820,11 +821,6 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         "cpu_speed": speed,
         "findings": findings,
     }
-
-
-#: Capacity a pipeline needs above the trainer's demand to be said to keep up: steps vary, and a
-#: loader at exactly the demand leaves the trainer waiting at every slow batch.
-DEMAND_HEADROOM = 0.10
 
 
 def demand_verdict(

@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from stagebench._settings import LOADER_WINDOW_S, check
+from stagebench._settings import DEMAND_HEADROOM, LOADER_WINDOW_S, check
 from stagebench.analysis._loader import summarize_loader
 from stagebench.core._config import powers_of_two
 from stagebench.runs._knobs import KNOWN_BACKENDS, LoaderKnobs, normalize_knobs
@@ -144,7 +144,7 @@ class LoaderSweepConfig:
     within_best: float = 0.05
     """Recommendation: cheapest setting within this share of the best throughput."""
 
-    headroom: float = 0.10
+    headroom: float = DEMAND_HEADROOM
     """With a target rate: the loader must deliver target x (1 + headroom)."""
 
     memory_budget_mb: float | None = None
