@@ -41,7 +41,7 @@ from typing import Any
 
 from stagebench._numbers import finite, fmt_ms, fmt_q
 
-__all__ = ["predict_pipeline", "apply_replay"]
+__all__ = ["predict_pipeline", "apply_replay", "stage_load", "pipeline_bounds"]
 
 _MAIN_PROCESS = ("thread", "async")
 
@@ -54,7 +54,7 @@ def _shares(loads: list[dict], key: str) -> str:
     return ", ".join(f"{d['stage']} {fmt_ms(d[key])}" for d in loads)
 
 
-def _load(st: dict, setting: dict, fixed: float = 0.0) -> dict[str, Any]:
+def stage_load(st: dict, setting: dict, fixed: float = 0.0) -> dict[str, Any]:
     """Per-source-item demands of one stage at one setting.
 
     ``fixed``: SPDL's per-item cost that the whole pipeline pays once (source,
@@ -88,7 +88,7 @@ def _load(st: dict, setting: dict, fixed: float = 0.0) -> dict[str, Any]:
     }
 
 
-def _bounds(loads: list[dict], cores: int, free_threaded: bool, fixed: float = 0.0) -> dict[str, Any]:
+def pipeline_bounds(loads: list[dict], cores: int, free_threaded: bool, fixed: float = 0.0) -> dict[str, Any]:
     cap = min(loads, key=lambda d: d["capacity"])
     once = fixed if any(d["spdl"] for d in loads) else 0.0
     cpu_sum = sum(d["cpu_s_per_item"] for d in loads if d["cpu_s_per_item"] is not None) + once
@@ -152,7 +152,7 @@ def predict_pipeline(
         if s is None:
             missing.append(st.get("name", "?"))
             continue
-        loads.append(_load(st, s, fixed))
+        loads.append(stage_load(st, s, fixed))
         settings.append(
             {
                 "stage": st["name"],
@@ -183,7 +183,7 @@ def predict_pipeline(
         out["explanation"] = "no stage was measured, so nothing can be predicted"
         return out
 
-    b = _bounds(loads, cores, free_threaded, fixed)
+    b = pipeline_bounds(loads, cores, free_threaded, fixed)
     out["fixed_s_per_item"] = b["fixed"] if overhead else None
     by_name = {st["name"]: st for st in stage_summaries}
     out["qps"] = out["bounds_qps"] = b["qps"]
@@ -320,8 +320,8 @@ def _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed
                 f" (its capacity there: {h2h['ratio']:.2f}x its threads', measured in turns, "
                 f"{fmt_q(proc['qps'] * float(st.get('items_per_input') or 1.0))} items/s)"
             )
-        new = [(_load(st, proc, fixed) if x["stage"] == d["stage"] else x) for x in loads]
-        nb = _bounds(new, cores, free_threaded, fixed)
+        new = [(stage_load(st, proc, fixed) if x["stage"] == d["stage"] else x) for x in loads]
+        nb = pipeline_bounds(new, cores, free_threaded, fixed)
         gil_bound = nb["bounds"]["gil"]
         text = (
             f"moving {d['stage']} to processes (x {proc['concurrency']}){turns} lifts the GIL bound to "

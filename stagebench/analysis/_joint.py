@@ -1,0 +1,238 @@
+"""The pipeline's recommended settings, chosen together rather than stage by stage.
+
+Each stage's own recommendation (:func:`stagebench.analysis._pipeline.analyze_stage`) is
+its best point *alone*: the executor that wins, at the smallest concurrency within
+5% of that executor's best. In the pipeline the stages share the cores and the
+main process's GIL, and the slowest of them sets the pace, so the best setting of
+each stage alone is not the best setting of the pipeline: a stage that reaches 8x
+the pipeline's pace on 8 threads needs only the threads that keep up with it, and
+its other threads compete for the cores and the GIL with the stage that binds. So
+the recommendation is chosen jointly, with the bounds of :mod:`._predict` (each
+stage's capacity, the cores, the GIL) over the points each stage was measured at:
+
+1. **Executors.** Every assignment of each stage's measured executors (threads,
+   processes, or its event loop), each stage at its fastest measured point on that
+   executor, scored by the bounds' throughput. Up to :data:`_EXHAUSTIVE`
+   assignments are all tried; beyond that, one stage at a time is switched from
+   the stages' own choices while the score improves. Among the assignments within
+   noise (5%, the stages' own rule) of the best: fewest stages on processes
+   (memory, pickling, start-up), then the most stages on their own choice.
+2. **Concurrency.** The pace P of that assignment is then known. Each stage gets
+   the smallest measured level whose capacity is at least P x (1 +
+   :data:`stagebench._settings.DEMAND_HEADROOM`): enough to keep up with a
+   margin. A stage with no such level is (near) the one that binds: it keeps its
+   own rule (the smallest level within 5% of its best on that executor).
+3. The bounds at the chosen settings are the joint prediction's explanation; the
+   diagnosis then replays the pipeline at these settings and runs it, next to the
+   user's own settings (:mod:`stagebench.pipeline._diagnose`): the number the
+   report gives as advice is the one measured, never this search's score.
+
+Where a stage had a decisive head-to-head (threads and processes measured in
+turns), its process curve is scaled by the head-to-head's ratio at the level it
+was measured at, as :func:`._predict._lift_by_processes` does: the curves were
+measured seconds apart, the head-to-head at the same moments.
+
+Each changed stage keeps its alone recommendation under ``recommended_alone`` and
+says why it differs in ``recommended["why"]``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from stagebench._numbers import finite, fmt_q
+from stagebench._settings import DEMAND_HEADROOM
+from stagebench.analysis._predict import pipeline_bounds, stage_load
+from stagebench.core._paired import WITHIN_BEST
+
+__all__ = ["recommend_jointly"]
+
+_EXHAUSTIVE = 4096  # executor assignments tried exhaustively (2^12 stages with two executors)
+
+
+def _options(st: dict) -> dict[str, list[dict]]:
+    """Per executor, the stage's measured settings in its recommendation harness, lowest level first."""
+    harness = st.get("harness")
+    h2h = st.get("head_to_head") or {}
+    out: dict[str, list[dict]] = {}
+    for ex, alt in (st.get("alternatives") or {}).items():
+        points = [p for p in (st.get("curves") or {}).get(f"{harness}/{ex}") or [] if finite(p.get("qps"))]
+        points = [p for p in points if float(p["qps"]) > 0]
+        if not points:
+            continue
+        scale = 1.0
+        if ex == "process" and h2h.get("decisive") and finite(h2h.get("ratio")):
+            scale = _h2h_scale(st, h2h)
+        out[ex] = [
+            {
+                "executor": ex,
+                "concurrency": int(p["concurrency"]),
+                "qps": float(p["qps"]) * scale,
+                "qps_low": float(p.get("qps_low") or p["qps"]) * scale,
+                "qps_high": float(p.get("qps_high") or p["qps"]) * scale,
+                "harness": harness,
+                "cpu_s_per_item": p.get("cpu_s_per_item") if finite(p.get("cpu_s_per_item")) else None,
+                "harness_gil_s_per_item": alt.get("harness_gil_s_per_item"),
+            }
+            for p in sorted(points, key=lambda p: int(p["concurrency"]))
+        ]
+    return out
+
+
+def _h2h_scale(st: dict, h2h: dict) -> float:
+    """How much the process curve's point at the head-to-head's level is off the head-to-head's reading."""
+    harness = st.get("harness")
+    curves = st.get("curves") or {}
+    t_level = (h2h.get("thread") or {}).get("concurrency")
+    p_level = (h2h.get("process") or {}).get("concurrency")
+    t = next((p for p in curves.get(f"{harness}/thread") or [] if p.get("concurrency") == t_level), None)
+    p = next((p for p in curves.get(f"{harness}/process") or [] if p.get("concurrency") == p_level), None)
+    if not t or not p or not finite(t.get("qps")) or not finite(p.get("qps")) or not float(p["qps"]) > 0:
+        return 1.0
+    return float(t["qps"]) * float(h2h["ratio"]) / float(p["qps"])
+
+
+def _fastest(settings: list[dict]) -> dict:
+    return max(settings, key=lambda s: s["qps"])
+
+
+def _own_rule(settings: list[dict]) -> dict:
+    """The stage's own rule on one executor: the smallest level within 5% of its best."""
+    best = _fastest(settings)["qps"]
+    return next(s for s in settings if s["qps"] >= WITHIN_BEST * best)
+
+
+def recommend_jointly(stages: list[dict], *, cores: int, free_threaded: bool, fixed: float = 0.0) -> dict | None:
+    """Choose every measured stage's (executor, concurrency) for the pipeline; update the stage entries.
+
+    ``stages``: the ``summary.json`` stage entries (:func:`analyze_stage` plus name and
+    ``items_per_input``), changed in place: ``recommended`` becomes the joint choice, the
+    stage's own choice moves to ``recommended_alone`` where they differ, and the per-item
+    CPU and scheduling figures follow the chosen point. ``fixed``: SPDL's per-item cost
+    paid once by the pipeline (:func:`stagebench.analysis._pipeline.pipeline_overhead`).
+
+    Returns ``None`` with no measured stage, else ``pace`` (the bounds' throughput at the
+    chosen executors, each at its fastest), ``qps`` (the bounds at the chosen settings),
+    ``binding``, ``assignments`` (how many executor assignments were scored),
+    ``exhaustive``, ``changed`` (stage names whose choice differs from their own) and
+    ``text``.
+    """
+    ok = [st for st in stages if st.get("status", "ok") == "ok" and st.get("recommended")]
+    options = {st["name"]: _options(st) for st in ok}
+    ok = [st for st in ok if options[st["name"]]]
+    if not ok:
+        return None
+
+    def score(assign: tuple[str, ...]) -> float:
+        loads = [stage_load(st, _fastest(options[st["name"]][ex]), fixed) for st, ex in zip(ok, assign)]
+        return float(pipeline_bounds(loads, cores, free_threaded, fixed)["qps"])
+
+    own = tuple(
+        st["recommended"]["executor"]
+        if st["recommended"]["executor"] in options[st["name"]]
+        else next(iter(options[st["name"]]))
+        for st in ok
+    )
+    execs = [list(options[st["name"]]) for st in ok]
+    exhaustive = math.prod(len(e) for e in execs) <= _EXHAUSTIVE
+    scored: dict[tuple[str, ...], float] = {}
+    if exhaustive:
+        for assign in itertools.product(*execs):
+            scored[assign] = score(assign)
+    else:  # one stage at a time, from the stages' own choices, while the score improves
+        current = own
+        scored[current] = score(current)
+        improved = True
+        while improved:
+            improved = False
+            for i, alts in enumerate(execs):
+                for ex in alts:
+                    trial = current[:i] + (ex,) + current[i + 1 :]
+                    if trial not in scored:
+                        scored[trial] = score(trial)
+                    if scored[trial] > scored[current] / WITHIN_BEST:
+                        current, improved = trial, True
+    top = max(scored.values())
+    near = [a for a, q in scored.items() if q >= WITHIN_BEST * top]
+    pick = min(
+        near,
+        key=lambda a: (a.count("process"), sum(x != y for x, y in zip(a, own)), -scored[a]),
+    )
+    pace = scored[pick]
+    need = pace * (1 + DEMAND_HEADROOM)
+
+    changed: list[str] = []
+    loads = []
+    for st, ex in zip(ok, pick):
+        k = float(st.get("items_per_input") or 1.0)
+        settings = options[st["name"]][ex]
+        enough = next((s for s in settings if s["qps"] * k >= need), None)
+        chosen = enough if enough is not None else _own_rule(settings)
+        loads.append(stage_load(st, chosen, fixed))
+        alone = st["recommended"]
+        if (chosen["executor"], chosen["concurrency"]) == (alone["executor"], alone["concurrency"]):
+            continue
+        changed.append(st["name"])
+        st["recommended_alone"] = alone
+        st["recommended"] = {
+            **{k2: chosen[k2] for k2 in ("executor", "concurrency", "qps", "qps_low", "qps_high", "harness")},
+            "why": _why(st, chosen, alone, enough is not None, pace, scored, pick, own),
+        }
+        st["cpu_s_per_item"] = chosen["cpu_s_per_item"]
+        st["harness_gil_s_per_item"] = chosen["harness_gil_s_per_item"]
+        # ceiling_qps stays: the no-op ceiling at the stage's own best setting (recommended_alone)
+        st["evidence"]["summary"].append(
+            f"in the pipeline: {chosen['executor']} x {chosen['concurrency']} ({st['recommended']['why']})"
+        )
+    b = pipeline_bounds(loads, cores, free_threaded, fixed)
+    binding = {"stage": f"{b['cap_stage']}'s capacity", "gil": "the GIL", "cores": "the cores"}[b["binding"]]
+    text = (
+        f"settings chosen for the whole pipeline: {len(scored)} executor assignment(s) scored with the bounds"
+        + ("" if exhaustive else " (one stage switched at a time: too many to try all)")
+        + f"; the pace is {fmt_q(pace)} items/s (set by {binding}); each stage gets the fewest workers "
+        f"that keep up with it with {DEMAND_HEADROOM:.0%} to spare"
+        + (f"; set differently from their own best: {', '.join(changed)}" if changed else "; every stage as alone")
+    )
+    return {
+        "pace": pace,
+        "qps": float(b["qps"]),
+        "binding": b["binding"],
+        "assignments": len(scored),
+        "exhaustive": exhaustive,
+        "changed": changed,
+        "text": text,
+    }
+
+
+def _why(
+    st: dict,
+    chosen: dict,
+    alone: dict,
+    keeps_up: bool,
+    pace: float,
+    scored: dict[tuple[str, ...], float],
+    pick: tuple[str, ...],
+    own: tuple[str, ...],
+) -> str:
+    """Why the joint choice differs from the stage's own, in one sentence."""
+    k = float(st.get("items_per_input") or 1.0)
+    parts = []
+    if chosen["executor"] != alone["executor"]:
+        with_own = scored.get(own)
+        parts.append(
+            f"{chosen['executor']} rather than {alone['executor']}: the bounds give the pipeline "
+            f"{fmt_q(scored[pick])} items/s this way"
+            + (f" against {fmt_q(with_own)} with every stage on its own executor" if with_own else "")
+        )
+    if keeps_up:
+        parts.append(
+            f"{chosen['executor']} x {chosen['concurrency']} ({fmt_q(chosen['qps'] * k)} items/s alone) keeps up "
+            f"with the pipeline's pace of {fmt_q(pace)} items/s with {DEMAND_HEADROOM:.0%} to spare"
+        )
+    else:
+        parts.append(f"concurrency {chosen['concurrency']}, the smallest within 5% of {chosen['executor']}'s best")
+    parts.append(
+        f"alone it would be set to {alone['executor']} x {alone['concurrency']} ({fmt_q(alone['qps'] * k)} items/s)"
+    )
+    return "; ".join(parts)

@@ -1,0 +1,147 @@
+"""The pipeline's settings chosen together (stagebench.analysis._joint), on stage entries with known answers."""
+
+from __future__ import annotations
+
+from stagebench.analysis._joint import recommend_jointly
+
+
+def _curve(points, *, cpu_ms, executor):
+    return [
+        {
+            "concurrency": c,
+            "qps": q,
+            "qps_low": q * 0.97,
+            "qps_high": q * 1.03,
+            "cpu_s_per_item": cpu_ms / 1e3,
+        }
+        for c, q in points
+    ]
+
+
+def _stage(name, *, gil_ms, cpu_ms, thread=None, process=None, own=None, harness_ms=0.0, items_per_input=1.0):
+    """A stage entry as analyze_stage writes it; ``own``: its own recommendation (executor, level)."""
+    curves, alts = {}, {}
+    for ex, pts in (("thread", thread), ("process", process)):
+        if pts:
+            curves[f"spdl/{ex}"] = _curve(pts, cpu_ms=cpu_ms, executor=ex)
+            c, q = max(pts, key=lambda p: p[1])
+            alts[ex] = {"executor": ex, "concurrency": c, "qps": q, "harness": "spdl"}
+            alts[ex]["harness_gil_s_per_item"] = harness_ms / 1e3 if ex == "thread" else 0.0
+    ex, c = own
+    q = dict((thread if ex == "thread" else process) or [])[c]
+    return {
+        "name": name,
+        "status": "ok",
+        "harness": "spdl",
+        "items_per_input": items_per_input,
+        "recommended": {
+            "executor": ex,
+            "concurrency": c,
+            "qps": q,
+            "qps_low": q * 0.97,
+            "qps_high": q * 1.03,
+            "harness": "spdl",
+            "why": "its own",
+        },
+        "cpu_s_per_item": cpu_ms / 1e3,
+        "gil_s_per_item": gil_ms / 1e3,
+        "harness_gil_s_per_item": harness_ms / 1e3,
+        "alternatives": alts,
+        "curves": curves,
+        "head_to_head": None,
+        "ceiling_qps": None,
+        "evidence": {"summary": [], "signals": {}},
+    }
+
+
+def _setting(st):
+    return st["recommended"]["executor"], st["recommended"]["concurrency"]
+
+
+def test_a_stage_that_outruns_the_bottleneck_gets_only_the_threads_that_keep_up():
+    """A 4 ms wait scales with its threads (250 items/s each); a 2 ms GIL-holding spin caps the pipeline at 500.
+
+    Alone the wait takes 8 threads (2,000 items/s); the pipeline needs 500 x 1.1 = 550, which 4 threads give.
+    """
+    wait = _stage(
+        "wait", gil_ms=0.02, cpu_ms=0.05, thread=[(1, 250), (2, 500), (4, 1000), (8, 2000)], own=("thread", 8)
+    )
+    spin = _stage("spin", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 490)], own=("thread", 1))
+    joint = recommend_jointly([wait, spin], cores=2, free_threaded=False)
+    assert _setting(wait) == ("thread", 4) and wait["recommended_alone"]["concurrency"] == 8
+    assert "keeps up with the pipeline's pace of" in wait["recommended"]["why"]
+    assert _setting(spin) == ("thread", 1) and "recommended_alone" not in spin
+    assert joint["changed"] == ["wait"] and joint["exhaustive"]
+    # the pace: the spin alone (500) or the GIL (1 / 2.02 ms = 495), whichever is lower
+    assert 490 <= joint["pace"] <= 500
+
+
+def test_processes_that_win_alone_are_not_used_where_the_pipeline_does_not_need_them():
+    """A 1 ms spin that reaches 1,800 items/s on 2 processes, next to a 10 ms wait on one thread (100 items/s):
+    the pipeline runs at 100 either way, so the spin stays on one thread (no processes to start and feed)."""
+    spin = _stage(
+        "spin", gil_ms=1.0, cpu_ms=1.0, thread=[(1, 1000), (2, 980)], process=[(1, 950), (2, 1800)], own=("process", 2)
+    )
+    wait = _stage("wait", gil_ms=0.01, cpu_ms=0.02, thread=[(1, 100)], own=("thread", 1))
+    joint = recommend_jointly([spin, wait], cores=2, free_threaded=False)
+    assert _setting(spin) == ("thread", 1)
+    assert spin["recommended_alone"]["executor"] == "process"
+    assert "thread rather than process" in spin["recommended"]["why"]
+    assert joint["assignments"] == 2
+
+
+def test_a_stage_goes_to_processes_where_the_shared_gil_needs_it_though_threads_tie_alone():
+    """Two 2 ms GIL-holding stages: alone each does 500 items/s on threads, and one of them about the same on
+    processes (threads preferred alone). Together on threads they share one GIL: 250 items/s. With the first on
+    processes the GIL carries only the second: the pipeline can reach about 480."""
+    a = _stage(
+        "a", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 495)], process=[(1, 480), (2, 470)], own=("thread", 1)
+    )
+    b = _stage("b", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 495)], own=("thread", 1))
+    joint = recommend_jointly([a, b], cores=2, free_threaded=False)
+    assert _setting(a) == ("process", 1) and _setting(b) == ("thread", 1)
+    assert 470 <= joint["pace"] <= 490 and joint["qps"] >= 470
+    assert "250" in a["recommended"]["why"]  # what every stage on its own executor would give
+
+
+def test_one_stage_keeps_its_own_recommendation():
+    st = _stage("only", gil_ms=0.0, cpu_ms=0.1, thread=[(1, 250), (2, 500), (4, 990), (8, 1000)], own=("thread", 4))
+    joint = recommend_jointly([st], cores=2, free_threaded=False)
+    assert _setting(st) == ("thread", 4) and joint["changed"] == [] and "recommended_alone" not in st
+
+
+def test_a_stage_after_a_batch_is_compared_in_source_items():
+    """A collate after batches of 16 does 100 calls/s on one thread: 1,600 source items/s, plenty for a
+    pipeline whose other stage does 500: one thread, though alone it would take 4 (400 calls/s)."""
+    src = _stage("decode", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500)], own=("thread", 1))
+    col = _stage(
+        "collate",
+        gil_ms=0.0,
+        cpu_ms=0.1,
+        thread=[(1, 100), (2, 200), (4, 400)],
+        own=("thread", 4),
+        items_per_input=16.0,
+    )
+    recommend_jointly([src, col], cores=2, free_threaded=False)
+    assert _setting(col) == ("thread", 1)
+
+
+def test_stages_without_measurements_are_left_alone():
+    st = _stage("ok", gil_ms=0.0, cpu_ms=0.1, thread=[(1, 250), (2, 500)], own=("thread", 2))
+    failed = {"name": "broken", "status": "failed", "recommended": None}
+    assert recommend_jointly([failed], cores=2, free_threaded=False) is None
+    joint = recommend_jointly([st, failed], cores=2, free_threaded=False)
+    assert joint is not None and failed["recommended"] is None
+
+
+def test_many_stages_are_searched_one_switch_at_a_time():
+    """Thirteen stages with two executors each (8,192 assignments): the search switches one stage at a time."""
+    stages = [
+        _stage(f"s{i}", gil_ms=0.5, cpu_ms=0.5, thread=[(1, 2000)], process=[(1, 1900)], own=("thread", 1))
+        for i in range(13)
+    ]
+    joint = recommend_jointly(stages, cores=2, free_threaded=False)
+    assert not joint["exhaustive"] and joint["assignments"] < 200
+    # 13 x 0.5 ms of GIL on threads: 154 items/s; moving stages to processes lifts the GIL bound until the
+    # cores (13 x 0.5 ms of CPU on 2 cores: 308 items/s) bind
+    assert joint["pace"] > 154 * 1.5
