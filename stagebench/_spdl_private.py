@@ -29,6 +29,7 @@ __all__ = [
     "pipe_args_class",
     "pipe_type",
     "pytorch_get_items",
+    "caller_num_threads",
 ]
 
 #: The module whose ``_build_pipeline_diagnostic_mode`` SPDL calls when the mode is on.
@@ -81,3 +82,22 @@ def pytorch_get_items() -> Any:
     from spdl.dataloader import _pytorch_dataloader
 
     return _pytorch_dataloader._get_items
+
+
+def caller_num_threads(depth: int = 2) -> int | None:
+    """``num_threads`` of the ``build_pipeline`` call that handed a config to diagnostic mode, or None.
+
+    SPDL's ``build_pipeline(cfg, num_threads=...)`` calls the diagnostic-mode builder with the
+    config alone; the size of the shared thread pool the user chose is a local of that call.
+    ``depth``: frames between the caller of this function and ``build_pipeline``.
+    """
+    import sys
+
+    try:
+        frame = sys._getframe(depth)
+    except ValueError:
+        return None
+    if frame.f_code.co_name != "build_pipeline":
+        return None
+    n = frame.f_locals.get("num_threads")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None

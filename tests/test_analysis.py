@@ -518,13 +518,44 @@ def test_fixes_on_stages_far_from_the_bottleneck_rank_low():
     assert "far from limiting the pipeline" in sleep[0]["detail"]
 
 
-def test_the_users_own_setting_is_compared_with_the_recommendation():
+def _yours_run(qps, low, high):
+    return {"qps": qps, "qps_low": low, "qps_high": high, "settings": [], "seconds": 3.0}
+
+
+@pytest.mark.parametrize(
+    "yours, verdict, severity",
+    [
+        (_yours_run(250.0, 240.0, 260.0), "recommended", "high"),  # 480 (470-490) against 250: 1.92x
+        (_yours_run(470.0, 450.0, 495.0), "as good", "info"),  # the intervals overlap
+        (_yours_run(560.0, 550.0, 570.0), "yours", "info"),  # the user's are faster beyond noise
+        ({"qps": None, "error": "RuntimeError: boom"}, "inconclusive", "info"),
+    ],
+)
+def test_the_users_own_settings_are_set_against_the_recommended_ones_as_measured(yours, verdict, severity):
+    """No per-stage "change your setting" finding any more: one finding, from running both settings in turns."""
     meta = _meta("spin")
     meta["stages"][0].update(user_executor="thread", user_concurrency=8)
+    meta["validation"] = {"qps": 480.0, "qps_low": 470.0, "qps_high": 490.0, "seconds": 3.0, "settings": []}
+    meta["yours"] = yours
     s = summarize(model_rows("spin", gil_ms=4.0, wait_ms=0.0), meta)
-    f = [f for f in s["findings"] if f["title"].startswith("spin: change thread x 8")]
-    assert f and "to process x 2" in f[0]["title"]
-    assert "1.9x the 250 items/s of your setting" in f[0]["detail"]
+    assert s["recommended_vs_yours"]["verdict"] == verdict
+    assert s["recommended_vs_yours"]["changes"] == [
+        {"stage": "spin", "yours": "thread x 8", "recommended": "process x 2"}
+    ], "the recommended setting is the stage's measured best: processes x 2 for a 4 ms GIL-holding spin"
+    mine = [f for f in s["findings"] if "yours" in f["evidence"]]
+    assert len(mine) == 1 and mine[0]["severity"] == severity
+    assert not [f for f in s["findings"] if f["title"].startswith("spin: change")]
+    if verdict == "recommended":
+        assert "1.92x" in mine[0]["title"] and "spin: thread x 8 -> process x 2" in mine[0]["detail"]
+    if verdict in ("as good", "yours"):
+        assert "keep them" in s["recommended_vs_yours"]["text"]
+
+
+def test_settings_that_are_the_users_own_are_not_run_twice():
+    meta = _meta("spin")
+    meta["yours"] = {"same": True}
+    s = summarize(model_rows("spin", gil_ms=4.0, wait_ms=0.0), meta)
+    assert s["recommended_vs_yours"]["verdict"] == "same" and not [f for f in s["findings"] if "yours" in f["evidence"]]
 
 
 # ------------------------------------------------------------------ the harness's own CPU, still-rising curves

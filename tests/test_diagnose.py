@@ -174,8 +174,10 @@ def test_patch_spdl_makes_build_return_a_stand_in(monkeypatch):
     assert profile._build_pipeline_diagnostic_mode is patched
     builder = lambda: PipelineBuilder().add_source(range(3)).pipe(sleep_stage).add_sink(2)
     monkeypatch.setenv("SPDL_PIPELINE_DIAGNOSTIC_MODE", "1")
-    p = builder().build(num_threads=1)
+    p = builder().build(num_threads=3)
     assert isinstance(p, Pipeline) and type(p).__name__ == "DiagnosticPipeline"
+    # the user's shared pool size, for the runs at the user's own settings
+    assert p._stagebench_num_threads == 3
     p.start()
     p.stop()  # no-ops: nothing runs until the first item is asked for
     monkeypatch.setenv("SPDL_PIPELINE_DIAGNOSTIC_MODE", "0")
@@ -1074,6 +1076,57 @@ def test_replay_and_validation_take_turns_and_agree_on_a_known_answer():
     # the stand-ins' calls are timed too, so each stage can be set against its stand-in (10 ms sleeps)
     assert set(r["stage_latency"]) == {"slow", "fast"} and r["stage_latency"]["slow"]["calls"] > 0
     assert r["stage_latency"]["slow"]["p50_ms"] == pytest.approx(v["stage_latency"]["slow"]["p50_ms"], rel=0.3)
+
+
+def test_three_runs_take_turns_and_each_keeps_its_own_settings():
+    """The validation run and the user's own settings (slow on one thread: 100 items/s) next to the replay."""
+    from stagebench.pipeline._replay import StandIn
+    from stagebench.pipeline._wholerun import run_pipelines
+
+    plan = _two_sleeps_plan()
+    stand_ins = {
+        "slow": StandIn("slow", "thread", 4, 0.0, 0.0, 0.010),
+        "fast": StandIn("fast", "thread", 2, 0.0, 0.0, 0.002),
+    }
+    out = run_pipelines(
+        plan,
+        list(range(40)),
+        {"slow": ("thread", 4), "fast": ("thread", 2)},
+        {"replay": stand_ins, "validation": None, "yours": None},
+        warmup_s=0.3,
+        window_s=1.2,
+        timeout_s=10,
+        own_choices={"yours": {"slow": ("thread", 1)}},
+    )
+    for name, x in out.items():
+        assert x["windows"] == 4 and set(x["interleaved_with"]) == set(out) - {name}
+    used = {u["stage"]: (u["executor"], u["concurrency"]) for u in out["yours"]["settings"]}
+    # slow at the given setting; fast keeps the user's (SPDL's shared pool, concurrency 1)
+    assert used == {"slow": ("thread", 1), "fast": ("default", 1)}
+    assert {u["stage"]: u["concurrency"] for u in out["validation"]["settings"]}["slow"] == 4
+    # one 10 ms thread: at most 100 items/s; four: about 400 (loose: sleeps overshoot on a loaded machine)
+    assert out["yours"]["qps"] < 105 and out["validation"]["qps"] > 2 * out["yours"]["qps"]
+
+
+def test_the_recommendation_is_run_against_the_users_own_settings(tmp_path, capsys):
+    """A 10 ms wait on the user's one thread: the recommended 8 threads are measured faster beyond noise, in turns."""
+    out = tmp_path / "run"
+    summary = diagnose_pipeline(
+        _two_sleeps_config(100),
+        out=out,
+        settings=small(concurrency=(1, 2, 4, 8), validation_s=1.2),
+        show_table=True,
+        report=False,
+    )
+    meta = json.loads((out / "run.json").read_text())
+    mine = {u["stage"]: (u["executor"], u["concurrency"]) for u in meta["yours"]["settings"]}
+    assert mine == {"slow": ("default", 1), "fast": ("default", 1)}
+    y = summary["recommended_vs_yours"]
+    assert y["verdict"] == "recommended", y["text"]
+    assert y["qps"] < 105 and y["ratio"] > 2.5
+    assert {c["stage"]: c["yours"] for c in y["changes"]}["slow"] == "thread x 1"
+    assert any(f["title"].startswith("change your settings") for f in summary["findings"])
+    assert "against yours: the recommended settings are faster beyond noise" in capsys.readouterr().out
 
 
 def test_a_stand_in_hands_on_the_stages_own_outputs():

@@ -32,6 +32,9 @@ __all__ = ["build_findings", "SEVERITIES"]
 SEVERITIES = ("high", "medium", "low", "info")
 
 
+_WORTH = 1.2  # an estimated gain below this is within the noise of the measurements: no finding
+
+
 def _f(severity: str, title: str, detail: str, stage: str | None, evidence: dict, gain: float = 1.0) -> dict:
     return {"severity": severity, "title": title, "detail": detail, "stage": stage, "evidence": evidence, "_gain": gain}
 
@@ -41,9 +44,12 @@ def _alt(st: dict, ex: str) -> dict | None:
 
 
 def _far_from_binding(st: dict, prediction: dict | None) -> bool:
-    """The stage alone delivers at least twice what the pipeline is predicted to: fixing it changes little."""
+    """The stage alone delivers at least twice what the pipeline is predicted to: fixing it changes little.
+
+    At its own best setting: the pipeline's setting of it may be just enough to keep up.
+    """
     pred = (prediction or {}).get("qps")
-    rec = st.get("recommended") or {}
+    rec = st.get("recommended_alone") or st.get("recommended") or {}
     if pred is None or not finite(pred) or not finite(rec.get("qps")):
         return False
     return rec["qps"] * float(st.get("items_per_input") or 1.0) >= 2 * pred
@@ -98,7 +104,19 @@ def _stage_findings(
                     proc["qps_low"] is not None and thr["qps_high"] is not None and proc["qps_low"] > thr["qps_high"]
                 )
                 how = "measured"
-            if gain > 1 and beyond:
+            if gain > 1 and beyond and rec.get("executor") != "process":
+                # faster alone, yet the pipeline's settings (chosen together) keep it on threads
+                out.append(
+                    _f(
+                        "info",
+                        f"{name} is faster on processes alone, but the pipeline does not need them",
+                        f"{fmt_q(proc['qps'])} items/s at {proc['concurrency']} processes against "
+                        f"{fmt_q(thr['qps'])} on threads ({how}); {rec.get('why') or ''}",
+                        name,
+                        ev,
+                    )
+                )
+            elif gain > 1 and beyond:
                 sev = "high" if (gain >= 1.5 or is_bn) else "medium"
                 out.append(
                     _f(
@@ -148,24 +166,26 @@ def _stage_findings(
                 else float(cores)
             )
             est = min(float(cores), max(1.0, est))
-            out.append(
-                _f(
-                    "high" if is_bn else "medium",
-                    f"{name} holds the GIL {f:.0%} of its time: try a process executor",
-                    f"processes were not measured for this stage; up to about {est:.1f}x is possible on "
-                    f"{cores} cores if its inputs and outputs are cheap to move",
-                    name,
-                    ev,
-                    est,
+            if est >= _WORTH:  # a gain within the noise is not a finding
+                out.append(
+                    _f(
+                        "high" if is_bn else "medium",
+                        f"{name} holds the GIL {f:.0%} of its time: try a process executor",
+                        f"processes were not measured for this stage; up to about {est:.1f}x is possible on "
+                        f"{cores} cores if its inputs and outputs are cheap to move",
+                        name,
+                        ev,
+                        est,
+                    )
                 )
-            )
 
     far = _far_from_binding(st, prediction) and not is_bn
     own_step = st.get("type") in ("aggregate", "disaggregate")  # SPDL's grouping steps, not the user's code
     # (an own step far from binding gets none: the user has nothing to change there)
     if cls == "overhead-bound" and not (own_step and far):
         # an overhead-bound verdict rests on a measured ceiling; without one these fail, as they always did
-        ceil = st.get("ceiling_qps")
+        # the ceiling was measured at the stage's own best setting, which the pipeline's choice may not be
+        ceil, rec = st.get("ceiling_qps"), st.get("recommended_alone") or rec
         near = f"it reaches {fmt_q(rec['qps'])} items/s, near the no-op ceiling of {fmt_q(ceil)} items/s"  # type: ignore[arg-type]
         if own_step:
             title = f"{name} is overhead-bound: fewer, larger items must reach it"
@@ -207,7 +227,7 @@ def _stage_findings(
         )
 
     if cls == "io-bound":
-        rising = "still rising" in (rec.get("why") or "")
+        rising = "still rising" in ((st.get("recommended_alone") or rec).get("why") or "")
         if rising:
             finding = _f(
                 "high" if is_bn else "medium",
@@ -245,27 +265,8 @@ def _stage_findings(
             )
         )
 
-    user_ex, user_c = st.get("user_executor"), st.get("user_concurrency")
-    if user_ex in ("thread", "process", "async") and user_c:
-        alt = _alt(st, user_ex)
-        if alt is not None and (user_ex != rec["executor"] or user_c != rec["concurrency"]):
-            # the user's own setting, when it was one of the measured points
-            curve = (st.get("curves") or {}).get(f"{rec.get('harness')}/{user_ex}") or []
-            yours = next((p["qps"] for p in curve if p["concurrency"] == user_c), None)
-            gain_txt = ""
-            if yours:
-                gain = rec["qps"] / yours
-                gain_txt = f" ({gain:.1f}x the {fmt_q(yours)} items/s of your setting)"
-            out.append(
-                _f(
-                    "medium" if (yours and rec["qps"] / yours >= 1.2) else "low",
-                    f"{name}: change {user_ex} x {user_c} to {rec['executor']} x {rec['concurrency']}",
-                    f"the recommended setting delivers {fmt_q(rec['qps'])} items/s{gain_txt}",
-                    name,
-                    {"yours": {"executor": user_ex, "concurrency": user_c}, "recommended": rec},
-                    rec["qps"] / yours if yours else 1.0,
-                )
-            )
+    # No per-stage "change your setting" finding: a stage's setting is advice only as part of the
+    # pipeline's, checked against the user's own by running both (_yours_finding).
 
     gil = st.get("gil") or {}
     if f is not None and not gil.get("pinned", True):
@@ -384,6 +385,33 @@ def _gc_finding(st: dict, is_bn: bool) -> dict | None:
     )
 
 
+def _yours_finding(yours: dict) -> dict:
+    """The one piece of advice on settings: what running the recommended and the user's settings found."""
+    changes = "; ".join(f"{c['stage']}: {c['yours']} -> {c['recommended']}" for c in yours.get("changes") or [])
+    verdict = yours["verdict"]
+    if verdict == "recommended":
+        ratio = float(yours.get("ratio") or 1.0)
+        return _f(
+            "high" if ratio >= 1.2 else "medium",
+            f"change your settings: the recommended ones were {ratio:.2f}x faster, measured",
+            f"{yours['text']}. The changes: {changes}",
+            None,
+            {"yours": yours},
+            ratio,
+        )
+    title = {
+        "as good": "your settings are already as good as the recommended ones",
+        "yours": "your settings beat the recommended ones: keep them",
+    }.get(verdict, "the recommended settings were not checked against yours")
+    return _f(
+        "info",
+        title,
+        f"{yours['text']}" + (f". The untaken changes: {changes}" if changes else ""),
+        None,
+        {"yours": yours},
+    )
+
+
 def build_findings(
     stages: list[dict],
     *,
@@ -393,16 +421,21 @@ def build_findings(
     not_isolated: list[dict],
     cores: int,
     page_fault: dict | None = None,
+    yours: dict | None = None,
 ) -> list[dict[str, Any]]:
     """All findings for a run, most important first (see the module docstring for the ranking).
 
     ``page_fault``: ``{"cost_s", "page_bytes"}`` of this machine (``run.json``), for
-    the finding on stages that fault in fresh memory per item.
+    the finding on stages that fault in fresh memory per item. ``yours``: the
+    recommended settings against the user's own
+    (:func:`stagebench.analysis._pipeline.yours_verdict`).
     """
     bottleneck = (prediction or {}).get("bottleneck")
     out: list[dict] = []
     for st in stages:
         out.extend(_stage_findings(st, bottleneck, cores, prediction, page_fault))
+    if yours and yours.get("verdict") not in (None, "same"):
+        out.append(_yours_finding(yours))
 
     if prediction and finite(prediction.get("qps")):
         naive, pred = prediction.get("naive_qps"), prediction["qps"]

@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagebench._numbers import finite, fmt_ms, fmt_q, num
+from stagebench._numbers import finite, fmt_ms, fmt_q, num, num_or_none
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._fit import fit_scaling
 from stagebench.analysis._gil import estimate_gil, harness_gil_s
@@ -72,7 +72,15 @@ from stagebench.core._curves import Curve, Point, StageRows
 from stagebench.core._paired import WITHIN_BEST, paired_result, within_noise
 from stagebench.core._resources import usable_cores
 
-__all__ = ["analyze_stage", "summarize", "pipeline_overhead", "cpu_speed", "CLASSIFICATIONS"]
+__all__ = [
+    "analyze_stage",
+    "summarize",
+    "pipeline_overhead",
+    "cpu_speed",
+    "user_setting",
+    "yours_verdict",
+    "CLASSIFICATIONS",
+]
 
 CLASSIFICATIONS = ("gil-bound", "cpu-bound", "io-bound", "overhead-bound", "ipc-bound", "unknown")
 
@@ -735,6 +743,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     """
     from stagebench._version import __version__
     from stagebench.analysis._findings import build_findings
+    from stagebench.analysis._joint import recommend_jointly
     from stagebench.analysis._predict import apply_replay, predict_pipeline
     from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
 
@@ -778,6 +787,10 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         stages.append(entry)
 
     overhead = pipeline_overhead(meta.get("pipeline_overhead"))
+    # the stages' settings chosen together (each stage's own best alone is kept beside it)
+    joint = recommend_jointly(
+        stages, cores=cores, free_threaded=free_threaded, fixed=float((overhead or {}).get("fixed_s_per_item") or 0.0)
+    )
     prediction = (
         predict_pipeline(stages, cores=cores, free_threaded=free_threaded, overhead=overhead) if stages else None
     )
@@ -793,6 +806,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     if validation is None and isinstance(raw_val, Mapping) and raw_val.get("error") and not failed:
         warnings.append(f"the whole-pipeline validation run did not complete: {raw_val['error']}")
     not_isolated = list(meta.get("not_isolated") or [])
+    yours = yours_verdict(meta.get("yours"), validation, stages)
     findings = build_findings(
         stages,
         prediction=prediction,
@@ -801,6 +815,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         not_isolated=not_isolated,
         cores=cores,
         page_fault=meta.get("page_fault"),
+        yours=yours,
     )
     return {
         "schema_version": SUMMARY_SCHEMA_VERSION,
@@ -815,27 +830,60 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         "cores": cores,
         "stages": stages,
         "not_isolated": not_isolated,
+        "joint": joint,
         "prediction": prediction,
         "validation": validation,
-        "demand": demand_verdict((meta.get("settings") or {}).get("target_rate"), validation, prediction),
+        "recommended_vs_yours": yours,
+        "trainer": meta.get("trainer"),
+        "demand": demand_verdict(
+            (meta.get("settings") or {}).get("target_rate"), validation, prediction, meta.get("trainer")
+        ),
         "cpu_speed": speed,
         "findings": findings,
     }
 
 
 def demand_verdict(
-    target: Any, validation: Mapping[str, Any] | None, prediction: Mapping[str, Any] | None
+    target: Any,
+    validation: Mapping[str, Any] | None,
+    prediction: Mapping[str, Any] | None,
+    trainer: Mapping[str, Any] | None = None,
 ) -> dict | None:
-    """Whether the pipeline keeps up with the training step's demand (``STAGEBENCH_TARGET_RATE``).
+    """Whether the pipeline keeps up with the training step's demand.
+
+    The demand: ``STAGEBENCH_TARGET_RATE`` when set, else the training loop's own rate on
+    cached batches (``trainer``, ``STAGEBENCH_TRAINER=measure``:
+    :mod:`stagebench.pipeline._trainer`), whose data-wait share on the real pipeline
+    is quoted too.
 
     The capacity is the measured whole pipeline at the recommended settings when there is one,
     else the replay (labelled so); with neither, the verdict is ``inconclusive``: a bound alone
     is not advice. ``trainer-bound``: capacity >= demand x 1.1 (the loader waits for the
     trainer); ``balanced``: within 10% above the demand; ``data-bound``: below it.
     """
+    trainer = trainer or {}
+    measured = not (finite(target) and float(target) > 0) and finite(trainer.get("samples_per_s"))
+    if measured:
+        target = trainer["samples_per_s"]
     if not finite(target) or not float(target) > 0:
         return None
     need = float(target)
+    whose = (
+        f"your training step, measured: {fmt_q(need)} items/s"
+        + (
+            f" ({fmt_q(trainer['samples_per_s_low'])}-{fmt_q(trainer['samples_per_s_high'])})"
+            if finite(trainer.get("samples_per_s_low")) and finite(trainer.get("samples_per_s_high"))
+            else ""
+        )
+        if measured
+        else f"the {fmt_q(need)} items/s the trainer needs"
+    )
+    wp = trainer.get("with_pipeline") or {}
+    waited = (
+        f"; run together, your loop waited for data {wp['data_wait_share']:.0%} of each step"
+        if measured and finite(wp.get("data_wait_share"))
+        else ""
+    )
     val = validation or {}
     pred = prediction or {}
     if finite(val.get("qps")):
@@ -848,8 +896,9 @@ def demand_verdict(
             "capacity": None,
             "source": None,
             "verdict": "inconclusive",
+            "demand_source": "measured" if measured else "stated",
             "text": f"inconclusive: the whole pipeline was neither run nor replayed, so its capacity against "
-            f"the {fmt_q(need)} items/s the trainer needs is not known",
+            f"{whose} is not known{waited}",
         }
     capacity = float(capacity)
     ratio = capacity / need
@@ -867,9 +916,76 @@ def demand_verdict(
         "source": source,
         "ratio": ratio,
         "verdict": verdict,
+        "demand_source": "measured" if measured else "stated",
+        "data_wait_share": wp.get("data_wait_share") if measured else None,
         "text": f"{verdict}: the pipeline {text} ({fmt_q(capacity)} items/s {source} at the recommended "
-        f"settings against {fmt_q(need)} needed, {ratio:.2f}x)",
+        f"settings against {whose}, {ratio:.2f}x){waited}",
     }
+
+
+def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list[dict]) -> dict | None:
+    """The recommended settings against the user's own, both run for real in turns (``run.json["yours"]``).
+
+    ``recommended``: the recommended settings are faster beyond noise (their interval
+    lies above the user's); ``yours``: the user's are faster beyond noise (keep them);
+    ``as good``: the intervals overlap, so the measurement cannot tell them apart and
+    the user's settings are kept; ``same``: the user's settings are the recommended
+    ones; ``inconclusive``: one of the two runs has no number. ``changes`` lists each
+    stage whose setting differs (its name, the user's and the recommended setting).
+    """
+    if not isinstance(yours, Mapping):
+        return None
+    if yours.get("same"):
+        return {"verdict": "same", "changes": [], "text": "your settings are the recommended ones"}
+    changes = []
+    for st in stages:
+        point, own = st.get("recommended") or {}, user_setting(st)
+        if own and point.get("executor") and own != f"{point['executor']} x {point['concurrency']}":
+            changes.append(
+                {"stage": st["name"], "yours": own, "recommended": f"{point['executor']} x {point['concurrency']}"}
+            )
+    out: dict[str, Any] = {
+        "qps": yours.get("qps"),
+        "qps_low": yours.get("qps_low"),
+        "qps_high": yours.get("qps_high"),
+        "settings": yours.get("settings"),
+        "changes": changes,
+    }
+    val = validation or {}
+    if not finite(yours.get("qps")) or not finite(val.get("qps")):
+        which = "your settings" if not finite(yours.get("qps")) else "the recommended settings"
+        err = yours.get("error") if not finite(yours.get("qps")) else val.get("error")
+        out.update(
+            verdict="inconclusive",
+            text=f"inconclusive: the run at {which} gave no number" + (f" ({err})" if err else ""),
+        )
+        return out
+    mine, rec = float(yours["qps"]), float(val["qps"])
+    m_lo, m_hi = num_or_none(yours.get("qps_low")) or mine, num_or_none(yours.get("qps_high")) or mine
+    r_lo, r_hi = num_or_none(val.get("qps_low")) or rec, num_or_none(val.get("qps_high")) or rec
+    figures = (
+        f"{fmt_q(rec)} items/s ({fmt_q(r_lo)}-{fmt_q(r_hi)}) with the recommended settings, "
+        f"{fmt_q(mine)} ({fmt_q(m_lo)}-{fmt_q(m_hi)}) with yours, run in turns"
+    )
+    if r_lo > m_hi:
+        verdict = "recommended"
+        text = f"the recommended settings are faster beyond noise, {rec / mine:.2f}x: {figures}"
+    elif m_lo > r_hi:
+        verdict = "yours"
+        text = f"your settings are faster beyond noise ({mine / rec:.2f}x): keep them; {figures}"
+    else:
+        verdict = "as good"
+        text = f"your settings are already as good (the intervals overlap): keep them; {figures}"
+    out.update(verdict=verdict, ratio=rec / mine if mine > 0 else None, text=text)
+    return out
+
+
+def user_setting(stage: Mapping[str, Any]) -> str:
+    """A pipe stage's own setting in the user's config, ``thread x 8`` (SPDL's shared pool is threads), or ""."""
+    ex, c = stage.get("user_executor"), stage.get("user_concurrency")
+    if not ex or c is None or (stage.get("type") or "pipe") != "pipe":
+        return ""
+    return f"{'thread' if ex == 'default' else ex} x {c}"
 
 
 def _unmeasured(name: str) -> dict[str, Any]:

@@ -180,11 +180,17 @@ def diagnose_pipeline(
     command: list[str] | None = None,
     show_table: bool = True,
     report: bool = True,
+    num_threads: int | None = None,
+    session: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Diagnose an SPDL ``PipelineConfig``: sweep each stage alone, validate, report.
 
     ``report=False`` skips ``report.html`` (``stagebench report RUN_DIR`` writes it
-    later). Returns the summary (``summary.json``). Raises :class:`DiagnoseError` when
+    later). ``num_threads``: the user's ``build_pipeline(num_threads=...)`` (SPDL's
+    shared thread pool), for the whole-pipeline runs; unknown, they size it for the
+    stages that use it. ``session``: filled with what the trainer's measurement needs
+    after the diagnosis (``plan``, ``source_items``, ``choices``, ``items_per_sink_item``,
+    ``run_dir``: :mod:`stagebench.pipeline._trainer`). Returns the summary (``summary.json``). Raises :class:`DiagnoseError` when
     the diagnosis cannot run (its ``code``: 2 for a bad setting or pipeline, 1
     for a source that fails) and ``KeyboardInterrupt`` after saving the rows.
     """
@@ -199,6 +205,7 @@ def diagnose_pipeline(
         plan = plan_pipeline(cfg)
     except PlanError as e:
         raise DiagnoseError(str(e), 2) from None
+    plan.num_threads = num_threads
     run_path = (
         Path(out)
         if out is not None
@@ -242,6 +249,7 @@ def diagnose_pipeline(
                 show_table,
                 mode_value=original,
                 write_report=report,
+                session=session,
             ).run()
     finally:
         if saved is None:
@@ -263,12 +271,14 @@ class _Diagnosis:
         show_table: bool,
         mode_value: str | None = None,
         write_report: bool = True,
+        session: dict[str, Any] | None = None,
     ) -> None:
         from stagebench.core._progress import Progress
         from stagebench.runs._provenance import collect_provenance
 
         self.plan, self.run_dir, self.settings, self.cache_dir = plan, run, settings, cache_dir
         self.show_table, self.write_report = show_table, write_report
+        self.session = session
         self.blocked: str | None = None  # why later stages could not be measured
         self.items_per_sink_item: float | None = None
         self.progress = Progress(desc="stagebench")
@@ -290,6 +300,7 @@ class _Diagnosis:
             "settings": {**settings.as_meta(), "cache_dir": str(cache_dir) if cache_dir else None},
             "stages": [s.as_meta() for s in plan.stages],
             "not_isolated": list(plan.not_isolated),
+            "num_threads": plan.num_threads,  # the user's build_pipeline(num_threads=...), when known
             "validation": None,
         }
         env = self.meta["provenance"].setdefault("env", {})
@@ -390,8 +401,10 @@ class _Diagnosis:
                 "failed": f"the pipeline delivers nothing: {self.blocked}",
             }
         elif settings.validation_window_s > 0:
-            replay, validation = self._replay_and_validate(src.items, summary)
+            replay, validation, yours = self._replay_and_validate(src.items, summary)
             self.meta["replay"] = replay
+            if yours is not None:
+                self.meta["yours"] = yours
             if validation is not None:
                 failed = _delivered_nothing(validation)
                 if failed:
@@ -408,6 +421,14 @@ class _Diagnosis:
 
             print(format_table(summary, report), end="", flush=True)
         self.say(f"done; report: {report}" if report else f"done; results in {self.run_dir.path}")
+        if self.session is not None:
+            self.session.update(
+                plan=plan,
+                source_items=src.items,
+                choices=_choices(summary),
+                items_per_sink_item=self.items_per_sink_item or 1.0,
+                run_dir=self.run_dir.path,
+            )
         return summary
 
     def _rows(self):
@@ -819,14 +840,21 @@ class _Diagnosis:
             f.write(f"--- {what} ---\n{''.join(traceback.format_exception(exc))}\n")
 
     # ------------------------------------------------------------------ replay and validation runs
-    def _replay_and_validate(self, source_items: list, summary: dict[str, Any]) -> tuple[dict, dict | None]:
-        """The replay (the prediction, :mod:`stagebench.pipeline._replay`) and the validation run, taking turns.
+    def _replay_and_validate(
+        self, source_items: list, summary: dict[str, Any]
+    ) -> tuple[dict, dict | None, dict | None]:
+        """The replay, the validation run and the user's own settings, taking turns.
 
-        Both at the recommended settings, with the same warm-up and counting
-        time; interleaved so that both see the same moments of the machine
-        (:mod:`stagebench.pipeline._wholerun`). A failure is the result's ``error``.
-        With ``validate="off"`` the replay runs alone and the validation is
-        None (not run, by request: no warning).
+        The replay (the prediction, :mod:`stagebench.pipeline._replay`) and the
+        validation run at the recommended settings; the real pipeline at the
+        user's own settings next to them, so that the recommendation is checked
+        against what the user has, not only against its own prediction. All
+        with the same warm-up and counting time, interleaved so that all see the
+        same moments of the machine (:mod:`stagebench.pipeline._wholerun`). A
+        failure is the result's ``error``. With ``validate="off"`` the replay
+        runs alone: no real run, the validation and the user's run are None
+        (not run, by request: no warning). Where the user's settings are the
+        recommended ones, the user's run is ``{"same": True}``: one run is both.
         """
         from stagebench.core._speed import cpu_speed_ns
         from stagebench.pipeline._isolate import Passthrough
@@ -846,16 +874,22 @@ class _Diagnosis:
         self.meta.setdefault("cpu_speed", {})["stage_ns"] = speeds
         stand_ins = plan_stand_ins(summary.get("stages") or [], speeds)
         validate = self.settings.validate == "on"
+        yours = _yours(self.plan) if validate else None
+        differs = yours is not None and any(name in yours and yours[name] != c for name, c in choices.items())
         runs: dict[str, Any] = {}
         if stand_ins:
             runs["replay"] = stand_ins
         if validate:
             runs["validation"] = None  # the real stages
-        if len(runs) == 2:
+            if differs:
+                runs["yours"] = None  # the real stages, at the user's settings
+        if len(runs) > 1:
             self.say(
-                f"replay and validation, taking turns: the pipeline with stand-ins for {len(stand_ins)} "
-                f"stage(s) and the real one, recommended settings, {warm:g} s warm-up each + {window:g} s "
-                "of counting each, in slices"
+                f"{' and '.join(runs)}, taking turns: the pipeline "
+                + (f"with stand-ins for {len(stand_ins)} stage(s) and the real one, " if stand_ins else "")
+                + "at the recommended settings"
+                + (" and at yours" if differs else "")
+                + f", {warm:g} s warm-up each + {window:g} s of counting each, in slices"
             )
         elif stand_ins:
             self.say(
@@ -868,7 +902,7 @@ class _Diagnosis:
                 f"{window:g} s window"
             )
         else:
-            return {"qps": None, "error": "no stage could be stood in (none measured)"}, None
+            return {"qps": None, "error": "no stage could be stood in (none measured)"}, None, None
         before = cpu_speed_ns()
         try:
             out = run_pipelines(
@@ -880,6 +914,7 @@ class _Diagnosis:
                 window_s=window,
                 timeout_s=self.settings.timeout_s,
                 items_per_sink_item=self.items_per_sink_item or 1.0,
+                own_choices={"yours": {}},  # no choice: every stage keeps the user's settings
             )
             if validate:  # the speed the measured number was read at
                 self.meta.setdefault("cpu_speed", {})["validation_ns"] = [round(before, 2), round(cpu_speed_ns(), 2)]
@@ -905,7 +940,16 @@ class _Diagnosis:
             )
         elif validation is not None:
             self.say(f"validation run failed: {validation.get('error')}")
-        return replay, validation
+        mine: dict | None = None
+        if validate and not differs:
+            mine = {"same": True}
+        elif "yours" in runs:
+            mine = out.get("yours") or {"qps": None, "error": "not run"}
+            if mine.get("qps") is not None:
+                self.say(f"your settings: {mine['qps']:,.1f} items/s")
+            else:
+                self.say(f"the run at your settings failed: {mine.get('error')}")
+        return replay, validation, mine
 
 
 def _fresh_source(
@@ -932,11 +976,27 @@ def _fresh_source(
     return None
 
 
+def _yours(plan: Any) -> dict[str, tuple[str, int]]:
+    """Each measured stage's own (executor, concurrency) in the user's config, by name.
+
+    SPDL's shared thread pool (``default``) counts as threads: at equal concurrency the
+    recommendation and the user's setting run the stage on the same number of threads.
+    """
+    return {
+        st.name: ("thread" if st.user_executor == "default" else st.user_executor, int(st.user_concurrency))
+        for st in plan.stages
+        if st.type == "pipe"
+    }
+
+
 def _delivered_nothing(validation: dict[str, Any]) -> str | None:
     """Why the real pipeline's run is a failed validation, or None: it must deliver items to the sink.
 
     A prediction next to a pipeline that delivers nothing is not a result: the run ends with exit code 1.
+    One that drew items from its source but was slower than the window is working: no number, no failure.
     """
+    if validation.get("source_items"):
+        return None
     if validation.get("qps") is None:
         return f"the real pipeline delivered no measurable throughput ({validation.get('error') or 'no items'})"
     if not validation.get("sink_items"):

@@ -177,6 +177,9 @@ class Plan:
     #: the right kind (a stand-in that passed its input on broke a disaggregate after a stage
     #: returning lists: nothing reached the sink)
     sample_outputs: dict[str, list] = field(default_factory=dict)
+    #: the user's ``build_pipeline(num_threads=...)``: SPDL's shared thread pool, where stages without
+    #: an executor of their own run (None: not known, e.g. a config handed to ``diagnose_pipeline``)
+    num_threads: int | None = None
 
     @property
     def stages(self) -> list[Stage]:
@@ -947,9 +950,17 @@ def build_validation_config(
 
 
 def default_threads(plan: Plan) -> int:
-    """Threads of SPDL's shared pool for a rebuilt pipeline: enough for passthrough stages."""
+    """Threads of SPDL's shared pool for a rebuilt pipeline: the user's, else enough for its stages.
+
+    The user's ``num_threads`` where it is known: the runs at the user's own settings then
+    run as the user's program does. Otherwise enough for every stage that uses the pool
+    (passthrough segments and stages without an executor of their own) at its concurrency:
+    never fewer threads than the user's settings ask for.
+    """
     from spdl.pipeline.defs import PipeConfig
 
+    if plan.num_threads:
+        return int(plan.num_threads)
     conc = [
         q._args.concurrency
         for s in plan.steps
@@ -957,4 +968,5 @@ def default_threads(plan: Plan) -> int:
         for q in s.configs
         if isinstance(q, PipeConfig)
     ]
+    conc += [s.user_concurrency for s in plan.stages if s.user_executor == "default" and s.type == "pipe"]
     return int(max([4, *conc]))

@@ -1,21 +1,23 @@
-"""Whole-pipeline runs: the validation run and the replay, taking turns.
+"""Whole-pipeline runs: the replay, the validation run and the user's own settings, taking turns.
 
-Both run the user's pipeline at the recommended settings over the cached
-source items and count what reaches the sink: the validation run with the
-real stages (the truth), the replay with stand-ins (the prediction,
-:mod:`stagebench.pipeline._replay`).
+Each runs the user's pipeline over the cached source items and counts what
+reaches the sink: the validation run with the real stages at the recommended
+settings (the truth), the replay with stand-ins at the same settings (the
+prediction, :mod:`stagebench.pipeline._replay`), and the real stages at the
+user's own settings (what the recommendation is checked against).
 
 Why they take turns: they are compared, and this kind of host does not hold
 still. On the 2-core VM this was built on, two back-to-back 2 s runs of one
 pipeline differed by up to 30%: the CPU's speed changes in phases that last
 seconds. Run one after the other, the prediction's error was mostly the
 machine's. So each pipeline is built and warmed up once, and then their
-sources are opened in turn, in slices, in the order R V V R R V V R: both
-see the same moments of the machine, and a steady drift cancels. While one
+sources are opened in turn, in slices, in the order R V V R R V V R (three:
+R V Y Y V R R V Y Y V R): all see the same moments of the machine, and a
+steady drift cancels. While one
 runs, the other's source is closed and its stages idle. After each switch,
 ``settle`` seconds pass before counting starts: the other pipeline drains
 and this one refills (three times the slower pipeline's steady-state
-latency, source to sink, at least 0.25 s, at most 1 s). Both warm up at the
+latency, source to sink, at least 0.25 s, at most 1 s). All warm up at the
 same time, before the first slice: warming up is not measured.
 
 One run alone (the validation run without a replay) counts one contiguous
@@ -32,6 +34,8 @@ __all__ = ["run_pipelines"]
 
 _SLICES = 4  # counting windows per pipeline when two take turns
 _MIN_SETTLE_S, _MAX_SETTLE_S = 0.25, 1.0
+_ARRIVALS_PER_SLICE = 2  # a window is lengthened until each slice can see this many sink items
+_MAX_WINDOW_S = 30.0  # ... but not beyond this (a pipeline slower than that is reported as it is)
 
 
 class _Run:
@@ -60,7 +64,7 @@ class _Run:
         self.steady_latency_s: float | None = None  # once warm (:meth:`_steady_latency`)
         self._t_open, self._n0 = 0.0, 0
         self.settle_s: float | None = None  # when it took turns with another run
-        self.partner: str | None = None
+        self.partners: list[str] = []
         # stage call timings: the real stages' (compared with the stage alone) and the stand-ins'
         # (compared with the real stages in the validation run)
         self.timings: dict[str, list] = {}
@@ -121,6 +125,16 @@ class _Run:
             return True
         return False
 
+    def sink_interval(self) -> float | None:
+        """Seconds between sink items during the warm-up (from its first arrival): how long a batch takes."""
+        n = len(self.arrivals) - self._n0
+        if self.warmup_s is None or n < 1:
+            return None
+        first = self.arrivals[self._n0]
+        if n == 1:
+            return self._t_open + self.warmup_s - first or None
+        return (self.arrivals[-1] - first) / (n - 1)
+
     def _steady_latency(self, t0: float, t1: float) -> float | None:
         """Seconds an item spends between the source and the sink in [t0, t1], by Little's law.
 
@@ -161,8 +175,20 @@ class _Run:
 
         if self.error is not None or not self.windows:
             return {"qps": None, "error": self.error or "no steady state", "settings": self.used}
-        arr = np.asarray(self.arrivals, dtype=float)
         seconds = sum(t1 - t0 for t0, t1 in self.windows)
+        if not any(t0 <= a < t1 for a in self.arrivals for t0, t1 in self.windows):
+            drawn = sum(1 for p in self.pulls for t0, t1 in self.windows if t0 <= p < t1)
+            if drawn:  # working, but slower than the window: no number, and not a pipeline that delivers nothing
+                return {
+                    "qps": None,
+                    "error": f"no item reached the sink in the {seconds:.1f} s counted, while {drawn} items were "
+                    "drawn from the source: a sink item takes longer than that (lengthen STAGEBENCH_VALIDATION_S)",
+                    "settings": self.used,
+                    "sink_items": 0,
+                    "seconds": seconds,
+                    "source_items": drawn,
+                }
+        arr = np.asarray(self.arrivals, dtype=float)
         count = sum(int(((arr >= t0) & (arr < t1)).sum()) for t0, t1 in self.windows)
         if len(self.windows) > 1:
             # batch means over the slices: one rate per slice
@@ -213,12 +239,15 @@ def run_pipelines(
     window_s: float,
     timeout_s: float,
     items_per_sink_item: float = 1.0,
+    own_choices: dict[str, dict[str, tuple[str, int]]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run the pipeline once per entry of ``runs`` (name -> stand-ins, or None for the real stages).
 
-    Each counts ``window_s`` seconds of steady state after ``warmup_s`` of
-    warm-up. Two runs take turns in slices (module docstring); one runs
-    alone. Returns name -> result: ``qps`` in source items per second (sink
+    Every run uses ``choices`` (stage name -> (executor, concurrency); stages not in
+    it keep the user's settings) unless ``own_choices`` gives it its own (``{}``: the
+    user's settings throughout). Each counts ``window_s`` seconds of steady state
+    after ``warmup_s`` of warm-up. Two or three runs take turns in slices (module
+    docstring); one runs alone. Returns name -> result: ``qps`` in source items per second (sink
     arrivals times ``items_per_sink_item``, the batch size after an
     aggregate), ``qps_low``/``qps_high`` (batch means over the slices, or over
     ten sub-windows of one window), ``sink_qps``, ``source_qps`` (items drawn
@@ -231,22 +260,29 @@ def run_pipelines(
     """
     from stagebench.core._spdl_harness import quiet_spdl_log
 
-    if not 1 <= len(runs) <= 2:
-        raise ValueError(f"one or two runs take turns, got {len(runs)}")
+    if not 1 <= len(runs) <= 3:
+        raise ValueError(f"one to three runs take turns, got {len(runs)}")
     made: list[_Run] = []
     t_begin = time.perf_counter()
     with quiet_spdl_log():  # items that fail are the stage's business, measured per point
         try:
             for name, stand_ins in runs.items():
-                made.append(_Run(name, plan, source_items, choices, stand_ins, items_per_sink_item))
+                mine = (own_choices or {}).get(name, choices)
+                made.append(_Run(name, plan, source_items, mine, stand_ins, items_per_sink_item))
             for r in made:
                 r.start()
             _warm_up(made, warmup_s, timeout_s)
             live = [r for r in made if r.error is None]
+            # A slow pipeline of large batches (50 items/s in batches of 32: a batch every 0.6 s) would
+            # show no sink item in a short slice: the window grows until every slice can hold a few.
+            gaps = [g for g in (r.sink_interval() for r in live) if g]
+            slices = _SLICES if len(live) > 1 else 1
+            if gaps:
+                window_s = max(window_s, min(_MAX_WINDOW_S, max(gaps) * _ARRIVALS_PER_SLICE * slices))
             if len(live) == 1:
                 _count(live[0], window_s)
-            elif len(live) == 2:
-                _take_turns(live[0], live[1], window_s)
+            elif live:
+                _take_turns(live, window_s)
         finally:
             for r in made:
                 r.close()
@@ -255,8 +291,9 @@ def run_pipelines(
     for r in made:
         res = r.result(items_per_sink_item)
         res["wall_s"] = wall  # of the whole call, shared when two took turns
-        if r.partner is not None and res.get("qps") is not None:
-            res["settle_s"], res["interleaved_with"] = r.settle_s, r.partner
+        if r.partners and res.get("qps") is not None:
+            res["settle_s"] = r.settle_s
+            res["interleaved_with"] = r.partners[0] if len(r.partners) == 1 else r.partners
         out[r.name] = res
     return out
 
@@ -280,12 +317,12 @@ def _warm_up(runs: list[_Run], warmup_s: float, timeout_s: float) -> None:
             time.sleep(0.01)
 
 
-def _take_turns(a: _Run, b: _Run, window_s: float) -> None:
-    """Count ``window_s`` of each in slices, R V V R R V V R, settling after each switch."""
-    lat = [r.steady_latency_s if r.steady_latency_s is not None else r.latency_s for r in (a, b)]
+def _take_turns(runs: list[_Run], window_s: float) -> None:
+    """Count ``window_s`` of each in slices, forth and back (A B B A, A B C C B A), settling after each switch."""
+    lat = [r.steady_latency_s if r.steady_latency_s is not None else r.latency_s for r in runs]
     settle = min(_MAX_SETTLE_S, max(_MIN_SETTLE_S, 3 * max(x or 0.0 for x in lat)))
     prev: _Run | None = None
-    for r in [a, b, b, a] * (_SLICES // 2):
+    for r in (runs + runs[::-1]) * (_SLICES // 2):
         if r.error is not None:
             continue
         if r is not prev:
@@ -295,9 +332,9 @@ def _take_turns(a: _Run, b: _Run, window_s: float) -> None:
             time.sleep(settle)  # the other drains, this one refills
         _count(r, window_s / _SLICES, keep_open=True)
         prev = r
-    for r, other in ((a, b), (b, a)):
+    for r in runs:
         r.gate.clear()
-        r.settle_s, r.partner = settle, other.name
+        r.settle_s, r.partners = settle, [o.name for o in runs if o is not r]
 
 
 def _count(r: _Run, seconds: float, keep_open: bool = False) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 
 from stagebench._numbers import finite, num_or_none
+from stagebench.analysis._pipeline import user_setting
 from stagebench.analysis._summary import guess_kind, summarize_run
 from stagebench.report._html import (
     csv_uri,
@@ -157,8 +158,14 @@ def _identifier(name: str) -> tuple[str, str]:
 
 
 def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
-    """The recommended settings as a PipelineBuilder chain to paste."""
+    """The recommended settings as a PipelineBuilder chain to paste, each changed line marked with yours.
+
+    Only the stages' settings are the advice: the source, the sink, the stages' own
+    arguments and ``num_threads`` stay as the user wrote them. A first comment says
+    what running both found (:func:`stagebench.analysis._pipeline.yours_verdict`).
+    """
     types = {s.get("name"): s for s in meta.get("stages") or []}
+    verdict = (summary.get("recommended_vs_yours") or {}).get("verdict")
     stages = summary.get("stages") or []
     settings = {s.get("stage"): s for s in (summary.get("prediction") or {}).get("settings") or []}
     lines, imports = [], set()
@@ -176,6 +183,9 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str
             lines.append(f"    .pipe({code}){comment}  # no recommendation: see the stage section")
             continue
         c = int(c)
+        mine = user_setting(st)
+        if mine:
+            comment += f"  # yours: {mine}" if mine != f"{ex} x {c}" else "  # as yours"
         if ex == "process":
             imports.add("ProcessPoolExecutor")
             lines.append(f"    .pipe({code}, concurrency={c}, executor=ProcessPoolExecutor(max_workers={c})){comment}")
@@ -186,7 +196,11 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str
             lines.append(f"    .pipe({code}, concurrency={c}){comment}")
     if not lines:
         return ""
-    head = []
+    head = {
+        "as good": ["# measured in turns: your settings are already as good as these; nothing to change"],
+        "yours": ["# measured in turns: your settings are faster than these; keep yours"],
+        "inconclusive": ["# not checked against your settings: one of the two runs gave no number"],
+    }.get(verdict or "", [])
     if imports:
         head.append(f"from concurrent.futures import {', '.join(sorted(imports))}")
     head.append("from spdl.pipeline import PipelineBuilder")
@@ -366,8 +380,11 @@ def stage_cards(
                 "fits": _fit_items(s.get("fit") or {}),
                 # source items/s, the unit of the bounds and the pipeline lines; calls/s as a side note
                 "rec": _in_items(s.get("recommended"), s),
+                "yours": user_setting(s),
                 "best": _in_items(s.get("best"), s),
                 "ceiling": _in_items({"qps": s.get("ceiling_qps")}, s)["qps"],
+                # measured at the stage's own best setting, where the pipeline's choice differs
+                "alone": _in_items(s.get("recommended_alone"), s) if s.get("recommended_alone") else None,
                 "items_per_call": num_or_none(s.get("items_per_input")),
                 "calls_qps": (s.get("recommended") or {}).get("qps"),
                 "cpu_ms": _to_ms(s.get("cpu_s_per_item")),
@@ -414,6 +431,30 @@ def _pipeline_context(run: RunData) -> dict[str, Any]:
             # computed here, not read from error_vs_prediction: the sign convention is then unambiguous
             sub += f" · {pct_text(float(val['qps']) / float(pred['qps']) - 1, signed=True)} vs predicted"
         tiles.append({"label": "measured whole pipeline", "value": f"{rate_text(val['qps'])} items/s", "sub": sub})
+    trainer = summary.get("trainer") or {}
+    if finite(trainer.get("samples_per_s")):
+        wp = trainer.get("with_pipeline") or {}
+        tiles.append(
+            {
+                "label": "your training step (demand)",
+                "value": f"{rate_text(trainer['samples_per_s'])} items/s",
+                "sub": f"{interval_text(trainer.get('samples_per_s_low'), trainer.get('samples_per_s_high'))}"
+                + (
+                    f" · waited for data {pct_text(wp['data_wait_share'])} of each step on the real pipeline"
+                    if finite(wp.get("data_wait_share"))
+                    else ""
+                ),
+            }
+        )
+    yours = summary.get("recommended_vs_yours") or {}
+    if finite(yours.get("qps")):
+        tiles.append(
+            {
+                "label": "your settings, measured",
+                "value": f"{rate_text(yours['qps'])} items/s",
+                "sub": f"{interval_text(yours.get('qps_low'), yours.get('qps_high'))} · in turns with the recommended",
+            }
+        )
     if pred.get("naive_qps") is not None and pred.get("qps") is not None and finite(pred.get("naive_qps")):
         tiles.append(
             {
@@ -672,6 +713,7 @@ def report_context(run: RunData) -> dict[str, Any]:
         "verdict": summary.get("verdict")
         or ("no verdict: the analysis did not run" if run.summary_error else "no verdict in summary.json"),
         "demand": (summary.get("demand") or {}).get("text"),
+        "yours": (summary.get("recommended_vs_yours") or {}).get("text"),
         "warnings": warnings,
         "findings": findings[:split],
         "more_findings": findings[split:],

@@ -17,6 +17,7 @@ from typing import Any
 
 from stagebench._numbers import num_or_none
 from stagebench.analysis._loader import setting_cost
+from stagebench.analysis._pipeline import user_setting
 
 __all__ = ["format_table", "format_rate"]
 
@@ -91,6 +92,9 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
             return v * k if v is not None else None
 
         notes = []
+        mine = user_setting(st)
+        if mine and mine != _setting(rec):
+            notes.append(f"yours {mine}")
         if _setting(best) != _setting(rec):
             notes.append(f"best {_setting(best)}: {format_rate(scaled('qps', best))}")
         if k != 1.0 and num_or_none(rec.get("qps")) is not None:
@@ -127,6 +131,9 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
         )
     elif val.get("error"):
         lines.append(f"validation run: {_clean(val['error'], 160)}")
+    yours = summary.get("recommended_vs_yours") or {}
+    if yours.get("text") and yours.get("verdict") != "same":
+        lines.append(f"against yours: {_clean(yours['text'], 240)}")
     if summary.get("verdict"):
         lines.append(f"verdict: {_clean(summary['verdict'], 200)}")
     demand = summary.get("demand") or {}
