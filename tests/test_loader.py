@@ -591,8 +591,26 @@ def test_user_setting_found_when_the_search_already_measured_it():
     }
     s = summarize_loader(rows, meta)
     assert s["user_setting"]["num_workers"] == 4  # pin_memory normalised away: no CUDA
-    assert s["recommended"]["num_workers"] == 2
-    assert any(f["title"] == "Your setting uses more workers than it needs" for f in s["findings"])
+    # 205 samples/s against 200 at num_workers=2: no change rests on a difference inside the noise; the
+    # cheaper setting is named, at low severity
+    assert s["recommended"]["num_workers"] == 4 and "kept" in s["recommended"]["why"]
+    f = [f for f in s["findings"] if f["title"] == "A cheaper setting is as fast as yours, within noise"]
+    assert f and f[0]["severity"] == "low" and "num_workers=2" in f[0]["detail"]
+
+
+def test_the_users_setting_is_kept_where_the_best_is_ahead_only_inside_the_noise():
+    """The issue's case: persistent_workers=False measured 36% ahead of the user's True, with intervals that
+    overlap (a direct A/B read both ways): the recommendation keeps the user's setting."""
+    rows = [_row(2, 3000, pw=True, half=0.33), _row(2, 4080, pw=False, half=0.30)]
+    meta = {
+        "settings": {"memory_budget_mb": None, "usable_cores": 2, "cuda": False},
+        "loader": {
+            "backend": "torch",
+            "user_knobs": {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": True, "pin_memory": False},
+        },
+    }
+    s = summarize_loader(rows, meta)
+    assert s["recommended"]["persistent_workers"] is True and "within the noise" in s["recommended"]["why"]
 
 
 def test_a_used_run_dir_is_refused(cheap_run):

@@ -141,6 +141,15 @@ def _stall_gain(p: dict, q: dict) -> float:
     return a - b
 
 
+def _overlaps(p: dict[str, Any], q: dict[str, Any]) -> bool:
+    """Whether two points' 95% intervals overlap (both known)."""
+    lo, hi = p["samples_per_s_low"], p["samples_per_s_high"]
+    qlo, qhi = q["samples_per_s_low"], q["samples_per_s_high"]
+    if not all(math.isfinite(x) for x in (lo, hi, qlo, qhi)):
+        return False
+    return lo <= qhi and qlo <= hi
+
+
 def _pick(candidates: list[dict], pool: list[dict], floor: float) -> tuple[dict, str]:
     rec = min(candidates, key=setting_cost)
     note = ""
@@ -163,12 +172,17 @@ def recommend(
     within_best: float = 0.05,
     target_rate: float | None = None,
     headroom: float = DEMAND_HEADROOM,
+    user: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """The recommended row (with a ``why``), or None when nothing was measured ok.
 
     Without a target: the cheapest setting within ``within_best`` of the best
-    throughput and inside the memory budget. With a target: the cheapest that
-    delivers target x (1 + headroom); when none does, the same as without.
+    throughput, or whose interval overlaps the best's (a gap inside the noise is
+    no gap), inside the memory budget. Where the user's own setting (``user``,
+    measured) is among those, it is kept: no change of workers or
+    persistent_workers rests on a difference the measurement cannot tell from
+    noise. With a target: the cheapest that delivers target x (1 + headroom);
+    when none does, the same as without.
     """
     pts = _rows(rows)
     ok = [p for p in pts if _is_ok(p)]
@@ -190,7 +204,25 @@ def recommend(
             )
             return rec
     floor = (1 - within_best) * best["samples_per_s"]
-    near = [p for p in pool if p["samples_per_s"] >= floor] or [max(pool, key=lambda p: p["samples_per_s"])]
+    near = [p for p in pool if p["samples_per_s"] >= floor or _overlaps(p, best)] or [
+        max(pool, key=lambda p: p["samples_per_s"])
+    ]
+    if user is not None and _is_ok(user) and any(setting_cost(p) == setting_cost(user) for p in near):
+        rec = dict(user)
+        cheaper = min(near, key=setting_cost)
+        if setting_cost(cheaper) < setting_cost(user):
+            rec["cheaper_within_noise"] = cheaper
+        rec["why"] = (
+            f"your setting is within the noise of the best ({best['samples_per_s']:,.1f} samples/s at "
+            f"{_knob_text(best)}): kept, as no change should rest on a difference the measurement cannot tell "
+            "from noise"
+            + (
+                f"; {_knob_text(cheaper)} is within it too, with fewer resources"
+                if setting_cost(cheaper) < setting_cost(user)
+                else ""
+            )
+        )
+        return rec
     rec, note = _pick(near, pool, floor)
     rec = dict(rec)
     if rec is best or setting_cost(rec) == setting_cost(best):
@@ -325,8 +357,12 @@ def loader_findings(
                         f"{worst['samples_per_s']:,.0f} samples/s at num_workers={worst['num_workers']} against "
                         f"{best['samples_per_s']:,.0f} at {best['num_workers']}"
                         + (f", for {extra:,.0f} MB more memory" if math.isfinite(extra) and extra > 0 else "")
-                        + f". More workers than the {cores} usable cores compete for them (thrashing) and each "
-                        "holds a copy of the dataset object.",
+                        + (
+                            f". More workers than the {cores} usable cores compete for them (thrashing)"
+                            if worst["num_workers"] > cores
+                            else ". The workers compete with the main process for the cores"
+                        )
+                        + " and each holds a copy of the dataset object.",
                         {
                             "peak_num_workers": best["num_workers"],
                             "peak_samples_per_s": best["samples_per_s"],
@@ -365,7 +401,7 @@ def loader_findings(
                         "CPU-bound: the loader's work saturates the cores",
                         f"At num_workers={b['num_workers']} the loader keeps {u:.2f} of {cores} cores busy "
                         f"({cpu_ms:.2f} ms of CPU per sample). More workers cannot help: make the per-sample "
-                        "transforms cheaper, decode smaller images, or move augmentations to the GPU.",
+                        "work cheaper (smaller inputs, vectorised transforms) or move it off these cores.",
                         {
                             "cores_used": u,
                             "usable_cores": cores,
@@ -423,7 +459,12 @@ def loader_findings(
     # Worker start-up dominating short epochs.
     epoch_batches = num((meta.get("loader") or {}).get("epoch_batches"))
     # Judge at a setting that has a persistent twin (the comparison is measured), else the cheapest.
+    # Not where the recommendation has no workers: persistent_workers would then be advice for a setting
+    # the report does not recommend.
+    no_workers = rec is not None and rec["num_workers"] == 0
     for p in sorted(multi, key=lambda p: (_same_but_persistent(ok, p) is None, setting_cost(p))):
+        if no_workers:
+            break
         if p["persistent_workers"] is not False or not math.isfinite(p["epoch_stall_s"]):
             continue
         q = _same_but_persistent(ok, p)
@@ -468,6 +509,18 @@ def loader_findings(
                         f"Your {_knob_text(u)} gives {u['samples_per_s']:,.0f} samples/s; the recommended "
                         f"{_knob_text(rec)} gives {rec['samples_per_s']:,.0f}.",
                         {"yours": u["samples_per_s"], "recommended": rec["samples_per_s"]},
+                    )
+                )
+            elif rec.get("cheaper_within_noise"):
+                c = rec["cheaper_within_noise"]
+                out.append(
+                    _finding(
+                        "low",
+                        "A cheaper setting is as fast as yours, within noise",
+                        f"Your {_knob_text(u)} gives {u['samples_per_s']:,.0f} samples/s and is kept; {_knob_text(c)} "
+                        f"gives {c['samples_per_s']:,.0f}, which these measurements cannot tell apart from yours, "
+                        "with fewer resources: worth a try if memory or cores are short.",
+                        {"yours": u["samples_per_s"], "cheaper": c["samples_per_s"]},
                     )
                 )
             elif u["num_workers"] > rec["num_workers"]:
@@ -550,7 +603,14 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     pts = _rows(rows)
     ok = [p for p in pts if _is_ok(p)]
     best = max(ok, key=lambda p: p["samples_per_s"]) if ok else None
-    rec = recommend(pts, budget_mb=budget, within_best=within, target_rate=target_rate, headroom=headroom)
+    rec = recommend(
+        pts,
+        budget_mb=budget,
+        within_best=within,
+        target_rate=target_rate,
+        headroom=headroom,
+        user=user_point(pts, meta),
+    )
 
     target = None
     if target_rate is not None:
