@@ -240,6 +240,26 @@ SETTINGS: tuple[Setting, ...] = (
         unit="items/s",
     ),
     Setting(
+        "trainer",
+        "STAGEBENCH_TRAINER",
+        "choice",
+        "off",
+        "measure: after the report, your training loop runs on cached batches (its demand), then on the real "
+        "pipeline at the recommended settings (the data-wait share), STAGEBENCH_TRAINER_S each; your loop body "
+        "then runs, and may write checkpoints or logs",
+        choices=("off", "measure"),
+    ),
+    Setting(
+        "trainer_s",
+        "STAGEBENCH_TRAINER_S",
+        "float",
+        10.0,
+        "seconds of each phase of STAGEBENCH_TRAINER=measure (counted steps, after 3 warm-up steps)",
+        minimum=0,
+        above=True,
+        unit="seconds",
+    ),
+    Setting(
         "gil_probe",
         "STAGEBENCH_GIL_PROBE",
         "choice",

@@ -71,6 +71,10 @@ class DiagnoseSettings:
     """See :attr:`stagebench.SweepConfig.paired_rounds`."""
     target_rate: float | None = None
     """Source items/s the training step consumes (its demand); ``None``: no verdict on keeping up."""
+    trainer: str = _default("trainer")
+    """``measure``: run the user's loop after the report to measure the training step's demand
+    (:mod:`stagebench.pipeline._trainer`); ``off``: exit after the report."""
+    trainer_s: float = _default("trainer_s")
     gil_probe: str = _default("gil_probe")
     """``auto``: read the GIL share of stages that compute (see :mod:`stagebench.pipeline._gilprobe`); ``off``: curves only."""
 

@@ -18,7 +18,7 @@ import os
 import sys
 
 from stagebench._import_hook import PostImportFinder
-from stagebench._spdl_private import PROFILE_MODULE
+from stagebench._spdl_private import PROFILE_MODULE, caller_num_threads
 from stagebench.pipeline._state import MODE_VAR, TRUTHY, State, Terminated, say
 
 # Not `from typing import ...` (nor threading, traceback, contextlib): this module loads at every
@@ -81,14 +81,15 @@ def patch_spdl(profile_module: Any) -> None:
         return
 
     def _build_pipeline_diagnostic_mode(cfg: Any) -> Any:
-        return _build_standin(cfg)
+        # the user's shared thread pool size: the runs at the user's own settings use it
+        return _build_standin(cfg, caller_num_threads())
 
     _build_pipeline_diagnostic_mode._stagebench = True  # type: ignore[attr-defined]
     _build_pipeline_diagnostic_mode._spdl_original = current  # type: ignore[attr-defined]
     profile_module._build_pipeline_diagnostic_mode = _build_pipeline_diagnostic_mode
 
 
-def _build_standin(cfg: Any) -> Any:
+def _build_standin(cfg: Any, num_threads: int | None = None) -> Any:
     from stagebench.pipeline._settings import DiagnoseSettings, SettingsError
 
     try:
@@ -96,7 +97,9 @@ def _build_standin(cfg: Any) -> Any:
     except SettingsError as e:
         say(f"error: {e}")
         raise SystemExit(2) from None
-    return _standin_class()(cfg, settings)
+    standin = _standin_class()(cfg, settings)
+    standin._stagebench_num_threads = num_threads
+    return standin
 
 
 _STANDIN: type | None = None
@@ -117,6 +120,7 @@ def _standin_class() -> type:
         def __init__(self, cfg: Any, settings: DiagnoseSettings) -> None:  # no super(): nothing to start
             self._stagebench_cfg = cfg
             self._stagebench_settings = settings
+            self._stagebench_num_threads: int | None = None
 
         def __str__(self) -> str:
             return f"stagebench diagnostic pipeline for\n{self._stagebench_cfg!r}"
@@ -132,10 +136,10 @@ def _standin_class() -> type:
             yield
 
         def get_item(self, *, timeout: float | None = None) -> Any:
-            _diagnose_and_exit(self._stagebench_cfg, self._stagebench_settings)
+            _diagnose_and_exit(self._stagebench_cfg, self._stagebench_settings, self._stagebench_num_threads)
 
         def _get_item_nowait(self) -> Any:
-            _diagnose_and_exit(self._stagebench_cfg, self._stagebench_settings)
+            _diagnose_and_exit(self._stagebench_cfg, self._stagebench_settings, self._stagebench_num_threads)
 
         def get_iterator(self, *, timeout: float | None = None):
             return self._stagebench_iter()
@@ -144,7 +148,11 @@ def _standin_class() -> type:
             return self._stagebench_iter()
 
         def _stagebench_iter(self):
-            _diagnose_and_exit(self._stagebench_cfg, self._stagebench_settings)
+            if self._stagebench_settings.trainer == "measure":
+                yield from _diagnose_then_train(
+                    self._stagebench_cfg, self._stagebench_settings, self._stagebench_num_threads
+                )
+            _diagnose_and_exit(self._stagebench_cfg, self._stagebench_settings, self._stagebench_num_threads)
             yield  # pragma: no cover - never reached: the diagnosis exits
 
     _STANDIN = DiagnosticPipeline
@@ -217,7 +225,8 @@ def _in_a_pool_worker(settings: DiagnoseSettings) -> DiagnoseSettings:
     return replace(settings, executors=tuple(e for e in settings.executors if e != "process") or ("thread",))
 
 
-def _diagnose_and_exit(cfg: Any, settings: DiagnoseSettings) -> None:
+def _diagnose(cfg: Any, settings: DiagnoseSettings, num_threads: int | None, session: dict | None = None) -> dict:
+    """Run the diagnosis and return its summary; on an error, say it and end the program."""
     from stagebench.pipeline._diagnose import DiagnoseError, diagnose_pipeline
     from stagebench.pipeline._settings import SettingsError, local_rank
 
@@ -237,7 +246,7 @@ def _diagnose_and_exit(cfg: Any, settings: DiagnoseSettings) -> None:
     # Worker processes inherit the environment; none of them may diagnose.
     os.environ[MODE_VAR] = "0"
     try:
-        summary = diagnose_pipeline(cfg, settings=settings)
+        summary = diagnose_pipeline(cfg, settings=settings, num_threads=num_threads, session=session)
     except DiagnoseError as e:
         say(f"error: {e}")
         exit_now(e.code)
@@ -256,4 +265,33 @@ def _diagnose_and_exit(cfg: Any, settings: DiagnoseSettings) -> None:
     if failed:  # a pipeline that delivers nothing is not a diagnosed pipeline, whatever was predicted
         say(f"error: validation failed: {failed}")
         exit_now(1)
+    return summary
+
+
+def _diagnose_and_exit(cfg: Any, settings: DiagnoseSettings, num_threads: int | None = None) -> None:
+    _diagnose(cfg, settings, num_threads)
     exit_now(0)
+
+
+def _diagnose_then_train(cfg: Any, settings: DiagnoseSettings, num_threads: int | None):
+    """The diagnosis, then the user's loop measured on cached and real batches (:mod:`._trainer`), then exit."""
+    session: dict = {}
+    _diagnose(cfg, settings, num_threads, session)
+    from stagebench.pipeline._trainer import run_trainer_phases
+
+    code = yield from run_trainer_phases(session, settings, say, _end_from_close)
+    exit_now(code)
+
+
+def _end_from_close(code: int) -> None:
+    """End the program from a generator being closed (the user's loop stopped early).
+
+    An exception raised there is ignored when the close comes from the generator being
+    collected, and the program would go on, with diagnostic mode off, to train for real.
+    """
+    State.finished, State.code = True, code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if State.in_process:  # under run_script: its caller's process must not end
+        raise SystemExit(code)
+    os._exit(code)
