@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pandas as pd
 
@@ -86,16 +87,40 @@ def json_island(obj: Any) -> Any:
     """
     from markupsafe import Markup
 
-    text = json.dumps(to_jsonable(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=str)
+    text = json.dumps(
+        _significant(to_jsonable(obj)), ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=str
+    )
     for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
         text = text.replace(ch, esc)
     return Markup(text)
 
 
-def svg_uri(svg: str | None) -> str | None:
+def _significant(x: Any) -> Any:
+    """Floats to 7 significant digits: the page's copy of the numbers (the run's files keep them all).
+
+    A measured rate carries 2-3 meaningful digits; 17 were half of a report's embedded data.
+    """
+    if isinstance(x, float):
+        return float(f"{x:.7g}")
+    if isinstance(x, dict):
+        return {k: _significant(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_significant(v) for v in x]
+    return x
+
+
+def svg_uri(svg: str | None) -> Any:
+    """A data URI of the SVG for an ``<img src="...">``, percent-encoded: smaller than base64.
+
+    Everything that could end or confuse a double-quoted attribute (``"``, ``&``) or the
+    URI (``%``, ``#``, controls, non-ASCII) is percent-encoded; ``<`` and ``>`` stay as they
+    are, which a quoted attribute value allows, so the result is marked safe for the template.
+    """
+    from markupsafe import Markup
+
     if not svg:
         return None
-    return "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    return Markup("data:image/svg+xml;charset=utf-8," + quote(svg, safe=" /=:;,.-_()'!*+@~<>"))
 
 
 def csv_uri(data: bytes) -> str:
