@@ -187,7 +187,7 @@ def compact_svg(svg: str) -> str:
 
     svg = _STYLE_ATTR.sub(as_class, svg)
     rules = "".join(f".{name}{{{style}}}" for style, name in classes.items())
-    svg = svg.replace("<style type=\"text/css\">", f"<style type=\"text/css\">{rules}", 1)
+    svg = svg.replace('<style type="text/css">', f'<style type="text/css">{rules}', 1)
     svg = _BETWEEN_TAGS.sub("><", svg)
     return _NEWLINES.sub(" ", svg)
 
