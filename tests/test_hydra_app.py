@@ -279,6 +279,16 @@ def test_multirun_compares_jobs_and_keeps_a_failed_one(tmp_path, monkeypatch, ca
     (tmp_path / "empty").mkdir()
     sweep = tmp_path / "sweep"
     tiny = [o for o in TINY if not o.startswith("loader")]
+    from stagebench.sweep import _app
+
+    returned = []  # what Hydra's sweepers read from each job (Optuna maximises it)
+
+    def task(cfg):
+        returned.append(real_task(cfg))
+        return returned[-1]
+
+    real_task = _app._task
+    monkeypatch.setattr(_app, "_task", task)
     code = main(
         [
             "-m",
@@ -292,6 +302,9 @@ def test_multirun_compares_jobs_and_keeps_a_failed_one(tmp_path, monkeypatch, ca
         ]
     )
     assert code == 1, "one configuration failed"
+    # the ok jobs return their best samples/s, the failed ones None (a failed trial)
+    assert sorted(r is None for r in returned) == [False, False, True, True]
+    assert all(isinstance(r, float) and r > 0 for r in returned if r is not None)
     jobs = collect_jobs(sweep)
     assert [j["job_num"] for j in jobs] == [0, 1, 2, 3]
     # Folders are named by what differs between jobs (the root is excluded: a path).

@@ -41,6 +41,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from stagebench._numbers import finite
 from stagebench.runs._jobs import JOB_STATUS
 from stagebench.runs._schema import RESULTS_SCHEMA_VERSION
 from stagebench.sweep._hydra_internal import args_parser, config_loader, config_search_path, split_sweep
@@ -511,8 +512,14 @@ def _run_sweep(
     )
 
 
-def _task(cfg: Any) -> int:
-    """The ``@hydra.main`` task: one job. Module-level so launchers can pickle it."""
+def _task(cfg: Any) -> float | None:
+    """The ``@hydra.main`` task: one job. Module-level so launchers can pickle it.
+
+    Returns the job's objective: its best measured samples/s, or None for a job that
+    failed. Hydra's sweepers read it (``hydra/sweeper=optuna`` with ``direction:
+    maximize`` searches loader configurations with no extra code; a failed job is a
+    failed trial); the exit status is computed from the jobs' outcomes, not from it.
+    """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import OmegaConf
@@ -537,7 +544,16 @@ def _task(cfg: Any) -> int:
             print(f"report: {report}")
         if status.get("verdict"):
             print(status["verdict"])
-    return 0 if status["status"] == "ok" else 1
+    return _objective(status)
+
+
+def _objective(status: dict[str, Any]) -> float | None:
+    """The best samples/s of an ok job (what a sweeper maximises), else None."""
+    best = status.get("best") or {}
+    value = best.get("samples_per_s") if isinstance(best, dict) else None
+    if status["status"] != "ok" or value is None or not finite(value):
+        return None
+    return float(value)
 
 
 def _job_label(overrides: Sequence[str], swept: str) -> str:
