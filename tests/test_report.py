@@ -316,6 +316,37 @@ def test_loader_snippet_without_workers_drops_worker_only_knobs() -> None:
     assert "get_pytorch_dataloader(" in spdl and "num_workers=4" in spdl
 
 
+def pad_collate(batch):  # a text dataset's padding collate: the snippet must keep it
+    return batch
+
+
+def test_loader_snippet_is_your_own_call_with_only_the_knobs_changed() -> None:
+    """The DataLoader snippet keeps collate_fn, shuffle, sampler, batch_size=None and drop_last as the user
+    wrote them (the last round's dropped them, and batch_size=None became 1); only the knobs change."""
+    import torch
+    from torch.utils.data import WeightedRandomSampler
+
+    from stagebench.loader._intercept import make_loader_factory
+
+    data = list(range(32))
+    recommended = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": True, "pin_memory": True}
+    f = make_loader_factory(data, batch_size=None, shuffle=True, collate_fn=pad_collate, pin_memory=True, num_workers=8)
+    snip = _render.loader_snippet({"loader": f.describe(), "recommended": recommended})
+    lines = [ln.strip() for ln in snip.splitlines()]
+    for kept in ("batch_size=None,", "shuffle=True,", "collate_fn=pad_collate,", "pin_memory=True,  # as yours"):
+        assert kept in lines, (kept, snip)
+    assert "num_workers=2,  # was 8" in lines and "persistent_workers=True,  # was False" in lines
+    compile(snip, "snippet", "exec")  # it is Python
+    g = make_loader_factory(
+        data, batch_size=4, drop_last=True, sampler=WeightedRandomSampler(torch.ones(32), 32), num_workers=0
+    )
+    snip = _render.loader_snippet({"loader": g.describe(), "recommended": recommended})
+    lines = [ln.strip() for ln in snip.splitlines()]
+    assert "batch_size=4," in lines and "drop_last=True," in lines and "shuffle=True," not in lines
+    assert "sampler=...,  # yours: WeightedRandomSampler" in lines and "collate_fn" not in snip
+    compile(snip, "snippet", "exec")
+
+
 def test_pipeline_snippet_handles_every_executor_and_odd_names() -> None:
     summary = {
         "stages": [

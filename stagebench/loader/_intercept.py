@@ -123,6 +123,8 @@ class DatasetLoaderFactory:
     user_knobs: LoaderKnobs | None = None
     name: str = "loader"
     notes: tuple[str, ...] = ()
+    call: tuple[tuple[str, str, str], ...] = ()
+    """The user's other DataLoader arguments, as (name, code, comment): what a snippet keeps."""
 
     def __call__(self, knobs: LoaderKnobs) -> BuiltLoader:
         control = None if self.iterable else EpochControl(self.index_sampler)
@@ -207,6 +209,7 @@ class DatasetLoaderFactory:
             "multiprocessing_context": _ctx_name(self.multiprocessing_context),
             "in_order": self.in_order,
             "notes": list(self.notes),
+            "call": [{"arg": a, "code": c, "comment": m} for a, c, m in self.call],
         }
         if self.user_knobs is not None:
             d["user_knobs"] = {
@@ -317,7 +320,40 @@ def _from_template(
         user_knobs=user_knobs,
         name=type(ds).__name__,
         notes=tuple(notes),
+        call=_call_of(template),
     )
+
+
+def _call_of(loader: Any) -> tuple[tuple[str, str, str], ...]:
+    """The arguments a torch DataLoader was built with, other than the four knobs, as code to paste.
+
+    Read back from the loader (diagnostic mode catches it built): ``batch_size=None``
+    stays None, a ``RandomSampler`` it made itself is ``shuffle=True``, a sampler,
+    batch sampler or collate function of the user's own is kept (by name where it has
+    one, else ``...`` with its type), ``drop_last`` when set.
+    """
+    import torch.utils.data as tud
+    from torch.utils.data._utils.collate import default_collate, default_convert
+
+    out: list[tuple[str, str, str]] = []
+    sampler, bsampler = getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)
+    own_batches = bsampler is not None and type(bsampler) is not tud.BatchSampler
+    if own_batches:
+        out.append(("batch_sampler", "...", f"yours: {type(bsampler).__name__}"))
+    else:
+        out.append(("batch_size", repr(loader.batch_size), ""))
+    if type(sampler) is tud.RandomSampler and not own_batches:
+        out.append(("shuffle", "True", ""))
+    elif sampler is not None and type(sampler) not in (tud.SequentialSampler, tud.RandomSampler) and not own_batches:
+        out.append(("sampler", "...", f"yours: {type(sampler).__name__}"))
+    fn = getattr(loader, "collate_fn", None)
+    if fn is not None and fn not in (default_collate, default_convert):
+        name = getattr(fn, "__qualname__", "")
+        code = name if name.isidentifier() else "..."
+        out.append(("collate_fn", code, "" if code != "..." else f"yours: {type(fn).__name__}"))
+    if getattr(loader, "drop_last", False) and not own_batches:
+        out.append(("drop_last", "True", ""))
+    return tuple(out)
 
 
 def _probe_batch_size(batch_sampler: Any) -> int:

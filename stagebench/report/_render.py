@@ -219,6 +219,22 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str
     )
 
 
+def _diff_of_your_call(call: list[Mapping[str, Any]], knobs: Mapping[str, Any], mine: Mapping[str, Any]) -> str:
+    """The user's own DataLoader call with only the loader settings changed, each change marked "was"."""
+    lines = ["from torch.utils.data import DataLoader", "", "loader = DataLoader(", "    dataset,"]
+    for a in call:
+        comment = f"  # {a['comment']}" if a.get("comment") else ""
+        lines.append(f"    {a['arg']}={a['code']},{comment}")
+    for k, v in knobs.items():
+        if v is None:
+            continue
+        was = mine.get(k, "default") if mine else None
+        change = f"  # was {was!r}" if mine and was != v else ("  # as yours" if mine else "")
+        lines.append(f"    {k}={v!r},{change}")
+    lines.append(")")
+    return "\n".join(lines)
+
+
 def loader_snippet(summary: Mapping[str, Any]) -> str:
     rec = summary.get("recommended") or {}
     if not rec:
@@ -230,6 +246,10 @@ def loader_snippet(summary: Mapping[str, Any]) -> str:
         # DataLoader rejects prefetch_factor/persistent_workers without workers.
         knobs.pop("prefetch_factor", None)
         knobs["persistent_workers"] = False
+    call = info.get("call") or []
+    mine = info.get("user_knobs") or {}
+    if call and backend in ("torch", ""):
+        return _diff_of_your_call(call, knobs, mine)
     args = ", ".join(f"{k}={v!r}" for k, v in knobs.items() if v is not None)
     bs = info.get("batch_size")
     bs_arg = f"batch_size={bs}, " if bs else ""
