@@ -61,7 +61,7 @@ def _setting(st):
 def test_a_stage_that_outruns_the_bottleneck_gets_only_the_threads_that_keep_up():
     """A 4 ms wait scales with its threads (250 items/s each); a 2 ms GIL-holding spin caps the pipeline at 500.
 
-    Alone the wait takes 8 threads (2,000 items/s); the pipeline needs 500 x 1.1 = 550, which 4 threads give.
+    Alone the wait takes 8 threads (2,000 items/s); the pipeline needs 500 x 1.5 = 750, which 4 threads give.
     """
     wait = _stage(
         "wait", gil_ms=0.02, cpu_ms=0.05, thread=[(1, 250), (2, 500), (4, 1000), (8, 2000)], own=("thread", 8)

@@ -18,9 +18,13 @@ stage's capacity, the cores, the GIL) over the points each stage was measured at
    noise (5%, the stages' own rule) of the best: fewest stages on processes
    (memory, pickling, start-up), then the most stages on their own choice.
 2. **Concurrency.** The pace P of that assignment is then known. Each stage gets
-   the smallest measured level whose capacity is at least P x (1 +
-   :data:`stagebench._settings.DEMAND_HEADROOM`): enough to keep up with a
-   margin. A stage with no such level is (near) the one that binds: it keeps its
+   the smallest measured level whose capacity *alone* is at least P x (1 +
+   :data:`SPARE`): enough to keep up with a margin for what the stages cost each
+   other in the pipeline (a thread that wakes from a wait queues for the GIL
+   behind the others, so its calls take longer than alone). 10% was not enough:
+   on ``bench_advice``'s ``cpu_free`` (a 1 ms wait, 2 ms of hashing, 0.2 ms of
+   Python) the wait cut to one thread at 1.1x ran the pipeline at 0.84x the
+   user's settings (369 vs 439 items/s, in turns). A stage with no such level is (near) the one that binds: it keeps its
    own rule (the smallest level within 5% of its best on that executor).
 3. The bounds at the chosen settings are the joint prediction's explanation; the
    diagnosis then replays the pipeline at these settings and runs it, next to the
@@ -42,12 +46,13 @@ import itertools
 import math
 
 from stagebench._numbers import finite, fmt_q
-from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._predict import pipeline_bounds, stage_load
 from stagebench.core._paired import WITHIN_BEST
 
 __all__ = ["recommend_jointly"]
 
+#: Capacity alone a stage keeps above the pipeline's pace when its workers are cut (module docstring).
+SPARE = 0.5
 _EXHAUSTIVE = 4096  # executor assignments tried exhaustively (2^12 stages with two executors)
 
 
@@ -160,7 +165,7 @@ def recommend_jointly(stages: list[dict], *, cores: int, free_threaded: bool, fi
         key=lambda a: (a.count("process"), sum(x != y for x, y in zip(a, own)), -scored[a]),
     )
     pace = scored[pick]
-    need = pace * (1 + DEMAND_HEADROOM)
+    need = pace * (1 + SPARE)
 
     changed: list[str] = []
     loads = []
@@ -191,7 +196,7 @@ def recommend_jointly(stages: list[dict], *, cores: int, free_threaded: bool, fi
         f"settings chosen for the whole pipeline: {len(scored)} executor assignment(s) scored with the bounds"
         + ("" if exhaustive else " (one stage switched at a time: too many to try all)")
         + f"; the pace is {fmt_q(pace)} items/s (set by {binding}); each stage gets the fewest workers "
-        f"that keep up with it with {DEMAND_HEADROOM:.0%} to spare"
+        f"that keep up with it with {SPARE:.0%} to spare"
         + (f"; set differently from their own best: {', '.join(changed)}" if changed else "; every stage as alone")
     )
     return {
@@ -228,7 +233,7 @@ def _why(
     if keeps_up:
         parts.append(
             f"{chosen['executor']} x {chosen['concurrency']} ({fmt_q(chosen['qps'] * k)} items/s alone) keeps up "
-            f"with the pipeline's pace of {fmt_q(pace)} items/s with {DEMAND_HEADROOM:.0%} to spare"
+            f"with the pipeline's pace of {fmt_q(pace)} items/s with {SPARE:.0%} to spare"
         )
     else:
         parts.append(f"concurrency {chosen['concurrency']}, the smallest within 5% of {chosen['executor']}'s best")
