@@ -126,7 +126,13 @@ def bench_one(name: str, cfg, run_dir: Path, window_s: float) -> dict:
             if x.get("qps") is not None
             else f"failed: {x.get('error')}"
         )
-        print(f"   {r:6s} {q:32s} workers+threads {row['runs'][r]['workers']}")
+        used = ", ".join(
+            f"{u['stage']} {u['executor'][0]}x{u['concurrency']}"
+            for u in out[r].get("settings") or []
+            if u.get("executor") != "inline"
+        )
+        row["runs"][r]["settings"] = used
+        print(f"   {r:6s} {q:32s} workers+threads {row['runs'][r]['workers']:3d}: {used}")
     print(f"   joint vs yours: {row['joint_vs_yours']}; joint vs alone: {row['joint_vs_alone']}")
     print(f"   (the diagnosis itself said: {row['diagnosis_said']}; set apart from alone: {row['changed_by_joint']})")
     return row
