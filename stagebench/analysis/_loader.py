@@ -341,8 +341,9 @@ def loader_findings(
                 )
             )
 
-    # Too many workers: throughput falls past the peak, or memory runs out.
-    if ok:
+    # Too many workers: throughput falls past the peak, or memory runs out. Not when the peak is no
+    # workers at all: "workers make this loader slower" above says that, and "too many" of one is odd.
+    if ok and max(ok, key=lambda p: p["samples_per_s"])["num_workers"] > 0:
         best = max(ok, key=lambda p: p["samples_per_s"])
         beyond = [p for p in ok if p["num_workers"] > best["num_workers"]]
         if beyond:
