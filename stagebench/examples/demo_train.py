@@ -1,10 +1,12 @@
 """A small image-classification "training script" built on an SPDL pipeline.
 
 This is an ordinary user script: it knows nothing about stagebench. Run it as
-is and it trains (a stand-in model: the loop prints a loss). Run it with
-``SPDL_PIPELINE_DIAGNOSTIC_MODE=1`` (or ``stagebench diagnose``, or
+is and it trains (a stand-in model: each step takes ``--step-ms``, as a forward
+and backward pass on an accelerator would, and the loop prints a loss). Run it
+with ``SPDL_PIPELINE_DIAGNOSTIC_MODE=1`` (or ``stagebench diagnose``, or
 ``stagebench demo``) and, with stagebench installed, the pipeline is diagnosed
-instead and the loop never runs.
+instead; the loop runs only where the diagnosis is asked to measure the
+training step (``STAGEBENCH_TRAINER=measure``, which ``stagebench demo`` sets).
 
 The pipeline has the shape of a real image loader, with stages that are
 limited by different things:
@@ -97,6 +99,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--storage-latency-ms", type=float, default=4.0)
+    p.add_argument("--step-ms", type=float, default=50.0, help="time of one training step (the stand-in model)")
     args = p.parse_args()
 
     paths = make_dataset(Path(args.data), args.images)
@@ -121,7 +124,8 @@ def main() -> None:
             for step, batch in enumerate(pipeline):
                 seen += len(batch)
                 loss = float(np.abs(batch).mean())  # the "model"
-                if step % 5 == 0:
+                time.sleep(args.step_ms / 1000)  # its forward and backward pass, on an accelerator
+                if step % 50 == 0:
                     print(f"epoch {epoch} step {step:4d} loss {loss:.4f}", flush=True)
         dt = time.perf_counter() - t0
         print(f"epoch {epoch}: {seen} images in {dt:.1f} s ({seen / dt:.0f} images/s)", flush=True)

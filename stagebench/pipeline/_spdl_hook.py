@@ -279,8 +279,13 @@ def _diagnose_then_train(cfg: Any, settings: DiagnoseSettings, num_threads: int 
     _diagnose(cfg, settings, num_threads, session)
     from stagebench.pipeline._trainer import run_trainer_phases
 
-    code = yield from run_trainer_phases(session, settings, say, _end_from_close)
+    code = yield from run_trainer_phases(session, settings, _tell, _end_from_close)
     exit_now(code)
+
+
+def _tell(text: str) -> None:
+    """A progress line, as the diagnosis's own (``say`` is for errors: ``stagebench: error: ...``)."""
+    print(f"[stagebench] {text}", file=sys.stderr, flush=True)
 
 
 def _end_from_close(code: int) -> None:
