@@ -42,6 +42,8 @@ def _cmd_diagnose(ns: argparse.Namespace) -> int:
 
     if ns.target_rate is not None:  # one notion with the environment variable, read and checked there
         os.environ["STAGEBENCH_TARGET_RATE"] = str(ns.target_rate)
+    if ns.quick:
+        os.environ["STAGEBENCH_QUICK"] = "on"
     return run_script(ns.script, ns.args, out=ns.out)
 
 
@@ -102,6 +104,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ITEMS_PER_S",
         help="source items/s your training step consumes: say whether the pipeline or loader keeps up "
         "(STAGEBENCH_TARGET_RATE)",
+    )
+    g.add_argument(
+        "--quick",
+        action="store_true",
+        help="a quick diagnosis for iteration: shorter windows, fewer levels (STAGEBENCH_QUICK=on)",
     )
     g.add_argument("script", help="the unmodified training script")
     g.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")

@@ -30,6 +30,7 @@ __all__ = [
     "LOADER_WINDOW_S",
     "SettingsError",
     "DEMAND_HEADROOM",
+    "QUICK",
     "check",
     "read_env",
     "env_help",
@@ -43,6 +44,19 @@ STAGE_WINDOW_S = 1.0
 DEMAND_HEADROOM = 0.10
 #: Default steady-state window of one loader point, seconds (LoaderSweepConfig, ``stagebench sweep``).
 LOADER_WINDOW_S = 2.0
+#: What ``STAGEBENCH_QUICK=on`` changes (each only where the user set nothing): a diagnosis to iterate
+#: with. Shorter windows and fewer levels cost precision (wider intervals, a coarser curve), not the
+#: kinds of evidence: processes, the replay and the validation run are kept.
+QUICK = {
+    "budget_s": 0.3,
+    "warmup_s": 0.1,
+    "concurrency": (1, 2, 4),
+    "harnesses": ("spdl",),
+    "paired_rounds": 0,
+    "gil_probe": "off",
+    "validation_s": 2.0,
+    "process_flat_levels": 1,
+}
 
 
 class SettingsError(ValueError):
@@ -238,6 +252,15 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=0,
         above=True,
         unit="items/s",
+    ),
+    Setting(
+        "quick",
+        "STAGEBENCH_QUICK",
+        "choice",
+        "off",
+        "on: a quick diagnosis for iteration (QUICK: shorter windows, grid 1,2,4, the spdl harness only, no "
+        "head-to-head or GIL probe); each setting you give yourself still wins",
+        choices=("off", "on"),
     ),
     Setting(
         "trainer",

@@ -221,6 +221,11 @@ def test_diagnose_pipeline_writes_the_run_directory(tmp_path, capsys):
 
     meta = json.loads((out / "run.json").read_text())
     assert meta["kind"] == "pipeline" and meta["status"] == "complete" and meta["command"] == ["train.py"]
+    # where the time went: the phases add up to the whole (issue 23: the report shows it)
+    ph = meta["phases_s"]
+    assert {"source", "first_pass", "stage_points", "ceilings", "whole_pipeline_runs", "analysis_and_report"} <= set(ph)
+    assert sum(v for k, v in ph.items() if k != "total") == pytest.approx(ph["total"], abs=0.1)
+    assert ph["stage_points"] > 0 and "time spent" in (out / "report.html").read_text()
     for k in (
         "schema_version",
         "created_at",

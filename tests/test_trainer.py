@@ -109,3 +109,21 @@ def test_a_loop_that_stops_at_once_gives_no_demand():
         break
     r = probe.result()
     assert r["samples_per_s"] is None and "fewer than" in r["error"]
+
+
+def test_quick_mode_applies_its_preset_under_the_users_own_settings():
+    from stagebench._settings import QUICK
+    from stagebench.pipeline._settings import DiagnoseSettings
+
+    s = DiagnoseSettings.from_env({"STAGEBENCH_QUICK": "on", "STAGEBENCH_BUDGET_S": "0.5"})
+    assert s.budget_s == 0.5  # the user's own setting wins
+    assert s.concurrency == QUICK["concurrency"] and s.harnesses == ("spdl",) and s.paired_rounds == 0
+    assert DiagnoseSettings.from_env({"STAGEBENCH_QUICK": "on", "STAGEBENCH_MAX_CONCURRENCY": "8"}).concurrency == (
+        1,
+        2,
+        4,
+        8,
+    )
+    assert DiagnoseSettings.from_env({}).budget_s == 1.0 and DiagnoseSettings.from_env({}).quick == "off"
+    with pytest.raises(ValueError, match="STAGEBENCH_QUICK must be one of off, on"):
+        DiagnoseSettings.from_env({"STAGEBENCH_QUICK": "yes"})

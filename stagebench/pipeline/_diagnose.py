@@ -42,6 +42,7 @@ post-import hook), so its top level imports only the standard library.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import statistics
@@ -279,6 +280,7 @@ class _Diagnosis:
         self.plan, self.run_dir, self.settings, self.cache_dir = plan, run, settings, cache_dir
         self.show_table, self.write_report = show_table, write_report
         self.session = session
+        self.phases: dict[str, float] = {}  # seconds per phase of the diagnosis (run.json "phases_s")
         self.blocked: str | None = None  # why later stages could not be measured
         self.items_per_sink_item: float | None = None
         self.progress = Progress(desc="stagebench")
@@ -312,6 +314,15 @@ class _Diagnosis:
 
     def say(self, text: str) -> None:
         self.progress.message(text)
+
+    @contextlib.contextmanager
+    def _phase(self, name: str):
+        """Add the block's wall time to ``self.phases[name]``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
 
     def _stage_meta(self, name: str) -> dict[str, Any]:
         return next(s for s in self.meta["stages"] if s["name"] == name)
@@ -358,8 +369,10 @@ class _Diagnosis:
             f"{total} points, {settings.budget_s:g} s each (+ warm-up); grid {list(settings.concurrency)}, "
             f"executors {', '.join(settings.executors)}, harnesses {', '.join(settings.harnesses)}"
         )
+        t_begin = time.perf_counter()
         try:
-            src = read_source(plan, settings.num_items, timeout_s=max(60.0, settings.timeout_s))
+            with self._phase("source"):
+                src = read_source(plan, settings.num_items, timeout_s=max(60.0, settings.timeout_s))
         except SourceError as e:
             raise DiagnoseError(str(e), 1) from None
         self.say(f"read {len(src.items)} source items in {src.seconds:.1f} s")
@@ -390,7 +403,8 @@ class _Diagnosis:
         self._sweep_all(src.items)
         self.meta["cpu_speed"] = {"sweep_ns": self.sweep_speeds}
         if "spdl" in settings.harnesses and len(plan.stages) > 1:
-            self.meta["pipeline_overhead"] = self._pipeline_overhead(src.items)
+            with self._phase("pipeline_overhead"):
+                self.meta["pipeline_overhead"] = self._pipeline_overhead(src.items)
             self.run_dir.write_meta(self.meta)
         rows = self._rows()
         summary = self._summarize(rows)
@@ -401,7 +415,8 @@ class _Diagnosis:
                 "failed": f"the pipeline delivers nothing: {self.blocked}",
             }
         elif settings.validation_window_s > 0:
-            replay, validation, yours = self._replay_and_validate(src.items, summary)
+            with self._phase("whole_pipeline_runs"):
+                replay, validation, yours = self._replay_and_validate(src.items, summary)
             self.meta["replay"] = replay
             if yours is not None:
                 self.meta["yours"] = yours
@@ -412,10 +427,14 @@ class _Diagnosis:
                 self.meta["validation"] = validation
         self.meta["provenance_after"] = collect_provenance()
         self.meta["status"] = "complete"
+        self.meta["phases_s"] = _phases(self.phases, rows, time.perf_counter() - t_begin)
         self.run_dir.write_meta(self.meta)
-        summary = self._summarize(rows)
-        self.run_dir.write_summary(summary)
-        report = self._report(summary) if self.write_report else None
+        with self._phase("analysis_and_report"):
+            summary = self._summarize(rows)
+            self.run_dir.write_summary(summary)
+            report = self._report(summary) if self.write_report else None
+        self.meta["phases_s"] = _phases(self.phases, rows, time.perf_counter() - t_begin)
+        self.run_dir.write_meta(self.meta)
         if self.show_table:
             from stagebench.report._terminal import format_table
 
@@ -494,10 +513,13 @@ class _Diagnosis:
                 fn_key, unstable = callable_key(step.key_source)
                 key = chain_key(step.type, step.drop_last, fn_key, max_bytes, in_key)
                 started = time.perf_counter()
-                cached = cache.get_or_compute(
-                    key,
-                    functools.partial(compute_outputs, step, inputs, max_bytes=max_bytes, stall_s=settings.timeout_s),
-                )
+                with self._phase("first_pass"):
+                    cached = cache.get_or_compute(
+                        key,
+                        functools.partial(
+                            compute_outputs, step, inputs, max_bytes=max_bytes, stall_s=settings.timeout_s
+                        ),
+                    )
                 ometa = cached.meta or {}
                 self.plan.sample_outputs[step.name] = list(cached.items[:SAMPLE_OUTPUTS])  # for its stand-in
                 self._report_outputs(step, inputs, cached, ometa, unstable, time.perf_counter() - started)
@@ -669,7 +691,8 @@ class _Diagnosis:
             )
             with deferred_teardown():
                 s.run([p for p in s.points if p[2] != "process"], None)
-            self._probe_gil(step, inputs, s.rows)
+            with self._phase("gil_probes"):
+                self._probe_gil(step, inputs, s.rows)
             if s.process_pending():
                 self.process_sweeps.append(s)
             else:  # ruled out by its thread curve: the skipped rows now, and its inputs need not be kept
@@ -950,6 +973,24 @@ class _Diagnosis:
             else:
                 self.say(f"the run at your settings failed: {mine.get('error')}")
         return replay, validation, mine
+
+
+def _phases(timed: dict[str, float], rows: Any, total: float) -> dict[str, float]:
+    """Seconds per phase: the timed blocks, the points by role (their rows' own ``elapsed_s``), the rest.
+
+    Stage points, no-op ceilings and head-to-head rounds run interleaved, stage by stage, so they
+    are added up from the rows rather than timed as blocks; ``other`` is what remains of ``total``
+    (starting pools, the GIL speed probe, writing rows, waiting between points).
+    """
+    out = {k: round(v, 2) for k, v in timed.items()}
+    if len(rows) and "role" in rows and "elapsed_s" in rows:
+        by_role = rows.groupby("role")["elapsed_s"].sum()
+        names = {"stage": "stage_points", "ceiling": "ceilings", "paired": "head_to_head"}
+        for role, seconds in by_role.items():
+            out[names.get(str(role), f"{role}_points")] = round(float(seconds), 2)
+    out["other"] = round(max(0.0, total - sum(out.values())), 2)
+    out["total"] = round(total, 2)
+    return out
 
 
 def _fresh_source(

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from stagebench._settings import SETTINGS, SettingsError, check, env_help, local_rank, read_env, setting
+from stagebench._settings import QUICK, SETTINGS, SettingsError, check, env_help, local_rank, read_env, setting
 
 __all__ = ["DiagnoseSettings", "SettingsError", "ENV_VARS", "SAMPLE_OUTPUTS", "local_rank"]
 
@@ -71,6 +71,8 @@ class DiagnoseSettings:
     """See :attr:`stagebench.SweepConfig.paired_rounds`."""
     target_rate: float | None = None
     """Source items/s the training step consumes (its demand); ``None``: no verdict on keeping up."""
+    quick: str = _default("quick")
+    """``on``: the :data:`stagebench._settings.QUICK` preset was applied under the user's own settings."""
     trainer: str = _default("trainer")
     """``measure``: run the user's loop after the report to measure the training step's demand
     (:mod:`stagebench.pipeline._trainer`); ``off``: exit after the report."""
@@ -96,6 +98,10 @@ class DiagnoseSettings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> DiagnoseSettings:
         """Settings from the environment; :class:`SettingsError` on a bad value (nothing run yet)."""
         kw = read_env(os.environ if environ is None else environ)
+        if kw.get("quick") == "on":  # the quick preset, under whatever the user set
+            for key, value in QUICK.items():
+                if key not in kw and not (key == "concurrency" and "max_concurrency" in kw):
+                    kw[key] = value
         top = kw.pop("max_concurrency", None)
         if top is not None:
             if "concurrency" in kw:

@@ -706,6 +706,17 @@ def _title(run: RunData) -> str:
     return f"pipeline {pred.get('bottleneck', '')}".strip()
 
 
+def _phases_text(phases: Any) -> str | None:
+    """Where the diagnosis spent its time, largest first: ``stage points 120 s (61%), ...``."""
+    if not isinstance(phases, Mapping) or not finite(phases.get("total")) or not float(phases["total"]) > 0:
+        return None
+    total = float(phases["total"])
+    parts = sorted(
+        ((k, float(v)) for k, v in phases.items() if k != "total" and finite(v) and v > 0), key=lambda x: -x[1]
+    )
+    return f"{total:.0f} s: " + ", ".join(f"{k.replace('_', ' ')} {v:.0f} s ({v / total:.0%})" for k, v in parts)
+
+
 def report_context(run: RunData) -> dict[str, Any]:
     summary, meta = run.summary, run.meta
     warnings = [str(w) for w in summary.get("warnings") or []]
@@ -747,6 +758,7 @@ def report_context(run: RunData) -> dict[str, Any]:
                 ("command", _command(meta)),
                 ("stagebench", summary.get("stagebench_version")),
                 ("run directory", run.path.name),
+                ("time spent", _phases_text(meta.get("phases_s"))),
             )
             if v
         ],
