@@ -188,7 +188,10 @@ def _validate(
         parsed = OverridesParser.create(config_loader=loader).parse_overrides(list(overrides))
     except HydraException as e:
         raise ConfigError(describe_error(e)) from None
-    combos = _job_combinations(parsed, multirun)
+    # The search space of an optimising sweeper (hydra.sweeper.params.<key>=choice(...)) is the
+    # sweeper's to read: its jobs get plain values of those keys, which are checked below.
+    space = [o for o in parsed if str(o.key_or_group).startswith("hydra.sweeper.params.")]
+    combos = _job_combinations([o for o in parsed if o not in space], multirun)
     exclude: list[str] = []
     for i, combo in enumerate(combos):
         try:
@@ -199,7 +202,8 @@ def _validate(
                 keys = OmegaConf.select(cfg, "hydra.job.config.override_dirname.exclude_keys", default=None)
                 exclude = [str(k) for k in keys] if keys is not None else []
             loader_sweep_config(to_settings(cfg).sweep)
-        except (HydraException, OmegaConfBaseException, ValueError) as e:
+        except (HydraException, OmegaConfBaseException, ValueError, AssertionError) as e:
+            # AssertionError: OmegaConf's, for a key under a node that is null (a plugin's config)
             msg = describe_error(e)
             if multirun and len(combos) > 1:
                 msg += f"  [job overrides: {' '.join(combo)}]"
