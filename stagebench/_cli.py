@@ -44,6 +44,8 @@ def _cmd_diagnose(ns: argparse.Namespace) -> int:
         os.environ["STAGEBENCH_TARGET_RATE"] = str(ns.target_rate)
     if ns.quick:
         os.environ["STAGEBENCH_QUICK"] = "on"
+    if ns.trainer:
+        os.environ["STAGEBENCH_TRAINER"] = "measure"
     return run_script(ns.script, ns.args, out=ns.out)
 
 
@@ -109,6 +111,13 @@ def _parser() -> argparse.ArgumentParser:
         "--quick",
         action="store_true",
         help="a quick diagnosis for iteration: shorter windows, fewer levels (STAGEBENCH_QUICK=on)",
+    )
+    g.add_argument(
+        "--trainer",
+        action="store_true",
+        help="after the report, run your loop on cached and then real batches to measure the training step's "
+        "demand and the data wait (STAGEBENCH_TRAINER=measure); your loop body runs: it may write "
+        "checkpoints or logs",
     )
     g.add_argument("script", help="the unmodified training script")
     g.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")

@@ -145,3 +145,22 @@ def test_many_stages_are_searched_one_switch_at_a_time():
     # 13 x 0.5 ms of GIL on threads: 154 items/s; moving stages to processes lifts the GIL bound until the
     # cores (13 x 0.5 ms of CPU on 2 cores: 308 items/s) bind
     assert joint["pace"] > 154 * 1.5
+
+
+def test_a_stated_demand_below_the_pace_gets_the_cheapest_settings_that_feed_it():
+    """The trainer needs 200 items/s; the pipeline could do 500. 200 x 1.1 x 1.5 = 330: the wait needs
+    2 threads (500), not 4, and the spin keeps its one thread."""
+    wait = _stage(
+        "wait", gil_ms=0.02, cpu_ms=0.05, thread=[(1, 250), (2, 500), (4, 1000), (8, 2000)], own=("thread", 8)
+    )
+    spin = _stage("spin", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 490)], own=("thread", 1))
+    joint = recommend_jointly([wait, spin], cores=2, free_threaded=False, demand=200.0)
+    assert _setting(wait) == ("thread", 2) and joint["for_demand"] == 200.0
+    assert "the trainer needs 200 items/s" in wait["recommended"]["why"]
+    # a demand above the pace changes nothing: the pipeline cannot be cut below what it can do
+    wait2 = _stage(
+        "wait", gil_ms=0.02, cpu_ms=0.05, thread=[(1, 250), (2, 500), (4, 1000), (8, 2000)], own=("thread", 8)
+    )
+    spin2 = _stage("spin", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 490)], own=("thread", 1))
+    assert recommend_jointly([wait2, spin2], cores=2, free_threaded=False, demand=900.0)["for_demand"] is None
+    assert _setting(wait2) == ("thread", 4)

@@ -50,6 +50,7 @@ import itertools
 import math
 
 from stagebench._numbers import finite, fmt_q
+from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._predict import pipeline_bounds, stage_load
 from stagebench.core._paired import WITHIN_BEST
 
@@ -114,7 +115,9 @@ def _own_rule(settings: list[dict]) -> dict:
     return next(s for s in settings if s["qps"] >= WITHIN_BEST * best)
 
 
-def recommend_jointly(stages: list[dict], *, cores: int, free_threaded: bool, fixed: float = 0.0) -> dict | None:
+def recommend_jointly(
+    stages: list[dict], *, cores: int, free_threaded: bool, fixed: float = 0.0, demand: float | None = None
+) -> dict | None:
     """Choose every measured stage's (executor, concurrency) for the pipeline; update the stage entries.
 
     ``stages``: the ``summary.json`` stage entries (:func:`analyze_stage` plus name and
@@ -128,6 +131,11 @@ def recommend_jointly(stages: list[dict], *, cores: int, free_threaded: bool, fi
     ``binding``, ``assignments`` (how many executor assignments were scored),
     ``exhaustive``, ``changed`` (stage names whose choice differs from their own) and
     ``text``.
+
+    ``demand``: the training step's source items/s (``STAGEBENCH_TARGET_RATE``). Where it
+    is below the pace, the stages are cut to what feeds the trainer with
+    :data:`stagebench._settings.DEMAND_HEADROOM` to spare instead: the cheapest settings
+    that keep up, which the validation run then measures against the demand.
     """
     ok = [st for st in stages if st.get("status", "ok") == "ok" and st.get("recommended")]
     options = {st["name"]: _options(st) for st in ok}
@@ -171,7 +179,9 @@ def recommend_jointly(stages: list[dict], *, cores: int, free_threaded: bool, fi
         key=lambda a: (a.count("process"), sum(x != y for x, y in zip(a, own)), -scored[a]),
     )
     pace = scored[pick]
-    need = pace * (1 + SPARE)
+    feeds = demand is not None and demand > 0 and demand * (1 + DEMAND_HEADROOM) < pace
+    target = demand * (1 + DEMAND_HEADROOM) if feeds and demand is not None else pace
+    need = target * (1 + SPARE)
 
     changed: list[str] = []
     loads = []
@@ -188,7 +198,8 @@ def recommend_jointly(stages: list[dict], *, cores: int, free_threaded: bool, fi
         st["recommended_alone"] = alone
         st["recommended"] = {
             **{k2: chosen[k2] for k2 in ("executor", "concurrency", "qps", "qps_low", "qps_high", "harness")},
-            "why": _why(st, chosen, alone, enough is not None, pace, scored, pick, own),
+            "why": _why(st, chosen, alone, enough is not None, target, scored, pick, own)
+            + (f"; the trainer needs {fmt_q(float(demand or 0))} items/s, below the pipeline's pace" if feeds else ""),
         }
         st["cpu_s_per_item"] = chosen["cpu_s_per_item"]
         st["harness_gil_s_per_item"] = chosen["harness_gil_s_per_item"]
@@ -204,6 +215,7 @@ def recommend_jointly(stages: list[dict], *, cores: int, free_threaded: bool, fi
         + f"; the pace is {fmt_q(pace)} items/s (set by {binding}); each stage gets the fewest workers "
         f"that keep up with it with {SPARE:.0%} to spare"
         + (f"; set differently from their own best: {', '.join(changed)}" if changed else "; every stage as alone")
+        + (f"; cut to feed the trainer's {fmt_q(float(demand or 0))} items/s (+{DEMAND_HEADROOM:.0%})" if feeds else "")
     )
     return {
         "pace": pace,
@@ -212,6 +224,7 @@ def recommend_jointly(stages: list[dict], *, cores: int, free_threaded: bool, fi
         "assignments": len(scored),
         "exhaustive": exhaustive,
         "changed": changed,
+        "for_demand": demand if feeds else None,
         "text": text,
     }
 

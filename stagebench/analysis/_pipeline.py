@@ -788,8 +788,13 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
 
     overhead = pipeline_overhead(meta.get("pipeline_overhead"))
     # the stages' settings chosen together (each stage's own best alone is kept beside it)
+    target = (meta.get("settings") or {}).get("target_rate")
     joint = recommend_jointly(
-        stages, cores=cores, free_threaded=free_threaded, fixed=float((overhead or {}).get("fixed_s_per_item") or 0.0)
+        stages,
+        cores=cores,
+        free_threaded=free_threaded,
+        fixed=float((overhead or {}).get("fixed_s_per_item") or 0.0),
+        demand=num_or_none(target),
     )
     prediction = (
         predict_pipeline(stages, cores=cores, free_threaded=free_threaded, overhead=overhead) if stages else None
