@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stagebench.pipeline._trainer import WARMUP_STEPS, TrainerProbe
+from stagebench.core._steps import WARMUP_STEPS, TrainerProbe
 
 # A training script: batches of 32 from an SPDL pipeline, a loop body that takes 40 ms a step (800 items/s).
 SCRIPT = textwrap.dedent(
@@ -127,3 +127,59 @@ def test_quick_mode_applies_its_preset_under_the_users_own_settings():
     assert DiagnoseSettings.from_env({}).budget_s == 1.0 and DiagnoseSettings.from_env({}).quick == "off"
     with pytest.raises(ValueError, match="STAGEBENCH_QUICK must be one of off, on"):
         DiagnoseSettings.from_env({"STAGEBENCH_QUICK": "yes"})
+
+
+LOADER_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 256
+
+        def __getitem__(self, i):
+            time.sleep(float(sys.argv[1]))
+            return torch.full((4,), float(i))
+
+    loader = DataLoader(Slow(), batch_size=32, shuffle=True, num_workers=2)
+    for epoch in range(100):
+        for batch in loader:
+            assert batch.shape == (32, 4)
+            time.sleep(0.040)  # the training step: 800 samples/s
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "item_s, met",
+    [
+        (0.0, True),  # in-memory items: thousands of samples/s, so the cheapest setting (no workers) feeds it
+        (0.01, False),  # 10 ms an item: under 400 samples/s on two cores, against 800
+    ],
+)
+def test_a_dataloader_scripts_own_step_is_the_demand(tmp_path, item_s, met):
+    script = tmp_path / "train.py"
+    script.write_text(LOADER_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGEBENCH_", "SPDL_PIPELINE_DIAGNOSTIC"))}
+    env.update(STAGEBENCH_TRAINER="measure", STAGEBENCH_TRAINER_S="2")
+    run = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", "stagebench", "diagnose", "--out", str(run), str(script), str(item_s)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((run / "summary.json").read_text())
+    t = s["trainer"]
+    assert t["samples_per_s"] == pytest.approx(800, rel=0.05), t
+    assert s["target"]["source"] == "measured" and s["target"]["met"] is met, s["target"]
+    wp = t["with_pipeline"]
+    assert wp is not None and (wp["data_wait_share"] < 0.3 if met else wp["data_wait_share"] > 0.4), wp
+    if met:  # the cheapest measured setting that feeds the step, not the fastest
+        assert s["recommended"]["num_workers"] == 0 and "cheapest setting" in s["recommended"]["why"]
+    assert "trainer on the live loader" in r.stderr

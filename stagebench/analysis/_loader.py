@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from stagebench._numbers import num
+from stagebench._numbers import finite, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.runs._knobs import NOT_APPLICABLE, LoaderKnobs, normalize_knobs
 
@@ -601,6 +601,10 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     within = float(settings.get("within_best", 0.05))
     headroom = float(settings.get("headroom", DEMAND_HEADROOM))
     target_rate = settings.get("target_rate")
+    trainer = meta.get("trainer") or {}
+    measured_demand = target_rate is None and finite(trainer.get("samples_per_s"))
+    if measured_demand:  # STAGEBENCH_TRAINER=measure: the loop's own step is the demand (loader/_trainer)
+        target_rate = float(trainer["samples_per_s"])
     pts = _rows(rows)
     ok = [p for p in pts if _is_ok(p)]
     best = max(ok, key=lambda p: p["samples_per_s"]) if ok else None
@@ -630,7 +634,24 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
                 f"data-bound: the best loader gives {best['samples_per_s']:,.1f} samples/s, "
                 f"the trainer needs {target_rate:,.1f}"
             )
-        target = {"rate": target_rate, "needed_with_headroom": need, "met": bool(met), "verdict": verdict}
+        if measured_demand:
+            verdict += (
+                f" (the demand is your training step, measured: {trainer['steps_per_s']:,.2f} steps/s"
+                + (
+                    f"; on the live loader your loop waited for data {trainer['with_pipeline']['data_wait_share']:.0%} "
+                    "of each step"
+                    if (trainer.get("with_pipeline") or {}).get("data_wait_share") is not None
+                    else ""
+                )
+                + ")"
+            )
+        target = {
+            "rate": target_rate,
+            "needed_with_headroom": need,
+            "met": bool(met),
+            "verdict": verdict,
+            "source": "measured" if measured_demand else "stated",
+        }
 
     if rec is None:
         first = next((p for p in pts if p["reason"]), None)
@@ -676,6 +697,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "points": pts,
         "search": search,
         "target": target,
+        "trainer": meta.get("trainer"),
         "findings": loader_findings(pts, meta, rec, target),
         "transforms": list(meta.get("transforms") or []),
     }

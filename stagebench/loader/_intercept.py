@@ -36,7 +36,7 @@ from stagebench._import_hook import PostImportFinder
 from stagebench._settings import local_rank
 from stagebench._spdl_private import PYTORCH_DATALOADER_MODULE, pytorch_get_items
 from stagebench.loader._sweep import BuiltLoader, EpochControl, LoaderSweepConfig, TaggedCollate, run_loader_sweep
-from stagebench.runs._knobs import LoaderKnobs
+from stagebench.runs._knobs import LoaderKnobs, loader_knobs
 
 __all__ = [
     "DatasetLoaderFactory",
@@ -415,7 +415,7 @@ _TARGETS = {
 class _Hook:
     """Patched ``__iter__`` methods, the callback, and the post-import finder."""
 
-    def __init__(self, on_loader: Callable[[Any], None]) -> None:
+    def __init__(self, on_loader: Callable[[Any], Any]) -> None:
         self.on_loader = on_loader
         self.patched: list[tuple[type, Any]] = []
         self.captured = False
@@ -432,7 +432,9 @@ class _Hook:
             if not hook.captured:
                 hook.captured = True
                 hook.uninstall()  # the sweep's own loaders must iterate normally
-                hook.on_loader(loader)
+                instead = hook.on_loader(loader)
+                if instead is not None:  # the user's loop iterates this instead (STAGEBENCH_TRAINER=measure)
+                    return instead
             return original(loader)
 
         __iter__.__wrapped__ = original  # type: ignore[attr-defined]
@@ -452,8 +454,10 @@ class _Hook:
         self.finder = None
 
 
-def install_dataloader_hook(on_loader: Callable[[Any], None]) -> Callable[[], None]:
+def install_dataloader_hook(on_loader: Callable[[Any], Any]) -> Callable[[], None]:
     """Call ``on_loader(loader)`` when the first torch/SPDL loader is iterated.
+
+    Where it returns an iterator, the loop iterates that instead of the loader.
 
     Only the first loader is caught; the patches are removed before the callback
     runs. Returns a function that removes the hook if nothing was caught.
@@ -493,7 +497,7 @@ def diagnose_first_loader(
     calls it: a pipeline whose source is a DataLoader is diagnosed as a pipeline).
     """
 
-    def on_loader(loader: Any) -> None:
+    def on_loader(loader: Any) -> Any:
         _Caught.loader = True
         if local_rank() != 0:  # torchrun: rank 0 sweeps; the others leave quietly, touching nothing
             raise SystemExit(0)
@@ -512,9 +516,37 @@ def diagnose_first_loader(
         print(format_loader_table(summary))
         report = run_dir / "report.html"
         print(f"report: {report if report.exists() else run_dir}")
-        raise SystemExit(0)
+        trainer = _trainer_setting()
+        if trainer is None or not summary.get("recommended"):
+            raise SystemExit(0)
+        return _then_exit(factory, summary, run_dir, trainer)
 
     return install_dataloader_hook(on_loader)
+
+
+def _trainer_setting() -> float | None:
+    """``STAGEBENCH_TRAINER_S`` when ``STAGEBENCH_TRAINER=measure`` (read and checked by the settings table)."""
+    from stagebench._settings import read_env
+
+    given = read_env(os.environ)
+    return float(given.get("trainer_s", 10.0)) if given.get("trainer") == "measure" else None
+
+
+def _then_exit(factory: Any, summary: dict, run_dir: Path, seconds: float):
+    """The user's loop on the recommended loader's batches (:mod:`stagebench.loader._trainer`), then exit."""
+    from stagebench.loader._trainer import loader_trainer_phases
+
+    def tell(text: str) -> None:
+        print(f"[stagebench] {text}", file=sys.stderr, flush=True)
+
+    def end(code: int) -> None:  # the loop stopped early: the generator is being closed
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    knobs = LoaderKnobs(**loader_knobs(summary["recommended"]))
+    code = yield from loader_trainer_phases(factory, knobs, Path(run_dir), seconds, tell, end)
+    raise SystemExit(code)
 
 
 def sweep_dataset(
