@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import json
-import math
 import os
 import re
 import shutil
@@ -124,7 +122,6 @@ def test_pipeline_report_has_every_section_and_the_known_recommendation(pipeline
         "not-isolated",
         "provenance",
         "data",
-        "rows",
         "summary-data",
         "csv-download",
     ):
@@ -151,14 +148,14 @@ def test_hostile_names_appear_as_text_everywhere(pipeline_report) -> None:
     # no tag came from user text: every img is ours (a data: SVG), nothing carries an event handler
     assert not any(k.startswith("on") for _, a in page.tags for k in a)
     assert [t for t, a in page.tags if t == "img" and not a.get("src", "").startswith("data:image/svg+xml")] == []
-    # the only scripts are the two inert JSON islands
-    assert [a.get("type") for a, _ in page.scripts] == ["application/json", "application/json"]
+    # the only script is the inert JSON island of the summary
+    assert [a.get("type") for a, _ in page.scripts] == ["application/json"]
     assert "<img src=x" not in html and "</script><script>" not in html
     assert "&lt;img src=x onerror=alert(1)&gt;" in html
-    # the JSON islands round-trip the hostile strings exactly
-    rows = json.loads(page.scripts[0][1])
-    summary = json.loads(page.scripts[1][1])
-    assert fx.HOSTILE in {r["stage"] for r in rows}
+    # the island and the CSV download round-trip the hostile strings exactly
+    rows = csv_rows(page)
+    summary = json.loads(page.scripts[0][1])
+    assert fx.HOSTILE in {r["stage"] for r in rows} and fx.HOSTILE in {st["name"] for st in summary["stages"]}
     assert summary["not_isolated"][0]["name"] == fx.SCRIPT_BREAKOUT
     # inside the SVGs the name is escaped text and the documents are well-formed XML without script
     svg_texts = svgs(page)
@@ -170,19 +167,29 @@ def test_hostile_names_appear_as_text_everywhere(pipeline_report) -> None:
     assert fx.HOSTILE in labels  # drawn as a label (overview y axis), as text
 
 
-def test_json_rows_and_csv_download_match_the_saved_rows(pipeline_report) -> None:
+def csv_rows(page: _Page) -> list[dict]:
+    """The rows of the page's CSV download link, parsed."""
+    import csv
+    import io
+
+    link = next(a for t, a in page.tags if t == "a" and a.get("id") == "csv-download")
+    return list(csv.DictReader(io.StringIO(unquote(link["href"].split(",", 1)[1]))))
+
+
+def test_the_csv_download_is_the_saved_rows_and_the_summary_island_the_summary(pipeline_report) -> None:
     pipeline_run, html = pipeline_report
     page = parse(html)
-    rows = json.loads(page.scripts[0][1])
-    saved = read_rows(pipeline_run)
-    assert len(rows) == len(saved)
-    assert [r["stage"] for r in rows] == list(saved["stage"])
-    got = np.array([math.nan if r["qps"] is None else r["qps"] for r in rows])
-    # the page's copy keeps 7 significant digits (the run's files keep them all)
-    np.testing.assert_allclose(got, saved["qps"].to_numpy(float), rtol=1e-6, equal_nan=True)
     link = next(a for t, a in page.tags if t == "a" and a.get("id") == "csv-download")
-    assert link["download"] == "results.csv"
-    assert base64.b64decode(link["href"].split(",", 1)[1]) == (pipeline_run / "results.csv").read_bytes()
+    assert link["download"] == "results.csv" and link["href"].startswith("data:text/csv;charset=utf-8,")
+    assert unquote(link["href"].split(",", 1)[1]).encode("utf-8") == (pipeline_run / "results.csv").read_bytes()
+    assert len(csv_rows(page)) == len(read_rows(pipeline_run))
+    island = json.loads(page.scripts[0][1])
+    saved = json.loads((pipeline_run / "summary.json").read_text())
+    assert island["verdict"] == saved["verdict"] and [s["name"] for s in island["stages"]] == [
+        s["name"] for s in saved["stages"]
+    ]
+    # the per-stage curves, fits and evidence are drawn and listed in the page: not copied into the island
+    assert not {"curves", "fit", "evidence"} & set(island["stages"][0])
 
 
 def test_no_external_references(pipeline_report, loader_run: Path) -> None:
@@ -271,9 +278,9 @@ def test_usl_curve_known_answer() -> None:
 def test_loader_report_sections_snippet_and_failures(loader_run: Path) -> None:
     html = _render.write_report(loader_run).read_text()
     page = parse(html)
-    for sec in ("summary", "loader", "findings", "provenance", "data", "rows"):
+    for sec in ("summary", "loader", "findings", "provenance", "data", "summary-data"):
         assert sec in page.ids, sec
-    assert "stages" not in page.ids
+    assert "stages" not in page.ids and "rows" not in page.ids
     # throughput, heat map, start-up/memory
     assert len(svgs(page)) == 3
     # recommended by the fixture's truth: 2 workers, prefetch 4 (690 samples/s)
@@ -569,7 +576,7 @@ def test_report_on_really_measured_rows(measured_run: Path, tmp_path: Path, fake
     page = parse(html)
     assert {"stage-1", "stage-2"} <= page.ids
     assert len(svgs(page)) == 1 + 2 * 2
-    rows = json.loads(page.scripts[0][1])
+    rows = csv_rows(page)
     assert len(rows) == len(read_rows(run)) == 2 * 2 * 4 * 2  # stages x executors x levels x (stage, ceiling)
     assert "&lt;img src=x onerror=alert(1)&gt;" in html and "<img src=x" not in html
     assert _rebuild.rebuild(run).read_bytes() == out.read_bytes()

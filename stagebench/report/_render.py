@@ -706,6 +706,25 @@ def _title(run: RunData) -> str:
     return f"pipeline {pred.get('bottleneck', '')}".strip()
 
 
+#: Per-stage summary entries left out of the page's JSON copy: each is drawn or listed above it, or
+#: derived from the rows of the CSV download; ``summary.json`` beside the report keeps them all.
+_NOT_IN_PAGE = ("curves", "fit", "evidence")
+
+
+def page_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The summary as the page embeds it: without what the page shows or the CSV holds (_NOT_IN_PAGE).
+
+    The rows are embedded once, as the CSV download: a JSON copy of them too was a tenth of a report.
+    """
+    out = dict(summary)
+    if isinstance(out.get("stages"), list):
+        out["stages"] = [
+            {k: v for k, v in st.items() if k not in _NOT_IN_PAGE} if isinstance(st, Mapping) else st
+            for st in out["stages"]
+        ]
+    return out
+
+
 def _phases_text(phases: Any) -> str | None:
     """Where the diagnosis spent its time, largest first: ``stage points 120 s (61%), ...``."""
     if not isinstance(phases, Mapping) or not finite(phases.get("total")) or not float(phases["total"]) > 0:
@@ -765,8 +784,7 @@ def report_context(run: RunData) -> dict[str, Any]:
         "settings": [
             (str(k), json.dumps(to_jsonable(v), ensure_ascii=False, default=str)) for k, v in settings.items()
         ],
-        "rows_json": json_island(rows_records(run.rows)),
-        "summary_json": json_island(summary),
+        "summary_json": json_island(page_summary(summary)),
         "csv_uri": csv_uri(run.csv_bytes),
         "n_rows": len(run.rows),
         "columns": list(run.rows.columns),
