@@ -1018,6 +1018,16 @@ def _two_sleeps_plan(batch: int | None = None):
     return plan_pipeline(_two_sleeps_config(batch=batch))
 
 
+def _two_sleeps_stand_ins() -> dict:
+    """Stand-ins that sleep as long as the two sleep stages (10 ms on 4 threads, 2 ms on 2)."""
+    from stagebench.pipeline._replay import StandIn
+
+    return {
+        "slow": StandIn("slow", "thread", 4, 0.0, 0.0, 0.010),
+        "fast": StandIn("fast", "thread", 2, 0.0, 0.0, 0.002),
+    }
+
+
 def test_validation_run_known_answer():
     """Two sleep stages in series: the slower one (10 ms at 4 threads) sets 400 items/s."""
     from stagebench.pipeline._diagnose import run_validation
@@ -1042,14 +1052,10 @@ def test_validation_run_known_answer():
 
 def test_replay_and_validation_take_turns_and_agree_on_a_known_answer():
     """Stand-ins that sleep as long as the real stages: both runs read ~400 items/s, slice by slice."""
-    from stagebench.pipeline._replay import StandIn
     from stagebench.pipeline._wholerun import run_pipelines
 
     plan = _two_sleeps_plan()
-    stand_ins = {
-        "slow": StandIn("slow", "thread", 4, 0.0, 0.0, 0.010),
-        "fast": StandIn("fast", "thread", 2, 0.0, 0.0, 0.002),
-    }
+    stand_ins = _two_sleeps_stand_ins()
     out = run_pipelines(
         plan,
         list(range(40)),
@@ -1085,14 +1091,10 @@ def test_replay_and_validation_take_turns_and_agree_on_a_known_answer():
 
 def test_three_runs_take_turns_and_each_keeps_its_own_settings():
     """The validation run and the user's own settings (slow on one thread: 100 items/s) next to the replay."""
-    from stagebench.pipeline._replay import StandIn
     from stagebench.pipeline._wholerun import run_pipelines
 
     plan = _two_sleeps_plan()
-    stand_ins = {
-        "slow": StandIn("slow", "thread", 4, 0.0, 0.0, 0.010),
-        "fast": StandIn("fast", "thread", 2, 0.0, 0.0, 0.002),
-    }
+    stand_ins = _two_sleeps_stand_ins()
     out = run_pipelines(
         plan,
         list(range(40)),

@@ -77,6 +77,7 @@ __all__ = [
     "summarize",
     "pipeline_overhead",
     "cpu_speed",
+    "user_choice",
     "user_setting",
     "yours_verdict",
     "CLASSIFICATIONS",
@@ -985,12 +986,22 @@ def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list
     return out
 
 
-def user_setting(stage: Mapping[str, Any]) -> str:
-    """A pipe stage's own setting in the user's config, ``thread x 8`` (SPDL's shared pool is threads), or ""."""
+def user_choice(stage: Mapping[str, Any]) -> tuple[str, int] | None:
+    """A pipe stage's own (executor, concurrency) in the user's config, or None (not a pipe, not known).
+
+    SPDL's shared thread pool (``default``) counts as threads: at equal concurrency the
+    recommendation and the user's setting run the stage on the same number of threads.
+    """
     ex, c = stage.get("user_executor"), stage.get("user_concurrency")
     if not ex or c is None or (stage.get("type") or "pipe") != "pipe":
-        return ""
-    return f"{'thread' if ex == 'default' else ex} x {c}"
+        return None
+    return ("thread" if ex == "default" else str(ex), int(c))
+
+
+def user_setting(stage: Mapping[str, Any]) -> str:
+    """:func:`user_choice` as the report and the terminal write it, ``thread x 8``, or ""."""
+    choice = user_choice(stage)
+    return f"{choice[0]} x {choice[1]}" if choice else ""
 
 
 def _unmeasured(name: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import math
 import sys
 from typing import Any
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "message"]
 
 
 class Progress:
@@ -61,9 +61,14 @@ class Progress:
         if self._bar is not None:
             self._bar.write(f"[stagebench] {text}", file=sys.stderr)
         else:
-            print(f"[stagebench] {text}", file=sys.stderr, flush=True)
+            message(text)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def message(text: str) -> None:
+    """One progress line on stderr, as a diagnosis writes them, where no progress bar is held."""
+    print(f"[stagebench] {text}", file=sys.stderr, flush=True)

@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["WARMUP_STEPS", "TrainerProbe"]
+__all__ = ["WARMUP_STEPS", "CACHED_BATCHES", "TrainerProbe"]
 
 WARMUP_STEPS = 3  # steps of each phase not counted: a compile, the first CUDA step, the first batches arriving
 _MIN_STEPS = 2  # counted steps below this give no figure
-_CACHED_BATCHES = 16  # real batches kept for the first phase (cycled)
+CACHED_BATCHES = 16  # real batches the first phase hands the loop (cycled)
 _CHUNKS = 5  # batch means for the interval
 
 

@@ -534,18 +534,11 @@ def _trainer_setting() -> float | None:
 
 def _then_exit(factory: Any, summary: dict, run_dir: Path, seconds: float):
     """The user's loop on the recommended loader's batches (:mod:`stagebench.loader._trainer`), then exit."""
-    from stagebench.loader._trainer import loader_trainer_phases
-
-    def tell(text: str) -> None:
-        print(f"[stagebench] {text}", file=sys.stderr, flush=True)
-
-    def end(code: int) -> None:  # the loop stopped early: the generator is being closed
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    from stagebench.core._progress import message
+    from stagebench.loader._trainer import end_from_close, loader_trainer_phases
 
     knobs = LoaderKnobs(**loader_knobs(summary["recommended"]))
-    code = yield from loader_trainer_phases(factory, knobs, Path(run_dir), seconds, tell, end)
+    code = yield from loader_trainer_phases(factory, knobs, Path(run_dir), seconds, message, end_from_close)
     raise SystemExit(code)
 
 

@@ -8,15 +8,15 @@ setting that feeds that demand with 10% to spare, as it does for a stated ``targ
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+import os
+import sys
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
-from stagebench.core._steps import TrainerProbe
+from stagebench.core._steps import CACHED_BATCHES, TrainerProbe
 
-__all__ = ["finish_trainer", "write_trainer", "loader_trainer_phases"]
-
-_CACHED_BATCHES = 16
+__all__ = ["finish_trainer", "write_trainer", "trainer_phases", "loader_trainer_phases", "end_from_close"]
 
 
 def write_trainer(run_dir: Any, probe: TrainerProbe) -> None:
@@ -59,32 +59,67 @@ def finish_trainer(run_dir: Any, probe: TrainerProbe, say: Callable[[str], None]
     return 0
 
 
+def end_from_close(code: int, *, in_process: bool = False) -> None:
+    """End the program from a generator being closed (the user's loop stopped early).
+
+    An exception raised there is ignored when the close comes from the generator being
+    collected, and the program would go on to train for real. ``in_process``: under
+    ``run_script``, whose caller's process must not end: ``SystemExit`` then.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if in_process:
+        raise SystemExit(code)
+    os._exit(code)
+
+
+def trainer_phases(
+    probe: TrainerProbe,
+    cached: Callable[[], list],
+    live: Callable[[], Iterator[Any]],
+    run_dir: Any,
+    end: Callable[[int], None],
+) -> Generator[Any, None, int]:
+    """Both phases, as a generator the user's loop iterates; returns the exit code.
+
+    ``cached()``: the batches of the first phase; ``live()``: the second phase, yielding the real
+    loader's or pipeline's batches through ``probe.real_phase``. What was measured is written after
+    the first phase (should the loop fail on the live batches) and at the end; a loop that stops
+    early ends the program through ``end`` once it is written.
+    """
+    try:
+        yield from probe.alone_phase(cached())
+        if probe.error is None:
+            write_trainer(run_dir, probe)
+            yield from live()
+    except GeneratorExit:
+        probe.stopped_early = "your loop stopped"
+        finish_trainer(run_dir, probe, probe.say)
+        end(0)
+        return 0
+    return finish_trainer(run_dir, probe, probe.say)
+
+
 def loader_trainer_phases(
     factory: Any, knobs: Any, run_dir: Path, seconds: float, say: Callable[[str], None], end: Callable[[int], None]
 ) -> Generator[Any, None, int]:
     """Both phases on a DataLoader rebuilt at ``knobs`` (the recommended setting); returns the exit code."""
     probe = TrainerProbe(seconds=seconds, items_per_batch=float(factory.batch_size), say=say, live="the live loader")
-    try:
+
+    def cached() -> list:
         batches = []
         built = factory(knobs)
         try:
             for tag in built.loader:
                 batches.append(tag[0])  # the user's own batch, out of the sweep's tag
-                if len(batches) >= _CACHED_BATCHES:
+                if len(batches) >= CACHED_BATCHES:
                     break
         finally:
             if built.close is not None:
                 built.close()
-        yield from probe.alone_phase(batches)
-        if probe.error is None:
-            write_trainer(run_dir, probe)
-            yield from _live(probe, factory, knobs)
-    except GeneratorExit:
-        probe.stopped_early = "your loop stopped"
-        finish_trainer(run_dir, probe, say)
-        end(0)
-        return 0
-    return finish_trainer(run_dir, probe, say)
+        return batches
+
+    return (yield from trainer_phases(probe, cached, lambda: _live(probe, factory, knobs), run_dir, end))
 
 
 def _live(probe: TrainerProbe, factory: Any, knobs: Any):

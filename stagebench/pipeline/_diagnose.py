@@ -1018,16 +1018,10 @@ def _fresh_source(
 
 
 def _yours(plan: Any) -> dict[str, tuple[str, int]]:
-    """Each measured stage's own (executor, concurrency) in the user's config, by name.
+    """Each pipe stage's own (executor, concurrency) in the user's config, by name (:func:`user_choice`)."""
+    from stagebench.analysis._pipeline import user_choice
 
-    SPDL's shared thread pool (``default``) counts as threads: at equal concurrency the
-    recommendation and the user's setting run the stage on the same number of threads.
-    """
-    return {
-        st.name: ("thread" if st.user_executor == "default" else st.user_executor, int(st.user_concurrency))
-        for st in plan.stages
-        if st.type == "pipe"
-    }
+    return {st.name: c for st in plan.stages if (c := user_choice(st.as_meta())) is not None}
 
 
 def _delivered_nothing(validation: dict[str, Any]) -> str | None:

@@ -277,26 +277,16 @@ def _diagnose_then_train(cfg: Any, settings: DiagnoseSettings, num_threads: int 
     """The diagnosis, then the user's loop measured on cached and real batches (:mod:`._trainer`), then exit."""
     session: dict = {}
     _diagnose(cfg, settings, num_threads, session)
+    from stagebench.core._progress import message
     from stagebench.pipeline._trainer import run_trainer_phases
 
-    code = yield from run_trainer_phases(session, settings, _tell, _end_from_close)
+    code = yield from run_trainer_phases(session, settings, message, _end_from_close)
     exit_now(code)
 
 
-def _tell(text: str) -> None:
-    """A progress line, as the diagnosis's own (``say`` is for errors: ``stagebench: error: ...``)."""
-    print(f"[stagebench] {text}", file=sys.stderr, flush=True)
-
-
 def _end_from_close(code: int) -> None:
-    """End the program from a generator being closed (the user's loop stopped early).
+    """End the program from the user's loop stopping early (:func:`stagebench.loader._trainer.end_from_close`)."""
+    from stagebench.loader._trainer import end_from_close
 
-    An exception raised there is ignored when the close comes from the generator being
-    collected, and the program would go on, with diagnostic mode off, to train for real.
-    """
     State.finished, State.code = True, code
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if State.in_process:  # under run_script: its caller's process must not end
-        raise SystemExit(code)
-    os._exit(code)
+    end_from_close(code, in_process=State.in_process)

@@ -28,20 +28,20 @@ thread, between their ``next()`` calls.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
-from stagebench.core._steps import TrainerProbe
-from stagebench.loader._trainer import finish_trainer, write_trainer
+from stagebench.core._steps import CACHED_BATCHES, TrainerProbe
+from stagebench.loader._trainer import trainer_phases
 
 __all__ = ["collect_batches", "run_trainer_phases"]
 
-_CACHED_BATCHES = 16  # real batches kept for the first phase (cycled)
 
-
-def collect_batches(plan: Any, source_items: list, choices: dict, n: int, timeout_s: float) -> list:
-    """The first ``n`` items the real pipeline delivers at ``choices`` (its sink's batches)."""
+@contextlib.contextmanager
+def _running(plan: Any, source_items: list, choices: dict) -> Iterator[Any]:
+    """The user's pipeline at ``choices``, started over the cached source items (cycled); stopped after."""
     from stagebench.core._spdl_harness import quiet_spdl_log
     from stagebench.pipeline._isolate import _real_pipeline, build_validation_config, default_threads
 
@@ -51,18 +51,10 @@ def collect_batches(plan: Any, source_items: list, choices: dict, n: int, timeou
 
     cfg, closers, _ = build_validation_config(plan, choices, cycle())
     pipeline = _real_pipeline(cfg, default_threads(plan))
-    out: list = []
     with quiet_spdl_log():
         pipeline.start()
         try:
-            deadline = time.perf_counter() + timeout_s
-            while len(out) < n and time.perf_counter() < deadline:
-                try:
-                    out.append(pipeline.get_item(timeout=max(0.1, deadline - time.perf_counter())))
-                except TimeoutError:
-                    break
-                except EOFError:
-                    break
+            yield pipeline
         finally:
             try:
                 pipeline.stop(timeout=10)
@@ -73,6 +65,18 @@ def collect_batches(plan: Any, source_items: list, choices: dict, n: int, timeou
                     close()
                 except Exception:
                     pass
+
+
+def collect_batches(plan: Any, source_items: list, choices: dict, n: int, timeout_s: float) -> list:
+    """The first ``n`` items the real pipeline delivers at ``choices`` (its sink's batches)."""
+    out: list = []
+    with _running(plan, source_items, choices) as pipeline:
+        deadline = time.perf_counter() + timeout_s
+        while len(out) < n and time.perf_counter() < deadline:
+            try:
+                out.append(pipeline.get_item(timeout=max(0.1, deadline - time.perf_counter())))
+            except (TimeoutError, EOFError):
+                break
     return out
 
 
@@ -88,41 +92,17 @@ def run_trainer_phases(
     """
     probe = TrainerProbe(seconds=settings.trainer_s, items_per_batch=session["items_per_sink_item"], say=say)
     plan, items, choices = session["plan"], session["source_items"], session["choices"]
-    try:
-        batches = collect_batches(plan, items, choices, _CACHED_BATCHES, settings.timeout_s)
-        yield from probe.alone_phase(batches)
-        if probe.error is None:
-            write_trainer(session["run_dir"], probe)  # kept, should the loop fail on the real pipeline
-            yield from _on_the_real_pipeline(probe, plan, items, choices, settings.timeout_s)
-    except GeneratorExit:
-        probe.stopped_early = "your loop stopped"
-        finish_trainer(session["run_dir"], probe, say)
-        end(0)
-        return 0
-    return finish_trainer(session["run_dir"], probe, say)
 
+    def live() -> Iterator[Any]:
+        with _running(plan, items, choices) as pipeline:
+            yield from probe.real_phase(lambda: pipeline.get_item(timeout=settings.timeout_s))
 
-def _on_the_real_pipeline(probe: TrainerProbe, plan: Any, items: list, choices: dict, timeout_s: float):
-    from stagebench.core._spdl_harness import quiet_spdl_log
-    from stagebench.pipeline._isolate import _real_pipeline, build_validation_config, default_threads
-
-    def cycle():
-        while True:
-            yield from items
-
-    cfg, closers, _ = build_validation_config(plan, choices, cycle())
-    pipeline = _real_pipeline(cfg, default_threads(plan))
-    with quiet_spdl_log():
-        pipeline.start()
-        try:
-            yield from probe.real_phase(lambda: pipeline.get_item(timeout=timeout_s))
-        finally:
-            try:
-                pipeline.stop(timeout=10)
-            except Exception:
-                pass
-            for close in closers:
-                try:
-                    close()
-                except Exception:
-                    pass
+    return (
+        yield from trainer_phases(
+            probe,
+            lambda: collect_batches(plan, items, choices, CACHED_BATCHES, settings.timeout_s),
+            live,
+            session["run_dir"],
+            end,
+        )
+    )
