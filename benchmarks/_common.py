@@ -246,5 +246,30 @@ def cpu_free(n: int):
     return _pipeline(n, [("read", S.Sleep(1.0), 4), ("checksum", S.HashCPU(2.0), 2), ("label", S.Spin(0.2), 1)])
 
 
-PIPELINES: dict[str, Callable[[int], Any]] = {"gil_mix": gil_mix, "sleep_chain": sleep_chain, "cpu_free": cpu_free}
+def _trivial(item: Any) -> Any:
+    return item
+
+
+def mixed6(n: int):
+    """A training script's six stages: a 4 ms read, 1.5 ms of Python, 0.5 ms Python + 2 ms wait, an async 3 ms await, ~1 ms of sha256, a trivial step."""
+    S = _stages
+    return _pipeline(
+        n,
+        [
+            ("read", S.Sleep(4.0), 8),
+            ("parse", S.Spin(1.5), 2),
+            ("lookup", S.SpinSleep(0.5, 2.0), 4),
+            ("fetch", S.AsyncSleep(3.0), 8),
+            ("checksum", S.HashCPU(1.0), 2),
+            ("tag", _trivial, 1),
+        ],
+    )
+
+
+PIPELINES: dict[str, Callable[[int], Any]] = {
+    "gil_mix": gil_mix,
+    "sleep_chain": sleep_chain,
+    "cpu_free": cpu_free,
+    "mixed6": mixed6,
+}
 PIPELINE_NOTES = {k: (f.__doc__ or "").strip() for k, f in PIPELINES.items()}

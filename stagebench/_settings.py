@@ -27,6 +27,9 @@ __all__ = [
     "Setting",
     "SETTINGS",
     "STAGE_WINDOW_S",
+    "MIN_WINDOW_S",
+    "PRECISION",
+    "WARMUP_S",
     "LOADER_WINDOW_S",
     "SettingsError",
     "DEMAND_HEADROOM",
@@ -37,24 +40,32 @@ __all__ = [
     "local_rank",
 ]
 
-#: Default steady-state window of one stage point, seconds (MeasureConfig, diagnostic mode).
+#: Longest steady-state window of one stage point, seconds (MeasureConfig, diagnostic mode).
 STAGE_WINDOW_S = 1.0
+#: Shortest window of a stage point: it closes early, from here on, once its interval is within PRECISION.
+MIN_WINDOW_S = 0.2
+#: Half-width of a point's 95% interval, as a share of its throughput, at which its window may close
+#: early (sequential stopping; 0: every point runs the whole window).
+PRECISION = 0.05
+#: Minimum warm-up of a stage point before its window opens, seconds.
+WARMUP_S = 0.05
 #: Capacity a loader or pipeline needs above the trainer's demand to be said to keep up (10%): steps
 #: vary, and a loader at exactly the demand leaves the trainer waiting at every slow batch.
 DEMAND_HEADROOM = 0.10
 #: Default steady-state window of one loader point, seconds (LoaderSweepConfig, ``stagebench sweep``).
 LOADER_WINDOW_S = 2.0
 #: What ``STAGEBENCH_QUICK=on`` changes (each only where the user set nothing): a diagnosis to iterate
-#: with. Shorter windows and fewer levels cost precision (wider intervals, a coarser curve), not the
-#: kinds of evidence: processes, the replay and the validation run are kept.
+#: with. Shorter windows and fewer levels cost precision (wider intervals, a coarser curve); processes
+#: and the replay (the prediction) are kept, the real whole-pipeline runs are not (the validation run
+#: and the run at your settings: with their settles they were half of a quick diagnosis).
 QUICK = {
     "budget_s": 0.3,
-    "warmup_s": 0.1,
+    "min_window_s": 0.1,
     "concurrency": (1, 2, 4),
-    "harnesses": ("spdl",),
     "paired_rounds": 0,
     "gil_probe": "off",
-    "validation_s": 2.0,
+    "validate": "off",
+    "validation_s": 1.0,
     "process_flat_levels": 1,
 }
 
@@ -131,7 +142,8 @@ SETTINGS: tuple[Setting, ...] = (
         "STAGEBENCH_BUDGET_S",
         "float",
         STAGE_WINDOW_S,
-        "length of each stage point's timed window",
+        "longest timed window of a stage point (it closes earlier once its interval is within "
+        "STAGEBENCH_PRECISION, after STAGEBENCH_MIN_WINDOW_S)",
         minimum=0,
         above=True,
         unit="seconds",
@@ -163,12 +175,38 @@ SETTINGS: tuple[Setting, ...] = (
         "harnesses",
         "STAGEBENCH_HARNESSES",
         "names",
-        ("direct", "spdl"),
-        "direct (stagebench's workers), spdl (a one-stage SPDL pipeline)",
+        ("spdl",),
+        "spdl (each stage inside a one-stage SPDL pipeline: what your pipeline can deliver), direct "
+        "(stagebench's own workers: the stage without SPDL's per-item cost); both: each point twice",
         choices=("direct", "spdl"),
     ),
     Setting(
-        "warmup_s", "STAGEBENCH_WARMUP_S", "float", 0.3, "minimum warm-up before each window", minimum=0, unit="seconds"
+        "min_window_s",
+        "STAGEBENCH_MIN_WINDOW_S",
+        "float",
+        MIN_WINDOW_S,
+        "shortest timed window of a stage point",
+        minimum=0,
+        above=True,
+        unit="seconds",
+    ),
+    Setting(
+        "precision",
+        "STAGEBENCH_PRECISION",
+        "float",
+        PRECISION,
+        "a point's window closes early once its 95% interval's half-width is within this share of its "
+        "throughput (0: every point runs the whole STAGEBENCH_BUDGET_S)",
+        minimum=0,
+    ),
+    Setting(
+        "warmup_s",
+        "STAGEBENCH_WARMUP_S",
+        "float",
+        WARMUP_S,
+        "minimum warm-up before each window (it also lasts until every worker has delivered an item)",
+        minimum=0,
+        unit="seconds",
     ),
     Setting(
         "timeout_s",
@@ -258,8 +296,8 @@ SETTINGS: tuple[Setting, ...] = (
         "STAGEBENCH_QUICK",
         "choice",
         "off",
-        "on: a quick diagnosis for iteration (QUICK: shorter windows, grid 1,2,4, the spdl harness only, no "
-        "head-to-head or GIL probe); each setting you give yourself still wins",
+        "on: a quick diagnosis for iteration (QUICK: shorter windows, grid 1,2,4, no head-to-head, GIL "
+        "probe or real whole-pipeline run: the replay predicts, unchecked); each setting you give yourself still wins",
         choices=("off", "on"),
     ),
     Setting(

@@ -529,6 +529,7 @@ def _yours_run(qps, low, high):
         (_yours_run(470.0, 450.0, 495.0), "as good", "info"),  # the intervals overlap
         (_yours_run(560.0, 550.0, 570.0), "yours", "info"),  # the user's are faster beyond noise
         ({"qps": None, "error": "RuntimeError: boom"}, "inconclusive", "info"),
+        ({"qps": None, "not_run": "quick mode: the real pipeline was not run"}, "not run", "info"),
     ],
 )
 def test_the_users_own_settings_are_set_against_the_recommended_ones_as_measured(yours, verdict, severity):
@@ -549,6 +550,9 @@ def test_the_users_own_settings_are_set_against_the_recommended_ones_as_measured
         assert "1.92x" in mine[0]["title"] and "spin: thread x 8 -> process x 2" in mine[0]["detail"]
     if verdict in ("as good", "yours"):
         assert "keep them" in s["recommended_vs_yours"]["text"]
+    if verdict == "not run":  # quick mode says it did not check, never that yours were beaten
+        assert s["recommended_vs_yours"]["text"].startswith("not checked against your settings (quick mode")
+        assert "not checked" in mine[0]["title"] + mine[0]["detail"]
 
 
 def test_settings_that_are_the_users_own_are_not_run_twice():

@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import math
 import os
+import random
 import threading
 import time
 from functools import partial
@@ -376,6 +377,27 @@ def test_slow_stage_gets_a_window_long_enough_for_an_interval():
     assert row["n_batches"] >= 3
     assert row["qps"] == pytest.approx(4.0, rel=0.1)
     assert math.isfinite(row["qps_low"]) and row["qps_low"] < row["qps"]
+
+
+def _jumpy_stage(x):
+    """1 ms, or 20 ms one call in five: over 2 s at c=2 its batch rates still vary by ~17% (interval ~12%)."""
+    time.sleep(0.02 if random.random() < 0.2 else 0.001)
+    return x
+
+
+def test_a_steady_point_closes_its_window_early_and_a_jumpy_one_does_not():
+    # sequential stopping: a 4 ms wait at c=2 is steady (its interval is tight at once) and
+    # closes its window after the minimum; a stage whose calls take 1 or 20 ms at random never gets
+    # within 5% and runs the whole budget; precision 0 always does
+    cfg = MeasureConfig(budget_s=2.0, min_window_s=0.25, precision=0.05, warmup_s=0.1, timeout_s=30)
+    steady = _ok(measure_stage(partial(sleep_stage, d=0.004), range(8), concurrency=2, config=cfg))
+    assert steady["window_s"] < 1.0
+    assert steady["qps"] == pytest.approx(2 / 0.004, rel=0.15)  # sleeps overshoot by up to ~0.1 ms each
+    assert (steady["qps_high"] - steady["qps_low"]) / 2 <= 0.05 * steady["qps"]
+    jumpy = _ok(measure_stage(_jumpy_stage, range(8), concurrency=2, config=cfg))
+    assert jumpy["window_s"] >= 2.0
+    full = MeasureConfig(budget_s=0.6, min_window_s=0.25, precision=0, warmup_s=0.1, timeout_s=30)
+    assert _ok(measure_stage(partial(sleep_stage, d=0.004), range(8), concurrency=2, config=full))["window_s"] >= 0.6
 
 
 def test_spdl_harness_leaves_the_spdl_loggers_level_as_it_found_it():

@@ -117,7 +117,7 @@ def test_quick_mode_applies_its_preset_under_the_users_own_settings():
 
     s = DiagnoseSettings.from_env({"STAGEBENCH_QUICK": "on", "STAGEBENCH_BUDGET_S": "0.5"})
     assert s.budget_s == 0.5  # the user's own setting wins
-    assert s.concurrency == QUICK["concurrency"] and s.harnesses == ("spdl",) and s.paired_rounds == 0
+    assert s.concurrency == QUICK["concurrency"] and s.min_window_s == QUICK["min_window_s"] and s.paired_rounds == 0
     assert DiagnoseSettings.from_env({"STAGEBENCH_QUICK": "on", "STAGEBENCH_MAX_CONCURRENCY": "8"}).concurrency == (
         1,
         2,

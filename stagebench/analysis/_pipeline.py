@@ -936,7 +936,8 @@ def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list
     lies above the user's); ``yours``: the user's are faster beyond noise (keep them);
     ``as good``: the intervals overlap, so the measurement cannot tell them apart and
     the user's settings are kept; ``same``: the user's settings are the recommended
-    ones; ``inconclusive``: one of the two runs has no number. ``changes`` lists each
+    ones; ``inconclusive``: one of the two runs has no number; ``not run``: neither
+    was run (quick mode, ``STAGEBENCH_VALIDATE=off``). ``changes`` lists each
     stage whose setting differs (its name, the user's and the recommended setting).
     """
     if not isinstance(yours, Mapping):
@@ -958,6 +959,12 @@ def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list
         "changes": changes,
     }
     val = validation or {}
+    if yours.get("not_run"):
+        out.update(
+            verdict="not run",
+            text=f"not checked against your settings ({yours['not_run']}); a full diagnosis runs both in turns",
+        )
+        return out
     if not finite(yours.get("qps")) or not finite(val.get("qps")):
         which = "your settings" if not finite(yours.get("qps")) else "the recommended settings"
         err = yours.get("error") if not finite(yours.get("qps")) else val.get("error")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from stagebench._settings import STAGE_WINDOW_S, check
+from stagebench._settings import MIN_WINDOW_S, PRECISION, STAGE_WINDOW_S, WARMUP_S, check
 
 __all__ = ["MeasureConfig", "SweepConfig", "powers_of_two"]
 
@@ -25,12 +25,26 @@ class MeasureConfig:
     """How one point (stage x executor x concurrency) is measured."""
 
     budget_s: float = STAGE_WINDOW_S
-    """Length of the steady-state window, in seconds. The window grows (up to
-    ``timeout_s``) only when items are so slow that fewer than three batches of
-    at least two item-latencies each would fit: a slow stage never gets an
-    interval it has not earned."""
+    """Longest steady-state window, in seconds (it closes earlier under
+    ``precision``). The window grows (up to ``timeout_s``) only when items are
+    so slow that fewer than three batches of at least two item-latencies each
+    would fit: a slow stage never gets an interval it has not earned."""
 
-    warmup_s: float = 0.3
+    min_window_s: float = MIN_WINDOW_S
+    """Shortest window, in seconds, when ``precision`` may close it early (capped
+    by ``budget_s``). Long enough for ten batches of a stage up to ~10 ms per
+    item; a window shorter than ten batches of two latencies never closes early."""
+
+    precision: float = PRECISION
+    """Sequential stopping: from ``min_window_s`` on, the window closes as soon
+    as the half-width of its batch-means interval is within this share of the
+    throughput (checked every quarter of ``min_window_s``, on the items
+    recorded so far). A steady stage (waiting, I/O) is done in the minimum;
+    one whose rate moves gets the whole ``budget_s``. 0: always ``budget_s``.
+    Checks read the records, so a point above ~100k items in its window (a
+    no-op ceiling) is not checked: copying its records would slow it."""
+
+    warmup_s: float = WARMUP_S
     """Minimum warm-up before the window opens. The window also waits until every
     worker has delivered at least one item (processes started, caches filled)."""
 
@@ -50,6 +64,8 @@ class MeasureConfig:
     def __post_init__(self) -> None:
         check("budget_s", self.budget_s, "budget_s")
         check("warmup_s", self.warmup_s, "warmup_s")
+        check("min_window_s", self.min_window_s, "min_window_s")
+        check("precision", self.precision, "precision")
         if not self.timeout_s > self.budget_s:
             raise ValueError(f"timeout_s ({self.timeout_s}) must be larger than budget_s ({self.budget_s})")
         if self.max_batches < 3:

@@ -8,7 +8,9 @@ The protocol (each step is there for a reason):
    outside the window.
 3. Open the window; snapshot CPU and disk counters of the process tree.
 4. Keep the window open for the budget, longer only when items are so slow that
-   three batches of two item-latencies would not fit (never past the deadline).
+   three batches of two item-latencies would not fit (never past the deadline);
+   shorter when, after the minimum window, its interval is already within the
+   precision asked for (sequential stopping: a steady stage needs no more).
 5. Close the window, snapshot again, read PSS while workers are alive.
 6. Stop taking new items, let in-flight items finish (their intervals straddle
    the window end and count fractionally), then tear the workers down.
@@ -37,7 +39,7 @@ from stagebench.core._executors import (
     make_runner,
 )
 from stagebench.core._resources import ResourceMonitor, TreeSnapshot, tree_pss_mb
-from stagebench.core._stats import batch_count, fractional_counts, mean_interval, percentiles_ms
+from stagebench.core._stats import batch_count, fractional_counts, mean_interval, percentiles_ms, t_quantile
 from stagebench.runs._schema import EXECUTORS, HARNESSES, STAGE_COLUMNS
 
 __all__ = ["measure_stage", "identity", "payload_bytes", "empty_row"]
@@ -241,13 +243,14 @@ def measure_stage(
     return row
 
 
-_Outcome = tuple[float, float, TreeSnapshot, TreeSnapshot, float]  # t0, t1, snap0, snap1, gc_s
+_Outcome = tuple[float, float, TreeSnapshot, TreeSnapshot, float, float]  # t0, t1, snap0, snap1, gc_s, check_cpu_s
 
 
 def _run_window(runner, cfg, deadline, t_begin, row, mon) -> _Outcome | None:
-    """Warm up, then time the window. Returns (t0, t1, snap0, snap1, gc_s) or None.
+    """Warm up, then time the window. Returns (t0, t1, snap0, snap1, gc_s, check_cpu_s) or None.
 
-    ``gc_s``: seconds the garbage collector ran in this process during the window.
+    ``gc_s``: seconds the garbage collector ran in this process during the window;
+    ``check_cpu_s``: CPU seconds this thread spent on sequential-stopping checks (not the stage's).
     """
     c = runner.concurrency
     while True:
@@ -267,18 +270,33 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon) -> _Outcome | None:
             return None
         time.sleep(_POLL_S)
     row["workers_seen"] = runner.delivered_workers()
+    if cfg.precision > 0:
+        # the checks' statistics import scipy on first use (0.1 s of CPU and of the GIL): not inside a window
+        t_quantile(0.975, 4)
     t0 = time.perf_counter()
     row["warmup_s"] = t0 - t_begin
     snap0 = TreeSnapshot.take(runner.worker_pids())
     mon.peak_rss_mb = 0.0
     end = t0 + cfg.budget_s
+    check_at = t0 + min(cfg.min_window_s, cfg.budget_s) if cfg.precision > 0 else math.inf
     extended = False
+    closed_at: float | None = None
+    check_cpu = 0.0
     with _GcClock() as gc_clock:
         while True:
             now = time.perf_counter()
             if runner.fatal is not None:
                 row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
                 return None
+            if now >= check_at and now < end and not extended:
+                c0 = time.thread_time()
+                precise = _precise_enough(runner.lanes, t0, now, cfg)
+                check_cpu += time.thread_time() - c0
+                if precise:
+                    closed_at = now  # the window is what was checked, not the check's own time
+                    break
+                check_at = now + max(0.05, cfg.min_window_s / 4)
+                continue
             if now >= end:
                 if extended:
                     break
@@ -291,12 +309,39 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon) -> _Outcome | None:
                 if end <= now:
                     break
                 continue
-            time.sleep(min(_POLL_S * 5, max(0.0, end - now)))
-        t1 = time.perf_counter()
+            time.sleep(min(_POLL_S * 5, max(0.0, min(end, check_at) - now)))
+        t1 = closed_at or time.perf_counter()
         snap1 = TreeSnapshot.take(runner.worker_pids())
     mon._sample()
     row["mem_peak_mb"] = mon.peak_rss_mb
-    return t0, t1, snap0, snap1, gc_clock.seconds
+    return t0, t1, snap0, snap1, gc_clock.seconds, check_cpu
+
+
+_CHECK_MAX_RECORDS = 100_000  # above this, copying the records to check would itself slow the point
+
+
+def _precise_enough(lanes, t0: float, now: float, cfg: MeasureConfig) -> bool:
+    """Whether the window [t0, now] already gives an interval within ``cfg.precision`` (sequential stopping).
+
+    The same statistic as the row's (fractional counts, batch means), over the
+    items recorded so far: an item still in flight at ``now`` is not counted,
+    which widens the interval, never narrows it. At least five batches of two
+    latencies each, so a slow stage is never cut short on a few items.
+    """
+    if sum(len(lane.ends) for lane in list(lanes.values())) > _CHECK_MAX_RECORDS:
+        return False
+    starts, ends, _, _ = _collect(lanes, t0, now)
+    done = ends <= now
+    if done.sum() < 2:
+        return False
+    lat = float(np.median(ends[done] - starts[done]))
+    nb = batch_count(now - t0, lat, cfg.max_batches)
+    if nb < 5:
+        return False
+    edges = np.linspace(t0, now, nb + 1)
+    rates = fractional_counts(starts, ends, edges) / ((now - t0) / nb)
+    qps, lo, hi, _ = mean_interval(rates.tolist(), cfg.confidence)
+    return bool(qps > 0 and math.isfinite(hi) and (hi - lo) / 2 <= cfg.precision * qps)
 
 
 def _median_latency(lanes) -> float:
@@ -335,7 +380,7 @@ def _collect(lanes, t0: float, t1: float):
     return cat(starts), cat(ends), bad, (cat(cpus) if timed_cpu and cpus else None)
 
 
-def _fill_from_records(row, lanes, t0, t1, snap0, snap1, gc_s, cfg: MeasureConfig) -> None:
+def _fill_from_records(row, lanes, t0, t1, snap0, snap1, gc_s, check_cpu, cfg: MeasureConfig) -> None:
     starts, ends, bad, call_cpu = _collect(lanes, t0, t1)
     window = t1 - t0
     row["window_s"] = window
@@ -364,7 +409,7 @@ def _fill_from_records(row, lanes, t0, t1, snap0, snap1, gc_s, cfg: MeasureConfi
     if call_cpu is not None and in_window.any():
         # the mean, as for CPU per item: a rare long call costs what it costs
         row["call_cpu_ms"] = float(np.mean(call_cpu[in_window])) * 1e3
-    cpu = snap1.cpu_since(snap0)
+    cpu = max(0.0, snap1.cpu_since(snap0) - check_cpu)  # the stage's, not the stopping checks'
     # per CPU-counter interval, not the window: reading counters can lag the
     # window's edges when the stage's threads hold the GIL
     cpu_span = max(snap1.t - snap0.t, 1e-9)

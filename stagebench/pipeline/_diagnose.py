@@ -108,9 +108,9 @@ def _held_bytes(items: list) -> int:
 
 
 def _sweep_config(stage: Any, settings: DiagnoseSettings):
-    from stagebench.core._config import MeasureConfig, SweepConfig
+    from stagebench.core._config import SweepConfig
 
-    measure = MeasureConfig(budget_s=settings.budget_s, warmup_s=settings.warmup_s, timeout_s=settings.timeout_s)
+    measure = settings.measure_config()
     if stage.type in ("aggregate", "disaggregate"):
         # SPDL runs these inline on its event loop: no executor, no concurrency to choose.
         return SweepConfig(executors=("thread",), concurrency=(1,), harnesses=settings.harnesses, measure=measure)
@@ -758,12 +758,11 @@ class _Diagnosis:
         apart, not one: the increment is small next to the noise of one point). The prediction
         charges the first once and the second per stage.
         """
-        from stagebench.core._config import MeasureConfig
         from stagebench.core._measure import identity, measure_stage
         from stagebench.core._spdl_harness import deferred_teardown
 
         s = self.settings
-        cfg = MeasureConfig(budget_s=s.budget_s, warmup_s=s.warmup_s, timeout_s=s.timeout_s)
+        cfg = s.measure_config()
         # 4 threads, SPDL's smallest default pool (what a rebuilt pipeline gets): with one
         # thread every hop queues behind the previous one and a stage costs about as
         # much as the whole one-stage pipeline (275 us of 345 measured), which is not
@@ -892,13 +891,13 @@ class _Diagnosis:
         procs = any(ex == "process" for ex, _ in choices.values()) or any(
             isinstance(st, Passthrough) or st.user_executor == "process" for st in self.plan.steps
         )
-        window, warm = self.settings.validation_window_s, max(1.0 if procs else 0.5, self.settings.budget_s)
+        window, warm = self.settings.validation_window_s, (1.0 if procs else 0.5)
         speeds = {name: statistics.median(v) for name, v in self.stage_speeds.items() if v}
         self.meta.setdefault("cpu_speed", {})["stage_ns"] = speeds
         stand_ins = plan_stand_ins(summary.get("stages") or [], speeds)
         validate = self.settings.validate == "on"
-        yours = _yours(self.plan) if validate else None
-        differs = yours is not None and any(name in yours and yours[name] != c for name, c in choices.items())
+        yours = _yours(self.plan)
+        differs = any(name in yours and yours[name] != c for name, c in choices.items())
         runs: dict[str, Any] = {}
         if stand_ins:
             runs["replay"] = stand_ins
@@ -964,8 +963,11 @@ class _Diagnosis:
         elif validation is not None:
             self.say(f"validation run failed: {validation.get('error')}")
         mine: dict | None = None
-        if validate and not differs:
+        if not differs:
             mine = {"same": True}
+        elif not validate:  # said, so that the report does not read as if yours had been beaten
+            why = "quick mode" if self.settings.quick == "on" else "STAGEBENCH_VALIDATE=off"
+            mine = {"qps": None, "not_run": f"{why}: the real pipeline was not run"}
         elif "yours" in runs:
             mine = out.get("yours") or {"qps": None, "error": "not run"}
             if mine.get("qps") is not None:

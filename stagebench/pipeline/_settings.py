@@ -45,6 +45,8 @@ class DiagnoseSettings:
     (inputs are cycled) while keeping decoded images in memory modest."""
     output_dir: str | None = None
     budget_s: float = _default("budget_s")
+    min_window_s: float = _default("min_window_s")
+    precision: float = _default("precision")
     concurrency: tuple[int, ...] = field(default_factory=_default_grid)
     executors: tuple[str, ...] = _default("executors")
     harnesses: tuple[str, ...] = _default("harnesses")
@@ -61,7 +63,7 @@ class DiagnoseSettings:
     default: the measured number is the one a user can hold the recommendation to,
     and the only check of the prediction on the user's own pipeline."""
     cache_dir: str | None = None
-    """``None``: ``<parent of run dir>/.stagebench-cache``; ``"off"``: no disk cache."""
+    """``None``: ``$XDG_CACHE_HOME/stagebench`` (``~/.cache/stagebench``); ``"off"``: no disk cache."""
     cache_max_mb: float = _default("cache_max_mb")
     process_flat_levels: int = _default("process_flat_levels")
     """See :attr:`stagebench.SweepConfig.process_flat_levels`."""
@@ -89,6 +91,18 @@ class DiagnoseSettings:
                 f"STAGEBENCH_TIMEOUT_S ({self.timeout_s:g}) must be larger than budget + warm-up "
                 f"({self.budget_s + self.warmup_s:g} s)"
             )
+
+    def measure_config(self) -> Any:
+        """How each stage point is measured (:class:`stagebench.MeasureConfig`), from these settings."""
+        from stagebench.core._config import MeasureConfig
+
+        return MeasureConfig(
+            budget_s=self.budget_s,
+            min_window_s=self.min_window_s,
+            precision=self.precision,
+            warmup_s=self.warmup_s,
+            timeout_s=self.timeout_s,
+        )
 
     @property
     def validation_window_s(self) -> float:

@@ -11,9 +11,11 @@ still. On the 2-core VM this was built on, two back-to-back 2 s runs of one
 pipeline differed by up to 30%: the CPU's speed changes in phases that last
 seconds. Run one after the other, the prediction's error was mostly the
 machine's. So each pipeline is built and warmed up once, and then their
-sources are opened in turn, in slices, in the order R V V R R V V R (three:
-R V Y Y V R R V Y Y V R): all see the same moments of the machine, and a
-steady drift cancels. While one
+sources are opened in turn, in slices, in the order R V V R (three:
+R V Y Y V R): all see the same moments of the machine, and a steady drift
+cancels. Once forth and back, not twice: each switch costs a settle (below)
+that counts nothing, up to 1 s, and twice cost a 6-stage diagnosis 4 s more
+for intervals no narrower (each slice is cut into sub-windows for them). While one
 runs, the other's source is closed and its stages idle. After each switch,
 ``settle`` seconds pass before counting starts: the other pipeline drains
 and this one refills (three times the slower pipeline's steady-state
@@ -32,7 +34,8 @@ from typing import Any
 
 __all__ = ["run_pipelines"]
 
-_SLICES = 4  # counting windows per pipeline when two take turns
+_SLICES = 2  # counting windows per pipeline when two or three take turns (once forth and back)
+_SUB_WINDOWS = 3  # per slice, for the interval's batch means
 _MIN_SETTLE_S, _MAX_SETTLE_S = 0.25, 1.0
 _ARRIVALS_PER_SLICE = 2  # a window is lengthened until each slice can see this many sink items
 _MAX_WINDOW_S = 30.0  # ... but not beyond this (a pipeline slower than that is reported as it is)
@@ -190,14 +193,13 @@ class _Run:
                 }
         arr = np.asarray(self.arrivals, dtype=float)
         count = sum(int(((arr >= t0) & (arr < t1)).sum()) for t0, t1 in self.windows)
-        if len(self.windows) > 1:
-            # batch means over the slices: one rate per slice
-            rates = [((arr >= t0) & (arr < t1)).sum() / (t1 - t0) for t0, t1 in self.windows]
-        else:
-            ((t0, t1),) = self.windows
-            nb = int(max(1, min(10, count // 2)))  # every batch sees at least two arrivals
-            counts, _ = np.histogram(arr[(arr >= t0) & (arr < t1)], bins=np.linspace(t0, t1, nb + 1))
-            rates = list(counts / ((t1 - t0) / nb))
+        rates: list[float] = []
+        most = 10 if len(self.windows) == 1 else _SUB_WINDOWS
+        for t0, t1 in self.windows:  # batch means: sub-windows of each window (slice)
+            inside = arr[(arr >= t0) & (arr < t1)]
+            nb = int(max(1, min(most, len(inside) // 2)))  # every batch sees at least two arrivals
+            counts, _ = np.histogram(inside, bins=np.linspace(t0, t1, nb + 1))
+            rates.extend((counts / ((t1 - t0) / nb)).tolist())
         sink_qps = count / seconds
         lo, hi, _cv = interval_about(sink_qps, rates, 0.95)
         src = sum(1 for p in self.pulls for t0, t1 in self.windows if t0 <= p < t1)
@@ -249,7 +251,7 @@ def run_pipelines(
     after ``warmup_s`` of warm-up. Two or three runs take turns in slices (module
     docstring); one runs alone. Returns name -> result: ``qps`` in source items per second (sink
     arrivals times ``items_per_sink_item``, the batch size after an
-    aggregate), ``qps_low``/``qps_high`` (batch means over the slices, or over
+    aggregate), ``qps_low``/``qps_high`` (batch means over three sub-windows of each slice, or over
     ten sub-windows of one window), ``sink_qps``, ``source_qps`` (items drawn
     from the source in the windows: a cross-check), ``warmup_s``,
     ``settings``, ``windows``, ``wall_s`` (the whole call's) and
@@ -318,7 +320,7 @@ def _warm_up(runs: list[_Run], warmup_s: float, timeout_s: float) -> None:
 
 
 def _take_turns(runs: list[_Run], window_s: float) -> None:
-    """Count ``window_s`` of each in slices, forth and back (A B B A, A B C C B A), settling after each switch."""
+    """Count ``window_s`` of each in slices, forth and back once (A B B A, A B C C B A), settling after each switch."""
     lat = [r.steady_latency_s if r.steady_latency_s is not None else r.latency_s for r in runs]
     settle = min(_MAX_SETTLE_S, max(_MIN_SETTLE_S, 3 * max(x or 0.0 for x in lat)))
     prev: _Run | None = None

@@ -200,6 +200,7 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str
         "as good": ["# measured in turns: your settings are already as good as these; nothing to change"],
         "yours": ["# measured in turns: your settings are faster than these; keep yours"],
         "inconclusive": ["# not checked against your settings: one of the two runs gave no number"],
+        "not run": ["# not checked against your settings: the real pipeline was not run (quick mode or validate off)"],
     }.get(verdict or "", [])
     if imports:
         head.append(f"from concurrent.futures import {', '.join(sorted(imports))}")
