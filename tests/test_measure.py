@@ -558,6 +558,45 @@ def test_running_out_of_memory_while_measuring_is_a_failed_point(monkeypatch, er
     assert row["status"] == "failed" and "out of memory while measuring" in row["reason"]
 
 
+def test_a_thread_start_that_never_returns_is_a_timeout_not_a_hang(monkeypatch):
+    """Under ``ulimit -v`` CPython can create a thread that cannot bootstrap, and Thread.start() then
+    waits forever: the point's watchdog (SIGALRM) ends it as a timeout, and the next point runs."""
+    import signal as _signal
+
+    from stagebench.core import _executors, _measure
+
+    monkeypatch.setattr(_measure, "_WATCHDOG_MARGIN_S", 0.5)
+    monkeypatch.setattr(_executors.ThreadRunner, "start", lambda self: threading.Event().wait())
+    cfg = MeasureConfig(budget_s=0.2, warmup_s=0.05, timeout_s=1.0)
+    # pytest-timeout's own SIGALRM handler would (rightly) keep the watchdog off: a program without one
+    suite, left = _signal.signal(_signal.SIGALRM, _signal.SIG_DFL), _signal.getitimer(_signal.ITIMER_REAL)
+    try:
+        t0 = time.perf_counter()
+        row = _measure.measure_stage(lambda x: x, list(range(10)), executor="thread", concurrency=2, config=cfg)
+        assert time.perf_counter() - t0 < 10
+        assert _signal.getsignal(_signal.SIGALRM) == _signal.SIG_DFL  # left as it was found
+    finally:
+        _signal.signal(_signal.SIGALRM, suite)
+        if left[0]:
+            _signal.setitimer(_signal.ITIMER_REAL, *left)
+    assert row["status"] == "timeout" and "measuring it hung" in row["reason"] and "ulimit -v" in row["reason"]
+    monkeypatch.undo()
+    assert _ok(measure_stage(lambda x: x, list(range(10)), executor="thread", concurrency=2, config=cfg))["qps"] > 0
+
+
+def test_a_program_with_its_own_sigalrm_handler_keeps_it():
+    import signal as _signal
+
+    mine = lambda signum, frame: None
+    old = _signal.signal(_signal.SIGALRM, mine)
+    try:
+        cfg = MeasureConfig(budget_s=0.2, warmup_s=0.05, timeout_s=5.0)
+        _ok(measure_stage(lambda x: x, list(range(10)), executor="thread", concurrency=1, config=cfg))
+        assert _signal.getsignal(_signal.SIGALRM) is mine
+    finally:
+        _signal.signal(_signal.SIGALRM, old)
+
+
 def test_other_runtime_errors_of_the_harness_are_not_called_out_of_memory(monkeypatch):
     from stagebench.core import _measure
 

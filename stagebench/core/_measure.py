@@ -19,12 +19,15 @@ The protocol (each step is there for a reason):
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import gc
 import math
 import pickle
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -192,6 +195,58 @@ def measure_stage(
         row.update(status="skipped", reason=reason, elapsed_s=0.0)
         return row
 
+    try:
+        with _watchdog(cfg.timeout_s + _WATCHDOG_MARGIN_S):
+            return _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_pipes, row, t_begin)
+    except _PointHung:
+        row.update(
+            status="timeout",
+            reason=f"the point did not end {cfg.timeout_s + _WATCHDOG_MARGIN_S:g} s after it started: measuring it "
+            "hung (a worker thread or process that could not start; a memory limit such as ulimit -v?)",
+        )
+        row["elapsed_s"] = time.perf_counter() - t_begin
+        return row
+
+
+class _PointHung(Exception):
+    """Raised in the main thread by a point's watchdog."""
+
+
+#: Past a point's own deadline, its 5 s drain and its tear-down: only a hang in the measuring gets here.
+_WATCHDOG_MARGIN_S = 20.0
+
+
+@contextlib.contextmanager
+def _watchdog(seconds: float) -> Iterator[None]:
+    """Interrupt the main thread if the point outlives ``seconds`` (SIGALRM).
+
+    Why: under a memory limit CPython can create a thread that cannot
+    bootstrap, and ``Thread.start()`` then waits forever for it; no deadline
+    inside the point runs again. A signal interrupts that wait. Only where a
+    signal can be used: in the main thread, and when the program has no
+    SIGALRM handler of its own (it is left alone).
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or not hasattr(signal, "setitimer")
+        or signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, None)
+    ):
+        yield
+        return
+
+    def fire(signum: int, frame: Any) -> None:
+        raise _PointHung()
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_pipes, row, t_begin) -> dict[str, Any]:
     runner: Runner | None = None
     try:
         if harness == "spdl":
