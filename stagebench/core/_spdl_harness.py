@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
-from stagebench.core._executors import Runner, WorkerPool, _describe, identity, pool_failure
+from stagebench.core._executors import _LEAKED, Runner, WorkerPool, _describe, identity, pool_failure
 
 __all__ = ["SpdlRunner", "deferred_teardown", "quiet_spdl_log", "settle"]
 
@@ -217,6 +217,7 @@ class SpdlRunner(Runner):
         if self.executor == "process":
             assert self._workers is not None  # set for processes in __init__
             self._pool = self._workers.executor(self.concurrency)
+        self._threads_before = set(threading.enumerate())
         builder: PipelineBuilder[Any, Any] = PipelineBuilder().add_source(self._source())
         for i in range(self.extra_pipes):
             builder = builder.pipe(identity, concurrency=self.concurrency, name=f"noop{i}")
@@ -295,6 +296,9 @@ class SpdlRunner(Runner):
             except Exception:
                 pass
             self._unquiet()  # a hung call may keep the consumer forever
+            # A call that never returns keeps its thread, in SPDL's own (non-daemon) thread pool, which
+            # the interpreter would join at exit, forever: said, so that the command ends anyway.
+            _LEAKED.extend(t for t in threading.enumerate() if t not in self._threads_before and t.is_alive())
         if not started:
             self._unquiet()  # no consumer thread will
         elif done and not self._done.is_set():
