@@ -330,7 +330,7 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon) -> _Outcome | None:
         t_quantile(0.975, 4)
     t0 = time.perf_counter()
     row["warmup_s"] = t0 - t_begin
-    snap0 = TreeSnapshot.take(runner.worker_pids())
+    snap0 = TreeSnapshot.take(runner.worker_pids(), opening=True)
     mon.peak_rss_mb = 0.0
     end = t0 + cfg.budget_s
     check_at = t0 + min(cfg.min_window_s, cfg.budget_s) if cfg.precision > 0 else math.inf

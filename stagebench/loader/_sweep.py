@@ -768,7 +768,7 @@ def _supervise(cons, eff, cfg, deadline, row, errors):
     t0 = time.perf_counter()
     i0 = len(cons.events)
     pids = cons.worker_pids()
-    snap0 = TreeSnapshot.take(pids)
+    snap0 = TreeSnapshot.take(pids, opening=True)
     min_gaps = max(cfg.min_batches, 3 * max(2, eff.num_workers))
     end = t0 + cfg.budget_s
     reserve = min(5.0, 0.1 * cfg.timeout_s)
