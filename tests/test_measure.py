@@ -525,7 +525,7 @@ class _OwnCpu:
         return item
 
 
-def test_spdl_thread_harness_reads_the_stages_own_cpu_per_call():
+def test_thread_harnesses_read_the_stages_own_cpu_per_call():
     cfg = MeasureConfig(budget_s=0.4, warmup_s=0.1, timeout_s=30)
     stage = _OwnCpu(1.0, 2.0)
     row = measure_stage(stage, list(range(50)), executor="thread", concurrency=2, harness="spdl", config=cfg)
@@ -539,9 +539,11 @@ def test_spdl_thread_harness_reads_the_stages_own_cpu_per_call():
         _OwnCpu(0.0, 2.0), list(range(50)), executor="thread", concurrency=2, harness="spdl", config=cfg
     )
     assert nap["call_cpu_ms"] < 0.2
-    # only where it is timed: the direct harness and other executors leave it empty
-    direct = measure_stage(_OwnCpu(0.0, 1.0), list(range(50)), executor="thread", concurrency=2, config=cfg)
-    assert math.isnan(direct["call_cpu_ms"])
+    # the direct harness's threads time it too (the GIL share's cpu_share reads it); processes do not
+    direct = measure_stage(stage, list(range(50)), executor="thread", concurrency=2, config=cfg)
+    assert direct["call_cpu_ms"] == pytest.approx(float(np.mean(stage.cpu)) * 1e3, rel=0.25)
+    proc = measure_stage(_OwnCpu(0.0, 1.0), list(range(50)), executor="process", concurrency=1, config=cfg)
+    assert math.isnan(proc["call_cpu_ms"])
 
 
 @pytest.mark.parametrize("error", [MemoryError(), RuntimeError("can't start new thread")])

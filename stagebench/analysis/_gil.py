@@ -246,9 +246,16 @@ def estimate_gil(
     avail = math.nan
     if H == "direct" and ceil0 is not None and finite(ceil0.cores_used) and ceil0.cores_used > 0:
         avail = min(1.0, ceil0.cores_used)  # GIL-bound: at most one core at any concurrency
-    if finite(p0.cpu_s_per_item):
-        cpu = max(0.0, p0.cpu_s_per_item - harness_cpu_s(ceil0))
-        tick = _TICK_S / p0.n_items if finite(p0.n_items) and p0.n_items > 0 else 0.0
+    own = p0.call_cpu_ms / 1e3 if finite(p0.call_cpu_ms) else math.nan
+    if finite(own) or finite(p0.cpu_s_per_item):
+        if finite(own):
+            # the calling thread's own CPU per call: nothing of the harness to subtract, and nothing of
+            # the process's other threads (a library's workers spinning after earlier work put 7-15 ms
+            # into a first 0.2 s window: +0.1 on a pure sleep), read at nanosecond resolution
+            cpu, tick = own, 0.0
+        else:
+            cpu = max(0.0, p0.cpu_s_per_item - harness_cpu_s(ceil0))
+            tick = _TICK_S / p0.n_items if finite(p0.n_items) and p0.n_items > 0 else 0.0
         A, A_lo, A_hi = cpu / t, max(0.0, cpu - tick) / t_hi, (cpu + tick) / t_lo
         if gil_free:
             role = "upper bound"
