@@ -199,13 +199,19 @@ def measure_stage(
         with _watchdog(cfg.timeout_s + _WATCHDOG_MARGIN_S):
             return _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_pipes, row, t_begin)
     except _PointHung:
-        row.update(
-            status="timeout",
-            reason=f"the point did not end {cfg.timeout_s + _WATCHDOG_MARGIN_S:g} s after it started: measuring it "
+        return _ended(
+            row,
+            t_begin,
+            "timeout",
+            f"the point did not end {cfg.timeout_s + _WATCHDOG_MARGIN_S:g} s after it started: measuring it "
             "hung (a worker thread or process that could not start; a memory limit such as ulimit -v?)",
         )
-        row["elapsed_s"] = time.perf_counter() - t_begin
-        return row
+
+
+def _ended(row: dict[str, Any], t_begin: float, status: str, reason: str) -> dict[str, Any]:
+    """The row of a point the measuring itself could not finish: its status, why, and the time it took."""
+    row.update(status=status, reason=reason, elapsed_s=time.perf_counter() - t_begin)
+    return row
 
 
 class _PointHung(Exception):
@@ -280,13 +286,13 @@ def _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_p
         # (CPython says "can't start new thread"). The point fails; the sweep goes on.
         if isinstance(e, RuntimeError) and "can't start new thread" not in str(e):
             raise
-        row.update(
-            status="failed",
-            reason=f"out of memory while measuring this point ({type(e).__name__}: {e or 'no memory'}): the "
-            "process could not allocate more; a stage that keeps memory across calls, or a memory limit (ulimit -v)",
+        return _ended(
+            row,
+            t_begin,
+            "failed",
+            f"out of memory while measuring this point ({type(e).__name__}: {e or 'no memory'}): the process "
+            "could not allocate more; a stage that keeps memory across calls, or a memory limit (ulimit -v)",
         )
-        row["elapsed_s"] = time.perf_counter() - t_begin
-        return row
     if runner.fatal is not None and row["status"] == "ok":
         row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
     if leaked_threads():

@@ -87,8 +87,8 @@ class TreeSnapshot:
         me = os.getpid()
         # CLOCK_PROCESS_CPUTIME_ID: nanoseconds, a syscall and no file read. os.times() and /proc count
         # 10 ms ticks, which over a 0.2 s window read a 4 ms sleep as 10% CPU.
-        cpu[me] = time.process_time()
-        when = time.perf_counter()
+        if not opening:
+            cpu[me], when = time.process_time(), time.perf_counter()
         for pid in (me, *worker_pids):
             n = _minor_faults(pid, me)
             if n is not None:
@@ -108,8 +108,7 @@ class TreeSnapshot:
             except psutil.Error:
                 continue
         if opening:
-            cpu[me] = time.process_time()
-            when = time.perf_counter()
+            cpu[me], when = time.process_time(), time.perf_counter()
         return cls(when, cpu, rb, rc, flt)
 
     @staticmethod
