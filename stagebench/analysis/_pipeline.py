@@ -86,6 +86,8 @@ __all__ = [
 CLASSIFICATIONS = ("gil-bound", "cpu-bound", "io-bound", "overhead-bound", "ipc-bound", "unknown")
 
 _NEAR_CEILING = 0.80  # within 20% of the no-op ceiling
+# A GIL the stage holds for less than half the harness's own per-item Python is the harness's limit
+_OWN_GIL_SHARE = 0.5
 _CPU_BOUND = 0.75  # share of the cores
 _IO_CORES = 0.50  # fewer cores than this share: mostly waiting
 _COMPUTE_BOUND = 0.50  # CPU time / time per call alone at least this: the stage computes, it does not wait
@@ -348,7 +350,7 @@ def _classify(
         # is the limit, as in the rule below (a 4 ms read at 16 threads read "gil-bound, 3% its own").
         g_own = gil.get("gil_s_per_item")
         h = harness_gil_s(sr.ceiling(gil.get("harness") or harness, gil.get("executor") or "thread", tb.concurrency))
-        if g_own is not None and h > 0 and g_own < 0.5 * h:
+        if g_own is not None and h > 0 and g_own < _OWN_GIL_SHARE * h:
             return (
                 "overhead-bound",
                 [
@@ -389,7 +391,7 @@ def _classify(
             rising_note = f"{line}, yet the curve is {rising}: the GIL is not the limit yet"
         elif busy >= _NEAR_CEILING:
             signals["gil_busy_at_best"]["role"] = "verdict"  # the verdict rests on it
-            if g >= 0.5 * h:
+            if g >= _OWN_GIL_SHARE * h:
                 return "gil-bound", [line + ": the GIL is the limit"], signals
             return (
                 "overhead-bound",
