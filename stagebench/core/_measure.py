@@ -395,14 +395,21 @@ def _precise_enough(lanes, t0: float, now: float, cfg: MeasureConfig) -> bool:
     done = ends <= now
     if done.sum() < 2:
         return False
-    lat = float(np.median(ends[done] - starts[done]))
-    nb = batch_count(now - t0, lat, cfg.max_batches)
-    if nb < 5:
-        return False
-    edges = np.linspace(t0, now, nb + 1)
-    rates = fractional_counts(starts, ends, edges) / ((now - t0) / nb)
-    qps, lo, hi, _ = mean_interval(rates.tolist(), cfg.confidence)
-    return bool(qps > 0 and math.isfinite(hi) and (hi - lo) / 2 <= cfg.precision * qps)
+    nb, _, qps, lo, hi, _ = _batch_means(starts, ends, ends[done] - starts[done], t0, now, cfg)
+    return bool(nb >= 5 and qps > 0 and math.isfinite(hi) and (hi - lo) / 2 <= cfg.precision * qps)
+
+
+def _batch_means(starts, ends, durations, t0: float, t1: float, cfg: MeasureConfig):
+    """The row's statistic over [t0, t1]: (batches, fractional items per batch, qps, low, high, cv).
+
+    Batches of at least two median latencies (of ``durations``, the items that ended in the window),
+    up to ``cfg.max_batches``; the rate of each batch is a sample of the batch-means interval.
+    """
+    window = t1 - t0
+    lat = float(np.median(durations)) if len(durations) else window
+    nb = batch_count(window, lat, cfg.max_batches)
+    counts = fractional_counts(starts, ends, np.linspace(t0, t1, nb + 1))
+    return (nb, counts, *mean_interval((counts / (window / nb)).tolist(), cfg.confidence))
 
 
 def _median_latency(lanes) -> float:
@@ -450,13 +457,8 @@ def _fill_from_records(row, lanes, t0, t1, snap0, snap1, gc_s, check_cpu, cfg: M
         row["error_example"] = bad[0][2] or ""
     in_window = (ends > t0) & (ends <= t1)
     durations = ends[in_window] - starts[in_window]
-    lat_med = float(np.median(durations)) if len(durations) else window
-    nb = batch_count(window, lat_med, cfg.max_batches)
-    edges = np.linspace(t0, t1, nb + 1)
-    counts = fractional_counts(starts, ends, edges)
+    nb, counts, qps, lo, hi, cv = _batch_means(starts, ends, durations, t0, t1, cfg)
     n_items = float(counts.sum())
-    rates = counts / (window / nb)
-    qps, lo, hi, cv = mean_interval(rates, cfg.confidence)
     row.update(
         n_items=n_items,
         n_batches=nb,
