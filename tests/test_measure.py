@@ -15,6 +15,7 @@ import os
 import random
 import threading
 import time
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -398,6 +399,21 @@ def test_a_steady_point_closes_its_window_early_and_a_jumpy_one_does_not():
     assert jumpy["window_s"] >= 2.0
     full = MeasureConfig(budget_s=0.6, min_window_s=0.25, precision=0, warmup_s=0.1, timeout_s=30)
     assert _ok(measure_stage(partial(sleep_stage, d=0.004), range(8), concurrency=2, config=full))["window_s"] >= 0.6
+
+
+def test_a_point_that_cannot_matter_closes_at_the_minimum_window():
+    # the jumpy stage never reaches 5%, so it runs its budget; told that only a rate above 10x its
+    # own would matter (``below``: the sweep's share of the stage's best so far), it closes once its
+    # interval lies under that, at the minimum window, and its throughput is measured all the same
+    cfg = MeasureConfig(budget_s=1.5, min_window_s=0.25, precision=0.05, warmup_s=0.1, timeout_s=30)
+    full = _ok(measure_stage(_jumpy_stage, range(8), concurrency=2, config=cfg))
+    assert full["window_s"] >= 1.5
+    cut = _ok(measure_stage(_jumpy_stage, range(8), concurrency=2, config=replace(cfg, below=10 * full["qps"])))
+    assert cut["window_s"] < 0.75 and cut["qps_high"] < 10 * full["qps"]
+    assert cut["qps"] == pytest.approx(full["qps"], rel=0.5)
+    # a bar the interval does not clear changes nothing
+    low = _ok(measure_stage(_jumpy_stage, range(8), concurrency=2, config=replace(cfg, below=0.1 * full["qps"])))
+    assert low["window_s"] >= 1.5
 
 
 def test_spdl_harness_leaves_the_spdl_loggers_level_as_it_found_it():

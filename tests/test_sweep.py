@@ -386,6 +386,34 @@ def test_the_at_ceiling_rule_compares_the_best_thread_point_with_the_median_ceil
     assert _threads_at_ceiling([dict(x, status="failed") for x in at] + ceilings, "spdl") is None
 
 
+def test_processes_are_not_measured_where_a_gil_free_stage_already_keeps_the_cores_busy():
+    from stagebench.core._sweep import _cores_bind
+
+    def r(c, q, cores_used, status="ok"):
+        return {"role": "stage", "executor": "thread", "harness": "spdl", "concurrency": c, "qps": q,
+                "cores_used": cores_used, "status": status}  # fmt: skip
+
+    busy = [r(1, 420.0, 1.0), r(2, 715.0, 1.68), r(4, 685.0, 1.6)]  # sha256: 2 threads fill 2 cores
+    why = _cores_bind(busy, "spdl", 0.0)
+    assert why and "the cores bind, not the GIL" in why and "1.7 of 2 usable cores busy (c=2)" in why
+    assert _cores_bind(busy, "spdl", 0.3) is None  # holds the GIL: processes may relieve it
+    assert _cores_bind(busy, "spdl", None) is None  # not probed: the curves decide
+    idle = [r(1, 760.0, 0.3), r(2, 1445.0, 0.48)]  # a wait: the cores are not what binds
+    assert _cores_bind(idle, "spdl", 0.0) is None
+    assert _cores_bind([dict(x, status="failed") for x in busy], "spdl", 0.0) is None
+
+
+def test_ceilings_are_read_to_ten_percent_from_half_the_minimum_window():
+    from stagebench.core._sweep import CEILING_PRECISION, StageSweep
+
+    m = MeasureConfig(budget_s=0.5, min_window_s=0.2, precision=0.05)
+    sw = StageSweep(pass_through, list(range(8)), config=SweepConfig(concurrency=(1,), measure=m))
+    assert (sw.ceiling_cfg.precision, sw.ceiling_cfg.min_window_s) == (CEILING_PRECISION, 0.1)
+    exact = MeasureConfig(budget_s=0.5, precision=0)  # every window in full: the ceilings' too
+    sw = StageSweep(pass_through, list(range(8)), config=SweepConfig(concurrency=(1,), measure=exact))
+    assert sw.ceiling_cfg.precision == 0
+
+
 def pass_through(x):
     return x
 

@@ -44,6 +44,14 @@ class MeasureConfig:
     Checks read the records, so a point above ~100k items in its window (a
     no-op ceiling) is not checked: copying its records would slow it."""
 
+    below: float | None = None
+    """Sequential stopping for a point that cannot matter: from ``min_window_s``
+    on, the window also closes once its interval's upper end is under this
+    rate (items/s). The sweep sets it to a share of the stage's best lower end
+    so far (:data:`stagebench.core._sweep.CANNOT_MATTER`): such a point cannot be
+    the stage's best nor within 5% of it, so it gets the interval it has, not a
+    tighter one. None: only ``precision`` closes a window early."""
+
     warmup_s: float = WARMUP_S
     """Minimum warm-up before the window opens. The window also waits until every
     worker has delivered at least one item (processes started, caches filled)."""

@@ -339,7 +339,8 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon) -> _Outcome | None:
     snap0 = TreeSnapshot.take(runner.worker_pids(), opening=True)
     mon.peak_rss_mb = 0.0
     end = t0 + cfg.budget_s
-    check_at = t0 + min(cfg.min_window_s, cfg.budget_s) if cfg.precision > 0 else math.inf
+    early = cfg.precision > 0 or cfg.below is not None
+    check_at = t0 + min(cfg.min_window_s, cfg.budget_s) if early else math.inf
     extended = False
     closed_at: float | None = None
     check_cpu = 0.0
@@ -351,7 +352,7 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon) -> _Outcome | None:
                 return None
             if now >= check_at and now < end and not extended:
                 c0 = time.thread_time()
-                precise = _precise_enough(runner.lanes, t0, now, cfg)
+                precise = _enough(runner.lanes, t0, now, cfg)
                 check_cpu += time.thread_time() - c0
                 if precise:
                     closed_at = now  # the window is what was checked, not the check's own time
@@ -381,8 +382,9 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon) -> _Outcome | None:
 _CHECK_MAX_RECORDS = 100_000  # above this, copying the records to check would itself slow the point
 
 
-def _precise_enough(lanes, t0: float, now: float, cfg: MeasureConfig) -> bool:
-    """Whether the window [t0, now] already gives an interval within ``cfg.precision`` (sequential stopping).
+def _enough(lanes, t0: float, now: float, cfg: MeasureConfig) -> bool:
+    """Whether the window [t0, now] may close (sequential stopping): its interval is within
+    ``cfg.precision``, or lies wholly under ``cfg.below`` (a point that cannot matter).
 
     The same statistic as the row's (fractional counts, batch means), over the
     items recorded so far: an item still in flight at ``now`` is not counted,
@@ -396,7 +398,9 @@ def _precise_enough(lanes, t0: float, now: float, cfg: MeasureConfig) -> bool:
     if done.sum() < 2:
         return False
     nb, _, qps, lo, hi, _ = _batch_means(starts, ends, ends[done] - starts[done], t0, now, cfg)
-    return bool(nb >= 5 and qps > 0 and math.isfinite(hi) and (hi - lo) / 2 <= cfg.precision * qps)
+    if not (nb >= 5 and qps > 0 and math.isfinite(hi)):
+        return False
+    return bool((hi - lo) / 2 <= cfg.precision * qps or (cfg.below is not None and hi < cfg.below))
 
 
 def _batch_means(starts, ends, durations, t0: float, t1: float, cfg: MeasureConfig):

@@ -29,9 +29,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from stagebench.core._config import SweepConfig
+from stagebench._numbers import finite
+from stagebench.core._config import MeasureConfig, SweepConfig
 from stagebench.core._executors import WorkerPool, async_identity, identity, is_coroutine_callable
 from stagebench.core._measure import empty_row, measure_stage, payload_bytes
 from stagebench.core._progress import Progress
@@ -41,11 +43,22 @@ from stagebench.runs._schema import STAGE_COLUMNS
 
 __all__ = ["sweep_stage", "plan_points", "StageSweep", "sweep_process_points"]
 
+#: A stage point whose interval lies wholly under this share of the best lower end the stage's points
+#: reached so far (same harness) closes at the minimum window: it can be neither the stage's best nor
+#: within 5% of it, so a tighter interval would change no advice. Its throughput is as unbiased as
+#: a longer window's; only its interval is wider. The 20% margin keeps points whose own noise could
+#: still carry them near the best.
+CANNOT_MATTER = 0.8
+#: Interval half-width at which a no-op ceiling point closes (see :class:`StageSweep`): the ceiling is
+#: the reference a stage's rate is read against (overhead-bound within 10% of it), not a result.
+CEILING_PRECISION = 0.10
 _STOP_STATUSES = ("skipped", "timeout", "failed")
 _PLATEAU = "not measured: process throughput stopped rising"
 _NOT_NEAR = "not measured: this level's process throughput is more than 5% below the best so far"
 _LINEAR = 0.95  # threads within 5% of linear scaling: processes cannot win by more
 _AT_CEILING = 0.9  # threads within 10% of the thread no-op ceiling: the process ceiling is lower still
+_GIL_FREE = 0.10  # a stage's GIL share (probe, upper quartile) at or under which the GIL is not its limit
+_CORES_BUSY = 0.75  # ... and threads keeping this share of the usable cores busy: the cores bind
 _SHARED_REASON = "shared: measured once for all stages (a no-op on threads or the event loop does not touch the items)"
 # A process no-op ships each item to a worker and back. Up to this pickled size its
 # cost is per item, not per byte (here: 100 B, 4 KiB and 16 KiB items read alike, 2.4-4.0k
@@ -154,14 +167,18 @@ class StageSweep:
         self.noop = async_identity if is_coroutine_callable(fn) else identity
         self.ceiling_cfg = self.cfg.measure
         if self.cfg.ceiling:
-            from dataclasses import replace
-
-            budget = self.cfg.ceiling_budget_s or max(0.2, self.cfg.measure.budget_s / 2)
-            self.ceiling_cfg = replace(self.cfg.measure, budget_s=budget)
+            m = self.cfg.measure
+            budget = self.cfg.ceiling_budget_s or max(0.2, m.budget_s / 2)
+            # a reference read against the stage, not a result: ±10% from half the minimum window will do
+            precision = max(m.precision, CEILING_PRECISION) if m.precision > 0 else 0.0
+            self.ceiling_cfg = replace(m, budget_s=budget, precision=precision, min_window_s=m.min_window_s / 2)
         self.points = plan_points(fn, self.cfg)
         self.rows: list[dict[str, Any]] = []
         self.stopped: dict[tuple[str, str, str], str] = {}
         self._plateaus: dict[str, tuple[dict[str, Any], int]] = {}
+        #: The stage's GIL share as a direct probe read it (its upper quartile), when the caller probed
+        #: it after the thread points (:func:`_cores_bind`); None: not probed.
+        self.gil_high: float | None = None
         self._linear_checked: set[str] = (
             set()
         )  # harnesses whose thread curve was judged (before its first process point)
@@ -187,7 +204,11 @@ class StageSweep:
     def _judge_threads(self, harness: str) -> None:
         if self.cfg.process_flat_levels and harness not in self._linear_checked:
             self._linear_checked.add(harness)
-            why = _threads_linear(self.rows, harness) or _threads_at_ceiling(self.rows, harness)
+            why = (
+                _threads_linear(self.rows, harness)
+                or _threads_at_ceiling(self.rows, harness)
+                or _cores_bind(self.rows, harness, self.gil_high)
+            )
             if why:
                 self.stopped[("stage", harness, "process")] = self.stopped[("ceiling", harness, "process")] = why
 
@@ -218,8 +239,7 @@ class StageSweep:
                     harness,
                     ex,
                     c,
-                    cfg,
-                    self.ceiling_cfg,
+                    self._stage_cfg(harness) if role == "stage" else self.ceiling_cfg,
                     self.payload,
                     pool,
                     stopped,
@@ -235,6 +255,17 @@ class StageSweep:
                 # the ceiling of the last measured level is kept (measured or shared); none above it
                 stopped[("ceiling", harness, ex)] = stopped[("stage", harness, ex)]
             self._record(row)
+
+    def _stage_cfg(self, harness: str) -> MeasureConfig:
+        """The next stage point's measuring: it may close early once it cannot matter (:data:`CANNOT_MATTER`)."""
+        lows = [
+            float(r["qps_low"])
+            for r in self.rows
+            if r["role"] == "stage" and r["harness"] == harness and r["status"] == "ok" and finite(r.get("qps_low"))
+        ]
+        if not lows or not self.cfg.measure.precision > 0:
+            return self.cfg.measure
+        return replace(self.cfg.measure, below=CANNOT_MATTER * max(lows))
 
     def run_paired(self, pool: Any) -> None:
         """The head-to-head (:mod:`stagebench.core._paired`), when the curves alone would pick processes by a small margin.
@@ -257,7 +288,10 @@ class StageSweep:
         if levels is None:
             return
         at = dict(zip(("thread", "process"), levels))
-        for ex in ("thread", "process", "process", "thread") * self.cfg.paired_rounds:
+        rounds = self.cfg.paired_rounds
+        for i, ex in enumerate(("thread", "process", "process", "thread") * rounds):
+            if i and i % 4 == 0 and i // 4 == rounds - 1 and _paired.threads_led_every_pair(self.rows[-i:]):
+                return  # the last round cannot turn it (_paired.threads_led_every_pair)
             if self.progress is not None:
                 self.progress.start(f"{self.name} | head-to-head {harness}/{ex} c={at[ex]}")
             row = measure_stage(
@@ -369,6 +403,37 @@ def _threads_at_ceiling(rows: list[dict[str, Any]], harness: str) -> str | None:
         f"not measured: threads already deliver {best / ceiling:.0%} of the harness's thread no-op ceiling "
         f"({best:,.0f} vs {ceiling:,.0f} items/s, the median over levels): the stage is overhead-bound, and a "
         "process executor adds IPC to the same per-item overhead, so it cannot beat threads; "
+        "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures them"
+    )
+
+
+def _cores_bind(rows: list[dict[str, Any]], harness: str, gil_high: float | None) -> str | None:
+    """Why processes cannot change this stage's answer because the cores bind it, not the GIL.
+
+    A worker process relieves only the GIL the stage itself holds in the main
+    process. When a probe read that under :data:`_GIL_FREE` of each call and the
+    stage's best thread point already keeps :data:`_CORES_BUSY` of the usable
+    cores busy, the cores are what threads run out of: processes bring no more
+    cores, and add pickling to the same CPU work. On ``bench_diagnosis``'s
+    ``cpu_free`` and ``mixed6`` (sha256 of 2 MiB, GIL 0%, threads at 1.6-1.7 of 2
+    cores) processes read 0.96-1.10x threads over the grid, under the 1.25x over
+    threads the joint advice asks of processes.
+    """
+    if gil_high is None or not gil_high <= _GIL_FREE:
+        return None
+    pts = [
+        r
+        for r in rows
+        if r["role"] == "stage" and r["executor"] == "thread" and r["harness"] == harness and r["status"] == "ok"
+    ]
+    best = max(pts, key=lambda r: r["qps"], default=None)
+    cores = usable_cores()
+    if best is None or not finite(best.get("cores_used")) or best["cores_used"] < _CORES_BUSY * cores:
+        return None
+    return (
+        f"not measured: the stage holds the GIL for at most {gil_high:.0%} of a call (its probe) and threads "
+        f"already keep {best['cores_used']:.1f} of {cores} usable cores busy (c={best['concurrency']}): the cores "
+        "bind, not the GIL, and worker processes bring no more cores; "
         "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures them"
     )
 
@@ -485,7 +550,7 @@ def _pools(stack: Any, fns: Sequence[Callable]) -> dict[int, WorkerPool]:
     return out
 
 
-def _point(fn, noop, inputs, stage, role, harness, ex, c, cfg, ceiling_cfg, payload, pool, stopped, progress):
+def _point(fn, noop, inputs, stage, role, harness, ex, c, measure, payload, pool, stopped, progress):
     key = (role, harness, ex)
     if key in stopped:
         row = empty_row(stage, role, ex, harness, c)
@@ -498,7 +563,7 @@ def _point(fn, noop, inputs, stage, role, harness, ex, c, cfg, ceiling_cfg, payl
         inputs,
         executor=ex,
         concurrency=c,
-        config=cfg.measure if role == "stage" else ceiling_cfg,
+        config=measure,
         name=stage,
         role=role,
         harness=harness,
