@@ -10,7 +10,7 @@ from _stages import Sleep
 from stagebench import MeasureConfig, SweepConfig
 from stagebench.analysis._pipeline import analyze_stage
 from stagebench.core._curves import StageRows
-from stagebench.core._paired import MAX_RATIO, paired_result, plan
+from stagebench.core._paired import MAX_RATIO, paired_result, plan, threads_led_every_pair
 from stagebench.core._sweep import StageSweep
 
 
@@ -99,11 +99,39 @@ def test_known_answer_a_sleep_stage_that_the_curves_say_runs_faster_on_processes
     sw.rows = [row("s", "thread", 2, 500.0, noise=0.01), row("s", "process", 2, 640.0, noise=0.01)]  # a fake lead
     sw.run_paired(None)
     paired = [r for r in sw.rows if r["role"] == "paired"]
-    assert [r["executor"] for r in paired] == ["thread", "process", "process", "thread"] * 2
+    # one round when threads led both of its pairs (the second cannot turn it), else two
+    rounds = 1 if threads_led_every_pair(paired[:4]) else 2
+    assert [r["executor"] for r in paired] == ["thread", "process", "process", "thread"] * rounds
     assert {r["concurrency"] for r in paired} == {2} and all(r["status"] == "ok" for r in paired)
     st = analyze_stage(sw.frame(), cores=2)
     assert st["head_to_head"]["decisive"] and not st["head_to_head"]["processes_win"]
     assert st["recommended"]["executor"] == "thread"
+
+
+def test_the_head_to_head_ends_a_round_early_only_when_threads_led_every_pair():
+    def windows(pairs):  # (thread, process) per pair, in the T P, P T order the sweep measures
+        out = []
+        for i, (t, p) in enumerate(pairs):
+            a = {"executor": "thread", "qps": t, "status": "ok"}
+            b = {"executor": "process", "qps": p, "status": "ok"}
+            out += [a, b] if i % 2 == 0 else [b, a]
+        return out
+
+    assert threads_led_every_pair(windows([(500, 480), (510, 505)]))
+    assert not threads_led_every_pair(windows([(500, 480), (510, 515)]))  # processes led one pair
+    assert not threads_led_every_pair(windows([(500, 480)]))  # one pair says too little
+    crashed = windows([(500, 480), (510, 505)])
+    crashed[1]["status"] = "crashed"
+    assert not threads_led_every_pair(crashed)
+
+
+@pytest.mark.parametrize("first", [(0.99, 0.99), (0.7, 0.95), (0.5, 0.5)])
+def test_after_a_round_threads_led_in_full_no_second_round_makes_processes_win(first):
+    """What ending the head-to-head early rests on: two pairs under 1, then any two more, never win."""
+    for a in (1.0, 1.1, 1.3, 1.6, 2.0, 3.0, 5.0, 10.0):
+        for b in (a, a * 1.05, a * 1.5, a * 3):
+            h = paired_result(StageRows(pd.DataFrame(_paired([*first, a, b]))), "direct")
+            assert h["pairs"] == 4 and not h["processes_win"], (first, a, b)
 
 
 def test_no_head_to_head_when_switched_off():

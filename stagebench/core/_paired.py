@@ -36,7 +36,7 @@ from typing import Any
 from stagebench._numbers import num
 from stagebench.core._curves import Point, StageRows
 
-__all__ = ["MAX_RATIO", "WITHIN_BEST", "within_noise", "plan", "paired_result"]
+__all__ = ["MAX_RATIO", "WITHIN_BEST", "within_noise", "plan", "paired_result", "threads_led_every_pair"]
 
 MAX_RATIO = 1.5  # processes ahead by at least this on the curves: no head-to-head needed
 WITHIN_BEST = 0.95  # within 5% of the best counts as equal (the recommendation's rule)
@@ -59,6 +59,25 @@ def plan(sr: StageRows, harness: str) -> tuple[int, int] | None:
     if t is None or p is None or p.qps <= t.qps or within_noise(t, p) or p.qps >= MAX_RATIO * t.qps:
         return None
     return t.concurrency, p.concurrency
+
+
+def threads_led_every_pair(rows: list[dict[str, Any]]) -> bool:
+    """Whether threads were ahead in every pair of these head-to-head windows (T P, P T, ...), all measured.
+
+    Then one more round (two pairs) cannot make processes win: with two or more
+    pairs at a ratio under 1 and two more at any values, the 95% interval's low
+    end stays under 1 (checked numerically: at most 0.99 with two known pairs,
+    0.91 with four), so the head-to-head ends a round early with the same result.
+    """
+    if len(rows) < 4 or len(rows) % 2:
+        return False
+    for a, b in zip(rows[0::2], rows[1::2]):
+        by_ex = {r["executor"]: r for r in (a, b)}
+        if set(by_ex) != {"thread", "process"} or any(r["status"] != "ok" for r in (a, b)):
+            return False
+        if not num(by_ex["process"]["qps"]) < num(by_ex["thread"]["qps"]):
+            return False
+    return True
 
 
 def paired_result(sr: StageRows, harness: str) -> dict[str, Any] | None:
