@@ -692,7 +692,9 @@ class _Diagnosis:
             with deferred_teardown():
                 s.run([p for p in s.points if p[2] != "process"], None)
             with self._phase("gil_probes"):
-                self._probe_gil(step, inputs, s.rows)
+                reading = self._probe_gil(step, inputs, s.rows)
+            if reading and finite(reading.get("high")):
+                s.gil_high = float(reading["high"])  # the process points may follow the cores, not the GIL
             if s.process_pending():
                 self.process_sweeps.append(s)
             else:  # ruled out by its thread curve: the skipped rows now, and its inputs need not be kept
@@ -724,7 +726,7 @@ class _Diagnosis:
             writer.write(row)
             self.progress.done(row)
 
-    def _probe_gil(self, step: Any, inputs: list, rows: list[dict[str, Any]]) -> None:
+    def _probe_gil(self, step: Any, inputs: list, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         """Read the stage's GIL share directly (stagebench.pipeline._gilprobe) when it computes enough for it to matter.
 
         After its thread points, with SPDL's tear-downs finished: the probe
@@ -734,7 +736,7 @@ class _Diagnosis:
         is for the others.
         """
         if self.settings.gil_probe == "off" or not _computes(rows):
-            return
+            return None
         from stagebench.pipeline._gilprobe import probe_gil
 
         reading = probe_gil(step.fn, inputs[:32], timeout_s=self.settings.timeout_s)
@@ -742,6 +744,7 @@ class _Diagnosis:
         if "error" in reading:
             self.say(f"{step.name!r}: no GIL probe: {reading['error']}")
         self.run_dir.write_meta(self.meta)
+        return reading
 
     def _the_others(self, what: str = "they are") -> str:
         """What becomes of the points that are not process points."""
