@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 #: Longest steady-state window of one stage point, seconds (MeasureConfig, diagnostic mode).
-STAGE_WINDOW_S = 1.0
+STAGE_WINDOW_S = 0.5
 #: Shortest window of a stage point: it closes early, from here on, once its interval is within PRECISION.
 MIN_WINDOW_S = 0.2
 #: Half-width of a point's 95% interval, as a share of its throughput, at which its window may close
@@ -55,17 +55,20 @@ DEMAND_HEADROOM = 0.10
 #: Default steady-state window of one loader point, seconds (LoaderSweepConfig, ``stagebench sweep``).
 LOADER_WINDOW_S = 2.0
 #: What ``STAGEBENCH_QUICK=on`` changes (each only where the user set nothing): a diagnosis to iterate
-#: with. Shorter windows and fewer levels cost precision (wider intervals, a coarser curve); processes
-#: and the replay (the prediction) are kept, the real whole-pipeline runs are not (the validation run
-#: and the run at your settings: with their settles they were half of a quick diagnosis).
+#: with, at under a third of SPDL's own profiler's time. Shorter windows and fewer levels cost precision
+#: (wider intervals, a coarser curve). Threads only: the process points were half of a quick diagnosis,
+#: so a stage that holds the GIL is flagged with what processes could give at most, not measured. The
+#: replay (the prediction) is kept; the real whole-pipeline runs are not (the validation run and the
+#: run at your settings: with their settles they were half of what was left).
 QUICK = {
     "budget_s": 0.3,
     "min_window_s": 0.1,
     "concurrency": (1, 2, 4),
+    "executors": ("thread",),
     "paired_rounds": 0,
     "gil_probe": "off",
     "validate": "off",
-    "validation_s": 1.0,
+    "validation_s": 0.5,
     "process_flat_levels": 1,
 }
 
@@ -224,7 +227,7 @@ SETTINGS: tuple[Setting, ...] = (
         "STAGEBENCH_VALIDATION_S",
         "float",
         None,
-        "window of the whole-pipeline runs (default max(2, 2 x budget); 0: skip them)",
+        "window of the whole-pipeline runs (default max(1, budget); 0: skip them)",
         minimum=0,
         unit="seconds",
     ),

@@ -171,8 +171,9 @@ def _stage_findings(
                     _f(
                         "high" if is_bn else "medium",
                         f"{name} holds the GIL {f:.0%} of its time: try a process executor",
-                        f"processes were not measured for this stage; up to about {est:.1f}x is possible on "
-                        f"{cores} cores if its inputs and outputs are cheap to move",
+                        f"processes were not measured for this stage (quick mode, or STAGEBENCH_EXECUTORS "
+                        f"without process); the GIL and core shares bound the gain at about {est:.1f}x on "
+                        f"{cores} cores if its inputs and outputs are cheap to move: a bound, not a measurement",
                         name,
                         ev,
                         est,

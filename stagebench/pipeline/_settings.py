@@ -106,7 +106,7 @@ class DiagnoseSettings:
 
     @property
     def validation_window_s(self) -> float:
-        return max(2.0, 2 * self.budget_s) if self.validation_s is None else self.validation_s
+        return max(1.0, self.budget_s) if self.validation_s is None else self.validation_s
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> DiagnoseSettings:

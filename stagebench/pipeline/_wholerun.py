@@ -19,9 +19,10 @@ that counts nothing, up to 1 s, and twice cost a 6-stage diagnosis 4 s more
 three sub-windows for the interval's batches). While one
 runs, the other's source is closed and its stages idle. After each switch,
 ``settle`` seconds pass before counting starts: the other pipeline drains
-and this one refills (three times the slower pipeline's steady-state
-latency, source to sink, at least 0.25 s, at most 1 s). All warm up at the
-same time, before the first slice: warming up is not measured.
+and this one refills (:data:`_SETTLE_LATENCIES` times the slower pipeline's
+steady-state latency, source to sink, at least 0.1 s, at most 1 s: the
+drain takes about one latency and the refill about one, side by side). All
+warm up at the same time, before the first slice: warming up is not measured.
 
 One run alone (the validation run without a replay) counts one contiguous
 window, as before.
@@ -37,7 +38,8 @@ __all__ = ["run_pipelines"]
 
 _SLICES = 2  # counting windows per pipeline when two or three take turns (once forth and back)
 _SUB_WINDOWS = 3  # per slice, for the interval's batch means
-_MIN_SETTLE_S, _MAX_SETTLE_S = 0.25, 1.0
+_MIN_SETTLE_S, _MAX_SETTLE_S = 0.1, 1.0
+_SETTLE_LATENCIES = 2  # was 3: on a 6-stage pipeline (0.34 s latency) its five settles took 5 s of 9
 _ARRIVALS_PER_SLICE = 2  # a window is lengthened until each slice can see this many sink items
 _MAX_WINDOW_S = 30.0  # ... but not beyond this (a pipeline slower than that is reported as it is)
 
@@ -323,7 +325,7 @@ def _warm_up(runs: list[_Run], warmup_s: float, timeout_s: float) -> None:
 def _take_turns(runs: list[_Run], window_s: float) -> None:
     """Count ``window_s`` of each in slices, forth and back once (A B B A, A B C C B A), settling after each switch."""
     lat = [r.steady_latency_s if r.steady_latency_s is not None else r.latency_s for r in runs]
-    settle = min(_MAX_SETTLE_S, max(_MIN_SETTLE_S, 3 * max(x or 0.0 for x in lat)))
+    settle = min(_MAX_SETTLE_S, max(_MIN_SETTLE_S, _SETTLE_LATENCIES * max(x or 0.0 for x in lat)))
     prev: _Run | None = None
     for r in (runs + runs[::-1]) * (_SLICES // 2):
         if r.error is not None:
