@@ -52,6 +52,8 @@ CANNOT_MATTER = 0.8
 #: Interval half-width at which a no-op ceiling point closes (see :class:`StageSweep`): the ceiling is
 #: the reference a stage's rate is read against (overhead-bound within 10% of it), not a result.
 CEILING_PRECISION = 0.10
+#: Interval half-width at which a head-to-head window closes (:meth:`StageSweep.run_paired`).
+PAIRED_PRECISION = 0.10
 _STOP_STATUSES = ("skipped", "timeout", "failed")
 _PLATEAU = "not measured: process throughput stopped rising"
 _NOT_NEAR = "not measured: this level's process throughput is more than 5% below the best so far"
@@ -172,6 +174,10 @@ class StageSweep:
             # a reference read against the stage, not a result: ±10% from half the minimum window will do
             precision = max(m.precision, CEILING_PRECISION) if m.precision > 0 else 0.0
             self.ceiling_cfg = replace(m, budget_s=budget, precision=precision, min_window_s=m.min_window_s / 2)
+        # A head-to-head window is one sample of a ratio whose interval comes from the pairs (the
+        # host's phases between pairs, up to 1.4x here, not a window's own noise): ±10% will do
+        m = self.cfg.measure
+        self.paired_cfg = replace(m, precision=max(m.precision, PAIRED_PRECISION)) if m.precision > 0 else m
         self.points = plan_points(fn, self.cfg)
         self.rows: list[dict[str, Any]] = []
         self.stopped: dict[tuple[str, str, str], str] = {}
@@ -299,7 +305,7 @@ class StageSweep:
                 self.inputs,
                 executor=ex,
                 concurrency=at[ex],
-                config=self.cfg.measure,
+                config=self.paired_cfg,
                 name=self.name,
                 role="paired",
                 harness=harness,
