@@ -329,7 +329,7 @@ SETTINGS: tuple[Setting, ...] = (
         "choice",
         "auto",
         "auto: a counter thread reads the GIL share of each sync stage that computes at least 15% of its "
-        "call (~0.5 s each); off: the curves alone",
+        "call (~0.35 s each); off: the curves alone",
         choices=("auto", "off"),
     ),
 )

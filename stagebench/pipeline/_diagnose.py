@@ -125,7 +125,7 @@ def _sweep_config(stage: Any, settings: DiagnoseSettings):
     )
 
 
-#: Share of its call a stage computes from which its GIL share is worth reading with the probe (~0.5 s a
+#: Share of its call a stage computes from which its GIL share is worth reading with the probe (~0.35 s a
 #: stage); not the analysis's compute-bound threshold (analysis/_pipeline._COMPUTE_BOUND): a different question.
 _PROBE_MIN_COMPUTE = 0.15
 
@@ -732,7 +732,7 @@ class _Diagnosis:
         After its thread points, with SPDL's tear-downs finished: the probe
         sets the switch interval and reads CPU clocks, so nothing else may run.
         A stage that computes less than 15% of its call (waits) holds the GIL
-        at most that share, which the curves bound well; the probe (~0.5 s)
+        at most that share, which the curves bound well; the probe (~0.35 s)
         is for the others.
         """
         if self.settings.gil_probe == "off" or not _computes(rows):

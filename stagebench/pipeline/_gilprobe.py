@@ -106,8 +106,8 @@ __all__ = ["probe_gil"]
 
 _SWITCH_S = 0.0005
 _MIN_WINDOW_S = 0.03
-_BUDGET_S = 0.6  # all rounds together, alone + with the counter
-_MIN_ROUNDS, _MAX_ROUNDS = 3, 8
+_BUDGET_S = 0.4  # all rounds together, alone + with the counter (was 0.6: eight rounds read within ±3%)
+_MIN_ROUNDS, _MAX_ROUNDS = 3, 5
 _MAX_CALL_S = 0.1  # slower calls would need > 1.2 s (3 rounds of 2 x 2 calls): not probed
 _SOLO_S = 0.005  # the spinner alone before each round: the share of a core it gets
 _MIN_CORE = 0.3  # below this the correction would be mostly noise
