@@ -113,7 +113,9 @@ class SweepConfig:
     plateau does not come back up on processes). With a value above 0, no
     process point is measured when threads scale within 5% of linearly to the
     top of the grid, or when their best point reaches 90% of the harness's
-    thread no-op ceiling (overhead-bound): processes could not win there.
+    thread no-op ceiling (overhead-bound), or when the caller's GIL probe read
+    the stage at most 10% and threads keep 75% of the usable cores busy (the
+    cores bind: ``StageSweep.gil_high``): processes could not win there.
     0 measures every level.
     Thread curves always get every level: they are cheap, and their fall at
     high concurrency is GIL evidence."""

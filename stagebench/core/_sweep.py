@@ -17,7 +17,13 @@ is measured when threads already scale linearly to the top of the grid
 (a worker process is at most as fast as one thread alone, so processes
 could not win by more than the 5% within which threads are preferred), or
 when threads already reach the harness's thread no-op ceiling (the stage is
-overhead-bound; the process executor's own ceiling is lower).
+overhead-bound; the process executor's own ceiling is lower), or when a GIL
+probe read the stage GIL-free while its threads already keep the cores busy
+(:func:`_cores_bind`).
+
+A stage point closes early once it cannot matter (:data:`CANNOT_MATTER`); no-op
+ceilings and head-to-head windows are read to ±10% (:data:`CEILING_PRECISION`,
+:data:`PAIRED_PRECISION`): they are references and samples of a ratio, not results.
 
 Last, when the curves alone would recommend processes by less than 1.5x,
 both executors are measured again in turns at their best levels

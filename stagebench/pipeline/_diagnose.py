@@ -894,7 +894,9 @@ class _Diagnosis:
         procs = any(ex == "process" for ex, _ in choices.values()) or any(
             isinstance(st, Passthrough) or st.user_executor == "process" for st in self.plan.steps
         )
-        window, warm = self.settings.validation_window_s, (1.0 if procs else 0.5)
+        # a window under 1 s (quick mode's 0.5 s replay) gets a warm-up as much shorter
+        window = self.settings.validation_window_s
+        warm = (1.0 if procs else 0.5) * min(1.0, window)
         speeds = {name: statistics.median(v) for name, v in self.stage_speeds.items() if v}
         self.meta.setdefault("cpu_speed", {})["stage_ns"] = speeds
         stand_ins = plan_stand_ins(summary.get("stages") or [], speeds)

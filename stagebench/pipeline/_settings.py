@@ -54,7 +54,7 @@ class DiagnoseSettings:
     timeout_s: float = _default("timeout_s")
     validation_s: float | None = None
     """Counting window of each whole-pipeline run (the replay, the validation run).
-    ``None``: max(2, 2 x budget_s). ``0``: neither runs (the prediction is the bounds alone)."""
+    ``None``: max(1, budget_s). ``0``: neither runs (the prediction is the bounds alone)."""
     validate: str = _default("validate")
     """``on``: the real pipeline runs at the recommended settings, taking turns with the
     replay, and its measured throughput is set against the prediction. ``off``: the
