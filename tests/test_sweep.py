@@ -403,12 +403,12 @@ def test_processes_are_not_measured_where_a_gil_free_stage_already_keeps_the_cor
     assert _cores_bind([dict(x, status="failed") for x in busy], "spdl", 0.0) is None
 
 
-def test_ceilings_and_head_to_head_windows_are_read_to_ten_percent():
-    from stagebench.core._sweep import CEILING_PRECISION, PAIRED_PRECISION, StageSweep
+def test_ceilings_close_from_half_the_minimum_window_and_head_to_head_windows_at_ten_percent():
+    from stagebench.core._sweep import PAIRED_PRECISION, StageSweep
 
     m = MeasureConfig(budget_s=0.5, min_window_s=0.2, precision=0.05)
     sw = StageSweep(pass_through, list(range(8)), config=SweepConfig(concurrency=(1,), measure=m))
-    assert (sw.ceiling_cfg.precision, sw.ceiling_cfg.min_window_s) == (CEILING_PRECISION, 0.1)
+    assert (sw.ceiling_cfg.precision, sw.ceiling_cfg.min_window_s) == (0.05, 0.1)
     assert (sw.paired_cfg.precision, sw.paired_cfg.min_window_s) == (PAIRED_PRECISION, 0.2)
     exact = MeasureConfig(budget_s=0.5, precision=0)  # every window in full: the ceilings' too
     sw = StageSweep(pass_through, list(range(8)), config=SweepConfig(concurrency=(1,), measure=exact))

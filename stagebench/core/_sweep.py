@@ -22,8 +22,8 @@ probe read the stage GIL-free while its threads already keep the cores busy
 (:func:`_cores_bind`).
 
 A stage point closes early once it cannot matter (:data:`CANNOT_MATTER`); no-op
-ceilings and head-to-head windows are read to ±10% (:data:`CEILING_PRECISION`,
-:data:`PAIRED_PRECISION`): they are references and samples of a ratio, not results.
+ceilings may close from half the minimum window; head-to-head windows are read
+to ±10% (:data:`PAIRED_PRECISION`): each is one sample of a ratio.
 
 Last, when the curves alone would recommend processes by less than 1.5x,
 both executors are measured again in turns at their best levels
@@ -55,9 +55,6 @@ __all__ = ["sweep_stage", "plan_points", "StageSweep", "sweep_process_points"]
 #: a longer window's; only its interval is wider. The 20% margin keeps points whose own noise could
 #: still carry them near the best.
 CANNOT_MATTER = 0.8
-#: Interval half-width at which a no-op ceiling point closes (see :class:`StageSweep`): the ceiling is
-#: the reference a stage's rate is read against (overhead-bound within 10% of it), not a result.
-CEILING_PRECISION = 0.10
 #: Interval half-width at which a head-to-head window closes (:meth:`StageSweep.run_paired`).
 PAIRED_PRECISION = 0.10
 _STOP_STATUSES = ("skipped", "timeout", "failed")
@@ -177,9 +174,10 @@ class StageSweep:
         if self.cfg.ceiling:
             m = self.cfg.measure
             budget = self.cfg.ceiling_budget_s or max(0.2, m.budget_s / 2)
-            # a reference read against the stage, not a result: ±10% from half the minimum window will do
-            precision = max(m.precision, CEILING_PRECISION) if m.precision > 0 else 0.0
-            self.ceiling_cfg = replace(m, budget_s=budget, precision=precision, min_window_s=m.min_window_s / 2)
+            # a no-op reaches its steady rate at once: half the minimum window, at the stage's precision
+            # (the replay charges a process stage its ceiling's cost beyond the thread one's, a small
+            # difference of two ceilings: at ±10% each, gil_mix's replay read 13-15% high three times)
+            self.ceiling_cfg = replace(m, budget_s=budget, min_window_s=m.min_window_s / 2)
         # A head-to-head window is one sample of a ratio whose interval comes from the pairs (the
         # host's phases between pairs, up to 1.4x here, not a window's own noise): ±10% will do
         m = self.cfg.measure
