@@ -55,14 +55,15 @@ DEMAND_HEADROOM = 0.10
 #: Default steady-state window of one loader point, seconds (LoaderSweepConfig, ``stagebench sweep``).
 LOADER_WINDOW_S = 2.0
 #: What ``STAGEBENCH_QUICK=on`` changes (each only where the user set nothing): a diagnosis to iterate
-#: with, at under a third of SPDL's own profiler's time. Shorter windows and fewer levels cost precision
-#: (wider intervals, a coarser curve). Threads only: the process points were half of a quick diagnosis,
-#: so a stage that holds the GIL is flagged with what processes could give at most, not measured. The
-#: replay (the prediction) is kept; the real whole-pipeline runs are not (the validation run and the
-#: run at your settings: with their settles they were half of what was left).
+#: with, at about a third of SPDL's own profiler's time. Shorter windows closing at ±10% and fewer
+#: levels cost precision (wider intervals, a coarser curve). Threads only: the process points were
+#: half of a quick diagnosis, so a stage that holds the GIL is flagged with what processes could give
+#: at most, not measured. The replay (the prediction) is kept; the real whole-pipeline runs are not
+#: (the validation run and the run at your settings: with their settles they were half of the rest).
 QUICK = {
     "budget_s": 0.3,
     "min_window_s": 0.1,
+    "precision": 0.10,
     "concurrency": (1, 2, 4),
     "executors": ("thread",),
     "paired_rounds": 0,

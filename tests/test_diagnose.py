@@ -91,19 +91,19 @@ def test_settings_from_env_defaults_and_values(monkeypatch):
     s = DiagnoseSettings.from_env({})
     assert (s.num_items, s.budget_s, s.concurrency, s.executors, s.harnesses) == (
         200,
-        1.0,
+        0.5,
         (1, 2, 4, 8, 16),
         ("thread", "process"),
         ("spdl",),
     )
     assert (s.min_window_s, s.precision, s.warmup_s) == (0.2, 0.05, 0.05)
     m = s.measure_config()  # what each stage point is measured with: these settings, nothing else
-    assert (m.budget_s, m.min_window_s, m.precision, m.warmup_s) == (1.0, 0.2, 0.05, 0.05)
-    assert s.validation_window_s == 2.0
+    assert (m.budget_s, m.min_window_s, m.precision, m.warmup_s) == (0.5, 0.2, 0.05, 0.05)
+    assert s.validation_window_s == 1.0
     s = DiagnoseSettings.from_env(
         {
             "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS": "50",
-            "STAGEBENCH_BUDGET_S": "0.5",
+            "STAGEBENCH_BUDGET_S": "0.7",
             "STAGEBENCH_MAX_CONCURRENCY": "12",
             "STAGEBENCH_EXECUTORS": "Thread",
             "STAGEBENCH_HARNESSES": "direct,spdl",
@@ -114,7 +114,7 @@ def test_settings_from_env_defaults_and_values(monkeypatch):
     )
     assert (s.num_items, s.budget_s, s.concurrency, s.executors, s.harnesses, s.cache_max_mb, s.output_dir) == (
         50,
-        0.5,
+        0.7,
         (1, 2, 4, 8, 12),
         ("thread",),
         ("direct", "spdl"),

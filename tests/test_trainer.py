@@ -112,7 +112,7 @@ def test_a_loop_that_stops_at_once_gives_no_demand():
 
 
 def test_quick_mode_applies_its_preset_under_the_users_own_settings():
-    from stagebench._settings import QUICK
+    from stagebench._settings import QUICK, STAGE_WINDOW_S
     from stagebench.pipeline._settings import DiagnoseSettings
 
     s = DiagnoseSettings.from_env({"STAGEBENCH_QUICK": "on", "STAGEBENCH_BUDGET_S": "0.5"})
@@ -124,7 +124,12 @@ def test_quick_mode_applies_its_preset_under_the_users_own_settings():
         4,
         8,
     )
-    assert DiagnoseSettings.from_env({}).budget_s == 1.0 and DiagnoseSettings.from_env({}).quick == "off"
+    assert DiagnoseSettings.from_env({}).budget_s == STAGE_WINDOW_S and DiagnoseSettings.from_env({}).quick == "off"
+    # threads only, unless the user asks for processes
+    assert s.executors == ("thread",) and s.precision == QUICK["precision"]
+    both = DiagnoseSettings.from_env({"STAGEBENCH_QUICK": "on", "STAGEBENCH_EXECUTORS": "thread,process"})
+    assert both.executors == ("thread", "process")
+    assert DiagnoseSettings.from_env({}).executors == ("thread", "process")
     with pytest.raises(ValueError, match="STAGEBENCH_QUICK must be one of off, on"):
         DiagnoseSettings.from_env({"STAGEBENCH_QUICK": "yes"})
 
