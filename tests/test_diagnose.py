@@ -1060,7 +1060,7 @@ def test_validation_run_known_answer():
 
 def test_replay_and_validation_take_turns_and_agree_on_a_known_answer():
     """Stand-ins that sleep as long as the real stages: both runs read ~400 items/s, slice by slice."""
-    from stagebench.pipeline._wholerun import run_pipelines
+    from stagebench.pipeline._wholerun import _MIN_SETTLE_S, _SETTLE_LATENCIES, run_pipelines
 
     plan = _two_sleeps_plan()
     stand_ins = _two_sleeps_stand_ins()
@@ -1084,11 +1084,11 @@ def test_replay_and_validation_take_turns_and_agree_on_a_known_answer():
         pytest.skip(f"the slices of {', '.join(wide)} disagree by over 40%: the machine did not keep time")
     for x, other in ((r, "validation"), (v, "replay")):
         assert 220 < x["qps"] < 440  # 4 threads / 10 ms; sleeps overshoot on a loaded machine
-        assert x["interleaved_with"] == other and x["settle_s"] >= 0.25
+        assert x["interleaved_with"] == other and x["settle_s"] >= _MIN_SETTLE_S
         # Little's law: an item spends at least the two sleeps (10 + 2 ms) between source and sink,
         # and far less than the first item's 0.5 s warm-up (the settle follows this, not that)
         assert 0.012 <= x["latency_s"] < 0.25 and x["settle_s"] == pytest.approx(
-            max(0.25, 3 * max(r["latency_s"], v["latency_s"]))
+            max(_MIN_SETTLE_S, _SETTLE_LATENCIES * max(r["latency_s"], v["latency_s"]))
         )
     assert r["qps"] == pytest.approx(v["qps"], rel=0.25)
     assert "stage_latency" in v and set(v["stage_latency"]) == {"slow", "fast"}
