@@ -49,6 +49,18 @@ def test_sleep_stage_is_io_bound_and_recommended_at_the_top_of_the_grid():
     assert "still rising" in st["recommended"]["why"]
 
 
+def test_the_still_scaling_finding_names_the_top_of_the_curve_not_the_pipelines_smaller_setting():
+    """Found in a quick report: 'still scaling at concurrency 2 (654 items/s), the largest level
+    measured' for a stage measured up to 4 (1,032), because the joint advice had cut it to 2."""
+    from stagebench.analysis._findings import _stage_findings
+
+    st = analyze_stage(model_rows("sleep", gil_ms=0.0, wait_ms=5.0), cores=2)
+    top = st["recommended"]
+    cut = {**st, "recommended_alone": top, "recommended": {**top, "concurrency": 2, "qps": top["qps"] / 8}}
+    (f,) = [f for f in _stage_findings(cut, None, 2, {"qps": 50.0}) if "raise its concurrency" in f["title"]]
+    assert f"still scaling at concurrency {top['concurrency']} " in f["detail"]
+
+
 def test_gil_holding_stage_is_gil_bound_and_recommended_on_processes():
     st = analyze_stage(model_rows("spin", gil_ms=4.0, wait_ms=0.0), cores=2)
     assert st["classification"] == "gil-bound"

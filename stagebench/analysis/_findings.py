@@ -228,15 +228,17 @@ def _stage_findings(
         )
 
     if cls == "io-bound":
-        rising = "still rising" in ((st.get("recommended_alone") or rec).get("why") or "")
+        # the stage's own best alone is the curve's top; the pipeline's setting may be lower (it keeps up)
+        alone = st.get("recommended_alone") or rec
+        rising = "still rising" in (alone.get("why") or "")
         if rising:
             finding = _f(
                 "high" if is_bn else "medium",
                 f"{name} waits: raise its concurrency",
-                f"it was still scaling at concurrency {rec['concurrency']} ({fmt_q(rec['qps'])} items/s), the "
+                f"it was still scaling at concurrency {alone['concurrency']} ({fmt_q(alone['qps'])} items/s), the "
                 "largest level measured; measure higher levels to find where it stops",
                 name,
-                {"recommended": rec},
+                {"recommended": rec, "recommended_alone": alone},
                 1.5,
             )
             out.append(_demote(finding) if far else finding)
