@@ -426,8 +426,9 @@ def _cores_bind(rows: list[dict[str, Any]], harness: str, gil_high: float | None
     cores busy, the cores are what threads run out of: processes bring no more
     cores, and add pickling to the same CPU work. On ``bench_diagnosis``'s
     ``cpu_free`` and ``mixed6`` (sha256 of 2 MiB, GIL 0%, threads at 1.6-1.7 of 2
-    cores) processes read 0.96-1.10x threads over the grid, under the 1.25x over
-    threads the joint advice asks of processes.
+    cores) processes read 0.96-1.19x threads on the curves and 1.01-1.17x pair by
+    pair in a head-to-head, under the 1.25x over threads the joint advice asks of
+    processes.
     """
     if gil_high is None or not gil_high <= _GIL_FREE:
         return None
