@@ -110,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--quick",
         action="store_true",
-        help="a quick diagnosis for iteration: shorter windows, fewer levels (STAGEBENCH_QUICK=on)",
+        help="a quick diagnosis for iteration: shorter windows, fewer levels, threads only (STAGEBENCH_QUICK=on)",
     )
     g.add_argument(
         "--trainer",

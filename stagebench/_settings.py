@@ -300,8 +300,9 @@ SETTINGS: tuple[Setting, ...] = (
         "STAGEBENCH_QUICK",
         "choice",
         "off",
-        "on: a quick diagnosis for iteration (QUICK: shorter windows, grid 1,2,4, no head-to-head, GIL "
-        "probe or real whole-pipeline run: the replay predicts, unchecked); each setting you give yourself still wins",
+        "on: a quick diagnosis for iteration (QUICK: shorter windows, grid 1,2,4, threads only, no head-to-head, "
+        "GIL probe or real whole-pipeline run: the replay predicts, unchecked); each setting you give yourself "
+        "still wins",
         choices=("off", "on"),
     ),
     Setting(
