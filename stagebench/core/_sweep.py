@@ -170,9 +170,9 @@ class StageSweep:
         self.writer, self.progress, self.on_row, self.shared = writer, progress, on_row, shared_ceilings
         self.payload = payload_bytes(self.inputs) if self.inputs else math.nan
         self.noop = async_identity if is_coroutine_callable(fn) else identity
-        self.ceiling_cfg = self.cfg.measure
+        m = self.cfg.measure
+        self.ceiling_cfg = m
         if self.cfg.ceiling:
-            m = self.cfg.measure
             budget = self.cfg.ceiling_budget_s or max(0.2, m.budget_s / 2)
             # a no-op reaches its steady rate at once: half the minimum window, at the stage's precision
             # (the replay charges a process stage its ceiling's cost beyond the thread one's, a small
@@ -180,7 +180,6 @@ class StageSweep:
             self.ceiling_cfg = replace(m, budget_s=budget, min_window_s=m.min_window_s / 2)
         # A head-to-head window is one sample of a ratio whose interval comes from the pairs (the
         # host's phases between pairs, up to 1.4x here, not a window's own noise): ±10% will do
-        m = self.cfg.measure
         self.paired_cfg = replace(m, precision=max(m.precision, PAIRED_PRECISION)) if m.precision > 0 else m
         self.points = plan_points(fn, self.cfg)
         self.rows: list[dict[str, Any]] = []

@@ -20,10 +20,11 @@ three sub-windows for the interval's batches). While one
 runs, the other's source is closed and its stages idle. After each switch,
 ``settle`` seconds pass before counting starts: the other pipeline drains
 and this one refills (three times the slower pipeline's steady-state
-latency, source to sink, at least 0.1 s, at most 1 s; two times read the
-validation run of a pipeline with a process stage low, 13–15% under its
-replay in two of three runs, 2–8% at three times). All warm up at the same
-time, before the first slice: warming up is not measured.
+latency, source to sink, at least 0.1 s, at most 1 s; two times were tried
+while gil_mix's validation run read 13–15% under its replay, and put back;
+that error came from no-op ceilings read to ±10% at the time, so two times
+were never measured alone). All warm up at the same time, before the first
+slice: warming up is not measured.
 
 One run alone (the validation run without a replay) counts one contiguous
 window, as before.
