@@ -480,6 +480,21 @@ def test_a_pool_grows_across_levels_and_runs_the_stage_and_its_ceiling():
     assert pool.pids() == []
 
 
+def test_a_head_to_head_window_going_down_a_level_keeps_the_larger_pool_and_c_calls_in_flight():
+    """keep_larger: no fresh pool, and still only c calls at a time (a 20 ms sleep at c=1 reads ~50/s, not 4x)."""
+    from stagebench.core._executors import WorkerPool
+
+    inputs = list(range(20))
+    with WorkerPool(sleep_stage) as pool:
+        _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=4, config=FAST, pool=pool))
+        grown = set(pool.pids())
+        pool.keep_larger = True
+        one = _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=1, config=FAST, pool=pool))
+        assert pool.starts == 1 and set(pool.pids()) == grown
+        # one call in flight: at most one 20 ms sleep's rate (50/s), where four workers would allow 200/s
+        assert 25 < one["qps"] <= 55, one["qps"]
+
+
 def test_process_points_run_on_the_standard_library_pool_without_rerunning_an_unguarded_main(tmp_path):
     """The pool users are told to pass to SPDL; its workers must not run the user's script again."""
     import subprocess

@@ -393,7 +393,7 @@ class WorkerPool:
     still runs on exactly c workers (its CPU and memory are c workers'), the
     stage and its no-op ceiling share them (the ceiling calls
     :func:`_worker_noop`: the same IPC, no work), and going down in c starts a
-    fresh pool. A point that ends with a dead, hung or busy worker discards the
+    fresh pool (a head-to-head keeps the larger one: :attr:`keep_larger`). A point that ends with a dead, hung or busy worker discards the
     pool (:meth:`discard` kills it); the next point starts clean.
 
     Several stages (``WorkerPool(f, g, h)``) share the workers when their
@@ -432,6 +432,9 @@ class WorkerPool:
         self._procs: dict | None = None  # pid -> Process of the current pool
         self.size = self._capacity = 0
         self.starts = 0  # fresh pools started; read by tests and the benchmark
+        #: When set, a point that asks for fewer workers than the pool has runs on the larger pool
+        #: instead of a fresh one (:meth:`executor`): for windows that read throughput only.
+        self.keep_larger = False
 
     @property
     def fn_bytes(self) -> tuple[bytes, ...]:
@@ -452,8 +455,16 @@ class WorkerPool:
         raise ValueError(f"this pool runs {', '.join(repr(getattr(f, '__name__', f)) for f in self.fns)}, not {fn!r}")
 
     def executor(self, workers: int) -> Any:
-        """The pool with exactly ``workers`` workers, all started (grown, or started fresh)."""
-        if self._ex is not None and (workers < self.size or getattr(self._ex, "_broken", False)):
+        """The pool with exactly ``workers`` workers, all started (grown, or started fresh).
+
+        With :attr:`keep_larger`, a pool that already has more workers is kept as it is: at most
+        ``workers`` calls are in flight, so the others wait on the queue and cost no CPU, and a
+        fresh pool would cost its start-up (0.5-0.8 s before the first window of a head-to-head that
+        went down from the sweep's top level). Its memory and worker count are then the larger
+        pool's, which is why only windows that are read for their throughput use it.
+        """
+        shrink = workers < self.size and not self.keep_larger
+        if self._ex is not None and (shrink or getattr(self._ex, "_broken", False)):
             self.discard()
         if self._ex is not None and workers > self.size and not self._grow(workers):
             self.discard()

@@ -281,7 +281,9 @@ class StageSweep:
 
         Windows in the order T P P T, ``paired_rounds`` times, at each
         executor's best level of the recommendation's harness; ``pool`` serves
-        the process windows. A window that does not measure ends it (the
+        the process windows, at its size if that is larger than their level
+        (:attr:`WorkerPool.keep_larger`: c calls in flight either way, and no
+        fresh pool to start). A window that does not measure ends it (the
         pairs before it still count).
         """
         from stagebench.core import _paired
@@ -297,6 +299,17 @@ class StageSweep:
         if levels is None:
             return
         at = dict(zip(("thread", "process"), levels))
+        if pool is not None:  # a head-to-head reads throughput only: no fresh pool to go down a level
+            pool.keep_larger = True
+        try:
+            self._paired_windows(harness, at, pool)
+        finally:
+            if pool is not None:
+                pool.keep_larger = False
+
+    def _paired_windows(self, harness: str, at: dict[str, int], pool: Any) -> None:
+        from stagebench.core import _paired
+
         rounds = self.cfg.paired_rounds
         for i, ex in enumerate(("thread", "process", "process", "thread") * rounds):
             if i and i % 4 == 0 and i // 4 == rounds - 1 and _paired.threads_led_every_pair(self.rows[-i:]):
