@@ -403,6 +403,45 @@ def test_processes_are_not_measured_where_a_gil_free_stage_already_keeps_the_cor
     assert _cores_bind([dict(x, status="failed") for x in busy], "spdl", 0.0) is None
 
 
+def test_a_gil_free_stage_whose_threads_keep_the_cores_busy_without_gain_measures_no_higher_thread_level(
+    monkeypatch,
+):
+    """cpu_free's checksum: 2 threads fill 2 cores, 4 gain nothing; 8 and 16 are not measured (nor their ceilings)."""
+    import stagebench.core._sweep as sw
+    from stagebench.core._measure import empty_row
+
+    monkeypatch.setattr(sw, "usable_cores", lambda: 2)
+    curve = {1: (420.0, 1.0), 2: (735.0, 1.79), 4: (681.0, 1.69), 8: (620.0, 1.52), 16: (587.0, 1.5)}
+
+    def fake_measure(fn, inputs, *, executor, concurrency, config, name, role, harness, payload, pool):
+        q, used = (4000.0, 0.9) if role == "ceiling" else curve[concurrency]
+        row = empty_row(name, role, executor, harness, concurrency)
+        row.update(status="ok", qps=q, qps_low=q * 0.97, qps_high=q * 1.03, cores_used=used, reason="",
+                   payload_bytes=payload, elapsed_s=0.1, started_at="t")  # fmt: skip
+        return row
+
+    monkeypatch.setattr(sw, "measure_stage", fake_measure)
+    cfg = SweepConfig(executors=("thread",), concurrency=(1, 2, 4, 8, 16))
+
+    def sweep(gil_high):
+        s = sw.StageSweep(double, [1, 2], name="checksum", config=cfg)
+        s.gil_high = gil_high
+        s.run(s.points, None)
+        return s.frame().set_index(["role", "concurrency"])
+
+    rows = sweep(0.02)
+    assert [rows.loc[("stage", c), "status"] for c in (1, 2, 4, 8, 16)] == ["ok"] * 3 + ["skipped"] * 2
+    assert rows.loc[("ceiling", 4), "status"] == "ok" and rows.loc[("ceiling", 8), "status"] == "skipped"
+    why = rows.loc[("stage", 8), "reason"]
+    assert "4 threads kept 1.7 of 2 usable cores busy" in why and "735 items/s at c=2" in why
+    # holding the GIL (a falling curve is then contention worth seeing), or not probed: every level
+    for gil in (0.3, None):
+        assert (sweep(gil)["status"] == "ok").all()
+    # still rising beyond noise at a busy level: measured on
+    curve[4] = (900.0, 1.7)
+    assert sweep(0.02).loc[("stage", 8), "status"] == "ok"
+
+
 def test_ceilings_close_from_half_the_minimum_window_and_head_to_head_windows_at_ten_percent():
     from stagebench.core._sweep import PAIRED_PRECISION, StageSweep
 

@@ -19,7 +19,8 @@ could not win by more than the 5% within which threads are preferred), or
 when threads already reach the harness's thread no-op ceiling (the stage is
 overhead-bound; the process executor's own ceiling is lower), or when a GIL
 probe read the stage GIL-free while its threads already keep the cores busy
-(:func:`_cores_bind`).
+(:func:`_cores_bind`). The same probe ends a GIL-free stage's thread curve once a
+level keeps the cores busy without gain (:func:`_threads_cores_bound`).
 
 A stage point closes early once it cannot matter (:data:`CANNOT_MATTER`); no-op
 ceilings may close from half the minimum window; head-to-head windows are read
@@ -38,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from stagebench._numbers import finite
+from stagebench._numbers import finite, num
 from stagebench.core._config import MeasureConfig, SweepConfig
 from stagebench.core._executors import WorkerPool, async_identity, identity, is_coroutine_callable
 from stagebench.core._measure import empty_row, measure_stage, payload_bytes
@@ -59,6 +60,8 @@ CANNOT_MATTER = 0.8
 PAIRED_PRECISION = 0.10
 _STOP_STATUSES = ("skipped", "timeout", "failed")
 _PLATEAU = "not measured: process throughput stopped rising"
+_THREADS_PLATEAU = "not measured: thread throughput stopped rising"
+_CURVE_ENDED = (_PLATEAU, _THREADS_PLATEAU)  # a curve that ends keeps the ceiling of its last level, none above
 _NOT_NEAR = "not measured: this level's process throughput is more than 5% below the best so far"
 _LINEAR = 0.95  # threads within 5% of linear scaling: processes cannot win by more
 _AT_CEILING = 0.9  # threads within 10% of the thread no-op ceiling: the process ceiling is lower still
@@ -258,9 +261,13 @@ class StageSweep:
                     shared[(harness, ex, c)] = dict(row)
                 if role == "stage" and ex == "process" and cfg.process_flat_levels:
                     _watch_plateau(row, harness, self._plateaus, stopped, cfg.process_flat_levels)
+                if role == "stage" and ex == "thread" and cfg.process_flat_levels:
+                    ended = _threads_cores_bound(row, self.rows, harness, self.gil_high)
+                    if ended:
+                        stopped[("stage", harness, "thread")] = ended
                 if role == "stage" and ex == "process" and cfg.process_ceilings == "near_best":
                     _skip_ceiling_unless_near_best(row, self.rows, harness, stopped)
-            if role == "ceiling" and stopped.get(("stage", harness, ex), "").startswith(_PLATEAU):
+            if role == "ceiling" and stopped.get(("stage", harness, ex), "").startswith(_CURVE_ENDED):
                 # the ceiling of the last measured level is kept (measured or shared); none above it
                 stopped[("ceiling", harness, ex)] = stopped[("stage", harness, ex)]
             self._record(row)
@@ -458,6 +465,42 @@ def _cores_bind(rows: list[dict[str, Any]], harness: str, gil_high: float | None
         f"already keep {best['cores_used']:.1f} of {cores} usable cores busy (c={best['concurrency']}): the cores "
         "bind, not the GIL, and worker processes bring no more cores; "
         "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures them"
+    )
+
+
+def _threads_cores_bound(
+    row: dict[str, Any], rows: list[dict[str, Any]], harness: str, gil_high: float | None
+) -> str | None:
+    """Why the thread levels above ``row`` are not measured, or None.
+
+    When a probe read the stage GIL-free (at most :data:`_GIL_FREE` of a call),
+    ``row`` kept :data:`_SATURATED` of the usable cores busy and did not beat the
+    best thread level before it beyond noise, the cores are what its threads run
+    out of: more threads only queue for the same cores, so the curve cannot rise
+    again. (Where the GIL is held, a thread curve that falls at high concurrency is
+    evidence of contention, and is measured to the top.) On ``bench_diagnosis``'s
+    sha256 stages the levels above such a point read 0.80-1.0x of the best
+    (``cpu_free``: 735 items/s at c=2, then 681, 620, 587 at 4, 8, 16): the smallest
+    level within 5% of the best, the one recommended, is below them.
+    """
+    if gil_high is None or not gil_high <= _GIL_FREE or row["status"] != "ok" or not row["qps"] > 0:
+        return None
+    used, cores = num(row.get("cores_used")), usable_cores()
+    if not used >= _SATURATED * cores:  # NaN (not read) too
+        return None
+    before = [
+        r
+        for r in rows
+        if r["role"] == "stage" and r["executor"] == "thread" and r["harness"] == harness and r["status"] == "ok"
+    ]
+    best = max(before, key=lambda r: r["qps"], default=None)
+    if best is None or _beats(row, best):
+        return None
+    return (
+        f"{_THREADS_PLATEAU} ({row['concurrency']} threads kept {used:.1f} of {cores} "
+        f"usable cores busy, within noise of {best['qps']:,.0f} items/s at c={best['concurrency']}, and the stage "
+        f"holds the GIL for at most {gil_high:.0%} of a call): the cores bind, and more threads only queue for "
+        "them; process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures every level"
     )
 
 

@@ -689,12 +689,20 @@ class _Diagnosis:
                 shared_ceilings=self.shared_ceilings,
                 on_row=self._probe_speed,
             )
+            # the lowest thread level first: the probe needs it (_computes), and what it reads
+            # may end the thread curve early (a GIL-free stage whose cores are busy) and rule out
+            # process points (_sweep._threads_cores_bound, _sweep._cores_bind)
+            pts = [p for p in s.points if p[2] != "process"]
+            first = next(((h, ex, c) for role, h, ex, c in pts if role == "stage" and ex == "thread"), None)
+            head = [p for p in pts if p[1:] == first] if first else []
             with deferred_teardown():
-                s.run([p for p in s.points if p[2] != "process"], None)
+                s.run(head, None)
             with self._phase("gil_probes"):
                 reading = self._probe_gil(step, inputs, s.rows)
             if reading and finite(reading.get("high")):
-                s.gil_high = float(reading["high"])  # the process points may follow the cores, not the GIL
+                s.gil_high = float(reading["high"])
+            with deferred_teardown():
+                s.run([p for p in pts if p not in head], None)
             if s.process_pending():
                 self.process_sweeps.append(s)
             else:  # ruled out by its thread curve: the skipped rows now, and its inputs need not be kept
@@ -729,7 +737,7 @@ class _Diagnosis:
     def _probe_gil(self, step: Any, inputs: list, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         """Read the stage's GIL share directly (stagebench.pipeline._gilprobe) when it computes enough for it to matter.
 
-        After its thread points, with SPDL's tear-downs finished: the probe
+        After its first thread point, with SPDL's tear-downs finished: the probe
         sets the switch interval and reads CPU clocks, so nothing else may run.
         A stage that computes less than 15% of its call (waits) holds the GIL
         at most that share, which the curves bound well; the probe (~0.35 s)
