@@ -484,6 +484,52 @@ def test_unpicklable_source_items_skip_process_points_with_one_message(tmp_path,
     assert not list((tmp_path / "cache").rglob("output.pkl*"))  # one-off keys: nothing stored for later
 
 
+def spin_1ms(x):
+    """1 ms of pure Python: it holds the GIL, so its threads do not scale and its process curve is planned."""
+    end = time.perf_counter() + 0.001
+    while time.perf_counter() < end:
+        pass
+    return x
+
+
+def wait_30ms(x):
+    time.sleep(0.03)
+    return x
+
+
+@pytest.mark.parametrize("users", ["thread", "process"])
+def test_a_stage_whose_processes_could_not_change_the_pipelines_settings_is_not_measured_on_them(tmp_path, users):
+    """A 30 ms wait binds the pipeline at ~66 items/s on 2 threads; a 1 ms spin beside it reaches ~1,000 alone.
+    However fast the spin's processes were, the pipeline would wait on the other stage: its process points are
+    recorded as skipped with why, unless the user runs it on processes (then they are what the user has)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(1) if users == "process" else None
+    cfg = PipelineBuilder().add_source(range(100)).pipe(spin_1ms, executor=pool).pipe(wait_30ms).add_sink(2)
+    out = tmp_path / "run"
+    try:
+        diagnose_pipeline(
+            cfg.get_config(),
+            out=out,
+            settings=small(executors=("thread", "process"), validation_s=0),
+            show_table=False,
+            report=False,
+        )
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    rows = pd.read_csv(out / "results.csv")
+    spin = rows[(rows["stage"] == "spin_1ms") & (rows["executor"] == "process") & (rows["role"] != "paired")]
+    assert len(spin) == 4  # two levels x stage and ceiling
+    if users == "thread":
+        assert (spin["status"] == "skipped").all()
+        why = spin["reason"].iloc[0]
+        assert why.startswith("not measured: on processes this stage could not change the pipeline's settings")
+        assert "set by wait_30ms's capacity" in why
+    else:
+        assert (spin.loc[spin["role"] == "stage", "status"] == "ok").all()
+
+
 def test_stage_outputs_that_cannot_be_pickled_are_not_cached_and_do_not_stop_the_diagnosis(tmp_path, capsys):
     def wrap(x):
         return Locked(x)

@@ -164,3 +164,34 @@ def test_a_stated_demand_below_the_pace_gets_the_cheapest_settings_that_feed_it(
     spin2 = _stage("spin", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 490)], own=("thread", 1))
     assert recommend_jointly([wait2, spin2], cores=2, free_threaded=False, demand=900.0)["for_demand"] is None
     assert _setting(wait2) == ("thread", 4)
+
+
+def test_processes_are_measured_only_for_stages_whose_processes_could_raise_the_pipelines_bounds():
+    """cpu_free: a 1 ms wait and 0.2 ms of GIL-holding Python beside sha256 that binds at 700 items/s on 2 cores:
+    even at their best imaginable, processes for the first two leave the pipeline where it is. A 2 ms GIL-holding
+    stage beside another (they share one GIL) is a different matter: on processes it frees the GIL for the other."""
+    from stagebench.analysis._joint import process_headroom
+
+    levels = [1, 2, 4, 8, 16]
+    read = _stage(
+        "read", gil_ms=0.04, cpu_ms=0.05, thread=[(1, 750), (2, 1400), (4, 2800), (8, 3000)], own=("thread", 8)
+    )
+    checksum = _stage("checksum", gil_ms=0.0, cpu_ms=2.4, thread=[(1, 420), (2, 700), (4, 690)], own=("thread", 2))
+    label = _stage("label", gil_ms=0.19, cpu_ms=0.2, thread=[(1, 2000), (2, 2050)], own=("thread", 1))
+    head = process_headroom([read, checksum, label], {"read": levels, "label": levels}, cores=2, free_threaded=False)
+    assert set(head) == {"read", "label"}
+    for h in head.values():
+        assert h["gain"] <= 1.02 and h["best"] <= 1.02 * h["on_threads"]
+        assert h["binding"] in ("checksum's capacity", "the cores")
+    # held on threads, read and label leave checksum or the cores to bind: at most 2 cores / 2.65 ms
+    assert max(h["on_threads"] for h in head.values()) <= 2 / 2.65e-3
+
+    a = _stage("a", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 495)], own=("thread", 1))
+    b = _stage("b", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 495)], own=("thread", 1))
+    head = process_headroom([a, b], {"a": [1, 2], "b": [1, 2]}, cores=2, free_threaded=False)
+    # on threads both share one GIL (250 items/s); with one on processes the other has it alone (~500)
+    assert head["a"]["gain"] > 1.5 and head["b"]["gain"] > 1.5 and head["a"]["binding"] == "the GIL"
+    # a stage the pipeline never waits on, next to one that binds at 100 items/s whatever it runs on
+    wait = _stage("wait", gil_ms=0.01, cpu_ms=0.02, thread=[(1, 100)], own=("thread", 1))
+    spin = _stage("spin", gil_ms=1.0, cpu_ms=1.0, thread=[(1, 1000), (2, 980)], own=("thread", 1))
+    assert process_headroom([spin, wait], {"spin": [1, 2]}, cores=2, free_threaded=False)["spin"]["gain"] == 1.0

@@ -54,12 +54,13 @@ from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._predict import pipeline_bounds, stage_load
 from stagebench.core._paired import WITHIN_BEST
 
-__all__ = ["recommend_jointly"]
+__all__ = ["recommend_jointly", "process_headroom"]
 
 #: Capacity alone a stage keeps above the pipeline's pace when its workers are cut (module docstring).
 SPARE = 0.5
 #: An executor assignment scored within this share of the best counts as its equal (module docstring).
 TRUSTED = 0.8
+_BOUND_NAMES = {"gil": "the GIL", "cores": "the cores"}
 _EXHAUSTIVE = 4096  # executor assignments tried exhaustively (2^12 stages with two executors)
 
 
@@ -208,7 +209,7 @@ def recommend_jointly(
             f"in the pipeline: {chosen['executor']} x {chosen['concurrency']} ({st['recommended']['why']})"
         )
     b = pipeline_bounds(loads, cores, free_threaded, fixed)
-    binding = {"stage": f"{b['cap_stage']}'s capacity", "gil": "the GIL", "cores": "the cores"}[b["binding"]]
+    binding = f"{b['cap_stage']}'s capacity" if b["binding"] == "stage" else _BOUND_NAMES[b["binding"]]
     text = (
         f"settings chosen for the whole pipeline: {len(scored)} executor assignment(s) scored with the bounds"
         + ("" if exhaustive else " (one stage switched at a time: too many to try all)")
@@ -260,3 +261,88 @@ def _why(
         f"alone it would be set to {alone['executor']} x {alone['concurrency']} ({fmt_q(alone['qps'] * k)} items/s)"
     )
     return "; ".join(parts)
+
+
+def process_headroom(
+    stages: list[dict], pending: dict[str, list[int]], *, cores: int, free_threaded: bool, fixed: float = 0.0
+) -> dict[str, dict]:
+    """How much each stage in ``pending`` could raise the pipeline's bounds on processes, before they are measured.
+
+    ``stages``: the stage entries analysed from the thread points so far (the
+    ``summary.json`` entries); ``pending``: stage name -> the process levels still
+    to measure. Each pending stage's processes are taken at their most optimistic:
+    at level c, c workers each as fast as one thread alone (its lowest thread
+    level's rate per thread), its least CPU per item of any thread level, no IPC and
+    none of its own GIL time in the main process. The bounds' best pipeline (the
+    score :func:`recommend_jointly` maximises: every executor assignment) is
+    computed with the stage free to take processes and with it held on threads, in
+    two worlds: the other pending stages at their optimistic processes, and all of
+    them on threads. Returns name -> ``gain`` (the larger ratio of the two worlds:
+    1.0 when processes for this stage cannot raise the pipeline's bounds at all),
+    ``best`` and ``on_threads`` (that world's two figures) and ``binding`` (what
+    binds there with the stage on threads). Real processes are no faster than
+    these, so a stage whose gain is within the 5% the recommendation treats as
+    equal (:data:`WITHIN_BEST`) cannot change the pipeline's settings by being
+    measured on them. Empty when there are too many assignments to try them all.
+    """
+    ok = [st for st in stages if st.get("status", "ok") == "ok" and st.get("recommended")]
+    options = {st["name"]: _options(st) for st in ok}
+    ok = [st for st in ok if options[st["name"]]]
+    optimistic = {st["name"]: _optimistic_processes(st, pending[st["name"]], options[st["name"]]) for st in ok
+                  if st["name"] in pending}  # fmt: skip
+    optimistic = {k: v for k, v in optimistic.items() if v}
+    names = [st["name"] for st in ok]
+    if not optimistic or math.prod(len(options[n]) + (n in optimistic) for n in names) > _EXHAUSTIVE:
+        return {}
+
+    def best(free: set[str], held: str) -> tuple[float, str]:
+        """The bounds' best pipeline with the ``free`` stages' optimistic processes allowed, ``held`` on threads."""
+        choices = []
+        for st in ok:
+            n = st["name"]
+            alts = [(ex, _fastest(opts)) for ex, opts in options[n].items()]
+            if n in optimistic and n in free and n != held:
+                alts.append(("process", _fastest(optimistic[n])))
+            choices.append([stage_load(st, setting, fixed) for _, setting in alts])
+        top, binding = -math.inf, ""
+        for loads in itertools.product(*choices):
+            b = pipeline_bounds(list(loads), cores, free_threaded, fixed)
+            if b["qps"] > top:
+                top = float(b["qps"])
+                binding = f"{b['cap_stage']}'s capacity" if b["binding"] == "stage" else _BOUND_NAMES[b["binding"]]
+        return top, binding
+
+    out: dict[str, dict] = {}
+    for n in optimistic:
+        worst: dict | None = None
+        for others in (set(optimistic), {n}):
+            with_it, _ = best(others, held="")
+            held, binding = best(others, held=n)
+            gain = with_it / held if held > 0 else math.inf
+            if worst is None or gain > worst["gain"]:
+                worst = {"gain": gain, "best": with_it, "on_threads": held, "binding": binding}
+        assert worst is not None
+        out[n] = worst
+    return out
+
+
+def _optimistic_processes(st: dict, levels: list[int], options: dict[str, list[dict]]) -> list[dict]:
+    """The stage's processes at their best imaginable (:func:`process_headroom`), one setting per level."""
+    threads = options.get("thread") or []
+    if not threads or not levels:
+        return []
+    low = threads[0]
+    per_worker = low["qps"] / low["concurrency"]
+    cpus = [t["cpu_s_per_item"] for t in threads if t["cpu_s_per_item"] is not None]
+    return [
+        {
+            **low,
+            "executor": "process",
+            "concurrency": c,
+            "qps": per_worker * c,
+            "cpu_s_per_item": min(cpus) if cpus else None,
+            # the thread executor's own cost in the main process: no pickling, no result queue
+            "harness_gil_s_per_item": low.get("harness_gil_s_per_item"),
+        }
+        for c in sorted(levels)
+    ]

@@ -745,34 +745,10 @@ def _run_warnings(df: pd.DataFrame, stages: list[dict], meta: Mapping[str, Any],
     return out
 
 
-def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None) -> dict:
-    """The pipeline ``summary.json``: per-stage verdicts, prediction, findings, verdict.
-
-    ``rows``: :data:`stagebench.runs._schema.STAGE_COLUMNS` rows of every stage
-    (any roles, harnesses, executors and statuses). ``meta``: ``run.json``
-    (``provenance``, ``settings``, ``stages`` in pipeline order,
-    ``not_isolated``, optionally ``validation``). Stage entries of ``run.json``
-    may carry ``items_per_input`` (source items per input of that stage, for
-    stages after a batching step); it defaults to 1.
-    ``stage_cache``: a dict kept between calls on the same rows (the diagnosis
-    summarizes before and after its whole-pipeline runs): each stage's analysis,
-    whose bootstrap fits are most of the time, is then done once.
-    """
-    from stagebench._version import __version__
-    from stagebench.analysis._findings import build_findings
-    from stagebench.analysis._joint import recommend_jointly
-    from stagebench.analysis._predict import apply_replay, predict_pipeline
-    from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
-
-    meta = dict(meta or {})
-    prov = meta.get("provenance") or {}
-    cores = _cores(prov)
-    free_threaded = bool(prov.get("free_threaded"))
-    df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
-    if "stage" not in df.columns:
-        df = df.assign(stage=pd.Series(dtype=str))
-    df = df.assign(stage=df["stage"].fillna("").astype(str))
-
+def _stage_entries(
+    df: pd.DataFrame, meta: dict, cores: int, free_threaded: bool, stage_cache: dict | None
+) -> list[dict]:
+    """Each declared stage's analysis (:func:`analyze_stage`) with its place in the pipeline, in pipeline order."""
     declared = list(meta.get("stages") or [])
     names = [str(s.get("name", "")) for s in declared]
     for extra in df["stage"].unique():
@@ -803,6 +779,53 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
                 entry[field] = decl[field]
         stages.append(entry)
 
+    return stages
+
+
+def process_headroom_of_run(
+    rows: pd.DataFrame, meta: dict, pending: dict[str, list[int]], *, stage_cache: dict | None = None
+) -> dict[str, dict]:
+    """:func:`stagebench.analysis._joint.process_headroom` on a diagnosis's rows so far (its thread points)."""
+    from stagebench.analysis._joint import process_headroom
+
+    prov = (meta or {}).get("provenance") or {}
+    cores, free_threaded = _cores(prov), bool(prov.get("free_threaded"))
+    df = rows.assign(stage=rows["stage"].fillna("").astype(str))
+    stages = _stage_entries(df, dict(meta or {}), cores, free_threaded, stage_cache)
+    overhead = pipeline_overhead((meta or {}).get("pipeline_overhead"))
+    fixed = float((overhead or {}).get("fixed_s_per_item") or 0.0)
+    return process_headroom(stages, pending, cores=cores, free_threaded=free_threaded, fixed=fixed)
+
+
+def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None) -> dict:
+    """The pipeline ``summary.json``: per-stage verdicts, prediction, findings, verdict.
+
+    ``rows``: :data:`stagebench.runs._schema.STAGE_COLUMNS` rows of every stage
+    (any roles, harnesses, executors and statuses). ``meta``: ``run.json``
+    (``provenance``, ``settings``, ``stages`` in pipeline order,
+    ``not_isolated``, optionally ``validation``). Stage entries of ``run.json``
+    may carry ``items_per_input`` (source items per input of that stage, for
+    stages after a batching step); it defaults to 1.
+    ``stage_cache``: a dict kept between calls on the same rows (the diagnosis
+    summarizes before and after its whole-pipeline runs): each stage's analysis,
+    whose bootstrap fits are most of the time, is then done once.
+    """
+    from stagebench._version import __version__
+    from stagebench.analysis._findings import build_findings
+    from stagebench.analysis._joint import recommend_jointly
+    from stagebench.analysis._predict import apply_replay, predict_pipeline
+    from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
+
+    meta = dict(meta or {})
+    prov = meta.get("provenance") or {}
+    cores = _cores(prov)
+    free_threaded = bool(prov.get("free_threaded"))
+    df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    if "stage" not in df.columns:
+        df = df.assign(stage=pd.Series(dtype=str))
+    df = df.assign(stage=df["stage"].fillna("").astype(str))
+
+    stages = _stage_entries(df, meta, cores, free_threaded, stage_cache)
     overhead = pipeline_overhead(meta.get("pipeline_overhead"))
     # the stages' settings chosen together (each stage's own best alone is kept beside it)
     target = (meta.get("settings") or {}).get("target_rate")

@@ -402,10 +402,7 @@ class _Diagnosis:
 
         self._sweep_all(src.items)
         self.meta["cpu_speed"] = {"sweep_ns": self.sweep_speeds}
-        if "spdl" in settings.harnesses and len(plan.stages) > 1:
-            with self._phase("pipeline_overhead"):
-                self.meta["pipeline_overhead"] = self._pipeline_overhead(src.items)
-            self.run_dir.write_meta(self.meta)
+        self._measure_overhead(src.items)
         rows = self._rows()
         summary = self._summarize(rows)
         if self.blocked:
@@ -596,6 +593,8 @@ class _Diagnosis:
             if self.process_sweeps:
                 from stagebench.core._sweep import sweep_process_points
 
+                self._measure_overhead(source_items)  # the bounds below charge it once per item
+                self._rule_out_processes()
                 sweep_process_points(self.process_sweeps)
                 self.process_sweeps.clear()  # their inputs can go
         self.blocked = blocked
@@ -759,6 +758,58 @@ class _Diagnosis:
         if any(ex != "process" for ex in self.settings.executors):
             return "thread/async points are measured"
         return f"STAGEBENCH_EXECUTORS allows only process, so {what} not measured"
+
+    def _measure_overhead(self, source_items: list) -> None:
+        """SPDL's per-item cost of a pipeline (:meth:`_pipeline_overhead`), once: before the process points if any."""
+        if "pipeline_overhead" in self.meta or "spdl" not in self.settings.harnesses or len(self.plan.stages) < 2:
+            return
+        with self._phase("pipeline_overhead"):
+            self.meta["pipeline_overhead"] = self._pipeline_overhead(source_items)
+        self.run_dir.write_meta(self.meta)
+
+    def _rule_out_processes(self) -> None:
+        """Skip the process points of stages whose processes could not change the pipeline's settings.
+
+        After every stage's thread points, before any process point: the bounds the
+        joint recommendation maximises, with each such stage's processes at their
+        most optimistic (:func:`stagebench.analysis._joint.process_headroom`). A
+        stage whose processes could raise them by no more than the 5% within which
+        settings count as equal is not measured on processes: another stage, the
+        cores or the GIL binds the pipeline whatever this one runs on (``cpu_free``:
+        its sha256 stage binds at ~700 items/s; its 1 ms wait and its 0.2 ms of
+        Python reach 3,000 and 2,500 on threads alone). Stages the user runs on
+        processes are measured on them, and ``STAGEBENCH_PROCESS_FLAT_LEVELS=0``
+        measures every stage's.
+        """
+        from stagebench.analysis._pipeline import process_headroom_of_run
+        from stagebench.core._paired import WITHIN_BEST
+
+        mine = {st.name: st.user_executor for st in self.plan.stages}
+        sweeps = [s for s in self.process_sweeps if s.cfg.process_flat_levels and mine.get(s.name) != "process"]
+        if not sweeps or len(self.plan.stages) < 2:
+            return
+        pending = {s.name: sorted({p[3] for p in s.remaining("process")}) for s in sweeps}
+        with self._phase("process_headroom"):
+            try:
+                head = process_headroom_of_run(self._rows(), self.meta, pending, stage_cache=self.analysis_cache)
+            except Exception as e:  # an analysis bug must not cost the measurements: measure them all
+                self._log_error("process headroom", e)
+                return
+        for s in sweeps:
+            h = head.get(s.name)
+            if h is None or not h["gain"] * WITHIN_BEST <= 1.0:
+                continue
+            why = (
+                f"not measured: on processes this stage could not change the pipeline's settings: even at "
+                f"their best (each worker as fast as one thread alone, no IPC, its GIL time out of the main "
+                f"process) the bounds give the pipeline {h['best']:,.0f} items/s against {h['on_threads']:,.0f} "
+                f"with it on threads (set by {h['binding']}); "
+                "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures them"
+            )
+            for harness in dict.fromkeys(p[1] for p in s.remaining("process")):
+                s.stopped[("stage", harness, "process")] = s.stopped[("ceiling", harness, "process")] = why
+            s.run(s.remaining("process"), None)  # their skipped rows, with the reason
+            self.process_sweeps.remove(s)
 
     def _pipeline_overhead(self, source_items: list) -> dict[str, Any]:
         """SPDL's no-op cost with one and with three pipes (thread x 4, same window and statistics).
