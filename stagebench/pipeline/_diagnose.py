@@ -941,21 +941,17 @@ class _Diagnosis:
         recommended ones, the user's run is ``{"same": True}``: one run is both.
         """
         from stagebench.core._speed import cpu_speed_ns
-        from stagebench.pipeline._isolate import Passthrough
         from stagebench.pipeline._replay import plan_stand_ins
         from stagebench.pipeline._wholerun import run_pipelines
 
         choices = _choices(summary)
-        # The warm-up is for pools that start lazily, on their first items: worker
-        # processes take ~1 s here. Thread pools start at once, so a pipeline without
-        # processes (none recommended, none of the user's own, no segment run as is)
-        # is warm once items have reached the sink for 0.5 s.
-        procs = any(ex == "process" for ex, _ in choices.values()) or any(
-            isinstance(st, Passthrough) or st.user_executor == "process" for st in self.plan.steps
-        )
-        # a window under 1 s (quick mode's 0.5 s replay) gets a warm-up as much shorter
+        # Warm once items have reached the sink for 0.5 s (_wholerun._Run.warm), pools included:
+        # a process pool starts its c workers together, on its first c calls, so the first item
+        # arrives once they have started (gil_mix's process x 4: 0.06-0.07 s after opening). A
+        # pipeline with processes had a 1 s floor besides, which only made it wait 0.45 s longer.
+        # A window under 1 s (quick mode's 0.5 s replay) gets a warm-up as much shorter.
         window = self.settings.validation_window_s
-        warm = (1.0 if procs else 0.5) * min(1.0, window)
+        warm = 0.5 * min(1.0, window)
         speeds = {name: statistics.median(v) for name, v in self.stage_speeds.items() if v}
         self.meta.setdefault("cpu_speed", {})["stage_ns"] = speeds
         stand_ins = plan_stand_ins(summary.get("stages") or [], speeds)
