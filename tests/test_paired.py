@@ -174,3 +174,23 @@ def test_the_gil_finding_does_not_say_processes_did_not_help_when_they_were_ahea
     f = next(x for x in _stage_findings(st, "s", 2) if "holds the GIL" in x["title"])
     assert "processes were not clearly faster" in f["title"] and "did not help" not in f["title"]
     assert "564 items/s vs 499 on threads" in f["detail"] and "cancels the gain" not in f["detail"]
+
+
+def test_a_head_to_head_is_skipped_only_where_its_result_could_not_change_the_pipelines_settings():
+    """``s`` has processes 1.3x ahead on its curves. Beside ``w``, a 10 ms wait that binds the pipeline at
+    ~100 items/s on any executor, whatever the head-to-head found would change nothing the user sets. On
+    its own (``w`` fast) the pipeline is ``s``: then its executor is the advice, and the head-to-head runs."""
+    from stagebench.analysis._pipeline import paired_needless_of_run, summarize
+
+    meta = {"stages": [{"name": "s"}, {"name": "w"}], "provenance": {"cores": 2}}
+    planned = {"s": ("direct", 2, 4)}
+    w = [row("w", "thread", c, 100.0 * min(c, 1), noise=0.01, cpu_s_per_item=1e-5) for c in (1, 2, 4)]
+    rows = pd.DataFrame(_curves(400.0, 520.0) + w)
+    why = paired_needless_of_run(rows, meta, planned)["s"]
+    assert why.startswith("no head-to-head: whatever it found (processes at 0.93x to 1.82x threads")
+    # the reason reaches the stage's recommendation, which the curves alone decide
+    st = summarize(rows, {**meta, "stages": [{"name": "s", "head_to_head_skipped": why}, {"name": "w"}]})["stages"][0]
+    assert st["recommended_alone" if "recommended_alone" in st else "recommended"]["why"].endswith(why)
+
+    fast = [row("w", "thread", c, 5000.0 * c, noise=0.01, cpu_s_per_item=1e-5) for c in (1, 2, 4)]
+    assert paired_needless_of_run(pd.DataFrame(_curves(400.0, 520.0) + fast), meta, planned) == {}

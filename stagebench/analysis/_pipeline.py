@@ -777,6 +777,9 @@ def _stage_entries(
         for field in ("user_executor", "user_concurrency"):
             if field in decl:
                 entry[field] = decl[field]
+        if decl.get("head_to_head_skipped") and entry.get("recommended"):
+            entry["head_to_head_skipped"] = decl["head_to_head_skipped"]
+            entry["recommended"]["why"] += f"; {decl['head_to_head_skipped']}"
         stages.append(entry)
 
     return stages
@@ -795,6 +798,70 @@ def process_headroom_of_run(
     overhead = pipeline_overhead((meta or {}).get("pipeline_overhead"))
     fixed = float((overhead or {}).get("fixed_s_per_item") or 0.0)
     return process_headroom(stages, pending, cores=cores, free_threaded=free_threaded, fixed=fixed)
+
+
+def paired_needless_of_run(
+    rows: pd.DataFrame, meta: dict, planned: dict[str, tuple[str, int, int]], *, stage_cache: dict | None = None
+) -> dict[str, str]:
+    """Which planned head-to-heads could not change the pipeline's settings, and why.
+
+    ``planned``: stage name -> (harness, thread level, process level) of the
+    head-to-head its curves call for (:func:`stagebench.core._paired.plan`). The
+    ratio it would find lies within the curves' ratio over and times
+    :data:`~stagebench.core._paired.HOST_PHASES` (what two moments of this kind of
+    host differ by). For each stage, the joint recommendation
+    (:func:`~stagebench.analysis._joint.recommend_jointly`) is computed as if the
+    head-to-head had found the low end, the curves' ratio and the high end (each
+    stage's own choice follows it, as after a real one). Where every stage gets
+    the same executor and concurrency all three times, running it could change
+    nothing the user is told to set: name -> why, for the stage's recommendation.
+    """
+    from stagebench.analysis._joint import recommend_jointly
+    from stagebench.core._measure import empty_row
+    from stagebench.core._paired import HOST_PHASES
+
+    meta = dict(meta or {})
+    prov = meta.get("provenance") or {}
+    cores, free_threaded = _cores(prov), bool(prov.get("free_threaded"))
+    df = rows.assign(stage=rows["stage"].fillna("").astype(str))
+    fixed = float((pipeline_overhead(meta.get("pipeline_overhead")) or {}).get("fixed_s_per_item") or 0.0)
+    demand = num_or_none((meta.get("settings") or {}).get("target_rate"))
+    cache = stage_cache if stage_cache is not None else {}
+    _stage_entries(df, meta, cores, free_threaded, cache)  # every stage as measured, analysed once
+    out: dict[str, str] = {}
+    for name, (harness, t_level, p_level) in planned.items():
+        sr = StageRows(df[df["stage"] == name])
+        t, p = sr.curve(harness, "thread").at(t_level), sr.curve(harness, "process").at(p_level)
+        if t is None or p is None or not t.qps > 0:
+            continue
+        ratio = p.qps / t.qps
+        picks = []
+        for r in (ratio / HOST_PHASES, ratio, ratio * HOST_PHASES):
+            pairs = [("thread", t_level, t.qps), ("process", p_level, t.qps * r)] * 2
+            fake = pd.DataFrame(
+                [
+                    {**empty_row(name, "paired", ex, harness, c), "status": "ok", "qps": q, "qps_low": q, "qps_high": q}
+                    for ex, c, q in (pairs[0], pairs[1], pairs[3], pairs[2])  # T P P T
+                ]
+            )
+            mine = {k: v for k, v in cache.items() if k[0] != name}  # this stage analysed afresh each time
+            stages = _stage_entries(pd.concat([df, fake], ignore_index=True), meta, cores, free_threaded, mine)
+            recommend_jointly(stages, cores=cores, free_threaded=free_threaded, fixed=fixed, demand=demand)
+            picks.append(
+                {
+                    st["name"]: (st["recommended"]["executor"], st["recommended"]["concurrency"])
+                    for st in stages
+                    if st.get("recommended")
+                }
+            )
+        if picks[0] == picks[1] == picks[2]:
+            out[name] = (
+                f"no head-to-head: whatever it found (processes at {ratio / HOST_PHASES:.2f}x to "
+                f"{ratio * HOST_PHASES:.2f}x threads: the curves' {ratio:.2f}x, over and times the {HOST_PHASES:g}x "
+                "two moments of this host can differ by), the pipeline's settings would be the same, so the "
+                "curves decide this stage alone"
+            )
+    return out
 
 
 def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None) -> dict:

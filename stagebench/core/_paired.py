@@ -36,9 +36,12 @@ from typing import Any
 from stagebench._numbers import num
 from stagebench.core._curves import Point, StageRows
 
-__all__ = ["MAX_RATIO", "WITHIN_BEST", "within_noise", "plan", "paired_result", "threads_led_every_pair"]
+__all__ = ["MAX_RATIO", "HOST_PHASES", "WITHIN_BEST", "within_noise", "plan", "paired_result", "threads_led_every_pair"]
 
 MAX_RATIO = 1.5  # processes ahead by at least this on the curves: no head-to-head needed
+#: How far apart two points measured seconds apart can read on this host's phases alone (module docstring):
+#: the ratio a head-to-head could find lies within the curves' ratio over and times this.
+HOST_PHASES = 1.4
 WITHIN_BEST = 0.95  # within 5% of the best counts as equal (the recommendation's rule)
 _MIN_PAIRS = 2  # fewer usable pairs than this: the head-to-head says nothing
 

@@ -283,6 +283,18 @@ class StageSweep:
             return self.cfg.measure
         return replace(self.cfg.measure, below=CANNOT_MATTER * max(lows))
 
+    def paired_plan(self) -> tuple[str, int, int] | None:
+        """(harness, thread level, process level) of the head-to-head its curves call for, or None."""
+        from stagebench.core import _paired
+        from stagebench.core._curves import StageRows
+
+        if not self.cfg.paired_rounds or "process" not in _executors_for(self.fn, self.cfg):
+            return None
+        sr = StageRows(self.frame())
+        harness = sr.recommendation_harness()
+        levels = _paired.plan(sr, harness) if harness else None
+        return (harness, *levels) if harness and levels else None
+
     def run_paired(self, pool: Any) -> None:
         """The head-to-head (:mod:`stagebench.core._paired`), when the curves alone would pick processes by a small margin.
 
@@ -293,19 +305,11 @@ class StageSweep:
         fresh pool to start). A window that does not measure ends it (the
         pairs before it still count).
         """
-        from stagebench.core import _paired
-        from stagebench.core._curves import StageRows
-
-        if not self.cfg.paired_rounds or "process" not in _executors_for(self.fn, self.cfg):
+        planned = self.paired_plan()
+        if planned is None:
             return
-        sr = StageRows(self.frame())
-        harness = sr.recommendation_harness()
-        if not harness:
-            return
-        levels = _paired.plan(sr, harness)
-        if levels is None:
-            return
-        at = dict(zip(("thread", "process"), levels))
+        harness, t_level, p_level = planned
+        at = {"thread": t_level, "process": p_level}
         if pool is not None:  # a head-to-head reads throughput only: no fresh pool to go down a level
             pool.keep_larger = True
         try:
@@ -349,7 +353,9 @@ class StageSweep:
             self.on_row(row)
 
 
-def sweep_process_points(sweeps: Sequence[StageSweep]) -> None:
+def sweep_process_points(
+    sweeps: Sequence[StageSweep], paired_needless: Callable[[Sequence[StageSweep]], dict[str, str]] | None = None
+) -> None:
     """The remaining (process) points of several stages, level by level, on one shared pool.
 
     Why: a pool grown stage by stage starts 1+1+2+4+8 = 16 workers per stage
@@ -361,7 +367,10 @@ def sweep_process_points(sweeps: Sequence[StageSweep]) -> None:
     points on pools of its own (the first records why). Each harness is its
     own pass: its levels start again from the lowest. A stage that pickles
     larger than 1 MiB keeps a pool of its own (see :func:`_pools`). Then each
-    stage's head-to-head, if its curves call for one (:meth:`StageSweep.run_paired`).
+    stage's head-to-head, if its curves call for one (:meth:`StageSweep.run_paired`),
+    except where ``paired_needless`` (given every stage's curves) says why it is not
+    needed: stage name -> reason (the diagnosis: its result could not change the
+    pipeline's settings).
     """
     import contextlib
 
@@ -377,8 +386,10 @@ def sweep_process_points(sweeps: Sequence[StageSweep]) -> None:
                     pts = [p for p in todo[id(s)] if p[1] == harness and p[3] == c]
                     if pts:
                         s.run(pts, pools.get(id(s.fn)))
+        needless = paired_needless(sweeps) if paired_needless is not None else {}
         for s in sweeps:
-            s.run_paired(pools.get(id(s.fn)))
+            if s.name not in needless:
+                s.run_paired(pools.get(id(s.fn)))
 
 
 def _threads_linear(rows: list[dict[str, Any]], harness: str) -> str | None:

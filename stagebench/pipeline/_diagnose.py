@@ -595,7 +595,7 @@ class _Diagnosis:
 
                 self._measure_overhead(source_items)  # the bounds below charge it once per item
                 self._rule_out_processes()
-                sweep_process_points(self.process_sweeps)
+                sweep_process_points(self.process_sweeps, paired_needless=self._paired_needless)
                 self.process_sweeps.clear()  # their inputs can go
         self.blocked = blocked
         # what one item at the sink stands for, in source items (batches: the batch size)
@@ -810,6 +810,34 @@ class _Diagnosis:
                 s.stopped[("stage", harness, "process")] = s.stopped[("ceiling", harness, "process")] = why
             s.run(s.remaining("process"), None)  # their skipped rows, with the reason
             self.process_sweeps.remove(s)
+
+    def _paired_needless(self, sweeps: Any) -> dict[str, str]:
+        """The planned head-to-heads whose result could not change the pipeline's settings, and why.
+
+        Called with every stage's curves measured, before any head-to-head
+        (:func:`stagebench.analysis._pipeline.paired_needless_of_run`). ``gil_mix``'s
+        ``mixed`` (processes 1.26x threads on its curves, 8 windows, ~2.3 s): at 0.9x or
+        1.76x the cores would bind the pipeline either way. A stage the user runs on
+        processes keeps its head-to-head: it is their setting that it checks.
+        """
+        from stagebench.analysis._pipeline import paired_needless_of_run
+
+        mine = {st.name: st.user_executor for st in self.plan.stages}
+        planned = {s.name: p for s in sweeps if mine.get(s.name) != "process" for p in [s.paired_plan()] if p}
+        if not planned or len(self.plan.stages) < 2:
+            return {}
+        with self._phase("head_to_head_needed"):
+            try:
+                needless = paired_needless_of_run(self._rows(), self.meta, planned, stage_cache=self.analysis_cache)
+            except Exception as e:  # an analysis bug must not cost the head-to-heads: run them
+                self._log_error("head-to-head needed", e)
+                return {}
+        for name, why in needless.items():
+            self._stage_meta(name)["head_to_head_skipped"] = why
+            self.say(f"{name!r}: {why}")
+        if needless:
+            self.run_dir.write_meta(self.meta)
+        return needless
 
     def _pipeline_overhead(self, source_items: list) -> dict[str, Any]:
         """SPDL's no-op cost with one and with three pipes (thread x 4, same window and statistics).

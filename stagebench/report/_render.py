@@ -406,6 +406,7 @@ def stage_cards(
                 "ceiling": _in_items({"qps": s.get("ceiling_qps")}, s)["qps"],
                 # measured at the stage's own best setting, where the pipeline's choice differs
                 "alone": _in_items(s.get("recommended_alone"), s) if s.get("recommended_alone") else None,
+                "alone_unpaired": s.get("head_to_head_skipped") if s.get("recommended_alone") else None,
                 "items_per_call": num_or_none(s.get("items_per_input")),
                 "calls_qps": (s.get("recommended") or {}).get("qps"),
                 "cpu_ms": _to_ms(s.get("cpu_s_per_item")),
