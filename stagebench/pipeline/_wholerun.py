@@ -19,12 +19,13 @@ that counts nothing, up to 1 s, and twice cost a 6-stage diagnosis 4 s more
 three sub-windows for the interval's batches). While one
 runs, the other's source is closed and its stages idle. After each switch,
 ``settle`` seconds pass before counting starts: the other pipeline drains
-and this one refills (three times the slower pipeline's steady-state
-latency, source to sink, at least 0.1 s, at most 1 s; two times were tried
-while gil_mix's validation run read 13–15% under its replay, and put back;
-that error came from no-op ceilings read to ±10% at the time, so two times
-were never measured alone). All warm up at the same time, before the first
-slice: warming up is not measured.
+and this one refills (three times the slower of the two pipelines'
+steady-state latency, source to sink, as it runs alone, at least 0.1 s, at
+most 1 s: :func:`_take_turns`; two times were tried while gil_mix's
+validation run read 13–15% under its replay, and put back; that error came
+from no-op ceilings read to ±10% at the time, so two times were never
+measured alone). All warm up at the same time, before the first slice:
+warming up is not measured.
 
 One run alone (the validation run without a replay) counts one contiguous
 window, as before.
@@ -75,7 +76,8 @@ class _Run:
         self.latency_s: float | None = None  # the first item's, from opening the source: pools start on it
         self.steady_latency_s: float | None = None  # once warm (:meth:`_steady_latency`)
         self._t_open, self._n0 = 0.0, 0
-        self.settle_s: float | None = None  # when it took turns with another run
+        self.settle_s: float | None = None  # when it took turns with another run: its longest settle
+        self.settles: list[float] = []  # before each of its slices
         self.partners: list[str] = []
         # stage call timings: the real stages' (compared with the stage alone) and the stand-ins'
         # (compared with the real stages in the validation run)
@@ -212,6 +214,8 @@ class _Run:
             "settings": self.used,
             "windows": len(self.windows),
             "latency_s": self.steady_latency_s,
+            # the same, in each counted window (the run alone; latency_s is read warming up side by side)
+            "counted_latency_s": [self._steady_latency(t0, t1) for t0, t1 in self.windows],
             "stage_latency": _latencies_in_windows(self.timings, self.windows),
         }
 
@@ -351,23 +355,42 @@ def _warm_up(runs: list[_Run], warmup_s: float, timeout_s: float) -> None:
 
 
 def _take_turns(runs: list[_Run], window_s: float) -> None:
-    """Count ``window_s`` of each in slices, forth and back once (A B B A, A B C C B A), settling after each switch."""
-    lat = [r.steady_latency_s if r.steady_latency_s is not None else r.latency_s for r in runs]
-    settle = min(_MAX_SETTLE_S, max(_MIN_SETTLE_S, _SETTLE_LATENCIES * max(x or 0.0 for x in lat)))
+    """Count ``window_s`` of each in slices, forth and back once (A B B A, A B C C B A), settling after each switch.
+
+    Each settle is three steady-state latencies of the two runs it switches
+    between (the larger), as each runs alone: read in its counted slices once it
+    has one, before that from its warm-up, where the runs warmed up side by side
+    and each had about 1/n of the machine. Little's law then reads n times the
+    latency alone: on ``mixed6`` 0.28-0.48 s warming against 0.09-0.15 s counting,
+    on ``cpu_free`` 0.06-0.09 against 0.02-0.03, and settles of three warm-up
+    latencies (capped at 1 s) cost ``mixed6`` 5 s of its 9 s of whole-pipeline runs.
+    """
+    n = len(runs)
+
+    def alone(r: _Run) -> float:
+        counted = [x for x in (r._steady_latency(t0, t1) for t0, t1 in r.windows) if x is not None]
+        if counted:
+            return max(counted)
+        warm = r.steady_latency_s if r.steady_latency_s is not None else r.latency_s
+        return (warm or 0.0) / n
+
     prev: _Run | None = None
     for r in (runs + runs[::-1]) * (_SLICES // 2):
         if r.error is not None:
             continue
         if r is not prev:
+            lat = max(alone(r), alone(prev) if prev is not None else 0.0)
+            settle = min(_MAX_SETTLE_S, max(_MIN_SETTLE_S, _SETTLE_LATENCIES * lat))
             if prev is not None:
                 prev.gate.clear()
             r.gate.set()
             time.sleep(settle)  # the other drains, this one refills
+            r.settles.append(settle)
         _count(r, window_s / _SLICES, keep_open=True)
         prev = r
     for r in runs:
         r.gate.clear()
-        r.settle_s, r.partners = settle, [o.name for o in runs if o is not r]
+        r.settle_s, r.partners = max(r.settles, default=None), [o.name for o in runs if o is not r]
 
 
 def _count(r: _Run, seconds: float, keep_open: bool = False) -> None:
