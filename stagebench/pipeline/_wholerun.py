@@ -357,10 +357,10 @@ def _warm_up(runs: list[_Run], warmup_s: float, timeout_s: float) -> None:
 def _take_turns(runs: list[_Run], window_s: float) -> None:
     """Count ``window_s`` of each in slices, forth and back once (A B B A, A B C C B A), settling after each switch.
 
-    Each settle is three steady-state latencies of the two runs it switches
-    between (the larger), as each runs alone: read in its counted slices once it
-    has one, before that from its warm-up, where the runs warmed up side by side
-    and each had about 1/n of the machine. Little's law then reads n times the
+    Each settle is three steady-state latencies of the slowest run (the same
+    settle for all, so that none is favoured), as each runs alone: read in its
+    counted slices once it has one, before that from its warm-up, where the runs
+    warmed up side by side and each had about 1/n of the machine. Little's law then reads n times the
     latency alone: on ``mixed6`` 0.28-0.48 s warming against 0.09-0.15 s counting,
     on ``cpu_free`` 0.06-0.09 against 0.02-0.03, and settles of three warm-up
     latencies (capped at 1 s) cost ``mixed6`` 5 s of its 9 s of whole-pipeline runs.
@@ -379,7 +379,7 @@ def _take_turns(runs: list[_Run], window_s: float) -> None:
         if r.error is not None:
             continue
         if r is not prev:
-            lat = max(alone(r), alone(prev) if prev is not None else 0.0)
+            lat = max(alone(x) for x in runs)  # the same for every run: none is favoured by a longer settle
             settle = min(_MAX_SETTLE_S, max(_MIN_SETTLE_S, _SETTLE_LATENCIES * lat))
             if prev is not None:
                 prev.gate.clear()
