@@ -263,8 +263,10 @@ SETTINGS: tuple[Setting, ...] = (
         "STAGEBENCH_PROCESS_FLAT_LEVELS",
         "int",
         2,
-        "stop a process curve after this many levels in a row without gain (0: every level, and processes "
-        "even where threads already scale linearly or reach the harness ceiling)",
+        "stop a process curve after this many levels in a row without gain (0: every level, processes "
+        "even where threads already scale linearly, reach the harness ceiling or could not change the "
+        "pipeline's settings, every head-to-head the curves call for, and a GIL-free stage's whole "
+        "thread curve)",
         minimum=0,
     ),
     Setting(

@@ -859,7 +859,7 @@ def paired_needless_of_run(
                 f"no head-to-head: whatever it found (processes at {ratio / HOST_PHASES:.2f}x to "
                 f"{ratio * HOST_PHASES:.2f}x threads: the curves' {ratio:.2f}x, over and times the {HOST_PHASES:g}x "
                 "two moments of this host can differ by), the pipeline's settings would be the same, so the "
-                "curves decide this stage alone"
+                "curves decide this stage alone (STAGEBENCH_PROCESS_FLAT_LEVELS=0 runs it)"
             )
     return out
 

@@ -818,12 +818,19 @@ class _Diagnosis:
         (:func:`stagebench.analysis._pipeline.paired_needless_of_run`). ``gil_mix``'s
         ``mixed`` (processes 1.26x threads on its curves, 8 windows, ~2.3 s): at 0.9x or
         1.76x the cores would bind the pipeline either way. A stage the user runs on
-        processes keeps its head-to-head: it is their setting that it checks.
+        processes keeps its head-to-head: it is their setting that it checks; so does every stage
+        with ``STAGEBENCH_PROCESS_FLAT_LEVELS=0`` (measure everything).
         """
         from stagebench.analysis._pipeline import paired_needless_of_run
 
         mine = {st.name: st.user_executor for st in self.plan.stages}
-        planned = {s.name: p for s in sweeps if mine.get(s.name) != "process" for p in [s.paired_plan()] if p}
+        planned = {
+            s.name: p
+            for s in sweeps
+            if mine.get(s.name) != "process" and s.cfg.process_flat_levels  # 0: measure everything
+            for p in [s.paired_plan()]
+            if p
+        }
         if not planned or len(self.plan.stages) < 2:
             return {}
         with self._phase("head_to_head_needed"):
