@@ -20,7 +20,7 @@ when threads already reach the harness's thread no-op ceiling (the stage is
 overhead-bound; the process executor's own ceiling is lower), or when a GIL
 probe read the stage GIL-free while its threads already keep the cores busy
 (:func:`_cores_bind`). The same probe ends a GIL-free stage's thread curve once a
-level keeps the cores busy without gain (:func:`_threads_cores_bound`).
+level gains neither throughput nor CPU over a smaller one (:func:`_threads_cores_bound`).
 
 A stage point closes early once it cannot matter (:data:`CANNOT_MATTER`); no-op
 ceilings may close from half the minimum window; head-to-head windows are read
@@ -484,20 +484,21 @@ def _threads_cores_bound(
 ) -> str | None:
     """Why the thread levels above ``row`` are not measured, or None.
 
-    When a probe read the stage GIL-free (at most :data:`_GIL_FREE` of a call),
-    ``row`` kept :data:`_SATURATED` of the usable cores busy and did not beat the
-    best thread level before it beyond noise, the cores are what its threads run
-    out of: more threads only queue for the same cores, so the curve cannot rise
-    again. (Where the GIL is held, a thread curve that falls at high concurrency is
-    evidence of contention, and is measured to the top.) On ``bench_diagnosis``'s
-    sha256 stages the levels above such a point read 0.80-1.0x of the best
-    (``cpu_free``: 735 items/s at c=2, then 681, 620, 587 at 4, 8, 16): the smallest
-    level within 5% of the best, the one recommended, is below them.
+    When a probe read the stage GIL-free (at most :data:`_GIL_FREE` of a call)
+    and ``row``, with more threads than the best thread level before it, got
+    neither more throughput beyond noise nor more CPU (its cores used within 5%
+    of that level's), its threads have run out of something more threads do not
+    bring: the cores (``cpu_free``'s sha256: 1.7 of 2 cores at c=2, 1.6 at c=4),
+    or a lock or resource of its own. The curve cannot rise again. (Where the GIL
+    is held, a thread curve that falls at high concurrency is evidence of
+    contention, and is measured to the top; a stage that waits is not probed and
+    keeps its curve.) On ``bench_diagnosis``'s sha256 stages the levels above
+    such a point read 0.80-1.0x of the best (``cpu_free``: 735 items/s at c=2, then
+    681, 620, 587 at 4, 8, 16): the smallest level within 5% of the best, the one
+    recommended, is below them. An absolute bar (80% of the usable cores) missed
+    it on a loaded run, at 1.59 of 2.
     """
     if gil_high is None or not gil_high <= _GIL_FREE or row["status"] != "ok" or not row["qps"] > 0:
-        return None
-    used, cores = num(row.get("cores_used")), usable_cores()
-    if not used >= _SATURATED * cores:  # NaN (not read) too
         return None
     before = [
         r
@@ -505,13 +506,16 @@ def _threads_cores_bound(
         if r["role"] == "stage" and r["executor"] == "thread" and r["harness"] == harness and r["status"] == "ok"
     ]
     best = max(before, key=lambda r: r["qps"], default=None)
-    if best is None or _beats(row, best):
+    if best is None or _beats(row, best) or not row["concurrency"] > best["concurrency"]:
+        return None
+    used, had = num(row.get("cores_used")), num(best.get("cores_used"))
+    if not used <= _SAME_CORES * had:  # NaN (not read) too
         return None
     return (
-        f"{_THREADS_PLATEAU} ({row['concurrency']} threads kept {used:.1f} of {cores} "
-        f"usable cores busy, within noise of {best['qps']:,.0f} items/s at c={best['concurrency']}, and the stage "
-        f"holds the GIL for at most {gil_high:.0%} of a call): the cores bind, and more threads only queue for "
-        "them; process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures every level"
+        f"{_THREADS_PLATEAU} ({row['concurrency']} threads used {used:.1f} cores, no more than "
+        f"{best['concurrency']} threads' {had:.1f}, within noise of {best['qps']:,.0f} items/s, and the stage "
+        f"holds the GIL for at most {gil_high:.0%} of a call): more threads get no more of the cores, and only "
+        "queue for them; process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures every level"
     )
 
 
@@ -524,6 +528,7 @@ def _beats(new: dict[str, Any], best: dict[str, Any]) -> bool:
 
 
 _SATURATED = 0.8  # share of the usable cores in use at which one level without gain ends a process curve
+_SAME_CORES = 1.05  # a level whose cores used are within this of a fewer-thread level's got no more CPU
 
 
 def _watch_plateau(
