@@ -85,6 +85,20 @@ def test_tiny_work_is_overhead_bound():
     assert st["evidence"]["signals"]["ceiling_share"]["value"] >= 0.8
 
 
+def test_a_stage_read_above_its_own_no_op_ceiling_is_said_to_be_at_it_not_given_as_a_share_over_100():
+    """The demo's aggregate read 4,413 items/s against a 3,701 ceiling measured seconds apart: noise, not 119%."""
+    rows = pd.DataFrame(
+        [
+            row("agg", "thread", 1, 4413.0, noise=0.02, cores_used=1.0, cpu_s_per_item=2.2e-4, latency_ms=0.2),
+            row("agg", "thread", 1, 3701.0, role="ceiling", noise=0.02, cores_used=1.0, cpu_s_per_item=2.6e-4),
+        ]
+    )
+    st = analyze_stage(rows, cores=2)
+    said = " ".join(st["evidence"]["summary"])
+    assert st["classification"] == "overhead-bound" and "is at the direct harness's no-op ceiling" in said
+    assert "it read 19% above it" in said and "119%" not in said
+
+
 def test_a_stage_that_computes_a_little_next_to_a_costly_harness_is_overhead_bound_not_io_bound():
     """The demo's aggregate(collate(16)) step as a fresh clone measured it: 0.18 us of Python a call, at
     80% of the SPDL ceiling (just short of the near-the-ceiling rule). It computes 84% of its call alone,
