@@ -60,7 +60,6 @@ __all__ = ["recommend_jointly", "process_headroom"]
 SPARE = 0.5
 #: An executor assignment scored within this share of the best counts as its equal (module docstring).
 TRUSTED = 0.8
-_BOUND_NAMES = {"gil": "the GIL", "cores": "the cores"}
 _EXHAUSTIVE = 4096  # executor assignments tried exhaustively (2^12 stages with two executors)
 
 
@@ -104,6 +103,13 @@ def _h2h_scale(st: dict, h2h: dict) -> float:
     if not t or not p or not finite(t.get("qps")) or not finite(p.get("qps")) or not float(p["qps"]) > 0:
         return 1.0
     return float(t["qps"]) * float(h2h["ratio"]) / float(p["qps"])
+
+
+def _binding_words(bounds: dict) -> str:
+    """What binds the bounds (:func:`pipeline_bounds`), in words: "decode's capacity", "the GIL", "the cores"."""
+    if bounds["binding"] == "stage":
+        return f"{bounds['cap_stage']}'s capacity"
+    return {"gil": "the GIL", "cores": "the cores"}[bounds["binding"]]
 
 
 def _fastest(settings: list[dict]) -> dict:
@@ -209,7 +215,7 @@ def recommend_jointly(
             f"in the pipeline: {chosen['executor']} x {chosen['concurrency']} ({st['recommended']['why']})"
         )
     b = pipeline_bounds(loads, cores, free_threaded, fixed)
-    binding = f"{b['cap_stage']}'s capacity" if b["binding"] == "stage" else _BOUND_NAMES[b["binding"]]
+    binding = _binding_words(b)
     text = (
         f"settings chosen for the whole pipeline: {len(scored)} executor assignment(s) scored with the bounds"
         + ("" if exhaustive else " (one stage switched at a time: too many to try all)")
@@ -309,7 +315,7 @@ def process_headroom(
             b = pipeline_bounds(list(loads), cores, free_threaded, fixed)
             if b["qps"] > top:
                 top = float(b["qps"])
-                binding = f"{b['cap_stage']}'s capacity" if b["binding"] == "stage" else _BOUND_NAMES[b["binding"]]
+                binding = _binding_words(b)
         return top, binding
 
     out: dict[str, dict] = {}

@@ -759,6 +759,23 @@ def _run_warnings(df: pd.DataFrame, stages: list[dict], meta: Mapping[str, Any],
     return out
 
 
+def _run_context(rows: Any, meta: dict | None) -> tuple[dict, pd.DataFrame, int, bool, dict | None]:
+    """What every pipeline analysis of a run reads first: (meta, rows with string stage names, cores,
+    free-threaded, SPDL's no-op pipeline cost or None)."""
+    meta = dict(meta or {})
+    prov = meta.get("provenance") or {}
+    df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    if "stage" not in df.columns:
+        df = df.assign(stage=pd.Series(dtype=str))
+    df = df.assign(stage=df["stage"].fillna("").astype(str))
+    return meta, df, _cores(prov), bool(prov.get("free_threaded")), pipeline_overhead(meta.get("pipeline_overhead"))
+
+
+def _fixed(overhead: dict | None) -> float:
+    """SPDL's per-item cost a pipeline pays once (source, sink, consumer), 0 where it was not measured."""
+    return float((overhead or {}).get("fixed_s_per_item") or 0.0)
+
+
 def _stage_entries(
     df: pd.DataFrame, meta: dict, cores: int, free_threaded: bool, stage_cache: dict | None
 ) -> list[dict]:
@@ -805,13 +822,9 @@ def process_headroom_of_run(
     """:func:`stagebench.analysis._joint.process_headroom` on a diagnosis's rows so far (its thread points)."""
     from stagebench.analysis._joint import process_headroom
 
-    prov = (meta or {}).get("provenance") or {}
-    cores, free_threaded = _cores(prov), bool(prov.get("free_threaded"))
-    df = rows.assign(stage=rows["stage"].fillna("").astype(str))
-    stages = _stage_entries(df, dict(meta or {}), cores, free_threaded, stage_cache)
-    overhead = pipeline_overhead((meta or {}).get("pipeline_overhead"))
-    fixed = float((overhead or {}).get("fixed_s_per_item") or 0.0)
-    return process_headroom(stages, pending, cores=cores, free_threaded=free_threaded, fixed=fixed)
+    meta, df, cores, free_threaded, overhead = _run_context(rows, meta)
+    stages = _stage_entries(df, meta, cores, free_threaded, stage_cache)
+    return process_headroom(stages, pending, cores=cores, free_threaded=free_threaded, fixed=_fixed(overhead))
 
 
 def paired_needless_of_run(
@@ -834,11 +847,8 @@ def paired_needless_of_run(
     from stagebench.core._measure import empty_row
     from stagebench.core._paired import HOST_PHASES
 
-    meta = dict(meta or {})
-    prov = meta.get("provenance") or {}
-    cores, free_threaded = _cores(prov), bool(prov.get("free_threaded"))
-    df = rows.assign(stage=rows["stage"].fillna("").astype(str))
-    fixed = float((pipeline_overhead(meta.get("pipeline_overhead")) or {}).get("fixed_s_per_item") or 0.0)
+    meta, df, cores, free_threaded, overhead = _run_context(rows, meta)
+    fixed = _fixed(overhead)
     demand = num_or_none((meta.get("settings") or {}).get("target_rate"))
     cache = stage_cache if stage_cache is not None else {}
     _stage_entries(df, meta, cores, free_threaded, cache)  # every stage as measured, analysed once
@@ -851,11 +861,11 @@ def paired_needless_of_run(
         ratio = p.qps / t.qps
         picks = []
         for r in (ratio / HOST_PHASES, ratio, ratio * HOST_PHASES):
-            pairs = [("thread", t_level, t.qps), ("process", p_level, t.qps * r)] * 2
+            tw, pw = ("thread", t_level, t.qps), ("process", p_level, t.qps * r)
             fake = pd.DataFrame(
                 [
                     {**empty_row(name, "paired", ex, harness, c), "status": "ok", "qps": q, "qps_low": q, "qps_high": q}
-                    for ex, c, q in (pairs[0], pairs[1], pairs[3], pairs[2])  # T P P T
+                    for ex, c, q in (tw, pw, pw, tw)  # one round, T P P T: two pairs
                 ]
             )
             mine = {k: v for k, v in cache.items() if k[0] != name}  # this stage analysed afresh each time
@@ -897,24 +907,15 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     from stagebench.analysis._predict import apply_replay, predict_pipeline
     from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
 
-    meta = dict(meta or {})
-    prov = meta.get("provenance") or {}
-    cores = _cores(prov)
-    free_threaded = bool(prov.get("free_threaded"))
-    df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
-    if "stage" not in df.columns:
-        df = df.assign(stage=pd.Series(dtype=str))
-    df = df.assign(stage=df["stage"].fillna("").astype(str))
-
+    meta, df, cores, free_threaded, overhead = _run_context(rows, meta)
     stages = _stage_entries(df, meta, cores, free_threaded, stage_cache)
-    overhead = pipeline_overhead(meta.get("pipeline_overhead"))
     # the stages' settings chosen together (each stage's own best alone is kept beside it)
     target = (meta.get("settings") or {}).get("target_rate")
     joint = recommend_jointly(
         stages,
         cores=cores,
         free_threaded=free_threaded,
-        fixed=float((overhead or {}).get("fixed_s_per_item") or 0.0),
+        fixed=_fixed(overhead),
         demand=num_or_none(target),
     )
     prediction = (
@@ -947,7 +948,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "kind": "pipeline",
         "stagebench_version": __version__,
-        "provenance": prov,
+        "provenance": meta.get("provenance") or {},
         "settings": meta.get("settings") or {},
         # a pipeline that delivers nothing has no throughput to predict: that, not the prediction, is the verdict
         "verdict": f"validation failed: {failed}" if failed else _verdict(stages, prediction),

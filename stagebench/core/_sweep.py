@@ -462,12 +462,7 @@ def _cores_bind(rows: list[dict[str, Any]], harness: str, gil_high: float | None
     """
     if gil_high is None or not gil_high <= _GIL_FREE:
         return None
-    pts = [
-        r
-        for r in rows
-        if r["role"] == "stage" and r["executor"] == "thread" and r["harness"] == harness and r["status"] == "ok"
-    ]
-    best = max(pts, key=lambda r: r["qps"], default=None)
+    best = max(_thread_points(rows, harness), key=lambda r: r["qps"], default=None)
     cores = usable_cores()
     if best is None or not finite(best.get("cores_used")) or best["cores_used"] < _CORES_BUSY * cores:
         return None
@@ -477,6 +472,15 @@ def _cores_bind(rows: list[dict[str, Any]], harness: str, gil_high: float | None
         "bind, not the GIL, and worker processes bring no more cores; "
         "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures them"
     )
+
+
+def _thread_points(rows: list[dict[str, Any]], harness: str) -> list[dict[str, Any]]:
+    """The stage's thread points of ``harness`` that measured (status ok)."""
+    return [
+        r
+        for r in rows
+        if r["role"] == "stage" and r["executor"] == "thread" and r["harness"] == harness and r["status"] == "ok"
+    ]
 
 
 def _threads_cores_bound(
@@ -500,12 +504,7 @@ def _threads_cores_bound(
     """
     if gil_high is None or not gil_high <= _GIL_FREE or row["status"] != "ok" or not row["qps"] > 0:
         return None
-    before = [
-        r
-        for r in rows
-        if r["role"] == "stage" and r["executor"] == "thread" and r["harness"] == harness and r["status"] == "ok"
-    ]
-    best = max(before, key=lambda r: r["qps"], default=None)
+    best = max(_thread_points(rows, harness), key=lambda r: r["qps"], default=None)
     if best is None or _beats(row, best) or not row["concurrency"] > best["concurrency"]:
         return None
     used, had = num(row.get("cores_used")), num(best.get("cores_used"))

@@ -767,6 +767,10 @@ class _Diagnosis:
             self.meta["pipeline_overhead"] = self._pipeline_overhead(source_items)
         self.run_dir.write_meta(self.meta)
 
+    def _user_process_stages(self) -> set[str]:
+        """The stages the user's own script runs on processes: their process points check that setting."""
+        return {st.name for st in self.plan.stages if st.user_executor == "process"}
+
     def _rule_out_processes(self) -> None:
         """Skip the process points of stages whose processes could not change the pipeline's settings.
 
@@ -784,8 +788,8 @@ class _Diagnosis:
         from stagebench.analysis._pipeline import process_headroom_of_run
         from stagebench.core._paired import WITHIN_BEST
 
-        mine = {st.name: st.user_executor for st in self.plan.stages}
-        sweeps = [s for s in self.process_sweeps if s.cfg.process_flat_levels and mine.get(s.name) != "process"]
+        mine = self._user_process_stages()
+        sweeps = [s for s in self.process_sweeps if s.cfg.process_flat_levels and s.name not in mine]
         if not sweeps or len(self.plan.stages) < 2:
             return
         pending = {s.name: sorted({p[3] for p in s.remaining("process")}) for s in sweeps}
@@ -823,11 +827,11 @@ class _Diagnosis:
         """
         from stagebench.analysis._pipeline import paired_needless_of_run
 
-        mine = {st.name: st.user_executor for st in self.plan.stages}
+        mine = self._user_process_stages()
         planned = {
             s.name: p
             for s in sweeps
-            if mine.get(s.name) != "process" and s.cfg.process_flat_levels  # 0: measure everything
+            if s.name not in mine and s.cfg.process_flat_levels  # 0: measure everything
             for p in [s.paired_plan()]
             if p
         }

@@ -19,9 +19,9 @@ that counts nothing, up to 1 s, and twice cost a 6-stage diagnosis 4 s more
 three sub-windows for the interval's batches). While one
 runs, the other's source is closed and its stages idle. After each switch,
 ``settle`` seconds pass before counting starts: the other pipeline drains
-and this one refills (three times the slower of the two pipelines'
-steady-state latency, source to sink, as it runs alone, at least 0.1 s, at
-most 1 s: :func:`_take_turns`; two times were tried while gil_mix's
+and this one refills (three times the slowest pipeline's steady-state
+latency, source to sink, as it runs alone, the same for every switch, at
+least 0.1 s, at most 1 s: :func:`_take_turns`; two times were tried while gil_mix's
 validation run read 13–15% under its replay, and put back; that error came
 from no-op ceilings read to ±10% at the time, so two times were never
 measured alone). All warm up at the same time, before the first slice:
@@ -77,7 +77,6 @@ class _Run:
         self.steady_latency_s: float | None = None  # once warm (:meth:`_steady_latency`)
         self._t_open, self._n0 = 0.0, 0
         self.settle_s: float | None = None  # when it took turns with another run: its longest settle
-        self.settles: list[float] = []  # before each of its slices
         self.partners: list[str] = []
         # stage call timings: the real stages' (compared with the stage alone) and the stand-ins'
         # (compared with the real stages in the validation run)
@@ -168,6 +167,11 @@ class _Run:
         in_flight = np.searchsorted(pulls, ts, "right") - self.items_per_sink_item * np.searchsorted(arr, ts, "right")
         return float(max(0.0, in_flight.mean()) / (through / (t1 - t0)))
 
+    def counted_latencies(self) -> list[float | None]:
+        """:meth:`_steady_latency` in each counted window: the run alone (``latency_s`` is read warming up
+        side by side with the others)."""
+        return [self._steady_latency(t0, t1) for t0, t1 in self.windows]
+
     def close(self) -> None:
         self.stop.set()
         self.gate.set()
@@ -214,8 +218,7 @@ class _Run:
             "settings": self.used,
             "windows": len(self.windows),
             "latency_s": self.steady_latency_s,
-            # the same, in each counted window (the run alone; latency_s is read warming up side by side)
-            "counted_latency_s": [self._steady_latency(t0, t1) for t0, t1 in self.windows],
+            "counted_latency_s": self.counted_latencies(),
             "stage_latency": _latencies_in_windows(self.timings, self.windows),
         }
 
@@ -368,7 +371,7 @@ def _take_turns(runs: list[_Run], window_s: float) -> None:
     n = len(runs)
 
     def alone(r: _Run) -> float:
-        counted = [x for x in (r._steady_latency(t0, t1) for t0, t1 in r.windows) if x is not None]
+        counted = [x for x in r.counted_latencies() if x is not None]
         if counted:
             return max(counted)
         warm = r.steady_latency_s if r.steady_latency_s is not None else r.latency_s
@@ -385,12 +388,12 @@ def _take_turns(runs: list[_Run], window_s: float) -> None:
                 prev.gate.clear()
             r.gate.set()
             time.sleep(settle)  # the other drains, this one refills
-            r.settles.append(settle)
+            r.settle_s = max(r.settle_s or 0.0, settle)
         _count(r, window_s / _SLICES, keep_open=True)
         prev = r
     for r in runs:
         r.gate.clear()
-        r.settle_s, r.partners = max(r.settles, default=None), [o.name for o in runs if o is not r]
+        r.partners = [o.name for o in runs if o is not r]
 
 
 def _count(r: _Run, seconds: float, keep_open: bool = False) -> None:
