@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["finite", "num", "num_or_none", "fmt_q", "fmt_ms"]
+__all__ = ["finite", "num", "num_or_none", "fmt_q", "fmt_ms", "fmt_share_of", "fmt_above"]
 
 
 def finite(*xs: Any) -> bool:
@@ -48,3 +48,15 @@ def fmt_q(q: float) -> str:
 def fmt_ms(s: float) -> str:
     """Seconds as milliseconds in prose: ``4.56 ms``."""
     return f"{s * 1e3:.3g} ms"
+
+
+def fmt_share_of(share: float) -> str:
+    """``"93% of"`` for a rate against its no-op ceiling, or ``"at"`` above it (``fmt_above`` says why)."""
+    return f"{share:.0%} of" if share <= 1 else "at"
+
+
+def fmt_above(share: float) -> str:
+    """A rate read above its no-op ceiling is noise between two points measured apart: said, not shown as a share."""
+    if share <= 1:
+        return ""
+    return f"; it read {share - 1:.0%} above it, which only the noise between two points measured apart can do"

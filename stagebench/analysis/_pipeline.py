@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stagebench._numbers import finite, fmt_ms, fmt_q, num, num_or_none
+from stagebench._numbers import finite, fmt_above, fmt_ms, fmt_q, fmt_share_of, num, num_or_none
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._fit import fit_scaling
 from stagebench.analysis._gil import estimate_gil, harness_gil_s
@@ -237,18 +237,6 @@ def _paired_why(paired: dict[str, Any], chosen: str) -> str:
 
 
 # ------------------------------------------------------------------ classification
-def _share_of(share: float) -> str:
-    """``"93% of"``, or ``"at"`` for a stage that read above its own no-op ceiling (``_above`` says why)."""
-    return f"{share:.0%} of" if share <= 1 else "at"
-
-
-def _above(share: float) -> str:
-    """A reading above the no-op ceiling is noise between two points measured apart: said, not shown as a share."""
-    if share <= 1:
-        return ""
-    return f"; it read {share - 1:.0%} above it, which only the noise between two points measured apart can do"
-
-
 def _still_rising(curve: Curve | None) -> str | None:
     """Why the curve has not flattened at its largest measured level, or None.
 
@@ -306,8 +294,8 @@ def _classify(
             return (
                 "overhead-bound",
                 [
-                    f"{fmt_q(bp.qps)} items/s at {ex} concurrency {c} is {_share_of(share)} the {harness} harness's "
-                    f"no-op ceiling ({fmt_q(ceil.qps)} items/s{_above(share)}): the per-item work is smaller than the "
+                    f"{fmt_q(bp.qps)} items/s at {ex} concurrency {c} is {fmt_share_of(share)} the {harness} harness's "
+                    f"no-op ceiling ({fmt_q(ceil.qps)} items/s{fmt_above(share)}): the per-item work is smaller than the "
                     "per-item overhead"
                 ],
                 signals,
@@ -317,8 +305,8 @@ def _classify(
             return (
                 "ipc-bound",
                 [
-                    f"on processes it reaches {fmt_q(bp.qps)} items/s at concurrency {c}, {_share_of(share)} the "
-                    f"process no-op ceiling ({fmt_q(ceil.qps)} items/s{_above(share)}): moving items between "
+                    f"on processes it reaches {fmt_q(bp.qps)} items/s at concurrency {c}, {fmt_share_of(share)} the "
+                    f"process no-op ceiling ({fmt_q(ceil.qps)} items/s{fmt_above(share)}): moving items between "
                     "processes is the limit"
                 ],
                 signals,

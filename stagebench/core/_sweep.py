@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from stagebench._numbers import finite, num
+from stagebench._numbers import finite, fmt_above, fmt_share_of, num
 from stagebench.core._config import MeasureConfig, SweepConfig
 from stagebench.core._executors import WorkerPool, async_identity, identity, is_coroutine_callable
 from stagebench.core._measure import empty_row, measure_stage, payload_bytes
@@ -440,8 +440,9 @@ def _threads_at_ceiling(rows: list[dict[str, Any]], harness: str) -> str | None:
     if best < _AT_CEILING * ceiling:
         return None
     return (
-        f"not measured: threads already deliver {best / ceiling:.0%} of the harness's thread no-op ceiling "
-        f"({best:,.0f} vs {ceiling:,.0f} items/s, the median over levels): the stage is overhead-bound, and a "
+        f"not measured: threads already deliver {fmt_share_of(best / ceiling)} the harness's thread no-op ceiling "
+        f"({best:,.0f} vs {ceiling:,.0f} items/s, the median over levels{fmt_above(best / ceiling)}): the stage is "
+        "overhead-bound, and a "
         "process executor adds IPC to the same per-item overhead, so it cannot beat threads; "
         "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures them"
     )
