@@ -69,7 +69,7 @@ QUICK = {
     "paired_rounds": 0,
     "gil_probe": "off",
     "validate": "off",
-    "validation_s": 0.5,
+    "validation_s": 0.3,
     "process_flat_levels": 1,
 }
 

@@ -623,3 +623,26 @@ def test_stage_rates_are_in_source_items_after_a_batch(tmp_path):
     collate = next(s for s in summary["stages"] if s["name"] == "collate")
     per_call = collate["recommended"]["qps"]
     assert rate_text(per_call * 16) in html and "calls/s × 16" in html
+
+
+def test_each_stage_card_tables_its_points_and_quick_mode_does_not_plot_resources(pipeline_report, tmp_path) -> None:
+    from stagebench.report._html import rate_text
+    from stagebench.report._render import write_report
+
+    _, html = pipeline_report
+    q8 = fx.usl(8, *fx.SYNTH_CURVES["decode"]["process"])
+    row = f'<tr><td>process</td><td>direct</td><td class="num">8</td><td class="num">{rate_text(q8)}</td>'
+    card = html[html.index('id="stage-1"') : html.index('id="stage-2"')]
+    # every measured point of decode (4 thread and 4 process levels; the crashed one is not a point)
+    assert "Points measured (8)" in card and row in card and '<td class="num">1.8</td>' in card
+    assert "Quick mode" not in html
+
+    run = fx.synthetic_run(tmp_path / "quick")
+    meta = json.loads((run / "run.json").read_text())
+    meta["settings"]["quick"] = "on"
+    (run / "run.json").write_text(json.dumps(meta))
+    quick = write_report(run).read_text()
+    # a throughput plot per stage and the overview; the resource figures' numbers are in the tables
+    assert len(svgs(parse(quick))) == 3
+    assert quick.count("cores used, latency and memory are in the points table below") == 2
+    assert "<details open><summary>Points measured (8)</summary>" in quick

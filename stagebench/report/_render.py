@@ -309,6 +309,32 @@ def _fit_items(fits: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _point_rows(rows: pd.DataFrame, stage: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The stage's measured points, the numbers behind its two figures: throughput in source items/s
+    (the card's unit), cores used, latency and memory."""
+    if rows.empty or not {"role", "status", "qps"} <= set(rows.columns):
+        return []
+    ok = rows[(rows["role"].astype(str) == "stage") & (rows["status"].astype(str) == "ok")]
+    out = []
+    for r in ok.to_dict("records"):
+        q = _in_items(r, stage)
+        out.append(
+            {
+                "executor": _cell(r.get("executor")),
+                "harness": _cell(r.get("harness")),
+                "concurrency": num_or_none(r.get("concurrency")),
+                "qps": q.get("qps"),
+                "qps_low": q.get("qps_low"),
+                "qps_high": q.get("qps_high"),
+                "cores": num_or_none(r.get("cores_used")),
+                "p50": num_or_none(r.get("latency_p50_ms")),
+                "p99": num_or_none(r.get("latency_p99_ms")),
+                "mem": num_or_none(r.get("mem_pss_mb")) or num_or_none(r.get("mem_peak_mb")),
+            }
+        )
+    return out
+
+
 def _problem_rows(rows: pd.DataFrame) -> list[dict[str, Any]]:
     if rows.empty or "status" not in rows:
         return []
@@ -363,8 +389,14 @@ def stage_cards(
     meta_stages: Sequence[Mapping[str, Any]],
     cores: float | None,
     anchor: str = "stage",
+    resources_plot: bool = True,
 ) -> list[dict[str, Any]]:
-    """One card per stage (pipeline stages, or a loader's transforms measured as stages)."""
+    """One card per stage (pipeline stages, or a loader's transforms measured as stages).
+
+    ``resources_plot=False`` (quick mode) leaves out the cores/latency/memory
+    figure: its three panels were 0.17 s a stage, half of a quick report's
+    time; the card's points table has the same numbers.
+    """
     from stagebench.report import _plots
 
     by_name = {str(s.get("name")): s for s in summaries}
@@ -412,7 +444,9 @@ def stage_cards(
                 "cpu_ms": _to_ms(s.get("cpu_s_per_item")),
                 "gil_ms": _to_ms(s.get("gil_s_per_item")),
                 "img_qps": svg_uri(_plots.stage_throughput_svg(sub, s)) if len(sub) else None,
-                "img_res": svg_uri(_plots.stage_resources_svg(sub, cores)) if len(sub) else None,
+                "img_res": svg_uri(_plots.stage_resources_svg(sub, cores)) if len(sub) and resources_plot else None,
+                "res_in_table": bool(len(sub)) and not resources_plot,
+                "points": _point_rows(sub, s),
                 "problems": _problem_rows(sub),
             }
         )
@@ -425,7 +459,8 @@ def _pipeline_context(run: RunData) -> dict[str, Any]:
     rows, meta, summary = run.rows, run.meta, run.summary
     prov = summary.get("provenance") or meta.get("provenance") or {}
     cores = prov.get("usable_cores") or prov.get("cpu_count")
-    stages = stage_cards(rows, summary.get("stages") or [], meta.get("stages") or [], cores)
+    quick = (meta.get("settings") or {}).get("quick") == "on"
+    stages = stage_cards(rows, summary.get("stages") or [], meta.get("stages") or [], cores, resources_plot=not quick)
     pred = _keys(
         summary.get("prediction"),
         ("qps", "binding", "bottleneck", "explanation", "bounds", "naive_qps", "method", "bounds_qps"),
