@@ -336,6 +336,35 @@ def test_spdl_diagnosis_measures_the_pipelines_fixed_cost(tmp_path):
     assert "(pipeline)" not in set(rows["stage"])  # not a stage: kept out of results.csv
 
 
+def test_the_one_stage_noop_pipeline_is_the_thread_ceiling_at_four(tmp_path):
+    # the same pipeline (one identity pipe, thread x 4): read from the ceiling row, not measured twice;
+    # the three-stage one is measured next to it
+    cfg = (
+        PipelineBuilder()
+        .add_source(range(1000))
+        .pipe(sleep_stage, concurrency=2)
+        .pipe(lambda x: x, name="noop")
+        .add_sink(2)
+        .get_config()
+    )
+    out = tmp_path / "run"
+    diagnose_pipeline(
+        cfg,
+        out=out,
+        settings=small(harnesses=("spdl",), concurrency=(1, 4)),
+        command=["train.py"],
+        show_table=False,
+        report=False,
+    )
+    raw = json.loads((out / "run.json").read_text())["pipeline_overhead"]
+    rows = pd.read_csv(out / "results.csv")
+    ceiling = rows[(rows["role"] == "ceiling") & (rows["concurrency"] == 4) & (rows["elapsed_s"] > 0)]
+    assert len(ceiling) == 1 and ceiling.iloc[0]["harness"] == "spdl" and ceiling.iloc[0]["executor"] == "thread"
+    assert raw["one_stage"]["from"] == "the thread no-op ceiling at x 4"
+    assert raw["one_stage"]["qps"] == pytest.approx(float(ceiling.iloc[0]["qps"]))
+    assert raw["three_stage"]["status"] == "ok" and "from" not in raw["three_stage"]
+
+
 def test_stage_that_always_raises_blocks_later_stages(tmp_path):
     def broken(x):
         raise RuntimeError(f"corrupt record {x}")

@@ -427,6 +427,22 @@ def test_spdl_harness_leaves_the_spdl_loggers_level_as_it_found_it():
     assert log.level == before
 
 
+def test_nested_deferred_teardowns_wait_once_at_the_outermost():
+    # a diagnosis wraps every stage's sweep in one: SPDL's ~0.1 s tear-downs are waited for once,
+    # not at the end of each stage (only settle() prunes the list of pending tear-downs)
+    from stagebench.core import _spdl_harness as h
+
+    with h.deferred_teardown():
+        with h.deferred_teardown():
+            _ok(
+                measure_stage(
+                    sleep_stage, list(range(8)), executor="thread", concurrency=1, config=FAST, harness="spdl"
+                )
+            )
+        assert h._STOPPING  # the inner scope did not wait
+    assert not h._STOPPING  # the outermost did, until the tear-down had finished
+
+
 # ---------------------------------------------------------------- a pool kept across points
 def _hang_on_negative(x):
     if x < 0:

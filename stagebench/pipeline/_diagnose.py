@@ -94,6 +94,11 @@ def _unwritable(path: Path, var: str) -> str | None:
 #: Source items held above this are said before the sweeps start: the diagnosis keeps them (and
 #: each stage's outputs) in memory throughout, and a user should learn it before, not from the OOM killer.
 _SOURCE_WARN_BYTES = 2 * 2**30
+# Where SPDL's no-op pipelines are measured (harness, executor, concurrency): 4 threads, SPDL's
+# smallest default pool (what a rebuilt pipeline gets). With one thread every hop queues behind
+# the previous one and a stage costs about as much as the whole one-stage pipeline (275 us of 345
+# measured), which is not what a pipeline running stages at concurrency 4-16 pays.
+_NOOP_AT = ("spdl", "thread", 4)
 
 
 def _held_bytes(items: list) -> int:
@@ -353,6 +358,7 @@ class _Diagnosis:
             self.progress.close()
 
     def _run(self) -> dict[str, Any]:
+        from stagebench.core._spdl_harness import deferred_teardown
         from stagebench.core._sweep import plan_points
         from stagebench.pipeline._isolate import SourceError, read_source
         from stagebench.runs._provenance import collect_provenance
@@ -400,11 +406,14 @@ class _Diagnosis:
         # And what reading the rows back needs, now: a stage that exhausts memory would leave none to load it.
         import pandas  # noqa: F401
 
-        self._sweep_all(src.items)
-        self.meta["cpu_speed"] = {"sweep_ns": self.sweep_speeds}
-        self._measure_overhead(src.items)
-        rows = self._rows()
-        summary = self._summarize(rows)
+        # One deferred tear-down for every stage's points: none waits for the SPDL tear-downs of the
+        # points before it (the GIL probe does, _probe_gil), and the last ones finish while the first
+        # summary is computed, not in a wait of their own; all have finished before the whole runs.
+        with deferred_teardown():
+            self._sweep_all(src.items)
+            self.meta["cpu_speed"] = {"sweep_ns": self.sweep_speeds}
+            rows = self._rows()
+            summary = self._summarize(rows)
         if self.blocked:
             self.meta["validation"] = {
                 "qps": None,
@@ -590,10 +599,12 @@ class _Diagnosis:
                     blocked = f"not measured: the earlier stage {step.name!r} produced no outputs: {why}"
                 prev = _fresh_source(step, minputs, cached.items, ometa, smeta, prev)
                 inputs, in_key, came_from = cached.items, key, repr(step.name)
+            # SPDL's no-op pipeline, inside the deferred tear-down too (its own would wait again); before
+            # the process points: the bounds that rule them out charge it once per item
+            self._measure_overhead(source_items)
             if self.process_sweeps:
                 from stagebench.core._sweep import sweep_process_points
 
-                self._measure_overhead(source_items)  # the bounds below charge it once per item
                 self._rule_out_processes()
                 sweep_process_points(self.process_sweeps, paired_needless=self._paired_needless)
                 self.process_sweeps.clear()  # their inputs can go
@@ -648,6 +659,17 @@ class _Diagnosis:
             self.say(f"{unhashable}{uncached}")
         return problem
 
+    def _on_row(self, inputs: list, row: dict[str, Any]) -> None:
+        """After each row of a stage's sweep: the CPU's speed, and SPDL's no-op pipeline next to its ceiling."""
+        self._probe_speed(row)
+        if (
+            row.get("role") == "ceiling"
+            and (row.get("harness"), row.get("executor"), row.get("concurrency")) == _NOOP_AT
+            and row.get("status") == "ok"
+            and row.get("elapsed_s")  # measured now, not a copy shared with a later stage
+        ):
+            self._measure_overhead(inputs, one_stage=row)
+
     def _probe_speed(self, row: dict[str, Any]) -> None:
         from stagebench.core._speed import cpu_speed_ns
 
@@ -668,7 +690,6 @@ class _Diagnosis:
         from dataclasses import replace
 
         from stagebench.core._pickling import pickle_problem
-        from stagebench.core._spdl_harness import deferred_teardown
         from stagebench.core._sweep import StageSweep, plan_points
 
         cfg = _sweep_config(step, self.settings)
@@ -686,7 +707,7 @@ class _Diagnosis:
                 writer=writer,
                 progress=self.progress,
                 shared_ceilings=self.shared_ceilings,
-                on_row=self._probe_speed,
+                on_row=functools.partial(self._on_row, inputs),
             )
             # the lowest thread level first: the probe needs it (_computes), and what it reads
             # may end the thread curve early (a GIL-free stage whose cores are busy) and rule out
@@ -694,14 +715,12 @@ class _Diagnosis:
             pts = [p for p in s.points if p[2] != "process"]
             first = next(((h, ex, c) for role, h, ex, c in pts if role == "stage" and ex == "thread"), None)
             head = [p for p in pts if p[1:] == first] if first else []
-            with deferred_teardown():
-                s.run(head, None)
+            s.run(head, None)
             with self._phase("gil_probes"):
                 reading = self._probe_gil(step, inputs, s.rows)
             if reading and finite(reading.get("high")):
                 s.gil_high = float(reading["high"])
-            with deferred_teardown():
-                s.run([p for p in pts if p not in head], None)
+            s.run([p for p in pts if p not in head], None)
             if s.process_pending():
                 self.process_sweeps.append(s)
             else:  # ruled out by its thread curve: the skipped rows now, and its inputs need not be kept
@@ -744,8 +763,10 @@ class _Diagnosis:
         """
         if self.settings.gil_probe == "off" or not _computes(rows):
             return None
+        from stagebench.core._spdl_harness import settle
         from stagebench.pipeline._gilprobe import probe_gil
 
+        settle()  # the thread points' SPDL tear-downs, still finishing in the background
         reading = probe_gil(step.fn, inputs[:32], timeout_s=self.settings.timeout_s)
         self._stage_meta(step.name)["gil_probe"] = reading
         if "error" in reading:
@@ -759,12 +780,20 @@ class _Diagnosis:
             return "thread/async points are measured"
         return f"STAGEBENCH_EXECUTORS allows only process, so {what} not measured"
 
-    def _measure_overhead(self, source_items: list) -> None:
-        """SPDL's per-item cost of a pipeline (:meth:`_pipeline_overhead`), once: before the process points if any."""
+    def _measure_overhead(self, items: list, one_stage: dict[str, Any] | None = None) -> None:
+        """SPDL's per-item cost of a pipeline (:meth:`_pipeline_overhead`), once.
+
+        Right after the thread no-op ceiling at thread x 4 (``one_stage``, from
+        :meth:`_on_row`): that ceiling is the one-stage no-op pipeline, so only the
+        three-stage one is measured, next to it in time (their difference is the
+        per-stage cost, and host phases apart would enter it). Otherwise (a grid
+        without 4, a thread curve that ended before it) both, after the thread
+        points and before any process point.
+        """
         if "pipeline_overhead" in self.meta or "spdl" not in self.settings.harnesses or len(self.plan.stages) < 2:
             return
         with self._phase("pipeline_overhead"):
-            self.meta["pipeline_overhead"] = self._pipeline_overhead(source_items)
+            self.meta["pipeline_overhead"] = self._pipeline_overhead(items, one_stage)
         self.run_dir.write_meta(self.meta)
 
     def _user_process_stages(self) -> set[str]:
@@ -850,44 +879,46 @@ class _Diagnosis:
             self.run_dir.write_meta(self.meta)
         return needless
 
-    def _pipeline_overhead(self, source_items: list) -> dict[str, Any]:
-        """SPDL's no-op cost with one and with three pipes (thread x 4, same window and statistics).
+    def _pipeline_overhead(self, items: list, one_stage: dict[str, Any] | None = None) -> dict[str, Any]:
+        """SPDL's no-op cost with one and with three pipes (thread x 4, same statistics).
 
         A one-stage ceiling includes the source, the sink and the consumer
         thread, which a k-stage pipeline pays once; half the difference between
         the two no-op pipelines is what each further stage adds (two stages
         apart, not one: the increment is small next to the noise of one point). The prediction
-        charges the first once and the second per stage.
+        charges the first once and the second per stage. ``one_stage``: the
+        thread no-op ceiling at x 4 just measured (the same pipeline, in the
+        ceiling's shorter window), which is then not measured again.
         """
         from stagebench.core._measure import identity, measure_stage
         from stagebench.core._spdl_harness import deferred_teardown
 
-        s = self.settings
-        cfg = s.measure_config()
-        # 4 threads, SPDL's smallest default pool (what a rebuilt pipeline gets): with one
-        # thread every hop queues behind the previous one and a stage costs about as
-        # much as the whole one-stage pipeline (275 us of 345 measured), which is not
-        # what a pipeline running stages at concurrency 4-16 pays
-        c = 4
-        out: dict[str, Any] = {"harness": "spdl", "executor": "thread", "concurrency": c}
+        cfg = self.settings.measure_config()
+        harness, executor, c = _NOOP_AT
+        out: dict[str, Any] = {"harness": harness, "executor": executor, "concurrency": c}
+        keys = ("status", "qps", "cpu_s_per_item", "qps_low", "qps_high", "reason")
+
+        def fields(row: dict[str, Any]) -> dict[str, Any]:
+            return {k: (v if not isinstance(v, float) or finite(v) else None) for k in keys for v in [row.get(k)]}
+
+        if one_stage is not None:
+            out["one_stage"] = {**fields(one_stage), "from": "the thread no-op ceiling at x 4"}
         with deferred_teardown():
             for key, extra in (("one_stage", 0), ("three_stage", 2)):
+                if key in out:
+                    continue
                 row = measure_stage(
                     identity,
-                    source_items,
-                    executor="thread",
+                    items,
+                    executor=executor,
                     concurrency=c,
                     config=cfg,
                     name="(pipeline)",
                     role="ceiling",
-                    harness="spdl",
+                    harness=harness,
                     spdl_extra_pipes=extra,
                 )
-                out[key] = {
-                    k: (v if not isinstance(v, float) or finite(v) else None)
-                    for k in ("status", "qps", "cpu_s_per_item", "qps_low", "qps_high", "reason")
-                    for v in [row.get(k)]
-                }
+                out[key] = fields(row)
         self.say(
             "SPDL no-op pipeline: "
             + ", ".join(
@@ -988,7 +1019,7 @@ class _Diagnosis:
         # a process pool starts its c workers together, on its first c calls, so the first item
         # arrives once they have started (gil_mix's process x 4: 0.06-0.07 s after opening). A
         # pipeline with processes had a 1 s floor besides, which only made it wait 0.45 s longer.
-        # A window under 1 s (quick mode's 0.5 s replay) gets a warm-up as much shorter.
+        # A window under 1 s (quick mode's 0.3 s replay) gets a warm-up as much shorter.
         window = self.settings.validation_window_s
         warm = 0.5 * min(1.0, window)
         speeds = {name: statistics.median(v) for name, v in self.stage_speeds.items() if v}
