@@ -414,7 +414,10 @@ def test_summary_follows_the_contract_and_is_strict_json():
 def test_summary_verdict_names_the_gil_when_it_binds():
     s = summarize(_pipeline_rows(), _meta("gil", "sleep", "mixed"))
     assert s["prediction"]["binding"] == "gil"
-    assert "GIL" in s["verdict"]
+    # the GIL is the bottleneck; the stage that holds it longest is named as such, not as the bottleneck
+    neck = s["prediction"]["bottleneck"]
+    assert s["verdict"].startswith("the GIL binds: predicted ") and f"; {neck} holds it longest (" in s["verdict"]
+    assert "is the bottleneck" not in s["verdict"]
     assert s["prediction"]["qps"] < s["prediction"]["naive_qps"]
     # the run-wide GIL finding ranks among the high-severity ones
     assert s["findings"][0]["severity"] == "high"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from stagebench._settings import MIN_WINDOW_S, PRECISION, STAGE_WINDOW_S, WARMUP_S, check
 
@@ -68,6 +68,25 @@ class MeasureConfig:
 
     sample_interval_s: float = 0.1
     """How often memory is sampled during the window."""
+
+    def for_noop(self, budget_s: float | None = None) -> MeasureConfig:
+        """How a no-op is measured (a harness ceiling, SPDL's no-op pipelines) next to stages measured with this.
+
+        A no-op reaches its steady rate at once: half the minimum window and
+        half the warm-up (after its workers' first items, which it still
+        waits for), at the same precision. The spdl harness's no-op read the
+        same after 0.025 s as after 0.05 or 0.3 s (threads x 1, 4, 16;
+        processes x 1, 4; five rounds in turns, medians within noise). Not a
+        looser precision: the replay charges a process stage the difference
+        of two ceilings, and at ±10% each ``gil_mix``'s replay read 13-15%
+        high three times. ``budget_s``: half of this budget, at least 0.2 s.
+        """
+        return replace(
+            self,
+            budget_s=budget_s or max(0.2, self.budget_s / 2),
+            min_window_s=self.min_window_s / 2,
+            warmup_s=self.warmup_s / 2,
+        )
 
     def __post_init__(self) -> None:
         check("budget_s", self.budget_s, "budget_s")

@@ -176,14 +176,7 @@ class StageSweep:
         m = self.cfg.measure
         self.ceiling_cfg = m
         if self.cfg.ceiling:
-            budget = self.cfg.ceiling_budget_s or max(0.2, m.budget_s / 2)
-            # a no-op reaches its steady rate at once: half the minimum window, at the stage's precision
-            # (the replay charges a process stage its ceiling's cost beyond the thread one's, a small
-            # difference of two ceilings: at ±10% each, gil_mix's replay read 13-15% high three times),
-            # and half the warm-up (after its workers' first items, which it still waits for): the spdl
-            # harness's no-op read the same after 0.025 s as after 0.05 or 0.3 s (threads x 1, 4, 16,
-            # processes x 1, 4; five rounds in turns, medians within noise)
-            self.ceiling_cfg = replace(m, budget_s=budget, min_window_s=m.min_window_s / 2, warmup_s=m.warmup_s / 2)
+            self.ceiling_cfg = m.for_noop(self.cfg.ceiling_budget_s)
         # A head-to-head window is one sample of a ratio whose interval comes from the pairs (the
         # host's phases between pairs, up to 1.4x here, not a window's own noise): ±10% will do
         self.paired_cfg = replace(m, precision=max(m.precision, PAIRED_PRECISION)) if m.precision > 0 else m

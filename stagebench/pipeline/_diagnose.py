@@ -894,6 +894,7 @@ class _Diagnosis:
         from stagebench.core._spdl_harness import deferred_teardown
 
         cfg = self.settings.measure_config()
+        cfg = cfg.for_noop(cfg.budget_s)  # a no-op, steady at once; the whole budget: a difference is read
         harness, executor, c = _NOOP_AT
         out: dict[str, Any] = {"harness": harness, "executor": executor, "concurrency": c}
         keys = ("status", "qps", "cpu_s_per_item", "qps_low", "qps_high", "reason")
