@@ -304,10 +304,9 @@ def test_validate_off_runs_the_replay_alone(tmp_path, capsys):
     assert "no validation run: STAGEBENCH_VALIDATE=off" in captured.err
 
 
-def test_spdl_diagnosis_measures_the_pipelines_fixed_cost(tmp_path):
-    from stagebench.analysis._pipeline import pipeline_overhead
-
-    cfg = (
+def _sleep_then_noop():
+    """Two stages, so SPDL's no-op pipelines are measured."""
+    return (
         PipelineBuilder()
         .add_source(range(1000))
         .pipe(sleep_stage, concurrency=2)
@@ -315,6 +314,12 @@ def test_spdl_diagnosis_measures_the_pipelines_fixed_cost(tmp_path):
         .add_sink(2)
         .get_config()
     )
+
+
+def test_spdl_diagnosis_measures_the_pipelines_fixed_cost(tmp_path):
+    from stagebench.analysis._pipeline import pipeline_overhead
+
+    cfg = _sleep_then_noop()
     out = tmp_path / "run"
     summary = diagnose_pipeline(
         cfg,
@@ -339,14 +344,7 @@ def test_spdl_diagnosis_measures_the_pipelines_fixed_cost(tmp_path):
 def test_the_one_stage_noop_pipeline_is_the_thread_ceiling_at_four(tmp_path):
     # the same pipeline (one identity pipe, thread x 4): read from the ceiling row, not measured twice;
     # the three-stage one is measured next to it
-    cfg = (
-        PipelineBuilder()
-        .add_source(range(1000))
-        .pipe(sleep_stage, concurrency=2)
-        .pipe(lambda x: x, name="noop")
-        .add_sink(2)
-        .get_config()
-    )
+    cfg = _sleep_then_noop()
     out = tmp_path / "run"
     diagnose_pipeline(
         cfg,
