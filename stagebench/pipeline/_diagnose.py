@@ -903,7 +903,7 @@ class _Diagnosis:
             return {k: (v if not isinstance(v, float) or finite(v) else None) for k in keys for v in [row.get(k)]}
 
         if one_stage is not None:
-            out["one_stage"] = {**fields(one_stage), "from": "the thread no-op ceiling at x 4"}
+            out["one_stage"] = {**fields(one_stage), "from": f"the {executor} no-op ceiling at x {c}"}
         with deferred_teardown():
             for key, extra in (("one_stage", 0), ("three_stage", 2)):
                 if key in out:

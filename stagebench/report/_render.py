@@ -315,6 +315,12 @@ def _point_rows(rows: pd.DataFrame, stage: Mapping[str, Any]) -> list[dict[str, 
     if rows.empty or not {"role", "status", "qps"} <= set(rows.columns):
         return []
     ok = rows[(rows["role"].astype(str) == "stage") & (rows["status"].astype(str) == "ok")]
+    # one kind of memory for the whole column, as the figure plots it: PSS where it was read, else peak RSS
+    mem = (
+        "mem_pss_mb"
+        if "mem_pss_mb" in ok and pd.to_numeric(ok["mem_pss_mb"], errors="coerce").notna().any()
+        else "mem_peak_mb"
+    )
     out = []
     for r in ok.to_dict("records"):
         q = _in_items(r, stage)
@@ -329,7 +335,7 @@ def _point_rows(rows: pd.DataFrame, stage: Mapping[str, Any]) -> list[dict[str, 
                 "cores": num_or_none(r.get("cores_used")),
                 "p50": num_or_none(r.get("latency_p50_ms")),
                 "p99": num_or_none(r.get("latency_p99_ms")),
-                "mem": num_or_none(r.get("mem_pss_mb")) or num_or_none(r.get("mem_peak_mb")),
+                "mem": num_or_none(r.get(mem)),
             }
         )
     return out
@@ -415,6 +421,7 @@ def stage_cards(
         cls = s.get("classification") or "unknown"
         ev = s.get("evidence") or {}
         gi = s.get("gil_fraction_interval") or [None, None]
+        points = _point_rows(sub, s)
         cards.append(
             {
                 "anchor": f"{anchor}-{i}",
@@ -445,8 +452,8 @@ def stage_cards(
                 "gil_ms": _to_ms(s.get("gil_s_per_item")),
                 "img_qps": svg_uri(_plots.stage_throughput_svg(sub, s)) if len(sub) else None,
                 "img_res": svg_uri(_plots.stage_resources_svg(sub, cores)) if len(sub) and resources_plot else None,
-                "res_in_table": bool(len(sub)) and not resources_plot,
-                "points": _point_rows(sub, s),
+                "res_in_table": bool(points) and not resources_plot,
+                "points": points,
                 "problems": _problem_rows(sub),
             }
         )
