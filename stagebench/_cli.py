@@ -115,8 +115,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--trainer",
         action="store_true",
-        help="after the report, run your loop on cached and then real batches to measure the training step's "
-        "demand and the data wait (STAGEBENCH_TRAINER=measure); your loop body runs: it may write "
+        help="after the report, run your loop: on cached batches (your step's demand), then on the real loader "
+        "or pipeline at a few candidate settings in turns; the advice is the cheapest setting that runs your "
+        "training job as fast as any (STAGEBENCH_TRAINER=measure); your loop body runs: it may write "
         "checkpoints or logs",
     )
     g.add_argument("script", help="the unmodified training script")

@@ -312,9 +312,9 @@ SETTINGS: tuple[Setting, ...] = (
         "STAGEBENCH_TRAINER",
         "choice",
         "off",
-        "measure: after the report, your training loop runs on cached batches (its demand), then on the real "
-        "pipeline at the recommended settings (the data-wait share), STAGEBENCH_TRAINER_S each; your loop body "
-        "then runs, and may write checkpoints or logs",
+        "measure: after the report, your training loop runs on cached batches (your step's demand), then on the "
+        "real loader or pipeline at a few candidate settings in turns (the job), and the advice is the cheapest "
+        "setting that runs your job as fast as any; your loop body then runs, and may write checkpoints or logs",
         choices=("off", "measure"),
     ),
     Setting(
@@ -322,7 +322,19 @@ SETTINGS: tuple[Setting, ...] = (
         "STAGEBENCH_TRAINER_S",
         "float",
         10.0,
-        "seconds of each phase of STAGEBENCH_TRAINER=measure (counted steps, after 3 warm-up steps)",
+        "most seconds of counted steps on cached batches (the phase stops once your step's rate is known to "
+        "±3%), and of one job slice",
+        minimum=0,
+        above=True,
+        unit="seconds",
+    ),
+    Setting(
+        "job_s",
+        "STAGEBENCH_JOB_S",
+        "float",
+        60.0,
+        "most seconds of the job runs of STAGEBENCH_TRAINER=measure (your loop on the real loader or pipeline at "
+        "each candidate setting, in turns); what did not run by then is said",
         minimum=0,
         above=True,
         unit="seconds",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from spdl.pipeline import PipelineBuilder
 
 from stagebench.pipeline._diagnose import diagnose_pipeline
 from stagebench.pipeline._settings import DiagnoseSettings
-from stagebench.report._render import pipeline_snippet
+from stagebench.report._render import loader_snippet, pipeline_snippet
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "reports" / "example"
 
@@ -93,22 +94,85 @@ def rule_advice_against_yours_is_measured(summary: dict) -> list[str]:
     return bad
 
 
+_KNOB_ADVICE = re.compile(
+    r"\b(?:[Ss]et|[Uu]se|sets)\s+(num_workers|prefetch_factor|persistent_workers|pin_memory)=(\w+)"
+)
+
+
+def rule_loader_findings_follow_the_snippet(summary: dict) -> list[str]:
+    """No finding of a loader run advises a knob value the recommendation (the snippet) does not have
+    (issue 30: "Set persistent_workers=True" next to ``persistent_workers=False,  # was True``)."""
+    rec = summary.get("recommended") or {}
+    if summary.get("kind") != "loader" or not rec:
+        return []
+    bad = []
+    for f in summary.get("findings") or []:
+        for m in _KNOB_ADVICE.finditer(f"{f.get('title')}. {f.get('detail')}"):
+            knob, value = m.group(1), m.group(2)
+            have = rec.get(knob)
+            if knob == "num_workers" and int(value) != int(have or 0):
+                bad.append(f"{m.group(0)!r} while the recommendation has num_workers={have}")
+            elif knob in ("persistent_workers", "pin_memory") and str(have) != value:
+                bad.append(f"{m.group(0)!r} while the recommendation has {knob}={have}")
+    return bad
+
+
+def rule_the_job_pick_is_the_recommendation(summary: dict) -> list[str]:
+    """Where the training job ran with the user's loop, its pick is what the summary recommends, and the
+    verdict's figure is the job's."""
+    job = summary.get("job") or {}
+    if job.get("status") != "decided":
+        return []
+    pick = next(c for c in job["candidates"] if c["key"] == job["pick"])
+    bad = []
+    if summary.get("kind") == "loader":
+        rec = summary.get("recommended") or {}
+        for k, v in pick["settings"].items():
+            if k == "prefetch_factor" and not pick["settings"].get("num_workers"):
+                continue
+            if k == "pin_memory" and rec.get(k) == "not applicable" and v is False:
+                continue
+            if rec.get(k) != v:
+                bad.append(f"job pick {k}={v!r}, recommended {rec.get(k)!r}")
+    else:
+        for st in summary.get("stages") or []:
+            want = pick["settings"].get(st["name"])
+            rec = st.get("recommended") or {}
+            if want and [rec.get("executor"), rec.get("concurrency")] != list(want):
+                bad.append(f"{st['name']}: job pick {want}, recommended {rec}")
+    if job["text"] not in (summary.get("verdict") or ""):
+        bad.append(f"verdict {summary.get('verdict')!r} is not the job's {job['text']!r}")
+    return bad
+
+
 RULES = [
     rule_findings_follow_the_recommendation,
     rule_shares_are_at_most_100_percent,
     rule_no_throughput_for_an_unchecked_change,
     rule_advice_against_yours_is_measured,
+    rule_loader_findings_follow_the_snippet,
+    rule_the_job_pick_is_the_recommendation,
 ]
+
+
+def rule_the_snippet_pastes_as_is(snippet: str) -> list[str]:
+    """Every line of code in a snippet runs as pasted: no ``...`` placeholder outside a comment."""
+    return [ln for ln in snippet.splitlines() if "..." in ln.split("#", 1)[0]]
 
 
 def _check(run: Path) -> list[str]:
     summary = json.loads((run / "summary.json").read_text())
     meta = json.loads((run / "run.json").read_text())
     broken = [f"{r.__name__}: {b}" for r in RULES for b in r(summary)]
-    broken += [
-        f"rule_snippet_sets_the_recommended_settings: {b}"
-        for b in rule_snippet_sets_the_recommended_settings(summary, meta)
-    ]
+    if summary.get("kind") == "loader":
+        snippet = loader_snippet(summary)
+    else:
+        snippet = pipeline_snippet(summary, meta)
+        broken += [
+            f"rule_snippet_sets_the_recommended_settings: {b}"
+            for b in rule_snippet_sets_the_recommended_settings(summary, meta)
+        ]
+    broken += [f"rule_the_snippet_pastes_as_is: {b}" for b in rule_the_snippet_pastes_as_is(snippet)]
     return broken
 
 
@@ -153,6 +217,35 @@ def test_the_rules_hold_on_a_diagnosis_of_the_reference_stages(reference_run):
     )
 
 
+HOST16 = Path(__file__).resolve().parent / "data" / "host16"
+
+
+@pytest.mark.parametrize("name", ["demo", "resnet_loader_run1", "resnet_loader_run2"])
+def test_the_rules_hold_on_16_core_rows(tmp_path, name):
+    """Rows from a 16-core host with an H200 (tests/data/host16), rebuilt here: the analysis of more cores."""
+    from stagebench.sweep._rebuild import rebuild
+
+    run = tmp_path / name
+    shutil.copytree(HOST16 / name, run)
+    rebuild(run)
+    assert _check(run) == []
+
+
+def test_16_core_loader_rows_keep_the_scripts_pinning_and_say_the_job_was_not_run(tmp_path):
+    """The ResNet-50 script on an H200 host pins its batches; the rows predate the job runs (issue 30)."""
+    from stagebench.sweep._rebuild import rebuild
+
+    run = tmp_path / "resnet"
+    shutil.copytree(HOST16 / "resnet_loader_run1", run)
+    rebuild(run)
+    s = json.loads((run / "summary.json").read_text())
+    assert s["recommended"]["pin_memory"] is True and "pin_memory kept as yours" in s["recommended"]["why"]
+    assert s["recommended"]["persistent_workers"] is True
+    assert "the job: inconclusive: no setting was run with your loop" in s["verdict"]
+    snippet = loader_snippet(s)
+    assert "pin_memory=True,  # as yours" in snippet and "persistent_workers=True,  # as yours" in snippet
+
+
 @pytest.mark.skipif(not (EXAMPLE / "summary.json").is_file(), reason="no committed example report")
 def test_the_rules_hold_on_the_example_report():
     assert _check(EXAMPLE) == []
@@ -172,8 +265,21 @@ def test_the_rules_catch_what_they_are_for():
         "prediction": {"explanation": "moving aug to processes: the pipeline would then reach about 390 items/s"},
         "recommended_vs_yours": {"verdict": "as good"},
     }
+    bad_loader = {
+        "kind": "loader",
+        "verdict": "keep yours",
+        "recommended": {"num_workers": 2, "persistent_workers": False},
+        "findings": [{"title": "Workers restart", "detail": "Set persistent_workers=True."}],
+        "job": {
+            "status": "decided",
+            "pick": "a",
+            "text": "use a",
+            "candidates": [{"key": "a", "settings": {"num_workers": 4, "persistent_workers": False}}],
+        },
+    }
     for rule in RULES:
-        assert rule(bad), rule.__name__
+        assert rule(bad) or rule(bad_loader), rule.__name__
+    assert rule_the_snippet_pastes_as_is("    .build(num_threads=...)\n    # .aggregate(...) keep")
     assert rule_snippet_sets_the_recommended_settings(
         {"stages": [st], "prediction": {"settings": [{"stage": "aug", "executor": "thread", "concurrency": 8}]}}, {}
     )

@@ -1111,7 +1111,7 @@ def _two_sleeps_stand_ins() -> dict:
 
 def test_validation_run_known_answer():
     """Two sleep stages in series: the slower one (10 ms at 4 threads) sets 400 items/s."""
-    from stagebench.pipeline._diagnose import run_validation
+    from stagebench.pipeline._validate import run_validation
 
     r = run_validation(
         _two_sleeps_plan(batch=4),

@@ -169,15 +169,53 @@ def test_recommendation_is_cheapest_within_5_percent_and_budget():
     meta = {"settings": {"memory_budget_mb": None, "usable_cores": 2, "target_rate": 500.0}}
     s = summarize_loader(rows, meta)
     assert s["target"]["met"] is False
-    assert s["verdict"] == "data-bound: the best loader gives 402.0 samples/s, the trainer needs 500.0"
+    assert s["verdict"].startswith("data-bound: the best loader alone gives 402.0 samples/s, the trainer needs 500.0")
+    # the job was not run: said, not guessed
+    assert "the job: inconclusive: your step's rate was stated, not measured" in s["verdict"]
     assert s["findings"][0]["title"].startswith("Data-bound")
 
 
-def test_persistent_workers_recommended_when_they_remove_the_stall():
+def test_num_workers_0_is_not_advised_for_a_trainer_without_a_job_run():
+    """T4: without workers the main process loads between the steps; a loader alone cannot show what that costs."""
+    rows = [_row(0, 500), _row(1, 470), _row(2, 940)]
+    assert recommend(rows, budget_mb=None, target_rate=300)["num_workers"] == 0  # the loader alone
+    rec = recommend(rows, budget_mb=None, target_rate=300, serial_ok=False)
+    assert rec["num_workers"] == 1 and "num_workers=0 left out" in rec["why"]
+    s = summarize_loader(rows, {"settings": {"memory_budget_mb": None, "usable_cores": 2, "target_rate": 300.0}})
+    assert s["recommended"]["num_workers"] == 1
+
+
+def _stall_meta(**knobs):
+    loader = {"backend": "torch", "epoch_batches": 50}
+    if knobs:
+        loader["user_knobs"] = {"num_workers": 2, "prefetch_factor": 2, "pin_memory": False, **knobs}
+    return {"settings": {"memory_budget_mb": None, "usable_cores": 2}, "loader": loader}
+
+
+def test_persistent_workers_recommended_when_the_stall_matters_and_the_finding_agrees():
+    # 50 batches an epoch at 50 batches/s: a 1 s epoch; a 0.5 s stall is a third of it
     rows = [_row(0, 100), _row(2, 200, stall=0.5), _row(2, 199, pw=True, stall=0.05)]
-    rec = recommend(rows, budget_mb=None)
-    assert rec["num_workers"] == 2 and rec["persistent_workers"] is True
-    assert "stall" in rec["why"]
+    s = summarize_loader(rows, _stall_meta())
+    assert s["recommended"]["num_workers"] == 2 and s["recommended"]["persistent_workers"] is True
+    assert "persistent_workers=True" in s["recommended"]["why"]
+    stall = [f for f in s["findings"] if f["title"].startswith("Workers restart at every epoch")]
+    assert stall and "The recommendation sets persistent_workers=True" in stall[0]["detail"]
+    # a stall under 5% of the epoch: no advice either way
+    long_epochs = _stall_meta()
+    long_epochs["loader"]["epoch_batches"] = 50_000
+    s = summarize_loader(rows, long_epochs)
+    assert s["recommended"]["persistent_workers"] is False
+    assert not [f for f in s["findings"] if f["title"].startswith("Workers restart")]
+
+
+def test_the_users_persistent_workers_is_kept_without_evidence_against_it():
+    """An isolated sweep sees no epoch boundary in its window: persistent_workers=True is never switched off
+    for a throughput difference (issue 30: "Set persistent_workers=True" next to "persistent_workers=False")."""
+    rows = [_row(0, 100), _row(2, 200, stall=0.01), _row(4, 210, stall=0.01)]
+    meta = _stall_meta(persistent_workers=True)
+    meta["loader"]["epoch_batches"] = 50_000
+    s = summarize_loader(rows, meta)
+    assert s["recommended"]["persistent_workers"] is True and "kept as yours" in s["recommended"]["why"]
 
 
 def test_findings_from_known_rows():
@@ -434,7 +472,7 @@ def test_cheap_items_make_workers_slower_than_none(cheap_run):
         pytest.skip(why)
     assert found, s["findings"]
     assert s["user_setting"]["num_workers"] == 1
-    assert any(f["title"] == "Your setting leaves throughput on the table" for f in s["findings"])
+    assert any(f["title"] == "Your setting leaves loader throughput on the table" for f in s["findings"])
 
 
 def test_run_dir_follows_the_contract(cheap_run):
@@ -561,6 +599,28 @@ def test_pin_memory_is_swept_where_cuda_is_present(tmp_path, monkeypatch):
     s = sweep_dataset(SleepDataset(n=32, d=0.002), batch_size=4, run_dir=tmp_path / "run", config=cfg)
     assert [p["pin_memory"] for p in s["points"]] == [False, True]
     assert all(p["status"] == "ok" for p in s["points"])
+
+
+def test_with_cuda_the_search_keeps_the_scripts_pin_memory(tmp_path, monkeypatch):
+    """Plumbing only (no GPU here): pinning pays off only with the device copy, which no isolated point makes,
+    so every point keeps the script's pin_memory and the recommendation does too (issue 30)."""
+    import stagebench.loader._sweep as loader_mod
+
+    monkeypatch.setattr(loader_mod, "_cuda_available", lambda: True)
+    cfg = LoaderSweepConfig(
+        num_workers=(0, 1),
+        prefetch_factors=(2,),
+        budget_s=0.3,
+        warmup_s=0.1,
+        timeout_s=20,
+        transforms=False,
+        epoch_stall=False,
+    )
+    s = sweep_dataset(
+        SleepDataset(n=32, d=0.002), batch_size=4, run_dir=tmp_path / "run", config=cfg, num_workers=1, pin_memory=True
+    )
+    assert {p["pin_memory"] for p in s["points"]} == {True}
+    assert s["recommended"]["pin_memory"] is True
 
 
 def test_memory_budget_stops_the_search_and_is_reported(tmp_path):

@@ -39,6 +39,11 @@ def _f(severity: str, title: str, detail: str, stage: str | None, evidence: dict
     return {"severity": severity, "title": title, "detail": detail, "stage": stage, "evidence": evidence, "_gain": gain}
 
 
+def _rate(point: dict) -> str:
+    """``1,234 items/s``, or why there is none (a setting the job runs chose that the sweep did not measure)."""
+    return f"{fmt_q(point['qps'])} items/s" if finite(point.get("qps")) else "not measured alone at this setting"
+
+
 def _alt(st: dict, ex: str) -> dict | None:
     return (st.get("alternatives") or {}).get(ex)
 
@@ -186,7 +191,7 @@ def _stage_findings(
     if cls == "overhead-bound" and not (own_step and far):
         # an overhead-bound verdict rests on a measured ceiling; without one these fail, as they always did
         # the ceiling was measured at the stage's own best setting, which the pipeline's choice may not be
-        ceil, rec = st.get("ceiling_qps"), st.get("recommended_alone") or rec
+        ceil, rec = st.get("ceiling_qps"), st.get("recommended_alone") or st.get("recommended_isolated") or rec
         near = f"it reaches {fmt_q(rec['qps'])} items/s, near the no-op ceiling of {fmt_q(ceil)} items/s"  # type: ignore[arg-type]
         if own_step:
             title = f"{name} is overhead-bound: fewer, larger items must reach it"
@@ -229,7 +234,7 @@ def _stage_findings(
 
     if cls == "io-bound":
         # the stage's own best alone is the curve's top; the pipeline's setting may be lower (it keeps up)
-        alone = st.get("recommended_alone") or rec
+        alone = st.get("recommended_alone") or st.get("recommended_isolated") or rec
         rising = "still rising" in (alone.get("why") or "")
         if rising:
             finding = _f(
@@ -247,8 +252,7 @@ def _stage_findings(
                 _f(
                     "info",
                     f"{name} waits (io-bound)",
-                    f"concurrency {rec['concurrency']} ({rec['executor']}) covers the waiting: "
-                    f"{fmt_q(rec['qps'])} items/s",
+                    f"concurrency {rec['concurrency']} ({rec['executor']}) covers the waiting: {_rate(rec)}",
                     name,
                     {"recommended": rec},
                 )
@@ -260,7 +264,7 @@ def _stage_findings(
             _f(
                 "info" if not is_bn else "medium",
                 f"{name} is limited by the cores",
-                f"{fmt_q(rec['qps'])} items/s at {rec['executor']} x {rec['concurrency']}"
+                f"{_rate(rec)} at {rec['executor']} x {rec['concurrency']}"
                 + (f", {cpu * 1e3:.3g} ms CPU per item" if cpu is not None and finite(cpu) else "")
                 + ": more cores or less work per item; more concurrency will not help",
                 name,
@@ -425,19 +429,26 @@ def build_findings(
     cores: int,
     page_fault: dict | None = None,
     yours: dict | None = None,
+    job: dict | None = None,
 ) -> list[dict[str, Any]]:
     """All findings for a run, most important first (see the module docstring for the ranking).
 
     ``page_fault``: ``{"cost_s", "page_bytes"}`` of this machine (``run.json``), for
     the finding on stages that fault in fresh memory per item. ``yours``: the
     recommended settings against the user's own
-    (:func:`stagebench.analysis._pipeline.yours_verdict`).
+    (:func:`stagebench.analysis._pipeline.yours_verdict`); ``job``: the training job run with
+    the user's loop (:func:`stagebench.analysis._job.decide_job`), which replaces it where decided.
     """
     bottleneck = (prediction or {}).get("bottleneck")
     out: list[dict] = []
     for st in stages:
         out.extend(_stage_findings(st, bottleneck, cores, prediction, page_fault))
-    if yours and yours.get("verdict") not in (None, "same"):
+    if job is not None and job.get("status") == "decided":
+        # the training job ran with the user's loop: what it found is the advice on settings
+        from stagebench.analysis._job import job_findings
+
+        out += [{**f, "_gain": 1.0} for f in job_findings(job)]
+    elif yours and yours.get("verdict") not in (None, "same"):
         out.append(_yours_finding(yours))
 
     if prediction and finite(prediction.get("qps")):

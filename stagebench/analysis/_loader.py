@@ -22,6 +22,7 @@ from typing import Any
 
 from stagebench._numbers import finite, num
 from stagebench._settings import DEMAND_HEADROOM
+from stagebench.analysis._job import job_findings
 from stagebench.runs._knobs import NOT_APPLICABLE, LoaderKnobs, normalize_knobs
 
 __all__ = [
@@ -31,10 +32,17 @@ __all__ = [
     "recommend",
     "summarize_loader",
     "loader_findings",
+    "job_candidates",
 ]
 
 
 _SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
+#: Why num_workers=0 is not advised for a training job without a job run that says so (T4 of the
+#: DataLoader-knob guide: the main process then loads serially, between the steps).
+SERIAL_WORDS = (
+    "without workers the main process loads each batch between your training steps, so loading adds to "
+    "every step; only a run with your loop can show what that costs (STAGEBENCH_TRAINER=measure)"
+)
 _NUMERIC = (
     "samples_per_s",
     "samples_per_s_low",
@@ -121,18 +129,6 @@ def setting_cost(p: dict[str, Any]) -> tuple:
     return (p["num_workers"], p["prefetch_factor"] or 0, p["persistent_workers"] is True, p["pin_memory"] is True)
 
 
-def _same_but_persistent(pool: list[dict], p: dict) -> dict | None:
-    for q in pool:
-        if (
-            q["num_workers"] == p["num_workers"]
-            and q["prefetch_factor"] == p["prefetch_factor"]
-            and q["pin_memory"] == p["pin_memory"]
-            and q["persistent_workers"] is True
-        ):
-            return q
-    return None
-
-
 def _stall_gain(p: dict, q: dict) -> float:
     """Seconds per epoch that q's persistent workers save over p (NaN when unknown)."""
     a, b = p["epoch_stall_s"], q["epoch_stall_s"]
@@ -150,19 +146,9 @@ def _overlaps(p: dict[str, Any], q: dict[str, Any]) -> bool:
     return lo <= qhi and qlo <= hi
 
 
-def _pick(candidates: list[dict], pool: list[dict], floor: float) -> tuple[dict, str]:
-    rec = min(candidates, key=setting_cost)
-    note = ""
-    if rec["persistent_workers"] is False and rec["num_workers"] > 0:
-        q = _same_but_persistent(pool, rec)
-        gain = _stall_gain(rec, q) if q is not None else math.nan
-        if q is not None and q["samples_per_s"] >= floor and gain > max(0.02, 0.5 * rec["epoch_stall_s"]):
-            note = (
-                f"; persistent_workers=True cuts the epoch-boundary stall from "
-                f"{rec['epoch_stall_s']:.2f}s to {q['epoch_stall_s']:.2f}s"
-            )
-            rec = q
-    return rec, note
+def _pick(candidates: list[dict]) -> tuple[dict, str]:
+    """The cheapest; persistent_workers and pin_memory are set afterwards, by one rule each (:func:`_kept_knobs`)."""
+    return min(candidates, key=setting_cost), ""
 
 
 def recommend(
@@ -173,6 +159,7 @@ def recommend(
     target_rate: float | None = None,
     headroom: float = DEMAND_HEADROOM,
     user: dict[str, Any] | None = None,
+    serial_ok: bool = True,
 ) -> dict[str, Any] | None:
     """The recommended row (with a ``why``), or None when nothing was measured ok.
 
@@ -182,7 +169,9 @@ def recommend(
     measured) is among those, it is kept: no change of workers or
     persistent_workers rests on a difference the measurement cannot tell from
     noise. With a target: the cheapest that delivers target x (1 + headroom);
-    when none does, the same as without.
+    when none does, the same as without. ``serial_ok=False`` (a trainer is waiting on this
+    loader, and no job run has said otherwise): a setting with workers is preferred over
+    ``num_workers=0``, whose loading adds to every training step (a loader alone cannot show that).
     """
     pts = _rows(rows)
     ok = [p for p in pts if _is_ok(p)]
@@ -195,12 +184,16 @@ def recommend(
     if target_rate is not None:
         need = target_rate * (1 + headroom)
         meeting = [p for p in pool if p["samples_per_s"] >= need]
+        serial_note = ""
+        if not serial_ok and any(p["num_workers"] > 0 for p in meeting) and any(p["num_workers"] == 0 for p in meeting):
+            meeting = [p for p in meeting if p["num_workers"] > 0]
+            serial_note = f"; num_workers=0 left out: {SERIAL_WORDS}"
         if meeting:
-            rec, note = _pick(meeting, pool, need)
+            rec, note = _pick(meeting)
             rec = dict(rec)
             rec["why"] = (
                 f"cheapest setting that delivers the target {target_rate:,.1f} samples/s with "
-                f"{headroom:.0%} headroom ({need:,.1f}){note}"
+                f"{headroom:.0%} headroom ({need:,.1f}){note}{serial_note}"
             )
             return rec
     floor = (1 - within_best) * best["samples_per_s"]
@@ -223,7 +216,7 @@ def recommend(
             )
         )
         return rec
-    rec, note = _pick(near, pool, floor)
+    rec, note = _pick(near)
     rec = dict(rec)
     if rec is best or setting_cost(rec) == setting_cost(best):
         why = f"the best throughput measured, and no cheaper setting comes within {within_best:.0%} of it"
@@ -281,9 +274,18 @@ def _finding(severity: str, title: str, detail: str, evidence: dict[str, Any]) -
 
 
 def loader_findings(
-    pts: list[dict[str, Any]], meta: dict[str, Any], rec: dict | None, target: dict | None
+    pts: list[dict[str, Any]],
+    meta: dict[str, Any],
+    rec: dict | None,
+    target: dict | None,
+    job: dict | None = None,
 ) -> list[dict[str, Any]]:
-    """Diagnoses, most important first (same shape as the pipeline findings)."""
+    """Diagnoses, most important first (same shape as the pipeline findings).
+
+    None advises a setting the recommendation does not have: where the job ran (``job``), the
+    comparisons with the user's setting are the job's, not the loader alone's.
+    """
+    decided = job is not None and job.get("status") == "decided"
     settings = meta.get("settings", {})
     prov = meta.get("provenance", {})
     cores = int(settings.get("usable_cores") or prov.get("usable_cores") or 1)
@@ -304,13 +306,33 @@ def loader_findings(
                 detail += ". The search kept the settings with fewer workers."
             out.append(_finding("high", title, detail, {"num_workers": p["num_workers"], "status": p["status"]}))
 
-    if target is not None and not target.get("met"):
+    if decided and job is not None and job.get("bound") == "data-bound":
+        out.append(
+            _finding(
+                "high",
+                "Data-bound: your training job waits for data",
+                f"{job['text']}. The loader alone at its best gives {max(p['samples_per_s'] for p in ok):,.0f} "
+                "samples/s; the findings below say what limits it.",
+                {"job_samples_per_s": job["samples_per_s"], "data_wait_share": job["data_wait_share"]},
+            )
+        )
+    elif not decided and target is not None and not target.get("met"):
         out.append(
             _finding(
                 "high",
                 "Data-bound: the loader cannot feed the trainer",
                 target["verdict"],
                 {"target_rate": target["rate"]},
+            )
+        )
+    zero_note = (job or {}).get("zero_workers") if decided else None
+    if zero_note and rec is not None and rec["num_workers"] > 0:
+        out.append(
+            _finding(
+                "medium",
+                "num_workers=0 starves your step: loading adds to every step",
+                zero_note + ".",
+                {"job": True},
             )
         )
 
@@ -323,15 +345,26 @@ def loader_findings(
         tol = max(0.05, _rel_half(z), _rel_half(w))
         if w["samples_per_s"] < z["samples_per_s"] * (1 - tol):
             per_batch_ms = 1e3 / z["batches_per_s"] if z["batches_per_s"] > 0 else math.nan
+            serial = rec is not None and rec["num_workers"] == 0
+            advice = (
+                "use num_workers=0, or make each item do more work (bigger batches, decoding in the worker) "
+                "before adding workers"
+                if serial
+                else "yet the recommendation keeps workers: "
+                + (
+                    "your training job ran faster with them (without workers, loading adds to every step)"
+                    if decided
+                    else SERIAL_WORDS
+                )
+            )
             out.append(
                 _finding(
-                    "high" if rec is not None and rec["num_workers"] == 0 else "medium",
+                    "high" if serial else "medium",
                     "Workers make this loader slower: shipping batches costs more than making them",
                     f"With no workers the main process makes a batch in {per_batch_ms:.2f} ms "
                     f"({z['samples_per_s']:,.0f} samples/s); the best with workers is {w['samples_per_s']:,.0f} "
                     f"samples/s at num_workers={w['num_workers']}. Items are cheap (in-memory tensors?), so "
-                    "inter-process communication dominates: use num_workers=0, or make each item do more "
-                    "work (bigger batches, decoding in the worker) before adding workers.",
+                    f"inter-process communication dominates: {advice}.",
                     {
                         "samples_per_s_0": z["samples_per_s"],
                         "best_with_workers": w["samples_per_s"],
@@ -457,58 +490,49 @@ def loader_findings(
             )
             break
 
-    # Worker start-up dominating short epochs.
-    epoch_batches = num((meta.get("loader") or {}).get("epoch_batches"))
-    # Judge at a setting that has a persistent twin (the comparison is measured), else the cheapest.
-    # Not where the recommendation has no workers: persistent_workers would then be advice for a setting
-    # the report does not recommend.
-    no_workers = rec is not None and rec["num_workers"] == 0
-    for p in sorted(multi, key=lambda p: (_same_but_persistent(ok, p) is None, setting_cost(p))):
-        if no_workers:
-            break
-        if p["persistent_workers"] is not False or not math.isfinite(p["epoch_stall_s"]):
-            continue
-        q = _same_but_persistent(ok, p)
-        stall = p["epoch_stall_s"]
-        epoch_s = (
-            epoch_batches / p["batches_per_s"] if math.isfinite(epoch_batches) and p["batches_per_s"] > 0 else math.nan
+    # Workers restarting at every epoch: judged at the recommendation, whose persistent_workers
+    # follows the same rule (_kept_knobs), so the finding explains the snippet rather than contradicting it.
+    stall = _stall(rec, ok, meta) if rec is not None else None
+    if rec is not None and stall is not None and stall["matters"] and rec["persistent_workers"] is True:
+        detail = (
+            f"Each epoch starts with a {stall['stall_s']:.2f}s stall at {_knob_text({**rec, 'persistent_workers': False})} "
+            "while the workers restart"
         )
-        share = stall / (epoch_s + stall) if math.isfinite(epoch_s) else math.nan
-        gain = _stall_gain(p, q) if q is not None else math.nan
-        if (math.isfinite(share) and share > 0.05) or (math.isfinite(gain) and gain > max(0.1, 0.5 * stall)):
-            detail = f"Each epoch starts with a {stall:.2f}s stall at {_knob_text(p)} while the workers restart"
-            if math.isfinite(share):
-                detail += f": {share:.0%} of an epoch of {int(epoch_batches)} batches ({epoch_s:.1f}s)"
-            if q is not None and math.isfinite(q["epoch_stall_s"]):
-                detail += f". With persistent_workers=True the stall is {q['epoch_stall_s']:.2f}s"
-            detail += ". Set persistent_workers=True."
-            sev = "high" if math.isfinite(share) and share > 0.2 else "medium"
-            out.append(
-                _finding(
-                    sev,
-                    "Worker start-up dominates short epochs",
-                    detail,
-                    {
-                        "epoch_stall_s": stall,
-                        "epoch_s": epoch_s,
-                        "share": share,
-                        "persistent_stall_s": q["epoch_stall_s"] if q is not None else None,
-                    },
-                )
+        if math.isfinite(stall["share"]):
+            detail += (
+                f": {stall['share']:.0%} of an epoch of {int(stall['epoch_batches'])} batches ({stall['epoch_s']:.1f}s)"
             )
-            break
+        if math.isfinite(stall["persistent_stall_s"]):
+            detail += f". With persistent_workers=True the stall is {stall['persistent_stall_s']:.2f}s"
+        detail += ". The recommendation sets persistent_workers=True."
+        out.append(
+            _finding(
+                "high" if stall["share"] > 0.2 else "medium" if stall["share"] > 0.05 else "low",
+                f"Workers restart at every epoch: a {stall['stall_s']:.2f}s stall",
+                detail,
+                {
+                    "epoch_stall_s": stall["stall_s"],
+                    "epoch_s": stall["epoch_s"],
+                    "share": stall["share"],
+                    "persistent_stall_s": stall["persistent_stall_s"],
+                },
+            )
+        )
 
-    # The user's own setting, when it was measured.
+    # The user's own setting, when it was measured: with the job run, the job's comparison.
     u = user_point(pts, meta)
-    if u is not None and rec is not None:
+    if decided and job is not None:
+        out += job_findings(job)
+    elif u is not None and rec is not None:
         if _is_ok(u):
             if u["samples_per_s"] < 0.9 * rec["samples_per_s"]:
                 out.append(
                     _finding(
                         "medium",
-                        "Your setting leaves throughput on the table",
-                        f"Your {_knob_text(u)} gives {u['samples_per_s']:,.0f} samples/s; the recommended "
-                        f"{_knob_text(rec)} gives {rec['samples_per_s']:,.0f}.",
+                        "Your setting leaves loader throughput on the table",
+                        f"Your {_knob_text(u)} gives {u['samples_per_s']:,.0f} samples/s alone; the recommended "
+                        f"{_knob_text(rec)} gives {rec['samples_per_s']:,.0f}. Measured without your training step: "
+                        "what that buys your job is not measured (STAGEBENCH_TRAINER=measure runs it).",
                         {"yours": u["samples_per_s"], "recommended": rec["samples_per_s"]},
                     )
                 )
@@ -540,6 +564,110 @@ def loader_findings(
     return out
 
 
+def _twin(pool: list[dict], p: dict, persistent: bool) -> dict | None:
+    """The measured point with p's knobs and the given persistent_workers."""
+    for q in pool:
+        if (
+            q["num_workers"] == p["num_workers"]
+            and q["prefetch_factor"] == p["prefetch_factor"]
+            and (q["pin_memory"] is True) == (p["pin_memory"] is True)
+            and (q["persistent_workers"] is True) == persistent
+        ):
+            return q
+    return None
+
+
+#: An epoch-boundary stall matters when it is over this share of an epoch (or, with the epoch's length
+#: unknown, when persistent workers were measured to save more than half of it and over 0.1 s).
+STALL_SHARE = 0.05
+
+
+def _stall(rec: dict[str, Any], ok: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The epoch-boundary stall at the recommendation's knobs without persistent workers, and whether it matters."""
+    if rec["num_workers"] == 0 or rec["persistent_workers"] == NOT_APPLICABLE:
+        return None
+    p = _twin(ok, rec, False)
+    if p is None or not math.isfinite(p["epoch_stall_s"]):
+        return None
+    q = _twin(ok, rec, True)
+    stall = p["epoch_stall_s"]
+    epoch_batches = num((meta.get("loader") or {}).get("epoch_batches"))
+    epoch_s = (
+        epoch_batches / p["batches_per_s"] if math.isfinite(epoch_batches) and p["batches_per_s"] > 0 else math.nan
+    )
+    share = stall / (epoch_s + stall) if math.isfinite(epoch_s) else math.nan
+    gain = _stall_gain(p, q) if q is not None else math.nan
+    matters = (math.isfinite(share) and share > STALL_SHARE) or (
+        not math.isfinite(share) and math.isfinite(gain) and gain > max(0.1, 0.5 * stall)
+    )
+    return {
+        "matters": bool(matters),
+        "stall_s": stall,
+        "epoch_s": epoch_s,
+        "epoch_batches": epoch_batches,
+        "share": share,
+        "persistent_stall_s": q["epoch_stall_s"] if q is not None else math.nan,
+    }
+
+
+def _kept_knobs(rec: dict[str, Any] | None, ok: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The knobs a throughput window cannot judge, set by one rule each (the findings follow the same rules).
+
+    ``pin_memory`` on a host with a CUDA device: as the user set it. Its benefit appears only with
+    the copy to the device, which a loader measured alone never makes, so an isolated sweep can only
+    see its cost (issue 30: ``pin_memory=False,  # was True`` on an H200 host); a job run with the
+    user's loop judges it. ``persistent_workers``: the user's own where given (it acts only at epoch
+    boundaries, which a throughput window does not see), else True where the stall matters
+    (:func:`_stall`).
+    """
+    if rec is None:
+        return rec
+    mine = (meta.get("loader") or {}).get("user_knobs") or {}
+    cuda = bool((meta.get("settings") or {}).get("cuda"))
+    out = rec
+    if cuda and "pin_memory" in mine and rec["pin_memory"] != NOT_APPLICABLE:
+        if (rec["pin_memory"] is True) != bool(mine["pin_memory"]):
+            twin = _same_knobs_but(ok, rec, pin_memory=bool(mine["pin_memory"]))
+            out = dict(twin or rec)
+            out["pin_memory"] = bool(mine["pin_memory"])
+            out["why"] = rec.get("why", "") + (
+                "; pin_memory kept as yours: its benefit shows only with the copy to the device, which the "
+                "loader measured alone does not make"
+            )
+    if out["num_workers"] == 0 or out["persistent_workers"] == NOT_APPLICABLE:
+        return out
+    stall = _stall(out, ok, meta)
+    matters = stall is not None and stall["matters"]
+    if "persistent_workers" in mine and bool(mine["persistent_workers"]) != (out["persistent_workers"] is True):
+        if mine["persistent_workers"] or not matters:
+            why = out.get("why", "")
+            out = dict(_twin(ok, out, bool(mine["persistent_workers"])) or out)
+            out["persistent_workers"] = bool(mine["persistent_workers"])
+            out["why"] = why + (
+                "; persistent_workers kept as yours: it acts only at epoch boundaries, which the throughput "
+                "windows do not see"
+            )
+            return out
+    if matters and out["persistent_workers"] is not True:
+        why = out.get("why", "")
+        out = dict(_twin(ok, out, True) or out)
+        out["persistent_workers"] = True
+        out["why"] = why + "; persistent_workers=True: workers restart at every epoch otherwise"
+    return out
+
+
+def _same_knobs_but(pool: list[dict], p: dict, **changed: Any) -> dict | None:
+    """The measured point with p's knobs except ``changed``."""
+    want = {k: p[k] for k in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")} | changed
+    for q in pool:
+        if all(
+            (q[k] is True) == (v is True) if k in ("persistent_workers", "pin_memory") else q[k] == v
+            for k, v in want.items()
+        ):
+            return q
+    return None
+
+
 def user_point(pts: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
     """The point measured at the user's own setting: the "user" row, or the search point it coincided with."""
     for p in pts:
@@ -568,6 +696,185 @@ def user_point(pts: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any
     return None
 
 
+#: Most candidates run with the user's loop (each costs a slice per round, and loops stop early).
+MAX_CANDIDATES = 4
+
+
+def _cost(p: dict[str, Any]) -> tuple:
+    """Workers first, then the other knobs, then memory (a candidate's cost in the job runs)."""
+    mem = p["mem_pss_mb"] if math.isfinite(p["mem_pss_mb"]) else 0.0
+    return (*setting_cost(p), mem)
+
+
+def job_candidates(rows: Any, meta: dict[str, Any], demand: float | None) -> list[Any]:
+    """The loader settings to run with the user's loop, most important first (:mod:`stagebench.core._jobrun`).
+
+    Yours (as measured); the cheapest setting whose throughput alone feeds ``demand`` with
+    10% to spare (``num_workers=0`` included: the job run shows what loading between the
+    steps costs); the next measured setting with more workers; the fastest alone. At most
+    :data:`MAX_CANDIDATES`, in that order. Knobs whose effect an isolated sweep cannot see
+    keep the user's value: ``persistent_workers`` (it acts at epoch boundaries, which a
+    job slice does not reach) and, on a host with a CUDA device, ``pin_memory`` (its
+    benefit shows only with the copy to the device, which the user's loop makes); a user
+    who does not pin there also gets the pick with ``pin_memory=True`` run.
+    """
+    from stagebench.core._jobrun import Candidate
+
+    pts = [p for p in _rows(rows) if _is_ok(p)]
+    if not pts:
+        return []
+    settings = meta.get("settings") or {}
+    info = meta.get("loader") or {}
+    backend = info.get("backend", "torch")
+    cuda = bool(settings.get("cuda"))
+    budget = settings.get("memory_budget_mb")
+    headroom = float(settings.get("headroom", DEMAND_HEADROOM))
+    mine = info.get("user_knobs") or {}
+    user = user_point(pts, meta)
+    pool = [p for p in pts if not _over_budget(p, budget)] or pts
+    chosen: list[tuple[dict[str, Any], list[str]]] = []
+
+    def add(p: dict[str, Any] | None, origin: str) -> None:
+        if p is None:
+            return
+        for q, origins in chosen:
+            if setting_cost(q) == setting_cost(p):
+                origins.append(origin)
+                return
+        chosen.append((p, [origin]))
+
+    if user is None and mine:  # not measured as such (cannot happen after a sweep of the user's loader)
+        user = normalize_row({**mine, "status": "ok"})
+    add(user, "yours")
+    feeding = sorted(
+        (p for p in pool if demand is not None and p["samples_per_s"] >= demand * (1 + headroom)), key=_cost
+    )
+    best = max(pool, key=lambda p: p["samples_per_s"])
+    if feeding:
+        add(feeding[0], "feeds")
+        above = [p for p in feeding if p["num_workers"] > feeding[0]["num_workers"]]
+        add(min(above, key=_cost) if above else None, "above")
+    add(best, "best")
+    chosen = chosen[:MAX_CANDIDATES]
+
+    def knobs_of(p: dict[str, Any], pin: bool | None = None) -> LoaderKnobs:
+        persistent = (
+            bool(mine["persistent_workers"]) if "persistent_workers" in mine else p["persistent_workers"] is True
+        )
+        if pin is None:
+            pin = bool(mine["pin_memory"]) if cuda and "pin_memory" in mine else p["pin_memory"] is True
+        req = LoaderKnobs(
+            num_workers=p["num_workers"],
+            prefetch_factor=p["prefetch_factor"] if p["num_workers"] > 0 else None,
+            persistent_workers=persistent and p["num_workers"] > 0,
+            pin_memory=pin,
+        )
+        return normalize_knobs(req, backend, cuda=cuda)[0]
+
+    out: list[Any] = []
+    seen: set[str] = set()
+    entries = [(p, origins, knobs_of(p)) for p, origins in chosen]
+    if cuda and not mine.get("pin_memory", False) and entries:
+        pick = next((e for e in entries if "feeds" in e[1]), entries[0])
+        entries.append((pick[0], ["pinned"], knobs_of(pick[0], pin=True)))
+    for p, origins, k in entries:
+        key = k.label()
+        if key in seen:
+            continue
+        seen.add(key)
+        shown = {
+            **p,
+            **{f: getattr(k, f) for f in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")},
+        }
+        out.append(
+            Candidate(
+                key=key,
+                label=_knob_text(shown),
+                settings={
+                    "num_workers": k.num_workers,
+                    "prefetch_factor": k.prefetch_factor,
+                    "persistent_workers": k.persistent_workers,
+                    "pin_memory": k.pin_memory,
+                },
+                origin=tuple(origins),
+                cost=_cost(shown),
+                round_steps=max(1, k.num_workers),
+                alone={
+                    "samples_per_s": p["samples_per_s"],
+                    "samples_per_s_low": p["samples_per_s_low"] if math.isfinite(p["samples_per_s_low"]) else None,
+                    "samples_per_s_high": p["samples_per_s_high"] if math.isfinite(p["samples_per_s_high"]) else None,
+                    "measured_as": _knob_text(p),
+                }
+                if math.isfinite(p["samples_per_s"])
+                else None,
+            )
+        )
+    return out
+
+
+def _job_pick(job: dict[str, Any], pts: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """The job runs' pick as a recommended point: its isolated figures where measured, its knobs, the job's why."""
+    cand = next(c for c in job["candidates"] if c["key"] == job["pick"])
+    k = cand["settings"]
+    same = [
+        p
+        for p in pts
+        if _is_ok(p)
+        and p["num_workers"] == k["num_workers"]
+        and (k["num_workers"] == 0 or p["prefetch_factor"] == k["prefetch_factor"])
+    ]
+    exact = [
+        p
+        for p in same
+        if (p["persistent_workers"] is True) == bool(k["persistent_workers"])
+        and (p["pin_memory"] is True) == bool(k["pin_memory"])
+    ]
+    if exact or same:
+        rec = dict((exact or same)[0])
+    else:  # not a measured point (cannot happen for candidates built from points; kept total)
+        alone = cand.get("alone") or {}
+        rec = normalize_row({**k, "samples_per_s": alone.get("samples_per_s")})
+    for f in ("persistent_workers", "pin_memory"):
+        if rec.get(f) != NOT_APPLICABLE:
+            rec[f] = bool(k[f])
+    rec["prefetch_factor"] = k["prefetch_factor"] if k["num_workers"] > 0 else None
+    rec["why"] = f"run with your training loop: {job['why']}"
+    return rec
+
+
+def _zero_workers_note(job: dict[str, Any]) -> str | None:
+    """Why num_workers=0 was or was not chosen, from the job runs (None: it was not a candidate)."""
+    zero = next((c for c in job["candidates"] if c["settings"].get("num_workers") == 0), None)
+    if zero is None:
+        return None
+    f = zero.get("job")
+    if not f:
+        return "num_workers=0 was a candidate but did not run with your loop, so it is not advised"
+    best = next(c for c in job["candidates"] if c["key"] == job["best"])["job"]
+    if zero.get("as_good"):
+        return (
+            f"num_workers=0 ran your job at {f['samples_per_s']:,.0f} samples/s, as fast as any setting with "
+            "workers: loading between the steps costs your step little here"
+        )
+    return (
+        f"num_workers=0 ran your job at {f['samples_per_s']:,.0f} samples/s against {best['samples_per_s']:,.0f} "
+        f"with workers ({f['samples_per_s'] / best['samples_per_s']:.2f}x): without workers the main process loads "
+        "each batch between your steps, so loading adds to every step"
+    )
+
+
+def _job_not_run(job: dict[str, Any] | None, target: dict[str, Any]) -> str:
+    """What the verdict says of the job where no setting ran with the user's loop."""
+    if job is not None:
+        return str(job["text"])
+    if target.get("source") == "stated":
+        return (
+            "inconclusive: your step's rate was stated, not measured, so no setting was run with your loop "
+            "(STAGEBENCH_TRAINER=measure runs it)"
+        )
+    return "inconclusive: no setting was run with your loop"
+
+
 def _warnings(pts: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     from stagebench.runs._provenance import load_warnings
 
@@ -592,8 +899,15 @@ def _warnings(pts: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
 
 
 def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
-    """The loader summary.json (docs/contracts.md, kind "loader")."""
+    """The loader summary.json (docs/contracts.md, kind "loader").
+
+    With the training job run (``run.json["job"]``: the user's loop on the real loader at
+    each candidate, :mod:`stagebench.analysis._job`), the recommendation is the job's pick
+    and the verdict the job's figure; without it, the loader alone's, and a verdict about
+    the job is "inconclusive".
+    """
     from stagebench._version import __version__
+    from stagebench.analysis._job import decide_job, trainer_summary
     from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
 
     settings = meta.get("settings") or {}
@@ -608,6 +922,8 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     pts = _rows(rows)
     ok = [p for p in pts if _is_ok(p)]
     best = max(ok, key=lambda p: p["samples_per_s"]) if ok else None
+    job = decide_job(meta.get("job"), trainer)
+    decided = job is not None and job["status"] == "decided"
     rec = recommend(
         pts,
         budget_mb=budget,
@@ -615,7 +931,13 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         target_rate=target_rate,
         headroom=headroom,
         user=user_point(pts, meta),
+        serial_ok=target_rate is None,
     )
+    rec = _kept_knobs(rec, ok, meta)
+    isolated = rec
+    if decided and job is not None:
+        rec = _kept_knobs(_job_pick(job, pts, meta), ok, meta)
+        job["zero_workers"] = _zero_workers_note(job)
 
     target = None
     if target_rate is not None:
@@ -624,27 +946,18 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         if best is None:
             verdict = f"data-bound: no loader setting could be measured, the trainer needs {target_rate:,.1f} samples/s"
         elif met:
-            assert rec is not None  # recommend() is None only when no point is ok, and best is one
+            assert isolated is not None  # recommend() is None only when no point is ok, and best is one
             verdict = (
-                f"the loader keeps up: {rec['samples_per_s']:,.1f} samples/s at {_knob_text(rec)} "
+                f"the loader alone keeps up: {isolated['samples_per_s']:,.1f} samples/s at {_knob_text(isolated)} "
                 f"against {target_rate:,.1f} needed (+{headroom:.0%} headroom)"
             )
         else:
             verdict = (
-                f"data-bound: the best loader gives {best['samples_per_s']:,.1f} samples/s, "
+                f"data-bound: the best loader alone gives {best['samples_per_s']:,.1f} samples/s, "
                 f"the trainer needs {target_rate:,.1f}"
             )
         if measured_demand:
-            verdict += (
-                f" (the demand is your training step, measured: {trainer['steps_per_s']:,.2f} steps/s"
-                + (
-                    f"; on the live loader your loop waited for data {trainer['with_pipeline']['data_wait_share']:.0%} "
-                    "of each step"
-                    if (trainer.get("with_pipeline") or {}).get("data_wait_share") is not None
-                    else ""
-                )
-                + ")"
-            )
+            verdict += f" (the demand is your training step, measured: {trainer['steps_per_s']:,.2f} steps/s)"
         target = {
             "rate": target_rate,
             "needed_with_headroom": need,
@@ -656,14 +969,20 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     if rec is None:
         first = next((p for p in pts if p["reason"]), None)
         verdict = "no loader setting could be measured" + (f": {first['reason']}" if first else "")
+    elif decided and job is not None:
+        verdict = job["text"]
     elif target is not None and not target["met"]:
         verdict = target["verdict"]
     else:
         lo, hi = rec["samples_per_s_low"], rec["samples_per_s_high"]
         ci = f" [{lo:,.1f}, {hi:,.1f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
         verdict = f"use {_knob_text(rec)}: {rec['samples_per_s']:,.1f} samples/s{ci}"
+        if target is not None:
+            verdict += " by the loader alone"
         if best is not None and setting_cost(best) != setting_cost(rec):
             verdict += f" (best {best['samples_per_s']:,.1f} at num_workers={best['num_workers']})"
+    if target is not None and not decided:
+        verdict += "; the job: " + _job_not_run(job, target)
 
     search_meta = meta.get("search") or {}
     elapsed = [p["elapsed_s"] for p in pts if math.isfinite(p["elapsed_s"])]
@@ -692,12 +1011,16 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "verdict": verdict,
         "warnings": _warnings(pts, meta),
         "recommended": _public(rec, rec["why"]) if rec is not None else None,
+        "recommended_alone": _public(isolated, isolated["why"])
+        if isolated is not None and rec is not None and setting_cost(isolated) != setting_cost(rec)
+        else None,
         "best": _public(best) if best is not None else None,
         "user_setting": _public(user) if user is not None else None,
         "points": pts,
         "search": search,
         "target": target,
-        "trainer": meta.get("trainer"),
-        "findings": loader_findings(pts, meta, rec, target),
+        "trainer": trainer_summary(meta.get("trainer"), job),
+        "job": job,
+        "findings": loader_findings(pts, meta, rec, target, job),
         "transforms": list(meta.get("transforms") or []),
     }

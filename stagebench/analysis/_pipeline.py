@@ -68,6 +68,7 @@ from stagebench._numbers import finite, fmt_above, fmt_ms, fmt_q, fmt_share_of, 
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._fit import fit_scaling
 from stagebench.analysis._gil import estimate_gil, harness_gil_s
+from stagebench.analysis._pipeline_job import user_choice, user_setting
 from stagebench.core._curves import Curve, Point, StageRows
 from stagebench.core._paired import WITHIN_BEST, paired_result, within_noise
 from stagebench.core._resources import usable_cores
@@ -80,6 +81,7 @@ __all__ = [
     "user_choice",
     "user_setting",
     "yours_verdict",
+    "job_candidates_of_run",
     "CLASSIFICATIONS",
 ]
 
@@ -876,6 +878,15 @@ def paired_needless_of_run(
     return out
 
 
+def job_candidates_of_run(rows: Any, meta: dict, demand: float | None) -> list[Any]:
+    """The settings to run the user's loop with (:func:`stagebench.analysis._pipeline_job.job_candidates`)."""
+    from stagebench.analysis._pipeline_job import job_candidates
+
+    meta, df, cores, free_threaded, overhead = _run_context(rows, meta)
+    stages = _stage_entries(df, meta, cores, free_threaded, None)
+    return job_candidates(stages, meta, demand=demand, cores=cores, free_threaded=free_threaded, fixed=_fixed(overhead))
+
+
 def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None) -> dict:
     """The pipeline ``summary.json``: per-stage verdicts, prediction, findings, verdict.
 
@@ -891,7 +902,9 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     """
     from stagebench._version import __version__
     from stagebench.analysis._findings import build_findings
+    from stagebench.analysis._job import decide_job, trainer_summary
     from stagebench.analysis._joint import recommend_jointly
+    from stagebench.analysis._pipeline_job import apply_job_pick
     from stagebench.analysis._predict import apply_replay, predict_pipeline
     from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
 
@@ -922,6 +935,11 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         warnings.append(f"the whole-pipeline validation run did not complete: {raw_val['error']}")
     not_isolated = list(meta.get("not_isolated") or [])
     yours = yours_verdict(meta.get("yours"), validation, stages)
+    # the training job, where it ran with the user's loop: its pick becomes every stage's recommendation
+    # (after the prediction and the whole-pipeline runs, which were made at the isolated choice)
+    job = decide_job(meta.get("job"), meta.get("trainer"), unit="items/s")
+    if job is not None and job["status"] == "decided":
+        job["changed"] = apply_job_pick(stages, job)
     findings = build_findings(
         stages,
         prediction=prediction,
@@ -931,6 +949,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         cores=cores,
         page_fault=meta.get("page_fault"),
         yours=yours,
+        job=job,
     )
     return {
         "schema_version": SUMMARY_SCHEMA_VERSION,
@@ -939,7 +958,11 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         "provenance": meta.get("provenance") or {},
         "settings": meta.get("settings") or {},
         # a pipeline that delivers nothing has no throughput to predict: that, not the prediction, is the verdict
-        "verdict": f"validation failed: {failed}" if failed else _verdict(stages, prediction),
+        "verdict": f"validation failed: {failed}"
+        if failed
+        else f"your job: {job['text']}"
+        if job is not None and job["status"] == "decided"
+        else _verdict(stages, prediction),
         "validation_failed": failed,
         "warnings": warnings,
         "cores": cores,
@@ -949,9 +972,10 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         "prediction": prediction,
         "validation": validation,
         "recommended_vs_yours": yours,
-        "trainer": meta.get("trainer"),
+        "trainer": trainer_summary(meta.get("trainer"), job),
+        "job": job,
         "demand": demand_verdict(
-            (meta.get("settings") or {}).get("target_rate"), validation, prediction, meta.get("trainer")
+            (meta.get("settings") or {}).get("target_rate"), validation, prediction, meta.get("trainer"), job
         ),
         "cpu_speed": speed,
         "findings": findings,
@@ -963,8 +987,14 @@ def demand_verdict(
     validation: Mapping[str, Any] | None,
     prediction: Mapping[str, Any] | None,
     trainer: Mapping[str, Any] | None = None,
+    job: Mapping[str, Any] | None = None,
 ) -> dict | None:
-    """Whether the pipeline keeps up with the training step's demand.
+    """Whether the pipeline keeps up with the training step's demand, and what the job did.
+
+    Where the job ran with the user's loop (``job``, decided: :mod:`stagebench.analysis._job`), the
+    verdict is the job's: ``trainer-bound``, ``shared cores`` or ``data-bound``, with the job's
+    measured throughput and data wait. Otherwise it compares the pipeline alone with the demand,
+    and says that the job itself was not run.
 
     The demand: ``STAGEBENCH_TARGET_RATE`` when set, else the training loop's own rate on
     cached batches (``trainer``, ``STAGEBENCH_TRAINER=measure``:
@@ -1017,12 +1047,34 @@ def demand_verdict(
         }
     capacity = float(capacity)
     ratio = capacity / need
+    if job is not None and job.get("status") == "decided" and job.get("bound"):
+        return {
+            "target_rate": need,
+            "capacity": capacity,
+            "capacity_low": low,
+            "capacity_high": high,
+            "source": source,
+            "ratio": ratio,
+            "verdict": job["bound"],
+            "demand_source": "measured" if measured else "stated",
+            "data_wait_share": job.get("data_wait_share"),
+            "job_samples_per_s": job.get("samples_per_s"),
+            "text": f"{job['bound']}: your job ran {fmt_q(job['samples_per_s'])} items/s at the recommended "
+            f"settings, {job['data_wait_share']:.0%} of each step waiting for data, against {whose}; the "
+            f"pipeline alone gave {fmt_q(capacity)} items/s ({source}) at the isolated sweep's pick",
+        }
     if ratio >= 1 + DEMAND_HEADROOM:
-        verdict, text = "trainer-bound", "keeps up with the trainer"
+        verdict, text = "trainer-bound", "alone keeps up with the trainer"
     elif ratio >= 1:
-        verdict, text = "balanced", f"keeps up, with less than {DEMAND_HEADROOM:.0%} headroom"
+        verdict, text = "balanced", f"alone keeps up, with less than {DEMAND_HEADROOM:.0%} headroom"
     else:
-        verdict, text = "data-bound", "cannot keep up: the trainer will wait for data"
+        verdict, text = "data-bound", "cannot keep up even alone: the trainer will wait for data"
+    not_run = (
+        ""
+        if verdict == "data-bound"
+        else "; the job itself was not run with your loop, so what it reaches is not measured"
+        + ("" if measured else " (STAGEBENCH_TRAINER=measure runs it)")
+    )
     return {
         "target_rate": need,
         "capacity": capacity,
@@ -1034,7 +1086,7 @@ def demand_verdict(
         "demand_source": "measured" if measured else "stated",
         "data_wait_share": wp.get("data_wait_share") if measured else None,
         "text": f"{verdict}: the pipeline {text} ({fmt_q(capacity)} items/s {source} at the recommended "
-        f"settings against {whose}, {ratio:.2f}x){waited}",
+        f"settings against {whose}, {ratio:.2f}x){waited}{not_run}",
     }
 
 
@@ -1100,24 +1152,6 @@ def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list
         text = f"your settings are already as good (the intervals overlap): keep them; {figures}"
     out.update(verdict=verdict, ratio=rec / mine if mine > 0 else None, text=text)
     return out
-
-
-def user_choice(stage: Mapping[str, Any]) -> tuple[str, int] | None:
-    """A pipe stage's own (executor, concurrency) in the user's config, or None (not a pipe, not known).
-
-    SPDL's shared thread pool (``default``) counts as threads: at equal concurrency the
-    recommendation and the user's setting run the stage on the same number of threads.
-    """
-    ex, c = stage.get("user_executor"), stage.get("user_concurrency")
-    if not ex or c is None or (stage.get("type") or "pipe") != "pipe":
-        return None
-    return ("thread" if ex == "default" else str(ex), int(c))
-
-
-def user_setting(stage: Mapping[str, Any]) -> str:
-    """:func:`user_choice` as the report and the terminal write it, ``thread x 8``, or ""."""
-    choice = user_choice(stage)
-    return f"{choice[0]} x {choice[1]}" if choice else ""
 
 
 def _unmeasured(name: str) -> dict[str, Any]:

@@ -1,10 +1,16 @@
-"""The user's training loop, timed between its ``next()`` calls: the training step's demand and its data wait.
+"""The user's training step, timed between its ``next()`` calls on cached batches: the step's demand.
 
 Used by ``STAGEBENCH_TRAINER=measure`` for SPDL pipelines (:mod:`stagebench.pipeline._trainer`)
-and for DataLoaders (:mod:`stagebench.loader._trainer`): each hands the user's loop batches
-through :class:`TrainerProbe`'s generators, first cached ones (the step alone: the time from
-handing a batch to the loop's next ``next()``), then from the real loader (the wait for each batch
-and the loop body after it).
+and for DataLoaders (:mod:`stagebench.loader._trainer`): each hands the user's loop cached batches
+through :meth:`TrainerProbe.alone_phase` (the step alone: the time from handing a batch to the
+loop's next ``next()``); the job runs that follow are :mod:`stagebench.core._jobrun`'s.
+
+Why the phase is sized by precision, not by seconds: the loops users bring often stop after a few
+hundred steps (a smoke test, a ``max_steps``), and the job runs after this phase need most of
+them. So the phase stops as soon as the step's rate is known to :data:`STEP_PRECISION` (its 95%
+interval from chunk means), after :data:`MIN_COUNTED` counted steps; ``seconds`` is only its most.
+A GPU loop that syncs only every k steps has uneven steps: its interval stays wide until the
+chunks span the syncs, so it runs longer, as it should.
 """
 
 from __future__ import annotations
@@ -13,15 +19,20 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["WARMUP_STEPS", "CACHED_BATCHES", "TrainerProbe"]
+__all__ = ["WARMUP_STEPS", "CACHED_BATCHES", "MIN_COUNTED", "STEP_PRECISION", "TrainerProbe", "step_rate"]
 
 WARMUP_STEPS = 3  # steps of each phase not counted: a compile, the first CUDA step, the first batches arriving
 _MIN_STEPS = 2  # counted steps below this give no figure
 CACHED_BATCHES = 16  # real batches the first phase hands the loop (cycled)
 _CHUNKS = 5  # batch means for the interval
+#: Counted steps before the cached phase may stop on precision: five chunks of two steps at least.
+MIN_COUNTED = 10
+#: Half-width of the step rate's 95% interval, as a share of the rate, at which the cached phase stops.
+STEP_PRECISION = 0.03
+_CHECK_EVERY = 5  # counted steps between two precision checks (each costs a t quantile)
 
 
-def _rate(durations: list[float]) -> tuple[float | None, float | None, float | None]:
+def step_rate(durations: list[float]) -> tuple[float | None, float | None, float | None]:
     """Steps per second over ``durations`` (seconds per step), with a 95% interval from chunk means."""
     import numpy as np
 
@@ -36,7 +47,7 @@ def _rate(durations: list[float]) -> tuple[float | None, float | None, float | N
 
 
 class TrainerProbe:
-    """Hands the user's loop batches and times its steps; one instance per diagnosis."""
+    """Hands the user's loop cached batches and times its steps; one instance per diagnosis."""
 
     def __init__(
         self,
@@ -45,66 +56,55 @@ class TrainerProbe:
         items_per_batch: float,
         say: Callable[[str], None],
         clock: Callable[[], float] = time.perf_counter,
-        live: str = "the real pipeline",
+        precision: float = STEP_PRECISION,
+        pinned: bool | None = None,
     ) -> None:
-        self.seconds = seconds
+        self.seconds = seconds  # the most the phase runs, counted steps only
         self.items_per_batch = items_per_batch
         self.say = say
         self.clock = clock
-        self.live = live  # what the second phase runs on, in messages
+        self.precision = precision
+        self.pinned = pinned  # whether the cached batches are in page-locked memory (None: not known / no device)
         self.alone: list[float] = []  # step durations of the loop body on cached batches
-        self.bodies: list[float] = []  # on the real pipeline: the loop body's part of each step
-        self.waits: list[float] = []  # and the wait for the batch
+        self.stopped_by: str | None = None  # "precision" or "time": what ended the phase
         self.stopped_early: str | None = None
         self.error: str | None = None
+        self.steps_handed = 0  # every batch handed to the loop, warm-up included
 
-    # ------------------------------------------------------------------ phase 1
     def alone_phase(self, batches: list) -> Iterator[Any]:
-        """Yield cached batches until ``seconds`` of counted steps; time each step of the loop body."""
+        """Yield cached batches until the step's rate is known to ``precision`` (or ``seconds`` of counted steps)."""
         if not batches:
             self.error = "no batch reached the sink to hand the loop"
             return
         self.say(
-            f"trainer: your loop runs on {len(batches)} cached batches for {self.seconds:g} s "
-            f"(the first {WARMUP_STEPS} steps not counted)"
+            f"trainer: your loop runs on {len(batches)} cached batches until its step is known to "
+            f"±{self.precision:.0%} (at most {self.seconds:g} s; the first {WARMUP_STEPS} steps not counted)"
         )
         i, counted = 0, 0.0
-        while counted < self.seconds:
+        while True:
             t = self.clock()
+            self.steps_handed += 1
             yield batches[i % len(batches)]
             dt = self.clock() - t
             if i >= WARMUP_STEPS:
                 self.alone.append(dt)
                 counted += dt
-            i += 1
-
-    # ------------------------------------------------------------------ phase 2
-    def real_phase(self, get_item: Callable[[], Any]) -> Iterator[Any]:
-        """Yield the real pipeline's batches; time the wait for each and the loop body after it."""
-        self.say(f"trainer: your loop runs on {self.live} at the recommended settings for {self.seconds:g} s")
-        i, t_begin = 0, None
-        while True:
-            t0 = self.clock()
-            try:
-                item = get_item()
-            except EOFError:
-                self.stopped_early = "the pipeline ended"
-                return
-            t1 = self.clock()
-            yield item
-            t2 = self.clock()
-            if i >= WARMUP_STEPS:
-                t_begin = t0 if t_begin is None else t_begin
-                self.waits.append(t1 - t0)
-                self.bodies.append(t2 - t1)
-                if t2 - t_begin >= self.seconds:
+                n = len(self.alone)
+                if counted >= self.seconds:
+                    self.stopped_by = "time"
+                    return
+                if n >= MIN_COUNTED and n % _CHECK_EVERY == 0 and self._precise():
+                    self.stopped_by = "precision"
                     return
             i += 1
 
-    # ------------------------------------------------------------------ result
+    def _precise(self) -> bool:
+        rate, lo, hi = step_rate(self.alone)
+        return rate is not None and lo is not None and hi is not None and (hi - lo) / 2 <= self.precision * rate
+
     def result(self) -> dict[str, Any]:
-        """``run.json["trainer"]``: the demand (alone) and the data wait (on the real pipeline)."""
-        steps, lo, hi = _rate(self.alone)
+        """``run.json["trainer"]``: the demand, measured on cached batches."""
+        steps, lo, hi = step_rate(self.alone)
         k = self.items_per_batch
         out: dict[str, Any] = {
             "steps_per_s": steps,
@@ -117,19 +117,12 @@ class TrainerProbe:
             "steps": len(self.alone),
             "seconds": sum(self.alone),
             "warmup_steps": WARMUP_STEPS,
+            "precision": self.precision,
+            "stopped_by": self.stopped_by,
+            "pinned": self.pinned,
             "error": self.error,
             "stopped_early": self.stopped_early,
         }
-        total = sum(self.waits) + sum(self.bodies)
-        if len(self.waits) >= _MIN_STEPS and total > 0:
-            out["with_pipeline"] = {
-                "steps": len(self.waits),
-                "seconds": total,
-                "data_wait_share": sum(self.waits) / total,
-                "samples_per_s": len(self.waits) / total * k,
-            }
-        else:
-            out["with_pipeline"] = None
         if out["samples_per_s"] is None and not out["error"]:
             out["error"] = f"fewer than {_MIN_STEPS} counted steps (the loop stopped after {len(self.alone)})"
         return out

@@ -519,26 +519,41 @@ def diagnose_first_loader(
         trainer = _trainer_setting()
         if trainer is None or not summary.get("recommended"):
             raise SystemExit(0)
-        return _then_exit(factory, summary, run_dir, trainer)
+        print(
+            "[stagebench] that was the loader alone; your training loop runs next, and the advice is for your job",
+            file=sys.stderr,
+            flush=True,
+        )
+        return _then_exit(factory, summary, run_dir, *trainer)
 
     return install_dataloader_hook(on_loader)
 
 
-def _trainer_setting() -> float | None:
-    """``STAGEBENCH_TRAINER_S`` when ``STAGEBENCH_TRAINER=measure`` (read and checked by the settings table)."""
-    from stagebench._settings import read_env
+def _trainer_setting() -> tuple[float, float] | None:
+    """(``STAGEBENCH_TRAINER_S``, ``STAGEBENCH_JOB_S``) when ``STAGEBENCH_TRAINER=measure`` (read and
+    checked by the settings table)."""
+    from stagebench._settings import read_env, setting
 
     given = read_env(os.environ)
-    return float(given.get("trainer_s", 10.0)) if given.get("trainer") == "measure" else None
+    if given.get("trainer") != "measure":
+        return None
+    return float(given.get("trainer_s", setting("trainer_s").default)), float(
+        given.get("job_s", setting("job_s").default)
+    )
 
 
-def _then_exit(factory: Any, summary: dict, run_dir: Path, seconds: float):
-    """The user's loop on the recommended loader's batches (:mod:`stagebench.loader._trainer`), then exit."""
+def _then_exit(factory: Any, summary: dict, run_dir: Path, seconds: float, job_s: float):
+    """The user's loop on cached batches, then at the candidate settings (:mod:`stagebench.loader._trainer`), then exit."""
     from stagebench.core._progress import message
     from stagebench.loader._trainer import end_from_close, loader_trainer_phases
 
     knobs = LoaderKnobs(**loader_knobs(summary["recommended"]))
-    code = yield from loader_trainer_phases(factory, knobs, Path(run_dir), seconds, message, end_from_close)
+    if (summary.get("settings") or {}).get("cuda") and factory.user_knobs is not None:
+        # the step is measured on batches as the loop will receive them: pinned when the user pins
+        knobs = replace(knobs, pin_memory=factory.user_knobs.pin_memory)
+    code = yield from loader_trainer_phases(
+        factory, Path(run_dir), cached_knobs=knobs, seconds=seconds, job_s=job_s, say=message, end=end_from_close
+    )
     raise SystemExit(code)
 
 
@@ -584,6 +599,8 @@ def _sweep_factory(
     cfg = config or LoaderSweepConfig()
     if factory.user_knobs is not None:
         cfg = replace(cfg, extra_points=(*cfg.extra_points, factory.user_knobs))
+        if cfg.pin_memory_as is None:  # the script's own pinning: only a run with the device copy can judge it
+            cfg = replace(cfg, pin_memory_as=factory.user_knobs.pin_memory)
     out = (
         Path(run_dir)
         if run_dir is not None

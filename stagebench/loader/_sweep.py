@@ -70,6 +70,7 @@ __all__ = [
     "window_rate",
     "plan_grid",
     "run_loader_sweep",
+    "shut_down",
 ]
 
 STRATEGIES = ("adaptive", "grid")
@@ -112,6 +113,12 @@ class LoaderSweepConfig:
 
     pin_memory: tuple[bool, ...] = (False, True)
     """pin_memory values; ``True`` is measured only where CUDA is available."""
+
+    pin_memory_as: bool | None = None
+    """Where CUDA is available, the adaptive search measures every point with this pin_memory (the
+    training script's own) and does not search it: pinning pays off only with the copy to the
+    device, which a loader measured alone never makes, so the search could only see its cost. A job
+    run with the user's loop judges it (:mod:`stagebench.loader._trainer`). ``None``: search it."""
 
     budget_s: float = LOADER_WINDOW_S
     """Steady-state window per point, in seconds. It grows (up to the point's
@@ -435,6 +442,24 @@ def _classify(message: str, exc: BaseException | None = None, *, crash: bool = F
     return "failed", f"the loader raised: {message}"[:400]
 
 
+def shut_down(it: Any, built: BuiltLoader | None) -> None:
+    """Stop a loader's iterator and its workers, then the factory's own clean-up; never raises."""
+    try:
+        if it is not None:
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if callable(shutdown):
+                shutdown()
+            elif callable(getattr(it, "close", None)):
+                it.close()  # a generator (SPDL): leaves its pipeline and process pool
+    except BaseException:  # teardown of a broken loader must not raise
+        pass
+    try:
+        if built is not None and built.close is not None:
+            built.close()
+    except BaseException:  # teardown of a broken loader must not raise
+        pass
+
+
 class _Consumer(threading.Thread):
     """Builds the loader and takes batches as fast as they come, epoch after epoch."""
 
@@ -504,20 +529,7 @@ class _Consumer(threading.Thread):
 
     def _close(self) -> None:
         it, self.iterator = self.iterator, None
-        try:
-            if it is not None:
-                shutdown = getattr(it, "_shutdown_workers", None)
-                if callable(shutdown):
-                    shutdown()
-                elif callable(getattr(it, "close", None)):
-                    it.close()  # a generator (SPDL): leaves its pipeline and process pool
-        except BaseException:  # teardown of a broken loader must not raise
-            pass
-        try:
-            if self.built is not None and self.built.close is not None:
-                self.built.close()
-        except BaseException:  # teardown of a broken loader must not raise
-            pass
+        shut_down(it, self.built)
 
     def _worker_procs(self) -> list[Any]:
         it = self.iterator
@@ -1088,6 +1100,7 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...], budget_mb: float) -> list[str
     cfg = sw.cfg
     stops: list[str] = []
     pf0 = cfg.default_prefetch()
+    pin0 = bool(cfg.pin_memory_as) if sw.cuda else False
     best: dict[str, Any] | None = None
     last: dict[str, Any] | None = None  # the latest ok point with workers: memory per worker
     stale = 0
@@ -1102,7 +1115,9 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...], budget_mb: float) -> list[str
                     f"over the memory budget of {budget_mb:,.0f} MB"
                 )
                 break
-        row = sw.point(LoaderKnobs(num_workers=nw, prefetch_factor=pf0 if nw > 0 else None), "num_workers")
+        row = sw.point(
+            LoaderKnobs(num_workers=nw, prefetch_factor=pf0 if nw > 0 else None, pin_memory=pin0), "num_workers"
+        )
         if row["status"] == "failed":
             stops.append(f"stopped: the loader failed at num_workers={nw} ({row['reason']})")
             return stops
@@ -1132,15 +1147,19 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...], budget_mb: float) -> list[str
         return stops
     if best["num_workers"] > 0:
         for pf in cfg.prefetch_factors:
-            sw.point(LoaderKnobs(num_workers=best["num_workers"], prefetch_factor=pf), "prefetch_factor")
+            sw.point(
+                LoaderKnobs(num_workers=best["num_workers"], prefetch_factor=pf, pin_memory=pin0), "prefetch_factor"
+            )
     rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
     if rec is not None and rec["num_workers"] > 0 and sw.backend != "spdl_pytorch" and True in cfg.persistent_workers:
         sw.point(
-            LoaderKnobs(num_workers=rec["num_workers"], prefetch_factor=_pf(rec), persistent_workers=True),
+            LoaderKnobs(
+                num_workers=rec["num_workers"], prefetch_factor=_pf(rec), persistent_workers=True, pin_memory=pin0
+            ),
             "persistent_workers",
         )
     rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
-    if rec is not None and sw.cuda and True in cfg.pin_memory:
+    if rec is not None and sw.cuda and True in cfg.pin_memory and cfg.pin_memory_as is None:
         sw.point(
             LoaderKnobs(
                 num_workers=rec["num_workers"],

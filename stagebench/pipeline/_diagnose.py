@@ -45,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -56,12 +55,12 @@ from typing import Any
 from stagebench._numbers import finite, num
 from stagebench.pipeline._settings import SAMPLE_OUTPUTS, DiagnoseSettings, SettingsError
 from stagebench.pipeline._state import MODE_VAR, State, Terminated, on_sigterm
+from stagebench.pipeline._validate import choices_of
 from stagebench.runs._schema import RESULTS_SCHEMA_VERSION, SUMMARY_SCHEMA_VERSION
 
 __all__ = [
     "DiagnoseError",
     "diagnose_pipeline",
-    "run_validation",
 ]
 
 
@@ -308,6 +307,7 @@ class _Diagnosis:
             "stages": [s.as_meta() for s in plan.stages],
             "not_isolated": list(plan.not_isolated),
             "num_threads": plan.num_threads,  # the user's build_pipeline(num_threads=...), when known
+            "sink_buffer": plan.sink_buffer,  # the user's add_sink(buffer_size), for the snippet
             "validation": None,
         }
         env = self.meta["provenance"].setdefault("env", {})
@@ -421,8 +421,20 @@ class _Diagnosis:
                 "failed": f"the pipeline delivers nothing: {self.blocked}",
             }
         elif settings.validation_window_s > 0:
+            from stagebench.pipeline._validate import replay_and_validate
+
             with self._phase("whole_pipeline_runs"):
-                replay, validation, yours = self._replay_and_validate(src.items, summary)
+                replay, validation, yours, speeds = replay_and_validate(
+                    plan,
+                    settings,
+                    src.items,
+                    summary,
+                    stage_speeds=self.stage_speeds,
+                    items_per_sink_item=self.items_per_sink_item or 1.0,
+                    say=self.say,
+                    log_error=self._log_error,
+                )
+            self.meta.setdefault("cpu_speed", {}).update(speeds)
             self.meta["replay"] = replay
             if yours is not None:
                 self.meta["yours"] = yours
@@ -450,7 +462,7 @@ class _Diagnosis:
             self.session.update(
                 plan=plan,
                 source_items=src.items,
-                choices=_choices(summary),
+                choices=choices_of(summary),
                 items_per_sink_item=self.items_per_sink_item or 1.0,
                 run_dir=self.run_dir.path,
             )
@@ -995,117 +1007,6 @@ class _Diagnosis:
             f.write(f"--- {what} ---\n{''.join(traceback.format_exception(exc))}\n")
 
     # ------------------------------------------------------------------ replay and validation runs
-    def _replay_and_validate(
-        self, source_items: list, summary: dict[str, Any]
-    ) -> tuple[dict, dict | None, dict | None]:
-        """The replay, the validation run and the user's own settings, taking turns.
-
-        The replay (the prediction, :mod:`stagebench.pipeline._replay`) and the
-        validation run at the recommended settings; the real pipeline at the
-        user's own settings next to them, so that the recommendation is checked
-        against what the user has, not only against its own prediction. All
-        with the same warm-up and counting time, interleaved so that all see the
-        same moments of the machine (:mod:`stagebench.pipeline._wholerun`). A
-        failure is the result's ``error``. With ``validate="off"`` the replay
-        runs alone: no real run, the validation and the user's run are None
-        (not run, by request: no warning). Where the user's settings are the
-        recommended ones, the user's run is ``{"same": True}``: one run is both.
-        """
-        from stagebench.core._speed import cpu_speed_ns
-        from stagebench.pipeline._replay import plan_stand_ins
-        from stagebench.pipeline._wholerun import run_pipelines
-
-        choices = _choices(summary)
-        # Warm once items have reached the sink for 0.5 s (_wholerun._Run.warm), pools included:
-        # a process pool starts its c workers together, on its first c calls, so the first item
-        # arrives once they have started (gil_mix's process x 4: 0.06-0.07 s after opening). A
-        # pipeline with processes had a 1 s floor besides, which only made it wait 0.45 s longer.
-        # A window under 1 s (quick mode's 0.3 s replay) gets a warm-up as much shorter.
-        window = self.settings.validation_window_s
-        warm = 0.5 * min(1.0, window)
-        speeds = {name: statistics.median(v) for name, v in self.stage_speeds.items() if v}
-        self.meta.setdefault("cpu_speed", {})["stage_ns"] = speeds
-        stand_ins = plan_stand_ins(summary.get("stages") or [], speeds)
-        validate = self.settings.validate == "on"
-        yours = _yours(self.plan)
-        differs = any(name in yours and yours[name] != c for name, c in choices.items())
-        runs: dict[str, Any] = {}
-        if stand_ins:
-            runs["replay"] = stand_ins
-        if validate:
-            runs["validation"] = None  # the real stages
-            if differs:
-                runs["yours"] = None  # the real stages, at the user's settings
-        if len(runs) > 1:
-            self.say(
-                f"{' and '.join(runs)}, taking turns: the pipeline "
-                + (f"with stand-ins for {len(stand_ins)} stage(s) and the real one, " if stand_ins else "")
-                + "at the recommended settings"
-                + (" and at yours" if differs else "")
-                + f", {warm:g} s warm-up each + {window:g} s of counting each, in slices"
-            )
-        elif stand_ins:
-            self.say(
-                f"replay: the pipeline with stand-ins for {len(stand_ins)} stage(s), recommended settings, "
-                f"{warm:g} s warm-up + {window:g} s window (no validation run: STAGEBENCH_VALIDATE=off)"
-            )
-        elif validate:
-            self.say(
-                f"validation: the whole pipeline with the recommended settings, {warm:g} s warm-up + "
-                f"{window:g} s window"
-            )
-        else:
-            return {"qps": None, "error": "no stage could be stood in (none measured)"}, None, None
-        before = cpu_speed_ns()
-        try:
-            out = run_pipelines(
-                self.plan,
-                source_items,
-                choices,
-                runs,
-                warmup_s=warm,
-                window_s=window,
-                timeout_s=self.settings.timeout_s,
-                items_per_sink_item=self.items_per_sink_item or 1.0,
-                own_choices={"yours": {}},  # no choice: every stage keeps the user's settings
-            )
-            if validate:  # the speed the measured number was read at
-                self.meta.setdefault("cpu_speed", {})["validation_ns"] = [round(before, 2), round(cpu_speed_ns(), 2)]
-        except KeyboardInterrupt:
-            raise
-        except Exception as e:
-            self._log_error("replay and validation", e)
-            out = {k: {"qps": None, "error": f"{type(e).__name__}: {e}"} for k in runs}
-        validation = out.get("validation")
-        if stand_ins:
-            replay = out["replay"]
-            replay["stand_ins"] = [s.as_dict() for s in stand_ins.values()]
-        else:
-            replay = {"qps": None, "error": "no stage could be stood in (none measured)"}
-        if replay.get("qps") is not None:
-            self.say(f"replay: {replay['qps']:,.1f} items/s")
-        elif stand_ins:
-            self.say(f"replay failed: {replay.get('error')}")
-        if validation is not None and validation.get("qps") is not None:
-            self.say(
-                f"validation: {validation['qps']:,.1f} items/s ({validation['sink_qps']:,.1f} sink items/s "
-                f"at the sink; {validation['source_qps']:,.1f} items/s drawn from the source)"
-            )
-        elif validation is not None:
-            self.say(f"validation run failed: {validation.get('error')}")
-        mine: dict | None = None
-        if not differs:
-            mine = {"same": True}
-        elif not validate:  # said, so that the report does not read as if yours had been beaten
-            why = "quick mode" if self.settings.quick == "on" else "STAGEBENCH_VALIDATE=off"
-            mine = {"qps": None, "not_run": f"{why}: the real pipeline was not run"}
-        elif "yours" in runs:
-            mine = out.get("yours") or {"qps": None, "error": "not run"}
-            if mine.get("qps") is not None:
-                self.say(f"your settings: {mine['qps']:,.1f} items/s")
-            else:
-                self.say(f"the run at your settings failed: {mine.get('error')}")
-        return replay, validation, mine
 
 
 def _phases(timed: dict[str, float], rows: Any, total: float) -> dict[str, float]:
@@ -1150,13 +1051,6 @@ def _fresh_source(
     return None
 
 
-def _yours(plan: Any) -> dict[str, tuple[str, int]]:
-    """Each pipe stage's own (executor, concurrency) in the user's config, by name (:func:`user_choice`)."""
-    from stagebench.analysis._pipeline import user_choice
-
-    return {st.name: c for st in plan.stages if (c := user_choice(st.as_meta())) is not None}
-
-
 def _delivered_nothing(validation: dict[str, Any]) -> str | None:
     """Why the real pipeline's run is a failed validation, or None: it must deliver items to the sink.
 
@@ -1170,48 +1064,6 @@ def _delivered_nothing(validation: dict[str, Any]) -> str | None:
     if not validation.get("sink_items"):
         return f"the real pipeline delivered no items to the sink in {num(validation.get('seconds')):.1f} s"
     return None
-
-
-def _choices(summary: dict[str, Any]) -> dict[str, tuple[str, int]]:
-    """Each stage's recommended (executor, concurrency), by name (its best point in a fallback summary)."""
-    choices: dict[str, tuple[str, int]] = {}
-    for st in summary.get("stages") or []:
-        rec = st.get("recommended") or (st.get("best") if summary.get("fallback") else None) or {}
-        if rec.get("executor") and finite(rec.get("concurrency")):
-            choices[str(st.get("name"))] = (str(rec["executor"]), int(rec["concurrency"]))
-    return choices
-
-
-def run_validation(
-    plan: Any,
-    source_items: list,
-    choices: dict[str, tuple[str, int]],
-    *,
-    warmup_s: float,
-    window_s: float,
-    timeout_s: float,
-    items_per_sink_item: float = 1.0,
-    stand_ins: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Run the whole pipeline alone over the cached source items and time what reaches the sink.
-
-    One run of :func:`stagebench.pipeline._wholerun.run_pipelines` (its result's keys):
-    the real stages, or with ``stand_ins`` the replay. The diagnosis runs the
-    two together, taking turns.
-    """
-    from stagebench.pipeline._wholerun import run_pipelines
-
-    name = "replay" if stand_ins else "validation"
-    return run_pipelines(
-        plan,
-        source_items,
-        choices,
-        {name: stand_ins},
-        warmup_s=warmup_s,
-        window_s=window_s,
-        timeout_s=timeout_s,
-        items_per_sink_item=items_per_sink_item,
-    )[name]
 
 
 # ---------------------------------------------------------------------------- fallbacks

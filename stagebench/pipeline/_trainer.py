@@ -1,29 +1,24 @@
-"""The training step's demand, measured by running the user's own loop (``STAGEBENCH_TRAINER=measure``).
+"""``STAGEBENCH_TRAINER=measure`` for an SPDL pipeline: the user's loop on cached batches, then on the real pipeline.
 
-stagebench says how fast the pipeline can go; what a user brings is whether that
-is fast enough for the training step. With ``STAGEBENCH_TRAINER=measure`` the
-diagnosis does not exit after the report: the stand-in pipeline the user's loop
-iterates hands it batches, in two phases of ``STAGEBENCH_TRAINER_S`` seconds:
+With ``STAGEBENCH_TRAINER=measure`` the diagnosis does not exit after the report: the stand-in
+pipeline the user's loop iterates hands it batches (:func:`stagebench.loader._trainer.trainer_phases`,
+shared with DataLoaders):
 
-1. **The trainer alone**: cached real batches (the pipeline's own output at the
-   recommended settings, collected once: :func:`collect_batches`), handed at once,
-   cycled. The time from handing a batch to the loop's next ``next()`` is the loop
-   body's step: the trainer's demand T (steps/s; source items/s through the items
-   per batch), with an interval from batch means over the steps. The first
-   :data:`WARMUP_STEPS` steps are not counted (a compile, the first CUDA step).
-2. **The trainer on the real pipeline**, at the recommended settings: the share of
-   each step spent waiting for the next batch (data wait) is measured, as is the
-   throughput the two reach together. On a CPU-only machine the loop and the
-   pipeline share the cores: this phase is the check.
+1. **The step alone**: cached real batches (the pipeline's own output at the recommended settings,
+   collected once: :func:`collect_batches`), handed at once, cycled, until the step's rate is known
+   to ±3%: the trainer's demand T (source items/s through the items per batch).
+2. **The job**: the real pipeline, rebuilt at each candidate setting (yours, the cheapest that feeds
+   T, a step above it, the pipeline's pick at full pace:
+   :mod:`stagebench.analysis._pipeline_job`), over the cached source items, cycled; the loop runs on
+   each in turns (:mod:`stagebench.core._jobrun`). On a CPU-only machine the loop and the pipeline
+   share the cores: these runs are where that shows.
 
-Then the run directory gets ``run.json["trainer"]``, the summary and report are
-written again (the demand verdict now uses the measured T), and the program
-exits as a diagnosis does. A loop that stops early (``break``, an exception)
-ends the phase it is in: what was measured is kept.
+Then ``run.json`` gets ``trainer`` and ``job``, the summary and report are written again (the job's
+pick is the recommendation), and the program exits as a diagnosis does. A loop that stops early
+(``break``, an exception) ends the phase it is in: what was measured is kept.
 
-Opt-in, because the loop body then runs: it may write checkpoints or logs, or
-step an optimiser on repeated batches. Everything here runs in the user's main
-thread, between their ``next()`` calls.
+Opt-in, because the loop body then runs: it may write checkpoints or logs, or step an optimiser on
+repeated batches. Everything here runs in the user's main thread, between their ``next()`` calls.
 """
 
 from __future__ import annotations
@@ -33,8 +28,9 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
+from stagebench.core._jobrun import Candidate
 from stagebench.core._steps import CACHED_BATCHES, TrainerProbe
-from stagebench.loader._trainer import trainer_phases
+from stagebench.loader._trainer import JobPlan, trainer_phases
 
 __all__ = ["collect_batches", "run_trainer_phases"]
 
@@ -90,19 +86,37 @@ def run_trainer_phases(
     ``end``: how to end the program when the user's loop stops early (the generator is
     then being closed, where an exception raised would be ignored).
     """
-    probe = TrainerProbe(seconds=settings.trainer_s, items_per_batch=session["items_per_sink_item"], say=say)
-    plan, items, choices = session["plan"], session["source_items"], session["choices"]
+    k = float(session["items_per_sink_item"])
+    probe = TrainerProbe(seconds=settings.trainer_s, items_per_batch=k, say=say)
+    plan, items, run_dir = session["plan"], session["source_items"], session["run_dir"]
 
-    def live() -> Iterator[Any]:
+    def candidates(demand: dict[str, Any]) -> list[Candidate]:
+        from stagebench.analysis._pipeline import job_candidates_of_run
+        from stagebench.runs._results import RunDir, read_rows
+
+        rd = RunDir(run_dir)
+        return job_candidates_of_run(read_rows(rd.results_csv), rd.read_meta(), demand["samples_per_s"])
+
+    @contextlib.contextmanager
+    def opened(cand: Candidate) -> Iterator[Callable[[], Any]]:
+        choices = {name: (str(ex), int(c)) for name, (ex, c) in cand.settings.items()}
         with _running(plan, items, choices) as pipeline:
-            yield from probe.real_phase(lambda: pipeline.get_item(timeout=settings.timeout_s))
+            yield lambda: pipeline.get_item(timeout=settings.timeout_s)
 
+    job = JobPlan(
+        candidates,
+        opened,
+        items_per_step=k,
+        max_slice_s=settings.trainer_s,
+        budget_s=settings.job_s,
+        what="the real pipeline",
+    )
     return (
         yield from trainer_phases(
             probe,
-            lambda: collect_batches(plan, items, choices, CACHED_BATCHES, settings.timeout_s),
-            live,
-            session["run_dir"],
+            lambda: collect_batches(plan, items, session["choices"], CACHED_BATCHES, settings.timeout_s),
+            job,
+            run_dir,
             end,
         )
     )

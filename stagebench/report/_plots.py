@@ -34,7 +34,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from stagebench._numbers import finite
+from stagebench._numbers import finite, num
 
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType  # for the checker only: not in every matplotlib the package allows
@@ -53,6 +53,7 @@ __all__ = [
     "loader_startup_memory_svg",
     "compare_curves_svg",
     "compare_best_svg",
+    "job_svg",
 ]
 
 #: Okabe & Ito (2008), "Color Universal Design".
@@ -874,4 +875,41 @@ def compare_best_svg(entries: Sequence[Mapping[str, Any]], *, unit: str) -> str 
     ax.set_xlim(0, max(float(e.get("high") or e["value"]) for e in entries) * 1.25)
     ax.xaxis.set_major_formatter(FuncFormatter(_si))
     ax.set_xlabel(f"best throughput ({unit}), 95% interval")
+    return figure_to_svg(fig)
+
+
+@_themed
+def job_svg(job: Mapping[str, Any] | None) -> str | None:
+    """The training job at each candidate: your loop's throughput (bars, 95% interval), the loader or
+    pipeline alone at that setting (diamonds), your step alone (a dashed line); the pick in blue."""
+    cands = [c for c in (job or {}).get("candidates") or [] if (c.get("job") or {}).get("samples_per_s") is not None]
+    if not cands:
+        return None
+    unit = (job or {}).get("unit") or "samples/s"
+    fig = _figure(8.4, 0.55 * len(cands) + 1.5)
+    ax = fig.add_subplot()
+    _style_axes(ax)
+    ax.grid(False, axis="y")
+    top = 0.0
+    for y, c in enumerate(reversed(cands)):
+        f = c["job"]
+        v = float(f["samples_per_s"])
+        lo, hi = num(f.get("samples_per_s_low")), num(f.get("samples_per_s_high"))
+        xerr = [[max(0.0, v - lo)], [max(0.0, hi - v)]] if finite(lo, hi) else None
+        color = OKABE_ITO["blue"] if c.get("key") == (job or {}).get("pick") else OKABE_ITO["grey"]
+        ax.barh(y, v, height=0.6, color=color, xerr=xerr, error_kw={"ecolor": _INK, "capsize": 3})
+        top = max(top, hi if finite(hi) else v)
+        alone = num((c.get("alone") or {}).get("samples_per_s"))
+        if finite(alone):
+            ax.plot([alone], [y], marker="D", color=OKABE_ITO["orange"], markersize=6, linestyle="none")
+            top = max(top, alone)
+    demand = num((job or {}).get("demand"))
+    if finite(demand):
+        ax.axvline(demand, color=OKABE_ITO["vermillion"], linestyle="--", linewidth=1.2)
+        top = max(top, demand)
+    ax.set_yticks(np.arange(len(cands)))
+    ax.set_yticklabels([_text(c.get("label"), 44) for c in reversed(cands)])
+    ax.set_xlim(0, top * 1.15)
+    ax.xaxis.set_major_formatter(FuncFormatter(_si))
+    ax.set_xlabel(f"{unit}: your job (bars, 95% interval) · alone (◆) · your step alone (dashed)")
     return figure_to_svg(fig)

@@ -167,7 +167,11 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str
     types = {s.get("name"): s for s in meta.get("stages") or []}
     verdict = (summary.get("recommended_vs_yours") or {}).get("verdict")
     stages = summary.get("stages") or []
-    settings = {s.get("stage"): s for s in (summary.get("prediction") or {}).get("settings") or []}
+    job = summary.get("job") or {}
+    decided = job.get("status") == "decided"
+    # the job's pick is on the stages (analysis/_pipeline_job.apply_job_pick); the prediction's
+    # settings are the isolated choice the whole-pipeline runs were made at
+    settings = {} if decided else {s.get("stage"): s for s in (summary.get("prediction") or {}).get("settings") or []}
     lines, imports = [], set()
     for st in stages:
         name = str(st.get("name", "?"))
@@ -196,12 +200,25 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str
             lines.append(f"    .pipe({code}, concurrency={c}){comment}")
     if not lines:
         return ""
-    head = {
-        "as good": ["# measured in turns: your settings are already as good as these; nothing to change"],
-        "yours": ["# measured in turns: your settings are faster than these; keep yours"],
-        "inconclusive": ["# not checked against your settings: one of the two runs gave no number"],
-        "not run": ["# not checked against your settings: the real pipeline was not run (quick mode or validate off)"],
-    }.get(verdict or "", [])
+    threads, threads_note = _num_threads(meta, stages)
+    if decided:
+        head = [
+            {
+                "keep yours": "# run with your training loop: your settings are as fast as any run; keep them",
+                "cheaper": "# run with your training loop: as fast as yours, with fewer workers",
+                "change": "# run with your training loop: faster than yours, beyond noise",
+                "use": "# run with your training loop: the cheapest as fast as any setting run",
+            }.get(job.get("advice") or "", "# run with your training loop")
+        ]
+    else:
+        head = {
+            "as good": ["# measured in turns: your settings are already as good as these; nothing to change"],
+            "yours": ["# measured in turns: your settings are faster than these; keep yours"],
+            "inconclusive": ["# not checked against your settings: one of the two runs gave no number"],
+            "not run": [
+                "# not checked against your settings: the real pipeline was not run (quick mode or validate off)"
+            ],
+        }.get(verdict or "", [])
     if imports:
         head.append(f"from concurrent.futures import {', '.join(sorted(imports))}")
     head.append("from spdl.pipeline import PipelineBuilder")
@@ -213,11 +230,21 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str
             "    PipelineBuilder()",
             "    .add_source(source)",
             *lines,
-            "    .add_sink(buffer_size=...)",
-            "    .build(num_threads=...)",
+            f"    .add_sink({int(num_or_none(meta.get('sink_buffer')) or 3)})"
+            + ("  # as yours" if num_or_none(meta.get("sink_buffer")) else "  # SPDL's default: keep yours"),
+            f"    .build(num_threads={threads}){threads_note}",
             ")",
         ]
     )
+
+
+def _num_threads(meta: Mapping[str, Any], stages: list) -> tuple[int, str]:
+    """``build(num_threads=N)`` for the snippet: the user's own where known, else enough for every stage."""
+    mine = num_or_none(meta.get("num_threads"))
+    if mine:
+        return int(mine), "  # as yours"
+    conc = [int(num_or_none((st.get("recommended") or {}).get("concurrency")) or 1) for st in stages]
+    return max([4, *conc]), "  # SPDL's shared pool: at least any stage's concurrency"
 
 
 def _diff_of_your_call(call: list[Mapping[str, Any]], knobs: Mapping[str, Any], mine: Mapping[str, Any]) -> str:
@@ -473,7 +500,7 @@ def _pipeline_context(run: RunData) -> dict[str, Any]:
         ("qps", "binding", "bottleneck", "explanation", "bounds", "naive_qps", "method", "bounds_qps"),
     )
     val = _keys(summary.get("validation"), ("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction"))
-    tiles = []
+    tiles = _job_tile(summary)
     if pred.get("qps") is not None:
         binding = _BINDING_TEXT.get(pred.get("binding"), pred.get("binding") or "?")
         tiles.append(
@@ -619,11 +646,11 @@ def _loader_context(run: RunData) -> dict[str, Any]:
     best = _keys(summary.get("best"), _LOADER_KEYS)
     search = summary.get("search") or {}
     target = _keys(summary.get("target"), ("rate", "met", "verdict")) if summary.get("target") else None
-    tiles = []
+    tiles = _job_tile(summary)
     if rec.get("samples_per_s") is not None:
         tiles.append(
             {
-                "label": "recommended setting",
+                "label": "recommended setting, loader alone",
                 "value": f"{rate_text(rec['samples_per_s'])} samples/s",
                 "sub": f"num_workers={rec.get('num_workers')}, prefetch_factor={rec.get('prefetch_factor')}",
             }
@@ -641,7 +668,7 @@ def _loader_context(run: RunData) -> dict[str, Any]:
             {
                 "label": "trainer needs",
                 "value": f"{rate_text(target.get('rate'))} samples/s",
-                "sub": "met" if target.get("met") else "NOT met: data-bound",
+                "sub": "the loader alone meets it" if target.get("met") else "NOT met even by the loader alone",
             }
         )
     if search.get("points_measured") is not None:
@@ -722,6 +749,63 @@ def _loader_context(run: RunData) -> dict[str, Any]:
         "points": points,
         "problems": _problem_rows(rows),
         "transforms": transforms,
+    }
+
+
+def _job_tile(summary: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The first tile where the job ran: what your loop did at the recommended setting."""
+    job = summary.get("job") or {}
+    if job.get("status") != "decided" or not finite(job.get("samples_per_s")):
+        return []
+    return [
+        {
+            "label": "your training job, recommended",
+            "value": f"{rate_text(job['samples_per_s'])} {job.get('unit') or 'samples/s'}",
+            "sub": f"{interval_text(job.get('samples_per_s_low'), job.get('samples_per_s_high'))} · "
+            f"{pct_text(job.get('data_wait_share'))} of each step waiting for data",
+        }
+    ]
+
+
+def _job_context(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The training job's section: your loop on the real loader or pipeline at each candidate (summary["job"])."""
+    from stagebench.analysis._job import ORIGIN_WORDS
+    from stagebench.report import _plots
+
+    job = summary.get("job") or {}
+    if not job:
+        return None
+    rows = []
+    for c in job.get("candidates") or []:
+        f = c.get("job") or {}
+        alone = c.get("alone") or {}
+        rows.append(
+            {
+                "label": str(c.get("label") or c.get("key")),
+                "why": ", ".join(ORIGIN_WORDS.get(o, str(o)) for o in c.get("origin") or []),
+                "rate": f.get("samples_per_s"),
+                "low": f.get("samples_per_s_low"),
+                "high": f.get("samples_per_s_high"),
+                "wait": f.get("data_wait_share"),
+                "alone": alone.get("samples_per_s"),
+                "slices": f.get("slices"),
+                "steps": f.get("steps"),
+                "startup": f.get("startup_s"),
+                "pick": c.get("key") == job.get("pick"),
+                "as_good": bool(c.get("as_good")),
+            }
+        )
+    return {
+        "text": str(job.get("text") or ""),
+        "why": str(job.get("why") or ""),
+        "unit": str(job.get("unit") or "samples/s"),
+        "img": svg_uri(_plots.job_svg(job)),
+        "rows": rows,
+        "zero_workers": job.get("zero_workers"),
+        "unproven": [str(u) for u in job.get("unproven") or []],
+        "rounds": job.get("rounds"),
+        "seconds": job.get("seconds"),
+        "demand": job.get("demand"),
     }
 
 
@@ -833,6 +917,7 @@ def report_context(run: RunData) -> dict[str, Any]:
         "n_rows": len(run.rows),
         "columns": list(run.rows.columns),
     }
+    ctx["job"] = _job_context(summary)
     trows = run.extra.get("transform_rows")
     ctx["transform_rows_json"] = json_island(rows_records(trows)) if trows is not None else None
     if run.kind == "loader":

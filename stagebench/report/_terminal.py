@@ -19,7 +19,7 @@ from stagebench._numbers import num_or_none
 from stagebench.analysis._loader import setting_cost
 from stagebench.analysis._pipeline import user_setting
 
-__all__ = ["format_table", "format_rate"]
+__all__ = ["format_table", "format_rate", "format_loader_table", "job_lines"]
 
 _MAX_NAME = 32
 
@@ -134,6 +134,7 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
     yours = summary.get("recommended_vs_yours") or {}
     if yours.get("text") and yours.get("verdict") != "same":
         lines.append(f"against yours: {_clean(yours['text'], 240)}")
+    lines += job_lines(summary)
     if summary.get("verdict"):
         lines.append(f"verdict: {_clean(summary['verdict'], 200)}")
     demand = summary.get("demand") or {}
@@ -144,6 +145,43 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
     if report_path is not None:
         lines.append(f"report: {os.fspath(report_path)}")
     return "\n".join(lines) + "\n"
+
+
+def job_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The job runs (your loop on the real loader or pipeline at each candidate) as a few lines; [] without them."""
+    from stagebench.analysis._job import ORIGIN_SHORT
+
+    job = summary.get("job") or {}
+    if not job:
+        return []
+    unit = job.get("unit") or "samples/s"
+    lines = [
+        f"job: your training loop on the real loader or pipeline, in turns ({job.get('rounds') or 0} round(s), "
+        f"{num_or_none(job.get('seconds')) or 0:.0f} s)"
+    ]
+    rows: list[tuple[str, ...]] = [("", "setting", "why run", f"job {unit} (95% CI)", "data wait", "alone")]
+    for c in job.get("candidates") or []:
+        f = c.get("job") or {}
+        alone = c.get("alone") or {}
+        rows.append(
+            (
+                "*" if c.get("key") == job.get("pick") else " ",
+                _clean(c.get("label"), 60),
+                ", ".join(ORIGIN_SHORT.get(o, o) for o in c.get("origin") or []),
+                format_rate(f.get("samples_per_s"), f.get("samples_per_s_low"), f.get("samples_per_s_high"))
+                if f
+                else "not run",
+                f"{f['data_wait_share']:.0%}" if num_or_none(f.get("data_wait_share")) is not None else "-",
+                format_rate(alone.get("samples_per_s")),
+            )
+        )
+    lines += ["  " + r for r in _aligned(rows)]
+    lines.append(f"job verdict: {_clean(job.get('text'), 240)}")
+    if job.get("zero_workers"):
+        lines.append(f"  {_clean(job['zero_workers'], 240)}")
+    for u in job.get("unproven") or []:
+        lines.append(f"  not checked: {_clean(u, 200)}")
+    return lines
 
 
 def _fmt(v: float, spec: str, unit: str = "") -> str:

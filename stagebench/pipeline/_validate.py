@@ -1,0 +1,187 @@
+"""The diagnosis's whole-pipeline phase: the replay, the validation run and the run at the user's settings.
+
+After the stages are measured alone and their settings chosen together, three whole pipelines run
+over the cached source items (:mod:`stagebench.pipeline._wholerun` takes them in turns): the replay
+with stand-ins (the prediction, :mod:`stagebench.pipeline._replay`), the real stages at the
+recommended settings (the validation run: the truth the prediction is held to), and the real
+stages at the user's own settings (what the recommendation is checked against). A phase of its
+own, out of :class:`stagebench.pipeline._diagnose._Diagnosis`: it needs the plan, the settings and
+the first summary, and gives back four plain results.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from stagebench._numbers import finite
+
+__all__ = ["replay_and_validate", "run_validation", "choices_of", "yours_of"]
+
+
+def yours_of(plan: Any) -> dict[str, tuple[str, int]]:
+    """Each pipe stage's own (executor, concurrency) in the user's config, by name (:func:`user_choice`)."""
+    from stagebench.analysis._pipeline_job import user_choice
+
+    return {st.name: c for st in plan.stages if (c := user_choice(st.as_meta())) is not None}
+
+
+def choices_of(summary: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    """Each stage's recommended (executor, concurrency), by name (its best point in a fallback summary)."""
+    choices: dict[str, tuple[str, int]] = {}
+    for st in summary.get("stages") or []:
+        rec = st.get("recommended") or (st.get("best") if summary.get("fallback") else None) or {}
+        if rec.get("executor") and finite(rec.get("concurrency")):
+            choices[str(st.get("name"))] = (str(rec["executor"]), int(rec["concurrency"]))
+    return choices
+
+
+def replay_and_validate(
+    plan: Any,
+    settings: Any,
+    source_items: list,
+    summary: dict[str, Any],
+    *,
+    stage_speeds: dict[str, list[float]],
+    items_per_sink_item: float,
+    say: Callable[[str], None],
+    log_error: Callable[[str, BaseException], None],
+) -> tuple[dict, dict | None, dict | None, dict[str, Any]]:
+    """The replay, the validation run and the user's own settings, taking turns.
+
+    The replay (the prediction) and the validation run at the recommended settings; the real
+    pipeline at the user's own settings next to them, so that the recommendation is checked
+    against what the user has, not only against its own prediction. All with the same warm-up
+    and counting time, interleaved so that all see the same moments of the machine. A failure is
+    the result's ``error``. With ``validate="off"`` the replay runs alone: no real run, the
+    validation and the user's run are None (not run, by request: no warning). Where the user's
+    settings are the recommended ones, the user's run is ``{"same": True}``: one run is both.
+
+    Returns (replay, validation, yours, the CPU speeds to merge into ``run.json["cpu_speed"]``:
+    what each stage's stand-in was read at, and the speed around the validation run).
+    """
+    from stagebench.core._speed import cpu_speed_ns
+    from stagebench.pipeline._replay import plan_stand_ins
+    from stagebench.pipeline._wholerun import run_pipelines
+
+    choices = choices_of(summary)
+    # Warm once items have reached the sink for 0.5 s (_wholerun._Run.warm), pools included:
+    # a process pool starts its c workers together, on its first c calls, so the first item
+    # arrives once they have started (gil_mix's process x 4: 0.06-0.07 s after opening). A
+    # pipeline with processes had a 1 s floor besides, which only made it wait 0.45 s longer.
+    # A window under 1 s (quick mode's 0.3 s replay) gets a warm-up as much shorter.
+    window = settings.validation_window_s
+    warm = 0.5 * min(1.0, window)
+    speeds = {name: statistics.median(v) for name, v in stage_speeds.items() if v}
+    cpu: dict[str, Any] = {"stage_ns": speeds}
+    stand_ins = plan_stand_ins(summary.get("stages") or [], speeds)
+    validate = settings.validate == "on"
+    yours = yours_of(plan)
+    differs = any(name in yours and yours[name] != c for name, c in choices.items())
+    runs: dict[str, Any] = {}
+    if stand_ins:
+        runs["replay"] = stand_ins
+    if validate:
+        runs["validation"] = None  # the real stages
+        if differs:
+            runs["yours"] = None  # the real stages, at the user's settings
+    if len(runs) > 1:
+        say(
+            f"{' and '.join(runs)}, taking turns: the pipeline "
+            + (f"with stand-ins for {len(stand_ins)} stage(s) and the real one, " if stand_ins else "")
+            + "at the recommended settings"
+            + (" and at yours" if differs else "")
+            + f", {warm:g} s warm-up each + {window:g} s of counting each, in slices"
+        )
+    elif stand_ins:
+        say(
+            f"replay: the pipeline with stand-ins for {len(stand_ins)} stage(s), recommended settings, "
+            f"{warm:g} s warm-up + {window:g} s window (no validation run: STAGEBENCH_VALIDATE=off)"
+        )
+    elif validate:
+        say(f"validation: the whole pipeline with the recommended settings, {warm:g} s warm-up + {window:g} s window")
+    else:
+        return {"qps": None, "error": "no stage could be stood in (none measured)"}, None, None, cpu
+    before = cpu_speed_ns()
+    try:
+        out = run_pipelines(
+            plan,
+            source_items,
+            choices,
+            runs,
+            warmup_s=warm,
+            window_s=window,
+            timeout_s=settings.timeout_s,
+            items_per_sink_item=items_per_sink_item,
+            own_choices={"yours": {}},  # no choice: every stage keeps the user's settings
+        )
+        if validate:  # the speed the measured number was read at
+            cpu["validation_ns"] = [round(before, 2), round(cpu_speed_ns(), 2)]
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:
+        log_error("replay and validation", e)
+        out = {k: {"qps": None, "error": f"{type(e).__name__}: {e}"} for k in runs}
+    validation = out.get("validation")
+    if stand_ins:
+        replay = out["replay"]
+        replay["stand_ins"] = [s.as_dict() for s in stand_ins.values()]
+    else:
+        replay = {"qps": None, "error": "no stage could be stood in (none measured)"}
+    if replay.get("qps") is not None:
+        say(f"replay: {replay['qps']:,.1f} items/s")
+    elif stand_ins:
+        say(f"replay failed: {replay.get('error')}")
+    if validation is not None and validation.get("qps") is not None:
+        say(
+            f"validation: {validation['qps']:,.1f} items/s ({validation['sink_qps']:,.1f} sink items/s "
+            f"at the sink; {validation['source_qps']:,.1f} items/s drawn from the source)"
+        )
+    elif validation is not None:
+        say(f"validation run failed: {validation.get('error')}")
+    mine: dict | None = None
+    if not differs:
+        mine = {"same": True}
+    elif not validate:  # said, so that the report does not read as if yours had been beaten
+        why = "quick mode" if settings.quick == "on" else "STAGEBENCH_VALIDATE=off"
+        mine = {"qps": None, "not_run": f"{why}: the real pipeline was not run"}
+    elif "yours" in runs:
+        mine = out.get("yours") or {"qps": None, "error": "not run"}
+        if mine.get("qps") is not None:
+            say(f"your settings: {mine['qps']:,.1f} items/s")
+        else:
+            say(f"the run at your settings failed: {mine.get('error')}")
+    return replay, validation, mine, cpu
+
+
+def run_validation(
+    plan: Any,
+    source_items: list,
+    choices: dict[str, tuple[str, int]],
+    *,
+    warmup_s: float,
+    window_s: float,
+    timeout_s: float,
+    items_per_sink_item: float = 1.0,
+    stand_ins: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run the whole pipeline alone over the cached source items and time what reaches the sink.
+
+    One run of :func:`stagebench.pipeline._wholerun.run_pipelines` (its result's keys):
+    the real stages, or with ``stand_ins`` the replay. The diagnosis runs the
+    two together, taking turns.
+    """
+    from stagebench.pipeline._wholerun import run_pipelines
+
+    name = "replay" if stand_ins else "validation"
+    return run_pipelines(
+        plan,
+        source_items,
+        choices,
+        {name: stand_ins},
+        warmup_s=warmup_s,
+        window_s=window_s,
+        timeout_s=timeout_s,
+        items_per_sink_item=items_per_sink_item,
+    )[name]
