@@ -88,7 +88,7 @@ def test_the_loops_own_step_is_the_demand_and_the_job_is_run_with_it(tmp_path, s
         assert s["stages"][0]["recommended"]["concurrency"] == 2  # the snippet follows the job
     else:
         assert job["samples_per_s"] == pytest.approx(800, rel=0.15) and job["data_wait_share"] < 0.3
-    assert s["verdict"].startswith("your job: ") and s["demand"]["verdict"] == bound
+    assert s["verdict"] == job["text"] and s["demand"]["verdict"] == bound
     assert "job verdict:" in r.stderr
     assert 'id="job"' in (tmp_path / "run" / "report.html").read_text()
     if bound == "trainer-bound":

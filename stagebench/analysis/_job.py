@@ -151,7 +151,8 @@ def contenders(job: Mapping[str, Any]) -> list[str]:
     A candidate with one slice gets a second unless it is clearly behind the best (its interval
     under the best's, or under 80% of it without intervals); a candidate that never ran gets a
     chance; and where the pick and the best read more than 10% apart inside each other's noise,
-    both run again, until they separate or the rounds run out.
+    both run again, until they separate or the rounds run out. Most important first (the pick,
+    yours, the best): where the budget cannot fit them all, they run first.
     """
     figs = candidate_figures(job)
     ran = _ran(figs)
@@ -168,7 +169,10 @@ def contenders(job: Mapping[str, Any]) -> list[str]:
             out.append(key)
     if pick != best and b["samples_per_s"] > _FAR_APART * ran[pick]["samples_per_s"]:
         out += [pick, best]
-    return list(dict.fromkeys(out))
+    # most important first: the pick, yours, the best, then the others in the candidates' order
+    yours = next((c["key"] for c in job.get("candidates") or [] if "yours" in (c.get("origin") or [])), None)
+    first = [k for k in (pick, yours, best) if k in out]
+    return list(dict.fromkeys(first + out))
 
 
 def _rate(f: Mapping[str, Any] | None, unit: str) -> str:
@@ -227,6 +231,7 @@ def decide_job(
         "stopped": stopped,
         "yours": yours,
         "unit": unit,
+        "what": job.get("what"),
     }
     if not ran:
         text = "inconclusive: no setting was run with your loop" + (f" ({stopped})" if stopped else "")
@@ -355,8 +360,9 @@ def _bound(p: Mapping[str, Any], demand: float | None, unit: str) -> tuple[str |
     if finite(body) and body < TRAINER_BOUND * demand and p["data_wait_share"] < 0.5:
         return (
             "shared cores",
-            f"your step itself ran at {body / demand:.0%} of its rate alone next to the loader (they share the "
-            f"cores): the job runs at {ratio:.0%} of your step alone ({fmt_q(demand)} {unit})",
+            f"shared cores: your step itself ran at {body / demand:.0%} of its rate alone next to the loading "
+            f"(they share the cores, and a pipeline's threads the GIL): the job runs at {ratio:.0%} of your step "
+            f"alone ({fmt_q(demand)} {unit})",
         )
     return (
         "data-bound",

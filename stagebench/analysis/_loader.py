@@ -758,9 +758,12 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: float | None) -> lis
     chosen = chosen[:MAX_CANDIDATES]
 
     def knobs_of(p: dict[str, Any], pin: bool | None = None) -> LoaderKnobs:
+        # the rules of _kept_knobs, so that the job's pick is what the summary recommends
         persistent = (
             bool(mine["persistent_workers"]) if "persistent_workers" in mine else p["persistent_workers"] is True
         )
+        stall = _stall({**p, "persistent_workers": False}, pts, meta) if p["num_workers"] > 0 else None
+        persistent = persistent or (stall is not None and stall["matters"])
         if pin is None:
             pin = bool(mine["pin_memory"]) if cuda and "pin_memory" in mine else p["pin_memory"] is True
         req = LoaderKnobs(

@@ -960,7 +960,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         # a pipeline that delivers nothing has no throughput to predict: that, not the prediction, is the verdict
         "verdict": f"validation failed: {failed}"
         if failed
-        else f"your job: {job['text']}"
+        else str(job["text"])
         if job is not None and job["status"] == "decided"
         else _verdict(stages, prediction),
         "validation_failed": failed,

@@ -136,10 +136,13 @@ class JobRuns:
                 if rnd == 1:
                     todo = list(self.candidates)
                 else:
-                    keys = set(contenders(self.record()))
+                    keys = contenders(self.record())  # most important first
                     todo = sorted((c for c in self.candidates if c.key in keys), key=lambda c: order[c.key])
                     if rnd % 2 == 0:
                         todo.reverse()
+                    if self._estimate(todo) > self.budget_s - (self.clock() - self._t0):
+                        # not all of them fit: the ones the decision hinges on most come first
+                        todo = sorted(todo, key=lambda c: keys.index(c.key))
                 if not todo:
                     break
                 self.rounds = rnd
@@ -150,6 +153,15 @@ class JobRuns:
                     yield from self._slice(cand, rnd, open_candidate)
         finally:
             self._t_end = self.clock()
+
+    def _estimate(self, todo: list[Candidate]) -> float:
+        """Seconds the slices of ``todo`` will take, from each one's earlier slices (start-up included)."""
+        walls: dict[str, list[float]] = {}
+        for s in self.slices:
+            walls.setdefault(s["candidate"], []).append(s["wall_s"])
+        everyone = [w for ws in walls.values() for w in ws]
+        typical = sum(everyone) / len(everyone) if everyone else 0.0
+        return sum(sum(walls[c.key]) / len(walls[c.key]) if c.key in walls else typical for c in todo)
 
     def _slice(self, cand: Candidate, rnd: int, open_candidate: Opener) -> Iterator[Any]:
         rec: dict[str, Any] = {
@@ -162,6 +174,7 @@ class JobRuns:
             "waits": [],
             "bodies": [],
             "partial": False,
+            "wall_s": 0.0,
         }
         self.slices.append(rec)
         warm = max(WARMUP_STEPS, cand.round_steps)
@@ -206,6 +219,8 @@ class JobRuns:
         except Exception as e:  # the loader raised or a worker died: this slice fails, the runs go on
             rec["status"], rec["reason"] = "failed", f"{type(e).__name__}: {e}"[:300]
             self.say(f"job: {cand.label} failed: {rec['reason']}")
+        finally:
+            rec["wall_s"] = self.clock() - t_open
 
     def record(self) -> dict[str, Any]:
         """What ran, as ``run.json["job"]`` stores it (per-step times to the microsecond)."""
@@ -228,4 +243,5 @@ class JobRuns:
             "seconds": (end - self._t0) if self._t0 is not None else 0.0,
             "steps_handed": self.steps_handed,
             "stopped": self.stopped,
+            "what": self.what,
         }

@@ -280,6 +280,8 @@ def _diagnose_then_train(cfg: Any, settings: DiagnoseSettings, num_threads: int 
     from stagebench.core._progress import message
     from stagebench.pipeline._trainer import run_trainer_phases
 
+    message("that was the pipeline alone; your training loop runs next, and the advice is for your job")
+
     code = yield from run_trainer_phases(session, settings, message, _end_from_close)
     exit_now(code)
 

@@ -881,35 +881,46 @@ def compare_best_svg(entries: Sequence[Mapping[str, Any]], *, unit: str) -> str 
 @_themed
 def job_svg(job: Mapping[str, Any] | None) -> str | None:
     """The training job at each candidate: your loop's throughput (bars, 95% interval), the loader or
-    pipeline alone at that setting (diamonds), your step alone (a dashed line); the pick in blue."""
+    pipeline alone at that setting (diamonds), your step alone (a dashed line); the pick in blue.
+
+    A log axis where the loader alone runs far above the job (a slow step): linear, the job's bars
+    would be slivers next to the diamonds."""
     cands = [c for c in (job or {}).get("candidates") or [] if (c.get("job") or {}).get("samples_per_s") is not None]
     if not cands:
         return None
     unit = (job or {}).get("unit") or "samples/s"
+    rates = [float(c["job"]["samples_per_s"]) for c in cands]
+    highs = [num(c["job"].get("samples_per_s_high")) for c in cands]
+    alones = [num((c.get("alone") or {}).get("samples_per_s")) for c in cands]
+    demand = num((job or {}).get("demand"))
+    top = max(x for x in [*rates, *highs, *alones, demand] if finite(x))
+    low = min(rates)
+    log = top > 8 * low
+    left = low / 2 if log else 0.0
     fig = _figure(8.4, 0.55 * len(cands) + 1.5)
     ax = fig.add_subplot()
     _style_axes(ax)
     ax.grid(False, axis="y")
-    top = 0.0
+    if log:
+        ax.set_xscale("log")
     for y, c in enumerate(reversed(cands)):
         f = c["job"]
         v = float(f["samples_per_s"])
         lo, hi = num(f.get("samples_per_s_low")), num(f.get("samples_per_s_high"))
-        xerr = [[max(0.0, v - lo)], [max(0.0, hi - v)]] if finite(lo, hi) else None
+        xerr = [[max(0.0, v - lo)], [max(0.0, hi - v)]] if finite(lo, hi) and lo > left else None
         color = OKABE_ITO["blue"] if c.get("key") == (job or {}).get("pick") else OKABE_ITO["grey"]
-        ax.barh(y, v, height=0.6, color=color, xerr=xerr, error_kw={"ecolor": _INK, "capsize": 3})
-        top = max(top, hi if finite(hi) else v)
+        ax.barh(y, v - left, left=left, height=0.6, color=color, xerr=xerr, error_kw={"ecolor": _INK, "capsize": 3})
         alone = num((c.get("alone") or {}).get("samples_per_s"))
         if finite(alone):
             ax.plot([alone], [y], marker="D", color=OKABE_ITO["orange"], markersize=6, linestyle="none")
-            top = max(top, alone)
-    demand = num((job or {}).get("demand"))
     if finite(demand):
         ax.axvline(demand, color=OKABE_ITO["vermillion"], linestyle="--", linewidth=1.2)
-        top = max(top, demand)
     ax.set_yticks(np.arange(len(cands)))
     ax.set_yticklabels([_text(c.get("label"), 44) for c in reversed(cands)])
-    ax.set_xlim(0, top * 1.15)
+    ax.set_xlim(left, top * (1.5 if log else 1.15))
     ax.xaxis.set_major_formatter(FuncFormatter(_si))
-    ax.set_xlabel(f"{unit}: your job (bars, 95% interval) · alone (◆) · your step alone (dashed)")
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    ax.set_xlabel(
+        f"{unit}{' (log scale)' if log else ''}: your job (bars, 95% interval) · alone (◆) · your step alone (dashed)"
+    )
     return figure_to_svg(fig)

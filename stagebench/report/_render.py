@@ -248,7 +248,11 @@ def _num_threads(meta: Mapping[str, Any], stages: list) -> tuple[int, str]:
 
 
 def _diff_of_your_call(call: list[Mapping[str, Any]], knobs: Mapping[str, Any], mine: Mapping[str, Any]) -> str:
-    """The user's own DataLoader call with only the loader settings changed, each change marked "was"."""
+    """The user's own DataLoader call with only the loader settings changed, each change marked "was".
+
+    A knob of the user's that does not apply on the measuring host (pin_memory without a CUDA
+    device) is kept as they wrote it: dropped, pasting the snippet on their GPU host would change it.
+    """
     lines = ["from torch.utils.data import DataLoader", "", "loader = DataLoader(", "    dataset,"]
     for a in call:
         comment = f"  # {a['comment']}" if a.get("comment") else ""
@@ -259,6 +263,9 @@ def _diff_of_your_call(call: list[Mapping[str, Any]], knobs: Mapping[str, Any], 
         was = mine.get(k, "default") if mine else None
         change = f"  # was {was!r}" if mine and was != v else ("  # as yours" if mine else "")
         lines.append(f"    {k}={v!r},{change}")
+    for k, v in (mine or {}).items():
+        if k not in knobs and k == "pin_memory" and v:
+            lines.append(f"    {k}={v!r},  # as yours (not measured: no CUDA device where this ran)")
     lines.append(")")
     return "\n".join(lines)
 
@@ -541,7 +548,7 @@ def _pipeline_context(run: RunData) -> dict[str, Any]:
     if finite(yours.get("qps")):
         tiles.append(
             {
-                "label": "your settings, measured",
+                "label": "your settings, pipeline alone",
                 "value": f"{rate_text(yours['qps'])} items/s",
                 "sub": f"{interval_text(yours.get('qps_low'), yours.get('qps_high'))} · in turns with the recommended",
             }
@@ -652,7 +659,7 @@ def _loader_context(run: RunData) -> dict[str, Any]:
             {
                 "label": "recommended setting, loader alone",
                 "value": f"{rate_text(rec['samples_per_s'])} samples/s",
-                "sub": f"num_workers={rec.get('num_workers')}, prefetch_factor={rec.get('prefetch_factor')}",
+                "sub": _knobs_text(rec),
             }
         )
     if best.get("samples_per_s") is not None:
@@ -686,9 +693,9 @@ def _loader_context(run: RunData) -> dict[str, Any]:
     if finite(user.get("samples_per_s")):
         tiles.append(
             {
-                "label": "your current setting",
+                "label": "your setting, loader alone",
                 "value": f"{rate_text(user['samples_per_s'])} samples/s",
-                "sub": f"num_workers={user.get('num_workers')}, prefetch_factor={user.get('prefetch_factor')}",
+                "sub": _knobs_text(user),
             }
         )
     noise = _noise(rows, "samples_per_s", "samples_per_s_low", "samples_per_s_high")
@@ -750,6 +757,13 @@ def _loader_context(run: RunData) -> dict[str, Any]:
         "problems": _problem_rows(rows),
         "transforms": transforms,
     }
+
+
+def _knobs_text(point: Mapping[str, Any]) -> str:
+    """``num_workers=4, prefetch_factor=2`` (prefetch only with workers)."""
+    nw = point.get("num_workers")
+    pf = point.get("prefetch_factor")
+    return f"num_workers={nw}" + (f", prefetch_factor={pf}" if nw and pf is not None else "")
 
 
 def _job_tile(summary: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -891,7 +905,11 @@ def report_context(run: RunData) -> dict[str, Any]:
         "verdict": summary.get("verdict")
         or ("no verdict: the analysis did not run" if run.summary_error else "no verdict in summary.json"),
         "demand": (summary.get("demand") or {}).get("text"),
-        "yours": (summary.get("recommended_vs_yours") or {}).get("text"),
+        # with the job run, the comparison with yours is the job's (its section); the pipeline alone's
+        # "keep them" next to a job pick that changes them would be two recommendations
+        "yours": None
+        if (summary.get("job") or {}).get("status") == "decided"
+        else (summary.get("recommended_vs_yours") or {}).get("text"),
         "warnings": warnings,
         "findings": findings[:split],
         "more_findings": findings[split:],

@@ -156,7 +156,8 @@ def job_lines(summary: Mapping[str, Any]) -> list[str]:
         return []
     unit = job.get("unit") or "samples/s"
     lines = [
-        f"job: your training loop on the real loader or pipeline, in turns ({job.get('rounds') or 0} round(s), "
+        f"job: your training loop on {job.get('what') or 'the real loader or pipeline'}, in turns "
+        f"({job.get('rounds') or 0} round(s), "
         f"{num_or_none(job.get('seconds')) or 0:.0f} s)"
     ]
     rows: list[tuple[str, ...]] = [("", "setting", "why run", f"job {unit} (95% CI)", "data wait", "alone")]
