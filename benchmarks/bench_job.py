@@ -1,0 +1,161 @@
+"""The training job: stagebench's pick, run with the loop, against every num_workers run with the loop in turns.
+
+Each script is an ordinary DataLoader training script (written to a temporary folder), diagnosed the
+way a user would: ``stagebench diagnose --trainer train.py`` at stagebench's defaults. Then the
+truth: the same script, without stagebench, run at each ``num_workers`` in turns (``--rounds``
+rounds, each setting a fresh process), its own loop timed over ``--steps`` steps after a warm-up.
+
+- ``wait``: 2 ms of waiting per item, batches of 16, a 50 ms step (an accelerator's): alone, no
+  workers make ~500 samples/s against a step that needs ~320, but in the job the load adds to every
+  step (the num_workers=0 trap of issue 30).
+- ``cpu``: 1 ms of CPU per item, batches of 16, a step of 25 ms of CPU in the main process: on two
+  cores the workers and the step compete for the cores.
+
+Printed per script: the pick and what the job runs said of it, the truth at every setting (median
+over rounds), the pick's truth against the best truth (target: at least 95%), and what the job runs
+cost (seconds, steps of the loop).
+
+Usage: python benchmarks/bench_job.py [--rounds 3] [--steps 40] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+from _common import fmt_q, machine_line, write_json
+
+TARGET = 0.95
+WORKERS = (0, 1, 2, 4)
+
+SCRIPT = textwrap.dedent(
+    """
+    import argparse, json, sys, time
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    p = argparse.ArgumentParser()
+    p.add_argument("kind")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--steps", type=int, default=10**9)
+    p.add_argument("--warmup", type=int, default=8)
+    a = p.parse_args()
+
+    def spin(seconds):
+        t = time.thread_time()
+        x = 0
+        while time.thread_time() - t < seconds:
+            x += 1
+        return x
+
+    class Items(Dataset):
+        def __len__(self):
+            return 1 << 20
+
+        def __getitem__(self, i):
+            if a.kind == "wait":
+                time.sleep(0.002)
+            else:
+                spin(0.001)
+            return torch.full((8,), float(i))
+
+    loader = DataLoader(Items(), batch_size=16, shuffle=True, num_workers=a.workers,
+                        persistent_workers=a.workers > 0)
+    n, t0 = 0, None
+    for batch in loader:
+        if a.kind == "wait":
+            time.sleep(0.050)  # the step on an accelerator
+        else:
+            spin(0.025)  # a step that computes on the CPU
+        n += 1
+        if n == a.warmup:
+            t0 = time.perf_counter()
+        if n == a.warmup + a.steps:
+            print(json.dumps({"samples_per_s": a.steps * 16 / (time.perf_counter() - t0)}))
+            sys.exit(0)
+    """
+)
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("STAGEBENCH_", "SPDL_PIPELINE_DIAGNOSTIC"))}
+
+
+def diagnose(script: Path, kind: str, out: Path) -> dict:
+    env = _env() | {"STAGEBENCH_TRAINER": "measure"}
+    cmd = [sys.executable, "-m", "stagebench", "diagnose", "--out", str(out), str(script), kind]
+    subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=True)
+    return json.loads((out / "summary.json").read_text())
+
+
+def truth(script: Path, kind: str, rounds: int, steps: int) -> dict[int, list[float]]:
+    got: dict[int, list[float]] = {w: [] for w in WORKERS}
+    for r in range(rounds):
+        for w in WORKERS if r % 2 == 0 else WORKERS[::-1]:
+            cmd = [sys.executable, str(script), kind, "--workers", str(w), "--steps", str(steps)]
+            res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, check=True)
+            got[w].append(json.loads(res.stdout.strip().splitlines()[-1])["samples_per_s"])
+    return got
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    print(machine_line())
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "train.py"
+        script.write_text(SCRIPT)
+        for kind in ("wait", "cpu"):
+            s = diagnose(script, kind, Path(tmp) / f"run-{kind}")
+            job = s.get("job") or {}
+            pick = next((c for c in job.get("candidates") or [] if c["key"] == job.get("pick")), None)
+            true = truth(script, kind, args.rounds, args.steps)
+            med = {w: statistics.median(v) for w, v in true.items()}
+            best_w = max(med, key=lambda w: med[w])
+            nw = pick["settings"]["num_workers"] if pick else None
+            ratio = med[nw] / med[best_w] if nw in med else None
+            step = fmt_q(s["trainer"]["samples_per_s"], 1)
+            print(f"\n{kind}: step alone {step} samples/s; job verdict: {job.get('text')}")
+            print(f"  truth (median of {args.rounds} rounds in turns, {args.steps} steps each):")
+            for w in WORKERS:
+                runs = ", ".join(fmt_q(x, 1) for x in true[w])
+                mark = " <- pick" if w == nw else ""
+                print(f"    num_workers={w}: {fmt_q(med[w], 1)} ({runs}){mark}")
+            ok = ratio is not None and ratio >= TARGET
+            print(
+                f"  pick {nw}: {ratio:.1%} of the best ({best_w} workers) "
+                f"{'meets' if ok else 'MISSES'} the {TARGET:.0%} target; job runs {job.get('seconds', 0):.1f} s, "
+                f"{job.get('steps_handed')} steps, {job.get('rounds')} rounds"
+                if ratio is not None
+                else "  no pick"
+            )
+            results[kind] = {
+                "pick_num_workers": nw,
+                "pick_job_samples_per_s": job.get("samples_per_s"),
+                "truth": {str(w): v for w, v in true.items()},
+                "pick_vs_best": ratio,
+                "best_num_workers": best_w,
+                "job_seconds": job.get("seconds"),
+                "job_steps": job.get("steps_handed"),
+                "step_alone": s["trainer"]["samples_per_s"],
+                "verdict": job.get("text"),
+            }
+    if args.json:
+        write_json(args.json, {"target": TARGET, "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
