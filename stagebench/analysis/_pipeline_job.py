@@ -84,8 +84,11 @@ def job_candidates(
     from stagebench.core._jobrun import Candidate
 
     def joint(d: float | None) -> dict[str, tuple[str, int]]:
+        """The joint choice for demand ``d``; {} where ``d`` is not below the pace (nothing to cut for it)."""
         trial = copy.deepcopy(stages)
-        recommend_jointly(trial, cores=cores, free_threaded=free_threaded, fixed=fixed, demand=d)
+        out = recommend_jointly(trial, cores=cores, free_threaded=free_threaded, fixed=fixed, demand=d)
+        if d is not None and not (out or {}).get("for_demand"):
+            return {}
         return _choices(trial)
 
     at_pace = joint(None)
@@ -100,9 +103,11 @@ def job_candidates(
         if not settings:
             return
         full = {n: settings.get(n) or at_pace[n] for n in names}
-        for s, origins, _ in found:
+        for i, (s, origins, known) in enumerate(found):
             if s == full:
                 origins.append(origin)
+                if known is None:
+                    found[i] = (s, origins, alone)
                 return
         found.append((full, [origin], alone))
 
