@@ -59,6 +59,29 @@ def _error_line(capsys) -> str:
 # --------------------------------------------------------------------------- configs (Compose API)
 
 
+def test_the_hydra_app_runs_from_a_source_checkout():
+    """`python -m stagebench sweep` from the repository root runs the tree's own package, whose conf/ sits
+    beside it, not inside it (issue 32: it looked in stagebench/conf and stopped with a FileNotFoundError)."""
+    root = Path(__file__).resolve().parent.parent
+    where = subprocess.run(
+        [sys.executable, "-c", "import stagebench; print(stagebench.__file__)"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert Path(where.stdout.strip()).is_relative_to(root / "stagebench"), where.stdout
+    r = subprocess.run(
+        [sys.executable, "-m", "stagebench", "sweep", "loader=synthetic", "--cfg", "job"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "name: synthetic" in r.stdout and "Traceback" not in r.stderr
+
+
 def test_every_loader_option_composes_into_its_schema():
     for name, cls in LOADER_SCHEMAS.items():
         extra = ["loader.dataset=pkg.mod:make"] if name == "custom" else []

@@ -89,7 +89,7 @@ def config_dir() -> Path:
     shipped = Path(str(importlib.resources.files("stagebench"))) / "conf"
     if (shipped / f"{CONFIG_NAME}.yaml").is_file():
         return shipped
-    checkout = Path(__file__).resolve().parent.parent / "conf"
+    checkout = Path(__file__).resolve().parents[2] / "conf"  # stagebench/sweep/_app.py -> the repository
     if (checkout / f"{CONFIG_NAME}.yaml").is_file():
         return checkout
     raise FileNotFoundError(
