@@ -87,6 +87,58 @@ def patch_spdl(profile_module: Any) -> None:
     _build_pipeline_diagnostic_mode._stagebench = True  # type: ignore[attr-defined]
     _build_pipeline_diagnostic_mode._spdl_original = current  # type: ignore[attr-defined]
     profile_module._build_pipeline_diagnostic_mode = _build_pipeline_diagnostic_mode
+    _listen_for_a_worker()
+
+
+#: Set in this process's environment (so its pool workers inherit it) once it listens for a worker's
+#: diagnosis to end it: the worker then signals it rather than terminating it.
+LISTENING_VAR = "STAGEBENCH_ENDS_ON_SIGUSR1"
+
+
+def _claim_path(parent: int) -> str:
+    """The lock file a pool worker of ``parent`` takes to diagnose; it then holds the exit code."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"stagebench-{os.getuid()}-{parent}.diagnosing")
+
+
+def _listen_for_a_worker() -> None:
+    """End this program cleanly when one of its ``multiprocessing.Pool`` workers has diagnosed.
+
+    A worker's diagnosis ends the program (its ``pool.map`` would otherwise wait forever for tasks
+    that exited). SIGTERM did that, and showed as a crash: exit 143, and SPDL's native signal handler
+    printed a stack trace (``*** Aborted at ... SIGTERM received``). The worker sends SIGUSR1 instead,
+    and this handler raises ``SystemExit`` with the worker's exit code in the main thread, so the
+    ``with Pool(...)`` block closes the pool and the program ends with the diagnosis's own code. Only
+    where nobody else handles SIGUSR1 (Slurm and submitit may): there the worker falls back to SIGTERM.
+    """
+    import signal
+
+    if not hasattr(signal, "SIGUSR1") or signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL:
+        return
+    try:
+        signal.signal(signal.SIGUSR1, _a_worker_diagnosed)
+    except ValueError:  # not the main thread: no handler can be set, the worker falls back to SIGTERM
+        return
+    os.environ[LISTENING_VAR] = str(os.getpid())
+
+
+def _a_worker_diagnosed(signum: int, frame: Any) -> None:
+    import signal
+
+    path = _claim_path(os.getpid())
+    try:
+        if os.stat(path).st_uid != os.getuid():
+            raise OSError("not ours")
+        with open(path) as f:
+            code = int(f.read().strip() or "0")
+        os.unlink(path)
+    except (OSError, ValueError):  # not a worker's diagnosis: SIGUSR1's own action (the process ends)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    State.finished, State.code = True, code
+    raise SystemExit(code)
 
 
 def _build_standin(cfg: Any, num_threads: int | None = None) -> Any:
@@ -183,9 +235,14 @@ def exit_now(code: int) -> None:
         import contextlib
         import signal
 
-        with contextlib.suppress(OSError):
-            os.unlink(State.claim or "")
-        os.kill(State.end_parent, signal.SIGTERM)
+        if os.environ.get(LISTENING_VAR) == str(State.end_parent):  # it ends itself, with our code
+            with contextlib.suppress(OSError), open(State.claim or "", "w") as f:
+                f.write(str(code))
+            os.kill(State.end_parent, signal.SIGUSR1)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(State.claim or "")
+            os.kill(State.end_parent, signal.SIGTERM)
         os._exit(code)
     if threading.current_thread() is not threading.main_thread() or (leaked_threads() and not State.in_process):
         os._exit(code)
@@ -201,19 +258,22 @@ def _in_a_pool_worker(settings: DiagnoseSettings) -> DiagnoseSettings:
     (:func:`exit_now`): its ``pool.map`` would otherwise wait forever for tasks that exited.
     """
     import multiprocessing
-    import tempfile
     import time
     from dataclasses import replace
 
     if not multiprocessing.current_process().daemon:
         return settings
     parent = os.getppid()
-    lock = os.path.join(tempfile.gettempdir(), f"stagebench-{os.getuid()}-{parent}.diagnosing")
+    lock = _claim_path(parent)
     try:  # O_EXCL: a file (or a planted link) already there is never followed or reused
         os.close(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
         # A sibling worker diagnoses and ends the parent when it is done; this one leaves then (it
         # would otherwise hold the parent's stdout open, and a caller waiting on it would wait forever).
+        # The pool's clean-up terminates it: quietly, not with a native library's crash report.
+        import signal
+
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
         while os.getppid() == parent:
             time.sleep(0.2)
         os._exit(0)
