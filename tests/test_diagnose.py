@@ -13,8 +13,8 @@ import os
 import signal
 import statistics
 import subprocess
-import tempfile
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
