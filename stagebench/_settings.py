@@ -31,6 +31,7 @@ __all__ = [
     "PRECISION",
     "WARMUP_S",
     "LOADER_WINDOW_S",
+    "LOADER_MIN_WINDOW_S",
     "SettingsError",
     "DEMAND_HEADROOM",
     "QUICK",
@@ -52,8 +53,11 @@ WARMUP_S = 0.05
 #: Capacity a loader or pipeline needs above the trainer's demand to be said to keep up (10%): steps
 #: vary, and a loader at exactly the demand leaves the trainer waiting at every slow batch.
 DEMAND_HEADROOM = 0.10
-#: Default steady-state window of one loader point, seconds (LoaderSweepConfig, ``stagebench sweep``).
+#: Longest steady-state window of one loader point, seconds (LoaderSweepConfig, ``stagebench sweep``).
 LOADER_WINDOW_S = 2.0
+#: Shortest window of a loader point: from here it closes once its interval is within PRECISION (and
+#: holds at least min_batches of whole rounds of its workers, whatever its length).
+LOADER_MIN_WINDOW_S = 0.3
 #: What ``STAGEBENCH_QUICK=on`` changes (each only where the user set nothing): a diagnosis to iterate
 #: with, at about a third of SPDL's own profiler's time. Shorter windows closing at ±10% and fewer
 #: levels cost precision (wider intervals, a coarser curve). Threads only: the process points were

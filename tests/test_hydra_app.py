@@ -62,10 +62,17 @@ def _error_line(capsys) -> str:
 def test_the_hydra_app_runs_from_a_source_checkout():
     """`python -m stagebench sweep` from the repository root runs the tree's own package, whose conf/ sits
     beside it, not inside it (issue 32: it looked in stagebench/conf and stopped with a FileNotFoundError)."""
+    import os
+
     root = Path(__file__).resolve().parent.parent
+    # a diagnosis run in this process may have left SPDL_PIPELINE_DIAGNOSTIC_MODE=0, which makes the installed
+    # package's .pth import stagebench at start-up, before the working directory is looked at
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGEBENCH_", "SPDL_PIPELINE_DIAGNOSTIC"))}
+    env.pop("PYTHONPATH", None)
     where = subprocess.run(
         [sys.executable, "-c", "import stagebench; print(stagebench.__file__)"],
         cwd=root,
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
@@ -74,6 +81,7 @@ def test_the_hydra_app_runs_from_a_source_checkout():
     r = subprocess.run(
         [sys.executable, "-m", "stagebench", "sweep", "loader=synthetic", "--cfg", "job"],
         cwd=root,
+        env=env,
         capture_output=True,
         text=True,
         timeout=120,

@@ -235,6 +235,73 @@ def test_findings_from_known_rows():
     assert any(t.startswith("CPU-bound") for t in titles)
 
 
+def _titles(rows, **meta):
+    m = {"settings": {"memory_budget_mb": None, "usable_cores": 2}, "loader": {"backend": "torch"}}
+    for k, v in meta.items():
+        m.setdefault(k, {}).update(v)
+    return [f["title"] for f in summarize_loader(rows, m)["findings"]]
+
+
+@pytest.mark.parametrize(
+    "name, past, inside",
+    [
+        # workers slower than none: 20% under it fires, 4% (inside WORKERS_SLOWER) does not
+        (
+            "Workers make this loader slower",
+            [_row(0, 1000), _row(1, 600), _row(2, 800)],
+            [_row(0, 1000), _row(1, 600), _row(2, 960)],
+        ),
+        # past the peak: 20% down fires, 8% (inside TOO_MANY) does not
+        (
+            "Too many workers",
+            [_row(1, 100), _row(2, 200), _row(4, 160)],
+            [_row(1, 100), _row(2, 200), _row(4, 184)],
+        ),
+        # the cores: 1.6 of 2 busy fires (CPU_BOUND 75%), 1.4 does not
+        (
+            "CPU-bound",
+            [_row(1, 100, cores=0.9), _row(2, 200, cores=1.6)],
+            [_row(1, 100, cores=0.9), _row(2, 200, cores=1.4)],
+        ),
+        # waiting: 0.4 of 2 workers' cores fires (WAITING: half), 1.2 does not
+        (
+            "I/O- or wait-bound",
+            [_row(1, 100, cores=0.2), _row(2, 200, cores=0.4)],
+            [_row(1, 100, cores=0.6), _row(2, 200, cores=1.2)],
+        ),
+        # memory over the budget
+        (
+            "Some settings exceed the memory budget",
+            [_row(1, 100, mem=500), _row(2, 200, mem=1500)],
+            [_row(1, 100, mem=500), _row(2, 200, mem=900)],
+        ),
+    ],
+)
+def test_each_loader_finding_fires_past_its_threshold_and_not_inside_it(name, past, inside):
+    budget = {"settings": {"memory_budget_mb": 1000.0}}
+    assert any(t.startswith(name) for t in _titles(past, **budget)), name
+    assert not any(t.startswith(name) for t in _titles(inside, **budget)), name
+
+
+def test_your_setting_finding_follows_its_threshold():
+    user = {"loader": {"user_knobs": {"num_workers": 1, "prefetch_factor": 2, "pin_memory": False}}}
+    # yours at 60% of the recommended: on the table; at 96%, within noise: kept, no such finding
+    assert "Your setting leaves loader throughput on the table" in _titles(
+        [_row(1, 120, half=0.01), _row(2, 200, half=0.01)], **user
+    )
+    titles = _titles([_row(1, 192, half=0.03), _row(2, 200, half=0.03)], **user)
+    assert "Your setting leaves loader throughput on the table" not in titles
+
+
+def test_a_short_stall_in_a_long_epoch_is_no_finding():
+    """A 1 s stall on 12,500 batches an epoch (under 1%) said "Worker start-up dominates short epochs" (issue 32)."""
+    rows = [_row(0, 100), _row(2, 800, stall=1.0), _row(2, 800, pw=True, stall=0.1)]
+    long_epoch = _titles(rows, loader={"epoch_batches": 12_500})
+    assert not any(t.startswith("Workers restart") for t in long_epoch)
+    short_epoch = _titles(rows, loader={"epoch_batches": 390})  # 390 batches at 200/s: 2 s, a 1 s stall is a third
+    assert any(t.startswith("Workers restart at every epoch: a 1.00s stall") for t in short_epoch)
+
+
 def test_dataset_paths_and_loader_arguments_are_checked():
     ds = resolve_dataset("loader_datasets:make_sleep_dataset")
     assert isinstance(ds, SleepDataset) and len(ds) == 64
@@ -396,7 +463,13 @@ def test_adaptive_search_continues_with_fewer_workers_after_a_crash(tmp_path):
     """Workers SIGKILL themselves (the OOM killer) once 2 run: 2 crashes, the search keeps 0 and 1."""
     factory = make_loader_factory(KillWorkerDataset(kill_at=2), batch_size=4)
     cfg = LoaderSweepConfig(
-        budget_s=0.4, warmup_s=0.1, timeout_s=20, transforms=False, max_workers=4, prefetch_factors=(2, 4)
+        budget_s=0.4,
+        warmup_s=0.1,
+        timeout_s=20,
+        transforms=False,
+        max_workers=4,
+        prefetch_factors=(2, 4),
+        search_prefetch=True,
     )
     s = run_loader_sweep(factory, name="killer", backend="torch", batch_size=4, run_dir=tmp_path / "run", config=cfg)
     pts = {(p["num_workers"], p["prefetch_factor"], p["persistent_workers"]): p for p in s["points"]}
@@ -520,7 +593,16 @@ def test_adaptive_search_on_sleep_dataset_saves_time(tmp_path):
     )
     s = sweep_dataset(SleepDataset(n=64, d=D), batch_size=4, run_dir=tmp_path / "run", config=cfg)
     phases = [p["search_phase"] for p in s["points"]]
-    assert phases[0] == "num_workers" and "prefetch_factor" in phases and "persistent_workers" in phases
+    # prefetch_factor is not searched alone (a greedy consumer has no burst for a deeper queue to smooth)
+    assert phases[0] == "num_workers" and "prefetch_factor" not in phases
+    rows = pd.read_csv(tmp_path / "run" / "results.csv")
+    # the epoch stall is measured once, at the pick, alone; no search point pays for it
+    stall_rows = rows[rows["search_phase"] == "epoch_stall"]
+    assert len(stall_rows) >= 1 and rows[rows["search_phase"] == "num_workers"]["epoch_stall_s"].isna().all()
+    assert int(stall_rows["num_workers"].iloc[0]) == s["recommended"]["num_workers"]
+    assert math.isfinite(s["recommended"]["epoch_stall_s"])
+    # and a point's time is split into its parts
+    assert (rows["startup_s"] > 0).any() and (rows["window_s"] > 0).any() and (rows["teardown_s"] >= 0).any()
     search = s["search"]
     assert search["strategy"] == "adaptive"
     assert search["points_measured"] < search["full_grid_points"] == 1 + 3 * 2 * 2

@@ -23,6 +23,7 @@ from typing import Any
 from stagebench._numbers import finite, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._job import job_findings
+from stagebench.analysis._loader_evidence import hinge, paired_verdict, pool_points, setting_key
 from stagebench.runs._knobs import NOT_APPLICABLE, LoaderKnobs, normalize_knobs
 
 __all__ = [
@@ -33,10 +34,28 @@ __all__ = [
     "summarize_loader",
     "loader_findings",
     "job_candidates",
+    "tie_to_break",
+    "pooled_frame",
 ]
 
 
 _SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
+
+# The numbers behind the findings' words (docs/loaders.md has them as a table; a test per finding).
+#: "Workers make this loader slower": the best with workers this share (or its interval) under none.
+WORKERS_SLOWER = 0.05
+#: "Too many workers": the worst above the peak this share (or its interval) under the peak.
+TOO_MANY = 0.10
+#: "CPU-bound": the best setting with workers keeps this share of the usable cores busy.
+CPU_BOUND = 0.75
+#: "I/O- or wait-bound": it keeps fewer cores busy than this share of its workers (up to the cores).
+WAITING = 0.5
+#: "Workers restart at every epoch": the stall is over this share of an epoch (or, with the epoch's length
+#: unknown, persistent workers were measured to save more than half of it and over 0.1 s); high over STALL_HIGH.
+STALL_SHARE = 0.05
+STALL_HIGH = 0.20
+#: "Your setting leaves loader throughput on the table": yours under this share of the recommended.
+ON_THE_TABLE = 0.9
 #: Why num_workers=0 is not advised for a training job without a job run that says so (T4 of the
 #: DataLoader-knob guide: the main process then loads serially, between the steps).
 SERIAL_WORDS = (
@@ -63,6 +82,10 @@ _NUMERIC = (
     "n_samples",
     "workers_seen",
     "worker_threads",
+    "startup_s",
+    "warmup_s",
+    "stall_phase_s",
+    "teardown_s",
 )
 
 
@@ -110,10 +133,23 @@ def normalize_row(row: Any) -> dict[str, Any]:
     return out
 
 
-def _rows(rows: Any) -> list[dict[str, Any]]:
+def _raw(rows: Any) -> list[dict[str, Any]]:
+    """Every row as measured, normalised (the tie-break reads them in order)."""
     if hasattr(rows, "to_dict"):
         rows = rows.to_dict(orient="records")
     return [normalize_row(r) for r in rows]
+
+
+def _rows(rows: Any) -> list[dict[str, Any]]:
+    """One point per setting, its readings pooled (:func:`stagebench.analysis._loader_evidence.pool_points`)."""
+    return pool_points(_raw(rows))
+
+
+def pooled_frame(rows: Any) -> Any:
+    """The rows as one pooled point per setting, as a DataFrame (what the report's table and figures show)."""
+    import pandas as pd
+
+    return pd.DataFrame(_rows(rows))
 
 
 def _is_ok(p: dict[str, Any]) -> bool:
@@ -196,14 +232,31 @@ def recommend(
                 f"{headroom:.0%} headroom ({need:,.1f}){note}{serial_note}"
             )
             return rec
-    floor = (1 - within_best) * best["samples_per_s"]
-    near = [p for p in pool if p["samples_per_s"] >= floor or _overlaps(p, best)] or [
-        max(pool, key=lambda p: p["samples_per_s"])
-    ]
-    if user is not None and _is_ok(user) and any(setting_cost(p) == setting_cost(user) for p in near):
-        rec = dict(user)
+    near, top = _near(pool, best, within_best)
+    mine = _mine(near, user)
+    candidate = mine if mine is not None else min(near, key=setting_cost)
+    raw = _raw(rows)
+    pair = _measured_pair(raw, pool) or hinge(candidate, top, within_best)
+    verdict = paired_verdict(raw, setting_key(pair[0]), setting_key(pair[1]), within_best) if pair else None
+    tie_note = _tie_note(pair, verdict, within_best)
+    if pair is not None and verdict is not None:
+        cheaper, faster = pair
+        if setting_key(candidate) != setting_key(faster) and (
+            verdict["winner"] == "faster" or (verdict["winner"] == "tie" and _mine([faster], user) is not None)
+        ):
+            rec = dict(faster)  # beyond noise, or a tie with the user's setting
+            rec["why"] = (
+                f"{_knob_text(faster)}: {tie_note}"
+                + ("; your setting, kept on a tie" if verdict["winner"] == "tie" else "")
+                + budget_note
+            )
+            return rec
+        if verdict["winner"] in ("cheaper", "tie") and setting_key(candidate) == setting_key(faster) and mine is None:
+            near = [cheaper]  # measured in turns: within the margin, or a tie: the cheaper
+    if mine is not None:
+        rec = dict(mine)
         cheaper = min(near, key=setting_cost)
-        if setting_cost(cheaper) < setting_cost(user):
+        if setting_cost(cheaper) < setting_cost(mine):
             rec["cheaper_within_noise"] = cheaper
         rec["why"] = (
             f"your setting is within the noise of the best ({best['samples_per_s']:,.1f} samples/s at "
@@ -211,9 +264,10 @@ def recommend(
             "from noise"
             + (
                 f"; {_knob_text(cheaper)} is within it too, with fewer resources"
-                if setting_cost(cheaper) < setting_cost(user)
+                if setting_cost(cheaper) < setting_cost(mine)
                 else ""
             )
+            + (f"; {tie_note}" if tie_note else "")
         )
         return rec
     rec, note = _pick(near)
@@ -225,10 +279,77 @@ def recommend(
             f"cheapest setting within {within_best:.0%} of the best ({best['samples_per_s']:,.1f} samples/s at "
             f"{_knob_text(best)})"
         )
+    if tie_note:
+        why += f"; {tie_note}"
     if budget_mb is not None and fits:
         why += f"; inside the memory budget ({budget_mb:,.0f} MB)"
     rec["why"] = why + note + budget_note
     return rec
+
+
+def _near(pool: list[dict], best: dict, within_best: float) -> tuple[list[dict], dict]:
+    """The settings as good as the best of ``pool`` (within ``within_best``, or overlapping it), and that best."""
+    top = max(pool, key=lambda p: p["samples_per_s"])
+    floor = (1 - within_best) * top["samples_per_s"]
+    return [p for p in pool if p["samples_per_s"] >= floor or _overlaps(p, top)] or [top], top
+
+
+def _measured_pair(raw: list[dict[str, Any]], pool: list[dict[str, Any]]) -> tuple[dict, dict] | None:
+    """The two settings the tie-break measured in turns (its first row is the cheaper), as pooled points."""
+    keys: list[tuple] = []
+    for r in raw:
+        if r["search_phase"] == "paired" and setting_key(r) not in keys:
+            keys.append(setting_key(r))
+    if len(keys) != 2:
+        return None
+    by = {setting_key(p): p for p in pool}
+    if keys[0] not in by or keys[1] not in by:
+        return None
+    return by[keys[0]], by[keys[1]]
+
+
+def _mine(points: list[dict], user: dict | None) -> dict | None:
+    """The user's measured setting among ``points``, if there."""
+    if user is None or not _is_ok(user):
+        return None
+    return next((p for p in points if setting_cost(p) == setting_cost(user)), None)
+
+
+def _tie_note(pair: tuple[dict, dict] | None, verdict: dict | None, within_best: float) -> str:
+    """What the tie-break found, in words ("" where the pick did not hinge on noise)."""
+    if pair is None:
+        return ""
+    a, b = pair
+    read = f"{_knob_text(b)} read {b['samples_per_s'] / a['samples_per_s']:.2f}x {_knob_text(a)} inside their intervals"
+    if verdict is None:
+        return f"{read}, not measured again in turns (tie_rounds=0)"
+    ratio = (
+        f"{verdict['ratio']:.2f}x ({max(0.0, verdict['ratio_low']):.2f}-{verdict['ratio_high']:.2f}) "
+        f"over {verdict['pairs']} pairs"
+    )
+    return {
+        "faster": f"measured again in turns with {_knob_text(a)}, it ran {ratio}: beyond the {within_best:.0%} a "
+        "cheaper setting may give up",
+        "cheaper": f"{read}; measured again in turns, the faster ran {ratio}: the cheaper is within {within_best:.0%}",
+        "tie": f"{read}; measured again in turns, {ratio}: a tie, which keeps your setting if it is one of them, "
+        "else the cheaper",
+    }[verdict["winner"]]
+
+
+def tie_to_break(
+    rows: Any, *, budget_mb: float | None, within_best: float, user: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The two settings the recommendation rests on, where they read more than ``within_best`` apart
+    inside each other's intervals (:func:`stagebench.analysis._loader_evidence.hinge`): the tie-break
+    measures them again in turns. None where the pick does not hinge on noise."""
+    pts = _rows(rows)
+    ok = [p for p in pts if _is_ok(p)]
+    if not ok:
+        return None
+    pool = [p for p in ok if not _over_budget(p, budget_mb)] or ok
+    near, top = _near(pool, max(ok, key=lambda p: p["samples_per_s"]), within_best)
+    mine = _mine(near, user)
+    return hinge(mine if mine is not None else min(near, key=setting_cost), top, within_best)
 
 
 def _knob_text(p: dict[str, Any]) -> str:
@@ -342,7 +463,7 @@ def loader_findings(
     if zero and multi:
         z = zero[0]
         w = max(multi, key=lambda p: p["samples_per_s"])
-        tol = max(0.05, _rel_half(z), _rel_half(w))
+        tol = max(WORKERS_SLOWER, _rel_half(z), _rel_half(w))
         if w["samples_per_s"] < z["samples_per_s"] * (1 - tol):
             per_batch_ms = 1e3 / z["batches_per_s"] if z["batches_per_s"] > 0 else math.nan
             serial = rec is not None and rec["num_workers"] == 0
@@ -381,7 +502,7 @@ def loader_findings(
         beyond = [p for p in ok if p["num_workers"] > best["num_workers"]]
         if beyond:
             worst = min(beyond, key=lambda p: p["samples_per_s"])
-            tol = max(0.1, _rel_half(best), _rel_half(worst))
+            tol = max(TOO_MANY, _rel_half(best), _rel_half(worst))
             if worst["samples_per_s"] < best["samples_per_s"] * (1 - tol):
                 extra = worst["mem_pss_mb"] - best["mem_pss_mb"]
                 out.append(
@@ -428,7 +549,7 @@ def loader_findings(
         if math.isfinite(u):
             cpu_ms = 1e3 * u / b["samples_per_s"]
             top = max(p["num_workers"] for p in multi)
-            if u >= 0.75 * cores:
+            if u >= CPU_BOUND * cores:
                 out.append(
                     _finding(
                         "medium",
@@ -444,7 +565,7 @@ def loader_findings(
                         },
                     )
                 )
-            elif u < 0.5 * max(1, min(b["num_workers"], cores)):
+            elif u < WAITING * max(1, min(b["num_workers"], cores)):
                 rising = b["num_workers"] == top
                 out.append(
                     _finding(
@@ -474,7 +595,7 @@ def loader_findings(
     for p in multi:
         t = p["worker_threads"]
         if math.isfinite(t) and t > 1 and t * p["num_workers"] > cores:
-            busy = math.isfinite(p["cores_used"]) and p["cores_used"] >= 0.75 * cores
+            busy = math.isfinite(p["cores_used"]) and p["cores_used"] >= CPU_BOUND * cores
             out.append(
                 _finding(
                     "medium" if busy else "low",
@@ -507,7 +628,7 @@ def loader_findings(
         detail += ". The recommendation sets persistent_workers=True."
         out.append(
             _finding(
-                "high" if stall["share"] > 0.2 else "medium" if stall["share"] > 0.05 else "low",
+                "high" if stall["share"] > STALL_HIGH else "medium" if stall["share"] > STALL_SHARE else "low",
                 f"Workers restart at every epoch: a {stall['stall_s']:.2f}s stall",
                 detail,
                 {
@@ -525,7 +646,7 @@ def loader_findings(
         out += job_findings(job)
     elif u is not None and rec is not None:
         if _is_ok(u):
-            if u["samples_per_s"] < 0.9 * rec["samples_per_s"]:
+            if u["samples_per_s"] < ON_THE_TABLE * rec["samples_per_s"]:
                 out.append(
                     _finding(
                         "medium",
@@ -575,11 +696,6 @@ def _twin(pool: list[dict], p: dict, persistent: bool) -> dict | None:
         ):
             return q
     return None
-
-
-#: An epoch-boundary stall matters when it is over this share of an epoch (or, with the epoch's length
-#: unknown, when persistent workers were measured to save more than half of it and over 0.1 s).
-STALL_SHARE = 0.05
 
 
 def _stall(rec: dict[str, Any], ok: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
@@ -928,7 +1044,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     job = decide_job(meta.get("job"), trainer)
     decided = job is not None and job["status"] == "decided"
     rec = recommend(
-        pts,
+        rows,  # as measured: the tie-break's rows are read in their order
         budget_mb=budget,
         within_best=within,
         target_rate=target_rate,

@@ -598,9 +598,7 @@ def _sweep_factory(
 
     cfg = config or LoaderSweepConfig()
     if factory.user_knobs is not None:
-        cfg = replace(cfg, extra_points=(*cfg.extra_points, factory.user_knobs))
-        if cfg.pin_memory_as is None:  # the script's own pinning: only a run with the device copy can judge it
-            cfg = replace(cfg, pin_memory_as=factory.user_knobs.pin_memory)
+        cfg = replace(cfg, yours=factory.user_knobs)
     out = (
         Path(run_dir)
         if run_dir is not None

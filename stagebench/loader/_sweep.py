@@ -48,11 +48,11 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from stagebench._settings import DEMAND_HEADROOM, LOADER_WINDOW_S, check
+from stagebench._settings import DEMAND_HEADROOM, LOADER_MIN_WINDOW_S, LOADER_WINDOW_S, PRECISION, check
 from stagebench.analysis._loader import summarize_loader
 from stagebench.core._config import powers_of_two
 from stagebench.runs._knobs import KNOWN_BACKENDS, LoaderKnobs, normalize_knobs
@@ -74,7 +74,16 @@ __all__ = [
 ]
 
 STRATEGIES = ("adaptive", "grid")
-_PHASES = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "grid", "user")
+_PHASES = (
+    "num_workers",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory",
+    "grid",
+    "user",
+    "paired",
+    "epoch_stall",
+)
 
 _POLL_S = 0.005
 
@@ -114,16 +123,44 @@ class LoaderSweepConfig:
     pin_memory: tuple[bool, ...] = (False, True)
     """pin_memory values; ``True`` is measured only where CUDA is available."""
 
-    pin_memory_as: bool | None = None
-    """Where CUDA is available, the adaptive search measures every point with this pin_memory (the
-    training script's own) and does not search it: pinning pays off only with the copy to the
-    device, which a loader measured alone never makes, so the search could only see its cost. A job
-    run with the user's loop judges it (:mod:`stagebench.loader._trainer`). ``None``: search it."""
-
     budget_s: float = LOADER_WINDOW_S
-    """Steady-state window per point, in seconds. It grows (up to the point's
+    """Longest steady-state window per point, in seconds. It grows (up to the point's
     timeout) until at least three groups of arrivals fit, so a slow loader never
     gets an interval it has not earned."""
+
+    precision: float = PRECISION
+    """Sequential stopping: a window closes, after ``min_window_s``, once its 95% interval is
+    within this share of its throughput (the stage points' rule). 0: every window runs
+    ``budget_s`` (the protocol before, kept for comparisons)."""
+
+    min_window_s: float = LOADER_MIN_WINDOW_S
+    """Shortest window before it may close on precision."""
+
+    stall_at: str = "pick"
+    """Where the epoch-boundary stall is measured: ``pick`` (once, at the recommendation, after
+    the search: the only decision it enters is persistent_workers there; two short epochs with
+    restarting workers cost each point two start-ups) or ``every`` (at every point, as before)."""
+
+    search_prefetch: bool = False
+    """Adaptive search: also measure ``prefetch_factors`` at the best num_workers. Off by
+    default: a loader measured alone is drained as fast as it delivers, so a deeper queue has
+    nothing to smooth (on the 16-core H200 host, prefetch 1, 2 and 4 read within each other's
+    intervals at 16 and 32 workers, and the pick took the higher noisy number). The search
+    keeps the script's own (``yours``), else 2. Its effect on a bursty trainer shows in a job run."""
+
+    yours: LoaderKnobs | None = None
+    """The training script's own setting. It is measured after the search, kept where the
+    measurements cannot tell it from a cheaper or faster one (the tie-break), and the adaptive
+    search measures at its ``prefetch_factor`` and, on a host with a CUDA device, its
+    ``pin_memory``: pinning pays off only with the copy to the device, which a loader measured
+    alone never makes, so the search could only see its cost; a job run with the user's loop
+    judges it (:mod:`stagebench.loader._trainer`)."""
+
+    tie_rounds: int = 2
+    """Decisions on evidence: where the pick hinges on two settings whose intervals overlap
+    (the cheaper is more than ``within_best`` below the faster, yet inside its noise), both are
+    measured again in turns (a round: cheaper, faster, faster, cheaper), up to this many rounds,
+    until their ratio separates or is declared a tie. 0: off."""
 
     warmup_s: float = 0.3
     """Minimum warm-up; the window also waits until every worker delivered."""
@@ -165,8 +202,9 @@ class LoaderSweepConfig:
     epoch_stall: bool = True
     """Measure the stall at an epoch boundary (short extra epochs per point)."""
 
-    stall_epochs: int = 2
-    """Short epochs after the measured one: boundaries behind the stall figure."""
+    stall_epochs: int = 1
+    """Short epochs after the measured one: boundaries behind the stall figure. One: a restart's
+    cost varies little between boundaries, and each costs a start-up of the workers (it was 2)."""
 
     stall_epoch_batches: int | None = None
     """Batches in a short epoch. ``None``: max(4, 2 x num_workers)."""
@@ -214,6 +252,15 @@ class LoaderSweepConfig:
                 raise ValueError(f"{key} must be a non-empty tuple of True/False, got {vals!r}")
         check("budget_s", self.budget_s, "budget_s")
         check("warmup_s", self.warmup_s, "warmup_s")
+        check("precision", self.precision, "precision")
+        if not 0 < self.min_window_s <= self.budget_s:
+            raise ValueError(f"min_window_s must be in (0, budget_s={self.budget_s:g}], got {self.min_window_s}")
+        if self.stall_at not in ("pick", "every"):
+            raise ValueError(f"stall_at: unknown {self.stall_at!r}; allowed: pick, every")
+        if self.yours is not None and not isinstance(self.yours, LoaderKnobs):
+            raise ValueError(f"yours must be None or LoaderKnobs, got {type(self.yours).__name__}")
+        if isinstance(self.tie_rounds, bool) or not isinstance(self.tie_rounds, int) or self.tie_rounds < 0:
+            raise ValueError(f"tie_rounds must be an integer >= 0, got {self.tie_rounds!r}")
         if not self.timeout_s > self.budget_s + self.warmup_s:
             raise ValueError(
                 f"timeout_s ({self.timeout_s}) must be larger than budget_s + warmup_s "
@@ -258,11 +305,14 @@ class LoaderSweepConfig:
                 raise ValueError(f"extra_points must hold LoaderKnobs, got {type(k).__name__}")
 
     def default_prefetch(self) -> int:
+        if self.yours is not None and self.yours.prefetch_factor is not None:
+            return self.yours.prefetch_factor
         return 2 if 2 in self.prefetch_factors else self.prefetch_factors[0]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["extra_points"] = [asdict(k) for k in self.extra_points]
+        d["yours"] = asdict(self.yours) if self.yours is not None else None
         return d
 
 
@@ -662,15 +712,24 @@ def measure_loader_point(
     config: LoaderSweepConfig | None = None,
     phase: str = "",
     cuda: bool | None = None,
+    stall: bool | None = None,
+    throughput: bool = True,
+    cannot_matter_below: float | None = None,
 ) -> dict[str, Any]:
     """Measure one loader setting on a fresh loader; returns one row (:data:`LOADER_COLUMNS`).
 
+    ``stall``: measure the epoch-boundary stall after the window (``None``: as
+    ``config.epoch_stall`` says; a search passes where ``stall_at`` wants it). ``throughput=False``: no window, only the
+    stall (the search's last step, at its pick). ``cannot_matter_below``: samples/s; a window
+    whose interval lies wholly under it closes at the minimum (it cannot be the answer).
     Never raises for the loader's own faults (a raising or dying worker, a hang):
     they become ``status``/``reason``. ``KeyboardInterrupt`` propagates after
     the loader and its workers are torn down.
     """
     cfg = config or LoaderSweepConfig()
     cuda = _cuda_available() if cuda is None else cuda
+    if stall is None:
+        stall = cfg.epoch_stall
     eff, shown, notes = normalize_knobs(knobs, backend, cuda=cuda)
     row = _empty_row(name, backend, eff, shown, phase, notes)
     t_begin = time.perf_counter()
@@ -680,19 +739,22 @@ def measure_loader_point(
     errors.attach()
     outcome = None
     hung = False
+    plan = _Plan(stall=stall, throughput=throughput, batch_size=batch_size, floor=cannot_matter_below)
     with _quiet_sigchld():
         try:
             cons.start()
-            outcome, hung = _supervise(cons, eff, cfg, deadline, row, errors)
+            outcome, hung = _supervise(cons, eff, cfg, deadline, row, errors, plan)
         except KeyboardInterrupt:
             _teardown(cons, hung=True)
             errors.detach()
             raise
+        t_down = time.perf_counter()
         try:
             for note in _teardown(cons, hung=hung):
                 _add_note(row, note)
         finally:
             errors.detach()
+        row["teardown_s"] = time.perf_counter() - t_down
     if row["status"] == "ok" and cons.error is not None:
         row["status"], row["reason"] = cons.error  # raised during the epoch-stall phase
     if row["status"] == "ok" and errors.records:
@@ -734,7 +796,22 @@ def _failure(cons: _Consumer, errors: _SpdlErrors, check_workers: bool = False) 
     return None
 
 
-def _supervise(cons, eff, cfg, deadline, row, errors):
+class _Plan(NamedTuple):
+    """What one point measures besides its warm-up (:func:`measure_loader_point`)."""
+
+    stall: bool
+    throughput: bool
+    batch_size: int | None
+    floor: float | None
+
+
+#: Seconds between two checks of a window's interval (each reads the arrivals so far).
+_CHECK_S = 0.05
+#: A window whose interval lies wholly under this share of the best so far cannot be the answer.
+CANNOT_MATTER = 0.8
+
+
+def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     """Warm-up, window, memory, epoch stall. Returns (outcome or None, hung)."""
     expected = max(1, eff.num_workers)
     t_start = time.perf_counter()
@@ -760,9 +837,14 @@ def _supervise(cons, eff, cfg, deadline, row, errors):
             scanned += 1
         # untagged batches: count arrivals (torch delivers in order, round-robin)
         all_seen = len(seen) >= expected
-        if n >= 2 and now - t_start >= cfg.warmup_s and (all_seen or n >= 4 * expected + 2):
+        if all_seen and math.isnan(row["startup_s"]):
+            row["startup_s"] = now - cons.t_begin  # built, started, every worker delivered
+        warm = cfg.warmup_s if plan.throughput else 0.0  # the stall alone needs no steady state
+        if n >= 2 and now - t_start >= warm and (all_seen or n >= 4 * expected + 2):
             if not all_seen:
                 _add_note(row, f"only {len(seen)} of {expected} workers delivered during warm-up")
+                row["startup_s"] = now - cons.t_begin
+            row["warmup_s"] = now - cons.t_begin - row["startup_s"]
             break
         if now >= deadline:
             row.update(
@@ -776,7 +858,17 @@ def _supervise(cons, eff, cfg, deadline, row, errors):
 
     from stagebench.core._resources import TreeSnapshot, tree_memory_mb
 
-    # --- window
+    if not plan.throughput:  # the stall only (the search's pick): no window
+        t1 = time.perf_counter()
+        if plan.stall:
+            t_stall = time.perf_counter()
+            hung = _measure_stall(cons, eff, cfg, deadline, row, errors, t1)
+            row["stall_phase_s"] = time.perf_counter() - t_stall
+            return None, hung
+        return None, False
+
+    # --- window: it closes once its interval is within cfg.precision (after cfg.min_window_s), or once
+    # the interval lies wholly under the floor (it cannot be the answer), or at cfg.budget_s
     t0 = time.perf_counter()
     i0 = len(cons.events)
     pids = cons.worker_pids()
@@ -784,6 +876,7 @@ def _supervise(cons, eff, cfg, deadline, row, errors):
     min_gaps = max(cfg.min_batches, 3 * max(2, eff.num_workers))
     end = t0 + cfg.budget_s
     reserve = min(5.0, 0.1 * cfg.timeout_s)
+    next_check = t0 + cfg.min_window_s
     while True:
         now = time.perf_counter()
         polls += 1
@@ -794,6 +887,10 @@ def _supervise(cons, eff, cfg, deadline, row, errors):
         got = len(cons.events) - i0 - 1
         if now >= end and got >= min_gaps:
             break
+        if got >= min_gaps and now >= next_check and (cfg.precision > 0 or plan.floor):
+            next_check = now + _CHECK_S
+            if _settled(cons.events, t0, now, eff, cfg, plan):
+                break
         if now >= deadline - reserve:
             last = cons.events[-1].t if cons.events else t0
             if got < 1 or now - last > max(1.0, 0.5 * (now - t0)):
@@ -813,11 +910,34 @@ def _supervise(cons, eff, cfg, deadline, row, errors):
     outcome = (t0, t1, snap0, snap1, mem)
 
     # --- epoch stall
-    if cfg.epoch_stall:
+    if plan.stall:
+        t_stall = time.perf_counter()
         hung = _measure_stall(cons, eff, cfg, deadline, row, errors, t1)
+        row["stall_phase_s"] = time.perf_counter() - t_stall
         if hung:
             return outcome, True
     return outcome, False
+
+
+def _settled(
+    events: Sequence[_Event], t0: float, now: float, eff: LoaderKnobs, cfg: LoaderSweepConfig, plan: _Plan
+) -> bool:
+    """Whether the window may close now: its interval within ``cfg.precision``, or wholly under the floor."""
+    got = window_rate(
+        list(events),
+        t0,
+        now,
+        rnd=max(1, eff.num_workers),
+        batch_size=plan.batch_size,
+        max_groups=cfg.max_groups,
+        confidence=cfg.confidence,
+    )
+    rate, lo, hi = got.get("samples_per_s"), got.get("samples_per_s_low"), got.get("samples_per_s_high")
+    if not rate or lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return False
+    if cfg.precision > 0 and (hi - lo) / 2 <= cfg.precision * rate:
+        return True
+    return plan.floor is not None and hi < plan.floor
 
 
 def _measure_stall(cons, eff, cfg, deadline, row, errors, t1) -> bool:
@@ -1050,8 +1170,9 @@ def _improves(row: dict, best: dict, min_gain: float) -> bool:
 class _Sweep:
     """Measures points, writes each row as it lands, and never measures one setting twice."""
 
-    def __init__(self, factory, *, name, backend, batch_size, cfg, cuda, writer, progress) -> None:
+    def __init__(self, factory, *, name, backend, batch_size, cfg, cuda, writer, progress, epoch_batches=None) -> None:
         self.factory = factory
+        self.epoch_batches: int | None = epoch_batches  # batches in an epoch, where the loader says
         self.name = name
         self.backend = backend
         self.batch_size = batch_size
@@ -1062,12 +1183,14 @@ class _Sweep:
         self.rows: list[dict[str, Any]] = []
         self.by_key: dict[tuple, dict[str, Any]] = {}
 
-    def point(self, knobs: LoaderKnobs, phase: str) -> dict[str, Any]:
+    def point(self, knobs: LoaderKnobs, phase: str, *, again: bool = False, **how: Any) -> dict[str, Any]:
+        """Measure a setting once (``again``: measure it anew, as the tie-break does); ``how``: for
+        :func:`measure_loader_point` (``stall``, ``throughput``)."""
         eff, _, _ = normalize_knobs(knobs, self.backend, cuda=self.cuda)
-        if _key(eff) in self.by_key:
+        if _key(eff) in self.by_key and not again and how.get("throughput", True):
             return self.by_key[_key(eff)]
         if self.progress is not None:
-            self.progress.start(f"{self.name} | {eff.label()}")
+            self.progress.start(f"{self.name} | {eff.label()}{'' if how.get('throughput', True) else ' (stall)'}")
         row = measure_loader_point(
             self.factory,
             knobs,
@@ -1077,15 +1200,24 @@ class _Sweep:
             config=self.cfg,
             phase=phase,
             cuda=self.cuda,
+            cannot_matter_below=self.floor() if phase == "num_workers" else None,
+            **{"stall": self.cfg.epoch_stall and self.cfg.stall_at == "every", **how},
         )
         self.rows.append(row)
-        self.by_key[_key(eff)] = row
+        if how.get("throughput", True):
+            self.by_key.setdefault(_key(eff), row)
         self.writer.write(row)
         if self.progress is not None:
             self.progress.done(
                 row, label=f"{self.name} | {self.backend} {eff.label()}", rate_key="samples_per_s", unit="samples/s"
             )
         return row
+
+    def floor(self) -> float | None:
+        """Samples/s under which a window cannot be the answer (CANNOT_MATTER of the best lower end so far)."""
+        lows = [r["samples_per_s_low"] for r in self.rows if _ok(r) and isinstance(r.get("samples_per_s_low"), float)]
+        lows = [x for x in lows if math.isfinite(x)]
+        return CANNOT_MATTER * max(lows) if lows else None
 
 
 def _ok(row: dict[str, Any]) -> bool:
@@ -1094,13 +1226,14 @@ def _ok(row: dict[str, Any]) -> bool:
 
 
 def _adaptive(sw: _Sweep, levels: tuple[int, ...], budget_mb: float) -> list[str]:
-    """num_workers upwards, then prefetch_factor at the best, then persistence and pinning."""
+    """num_workers upwards, then (when asked) prefetch_factor at the best, then the tie-break, then
+    the epoch stall at the pick (or, with ``stall_at="every"``, persistence and pinning as before)."""
     from stagebench.analysis._loader import recommend
 
     cfg = sw.cfg
     stops: list[str] = []
     pf0 = cfg.default_prefetch()
-    pin0 = bool(cfg.pin_memory_as) if sw.cuda else False
+    pin0 = bool(cfg.yours.pin_memory) if sw.cuda and cfg.yours is not None else False
     best: dict[str, Any] | None = None
     last: dict[str, Any] | None = None  # the latest ok point with workers: memory per worker
     stale = 0
@@ -1145,21 +1278,38 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...], budget_mb: float) -> list[str
             break
     if best is None:
         return stops
-    if best["num_workers"] > 0:
+    if best["num_workers"] > 0 and (cfg.search_prefetch or cfg.stall_at == "every"):
         for pf in cfg.prefetch_factors:
             sw.point(
                 LoaderKnobs(num_workers=best["num_workers"], prefetch_factor=pf, pin_memory=pin0), "prefetch_factor"
             )
+    for extra in (*cfg.extra_points, *([cfg.yours] if cfg.yours is not None else [])):
+        sw.point(extra, "user")  # before the tie-break, which may keep the script's own
+    _tie_break(sw, budget_mb, cfg.yours)
     rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
-    if rec is not None and rec["num_workers"] > 0 and sw.backend != "spdl_pytorch" and True in cfg.persistent_workers:
-        sw.point(
-            LoaderKnobs(
-                num_workers=rec["num_workers"], prefetch_factor=_pf(rec), persistent_workers=True, pin_memory=pin0
-            ),
-            "persistent_workers",
-        )
-    rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
-    if rec is not None and sw.cuda and True in cfg.pin_memory and cfg.pin_memory_as is None:
+    if cfg.stall_at == "every":  # the protocol before: persistence measured as a point, then pinning
+        if (
+            rec is not None
+            and rec["num_workers"] > 0
+            and sw.backend != "spdl_pytorch"
+            and True in cfg.persistent_workers
+        ):
+            sw.point(
+                LoaderKnobs(
+                    num_workers=rec["num_workers"], prefetch_factor=_pf(rec), persistent_workers=True, pin_memory=pin0
+                ),
+                "persistent_workers",
+            )
+            rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
+    elif cfg.epoch_stall and rec is not None and rec["num_workers"] > 0:
+        # the stall decides one thing, persistent_workers at the pick (analysis/_loader._kept_knobs): measured there
+        # alone, once, instead of restarting epochs after every point's window
+        knobs = LoaderKnobs(num_workers=rec["num_workers"], prefetch_factor=_pf(rec), pin_memory=pin0)
+        sw.point(knobs, "epoch_stall", stall=True, throughput=False)
+        if sw.epoch_batches is None and sw.backend != "spdl_pytorch" and True in cfg.persistent_workers:
+            # no epoch length to weigh the stall against: what persistent workers save decides instead
+            sw.point(replace(knobs, persistent_workers=True), "epoch_stall", stall=True, throughput=False)
+    if rec is not None and sw.cuda and True in cfg.pin_memory and cfg.yours is None:
         sw.point(
             LoaderKnobs(
                 num_workers=rec["num_workers"],
@@ -1170,6 +1320,56 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...], budget_mb: float) -> list[str
             "pin_memory",
         )
     return stops
+
+
+def _tie_break(sw: _Sweep, budget_mb: float, user: LoaderKnobs | None) -> None:
+    """Measure the two settings the pick rests on again, in turns, while they are not told apart.
+
+    Rounds of cheaper, faster, faster, cheaper (:mod:`stagebench.analysis._loader_evidence`), at
+    most ``tie_rounds``; the analysis reads the rows (``search_phase`` ``paired``) and pools them.
+    """
+    from stagebench.analysis._loader import normalize_row, tie_to_break, user_point
+    from stagebench.analysis._loader_evidence import paired_verdict, setting_key
+
+    cfg = sw.cfg
+    if cfg.tie_rounds <= 0:
+        return
+    meta_user = _user_meta(user, sw)
+    pair = tie_to_break(
+        sw.rows,
+        budget_mb=budget_mb,
+        within_best=cfg.within_best,
+        user=user_point([normalize_row(r) for r in sw.rows], meta_user) if meta_user else None,
+    )
+    if pair is None:
+        return
+    knobs = [_knobs_of(p) for p in pair]
+    keys = [setting_key(p) for p in pair]
+    for _ in range(cfg.tie_rounds):
+        for k in (knobs[0], knobs[1], knobs[1], knobs[0]):
+            sw.point(k, "paired", again=True)
+        v = paired_verdict([normalize_row(r) for r in sw.rows], keys[0], keys[1], cfg.within_best)
+        if v is not None and v["winner"] != "tie":
+            return
+
+
+def _user_meta(user: LoaderKnobs | None, sw: _Sweep) -> dict[str, Any] | None:
+    if user is None:
+        return None
+    return {
+        "loader": {"user_knobs": asdict(user), "backend": sw.backend},
+        "settings": {"cuda": sw.cuda},
+    }
+
+
+def _knobs_of(p: dict[str, Any]) -> LoaderKnobs:
+    """The knobs of a normalised point."""
+    return LoaderKnobs(
+        num_workers=int(p["num_workers"]),
+        prefetch_factor=_pf(p),
+        persistent_workers=p["persistent_workers"] is True,
+        pin_memory=p["pin_memory"] is True,
+    )
 
 
 def _pf(row: dict[str, Any]) -> int | None:
@@ -1267,7 +1467,15 @@ def run_loader_sweep(
     progress.set_total(len(grid) if cfg.strategy == "grid" else len(levels) + len(cfg.prefetch_factors) + 2)
     writer = RowWriter(rd.results_csv, LOADER_COLUMNS)
     sw = _Sweep(
-        factory, name=name, backend=backend, batch_size=batch_size, cfg=cfg, cuda=cuda, writer=writer, progress=progress
+        factory,
+        name=name,
+        backend=backend,
+        batch_size=batch_size,
+        cfg=cfg,
+        cuda=cuda,
+        writer=writer,
+        progress=progress,
+        epoch_batches=loader_meta.get("epoch_batches"),
     )
     from scipy import special  # noqa: F401 - imported now, not inside the first point's time
 
@@ -1285,10 +1493,10 @@ def run_loader_sweep(
             if cfg.strategy == "grid":
                 for req, _eff, _notes in grid:
                     sw.point(req, "grid")
+                for extra in (*cfg.extra_points, *([cfg.yours] if cfg.yours is not None else [])):
+                    sw.point(extra, "user")
             else:
                 stops = _adaptive(sw, levels, budget_mb)
-            for extra in cfg.extra_points:
-                sw.point(extra, "user")
     except KeyboardInterrupt:
         interrupted = True
     finally:

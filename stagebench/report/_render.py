@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 
 from stagebench._numbers import finite, num_or_none
+from stagebench.analysis._loader import pooled_frame
 from stagebench.analysis._pipeline import user_setting
 from stagebench.analysis._summary import guess_kind, summarize_run
 from stagebench.report._html import (
@@ -709,7 +710,9 @@ def _loader_context(run: RunData) -> dict[str, Any]:
         )
     points = []
     if not rows.empty and "num_workers" in rows:
-        ok = rows[rows["status"] == "ok"].copy()
+        # one point per setting, repeated readings pooled (a setting measured twice is never shown at its higher)
+        rows = pooled_frame(rows)
+        ok = rows[(rows["status"] == "ok") & rows["samples_per_s"].notna()].copy()
         for c in ("num_workers", "prefetch_factor"):
             ok[c] = pd.to_numeric(ok[c], errors="coerce")
         ok = ok.sort_values(["num_workers", "prefetch_factor"], kind="stable", na_position="first")
@@ -727,6 +730,7 @@ def _loader_context(run: RunData) -> dict[str, Any]:
                     "stall": r.get("epoch_stall_s"),
                     "cores": r.get("cores_used"),
                     "mem": r.get("mem_pss_mb"),
+                    "runs": int(r.get("measurements") or 1),
                     "rec": _same_knobs(r, rec),
                 }
             )

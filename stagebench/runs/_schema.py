@@ -111,12 +111,17 @@ LOADER_COLUMN_DOCS: dict[str, str] = {
     "mem_main_mb": "PSS of the main process",
     "mem_workers_mb": "PSS of the workers",
     "disk_read_mb_s": "bytes read from storage per second (main + workers)",
-    "search_phase": "num_workers | prefetch_factor | persistent_workers | pin_memory | grid | user",
+    "search_phase": "num_workers | prefetch_factor | persistent_workers | pin_memory | grid | user | paired "
+    "(measured again in turns with another: the tie-break) | epoch_stall (the stall alone, at the pick)",
     "started_at": "ISO time the point started",
     "elapsed_s": "wall time of the whole point, start-up and tear-down included",
     "n_samples": "samples behind the steady-state figure",
     "workers_seen": "distinct worker processes that delivered before the window opened",
     "worker_threads": "torch intra-op threads inside a worker (what the backend set there)",
+    "startup_s": "build + iter() + until every worker delivered its first batch",
+    "warmup_s": "from then until the window opened",
+    "stall_phase_s": "time spent measuring the epoch stall (short epochs after the window)",
+    "teardown_s": "time to stop the loader and its workers",
     "notes": 'normalisations and caveats of this point ("; "-separated)',
 }
 LOADER_COLUMNS = tuple(LOADER_COLUMN_DOCS)

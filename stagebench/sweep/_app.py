@@ -379,6 +379,8 @@ def loader_sweep_config(sweep: Any) -> Any:
         kwargs["max_workers"] = int(sweep.max_workers)
     if sweep.prefetch_factor is not None:
         kwargs["prefetch_factors"] = tuple(sorted({int(n) for n in sweep.prefetch_factor}))
+        # values asked for are searched (alone, the adaptive search keeps one: loaders/_sweep.search_prefetch)
+        kwargs["search_prefetch"] = len(kwargs["prefetch_factors"]) > 1
     if sweep.persistent_workers is not None:
         kwargs["persistent_workers"] = tuple(dict.fromkeys(bool(b) for b in sweep.persistent_workers))
     if sweep.memory_budget_mb is not None:

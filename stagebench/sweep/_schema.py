@@ -213,8 +213,8 @@ class SweepSettings:
     ``LoaderSweepConfig``, which checks them again with its own rules)."""
 
     strategy: Strategy = Strategy.adaptive
-    """adaptive: num_workers 0, 1, 2, 4, ... until throughput stops improving, then
-    prefetch_factor at the best; grid: every combination."""
+    """adaptive: num_workers 0, 1, 2, 4, ... until throughput stops improving (the tie-break in
+    turns where the pick rests on noise, the epoch stall at the pick); grid: every combination."""
 
     num_workers: Optional[list[int]] = None
     """Values to try; null: 0, 1, 2, 4, ... up to sweep.max_workers."""
@@ -223,13 +223,14 @@ class SweepSettings:
     """Highest num_workers when num_workers is null; null: twice the usable cores."""
 
     prefetch_factor: Optional[list[int]] = None
-    """Values to try; null: the loader sweep's default (1, 2, 4)."""
+    """Values to try (adaptive: at the best num_workers); null: 2 for the adaptive search (alone, a loader
+    drained as fast as it delivers has no burst to smooth), 1, 2, 4 for the grid."""
 
     persistent_workers: Optional[list[bool]] = None
     """Values to try; null: the loader sweep's default (false, true)."""
 
     budget_s: float = LOADER_WINDOW_S
-    """Steady-state window per point, seconds."""
+    """Longest steady-state window per point, seconds (it closes once its interval is within +-5%)."""
 
     timeout_s: float = 60.0
     """Hard deadline per point (a hang is recorded as timeout)."""
