@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stagebench._numbers import finite, fmt_q
+from stagebench._numbers import finite, fmt_q, num
 
 __all__ = ["build_findings", "SEVERITIES"]
 
@@ -188,6 +188,23 @@ def _stage_findings(
     far = _far_from_binding(st, prediction) and not is_bn
     own_step = st.get("type") in ("aggregate", "disaggregate")  # SPDL's grouping steps, not the user's code
     # (an own step far from binding gets none: the user has nothing to change there)
+    limit = (st.get("limit") or {}).get("kind")
+    if limit == "harness" and cls != "overhead-bound" and not (own_step and far):
+        # its own work is larger than the harness's per item, but at its best it reaches the harness's ceiling
+        cap, alone = num(st.get("ceiling_qps")), st.get("recommended_alone") or st.get("recommended_isolated") or rec
+        at = f"{alone['executor']} x {alone['concurrency']}"
+        near = f", near the {fmt_q(cap)} items/s the harness can schedule there" if finite(cap) else ""
+        found = _f(
+            "high" if is_bn else "medium",
+            f"{name} reaches the harness's per-item ceiling at {at}",
+            f"it {'waits' if cls == 'io-bound' else 'computes'} ({cls}), and at {at} it delivers {_rate(alone)}"
+            f"{near}: more concurrency cannot lift it past that; fewer, larger items (batches) can",
+            name,
+            {"qps": alone.get("qps"), "ceiling_qps": cap, "classification": cls},
+            1.2,
+        )
+        out.append(_demote(found) if far else found)
+
     if cls == "overhead-bound" and not (own_step and far):
         # an overhead-bound verdict rests on a measured ceiling; without one these fail, as they always did
         # the ceiling was measured at the stage's own best setting, which the pipeline's choice may not be
@@ -217,7 +234,7 @@ def _stage_findings(
         )
         out.append(_demote(found) if far else found)
 
-    if cls == "ipc-bound":
+    if (cls == "ipc-bound" or limit == "ipc") and rec.get("executor") == "process":
         payload = st.get("payload_bytes")
         size = f" ({payload / 1024:,.0f} KiB pickled per input item)" if payload is not None and finite(payload) else ""
         out.append(
@@ -232,7 +249,7 @@ def _stage_findings(
             )
         )
 
-    if cls == "io-bound":
+    if cls == "io-bound" and limit != "harness":
         # the stage's own best alone is the curve's top; the pipeline's setting may be lower (it keeps up)
         alone = st.get("recommended_alone") or st.get("recommended_isolated") or rec
         rising = "still rising" in (alone.get("why") or "")
@@ -258,7 +275,7 @@ def _stage_findings(
                 )
             )
 
-    if cls == "cpu-bound":
+    if cls == "cpu-bound" and limit == "cores":
         cpu = st.get("cpu_s_per_item")
         out.append(
             _f(

@@ -19,27 +19,15 @@ Per stage (:func:`analyze_stage`):
   harness when the stage was measured through it (that is what the user's
   pipeline can deliver, SPDL's per-item overhead included), else ``direct``.
   The GIL fraction prefers ``direct`` (the least harness time to subtract).
-- **classification** at the best point, first match wins:
-  ``overhead-bound`` (a thread/async best within 20% of the no-op ceiling of
-  the same harness, executor and concurrency), ``ipc-bound`` (a process best
-  within 20% of the process ceiling, or moving a large payload costs more CPU
-  than the work), ``gil-bound`` (the thread curve flattens below the cores,
-  and the serialiser is the GIL; or, at the best thread point, the stage's
-  own GIL time plus the harness's keeps the GIL >= 80% busy and the stage's
-  part is at least half the harness's, else that is ``overhead-bound``;
-  never while the thread curve is still rising at the top of the grid: a GIL
-  that binds flattens the curve, and a small GIL share read from wake-up CPU
-  would otherwise pass for one), ``cpu-bound`` (the best point uses >= 75%
-  of the cores, or CPU per item explains its throughput), ``overhead-bound``
-  again (a stage that computes most of its call alone, by its CPU share or
-  by the GIL probe's share, with less CPU per item than the harness's no-op:
-  the harness sets the pace), ``io-bound`` (few
-  cores used *by the stage itself* while scaling with concurrency: it waits;
-  the harness's own CPU per item, read from its no-op ceiling at the same
-  setting, is not the stage's), else ``unknown``.
-  A GIL-bound stage stays ``gil-bound`` when its best point is on processes:
-  the GIL is what limits it where a pipeline runs it by default, and it is
-  why processes win.
+- **classification**: what limits the stage *itself*, the same on any core count, from one decision
+  table over its call alone at its lowest thread (or event-loop) level (:func:`_nature`): its call
+  shorter than the harness's cost per item, ``overhead-bound``; else the largest share of the call:
+  holding the GIL ``gil-bound``, computing without it ``cpu-bound``, waiting ``io-bound``.
+- **limit**: what holds the stage back at its best setting alone, a second, separate fact
+  (:func:`_limit_rules`, the rules that used to label it): the harness's ceiling, IPC on processes,
+  the GIL busy, the cores, a curve still rising, a lock; or nothing that stands out.
+- A stage measured fused with the stages before it (it consumes its inputs) has their work taken out
+  of its figures (:mod:`._fused`), so the bounds and the replay count it once.
 
 The CPU's speed (``run.json["cpu_speed"]``, :func:`cpu_speed`): a fixed
 loop's CPU time per iteration after every point and around the validation
@@ -67,6 +55,7 @@ import pandas as pd
 from stagebench._numbers import finite, fmt_above, fmt_ms, fmt_q, fmt_share_of, num, num_or_none
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._fit import fit_scaling
+from stagebench.analysis._fused import unfuse
 from stagebench.analysis._gil import estimate_gil, harness_gil_s
 from stagebench.analysis._pipeline_job import user_choice, user_setting
 from stagebench.core._curves import Curve, Point, StageRows
@@ -81,6 +70,7 @@ __all__ = [
     "user_choice",
     "user_setting",
     "yours_verdict",
+    "LIMIT_SHORT",
     "job_candidates_of_run",
     "CLASSIFICATIONS",
 ]
@@ -264,7 +254,7 @@ def _still_rising(curve: Curve | None) -> str | None:
     return None
 
 
-def _classify(
+def _limit_rules(
     sr: StageRows,
     harness: str,
     best: dict,
@@ -272,6 +262,8 @@ def _classify(
     gil: dict,
     cores: int,
 ) -> tuple[str, list[str], dict[str, dict]]:
+    """What limits the stage at its best setting, by the rules that used to label it (kept as they were:
+    their kinds are :data:`LIMIT_OF`'s keys). ``(kind, lines, signals)``."""
     ex, c = best["executor"], best["concurrency"]
     bp = sr.curve(harness, ex).at(c)
     assert bp is not None  # ``best`` is a point of this curve (_recommend)
@@ -479,6 +471,180 @@ def _classify(
     return "unknown", lines, signals
 
 
+#: What limits a stage at its best setting, from :func:`_limit_rules`' verdict on it: the second fact,
+#: beside the stage's own nature (:func:`_nature`), that is the same on any core count.
+LIMIT_OF = {
+    "overhead-bound": "harness",
+    "ipc-bound": "ipc",
+    "gil-bound": "gil",
+    "cpu-bound": "cores",
+    "io-bound": "concurrency",
+    "unknown": None,
+}
+#: The limits in a word or two, for the terminal's table.
+LIMIT_SHORT = {
+    "harness": "the harness",
+    "ipc": "IPC",
+    "gil": "the GIL",
+    "cores": "the cores",
+    "concurrency": "its concurrency (still rising)",
+    "serialised": "a lock",
+}
+#: The limits in words, for the evidence.
+LIMIT_WORDS = {
+    "harness": "the harness's cost per item (it runs near its no-op ceiling)",
+    "ipc": "moving items between processes",
+    "gil": "the GIL",
+    "cores": "the cores",
+    "concurrency": "its concurrency: it still scaled at the top of the grid",
+    "serialised": "something other than the GIL serialises its threads (a lock, a disk, a server)",
+}
+
+
+def _nature(sr: StageRows, gil: dict, cores: int) -> tuple[str, list[str], dict[str, dict]]:
+    """What a stage *is* limited by, the same on 2 or 96 cores: one decision table over its call alone.
+
+    Read at the lowest thread (or event-loop) level, where the stage runs without competing with itself:
+    its call takes ``t`` per item; the harness spends ``h`` per item on a no-op through the same path.
+
+    ====================  ==================================================================
+    label                 rule (first match)
+    ====================  ==================================================================
+    ``overhead-bound``    the stage's own call is shorter than the harness's cost per item
+    ``gil-bound``         of its call, holding the GIL is the largest share
+    ``cpu-bound``         computing without the GIL (C code that releases it) is the largest
+    ``io-bound``          waiting (sleep, I/O, await: time off the CPU) is the largest
+    ====================  ==================================================================
+
+    The shares: the GIL share ``f`` (:func:`stagebench.analysis._gil.estimate_gil`, its lower end
+    where the curves only bound it), the CPU share ``A`` (CPU of the call over its time), waiting
+    ``1 - max(A, f)`` and GIL-free computing ``max(A, f) - f``. A thread descheduled while holding
+    the GIL reads as not computing, so ``f`` counts as CPU. Where nothing says how the call spends its
+    time, the label is ``unknown`` with what would settle it.
+    """
+    signals: dict[str, dict] = {}
+    H, E = gil.get("harness"), gil.get("executor")
+    t = num(gil.get("stage_s_per_item"))
+    if not H or not E or not finite(t) or not t > 0:
+        return (
+            "unknown",
+            [
+                "how the call spends its time was not measured (no thread or event-loop point): a thread "
+                "point at concurrency 1 settles it"
+            ],
+            signals,
+        )
+    curve = sr.curve(H, E)
+    p0 = curve.points[0]
+    c0 = p0.concurrency
+    ceil0 = sr.ceiling(H, E, c0)
+    h = c0 / ceil0.qps if ceil0 is not None and finite(ceil0.qps) and ceil0.qps > 0 else math.nan
+    own = p0.latency_p50_ms / 1e3 if finite(p0.latency_p50_ms) and p0.latency_p50_ms > 0 else float(t)
+    if finite(h):
+        signals["own_call_vs_harness"] = {
+            "value": own / h,
+            "interval": None,
+            "role": "verdict" if own < h else "check",
+            "label": f"the stage's own call per item / the {H} harness's cost per item for a no-op ({E} "
+            f"concurrency {c0})",
+        }
+        if own < h:
+            return (
+                "overhead-bound",
+                [
+                    f"its own call takes {fmt_ms(own)} per item, less than the {fmt_ms(h)} the {H} harness spends "
+                    f"per item on a no-op ({E} concurrency {c0}): scheduling an item costs more than the stage"
+                ],
+                signals,
+            )
+    sig = gil.get("signals") or {}
+    A = num((sig.get("cpu_share") or {}).get("value"))
+    f = gil.get("fraction")
+    if f is not None and not gil.get("pinned") and gil.get("interval"):
+        f = gil["interval"][0]  # only bounded: "holds the GIL for most of its work" needs evidence, not a midpoint
+    if not finite(A) and f is None:
+        return (
+            "unknown",
+            [
+                "neither the CPU of its call nor its GIL share could be read (no CPU counters at its lowest "
+                "level): the GIL probe (STAGEBENCH_GIL_PROBE=auto) settles it"
+            ],
+            signals,
+        )
+    label, line, share_signals = label_of_call(own, A, num(f), f"{E} concurrency {c0}")
+    signals.update(share_signals)
+    return label, [line], signals
+
+
+def label_of_call(own: float, A: float, f: float, where: str) -> tuple[str, str, dict[str, dict]]:
+    """The table's last three rows (:func:`_nature`): the largest share of the call; its line and signals.
+
+    ``own``: the call's time per item; ``A``: its CPU share (NaN: unknown); ``f``: its GIL share (NaN:
+    unknown, taken as none).
+    """
+    f = f if finite(f) else 0.0
+    cpu = max(A if finite(A) else f, f)
+    shares = {
+        "gil-bound": f,
+        "cpu-bound": max(0.0, min(1.0, cpu) - f),
+        "io-bound": max(0.0, 1.0 - cpu),
+    }
+    label = max(shares, key=lambda k: (shares[k], k == "gil-bound", k == "cpu-bound"))
+    signals: dict[str, dict] = {}
+    for key, value in shares.items():
+        signals[f"share_{key.split('-')[0]}"] = {
+            "value": value,
+            "interval": None,
+            "role": "verdict" if key == label else "check",
+            "label": {
+                "gil-bound": "share of its call holding the GIL",
+                "cpu-bound": "share of its call computing without the GIL",
+                "io-bound": "share of its call waiting (off the CPU)",
+            }[key]
+            + f" ({where})",
+        }
+    what = {
+        "gil-bound": "holding the GIL is most of it: threads queue for the GIL, processes each have their own",
+        "cpu-bound": "computing without the GIL is most of it (C code that releases it): it scales with the cores",
+        "io-bound": "waiting is most of it (I/O, sleep, await): it scales with concurrency",
+    }[label]
+    line = (
+        f"of each item's {fmt_ms(own)}: {shares['io-bound']:.0%} waiting, {shares['gil-bound']:.0%} holding the "
+        f"GIL, {shares['cpu-bound']:.0%} computing without it ({where}): {what}"
+    )
+    return label, line, signals
+
+
+def _relabel_unfused(st: dict) -> None:
+    """A stage measured fused, labelled again from its own share of the call (analysis/_fused)."""
+    t = num(st.get("stage_s_per_item"))
+    if not finite(t) or not t > 0 or st.get("classification") == "overhead-bound":
+        return
+    alts = st.get("alternatives") or {}
+    base = alts.get("async" if st.get("is_async") else "thread") or {}
+    cpu = num(base.get("call_cpu_s"))
+    A = min(1.0, cpu / t) if finite(cpu) else math.nan
+    label, line, signals = label_of_call(t, A, num(st.get("gil_fraction")), "its own share of the fused call")
+    st["classification"] = label
+    st["evidence"]["signals"].update(signals)
+    st["evidence"]["summary"].insert(0, line)
+
+
+def _limit(kind: str, lines: list[str], sr: StageRows, best: dict, gil: dict) -> dict[str, Any]:
+    """``limit``: what holds the stage back at its best setting, in one phrase (None: nothing stands out)."""
+    k = LIMIT_OF.get(kind)
+    if kind == "unknown" and gil.get("saturated") and gil.get("serializer") == "other":
+        k = "serialised"
+    if kind == "io-bound" and not _still_rising(sr.curve(best["harness"], best["executor"])):
+        k = None  # it waits and scales: nothing holds it back within the grid
+    return {
+        "kind": k,
+        "at": f"{best['executor']} x {best['concurrency']}",
+        "text": (f"limited by {LIMIT_WORDS[k]}" if k else "no single limit stands out")
+        + (f": {lines[0]}" if lines else ""),
+    }
+
+
 # ------------------------------------------------------------------ per stage
 def analyze_stage(
     rows_for_one_stage: pd.DataFrame,
@@ -509,6 +675,7 @@ def analyze_stage(
         "status": "ok",
         "reason": "",
         "classification": "unknown",
+        "limit": None,
         "gil_fraction": None,
         "gil_fraction_interval": None,
         "evidence": {"summary": [], "signals": {}},
@@ -603,11 +770,15 @@ def analyze_stage(
         recommended["concurrency"],  # type: ignore[index]
     )
 
-    label, lines, cls_signals = _classify(sr, harness, best, bests, gil, cores)  # type: ignore[arg-type]
+    label, lines, nature_signals = _nature(sr, gil, cores)
+    kind, limit_lines, limit_signals = _limit_rules(sr, harness, best, bests, gil, cores)  # type: ignore[arg-type]
     entry["classification"] = label
-    entry["evidence"]["signals"].update(cls_signals)
+    entry["limit"] = _limit(kind, limit_lines, sr, best, gil)  # type: ignore[arg-type]
+    entry["evidence"]["signals"].update(limit_signals)
+    entry["evidence"]["signals"].update(nature_signals)
     summary = entry["evidence"]["summary"]
     summary.extend(lines)
+    summary.append(f"at its best alone ({entry['limit']['at']}): {entry['limit']['text']}")
     if gil["fraction"] is not None:
         lo, hi = gil["interval"]
         kind = (
@@ -802,7 +973,8 @@ def _stage_entries(
             entry["head_to_head_skipped"] = decl["head_to_head_skipped"]
             entry["recommended"]["why"] += f"; {decl['head_to_head_skipped']}"
         stages.append(entry)
-
+    for name in unfuse(stages, meta):  # fused measurements counted once: in the bounds, the joint choice, the replay
+        _relabel_unfused(next(st for st in stages if st["name"] == name))
     return stages
 
 
@@ -962,7 +1134,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         if failed
         else str(job["text"])
         if job is not None and job["status"] == "decided"
-        else _verdict(stages, prediction),
+        else _verdict(stages, prediction, validation, not_isolated),
         "validation_failed": failed,
         "warnings": warnings,
         "cores": cores,
@@ -1280,7 +1452,25 @@ def _speed_warnings(speed: dict | None) -> list[str]:
     return out
 
 
-def _verdict(stages: list[dict], prediction: dict | None) -> str:
+#: A pipeline that runs this many times under the lowest bound of its measured stages is bound by none of them.
+FAR_UNDER_BOUNDS = 1.5
+#: Over this share of the GIL an item needs being the pipeline's own scheduling, the scheduling is what binds.
+SCHEDULING_BINDS = 0.5
+
+
+def _verdict(
+    stages: list[dict],
+    prediction: dict | None,
+    validation: Mapping[str, Any] | None = None,
+    not_isolated: list[dict] | None = None,
+) -> str:
+    """What binds the pipeline, in one line: what binds the *measured* pipeline where it was run.
+
+    Where the pipeline (measured, else replayed) runs well under every bound its measured stages
+    set (:data:`FAR_UNDER_BOUNDS`), none of them binds it: the line names the parts that could not
+    run alone, or the pipeline's own scheduling; where the GIL binds and most of what it holds per
+    item is the pipeline's own scheduling, that is named rather than the stage holding the most.
+    """
     ok = [s for s in stages if s["status"] == "ok"]
     if not ok:
         return "no stage could be measured: see the stage reasons and warnings"
@@ -1291,6 +1481,30 @@ def _verdict(stages: list[dict], prediction: dict | None) -> str:
     st = next((s for s in ok if s["name"] == name), None)
     cls = st["classification"] if st else "unknown"
     q = fmt_q(prediction["qps"])
+    val = validation or {}
+    runs, how = (num(val.get("qps")), "measured") if finite(val.get("qps")) else (num(prediction["qps"]), "predicted")
+    lowest = num(prediction.get("bounds_qps"))
+    if finite(runs, lowest) and lowest > FAR_UNDER_BOUNDS * runs:
+        parts = [str(x.get("name")) for x in not_isolated or []]
+        what = (
+            f"the parts that could not run alone bind ({', '.join(parts)}: under not isolated)"
+            if parts
+            else "the pipeline's own scheduling binds (its hand-offs and queues between the stages)"
+        )
+        line = (
+            f"{what}: the pipeline runs at {fmt_q(runs)} items/s ({how}), {lowest / runs:.1f}x under "
+            f"the lowest bound of its measured stages ({prediction.get('binding')}, {fmt_q(lowest)} items/s)"
+        )
+        return line + (f"; not measured: {', '.join(failed)}" if failed else "")
+    sched = num(prediction.get("scheduling_gil_s_per_item"))
+    gil_bound = num((prediction.get("bounds") or {}).get("gil"))
+    if prediction["binding"] == "gil" and finite(sched, gil_bound) and sched > SCHEDULING_BINDS / gil_bound:
+        line = (
+            f"the GIL binds, held mostly by the pipeline's own scheduling ({fmt_ms(sched)} of the "
+            f"{fmt_ms(1.0 / gil_bound)} each item needs): predicted {q} items/s; of the stages, {name} holds it "
+            f"longest ({cls})"
+        )
+        return line + (f"; not measured: {', '.join(failed)}" if failed else "")
     # A shared resource that binds is the bottleneck, not the stage that uses most of it: SPDL's
     # pipeline_definitions.py read "normalize_to_lists is the bottleneck" for a stage 4.5x faster
     # alone than the pipeline, and named another stage run to run (the two held the GIL alike).

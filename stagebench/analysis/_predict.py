@@ -198,19 +198,33 @@ def predict_pipeline(
     parts: list[str] = []
     if b["binding"] == "gil":
         holders = sorted((d for d in loads if d["gil_s_per_item"] > 0), key=lambda d: -d["gil_s_per_item"])
-        out["bottleneck"] = holders[0]["stage"]
         main = [
             d
             for d in holders
             if d["executor"] in _MAIN_PROCESS and (by_name[d["stage"]].get("gil_s_per_item") or 0) > 0
         ]
+        # the parts add up to the total: each stage's own Python in the main process, and the pipeline's
+        # own per-item scheduling (every stage's harness part, and what it pays once per item)
         sched = sum(d["harness_gil_s_per_item"] for d in loads) + b["fixed"]
+        owns = sorted(
+            ((d["stage"], d["gil_s_per_item"] - d["harness_gil_s_per_item"]) for d in loads),
+            key=lambda x: -x[1],
+        )
+        owns = [(n, g) for n, g in owns if g > 0]
+        out["scheduling_gil_s_per_item"] = sched
+        out["bottleneck"] = owns[0][0] if owns else holders[0]["stage"]
         parts.append(
-            f"the GIL binds: one item needs {fmt_ms(b['gil_sum'])} of the main process's GIL "
-            f"({_shares(holders, 'gil_s_per_item')}"
-            + (f"; {fmt_ms(sched)} of it is the pipeline's own scheduling" if sched > 0 else "")
-            + (f", {fmt_ms(b['fixed'])} of that paid once (source, sink, consumer)" if b["fixed"] > 0 else "")
-            + f"), so at most {fmt_q(b['qps'])} items/s, below the slowest stage alone "
+            f"the GIL binds: one item needs {fmt_ms(b['gil_sum'])} of the main process's GIL: "
+            + (
+                f"{fmt_ms(sum(g for _, g in owns))} of its stages' own Python ("
+                + ", ".join(f"{n} {fmt_ms(g)}" for n, g in owns)
+                + ")"
+                if owns
+                else "none of it the stages' own Python"
+            )
+            + (f" and {fmt_ms(sched)} of the pipeline's own scheduling" if sched > 0 else "")
+            + (f" ({fmt_ms(b['fixed'])} of that paid once: source, sink, consumer)" if b["fixed"] > 0 else "")
+            + f"; so at most {fmt_q(b['qps'])} items/s, below the slowest stage alone "
             f"({b['cap_stage']}, {fmt_q(b['bounds']['stage'])} items/s)"
         )
         lift = _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed)
@@ -283,6 +297,8 @@ def _stage_hint(st: dict) -> str:
     rec = st.get("recommended") or {}
     if cls == "io-bound" and "still rising" in (rec.get("why") or ""):
         return f"it was still scaling at concurrency {rec['concurrency']}: raise its concurrency"
+    if (st.get("limit") or {}).get("kind") == "ipc" and rec.get("executor") == "process":
+        return "moving items between processes limits it: return smaller outputs or use shared memory"
     return {
         "io-bound": "it waits: more concurrency lifts it until the cores or the GIL bind",
         "overhead-bound": "its work per item is smaller than the per-item overhead: batch items into larger calls",

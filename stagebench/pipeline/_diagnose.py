@@ -494,7 +494,7 @@ class _Diagnosis:
         came_from: str | None = None  # the step whose outputs are the current inputs (None: the source)
         src_fraction = 1.0  # share of the source items the current inputs derive from
         blocked: str | None = None
-        prev: tuple[Any, list, float | None, bool] | None = None  # see _fresh_source
+        prev: tuple[Any, list, float | None, bool, list[str]] | None = None  # see _fresh_source
         with self.run_dir.writer(STAGE_COLUMNS) as writer:
             for step in self.plan.steps:
                 if isinstance(step, Passthrough):
@@ -646,6 +646,8 @@ class _Diagnosis:
             )
             return False
         smeta["fused_with"] = prev[0].name
+        # every stage the fused call also runs: the analysis takes their work out of this one's (analysis/_fused)
+        smeta["fused_chain"] = list(prev[4])
         self.say(
             f"{step.name!r}: calling it again on an input fails ({why}): it consumes its inputs; measured fused "
             f"with {prev[0].name!r}, on fresh outputs of it each call (its rows are the pair's throughput)"
@@ -1029,9 +1031,9 @@ def _phases(timed: dict[str, float], rows: Any, total: float) -> dict[str, float
 
 def _fresh_source(
     step: Any, minputs: list, outputs: list, ometa: dict[str, Any], smeta: dict[str, Any], prev: tuple | None
-) -> tuple[Any, list, float | None, bool] | None:
+) -> tuple[Any, list, float | None, bool, list[str]] | None:
     """What gives the next stage fresh inputs, should it consume them: (a stage, its inputs, items per
-    call, whether its i-th output is its i-th input's).
+    call, whether its i-th output is its i-th input's, the names of the stages that call runs).
 
     After a plain one-to-one pipe: that pipe over its own inputs. After an aggregate whose inputs came
     from such a pipe with nothing dropped (so the i-th output is the i-th input's): the pipe over each
@@ -1042,12 +1044,13 @@ def _fresh_source(
 
     if step.type == "pipe" and not step.many:
         aligned = len(outputs) == len(minputs) and not ometa.get("n_errors") and not ometa.get("n_dropped")
-        return (step, minputs, smeta.get("items_per_input"), aligned)
+        return (step, minputs, smeta.get("items_per_input"), aligned, [step.name])
     if step.type == "aggregate" and prev is not None and prev[3] and ometa.get("groups"):
         base = prev[1]
         if all(b <= len(base) for _, b in ometa["groups"]):
             groups = [list(base[a:b]) for a, b in ometa["groups"]]
-            return (replace(step, fn=MapThen(prev[0].fn, step.fn)), groups, smeta.get("items_per_input"), False)
+            chain = [*prev[4], step.name]
+            return (replace(step, fn=MapThen(prev[0].fn, step.fn)), groups, smeta.get("items_per_input"), False, chain)
     return None
 
 

@@ -62,12 +62,12 @@ __all__ = [
 
 _STAGE_ROW_ORDER = ("stage", "role", "harness", "executor", "concurrency")
 _CLASS_TEXT = {
-    "gil-bound": "holds the GIL: threads cannot add throughput",
-    "cpu-bound": "limited by the cores",
-    "io-bound": "waiting (I/O or sleep): scales with concurrency",
-    "overhead-bound": "at the harness ceiling: per-item overhead dominates; batch it",
-    "ipc-bound": "limited by moving data between processes",
-    "unknown": "not classified",
+    "gil-bound": "holding the GIL is most of its call: threads queue for it, processes each have their own",
+    "cpu-bound": "computing without the GIL is most of its call (C code): it scales with the cores",
+    "io-bound": "waiting (I/O, sleep, await) is most of its call: it scales with concurrency",
+    "overhead-bound": "its call is shorter than the harness's cost per item: batch it",
+    "ipc-bound": "limited by moving data between processes (a run from before the labels said what a stage is)",
+    "unknown": "not classified: how its call spends its time was not measured",
 }
 # looked up with whatever a summary holds, None included
 _BINDING_TEXT: dict[str | None, str] = {"stage": "a stage's capacity", "cores": "the cores", "gil": "the GIL"}
@@ -465,7 +465,12 @@ def stage_cards(
                 "type": s.get("type") or "",
                 "status": s.get("status", "ok" if len(sub) else "not measured"),
                 "classification": cls,
-                "class_text": _CLASS_TEXT.get(cls, cls),
+                "class_text": _CLASS_TEXT.get(cls, cls)
+                + (
+                    f"; alone at {s['limit']['at']}, {s['limit']['text'].split(':')[0]}"
+                    if (s.get("limit") or {}).get("kind")
+                    else ""
+                ),
                 "class_color": _plots.CLASS_COLORS.get(cls, _plots.OKABE_ITO["grey"]),
                 "gil": s.get("gil_fraction"),
                 "gil_low": gi[0],

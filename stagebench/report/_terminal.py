@@ -17,7 +17,7 @@ from typing import Any
 
 from stagebench._numbers import num_or_none
 from stagebench.analysis._loader import setting_cost
-from stagebench.analysis._pipeline import user_setting
+from stagebench.analysis._pipeline import LIMIT_SHORT, user_setting
 
 __all__ = ["format_table", "format_rate", "format_loader_table", "job_lines"]
 
@@ -69,18 +69,8 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
         if status not in ("ok", None):
             verdict = f"{status}" if verdict == "unknown" else f"{verdict} ({status})"
         gil = num_or_none(st.get("gil_fraction"))
-        busy = ((st.get("evidence") or {}).get("signals") or {}).get("gil_busy_at_best") or {}
-        if (
-            busy.get("role") == "verdict"
-            and num_or_none(busy.get("value")) is not None
-            and gil is not None
-            and busy["value"] >= 2 * gil
-        ):
-            # the verdict rests on how busy the GIL is (many threads, or the harness's Python too): the
-            # stage's own share alone can be small and would read as a contradiction ("gil-bound, GIL 6%")
-            verdict += f", GIL {busy['value']:.0%} busy ({gil:.0%} its own)"
-        elif gil is not None:
-            verdict += f", GIL {gil:.0%}"
+        if gil is not None:
+            verdict += f", GIL {gil:.0%}"  # the stage's own share, as its label reads it (analysis/_pipeline._nature)
         rec = st.get("recommended") or {}
         best = st.get("best") or {}
         # Rates in source items/s, comparable across stages and with the prediction: a
@@ -92,6 +82,9 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
             return v * k if v is not None else None
 
         notes = []
+        limit = st.get("limit") or {}
+        if limit.get("kind"):
+            notes.append(f"alone at {limit.get('at')}: limited by {LIMIT_SHORT.get(limit['kind'], limit['kind'])}")
         mine = user_setting(st)
         if mine and mine != _setting(rec):
             notes.append(f"yours {mine}")

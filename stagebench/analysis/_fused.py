@@ -1,0 +1,128 @@
+"""A stage measured fused with the stages before it, counted once.
+
+A stage that consumes its inputs (calling it twice on one input fails: SPDL's ``convert_frames``
+takes ownership of the decoded frames) is measured fused with what feeds it: each call runs the
+stages before it on fresh inputs, then the stage (:mod:`stagebench.pipeline._diagnose`, ``run.json``
+stage ``fused_chain``). Its rows are the pair's throughput. Counted as they stand, the work of the
+stages before it is in the pipeline's bounds and in the replay twice: once as themselves, once
+inside this stage. SPDL's ``multi_thread_preprocessing.py`` shape (decode, a batch, ``convert``) was
+predicted at 295 items/s against 477 measured, its bounds (413) under the measured pipeline.
+
+So its own figures are the fused ones less those of the stages in its chain, per call, where each of
+them was measured alone: their call's time (the stage's ``stage_s_per_item``, at its lowest level),
+CPU and GIL, scaled from their items to this stage's (``items_per_input``: source items per call).
+Every point of its curves loses that time from its lane (concurrency over throughput), its latency
+and its CPU. An approximation, said on the stage: the chain's work is taken as it was alone, so
+contention between the two inside the fused call stays in this stage's share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from stagebench._numbers import finite, fmt_ms, num
+
+__all__ = ["unfuse"]
+
+_FLOOR = 0.01  # a stage keeps at least this share of its fused call's time: the subtraction is an estimate
+
+
+def _per_source_item(st: Mapping[str, Any]) -> dict[str, float] | None:
+    """A chain stage's own time, CPU and GIL per source item (its call alone, at its lowest level)."""
+    k = float(st.get("items_per_input") or 1.0)
+    t = num(st.get("stage_s_per_item"))
+    if not finite(t) or not t > 0 or not k > 0:
+        return None
+    alts = st.get("alternatives") or {}
+    base = alts.get("async" if st.get("is_async") else "thread") or {}
+    cpu = num(base.get("call_cpu_s"))
+    if not finite(cpu):
+        cpu = max(0.0, num(base.get("cpu_s_per_item")) - num(base.get("harness_gil_s_per_item")))
+    gil = num(st.get("gil_s_per_item"))
+    return {
+        "t": t / k,
+        "cpu": min(cpu, t) / k if finite(cpu) else 0.0,
+        "gil": gil / k if finite(gil) else 0.0,
+    }
+
+
+def unfuse(stages: list[dict], meta: Mapping[str, Any]) -> list[str]:
+    """Take the chain's work out of every fused stage's figures, in place; returns the stages changed."""
+    declared = {str(d.get("name")): d for d in meta.get("stages") or []}
+    by_name = {str(st.get("name")): st for st in stages}
+    changed = []
+    for st in stages:
+        chain = (declared.get(str(st.get("name"))) or {}).get("fused_chain") or []
+        if not chain or st.get("status") != "ok":
+            continue
+        parts = [_per_source_item(by_name[n]) for n in chain if n in by_name]
+        if not parts or any(p is None for p in parts):
+            continue
+        k = float(st.get("items_per_input") or 1.0)
+        t_chain = k * sum(p["t"] for p in parts if p)
+        cpu_chain = k * sum(p["cpu"] for p in parts if p)
+        gil_chain = k * sum(p["gil"] for p in parts if p)
+        t_f = num(st.get("stage_s_per_item"))
+        if not finite(t_f) or not t_f > 0:
+            continue
+        t_own = max(_FLOOR * t_f, t_f - t_chain)
+        _unfuse_curves(st, t_f - t_own, cpu_chain)
+        gil_own = max(0.0, num(st.get("gil_s_per_item")) - gil_chain) if finite(st.get("gil_s_per_item")) else None
+        st["stage_s_per_item"] = t_own
+        st["gil_s_per_item"] = gil_own
+        if gil_own is not None:
+            st["gil_fraction"] = min(1.0, gil_own / t_own)
+            if st.get("gil_fraction_interval"):
+                st["gil_fraction_interval"] = [
+                    min(1.0, max(0.0, x - gil_chain / t_f) * t_f / t_own) for x in st["gil_fraction_interval"]
+                ]
+        cpu = num(st.get("cpu_s_per_item"))
+        if finite(cpu):
+            st["cpu_s_per_item"] = max(0.0, cpu - cpu_chain)
+        for alt in (st.get("alternatives") or {}).values():
+            for key in ("cpu_s_per_item", "call_cpu_s"):
+                if finite(alt.get(key)):
+                    alt[key] = max(0.0, float(alt[key]) - cpu_chain)
+        st["fused_chain"] = list(chain)
+        if st.get("limit"):  # what limited the fused call: the pair's, said so
+            st["limit"]["text"] = f"(measured fused with {', '.join(chain)}) {st['limit']['text']}"
+        st.setdefault("evidence", {}).setdefault("summary", []).append(
+            f"measured fused with {', '.join(chain)} (it consumes its inputs): their work alone "
+            f"({fmt_ms(t_chain)} and {fmt_ms(cpu_chain)} of CPU per call) is taken out of its figures, so that "
+            "the pipeline's bounds and replay count it once"
+        )
+        changed.append(str(st.get("name")))
+    return changed
+
+
+def _unfuse_curves(st: dict, lane_cut: float, cpu_cut: float) -> None:
+    """Every measured point without the chain's time per call (its lane) and CPU."""
+
+    def rate(q: Any, c: int) -> float | None:
+        if not finite(q) or not float(q) > 0:
+            return q
+        lane = c / float(q)
+        return c / max(lane * _FLOOR, lane - lane_cut)
+
+    def fix(p: dict) -> None:
+        c = int(p.get("concurrency") or 1)
+        for key in ("qps", "qps_low", "qps_high"):
+            if key in p:
+                p[key] = rate(p[key], c)
+        if finite(p.get("cpu_s_per_item")):
+            p["cpu_s_per_item"] = max(0.0, float(p["cpu_s_per_item"]) - cpu_cut)
+        if finite(p.get("latency_p50_ms")):
+            p["latency_p50_ms"] = max(float(p["latency_p50_ms"]) * _FLOOR, float(p["latency_p50_ms"]) - lane_cut * 1e3)
+
+    for points in (st.get("curves") or {}).values():
+        for p in points:
+            fix(p)
+    for key in ("recommended", "best"):
+        if st.get(key):
+            fix(st[key])
+    for alt in (st.get("alternatives") or {}).values():  # the ceiling is the harness's, not the stage's: kept
+        c = int(alt.get("concurrency") or 1)
+        for key in ("qps", "qps_low", "qps_high"):
+            if key in alt:
+                alt[key] = rate(alt[key], c)
