@@ -1489,7 +1489,7 @@ def _verdict(
         what = (
             f"the parts that could not run alone bind ({', '.join(parts)}: under not isolated)"
             if parts
-            else "the pipeline's own scheduling binds (its hand-offs and queues between the stages)"
+            else "the stages together bind (the pipeline's scheduling: hand-offs, and the cores and GIL they share)"
         )
         line = (
             f"{what}: the pipeline runs at {fmt_q(runs)} items/s ({how}), {lowest / runs:.1f}x under "
