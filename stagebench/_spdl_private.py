@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
+    "MODE_VAR",
+    "TRUTHY",
     "PROFILE_MODULE",
     "PYTORCH_DATALOADER_MODULE",
     "is_async_callable",
@@ -32,6 +34,10 @@ __all__ = [
     "caller_num_threads",
 ]
 
+#: The variable that turns diagnostic mode on (SPDL's own name for it).
+MODE_VAR = "SPDL_PIPELINE_DIAGNOSTIC_MODE"
+#: SPDL's own spelling of "true" (spdl.pipeline._common._misc._get_env_bool).
+TRUTHY = ("1", "true", "TRUE", "on", "ON", "yes", "YES")
 #: The module whose ``_build_pipeline_diagnostic_mode`` SPDL calls when the mode is on.
 PROFILE_MODULE = "spdl.pipeline._profile"
 #: The module that defines SPDL's ``PyTorchDataLoader``.

@@ -139,8 +139,14 @@ def test_hook_catches_only_the_first_iterated_loader_and_can_be_removed():
 
 
 @pytest.mark.slow
-def test_stagebench_diagnose_catches_a_dataloader_script(tmp_path):
-    """`stagebench diagnose train.py` on a PyTorch script: the loader is swept, the loop never runs."""
+@pytest.mark.parametrize("spdl_loader", [False, True], ids=["torch", "spdl_pytorch"])
+def test_stagebench_diagnose_catches_a_dataloader_script(tmp_path, spdl_loader):
+    """`stagebench diagnose train.py` on a PyTorch script: the loader is swept, the loop never runs.
+
+    SPDL's PyTorch-style loader builds an SPDL pipeline each time it is iterated: that
+    pipeline must run as a pipeline, not start a second (pipeline) diagnosis into the
+    same folder (it did, and the run ended with "the output directory already holds ...").
+    """
     import subprocess
     import sys
 
@@ -148,6 +154,7 @@ def test_stagebench_diagnose_catches_a_dataloader_script(tmp_path):
     out = tmp_path / "run"
     env = {
         **os.environ,
+        "LOADER_TRAIN_SPDL": "1" if spdl_loader else "",
         "LOADER_TRAIN_MARKER": str(marker),
         "STAGEBENCH_BUDGET_S": "0.3",
         "STAGEBENCH_EXECUTORS": "thread",
@@ -166,3 +173,5 @@ def test_stagebench_diagnose_catches_a_dataloader_script(tmp_path):
     assert {"results.csv", "summary.json", "run.json"} <= {p.name for p in out.iterdir()}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["kind"] == "loader" and summary["recommended"]["num_workers"] >= 0
+    assert summary["loader"]["backend"] == ("spdl_pytorch" if spdl_loader else "torch")
+    assert all(p["status"] == "ok" for p in summary["points"]), summary["points"]

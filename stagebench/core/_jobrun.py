@@ -126,7 +126,7 @@ class JobRuns:
         """Yield batches to the user's loop, slice after slice (module docstring)."""
         self._t0 = self.clock()
         order = {c.key: i for i, c in enumerate(self.candidates)}
-        labels = ", ".join(c.label for c in self.candidates)
+        labels = "; ".join(c.label for c in self.candidates)  # a label holds commas of its own
         self.say(
             f"job: your loop runs on {self.what} at {len(self.candidates)} setting(s) in turns "
             f"(at most {self.budget_s:g} s): {labels}"

@@ -46,9 +46,10 @@ class Progress:
         rate = row.get(rate_key)
         status = row.get("status", "ok")
         if status == "ok" and isinstance(rate, (int, float)) and math.isfinite(rate):
-            what = f"{rate:,.1f} {unit}"
+            what = f"{rate:,.1f} {unit}" if abs(rate) >= 10 else f"{rate:.3g} {unit}"  # 0.18 s, not 0.2 s
         else:
-            what = f"{status}: {row.get('reason', '')}"[:100]
+            reason = row.get("reason") or ""
+            what = f"{status}: {reason}"[:100] if reason else status
         if self._bar is not None:
             self._bar.set_postfix_str(f"{label}: {what}", refresh=False)
             self._bar.update(1)

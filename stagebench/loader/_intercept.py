@@ -34,7 +34,7 @@ from typing import Any
 
 from stagebench._import_hook import PostImportFinder
 from stagebench._settings import local_rank
-from stagebench._spdl_private import PYTORCH_DATALOADER_MODULE, pytorch_get_items
+from stagebench._spdl_private import MODE_VAR, PYTORCH_DATALOADER_MODULE, pytorch_get_items
 from stagebench.loader._sweep import BuiltLoader, EpochControl, LoaderSweepConfig, TaggedCollate, run_loader_sweep
 from stagebench.runs._knobs import LoaderKnobs, loader_knobs
 
@@ -499,6 +499,10 @@ def diagnose_first_loader(
 
     def on_loader(loader: Any) -> Any:
         _Caught.loader = True
+        # This run diagnoses the loader. SPDL's PyTorch-style loader builds an SPDL pipeline
+        # each time it is iterated; with the mode still on, that pipeline would be the
+        # stand-in and start a pipeline diagnosis of its own into the same folder.
+        os.environ[MODE_VAR] = "0"
         if local_rank() != 0:  # torchrun: rank 0 sweeps; the others leave quietly, touching nothing
             raise SystemExit(0)
         from stagebench.report._terminal import format_loader_table

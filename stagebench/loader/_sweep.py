@@ -1208,9 +1208,13 @@ class _Sweep:
             self.by_key.setdefault(_key(eff), row)
         self.writer.write(row)
         if self.progress is not None:
-            self.progress.done(
-                row, label=f"{self.name} | {self.backend} {eff.label()}", rate_key="samples_per_s", unit="samples/s"
+            # the stall point measures the pause at an epoch's start, not a throughput
+            rate_key, unit = (
+                ("epoch_stall_s", "s pause at each epoch start")
+                if phase == "epoch_stall"
+                else ("samples_per_s", "samples/s")
             )
+            self.progress.done(row, label=f"{self.name} | {self.backend} {eff.label()}", rate_key=rate_key, unit=unit)
         return row
 
     def floor(self) -> float | None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagebench._spdl_private import (
+    MODE_VAR,
     is_async_callable,
     is_asyncgen_callable,
     is_process_pool,
@@ -367,13 +368,13 @@ def _real_pipeline(cfg: Any, num_threads: int):
     """Build a real (not diagnostic) SPDL pipeline."""
     from spdl.pipeline import build_pipeline
 
-    prev = os.environ.get("SPDL_PIPELINE_DIAGNOSTIC_MODE")
-    os.environ["SPDL_PIPELINE_DIAGNOSTIC_MODE"] = "0"
+    prev = os.environ.get(MODE_VAR)
+    os.environ[MODE_VAR] = "0"
     try:
         return build_pipeline(cfg, num_threads=num_threads)
     finally:
         if prev is not None and prev != "0":
-            os.environ["SPDL_PIPELINE_DIAGNOSTIC_MODE"] = prev
+            os.environ[MODE_VAR] = prev
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import sys
 
+from stagebench._spdl_private import MODE_VAR, TRUTHY
+
 # Not `from typing import ...` (nor pathlib, contextlib): this module loads at interpreter start
 # while diagnostic mode is on, where each of those costs milliseconds (bench_startup).
 TYPE_CHECKING = False
@@ -15,12 +17,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["State", "say", "MODE_VAR", "TRUTHY", "Terminated", "on_sigterm"]
-
-#: The variable that turns diagnostic mode on (SPDL's own name for it).
-MODE_VAR = "SPDL_PIPELINE_DIAGNOSTIC_MODE"
-
-#: SPDL's own spelling of "true" (spdl.pipeline._common._misc._get_env_bool).
-TRUTHY = ("1", "true", "TRUE", "on", "ON", "yes", "YES")
 
 
 class State:

@@ -24,7 +24,12 @@ def main() -> None:
     marker = Path(os.environ["LOADER_TRAIN_MARKER"])
     ds = SleepDataset(n=48, d=0.005, transform=Compose([sleepy_transform, scale_transform]))
     val = DataLoader(SleepDataset(n=8, d=0.0), batch_size=2)  # built, never iterated: not the one caught
-    loader = DataLoader(ds, batch_size=6, shuffle=True, num_workers=3, worker_init_fn=seed_worker, drop_last=True)
+    if os.environ.get("LOADER_TRAIN_SPDL"):  # SPDL's PyTorch-style loader: it builds an SPDL pipeline inside
+        from spdl.dataloader import get_pytorch_dataloader
+
+        loader = get_pytorch_dataloader(ds, batch_size=6, num_workers=3)
+    else:
+        loader = DataLoader(ds, batch_size=6, shuffle=True, num_workers=3, worker_init_fn=seed_worker, drop_last=True)
     for epoch in range(2):
         for batch in loader:
             marker.write_text("the loop body ran")
