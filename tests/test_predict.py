@@ -324,3 +324,22 @@ def test_one_stage_prediction_is_unchanged_by_the_fixed_cost():
     assert a["caveat"] is None  # one stage: the whole one-stage cost is exactly right
     assert b["bounds"]["gil"] == pytest.approx(a["bounds"]["gil"])
     assert b["bounds"]["cores"] == pytest.approx(a["bounds"]["cores"])
+
+
+def test_a_move_to_processes_that_would_lower_the_gil_bound_is_not_called_a_lift():
+    """hydra_integration's `sum` (SPDL's example): its own Python is tiny, handing its items to processes is
+    not, so the main process would hold the GIL longer per item than it does now."""
+    stages = _issue_pipeline()
+    stages[0]["alternatives"]["process"] = {
+        "executor": "process",
+        "harness": "spdl",
+        "concurrency": 2,
+        "qps": 1500.0,
+        "cpu_s_per_item": 1.4e-3,
+        "harness_gil_s_per_item": 1.6e-3,  # more than its threads' 1.0 + 0.3 ms
+    }
+    p = predict_pipeline(stages, cores=2)
+    lift = p["lift"]
+    assert lift["lifts"] is False and lift["gil_bound"] < p["bounds"]["gil"]
+    assert "would not lift the GIL bound" in p["explanation"] and "lifts the GIL bound" not in p["explanation"]
+    assert predict_pipeline(_issue_pipeline(with_process=True), cores=2)["lift"]["lifts"] is True

@@ -227,7 +227,7 @@ def predict_pipeline(
             + f"; so at most {fmt_q(b['qps'])} items/s, below the slowest stage alone "
             f"({b['cap_stage']}, {fmt_q(b['bounds']['stage'])} items/s)"
         )
-        lift = _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed)
+        lift = _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed, b["bounds"]["gil"])
         if lift:
             out["lift"] = lift
             parts.append(lift["text"])
@@ -308,7 +308,11 @@ def _stage_hint(st: dict) -> str:
     }.get(cls or "", "")
 
 
-def _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed=0.0) -> dict | None:
+#: A move to processes "lifts" the GIL bound only if it raises it by more than this factor.
+_LIFT_MIN = 1.05
+
+
+def _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed=0.0, gil_now=math.inf) -> dict | None:
     """Move the largest GIL holder that was measured on processes; recompute the bounds.
 
     Where the stage had a head-to-head (threads and processes measured in
@@ -316,6 +320,10 @@ def _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed
     times the head-to-head's ratio rather than the process curve's point,
     which was measured at another moment: the same evidence the
     recommendation followed, so the two never disagree about the stage.
+
+    ``lifts`` is False where the move would not raise the GIL bound above ``gil_now`` by
+    :data:`_LIFT_MIN`: handing a cheap stage's items to processes can cost the main process more
+    GIL (pickling, the pool's queues) than the stage's own Python did, and the text says so.
     """
     by_name = {st["name"]: st for st in stage_summaries}
     for d in main:
@@ -339,15 +347,23 @@ def _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed
         new = [(stage_load(st, proc, fixed) if x["stage"] == d["stage"] else x) for x in loads]
         nb = pipeline_bounds(new, cores, free_threaded, fixed)
         gil_bound = nb["bounds"]["gil"]
-        text = (
-            f"moving {d['stage']} to processes (x {proc['concurrency']}){turns} lifts the GIL bound to "
-            + (f"{fmt_q(gil_bound)} items/s" if math.isfinite(gil_bound) else "no limit")
-            # No throughput for the changed pipeline: the bounds leave out what stages cost each other
-            # (the demo's claimed 390 items/s ran at 207-248), and nothing replayed this change.
-            + "; then "
-            + ({"stage": f"{nb['cap_stage']}'s capacity", "gil": "the GIL", "cores": "the cores"}[nb["binding"]])
-            + " would set the bounds (not replayed: no throughput is claimed for the change)"
-        )
+        lifts = gil_bound > _LIFT_MIN * gil_now
+        if not lifts:
+            text = (
+                f"moving {d['stage']} to processes (x {proc['concurrency']}){turns} would not lift the GIL bound "
+                f"({fmt_q(gil_bound)} items/s against {fmt_q(gil_now)} now): handing its items to processes costs "
+                "the main process as much of the GIL as its own Python does"
+            )
+        else:
+            text = (
+                f"moving {d['stage']} to processes (x {proc['concurrency']}){turns} lifts the GIL bound to "
+                + (f"{fmt_q(gil_bound)} items/s" if math.isfinite(gil_bound) else "no limit")
+                # No throughput for the changed pipeline: the bounds leave out what stages cost each other
+                # (the demo's claimed 390 items/s ran at 207-248), and nothing replayed this change.
+                + "; then "
+                + ({"stage": f"{nb['cap_stage']}'s capacity", "gil": "the GIL", "cores": "the cores"}[nb["binding"]])
+                + " would set the bounds (not replayed: no throughput is claimed for the change)"
+            )
         return {
             "stage": d["stage"],
             "executor": "process",
@@ -356,6 +372,7 @@ def _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed
             "qps": nb["qps"],
             "binding": nb["binding"],
             "head_to_head_ratio": h2h.get("ratio") if turns else None,
+            "lifts": lifts,
             "text": text,
         }
     return None
