@@ -303,6 +303,9 @@ def test_validate_off_runs_the_replay_alone(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "predicted pipeline:" in captured.out and "measured pipeline" not in captured.out
     assert "no validation run: STAGEBENCH_VALIDATE=off" in captured.err
+    # no training loop measured: one line says the pick is for the pipeline alone, and how to check the job
+    assert "the pick is for the pipeline alone" in summary["scope"] and "--trainer" in summary["scope"]
+    assert "scope: the pick is for the pipeline alone" in captured.out
 
 
 def _sleep_then_noop():

@@ -278,3 +278,15 @@ def test_the_loader_summary_follows_the_job_and_no_finding_contradicts_it():
     assert "num_workers=0 starves your step: loading adds to every step" in titles
     assert "A cheaper setting runs your training job as fast" in titles
     assert not any("leaves loader throughput on the table" in t for t in titles)
+
+
+def test_the_alone_scope_is_said_only_without_the_loop_and_names_the_users_limits():
+    from stagebench.analysis._job import alone_scope
+
+    assert alone_scope("the loader", {"samples_per_s": 100.0}, {}, planned=True) is None
+    # the loop runs after the first table: that table must not say it will not
+    assert alone_scope("the loader", None, {}, planned=True) is None
+    text = alone_scope("the pipeline", None, {"trainer_s": 4.0, "job_s": 30.0}, planned=False)
+    assert text.startswith("the pick is for the pipeline alone") and "on the real pipeline" in text
+    assert "(at most 4 s)" in text and "(at most 30 s)" in text
+    assert "(at most 60 s)" in alone_scope("the loader", None, {}, planned=False)  # the setting's default

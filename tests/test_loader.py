@@ -548,6 +548,14 @@ def test_cheap_items_make_workers_slower_than_none(cheap_run):
     assert any(f["title"] == "Your setting leaves loader throughput on the table" for f in s["findings"])
 
 
+def test_without_the_training_loop_the_terminal_and_report_say_the_pick_is_for_the_loader_alone(cheap_run):
+    out, s = cheap_run
+    assert s["trainer"] is None and "the pick is for the loader alone" in s["scope"]
+    assert "--trainer" in s["scope"] and "at most 60 s" in s["scope"]  # how to check the job, and how long
+    assert "\nscope: the pick is for the loader alone" in format_loader_table(s)
+    assert 'id="scope"' in (out / "report.html").read_text()
+
+
 def test_run_dir_follows_the_contract(cheap_run):
     out, s = cheap_run
     meta = json.loads((out / "run.json").read_text())

@@ -90,6 +90,7 @@ def test_the_loops_own_step_is_the_demand_and_the_job_is_run_with_it(tmp_path, s
         assert job["samples_per_s"] == pytest.approx(800, rel=0.15) and job["data_wait_share"] < 0.3
     assert s["verdict"] == job["text"] and s["demand"]["verdict"] == bound
     assert "job verdict:" in r.stderr
+    assert s["scope"] is None and "scope:" not in r.stdout  # the job ran: no "for the pipeline alone" line
     assert 'id="job"' in (tmp_path / "run" / "report.html").read_text()
     if bound == "trainer-bound":
         # a step its own settings already feed gets no more workers (issue 30: "3.25x faster", then trainer-bound)
@@ -217,6 +218,7 @@ def test_a_dataloader_scripts_own_step_is_the_demand_and_the_job_decides(tmp_pat
     else:
         assert job["bound"] == "data-bound" and job["data_wait_share"] > 0.4, job["text"]
     assert "job verdict:" in r.stderr
+    assert s["scope"] is None and "scope:" not in r.stdout  # the loop ran: no "for the loader alone" line
 
 
 # The num_workers=0 trap (issue 30): alone, no workers make ~500 samples/s (2 ms of waiting an item, batches

@@ -34,6 +34,7 @@ __all__ = [
     "contenders",
     "decide_job",
     "job_findings",
+    "alone_scope",
     "ORIGIN_WORDS",
     "ORIGIN_SHORT",
     "TRAINER_BOUND",
@@ -307,6 +308,32 @@ def decide_job(
         "unproven": unproven,
         "text": text,
     }
+
+
+def alone_scope(
+    what: str, trainer: Mapping[str, Any] | None, settings: Mapping[str, Any], *, planned: bool
+) -> str | None:
+    """``summary.json["scope"]``: one line saying the pick is for ``what`` (the loader, the pipeline) alone,
+    and how to check the job; None where the training loop was measured, or is about to be (``planned``:
+    the first table, printed before the loop runs, must not say it will not).
+
+    Why it is said at all: the user's question is their training job, which shares the host's cores
+    (and, on a GPU host, the copy to the device) with the loading; an isolated sweep cannot see that.
+    """
+    if isinstance(trainer, Mapping) or planned:
+        return None
+    from stagebench._settings import setting
+
+    def most(key: str) -> str:
+        return f"{float(settings.get(key) or setting(key).default):g} s"
+
+    return (
+        f"the pick is for {what} alone: your training loop shares this host's cores (and, with a GPU, the copy "
+        "to it) and was not run. To check your job, run your script under `stagebench diagnose --trainer` (or "
+        f"with STAGEBENCH_TRAINER=measure): your loop on cached batches until its step is known (at most "
+        f"{most('trainer_s')}), then on the real {what.removeprefix('the ')} at up to four settings in turns (at "
+        f"most {most('job_s')}); the advice is then the cheapest setting that runs your job as fast as any."
+    )
 
 
 def job_findings(job: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -1026,7 +1026,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     the job is "inconclusive".
     """
     from stagebench._version import __version__
-    from stagebench.analysis._job import decide_job, trainer_summary
+    from stagebench.analysis._job import alone_scope, decide_job, trainer_summary
     from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
 
     settings = meta.get("settings") or {}
@@ -1140,6 +1140,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "target": target,
         "trainer": trainer_summary(meta.get("trainer"), job),
         "job": job,
+        "scope": alone_scope("the loader", meta.get("trainer"), settings, planned=bool(meta.get("trainer_planned"))),
         "findings": loader_findings(pts, meta, rec, target, job),
         "transforms": list(meta.get("transforms") or []),
     }

@@ -1074,7 +1074,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     """
     from stagebench._version import __version__
     from stagebench.analysis._findings import build_findings
-    from stagebench.analysis._job import decide_job, trainer_summary
+    from stagebench.analysis._job import alone_scope, decide_job, trainer_summary
     from stagebench.analysis._joint import recommend_jointly
     from stagebench.analysis._pipeline_job import apply_job_pick
     from stagebench.analysis._predict import apply_replay, predict_pipeline
@@ -1146,6 +1146,12 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         "recommended_vs_yours": yours,
         "trainer": trainer_summary(meta.get("trainer"), job),
         "job": job,
+        "scope": alone_scope(
+            "the pipeline",
+            meta.get("trainer"),
+            meta.get("settings") or {},
+            planned=(meta.get("settings") or {}).get("trainer") == "measure",
+        ),
         "demand": demand_verdict(
             (meta.get("settings") or {}).get("target_rate"), validation, prediction, meta.get("trainer"), job
         ),

@@ -514,13 +514,20 @@ def diagnose_first_loader(
             file=sys.stderr,
             flush=True,
         )
+        trainer = _trainer_setting()
         run_dir, summary = _sweep_factory(
-            factory, backend, name=None, run_dir=out, config=config, target_rate=target_rate, progress=progress
+            factory,
+            backend,
+            name=None,
+            run_dir=out,
+            config=config,
+            target_rate=target_rate,
+            progress=progress,
+            trainer_planned=trainer is not None,
         )
         print(format_loader_table(summary))
         report = run_dir / "report.html"
         print(f"report: {report if report.exists() else run_dir}")
-        trainer = _trainer_setting()
         if trainer is None or not summary.get("recommended"):
             raise SystemExit(0)
         print(
@@ -595,9 +602,11 @@ def _sweep_factory(
     config: LoaderSweepConfig | None,
     target_rate: float | None,
     progress: Any,
+    trainer_planned: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
     """Sweep a user's loader, their own setting included (measured after the search, so the report
-    compares it); the run directory defaults to a new folder under $STAGEBENCH_OUTPUT_DIR or ./reports."""
+    compares it); the run directory defaults to a new folder under $STAGEBENCH_OUTPUT_DIR or ./reports.
+    ``trainer_planned``: the user's loop runs after the sweep (run.json says so, for the summary)."""
     from stagebench.runs._results import default_run_dir
 
     cfg = config or LoaderSweepConfig()
@@ -616,7 +625,7 @@ def _sweep_factory(
         run_dir=out,
         config=cfg,
         target_rate=target_rate,
-        extra_meta={"loader": factory.describe()},
+        extra_meta={"loader": factory.describe(), "trainer_planned": trainer_planned},
         progress=progress,
     )
     return out, summary

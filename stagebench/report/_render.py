@@ -914,6 +914,7 @@ def report_context(run: RunData) -> dict[str, Any]:
         "verdict": summary.get("verdict")
         or ("no verdict: the analysis did not run" if run.summary_error else "no verdict in summary.json"),
         "demand": (summary.get("demand") or {}).get("text"),
+        "scope": summary.get("scope"),
         # with the job run, the comparison with yours is the job's (its section); the pipeline alone's
         # "keep them" next to a job pick that changes them would be two recommendations
         "yours": None

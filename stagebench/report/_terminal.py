@@ -130,6 +130,8 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
     lines += job_lines(summary)
     if summary.get("verdict"):
         lines.append(f"verdict: {_clean(summary['verdict'], 200)}")
+    if summary.get("scope"):
+        lines.append(f"scope: {_clean(summary['scope'], 600)}")
     demand = summary.get("demand") or {}
     if demand.get("text"):
         lines.append(f"trainer: {_clean(demand['text'], 200)}")
@@ -215,6 +217,8 @@ def format_loader_table(summary: dict[str, Any]) -> str:
         )
     lines.append("  * recommended   + best throughput")
     lines.append(f"verdict: {summary.get('verdict', '')}")
+    if summary.get("scope"):
+        lines.append(f"scope: {_clean(summary['scope'])}")
     for f in (summary.get("findings") or [])[:3]:
         lines.append(f"  [{f['severity']}] {f['title']}")
     s = summary.get("search") or {}
