@@ -110,6 +110,10 @@ def test_a_tie_keeps_the_users_setting_when_it_is_one_of_the_two():
     }
     s = summarize_loader(tie, meta)
     assert s["recommended"]["num_workers"] == 4 and "a tie, which keeps your setting" in s["recommended"]["why"]
+    # in the same words as the job's and the pipeline's verdicts
+    assert s["verdict"].startswith("keep yours (num_workers=4, prefetch_factor=2):"), s["verdict"]
+    mine2 = {**meta, "loader": {**meta["loader"], "user_knobs": {"num_workers": 1, "prefetch_factor": 2}}}
+    assert summarize_loader(tie, mine2)["verdict"].startswith("use num_workers=2")
 
 
 def test_the_tie_break_is_run_in_turns_by_the_search(tmp_path, monkeypatch):

@@ -1095,7 +1095,11 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     else:
         lo, hi = rec["samples_per_s_low"], rec["samples_per_s_high"]
         ci = f" [{lo:,.1f}, {hi:,.1f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
-        verdict = f"use {_knob_text(rec)}: {rec['samples_per_s']:,.1f} samples/s{ci}"
+        mine = user_point(pts, meta)
+        # the same words as the job's verdict and the pipeline's: a pick that is your setting is "keep yours"
+        keep = mine is not None and _knob_text(mine) == _knob_text(rec)
+        said = f"keep yours ({_knob_text(rec)})" if keep else f"use {_knob_text(rec)}"
+        verdict = f"{said}: {rec['samples_per_s']:,.1f} samples/s{ci}"
         if target is not None:
             verdict += " by the loader alone"
         if best is not None and setting_cost(best) != setting_cost(rec):
