@@ -181,6 +181,27 @@ LOADER_SCRIPT = textwrap.dedent(
 )
 
 
+def _diagnose_with_loop(
+    tmp_path: Path, script_text: str, *args: str, **env_extra: str
+) -> tuple[subprocess.CompletedProcess, dict, Path]:
+    """``stagebench diagnose`` with the training loop measured (a 2 s step phase) on a script of the test's."""
+    script = tmp_path / "train.py"
+    script.write_text(script_text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGEBENCH_", "SPDL_PIPELINE_DIAGNOSTIC"))}
+    env.update(STAGEBENCH_TRAINER="measure", STAGEBENCH_TRAINER_S="2", **env_extra)
+    run = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", "stagebench", "diagnose", "--out", str(run), str(script), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r, json.loads((run / "summary.json").read_text()), run
+
+
 @pytest.mark.parametrize(
     "item_s, met",
     [
@@ -189,21 +210,7 @@ LOADER_SCRIPT = textwrap.dedent(
     ],
 )
 def test_a_dataloader_scripts_own_step_is_the_demand_and_the_job_decides(tmp_path, item_s, met):
-    script = tmp_path / "train.py"
-    script.write_text(LOADER_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGEBENCH_", "SPDL_PIPELINE_DIAGNOSTIC"))}
-    env.update(STAGEBENCH_TRAINER="measure", STAGEBENCH_TRAINER_S="2")
-    run = tmp_path / "run"
-    r = subprocess.run(
-        [sys.executable, "-m", "stagebench", "diagnose", "--out", str(run), str(script), str(item_s)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    s = json.loads((run / "summary.json").read_text())
+    r, s, _ = _diagnose_with_loop(tmp_path, LOADER_SCRIPT, str(item_s))
     t = s["trainer"]
     assert t["samples_per_s"] == pytest.approx(800, rel=0.05), t
     assert s["target"]["source"] == "measured" and s["target"]["met"] is met, s["target"]
@@ -251,21 +258,7 @@ TRAP_SCRIPT = textwrap.dedent(
 
 
 def _trap(tmp_path: Path, steps: int) -> tuple[subprocess.CompletedProcess, dict, Path]:
-    script = tmp_path / "train.py"
-    script.write_text(TRAP_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGEBENCH_", "SPDL_PIPELINE_DIAGNOSTIC"))}
-    env.update(STAGEBENCH_TRAINER="measure", STAGEBENCH_TRAINER_S="2")
-    run = tmp_path / "run"
-    r = subprocess.run(
-        [sys.executable, "-m", "stagebench", "diagnose", "--out", str(run), str(script), str(steps)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r, json.loads((run / "summary.json").read_text()), run
+    return _diagnose_with_loop(tmp_path, TRAP_SCRIPT, str(steps))
 
 
 def test_num_workers_0_is_run_with_the_loop_before_it_is_advised(tmp_path):
@@ -343,30 +336,8 @@ PINNING_SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize("pin", [True, False])
 def test_on_an_accelerator_host_the_step_is_measured_on_batches_pinned_as_the_loader_pins(tmp_path, pin):
-    script, seen, run = tmp_path / "train.py", tmp_path / "seen.txt", tmp_path / "run"
-    script.write_text(PINNING_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGEBENCH_", "SPDL_PIPELINE_DIAGNOSTIC"))}
-    env.update(STAGEBENCH_TRAINER="measure", STAGEBENCH_TRAINER_S="2", STAGEBENCH_JOB_S="8")
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stagebench",
-            "diagnose",
-            "--out",
-            str(run),
-            str(script),
-            "pin" if pin else "-",
-            str(seen),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    s = json.loads((run / "summary.json").read_text())
+    seen = tmp_path / "seen.txt"
+    r, s, run = _diagnose_with_loop(tmp_path, PINNING_SCRIPT, "pin" if pin else "-", str(seen), STAGEBENCH_JOB_S="8")
     t = s["trainer"]
     assert s["settings"]["cuda"] is True and t["pinned"] is pin
     steps = seen.read_text()
