@@ -158,6 +158,10 @@ def test_num_workers_0_starves_the_step_and_the_job_says_so():
     )
     d = decide_job(job, TRAINER)
     assert d["pick"] == "one" and d["advice"] == "cheaper" and d["bound"] == "trainer-bound"
+    # yours is quoted with its interval, the evidence for "as fast"
+    yours = next(c for c in d["candidates"] if c["key"] == "two")["job"]
+    lo, hi = yours["samples_per_s_low"], yours["samples_per_s_high"]
+    assert f"as fast as with yours within noise ({yours['samples_per_s']:.0f}, {lo:.0f}-{hi:.0f})" in d["text"]
     figs = candidate_figures(job)
     assert figs["zero"]["samples_per_s"] == pytest.approx(16 / 0.081, rel=0.02)
     assert figs["zero"]["data_wait_share"] == pytest.approx(31 / 81, rel=0.02)
