@@ -182,11 +182,6 @@ def _overlaps(p: dict[str, Any], q: dict[str, Any]) -> bool:
     return lo <= qhi and qlo <= hi
 
 
-def _pick(candidates: list[dict]) -> tuple[dict, str]:
-    """The cheapest; persistent_workers and pin_memory are set afterwards, by one rule each (:func:`_kept_knobs`)."""
-    return min(candidates, key=setting_cost), ""
-
-
 def recommend(
     rows: Any,
     *,
@@ -225,16 +220,14 @@ def recommend(
             meeting = [p for p in meeting if p["num_workers"] > 0]
             serial_note = f"; num_workers=0 left out: {SERIAL_WORDS}"
         if meeting:
-            rec, note = _pick(meeting)
-            rec = dict(rec)
+            # the cheapest; persistent_workers and pin_memory are set afterwards, one rule each (_kept_knobs)
+            rec = min(meeting, key=setting_cost).copy()
             rec["why"] = (
                 f"cheapest setting that delivers the target {target_rate:,.1f} samples/s with "
-                f"{headroom:.0%} headroom ({need:,.1f}){note}{serial_note}"
+                f"{headroom:.0%} headroom ({need:,.1f}){serial_note}"
             )
             return rec
-    near, top = _near(pool, best, within_best)
-    mine = _mine(near, user)
-    candidate = mine if mine is not None else min(near, key=setting_cost)
+    near, top, mine, candidate = _standing(pool, within_best, user)
     raw = _raw(rows)
     pair = _measured_pair(raw, pool) or hinge(candidate, top, within_best)
     verdict = paired_verdict(raw, setting_key(pair[0]), setting_key(pair[1]), within_best) if pair else None
@@ -270,8 +263,7 @@ def recommend(
             + (f"; {tie_note}" if tie_note else "")
         )
         return rec
-    rec, note = _pick(near)
-    rec = dict(rec)
+    rec = min(near, key=setting_cost).copy()
     if rec is best or setting_cost(rec) == setting_cost(best):
         why = f"the best throughput measured, and no cheaper setting comes within {within_best:.0%} of it"
     else:
@@ -283,15 +275,19 @@ def recommend(
         why += f"; {tie_note}"
     if budget_mb is not None and fits:
         why += f"; inside the memory budget ({budget_mb:,.0f} MB)"
-    rec["why"] = why + note + budget_note
+    rec["why"] = why + budget_note
     return rec
 
 
-def _near(pool: list[dict], best: dict, within_best: float) -> tuple[list[dict], dict]:
-    """The settings as good as the best of ``pool`` (within ``within_best``, or overlapping it), and that best."""
+def _standing(pool: list[dict], within_best: float, user: dict | None) -> tuple[list[dict], dict, dict | None, dict]:
+    """Where the settings of ``pool`` stand: those as good as its best (within ``within_best``, or
+    overlapping it), that best, the user's setting among them, and the pick before any tie-break
+    (the user's, else the cheapest)."""
     top = max(pool, key=lambda p: p["samples_per_s"])
     floor = (1 - within_best) * top["samples_per_s"]
-    return [p for p in pool if p["samples_per_s"] >= floor or _overlaps(p, top)] or [top], top
+    near = [p for p in pool if p["samples_per_s"] >= floor or _overlaps(p, top)] or [top]
+    mine = _mine(near, user)
+    return near, top, mine, mine if mine is not None else min(near, key=setting_cost)
 
 
 def _measured_pair(raw: list[dict[str, Any]], pool: list[dict[str, Any]]) -> tuple[dict, dict] | None:
@@ -347,9 +343,8 @@ def tie_to_break(
     if not ok:
         return None
     pool = [p for p in ok if not _over_budget(p, budget_mb)] or ok
-    near, top = _near(pool, max(ok, key=lambda p: p["samples_per_s"]), within_best)
-    mine = _mine(near, user)
-    return hinge(mine if mine is not None else min(near, key=setting_cost), top, within_best)
+    _, top, _, candidate = _standing(pool, within_best, user)
+    return hinge(candidate, top, within_best)
 
 
 def _knob_text(p: dict[str, Any]) -> str:
@@ -685,27 +680,14 @@ def loader_findings(
     return out
 
 
-def _twin(pool: list[dict], p: dict, persistent: bool) -> dict | None:
-    """The measured point with p's knobs and the given persistent_workers."""
-    for q in pool:
-        if (
-            q["num_workers"] == p["num_workers"]
-            and q["prefetch_factor"] == p["prefetch_factor"]
-            and (q["pin_memory"] is True) == (p["pin_memory"] is True)
-            and (q["persistent_workers"] is True) == persistent
-        ):
-            return q
-    return None
-
-
 def _stall(rec: dict[str, Any], ok: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
     """The epoch-boundary stall at the recommendation's knobs without persistent workers, and whether it matters."""
     if rec["num_workers"] == 0 or rec["persistent_workers"] == NOT_APPLICABLE:
         return None
-    p = _twin(ok, rec, False)
+    p = _same_knobs_but(ok, rec, persistent_workers=False)
     if p is None or not math.isfinite(p["epoch_stall_s"]):
         return None
-    q = _twin(ok, rec, True)
+    q = _same_knobs_but(ok, rec, persistent_workers=True)
     stall = p["epoch_stall_s"]
     epoch_batches = num((meta.get("loader") or {}).get("epoch_batches"))
     epoch_s = (
@@ -757,7 +739,7 @@ def _kept_knobs(rec: dict[str, Any] | None, ok: list[dict[str, Any]], meta: dict
     if "persistent_workers" in mine and bool(mine["persistent_workers"]) != (out["persistent_workers"] is True):
         if mine["persistent_workers"] or not matters:
             why = out.get("why", "")
-            out = dict(_twin(ok, out, bool(mine["persistent_workers"])) or out)
+            out = dict(_same_knobs_but(ok, out, persistent_workers=bool(mine["persistent_workers"])) or out)
             out["persistent_workers"] = bool(mine["persistent_workers"])
             out["why"] = why + (
                 "; persistent_workers kept as yours: it acts only at epoch boundaries, which the throughput "
@@ -766,7 +748,7 @@ def _kept_knobs(rec: dict[str, Any] | None, ok: list[dict[str, Any]], meta: dict
             return out
     if matters and out["persistent_workers"] is not True:
         why = out.get("why", "")
-        out = dict(_twin(ok, out, True) or out)
+        out = dict(_same_knobs_but(ok, out, persistent_workers=True) or out)
         out["persistent_workers"] = True
         out["why"] = why + "; persistent_workers=True: workers restart at every epoch otherwise"
     return out
@@ -1041,6 +1023,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     pts = _rows(rows)
     ok = [p for p in pts if _is_ok(p)]
     best = max(ok, key=lambda p: p["samples_per_s"]) if ok else None
+    user = user_point(pts, meta)
     job = decide_job(meta.get("job"), trainer)
     decided = job is not None and job["status"] == "decided"
     rec = recommend(
@@ -1049,7 +1032,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         within_best=within,
         target_rate=target_rate,
         headroom=headroom,
-        user=user_point(pts, meta),
+        user=user,
         serial_ok=target_rate is None,
     )
     rec = _kept_knobs(rec, ok, meta)
@@ -1095,9 +1078,8 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     else:
         lo, hi = rec["samples_per_s_low"], rec["samples_per_s_high"]
         ci = f" [{lo:,.1f}, {hi:,.1f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
-        mine = user_point(pts, meta)
         # the same words as the job's verdict and the pipeline's: a pick that is your setting is "keep yours"
-        keep = mine is not None and _knob_text(mine) == _knob_text(rec)
+        keep = user is not None and _knob_text(user) == _knob_text(rec)
         said = f"keep yours ({_knob_text(rec)})" if keep else f"use {_knob_text(rec)}"
         verdict = f"{said}: {rec['samples_per_s']:,.1f} samples/s{ci}"
         if target is not None:
@@ -1123,7 +1105,6 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "stopped": list(search_meta.get("stopped", [])),
     }
     loader = dict(meta.get("loader") or {})
-    user = user_point(pts, meta)
     return {
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "kind": "loader",
