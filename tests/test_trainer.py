@@ -354,3 +354,27 @@ def test_on_an_accelerator_host_the_step_is_measured_on_batches_pinned_as_the_lo
         pinned = [c for c in job["candidates"] if "pinned" in c["origin"]]
         assert pinned and pinned[0]["job"] is not None and "1" in steps[len(cached) :]
     assert _check(run) == []
+
+
+def test_the_job_runs_open_loaders_beyond_the_cores_without_torchs_warning():
+    """torch warns when a DataLoader with more workers than cores is built, and again at iter(): the job
+    runs go there on purpose (a candidate above the pick), so neither is shown; a loader the user builds is."""
+    import warnings
+
+    import torch
+
+    from stagebench.core._resources import usable_cores
+    from stagebench.loader._intercept import make_loader_factory
+    from stagebench.loader._trainer import _opened
+    from stagebench.runs._knobs import LoaderKnobs
+
+    many = usable_cores() + 1
+    items = [torch.zeros(2) for _ in range(64)]
+    factory = make_loader_factory(items, batch_size=8)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with _opened(factory, LoaderKnobs(num_workers=many, prefetch_factor=2)) as get:
+            assert get().shape == (8, 2)
+        assert not [w for w in seen if "worker processes in total" in str(w.message)]
+        torch.utils.data.DataLoader(items, num_workers=many)  # outside the job runs: torch's own
+    assert [w for w in seen if "worker processes in total" in str(w.message)]

@@ -71,6 +71,7 @@ __all__ = [
     "plan_grid",
     "run_loader_sweep",
     "shut_down",
+    "workers_beyond_cores_unwarned",
 ]
 
 STRATEGIES = ("adaptive", "grid")
@@ -762,6 +763,18 @@ def measure_loader_point(
     _fill(row, cons, outcome, eff, batch_size, cfg)
     row["elapsed_s"] = time.perf_counter() - t_begin
     return row
+
+
+@contextmanager
+def workers_beyond_cores_unwarned() -> Iterator[None]:
+    """Silence torch's warning that num_workers exceeds the cores ("might get DataLoader running slow or
+    even freeze"), which it gives when a DataLoader is built and again each time it is iterated: the
+    sweep and the job runs go there on purpose, measure what it costs, and say so in their findings."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"This DataLoader will create \d+ worker processes", category=UserWarning
+        )
+        yield
 
 
 @contextmanager
@@ -1487,13 +1500,7 @@ def run_loader_sweep(
     stops: list[str] = []
     interrupted = False
     try:
-        with warnings.catch_warnings():
-            # torch warns, twice a point, whenever num_workers exceeds the cores ("might get
-            # DataLoader running slow or even freeze"): the sweep goes there on purpose, measures
-            # what it costs, and says so in its findings
-            warnings.filterwarnings(
-                "ignore", message=r"This DataLoader will create \d+ worker processes", category=UserWarning
-            )
+        with workers_beyond_cores_unwarned():
             if cfg.strategy == "grid":
                 for req, _eff, _notes in grid:
                     sw.point(req, "grid")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import warnings
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -207,9 +206,10 @@ def _has_cuda(run_dir: Path) -> bool:
 @contextlib.contextmanager
 def _opened(factory: Any, knobs: Any) -> Iterator[Callable[[], Any]]:
     """A fresh loader at ``knobs`` whose epochs never end; yields the function returning its next user batch."""
-    from stagebench.loader._sweep import BatchTag, BuiltLoader, shut_down
+    from stagebench.loader._sweep import BatchTag, BuiltLoader, shut_down, workers_beyond_cores_unwarned
 
-    built = factory(knobs)
+    with workers_beyond_cores_unwarned():  # torch warns when the loader is built, and again at each iter()
+        built = factory(knobs)
     if not isinstance(built, BuiltLoader):
         built = BuiltLoader(loader=built)
     if built.control is not None:
@@ -217,9 +217,7 @@ def _opened(factory: Any, knobs: Any) -> Iterator[Callable[[], Any]]:
     state: dict[str, Any] = {"it": None}
 
     def fresh() -> Any:
-        with warnings.catch_warnings():
-            # torch warns when num_workers exceeds the cores: candidates go there on purpose
-            warnings.filterwarnings("ignore", message=r"This DataLoader will create \d+ worker processes")
+        with workers_beyond_cores_unwarned():  # not around the user's steps: only torch's own calls
             state["it"] = iter(built.loader)
         return state["it"]
 
