@@ -24,6 +24,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,25 +34,17 @@ from stagebench.core._steps import CACHED_BATCHES, TrainerProbe
 __all__ = ["finish_trainer", "trainer_phases", "loader_trainer_phases", "end_from_close", "JobPlan"]
 
 
+@dataclass(frozen=True)
 class JobPlan:
     """What the job phase needs besides the loop: the candidates (from the demand) and how to open one."""
 
-    def __init__(
-        self,
-        candidates: Callable[[dict[str, Any]], list[Candidate]],
-        open_candidate: Opener,
-        *,
-        items_per_step: float,
-        max_slice_s: float,
-        budget_s: float,
-        what: str,
-    ) -> None:
-        self.what = what
-        self.candidates = candidates
-        self.open_candidate = open_candidate
-        self.items_per_step = items_per_step
-        self.max_slice_s = max_slice_s
-        self.budget_s = budget_s
+    candidates: Callable[[dict[str, Any]], list[Candidate]]
+    open_candidate: Opener
+    _: KW_ONLY
+    items_per_step: float
+    max_slice_s: float
+    budget_s: float
+    what: str
 
 
 def _write(run_dir: Any, probe: TrainerProbe, runs: JobRuns | None) -> None:
