@@ -1225,14 +1225,17 @@ def demand_verdict(
         }
     capacity = float(capacity)
     ratio = capacity / need
+    base = {
+        "target_rate": need,
+        "capacity": capacity,
+        "capacity_low": low,
+        "capacity_high": high,
+        "source": source,
+        "ratio": ratio,
+    }
     if job is not None and job.get("status") == "decided" and job.get("bound"):
         return {
-            "target_rate": need,
-            "capacity": capacity,
-            "capacity_low": low,
-            "capacity_high": high,
-            "source": source,
-            "ratio": ratio,
+            **base,
             "verdict": job["bound"],
             "demand_source": "measured" if measured else "stated",
             "data_wait_share": job.get("data_wait_share"),
@@ -1254,12 +1257,7 @@ def demand_verdict(
         + ("" if measured else " (STAGEBENCH_TRAINER=measure runs it)")
     )
     return {
-        "target_rate": need,
-        "capacity": capacity,
-        "capacity_low": low,
-        "capacity_high": high,
-        "source": source,
-        "ratio": ratio,
+        **base,
         "verdict": verdict,
         "demand_source": "measured" if measured else "stated",
         "data_wait_share": wp.get("data_wait_share") if measured else None,
