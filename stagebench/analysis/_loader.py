@@ -23,7 +23,7 @@ from typing import Any
 from stagebench._numbers import finite, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._job import job_findings
-from stagebench.analysis._loader_evidence import hinge, paired_verdict, pool_points, setting_key
+from stagebench.analysis._loader_evidence import hinge, is_ok, paired_verdict, pool_points, setting_key
 from stagebench.runs._knobs import NOT_APPLICABLE, LoaderKnobs, normalize_knobs
 
 __all__ = [
@@ -152,11 +152,6 @@ def pooled_frame(rows: Any) -> Any:
     return pd.DataFrame(_rows(rows))
 
 
-def _is_ok(p: dict[str, Any]) -> bool:
-    s = p["samples_per_s"]
-    return p["status"] == "ok" and math.isfinite(s) and s > 0
-
-
 def _over_budget(p: dict[str, Any], budget_mb: float | None) -> bool:
     return budget_mb is not None and math.isfinite(p["mem_pss_mb"]) and p["mem_pss_mb"] > budget_mb
 
@@ -205,7 +200,7 @@ def recommend(
     ``num_workers=0``, whose loading adds to every training step (a loader alone cannot show that).
     """
     pts = _rows(rows)
-    ok = [p for p in pts if _is_ok(p)]
+    ok = [p for p in pts if is_ok(p)]
     if not ok:
         return None
     best = max(ok, key=lambda p: p["samples_per_s"])
@@ -306,7 +301,7 @@ def _measured_pair(raw: list[dict[str, Any]], pool: list[dict[str, Any]]) -> tup
 
 def _mine(points: list[dict], user: dict | None) -> dict | None:
     """The user's measured setting among ``points``, if there."""
-    if user is None or not _is_ok(user):
+    if user is None or not is_ok(user):
         return None
     return next((p for p in points if setting_cost(p) == setting_cost(user)), None)
 
@@ -339,7 +334,7 @@ def tie_to_break(
     inside each other's intervals (:func:`stagebench.analysis._loader_evidence.hinge`): the tie-break
     measures them again in turns. None where the pick does not hinge on noise."""
     pts = _rows(rows)
-    ok = [p for p in pts if _is_ok(p)]
+    ok = [p for p in pts if is_ok(p)]
     if not ok:
         return None
     pool = [p for p in ok if not _over_budget(p, budget_mb)] or ok
@@ -408,7 +403,7 @@ def loader_findings(
     budget = settings.get("memory_budget_mb")
     backend = (meta.get("loader") or {}).get("backend", "")
     out: list[dict[str, Any]] = []
-    ok = [p for p in pts if _is_ok(p)]
+    ok = [p for p in pts if is_ok(p)]
 
     for p in pts:
         if p["status"] in ("crashed", "timeout", "failed"):
@@ -640,7 +635,7 @@ def loader_findings(
     if decided and job is not None:
         out += job_findings(job)
     elif u is not None and rec is not None:
-        if _is_ok(u):
+        if is_ok(u):
             if u["samples_per_s"] < ON_THE_TABLE * rec["samples_per_s"]:
                 out.append(
                     _finding(
@@ -756,14 +751,8 @@ def _kept_knobs(rec: dict[str, Any] | None, ok: list[dict[str, Any]], meta: dict
 
 def _same_knobs_but(pool: list[dict], p: dict, **changed: Any) -> dict | None:
     """The measured point with p's knobs except ``changed``."""
-    want = {k: p[k] for k in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")} | changed
-    for q in pool:
-        if all(
-            (q[k] is True) == (v is True) if k in ("persistent_workers", "pin_memory") else q[k] == v
-            for k, v in want.items()
-        ):
-            return q
-    return None
+    want = setting_key({**p, **changed})
+    return next((q for q in pool if setting_key(q) == want), None)
 
 
 def user_point(pts: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
@@ -818,7 +807,7 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: float | None) -> lis
     """
     from stagebench.core._jobrun import Candidate
 
-    pts = [p for p in _rows(rows) if _is_ok(p)]
+    pts = [p for p in _rows(rows) if is_ok(p)]
     if not pts:
         return []
     settings = meta.get("settings") or {}
@@ -920,7 +909,7 @@ def _job_pick(job: dict[str, Any], pts: list[dict[str, Any]], meta: dict[str, An
     same = [
         p
         for p in pts
-        if _is_ok(p)
+        if is_ok(p)
         and p["num_workers"] == k["num_workers"]
         and (k["num_workers"] == 0 or p["prefetch_factor"] == k["prefetch_factor"])
     ]
@@ -980,13 +969,13 @@ def _warnings(pts: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     from stagebench.runs._provenance import load_warnings
 
     out = list(load_warnings(meta.get("provenance") or {}, meta.get("provenance_after")))
-    wide = [p for p in pts if _is_ok(p) and _rel_half(p) > 0.15]
+    wide = [p for p in pts if is_ok(p) and _rel_half(p) > 0.15]
     if wide:
         out.append(
             f"wide intervals (over ±15%) at {len(wide)} of {len(pts)} points: the machine may be busy, "
             "or batches are bursty; a longer budget_s narrows them"
         )
-    no_int = [p for p in pts if _is_ok(p) and not math.isfinite(p["samples_per_s_low"])]
+    no_int = [p for p in pts if is_ok(p) and not math.isfinite(p["samples_per_s_low"])]
     if no_int:
         out.append(f"no interval at {len(no_int)} point(s): too few batches in the window (raise budget_s)")
     for p in pts:
@@ -1021,7 +1010,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     if measured_demand:  # STAGEBENCH_TRAINER=measure: the loop's own step is the demand (loader/_trainer)
         target_rate = float(trainer["samples_per_s"])
     pts = _rows(rows)
-    ok = [p for p in pts if _is_ok(p)]
+    ok = [p for p in pts if is_ok(p)]
     best = max(ok, key=lambda p: p["samples_per_s"]) if ok else None
     user = user_point(pts, meta)
     job = decide_job(meta.get("job"), trainer)

@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["setting_key", "pool_points", "hinge", "paired_verdict", "Z95"]
+__all__ = ["setting_key", "is_ok", "pool_points", "hinge", "paired_verdict", "Z95"]
 
 Z95 = 1.959964  # the normal 95% quantile: a reading's interval back to its standard error
 _KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
@@ -38,7 +38,8 @@ def setting_key(p: dict[str, Any]) -> tuple:
     return tuple(p[k] if k in ("num_workers", "prefetch_factor") else p[k] is True for k in _KNOBS)
 
 
-def _ok(p: dict[str, Any]) -> bool:
+def is_ok(p: dict[str, Any]) -> bool:
+    """A normalised row or point measured ok, with a positive rate."""
     s = p["samples_per_s"]
     return p["status"] == "ok" and math.isfinite(s) and s > 0
 
@@ -58,7 +59,7 @@ def pool_points(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault(setting_key(r), []).append(r)
     out = []
     for rows in groups.values():
-        ok = [r for r in rows if _ok(r)]
+        ok = [r for r in rows if is_ok(r)]
         base = dict(ok[0] if ok else next((r for r in rows if r["status"] != "ok"), rows[0]))
         if len(ok) > 1:
             base.update(_pooled(ok))
@@ -134,7 +135,7 @@ def paired_verdict(
     ratios = []
     for a, b in zip(seq[0::2], seq[1::2]):
         by = {setting_key(r): r for r in (a, b)}
-        if set(by) != {cheaper, faster} or not all(_ok(r) for r in (a, b)):
+        if set(by) != {cheaper, faster} or not all(is_ok(r) for r in (a, b)):
             continue
         ratios.append(by[faster]["samples_per_s"] / by[cheaper]["samples_per_s"])
     if len(ratios) < _MIN_PAIRS:
