@@ -872,13 +872,8 @@ def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     from stagebench.core._resources import TreeSnapshot, tree_memory_mb
 
     if not plan.throughput:  # the stall only (the search's pick): no window
-        t1 = time.perf_counter()
-        if plan.stall:
-            t_stall = time.perf_counter()
-            hung = _measure_stall(cons, eff, cfg, deadline, row, errors, t1)
-            row["stall_phase_s"] = time.perf_counter() - t_stall
-            return None, hung
-        return None, False
+        hung = plan.stall and _measure_stall(cons, eff, cfg, deadline, row, errors, time.perf_counter())
+        return None, hung
 
     # --- window: it closes once its interval is within cfg.precision (after cfg.min_window_s), or once
     # the interval lies wholly under the floor (it cannot be the answer), or at cfg.budget_s
@@ -923,13 +918,7 @@ def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     outcome = (t0, t1, snap0, snap1, mem)
 
     # --- epoch stall
-    if plan.stall:
-        t_stall = time.perf_counter()
-        hung = _measure_stall(cons, eff, cfg, deadline, row, errors, t1)
-        row["stall_phase_s"] = time.perf_counter() - t_stall
-        if hung:
-            return outcome, True
-    return outcome, False
+    return outcome, plan.stall and _measure_stall(cons, eff, cfg, deadline, row, errors, t1)
 
 
 def _settled(
@@ -954,7 +943,16 @@ def _settled(
 
 
 def _measure_stall(cons, eff, cfg, deadline, row, errors, t1) -> bool:
-    """Run to epoch boundaries. Returns True when the loader hung doing so."""
+    """Run to epoch boundaries, its seconds in ``row["stall_phase_s"]`` (the point's time split).
+    Returns True when the loader hung doing so."""
+    t_stall = time.perf_counter()
+    try:
+        return _run_to_epoch_ends(cons, eff, cfg, deadline, row, errors, t1)
+    finally:
+        row["stall_phase_s"] = time.perf_counter() - t_stall
+
+
+def _run_to_epoch_ends(cons, eff, cfg, deadline, row, errors, t1) -> bool:
     ctl = cons.control
     if ctl is not None:
         cons.stall_batches = cfg.stall_epoch_batches or max(4, 2 * eff.num_workers)
@@ -1300,8 +1298,7 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...], budget_mb: float) -> list[str
             sw.point(
                 LoaderKnobs(num_workers=best["num_workers"], prefetch_factor=pf, pin_memory=pin0), "prefetch_factor"
             )
-    for extra in (*cfg.extra_points, *([cfg.yours] if cfg.yours is not None else [])):
-        sw.point(extra, "user")  # before the tie-break, which may keep the script's own
+    _measure_yours(sw)  # before the tie-break, which may keep the script's own
     _tie_break(sw, budget_mb, cfg.yours)
     rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
     if cfg.stall_at == "every":  # the protocol before: persistence measured as a point, then pinning
@@ -1337,6 +1334,12 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...], budget_mb: float) -> list[str
             "pin_memory",
         )
     return stops
+
+
+def _measure_yours(sw: _Sweep) -> None:
+    """The extra points asked for and the script's own setting, measured after the search (phase ``user``)."""
+    for extra in (*sw.cfg.extra_points, *([sw.cfg.yours] if sw.cfg.yours is not None else [])):
+        sw.point(extra, "user")
 
 
 def _tie_break(sw: _Sweep, budget_mb: float, user: LoaderKnobs | None) -> None:
@@ -1504,8 +1507,7 @@ def run_loader_sweep(
             if cfg.strategy == "grid":
                 for req, _eff, _notes in grid:
                     sw.point(req, "grid")
-                for extra in (*cfg.extra_points, *([cfg.yours] if cfg.yours is not None else [])):
-                    sw.point(extra, "user")
+                _measure_yours(sw)
             else:
                 stops = _adaptive(sw, levels, budget_mb)
     except KeyboardInterrupt:
