@@ -501,7 +501,7 @@ LIMIT_WORDS = {
 }
 
 
-def _nature(sr: StageRows, gil: dict, cores: int) -> tuple[str, list[str], dict[str, dict]]:
+def _nature(sr: StageRows, gil: dict) -> tuple[str, list[str], dict[str, dict]]:
     """What a stage *is* limited by, the same on 2 or 96 cores: one decision table over its call alone.
 
     Read at the lowest thread (or event-loop) level, where the stage runs without competing with itself:
@@ -770,7 +770,7 @@ def analyze_stage(
         recommended["concurrency"],  # type: ignore[index]
     )
 
-    label, lines, nature_signals = _nature(sr, gil, cores)
+    label, lines, nature_signals = _nature(sr, gil)
     kind, limit_lines, limit_signals = _limit_rules(sr, harness, best, bests, gil, cores)  # type: ignore[arg-type]
     entry["classification"] = label
     entry["limit"] = _limit(kind, limit_lines, sr, best, gil)  # type: ignore[arg-type]
@@ -1488,6 +1488,8 @@ def _verdict(
     val = validation or {}
     runs, how = (num(val.get("qps")), "measured") if finite(val.get("qps")) else (num(prediction["qps"]), "predicted")
     lowest = num(prediction.get("bounds_qps"))
+    sched = num(prediction.get("scheduling_gil_s_per_item"))
+    gil_bound = num((prediction.get("bounds") or {}).get("gil"))
     if finite(runs, lowest) and lowest > FAR_UNDER_BOUNDS * runs:
         parts = [str(x.get("name")) for x in not_isolated or []]
         what = (
@@ -1499,20 +1501,16 @@ def _verdict(
             f"{what}: the pipeline runs at {fmt_q(runs)} items/s ({how}), {lowest / runs:.1f}x under "
             f"the lowest bound of its measured stages ({prediction.get('binding')}, {fmt_q(lowest)} items/s)"
         )
-        return line + (f"; not measured: {', '.join(failed)}" if failed else "")
-    sched = num(prediction.get("scheduling_gil_s_per_item"))
-    gil_bound = num((prediction.get("bounds") or {}).get("gil"))
-    if prediction["binding"] == "gil" and finite(sched, gil_bound) and sched > SCHEDULING_BINDS / gil_bound:
+    elif prediction["binding"] == "gil" and finite(sched, gil_bound) and sched > SCHEDULING_BINDS / gil_bound:
         line = (
             f"the GIL binds, held mostly by the pipeline's own scheduling ({fmt_ms(sched)} of the "
             f"{fmt_ms(1.0 / gil_bound)} each item needs): predicted {q} items/s; of the stages, {name} holds it "
             f"longest ({cls})"
         )
-        return line + (f"; not measured: {', '.join(failed)}" if failed else "")
     # A shared resource that binds is the bottleneck, not the stage that uses most of it: SPDL's
     # pipeline_definitions.py read "normalize_to_lists is the bottleneck" for a stage 4.5x faster
     # alone than the pipeline, and named another stage run to run (the two held the GIL alike).
-    if prediction["binding"] == "gil":
+    elif prediction["binding"] == "gil":
         line = f"the GIL binds: predicted {q} items/s; {name} holds it longest ({cls})"
     elif prediction["binding"] == "cores":
         line = f"the cores bind: predicted {q} items/s; {name} uses the most CPU ({cls})"
