@@ -189,9 +189,12 @@ def _stage_findings(
     own_step = st.get("type") in ("aggregate", "disaggregate")  # SPDL's grouping steps, not the user's code
     # (an own step far from binding gets none: the user has nothing to change there)
     limit = (st.get("limit") or {}).get("kind")
+    # the stage's own best alone (the ceiling and the curve's top were measured there); the pipeline's
+    # setting, or the job's pick, may be lower
+    alone = st.get("recommended_alone") or st.get("recommended_isolated") or rec
     if limit == "harness" and cls != "overhead-bound" and not (own_step and far):
         # its own work is larger than the harness's per item, but at its best it reaches the harness's ceiling
-        cap, alone = num(st.get("ceiling_qps")), st.get("recommended_alone") or st.get("recommended_isolated") or rec
+        cap = num(st.get("ceiling_qps"))
         at = f"{alone['executor']} x {alone['concurrency']}"
         near = f", near the {fmt_q(cap)} items/s the harness can schedule there" if finite(cap) else ""
         found = _f(
@@ -208,7 +211,7 @@ def _stage_findings(
     if cls == "overhead-bound" and not (own_step and far):
         # an overhead-bound verdict rests on a measured ceiling; without one these fail, as they always did
         # the ceiling was measured at the stage's own best setting, which the pipeline's choice may not be
-        ceil, rec = st.get("ceiling_qps"), st.get("recommended_alone") or st.get("recommended_isolated") or rec
+        ceil, rec = st.get("ceiling_qps"), alone
         near = f"it reaches {fmt_q(rec['qps'])} items/s, near the no-op ceiling of {fmt_q(ceil)} items/s"  # type: ignore[arg-type]
         if own_step:
             title = f"{name} is overhead-bound: fewer, larger items must reach it"
@@ -251,7 +254,6 @@ def _stage_findings(
 
     if cls == "io-bound" and limit != "harness":
         # the stage's own best alone is the curve's top; the pipeline's setting may be lower (it keeps up)
-        alone = st.get("recommended_alone") or st.get("recommended_isolated") or rec
         rising = "still rising" in (alone.get("why") or "")
         if rising:
             finding = _f(
