@@ -1,0 +1,271 @@
+"""The one rule every piece of advice follows: change the user's setting only on evidence.
+
+A setting other than the user's is advised only where windows measured **in turns** (the two
+settings' windows at the same moments of the host, round after round) show it
+
+* **faster beyond noise**: the 95% interval of its rate over yours lies above 1; or
+* **cheaper and equivalent**: it costs less, and the 95% interval of its rate over yours lies above
+  :data:`EQUIVALENT` (it gives up at most 5%);
+
+and it is itself shown as good as the fastest setting measured (its ratio to the best above
+:data:`EQUIVALENT`). Two intervals that overlap are not equivalence: they only say the readings could
+not tell the settings apart. Otherwise the user's setting is kept, and the decision names the
+setting the runs could not tell from it, with the ratio's interval and how many more rounds would
+settle it at the spread seen (:meth:`Ratio.rounds_to_clear`).
+
+Why in turns: this kind of host changes its speed 1.4-1.7x in phases of seconds, far more than the 5%
+a pick may give up; two settings measured seconds apart differ by the host as much as by themselves.
+Each round's pair of windows saw the same phase, so their ratio cancels it, and the spread of the
+ratios over the rounds is the noise that is left.
+
+Why the ratio's interval is on the log scale: ratios multiply (a round at 0.8x and one at 1.25x
+average to 1), and the interval of their geometric mean stays positive, whatever the spread.
+
+Without a setting of the user's (a Hydra sweep, a loader given no knobs), the pick is the cheapest
+setting shown as good as the best, else the best.
+
+A note on looking often: the job runs check the rule after every round and stop once it is settled,
+so its 95% is per look; the minimum of two rounds and the margins keep a switch on a lucky round
+rare, and a switch wrongly made by it costs at most the margin.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stagebench.model._rate import CONFIDENCE, Rate, t_quantile
+
+__all__ = ["EQUIVALENT", "MIN_ROUNDS", "Ratio", "Option", "Decision", "decide", "ADVICE"]
+
+#: A cheaper setting is equivalent when the 95% interval of its rate over the other's lies above this.
+EQUIVALENT = 0.95
+#: Fewest rounds (pairs of windows in turns) behind a ratio with an interval.
+MIN_ROUNDS = 2
+#: What a decision advises: ``keep yours``, ``cheaper`` (as fast within 5%, shown, and cheaper),
+#: ``change`` (faster beyond noise), ``use`` (no setting of the user's to compare), ``none`` (nothing ran).
+ADVICE = ("keep yours", "cheaper", "change", "use", "none")
+_MAX_ROUNDS_ESTIMATE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Ratio:
+    """One setting's rate over another's, from windows measured in turns: the geometric mean of the
+    rounds' ratios and its 95% interval (None below :data:`MIN_ROUNDS`)."""
+
+    value: float
+    low: float | None
+    high: float | None
+    rounds: int
+    log_sd: float | None = None
+    """Spread of the rounds' log ratios (what :meth:`rounds_to_clear` extrapolates from)."""
+
+    @classmethod
+    def of_pairs(cls, pairs: Sequence[tuple[float, float]], confidence: float = CONFIDENCE) -> Ratio | None:
+        """From (this setting's rate, the other's rate) per round; rounds where either is not a positive
+        number are left out. None without a usable round."""
+        logs = [
+            math.log(a / b)
+            for a, b in pairs
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 and b > 0
+            if math.isfinite(a) and math.isfinite(b)
+        ]
+        n = len(logs)
+        if not n:
+            return None
+        m = sum(logs) / n
+        if n < MIN_ROUNDS:
+            return cls(math.exp(m), None, None, n, None)
+        sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (n - 1))
+        half = t_quantile(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
+        return cls(math.exp(m), math.exp(m - half), math.exp(m + half), n, sd)
+
+    def above(self, bound: float) -> bool:
+        """Shown above ``bound``: the whole interval lies above it."""
+        return self.low is not None and self.low > bound
+
+    def below(self, bound: float) -> bool:
+        """Shown below ``bound``: the whole interval lies below it."""
+        return self.high is not None and self.high < bound
+
+    def rounds_to_clear(self, bound: float, confidence: float = CONFIDENCE) -> int | None:
+        """Rounds in all for the interval to clear ``bound`` on the side the ratio lies, were the ratio and
+        its spread to stay as seen (None: the ratio sits on the bound, or no spread is known yet)."""
+        if self.log_sd is None or bound <= 0:
+            return None
+        gap = abs(math.log(self.value) - math.log(bound))
+        if gap <= 0:
+            return None
+        if self.log_sd == 0:
+            return max(self.rounds, MIN_ROUNDS)
+        for n in range(MIN_ROUNDS, _MAX_ROUNDS_ESTIMATE):
+            if t_quantile(0.5 + confidence / 2, n - 1) * self.log_sd / math.sqrt(n) < gap:
+                return max(n, self.rounds + 1)
+        return None
+
+    def text(self, of: str = "") -> str:
+        """``0.83x yours (0.74-0.93 over 4 rounds in turns)`` with ``of="yours"``."""
+        r = f"{self.rounds} round{'s' if self.rounds != 1 else ''} in turns"
+        head = f"{self.value:.2f}x" + (f" {of}" if of else "")
+        if self.low is None or self.high is None:
+            return f"{head} (no interval: {r})"
+        return f"{head} ({self.low:.2f}-{self.high:.2f} over {r})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ratio": self.value, "ratio_low": self.low, "ratio_high": self.high, "rounds": self.rounds}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> Ratio | None:
+        if not isinstance(d, Mapping) or not isinstance(d.get("ratio"), (int, float)):
+            return None
+        lo, hi = d.get("ratio_low"), d.get("ratio_high")
+        return cls(float(d["ratio"]), lo, hi, int(d.get("rounds") or 0))
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """A setting in a decision: its key, its cost (compared in order: workers first), its pooled rate."""
+
+    key: str
+    cost: tuple[float, ...]
+    rate: Rate | None
+    """Over all its windows; None where none measured."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the rule decided among some settings, and what it rests on."""
+
+    advice: str
+    """One of :data:`ADVICE`."""
+    pick: str | None
+    best: str | None
+    """The fastest by its pooled rate (what the others are held to)."""
+    yours: str | None
+    as_good: tuple[str, ...] = ()
+    """Shown, in turns, within 5% of the best (the best itself included)."""
+    open: tuple[str, ...] = ()
+    """Settings whose comparison is still open: measuring them more could change the pick."""
+    versus_yours: Ratio | None = None
+    """The pick over yours where it changes yours; where yours is kept, the rival over yours."""
+    rival: str | None = None
+    """Yours kept while the runs could not tell this setting from it (None: nothing open)."""
+    rounds_to_settle: int | None = None
+    """Rounds in all that would settle the rival at the spread seen (None: not known)."""
+    reasons: Mapping[str, str] = field(default_factory=dict)
+    """Per setting not picked, why, in a few words."""
+
+    @property
+    def settled(self) -> bool:
+        return not self.open
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "advice": self.advice,
+            "pick": self.pick,
+            "best": self.best,
+            "yours": self.yours,
+            "as_good": list(self.as_good),
+            "open": list(self.open),
+            "settled": self.settled,
+            "versus_yours": self.versus_yours.to_json() if self.versus_yours else None,
+            "rival": self.rival,
+            "rounds_to_settle": self.rounds_to_settle,
+            "reasons": dict(self.reasons),
+        }
+
+
+RatioOf = Callable[[str, str], "Ratio | None"]
+
+
+def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, margin: float = EQUIVALENT) -> Decision:
+    """The pick among ``options`` by the rule (module docstring).
+
+    ``ratio(a, b)``: a's rate over b's from their windows in turns (None: never measured in the same
+    rounds). Ties of cost go to the option listed first.
+    """
+    ran = [o for o in options if o.rate is not None and o.rate.value > 0]
+    if not ran:
+        return Decision(advice="none", pick=None, best=None, yours=yours)
+    order = {o.key: i for i, o in enumerate(options)}
+    best = max(ran, key=lambda o: (o.rate.value if o.rate else 0.0, -order[o.key]))
+    me = next((o for o in ran if o.key == yours), None)
+
+    def shown_above(a: Option, b: Option, bound: float) -> bool:
+        x = ratio(a.key, b.key)
+        return a.key == b.key or (x is not None and x.above(bound))
+
+    def shown_below(a: Option, b: Option, bound: float) -> bool:
+        x = ratio(a.key, b.key)
+        return a.key != b.key and x is not None and x.below(bound)
+
+    def cheapest(opts: list[Option]) -> Option:
+        return min(opts, key=lambda o: (o.cost, order[o.key]))
+
+    def beats_yours(c: Option) -> bool:
+        if me is None:
+            return True
+        return shown_above(c, me, 1.0) or (c.cost < me.cost and shown_above(c, me, margin))
+
+    def why_not(c: Option) -> str | None:
+        """Why ``c`` cannot be the pick, where its runs show it (None: they do not)."""
+        if shown_below(c, best, margin):
+            return f"shown under {margin:.0%} of the fastest"
+        if me is not None and c.cost < me.cost and shown_below(c, me, margin):
+            return f"cheaper than yours, but shown under {margin:.0%} of it"
+        if me is not None and c.cost >= me.cost and shown_below(c, me, 1 / margin):
+            # a costlier setting must show a gain beyond noise; this one is shown to gain under 5%
+            return "no cheaper than yours, and shown at most 5% faster"
+        return None
+
+    good = [o for o in ran if shown_above(o, best, margin)]
+    # yours shown within 5% of the fastest: only a cheaper setting can improve on it
+    mine_good = me is not None and me in good
+    shown = [c for c in good if beats_yours(c) and c is not me and (not mine_good or (me and c.cost < me.cost))]
+    if me is None:
+        pick, advice = cheapest(good), "use"
+    elif shown:
+        pick = cheapest(shown)
+        advice = "change" if shown_above(pick, me, 1.0) else "cheaper"
+    else:
+        pick, advice = me, "keep yours"
+    # still open: an option that could yet become the pick, were its comparisons to settle. Only one
+    # cheaper than the pick can replace it (the pick is the cheapest shown, or yours shown as good as the
+    # fastest); where yours is kept without that, any can.
+    reasons: dict[str, str] = {}
+    open_: list[Option] = []
+    for c in ran:
+        if c is pick or c is me:
+            continue
+        if (pick is not me or mine_good) and c.cost >= pick.cost:
+            continue
+        reason = why_not(c)
+        if reason is not None:
+            reasons[c.key] = reason
+        elif not (c in good and beats_yours(c)):
+            open_.append(c)
+    rival, versus, rounds = None, None, None
+    if me is not None and pick is not me:
+        versus = ratio(pick.key, me.key)
+    elif open_:
+        ref = me if me is not None else best
+        first = cheapest(open_)
+        rival, versus = first.key, ratio(first.key, ref.key)
+        if versus is not None:
+            bounds = [margin] if first.cost < ref.cost else [1.0, 1 / margin]
+            ests = [n for n in (versus.rounds_to_clear(b) for b in bounds) if n is not None]
+            rounds = min(ests) if ests else None
+    return Decision(
+        advice=advice,
+        pick=pick.key,
+        best=best.key,
+        yours=yours,
+        as_good=tuple(o.key for o in good),
+        open=tuple(o.key for o in open_),
+        versus_yours=versus,
+        rival=rival,
+        rounds_to_settle=rounds,
+        reasons=reasons,
+    )

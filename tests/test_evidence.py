@@ -1,0 +1,139 @@
+"""The typed rate and the one decision rule every piece of advice follows (model/_rate, model/_evidence)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from stagebench.model._evidence import EQUIVALENT, Option, Ratio, decide
+from stagebench.model._rate import Rate
+
+
+# --------------------------------------------------------------------------- the rate
+def test_a_rate_interval_is_the_symmetric_one_where_the_spread_is_small():
+    samples = [100.0, 102.0, 98.0, 101.0, 99.0]
+    r = Rate.around(100.0, samples)
+    sd = math.sqrt(sum((x - 100) ** 2 for x in samples) / 4)
+    half = 2.776 * sd / math.sqrt(5)  # t(0.975, 4)
+    assert r.low == pytest.approx(100 - half, rel=2e-3) and r.high == pytest.approx(100 + half, rel=2e-3)
+
+
+def test_a_rate_interval_never_reaches_below_zero_on_a_busy_host():
+    # the issue's busy host: "6.38 samples/s (-0.237-13)" from groups that waited for a core
+    samples = [12.0, 0.6, 11.0, 0.8, 7.5]
+    r = Rate.around(6.38, samples)
+    assert 0 < r.low < 6.38 < r.high
+    assert Rate.around(0.0, samples).low is None  # no rate, no interval
+
+
+def test_rows_written_with_a_negative_lower_end_read_as_no_interval():
+    assert Rate.from_json({"samples_per_s": 6.38, "samples_per_s_low": -0.237, "samples_per_s_high": 13.0}) == Rate(
+        6.38
+    )
+    assert Rate.from_json({"qps": 5.0, "qps_low": 4.0, "qps_high": 6.0}, "qps") == Rate(5.0, 4.0, 6.0)
+    assert Rate.from_json({"samples_per_s": None}) is None
+    with pytest.raises(ValueError):
+        Rate(5.0, 6.0, 7.0)
+
+
+# --------------------------------------------------------------------------- the ratio in turns
+def test_the_ratio_is_the_geometric_mean_of_the_rounds_with_a_positive_interval():
+    x = Ratio.of_pairs([(80.0, 100.0), (125.0, 100.0)])
+    assert x.value == pytest.approx(1.0) and x.rounds == 2 and 0 < x.low < 1 < x.high
+    assert Ratio.of_pairs([(1.0, 2.0)]).low is None  # one round: no interval
+    assert Ratio.of_pairs([(0.0, 2.0), (float("nan"), 1.0)]) is None
+
+
+def test_rounds_to_clear_is_the_smallest_count_at_the_spread_seen():
+    rng = random.Random(1)
+    pairs = [(0.9 * math.exp(rng.gauss(0, 0.05)), 1.0) for _ in range(3)]
+    x = Ratio.of_pairs(pairs)
+    n = x.rounds_to_clear(EQUIVALENT)
+    assert n is not None and n > x.rounds
+    # at n rounds with the same mean and spread, the interval clears the bound; at n - 1 it does not
+    from stagebench.model._rate import t_quantile
+
+    gap = abs(math.log(x.value) - math.log(EQUIVALENT))
+    assert t_quantile(0.975, n - 1) * x.log_sd / math.sqrt(n) < gap
+    if n - 1 > x.rounds:
+        assert t_quantile(0.975, n - 2) * x.log_sd / math.sqrt(n - 1) >= gap
+
+
+# --------------------------------------------------------------------------- the decision
+def _decide(rates: dict[str, tuple[float, float]], pairs: dict[tuple[str, str], list[tuple[float, float]]], yours):
+    """``rates``: key -> (cost, pooled rate); ``pairs``: (a, b) -> per-round (a, b) rates."""
+    opts = [Option(k, (c,), Rate(r) if r else None) for k, (c, r) in rates.items()]
+
+    def ratio(a: str, b: str):
+        if (a, b) in pairs:
+            return Ratio.of_pairs(pairs[(a, b)])
+        if (b, a) in pairs:
+            return Ratio.of_pairs([(y, x) for x, y in pairs[(b, a)]])
+        return None
+
+    return decide(opts, yours=yours, ratio=ratio)
+
+
+def _rounds(ratio: float, n: int, spread: float = 0.01) -> list[tuple[float, float]]:
+    return [(100.0 * ratio * (1 + spread * (-1) ** i), 100.0) for i in range(n)]
+
+
+def test_a_cheaper_setting_shown_within_five_percent_of_yours_is_advised():
+    d = _decide({"two": (2, 100.0), "one": (1, 99.0)}, {("one", "two"): _rounds(0.99, 4)}, "two")
+    assert (d.advice, d.pick, d.settled) == ("cheaper", "one", True)
+    assert d.versus_yours.low > EQUIVALENT
+
+
+def test_overlapping_readings_are_not_equivalence_yours_stays_and_the_rival_is_named():
+    # the issue's ImageNet repro: 0 workers 13.7 (10.4-17.1) against yours 16.0 (9.8-22.2); never paired
+    d = _decide({"two": (2, 16.0), "zero": (0, 13.7)}, {}, "two")
+    assert (d.advice, d.pick) == ("keep yours", "two") and d.rival == "zero" and not d.settled
+    # paired, but too noisy to tell: still yours, with how many rounds would settle it
+    d = _decide({"two": (2, 16.0), "zero": (0, 15.8)}, {("zero", "two"): _rounds(0.99, 3, spread=0.08)}, "two")
+    assert d.advice == "keep yours" and d.rival == "zero"
+    assert d.versus_yours.low < EQUIVALENT < d.versus_yours.high
+    assert d.rounds_to_settle is not None and d.rounds_to_settle > 3
+
+
+def test_a_costlier_setting_is_advised_only_faster_beyond_noise():
+    d = _decide({"two": (2, 100.0), "four": (4, 130.0)}, {("four", "two"): _rounds(1.3, 3)}, "two")
+    assert (d.advice, d.pick) == ("change", "four")
+    d = _decide({"two": (2, 100.0), "four": (4, 104.0)}, {("four", "two"): _rounds(1.04, 3, spread=0.1)}, "two")
+    assert (d.advice, d.pick, d.rival) == ("keep yours", "two", "four")
+
+
+def test_a_cheaper_setting_shown_slower_settles_the_decision_on_yours():
+    d = _decide({"two": (2, 100.0), "zero": (0, 80.0)}, {("zero", "two"): _rounds(0.8, 3)}, "two")
+    assert (d.advice, d.pick, d.settled, d.rival) == ("keep yours", "two", True, None)
+    assert "zero" in d.reasons
+
+
+def test_the_pick_must_also_be_shown_as_good_as_the_fastest():
+    # one worker is as good as yours (2) and cheaper, but 4 workers beat both beyond noise
+    rates = {"two": (2, 100.0), "one": (1, 99.0), "four": (4, 150.0)}
+    pairs = {
+        ("one", "two"): _rounds(0.99, 4),
+        ("four", "two"): _rounds(1.5, 4),
+        ("one", "four"): _rounds(0.66, 4),
+    }
+    d = _decide(rates, pairs, "two")
+    assert (d.advice, d.pick) == ("change", "four")
+
+
+def test_without_a_setting_of_yours_the_cheapest_shown_as_good_as_the_best_is_used():
+    rates = {"one": (1, 97.0), "four": (4, 100.0)}
+    assert _decide(rates, {("one", "four"): _rounds(0.97, 4)}, None).pick == "one"
+    d = _decide(rates, {("one", "four"): _rounds(0.97, 2, spread=0.1)}, None)
+    assert (d.advice, d.pick, d.rival) == ("use", "four", "one")
+
+
+def test_nothing_measured_decides_nothing():
+    d = _decide({"two": (2, 0.0)}, {}, "two")
+    assert (d.advice, d.pick) == ("none", None)
+
+
+def test_a_yours_that_did_not_run_gives_use_not_keep():
+    d = _decide({"two": (2, 0.0), "one": (1, 50.0)}, {}, "two")
+    assert (d.advice, d.pick) == ("use", "one")
