@@ -7,7 +7,7 @@ import math
 import pytest
 
 from stagebench.analysis._loader import normalize_row, recommend, summarize_loader
-from stagebench.analysis._loader_evidence import hinge, paired_verdict, pool_points, setting_key
+from stagebench.analysis._loader_evidence import paired_ratio, paired_rounds, pool_points, setting_key
 
 
 def _row(nw, sps, *, half=0.02, phase="num_workers", pf=2, n=None, window=1.0, stall=math.nan, status="ok"):
@@ -54,71 +54,73 @@ def test_the_stall_measured_alone_joins_its_setting():
     assert p["samples_per_s"] == 1800.0 and p["epoch_stall_s"] == pytest.approx(1.06) and p["measurements"] == 1
 
 
-def test_a_pick_that_rests_on_overlapping_intervals_hinges_on_the_two():
-    """2 workers 717 [675, 763] against 4 at 801 [641, 1,067]: 10% apart, inside the noise (issue 32)."""
-    two = _row(2, 717.0, half=0.064)
-    four = _row(4, 801.0, half=0.33)
-    assert hinge(two, four, 0.05) == (two, four)
-    assert hinge(_row(2, 790.0), four, 0.05) is None  # within 5% by its reading: the rule's own margin
-    assert hinge(four, four, 0.05) is None
-
-
-def _paired(pairs: list[tuple[float, float]]) -> list[dict]:
-    """Rows of a tie-break between 2 and 4 workers: per round cheaper, faster, faster, cheaper."""
+def _paired(pairs: list[tuple[float, float]], *, cheap: int = 2, fast: int = 4, turn: bool = True) -> list[dict]:
+    """Windows in turns of ``cheap`` and ``fast`` workers, one pair per round, order alternating."""
     out = []
     for i, (a, b) in enumerate(pairs):
-        first, second = (_row(2, a, phase="paired"), _row(4, b, phase="paired"))
+        first, second = (_row(cheap, a, phase="paired"), _row(fast, b, phase="paired"))
+        for r in (first, second):
+            r["turn"] = i + 1 if turn else math.nan
         out += [first, second] if i % 2 == 0 else [second, first]
     return out
 
 
-def test_the_tie_break_names_a_winner_only_beyond_the_margin():
-    cheaper, faster = setting_key(_row(2, 1.0)), setting_key(_row(4, 1.0))
-    # 4 workers 15% ahead in every pair: the cheaper is not within 5%
-    v = paired_verdict(_paired([(682, 782), (690, 790), (675, 780), (680, 785)]), cheaper, faster, 0.05)
-    assert v["winner"] == "faster" and v["pairs"] == 4 and v["ratio_low"] > 1 / 0.95
-    # level in every pair: the cheaper is within 5%
-    v = paired_verdict(_paired([(780, 782), (790, 785), (775, 780), (781, 779)]), cheaper, faster, 0.05)
-    assert v["winner"] == "cheaper"
-    # all over the place: a tie
-    v = paired_verdict(_paired([(700, 800), (800, 700)]), cheaper, faster, 0.05)
-    assert v["winner"] == "tie"
-    assert paired_verdict(_paired([(700, 800)]), cheaper, faster, 0.05) is None  # one pair says nothing
+SEARCH = [_row(0, 470.0), _row(1, 410.0), _row(2, 717.0, half=0.064), _row(4, 801.0, half=0.33)]
+MINE4 = {
+    "settings": {"memory_budget_mb": None, "usable_cores": 2},
+    "loader": {"backend": "torch", "user_knobs": {"num_workers": 4, "prefetch_factor": 2, "pin_memory": False}},
+}
 
 
-def test_the_recommendation_follows_the_tie_break():
-    search = [_row(0, 470.0), _row(1, 410.0), _row(2, 717.0, half=0.064), _row(4, 801.0, half=0.33)]
-    before = recommend(search, budget_mb=None)
-    assert before["num_workers"] == 2 and "not measured again in turns" in before["why"]
-    ahead = search + _paired([(682, 782), (690, 790), (675, 780), (680, 785)])
+def test_the_rounds_in_turns_are_read_back_from_the_rows():
+    rows = _paired([(682, 782), (690, 790), (675, 780)])
+    two, four = setting_key(_row(2, 1.0)), setting_key(_row(4, 1.0))
+    rounds = paired_rounds(rows)
+    assert rounds == [{two: 682, four: 782}, {two: 690, four: 790}, {two: 675, four: 780}]
+    x = paired_ratio(rounds, four, two)
+    assert x.rounds == 3 and x.value == pytest.approx((782 / 682 * 790 / 690 * 780 / 675) ** (1 / 3))
+    # rows written before the round was, A B then B A: a round ends where a setting comes again
+    assert paired_rounds(_paired([(682, 782), (690, 790)], turn=False)) == rounds[:2]
+
+
+def test_readings_measured_apart_decide_nothing():
+    """2 workers 717 [675, 763] against 4 at 801 [641, 1,067]: inside each other's noise, never in turns."""
+    rec = recommend(SEARCH, budget_mb=None)
+    assert rec["num_workers"] == 4  # the fastest: nothing showed the cheaper as good
+    assert "could not tell num_workers=2, prefetch_factor=2 from the fastest" in rec["why"]
+    assert rec["decision"]["open"] == ["num_workers=2, prefetch_factor=2"]
+
+
+def test_the_recommendation_follows_the_rounds_in_turns():
+    ahead = SEARCH + _paired([(682, 782), (690, 790), (675, 780), (680, 785)])
     after = recommend(ahead, budget_mb=None)
-    assert after["num_workers"] == 4 and "measured again in turns" in after["why"]
+    assert after["num_workers"] == 4 and after["decision"]["settled"]
     # the pooled point carries every reading of its setting
     four = next(p for p in pool_points([normalize_row(r) for r in ahead]) if p["num_workers"] == 4)
     assert four["measurements"] == 5
-    level = search + _paired([(780, 782), (790, 785), (775, 780), (781, 779)])
-    assert recommend(level, budget_mb=None)["num_workers"] == 2
+    level = SEARCH + _paired([(780, 782), (790, 785), (775, 780), (781, 779)])
+    rec = recommend(level, budget_mb=None)
+    assert rec["num_workers"] == 2 and "shown within 5% of the best" in rec["why"]
 
 
-def test_a_tie_keeps_the_users_setting_when_it_is_one_of_the_two():
-    search = [_row(2, 717.0, half=0.064), _row(4, 801.0, half=0.33)]
-    tie = search + _paired([(700, 800), (800, 700)])
-    assert recommend(tie, budget_mb=None)["num_workers"] == 2  # the cheaper, without a setting of yours
-    meta = {
-        "settings": {"memory_budget_mb": None, "usable_cores": 2},
-        "loader": {"backend": "torch", "user_knobs": {"num_workers": 4, "prefetch_factor": 2, "pin_memory": False}},
-    }
-    s = summarize_loader(tie, meta)
-    assert s["recommended"]["num_workers"] == 4 and "a tie, which keeps your setting" in s["recommended"]["why"]
+def test_a_tie_keeps_the_users_setting_and_says_so():
+    tie = SEARCH + _paired([(700, 800), (800, 700)])
+    s = summarize_loader(tie, MINE4)
+    assert s["recommended"]["num_workers"] == 4
+    assert "the runs could not tell num_workers=2, prefetch_factor=2 from yours" in s["recommended"]["why"]
     # in the same words as the job's and the pipeline's verdicts
     assert s["verdict"].startswith("keep yours (num_workers=4, prefetch_factor=2):"), s["verdict"]
-    mine2 = {**meta, "loader": {**meta["loader"], "user_knobs": {"num_workers": 1, "prefetch_factor": 2}}}
-    assert summarize_loader(tie, mine2)["verdict"].startswith("use num_workers=2")
+    # a cheaper setting shown within 5% of yours in turns: the change, with its ratio
+    level = SEARCH + _paired([(780, 782), (790, 785), (775, 780), (781, 779)])
+    s = summarize_loader(level, MINE4)
+    assert s["verdict"].startswith("use num_workers=2"), s["verdict"]
+    assert "x yours (" in s["recommended"]["why"] and "within 5% of yours" in s["recommended"]["why"]
 
 
-def test_the_tie_break_is_run_in_turns_by_the_search(tmp_path, monkeypatch):
-    """The search measures the two the pick hinges on again, cheaper-faster-faster-cheaper, and stops once told apart."""
+def test_the_search_runs_the_turns_until_the_rule_is_settled(tmp_path, monkeypatch):
+    """The search measures the settings the pick hinges on in turns, loaders kept open, until settled."""
     import stagebench.loader._sweep as sweep_mod
+    import stagebench.loader._turns as turns_mod
     from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
 
     truth = {0: 470.0, 1: 410.0, 2: 717.0, 4: 801.0}
@@ -128,13 +130,21 @@ def test_the_tie_break_is_run_in_turns_by_the_search(tmp_path, monkeypatch):
     def fake_point(factory, knobs, *, name, backend, batch_size, config, phase, cuda, **how):
         calls.append((knobs.num_workers, phase))
         nw = knobs.num_workers
-        sps = math.nan if not how.get("throughput", True) else truth[nw] * (0.95 if nw == 2 else 1.0)
-        half = 0.02 if phase == "paired" else halves[nw]
-        row = _row(nw, sps, half=half, phase=phase, stall=0.5 if not how.get("throughput", True) else math.nan)
+        sps = math.nan if not how.get("throughput", True) else truth[nw]
+        row = _row(nw, sps, half=halves[nw], phase=phase, stall=0.5 if not how.get("throughput", True) else math.nan)
         return {**row, "loader": name, "backend": backend, "persistent_workers": False, "pin_memory": "not applicable"}
+
+    def fake_window(factory, knobs, held, *, name, backend, batch_size, cfg, cuda, turn):
+        calls.append((knobs.num_workers, "paired"))
+        held.setdefault(knobs.num_workers, None)  # opened once
+        nw = knobs.num_workers
+        row = _row(nw, truth[nw] * (0.95 if nw == 2 else 1.0) * (1 + 0.01 * turn), half=0.02, phase="paired")
+        return {**row, "turn": turn, "persistent_workers": False, "pin_memory": "not applicable"}
 
     monkeypatch.setattr(sweep_mod, "measure_loader_point", fake_point)
     monkeypatch.setattr(sweep_mod, "_cuda_available", lambda: False)
+    monkeypatch.setattr(turns_mod, "_window", fake_window)
+    monkeypatch.setattr(turns_mod, "close_held", lambda held: None)
     s = run_loader_sweep(
         lambda knobs: [],
         name="x",
@@ -144,7 +154,7 @@ def test_the_tie_break_is_run_in_turns_by_the_search(tmp_path, monkeypatch):
         config=LoaderSweepConfig(transforms=False, num_workers=(0, 1, 2, 4), memory_budget_mb=1e6),
     )
     paired = [nw for nw, phase in calls if phase == "paired"]
-    assert paired[:4] == [2, 4, 4, 2]  # in turns: the same moments of the machine for both
-    assert len(paired) == 4  # told apart after one round: 4 workers 5% x ... beyond the margin
-    assert s["recommended"]["num_workers"] == 4 and "measured again in turns" in s["recommended"]["why"]
+    assert paired[:4] == [4, 2, 2, 4]  # in turns, order alternating: the same moments of the machine for both
+    assert len(paired) < 2 * 8  # settled before the most rounds: 2 workers ran 0.85x of 4, beyond the margin
+    assert s["recommended"]["num_workers"] == 4 and s["recommended"]["decision"]["settled"]
     assert calls[-1] == (4, "epoch_stall")  # the stall alone, at the pick

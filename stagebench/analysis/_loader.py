@@ -18,13 +18,15 @@ with the cores the loader used, which is what separates "the work is CPU" from
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from typing import Any
 
 from stagebench._numbers import finite, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._job import job_findings
-from stagebench.analysis._loader_evidence import hinge, is_ok, paired_verdict, pool_points, setting_key
-from stagebench.runs._knobs import NOT_APPLICABLE, LoaderKnobs, normalize_knobs
+from stagebench.analysis._loader_evidence import is_ok, paired_ratio, paired_rounds, pool_points, setting_key
+from stagebench.model._evidence import EQUIVALENT
+from stagebench.runs._knobs import KNOB_KEYS, NOT_APPLICABLE, LoaderKnobs, normalize_knobs
 
 __all__ = [
     "setting_cost",
@@ -34,7 +36,8 @@ __all__ = [
     "summarize_loader",
     "loader_findings",
     "job_candidates",
-    "tie_to_break",
+    "loader_decision",
+    "turns_to_run",
     "pooled_frame",
 ]
 
@@ -54,8 +57,6 @@ WAITING = 0.5
 #: unknown, persistent workers were measured to save more than half of it and over 0.1 s); high over STALL_HIGH.
 STALL_SHARE = 0.05
 STALL_HIGH = 0.20
-#: "Your setting leaves loader throughput on the table": yours under this share of the recommended.
-ON_THE_TABLE = 0.9
 #: Why num_workers=0 is not advised for a training job without a job run that says so (T4 of the
 #: DataLoader-knob guide: the main process then loads serially, between the steps).
 SERIAL_WORDS = (
@@ -86,6 +87,7 @@ _NUMERIC = (
     "warmup_s",
     "stall_phase_s",
     "teardown_s",
+    "turn",
 )
 
 
@@ -187,23 +189,23 @@ def recommend(
     user: dict[str, Any] | None = None,
     serial_ok: bool = True,
 ) -> dict[str, Any] | None:
-    """The recommended row (with a ``why``), or None when nothing was measured ok.
+    """The recommended row (with a ``why`` and the rule's ``decision``), or None when nothing was measured ok.
 
-    Without a target: the cheapest setting within ``within_best`` of the best
-    throughput, or whose interval overlaps the best's (a gap inside the noise is
-    no gap), inside the memory budget. Where the user's own setting (``user``,
-    measured) is among those, it is kept: no change of workers or
-    persistent_workers rests on a difference the measurement cannot tell from
-    noise. With a target: the cheapest that delivers target x (1 + headroom);
-    when none does, the same as without. ``serial_ok=False`` (a trainer is waiting on this
-    loader, and no job run has said otherwise): a setting with workers is preferred over
-    ``num_workers=0``, whose loading adds to every training step (a loader alone cannot show that).
+    Without a target: the rule of :mod:`stagebench.model._evidence` over the settings the pick hinges
+    on (yours, the fastest, the cheapest within ``within_best`` of it by the readings, and any measured
+    in turns): a setting other than yours only where the windows in turns show it faster beyond noise,
+    or cheaper and within ``within_best``; without a setting of yours, the cheapest shown within
+    ``within_best`` of the fastest, else the fastest. Readings measured apart, even within 5% or inside
+    each other's intervals, decide nothing. Inside the memory budget where any setting fits. With a
+    target: the cheapest that delivers target x (1 + headroom); when none does, the same as without.
+    ``serial_ok=False`` (a trainer is waiting on this loader, and no job run has said otherwise): a
+    setting with workers is preferred over ``num_workers=0``, whose loading adds to every training step
+    (a loader alone cannot show that).
     """
     pts = _rows(rows)
     ok = [p for p in pts if is_ok(p)]
     if not ok:
         return None
-    best = max(ok, key=lambda p: p["samples_per_s"])
     fits = [p for p in ok if not _over_budget(p, budget_mb)]
     pool = fits or ok
     budget_note = "" if fits else "; no setting fits the memory budget: the least memory-hungry near the best"
@@ -222,81 +224,121 @@ def recommend(
                 f"{headroom:.0%} headroom ({need:,.1f}){serial_note}"
             )
             return rec
-    near, top, mine, candidate = _standing(pool, within_best, user)
-    raw = _raw(rows)
-    pair = _measured_pair(raw, pool) or hinge(candidate, top, within_best)
-    verdict = paired_verdict(raw, setting_key(pair[0]), setting_key(pair[1]), within_best) if pair else None
-    tie_note = _tie_note(pair, verdict, within_best)
-    if pair is not None and verdict is not None:
-        cheaper, faster = pair
-        if setting_key(candidate) != setting_key(faster) and (
-            verdict["winner"] == "faster" or (verdict["winner"] == "tie" and _mine([faster], user) is not None)
-        ):
-            rec = dict(faster)  # beyond noise, or a tie with the user's setting
-            rec["why"] = (
-                f"{_knob_text(faster)}: {tie_note}"
-                + ("; your setting, kept on a tie" if verdict["winner"] == "tie" else "")
-                + budget_note
-            )
-            return rec
-        if verdict["winner"] in ("cheaper", "tie") and setting_key(candidate) == setting_key(faster) and mine is None:
-            near = [cheaper]  # measured in turns: within the margin, or a tie: the cheaper
-    if mine is not None:
-        rec = dict(mine)
-        cheaper = min(near, key=setting_cost)
-        if setting_cost(cheaper) < setting_cost(mine):
-            rec["cheaper_within_noise"] = cheaper
-        rec["why"] = (
-            f"your setting is within the noise of the best ({best['samples_per_s']:,.1f} samples/s at "
-            f"{_knob_text(best)}): kept, as no change should rest on a difference the measurement cannot tell "
-            "from noise"
-            + (
-                f"; {_knob_text(cheaper)} is within it too, with fewer resources"
-                if setting_cost(cheaper) < setting_cost(mine)
-                else ""
-            )
-            + (f"; {tie_note}" if tie_note else "")
-        )
-        return rec
-    rec = min(near, key=setting_cost).copy()
-    if rec is best or setting_cost(rec) == setting_cost(best):
-        why = f"the best throughput measured, and no cheaper setting comes within {within_best:.0%} of it"
-    else:
-        why = (
-            f"cheapest setting within {within_best:.0%} of the best ({best['samples_per_s']:,.1f} samples/s at "
-            f"{_knob_text(best)})"
-        )
-    if tie_note:
-        why += f"; {tie_note}"
+    d, by_key = loader_decision(rows, pool, within_best=within_best, user=user)
+    assert d.pick is not None  # pool holds measured points
+    rec = dict(by_key[d.pick])
+    rec["why"] = _decision_words(d, by_key, within_best) + budget_note
     if budget_mb is not None and fits:
-        why += f"; inside the memory budget ({budget_mb:,.0f} MB)"
-    rec["why"] = why + budget_note
+        rec["why"] += f"; inside the memory budget ({budget_mb:,.0f} MB)"
+    rec["decision"] = d.to_json()
     return rec
 
 
-def _standing(pool: list[dict], within_best: float, user: dict | None) -> tuple[list[dict], dict, dict | None, dict]:
-    """Where the settings of ``pool`` stand: those as good as its best (within ``within_best``, or
-    overlapping it), that best, the user's setting among them, and the pick before any tie-break
-    (the user's, else the cheapest)."""
+def _near(pool: list[dict[str, Any]], within_best: float) -> list[dict[str, Any]]:
+    """Settings whose readings come within ``within_best`` of the fastest, or overlap it, cheapest first:
+    the candidates a comparison in turns could show as good (readings apart show nothing)."""
     top = max(pool, key=lambda p: p["samples_per_s"])
     floor = (1 - within_best) * top["samples_per_s"]
-    near = [p for p in pool if p["samples_per_s"] >= floor or _overlaps(p, top)] or [top]
-    mine = _mine(near, user)
-    return near, top, mine, mine if mine is not None else min(near, key=setting_cost)
+    return sorted((p for p in pool if p["samples_per_s"] >= floor or _overlaps(p, top)), key=setting_cost)
 
 
-def _measured_pair(raw: list[dict[str, Any]], pool: list[dict[str, Any]]) -> tuple[dict, dict] | None:
-    """The two settings the tie-break measured in turns (its first row is the cheaper), as pooled points."""
-    keys: list[tuple] = []
-    for r in raw:
-        if r["search_phase"] == "paired" and setting_key(r) not in keys:
-            keys.append(setting_key(r))
-    if len(keys) != 2:
-        return None
-    by = {setting_key(p): p for p in pool}
-    if keys[0] not in by or keys[1] not in by:
-        return None
-    return by[keys[0]], by[keys[1]]
+def loader_decision(
+    rows: Any, pool: list[dict[str, Any]], *, within_best: float, user: dict[str, Any] | None
+) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """The rule over the loader settings the pick hinges on: (:class:`~stagebench.model._evidence.Decision`,
+    the points by the decision's keys).
+
+    Considered: yours (where measured), the fastest, every setting measured in turns, and the
+    cheapest setting near the fastest (:func:`_near`) that the turns have not ruled out.
+    """
+    from stagebench.model._evidence import Option, decide
+    from stagebench.model._rate import Rate
+
+    raw = _raw(rows)
+    rounds = paired_rounds(raw)
+    in_turns = {k for r in rounds for k in r}
+    top = max(pool, key=lambda p: p["samples_per_s"])
+    mine = _mine(pool, user)
+
+    def key(p: dict[str, Any]) -> str:
+        return _knob_text(p)
+
+    considered: dict[str, dict[str, Any]] = {}
+    for p in [mine, top] + [q for q in pool if setting_key(q) in in_turns]:
+        if p is not None:
+            considered.setdefault(key(p), p)
+    near = _near(pool, within_best)
+
+    def ratio(a: str, b: str) -> Any:
+        return paired_ratio(rounds, setting_key(by_key[a]), setting_key(by_key[b]))
+
+    while True:
+        by_key = dict(considered)
+        options = [Option(k, tuple(float(x) for x in setting_cost(p)), Rate.from_json(p)) for k, p in by_key.items()]
+        options.sort(key=lambda o: o.cost)
+        d = decide(options, yours=key(mine) if mine else None, ratio=ratio, margin=1 - within_best)
+        # the cheapest near setting the turns have not ruled out joins: what the next turns would measure
+        for p in near:
+            k = key(p)
+            if k == d.pick or k in d.open:
+                return d, by_key
+            if k not in by_key:
+                considered[k] = p
+                break
+        else:
+            return d, by_key
+
+
+def _decision_words(d: Any, by_key: dict[str, dict[str, Any]], within_best: float) -> str:
+    """The rule's decision, in the words of ``why``."""
+    best = by_key.get(d.best) or {}
+    x = d.versus_yours
+    if d.advice == "cheaper":
+        return f"{x.text('yours')}: within {within_best:.0%} of yours, with fewer resources"
+    if d.advice == "change":
+        return f"{x.text('yours')}: faster beyond noise"
+    if d.rival is not None:
+        whose = "yours" if d.advice == "keep yours" else "the fastest"
+        tell = f"the runs could not tell {d.rival} from {whose}" + (
+            f": {x.text(whose if whose == 'yours' else 'it')}"
+            if x is not None
+            else " (they were not measured in turns)"
+        )
+        more = (
+            f"; about {d.rounds_to_settle - x.rounds} more rounds in turns would settle it at the spread seen"
+            if x is not None and d.rounds_to_settle is not None and d.rounds_to_settle > x.rounds
+            else ""
+        )
+        head = "your setting, kept" if d.advice == "keep yours" else "the fastest measured"
+        return f"{head}: {tell}{more}"
+    if d.advice == "keep yours":
+        if d.pick == d.best:
+            return "your setting, the fastest measured, and no cheaper setting was shown within " + f"{within_best:.0%}"
+        return (
+            f"your setting, kept: no setting was shown faster beyond noise in turns (the fastest read {d.best}), "
+            f"nor cheaper and within {within_best:.0%}"
+        )
+    if d.pick == d.best:
+        return f"the best throughput measured, and no cheaper setting was shown within {within_best:.0%} of it"
+    said = f", {best['samples_per_s']:,.1f} samples/s" if best else ""
+    return f"cheapest setting shown within {within_best:.0%} of the best ({d.best}{said}) in turns"
+
+
+def _decision_of(d: dict[str, Any]) -> Any:
+    """A decision back from its JSON (``recommended.decision``)."""
+    from stagebench.model._evidence import Decision, Ratio
+
+    return Decision(
+        advice=d["advice"],
+        pick=d.get("pick"),
+        best=d.get("best"),
+        yours=d.get("yours"),
+        as_good=tuple(d.get("as_good") or ()),
+        open=tuple(d.get("open") or ()),
+        versus_yours=Ratio.from_json(d.get("versus_yours")),
+        rival=d.get("rival"),
+        rounds_to_settle=d.get("rounds_to_settle"),
+    )
 
 
 def _mine(points: list[dict], user: dict | None) -> dict | None:
@@ -306,40 +348,21 @@ def _mine(points: list[dict], user: dict | None) -> dict | None:
     return next((p for p in points if setting_cost(p) == setting_cost(user)), None)
 
 
-def _tie_note(pair: tuple[dict, dict] | None, verdict: dict | None, within_best: float) -> str:
-    """What the tie-break found, in words ("" where the pick did not hinge on noise)."""
-    if pair is None:
-        return ""
-    a, b = pair
-    read = f"{_knob_text(b)} read {b['samples_per_s'] / a['samples_per_s']:.2f}x {_knob_text(a)} inside their intervals"
-    if verdict is None:
-        return f"{read}, not measured again in turns (tie_rounds=0)"
-    ratio = (
-        f"{verdict['ratio']:.2f}x ({max(0.0, verdict['ratio_low']):.2f}-{verdict['ratio_high']:.2f}) "
-        f"over {verdict['pairs']} pairs"
-    )
-    return {
-        "faster": f"measured again in turns with {_knob_text(a)}, it ran {ratio}: beyond the {within_best:.0%} a "
-        "cheaper setting may give up",
-        "cheaper": f"{read}; measured again in turns, the faster ran {ratio}: the cheaper is within {within_best:.0%}",
-        "tie": f"{read}; measured again in turns, {ratio}: a tie, which keeps your setting if it is one of them, "
-        "else the cheaper",
-    }[verdict["winner"]]
-
-
-def tie_to_break(
+def turns_to_run(
     rows: Any, *, budget_mb: float | None, within_best: float, user: dict[str, Any] | None
-) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """The two settings the recommendation rests on, where they read more than ``within_best`` apart
-    inside each other's intervals (:func:`stagebench.analysis._loader_evidence.hinge`): the tie-break
-    measures them again in turns. None where the pick does not hinge on noise."""
+) -> list[dict[str, Any]]:
+    """The settings to measure (again) in turns: yours, the fastest and those still open; [] once the
+    rule is settled (the sweep's last step, :mod:`stagebench.loader._turns`)."""
     pts = _rows(rows)
     ok = [p for p in pts if is_ok(p)]
     if not ok:
-        return None
+        return []
     pool = [p for p in ok if not _over_budget(p, budget_mb)] or ok
-    _, top, _, candidate = _standing(pool, within_best, user)
-    return hinge(candidate, top, within_best)
+    d, by_key = loader_decision(rows, pool, within_best=within_best, user=user)
+    if d.settled:
+        return []
+    keys = [k for k in (d.yours, d.best) if k is not None and k in by_key] + list(d.open)
+    return [by_key[k] for k in dict.fromkeys(keys)][:3]
 
 
 def _knob_text(p: dict[str, Any]) -> str:
@@ -370,6 +393,8 @@ def _public(p: dict[str, Any], why: str | None = None) -> dict[str, Any]:
     }
     if why is not None:
         out["why"] = why
+    if p.get("decision") is not None:  # the rule's record: what the pick rests on (model/_evidence)
+        out["decision"] = p["decision"]
     return out
 
 
@@ -634,45 +659,52 @@ def loader_findings(
     u = user_point(pts, meta)
     if decided and job is not None:
         out += job_findings(job)
-    elif u is not None and rec is not None:
-        if is_ok(u):
-            if u["samples_per_s"] < ON_THE_TABLE * rec["samples_per_s"]:
-                out.append(
-                    _finding(
-                        "medium",
-                        "Your setting leaves loader throughput on the table",
-                        f"Your {_knob_text(u)} gives {u['samples_per_s']:,.0f} samples/s alone; the recommended "
-                        f"{_knob_text(rec)} gives {rec['samples_per_s']:,.0f}. Measured without your training step: "
-                        "what that buys your job is not measured (STAGEBENCH_TRAINER=measure runs it).",
-                        {"yours": u["samples_per_s"], "recommended": rec["samples_per_s"]},
-                    )
-                )
-            elif rec.get("cheaper_within_noise"):
-                c = rec["cheaper_within_noise"]
-                out.append(
-                    _finding(
-                        "low",
-                        "A cheaper setting is as fast as yours, within noise",
-                        f"Your {_knob_text(u)} gives {u['samples_per_s']:,.0f} samples/s and is kept; {_knob_text(c)} "
-                        f"gives {c['samples_per_s']:,.0f}, which these measurements cannot tell apart from yours, "
-                        "with fewer resources: worth a try if memory or cores are short.",
-                        {"yours": u["samples_per_s"], "cheaper": c["samples_per_s"]},
-                    )
-                )
-            elif u["num_workers"] > rec["num_workers"]:
-                saved = u["mem_pss_mb"] - rec["mem_pss_mb"]
-                out.append(
-                    _finding(
-                        "low",
-                        "Your setting uses more workers than it needs",
-                        f"Your {_knob_text(u)} gives {u['samples_per_s']:,.0f} samples/s; {_knob_text(rec)} gives "
-                        f"{rec['samples_per_s']:,.0f} with fewer workers"
-                        + (f" and {saved:,.0f} MB less memory." if math.isfinite(saved) and saved > 0 else "."),
-                        {"yours": u["samples_per_s"], "recommended": rec["samples_per_s"]},
-                    )
-                )
+    elif u is not None and rec is not None and is_ok(u) and rec.get("decision"):
+        out += _user_findings(u, rec, _decision_of(rec["decision"]))
     out.sort(key=lambda f: _SEVERITY_ORDER.get(f["severity"], 9))
     return out
+
+
+def _user_findings(u: dict[str, Any], rec: dict[str, Any], d: Any) -> list[dict[str, Any]]:
+    """The user's setting against the pick, by the rule: what the windows in turns showed, or could not."""
+    x = d.versus_yours
+    alone = "Measured without your training step: what that buys your job is not measured (STAGEBENCH_TRAINER=measure runs it)."
+    if d.advice == "change" and x is not None:
+        return [
+            _finding(
+                "medium",
+                "Your setting leaves loader throughput on the table",
+                f"In turns with yours, {_knob_text(rec)} ran {x.text('yours')}: faster beyond noise "
+                f"({rec['samples_per_s']:,.0f} against {u['samples_per_s']:,.0f} samples/s over all their windows). "
+                + alone,
+                {"yours": u["samples_per_s"], "recommended": rec["samples_per_s"], **x.to_json()},
+            )
+        ]
+    if d.advice == "cheaper" and x is not None:
+        saved = u["mem_pss_mb"] - rec["mem_pss_mb"]
+        return [
+            _finding(
+                "low",
+                "Your setting uses more resources than it needs",
+                f"In turns with yours, {_knob_text(rec)} ran {x.text('yours')}: within 5%, with fewer resources"
+                + (f" ({saved:,.0f} MB less memory)." if math.isfinite(saved) and saved > 0 else ".")
+                + " "
+                + alone,
+                {"yours": u["samples_per_s"], "recommended": rec["samples_per_s"], **x.to_json()},
+            )
+        ]
+    if d.advice == "keep yours" and d.rival is not None:
+        return [
+            _finding(
+                "info",
+                f"Your setting is kept: the runs could not tell {d.rival} from it",
+                _decision_words(d, {}, 1 - EQUIVALENT)[0].upper() + _decision_words(d, {}, 1 - EQUIVALENT)[1:] + ". "
+                "Readings measured apart, or inside each other's intervals, are not evidence of a difference; "
+                "more rounds in turns (LoaderSweepConfig.tie_rounds) would settle it.",
+                {"rival": d.rival, **(x.to_json() if x is not None else {})},
+            )
+        ]
+    return []
 
 
 def _stall(rec: dict[str, Any], ok: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
@@ -704,6 +736,14 @@ def _stall(rec: dict[str, Any], ok: list[dict[str, Any]], meta: dict[str, Any]) 
 
 
 def _kept_knobs(rec: dict[str, Any] | None, ok: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`_knobs_kept` on the recommendation, its ``decision`` carried over to the twin point it may become."""
+    out = _knobs_kept(rec, ok, meta)
+    if rec is not None and out is not None and rec.get("decision") is not None:
+        out = {**out, "decision": rec["decision"]}
+    return out
+
+
+def _knobs_kept(rec: dict[str, Any] | None, ok: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
     """The knobs a throughput window cannot judge, set by one rule each (the findings follow the same rules).
 
     ``pin_memory`` on a host with a CUDA device: as the user set it. Its benefit appears only with
@@ -783,33 +823,33 @@ def user_point(pts: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any
     return None
 
 
-#: Most candidates run with the user's loop (each costs a slice per round, and loops stop early).
-MAX_CANDIDATES = 4
-
-
 def _cost(p: dict[str, Any]) -> tuple:
     """Workers first, then the other knobs, then memory (a candidate's cost in the job runs)."""
     mem = p["mem_pss_mb"] if math.isfinite(p["mem_pss_mb"]) else 0.0
     return (*setting_cost(p), mem)
 
 
-def job_candidates(rows: Any, meta: dict[str, Any], demand: float | None) -> list[Any]:
-    """The loader settings to run with the user's loop, most important first (:mod:`stagebench.core._jobrun`).
+def job_candidates(rows: Any, meta: dict[str, Any], demand: dict[str, Any] | float | None) -> Any:
+    """The loader settings to run with the user's loop: a :class:`stagebench.core._jobrun.Ladder`
+    (:mod:`stagebench.analysis._ladder` builds it from what this adapter offers).
 
-    Yours (as measured); the cheapest setting whose throughput alone feeds ``demand`` with
-    10% to spare (``num_workers=0`` included: the job run shows what loading between the
-    steps costs); the next measured setting with more workers; the fastest alone. At most
-    :data:`MAX_CANDIDATES`, in that order. Knobs whose effect an isolated sweep cannot see
-    keep the user's value: ``persistent_workers`` (it acts at epoch boundaries, which a
-    job slice does not reach) and, on a host with a CUDA device, ``pin_memory`` (its
-    benefit shows only with the copy to the device, which the user's loop makes); a user
-    who does not pin there also gets the pick with ``pin_memory=True`` run.
+    Offered: yours, exactly as the script sets it (a knob this host cannot take is named as changed);
+    the cheapest setting whose throughput alone feeds the step's demand with 10% to spare
+    (``num_workers=0`` included: the job run shows what loading between the steps costs); the next
+    measured setting with more workers; the fastest alone; on a host with a CUDA device where you do
+    not pin, the pick with ``pin_memory=True``. Knobs whose effect an isolated sweep cannot see keep
+    the user's value in the settings offered besides yours: ``persistent_workers`` (it acts at epoch
+    boundaries, which a job slice does not reach) and, on a host with a CUDA device, ``pin_memory``
+    (its benefit shows only with the copy to the device, which the user's loop makes).
     """
-    from stagebench.core._jobrun import Candidate
+    from stagebench.analysis._ladder import Rung, build_ladder
+    from stagebench.core._jobrun import Ladder
+    from stagebench.model._rate import Rate
 
+    rate = Rate.from_json(demand) if isinstance(demand, dict) else (Rate(float(demand)) if demand else None)
     pts = [p for p in _rows(rows) if is_ok(p)]
     if not pts:
-        return []
+        return Ladder(run=[])
     settings = meta.get("settings") or {}
     info = meta.get("loader") or {}
     backend = info.get("backend", "torch")
@@ -817,32 +857,7 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: float | None) -> lis
     budget = settings.get("memory_budget_mb")
     headroom = float(settings.get("headroom", DEMAND_HEADROOM))
     mine = info.get("user_knobs") or {}
-    user = user_point(pts, meta)
     pool = [p for p in pts if not _over_budget(p, budget)] or pts
-    chosen: list[tuple[dict[str, Any], list[str]]] = []
-
-    def add(p: dict[str, Any] | None, origin: str) -> None:
-        if p is None:
-            return
-        for q, origins in chosen:
-            if setting_cost(q) == setting_cost(p):
-                origins.append(origin)
-                return
-        chosen.append((p, [origin]))
-
-    if user is None and mine:  # not measured as such (cannot happen after a sweep of the user's loader)
-        user = normalize_row({**mine, "status": "ok"})
-    add(user, "yours")
-    feeding = sorted(
-        (p for p in pool if demand is not None and p["samples_per_s"] >= demand * (1 + headroom)), key=_cost
-    )
-    best = max(pool, key=lambda p: p["samples_per_s"])
-    if feeding:
-        add(feeding[0], "feeds")
-        above = [p for p in feeding if p["num_workers"] > feeding[0]["num_workers"]]
-        add(min(above, key=_cost) if above else None, "above")
-    add(best, "best")
-    chosen = chosen[:MAX_CANDIDATES]
 
     def knobs_of(p: dict[str, Any], pin: bool | None = None) -> LoaderKnobs:
         # the rules of _kept_knobs, so that the job's pick is what the summary recommends
@@ -861,45 +876,46 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: float | None) -> lis
         )
         return normalize_knobs(req, backend, cuda=cuda)[0]
 
-    out: list[Any] = []
-    seen: set[str] = set()
-    entries = [(p, origins, knobs_of(p)) for p, origins in chosen]
-    if cuda and not mine.get("pin_memory", False) and entries:
-        pick = next((e for e in entries if "feeds" in e[1]), entries[0])
-        entries.append((pick[0], ["pinned"], knobs_of(pick[0], pin=True)))
-    for p, origins, k in entries:
-        key = k.label()
-        if key in seen:
-            continue
-        seen.add(key)
-        shown = {
-            **p,
-            **{f: getattr(k, f) for f in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")},
-        }
-        out.append(
-            Candidate(
-                key=key,
-                label=_knob_text(shown),
-                settings={
-                    "num_workers": k.num_workers,
-                    "prefetch_factor": k.prefetch_factor,
-                    "persistent_workers": k.persistent_workers,
-                    "pin_memory": k.pin_memory,
-                },
-                origin=tuple(origins),
-                cost=_cost(shown),
-                round_steps=max(1, k.num_workers),
-                alone={
-                    "samples_per_s": p["samples_per_s"],
-                    "samples_per_s_low": p["samples_per_s_low"] if math.isfinite(p["samples_per_s_low"]) else None,
-                    "samples_per_s_high": p["samples_per_s_high"] if math.isfinite(p["samples_per_s_high"]) else None,
-                    "measured_as": _knob_text(p),
-                }
-                if math.isfinite(p["samples_per_s"])
-                else None,
-            )
+    def rung(p: dict[str, Any] | None, k: LoaderKnobs | None = None, notes: tuple[str, ...] = ()) -> Rung | None:
+        if p is None:
+            return None
+        k = k or knobs_of(p)
+        shown = {**p, **{f: getattr(k, f) for f in KNOB_KEYS}}
+        label = _knob_text(shown)
+        return Rung(
+            key=k.label(),
+            label=label + (f" (as run: {'; '.join(notes)})" if notes else ""),
+            settings={f: getattr(k, f) for f in KNOB_KEYS},
+            cost=_cost(shown),
+            alone=Rate.from_json(p) if math.isfinite(p["samples_per_s"]) else None,
+            alone_as=_knob_text(p) if _knob_text(p) != label else None,
+            round_steps=max(1, k.num_workers),
+            serial=k.num_workers == 0,
+            memory_mb=p["mem_workers_mb"] if math.isfinite(p["mem_workers_mb"]) else None,
         )
-    return out
+
+    user = user_point(pts, meta)
+    yours: Rung | None = None
+    if mine:
+        # exactly the script's setting: its knobs as given, only what this host cannot take changed (and named)
+        k, _, notes = normalize_knobs(LoaderKnobs(**mine), backend, cuda=cuda)
+        yours = rung(user or normalize_row({**asdict(k), "status": "ok"}), k, tuple(notes))
+    elif user is not None:
+        yours = rung(user)
+    need = None if rate is None else rate.value * (1 + headroom)
+    feeding = sorted((p for p in pool if need is not None and p["samples_per_s"] >= need), key=_cost)
+    best = max(pool, key=lambda p: p["samples_per_s"])
+    offers: list[tuple[Rung | None, str]] = [(yours, "yours")]
+    feeds = feeding[0] if feeding else None
+    if feeds is not None:
+        offers.append((rung(feeds), "feeds"))
+        above = [p for p in feeding if p["num_workers"] > feeds["num_workers"]]
+        offers.append((rung(min(above, key=_cost)) if above else None, "above"))
+    offers.append((rung(best), "best"))
+    if cuda and not mine.get("pin_memory", False):
+        first = feeds or best
+        offers.append((rung(first, knobs_of(first, pin=True)), "pinned"))
+    return build_ladder(offers, demand=rate, memory_budget_mb=budget)
 
 
 def _job_pick(job: dict[str, Any], pts: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
@@ -933,23 +949,35 @@ def _job_pick(job: dict[str, Any], pts: list[dict[str, Any]], meta: dict[str, An
 
 
 def _zero_workers_note(job: dict[str, Any]) -> str | None:
-    """Why num_workers=0 was or was not chosen, from the job runs (None: it was not a candidate)."""
+    """Why num_workers=0 was or was not chosen, from the job runs (None: it was not a candidate).
+
+    Loading without workers adds to every step (the DataLoader guide's T4), so it is advised only
+    where the job runs, in turns, show it as fast as the others within 5% (the rule of
+    :mod:`stagebench.model._evidence`); a reading that could not tell is not that.
+    """
+    from stagebench.model._evidence import Ratio
+
     zero = next((c for c in job["candidates"] if c["settings"].get("num_workers") == 0), None)
     if zero is None:
         return None
     f = zero.get("job")
     if not f:
         return "num_workers=0 was a candidate but did not run with your loop, so it is not advised"
-    best = next(c for c in job["candidates"] if c["key"] == job["best"])["job"]
-    if zero.get("as_good"):
+    x = Ratio.from_json(zero.get("versus_yours"))
+    vs = x.text("yours") if x is not None else "not run in turns with yours"
+    if zero["key"] == job.get("pick"):
         return (
-            f"num_workers=0 ran your job at {f['samples_per_s']:,.0f} samples/s, as fast as any setting with "
-            "workers: loading between the steps costs your step little here"
+            f"num_workers=0 ran your job at {f['samples_per_s']:,.0f} samples/s, {vs}: shown within 5% of yours, "
+            "so loading between the steps costs your step little here"
+        )
+    if x is not None and x.below(1.0):
+        return (
+            f"num_workers=0 ran your job at {f['samples_per_s']:,.0f} samples/s, {vs}: without workers the main "
+            "process loads each batch between your steps, so loading adds to every step"
         )
     return (
-        f"num_workers=0 ran your job at {f['samples_per_s']:,.0f} samples/s against {best['samples_per_s']:,.0f} "
-        f"with workers ({f['samples_per_s'] / best['samples_per_s']:.2f}x): without workers the main process loads "
-        "each batch between your steps, so loading adds to every step"
+        f"num_workers=0 ran your job at {f['samples_per_s']:,.0f} samples/s, {vs}: not shown as fast as your "
+        "setting, so it is not advised (without workers, loading adds to every step)"
     )
 
 
@@ -1075,6 +1103,9 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
             verdict += " by the loader alone"
         if best is not None and setting_cost(best) != setting_cost(rec):
             verdict += f" (best {best['samples_per_s']:,.1f} at num_workers={best['num_workers']})"
+        if rec.get("decision") and target is None:
+            # what the pick rests on: the ratio in turns, or that the runs could not tell
+            verdict += f"; {_decision_words(_decision_of(rec['decision']), {}, within)}"
     if target is not None and not decided:
         verdict += "; the job: " + _job_not_run(job, target)
 

@@ -1,23 +1,21 @@
-"""Loader settings measured more than once: their readings pooled, and the tie-break between two of them.
+"""Loader settings measured more than once: their readings pooled, and their windows in turns paired up.
 
-Decisions on evidence, not on the larger of two noisy numbers. Two rules:
+Decisions on evidence, not on the larger of two noisy numbers.
 
-**Pooling.** A setting measured twice (the tie-break below, a search phase that lands on a setting
+**Pooling.** A setting measured twice (the windows in turns, a search phase that lands on a setting
 already measured) is one point: all its samples over all its seconds, never the higher reading. Its
 interval combines the readings' own (weighted by their spans) with their spread between readings
-(a change of the machine between them), whichever is wider. On the 16-core H200 host one setting
-read 3,068 and 2,569 samples/s, and the table showed and the pick used the higher.
+(a change of the machine between them), whichever is wider, on the log scale (it stays positive).
+On the 16-core H200 host one setting read 3,068 and 2,569 samples/s, and the table showed and the
+pick used the higher.
 
-**The tie-break.** Where the pick rests on two settings whose intervals overlap while their readings
-are more than ``within_best`` apart (the cheaper chosen only because the measurement cannot tell them
-apart), both are measured again in turns, cheaper then faster then faster then cheaper per round, as
-the pipeline's head-to-head does (:mod:`stagebench.core._paired`): each adjacent pair of windows saw
-the same moments of the machine, and their ratio's mean over the pairs has a Student-t interval.
-The faster one wins when the whole interval says the cheaper is more than ``within_best`` slower;
-the cheaper one when the whole interval says it is within ``within_best``; otherwise it is a tie,
-which keeps the user's setting when it is one of the two, else the cheaper. On this VM a JPEG loader
-was recommended 2 workers (717 [675, 763] samples/s) over 4 (801 [641, 1,067]); run alone in turns,
-4 gave 782 against 682.
+**Rounds in turns.** The settings a decision hinges on are measured again in turns
+(:mod:`stagebench.loader._turns`): each round takes one window of each, in alternating order, so the
+windows of a round saw the same moments of the host. Their rows (``search_phase`` ``paired``) are read
+back in measurement order; a round ends where a setting comes again (:func:`paired_rounds`), and
+:func:`paired_ratio` turns the rounds into the ratio the rule of :mod:`stagebench.model._evidence`
+decides on. On this VM a JPEG loader was recommended 2 workers (717 [675, 763] samples/s) over 4 (801
+[641, 1,067]); run alone in turns, 4 gave 782 against 682.
 """
 
 from __future__ import annotations
@@ -26,7 +24,9 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["setting_key", "is_ok", "pool_points", "hinge", "paired_verdict", "Z95"]
+from stagebench.model._evidence import Ratio
+
+__all__ = ["setting_key", "is_ok", "pool_points", "paired_rounds", "paired_ratio", "Z95"]
 
 Z95 = 1.959964  # the normal 95% quantile: a reading's interval back to its standard error
 _KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
@@ -90,10 +90,11 @@ def _pooled(ok: list[dict[str, Any]]) -> dict[str, Any]:
     mean = sum(rates) / len(rates)
     between = math.sqrt(sum((x - mean) ** 2 for x in rates) / (len(rates) - 1) / len(rates))
     se = max(x for x in (within, between) if math.isfinite(x))
+    half = Z95 * se / rate if rate > 0 else math.nan  # on the log scale: a rate's interval stays positive
     out: dict[str, Any] = {
         "samples_per_s": rate,
-        "samples_per_s_low": rate - Z95 * se,
-        "samples_per_s_high": rate + Z95 * se,
+        "samples_per_s_low": rate * math.exp(-half),
+        "samples_per_s_high": rate * math.exp(half),
         "window_s": sum(_finite(r["window_s"] for r in ok)),
         "elapsed_s": sum(_finite(r["elapsed_s"] for r in ok)),
     }
@@ -110,37 +111,31 @@ def _pooled(ok: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def hinge(
-    near_pick: dict[str, Any], best: dict[str, Any], within_best: float
-) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """(cheaper, faster) when the pick rests on the noise between them: (module docstring), else None."""
-    if setting_key(near_pick) == setting_key(best):
-        return None
-    if near_pick["samples_per_s"] >= (1 - within_best) * best["samples_per_s"]:
-        return None  # within the rule's own margin by its reading: no tie to break
-    return near_pick, best
+def paired_rounds(raw: list[dict[str, Any]]) -> list[dict[tuple, float]]:
+    """The windows in turns, as rounds: per round, each setting's rate (measured ok) by :func:`setting_key`.
 
-
-def paired_verdict(
-    raw: list[dict[str, Any]], cheaper: tuple, faster: tuple, within_best: float
-) -> dict[str, Any] | None:
-    """The tie-break between two settings from their ``paired`` rows, in measurement order (module docstring).
-
-    Returns None without two usable pairs, else ``winner`` (``cheaper``, ``faster`` or ``tie``),
-    ``ratio`` (faster / cheaper, mean over the pairs), ``ratio_low`` / ``ratio_high`` and ``pairs``.
+    Rows are read in measurement order; each carries its round (``turn``). Rows written before that
+    column existed end a round where a setting comes again (A B, B A: the tie-break's order then).
     """
-    from stagebench.core._stats import mean_interval
-
-    seq = [r for r in raw if r["search_phase"] == "paired" and setting_key(r) in (cheaper, faster)]
-    ratios = []
-    for a, b in zip(seq[0::2], seq[1::2]):
-        by = {setting_key(r): r for r in (a, b)}
-        if set(by) != {cheaper, faster} or not all(is_ok(r) for r in (a, b)):
+    rounds: list[dict[tuple, float]] = []
+    seen: set[tuple] = set()
+    last_turn = None
+    for r in raw:
+        if r["search_phase"] != "paired":
             continue
-        ratios.append(by[faster]["samples_per_s"] / by[cheaper]["samples_per_s"])
-    if len(ratios) < _MIN_PAIRS:
-        return None
-    ratio, lo, hi, _ = mean_interval(ratios, 0.95)
-    limit = 1 / (1 - within_best)  # the faster this much ahead: the cheaper is no longer within within_best
-    winner = "faster" if lo > limit else "cheaper" if hi < limit else "tie"
-    return {"winner": winner, "ratio": ratio, "ratio_low": lo, "ratio_high": hi, "pairs": len(ratios)}
+        k = setting_key(r)
+        turn = r.get("turn")
+        numbered = isinstance(turn, (int, float)) and math.isfinite(turn)
+        if not rounds or (turn != last_turn if numbered else k in seen):
+            rounds.append({})
+            seen = set()
+        last_turn = turn if numbered else None
+        seen.add(k)
+        if is_ok(r):
+            rounds[-1][k] = float(r["samples_per_s"])
+    return rounds
+
+
+def paired_ratio(rounds: list[dict[tuple, float]], a: tuple, b: tuple) -> Ratio | None:
+    """a's rate over b's, round by round, over the rounds that measured both."""
+    return Ratio.of_pairs([(r[a], r[b]) for r in rounds if a in r and b in r])

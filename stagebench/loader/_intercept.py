@@ -540,23 +540,23 @@ def diagnose_first_loader(
     return install_dataloader_hook(on_loader)
 
 
-def _trainer_setting() -> tuple[float, float] | None:
-    """(``STAGEBENCH_TRAINER_S``, ``STAGEBENCH_JOB_S``) when ``STAGEBENCH_TRAINER=measure`` (read and
-    checked by the settings table)."""
+def _trainer_setting() -> tuple[float, float | None] | None:
+    """(``STAGEBENCH_TRAINER_S``, ``STAGEBENCH_JOB_S`` or None: from the step) when ``STAGEBENCH_TRAINER=measure``
+    (read and checked by the settings table)."""
     from stagebench._settings import read_env, setting
 
     given = read_env(os.environ)
     if given.get("trainer") != "measure":
         return None
-    return float(given.get("trainer_s", setting("trainer_s").default)), float(
-        given.get("job_s", setting("job_s").default)
-    )
+    job_s = given.get("job_s", setting("job_s").default)
+    return float(given.get("trainer_s", setting("trainer_s").default)), None if job_s is None else float(job_s)
 
 
-def _then_exit(factory: Any, summary: dict, run_dir: Path, seconds: float, job_s: float):
+def _then_exit(factory: Any, summary: dict, run_dir: Path, seconds: float, job_s: float | None):
     """The user's loop on cached batches, then at the candidate settings (:mod:`stagebench.loader._trainer`), then exit."""
     from stagebench.core._progress import message
-    from stagebench.loader._trainer import end_from_close, loader_trainer_phases
+    from stagebench.job._phase import end_from_close
+    from stagebench.loader._trainer import loader_trainer_phases
 
     knobs = LoaderKnobs(**loader_knobs(summary["recommended"]))
     if (summary.get("settings") or {}).get("cuda") and factory.user_knobs is not None:

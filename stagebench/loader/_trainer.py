@@ -1,141 +1,19 @@
-"""``STAGEBENCH_TRAINER=measure``: the user's own loop measured, then run at the candidate settings.
-
-Shared by DataLoader and SPDL pipeline diagnoses. :func:`trainer_phases` is the generator the user's
-loop iterates instead of their loader:
-
-1. **The step alone** on cached batches, as the loader delivers them (pinned when it pins on a host
-   with a CUDA device: a step that copies pageable memory to the device waits for the driver to
-   stage it, so it reads slower than the job will run), until its rate is known to ±3%
-   (:class:`stagebench.core._steps.TrainerProbe`): the demand, written to ``run.json["trainer"]``.
-2. **The job**: the analysis names the candidates from the isolated sweep and that demand (yours,
-   the cheapest that feeds it, a step above, the fastest alone); the loop runs on the real loader or
-   pipeline at each, in turns (:class:`stagebench.core._jobrun.JobRuns`), and ``run.json["job"]``
-   keeps every step's wait and body.
-3. The summary, the report and a few lines on the terminal, then the program ends.
-
-A loop that stops early (``break``, an exception) ends the phase it is in: what was measured is
-written, and the summary says what did not run. :func:`loader_trainer_phases` adapts this to a
-DataLoader (a fresh loader per slice, built by the sweep's factory).
+"""``STAGEBENCH_TRAINER=measure`` on a DataLoader: the job phase (:mod:`stagebench.job._phase`) on loaders
+built by the sweep's factory, one per candidate setting, kept open between its turns where they fit.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any
 
-from stagebench.core._jobrun import Candidate, JobRuns, Opener
+from stagebench.core._jobrun import Feed, Ladder, drain_queued
 from stagebench.core._steps import CACHED_BATCHES, TrainerProbe
+from stagebench.job._phase import JobPlan, trainer_phases
 
-__all__ = ["finish_trainer", "trainer_phases", "loader_trainer_phases", "end_from_close", "JobPlan"]
-
-
-@dataclass(frozen=True)
-class JobPlan:
-    """What the job phase needs besides the loop: the candidates (from the demand) and how to open one."""
-
-    candidates: Callable[[dict[str, Any]], list[Candidate]]
-    open_candidate: Opener
-    _: KW_ONLY
-    items_per_step: float
-    max_slice_s: float
-    budget_s: float
-    what: str
-
-
-def _write(run_dir: Any, probe: TrainerProbe, runs: JobRuns | None) -> None:
-    from stagebench.runs._results import RunDir
-
-    rd = RunDir(run_dir)
-    meta = rd.read_meta()
-    meta["trainer"] = probe.result()
-    if runs is not None:
-        meta["job"] = runs.record()
-    rd.write_meta(meta)
-
-
-def finish_trainer(run_dir: Any, probe: TrainerProbe, runs: JobRuns | None, say: Callable[[str], None]) -> int:
-    """Write the trainer's and the job's figures, the summary and the report again; say the answer."""
-    from stagebench.analysis._summary import summarize_run
-    from stagebench.report._render import write_report
-    from stagebench.report._terminal import job_lines
-    from stagebench.runs._results import RunDir
-
-    _write(run_dir, probe, runs)
-    summary = summarize_run(run_dir)
-    RunDir(run_dir).write_summary(summary)
-    write_report(run_dir)
-    res = probe.result()
-    if res["samples_per_s"] is None:
-        say(f"trainer: no demand measured ({res['error']})")
-    else:
-        say(
-            f"trainer: your step takes {1e3 / res['steps_per_s']:.3g} ms: {res['samples_per_s']:,.1f} items/s "
-            f"on cached batches ({res['steps']} steps)"
-        )
-    for line in job_lines(summary):
-        say(line)
-    say(f"report: {Path(run_dir) / 'report.html'}")
-    return 0
-
-
-def end_from_close(code: int, *, in_process: bool = False) -> None:
-    """End the program from a generator being closed (the user's loop stopped early).
-
-    An exception raised there is ignored when the close comes from the generator being
-    collected, and the program would go on to train for real. ``in_process``: under
-    ``run_script``, whose caller's process must not end: ``SystemExit`` then.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if in_process:
-        raise SystemExit(code)
-    os._exit(code)
-
-
-def trainer_phases(
-    probe: TrainerProbe,
-    cached: Callable[[], list],
-    plan: JobPlan,
-    run_dir: Any,
-    end: Callable[[int], None],
-) -> Generator[Any, None, int]:
-    """Both phases, as a generator the user's loop iterates; returns the exit code.
-
-    ``cached()``: the batches of the first phase. What was measured is written after the first
-    phase (should the loop fail on the live batches) and at the end; a loop that stops early
-    ends the program through ``end`` once it is written.
-    """
-    from stagebench.analysis._job import contenders
-
-    runs: JobRuns | None = None
-    try:
-        yield from probe.alone_phase(cached())
-        _write(run_dir, probe, None)
-        demand = probe.result()
-        if probe.error is None and demand["samples_per_s"] is not None:
-            candidates = plan.candidates(demand)
-            if candidates:
-                runs = JobRuns(
-                    candidates,
-                    items_per_step=plan.items_per_step,
-                    say=probe.say,
-                    max_slice_s=plan.max_slice_s,
-                    budget_s=plan.budget_s,
-                    what=plan.what,
-                )
-                yield from runs.run(plan.open_candidate, contenders)
-    except GeneratorExit:
-        if runs is None:
-            probe.stopped_early = f"your loop stopped after {probe.steps_handed} steps on cached batches"
-        finish_trainer(run_dir, probe, runs, probe.say)
-        end(0)
-        return 0
-    return finish_trainer(run_dir, probe, runs, probe.say)
+__all__ = ["loader_trainer_phases"]
 
 
 def loader_trainer_phases(
@@ -144,7 +22,7 @@ def loader_trainer_phases(
     *,
     cached_knobs: Any,
     seconds: float,
-    job_s: float,
+    job_s: float | None,
     say: Callable[[str], None],
     end: Callable[[int], None],
 ) -> Generator[Any, None, int]:
@@ -164,20 +42,20 @@ def loader_trainer_phases(
 
     def cached() -> list:
         batches = []
-        with _opened(factory, cached_knobs) as get:
+        with _opened(factory, cached_knobs) as feed:
             for _ in range(CACHED_BATCHES):
                 try:
-                    batches.append(get())
+                    batches.append(feed.get())
                 except EOFError:
                     break
         return batches
 
-    def candidates(demand: dict[str, Any]) -> list[Candidate]:
+    def candidates(demand: dict[str, Any]) -> Ladder:
         from stagebench.analysis._loader import job_candidates
         from stagebench.runs._results import RunDir, read_rows
 
         rd = RunDir(run_dir)
-        return job_candidates(read_rows(rd.results_csv), rd.read_meta(), demand["samples_per_s"])
+        return job_candidates(read_rows(rd.results_csv), rd.read_meta(), demand)
 
     plan = JobPlan(
         candidates,
@@ -197,8 +75,9 @@ def _has_cuda(run_dir: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _opened(factory: Any, knobs: Any) -> Iterator[Callable[[], Any]]:
-    """A fresh loader at ``knobs`` whose epochs never end; yields the function returning its next user batch."""
+def _opened(factory: Any, knobs: Any) -> Iterator[Feed]:
+    """A fresh loader at ``knobs`` whose epochs never end; yields its :class:`Feed` (the next user batch, and
+    the drain of what its workers queued while it waited for its turn)."""
     from stagebench.loader._sweep import BatchTag, BuiltLoader, shut_down, workers_beyond_cores_unwarned
 
     with workers_beyond_cores_unwarned():  # torch warns when the loader is built, and again at each iter()
@@ -225,7 +104,14 @@ def _opened(factory: Any, knobs: Any) -> Iterator[Callable[[], Any]]:
                 raise EOFError("the loader yields no batches") from None
         return item.batch if isinstance(item, BatchTag) else item  # the user's own batch, out of the sweep's tag
 
+    def drain() -> int:
+        if knobs.num_workers == 0:
+            return 0  # nothing is made ahead without workers
+        if getattr(factory, "backend", "torch") == "torch":  # each batch taken sends one index: the depth is known
+            return drain_queued(get, count=knobs.num_workers * (knobs.prefetch_factor or 2))
+        return drain_queued(get)
+
     try:
-        yield get
+        yield Feed(get=get, drain=drain)
     finally:
         shut_down(state["it"], built)

@@ -120,6 +120,8 @@ _NOT_KNOBS = {
     "disk_read_mb_s",
     "loader",
     "backend",
+    "decision",
+    "turn",
 }
 
 

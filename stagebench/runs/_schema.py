@@ -112,7 +112,8 @@ LOADER_COLUMN_DOCS: dict[str, str] = {
     "mem_workers_mb": "PSS of the workers",
     "disk_read_mb_s": "bytes read from storage per second (main + workers)",
     "search_phase": "num_workers | prefetch_factor | persistent_workers | pin_memory | grid | user | paired "
-    "(measured again in turns with another: the tie-break) | epoch_stall (the stall alone, at the pick)",
+    "(a window in turns with the settings the pick hinges on, each loader kept open) | epoch_stall (the stall "
+    "alone, at the pick)",
     "started_at": "ISO time the point started",
     "elapsed_s": "wall time of the whole point, start-up and tear-down included",
     "n_samples": "samples behind the steady-state figure",
@@ -123,6 +124,7 @@ LOADER_COLUMN_DOCS: dict[str, str] = {
     "stall_phase_s": "time spent measuring the epoch stall (short epochs after the window)",
     "teardown_s": "time to stop the loader and its workers",
     "notes": 'normalisations and caveats of this point ("; "-separated)',
+    "turn": "search_phase paired: the round of the windows in turns it belongs to (1, 2, ...); empty otherwise",
 }
 LOADER_COLUMNS = tuple(LOADER_COLUMN_DOCS)
 __all__ += ["LOADER_COLUMNS", "STAGE_COLUMN_DOCS", "LOADER_COLUMN_DOCS"]

@@ -1,0 +1,242 @@
+"""How a loader sweep chooses and measures its points: :class:`LoaderSweepConfig`, validated once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from stagebench._settings import DEMAND_HEADROOM, LOADER_MIN_WINDOW_S, LOADER_WINDOW_S, PRECISION, check
+from stagebench.runs._knobs import LoaderKnobs
+
+__all__ = ["LoaderSweepConfig", "LoaderFactory", "STRATEGIES"]
+
+STRATEGIES = ("adaptive", "grid")
+
+# --------------------------------------------------------------------------- knobs
+
+
+#: A callable that builds a FRESH loader for the given knobs; iterating the loader
+#: yields batches (one iteration = one epoch). It may return a :class:`BuiltLoader`
+#: to give the measurement epoch control and worker tags.
+LoaderFactory = Callable[[LoaderKnobs], Iterable]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoaderSweepConfig:
+    """How a loader sweep chooses and measures its points."""
+
+    strategy: str = "adaptive"
+    """``adaptive`` (num_workers upwards until no gain, then the other knobs at
+    the best) or ``grid`` (every combination)."""
+
+    num_workers: tuple[int, ...] | None = None
+    """num_workers levels, ascending. ``None``: 0, 1, 2, 4, ... up to ``max_workers``."""
+
+    max_workers: int | None = None
+    """Highest num_workers tried. ``None``: twice the usable cores, because a
+    loader that waits (network, disk, sleep) keeps scaling past the core count
+    while its workers sit idle; beyond 2x the search costs more than it tells."""
+
+    prefetch_factors: tuple[int, ...] = (1, 2, 4)
+    """prefetch_factor values. The num_workers phase uses 2 (torch's default)
+    when listed, else the first."""
+
+    persistent_workers: tuple[bool, ...] = (False, True)
+    """persistent_workers values (torch only; SPDL's loader has no such knob)."""
+
+    pin_memory: tuple[bool, ...] = (False, True)
+    """pin_memory values; ``True`` is measured only where CUDA is available."""
+
+    budget_s: float = LOADER_WINDOW_S
+    """Longest steady-state window per point, in seconds. It grows (up to the point's
+    timeout) until at least three groups of arrivals fit, so a slow loader never
+    gets an interval it has not earned."""
+
+    precision: float = PRECISION
+    """Sequential stopping: a window closes, after ``min_window_s``, once its 95% interval is
+    within this share of its throughput (the stage points' rule). 0: every window runs
+    ``budget_s`` (the protocol before, kept for comparisons)."""
+
+    min_window_s: float = LOADER_MIN_WINDOW_S
+    """Shortest window before it may close on precision."""
+
+    stall_at: str = "pick"
+    """Where the epoch-boundary stall is measured: ``pick`` (once, at the recommendation, after
+    the search: the only decision it enters is persistent_workers there; two short epochs with
+    restarting workers cost each point two start-ups) or ``every`` (at every point, as before)."""
+
+    search_prefetch: bool = False
+    """Adaptive search: also measure ``prefetch_factors`` at the best num_workers. Off by
+    default: a loader measured alone is drained as fast as it delivers, so a deeper queue has
+    nothing to smooth (on the 16-core H200 host, prefetch 1, 2 and 4 read within each other's
+    intervals at 16 and 32 workers, and the pick took the higher noisy number). The search
+    keeps the script's own (``yours``), else 2. Its effect on a bursty trainer shows in a job run."""
+
+    yours: LoaderKnobs | None = None
+    """The training script's own setting. It is measured after the search, kept where the
+    measurements cannot tell it from a cheaper or faster one (the tie-break), and the adaptive
+    search measures at its ``prefetch_factor`` and, on a host with a CUDA device, its
+    ``pin_memory``: pinning pays off only with the copy to the device, which a loader measured
+    alone never makes, so the search could only see its cost; a job run with the user's loop
+    judges it (:mod:`stagebench.loader._trainer`)."""
+
+    tie_rounds: int = 8
+    """Decisions on evidence: the settings the pick hinges on (yours, the fastest, the cheapest near
+    it) are measured again in turns, one window of each per round, their loaders kept open
+    (:mod:`stagebench.loader._turns`), until the rule of :mod:`stagebench.model._evidence` is
+    settled, at most this many rounds. Readings measured apart decide nothing, so without these
+    rounds yours is kept (or, without a setting of yours, the fastest is used). 0: off."""
+
+    warmup_s: float = 0.3
+    """Minimum warm-up; the window also waits until every worker delivered."""
+
+    timeout_s: float = 60.0
+    """Deadline of one point (build, warm-up, window, epoch stall). A loader that
+    delivers nothing by then is recorded as ``timeout`` and torn down."""
+
+    min_batches: int = 8
+    """Fewest batches behind a throughput figure (more with many workers)."""
+
+    max_groups: int = 10
+    """Batch-means groups for the interval."""
+
+    confidence: float = 0.95
+    """Two-sided confidence level of the interval."""
+
+    min_gain: float = 0.05
+    """Adaptive search: a step improves only if it beats the best so far by this
+    share AND by more than the intervals' half-widths."""
+
+    patience: int = 2
+    """Adaptive search: steps without improvement before num_workers stops rising."""
+
+    within_best: float = 0.05
+    """Recommendation: cheapest setting within this share of the best throughput."""
+
+    headroom: float = DEMAND_HEADROOM
+    """With a target rate: the loader must deliver target x (1 + headroom)."""
+
+    memory_budget_mb: float | None = None
+    """PSS of main process + workers allowed. ``None``: the main process's PSS now
+    plus ``memory_share`` of the RAM available at the start."""
+
+    memory_share: float = 0.5
+    """Share of available RAM the loader may use when ``memory_budget_mb`` is None:
+    half leaves room for the model, the optimizer, a CUDA context and page cache."""
+
+    epoch_stall: bool = True
+    """Measure the stall at an epoch boundary (short extra epochs per point)."""
+
+    stall_epochs: int = 1
+    """Short epochs after the measured one: boundaries behind the stall figure. One: a restart's
+    cost varies little between boundaries, and each costs a start-up of the workers (it was 2)."""
+
+    stall_epoch_batches: int | None = None
+    """Batches in a short epoch. ``None``: max(4, 2 x num_workers)."""
+
+    stall_wait_s: float = 5.0
+    """Loaders without epoch control: longest wait for a natural epoch boundary."""
+
+    transforms: bool = True
+    """Measure each transform of a composed ``dataset.transform`` as a stage."""
+
+    transform_items: int = 16
+    """Cached inputs per transform."""
+
+    transform_budget_s: float = 0.5
+    """Window per transform point."""
+
+    transform_max_concurrency: int | None = None
+    """Highest concurrency for transforms. ``None``: the usable cores."""
+
+    transform_executors: tuple[str, ...] = ("thread", "process")
+    """Executors for transforms: threads against processes is the GIL evidence;
+    process points cost a pool start each (seconds on a busy machine)."""
+
+    extra_points: tuple[LoaderKnobs, ...] = ()
+    """Settings measured after the search (e.g. the script's own setting)."""
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy: unknown {self.strategy!r}; allowed: {', '.join(STRATEGIES)}")
+        if self.num_workers is not None:
+            nw = tuple(self.num_workers)
+            if not nw or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in nw):
+                raise ValueError(f"num_workers must be integers >= 0, got {self.num_workers!r}")
+            if list(nw) != sorted(set(nw)):
+                raise ValueError(f"num_workers must be ascending and distinct, got {self.num_workers!r}")
+        if self.max_workers is not None and (not isinstance(self.max_workers, int) or self.max_workers < 1):
+            raise ValueError(f"max_workers must be None or an integer >= 1, got {self.max_workers!r}")
+        if not self.prefetch_factors or any(
+            isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in self.prefetch_factors
+        ):
+            raise ValueError(f"prefetch_factors must be integers >= 1, got {self.prefetch_factors!r}")
+        for key in ("persistent_workers", "pin_memory"):
+            vals = getattr(self, key)
+            if not vals or any(not isinstance(v, bool) for v in vals):
+                raise ValueError(f"{key} must be a non-empty tuple of True/False, got {vals!r}")
+        check("budget_s", self.budget_s, "budget_s")
+        check("warmup_s", self.warmup_s, "warmup_s")
+        check("precision", self.precision, "precision")
+        if not 0 < self.min_window_s <= self.budget_s:
+            raise ValueError(f"min_window_s must be in (0, budget_s={self.budget_s:g}], got {self.min_window_s}")
+        if self.stall_at not in ("pick", "every"):
+            raise ValueError(f"stall_at: unknown {self.stall_at!r}; allowed: pick, every")
+        if self.yours is not None and not isinstance(self.yours, LoaderKnobs):
+            raise ValueError(f"yours must be None or LoaderKnobs, got {type(self.yours).__name__}")
+        if isinstance(self.tie_rounds, bool) or not isinstance(self.tie_rounds, int) or self.tie_rounds < 0:
+            raise ValueError(f"tie_rounds must be an integer >= 0, got {self.tie_rounds!r}")
+        if not self.timeout_s > self.budget_s + self.warmup_s:
+            raise ValueError(
+                f"timeout_s ({self.timeout_s}) must be larger than budget_s + warmup_s "
+                f"({self.budget_s + self.warmup_s})"
+            )
+        if self.min_batches < 2:
+            raise ValueError(f"min_batches must be >= 2, got {self.min_batches}")
+        if self.max_groups < 2:
+            raise ValueError(f"max_groups must be >= 2, got {self.max_groups}")
+        if not 0.5 < self.confidence < 1:
+            raise ValueError(f"confidence must be in (0.5, 1), got {self.confidence}")
+        for key in ("min_gain", "within_best", "headroom"):
+            v = getattr(self, key)
+            if not 0 <= v < 1:
+                raise ValueError(f"{key} must be in [0, 1), got {v}")
+        if self.patience < 1:
+            raise ValueError(f"patience must be >= 1, got {self.patience}")
+        if self.memory_budget_mb is not None and not self.memory_budget_mb > 0:
+            raise ValueError(f"memory_budget_mb must be None or > 0, got {self.memory_budget_mb}")
+        if not 0 < self.memory_share <= 1:
+            raise ValueError(f"memory_share must be in (0, 1], got {self.memory_share}")
+        if self.stall_epochs < 1:
+            raise ValueError(f"stall_epochs must be >= 1, got {self.stall_epochs}")
+        if self.stall_epoch_batches is not None and self.stall_epoch_batches < 1:
+            raise ValueError(f"stall_epoch_batches must be None or >= 1, got {self.stall_epoch_batches}")
+        if self.stall_wait_s < 0:
+            raise ValueError(f"stall_wait_s must be >= 0, got {self.stall_wait_s}")
+        if self.transform_items < 1:
+            raise ValueError(f"transform_items must be >= 1, got {self.transform_items}")
+        if not self.transform_budget_s > 0:
+            raise ValueError(f"transform_budget_s must be > 0, got {self.transform_budget_s}")
+        if self.transform_max_concurrency is not None and self.transform_max_concurrency < 1:
+            raise ValueError(f"transform_max_concurrency must be None or >= 1, got {self.transform_max_concurrency}")
+        from stagebench.runs._schema import EXECUTORS
+
+        if not self.transform_executors or any(e not in EXECUTORS for e in self.transform_executors):
+            raise ValueError(
+                f"transform_executors: unknown in {self.transform_executors!r}; allowed: {', '.join(EXECUTORS)}"
+            )
+        for k in self.extra_points:
+            if not isinstance(k, LoaderKnobs):
+                raise ValueError(f"extra_points must hold LoaderKnobs, got {type(k).__name__}")
+
+    def default_prefetch(self) -> int:
+        if self.yours is not None and self.yours.prefetch_factor is not None:
+            return self.yours.prefetch_factor
+        return 2 if 2 in self.prefetch_factors else self.prefetch_factors[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["extra_points"] = [asdict(k) for k in self.extra_points]
+        d["yours"] = asdict(self.yours) if self.yours is not None else None
+        return d

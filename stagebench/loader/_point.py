@@ -1,0 +1,901 @@
+"""One loader setting measured: the protocol behind every loader point.
+
+A data loader is measured the way a training loop uses it: a fresh loader per
+setting, iterated by a consumer that takes batches as fast as they come. The
+protocol, and why each step is there:
+
+1. Build the loader and call ``iter()`` in a consumer thread. The thread, not the
+   caller, blocks on ``next()``: a hung worker (or a hung ``__getitem__`` with
+   ``num_workers=0``) can then be timed out and torn down instead of hanging the
+   sweep.
+2. Warm up until every worker process has delivered a batch. Batches carry the
+   pid of the process that collated them out of band (the collate function is
+   wrapped; the user's batch is untouched), so "every worker started" is
+   observed, not assumed.
+3. Time a window over inter-arrival times: a batch arrives at one instant, so
+   throughput is samples over the span between arrivals (no counting error of a
+   whole batch at the window edges). In-order delivery makes arrivals come in
+   rounds of the workers, so the span covers whole rounds (:func:`window_rate`),
+   and the interval comes from batch means over consecutive groups of whole
+   rounds.
+4. After the window: CPU counters of main process + workers (explicit pids,
+   never a scan of /proc during the window), then PSS/USS of the same processes
+   while the workers are alive.
+5. The epoch boundary: the measured epoch is ended on purpose (the sampler is
+   wrapped), then short epochs follow; the stall is the time from the last batch
+   of one epoch to the first batch of the next, with this point's
+   ``persistent_workers`` setting.
+6. Tear down: ``_shutdown_workers()`` (torch) or closing the generator (SPDL),
+   then SIGKILL for any worker of ours still alive.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from stagebench.loader._config import LoaderFactory, LoaderSweepConfig
+from stagebench.runs._knobs import LoaderKnobs, normalize_knobs
+
+__all__ = [
+    "BatchTag",
+    "TaggedCollate",
+    "EpochControl",
+    "BuiltLoader",
+    "shut_down",
+    "measure_loader_point",
+    "timed_window",
+    "window_rate",
+    "workers_beyond_cores_unwarned",
+    "CANNOT_MATTER",
+]
+
+_POLL_S = 0.005
+
+
+# ------------------------------------------------------------ measurement protocol
+class BatchTag(NamedTuple):
+    """A batch with where it was made, attached by :class:`TaggedCollate`.
+
+    A namedtuple on purpose: torch's pin-memory thread rebuilds namedtuples
+    field by field, so ``batch`` is pinned exactly as the user's batch would be.
+    """
+
+    batch: Any
+    pid: int
+    worker: int
+    n: int
+    threads: int
+
+
+class TaggedCollate:
+    """Wraps the user's collate function; returns a :class:`BatchTag` around its batch.
+
+    Runs where collation runs (the worker), so the tag names the process that
+    made the batch and the torch thread count it ran with. The extra work is a
+    few attribute reads per batch.
+    """
+
+    def __init__(self, collate_fn: Callable, batched: bool) -> None:
+        self.collate_fn = collate_fn
+        self.batched = batched
+
+    def __call__(self, samples: Any) -> BatchTag:
+        out = self.collate_fn(samples)
+        n = len(samples) if self.batched and hasattr(samples, "__len__") else 1
+        worker, threads = -1, -1
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            try:
+                info = torch.utils.data.get_worker_info()
+                worker = -1 if info is None else int(info.id)
+                threads = int(torch.get_num_threads())
+            except Exception:
+                pass
+        return BatchTag(out, os.getpid(), worker, n, threads)
+
+
+class EpochControl:
+    """Wraps the user's (batch) sampler so the measurement decides where epochs end.
+
+    ``cycle()``: the epoch runs on (the user's sampler is restarted when it is
+    exhausted), so the window never straddles an epoch boundary. ``limit(n)``: an
+    epoch of n yields. ``end()``: the epoch ends at the next request for an
+    index; batches already in flight are still delivered. Iterated in the main
+    process by both torch and SPDL, so plain attributes suffice.
+    """
+
+    def __init__(self, inner: Iterable) -> None:
+        self.inner = inner
+        self._cycle = False
+        self._limit: int | None = None
+        self._end = False
+
+    def cycle(self) -> None:
+        self._cycle, self._limit, self._end = True, None, False
+
+    def limit(self, n: int) -> None:
+        self._cycle, self._limit, self._end = True, int(n), False
+
+    def end(self) -> None:
+        self._end = True
+
+    def __iter__(self):
+        n = 0
+        while True:
+            yielded = False
+            for x in self.inner:
+                if self._end or (self._limit is not None and n >= self._limit):
+                    return
+                yield x
+                n += 1
+                yielded = True
+            if not self._cycle or not yielded:
+                return
+
+    def __len__(self) -> int:
+        if self._limit is not None:
+            return self._limit
+        return len(self.inner)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True, kw_only=True)
+class BuiltLoader:
+    """What a factory may return instead of a bare loader: the loader plus the hooks
+    that make the measurement exact (epoch control, worker tags, clean-up)."""
+
+    loader: Iterable
+    control: EpochControl | None = None
+    close: Callable[[], None] | None = None
+
+
+class _Event(NamedTuple):
+    t: float
+    epoch: int
+    pid: int | None
+    n: int | None
+    threads: int
+
+
+def _cuda_available() -> bool:
+    torch: Any = sys.modules.get("torch")
+    if torch is None:
+        try:
+            import torch
+        except ImportError:
+            return False
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def _key(k: LoaderKnobs) -> tuple:
+    return (k.num_workers, k.prefetch_factor, k.persistent_workers, k.pin_memory)
+
+
+class _SpdlErrors(logging.Handler):
+    """Collects errors that SPDL's pipeline logs instead of raising.
+
+    SPDL's loader drops a batch whose task failed (its pipeline tolerates any
+    number of failures) and only logs it; a training loop would silently see
+    fewer batches. The sweep treats such a point as failed, like torch does.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.ERROR)
+        self.records: list[str] = []
+        self._logger = logging.getLogger("spdl")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.records) >= 5:
+            return
+        if record.exc_info and record.exc_info[1] is not None:
+            e = record.exc_info[1]
+            self.records.append(f"{type(e).__name__}: {_first_and_last_line(str(e))}")
+        else:
+            self.records.append(record.getMessage()[:300])
+
+    def attach(self) -> None:
+        self._logger.addHandler(self)
+
+    def detach(self) -> None:
+        self._logger.removeHandler(self)
+
+
+def _first_and_last_line(msg: str) -> str:
+    lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    if len(lines) == 1:
+        return lines[0][:300]
+    return f"{lines[0]} ... {lines[-1]}"[:300]
+
+
+_CRASH_MARKERS = ("exited unexpectedly", "killed by signal", "terminated abruptly", "BrokenProcessPool")
+
+
+def _classify(message: str, exc: BaseException | None = None, *, crash: bool = False) -> tuple[str, str]:
+    """(status, reason) for an error seen by the consumer."""
+    is_crash = crash or any(m in message for m in _CRASH_MARKERS)
+    if exc is not None:
+        from concurrent.futures.process import BrokenProcessPool
+
+        is_crash = is_crash or isinstance(exc, BrokenProcessPool)
+    if is_crash:
+        killed = any(m in message for m in ("Killed", "SIGKILL", "signal: 9", "terminated abruptly"))
+        hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if killed else ""
+        return "crashed", f"a worker process died: {message}{hint}"[:400]
+    return "failed", f"the loader raised: {message}"[:400]
+
+
+def shut_down(it: Any, built: BuiltLoader | None) -> None:
+    """Stop a loader's iterator and its workers, then the factory's own clean-up; never raises."""
+    try:
+        if it is not None:
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if callable(shutdown):
+                shutdown()
+            elif callable(getattr(it, "close", None)):
+                it.close()  # a generator (SPDL): leaves its pipeline and process pool
+    except BaseException:  # teardown of a broken loader must not raise
+        pass
+    try:
+        if built is not None and built.close is not None:
+            built.close()
+    except BaseException:  # teardown of a broken loader must not raise
+        pass
+
+
+class _Consumer(threading.Thread):
+    """Builds the loader and takes batches as fast as they come, epoch after epoch."""
+
+    def __init__(self, factory: LoaderFactory, knobs: LoaderKnobs) -> None:
+        super().__init__(name="stagebench-loader-consumer", daemon=True)
+        self.factory = factory
+        self.knobs = knobs
+        self.events: list[_Event] = []
+        self.t_begin = math.nan
+        self.built: BuiltLoader | None = None
+        self.loader: Any = None
+        self.iterator: Any = None
+        self.error: tuple[str, str] | None = None
+        self.stop_requested = False
+        self.max_epochs: int | None = None
+        self.stall_batches = 4
+        self.finished = False
+        # open: batches are taken as they come; closed (a loader waiting for its turn, :mod:`_turns`): the
+        # consumer takes none, and the loader's workers fill their queues and idle
+        self.gate = threading.Event()
+        self.gate.set()
+
+    @property
+    def control(self) -> EpochControl | None:
+        return self.built.control if self.built is not None else None
+
+    def run(self) -> None:
+        try:
+            self.t_begin = time.perf_counter()
+            built: Iterable | BuiltLoader = self.factory(self.knobs)
+            if not isinstance(built, BuiltLoader):
+                built = BuiltLoader(loader=built)
+            self.built = built
+            self.loader = built.loader
+            if built.control is not None:
+                built.control.cycle()
+            epoch = 0
+            events = self.events
+            while not self.stop_requested:
+                it = iter(self.loader)
+                self.iterator = it
+                ended = True
+                n_before = len(events)
+                while True:
+                    self.gate.wait()
+                    if self.stop_requested:
+                        ended = False
+                        break
+                    try:
+                        batch = next(it)
+                    except StopIteration:
+                        break
+                    t = time.perf_counter()
+                    if isinstance(batch, BatchTag):
+                        events.append(_Event(t, epoch, batch.pid, batch.n, batch.threads))
+                    else:
+                        events.append(_Event(t, epoch, None, None, -1))
+                    del batch
+                    if self.stop_requested:
+                        ended = False
+                        break
+                if not ended:
+                    break
+                if len(events) == n_before:
+                    raise RuntimeError(
+                        "an epoch yielded no batches (an empty dataset, or fewer samples than one "
+                        "batch with drop_last=True?)"
+                    )
+                epoch += 1
+                if self.max_epochs is not None and epoch >= self.max_epochs:
+                    break
+                if built.control is not None:
+                    built.control.limit(self.stall_batches)
+        except BaseException as e:  # the point records it; nothing escapes the thread
+            self.error = _classify(f"{type(e).__name__}: {_first_and_last_line(str(e))}", e)
+        finally:
+            self._close()
+            self.finished = True
+
+    def _close(self) -> None:
+        it, self.iterator = self.iterator, None
+        shut_down(it, self.built)
+
+    def _worker_procs(self) -> list[Any]:
+        it = self.iterator
+        procs = list(getattr(it, "_workers", None) or ())
+        frame = getattr(it, "gi_frame", None)
+        if frame is not None:
+            try:
+                procs += list((getattr(frame.f_locals.get("executor"), "_processes", None) or {}).values())
+            except Exception:
+                pass
+        return procs
+
+    def dead_worker(self) -> str | None:
+        """A worker of the live iterator that died, described; None if all live.
+
+        torch notices a dead worker only after its 5 s status-check interval, and
+        SPDL only when its pool breaks: this sees it at once. ``exitcode`` polls
+        with waitpid (no /proc read).
+        """
+        it = self.iterator
+        if it is None or getattr(it, "_shutdown", False) or self.stop_requested:
+            return None
+        for w in self._worker_procs():
+            try:
+                code = w.exitcode
+            except Exception:
+                continue
+            if code is None or code == 0:
+                continue
+            if code < 0:
+                try:
+                    sig = signal.Signals(-code).name
+                except ValueError:
+                    sig = f"signal {-code}"
+                return f"worker pid {w.pid} was killed by {sig}"
+            return f"worker pid {w.pid} exited with code {code}"
+        return None
+
+    def worker_pids(self) -> list[int]:
+        """Worker pids known without touching /proc: tags, torch's iterator, SPDL's pool."""
+        me = os.getpid()
+        pids = {e.pid for e in self.events[:4096] if e.pid is not None and e.pid != me}
+        for w in self._worker_procs():
+            pid = getattr(w, "pid", None)
+            if pid:
+                pids.add(int(pid))
+        pids.discard(me)
+        return sorted(pids)
+
+
+def _kill_workers(pids: Iterable[int]) -> int:
+    """SIGKILL the given workers if they are still our children. Returns how many."""
+    import psutil
+
+    me = os.getpid()
+    n = 0
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.ppid() != me or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            os.kill(pid, signal.SIGKILL)
+            n += 1
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return n
+
+
+def _teardown(cons: _Consumer, hung: bool) -> list[str]:
+    """Stop the consumer and make sure no worker of this point survives it."""
+    notes: list[str] = []
+    cons.stop_requested = True
+    cons.gate.set()  # a consumer waiting for its turn wakes up to stop
+    ctl = cons.control
+    if ctl is not None:
+        ctl.end()
+    known = set(cons.worker_pids())
+    cons.join(0.3 if hung else 15.0)
+    if cons.is_alive():
+        known |= set(cons.worker_pids())
+        if _kill_workers(known):
+            notes.append("hung workers killed")
+        # torch checks worker liveness every 5 s while it waits for a batch
+        cons.join(8.0)
+    if cons.is_alive():
+        notes.append(
+            "the loading thread is still blocked"
+            + (" (num_workers=0 loads in this process: it cannot be killed)" if cons.knobs.num_workers == 0 else "")
+            + "; later points may be perturbed"
+        )
+    if _kill_workers(known):
+        notes.append("leftover workers killed")
+    import multiprocessing
+
+    multiprocessing.active_children()  # reaps the children that exited
+    return notes
+
+
+def _empty_row(name: str, backend: str, eff: LoaderKnobs, shown: dict, phase: str, notes: list[str]) -> dict[str, Any]:
+    from stagebench.runs._schema import LOADER_COLUMNS
+
+    row: dict[str, Any] = {c: math.nan for c in LOADER_COLUMNS}
+    row.update(
+        loader=name,
+        backend=backend,
+        num_workers=eff.num_workers,
+        prefetch_factor=eff.prefetch_factor if eff.prefetch_factor is not None else math.nan,
+        persistent_workers=shown["persistent_workers"],
+        pin_memory=shown["pin_memory"],
+        status="ok",
+        reason="",
+        search_phase=phase,
+        notes="; ".join(notes),
+        workers_seen=0,
+        started_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
+    )
+    return row
+
+
+def _add_note(row: dict[str, Any], note: str) -> None:
+    row["notes"] = f"{row['notes']}; {note}" if row.get("notes") else note
+
+
+def measure_loader_point(
+    factory: LoaderFactory,
+    knobs: LoaderKnobs,
+    *,
+    name: str = "loader",
+    backend: str = "torch",
+    batch_size: int | None = None,
+    config: LoaderSweepConfig | None = None,
+    phase: str = "",
+    cuda: bool | None = None,
+    stall: bool | None = None,
+    throughput: bool = True,
+    cannot_matter_below: float | None = None,
+) -> dict[str, Any]:
+    """Measure one loader setting on a fresh loader; returns one row (:data:`LOADER_COLUMNS`).
+
+    ``stall``: measure the epoch-boundary stall after the window (``None``: as
+    ``config.epoch_stall`` says; a search passes where ``stall_at`` wants it). ``throughput=False``: no window, only the
+    stall (the search's last step, at its pick). ``cannot_matter_below``: samples/s; a window
+    whose interval lies wholly under it closes at the minimum (it cannot be the answer).
+    Never raises for the loader's own faults (a raising or dying worker, a hang):
+    they become ``status``/``reason``. ``KeyboardInterrupt`` propagates after
+    the loader and its workers are torn down.
+    """
+    cfg = config or LoaderSweepConfig()
+    cuda = _cuda_available() if cuda is None else cuda
+    if stall is None:
+        stall = cfg.epoch_stall
+    eff, shown, notes = normalize_knobs(knobs, backend, cuda=cuda)
+    row = _empty_row(name, backend, eff, shown, phase, notes)
+    t_begin = time.perf_counter()
+    deadline = t_begin + cfg.timeout_s
+    errors = _SpdlErrors()
+    cons = _Consumer(factory, eff)
+    errors.attach()
+    outcome = None
+    hung = False
+    plan = _Plan(stall=stall, throughput=throughput, batch_size=batch_size, floor=cannot_matter_below)
+    with _quiet_sigchld():
+        try:
+            cons.start()
+            outcome, hung = _supervise(cons, eff, cfg, deadline, row, errors, plan)
+        except KeyboardInterrupt:
+            _teardown(cons, hung=True)
+            errors.detach()
+            raise
+        t_down = time.perf_counter()
+        try:
+            for note in _teardown(cons, hung=hung):
+                _add_note(row, note)
+        finally:
+            errors.detach()
+        row["teardown_s"] = time.perf_counter() - t_down
+    if row["status"] == "ok" and cons.error is not None:
+        row["status"], row["reason"] = cons.error  # raised during the epoch-stall phase
+    if row["status"] == "ok" and errors.records:
+        row["status"], row["reason"] = _classify(errors.records[0])
+    _fill(row, cons, outcome, eff, batch_size, cfg)
+    row["elapsed_s"] = time.perf_counter() - t_begin
+    return row
+
+
+@contextmanager
+def workers_beyond_cores_unwarned() -> Iterator[None]:
+    """Silence torch's warning that num_workers exceeds the cores ("might get DataLoader running slow or
+    even freeze"), which it gives when a DataLoader is built and again each time it is iterated: the
+    sweep and the job runs go there on purpose, measure what it costs, and say so in their findings."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"This DataLoader will create \d+ worker processes", category=UserWarning
+        )
+        yield
+
+
+@contextmanager
+def _quiet_sigchld() -> Iterator[None]:
+    """Keep torch's SIGCHLD handler from raising in the main thread during a point.
+
+    Once any DataLoader iterator was created on the main thread, torch keeps a
+    process-wide SIGCHLD handler that raises ``RuntimeError: DataLoader worker
+    ... is killed`` wherever the main thread happens to be (here: in the
+    supervisor's sleep, or its teardown). The sweep detects dead workers itself
+    and records the point as crashed, so the handler is set aside meanwhile.
+    """
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGCHLD"):
+        yield
+        return
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+
+
+def _failure(cons: _Consumer, errors: _SpdlErrors, check_workers: bool = False) -> tuple[str, str] | None:
+    if cons.error is not None:
+        return cons.error
+    if errors.records:
+        return _classify(errors.records[0])
+    if check_workers:
+        dead = cons.dead_worker()
+        if dead:
+            return _classify(dead, crash=True)
+    return None
+
+
+class _Plan(NamedTuple):
+    """What one point measures besides its warm-up (:func:`measure_loader_point`)."""
+
+    stall: bool
+    throughput: bool
+    batch_size: int | None
+    floor: float | None
+
+
+#: Seconds between two checks of a window's interval (each reads the arrivals so far).
+_CHECK_S = 0.05
+#: A window whose interval lies wholly under this share of the best so far cannot be the answer.
+CANNOT_MATTER = 0.8
+
+
+def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
+    """Warm-up, window, memory, epoch stall. Returns (outcome or None, hung)."""
+    expected = max(1, eff.num_workers)
+    t_start = time.perf_counter()
+    seen: set = set()
+    scanned = 0
+    # --- warm-up: every worker delivered, and the minimum time passed
+    polls = 0
+    while True:
+        now = time.perf_counter()
+        polls += 1
+        fail = _failure(cons, errors, check_workers=polls % 20 == 0)
+        if fail:
+            row["status"], row["reason"] = fail
+            return None, False
+        if cons.finished:
+            row.update(status="failed", reason="the loader ended before warm-up was over (an empty dataset?)")
+            return None, False
+        ev = cons.events
+        n = len(ev)
+        for e in ev[scanned:n]:
+            if e.epoch == 0:
+                seen.add(e.pid if e.pid is not None else scanned)
+            scanned += 1
+        # untagged batches: count arrivals (torch delivers in order, round-robin)
+        all_seen = len(seen) >= expected
+        if all_seen and math.isnan(row["startup_s"]):
+            row["startup_s"] = now - cons.t_begin  # built, started, every worker delivered
+        warm = cfg.warmup_s if plan.throughput else 0.0  # the stall alone needs no steady state
+        if n >= 2 and now - t_start >= warm and (all_seen or n >= 4 * expected + 2):
+            if not all_seen:
+                _add_note(row, f"only {len(seen)} of {expected} workers delivered during warm-up")
+                row["startup_s"] = now - cons.t_begin
+            row["warmup_s"] = now - cons.t_begin - row["startup_s"]
+            break
+        if now >= deadline:
+            row.update(
+                status="timeout",
+                reason=f"no steady state within {cfg.timeout_s:g}s: {n} batch(es) arrived, "
+                f"{len(seen)} of {expected} workers delivered (a hung worker or a very slow start)",
+            )
+            return None, True
+        time.sleep(_POLL_S)
+    row["workers_seen"] = len(seen) if cons.events and cons.events[0].pid is not None else math.nan
+
+    if not plan.throughput:  # the stall only (the search's pick): no window
+        hung = plan.stall and _measure_stall(cons, eff, cfg, deadline, row, errors, time.perf_counter())
+        return None, hung
+
+    outcome, hung = timed_window(cons, eff, cfg, deadline, row, errors, plan)
+    if outcome is None:
+        return None, hung
+    # --- epoch stall
+    return outcome, plan.stall and _measure_stall(cons, eff, cfg, deadline, row, errors, outcome[1])
+
+
+def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
+    """One steady-state window of ``cons``'s arrivals, then its CPU and memory. Returns ((t0, t1, CPU
+    snapshots, memory) or None, hung).
+
+    It closes once its interval is within ``cfg.precision`` (after ``cfg.min_window_s``), or once the
+    interval lies wholly under ``plan.floor`` (it cannot be the answer), or at ``cfg.budget_s``.
+    """
+    from stagebench.core._resources import TreeSnapshot, tree_memory_mb
+
+    t0 = time.perf_counter()
+    i0 = len(cons.events)
+    pids = cons.worker_pids()
+    snap0 = TreeSnapshot.take(pids, opening=True)
+    min_gaps = max(cfg.min_batches, 3 * max(2, eff.num_workers))
+    end = t0 + cfg.budget_s
+    reserve = min(5.0, 0.1 * cfg.timeout_s)
+    next_check = t0 + cfg.min_window_s
+    polls = 0
+    while True:
+        now = time.perf_counter()
+        polls += 1
+        fail = _failure(cons, errors, check_workers=polls % 5 == 0)
+        if fail:
+            row["status"], row["reason"] = fail
+            return None, False
+        got = len(cons.events) - i0 - 1
+        if now >= end and got >= min_gaps:
+            break
+        if got >= min_gaps and now >= next_check and (cfg.precision > 0 or plan.floor):
+            next_check = now + _CHECK_S
+            if _settled(cons.events, t0, now, eff, cfg, plan):
+                break
+        if now >= deadline - reserve:
+            last = cons.events[-1].t if cons.events else t0
+            if got < 1 or now - last > max(1.0, 0.5 * (now - t0)):
+                row.update(
+                    status="timeout", reason=f"the loader stalled: no batch for {now - last:.1f}s (a hung worker?)"
+                )
+                return None, True
+            _add_note(row, f"window cut at the point's deadline after {got} batches")
+            break
+        time.sleep(min(0.02, max(0.0, end - now)) or _POLL_S)
+    t1 = time.perf_counter()
+    snap1 = TreeSnapshot.take(pids)
+    # memory, read while the workers are alive and the window is closed
+    mem = tree_memory_mb(cons.worker_pids())
+    return (t0, t1, snap0, snap1, mem), False
+
+
+def _settled(
+    events: Sequence[_Event], t0: float, now: float, eff: LoaderKnobs, cfg: LoaderSweepConfig, plan: _Plan
+) -> bool:
+    """Whether the window may close now: its interval within ``cfg.precision``, or wholly under the floor."""
+    got = window_rate(
+        list(events),
+        t0,
+        now,
+        rnd=max(1, eff.num_workers),
+        batch_size=plan.batch_size,
+        max_groups=cfg.max_groups,
+        confidence=cfg.confidence,
+    )
+    rate, lo, hi = got.get("samples_per_s"), got.get("samples_per_s_low"), got.get("samples_per_s_high")
+    if not rate or lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return False
+    if cfg.precision > 0 and (hi - lo) / 2 <= cfg.precision * rate:
+        return True
+    return plan.floor is not None and hi < plan.floor
+
+
+def _measure_stall(cons, eff, cfg, deadline, row, errors, t1) -> bool:
+    """Run to epoch boundaries, its seconds in ``row["stall_phase_s"]`` (the point's time split).
+    Returns True when the loader hung doing so."""
+    t_stall = time.perf_counter()
+    try:
+        return _run_to_epoch_ends(cons, eff, cfg, deadline, row, errors, t1)
+    finally:
+        row["stall_phase_s"] = time.perf_counter() - t_stall
+
+
+def _run_to_epoch_ends(cons, eff, cfg, deadline, row, errors, t1) -> bool:
+    ctl = cons.control
+    if ctl is not None:
+        cons.stall_batches = cfg.stall_epoch_batches or max(4, 2 * eff.num_workers)
+        cons.max_epochs = 1 + cfg.stall_epochs
+        ctl.end()
+        while not cons.finished:
+            if _failure(cons, errors):
+                return False
+            if time.perf_counter() >= deadline:
+                last = cons.events[-1].t if cons.events else t1
+                _add_note(row, "epoch stall not measured: the epochs did not end before the point's deadline")
+                if time.perf_counter() - last > 1.0:
+                    row.update(
+                        status="timeout",
+                        reason=f"the loader stalled at an epoch end: no batch for {time.perf_counter() - last:.1f}s",
+                    )
+                    return True
+                return False
+            time.sleep(0.01)
+        return False
+    # No epoch control: wait for a natural boundary if one is near.
+    start_epoch = cons.events[-1].epoch if cons.events else 0
+    wait = cfg.stall_wait_s
+    try:
+        per_epoch = len(cons.loader)
+        in_epoch = sum(1 for e in cons.events if e.epoch == start_epoch)
+        rate = _rough_batch_rate(cons.events)
+        if rate > 0:
+            est = max(0, per_epoch - in_epoch) / rate
+            if est > wait:
+                _add_note(row, f"epoch stall not measured: the epoch ends in about {est:.0f}s (> stall_wait_s)")
+                return False
+    except TypeError:
+        pass
+    until = min(deadline, time.perf_counter() + wait)
+    while time.perf_counter() < until:
+        if _failure(cons, errors) or cons.finished:
+            return False
+        ev = cons.events
+        if ev and ev[-1].epoch > start_epoch:
+            return False
+        time.sleep(0.01)
+    if not any(e.epoch > 0 for e in cons.events):
+        _add_note(row, f"epoch stall not measured: no epoch ended within {wait:g}s")
+    return False
+
+
+def _rough_batch_rate(events: list[_Event]) -> float:
+    tail = events[-50:]
+    if len(tail) < 2 or tail[-1].t <= tail[0].t:
+        return 0.0
+    return (len(tail) - 1) / (tail[-1].t - tail[0].t)
+
+
+def window_rate(
+    events: Sequence[_Event],
+    t0: float,
+    t1: float,
+    *,
+    rnd: int,
+    batch_size: int | None,
+    max_groups: int,
+    confidence: float,
+) -> dict[str, Any]:
+    """Throughput and its interval from the arrivals inside [t0, t1], over whole rounds of the workers.
+
+    Torch delivers batches in order, worker by worker, so with ``rnd`` workers of
+    equal speed the arrivals come in clumps of ``rnd``: a window that opens on a
+    clump's first arrival and closes on a clump's last spans one round less
+    than the batches it counts. Counting over ``rnd``-multiples of gaps (batch
+    j to batch j + m*rnd: the same worker, m of its periods apart) removes that
+    edge: 4 workers sleeping 40 ms a batch read 8% high over a 0.4 s window
+    when the span ran clump to clump. The batch-means groups are whole rounds
+    too. Returns ``n_batches``, ``n_samples``, ``samples_per_s``,
+    ``batches_per_s`` and, with two groups or more, ``cv``,
+    ``samples_per_s_low`` / ``samples_per_s_high``; an empty dict when no gap
+    lies in the window.
+    """
+    import numpy as np
+
+    gaps: list[float] = []
+    samples: list[float] = []
+    k_in_epoch = 0
+    prev = None
+    for e in events:
+        k_in_epoch = 0 if prev is None or e.epoch != prev.epoch else k_in_epoch + 1
+        # After an epoch restart all workers deliver at once: skip the first round.
+        if (
+            prev is not None
+            and prev.t >= t0
+            and e.t <= t1
+            and e.epoch == prev.epoch
+            and (e.epoch == 0 or k_in_epoch >= rnd)
+        ):
+            gaps.append(e.t - prev.t)
+            n_batch = e.n if e.n is not None else batch_size
+            samples.append(float(n_batch) if n_batch is not None else math.nan)
+        prev = e
+    rounds = len(gaps) // rnd
+    nb = rounds * rnd if rounds else len(gaps)  # fewer gaps than a round: all of them (min_gaps prevents it)
+    g = np.asarray(gaps[:nb], dtype=float)
+    s = np.asarray(samples[:nb], dtype=float)
+    span = float(g.sum())
+    if nb == 0 or span <= 0:
+        return {}
+    n = float(s.sum())
+    # seconds per sample: the rate is its inverse, so the inverted bounds bracket the rate exactly
+    spi = span / n if n > 0 else math.inf
+    out: dict[str, Any] = {
+        "n_batches": nb,
+        "n_samples": n,
+        "samples_per_s": 1.0 / spi if n > 0 else n,
+        "batches_per_s": nb / span,
+    }
+    # Batch means over consecutive groups of whole rounds: each group's rate, and the interval around the
+    # pooled rate on the log scale (stagebench.model._rate.Rate.around: it stays positive and finite)
+    k = min(max_groups, nb // max(2, rnd))
+    if k >= 2 and np.isfinite(s).all():
+        from stagebench.model._rate import Rate
+
+        parts = [np.arange(r[0] * rnd, (r[-1] + 1) * rnd) for r in np.array_split(np.arange(rounds), k)]
+        per = [float(s[p].sum() / g[p].sum()) for p in parts if g[p].sum() > 0 and s[p].sum() > 0]
+        mean = sum(per) / len(per) if per else math.nan
+        if len(per) >= 2 and mean > 0:
+            out["cv"] = float(np.std(per, ddof=1)) / mean
+            r = Rate.around(out["samples_per_s"], per, confidence)
+            if r.low is not None and r.high is not None:
+                out["samples_per_s_low"], out["samples_per_s_high"] = r.low, r.high
+    return out
+
+
+def _fill(row, cons: _Consumer, outcome, eff: LoaderKnobs, batch_size: int | None, cfg: LoaderSweepConfig) -> None:
+    """Throughput, interval, stall, cores and memory from the consumer's events."""
+    import numpy as np
+
+    ev = list(cons.events)
+    if ev:
+        row["time_to_first_batch_s"] = ev[0].t - cons.t_begin
+    me = os.getpid()
+    threads = [e.threads for e in ev[:4096] if e.threads >= 0 and (e.pid != me or eff.num_workers == 0)]
+    if threads:
+        row["worker_threads"] = max(threads)
+
+    # epoch boundaries: last batch of epoch k -> first batch of epoch k+1
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for e in ev:
+        first.setdefault(e.epoch, e.t)
+        last[e.epoch] = e.t
+    stalls = [first[k] - last[k - 1] for k in sorted(first) if k >= 1 and (k - 1) in last]
+    if stalls:
+        row["epoch_stall_s"] = float(np.mean(stalls))
+
+    if outcome is None:
+        return
+    t0, t1, snap0, snap1, mem = outcome
+    window = t1 - t0
+    row["window_s"] = window
+    got = window_rate(
+        ev,
+        t0,
+        t1,
+        rnd=max(1, eff.num_workers),
+        batch_size=batch_size,
+        max_groups=cfg.max_groups,
+        confidence=cfg.confidence,
+    )
+    row.update(got)
+    if not got.get("samples_per_s"):
+        if row["status"] == "ok":
+            row.update(status="failed", reason="no batches arrived in the steady-state window")
+        return
+    row["cores_used"] = snap1.cpu_since(snap0) / window
+    row["disk_read_mb_s"] = snap1.read_bytes_since(snap0) / window / 2**20
+    row["mem_main_mb"] = mem["main"]
+    row["mem_pss_mb"] = mem["pss"]
+    row["mem_uss_mb"] = mem["uss"]
+    row["mem_workers_mb"] = mem["workers"]
