@@ -10,6 +10,9 @@ rounds, each setting a fresh process), its own loop timed over ``--steps`` steps
   step (the num_workers=0 trap of issue 30).
 - ``cpu``: 1 ms of CPU per item, batches of 16, a step of 25 ms of CPU in the main process: on two
   cores the workers and the step compete for the cores.
+- ``slow``: a step of 1 s of CPU, as real models take, and 12 ms of CPU per item (a batch of 16 in
+  0.19 s): without workers the load adds about a fifth to every step (the issue-36 case: the advice
+  must never be num_workers=0, or must keep yours and say the runs could not tell).
 
 Printed per script: the pick and what the job runs said of it, the truth at every setting (median
 over rounds), the pick's truth against the best truth (target: at least 95%), and what the job runs
@@ -63,6 +66,8 @@ SCRIPT = textwrap.dedent(
         def __getitem__(self, i):
             if a.kind == "wait":
                 time.sleep(0.002)
+            elif a.kind == "slow":
+                spin(0.012)
             else:
                 spin(0.001)
             return torch.full((8,), float(i))
@@ -73,6 +78,8 @@ SCRIPT = textwrap.dedent(
     for batch in loader:
         if a.kind == "wait":
             time.sleep(0.050)  # the step on an accelerator
+        elif a.kind == "slow":
+            spin(1.0)  # a real model's step on the CPU
         else:
             spin(0.025)  # a step that computes on the CPU
         n += 1
@@ -96,11 +103,19 @@ def diagnose(script: Path, kind: str, out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+#: Steps of the plain runs per kind (the slow step's: 1 s each).
+TRUTH_STEPS = {"slow": 12}
+#: Plain runs' warm-up steps per kind.
+TRUTH_WARMUP = {"slow": 3}
+
+
 def truth(script: Path, kind: str, rounds: int, steps: int) -> dict[int, list[float]]:
     got: dict[int, list[float]] = {w: [] for w in WORKERS}
+    steps = TRUTH_STEPS.get(kind, steps)
     for r in range(rounds):
         for w in WORKERS if r % 2 == 0 else WORKERS[::-1]:
             cmd = [sys.executable, str(script), kind, "--workers", str(w), "--steps", str(steps)]
+            cmd += ["--warmup", str(TRUTH_WARMUP.get(kind, 8))]
             res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, check=True)
             got[w].append(json.loads(res.stdout.strip().splitlines()[-1])["samples_per_s"])
     return got
@@ -111,13 +126,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--kinds", nargs="+", default=["wait", "cpu", "slow"], choices=["wait", "cpu", "slow"])
     args = ap.parse_args()
     print(machine_line())
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "train.py"
         script.write_text(SCRIPT)
-        for kind in ("wait", "cpu"):
+        for kind in args.kinds:
             s = diagnose(script, kind, Path(tmp) / f"run-{kind}")
             job = s.get("job") or {}
             pick = next((c for c in job.get("candidates") or [] if c["key"] == job.get("pick")), None)
@@ -134,12 +150,18 @@ def main() -> int:
                 mark = " <- pick" if w == nw else ""
                 print(f"    num_workers={w}: {fmt_q(med[w], 1)} ({runs}){mark}")
             ok = ratio is not None and ratio >= TARGET
+            kept = job.get("advice") == "keep yours" and (job.get("decision") or {}).get("rival") is not None
             print(
-                f"  pick {nw}: {ratio:.1%} of the best ({best_w} workers) "
-                f"{'meets' if ok else 'MISSES'} the {TARGET:.0%} target; job runs {job.get('seconds', 0):.1f} s, "
-                f"{job.get('steps_handed')} steps, {job.get('rounds')} rounds"
+                f"  pick {nw} ({job.get('advice')}): {ratio:.1%} of the best ({best_w} workers) "
+                f"{'meets' if ok else 'keeps yours, could not tell' if kept else 'MISSES'} the {TARGET:.0%} target"
                 if ratio is not None
                 else "  no pick"
+            )
+            per = {c["label"]: (c["job"] or {}).get("steps") for c in job.get("candidates") or [] if c.get("job")}
+            print(
+                f"  the decision took {job.get('seconds', 0):.1f} s, {job.get('steps_handed')} steps of your loop, "
+                f"{job.get('rounds')} rounds ({'settled' if (job.get('decision') or {}).get('settled') else 'not settled'})"
+                f"; counted steps per setting: {per}"
             )
             results[kind] = {
                 "pick_num_workers": nw,
@@ -151,6 +173,9 @@ def main() -> int:
                 "job_steps": job.get("steps_handed"),
                 "step_alone": s["trainer"]["samples_per_s"],
                 "verdict": job.get("text"),
+                "advice": job.get("advice"),
+                "settled": (job.get("decision") or {}).get("settled"),
+                "rounds": job.get("rounds"),
             }
     if args.json:
         write_json(args.json, {"target": TARGET, "results": results})

@@ -336,9 +336,10 @@ SETTINGS: tuple[Setting, ...] = (
         "job_s",
         "STAGEBENCH_JOB_S",
         "float",
-        60.0,
+        None,
         "most seconds of the job runs of STAGEBENCH_TRAINER=measure (your loop on the real loader or pipeline at "
-        "each candidate setting, in turns); what did not run by then is said",
+        "each candidate setting, in turns, until the comparisons settle); default: 150 of your steps, at least "
+        "60 s and at most 300 s; what did not settle by then is said, with what more would settle it",
         minimum=0,
         above=True,
         unit="seconds",

@@ -555,16 +555,23 @@ def test_fixes_on_stages_far_from_the_bottleneck_rank_low():
     assert not any(f["stage"] == "sleep" and "raise its concurrency" in f["title"] for f in s["findings"])
 
 
-def _yours_run(qps, low, high):
-    return {"qps": qps, "qps_low": low, "qps_high": high, "settings": [], "seconds": 3.0}
+def _yours_run(qps, low, high, windows):
+    return {"qps": qps, "qps_low": low, "qps_high": high, "settings": [], "seconds": 3.0, "window_rates": windows}
+
+
+#: The validation run's windows in turns with the user's (480 items/s, four slices).
+VALIDATION_WINDOWS = [478.0, 485.0, 476.0, 481.0]
 
 
 @pytest.mark.parametrize(
     "yours, verdict, severity",
     [
-        (_yours_run(250.0, 240.0, 260.0), "recommended", "high"),  # 480 (470-490) against 250: 1.92x
-        (_yours_run(470.0, 450.0, 495.0), "as good", "info"),  # the intervals overlap
-        (_yours_run(560.0, 550.0, 570.0), "yours", "info"),  # the user's are faster beyond noise
+        # 480 (470-490) against 250 in every round: 1.92x, beyond noise
+        (_yours_run(250.0, 240.0, 260.0, [249.0, 252.0, 248.0, 251.0]), "recommended", "high"),
+        # windows in turns that swing either way: the runs cannot tell them apart, and yours stay
+        (_yours_run(470.0, 450.0, 495.0, [430.0, 520.0, 440.0, 490.0]), "could not tell", "info"),
+        # the user's are faster in every round
+        (_yours_run(560.0, 550.0, 570.0, [561.0, 559.0, 560.0, 562.0]), "yours", "info"),
         ({"qps": None, "error": "RuntimeError: boom"}, "inconclusive", "info"),
         ({"qps": None, "not_run": "quick mode: the real pipeline was not run"}, "not run", "info"),
     ],
@@ -573,7 +580,14 @@ def test_the_users_own_settings_are_set_against_the_recommended_ones_as_measured
     """No per-stage "change your setting" finding any more: one finding, from running both settings in turns."""
     meta = _meta("spin")
     meta["stages"][0].update(user_executor="thread", user_concurrency=8)
-    meta["validation"] = {"qps": 480.0, "qps_low": 470.0, "qps_high": 490.0, "seconds": 3.0, "settings": []}
+    meta["validation"] = {
+        "qps": 480.0,
+        "qps_low": 470.0,
+        "qps_high": 490.0,
+        "seconds": 3.0,
+        "settings": [],
+        "window_rates": VALIDATION_WINDOWS,
+    }
     meta["yours"] = yours
     s = summarize(model_rows("spin", gil_ms=4.0, wait_ms=0.0), meta)
     assert s["recommended_vs_yours"]["verdict"] == verdict
@@ -585,8 +599,12 @@ def test_the_users_own_settings_are_set_against_the_recommended_ones_as_measured
     assert not [f for f in s["findings"] if f["title"].startswith("spin: change")]
     if verdict == "recommended":
         assert "1.92x" in mine[0]["title"] and "spin: thread x 8 -> process x 2" in mine[0]["detail"]
-    if verdict in ("as good", "yours"):
+    if verdict == "yours":
         assert "keep them" in s["recommended_vs_yours"]["text"]
+    if verdict == "could not tell":
+        text = s["recommended_vs_yours"]["text"]
+        assert text.startswith("keep yours: the runs could not tell the recommended settings from yours, ")
+        assert "x yours (" in text and "over 4 rounds in turns" in text
     if verdict == "not run":  # quick mode says it did not check, never that yours were beaten
         assert s["recommended_vs_yours"]["text"].startswith("not checked against your settings (quick mode")
         assert "not checked" in mine[0]["title"] + mine[0]["detail"]

@@ -40,9 +40,10 @@ def test_rows_written_with_a_negative_lower_end_read_as_no_interval():
 
 # --------------------------------------------------------------------------- the ratio in turns
 def test_the_ratio_is_the_geometric_mean_of_the_rounds_with_a_positive_interval():
-    x = Ratio.of_pairs([(80.0, 100.0), (125.0, 100.0)])
-    assert x.value == pytest.approx(1.0) and x.rounds == 2 and 0 < x.low < 1 < x.high
-    assert Ratio.of_pairs([(1.0, 2.0)]).low is None  # one round: no interval
+    x = Ratio.of_pairs([(80.0, 100.0), (125.0, 100.0), (100.0, 100.0)])
+    assert x.value == pytest.approx(1.0) and x.rounds == 3 and 0 < x.low < 1 < x.high
+    # under three rounds: no interval (two that agree by chance would settle a question on no spread)
+    assert Ratio.of_pairs([(1.0, 2.0), (1.01, 2.0)]).low is None
     assert Ratio.of_pairs([(0.0, 2.0), (float("nan"), 1.0)]) is None
 
 

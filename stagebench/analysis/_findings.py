@@ -425,8 +425,17 @@ def _yours_finding(yours: dict) -> dict:
             {"yours": yours},
             ratio,
         )
+    if verdict == "cheaper":
+        return _f(
+            "low",
+            "fewer workers run as fast as yours, measured in turns",
+            f"{yours['text']}. The changes: {changes}",
+            None,
+            {"yours": yours},
+            1.0,
+        )
     title = {
-        "as good": "your settings are already as good as the recommended ones",
+        "could not tell": "keep your settings: the runs could not tell the recommended ones from them",
         "yours": "your settings beat the recommended ones: keep them",
     }.get(verdict, "the recommended settings were not checked against yours")
     return _f(

@@ -5,34 +5,35 @@ loop on the real loader or pipeline at each candidate setting, in turns) and ``r
 (the step alone on cached batches), so ``stagebench report`` rebuilds it from saved runs.
 
 **Figures per candidate**, pooled over its slices: counted steps over their seconds, times the items
-per step. Each slice's counted steps are cut to whole groups (rounds of the workers: a window that
-ends inside a round counts part of a burst); the 95% Student-t interval comes from the groups'
-rates, every group of every slice, so that a change of the machine between rounds widens it. The
-data-wait share is the part of each step spent waiting for the batch; the step's own rate next to
-the loader (the loop body alone) says whether the two slowed each other down on shared cores.
+per step, with a 95% interval (on the log scale: it stays positive) from the rates of groups of
+whole rounds of the workers, every group of every slice. The data-wait share is the part of each
+step spent waiting for the batch; the step's own rate next to the loader (the loop body alone) says
+whether the two slowed each other down on shared cores.
 
-**The decision.** The best is the fastest job measured. A candidate is *as good* as the best when
-their intervals overlap or it is within 5% of it (:data:`stagebench.core._paired.WITHIN_BEST`: no
-change rests on a difference the runs cannot tell from noise). The pick is the cheapest candidate as
-good as the best: fewest workers and threads, then the rest of its cost (memory). So the user's own
-setting is kept when nothing cheaper is as good and nothing runs faster beyond noise; a cheaper one is
-named when the job runs confirm it is as fast. When the loop stopped before a check ran, the verdict
-says which, and what that leaves unproven; the callers then fall back to what was measured.
+**The decision** is the one rule of :mod:`stagebench.model._evidence`: each round ran every
+candidate still in question, one slice each, so the slices of one round saw the same moments of the
+host, and their ratio per round is the evidence. A setting other than the user's is advised only
+where those ratios show it faster beyond noise, or cheaper and within 5% (their 95% interval above
+0.95), and as good as the fastest; otherwise the user's setting is kept, and the verdict names the
+setting the runs could not tell from it, the ratio's interval, and how many rounds more would
+settle it. ``num_workers=0`` is no exception: it is advised only where the job, in turns, shows it
+equivalent (loading then adds to every step: the DataLoader guide's T4).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
-from stagebench._numbers import finite, fmt_q, num
-from stagebench.core._paired import WITHIN_BEST
+from stagebench._numbers import finite, num
+from stagebench.model._evidence import EQUIVALENT, Decision, Option, Ratio, decide
+from stagebench.model._rate import Rate
 
 __all__ = [
     "candidate_figures",
     "contenders",
     "decide_job",
+    "job_decision",
     "job_findings",
     "alone_scope",
     "ORIGIN_WORDS",
@@ -58,8 +59,6 @@ ORIGIN_SHORT = {
 }
 #: A job running at this share of the step's own rate (or more) is set by the step: trainer-bound.
 TRAINER_BOUND = 0.90
-_CLEARLY_BEHIND = 0.8  # without intervals: a candidate under this share of the best needs no second slice
-_FAR_APART = 1.10  # point estimates this far apart inside each other's noise: measure the two again
 
 
 def _usable(slice_: Mapping[str, Any], group: int) -> int:
@@ -69,9 +68,11 @@ def _usable(slice_: Mapping[str, Any], group: int) -> int:
 
 
 def candidate_figures(job: Mapping[str, Any]) -> dict[str, dict[str, Any] | None]:
-    """Per candidate key: its pooled job figures, or None where no slice measured it."""
-    from stagebench.core._stats import interval_about
+    """Per candidate key: its pooled job figures, or None where no slice measured it.
 
+    ``round_rates`` maps each round to the rate of the candidate's slice in it (what the
+    comparisons in turns pair up).
+    """
     k = float(job.get("items_per_step") or 1.0)
     out: dict[str, dict[str, Any] | None] = {}
     for cand in job.get("candidates") or []:
@@ -80,6 +81,7 @@ def candidate_figures(job: Mapping[str, Any]) -> dict[str, dict[str, Any] | None
         steps, seconds, waited, body = 0, 0.0, 0.0, 0.0
         groups: list[float] = []
         startups: list[float] = []
+        by_round: dict[int, float] = {}
         used, failed = 0, []
         for s in job.get("slices") or []:
             if s.get("candidate") != key:
@@ -99,18 +101,16 @@ def candidate_figures(job: Mapping[str, Any]) -> dict[str, dict[str, Any] | None
             waited += sum(w)
             body += sum(b)
             groups += [group / sum(dur[j : j + group]) for j in range(0, n - group + 1, group) if n >= group]
+            by_round[int(s.get("round") or 0)] = n / sum(dur) * k
             if finite(s.get("startup_s")):
                 startups.append(float(s["startup_s"]))
             used += 1
         if not steps:
             out[key] = {"failed": failed} if failed else None
             continue
-        rate = steps / seconds * k
-        lo, hi, _ = interval_about(rate, [g * k for g in groups], 0.95)
+        rate = Rate.around(steps / seconds * k, [g * k for g in groups])
         out[key] = {
-            "samples_per_s": rate,
-            "samples_per_s_low": lo if math.isfinite(lo) else None,
-            "samples_per_s_high": hi if math.isfinite(hi) else None,
+            **rate.to_json(),
             "data_wait_share": waited / seconds,
             "step_samples_per_s": steps / body * k if body > 0 else None,  # the loop body alone, next to the loader
             "steps": steps,
@@ -119,6 +119,7 @@ def candidate_figures(job: Mapping[str, Any]) -> dict[str, dict[str, Any] | None
             "groups": len(groups),
             "startup_s": sum(startups) / len(startups) if startups else None,
             "failed": failed,
+            "round_rates": {str(r): v for r, v in sorted(by_round.items())},
         }
     return out
 
@@ -127,67 +128,93 @@ def _ran(figs: Mapping[str, dict[str, Any] | None]) -> dict[str, dict[str, Any]]
     return {k: f for k, f in figs.items() if f and finite(f.get("samples_per_s"))}
 
 
-def _as_good(f: Mapping[str, Any], best: Mapping[str, Any]) -> bool:
-    """Within noise of the best: intervals overlap, or within 5% of it."""
-    if f["samples_per_s"] >= WITHIN_BEST * best["samples_per_s"]:
-        return True
-    lo, hi = num(f.get("samples_per_s_low")), num(f.get("samples_per_s_high"))
-    blo, bhi = num(best.get("samples_per_s_low")), num(best.get("samples_per_s_high"))
-    return finite(lo, hi, blo, bhi) and lo <= bhi and blo <= hi
+def _ratio_of(figs: Mapping[str, dict[str, Any] | None]) -> Any:
+    """``ratio(a, b)``: a's job rate over b's, round by round, over the rounds both ran in."""
+
+    def ratio(a: str, b: str) -> Ratio | None:
+        ra, rb = (figs.get(a) or {}).get("round_rates") or {}, (figs.get(b) or {}).get("round_rates") or {}
+        return Ratio.of_pairs([(ra[r], rb[r]) for r in ra if r in rb])
+
+    return ratio
 
 
-def _pick(job: Mapping[str, Any], ran: dict[str, dict[str, Any]]) -> tuple[str, str, list[str]]:
-    """(best, pick, keys as good as the best)."""
-    cost = {c["key"]: tuple(c.get("cost") or ()) for c in job.get("candidates") or []}
-    order = {c["key"]: i for i, c in enumerate(job.get("candidates") or [])}
-    best = max(ran, key=lambda k: ran[k]["samples_per_s"])
-    good = [k for k in ran if _as_good(ran[k], ran[best])]
-    pick = min(good, key=lambda k: (cost.get(k, ()), order.get(k, 0)))
-    return best, pick, good
+def _yours(job: Mapping[str, Any]) -> str | None:
+    return next((c["key"] for c in job.get("candidates") or [] if "yours" in (c.get("origin") or [])), None)
+
+
+def job_decision(job: Mapping[str, Any]) -> tuple[Decision, dict[str, dict[str, Any] | None]]:
+    """The rule applied to the job runs so far, and the figures it read."""
+    figs = candidate_figures(job)
+    options = [
+        Option(c["key"], tuple(float(x) for x in c.get("cost") or ()), Rate.from_json(figs.get(c["key"])))
+        for c in job.get("candidates") or []
+    ]
+    return decide(options, yours=_yours(job), ratio=_ratio_of(figs)), figs
 
 
 def contenders(job: Mapping[str, Any]) -> list[str]:
     """Candidates the decision still hinges on: what the next round runs (empty: settled).
 
-    A candidate with one slice gets a second unless it is clearly behind the best (its interval
-    under the best's, or under 80% of it without intervals); a candidate that never ran gets a
-    chance; and where the pick and the best read more than 10% apart inside each other's noise,
-    both run again, until they separate or the rounds run out. Most important first (the pick,
-    yours, the best): where the budget cannot fit them all, they run first.
+    The settings whose comparison is open, with the settings they are compared with (yours, the
+    fastest): a pair of windows needs both in the same round. Most important first (yours, the
+    fastest, then the open ones, cheapest first): where the budget cannot fit them all, they run first.
     """
-    figs = candidate_figures(job)
-    ran = _ran(figs)
-    never = [k for k, f in figs.items() if f is None]
-    if not ran:
-        return never
-    best, pick, _ = _pick(job, ran)
-    b = ran[best]
-    out = list(never)
-    for key, f in ran.items():
-        hi, blo = num(f.get("samples_per_s_high")), num(b.get("samples_per_s_low"))
-        behind = (hi < blo) if finite(hi, blo) else f["samples_per_s"] < _CLEARLY_BEHIND * b["samples_per_s"]
-        if f["slices"] < 2 and not behind:
-            out.append(key)
-    if pick != best and b["samples_per_s"] > _FAR_APART * ran[pick]["samples_per_s"]:
-        out += [pick, best]
-    # most important first: the pick, yours, the best, then the others in the candidates' order
-    yours = next((c["key"] for c in job.get("candidates") or [] if "yours" in (c.get("origin") or [])), None)
-    first = [k for k in (pick, yours, best) if k in out]
-    return list(dict.fromkeys(first + out))
-
-
-def _bare(f: Mapping[str, Any]) -> str:
-    """A job figure without its unit, with its interval: ``252, 214-291``."""
-    lo, hi = num(f.get("samples_per_s_low")), num(f.get("samples_per_s_high"))
-    return fmt_q(f["samples_per_s"]) + (f", {fmt_q(lo)}-{fmt_q(hi)}" if finite(lo, hi) else "")
+    d, figs = job_decision(job)
+    if d.advice == "none":
+        return [c["key"] for c in job.get("candidates") or [] if figs.get(c["key"]) is None]
+    if d.settled:
+        return []
+    refs = [k for k in (d.yours, d.best) if k is not None and figs.get(k)]
+    return list(dict.fromkeys(refs + list(d.open)))
 
 
 def _rate(f: Mapping[str, Any] | None, unit: str) -> str:
-    if not f:
-        return "not run"
-    lo, hi = num(f.get("samples_per_s_low")), num(f.get("samples_per_s_high"))
-    ci = f" ({fmt_q(lo)}-{fmt_q(hi)})" if finite(lo, hi) else " (no interval: one group)"
-    return f"{fmt_q(f['samples_per_s'])} {unit}{ci}"
+    r = Rate.from_json(f)
+    return r.text(unit) if r is not None else "not run"
+
+
+def _seconds_per_round(job: Mapping[str, Any], keys: list[str]) -> float | None:
+    """Seconds one more round of ``keys`` would take, from their slices so far (opening included)."""
+    walls: dict[str, list[float]] = {}
+    for s in job.get("slices") or []:
+        walls.setdefault(str(s.get("candidate")), []).append(float(s.get("wall_s") or 0.0))
+    known = [sum(walls[k]) / len(walls[k]) for k in keys if walls.get(k)]
+    return sum(known) if len(known) == len(keys) else None
+
+
+def _could_not_tell(d: Decision, job: Mapping[str, Any], label: Mapping[str, str]) -> str:
+    """The runs could not tell the rival from yours: the ratio, and what would settle it."""
+    if d.rival is None:
+        return ""
+    x = d.versus_yours
+    ref = d.yours if d.yours is not None else d.best
+    said = f"the runs could not tell {label[d.rival]} from {'yours' if ref == d.yours else label.get(ref or '', '')}"
+    if x is None:
+        return said + " (they never ran in the same round)"
+    said += f": {x.text('yours' if ref == d.yours else 'it')}"
+    cost = {c["key"]: tuple(c.get("cost") or ()) for c in job.get("candidates") or []}
+    whose = "yours" if ref == d.yours else "the fastest"
+    bound = (
+        f"within {1 - EQUIVALENT:.0%} of {whose}"
+        if cost.get(d.rival, ()) < cost.get(ref or "", ())
+        else f"faster than {whose} beyond noise"
+    )
+    if d.rounds_to_settle is not None and d.rounds_to_settle > x.rounds:
+        more = d.rounds_to_settle - x.rounds
+        per = _seconds_per_round(job, [d.rival] + ([ref] if ref else []))
+        said += (
+            f"; about {more} more round{'s' if more != 1 else ''}"
+            + (f" (~{more * per:.0f} s, STAGEBENCH_JOB_S)" if per else "")
+            + f" would show whether it is {bound}, at the spread seen"
+        )
+    else:
+        said += "; at the spread seen, no practical number of rounds would tell them apart"
+    loads = [x for x in job.get("load_avg") or [] if isinstance(x, (int, float))]
+    cores = int(job.get("cores") or 0)
+    if loads and cores:
+        # what the host looked like: a load well beyond what the loop and its loader keep busy is someone else's
+        said += f" (the host's 1-min load reached {max(loads):.1f} on {cores} cores during the runs, yours included)"
+    return said
 
 
 def decide_job(
@@ -197,20 +224,22 @@ def decide_job(
 
     ``status``: ``decided`` (the pick was run with the loop), ``not run`` (no candidate was: the
     callers fall back to the isolated pick). ``pick`` and ``best`` are candidate keys; ``advice``
-    is ``keep yours``, ``cheaper`` (a cheaper setting the runs found as fast as yours), ``change``
-    (faster than yours beyond noise) or ``use`` (no setting of yours to compare); ``bound``:
-    ``trainer-bound`` (the job runs at 90% of the step's own rate or more), ``shared cores`` (the
-    step itself ran slower next to the loader) or ``data-bound``. ``unproven`` lists the checks
-    that did not run and what that leaves open.
+    is ``keep yours``, ``cheaper`` (a cheaper setting shown within 5% of yours and of the best, in
+    turns), ``change`` (faster than yours beyond noise, in turns) or ``use`` (no setting of yours to
+    compare); ``decision`` is the rule's record (:class:`stagebench.model._evidence.Decision`):
+    the ratio to yours, what stayed open and how many rounds would settle it; ``bound``:
+    ``trainer-bound`` (the job runs at 90% of the step's own rate or more, or cannot be told from
+    it), ``shared cores`` (the step itself ran slower next to the loader) or ``data-bound``.
+    ``unproven`` lists the checks that did not run and what that leaves open.
     """
     if not isinstance(job, Mapping) or not job.get("candidates"):
         return None
     trainer = trainer or {}
-    demand = trainer.get("samples_per_s") if finite(trainer.get("samples_per_s")) else None
-    figs = candidate_figures(job)
+    demand = Rate.from_json(trainer)
+    d, figs = job_decision(job)
     ran = _ran(figs)
     cands = list(job.get("candidates") or [])
-    yours = next((c["key"] for c in cands if "yours" in (c.get("origin") or [])), None)
+    yours = d.yours
     label = {c["key"]: c.get("label") or c["key"] for c in cands}
     stopped = job.get("stopped")
     unproven = []
@@ -225,13 +254,20 @@ def decide_job(
                 + (f" ({stopped})" if stopped else "")
                 + ": what it does to the job rests on the isolated sweep"
             )
+    for skipped in job.get("skipped") or []:
+        unproven.append(f"{skipped['label']} was not run with your loop: {skipped['why']}")
     entries = []
+    ratio = _ratio_of(figs)
     for c in cands:
         f = figs.get(c["key"])
-        entries.append({**c, "job": f if f and finite(f.get("samples_per_s")) else None})
+        e = {**c, "job": f if f and finite(f.get("samples_per_s")) else None}
+        if yours and c["key"] != yours and e["job"] is not None:
+            x = ratio(c["key"], yours)
+            e["versus_yours"] = x.to_json() if x else None
+        entries.append(e)
     base: dict[str, Any] = {
         "candidates": entries,
-        "demand": demand,
+        "demand": demand.value if demand else None,
         "rounds": job.get("rounds"),
         "seconds": job.get("seconds"),
         "steps_handed": job.get("steps_handed"),
@@ -239,8 +275,9 @@ def decide_job(
         "yours": yours,
         "unit": unit,
         "what": job.get("what"),
+        "decision": d.to_json(),
     }
-    if not ran:
+    if not ran or d.pick is None:
         text = "inconclusive: no setting was run with your loop" + (f" ({stopped})" if stopped else "")
         return {
             **base,
@@ -252,34 +289,28 @@ def decide_job(
             "unproven": unproven,
             "text": text,
         }
-    best, pick, good = _pick(job, ran)
+    pick, best = d.pick, d.best or d.pick
     for e in entries:
-        e["as_good"] = e["key"] in good
-    p, b = ran[pick], ran[best]
+        e["as_good"] = e["key"] in d.as_good
+    p = ran[pick]
     y = ran.get(yours) if yours else None
-    if yours and pick == yours:
-        advice = "keep yours"
-        why = (
-            f"your setting ran your job at {_rate(p, unit)}; of the settings run with your loop, none was faster "
-            "beyond noise"
-            + (f" (the fastest read {fmt_q(b['samples_per_s'])} at {label[best]})" if best != pick else "")
-            + " and none cheaper was as fast"
+    x = d.versus_yours
+    evidence = x.text("yours") if x is not None else ""
+    if d.advice == "keep yours":
+        nothing = (
+            "of the settings run with your loop in turns, none was shown faster beyond noise, nor cheaper "
+            f"and within {1 - EQUIVALENT:.0%}"
         )
-    elif y is not None and yours in good:
-        advice = "cheaper"
+        why = f"your setting ran your job at {_rate(p, unit)}; " + (_could_not_tell(d, job, label) or nothing)
+    elif d.advice == "cheaper":
         why = (
-            f"as fast in your job as yours, with fewer resources: {_rate(p, unit)} against "
-            f"{_rate(y, unit)} at yours (within noise), run in turns with your loop"
+            f"as fast in your job as yours within {1 - EQUIVALENT:.0%}, with fewer resources: {_rate(p, unit)}, "
+            f"{evidence} (the whole interval above {EQUIVALENT:g})"
         )
-    elif y is not None:
-        advice = "change"
-        why = (
-            f"your job ran {_rate(p, unit)} here against {_rate(y, unit)} at yours "
-            f"({p['samples_per_s'] / y['samples_per_s']:.2f}x, beyond noise), in turns with your loop"
-        )
+    elif d.advice == "change":
+        why = f"your job ran {_rate(p, unit)} here against {_rate(y, unit)} at yours: {evidence}, faster beyond noise"
     else:
-        advice = "use"
-        why = f"the cheapest setting that ran your job as fast as any: {_rate(p, unit)}"
+        why = f"the cheapest setting shown as fast as any in turns with your loop: {_rate(p, unit)}"
         if yours:
             unproven.append("your own setting was not run with your loop: the comparison with yours is not measured")
     bound, bound_text = _bound(p, demand, unit)
@@ -288,24 +319,35 @@ def decide_job(
             f"{label[pick]} ran one slice with your loop: its interval does not cover a change of the machine "
             "between rounds"
         )
+    steps = f"{p['steps']} steps over {p['slices']} slice{'s' if p['slices'] != 1 else ''}"
     text = {
-        "keep yours": f"keep yours ({label[pick]}): your job ran {_rate(p, unit)}",
-        # yours with its interval: "as fast as with yours (252)" beside 294 reads as a contradiction without it
-        "cheaper": f"{label[pick]}: your job ran {_rate(p, unit)}, as fast as with yours within noise ({_bare(y)})"
-        if y
-        else "",
-        "change": f"use {label[pick]}: your job ran {_rate(p, unit)}"
-        + (f" against {fmt_q(y['samples_per_s'])} with yours" if y else ""),
+        "keep yours": f"keep yours ({label[pick]}): your job ran {_rate(p, unit)} ({steps})",
+        "cheaper": f"use {label[pick]}: your job ran {_rate(p, unit)}, {evidence}: as fast within "
+        f"{1 - EQUIVALENT:.0%}, with fewer resources",
+        "change": f"use {label[pick]}: your job ran {_rate(p, unit)} against {_rate(y, unit)} with yours, "
+        f"{evidence}: faster beyond noise",
         "use": f"use {label[pick]}: your job ran {_rate(p, unit)}",
-    }[advice]
+    }[d.advice]
     text += f", {p['data_wait_share']:.0%} of each step waiting for data; {bound_text}"
+    if d.advice == "keep yours" and d.rival is not None:
+        text += "; " + _could_not_tell(d, job, label)
+    elif bound == "data-bound":
+        calm = [
+            k for k, f in ran.items() if k != pick and f["data_wait_share"] < 0.5 * p["data_wait_share"]
+        ]  # a measured setting whose loop waited far less: say why it is not the pick
+        if calm:
+            k = calm[0]
+            xk = ratio(k, yours or best)
+            text += f"; {label[k]} waited {ran[k]['data_wait_share']:.0%}, but " + (
+                f"ran {xk.text('yours')}, not shown faster" if xk else "was not run in the same rounds"
+            )
     return {
         **base,
         "status": "decided",
         "pick": pick,
         "best": best,
-        "as_good": good,
-        "advice": advice,
+        "as_good": list(d.as_good),
+        "advice": d.advice,
         "why": why,
         "bound": bound,
         "samples_per_s": p["samples_per_s"],
@@ -332,14 +374,16 @@ def alone_scope(
     from stagebench._settings import setting
 
     def most(key: str) -> str:
-        return f"{float(settings.get(key) or setting(key).default):g} s"
+        value = settings.get(key) or setting(key).default
+        return f"at most {float(value):g} s" if value is not None else "150 of your steps, 60-300 s"
 
     return (
         f"the pick is for {what} alone: your training loop shares this host's cores (and, with a GPU, the copy "
         "to it) and was not run. To check your job, run your script under `stagebench diagnose --trainer` (or "
-        f"with STAGEBENCH_TRAINER=measure): your loop on cached batches until its step is known (at most "
-        f"{most('trainer_s')}), then on the real {what.removeprefix('the ')} at up to four settings in turns (at "
-        f"most {most('job_s')}); the advice is then the cheapest setting that runs your job as fast as any."
+        f"with STAGEBENCH_TRAINER=measure): your loop on cached batches until its step is known "
+        f"({most('trainer_s')}), then on the real {what.removeprefix('the ')} at up to four settings in turns until "
+        f"they are told apart ({most('job_s')}); your setting is changed only where those runs show the change "
+        "faster beyond noise, or cheaper and within 5%."
     )
 
 
@@ -349,26 +393,24 @@ def job_findings(job: Mapping[str, Any]) -> list[dict[str, Any]]:
     The same shape as the loader's and the pipeline's findings (``stage`` None)."""
     cands = {c["key"]: c for c in job["candidates"]}
     pick, yours = cands[job["pick"]], cands.get(job.get("yours") or "")
+    x = Ratio.from_json((job.get("decision") or {}).get("versus_yours"))
     out = []
-    if job["advice"] == "change" and yours is not None and yours.get("job"):
+    if job["advice"] in ("change", "cheaper") and yours is not None and yours.get("job") and x is not None:
+        faster = job["advice"] == "change"
         out.append(
             _jf(
-                "medium",
-                "Your setting slows your training job",
+                "medium" if faster else "low",
+                "Your setting slows your training job"
+                if faster
+                else "A cheaper setting runs your training job as fast",
                 f"Run in turns with your loop: {pick['label']} ran your job at {pick['job']['samples_per_s']:,.0f} "
-                f"samples/s, yours ({yours['label']}) at {yours['job']['samples_per_s']:,.0f}, beyond noise.",
-                {"yours": yours["job"]["samples_per_s"], "recommended": pick["job"]["samples_per_s"]},
-            )
-        )
-    elif job["advice"] == "cheaper" and yours is not None and yours.get("job"):
-        out.append(
-            _jf(
-                "low",
-                "A cheaper setting runs your training job as fast",
-                f"Run in turns with your loop: {pick['label']} ran your job at {pick['job']['samples_per_s']:,.0f} "
-                f"samples/s, yours ({yours['label']}) at {yours['job']['samples_per_s']:,.0f}: within noise, "
-                "with fewer resources.",
-                {"yours": yours["job"]["samples_per_s"], "recommended": pick["job"]["samples_per_s"]},
+                f"samples/s, yours ({yours['label']}) at {yours['job']['samples_per_s']:,.0f}: {x.text('yours')}, "
+                + ("faster beyond noise." if faster else f"within {1 - EQUIVALENT:.0%}, with fewer resources."),
+                {
+                    "yours": yours["job"]["samples_per_s"],
+                    "recommended": pick["job"]["samples_per_s"],
+                    **x.to_json(),
+                },
             )
         )
     for text in job.get("unproven") or []:
@@ -380,28 +422,46 @@ def _jf(severity: str, title: str, detail: str, evidence: dict[str, Any]) -> dic
     return {"severity": severity, "title": title, "detail": detail, "stage": None, "evidence": evidence}
 
 
-def _bound(p: Mapping[str, Any], demand: float | None, unit: str) -> tuple[str | None, str]:
-    """What sets the job's pace at the pick, in words."""
-    if demand is None or not demand > 0:
+def _bound(p: Mapping[str, Any], demand: Rate | None, unit: str) -> tuple[str | None, str]:
+    """What sets the job's pace at the pick, in words, decided with the noise of both rates.
+
+    ``trainer-bound``: the job runs at 90% of the step alone or more, or its interval reaches that
+    (nothing shows the job under its step); ``shared cores``: the step itself ran slower next to the
+    loading, and the loop waited little; ``data-bound``: the loop waits for its batches.
+    """
+    if demand is None or not demand.value > 0:
         return None, "your step's own rate was not measured"
-    ratio = p["samples_per_s"] / demand
+    job = Rate.from_json(p)
+    assert job is not None  # a ran candidate has a rate
+    ratio = job.value / demand.value
+    share = f"{ratio:.0%}"
+    if job.low is not None and job.high is not None:
+        share += f" ({job.low / demand.value:.0%}-{job.high / demand.value:.0%})"
+    alone = f"your step alone ({demand.text(unit)})"
     body = num(p.get("step_samples_per_s"))
-    if ratio >= TRAINER_BOUND:
+    if ratio > 1 / TRAINER_BOUND and not (demand.high is not None and job.low is not None and job.low <= demand.high):
         return (
             "trainer-bound",
-            f"trainer-bound: the job runs at {ratio:.0%} of your step alone ({fmt_q(demand)} {unit})",
+            f"trainer-bound: the job ran at {share} of {alone}, faster than the step measured alone: the host's "
+            "speed moved between the two measurements",
         )
-    if finite(body) and body < TRAINER_BOUND * demand and p["data_wait_share"] < 0.5:
+    if ratio >= TRAINER_BOUND:
+        return "trainer-bound", f"trainer-bound: the job runs at {share} of {alone}"
+    if job.high is not None and job.high >= TRAINER_BOUND * demand.value and p["data_wait_share"] < 0.1:
+        return (
+            "trainer-bound",
+            f"trainer-bound within noise: the job runs at {share} of {alone}, and its loop waited "
+            f"{p['data_wait_share']:.0%} of each step for data",
+        )
+    if finite(body) and body < TRAINER_BOUND * demand.value and p["data_wait_share"] < 0.5:
         return (
             "shared cores",
-            f"shared cores: your step itself ran at {body / demand:.0%} of its rate alone next to the loading "
-            f"(they share the cores, and a pipeline's threads the GIL): the job runs at {ratio:.0%} of your step "
-            f"alone ({fmt_q(demand)} {unit})",
+            f"shared cores: your step itself ran at {body / demand.value:.0%} of its rate alone next to the "
+            f"loading (they share the cores, and a pipeline's threads the GIL): the job runs at {share} of {alone}",
         )
     return (
         "data-bound",
-        f"data-bound: the job runs at {ratio:.0%} of your step alone ({fmt_q(demand)} {unit}); the loop waits "
-        "for its batches",
+        f"data-bound: the job runs at {share} of {alone}; the loop waits for its batches",
     )
 
 

@@ -576,20 +576,41 @@ def _nature(sr: StageRows, gil: dict) -> tuple[str, list[str], dict[str, dict]]:
     return label, [line], signals
 
 
-def label_of_call(own: float, A: float, f: float, where: str) -> tuple[str, str, dict[str, dict]]:
-    """The table's last three rows (:func:`_nature`): the largest share of the call; its line and signals.
+#: The GIL share is known to about this much (the accuracy its known-answer tests hold it to,
+#: tests/test_gil.py): a label that changes within it of the estimate is a tie between the shares.
+SHARE_NOISE = 0.10
+#: The tie rule: the first of these among the labels a tie allows (the GIL, then the CPU: what to act on).
+TIE_ORDER = ("gil-bound", "cpu-bound", "io-bound")
 
-    ``own``: the call's time per item; ``A``: its CPU share (NaN: unknown); ``f``: its GIL share (NaN:
-    unknown, taken as none).
-    """
-    f = f if finite(f) else 0.0
+
+def _shares(A: float, f: float) -> dict[str, float]:
     cpu = max(A if finite(A) else f, f)
-    shares = {
+    return {
         "gil-bound": f,
         "cpu-bound": max(0.0, min(1.0, cpu) - f),
         "io-bound": max(0.0, 1.0 - cpu),
     }
-    label = max(shares, key=lambda k: (shares[k], k == "gil-bound", k == "cpu-bound"))
+
+
+def _largest(shares: Mapping[str, float]) -> str:
+    return max(shares, key=lambda k: (shares[k], k == "gil-bound", k == "cpu-bound"))
+
+
+def label_of_call(own: float, A: float, f: float, where: str) -> tuple[str, str, dict[str, dict]]:
+    """The table's last three rows (:func:`_nature`): the largest share of the call; its line and signals.
+
+    ``own``: the call's time per item; ``A``: its CPU share (NaN: unknown); ``f``: its GIL share (NaN:
+    unknown, taken as none). Decided with the GIL share's noise: where the largest share changes as
+    ``f`` moves by :data:`SHARE_NOISE` either way, the shares are within their noise of each other,
+    the tie rule gives the label (:data:`TIE_ORDER`), and the line says it is a mix (``signals["mix"]``
+    lists the labels the noise allows). A 50/50 spin-and-sleep stage read 0.494 against 0.505 waiting
+    and flipped between io-bound and gil-bound from run to run; it is now gil-bound, a mix.
+    """
+    f = f if finite(f) else 0.0
+    shares = _shares(A, f)
+    allowed = {_largest(_shares(A, min(1.0, max(0.0, f + d)))) for d in (-SHARE_NOISE, 0.0, SHARE_NOISE)}
+    mix = [k for k in TIE_ORDER if k in allowed]
+    label = mix[0] if len(mix) > 1 else _largest(shares)
     signals: dict[str, dict] = {}
     for key, value in shares.items():
         signals[f"share_{key.split('-')[0]}"] = {
@@ -608,11 +629,29 @@ def label_of_call(own: float, A: float, f: float, where: str) -> tuple[str, str,
         "cpu-bound": "computing without the GIL is most of it (C code that releases it): it scales with the cores",
         "io-bound": "waiting is most of it (I/O, sleep, await): it scales with concurrency",
     }[label]
+    if len(mix) > 1:
+        names = {"gil-bound": "holding the GIL", "cpu-bound": "computing without it", "io-bound": "waiting"}
+        what = (
+            f"a mix: {' and '.join(names[k] for k in mix)} are within the GIL share's noise (±{SHARE_NOISE:g}) of "
+            f"each other, and ties go to {label}"
+        )
+        signals["share_mix"] = {
+            "value": None,
+            "labels": mix,
+            "interval": None,
+            "role": "verdict",
+            "label": f"labels the shares allow within the GIL share's noise (±{SHARE_NOISE:g}) ({where})",
+        }
     line = (
         f"of each item's {fmt_ms(own)}: {shares['io-bound']:.0%} waiting, {shares['gil-bound']:.0%} holding the "
         f"GIL, {shares['cpu-bound']:.0%} computing without it ({where}): {what}"
     )
     return label, line, signals
+
+
+def label_mix(signals: Mapping[str, Any]) -> list[str]:
+    """The labels a stage's shares allow within their noise (more than one: a mix), from its signals."""
+    return list((signals.get("share_mix") or {}).get("labels") or [])
 
 
 def _relabel_unfused(st: dict) -> None:
@@ -626,6 +665,8 @@ def _relabel_unfused(st: dict) -> None:
     A = min(1.0, cpu / t) if finite(cpu) else math.nan
     label, line, signals = label_of_call(t, A, num(st.get("gil_fraction")), "its own share of the fused call")
     st["classification"] = label
+    st["mix"] = label_mix(signals)
+    st["evidence"]["signals"].pop("share_mix", None)
     st["evidence"]["signals"].update(signals)
     st["evidence"]["summary"].insert(0, line)
 
@@ -773,6 +814,7 @@ def analyze_stage(
     label, lines, nature_signals = _nature(sr, gil)
     kind, limit_lines, limit_signals = _limit_rules(sr, harness, best, bests, gil, cores)  # type: ignore[arg-type]
     entry["classification"] = label
+    entry["mix"] = label_mix(nature_signals)
     entry["limit"] = _limit(kind, limit_lines, sr, best, gil)  # type: ignore[arg-type]
     entry["evidence"]["signals"].update(limit_signals)
     entry["evidence"]["signals"].update(nature_signals)
@@ -1050,13 +1092,16 @@ def paired_needless_of_run(
     return out
 
 
-def job_candidates_of_run(rows: Any, meta: dict, demand: float | None) -> list[Any]:
-    """The settings to run the user's loop with (:func:`stagebench.analysis._pipeline_job.job_candidates`)."""
+def job_candidates_of_run(rows: Any, meta: dict, demand: Mapping[str, Any] | float | None) -> Any:
+    """The settings to run the user's loop with (:func:`stagebench.analysis._pipeline_job.job_candidates`);
+    ``demand``: the trainer's record (its rate and interval) or a rate."""
     from stagebench.analysis._pipeline_job import job_candidates
+    from stagebench.model._rate import Rate
 
+    rate = Rate.from_json(demand) if isinstance(demand, Mapping) else (Rate(float(demand)) if demand else None)
     meta, df, cores, free_threaded, overhead = _run_context(rows, meta)
     stages = _stage_entries(df, meta, cores, free_threaded, None)
-    return job_candidates(stages, meta, demand=demand, cores=cores, free_threaded=free_threaded, fixed=_fixed(overhead))
+    return job_candidates(stages, meta, demand=rate, cores=cores, free_threaded=free_threaded, fixed=_fixed(overhead))
 
 
 def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None) -> dict:
@@ -1266,24 +1311,67 @@ def demand_verdict(
     }
 
 
-def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list[dict]) -> dict | None:
-    """The recommended settings against the user's own, both run for real in turns (``run.json["yours"]``).
+def versus_yours_decision(
+    recommended_rates: list[float],
+    your_rates: list[float],
+    recommended: Mapping[str, tuple[str, int]],
+    yours: Mapping[str, tuple[str, int]],
+    rates: tuple[Any, Any] | None = None,
+) -> Any:
+    """The rule (:mod:`stagebench.model._evidence`) on the recommended settings against yours, from their
+    whole-pipeline windows in turns (the i-th window of one beside the i-th of the other); None where
+    either has no window. ``rates``: their pooled rates, where known (else the windows' mean)."""
+    from stagebench.analysis._pipeline_job import settings_cost
+    from stagebench.model._evidence import Option, Ratio, decide
+    from stagebench.model._rate import Rate
 
-    ``recommended``: the recommended settings are faster beyond noise (their interval
-    lies above the user's); ``yours``: the user's are faster beyond noise (keep them);
-    ``as good``: the intervals overlap, so the measurement cannot tell them apart and
-    the user's settings are kept; ``same``: the user's settings are the recommended
-    ones; ``inconclusive``: one of the two runs has no number; ``not run``: neither
-    was run (quick mode, ``STAGEBENCH_VALIDATE=off``). ``changes`` lists each
-    stage whose setting differs (its name, the user's and the recommended setting).
+    if not recommended_rates or not your_rates:
+        return None
+    pooled = rates or (
+        Rate(sum(recommended_rates) / len(recommended_rates)),
+        Rate(sum(your_rates) / len(your_rates)),
+    )
+    full_yours = {**recommended, **yours}
+    pairs = list(zip(recommended_rates, your_rates))
+
+    def ratio(a: str, b: str) -> Ratio | None:
+        return Ratio.of_pairs(pairs if a == "recommended" else [(y, x) for x, y in pairs])
+
+    options = [
+        Option("recommended", settings_cost(recommended), pooled[0]),
+        Option("yours", settings_cost(full_yours), pooled[1]),
+    ]
+    return decide(options, yours="yours", ratio=ratio)
+
+
+def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list[dict]) -> dict | None:
+    """The recommended settings against the user's own, both run for real in turns (``run.json["yours"]``),
+    by the rule of :mod:`stagebench.model._evidence` on their windows' ratio.
+
+    ``recommended``: faster than yours beyond noise; ``cheaper``: fewer workers, and within 5% of
+    yours, shown; ``yours``: yours faster beyond noise (keep them); ``could not tell``: the windows in
+    turns could not tell them apart, so yours are kept (the ratio's interval, and how many rounds
+    would settle it); ``same``: the user's settings are the recommended ones; ``inconclusive``: one
+    of the two runs has no number; ``not run``: neither was run (quick mode,
+    ``STAGEBENCH_VALIDATE=off``). ``changes`` lists each stage whose setting differs (its name, the
+    user's and the recommended setting); ``decision`` is the rule's record.
     """
+    from stagebench.analysis._pipeline_job import user_choice
+    from stagebench.model._rate import Rate
+
     if not isinstance(yours, Mapping):
         return None
     if yours.get("same"):
         return {"verdict": "same", "changes": [], "text": "your settings are the recommended ones"}
     changes = []
+    recommended: dict[str, tuple[str, int]] = {}
+    mine: dict[str, tuple[str, int]] = {}
     for st in stages:
         point, own = st.get("recommended") or {}, user_setting(st)
+        if point.get("executor") and finite(point.get("concurrency")) and (st.get("type") or "pipe") == "pipe":
+            recommended[str(st["name"])] = (str(point["executor"]), int(point["concurrency"]))
+        if (c := user_choice(st)) is not None:
+            mine[str(st["name"])] = c
         if own and point.get("executor") and own != f"{point['executor']} x {point['concurrency']}":
             changes.append(
                 {"stage": st["name"], "yours": own, "recommended": f"{point['executor']} x {point['concurrency']}"}
@@ -1299,7 +1387,8 @@ def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list
     if yours.get("not_run"):
         out.update(
             verdict="not run",
-            text=f"not checked against your settings ({yours['not_run']}); a full diagnosis runs both in turns",
+            text=f"not checked against your settings ({yours['not_run']}): keep yours until a full diagnosis "
+            "runs both in turns",
         )
         return out
     if not finite(yours.get("qps")) or not finite(val.get("qps")):
@@ -1310,23 +1399,48 @@ def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list
             text=f"inconclusive: the run at {which} gave no number" + (f" ({err})" if err else ""),
         )
         return out
-    mine, rec = float(yours["qps"]), float(val["qps"])
-    m_lo, m_hi = num_or_none(yours.get("qps_low")) or mine, num_or_none(yours.get("qps_high")) or mine
-    r_lo, r_hi = num_or_none(val.get("qps_low")) or rec, num_or_none(val.get("qps_high")) or rec
-    figures = (
-        f"{fmt_q(rec)} items/s ({fmt_q(r_lo)}-{fmt_q(r_hi)}) with the recommended settings, "
-        f"{fmt_q(mine)} ({fmt_q(m_lo)}-{fmt_q(m_hi)}) with yours, run in turns"
-    )
-    if r_lo > m_hi:
-        verdict = "recommended"
-        text = f"the recommended settings are faster beyond noise, {rec / mine:.2f}x: {figures}"
-    elif m_lo > r_hi:
-        verdict = "yours"
-        text = f"your settings are faster beyond noise ({mine / rec:.2f}x): keep them; {figures}"
+    r_rate, m_rate = Rate.from_json(val, "qps"), Rate.from_json(yours, "qps")
+    assert r_rate is not None and m_rate is not None  # both finite above
+    figures = f"{r_rate.text('items/s')} with the recommended settings, {m_rate.text()} with yours"
+    from stagebench.model._evidence import Ratio
+
+    rec_w, your_w = list(val.get("window_rates") or []), list(yours.get("window_rates") or [])
+    d = versus_yours_decision(rec_w, your_w, recommended, mine, (r_rate, m_rate))
+    x = Ratio.of_pairs(list(zip(rec_w, your_w)))  # the recommended over yours, round by round
+    if d is None or x is None:  # saved before the windows were kept: no ratio in turns to decide on
+        out.update(
+            verdict="could not tell",
+            ratio=r_rate.value / m_rate.value if m_rate.value > 0 else None,
+            text=f"keep yours: the runs kept no windows in turns to compare them by; {figures}",
+        )
+        return out
+    from stagebench.model._evidence import EQUIVALENT
+
+    if d.advice == "change":
+        verdict, text = "recommended", f"the recommended settings are faster beyond noise, {x.text('yours')}: {figures}"
+    elif d.advice == "cheaper":
+        verdict, text = (
+            "cheaper",
+            f"the recommended settings are as fast within {1 - EQUIVALENT:.0%} with fewer workers, "
+            f"{x.text('yours')}: {figures}",
+        )
+    elif x.below(1.0):
+        verdict, text = (
+            "yours",
+            f"your settings are faster beyond noise: keep them; the recommended ran {x.text('yours')}: {figures}",
+        )
     else:
-        verdict = "as good"
-        text = f"your settings are already as good (the intervals overlap): keep them; {figures}"
-    out.update(verdict=verdict, ratio=rec / mine if mine > 0 else None, text=text)
+        more = (
+            f"; about {d.rounds_to_settle - x.rounds} more rounds in turns would settle it at the spread seen"
+            if d.rounds_to_settle is not None and d.rounds_to_settle > x.rounds
+            else ""
+        )
+        verdict, text = (
+            "could not tell",
+            f"keep yours: the runs could not tell the recommended settings from yours, {x.text('yours')}{more}; "
+            f"{figures}",
+        )
+    out.update(verdict=verdict, ratio=x.value, ratio_low=x.low, ratio_high=x.high, decision=d.to_json(), text=text)
     return out
 
 

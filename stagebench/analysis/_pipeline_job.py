@@ -21,8 +21,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from stagebench._numbers import finite
+from stagebench.core._jobrun import Ladder
+from stagebench.model._rate import Rate
 
-__all__ = ["job_candidates", "apply_job_pick", "user_choice", "user_setting", "settings_label"]
+__all__ = ["job_candidates", "apply_job_pick", "user_choice", "user_setting", "settings_label", "settings_cost"]
 
 #: The "a step above" candidate feeds this multiple of the demand.
 ABOVE = 1.5
@@ -60,7 +62,8 @@ def _choices(stages: list[dict]) -> dict[str, tuple[str, int]]:
     return out
 
 
-def _cost(settings: Mapping[str, tuple[str, int]]) -> tuple[float, ...]:
+def settings_cost(settings: Mapping[str, tuple[str, int]]) -> tuple[float, ...]:
+    """What a pipeline's settings cost: workers and threads over all stages, then how many are processes."""
     return (
         float(sum(c for _, c in settings.values())),
         float(sum(c for ex, c in settings.values() if ex == "process")),
@@ -71,17 +74,18 @@ def job_candidates(
     stages: list[dict],
     meta: Mapping[str, Any],
     *,
-    demand: float | None,
+    demand: Rate | float | None,
     cores: int,
     free_threaded: bool,
     fixed: float,
-) -> list[Any]:
-    """The pipeline settings to run with the user's loop, most important first (module docstring).
+) -> Ladder:
+    """The pipeline settings to run with the user's loop, most important first (module docstring), as
+    :func:`stagebench.analysis._ladder.build_ladder` makes them one list.
 
     ``stages``: the run's stage entries before any joint choice (they are copied, not changed).
     """
     from stagebench.analysis._joint import recommend_jointly
-    from stagebench.core._jobrun import Candidate
+    from stagebench.analysis._ladder import Rung, build_ladder
 
     def joint(d: float | None) -> dict[str, tuple[str, int]]:
         """The joint choice for demand ``d``; {} where ``d`` is not below the pace (nothing to cut for it)."""
@@ -93,54 +97,37 @@ def job_candidates(
 
     at_pace = joint(None)
     if not at_pace:
-        return []
+        return Ladder(run=[])
     names = list(at_pace)
     yours = {str(s["name"]): c for s in meta.get("stages") or [] if (c := user_choice(s)) is not None}
     yours = {n: yours[n] for n in names if n in yours}
-    found: list[tuple[dict[str, tuple[str, int]], list[str], dict | None]] = []
 
-    def add(settings: dict[str, tuple[str, int]], origin: str, alone: dict | None = None) -> None:
+    def rung(settings: dict[str, tuple[str, int]], alone: Rate | None = None) -> Rung | None:
         if not settings:
-            return
+            return None
         full = {n: settings.get(n) or at_pace[n] for n in names}
-        for i, (s, origins, known) in enumerate(found):
-            if s == full:
-                origins.append(origin)
-                if known is None:
-                    found[i] = (s, origins, alone)
-                return
-        found.append((full, [origin], alone))
-
-    measured_yours = meta.get("yours") or {}
-    if len(yours) == len(names):
-        add(yours, "yours", _alone(measured_yours))
-    if demand is not None and demand > 0:
-        add(joint(demand), "feeds")
-        add(joint(demand * ABOVE), "above")
-    add(at_pace, "best", _alone(meta.get("validation") or {}))
-    return [
-        Candidate(
-            key=settings_label(s),
-            label=settings_label(s),
-            settings={n: [ex, c] for n, (ex, c) in s.items()},
-            origin=tuple(origins),
-            cost=_cost(s),
-            round_steps=1,
+        return Rung(
+            key=settings_label(full),
+            label=settings_label(full),
+            settings={n: [ex, c] for n, (ex, c) in full.items()},
+            cost=settings_cost(full),
             alone=alone,
         )
-        for s, origins, alone in found
-    ]
 
-
-def _alone(run: Mapping[str, Any]) -> dict | None:
-    """The whole pipeline alone at a setting, as a whole-pipeline run measured it."""
-    if not finite(run.get("qps")):
-        return None
-    return {
-        "samples_per_s": float(run["qps"]),
-        "samples_per_s_low": run.get("qps_low"),
-        "samples_per_s_high": run.get("qps_high"),
-    }
+    rate = demand if isinstance(demand, Rate) else (Rate(float(demand)) if demand else None)
+    offers: list[tuple[Rung | None, str]] = []
+    if len(yours) == len(names):
+        offers.append((rung(yours, Rate.from_json(meta.get("yours"), "qps")), "yours"))
+    if rate is not None and rate.value > 0:
+        offers.append((rung(joint(rate.value)), "feeds"))
+        offers.append((rung(joint(rate.value * ABOVE)), "above"))
+    offers.append((rung(at_pace, Rate.from_json(meta.get("validation"), "qps")), "best"))
+    # alone figures of a setting offered twice come from the offer that measured it
+    merged: dict[str, Rung] = {}
+    for r, _ in offers:
+        if r is not None and (r.key not in merged or merged[r.key].alone is None):
+            merged[r.key] = r
+    return build_ladder([(merged[r.key] if r is not None else None, origin) for r, origin in offers], demand=rate)
 
 
 def apply_job_pick(stages: list[dict], job: Mapping[str, Any]) -> list[str]:

@@ -8,21 +8,28 @@ measured alone, so each setting the advice may name is run with the user's loop:
 hands the loop the real loader's (or pipeline's) batches at each candidate in turn, and times each
 step's wait for its batch (the data wait) and the loop body after it.
 
-One *slice* is one candidate, opened fresh:
+One *slice* is one candidate's turn:
 
-1. Open: build the loader, start its workers. Not counted; the time to the first batch is kept.
-2. Warm-up: ``max(WARMUP_STEPS, round_steps)`` steps. Workers start together and deliver their first
-   batches in a burst, which the loop drains faster than the loader's pace.
+1. Open (first turn only): build the loader, start its workers. Not counted; the time to the first
+   batch is kept. With ``keep_open`` (the default where the memory allows it) the loader then stays
+   open between its turns, suspended: its workers fill their queues and idle, and the next turn
+   drains what they queued (:class:`Feed`) instead of paying their start-up again. A slow step
+   (0.5 s and more) would otherwise pay a worker start-up of seconds at every slice.
+2. Warm-up: ``max(WARMUP_STEPS, round_steps)`` steps on a fresh loader (workers start together and
+   deliver their first batches in a burst, which the loop drains faster than the loader's pace);
+   ``max(RESUMED_WARMUP_STEPS, round_steps)`` on a resumed one, whose queue was drained.
 3. Counted: whole groups of steps (:func:`group_steps`: whole rounds of the workers, since a DataLoader
    delivers in order, one batch per worker in turn; a window that ends inside a round would count a
-   burst, not the pace), at least :data:`MIN_SLICE_STEPS` steps and :data:`MIN_SLICE_S` seconds, at
-   most ``max_slice_s``.
+   burst, not the pace), at least :data:`MIN_SLICE_STEPS` steps and :data:`MIN_SLICE_S` seconds, or
+   one group once :data:`SLOW_SLICE_S` are counted (slow steps), at most ``max_slice_s``.
 
-Slices take turns. Round 1 runs every candidate in priority order (the user's own first, then what
-the isolated sweep picked: a loop that stops early has run those); later rounds run what the
-decision still hinges on (``contenders``, from the analysis: round 2 everything not already clearly
-behind, in reverse order, so that a steady drift of the machine favours none; then only the
-candidates whose comparison is open), up to ``max_rounds``, all within ``budget_s``. A loop that stops
+Slices take turns, round after round: a round runs every candidate still in question once, so the
+slices of one round saw the same moments of the host, and the decision
+(:mod:`stagebench.model._evidence`) reads their ratio per round. Round 1 runs every candidate in
+priority order (the user's own first, then what the isolated sweep picked: a loop that stops early
+has run those); later rounds run what the decision still hinges on (``contenders``, from the
+analysis: empty once it is settled), in reverse order every other round, so that a steady drift of
+the machine favours none, until the decision settles or ``budget_s`` is spent. A loop that stops
 (``break``, an exception) ends the runs where they are: what was measured is kept, and
 :meth:`JobRuns.record` says what did not run.
 """
@@ -32,22 +39,41 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass, field
 from typing import Any
 
 from stagebench.core._steps import WARMUP_STEPS
 
-__all__ = ["Candidate", "JobRuns", "MIN_SLICE_STEPS", "MIN_SLICE_S", "GROUP_MIN_STEPS", "MAX_ROUNDS", "group_steps"]
+__all__ = [
+    "Candidate",
+    "Feed",
+    "JobRuns",
+    "Ladder",
+    "MIN_SLICE_STEPS",
+    "MIN_SLICE_S",
+    "GROUP_MIN_STEPS",
+    "MAX_ROUNDS",
+    "RESUMED_WARMUP_STEPS",
+    "drain_queued",
+    "group_steps",
+]
 
 #: Fewest counted steps of a slice: two groups of four (the interval needs two groups per slice).
 MIN_SLICE_STEPS = 8
-#: Shortest counted window of a slice, seconds: a loop of 1 ms steps needs more than 8 of them.
-MIN_SLICE_S = 0.3
+#: Shortest counted window of a slice, seconds: a loader delivers in bursts (rounds of its workers, a
+#: pipeline's batches), and a slice of a few of them reads them, not the pace; on the demo, slices of
+#: 0.4 s gave round-to-round ratios that spread 30%.
+MIN_SLICE_S = 1.0
+#: A slice of slow steps may end after one group once it has counted this long: the decision reads
+#: the rounds' ratios, and more rounds of a 1 s step tell more than longer slices of it.
+SLOW_SLICE_S = 3.0
 #: Fewest steps in one batch-mean group (whole rounds of the workers above this).
 GROUP_MIN_STEPS = 4
-#: Most rounds of slices: two for every candidate, two more for the ones the decision hinges on.
-MAX_ROUNDS = 4
+#: Most rounds of slices; the budget (STAGEBENCH_JOB_S) ends them first, or the decision settling.
+MAX_ROUNDS = 40
+#: Warm-up steps of a resumed loader's turn, its queue drained: the workers are busy on fresh batches.
+RESUMED_WARMUP_STEPS = 2
 
 
 def group_steps(round_steps: int) -> int:
@@ -88,8 +114,84 @@ class Candidate:
         }
 
 
-#: Opens a candidate: a context manager giving the function that returns its next batch (EOFError: no more).
-Opener = Callable[[Candidate], AbstractContextManager[Callable[[], Any]]]
+@dataclass(frozen=True, slots=True)
+class Ladder:
+    """The settings to run with the user's loop: those to run, most important first; those the isolated
+    sweep already rules out (``label`` and ``why``, said in the verdict); and whether the loaders may stay
+    open between their turns (their memory fits the host together)."""
+
+    run: list[Candidate]
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    keep_open: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Feed:
+    """An opened candidate: ``get()`` returns its next batch (EOFError: no more). Where the loader is kept
+    open between its turns: ``drain()`` as its turn comes again (it takes what the loader queued while
+    waiting, and returns how many), ``pause()`` as its turn ends (a pipeline closes its source and empties,
+    so that its next turn starts from a known state)."""
+
+    get: Callable[[], Any]
+    drain: Callable[[], int] | None = None
+    pause: Callable[[], int] | None = None
+
+
+#: A queued item comes within this; one slower than it was being made (the queue is empty).
+DRAIN_FAST_S = 0.005
+#: The most a drain by timing takes (a loader faster than DRAIN_FAST_S a batch never looks empty).
+DRAIN_MAX_S = 0.5
+
+
+def drain_queued(
+    get: Callable[[], Any],
+    *,
+    count: int | None = None,
+    fast_s: float = DRAIN_FAST_S,
+    max_s: float = DRAIN_MAX_S,
+    clock: Callable[[], float] = time.perf_counter,
+) -> int:
+    """Take what a suspended loader queued while it waited for its turn; returns how many items.
+
+    ``count``: the queue's depth where the loader's structure gives it (a DataLoader keeps
+    ``num_workers x prefetch_factor`` batches in flight). Otherwise items are taken while each comes
+    within ``fast_s`` (it was queued, not made), for at most ``max_s``. An ended loader ends the drain.
+    """
+    n = 0
+    t_end = clock() + max_s
+    try:
+        while count is None or n < count:
+            t = clock()
+            get()
+            n += 1
+            if count is None and (clock() - t > fast_s or clock() > t_end):
+                break
+    except EOFError:
+        pass
+    return n
+
+
+#: Opens a candidate: a context manager giving its :class:`Feed` (or a bare ``get`` function).
+Opener = Callable[[Candidate], AbstractContextManager[Any]]
+
+
+def _load_avg() -> float | None:
+    """The host's 1-min load average (runnable tasks, ours included): what a busy host looked like."""
+    import os
+
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def _cores() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 class JobRuns:
@@ -106,6 +208,8 @@ class JobRuns:
         max_rounds: int = MAX_ROUNDS,
         clock: Callable[[], float] = time.perf_counter,
         what: str = "the real loader",
+        keep_open: bool = True,
+        skipped: list[dict[str, str]] | None = None,
     ) -> None:
         self.candidates = list(candidates)
         self.what = what  # what the loop runs on, in messages
@@ -115,61 +219,91 @@ class JobRuns:
         self.budget_s = budget_s
         self.max_rounds = max_rounds
         self.clock = clock
+        self.keep_open = keep_open
+        self.skipped = list(skipped or [])  # candidates the isolated sweep ruled out: {label, why}
         self.slices: list[dict[str, Any]] = []
         self.rounds = 0
-        self.stopped: str | None = None  # why the runs ended before their plan
+        self.settled = False
+        self.stopped: str | None = None  # why the runs ended before the decision settled
         self.steps_handed = 0
         self._t0: float | None = None
         self._t_end: float | None = None
+        self._open: dict[str, Feed] = {}
+        self.load: list[float | None] = []  # the host's 1-min load average as the runs start and end
 
     def run(self, open_candidate: Opener, contenders: Callable[[dict[str, Any]], list[str]]) -> Iterator[Any]:
         """Yield batches to the user's loop, slice after slice (module docstring)."""
         self._t0 = self.clock()
+        self.load = [_load_avg()]
         order = {c.key: i for i, c in enumerate(self.candidates)}
         labels = "; ".join(c.label for c in self.candidates)  # a label holds commas of its own
         self.say(
-            f"job: your loop runs on {self.what} at {len(self.candidates)} setting(s) in turns "
-            f"(at most {self.budget_s:g} s): {labels}"
+            f"job: your loop runs on {self.what} at {len(self.candidates)} setting(s) in turns, until the "
+            f"comparisons settle (at most {self.budget_s:g} s): {labels}"
         )
-        try:
-            for rnd in range(1, self.max_rounds + 1):
-                if rnd == 1:
-                    todo = list(self.candidates)
+        with ExitStack() as held:
+            try:
+                for rnd in range(1, self.max_rounds + 1):
+                    if rnd == 1:
+                        todo = list(self.candidates)
+                    else:
+                        keys = contenders(self.record())  # most important first
+                        if not keys:
+                            self.settled = True
+                            break
+                        todo = sorted((c for c in self.candidates if c.key in keys), key=lambda c: order[c.key])
+                        if rnd % 2 == 0:
+                            todo.reverse()
+                        if self._estimate(todo) > self.budget_s - (self.clock() - self._t0):
+                            # not all of them fit: the ones the decision hinges on most come first
+                            todo = sorted(todo, key=lambda c: keys.index(c.key))
+                    self.rounds = rnd
+                    for cand in todo:
+                        if self.clock() - self._t0 >= self.budget_s:
+                            self.stopped = (
+                                f"the job runs' budget of {self.budget_s:g} s was spent before the comparisons "
+                                "settled (STAGEBENCH_JOB_S)"
+                            )
+                            return
+                        yield from self._slice(cand, rnd, open_candidate, held)
                 else:
-                    keys = contenders(self.record())  # most important first
-                    todo = sorted((c for c in self.candidates if c.key in keys), key=lambda c: order[c.key])
-                    if rnd % 2 == 0:
-                        todo.reverse()
-                    if self._estimate(todo) > self.budget_s - (self.clock() - self._t0):
-                        # not all of them fit: the ones the decision hinges on most come first
-                        todo = sorted(todo, key=lambda c: keys.index(c.key))
-                if not todo:
-                    break
-                self.rounds = rnd
-                for cand in todo:
-                    if self.clock() - self._t0 >= self.budget_s:
-                        self.stopped = f"the job runs' budget of {self.budget_s:g} s was spent (STAGEBENCH_JOB_S)"
-                        return
-                    yield from self._slice(cand, rnd, open_candidate)
-        finally:
-            self._t_end = self.clock()
+                    if contenders(self.record()):
+                        self.stopped = f"the job runs stopped after {self.max_rounds} rounds, not settled"
+                    else:
+                        self.settled = True
+            finally:
+                self._t_end = self.clock()
+                self.load.append(_load_avg())
 
     def _estimate(self, todo: list[Candidate]) -> float:
-        """Seconds the slices of ``todo`` will take, from each one's earlier slices (start-up included)."""
-        walls: dict[str, list[float]] = {}
+        """Seconds the slices of ``todo`` will take, from each one's latest slice (start-up included only
+        where the loader is opened afresh for each)."""
+        walls: dict[str, float] = {}
         for s in self.slices:
-            walls.setdefault(s["candidate"], []).append(s["wall_s"])
-        everyone = [w for ws in walls.values() for w in ws]
+            walls[s["candidate"]] = s["wall_s"]
+        everyone = list(walls.values())
         typical = sum(everyone) / len(everyone) if everyone else 0.0
-        return sum(sum(walls[c.key]) / len(walls[c.key]) if c.key in walls else typical for c in todo)
+        return sum(walls.get(c.key, typical) for c in todo)
 
-    def _slice(self, cand: Candidate, rnd: int, open_candidate: Opener) -> Iterator[Any]:
+    def _feed(self, cand: Candidate, open_candidate: Opener, held: ExitStack) -> tuple[Feed, bool]:
+        """The candidate's feed and whether it was resumed (opened in an earlier turn and kept open)."""
+        if cand.key in self._open:
+            return self._open[cand.key], True
+        got = held.enter_context(open_candidate(cand))
+        feed = got if isinstance(got, Feed) else Feed(get=got)
+        if self.keep_open:
+            self._open[cand.key] = feed
+        return feed, False
+
+    def _slice(self, cand: Candidate, rnd: int, open_candidate: Opener, held: ExitStack) -> Iterator[Any]:
         rec: dict[str, Any] = {
             "candidate": cand.key,
             "round": rnd,
             "status": "ok",
             "reason": "",
             "startup_s": None,
+            "resumed": False,
+            "drained": 0,
             "warmup_steps": 0,
             "waits": [],
             "bodies": [],
@@ -177,21 +311,28 @@ class JobRuns:
             "wall_s": 0.0,
         }
         self.slices.append(rec)
-        warm = max(WARMUP_STEPS, cand.round_steps)
         group = group_steps(cand.round_steps)
         t_open = self.clock()
-        try:
-            with open_candidate(cand) as get_item:
+        with ExitStack() as own:  # a loader opened for this slice alone closes after it
+            try:
+                feed, resumed = self._feed(cand, open_candidate, held if self.keep_open else own)
+                rec["resumed"] = resumed
+                if resumed and feed.drain is not None:
+                    rec["drained"] = feed.drain()
+                # a resumed loader whose queue was drained: its workers are at work; one emptied while it
+                # waited (a pipeline) refills from nothing, as a fresh one does
+                light = resumed and feed.pause is None
+                warm = max(RESUMED_WARMUP_STEPS if light else WARMUP_STEPS, cand.round_steps)
                 i, counted_s = 0, 0.0
                 while True:
                     t0 = self.clock()
                     try:
-                        item = get_item()
+                        item = feed.get()
                     except EOFError:
                         rec["status"], rec["reason"] = "ended", "the loader or pipeline ended"
                         break
                     t1 = self.clock()
-                    if i == 0:
+                    if i == 0 and not resumed:
                         rec["startup_s"] = t1 - t_open
                     self.steps_handed += 1
                     try:
@@ -212,15 +353,20 @@ class JobRuns:
                     whole = n % group == 0
                     if whole and n >= MIN_SLICE_STEPS and counted_s >= MIN_SLICE_S:
                         break
+                    if whole and counted_s >= SLOW_SLICE_S:
+                        break
                     if counted_s >= self.max_slice_s and (whole or n < group):
                         break
                     if counted_s >= 2 * self.max_slice_s:  # a round that never completes: stop anyway
                         break
-        except Exception as e:  # the loader raised or a worker died: this slice fails, the runs go on
-            rec["status"], rec["reason"] = "failed", f"{type(e).__name__}: {e}"[:300]
-            self.say(f"job: {cand.label} failed: {rec['reason']}")
-        finally:
-            rec["wall_s"] = self.clock() - t_open
+                if self.keep_open and feed.pause is not None:
+                    rec["emptied"] = feed.pause()
+            except Exception as e:  # the loader raised or a worker died: this slice fails, the runs go on
+                rec["status"], rec["reason"] = "failed", f"{type(e).__name__}: {e}"[:300]
+                self._open.pop(cand.key, None)  # not resumed after a failure: opened afresh next time
+                self.say(f"job: {cand.label} failed: {rec['reason']}")
+            finally:
+                rec["wall_s"] = self.clock() - t_open
 
     def record(self) -> dict[str, Any]:
         """What ran, as ``run.json["job"]`` stores it (per-step times to the microsecond)."""
@@ -228,6 +374,7 @@ class JobRuns:
         return {
             "items_per_step": self.items_per_step,
             "candidates": [c.as_meta() for c in self.candidates],
+            "skipped": list(self.skipped),
             "slices": [
                 {
                     **{k: v for k, v in s.items() if k not in ("waits", "bodies")},
@@ -240,8 +387,12 @@ class JobRuns:
             "max_rounds": self.max_rounds,
             "budget_s": self.budget_s,
             "max_slice_s": self.max_slice_s,
+            "keep_open": self.keep_open,
+            "settled": self.settled,
             "seconds": (end - self._t0) if self._t0 is not None else 0.0,
             "steps_handed": self.steps_handed,
             "stopped": self.stopped,
             "what": self.what,
+            "load_avg": list(self.load),
+            "cores": _cores(),
         }

@@ -25,8 +25,8 @@ Without a setting of the user's (a Hydra sweep, a loader given no knobs), the pi
 setting shown as good as the best, else the best.
 
 A note on looking often: the job runs check the rule after every round and stop once it is settled,
-so its 95% is per look; the minimum of two rounds and the margins keep a switch on a lucky round
-rare, and a switch wrongly made by it costs at most the margin.
+so its 95% is per look; the minimum of :data:`MIN_ROUNDS` rounds and the margins keep a switch on a
+lucky round rare, and a switch wrongly made by it costs at most the margin.
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ __all__ = ["EQUIVALENT", "MIN_ROUNDS", "Ratio", "Option", "Decision", "decide", 
 
 #: A cheaper setting is equivalent when the 95% interval of its rate over the other's lies above this.
 EQUIVALENT = 0.95
-#: Fewest rounds (pairs of windows in turns) behind a ratio with an interval.
-MIN_ROUNDS = 2
+#: Fewest rounds (pairs of windows in turns) behind a ratio with an interval. Two rounds give a valid
+#: t-interval, but the runs look after every round and stop once settled, and two rounds that agree by
+#: chance (the demo's job runs: 0.975x and 0.985x) would settle a 5% question on a spread no one saw.
+MIN_ROUNDS = 3
 #: What a decision advises: ``keep yours``, ``cheaper`` (as fast within 5%, shown, and cheaper),
 #: ``change`` (faster beyond noise), ``use`` (no setting of the user's to compare), ``none`` (nothing ran).
 ADVICE = ("keep yours", "cheaper", "change", "use", "none")

@@ -79,8 +79,9 @@ class DiagnoseSettings:
     """``measure``: run the user's loop after the report to measure the training step's demand
     (:mod:`stagebench.pipeline._trainer`); ``off``: exit after the report."""
     trainer_s: float = _default("trainer_s")
-    job_s: float = _default("job_s")
-    """Most seconds of the job runs (:mod:`stagebench.core._jobrun`) after the step is measured."""
+    job_s: float | None = _default("job_s")
+    """Most seconds of the job runs (:mod:`stagebench.core._jobrun`) after the step is measured; ``None``:
+    :func:`stagebench.job._phase.job_budget_s` of the measured step."""
     gil_probe: str = _default("gil_probe")
     """``auto``: read the GIL share of stages that compute (see :mod:`stagebench.pipeline._gilprobe`); ``off``: curves only."""
 

@@ -347,8 +347,8 @@ def _diagnose_then_train(cfg: Any, settings: DiagnoseSettings, num_threads: int 
 
 
 def _end_from_close(code: int) -> None:
-    """End the program from the user's loop stopping early (:func:`stagebench.loader._trainer.end_from_close`)."""
-    from stagebench.loader._trainer import end_from_close
+    """End the program from the user's loop stopping early (:func:`stagebench.job._phase.end_from_close`)."""
+    from stagebench.job._phase import end_from_close
 
     State.finished, State.code = True, code
     end_from_close(code, in_process=State.in_process)

@@ -1,7 +1,7 @@
 """``STAGEBENCH_TRAINER=measure`` for an SPDL pipeline: the user's loop on cached batches, then on the real pipeline.
 
 With ``STAGEBENCH_TRAINER=measure`` the diagnosis does not exit after the report: the stand-in
-pipeline the user's loop iterates hands it batches (:func:`stagebench.loader._trainer.trainer_phases`,
+pipeline the user's loop iterates hands it batches (:func:`stagebench.job._phase.trainer_phases`,
 shared with DataLoaders):
 
 1. **The step alone**: cached real batches (the pipeline's own output at the recommended settings,
@@ -24,26 +24,38 @@ repeated batches. Everything here runs in the user's main thread, between their 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
-from stagebench.core._jobrun import Candidate
+from stagebench.core._jobrun import Candidate, Feed, Ladder
 from stagebench.core._steps import CACHED_BATCHES, TrainerProbe
-from stagebench.loader._trainer import JobPlan, trainer_phases
+from stagebench.job._phase import JobPlan, trainer_phases
 
 __all__ = ["collect_batches", "run_trainer_phases"]
 
 
 @contextlib.contextmanager
-def _running(plan: Any, source_items: list, choices: dict) -> Iterator[Any]:
-    """The user's pipeline at ``choices``, started over the cached source items (cycled); stopped after."""
+def _running(plan: Any, source_items: list, choices: dict, gate: threading.Event | None = None) -> Iterator[Any]:
+    """The user's pipeline at ``choices``, started over the cached source items (cycled); stopped after.
+
+    ``gate``: while it is clear, the source draws no item (SPDL's source thread waits), so the stages
+    finish what they hold and idle: a pipeline waiting for its turn in the job runs.
+    """
     from stagebench.core._spdl_harness import quiet_spdl_log
     from stagebench.pipeline._isolate import _real_pipeline, build_validation_config, default_threads
 
+    stop = threading.Event()
+
     def cycle():
         while True:
-            yield from source_items
+            for item in source_items:
+                if gate is not None:
+                    gate.wait()
+                if stop.is_set():
+                    return
+                yield item
 
     cfg, closers, _ = build_validation_config(plan, choices, cycle())
     pipeline = _real_pipeline(cfg, default_threads(plan))
@@ -52,6 +64,9 @@ def _running(plan: Any, source_items: list, choices: dict) -> Iterator[Any]:
         try:
             yield pipeline
         finally:
+            stop.set()
+            if gate is not None:
+                gate.set()  # a source waiting for its turn wakes up to stop
             try:
                 pipeline.stop(timeout=10)
             except Exception:
@@ -61,6 +76,23 @@ def _running(plan: Any, source_items: list, choices: dict) -> Iterator[Any]:
                     close()
                 except Exception:
                     pass
+
+
+#: A pipeline whose source is closed is empty once no item reaches the sink for this long.
+EMPTY_AFTER_S = 0.2
+
+
+def empty_pipeline(pipeline: Any, quiet_s: float = EMPTY_AFTER_S, most_s: float = 10.0) -> int:
+    """Take what reaches the sink of a pipeline whose source is closed, until none comes for ``quiet_s``
+    (at most ``most_s``); returns how many items."""
+    n, t_end = 0, time.perf_counter() + most_s
+    while time.perf_counter() < t_end:
+        try:
+            pipeline.get_item(timeout=quiet_s)
+        except (TimeoutError, EOFError):
+            break
+        n += 1
+    return n
 
 
 def collect_batches(plan: Any, source_items: list, choices: dict, n: int, timeout_s: float) -> list:
@@ -90,18 +122,35 @@ def run_trainer_phases(
     probe = TrainerProbe(seconds=settings.trainer_s, items_per_batch=k, say=say)
     plan, items, run_dir = session["plan"], session["source_items"], session["run_dir"]
 
-    def candidates(demand: dict[str, Any]) -> list[Candidate]:
+    def candidates(demand: dict[str, Any]) -> Ladder:
         from stagebench.analysis._pipeline import job_candidates_of_run
         from stagebench.runs._results import RunDir, read_rows
 
         rd = RunDir(run_dir)
-        return job_candidates_of_run(read_rows(rd.results_csv), rd.read_meta(), demand["samples_per_s"])
+        return job_candidates_of_run(read_rows(rd.results_csv), rd.read_meta(), demand)
 
     @contextlib.contextmanager
-    def opened(cand: Candidate) -> Iterator[Callable[[], Any]]:
+    def opened(cand: Candidate) -> Iterator[Feed]:
         choices = {name: (str(ex), int(c)) for name, (ex, c) in cand.settings.items()}
-        with _running(plan, items, choices) as pipeline:
-            yield lambda: pipeline.get_item(timeout=settings.timeout_s)
+        gate = threading.Event()
+        gate.set()
+        with _running(plan, items, choices, gate) as pipeline:
+
+            def get() -> Any:
+                return pipeline.get_item(timeout=settings.timeout_s)
+
+            def pause() -> int:
+                """Waiting for its turn: the source closes and what the stages hold is taken, so that the next
+                turn starts from an empty pipeline (its items spread over every stage's queue: no timing of
+                the sink alone tells where they end)."""
+                gate.clear()
+                return empty_pipeline(pipeline)
+
+            def resume() -> int:
+                gate.set()
+                return 0
+
+            yield Feed(get=get, drain=resume, pause=pause)
 
     job = JobPlan(
         candidates,

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["run_pipelines", "sink_rate"]
@@ -77,6 +78,7 @@ class _Run:
         self.steady_latency_s: float | None = None  # once warm (:meth:`_steady_latency`)
         self._t_open, self._n0 = 0.0, 0
         self.settle_s: float | None = None  # when it took turns with another run: its longest settle
+        self.extra_rounds = 0  # rounds in turns beyond forth and back, where a comparison asked for them
         self.partners: list[str] = []
         # stage call timings: the real stages' (compared with the stage alone) and the stand-ins'
         # (compared with the real stages in the validation run)
@@ -186,6 +188,18 @@ class _Run:
             except Exception:
                 pass
 
+    def window_rates(self) -> list[float]:
+        """Source items per second in each counted window, in the order counted: what the comparison in
+        turns pairs up (the i-th window of one run with the i-th of another)."""
+        import numpy as np
+
+        arr = np.asarray(self.arrivals, dtype=float)
+        out = []
+        for t0, t1 in self.windows:
+            n = int(np.count_nonzero((arr >= t0) & (arr < t1)))
+            out.append(n * self.items_per_sink_item / (t1 - t0) if t1 > t0 else 0.0)
+        return out
+
     def result(self, items_per_sink_item: float) -> dict[str, Any]:
         if self.error is not None or not self.windows:
             return {"qps": None, "error": self.error or "no steady state", "settings": self.used}
@@ -209,6 +223,7 @@ class _Run:
             "qps": sink_qps * k,
             "qps_low": lo * k,
             "qps_high": hi * k,
+            "window_rates": self.window_rates(),
             "seconds": seconds,
             "sink_qps": sink_qps,
             "sink_items": count,
@@ -234,7 +249,7 @@ def sink_rate(arrivals: list[float], windows: list[tuple[float, float]]) -> tupl
     """
     import numpy as np
 
-    from stagebench.core._stats import interval_about
+    from stagebench.model._rate import Rate
 
     arr = np.asarray(arrivals, dtype=float)
     seconds = sum(t1 - t0 for t0, t1 in windows)
@@ -247,9 +262,14 @@ def sink_rate(arrivals: list[float], windows: list[tuple[float, float]]) -> tupl
         counts, _ = np.histogram(inside, bins=np.linspace(t0, t1, nb + 1))
         rates.extend((counts / ((t1 - t0) / nb)).tolist())
     rate = count / seconds
-    lo, hi, _cv = interval_about(rate, rates, 0.95)
+    r = Rate.around(rate, rates)
     edge = len(windows) / seconds
-    return rate, min(lo, rate - edge), max(hi, rate + edge), count
+    lo = r.low if r.low is not None else rate
+    hi = r.high if r.high is not None else rate
+    # never narrower than the counting's resolution: an arrival either way at each window's edges; where
+    # that would reach zero or below, its share of the rate on the log scale (a rate stays positive)
+    low_edge = rate - edge if rate > edge else (rate / (1 + edge / rate) if rate > 0 else 0.0)
+    return rate, min(lo, low_edge), max(hi, rate + edge), count
 
 
 def _latencies_in_windows(timings: dict[str, list], windows: list[tuple[float, float]]) -> dict[str, dict[str, float]]:
@@ -273,6 +293,8 @@ def run_pipelines(
     timeout_s: float,
     items_per_sink_item: float = 1.0,
     own_choices: dict[str, dict[str, tuple[str, int]]] | None = None,
+    more: Callable[[dict[str, list[float]]], bool] | None = None,
+    max_extra_rounds: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """Run the pipeline once per entry of ``runs`` (name -> stand-ins, or None for the real stages).
 
@@ -287,9 +309,11 @@ def run_pipelines(
     from the source in the windows: a cross-check), ``warmup_s``,
     ``settings``, ``windows``, ``wall_s`` (the whole call's) and
     ``stage_latency`` (median call duration inside the pipeline per thread /
-    async stage, real or stand-in). A
+    async stage, real or stand-in), ``window_rates`` (each counted slice's rate). A
     run that fails has ``qps`` None and its ``error``; the other goes on
-    alone.
+    alone. ``more``: asked with every run's window rates after the turns, whether the
+    comparison they serve is settled (False) or needs more rounds (True): then the real runs
+    (all but the replay) take up to ``max_extra_rounds`` more rounds in turns, one slice each.
     """
     from stagebench.core._spdl_harness import quiet_spdl_log
 
@@ -323,6 +347,16 @@ def run_pipelines(
                 _count(live[0], window_s)
             elif live:
                 _take_turns(live, window_s)
+                real = [r for r in live if runs.get(r.name) is None and r.error is None]
+                extra = 0
+                while more is not None and len(real) > 1 and extra < max_extra_rounds:
+                    if not more({r.name: r.window_rates() for r in made}):
+                        break
+                    order = real if extra % 2 else real[::-1]
+                    _take_turns(order, window_s, rounds=1, forth_only=True)
+                    extra += 1
+                for r in made:
+                    r.extra_rounds = extra
         finally:
             for r in made:
                 r.close()
@@ -333,6 +367,7 @@ def run_pipelines(
         res["wall_s"] = wall  # of the whole call, shared when two took turns
         if r.partners and res.get("qps") is not None:
             res["settle_s"] = r.settle_s
+            res["extra_rounds"] = r.extra_rounds
             res["interleaved_with"] = r.partners[0] if len(r.partners) == 1 else r.partners
         out[r.name] = res
     return out
@@ -357,7 +392,7 @@ def _warm_up(runs: list[_Run], warmup_s: float, timeout_s: float) -> None:
             time.sleep(0.01)
 
 
-def _take_turns(runs: list[_Run], window_s: float) -> None:
+def _take_turns(runs: list[_Run], window_s: float, *, rounds: int = _SLICES // 2, forth_only: bool = False) -> None:
     """Count ``window_s`` of each in slices, forth and back once (A B B A, A B C C B A), settling after each switch.
 
     Each settle is three steady-state latencies of the slowest run (the same
@@ -378,7 +413,7 @@ def _take_turns(runs: list[_Run], window_s: float) -> None:
         return (warm or 0.0) / n
 
     prev: _Run | None = None
-    for r in (runs + runs[::-1]) * (_SLICES // 2):
+    for r in (runs if forth_only else runs + runs[::-1]) * rounds:
         if r.error is not None:
             continue
         if r is not prev:
@@ -393,7 +428,7 @@ def _take_turns(runs: list[_Run], window_s: float) -> None:
         prev = r
     for r in runs:
         r.gate.clear()
-        r.partners = [o.name for o in runs if o is not r]
+        r.partners = r.partners or [o.name for o in runs if o is not r]
 
 
 def _count(r: _Run, seconds: float, keep_open: bool = False) -> None:

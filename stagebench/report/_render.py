@@ -213,7 +213,12 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str
         ]
     else:
         head = {
-            "as good": ["# measured in turns: your settings are already as good as these; nothing to change"],
+            "could not tell": [
+                "# measured in turns: the runs could not tell these from your settings; keep yours (the rule: a "
+                "change must show faster, or cheaper and within 5%)"
+            ],
+            "cheaper": ["# measured in turns: as fast as yours within 5%, with fewer workers"],
+            "recommended": ["# measured in turns: faster than yours, beyond noise"],
             "yours": ["# measured in turns: your settings are faster than these; keep yours"],
             "inconclusive": ["# not checked against your settings: one of the two runs gave no number"],
             "not run": [
@@ -793,6 +798,7 @@ def _job_tile(summary: Mapping[str, Any]) -> list[dict[str, str]]:
 def _job_context(summary: Mapping[str, Any]) -> dict[str, Any] | None:
     """The training job's section: your loop on the real loader or pipeline at each candidate (summary["job"])."""
     from stagebench.analysis._job import ORIGIN_WORDS
+    from stagebench.model._evidence import Ratio
     from stagebench.report import _plots
 
     job = summary.get("job") or {}
@@ -816,6 +822,9 @@ def _job_context(summary: Mapping[str, Any]) -> dict[str, Any] | None:
                 "startup": f.get("startup_s"),
                 "pick": c.get("key") == job.get("pick"),
                 "as_good": bool(c.get("as_good")),
+                "versus": "yours"
+                if c.get("key") == job.get("yours")
+                else (x.text() if (x := Ratio.from_json(c.get("versus_yours"))) is not None else "—"),
             }
         )
     return {

@@ -69,7 +69,22 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
         if status not in ("ok", None):
             verdict = f"{status}" if verdict == "unknown" else f"{verdict} ({status})"
         gil = num_or_none(st.get("gil_fraction"))
-        if gil is not None:
+        mix = st.get("mix") or []
+        if len(mix) > 1 and status in ("ok", None):
+            # a tie within the shares' noise: the label the tie rule gives, and the shares it was decided on
+            sig = (st.get("evidence") or {}).get("signals") or {}
+            words = {
+                "gil-bound": ("GIL", "share_gil"),
+                "cpu-bound": ("CPU", "share_cpu"),
+                "io-bound": ("waiting", "share_io"),
+            }
+            parts = [
+                f"{words[k][0]} {v:.0%}"
+                for k in mix
+                if (v := num_or_none((sig.get(words[k][1]) or {}).get("value"))) is not None
+            ]
+            verdict += " (mix)" + (", " + ", ".join(parts) if parts else "")
+        elif gil is not None:
             verdict += f", GIL {gil:.0%}"  # the stage's own share, as its label reads it (analysis/_pipeline._nature)
         rec = st.get("recommended") or {}
         best = st.get("best") or {}
@@ -143,22 +158,33 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
 
 
 def job_lines(summary: Mapping[str, Any]) -> list[str]:
-    """The job runs (your loop on the real loader or pipeline at each candidate) as a few lines; [] without them."""
+    """The job runs (your loop on the real loader or pipeline at each candidate) as a few lines; [] without them.
+
+    Each setting with its job rate, its rate over yours in turns (the ratio the advice rests on), and
+    the steps it ran; then the verdict, what was not checked, and what more would settle an open question.
+    """
     from stagebench.analysis._job import ORIGIN_SHORT
+    from stagebench.model._evidence import Ratio
 
     job = summary.get("job") or {}
     if not job:
         return []
     unit = job.get("unit") or "samples/s"
+    settled = (job.get("decision") or {}).get("settled")
     lines = [
         f"job: your training loop on {job.get('what') or 'the real loader or pipeline'}, in turns "
-        f"({job.get('rounds') or 0} round(s), "
-        f"{num_or_none(job.get('seconds')) or 0:.0f} s)"
+        f"({job.get('rounds') or 0} round(s), {num_or_none(job.get('seconds')) or 0:.0f} s, "
+        f"{job.get('steps_handed') or 0} steps"
+        + ("; settled)" if settled else "; not settled)" if settled is not None else ")")
     ]
-    rows: list[tuple[str, ...]] = [("", "setting", "why run", f"job {unit} (95% CI)", "data wait", "alone")]
+    rows: list[tuple[str, ...]] = [
+        ("", "setting", "why run", f"job {unit} (95% CI)", "vs yours in turns", "steps", "data wait", "alone")
+    ]
     for c in job.get("candidates") or []:
         f = c.get("job") or {}
         alone = c.get("alone") or {}
+        x = Ratio.from_json(c.get("versus_yours"))
+        vs = "yours" if c.get("key") == job.get("yours") else (x.text() if x is not None else "-")
         rows.append(
             (
                 "*" if c.get("key") == job.get("pick") else " ",
@@ -167,16 +193,18 @@ def job_lines(summary: Mapping[str, Any]) -> list[str]:
                 format_rate(f.get("samples_per_s"), f.get("samples_per_s_low"), f.get("samples_per_s_high"))
                 if f
                 else "not run",
+                _clean(vs, 44),
+                str(f.get("steps") or "-"),
                 f"{f['data_wait_share']:.0%}" if num_or_none(f.get("data_wait_share")) is not None else "-",
                 format_rate(alone.get("samples_per_s")),
             )
         )
     lines += ["  " + r for r in _aligned(rows)]
-    lines.append(f"job verdict: {_clean(job.get('text'), 240)}")
+    lines.append(f"job verdict: {_clean(job.get('text'), 400)}")
     if job.get("zero_workers"):
         lines.append(f"  {_clean(job['zero_workers'], 240)}")
     for u in job.get("unproven") or []:
-        lines.append(f"  not checked: {_clean(u, 200)}")
+        lines.append(f"  not checked: {_clean(u, 240)}")
     return lines
 
 
