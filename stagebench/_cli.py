@@ -116,9 +116,9 @@ def _parser() -> argparse.ArgumentParser:
         "--trainer",
         action="store_true",
         help="after the report, run your loop: on cached batches (your step's demand), then on the real loader "
-        "or pipeline at a few candidate settings in turns; the advice is the cheapest setting that runs your "
-        "training job as fast as any (STAGEBENCH_TRAINER=measure); your loop body runs: it may write "
-        "checkpoints or logs",
+        "or pipeline at a few candidate settings in turns until they are told apart; your setting is changed only "
+        "where those runs show the change faster beyond noise, or cheaper and within 5% (STAGEBENCH_TRAINER=measure); "
+        "your loop body runs: it may write checkpoints or logs",
     )
     g.add_argument("script", help="the unmodified training script")
     g.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")

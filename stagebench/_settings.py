@@ -317,8 +317,9 @@ SETTINGS: tuple[Setting, ...] = (
         "choice",
         "off",
         "measure: after the report, your training loop runs on cached batches (your step's demand), then on the "
-        "real loader or pipeline at a few candidate settings in turns (the job), and the advice is the cheapest "
-        "setting that runs your job as fast as any; your loop body then runs, and may write checkpoints or logs",
+        "real loader or pipeline at a few candidate settings in turns (the job) until they are told apart; your "
+        "setting is changed only where those runs show the change faster beyond noise, or cheaper and within 5%; "
+        "your loop body then runs, and may write checkpoints or logs",
         choices=("off", "measure"),
     ),
     Setting(

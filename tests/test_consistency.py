@@ -146,7 +146,58 @@ def rule_the_job_pick_is_the_recommendation(summary: dict) -> list[str]:
     return bad
 
 
+def _negatives(node: object, path: str = "") -> list[str]:
+    out: list[str] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            key = str(k)
+            rate_like = key.endswith(("_low", "_high")) or "per_s" in key or key.startswith("qps")
+            if rate_like and isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+                out.append(f"{path}.{key} = {v}")
+            out += _negatives(v, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += _negatives(v, f"{path}[{i}]")
+    return out
+
+
+def rule_no_rate_below_zero(summary: dict) -> list[str]:
+    """No rate or end of a rate's interval below zero, anywhere in a summary or its terminal table
+    (issue 36: a busy host printed "6.38 samples/s (-0.237-13)")."""
+    from stagebench.report._terminal import format_loader_table, format_table
+
+    bad = _negatives(summary)
+    try:
+        text = format_loader_table(summary) if summary.get("kind") == "loader" else format_table(summary)
+    except (KeyError, TypeError):  # a partial summary made up for a rule's own test: the numbers were checked
+        text = ""
+    bad += [m.group(0) for m in re.finditer(r"\(-\d[\d,.]*[-–]", text)]
+    return bad
+
+
+def rule_a_data_bound_pick_names_the_setting_that_waited_less(summary: dict) -> list[str]:
+    """Words that hold together: a job verdict that advises a setting whose loop waits for data names any
+    measured setting whose loop waited far less, and why that one is not the pick."""
+    job = summary.get("job") or {}
+    if job.get("status") != "decided" or job.get("bound") != "data-bound":
+        return []
+    pick = next(c for c in job["candidates"] if c["key"] == job["pick"])
+    wait = (pick.get("job") or {}).get("data_wait_share") or 0.0
+    calm = [
+        c
+        for c in job["candidates"]
+        if c["key"] != job["pick"] and c.get("job") and c["job"].get("data_wait_share", 1.0) < 0.5 * wait
+    ]
+    return [
+        f"data-bound pick beside {c['label']!r}, which waited less, unnamed"
+        for c in calm
+        if c["label"] not in job["text"]
+    ]
+
+
 RULES = [
+    rule_no_rate_below_zero,
+    rule_a_data_bound_pick_names_the_setting_that_waited_less,
     rule_findings_follow_the_recommendation,
     rule_shares_are_at_most_100_percent,
     rule_no_throughput_for_an_unchecked_change,
@@ -268,6 +319,7 @@ def test_the_rules_catch_what_they_are_for():
         "warnings": ["the GIL is 103% busy at the best point"],
         "prediction": {"explanation": "moving aug to processes: the pipeline would then reach about 390 items/s"},
         "recommended_vs_yours": {"verdict": "as good"},
+        "validation": {"qps": 6.38, "qps_low": -0.237, "qps_high": 13.0},
     }
     bad_loader = {
         "kind": "loader",
@@ -278,7 +330,16 @@ def test_the_rules_catch_what_they_are_for():
             "status": "decided",
             "pick": "a",
             "text": "use a",
-            "candidates": [{"key": "a", "settings": {"num_workers": 4, "persistent_workers": False}}],
+            "bound": "data-bound",
+            "candidates": [
+                {
+                    "key": "a",
+                    "label": "a",
+                    "settings": {"num_workers": 4, "persistent_workers": False},
+                    "job": {"data_wait_share": 0.4},
+                },
+                {"key": "b", "label": "b", "settings": {"num_workers": 8}, "job": {"data_wait_share": 0.0}},
+            ],
         },
     }
     for rule in RULES:

@@ -319,9 +319,9 @@ def decide_job(
             f"{label[pick]} ran one slice with your loop: its interval does not cover a change of the machine "
             "between rounds"
         )
-    steps = f"{p['steps']} steps over {p['slices']} slice{'s' if p['slices'] != 1 else ''}"
+    steps = f"{p['steps']} steps in {p['slices']} slice{'s' if p['slices'] != 1 else ''}"
     text = {
-        "keep yours": f"keep yours ({label[pick]}): your job ran {_rate(p, unit)} ({steps})",
+        "keep yours": f"keep yours ({label[pick]}): your job ran {_rate(p, unit)} over {steps}",
         "cheaper": f"use {label[pick]}: your job ran {_rate(p, unit)}, {evidence}: as fast within "
         f"{1 - EQUIVALENT:.0%}, with fewer resources",
         "change": f"use {label[pick]}: your job ran {_rate(p, unit)} against {_rate(y, unit)} with yours, "

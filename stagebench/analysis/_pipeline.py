@@ -1624,8 +1624,12 @@ def _verdict(
     # A shared resource that binds is the bottleneck, not the stage that uses most of it: SPDL's
     # pipeline_definitions.py read "normalize_to_lists is the bottleneck" for a stage 4.5x faster
     # alone than the pipeline, and named another stage run to run (the two held the GIL alike).
+    elif prediction["binding"] == "gil" and name is None:
+        line = f"the GIL binds: predicted {q} items/s; no stage's own Python holds it: the pipeline's scheduling does"
     elif prediction["binding"] == "gil":
         line = f"the GIL binds: predicted {q} items/s; {name} holds it longest ({cls})"
+    elif prediction["binding"] == "cores" and name is None:
+        line = f"the cores bind: predicted {q} items/s; the pipeline's own work uses them"
     elif prediction["binding"] == "cores":
         line = f"the cores bind: predicted {q} items/s; {name} uses the most CPU ({cls})"
     else:

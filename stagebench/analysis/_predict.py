@@ -212,7 +212,8 @@ def predict_pipeline(
         )
         owns = [(n, g) for n, g in owns if g > 0]
         out["scheduling_gil_s_per_item"] = sched
-        out["bottleneck"] = owns[0][0] if owns else holders[0]["stage"]
+        # no stage holds the GIL (every stage None-returning, or unmeasured): the scheduling alone binds
+        out["bottleneck"] = owns[0][0] if owns else holders[0]["stage"] if holders else None
         parts.append(
             f"the GIL binds: one item needs {fmt_ms(b['gil_sum'])} of the main process's GIL: "
             + (
@@ -244,11 +245,15 @@ def predict_pipeline(
             )
     elif b["binding"] == "cores":
         users = sorted((d for d in loads if d["cpu_s_per_item"]), key=lambda d: -d["cpu_s_per_item"])
-        out["bottleneck"] = users[0]["stage"]
+        out["bottleneck"] = users[0]["stage"] if users else None
         parts.append(
             f"the cores bind: one item needs {fmt_ms(b['cpu_sum'])} of CPU across the stages "
-            f"({_shares(users, 'cpu_s_per_item')}); {cores} cores give at most "
-            f"{fmt_q(b['qps'])} items/s. More cores, or less work in {users[0]['stage']}, would lift it"
+            + (
+                f"({_shares(users, 'cpu_s_per_item')}); {cores} cores give at most {fmt_q(b['qps'])} items/s. "
+                f"More cores, or less work in {users[0]['stage']}, would lift it"
+                if users
+                else f"(the pipeline's own); {cores} cores give at most {fmt_q(b['qps'])} items/s"
+            )
         )
     else:
         name = b["cap_stage"]
