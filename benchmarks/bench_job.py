@@ -160,7 +160,7 @@ def _kinds(args: argparse.Namespace, results: dict) -> None:
             ratio = med[nw] / med[best_w] if nw in med else None
             step = fmt_q(s["trainer"]["samples_per_s"], 1)
             print(f"\n{kind}: step alone {step} samples/s; job verdict: {job.get('text')}")
-            print(f"  truth (median of {args.rounds} rounds in turns, {args.steps} steps each):")
+            print(f"  truth (median of {args.rounds} rounds in turns, {TRUTH_STEPS.get(kind, args.steps)} steps each):")
             for w in WORKERS:
                 runs = ", ".join(fmt_q(x, 1) for x in true[w])
                 mark = " <- pick" if w == nw else ""

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from stagebench._numbers import finite, num
-from stagebench.model._evidence import EQUIVALENT, Decision, Option, Ratio, decide
+from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS, Decision, Option, Ratio, decide
 from stagebench.model._rate import Rate
 
 __all__ = [
@@ -199,8 +199,8 @@ def _could_not_tell(d: Decision, job: Mapping[str, Any], label: Mapping[str, str
         if cost.get(d.rival, ()) < cost.get(ref or "", ())
         else f"faster than {whose} beyond noise"
     )
-    if d.rounds_to_settle is not None and d.rounds_to_settle > x.rounds:
-        more = d.rounds_to_settle - x.rounds
+    more = d.rounds_to_settle - x.rounds if d.rounds_to_settle is not None else None
+    if more is not None and 0 < more <= PRACTICAL_ROUNDS:
         per = _seconds_per_round(job, [d.rival] + ([ref] if ref else []))
         said += (
             f"; about {more} more round{'s' if more != 1 else ''}"
@@ -208,7 +208,12 @@ def _could_not_tell(d: Decision, job: Mapping[str, Any], label: Mapping[str, str
             + f" would show whether it is {bound}, at the spread seen"
         )
     else:
-        said += "; at the spread seen, no practical number of rounds would tell them apart"
+        # the ratio sits on the margin, or the rounds spread too much: the two are as good as each other
+        # for any run a user would make, and yours stays
+        said += (
+            f"; at the spread seen, it would take over {PRACTICAL_ROUNDS} more rounds to show whether it is {bound}: "
+            "for your job the two are not told apart"
+        )
     loads = [x for x in job.get("load_avg") or [] if isinstance(x, (int, float))]
     cores = int(job.get("cores") or 0)
     if loads and cores:
@@ -437,7 +442,7 @@ def _bound(p: Mapping[str, Any], demand: Rate | None, unit: str) -> tuple[str | 
     share = f"{ratio:.0%}"
     if job.low is not None and job.high is not None:
         share += f" ({job.low / demand.value:.0%}-{job.high / demand.value:.0%})"
-    alone = f"your step alone ({demand.text(unit)})"
+    alone = f"your step alone, {demand.text(unit)}"
     body = num(p.get("step_samples_per_s"))
     if ratio > 1 / TRAINER_BOUND and not (demand.high is not None and job.low is not None and job.low <= demand.high):
         return (

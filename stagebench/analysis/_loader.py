@@ -25,7 +25,7 @@ from stagebench._numbers import finite, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._job import job_findings
 from stagebench.analysis._loader_evidence import is_ok, paired_ratio, paired_rounds, pool_points, setting_key
-from stagebench.model._evidence import EQUIVALENT
+from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS
 from stagebench.runs._knobs import KNOB_KEYS, NOT_APPLICABLE, LoaderKnobs, normalize_knobs
 
 __all__ = [
@@ -306,7 +306,11 @@ def _decision_words(d: Any, by_key: dict[str, dict[str, Any]], within_best: floa
         )
         more = (
             f"; about {d.rounds_to_settle - x.rounds} more rounds in turns would settle it at the spread seen"
-            if x is not None and d.rounds_to_settle is not None and d.rounds_to_settle > x.rounds
+            if x is not None
+            and d.rounds_to_settle is not None
+            and 0 < d.rounds_to_settle - x.rounds <= PRACTICAL_ROUNDS
+            else "; at the spread seen, no practical number of rounds would settle it"
+            if x is not None
             else ""
         )
         head = "your setting, kept" if d.advice == "keep yours" else "the fastest measured"

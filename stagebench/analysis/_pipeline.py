@@ -1414,7 +1414,7 @@ def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list
             text=f"keep yours: the runs kept no windows in turns to compare them by; {figures}",
         )
         return out
-    from stagebench.model._evidence import EQUIVALENT
+    from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS
 
     if d.advice == "change":
         verdict, text = "recommended", f"the recommended settings are faster beyond noise, {x.text('yours')}: {figures}"
@@ -1429,11 +1429,17 @@ def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list
             "yours",
             f"your settings are faster beyond noise: keep them; the recommended ran {x.text('yours')}: {figures}",
         )
+    elif d.settled:  # yours the fastest, the recommended costlier: nothing it could gain once the rounds say so
+        verdict, text = (
+            "yours",
+            f"keep yours: the recommended settings use more workers and were not shown faster, {x.text('yours')}: "
+            f"{figures}",
+        )
     else:
         more = (
             f"; about {d.rounds_to_settle - x.rounds} more rounds in turns would settle it at the spread seen"
-            if d.rounds_to_settle is not None and d.rounds_to_settle > x.rounds
-            else ""
+            if d.rounds_to_settle is not None and 0 < d.rounds_to_settle - x.rounds <= PRACTICAL_ROUNDS
+            else "; at the spread seen, no practical number of rounds would settle it"
         )
         verdict, text = (
             "could not tell",

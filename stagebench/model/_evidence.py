@@ -38,7 +38,7 @@ from typing import Any
 
 from stagebench.model._rate import CONFIDENCE, Rate, t_quantile
 
-__all__ = ["EQUIVALENT", "MIN_ROUNDS", "Ratio", "Option", "Decision", "decide", "ADVICE"]
+__all__ = ["EQUIVALENT", "MIN_ROUNDS", "PRACTICAL_ROUNDS", "Ratio", "Option", "Decision", "decide", "ADVICE"]
 
 #: A cheaper setting is equivalent when the 95% interval of its rate over the other's lies above this.
 EQUIVALENT = 0.95
@@ -50,6 +50,8 @@ MIN_ROUNDS = 3
 #: ``change`` (faster beyond noise), ``use`` (no setting of the user's to compare), ``none`` (nothing ran).
 ADVICE = ("keep yours", "cheaper", "change", "use", "none")
 _MAX_ROUNDS_ESTIMATE = 1000
+#: More rounds than this to settle a comparison is no advice: the verdicts say the two cannot be told apart.
+PRACTICAL_ROUNDS = 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,8 +243,14 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
     for c in ran:
         if c is pick or c is me:
             continue
-        if (pick is not me or mine_good) and c.cost >= pick.cost:
+        if pick is not me and c.cost >= pick.cost:
             continue
+        if pick is me and mine_good and c.cost >= me.cost:
+            x = ratio(c.key, me.key)
+            # yours as good as the fastest: a costlier setting cannot be the pick; but where yours is the
+            # fastest only by its readings, that closes the question once the rounds give an interval
+            if me is not best or (x is not None and x.low is not None):
+                continue
         reason = why_not(c)
         if reason is not None:
             reasons[c.key] = reason
