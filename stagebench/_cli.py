@@ -50,11 +50,37 @@ def _cmd_diagnose(ns: argparse.Namespace) -> int:
 
 
 def _cmd_report(ns: argparse.Namespace) -> int:
+    from stagebench.runs._outcome import INTERNAL, PARTIAL
     from stagebench.sweep._rebuild import rebuild
 
-    path = rebuild(Path(ns.run_dir))
+    try:
+        path = rebuild(Path(ns.run_dir))
+    except (StagebenchError, FileNotFoundError, KeyboardInterrupt):
+        raise
+    except OSError as e:  # a full disk, a permission: nothing half-written is left (runs/_results.write_atomically)
+        return _fail(f"a file could not be written: {e}; the rows are untouched in {ns.run_dir}", PARTIAL.exit_code)
+    except Exception as e:  # stagebench's own bug on rows a run produced: one line, the traceback in a file
+        log = _error_log(Path(ns.run_dir), "stagebench report", e)
+        return _fail(
+            f"internal error: {type(e).__name__}: {e}; the rows are untouched in {ns.run_dir}"
+            + (f" (traceback in {log})" if log else ""),
+            INTERNAL.exit_code,
+        )
     print(f"report: {path}")
     return 0
+
+
+def _error_log(run_dir: Path, what: str, e: BaseException) -> Path | None:
+    """Append ``e``'s traceback to the run directory's error.log; its path, or None where it cannot be written."""
+    import traceback
+
+    log = run_dir / "error.log"
+    try:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"--- {what} ---\n{''.join(traceback.format_exception(e))}\n")
+    except OSError:
+        return None
+    return log
 
 
 def _cmd_compare(ns: argparse.Namespace) -> int:

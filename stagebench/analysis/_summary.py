@@ -15,16 +15,26 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     meta = RunDir(run_dir).read_meta()
     rows = read_rows_or_empty(run_dir)
+    damaged = list(rows.attrs.get("damaged") or [])
     kind = meta.get("kind") or guess_kind(rows)
     if kind == "loader":
         from stagebench.analysis._loader import summarize_loader
 
-        return summarize_loader(rows, meta)
-    if kind == "pipeline":
+        summary = summarize_loader(rows, meta)
+    elif kind == "pipeline":
         from stagebench.analysis._pipeline import summarize
 
-        return summarize(rows, meta)
-    raise ValueError(f"run.json kind: unknown {kind!r}; allowed: pipeline, loader")
+        summary = summarize(rows, meta)
+    else:
+        raise ValueError(f"run.json kind: unknown {kind!r}; allowed: pipeline, loader")
+    if damaged:  # said where the figures are read: the summary covers the rows that could be read
+        summary["damaged_rows"] = damaged
+        summary.setdefault("warnings", []).insert(
+            0,
+            f"results.csv is damaged: {'; '.join(damaged[:3])}"
+            + (f" (and {len(damaged) - 3} more)" if len(damaged) > 3 else ""),
+        )
+    return summary
 
 
 def guess_kind(rows: Any) -> str:

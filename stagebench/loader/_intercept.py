@@ -37,6 +37,7 @@ from stagebench._settings import local_rank
 from stagebench._spdl_private import MODE_VAR, PYTORCH_DATALOADER_MODULE, pytorch_get_items
 from stagebench.loader._sweep import BuiltLoader, EpochControl, LoaderSweepConfig, TaggedCollate, run_loader_sweep
 from stagebench.runs._knobs import LoaderKnobs, loader_knobs
+from stagebench.runs._outcome import FAILED, PARTIAL
 
 __all__ = [
     "DatasetLoaderFactory",
@@ -528,7 +529,17 @@ def diagnose_first_loader(
         print(format_loader_table(summary))
         report = run_dir / "report.html"
         print(f"report: {report if report.exists() else run_dir}")
-        if trainer is None or not summary.get("recommended"):
+        if summary.get("unwritten"):  # measured, but a file could not be written (a full disk)
+            print(f"[stagebench] error: {summary['unwritten']}; the rows are in {run_dir}", file=sys.stderr, flush=True)
+            raise SystemExit(PARTIAL.exit_code)
+        if not summary.get("recommended"):  # nothing could be measured: not a diagnosed loader
+            print(
+                f"[stagebench] error: {summary.get('verdict')}; the rows and their reasons are in {run_dir}",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(FAILED.exit_code)
+        if trainer is None:
             raise SystemExit(0)
         print(
             "[stagebench] that was the loader alone; your training loop runs next, and the advice is for your job",

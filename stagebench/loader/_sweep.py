@@ -38,6 +38,7 @@ from stagebench.loader._point import (
     workers_beyond_cores_unwarned,
 )
 from stagebench.runs._knobs import KNOWN_BACKENDS, LoaderKnobs, normalize_knobs
+from stagebench.runs._outcome import COMPLETE, FAILED, INTERRUPTED, PARTIAL
 
 __all__ = [
     "LoaderKnobs",
@@ -397,6 +398,7 @@ def run_loader_sweep(
     meta: dict[str, Any] = {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "kind": "loader",
+        "status": "running",
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": list(sys.argv),
         "provenance": prov,
@@ -470,26 +472,49 @@ def run_loader_sweep(
                 interrupted = True
                 meta["search"]["interrupted"] = True
     meta["provenance_after"] = collect_provenance()
+    meta["status"] = INTERRUPTED.status if interrupted else "running"
     rd.write_meta(meta)
     rows = read_rows(rd.results_csv)
     summary = summarize_loader(rows, meta)
-    rd.write_summary(summary)
+    unwritten = None
+    try:
+        rd.write_summary(summary)
+    except OSError as e:
+        unwritten = f"summary.json not written: {type(e).__name__}: {e}"
+    # the report of what was measured: after an interrupt too, from the rows kept
+    unwritten = unwritten or _write_report(rd.path, progress)
     if not interrupted:
-        _write_report(rd.path, progress)
+        meta["status"] = (
+            PARTIAL.status if unwritten else FAILED.status if summary.get("recommended") is None else COMPLETE.status
+        )
+        try:
+            rd.write_meta(meta)
+        except OSError as e:
+            unwritten = unwritten or f"run.json not written: {type(e).__name__}: {e}"
     if own_progress:
         progress.close()
     if interrupted:
-        raise KeyboardInterrupt
+        report = rd.path / "report.html"
+        raise KeyboardInterrupt(
+            f"the rows measured so far are in {rd.path}"
+            + (f", and a report of them: {report}" if report.is_file() and not unwritten else "")
+        )
+    if unwritten:
+        summary["unwritten"] = unwritten  # the caller says it and exits with PARTIAL's code
     return summary
 
 
-def _write_report(path: Path, progress: Any) -> None:
+def _write_report(path: Path, progress: Any) -> str | None:
+    """Write report.html; returns why it could not be written (a full disk, ...), else None."""
     try:
         from stagebench.report._render import write_report
     except ImportError:
         progress.message("report.html not written: the report module is not available in this install")
-        return
+        return None
     try:
         write_report(path)
-    except Exception as e:  # the rows and summary are already safe on disk
-        progress.message(f"report.html not written: {type(e).__name__}: {e}")
+    except OSError as e:  # the rows and summary are already safe on disk
+        return f"report.html not written: {type(e).__name__}: {e}"
+    except Exception as e:  # stagebench's own bug in the report: the rows and summary are safe, said
+        progress.message(f"report.html not written: internal error: {type(e).__name__}: {e}")
+    return None

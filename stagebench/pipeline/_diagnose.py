@@ -56,6 +56,7 @@ from stagebench._numbers import finite, num
 from stagebench.pipeline._settings import SAMPLE_OUTPUTS, DiagnoseSettings, SettingsError
 from stagebench.pipeline._state import MODE_VAR, State, Terminated, on_sigterm
 from stagebench.pipeline._validate import choices_of
+from stagebench.runs._outcome import COMPLETE, FAILED, INTERNAL, INTERRUPTED, PARTIAL, TERMINATED
 from stagebench.runs._schema import RESULTS_SCHEMA_VERSION, SUMMARY_SCHEMA_VERSION
 
 __all__ = [
@@ -292,6 +293,8 @@ class _Diagnosis:
         self.shared_ceilings: dict[tuple[str, str, int], dict[str, Any]] = {}
         self.process_sweeps: list[Any] = []  # stages whose process points wait for the level-by-level pass
         self.analysis_cache: dict = {}  # each stage analysed once, before and after the whole-pipeline runs
+        self.internal_error: str | None = None  # our bug in the analysis or the report: the run says so
+        self.unwritten: str | None = None  # a file that could not be written (a full disk): the run says so
         # the core's speed after every point (see _speed): the stage curves were measured at these
         self.sweep_speeds: list[float] = []
         # per stage, the probes after its thread / async points: what its stand-in's CPU amounts were read at
@@ -337,8 +340,9 @@ class _Diagnosis:
         try:
             return self._run()
         except KeyboardInterrupt as e:
-            self.meta["status"] = "terminated" if isinstance(e, Terminated) else "interrupted"
+            self.meta["status"] = (TERMINATED if isinstance(e, Terminated) else INTERRUPTED).status
             self.run_dir.write_meta(self.meta)
+            self._report_what_was_kept()
             raise
         except DiagnoseError as e:
             self.meta.update(status="failed", error=str(e))
@@ -444,20 +448,42 @@ class _Diagnosis:
                     validation["failed"] = failed
                 self.meta["validation"] = validation
         self.meta["provenance_after"] = collect_provenance()
-        self.meta["status"] = "complete"
+        # measured in full: the summary reads it so (a run cut short is warned of); the outcome follows below
+        self.meta["status"] = COMPLETE.status
         self.meta["phases_s"] = _phases(self.phases, rows, time.perf_counter() - t_begin)
         self.run_dir.write_meta(self.meta)
+        report = None
         with self._phase("analysis_and_report"):
             summary = self._summarize(rows)
-            self.run_dir.write_summary(summary)
-            report = self._report(summary) if self.write_report else None
+            try:
+                self.run_dir.write_summary(summary)
+                report = self._report(summary) if self.write_report else None
+            except OSError as e:  # a full disk, a permission: the rows are safe; said, and the exit code says it
+                self.unwritten = f"{type(e).__name__}: {e}"
+        self.meta["status"] = self._status(summary)
+        if self.internal_error:
+            self.meta["error"] = self.internal_error
+        elif self.unwritten:
+            self.meta["error"] = f"a file could not be written: {self.unwritten}"
         self.meta["phases_s"] = _phases(self.phases, rows, time.perf_counter() - t_begin)
-        self.run_dir.write_meta(self.meta)
+        try:
+            self.run_dir.write_meta(self.meta)
+        except OSError as e:
+            self.unwritten = self.unwritten or f"run.json: {type(e).__name__}: {e}"
         if self.show_table:
             from stagebench.report._terminal import format_table
 
             print(format_table(summary, report), end="", flush=True)
-        self.say(f"done; report: {report}" if report else f"done; results in {self.run_dir.path}")
+        where = self.run_dir.path
+        if self.meta["status"] == INTERNAL.status:
+            self.say(
+                f"internal error: {self.internal_error} (the traceback is in {where / 'error.log'}); the rows are in "
+                f"{where}, with a minimal summary and report beside them"
+            )
+        elif self.meta["status"] == PARTIAL.status:
+            self.say(f"error: a file could not be written ({self.unwritten}); the rows are in {where}")
+        elif self.meta["status"] == COMPLETE.status:
+            self.say(f"done; report: {report}" if report else f"done; results in {where}")
         if self.session is not None:
             self.session.update(
                 plan=plan,
@@ -986,23 +1012,48 @@ class _Diagnosis:
 
         try:
             return summarize(rows, self.meta, stage_cache=self.analysis_cache)
-        except Exception as e:
+        except Exception as e:  # our bug, on rows a run produced: a minimal summary, and the run says so
             self._log_error("analysis", e)
-            self.say(
-                f"the analysis failed ({type(e).__name__}: {e}); wrote a minimal summary instead "
-                f"(details in {self.run_dir.path / 'error.log'}; rebuild with `stagebench report`)"
-            )
-            return _fallback_summary(rows, self.meta, f"the analysis failed: {type(e).__name__}: {e}")
+            self.internal_error = f"the analysis failed: {type(e).__name__}: {e}"
+            return _fallback_summary(rows, self.meta, self.internal_error)
 
     def _report(self, summary: dict[str, Any]) -> Path:
         from stagebench.report._render import write_report
 
         try:
             return Path(write_report(self.run_dir.path))
+        except OSError:
+            raise  # a write that failed: not a bug of the report (the caller says it)
         except Exception as e:
             self._log_error("report", e)
-            self.say(f"the report failed ({type(e).__name__}: {e}); wrote a minimal one instead")
+            self.internal_error = self.internal_error or f"the report failed: {type(e).__name__}: {e}"
             return _fallback_report(self.run_dir.path, summary)
+
+    def _status(self, summary: dict[str, Any]) -> str:
+        """run.json's status at the end (:mod:`stagebench.runs._outcome`): the first of failed, internal error,
+        partial that holds, else complete."""
+        if summary.get("validation_failed"):
+            return str(FAILED.status)
+        if self.internal_error:
+            return str(INTERNAL.status)
+        if self.unwritten:
+            return str(PARTIAL.status)
+        return str(COMPLETE.status)
+
+    def _report_what_was_kept(self) -> None:
+        """After Ctrl-C or SIGTERM: the summary and report of the rows measured so far, where there are any.
+
+        A second Ctrl-C stops this too; nothing here may hide the interrupt itself."""
+        try:
+            rows = self._rows()
+            if not len(rows):
+                return
+            summary = self._summarize(rows)
+            self.run_dir.write_summary(summary)
+            if self.write_report:
+                self._report(summary)
+        except (Exception, KeyboardInterrupt):
+            return
 
     def _log_error(self, what: str, exc: BaseException) -> None:
         with open(self.run_dir.path / "error.log", "a", encoding="utf-8") as f:

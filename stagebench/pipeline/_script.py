@@ -69,8 +69,8 @@ def run_script(script: str, args: list[str], *, out: str | None) -> int:
         code = 0
     except SystemExit as e:
         code = _exit_code(e.code)
-    except KeyboardInterrupt:
-        say("interrupted")
+    except KeyboardInterrupt as e:  # a sweep that was stopped says where what it measured is
+        say(f"interrupted; {e}" if str(e) else "interrupted")
         code = 130
     except Exception as e:  # the script's own error: shown as Python shows it, then said
         _print_script_traceback(e, str(path))

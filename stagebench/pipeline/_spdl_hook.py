@@ -289,6 +289,7 @@ def _diagnose(cfg: Any, settings: DiagnoseSettings, num_threads: int | None, ses
     """Run the diagnosis and return its summary; on an error, say it and end the program."""
     from stagebench.pipeline._diagnose import DiagnoseError, diagnose_pipeline
     from stagebench.pipeline._settings import SettingsError, local_rank
+    from stagebench.runs._outcome import FAILED, INTERNAL, INTERRUPTED, TERMINATED
 
     try:
         rank = local_rank()
@@ -312,20 +313,40 @@ def _diagnose(cfg: Any, settings: DiagnoseSettings, num_threads: int | None, ses
         exit_now(e.code)
     except KeyboardInterrupt as e:
         where = f" in {State.run_dir}" if State.run_dir else ""
-        how, code = ("terminated (SIGTERM)", 143) if isinstance(e, Terminated) else ("interrupted", 130)
-        say(f"{how}; the rows measured so far are on disk{where}")
-        exit_now(code)
+        end = TERMINATED if isinstance(e, Terminated) else INTERRUPTED
+        how = "terminated (SIGTERM)" if end is TERMINATED else "interrupted"
+        report = State.run_dir / "report.html" if State.run_dir else None
+        said = f", and a report of them: {report}" if report is not None and report.is_file() else ""
+        say(f"{how}; the rows measured so far are on disk{where}{said}")
+        exit_now(end.exit_code)
     except Exception as e:  # our bug, not the user's: show where it happened
         import traceback
 
         traceback.print_exc()
-        say(f"internal error while diagnosing: {type(e).__name__}: {e}")
-        exit_now(1)
+        where = f"; the rows measured so far are in {State.run_dir}" if State.run_dir else ""
+        say(f"internal error while diagnosing: {type(e).__name__}: {e}{where}")
+        exit_now(INTERNAL.exit_code)
     failed = summary.get("validation_failed")
     if failed:  # a pipeline that delivers nothing is not a diagnosed pipeline, whatever was predicted
-        say(f"error: validation failed: {failed}")
-        exit_now(1)
+        say(f"error: validation failed: {failed}; the rows and the stages' reasons are in {State.run_dir}")
+        exit_now(FAILED.exit_code)
+    code = _exit_code_of_run()
+    if code:  # an internal error or a file not written: said by the diagnosis, told by the exit code
+        exit_now(code)
     return summary
+
+
+def _exit_code_of_run() -> int:
+    """The exit code of the run's outcome, as its run.json records it (0 where it cannot be read)."""
+    from stagebench.runs._outcome import outcome
+    from stagebench.runs._results import RunDir, RunFileError
+
+    if State.run_dir is None:
+        return 0
+    try:
+        return outcome(RunDir(State.run_dir).read_meta().get("status")).exit_code
+    except (OSError, RunFileError):
+        return 0
 
 
 def _diagnose_and_exit(cfg: Any, settings: DiagnoseSettings, num_threads: int | None = None) -> None:

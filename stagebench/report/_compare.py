@@ -54,7 +54,7 @@ from stagebench.report._html import (
 from stagebench.report._render import RunData, load_run
 from stagebench.runs._jobs import job_label, job_overrides, short_labels
 from stagebench.runs._knobs import loader_knobs
-from stagebench.runs._results import RunDir, csv_cell, default_run_dir, is_run_dir, read_rows_or_empty
+from stagebench.runs._results import RunDir, RunFileError, csv_cell, default_run_dir, is_run_dir, read_rows_or_empty
 
 __all__ = [
     "compare_runs",
@@ -715,7 +715,13 @@ def compare_runs(run_dirs: list[Path], out: Path | None = None) -> Path:
     if missing:
         raise StagebenchError(f"not a run directory (no run.json or results.csv): {', '.join(missing)}")
     for p in dirs:
-        read_rows_or_empty(p)
+        damaged = read_rows_or_empty(p).attrs.get("damaged")
+        if damaged:  # a comparison of figures some rows are missing from would name a wrong winner
+            raise RunFileError(
+                f"{p / 'results.csv'}: damaged: {'; '.join(damaged[:3])}"
+                + (f" (and {len(damaged) - 3} more)" if len(damaged) > 3 else "")
+                + f"; `stagebench report {p}` rebuilds it from the rows that can be read"
+            )
     if out is None:
         out = default_run_dir(prefix="compare")
     labels = short_labels(dirs, [RunDir(p).read_meta() for p in dirs])

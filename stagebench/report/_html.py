@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -178,7 +177,8 @@ def machine_label(prov: Mapping[str, Any] | None) -> str:
 
 
 def write_text(path: Path, text: str) -> None:
+    """A page written atomically (:func:`stagebench.runs._results.write_atomically`): a browser refreshing
+    mid-write never sees half of it, and a failed write leaves no temporary file."""
+    from stagebench.runs._results import write_atomically
 
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)  # a browser refreshing mid-write never sees half a page
+    write_atomically(path, text)

@@ -45,6 +45,7 @@ __all__ = [
     "SUMMARY",
     "REPORT",
     "TRANSFORMS_CSV",
+    "write_atomically",
 ]
 
 RESULTS = "results.csv"
@@ -236,9 +237,37 @@ class RunDir:
 
     @staticmethod
     def _write_json(path: Path, obj: Any) -> None:
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n", encoding="utf-8")
-        os.replace(tmp, path)  # atomic: a reader never sees half a file
+        write_atomically(path, json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it, swapped in at once: a reader (a
+    browser refreshing, `stagebench report`) never sees half a file. Where the write fails (a full
+    disk), the temporary file is removed and the error raised: the old file, if any, is left as it was."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+
+
+#: Columns that hold words, not numbers (besides the free-text ones): read as text and never coerced.
+_WORD_COLUMNS = (
+    "role",
+    "executor",
+    "harness",
+    "status",
+    "started_at",
+    "backend",
+    "persistent_workers",
+    "pin_memory",
+    "search_phase",
+)
 
 
 def read_rows(path: str | os.PathLike):
@@ -246,28 +275,73 @@ def read_rows(path: str | os.PathLike):
 
     Text columns are read as written: a stage named ``NA``, ``None`` or ``007`` stays
     that string (pandas would read NaN and 7.0, and the analysis would look for a
-    stage that does not exist). A damaged file raises :class:`RunFileError`.
+    stage that does not exist). A file that cannot be read at all raises :class:`RunFileError`.
+
+    Read strictly: a row cut short (the file does not end with its newline: the run stopped while
+    writing it), a row with more or fewer fields than the header, or a number that is not one are
+    left out, each named by its line number in ``df.attrs["damaged"]``. A row cut mid-number would
+    otherwise read as a valid, different number (0.0007 cut to 0.07).
     """
+    import io
+
     import pandas as pd
 
     p = Path(path)
     if p.is_dir():
         p = p / RESULTS
     try:
-        header = pd.read_csv(p, nrows=0).columns
-        text = [c for c in TEXT_COLUMNS if c in header]
-        df = pd.read_csv(
-            p,
-            keep_default_na=False,
-            na_values={c: list(_NA_SPELLINGS) for c in header if c not in text},
-            dtype={c: str for c in text},
-        )
-    except pd.errors.EmptyDataError:
-        raise
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
         raise RunFileError(f"{p}: damaged ({_first_line(e)}); rebuild it by measuring again") from None
-    for col in text:
+    damaged: list[str] = []
+    if text and not text.endswith("\n"):
+        damaged.append(f"line {text.count(chr(10)) + 1} was cut short (the run stopped while writing it): left out")
+        text = text[: text.rfind("\n") + 1]
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    if header is None:
+        raise pd.errors.EmptyDataError("No columns to parse from file")
+    kept, lines = io.StringIO(), []
+    out = csv.writer(kept, lineterminator="\n")
+    out.writerow(header)
+    try:
+        for rec in reader:
+            if not rec:
+                continue
+            if len(rec) != len(header):
+                damaged.append(
+                    f"line {reader.line_num}: {len(rec)} fields where the header has {len(header)}: left out"
+                )
+                continue
+            out.writerow(rec)
+            lines.append(reader.line_num)
+    except csv.Error as e:
+        raise RunFileError(f"{p}: damaged ({_first_line(e)}); rebuild it by measuring again") from None
+    text_cols = [c for c in TEXT_COLUMNS if c in header]
+    try:
+        df = pd.read_csv(
+            io.StringIO(kept.getvalue()),
+            keep_default_na=False,
+            na_values={c: list(_NA_SPELLINGS) for c in header if c not in text_cols},
+            dtype={c: str for c in text_cols},
+        )
+    except (pd.errors.ParserError, ValueError) as e:
+        raise RunFileError(f"{p}: damaged ({_first_line(e)}); rebuild it by measuring again") from None
+    for col in text_cols:
         df[col] = df[col].map(_csv_text)
+    bad = pd.Series(False, index=df.index)
+    for col in (c for c in header if c not in text_cols and c not in _WORD_COLUMNS):
+        if not pd.api.types.is_numeric_dtype(df[col]) and not pd.api.types.is_bool_dtype(df[col]):
+            # a cell that is not a number where numbers are written (pandas then reads the column as text)
+            coerced = pd.to_numeric(df[col], errors="coerce")
+            wrong = coerced.isna() & df[col].notna()
+            for i in df.index[wrong]:
+                damaged.append(f"line {lines[i]}: {col}={str(df.at[i, col])[:40]!r} is not a number: left out")
+            bad |= wrong
+            df[col] = coerced
+    if bad.any():
+        df = df[~bad].reset_index(drop=True)
+    df.attrs["damaged"] = damaged
     return df
 
 

@@ -12,7 +12,7 @@ from stagebench.report._compare import write_comparison
 from stagebench.report._html import write_text
 from stagebench.report._render import load_run, render_report
 from stagebench.runs._jobs import job_label
-from stagebench.runs._results import RunDir, is_run_dir
+from stagebench.runs._results import RunDir, RunFileError, is_run_dir
 from stagebench.sweep._multirun import find_run_dirs
 
 __all__ = ["rebuild"]
@@ -34,6 +34,13 @@ def rebuild(path: Path) -> Path:
         run = load_run(path, recompute=True)
         out = path / "report.html"
         write_text(out, render_report(run))
+        damaged = run.summary.get("damaged_rows") or []
+        if damaged:  # rebuilt from the rows that could be read; the rest named, and the command says so
+            raise RunFileError(
+                f"{path / 'results.csv'}: damaged: {'; '.join(damaged[:3])}"
+                + (f" (and {len(damaged) - 3} more)" if len(damaged) > 3 else "")
+                + f"; summary.json and {out.name} were rebuilt from the other rows and say so"
+            )
         return out
     runs, failed = find_run_dirs(path)
     if not runs and not failed:

@@ -1,0 +1,265 @@
+"""How a run ends (runs/_outcome): each outcome's exit code, run.json status, last line and files (issue 39)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from _signals import default_sigint
+
+from stagebench._cli import main
+from stagebench.runs._outcome import FAILED, INTERRUPTED, OUTCOMES, PARTIAL
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST16 = Path(__file__).resolve().parent / "data" / "host16"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGEBENCH_", "SPDL_PIPELINE_DIAGNOSTIC"))}
+    env.update(extra)
+    return env
+
+
+def test_the_docs_table_of_outcomes_is_the_codes():
+    """docs/faults.md lists every outcome with its exit code and run.json status, as runs/_outcome has them."""
+    text = (ROOT / "docs" / "faults.md").read_text()
+    for o in OUTCOMES:
+        row = next((ln for ln in text.splitlines() if ln.startswith(f"| {o.name} |")), None)
+        assert row is not None, o.name
+        assert f"| {o.exit_code} |" in row and (f"`{o.status}`" in row if o.status else "| — |" in row), row
+
+
+# --------------------------------------------------------------------------- damaged rows
+@pytest.mark.parametrize("frac", [0.13, 0.21, 0.34, 0.42, 0.5, 0.61, 0.72, 0.85, 0.93, 0.999])
+def test_a_results_csv_cut_anywhere_never_rebuilds_silently(tmp_path, capsys, frac):
+    """A results.csv cut at a byte offset (the run stopped while writing it, a copy cut short) either rebuilds to
+    the same summary, or exits non-zero naming the damaged line: never exit 0 with figures that moved."""
+    run = tmp_path / "run"
+    shutil.copytree(HOST16 / "demo", run)
+    assert main(["report", str(run)]) == 0
+    whole = json.loads((run / "summary.json").read_text())
+    data = (run / "results.csv").read_bytes()
+    (run / "results.csv").write_bytes(data[: int(len(data) * frac)])
+    code = main(["report", str(run)])
+    err = capsys.readouterr().err
+    cut = json.loads((run / "summary.json").read_text())
+    if code == 0:
+        assert cut == whole
+    else:
+        assert code == 2 and "results.csv: damaged: line " in err and "cut short" in err, err
+        assert cut["damaged_rows"] and cut["warnings"][0].startswith("results.csv is damaged: line ")
+    assert not list(run.glob("*.tmp"))
+
+
+def test_a_row_with_a_word_where_a_number_belongs_is_named_and_left_out(tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(HOST16 / "demo", run)
+    import csv
+
+    with open(run / "results.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    rows[5][rows[0].index("qps")] = "fast"
+    with open(run / "results.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    assert main(["report", str(run)]) == 2
+    assert "line 6: qps='fast' is not a number: left out" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- failed, internal error, partial
+LOADER_RAISES = textwrap.dedent(
+    """
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Corrupt(Dataset):
+        def __len__(self):
+            return 4096
+
+        def __getitem__(self, i):
+            if i % 97 == 0:
+                raise OSError(f"corrupt record {i}")
+            return torch.zeros(4)
+
+    for batch in DataLoader(Corrupt(), batch_size=32, shuffle=True, num_workers=1):
+        pass
+    """
+)
+
+
+def test_a_loader_that_raises_exits_failed_and_names_where_the_rows_are(tmp_path):
+    (tmp_path / "train.py").write_text(LOADER_RAISES)
+    out = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", "stagebench", "diagnose", "--out", str(out), "train.py"],
+        cwd=tmp_path,
+        env=_env(STAGEBENCH_BUDGET_S="0.3", STAGEBENCH_TIMEOUT_S="20"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == FAILED.exit_code, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert "no loader setting could be measured: the loader raised: OSError: corrupt record" in last
+    assert str(out) in last
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+    assert (out / "report.html").is_file()
+
+
+def test_an_analysis_that_fails_on_saved_rows_is_an_internal_error_not_a_traceback(tmp_path, capsys, monkeypatch):
+    import stagebench.analysis._summary as summary_mod
+
+    run = tmp_path / "run"
+    shutil.copytree(HOST16 / "demo", run)
+
+    def broken(*a, **k):
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(summary_mod, "summarize_run", broken)
+    import stagebench.report._render as render_mod
+
+    monkeypatch.setattr(render_mod, "summarize_run", broken)
+    code = main(["report", str(run)])
+    err = capsys.readouterr().err
+    assert code == 3 and "internal error: IndexError: list index out of range" in err
+    assert "Traceback" not in err and "list index out of range" in (run / "error.log").read_text()
+
+
+def _limit_writes(limit: int):
+    def pre() -> None:
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return pre
+
+
+def test_a_write_that_fails_leaves_no_temporary_file_and_exits_partial(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(HOST16 / "demo", run)
+    r = subprocess.run(
+        [sys.executable, "-m", "stagebench", "report", str(run)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limit_writes(20_000),
+    )
+    assert r.returncode == PARTIAL.exit_code, r.stderr[-2000:]
+    assert "a file could not be written" in r.stderr and "File too large" in r.stderr
+    assert f"the rows are untouched in {run}" in r.stderr
+    assert not list(run.glob("*.tmp"))
+
+
+# --------------------------------------------------------------------------- interrupted
+SWEEP_SCRIPT = textwrap.dedent(
+    """
+    import time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 4096
+
+        def __getitem__(self, i):
+            time.sleep(0.002)
+            return torch.zeros(4)
+
+    for batch in DataLoader(Slow(), batch_size=8, num_workers=1):
+        pass
+    """
+)
+
+
+@pytest.mark.parametrize("rows_before", [0, 2, 4])
+def test_ctrl_c_during_a_loader_sweep_keeps_rows_writes_a_report_and_says_where(tmp_path, rows_before):
+    """SIGINT at three moments of a loader sweep: status interrupted, the rows, a report of them, and a line
+    naming both."""
+    (tmp_path / "train.py").write_text(SWEEP_SCRIPT)
+    out = tmp_path / "run"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "stagebench", "diagnose", "--out", str(out), "train.py"],
+        cwd=tmp_path,
+        env=_env(STAGEBENCH_BUDGET_S="1", STAGEBENCH_TIMEOUT_S="20"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+    )
+    csv = out / "results.csv"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        n = len(csv.read_text().splitlines()) - 1 if csv.exists() else -1
+        if n >= rows_before:
+            break
+        time.sleep(0.05)
+    time.sleep(0.2)  # inside the next point
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == INTERRUPTED.exit_code, err[-2000:]
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "interrupted"
+    assert (out / "report.html").is_file() and (out / "summary.json").is_file()
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("stagebench: interrupted; the rows measured so far are in ")
+    assert f"a report of them: {out / 'report.html'}" in last
+
+
+@pytest.mark.parametrize("rows_before", [2, 5, -1])
+def test_ctrl_c_during_a_pipeline_diagnosis_keeps_rows_writes_a_report_and_says_where(tmp_path, rows_before):
+    """SIGINT at three moments of a diagnosis (early in the sweeps, later, and in the whole-pipeline runs)."""
+    script = Path(__file__).resolve().parent / "scripts" / "diag_train.py"
+    out = tmp_path / "run"
+    p = subprocess.Popen(
+        [sys.executable, str(script), "--marker", str(tmp_path / "m")],
+        cwd=tmp_path,
+        env=_env(
+            SPDL_PIPELINE_DIAGNOSTIC_MODE="1",
+            STAGEBENCH_OUTPUT_DIR=str(out),
+            STAGEBENCH_EXECUTORS="thread",
+            STAGEBENCH_HARNESSES="direct",
+            STAGEBENCH_BUDGET_S="0.5",
+            STAGEBENCH_WARMUP_S="0.1",
+            STAGEBENCH_TIMEOUT_S="15",
+            STAGEBENCH_VALIDATION_S="3",
+            STAGEBENCH_CACHE_DIR="off",
+            SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS="40",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+    )
+    deadline = time.monotonic() + 180
+    csv = out / "results.csv"
+    if rows_before >= 0:
+        while time.monotonic() < deadline and (not csv.exists() or len(csv.read_text().splitlines()) - 1 < rows_before):
+            time.sleep(0.05)
+    else:  # the whole-pipeline runs: run.json gets the CPU's speed over the sweeps just before them
+        while time.monotonic() < deadline and "cpu_speed" not in _meta(out):
+            time.sleep(0.05)
+        time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == INTERRUPTED.exit_code, err[-2000:]
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    assert (out / "report.html").is_file()
+    last = err.strip().splitlines()[-1]
+    assert re.search(r"interrupted; the rows measured so far are on disk in .*, and a report of them: ", last), last
+
+
+def _meta(out: Path) -> dict:
+    try:
+        return json.loads((out / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
