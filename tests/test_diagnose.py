@@ -1377,7 +1377,7 @@ def test_a_stage_that_kills_its_worker_process_does_not_end_the_diagnosis(tmp_pa
         cfg = PipelineBuilder().add_source(range(50)).pipe(dies, executor=pool).add_sink(2).get_config()
         summary = diagnose_pipeline(cfg, out=tmp_path / "run", settings=small(), show_table=False, report=False)
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert meta["status"] == "complete"
+    assert meta["status"] == "failed"  # the pipeline delivers nothing: a failed run (runs/_outcome)
     (stage,) = meta["stages"]
     assert stage["status"] == "not_measured" and "worker process died" in stage["reason"]
     assert "exit code 3" in stage["reason"] or "died" in stage["reason"]
