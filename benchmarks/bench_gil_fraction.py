@@ -29,7 +29,7 @@ import time
 from _common import _stages, load_now, machine_line, usable_cores, write_json
 
 from stagebench import MeasureConfig, SweepConfig, measure_stage, sweep_stage
-from stagebench.analysis._pipeline import analyze_stage
+from stagebench.analysis._stage import analyze_stage
 
 TARGET = 0.10
 TOTAL_MS = 4.0

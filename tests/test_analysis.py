@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 from _rows import model_rows, row
 
-from stagebench.analysis._pipeline import CLASSIFICATIONS, analyze_stage, summarize
+from stagebench.analysis._labels import CLASSIFICATIONS
+from stagebench.analysis._pipeline import summarize
+from stagebench.analysis._stage import analyze_stage
 from stagebench.runs._results import RunDir, read_rows, to_jsonable
 from stagebench.runs._schema import STAGE_COLUMNS
 
@@ -790,7 +792,7 @@ def test_stage_calls_inside_the_validation_run_are_set_against_their_stand_ins_i
     [(1000.0, 800.0, "trainer-bound"), (1000.0, 950.0, "balanced"), (1000.0, 1200.0, "data-bound")],
 )
 def test_the_trainers_demand_against_the_measured_pipeline(measured, target, verdict):
-    from stagebench.analysis._pipeline import demand_verdict
+    from stagebench.analysis._verdicts import demand_verdict
 
     d = demand_verdict(target, {"qps": measured, "qps_low": 0.9 * measured, "qps_high": 1.1 * measured}, None)
     assert d["verdict"] == verdict and d["source"] == "measured" and d["capacity"] == measured
@@ -798,7 +800,7 @@ def test_the_trainers_demand_against_the_measured_pipeline(measured, target, ver
 
 
 def test_the_demand_verdict_is_inconclusive_without_a_run_or_a_replay():
-    from stagebench.analysis._pipeline import demand_verdict
+    from stagebench.analysis._verdicts import demand_verdict
 
     assert demand_verdict(None, {"qps": 10.0}, None) is None  # no demand stated: no verdict
     bounds_only = {"qps": 500.0, "method": "bounds"}

@@ -1060,7 +1060,7 @@ def test_terminal_table_shows_the_label_with_its_own_share_and_the_limit_beside_
     It read "gil-bound, GIL 95% busy (11% its own)": a label and a share that contradicted it (issue 31)."""
     from _rows import row
 
-    from stagebench.analysis._pipeline import analyze_stage
+    from stagebench.analysis._stage import analyze_stage
     from stagebench.report._terminal import format_table
 
     # 16 threads, each holding the GIL 1.2 ms of a 10.5 ms item: flat at 800 items/s, the GIL ~95% busy

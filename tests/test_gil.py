@@ -11,7 +11,7 @@ import pytest
 from _rows import model_rows, row
 
 from stagebench.analysis._gil import SIGNAL_LABELS, estimate_gil
-from stagebench.analysis._pipeline import analyze_stage
+from stagebench.analysis._stage import analyze_stage
 from stagebench.core._curves import StageRows
 
 

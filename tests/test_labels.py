@@ -110,7 +110,7 @@ def test_the_demos_stages_read_the_same_on_16_cores_as_on_2(tmp_path, where):
 @pytest.mark.parametrize("f", [0.41, 0.45, 0.494, 0.5, 0.506, 0.55, 0.59])
 def test_shares_within_their_noise_of_each_other_are_a_mix_and_the_tie_rule_labels_them(f):
     """Issue 36: a 50/50 spin-and-sleep stage read GIL 0.494 against waiting 0.505 and flipped labels."""
-    from stagebench.analysis._pipeline import label_mix, label_of_call
+    from stagebench.analysis._labels import label_mix, label_of_call
 
     # a spin-and-sleep stage: half its call on the CPU, all of that holding the GIL; f is the GIL share as read
     label, line, signals = label_of_call(4e-3, 0.5, f, "thread concurrency 1")
@@ -122,7 +122,7 @@ def test_shares_within_their_noise_of_each_other_are_a_mix_and_the_tie_rule_labe
     ("f", "a", "label"), [(0.2, 0.2, "io-bound"), (0.8, 0.8, "gil-bound"), (0.05, 0.95, "cpu-bound")]
 )
 def test_shares_apart_beyond_their_noise_are_no_mix(f, a, label):
-    from stagebench.analysis._pipeline import label_mix, label_of_call
+    from stagebench.analysis._labels import label_mix, label_of_call
 
     got, line, signals = label_of_call(4e-3, a, f, "thread concurrency 1")
     assert got == label and label_mix(signals) == [] and "a mix" not in line

@@ -8,7 +8,7 @@ from _rows import row
 from _stages import Sleep
 
 from stagebench import MeasureConfig, SweepConfig
-from stagebench.analysis._pipeline import analyze_stage
+from stagebench.analysis._stage import analyze_stage
 from stagebench.core._curves import StageRows
 from stagebench.core._paired import MAX_RATIO, paired_result, plan, threads_led_every_pair
 from stagebench.core._sweep import StageSweep

@@ -205,7 +205,7 @@ def test_gil_bound_of_really_measured_stages_matches_the_analytic_value():
     from _stages import Sleep, Spin, SpinSleep
     from test_gil import _require_a_quiet_window, _wait_for_a_core
 
-    from stagebench.analysis._pipeline import analyze_stage
+    from stagebench.analysis._stage import analyze_stage
     from stagebench.core._config import MeasureConfig, SweepConfig
     from stagebench.core._measure import identity, measure_stage
     from stagebench.core._sweep import sweep_stage

@@ -18,7 +18,7 @@ Severity rules, so they mean the same thing in every report:
 - ``info``: context (what could not be isolated, what is only bounded).
 
 The same engine serves loader sweeps: it reads only stage entries of the
-shape :func:`stagebench.analysis._pipeline.analyze_stage` returns.
+shape :func:`stagebench.analysis._stage.analyze_stage` returns.
 """
 
 from __future__ import annotations
@@ -26,17 +26,17 @@ from __future__ import annotations
 from typing import Any
 
 from stagebench._numbers import finite, fmt_q, num
+from stagebench.model._finding import SEVERITIES, Finding
 
-__all__ = ["build_findings", "SEVERITIES"]
-
-SEVERITIES = ("high", "medium", "low", "info")
+__all__ = ["build_findings"]
 
 
 _WORTH = 1.2  # an estimated gain below this is within the noise of the measurements: no finding
 
 
 def _f(severity: str, title: str, detail: str, stage: str | None, evidence: dict, gain: float = 1.0) -> dict:
-    return {"severity": severity, "title": title, "detail": detail, "stage": stage, "evidence": evidence, "_gain": gain}
+    """A finding as the summary holds it, with ``_gain``: what fixing it could give, for ranking only."""
+    return {**Finding(severity, title, detail, stage, evidence).to_json(), "_gain": gain}
 
 
 def _rate(point: dict) -> str:
@@ -464,7 +464,7 @@ def build_findings(
     ``page_fault``: ``{"cost_s", "page_bytes"}`` of this machine (``run.json``), for
     the finding on stages that fault in fresh memory per item. ``yours``: the
     recommended settings against the user's own
-    (:func:`stagebench.analysis._pipeline.yours_verdict`); ``job``: the training job run with
+    (:func:`stagebench.analysis._verdicts.yours_verdict`); ``job``: the training job run with
     the user's loop (:func:`stagebench.analysis._job.decide_job`), which replaces it where decided.
     """
     bottleneck = (prediction or {}).get("bottleneck")

@@ -27,6 +27,7 @@ from typing import Any
 
 from stagebench._numbers import finite, num
 from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS, Decision, Option, Ratio, decide
+from stagebench.model._finding import Finding
 from stagebench.model._rate import Rate
 
 __all__ = [
@@ -424,7 +425,7 @@ def job_findings(job: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _jf(severity: str, title: str, detail: str, evidence: dict[str, Any]) -> dict[str, Any]:
-    return {"severity": severity, "title": title, "detail": detail, "stage": None, "evidence": evidence}
+    return Finding(severity, title, detail, None, evidence).to_json()
 
 
 def _bound(p: Mapping[str, Any], demand: Rate | None, unit: str) -> tuple[str | None, str]:

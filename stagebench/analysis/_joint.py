@@ -1,6 +1,6 @@
 """The pipeline's recommended settings, chosen together rather than stage by stage.
 
-Each stage's own recommendation (:func:`stagebench.analysis._pipeline.analyze_stage`) is
+Each stage's own recommendation (:func:`stagebench.analysis._stage.analyze_stage`) is
 its best point *alone*: the executor that wins, at the smallest concurrency within
 5% of that executor's best. In the pipeline the stages share the cores and the
 main process's GIL, and the slowest of them sets the pace, so the best setting of

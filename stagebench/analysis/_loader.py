@@ -26,6 +26,7 @@ from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._job import job_findings
 from stagebench.analysis._loader_evidence import is_ok, paired_ratio, paired_rounds, pool_points, setting_key
 from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS
+from stagebench.model._finding import Finding, by_severity
 from stagebench.runs._knobs import KNOB_KEYS, NOT_APPLICABLE, LoaderKnobs, normalize_knobs
 
 __all__ = [
@@ -41,8 +42,6 @@ __all__ = [
     "pooled_frame",
 ]
 
-
-_SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
 # The numbers behind the findings' words (docs/loaders.md has them as a table; a test per finding).
 #: "Workers make this loader slower": the best with workers this share (or its interval) under none.
@@ -410,7 +409,7 @@ def _rel_half(p: dict[str, Any]) -> float:
 
 
 def _finding(severity: str, title: str, detail: str, evidence: dict[str, Any]) -> dict[str, Any]:
-    return {"severity": severity, "title": title, "detail": detail, "stage": None, "evidence": evidence}
+    return Finding(severity, title, detail, None, evidence).to_json()
 
 
 def loader_findings(
@@ -665,8 +664,7 @@ def loader_findings(
         out += job_findings(job)
     elif u is not None and rec is not None and is_ok(u) and rec.get("decision"):
         out += _user_findings(u, rec, _decision_of(rec["decision"]))
-    out.sort(key=lambda f: _SEVERITY_ORDER.get(f["severity"], 9))
-    return out
+    return by_severity(out)
 
 
 def _user_findings(u: dict[str, Any], rec: dict[str, Any], d: Any) -> list[dict[str, Any]]:

@@ -162,7 +162,7 @@ def isolate_transforms(dataset: Any, *, run_dir: Path, config: Any, progress: An
 def _analyse(df: Any, name: str, index: int, cores: int) -> dict[str, Any]:
     """The pipeline analysis of one stage's rows; a plain best-point summary if it is unavailable."""
     try:
-        from stagebench.analysis._pipeline import analyze_stage
+        from stagebench.analysis._stage import analyze_stage
     except ImportError:
         analyze = None
     else:

@@ -131,7 +131,7 @@ def _sweep_config(stage: Any, settings: DiagnoseSettings):
 
 
 #: Share of its call a stage computes from which its GIL share is worth reading with the probe (~0.35 s a
-#: stage); not the analysis's compute-bound threshold (analysis/_pipeline._COMPUTE_BOUND): a different question.
+#: stage); not the analysis's compute-bound threshold (analysis/_labels._COMPUTE_BOUND): a different question.
 _PROBE_MIN_COMPUTE = 0.15
 
 

@@ -112,7 +112,7 @@ def replay_and_validate(
 
     def more(rates: dict[str, list[float]]) -> bool:
         """Whether the recommended settings against yours still need rounds in turns (the rule is open)."""
-        from stagebench.analysis._pipeline import versus_yours_decision
+        from stagebench.analysis._verdicts import versus_yours_decision
 
         if "validation" not in rates or "yours" not in rates:
             return False

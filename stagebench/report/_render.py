@@ -32,7 +32,7 @@ import pandas as pd
 
 from stagebench._numbers import finite, num_or_none
 from stagebench.analysis._loader import pooled_frame
-from stagebench.analysis._pipeline import user_setting
+from stagebench.analysis._pipeline_job import user_setting
 from stagebench.analysis._summary import guess_kind, summarize_run
 from stagebench.report._html import (
     csv_uri,
@@ -163,7 +163,7 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str
 
     Only the stages' settings are the advice: the source, the sink, the stages' own
     arguments and ``num_threads`` stay as the user wrote them. A first comment says
-    what running both found (:func:`stagebench.analysis._pipeline.yours_verdict`).
+    what running both found (:func:`stagebench.analysis._verdicts.yours_verdict`).
     """
     types = {s.get("name"): s for s in meta.get("stages") or []}
     verdict = (summary.get("recommended_vs_yours") or {}).get("verdict")

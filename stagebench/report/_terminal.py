@@ -15,9 +15,10 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stagebench._numbers import num_or_none
+from stagebench._numbers import finite, num_or_none
+from stagebench.analysis._labels import LIMIT_SHORT
 from stagebench.analysis._loader import setting_cost
-from stagebench.analysis._pipeline import LIMIT_SHORT, user_setting
+from stagebench.analysis._pipeline_job import user_setting
 
 __all__ = ["format_table", "format_rate", "format_loader_table", "job_lines"]
 
@@ -85,7 +86,7 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
             ]
             verdict += " (mix)" + (", " + ", ".join(parts) if parts else "")
         elif gil is not None:
-            verdict += f", GIL {gil:.0%}"  # the stage's own share, as its label reads it (analysis/_pipeline._nature)
+            verdict += f", GIL {gil:.0%}"  # the stage's own share, as its label reads it (analysis/_labels.nature)
         rec = st.get("recommended") or {}
         best = st.get("best") or {}
         # Rates in source items/s, comparable across stages and with the prediction: a
@@ -233,8 +234,8 @@ def format_loader_table(summary: dict[str, Any]) -> str:
 
     for p in sorted(summary.get("points", []), key=setting_cost):
         mark = "*" if same(p, rec) else ("+" if same(p, best) else " ")
-        lo, hi = p["samples_per_s_low"], p["samples_per_s_high"]
-        ci = f"[{lo:,.1f}, {hi:,.1f}]" if math.isfinite(lo) and math.isfinite(hi) else "-"
+        lo, hi = p.get("samples_per_s_low"), p.get("samples_per_s_high")  # None in a summary read back from JSON
+        ci = f"[{lo:,.1f}, {hi:,.1f}]" if finite(lo, hi) else "-"
         status = p["status"] if p["status"] == "ok" else f"{p['status']}: {p['reason']}"[:60]
         pf = "-" if p["prefetch_factor"] is None else str(p["prefetch_factor"])
         lines.append(

@@ -1,0 +1,525 @@
+"""What limits a stage: its label (what limits the stage itself, from its call alone) and its limit (what holds back its best setting).
+
+The label is one decision table over the stage's call at its lowest thread (or event-loop) level, the
+same on any core count (:func:`nature`): shorter than the harness's cost per item, ``overhead-bound``;
+else the largest share of the call, decided with the GIL share's noise (:func:`label_of_call`). The
+limit is a second, separate fact (:func:`limit_rules`): the harness's ceiling, IPC on processes, the
+GIL busy, the cores, a curve still rising, a lock; or nothing that stands out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from stagebench._numbers import finite, fmt_above, fmt_ms, fmt_q, fmt_share_of, num
+from stagebench.analysis._gil import harness_gil_s
+from stagebench.core._curves import Curve, Point, StageRows
+
+__all__ = [
+    "CLASSIFICATIONS",
+    "LIMIT_OF",
+    "LIMIT_SHORT",
+    "LIMIT_WORDS",
+    "SHARE_NOISE",
+    "TIE_ORDER",
+    "label_of_call",
+    "label_mix",
+    "limit_rules",
+    "limit_of",
+    "nature",
+    "relabel_unfused",
+    "still_rising",
+]
+
+CLASSIFICATIONS = ("gil-bound", "cpu-bound", "io-bound", "overhead-bound", "ipc-bound", "unknown")
+
+
+_NEAR_CEILING = 0.80  # within 20% of the no-op ceiling
+
+
+# A GIL the stage holds for less than half the harness's own per-item Python is the harness's limit
+_OWN_GIL_SHARE = 0.5
+
+
+_CPU_BOUND = 0.75  # share of the cores
+
+
+_IO_CORES = 0.50  # fewer cores than this share: mostly waiting
+
+
+_COMPUTE_BOUND = 0.50  # CPU time / time per call alone at least this: the stage computes, it does not wait
+
+
+_RISING = 0.5  # top level above prev x (1 + this x (ideal ratio - 1)): still rising
+
+
+_EFFICIENT = 0.9  # top level at this share of linear scaling: still rising
+
+
+_LARGE_PAYLOAD = 64 * 1024
+
+
+# ------------------------------------------------------------------ classification
+def still_rising(curve: Curve | None) -> str | None:
+    """Why the curve has not flattened at its largest measured level, or None.
+
+    Rising: the top level beats the one below it by half of what linear
+    scaling would add (1.5x when it doubles), beyond noise; or the top level
+    still runs at >= 90% of linear scaling from the lowest level.
+    """
+    if not curve or len(curve) < 2:
+        return None
+    top, prev, p0 = curve.points[-1], curve.points[-2], curve.points[0]
+    ideal = top.concurrency / prev.concurrency
+    if top.qps > prev.qps * (1 + _RISING * (ideal - 1)) and top.low > prev.high:
+        return (
+            f"still rising at the top of the grid ({fmt_q(top.qps)} items/s at {curve.executor} concurrency "
+            f"{top.concurrency}, {top.qps / prev.qps:.2f}x the {fmt_q(prev.qps)} at {prev.concurrency})"
+        )
+    efficiency = top.qps / (top.concurrency * p0.qps / p0.concurrency)
+    if efficiency >= _EFFICIENT:
+        return (
+            f"still rising at the top of the grid ({fmt_q(top.qps)} items/s at {curve.executor} concurrency "
+            f"{top.concurrency}, {efficiency:.0%} of linear scaling)"
+        )
+    return None
+
+
+def limit_rules(
+    sr: StageRows,
+    harness: str,
+    best: dict,
+    bests: dict[str, Point],
+    gil: dict,
+    cores: int,
+) -> tuple[str, list[str], dict[str, dict]]:
+    """What limits the stage at its best setting, by the rules that used to label it (kept as they were:
+    their kinds are :data:`LIMIT_OF`'s keys). ``(kind, lines, signals)``."""
+    ex, c = best["executor"], best["concurrency"]
+    bp = sr.curve(harness, ex).at(c)
+    assert bp is not None  # ``best`` is a point of this curve (_recommend)
+    signals: dict[str, dict] = {}
+    ceil = sr.ceiling(harness, ex, c)
+    u = bp.cores_used
+    if finite(u):
+        signals["cores_used_at_best"] = {
+            "value": u,
+            "interval": None,
+            "label": f"cores used at the best point ({ex} concurrency {c}), of {cores} usable",
+        }
+    if ceil is not None:
+        share = bp.qps / ceil.qps
+        signals["ceiling_share"] = {
+            "value": share,
+            "interval": None,
+            "label": f"best throughput / no-op ceiling of the {harness} harness at {ex} concurrency {c}",
+        }
+        near = share >= _NEAR_CEILING
+        if near and ex != "process":
+            return (
+                "overhead-bound",
+                [
+                    f"{fmt_q(bp.qps)} items/s at {ex} concurrency {c} is {fmt_share_of(share)} the {harness} harness's "
+                    f"no-op ceiling ({fmt_q(ceil.qps)} items/s{fmt_above(share)}): the per-item work is smaller than the "
+                    "per-item overhead"
+                ],
+                signals,
+            )
+        # on processes that fill the cores, the cores (not the transfer) are the limit
+        if near and not (finite(u) and u >= _CPU_BOUND * cores):
+            return (
+                "ipc-bound",
+                [
+                    f"on processes it reaches {fmt_q(bp.qps)} items/s at concurrency {c}, {fmt_share_of(share)} the "
+                    f"process no-op ceiling ({fmt_q(ceil.qps)} items/s{fmt_above(share)}): moving items between "
+                    "processes is the limit"
+                ],
+                signals,
+            )
+
+    payload = sr.payload_bytes()
+    if ex == "process" and finite(payload) and payload >= _LARGE_PAYLOAD:
+        pt = sr.curve(harness, "thread").at(c)
+        if pt is not None and finite(pt.cpu_s_per_item, bp.cpu_s_per_item):
+            ipc_cpu = bp.cpu_s_per_item - pt.cpu_s_per_item
+            if ipc_cpu > pt.cpu_s_per_item:
+                return (
+                    "ipc-bound",
+                    [
+                        f"each item moves {payload / 1024:,.0f} KiB between processes; that costs {fmt_ms(ipc_cpu)} of CPU "
+                        f"per item, more than the work itself ({fmt_ms(pt.cpu_s_per_item)} on threads)"
+                    ],
+                    signals,
+                )
+
+    # A GIL that binds caps the thread curve; one still rising at the top of
+    # the grid has not met it, whatever small GIL share its CPU suggests. Each
+    # rule judges the curve it reads: the GIL estimate's, and the best point's.
+    gil_curve = sr.curve(gil.get("harness") or harness, gil.get("executor") or "thread")
+    tb = bests.get(gil.get("executor") or "thread")
+    if gil.get("saturated") and gil.get("serializer") == "gil" and tb is not None and not still_rising(gil_curve):
+        f = gil["fraction"]
+        if gil.get("gil_s_per_item") is not None:
+            signals["gil_busy_at_best"] = {
+                "value": tb.qps * gil["gil_s_per_item"],
+                "interval": None,
+                "role": "verdict",
+                "label": f"share of the time the GIL is held where the {gil['executor']}s flatten (concurrency "
+                f"{tb.concurrency}): throughput x the stage's own GIL time per item",
+            }
+        lines = [
+            f"{gil['executor']}s flatten at {fmt_q(tb.qps)} items/s (concurrency {tb.concurrency}, "
+            f"{tb.cores_used:.2f} of {cores} cores): the stage holds the GIL about {f:.0%} of each item "
+            f"({fmt_ms(gil['gil_s_per_item'])} of {fmt_ms(gil['stage_s_per_item'])})"
+        ]
+        # Measured through SPDL, a curve also flattens on SPDL's own per-item Python (its event loop
+        # holds the GIL to schedule every item): where the stage holds it less than half as long, that
+        # is the limit, as in the rule below (a 4 ms read at 16 threads read "gil-bound, 3% its own").
+        g_own = gil.get("gil_s_per_item")
+        h = harness_gil_s(sr.ceiling(gil.get("harness") or harness, gil.get("executor") or "thread", tb.concurrency))
+        if g_own is not None and h > 0 and g_own < _OWN_GIL_SHARE * h:
+            return (
+                "overhead-bound",
+                [
+                    lines[0] + f", under half of the {fmt_ms(h)} the harness's own per-item Python holds it: "
+                    "the per-item scheduling is the limit"
+                ],
+                signals,
+            )
+        pb = bests.get("process")
+        if pb is not None:
+            lines.append(
+                f"processes, each with its own GIL, reach {fmt_q(pb.qps)} items/s (concurrency {pb.concurrency})"
+            )
+        return "gil-bound", lines, signals
+
+    # The GIL busy at the best point itself: the stage's own GIL time plus the
+    # harness's per item, times the throughput (catches a GIL that saturates
+    # only together with SPDL's own Python, at the top of the curve).
+    g = gil.get("gil_s_per_item")
+    rising = still_rising(sr.curve(harness, ex)) if ex in ("thread", "async") else None
+    rising_note: str | None = None
+    if ex in ("thread", "async") and g is not None and not gil.get("serializer") == "other":
+        h = harness_gil_s(sr.ceiling(harness, ex, c))
+        busy = bp.qps * (g + h)
+        line = (
+            f"at {ex} concurrency {c}, {fmt_q(bp.qps)} items/s x ({fmt_ms(g)} of the stage's own Python + {fmt_ms(h)} "
+            f"of the harness's) keeps the GIL {busy:.0%} busy"
+        )
+        # a verdict of this rule rests on this share, not on the stage's own GIL share (which can be small)
+        signals["gil_busy_at_best"] = {
+            "value": busy,
+            "interval": None,
+            "label": f"share of the time the GIL is held at the best point ({ex} concurrency {c}): throughput x "
+            "(the stage's own GIL time + the harness's per item)",
+            "role": "check",
+        }
+        if busy >= _NEAR_CEILING and rising:
+            rising_note = f"{line}, yet the curve is {rising}: the GIL is not the limit yet"
+        elif busy >= _NEAR_CEILING:
+            signals["gil_busy_at_best"]["role"] = "verdict"  # the verdict rests on it
+            if g >= _OWN_GIL_SHARE * h:
+                return "gil-bound", [line + ": the GIL is the limit"], signals
+            return (
+                "overhead-bound",
+                [line + ": mostly the harness's own per-item Python, the GIL is the limit"],
+                signals,
+            )
+
+    cpu = bp.cpu_s_per_item
+    if (finite(u) and u >= _CPU_BOUND * cores) or (finite(cpu) and cpu > 0 and bp.qps >= 0.8 * cores / cpu):
+        return (
+            "cpu-bound",
+            [
+                f"at {ex} concurrency {c} it uses {u:.2f} of {cores} cores ({fmt_ms(cpu)} CPU per item, "
+                f"{fmt_q(bp.qps)} items/s): the cores are the limit"
+            ],
+            signals,
+        )
+
+    if gil.get("saturated") and gil.get("serializer") == "other":
+        return (
+            "unknown",
+            [
+                f"{gil['executor']}s flatten using little CPU per item: something other than the GIL serialises them "
+                "(a lock, or an external limit such as a disk or a server)"
+            ],
+            signals,
+        )
+
+    curve = sr.curve(harness, ex)
+    p0 = curve.points[0]
+    linear_share = bp.qps / (bp.concurrency * p0.qps / p0.concurrency)
+    # The harness's per-item scheduling (its no-op ceiling's CPU per item at the
+    # same setting) is CPU the stage would not spend in any other harness: a
+    # stage that waits is judged on its own cores, both numbers shown.
+    own_u, used, own_cpu = u, f"{u:.2f} of {cores} cores", math.nan
+    if finite(u, cpu) and ceil is not None and finite(ceil.cpu_s_per_item) and ceil.cpu_s_per_item > 0:
+        own_cpu = max(0.0, cpu - ceil.cpu_s_per_item)
+        own_u = own_cpu * bp.qps
+        used = (
+            f"{own_u:.2f} of {cores} cores for its own work ({fmt_ms(own_cpu)} CPU per item; {u:.2f} cores with "
+            f"the {harness} harness's own per-item scheduling, {fmt_ms(ceil.cpu_s_per_item)} per item)"
+        )
+        signals["own_cores_at_best"] = {
+            "value": own_u,
+            "interval": None,
+            "label": f"cores used by the stage itself at the best point: (CPU per item - the {harness} harness's "
+            f"no-op CPU per item) x throughput, of {cores} usable",
+        }
+    lines = [rising_note] if rising_note else []
+    # Few cores of its own do not make a stage that computes a waiting one: a stage that computes
+    # most of its call when alone, with less work per item than the harness's own scheduling,
+    # is paced by the harness (the demo's aggregate step, 0.18 us of Python a call, read
+    # "io-bound, it waits" at 80% of the SPDL ceiling, just short of the 'near the ceiling' rule).
+    alone = gil["signals"].get("cpu_share", {}).get("value")
+    # The probe's GIL share is Python running, so computing, read directly; the CPU share of a
+    # sub-microsecond call is a difference of two per-item CPU readings (the demo's aggregate
+    # read 0.42 beside a probe of 0.97 and was called "io-bound, it waits").
+    probed = gil["signals"].get("gil_probe", {}).get("value")
+    if finite(probed) and probed >= _COMPUTE_BOUND and not (finite(alone) and alone >= probed):
+        alone = probed
+    computes = finite(alone) and alone >= _COMPUTE_BOUND
+    # own_cpu is finite only with a ceiling; the explicit test is for the type checker
+    if computes and ceil is not None and finite(own_cpu) and own_cpu < ceil.cpu_s_per_item:
+        lines.insert(
+            0,
+            f"at {ex} concurrency {c} it delivers {fmt_q(bp.qps)} items/s, {bp.qps / ceil.qps:.0%} of the {harness} "
+            f"harness's no-op ceiling; its own work ({fmt_ms(own_cpu)} CPU per item; it computes {alone:.0%} of its call "
+            f"alone) is less than the harness's per-item scheduling ({fmt_ms(ceil.cpu_s_per_item)}): the overhead sets "
+            "the pace",
+        )
+        return "overhead-bound", lines, signals
+    if finite(own_u) and own_u < _IO_CORES * cores and (c > cores or linear_share >= 0.75) and not computes:
+        lines.insert(
+            0,
+            f"at {ex} concurrency {c} it delivers {fmt_q(bp.qps)} items/s ({linear_share:.0%} of linear scaling) "
+            f"using only {used}: it waits (I/O, sleep, GIL-free waiting)",
+        )
+        return "io-bound", lines, signals
+
+    lines.insert(0, f"at {ex} concurrency {c}: {fmt_q(bp.qps)} items/s, {used}; no single limit stands out")
+    return "unknown", lines, signals
+
+
+#: What limits a stage at its best setting, from :func:`limit_rules`' verdict on it: the second fact,
+#: beside the stage's own nature (:func:`nature`), that is the same on any core count.
+LIMIT_OF = {
+    "overhead-bound": "harness",
+    "ipc-bound": "ipc",
+    "gil-bound": "gil",
+    "cpu-bound": "cores",
+    "io-bound": "concurrency",
+    "unknown": None,
+}
+
+
+#: The limits in a word or two, for the terminal's table.
+LIMIT_SHORT = {
+    "harness": "the harness",
+    "ipc": "IPC",
+    "gil": "the GIL",
+    "cores": "the cores",
+    "concurrency": "its concurrency (still rising)",
+    "serialised": "a lock",
+}
+
+
+#: The limits in words, for the evidence.
+LIMIT_WORDS = {
+    "harness": "the harness's cost per item (it runs near its no-op ceiling)",
+    "ipc": "moving items between processes",
+    "gil": "the GIL",
+    "cores": "the cores",
+    "concurrency": "its concurrency: it still scaled at the top of the grid",
+    "serialised": "something other than the GIL serialises its threads (a lock, a disk, a server)",
+}
+
+
+def nature(sr: StageRows, gil: dict) -> tuple[str, list[str], dict[str, dict]]:
+    """What a stage *is* limited by, the same on 2 or 96 cores: one decision table over its call alone.
+
+    Read at the lowest thread (or event-loop) level, where the stage runs without competing with itself:
+    its call takes ``t`` per item; the harness spends ``h`` per item on a no-op through the same path.
+
+    ====================  ==================================================================
+    label                 rule (first match)
+    ====================  ==================================================================
+    ``overhead-bound``    the stage's own call is shorter than the harness's cost per item
+    ``gil-bound``         of its call, holding the GIL is the largest share
+    ``cpu-bound``         computing without the GIL (C code that releases it) is the largest
+    ``io-bound``          waiting (sleep, I/O, await: time off the CPU) is the largest
+    ====================  ==================================================================
+
+    The shares: the GIL share ``f`` (:func:`stagebench.analysis._gil.estimate_gil`, its lower end
+    where the curves only bound it), the CPU share ``A`` (CPU of the call over its time), waiting
+    ``1 - max(A, f)`` and GIL-free computing ``max(A, f) - f``. A thread descheduled while holding
+    the GIL reads as not computing, so ``f`` counts as CPU. Where nothing says how the call spends its
+    time, the label is ``unknown`` with what would settle it.
+    """
+    signals: dict[str, dict] = {}
+    H, E = gil.get("harness"), gil.get("executor")
+    t = num(gil.get("stage_s_per_item"))
+    if not H or not E or not finite(t) or not t > 0:
+        return (
+            "unknown",
+            [
+                "how the call spends its time was not measured (no thread or event-loop point): a thread "
+                "point at concurrency 1 settles it"
+            ],
+            signals,
+        )
+    curve = sr.curve(H, E)
+    p0 = curve.points[0]
+    c0 = p0.concurrency
+    ceil0 = sr.ceiling(H, E, c0)
+    h = c0 / ceil0.qps if ceil0 is not None and finite(ceil0.qps) and ceil0.qps > 0 else math.nan
+    own = p0.latency_p50_ms / 1e3 if finite(p0.latency_p50_ms) and p0.latency_p50_ms > 0 else float(t)
+    if finite(h):
+        signals["own_call_vs_harness"] = {
+            "value": own / h,
+            "interval": None,
+            "role": "verdict" if own < h else "check",
+            "label": f"the stage's own call per item / the {H} harness's cost per item for a no-op ({E} "
+            f"concurrency {c0})",
+        }
+        if own < h:
+            return (
+                "overhead-bound",
+                [
+                    f"its own call takes {fmt_ms(own)} per item, less than the {fmt_ms(h)} the {H} harness spends "
+                    f"per item on a no-op ({E} concurrency {c0}): scheduling an item costs more than the stage"
+                ],
+                signals,
+            )
+    sig = gil.get("signals") or {}
+    A = num((sig.get("cpu_share") or {}).get("value"))
+    f = gil.get("fraction")
+    if f is not None and not gil.get("pinned") and gil.get("interval"):
+        f = gil["interval"][0]  # only bounded: "holds the GIL for most of its work" needs evidence, not a midpoint
+    if not finite(A) and f is None:
+        return (
+            "unknown",
+            [
+                "neither the CPU of its call nor its GIL share could be read (no CPU counters at its lowest "
+                "level): the GIL probe (STAGEBENCH_GIL_PROBE=auto) settles it"
+            ],
+            signals,
+        )
+    label, line, share_signals = label_of_call(own, A, num(f), f"{E} concurrency {c0}")
+    signals.update(share_signals)
+    return label, [line], signals
+
+
+#: The GIL share is known to about this much (the accuracy its known-answer tests hold it to,
+#: tests/test_gil.py): a label that changes within it of the estimate is a tie between the shares.
+SHARE_NOISE = 0.10
+
+
+#: The tie rule: the first of these among the labels a tie allows (the GIL, then the CPU: what to act on).
+TIE_ORDER = ("gil-bound", "cpu-bound", "io-bound")
+
+
+def _shares(A: float, f: float) -> dict[str, float]:
+    cpu = max(A if finite(A) else f, f)
+    return {
+        "gil-bound": f,
+        "cpu-bound": max(0.0, min(1.0, cpu) - f),
+        "io-bound": max(0.0, 1.0 - cpu),
+    }
+
+
+def _largest(shares: Mapping[str, float]) -> str:
+    return max(shares, key=lambda k: (shares[k], k == "gil-bound", k == "cpu-bound"))
+
+
+def label_of_call(own: float, A: float, f: float, where: str) -> tuple[str, str, dict[str, dict]]:
+    """The table's last three rows (:func:`nature`): the largest share of the call; its line and signals.
+
+    ``own``: the call's time per item; ``A``: its CPU share (NaN: unknown); ``f``: its GIL share (NaN:
+    unknown, taken as none). Decided with the GIL share's noise: where the largest share changes as
+    ``f`` moves by :data:`SHARE_NOISE` either way, the shares are within their noise of each other,
+    the tie rule gives the label (:data:`TIE_ORDER`), and the line says it is a mix (``signals["mix"]``
+    lists the labels the noise allows). A 50/50 spin-and-sleep stage read 0.494 against 0.505 waiting
+    and flipped between io-bound and gil-bound from run to run; it is now gil-bound, a mix.
+    """
+    f = f if finite(f) else 0.0
+    shares = _shares(A, f)
+    allowed = {_largest(_shares(A, min(1.0, max(0.0, f + d)))) for d in (-SHARE_NOISE, 0.0, SHARE_NOISE)}
+    mix = [k for k in TIE_ORDER if k in allowed]
+    label = mix[0] if len(mix) > 1 else _largest(shares)
+    signals: dict[str, dict] = {}
+    for key, value in shares.items():
+        signals[f"share_{key.split('-')[0]}"] = {
+            "value": value,
+            "interval": None,
+            "role": "verdict" if key == label else "check",
+            "label": {
+                "gil-bound": "share of its call holding the GIL",
+                "cpu-bound": "share of its call computing without the GIL",
+                "io-bound": "share of its call waiting (off the CPU)",
+            }[key]
+            + f" ({where})",
+        }
+    what = {
+        "gil-bound": "holding the GIL is most of it: threads queue for the GIL, processes each have their own",
+        "cpu-bound": "computing without the GIL is most of it (C code that releases it): it scales with the cores",
+        "io-bound": "waiting is most of it (I/O, sleep, await): it scales with concurrency",
+    }[label]
+    if len(mix) > 1:
+        names = {"gil-bound": "holding the GIL", "cpu-bound": "computing without it", "io-bound": "waiting"}
+        what = (
+            f"a mix: {' and '.join(names[k] for k in mix)} are within the GIL share's noise (±{SHARE_NOISE:g}) of "
+            f"each other, and ties go to {label}"
+        )
+        signals["share_mix"] = {
+            "value": None,
+            "labels": mix,
+            "interval": None,
+            "role": "verdict",
+            "label": f"labels the shares allow within the GIL share's noise (±{SHARE_NOISE:g}) ({where})",
+        }
+    line = (
+        f"of each item's {fmt_ms(own)}: {shares['io-bound']:.0%} waiting, {shares['gil-bound']:.0%} holding the "
+        f"GIL, {shares['cpu-bound']:.0%} computing without it ({where}): {what}"
+    )
+    return label, line, signals
+
+
+def label_mix(signals: Mapping[str, Any]) -> list[str]:
+    """The labels a stage's shares allow within their noise (more than one: a mix), from its signals."""
+    return list((signals.get("share_mix") or {}).get("labels") or [])
+
+
+def relabel_unfused(st: dict) -> None:
+    """A stage measured fused, labelled again from its own share of the call (analysis/_fused)."""
+    t = num(st.get("stage_s_per_item"))
+    if not finite(t) or not t > 0 or st.get("classification") == "overhead-bound":
+        return
+    alts = st.get("alternatives") or {}
+    base = alts.get("async" if st.get("is_async") else "thread") or {}
+    cpu = num(base.get("call_cpu_s"))
+    A = min(1.0, cpu / t) if finite(cpu) else math.nan
+    label, line, signals = label_of_call(t, A, num(st.get("gil_fraction")), "its own share of the fused call")
+    st["classification"] = label
+    st["mix"] = label_mix(signals)
+    st["evidence"]["signals"].pop("share_mix", None)
+    st["evidence"]["signals"].update(signals)
+    st["evidence"]["summary"].insert(0, line)
+
+
+def limit_of(kind: str, lines: list[str], sr: StageRows, best: dict, gil: dict) -> dict[str, Any]:
+    """``limit``: what holds the stage back at its best setting, in one phrase (None: nothing stands out)."""
+    k = LIMIT_OF.get(kind)
+    if kind == "unknown" and gil.get("saturated") and gil.get("serializer") == "other":
+        k = "serialised"
+    if kind == "io-bound" and not still_rising(sr.curve(best["harness"], best["executor"])):
+        k = None  # it waits and scales: nothing holds it back within the grid
+    return {
+        "kind": k,
+        "at": f"{best['executor']} x {best['concurrency']}",
+        "text": (f"limited by {LIMIT_WORDS[k]}" if k else "no single limit stands out")
+        + (f": {lines[0]}" if lines else ""),
+    }

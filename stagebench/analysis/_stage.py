@@ -1,0 +1,336 @@
+"""One stage's analysis from its rows: the fits, the GIL share, the recommendation, the label and the limit.
+
+:func:`analyze_stage` is a pure function of one stage's rows. The recommendation: the executor, then the
+smallest concurrency within 5% of that executor's best measured throughput, never outside the measured
+range; threads win whenever their best is within noise of the processes' best, and a head-to-head in
+turns (role ``paired``) decides the executor where the sweep measured one. The ``spdl`` harness is
+preferred where measured (what the user's pipeline can deliver).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from stagebench._numbers import finite, fmt_q
+from stagebench.analysis._fit import fit_scaling
+from stagebench.analysis._gil import estimate_gil, harness_gil_s
+from stagebench.analysis._labels import label_mix, limit_of, limit_rules, nature
+from stagebench.core._curves import Curve, Point, StageRows
+from stagebench.core._paired import WITHIN_BEST, paired_result, within_noise
+
+__all__ = ["analyze_stage"]
+
+_EXEC_PREFERENCE = ("thread", "async", "process")  # less memory first
+
+
+_STATUS_ORDER = ("crashed", "failed", "timeout", "skipped")
+
+
+def _own_gc(sr: StageRows, harness: str, executor: str, p: Point) -> float | None:
+    """Garbage-collector seconds per item the stage's own allocations cost: its point's less its ceiling's.
+
+    The harness allocates too (futures, queue entries), and the replay runs
+    the same harness, which pays that part by itself. Below the ceiling's
+    (noise) the stage's own part is none.
+    """
+    if not finite(p.gc_s_per_item):
+        return None
+    ceil = sr.ceiling(harness, executor, p.concurrency)
+    base = ceil.gc_s_per_item if ceil is not None and finite(ceil.gc_s_per_item) else 0.0
+    return max(0.0, p.gc_s_per_item - base)
+
+
+def _best(curve: Curve) -> Point:
+    """The best point of a curve that has points."""
+    best = curve.best()
+    assert best is not None  # callers pass only non-empty curves
+    return best
+
+
+def _point_dict(p: Point, harness: str, executor: str) -> dict[str, Any]:
+    return {
+        "executor": executor,
+        "concurrency": p.concurrency,
+        "qps": p.qps,
+        "qps_low": p.qps_low if p.has_interval else None,
+        "qps_high": p.qps_high if p.has_interval else None,
+        "harness": harness,
+    }
+
+
+def _problems(sr: StageRows) -> list[str]:
+    """One line per harness/executor/role whose points did not all measure."""
+    bad = sr.not_ok()
+    lines = []
+    for (h, e, role), grp in bad.groupby(["harness", "executor", "role"], sort=False):
+        grp = grp.sort_values("concurrency")
+        first = grp.iloc[0]
+        levels = ", ".join(str(int(c)) for c in grp["concurrency"] if finite(float(c)))
+        what = "no-op ceiling" if role == "ceiling" else "stage"
+        reason = str(first["reason"]) or "no items completed"
+        lines.append(f"{h}/{e} {what} at concurrency {levels}: {first['status']} ({reason})")
+    return lines
+
+
+def _stage_status(sr: StageRows) -> tuple[str, str]:
+    if len(sr.ok):
+        return "ok", ""
+    sr_rows = sr.stage_rows
+    if not len(sr_rows):
+        return "skipped", "not measured"
+    for st in _STATUS_ORDER:
+        hit = sr_rows[sr_rows["status"] == st]
+        if len(hit):
+            return st, str(hit.iloc[0]["reason"]) or st
+    return "failed", "no item completed at any point"
+
+
+# ------------------------------------------------------------------ recommendation
+def _recommend(sr: StageRows, harness: str) -> tuple[dict | None, dict | None, dict[str, Point], dict | None]:
+    curves = {e: sr.curve(harness, e) for e in _EXEC_PREFERENCE if sr.curve(harness, e)}
+    if not curves:
+        return None, None, {}, None
+    bests = {e: _best(c) for e, c in curves.items()}
+    top_exec = max(bests, key=lambda e: bests[e].qps)
+    top = bests[top_exec]
+    near = [e for e in _EXEC_PREFERENCE if e in bests and within_noise(bests[e], top)]
+    chosen = near[0]
+    why = []
+    paired = paired_result(sr, harness) if {"thread", "process"} <= set(bests) else None
+    if paired is not None and paired["decisive"]:
+        # the head-to-head saw both executors at the same moments of the machine: it decides
+        chosen = "process" if paired["processes_win"] else "thread"
+        why.append(_paired_why(paired, chosen))
+    else:
+        if paired is not None:
+            why.append(f"the head-to-head measured only {paired['pairs']} usable pair(s): the curves decide")
+        others = [e for e in bests if e != chosen]
+        if chosen != top_exec:
+            why.append(
+                f"{chosen} and {top_exec} are within noise of each other ({fmt_q(bests[chosen].qps)} vs "
+                f"{fmt_q(top.qps)} items/s at their best): {chosen} preferred (less memory, no IPC)"
+            )
+        elif others:
+            alt = max(others, key=lambda e: bests[e].qps)
+            if within_noise(bests[alt], top):
+                why.append(f"{chosen} and {alt} are within noise; {chosen} preferred (less memory, no IPC)")
+            else:
+                why.append(
+                    f"{chosen} beats {alt} beyond noise ({fmt_q(top.qps)} vs {fmt_q(bests[alt].qps)} items/s at their best)"
+                )
+    curve = curves[chosen]
+    target = WITHIN_BEST * bests[chosen].qps
+    rec = next(p for p in curve if p.qps >= target)
+    best_c = bests[chosen].concurrency
+    if rec.concurrency == best_c:
+        why.append(f"concurrency {rec.concurrency} gives the best measured throughput of {chosen}")
+    else:
+        why.append(
+            f"concurrency {rec.concurrency} is the smallest within 5% of {chosen}'s best "
+            f"({fmt_q(bests[chosen].qps)} items/s at {best_c})"
+        )
+    if rec.concurrency == curve.levels[-1] and len(curve) >= 2:
+        prev = curve.points[-2]
+        if rec.low > prev.high:
+            why.append(f"still rising at the largest level measured ({rec.concurrency}): more may help, not measured")
+    why.append(
+        f"{harness} harness" + (" (what the pipeline delivers, SPDL overhead included)" if harness == "spdl" else "")
+    )
+    recommended = _point_dict(rec, harness, chosen)
+    recommended["why"] = "; ".join(why)
+    best = _point_dict(top, harness, top_exec)
+    return recommended, best, bests, paired
+
+
+def _paired_why(paired: dict[str, Any], chosen: str) -> str:
+    """What the head-to-head found, in one clause."""
+    t, p = paired["thread"], paired["process"]
+    ci = (
+        f" (95% interval {paired['ratio_low']:.2f}-{paired['ratio_high']:.2f})"
+        if paired["ratio_low"] is not None
+        else ""
+    )
+    said = (
+        f"in a head-to-head (threads x {t['concurrency']} and processes x {p['concurrency']} in turns, "
+        f"{paired['pairs']} pairs of windows) processes reached {paired['ratio']:.2f}x threads' throughput{ci}"
+    )
+    if chosen == "process":
+        return f"{said}: processes win beyond noise"
+    return f"{said}: threads preferred (the curves, measured seconds apart, had processes ahead; less memory, no IPC)"
+
+
+# ------------------------------------------------------------------ per stage
+def analyze_stage(
+    rows_for_one_stage: pd.DataFrame,
+    *,
+    cores: int,
+    free_threaded: bool = False,
+    n_boot: int = 200,
+    gil_probe: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Analyse the rows of one stage (all harnesses, executors, roles).
+
+    ``gil_probe``: the stage's direct GIL reading, if one was taken (see
+    :func:`stagebench.analysis._gil.estimate_gil`).
+
+    Returns the stage entry of ``summary.json`` (``index`` and ``type`` are
+    ``None``; :func:`summarize` fills them from ``run.json``). Never raises for
+    odd rows: stages with no successful point get ``status`` and ``reason``.
+    """
+    if cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores}")
+    df = rows_for_one_stage if isinstance(rows_for_one_stage, pd.DataFrame) else pd.DataFrame(rows_for_one_stage)
+    sr = StageRows(df)
+    names = [n for n in sr.all["stage"].unique() if n]
+    entry: dict[str, Any] = {
+        "name": names[0] if names else "",
+        "index": None,
+        "type": None,
+        "status": "ok",
+        "reason": "",
+        "classification": "unknown",
+        "limit": None,
+        "gil_fraction": None,
+        "gil_fraction_interval": None,
+        "evidence": {"summary": [], "signals": {}},
+        "fit": {},
+        "recommended": None,
+        "best": None,
+        "ceiling_qps": None,
+        "cpu_s_per_item": None,
+        "gil_s_per_item": None,
+        # extensions
+        "harness": None,
+        "stage_s_per_item": None,
+        "harness_gil_s_per_item": None,
+        "alternatives": {},
+        "head_to_head": None,
+        "gil": None,
+        "problems": _problems(sr),
+        "levels_measured": {},
+        "curves": {},
+        "payload_bytes": None,
+        "page_faults": {},
+    }
+    status, reason = _stage_status(sr)
+    entry["status"], entry["reason"] = status, reason
+    payload = sr.payload_bytes()
+    entry["payload_bytes"] = payload if finite(payload) else None
+    entry["page_faults"] = {
+        ex: {k: (v if finite(v) else None) for k, v in d.items()} for ex, d in sr.page_faults().items()
+    }
+    if status != "ok":
+        entry["evidence"]["summary"].append(f"not measured: {status} ({reason})")
+        entry["evidence"]["summary"].extend(entry["problems"])
+        return entry
+
+    for curve in sr.curves():
+        entry["fit"][curve.key] = fit_scaling(
+            [p.concurrency for p in curve],
+            [p.qps for p in curve],
+            [p.qps_low for p in curve],
+            [p.qps_high for p in curve],
+            [p.n_batches for p in curve],
+            n_boot=n_boot,
+        )
+        entry["levels_measured"][curve.key] = curve.levels
+        entry["curves"][curve.key] = [
+            {
+                **p.as_dict(),
+                "cores_used": p.cores_used,
+                "cpu_s_per_item": p.cpu_s_per_item,
+                "latency_p50_ms": p.latency_p50_ms,
+            }
+            for p in curve
+        ]
+
+    gil = estimate_gil(sr, cores=cores, fits=entry["fit"], free_threaded=free_threaded, probe=gil_probe)
+    entry["gil"] = {
+        k: gil.get(k) for k in ("pinned", "source", "saturated", "serializer", "harness", "executor", "notes")
+    }
+    # how often a call lets the GIL go (the probe's reading; its stand-in does the same: _replay)
+    entry["gil"]["releases_per_call"] = (gil_probe or {}).get("releases")
+    entry["gil_fraction"] = gil["fraction"]
+    entry["gil_fraction_interval"] = gil["interval"]
+    entry["gil_s_per_item"] = gil["gil_s_per_item"]
+    entry["stage_s_per_item"] = gil["stage_s_per_item"]
+    entry["evidence"]["signals"].update(gil["signals"])
+
+    harness = sr.recommendation_harness()
+    assert harness is not None  # status ok: there are ok rows, so a harness with a curve
+    entry["harness"] = harness
+    recommended, best, bests, paired = _recommend(sr, harness)
+    entry["recommended"], entry["best"] = recommended, best
+    entry["head_to_head"] = paired
+    for e, p in bests.items():
+        alt = _point_dict(p, harness, e)
+        alt["cpu_s_per_item"] = p.cpu_s_per_item if finite(p.cpu_s_per_item) else None
+        alt["call_cpu_s"] = p.call_cpu_ms / 1e3 if finite(p.call_cpu_ms) else None
+        alt["gc_s_per_item"] = _own_gc(sr, harness, e, p)
+        alt["harness_gil_s_per_item"] = _main_gil_overhead(sr, harness, e, p.concurrency)
+        entry["alternatives"][e] = alt
+
+    # recommended and best are None only when no curve of this harness is of a known executor (rows
+    # not written by stagebench); indexing them then fails, as it always did.
+    rp = sr.curve(harness, recommended["executor"]).at(recommended["concurrency"])  # type: ignore[index]
+    assert rp is not None  # the recommended point is a point of this curve (_recommend)
+    ceil = sr.ceiling(harness, recommended["executor"], recommended["concurrency"])  # type: ignore[index]
+    entry["ceiling_qps"] = ceil.qps if ceil is not None else None
+    entry["cpu_s_per_item"] = rp.cpu_s_per_item if finite(rp.cpu_s_per_item) else None
+    entry["harness_gil_s_per_item"] = _main_gil_overhead(
+        sr,
+        harness,
+        recommended["executor"],  # type: ignore[index]
+        recommended["concurrency"],  # type: ignore[index]
+    )
+
+    label, lines, nature_signals = nature(sr, gil)
+    kind, limit_lines, limit_signals = limit_rules(sr, harness, best, bests, gil, cores)  # type: ignore[arg-type]
+    entry["classification"] = label
+    entry["mix"] = label_mix(nature_signals)
+    entry["limit"] = limit_of(kind, limit_lines, sr, best, gil)  # type: ignore[arg-type]
+    entry["evidence"]["signals"].update(limit_signals)
+    entry["evidence"]["signals"].update(nature_signals)
+    summary = entry["evidence"]["summary"]
+    summary.extend(lines)
+    summary.append(f"at its best alone ({entry['limit']['at']}): {entry['limit']['text']}")
+    if gil["fraction"] is not None:
+        lo, hi = gil["interval"]
+        kind = (
+            "read by a counter thread next to the stage"
+            if gil.get("source") == "probe"
+            else "inferred from the curves"
+            if gil["pinned"]
+            else "bounded only"
+        )
+        summary.append(
+            f"GIL share {gil['fraction']:.2f} (interval {lo:.2f}-{hi:.2f}, {kind}; not a direct measurement)"
+        )
+    summary.extend(gil["notes"])
+    summary.append(
+        f"recommended: {recommended['executor']} x {recommended['concurrency']} -> "  # type: ignore[index]
+        f"{fmt_q(recommended['qps'])} items/s ({recommended['why']})"  # type: ignore[index]
+    )
+    summary.extend(entry["problems"])
+    return entry
+
+
+def _main_gil_overhead(sr: StageRows, harness: str, executor: str, concurrency: int) -> float:
+    """Per-item GIL time the harness spends in the main process for this setting.
+
+    Thread and async stages: the no-op ceiling of the same setting. Process
+    stages schedule, pickle and unpickle every item in the main process (the
+    event loop or driver, the pool's feeder and manager threads): their process
+    no-op ceiling is limited by that serial work, so its time per item
+    (:func:`harness_gil_s`: 1/throughput or CPU per item, whichever is
+    smaller) stands for it. Charging only the thread ceiling's scheduling
+    cost, as before, left the IPC out: a pipeline with one process stage ran
+    at 277 items/s where that predicted 503. Without a process ceiling, the
+    thread ceiling at the same concurrency is the fallback.
+    """
+    if executor == "process":
+        ceil = sr.ceiling(harness, "process", concurrency)
+        return harness_gil_s(ceil if ceil is not None else sr.ceiling(harness, "thread", concurrency))
+    return harness_gil_s(sr.ceiling(harness, executor, concurrency))

@@ -1,0 +1,393 @@
+"""The pipeline's verdicts in words: what binds it, whether it keeps up with the step, your settings against
+the recommended ones (by the rule of :mod:`stagebench.model._evidence`), and the CPU's speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from stagebench._numbers import finite, fmt_ms, fmt_q, num
+from stagebench._settings import DEMAND_HEADROOM
+from stagebench.analysis._pipeline_job import user_choice, user_setting
+
+__all__ = [
+    "pipeline_verdict",
+    "demand_verdict",
+    "versus_yours_decision",
+    "yours_verdict",
+    "cpu_speed",
+    "speed_warnings",
+    "FAR_UNDER_BOUNDS",
+    "SCHEDULING_BINDS",
+]
+
+
+def demand_verdict(
+    target: Any,
+    validation: Mapping[str, Any] | None,
+    prediction: Mapping[str, Any] | None,
+    trainer: Mapping[str, Any] | None = None,
+    job: Mapping[str, Any] | None = None,
+) -> dict | None:
+    """Whether the pipeline keeps up with the training step's demand, and what the job did.
+
+    Where the job ran with the user's loop (``job``, decided: :mod:`stagebench.analysis._job`), the
+    verdict is the job's: ``trainer-bound``, ``shared cores`` or ``data-bound``, with the job's
+    measured throughput and data wait. Otherwise it compares the pipeline alone with the demand,
+    and says that the job itself was not run.
+
+    The demand: ``STAGEBENCH_TARGET_RATE`` when set, else the training loop's own rate on
+    cached batches (``trainer``, ``STAGEBENCH_TRAINER=measure``:
+    :mod:`stagebench.pipeline._trainer`), whose data-wait share on the real pipeline
+    is quoted too.
+
+    The capacity is the measured whole pipeline at the recommended settings when there is one,
+    else the replay (labelled so); with neither, the verdict is ``inconclusive``: a bound alone
+    is not advice. ``trainer-bound``: capacity >= demand x 1.1 (the loader waits for the
+    trainer); ``balanced``: within 10% above the demand; ``data-bound``: below it.
+    """
+    trainer = trainer or {}
+    measured = not (finite(target) and float(target) > 0) and finite(trainer.get("samples_per_s"))
+    if measured:
+        target = trainer["samples_per_s"]
+    if not finite(target) or not float(target) > 0:
+        return None
+    need = float(target)
+    whose = (
+        f"your training step, measured: {fmt_q(need)} items/s"
+        + (
+            f" ({fmt_q(trainer['samples_per_s_low'])}-{fmt_q(trainer['samples_per_s_high'])})"
+            if finite(trainer.get("samples_per_s_low")) and finite(trainer.get("samples_per_s_high"))
+            else ""
+        )
+        if measured
+        else f"the {fmt_q(need)} items/s the trainer needs"
+    )
+    wp = trainer.get("with_pipeline") or {}
+    waited = (
+        f"; run together, your loop waited for data {wp['data_wait_share']:.0%} of each step"
+        if measured and finite(wp.get("data_wait_share"))
+        else ""
+    )
+    val = validation or {}
+    pred = prediction or {}
+    if finite(val.get("qps")):
+        capacity, low, high, source = val["qps"], val.get("qps_low"), val.get("qps_high"), "measured"
+    elif pred.get("method") == "replay" and finite(pred.get("qps")):
+        capacity, low, high, source = pred["qps"], pred.get("qps_low"), pred.get("qps_high"), "replayed"
+    else:
+        return {
+            "target_rate": need,
+            "capacity": None,
+            "source": None,
+            "verdict": "inconclusive",
+            "demand_source": "measured" if measured else "stated",
+            "text": f"inconclusive: the whole pipeline was neither run nor replayed, so its capacity against "
+            f"{whose} is not known{waited}",
+        }
+    capacity = float(capacity)
+    ratio = capacity / need
+    base = {
+        "target_rate": need,
+        "capacity": capacity,
+        "capacity_low": low,
+        "capacity_high": high,
+        "source": source,
+        "ratio": ratio,
+    }
+    if job is not None and job.get("status") == "decided" and job.get("bound"):
+        return {
+            **base,
+            "verdict": job["bound"],
+            "demand_source": "measured" if measured else "stated",
+            "data_wait_share": job.get("data_wait_share"),
+            "job_samples_per_s": job.get("samples_per_s"),
+            "text": f"{job['bound']}: your job ran {fmt_q(job['samples_per_s'])} items/s at the recommended "
+            f"settings, {job['data_wait_share']:.0%} of each step waiting for data, against {whose}; the "
+            f"pipeline alone gave {fmt_q(capacity)} items/s ({source}) at the isolated sweep's pick",
+        }
+    if ratio >= 1 + DEMAND_HEADROOM:
+        verdict, text = "trainer-bound", "alone keeps up with the trainer"
+    elif ratio >= 1:
+        verdict, text = "balanced", f"alone keeps up, with less than {DEMAND_HEADROOM:.0%} headroom"
+    else:
+        verdict, text = "data-bound", "cannot keep up even alone: the trainer will wait for data"
+    not_run = (
+        ""
+        if verdict == "data-bound"
+        else "; the job itself was not run with your loop, so what it reaches is not measured"
+        + ("" if measured else " (STAGEBENCH_TRAINER=measure runs it)")
+    )
+    return {
+        **base,
+        "verdict": verdict,
+        "demand_source": "measured" if measured else "stated",
+        "data_wait_share": wp.get("data_wait_share") if measured else None,
+        "text": f"{verdict}: the pipeline {text} ({fmt_q(capacity)} items/s {source} at the recommended "
+        f"settings against {whose}, {ratio:.2f}x){waited}{not_run}",
+    }
+
+
+def versus_yours_decision(
+    recommended_rates: list[float],
+    your_rates: list[float],
+    recommended: Mapping[str, tuple[str, int]],
+    yours: Mapping[str, tuple[str, int]],
+    rates: tuple[Any, Any] | None = None,
+) -> Any:
+    """The rule (:mod:`stagebench.model._evidence`) on the recommended settings against yours, from their
+    whole-pipeline windows in turns (the i-th window of one beside the i-th of the other); None where
+    either has no window. ``rates``: their pooled rates, where known (else the windows' mean)."""
+    from stagebench.analysis._pipeline_job import settings_cost
+    from stagebench.model._evidence import Option, Ratio, decide
+    from stagebench.model._rate import Rate
+
+    if not recommended_rates or not your_rates:
+        return None
+    pooled = rates or (
+        Rate(sum(recommended_rates) / len(recommended_rates)),
+        Rate(sum(your_rates) / len(your_rates)),
+    )
+    full_yours = {**recommended, **yours}
+    pairs = list(zip(recommended_rates, your_rates))
+
+    def ratio(a: str, b: str) -> Ratio | None:
+        return Ratio.of_pairs(pairs if a == "recommended" else [(y, x) for x, y in pairs])
+
+    options = [
+        Option("recommended", settings_cost(recommended), pooled[0]),
+        Option("yours", settings_cost(full_yours), pooled[1]),
+    ]
+    return decide(options, yours="yours", ratio=ratio)
+
+
+def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list[dict]) -> dict | None:
+    """The recommended settings against the user's own, both run for real in turns (``run.json["yours"]``),
+    by the rule of :mod:`stagebench.model._evidence` on their windows' ratio.
+
+    ``recommended``: faster than yours beyond noise; ``cheaper``: fewer workers, and within 5% of
+    yours, shown; ``yours``: yours faster beyond noise (keep them); ``could not tell``: the windows in
+    turns could not tell them apart, so yours are kept (the ratio's interval, and how many rounds
+    would settle it); ``same``: the user's settings are the recommended ones; ``inconclusive``: one
+    of the two runs has no number; ``not run``: neither was run (quick mode,
+    ``STAGEBENCH_VALIDATE=off``). ``changes`` lists each stage whose setting differs (its name, the
+    user's and the recommended setting); ``decision`` is the rule's record.
+    """
+    from stagebench.model._rate import Rate
+
+    if not isinstance(yours, Mapping):
+        return None
+    if yours.get("same"):
+        return {"verdict": "same", "changes": [], "text": "your settings are the recommended ones"}
+    changes = []
+    recommended: dict[str, tuple[str, int]] = {}
+    mine: dict[str, tuple[str, int]] = {}
+    for st in stages:
+        point, own = st.get("recommended") or {}, user_setting(st)
+        if point.get("executor") and finite(point.get("concurrency")) and (st.get("type") or "pipe") == "pipe":
+            recommended[str(st["name"])] = (str(point["executor"]), int(point["concurrency"]))
+        if (c := user_choice(st)) is not None:
+            mine[str(st["name"])] = c
+        if own and point.get("executor") and own != f"{point['executor']} x {point['concurrency']}":
+            changes.append(
+                {"stage": st["name"], "yours": own, "recommended": f"{point['executor']} x {point['concurrency']}"}
+            )
+    out: dict[str, Any] = {
+        "qps": yours.get("qps"),
+        "qps_low": yours.get("qps_low"),
+        "qps_high": yours.get("qps_high"),
+        "settings": yours.get("settings"),
+        "changes": changes,
+    }
+    val = validation or {}
+    if yours.get("not_run"):
+        out.update(
+            verdict="not run",
+            text=f"not checked against your settings ({yours['not_run']}): keep yours until a full diagnosis "
+            "runs both in turns",
+        )
+        return out
+    if not finite(yours.get("qps")) or not finite(val.get("qps")):
+        which = "your settings" if not finite(yours.get("qps")) else "the recommended settings"
+        err = yours.get("error") if not finite(yours.get("qps")) else val.get("error")
+        out.update(
+            verdict="inconclusive",
+            text=f"inconclusive: the run at {which} gave no number" + (f" ({err})" if err else ""),
+        )
+        return out
+    r_rate, m_rate = Rate.from_json(val, "qps"), Rate.from_json(yours, "qps")
+    assert r_rate is not None and m_rate is not None  # both finite above
+    figures = f"{r_rate.text('items/s')} with the recommended settings, {m_rate.text()} with yours"
+    from stagebench.model._evidence import Ratio
+
+    rec_w, your_w = list(val.get("window_rates") or []), list(yours.get("window_rates") or [])
+    d = versus_yours_decision(rec_w, your_w, recommended, mine, (r_rate, m_rate))
+    x = Ratio.of_pairs(list(zip(rec_w, your_w)))  # the recommended over yours, round by round
+    if d is None or x is None:  # saved before the windows were kept: no ratio in turns to decide on
+        out.update(
+            verdict="could not tell",
+            ratio=r_rate.value / m_rate.value if m_rate.value > 0 else None,
+            text=f"keep yours: the runs kept no windows in turns to compare them by; {figures}",
+        )
+        return out
+    from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS
+
+    if d.advice == "change":
+        verdict, text = "recommended", f"the recommended settings are faster beyond noise, {x.text('yours')}: {figures}"
+    elif d.advice == "cheaper":
+        verdict, text = (
+            "cheaper",
+            f"the recommended settings are as fast within {1 - EQUIVALENT:.0%} with fewer workers, "
+            f"{x.text('yours')}: {figures}",
+        )
+    elif x.below(1.0):
+        verdict, text = (
+            "yours",
+            f"your settings are faster beyond noise: keep them; the recommended ran {x.text('yours')}: {figures}",
+        )
+    elif d.settled:  # yours the fastest, the recommended costlier: nothing it could gain once the rounds say so
+        verdict, text = (
+            "yours",
+            f"keep yours: the recommended settings use more workers and were not shown faster, {x.text('yours')}: "
+            f"{figures}",
+        )
+    else:
+        more = (
+            f"; about {d.rounds_to_settle - x.rounds} more rounds in turns would settle it at the spread seen"
+            if d.rounds_to_settle is not None and 0 < d.rounds_to_settle - x.rounds <= PRACTICAL_ROUNDS
+            else "; at the spread seen, no practical number of rounds would settle it"
+        )
+        verdict, text = (
+            "could not tell",
+            f"keep yours: the runs could not tell the recommended settings from yours, {x.text('yours')}{more}; "
+            f"{figures}",
+        )
+    out.update(verdict=verdict, ratio=x.value, ratio_low=x.low, ratio_high=x.high, decision=d.to_json(), text=text)
+    return out
+
+
+# ------------------------------------------------------------------ the CPU's speed
+_SPEED_SPREAD = 1.25  # sweep probes further apart than this: warn
+
+
+_SPEED_SHIFT = 0.10  # validation this far from the sweeps' median: say so
+
+
+def cpu_speed(raw: Any) -> dict[str, Any] | None:
+    """The core's speed during the sweeps and the validation run, from ``run.json["cpu_speed"]``.
+
+    ``sweep_ns``: a fixed Python loop's CPU ns per iteration after each measured
+    point; ``validation_ns``: before and after the validation run (see
+    :mod:`stagebench.core._speed`). Lower is faster.
+    """
+    if not isinstance(raw, Mapping):
+        return None
+    sweep = [float(x) for x in raw.get("sweep_ns") or [] if finite(x) and float(x) > 0]
+    val = [float(x) for x in raw.get("validation_ns") or [] if finite(x) and float(x) > 0]
+    if not sweep:
+        return None
+    out: dict[str, Any] = {
+        "sweep_ns_median": float(np.median(sweep)),
+        "sweep_ns_min": min(sweep),
+        "sweep_ns_max": max(sweep),
+        "probes": len(sweep),
+        "validation_ns": float(np.mean(val)) if val else None,
+        "validation_ns_probes": val,
+    }
+    out["sweep_spread"] = out["sweep_ns_max"] / out["sweep_ns_min"]
+    return out
+
+
+def speed_warnings(speed: dict | None) -> list[str]:
+    if not speed:
+        return []
+    out = []
+    if speed["sweep_spread"] > _SPEED_SPREAD:
+        out.append(
+            f"the CPU's speed changed during the sweeps: a fixed Python loop took {speed['sweep_ns_min']:.0f}-"
+            f"{speed['sweep_ns_max']:.0f} ns per iteration ({speed['sweep_spread']:.1f}x; a shared host's other "
+            "tenants do this): CPU-bound points measured at different moments can differ by that much"
+        )
+    v, m = speed.get("validation_ns"), speed["sweep_ns_median"]
+    if finite(v) and abs(m / v - 1) > _SPEED_SHIFT:
+        # Only said, not corrected: scaling the prediction by this ratio made it worse in 2 of
+        # 3 benchmark pipelines (the speed flips within the validation window itself).
+        out.append(
+            f"the CPU ran at another speed around the validation run than during the sweeps ({v:.0f} vs a "
+            f"median {m:.0f} ns per loop): the measured pipeline and the prediction compare different moments"
+        )
+    return out
+
+
+#: A pipeline that runs this many times under the lowest bound of its measured stages is bound by none of them.
+FAR_UNDER_BOUNDS = 1.5
+
+
+#: Over this share of the GIL an item needs being the pipeline's own scheduling, the scheduling is what binds.
+SCHEDULING_BINDS = 0.5
+
+
+def pipeline_verdict(
+    stages: list[dict],
+    prediction: dict | None,
+    validation: Mapping[str, Any] | None = None,
+    not_isolated: list[dict] | None = None,
+) -> str:
+    """What binds the pipeline, in one line: what binds the *measured* pipeline where it was run.
+
+    Where the pipeline (measured, else replayed) runs well under every bound its measured stages
+    set (:data:`FAR_UNDER_BOUNDS`), none of them binds it: the line names the parts that could not
+    run alone, or the pipeline's own scheduling; where the GIL binds and most of what it holds per
+    item is the pipeline's own scheduling, that is named rather than the stage holding the most.
+    """
+    ok = [s for s in stages if s["status"] == "ok"]
+    if not ok:
+        return "no stage could be measured: see the stage reasons and warnings"
+    failed = [s["name"] for s in stages if s["status"] != "ok"]
+    if prediction is None or not finite(prediction.get("qps")):
+        return "no prediction could be made: see the stage reasons"
+    name = prediction["bottleneck"]
+    st = next((s for s in ok if s["name"] == name), None)
+    cls = st["classification"] if st else "unknown"
+    q = fmt_q(prediction["qps"])
+    val = validation or {}
+    runs, how = (num(val.get("qps")), "measured") if finite(val.get("qps")) else (num(prediction["qps"]), "predicted")
+    lowest = num(prediction.get("bounds_qps"))
+    sched = num(prediction.get("scheduling_gil_s_per_item"))
+    gil_bound = num((prediction.get("bounds") or {}).get("gil"))
+    if finite(runs, lowest) and lowest > FAR_UNDER_BOUNDS * runs:
+        parts = [str(x.get("name")) for x in not_isolated or []]
+        what = (
+            f"the parts that could not run alone bind ({', '.join(parts)}: under not isolated)"
+            if parts
+            else "the stages together bind (the pipeline's scheduling: hand-offs, and the cores and GIL they share)"
+        )
+        line = (
+            f"{what}: the pipeline runs at {fmt_q(runs)} items/s ({how}), {lowest / runs:.1f}x under "
+            f"the lowest bound of its measured stages ({prediction.get('binding')}, {fmt_q(lowest)} items/s)"
+        )
+    elif prediction["binding"] == "gil" and finite(sched, gil_bound) and sched > SCHEDULING_BINDS / gil_bound:
+        line = (
+            f"the GIL binds, held mostly by the pipeline's own scheduling ({fmt_ms(sched)} of the "
+            f"{fmt_ms(1.0 / gil_bound)} each item needs): predicted {q} items/s; of the stages, {name} holds it "
+            f"longest ({cls})"
+        )
+    # A shared resource that binds is the bottleneck, not the stage that uses most of it: SPDL's
+    # pipeline_definitions.py read "normalize_to_lists is the bottleneck" for a stage 4.5x faster
+    # alone than the pipeline, and named another stage run to run (the two held the GIL alike).
+    elif prediction["binding"] == "gil" and name is None:
+        line = f"the GIL binds: predicted {q} items/s; no stage's own Python holds it: the pipeline's scheduling does"
+    elif prediction["binding"] == "gil":
+        line = f"the GIL binds: predicted {q} items/s; {name} holds it longest ({cls})"
+    elif prediction["binding"] == "cores" and name is None:
+        line = f"the cores bind: predicted {q} items/s; the pipeline's own work uses them"
+    elif prediction["binding"] == "cores":
+        line = f"the cores bind: predicted {q} items/s; {name} uses the most CPU ({cls})"
+    else:
+        line = f"{name} is the bottleneck: {cls}; predicted {q} items/s (its own capacity binds)"
+    if failed:
+        line += f"; not measured: {', '.join(failed)}"
+    return line

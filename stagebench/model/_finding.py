@@ -1,0 +1,53 @@
+"""A finding: one diagnosis in words, with the numbers it rests on; the same shape for every kind of run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Finding", "SEVERITIES", "by_severity"]
+
+#: Most important first: what the report and the terminal list first.
+SEVERITIES = ("high", "medium", "low", "info")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """What was found, why it matters (``detail``), where (``stage``: None for the loader, the job or the
+    whole pipeline), and the figures it rests on (``evidence``)."""
+
+    severity: str
+    title: str
+    detail: str
+    stage: str | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity: unknown {self.severity!r}; allowed: {', '.join(SEVERITIES)}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "severity": self.severity,
+            "title": self.title,
+            "detail": self.detail,
+            "stage": self.stage,
+            "evidence": dict(self.evidence),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Finding:
+        return cls(
+            severity=str(d.get("severity") or "info"),
+            title=str(d.get("title") or ""),
+            detail=str(d.get("detail") or ""),
+            stage=d.get("stage"),
+            evidence=dict(d.get("evidence") or {}),
+        )
+
+
+def by_severity(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``findings`` (as summaries hold them) most important first, in their order within a severity."""
+    rank = {s: i for i, s in enumerate(SEVERITIES)}
+    return sorted(findings, key=lambda f: rank.get(str(f.get("severity")), len(SEVERITIES)))
