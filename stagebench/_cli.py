@@ -143,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="after the report, run your loop: on cached batches (your step's demand), then on the real loader "
         "or pipeline at a few candidate settings in turns until they are told apart; your setting is changed only "
-        "where those runs show the change faster beyond noise, or cheaper and within 5% (STAGEBENCH_TRAINER=measure); "
+        "where those runs show the change faster beyond noise, or cheaper and within 5%% (STAGEBENCH_TRAINER=measure); "
         "your loop body runs: it may write checkpoints or logs",
     )
     g.add_argument("script", help="the unmodified training script")

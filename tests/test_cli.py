@@ -13,6 +13,21 @@ def test_help_lists_the_commands(capsys):
         assert cmd in out
 
 
+def test_every_commands_help_renders():
+    """argparse formats help strings with %: a lone one (\"within 5%\") made `diagnose --help` a traceback."""
+    import argparse
+
+    from stagebench._cli import _parser
+
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in sub.choices.items():
+        assert name in parser.format_help()
+        for inner in parser._actions:
+            if isinstance(inner, argparse._SubParsersAction):
+                for child in inner.choices.values():
+                    child.format_help()
+
+
 def test_python_dash_m_is_the_same_command():
     r = subprocess.run([sys.executable, "-m", "stagebench", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "diagnose" in r.stdout
