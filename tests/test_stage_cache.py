@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from stagebench.core._pickling import pickle_problem
+from stagebench.core._sizes import approx_nbytes
 from stagebench.pipeline._stage_cache import (
     CacheDirError,
     StageCache,
-    approx_nbytes,
     callable_key,
     chain_key,
     default_cache_dir,

@@ -25,6 +25,7 @@ from stagebench._numbers import finite, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._job import job_findings
 from stagebench.analysis._loader_evidence import is_ok, paired_ratio, paired_rounds, pool_points, setting_key
+from stagebench.analysis._worker_costs import beside_the_pick, worker_cost_findings, worker_costs_summary
 from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS
 from stagebench.model._finding import Finding, by_severity
 from stagebench.runs._knobs import KNOB_KEYS, NOT_APPLICABLE, LoaderKnobs, normalize_knobs
@@ -87,6 +88,14 @@ _NUMERIC = (
     "stall_phase_s",
     "teardown_s",
     "turn",
+    "workers_start_s",
+    "workers_start_last_s",
+    "workers_created_s",
+    "worker_boot_s",
+    "worker_init_s",
+    "first_batch_work_s",
+    "first_delivery_s",
+    "worker_unsplit_s",
 )
 
 
@@ -1111,6 +1120,8 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     if target is not None and not decided:
         verdict += "; the job: " + _job_not_run(job, target)
 
+    costs = worker_costs_summary(meta, pts)
+    verdict += beside_the_pick(costs, rec)
     search_meta = meta.get("search") or {}
     elapsed = [p["elapsed_s"] for p in pts if math.isfinite(p["elapsed_s"])]
     seconds = float(search_meta.get("seconds", sum(elapsed)))
@@ -1148,6 +1159,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "trainer": trainer_summary(meta.get("trainer"), job),
         "job": job,
         "scope": alone_scope("the loader", meta.get("trainer"), settings, planned=bool(meta.get("trainer_planned"))),
-        "findings": loader_findings(pts, meta, rec, target, job),
+        "findings": by_severity(loader_findings(pts, meta, rec, target, job) + worker_cost_findings(costs, rec)),
+        "worker_costs": costs,
         "transforms": list(meta.get("transforms") or []),
     }

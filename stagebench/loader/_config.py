@@ -138,6 +138,13 @@ class LoaderSweepConfig:
     stall_wait_s: float = 5.0
     """Loaders without epoch control: longest wait for a natural epoch boundary."""
 
+    worker_costs: bool = True
+    """What each worker costs beyond throughput (:mod:`stagebench.loader._costs`): the dataset shipped to
+    it (under spawn or forkserver) and, at the pick, its memory over a pass of ``memory_pass_s``."""
+
+    memory_pass_s: float = 2.0
+    """Seconds of the memory pass at the pick: each worker's private memory read as it loads (0: off)."""
+
     transforms: bool = True
     """Measure each transform of a composed ``dataset.transform`` as a stage."""
 
@@ -214,6 +221,8 @@ class LoaderSweepConfig:
             raise ValueError(f"stall_epoch_batches must be None or >= 1, got {self.stall_epoch_batches}")
         if self.stall_wait_s < 0:
             raise ValueError(f"stall_wait_s must be >= 0, got {self.stall_wait_s}")
+        if self.memory_pass_s < 0:
+            raise ValueError(f"memory_pass_s must be >= 0, got {self.memory_pass_s}")
         if self.transform_items < 1:
             raise ValueError(f"transform_items must be >= 1, got {self.transform_items}")
         if not self.transform_budget_s > 0:

@@ -35,7 +35,8 @@ from typing import Any
 from stagebench._import_hook import PostImportFinder
 from stagebench._settings import local_rank
 from stagebench._spdl_private import MODE_VAR, PYTORCH_DATALOADER_MODULE, pytorch_get_items
-from stagebench.loader._sweep import BuiltLoader, EpochControl, LoaderSweepConfig, TaggedCollate, run_loader_sweep
+from stagebench.loader._point import BuiltLoader, EpochControl, TaggedCollate, TimedInit
+from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
 from stagebench.runs._knobs import LoaderKnobs, loader_knobs
 from stagebench.runs._outcome import FAILED, PARTIAL
 
@@ -138,7 +139,8 @@ class DatasetLoaderFactory:
             num_workers=knobs.num_workers,
             collate_fn=collate,
             pin_memory=knobs.pin_memory,
-            worker_init_fn=self.worker_init_fn,
+            # the user's own, timed where it runs (the start-up split): TimedInit calls it as torch would
+            worker_init_fn=TimedInit(self.worker_init_fn) if knobs.num_workers > 0 else self.worker_init_fn,
             generator=self.generator,
             multiprocessing_context=self.multiprocessing_context if knobs.num_workers > 0 else None,
             persistent_workers=knobs.persistent_workers if knobs.num_workers > 0 else False,

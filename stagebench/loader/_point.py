@@ -45,12 +45,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from stagebench._numbers import num
+from stagebench.core._sizes import approx_nbytes
 from stagebench.loader._config import LoaderFactory, LoaderSweepConfig
 from stagebench.runs._knobs import LoaderKnobs, normalize_knobs
 
 __all__ = [
     "BatchTag",
     "TaggedCollate",
+    "TimedInit",
+    "startup_split",
     "EpochControl",
     "BuiltLoader",
     "shut_down",
@@ -70,6 +74,10 @@ class BatchTag(NamedTuple):
 
     A namedtuple on purpose: torch's pin-memory thread rebuilds namedtuples
     field by field, so ``batch`` is pinned exactly as the user's batch would be.
+    ``born``: on a worker's first batch only, when (``time.time()``: one clock for every process of
+    the host) the worker's process was created (None where /proc cannot say), reached its
+    ``worker_init_fn``, left it, and finished that batch; the middle two None where no
+    :class:`TimedInit` ran (SPDL's loader takes no ``worker_init_fn``).
     """
 
     batch: Any
@@ -77,6 +85,45 @@ class BatchTag(NamedTuple):
     worker: int
     n: int
     threads: int
+    born: tuple[float | None, float | None, float | None, float] | None = None
+
+
+#: When this worker process reached and left its worker_init_fn (:class:`TimedInit`), and whether its
+#: first batch went out. A module global: each worker process has its own copy.
+_BORN: dict[str, float] = {}
+
+
+class TimedInit:
+    """Wraps the user's ``worker_init_fn`` (or none): notes, in the worker, when the worker reached it
+    (its process started, imported, received the dataset) and when it returned. What the script runs is
+    unchanged: the user's function is called as before, with the same argument."""
+
+    def __init__(self, fn: Callable[[int], Any] | None) -> None:
+        self.fn = fn
+
+    def __call__(self, worker_id: int) -> None:
+        _BORN.clear()
+        _BORN["init"] = time.time()
+        age = _process_age_s()
+        if age is not None:
+            _BORN["created"] = _BORN["init"] - age
+        try:
+            if self.fn is not None:
+                self.fn(worker_id)
+        finally:
+            _BORN["ready"] = time.time()
+
+
+def _process_age_s() -> float | None:
+    """Seconds since this process was created (forked: a spawned worker's exec keeps its fork time), from
+    /proc at the kernel's clock tick (10 ms): when the main process got round to starting this worker."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in ticks since boot
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 class TaggedCollate:
@@ -90,6 +137,8 @@ class TaggedCollate:
     def __init__(self, collate_fn: Callable, batched: bool) -> None:
         self.collate_fn = collate_fn
         self.batched = batched
+        # pickled into each worker with it: a call in another process is a worker's
+        self._home = os.getpid()
 
     def __call__(self, samples: Any) -> BatchTag:
         out = self.collate_fn(samples)
@@ -103,7 +152,15 @@ class TaggedCollate:
                 threads = int(torch.get_num_threads())
             except Exception:
                 pass
-        return BatchTag(out, os.getpid(), worker, n, threads)
+        born: tuple[float | None, float | None, float | None, float] | None = None
+        if "sent" not in _BORN and "ready" in _BORN:  # this worker's first batch: when it was born, and done
+            _BORN["sent"] = 1.0
+            born = (_BORN.get("created"), _BORN["init"], _BORN["ready"], time.time())
+        elif "sent" not in _BORN and os.getpid() != self._home:  # a worker no TimedInit ran in (SPDL's)
+            _BORN["sent"] = 1.0
+            now, age = time.time(), _process_age_s()
+            born = (None if age is None else now - age, None, None, now)
+        return BatchTag(out, os.getpid(), worker, n, threads, born)
 
 
 class EpochControl:
@@ -166,6 +223,8 @@ class _Event(NamedTuple):
     pid: int | None
     n: int | None
     threads: int
+    worker: int = -1
+    born: tuple[float | None, float | None, float | None, float] | None = None
 
 
 def _cuda_available() -> bool:
@@ -267,6 +326,13 @@ class _Consumer(threading.Thread):
         self.knobs = knobs
         self.events: list[_Event] = []
         self.t_begin = math.nan
+        self.t_iter = math.nan
+        self.wall_offset = 0.0
+        # set: the next batch's size is read (a walk over its tensors, not a copy), into batch_mb: what
+        # each batch in flight takes in shared memory (/dev/shm) on its way; only where asked (the memory
+        # pass): a batch of an unknown type is sized by pickling it
+        self.size_next_batch = False
+        self.batch_mb = math.nan
         self.built: BuiltLoader | None = None
         self.loader: Any = None
         self.iterator: Any = None
@@ -287,6 +353,7 @@ class _Consumer(threading.Thread):
     def run(self) -> None:
         try:
             self.t_begin = time.perf_counter()
+            self.wall_offset = time.time() - self.t_begin  # perf_counter to the clock every process shares
             built: Iterable | BuiltLoader = self.factory(self.knobs)
             if not isinstance(built, BuiltLoader):
                 built = BuiltLoader(loader=built)
@@ -297,6 +364,8 @@ class _Consumer(threading.Thread):
             epoch = 0
             events = self.events
             while not self.stop_requested:
+                if epoch == 0:
+                    self.t_iter = time.perf_counter()  # the workers start here (torch: at iter())
                 it = iter(self.loader)
                 self.iterator = it
                 ended = True
@@ -311,8 +380,11 @@ class _Consumer(threading.Thread):
                     except StopIteration:
                         break
                     t = time.perf_counter()
+                    if self.size_next_batch:
+                        self.batch_mb = approx_nbytes(getattr(batch, "batch", batch)) / 2**20
+                        self.size_next_batch = False
                     if isinstance(batch, BatchTag):
-                        events.append(_Event(t, epoch, batch.pid, batch.n, batch.threads))
+                        events.append(_Event(t, epoch, batch.pid, batch.n, batch.threads, batch.worker, batch.born))
                     else:
                         events.append(_Event(t, epoch, None, None, -1))
                     del batch
@@ -476,13 +548,15 @@ def measure_loader_point(
     stall: bool | None = None,
     throughput: bool = True,
     cannot_matter_below: float | None = None,
+    during: Callable[[Any], None] | None = None,
 ) -> dict[str, Any]:
     """Measure one loader setting on a fresh loader; returns one row (:data:`LOADER_COLUMNS`).
 
     ``stall``: measure the epoch-boundary stall after the window (``None``: as
     ``config.epoch_stall`` says; a search passes where ``stall_at`` wants it). ``throughput=False``: no window, only the
     stall (the search's last step, at its pick). ``cannot_matter_below``: samples/s; a window
-    whose interval lies wholly under it closes at the minimum (it cannot be the answer).
+    whose interval lies wholly under it closes at the minimum (it cannot be the answer). ``during``:
+    with ``throughput=False``, called with the warm consumer before the stall (:class:`_Plan`).
     Never raises for the loader's own faults (a raising or dying worker, a hang):
     they become ``status``/``reason``. ``KeyboardInterrupt`` propagates after
     the loader and its workers are torn down.
@@ -500,7 +574,7 @@ def measure_loader_point(
     errors.attach()
     outcome = None
     hung = False
-    plan = _Plan(stall=stall, throughput=throughput, batch_size=batch_size, floor=cannot_matter_below)
+    plan = _Plan(stall=stall, throughput=throughput, batch_size=batch_size, floor=cannot_matter_below, during=during)
     with _quiet_sigchld():
         try:
             cons.start()
@@ -576,6 +650,9 @@ class _Plan(NamedTuple):
     throughput: bool
     batch_size: int | None
     floor: float | None
+    #: Called with the warm consumer before the stall (a stall-only point): the memory pass at the pick
+    #: rides on the workers the stall starts anyway (:func:`stagebench.loader._costs.memory_pass`).
+    during: Callable[[Any], None] | None = None
 
 
 #: Seconds between two checks of a window's interval (each reads the arrivals so far).
@@ -630,6 +707,8 @@ def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     row["workers_seen"] = len(seen) if cons.events and cons.events[0].pid is not None else math.nan
 
     if not plan.throughput:  # the stall only (the search's pick): no window
+        if plan.during is not None:
+            plan.during(cons)
         hung = plan.stall and _measure_stall(cons, eff, cfg, deadline, row, errors, time.perf_counter())
         return None, hung
 
@@ -852,6 +931,48 @@ def window_rate(
     return out
 
 
+def startup_split(events: Sequence[_Event], t_iter: float, wall_offset: float) -> dict[str, float]:
+    """Where the time to each worker's first batch went, from the stamps on the first batches
+    (:class:`TimedInit`, :class:`TaggedCollate`): medians over the workers, and the last worker's start.
+
+    ``workers_start_s``: from ``iter()`` until the worker reached its ``worker_init_fn``, in two parts:
+    ``workers_created_s``, until its process was created (the main process starting the workers before
+    it: under spawn or forkserver it pickles the dataset for each and hands it over, waiting, where the
+    copy does not fit the pipe, until that worker has read it), and ``worker_boot_s``, from there (the
+    process's own imports, and loading the dataset shipped to it); ``worker_init_s``: the user's
+    ``worker_init_fn``; ``first_batch_work_s``: fetching and collating its first batch (torch sends no
+    index before every worker has started: a wait for the others is in it); ``first_delivery_s``: from
+    there to the batch reaching the loop. Empty without stamps (no workers).
+    """
+    import statistics
+
+    if not math.isfinite(t_iter):
+        return {}
+    start = t_iter + wall_offset
+    born = [(e.born, e.t + wall_offset) for e in events[:4096] if e.epoch == 0 and e.born is not None]
+    if not born:
+        return {}
+    out = {"first_delivery_s": statistics.median(max(0.0, t - b[3]) for b, t in born)}
+    if all(b[1] is not None and b[2] is not None for b, _ in born):
+        starts = [num(b[1]) - start for b, _ in born]
+        out.update(
+            workers_start_s=statistics.median(starts),
+            workers_start_last_s=max(starts),
+            worker_init_s=statistics.median(num(b[2]) - num(b[1]) for b, _ in born),
+            first_batch_work_s=statistics.median(b[3] - num(b[2]) for b, _ in born),
+        )
+    created = [(b[0], b[1], b[3]) for b, _ in born if b[0] is not None]
+    if len(created) < len(born):
+        return out
+    # a worker's creation read to the kernel's tick: never below iter()
+    out["workers_created_s"] = statistics.median(max(0.0, c - start) for c, _, _ in created)
+    if "workers_start_s" in out:
+        out["worker_boot_s"] = statistics.median(num(i) - max(c, start) for c, i, _ in created)
+    else:  # no worker_init_fn to time by: from its creation to its first batch, whole
+        out["worker_unsplit_s"] = statistics.median(d - max(c, start) for c, _, d in created)
+    return out
+
+
 def _fill(row, cons: _Consumer, outcome, eff: LoaderKnobs, batch_size: int | None, cfg: LoaderSweepConfig) -> None:
     """Throughput, interval, stall, cores and memory from the consumer's events."""
     import numpy as np
@@ -859,6 +980,7 @@ def _fill(row, cons: _Consumer, outcome, eff: LoaderKnobs, batch_size: int | Non
     ev = list(cons.events)
     if ev:
         row["time_to_first_batch_s"] = ev[0].t - cons.t_begin
+        row.update(startup_split(ev, cons.t_iter, cons.wall_offset))
     me = os.getpid()
     threads = [e.threads for e in ev[:4096] if e.threads >= 0 and (e.pid != me or eff.num_workers == 0)]
     if threads:

@@ -16,6 +16,7 @@ import itertools
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,7 @@ class _Sweep:
         self.progress = progress
         self.rows: list[dict[str, Any]] = []
         self.by_key: dict[tuple, dict[str, Any]] = {}
+        self.memory: dict[str, Any] | None = None  # the memory pass at the pick, once read
 
     def point(self, knobs: LoaderKnobs, phase: str, *, again: bool = False, **how: Any) -> dict[str, Any]:
         """Measure a setting once (``again``: measure it anew, as the tie-break does); ``how``: for
@@ -156,6 +158,18 @@ class _Sweep:
             label = f"{self.name} | {self.backend} {_label_of(row)}" + (" (in turns)" if phase == "paired" else "")
             self.progress.done(row, label=label, rate_key=rate_key, unit=unit)
         return row
+
+    def memory_hook(self, knobs: LoaderKnobs) -> Callable[[Any], None] | None:
+        """The memory pass at ``knobs``, run on the stall point's warm workers (saves starting them again:
+        a fifth of a small sweep); None where it is off."""
+        if not (self.cfg.worker_costs and self.cfg.memory_pass_s > 0):
+            return None
+        eff, _, _ = normalize_knobs(knobs, self.backend, cuda=self.cuda)
+
+        def during(cons: Any) -> None:
+            self.memory = _memory_at(self, cons, eff.num_workers)
+
+        return during
 
     def floor(self) -> float | None:
         """Samples/s under which a window cannot be the answer (CANNOT_MATTER of the best lower end so far)."""
@@ -258,7 +272,7 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...], budget_mb: float) -> list[str
         # the stall decides one thing, persistent_workers at the pick (analysis/_loader._kept_knobs): measured there
         # alone, once, instead of restarting epochs after every point's window
         knobs = LoaderKnobs(num_workers=rec["num_workers"], prefetch_factor=_pf(rec), pin_memory=pin0)
-        sw.point(knobs, "epoch_stall", stall=True, throughput=False)
+        sw.point(knobs, "epoch_stall", stall=True, throughput=False, during=sw.memory_hook(knobs))
         if sw.epoch_batches is None and sw.backend != "spdl_pytorch" and True in cfg.persistent_workers:
             # no epoch length to weigh the stall against: what persistent workers save decides instead
             sw.point(replace(knobs, persistent_workers=True), "epoch_stall", stall=True, throughput=False)
@@ -313,6 +327,82 @@ def _in_turns(sw: _Sweep, budget_mb: float, user: LoaderKnobs | None) -> None:
         cuda=sw.cuda,
         max_rounds=cfg.tie_rounds,
     )
+
+
+def _memory_at(sw: _Sweep, cons: Any, num_workers: int) -> dict[str, Any] | None:
+    """Each worker's memory over a pass of ``memory_pass_s`` on ``cons``'s warm workers, bounded by the
+    memory of the Python objects the dataset holds (:func:`stagebench.loader._costs.memory_pass`)."""
+    from stagebench.loader._costs import largest_container, memory_pass
+
+    if sw.progress is not None:
+        sw.progress.message(
+            f"memory over a pass: each worker's private memory at num_workers={num_workers} "
+            f"for {sw.cfg.memory_pass_s:g} s"
+        )
+    ds = getattr(sw.factory, "dataset", None)
+    t0 = time.perf_counter()
+    largest = (largest_container(ds) if ds is not None else None) or {}
+    cons.size_next_batch = True  # a batch's size, for the shared memory the batches in flight take
+    mem = memory_pass(
+        cons,
+        num_workers=num_workers,
+        epoch_batches=sw.epoch_batches,
+        seconds=sw.cfg.memory_pass_s,
+        cap_mb=largest.get("objects_mb") if largest.get("python_objects") else None,
+    )
+    if mem is None:
+        return None
+    return {"num_workers": num_workers, **mem, "batch_mb": cons.batch_mb, "seconds": time.perf_counter() - t0}
+
+
+def _worker_costs(sw: _Sweep, budget_mb: float) -> dict[str, Any]:
+    """What each worker costs beyond throughput (:mod:`stagebench.loader._costs`): the dataset shipped to it,
+    and each worker's memory over a pass at the pick's num_workers: read during the stall point where the
+    search ran one, else in a pass of its own. ``seconds``: what this added to the sweep (the stall
+    point's share is in its row's ``stall_phase_s``)."""
+    import psutil
+
+    from stagebench.analysis._loader import recommend
+    from stagebench.loader._costs import shipping_cost, shm_headroom
+    from stagebench.loader._point import _Consumer, _Plan, _quiet_sigchld, _SpdlErrors, _supervise, _teardown
+
+    t0 = time.perf_counter()
+    cfg = sw.cfg
+    out: dict[str, Any] = {"available_mb": psutil.virtual_memory().available / 2**20}
+    ship = shipping_cost(sw.factory, backend=sw.backend)
+    if ship is not None and ship.get("shipped"):
+        out["shipping"] = ship
+    elif ship is not None:  # under fork nothing is shipped: said, not measured
+        out["shipping"] = {"start_method": ship["start_method"], "shipped": False, "largest": ship.get("largest")}
+    rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
+    out["memory_on_stall_point"] = sw.memory is not None  # its seconds then sit in the stall point's row
+    if sw.memory is None and rec is not None and rec["num_workers"] > 0 and cfg.memory_pass_s > 0:
+        # no stall point at the pick (epoch_stall off, or the protocol before): a pass of its own
+        eff, _, _ = normalize_knobs(
+            LoaderKnobs(num_workers=rec["num_workers"], prefetch_factor=_pf(rec)), sw.backend, cuda=sw.cuda
+        )
+        cons, errors = _Consumer(sw.factory, eff), _SpdlErrors()
+        errors.attach()
+        row: dict[str, Any] = {"status": "ok", "reason": "", "notes": "", "startup_s": math.nan}
+        with _quiet_sigchld():
+            try:
+                cons.start()
+                plan = _Plan(stall=False, throughput=False, batch_size=sw.batch_size, floor=None)
+                _supervise(cons, eff, cfg, time.perf_counter() + cfg.timeout_s, row, errors, plan)
+                if row["status"] == "ok":
+                    sw.memory = _memory_at(sw, cons, eff.num_workers)
+            finally:
+                _teardown(cons, hung=False)
+                errors.detach()
+    if sw.memory is not None:
+        out["memory"] = dict(sw.memory)
+        batch_mb = out["memory"].pop("batch_mb", math.nan)
+        if rec is not None:
+            shm = shm_headroom(batch_mb, int(rec["num_workers"]), _pf(rec) or 2)
+            if shm is not None:
+                out["shm"] = shm
+    out["seconds"] = time.perf_counter() - t0
+    return out
 
 
 def _user_meta(user: LoaderKnobs | None, sw: _Sweep) -> dict[str, Any] | None:
@@ -461,6 +551,17 @@ def run_loader_sweep(
     seconds = time.perf_counter() - t_search
     meta["search"] = {"strategy": cfg.strategy, "seconds": seconds, "stopped": stops, "interrupted": interrupted}
 
+    if not interrupted and cfg.worker_costs:
+        try:
+            meta["worker_costs"] = _worker_costs(sw, budget_mb)
+        except KeyboardInterrupt:
+            interrupted = True
+            meta["search"]["interrupted"] = True
+        except Exception as e:  # a measurement beside the sweep: its failure loses none of the sweep's rows
+            said = f"what each worker costs was not measured: {type(e).__name__}: {e}"[:300]
+            meta.setdefault("warnings", []).append(said)
+            if progress is not None:
+                progress.message(said)
     if not interrupted and cfg.transforms:
         ds = getattr(factory, "dataset", None)
         if ds is not None:

@@ -103,7 +103,7 @@ _NOOP_AT = ("spdl", "thread", 4)
 
 def _held_bytes(items: list) -> int:
     """What the source items hold, from a sample of them (sizing all of a large set costs as much as reading it)."""
-    from stagebench.pipeline._stage_cache import approx_nbytes
+    from stagebench.core._sizes import approx_nbytes
 
     if not items:
         return 0

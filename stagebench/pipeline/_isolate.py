@@ -45,7 +45,7 @@ from stagebench._spdl_private import (
     pipe_args_class,
     pipe_type,
 )
-from stagebench.pipeline._stage_cache import approx_nbytes
+from stagebench.core._sizes import approx_nbytes
 
 __all__ = [
     "Stage",

@@ -54,6 +54,8 @@ __all__ = [
     "compare_curves_svg",
     "compare_best_svg",
     "job_svg",
+    "worker_startup_svg",
+    "worker_memory_svg",
 ]
 
 #: Okabe & Ito (2008), "Color Universal Design".
@@ -923,4 +925,74 @@ def job_svg(job: Mapping[str, Any] | None) -> str | None:
     ax.set_xlabel(
         f"{unit}{' (log scale)' if log else ''}: your job (bars, 95% interval) · alone (◆) · your step alone (dashed)"
     )
+    return figure_to_svg(fig)
+
+
+def worker_startup_svg(costs: Mapping[str, Any] | None) -> str | None:
+    """Where each setting's time to its workers' first batch goes: one stacked bar per num_workers
+    (medians over the workers), the last worker's start as a tick: the process started (its imports, the
+    dataset shipped to it), the user's worker_init_fn, the first batch's own work, its delivery."""
+    every = (costs or {}).get("startup") or []
+    rows = [r for r in every if finite(r.get("workers_start_s"))]
+    waiting = ("workers_created_s", "waiting to be started (workers before it, dataset pickled)", OKABE_ITO["sky"])
+    delivery = ("first_delivery_s", "delivered to the loop", OKABE_ITO["grey"])
+    parts: tuple[tuple[str, str, str], ...]
+    if not rows:  # SPDL's loader: no worker_init_fn to time by, the worker's own part whole
+        rows = [r for r in every if finite(r.get("worker_unsplit_s")) and finite(r.get("workers_created_s"))]
+        if not rows:
+            return None
+        own = ("worker_unsplit_s", "process start, dataset loaded, first batch's work (not split)", OKABE_ITO["blue"])
+        parts = (waiting, own, delivery)
+    else:
+        # the start in its two parts where every row has them (a worker's creation read from /proc), else whole
+        split = all(finite(r.get("workers_created_s")) and finite(r.get("worker_boot_s")) for r in rows)
+        boot = ("worker_boot_s", "process start: imports, dataset loaded", OKABE_ITO["blue"])
+        start = (waiting, boot) if split else (("workers_start_s", "process started, dataset shipped", boot[2]),)
+        parts = (
+            *start,
+            ("worker_init_s", "worker_init_fn", OKABE_ITO["orange"]),
+            ("first_batch_work_s", "first batch's work", OKABE_ITO["green"]),
+            delivery,
+        )
+    fig = _figure(8.4, 0.5 * len(rows) + 2.1)
+    ax = fig.add_subplot()
+    _style_axes(ax)
+    ax.grid(False, axis="y")
+    for y, r in enumerate(reversed(rows)):
+        left = 0.0
+        for key, label, color in parts:
+            v = max(0.0, num(r.get(key)) if finite(r.get(key)) else 0.0)
+            ax.barh(y, v, left=left, height=0.6, color=color, label=label if y == 0 else None)
+            left += v
+        last = num(r.get("workers_start_last_s"))
+        if finite(last):
+            ax.plot([last], [y], marker="|", color=_INK, markersize=14, linestyle="none")
+    ax.set_yticks(np.arange(len(rows)))
+    ax.set_yticklabels([f"num_workers={r['num_workers']}" for r in reversed(rows)])
+    ax.set_xlabel("seconds from iter() to a worker's first batch (medians over the workers; | the last worker's start)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, fontsize=8, frameon=False)
+    return figure_to_svg(fig)
+
+
+def worker_memory_svg(costs: Mapping[str, Any] | None) -> str | None:
+    """Each worker's private memory (USS) against the batches it made, over the memory pass at the pick."""
+    mem = (costs or {}).get("memory") or {}
+    samples = mem.get("samples") or []
+    if len(samples) < 2:
+        return None
+    fig = _figure(8.4, 3.2)
+    ax = fig.add_subplot()
+    _style_axes(ax)
+    pids = sorted({pid for s in samples for pid in (s.get("uss_mb") or {})})
+    for i, pid in enumerate(pids):
+        xs = [
+            s["batches"].get(pid) for s in samples if pid in (s.get("uss_mb") or {}) and pid in (s.get("batches") or {})
+        ]
+        ys = [s["uss_mb"][pid] for s in samples if pid in (s.get("uss_mb") or {}) and pid in (s.get("batches") or {})]
+        ax.plot(xs, ys, marker="o", markersize=3, color=list(OKABE_ITO.values())[i % 8], label=f"worker {i}")
+    ax.set_xlabel(f"batches the worker made (num_workers={mem.get('num_workers')})")
+    ax.set_ylabel("private memory (USS, MB)")
+    ax.set_ylim(bottom=0)  # from zero: a flat line is no growth, whatever its decimals
+    if len(pids) <= 8:
+        ax.legend(loc="upper left", fontsize=8, frameon=False)
     return figure_to_svg(fig)

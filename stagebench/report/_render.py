@@ -770,6 +770,28 @@ def _loader_context(run: RunData) -> dict[str, Any]:
         "points": points,
         "problems": _problem_rows(rows),
         "transforms": transforms,
+        "costs": _worker_costs_context(summary),
+    }
+
+
+def _worker_costs_context(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What each worker costs (summary["worker_costs"]): the start-up split and the memory over the pass."""
+    from stagebench.report import _plots
+
+    costs = summary.get("worker_costs") or {}
+    if not costs:
+        return None
+    ship = costs.get("shipping") or {}
+    mem = costs.get("memory") or {}
+    return {
+        "img_startup": svg_uri(_plots.worker_startup_svg(costs)),
+        "img_memory": svg_uri(_plots.worker_memory_svg(costs)),
+        "startup": list(costs.get("startup") or []),
+        "ship": ship,
+        "mem": {k: v for k, v in mem.items() if k != "samples"},
+        "available_mb": costs.get("available_mb"),
+        "shm": costs.get("shm") or {},
+        "seconds": costs.get("seconds"),
     }
 
 

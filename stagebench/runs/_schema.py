@@ -125,6 +125,17 @@ LOADER_COLUMN_DOCS: dict[str, str] = {
     "teardown_s": "time to stop the loader and its workers",
     "notes": 'normalisations and caveats of this point ("; "-separated)',
     "turn": "search_phase paired: the round of the windows in turns it belongs to (1, 2, ...); empty otherwise",
+    "workers_start_s": "from iter() until a worker reached its worker_init_fn (median over the workers): its "
+    "process started, its imports, the dataset shipped to it",
+    "workers_start_last_s": "the same for the last worker to get there",
+    "workers_created_s": "of workers_start_s, until the worker's process was created (the main process starting "
+    "the workers before it; under spawn or forkserver, pickling the dataset for each)",
+    "worker_boot_s": "of workers_start_s, from the process's creation (its imports, loading the dataset shipped to it)",
+    "worker_init_s": "the user's worker_init_fn (median over the workers)",
+    "first_batch_work_s": "fetching and collating a worker's first batch (median over the workers)",
+    "first_delivery_s": "from a worker's first batch made to it reaching the loop (median over the workers)",
+    "worker_unsplit_s": "where no worker_init_fn can be timed (SPDL's loader): from a worker's process created to "
+    "its first batch made, whole (imports, the dataset loaded, the batch's work)",
 }
 LOADER_COLUMNS = tuple(LOADER_COLUMN_DOCS)
 __all__ += ["LOADER_COLUMNS", "STAGE_COLUMN_DOCS", "LOADER_COLUMN_DOCS"]

@@ -1,0 +1,296 @@
+"""What each worker costs beyond throughput, in the loader summary: the start-up split per setting, the
+dataset shipped to each worker, each worker's memory over an epoch, and the findings they call for.
+
+A pure function of the rows (the start-up split: ``workers_start_s`` with ``workers_created_s`` and
+``worker_boot_s``, ``worker_init_s``, ``first_batch_work_s``, ``first_delivery_s``; under SPDL's loader
+``workers_created_s``, ``worker_unsplit_s`` and ``first_delivery_s``) and ``run.json["worker_costs"]``
+(:mod:`stagebench.loader._costs`). A finding fires only on a number past a named threshold:
+
+* **shipping**: the workers are started by spawn or forkserver, and the pickled dataset is over
+  :data:`SHIP_MB`, or shipping it takes over :data:`SHIP_S` a worker, or the workers were created one
+  after another (:func:`_queued`: a copy over the pipe's 64 KiB makes the main process wait for each
+  worker's imports before it starts the next);
+* **shared memory**: the batches in flight (``num_workers x prefetch_factor`` of them, each passed
+  through ``/dev/shm``) take over :data:`SHM_SHARE` of the space free there; high where they do not fit;
+* **memory over an epoch**: a worker's private memory grows over :data:`GROWTH_MB` over its share of
+  an epoch, beyond noise (the growth's interval above zero); high where the pick's workers together
+  would not fit the memory available.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from stagebench._numbers import finite, num
+from stagebench.model._finding import Finding
+
+__all__ = [
+    "worker_costs_summary",
+    "worker_cost_findings",
+    "beside_the_pick",
+    "SHIP_MB",
+    "SHIP_S",
+    "GROWTH_MB",
+    "QUEUED",
+    "SHM_SHARE",
+]
+
+#: A pickled dataset this large (MB) is worth a finding: each worker receives a copy.
+SHIP_MB = 10.0
+#: Shipping it this long (s, pickling in the main process and loading in the worker) is worth one too.
+SHIP_S = 0.2
+#: A worker's private memory growing this much (MB) over an epoch is worth a finding.
+GROWTH_MB = 50.0
+#: The batches in flight taking this share of /dev/shm's free space are worth a finding.
+SHM_SHARE = 0.5
+
+_SPLIT = ("workers_start_s", "worker_init_s", "first_batch_work_s", "first_delivery_s")
+
+
+def _knob_text(p: Mapping[str, Any]) -> str:
+    pf = p.get("prefetch_factor")
+    return f"num_workers={p['num_workers']}" + (f", prefetch_factor={pf}" if pf else "")
+
+
+def worker_costs_summary(meta: Mapping[str, Any], pts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """``summary.json["worker_costs"]``: the start-up split of every setting with workers (one per number
+    of workers, its first measurement), the shipping and the memory pass as measured; None without them."""
+    startup: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for p in pts:
+        nw = int(p.get("num_workers") or 0)
+        if nw == 0 or nw in seen or not (finite(p.get("workers_start_s")) or finite(p.get("worker_unsplit_s"))):
+            continue
+        seen.add(nw)
+        startup.append(
+            {
+                "setting": _knob_text(p),
+                "num_workers": nw,
+                "time_to_first_batch_s": p.get("time_to_first_batch_s"),
+                **{
+                    k: p.get(k)
+                    for k in (*_SPLIT, "workers_start_last_s", "workers_created_s", "worker_boot_s", "worker_unsplit_s")
+                },
+            }
+        )
+    startup.sort(key=lambda r: int(r["num_workers"]))
+    wc = dict(meta.get("worker_costs") or {})
+    if not startup and not wc:
+        return None
+    mem = wc.get("memory")
+    if isinstance(mem, Mapping) and finite(mem.get("epoch_growth_mb")) and finite(wc.get("available_mb")):
+        total = float(mem["epoch_growth_mb"]) * int(mem["num_workers"])
+        wc["memory"] = {**mem, "all_workers_mb": total, "fits": total < float(wc["available_mb"])}
+    return {"startup": startup, **wc}
+
+
+#: Workers waiting this share of their boot, median, to be created were started one after another.
+QUEUED = 0.5
+
+
+def _queued(startup: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The setting with the most workers whose workers were created one after another (their median wait to
+    be created over :data:`QUEUED` of their boot), or None: where a large copy serialises the start."""
+    rows = [
+        r
+        for r in startup
+        if int(r.get("num_workers") or 0) > 1
+        and finite(r.get("workers_created_s"))
+        and finite(r.get("worker_boot_s"))
+        and num(r["workers_created_s"]) > QUEUED * num(r["worker_boot_s"])
+    ]
+    return max(rows, key=lambda r: int(r["num_workers"])) if rows else None
+
+
+def _f(severity: str, title: str, detail: str, evidence: dict[str, Any]) -> dict[str, Any]:
+    return Finding(severity, title, detail, None, evidence).to_json()
+
+
+def worker_cost_findings(costs: Mapping[str, Any] | None, rec: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The findings the worker costs call for (module docstring), with their numbers."""
+    if not costs:
+        return []
+    out: list[dict[str, Any]] = []
+    ship = costs.get("shipping") or {}
+    largest = ship.get("largest") or {}
+    what = (
+        f" ({largest['items']:,} {largest.get('item') or 'item'}s in its {largest.get('container')} "
+        f"`{largest['attr']}`)"
+        if largest.get("items")
+        else ""
+    )
+    # what shipping adds to one worker's start: SPDL's loader pickles once for all of them
+    each = num(ship.get("unpickle_s")) + (0.0 if ship.get("pickled_once") else num(ship.get("pickle_s")))
+    # SPDL passes the shared memory's name, not the copy, down the pipe: no queue from it
+    queued = _queued(costs.get("startup") or []) if ship.get("shipped") and not ship.get("pickled_once") else None
+    if ship.get("shipped") and (num(ship.get("mb")) >= SHIP_MB or each >= SHIP_S or queued is not None):
+        nw = int((rec or {}).get("num_workers") or 0)
+        persistent = (rec or {}).get("persistent_workers") is True
+        once = ship.get("pickled_once") is True
+        detail = (
+            (
+                f"Each worker receives a pickled copy of your dataset{what}, {ship['mb']:,.1f} MB: SPDL's loader "
+                f"pickles it once into shared memory ({ship['pickle_s']:.2f} s) and each worker loads it "
+                f"({ship['unpickle_s']:.2f} s; timed here, in the main process: a worker, importing beside it, "
+                "takes longer)"
+                if once
+                else f"Under {ship['start_method']}, each worker receives a pickled copy of your dataset{what}, "
+                f"{ship['mb']:,.1f} MB: the main process pickles it for each worker in turn "
+                f"({ship['pickle_s']:.2f} s each) and each worker loads it ({ship['unpickle_s']:.2f} s; timed here, "
+                "in the main process: a spawned worker, importing beside it, takes longer)"
+                + (f", {nw * ship['pickle_s']:.1f} s before the last of {nw} workers starts" if nw > 1 else "")
+            )
+            + ". "
+            + (
+                "persistent_workers=True, as recommended, pays it once per run."
+                if persistent
+                else "persistent_workers=True would pay it once per run instead of at every epoch."
+            )
+        )
+        if largest.get("python_objects") and largest.get("item") in ("str", "tuple", "list", "dict"):
+            detail += (
+                f" Held as a numpy array (or a memory-mapped file) instead of a Python {largest.get('container')}, "
+                "the same data pickles as one buffer, without a Python object per item."
+            )
+        title = f"Each worker receives a {ship['mb']:,.0f} MB copy of your dataset: at least {each:.2f} s of its start"
+        if queued is not None:
+            title = (
+                f"Each worker receives a {ship['mb']:,.0f} MB copy of your dataset: the workers start one after "
+                f"another, the last {queued['workers_start_last_s']:.1f} s after iter() at num_workers="
+                f"{queued['num_workers']}"
+            )
+            detail += (
+                f" At num_workers={queued['num_workers']} a worker waited {queued['workers_created_s']:.1f} s "
+                f"(median) for the main process to create it and took {queued['worker_boot_s']:.1f} s to boot: "
+                f"a copy this large does not fit the pipe to the worker, so the main process waits until each "
+                "worker has imported what it needs and read its copy before it starts the next; the first batch "
+                "waits for the last."
+            )
+        out.append(
+            _f(
+                "medium" if each >= 1.0 or num(ship.get("mb")) >= 100 or queued is not None else "low",
+                title,
+                detail,
+                {k: ship.get(k) for k in ("start_method", "mb", "pickle_s", "unpickle_s")},
+            )
+        )
+    out.extend(_shm_findings(costs.get("shm") or {}))
+    mem = costs.get("memory") or {}
+    growth, low = num(mem.get("epoch_growth_mb")), num(mem.get("epoch_growth_mb_low"))
+    if math.isfinite(growth) and growth >= GROWTH_MB and (not math.isfinite(low) or low > 0):
+        nw = int(mem.get("num_workers") or 0)
+        how = (
+            f"extrapolated from {mem['batches_per_worker']:,.0f} batches a worker to the epoch's "
+            f"{mem['epoch_batches_per_worker']:,.0f}"
+            + (
+                f", bounded by the ~{mem['bounded_by_mb']:,.0f} MB the Python objects it reads take (a page once "
+                "copied stays copied: the growth slows as the epoch goes on)"
+                if mem.get("bounded_by_mb")
+                else " (linearly)"
+            )
+            if mem.get("extrapolated")
+            else f"over a whole epoch ({mem['batches_per_worker']:,.0f} batches a worker)"
+        )
+        detail = (
+            f"At num_workers={nw}, each worker's private memory grew {mem['growth_mb_per_batch']:,.2f} MB a batch "
+            f"({num(mem.get('start_mb')):,.0f} to {num(mem.get('end_mb')):,.0f} MB over its first "
+            f"{mem['batches_per_worker']:,.0f} batches): ~{growth:,.0f} MB over an epoch, {how}."
+        )
+        if (
+            largest.get("python_objects")
+            and (largest.get("items") or 0) >= 100_000
+            and ship.get("start_method") == "fork"
+        ):
+            detail += (
+                f" Reading `{largest['attr']}`, a Python {largest.get('container')} of {largest['items']:,} "
+                f"{largest.get('item') or 'item'}s, writes reference counts into pages shared with the main process "
+                "(copy-on-read): numpy arrays or a memory-mapped file keep them shared."
+            )
+        fits = mem.get("fits")
+        if fits is False:
+            detail += (
+                f" Together the {nw} workers would take ~{mem['all_workers_mb']:,.0f} MB more, over the "
+                f"{costs['available_mb']:,.0f} MB available: fewer workers, or the fix above, before a long run."
+            )
+        out.append(
+            _f(
+                "high" if fits is False else "medium",
+                f"Each worker's memory grows ~{growth:,.0f} MB over an epoch",
+                detail,
+                {
+                    k: mem.get(k)
+                    for k in ("num_workers", "growth_mb_per_batch", "epoch_growth_mb", "extrapolated", "all_workers_mb")
+                },
+            )
+        )
+    return out
+
+
+def _shm_findings(shm: Mapping[str, Any]) -> list[dict[str, Any]]:
+    need, free = num(shm.get("in_flight_mb")), num(shm.get("free_mb"))
+    if not (math.isfinite(need) and math.isfinite(free)) or need < SHM_SHARE * free:
+        return []
+    fits = need <= free
+    detail = (
+        f"Each batch ({num(shm.get('batch_mb')):,.1f} MB) goes from its worker to the main process through "
+        f"shared memory, and {shm['batches_in_flight']} are in flight at the recommended setting "
+        f"(num_workers x prefetch_factor): ~{need:,.0f} MB of the {free:,.0f} MB free in {shm['path']} "
+        f"({num(shm.get('total_mb')):,.0f} MB in all). "
+        + (
+            'A worker that cannot write its batch there fails the run ("bus error", "insufficient shared memory"). '
+            if not fits
+            else "Other processes on the host share it. "
+        )
+        + "In a container, raise it (docker run --shm-size, or an emptyDir with medium Memory); "
+        "else fewer workers or a smaller prefetch_factor."
+    )
+    title = (
+        f"The batches in flight need ~{need:,.0f} MB of shared memory, more than the {free:,.0f} MB free"
+        if not fits
+        else f"The batches in flight take {need / free:.0%} of the shared memory free ({free:,.0f} MB)"
+    )
+    return [_f("medium" if fits else "high", title, detail, dict(shm))]
+
+
+def _each_of(n: int) -> str:
+    return "its one worker" if n == 1 else f"each of its {n} workers"
+
+
+def _its_workers(n: int) -> str:
+    return "its worker" if n == 1 else f"its {n} workers"
+
+
+def beside_the_pick(costs: Mapping[str, Any] | None, rec: Mapping[str, Any] | None) -> str:
+    """What the verdict states beside the pick: a memory growth the pick's workers would not fit the host
+    with, with how many would; batches in flight that do not fit /dev/shm; and a shipped dataset paid
+    again at every epoch's start. Empty
+    where neither holds. The pick itself stands on throughput in turns: these are costs it does not see."""
+    if not costs or not rec:
+        return ""
+    said = ""
+    mem = costs.get("memory") or {}
+    if mem.get("fits") is False and finite(mem.get("epoch_growth_mb")) and finite(costs.get("available_mb")):
+        growth, avail = float(mem["epoch_growth_mb"]), float(costs["available_mb"])
+        fit = int(avail // growth) if growth > 0 else 0
+        said += (
+            f"; memory: {_each_of(int(mem['num_workers']))} grows ~{growth:,.0f} MB over an epoch, "
+            f"~{mem['all_workers_mb']:,.0f} MB together against {avail:,.0f} MB available"
+            + (f" (at most {fit} such workers fit)" if fit >= 1 else "")
+        )
+    shm = costs.get("shm") or {}
+    if finite(shm.get("in_flight_mb")) and finite(shm.get("free_mb")) and shm["in_flight_mb"] > shm["free_mb"]:
+        said += (
+            f"; shared memory: its {shm['batches_in_flight']} batches in flight need ~{shm['in_flight_mb']:,.0f} MB, "
+            f"{shm['free_mb']:,.0f} MB free in {shm['path']}"
+        )
+    ship = costs.get("shipping") or {}
+    each = num(ship.get("unpickle_s")) + (0.0 if ship.get("pickled_once") else num(ship.get("pickle_s")))
+    nw = int(rec.get("num_workers") or 0)
+    if ship.get("shipped") and nw > 0 and rec.get("persistent_workers") is not True and each >= SHIP_S:
+        said += (
+            f"; each epoch starts {_its_workers(nw)} anew, each receiving the {num(ship.get('mb')):,.0f} MB dataset "
+            f"({each:.2f} s a worker; persistent_workers=True pays it once)"
+        )
+    return said

@@ -1,0 +1,299 @@
+"""What each worker costs beyond throughput: the dataset shipped to it, and its memory over an epoch.
+
+**Shipping.** Under ``spawn`` or ``forkserver`` (Python 3.14's default on Linux; ``spawn`` on macOS and
+Windows), each worker process receives a pickled copy of the dataset, the ``collate_fn`` and the
+``worker_init_fn`` before its first batch: the main process pickles them for each worker in turn, and
+each worker loads them. :func:`shipping_cost` times exactly that (``ForkingPickler``, as
+``multiprocessing`` does) on the user's own objects, in the main process, without changing them; under
+``fork`` nothing is shipped (the workers inherit the parent's memory). SPDL's PyTorch-style loader
+copies the dataset into shared memory once, whatever the start method.
+
+**Memory over an epoch.** A forked worker shares the parent's pages until it writes to them, and
+reading a Python object writes its reference count: a worker that reads a Python list of millions of
+tuples copies, page by page, the part of the list it touches (copy-on-read), and its private memory
+grows through the epoch. :func:`memory_pass` runs the loader at one setting for a budget, reads each
+worker's private memory (USS; PSS where USS cannot be read) as it goes, with the batches each worker
+made, and fits the growth per batch; where the pass did not reach the end of the epoch, the growth is
+extrapolated to the worker's share of it, and said so: linearly, bounded by the memory the Python
+objects it reads take (a page once copied stays copied: reading in random order, a worker touches most
+pages of a list early in the epoch, so growth per batch falls as it goes on; on a list of 3M tuples the
+first 30 batches a worker grew 15 MB each, and the bound, ~0.5 GB, is what a whole pass copies).
+
+**Shared memory.** A worker hands each batch's tensors to the main process through shared memory
+(``/dev/shm`` on Linux: 64 MB by default in a Docker container), and ``num_workers x prefetch_factor``
+batches are in flight at once. :func:`shm_headroom` sets that against the space free there.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["start_method", "shipping_cost", "memory_pass", "largest_container", "shm_headroom"]
+
+#: The pickling of a dataset is timed this many times (fewer when one takes over SLOW_PICKLE_S).
+_REPEATS = 3
+SLOW_PICKLE_S = 0.5
+#: A container of this many Python objects or more is named (what the findings advise about).
+MANY_OBJECTS = 10_000
+
+
+def start_method(factory: Any) -> str:
+    """The start method the loader's workers use: the loader's own ``multiprocessing_context``, else
+    the interpreter's default (what torch uses)."""
+    import multiprocessing
+
+    ctx = getattr(factory, "multiprocessing_context", None)
+    if isinstance(ctx, str):
+        return ctx
+    get = getattr(ctx, "get_start_method", None)
+    if callable(get):
+        return str(get())
+    return str(multiprocessing.get_start_method(allow_none=False))
+
+
+def largest_container(obj: Any) -> dict[str, Any] | None:
+    """The dataset's largest list, tuple, dict or array attribute (one level down), its length and what
+    its items are: where most of a dataset's Python objects usually sit (a list of paths, of tuples)."""
+    best: tuple[int, str, Any] | None = None
+    for name, value in list(vars(obj).items()) if hasattr(obj, "__dict__") else []:
+        try:
+            n = len(value)
+        except TypeError:
+            continue
+        if isinstance(value, (str, bytes)) or n < 1:
+            continue
+        if best is None or n > best[0]:
+            best = (n, name, value)
+    if best is None:
+        return None
+    n, name, value = best
+    kind = type(value).__name__
+    first = None
+    try:
+        first = next(iter(value.values() if isinstance(value, dict) else value))
+    except (StopIteration, TypeError, AttributeError):
+        pass
+    numpy = type(value).__module__.startswith("numpy")
+    return {
+        "attr": name,
+        "items": n,
+        "container": kind,
+        "item": type(first).__name__ if first is not None else None,
+        "python_objects": not numpy,
+        "objects_mb": _deep_mb(value, n) if not numpy else None,
+    }
+
+
+def _deep_mb(value: Any, n: int, sample: int = 2000) -> float | None:
+    """The memory a container's Python objects take, from a sample of its items (each item with what it
+    holds, one level down): what a worker reading all of it could copy at most, page by page."""
+    import random
+    import sys
+
+    try:
+        items = list(value.items()) if isinstance(value, dict) else value
+        picks = items if n <= sample else [items[i] for i in random.Random(0).sample(range(n), sample)]
+    except (TypeError, KeyError, IndexError):
+        return None
+
+    def size(x: Any) -> int:
+        own = sys.getsizeof(x)
+        if isinstance(x, (tuple, list)):
+            own += sum(sys.getsizeof(y) for y in x)
+        return own
+
+    per = sum(size(x) for x in picks) / max(1, len(picks))
+    return (sys.getsizeof(value) + per * n) / 2**20
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def shipping_cost(factory: Any, *, backend: str) -> dict[str, Any] | None:
+    """What shipping the dataset (with the collate and init functions) to one worker costs, measured on
+    the user's objects: ``mb`` pickled, ``pickle_s`` (the main process, once per worker) and
+    ``unpickle_s`` (each worker), medians of up to three, with their range; ``shipped`` False under
+    fork (nothing is pickled). None where the factory holds no dataset."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    ds = getattr(factory, "dataset", None)
+    if ds is None:
+        return None
+    method = start_method(factory)
+    shipped = method != "fork" or backend == "spdl_pytorch"
+    # SPDL's loader pickles the dataset once, into shared memory, and each worker loads it from there;
+    # torch's pickles it once per worker, in the main process, as each worker is started
+    out: dict[str, Any] = {
+        "start_method": method,
+        "shipped": shipped,
+        "pickled_once": backend == "spdl_pytorch",
+        "largest": largest_container(ds),
+    }
+    objs = (ds, getattr(factory, "collate_fn", None), getattr(factory, "worker_init_fn", None))
+    dumps, loads, blob = [], [], b""
+    try:
+        for _ in range(_REPEATS):
+            td, blob = _timed(lambda: bytes(ForkingPickler.dumps(objs)))
+            tl, _ = _timed(lambda: pickle.loads(blob))  # noqa: B023 - called at once, in this iteration
+            dumps.append(td)
+            loads.append(tl)
+            if td + tl > SLOW_PICKLE_S:
+                break
+    except Exception as e:  # a dataset that cannot be pickled cannot be shipped either: torch would fail too
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+        return out
+    out.update(
+        mb=len(blob) / 2**20,
+        pickle_s=statistics.median(dumps),
+        pickle_s_range=[min(dumps), max(dumps)],
+        unpickle_s=statistics.median(loads),
+        unpickle_s_range=[min(loads), max(loads)],
+        repeats=len(dumps),
+    )
+    return out
+
+
+def memory_pass(
+    cons: Any,
+    *,
+    num_workers: int,
+    epoch_batches: int | None,
+    seconds: float,
+    interval_s: float = 0.25,
+    cap_mb: float | None = None,
+) -> dict[str, Any] | None:
+    """Each worker's private memory over a pass of at most ``seconds`` (module docstring). ``cap_mb``: the
+    most a worker can copy (the Python objects of the dataset it reads), bounding the extrapolation.
+
+    ``cons``: a started, warm consumer (:class:`stagebench.loader._point._Consumer`): its ``events``
+    carry the process that made each batch, its ``worker_pids()`` the workers; the caller tears it
+    down. Returns the samples and ``growth_mb_per_batch`` (a worker's, pooled over the workers: least
+    squares through each worker's first sample, with a 95% interval), ``batches_per_worker``, and
+    ``epoch_growth_mb`` with ``extrapolated``: the growth over a worker's share of the epoch.
+    """
+    import psutil
+
+    pids = cons.worker_pids()
+    if not pids:
+        return None
+    procs = {}
+    for pid in pids:
+        try:
+            procs[pid] = psutil.Process(pid)
+        except psutil.Error:
+            continue
+
+    def read() -> dict[int, float]:
+        out = {}
+        for pid, p in procs.items():
+            try:
+                info = p.memory_full_info()
+                out[pid] = (info.uss or info.pss) / 2**20
+            except (psutil.Error, AttributeError):
+                continue
+        return out
+
+    def made() -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for e in list(cons.events):
+            if e.pid is not None:
+                counts[e.pid] = counts.get(e.pid, 0) + 1
+        return counts
+
+    samples: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    while True:
+        mem, n = read(), made()
+        samples.append({"t": time.perf_counter() - t0, "uss_mb": mem, "batches": n})
+        if time.perf_counter() - t0 >= seconds or cons.finished:
+            break
+        time.sleep(interval_s)
+    return _growth(samples, num_workers=num_workers, epoch_batches=epoch_batches, cap_mb=cap_mb)
+
+
+def _growth(
+    samples: list[dict[str, Any]], *, num_workers: int, epoch_batches: int | None, cap_mb: float | None = None
+) -> dict[str, Any] | None:
+    """Growth per batch: the median of each worker's growth per batch between consecutive readings.
+
+    The median, not a line through all readings: a worker's memory also moves in steps (an allocator
+    taking a new arena, a buffer: 40 MB at once in one reading of a numpy-backed dataset, flat before and
+    after), and a line through a step reads it as growth all along. Copy-on-read grows at every reading.
+    The 95% interval is the order-statistic one of the median."""
+    rates: list[float] = []
+    for prev, cur in zip(samples, samples[1:]):
+        for pid, mb in cur["uss_mb"].items():
+            if pid in prev["uss_mb"] and pid in prev["batches"] and pid in cur["batches"]:
+                made = cur["batches"][pid] - prev["batches"][pid]
+                if made > 0:
+                    rates.append((mb - prev["uss_mb"][pid]) / made)
+    if len(rates) < 3:
+        return None
+    rates.sort()
+    n = len(rates)
+    slope = statistics.median(rates)
+    k = 1.96 * math.sqrt(n) / 2
+    lo_i, hi_i = max(0, math.floor(n / 2 - k) - 1), min(n - 1, math.ceil(n / 2 + k))
+    first = samples[0]
+    last = samples[-1]["batches"]
+    done = statistics.median(last.values()) if last else 0.0
+    share = epoch_batches / max(1, num_workers) if epoch_batches else None
+    out: dict[str, Any] = {
+        "samples": samples,
+        "growth_mb_per_batch": slope,
+        "growth_mb_per_batch_low": rates[lo_i],
+        "growth_mb_per_batch_high": rates[hi_i],
+        "batches_per_worker": done,
+        "epoch_batches_per_worker": share,
+        "start_mb": statistics.median(first["uss_mb"].values()) if first["uss_mb"] else None,
+        "end_mb": statistics.median(samples[-1]["uss_mb"].values()) if samples[-1]["uss_mb"] else None,
+    }
+    if share is not None:
+        lo, hi = rates[lo_i] * share, rates[hi_i] * share
+        grown = max(0.0, (out["end_mb"] or 0.0) - (out["start_mb"] or 0.0))
+        # a worker copies at most the pages of what it reads: the Python objects it reads bound the growth
+        bound = None if cap_mb is None else max(cap_mb, grown)
+        mid = slope * share
+        if bound is None:
+            low, high = lo, hi
+        elif mid > bound:  # the line runs past the bound: the epoch's growth lies between what the pass saw and it
+            low, mid, high = grown, bound, bound
+        else:
+            low, high = min(lo, bound), min(hi, bound)
+        out.update(epoch_growth_mb=mid, epoch_growth_mb_low=low, epoch_growth_mb_high=high)
+        out["extrapolated"] = done < share
+        out["bounded_by_mb"] = bound if bound is not None and slope * share > bound else None
+    return out
+
+
+SHM = "/dev/shm"
+
+
+def shm_headroom(batch_mb: float, num_workers: int, prefetch_factor: int) -> dict[str, Any] | None:
+    """The shared memory the batches in flight take against what ``/dev/shm`` has free; None where there
+    is no ``/dev/shm`` (macOS, Windows) or the batch's size is unknown."""
+    if not (math.isfinite(batch_mb) and batch_mb > 0 and num_workers > 0) or not os.path.isdir(SHM):
+        return None
+    try:
+        usage = shutil.disk_usage(SHM)
+    except OSError:
+        return None
+    flight = num_workers * max(1, prefetch_factor)
+    return {
+        "path": SHM,
+        "free_mb": usage.free / 2**20,
+        "total_mb": usage.total / 2**20,
+        "batch_mb": batch_mb,
+        "batches_in_flight": flight,
+        "in_flight_mb": flight * batch_mb,
+    }

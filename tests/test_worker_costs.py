@@ -1,0 +1,290 @@
+"""What each worker costs beyond throughput (loader/_costs, analysis/_worker_costs): known answers (issue 38)."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from stagebench.analysis._worker_costs import worker_cost_findings, worker_costs_summary
+from stagebench.loader._config import LoaderSweepConfig
+from stagebench.loader._costs import largest_container, memory_pass, shipping_cost
+from stagebench.loader._intercept import make_loader_factory
+from stagebench.loader._point import _Consumer, _Plan, _SpdlErrors, _supervise, _teardown, measure_loader_point
+from stagebench.runs._knobs import LoaderKnobs
+
+
+class Blob(Dataset):
+    """A dataset holding one bytes object of known size, plus a list of short strings."""
+
+    def __init__(self, mb: float = 0.0, strings: int = 0) -> None:
+        self.blob = os.urandom(int(mb * 2**20))
+        self.names = [f"/data/train/{i:08d}.JPEG" for i in range(strings)]
+
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.zeros(2)
+
+
+class Index(Dataset):
+    """An index of (int, float, str) tuples, as a Python list or as numpy arrays."""
+
+    def __init__(self, n: int, as_numpy: bool) -> None:
+        self.n = n
+        if as_numpy:
+            self.a, self.b, self.index = np.arange(n), np.arange(n) * 0.5, None
+        else:
+            self.index = [(i, i * 0.5, f"k{i}") for i in range(n)]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        a, b = (self.index[i][:2]) if self.index is not None else (self.a[i], self.b[i])
+        return torch.tensor([a, b], dtype=torch.float64)
+
+
+def test_the_shipped_copy_is_the_datasets_pickled_size_and_named():
+    factory = make_loader_factory(Blob(mb=20.0, strings=50_000), batch_size=8, multiprocessing_context="spawn")
+    ship = shipping_cost(factory, backend="torch")
+    assert ship["shipped"] and ship["start_method"] == "spawn"
+    assert ship["mb"] == pytest.approx(20.0 + 50_000 * 30 / 2**20, rel=0.10)
+    assert ship["pickle_s"] > 0 and ship["unpickle_s"] > 0
+    assert ship["pickle_s_range"][0] <= ship["pickle_s"] <= ship["pickle_s_range"][1]
+    assert ship["largest"]["attr"] == "names" and ship["largest"]["items"] == 50_000
+    # under fork nothing is shipped, whatever the size
+    assert (
+        shipping_cost(make_loader_factory(Blob(), batch_size=8, multiprocessing_context="fork"), backend="torch")[
+            "shipped"
+        ]
+        is False
+    )
+
+
+@pytest.mark.slow
+def test_shipping_shows_in_the_workers_start_as_measured():
+    """Under spawn, a worker given a dataset that takes ~0.5 s to ship starts that much later than one given a
+    tiny dataset: the start-up split's workers_start_s, against shipping_cost's pickling and loading."""
+    cfg = LoaderSweepConfig(budget_s=0.3, timeout_s=60, transforms=False)
+    knobs = LoaderKnobs(num_workers=1, prefetch_factor=2)
+    big = make_loader_factory(Blob(strings=2_000_000), batch_size=8, multiprocessing_context="spawn")
+    small = make_loader_factory(Blob(), batch_size=8, multiprocessing_context="spawn")
+    ship = shipping_cost(big, backend="torch")
+    each = ship["pickle_s"] + ship["unpickle_s"]
+    starts = {}
+    for name, f in (("small", small), ("big", big), ("big2", big), ("small2", small)):  # in turns
+        row = measure_loader_point(f, knobs, config=cfg, cuda=False, stall=False)
+        assert row["status"] == "ok", row["reason"]
+        starts[name] = row["workers_start_s"]
+    extra = (starts["big"] + starts["big2"] - starts["small"] - starts["small2"]) / 2
+    print(f"shipping estimated {each:.2f} s; the worker started {extra:.2f} s later ({starts})")
+    assert 0.4 * each <= extra <= 2.5 * each + 0.3
+
+
+def test_spdl_loaders_start_up_is_split_where_it_can_be_and_its_shipping_said_once():
+    """SPDL's loader takes no worker_init_fn: the split is the wait to be created, the worker's own part
+    whole, and the delivery, and they add up to the first batch; its dataset is pickled once, into shared
+    memory, and the finding says so."""
+    factory = make_loader_factory(
+        Blob(strings=200_000), batch_size=8, multiprocessing_context="forkserver", backend="spdl_pytorch"
+    )
+    cfg = LoaderSweepConfig(budget_s=0.3, timeout_s=60, transforms=False)
+    # one worker: the split's medians are that worker's, whose batch is the first
+    row = measure_loader_point(factory, LoaderKnobs(num_workers=1, prefetch_factor=2), config=cfg, cuda=False)
+    assert row["status"] == "ok", row["reason"]
+    assert math.isnan(row.get("workers_start_s", math.nan))  # not split where it cannot be timed
+    parts = row["workers_created_s"] + row["worker_unsplit_s"] + row["first_delivery_s"]
+    # the first batch is timed from building the loader (SPDL pickles the dataset there): the parts, from
+    # iter(), come within it and make most of it
+    assert 0.5 * row["time_to_first_batch_s"] <= parts <= row["time_to_first_batch_s"] + 0.05, row
+    ship = shipping_cost(factory, backend="spdl_pytorch")
+    assert ship["shipped"] and ship["pickled_once"]
+    (f,) = worker_cost_findings({"shipping": {**ship, "mb": 20.0}}, {"num_workers": 2})
+    assert "pickles it once into shared memory" in f["detail"] and "for each worker in turn" not in f["detail"]
+
+
+def _pass(ds: Dataset, seconds: float) -> dict:
+    factory = make_loader_factory(ds, batch_size=1024, shuffle=True, multiprocessing_context="fork")
+    ship = shipping_cost(factory, backend="torch")
+    knobs = LoaderKnobs(num_workers=1, prefetch_factor=2)
+    cfg = LoaderSweepConfig(timeout_s=60, transforms=False)
+    cons, errors = _Consumer(factory, knobs), _SpdlErrors()
+    errors.attach()
+    row = {"status": "ok", "reason": "", "notes": "", "startup_s": math.nan}
+    try:
+        cons.start()
+        _supervise(cons, knobs, cfg, time.perf_counter() + 60, row, errors, _Plan(False, False, 1024, None))
+        largest = ship["largest"] or {}
+        return memory_pass(
+            cons,
+            num_workers=1,
+            epoch_batches=math.ceil(len(ds) / 1024),
+            seconds=seconds,
+            cap_mb=largest.get("objects_mb") if largest.get("python_objects") else None,
+        )
+    finally:
+        _teardown(cons, hung=False)
+        errors.detach()
+
+
+def _direct_growth(ds: Dataset) -> float:
+    """A forked worker's private memory after its first batch and near the end of the same pass, read
+    straight from psutil (one process: a worker forked later shares pages the parent has written since)."""
+    loader = DataLoader(ds, batch_size=1024, shuffle=True, num_workers=1, multiprocessing_context="fork")
+    it = iter(loader)
+    next(it)
+    (w,) = it._workers
+    p = psutil.Process(w.pid)
+    before = after = p.memory_full_info().uss
+    for i, _ in enumerate(it, start=1):
+        if i == len(loader) - 4:  # the worker is still alive: it has batches left to make
+            after = p.memory_full_info().uss
+            break
+    del it
+    return (after - before) / 2**20
+
+
+@pytest.mark.slow
+def test_copy_on_read_growth_over_an_epoch_against_a_direct_reading_and_none_for_numpy():
+    n = 600_000
+    listed = Index(n, as_numpy=False)
+    mem = _pass(listed, seconds=1.0)
+    direct = _direct_growth(listed)
+    print(f"epoch growth estimated {mem['epoch_growth_mb']:.0f} MB, read directly {direct:.0f} MB")
+    assert mem["epoch_growth_mb"] == pytest.approx(direct, rel=0.30)
+    costs = worker_costs_summary({"worker_costs": {"memory": {"num_workers": 1, **mem}, "available_mb": 1e6}}, [])
+    assert any(f["title"].startswith("Each worker's memory grows") for f in worker_cost_findings(costs, None))
+    # 2 s, the default pass: a numpy worker's memory moves in rare steps (an arena taken), and the median of
+    # the growth between readings needs enough readings to step over them
+    flat = _pass(Index(n, as_numpy=True), seconds=2.0)
+    assert abs(flat["epoch_growth_mb"]) < 10
+    costs = worker_costs_summary({"worker_costs": {"memory": {"num_workers": 1, **flat}, "available_mb": 1e6}}, [])
+    assert not worker_cost_findings(costs, None)
+
+
+def test_the_largest_container_is_named_with_its_size():
+    got = largest_container(Index(10_000, as_numpy=False))
+    assert (got["attr"], got["items"], got["item"], got["python_objects"]) == ("index", 10_000, "tuple", True)
+    assert 1.0 < got["objects_mb"] < 3.0  # 10k tuples of an int, a float and a short str: ~170 bytes each
+    assert largest_container(Index(10_000, as_numpy=True))["python_objects"] is False
+
+
+def test_findings_fire_past_their_thresholds_only():
+    ship = {"shipped": True, "start_method": "forkserver", "mb": 86.0, "pickle_s": 0.59, "unpickle_s": 0.17}
+    ship["largest"] = {"attr": "paths", "items": 1_500_000, "container": "list", "item": "str", "python_objects": True}
+    found = worker_cost_findings({"shipping": ship}, {"num_workers": 4, "persistent_workers": False})
+    (f,) = found
+    assert f["title"] == "Each worker receives a 86 MB copy of your dataset: at least 0.76 s of its start"
+    assert (
+        "1,500,000 strs in its list `paths`" in f["detail"]
+        and "persistent_workers=True would pay it once" in f["detail"]
+    )
+    assert not worker_cost_findings({"shipping": {**ship, "mb": 2.0, "pickle_s": 0.01, "unpickle_s": 0.01}}, None)
+    assert not worker_cost_findings({"shipping": {**ship, "shipped": False}}, None)
+    mem = {"num_workers": 4, "growth_mb_per_batch": 2.0, "epoch_growth_mb": 500.0, "epoch_growth_mb_low": 450.0}
+    mem |= {
+        "batches_per_worker": 30,
+        "epoch_batches_per_worker": 300,
+        "extrapolated": True,
+        "start_mb": 50,
+        "end_mb": 110,
+    }
+    costs = worker_costs_summary({"worker_costs": {"memory": mem, "available_mb": 1500.0}}, [])
+    (g,) = worker_cost_findings(costs, None)
+    assert g["severity"] == "high" and "would take ~2,000 MB more, over the 1,500 MB available" in g["detail"]
+
+
+def test_the_verdict_states_what_the_pick_does_not_see():
+    """A growth the pick's workers would not fit, and a dataset shipped again at every epoch, are said beside
+    the pick with their numbers; nothing where neither holds."""
+    from stagebench.analysis._worker_costs import beside_the_pick
+
+    mem = {"num_workers": 4, "epoch_growth_mb": 500.0, "all_workers_mb": 2000.0, "fits": False}
+    said = beside_the_pick({"memory": mem, "available_mb": 1500.0}, {"num_workers": 4})
+    assert said == (
+        "; memory: each of its 4 workers grows ~500 MB over an epoch, ~2,000 MB together against 1,500 MB "
+        "available (at most 3 such workers fit)"
+    )
+    ship = {"shipped": True, "mb": 79.0, "pickle_s": 0.6, "unpickle_s": 0.2}
+    assert "each epoch starts its 2 workers anew" in beside_the_pick({"shipping": ship}, {"num_workers": 2})
+    assert "each epoch starts its worker anew" in beside_the_pick({"shipping": ship}, {"num_workers": 1})
+    assert beside_the_pick({"shipping": ship}, {"num_workers": 2, "persistent_workers": True}) == ""
+    assert beside_the_pick({"memory": {**mem, "fits": True}, "available_mb": 9e3}, {"num_workers": 4}) == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("epoch_stall", [True, False])
+def test_a_sweep_reads_each_workers_memory_at_its_pick(tmp_path, epoch_stall):
+    """The memory pass rides on the epoch-stall point at the pick (no workers started for it alone); without
+    a stall point it runs a pass of its own. Either way summary.json says what it read, at the pick."""
+    import json
+
+    import stagebench
+
+    cfg = LoaderSweepConfig(
+        num_workers=(1,), budget_s=0.3, transforms=False, epoch_stall=epoch_stall, memory_pass_s=0.6
+    )
+    s = stagebench.sweep_dataset(
+        Index(200_000, as_numpy=False),
+        run_dir=tmp_path / "run",
+        config=cfg,
+        batch_size=256,
+        shuffle=True,
+        multiprocessing_context="fork",
+    )
+    mem = s["worker_costs"]["memory"]
+    assert mem["num_workers"] == 1 and len(mem["samples"]) >= 3
+    assert s["worker_costs"]["shipping"]["shipped"] is False  # fork: nothing shipped, and said so
+    if os.path.isdir("/dev/shm"):  # a batch of 256 x 2 float64: 4 KiB, and 2 of them in flight at 1 worker
+        shm = s["worker_costs"]["shm"]
+        assert shm["batch_mb"] == 4096 / 2**20 and shm["batches_in_flight"] == 2
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["worker_costs"]["memory"]["seconds"] >= 0.6
+    phases = pd.read_csv(tmp_path / "run" / "results.csv")["search_phase"].tolist()
+    assert ("epoch_stall" in phases) is epoch_stall
+
+
+def test_batches_in_flight_are_set_against_dev_shm():
+    """num_workers x prefetch_factor batches of a known size against /dev/shm's free space: a finding past
+    half of it, high and said beside the pick where they do not fit; none for small batches."""
+    from stagebench.analysis._worker_costs import beside_the_pick
+    from stagebench.loader._costs import shm_headroom
+
+    shm = shm_headroom(16.0, 4, 2)
+    if shm is None:
+        pytest.skip("no /dev/shm here")
+    assert shm["batches_in_flight"] == 8 and shm["in_flight_mb"] == 128.0 and shm["free_mb"] > 0
+    assert not worker_cost_findings({"shm": {**shm, "free_mb": 1000.0}}, None)
+    (f,) = worker_cost_findings({"shm": {**shm, "free_mb": 200.0}}, None)
+    assert f["severity"] == "medium" and f["title"].startswith("The batches in flight take 64%")
+    (g,) = worker_cost_findings({"shm": {**shm, "free_mb": 64.0}}, None)
+    assert g["severity"] == "high" and "more than the 64 MB free" in g["title"] and "--shm-size" in g["detail"]
+    said = beside_the_pick({"shm": {**shm, "free_mb": 64.0}}, {"num_workers": 4})
+    assert said == "; shared memory: its 8 batches in flight need ~128 MB, 64 MB free in /dev/shm"
+    assert shm_headroom(float("nan"), 4, 2) is None and shm_headroom(16.0, 0, 2) is None
+
+
+def test_a_failure_measuring_worker_costs_loses_nothing_of_the_sweep(tmp_path, monkeypatch):
+    """What each worker costs is measured beside the sweep: where it fails, the sweep's rows, summary and
+    verdict stand, and a warning says what was not measured and why."""
+    import stagebench
+    from stagebench.loader import _costs
+
+    def broken(*a, **k):
+        raise RuntimeError("no /proc here")
+
+    monkeypatch.setattr(_costs, "shipping_cost", broken)
+    cfg = LoaderSweepConfig(num_workers=(0,), budget_s=0.3, transforms=False)
+    s = stagebench.sweep_dataset(Blob(), run_dir=tmp_path / "run", config=cfg, batch_size=8)
+    assert s["recommended"]["num_workers"] == 0
+    assert any("what each worker costs was not measured: RuntimeError: no /proc here" in w for w in s["warnings"])
+    assert (tmp_path / "run" / "report.html").exists()
