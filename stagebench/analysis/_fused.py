@@ -2,7 +2,7 @@
 
 A stage that consumes its inputs (calling it twice on one input fails: SPDL's ``convert_frames``
 takes ownership of the decoded frames) is measured fused with what feeds it: each call runs the
-stages before it on fresh inputs, then the stage (:mod:`stagebench.pipeline._diagnose`, ``run.json``
+stages before it on fresh inputs, then the stage (:mod:`stagebench.pipeline._stages`, ``run.json``
 stage ``fused_chain``). Its rows are the pair's throughput. Counted as they stand, the work of the
 stages before it is in the pipeline's bounds and in the replay twice: once as themselves, once
 inside this stage. SPDL's ``multi_thread_preprocessing.py`` shape (decode, a batch, ``convert``) was

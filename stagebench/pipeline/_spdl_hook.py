@@ -27,6 +27,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from stagebench.pipeline._run import Session
     from stagebench.pipeline._settings import DiagnoseSettings
 
 __all__ = ["install", "installed", "uninstall", "patch_spdl", "exit_now"]
@@ -285,7 +286,7 @@ def _in_a_pool_worker(settings: DiagnoseSettings) -> DiagnoseSettings:
     return replace(settings, executors=tuple(e for e in settings.executors if e != "process") or ("thread",))
 
 
-def _diagnose(cfg: Any, settings: DiagnoseSettings, num_threads: int | None, session: dict | None = None) -> dict:
+def _diagnose(cfg: Any, settings: DiagnoseSettings, num_threads: int | None, session: Session | None = None) -> dict:
     """Run the diagnosis and return its summary; on an error, say it and end the program."""
     from stagebench.pipeline._diagnose import DiagnoseError, diagnose_pipeline
     from stagebench.pipeline._settings import SettingsError, local_rank
@@ -356,7 +357,9 @@ def _diagnose_and_exit(cfg: Any, settings: DiagnoseSettings, num_threads: int | 
 
 def _diagnose_then_train(cfg: Any, settings: DiagnoseSettings, num_threads: int | None):
     """The diagnosis, then the user's loop measured on cached and real batches (:mod:`._trainer`), then exit."""
-    session: dict = {}
+    from stagebench.pipeline._run import Session
+
+    session = Session()
     _diagnose(cfg, settings, num_threads, session)
     from stagebench.core._progress import message
     from stagebench.pipeline._trainer import run_trainer_phases

@@ -32,6 +32,7 @@ from typing import Any
 from stagebench.core._jobrun import Candidate, Feed, Ladder
 from stagebench.core._steps import CACHED_BATCHES, TrainerProbe
 from stagebench.job._phase import JobPlan, trainer_phases
+from stagebench.pipeline._run import Session
 
 __all__ = ["collect_batches", "run_trainer_phases"]
 
@@ -109,7 +110,7 @@ def collect_batches(plan: Any, source_items: list, choices: dict, n: int, timeou
 
 
 def run_trainer_phases(
-    session: dict[str, Any], settings: Any, say: Callable[[str], None], end: Callable[[int], None]
+    session: Session, settings: Any, say: Callable[[str], None], end: Callable[[int], None]
 ) -> Generator[Any, None, int]:
     """Both phases, as a generator the stand-in pipeline's iterator delegates to; returns the exit code.
 
@@ -118,9 +119,10 @@ def run_trainer_phases(
     ``end``: how to end the program when the user's loop stops early (the generator is
     then being closed, where an exception raised would be ignored).
     """
-    k = float(session["items_per_sink_item"])
+    k = float(session.items_per_sink_item)
     probe = TrainerProbe(seconds=settings.trainer_s, items_per_batch=k, say=say)
-    plan, items, run_dir = session["plan"], session["source_items"], session["run_dir"]
+    plan, items, run_dir = session.plan, session.source_items, session.run_dir
+    assert run_dir is not None, "the diagnosis fills the session before the job phase"
 
     def candidates(demand: dict[str, Any]) -> Ladder:
         from stagebench.analysis._pipeline import job_candidates_of_run
@@ -163,7 +165,7 @@ def run_trainer_phases(
     return (
         yield from trainer_phases(
             probe,
-            lambda: collect_batches(plan, items, session["choices"], CACHED_BATCHES, settings.timeout_s),
+            lambda: collect_batches(plan, items, session.choices, CACHED_BATCHES, settings.timeout_s),
             job,
             run_dir,
             end,

@@ -5,7 +5,7 @@ over the cached source items (:mod:`stagebench.pipeline._wholerun` takes them in
 with stand-ins (the prediction, :mod:`stagebench.pipeline._replay`), the real stages at the
 recommended settings (the validation run: the truth the prediction is held to), and the real
 stages at the user's own settings (what the recommendation is checked against). A phase of its
-own, out of :class:`stagebench.pipeline._diagnose._Diagnosis`: it needs the plan, the settings and
+own, like :mod:`stagebench.pipeline._stages` before it: it needs the plan, the settings and
 the first summary, and gives back four plain results.
 """
 
