@@ -206,7 +206,9 @@ def worker_cost_findings(costs: Mapping[str, Any] | None, rec: Mapping[str, Any]
             detail += (
                 f" Reading `{largest['attr']}`, a Python {largest.get('container')} of {largest['items']:,} "
                 f"{largest.get('item') or 'item'}s, writes reference counts into pages shared with the main process "
-                "(copy-on-read): numpy arrays or a memory-mapped file keep them shared."
+                "(copy-on-read): numpy arrays or a memory-mapped file keep them shared. (A full garbage "
+                "collection in a worker writes into every object the main process holds as well: gc.freeze() "
+                "before the workers start keeps those pages shared.)"
             )
         fits = mem.get("fits")
         if fits is False:

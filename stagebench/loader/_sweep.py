@@ -553,7 +553,8 @@ def run_loader_sweep(
 
     if not interrupted and cfg.worker_costs:
         try:
-            meta["worker_costs"] = _worker_costs(sw, budget_mb)
+            with workers_beyond_cores_unwarned():  # its own memory pass may start the pick's workers again
+                meta["worker_costs"] = _worker_costs(sw, budget_mb)
         except KeyboardInterrupt:
             interrupted = True
             meta["search"]["interrupted"] = True
