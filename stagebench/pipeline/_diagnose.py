@@ -59,7 +59,7 @@ from stagebench.pipeline._finish import (
 from stagebench.pipeline._run import Run, Session
 from stagebench.pipeline._settings import DiagnoseSettings, SettingsError
 from stagebench.pipeline._stages import StagesPhase, sweep_config
-from stagebench.pipeline._state import MODE_VAR, State, Terminated, on_sigterm
+from stagebench.pipeline._state import MODE_VAR, State, Terminated, on_sigterm, raise_if_signalled
 from stagebench.pipeline._validate import choices_of
 from stagebench.runs._outcome import COMPLETE, INTERNAL, INTERRUPTED, PARTIAL, TERMINATED
 from stagebench.runs._schema import RESULTS_SCHEMA_VERSION
@@ -285,7 +285,9 @@ class _Diagnosis:
             run.meta["cpu_speed"] = {"sweep_ns": stages.sweep_speeds}
             rows = run.rows()
             summary = summarize_run(run, rows)
+        raise_if_signalled()  # a Ctrl-C Python dropped in a finalizer (an event loop's __del__)
         self._whole_pipeline(stages, src.items, summary)
+        raise_if_signalled()
         summary, report = self._finish(rows, t_begin)
         if self.session is not None:
             self.session.plan, self.session.source_items = run.plan, src.items

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any
 
-__all__ = ["State", "say", "MODE_VAR", "TRUTHY", "Terminated", "on_sigterm"]
+__all__ = ["State", "say", "MODE_VAR", "TRUTHY", "Terminated", "on_sigterm", "raise_if_signalled"]
 
 
 class State:
@@ -31,6 +31,9 @@ class State:
     in_process = False  # run_script is running the script: it, not the interpreter's exit, ends the diagnosis
     end_parent: int | None = None  # a multiprocessing.Pool worker diagnosed: the pid of the program to end
     claim: str | None = None  # that worker's claim on the diagnosis (a lock file), removed as it ends
+    # the interrupt a signal raised during the diagnosis (KeyboardInterrupt or Terminated), kept: one that
+    # lands in a finalizer (an event loop's __del__) is printed and dropped by Python, not propagated
+    signalled: type | None = None
 
 
 def say(text: str) -> None:
@@ -45,7 +48,10 @@ class Terminated(KeyboardInterrupt):
 
 
 class on_sigterm:  # lower case: used as a function, `with on_sigterm():`
-    """Turn SIGTERM into :class:`Terminated` while the block runs (main thread only: signals land there).
+    """Turn SIGTERM into :class:`Terminated` while the block runs, and note SIGINT and SIGTERM in
+    ``State.signalled`` as they raise (main thread only: signals land there); :func:`raise_if_signalled`
+    raises one again that Python dropped in a finalizer. A SIGINT handler of the user's own is left as
+    it is.
 
     A class, not a contextlib generator: contextlib is not loaded at interpreter start.
     """
@@ -55,15 +61,35 @@ class on_sigterm:  # lower case: used as a function, `with on_sigterm():`
         import threading
 
         self._previous: Any = None
+        self._previous_int: Any = None
+        State.signalled = None
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._raise)
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                self._previous_int = signal.signal(signal.SIGINT, self._interrupt)
 
     @staticmethod
     def _raise(signum: int, frame: Any) -> None:
+        State.signalled = Terminated
         raise Terminated()
 
-    def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            import signal
+    @staticmethod
+    def _interrupt(signum: int, frame: Any) -> None:
+        State.signalled = KeyboardInterrupt
+        raise KeyboardInterrupt()
 
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
+        if self._previous_int is not None:
+            signal.signal(signal.SIGINT, self._previous_int)
+
+
+def raise_if_signalled() -> None:
+    """Raise the interrupt a signal raised during the diagnosis, should it have been dropped (in a
+    finalizer, where Python prints "Exception ignored" and goes on): the run then ends interrupted, as
+    the user asked, and not complete."""
+    if State.signalled is not None:
+        raise State.signalled()
