@@ -364,7 +364,6 @@ def _worker_costs(sw: _Sweep, budget_mb: float) -> dict[str, Any]:
 
     from stagebench.analysis._loader import recommend
     from stagebench.loader._costs import shipping_cost, shm_headroom
-    from stagebench.loader._point import _Consumer, _Plan, _quiet_sigchld, _SpdlErrors, _supervise, _teardown
 
     t0 = time.perf_counter()
     cfg = sw.cfg
@@ -377,23 +376,21 @@ def _worker_costs(sw: _Sweep, budget_mb: float) -> dict[str, Any]:
     rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
     out["memory_on_stall_point"] = sw.memory is not None  # its seconds then sit in the stall point's row
     if sw.memory is None and rec is not None and rec["num_workers"] > 0 and cfg.memory_pass_s > 0:
-        # no stall point at the pick (epoch_stall off, or the protocol before): a pass of its own
-        eff, _, _ = normalize_knobs(
-            LoaderKnobs(num_workers=rec["num_workers"], prefetch_factor=_pf(rec)), sw.backend, cuda=sw.cuda
+        # no stall point at the pick (epoch_stall off, or the protocol before): a point of its own, no window
+        # and no stall, whose warm workers the pass reads (its row is not a measurement: not recorded)
+        knobs = LoaderKnobs(num_workers=rec["num_workers"], prefetch_factor=_pf(rec))
+        measure_loader_point(
+            sw.factory,
+            knobs,
+            name=sw.name,
+            backend=sw.backend,
+            batch_size=sw.batch_size,
+            config=cfg,
+            cuda=sw.cuda,
+            stall=False,
+            throughput=False,
+            during=sw.memory_hook(knobs),
         )
-        cons, errors = _Consumer(sw.factory, eff), _SpdlErrors()
-        errors.attach()
-        row: dict[str, Any] = {"status": "ok", "reason": "", "notes": "", "startup_s": math.nan}
-        with _quiet_sigchld():
-            try:
-                cons.start()
-                plan = _Plan(stall=False, throughput=False, batch_size=sw.batch_size, floor=None)
-                _supervise(cons, eff, cfg, time.perf_counter() + cfg.timeout_s, row, errors, plan)
-                if row["status"] == "ok":
-                    sw.memory = _memory_at(sw, cons, eff.num_workers)
-            finally:
-                _teardown(cons, hung=False)
-                errors.detach()
     if sw.memory is not None:
         out["memory"] = dict(sw.memory)
         batch_mb = out["memory"].pop("batch_mb", math.nan)
