@@ -375,3 +375,24 @@ def test_the_alone_scope_is_said_only_without_the_loop_and_names_the_users_limit
     assert text.startswith("the pick is for the pipeline alone") and "on the real pipeline" in text
     assert "(at most 4 s)" in text and "(at most 30 s)" in text
     assert "(150 of your steps, 60-300 s)" in alone_scope("the loader", None, {}, planned=False)  # the default
+
+
+def test_a_data_bound_verdict_names_every_setting_whose_loop_waited_far_less():
+    """Issue 36, words that hold together: a fresh clone's verdict kept a data-bound setting and left
+    'num_workers=4, persistent', which waited less, unexplained (it named only the first such setting,
+    and none at all beside a rival the runs could not tell from yours)."""
+    from test_consistency import rule_a_data_bound_pick_names_the_setting_that_waited_less as rule
+
+    job = _job(
+        yours=(0.020, 0.050, "yours", 2),  # 70 ms a step, 29% of it waiting
+        four=(0.001, 0.069, "feeds", 4),  # as fast, its step slowed by the loading instead
+        eight=(0.001, 0.070, "best", 8),
+    )
+    for s in job["slices"]:  # rounds that disagree: the runs cannot tell them from yours
+        f = {1: 1.15, 2: 1 / 1.15, 3: 1.0}[s["round"]] if s["candidate"] != "yours" else 1.0
+        s["bodies"] = [b * f for b in s["bodies"]]
+    d = decide_job(job, TRAINER)
+    assert d["advice"] == "keep yours" and d["bound"] == "data-bound", d["text"]
+    assert rule({"job": d}) == [], d["text"]
+    assert "four waited 1%, but ran " in d["text"] and "eight waited 1%, but ran " in d["text"]
+    assert "x the pick (" in d["text"]

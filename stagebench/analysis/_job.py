@@ -337,15 +337,18 @@ def decide_job(
     text += f", {p['data_wait_share']:.0%} of each step waiting for data; {bound_text}"
     if d.advice == "keep yours" and d.rival is not None:
         text += "; " + _could_not_tell(d, job, label)
-    elif bound == "data-bound":
-        calm = [
-            k for k, f in ran.items() if k != pick and f["data_wait_share"] < 0.5 * p["data_wait_share"]
-        ]  # a measured setting whose loop waited far less: say why it is not the pick
-        if calm:
-            k = calm[0]
-            xk = ratio(k, yours or best)
-            text += f"; {label[k]} waited {ran[k]['data_wait_share']:.0%}, but " + (
-                f"ran {xk.text('yours')}, not shown faster" if xk else "was not run in the same rounds"
+    if bound == "data-bound":
+        # every measured setting whose loop waited far less, and why it is not the pick: a verdict that
+        # says its own pick waits for data must not leave a calmer setting it ran unexplained
+        for k, f in ran.items():
+            if k == pick or not f["data_wait_share"] < 0.5 * p["data_wait_share"] or label[k] in text:
+                continue
+            xk = ratio(k, pick)  # why it is not the pick: against the pick, in the rounds both ran
+            shown = xk is not None and xk.low is not None and xk.low > 1
+            text += f"; {label[k]} waited {f['data_wait_share']:.0%}, but " + (
+                f"ran {xk.text('the pick')}" + ("" if shown else ", not shown faster")
+                if xk
+                else "was not run in the same rounds"
             )
     return {
         **base,
