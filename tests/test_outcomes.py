@@ -133,6 +133,23 @@ def test_an_analysis_that_fails_on_saved_rows_is_an_internal_error_not_a_traceba
     assert "Traceback" not in err and "list index out of range" in (run / "error.log").read_text()
 
 
+def test_the_fallback_summary_reports_each_stage_in_the_one_shape_of_an_entry():
+    """When the analysis fails, each stage still gets a full entry (the analysis's own shape), with its best
+    measured point and no recommendation."""
+    from stagebench.analysis._stage import empty_stage_entry
+    from stagebench.pipeline._finish import fallback_summary
+    from stagebench.runs._results import read_rows
+
+    run = HOST16 / "demo"
+    meta = json.loads((run / "run.json").read_text())
+    s = fallback_summary(read_rows(run / "results.csv"), meta, "IndexError: x")
+    assert s["fallback"] and [st["name"] for st in s["stages"]] == [st["name"] for st in meta["stages"]]
+    for st in s["stages"]:
+        assert st.keys() == empty_stage_entry("").keys() and st["recommended"] is None
+        assert st["classification"] == "unknown" and st["evidence"]["summary"] == ["IndexError: x: minimal summary"]
+    assert any(st["best"] and st["best"]["qps"] > 0 for st in s["stages"])
+
+
 def _limit_writes(limit: int):
     def pre() -> None:
         import resource

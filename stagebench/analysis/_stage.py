@@ -162,30 +162,14 @@ def _paired_why(paired: dict[str, Any], chosen: str) -> str:
 
 
 # ------------------------------------------------------------------ per stage
-def analyze_stage(
-    rows_for_one_stage: pd.DataFrame,
-    *,
-    cores: int,
-    free_threaded: bool = False,
-    n_boot: int = 200,
-    gil_probe: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Analyse the rows of one stage (all harnesses, executors, roles).
+def empty_stage_entry(name: str) -> dict[str, Any]:
+    """A stage entry of ``summary.json`` before anything is read into it: every key, nothing measured.
 
-    ``gil_probe``: the stage's direct GIL reading, if one was taken (see
-    :func:`stagebench.analysis._gil.estimate_gil`).
-
-    Returns the stage entry of ``summary.json`` (``index`` and ``type`` are
-    ``None``; :func:`summarize` fills them from ``run.json``). Never raises for
-    odd rows: stages with no successful point get ``status`` and ``reason``.
+    The one shape of an entry: :func:`analyze_stage` fills it, and the diagnosis's fallback summary
+    (:func:`stagebench.pipeline._finish.fallback_summary`) reports a stage with it when the analysis fails.
     """
-    if cores < 1:
-        raise ValueError(f"cores must be >= 1, got {cores}")
-    df = rows_for_one_stage if isinstance(rows_for_one_stage, pd.DataFrame) else pd.DataFrame(rows_for_one_stage)
-    sr = StageRows(df)
-    names = [n for n in sr.all["stage"].unique() if n]
-    entry: dict[str, Any] = {
-        "name": names[0] if names else "",
+    return {
+        "name": name,
         "index": None,
         "type": None,
         "status": "ok",
@@ -208,12 +192,38 @@ def analyze_stage(
         "alternatives": {},
         "head_to_head": None,
         "gil": None,
-        "problems": _problems(sr),
+        "problems": [],
         "levels_measured": {},
         "curves": {},
         "payload_bytes": None,
         "page_faults": {},
     }
+
+
+def analyze_stage(
+    rows_for_one_stage: pd.DataFrame,
+    *,
+    cores: int,
+    free_threaded: bool = False,
+    n_boot: int = 200,
+    gil_probe: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Analyse the rows of one stage (all harnesses, executors, roles).
+
+    ``gil_probe``: the stage's direct GIL reading, if one was taken (see
+    :func:`stagebench.analysis._gil.estimate_gil`).
+
+    Returns the stage entry of ``summary.json`` (``index`` and ``type`` are
+    ``None``; :func:`summarize` fills them from ``run.json``). Never raises for
+    odd rows: stages with no successful point get ``status`` and ``reason``.
+    """
+    if cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores}")
+    df = rows_for_one_stage if isinstance(rows_for_one_stage, pd.DataFrame) else pd.DataFrame(rows_for_one_stage)
+    sr = StageRows(df)
+    names = [n for n in sr.all["stage"].unique() if n]
+    entry = empty_stage_entry(names[0] if names else "")
+    entry["problems"] = _problems(sr)
     status, reason = _stage_status(sr)
     entry["status"], entry["reason"] = status, reason
     payload = sr.payload_bytes()

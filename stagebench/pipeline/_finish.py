@@ -125,27 +125,16 @@ def fallback_summary(rows: Any, meta: dict[str, Any], why: str) -> dict[str, Any
     copy of here. No GIL estimate, no prediction. ``why`` is kept in ``summary["error"]``.
     """
     from stagebench._version import __version__
+    from stagebench.analysis._stage import empty_stage_entry
 
     stages = []
     for st in meta.get("stages", []):
         d = rows[(rows["stage"] == st["name"]) & (rows["role"] == "stage")] if len(rows) else rows
         ok = d[(d["status"] == "ok") & d["qps"].notna()] if len(d) else d
-        entry: dict[str, Any] = {
-            "name": st["name"],
-            "index": st["index"],
-            "type": st["type"],
-            "status": "ok" if len(ok) else (str(d["status"].iloc[0]) if len(d) else "not_measured"),
-            "classification": "unknown",
-            "gil_fraction": None,
-            "gil_fraction_interval": None,
-            "evidence": {"summary": [f"{why}: minimal summary"], "signals": {}},
-            "fit": {},
-            "recommended": None,
-            "best": None,
-            "ceiling_qps": None,
-            "cpu_s_per_item": None,
-            "gil_s_per_item": None,
-        }
+        entry = empty_stage_entry(st["name"])
+        entry["index"], entry["type"] = st["index"], st["type"]
+        entry["status"] = "ok" if len(ok) else (str(d["status"].iloc[0]) if len(d) else "not_measured")
+        entry["evidence"]["summary"].append(f"{why}: minimal summary")
         if len(ok):
             best = ok.loc[ok["qps"].idxmax()]
             entry["best"] = {
