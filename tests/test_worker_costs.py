@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from stagebench.analysis._worker_costs import worker_cost_findings, worker_costs_summary
 from stagebench.loader._config import LoaderSweepConfig
-from stagebench.loader._costs import largest_container, memory_pass, shipping_cost
+from stagebench.loader._costs import copy_bound_mb, largest_container, memory_pass, shipping_cost
 from stagebench.loader._intercept import make_loader_factory
 from stagebench.loader._point import _Consumer, _Plan, _SpdlErrors, _supervise, _teardown, measure_loader_point
 from stagebench.runs._knobs import LoaderKnobs
@@ -123,13 +123,12 @@ def _pass(ds: Dataset, seconds: float) -> dict:
     try:
         cons.start()
         _supervise(cons, knobs, cfg, time.perf_counter() + 60, row, errors, _Plan(False, False, 1024, None))
-        largest = ship["largest"] or {}
         return memory_pass(
             cons,
             num_workers=1,
             epoch_batches=math.ceil(len(ds) / 1024),
             seconds=seconds,
-            cap_mb=largest.get("objects_mb") if largest.get("python_objects") else None,
+            cap_mb=copy_bound_mb(ship["largest"], ds),
         )
     finally:
         _teardown(cons, hung=False)
@@ -190,6 +189,31 @@ def test_the_largest_container_is_named_with_its_size():
     assert (got["attr"], got["items"], got["item"], got["python_objects"]) == ("index", 10_000, "tuple", True)
     assert 1.0 < got["objects_mb"] < 3.0  # 10k tuples of an int, a float and a short str: ~170 bytes each
     assert largest_container(Index(10_000, as_numpy=True))["python_objects"] is False
+    # the index bounds what a worker can copy; numpy arrays are not Python objects a read copies
+    assert copy_bound_mb(got, Index(10_000, as_numpy=False)) == got["objects_mb"]
+    assert copy_bound_mb(largest_container(Index(10_000, as_numpy=True)), Index(10_000, as_numpy=True)) is None
+
+
+class _Fake(Dataset):
+    """FakeData's shape: samples made from the index, and a small tuple as the largest container."""
+
+    def __init__(self) -> None:
+        self.size, self.image_size = 50_000, (3, 224, 224)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def test_a_container_smaller_than_the_dataset_bounds_nothing():
+    """pytorch/examples' ImageNet --dummy (FakeData): its 3-int image_size capped an epoch's growth at
+    what the pass had seen, 4 MB, where nothing bounds what its workers allocate."""
+    fake = _Fake()
+    got = largest_container(fake)
+    assert (got["attr"], got["items"]) == ("image_size", 3)
+    assert copy_bound_mb(got, fake) is None
 
 
 def test_findings_fire_past_their_thresholds_only():

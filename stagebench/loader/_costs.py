@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["start_method", "shipping_cost", "memory_pass", "largest_container", "shm_headroom"]
+__all__ = ["start_method", "shipping_cost", "memory_pass", "largest_container", "copy_bound_mb", "shm_headroom"]
 
 #: The pickling of a dataset is timed this many times (fewer when one takes over SLOW_PICKLE_S).
 _REPEATS = 3
@@ -88,6 +88,20 @@ def largest_container(obj: Any) -> dict[str, Any] | None:
         "python_objects": not numpy,
         "objects_mb": _deep_mb(value, n) if not numpy else None,
     }
+
+
+def copy_bound_mb(largest: dict[str, Any] | None, dataset: Any) -> float | None:
+    """The most a worker can copy reading the dataset, from its largest container: the memory of that
+    container's Python objects, where it is the dataset's index (at least one item per sample). A smaller
+    container (FakeData's 3-int ``image_size``) says nothing of what a worker reads: no bound then, rather
+    than one that would cap an epoch's growth at what the pass saw."""
+    if not largest or not largest.get("python_objects") or largest.get("objects_mb") is None:
+        return None
+    try:
+        samples = len(dataset)
+    except TypeError:  # an IterableDataset: no count of samples to hold the container against
+        return None
+    return float(largest["objects_mb"]) if largest["items"] >= samples else None
 
 
 def _deep_mb(value: Any, n: int, sample: int = 2000) -> float | None:

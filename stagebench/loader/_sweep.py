@@ -332,7 +332,7 @@ def _in_turns(sw: _Sweep, budget_mb: float, user: LoaderKnobs | None) -> None:
 def _memory_at(sw: _Sweep, cons: Any, num_workers: int) -> dict[str, Any] | None:
     """Each worker's memory over a pass of ``memory_pass_s`` on ``cons``'s warm workers, bounded by the
     memory of the Python objects the dataset holds (:func:`stagebench.loader._costs.memory_pass`)."""
-    from stagebench.loader._costs import largest_container, memory_pass
+    from stagebench.loader._costs import copy_bound_mb, largest_container, memory_pass
 
     if sw.progress is not None:
         sw.progress.message(
@@ -348,7 +348,7 @@ def _memory_at(sw: _Sweep, cons: Any, num_workers: int) -> dict[str, Any] | None
         num_workers=num_workers,
         epoch_batches=sw.epoch_batches,
         seconds=sw.cfg.memory_pass_s,
-        cap_mb=largest.get("objects_mb") if largest.get("python_objects") else None,
+        cap_mb=copy_bound_mb(largest, ds),
     )
     if mem is None:
         return None
