@@ -58,13 +58,14 @@ down by the data; the interval says so and the point is its midpoint.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from stagebench._numbers import finite
-from stagebench.core._curves import Point, StageRows
+from stagebench.core._curves import Curve, Point, StageRows
 
 __all__ = ["estimate_gil", "harness_gil_s", "harness_cpu_s", "SIGNAL_LABELS"]
 
@@ -162,6 +163,443 @@ def _clip01(x: float) -> float:
     return float(min(1.0, max(0.0, x)))
 
 
+#: One signal's contribution to the estimate: (value, low, high) of the GIL share.
+_Est = tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class _Lowest:
+    """The lowest thread level of the curve the GIL is read from, and the stage's time per item there.
+
+    Every signal turns a time per item into a share by dividing by ``t`` (``t_lo``
+    and ``t_hi`` from the throughput interval), so they all read this one level.
+    """
+
+    harness: str
+    executor: str
+    p0: Point
+    c0: int
+    ceiling: Point | None  # the harness's no-op ceiling at c0 (None when not measured)
+    t: float
+    t_lo: float
+    t_hi: float
+
+
+@dataclass(frozen=True)
+class _CpuShare:
+    """The ``cpu_share`` reading (NaN when no CPU time was measured), and whether threads used GIL-free CPU."""
+
+    value: float
+    lo: float
+    hi: float
+    gil_free: bool
+
+
+@dataclass(frozen=True)
+class _Plateau:
+    """The ``thread_plateau`` reading: the peak thread point, the share it bounds, and what flattened the curve."""
+
+    peak: Point
+    harness_gil: float  # the harness's own GIL time per item at the peak's concurrency
+    value: float
+    lo: float
+    hi: float
+    saturated: bool
+    serializer: str | None  # "gil", "other", or None when the curve did not flatten below the cores
+
+    @property
+    def gil_saturated(self) -> bool:
+        return self.saturated and self.serializer == "gil"
+
+
+@dataclass(frozen=True)
+class _Estimate:
+    """The fraction's point and interval, whether the data pin it down, and which source decided it."""
+
+    point: float
+    lo: float
+    hi: float
+    pinned: bool
+    source: str
+
+
+def _lowest(sr: StageRows, H: str, E: str, T: Curve) -> _Lowest:
+    """The stage's own seconds per item at the thread curve's lowest level, the harness's time removed."""
+    p0 = T.points[0]
+    c0 = p0.concurrency
+    ceil0 = sr.ceiling(H, E, c0)
+    lane = c0 / p0.qps  # seconds per item per lane (Little's law in a closed loop)
+    t = lane - harness_gil_s(ceil0)  # the harness's own time per item is not the stage's
+    p50 = p0.latency_p50_ms / 1e3 if finite(p0.latency_p50_ms) else math.nan
+    if finite(p50) and p50 > 0 and t < min(p50, lane):
+        t = min(p50, lane)  # never subtract more harness time than the call itself leaves
+    if not t > 0:
+        t = lane
+    return _Lowest(
+        harness=H,
+        executor=E,
+        p0=p0,
+        c0=c0,
+        ceiling=ceil0,
+        t=t,
+        t_lo=t * p0.qps / p0.high,
+        t_hi=t * p0.qps / p0.low,
+    )
+
+
+def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, Any]) -> _CpuShare:
+    """The ``cpu_share`` signal: CPU per item over time per item at the lowest level, read within one point."""
+    p0, t = low.p0, low.t
+    u_max = max((p.cores_used for p in T if finite(p.cores_used)), default=math.nan)
+    gil_free = finite(u_max) and u_max > _GIL_FREE_CORES
+    own = p0.call_cpu_ms / 1e3 if finite(p0.call_cpu_ms) else math.nan
+    if not (finite(own) or finite(p0.cpu_s_per_item)):
+        return _CpuShare(math.nan, math.nan, math.nan, gil_free)
+    if finite(own):
+        # the calling thread's own CPU per call: nothing of the harness to subtract, and nothing of
+        # the process's other threads (a library's workers spinning after earlier work put 7-15 ms
+        # into a first 0.2 s window: +0.1 on a pure sleep), read at nanosecond resolution
+        cpu, tick = own, 0.0
+    else:
+        cpu = max(0.0, p0.cpu_s_per_item - harness_cpu_s(low.ceiling))
+        tick = _TICK_S / p0.n_items if finite(p0.n_items) and p0.n_items > 0 else 0.0
+    A, A_lo, A_hi = cpu / t, max(0.0, cpu - tick) / low.t_hi, (cpu + tick) / low.t_lo
+    if gil_free:
+        role = "upper bound"
+        detail = (
+            f"threads used up to {u_max:.2f} cores, more than GIL-held work can: "
+            "part of the CPU runs without the GIL, so this overstates the GIL share"
+        )
+    else:
+        role = "estimate"
+        detail = f"{cpu * 1e3:.3g} ms CPU in {t * 1e3:.3g} ms per item at {low.executor} concurrency {low.c0}"
+    signals["cpu_share"] = _signal(A, [A_lo, A_hi], "cpu_share", role, A, [A_lo, A_hi], detail)
+    return _CpuShare(A, A_lo, A_hi, gil_free)
+
+
+def _cpu_share_for_load(low: _Lowest, share: _CpuShare, signals: dict[str, Any], notes: list[str]) -> None:
+    """The ``cpu_share_for_load`` signal and its note, when a busy no-op thread got well under a core."""
+    # The direct harness's no-op ceiling on one thread is pure Python that never
+    # waits: the cores it got say how much of a core a busy thread could get
+    # around that moment. Below 1, other programs were taking the CPU, and a
+    # thread that holds the GIL keeps holding it while it waits for a core.
+    ceil0 = low.ceiling
+    avail = math.nan
+    if low.harness == "direct" and ceil0 is not None and finite(ceil0.cores_used) and ceil0.cores_used > 0:
+        avail = min(1.0, ceil0.cores_used)  # GIL-bound: at most one core at any concurrency
+    if not (finite(avail) and 0.2 <= avail < 0.95 and not share.gil_free):
+        return
+    # Only a correction: the load fluctuates between the two windows, and a
+    # thread that wakes from waiting gets the CPU sooner than a busy one.
+    Ac = [min(1.0, x / avail) for x in (share.value, share.lo, share.hi)]
+    signals["cpu_share_for_load"] = _signal(
+        Ac[0],
+        Ac[1:],
+        "cpu_share_for_load",
+        "estimate",
+        Ac[0],
+        Ac[1:],
+        f"CPU share {share.value:.2f} / {avail:.2f} of a core that a busy no-op thread got at concurrency {low.c0}",
+    )
+    notes.append(
+        f"a busy no-op thread got only {avail:.2f} of a core around this measurement (other load): "
+        "CPU-based signals read low and the estimate is less certain"
+    )
+
+
+def _thread_plateau(
+    sr: StageRows, T: Curve, low: _Lowest, share: _CpuShare, cores: int, signals: dict[str, Any]
+) -> _Plateau:
+    """The ``thread_plateau`` signal: the bound the peak thread throughput puts on GIL time per item.
+
+    It is an estimate only when the curve flattened well below linear scaling
+    without reaching the cores and the stage uses enough CPU for the GIL to be
+    what serialises it; otherwise an upper bound.
+    """
+    p0, c0 = low.p0, low.c0
+    pm = T.best()
+    assert pm is not None  # _choose picks only a curve with points
+    h_m = harness_gil_s(sr.ceiling(low.harness, low.executor, pm.concurrency))
+    # GIL time read at the plateau, at the lowest level's machine speed
+    k_m = _slowdown(sr, low.harness, low.executor, pm, p0, share.value)
+    B = (1.0 / pm.qps - h_m) / low.t / k_m
+    B_lo, B_hi = (1.0 / pm.high - h_m) / low.t_hi / k_m, (1.0 / pm.low - h_m) / low.t_lo / k_m
+    # Flattened: some level's whole interval lies well below linear scaling from
+    # the lowest level (a noisy point that merely dips does not count).
+    sublinear = any(p.high < _SUBLINEAR * p.concurrency * p0.qps / c0 for p in T.points[1:])
+    rising = False
+    if len(T) >= 2 and pm is T.points[-1]:
+        prev = T.points[-2]
+        ideal = pm.concurrency / prev.concurrency
+        rising = pm.qps > prev.qps * (1 + 0.3 * (ideal - 1)) and pm.low > prev.high
+    cores_limited = finite(pm.cores_used) and pm.cores_used >= _CORES_LIMITED * cores
+    saturated = sublinear and not rising and not cores_limited
+    serializer = None
+    if len(T) >= 2:
+        why = _plateau_detail(pm, c0, k_m, cores, saturated=saturated, cores_limited=cores_limited, rising=rising)
+        if saturated:
+            A = share.value
+            serializer = "gil" if (not finite(A) or share.gil_free or A >= 0.5 * B) else "other"
+            if serializer == "other":
+                why += (
+                    f"; yet the stage uses little CPU ({A:.0%} of its time): a lock or an external limit, not the GIL"
+                )
+        signals["thread_plateau"] = _signal(
+            B,
+            [B_lo, B_hi],
+            "thread_plateau",
+            "estimate" if serializer == "gil" else "upper bound",
+            B,
+            [B_lo, B_hi],
+            why,
+        )
+    return _Plateau(pm, h_m, B, B_lo, B_hi, bool(saturated), serializer)
+
+
+def _plateau_detail(
+    pm: Point, c0: int, k_m: float, cores: int, *, saturated: bool, cores_limited: bool, rising: bool
+) -> str:
+    """In words, what limited the thread curve at its peak ``pm``."""
+    cm = pm.concurrency
+    if saturated:
+        why = (
+            f"threads flatten at {pm.qps:,.0f} items/s (concurrency {cm}) using "
+            f"{pm.cores_used:.2f} of {cores} cores: something inside the process serialises them"
+        )
+        if k_m != 1.0:
+            why += (
+                f"; the same work took {k_m:.2f}x the CPU per item there as at concurrency {c0} "
+                "(the machine's speed changed), so its time per item is scaled back by that"
+            )
+        return why
+    if cores_limited:
+        return f"threads reach the cores ({pm.cores_used:.2f} of {cores}) before any serial limit shows"
+    if rising:
+        return f"threads still scale at the top of the grid ({cm}): the cap has not been reached"
+    return f"threads scale close to linearly up to {cm}: no serial limit reached"
+
+
+def _cpu_share_at_plateau(share: _CpuShare, plateau: _Plateau, signals: dict[str, Any]) -> _Est | None:
+    """The ``cpu_share_at_plateau`` signal, when the GIL saturates the threads on at most about one core."""
+    u = plateau.peak.cores_used
+    if not (
+        plateau.gil_saturated
+        and finite(share.value)
+        and not share.gil_free
+        and finite(u)
+        and 0.3 < u <= _GIL_FREE_CORES
+    ):
+        return None
+    A2 = share.value / u
+    signals["cpu_share_at_plateau"] = _signal(
+        A2,
+        [share.lo / u, share.hi / u],
+        "cpu_share_at_plateau",
+        "estimate",
+        A2,
+        [share.lo / u, share.hi / u],
+        f"CPU share {share.value:.2f} / {u:.2f} cores used on the plateau",
+    )
+    return A2, share.lo / u, share.hi / u
+
+
+def _threads_vs_processes(
+    sr: StageRows,
+    T: Curve,
+    low: _Lowest,
+    share: _CpuShare,
+    plateau: _Plateau,
+    signals: dict[str, Any],
+    notes: list[str],
+) -> _Est | None:
+    """The ``threads_vs_processes`` signal, at the level where processes gain most over threads.
+
+    Returns the GIL share the threads' throughput there implies, when processes
+    are faster beyond noise and the serialiser is not a lock.
+    """
+    H, E, t = low.harness, low.executor, low.t
+    P = sr.curve(H, "process")
+    common = [(pt, pp) for pt in T if (pp := P.at(pt.concurrency)) is not None] if P else []
+    if not common:
+        return None
+    est = None
+    pt, pp = max(common, key=lambda ab: ab[1].qps / ab[0].qps)
+    ratio = pp.qps / pt.qps
+    r_int = [pp.low / pt.high, pp.high / pt.low]
+    faster = pp.low > pt.high
+    c = pt.concurrency
+    if faster and plateau.serializer != "other":
+        k_c = _slowdown(sr, H, E, pt, low.p0, share.value)
+        h_c = harness_gil_s(sr.ceiling(H, E, c))
+        imp = (1.0 / pt.qps - h_c) / t / k_c
+        imp_int = [(1.0 / pt.high - h_c) / low.t_hi / k_c, (1.0 / pt.low - h_c) / low.t_lo / k_c]
+        est = (imp, imp_int[0], imp_int[1])
+        detail = (
+            f"at concurrency {c} processes deliver {pp.qps:,.0f} items/s, threads {pt.qps:,.0f}: "
+            "the threads' cap lives inside one process"
+        )
+        role = "estimate" if plateau.gil_saturated else "check"
+    else:
+        imp, imp_int = None, None
+        slower = pp.high < pt.low
+        detail = (
+            f"at concurrency {c} processes {'trail' if slower else 'match'} threads "
+            f"({pp.qps:,.0f} vs {pt.qps:,.0f} items/s): no sign of a per-process cap here"
+        )
+        if faster:
+            detail = (
+                f"at concurrency {c} processes beat threads ({pp.qps:,.0f} vs {pt.qps:,.0f}) "
+                "but the stage uses little CPU: a lock, not the GIL"
+            )
+        role = "check"
+    signals["threads_vs_processes"] = _signal(ratio, r_int, "threads_vs_processes", role, imp, imp_int, detail)
+    if plateau.gil_saturated and not faster and not any(q.low > p.high for p, q in common):
+        notes.append(
+            "threads flatten below the cores yet processes do no better: other load on the machine or a "
+            "resource shared between processes may be the limit; the GIL evidence is weaker"
+        )
+    return est
+
+
+def _serial_fraction(fits: dict[str, dict], low: _Lowest, plateau: _Plateau, signals: dict[str, Any]) -> _Est | None:
+    """The ``serial_fraction`` signal from the curve fits; returns it as an estimate when usable.
+
+    Usable when the threads' serial fraction lies above the processes' (the
+    serial part is specific to threads) and the serialiser is not a lock, or,
+    with no process curve to compare, when the GIL saturates the threads.
+    """
+    fT, fP = fits.get(f"{low.harness}/{low.executor}"), fits.get(f"{low.harness}/process")
+    if not (fT and fT.get("amdahl_serial_fraction") is not None):
+        return None
+    sT, sT_int = fT["amdahl_serial_fraction"], fT.get("amdahl_interval")
+    sP = fP.get("amdahl_serial_fraction") if fP else None
+    sP_int = fP.get("amdahl_interval") if fP else None
+    if sP is not None and sT_int and sP_int:
+        apart = sT_int[0] > sP_int[1]
+        detail = f"threads σ = {sT:.2f}, processes σ = {sP:.2f}: " + (
+            "the serial part is specific to threads" if apart else "no clear difference"
+        )
+        usable = apart and plateau.serializer != "other"
+    else:
+        detail = f"threads σ = {sT:.2f} (no process curve to compare)"
+        usable = plateau.gil_saturated
+    signals["serial_fraction"] = _signal(
+        sT,
+        sT_int,
+        "serial_fraction",
+        "estimate" if (usable and plateau.gil_saturated) else "check",
+        sT if usable else None,
+        (sT_int if usable else None),
+        detail,
+    )
+    return (sT, *(sT_int or [sT, sT])) if usable else None
+
+
+def _valid_estimates(
+    share: _CpuShare,
+    plateau: _Plateau,
+    on_plateau: list[_Est],
+    multi: bool,
+    signals: dict[str, Any],
+    notes: list[str],
+) -> list[_Est]:
+    """The signals the data says are valid estimates, in signal order.
+
+    The CPU share counts unless part of the CPU is GIL-free; the plateau and
+    the signals read on it (``on_plateau``) count when the GIL saturates the
+    threads. Threads that scaled past what the CPU share allows bring the
+    plateau in too. ``multi``: the thread curve has two levels or more.
+    """
+    ests: list[_Est] = []
+    if finite(share.value) and not share.gil_free:
+        ests.append((share.value, share.lo, share.hi))
+        if "cpu_share_for_load" in signals:
+            sig = signals["cpu_share_for_load"]
+            ests.append((sig["value"], *sig["interval"]))
+    if plateau.gil_saturated:
+        ests.append((plateau.value, plateau.lo, plateau.hi))
+        ests += on_plateau
+    elif ests and multi and share.lo > plateau.hi:
+        # threads scaled further than the CPU share allows
+        notes.append(
+            "threads scaled further than the CPU share allows: the machine's speed changed during the sweep, "
+            "or part of the CPU runs without the GIL; both signals are used"
+        )
+        ests.append((plateau.value, plateau.lo, plateau.hi))
+    return ests
+
+
+def _combine(ests: list[_Est], share: _CpuShare, plateau: _Plateau, multi: bool, notes: list[str]) -> _Estimate:
+    """The curves' estimate: the median of the valid signals, spanned by their intervals.
+
+    With no valid signal only upper bounds remain: the interval runs from 0 to
+    the tightest, and the point is its midpoint.
+    """
+    if ests:
+        vals = np.array([e[0] for e in ests])
+        point = float(np.median(vals))
+        lo = min(e[1] for e in ests)
+        hi = max(e[2] for e in ests)
+        if not plateau.gil_saturated and multi:
+            hi = min(hi, max(plateau.hi, point))  # the plateau bound holds unless the signals disagree
+        return _Estimate(point, lo, hi, pinned=True, source="curves")
+    bounds = [b for b in (plateau.hi if multi else math.nan, share.hi) if finite(b)]
+    upper = _clip01(min(bounds)) if bounds else 1.0
+    notes.append(
+        f"the data bound the GIL share only from above (≤ {upper:.2f}): part of the CPU runs without the "
+        f"GIL and the threads were limited by the cores before any GIL cap showed; "
+        f"more cores would pin it down"
+    )
+    return _Estimate(upper / 2, 0.0, upper, pinned=False, source="curves")
+
+
+def _gil_probe(probe: dict[str, Any] | None, curves: _Estimate, signals: dict[str, Any], notes: list[str]) -> _Estimate:
+    """The ``gil_probe`` signal, and the estimate once the probe has had its say (see :func:`estimate_gil`)."""
+    if not (probe and probe.get("share") is not None):
+        if probe and probe.get("error"):
+            # said, not hidden: a reader of a vague verdict should know a direct reading was tried
+            notes.append(f"no direct GIL reading: {probe['error']}")
+        return curves
+    ps, p_lo, p_hi = (float(probe[k]) for k in ("share", "low", "high"))
+    point, lo, hi, pinned = curves.point, curves.lo, curves.hi, curves.pinned
+    below = pinned and p_hi < lo
+    vague = pinned and hi - lo > _VAGUE and lo <= ps <= hi  # consistent, and far more precise
+    decides = below or vague or not pinned
+    signals["gil_probe"] = _signal(
+        ps,
+        [p_lo, p_hi],
+        "gil_probe",
+        "estimate" if decides else "check",
+        ps,
+        [p_lo, p_hi],
+        f"median of {probe.get('rounds', '?')} rounds at a {1e3 * float(probe.get('switch_interval_s', 0.0005)):g} ms "
+        "switch interval (interval: quartiles)",
+    )
+    if not decides:
+        return curves
+    cap = hi if not pinned else 1.0  # a bound from the curves still holds
+    if vague:
+        notes.append(
+            f"the curves leave the GIL share anywhere in {lo:.2f}-{hi:.2f}; a counter thread next "
+            f"to the stage read {ps:.2f} ({p_lo:.2f}-{p_hi:.2f}), which is used"
+        )
+    elif below:
+        notes.append(
+            f"the curves put the GIL share at {point:.2f} ({lo:.2f}-{hi:.2f}), but a counter thread next "
+            f"to the stage kept the GIL for all but {ps:.2f} of its time: the threads were limited by "
+            "something else (the cores, memory); the probe's reading is used"
+        )
+    else:
+        notes[:] = [n for n in notes if "only from above" not in n]
+        notes.append(
+            f"the curves bound the GIL share only from above (≤ {hi:.2f}); a counter thread next to the "
+            f"stage read {ps:.2f} ({p_lo:.2f}-{p_hi:.2f})"
+            + (", capped at that bound" if ps > hi else "")
+            + ", which is used"
+        )
+    return _Estimate(min(ps, cap), min(p_lo, cap), min(p_hi, cap), pinned=True, source="probe")
+
+
 def estimate_gil(
     sr: StageRows,
     *,
@@ -213,314 +651,38 @@ def estimate_gil(
         )
         return out
     H, E = chosen
-    T, P = sr.curve(H, E), sr.curve(H, "process")
+    T = sr.curve(H, E)
     out.update(harness=H, executor=E)
-    notes = out["notes"]
-    signals = out["signals"]
+    notes: list[str] = out["notes"]
+    signals: dict[str, Any] = out["signals"]
     if free_threaded:
         notes.append("free-threaded Python: there is no GIL; the fraction measures how much threads serialise")
 
-    p0 = T.points[0]
-    c0 = p0.concurrency
-    ceil0 = sr.ceiling(H, E, c0)
-    lane = c0 / p0.qps  # seconds per item per lane (Little's law in a closed loop)
-    t = lane - harness_gil_s(ceil0)  # the harness's own time per item is not the stage's
-    p50 = p0.latency_p50_ms / 1e3 if finite(p0.latency_p50_ms) else math.nan
-    if finite(p50) and p50 > 0 and t < min(p50, lane):
-        t = min(p50, lane)  # never subtract more harness time than the call itself leaves
-    if not t > 0:
-        t = lane
-    t_lo, t_hi = t * p0.qps / p0.high, t * p0.qps / p0.low
-    out["stage_s_per_item"] = t
-    if c0 > 1:
-        notes.append(f"the lowest thread level measured is {c0}, not 1: per-item time is inferred from it")
+    low = _lowest(sr, H, E, T)
+    out["stage_s_per_item"] = low.t
+    if low.c0 > 1:
+        notes.append(f"the lowest thread level measured is {low.c0}, not 1: per-item time is inferred from it")
 
-    # --- cpu_share ----------------------------------------------------------------
-    u_max = max((p.cores_used for p in T if finite(p.cores_used)), default=math.nan)
-    gil_free = finite(u_max) and u_max > _GIL_FREE_CORES
-    A = A_lo = A_hi = math.nan
-    # The direct harness's no-op ceiling on one thread is pure Python that never
-    # waits: the cores it got say how much of a core a busy thread could get
-    # around that moment. Below 1, other programs were taking the CPU, and a
-    # thread that holds the GIL keeps holding it while it waits for a core.
-    avail = math.nan
-    if H == "direct" and ceil0 is not None and finite(ceil0.cores_used) and ceil0.cores_used > 0:
-        avail = min(1.0, ceil0.cores_used)  # GIL-bound: at most one core at any concurrency
-    own = p0.call_cpu_ms / 1e3 if finite(p0.call_cpu_ms) else math.nan
-    if finite(own) or finite(p0.cpu_s_per_item):
-        if finite(own):
-            # the calling thread's own CPU per call: nothing of the harness to subtract, and nothing of
-            # the process's other threads (a library's workers spinning after earlier work put 7-15 ms
-            # into a first 0.2 s window: +0.1 on a pure sleep), read at nanosecond resolution
-            cpu, tick = own, 0.0
-        else:
-            cpu = max(0.0, p0.cpu_s_per_item - harness_cpu_s(ceil0))
-            tick = _TICK_S / p0.n_items if finite(p0.n_items) and p0.n_items > 0 else 0.0
-        A, A_lo, A_hi = cpu / t, max(0.0, cpu - tick) / t_hi, (cpu + tick) / t_lo
-        if gil_free:
-            role = "upper bound"
-            detail = (
-                f"threads used up to {u_max:.2f} cores, more than GIL-held work can: "
-                "part of the CPU runs without the GIL, so this overstates the GIL share"
-            )
-        else:
-            role = "estimate"
-            detail = f"{cpu * 1e3:.3g} ms CPU in {t * 1e3:.3g} ms per item at {E} concurrency {c0}"
-        signals["cpu_share"] = _signal(A, [A_lo, A_hi], "cpu_share", role, A, [A_lo, A_hi], detail)
-        if finite(avail) and 0.2 <= avail < 0.95 and not gil_free:
-            # Only a correction: the load fluctuates between the two windows, and a
-            # thread that wakes from waiting gets the CPU sooner than a busy one.
-            Ac = [min(1.0, x / avail) for x in (A, A_lo, A_hi)]
-            signals["cpu_share_for_load"] = _signal(
-                Ac[0],
-                Ac[1:],
-                "cpu_share_for_load",
-                "estimate",
-                Ac[0],
-                Ac[1:],
-                f"CPU share {A:.2f} / {avail:.2f} of a core that a busy no-op thread got at concurrency {c0}",
-            )
-            notes.append(
-                f"a busy no-op thread got only {avail:.2f} of a core around this measurement (other load): "
-                "CPU-based signals read low and the estimate is less certain"
-            )
+    share = _cpu_share(T, low, signals)
+    if "cpu_share" in signals:
+        _cpu_share_for_load(low, share, signals, notes)
+    plateau = _thread_plateau(sr, T, low, share, cores, signals)
+    out.update(saturated=plateau.saturated, serializer=plateau.serializer)
+    at_plateau = _cpu_share_at_plateau(share, plateau, signals)
+    processes = _threads_vs_processes(sr, T, low, share, plateau, signals, notes)
+    serial = _serial_fraction(fits, low, plateau, signals)
 
-    # --- thread_plateau -------------------------------------------------------------
-    pm = T.best()
-    assert pm is not None  # _choose picks only a curve with points
-    cm = pm.concurrency
-    h_m = harness_gil_s(sr.ceiling(H, E, cm))
-    # GIL time read at the plateau, at the lowest level's machine speed
-    k_m = _slowdown(sr, H, E, pm, p0, A)
-    B = (1.0 / pm.qps - h_m) / t / k_m
-    B_lo, B_hi = (1.0 / pm.high - h_m) / t_hi / k_m, (1.0 / pm.low - h_m) / t_lo / k_m
-    # Flattened: some level's whole interval lies well below linear scaling from
-    # the lowest level (a noisy point that merely dips does not count).
-    sublinear = any(p.high < _SUBLINEAR * p.concurrency * p0.qps / c0 for p in T.points[1:])
-    rising = False
-    if len(T) >= 2 and pm is T.points[-1]:
-        prev = T.points[-2]
-        ideal = pm.concurrency / prev.concurrency
-        rising = pm.qps > prev.qps * (1 + 0.3 * (ideal - 1)) and pm.low > prev.high
-    cores_limited = finite(pm.cores_used) and pm.cores_used >= _CORES_LIMITED * cores
-    saturated = sublinear and not rising and not cores_limited
-    out["saturated"] = bool(saturated)
-    if len(T) >= 2:
-        if saturated:
-            why = (
-                f"threads flatten at {pm.qps:,.0f} items/s (concurrency {cm}) using "
-                f"{pm.cores_used:.2f} of {cores} cores: something inside the process serialises them"
-            )
-            if k_m != 1.0:
-                why += (
-                    f"; the same work took {k_m:.2f}x the CPU per item there as at concurrency {c0} "
-                    "(the machine's speed changed), so its time per item is scaled back by that"
-                )
-        elif cores_limited:
-            why = f"threads reach the cores ({pm.cores_used:.2f} of {cores}) before any serial limit shows"
-        elif rising:
-            why = f"threads still scale at the top of the grid ({cm}): the cap has not been reached"
-        else:
-            why = f"threads scale close to linearly up to {cm}: no serial limit reached"
-        serializer = None
-        if saturated:
-            serializer = "gil" if (not finite(A) or gil_free or A >= 0.5 * B) else "other"
-            if serializer == "other":
-                why += (
-                    f"; yet the stage uses little CPU ({A:.0%} of its time): a lock or an external limit, not the GIL"
-                )
-        out["serializer"] = serializer
-        signals["thread_plateau"] = _signal(
-            B,
-            [B_lo, B_hi],
-            "thread_plateau",
-            "estimate" if serializer == "gil" else "upper bound",
-            B,
-            [B_lo, B_hi],
-            why,
-        )
-    serializer = out["serializer"]
-    gil_saturated = saturated and serializer == "gil"
-
-    # --- cpu_share_at_plateau ---------------------------------------------------------
-    A2 = math.nan
-    if (
-        gil_saturated
-        and finite(A)
-        and not gil_free
-        and finite(pm.cores_used)
-        and 0.3 < pm.cores_used <= _GIL_FREE_CORES
-    ):
-        u = pm.cores_used
-        A2 = A / u
-        signals["cpu_share_at_plateau"] = _signal(
-            A2,
-            [A_lo / u, A_hi / u],
-            "cpu_share_at_plateau",
-            "estimate",
-            A2,
-            [A_lo / u, A_hi / u],
-            f"CPU share {A:.2f} / {u:.2f} cores used on the plateau",
-        )
-
-    # --- threads_vs_processes -----------------------------------------------------------
-    C_est = None
-    common = [(pt, pp) for pt in T if (pp := P.at(pt.concurrency)) is not None] if P else []
-    if common:
-        pt, pp = max(common, key=lambda ab: ab[1].qps / ab[0].qps)
-        ratio = pp.qps / pt.qps
-        r_int = [pp.low / pt.high, pp.high / pt.low]
-        faster = pp.low > pt.high
-        c = pt.concurrency
-        if faster and serializer != "other":
-            k_c = _slowdown(sr, H, E, pt, p0, A)
-            h_c = harness_gil_s(sr.ceiling(H, E, c))
-            imp = (1.0 / pt.qps - h_c) / t / k_c
-            imp_int = [(1.0 / pt.high - h_c) / t_hi / k_c, (1.0 / pt.low - h_c) / t_lo / k_c]
-            C_est = (imp, imp_int)
-            detail = (
-                f"at concurrency {c} processes deliver {pp.qps:,.0f} items/s, threads {pt.qps:,.0f}: "
-                "the threads' cap lives inside one process"
-            )
-            role = "estimate" if gil_saturated else "check"
-        else:
-            imp, imp_int = None, None
-            slower = pp.high < pt.low
-            detail = (
-                f"at concurrency {c} processes {'trail' if slower else 'match'} threads "
-                f"({pp.qps:,.0f} vs {pt.qps:,.0f} items/s): no sign of a per-process cap here"
-            )
-            if faster:
-                detail = (
-                    f"at concurrency {c} processes beat threads ({pp.qps:,.0f} vs {pt.qps:,.0f}) "
-                    "but the stage uses little CPU: a lock, not the GIL"
-                )
-            role = "check"
-        signals["threads_vs_processes"] = _signal(ratio, r_int, "threads_vs_processes", role, imp, imp_int, detail)
-        if gil_saturated and not faster and not any(q.low > p.high for p, q in common):
-            notes.append(
-                "threads flatten below the cores yet processes do no better: other load on the machine or a "
-                "resource shared between processes may be the limit; the GIL evidence is weaker"
-            )
-
-    # --- serial_fraction ----------------------------------------------------------------
-    D_est = None
-    fT, fP = fits.get(f"{H}/{E}"), fits.get(f"{H}/process")
-    if fT and fT.get("amdahl_serial_fraction") is not None:
-        sT, sT_int = fT["amdahl_serial_fraction"], fT.get("amdahl_interval")
-        sP = fP.get("amdahl_serial_fraction") if fP else None
-        sP_int = fP.get("amdahl_interval") if fP else None
-        if sP is not None and sT_int and sP_int:
-            apart = sT_int[0] > sP_int[1]
-            detail = f"threads σ = {sT:.2f}, processes σ = {sP:.2f}: " + (
-                "the serial part is specific to threads" if apart else "no clear difference"
-            )
-            usable = apart and serializer != "other"
-        else:
-            detail = f"threads σ = {sT:.2f} (no process curve to compare)"
-            usable = gil_saturated
-        if usable:
-            D_est = (sT, sT_int or [sT, sT])
-        signals["serial_fraction"] = _signal(
-            sT,
-            sT_int,
-            "serial_fraction",
-            "estimate" if (usable and gil_saturated) else "check",
-            sT if usable else None,
-            (sT_int if usable else None),
-            detail,
-        )
-
-    # --- combine ------------------------------------------------------------------------
-    ests: list[tuple[float, float, float]] = []
-    if finite(A) and not gil_free:
-        ests.append((A, A_lo, A_hi))
-        if "cpu_share_for_load" in signals:
-            sig = signals["cpu_share_for_load"]
-            ests.append((sig["value"], *sig["interval"]))
-    if gil_saturated:
-        ests.append((B, B_lo, B_hi))
-        if finite(A2):
-            ests.append(
-                (A2, signals["cpu_share_at_plateau"]["interval"][0], signals["cpu_share_at_plateau"]["interval"][1])
-            )
-        if C_est:
-            ests.append((C_est[0], C_est[1][0], C_est[1][1]))  # imp_int: [low, high]
-        if D_est:
-            ests.append((D_est[0], *D_est[1]))
-    elif ests and len(T) >= 2 and A_lo > B_hi:
-        # threads scaled further than the CPU share allows
-        notes.append(
-            "threads scaled further than the CPU share allows: the machine's speed changed during the sweep, "
-            "or part of the CPU runs without the GIL; both signals are used"
-        )
-        ests.append((B, B_lo, B_hi))
-    if ests:
-        vals = np.array([e[0] for e in ests])
-        point = float(np.median(vals))
-        lo = min(e[1] for e in ests)
-        hi = max(e[2] for e in ests)
-        if not gil_saturated and len(T) >= 2:
-            hi = min(hi, max(B_hi, point))  # the plateau bound holds unless the signals disagree
-        out["pinned"] = True
-    else:
-        bounds = [b for b in (B_hi if len(T) >= 2 else math.nan, A_hi) if finite(b)]
-        upper = _clip01(min(bounds)) if bounds else 1.0
-        point, lo, hi = upper / 2, 0.0, upper
-        notes.append(
-            f"the data bound the GIL share only from above (≤ {upper:.2f}): part of the CPU runs without the "
-            f"GIL and the threads were limited by the cores before any GIL cap showed; "
-            f"more cores would pin it down"
-        )
-    out["source"] = "curves"
-    if probe and probe.get("share") is not None:
-        ps, p_lo, p_hi = (float(probe[k]) for k in ("share", "low", "high"))
-        below = out["pinned"] and p_hi < lo
-        vague = out["pinned"] and hi - lo > _VAGUE and lo <= ps <= hi  # consistent, and far more precise
-        decides = below or vague or not out["pinned"]
-        signals["gil_probe"] = _signal(
-            ps,
-            [p_lo, p_hi],
-            "gil_probe",
-            "estimate" if decides else "check",
-            ps,
-            [p_lo, p_hi],
-            f"median of {probe.get('rounds', '?')} rounds at a {1e3 * float(probe.get('switch_interval_s', 0.0005)):g} ms "
-            "switch interval (interval: quartiles)",
-        )
-        if decides:
-            cap = hi if not out["pinned"] else 1.0  # a bound from the curves still holds
-            if vague:
-                notes.append(
-                    f"the curves leave the GIL share anywhere in {lo:.2f}-{hi:.2f}; a counter thread next "
-                    f"to the stage read {ps:.2f} ({p_lo:.2f}-{p_hi:.2f}), which is used"
-                )
-            elif below:
-                notes.append(
-                    f"the curves put the GIL share at {point:.2f} ({lo:.2f}-{hi:.2f}), but a counter thread next "
-                    f"to the stage kept the GIL for all but {ps:.2f} of its time: the threads were limited by "
-                    "something else (the cores, memory); the probe's reading is used"
-                )
-            else:
-                notes[:] = [n for n in notes if "only from above" not in n]
-                notes.append(
-                    f"the curves bound the GIL share only from above (≤ {hi:.2f}); a counter thread next to the "
-                    f"stage read {ps:.2f} ({p_lo:.2f}-{p_hi:.2f})"
-                    + (", capped at that bound" if ps > hi else "")
-                    + ", which is used"
-                )
-            point, lo, hi = min(ps, cap), min(p_lo, cap), min(p_hi, cap)
-            out["pinned"], out["source"] = True, "probe"
-    elif probe and probe.get("error"):
-        # said, not hidden: a reader of a vague verdict should know a direct reading was tried
-        notes.append(f"no direct GIL reading: {probe['error']}")
-    point = _clip01(point)
-    out["fraction"] = point
-    out["interval"] = [_clip01(min(lo, point)), _clip01(max(hi, point))]
-    g = point * t
-    if len(T) >= 2:
+    multi = len(T) >= 2
+    on_plateau = [e for e in (at_plateau, processes, serial) if e is not None]
+    curves = _combine(_valid_estimates(share, plateau, on_plateau, multi, signals, notes), share, plateau, multi, notes)
+    est = _gil_probe(probe, curves, signals, notes)
+    point = _clip01(est.point)
+    out.update(pinned=est.pinned, source=est.source, fraction=point)
+    out["interval"] = [_clip01(min(est.lo, point)), _clip01(max(est.hi, point))]
+    g = point * low.t
+    if multi:
         # Threads reached the peak, so per-item GIL time cannot exceed 1/peak (minus
         # the harness's share): a physical bound that holds even when t drifted.
-        g = min(g, max(0.0, 1.0 / pm.qps - h_m))
+        g = min(g, max(0.0, 1.0 / plateau.peak.qps - plateau.harness_gil))
     out["gil_s_per_item"] = g
     return out
