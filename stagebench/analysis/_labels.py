@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from stagebench._numbers import finite, fmt_above, fmt_ms, fmt_q, fmt_share_of, num
@@ -87,6 +88,31 @@ def still_rising(curve: Curve | None) -> str | None:
     return None
 
 
+#: A verdict of one limit rule: ``(kind, lines)``, the kind one of :data:`LIMIT_OF`'s keys.
+_Verdict = tuple[str, list[str]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _AtBest:
+    """The stage at its best setting, as every limit rule reads it; the rules add to ``signals``."""
+
+    sr: StageRows
+    harness: str
+    ex: str
+    c: int
+    bp: Point
+    ceil: Point | None
+    bests: dict[str, Point]
+    gil: dict
+    cores: int
+    signals: dict[str, dict]
+
+    @property
+    def u(self) -> float:
+        """Cores used at the best point."""
+        return self.bp.cores_used
+
+
 def limit_rules(
     sr: StageRows,
     harness: str,
@@ -95,150 +121,200 @@ def limit_rules(
     gil: dict,
     cores: int,
 ) -> tuple[str, list[str], dict[str, dict]]:
-    """What limits the stage at its best setting, by the rules that used to label it (kept as they were:
-    their kinds are :data:`LIMIT_OF`'s keys). ``(kind, lines, signals)``."""
+    """What limits the stage at its best setting: the first of the rules below that holds, in order.
+
+    ``(kind, lines, signals)``, the kind one of :data:`LIMIT_OF`'s keys. The rules: near the harness's
+    no-op ceiling (the harness, or IPC on processes); a large payload whose transfer costs more CPU
+    than the work; a GIL that flattens the thread curve; the GIL busy at the best point; the cores
+    full; threads serialised by something other than the GIL; and last, the stage's own work (the
+    harness's pace, waiting, or nothing that stands out).
+    """
     ex, c = best["executor"], best["concurrency"]
     bp = sr.curve(harness, ex).at(c)
     assert bp is not None  # ``best`` is a point of this curve (_recommend)
-    signals: dict[str, dict] = {}
-    ceil = sr.ceiling(harness, ex, c)
-    u = bp.cores_used
-    if finite(u):
-        signals["cores_used_at_best"] = {
-            "value": u,
-            "interval": None,
-            "label": f"cores used at the best point ({ex} concurrency {c}), of {cores} usable",
-        }
-    if ceil is not None:
-        share = bp.qps / ceil.qps
-        signals["ceiling_share"] = {
-            "value": share,
-            "interval": None,
-            "label": f"best throughput / no-op ceiling of the {harness} harness at {ex} concurrency {c}",
-        }
-        near = share >= _NEAR_CEILING
-        if near and ex != "process":
-            return (
-                "overhead-bound",
-                [
-                    f"{fmt_q(bp.qps)} items/s at {ex} concurrency {c} is {fmt_share_of(share)} the {harness} harness's "
-                    f"no-op ceiling ({fmt_q(ceil.qps)} items/s{fmt_above(share)}): the per-item work is smaller than the "
-                    "per-item overhead"
-                ],
-                signals,
-            )
-        # on processes that fill the cores, the cores (not the transfer) are the limit
-        if near and not (finite(u) and u >= _CPU_BOUND * cores):
-            return (
-                "ipc-bound",
-                [
-                    f"on processes it reaches {fmt_q(bp.qps)} items/s at concurrency {c}, {fmt_share_of(share)} the "
-                    f"process no-op ceiling ({fmt_q(ceil.qps)} items/s{fmt_above(share)}): moving items between "
-                    "processes is the limit"
-                ],
-                signals,
-            )
-
-    payload = sr.payload_bytes()
-    if ex == "process" and finite(payload) and payload >= _LARGE_PAYLOAD:
-        pt = sr.curve(harness, "thread").at(c)
-        if pt is not None and finite(pt.cpu_s_per_item, bp.cpu_s_per_item):
-            ipc_cpu = bp.cpu_s_per_item - pt.cpu_s_per_item
-            if ipc_cpu > pt.cpu_s_per_item:
-                return (
-                    "ipc-bound",
-                    [
-                        f"each item moves {payload / 1024:,.0f} KiB between processes; that costs {fmt_ms(ipc_cpu)} of CPU "
-                        f"per item, more than the work itself ({fmt_ms(pt.cpu_s_per_item)} on threads)"
-                    ],
-                    signals,
-                )
-
-    # A GIL that binds caps the thread curve; one still rising at the top of
-    # the grid has not met it, whatever small GIL share its CPU suggests. Each
-    # rule judges the curve it reads: the GIL estimate's, and the best point's.
-    gil_curve = sr.curve(gil.get("harness") or harness, gil.get("executor") or "thread")
-    tb = bests.get(gil.get("executor") or "thread")
-    if gil.get("saturated") and gil.get("serializer") == "gil" and tb is not None and not still_rising(gil_curve):
-        f = gil["fraction"]
-        if gil.get("gil_s_per_item") is not None:
-            signals["gil_busy_at_best"] = {
-                "value": tb.qps * gil["gil_s_per_item"],
-                "interval": None,
-                "role": "verdict",
-                "label": f"share of the time the GIL is held where the {gil['executor']}s flatten (concurrency "
-                f"{tb.concurrency}): throughput x the stage's own GIL time per item",
-            }
-        lines = [
-            f"{gil['executor']}s flatten at {fmt_q(tb.qps)} items/s (concurrency {tb.concurrency}, "
-            f"{tb.cores_used:.2f} of {cores} cores): the stage holds the GIL about {f:.0%} of each item "
-            f"({fmt_ms(gil['gil_s_per_item'])} of {fmt_ms(gil['stage_s_per_item'])})"
-        ]
-        # Measured through SPDL, a curve also flattens on SPDL's own per-item Python (its event loop
-        # holds the GIL to schedule every item): where the stage holds it less than half as long, that
-        # is the limit, as in the rule below (a 4 ms read at 16 threads read "gil-bound, 3% its own").
-        g_own = gil.get("gil_s_per_item")
-        h = harness_gil_s(sr.ceiling(gil.get("harness") or harness, gil.get("executor") or "thread", tb.concurrency))
-        if g_own is not None and h > 0 and g_own < _OWN_GIL_SHARE * h:
-            return (
-                "overhead-bound",
-                [
-                    lines[0] + f", under half of the {fmt_ms(h)} the harness's own per-item Python holds it: "
-                    "the per-item scheduling is the limit"
-                ],
-                signals,
-            )
-        pb = bests.get("process")
-        if pb is not None:
-            lines.append(
-                f"processes, each with its own GIL, reach {fmt_q(pb.qps)} items/s (concurrency {pb.concurrency})"
-            )
-        return "gil-bound", lines, signals
-
-    # The GIL busy at the best point itself: the stage's own GIL time plus the
-    # harness's per item, times the throughput (catches a GIL that saturates
-    # only together with SPDL's own Python, at the top of the curve).
-    g = gil.get("gil_s_per_item")
-    rising = still_rising(sr.curve(harness, ex)) if ex in ("thread", "async") else None
+    at = _AtBest(
+        sr=sr,
+        harness=harness,
+        ex=ex,
+        c=c,
+        bp=bp,
+        ceil=sr.ceiling(harness, ex, c),
+        bests=bests,
+        gil=gil,
+        cores=cores,
+        signals={},
+    )
+    _record_best(at)
+    verdict = _near_ceiling(at) or _large_payload(at) or _gil_flattens(at)
     rising_note: str | None = None
-    if ex in ("thread", "async") and g is not None and not gil.get("serializer") == "other":
-        h = harness_gil_s(sr.ceiling(harness, ex, c))
-        busy = bp.qps * (g + h)
-        line = (
-            f"at {ex} concurrency {c}, {fmt_q(bp.qps)} items/s x ({fmt_ms(g)} of the stage's own Python + {fmt_ms(h)} "
-            f"of the harness's) keeps the GIL {busy:.0%} busy"
-        )
-        # a verdict of this rule rests on this share, not on the stage's own GIL share (which can be small)
-        signals["gil_busy_at_best"] = {
-            "value": busy,
-            "interval": None,
-            "label": f"share of the time the GIL is held at the best point ({ex} concurrency {c}): throughput x "
-            "(the stage's own GIL time + the harness's per item)",
-            "role": "check",
-        }
-        if busy >= _NEAR_CEILING and rising:
-            rising_note = f"{line}, yet the curve is {rising}: the GIL is not the limit yet"
-        elif busy >= _NEAR_CEILING:
-            signals["gil_busy_at_best"]["role"] = "verdict"  # the verdict rests on it
-            if g >= _OWN_GIL_SHARE * h:
-                return "gil-bound", [line + ": the GIL is the limit"], signals
-            return (
-                "overhead-bound",
-                [line + ": mostly the harness's own per-item Python, the GIL is the limit"],
-                signals,
-            )
+    if verdict is None:
+        verdict, rising_note = _gil_busy_at_best(at)
+    verdict = verdict or _cores_full(at) or _serialised(at) or _own_work(at, rising_note)
+    return verdict[0], verdict[1], at.signals
 
-    cpu = bp.cpu_s_per_item
-    if (finite(u) and u >= _CPU_BOUND * cores) or (finite(cpu) and cpu > 0 and bp.qps >= 0.8 * cores / cpu):
+
+def _record_best(at: _AtBest) -> None:
+    """The best point's signals every verdict shows: its cores used, and its share of the no-op ceiling."""
+    if finite(at.u):
+        at.signals["cores_used_at_best"] = {
+            "value": at.u,
+            "interval": None,
+            "label": f"cores used at the best point ({at.ex} concurrency {at.c}), of {at.cores} usable",
+        }
+    if at.ceil is not None:
+        at.signals["ceiling_share"] = {
+            "value": at.bp.qps / at.ceil.qps,
+            "interval": None,
+            "label": f"best throughput / no-op ceiling of the {at.harness} harness at {at.ex} concurrency {at.c}",
+        }
+
+
+def _near_ceiling(at: _AtBest) -> _Verdict | None:
+    """Near the harness's no-op ceiling: the harness's cost per item is the limit, or on processes
+    that do not fill the cores, moving items between them (processes that fill the cores are held
+    back by the cores, not the transfer)."""
+    if at.ceil is None:
+        return None
+    ex, c, bp, ceil, harness = at.ex, at.c, at.bp, at.ceil, at.harness
+    share = bp.qps / ceil.qps
+    near = share >= _NEAR_CEILING
+    if near and ex != "process":
+        return (
+            "overhead-bound",
+            [
+                f"{fmt_q(bp.qps)} items/s at {ex} concurrency {c} is {fmt_share_of(share)} the {harness} harness's "
+                f"no-op ceiling ({fmt_q(ceil.qps)} items/s{fmt_above(share)}): the per-item work is smaller than the "
+                "per-item overhead"
+            ],
+        )
+    if near and not (finite(at.u) and at.u >= _CPU_BOUND * at.cores):
+        return (
+            "ipc-bound",
+            [
+                f"on processes it reaches {fmt_q(bp.qps)} items/s at concurrency {c}, {fmt_share_of(share)} the "
+                f"process no-op ceiling ({fmt_q(ceil.qps)} items/s{fmt_above(share)}): moving items between "
+                "processes is the limit"
+            ],
+        )
+    return None
+
+
+def _large_payload(at: _AtBest) -> _Verdict | None:
+    """On processes with a large payload: IPC, where moving an item costs more CPU than the work on threads."""
+    payload = at.sr.payload_bytes()
+    if not (at.ex == "process" and finite(payload) and payload >= _LARGE_PAYLOAD):
+        return None
+    pt = at.sr.curve(at.harness, "thread").at(at.c)
+    if pt is None or not finite(pt.cpu_s_per_item, at.bp.cpu_s_per_item):
+        return None
+    ipc_cpu = at.bp.cpu_s_per_item - pt.cpu_s_per_item
+    if ipc_cpu > pt.cpu_s_per_item:
+        return (
+            "ipc-bound",
+            [
+                f"each item moves {payload / 1024:,.0f} KiB between processes; that costs {fmt_ms(ipc_cpu)} of CPU "
+                f"per item, more than the work itself ({fmt_ms(pt.cpu_s_per_item)} on threads)"
+            ],
+        )
+    return None
+
+
+def _gil_flattens(at: _AtBest) -> _Verdict | None:
+    """The GIL estimate says the GIL serialises the threads and their curve has flattened: the GIL.
+
+    A GIL that binds caps the thread curve; one still rising at the top of the grid has not met it,
+    whatever small GIL share its CPU suggests. The rule reads the GIL estimate's curve. Measured
+    through SPDL, a curve also flattens on SPDL's own per-item Python (its event loop holds the GIL
+    to schedule every item): where the stage holds it less than half as long, the harness is the limit.
+    """
+    gil, harness = at.gil, at.harness
+    gil_curve = at.sr.curve(gil.get("harness") or harness, gil.get("executor") or "thread")
+    tb = at.bests.get(gil.get("executor") or "thread")
+    if not (gil.get("saturated") and gil.get("serializer") == "gil" and tb is not None and not still_rising(gil_curve)):
+        return None
+    f = gil["fraction"]
+    if gil.get("gil_s_per_item") is not None:
+        at.signals["gil_busy_at_best"] = {
+            "value": tb.qps * gil["gil_s_per_item"],
+            "interval": None,
+            "role": "verdict",
+            "label": f"share of the time the GIL is held where the {gil['executor']}s flatten (concurrency "
+            f"{tb.concurrency}): throughput x the stage's own GIL time per item",
+        }
+    lines = [
+        f"{gil['executor']}s flatten at {fmt_q(tb.qps)} items/s (concurrency {tb.concurrency}, "
+        f"{tb.cores_used:.2f} of {at.cores} cores): the stage holds the GIL about {f:.0%} of each item "
+        f"({fmt_ms(gil['gil_s_per_item'])} of {fmt_ms(gil['stage_s_per_item'])})"
+    ]
+    g_own = gil.get("gil_s_per_item")
+    h = harness_gil_s(at.sr.ceiling(gil.get("harness") or harness, gil.get("executor") or "thread", tb.concurrency))
+    if g_own is not None and h > 0 and g_own < _OWN_GIL_SHARE * h:
+        return (
+            "overhead-bound",
+            [
+                lines[0] + f", under half of the {fmt_ms(h)} the harness's own per-item Python holds it: "
+                "the per-item scheduling is the limit"
+            ],
+        )
+    pb = at.bests.get("process")
+    if pb is not None:
+        lines.append(f"processes, each with its own GIL, reach {fmt_q(pb.qps)} items/s (concurrency {pb.concurrency})")
+    return "gil-bound", lines
+
+
+def _gil_busy_at_best(at: _AtBest) -> tuple[_Verdict | None, str | None]:
+    """The GIL busy at the best point itself (threads or async): ``(verdict, rising note)``.
+
+    The busy share is the stage's own GIL time plus the harness's per item, times the throughput: it
+    catches a GIL that saturates only together with SPDL's own Python, at the top of the curve. A
+    verdict rests on this share, not on the stage's own GIL share (which can be small). A busy GIL on
+    a curve still rising is no verdict: the note says so, for the last rule's lines.
+    """
+    ex, c, bp, gil = at.ex, at.c, at.bp, at.gil
+    g = gil.get("gil_s_per_item")
+    if not (ex in ("thread", "async") and g is not None and not gil.get("serializer") == "other"):
+        return None, None
+    rising = still_rising(at.sr.curve(at.harness, ex))
+    h = harness_gil_s(at.sr.ceiling(at.harness, ex, c))
+    busy = bp.qps * (g + h)
+    line = (
+        f"at {ex} concurrency {c}, {fmt_q(bp.qps)} items/s x ({fmt_ms(g)} of the stage's own Python + {fmt_ms(h)} "
+        f"of the harness's) keeps the GIL {busy:.0%} busy"
+    )
+    at.signals["gil_busy_at_best"] = {
+        "value": busy,
+        "interval": None,
+        "label": f"share of the time the GIL is held at the best point ({ex} concurrency {c}): throughput x "
+        "(the stage's own GIL time + the harness's per item)",
+        "role": "check",
+    }
+    if busy >= _NEAR_CEILING and rising:
+        return None, f"{line}, yet the curve is {rising}: the GIL is not the limit yet"
+    if busy >= _NEAR_CEILING:
+        at.signals["gil_busy_at_best"]["role"] = "verdict"  # the verdict rests on it
+        if g >= _OWN_GIL_SHARE * h:
+            return ("gil-bound", [line + ": the GIL is the limit"]), None
+        return ("overhead-bound", [line + ": mostly the harness's own per-item Python, the GIL is the limit"]), None
+    return None, None
+
+
+def _cores_full(at: _AtBest) -> _Verdict | None:
+    """The cores: most of them used, or throughput x CPU per item near all of them."""
+    u, cpu, cores = at.u, at.bp.cpu_s_per_item, at.cores
+    if (finite(u) and u >= _CPU_BOUND * cores) or (finite(cpu) and cpu > 0 and at.bp.qps >= 0.8 * cores / cpu):
         return (
             "cpu-bound",
             [
-                f"at {ex} concurrency {c} it uses {u:.2f} of {cores} cores ({fmt_ms(cpu)} CPU per item, "
-                f"{fmt_q(bp.qps)} items/s): the cores are the limit"
+                f"at {at.ex} concurrency {at.c} it uses {u:.2f} of {cores} cores ({fmt_ms(cpu)} CPU per item, "
+                f"{fmt_q(at.bp.qps)} items/s): the cores are the limit"
             ],
-            signals,
         )
+    return None
 
+
+def _serialised(at: _AtBest) -> _Verdict | None:
+    """Threads that flatten with little CPU and not on the GIL: something else serialises them."""
+    gil = at.gil
     if gil.get("saturated") and gil.get("serializer") == "other":
         return (
             "unknown",
@@ -246,62 +322,95 @@ def limit_rules(
                 f"{gil['executor']}s flatten using little CPU per item: something other than the GIL serialises them "
                 "(a lock, or an external limit such as a disk or a server)"
             ],
-            signals,
         )
+    return None
 
-    curve = sr.curve(harness, ex)
-    p0 = curve.points[0]
-    linear_share = bp.qps / (bp.concurrency * p0.qps / p0.concurrency)
-    # The harness's per-item scheduling (its no-op ceiling's CPU per item at the
-    # same setting) is CPU the stage would not spend in any other harness: a
-    # stage that waits is judged on its own cores, both numbers shown.
-    own_u, used, own_cpu = u, f"{u:.2f} of {cores} cores", math.nan
-    if finite(u, cpu) and ceil is not None and finite(ceil.cpu_s_per_item) and ceil.cpu_s_per_item > 0:
-        own_cpu = max(0.0, cpu - ceil.cpu_s_per_item)
-        own_u = own_cpu * bp.qps
-        used = (
-            f"{own_u:.2f} of {cores} cores for its own work ({fmt_ms(own_cpu)} CPU per item; {u:.2f} cores with "
-            f"the {harness} harness's own per-item scheduling, {fmt_ms(ceil.cpu_s_per_item)} per item)"
-        )
-        signals["own_cores_at_best"] = {
-            "value": own_u,
-            "interval": None,
-            "label": f"cores used by the stage itself at the best point: (CPU per item - the {harness} harness's "
-            f"no-op CPU per item) x throughput, of {cores} usable",
-        }
-    lines = [rising_note] if rising_note else []
-    # Few cores of its own do not make a stage that computes a waiting one: a stage that computes
-    # most of its call when alone, with less work per item than the harness's own scheduling,
-    # is paced by the harness (the demo's aggregate step, 0.18 us of Python a call, read
-    # "io-bound, it waits" at 80% of the SPDL ceiling, just short of the 'near the ceiling' rule).
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _OwnCores:
+    """The cores the stage uses for its own work at its best point, the harness's scheduling taken out."""
+
+    own_u: float
+    """Cores for its own work (all the cores used where the harness's part is unknown)."""
+    used: str
+    """The cores used, in words."""
+    own_cpu: float
+    """Its own CPU per item (NaN where the harness's part is unknown)."""
+
+
+def _own_cores(at: _AtBest) -> _OwnCores:
+    """The stage's own cores at its best point, recorded as a signal where they can be read.
+
+    The harness's per-item scheduling (its no-op ceiling's CPU per item at the same setting) is CPU
+    the stage would not spend in any other harness: a stage that waits is judged on its own cores,
+    both numbers shown.
+    """
+    u, cpu, cores, ceil, harness = at.u, at.bp.cpu_s_per_item, at.cores, at.ceil, at.harness
+    if not (finite(u, cpu) and ceil is not None and finite(ceil.cpu_s_per_item) and ceil.cpu_s_per_item > 0):
+        return _OwnCores(own_u=u, used=f"{u:.2f} of {cores} cores", own_cpu=math.nan)
+    own_cpu = max(0.0, cpu - ceil.cpu_s_per_item)
+    own_u = own_cpu * at.bp.qps
+    at.signals["own_cores_at_best"] = {
+        "value": own_u,
+        "interval": None,
+        "label": f"cores used by the stage itself at the best point: (CPU per item - the {harness} harness's "
+        f"no-op CPU per item) x throughput, of {cores} usable",
+    }
+    used = (
+        f"{own_u:.2f} of {cores} cores for its own work ({fmt_ms(own_cpu)} CPU per item; {u:.2f} cores with "
+        f"the {harness} harness's own per-item scheduling, {fmt_ms(ceil.cpu_s_per_item)} per item)"
+    )
+    return _OwnCores(own_u=own_u, used=used, own_cpu=own_cpu)
+
+
+def _computing_share(gil: dict) -> Any:
+    """The share of its call the stage computes when alone (None or NaN: unknown).
+
+    The probe's GIL share is Python running, so computing, read directly; it is taken where it
+    says more than the CPU share, which for a sub-microsecond call is a difference of two per-item
+    CPU readings and reads low.
+    """
     alone = gil["signals"].get("cpu_share", {}).get("value")
-    # The probe's GIL share is Python running, so computing, read directly; the CPU share of a
-    # sub-microsecond call is a difference of two per-item CPU readings (the demo's aggregate
-    # read 0.42 beside a probe of 0.97 and was called "io-bound, it waits").
     probed = gil["signals"].get("gil_probe", {}).get("value")
     if finite(probed) and probed >= _COMPUTE_BOUND and not (finite(alone) and alone >= probed):
         alone = probed
+    return alone
+
+
+def _own_work(at: _AtBest, rising_note: str | None) -> _Verdict:
+    """The last rule, on the stage's own work: the harness's pace, waiting, or nothing that stands out.
+
+    Few cores of its own do not make a stage that computes a waiting one: a stage that computes most
+    of its call when alone, with less work per item than the harness's own scheduling, is paced by the
+    harness. A stage that waits (few cores of its own, scaling) is limited by its concurrency.
+    ``rising_note`` (a busy GIL on a curve still rising) follows the verdict's line.
+    """
+    ex, c, bp, ceil, cores = at.ex, at.c, at.bp, at.ceil, at.cores
+    p0 = at.sr.curve(at.harness, ex).points[0]
+    linear_share = bp.qps / (bp.concurrency * p0.qps / p0.concurrency)
+    own = _own_cores(at)
+    lines = [rising_note] if rising_note else []
+    alone = _computing_share(at.gil)
     computes = finite(alone) and alone >= _COMPUTE_BOUND
     # own_cpu is finite only with a ceiling; the explicit test is for the type checker
-    if computes and ceil is not None and finite(own_cpu) and own_cpu < ceil.cpu_s_per_item:
+    if computes and ceil is not None and finite(own.own_cpu) and own.own_cpu < ceil.cpu_s_per_item:
         lines.insert(
             0,
-            f"at {ex} concurrency {c} it delivers {fmt_q(bp.qps)} items/s, {bp.qps / ceil.qps:.0%} of the {harness} "
-            f"harness's no-op ceiling; its own work ({fmt_ms(own_cpu)} CPU per item; it computes {alone:.0%} of its call "
-            f"alone) is less than the harness's per-item scheduling ({fmt_ms(ceil.cpu_s_per_item)}): the overhead sets "
-            "the pace",
+            f"at {ex} concurrency {c} it delivers {fmt_q(bp.qps)} items/s, {bp.qps / ceil.qps:.0%} of the "
+            f"{at.harness} harness's no-op ceiling; its own work ({fmt_ms(own.own_cpu)} CPU per item; it computes "
+            f"{alone:.0%} of its call alone) is less than the harness's per-item scheduling "
+            f"({fmt_ms(ceil.cpu_s_per_item)}): the overhead sets the pace",
         )
-        return "overhead-bound", lines, signals
-    if finite(own_u) and own_u < _IO_CORES * cores and (c > cores or linear_share >= 0.75) and not computes:
+        return "overhead-bound", lines
+    if finite(own.own_u) and own.own_u < _IO_CORES * cores and (c > cores or linear_share >= 0.75) and not computes:
         lines.insert(
             0,
             f"at {ex} concurrency {c} it delivers {fmt_q(bp.qps)} items/s ({linear_share:.0%} of linear scaling) "
-            f"using only {used}: it waits (I/O, sleep, GIL-free waiting)",
+            f"using only {own.used}: it waits (I/O, sleep, GIL-free waiting)",
         )
-        return "io-bound", lines, signals
-
-    lines.insert(0, f"at {ex} concurrency {c}: {fmt_q(bp.qps)} items/s, {used}; no single limit stands out")
-    return "unknown", lines, signals
+        return "io-bound", lines
+    lines.insert(0, f"at {ex} concurrency {c}: {fmt_q(bp.qps)} items/s, {own.used}; no single limit stands out")
+    return "unknown", lines
 
 
 #: What limits a stage at its best setting, from :func:`limit_rules`' verdict on it: the second fact,

@@ -37,6 +37,7 @@ quantity to per-source-item.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from stagebench._numbers import finite, fmt_ms, fmt_q
@@ -146,6 +147,46 @@ def predict_pipeline(
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
     fixed = float((overhead or {}).get("fixed_s_per_item") or 0.0)
+    loads, missing, settings = _measured(stage_summaries, fixed)
+    out = _unpredicted(settings, loads, missing)
+    if not loads:
+        out["explanation"] = "no stage was measured, so nothing can be predicted"
+        return out
+
+    b = pipeline_bounds(loads, cores, free_threaded, fixed)
+    _record_bounds(out, b, overhead)
+    p = _Pipeline(
+        stage_summaries=stage_summaries,
+        by_name={st["name"]: st for st in stage_summaries},
+        loads=loads,
+        b=b,
+        cores=cores,
+        free_threaded=free_threaded,
+        fixed=fixed,
+    )
+    if b["binding"] == "gil":
+        parts = _gil_binds(p, out)
+    elif b["binding"] == "cores":
+        parts = _cores_bind(p, out)
+    else:
+        parts = _stage_binds(p, out)
+    bound_key = "stages" if b["binding"] == "stage" else b["binding"]
+    others = {k: v for k, v in out["bounds"].items() if v is not None and k != bound_key}
+    if others:
+        parts.append("other bounds: " + ", ".join(f"{k} {fmt_q(v)}" for k, v in others.items()))
+    if missing:
+        parts.append(f"not counted (not measured): {_names(missing)}")
+    caveat = _caveat(loads, settings, overhead)
+    if caveat:
+        out["caveat"] = caveat
+        parts.append(caveat)
+    out["explanation"] = "; ".join(parts)
+    return out
+
+
+def _measured(stage_summaries: list[dict], fixed: float) -> tuple[list[dict], list[str], list[dict]]:
+    """``(loads, missing, settings)``: the measured stages' demands at their recommended settings, the
+    names of the stages left out (not measured), and the settings the demands were read at."""
     loads, missing, settings = [], [], []
     for st in stage_summaries:
         s = _setting(st) if st.get("status", "ok") == "ok" else None
@@ -161,7 +202,12 @@ def predict_pipeline(
                 "harness": s.get("harness"),
             }
         )
-    out: dict[str, Any] = {
+    return loads, missing, settings
+
+
+def _unpredicted(settings: list[dict], loads: list[dict], missing: list[str]) -> dict[str, Any]:
+    """The prediction's fields, none predicted yet: every key in the order the prediction lists them."""
+    return {
         "qps": None,
         "binding": None,
         "bottleneck": None,
@@ -179,13 +225,11 @@ def predict_pipeline(
         "bounds_qps": None,
         "replay": None,
     }
-    if not loads:
-        out["explanation"] = "no stage was measured, so nothing can be predicted"
-        return out
 
-    b = pipeline_bounds(loads, cores, free_threaded, fixed)
+
+def _record_bounds(out: dict[str, Any], b: dict[str, Any], overhead: dict | None) -> None:
+    """The bounds' number, what binds and each bound (``None`` for one that does not apply) into ``out``."""
     out["fixed_s_per_item"] = b["fixed"] if overhead else None
-    by_name = {st["name"]: st for st in stage_summaries}
     out["qps"] = out["bounds_qps"] = b["qps"]
     out["binding"] = b["binding"]
     out["naive_qps"] = b["bounds"]["stage"]
@@ -195,84 +239,117 @@ def predict_pipeline(
         "gil": b["bounds"]["gil"] if math.isfinite(b["bounds"]["gil"]) else None,
     }
 
-    parts: list[str] = []
-    if b["binding"] == "gil":
-        holders = sorted((d for d in loads if d["gil_s_per_item"] > 0), key=lambda d: -d["gil_s_per_item"])
-        main = [
-            d
-            for d in holders
-            if d["executor"] in _MAIN_PROCESS and (by_name[d["stage"]].get("gil_s_per_item") or 0) > 0
-        ]
-        # the parts add up to the total: each stage's own Python in the main process, and the pipeline's
-        # own per-item scheduling (every stage's harness part, and what it pays once per item)
-        sched = sum(d["harness_gil_s_per_item"] for d in loads) + b["fixed"]
-        owns = sorted(
-            ((d["stage"], d["gil_s_per_item"] - d["harness_gil_s_per_item"]) for d in loads),
-            key=lambda x: -x[1],
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Pipeline:
+    """The measured stages and the bounds they set, as each binding limit's explanation reads them."""
+
+    stage_summaries: list[dict]
+    by_name: dict[str, dict]
+    """The stage summaries by stage name."""
+    loads: list[dict]
+    """The measured stages' per-item demands (:func:`stage_load`)."""
+    b: dict[str, Any]
+    """The bounds (:func:`pipeline_bounds`)."""
+    cores: int
+    free_threaded: bool
+    fixed: float
+    """SPDL's per-item cost the pipeline pays once."""
+
+
+def _gil_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
+    """The GIL binds: its parts (the stages' own Python and the pipeline's own scheduling) and what
+    would lift it. Sets ``out``'s ``scheduling_gil_s_per_item``, ``bottleneck`` and ``lift``.
+
+    The bottleneck is the stage with the most Python of its own in the main process; where no stage
+    holds the GIL (every stage None-returning, or unmeasured), the scheduling alone binds.
+    """
+    loads, b = p.loads, p.b
+    holders = sorted((d for d in loads if d["gil_s_per_item"] > 0), key=lambda d: -d["gil_s_per_item"])
+    main = [
+        d for d in holders if d["executor"] in _MAIN_PROCESS and (p.by_name[d["stage"]].get("gil_s_per_item") or 0) > 0
+    ]
+    # the parts add up to the total: each stage's own Python in the main process, and the pipeline's
+    # own per-item scheduling (every stage's harness part, and what it pays once per item)
+    sched = sum(d["harness_gil_s_per_item"] for d in loads) + b["fixed"]
+    owns = sorted(
+        ((d["stage"], d["gil_s_per_item"] - d["harness_gil_s_per_item"]) for d in loads),
+        key=lambda x: -x[1],
+    )
+    owns = [(n, g) for n, g in owns if g > 0]
+    out["scheduling_gil_s_per_item"] = sched
+    out["bottleneck"] = owns[0][0] if owns else holders[0]["stage"] if holders else None
+    parts = [
+        f"the GIL binds: one item needs {fmt_ms(b['gil_sum'])} of the main process's GIL: "
+        + (
+            f"{fmt_ms(sum(g for _, g in owns))} of its stages' own Python ("
+            + ", ".join(f"{n} {fmt_ms(g)}" for n, g in owns)
+            + ")"
+            if owns
+            else "none of it the stages' own Python"
         )
-        owns = [(n, g) for n, g in owns if g > 0]
-        out["scheduling_gil_s_per_item"] = sched
-        # no stage holds the GIL (every stage None-returning, or unmeasured): the scheduling alone binds
-        out["bottleneck"] = owns[0][0] if owns else holders[0]["stage"] if holders else None
-        parts.append(
-            f"the GIL binds: one item needs {fmt_ms(b['gil_sum'])} of the main process's GIL: "
-            + (
-                f"{fmt_ms(sum(g for _, g in owns))} of its stages' own Python ("
-                + ", ".join(f"{n} {fmt_ms(g)}" for n, g in owns)
-                + ")"
-                if owns
-                else "none of it the stages' own Python"
-            )
-            + (f" and {fmt_ms(sched)} of the pipeline's own scheduling" if sched > 0 else "")
-            + (f" ({fmt_ms(b['fixed'])} of that paid once: source, sink, consumer)" if b["fixed"] > 0 else "")
-            + f"; so at most {fmt_q(b['qps'])} items/s, below the slowest stage alone "
-            f"({b['cap_stage']}, {fmt_q(b['bounds']['stage'])} items/s)"
+        + (f" and {fmt_ms(sched)} of the pipeline's own scheduling" if sched > 0 else "")
+        + (f" ({fmt_ms(b['fixed'])} of that paid once: source, sink, consumer)" if b["fixed"] > 0 else "")
+        + f"; so at most {fmt_q(b['qps'])} items/s, below the slowest stage alone "
+        f"({b['cap_stage']}, {fmt_q(b['bounds']['stage'])} items/s)"
+    ]
+    lift = _lift_by_processes(main, loads, p.stage_summaries, p.cores, p.free_threaded, p.fixed, b["bounds"]["gil"])
+    if lift:
+        out["lift"] = lift
+        parts.append(lift["text"])
+    elif main:
+        parts.append(_unmeasured_move(p, main[0]))
+    return parts
+
+
+def _unmeasured_move(p: _Pipeline, top: dict) -> str:
+    """What moving the largest GIL holder out of the main process would lift the GIL bound to, where
+    it was not measured on processes: the bound without its own Python."""
+    st = p.by_name[top["stage"]]
+    own = (st.get("gil_s_per_item") or 0.0) / float(st.get("items_per_input") or 1.0)
+    rest = p.b["gil_sum"] - own
+    lifted = f"{fmt_q(1.0 / rest)} items/s" if rest > 0 else "no limit"
+    return (
+        f"moving {top['stage']}'s Python out of the main process (a process executor; not measured for it) "
+        f"or shrinking it would lift the GIL bound, up to {lifted} without it"
+    )
+
+
+def _cores_bind(p: _Pipeline, out: dict[str, Any]) -> list[str]:
+    """The cores bind: the stages' CPU per item, the largest user the bottleneck (set in ``out``)."""
+    b, cores = p.b, p.cores
+    users = sorted((d for d in p.loads if d["cpu_s_per_item"]), key=lambda d: -d["cpu_s_per_item"])
+    out["bottleneck"] = users[0]["stage"] if users else None
+    return [
+        f"the cores bind: one item needs {fmt_ms(b['cpu_sum'])} of CPU across the stages "
+        + (
+            f"({_shares(users, 'cpu_s_per_item')}); {cores} cores give at most {fmt_q(b['qps'])} items/s. "
+            f"More cores, or less work in {users[0]['stage']}, would lift it"
+            if users
+            else f"(the pipeline's own); {cores} cores give at most {fmt_q(b['qps'])} items/s"
         )
-        lift = _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed, b["bounds"]["gil"])
-        if lift:
-            out["lift"] = lift
-            parts.append(lift["text"])
-        elif main:
-            top = main[0]
-            own = (by_name[top["stage"]].get("gil_s_per_item") or 0.0) / float(
-                by_name[top["stage"]].get("items_per_input") or 1.0
-            )
-            rest = b["gil_sum"] - own
-            lifted = f"{fmt_q(1.0 / rest)} items/s" if rest > 0 else "no limit"
-            parts.append(
-                f"moving {top['stage']}'s Python out of the main process (a process executor; not measured for it) "
-                f"or shrinking it would lift the GIL bound, up to {lifted} without it"
-            )
-    elif b["binding"] == "cores":
-        users = sorted((d for d in loads if d["cpu_s_per_item"]), key=lambda d: -d["cpu_s_per_item"])
-        out["bottleneck"] = users[0]["stage"] if users else None
-        parts.append(
-            f"the cores bind: one item needs {fmt_ms(b['cpu_sum'])} of CPU across the stages "
-            + (
-                f"({_shares(users, 'cpu_s_per_item')}); {cores} cores give at most {fmt_q(b['qps'])} items/s. "
-                f"More cores, or less work in {users[0]['stage']}, would lift it"
-                if users
-                else f"(the pipeline's own); {cores} cores give at most {fmt_q(b['qps'])} items/s"
-            )
-        )
-    else:
-        name = b["cap_stage"]
-        out["bottleneck"] = name
-        st = by_name[name]
-        d = next(x for x in loads if x["stage"] == name)
-        parts.append(
-            f"{name} binds: at {d['executor']} x {d['concurrency']} it delivers {fmt_q(d['capacity'])} items/s "
-            f"({st.get('classification', 'unknown')})"
-        )
-        hint = _stage_hint(st)
-        if hint:
-            parts.append(hint)
-    bound_key = "stages" if b["binding"] == "stage" else b["binding"]
-    others = {k: v for k, v in out["bounds"].items() if v is not None and k != bound_key}
-    if others:
-        parts.append("other bounds: " + ", ".join(f"{k} {fmt_q(v)}" for k, v in others.items()))
-    if missing:
-        parts.append(f"not counted (not measured): {_names(missing)}")
+    ]
+
+
+def _stage_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
+    """A stage's capacity binds: that stage (the bottleneck, set in ``out``) and what lifts it."""
+    name = p.b["cap_stage"]
+    out["bottleneck"] = name
+    st = p.by_name[name]
+    d = next(x for x in p.loads if x["stage"] == name)
+    parts = [
+        f"{name} binds: at {d['executor']} x {d['concurrency']} it delivers {fmt_q(d['capacity'])} items/s "
+        f"({st.get('classification', 'unknown')})"
+    ]
+    hint = _stage_hint(st)
+    if hint:
+        parts.append(hint)
+    return parts
+
+
+def _caveat(loads: list[dict], settings: list[dict], overhead: dict | None) -> str | None:
+    """Why the bounds may be off, or None: SPDL's fixed per-item cost not measured (charged once per
+    stage), or stages measured on the direct harness (SPDL's own scheduling not counted)."""
     caveats: list[str] = []
     n_spdl = sum(1 for d in loads if d["spdl"])
     if overhead is None and n_spdl > 1:
@@ -290,11 +367,7 @@ def predict_pipeline(
             "SPDL's own per-item scheduling in the main process is not counted, so the real pipeline will be "
             "slower than predicted; measure with the spdl harness for a closer prediction"
         )
-    if caveats:
-        out["caveat"] = "; ".join(caveats)
-        parts.append(out["caveat"])
-    out["explanation"] = "; ".join(parts)
-    return out
+    return "; ".join(caveats) if caveats else None
 
 
 def _stage_hint(st: dict) -> str:
