@@ -23,6 +23,7 @@ equivalent (loading then adds to every step: the DataLoader guide's T4).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from stagebench._numbers import finite, num
@@ -240,37 +241,14 @@ def decide_job(
     """
     if not isinstance(job, Mapping) or not job.get("candidates"):
         return None
-    trainer = trainer or {}
-    demand = Rate.from_json(trainer)
+    demand = Rate.from_json(trainer or {})
     d, figs = job_decision(job)
     ran = _ran(figs)
     cands = list(job.get("candidates") or [])
-    yours = d.yours
     label = {c["key"]: c.get("label") or c["key"] for c in cands}
     stopped = job.get("stopped")
-    unproven = []
-    for c in cands:
-        f = figs.get(c["key"])
-        if f and f.get("failed") and not finite(f.get("samples_per_s")):
-            unproven.append(f"{c['label']} failed with your loop: {f['failed'][0]}")
-        elif not (f and finite(f.get("samples_per_s"))):
-            why = ", ".join(ORIGIN_WORDS.get(o, o) for o in c.get("origin") or [])
-            unproven.append(
-                f"{c['label']} ({why}) was not run with your loop"
-                + (f" ({stopped})" if stopped else "")
-                + ": what it does to the job rests on the isolated sweep"
-            )
-    for skipped in job.get("skipped") or []:
-        unproven.append(f"{skipped['label']} was not run with your loop: {skipped['why']}")
-    entries = []
-    ratio = _ratio_of(figs)
-    for c in cands:
-        f = figs.get(c["key"])
-        e = {**c, "job": f if f and finite(f.get("samples_per_s")) else None}
-        if yours and c["key"] != yours and e["job"] is not None:
-            x = ratio(c["key"], yours)
-            e["versus_yours"] = x.to_json() if x else None
-        entries.append(e)
+    unproven = _not_run(job, figs)
+    entries = _entries(cands, figs, d.yours)
     base: dict[str, Any] = {
         "candidates": entries,
         "demand": demand.value if demand else None,
@@ -278,7 +256,7 @@ def decide_job(
         "seconds": job.get("seconds"),
         "steps_handed": job.get("steps_handed"),
         "stopped": stopped,
-        "yours": yours,
+        "yours": d.yours,
         "unit": unit,
         "what": job.get("what"),
         "decision": d.to_json(),
@@ -295,77 +273,160 @@ def decide_job(
             "unproven": unproven,
             "text": text,
         }
-    pick, best = d.pick, d.best or d.pick
     for e in entries:
         e["as_good"] = e["key"] in d.as_good
-    p = ran[pick]
-    y = ran.get(yours) if yours else None
-    x = d.versus_yours
-    evidence = x.text("yours") if x is not None else ""
-    if d.advice == "keep yours":
-        nothing = (
-            "of the settings run with your loop in turns, none was shown faster beyond noise, nor cheaper "
-            f"and within {1 - EQUIVALENT:.0%}"
-        )
-        why = f"your setting ran your job at {_rate(p, unit)}; " + (_could_not_tell(d, job, label) or nothing)
-    elif d.advice == "cheaper":
-        why = (
-            f"as fast in your job as yours within {1 - EQUIVALENT:.0%}, with fewer resources: {_rate(p, unit)}, "
-            f"{evidence} (the whole interval above {EQUIVALENT:g})"
-        )
-    elif d.advice == "change":
-        why = f"your job ran {_rate(p, unit)} here against {_rate(y, unit)} at yours: {evidence}, faster beyond noise"
-    else:
-        why = f"the cheapest setting shown as fast as any in turns with your loop: {_rate(p, unit)}"
-        if yours:
-            unproven.append("your own setting was not run with your loop: the comparison with yours is not measured")
-    bound, bound_text = _bound(p, demand, unit)
-    if p["slices"] < 2:
+    v = _Verdict(d, job, ran, label, unit)
+    why = v.why(unproven)
+    bound, bound_text = _bound(v.p, demand, unit)
+    if v.p["slices"] < 2:
         unproven.append(
-            f"{label[pick]} ran one slice with your loop: its interval does not cover a change of the machine "
+            f"{label[v.pick]} ran one slice with your loop: its interval does not cover a change of the machine "
             "between rounds"
         )
-    steps = f"{p['steps']} steps in {p['slices']} slice{'s' if p['slices'] != 1 else ''}"
-    text = {
-        "keep yours": f"keep yours ({label[pick]}): your job ran {_rate(p, unit)} over {steps}",
-        "cheaper": f"use {label[pick]}: your job ran {_rate(p, unit)}, {evidence}: as fast within "
-        f"{1 - EQUIVALENT:.0%}, with fewer resources",
-        "change": f"use {label[pick]}: your job ran {_rate(p, unit)} against {_rate(y, unit)} with yours, "
-        f"{evidence}: faster beyond noise",
-        "use": f"use {label[pick]}: your job ran {_rate(p, unit)}",
-    }[d.advice]
-    text += f", {p['data_wait_share']:.0%} of each step waiting for data; {bound_text}"
+    text = v.headline() + f", {v.p['data_wait_share']:.0%} of each step waiting for data; {bound_text}"
     if d.advice == "keep yours" and d.rival is not None:
         text += "; " + _could_not_tell(d, job, label)
     if bound == "data-bound":
-        # every measured setting whose loop waited far less, and why it is not the pick: a verdict that
-        # says its own pick waits for data must not leave a calmer setting it ran unexplained
-        for k, f in ran.items():
-            if k == pick or not f["data_wait_share"] < 0.5 * p["data_wait_share"] or label[k] in text:
-                continue
-            xk = ratio(k, pick)  # why it is not the pick: against the pick, in the rounds both ran
-            shown = xk is not None and xk.low is not None and xk.low > 1
-            text += f"; {label[k]} waited {f['data_wait_share']:.0%}, but " + (
-                f"ran {xk.text('the pick')}" + ("" if shown else ", not shown faster")
-                if xk
-                else "was not run in the same rounds"
-            )
+        text += v.calmer(text, _ratio_of(figs))
     return {
         **base,
         "status": "decided",
-        "pick": pick,
-        "best": best,
+        "pick": v.pick,
+        "best": d.best or v.pick,
         "as_good": list(d.as_good),
         "advice": d.advice,
         "why": why,
         "bound": bound,
-        "samples_per_s": p["samples_per_s"],
-        "samples_per_s_low": p.get("samples_per_s_low"),
-        "samples_per_s_high": p.get("samples_per_s_high"),
-        "data_wait_share": p["data_wait_share"],
+        "samples_per_s": v.p["samples_per_s"],
+        "samples_per_s_low": v.p.get("samples_per_s_low"),
+        "samples_per_s_high": v.p.get("samples_per_s_high"),
+        "data_wait_share": v.p["data_wait_share"],
         "unproven": unproven,
         "text": text,
     }
+
+
+def _not_run(job: Mapping[str, Any], figs: Mapping[str, dict[str, Any] | None]) -> list[str]:
+    """The candidates that failed or did not run with the loop, and the ones skipped: what rests on the
+    isolated sweep."""
+    stopped = job.get("stopped")
+    out = []
+    for c in job.get("candidates") or []:
+        f = figs.get(c["key"])
+        if f and f.get("failed") and not finite(f.get("samples_per_s")):
+            out.append(f"{c['label']} failed with your loop: {f['failed'][0]}")
+        elif not (f and finite(f.get("samples_per_s"))):
+            why = ", ".join(ORIGIN_WORDS.get(o, o) for o in c.get("origin") or [])
+            out.append(
+                f"{c['label']} ({why}) was not run with your loop"
+                + (f" ({stopped})" if stopped else "")
+                + ": what it does to the job rests on the isolated sweep"
+            )
+    for skipped in job.get("skipped") or []:
+        out.append(f"{skipped['label']} was not run with your loop: {skipped['why']}")
+    return out
+
+
+def _entries(
+    cands: list[dict[str, Any]], figs: Mapping[str, dict[str, Any] | None], yours: str | None
+) -> list[dict[str, Any]]:
+    """Each candidate with its job figures (None where it did not run) and its ratio to yours in turns."""
+    ratio = _ratio_of(figs)
+    entries = []
+    for c in cands:
+        f = figs.get(c["key"])
+        e = {**c, "job": f if f and finite(f.get("samples_per_s")) else None}
+        if yours and c["key"] != yours and e["job"] is not None:
+            x = ratio(c["key"], yours)
+            e["versus_yours"] = x.to_json() if x else None
+        entries.append(e)
+    return entries
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """The words of a decided job verdict: the pick's figures beside yours, and the rule's record."""
+
+    d: Decision
+    job: Mapping[str, Any]
+    ran: dict[str, dict[str, Any]]
+    label: Mapping[str, str]
+    unit: str
+
+    @property
+    def pick(self) -> str:
+        assert self.d.pick is not None  # decided: a pick was run
+        return self.d.pick
+
+    @property
+    def p(self) -> dict[str, Any]:
+        return self.ran[self.pick]
+
+    @property
+    def y(self) -> dict[str, Any] | None:
+        return self.ran.get(self.d.yours) if self.d.yours else None
+
+    @property
+    def evidence(self) -> str:
+        x = self.d.versus_yours
+        return x.text("yours") if x is not None else ""
+
+    def why(self, unproven: list[str]) -> str:
+        """Why the pick, in the rule's terms (``unproven`` gains the comparison that was not made)."""
+        d, p, unit = self.d, self.p, self.unit
+        if d.advice == "keep yours":
+            nothing = (
+                "of the settings run with your loop in turns, none was shown faster beyond noise, nor cheaper "
+                f"and within {1 - EQUIVALENT:.0%}"
+            )
+            return f"your setting ran your job at {_rate(p, unit)}; " + (
+                _could_not_tell(d, self.job, self.label) or nothing
+            )
+        if d.advice == "cheaper":
+            return (
+                f"as fast in your job as yours within {1 - EQUIVALENT:.0%}, with fewer resources: {_rate(p, unit)}, "
+                f"{self.evidence} (the whole interval above {EQUIVALENT:g})"
+            )
+        if d.advice == "change":
+            return (
+                f"your job ran {_rate(p, unit)} here against {_rate(self.y, unit)} at yours: {self.evidence}, "
+                "faster beyond noise"
+            )
+        if d.yours:
+            unproven.append("your own setting was not run with your loop: the comparison with yours is not measured")
+        return f"the cheapest setting shown as fast as any in turns with your loop: {_rate(p, unit)}"
+
+    def headline(self) -> str:
+        """The verdict's first words: the advice, the pick, its rate and the evidence."""
+        p, unit, name = self.p, self.unit, self.label[self.pick]
+        steps = f"{p['steps']} steps in {p['slices']} slice{'s' if p['slices'] != 1 else ''}"
+        return {
+            "keep yours": f"keep yours ({name}): your job ran {_rate(p, unit)} over {steps}",
+            "cheaper": f"use {name}: your job ran {_rate(p, unit)}, {self.evidence}: as fast within "
+            f"{1 - EQUIVALENT:.0%}, with fewer resources",
+            "change": f"use {name}: your job ran {_rate(p, unit)} against {_rate(self.y, unit)} with yours, "
+            f"{self.evidence}: faster beyond noise",
+            "use": f"use {name}: your job ran {_rate(p, unit)}",
+        }[self.d.advice]
+
+    def calmer(self, said: str, ratio: Any) -> str:
+        """Every measured setting whose loop waited far less than the data-bound pick's, and why it is not
+        the pick: a verdict that says its own pick waits for data must not leave a calmer setting it ran
+        unexplained. ``said``: the verdict so far (a setting it names already is not named again)."""
+        out = ""
+        for k, f in self.ran.items():
+            if k == self.pick or not f["data_wait_share"] < 0.5 * self.p["data_wait_share"]:
+                continue
+            if self.label[k] in said + out:
+                continue
+            xk = ratio(k, self.pick)  # against the pick, in the rounds both ran
+            shown = xk is not None and xk.low is not None and xk.low > 1
+            out += f"; {self.label[k]} waited {f['data_wait_share']:.0%}, but " + (
+                f"ran {xk.text('the pick')}" + ("" if shown else ", not shown faster")
+                if xk
+                else "was not run in the same rounds"
+            )
+        return out
 
 
 def alone_scope(
