@@ -326,3 +326,23 @@ def test_a_failure_measuring_worker_costs_loses_nothing_of_the_sweep(tmp_path, m
     assert s["recommended"]["num_workers"] == 0
     assert any("what each worker costs was not measured: RuntimeError: no /proc here" in w for w in s["warnings"])
     assert (tmp_path / "run" / "report.html").exists()
+
+
+def test_a_pass_of_a_few_batches_a_worker_is_not_extrapolated_to_the_epoch():
+    """FakeData's 224x224 images: 3 batches a worker in the 2 s pass, extrapolated to 10,009, read an
+    epoch's growth of -127 GB to +184 GB. Under 10 batches a worker the growth per batch stands alone."""
+    from stagebench.loader._costs import MIN_BATCHES, _growth
+
+    def samples(batches_each: int) -> list[dict]:
+        return [
+            {"t": 0.25 * i, "uss_mb": {1: 40.0 + 2 * i, 2: 41.0 + 2 * i}, "batches": {1: i, 2: i}}
+            for i in range(batches_each + 1)
+        ]
+
+    few = _growth(samples(3), num_workers=2, epoch_batches=20_000, cap_mb=None)
+    assert few["too_few_batches"] and "epoch_growth_mb" not in few
+    assert few["growth_mb_per_batch"] == pytest.approx(2.0)
+    enough = _growth(samples(MIN_BATCHES), num_workers=2, epoch_batches=20_000, cap_mb=None)
+    assert "too_few_batches" not in enough and enough["epoch_growth_mb"] == pytest.approx(2.0 * 10_000)
+    costs = worker_costs_summary({"worker_costs": {"memory": {"num_workers": 2, **few}, "available_mb": 1e6}}, [])
+    assert not worker_cost_findings(costs, None)

@@ -39,6 +39,11 @@ __all__ = ["start_method", "shipping_cost", "memory_pass", "largest_container", 
 #: The pickling of a dataset is timed this many times (fewer when one takes over SLOW_PICKLE_S).
 _REPEATS = 3
 SLOW_PICKLE_S = 0.5
+# The fewest batches a worker makes in the pass before its growth is extrapolated to the epoch: below it
+# the median of a few readings cannot tell a step (an arena taken) from a trend, and the line stretches
+# them over thousands of batches (FakeData's 224x224 images: 3 batches a worker in 2 s, extrapolated to
+# 10,009, an interval of -127 GB to +184 GB).
+MIN_BATCHES = 10
 #: A container of this many Python objects or more is named (what the findings advise about).
 MANY_OBJECTS = 10_000
 
@@ -272,7 +277,9 @@ def _growth(
         "start_mb": statistics.median(first["uss_mb"].values()) if first["uss_mb"] else None,
         "end_mb": statistics.median(samples[-1]["uss_mb"].values()) if samples[-1]["uss_mb"] else None,
     }
-    if share is not None:
+    if share is not None and done < MIN_BATCHES <= share:
+        out["too_few_batches"] = True  # the growth per batch stands; the epoch's is not read off it
+    elif share is not None:
         lo, hi = rates[lo_i] * share, rates[hi_i] * share
         grown = max(0.0, (out["end_mb"] or 0.0) - (out["start_mb"] or 0.0))
         # a worker copies at most the pages of what it reads: the Python objects it reads bound the growth
