@@ -23,6 +23,7 @@ shape :func:`stagebench.analysis._stage.analyze_stage` returns.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from stagebench._numbers import finite, fmt_q, num
@@ -66,253 +67,346 @@ def _demote(finding: dict) -> dict:
     return finding
 
 
+@dataclass(frozen=True)
+class _Stage:
+    """What a measured stage's findings read: the stage entry and where it stands in the pipeline."""
+
+    st: dict
+    name: str
+    cls: str
+    #: the pipeline's setting of the stage (or the job's pick)
+    rec: dict
+    #: the stage's own best alone: the ceiling and the curve's top were measured there
+    alone: dict
+    is_bn: bool
+    #: it alone delivers at least twice the pipeline's prediction, and it is not the bottleneck
+    far: bool
+    #: SPDL's grouping steps, not the user's code (one far from binding gets no finding: nothing to change there)
+    own_step: bool
+    limit: str | None
+    cores: int
+
+
 def _stage_findings(
     st: dict, bottleneck: str | None, cores: int, prediction: dict | None = None, page_fault: dict | None = None
 ) -> list[dict]:
-    name = st["name"]
-    out: list[dict] = []
+    """One stage's findings, unranked (:func:`build_findings` ranks them with the run's)."""
     if st["status"] != "ok":
-        out.append(
-            _f(
-                "high",
-                f"{name} could not be measured",
-                f"{st['status']}: {st['reason']}",
-                name,
-                {"status": st["status"], "reason": st["reason"], "problems": st.get("problems", [])},
-            )
-        )
-        return out
-    cls = st["classification"]
+        return [_unmeasured(st)]
+    name = st["name"]
     rec = st["recommended"]
     is_bn = name == bottleneck
-    thr = _alt(st, "thread") or _alt(st, "async")
-    proc = _alt(st, "process")
-    f = st.get("gil_fraction")
-
-    if cls == "gil-bound" or (f is not None and f >= 0.5 and (st.get("gil") or {}).get("saturated")):
-        ev = {
-            "gil_fraction": f,
-            "gil_fraction_interval": st.get("gil_fraction_interval"),
-            "thread_best": thr,
-            "process_best": proc,
-        }
-        h2h = st.get("head_to_head") or {}
-        if proc and thr:
-            if h2h.get("decisive"):
-                # measured in turns, at the same moments of the machine: it outranks the curves' comparison
-                thr, proc = {**thr, **h2h["thread"]}, {**proc, **h2h["process"]}
-                gain, beyond, how = h2h["ratio"], bool(h2h["processes_win"]), "measured in turns with threads"
-                ev["head_to_head"] = h2h
-            else:
-                gain = proc["qps"] / thr["qps"]
-                beyond = (
-                    proc["qps_low"] is not None and thr["qps_high"] is not None and proc["qps_low"] > thr["qps_high"]
-                )
-                how = "measured"
-            if gain > 1 and beyond and rec.get("executor") != "process":
-                # faster alone, yet the pipeline's settings (chosen together) keep it on threads
-                out.append(
-                    _f(
-                        "info",
-                        f"{name} is faster on processes alone, but the pipeline does not need them",
-                        f"{fmt_q(proc['qps'])} items/s at {proc['concurrency']} processes against "
-                        f"{fmt_q(thr['qps'])} on threads ({how}); {rec.get('why') or ''}",
-                        name,
-                        ev,
-                    )
-                )
-            elif gain > 1 and beyond:
-                sev = "high" if (gain >= 1.5 or is_bn) else "medium"
-                out.append(
-                    _f(
-                        sev,
-                        f"{name} holds the GIL {f:.0%} of its time: use a process executor",
-                        f"expected {gain:.1f}x: {fmt_q(thr['qps'])} items/s on threads -> {fmt_q(proc['qps'])} "
-                        f"at {proc['concurrency']} processes ({how})",
-                        name,
-                        ev,
-                        gain,
-                    )
-                )
-            elif gain > 1:
-                # ahead, but within the noise of the two curves: saying "did not help" would contradict the numbers
-                out.append(
-                    _f(
-                        "medium",
-                        f"{name} holds the GIL {f:.0%} of its time; processes were not clearly faster",
-                        f"processes reached {fmt_q(proc['qps'])} items/s vs {fmt_q(thr['qps'])} on threads "
-                        f"({how}), within the noise of these measurements, so threads are kept (less memory, "
-                        "no IPC); longer windows (STAGEBENCH_BUDGET_S) would tell them apart. Less Python per "
-                        "item (vectorise, move work into C code that releases the GIL) helps either way",
-                        name,
-                        ev,
-                    )
-                )
-            else:
-                out.append(
-                    _f(
-                        "medium",
-                        f"{name} holds the GIL {f:.0%} of its time, but processes did not help",
-                        f"processes reached {fmt_q(proc['qps'])} items/s vs {fmt_q(thr['qps'])} on threads "
-                        f"({how}): "
-                        "moving items between processes, or cores taken by other load, cancels the gain; "
-                        "less Python per item (vectorise, move work into C code that releases the GIL) "
-                        "is the way out",
-                        name,
-                        ev,
-                    )
-                )
-        else:
-            # threads cap at 1/g; processes at cores/cpu: the gain is cores * g / cpu at most
-            g, cpu = st.get("gil_s_per_item"), st.get("cpu_s_per_item")
-            est = (
-                cores * g / cpu
-                if g is not None and cpu is not None and finite(g) and finite(cpu) and cpu > 0
-                else float(cores)
-            )
-            est = min(float(cores), max(1.0, est))
-            if est >= _WORTH:  # a gain within the noise is not a finding
-                out.append(
-                    _f(
-                        "high" if is_bn else "medium",
-                        f"{name} holds the GIL {f:.0%} of its time: try a process executor",
-                        f"processes were not measured for this stage (quick mode, or STAGEBENCH_EXECUTORS "
-                        f"without process); the GIL and core shares bound the gain at about {est:.1f}x on "
-                        f"{cores} cores if its inputs and outputs are cheap to move: a bound, not a measurement",
-                        name,
-                        ev,
-                        est,
-                    )
-                )
-
-    far = _far_from_binding(st, prediction) and not is_bn
-    own_step = st.get("type") in ("aggregate", "disaggregate")  # SPDL's grouping steps, not the user's code
-    # (an own step far from binding gets none: the user has nothing to change there)
-    limit = (st.get("limit") or {}).get("kind")
-    # the stage's own best alone (the ceiling and the curve's top were measured there); the pipeline's
-    # setting, or the job's pick, may be lower
-    alone = st.get("recommended_alone") or st.get("recommended_isolated") or rec
-    if limit == "harness" and cls != "overhead-bound" and not (own_step and far):
-        # its own work is larger than the harness's per item, but at its best it reaches the harness's ceiling
-        cap = num(st.get("ceiling_qps"))
-        at = f"{alone['executor']} x {alone['concurrency']}"
-        near = f", near the {fmt_q(cap)} items/s the harness can schedule there" if finite(cap) else ""
-        found = _f(
-            "high" if is_bn else "medium",
-            f"{name} reaches the harness's per-item ceiling at {at}",
-            f"it {'waits' if cls == 'io-bound' else 'computes'} ({cls}), and at {at} it delivers {_rate(alone)}"
-            f"{near}: more concurrency cannot lift it past that; fewer, larger items (batches) can",
-            name,
-            {"qps": alone.get("qps"), "ceiling_qps": cap, "classification": cls},
-            1.2,
-        )
-        out.append(_demote(found) if far else found)
-
-    if cls == "overhead-bound" and not (own_step and far):
-        # an overhead-bound verdict rests on a measured ceiling; without one these fail, as they always did
-        # the ceiling was measured at the stage's own best setting, which the pipeline's choice may not be
-        ceil, rec = st.get("ceiling_qps"), alone
-        near = f"it reaches {fmt_q(rec['qps'])} items/s, near the no-op ceiling of {fmt_q(ceil)} items/s"  # type: ignore[arg-type]
-        if own_step:
-            title = f"{name} is overhead-bound: fewer, larger items must reach it"
-            detail = (
-                f"{near}: SPDL schedules every item through this grouping step one at a time. Its own work "
-                "cannot be batched; have the stage before it return lists of items (so fewer items reach "
-                "it), or group the items earlier in the pipeline"
-            )
-        else:
-            title = f"{name} is overhead-bound: batch its work"
-            detail = (
-                f"{near} at {rec['executor']} x {rec['concurrency']}: the harness cannot schedule items "
-                "faster. Handing it batches of k items per call raises that ceiling about k-fold, in items; "
-                "what the pipeline then delivers was not run, so no figure is given"
-            )
-        found = _f(
-            "high" if is_bn else "medium",
-            title,
-            detail,
-            name,
-            {"qps": rec["qps"], "ceiling_qps": ceil, "stage_s_per_item": st.get("stage_s_per_item")},
-            1.5,
-        )
-        out.append(_demote(found) if far else found)
-
-    if (cls == "ipc-bound" or limit == "ipc") and rec.get("executor") == "process":
-        payload = st.get("payload_bytes")
-        size = f" ({payload / 1024:,.0f} KiB pickled per input item)" if payload is not None and finite(payload) else ""
-        out.append(
-            _f(
-                "high" if is_bn else "medium",
-                f"{name} is limited by moving data between processes",
-                f"on processes it is capped by inter-process transfer{size}: return smaller outputs "
-                "(decode to uint8, crop early), pass file paths instead of bytes, or use shared memory",
-                name,
-                {"payload_bytes": payload, "recommended": rec, "ceiling_qps": st.get("ceiling_qps")},
-                1.3,
-            )
-        )
-
-    if cls == "io-bound" and limit != "harness":
-        # the stage's own best alone is the curve's top; the pipeline's setting may be lower (it keeps up)
-        rising = "still rising" in (alone.get("why") or "")
-        if rising:
-            finding = _f(
-                "high" if is_bn else "medium",
-                f"{name} waits: raise its concurrency",
-                f"it was still scaling at concurrency {alone['concurrency']} ({fmt_q(alone['qps'])} items/s), the "
-                "largest level measured; measure higher levels to find where it stops",
-                name,
-                {"recommended": rec, "recommended_alone": alone},
-                1.5,
-            )
-            out.append(_demote(finding) if far else finding)
-        else:
-            out.append(
-                _f(
-                    "info",
-                    f"{name} waits (io-bound)",
-                    f"concurrency {rec['concurrency']} ({rec['executor']}) covers the waiting: {_rate(rec)}",
-                    name,
-                    {"recommended": rec},
-                )
-            )
-
-    if cls == "cpu-bound" and limit == "cores":
-        cpu = st.get("cpu_s_per_item")
-        out.append(
-            _f(
-                "info" if not is_bn else "medium",
-                f"{name} is limited by the cores",
-                f"{_rate(rec)} at {rec['executor']} x {rec['concurrency']}"
-                + (f", {cpu * 1e3:.3g} ms CPU per item" if cpu is not None and finite(cpu) else "")
-                + ": more cores or less work per item; more concurrency will not help",
-                name,
-                {"recommended": rec, "cpu_s_per_item": cpu},
-            )
-        )
-
+    c = _Stage(
+        st=st,
+        name=name,
+        cls=st["classification"],
+        rec=rec,
+        alone=st.get("recommended_alone") or st.get("recommended_isolated") or rec,
+        is_bn=is_bn,
+        far=_far_from_binding(st, prediction) and not is_bn,
+        own_step=st.get("type") in ("aggregate", "disaggregate"),
+        limit=(st.get("limit") or {}).get("kind"),
+        cores=cores,
+    )
     # No per-stage "change your setting" finding: a stage's setting is advice only as part of the
     # pipeline's, checked against the user's own by running both (_yours_finding).
+    found = [
+        _gil_finding(c),
+        _harness_ceiling_finding(c),
+        _overhead_finding(c),
+        _ipc_finding(c),
+        _io_finding(c),
+        _cores_finding(c),
+        _gil_bounded_finding(c),
+        _page_fault_finding(st, page_fault, is_bn),
+        _gc_finding(st, is_bn),
+    ]
+    return [x for x in found if x is not None] + [
+        _f("low", f"{name}: some points did not measure", p, name, {"problem": p}) for p in st.get("problems", [])
+    ]
 
-    gil = st.get("gil") or {}
-    if f is not None and not gil.get("pinned", True):
-        lo, hi = st["gil_fraction_interval"]
-        out.append(
-            _f(
-                "info",
-                f"{name}: GIL share only bounded ({lo:.2f}-{hi:.2f})",
-                "its threads used the cores before any GIL cap showed; more cores would pin the share down. "
-                "The pipeline prediction uses the middle of the range",
-                name,
-                {"gil_fraction": f, "gil_fraction_interval": st["gil_fraction_interval"]},
-            )
+
+def _unmeasured(st: dict) -> dict:
+    """A stage that could not be measured, and why."""
+    name = st["name"]
+    return _f(
+        "high",
+        f"{name} could not be measured",
+        f"{st['status']}: {st['reason']}",
+        name,
+        {"status": st["status"], "reason": st["reason"], "problems": st.get("problems", [])},
+    )
+
+
+def _gil_finding(c: _Stage) -> dict | None:
+    """A stage that holds the GIL: processes against threads, measured or bounded."""
+    st = c.st
+    f = st.get("gil_fraction")
+    if not (c.cls == "gil-bound" or (f is not None and f >= 0.5 and (st.get("gil") or {}).get("saturated"))):
+        return None
+    thr = _alt(st, "thread") or _alt(st, "async")
+    proc = _alt(st, "process")
+    ev = {
+        "gil_fraction": f,
+        "gil_fraction_interval": st.get("gil_fraction_interval"),
+        "thread_best": thr,
+        "process_best": proc,
+    }
+    if proc and thr:
+        return _processes_measured(c, _versus(st, thr, proc, ev), ev)
+    return _processes_bounded(c, ev)
+
+
+@dataclass(frozen=True)
+class _Versus:
+    """Processes against threads: the two best points and how far apart they are."""
+
+    thr: dict
+    proc: dict
+    gain: float
+    #: processes faster beyond the noise of the two
+    beyond: bool
+    #: how the two were compared, in the finding's words
+    how: str
+
+
+def _versus(st: dict, thr: dict, proc: dict, ev: dict) -> _Versus:
+    """Processes against threads: in turns where that was decisive, else from the two curves' best points.
+
+    Measured in turns, at the same moments of the machine, the comparison outranks the curves'; it
+    joins the evidence ``ev``.
+    """
+    h2h = st.get("head_to_head") or {}
+    if h2h.get("decisive"):
+        ev["head_to_head"] = h2h
+        return _Versus(
+            thr={**thr, **h2h["thread"]},
+            proc={**proc, **h2h["process"]},
+            gain=h2h["ratio"],
+            beyond=bool(h2h["processes_win"]),
+            how="measured in turns with threads",
         )
-    for extra in (_page_fault_finding(st, page_fault, is_bn), _gc_finding(st, is_bn)):
-        if extra is not None:
-            out.append(extra)
-    for p in st.get("problems", []):
-        out.append(_f("low", f"{name}: some points did not measure", p, name, {"problem": p}))
-    return out
+    beyond = proc["qps_low"] is not None and thr["qps_high"] is not None and proc["qps_low"] > thr["qps_high"]
+    return _Versus(thr=thr, proc=proc, gain=proc["qps"] / thr["qps"], beyond=beyond, how="measured")
+
+
+def _processes_measured(c: _Stage, v: _Versus, ev: dict) -> dict:
+    """The GIL finding where both executors were measured: use processes, or why not."""
+    name, f = c.name, c.st.get("gil_fraction")
+    thr, proc, gain, how = v.thr, v.proc, v.gain, v.how
+    if gain > 1 and v.beyond and c.rec.get("executor") != "process":
+        # faster alone, yet the pipeline's settings (chosen together) keep it on threads
+        return _f(
+            "info",
+            f"{name} is faster on processes alone, but the pipeline does not need them",
+            f"{fmt_q(proc['qps'])} items/s at {proc['concurrency']} processes against "
+            f"{fmt_q(thr['qps'])} on threads ({how}); {c.rec.get('why') or ''}",
+            name,
+            ev,
+        )
+    if gain > 1 and v.beyond:
+        sev = "high" if (gain >= 1.5 or c.is_bn) else "medium"
+        return _f(
+            sev,
+            f"{name} holds the GIL {f:.0%} of its time: use a process executor",
+            f"expected {gain:.1f}x: {fmt_q(thr['qps'])} items/s on threads -> {fmt_q(proc['qps'])} "
+            f"at {proc['concurrency']} processes ({how})",
+            name,
+            ev,
+            gain,
+        )
+    if gain > 1:
+        # ahead, but within the noise of the two curves: saying "did not help" would contradict the numbers
+        return _f(
+            "medium",
+            f"{name} holds the GIL {f:.0%} of its time; processes were not clearly faster",
+            f"processes reached {fmt_q(proc['qps'])} items/s vs {fmt_q(thr['qps'])} on threads "
+            f"({how}), within the noise of these measurements, so threads are kept (less memory, "
+            "no IPC); longer windows (STAGEBENCH_BUDGET_S) would tell them apart. Less Python per "
+            "item (vectorise, move work into C code that releases the GIL) helps either way",
+            name,
+            ev,
+        )
+    return _f(
+        "medium",
+        f"{name} holds the GIL {f:.0%} of its time, but processes did not help",
+        f"processes reached {fmt_q(proc['qps'])} items/s vs {fmt_q(thr['qps'])} on threads "
+        f"({how}): "
+        "moving items between processes, or cores taken by other load, cancels the gain; "
+        "less Python per item (vectorise, move work into C code that releases the GIL) "
+        "is the way out",
+        name,
+        ev,
+    )
+
+
+def _processes_bounded(c: _Stage, ev: dict) -> dict | None:
+    """The GIL finding where processes were not measured: the gain they could give, bounded.
+
+    Threads cap at 1/g, processes at cores/cpu: the gain is cores * g / cpu at most.
+    """
+    st, cores, name = c.st, c.cores, c.name
+    f = st.get("gil_fraction")
+    g, cpu = st.get("gil_s_per_item"), st.get("cpu_s_per_item")
+    est = (
+        cores * g / cpu if g is not None and cpu is not None and finite(g) and finite(cpu) and cpu > 0 else float(cores)
+    )
+    est = min(float(cores), max(1.0, est))
+    if not est >= _WORTH:  # a gain within the noise is not a finding
+        return None
+    return _f(
+        "high" if c.is_bn else "medium",
+        f"{name} holds the GIL {f:.0%} of its time: try a process executor",
+        f"processes were not measured for this stage (quick mode, or STAGEBENCH_EXECUTORS "
+        f"without process); the GIL and core shares bound the gain at about {est:.1f}x on "
+        f"{cores} cores if its inputs and outputs are cheap to move: a bound, not a measurement",
+        name,
+        ev,
+        est,
+    )
+
+
+def _harness_ceiling_finding(c: _Stage) -> dict | None:
+    """Its own work is larger than the harness's per item, but at its best it reaches the harness's ceiling."""
+    if not (c.limit == "harness" and c.cls != "overhead-bound" and not (c.own_step and c.far)):
+        return None
+    name, cls, alone = c.name, c.cls, c.alone
+    cap = num(c.st.get("ceiling_qps"))
+    at = f"{alone['executor']} x {alone['concurrency']}"
+    near = f", near the {fmt_q(cap)} items/s the harness can schedule there" if finite(cap) else ""
+    found = _f(
+        "high" if c.is_bn else "medium",
+        f"{name} reaches the harness's per-item ceiling at {at}",
+        f"it {'waits' if cls == 'io-bound' else 'computes'} ({cls}), and at {at} it delivers {_rate(alone)}"
+        f"{near}: more concurrency cannot lift it past that; fewer, larger items (batches) can",
+        name,
+        {"qps": alone.get("qps"), "ceiling_qps": cap, "classification": cls},
+        1.2,
+    )
+    return _demote(found) if c.far else found
+
+
+def _overhead_shown(c: _Stage) -> bool:
+    """Whether the overhead-bound finding applies (not to SPDL's own step far from binding)."""
+    return c.cls == "overhead-bound" and not (c.own_step and c.far)
+
+
+def _overhead_finding(c: _Stage) -> dict | None:
+    """Overhead-bound: the stage's call is shorter than the harness's cost per item; batch its work.
+
+    The verdict rests on a measured ceiling (``ceiling_qps``; without one this raises), measured at the
+    stage's own best setting, which the pipeline's choice may not be: the finding reads that setting.
+    """
+    if not _overhead_shown(c):
+        return None
+    name, st = c.name, c.st
+    ceil, rec = st.get("ceiling_qps"), c.alone
+    near = f"it reaches {fmt_q(rec['qps'])} items/s, near the no-op ceiling of {fmt_q(ceil)} items/s"  # type: ignore[arg-type]
+    if c.own_step:
+        title = f"{name} is overhead-bound: fewer, larger items must reach it"
+        detail = (
+            f"{near}: SPDL schedules every item through this grouping step one at a time. Its own work "
+            "cannot be batched; have the stage before it return lists of items (so fewer items reach "
+            "it), or group the items earlier in the pipeline"
+        )
+    else:
+        title = f"{name} is overhead-bound: batch its work"
+        detail = (
+            f"{near} at {rec['executor']} x {rec['concurrency']}: the harness cannot schedule items "
+            "faster. Handing it batches of k items per call raises that ceiling about k-fold, in items; "
+            "what the pipeline then delivers was not run, so no figure is given"
+        )
+    found = _f(
+        "high" if c.is_bn else "medium",
+        title,
+        detail,
+        name,
+        {"qps": rec["qps"], "ceiling_qps": ceil, "stage_s_per_item": st.get("stage_s_per_item")},
+        1.5,
+    )
+    return _demote(found) if c.far else found
+
+
+def _ipc_finding(c: _Stage) -> dict | None:
+    """On processes, limited by moving data between them."""
+    # where the overhead-bound finding applies, the setting read is the one it reads: the stage's own best alone
+    rec = c.alone if _overhead_shown(c) else c.rec
+    if not ((c.cls == "ipc-bound" or c.limit == "ipc") and rec.get("executor") == "process"):
+        return None
+    name, st = c.name, c.st
+    payload = st.get("payload_bytes")
+    size = f" ({payload / 1024:,.0f} KiB pickled per input item)" if payload is not None and finite(payload) else ""
+    return _f(
+        "high" if c.is_bn else "medium",
+        f"{name} is limited by moving data between processes",
+        f"on processes it is capped by inter-process transfer{size}: return smaller outputs "
+        "(decode to uint8, crop early), pass file paths instead of bytes, or use shared memory",
+        name,
+        {"payload_bytes": payload, "recommended": rec, "ceiling_qps": st.get("ceiling_qps")},
+        1.3,
+    )
+
+
+def _io_finding(c: _Stage) -> dict | None:
+    """A stage that waits: raise its concurrency while it still scales, else say the setting covers it.
+
+    The stage's own best alone is the curve's top; the pipeline's setting may be lower (it keeps up).
+    """
+    if not (c.cls == "io-bound" and c.limit != "harness"):
+        return None
+    name, rec, alone = c.name, c.rec, c.alone
+    if "still rising" in (alone.get("why") or ""):
+        finding = _f(
+            "high" if c.is_bn else "medium",
+            f"{name} waits: raise its concurrency",
+            f"it was still scaling at concurrency {alone['concurrency']} ({fmt_q(alone['qps'])} items/s), the "
+            "largest level measured; measure higher levels to find where it stops",
+            name,
+            {"recommended": rec, "recommended_alone": alone},
+            1.5,
+        )
+        return _demote(finding) if c.far else finding
+    return _f(
+        "info",
+        f"{name} waits (io-bound)",
+        f"concurrency {rec['concurrency']} ({rec['executor']}) covers the waiting: {_rate(rec)}",
+        name,
+        {"recommended": rec},
+    )
+
+
+def _cores_finding(c: _Stage) -> dict | None:
+    """A CPU-bound stage limited by the cores: more concurrency will not help."""
+    if not (c.cls == "cpu-bound" and c.limit == "cores"):
+        return None
+    name, rec = c.name, c.rec
+    cpu = c.st.get("cpu_s_per_item")
+    return _f(
+        "info" if not c.is_bn else "medium",
+        f"{name} is limited by the cores",
+        f"{_rate(rec)} at {rec['executor']} x {rec['concurrency']}"
+        + (f", {cpu * 1e3:.3g} ms CPU per item" if cpu is not None and finite(cpu) else "")
+        + ": more cores or less work per item; more concurrency will not help",
+        name,
+        {"recommended": rec, "cpu_s_per_item": cpu},
+    )
+
+
+def _gil_bounded_finding(c: _Stage) -> dict | None:
+    """A GIL share that the measurements only bound: the prediction uses the middle of the range."""
+    st, name = c.st, c.name
+    f = st.get("gil_fraction")
+    if not (f is not None and not (st.get("gil") or {}).get("pinned", True)):
+        return None
+    lo, hi = st["gil_fraction_interval"]
+    return _f(
+        "info",
+        f"{name}: GIL share only bounded ({lo:.2f}-{hi:.2f})",
+        "its threads used the cores before any GIL cap showed; more cores would pin the share down. "
+        "The pipeline prediction uses the middle of the range",
+        name,
+        {"gil_fraction": f, "gil_fraction_interval": st["gil_fraction_interval"]},
+    )
 
 
 _FAULTS_MIN = 256  # minor faults per call: 1 MiB of fresh 4 KiB pages
@@ -471,147 +565,168 @@ def build_findings(
     out: list[dict] = []
     for st in stages:
         out.extend(_stage_findings(st, bottleneck, cores, prediction, page_fault))
+    out += _settings_findings(yours, job)
+    out += [x for x in (_binding_finding(prediction), _validation_finding(validation, prediction)) if x is not None]
+    out += [_warning_finding(w) for w in warnings]
+    out += [_not_isolated_finding(ni) for ni in not_isolated]
+    return _ranked(out)
+
+
+def _settings_findings(yours: dict | None, job: dict | None) -> list[dict]:
+    """The advice on settings: the training job's run with the user's loop where decided, else the
+    recommended settings run against the user's own (none where they are the same)."""
     if job is not None and job.get("status") == "decided":
-        # the training job ran with the user's loop: what it found is the advice on settings
         from stagebench.analysis._job import job_findings
 
-        out += [{**f, "_gain": 1.0} for f in job_findings(job)]
-    elif yours and yours.get("verdict") not in (None, "same"):
-        out.append(_yours_finding(yours))
+        return [{**f, "_gain": 1.0} for f in job_findings(job)]
+    if yours and yours.get("verdict") not in (None, "same"):
+        return [_yours_finding(yours)]
+    return []
 
-    if prediction and finite(prediction.get("qps")):
-        naive, pred = prediction.get("naive_qps"), prediction["qps"]
-        if prediction["binding"] in ("gil", "cores") and naive and pred < 0.9 * naive:
-            what = "GIL" if prediction["binding"] == "gil" else "cores"
-            sev = "high" if pred < 0.75 * naive else "medium"
-            out.append(
-                _f(
-                    sev,
-                    f"the {what} shared by the stages binds the pipeline",
-                    f"predicted {fmt_q(pred)} items/s together, although the slowest stage alone reaches "
-                    f"{fmt_q(naive)}. {prediction['explanation']}",
-                    prediction.get("bottleneck"),
-                    {"bounds": prediction["bounds"], "naive_qps": naive, "lift": prediction.get("lift")},
-                    naive / pred,
-                )
-            )
 
-    # an error against the prediction exists only where there is a prediction (_pipeline._validation)
-    if validation and finite(validation.get("error_vs_prediction")):
-        err = validation["error_vs_prediction"]
-        slower = sorted(
-            (x for x in validation.get("interference") or [] if finite(x.get("ratio")) and x["ratio"] >= 1.3),
-            key=lambda x: -x["ratio"],
-        )
-        seen = (
-            (
-                "; in the pipeline "
-                + ", ".join(
-                    f"{x['stage']} took {x['ratio']:.1f}x as long per call as alone ({x['in_pipeline_p50_ms']:.3g} vs "
-                    f"{x['alone_p50_ms']:.3g} ms median)"
-                    for x in slower[:3]
-                )
+def _binding_finding(prediction: dict | None) -> dict | None:
+    """The GIL or the cores, shared by the stages, make the pipeline slower than its slowest stage alone."""
+    if not (prediction and finite(prediction.get("qps"))):
+        return None
+    naive, pred = prediction.get("naive_qps"), prediction["qps"]
+    if not (prediction["binding"] in ("gil", "cores") and naive and pred < 0.9 * naive):
+        return None
+    what = "GIL" if prediction["binding"] == "gil" else "cores"
+    sev = "high" if pred < 0.75 * naive else "medium"
+    return _f(
+        sev,
+        f"the {what} shared by the stages binds the pipeline",
+        f"predicted {fmt_q(pred)} items/s together, although the slowest stage alone reaches "
+        f"{fmt_q(naive)}. {prediction['explanation']}",
+        prediction.get("bottleneck"),
+        {"bounds": prediction["bounds"], "naive_qps": naive, "lift": prediction.get("lift")},
+        naive / pred,
+    )
+
+
+def _validation_finding(validation: dict | None, prediction: dict | None) -> dict | None:
+    """The whole-pipeline run against the prediction: confirmed, or how far off and where they part.
+
+    An error against the prediction exists only where there is a prediction (_pipeline._validation).
+    """
+    if not (validation and finite(validation.get("error_vs_prediction"))):
+        return None
+    err = validation["error_vs_prediction"]
+    seen = _interference_seen(validation)
+    if abs(err) > 0.15:
+        return _f(
+            "medium",
+            "the whole-pipeline run differs from the prediction",
+            f"measured {fmt_q(validation['qps'])} items/s vs predicted "
+            f"{fmt_q(prediction['qps'])} ({err:+.0%} error): "  # type: ignore[index]
+            + (
+                "the prediction leaves out SPDL's own per-item scheduling (direct harness only); "
+                if prediction.get("caveat")  # type: ignore[union-attr]
+                else ""
             )
-            if slower
-            else ""
+            + "stages interfere in ways the bounds do not capture (the GIL held by one stage "
+            "while another waits for it, cores taken by GIL-free work, other load)"
+            + seen
+            + "; trust the measured number",
+            None,
+            {"validation": validation},
         )
-        # where the replay and the real pipeline part: a stage's calls inside the pipeline against its
-        # stand-in's inside the replay (they took turns, so the machine was the same)
-        apart = sorted(
-            (
-                x
-                for x in validation.get("interference") or []
-                if finite(x.get("vs_replay")) and max(x["vs_replay"], 1 / x["vs_replay"]) >= 1.2
+    return _f(
+        "info",
+        "the whole-pipeline run confirms the prediction",
+        f"measured {fmt_q(validation['qps'])} items/s vs predicted {fmt_q(prediction['qps'])} ({err:+.0%})",  # type: ignore[index]
+        None,
+        {"validation": validation},
+    )
+
+
+def _interference_seen(validation: dict) -> str:
+    """Where the stages slowed inside the pipeline: their calls against alone, and against the replay
+    (a stage's calls inside the pipeline against its stand-in's inside the replay; they took turns, so
+    the machine was the same)."""
+    slower = sorted(
+        (x for x in validation.get("interference") or [] if finite(x.get("ratio")) and x["ratio"] >= 1.3),
+        key=lambda x: -x["ratio"],
+    )
+    seen = (
+        (
+            "; in the pipeline "
+            + ", ".join(
+                f"{x['stage']} took {x['ratio']:.1f}x as long per call as alone ({x['in_pipeline_p50_ms']:.3g} vs "
+                f"{x['alone_p50_ms']:.3g} ms median)"
+                for x in slower[:3]
+            )
+        )
+        if slower
+        else ""
+    )
+    apart = sorted(
+        (
+            x
+            for x in validation.get("interference") or []
+            if finite(x.get("vs_replay")) and max(x["vs_replay"], 1 / x["vs_replay"]) >= 1.2
+        ),
+        key=lambda x: -max(x["vs_replay"], 1 / x["vs_replay"]),
+    )
+    seen += (
+        (
+            "; against the replay, "
+            + ", ".join(
+                f"{x['stage']}'s calls took {x['in_pipeline_p50_ms']:.3g} ms in the pipeline and its stand-in's "
+                f"{x['replay_p50_ms']:.3g} ms in the replay ({x['vs_replay']:.1f}x)"
+                for x in apart[:3]
+            )
+        )
+        if apart
+        else ""
+    )
+    return seen
+
+
+def _warning_finding(w: str) -> dict:
+    """A run's warning as a finding: a busy machine, noisy measurements, SPDL's scheduling left out, a weak fit."""
+    busy = "busy" in w or "other load" in w
+    noisy = "noisy" in w or "wider than" in w
+    if busy or noisy:
+        return _f(
+            "medium" if busy else "low",
+            "the machine was busy: numbers are low and uncertain" if busy else "noisy measurements",
+            w
+            + (
+                ". Verdicts that rest on small differences (threads vs processes within noise, "
+                "the 5% rule) are less certain; re-run on a quiet machine to confirm"
+                if noisy
+                else ""
             ),
-            key=lambda x: -max(x["vs_replay"], 1 / x["vs_replay"]),
+            None,
+            {"warning": w},
         )
-        seen += (
-            (
-                "; against the replay, "
-                + ", ".join(
-                    f"{x['stage']}'s calls took {x['in_pipeline_p50_ms']:.3g} ms in the pipeline and its stand-in's "
-                    f"{x['replay_p50_ms']:.3g} ms in the replay ({x['vs_replay']:.1f}x)"
-                    for x in apart[:3]
-                )
-            )
-            if apart
-            else ""
+    if "measured without SPDL" in w:
+        return _f(
+            "medium",
+            "the prediction is optimistic: SPDL's own scheduling is not counted",
+            w,
+            None,
+            {"warning": w},
         )
-        if abs(err) > 0.15:
-            out.append(
-                _f(
-                    "medium",
-                    "the whole-pipeline run differs from the prediction",
-                    f"measured {fmt_q(validation['qps'])} items/s vs predicted "
-                    f"{fmt_q(prediction['qps'])} ({err:+.0%} error): "  # type: ignore[index]
-                    + (
-                        "the prediction leaves out SPDL's own per-item scheduling (direct harness only); "
-                        if prediction.get("caveat")  # type: ignore[union-attr]
-                        else ""
-                    )
-                    + "stages interfere in ways the bounds do not capture (the GIL held by one stage "
-                    "while another waits for it, cores taken by GIL-free work, other load)"
-                    + seen
-                    + "; trust the measured number",
-                    None,
-                    {"validation": validation},
-                )
-            )
-        else:
-            out.append(
-                _f(
-                    "info",
-                    "the whole-pipeline run confirms the prediction",
-                    f"measured {fmt_q(validation['qps'])} items/s vs predicted {fmt_q(prediction['qps'])} ({err:+.0%})",  # type: ignore[index]
-                    None,
-                    {"validation": validation},
-                )
-            )
+    if "poor fit" in w or "indicative only" in w:
+        return _f("low", "curve fit is weak", w, None, {"warning": w})
+    return _f("low", "warning", w, None, {"warning": w})
 
-    for w in warnings:
-        busy = "busy" in w or "other load" in w
-        noisy = "noisy" in w or "wider than" in w
-        if busy or noisy:
-            out.append(
-                _f(
-                    "medium" if busy else "low",
-                    "the machine was busy: numbers are low and uncertain" if busy else "noisy measurements",
-                    w
-                    + (
-                        ". Verdicts that rest on small differences (threads vs processes within noise, "
-                        "the 5% rule) are less certain; re-run on a quiet machine to confirm"
-                        if noisy
-                        else ""
-                    ),
-                    None,
-                    {"warning": w},
-                )
-            )
-        elif "measured without SPDL" in w:
-            out.append(
-                _f(
-                    "medium",
-                    "the prediction is optimistic: SPDL's own scheduling is not counted",
-                    w,
-                    None,
-                    {"warning": w},
-                )
-            )
-        elif "poor fit" in w or "indicative only" in w:
-            out.append(_f("low", "curve fit is weak", w, None, {"warning": w}))
-        else:
-            out.append(_f("low", "warning", w, None, {"warning": w}))
-    for ni in not_isolated:
-        out.append(
-            _f(
-                "info",
-                f"{ni.get('name', '?')} was not measured alone",
-                str(ni.get("reason", "")),
-                ni.get("name"),
-                {"not_isolated": ni},
-            )
-        )
 
+def _not_isolated_finding(ni: dict) -> dict:
+    """A stage that was not measured alone, and why."""
+    return _f(
+        "info",
+        f"{ni.get('name', '?')} was not measured alone",
+        str(ni.get("reason", "")),
+        ni.get("name"),
+        {"not_isolated": ni},
+    )
+
+
+def _ranked(out: list[dict]) -> list[dict]:
+    """By severity, then the expected gain; ``_gain`` (for ranking only) removed."""
     rank = {s: i for i, s in enumerate(SEVERITIES)}
     out.sort(key=lambda d: (rank[d["severity"]], -d["_gain"]))
     for d in out:

@@ -18,7 +18,7 @@ with the cores the loader used, which is what separates "the work is CPU" from
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from stagebench._numbers import finite, num
@@ -421,6 +421,25 @@ def _finding(severity: str, title: str, detail: str, evidence: dict[str, Any]) -
     return Finding(severity, title, detail, None, evidence).to_json()
 
 
+@dataclass(frozen=True)
+class _SweepRead:
+    """What the loader's findings read: the measured points, the run's settings and what was recommended."""
+
+    pts: list[dict[str, Any]]
+    ok: list[dict[str, Any]]
+    #: the points measured ok with workers
+    multi: list[dict[str, Any]]
+    meta: dict[str, Any]
+    rec: dict | None
+    target: dict | None
+    job: dict | None
+    #: the job runs decided the pick: the comparisons with the user's setting are the job's
+    decided: bool
+    cores: int
+    budget: float | None
+    backend: str
+
+
 def loader_findings(
     pts: list[dict[str, Any]],
     meta: dict[str, Any],
@@ -433,16 +452,42 @@ def loader_findings(
     None advises a setting the recommendation does not have: where the job ran (``job``), the
     comparisons with the user's setting are the job's, not the loader alone's.
     """
-    decided = job is not None and job.get("status") == "decided"
     settings = meta.get("settings", {})
     prov = meta.get("provenance", {})
-    cores = int(settings.get("usable_cores") or prov.get("usable_cores") or 1)
-    budget = settings.get("memory_budget_mb")
-    backend = (meta.get("loader") or {}).get("backend", "")
-    out: list[dict[str, Any]] = []
     ok = [p for p in pts if is_ok(p)]
+    c = _SweepRead(
+        pts=pts,
+        ok=ok,
+        multi=[p for p in ok if p["num_workers"] > 0],
+        meta=meta,
+        rec=rec,
+        target=target,
+        job=job,
+        decided=job is not None and job.get("status") == "decided",
+        cores=int(settings.get("usable_cores") or prov.get("usable_cores") or 1),
+        budget=settings.get("memory_budget_mb"),
+        backend=(meta.get("loader") or {}).get("backend", ""),
+    )
+    return by_severity(
+        [
+            *_failed_points(c),
+            *_data_bound(c),
+            *_zero_workers_starve(c),
+            *_workers_slower(c),
+            *_too_many_workers(c),
+            *_memory_budget(c),
+            *_cpu_or_wait_bound(c),
+            *_oversubscribed(c),
+            *_workers_restart(c),
+            *_your_setting(c),
+        ]
+    )
 
-    for p in pts:
+
+def _failed_points(c: _SweepRead) -> list[dict[str, Any]]:
+    """A setting whose worker died, hung or raised: the search could not measure it."""
+    out = []
+    for p in c.pts:
         if p["status"] in ("crashed", "timeout", "failed"):
             title = {
                 "crashed": f"A worker died at {_knob_text(p)}",
@@ -453,107 +498,131 @@ def loader_findings(
             if p["status"] == "crashed":
                 detail += ". The search kept the settings with fewer workers."
             out.append(_finding("high", title, detail, {"num_workers": p["num_workers"], "status": p["status"]}))
+    return out
 
-    if decided and job is not None and job.get("bound") == "data-bound":
-        out.append(
+
+def _data_bound(c: _SweepRead) -> list[dict[str, Any]]:
+    """The training job waits for data (by the job runs), or the loader alone cannot feed the trainer."""
+    job, target = c.job, c.target
+    if c.decided and job is not None and job.get("bound") == "data-bound":
+        return [
             _finding(
                 "high",
                 "Data-bound: your training job waits for data",
-                f"{job['text']}. The loader alone at its best gives {max(p['samples_per_s'] for p in ok):,.0f} "
+                f"{job['text']}. The loader alone at its best gives {max(p['samples_per_s'] for p in c.ok):,.0f} "
                 "samples/s; the findings below say what limits it.",
                 {"job_samples_per_s": job["samples_per_s"], "data_wait_share": job["data_wait_share"]},
             )
-        )
-    elif not decided and target is not None and not target.get("met"):
-        out.append(
+        ]
+    if not c.decided and target is not None and not target.get("met"):
+        return [
             _finding(
                 "high",
                 "Data-bound: the loader cannot feed the trainer",
                 target["verdict"],
                 {"target_rate": target["rate"]},
             )
-        )
-    zero_note = (job or {}).get("zero_workers") if decided else None
-    if zero_note and rec is not None and rec["num_workers"] > 0:
-        out.append(
-            _finding(
-                "medium",
-                "num_workers=0 starves your step: loading adds to every step",
-                zero_note + ".",
-                {"job": True},
-            )
-        )
+        ]
+    return []
 
-    # Workers slower than none: IPC dominates.
-    zero = [p for p in ok if p["num_workers"] == 0]
-    multi = [p for p in ok if p["num_workers"] > 0]
-    if zero and multi:
-        z = zero[0]
-        w = max(multi, key=lambda p: p["samples_per_s"])
-        tol = max(WORKERS_SLOWER, _rel_half(z), _rel_half(w))
-        if w["samples_per_s"] < z["samples_per_s"] * (1 - tol):
-            per_batch_ms = 1e3 / z["batches_per_s"] if z["batches_per_s"] > 0 else math.nan
-            serial = rec is not None and rec["num_workers"] == 0
-            advice = (
-                "use num_workers=0, or make each item do more work (bigger batches, decoding in the worker) "
-                "before adding workers"
-                if serial
-                else "yet the recommendation keeps workers: "
-                + (
-                    "your training job ran faster with them (without workers, loading adds to every step)"
-                    if decided
-                    else SERIAL_WORDS
-                )
-            )
-            out.append(
-                _finding(
-                    "high" if serial else "medium",
-                    "Workers make this loader slower: shipping batches costs more than making them",
-                    f"With no workers the main process makes a batch in {per_batch_ms:.2f} ms "
-                    f"({z['samples_per_s']:,.0f} samples/s); the best with workers is {w['samples_per_s']:,.0f} "
-                    f"samples/s at num_workers={w['num_workers']}. Items are cheap (in-memory tensors?), so "
-                    f"inter-process communication dominates: {advice}.",
-                    {
-                        "samples_per_s_0": z["samples_per_s"],
-                        "best_with_workers": w["samples_per_s"],
-                        "best_with_workers_num_workers": w["num_workers"],
-                        "batch_ms_at_0": per_batch_ms,
-                    },
-                )
-            )
 
-    # Too many workers: throughput falls past the peak, or memory runs out. Not when the peak is no
-    # workers at all: "workers make this loader slower" above says that, and "too many" of one is odd.
-    if ok and max(ok, key=lambda p: p["samples_per_s"])["num_workers"] > 0:
-        best = max(ok, key=lambda p: p["samples_per_s"])
-        beyond = [p for p in ok if p["num_workers"] > best["num_workers"]]
-        if beyond:
-            worst = min(beyond, key=lambda p: p["samples_per_s"])
-            tol = max(TOO_MANY, _rel_half(best), _rel_half(worst))
-            if worst["samples_per_s"] < best["samples_per_s"] * (1 - tol):
-                extra = worst["mem_pss_mb"] - best["mem_pss_mb"]
-                out.append(
-                    _finding(
-                        "medium",
-                        f"Too many workers: throughput falls past num_workers={best['num_workers']}",
-                        f"{worst['samples_per_s']:,.0f} samples/s at num_workers={worst['num_workers']} against "
-                        f"{best['samples_per_s']:,.0f} at {best['num_workers']}"
-                        + (f", for {extra:,.0f} MB more memory" if math.isfinite(extra) and extra > 0 else "")
-                        + (
-                            f". More workers than the {cores} usable cores compete for them (thrashing)"
-                            if worst["num_workers"] > cores
-                            else ". The workers compete with the main process for the cores"
-                        )
-                        + " and each holds a copy of the dataset object.",
-                        {
-                            "peak_num_workers": best["num_workers"],
-                            "peak_samples_per_s": best["samples_per_s"],
-                            "worst_num_workers": worst["num_workers"],
-                            "worst_samples_per_s": worst["samples_per_s"],
-                        },
-                    )
-                )
-    over = [p for p in pts if _over_budget(p, budget)]
+def _zero_workers_starve(c: _SweepRead) -> list[dict[str, Any]]:
+    """The job runs showed num_workers=0 slower, and the recommendation keeps workers: why."""
+    zero_note = (c.job or {}).get("zero_workers") if c.decided else None
+    if not (zero_note and c.rec is not None and c.rec["num_workers"] > 0):
+        return []
+    return [
+        _finding(
+            "medium",
+            "num_workers=0 starves your step: loading adds to every step",
+            zero_note + ".",
+            {"job": True},
+        )
+    ]
+
+
+def _workers_slower(c: _SweepRead) -> list[dict[str, Any]]:
+    """Workers slower than none: shipping batches between processes costs more than making them."""
+    zero = [p for p in c.ok if p["num_workers"] == 0]
+    if not (zero and c.multi):
+        return []
+    z = zero[0]
+    w = max(c.multi, key=lambda p: p["samples_per_s"])
+    tol = max(WORKERS_SLOWER, _rel_half(z), _rel_half(w))
+    if not w["samples_per_s"] < z["samples_per_s"] * (1 - tol):
+        return []
+    per_batch_ms = 1e3 / z["batches_per_s"] if z["batches_per_s"] > 0 else math.nan
+    serial = c.rec is not None and c.rec["num_workers"] == 0
+    advice = (
+        "use num_workers=0, or make each item do more work (bigger batches, decoding in the worker) "
+        "before adding workers"
+        if serial
+        else "yet the recommendation keeps workers: "
+        + (
+            "your training job ran faster with them (without workers, loading adds to every step)"
+            if c.decided
+            else SERIAL_WORDS
+        )
+    )
+    return [
+        _finding(
+            "high" if serial else "medium",
+            "Workers make this loader slower: shipping batches costs more than making them",
+            f"With no workers the main process makes a batch in {per_batch_ms:.2f} ms "
+            f"({z['samples_per_s']:,.0f} samples/s); the best with workers is {w['samples_per_s']:,.0f} "
+            f"samples/s at num_workers={w['num_workers']}. Items are cheap (in-memory tensors?), so "
+            f"inter-process communication dominates: {advice}.",
+            {
+                "samples_per_s_0": z["samples_per_s"],
+                "best_with_workers": w["samples_per_s"],
+                "best_with_workers_num_workers": w["num_workers"],
+                "batch_ms_at_0": per_batch_ms,
+            },
+        )
+    ]
+
+
+def _too_many_workers(c: _SweepRead) -> list[dict[str, Any]]:
+    """Throughput falls past the peak. Not when the peak is no workers at all: :func:`_workers_slower`
+    says that, and "too many" of one is odd."""
+    if not (c.ok and max(c.ok, key=lambda p: p["samples_per_s"])["num_workers"] > 0):
+        return []
+    best = max(c.ok, key=lambda p: p["samples_per_s"])
+    beyond = [p for p in c.ok if p["num_workers"] > best["num_workers"]]
+    if not beyond:
+        return []
+    worst = min(beyond, key=lambda p: p["samples_per_s"])
+    tol = max(TOO_MANY, _rel_half(best), _rel_half(worst))
+    if not worst["samples_per_s"] < best["samples_per_s"] * (1 - tol):
+        return []
+    extra = worst["mem_pss_mb"] - best["mem_pss_mb"]
+    return [
+        _finding(
+            "medium",
+            f"Too many workers: throughput falls past num_workers={best['num_workers']}",
+            f"{worst['samples_per_s']:,.0f} samples/s at num_workers={worst['num_workers']} against "
+            f"{best['samples_per_s']:,.0f} at {best['num_workers']}"
+            + (f", for {extra:,.0f} MB more memory" if math.isfinite(extra) and extra > 0 else "")
+            + (
+                f". More workers than the {c.cores} usable cores compete for them (thrashing)"
+                if worst["num_workers"] > c.cores
+                else ". The workers compete with the main process for the cores"
+            )
+            + " and each holds a copy of the dataset object.",
+            {
+                "peak_num_workers": best["num_workers"],
+                "peak_samples_per_s": best["samples_per_s"],
+                "worst_num_workers": worst["num_workers"],
+                "worst_samples_per_s": worst["samples_per_s"],
+            },
+        )
+    ]
+
+
+def _memory_budget(c: _SweepRead) -> list[dict[str, Any]]:
+    """Settings over the memory budget (never recommended), and the search's stops at the budget."""
+    out = []
+    over = [p for p in c.pts if _over_budget(p, c.budget)]
     if over:
         p = max(over, key=lambda q: q["mem_pss_mb"])
         out.append(
@@ -561,119 +630,133 @@ def loader_findings(
                 "medium",
                 "Some settings exceed the memory budget",
                 f"{_knob_text(p)} uses {p['mem_pss_mb']:,.0f} MB (PSS of main process and workers) against a "
-                f"budget of {budget:,.0f} MB; such settings are never recommended.",
-                {"mem_pss_mb": p["mem_pss_mb"], "budget_mb": budget},
+                f"budget of {c.budget:,.0f} MB; such settings are never recommended.",
+                {"mem_pss_mb": p["mem_pss_mb"], "budget_mb": c.budget},
             )
         )
-    for s in (meta.get("search") or {}).get("stopped", []):
+    for s in (c.meta.get("search") or {}).get("stopped", []):
         if "memory budget" in s:
-            out.append(_finding("info", "The memory budget capped num_workers", s, {"budget_mb": budget}))
+            out.append(_finding("info", "The memory budget capped num_workers", s, {"budget_mb": c.budget}))
+    return out
 
-    # CPU-transform-bound vs waiting (I/O) -bound, at the best setting with workers.
-    if multi:
-        b = max(multi, key=lambda p: p["samples_per_s"])
-        u = b["cores_used"]
-        if math.isfinite(u):
-            cpu_ms = 1e3 * u / b["samples_per_s"]
-            top = max(p["num_workers"] for p in multi)
-            if u >= CPU_BOUND * cores:
-                out.append(
-                    _finding(
-                        "medium",
-                        "CPU-bound: the loader's work saturates the cores",
-                        f"At num_workers={b['num_workers']} the loader keeps {u:.2f} of {cores} cores busy "
-                        f"({cpu_ms:.2f} ms of CPU per sample). More workers cannot help: make the per-sample "
-                        "work cheaper (smaller inputs, vectorised transforms) or move it off these cores.",
-                        {
-                            "cores_used": u,
-                            "usable_cores": cores,
-                            "cpu_ms_per_sample": cpu_ms,
-                            "classification": "cpu-bound",
-                        },
-                    )
-                )
-            elif u < WAITING * max(1, min(b["num_workers"], cores)):
-                rising = b["num_workers"] == top
-                out.append(
-                    _finding(
-                        "info" if rising else "medium",
-                        "I/O- or wait-bound: the workers mostly wait",
-                        f"At num_workers={b['num_workers']} the loader uses only {u:.2f} cores for "
-                        f"{b['samples_per_s']:,.0f} samples/s ({cpu_ms:.2f} ms of CPU per sample): the workers wait "
-                        "on storage, the network or sleeps, not on the CPU. "
-                        + (
-                            "Throughput was still rising at the highest setting tried: more workers may help "
-                            "(raise max_workers) if memory allows."
-                            if rising
-                            else "Throughput stopped rising before the cores were busy: the storage or a shared lock "
-                            "is the limit (stage the data on local NVMe, shard small files, check locks)."
-                        ),
-                        {
-                            "cores_used": u,
-                            "usable_cores": cores,
-                            "cpu_ms_per_sample": cpu_ms,
-                            "classification": "io-bound",
-                            "still_rising": rising,
-                        },
-                    )
-                )
 
-    # Thread oversubscription: torch threads per worker x workers > cores.
-    for p in multi:
+def _cpu_or_wait_bound(c: _SweepRead) -> list[dict[str, Any]]:
+    """CPU-transform-bound against waiting (I/O) -bound, at the best setting with workers: the cores it kept busy."""
+    if not c.multi:
+        return []
+    b = max(c.multi, key=lambda p: p["samples_per_s"])
+    u = b["cores_used"]
+    if not math.isfinite(u):
+        return []
+    cores = c.cores
+    cpu_ms = 1e3 * u / b["samples_per_s"]
+    if u >= CPU_BOUND * cores:
+        return [
+            _finding(
+                "medium",
+                "CPU-bound: the loader's work saturates the cores",
+                f"At num_workers={b['num_workers']} the loader keeps {u:.2f} of {cores} cores busy "
+                f"({cpu_ms:.2f} ms of CPU per sample). More workers cannot help: make the per-sample "
+                "work cheaper (smaller inputs, vectorised transforms) or move it off these cores.",
+                {
+                    "cores_used": u,
+                    "usable_cores": cores,
+                    "cpu_ms_per_sample": cpu_ms,
+                    "classification": "cpu-bound",
+                },
+            )
+        ]
+    if not u < WAITING * max(1, min(b["num_workers"], cores)):
+        return []
+    rising = b["num_workers"] == max(p["num_workers"] for p in c.multi)
+    return [
+        _finding(
+            "info" if rising else "medium",
+            "I/O- or wait-bound: the workers mostly wait",
+            f"At num_workers={b['num_workers']} the loader uses only {u:.2f} cores for "
+            f"{b['samples_per_s']:,.0f} samples/s ({cpu_ms:.2f} ms of CPU per sample): the workers wait "
+            "on storage, the network or sleeps, not on the CPU. "
+            + (
+                "Throughput was still rising at the highest setting tried: more workers may help "
+                "(raise max_workers) if memory allows."
+                if rising
+                else "Throughput stopped rising before the cores were busy: the storage or a shared lock "
+                "is the limit (stage the data on local NVMe, shard small files, check locks)."
+            ),
+            {
+                "cores_used": u,
+                "usable_cores": cores,
+                "cpu_ms_per_sample": cpu_ms,
+                "classification": "io-bound",
+                "still_rising": rising,
+            },
+        )
+    ]
+
+
+def _oversubscribed(c: _SweepRead) -> list[dict[str, Any]]:
+    """Thread oversubscription: torch threads per worker x workers > cores (the first setting that shows it)."""
+    for p in c.multi:
         t = p["worker_threads"]
-        if math.isfinite(t) and t > 1 and t * p["num_workers"] > cores:
-            busy = math.isfinite(p["cores_used"]) and p["cores_used"] >= CPU_BOUND * cores
-            out.append(
+        if math.isfinite(t) and t > 1 and t * p["num_workers"] > c.cores:
+            busy = math.isfinite(p["cores_used"]) and p["cores_used"] >= CPU_BOUND * c.cores
+            return [
                 _finding(
                     "medium" if busy else "low",
                     "Thread oversubscription inside the workers",
                     f"Each of the {p['num_workers']} workers runs torch with {int(t)} intra-op threads: "
-                    f"{int(t * p['num_workers'])} threads for {cores} cores. torch's DataLoader sets 1 thread per "
+                    f"{int(t * p['num_workers'])} threads for {c.cores} cores. torch's DataLoader sets 1 thread per "
                     "worker; this loader's workers keep torch's default"
-                    + (" (SPDL's loader does not change it)" if backend == "spdl_pytorch" else "")
+                    + (" (SPDL's loader does not change it)" if c.backend == "spdl_pytorch" else "")
                     + ". Call torch.set_num_threads(1) in the dataset (or set OMP_NUM_THREADS=1) when the "
                     "transforms use torch ops.",
-                    {"worker_threads": t, "num_workers": p["num_workers"], "usable_cores": cores},
+                    {"worker_threads": t, "num_workers": p["num_workers"], "usable_cores": c.cores},
                 )
-            )
-            break
+            ]
+    return []
 
-    # Workers restarting at every epoch: judged at the recommendation, whose persistent_workers
-    # follows the same rule (_kept_knobs), so the finding explains the snippet rather than contradicting it.
-    stall = _stall(rec, ok, meta) if rec is not None else None
-    if rec is not None and stall is not None and stall["matters"] and rec["persistent_workers"] is True:
-        detail = (
-            f"Each epoch starts with a {stall['stall_s']:.2f}s stall at {_knob_text({**rec, 'persistent_workers': False})} "
-            "while the workers restart"
-        )
-        if math.isfinite(stall["share"]):
-            detail += (
-                f": {stall['share']:.0%} of an epoch of {int(stall['epoch_batches'])} batches ({stall['epoch_s']:.1f}s)"
-            )
-        if math.isfinite(stall["persistent_stall_s"]):
-            detail += f". With persistent_workers=True the stall is {stall['persistent_stall_s']:.2f}s"
-        detail += ". The recommendation sets persistent_workers=True."
-        out.append(
-            _finding(
-                "high" if stall["share"] > STALL_HIGH else "medium" if stall["share"] > STALL_SHARE else "low",
-                f"Workers restart at every epoch: a {stall['stall_s']:.2f}s stall",
-                detail,
-                {
-                    "epoch_stall_s": stall["stall_s"],
-                    "epoch_s": stall["epoch_s"],
-                    "share": stall["share"],
-                    "persistent_stall_s": stall["persistent_stall_s"],
-                },
-            )
-        )
 
-    # The user's own setting, when it was measured: with the job run, the job's comparison.
-    u = user_point(pts, meta)
-    if decided and job is not None:
-        out += job_findings(job)
-    elif u is not None and rec is not None and is_ok(u) and rec.get("decision"):
-        out += _user_findings(u, rec, _decision_of(rec["decision"]))
-    return by_severity(out)
+def _workers_restart(c: _SweepRead) -> list[dict[str, Any]]:
+    """Workers restarting at every epoch: judged at the recommendation, whose persistent_workers follows
+    the same rule (:func:`_kept_knobs`), so the finding explains the snippet rather than contradicting it."""
+    rec = c.rec
+    stall = _stall(rec, c.ok, c.meta) if rec is not None else None
+    if not (rec is not None and stall is not None and stall["matters"] and rec["persistent_workers"] is True):
+        return []
+    detail = (
+        f"Each epoch starts with a {stall['stall_s']:.2f}s stall at {_knob_text({**rec, 'persistent_workers': False})} "
+        "while the workers restart"
+    )
+    if math.isfinite(stall["share"]):
+        detail += (
+            f": {stall['share']:.0%} of an epoch of {int(stall['epoch_batches'])} batches ({stall['epoch_s']:.1f}s)"
+        )
+    if math.isfinite(stall["persistent_stall_s"]):
+        detail += f". With persistent_workers=True the stall is {stall['persistent_stall_s']:.2f}s"
+    detail += ". The recommendation sets persistent_workers=True."
+    return [
+        _finding(
+            "high" if stall["share"] > STALL_HIGH else "medium" if stall["share"] > STALL_SHARE else "low",
+            f"Workers restart at every epoch: a {stall['stall_s']:.2f}s stall",
+            detail,
+            {
+                "epoch_stall_s": stall["stall_s"],
+                "epoch_s": stall["epoch_s"],
+                "share": stall["share"],
+                "persistent_stall_s": stall["persistent_stall_s"],
+            },
+        )
+    ]
+
+
+def _your_setting(c: _SweepRead) -> list[dict[str, Any]]:
+    """The user's own setting, when it was measured: with the job run, the job's comparison."""
+    u = user_point(c.pts, c.meta)
+    if c.decided and c.job is not None:
+        return job_findings(c.job)
+    if u is not None and c.rec is not None and is_ok(u) and c.rec.get("decision"):
+        return _user_findings(u, c.rec, _decision_of(c.rec["decision"]))
+    return []
 
 
 def _user_findings(u: dict[str, Any], rec: dict[str, Any], d: Any) -> list[dict[str, Any]]:
@@ -1027,6 +1110,29 @@ def _warnings(pts: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class _Picks:
+    """What the loader summary is built from: the pooled points, the demand on the loader and the settings picked."""
+
+    settings: dict[str, Any]
+    within: float
+    headroom: float
+    #: samples/s the trainer needs (stated, or its step measured: ``measured_demand``); None without a trainer
+    target_rate: Any
+    measured_demand: bool
+    trainer: dict[str, Any]
+    pts: list[dict[str, Any]]
+    best: dict[str, Any] | None
+    user: dict[str, Any] | None
+    job: dict[str, Any] | None
+    #: the job runs decided the pick
+    decided: bool
+    #: the recommendation: the job's pick where its runs decided, else :attr:`isolated`
+    rec: dict[str, Any] | None
+    #: the loader alone's recommendation
+    isolated: dict[str, Any] | None
+
+
 def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     """The loader summary.json (docs/contracts.md, kind "loader").
 
@@ -1036,11 +1142,49 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     the job is "inconclusive".
     """
     from stagebench._version import __version__
-    from stagebench.analysis._job import alone_scope, decide_job, trainer_summary
+    from stagebench.analysis._job import alone_scope, trainer_summary
     from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
 
+    c = _picks(rows, meta)
+    target = _target(c)
+    costs = worker_costs_summary(meta, c.pts)
+    verdict = _verdict(c, target) + beside_the_pick(costs, c.rec)
+    rec, isolated, settings = c.rec, c.isolated, c.settings
+    return {
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        "kind": "loader",
+        "stagebench_version": __version__,
+        "provenance": meta.get("provenance"),
+        "settings": settings,
+        "loader": dict(meta.get("loader") or {}),
+        "verdict": verdict,
+        "warnings": _warnings(c.pts, meta),
+        "recommended": _public(rec, rec["why"]) if rec is not None else None,
+        "recommended_alone": _public(isolated, isolated["why"])
+        if isolated is not None and rec is not None and setting_cost(isolated) != setting_cost(rec)
+        else None,
+        "best": _public(c.best) if c.best is not None else None,
+        "user_setting": _public(c.user) if c.user is not None else None,
+        "points": c.pts,
+        "search": _search_summary(meta, c.pts),
+        "target": target,
+        "trainer": trainer_summary(meta.get("trainer"), c.job),
+        "job": c.job,
+        "scope": alone_scope("the loader", meta.get("trainer"), settings, planned=bool(meta.get("trainer_planned"))),
+        "findings": by_severity(loader_findings(c.pts, meta, rec, target, c.job) + worker_cost_findings(costs, rec)),
+        "worker_costs": costs,
+        "transforms": list(meta.get("transforms") or []),
+    }
+
+
+def _picks(rows: Any, meta: dict[str, Any]) -> _Picks:
+    """The demand on the loader, the points and the recommendation (the job's pick where its runs decided).
+
+    The job's candidates gain ``zero_workers``, why num_workers=0 was or was not chosen.
+    """
+    from stagebench.analysis._job import decide_job
+
     settings = meta.get("settings") or {}
-    budget = settings.get("memory_budget_mb")
     within = float(settings.get("within_best", 0.05))
     headroom = float(settings.get("headroom", DEMAND_HEADROOM))
     target_rate = settings.get("target_rate")
@@ -1050,13 +1194,12 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         target_rate = float(trainer["samples_per_s"])
     pts = _rows(rows)
     ok = [p for p in pts if is_ok(p)]
-    best = max(ok, key=lambda p: p["samples_per_s"]) if ok else None
     user = user_point(pts, meta)
     job = decide_job(meta.get("job"), trainer)
     decided = job is not None and job["status"] == "decided"
     rec = recommend(
         rows,  # as measured: the tie-break's rows are read in their order
-        budget_mb=budget,
+        budget_mb=settings.get("memory_budget_mb"),
         within_best=within,
         target_rate=target_rate,
         headroom=headroom,
@@ -1068,67 +1211,100 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     if decided and job is not None:
         rec = _kept_knobs(_job_pick(job, pts, meta), ok, meta)
         job["zero_workers"] = _zero_workers_note(job)
+    return _Picks(
+        settings=settings,
+        within=within,
+        headroom=headroom,
+        target_rate=target_rate,
+        measured_demand=measured_demand,
+        trainer=trainer,
+        pts=pts,
+        best=max(ok, key=lambda p: p["samples_per_s"]) if ok else None,
+        user=user,
+        job=job,
+        decided=decided,
+        rec=rec,
+        isolated=isolated,
+    )
 
-    target = None
-    if target_rate is not None:
-        need = target_rate * (1 + headroom)
-        met = best is not None and best["samples_per_s"] >= need
-        if best is None:
-            verdict = f"data-bound: no loader setting could be measured, the trainer needs {target_rate:,.1f} samples/s"
-        elif met:
-            assert isolated is not None  # recommend() is None only when no point is ok, and best is one
-            verdict = (
-                f"the loader alone keeps up: {isolated['samples_per_s']:,.1f} samples/s at {_knob_text(isolated)} "
-                f"against {target_rate:,.1f} needed (+{headroom:.0%} headroom)"
-            )
-        else:
-            verdict = (
-                f"data-bound: the best loader alone gives {best['samples_per_s']:,.1f} samples/s, "
-                f"the trainer needs {target_rate:,.1f}"
-            )
-        if measured_demand:
-            verdict += f" (the demand is your training step, measured: {trainer['steps_per_s']:,.2f} steps/s)"
-        target = {
-            "rate": target_rate,
-            "needed_with_headroom": need,
-            "met": bool(met),
-            "verdict": verdict,
-            "source": "measured" if measured_demand else "stated",
-        }
 
-    if rec is None:
-        first = next((p for p in pts if p["reason"]), None)
+def _target(c: _Picks) -> dict[str, Any] | None:
+    """The trainer's demand and whether the loader alone meets it with the headroom (None without a demand)."""
+    target_rate, headroom, best, trainer = c.target_rate, c.headroom, c.best, c.trainer
+    if target_rate is None:
+        return None
+    need = target_rate * (1 + headroom)
+    met = best is not None and best["samples_per_s"] >= need
+    if best is None:
+        verdict = f"data-bound: no loader setting could be measured, the trainer needs {target_rate:,.1f} samples/s"
+    elif met:
+        isolated = c.isolated
+        assert isolated is not None  # recommend() is None only when no point is ok, and best is one
+        verdict = (
+            f"the loader alone keeps up: {isolated['samples_per_s']:,.1f} samples/s at {_knob_text(isolated)} "
+            f"against {target_rate:,.1f} needed (+{headroom:.0%} headroom)"
+        )
+    else:
+        verdict = (
+            f"data-bound: the best loader alone gives {best['samples_per_s']:,.1f} samples/s, "
+            f"the trainer needs {target_rate:,.1f}"
+        )
+    if c.measured_demand:
+        verdict += f" (the demand is your training step, measured: {trainer['steps_per_s']:,.2f} steps/s)"
+    return {
+        "rate": target_rate,
+        "needed_with_headroom": need,
+        "met": bool(met),
+        "verdict": verdict,
+        "source": "measured" if c.measured_demand else "stated",
+    }
+
+
+def _verdict(c: _Picks, target: dict[str, Any] | None) -> str:
+    """The summary's verdict: the job's where its runs decided, the demand not met, else the pick alone."""
+    if c.rec is None:
+        first = next((p for p in c.pts if p["reason"]), None)
         verdict = "no loader setting could be measured" + (f": {first['reason']}" if first else "")
-    elif decided and job is not None:
-        verdict = job["text"]
+    elif c.decided and c.job is not None:
+        verdict = c.job["text"]
     elif target is not None and not target["met"]:
         verdict = target["verdict"]
     else:
-        lo, hi = rec["samples_per_s_low"], rec["samples_per_s_high"]
-        ci = f" [{lo:,.1f}, {hi:,.1f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
-        # the same words as the job's verdict and the pipeline's: a pick that is your setting is "keep yours"
-        keep = user is not None and _knob_text(user) == _knob_text(rec)
-        said = f"keep yours ({_knob_text(rec)})" if keep else f"use {_knob_text(rec)}"
-        verdict = f"{said}: {rec['samples_per_s']:,.1f} samples/s{ci}"
-        if target is not None:
-            verdict += " by the loader alone"
-        if best is not None and setting_cost(best) != setting_cost(rec):
-            verdict += f" (best {best['samples_per_s']:,.1f} at num_workers={best['num_workers']})"
-        if rec.get("decision") and target is None:
-            # what the pick rests on: the ratio in turns, or that the runs could not tell
-            verdict += f"; {_decision_words(_decision_of(rec['decision']), {}, within)}"
-    if target is not None and not decided:
-        verdict += "; the job: " + _job_not_run(job, target)
+        verdict = _pick_verdict(c, c.rec, target)
+    if target is not None and not c.decided:
+        verdict += "; the job: " + _job_not_run(c.job, target)
+    return verdict
 
-    costs = worker_costs_summary(meta, pts)
-    verdict += beside_the_pick(costs, rec)
+
+def _pick_verdict(c: _Picks, rec: dict[str, Any], target: dict[str, Any] | None) -> str:
+    """The loader alone's pick: use it (or keep yours), its throughput and interval, and what it rests on."""
+    lo, hi = rec["samples_per_s_low"], rec["samples_per_s_high"]
+    ci = f" [{lo:,.1f}, {hi:,.1f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+    # the same words as the job's verdict and the pipeline's: a pick that is your setting is "keep yours"
+    keep = c.user is not None and _knob_text(c.user) == _knob_text(rec)
+    said = f"keep yours ({_knob_text(rec)})" if keep else f"use {_knob_text(rec)}"
+    verdict = f"{said}: {rec['samples_per_s']:,.1f} samples/s{ci}"
+    if target is not None:
+        verdict += " by the loader alone"
+    best = c.best
+    if best is not None and setting_cost(best) != setting_cost(rec):
+        verdict += f" (best {best['samples_per_s']:,.1f} at num_workers={best['num_workers']})"
+    if rec.get("decision") and target is None:
+        # what the pick rests on: the ratio in turns, or that the runs could not tell
+        verdict += f"; {_decision_words(_decision_of(rec['decision']), {}, c.within)}"
+    return verdict
+
+
+def _search_summary(meta: dict[str, Any], pts: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the search went: its strategy, points and seconds, against an estimate for the full grid."""
+    settings = meta.get("settings") or {}
     search_meta = meta.get("search") or {}
     elapsed = [p["elapsed_s"] for p in pts if math.isfinite(p["elapsed_s"])]
     seconds = float(search_meta.get("seconds", sum(elapsed)))
     grid_points = int(settings.get("full_grid_points") or len(pts))
     mean_point = sum(elapsed) / len(elapsed) if elapsed else math.nan
     est = mean_point * grid_points if math.isfinite(mean_point) else math.nan
-    search = {
+    return {
         "strategy": search_meta.get("strategy", settings.get("strategy", "adaptive")),
         "points_measured": len(pts),
         "seconds": seconds,
@@ -1136,30 +1312,4 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "estimated_full_grid_seconds": est,
         "time_saved_s": max(0.0, est - seconds) if math.isfinite(est) else math.nan,
         "stopped": list(search_meta.get("stopped", [])),
-    }
-    loader = dict(meta.get("loader") or {})
-    return {
-        "schema_version": SUMMARY_SCHEMA_VERSION,
-        "kind": "loader",
-        "stagebench_version": __version__,
-        "provenance": meta.get("provenance"),
-        "settings": settings,
-        "loader": loader,
-        "verdict": verdict,
-        "warnings": _warnings(pts, meta),
-        "recommended": _public(rec, rec["why"]) if rec is not None else None,
-        "recommended_alone": _public(isolated, isolated["why"])
-        if isolated is not None and rec is not None and setting_cost(isolated) != setting_cost(rec)
-        else None,
-        "best": _public(best) if best is not None else None,
-        "user_setting": _public(user) if user is not None else None,
-        "points": pts,
-        "search": search,
-        "target": target,
-        "trainer": trainer_summary(meta.get("trainer"), job),
-        "job": job,
-        "scope": alone_scope("the loader", meta.get("trainer"), settings, planned=bool(meta.get("trainer_planned"))),
-        "findings": by_severity(loader_findings(pts, meta, rec, target, job) + worker_cost_findings(costs, rec)),
-        "worker_costs": costs,
-        "transforms": list(meta.get("transforms") or []),
     }
