@@ -236,6 +236,22 @@ def analyze_stage(
         entry["evidence"]["summary"].extend(entry["problems"])
         return entry
 
+    _read_curves(entry, sr, n_boot)
+    gil = _read_gil(entry, sr, cores, free_threaded, gil_probe)
+    recommended, best, bests = _read_settings(entry, sr)
+    label, lines, nature_signals = nature(sr, gil)
+    kind, limit_lines, limit_signals = limit_rules(sr, entry["harness"], best, bests, gil, cores)
+    entry["classification"] = label
+    entry["mix"] = label_mix(nature_signals)
+    entry["limit"] = limit_of(kind, limit_lines, sr, best, gil)
+    entry["evidence"]["signals"].update(limit_signals)
+    entry["evidence"]["signals"].update(nature_signals)
+    _explain(entry, lines, gil, recommended)
+    return entry
+
+
+def _read_curves(entry: dict[str, Any], sr: StageRows, n_boot: int) -> None:
+    """Each curve's points, the levels it measured and its scaling fit."""
     for curve in sr.curves():
         entry["fit"][curve.key] = fit_scaling(
             [p.concurrency for p in curve],
@@ -256,6 +272,11 @@ def analyze_stage(
             for p in curve
         ]
 
+
+def _read_gil(
+    entry: dict[str, Any], sr: StageRows, cores: int, free_threaded: bool, gil_probe: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The stage's GIL estimate (:func:`estimate_gil`) into the entry; returns the estimate."""
     gil = estimate_gil(sr, cores=cores, fits=entry["fit"], free_threaded=free_threaded, probe=gil_probe)
     entry["gil"] = {
         k: gil.get(k) for k in ("pinned", "source", "saturated", "serializer", "harness", "executor", "notes")
@@ -267,7 +288,12 @@ def analyze_stage(
     entry["gil_s_per_item"] = gil["gil_s_per_item"]
     entry["stage_s_per_item"] = gil["stage_s_per_item"]
     entry["evidence"]["signals"].update(gil["signals"])
+    return gil
 
+
+def _read_settings(entry: dict[str, Any], sr: StageRows) -> tuple[dict, dict, dict[str, Point]]:
+    """The recommended and best settings, each executor's best point (``alternatives``), and the
+    recommended point's ceiling, CPU and the harness's GIL time. ``(recommended, best, bests)``."""
     harness = sr.recommendation_harness()
     assert harness is not None  # status ok: there are ok rows, so a harness with a curve
     entry["harness"] = harness
@@ -283,26 +309,21 @@ def analyze_stage(
         entry["alternatives"][e] = alt
 
     # recommended and best are None only when no curve of this harness is of a known executor (rows
-    # not written by stagebench); indexing them then fails, as it always did.
-    rp = sr.curve(harness, recommended["executor"]).at(recommended["concurrency"])  # type: ignore[index]
+    # not written by stagebench), which the analysis does not read.
+    assert recommended is not None and best is not None, f"no curve of a known executor in {harness}"
+    ex, c = recommended["executor"], recommended["concurrency"]
+    rp = sr.curve(harness, ex).at(c)
     assert rp is not None  # the recommended point is a point of this curve (_recommend)
-    ceil = sr.ceiling(harness, recommended["executor"], recommended["concurrency"])  # type: ignore[index]
+    ceil = sr.ceiling(harness, ex, c)
     entry["ceiling_qps"] = ceil.qps if ceil is not None else None
     entry["cpu_s_per_item"] = rp.cpu_s_per_item if finite(rp.cpu_s_per_item) else None
-    entry["harness_gil_s_per_item"] = _main_gil_overhead(
-        sr,
-        harness,
-        recommended["executor"],  # type: ignore[index]
-        recommended["concurrency"],  # type: ignore[index]
-    )
+    entry["harness_gil_s_per_item"] = _main_gil_overhead(sr, harness, ex, c)
+    return recommended, best, bests
 
-    label, lines, nature_signals = nature(sr, gil)
-    kind, limit_lines, limit_signals = limit_rules(sr, harness, best, bests, gil, cores)  # type: ignore[arg-type]
-    entry["classification"] = label
-    entry["mix"] = label_mix(nature_signals)
-    entry["limit"] = limit_of(kind, limit_lines, sr, best, gil)  # type: ignore[arg-type]
-    entry["evidence"]["signals"].update(limit_signals)
-    entry["evidence"]["signals"].update(nature_signals)
+
+def _explain(entry: dict[str, Any], lines: list[str], gil: dict[str, Any], recommended: Any) -> None:
+    """The evidence summary: the label's lines, the limit at the best setting, the GIL share and how it
+    was read, its notes, the recommendation and the points that did not measure."""
     summary = entry["evidence"]["summary"]
     summary.extend(lines)
     summary.append(f"at its best alone ({entry['limit']['at']}): {entry['limit']['text']}")
@@ -320,11 +341,10 @@ def analyze_stage(
         )
     summary.extend(gil["notes"])
     summary.append(
-        f"recommended: {recommended['executor']} x {recommended['concurrency']} -> "  # type: ignore[index]
-        f"{fmt_q(recommended['qps'])} items/s ({recommended['why']})"  # type: ignore[index]
+        f"recommended: {recommended['executor']} x {recommended['concurrency']} -> "
+        f"{fmt_q(recommended['qps'])} items/s ({recommended['why']})"
     )
     summary.extend(entry["problems"])
-    return entry
 
 
 def _main_gil_overhead(sr: StageRows, harness: str, executor: str, concurrency: int) -> float:
