@@ -643,6 +643,14 @@ def _failure(cons: _Consumer, errors: _SpdlErrors, check_workers: bool = False) 
     return None
 
 
+def _failed(cons: _Consumer, errors: _SpdlErrors, row: dict[str, Any], *, check_workers: bool = False) -> bool:
+    """Whether the loader has failed (:func:`_failure`); where it has, ``row``'s status and reason say how."""
+    fail = _failure(cons, errors, check_workers=check_workers)
+    if fail:
+        row["status"], row["reason"] = fail
+    return fail is not None
+
+
 class _Plan(NamedTuple):
     """What one point measures besides its warm-up (:func:`measure_loader_point`)."""
 
@@ -672,9 +680,7 @@ def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     while True:
         now = time.perf_counter()
         polls += 1
-        fail = _failure(cons, errors, check_workers=polls % 20 == 0)
-        if fail:
-            row["status"], row["reason"] = fail
+        if _failed(cons, errors, row, check_workers=polls % 20 == 0):
             return None, False
         if cons.finished:
             row.update(status="failed", reason="the loader ended before warm-up was over (an empty dataset?)")
@@ -740,9 +746,7 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     while True:
         now = time.perf_counter()
         polls += 1
-        fail = _failure(cons, errors, check_workers=polls % 5 == 0)
-        if fail:
-            row["status"], row["reason"] = fail
+        if _failed(cons, errors, row, check_workers=polls % 5 == 0):
             return None, False
         got = len(cons.events) - i0 - 1
         if now >= end and got >= min_gaps:

@@ -17,9 +17,9 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stagebench.analysis._loader import summarize_loader
 from stagebench.core._config import powers_of_two
@@ -40,6 +40,9 @@ from stagebench.loader._point import (
 )
 from stagebench.runs._knobs import KNOWN_BACKENDS, LoaderKnobs, normalize_knobs
 from stagebench.runs._outcome import COMPLETE, FAILED, INTERRUPTED, PARTIAL
+
+if TYPE_CHECKING:
+    from stagebench.runs._results import RunDir
 
 __all__ = [
     "LoaderKnobs",
@@ -436,6 +439,20 @@ def _memory_budget(cfg: LoaderSweepConfig) -> float:
     return tree_pss_mb(()) + cfg.memory_share * psutil.virtual_memory().available / 2**20
 
 
+# ------------------------------------------------------------------------ the run
+@dataclass(frozen=True)
+class _Run:
+    """A sweep's run directory, its ``run.json`` as written so far, and what the search plans with."""
+
+    dir: RunDir
+    meta: dict[str, Any]
+    cuda: bool
+    budget_mb: float
+    levels: tuple[int, ...]
+    grid: list[tuple[LoaderKnobs, LoaderKnobs, list[str]]]
+    epoch_batches: int | None  # batches in an epoch, where the loader says (``extra_meta["loader"]``)
+
+
 def run_loader_sweep(
     factory: LoaderFactory,
     *,
@@ -458,11 +475,50 @@ def run_loader_sweep(
     the rows measured so far is written.
     """
     from stagebench.core._progress import Progress
-    from stagebench.runs._provenance import collect_provenance
-    from stagebench.runs._results import RowWriter, RunDir, read_rows
-    from stagebench.runs._schema import LOADER_COLUMNS, RESULTS_SCHEMA_VERSION
+    from stagebench.runs._results import RowWriter
+    from stagebench.runs._schema import LOADER_COLUMNS
 
     cfg = config or LoaderSweepConfig()
+    _check_arguments(factory, name=name, backend=backend, batch_size=batch_size, target_rate=target_rate)
+    run = _open_run(
+        run_dir, cfg, name=name, backend=backend, batch_size=batch_size, target_rate=target_rate, extra_meta=extra_meta
+    )
+    own_progress = progress is None
+    if own_progress:
+        progress = Progress(desc=f"loader {name}")
+    progress.set_total(len(run.grid) if cfg.strategy == "grid" else len(run.levels) + len(cfg.prefetch_factors) + 2)
+    sw = _Sweep(
+        factory,
+        name=name,
+        backend=backend,
+        batch_size=batch_size,
+        cfg=cfg,
+        cuda=run.cuda,
+        writer=RowWriter(run.dir.results_csv, LOADER_COLUMNS),
+        progress=progress,
+        epoch_batches=run.epoch_batches,
+    )
+    from scipy import special  # noqa: F401 - imported now, not inside the first point's time
+
+    interrupted = _search(sw, run)
+    if not interrupted:  # what is measured beside the search wants a search that ran to its end
+        interrupted = _measure_beside(sw, run)
+    summary, unwritten = _close_run(run, interrupted, progress)
+    if own_progress:
+        progress.close()
+    if interrupted:
+        report = run.dir.path / "report.html"
+        raise KeyboardInterrupt(
+            f"the rows measured so far are in {run.dir.path}"
+            + (f", and a report of them: {report}" if report.is_file() and not unwritten else "")
+        )
+    if unwritten:
+        summary["unwritten"] = unwritten  # the caller says it and exits with PARTIAL's code
+    return summary
+
+
+def _check_arguments(factory: Any, *, name: Any, backend: Any, batch_size: Any, target_rate: Any) -> None:
+    """Raise ValueError for an argument of :func:`run_loader_sweep` it cannot sweep with, before anything is written."""
     if not callable(factory):
         raise ValueError(f"factory must be callable (knobs -> a fresh loader), got {type(factory).__name__}")
     if not isinstance(name, str) or not name:
@@ -473,6 +529,23 @@ def run_loader_sweep(
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if target_rate is not None and not (isinstance(target_rate, (int, float)) and target_rate > 0):
         raise ValueError(f"target_rate must be None or a number > 0 (samples/s), got {target_rate!r}")
+
+
+def _open_run(
+    run_dir: Path | str,
+    cfg: LoaderSweepConfig,
+    *,
+    name: str,
+    backend: str,
+    batch_size: int,
+    target_rate: float | None,
+    extra_meta: dict[str, Any] | None,
+) -> _Run:
+    """Create the run directory and write its ``run.json`` (status ``running``): the machine, the settings
+    and the plan of the search, with ``extra_meta`` merged in (its ``loader`` into the loader's own)."""
+    from stagebench.runs._provenance import collect_provenance
+    from stagebench.runs._results import RunDir
+    from stagebench.runs._schema import RESULTS_SCHEMA_VERSION
 
     rd = RunDir.create(run_dir, fresh=True)
     prov = collect_provenance()
@@ -510,66 +583,77 @@ def run_loader_sweep(
         else:
             meta[k] = v
     rd.write_meta(meta)
+    return _Run(rd, meta, cuda, budget_mb, levels, grid, epoch_batches=loader_meta.get("epoch_batches"))
 
-    own_progress = progress is None
-    if own_progress:
-        progress = Progress(desc=f"loader {name}")
-    progress.set_total(len(grid) if cfg.strategy == "grid" else len(levels) + len(cfg.prefetch_factors) + 2)
-    writer = RowWriter(rd.results_csv, LOADER_COLUMNS)
-    sw = _Sweep(
-        factory,
-        name=name,
-        backend=backend,
-        batch_size=batch_size,
-        cfg=cfg,
-        cuda=cuda,
-        writer=writer,
-        progress=progress,
-        epoch_batches=loader_meta.get("epoch_batches"),
-    )
-    from scipy import special  # noqa: F401 - imported now, not inside the first point's time
 
+def _search(sw: _Sweep, run: _Run) -> bool:
+    """The search, by ``cfg.strategy``, its rows written as they land; then ``run.json["search"]``: how it
+    went and why it stopped. Returns whether an interrupt cut it short."""
+    cfg = sw.cfg
     t_search = time.perf_counter()
     stops: list[str] = []
     interrupted = False
     try:
         with workers_beyond_cores_unwarned():
             if cfg.strategy == "grid":
-                for req, _eff, _notes in grid:
+                for req, _eff, _notes in run.grid:
                     sw.point(req, "grid")
                 _measure_yours(sw)
-                _in_turns(sw, budget_mb, cfg.yours)
+                _in_turns(sw, run.budget_mb, cfg.yours)
             else:
-                stops = _adaptive(sw, levels, budget_mb)
+                stops = _adaptive(sw, run.levels, run.budget_mb)
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        writer.close()
+        sw.writer.close()
     seconds = time.perf_counter() - t_search
-    meta["search"] = {"strategy": cfg.strategy, "seconds": seconds, "stopped": stops, "interrupted": interrupted}
+    run.meta["search"] = {"strategy": cfg.strategy, "seconds": seconds, "stopped": stops, "interrupted": interrupted}
+    return interrupted
 
-    if not interrupted and cfg.worker_costs:
-        try:
-            with workers_beyond_cores_unwarned():  # its own memory pass may start the pick's workers again
-                meta["worker_costs"] = _worker_costs(sw, budget_mb)
-        except KeyboardInterrupt:
-            interrupted = True
-            meta["search"]["interrupted"] = True
-        except Exception as e:  # a measurement beside the sweep: its failure loses none of the sweep's rows
-            said = f"what each worker costs was not measured: {type(e).__name__}: {e}"[:300]
-            meta.setdefault("warnings", []).append(said)
-            if progress is not None:
-                progress.message(said)
-    if not interrupted and cfg.transforms:
-        ds = getattr(factory, "dataset", None)
-        if ds is not None:
-            from stagebench.loader._transforms import isolate_transforms
 
-            try:
-                meta["transforms"] = isolate_transforms(ds, run_dir=rd.path, config=cfg, progress=progress)
-            except KeyboardInterrupt:
-                interrupted = True
-                meta["search"]["interrupted"] = True
+def _measure_beside(sw: _Sweep, run: _Run) -> bool:
+    """What is measured beside the search, each where asked, into ``run.json``:
+    what each worker costs, then the transforms alone. Returns whether an interrupt cut them short (then
+    ``run.json["search"]["interrupted"]`` says so too)."""
+    try:
+        if sw.cfg.worker_costs:
+            _worker_costs_into(sw, run)
+        if sw.cfg.transforms:
+            _transforms_into(sw, run)
+    except KeyboardInterrupt:
+        run.meta["search"]["interrupted"] = True
+        return True
+    return False
+
+
+def _worker_costs_into(sw: _Sweep, run: _Run) -> None:
+    """``run.json["worker_costs"]`` (:func:`_worker_costs`); where it fails, a warning instead."""
+    try:
+        with workers_beyond_cores_unwarned():  # its own memory pass may start the pick's workers again
+            run.meta["worker_costs"] = _worker_costs(sw, run.budget_mb)
+    except Exception as e:  # a measurement beside the sweep: its failure loses none of the sweep's rows
+        said = f"what each worker costs was not measured: {type(e).__name__}: {e}"[:300]
+        run.meta.setdefault("warnings", []).append(said)
+        if sw.progress is not None:
+            sw.progress.message(said)
+
+
+def _transforms_into(sw: _Sweep, run: _Run) -> None:
+    """``run.json["transforms"]``: the dataset's transforms measured alone, where the factory has a dataset."""
+    ds = getattr(sw.factory, "dataset", None)
+    if ds is not None:
+        from stagebench.loader._transforms import isolate_transforms
+
+        run.meta["transforms"] = isolate_transforms(ds, run_dir=run.dir.path, config=sw.cfg, progress=sw.progress)
+
+
+def _close_run(run: _Run, interrupted: bool, progress: Any) -> tuple[dict[str, Any], str | None]:
+    """Write ``run.json``, ``summary.json`` and ``report.html`` from the rows kept (after an interrupt too),
+    then the run's final status. Returns (the summary, why a file could not be written, or None)."""
+    from stagebench.runs._provenance import collect_provenance
+    from stagebench.runs._results import read_rows
+
+    rd, meta = run.dir, run.meta
     meta["provenance_after"] = collect_provenance()
     meta["status"] = INTERRUPTED.status if interrupted else "running"
     rd.write_meta(meta)
@@ -590,17 +674,7 @@ def run_loader_sweep(
             rd.write_meta(meta)
         except OSError as e:
             unwritten = unwritten or f"run.json not written: {type(e).__name__}: {e}"
-    if own_progress:
-        progress.close()
-    if interrupted:
-        report = rd.path / "report.html"
-        raise KeyboardInterrupt(
-            f"the rows measured so far are in {rd.path}"
-            + (f", and a report of them: {report}" if report.is_file() and not unwritten else "")
-        )
-    if unwritten:
-        summary["unwritten"] = unwritten  # the caller says it and exits with PARTIAL's code
-    return summary
+    return summary, unwritten
 
 
 def _write_report(path: Path, progress: Any) -> str | None:

@@ -33,6 +33,7 @@ from stagebench.loader._point import (
     _POLL_S,
     _Consumer,
     _empty_row,
+    _failed,
     _failure,
     _fill,
     _Plan,
@@ -140,9 +141,7 @@ def _window(
             raise
         h.cons.gate.clear()
         if row["status"] == "ok" and h.errors.records:
-            fail = _failure(h.cons, h.errors)
-            if fail:
-                row["status"], row["reason"] = fail
+            _failed(h.cons, h.errors, row)
         _fill(row, h.cons, outcome, eff, batch_size, cfg)
         if h.windows:  # not the first: no start-up in this window, whatever the events before it
             row["time_to_first_batch_s"] = math.nan

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from stagebench._numbers import finite
@@ -42,6 +43,20 @@ def choices_of(summary: dict[str, Any]) -> dict[str, tuple[str, int]]:
     return choices
 
 
+@dataclass(frozen=True)
+class _WholeRuns:
+    """The whole pipelines :func:`replay_and_validate` runs in turns, and the settings they run at."""
+
+    runs: dict[str, Any]  # by name: the replay's stand-ins, or None for the real stages
+    stand_ins: dict[str, Any]
+    choices: dict[str, tuple[str, int]]  # the recommended settings
+    yours: dict[str, tuple[str, int]]  # the user's own
+    differs: bool  # whether the user's settings differ from the recommended ones
+    validate: bool  # whether the real pipeline runs (``validate="on"``)
+    warm: float
+    window: float
+
+
 def replay_and_validate(
     plan: Any,
     settings: Any,
@@ -66,10 +81,23 @@ def replay_and_validate(
     Returns (replay, validation, yours, the CPU speeds to merge into ``run.json["cpu_speed"]``:
     what each stage's stand-in was read at, and the speed around the validation run).
     """
-    from stagebench.core._speed import cpu_speed_ns
     from stagebench.pipeline._replay import plan_stand_ins
-    from stagebench.pipeline._wholerun import run_pipelines
 
+    speeds = {name: statistics.median(v) for name, v in stage_speeds.items() if v}
+    cpu: dict[str, Any] = {"stage_ns": speeds}
+    whole = _whole_runs(plan, settings, summary, plan_stand_ins(summary.get("stages") or [], speeds))
+    if not whole.runs:  # no stage could be stood in, and no validation run
+        return _no_replay(), None, None, cpu
+    _say_whole_runs(whole, say)
+    out = _run_whole(plan, settings, source_items, whole, items_per_sink_item, cpu, log_error)
+    replay = _replay_result(out, whole.stand_ins, say)
+    validation = _validation_result(out, say)
+    return replay, validation, _yours_result(out, whole, settings, say), cpu
+
+
+def _whole_runs(plan: Any, settings: Any, summary: dict[str, Any], stand_ins: dict[str, Any]) -> _WholeRuns:
+    """Which whole pipelines run: the replay where a stage could be stood in, the real stages where
+    validation is on, and the user's settings beside them where they differ from the recommended ones."""
     choices = choices_of(summary)
     # Warm once items have reached the sink for 0.5 s (_wholerun._Run.warm), pools included:
     # a process pool starts its c workers together, on its first c calls, so the first item
@@ -78,9 +106,6 @@ def replay_and_validate(
     # A window under 1 s (quick mode's 0.3 s replay) gets a warm-up as much shorter.
     window = settings.validation_window_s
     warm = 0.5 * min(1.0, window)
-    speeds = {name: statistics.median(v) for name, v in stage_speeds.items() if v}
-    cpu: dict[str, Any] = {"stage_ns": speeds}
-    stand_ins = plan_stand_ins(summary.get("stages") or [], speeds)
     validate = settings.validate == "on"
     yours = yours_of(plan)
     differs = any(name in yours and yours[name] != c for name, c in choices.items())
@@ -91,12 +116,27 @@ def replay_and_validate(
         runs["validation"] = None  # the real stages
         if differs:
             runs["yours"] = None  # the real stages, at the user's settings
-    if len(runs) > 1:
+    return _WholeRuns(
+        runs=runs,
+        stand_ins=stand_ins,
+        choices=choices,
+        yours=yours,
+        differs=differs,
+        validate=validate,
+        warm=warm,
+        window=window,
+    )
+
+
+def _say_whole_runs(whole: _WholeRuns, say: Callable[[str], None]) -> None:
+    """Say what is about to run (``whole.runs``, not empty)."""
+    stand_ins, warm, window = whole.stand_ins, whole.warm, whole.window
+    if len(whole.runs) > 1:
         say(
-            f"{' and '.join(runs)}, taking turns: the pipeline "
+            f"{' and '.join(whole.runs)}, taking turns: the pipeline "
             + (f"with stand-ins for {len(stand_ins)} stage(s) and the real one, " if stand_ins else "")
             + "at the recommended settings"
-            + (" and at yours" if differs else "")
+            + (" and at yours" if whole.differs else "")
             + f", {warm:g} s warm-up each + {window:g} s of counting each, in slices"
         )
     elif stand_ins:
@@ -104,10 +144,25 @@ def replay_and_validate(
             f"replay: the pipeline with stand-ins for {len(stand_ins)} stage(s), recommended settings, "
             f"{warm:g} s warm-up + {window:g} s window (no validation run: STAGEBENCH_VALIDATE=off)"
         )
-    elif validate:
+    else:  # the validation run alone
         say(f"validation: the whole pipeline with the recommended settings, {warm:g} s warm-up + {window:g} s window")
-    else:
-        return {"qps": None, "error": "no stage could be stood in (none measured)"}, None, None, cpu
+
+
+def _run_whole(
+    plan: Any,
+    settings: Any,
+    source_items: list,
+    whole: _WholeRuns,
+    items_per_sink_item: float,
+    cpu: dict[str, Any],
+    log_error: Callable[[str, BaseException], None],
+) -> dict[str, Any]:
+    """Run ``whole.runs`` in turns (:func:`stagebench.pipeline._wholerun.run_pipelines`): each one's
+    result by name, a failure each one's ``error``. With validation, the CPU speed around it goes into
+    ``cpu["validation_ns"]``."""
+    from stagebench.core._speed import cpu_speed_ns
+    from stagebench.pipeline._wholerun import run_pipelines
+
     before = cpu_speed_ns()
 
     def more(rates: dict[str, list[float]]) -> bool:
@@ -116,40 +171,55 @@ def replay_and_validate(
 
         if "validation" not in rates or "yours" not in rates:
             return False
-        d = versus_yours_decision(rates["validation"], rates["yours"], choices, yours)
+        d = versus_yours_decision(rates["validation"], rates["yours"], whole.choices, whole.yours)
         return d is not None and not d.settled
 
     try:
         out = run_pipelines(
             plan,
             source_items,
-            choices,
-            runs,
-            warmup_s=warm,
-            window_s=window,
+            whole.choices,
+            whole.runs,
+            warmup_s=whole.warm,
+            window_s=whole.window,
             timeout_s=settings.timeout_s,
             items_per_sink_item=items_per_sink_item,
             own_choices={"yours": {}},  # no choice: every stage keeps the user's settings
-            more=more if "yours" in runs else None,
+            more=more if "yours" in whole.runs else None,
             max_extra_rounds=EXTRA_ROUNDS,
         )
-        if validate:  # the speed the measured number was read at
+        if whole.validate:  # the speed the measured number was read at
             cpu["validation_ns"] = [round(before, 2), round(cpu_speed_ns(), 2)]
     except KeyboardInterrupt:
         raise
     except Exception as e:
         log_error("replay and validation", e)
-        out = {k: {"qps": None, "error": f"{type(e).__name__}: {e}"} for k in runs}
-    validation = out.get("validation")
+        out = {k: {"qps": None, "error": f"{type(e).__name__}: {e}"} for k in whole.runs}
+    return out
+
+
+def _no_replay() -> dict[str, Any]:
+    """The replay's result where no stage could be stood in."""
+    return {"qps": None, "error": "no stage could be stood in (none measured)"}
+
+
+def _replay_result(out: dict[str, Any], stand_ins: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any]:
+    """The replay's result, with the stand-ins it ran with, and said."""
     if stand_ins:
         replay = out["replay"]
         replay["stand_ins"] = [s.as_dict() for s in stand_ins.values()]
     else:
-        replay = {"qps": None, "error": "no stage could be stood in (none measured)"}
+        replay = _no_replay()
     if replay.get("qps") is not None:
         say(f"replay: {replay['qps']:,.1f} items/s")
     elif stand_ins:
         say(f"replay failed: {replay.get('error')}")
+    return replay
+
+
+def _validation_result(out: dict[str, Any], say: Callable[[str], None]) -> dict | None:
+    """The validation run's result, said; None where it did not run."""
+    validation = out.get("validation")
     if validation is not None and validation.get("qps") is not None:
         say(
             f"validation: {validation['qps']:,.1f} items/s ({validation['sink_qps']:,.1f} sink items/s "
@@ -157,19 +227,25 @@ def replay_and_validate(
         )
     elif validation is not None:
         say(f"validation run failed: {validation.get('error')}")
+    return validation
+
+
+def _yours_result(out: dict[str, Any], whole: _WholeRuns, settings: Any, say: Callable[[str], None]) -> dict | None:
+    """The run at the user's settings: ``{"same": True}`` where they are the recommended ones, why it did
+    not run where the real pipeline did not, else its result, said."""
     mine: dict | None = None
-    if not differs:
+    if not whole.differs:
         mine = {"same": True}
-    elif not validate:  # said, so that the report does not read as if yours had been beaten
+    elif not whole.validate:  # said, so that the report does not read as if yours had been beaten
         why = "quick mode" if settings.quick == "on" else "STAGEBENCH_VALIDATE=off"
         mine = {"qps": None, "not_run": f"{why}: the real pipeline was not run"}
-    elif "yours" in runs:
+    elif "yours" in whole.runs:
         mine = out.get("yours") or {"qps": None, "error": "not run"}
         if mine.get("qps") is not None:
             say(f"your settings: {mine['qps']:,.1f} items/s")
         else:
             say(f"the run at your settings failed: {mine.get('error')}")
-    return replay, validation, mine, cpu
+    return mine
 
 
 def run_validation(
