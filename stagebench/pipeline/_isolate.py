@@ -224,6 +224,36 @@ def _pipe_stage(cfg: Any, name: str, index: int) -> Stage:
     )
 
 
+def _inline_stage(
+    cfg: Any,
+    name: str,
+    index: int,
+    *,
+    kind: str,
+    fn: Callable,
+    many: bool,
+    key_source: Any,
+    proto: Any = None,
+    drop_last: bool = False,
+) -> Stage:
+    """An aggregate or disaggregate stage: SPDL runs it inline, in order, one call at a time."""
+    return Stage(
+        name=name,
+        index=index,
+        type=kind,
+        is_async=False,
+        ordered=True,
+        user_executor="default",
+        user_concurrency=1,
+        fn=fn,
+        many=many,
+        config=cfg,
+        key_source=key_source,
+        proto=proto,
+        drop_last=drop_last,
+    )
+
+
 def _aggregate_stage(cfg: Any, name: str, index: int) -> Stage:
     from spdl.pipeline.defs import Collate
 
@@ -233,20 +263,8 @@ def _aggregate_stage(cfg: Any, name: str, index: int) -> Stage:
     except Exception:
         proto = op
     fn = _collate if type(op) is Collate else _AggregateGroup(proto)
-    return Stage(
-        name=name,
-        index=index,
-        type="aggregate",
-        is_async=False,
-        ordered=True,
-        user_executor="default",
-        user_concurrency=1,
-        fn=fn,
-        many=False,
-        config=cfg,
-        key_source=op,
-        proto=proto,
-        drop_last=bool(cfg.drop_last),
+    return _inline_stage(
+        cfg, name, index, kind="aggregate", fn=fn, many=False, key_source=op, proto=proto, drop_last=bool(cfg.drop_last)
     )
 
 
@@ -328,18 +346,8 @@ def plan_pipeline(cfg: Any) -> Plan:
             plan.steps.append(_aggregate_stage(p, unique(p.name), index))
         elif isinstance(p, DisaggregateConfig):
             plan.steps.append(
-                Stage(
-                    name=unique(p.name),
-                    index=index,
-                    type="disaggregate",
-                    is_async=False,
-                    ordered=True,
-                    user_executor="default",
-                    user_concurrency=1,
-                    fn=_disaggregate,
-                    many=True,
-                    config=p,
-                    key_source=_disaggregate,
+                _inline_stage(
+                    p, unique(p.name), index, kind="disaggregate", fn=_disaggregate, many=True, key_source=_disaggregate
                 )
             )
         else:

@@ -420,6 +420,20 @@ def _group_context(entries: list[_Entry], kind: str) -> dict[str, Any]:
     }
 
 
+def _curve(label: str, points: pd.DataFrame, x: str, y: str, rec: Mapping[str, Any]) -> dict[str, Any]:
+    """One run's series for :func:`~stagebench.report._plots.compare_curves_svg`: ``y`` with its interval
+    (the ``_low`` and ``_high`` columns) against ``x``, and the recommendation's point (its same keys)."""
+    return {
+        "label": label,
+        "x": points[x].tolist(),
+        "y": points[y].tolist(),
+        "low": points[f"{y}_low"].tolist(),
+        "high": points[f"{y}_high"].tolist(),
+        "rec_x": rec.get(x),
+        "rec_y": rec.get(y),
+    }
+
+
 def _loader_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
     from stagebench.report import _plots
 
@@ -435,18 +449,9 @@ def _loader_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
         if ok.empty:
             continue
         top = ok.loc[ok.groupby("num_workers")["samples_per_s"].idxmax()].sort_values("num_workers")
+        top = top.astype({"num_workers": int})
         rec = e.run.summary.get("recommended") or {}
-        series.append(
-            {
-                "label": e.label,
-                "x": top["num_workers"].astype(int).tolist(),
-                "y": top["samples_per_s"].tolist(),
-                "low": top["samples_per_s_low"].tolist(),
-                "high": top["samples_per_s_high"].tolist(),
-                "rec_x": rec.get("num_workers"),
-                "rec_y": rec.get("samples_per_s"),
-            }
-        )
+        series.append(_curve(e.label, top, "num_workers", "samples_per_s", rec))
     img = _plots.compare_curves_svg(
         series, xlabel="num_workers (best prefetch_factor at each)", ylabel="throughput (samples/s)", log2_x=False
     )
@@ -507,17 +512,7 @@ def _stage_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
                 top = sub.loc[sub["qps"].idxmax()]
                 ex, h = top["executor"], top["harness"]
             g = sub[(sub["executor"] == ex) & ((sub["harness"] == h) if h else True)].sort_values("concurrency")
-            series.append(
-                {
-                    "label": f"{e.label} · {ex}",
-                    "x": g["concurrency"].tolist(),
-                    "y": g["qps"].tolist(),
-                    "low": g["qps_low"].tolist(),
-                    "high": g["qps_high"].tolist(),
-                    "rec_x": rec.get("concurrency"),
-                    "rec_y": rec.get("qps"),
-                }
-            )
+            series.append(_curve(f"{e.label} · {ex}", g, "concurrency", "qps", rec))
         img = _plots.compare_curves_svg(
             series, xlabel="concurrency (log₂ scale)", ylabel="throughput (items/s)", log2_x=True, title=f"stage {name}"
         )

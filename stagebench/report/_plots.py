@@ -37,6 +37,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 from stagebench._numbers import finite, num
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.typing import RcKeyType  # for the checker only: not in every matplotlib the package allows
 
 __all__ = [
@@ -137,6 +138,14 @@ def _figure(width: float, height: float) -> Figure:
     return fig
 
 
+def _figure_axes(width: float, height: float) -> tuple[Figure, Axes]:
+    """A figure of one axes, styled."""
+    fig = _figure(width, height)
+    ax = fig.add_subplot()
+    _style_axes(ax)
+    return fig, ax
+
+
 def figure_to_svg(fig: Figure) -> str:
     """The figure as standalone SVG text, byte-identical for identical figures.
 
@@ -200,6 +209,29 @@ def _style_axes(ax) -> None:
     ax.set_axisbelow(True)
 
 
+def _band(ax, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, color: str, alpha: float) -> None:
+    """A series' interval, shaded where both ends are known."""
+    band = np.isfinite(lo) & np.isfinite(hi)
+    if band.any():
+        ax.fill_between(x[band], lo[band], hi[band], color=color, alpha=alpha, linewidth=0)
+
+
+def _recommended_star(ax, x: float, y: float, label: str) -> None:
+    """The recommended setting: a yellow star over every series."""
+    ax.plot(
+        [x],
+        [y],
+        marker="*",
+        markersize=17,
+        color=OKABE_ITO["yellow"],
+        markeredgecolor=_INK,
+        markeredgewidth=1.1,
+        linestyle="none",
+        label=label,
+        zorder=5,
+    )
+
+
 def _log2_x(ax, levels: Iterable[float]) -> None:
     levels = sorted({int(c) for c in levels if c and c > 0})
     ax.set_xscale("log", base=2)
@@ -211,26 +243,26 @@ def _log2_x(ax, levels: Iterable[float]) -> None:
         ax.set_xlim(lo / 1.25, hi * 1.25)
 
 
-def _si(v: float, _pos: Any = None) -> str:
-    """Tick labels: 1.2k, 35k, 2M."""
+def _scaled(v: float, spec: str) -> str:
+    """``v`` formatted with ``spec``, in thousands (k) or millions (M) from 1,000 and 1,000,000."""
     a = abs(v)
     if a >= 1e6:
-        return f"{v / 1e6:g}M"
+        return f"{v / 1e6:{spec}}M"
     if a >= 1e3:
-        return f"{v / 1e3:g}k"
-    return f"{v:g}"
+        return f"{v / 1e3:{spec}}k"
+    return f"{v:{spec}}"
+
+
+def _si(v: float, _pos: Any = None) -> str:
+    """Tick labels: 1.2k, 35k, 2M."""
+    return _scaled(v, "g")
 
 
 def fmt_rate(v: float) -> str:
     """A rate with three significant digits: 482, 3.81k, 1.16M."""
     if v is None or not math.isfinite(v):
         return "n/a"
-    a = abs(v)
-    if a >= 1e6:
-        return f"{v / 1e6:.3g}M"
-    if a >= 1e3:
-        return f"{v / 1e3:.3g}k"
-    return f"{v:.3g}"
+    return _scaled(v, ".3g")
 
 
 def usl_curve(c: np.ndarray, fit: Mapping[str, Any], points: pd.DataFrame | None = None) -> np.ndarray | None:
@@ -296,9 +328,7 @@ def stage_throughput_svg(rows: pd.DataFrame, stage: Mapping[str, Any] | None = N
     ok = _ok(st)
     if ok.empty:
         return None
-    fig = _figure(8.4, 3.9)
-    ax = fig.add_subplot()
-    _style_axes(ax)
+    fig, ax = _figure_axes(8.4, 3.9)
     levels = sorted(set(rows["concurrency"].dropna().astype(int)))
     top = float(np.nanmax(ok[["qps", "qps_high"]].to_numpy(float)))
     fits = stage.get("fit") or {}
@@ -309,9 +339,7 @@ def stage_throughput_svg(rows: pd.DataFrame, stage: Mapping[str, Any] | None = N
         label = f"{ex} ({harness})" if rows["harness"].nunique() > 1 else ex
         c, q = g["concurrency"].to_numpy(float), g["qps"].to_numpy(float)
         lo, hi = g["qps_low"].to_numpy(float), g["qps_high"].to_numpy(float)
-        band = np.isfinite(lo) & np.isfinite(hi)
-        if band.any():
-            ax.fill_between(c[band], lo[band], hi[band], color=color, alpha=0.16, linewidth=0)
+        _band(ax, c, lo, hi, color, 0.16)
         ax.plot(
             c,
             q,
@@ -356,17 +384,8 @@ def stage_throughput_svg(rows: pd.DataFrame, stage: Mapping[str, Any] | None = N
         ax.plot(xs, q1 * xs, "--", color=OKABE_ITO["grey"], linewidth=1, label="ideal (linear from c=1)", zorder=1)
     rec = stage.get("recommended") or {}
     if rec.get("concurrency") and rec.get("qps") is not None:
-        ax.plot(
-            [rec["concurrency"]],
-            [rec["qps"]],
-            marker="*",
-            markersize=17,
-            color=OKABE_ITO["yellow"],
-            markeredgecolor=_INK,
-            markeredgewidth=1.1,
-            linestyle="none",
-            label=f"recommended: {rec.get('executor', '?')} × {rec['concurrency']}",
-            zorder=5,
+        _recommended_star(
+            ax, rec["concurrency"], rec["qps"], f"recommended: {rec.get('executor', '?')} × {rec['concurrency']}"
         )
     bad = st[st["status"] != "ok"]
     if len(bad):
@@ -497,9 +516,7 @@ def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
     log = max(vals) / lo_all > 10
     xmin, xmax = (lo_all / 2, max(vals) * 6) if log else (0.0, max(vals) * 1.3)
 
-    fig = _figure(8.4, 0.75 * len(stages) + 1.2)
-    ax = fig.add_subplot()
-    _style_axes(ax)
+    fig, ax = _figure_axes(8.4, 0.75 * len(stages) + 1.2)
     ax.grid(True, axis="x", color=_GRID)
     ax.grid(False, axis="y")
     if log:
@@ -606,9 +623,7 @@ def loader_throughput_svg(rows: pd.DataFrame, summary: Mapping[str, Any] | None 
     ok = _loader_ok(rows)
     if ok.empty:
         return None
-    fig = _figure(8.4, 3.6)
-    ax = fig.add_subplot()
-    _style_axes(ax)
+    fig, ax = _figure_axes(8.4, 3.6)
     pos = _nw_axis(ax, sorted(set(ok["num_workers"].astype(int))))
     zero = ok[ok["num_workers"] == 0]
     with_w = ok[ok["num_workers"] > 0].copy()
@@ -619,9 +634,7 @@ def loader_throughput_svg(rows: pd.DataFrame, summary: Mapping[str, Any] | None 
         color = SERIES_COLORS[i % len(SERIES_COLORS)]
         x = [pos[int(n)] for n in g["num_workers"]]
         lo, hi = g["samples_per_s_low"].to_numpy(float), g["samples_per_s_high"].to_numpy(float)
-        band = np.isfinite(lo) & np.isfinite(hi)
-        if band.any():
-            ax.fill_between(np.array(x)[band], lo[band], hi[band], color=color, alpha=0.15, linewidth=0)
+        _band(ax, np.array(x), lo, hi, color, 0.15)
         label = f"prefetch_factor={pf}" + (f", persistent={pw}" if multi_pw else "")
         ax.plot(
             x,
@@ -648,17 +661,11 @@ def loader_throughput_svg(rows: pd.DataFrame, summary: Mapping[str, Any] | None 
         ax.axhline(q, color=OKABE_ITO["grey"], linestyle=":", linewidth=1)
     rec = (summary or {}).get("recommended") or {}
     if rec.get("samples_per_s") is not None and rec.get("num_workers") is not None and int(rec["num_workers"]) in pos:
-        ax.plot(
-            [pos[int(rec["num_workers"])]],
-            [rec["samples_per_s"]],
-            marker="*",
-            markersize=17,
-            color=OKABE_ITO["yellow"],
-            markeredgecolor=_INK,
-            markeredgewidth=1.1,
-            linestyle="none",
-            label=f"recommended: num_workers={rec['num_workers']}, prefetch_factor={_pf_label(rec.get('prefetch_factor'))}",
-            zorder=5,
+        _recommended_star(
+            ax,
+            pos[int(rec["num_workers"])],
+            rec["samples_per_s"],
+            f"recommended: num_workers={rec['num_workers']}, prefetch_factor={_pf_label(rec.get('prefetch_factor'))}",
         )
     target = (summary or {}).get("target") or {}
     if target.get("rate"):
@@ -805,9 +812,7 @@ def compare_curves_svg(
         return None
     # the legend sits beside the axes, one line a run: the figure grows with it (about 0.2 in a
     # line) so that comparing many runs does not crush the axes to nothing
-    fig = _figure(8.4, max(3.6, 0.2 * len(series) + 0.9))
-    ax = fig.add_subplot()
-    _style_axes(ax)
+    fig, ax = _figure_axes(8.4, max(3.6, 0.2 * len(series) + 0.9))
     xs_all = sorted({float(v) for s in series for v in s["x"]})
     pos = None
     if log2_x and all(v > 0 for v in xs_all):
@@ -823,9 +828,7 @@ def compare_curves_svg(
         xp = x if pos is None else np.array([pos[int(v)] for v in x], float)
         y = np.asarray(s["y"], float)
         lo, hi = np.asarray(s.get("low", y), float), np.asarray(s.get("high", y), float)
-        band = np.isfinite(lo) & np.isfinite(hi)
-        if band.any():
-            ax.fill_between(xp[band], lo[band], hi[band], color=color, alpha=0.15, linewidth=0)
+        _band(ax, xp, lo, hi, color, 0.15)
         ax.plot(xp, y, "-", color=color, marker=marker, markersize=5, linewidth=2, label=_text(s["label"], 40))
         if s.get("rec_x") is not None and s.get("rec_y") is not None:
             rx = float(s["rec_x"]) if pos is None else pos.get(int(s["rec_x"]))
@@ -857,9 +860,7 @@ def compare_best_svg(entries: Sequence[Mapping[str, Any]], *, unit: str) -> str 
     if not entries:
         return None
     entries = sorted(entries, key=lambda e: float(e["value"]))
-    fig = _figure(8.4, 0.5 * len(entries) + 1.3)
-    ax = fig.add_subplot()
-    _style_axes(ax)
+    fig, ax = _figure_axes(8.4, 0.5 * len(entries) + 1.3)
     ax.grid(False, axis="y")
     ys = np.arange(len(entries))
     for y, e in enumerate(entries):  # ys[y] == y; a plain int, as Axes.text's stubs want
@@ -899,9 +900,7 @@ def job_svg(job: Mapping[str, Any] | None) -> str | None:
     low = min(rates)
     log = top > 8 * low
     left = low / 2 if log else 0.0
-    fig = _figure(8.4, 0.55 * len(cands) + 1.5)
-    ax = fig.add_subplot()
-    _style_axes(ax)
+    fig, ax = _figure_axes(8.4, 0.55 * len(cands) + 1.5)
     ax.grid(False, axis="y")
     if log:
         ax.set_xscale("log")
@@ -954,9 +953,7 @@ def worker_startup_svg(costs: Mapping[str, Any] | None) -> str | None:
             ("first_batch_work_s", "first batch's work", OKABE_ITO["green"]),
             delivery,
         )
-    fig = _figure(8.4, 0.5 * len(rows) + 2.1)
-    ax = fig.add_subplot()
-    _style_axes(ax)
+    fig, ax = _figure_axes(8.4, 0.5 * len(rows) + 2.1)
     ax.grid(False, axis="y")
     for y, r in enumerate(reversed(rows)):
         left = 0.0
@@ -980,9 +977,7 @@ def worker_memory_svg(costs: Mapping[str, Any] | None) -> str | None:
     samples = mem.get("samples") or []
     if len(samples) < 2:
         return None
-    fig = _figure(8.4, 3.2)
-    ax = fig.add_subplot()
-    _style_axes(ax)
+    fig, ax = _figure_axes(8.4, 3.2)
     pids = sorted({pid for s in samples for pid in (s.get("uss_mb") or {})})
     for i, pid in enumerate(pids):
         xs = [

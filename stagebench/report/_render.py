@@ -417,16 +417,23 @@ def _cell(v: Any) -> Any:
     return v
 
 
-def _noise(rows: pd.DataFrame, value: str, low: str, high: str) -> float | None:
-    """Median relative half-width of the measured intervals (a fact of the rows, not an analysis)."""
+def _noise_tile(rows: pd.DataFrame, value: str) -> dict[str, str] | None:
+    """The median relative half-width of the intervals measured for ``value`` (its ``_low`` and
+    ``_high`` columns), as a tile: a fact of the rows, not an analysis. None without intervals."""
     if rows.empty or value not in rows:
         return None
     ok = rows[(rows["status"] == "ok")]
     if "role" in ok:
         ok = ok[ok["role"] == "stage"]
-    v, lo, hi = (pd.to_numeric(ok[c], errors="coerce") for c in (value, low, high))
+    v, lo, hi = (pd.to_numeric(ok[c], errors="coerce") for c in (value, f"{value}_low", f"{value}_high"))
     rel = ((hi - lo) / 2 / v).replace([math.inf, -math.inf], math.nan).dropna()
-    return float(rel.median()) if len(rel) else None
+    if not len(rel):
+        return None
+    return {
+        "label": "measurement noise",
+        "value": f"±{float(rel.median()) * 100:.1f}%",
+        "sub": "median half-width of the 95% intervals",
+    }
 
 
 def stage_cards(
@@ -572,15 +579,9 @@ def _pipeline_context(run: RunData) -> dict[str, Any]:
                 "sub": "the naive min-of-stages estimate",
             }
         )
-    noise = _noise(rows, "qps", "qps_low", "qps_high")
+    noise = _noise_tile(rows, "qps")
     if noise is not None:
-        tiles.append(
-            {
-                "label": "measurement noise",
-                "value": f"±{noise * 100:.1f}%",
-                "sub": "median half-width of the 95% intervals",
-            }
-        )
+        tiles.append(noise)
     n_bad = sum(len(s["problems"]) for s in stages)
     return {
         "stages": stages,
@@ -709,15 +710,9 @@ def _loader_context(run: RunData) -> dict[str, Any]:
                 "sub": _knobs_text(user),
             }
         )
-    noise = _noise(rows, "samples_per_s", "samples_per_s_low", "samples_per_s_high")
+    noise = _noise_tile(rows, "samples_per_s")
     if noise is not None:
-        tiles.append(
-            {
-                "label": "measurement noise",
-                "value": f"±{noise * 100:.1f}%",
-                "sub": "median half-width of the 95% intervals",
-            }
-        )
+        tiles.append(noise)
     points = []
     if not rows.empty and "num_workers" in rows:
         # one point per setting, repeated readings pooled (a setting measured twice is never shown at its higher)

@@ -83,6 +83,22 @@ def _check(cond: bool, key: str, msg: str) -> None:
         raise ValueError(f"{key}: {msg}")
 
 
+def _check_min(key: str, value: float, low: float, *, strict: bool = False, or_null: bool = False) -> None:
+    """``value`` must be at least ``low`` (above it, with ``strict``); ``or_null``: the message says
+    that null is allowed too (the caller checks only a value that is set)."""
+    ok, op = (value > low, ">") if strict else (value >= low, ">=")
+    _check(ok, key, f"must be {op} {low}{' or null' if or_null else ''}, got {value}")
+
+
+def _check_ints(key: str, values: list[int], low: int) -> None:
+    """A list that may be null, set: it must hold integers, each at least ``low``, and not be empty."""
+    _check(
+        len(values) > 0 and all(int(n) >= low for n in values),
+        key,
+        f"must be a non-empty list of integers >= {low} or null, got {list(values)}",
+    )
+
+
 @dataclass(slots=True, kw_only=True)
 class LoaderConfig:
     """Keys every loader has."""
@@ -105,9 +121,9 @@ class LoaderConfig:
     """Seeds the generated data and the sampler."""
 
     def __post_init__(self) -> None:
-        _check(self.batch_size >= 1, "loader.batch_size", f"must be >= 1, got {self.batch_size}")
+        _check_min("loader.batch_size", self.batch_size, 1)
         if self.num_items is not None:
-            _check(self.num_items >= 1, "loader.num_items", f"must be >= 1 or null, got {self.num_items}")
+            _check_min("loader.num_items", self.num_items, 1, or_null=True)
             _check(
                 self.num_items >= self.batch_size or not self.drop_last,
                 "loader.num_items",
@@ -136,9 +152,9 @@ class ImageNetLoaderConfig(LoaderConfig):
 
     def __post_init__(self) -> None:
         LoaderConfig.__post_init__(self)
-        _check(self.image_size >= 8, "loader.image_size", f"must be >= 8, got {self.image_size}")
-        _check(self.classes >= 1, "loader.classes", f"must be >= 1, got {self.classes}")
-        _check(self.per_class >= 1, "loader.per_class", f"must be >= 1, got {self.per_class}")
+        _check_min("loader.image_size", self.image_size, 8)
+        _check_min("loader.classes", self.classes, 1)
+        _check_min("loader.per_class", self.per_class, 1)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -159,7 +175,7 @@ class SyntheticLoaderConfig(LoaderConfig):
             "loader.sample_shape",
             f"must be a non-empty list of positive sizes, got {list(self.sample_shape)}",
         )
-        _check(self.distinct >= 1, "loader.distinct", f"must be >= 1, got {self.distinct}")
+        _check_min("loader.distinct", self.distinct, 1)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -181,11 +197,11 @@ class AudioLoaderConfig(LoaderConfig):
 
     def __post_init__(self) -> None:
         LoaderConfig.__post_init__(self)
-        _check(self.crop_seconds > 0, "loader.crop_seconds", f"must be > 0, got {self.crop_seconds}")
-        _check(self.n_mels >= 1, "loader.n_mels", f"must be >= 1, got {self.n_mels}")
-        _check(self.sample_rate >= 1000, "loader.sample_rate", f"must be >= 1000, got {self.sample_rate}")
-        _check(self.clips >= 1, "loader.clips", f"must be >= 1, got {self.clips}")
-        _check(self.clip_seconds > 0, "loader.clip_seconds", f"must be > 0, got {self.clip_seconds}")
+        _check_min("loader.crop_seconds", self.crop_seconds, 0, strict=True)
+        _check_min("loader.n_mels", self.n_mels, 1)
+        _check_min("loader.sample_rate", self.sample_rate, 1000)
+        _check_min("loader.clips", self.clips, 1)
+        _check_min("loader.clip_seconds", self.clip_seconds, 0, strict=True)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -255,19 +271,11 @@ class SweepSettings:
             f"({self.timeout_s}) must be larger than sweep.budget_s ({self.budget_s})",
         )
         if self.num_workers is not None:
-            _check(
-                len(self.num_workers) > 0 and all(int(n) >= 0 for n in self.num_workers),
-                "sweep.num_workers",
-                f"must be a non-empty list of integers >= 0 or null, got {list(self.num_workers)}",
-            )
+            _check_ints("sweep.num_workers", self.num_workers, 0)
         if self.max_workers is not None:
-            _check(self.max_workers >= 1, "sweep.max_workers", f"must be >= 1 or null, got {self.max_workers}")
+            _check_min("sweep.max_workers", self.max_workers, 1, or_null=True)
         if self.prefetch_factor is not None:
-            _check(
-                len(self.prefetch_factor) > 0 and all(int(n) >= 1 for n in self.prefetch_factor),
-                "sweep.prefetch_factor",
-                f"must be a non-empty list of integers >= 1 or null, got {list(self.prefetch_factor)}",
-            )
+            _check_ints("sweep.prefetch_factor", self.prefetch_factor, 1)
         if self.persistent_workers is not None:
             _check(
                 len(self.persistent_workers) > 0,
@@ -275,11 +283,9 @@ class SweepSettings:
                 "must be a non-empty list of booleans or null",
             )
         if self.target_rate is not None:
-            _check(self.target_rate > 0, "sweep.target_rate", f"must be > 0 or null, got {self.target_rate}")
+            _check_min("sweep.target_rate", self.target_rate, 0, strict=True, or_null=True)
         if self.memory_budget_mb is not None:
-            _check(
-                self.memory_budget_mb > 0, "sweep.memory_budget_mb", f"must be > 0 or null, got {self.memory_budget_mb}"
-            )
+            _check_min("sweep.memory_budget_mb", self.memory_budget_mb, 0, strict=True, or_null=True)
 
 
 @dataclass(slots=True, kw_only=True)
