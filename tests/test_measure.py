@@ -390,14 +390,19 @@ def test_slow_stage_gets_a_window_long_enough_for_an_interval():
 
 
 def _jumpy_stage(x):
-    """1 ms, or 20 ms one call in five: over 2 s at c=2 its batch rates still vary by ~17% (interval ~12%)."""
-    time.sleep(0.02 if random.random() < 0.2 else 0.001)
+    """1 ms, or 50 ms one call in ten: over 2 s at c=2 its batch rates vary by ~30% (interval ~20%).
+
+    Sequential stopping looks at the interval ~28 times: a stage varying ~17% a batch (20 ms one call in
+    five) read within 5% at one of them, by chance, in 1 fresh-clone run (a window of 1.94 s); ten
+    batches read that close with a chance of ~1 in 400 at the last look (chi-square, 9 degrees of
+    freedom). At ~30%, ~1 in 30,000; earlier looks, over shorter batches, vary more."""
+    time.sleep(0.05 if random.random() < 0.1 else 0.001)
     return x
 
 
 def test_a_steady_point_closes_its_window_early_and_a_jumpy_one_does_not():
     # sequential stopping: a 4 ms wait at c=2 is steady (its interval is tight at once) and
-    # closes its window after the minimum; a stage whose calls take 1 or 20 ms at random never gets
+    # closes its window after the minimum; a stage whose calls take 1 or 50 ms at random does not get
     # within 5% and runs the whole budget; precision 0 always does
     cfg = MeasureConfig(budget_s=2.0, min_window_s=0.25, precision=0.05, warmup_s=0.1, timeout_s=30)
     steady = _ok(measure_stage(partial(sleep_stage, d=0.004), range(8), concurrency=2, config=cfg))
