@@ -646,3 +646,18 @@ def test_each_stage_card_tables_its_points_and_quick_mode_does_not_plot_resource
     assert len(svgs(parse(quick))) == 3
     assert quick.count("cores used, latency and memory are in the points table below") == 2
     assert "<details open><summary>Points measured (8)</summary>" in quick
+
+
+@pytest.mark.parametrize("advice", ["keep yours", "cheaper", "change"])
+def test_the_snippets_first_line_says_what_the_runs_in_turns_showed(advice):
+    """Issue 36: every "as fast" carries its ratio's interval; "keep yours" claims nothing the runs did not show
+    (the demo's snippet said "your settings are as fast as any run" beside rivals the runs could not tell)."""
+    example = Path(__file__).resolve().parent.parent / "reports" / "example"
+    summary = json.loads((example / "summary.json").read_text())
+    meta = json.loads((example / "run.json").read_text())
+    summary["job"] = {**summary["job"], "advice": advice}
+    head = _render.pipeline_snippet(summary, meta).splitlines()[0]
+    if advice == "keep yours":
+        assert "as fast" not in head and "no setting run was shown faster than yours" in head
+    else:
+        assert re.search(r": \d\.\d\dx yours \(\d\.\d\d-\d\.\d\d over \d+ rounds in turns\)$", head), head

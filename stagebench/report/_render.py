@@ -203,22 +203,25 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str
         return ""
     threads, threads_note = _num_threads(meta, stages)
     if decided:
+        x = _versus_yours((job.get("decision") or {}).get("versus_yours"))
         head = [
             {
-                "keep yours": "# run with your training loop: your settings are as fast as any run; keep them",
-                "cheaper": "# run with your training loop: as fast as yours, with fewer workers",
-                "change": "# run with your training loop: faster than yours, beyond noise",
-                "use": "# run with your training loop: the cheapest as fast as any setting run",
+                "keep yours": "# run with your training loop: no setting run was shown faster than yours, nor "
+                "cheaper and within 5%; keep them",
+                "cheaper": f"# run with your training loop: as fast as yours within 5%, with fewer workers: {x}",
+                "change": f"# run with your training loop: faster than yours, beyond noise: {x}",
+                "use": "# run with your training loop: the cheapest setting shown within 5% of the fastest run",
             }.get(job.get("advice") or "", "# run with your training loop")
         ]
     else:
+        x = _versus_yours(((summary.get("recommended_vs_yours") or {}).get("decision") or {}).get("versus_yours"))
         head = {
             "could not tell": [
                 "# measured in turns: the runs could not tell these from your settings; keep yours (the rule: a "
                 "change must show faster, or cheaper and within 5%)"
             ],
-            "cheaper": ["# measured in turns: as fast as yours within 5%, with fewer workers"],
-            "recommended": ["# measured in turns: faster than yours, beyond noise"],
+            "cheaper": [f"# measured in turns: as fast as yours within 5%, with fewer workers: {x}"],
+            "recommended": [f"# measured in turns: faster than yours, beyond noise: {x}"],
             "yours": ["# measured in turns: your settings are faster than these; keep yours"],
             "inconclusive": ["# not checked against your settings: one of the two runs gave no number"],
             "not run": [
@@ -274,6 +277,14 @@ def _diff_of_your_call(call: list[Mapping[str, Any]], knobs: Mapping[str, Any], 
             lines.append(f"    {k}={v!r},  # as yours (not measured: no CUDA device where this ran)")
     lines.append(")")
     return "\n".join(lines)
+
+
+def _versus_yours(d: Mapping[str, Any] | None) -> str:
+    """A ratio to yours in turns, as the verdicts write it, or what is missing of it."""
+    from stagebench.model._evidence import Ratio
+
+    x = Ratio.from_json(d)
+    return x.text("yours") if x is not None else "no ratio in turns recorded"
 
 
 def loader_snippet(summary: Mapping[str, Any]) -> str:
