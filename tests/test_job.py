@@ -365,6 +365,30 @@ def test_the_loader_summary_follows_the_job_and_no_finding_contradicts_it():
     assert not any("leaves loader throughput on the table" in t for t in titles)
 
 
+def test_on_a_cuda_host_a_pinned_pick_of_the_job_runs_is_what_the_summary_recommends():
+    """The job runs make the copy to the device an isolated sweep never makes: where the pinned variant won
+    them, the summary recommended pin_memory=False again (kept as yours, the isolated rule), beside a job
+    pick with pin_memory=True (a fresh clone's test_trainer [False], at random: when pinning won)."""
+    from test_consistency import rule_the_job_pick_is_the_recommendation as rule
+
+    rows = [_pt(0, 516), _pt(1, 470), _pt(2, 940), _pt(2, 900, pin=True), _pt(4, 1880)]
+    meta = _meta(cuda=True, persistent_workers=False)
+    meta["trainer"] = {"samples_per_s": 320.0, "steps_per_s": 20.0}
+    job = _job(yours=(0.010, 0.050, "yours", 2), pinned=(0.001, 0.050, "pinned", 2))
+    for c in job["candidates"]:
+        c["settings"] = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False}
+        c["settings"]["pin_memory"] = c["key"] == "pinned"
+    job["candidates"][1]["cost"] = [2.5]  # pinning costs a little more: its win must be shown
+    meta["job"] = job
+    s = summarize_loader(rows, meta)
+    assert s["job"]["pick"] == "pinned" and s["job"]["advice"] == "change", s["job"]["text"]
+    assert s["recommended"]["pin_memory"] is True and "kept as yours" not in s["recommended"]["why"]
+    assert rule(s) == []
+    # the isolated pick, without the loop, keeps yours: its benefit is not visible there
+    del meta["job"]
+    assert summarize_loader(rows, meta)["recommended"]["pin_memory"] is False
+
+
 def test_the_alone_scope_is_said_only_without_the_loop_and_names_the_users_limits():
     from stagebench.analysis._job import alone_scope
 

@@ -829,30 +829,34 @@ def _stall(rec: dict[str, Any], ok: list[dict[str, Any]], meta: dict[str, Any]) 
     }
 
 
-def _kept_knobs(rec: dict[str, Any] | None, ok: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
+def _kept_knobs(
+    rec: dict[str, Any] | None, ok: list[dict[str, Any]], meta: dict[str, Any], *, with_loop: bool = False
+) -> dict[str, Any] | None:
     """:func:`_knobs_kept` on the recommendation, its ``decision`` carried over to the twin point it may become."""
-    out = _knobs_kept(rec, ok, meta)
+    out = _knobs_kept(rec, ok, meta, with_loop=with_loop)
     if rec is not None and out is not None and rec.get("decision") is not None:
         out = {**out, "decision": rec["decision"]}
     return out
 
 
-def _knobs_kept(rec: dict[str, Any] | None, ok: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
+def _knobs_kept(
+    rec: dict[str, Any] | None, ok: list[dict[str, Any]], meta: dict[str, Any], *, with_loop: bool = False
+) -> dict[str, Any] | None:
     """The knobs a throughput window cannot judge, set by one rule each (the findings follow the same rules).
 
     ``pin_memory`` on a host with a CUDA device: as the user set it. Its benefit appears only with
     the copy to the device, which a loader measured alone never makes, so an isolated sweep can only
     see its cost (issue 30: ``pin_memory=False,  # was True`` on an H200 host); a job run with the
-    user's loop judges it. ``persistent_workers``: the user's own where given (it acts only at epoch
-    boundaries, which a throughput window does not see), else True where the stall matters
-    (:func:`_stall`).
+    user's loop judges it: ``with_loop`` (``rec`` is the job runs' pick), its ``pin_memory`` stands.
+    ``persistent_workers``: the user's own where given (it acts only at epoch boundaries, which neither
+    a throughput window nor a job slice reaches), else True where the stall matters (:func:`_stall`).
     """
     if rec is None:
         return rec
     mine = (meta.get("loader") or {}).get("user_knobs") or {}
     cuda = bool((meta.get("settings") or {}).get("cuda"))
     out = rec
-    if cuda and "pin_memory" in mine and rec["pin_memory"] != NOT_APPLICABLE:
+    if cuda and not with_loop and "pin_memory" in mine and rec["pin_memory"] != NOT_APPLICABLE:
         if (rec["pin_memory"] is True) != bool(mine["pin_memory"]):
             twin = _same_knobs_but(ok, rec, pin_memory=bool(mine["pin_memory"]))
             out = dict(twin or rec)
@@ -1209,7 +1213,7 @@ def _picks(rows: Any, meta: dict[str, Any]) -> _Picks:
     rec = _kept_knobs(rec, ok, meta)
     isolated = rec
     if decided and job is not None:
-        rec = _kept_knobs(_job_pick(job, pts, meta), ok, meta)
+        rec = _kept_knobs(_job_pick(job, pts, meta), ok, meta, with_loop=True)
         job["zero_workers"] = _zero_workers_note(job)
     return _Picks(
         settings=settings,
