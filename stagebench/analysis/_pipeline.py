@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -150,16 +151,37 @@ def _run_warnings(df: pd.DataFrame, stages: list[dict], meta: Mapping[str, Any],
     return out
 
 
-def _run_context(rows: Any, meta: dict | None) -> tuple[dict, pd.DataFrame, int, bool, dict | None]:
-    """What every pipeline analysis of a run reads first: (meta, rows with string stage names, cores,
-    free-threaded, SPDL's no-op pipeline cost or None)."""
+@dataclass(frozen=True)
+class _RunContext:
+    """What every pipeline analysis of a run reads first: ``run.json``, the rows with string stage names,
+    the cores, whether Python is free-threaded, and SPDL's no-op pipeline cost (None where not measured)."""
+
+    meta: dict
+    df: pd.DataFrame
+    cores: int
+    free_threaded: bool
+    overhead: dict | None
+
+    @property
+    def fixed(self) -> float:
+        return _fixed(self.overhead)
+
+    def stages(self, stage_cache: dict | None, df: pd.DataFrame | None = None) -> list[dict]:
+        """Each stage's analysis (:func:`_stage_entries`) of these rows, or of ``df``."""
+        return _stage_entries(self.df if df is None else df, self.meta, self.cores, self.free_threaded, stage_cache)
+
+
+def _run_context(rows: Any, meta: dict | None) -> _RunContext:
+    """The run's :class:`_RunContext` from its rows and ``run.json``."""
     meta = dict(meta or {})
     prov = meta.get("provenance") or {}
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     if "stage" not in df.columns:
         df = df.assign(stage=pd.Series(dtype=str))
     df = df.assign(stage=df["stage"].fillna("").astype(str))
-    return meta, df, _cores(prov), bool(prov.get("free_threaded")), pipeline_overhead(meta.get("pipeline_overhead"))
+    return _RunContext(
+        meta, df, _cores(prov), bool(prov.get("free_threaded")), pipeline_overhead(meta.get("pipeline_overhead"))
+    )
 
 
 def _fixed(overhead: dict | None) -> float:
@@ -214,9 +236,9 @@ def process_headroom_of_run(
     """:func:`stagebench.analysis._joint.process_headroom` on a diagnosis's rows so far (its thread points)."""
     from stagebench.analysis._joint import process_headroom
 
-    meta, df, cores, free_threaded, overhead = _run_context(rows, meta)
-    stages = _stage_entries(df, meta, cores, free_threaded, stage_cache)
-    return process_headroom(stages, pending, cores=cores, free_threaded=free_threaded, fixed=_fixed(overhead))
+    run = _run_context(rows, meta)
+    stages = run.stages(stage_cache)
+    return process_headroom(stages, pending, cores=run.cores, free_threaded=run.free_threaded, fixed=run.fixed)
 
 
 def paired_needless_of_run(
@@ -239,11 +261,11 @@ def paired_needless_of_run(
     from stagebench.core._measure import empty_row
     from stagebench.core._paired import HOST_PHASES
 
-    meta, df, cores, free_threaded, overhead = _run_context(rows, meta)
-    fixed = _fixed(overhead)
-    demand = num_or_none((meta.get("settings") or {}).get("target_rate"))
+    run = _run_context(rows, meta)
+    df = run.df
+    demand = num_or_none((run.meta.get("settings") or {}).get("target_rate"))
     cache = stage_cache if stage_cache is not None else {}
-    _stage_entries(df, meta, cores, free_threaded, cache)  # every stage as measured, analysed once
+    run.stages(cache)  # every stage as measured, analysed once
     out: dict[str, str] = {}
     for name, (harness, t_level, p_level) in planned.items():
         sr = StageRows(df[df["stage"] == name])
@@ -261,8 +283,8 @@ def paired_needless_of_run(
                 ]
             )
             mine = {k: v for k, v in cache.items() if k[0] != name}  # this stage analysed afresh each time
-            stages = _stage_entries(pd.concat([df, fake], ignore_index=True), meta, cores, free_threaded, mine)
-            recommend_jointly(stages, cores=cores, free_threaded=free_threaded, fixed=fixed, demand=demand)
+            stages = run.stages(mine, pd.concat([df, fake], ignore_index=True))
+            recommend_jointly(stages, cores=run.cores, free_threaded=run.free_threaded, fixed=run.fixed, demand=demand)
             picks.append(
                 {
                     st["name"]: (st["recommended"]["executor"], st["recommended"]["concurrency"])
@@ -287,9 +309,10 @@ def job_candidates_of_run(rows: Any, meta: dict, demand: Mapping[str, Any] | flo
     from stagebench.model._rate import Rate
 
     rate = Rate.from_json(demand) if isinstance(demand, Mapping) else (Rate(float(demand)) if demand else None)
-    meta, df, cores, free_threaded, overhead = _run_context(rows, meta)
-    stages = _stage_entries(df, meta, cores, free_threaded, None)
-    return job_candidates(stages, meta, demand=rate, cores=cores, free_threaded=free_threaded, fixed=_fixed(overhead))
+    run = _run_context(rows, meta)
+    return job_candidates(
+        run.stages(None), run.meta, demand=rate, cores=run.cores, free_threaded=run.free_threaded, fixed=run.fixed
+    )
 
 
 def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None) -> dict:
@@ -313,8 +336,9 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     from stagebench.analysis._predict import apply_replay, predict_pipeline
     from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
 
-    meta, df, cores, free_threaded, overhead = _run_context(rows, meta)
-    stages = _stage_entries(df, meta, cores, free_threaded, stage_cache)
+    run = _run_context(rows, meta)
+    meta, df, cores, free_threaded, overhead = run.meta, run.df, run.cores, run.free_threaded, run.overhead
+    stages = run.stages(stage_cache)
     # the stages' settings chosen together (each stage's own best alone is kept beside it)
     target = (meta.get("settings") or {}).get("target_rate")
     joint = recommend_jointly(
