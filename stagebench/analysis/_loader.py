@@ -846,8 +846,8 @@ def _knobs_kept(
 
     ``pin_memory`` on a host with a CUDA device: as the user set it. Its benefit appears only with
     the copy to the device, which a loader measured alone never makes, so an isolated sweep can only
-    see its cost (issue 30: ``pin_memory=False,  # was True`` on an H200 host); a job run with the
-    user's loop judges it: ``with_loop`` (``rec`` is the job runs' pick), its ``pin_memory`` stands.
+    see its cost; a job run with the user's loop judges it: ``with_loop`` (``rec`` is the job runs'
+    pick), its ``pin_memory`` stands.
     ``persistent_workers``: the user's own where given (it acts only at epoch boundaries, which neither
     a throughput window nor a job slice reaches), else True where the stall matters (:func:`_stall`).
     """
