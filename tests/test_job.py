@@ -420,3 +420,10 @@ def test_a_data_bound_verdict_names_every_setting_whose_loop_waited_far_less():
     assert rule({"job": d}) == [], d["text"]
     assert "four waited 1%, but ran " in d["text"] and "eight waited 1%, but ran " in d["text"]
     assert "x the pick (" in d["text"]
+
+
+def test_without_a_setting_of_yours_the_cheapest_as_fast_carries_its_ratio_to_the_fastest():
+    """Issue 36: every "as fast" carries a ratio interval, also where the script set no loader knob."""
+    d = decide_job(_job(one=(0.001, 0.050, "feeds", 1), two=(0.001, 0.050, "best", 2)), TRAINER)
+    assert d["advice"] == "use" and d["pick"] == "one"
+    assert d["why"].endswith(", 1.00x two (1.00-1.00 over 3 rounds in turns)"), d["why"]

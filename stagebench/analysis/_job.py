@@ -275,7 +275,7 @@ def decide_job(
         }
     for e in entries:
         e["as_good"] = e["key"] in d.as_good
-    v = _Verdict(d, job, ran, label, unit)
+    v = _Verdict(d, job, ran, label, unit, _ratio_of(figs))
     why = v.why(unproven)
     bound, bound_text = _bound(v.p, demand, unit)
     if v.p["slices"] < 2:
@@ -287,7 +287,7 @@ def decide_job(
     if d.advice == "keep yours" and d.rival is not None:
         text += "; " + _could_not_tell(d, job, label)
     if bound == "data-bound":
-        text += v.calmer(text, _ratio_of(figs))
+        text += v.calmer(text)
     return {
         **base,
         "status": "decided",
@@ -352,6 +352,8 @@ class _Verdict:
     ran: dict[str, dict[str, Any]]
     label: Mapping[str, str]
     unit: str
+    #: ``ratio(a, b)``: a's job rate over b's in the rounds both ran (:func:`_ratio_of`)
+    ratio: Any
 
     @property
     def pick(self) -> str:
@@ -394,7 +396,16 @@ class _Verdict:
             )
         if d.yours:
             unproven.append("your own setting was not run with your loop: the comparison with yours is not measured")
-        return f"the cheapest setting shown as fast as any in turns with your loop: {_rate(p, unit)}"
+        # against the fastest (the fastest other setting, where the pick is the fastest itself)
+        others = [k for k in self.ran if k != self.pick]
+        ref = (
+            d.best
+            if d.best not in (None, self.pick)
+            else max(others, key=lambda k: self.ran[k]["samples_per_s"], default=None)
+        )
+        x = self.ratio(self.pick, ref) if ref is not None else None
+        versus = f", {x.text(self.label[ref])}" if x is not None and ref is not None else ""
+        return f"the cheapest setting shown as fast as any in turns with your loop: {_rate(p, unit)}{versus}"
 
     def headline(self) -> str:
         """The verdict's first words: the advice, the pick, its rate and the evidence."""
@@ -409,7 +420,7 @@ class _Verdict:
             "use": f"use {name}: your job ran {_rate(p, unit)}",
         }[self.d.advice]
 
-    def calmer(self, said: str, ratio: Any) -> str:
+    def calmer(self, said: str) -> str:
         """Every measured setting whose loop waited far less than the data-bound pick's, and why it is not
         the pick: a verdict that says its own pick waits for data must not leave a calmer setting it ran
         unexplained. ``said``: the verdict so far (a setting it names already is not named again)."""
@@ -419,7 +430,7 @@ class _Verdict:
                 continue
             if self.label[k] in said + out:
                 continue
-            xk = ratio(k, self.pick)  # against the pick, in the rounds both ran
+            xk = self.ratio(k, self.pick)  # against the pick, in the rounds both ran
             shown = xk is not None and xk.low is not None and xk.low > 1
             out += f"; {self.label[k]} waited {f['data_wait_share']:.0%}, but " + (
                 f"ran {xk.text('the pick')}" + ("" if shown else ", not shown faster")
