@@ -276,7 +276,9 @@ def decide_job(
     for e in entries:
         e["as_good"] = e["key"] in d.as_good
     v = _Verdict(d, job, ran, label, unit, _ratio_of(figs))
-    why = v.why(unproven)
+    why = v.why()
+    if d.advice == "use" and d.yours:
+        unproven.append("your own setting was not run with your loop: the comparison with yours is not measured")
     bound, bound_text = _bound(v.p, demand, unit)
     if v.p["slices"] < 2:
         unproven.append(
@@ -373,8 +375,8 @@ class _Verdict:
         x = self.d.versus_yours
         return x.text("yours") if x is not None else ""
 
-    def why(self, unproven: list[str]) -> str:
-        """Why the pick, in the rule's terms (``unproven`` gains the comparison that was not made)."""
+    def why(self) -> str:
+        """Why the pick, in the rule's terms."""
         d, p, unit = self.d, self.p, self.unit
         if d.advice == "keep yours":
             nothing = (
@@ -394,8 +396,6 @@ class _Verdict:
                 f"your job ran {_rate(p, unit)} here against {_rate(self.y, unit)} at yours: {self.evidence}, "
                 "faster beyond noise"
             )
-        if d.yours:
-            unproven.append("your own setting was not run with your loop: the comparison with yours is not measured")
         # against the fastest (the fastest other setting, where the pick is the fastest itself)
         others = [k for k in self.ran if k != self.pick]
         ref = (
