@@ -198,6 +198,10 @@ def console() -> None:
     stopped silently, mid-run, when a test before it had left such a thread).
     """
     code = main()
+    # CPython marks a KeyboardInterrupt that left code run by exec("...") as unhandled even when a
+    # caller caught it (scipy's imports exec strings), and `python -m` then ends the process by SIGINT
+    # (-2) instead of with our code. One more exec that finishes clears the mark.
+    exec("pass")
     from stagebench.core._executors import leaked_threads
 
     if leaked_threads():

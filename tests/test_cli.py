@@ -1,5 +1,6 @@
 """The command line: argv injected, user errors as one line without a traceback."""
 
+import signal
 import subprocess
 import sys
 
@@ -31,6 +32,33 @@ def test_every_commands_help_renders():
 def test_python_dash_m_is_the_same_command():
     r = subprocess.run([sys.executable, "-m", "stagebench", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "diagnose" in r.stdout
+
+
+def test_an_interrupt_caught_after_an_exec_still_ends_with_our_code(tmp_path):
+    """A Ctrl-C that passed through exec'd code (scipy's imports exec strings) and was caught: `python -m`
+    must end with the command's code (130), not be killed by SIGINT (-2) as CPython does by default."""
+    (tmp_path / "entry.py").write_text(
+        # imported first: importing a module that builds a dataclass execs a string too, which would hide the mark
+        "import stagebench._cli as cli, stagebench.core._executors\n"
+        "def main():\n"
+        "    try:\n"
+        "        exec('raise KeyboardInterrupt')\n"
+        "    except KeyboardInterrupt:\n"
+        "        return 130\n"
+        "cli.main = main\n"
+        "cli.console()\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "entry"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        # as from a terminal: a runner started under nohup or in the background passes SIGINT ignored,
+        # and CPython then never marks the interrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert r.returncode == 130, r.stderr
 
 
 def test_missing_script_is_one_line_without_traceback(tmp_path, capsys):

@@ -480,6 +480,10 @@ def run_loader_sweep(
 
     cfg = config or LoaderSweepConfig()
     _check_arguments(factory, name=name, backend=backend, batch_size=batch_size, target_rate=target_rate)
+    # Imported now, not inside the first point's time; and before the run opens, where a Ctrl-C
+    # during this second-long import leaves no run.json saying "running" and no rows without a report.
+    from scipy import special  # noqa: F401
+
     run = _open_run(
         run_dir, cfg, name=name, backend=backend, batch_size=batch_size, target_rate=target_rate, extra_meta=extra_meta
     )
@@ -498,8 +502,6 @@ def run_loader_sweep(
         progress=progress,
         epoch_batches=run.epoch_batches,
     )
-    from scipy import special  # noqa: F401 - imported now, not inside the first point's time
-
     interrupted = _search(sw, run)
     if not interrupted:  # what is measured beside the search wants a search that ran to its end
         interrupted = _measure_beside(sw, run)
