@@ -73,7 +73,8 @@ spinner takes it, and the stage blocks to take it back. So the stage
 thread's voluntary context switches per call next to the spinner, less
 those it makes alone (its own sleeps and reads), less one per switch
 interval of GIL it held (the spinner makes a holder hand it over that
-often), count the releases. In one run here: the demo's collate
+often), and less one per switch interval the spinner held the GIL without a
+core (the stage, waiting, times out that often), count the releases. In one run here: the demo's collate
 (``np.stack`` of 16 images, then three array operations) read 23.6 in a
 fresh process (8-14 inside a diagnosis); stages hashing in 1, 2, 5, 10 and
 20 pieces read 1.0, 3.0, 7.2, 13.5 and 26.3 (a release can cost two
@@ -232,8 +233,11 @@ def _one_round(fn: Callable, items: Sequence, window: float, abandon: threading.
     if usage:
         # Blocks beyond the stage's own (a sleep blocks alone too) are waits for the GIL. A holder
         # is made to hand it over every switch interval the spinner waits, and waits to retake it:
-        # held / interval of them come from holding it, not from letting it go.
-        releases = max(0.0, (b3 - b2) / k - (b1 - b0) / k_a - max(0.0, held) / _SWITCH_S)
+        # held / interval of them come from holding it, not from letting it go. While the spinner
+        # holds the GIL without a core (taken by the machine), the waiting stage times out once an
+        # interval and waits again: those waits are the machine's, not releases.
+        offcore = max(0.0, counter_gil - counter_cpu) / k
+        releases = max(0.0, (b3 - b2) / k - (b1 - b0) / k_a - (max(0.0, held) + offcore) / _SWITCH_S)
     return _Round(share=held / (w_a / k_a), core=core, wait=wait, lost=counter_lost / w, releases=releases)
 
 
