@@ -403,10 +403,13 @@ def test_a_whole_pipeline_rate_is_never_more_precise_than_its_counting():
 
     windows = [(0.0, 0.5), (10.0, 10.5)]
     arrivals = [t0 + 0.02 + 0.04 * i for t0, _ in windows for i in range(12)]
-    rate, lo, hi, count = sink_rate(arrivals, windows)
-    assert count == 24 and rate == pytest.approx(24.0)
+    sink = sink_rate(arrivals, windows)
+    rate, lo, hi = sink.rate.value, sink.rate.low, sink.rate.high
+    assert lo is not None and hi is not None
+    assert sink.count == 24 and rate == pytest.approx(24.0)
     assert hi - rate >= 2.0 - 1e-9 and rate - lo >= 2.0 - 1e-9  # two windows in 1 s: +-2 arrivals/s
     # a busy sink is barely touched by the floor: its batch means say more
     many = [t0 + 0.0005 * i + (0.0002 if i % 7 == 0 else 0.0) for t0, _ in windows for i in range(1000)]
-    rate, lo, hi, _ = sink_rate(many, windows)
-    assert rate == pytest.approx(2000.0) and (hi - lo) / 2 < 0.01 * rate
+    busy = sink_rate(many, windows).rate
+    assert busy.low is not None and busy.high is not None
+    assert busy.value == pytest.approx(2000.0) and (busy.high - busy.low) / 2 < 0.01 * busy.value

@@ -34,12 +34,12 @@ def test_batch_count_keeps_two_latencies_per_batch():
 
 
 def test_interval_is_student_t_and_never_fakes_certainty():
-    m, lo, hi, cv = mean_interval([10, 12, 11, 9, 13], 0.95)
-    assert m == 11
-    assert lo == pytest.approx(11 - 2.776 * math.sqrt(2.5) / math.sqrt(5), rel=1e-3)
-    assert hi - m == pytest.approx(m - lo)
-    m1, lo1, hi1, _ = mean_interval([5.0], 0.95)
-    assert m1 == 5.0 and math.isnan(lo1) and math.isnan(hi1)
+    r = mean_interval([10, 12, 11, 9, 13], 0.95)
+    assert r.mean == 11
+    assert r.low == pytest.approx(11 - 2.776 * math.sqrt(2.5) / math.sqrt(5), rel=1e-3)
+    assert r.high - r.mean == pytest.approx(r.mean - r.low)
+    one = mean_interval([5.0], 0.95)
+    assert one.mean == 5.0 and math.isnan(one.low) and math.isnan(one.high)
 
 
 def test_percentiles_in_ms():
@@ -76,8 +76,8 @@ def test_interval_about_contains_a_pooled_point():
     from stagebench.core._stats import interval_about
 
     lo, hi, cv = interval_about(10.5, [10, 12, 11, 9, 13], 0.95)
-    m, lo_m, hi_m, cv_m = mean_interval([10, 12, 11, 9, 13], 0.95)
-    assert hi - lo == pytest.approx(hi_m - lo_m) and cv == pytest.approx(cv_m)
+    m = mean_interval([10, 12, 11, 9, 13], 0.95)
+    assert hi - lo == pytest.approx(m.high - m.low) and cv == pytest.approx(m.cv)
     assert lo < 10.5 < hi and (lo + hi) / 2 == pytest.approx(10.5)
     assert all(math.isnan(v) for v in interval_about(1.0, [1.0], 0.95))
 

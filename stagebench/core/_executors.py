@@ -20,6 +20,7 @@ import threading
 import time
 from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "AsyncRunner",
     "ProcessRunner",
     "WorkerPool",
+    "WorkerReply",
     "identity",
     "async_identity",
     "is_coroutine_callable",
@@ -306,7 +308,35 @@ def _worker_init(*fn_bytes: bytes) -> None:
             _WORKER_FNS.append((None, f"cannot load the stage in a worker process: {_describe(e)}"))
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerReply:
+    """What one call on a worker process (:meth:`WorkerPool.call_for`) sent back to the driver.
+
+    Read from the call's result with :meth:`of`. On the wire it is a plain ``(pid, ok, error,
+    output)`` tuple: the reply crosses the process boundary once per item, and a dataclass's pickle
+    (its class by name, its fields walked on both sides) cost a no-op item several microseconds
+    more; a worker that imported another copy of stagebench (one installed beside the working tree)
+    still sends a reply this side reads.
+    """
+
+    pid: int
+    """The worker process that ran the call: its lane."""
+    ok: bool
+    """Whether the stage returned (False: it raised, or could not be loaded in the worker)."""
+    error: str | None
+    """Why not, where not ``ok``."""
+    output: Any
+    """What the stage returned (None where not ``ok``): it travels back, as from a real process-pool stage."""
+
+    @classmethod
+    def of(cls, wire: tuple[int, bool, str | None, Any]) -> WorkerReply:
+        """The reply a call's result (:func:`_worker_call`, :func:`_worker_noop`) holds."""
+        pid, ok, error, output = wire
+        return cls(pid, ok, error, output)
+
+
 def _worker_call(i: int, item: Any) -> tuple[int, bool, str | None, Any]:
+    """Run the pool's stage ``i`` on ``item``: a :class:`WorkerReply` on the wire."""
     fn, err = _WORKER_FNS[i] if i < len(_WORKER_FNS) else (None, "stage not initialised")
     if fn is None:
         return (os.getpid(), False, err, None)
@@ -570,8 +600,8 @@ class ProcessRunner(Runner):
                     if exc is not None:
                         self._on_pool_error(exc)
                         return
-                    pid, ok, err, _out = fut.result()
-                    self.record(pid, t0, t1, ok, err)
+                    reply = WorkerReply.of(fut.result())
+                    self.record(reply.pid, t0, t1, reply.ok, reply.error)
         except Exception as e:  # the pool broke while submitting
             self._on_pool_error(e)
         finally:

@@ -413,7 +413,8 @@ def _batch_means(starts, ends, durations, t0: float, t1: float, cfg: MeasureConf
     lat = float(np.median(durations)) if len(durations) else window
     nb = batch_count(window, lat, cfg.max_batches)
     counts = fractional_counts(starts, ends, np.linspace(t0, t1, nb + 1))
-    return (nb, counts, *mean_interval((counts / (window / nb)).tolist(), cfg.confidence))
+    rate = mean_interval((counts / (window / nb)).tolist(), cfg.confidence)
+    return nb, counts, rate.mean, rate.low, rate.high, rate.cv
 
 
 def _median_latency(lanes) -> float:

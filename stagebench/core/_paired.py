@@ -121,8 +121,9 @@ def paired_result(sr: StageRows, harness: str) -> dict[str, Any] | None:
         return out
     lo: float | None
     hi: float | None
-    ratio, lo, hi, _ = mean_interval([qp / qt for qt, qp in pairs], 0.95)
-    lo, hi = (lo, hi) if math.isfinite(lo) else (None, None)
+    interval = mean_interval([qp / qt for qt, qp in pairs], 0.95)
+    ratio = interval.mean
+    lo, hi = (interval.low, interval.high) if math.isfinite(interval.low) else (None, None)
     out.update(
         thread={"concurrency": levels["thread"], "qps": sum(q for q, _ in pairs) / len(pairs)},
         process={"concurrency": levels["process"], "qps": sum(q for _, q in pairs) / len(pairs)},

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
-from stagebench.core._executors import _LEAKED, Runner, WorkerPool, _describe, identity, pool_failure
+from stagebench.core._executors import _LEAKED, Runner, WorkerPool, WorkerReply, _describe, identity, pool_failure
 
 __all__ = ["SpdlRunner", "deferred_teardown", "quiet_spdl_log", "settle"]
 
@@ -201,12 +201,12 @@ class SpdlRunner(Runner):
                 fut = pool.submit(call, item)
                 outstanding.add(fut)
                 fut.add_done_callback(outstanding.discard)
-                pid, ok, err, _ = await asyncio.wrap_future(fut)
+                reply = WorkerReply.of(await asyncio.wrap_future(fut))
             except Exception as e:
                 self._pool_error(e)
                 raise
             # completions are handled on the loop thread: single writer per lane
-            record(pid, t0, now(), ok, err)
+            record(reply.pid, t0, now(), reply.ok, reply.error)
 
         return timed_process
 

@@ -18,12 +18,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 __all__ = [
     "fractional_counts",
     "batch_count",
+    "MeanInterval",
     "mean_interval",
     "interval_about",
     "percentiles_ms",
@@ -79,17 +81,31 @@ def t_quantile(p: float, df: int) -> float:
     return float(stdtrit(df, p))
 
 
-def mean_interval(samples: Sequence[float], confidence: float) -> tuple[float, float, float, float]:
+@dataclass(frozen=True, slots=True)
+class MeanInterval:
+    """A sample mean, the bounds of its Student-t interval and the samples' coefficient of variation.
+
+    Plain floats, NaN where unknown (no samples; fewer than two for the bounds and the CV): the
+    measuring loop compares them as numbers, and the rows store them so.
+    """
+
+    mean: float
+    low: float
+    high: float
+    cv: float
+
+
+def mean_interval(samples: Sequence[float], confidence: float) -> MeanInterval:
     """Mean, lower and upper bound of a Student-t interval, and the coefficient of variation.
 
     With fewer than two samples the interval is unknown (NaN), never zero-width.
     """
     x = np.asarray(samples, dtype=float)
     if len(x) == 0:
-        return (math.nan, math.nan, math.nan, math.nan)
+        return MeanInterval(math.nan, math.nan, math.nan, math.nan)
     mean = float(x.mean())
     lo, hi, cv = interval_about(mean, x, confidence)
-    return (mean, lo, hi, cv)
+    return MeanInterval(mean, lo, hi, cv)
 
 
 def interval_about(

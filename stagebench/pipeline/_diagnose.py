@@ -347,7 +347,7 @@ class _Diagnosis:
         from stagebench.pipeline._validate import replay_and_validate
 
         with run.phase("whole_pipeline_runs"):
-            replay, validation, yours, speeds = replay_and_validate(
+            whole = replay_and_validate(
                 run.plan,
                 settings,
                 source_items,
@@ -357,15 +357,15 @@ class _Diagnosis:
                 say=run.say,
                 log_error=run.log_error,
             )
-        run.meta.setdefault("cpu_speed", {}).update(speeds)
-        run.meta["replay"] = replay
-        if yours is not None:
-            run.meta["yours"] = yours
-        if validation is not None:
-            failed = delivered_nothing(validation)
+        run.meta.setdefault("cpu_speed", {}).update(whole.cpu_speed)
+        run.meta["replay"] = whole.replay
+        if whole.yours is not None:
+            run.meta["yours"] = whole.yours
+        if whole.validation is not None:
+            failed = delivered_nothing(whole.validation)
             if failed:
-                validation["failed"] = failed
-            run.meta["validation"] = validation
+                whole.validation["failed"] = failed
+            run.meta["validation"] = whole.validation
 
     def _finish(self, rows: Any, t_begin: float) -> tuple[dict[str, Any], Path | None]:
         """The summary, the report, run.json's status, the terminal table and the last line."""

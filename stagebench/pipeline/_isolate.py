@@ -666,7 +666,7 @@ def _map_on_processes(
     A worker that dies stops the pass: the inputs before it keep their outputs, and the meta's
     ``crashed`` says how it died (with the exit code where known).
     """
-    from stagebench.core._executors import WorkerPool, pool_failure
+    from stagebench.core._executors import WorkerPool, WorkerReply, pool_failure
 
     pool = WorkerPool(fn)
     try:
@@ -677,10 +677,10 @@ def _map_on_processes(
     ex, remote = pool.executor(workers), pool.call_for(fn)
 
     def call(x: Any) -> Any:
-        _pid, ok, err, out = ex.submit(remote, x).result()
-        if not ok:
-            raise _StageRaised(err or "the stage raised")
-        return out
+        reply = WorkerReply.of(ex.submit(remote, x).result())
+        if not reply.ok:
+            raise _StageRaised(reply.error or "the stage raised")
+        return reply.output
 
     def checked(i: int, ok: bool, value: Any) -> bool:
         if not ok and not isinstance(value, _StageRaised):  # the pool broke, not the stage's call

@@ -18,7 +18,7 @@ from typing import Any
 
 from stagebench._numbers import finite
 
-__all__ = ["replay_and_validate", "run_validation", "choices_of", "yours_of", "EXTRA_ROUNDS"]
+__all__ = ["replay_and_validate", "WholePipelines", "run_validation", "choices_of", "yours_of", "EXTRA_ROUNDS"]
 
 #: Rounds in turns of the recommended settings against yours beyond the first forth and back, while the
 #: rule of :mod:`stagebench.model._evidence` cannot tell them apart (two rounds show only a large change).
@@ -57,6 +57,25 @@ class _WholeRuns:
     window: float
 
 
+@dataclass(frozen=True, slots=True)
+class WholePipelines:
+    """What the whole-pipeline phase gives back: one ``run.json`` entry each, as the diagnosis stores them.
+
+    The three results are the plain dicts ``run.json`` holds (``replay``, ``validation``, ``yours``);
+    named here so that the diagnosis cannot file one result under another's key.
+    """
+
+    replay: dict[str, Any]
+    """The replay with stand-ins (the prediction); its ``error`` where none could run."""
+    validation: dict[str, Any] | None
+    """The real stages at the recommended settings; None: not run (``validate="off"``, or no replay)."""
+    yours: dict[str, Any] | None
+    """The real stages at the user's settings (``{"same": True}`` where those are the recommended ones); None: not run."""
+    cpu_speed: dict[str, Any]
+    """To merge into ``run.json["cpu_speed"]``: what each stage's stand-in was read at, and the speed around
+    the validation run."""
+
+
 def replay_and_validate(
     plan: Any,
     settings: Any,
@@ -67,7 +86,7 @@ def replay_and_validate(
     items_per_sink_item: float,
     say: Callable[[str], None],
     log_error: Callable[[str, BaseException], None],
-) -> tuple[dict, dict | None, dict | None, dict[str, Any]]:
+) -> WholePipelines:
     """The replay, the validation run and the user's own settings, taking turns.
 
     The replay (the prediction) and the validation run at the recommended settings; the real
@@ -77,9 +96,6 @@ def replay_and_validate(
     the result's ``error``. With ``validate="off"`` the replay runs alone: no real run, the
     validation and the user's run are None (not run, by request: no warning). Where the user's
     settings are the recommended ones, the user's run is ``{"same": True}``: one run is both.
-
-    Returns (replay, validation, yours, the CPU speeds to merge into ``run.json["cpu_speed"]``:
-    what each stage's stand-in was read at, and the speed around the validation run).
     """
     from stagebench.pipeline._replay import plan_stand_ins
 
@@ -87,12 +103,14 @@ def replay_and_validate(
     cpu: dict[str, Any] = {"stage_ns": speeds}
     whole = _whole_runs(plan, settings, summary, plan_stand_ins(summary.get("stages") or [], speeds))
     if not whole.runs:  # no stage could be stood in, and no validation run
-        return _no_replay(), None, None, cpu
+        return WholePipelines(replay=_no_replay(), validation=None, yours=None, cpu_speed=cpu)
     _say_whole_runs(whole, say)
     out = _run_whole(plan, settings, source_items, whole, items_per_sink_item, cpu, log_error)
     replay = _replay_result(out, whole.stand_ins, say)
     validation = _validation_result(out, say)
-    return replay, validation, _yours_result(out, whole, settings, say), cpu
+    return WholePipelines(
+        replay=replay, validation=validation, yours=_yours_result(out, whole, settings, say), cpu_speed=cpu
+    )
 
 
 def _whole_runs(plan: Any, settings: Any, summary: dict[str, Any], stand_ins: dict[str, Any]) -> _WholeRuns:

@@ -36,9 +36,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["run_pipelines", "sink_rate"]
+if TYPE_CHECKING:
+    from stagebench.model._rate import Rate
+
+__all__ = ["run_pipelines", "sink_rate", "SinkRate"]
 
 _SLICES = 2  # counting windows per pipeline when two or three take turns (once forth and back)
 _SUB_WINDOWS = 3  # per slice, for the interval's batch means
@@ -216,17 +220,15 @@ class _Run:
                     "seconds": seconds,
                     "source_items": drawn,
                 }
-        sink_qps, lo, hi, count = sink_rate(self.arrivals, self.windows)
+        sink = sink_rate(self.arrivals, self.windows)
         src = sum(1 for p in self.pulls for t0, t1 in self.windows if t0 <= p < t1)
         k = items_per_sink_item
         return {
-            "qps": sink_qps * k,
-            "qps_low": lo * k,
-            "qps_high": hi * k,
+            **sink.rate.scaled(k).to_json("qps"),
             "window_rates": self.window_rates(),
             "seconds": seconds,
-            "sink_qps": sink_qps,
-            "sink_items": count,
+            "sink_qps": sink.rate.value,
+            "sink_items": sink.count,
             "items_per_sink_item": k,
             "source_qps": src / seconds,
             "warmup_s": self.warmup_s,
@@ -238,8 +240,22 @@ class _Run:
         }
 
 
-def sink_rate(arrivals: list[float], windows: list[tuple[float, float]]) -> tuple[float, float, float, int]:
-    """Arrivals per second over the windows: (rate, low, high, count).
+@dataclass(frozen=True, slots=True)
+class SinkRate:
+    """Items reaching a whole pipeline's sink over its counting windows: the rate, and how many.
+
+    The count beside the rate because a rate alone cannot tell a window that saw three items from
+    one that saw three thousand; ``run.json`` keeps both (``sink_qps``, ``sink_items``).
+    """
+
+    rate: Rate
+    """Arrivals per second, with the interval :func:`sink_rate` gives it."""
+    count: int
+    """Arrivals inside the windows."""
+
+
+def sink_rate(arrivals: list[float], windows: list[tuple[float, float]]) -> SinkRate:
+    """Arrivals per second over the windows, with its interval, and their count.
 
     The interval is from batch means: three sub-windows of each window (ten of one window alone),
     each seeing at least two arrivals. It is never narrower than the counting's own resolution:
@@ -269,7 +285,7 @@ def sink_rate(arrivals: list[float], windows: list[tuple[float, float]]) -> tupl
     # never narrower than the counting's resolution: an arrival either way at each window's edges; where
     # that would reach zero or below, its share of the rate on the log scale (a rate stays positive)
     low_edge = rate - edge if rate > edge else (rate / (1 + edge / rate) if rate > 0 else 0.0)
-    return rate, min(lo, low_edge), max(hi, rate + edge), count
+    return SinkRate(Rate(rate, min(lo, low_edge), max(hi, rate + edge)), count)
 
 
 def _latencies_in_windows(timings: dict[str, list], windows: list[tuple[float, float]]) -> dict[str, dict[str, float]]:

@@ -162,7 +162,23 @@ def validate_overrides(
         config_name=config_name,
         extra_config_dir=extra_config_dir,
         config_path=config_path,
-    )[0]
+    ).jobs
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Composed:
+    """What composing every job's config of a command found: how many jobs, and its overrides by kind.
+
+    The keys travel on into each job's ``override_dirname`` and its label in comparisons.
+    """
+
+    jobs: int
+    fixed: list[str]
+    """Keys overridden with one value."""
+    exclude: list[str]
+    """The config's ``hydra.job.config.override_dirname.exclude_keys``."""
+    varying: list[str]
+    """Keys swept over several values."""
 
 
 def _validate(
@@ -172,9 +188,8 @@ def _validate(
     config_name: str | None,
     extra_config_dir: str | None,
     config_path: str | None,
-) -> tuple[int, list[str], list[str], list[str]]:
-    """(number of jobs, keys overridden with one value, the config's override_dirname exclude_keys,
-    keys swept over several values)."""
+) -> _Composed:
+    """Compose every job's config (:func:`validate_overrides`); raises :class:`ConfigError` for the first that fails."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from hydra.types import RunMode
@@ -210,7 +225,7 @@ def _validate(
             raise ConfigError(msg) from None
     fixed = [o.key_or_group for o in parsed if not o.is_sweep_override() and not o.is_hydra_override()]
     varying = [o.key_or_group for o in parsed if o.is_sweep_override() and not o.is_hydra_override()]
-    return len(combos), fixed, exclude, varying
+    return _Composed(jobs=len(combos), fixed=fixed, exclude=exclude, varying=varying)
 
 
 def _schema_keys(cls: Any, prefix: str) -> list[str]:
@@ -684,7 +699,7 @@ def main(argv: list[str]) -> int:
     informational = args.help or args.hydra_help or args.shell_completion or args.info is not None
     if not informational:
         try:
-            njobs, fixed, exclude, varying = _validate(
+            composed = _validate(
                 args.overrides,
                 multirun=bool(args.multirun),
                 config_name=args.config_name,
@@ -695,11 +710,11 @@ def main(argv: list[str]) -> int:
             print(f"stagebench sweep: error: {e}", file=sys.stderr)
             return 2
         if args.multirun:
-            _SWEEP_TOTAL["jobs"] = njobs
-            argv = [*argv, *_dirname_override(args.overrides, fixed, exclude)]
-            if varying:
+            _SWEEP_TOTAL["jobs"] = composed.jobs
+            argv = [*argv, *_dirname_override(args.overrides, composed.fixed, composed.exclude)]
+            if composed.varying:
                 # Travels with each job's config (any launcher): the job's label in comparisons.
-                argv.append(f"+{_SWEEP_KEYS}='{','.join(varying)}'")
+                argv.append(f"+{_SWEEP_KEYS}='{','.join(composed.varying)}'")
     saved = sys.argv
     sys.argv = ["stagebench sweep", *argv]
     try:
