@@ -23,11 +23,15 @@ shape :func:`stagebench.analysis._stage.analyze_stage` returns.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from stagebench._numbers import finite, fmt_q, num
 from stagebench.model._finding import SEVERITIES, Finding
+from stagebench.model._job import JobVerdict
+from stagebench.model._pipeline import Prediction, Validation, VersusYours
+from stagebench.model._stage import StageEntry, StageSetting
 
 __all__ = ["build_findings"]
 
@@ -40,25 +44,26 @@ def _f(severity: str, title: str, detail: str, stage: str | None, evidence: dict
     return {**Finding(severity, title, detail, stage, evidence).to_json(), "_gain": gain}
 
 
-def _rate(point: dict) -> str:
+def _rate(point: StageSetting) -> str:
     """``1,234 items/s``, or why there is none (a setting the job runs chose that the sweep did not measure)."""
-    return f"{fmt_q(point['qps'])} items/s" if finite(point.get("qps")) else "not measured alone at this setting"
+    return f"{fmt_q(num(point.qps))} items/s" if finite(point.qps) else "not measured alone at this setting"
 
 
-def _alt(st: dict, ex: str) -> dict | None:
-    return (st.get("alternatives") or {}).get(ex)
+def _json(point: StageSetting | None) -> dict | None:
+    """A setting as the evidence holds it."""
+    return point.to_json() if point is not None else None
 
 
-def _far_from_binding(st: dict, prediction: dict | None) -> bool:
+def _far_from_binding(e: StageEntry, prediction: dict | None) -> bool:
     """The stage alone delivers at least twice what the pipeline is predicted to: fixing it changes little.
 
     At its own best setting: the pipeline's setting of it may be just enough to keep up.
     """
-    pred = (prediction or {}).get("qps")
-    rec = st.get("recommended_alone") or st.get("recommended") or {}
-    if pred is None or not finite(pred) or not finite(rec.get("qps")):
+    pred = Prediction.from_json(prediction).qps
+    rec = e.recommended_alone or e.recommended
+    if pred is None or not finite(pred) or rec is None or not finite(rec.qps):
         return False
-    return rec["qps"] * float(st.get("items_per_input") or 1.0) >= 2 * pred
+    return num(rec.qps) * e.items_per_input >= 2 * pred
 
 
 def _demote(finding: dict) -> dict:
@@ -71,13 +76,13 @@ def _demote(finding: dict) -> dict:
 class _Stage:
     """What a measured stage's findings read: the stage entry and where it stands in the pipeline."""
 
-    st: dict
+    st: StageEntry
     name: str
     cls: str
     #: the pipeline's setting of the stage (or the job's pick)
-    rec: dict
+    rec: StageSetting
     #: the stage's own best alone: the ceiling and the curve's top were measured there
-    alone: dict
+    alone: StageSetting
     is_bn: bool
     #: it alone delivers at least twice the pipeline's prediction, and it is not the bottleneck
     far: bool
@@ -91,21 +96,23 @@ def _stage_findings(
     st: dict, bottleneck: str | None, cores: int, prediction: dict | None = None, page_fault: dict | None = None
 ) -> list[dict]:
     """One stage's findings, unranked (:func:`build_findings` ranks them with the run's)."""
-    if st["status"] != "ok":
-        return [_unmeasured(st)]
-    name = st["name"]
-    rec = st["recommended"]
+    e = StageEntry.from_json(st)
+    if e.status != "ok":
+        return [_unmeasured(e)]
+    name = e.name
+    rec = e.recommended
+    assert rec is not None and e.classification is not None  # a measured stage has both (analyze_stage)
     is_bn = name == bottleneck
     c = _Stage(
-        st=st,
+        st=e,
         name=name,
-        cls=st["classification"],
+        cls=e.classification,
         rec=rec,
-        alone=st.get("recommended_alone") or st.get("recommended_isolated") or rec,
+        alone=e.recommended_alone or e.recommended_isolated or rec,
         is_bn=is_bn,
-        far=_far_from_binding(st, prediction) and not is_bn,
-        own_step=st.get("type") in ("aggregate", "disaggregate"),
-        limit=(st.get("limit") or {}).get("kind"),
+        far=_far_from_binding(e, prediction) and not is_bn,
+        own_step=e.type in ("aggregate", "disaggregate"),
+        limit=e.limit.kind if e.limit is not None else None,
         cores=cores,
     )
     # No per-stage "change your setting" finding: a stage's setting is advice only as part of the
@@ -118,39 +125,39 @@ def _stage_findings(
         _io_finding(c),
         _cores_finding(c),
         _gil_bounded_finding(c),
-        _page_fault_finding(st, page_fault, is_bn),
-        _gc_finding(st, is_bn),
+        _page_fault_finding(e, page_fault, is_bn),
+        _gc_finding(e, is_bn),
     ]
     return [x for x in found if x is not None] + [
-        _f("low", f"{name}: some points did not measure", p, name, {"problem": p}) for p in st.get("problems", [])
+        _f("low", f"{name}: some points did not measure", p, name, {"problem": p}) for p in e.problems
     ]
 
 
-def _unmeasured(st: dict) -> dict:
+def _unmeasured(e: StageEntry) -> dict:
     """A stage that could not be measured, and why."""
-    name = st["name"]
+    name = e.name
     return _f(
         "high",
         f"{name} could not be measured",
-        f"{st['status']}: {st['reason']}",
+        f"{e.status}: {e.reason}",
         name,
-        {"status": st["status"], "reason": st["reason"], "problems": st.get("problems", [])},
+        {"status": e.status, "reason": e.reason, "problems": list(e.problems)},
     )
 
 
 def _gil_finding(c: _Stage) -> dict | None:
     """A stage that holds the GIL: processes against threads, measured or bounded."""
     st = c.st
-    f = st.get("gil_fraction")
-    if not (c.cls == "gil-bound" or (f is not None and f >= 0.5 and (st.get("gil") or {}).get("saturated"))):
+    f = st.gil_fraction
+    if not (c.cls == "gil-bound" or (f is not None and f >= 0.5 and st.gil is not None and st.gil.saturated)):
         return None
-    thr = _alt(st, "thread") or _alt(st, "async")
-    proc = _alt(st, "process")
+    thr = st.alternative("thread") or st.alternative("async")
+    proc = st.alternative("process")
     ev = {
         "gil_fraction": f,
-        "gil_fraction_interval": st.get("gil_fraction_interval"),
-        "thread_best": thr,
-        "process_best": proc,
+        "gil_fraction_interval": list(st.gil_fraction_interval) if st.gil_fraction_interval is not None else None,
+        "thread_best": _json(thr),
+        "process_best": _json(proc),
     }
     if proc and thr:
         return _processes_measured(c, _versus(st, thr, proc, ev), ev)
@@ -161,8 +168,8 @@ def _gil_finding(c: _Stage) -> dict | None:
 class _Versus:
     """Processes against threads: the two best points and how far apart they are."""
 
-    thr: dict
-    proc: dict
+    thr: StageSetting
+    proc: StageSetting
     gain: float
     #: processes faster beyond the noise of the two
     beyond: bool
@@ -170,37 +177,38 @@ class _Versus:
     how: str
 
 
-def _versus(st: dict, thr: dict, proc: dict, ev: dict) -> _Versus:
+def _versus(st: StageEntry, thr: StageSetting, proc: StageSetting, ev: dict) -> _Versus:
     """Processes against threads: in turns where that was decisive, else from the two curves' best points.
 
     Measured in turns, at the same moments of the machine, the comparison outranks the curves'; it
     joins the evidence ``ev``.
     """
-    h2h = st.get("head_to_head") or {}
-    if h2h.get("decisive"):
-        ev["head_to_head"] = h2h
+    h2h = st.head_to_head
+    if h2h is not None and h2h.decisive:
+        assert h2h.thread is not None and h2h.process is not None and h2h.ratio is not None  # decisive: measured
+        ev["head_to_head"] = h2h.to_json()
         return _Versus(
-            thr={**thr, **h2h["thread"]},
-            proc={**proc, **h2h["process"]},
-            gain=h2h["ratio"],
-            beyond=bool(h2h["processes_win"]),
+            thr=dataclasses.replace(thr, concurrency=h2h.thread.concurrency, qps=h2h.thread.qps),
+            proc=dataclasses.replace(proc, concurrency=h2h.process.concurrency, qps=h2h.process.qps),
+            gain=h2h.ratio,
+            beyond=bool(h2h.processes_win),
             how="measured in turns with threads",
         )
-    beyond = proc["qps_low"] is not None and thr["qps_high"] is not None and proc["qps_low"] > thr["qps_high"]
-    return _Versus(thr=thr, proc=proc, gain=proc["qps"] / thr["qps"], beyond=beyond, how="measured")
+    beyond = proc.qps_low is not None and thr.qps_high is not None and proc.qps_low > thr.qps_high
+    return _Versus(thr=thr, proc=proc, gain=num(proc.qps) / num(thr.qps), beyond=beyond, how="measured")
 
 
 def _processes_measured(c: _Stage, v: _Versus, ev: dict) -> dict:
     """The GIL finding where both executors were measured: use processes, or why not."""
-    name, f = c.name, c.st.get("gil_fraction")
+    name, f = c.name, num(c.st.gil_fraction)
     thr, proc, gain, how = v.thr, v.proc, v.gain, v.how
-    if gain > 1 and v.beyond and c.rec.get("executor") != "process":
+    if gain > 1 and v.beyond and c.rec.executor != "process":
         # faster alone, yet the pipeline's settings (chosen together) keep it on threads
         return _f(
             "info",
             f"{name} is faster on processes alone, but the pipeline does not need them",
-            f"{fmt_q(proc['qps'])} items/s at {proc['concurrency']} processes against "
-            f"{fmt_q(thr['qps'])} on threads ({how}); {c.rec.get('why') or ''}",
+            f"{fmt_q(num(proc.qps))} items/s at {proc.concurrency} processes against "
+            f"{fmt_q(num(thr.qps))} on threads ({how}); {c.rec.why or ''}",
             name,
             ev,
         )
@@ -209,8 +217,8 @@ def _processes_measured(c: _Stage, v: _Versus, ev: dict) -> dict:
         return _f(
             sev,
             f"{name} holds the GIL {f:.0%} of its time: use a process executor",
-            f"expected {gain:.1f}x: {fmt_q(thr['qps'])} items/s on threads -> {fmt_q(proc['qps'])} "
-            f"at {proc['concurrency']} processes ({how})",
+            f"expected {gain:.1f}x: {fmt_q(num(thr.qps))} items/s on threads -> {fmt_q(num(proc.qps))} "
+            f"at {proc.concurrency} processes ({how})",
             name,
             ev,
             gain,
@@ -220,7 +228,7 @@ def _processes_measured(c: _Stage, v: _Versus, ev: dict) -> dict:
         return _f(
             "medium",
             f"{name} holds the GIL {f:.0%} of its time; processes were not clearly faster",
-            f"processes reached {fmt_q(proc['qps'])} items/s vs {fmt_q(thr['qps'])} on threads "
+            f"processes reached {fmt_q(num(proc.qps))} items/s vs {fmt_q(num(thr.qps))} on threads "
             f"({how}), within the noise of these measurements, so threads are kept (less memory, "
             "no IPC); longer windows (STAGEBENCH_BUDGET_S) would tell them apart. Less Python per "
             "item (vectorise, move work into C code that releases the GIL) helps either way",
@@ -230,7 +238,7 @@ def _processes_measured(c: _Stage, v: _Versus, ev: dict) -> dict:
     return _f(
         "medium",
         f"{name} holds the GIL {f:.0%} of its time, but processes did not help",
-        f"processes reached {fmt_q(proc['qps'])} items/s vs {fmt_q(thr['qps'])} on threads "
+        f"processes reached {fmt_q(num(proc.qps))} items/s vs {fmt_q(num(thr.qps))} on threads "
         f"({how}): "
         "moving items between processes, or cores taken by other load, cancels the gain; "
         "less Python per item (vectorise, move work into C code that releases the GIL) "
@@ -246,8 +254,8 @@ def _processes_bounded(c: _Stage, ev: dict) -> dict | None:
     Threads cap at 1/g, processes at cores/cpu: the gain is cores * g / cpu at most.
     """
     st, cores, name = c.st, c.cores, c.name
-    f = st.get("gil_fraction")
-    g, cpu = st.get("gil_s_per_item"), st.get("cpu_s_per_item")
+    f = num(st.gil_fraction)
+    g, cpu = st.gil_s_per_item, st.cpu_s_per_item
     est = (
         cores * g / cpu if g is not None and cpu is not None and finite(g) and finite(cpu) and cpu > 0 else float(cores)
     )
@@ -271,8 +279,8 @@ def _harness_ceiling_finding(c: _Stage) -> dict | None:
     if not (c.limit == "harness" and c.cls != "overhead-bound" and not (c.own_step and c.far)):
         return None
     name, cls, alone = c.name, c.cls, c.alone
-    cap = num(c.st.get("ceiling_qps"))
-    at = f"{alone['executor']} x {alone['concurrency']}"
+    cap = num(c.st.ceiling_qps)
+    at = f"{alone.executor} x {alone.concurrency}"
     near = f", near the {fmt_q(cap)} items/s the harness can schedule there" if finite(cap) else ""
     found = _f(
         "high" if c.is_bn else "medium",
@@ -280,7 +288,7 @@ def _harness_ceiling_finding(c: _Stage) -> dict | None:
         f"it {'waits' if cls == 'io-bound' else 'computes'} ({cls}), and at {at} it delivers {_rate(alone)}"
         f"{near}: more concurrency cannot lift it past that; fewer, larger items (batches) can",
         name,
-        {"qps": alone.get("qps"), "ceiling_qps": cap, "classification": cls},
+        {"qps": alone.qps, "ceiling_qps": cap, "classification": cls},
         1.2,
     )
     return _demote(found) if c.far else found
@@ -300,8 +308,8 @@ def _overhead_finding(c: _Stage) -> dict | None:
     if not _overhead_shown(c):
         return None
     name, st = c.name, c.st
-    ceil, rec = st.get("ceiling_qps"), c.alone
-    near = f"it reaches {fmt_q(rec['qps'])} items/s, near the no-op ceiling of {fmt_q(ceil)} items/s"  # type: ignore[arg-type]
+    ceil, rec = st.ceiling_qps, c.alone
+    near = f"it reaches {fmt_q(num(rec.qps))} items/s, near the no-op ceiling of {fmt_q(ceil)} items/s"  # type: ignore[arg-type]
     if c.own_step:
         title = f"{name} is overhead-bound: fewer, larger items must reach it"
         detail = (
@@ -312,7 +320,7 @@ def _overhead_finding(c: _Stage) -> dict | None:
     else:
         title = f"{name} is overhead-bound: batch its work"
         detail = (
-            f"{near} at {rec['executor']} x {rec['concurrency']}: the harness cannot schedule items "
+            f"{near} at {rec.executor} x {rec.concurrency}: the harness cannot schedule items "
             "faster. Handing it batches of k items per call raises that ceiling about k-fold, in items; "
             "what the pipeline then delivers was not run, so no figure is given"
         )
@@ -321,7 +329,7 @@ def _overhead_finding(c: _Stage) -> dict | None:
         title,
         detail,
         name,
-        {"qps": rec["qps"], "ceiling_qps": ceil, "stage_s_per_item": st.get("stage_s_per_item")},
+        {"qps": rec.qps, "ceiling_qps": ceil, "stage_s_per_item": st.stage_s_per_item},
         1.5,
     )
     return _demote(found) if c.far else found
@@ -331,10 +339,10 @@ def _ipc_finding(c: _Stage) -> dict | None:
     """On processes, limited by moving data between them."""
     # where the overhead-bound finding applies, the setting read is the one it reads: the stage's own best alone
     rec = c.alone if _overhead_shown(c) else c.rec
-    if not ((c.cls == "ipc-bound" or c.limit == "ipc") and rec.get("executor") == "process"):
+    if not ((c.cls == "ipc-bound" or c.limit == "ipc") and rec.executor == "process"):
         return None
     name, st = c.name, c.st
-    payload = st.get("payload_bytes")
+    payload = st.payload_bytes
     size = f" ({payload / 1024:,.0f} KiB pickled per input item)" if payload is not None and finite(payload) else ""
     return _f(
         "high" if c.is_bn else "medium",
@@ -342,7 +350,7 @@ def _ipc_finding(c: _Stage) -> dict | None:
         f"on processes it is capped by inter-process transfer{size}: return smaller outputs "
         "(decode to uint8, crop early), pass file paths instead of bytes, or use shared memory",
         name,
-        {"payload_bytes": payload, "recommended": rec, "ceiling_qps": st.get("ceiling_qps")},
+        {"payload_bytes": payload, "recommended": rec.to_json(), "ceiling_qps": st.ceiling_qps},
         1.3,
     )
 
@@ -355,23 +363,23 @@ def _io_finding(c: _Stage) -> dict | None:
     if not (c.cls == "io-bound" and c.limit != "harness"):
         return None
     name, rec, alone = c.name, c.rec, c.alone
-    if "still rising" in (alone.get("why") or ""):
+    if "still rising" in (alone.why or ""):
         finding = _f(
             "high" if c.is_bn else "medium",
             f"{name} waits: raise its concurrency",
-            f"it was still scaling at concurrency {alone['concurrency']} ({fmt_q(alone['qps'])} items/s), the "
+            f"it was still scaling at concurrency {alone.concurrency} ({fmt_q(num(alone.qps))} items/s), the "
             "largest level measured; measure higher levels to find where it stops",
             name,
-            {"recommended": rec, "recommended_alone": alone},
+            {"recommended": rec.to_json(), "recommended_alone": alone.to_json()},
             1.5,
         )
         return _demote(finding) if c.far else finding
     return _f(
         "info",
         f"{name} waits (io-bound)",
-        f"concurrency {rec['concurrency']} ({rec['executor']}) covers the waiting: {_rate(rec)}",
+        f"concurrency {rec.concurrency} ({rec.executor}) covers the waiting: {_rate(rec)}",
         name,
-        {"recommended": rec},
+        {"recommended": rec.to_json()},
     )
 
 
@@ -380,32 +388,33 @@ def _cores_finding(c: _Stage) -> dict | None:
     if not (c.cls == "cpu-bound" and c.limit == "cores"):
         return None
     name, rec = c.name, c.rec
-    cpu = c.st.get("cpu_s_per_item")
+    cpu = c.st.cpu_s_per_item
     return _f(
         "info" if not c.is_bn else "medium",
         f"{name} is limited by the cores",
-        f"{_rate(rec)} at {rec['executor']} x {rec['concurrency']}"
+        f"{_rate(rec)} at {rec.executor} x {rec.concurrency}"
         + (f", {cpu * 1e3:.3g} ms CPU per item" if cpu is not None and finite(cpu) else "")
         + ": more cores or less work per item; more concurrency will not help",
         name,
-        {"recommended": rec, "cpu_s_per_item": cpu},
+        {"recommended": rec.to_json(), "cpu_s_per_item": cpu},
     )
 
 
 def _gil_bounded_finding(c: _Stage) -> dict | None:
     """A GIL share that the measurements only bound: the prediction uses the middle of the range."""
     st, name = c.st, c.name
-    f = st.get("gil_fraction")
-    if not (f is not None and not (st.get("gil") or {}).get("pinned", True)):
+    f = st.gil_fraction
+    if not (f is not None and not (st.gil.pinned if st.gil is not None else True)):
         return None
-    lo, hi = st["gil_fraction_interval"]
+    assert st.gil_fraction_interval is not None  # a GIL share comes with its interval (analyze_stage)
+    lo, hi = st.gil_fraction_interval
     return _f(
         "info",
         f"{name}: GIL share only bounded ({lo:.2f}-{hi:.2f})",
         "its threads used the cores before any GIL cap showed; more cores would pin the share down. "
         "The pipeline prediction uses the middle of the range",
         name,
-        {"gil_fraction": f, "gil_fraction_interval": st["gil_fraction_interval"]},
+        {"gil_fraction": f, "gil_fraction_interval": list(st.gil_fraction_interval)},
     )
 
 
@@ -414,7 +423,7 @@ _FAULTS_SHARE = 0.2  # ... and at least this share of the stage's CPU per call, 
 _MALLOC_ENV = "MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456"
 
 
-def _page_fault_finding(st: dict, page_fault: dict | None, is_bn: bool) -> dict | None:
+def _page_fault_finding(st: StageEntry, page_fault: dict | None, is_bn: bool) -> dict | None:
     """A stage that touches megabytes of fresh memory per item, and pays for it in CPU.
 
     Why this matters for a data loader: glibc's malloc serves blocks of 128 KiB
@@ -430,14 +439,14 @@ def _page_fault_finding(st: dict, page_fault: dict | None, is_bn: bool) -> dict 
     in either state, so the finding names the executor whose points showed it.
     """
     cost = (page_fault or {}).get("cost_s")
-    pf = {ex: d for ex, d in (st.get("page_faults") or {}).items() if finite(d.get("per_item"))}
+    pf = {ex: d for ex, d in st.page_faults.items() if finite(d.per_item)}
     if not pf or cost is None or not finite(cost):
         return None
-    ex, worst = max(pf.items(), key=lambda kv: kv[1]["per_item"])
-    n, cpu = worst["per_item"], worst.get("cpu_s_per_item")
+    ex, worst = max(pf.items(), key=lambda kv: num(kv[1].per_item))
+    n, cpu = num(worst.per_item), num(worst.cpu_s_per_item)
     if n < _FAULTS_MIN or not finite(cpu) or cpu <= 0 or n * cost < _FAULTS_SHARE * cpu:
         return None
-    name = st["name"]
+    name = st.name
     mib = n * float((page_fault or {}).get("page_bytes") or 4096) / 2**20
     share = n * cost / cpu
     part = "most" if share >= 0.5 else f"about {share:.0%}"
@@ -450,7 +459,7 @@ def _page_fault_finding(st: dict, page_fault: dict | None, is_bn: bool) -> dict 
         f"next. Setting {_MALLOC_ENV} in the training job's environment keeps them, as does preloading "
         "jemalloc or tcmalloc; memory then stays with the process instead of going back to the OS"
     )
-    calm = {e: d["per_item"] for e, d in pf.items() if e != ex and d["per_item"] < n / 10}
+    calm = {e: num(d.per_item) for e, d in pf.items() if e != ex and num(d.per_item) < n / 10}
     if calm:
         e, m = next(iter(calm.items()))
         detail += (
@@ -462,14 +471,14 @@ def _page_fault_finding(st: dict, page_fault: dict | None, is_bn: bool) -> dict 
         f"{name} spends CPU on fresh memory: {n:,.0f} page faults per call",
         detail,
         name,
-        {"page_faults": pf, "fault_cost_s": cost},
+        {"page_faults": {e: d.to_json() for e, d in pf.items()}, "fault_cost_s": cost},
     )
 
 
 _GC_SHARE = 0.1  # the collector's time per item, as a share of the stage's CPU per item, worth a finding
 
 
-def _gc_finding(st: dict, is_bn: bool) -> dict | None:
+def _gc_finding(st: StageEntry, is_bn: bool) -> dict | None:
     """A stage whose allocations make the cyclic garbage collector run a good share of its time.
 
     Why it is worth saying: a full collection walks every object the process
@@ -480,13 +489,14 @@ def _gc_finding(st: dict, is_bn: bool) -> dict | None:
     collections; with ``gc.freeze()`` after set-up the same stage ran 14% (one
     thread) to 34% (eight) faster.
     """
-    alt = _alt(st, "thread") or _alt(st, "async") or {}
-    gc_s, cpu = alt.get("gc_s_per_item"), alt.get("cpu_s_per_item")
+    alt = st.alternative("thread") or st.alternative("async") or StageSetting()
+    gc_s, cpu = alt.gc_s_per_item, alt.cpu_s_per_item
     if gc_s is None or cpu is None or not finite(gc_s) or not finite(cpu) or cpu <= 0 or gc_s < _GC_SHARE * cpu:
         return None
-    name, share = st["name"], gc_s / cpu
+    name, share = st.name, gc_s / cpu
+    executor = alt.executor if "executor" in alt.keys else "thread"
     detail = (
-        f"the garbage collector ran {gc_s * 1e3:.3g} ms per item during its {alt.get('executor', 'thread')} "
+        f"the garbage collector ran {gc_s * 1e3:.3g} ms per item during its {executor} "
         f"points, {share:.0%} of its {cpu * 1e3:.3g} ms of CPU per item, holding the GIL: the stage leaves "
         "container objects (lists, dicts, objects) behind often enough to trigger collections, and a full "
         "collection walks every object the process holds, so it costs more in a bigger process. Calling "
@@ -500,21 +510,22 @@ def _gc_finding(st: dict, is_bn: bool) -> dict | None:
         f"{name} spends {share:.0%} of its CPU in garbage collection",
         detail,
         name,
-        {"gc_s_per_item": gc_s, "cpu_s_per_item": cpu, "executor": alt.get("executor")},
+        {"gc_s_per_item": gc_s, "cpu_s_per_item": cpu, "executor": alt.executor},
         gain,
     )
 
 
 def _yours_finding(yours: dict) -> dict:
     """The one piece of advice on settings: what running the recommended and the user's settings found."""
-    changes = "; ".join(f"{c['stage']}: {c['yours']} -> {c['recommended']}" for c in yours.get("changes") or [])
-    verdict = yours["verdict"]
+    v = VersusYours.from_json(yours)
+    changes = "; ".join(f"{c['stage']}: {c['yours']} -> {c['recommended']}" for c in v.changes)
+    verdict = v.verdict
     if verdict == "recommended":
-        ratio = float(yours.get("ratio") or 1.0)
+        ratio = float(v.ratio or 1.0)
         return _f(
             "high" if ratio >= 1.2 else "medium",
             f"change your settings: the recommended ones were {ratio:.2f}x faster, measured",
-            f"{yours['text']}. The changes: {changes}",
+            f"{v.text}. The changes: {changes}",
             None,
             {"yours": yours},
             ratio,
@@ -523,7 +534,7 @@ def _yours_finding(yours: dict) -> dict:
         return _f(
             "low",
             "fewer workers run as fast as yours, measured in turns",
-            f"{yours['text']}. The changes: {changes}",
+            f"{v.text}. The changes: {changes}",
             None,
             {"yours": yours},
             1.0,
@@ -531,11 +542,11 @@ def _yours_finding(yours: dict) -> dict:
     title = {
         "could not tell": "keep your settings: the runs could not tell the recommended ones from them",
         "yours": "your settings beat the recommended ones: keep them",
-    }.get(verdict, "the recommended settings were not checked against yours")
+    }.get(verdict or "", "the recommended settings were not checked against yours")
     return _f(
         "info",
         title,
-        f"{yours['text']}" + (f". The untaken changes: {changes}" if changes else ""),
+        f"{v.text}" + (f". The untaken changes: {changes}" if changes else ""),
         None,
         {"yours": yours},
     )
@@ -561,7 +572,7 @@ def build_findings(
     (:func:`stagebench.analysis._verdicts.yours_verdict`); ``job``: the training job run with
     the user's loop (:func:`stagebench.analysis._job.decide_job`), which replaces it where decided.
     """
-    bottleneck = (prediction or {}).get("bottleneck")
+    bottleneck = Prediction.from_json(prediction).bottleneck
     out: list[dict] = []
     for st in stages:
         out.extend(_stage_findings(st, bottleneck, cores, prediction, page_fault))
@@ -575,31 +586,32 @@ def build_findings(
 def _settings_findings(yours: dict | None, job: dict | None) -> list[dict]:
     """The advice on settings: the training job's run with the user's loop where decided, else the
     recommended settings run against the user's own (none where they are the same)."""
-    if job is not None and job.get("status") == "decided":
+    if (jv := JobVerdict.from_json(job)) is not None and jv.decided:
         from stagebench.analysis._job import job_findings
 
-        return [{**f, "_gain": 1.0} for f in job_findings(job)]
-    if yours and yours.get("verdict") not in (None, "same"):
+        return [{**f, "_gain": 1.0} for f in job_findings(jv)]
+    if yours and VersusYours.from_json(yours).verdict not in (None, "same"):
         return [_yours_finding(yours)]
     return []
 
 
 def _binding_finding(prediction: dict | None) -> dict | None:
     """The GIL or the cores, shared by the stages, make the pipeline slower than its slowest stage alone."""
-    if not (prediction and finite(prediction.get("qps"))):
+    p = Prediction.from_json(prediction)
+    if not (prediction and finite(p.qps)):
         return None
-    naive, pred = prediction.get("naive_qps"), prediction["qps"]
-    if not (prediction["binding"] in ("gil", "cores") and naive and pred < 0.9 * naive):
+    naive, pred = p.naive_qps, num(p.qps)
+    if not (p.binding in ("gil", "cores") and naive and pred < 0.9 * naive):
         return None
-    what = "GIL" if prediction["binding"] == "gil" else "cores"
+    what = "GIL" if p.binding == "gil" else "cores"
     sev = "high" if pred < 0.75 * naive else "medium"
     return _f(
         sev,
         f"the {what} shared by the stages binds the pipeline",
         f"predicted {fmt_q(pred)} items/s together, although the slowest stage alone reaches "
-        f"{fmt_q(naive)}. {prediction['explanation']}",
-        prediction.get("bottleneck"),
-        {"bounds": prediction["bounds"], "naive_qps": naive, "lift": prediction.get("lift")},
+        f"{fmt_q(naive)}. {p.explanation}",
+        p.bottleneck,
+        {"bounds": p.bounds, "naive_qps": naive, "lift": p.lift},
         naive / pred,
     )
 
@@ -609,21 +621,18 @@ def _validation_finding(validation: dict | None, prediction: dict | None) -> dic
 
     An error against the prediction exists only where there is a prediction (_pipeline._validation).
     """
-    if not (validation and finite(validation.get("error_vs_prediction"))):
+    v, p = Validation.from_json(validation), Prediction.from_json(prediction)
+    if not (validation and finite(v.error_vs_prediction)):
         return None
-    err = validation["error_vs_prediction"]
-    seen = _interference_seen(validation)
+    err = num(v.error_vs_prediction)
+    seen = _interference_seen(v)
     if abs(err) > 0.15:
         return _f(
             "medium",
             "the whole-pipeline run differs from the prediction",
-            f"measured {fmt_q(validation['qps'])} items/s vs predicted "
-            f"{fmt_q(prediction['qps'])} ({err:+.0%} error): "  # type: ignore[index]
-            + (
-                "the prediction leaves out SPDL's own per-item scheduling (direct harness only); "
-                if prediction.get("caveat")  # type: ignore[union-attr]
-                else ""
-            )
+            f"measured {fmt_q(num(v.qps))} items/s vs predicted "
+            f"{fmt_q(num(p.qps))} ({err:+.0%} error): "
+            + ("the prediction leaves out SPDL's own per-item scheduling (direct harness only); " if p.caveat else "")
             + "stages interfere in ways the bounds do not capture (the GIL held by one stage "
             "while another waits for it, cores taken by GIL-free work, other load)"
             + seen
@@ -634,26 +643,26 @@ def _validation_finding(validation: dict | None, prediction: dict | None) -> dic
     return _f(
         "info",
         "the whole-pipeline run confirms the prediction",
-        f"measured {fmt_q(validation['qps'])} items/s vs predicted {fmt_q(prediction['qps'])} ({err:+.0%})",  # type: ignore[index]
+        f"measured {fmt_q(num(v.qps))} items/s vs predicted {fmt_q(num(p.qps))} ({err:+.0%})",
         None,
         {"validation": validation},
     )
 
 
-def _interference_seen(validation: dict) -> str:
+def _interference_seen(validation: Validation) -> str:
     """Where the stages slowed inside the pipeline: their calls against alone, and against the replay
     (a stage's calls inside the pipeline against its stand-in's inside the replay; they took turns, so
     the machine was the same)."""
     slower = sorted(
-        (x for x in validation.get("interference") or [] if finite(x.get("ratio")) and x["ratio"] >= 1.3),
-        key=lambda x: -x["ratio"],
+        (x for x in validation.interference if finite(x.ratio) and num(x.ratio) >= 1.3),
+        key=lambda x: -num(x.ratio),
     )
     seen = (
         (
             "; in the pipeline "
             + ", ".join(
-                f"{x['stage']} took {x['ratio']:.1f}x as long per call as alone ({x['in_pipeline_p50_ms']:.3g} vs "
-                f"{x['alone_p50_ms']:.3g} ms median)"
+                f"{x.stage} took {x.ratio:.1f}x as long per call as alone ({x.in_pipeline_p50_ms:.3g} vs "
+                f"{x.alone_p50_ms:.3g} ms median)"
                 for x in slower[:3]
             )
         )
@@ -663,17 +672,17 @@ def _interference_seen(validation: dict) -> str:
     apart = sorted(
         (
             x
-            for x in validation.get("interference") or []
-            if finite(x.get("vs_replay")) and max(x["vs_replay"], 1 / x["vs_replay"]) >= 1.2
+            for x in validation.interference
+            if finite(x.vs_replay) and max(num(x.vs_replay), 1 / num(x.vs_replay)) >= 1.2
         ),
-        key=lambda x: -max(x["vs_replay"], 1 / x["vs_replay"]),
+        key=lambda x: -max(num(x.vs_replay), 1 / num(x.vs_replay)),
     )
     seen += (
         (
             "; against the replay, "
             + ", ".join(
-                f"{x['stage']}'s calls took {x['in_pipeline_p50_ms']:.3g} ms in the pipeline and its stand-in's "
-                f"{x['replay_p50_ms']:.3g} ms in the replay ({x['vs_replay']:.1f}x)"
+                f"{x.stage}'s calls took {x.in_pipeline_p50_ms:.3g} ms in the pipeline and its stand-in's "
+                f"{x.replay_p50_ms:.3g} ms in the replay ({x.vs_replay:.1f}x)"
                 for x in apart[:3]
             )
         )

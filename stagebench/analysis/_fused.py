@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from stagebench._numbers import finite, fmt_ms, num
+from stagebench.model._meta import RunMeta
+from stagebench.model._stage import StageEntry, StageSetting
 
 __all__ = ["unfuse"]
 
@@ -30,16 +32,16 @@ _FLOOR = 0.01  # a stage keeps at least this share of its fused call's time: the
 
 def _per_source_item(st: Mapping[str, Any]) -> dict[str, float] | None:
     """A chain stage's own time, CPU and GIL per source item (its call alone, at its lowest level)."""
-    k = float(st.get("items_per_input") or 1.0)
-    t = num(st.get("stage_s_per_item"))
+    e = StageEntry.from_json(st)
+    k = e.items_per_input
+    t = num(e.stage_s_per_item)
     if not finite(t) or not t > 0 or not k > 0:
         return None
-    alts = st.get("alternatives") or {}
-    base = alts.get("async" if st.get("is_async") else "thread") or {}
-    cpu = num(base.get("call_cpu_s"))
+    base = e.alternative("async" if e.is_async else "thread") or StageSetting()
+    cpu = num(base.call_cpu_s)
     if not finite(cpu):
-        cpu = max(0.0, num(base.get("cpu_s_per_item")) - num(base.get("harness_gil_s_per_item")))
-    gil = num(st.get("gil_s_per_item"))
+        cpu = max(0.0, num(base.cpu_s_per_item) - num(base.harness_gil_s_per_item))
+    gil = num(e.gil_s_per_item)
     return {
         "t": t / k,
         "cpu": min(cpu, t) / k if finite(cpu) else 0.0,
@@ -47,56 +49,61 @@ def _per_source_item(st: Mapping[str, Any]) -> dict[str, float] | None:
     }
 
 
-def unfuse(stages: list[dict], meta: Mapping[str, Any]) -> list[str]:
+def unfuse(stages: list[dict], meta: Mapping[str, Any] | RunMeta) -> list[str]:
     """Take the chain's work out of every fused stage's figures, in place; returns the stages changed."""
-    declared = {str(d.get("name")): d for d in meta.get("stages") or []}
-    by_name = {str(st.get("name")): st for st in stages}
+    m = meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)
+    declared = {str(d.get("name")): d for d in m.stages}
+    by_name = {StageEntry.from_json(st).name: st for st in stages}
     changed = []
     for st in stages:
-        chain = (declared.get(str(st.get("name"))) or {}).get("fused_chain") or []
-        if not chain or st.get("status") != "ok":
+        # read before any of it is rewritten below: each figure is read once, then replaced
+        e = StageEntry.from_json(st)
+        chain = (declared.get(str(e.name)) or {}).get("fused_chain") or []
+        if not chain or e.status != "ok":
             continue
         parts = [_per_source_item(by_name[n]) for n in chain if n in by_name]
         if not parts or any(p is None for p in parts):
             continue
-        k = float(st.get("items_per_input") or 1.0)
+        k = e.items_per_input
         t_chain = k * sum(p["t"] for p in parts if p)
         cpu_chain = k * sum(p["cpu"] for p in parts if p)
         gil_chain = k * sum(p["gil"] for p in parts if p)
-        t_f = num(st.get("stage_s_per_item"))
+        t_f = num(e.stage_s_per_item)
         if not finite(t_f) or not t_f > 0:
             continue
         t_own = max(_FLOOR * t_f, t_f - t_chain)
-        _unfuse_curves(st, t_f - t_own, cpu_chain)
-        gil_own = max(0.0, num(st.get("gil_s_per_item")) - gil_chain) if finite(st.get("gil_s_per_item")) else None
+        _unfuse_curves(st, e, t_f - t_own, cpu_chain)
+        gil_own = max(0.0, num(e.gil_s_per_item) - gil_chain) if finite(e.gil_s_per_item) else None
         st["stage_s_per_item"] = t_own
         st["gil_s_per_item"] = gil_own
         if gil_own is not None:
             st["gil_fraction"] = min(1.0, gil_own / t_own)
-            if st.get("gil_fraction_interval"):
+            if e.gil_fraction_interval:
                 st["gil_fraction_interval"] = [
-                    min(1.0, max(0.0, x - gil_chain / t_f) * t_f / t_own) for x in st["gil_fraction_interval"]
+                    min(1.0, max(0.0, x - gil_chain / t_f) * t_f / t_own) for x in e.gil_fraction_interval
                 ]
-        cpu = num(st.get("cpu_s_per_item"))
+        cpu = num(e.cpu_s_per_item)
         if finite(cpu):
             st["cpu_s_per_item"] = max(0.0, cpu - cpu_chain)
-        for alt in (st.get("alternatives") or {}).values():
-            for key in ("cpu_s_per_item", "call_cpu_s"):
-                if finite(alt.get(key)):
-                    alt[key] = max(0.0, float(alt[key]) - cpu_chain)
+        for ex, alt in e.alternatives.items():
+            # the alternatives' CPU is not touched by _unfuse_curves: the figures read above still hold
+            if finite(alt.cpu_s_per_item):
+                st["alternatives"][ex]["cpu_s_per_item"] = max(0.0, num(alt.cpu_s_per_item) - cpu_chain)
+            if finite(alt.call_cpu_s):
+                st["alternatives"][ex]["call_cpu_s"] = max(0.0, num(alt.call_cpu_s) - cpu_chain)
         st["fused_chain"] = list(chain)
-        if st.get("limit"):  # what limited the fused call: the pair's, said so
-            st["limit"]["text"] = f"(measured fused with {', '.join(chain)}) {st['limit']['text']}"
+        if e.limit is not None:  # what limited the fused call: the pair's, said so
+            st["limit"]["text"] = f"(measured fused with {', '.join(chain)}) {e.limit.text}"
         st.setdefault("evidence", {}).setdefault("summary", []).append(
             f"measured fused with {', '.join(chain)} (it consumes its inputs): their work alone "
             f"({fmt_ms(t_chain)} and {fmt_ms(cpu_chain)} of CPU per call) is taken out of its figures, so that "
             "the pipeline's bounds and replay count it once"
         )
-        changed.append(str(st.get("name")))
+        changed.append(str(e.name))
     return changed
 
 
-def _unfuse_curves(st: dict, lane_cut: float, cpu_cut: float) -> None:
+def _unfuse_curves(st: dict, e: StageEntry, lane_cut: float, cpu_cut: float) -> None:
     """Every measured point without the chain's time per call (its lane) and CPU."""
 
     def rate(q: Any, c: int) -> float | None:
@@ -105,24 +112,28 @@ def _unfuse_curves(st: dict, lane_cut: float, cpu_cut: float) -> None:
         lane = c / float(q)
         return c / max(lane * _FLOOR, lane - lane_cut)
 
-    def fix(p: dict) -> None:
-        c = int(p.get("concurrency") or 1)
+    def fix(p: dict, was: StageSetting | None) -> None:
+        """Rewrite the point ``p`` from ``was``, what it read before."""
+        was = was or StageSetting()
+        c = int(was.concurrency or 1)
         for key in ("qps", "qps_low", "qps_high"):
             if key in p:
                 p[key] = rate(p[key], c)
-        if finite(p.get("cpu_s_per_item")):
-            p["cpu_s_per_item"] = max(0.0, float(p["cpu_s_per_item"]) - cpu_cut)
-        if finite(p.get("latency_p50_ms")):
-            p["latency_p50_ms"] = max(float(p["latency_p50_ms"]) * _FLOOR, float(p["latency_p50_ms"]) - lane_cut * 1e3)
+        if finite(was.cpu_s_per_item):
+            p["cpu_s_per_item"] = max(0.0, num(was.cpu_s_per_item) - cpu_cut)
+        if finite(was.latency_p50_ms):
+            lat = num(was.latency_p50_ms)
+            p["latency_p50_ms"] = max(lat * _FLOOR, lat - lane_cut * 1e3)
 
-    for points in (st.get("curves") or {}).values():
-        for p in points:
-            fix(p)
-    for key in ("recommended", "best"):
-        if st.get(key):
-            fix(st[key])
-    for alt in (st.get("alternatives") or {}).values():  # the ceiling is the harness's, not the stage's: kept
-        c = int(alt.get("concurrency") or 1)
+    for key, points in e.curves.items():
+        for p, was in zip(st["curves"][key], points):
+            fix(p, was)
+    if e.recommended is not None:
+        fix(st["recommended"], e.recommended)
+    if e.best is not None:
+        fix(st["best"], e.best)
+    for ex, alt in e.alternatives.items():  # the ceiling is the harness's, not the stage's: kept
+        c = int(alt.concurrency or 1)
         for key in ("qps", "qps_low", "qps_high"):
-            if key in alt:
-                alt[key] = rate(alt[key], c)
+            if key in st["alternatives"][ex]:
+                st["alternatives"][ex][key] = rate(st["alternatives"][ex][key], c)

@@ -29,6 +29,8 @@ from typing import Any
 from stagebench._numbers import finite, num
 from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS, Decision, Option, Ratio, decide
 from stagebench.model._finding import Finding
+from stagebench.model._job import JobFigures, JobRecord, JobSlice, JobVerdict, StepAlone
+from stagebench.model._meta import RunSettings
 from stagebench.model._rate import Rate
 
 __all__ = [
@@ -63,9 +65,9 @@ ORIGIN_SHORT = {
 TRAINER_BOUND = 0.90
 
 
-def _usable(slice_: Mapping[str, Any], group: int) -> int:
+def _usable(slice_: JobSlice, group: int) -> int:
     """Counted steps of a slice that form whole groups (all of them when there is less than one group)."""
-    n = min(len(slice_.get("waits") or []), len(slice_.get("bodies") or []))
+    n = min(len(slice_.waits), len(slice_.bodies))
     return n - n % group if n >= group else n
 
 
@@ -75,26 +77,30 @@ def candidate_figures(job: Mapping[str, Any]) -> dict[str, dict[str, Any] | None
     ``round_rates`` maps each round to the rate of the candidate's slice in it (what the
     comparisons in turns pair up).
     """
-    k = float(job.get("items_per_step") or 1.0)
+    return _figures(JobRecord.from_json(job))
+
+
+def _figures(job: JobRecord) -> dict[str, dict[str, Any] | None]:
+    k = job.items_per_step
     out: dict[str, dict[str, Any] | None] = {}
-    for cand in job.get("candidates") or []:
-        key = cand["key"]
-        group = int(cand.get("group_steps") or 1)
+    for cand in job.candidates:
+        key = cand.key
+        group = cand.group_steps
         steps, seconds, waited, body = 0, 0.0, 0.0, 0.0
         groups: list[float] = []
         startups: list[float] = []
         by_round: dict[int, float] = {}
         used, failed = 0, []
-        for s in job.get("slices") or []:
-            if s.get("candidate") != key:
+        for s in job.slices:
+            if s.candidate != key:
                 continue
-            if s.get("status") == "failed":
-                failed.append(str(s.get("reason") or "failed"))
+            if s.status == "failed":
+                failed.append(str(s.reason or "failed"))
                 continue
             n = _usable(s, group)
             if n < 2:
                 continue
-            w, b = [float(x) for x in s["waits"][:n]], [float(x) for x in s["bodies"][:n]]
+            w, b = [float(x) for x in s.waits[:n]], [float(x) for x in s.bodies[:n]]
             dur = [x + y for x, y in zip(w, b)]
             if sum(dur) <= 0:
                 continue
@@ -103,9 +109,9 @@ def candidate_figures(job: Mapping[str, Any]) -> dict[str, dict[str, Any] | None
             waited += sum(w)
             body += sum(b)
             groups += [group / sum(dur[j : j + group]) for j in range(0, n - group + 1, group) if n >= group]
-            by_round[int(s.get("round") or 0)] = n / sum(dur) * k
-            if finite(s.get("startup_s")):
-                startups.append(float(s["startup_s"]))
+            by_round[s.round] = n / sum(dur) * k
+            if s.startup_s is not None and finite(s.startup_s):
+                startups.append(float(s.startup_s))
             used += 1
         if not steps:
             out[key] = {"failed": failed} if failed else None
@@ -126,32 +132,53 @@ def candidate_figures(job: Mapping[str, Any]) -> dict[str, dict[str, Any] | None
     return out
 
 
-def _ran(figs: Mapping[str, dict[str, Any] | None]) -> dict[str, dict[str, Any]]:
-    return {k: f for k, f in figs.items() if f and finite(f.get("samples_per_s"))}
+#: Per candidate key: its pooled job figures (None: no slice measured it).
+Figures = Mapping[str, JobFigures | None]
 
 
-def _ratio_of(figs: Mapping[str, dict[str, Any] | None]) -> Any:
+def _typed(figs: Mapping[str, dict[str, Any] | None]) -> dict[str, JobFigures | None]:
+    return {k: JobFigures.from_json(f) for k, f in figs.items()}
+
+
+def _measured(f: JobFigures | None) -> bool:
+    """Whether ``f`` holds a rate (not only failures)."""
+    return f is not None and f.samples_per_s is not None and finite(f.samples_per_s)
+
+
+def _ran(figs: Figures) -> dict[str, JobFigures]:
+    return {k: f for k, f in figs.items() if f is not None and _measured(f)}
+
+
+def _ratio_of(figs: Figures) -> Any:
     """``ratio(a, b)``: a's job rate over b's, round by round, over the rounds both ran in."""
 
+    def rates(k: str) -> Mapping[str, float]:
+        f = figs.get(k)  # a candidate's typed figures; a key not run has none
+        return f.round_rates if f is not None else {}
+
     def ratio(a: str, b: str) -> Ratio | None:
-        ra, rb = (figs.get(a) or {}).get("round_rates") or {}, (figs.get(b) or {}).get("round_rates") or {}
+        ra, rb = rates(a), rates(b)
         return Ratio.of_pairs([(ra[r], rb[r]) for r in ra if r in rb])
 
     return ratio
 
 
-def _yours(job: Mapping[str, Any]) -> str | None:
-    return next((c["key"] for c in job.get("candidates") or [] if "yours" in (c.get("origin") or [])), None)
+def _yours(job: JobRecord) -> str | None:
+    return next((c.key for c in job.candidates if "yours" in c.origin), None)
 
 
 def job_decision(job: Mapping[str, Any]) -> tuple[Decision, dict[str, dict[str, Any] | None]]:
     """The rule applied to the job runs so far, and the figures it read."""
-    figs = candidate_figures(job)
-    options = [
-        Option(c["key"], tuple(float(x) for x in c.get("cost") or ()), Rate.from_json(figs.get(c["key"])))
-        for c in job.get("candidates") or []
-    ]
-    return decide(options, yours=_yours(job), ratio=_ratio_of(figs)), figs
+    d, figs, _ = _decision(JobRecord.from_json(job))
+    return d, figs
+
+
+def _decision(job: JobRecord) -> tuple[Decision, dict[str, dict[str, Any] | None], dict[str, JobFigures | None]]:
+    """The rule applied to the job runs, the figures it read (as the summary holds them, and typed)."""
+    figs = _figures(job)
+    typed = _typed(figs)
+    options = [Option(c.key, c.cost, f.rate if (f := typed[c.key]) is not None else None) for c in job.candidates]
+    return decide(options, yours=_yours(job), ratio=_ratio_of(typed)), figs, typed
 
 
 def contenders(job: Mapping[str, Any]) -> list[str]:
@@ -161,30 +188,31 @@ def contenders(job: Mapping[str, Any]) -> list[str]:
     fastest): a pair of windows needs both in the same round. Most important first (yours, the
     fastest, then the open ones, cheapest first): where the budget cannot fit them all, they run first.
     """
-    d, figs = job_decision(job)
+    rec = JobRecord.from_json(job)
+    d, _, figs = _decision(rec)
     if d.advice == "none":
-        return [c["key"] for c in job.get("candidates") or [] if figs.get(c["key"]) is None]
+        return [c.key for c in rec.candidates if figs[c.key] is None]
     if d.settled:
         return []
-    refs = [k for k in (d.yours, d.best) if k is not None and figs.get(k)]
+    refs = [k for k in (d.yours, d.best) if k is not None and figs.get(k) is not None]
     return list(dict.fromkeys(refs + list(d.open)))
 
 
-def _rate(f: Mapping[str, Any] | None, unit: str) -> str:
-    r = Rate.from_json(f)
+def _rate(f: JobFigures | None, unit: str) -> str:
+    r = f.rate if f is not None else None
     return r.text(unit) if r is not None else "not run"
 
 
-def _seconds_per_round(job: Mapping[str, Any], keys: list[str]) -> float | None:
+def _seconds_per_round(job: JobRecord, keys: list[str]) -> float | None:
     """Seconds one more round of ``keys`` would take, from their slices so far (opening included)."""
     walls: dict[str, list[float]] = {}
-    for s in job.get("slices") or []:
-        walls.setdefault(str(s.get("candidate")), []).append(float(s.get("wall_s") or 0.0))
+    for s in job.slices:
+        walls.setdefault(str(s.candidate), []).append(s.wall_s)
     known = [sum(walls[k]) / len(walls[k]) for k in keys if walls.get(k)]
     return sum(known) if len(known) == len(keys) else None
 
 
-def _could_not_tell(d: Decision, job: Mapping[str, Any], label: Mapping[str, str]) -> str:
+def _could_not_tell(d: Decision, job: JobRecord, label: Mapping[str, str]) -> str:
     """The runs could not tell the rival from yours: the ratio, and what would settle it."""
     if d.rival is None:
         return ""
@@ -194,7 +222,7 @@ def _could_not_tell(d: Decision, job: Mapping[str, Any], label: Mapping[str, str
     if x is None:
         return said + " (they never ran in the same round)"
     said += f": {x.text('yours' if ref == d.yours else 'it')}"
-    cost = {c["key"]: tuple(c.get("cost") or ()) for c in job.get("candidates") or []}
+    cost = {c.key: c.cost for c in job.candidates}
     whose = "yours" if ref == d.yours else "the fastest"
     bound = (
         f"within {1 - EQUIVALENT:.0%} of {whose}"
@@ -216,8 +244,7 @@ def _could_not_tell(d: Decision, job: Mapping[str, Any], label: Mapping[str, str
             f"; at the spread seen, it would take over {PRACTICAL_ROUNDS} more rounds to show whether it is {bound}: "
             "for your job the two are not told apart"
         )
-    loads = [x for x in job.get("load_avg") or [] if isinstance(x, (int, float))]
-    cores = int(job.get("cores") or 0)
+    loads, cores = job.load_avg, job.cores
     if loads and cores:
         # what the host looked like: a load well beyond what the loop and its loader keep busy is someone else's
         said += f" (the host's 1-min load reached {max(loads):.1f} on {cores} cores during the runs, yours included)"
@@ -239,26 +266,27 @@ def decide_job(
     it), ``shared cores`` (the step itself ran slower next to the loader) or ``data-bound``.
     ``unproven`` lists the checks that did not run and what that leaves open.
     """
-    if not isinstance(job, Mapping) or not job.get("candidates"):
+    rec = JobRecord.from_json(job)
+    if not isinstance(job, Mapping) or not rec.candidates:
         return None
-    demand = Rate.from_json(trainer or {})
-    d, figs = job_decision(job)
-    ran = _ran(figs)
-    cands = list(job.get("candidates") or [])
-    label = {c["key"]: c.get("label") or c["key"] for c in cands}
-    stopped = job.get("stopped")
-    unproven = _not_run(job, figs)
-    entries = _entries(cands, figs, d.yours)
+    demand = StepAlone.from_json(trainer).rate
+    d, figs, typed = _decision(rec)
+    ran = _ran(typed)
+    label = {c.key: c.name for c in rec.candidates}
+    stopped = rec.stopped
+    unproven = _not_run(rec, typed)
+    # each candidate as run.json holds it (every key kept), with its figures
+    entries = _entries(list(job["candidates"]), figs, typed, d.yours)
     base: dict[str, Any] = {
         "candidates": entries,
         "demand": demand.value if demand else None,
-        "rounds": job.get("rounds"),
-        "seconds": job.get("seconds"),
-        "steps_handed": job.get("steps_handed"),
+        "rounds": rec.rounds,
+        "seconds": rec.seconds,
+        "steps_handed": rec.steps_handed,
         "stopped": stopped,
         "yours": d.yours,
         "unit": unit,
-        "what": job.get("what"),
+        "what": rec.what,
         "decision": d.to_json(),
     }
     if not ran or d.pick is None:
@@ -275,19 +303,19 @@ def decide_job(
         }
     for e in entries:
         e["as_good"] = e["key"] in d.as_good
-    v = _Verdict(d, job, ran, label, unit, _ratio_of(figs))
+    v = _Verdict(d, rec, ran, label, unit, _ratio_of(typed))
     why = v.why()
     if d.advice == "use" and d.yours:
         unproven.append("your own setting was not run with your loop: the comparison with yours is not measured")
     bound, bound_text = _bound(v.p, demand, unit)
-    if v.p["slices"] < 2:
+    if (v.p.slices or 0) < 2:
         unproven.append(
             f"{label[v.pick]} ran one slice with your loop: its interval does not cover a change of the machine "
             "between rounds"
         )
-    text = v.headline() + f", {v.p['data_wait_share']:.0%} of each step waiting for data; {bound_text}"
+    text = v.headline() + f", {v.p.data_wait_share:.0%} of each step waiting for data; {bound_text}"
     if d.advice == "keep yours" and d.rival is not None:
-        text += "; " + _could_not_tell(d, job, label)
+        text += "; " + _could_not_tell(d, rec, label)
     if bound == "data-bound":
         text += v.calmer(text)
     return {
@@ -299,47 +327,50 @@ def decide_job(
         "advice": d.advice,
         "why": why,
         "bound": bound,
-        "samples_per_s": v.p["samples_per_s"],
-        "samples_per_s_low": v.p.get("samples_per_s_low"),
-        "samples_per_s_high": v.p.get("samples_per_s_high"),
-        "data_wait_share": v.p["data_wait_share"],
+        "samples_per_s": v.p.samples_per_s,
+        "samples_per_s_low": v.p.samples_per_s_low,
+        "samples_per_s_high": v.p.samples_per_s_high,
+        "data_wait_share": v.p.data_wait_share,
         "unproven": unproven,
         "text": text,
     }
 
 
-def _not_run(job: Mapping[str, Any], figs: Mapping[str, dict[str, Any] | None]) -> list[str]:
+def _not_run(job: JobRecord, figs: Figures) -> list[str]:
     """The candidates that failed or did not run with the loop, and the ones skipped: what rests on the
     isolated sweep."""
-    stopped = job.get("stopped")
+    stopped = job.stopped
     out = []
-    for c in job.get("candidates") or []:
-        f = figs.get(c["key"])
-        if f and f.get("failed") and not finite(f.get("samples_per_s")):
-            out.append(f"{c['label']} failed with your loop: {f['failed'][0]}")
-        elif not (f and finite(f.get("samples_per_s"))):
-            why = ", ".join(ORIGIN_WORDS.get(o, o) for o in c.get("origin") or [])
+    for c in job.candidates:
+        f = figs[c.key]
+        if f is not None and f.failed and not _measured(f):
+            out.append(f"{c.label} failed with your loop: {f.failed[0]}")
+        elif not _measured(f):
+            why = ", ".join(ORIGIN_WORDS.get(o, o) for o in c.origin)
             out.append(
-                f"{c['label']} ({why}) was not run with your loop"
+                f"{c.label} ({why}) was not run with your loop"
                 + (f" ({stopped})" if stopped else "")
                 + ": what it does to the job rests on the isolated sweep"
             )
-    for skipped in job.get("skipped") or []:
-        out.append(f"{skipped['label']} was not run with your loop: {skipped['why']}")
+    for skipped in job.skipped:
+        out.append(f"{skipped.label} was not run with your loop: {skipped.why}")
     return out
 
 
 def _entries(
-    cands: list[dict[str, Any]], figs: Mapping[str, dict[str, Any] | None], yours: str | None
+    cands: list[dict[str, Any]], figs: Mapping[str, dict[str, Any] | None], typed: Figures, yours: str | None
 ) -> list[dict[str, Any]]:
-    """Each candidate with its job figures (None where it did not run) and its ratio to yours in turns."""
-    ratio = _ratio_of(figs)
+    """Each candidate with its job figures (None where it did not run) and its ratio to yours in turns.
+
+    ``cands``: as run.json holds them, written back with every key; ``figs``: the figures as the summary
+    holds them, ``typed`` the same read."""
+    ratio = _ratio_of(typed)
     entries = []
     for c in cands:
-        f = figs.get(c["key"])
-        e = {**c, "job": f if f and finite(f.get("samples_per_s")) else None}
-        if yours and c["key"] != yours and e["job"] is not None:
-            x = ratio(c["key"], yours)
+        key = c["key"]
+        e = {**c, "job": figs[key] if _measured(typed[key]) else None}
+        if yours and key != yours and e["job"] is not None:
+            x = ratio(key, yours)
             e["versus_yours"] = x.to_json() if x else None
         entries.append(e)
     return entries
@@ -350,8 +381,8 @@ class _Verdict:
     """The words of a decided job verdict: the pick's figures beside yours, and the rule's record."""
 
     d: Decision
-    job: Mapping[str, Any]
-    ran: dict[str, dict[str, Any]]
+    job: JobRecord
+    ran: dict[str, JobFigures]
     label: Mapping[str, str]
     unit: str
     #: ``ratio(a, b)``: a's job rate over b's in the rounds both ran (:func:`_ratio_of`)
@@ -363,11 +394,11 @@ class _Verdict:
         return self.d.pick
 
     @property
-    def p(self) -> dict[str, Any]:
+    def p(self) -> JobFigures:
         return self.ran[self.pick]
 
     @property
-    def y(self) -> dict[str, Any] | None:
+    def y(self) -> JobFigures | None:
         return self.ran.get(self.d.yours) if self.d.yours else None
 
     @property
@@ -401,7 +432,7 @@ class _Verdict:
         ref = (
             d.best
             if d.best not in (None, self.pick)
-            else max(others, key=lambda k: self.ran[k]["samples_per_s"], default=None)
+            else max(others, key=lambda k: self.ran[k].samples_per_s or 0.0, default=None)
         )
         x = self.ratio(self.pick, ref) if ref is not None else None
         versus = f", {x.text(self.label[ref])}" if x is not None and ref is not None else ""
@@ -410,7 +441,7 @@ class _Verdict:
     def headline(self) -> str:
         """The verdict's first words: the advice, the pick, its rate and the evidence."""
         p, unit, name = self.p, self.unit, self.label[self.pick]
-        steps = f"{p['steps']} steps in {p['slices']} slice{'s' if p['slices'] != 1 else ''}"
+        steps = f"{p.steps} steps in {p.slices} slice{'s' if p.slices != 1 else ''}"
         return {
             "keep yours": f"keep yours ({name}): your job ran {_rate(p, unit)} over {steps}",
             "cheaper": f"use {name}: your job ran {_rate(p, unit)}, {self.evidence}: as fast within "
@@ -426,13 +457,13 @@ class _Verdict:
         unexplained. ``said``: the verdict so far (a setting it names already is not named again)."""
         out = ""
         for k, f in self.ran.items():
-            if k == self.pick or not f["data_wait_share"] < 0.5 * self.p["data_wait_share"]:
+            if k == self.pick or not (f.data_wait_share or 0.0) < 0.5 * (self.p.data_wait_share or 0.0):
                 continue
             if self.label[k] in said + out:
                 continue
             xk = self.ratio(k, self.pick)  # against the pick, in the rounds both ran
             shown = xk is not None and xk.low is not None and xk.low > 1
-            out += f"; {self.label[k]} waited {f['data_wait_share']:.0%}, but " + (
+            out += f"; {self.label[k]} waited {f.data_wait_share:.0%}, but " + (
                 f"ran {xk.text('the pick')}" + ("" if shown else ", not shown faster")
                 if xk
                 else "was not run in the same rounds"
@@ -441,7 +472,7 @@ class _Verdict:
 
 
 def alone_scope(
-    what: str, trainer: Mapping[str, Any] | None, settings: Mapping[str, Any], *, planned: bool
+    what: str, trainer: Mapping[str, Any] | None, settings: Mapping[str, Any] | RunSettings, *, planned: bool
 ) -> str | None:
     """``summary.json["scope"]``: one line saying the pick is for ``what`` (the loader, the pipeline) alone,
     and how to check the job; None where the training loop was measured, or is about to be (``planned``:
@@ -454,47 +485,52 @@ def alone_scope(
         return None
     from stagebench._settings import setting
 
-    def most(key: str) -> str:
-        value = settings.get(key) or setting(key).default
+    s = settings if isinstance(settings, RunSettings) else RunSettings.from_json(settings)
+
+    def most(given: float | None, key: str) -> str:
+        value = given or setting(key).default
         return f"at most {float(value):g} s" if value is not None else "150 of your steps, 60-300 s"
 
     return (
         f"the pick is for {what} alone: your training loop shares this host's cores (and, with a GPU, the copy "
         "to it) and was not run. To check your job, run your script under `stagebench diagnose --trainer` (or "
         f"with STAGEBENCH_TRAINER=measure): your loop on cached batches until its step is known "
-        f"({most('trainer_s')}), then on the real {what.removeprefix('the ')} at up to four settings in turns until "
-        f"they are told apart ({most('job_s')}); your setting is changed only where those runs show the change "
+        f"({most(s.trainer_s, 'trainer_s')}), then on the real {what.removeprefix('the ')} at up to four settings in turns until "
+        f"they are told apart ({most(s.job_s, 'job_s')}); your setting is changed only where those runs show the change "
         "faster beyond noise, or cheaper and within 5%."
     )
 
 
-def job_findings(job: Mapping[str, Any]) -> list[dict[str, Any]]:
+def job_findings(job: Mapping[str, Any] | JobVerdict) -> list[dict[str, Any]]:
     """The user's setting against the job runs' pick (what the training job itself did), and what was not checked.
 
     The same shape as the loader's and the pipeline's findings (``stage`` None)."""
-    cands = {c["key"]: c for c in job["candidates"]}
-    pick, yours = cands[job["pick"]], cands.get(job.get("yours") or "")
-    x = Ratio.from_json((job.get("decision") or {}).get("versus_yours"))
+    v = job if isinstance(job, JobVerdict) else JobVerdict.from_json(job)
+    assert v is not None and v.pick is not None  # decided: a pick was run
+    cands = {c.key: c for c in v.candidates}
+    pick, yours = cands[v.pick], cands.get(v.yours or "")
+    x = v.decision.versus_yours if v.decision is not None else None
     out = []
-    if job["advice"] in ("change", "cheaper") and yours is not None and yours.get("job") and x is not None:
-        faster = job["advice"] == "change"
+    if v.advice in ("change", "cheaper") and yours is not None and yours.job is not None and x is not None:
+        assert pick.job is not None  # the pick was run
+        faster = v.advice == "change"
         out.append(
             _jf(
                 "medium" if faster else "low",
                 "Your setting slows your training job"
                 if faster
                 else "A cheaper setting runs your training job as fast",
-                f"Run in turns with your loop: {pick['label']} ran your job at {pick['job']['samples_per_s']:,.0f} "
-                f"samples/s, yours ({yours['label']}) at {yours['job']['samples_per_s']:,.0f}: {x.text('yours')}, "
+                f"Run in turns with your loop: {pick.label} ran your job at {pick.job.samples_per_s:,.0f} "
+                f"samples/s, yours ({yours.label}) at {yours.job.samples_per_s:,.0f}: {x.text('yours')}, "
                 + ("faster beyond noise." if faster else f"within {1 - EQUIVALENT:.0%}, with fewer resources."),
                 {
-                    "yours": yours["job"]["samples_per_s"],
-                    "recommended": pick["job"]["samples_per_s"],
+                    "yours": yours.job.samples_per_s,
+                    "recommended": pick.job.samples_per_s,
                     **x.to_json(),
                 },
             )
         )
-    for text in job.get("unproven") or []:
+    for text in v.unproven:
         out.append(_jf("info", "Not checked with your loop", text[0].upper() + text[1:] + ".", {}))
     return out
 
@@ -503,7 +539,7 @@ def _jf(severity: str, title: str, detail: str, evidence: dict[str, Any]) -> dic
     return Finding(severity, title, detail, None, evidence).to_json()
 
 
-def _bound(p: Mapping[str, Any], demand: Rate | None, unit: str) -> tuple[str | None, str]:
+def _bound(p: JobFigures, demand: Rate | None, unit: str) -> tuple[str | None, str]:
     """What sets the job's pace at the pick, in words, decided with the noise of both rates.
 
     ``trainer-bound``: the job runs at 90% of the step alone or more, or its interval reaches that
@@ -512,14 +548,14 @@ def _bound(p: Mapping[str, Any], demand: Rate | None, unit: str) -> tuple[str | 
     """
     if demand is None or not demand.value > 0:
         return None, "your step's own rate was not measured"
-    job = Rate.from_json(p)
+    job = p.rate
     assert job is not None  # a ran candidate has a rate
     ratio = job.value / demand.value
     share = f"{ratio:.0%}"
     if job.low is not None and job.high is not None:
         share += f" ({job.low / demand.value:.0%}-{job.high / demand.value:.0%})"
     alone = f"your step alone, {demand.text(unit)}"
-    body = num(p.get("step_samples_per_s"))
+    body = num(p.step_samples_per_s)
     if ratio > 1 / TRAINER_BOUND and not (demand.high is not None and job.low is not None and job.low <= demand.high):
         return (
             "trainer-bound",
@@ -528,13 +564,13 @@ def _bound(p: Mapping[str, Any], demand: Rate | None, unit: str) -> tuple[str | 
         )
     if ratio >= TRAINER_BOUND:
         return "trainer-bound", f"trainer-bound: the job runs at {share} of {alone}"
-    if job.high is not None and job.high >= TRAINER_BOUND * demand.value and p["data_wait_share"] < 0.1:
+    if job.high is not None and job.high >= TRAINER_BOUND * demand.value and (p.data_wait_share or 0.0) < 0.1:
         return (
             "trainer-bound",
             f"trainer-bound within noise: the job runs at {share} of {alone}, and its loop waited "
-            f"{p['data_wait_share']:.0%} of each step for data",
+            f"{p.data_wait_share:.0%} of each step for data",
         )
-    if finite(body) and body < TRAINER_BOUND * demand.value and p["data_wait_share"] < 0.5:
+    if finite(body) and body < TRAINER_BOUND * demand.value and (p.data_wait_share or 0.0) < 0.5:
         return (
             "shared cores",
             f"shared cores: your step itself ran at {body / demand.value:.0%} of its rate alone next to the "
@@ -552,13 +588,15 @@ def trainer_summary(trainer: Mapping[str, Any] | None, job: Mapping[str, Any] | 
     if not isinstance(trainer, Mapping):
         return None
     out = dict(trainer)
-    if job is not None and job.get("status") == "decided":
-        pick = next(c for c in job["candidates"] if c["key"] == job["pick"])["job"]
+    v = JobVerdict.from_json(job)
+    if v is not None and v.decided:
+        pick = next(c for c in v.candidates if c.key == v.pick).job
+        assert pick is not None  # decided: the pick was run
         out["with_pipeline"] = {
-            "steps": pick["steps"],
-            "seconds": pick["seconds"],
-            "data_wait_share": pick["data_wait_share"],
-            "samples_per_s": pick["samples_per_s"],
+            "steps": pick.steps,
+            "seconds": pick.seconds,
+            "data_wait_share": pick.data_wait_share,
+            "samples_per_s": pick.samples_per_s,
         }
     else:
         out.setdefault("with_pipeline", None)

@@ -49,10 +49,11 @@ from __future__ import annotations
 import itertools
 import math
 
-from stagebench._numbers import finite, fmt_q
+from stagebench._numbers import finite, fmt_q, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._predict import pipeline_bounds, stage_load
 from stagebench.core._paired import WITHIN_BEST
+from stagebench.model._stage import HeadToHead, StageEntry, StageSetting
 
 __all__ = ["recommend_jointly", "process_headroom"]
 
@@ -63,46 +64,60 @@ TRUSTED = 0.8
 _EXHAUSTIVE = 4096  # executor assignments tried exhaustively (2^12 stages with two executors)
 
 
-def _options(st: dict) -> dict[str, list[dict]]:
+def _options(st: StageEntry) -> dict[str, list[dict]]:
     """Per executor, the stage's measured settings in its recommendation harness, lowest level first."""
-    harness = st.get("harness")
-    h2h = st.get("head_to_head") or {}
+    harness = st.harness
+    h2h = st.head_to_head
     out: dict[str, list[dict]] = {}
-    for ex, alt in (st.get("alternatives") or {}).items():
-        points = [p for p in (st.get("curves") or {}).get(f"{harness}/{ex}") or [] if finite(p.get("qps"))]
-        points = [p for p in points if float(p["qps"]) > 0]
+    for ex, alt in st.alternatives.items():
+        points = [p for p in st.curve(f"{harness}/{ex}") if finite(p.qps)]
+        points = [p for p in points if num(p.qps) > 0]
         if not points:
             continue
         scale = 1.0
-        if ex == "process" and h2h.get("decisive") and finite(h2h.get("ratio")):
+        if ex == "process" and h2h is not None and h2h.decisive and finite(h2h.ratio):
             scale = _h2h_scale(st, h2h)
         out[ex] = [
             {
                 "executor": ex,
-                "concurrency": int(p["concurrency"]),
-                "qps": float(p["qps"]) * scale,
-                "qps_low": float(p.get("qps_low") or p["qps"]) * scale,
-                "qps_high": float(p.get("qps_high") or p["qps"]) * scale,
+                "concurrency": int(p.concurrency or 0),
+                "qps": num(p.qps) * scale,
+                "qps_low": float(p.qps_low or num(p.qps)) * scale,
+                "qps_high": float(p.qps_high or num(p.qps)) * scale,
                 "harness": harness,
-                "cpu_s_per_item": p.get("cpu_s_per_item") if finite(p.get("cpu_s_per_item")) else None,
-                "harness_gil_s_per_item": alt.get("harness_gil_s_per_item"),
+                "cpu_s_per_item": p.cpu_s_per_item if finite(p.cpu_s_per_item) else None,
+                "harness_gil_s_per_item": alt.harness_gil_s_per_item,
             }
-            for p in sorted(points, key=lambda p: int(p["concurrency"]))
+            for p in sorted(points, key=lambda p: int(p.concurrency or 0))
         ]
     return out
 
 
-def _h2h_scale(st: dict, h2h: dict) -> float:
+def _h2h_scale(st: StageEntry, h2h: HeadToHead) -> float:
     """How much the process curve's point at the head-to-head's level is off the head-to-head's reading."""
-    harness = st.get("harness")
-    curves = st.get("curves") or {}
-    t_level = (h2h.get("thread") or {}).get("concurrency")
-    p_level = (h2h.get("process") or {}).get("concurrency")
-    t = next((p for p in curves.get(f"{harness}/thread") or [] if p.get("concurrency") == t_level), None)
-    p = next((p for p in curves.get(f"{harness}/process") or [] if p.get("concurrency") == p_level), None)
-    if not t or not p or not finite(t.get("qps")) or not finite(p.get("qps")) or not float(p["qps"]) > 0:
+    harness = st.harness
+    t_level = h2h.thread.concurrency if h2h.thread is not None else None
+    p_level = h2h.process.concurrency if h2h.process is not None else None
+    t = next((p for p in st.curve(f"{harness}/thread") if p.concurrency == t_level), None)
+    p = next((p for p in st.curve(f"{harness}/process") if p.concurrency == p_level), None)
+    if t is None or p is None or not finite(t.qps) or not finite(p.qps) or not num(p.qps) > 0:
         return 1.0
-    return float(t["qps"]) * float(h2h["ratio"]) / float(p["qps"])
+    return num(t.qps) * num(h2h.ratio) / num(p.qps)
+
+
+def _measured(stages: list[dict]) -> tuple[list[tuple[dict, StageEntry]], dict[str, dict[str, list[dict]]]]:
+    """The measured stages with a recommendation and a measured setting, each with its entry read, and
+    every measured stage's options (:func:`_options`)."""
+    read = [(st, StageEntry.from_json(st)) for st in stages]
+    measured = [(st, e) for st, e in read if e.ok and e.recommended is not None]
+    options = {e.name: _options(e) for _, e in measured}
+    return [(st, e) for st, e in measured if options[e.name]], options
+
+
+def _own(e: StageEntry) -> StageSetting:
+    """The stage's own recommendation (the stages :func:`_measured` keeps have one)."""
+    assert e.recommended is not None
+    return e.recommended
 
 
 def _binding_words(bounds: dict) -> str:
@@ -144,23 +159,19 @@ def recommend_jointly(
     :data:`stagebench._settings.DEMAND_HEADROOM` to spare instead: the cheapest settings
     that keep up, which the validation run then measures against the demand.
     """
-    ok = [st for st in stages if st.get("status", "ok") == "ok" and st.get("recommended")]
-    options = {st["name"]: _options(st) for st in ok}
-    ok = [st for st in ok if options[st["name"]]]
+    measured, options = _measured(stages)
+    ok = [e for _, e in measured]
     if not ok:
         return None
 
     def score(assign: tuple[str, ...]) -> float:
-        loads = [stage_load(st, _fastest(options[st["name"]][ex]), fixed) for st, ex in zip(ok, assign)]
+        loads = [stage_load(st, _fastest(options[st.name][ex]), fixed) for st, ex in zip(ok, assign)]
         return float(pipeline_bounds(loads, cores, free_threaded, fixed)["qps"])
 
     own = tuple(
-        st["recommended"]["executor"]
-        if st["recommended"]["executor"] in options[st["name"]]
-        else next(iter(options[st["name"]]))
-        for st in ok
+        str(_own(st).executor) if _own(st).executor in options[st.name] else next(iter(options[st.name])) for st in ok
     )
-    execs = [list(options[st["name"]]) for st in ok]
+    execs = [list(options[st.name]) for st in ok]
     exhaustive = math.prod(len(e) for e in execs) <= _EXHAUSTIVE
     scored: dict[tuple[str, ...], float] = {}
     if exhaustive:
@@ -192,20 +203,20 @@ def recommend_jointly(
 
     changed: list[str] = []
     loads = []
-    for st, ex in zip(ok, pick):
-        k = float(st.get("items_per_input") or 1.0)
-        settings = options[st["name"]][ex]
+    for (st, e), ex in zip(measured, pick):
+        k = e.items_per_input
+        settings = options[e.name][ex]
         enough = next((s for s in settings if s["qps"] * k >= need), None)
         chosen = enough if enough is not None else _own_rule(settings)
-        loads.append(stage_load(st, chosen, fixed))
-        alone = st["recommended"]
-        if (chosen["executor"], chosen["concurrency"]) == (alone["executor"], alone["concurrency"]):
+        loads.append(stage_load(e, chosen, fixed))
+        alone = _own(e)
+        if (chosen["executor"], chosen["concurrency"]) == (alone.executor, alone.concurrency):
             continue
-        changed.append(st["name"])
-        st["recommended_alone"] = alone
+        changed.append(e.name)
+        st["recommended_alone"] = st["recommended"]
         st["recommended"] = {
             **{k2: chosen[k2] for k2 in ("executor", "concurrency", "qps", "qps_low", "qps_high", "harness")},
-            "why": _why(st, chosen, alone, enough is not None, target, scored, pick, own)
+            "why": _why(e, chosen, alone, enough is not None, target, scored, pick, own)
             + (f"; the trainer needs {fmt_q(float(demand or 0))} items/s, below the pipeline's pace" if feeds else ""),
         }
         st["cpu_s_per_item"] = chosen["cpu_s_per_item"]
@@ -237,9 +248,9 @@ def recommend_jointly(
 
 
 def _why(
-    st: dict,
+    st: StageEntry,
     chosen: dict,
-    alone: dict,
+    alone: StageSetting,
     keeps_up: bool,
     pace: float,
     scored: dict[tuple[str, ...], float],
@@ -247,12 +258,12 @@ def _why(
     own: tuple[str, ...],
 ) -> str:
     """Why the joint choice differs from the stage's own, in one sentence."""
-    k = float(st.get("items_per_input") or 1.0)
+    k = st.items_per_input
     parts = []
-    if chosen["executor"] != alone["executor"]:
+    if chosen["executor"] != alone.executor:
         with_own = scored.get(own)
         parts.append(
-            f"{chosen['executor']} rather than {alone['executor']}: the bounds give the pipeline "
+            f"{chosen['executor']} rather than {alone.executor}: the bounds give the pipeline "
             f"{fmt_q(scored[pick])} items/s this way"
             + (f" against {fmt_q(with_own)} with every stage on its own executor" if with_own else "")
         )
@@ -264,7 +275,7 @@ def _why(
     else:
         parts.append(f"concurrency {chosen['concurrency']}, the smallest within 5% of {chosen['executor']}'s best")
     parts.append(
-        f"alone it would be set to {alone['executor']} x {alone['concurrency']} ({fmt_q(alone['qps'] * k)} items/s)"
+        f"alone it would be set to {alone.executor} x {alone.concurrency} ({fmt_q(num(alone.qps) * k)} items/s)"
     )
     return "; ".join(parts)
 
@@ -291,13 +302,12 @@ def process_headroom(
     equal (:data:`WITHIN_BEST`) cannot change the pipeline's settings by being
     measured on them. Empty when there are too many assignments to try them all.
     """
-    ok = [st for st in stages if st.get("status", "ok") == "ok" and st.get("recommended")]
-    options = {st["name"]: _options(st) for st in ok}
-    ok = [st for st in ok if options[st["name"]]]
-    optimistic = {st["name"]: _optimistic_processes(st, pending[st["name"]], options[st["name"]]) for st in ok
-                  if st["name"] in pending}  # fmt: skip
+    measured, options = _measured(stages)
+    ok = [e for _, e in measured]
+    optimistic = {st.name: _optimistic_processes(pending[st.name], options[st.name]) for st in ok
+                  if st.name in pending}  # fmt: skip
     optimistic = {k: v for k, v in optimistic.items() if v}
-    names = [st["name"] for st in ok]
+    names = [st.name for st in ok]
     if not optimistic or math.prod(len(options[n]) + (n in optimistic) for n in names) > _EXHAUSTIVE:
         return {}
 
@@ -305,7 +315,7 @@ def process_headroom(
         """The bounds' best pipeline with the ``free`` stages' optimistic processes allowed, ``held`` on threads."""
         choices = []
         for st in ok:
-            n = st["name"]
+            n = st.name
             alts = [(ex, _fastest(opts)) for ex, opts in options[n].items()]
             if n in optimistic and n in free and n != held:
                 alts.append(("process", _fastest(optimistic[n])))
@@ -332,7 +342,7 @@ def process_headroom(
     return out
 
 
-def _optimistic_processes(st: dict, levels: list[int], options: dict[str, list[dict]]) -> list[dict]:
+def _optimistic_processes(levels: list[int], options: dict[str, list[dict]]) -> list[dict]:
     """The stage's processes at their best imaginable (:func:`process_headroom`), one setting per level."""
     threads = options.get("thread") or []
     if not threads or not levels:

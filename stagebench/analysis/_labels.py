@@ -17,6 +17,7 @@ from typing import Any
 from stagebench._numbers import finite, fmt_above, fmt_ms, fmt_q, fmt_share_of, num
 from stagebench.analysis._gil import harness_gil_s
 from stagebench.core._curves import Curve, Point, StageRows
+from stagebench.model._stage import GilEstimate, StageEntry
 
 __all__ = [
     "CLASSIFICATIONS",
@@ -103,7 +104,7 @@ class _AtBest:
     bp: Point
     ceil: Point | None
     bests: dict[str, Point]
-    gil: dict
+    gil: GilEstimate
     cores: int
     signals: dict[str, dict]
 
@@ -118,7 +119,7 @@ def limit_rules(
     harness: str,
     best: dict,
     bests: dict[str, Point],
-    gil: dict,
+    gil: GilEstimate,
     cores: int,
 ) -> tuple[str, list[str], dict[str, dict]]:
     """What limits the stage at its best setting: the first of the rules below that holds, in order.
@@ -228,26 +229,26 @@ def _gil_flattens(at: _AtBest) -> _Verdict | None:
     to schedule every item): where the stage holds it less than half as long, the harness is the limit.
     """
     gil, harness = at.gil, at.harness
-    gil_curve = at.sr.curve(gil.get("harness") or harness, gil.get("executor") or "thread")
-    tb = at.bests.get(gil.get("executor") or "thread")
-    if not (gil.get("saturated") and gil.get("serializer") == "gil" and tb is not None and not still_rising(gil_curve)):
+    gil_curve = at.sr.curve(gil.harness or harness, gil.executor or "thread")
+    tb = at.bests.get(gil.executor or "thread")
+    if not (gil.saturated and gil.serializer == "gil" and tb is not None and not still_rising(gil_curve)):
         return None
-    f = gil["fraction"]
-    if gil.get("gil_s_per_item") is not None:
+    f = gil.fraction
+    if gil.gil_s_per_item is not None:
         at.signals["gil_busy_at_best"] = {
-            "value": tb.qps * gil["gil_s_per_item"],
+            "value": tb.qps * gil.gil_s_per_item,
             "interval": None,
             "role": "verdict",
-            "label": f"share of the time the GIL is held where the {gil['executor']}s flatten (concurrency "
+            "label": f"share of the time the GIL is held where the {gil.executor}s flatten (concurrency "
             f"{tb.concurrency}): throughput x the stage's own GIL time per item",
         }
     lines = [
-        f"{gil['executor']}s flatten at {fmt_q(tb.qps)} items/s (concurrency {tb.concurrency}, "
+        f"{gil.executor}s flatten at {fmt_q(tb.qps)} items/s (concurrency {tb.concurrency}, "
         f"{tb.cores_used:.2f} of {at.cores} cores): the stage holds the GIL about {f:.0%} of each item "
-        f"({fmt_ms(gil['gil_s_per_item'])} of {fmt_ms(gil['stage_s_per_item'])})"
+        f"({fmt_ms(num(gil.gil_s_per_item))} of {fmt_ms(num(gil.stage_s_per_item))})"
     ]
-    g_own = gil.get("gil_s_per_item")
-    h = harness_gil_s(at.sr.ceiling(gil.get("harness") or harness, gil.get("executor") or "thread", tb.concurrency))
+    g_own = gil.gil_s_per_item
+    h = harness_gil_s(at.sr.ceiling(gil.harness or harness, gil.executor or "thread", tb.concurrency))
     if g_own is not None and h > 0 and g_own < _OWN_GIL_SHARE * h:
         return (
             "overhead-bound",
@@ -271,8 +272,8 @@ def _gil_busy_at_best(at: _AtBest) -> tuple[_Verdict | None, str | None]:
     a curve still rising is no verdict: the note says so, for the last rule's lines.
     """
     ex, c, bp, gil = at.ex, at.c, at.bp, at.gil
-    g = gil.get("gil_s_per_item")
-    if not (ex in ("thread", "async") and g is not None and not gil.get("serializer") == "other"):
+    g = gil.gil_s_per_item
+    if not (ex in ("thread", "async") and g is not None and not gil.serializer == "other"):
         return None, None
     rising = still_rising(at.sr.curve(at.harness, ex))
     h = harness_gil_s(at.sr.ceiling(at.harness, ex, c))
@@ -315,11 +316,11 @@ def _cores_full(at: _AtBest) -> _Verdict | None:
 def _serialised(at: _AtBest) -> _Verdict | None:
     """Threads that flatten with little CPU and not on the GIL: something else serialises them."""
     gil = at.gil
-    if gil.get("saturated") and gil.get("serializer") == "other":
+    if gil.saturated and gil.serializer == "other":
         return (
             "unknown",
             [
-                f"{gil['executor']}s flatten using little CPU per item: something other than the GIL serialises them "
+                f"{gil.executor}s flatten using little CPU per item: something other than the GIL serialises them "
                 "(a lock, or an external limit such as a disk or a server)"
             ],
         )
@@ -363,15 +364,15 @@ def _own_cores(at: _AtBest) -> _OwnCores:
     return _OwnCores(own_u=own_u, used=used, own_cpu=own_cpu)
 
 
-def _computing_share(gil: dict) -> Any:
+def _computing_share(gil: GilEstimate) -> Any:
     """The share of its call the stage computes when alone (None or NaN: unknown).
 
     The probe's GIL share is Python running, so computing, read directly; it is taken where it
     says more than the CPU share, which for a sub-microsecond call is a difference of two per-item
     CPU readings and reads low.
     """
-    alone = gil["signals"].get("cpu_share", {}).get("value")
-    probed = gil["signals"].get("gil_probe", {}).get("value")
+    alone = gil.signal_value("cpu_share")
+    probed = gil.signal_value("gil_probe")
     if finite(probed) and probed >= _COMPUTE_BOUND and not (finite(alone) and alone >= probed):
         alone = probed
     return alone
@@ -447,7 +448,7 @@ LIMIT_WORDS = {
 }
 
 
-def nature(sr: StageRows, gil: dict) -> tuple[str, list[str], dict[str, dict]]:
+def nature(sr: StageRows, gil: GilEstimate) -> tuple[str, list[str], dict[str, dict]]:
     """What a stage *is* limited by, the same on 2 or 96 cores: one decision table over its call alone.
 
     Read at the lowest thread (or event-loop) level, where the stage runs without competing with itself:
@@ -469,8 +470,8 @@ def nature(sr: StageRows, gil: dict) -> tuple[str, list[str], dict[str, dict]]:
     time, the label is ``unknown`` with what would settle it.
     """
     signals: dict[str, dict] = {}
-    H, E = gil.get("harness"), gil.get("executor")
-    t = num(gil.get("stage_s_per_item"))
+    H, E = gil.harness, gil.executor
+    t = num(gil.stage_s_per_item)
     if not H or not E or not finite(t) or not t > 0:
         return (
             "unknown",
@@ -503,11 +504,10 @@ def nature(sr: StageRows, gil: dict) -> tuple[str, list[str], dict[str, dict]]:
                 ],
                 signals,
             )
-    sig = gil.get("signals") or {}
-    A = num((sig.get("cpu_share") or {}).get("value"))
-    f = gil.get("fraction")
-    if f is not None and not gil.get("pinned") and gil.get("interval"):
-        f = gil["interval"][0]  # only bounded: "holds the GIL for most of its work" needs evidence, not a midpoint
+    A = num(gil.signal_value("cpu_share"))
+    f = gil.fraction
+    if f is not None and not gil.pinned and gil.interval:
+        f = gil.interval[0]  # only bounded: "holds the GIL for most of its work" needs evidence, not a midpoint
     if not finite(A) and f is None:
         return (
             "unknown",
@@ -604,14 +604,14 @@ def label_mix(signals: Mapping[str, Any]) -> list[str]:
 
 def relabel_unfused(st: dict) -> None:
     """A stage measured fused, labelled again from its own share of the call (analysis/_fused)."""
-    t = num(st.get("stage_s_per_item"))
-    if not finite(t) or not t > 0 or st.get("classification") == "overhead-bound":
+    e = StageEntry.from_json(st)
+    t = num(e.stage_s_per_item)
+    if not finite(t) or not t > 0 or e.classification == "overhead-bound":
         return
-    alts = st.get("alternatives") or {}
-    base = alts.get("async" if st.get("is_async") else "thread") or {}
-    cpu = num(base.get("call_cpu_s"))
+    base = e.alternative("async" if e.is_async else "thread")
+    cpu = num(base.call_cpu_s if base is not None else None)
     A = min(1.0, cpu / t) if finite(cpu) else math.nan
-    label, line, signals = label_of_call(t, A, num(st.get("gil_fraction")), "its own share of the fused call")
+    label, line, signals = label_of_call(t, A, num(e.gil_fraction), "its own share of the fused call")
     st["classification"] = label
     st["mix"] = label_mix(signals)
     st["evidence"]["signals"].pop("share_mix", None)
@@ -619,10 +619,10 @@ def relabel_unfused(st: dict) -> None:
     st["evidence"]["summary"].insert(0, line)
 
 
-def limit_of(kind: str, lines: list[str], sr: StageRows, best: dict, gil: dict) -> dict[str, Any]:
+def limit_of(kind: str, lines: list[str], sr: StageRows, best: dict, gil: GilEstimate) -> dict[str, Any]:
     """``limit``: what holds the stage back at its best setting, in one phrase (None: nothing stands out)."""
     k = LIMIT_OF.get(kind)
-    if kind == "unknown" and gil.get("saturated") and gil.get("serializer") == "other":
+    if kind == "unknown" and gil.saturated and gil.serializer == "other":
         k = "serialised"
     if kind == "io-bound" and not still_rising(sr.curve(best["harness"], best["executor"])):
         k = None  # it waits and scales: nothing holds it back within the grid

@@ -18,6 +18,7 @@ with the cores the loader used, which is what separates "the work is CPU" from
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,6 +29,9 @@ from stagebench.analysis._loader_evidence import is_ok, paired_ratio, paired_rou
 from stagebench.analysis._worker_costs import beside_the_pick, worker_cost_findings, worker_costs_summary
 from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS
 from stagebench.model._finding import Finding, by_severity
+from stagebench.model._job import JobVerdict, StepAlone
+from stagebench.model._loader import LoaderPoint
+from stagebench.model._meta import Provenance, RunMeta, UserKnobs
 from stagebench.runs._knobs import KNOB_KEYS, NOT_APPLICABLE, LoaderKnobs, normalize_knobs
 
 __all__ = [
@@ -336,7 +340,7 @@ def _decision_words(d: Any, by_key: dict[str, dict[str, Any]], within_best: floa
     return f"cheapest setting shown within {within_best:.0%} of the best ({d.best}{said}) in turns"
 
 
-def _decision_of(d: dict[str, Any]) -> Any:
+def _decision_of(d: Mapping[str, Any]) -> Any:
     """A decision back from its JSON (``recommended.decision``)."""
     from stagebench.model._evidence import Decision, Ratio
 
@@ -405,8 +409,9 @@ def _public(p: dict[str, Any], why: str | None = None) -> dict[str, Any]:
     }
     if why is not None:
         out["why"] = why
-    if p.get("decision") is not None:  # the rule's record: what the pick rests on (model/_evidence)
-        out["decision"] = p["decision"]
+    decision = LoaderPoint.from_json(p).decision
+    if decision is not None:  # the rule's record: what the pick rests on (model/_evidence)
+        out["decision"] = decision
     return out
 
 
@@ -429,10 +434,12 @@ class _SweepRead:
     ok: list[dict[str, Any]]
     #: the points measured ok with workers
     multi: list[dict[str, Any]]
-    meta: dict[str, Any]
+    meta: RunMeta
     rec: dict | None
     target: dict | None
     job: dict | None
+    #: the same, read (None without a job)
+    jv: JobVerdict | None
     #: the job runs decided the pick: the comparisons with the user's setting are the job's
     decided: bool
     cores: int
@@ -442,7 +449,7 @@ class _SweepRead:
 
 def loader_findings(
     pts: list[dict[str, Any]],
-    meta: dict[str, Any],
+    meta: Mapping[str, Any] | RunMeta,
     rec: dict | None,
     target: dict | None,
     job: dict | None = None,
@@ -452,21 +459,22 @@ def loader_findings(
     None advises a setting the recommendation does not have: where the job ran (``job``), the
     comparisons with the user's setting are the job's, not the loader alone's.
     """
-    settings = meta.get("settings", {})
-    prov = meta.get("provenance", {})
+    m = meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)
+    prov = m.provenance or Provenance()
     ok = [p for p in pts if is_ok(p)]
     c = _SweepRead(
         pts=pts,
         ok=ok,
         multi=[p for p in ok if p["num_workers"] > 0],
-        meta=meta,
+        meta=m,
         rec=rec,
         target=target,
         job=job,
-        decided=job is not None and job.get("status") == "decided",
-        cores=int(settings.get("usable_cores") or prov.get("usable_cores") or 1),
-        budget=settings.get("memory_budget_mb"),
-        backend=(meta.get("loader") or {}).get("backend", ""),
+        jv=(jv := JobVerdict.from_json(job)),
+        decided=jv is not None and jv.decided,
+        cores=int(m.settings.usable_cores or prov.usable_cores or 1),
+        budget=m.settings.memory_budget_mb,
+        backend="" if m.loader.backend is None else m.loader.backend,
     )
     return by_severity(
         [
@@ -503,15 +511,15 @@ def _failed_points(c: _SweepRead) -> list[dict[str, Any]]:
 
 def _data_bound(c: _SweepRead) -> list[dict[str, Any]]:
     """The training job waits for data (by the job runs), or the loader alone cannot feed the trainer."""
-    job, target = c.job, c.target
-    if c.decided and job is not None and job.get("bound") == "data-bound":
+    job, target = c.jv, c.target
+    if c.decided and job is not None and job.bound == "data-bound":
         return [
             _finding(
                 "high",
                 "Data-bound: your training job waits for data",
-                f"{job['text']}. The loader alone at its best gives {max(p['samples_per_s'] for p in c.ok):,.0f} "
+                f"{job.text}. The loader alone at its best gives {max(p['samples_per_s'] for p in c.ok):,.0f} "
                 "samples/s; the findings below say what limits it.",
-                {"job_samples_per_s": job["samples_per_s"], "data_wait_share": job["data_wait_share"]},
+                {"job_samples_per_s": job.samples_per_s, "data_wait_share": job.data_wait_share},
             )
         ]
     if not c.decided and target is not None and not target.get("met"):
@@ -528,7 +536,7 @@ def _data_bound(c: _SweepRead) -> list[dict[str, Any]]:
 
 def _zero_workers_starve(c: _SweepRead) -> list[dict[str, Any]]:
     """The job runs showed num_workers=0 slower, and the recommendation keeps workers: why."""
-    zero_note = (c.job or {}).get("zero_workers") if c.decided else None
+    zero_note = c.jv.zero_workers if c.decided and c.jv is not None else None
     if not (zero_note and c.rec is not None and c.rec["num_workers"] > 0):
         return []
     return [
@@ -634,7 +642,7 @@ def _memory_budget(c: _SweepRead) -> list[dict[str, Any]]:
                 {"mem_pss_mb": p["mem_pss_mb"], "budget_mb": c.budget},
             )
         )
-    for s in (c.meta.get("search") or {}).get("stopped", []):
+    for s in c.meta.search.stopped:
         if "memory budget" in s:
             out.append(_finding("info", "The memory budget capped num_workers", s, {"budget_mb": c.budget}))
     return out
@@ -754,8 +762,8 @@ def _your_setting(c: _SweepRead) -> list[dict[str, Any]]:
     u = user_point(c.pts, c.meta)
     if c.decided and c.job is not None:
         return job_findings(c.job)
-    if u is not None and c.rec is not None and is_ok(u) and c.rec.get("decision"):
-        return _user_findings(u, c.rec, _decision_of(c.rec["decision"]))
+    if u is not None and c.rec is not None and is_ok(u) and (d := LoaderPoint.from_json(c.rec).decision):
+        return _user_findings(u, c.rec, _decision_of(d))
     return []
 
 
@@ -801,7 +809,7 @@ def _user_findings(u: dict[str, Any], rec: dict[str, Any], d: Any) -> list[dict[
     return []
 
 
-def _stall(rec: dict[str, Any], ok: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
+def _stall(rec: dict[str, Any], ok: list[dict[str, Any]], m: RunMeta) -> dict[str, Any] | None:
     """The epoch-boundary stall at the recommendation's knobs without persistent workers, and whether it matters."""
     if rec["num_workers"] == 0 or rec["persistent_workers"] == NOT_APPLICABLE:
         return None
@@ -810,7 +818,7 @@ def _stall(rec: dict[str, Any], ok: list[dict[str, Any]], meta: dict[str, Any]) 
         return None
     q = _same_knobs_but(ok, rec, persistent_workers=True)
     stall = p["epoch_stall_s"]
-    epoch_batches = num((meta.get("loader") or {}).get("epoch_batches"))
+    epoch_batches = num(m.loader.epoch_batches)
     epoch_s = (
         epoch_batches / p["batches_per_s"] if math.isfinite(epoch_batches) and p["batches_per_s"] > 0 else math.nan
     )
@@ -830,17 +838,18 @@ def _stall(rec: dict[str, Any], ok: list[dict[str, Any]], meta: dict[str, Any]) 
 
 
 def _kept_knobs(
-    rec: dict[str, Any] | None, ok: list[dict[str, Any]], meta: dict[str, Any], *, with_loop: bool = False
+    rec: dict[str, Any] | None, ok: list[dict[str, Any]], m: RunMeta, *, with_loop: bool = False
 ) -> dict[str, Any] | None:
     """:func:`_knobs_kept` on the recommendation, its ``decision`` carried over to the twin point it may become."""
-    out = _knobs_kept(rec, ok, meta, with_loop=with_loop)
-    if rec is not None and out is not None and rec.get("decision") is not None:
-        out = {**out, "decision": rec["decision"]}
+    out = _knobs_kept(rec, ok, m, with_loop=with_loop)
+    decision = LoaderPoint.from_json(rec).decision if rec is not None else None
+    if out is not None and decision is not None:
+        out = {**out, "decision": decision}
     return out
 
 
 def _knobs_kept(
-    rec: dict[str, Any] | None, ok: list[dict[str, Any]], meta: dict[str, Any], *, with_loop: bool = False
+    rec: dict[str, Any] | None, ok: list[dict[str, Any]], m: RunMeta, *, with_loop: bool = False
 ) -> dict[str, Any] | None:
     """The knobs a throughput window cannot judge, set by one rule each (the findings follow the same rules).
 
@@ -853,34 +862,34 @@ def _knobs_kept(
     """
     if rec is None:
         return rec
-    mine = (meta.get("loader") or {}).get("user_knobs") or {}
-    cuda = bool((meta.get("settings") or {}).get("cuda"))
+    mine = m.loader.user_knobs or UserKnobs()
+    cuda = m.settings.cuda
     out = rec
-    if cuda and not with_loop and "pin_memory" in mine and rec["pin_memory"] != NOT_APPLICABLE:
-        if (rec["pin_memory"] is True) != bool(mine["pin_memory"]):
-            twin = _same_knobs_but(ok, rec, pin_memory=bool(mine["pin_memory"]))
+    if cuda and not with_loop and mine.gave("pin_memory") and rec["pin_memory"] != NOT_APPLICABLE:
+        if (rec["pin_memory"] is True) != bool(mine.pin_memory):
+            twin = _same_knobs_but(ok, rec, pin_memory=bool(mine.pin_memory))
             out = dict(twin or rec)
-            out["pin_memory"] = bool(mine["pin_memory"])
-            out["why"] = rec.get("why", "") + (
+            out["pin_memory"] = bool(mine.pin_memory)
+            out["why"] = (LoaderPoint.from_json(rec).why or "") + (
                 "; pin_memory kept as yours: its benefit shows only with the copy to the device, which the "
                 "loader measured alone does not make"
             )
     if out["num_workers"] == 0 or out["persistent_workers"] == NOT_APPLICABLE:
         return out
-    stall = _stall(out, ok, meta)
+    stall = _stall(out, ok, m)
     matters = stall is not None and stall["matters"]
-    if "persistent_workers" in mine and bool(mine["persistent_workers"]) != (out["persistent_workers"] is True):
-        if mine["persistent_workers"] or not matters:
-            why = out.get("why", "")
-            out = dict(_same_knobs_but(ok, out, persistent_workers=bool(mine["persistent_workers"])) or out)
-            out["persistent_workers"] = bool(mine["persistent_workers"])
+    if mine.gave("persistent_workers") and bool(mine.persistent_workers) != (out["persistent_workers"] is True):
+        if mine.persistent_workers or not matters:
+            why = LoaderPoint.from_json(out).why or ""
+            out = dict(_same_knobs_but(ok, out, persistent_workers=bool(mine.persistent_workers)) or out)
+            out["persistent_workers"] = bool(mine.persistent_workers)
             out["why"] = why + (
                 "; persistent_workers kept as yours: it acts only at epoch boundaries, which the throughput "
                 "windows do not see"
             )
             return out
     if matters and out["persistent_workers"] is not True:
-        why = out.get("why", "")
+        why = LoaderPoint.from_json(out).why or ""
         out = dict(_same_knobs_but(ok, out, persistent_workers=True) or out)
         out["persistent_workers"] = True
         out["why"] = why + "; persistent_workers=True: workers restart at every epoch otherwise"
@@ -893,20 +902,21 @@ def _same_knobs_but(pool: list[dict], p: dict, **changed: Any) -> dict | None:
     return next((q for q in pool if setting_key(q) == want), None)
 
 
-def user_point(pts: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any] | None:
+def user_point(pts: list[dict[str, Any]], meta: Mapping[str, Any] | RunMeta) -> dict[str, Any] | None:
     """The point measured at the user's own setting: the "user" row, or the search point it coincided with."""
     for p in pts:
         if p["search_phase"] == "user":
             return p
-    knobs = (meta.get("loader") or {}).get("user_knobs")
-    if not knobs:
+    m = meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)
+    knobs = m.loader.user_knobs
+    if knobs is None:
         return None
 
     try:
         eff, _, _ = normalize_knobs(
-            LoaderKnobs(**knobs),
-            (meta.get("loader") or {}).get("backend", "torch"),
-            cuda=bool((meta.get("settings") or {}).get("cuda")),
+            LoaderKnobs(**knobs.to_json()),
+            "torch" if m.loader.backend is None else m.loader.backend,
+            cuda=m.settings.cuda,
         )
     except (TypeError, ValueError):
         return None
@@ -948,24 +958,23 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: dict[str, Any] | flo
     pts = [p for p in _rows(rows) if is_ok(p)]
     if not pts:
         return Ladder(run=[])
-    settings = meta.get("settings") or {}
-    info = meta.get("loader") or {}
-    backend = info.get("backend", "torch")
-    cuda = bool(settings.get("cuda"))
-    budget = settings.get("memory_budget_mb")
-    headroom = float(settings.get("headroom", DEMAND_HEADROOM))
-    mine = info.get("user_knobs") or {}
+    m = RunMeta.from_json(meta)
+    backend = "torch" if m.loader.backend is None else m.loader.backend
+    cuda = m.settings.cuda
+    budget = m.settings.memory_budget_mb
+    headroom = float(DEMAND_HEADROOM if m.settings.headroom is None else m.settings.headroom)
+    mine = m.loader.user_knobs or UserKnobs()
     pool = [p for p in pts if not _over_budget(p, budget)] or pts
 
     def knobs_of(p: dict[str, Any], pin: bool | None = None) -> LoaderKnobs:
         # the rules of _kept_knobs, so that the job's pick is what the summary recommends
         persistent = (
-            bool(mine["persistent_workers"]) if "persistent_workers" in mine else p["persistent_workers"] is True
+            bool(mine.persistent_workers) if mine.gave("persistent_workers") else p["persistent_workers"] is True
         )
-        stall = _stall({**p, "persistent_workers": False}, pts, meta) if p["num_workers"] > 0 else None
+        stall = _stall({**p, "persistent_workers": False}, pts, m) if p["num_workers"] > 0 else None
         persistent = persistent or (stall is not None and stall["matters"])
         if pin is None:
-            pin = bool(mine["pin_memory"]) if cuda and "pin_memory" in mine else p["pin_memory"] is True
+            pin = bool(mine.pin_memory) if cuda and mine.gave("pin_memory") else p["pin_memory"] is True
         req = LoaderKnobs(
             num_workers=p["num_workers"],
             prefetch_factor=p["prefetch_factor"] if p["num_workers"] > 0 else None,
@@ -992,11 +1001,11 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: dict[str, Any] | flo
             memory_mb=p["mem_workers_mb"] if math.isfinite(p["mem_workers_mb"]) else None,
         )
 
-    user = user_point(pts, meta)
+    user = user_point(pts, m)
     yours: Rung | None = None
-    if mine:
+    if mine.given:
         # exactly the script's setting: its knobs as given, only what this host cannot take changed (and named)
-        k, _, notes = normalize_knobs(LoaderKnobs(**mine), backend, cuda=cuda)
+        k, _, notes = normalize_knobs(LoaderKnobs(**mine.to_json()), backend, cuda=cuda)
         yours = rung(user or normalize_row({**asdict(k), "status": "ok"}), k, tuple(notes))
     elif user is not None:
         yours = rung(user)
@@ -1010,16 +1019,18 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: dict[str, Any] | flo
         above = [p for p in feeding if p["num_workers"] > feeds["num_workers"]]
         offers.append((rung(min(above, key=_cost)) if above else None, "above"))
     offers.append((rung(best), "best"))
-    if cuda and not mine.get("pin_memory", False):
+    if cuda and not mine.pin_memory:
         first = feeds or best
         offers.append((rung(first, knobs_of(first, pin=True)), "pinned"))
     return build_ladder(offers, demand=rate, memory_budget_mb=budget)
 
 
-def _job_pick(job: dict[str, Any], pts: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+def _job_pick(job: dict[str, Any], pts: list[dict[str, Any]], meta: RunMeta) -> dict[str, Any]:
     """The job runs' pick as a recommended point: its isolated figures where measured, its knobs, the job's why."""
-    cand = next(c for c in job["candidates"] if c["key"] == job["pick"])
-    k = cand["settings"]
+    v = JobVerdict.from_json(job)
+    assert v is not None  # decided
+    cand = next(c for c in v.candidates if c.key == v.pick)
+    k = cand.settings
     same = [
         p
         for p in pts
@@ -1036,13 +1047,14 @@ def _job_pick(job: dict[str, Any], pts: list[dict[str, Any]], meta: dict[str, An
     if exact or same:
         rec = dict((exact or same)[0])
     else:  # not a measured point (cannot happen for candidates built from points; kept total)
-        alone = cand.get("alone") or {}
-        rec = normalize_row({**k, "samples_per_s": alone.get("samples_per_s")})
-    for f in ("persistent_workers", "pin_memory"):
-        if rec.get(f) != NOT_APPLICABLE:
-            rec[f] = bool(k[f])
+        rec = normalize_row({**k, "samples_per_s": cand.alone.value if cand.alone is not None else None})
+    measured = LoaderPoint.from_json(rec)  # a knob that does not apply to the point stays so
+    if measured.persistent_workers != NOT_APPLICABLE:
+        rec["persistent_workers"] = bool(k["persistent_workers"])
+    if measured.pin_memory != NOT_APPLICABLE:
+        rec["pin_memory"] = bool(k["pin_memory"])
     rec["prefetch_factor"] = k["prefetch_factor"] if k["num_workers"] > 0 else None
-    rec["why"] = f"run with your training loop: {job['why']}"
+    rec["why"] = f"run with your training loop: {v.why}"
     return rec
 
 
@@ -1053,28 +1065,27 @@ def _zero_workers_note(job: dict[str, Any]) -> str | None:
     where the job runs, in turns, show it as fast as the others within 5% (the rule of
     :mod:`stagebench.model._evidence`); a reading that could not tell is not that.
     """
-    from stagebench.model._evidence import Ratio
-
-    zero = next((c for c in job["candidates"] if c["settings"].get("num_workers") == 0), None)
+    v = JobVerdict.from_json(job)
+    zero = next((c for c in v.candidates if c.settings.get("num_workers") == 0), None) if v is not None else None
     if zero is None:
         return None
-    f = zero.get("job")
-    if not f:
+    f = zero.job
+    if f is None:
         return "num_workers=0 was a candidate but did not run with your loop, so it is not advised"
-    x = Ratio.from_json(zero.get("versus_yours"))
+    x = zero.versus_yours
     vs = x.text("yours") if x is not None else "not run in turns with yours"
-    if zero["key"] == job.get("pick"):
+    if v is not None and zero.key == v.pick:
         return (
-            f"num_workers=0 ran your job at {f['samples_per_s']:,.0f} samples/s, {vs}: shown within 5% of yours, "
+            f"num_workers=0 ran your job at {f.samples_per_s:,.0f} samples/s, {vs}: shown within 5% of yours, "
             "so loading between the steps costs your step little here"
         )
     if x is not None and x.below(1.0):
         return (
-            f"num_workers=0 ran your job at {f['samples_per_s']:,.0f} samples/s, {vs}: without workers the main "
+            f"num_workers=0 ran your job at {f.samples_per_s:,.0f} samples/s, {vs}: without workers the main "
             "process loads each batch between your steps, so loading adds to every step"
         )
     return (
-        f"num_workers=0 ran your job at {f['samples_per_s']:,.0f} samples/s, {vs}: not shown as fast as your "
+        f"num_workers=0 ran your job at {f.samples_per_s:,.0f} samples/s, {vs}: not shown as fast as your "
         "setting, so it is not advised (without workers, loading adds to every step)"
     )
 
@@ -1091,10 +1102,11 @@ def _job_not_run(job: dict[str, Any] | None, target: dict[str, Any]) -> str:
     return "inconclusive: no setting was run with your loop"
 
 
-def _warnings(pts: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
+def _warnings(pts: list[dict[str, Any]], m: RunMeta) -> list[str]:
     from stagebench.runs._provenance import load_warnings
 
-    out = list(load_warnings(meta.get("provenance") or {}, meta.get("provenance_after")))
+    before, after = m.provenance, m.provenance_after
+    out = list(load_warnings({} if before is None else before.to_json(), None if after is None else after.to_json()))
     wide = [p for p in pts if is_ok(p) and _rel_half(p) > 0.15]
     if wide:
         out.append(
@@ -1107,10 +1119,9 @@ def _warnings(pts: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
     for p in pts:
         if "perturbed" in p["notes"]:
             out.append(f"{_knob_text(p)}: {p['notes']}")
-    search = meta.get("search") or {}
-    if search.get("interrupted"):
+    if m.search.interrupted:
         out.append("the sweep was interrupted: the summary covers the points measured before it")
-    out.extend(str(w) for w in meta.get("warnings", []) or [])
+    out.extend(m.warnings)
     return out
 
 
@@ -1124,7 +1135,7 @@ class _Picks:
     #: samples/s the trainer needs (stated, or its step measured: ``measured_demand``); None without a trainer
     target_rate: Any
     measured_demand: bool
-    trainer: dict[str, Any]
+    trainer: StepAlone
     pts: list[dict[str, Any]]
     best: dict[str, Any] | None
     user: dict[str, Any] | None
@@ -1149,20 +1160,21 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     from stagebench.analysis._job import alone_scope, trainer_summary
     from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
 
-    c = _picks(rows, meta)
+    m = RunMeta.from_json(meta)
+    c = _picks(rows, m)
     target = _target(c)
-    costs = worker_costs_summary(meta, c.pts)
+    costs = worker_costs_summary(m, c.pts)
     verdict = _verdict(c, target) + beside_the_pick(costs, c.rec)
     rec, isolated, settings = c.rec, c.isolated, c.settings
     return {
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "kind": "loader",
         "stagebench_version": __version__,
-        "provenance": meta.get("provenance"),
+        "provenance": None if m.provenance is None else m.provenance.to_json(),
         "settings": settings,
-        "loader": dict(meta.get("loader") or {}),
+        "loader": m.loader.to_json(),
         "verdict": verdict,
-        "warnings": _warnings(c.pts, meta),
+        "warnings": _warnings(c.pts, m),
         "recommended": _public(rec, rec["why"]) if rec is not None else None,
         "recommended_alone": _public(isolated, isolated["why"])
         if isolated is not None and rec is not None and setting_cost(isolated) != setting_cost(rec)
@@ -1170,53 +1182,53 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "best": _public(c.best) if c.best is not None else None,
         "user_setting": _public(c.user) if c.user is not None else None,
         "points": c.pts,
-        "search": _search_summary(meta, c.pts),
+        "search": _search_summary(m, c.pts),
         "target": target,
-        "trainer": trainer_summary(meta.get("trainer"), c.job),
+        "trainer": trainer_summary(m.trainer, c.job),
         "job": c.job,
-        "scope": alone_scope("the loader", meta.get("trainer"), settings, planned=bool(meta.get("trainer_planned"))),
-        "findings": by_severity(loader_findings(c.pts, meta, rec, target, c.job) + worker_cost_findings(costs, rec)),
+        "scope": alone_scope("the loader", m.trainer, m.settings, planned=m.trainer_planned),
+        "findings": by_severity(loader_findings(c.pts, m, rec, target, c.job) + worker_cost_findings(costs, rec)),
         "worker_costs": costs,
-        "transforms": list(meta.get("transforms") or []),
+        "transforms": list(m.transforms),
     }
 
 
-def _picks(rows: Any, meta: dict[str, Any]) -> _Picks:
+def _picks(rows: Any, m: RunMeta) -> _Picks:
     """The demand on the loader, the points and the recommendation (the job's pick where its runs decided).
 
     The job's candidates gain ``zero_workers``, why num_workers=0 was or was not chosen.
     """
     from stagebench.analysis._job import decide_job
 
-    settings = meta.get("settings") or {}
-    within = float(settings.get("within_best", 0.05))
-    headroom = float(settings.get("headroom", DEMAND_HEADROOM))
-    target_rate = settings.get("target_rate")
-    trainer = meta.get("trainer") or {}
-    measured_demand = target_rate is None and finite(trainer.get("samples_per_s"))
+    s = m.settings
+    within = float(0.05 if s.within_best is None else s.within_best)
+    headroom = float(DEMAND_HEADROOM if s.headroom is None else s.headroom)
+    target_rate = s.target_rate
+    trainer = StepAlone.from_json(m.trainer)
+    measured_demand = target_rate is None and finite(trainer.samples_per_s)
     if measured_demand:  # STAGEBENCH_TRAINER=measure: the loop's own step is the demand (loader/_trainer)
-        target_rate = float(trainer["samples_per_s"])
+        target_rate = num(trainer.samples_per_s)
     pts = _rows(rows)
     ok = [p for p in pts if is_ok(p)]
-    user = user_point(pts, meta)
-    job = decide_job(meta.get("job"), trainer)
+    user = user_point(pts, m)
+    job = decide_job(m.job, m.trainer)
     decided = job is not None and job["status"] == "decided"
     rec = recommend(
         rows,  # as measured: the tie-break's rows are read in their order
-        budget_mb=settings.get("memory_budget_mb"),
+        budget_mb=s.memory_budget_mb,
         within_best=within,
         target_rate=target_rate,
         headroom=headroom,
         user=user,
         serial_ok=target_rate is None,
     )
-    rec = _kept_knobs(rec, ok, meta)
+    rec = _kept_knobs(rec, ok, m)
     isolated = rec
     if decided and job is not None:
-        rec = _kept_knobs(_job_pick(job, pts, meta), ok, meta, with_loop=True)
+        rec = _kept_knobs(_job_pick(job, pts, m), ok, m, with_loop=True)
         job["zero_workers"] = _zero_workers_note(job)
     return _Picks(
-        settings=settings,
+        settings=s.to_json(),
         within=within,
         headroom=headroom,
         target_rate=target_rate,
@@ -1254,7 +1266,7 @@ def _target(c: _Picks) -> dict[str, Any] | None:
             f"the trainer needs {target_rate:,.1f}"
         )
     if c.measured_demand:
-        verdict += f" (the demand is your training step, measured: {trainer['steps_per_s']:,.2f} steps/s)"
+        verdict += f" (the demand is your training step, measured: {trainer.steps_per_s:,.2f} steps/s)"
     return {
         "rate": target_rate,
         "needed_with_headroom": need,
@@ -1293,27 +1305,31 @@ def _pick_verdict(c: _Picks, rec: dict[str, Any], target: dict[str, Any] | None)
     best = c.best
     if best is not None and setting_cost(best) != setting_cost(rec):
         verdict += f" (best {best['samples_per_s']:,.1f} at num_workers={best['num_workers']})"
-    if rec.get("decision") and target is None:
+    decision = LoaderPoint.from_json(rec).decision
+    if decision and target is None:
         # what the pick rests on: the ratio in turns, or that the runs could not tell
-        verdict += f"; {_decision_words(_decision_of(rec['decision']), {}, c.within)}"
+        verdict += f"; {_decision_words(_decision_of(decision), {}, c.within)}"
     return verdict
 
 
-def _search_summary(meta: dict[str, Any], pts: list[dict[str, Any]]) -> dict[str, Any]:
+def _search_summary(m: RunMeta, pts: list[dict[str, Any]]) -> dict[str, Any]:
     """How the search went: its strategy, points and seconds, against an estimate for the full grid."""
-    settings = meta.get("settings") or {}
-    search_meta = meta.get("search") or {}
+    search = m.search
     elapsed = [p["elapsed_s"] for p in pts if math.isfinite(p["elapsed_s"])]
-    seconds = float(search_meta.get("seconds", sum(elapsed)))
-    grid_points = int(settings.get("full_grid_points") or len(pts))
+    seconds = float(sum(elapsed) if search.seconds is None else search.seconds)
+    grid_points = int(m.settings.full_grid_points or len(pts))
     mean_point = sum(elapsed) / len(elapsed) if elapsed else math.nan
     est = mean_point * grid_points if math.isfinite(mean_point) else math.nan
     return {
-        "strategy": search_meta.get("strategy", settings.get("strategy", "adaptive")),
+        "strategy": search.strategy
+        if search.strategy is not None
+        else m.settings.strategy
+        if m.settings.strategy is not None
+        else "adaptive",
         "points_measured": len(pts),
         "seconds": seconds,
         "full_grid_points": grid_points,
         "estimated_full_grid_seconds": est,
         "time_saved_s": max(0.0, est - seconds) if math.isfinite(est) else math.nan,
-        "stopped": list(search_meta.get("stopped", [])),
+        "stopped": list(search.stopped),
     }

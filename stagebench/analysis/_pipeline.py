@@ -34,6 +34,9 @@ from stagebench.analysis._stage import analyze_stage
 from stagebench.analysis._verdicts import cpu_speed, demand_verdict, pipeline_verdict, speed_warnings, yours_verdict
 from stagebench.core._curves import StageRows
 from stagebench.core._resources import usable_cores
+from stagebench.model._meta import Provenance, RunMeta
+from stagebench.model._pipeline import Prediction
+from stagebench.model._stage import StageEntry
 
 __all__ = [
     "summarize",
@@ -79,31 +82,30 @@ def pipeline_overhead(raw: Any) -> dict[str, float] | None:
     }
 
 
-def _cores(prov: Mapping[str, Any]) -> int:
-    for key in ("usable_cores", "cpu_count"):
-        v = prov.get(key)
+def _cores(prov: Provenance) -> int:
+    for v in (prov.usable_cores, prov.cpu_count):
         if isinstance(v, (int, float)) and v >= 1:
             return int(v)
     return usable_cores()
 
 
-def _run_warnings(df: pd.DataFrame, stages: list[dict], meta: Mapping[str, Any], cores: int) -> list[str]:
+def _run_warnings(df: pd.DataFrame, stages: list[dict], m: RunMeta, cores: int) -> list[str]:
     from stagebench.runs._provenance import load_warnings
 
     out: list[str] = []
-    status = meta.get("status")
+    status = m.status
     if status in ("interrupted", "terminated", "running"):
         how = {"interrupted": "interrupted (Ctrl-C)", "terminated": "terminated (SIGTERM)"}.get(
             str(status), "not finished (killed, or still running)"
         )
         out.append(f"the diagnosis was cut short: {how}; this summary covers the points measured before it")
-    for st in meta.get("stages") or []:
+    for st in m.stages:
         if st.get("inputs_cut"):
             out.append(f"{st.get('name')}: {st['inputs_cut']}")
-    prov = meta.get("provenance") or {}
-    if prov:
-        out.extend(load_warnings(prov, meta.get("provenance_after")))
-    if prov.get("free_threaded"):
+    prov, after = m.provenance or Provenance(), m.provenance_after
+    if prov.recorded:
+        out.extend(load_warnings(prov.to_json(), None if after is None else after.to_json()))
+    if prov.free_threaded:
         out.append("free-threaded Python: there is no GIL; GIL fractions measure how much threads serialise")
     if len(df):
         qps = df["qps"]
@@ -136,13 +138,13 @@ def _run_warnings(df: pd.DataFrame, stages: list[dict], meta: Mapping[str, Any],
                 "have taken them; CPU-bound and GIL-bound stages then look alike"
             )
     few, poor = [], []
-    for st in stages:
-        for key, fit in (st.get("fit") or {}).items():
+    for e in map(StageEntry.from_json, stages):
+        for key, fit in e.fit.items():
             w = fit.get("warning") or ""
             if "poor fit" in w:
-                poor.append(f"{st['name']} ({key}, R² {fit['r2']:.2f})")
+                poor.append(f"{e.name} ({key}, R² {fit['r2']:.2f})")
             elif w:
-                few.append(f"{st['name']} ({key})")
+                few.append(f"{e.name} ({key})")
     # one line each: the per-curve details stay in each stage's fit entry
     if few:
         out.append(f"curve fits are indicative only (fewer than 4 concurrency levels): {', '.join(few)}")
@@ -156,7 +158,7 @@ class _RunContext:
     """What every pipeline analysis of a run reads first: ``run.json``, the rows with string stage names,
     the cores, whether Python is free-threaded, and SPDL's no-op pipeline cost (None where not measured)."""
 
-    meta: dict
+    meta: RunMeta
     df: pd.DataFrame
     cores: int
     free_threaded: bool
@@ -173,15 +175,13 @@ class _RunContext:
 
 def _run_context(rows: Any, meta: dict | None) -> _RunContext:
     """The run's :class:`_RunContext` from its rows and ``run.json``."""
-    meta = dict(meta or {})
-    prov = meta.get("provenance") or {}
+    m = RunMeta.from_json(meta)
+    prov = m.provenance or Provenance()
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     if "stage" not in df.columns:
         df = df.assign(stage=pd.Series(dtype=str))
     df = df.assign(stage=df["stage"].fillna("").astype(str))
-    return _RunContext(
-        meta, df, _cores(prov), bool(prov.get("free_threaded")), pipeline_overhead(meta.get("pipeline_overhead"))
-    )
+    return _RunContext(m, df, _cores(prov), bool(prov.free_threaded), pipeline_overhead(m.pipeline_overhead))
 
 
 def _fixed(overhead: dict | None) -> float:
@@ -190,10 +190,10 @@ def _fixed(overhead: dict | None) -> float:
 
 
 def _stage_entries(
-    df: pd.DataFrame, meta: dict, cores: int, free_threaded: bool, stage_cache: dict | None
+    df: pd.DataFrame, meta: RunMeta, cores: int, free_threaded: bool, stage_cache: dict | None
 ) -> list[dict]:
     """Each declared stage's analysis (:func:`analyze_stage`) with its place in the pipeline, in pipeline order."""
-    declared = list(meta.get("stages") or [])
+    declared = list(meta.stages)
     names = [str(s.get("name", "")) for s in declared]
     for extra in df["stage"].unique():
         if extra and extra not in names:
@@ -263,7 +263,7 @@ def paired_needless_of_run(
 
     run = _run_context(rows, meta)
     df = run.df
-    demand = num_or_none((run.meta.get("settings") or {}).get("target_rate"))
+    demand = num_or_none(run.meta.settings.target_rate)
     cache = stage_cache if stage_cache is not None else {}
     run.stages(cache)  # every stage as measured, analysed once
     out: dict[str, str] = {}
@@ -287,9 +287,9 @@ def paired_needless_of_run(
             recommend_jointly(stages, cores=run.cores, free_threaded=run.free_threaded, fixed=run.fixed, demand=demand)
             picks.append(
                 {
-                    st["name"]: (st["recommended"]["executor"], st["recommended"]["concurrency"])
-                    for st in stages
-                    if st.get("recommended")
+                    e.name: (e.recommended.executor, e.recommended.concurrency)
+                    for e in map(StageEntry.from_json, stages)
+                    if e.recommended is not None
                 }
             )
         if picks[0] == picks[1] == picks[2]:
@@ -337,10 +337,10 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
 
     run = _run_context(rows, meta)
-    meta, df, cores, free_threaded, overhead = run.meta, run.df, run.cores, run.free_threaded, run.overhead
+    m, df, cores, free_threaded, overhead = run.meta, run.df, run.cores, run.free_threaded, run.overhead
     stages = run.stages(stage_cache)
     # the stages' settings chosen together (each stage's own best alone is kept beside it)
-    target = (meta.get("settings") or {}).get("target_rate")
+    target = m.settings.target_rate
     joint = recommend_jointly(
         stages,
         cores=cores,
@@ -351,22 +351,22 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     prediction = (
         predict_pipeline(stages, cores=cores, free_threaded=free_threaded, overhead=overhead) if stages else None
     )
-    prediction = apply_replay(prediction, meta.get("replay"))
-    speed = cpu_speed(meta.get("cpu_speed"))
-    validation = _validation(meta.get("validation"), prediction, df, stages)
+    prediction = apply_replay(prediction, m.replay)
+    speed = cpu_speed(m.cpu_speed)
+    validation = _validation(m.validation, prediction, df, stages)
     # the CPU's speed first: on a host that changes it, it outweighs every other noise source
-    warnings = speed_warnings(speed) + _run_warnings(StageRows(df).all, stages, meta, cores)
-    if prediction and prediction.get("caveat"):
-        warnings.append(prediction["caveat"])
-    raw_val = meta.get("validation")
+    warnings = speed_warnings(speed) + _run_warnings(StageRows(df).all, stages, m, cores)
+    if prediction and (caveat := Prediction.from_json(prediction).caveat):
+        warnings.append(caveat)
+    raw_val = m.validation
     failed = raw_val.get("failed") if isinstance(raw_val, Mapping) else None
     if validation is None and isinstance(raw_val, Mapping) and raw_val.get("error") and not failed:
         warnings.append(f"the whole-pipeline validation run did not complete: {raw_val['error']}")
-    not_isolated = list(meta.get("not_isolated") or [])
-    yours = yours_verdict(meta.get("yours"), validation, stages)
+    not_isolated = list(m.not_isolated)
+    yours = yours_verdict(m.yours, validation, stages)
     # the training job, where it ran with the user's loop: its pick becomes every stage's recommendation
     # (after the prediction and the whole-pipeline runs, which were made at the isolated choice)
-    job = decide_job(meta.get("job"), meta.get("trainer"), unit="items/s")
+    job = decide_job(m.job, m.trainer, unit="items/s")
     if job is not None and job["status"] == "decided":
         job["changed"] = apply_job_pick(stages, job)
     findings = build_findings(
@@ -376,7 +376,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         warnings=warnings,
         not_isolated=not_isolated,
         cores=cores,
-        page_fault=meta.get("page_fault"),
+        page_fault=m.page_fault,
         yours=yours,
         job=job,
     )
@@ -384,8 +384,8 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "kind": "pipeline",
         "stagebench_version": __version__,
-        "provenance": meta.get("provenance") or {},
-        "settings": meta.get("settings") or {},
+        "provenance": {} if m.provenance is None else m.provenance.to_json(),
+        "settings": m.settings.to_json(),
         # a pipeline that delivers nothing has no throughput to predict: that, not the prediction, is the verdict
         "verdict": f"validation failed: {failed}"
         if failed
@@ -401,17 +401,15 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         "prediction": prediction,
         "validation": validation,
         "recommended_vs_yours": yours,
-        "trainer": trainer_summary(meta.get("trainer"), job),
+        "trainer": trainer_summary(m.trainer, job),
         "job": job,
         "scope": alone_scope(
             "the pipeline",
-            meta.get("trainer"),
-            meta.get("settings") or {},
-            planned=(meta.get("settings") or {}).get("trainer") == "measure",
+            m.trainer,
+            m.settings,
+            planned=m.settings.trainer == "measure",
         ),
-        "demand": demand_verdict(
-            (meta.get("settings") or {}).get("target_rate"), validation, prediction, meta.get("trainer"), job
-        ),
+        "demand": demand_verdict(m.settings.target_rate, validation, prediction, m.trainer, job),
         "cpu_speed": speed,
         "findings": findings,
     }
@@ -432,14 +430,16 @@ def _validation(
     if not isinstance(val, Mapping) or not finite(val.get("qps")):
         return None
     out = dict(val)
-    pred = (prediction or {}).get("qps")
+    predicted = Prediction.from_json(prediction)
+    pred = predicted.qps
     measured = float(val["qps"])
     # relative error of the prediction against the measurement: +0.10 = predicted 10% too high
     out["error_vs_prediction"] = (
         (pred - measured) / measured if pred is not None and finite(pred) and measured > 0 else None
     )
-    replay = (prediction or {}).get("replay") or {}
-    out["interference"] = _interference(val.get("stage_latency"), rows, stages or [], replay.get("stage_latency"))
+    out["interference"] = _interference(
+        val.get("stage_latency"), rows, stages or [], predicted.replay.get("stage_latency")
+    )
     return out
 
 
@@ -462,18 +462,18 @@ def _interference(
     if not isinstance(lat, Mapping) or rows is None or not len(rows):
         return []
     out = []
-    for st in stages:
-        name, rec = st.get("name"), st.get("recommended") or {}
+    for st in map(StageEntry.from_json, stages):
+        name, rec = (st.name if "name" in st.keys else None), st.recommended
         got = lat.get(name)
-        if not isinstance(got, Mapping) or not finite(got.get("p50_ms")) or not rec:
+        if not isinstance(got, Mapping) or not finite(got.get("p50_ms")) or rec is None:
             continue
         hit = rows[
             (rows["stage"] == name)
             & (rows["role"] == "stage")
             & (rows["status"] == "ok")
-            & (rows["harness"] == rec.get("harness"))
-            & (rows["executor"] == rec.get("executor"))
-            & (rows["concurrency"] == rec.get("concurrency"))
+            & (rows["harness"] == rec.harness)
+            & (rows["executor"] == rec.executor)
+            & (rows["concurrency"] == rec.concurrency)
         ]
         alone = float(hit["latency_p50_ms"].iloc[0]) if len(hit) else math.nan
         stood = (replay_lat or {}).get(name) if isinstance(replay_lat, Mapping) else None

@@ -22,7 +22,10 @@ from typing import Any
 
 from stagebench._numbers import finite
 from stagebench.core._jobrun import Ladder
+from stagebench.model._job import JobVerdict
+from stagebench.model._meta import RunMeta
 from stagebench.model._rate import Rate
+from stagebench.model._stage import StageEntry, StageSetting
 
 __all__ = ["job_candidates", "apply_job_pick", "user_choice", "user_setting", "settings_label", "settings_cost"]
 
@@ -55,10 +58,10 @@ def settings_label(settings: Mapping[str, Any]) -> str:
 
 def _choices(stages: list[dict]) -> dict[str, tuple[str, int]]:
     out = {}
-    for st in stages:
-        rec = st.get("recommended") or {}
-        if (st.get("type") or "pipe") == "pipe" and rec.get("executor") and finite(rec.get("concurrency")):
-            out[str(st["name"])] = (str(rec["executor"]), int(rec["concurrency"]))
+    for st in map(StageEntry.from_json, stages):
+        rec = st.recommended or StageSetting()
+        if (st.type or "pipe") == "pipe" and rec.executor and finite(rec.concurrency):
+            out[st.name] = (str(rec.executor), int(rec.concurrency or 0))
     return out
 
 
@@ -72,7 +75,7 @@ def settings_cost(settings: Mapping[str, tuple[str, int]]) -> tuple[float, ...]:
 
 def job_candidates(
     stages: list[dict],
-    meta: Mapping[str, Any],
+    meta: Mapping[str, Any] | RunMeta,
     *,
     demand: Rate | float | None,
     cores: int,
@@ -98,8 +101,9 @@ def job_candidates(
     at_pace = joint(None)
     if not at_pace:
         return Ladder(run=[])
+    m = meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)
     names = list(at_pace)
-    yours = {str(s["name"]): c for s in meta.get("stages") or [] if (c := user_choice(s)) is not None}
+    yours = {str(s["name"]): c for s in m.stages if (c := user_choice(s)) is not None}
     yours = {n: yours[n] for n in names if n in yours}
 
     def rung(settings: dict[str, tuple[str, int]], alone: Rate | None = None) -> Rung | None:
@@ -117,11 +121,11 @@ def job_candidates(
     rate = demand if isinstance(demand, Rate) else (Rate(float(demand)) if demand else None)
     offers: list[tuple[Rung | None, str]] = []
     if len(yours) == len(names):
-        offers.append((rung(yours, Rate.from_json(meta.get("yours"), "qps")), "yours"))
+        offers.append((rung(yours, Rate.from_json(m.yours, "qps")), "yours"))
     if rate is not None and rate.value > 0:
         offers.append((rung(joint(rate.value)), "feeds"))
         offers.append((rung(joint(rate.value * ABOVE)), "above"))
-    offers.append((rung(at_pace, Rate.from_json(meta.get("validation"), "qps")), "best"))
+    offers.append((rung(at_pace, Rate.from_json(m.validation, "qps")), "best"))
     # alone figures of a setting offered twice come from the offer that measured it
     merged: dict[str, Rung] = {}
     for r, _ in offers:
@@ -136,36 +140,34 @@ def apply_job_pick(stages: list[dict], job: Mapping[str, Any]) -> list[str]:
     The isolated choice moves to ``recommended_isolated``; the stage's measured point at the
     picked setting gives its figures where the sweep measured it (else they are None).
     """
-    cand = next((c for c in job.get("candidates") or [] if c["key"] == job.get("pick")), None)
-    if cand is None:
+    v = JobVerdict.from_json(job)
+    cand = v.picked if v is not None else None
+    if v is None or cand is None:
         return []
     changed = []
     for st in stages:
-        setting = (cand.get("settings") or {}).get(st.get("name"))
-        rec = st.get("recommended") or {}
-        if not setting or not rec.get("executor"):
+        e = StageEntry.from_json(st)
+        setting = cand.settings.get(e.name) if "name" in e.keys else None
+        rec = e.recommended
+        if not setting or rec is None or not rec.executor:
             continue
         ex, c = str(setting[0]), int(setting[1])
-        why = f"run with your training loop: {job.get('why') or ''}"
-        if (ex, c) == (rec.get("executor"), int(rec.get("concurrency") or 0)):
-            st["recommended"] = {**rec, "why": why}
+        why = f"run with your training loop: {v.why or ''}"
+        if (ex, c) == (rec.executor, int(rec.concurrency or 0)):
+            st["recommended"] = {**rec.to_json(), "why": why}
             continue
-        point: Mapping[str, Any] = next(
-            (
-                p
-                for p in (st.get("curves") or {}).get(f"{rec.get('harness') or st.get('harness')}/{ex}") or []
-                if int(p.get("concurrency") or 0) == c
-            ),
-            {},
+        point = next(
+            (p for p in e.curve(f"{rec.harness or e.harness}/{ex}") if int(p.concurrency or 0) == c),
+            StageSetting(),
         )
-        st["recommended_isolated"] = rec
+        st["recommended_isolated"] = st["recommended"]
         st["recommended"] = {
             "executor": ex,
             "concurrency": c,
-            "qps": point.get("qps"),
-            "qps_low": point.get("qps_low"),
-            "qps_high": point.get("qps_high"),
-            "harness": rec.get("harness") or st.get("harness"),
+            "qps": point.qps,
+            "qps_low": point.qps_low,
+            "qps_high": point.qps_high,
+            "harness": rec.harness or e.harness,
             "why": why,
         }
         changed.append(str(st["name"]))

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stagebench._numbers import finite, fmt_ms, fmt_q
+from stagebench.model._pipeline import Prediction
+from stagebench.model._stage import HeadToHead, StageEntry, StageSetting
 
 __all__ = ["predict_pipeline", "apply_replay", "stage_load", "pipeline_bounds"]
 
@@ -55,19 +57,19 @@ def _shares(loads: list[dict], key: str) -> str:
     return ", ".join(f"{d['stage']} {fmt_ms(d[key])}" for d in loads)
 
 
-def stage_load(st: dict, setting: dict, fixed: float = 0.0) -> dict[str, Any]:
+def stage_load(st: StageEntry, setting: dict, fixed: float = 0.0) -> dict[str, Any]:
     """Per-source-item demands of one stage at one setting.
 
     ``fixed``: SPDL's per-item cost that the whole pipeline pays once (source,
     sink, consumer); it is inside every spdl-harness measurement of the stage,
     so it is taken out here and charged once by :func:`_bounds`.
     """
-    k = float(st.get("items_per_input") or 1.0)
+    k = st.items_per_input
     ex = setting["executor"]
     cpu = setting.get("cpu_s_per_item")
-    own_gil = st.get("gil_s_per_item")
+    own_gil = st.gil_s_per_item
     harness_gil = setting.get("harness_gil_s_per_item") or 0.0
-    spdl = (setting.get("harness") or st.get("harness")) == "spdl"
+    spdl = (setting.get("harness") or st.harness) == "spdl"
     if spdl and fixed > 0:
         harness_gil = max(0.0, harness_gil - fixed)
         if cpu is not None and finite(cpu):
@@ -77,7 +79,7 @@ def stage_load(st: dict, setting: dict, fixed: float = 0.0) -> dict[str, Any]:
     else:
         gil = harness_gil / k
     return {
-        "stage": st["name"],
+        "stage": st.name,
         "executor": ex,
         "concurrency": setting["concurrency"],
         "capacity": setting["qps"] * k,
@@ -110,18 +112,22 @@ def pipeline_bounds(loads: list[dict], cores: int, free_threaded: bool, fixed: f
     }
 
 
-def _setting(st: dict, executor: str | None = None) -> dict | None:
+def _setting(st: StageEntry, executor: str | None = None) -> dict | None:
+    """The stage's recommended setting (``executor`` None) or its best on ``executor``, as a load reads it."""
     if executor is None:
-        rec = st.get("recommended")
-        if not rec:
+        rec = st.recommended
+        if rec is None:
             return None
-        alt = (st.get("alternatives") or {}).get(rec["executor"], {})
-        return {
-            **rec,
-            "cpu_s_per_item": st.get("cpu_s_per_item"),
-            "harness_gil_s_per_item": st.get("harness_gil_s_per_item", alt.get("harness_gil_s_per_item")),
-        }
-    return (st.get("alternatives") or {}).get(executor)
+        alt = st.alternative(str(rec.executor))
+        # the entry's own figure where it has the key (None included), else the alternative's
+        harness_gil = (
+            st.harness_gil_s_per_item
+            if "harness_gil_s_per_item" in st.keys
+            else (alt.harness_gil_s_per_item if alt is not None else None)
+        )
+        return {**rec.to_json(), "cpu_s_per_item": st.cpu_s_per_item, "harness_gil_s_per_item": harness_gil}
+    alt = st.alternative(executor)
+    return alt.to_json() if alt is not None else None
 
 
 def predict_pipeline(
@@ -147,7 +153,8 @@ def predict_pipeline(
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
     fixed = float((overhead or {}).get("fixed_s_per_item") or 0.0)
-    loads, missing, settings = _measured(stage_summaries, fixed)
+    entries = [StageEntry.from_json(st) for st in stage_summaries]
+    loads, missing, settings = _measured(entries, fixed)
     out = _unpredicted(settings, loads, missing)
     if not loads:
         out["explanation"] = "no stage was measured, so nothing can be predicted"
@@ -156,8 +163,8 @@ def predict_pipeline(
     b = pipeline_bounds(loads, cores, free_threaded, fixed)
     _record_bounds(out, b, overhead)
     p = _Pipeline(
-        stage_summaries=stage_summaries,
-        by_name={st["name"]: st for st in stage_summaries},
+        entries=entries,
+        by_name={st.name: st for st in entries},
         loads=loads,
         b=b,
         cores=cores,
@@ -184,19 +191,19 @@ def predict_pipeline(
     return out
 
 
-def _measured(stage_summaries: list[dict], fixed: float) -> tuple[list[dict], list[str], list[dict]]:
+def _measured(entries: list[StageEntry], fixed: float) -> tuple[list[dict], list[str], list[dict]]:
     """``(loads, missing, settings)``: the measured stages' demands at their recommended settings, the
     names of the stages left out (not measured), and the settings the demands were read at."""
     loads, missing, settings = [], [], []
-    for st in stage_summaries:
-        s = _setting(st) if st.get("status", "ok") == "ok" else None
+    for st in entries:
+        s = _setting(st) if st.ok else None
         if s is None:
-            missing.append(st.get("name", "?"))
+            missing.append(st.name if "name" in st.keys else "?")
             continue
         loads.append(stage_load(st, s, fixed))
         settings.append(
             {
-                "stage": st["name"],
+                "stage": st.name,
                 "executor": s["executor"],
                 "concurrency": s["concurrency"],
                 "harness": s.get("harness"),
@@ -244,9 +251,9 @@ def _record_bounds(out: dict[str, Any], b: dict[str, Any], overhead: dict | None
 class _Pipeline:
     """The measured stages and the bounds they set, as each binding limit's explanation reads them."""
 
-    stage_summaries: list[dict]
-    by_name: dict[str, dict]
-    """The stage summaries by stage name."""
+    entries: list[StageEntry]
+    by_name: dict[str, StageEntry]
+    """The stage entries by stage name."""
     loads: list[dict]
     """The measured stages' per-item demands (:func:`stage_load`)."""
     b: dict[str, Any]
@@ -266,9 +273,7 @@ def _gil_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     """
     loads, b = p.loads, p.b
     holders = sorted((d for d in loads if d["gil_s_per_item"] > 0), key=lambda d: -d["gil_s_per_item"])
-    main = [
-        d for d in holders if d["executor"] in _MAIN_PROCESS and (p.by_name[d["stage"]].get("gil_s_per_item") or 0) > 0
-    ]
+    main = [d for d in holders if d["executor"] in _MAIN_PROCESS and (p.by_name[d["stage"]].gil_s_per_item or 0) > 0]
     # the parts add up to the total: each stage's own Python in the main process, and the pipeline's
     # own per-item scheduling (every stage's harness part, and what it pays once per item)
     sched = sum(d["harness_gil_s_per_item"] for d in loads) + b["fixed"]
@@ -293,7 +298,7 @@ def _gil_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
         + f"; so at most {fmt_q(b['qps'])} items/s, below the slowest stage alone "
         f"({b['cap_stage']}, {fmt_q(b['bounds']['stage'])} items/s)"
     ]
-    lift = _lift_by_processes(main, loads, p.stage_summaries, p.cores, p.free_threaded, p.fixed, b["bounds"]["gil"])
+    lift = _lift_by_processes(main, loads, p.entries, p.cores, p.free_threaded, p.fixed, b["bounds"]["gil"])
     if lift:
         out["lift"] = lift
         parts.append(lift["text"])
@@ -306,7 +311,7 @@ def _unmeasured_move(p: _Pipeline, top: dict) -> str:
     """What moving the largest GIL holder out of the main process would lift the GIL bound to, where
     it was not measured on processes: the bound without its own Python."""
     st = p.by_name[top["stage"]]
-    own = (st.get("gil_s_per_item") or 0.0) / float(st.get("items_per_input") or 1.0)
+    own = (st.gil_s_per_item or 0.0) / st.items_per_input
     rest = p.b["gil_sum"] - own
     lifted = f"{fmt_q(1.0 / rest)} items/s" if rest > 0 else "no limit"
     return (
@@ -339,7 +344,7 @@ def _stage_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     d = next(x for x in p.loads if x["stage"] == name)
     parts = [
         f"{name} binds: at {d['executor']} x {d['concurrency']} it delivers {fmt_q(d['capacity'])} items/s "
-        f"({st.get('classification', 'unknown')})"
+        f"({st.classification if 'classification' in st.keys else 'unknown'})"
     ]
     hint = _stage_hint(st)
     if hint:
@@ -370,12 +375,12 @@ def _caveat(loads: list[dict], settings: list[dict], overhead: dict | None) -> s
     return "; ".join(caveats) if caveats else None
 
 
-def _stage_hint(st: dict) -> str:
-    cls = st.get("classification")
-    rec = st.get("recommended") or {}
-    if cls == "io-bound" and "still rising" in (rec.get("why") or ""):
-        return f"it was still scaling at concurrency {rec['concurrency']}: raise its concurrency"
-    if (st.get("limit") or {}).get("kind") == "ipc" and rec.get("executor") == "process":
+def _stage_hint(st: StageEntry) -> str:
+    cls = st.classification
+    rec = st.recommended or StageSetting()
+    if cls == "io-bound" and "still rising" in (rec.why or ""):
+        return f"it was still scaling at concurrency {rec.concurrency}: raise its concurrency"
+    if (st.limit.kind if st.limit is not None else None) == "ipc" and rec.executor == "process":
         return "moving items between processes limits it: return smaller outputs or use shared memory"
     return {
         "io-bound": "it waits: more concurrency lifts it until the cores or the GIL bind",
@@ -390,7 +395,7 @@ def _stage_hint(st: dict) -> str:
 _LIFT_MIN = 1.05
 
 
-def _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed=0.0, gil_now=math.inf) -> dict | None:
+def _lift_by_processes(main, loads, entries, cores, free_threaded, fixed=0.0, gil_now=math.inf) -> dict | None:
     """Move the largest GIL holder that was measured on processes; recompute the bounds.
 
     Where the stage had a head-to-head (threads and processes measured in
@@ -403,24 +408,24 @@ def _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed
     :data:`_LIFT_MIN`: handing a cheap stage's items to processes can cost the main process more
     GIL (pickling, the pool's queues) than the stage's own Python did, and the text says so.
     """
-    by_name = {st["name"]: st for st in stage_summaries}
+    by_name: dict[str, StageEntry] = {st.name: st for st in entries}
     for d in main:
         st = by_name[d["stage"]]
         proc = _setting(st, "process")
         if not proc:
             continue
-        h2h, turns = st.get("head_to_head") or {}, ""
+        h2h, turns = st.head_to_head or HeadToHead(), ""
         thread = _setting(st, "thread")
         if (
-            h2h.get("decisive")
-            and h2h.get("ratio")
+            h2h.decisive
+            and h2h.ratio
             and thread
-            and (h2h.get("process") or {}).get("concurrency") == proc["concurrency"]
+            and (h2h.process.concurrency if h2h.process is not None else None) == proc["concurrency"]
         ):
-            proc = {**proc, "qps": thread["qps"] * h2h["ratio"]}
+            proc = {**proc, "qps": thread["qps"] * h2h.ratio}
             turns = (
-                f" (its capacity there: {h2h['ratio']:.2f}x its threads', measured in turns, "
-                f"{fmt_q(proc['qps'] * float(st.get('items_per_input') or 1.0))} items/s)"
+                f" (its capacity there: {h2h.ratio:.2f}x its threads', measured in turns, "
+                f"{fmt_q(proc['qps'] * st.items_per_input)} items/s)"
             )
         new = [(stage_load(st, proc, fixed) if x["stage"] == d["stage"] else x) for x in loads]
         nb = pipeline_bounds(new, cores, free_threaded, fixed)
@@ -449,7 +454,7 @@ def _lift_by_processes(main, loads, stage_summaries, cores, free_threaded, fixed
             "gil_bound": gil_bound if math.isfinite(gil_bound) else None,
             "qps": nb["qps"],
             "binding": nb["binding"],
-            "head_to_head_ratio": h2h.get("ratio") if turns else None,
+            "head_to_head_ratio": h2h.ratio if turns else None,
             "lifts": lifts,
             "text": text,
         }
@@ -473,13 +478,14 @@ def apply_replay(prediction: dict[str, Any] | None, replay: Any) -> dict[str, An
     q = replay.get("qps")
     keep = ("qps", "qps_low", "qps_high", "seconds", "stand_ins", "stage_latency", "error")
     out["replay"] = {k: replay.get(k) for k in keep if k in replay}
-    if q is None or not finite(q) or not q > 0 or not finite(prediction.get("qps")):
+    bounds = Prediction.from_json(prediction)
+    if q is None or not finite(q) or not q > 0 or bounds.qps is None or not finite(bounds.qps):
         return out
     q = float(q)
     out["method"] = "replay"
     out["qps"] = q
     out["qps_low"], out["qps_high"] = replay.get("qps_low"), replay.get("qps_high")
-    bq = float(prediction["qps"])
+    bq = float(bounds.qps)
     rel = (
         f"{q / bq:.0%} of the bounds' {fmt_q(bq)}: the stages' hand-offs, waits for the GIL and shared cores "
         "cost the rest"
@@ -489,6 +495,6 @@ def apply_replay(prediction: dict[str, Any] | None, replay: Any) -> dict[str, An
     out["explanation"] = (
         f"predicted {fmt_q(q)} items/s: the pipeline replayed with a stand-in for each stage (its GIL-held "
         f"CPU, GIL-free CPU and waiting per call, as measured alone) at the recommended settings ran at that "
-        f"rate ({rel}); " + prediction["explanation"]
+        f"rate ({rel}); " + str(bounds.explanation)
     )
     return out

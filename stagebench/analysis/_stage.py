@@ -19,6 +19,7 @@ from stagebench.analysis._gil import estimate_gil, harness_gil_s
 from stagebench.analysis._labels import label_mix, limit_of, limit_rules, nature
 from stagebench.core._curves import Curve, Point, StageRows
 from stagebench.core._paired import WITHIN_BEST, paired_result, within_noise
+from stagebench.model._stage import GilEstimate
 
 __all__ = ["analyze_stage"]
 
@@ -275,19 +276,27 @@ def _read_curves(entry: dict[str, Any], sr: StageRows, n_boot: int) -> None:
 
 def _read_gil(
     entry: dict[str, Any], sr: StageRows, cores: int, free_threaded: bool, gil_probe: dict[str, Any] | None
-) -> dict[str, Any]:
+) -> GilEstimate:
     """The stage's GIL estimate (:func:`estimate_gil`) into the entry; returns the estimate."""
-    gil = estimate_gil(sr, cores=cores, fits=entry["fit"], free_threaded=free_threaded, probe=gil_probe)
+    est = estimate_gil(sr, cores=cores, fits=entry["fit"], free_threaded=free_threaded, probe=gil_probe)
+    gil = GilEstimate.from_json(est)
+    assert gil is not None  # estimate_gil always returns its keys
     entry["gil"] = {
-        k: gil.get(k) for k in ("pinned", "source", "saturated", "serializer", "harness", "executor", "notes")
+        "pinned": gil.pinned,
+        "source": gil.source,
+        "saturated": gil.saturated,
+        "serializer": gil.serializer,
+        "harness": gil.harness,
+        "executor": gil.executor,
+        "notes": est["notes"],
+        # how often a call lets the GIL go (the probe's reading; its stand-in does the same: _replay)
+        "releases_per_call": (gil_probe or {}).get("releases"),
     }
-    # how often a call lets the GIL go (the probe's reading; its stand-in does the same: _replay)
-    entry["gil"]["releases_per_call"] = (gil_probe or {}).get("releases")
-    entry["gil_fraction"] = gil["fraction"]
-    entry["gil_fraction_interval"] = gil["interval"]
-    entry["gil_s_per_item"] = gil["gil_s_per_item"]
-    entry["stage_s_per_item"] = gil["stage_s_per_item"]
-    entry["evidence"]["signals"].update(gil["signals"])
+    entry["gil_fraction"] = gil.fraction
+    entry["gil_fraction_interval"] = est["interval"]
+    entry["gil_s_per_item"] = gil.gil_s_per_item
+    entry["stage_s_per_item"] = gil.stage_s_per_item
+    entry["evidence"]["signals"].update(gil.signals)
     return gil
 
 
@@ -321,25 +330,24 @@ def _read_settings(entry: dict[str, Any], sr: StageRows) -> tuple[dict, dict, di
     return recommended, best, bests
 
 
-def _explain(entry: dict[str, Any], lines: list[str], gil: dict[str, Any], recommended: Any) -> None:
+def _explain(entry: dict[str, Any], lines: list[str], gil: GilEstimate, recommended: Any) -> None:
     """The evidence summary: the label's lines, the limit at the best setting, the GIL share and how it
     was read, its notes, the recommendation and the points that did not measure."""
     summary = entry["evidence"]["summary"]
     summary.extend(lines)
     summary.append(f"at its best alone ({entry['limit']['at']}): {entry['limit']['text']}")
-    if gil["fraction"] is not None:
-        lo, hi = gil["interval"]
+    if gil.fraction is not None:
+        assert gil.interval is not None  # estimate_gil gives a fraction with its interval
+        lo, hi = gil.interval
         kind = (
             "read by a counter thread next to the stage"
-            if gil.get("source") == "probe"
+            if gil.source == "probe"
             else "inferred from the curves"
-            if gil["pinned"]
+            if gil.pinned
             else "bounded only"
         )
-        summary.append(
-            f"GIL share {gil['fraction']:.2f} (interval {lo:.2f}-{hi:.2f}, {kind}; not a direct measurement)"
-        )
-    summary.extend(gil["notes"])
+        summary.append(f"GIL share {gil.fraction:.2f} (interval {lo:.2f}-{hi:.2f}, {kind}; not a direct measurement)")
+    summary.extend(gil.notes)
     summary.append(
         f"recommended: {recommended['executor']} x {recommended['concurrency']} -> "
         f"{fmt_q(recommended['qps'])} items/s ({recommended['why']})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from stagebench.model._meta import RunMeta
 from stagebench.runs._results import RunDir, read_rows_or_empty
 
 __all__ = ["summarize_run", "guess_kind"]
@@ -16,7 +17,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     meta = RunDir(run_dir).read_meta()
     rows = read_rows_or_empty(run_dir)
     damaged = list(rows.attrs.get("damaged") or [])
-    kind = meta.get("kind") or guess_kind(rows)
+    kind = RunMeta.from_json(meta).kind or guess_kind(rows)
     if kind == "loader":
         from stagebench.analysis._loader import summarize_loader
 

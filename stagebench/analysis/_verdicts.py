@@ -4,7 +4,7 @@ the recommended ones (by the rule of :mod:`stagebench.model._evidence`), and the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,6 +12,9 @@ import numpy as np
 from stagebench._numbers import finite, fmt_ms, fmt_q, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._pipeline_job import user_choice, user_setting
+from stagebench.model._job import JobVerdict, StepAlone
+from stagebench.model._pipeline import CpuSpeed, Prediction, Validation, YoursRun
+from stagebench.model._stage import StageEntry, StageSetting
 
 __all__ = [
     "pipeline_verdict",
@@ -49,35 +52,35 @@ def demand_verdict(
     is not advice. ``trainer-bound``: capacity >= demand x 1.1 (the loader waits for the
     trainer); ``balanced``: within 10% above the demand; ``data-bound``: below it.
     """
-    trainer = trainer or {}
-    measured = not (finite(target) and float(target) > 0) and finite(trainer.get("samples_per_s"))
+    step = StepAlone.from_json(trainer)
+    measured = not (finite(target) and float(target) > 0) and finite(step.samples_per_s)
     if measured:
-        target = trainer["samples_per_s"]
+        target = step.samples_per_s
     if not finite(target) or not float(target) > 0:
         return None
     need = float(target)
     whose = (
         f"your training step, measured: {fmt_q(need)} items/s"
         + (
-            f" ({fmt_q(trainer['samples_per_s_low'])}-{fmt_q(trainer['samples_per_s_high'])})"
-            if finite(trainer.get("samples_per_s_low")) and finite(trainer.get("samples_per_s_high"))
+            f" ({fmt_q(num(step.samples_per_s_low))}-{fmt_q(num(step.samples_per_s_high))})"
+            if finite(step.samples_per_s_low) and finite(step.samples_per_s_high)
             else ""
         )
         if measured
         else f"the {fmt_q(need)} items/s the trainer needs"
     )
-    wp = trainer.get("with_pipeline") or {}
+    wp = step.with_pipeline
     waited = (
-        f"; run together, your loop waited for data {wp['data_wait_share']:.0%} of each step"
-        if measured and finite(wp.get("data_wait_share"))
+        f"; run together, your loop waited for data {wp.data_wait_share:.0%} of each step"
+        if measured and wp is not None and finite(wp.data_wait_share)
         else ""
     )
-    val = validation or {}
-    pred = prediction or {}
-    if finite(val.get("qps")):
-        capacity, low, high, source = val["qps"], val.get("qps_low"), val.get("qps_high"), "measured"
-    elif pred.get("method") == "replay" and finite(pred.get("qps")):
-        capacity, low, high, source = pred["qps"], pred.get("qps_low"), pred.get("qps_high"), "replayed"
+    val = Validation.from_json(validation)
+    pred = Prediction.from_json(prediction)
+    if finite(val.qps):
+        capacity, low, high, source = val.qps, val.qps_low, val.qps_high, "measured"
+    elif pred.method == "replay" and finite(pred.qps):
+        capacity, low, high, source = pred.qps, pred.qps_low, pred.qps_high, "replayed"
     else:
         return {
             "target_rate": need,
@@ -88,7 +91,7 @@ def demand_verdict(
             "text": f"inconclusive: the whole pipeline was neither run nor replayed, so its capacity against "
             f"{whose} is not known{waited}",
         }
-    capacity = float(capacity)
+    capacity = num(capacity)  # finite above
     ratio = capacity / need
     base = {
         "target_rate": need,
@@ -98,15 +101,16 @@ def demand_verdict(
         "source": source,
         "ratio": ratio,
     }
-    if job is not None and job.get("status") == "decided" and job.get("bound"):
+    jv = JobVerdict.from_json(job)
+    if jv is not None and jv.decided and jv.bound:
         return {
             **base,
-            "verdict": job["bound"],
+            "verdict": jv.bound,
             "demand_source": "measured" if measured else "stated",
-            "data_wait_share": job.get("data_wait_share"),
-            "job_samples_per_s": job.get("samples_per_s"),
-            "text": f"{job['bound']}: your job ran {fmt_q(job['samples_per_s'])} items/s at the recommended "
-            f"settings, {job['data_wait_share']:.0%} of each step waiting for data, against {whose}; the "
+            "data_wait_share": jv.data_wait_share,
+            "job_samples_per_s": jv.samples_per_s,
+            "text": f"{jv.bound}: your job ran {fmt_q(num(jv.samples_per_s))} items/s at the recommended "
+            f"settings, {jv.data_wait_share:.0%} of each step waiting for data, against {whose}; the "
             f"pipeline alone gave {fmt_q(capacity)} items/s ({source}) at the isolated sweep's pick",
         }
     if ratio >= 1 + DEMAND_HEADROOM:
@@ -125,7 +129,7 @@ def demand_verdict(
         **base,
         "verdict": verdict,
         "demand_source": "measured" if measured else "stated",
-        "data_wait_share": wp.get("data_wait_share") if measured else None,
+        "data_wait_share": wp.data_wait_share if measured and wp is not None else None,
         "text": f"{verdict}: the pipeline {text} ({fmt_q(capacity)} items/s {source} at the recommended "
         f"settings against {whose}, {ratio:.2f}x){waited}{not_run}",
     }
@@ -176,54 +180,52 @@ def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list
     ``STAGEBENCH_VALIDATE=off``). ``changes`` lists each stage whose setting differs (its name, the
     user's and the recommended setting); ``decision`` is the rule's record.
     """
-    from stagebench.model._rate import Rate
-
     if not isinstance(yours, Mapping):
         return None
-    if yours.get("same"):
+    mine_run = YoursRun.from_json(yours)
+    if mine_run.same:
         return {"verdict": "same", "changes": [], "text": "your settings are the recommended ones"}
     changes = []
     recommended: dict[str, tuple[str, int]] = {}
     mine: dict[str, tuple[str, int]] = {}
-    for st in stages:
-        point, own = st.get("recommended") or {}, user_setting(st)
-        if point.get("executor") and finite(point.get("concurrency")) and (st.get("type") or "pipe") == "pipe":
-            recommended[str(st["name"])] = (str(point["executor"]), int(point["concurrency"]))
-        if (c := user_choice(st)) is not None:
-            mine[str(st["name"])] = c
-        if own and point.get("executor") and own != f"{point['executor']} x {point['concurrency']}":
-            changes.append(
-                {"stage": st["name"], "yours": own, "recommended": f"{point['executor']} x {point['concurrency']}"}
-            )
+    for raw in stages:
+        st = StageEntry.from_json(raw)
+        point, own = st.recommended or StageSetting(), user_setting(raw)
+        if point.executor and finite(point.concurrency) and (st.type or "pipe") == "pipe":
+            recommended[str(st.name)] = (str(point.executor), int(point.concurrency or 0))
+        if (c := user_choice(raw)) is not None:
+            mine[str(st.name)] = c
+        if own and point.executor and own != f"{point.executor} x {point.concurrency}":
+            changes.append({"stage": st.name, "yours": own, "recommended": f"{point.executor} x {point.concurrency}"})
     out: dict[str, Any] = {
-        "qps": yours.get("qps"),
-        "qps_low": yours.get("qps_low"),
-        "qps_high": yours.get("qps_high"),
-        "settings": yours.get("settings"),
+        "qps": mine_run.qps,
+        "qps_low": mine_run.qps_low,
+        "qps_high": mine_run.qps_high,
+        "settings": mine_run.settings,
         "changes": changes,
     }
-    val = validation or {}
-    if yours.get("not_run"):
+    val = Validation.from_json(validation)
+    if mine_run.not_run:
         out.update(
             verdict="not run",
-            text=f"not checked against your settings ({yours['not_run']}): keep yours until a full diagnosis "
+            text=f"not checked against your settings ({mine_run.not_run}): keep yours until a full diagnosis "
             "runs both in turns",
         )
         return out
-    if not finite(yours.get("qps")) or not finite(val.get("qps")):
-        which = "your settings" if not finite(yours.get("qps")) else "the recommended settings"
-        err = yours.get("error") if not finite(yours.get("qps")) else val.get("error")
+    if not finite(mine_run.qps) or not finite(val.qps):
+        which = "your settings" if not finite(mine_run.qps) else "the recommended settings"
+        err = mine_run.error if not finite(mine_run.qps) else val.error
         out.update(
             verdict="inconclusive",
             text=f"inconclusive: the run at {which} gave no number" + (f" ({err})" if err else ""),
         )
         return out
-    r_rate, m_rate = Rate.from_json(val, "qps"), Rate.from_json(yours, "qps")
+    r_rate, m_rate = val.rate, mine_run.rate
     assert r_rate is not None and m_rate is not None  # both finite above
     figures = f"{r_rate.text('items/s')} with the recommended settings, {m_rate.text()} with yours"
     from stagebench.model._evidence import Ratio
 
-    rec_w, your_w = list(val.get("window_rates") or []), list(yours.get("window_rates") or [])
+    rec_w, your_w = list(val.window_rates), list(mine_run.window_rates)
     d = versus_yours_decision(rec_w, your_w, recommended, mine, (r_rate, m_rate))
     x = Ratio.of_pairs(list(zip(rec_w, your_w)))  # the recommended over yours, round by round
     if d is None or x is None:  # saved before the windows were kept: no ratio in turns to decide on
@@ -301,18 +303,19 @@ def cpu_speed(raw: Any) -> dict[str, Any] | None:
     return out
 
 
-def speed_warnings(speed: dict | None) -> list[str]:
-    if not speed:
+def speed_warnings(raw: dict | None) -> list[str]:
+    speed = CpuSpeed.from_json(raw)
+    if speed is None:
         return []
     out = []
-    if speed["sweep_spread"] > _SPEED_SPREAD:
+    if speed.sweep_spread > _SPEED_SPREAD:
         out.append(
-            f"the CPU's speed changed during the sweeps: a fixed Python loop took {speed['sweep_ns_min']:.0f}-"
-            f"{speed['sweep_ns_max']:.0f} ns per iteration ({speed['sweep_spread']:.1f}x; a shared host's other "
+            f"the CPU's speed changed during the sweeps: a fixed Python loop took {speed.sweep_ns_min:.0f}-"
+            f"{speed.sweep_ns_max:.0f} ns per iteration ({speed.sweep_spread:.1f}x; a shared host's other "
             "tenants do this): CPU-bound points measured at different moments can differ by that much"
         )
-    v, m = speed.get("validation_ns"), speed["sweep_ns_median"]
-    if finite(v) and abs(m / v - 1) > _SPEED_SHIFT:
+    v, m = speed.validation_ns, speed.sweep_ns_median
+    if v is not None and finite(v) and abs(m / v - 1) > _SPEED_SHIFT:
         # Only said, not corrected: scaling the prediction by this ratio made it worse in 2 of
         # 3 benchmark pipelines (the speed flips within the validation window itself).
         out.append(
@@ -334,7 +337,7 @@ def pipeline_verdict(
     stages: list[dict],
     prediction: dict | None,
     validation: Mapping[str, Any] | None = None,
-    not_isolated: list[dict] | None = None,
+    not_isolated: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
     """What binds the pipeline, in one line: what binds the *measured* pipeline where it was run.
 
@@ -347,17 +350,18 @@ def pipeline_verdict(
     if not ok:
         return "no stage could be measured: see the stage reasons and warnings"
     failed = [s["name"] for s in stages if s["status"] != "ok"]
-    if prediction is None or not finite(prediction.get("qps")):
+    pred = Prediction.from_json(prediction)
+    if prediction is None or not finite(pred.qps):
         return "no prediction could be made: see the stage reasons"
-    name = prediction["bottleneck"]
+    name = pred.bottleneck
     st = next((s for s in ok if s["name"] == name), None)
     cls = st["classification"] if st else "unknown"
-    q = fmt_q(prediction["qps"])
-    val = validation or {}
-    runs, how = (num(val.get("qps")), "measured") if finite(val.get("qps")) else (num(prediction["qps"]), "predicted")
-    lowest = num(prediction.get("bounds_qps"))
-    sched = num(prediction.get("scheduling_gil_s_per_item"))
-    gil_bound = num((prediction.get("bounds") or {}).get("gil"))
+    q = fmt_q(num(pred.qps))
+    val = Validation.from_json(validation)
+    runs, how = (num(val.qps), "measured") if finite(val.qps) else (num(pred.qps), "predicted")
+    lowest = num(pred.bounds_qps)
+    sched = num(pred.scheduling_gil_s_per_item)
+    gil_bound = num(pred.bounds.get("gil"))
     if finite(runs, lowest) and lowest > FAR_UNDER_BOUNDS * runs:
         parts = [str(x.get("name")) for x in not_isolated or []]
         what = (
@@ -367,9 +371,9 @@ def pipeline_verdict(
         )
         line = (
             f"{what}: the pipeline runs at {fmt_q(runs)} items/s ({how}), {lowest / runs:.1f}x under "
-            f"the lowest bound of its measured stages ({prediction.get('binding')}, {fmt_q(lowest)} items/s)"
+            f"the lowest bound of its measured stages ({pred.binding}, {fmt_q(lowest)} items/s)"
         )
-    elif prediction["binding"] == "gil" and finite(sched, gil_bound) and sched > SCHEDULING_BINDS / gil_bound:
+    elif pred.binding == "gil" and finite(sched, gil_bound) and sched > SCHEDULING_BINDS / gil_bound:
         line = (
             f"the GIL binds, held mostly by the pipeline's own scheduling ({fmt_ms(sched)} of the "
             f"{fmt_ms(1.0 / gil_bound)} each item needs): predicted {q} items/s; of the stages, {name} holds it "
@@ -378,13 +382,13 @@ def pipeline_verdict(
     # A shared resource that binds is the bottleneck, not the stage that uses most of it: SPDL's
     # pipeline_definitions.py read "normalize_to_lists is the bottleneck" for a stage 4.5x faster
     # alone than the pipeline, and named another stage run to run (the two held the GIL alike).
-    elif prediction["binding"] == "gil" and name is None:
+    elif pred.binding == "gil" and name is None:
         line = f"the GIL binds: predicted {q} items/s; no stage's own Python holds it: the pipeline's scheduling does"
-    elif prediction["binding"] == "gil":
+    elif pred.binding == "gil":
         line = f"the GIL binds: predicted {q} items/s; {name} holds it longest ({cls})"
-    elif prediction["binding"] == "cores" and name is None:
+    elif pred.binding == "cores" and name is None:
         line = f"the cores bind: predicted {q} items/s; the pipeline's own work uses them"
-    elif prediction["binding"] == "cores":
+    elif pred.binding == "cores":
         line = f"the cores bind: predicted {q} items/s; {name} uses the most CPU ({cls})"
     else:
         line = f"{name} is the bottleneck: {cls}; predicted {q} items/s (its own capacity binds)"

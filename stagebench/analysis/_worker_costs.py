@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from stagebench._numbers import finite, num
 from stagebench.model._finding import Finding
+from stagebench.model._loader import Largest, LoaderPoint, Shipping, Shm, StartupSplit, WorkerCosts, WorkerMemory
+from stagebench.model._meta import RunMeta
 
 __all__ = [
     "worker_costs_summary",
@@ -46,62 +49,53 @@ GROWTH_MB = 50.0
 #: The batches in flight taking this share of /dev/shm's free space are worth a finding.
 SHM_SHARE = 0.5
 
-_SPLIT = ("workers_start_s", "worker_init_s", "first_batch_work_s", "first_delivery_s")
+
+def _knob_text(p: LoaderPoint) -> str:
+    pf = p.prefetch_factor
+    return f"num_workers={p.num_workers}" + (f", prefetch_factor={pf}" if pf else "")
 
 
-def _knob_text(p: Mapping[str, Any]) -> str:
-    pf = p.get("prefetch_factor")
-    return f"num_workers={p['num_workers']}" + (f", prefetch_factor={pf}" if pf else "")
-
-
-def worker_costs_summary(meta: Mapping[str, Any], pts: list[dict[str, Any]]) -> dict[str, Any] | None:
+def worker_costs_summary(meta: Mapping[str, Any] | RunMeta, pts: list[dict[str, Any]]) -> dict[str, Any] | None:
     """``summary.json["worker_costs"]``: the start-up split of every setting with workers (one per number
     of workers, its first measurement), the shipping and the memory pass as measured; None without them."""
-    startup: list[dict[str, Any]] = []
+    startup: list[StartupSplit] = []
     seen: set[int] = set()
-    for p in pts:
-        nw = int(p.get("num_workers") or 0)
-        if nw == 0 or nw in seen or not (finite(p.get("workers_start_s")) or finite(p.get("worker_unsplit_s"))):
+    for p in map(LoaderPoint.from_json, pts):
+        nw = p.num_workers or 0
+        if nw == 0 or nw in seen or not (finite(p.startup.workers_start_s) or finite(p.startup.worker_unsplit_s)):
             continue
         seen.add(nw)
-        startup.append(
-            {
-                "setting": _knob_text(p),
-                "num_workers": nw,
-                "time_to_first_batch_s": p.get("time_to_first_batch_s"),
-                **{
-                    k: p.get(k)
-                    for k in (*_SPLIT, "workers_start_last_s", "workers_created_s", "worker_boot_s", "worker_unsplit_s")
-                },
-            }
-        )
-    startup.sort(key=lambda r: int(r["num_workers"]))
-    wc = dict(meta.get("worker_costs") or {})
-    if not startup and not wc:
+        startup.append(replace(p.startup, setting=_knob_text(p), num_workers=nw))
+    startup.sort(key=lambda r: r.num_workers or 0)
+    # run.json's record, as measured: the summary carries it whole, after the start-up split
+    raw = dict((meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)).worker_costs or {})
+    if not startup and not raw:
         return None
-    mem = wc.get("memory")
-    if isinstance(mem, Mapping) and finite(mem.get("epoch_growth_mb")) and finite(wc.get("available_mb")):
-        total = float(mem["epoch_growth_mb"]) * int(mem["num_workers"])
-        wc["memory"] = {**mem, "all_workers_mb": total, "fits": total < float(wc["available_mb"])}
-    return {"startup": startup, **wc}
+    out = {"startup": [r.to_json() for r in startup], **raw}
+    wc = WorkerCosts.from_json(raw)
+    mem, avail = wc.memory, wc.available_mb
+    if mem is not None and mem.epoch_growth_mb is not None and finite(mem.epoch_growth_mb) and finite(avail):
+        total = float(mem.epoch_growth_mb) * int(mem.num_workers or 0)
+        out["memory"] = {**raw["memory"], "all_workers_mb": total, "fits": total < num(avail)}
+    return out
 
 
 #: Workers waiting this share of their boot, median, to be created were started one after another.
 QUEUED = 0.5
 
 
-def _queued(startup: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _queued(startup: tuple[StartupSplit, ...]) -> StartupSplit | None:
     """The setting with the most workers whose workers were created one after another (their median wait to
     be created over :data:`QUEUED` of their boot), or None: where a large copy serialises the start."""
     rows = [
         r
         for r in startup
-        if int(r.get("num_workers") or 0) > 1
-        and finite(r.get("workers_created_s"))
-        and finite(r.get("worker_boot_s"))
-        and num(r["workers_created_s"]) > QUEUED * num(r["worker_boot_s"])
+        if (r.num_workers or 0) > 1
+        and finite(r.workers_created_s)
+        and finite(r.worker_boot_s)
+        and num(r.workers_created_s) > QUEUED * num(r.worker_boot_s)
     ]
-    return max(rows, key=lambda r: int(r["num_workers"])) if rows else None
+    return max(rows, key=lambda r: r.num_workers or 0) if rows else None
 
 
 def _f(severity: str, title: str, detail: str, evidence: dict[str, Any]) -> dict[str, Any]:
@@ -112,35 +106,35 @@ def worker_cost_findings(costs: Mapping[str, Any] | None, rec: Mapping[str, Any]
     """The findings the worker costs call for (module docstring), with their numbers."""
     if not costs:
         return []
+    wc, pick = WorkerCosts.from_json(costs), LoaderPoint.from_json(rec)
     out: list[dict[str, Any]] = []
-    ship = costs.get("shipping") or {}
-    largest = ship.get("largest") or {}
+    ship = wc.shipping or Shipping()
+    largest = ship.largest or Largest()
     what = (
-        f" ({largest['items']:,} {largest.get('item') or 'item'}s in its {largest.get('container')} "
-        f"`{largest['attr']}`)"
-        if largest.get("items")
+        f" ({largest.items:,} {largest.item or 'item'}s in its {largest.container} `{largest.attr}`)"
+        if largest.items
         else ""
     )
     # what shipping adds to one worker's start: SPDL's loader pickles once for all of them
-    each = num(ship.get("unpickle_s")) + (0.0 if ship.get("pickled_once") else num(ship.get("pickle_s")))
+    each = num(ship.unpickle_s) + (0.0 if ship.pickled_once else num(ship.pickle_s))
     # SPDL passes the shared memory's name, not the copy, down the pipe: no queue from it
-    queued = _queued(costs.get("startup") or []) if ship.get("shipped") and not ship.get("pickled_once") else None
-    if ship.get("shipped") and (num(ship.get("mb")) >= SHIP_MB or each >= SHIP_S or queued is not None):
-        nw = int((rec or {}).get("num_workers") or 0)
-        persistent = (rec or {}).get("persistent_workers") is True
-        once = ship.get("pickled_once") is True
+    queued = _queued(wc.startup) if ship.shipped and not ship.pickled_once else None
+    if ship.shipped and (num(ship.mb) >= SHIP_MB or each >= SHIP_S or queued is not None):
+        nw = pick.num_workers or 0
+        persistent = pick.persistent_workers is True
+        once = ship.pickled_once is True
         detail = (
             (
-                f"Each worker receives a pickled copy of your dataset{what}, {ship['mb']:,.1f} MB: SPDL's loader "
-                f"pickles it once into shared memory ({ship['pickle_s']:.2f} s) and each worker loads it "
-                f"({ship['unpickle_s']:.2f} s; timed here, in the main process: a worker, importing beside it, "
+                f"Each worker receives a pickled copy of your dataset{what}, {ship.mb:,.1f} MB: SPDL's loader "
+                f"pickles it once into shared memory ({ship.pickle_s:.2f} s) and each worker loads it "
+                f"({ship.unpickle_s:.2f} s; timed here, in the main process: a worker, importing beside it, "
                 "takes longer)"
                 if once
-                else f"Under {ship['start_method']}, each worker receives a pickled copy of your dataset{what}, "
-                f"{ship['mb']:,.1f} MB: the main process pickles it for each worker in turn "
-                f"({ship['pickle_s']:.2f} s each) and each worker loads it ({ship['unpickle_s']:.2f} s; timed here, "
+                else f"Under {ship.start_method}, each worker receives a pickled copy of your dataset{what}, "
+                f"{ship.mb:,.1f} MB: the main process pickles it for each worker in turn "
+                f"({ship.pickle_s:.2f} s each) and each worker loads it ({ship.unpickle_s:.2f} s; timed here, "
                 "in the main process: a spawned worker, importing beside it, takes longer)"
-                + (f", {nw * ship['pickle_s']:.1f} s before the last of {nw} workers starts" if nw > 1 else "")
+                + (f", {nw * num(ship.pickle_s):.1f} s before the last of {nw} workers starts" if nw > 1 else "")
             )
             + ". "
             + (
@@ -149,72 +143,73 @@ def worker_cost_findings(costs: Mapping[str, Any] | None, rec: Mapping[str, Any]
                 else "persistent_workers=True would pay it once per run instead of at every epoch."
             )
         )
-        if largest.get("python_objects") and largest.get("item") in ("str", "tuple", "list", "dict"):
+        if largest.python_objects and largest.item in ("str", "tuple", "list", "dict"):
             detail += (
-                f" Held as a numpy array (or a memory-mapped file) instead of a Python {largest.get('container')}, "
+                f" Held as a numpy array (or a memory-mapped file) instead of a Python {largest.container}, "
                 "the same data pickles as one buffer, without a Python object per item."
             )
-        title = f"Each worker receives a {ship['mb']:,.0f} MB copy of your dataset: at least {each:.2f} s of its start"
+        title = f"Each worker receives a {ship.mb:,.0f} MB copy of your dataset: at least {each:.2f} s of its start"
         if queued is not None:
             title = (
-                f"Each worker receives a {ship['mb']:,.0f} MB copy of your dataset: the workers start one after "
-                f"another, the last {queued['workers_start_last_s']:.1f} s after iter() at num_workers="
-                f"{queued['num_workers']}"
+                f"Each worker receives a {ship.mb:,.0f} MB copy of your dataset: the workers start one after "
+                f"another, the last {queued.workers_start_last_s:.1f} s after iter() at num_workers="
+                f"{queued.num_workers}"
             )
             detail += (
-                f" At num_workers={queued['num_workers']} a worker waited {queued['workers_created_s']:.1f} s "
-                f"(median) for the main process to create it and took {queued['worker_boot_s']:.1f} s to boot: "
+                f" At num_workers={queued.num_workers} a worker waited {queued.workers_created_s:.1f} s "
+                f"(median) for the main process to create it and took {queued.worker_boot_s:.1f} s to boot: "
                 f"a copy this large does not fit the pipe to the worker, so the main process waits until each "
                 "worker has imported what it needs and read its copy before it starts the next; the first batch "
                 "waits for the last."
             )
         out.append(
             _f(
-                "medium" if each >= 1.0 or num(ship.get("mb")) >= 100 or queued is not None else "low",
+                "medium" if each >= 1.0 or num(ship.mb) >= 100 or queued is not None else "low",
                 title,
                 detail,
-                {k: ship.get(k) for k in ("start_method", "mb", "pickle_s", "unpickle_s")},
+                {
+                    "start_method": ship.start_method,
+                    "mb": ship.mb,
+                    "pickle_s": ship.pickle_s,
+                    "unpickle_s": ship.unpickle_s,
+                },
             )
         )
-    out.extend(_shm_findings(costs.get("shm") or {}))
-    mem = costs.get("memory") or {}
-    growth, low = num(mem.get("epoch_growth_mb")), num(mem.get("epoch_growth_mb_low"))
+    out.extend(_shm_findings(wc.shm or Shm()))
+    mem = wc.memory or WorkerMemory()
+    growth, low = num(mem.epoch_growth_mb), num(mem.epoch_growth_mb_low)
     if math.isfinite(growth) and growth >= GROWTH_MB and (not math.isfinite(low) or low > 0):
-        nw = int(mem.get("num_workers") or 0)
+        nw = mem.num_workers or 0
         how = (
-            f"extrapolated from {mem['batches_per_worker']:,.0f} batches a worker to the epoch's "
-            f"{mem['epoch_batches_per_worker']:,.0f}"
+            f"extrapolated from {mem.batches_per_worker:,.0f} batches a worker to the epoch's "
+            f"{mem.epoch_batches_per_worker:,.0f}"
             + (
-                f", bounded by the ~{mem['bounded_by_mb']:,.0f} MB the Python objects it reads take (a page once "
+                f", bounded by the ~{mem.bounded_by_mb:,.0f} MB the Python objects it reads take (a page once "
                 "copied stays copied: the growth slows as the epoch goes on)"
-                if mem.get("bounded_by_mb")
+                if mem.bounded_by_mb
                 else " (linearly)"
             )
-            if mem.get("extrapolated")
-            else f"over a whole epoch ({mem['batches_per_worker']:,.0f} batches a worker)"
+            if mem.extrapolated
+            else f"over a whole epoch ({mem.batches_per_worker:,.0f} batches a worker)"
         )
         detail = (
-            f"At num_workers={nw}, each worker's private memory grew {mem['growth_mb_per_batch']:,.2f} MB a batch "
-            f"({num(mem.get('start_mb')):,.0f} to {num(mem.get('end_mb')):,.0f} MB over its first "
-            f"{mem['batches_per_worker']:,.0f} batches): ~{growth:,.0f} MB over an epoch, {how}."
+            f"At num_workers={nw}, each worker's private memory grew {mem.growth_mb_per_batch:,.2f} MB a batch "
+            f"({num(mem.start_mb):,.0f} to {num(mem.end_mb):,.0f} MB over its first "
+            f"{mem.batches_per_worker:,.0f} batches): ~{growth:,.0f} MB over an epoch, {how}."
         )
-        if (
-            largest.get("python_objects")
-            and (largest.get("items") or 0) >= 100_000
-            and ship.get("start_method") == "fork"
-        ):
+        if largest.python_objects and (largest.items or 0) >= 100_000 and ship.start_method == "fork":
             detail += (
-                f" Reading `{largest['attr']}`, a Python {largest.get('container')} of {largest['items']:,} "
-                f"{largest.get('item') or 'item'}s, writes reference counts into pages shared with the main process "
+                f" Reading `{largest.attr}`, a Python {largest.container} of {largest.items:,} "
+                f"{largest.item or 'item'}s, writes reference counts into pages shared with the main process "
                 "(copy-on-read): numpy arrays or a memory-mapped file keep them shared. (A full garbage "
                 "collection in a worker writes into every object the main process holds as well: gc.freeze() "
                 "before the workers start keeps those pages shared.)"
             )
-        fits = mem.get("fits")
+        fits = mem.fits
         if fits is False:
             detail += (
-                f" Together the {nw} workers would take ~{mem['all_workers_mb']:,.0f} MB more, over the "
-                f"{costs['available_mb']:,.0f} MB available: fewer workers, or the fix above, before a long run."
+                f" Together the {nw} workers would take ~{mem.all_workers_mb:,.0f} MB more, over the "
+                f"{wc.available_mb:,.0f} MB available: fewer workers, or the fix above, before a long run."
             )
         out.append(
             _f(
@@ -222,24 +217,27 @@ def worker_cost_findings(costs: Mapping[str, Any] | None, rec: Mapping[str, Any]
                 f"Each worker's memory grows ~{growth:,.0f} MB over an epoch",
                 detail,
                 {
-                    k: mem.get(k)
-                    for k in ("num_workers", "growth_mb_per_batch", "epoch_growth_mb", "extrapolated", "all_workers_mb")
+                    "num_workers": mem.num_workers,
+                    "growth_mb_per_batch": mem.growth_mb_per_batch,
+                    "epoch_growth_mb": mem.epoch_growth_mb,
+                    "extrapolated": mem.extrapolated,
+                    "all_workers_mb": mem.all_workers_mb,
                 },
             )
         )
     return out
 
 
-def _shm_findings(shm: Mapping[str, Any]) -> list[dict[str, Any]]:
-    need, free = num(shm.get("in_flight_mb")), num(shm.get("free_mb"))
+def _shm_findings(shm: Shm) -> list[dict[str, Any]]:
+    need, free = num(shm.in_flight_mb), num(shm.free_mb)
     if not (math.isfinite(need) and math.isfinite(free)) or need < SHM_SHARE * free:
         return []
     fits = need <= free
     detail = (
-        f"Each batch ({num(shm.get('batch_mb')):,.1f} MB) goes from its worker to the main process through "
-        f"shared memory, and {shm['batches_in_flight']} are in flight at the recommended setting "
-        f"(num_workers x prefetch_factor): ~{need:,.0f} MB of the {free:,.0f} MB free in {shm['path']} "
-        f"({num(shm.get('total_mb')):,.0f} MB in all). "
+        f"Each batch ({num(shm.batch_mb):,.1f} MB) goes from its worker to the main process through "
+        f"shared memory, and {shm.batches_in_flight} are in flight at the recommended setting "
+        f"(num_workers x prefetch_factor): ~{need:,.0f} MB of the {free:,.0f} MB free in {shm.path} "
+        f"({num(shm.total_mb):,.0f} MB in all). "
         + (
             'A worker that cannot write its batch there fails the run ("bus error", "insufficient shared memory"). '
             if not fits
@@ -253,7 +251,7 @@ def _shm_findings(shm: Mapping[str, Any]) -> list[dict[str, Any]]:
         if not fits
         else f"The batches in flight take {need / free:.0%} of the shared memory free ({free:,.0f} MB)"
     )
-    return [_f("medium" if fits else "high", title, detail, dict(shm))]
+    return [_f("medium" if fits else "high", title, detail, shm.to_json())]
 
 
 def _each_of(n: int) -> str:
@@ -271,28 +269,30 @@ def beside_the_pick(costs: Mapping[str, Any] | None, rec: Mapping[str, Any] | No
     where neither holds. The pick itself stands on throughput in turns: these are costs it does not see."""
     if not costs or not rec:
         return ""
+    wc, pick = WorkerCosts.from_json(costs), LoaderPoint.from_json(rec)
     said = ""
-    mem = costs.get("memory") or {}
-    if mem.get("fits") is False and finite(mem.get("epoch_growth_mb")) and finite(costs.get("available_mb")):
-        growth, avail = float(mem["epoch_growth_mb"]), float(costs["available_mb"])
+    mem = wc.memory or WorkerMemory()
+    if mem.fits is False and finite(mem.epoch_growth_mb) and finite(wc.available_mb):
+        growth, avail = num(mem.epoch_growth_mb), num(wc.available_mb)
         fit = int(avail // growth) if growth > 0 else 0
         said += (
-            f"; memory: {_each_of(int(mem['num_workers']))} grows ~{growth:,.0f} MB over an epoch, "
-            f"~{mem['all_workers_mb']:,.0f} MB together against {avail:,.0f} MB available"
+            f"; memory: {_each_of(mem.num_workers or 0)} grows ~{growth:,.0f} MB over an epoch, "
+            f"~{mem.all_workers_mb:,.0f} MB together against {avail:,.0f} MB available"
             + (f" (at most {fit} such workers fit)" if fit >= 1 else "")
         )
-    shm = costs.get("shm") or {}
-    if finite(shm.get("in_flight_mb")) and finite(shm.get("free_mb")) and shm["in_flight_mb"] > shm["free_mb"]:
+    shm = wc.shm or Shm()
+    need, free = num(shm.in_flight_mb), num(shm.free_mb)
+    if math.isfinite(need) and math.isfinite(free) and need > free:
         said += (
-            f"; shared memory: its {shm['batches_in_flight']} batches in flight need ~{shm['in_flight_mb']:,.0f} MB, "
-            f"{shm['free_mb']:,.0f} MB free in {shm['path']}"
+            f"; shared memory: its {shm.batches_in_flight} batches in flight need ~{need:,.0f} MB, "
+            f"{free:,.0f} MB free in {shm.path}"
         )
-    ship = costs.get("shipping") or {}
-    each = num(ship.get("unpickle_s")) + (0.0 if ship.get("pickled_once") else num(ship.get("pickle_s")))
-    nw = int(rec.get("num_workers") or 0)
-    if ship.get("shipped") and nw > 0 and rec.get("persistent_workers") is not True and each >= SHIP_S:
+    ship = wc.shipping or Shipping()
+    each = num(ship.unpickle_s) + (0.0 if ship.pickled_once else num(ship.pickle_s))
+    nw = pick.num_workers or 0
+    if ship.shipped and nw > 0 and pick.persistent_workers is not True and each >= SHIP_S:
         said += (
-            f"; each epoch starts {_its_workers(nw)} anew, each receiving the {num(ship.get('mb')):,.0f} MB dataset "
+            f"; each epoch starts {_its_workers(nw)} anew, each receiving the {num(ship.mb):,.0f} MB dataset "
             f"({each:.2f} s a worker; persistent_workers=True pays it once)"
         )
     return said

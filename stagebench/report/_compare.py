@@ -39,6 +39,10 @@ import pandas as pd
 
 from stagebench._errors import StagebenchError
 from stagebench._numbers import num
+from stagebench.model._loader import LoaderPoint
+from stagebench.model._meta import Provenance
+from stagebench.model._stage import StageEntry
+from stagebench.model._summary import Summary
 from stagebench.report._html import (
     csv_uri,
     finite,
@@ -97,7 +101,6 @@ COMPARISON_COLUMNS = (
     "torch",
     "spdl",
 )
-_MACHINE_KEYS = ("hostname", "cpu_model", "cpu_count", "usable_cores")
 #: Libraries whose version changes a loader's speed (their own code does the work).
 _KIND_LIBRARIES = ("torch", "spdl")
 #: Relative spread of memory_total_gb still counted as one kind of machine: the same
@@ -203,75 +206,69 @@ def _n_batches(rows: pd.DataFrame, **match: Any) -> int | None:
 
 
 def _confidence(run: RunData) -> float:
-    c = (run.summary.get("settings") or run.meta.get("settings") or {}).get("confidence")
+    c = run.settings.confidence
     return num(c) if 0.5 < num(c) < 1 else 0.95
 
 
 def _loader_estimate(run: RunData, d: Mapping[str, Any] | None) -> Estimate | None:
-    if not d or not finite(d.get("samples_per_s")):
+    p = LoaderPoint.from_json(d)
+    rate = p.samples_per_s
+    if rate is None:
         return None
     n = _n_batches(
         run.rows,
         status="ok",
-        num_workers=d.get("num_workers"),
-        prefetch_factor=d.get("prefetch_factor") if d.get("num_workers") else None,
-        persistent_workers=d.get("persistent_workers"),
-        pin_memory=d.get("pin_memory"),
+        num_workers=p.num_workers,
+        prefetch_factor=p.prefetch_factor if p.num_workers else None,
+        persistent_workers=p.persistent_workers,
+        pin_memory=p.pin_memory,
     )
-    return Estimate(
-        value=float(d["samples_per_s"]),
-        low=d.get("samples_per_s_low"),
-        high=d.get("samples_per_s_high"),
-        n=n,
-        confidence=_confidence(run),
-    )
+    return Estimate(value=rate.value, low=rate.low, high=rate.high, n=n, confidence=_confidence(run))
 
 
 def _knobs(d: Mapping[str, Any] | None) -> str:
     return ", ".join(f"{k}={v}" for k, v in loader_knobs(d).items())
 
 
-def _stage_estimate(run: RunData, stage: Mapping[str, Any], key: str = "recommended") -> Estimate | None:
-    d = stage.get(key) or {}
-    if not finite(d.get("qps")):
+def _stage_estimate(run: RunData, stage: StageEntry, name: str) -> Estimate | None:
+    """The stage ``name``'s recommended rate, with the batches it rests on."""
+    d = stage.recommended
+    if d is None or not finite(d.qps):
         return None
     n = _n_batches(
         run.rows,
-        stage=str(stage.get("name")),
+        stage=name,
         role="stage",
         status="ok",
-        executor=d.get("executor"),
-        harness=d.get("harness"),
-        concurrency=d.get("concurrency"),
+        executor=d.executor,
+        harness=d.harness,
+        concurrency=d.concurrency,
     )
-    return Estimate(
-        value=float(d["qps"]), low=d.get("qps_low"), high=d.get("qps_high"), n=n, confidence=_confidence(run)
-    )
+    return Estimate(value=num(d.qps), low=d.qps_low, high=d.qps_high, n=n, confidence=_confidence(run))
 
 
 def _entry(run: RunData, label: str) -> _Entry:
     s = run.summary
+    sm = Summary.from_json(s)
     if run.kind == "loader":
         return _Entry(
             label=label,
             run=run,
             unit="samples/s",
-            best=_loader_estimate(run, s.get("best")),
-            best_setting=_knobs(s.get("best")),
+            best=_loader_estimate(run, sm.best),
+            best_setting=_knobs(sm.best),
             best_note="best measured loader setting",
-            rec=_loader_estimate(run, s.get("recommended")),
-            rec_setting=_knobs(s.get("recommended")),
+            rec=_loader_estimate(run, sm.recommended),
+            rec_setting=_knobs(sm.recommended),
             verdict=str(s.get("verdict") or ""),
         )
-    pred, val = s.get("prediction") or {}, s.get("validation") or {}
-    settings = "; ".join(
-        f"{x.get('stage')}: {x.get('executor')} × {x.get('concurrency')}" for x in pred.get("settings") or []
-    )
-    if finite(val.get("qps")):
-        best = Estimate(value=float(val["qps"]), low=val.get("qps_low"), high=val.get("qps_high"), n=None)
+    pred, val = sm.prediction, sm.validation
+    settings = "; ".join(f"{x.stage}: {x.executor} × {x.concurrency}" for x in pred.settings)
+    if val.qps is not None and finite(val.qps):
+        best = Estimate(value=float(val.qps), low=val.qps_low, high=val.qps_high, n=None)
         note = "whole pipeline, measured at the recommended settings"
-    elif finite(pred.get("qps")):
-        best = Estimate(value=float(pred["qps"]))
+    elif pred.qps is not None and finite(pred.qps):
+        best = Estimate(value=float(pred.qps))
         note = "whole pipeline, predicted (no validation run)"
     else:
         best, note = None, "no pipeline throughput in the summary"
@@ -297,25 +294,24 @@ def _unique_labels(labels: list[str]) -> list[str]:
     return out
 
 
-def _provenance(run: RunData) -> Mapping[str, Any]:
-    return run.summary.get("provenance") or run.meta.get("provenance") or {}
+def _provenance(run: RunData) -> Provenance:
+    return run.provenance
 
 
-def machine_kind(prov: Mapping[str, Any] | None) -> dict[str, Any]:
+def machine_kind(prov: Provenance | Mapping[str, Any] | None) -> dict[str, Any]:
     """What makes a machine the kind it is for timings (None: not recorded). No hostname."""
-    p = prov or {}
-    libs = p.get("libraries") or {}
+    p = prov if isinstance(prov, Provenance) else Provenance.from_json(prov)
     return {
-        "cpu_model": p.get("cpu_model"),
-        "usable_cores": p.get("usable_cores") or p.get("cpu_count"),
-        "memory_total_gb": p.get("memory_total_gb"),
-        "python": " ".join(str(x) for x in (p.get("python_implementation"), p.get("python")) if x) or None,
-        "free_threaded": p.get("free_threaded"),
-        **{lib: libs.get(lib) for lib in _KIND_LIBRARIES},
+        "cpu_model": p.cpu_model,
+        "usable_cores": p.cores,
+        "memory_total_gb": p.memory_total_gb,
+        "python": " ".join(str(x) for x in (p.python_implementation, p.python) if x) or None,
+        "free_threaded": p.free_threaded,
+        **{lib: p.libraries.get(lib) for lib in _KIND_LIBRARIES},
     }
 
 
-def machine_kind_differences(provs: Sequence[Mapping[str, Any] | None]) -> list[str]:
+def machine_kind_differences(provs: Sequence[Provenance | Mapping[str, Any] | None]) -> list[str]:
     """The keys of :func:`machine_kind` on which the runs differ.
 
     A key a run did not record is left out for that run (an older run directory
@@ -335,11 +331,10 @@ def machine_kind_differences(provs: Sequence[Mapping[str, Any] | None]) -> list[
     return differ
 
 
-def machine_text(prov: Mapping[str, Any] | None) -> str:
+def machine_text(prov: Provenance | Mapping[str, Any] | None) -> str:
     """Host and kind of machine in one line, for the runs table and the warning."""
-    p = prov or {}
-    kind = machine_kind(p)
-    parts = [machine_label(p)]
+    kind = machine_kind(prov)
+    parts = [machine_label(prov)]
     if finite(kind["memory_total_gb"]):
         parts.append(f"{float(kind['memory_total_gb']):.1f} GB")
     if kind["python"]:
@@ -471,8 +466,8 @@ def _loader_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
 def _stage_names(entries: Sequence[_Entry]) -> list[str]:
     names: list[str] = []
     for e in entries:
-        for s in e.run.summary.get("stages") or []:
-            n = str(s.get("name"))
+        for s in map(StageEntry.from_json, e.run.summary.get("stages") or []):
+            n = s.name
             if n not in names:
                 names.append(n)
         if not e.run.summary.get("stages") and "stage" in e.run.rows:
@@ -482,11 +477,11 @@ def _stage_names(entries: Sequence[_Entry]) -> list[str]:
     return names
 
 
-def _stage_summary(e: _Entry, name: str) -> dict[str, Any]:
-    for s in e.run.summary.get("stages") or []:
-        if str(s.get("name")) == name:
+def _stage_summary(e: _Entry, name: str) -> StageEntry | None:
+    for s in map(StageEntry.from_json, e.run.summary.get("stages") or []):
+        if s.name == name:
             return s
-    return {}
+    return None
 
 
 def _stage_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
@@ -506,13 +501,13 @@ def _stage_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
             if sub.empty:
                 continue
             st = _stage_summary(e, name)
-            rec = st.get("recommended") or {}
-            ex, h = rec.get("executor"), rec.get("harness")
+            rec = st.recommended if st is not None else None
+            ex, h = (rec.executor, rec.harness) if rec is not None else (None, None)
             if not ex:
                 top = sub.loc[sub["qps"].idxmax()]
                 ex, h = top["executor"], top["harness"]
             g = sub[(sub["executor"] == ex) & ((sub["harness"] == h) if h else True)].sort_values("concurrency")
-            series.append(_curve(f"{e.label} · {ex}", g, "concurrency", "qps", rec))
+            series.append(_curve(f"{e.label} · {ex}", g, "concurrency", "qps", rec.to_json() if rec else {}))
         img = _plots.compare_curves_svg(
             series, xlabel="concurrency (log₂ scale)", ylabel="throughput (items/s)", log2_x=True, title=f"stage {name}"
         )
@@ -530,17 +525,17 @@ def _stage_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
 def _stage_tables(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
     tables = []
     for name in _stage_names(entries):
-        cells = []
+        cells: list[dict[str, Any]] = []
         for e in entries:
             st = _stage_summary(e, name)
-            est = _stage_estimate(e.run, st) if st else None
-            rec = st.get("recommended") or {}
+            est = _stage_estimate(e.run, st, name) if st is not None and st.keys else None
+            rec = st.recommended if st is not None else None
             cells.append(
                 {
                     "label": e.label,
-                    "classification": st.get("classification") or "—",
+                    "classification": (st.classification if st is not None else None) or "—",
                     "est": est,
-                    "setting": f"{rec.get('executor')} × {rec.get('concurrency')}" if rec.get("executor") else "—",
+                    "setting": f"{rec.executor} × {rec.concurrency}" if rec is not None and rec.executor else "—",
                 }
             )
         ests: dict[int, Estimate] = {id(c): c["est"] for c in cells if isinstance(c["est"], Estimate)}
@@ -582,10 +577,13 @@ def _csv_rows(groups: Sequence[dict[str, Any]], failed: Sequence[Mapping[str, An
                     "significant_vs_winner": d.get("significant"),
                     "test": d.get("test", "winner" if row["is_winner"] else ""),
                     "verdict": e.verdict,
-                    **{k: prov.get(k) for k in _MACHINE_KEYS},
+                    "hostname": prov.hostname,
+                    "cpu_model": prov.cpu_model,
+                    "cpu_count": prov.cpu_count,
+                    "usable_cores": prov.usable_cores,
                     "run_dir": str(e.run.path),
                     **{k: kind[k] for k in ("memory_total_gb", "free_threaded", *_KIND_LIBRARIES)},
-                    "python": prov.get("python"),
+                    "python": prov.python,
                 }
             )
     for f in failed:

@@ -17,6 +17,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from stagebench._numbers import finite
+from stagebench.model._meta import Provenance
 from stagebench.runs._results import to_jsonable
 
 
@@ -130,49 +131,52 @@ def rows_records(rows: pd.DataFrame) -> list[dict[str, Any]]:
     return to_jsonable(rows.astype(object).where(rows.notna(), None).to_dict("records"))
 
 
-def provenance_items(prov: Mapping[str, Any] | None, after: Mapping[str, Any] | None = None) -> list[tuple[str, str]]:
-    p = prov or {}
+def provenance_items(
+    prov: Provenance | Mapping[str, Any] | None, after: Provenance | Mapping[str, Any] | None = None
+) -> list[tuple[str, str]]:
+    p = _provenance(prov)
+    end = None if after is None else _provenance(after)
     items: list[tuple[str, str]] = []
 
     def add(label: str, value: Any) -> None:
         if value not in (None, "", [], {}):
             items.append((label, str(value)))
 
-    add("host", p.get("hostname"))
-    add("CPU", p.get("cpu_model"))
-    if p.get("cpu_count") is not None:
-        add("cores", f"{p.get('usable_cores', p.get('cpu_count'))} usable of {p.get('cpu_count')}")
-    if p.get("memory_total_gb") is not None:
-        add("memory", f"{p.get('memory_total_gb')} GB total, {p.get('memory_available_gb')} GB available at start")
-    py = p.get("python")
-    if py:
+    add("host", p.hostname)
+    add("CPU", p.cpu_model)
+    if p.cpu_count is not None:
+        add("cores", f"{p.cpu_count if p.usable_cores is None else p.usable_cores} usable of {p.cpu_count}")
+    if p.memory_total_gb is not None:
+        add("memory", f"{p.memory_total_gb} GB total, {p.memory_available_gb} GB available at start")
+    if p.python:
         add(
             "Python",
-            f"{py} ({p.get('python_implementation', '')}"
-            f"{', free-threaded' if p.get('free_threaded') else ', with the GIL'})",
+            f"{p.python} ({'' if p.python_implementation is None else p.python_implementation}"
+            f"{', free-threaded' if p.free_threaded else ', with the GIL'})",
         )
-    add("platform", p.get("platform"))
-    la = p.get("load_avg")
-    if la:
-        txt = "start " + " / ".join(f"{v:.2f}" for v in la)
-        if after and after.get("load_avg"):
-            txt += ", end " + " / ".join(f"{v:.2f}" for v in after["load_avg"])
+    add("platform", p.platform)
+    if p.load_avg:
+        txt = "start " + " / ".join(f"{v:.2f}" for v in p.load_avg)
+        if end is not None and end.load_avg:
+            txt += ", end " + " / ".join(f"{v:.2f}" for v in end.load_avg)
         add("load average (1/5/15 min)", txt)
-    libs = p.get("libraries") or {}
-    add("libraries", ", ".join(f"{k} {v}" for k, v in libs.items() if v))
-    env = p.get("env") or {}
-    add("environment", ", ".join(f"{k}={v}" for k, v in env.items()))
-    add("taken at", p.get("taken_at"))
+    add("libraries", ", ".join(f"{k} {v}" for k, v in p.libraries.items() if v))
+    add("environment", ", ".join(f"{k}={v}" for k, v in p.env.items()))
+    add("taken at", p.taken_at)
     return items
 
 
-def machine_label(prov: Mapping[str, Any] | None) -> str:
-    p = prov or {}
-    parts = [str(p.get("hostname") or "?")]
-    if p.get("cpu_model"):
-        parts.append(str(p["cpu_model"]))
-    if p.get("usable_cores") or p.get("cpu_count"):
-        parts.append(f"{p.get('usable_cores') or p.get('cpu_count')} cores")
+def _provenance(prov: Provenance | Mapping[str, Any] | None) -> Provenance:
+    return prov if isinstance(prov, Provenance) else Provenance.from_json(prov)
+
+
+def machine_label(prov: Provenance | Mapping[str, Any] | None) -> str:
+    p = _provenance(prov)
+    parts = [str(p.hostname or "?")]
+    if p.cpu_model:
+        parts.append(str(p.cpu_model))
+    if p.cores:
+        parts.append(f"{p.cores} cores")
     return " · ".join(parts)
 
 

@@ -35,6 +35,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from stagebench._numbers import finite, num
+from stagebench.model._job import JobVerdict
+from stagebench.model._loader import LoaderPoint, WorkerCosts
+from stagebench.model._stage import StageEntry, StageSetting
+from stagebench.model._summary import Summary
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -315,7 +319,7 @@ def _numeric(df: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
 
 
 @_themed
-def stage_throughput_svg(rows: pd.DataFrame, stage: Mapping[str, Any] | None = None) -> str | None:
+def stage_throughput_svg(rows: pd.DataFrame, stage: StageEntry | Mapping[str, Any] | None = None) -> str | None:
     """QPS vs concurrency for one stage: every executor × harness with its interval band,
     the ideal line from concurrency 1, the harness ceiling, the fitted USL curve and the
     recommended point.
@@ -323,7 +327,7 @@ def stage_throughput_svg(rows: pd.DataFrame, stage: Mapping[str, Any] | None = N
     ``rows``: this stage's rows (role ``stage`` and ``ceiling``). ``stage``: its summary entry.
     """
     rows = _numeric(rows, ("concurrency", "qps", "qps_low", "qps_high"))
-    stage = stage or {}
+    entry = stage if isinstance(stage, StageEntry) else StageEntry.from_json(stage)
     st = rows[rows["role"] == "stage"]
     ok = _ok(st)
     if ok.empty:
@@ -331,7 +335,7 @@ def stage_throughput_svg(rows: pd.DataFrame, stage: Mapping[str, Any] | None = N
     fig, ax = _figure_axes(8.4, 3.9)
     levels = sorted(set(rows["concurrency"].dropna().astype(int)))
     top = float(np.nanmax(ok[["qps", "qps_high"]].to_numpy(float)))
-    fits = stage.get("fit") or {}
+    fits = entry.fit
     above: list[str] = []
     for (harness, ex), g in ok.groupby(["harness", "executor"], sort=True):
         color = EXECUTOR_COLORS.get(ex, OKABE_ITO["black"])
@@ -382,11 +386,10 @@ def stage_throughput_svg(rows: pd.DataFrame, stage: Mapping[str, Any] | None = N
         q1 = float(one["qps"].max()) / levels[0]
         xs = np.array([levels[0], levels[-1]], dtype=float)
         ax.plot(xs, q1 * xs, "--", color=OKABE_ITO["grey"], linewidth=1, label="ideal (linear from c=1)", zorder=1)
-    rec = stage.get("recommended") or {}
-    if rec.get("concurrency") and rec.get("qps") is not None:
-        _recommended_star(
-            ax, rec["concurrency"], rec["qps"], f"recommended: {rec.get('executor', '?')} × {rec['concurrency']}"
-        )
+    rec = entry.recommended or StageSetting()
+    if rec.concurrency and rec.qps is not None:
+        executor = rec.executor if "executor" in rec.keys else "?"
+        _recommended_star(ax, rec.concurrency, rec.qps, f"recommended: {executor} × {rec.concurrency}")
     bad = st[st["status"] != "ok"]
     if len(bad):
         ax.plot(
@@ -476,6 +479,12 @@ def stage_resources_svg(rows: pd.DataFrame, usable_cores: float | None = None) -
     return figure_to_svg(fig)
 
 
+def _recommended_with_qps(s: StageEntry) -> StageSetting | None:
+    """The stage's recommended setting where it has a throughput above zero, else None."""
+    r = s.recommended
+    return r if r is not None and finite(r.qps) and num(r.qps) > 0 else None
+
+
 @_themed
 def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
     """Each stage's recommended throughput (with interval) against the pipeline's bounds.
@@ -484,17 +493,13 @@ def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
     sits left of every bar. When the stages differ by more than 10x (a batching
     stage next to a decoder) the axis is logarithmic, or the slow stages vanish.
     """
-    stages = [
-        s
-        for s in summary.get("stages") or []
-        if finite((s.get("recommended") or {}).get("qps")) and float(s["recommended"]["qps"]) > 0
-    ]
+    sm = Summary.from_json(summary)
+    stages = [(s, r) for s in map(StageEntry.from_json, sm.stages) if (r := _recommended_with_qps(s)) is not None]
     if not stages:
         return None
-    pred = summary.get("prediction") or {}
-    val = summary.get("validation") or {}
+    pred, val = sm.prediction, sm.validation
     lines = []
-    bounds = pred.get("bounds") or {}
+    bounds = pred.bounds
     for key, label, style, color in (
         ("cores", "cores bound", "--", OKABE_ITO["orange"]),
         ("gil", "GIL bound", "-.", OKABE_ITO["vermillion"]),
@@ -502,16 +507,14 @@ def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
         v = bounds.get(key)
         if v is not None and finite(v) and float(v) > 0:
             lines.append((float(v), f"{label}: {fmt_rate(float(v))}/s", style, color))
-    if finite(pred.get("qps")) and float(pred["qps"]) > 0:
-        lines.append((float(pred["qps"]), f"predicted pipeline: {fmt_rate(float(pred['qps']))}/s", "-", _INK))
-    if finite(val.get("qps")) and float(val["qps"]) > 0:
-        lines.append(
-            (float(val["qps"]), f"measured pipeline: {fmt_rate(float(val['qps']))}/s", ":", OKABE_ITO["green"])
-        )
+    if pred.qps is not None and finite(pred.qps) and float(pred.qps) > 0:
+        lines.append((float(pred.qps), f"predicted pipeline: {fmt_rate(float(pred.qps))}/s", "-", _INK))
+    if val.qps is not None and finite(val.qps) and float(val.qps) > 0:
+        lines.append((float(val.qps), f"measured pipeline: {fmt_rate(float(val.qps))}/s", ":", OKABE_ITO["green"]))
     # One unit with the bound and pipeline lines: source items/s. A stage after a batch of 16 handles
     # 16 source items per call, so its calls/s times 16 is what it can feed the pipeline.
-    per_call = [float(s.get("items_per_input") or 1.0) for s in stages]
-    vals = [float(s["recommended"]["qps"]) * k for s, k in zip(stages, per_call)]
+    per_call = [s.items_per_input for s, _ in stages]
+    vals = [num(r.qps) * k for (_, r), k in zip(stages, per_call)]
     lo_all = min(vals + [v for v, *_ in lines])
     log = max(vals) / lo_all > 10
     xmin, xmax = (lo_all / 2, max(vals) * 6) if log else (0.0, max(vals) * 1.3)
@@ -522,10 +525,9 @@ def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
     if log:
         ax.set_xscale("log")
     ys = np.arange(len(stages))[::-1]
-    for y, s, q, k in zip(ys, stages, vals, per_call):
-        r = s["recommended"]
-        color = CLASS_COLORS.get(s.get("classification") or "unknown", OKABE_ITO["grey"])
-        lo, hi = r.get("qps_low"), r.get("qps_high")
+    for y, (s, r), q, k in zip(ys, stages, vals, per_call):
+        color = CLASS_COLORS.get(s.classification or "unknown", OKABE_ITO["grey"])
+        lo, hi = r.qps_low, r.qps_high
         xerr = None
         if lo is not None and hi is not None and finite(lo, hi):
             xerr = [[max(0.0, q - float(lo) * k)], [max(0.0, float(hi) * k - q)]]
@@ -542,7 +544,8 @@ def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
         ax.text(
             q,
             y + 0.3,
-            f"{fmt_rate(q)} items/s · {r.get('executor', '?')} × {r.get('concurrency', '?')}",
+            f"{fmt_rate(q)} items/s · {r.executor if 'executor' in r.keys else '?'} × "
+            f"{r.concurrency if 'concurrency' in r.keys else '?'}",
             va="bottom",
             ha="right" if not log else "center",
             fontsize=8.5,
@@ -551,7 +554,7 @@ def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
             bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.0},
         )
     ax.set_yticks(ys)
-    ax.set_yticklabels([_text(s.get("name", "?"), 32) for s in stages])
+    ax.set_yticklabels([_text(s.name if "name" in s.keys else "?", 32) for s, _ in stages])
     for v, label, style, color in lines:
         if v <= xmax * 1.05:
             # the solid prediction goes underneath: a bound equal to it stays visible on top
@@ -570,8 +573,8 @@ def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
     ax.set_xlabel("throughput at the recommended setting (items/s" + (", log scale)" if log else ")"))
     handles, _ = ax.get_legend_handles_labels()
     seen = []
-    for s in stages:
-        c = s.get("classification") or "unknown"
+    for s, _ in stages:
+        c = s.classification or "unknown"
         if c not in seen:
             seen.append(c)
     handles += [
@@ -659,13 +662,13 @@ def loader_throughput_svg(rows: pd.DataFrame, summary: Mapping[str, Any] | None 
             label="num_workers=0 (main process)",
         )
         ax.axhline(q, color=OKABE_ITO["grey"], linestyle=":", linewidth=1)
-    rec = (summary or {}).get("recommended") or {}
-    if rec.get("samples_per_s") is not None and rec.get("num_workers") is not None and int(rec["num_workers"]) in pos:
+    rec = LoaderPoint.from_json(Summary.from_json(summary).recommended)
+    if rec.samples_per_s is not None and rec.num_workers is not None and rec.num_workers in pos:
         _recommended_star(
             ax,
-            pos[int(rec["num_workers"])],
-            rec["samples_per_s"],
-            f"recommended: num_workers={rec['num_workers']}, prefetch_factor={_pf_label(rec.get('prefetch_factor'))}",
+            pos[rec.num_workers],
+            rec.samples_per_s.value,
+            f"recommended: num_workers={rec.num_workers}, prefetch_factor={_pf_label(rec.prefetch_factor)}",
         )
     target = (summary or {}).get("target") or {}
     if target.get("rate"):
@@ -685,10 +688,10 @@ def loader_throughput_svg(rows: pd.DataFrame, summary: Mapping[str, Any] | None 
 
 
 def _yerr(r: pd.Series):
-    q, lo, hi = r.get("samples_per_s"), r.get("samples_per_s_low"), r.get("samples_per_s_high")
-    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+    rate = LoaderPoint.from_json(r.to_dict()).samples_per_s
+    if rate is None or rate.low is None or rate.high is None:
         return None
-    return [[max(0.0, q - lo)], [max(0.0, hi - q)]]
+    return [[max(0.0, rate.value - rate.low)], [max(0.0, rate.high - rate.value)]]
 
 
 @_themed
@@ -717,11 +720,11 @@ def loader_heatmap_svg(rows: pd.DataFrame, summary: Mapping[str, Any] | None = N
             if math.isfinite(v):
                 light = (v - vmin) / (vmax - vmin + 1e-12) > 0.55
                 ax.text(j, i, fmt_rate(v), ha="center", va="center", fontsize=8.5, color=_INK if light else "white")
-    rec = (summary or {}).get("recommended") or {}
-    if rec.get("num_workers") is not None and int(rec["num_workers"]) in nws:
-        pf = _pf_label(rec.get("prefetch_factor")) if int(rec["num_workers"]) > 0 else "—"
+    rec = LoaderPoint.from_json(Summary.from_json(summary).recommended)
+    if rec.num_workers is not None and rec.num_workers in nws:
+        pf = _pf_label(rec.prefetch_factor) if rec.num_workers > 0 else "—"
         if pf in pfs:
-            j, i = nws.index(int(rec["num_workers"])), pfs.index(pf)
+            j, i = nws.index(rec.num_workers), pfs.index(pf)
             ax.add_patch(
                 matplotlib.patches.Rectangle(
                     (j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor=OKABE_ITO["orange"], linewidth=3
@@ -882,20 +885,21 @@ def compare_best_svg(entries: Sequence[Mapping[str, Any]], *, unit: str) -> str 
 
 
 @_themed
-def job_svg(job: Mapping[str, Any] | None) -> str | None:
+def job_svg(job: JobVerdict | None) -> str | None:
     """The training job at each candidate: your loop's throughput (bars, 95% interval), the loader or
     pipeline alone at that setting (diamonds), your step alone (a dashed line); the pick in blue.
 
     A log axis where the loader alone runs far above the job (a slow step): linear, the job's bars
     would be slivers next to the diamonds."""
-    cands = [c for c in (job or {}).get("candidates") or [] if (c.get("job") or {}).get("samples_per_s") is not None]
-    if not cands:
+    figs = [(c, c.job) for c in (job.candidates if job is not None else ()) if c.job is not None]
+    cands = [(c, f) for c, f in figs if f.samples_per_s is not None]
+    if job is None or not cands:
         return None
-    unit = (job or {}).get("unit") or "samples/s"
-    rates = [float(c["job"]["samples_per_s"]) for c in cands]
-    highs = [num(c["job"].get("samples_per_s_high")) for c in cands]
-    alones = [num((c.get("alone") or {}).get("samples_per_s")) for c in cands]
-    demand = num((job or {}).get("demand"))
+    unit = job.unit or "samples/s"
+    rates = [num(f.samples_per_s) for _, f in cands]
+    highs = [num(f.samples_per_s_high) for _, f in cands]
+    alones = [num(c.alone.value if c.alone is not None else None) for c, _ in cands]
+    demand = num(job.demand)
     top = max(x for x in [*rates, *highs, *alones, demand] if finite(x))
     low = min(rates)
     log = top > 8 * low
@@ -904,20 +908,19 @@ def job_svg(job: Mapping[str, Any] | None) -> str | None:
     ax.grid(False, axis="y")
     if log:
         ax.set_xscale("log")
-    for y, c in enumerate(reversed(cands)):
-        f = c["job"]
-        v = float(f["samples_per_s"])
-        lo, hi = num(f.get("samples_per_s_low")), num(f.get("samples_per_s_high"))
+    for y, (c, f) in enumerate(reversed(cands)):
+        v = num(f.samples_per_s)
+        lo, hi = num(f.samples_per_s_low), num(f.samples_per_s_high)
         xerr = [[max(0.0, v - lo)], [max(0.0, hi - v)]] if finite(lo, hi) and lo > left else None
-        color = OKABE_ITO["blue"] if c.get("key") == (job or {}).get("pick") else OKABE_ITO["grey"]
+        color = OKABE_ITO["blue"] if c.key == job.pick else OKABE_ITO["grey"]
         ax.barh(y, v - left, left=left, height=0.6, color=color, xerr=xerr, error_kw={"ecolor": _INK, "capsize": 3})
-        alone = num((c.get("alone") or {}).get("samples_per_s"))
+        alone = num(c.alone.value if c.alone is not None else None)
         if finite(alone):
             ax.plot([alone], [y], marker="D", color=OKABE_ITO["orange"], markersize=6, linestyle="none")
     if finite(demand):
         ax.axvline(demand, color=OKABE_ITO["vermillion"], linestyle="--", linewidth=1.2)
     ax.set_yticks(np.arange(len(cands)))
-    ax.set_yticklabels([_text(c.get("label"), 44) for c in reversed(cands)])
+    ax.set_yticklabels([_text(c.label, 44) for c, _ in reversed(cands)])
     ax.set_xlim(left, top * (1.5 if log else 1.15))
     ax.xaxis.set_major_formatter(FuncFormatter(_si))
     ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
@@ -927,24 +930,24 @@ def job_svg(job: Mapping[str, Any] | None) -> str | None:
     return figure_to_svg(fig)
 
 
-def worker_startup_svg(costs: Mapping[str, Any] | None) -> str | None:
+def worker_startup_svg(costs: WorkerCosts | None) -> str | None:
     """Where each setting's time to its workers' first batch goes: one stacked bar per num_workers
     (medians over the workers), the last worker's start as a tick: the process started (its imports, the
     dataset shipped to it), the user's worker_init_fn, the first batch's own work, its delivery."""
-    every = (costs or {}).get("startup") or []
-    rows = [r for r in every if finite(r.get("workers_start_s"))]
+    every = costs.startup if costs is not None else ()
+    rows = [r for r in every if finite(r.workers_start_s)]
     waiting = ("workers_created_s", "waiting to be started (workers before it, dataset pickled)", OKABE_ITO["sky"])
     delivery = ("first_delivery_s", "delivered to the loop", OKABE_ITO["grey"])
     parts: tuple[tuple[str, str, str], ...]
     if not rows:  # SPDL's loader: no worker_init_fn to time by, the worker's own part whole
-        rows = [r for r in every if finite(r.get("worker_unsplit_s")) and finite(r.get("workers_created_s"))]
+        rows = [r for r in every if finite(r.worker_unsplit_s) and finite(r.workers_created_s)]
         if not rows:
             return None
         own = ("worker_unsplit_s", "process start, dataset loaded, first batch's work (not split)", OKABE_ITO["blue"])
         parts = (waiting, own, delivery)
     else:
         # the start in its two parts where every row has them (a worker's creation read from /proc), else whole
-        split = all(finite(r.get("workers_created_s")) and finite(r.get("worker_boot_s")) for r in rows)
+        split = all(finite(r.workers_created_s) and finite(r.worker_boot_s) for r in rows)
         boot = ("worker_boot_s", "process start: imports, dataset loaded", OKABE_ITO["blue"])
         start = (waiting, boot) if split else (("workers_start_s", "process started, dataset shipped", boot[2]),)
         parts = (
@@ -958,34 +961,33 @@ def worker_startup_svg(costs: Mapping[str, Any] | None) -> str | None:
     for y, r in enumerate(reversed(rows)):
         left = 0.0
         for key, label, color in parts:
-            v = max(0.0, num(r.get(key)) if finite(r.get(key)) else 0.0)
+            v = max(0.0, num(r.value(key)) if finite(r.value(key)) else 0.0)
             ax.barh(y, v, left=left, height=0.6, color=color, label=label if y == 0 else None)
             left += v
-        last = num(r.get("workers_start_last_s"))
+        last = num(r.workers_start_last_s)
         if finite(last):
             ax.plot([last], [y], marker="|", color=_INK, markersize=14, linestyle="none")
     ax.set_yticks(np.arange(len(rows)))
-    ax.set_yticklabels([f"num_workers={r['num_workers']}" for r in reversed(rows)])
+    ax.set_yticklabels([f"num_workers={r.num_workers}" for r in reversed(rows)])
     ax.set_xlabel("seconds from iter() to a worker's first batch (medians over the workers; | the last worker's start)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, fontsize=8, frameon=False)
     return figure_to_svg(fig)
 
 
-def worker_memory_svg(costs: Mapping[str, Any] | None) -> str | None:
+def worker_memory_svg(costs: WorkerCosts | None) -> str | None:
     """Each worker's private memory (USS) against the batches it made, over the memory pass at the pick."""
-    mem = (costs or {}).get("memory") or {}
-    samples = mem.get("samples") or []
-    if len(samples) < 2:
+    mem = costs.memory if costs is not None else None
+    samples = (mem.samples if mem is not None else None) or ()
+    if mem is None or len(samples) < 2:
         return None
     fig, ax = _figure_axes(8.4, 3.2)
-    pids = sorted({pid for s in samples for pid in (s.get("uss_mb") or {})})
+    pids = sorted({pid for s in samples for pid in s.uss_mb})
     for i, pid in enumerate(pids):
-        xs = [
-            s["batches"].get(pid) for s in samples if pid in (s.get("uss_mb") or {}) and pid in (s.get("batches") or {})
-        ]
-        ys = [s["uss_mb"][pid] for s in samples if pid in (s.get("uss_mb") or {}) and pid in (s.get("batches") or {})]
+        both = [s for s in samples if pid in s.uss_mb and pid in s.batches]
+        xs = [s.batches[pid] for s in both]
+        ys = [s.uss_mb[pid] for s in both]
         ax.plot(xs, ys, marker="o", markersize=3, color=list(OKABE_ITO.values())[i % 8], label=f"worker {i}")
-    ax.set_xlabel(f"batches the worker made (num_workers={mem.get('num_workers')})")
+    ax.set_xlabel(f"batches the worker made (num_workers={mem.num_workers})")
     ax.set_ylabel("private memory (USS, MB)")
     ax.set_ylim(bottom=0)  # from zero: a flat line is no growth, whatever its decimals
     if len(pids) <= 8:

@@ -30,10 +30,17 @@ from typing import Any
 
 import pandas as pd
 
-from stagebench._numbers import finite, num_or_none
+from stagebench._numbers import finite, num, num_or_none
 from stagebench.analysis._loader import pooled_frame
 from stagebench.analysis._pipeline_job import user_setting
 from stagebench.analysis._summary import guess_kind, summarize_run
+from stagebench.model._evidence import Ratio
+from stagebench.model._job import JobFigures, JobVerdict, StepAlone
+from stagebench.model._loader import LoaderPoint, WorkerCosts
+from stagebench.model._meta import LoaderInfo, Provenance, RunMeta, RunSettings, UserKnobs
+from stagebench.model._pipeline import Prediction
+from stagebench.model._stage import StageEntry, StageSetting
+from stagebench.model._summary import Summary
 from stagebench.report._html import (
     csv_uri,
     interval_text,
@@ -89,6 +96,29 @@ class RunData:
     kind: str = "pipeline"
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def run_meta(self) -> RunMeta:
+        """run.json, typed."""
+        return RunMeta.from_json(self.meta)
+
+    @property
+    def provenance(self) -> Provenance:
+        """The machine the run was measured on: the summary's copy, else run.json's (empty where neither has it)."""
+        copy = self.summary.get("provenance")
+        return Provenance.from_json(copy) if copy else self.run_meta.provenance or Provenance()
+
+    @property
+    def settings(self) -> RunSettings:
+        """The run's settings: the summary's copy, else run.json's."""
+        copy = self.summary.get("settings")
+        return RunSettings.from_json(copy) if copy else self.run_meta.settings
+
+    @property
+    def loader(self) -> LoaderInfo:
+        """The loader under test (loader runs): the summary's copy, else run.json's."""
+        copy = self.summary.get("loader")
+        return LoaderInfo.from_json(copy) if copy else self.run_meta.loader
+
 
 def _stored_summary(path: Path) -> dict[str, Any]:
     """summary.json as saved; {} (so it is computed again from the rows) when it is damaged or was
@@ -114,7 +144,7 @@ def load_run(run_dir: Path, *, recompute: bool = False) -> RunData:
     rd = RunDir(run_dir)
     meta = rd.read_meta()
     rows = read_rows_or_empty(run_dir)
-    kind = meta.get("kind") or guess_kind(rows)
+    kind = RunMeta.from_json(meta).kind or guess_kind(rows)
     summary: dict[str, Any] = {}
     error = None
     if not recompute and rd.summary_json.is_file():
@@ -158,37 +188,41 @@ def _identifier(name: str) -> tuple[str, str]:
     return "fn", f"  # stage {name!r}"
 
 
-def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
+def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any] | RunMeta) -> str:
     """The recommended settings as a PipelineBuilder chain to paste, each changed line marked with yours.
 
     Only the stages' settings are the advice: the source, the sink, the stages' own
     arguments and ``num_threads`` stay as the user wrote them. A first comment says
     what running both found (:func:`stagebench.analysis._verdicts.yours_verdict`).
     """
-    types = {s.get("name"): s for s in meta.get("stages") or []}
-    verdict = (summary.get("recommended_vs_yours") or {}).get("verdict")
-    stages = summary.get("stages") or []
-    job = summary.get("job") or {}
-    decided = job.get("status") == "decided"
+    m = meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)
+    types = {s.get("name"): s for s in m.stages}
+    sm = Summary.from_json(summary)
+    versus = sm.recommended_vs_yours
+    verdict = versus.verdict
+    stages = sm.stages
+    job = JobVerdict.from_json(sm.job)
+    decided = job is not None and job.decided
     # the job's pick is on the stages (analysis/_pipeline_job.apply_job_pick); the prediction's
     # settings are the isolated choice the whole-pipeline runs were made at
-    settings = {} if decided else {s.get("stage"): s for s in (summary.get("prediction") or {}).get("settings") or []}
+    settings = {} if decided else {s.stage: s.to_json() for s in sm.prediction.settings}
     lines, imports = [], set()
-    for st in stages:
-        name = str(st.get("name", "?"))
+    for raw in stages:
+        st = StageEntry.from_json(raw)
+        name = str(st.name if "name" in st.keys else "?")
         info = types.get(name, {})
-        stype = st.get("type") or info.get("type") or "pipe"
+        stype = st.type or info.get("type") or "pipe"
         code, comment = _identifier(name)
         if stype != "pipe":
             lines.append(f"    # .{stype}(...)  stage {name!r}: keep as is")
             continue
-        rec = settings.get(name) or st.get("recommended") or {}
-        ex, c = rec.get("executor"), rec.get("concurrency")
+        rec = StageSetting.from_json(settings.get(name)) or st.recommended or StageSetting()
+        ex, c = rec.executor, rec.concurrency
         if not ex or not c:
             lines.append(f"    .pipe({code}){comment}  # no recommendation: see the stage section")
             continue
         c = int(c)
-        mine = user_setting(st)
+        mine = user_setting(raw)
         if mine:
             comment += f"  # yours: {mine}" if mine != f"{ex} x {c}" else "  # as yours"
         if ex == "process":
@@ -201,9 +235,9 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str
             lines.append(f"    .pipe({code}, concurrency={c}){comment}")
     if not lines:
         return ""
-    threads, threads_note = _num_threads(meta, stages)
+    threads, threads_note = _num_threads(m, stages)
     if decided:
-        x = _versus_yours((job.get("decision") or {}).get("versus_yours"))
+        x = _versus_yours(job.decision.versus_yours if job is not None and job.decision is not None else None)
         head = [
             {
                 "keep yours": "# run with your training loop: no setting run was shown faster than yours, nor "
@@ -211,10 +245,10 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str
                 "cheaper": f"# run with your training loop: as fast as yours within 5%, with fewer workers: {x}",
                 "change": f"# run with your training loop: faster than yours, beyond noise: {x}",
                 "use": "# run with your training loop: the cheapest setting shown within 5% of the fastest run",
-            }.get(job.get("advice") or "", "# run with your training loop")
+            }.get((job.advice if job is not None else None) or "", "# run with your training loop")
         ]
     else:
-        x = _versus_yours(((summary.get("recommended_vs_yours") or {}).get("decision") or {}).get("versus_yours"))
+        x = _versus_yours(versus.versus_yours)
         head = {
             "could not tell": [
                 "# measured in turns: the runs could not tell these from your settings; keep yours (the rule: a "
@@ -239,24 +273,25 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str
             "    PipelineBuilder()",
             "    .add_source(source)",
             *lines,
-            f"    .add_sink({int(num_or_none(meta.get('sink_buffer')) or 3)})"
-            + ("  # as yours" if num_or_none(meta.get("sink_buffer")) else "  # SPDL's default: keep yours"),
+            f"    .add_sink({int(num_or_none(m.sink_buffer) or 3)})"
+            + ("  # as yours" if num_or_none(m.sink_buffer) else "  # SPDL's default: keep yours"),
             f"    .build(num_threads={threads}){threads_note}",
             ")",
         ]
     )
 
 
-def _num_threads(meta: Mapping[str, Any], stages: list) -> tuple[int, str]:
+def _num_threads(m: RunMeta, stages: list) -> tuple[int, str]:
     """``build(num_threads=N)`` for the snippet: the user's own where known, else enough for every stage."""
-    mine = num_or_none(meta.get("num_threads"))
+    mine = num_or_none(m.num_threads)
     if mine:
         return int(mine), "  # as yours"
-    conc = [int(num_or_none((st.get("recommended") or {}).get("concurrency")) or 1) for st in stages]
+    recs = [StageEntry.from_json(st).recommended for st in stages]
+    conc = [int(num_or_none(r.concurrency if r is not None else None) or 1) for r in recs]
     return max([4, *conc]), "  # SPDL's shared pool: at least any stage's concurrency"
 
 
-def _diff_of_your_call(call: list[Mapping[str, Any]], knobs: Mapping[str, Any], mine: Mapping[str, Any]) -> str:
+def _diff_of_your_call(call: Sequence[Mapping[str, Any]], knobs: Mapping[str, Any], mine: UserKnobs | None) -> str:
     """The user's own DataLoader call with only the loader settings changed, each change marked "was".
 
     A knob of the user's that does not apply on the measuring host (pin_memory without a CUDA
@@ -269,21 +304,20 @@ def _diff_of_your_call(call: list[Mapping[str, Any]], knobs: Mapping[str, Any], 
     for k, v in knobs.items():
         if v is None:
             continue
-        was = mine.get(k, "default") if mine else None
-        change = f"  # was {was!r}" if mine and was != v else ("  # as yours" if mine else "")
-        lines.append(f"    {k}={v!r},{change}")
-    for k, v in (mine or {}).items():
-        if k not in knobs and k == "pin_memory" and v:
-            lines.append(f"    {k}={v!r},  # as yours (not measured: no CUDA device where this ran)")
+        if mine is None:
+            lines.append(f"    {k}={v!r},")
+            continue
+        was = getattr(mine, k) if mine.gave(k) else "default"
+        lines.append(f"    {k}={v!r}," + (f"  # was {was!r}" if was != v else "  # as yours"))
+    if mine is not None and mine.pin_memory and "pin_memory" not in knobs:
+        lines.append(f"    pin_memory={mine.pin_memory!r},  # as yours (not measured: no CUDA device where this ran)")
     lines.append(")")
     return "\n".join(lines)
 
 
-def _versus_yours(d: Mapping[str, Any] | None) -> str:
+def _versus_yours(d: Ratio | Mapping[str, Any] | None) -> str:
     """A ratio to yours in turns, as the verdicts write it, or what is missing of it."""
-    from stagebench.model._evidence import Ratio
-
-    x = Ratio.from_json(d)
+    x = d if isinstance(d, Ratio) else Ratio.from_json(d)
     return x.text("yours") if x is not None else "no ratio in turns recorded"
 
 
@@ -291,19 +325,17 @@ def loader_snippet(summary: Mapping[str, Any]) -> str:
     rec = summary.get("recommended") or {}
     if not rec:
         return ""
-    info = summary.get("loader") or {}
-    backend = str(info.get("backend") or "")
+    info = LoaderInfo.from_json(summary.get("loader"))
+    backend = str(info.backend or "")
     knobs = loader_knobs(rec)
-    if int(knobs.get("num_workers") or 0) == 0 and backend in ("torch", "spdl_pytorch", ""):
+    if not LoaderPoint.from_json(rec).num_workers and backend in ("torch", "spdl_pytorch", ""):
         # DataLoader rejects prefetch_factor/persistent_workers without workers.
         knobs.pop("prefetch_factor", None)
         knobs["persistent_workers"] = False
-    call = info.get("call") or []
-    mine = info.get("user_knobs") or {}
-    if call and backend in ("torch", ""):
-        return _diff_of_your_call(call, knobs, mine)
+    if info.call and backend in ("torch", ""):
+        return _diff_of_your_call(info.call, knobs, info.user_knobs)
     args = ", ".join(f"{k}={v!r}" for k, v in knobs.items() if v is not None)
-    bs = info.get("batch_size")
+    bs = info.batch_size
     bs_arg = f"batch_size={bs}, " if bs else ""
     if backend == "spdl_pytorch":
         return (
@@ -320,9 +352,9 @@ def loader_snippet(summary: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------- context
 
 
-def _signal_items(evidence: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _signal_items(signals: Mapping[str, Any]) -> list[dict[str, Any]]:
     out = []
-    for key, sig in (evidence.get("signals") or {}).items():
+    for key, sig in signals.items():
         if not isinstance(sig, Mapping):
             sig = {"value": sig}
         iv = sig.get("interval") or [None, None]
@@ -360,7 +392,7 @@ def _fit_items(fits: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _point_rows(rows: pd.DataFrame, stage: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _point_rows(rows: pd.DataFrame, stage: StageEntry) -> list[dict[str, Any]]:
     """The stage's measured points, the numbers behind its two figures: throughput in source items/s
     (the card's unit), cores used, latency and memory."""
     if rows.empty or not {"role", "status", "qps"} <= set(rows.columns):
@@ -474,46 +506,47 @@ def stage_cards(
     cards = []
     for i, name in enumerate(names, start=1):
         s = by_name.get(name, {})
+        st = StageEntry.from_json(s)
         sub = rows[rows["stage"].astype(str) == name] if "stage" in rows else rows.iloc[0:0]
         sub = sub.sort_values(list(_STAGE_ROW_ORDER), kind="stable") if len(sub) else sub
-        cls = s.get("classification") or "unknown"
-        ev = s.get("evidence") or {}
-        gi = s.get("gil_fraction_interval") or [None, None]
-        points = _point_rows(sub, s)
+        cls = st.classification or "unknown"
+        ev = st.evidence
+        gi = st.gil_fraction_interval or (None, None)
+        points = _point_rows(sub, st)
         cards.append(
             {
                 "anchor": f"{anchor}-{i}",
                 "name": name,
                 "index": i,
-                "type": s.get("type") or "",
-                "status": s.get("status", "ok" if len(sub) else "not measured"),
+                "type": st.type or "",
+                "status": st.status if "status" in st.keys else ("ok" if len(sub) else "not measured"),
                 "classification": cls,
                 "class_text": _CLASS_TEXT.get(cls, cls)
                 + (
-                    f"; alone at {s['limit']['at']}, {s['limit']['text'].split(':')[0]}"
-                    if (s.get("limit") or {}).get("kind")
+                    f"; alone at {st.limit.at}, {str(st.limit.text).split(':')[0]}"
+                    if st.limit is not None and st.limit.kind
                     else ""
                 ),
                 "class_color": _plots.CLASS_COLORS.get(cls, _plots.OKABE_ITO["grey"]),
-                "gil": s.get("gil_fraction"),
+                "gil": st.gil_fraction,
                 "gil_low": gi[0],
                 "gil_high": gi[1] if len(gi) > 1 else None,
-                "evidence": [str(x) for x in ev.get("summary") or []],
-                "signals": _signal_items(ev),
-                "fits": _fit_items(s.get("fit") or {}),
+                "evidence": [str(x) for x in ev.summary],
+                "signals": _signal_items(ev.signals),
+                "fits": _fit_items(st.fit),
                 # source items/s, the unit of the bounds and the pipeline lines; calls/s as a side note
-                "rec": _in_items(s.get("recommended"), s),
+                "rec": _in_items(_json(st.recommended), st),
                 "yours": user_setting(s),
-                "best": _in_items(s.get("best"), s),
-                "ceiling": _in_items({"qps": s.get("ceiling_qps")}, s)["qps"],
+                "best": _in_items(_json(st.best), st),
+                "ceiling": _in_items({"qps": st.ceiling_qps}, st)["qps"],
                 # measured at the stage's own best setting, where the pipeline's choice differs
-                "alone": _in_items(s.get("recommended_alone"), s) if s.get("recommended_alone") else None,
-                "alone_unpaired": s.get("head_to_head_skipped") if s.get("recommended_alone") else None,
-                "items_per_call": num_or_none(s.get("items_per_input")),
-                "calls_qps": (s.get("recommended") or {}).get("qps"),
-                "cpu_ms": _to_ms(s.get("cpu_s_per_item")),
-                "gil_ms": _to_ms(s.get("gil_s_per_item")),
-                "img_qps": svg_uri(_plots.stage_throughput_svg(sub, s)) if len(sub) else None,
+                "alone": _in_items(_json(st.recommended_alone), st) if st.recommended_alone is not None else None,
+                "alone_unpaired": st.head_to_head_skipped if st.recommended_alone is not None else None,
+                "items_per_call": num_or_none(st.items_per_input) if "items_per_input" in st.keys else None,
+                "calls_qps": st.recommended.qps if st.recommended is not None else None,
+                "cpu_ms": _to_ms(st.cpu_s_per_item),
+                "gil_ms": _to_ms(st.gil_s_per_item),
+                "img_qps": svg_uri(_plots.stage_throughput_svg(sub, st)) if len(sub) else None,
                 "img_res": svg_uri(_plots.stage_resources_svg(sub, cores)) if len(sub) and resources_plot else None,
                 "res_in_table": bool(points) and not resources_plot,
                 "points": points,
@@ -526,67 +559,63 @@ def stage_cards(
 def _pipeline_context(run: RunData) -> dict[str, Any]:
     from stagebench.report import _plots
 
-    rows, meta, summary = run.rows, run.meta, run.summary
-    prov = summary.get("provenance") or meta.get("provenance") or {}
-    cores = prov.get("usable_cores") or prov.get("cpu_count")
-    quick = (meta.get("settings") or {}).get("quick") == "on"
-    stages = stage_cards(rows, summary.get("stages") or [], meta.get("stages") or [], cores, resources_plot=not quick)
-    pred = _keys(
-        summary.get("prediction"),
-        ("qps", "binding", "bottleneck", "explanation", "bounds", "naive_qps", "method", "bounds_qps"),
-    )
-    val = _keys(summary.get("validation"), ("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction"))
+    rows, meta, summary = run.rows, run.run_meta, run.summary
+    cores = run.provenance.cores
+    quick = meta.settings.quick == "on"
+    sm = Summary.from_json(summary)
+    stages = stage_cards(rows, sm.stages, meta.stages, cores, resources_plot=not quick)
+    pred, val = sm.prediction, sm.validation
     tiles = _job_tile(summary)
-    if pred.get("qps") is not None:
-        binding = _BINDING_TEXT.get(pred.get("binding"), pred.get("binding") or "?")
+    if pred.qps is not None:
+        binding = _BINDING_TEXT.get(pred.binding, pred.binding or "?")
         tiles.append(
             {
                 "label": "predicted pipeline throughput",
-                "value": f"{rate_text(pred['qps'])} items/s",
+                "value": f"{rate_text(pred.qps)} items/s",
                 "sub": (
-                    f"replayed with stand-ins (bounds: {rate_text(pred['bounds_qps'])}) · "
-                    if pred.get("method") == "replay" and finite(pred.get("bounds_qps"))
+                    f"replayed with stand-ins (bounds: {rate_text(pred.bounds_qps)}) · "
+                    if pred.method == "replay" and finite(pred.bounds_qps)
                     else ""
                 )
                 + f"bound by {binding}"
-                + (f" · bottleneck: {pred['bottleneck']}" if pred.get("bottleneck") else ""),
+                + (f" · bottleneck: {pred.bottleneck}" if pred.bottleneck else ""),
             }
         )
-    if val.get("qps") is not None:
-        sub = f"{interval_text(val.get('qps_low'), val.get('qps_high'))}"
-        if finite(val["qps"]) and finite(pred.get("qps")) and float(pred["qps"]) > 0:
+    if val.qps is not None:
+        sub = f"{interval_text(val.qps_low, val.qps_high)}"
+        if finite(val.qps) and finite(pred.qps) and num(pred.qps) > 0:
             # computed here, not read from error_vs_prediction: the sign convention is then unambiguous
-            sub += f" · {pct_text(float(val['qps']) / float(pred['qps']) - 1, signed=True)} vs predicted"
-        tiles.append({"label": "measured whole pipeline", "value": f"{rate_text(val['qps'])} items/s", "sub": sub})
-    trainer = summary.get("trainer") or {}
-    if finite(trainer.get("samples_per_s")):
-        wp = trainer.get("with_pipeline") or {}
+            sub += f" · {pct_text(num(val.qps) / num(pred.qps) - 1, signed=True)} vs predicted"
+        tiles.append({"label": "measured whole pipeline", "value": f"{rate_text(val.qps)} items/s", "sub": sub})
+    trainer = StepAlone.from_json(sm.trainer)
+    if finite(trainer.samples_per_s):
+        wp = trainer.with_pipeline
         tiles.append(
             {
                 "label": "your training step (demand)",
-                "value": f"{rate_text(trainer['samples_per_s'])} items/s",
-                "sub": f"{interval_text(trainer.get('samples_per_s_low'), trainer.get('samples_per_s_high'))}"
+                "value": f"{rate_text(trainer.samples_per_s)} items/s",
+                "sub": f"{interval_text(trainer.samples_per_s_low, trainer.samples_per_s_high)}"
                 + (
-                    f" · waited for data {pct_text(wp['data_wait_share'])} of each step on the real pipeline"
-                    if finite(wp.get("data_wait_share"))
+                    f" · waited for data {pct_text(wp.data_wait_share)} of each step on the real pipeline"
+                    if wp is not None and finite(wp.data_wait_share)
                     else ""
                 ),
             }
         )
-    yours = summary.get("recommended_vs_yours") or {}
-    if finite(yours.get("qps")):
+    yours = sm.recommended_vs_yours
+    if finite(yours.qps):
         tiles.append(
             {
                 "label": "your settings, pipeline alone",
-                "value": f"{rate_text(yours['qps'])} items/s",
-                "sub": f"{interval_text(yours.get('qps_low'), yours.get('qps_high'))} · in turns with the recommended",
+                "value": f"{rate_text(yours.qps)} items/s",
+                "sub": f"{interval_text(yours.qps_low, yours.qps_high)} · in turns with the recommended",
             }
         )
-    if pred.get("naive_qps") is not None and pred.get("qps") is not None and finite(pred.get("naive_qps")):
+    if pred.naive_qps is not None and pred.qps is not None and finite(pred.naive_qps):
         tiles.append(
             {
                 "label": "slowest stage alone",
-                "value": f"{rate_text(pred['naive_qps'])} items/s",
+                "value": f"{rate_text(pred.naive_qps)} items/s",
                 "sub": "the naive min-of-stages estimate",
             }
         )
@@ -597,40 +626,35 @@ def _pipeline_context(run: RunData) -> dict[str, Any]:
     return {
         "stages": stages,
         "tiles": tiles,
-        "stand_ins": _stand_in_rows(summary.get("prediction")),
+        "stand_ins": _stand_in_rows(pred),
         "prediction": pred,
-        "binding_text": _BINDING_TEXT.get(pred.get("binding"), pred.get("binding") or ""),
+        "binding_text": _BINDING_TEXT.get(pred.binding, pred.binding or ""),
         "validation": val,
         "snippet": pipeline_snippet(summary, meta),
         "overview_img": svg_uri(_plots.pipeline_overview_svg(summary)),
         "n_problems": n_bad,
         "not_isolated": [
             {"name": str(x.get("name", "?")), "reason": str(x.get("reason", ""))}
-            for x in (summary.get("not_isolated") or meta.get("not_isolated") or [])
+            for x in (sm.not_isolated or meta.not_isolated)
         ],
     }
 
 
-def _stand_in_rows(pred: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+def _stand_in_rows(pred: Prediction) -> list[dict[str, Any]]:
     """What the replay ran in place of each stage, in ms per call (what the predicted number rests on)."""
-    replay = (pred or {}).get("replay") or {}
-    out = []
-    for s in replay.get("stand_ins") or []:
-        if not isinstance(s, Mapping):
-            continue
-        out.append(
-            {
-                "name": str(s.get("name", "?")),
-                "executor": str(s.get("executor", "?")),
-                "concurrency": s.get("concurrency"),
-                "gil_ms": _to_ms(s.get("gil_s")),
-                "free_ms": _to_ms(s.get("free_s")),
-                "wait_ms": _to_ms(s.get("wait_s")),
-                "releases": int(s["releases"]) if isinstance(s.get("releases"), (int, float)) else 1,
-                "note": str(s.get("note") or ""),
-            }
-        )
-    return out
+    return [
+        {
+            "name": s.name,
+            "executor": s.executor,
+            "concurrency": s.concurrency,
+            "gil_ms": _to_ms(s.gil_s),
+            "free_ms": _to_ms(s.free_s),
+            "wait_ms": _to_ms(s.wait_s),
+            "releases": s.releases,
+            "note": s.note,
+        }
+        for s in pred.stand_ins
+    ]
 
 
 _POINT_KEYS = ("executor", "concurrency", "harness", "qps", "qps_low", "qps_high", "why")
@@ -652,9 +676,14 @@ def _keys(d: Mapping[str, Any] | None, keys: Sequence[str]) -> dict[str, Any]:
     return {**{k: None for k in keys}, **d}
 
 
-def _in_items(point: Mapping[str, Any] | None, stage: Mapping[str, Any]) -> dict[str, Any]:
+def _json(point: StageSetting | None) -> dict[str, Any] | None:
+    """A setting as the summary holds it."""
+    return point.to_json() if point is not None else None
+
+
+def _in_items(point: Mapping[str, Any] | None, stage: StageEntry) -> dict[str, Any]:
     """A point's throughputs in source items/s: per call times the source items one call stands for."""
-    k = num_or_none(stage.get("items_per_input")) or 1.0
+    k = num_or_none(stage.items_per_input) or 1.0
     out = _keys(point, _POINT_KEYS)
     for key in ("qps", "qps_low", "qps_high"):
         v = num_or_none(out.get(key))
@@ -671,26 +700,30 @@ def _loader_context(run: RunData) -> dict[str, Any]:
     from stagebench.report import _plots
 
     rows, summary = run.rows, run.summary
-    info = summary.get("loader") or run.meta.get("loader") or {}
-    rec = _keys(summary.get("recommended"), _LOADER_KEYS) if summary.get("recommended") else {}
-    best = _keys(summary.get("best"), _LOADER_KEYS)
-    search = summary.get("search") or {}
+    info = run.loader
+    sm = Summary.from_json(summary)
+    rec = _keys(sm.recommended, _LOADER_KEYS) if sm.recommended else {}
+    best = _keys(sm.best, _LOADER_KEYS)
+    # the same points, read: the tiles' figures and the table's mark of the recommended
+    rec_pt = LoaderPoint.from_json(rec) if rec else None
+    best_rate, user = LoaderPoint.from_json(best).samples_per_s, LoaderPoint.from_json(sm.user_setting)
+    search = sm.search
     target = _keys(summary.get("target"), ("rate", "met", "verdict")) if summary.get("target") else None
     tiles = _job_tile(summary)
-    if rec.get("samples_per_s") is not None:
+    if rec_pt is not None and rec_pt.samples_per_s is not None:
         tiles.append(
             {
                 "label": "recommended setting, loader alone",
-                "value": f"{rate_text(rec['samples_per_s'])} samples/s",
-                "sub": _knobs_text(rec),
+                "value": f"{rate_text(rec_pt.samples_per_s.value)} samples/s",
+                "sub": _knobs_text(rec_pt),
             }
         )
-    if best.get("samples_per_s") is not None:
+    if best_rate is not None:
         tiles.append(
             {
                 "label": "best measured",
-                "value": f"{rate_text(best['samples_per_s'])} samples/s",
-                "sub": interval_text(best.get("samples_per_s_low"), best.get("samples_per_s_high")),
+                "value": f"{rate_text(best_rate.value)} samples/s",
+                "sub": interval_text(best_rate.low, best_rate.high),
             }
         )
     if target:
@@ -701,23 +734,22 @@ def _loader_context(run: RunData) -> dict[str, Any]:
                 "sub": "the loader alone meets it" if target.get("met") else "NOT met even by the loader alone",
             }
         )
-    if search.get("points_measured") is not None:
-        sub = f"{search.get('points_measured')} points in {num_text(search.get('seconds'))} s"
-        if finite(search.get("time_saved_s")):
-            sub += f"; saved {num_text(search['time_saved_s'])} s vs the full grid"
+    if search is not None and search.points_measured is not None:
+        sub = f"{search.points_measured} points in {num_text(search.seconds)} s"
+        if finite(search.time_saved_s):
+            sub += f"; saved {num_text(search.time_saved_s)} s vs the full grid"
         tiles.append(
             {
-                "label": f"search ({search.get('strategy', '?')})",
-                "value": f"{search.get('points_measured')} points",
+                "label": f"search ({'?' if search.strategy is None else search.strategy})",
+                "value": f"{search.points_measured} points",
                 "sub": sub,
             }
         )
-    user = summary.get("user_setting") or {}
-    if finite(user.get("samples_per_s")):
+    if user.samples_per_s is not None:
         tiles.append(
             {
                 "label": "your setting, loader alone",
-                "value": f"{rate_text(user['samples_per_s'])} samples/s",
+                "value": f"{rate_text(user.samples_per_s.value)} samples/s",
                 "sub": _knobs_text(user),
             }
         )
@@ -732,36 +764,36 @@ def _loader_context(run: RunData) -> dict[str, Any]:
         for c in ("num_workers", "prefetch_factor"):
             ok[c] = pd.to_numeric(ok[c], errors="coerce")
         ok = ok.sort_values(["num_workers", "prefetch_factor"], kind="stable", na_position="first")
-        for r in ok.to_dict("records"):
+        for pt in map(LoaderPoint.from_json, ok.to_dict("records")):
+            r = pt.samples_per_s
             points.append(
                 {
-                    "nw": num_text(int(r["num_workers"])) if finite(r.get("num_workers")) else "—",
-                    "pf": num_text(int(r["prefetch_factor"])) if finite(r.get("prefetch_factor")) else "—",
-                    "pw": _cell(r.get("persistent_workers")),
-                    "pin": _cell(r.get("pin_memory")),
-                    "sps": r.get("samples_per_s"),
-                    "lo": r.get("samples_per_s_low"),
-                    "hi": r.get("samples_per_s_high"),
-                    "ttfb": r.get("time_to_first_batch_s"),
-                    "stall": r.get("epoch_stall_s"),
-                    "cores": r.get("cores_used"),
-                    "mem": r.get("mem_pss_mb"),
-                    "runs": int(r.get("measurements") or 1),
-                    "rec": _same_knobs(r, rec),
+                    "nw": num_text(pt.num_workers) if pt.num_workers is not None else "—",
+                    "pf": num_text(pt.prefetch_factor) if pt.prefetch_factor is not None else "—",
+                    "pw": _cell(pt.persistent_workers),
+                    "pin": _cell(pt.pin_memory),
+                    "sps": None if r is None else r.value,
+                    "lo": None if r is None else r.low,
+                    "hi": None if r is None else r.high,
+                    "ttfb": pt.time_to_first_batch_s,
+                    "stall": pt.epoch_stall_s,
+                    "cores": pt.cores_used,
+                    "mem": pt.mem_pss_mb,
+                    "runs": pt.measurements or 1,
+                    "rec": _same_knobs(pt, rec_pt),
                 }
             )
-    prov = summary.get("provenance") or run.meta.get("provenance") or {}
     trows = run.extra.get("transform_rows")
     transforms = stage_cards(
         trows if trows is not None else pd.DataFrame(),
         summary.get("transforms") or [],
         [],
-        prov.get("usable_cores") or prov.get("cpu_count"),
+        run.provenance.cores,
         anchor="transform",
     )
-    budget = (summary.get("settings") or {}).get("memory_budget_mb")
+    budget = RunSettings.from_json(summary.get("settings")).memory_budget_mb
     return {
-        "info": {str(k): v for k, v in info.items()},
+        "info": {str(k): v for k, v in info.to_json().items()},
         "rec": rec,
         "best": best,
         "search": search,
@@ -776,49 +808,46 @@ def _loader_context(run: RunData) -> dict[str, Any]:
         "points": points,
         "problems": _problem_rows(rows),
         "transforms": transforms,
-        "costs": _worker_costs_context(summary),
+        "costs": _worker_costs_context(sm.worker_costs),
     }
 
 
-def _worker_costs_context(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+def _worker_costs_context(recorded: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """What each worker costs (summary["worker_costs"]): the start-up split and the memory over the pass."""
     from stagebench.report import _plots
 
-    costs = summary.get("worker_costs") or {}
-    if not costs:
+    if not recorded:
         return None
-    ship = costs.get("shipping") or {}
-    mem = costs.get("memory") or {}
+    costs = WorkerCosts.from_json(recorded)
     return {
         "img_startup": svg_uri(_plots.worker_startup_svg(costs)),
         "img_memory": svg_uri(_plots.worker_memory_svg(costs)),
-        "startup": list(costs.get("startup") or []),
-        "ship": ship,
-        "mem": {k: v for k, v in mem.items() if k != "samples"},
-        "available_mb": costs.get("available_mb"),
-        "shm": costs.get("shm") or {},
-        "seconds": costs.get("seconds"),
+        "startup": [r.to_json() for r in costs.startup],
+        "ship": costs.shipping.to_json() if costs.shipping is not None else {},
+        "mem": costs.memory.to_json(samples=False) if costs.memory is not None else {},
+        "available_mb": costs.available_mb,
+        "shm": costs.shm.to_json() if costs.shm is not None else {},
+        "seconds": costs.seconds,
     }
 
 
-def _knobs_text(point: Mapping[str, Any]) -> str:
+def _knobs_text(point: LoaderPoint) -> str:
     """``num_workers=4, prefetch_factor=2`` (prefetch only with workers)."""
-    nw = point.get("num_workers")
-    pf = point.get("prefetch_factor")
+    nw, pf = point.num_workers, point.prefetch_factor
     return f"num_workers={nw}" + (f", prefetch_factor={pf}" if nw and pf is not None else "")
 
 
 def _job_tile(summary: Mapping[str, Any]) -> list[dict[str, str]]:
     """The first tile where the job ran: what your loop did at the recommended setting."""
-    job = summary.get("job") or {}
-    if job.get("status") != "decided" or not finite(job.get("samples_per_s")):
+    job = JobVerdict.from_json(summary.get("job"))
+    if job is None or not job.decided or not finite(job.samples_per_s):
         return []
     return [
         {
             "label": "your training job, recommended",
-            "value": f"{rate_text(job['samples_per_s'])} {job.get('unit') or 'samples/s'}",
-            "sub": f"{interval_text(job.get('samples_per_s_low'), job.get('samples_per_s_high'))} · "
-            f"{pct_text(job.get('data_wait_share'))} of each step waiting for data",
+            "value": f"{rate_text(job.samples_per_s)} {job.unit or 'samples/s'}",
+            "sub": f"{interval_text(job.samples_per_s_low, job.samples_per_s_high)} · "
+            f"{pct_text(job.data_wait_share)} of each step waiting for data",
         }
     ]
 
@@ -826,72 +855,69 @@ def _job_tile(summary: Mapping[str, Any]) -> list[dict[str, str]]:
 def _job_context(summary: Mapping[str, Any]) -> dict[str, Any] | None:
     """The training job's section: your loop on the real loader or pipeline at each candidate (summary["job"])."""
     from stagebench.analysis._job import ORIGIN_WORDS
-    from stagebench.model._evidence import Ratio
     from stagebench.report import _plots
 
-    job = summary.get("job") or {}
-    if not job:
+    job = JobVerdict.from_json(summary.get("job"))
+    if job is None:
         return None
     rows = []
-    for c in job.get("candidates") or []:
-        f = c.get("job") or {}
-        alone = c.get("alone") or {}
+    for c in job.candidates:
+        f = c.job or JobFigures()
         rows.append(
             {
-                "label": str(c.get("label") or c.get("key")),
-                "why": ", ".join(ORIGIN_WORDS.get(o, str(o)) for o in c.get("origin") or []),
-                "rate": f.get("samples_per_s"),
-                "low": f.get("samples_per_s_low"),
-                "high": f.get("samples_per_s_high"),
-                "wait": f.get("data_wait_share"),
-                "alone": alone.get("samples_per_s"),
-                "slices": f.get("slices"),
-                "steps": f.get("steps"),
-                "startup": f.get("startup_s"),
-                "pick": c.get("key") == job.get("pick"),
-                "as_good": bool(c.get("as_good")),
+                "label": str(c.name),
+                "why": ", ".join(ORIGIN_WORDS.get(o, str(o)) for o in c.origin),
+                "rate": f.samples_per_s,
+                "low": f.samples_per_s_low,
+                "high": f.samples_per_s_high,
+                "wait": f.data_wait_share,
+                "alone": c.alone.value if c.alone is not None else None,
+                "slices": f.slices,
+                "steps": f.steps,
+                "startup": f.startup_s,
+                "pick": c.key == job.pick,
+                "as_good": c.as_good,
                 "versus": "yours"
-                if c.get("key") == job.get("yours")
-                else (x.text() if (x := Ratio.from_json(c.get("versus_yours"))) is not None else "—"),
+                if c.key == job.yours
+                else (c.versus_yours.text() if c.versus_yours is not None else "—"),
             }
         )
     return {
-        "text": str(job.get("text") or ""),
-        "why": str(job.get("why") or ""),
-        "unit": str(job.get("unit") or "samples/s"),
+        "text": str(job.text or ""),
+        "why": str(job.why or ""),
+        "unit": str(job.unit or "samples/s"),
         "img": svg_uri(_plots.job_svg(job)),
         "rows": rows,
-        "zero_workers": job.get("zero_workers"),
-        "unproven": [str(u) for u in job.get("unproven") or []],
-        "rounds": job.get("rounds"),
-        "seconds": job.get("seconds"),
-        "demand": job.get("demand"),
+        "zero_workers": job.zero_workers,
+        "unproven": [str(u) for u in job.unproven],
+        "rounds": job.rounds,
+        "seconds": job.seconds,
+        "demand": job.demand,
     }
 
 
-def _same_knobs(row: Mapping[str, Any], rec: Mapping[str, Any]) -> bool:
-    if not rec or rec.get("num_workers") is None:
+def _same_knobs(row: LoaderPoint, rec: LoaderPoint | None) -> bool:
+    """Whether a table's point is the recommended setting (a prefetch_factor either leaves out matches any)."""
+    if rec is None or rec.num_workers is None:
         return False
-    if int(row.get("num_workers") or 0) != int(rec["num_workers"]):
+    if (row.num_workers or 0) != rec.num_workers:
         return False
-    pf_r, pf_c = row.get("prefetch_factor"), rec.get("prefetch_factor")
-    if pf_r is not None and pf_c is not None and finite(pf_r) and finite(pf_c) and int(pf_r) != int(pf_c):
+    pf_r, pf_c = row.prefetch_factor, rec.prefetch_factor
+    if pf_r is not None and pf_c is not None and pf_r != pf_c:
         return False
-    for k in ("persistent_workers", "pin_memory"):
-        if k in rec and str(row.get(k)).lower() != str(rec[k]).lower():
-            return False
-    return True
+    flags = ((row.persistent_workers, rec.persistent_workers), (row.pin_memory, rec.pin_memory))
+    return all(str(a).lower() == str(b).lower() for a, b in flags)
 
 
 def _title(run: RunData) -> str:
     if run.kind == "loader":
-        info = run.summary.get("loader") or run.meta.get("loader") or {}
-        return f"{info.get('name', 'loader')} ({info.get('backend', '?')})"
-    pred = run.summary.get("prediction") or {}
-    names = [str(s.get("name")) for s in run.summary.get("stages") or run.meta.get("stages") or []]
+        info = run.loader
+        return f"{'loader' if info.name is None else info.name} ({'?' if info.backend is None else info.backend})"
+    sm = Summary.from_json(run.summary)
+    names = [str(s.get("name")) for s in sm.stages or run.run_meta.stages]
     if names:
         return f"pipeline: {' → '.join(names[:6])}" + (" → …" if len(names) > 6 else "")
-    return f"pipeline {pred.get('bottleneck', '')}".strip()
+    return f"pipeline {sm.prediction.bottleneck or ''}".strip()
 
 
 #: Per-stage summary entries left out of the page's JSON copy: each is drawn or listed above it, or
@@ -925,15 +951,16 @@ def _phases_text(phases: Any) -> str | None:
 
 
 def report_context(run: RunData) -> dict[str, Any]:
-    summary, meta = run.summary, run.meta
-    warnings = [str(w) for w in summary.get("warnings") or []]
+    summary, meta = run.summary, run.run_meta
+    sm = Summary.from_json(summary)
+    warnings = list(sm.warnings)
     if run.summary_error:
         warnings.insert(
             0, f"the analysis could not run, so this report shows the raw measurements only ({run.summary_error})"
         )
     if run.rows.empty:
         warnings.insert(0, "no measured rows: results.csv is missing or empty")
-    settings = summary.get("settings") or meta.get("settings") or {}
+    settings = run.settings.to_json()
     findings = [
         {
             "severity": str(f.get("severity", "info")),
@@ -941,36 +968,34 @@ def report_context(run: RunData) -> dict[str, Any]:
             "detail": str(f.get("detail", "")),
             "stage": f.get("stage"),
         }
-        for f in summary.get("findings") or []
+        for f in sm.findings
     ]
     # Findings arrive ranked: show the important ones, fold the minor tail away.
     split = max(3, sum(1 for f in findings if f["severity"] in ("high", "medium")))
     ctx: dict[str, Any] = {
         "kind": run.kind,
         "title": _title(run),
-        "verdict": summary.get("verdict")
+        "verdict": sm.verdict
         or ("no verdict: the analysis did not run" if run.summary_error else "no verdict in summary.json"),
-        "demand": (summary.get("demand") or {}).get("text"),
-        "scope": summary.get("scope"),
+        "demand": sm.demand.text,
+        "scope": sm.scope,
         # with the job run, the comparison with yours is the job's (its section); the pipeline alone's
         # "keep them" next to a job pick that changes them would be two recommendations
         "yours": None
-        if (summary.get("job") or {}).get("status") == "decided"
-        else (summary.get("recommended_vs_yours") or {}).get("text"),
+        if (jv := JobVerdict.from_json(sm.job)) is not None and jv.decided
+        else sm.recommended_vs_yours.text,
         "warnings": warnings,
         "findings": findings[:split],
         "more_findings": findings[split:],
-        "provenance": provenance_items(
-            summary.get("provenance") or meta.get("provenance"), meta.get("provenance_after")
-        ),
+        "provenance": provenance_items(run.provenance, meta.provenance_after),
         "run_items": [
             (k, str(v))
             for k, v in (
-                ("created", meta.get("created_at")),
+                ("created", meta.created_at),
                 ("command", _command(meta)),
-                ("stagebench", summary.get("stagebench_version")),
+                ("stagebench", sm.stagebench_version),
                 ("run directory", run.path.name),
-                ("time spent", _phases_text(meta.get("phases_s"))),
+                ("time spent", _phases_text(meta.phases_s)),
             )
             if v
         ],
@@ -994,8 +1019,8 @@ def report_context(run: RunData) -> dict[str, Any]:
     return ctx
 
 
-def _command(meta: Mapping[str, Any]) -> str | None:
-    cmd = meta.get("command")
+def _command(m: RunMeta) -> str | None:
+    cmd = m.command
     if isinstance(cmd, (list, tuple)):
         import shlex
 

@@ -15,10 +15,15 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stagebench._numbers import finite, num_or_none
+from stagebench._numbers import num, num_or_none
 from stagebench.analysis._labels import LIMIT_SHORT
 from stagebench.analysis._loader import setting_cost
 from stagebench.analysis._pipeline_job import user_setting
+from stagebench.model._job import JobVerdict
+from stagebench.model._loader import LoaderPoint
+from stagebench.model._meta import LoaderInfo
+from stagebench.model._stage import StageEntry, StageSetting
+from stagebench.model._summary import Summary
 
 __all__ = ["format_table", "format_rate", "format_loader_table", "job_lines"]
 
@@ -48,11 +53,11 @@ def format_rate(qps: Any, low: Any = None, high: Any = None) -> str:
     return f"{fmt(q)} ({fmt(max(lo, 0.0))}-{fmt(hi)})"
 
 
-def _setting(point: Mapping[str, Any] | None) -> str:
-    if not point or point.get("executor") is None:
+def _setting(point: StageSetting | None) -> str:
+    if point is None or point.executor is None:
         return "-"
-    c = point.get("concurrency")
-    return f"{point['executor']} x {int(c)}" if c is not None and num_or_none(c) is not None else str(point["executor"])
+    c = point.concurrency
+    return f"{point.executor} x {int(c)}" if c is not None and num_or_none(c) is not None else str(point.executor)
 
 
 def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -62,18 +67,19 @@ def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
 
 def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | None = None) -> str:
     """The end-of-run table for a pipeline summary (see docs/contracts.md)."""
+    sm = Summary.from_json(summary)
     header = ("stage", "verdict", "recommended", "items/s (95% CI)", "notes")
     rows: list[tuple[str, ...]] = [header]
-    for st in summary.get("stages") or []:
-        status = st.get("status") or "ok"
-        verdict = st.get("classification") or "unknown"
+    for raw in sm.stages:
+        st = StageEntry.from_json(raw)
+        status = st.status or "ok"
+        verdict = st.classification or "unknown"
         if status not in ("ok", None):
             verdict = f"{status}" if verdict == "unknown" else f"{verdict} ({status})"
-        gil = num_or_none(st.get("gil_fraction"))
-        mix = st.get("mix") or []
+        gil = num_or_none(st.gil_fraction)
+        mix = st.mix
         if len(mix) > 1 and status in ("ok", None):
             # a tie within the shares' noise: the label the tie rule gives, and the shares it was decided on
-            sig = (st.get("evidence") or {}).get("signals") or {}
             words = {
                 "gil-bound": ("GIL", "share_gil"),
                 "cpu-bound": ("CPU", "share_cpu"),
@@ -82,38 +88,38 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
             parts = [
                 f"{words[k][0]} {v:.0%}"
                 for k in mix
-                if (v := num_or_none((sig.get(words[k][1]) or {}).get("value"))) is not None
+                if (v := num_or_none(st.evidence.signal_value(words[k][1]))) is not None
             ]
             verdict += " (mix)" + (", " + ", ".join(parts) if parts else "")
         elif gil is not None:
             verdict += f", GIL {gil:.0%}"  # the stage's own share, as its label reads it (analysis/_labels.nature)
-        rec = st.get("recommended") or {}
-        best = st.get("best") or {}
+        rec = st.recommended or StageSetting()
+        best = st.best or StageSetting()
         # Rates in source items/s, comparable across stages and with the prediction: a
         # stage after a batch of 16 handles 16 items per call.
-        k = num_or_none(st.get("items_per_input")) or 1.0
+        k = num_or_none(st.items_per_input) or 1.0
 
-        def scaled(key: str, point: Mapping[str, Any] = rec, k: float = k) -> float | None:
-            v = num_or_none(point.get(key))
+        def scaled(x: Any, k: float = k) -> float | None:
+            v = num_or_none(x)
             return v * k if v is not None else None
 
         notes = []
-        limit = st.get("limit") or {}
-        if limit.get("kind"):
-            notes.append(f"alone at {limit.get('at')}: limited by {LIMIT_SHORT.get(limit['kind'], limit['kind'])}")
-        mine = user_setting(st)
+        limit = st.limit
+        if limit is not None and limit.kind:
+            notes.append(f"alone at {limit.at}: limited by {LIMIT_SHORT.get(limit.kind, limit.kind)}")
+        mine = user_setting(raw)
         if mine and mine != _setting(rec):
             notes.append(f"yours {mine}")
         if _setting(best) != _setting(rec):
-            notes.append(f"best {_setting(best)}: {format_rate(scaled('qps', best))}")
-        if k != 1.0 and num_or_none(rec.get("qps")) is not None:
-            notes.append(f"{format_rate(rec['qps'])} calls/s x {k:.3g} items")
+            notes.append(f"best {_setting(best)}: {format_rate(scaled(best.qps))}")
+        if k != 1.0 and num_or_none(rec.qps) is not None:
+            notes.append(f"{format_rate(rec.qps)} calls/s x {k:.3g} items")
         rows.append(
             (
-                _clean(st.get("name", "?"), _MAX_NAME),
+                _clean(st.name if "name" in st.keys else "?", _MAX_NAME),
                 _clean(verdict, 48),
                 _setting(rec),
-                format_rate(scaled("qps"), scaled("qps_low"), scaled("qps_high")),
+                format_rate(scaled(rec.qps), scaled(rec.qps_low), scaled(rec.qps_high)),
                 "; ".join(notes),
             )
         )
@@ -122,36 +128,35 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
         lines += _aligned(rows)
     else:
         lines.append("  (no stage was measured)")
-    for ni in summary.get("not_isolated") or []:
+    for ni in sm.not_isolated:
         lines.append(f"not isolated: {_clean(ni.get('name'), _MAX_NAME)}: {_clean(ni.get('reason'), 120)}")
-    pred = summary.get("prediction") or {}
-    if num_or_none(pred.get("qps")) is not None:
-        why = f" ({_clean(pred.get('binding'))} binds)" if pred.get("binding") else ""
-        if pred.get("method") == "replay" and num_or_none(pred.get("bounds_qps")) is not None:
-            why = f" (replayed with stand-ins; the bounds say {format_rate(pred['bounds_qps'])}" + (
-                f", {_clean(pred.get('binding'))} binds)" if pred.get("binding") else ")"
+    pred = sm.prediction
+    if num_or_none(pred.qps) is not None:
+        why = f" ({_clean(pred.binding)} binds)" if pred.binding else ""
+        if pred.method == "replay" and num_or_none(pred.bounds_qps) is not None:
+            why = f" (replayed with stand-ins; the bounds say {format_rate(pred.bounds_qps)}" + (
+                f", {_clean(pred.binding)} binds)" if pred.binding else ")"
             )
-        lines.append(f"predicted pipeline: {format_rate(pred['qps'])} items/s{why}")
-    val = summary.get("validation") or {}
-    if num_or_none(val.get("qps")) is not None:
+        lines.append(f"predicted pipeline: {format_rate(pred.qps)} items/s{why}")
+    val = sm.validation
+    if num_or_none(val.qps) is not None:
         lines.append(
-            f"measured pipeline:  {format_rate(val['qps'], val.get('qps_low'), val.get('qps_high'))} "
-            f"items/s with the recommended settings ({num_or_none(val.get('seconds')) or 0:.1f} s window)"
+            f"measured pipeline:  {format_rate(val.qps, val.qps_low, val.qps_high)} "
+            f"items/s with the recommended settings ({num_or_none(val.seconds) or 0:.1f} s window)"
         )
-    elif val.get("error"):
-        lines.append(f"validation run: {_clean(val['error'], 160)}")
-    yours = summary.get("recommended_vs_yours") or {}
-    if yours.get("text") and yours.get("verdict") != "same":
-        lines.append(f"against yours: {_clean(yours['text'], 240)}")
+    elif val.error:
+        lines.append(f"validation run: {_clean(val.error, 160)}")
+    yours = sm.recommended_vs_yours
+    if yours.text and yours.verdict != "same":
+        lines.append(f"against yours: {_clean(yours.text, 240)}")
     lines += job_lines(summary)
-    if summary.get("verdict"):
-        lines.append(f"verdict: {_clean(summary['verdict'], 200)}")
-    if summary.get("scope"):
-        lines.append(f"scope: {_clean(summary['scope'], 600)}")
-    demand = summary.get("demand") or {}
-    if demand.get("text"):
-        lines.append(f"trainer: {_clean(demand['text'], 200)}")
-    for w in (summary.get("warnings") or [])[:3]:
+    if sm.verdict:
+        lines.append(f"verdict: {_clean(sm.verdict, 200)}")
+    if sm.scope:
+        lines.append(f"scope: {_clean(sm.scope, 600)}")
+    if sm.demand.text:
+        lines.append(f"trainer: {_clean(sm.demand.text, 200)}")
+    for w in sm.warnings[:3]:
         lines.append(f"warning: {_clean(w, 200)}")
     if report_path is not None:
         lines.append(f"report: {os.fspath(report_path)}")
@@ -165,96 +170,86 @@ def job_lines(summary: Mapping[str, Any]) -> list[str]:
     the steps it ran; then the verdict, what was not checked, and what more would settle an open question.
     """
     from stagebench.analysis._job import ORIGIN_SHORT
-    from stagebench.model._evidence import Ratio
 
-    job = summary.get("job") or {}
-    if not job:
+    job = JobVerdict.from_json(summary.get("job"))
+    if job is None:
         return []
-    unit = job.get("unit") or "samples/s"
-    settled = (job.get("decision") or {}).get("settled")
+    unit = job.unit or "samples/s"
+    settled = job.decision.settled if job.decision is not None else None
     lines = [
-        f"job: your training loop on {job.get('what') or 'the real loader or pipeline'}, in turns "
-        f"({job.get('rounds') or 0} round(s), {num_or_none(job.get('seconds')) or 0:.0f} s, "
-        f"{job.get('steps_handed') or 0} steps"
+        f"job: your training loop on {job.what or 'the real loader or pipeline'}, in turns "
+        f"({job.rounds or 0} round(s), {num_or_none(job.seconds) or 0:.0f} s, "
+        f"{job.steps_handed or 0} steps"
         + ("; settled)" if settled else "; not settled)" if settled is not None else ")")
     ]
     rows: list[tuple[str, ...]] = [
         ("", "setting", "why run", f"job {unit} (95% CI)", "vs yours in turns", "steps", "data wait", "alone")
     ]
-    for c in job.get("candidates") or []:
-        f = c.get("job") or {}
-        alone = c.get("alone") or {}
-        x = Ratio.from_json(c.get("versus_yours"))
-        vs = "yours" if c.get("key") == job.get("yours") else (x.text() if x is not None else "-")
+    for c in job.candidates:
+        f = c.job
+        x = c.versus_yours
+        vs = "yours" if c.key == job.yours else (x.text() if x is not None else "-")
         rows.append(
             (
-                "*" if c.get("key") == job.get("pick") else " ",
-                _clean(c.get("label"), 60),
-                ", ".join(ORIGIN_SHORT.get(o, o) for o in c.get("origin") or []),
-                format_rate(f.get("samples_per_s"), f.get("samples_per_s_low"), f.get("samples_per_s_high"))
-                if f
-                else "not run",
+                "*" if c.key == job.pick else " ",
+                _clean(c.label, 60),
+                ", ".join(ORIGIN_SHORT.get(o, o) for o in c.origin),
+                format_rate(f.samples_per_s, f.samples_per_s_low, f.samples_per_s_high) if f is not None else "not run",
                 _clean(vs, 44),
-                str(f.get("steps") or "-"),
-                f"{f['data_wait_share']:.0%}" if num_or_none(f.get("data_wait_share")) is not None else "-",
-                format_rate(alone.get("samples_per_s")),
+                str((f.steps if f is not None else None) or "-"),
+                f"{f.data_wait_share:.0%}" if f is not None and num_or_none(f.data_wait_share) is not None else "-",
+                format_rate(c.alone.value if c.alone is not None else None),
             )
         )
     lines += ["  " + r for r in _aligned(rows)]
-    lines.append(f"job verdict: {_clean(job.get('text'), 400)}")
-    if job.get("zero_workers"):
-        lines.append(f"  {_clean(job['zero_workers'], 240)}")
-    for u in job.get("unproven") or []:
+    lines.append(f"job verdict: {_clean(job.text, 400)}")
+    if job.zero_workers:
+        lines.append(f"  {_clean(job.zero_workers, 240)}")
+    for u in job.unproven:
         lines.append(f"  not checked: {_clean(u, 240)}")
     return lines
 
 
-def _fmt(v: float, spec: str, unit: str = "") -> str:
+def _fmt(v: float | None, spec: str, unit: str = "") -> str:
     return f"{v:{spec}}{unit}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
 
 
 def format_loader_table(summary: dict[str, Any]) -> str:
     """A short terminal table of the points, the recommendation marked with '*', the best with '+'."""
-    loader = summary.get("loader") or {}
-    lines = [
-        f"stagebench loader sweep: {loader.get('name', '?')} (backend {loader.get('backend', '?')}, "
-        f"batch size {loader.get('batch_size', '?')})"
-    ]
+    info = LoaderInfo.from_json(summary.get("loader"))
+    name, backend, batch = ("?" if v is None else v for v in (info.name, info.backend, info.batch_size))
+    lines = [f"stagebench loader sweep: {name} (backend {backend}, batch size {batch})"]
     head = (
         f"  {'':1} {'workers':>7} {'prefetch':>8} {'persist':>7} {'samples/s':>11} {'95% interval':>21} "
         f"{'1st batch':>9} {'stall':>7} {'PSS MB':>8} {'cores':>5}  status"
     )
     lines.append(head)
-    rec, best = summary.get("recommended"), summary.get("best")
-
-    def same(p, q):
-        return q is not None and all(
-            p[k] == q[k] for k in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
-        )
-
-    for p in sorted(summary.get("points", []), key=setting_cost):
-        mark = "*" if same(p, rec) else ("+" if same(p, best) else " ")
-        lo, hi = p.get("samples_per_s_low"), p.get("samples_per_s_high")  # None in a summary read back from JSON
-        ci = f"[{lo:,.1f}, {hi:,.1f}]" if finite(lo, hi) else "-"
-        status = p["status"] if p["status"] == "ok" else f"{p['status']}: {p['reason']}"[:60]
-        pf = "-" if p["prefetch_factor"] is None else str(p["prefetch_factor"])
+    sm = Summary.from_json(summary)
+    # the knobs of the recommended and the best point, where the summary has them
+    rec, best = (None if q is None else LoaderPoint.from_json(q).knobs for q in (sm.recommended, sm.best))
+    for p in map(LoaderPoint.from_json, sorted(sm.points, key=setting_cost)):
+        mark = "*" if p.knobs == rec else ("+" if p.knobs == best else " ")
+        r = p.samples_per_s
+        ci = f"[{r.low:,.1f}, {r.high:,.1f}]" if r is not None and r.low is not None and r.high is not None else "-"
+        status = p.status if p.ok else f"{p.status}: {p.reason}"[:60]
+        pf = "-" if p.prefetch_factor is None else str(p.prefetch_factor)
         lines.append(
-            f"  {mark:1} {p['num_workers']:>7} {pf:>8} {str(p['persistent_workers']):>7} "
-            f"{_fmt(p['samples_per_s'], ',.1f'):>11} {ci:>21} {_fmt(p['time_to_first_batch_s'], '.2f', 's'):>9} "
-            f"{_fmt(p['epoch_stall_s'], '.2f', 's'):>7} {_fmt(p['mem_pss_mb'], ',.0f'):>8} "
-            f"{_fmt(p['cores_used'], '.2f'):>5}  {status}"
+            f"  {mark:1} {p.num_workers:>7} {pf:>8} {str(p.persistent_workers):>7} "
+            f"{_fmt(p.rate, ',.1f'):>11} {ci:>21} {_fmt(p.time_to_first_batch_s, '.2f', 's'):>9} "
+            f"{_fmt(p.epoch_stall_s, '.2f', 's'):>7} {_fmt(p.mem_pss_mb, ',.0f'):>8} "
+            f"{_fmt(p.cores_used, '.2f'):>5}  {status}"
         )
     lines.append("  * recommended   + best throughput")
-    lines.append(f"verdict: {summary.get('verdict', '')}")
-    if summary.get("scope"):
-        lines.append(f"scope: {_clean(summary['scope'])}")
-    for f in (summary.get("findings") or [])[:3]:
+    lines.append(f"verdict: {sm.verdict or ''}")
+    if sm.scope:
+        lines.append(f"scope: {_clean(sm.scope)}")
+    for f in sm.findings[:3]:
         lines.append(f"  [{f['severity']}] {f['title']}")
-    s = summary.get("search") or {}
-    if s:
+    s = sm.search
+    if s is not None:
         lines.append(
-            f"search: {s.get('strategy')} measured {s.get('points_measured')} of {s.get('full_grid_points')} grid "
-            f"points in {_fmt(s.get('seconds', math.nan), '.0f', 's')} (full grid about "
-            f"{_fmt(s.get('estimated_full_grid_seconds', math.nan), '.0f', 's')})"
+            f"search: {s.strategy} measured {s.points_measured} of {s.full_grid_points} grid "
+            f"points in {_fmt(num(s.seconds), '.0f', 's')} (full grid about "
+            f"{_fmt(num(s.estimated_full_grid_seconds), '.0f', 's')})"
         )
     return "\n".join(lines)

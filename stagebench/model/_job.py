@@ -1,0 +1,473 @@
+"""The training job's runs and their verdict: the user's loop on the real loader or pipeline at a few settings.
+
+Three records, read from JSON once and then by attribute:
+
+* :class:`StepAlone`: the user's step alone on cached batches (``run.json["trainer"]``, and
+  ``summary.json["trainer"]`` with the job at the pick beside it): the demand on the loading.
+* :class:`JobRecord`: what the job runs measured (``run.json["job"]``, written by
+  :meth:`stagebench.core._jobrun.JobRuns.record`): the candidates, and every slice's waits and bodies.
+* :class:`JobVerdict`: what the analysis made of them (``summary.json["job"]``,
+  :func:`stagebench.analysis._job.decide_job`): each candidate with its pooled figures
+  (:class:`JobFigures`) and its ratio to yours in turns, the rule's :class:`Decision`, the pick.
+
+Why the rates are kept as the three numbers the rows hold (``samples_per_s``, ``_low``, ``_high``)
+besides :attr:`JobFigures.rate`: the report prints the interval as stored, and a row whose interval
+:class:`Rate` would refuse (written before the log-scale interval) must read as it always has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stagebench.model._evidence import Decision, Ratio
+from stagebench.model._rate import Rate
+
+__all__ = ["StepAlone", "JobFigures", "JobCandidate", "JobSlice", "JobSkipped", "JobRecord", "JobVerdict"]
+
+
+def _rate(d: Mapping[str, Any], key: str = "samples_per_s") -> Rate | None:
+    return Rate.from_json({key: d.get(key), f"{key}_low": d.get(f"{key}_low"), f"{key}_high": d.get(f"{key}_high")})
+
+
+def _decision(d: Any) -> Decision | None:
+    """The rule's record as :meth:`Decision.to_json` wrote it (None where the summary has none)."""
+    if not isinstance(d, Mapping):
+        return None
+    return Decision(
+        advice=str(d.get("advice") or "none"),
+        pick=d.get("pick"),
+        best=d.get("best"),
+        yours=d.get("yours"),
+        as_good=tuple(d.get("as_good") or ()),
+        open=tuple(d.get("open") or ()),
+        versus_yours=Ratio.from_json(d.get("versus_yours")),
+        rival=d.get("rival"),
+        rounds_to_settle=d.get("rounds_to_settle"),
+        reasons=dict(d.get("reasons") or {}),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class JobFigures:
+    """One candidate's job figures, pooled over its slices: the rate (per item, with its interval), the
+    share of each step spent waiting for the batch, the loop body's own rate next to the loader, and the
+    rate of each round it ran in (what the comparisons in turns pair up). A candidate whose slices all
+    failed holds only ``failed``."""
+
+    samples_per_s: float | None = None
+    samples_per_s_low: float | None = None
+    samples_per_s_high: float | None = None
+    data_wait_share: float | None = None
+    step_samples_per_s: float | None = None
+    """The loop body alone, next to the loader (None: no body time)."""
+    steps: int | None = None
+    seconds: float | None = None
+    slices: int | None = None
+    groups: int | None = None
+    startup_s: float | None = None
+    failed: tuple[str, ...] = ()
+    """Why each failed slice failed."""
+    round_rates: Mapping[str, float] = field(default_factory=dict)
+    """Per round (its number as a string): the candidate's slice rate in it."""
+
+    @property
+    def rate(self) -> Rate | None:
+        return _rate(self.to_json())
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> JobFigures | None:
+        """None where ``d`` is no figures (a candidate that never ran)."""
+        if not isinstance(d, Mapping) or not d:
+            return None
+        return cls(
+            samples_per_s=d.get("samples_per_s"),
+            samples_per_s_low=d.get("samples_per_s_low"),
+            samples_per_s_high=d.get("samples_per_s_high"),
+            data_wait_share=d.get("data_wait_share"),
+            step_samples_per_s=d.get("step_samples_per_s"),
+            steps=d.get("steps"),
+            seconds=d.get("seconds"),
+            slices=d.get("slices"),
+            groups=d.get("groups"),
+            startup_s=d.get("startup_s"),
+            failed=tuple(str(x) for x in d.get("failed") or ()),
+            round_rates=dict(d.get("round_rates") or {}),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "samples_per_s": self.samples_per_s,
+            "samples_per_s_low": self.samples_per_s_low,
+            "samples_per_s_high": self.samples_per_s_high,
+            "data_wait_share": self.data_wait_share,
+            "step_samples_per_s": self.step_samples_per_s,
+            "steps": self.steps,
+            "seconds": self.seconds,
+            "slices": self.slices,
+            "groups": self.groups,
+            "startup_s": self.startup_s,
+            "failed": list(self.failed),
+            "round_rates": dict(self.round_rates),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StepAlone:
+    """The user's training step alone on cached batches (:class:`stagebench.core._steps.TrainerProbe`):
+    its rate per step and per item with their intervals, how it was measured, and, in the summary, the job
+    at the pick beside it (``with_pipeline``). Every field is None where the rows do not hold it."""
+
+    samples_per_s: float | None = None
+    samples_per_s_low: float | None = None
+    samples_per_s_high: float | None = None
+    steps_per_s: float | None = None
+    steps_per_s_low: float | None = None
+    steps_per_s_high: float | None = None
+    items_per_step: float | None = None
+    steps: int | None = None
+    seconds: float | None = None
+    warmup_steps: int | None = None
+    precision: float | None = None
+    stopped_by: str | None = None
+    pinned: Any = None
+    error: str | None = None
+    stopped_early: str | None = None
+    with_pipeline: JobFigures | None = None
+    """The job at the pick (steps, seconds, data wait, rate); None where the job did not decide."""
+
+    @property
+    def rate(self) -> Rate | None:
+        """Items per second, with its interval (None: not measured)."""
+        return _rate(self.to_json())
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> StepAlone:
+        """The step alone; every field None where ``d`` is None (no trainer measured)."""
+        if not isinstance(d, Mapping):
+            return cls()
+        return cls(
+            samples_per_s=d.get("samples_per_s"),
+            samples_per_s_low=d.get("samples_per_s_low"),
+            samples_per_s_high=d.get("samples_per_s_high"),
+            steps_per_s=d.get("steps_per_s"),
+            steps_per_s_low=d.get("steps_per_s_low"),
+            steps_per_s_high=d.get("steps_per_s_high"),
+            items_per_step=d.get("items_per_step"),
+            steps=d.get("steps"),
+            seconds=d.get("seconds"),
+            warmup_steps=d.get("warmup_steps"),
+            precision=d.get("precision"),
+            stopped_by=d.get("stopped_by"),
+            pinned=d.get("pinned"),
+            error=d.get("error"),
+            stopped_early=d.get("stopped_early"),
+            with_pipeline=JobFigures.from_json(d.get("with_pipeline")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "steps_per_s": self.steps_per_s,
+            "steps_per_s_low": self.steps_per_s_low,
+            "steps_per_s_high": self.steps_per_s_high,
+            "items_per_step": self.items_per_step,
+            "samples_per_s": self.samples_per_s,
+            "samples_per_s_low": self.samples_per_s_low,
+            "samples_per_s_high": self.samples_per_s_high,
+            "steps": self.steps,
+            "seconds": self.seconds,
+            "warmup_steps": self.warmup_steps,
+            "precision": self.precision,
+            "stopped_by": self.stopped_by,
+            "pinned": self.pinned,
+            "error": self.error,
+            "stopped_early": self.stopped_early,
+            "with_pipeline": None
+            if self.with_pipeline is None
+            else {
+                "steps": self.with_pipeline.steps,
+                "seconds": self.with_pipeline.seconds,
+                "data_wait_share": self.with_pipeline.data_wait_share,
+                "samples_per_s": self.with_pipeline.samples_per_s,
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class JobCandidate:
+    """A setting run with the user's loop: its key and words, its knobs (per kind: the loader's keyword
+    arguments, or each stage's executor and concurrency), why it was run (``origin``), its cost (workers
+    first), its rate alone; in the verdict also its job figures, its ratio to yours in turns and whether it
+    was shown as good as the fastest."""
+
+    key: str
+    label: str | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    origin: tuple[str, ...] = ()
+    cost: tuple[float, ...] = ()
+    round_steps: int | None = None
+    group_steps: int = 1
+    """Steps per group: a whole round of the workers (what a rate's interval is built from)."""
+    alone: Rate | None = None
+    """The loader or pipeline alone at this setting (None: not measured alone)."""
+    alone_as: str | None = None
+    """The setting the alone figure was measured at, where another (``alone["measured_as"]``)."""
+    job: JobFigures | None = None
+    """None where it did not run with the loop."""
+    versus_yours: Ratio | None = None
+    as_good: bool = False
+
+    @property
+    def name(self) -> str:
+        """The label, else the key."""
+        return self.label or self.key
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> JobCandidate:
+        return cls(
+            key=d["key"],
+            label=d.get("label"),
+            settings=dict(d.get("settings") or {}),
+            origin=tuple(d.get("origin") or ()),
+            cost=tuple(float(x) for x in d.get("cost") or ()),
+            round_steps=d.get("round_steps"),
+            group_steps=int(d.get("group_steps") or 1),
+            alone=Rate.from_json(d.get("alone")),
+            alone_as=(d.get("alone") or {}).get("measured_as"),
+            job=JobFigures.from_json(d.get("job")),
+            versus_yours=Ratio.from_json(d.get("versus_yours")),
+            as_good=bool(d.get("as_good")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "label": self.label,
+            "settings": dict(self.settings),
+            "origin": list(self.origin),
+            "cost": list(self.cost),
+            "round_steps": self.round_steps,
+            "group_steps": self.group_steps,
+            "alone": None
+            if self.alone is None
+            else {**self.alone.to_json(), **({"measured_as": self.alone_as} if self.alone_as is not None else {})},
+            "job": None if self.job is None else self.job.to_json(),
+            "versus_yours": None if self.versus_yours is None else self.versus_yours.to_json(),
+            "as_good": self.as_good,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class JobSlice:
+    """One candidate's turn in one round: each counted step's wait for its batch and its loop body, in
+    seconds; a failed slice holds why."""
+
+    candidate: str | None = None
+    round: int = 0
+    status: str | None = None
+    reason: str | None = None
+    waits: tuple[float, ...] = ()
+    bodies: tuple[float, ...] = ()
+    startup_s: float | None = None
+    wall_s: float = 0.0
+    """Seconds the slice took, its opening included."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> JobSlice:
+        return cls(
+            candidate=d.get("candidate"),
+            round=int(d.get("round") or 0),
+            status=d.get("status"),
+            reason=d.get("reason"),
+            waits=tuple(d.get("waits") or ()),
+            bodies=tuple(d.get("bodies") or ()),
+            startup_s=d.get("startup_s"),
+            wall_s=float(d.get("wall_s") or 0.0),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "candidate": self.candidate,
+            "round": self.round,
+            "status": self.status,
+            "reason": self.reason,
+            "waits": list(self.waits),
+            "bodies": list(self.bodies),
+            "startup_s": self.startup_s,
+            "wall_s": self.wall_s,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class JobSkipped:
+    """A setting the ladder offered but did not run with the loop, and why."""
+
+    label: str
+    why: str
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> JobSkipped:
+        return cls(label=d["label"], why=d["why"])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "why": self.why}
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What the job runs measured (``run.json["job"]``): the candidates, every slice, the items per step,
+    how long they ran and why they stopped, and the host's load meanwhile."""
+
+    candidates: tuple[JobCandidate, ...] = ()
+    slices: tuple[JobSlice, ...] = ()
+    items_per_step: float = 1.0
+    rounds: int | None = None
+    seconds: float | None = None
+    steps_handed: int | None = None
+    stopped: str | None = None
+    what: str | None = None
+    load_avg: tuple[float, ...] = ()
+    """The host's 1-min load during the runs (numbers only)."""
+    cores: int = 0
+    skipped: tuple[JobSkipped, ...] = ()
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> JobRecord:
+        if not isinstance(d, Mapping):
+            return cls()
+        return cls(
+            candidates=tuple(JobCandidate.from_json(c) for c in d.get("candidates") or ()),
+            slices=tuple(JobSlice.from_json(s) for s in d.get("slices") or ()),
+            items_per_step=float(d.get("items_per_step") or 1.0),
+            rounds=d.get("rounds"),
+            seconds=d.get("seconds"),
+            steps_handed=d.get("steps_handed"),
+            stopped=d.get("stopped"),
+            what=d.get("what"),
+            load_avg=tuple(x for x in d.get("load_avg") or () if isinstance(x, (int, float))),
+            cores=int(d.get("cores") or 0),
+            skipped=tuple(JobSkipped.from_json(s) for s in d.get("skipped") or ()),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "candidates": [c.to_json() for c in self.candidates],
+            "slices": [s.to_json() for s in self.slices],
+            "items_per_step": self.items_per_step,
+            "rounds": self.rounds,
+            "seconds": self.seconds,
+            "steps_handed": self.steps_handed,
+            "stopped": self.stopped,
+            "what": self.what,
+            "load_avg": list(self.load_avg),
+            "cores": self.cores,
+            "skipped": [s.to_json() for s in self.skipped],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class JobVerdict:
+    """The job's verdict (``summary.json["job"]``): each candidate with its figures, the rule's
+    :class:`Decision`, and what it comes to: ``status`` (``decided`` or ``not run``), the pick and its
+    rate, ``advice``, ``bound`` (what sets the job's pace), what was not checked, the words. The loader's
+    adds ``zero_workers`` (why num_workers=0 was or was not chosen), the pipeline's ``changed`` (the
+    stages the pick changed)."""
+
+    candidates: tuple[JobCandidate, ...] = ()
+    demand: float | None = None
+    """Items per second of the step alone (None: not measured)."""
+    rounds: int | None = None
+    seconds: float | None = None
+    steps_handed: int | None = None
+    stopped: str | None = None
+    yours: str | None = None
+    unit: str | None = None
+    what: str | None = None
+    decision: Decision | None = None
+    status: str | None = None
+    pick: str | None = None
+    best: str | None = None
+    as_good: tuple[str, ...] = ()
+    advice: str | None = None
+    why: str | None = None
+    bound: str | None = None
+    samples_per_s: float | None = None
+    samples_per_s_low: float | None = None
+    samples_per_s_high: float | None = None
+    data_wait_share: float | None = None
+    unproven: tuple[str, ...] = ()
+    text: str | None = None
+    zero_workers: str | None = None
+    changed: tuple[str, ...] = ()
+
+    @property
+    def decided(self) -> bool:
+        return self.status == "decided"
+
+    @property
+    def picked(self) -> JobCandidate | None:
+        """The pick's candidate (None: no pick, or not among the candidates)."""
+        return next((c for c in self.candidates if c.key == self.pick), None)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> JobVerdict | None:
+        """None where the summary holds no job (``d`` None or empty)."""
+        if not isinstance(d, Mapping) or not d:
+            return None
+        return cls(
+            candidates=tuple(JobCandidate.from_json(c) for c in d.get("candidates") or ()),
+            demand=d.get("demand"),
+            rounds=d.get("rounds"),
+            seconds=d.get("seconds"),
+            steps_handed=d.get("steps_handed"),
+            stopped=d.get("stopped"),
+            yours=d.get("yours"),
+            unit=d.get("unit"),
+            what=d.get("what"),
+            decision=_decision(d.get("decision")),
+            status=d.get("status"),
+            pick=d.get("pick"),
+            best=d.get("best"),
+            as_good=tuple(d.get("as_good") or ()),
+            advice=d.get("advice"),
+            why=d.get("why"),
+            bound=d.get("bound"),
+            samples_per_s=d.get("samples_per_s"),
+            samples_per_s_low=d.get("samples_per_s_low"),
+            samples_per_s_high=d.get("samples_per_s_high"),
+            data_wait_share=d.get("data_wait_share"),
+            unproven=tuple(d.get("unproven") or ()),
+            text=d.get("text"),
+            zero_workers=d.get("zero_workers"),
+            changed=tuple(d.get("changed") or ()),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "candidates": [c.to_json() for c in self.candidates],
+            "demand": self.demand,
+            "rounds": self.rounds,
+            "seconds": self.seconds,
+            "steps_handed": self.steps_handed,
+            "stopped": self.stopped,
+            "yours": self.yours,
+            "unit": self.unit,
+            "what": self.what,
+            "decision": None if self.decision is None else self.decision.to_json(),
+            "status": self.status,
+            "pick": self.pick,
+            "best": self.best,
+            "as_good": list(self.as_good),
+            "advice": self.advice,
+            "why": self.why,
+            "bound": self.bound,
+            "samples_per_s": self.samples_per_s,
+            "samples_per_s_low": self.samples_per_s_low,
+            "samples_per_s_high": self.samples_per_s_high,
+            "data_wait_share": self.data_wait_share,
+            "unproven": list(self.unproven),
+            "text": self.text,
+            "zero_workers": self.zero_workers,
+            "changed": list(self.changed),
+        }

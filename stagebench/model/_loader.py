@@ -1,0 +1,480 @@
+"""A loader sweep's measured setting, and what its workers cost beyond throughput.
+
+:class:`LoaderPoint` is one setting of a loader as ``summary.json`` holds it (``points``, ``recommended``,
+``best``, ``user_setting``) and as the analysis pools it from the rows: its knobs, its throughput with its
+interval (:class:`~stagebench.model._rate.Rate`), what it held of memory and cores, and how it ended.
+:class:`WorkerCosts` is ``summary.json["worker_costs"]``: the start-up split per number of workers, the
+dataset shipped to each worker, each worker's memory over an epoch and the shared memory the batches in
+flight take (:mod:`stagebench.loader._costs` measures them, :mod:`stagebench.analysis._worker_costs` reads
+them). Both are read once from their dicts, where the readers then see attributes of known types.
+
+Numbers keep the value they were read with, NaN included: a point read from the rows holds NaN where a
+column is empty, and what is shown of it (a dash) must not change with the reading. A key that is absent,
+or holds no number, reads as None.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stagebench.model._rate import Rate
+
+__all__ = [
+    "LoaderPoint",
+    "StartupSplit",
+    "Largest",
+    "Shipping",
+    "MemorySample",
+    "WorkerMemory",
+    "Shm",
+    "WorkerCosts",
+    "STARTUP_KEYS",
+]
+
+#: The start-up split of a setting with workers, as the rows record it (seconds; docs/loaders.md).
+STARTUP_KEYS = (
+    "time_to_first_batch_s",
+    "workers_start_s",
+    "worker_init_s",
+    "first_batch_work_s",
+    "first_delivery_s",
+    "workers_start_last_s",
+    "workers_created_s",
+    "worker_boot_s",
+    "worker_unsplit_s",
+)
+
+
+def _number(v: Any) -> float | None:
+    """``v`` as read where it is a number (an int stays an int, NaN stays NaN), else None."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return None
+    return v  # type: ignore[return-value]  # a Real is an int or a float here (numpy's scalars included)
+
+
+def _whole(v: Any) -> int | None:
+    """A count: ``v`` as an int where it is a finite number, else None."""
+    x = _number(v)
+    return int(x) if x is not None and math.isfinite(x) else None
+
+
+def _text(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def _flag(v: Any) -> bool | None:
+    return v if isinstance(v, bool) else None
+
+
+def _knob_flag(v: Any) -> bool | str | None:
+    """``persistent_workers`` / ``pin_memory``: True, False, or the words saying it does not apply."""
+    return v if isinstance(v, (bool, str)) else None
+
+
+def _mapping(v: Any) -> Mapping[str, Any] | None:
+    return v if isinstance(v, Mapping) else None
+
+
+@dataclass(frozen=True, slots=True)
+class StartupSplit:
+    """Where a setting's time to its first batch goes (seconds, medians over the workers; None where not
+    recorded): the workers started (created, booted), your ``worker_init_fn``, the first batch's own work,
+    its delivery; under SPDL's loader the start is one figure, ``worker_unsplit_s``."""
+
+    time_to_first_batch_s: float | None = None
+    workers_start_s: float | None = None
+    worker_init_s: float | None = None
+    first_batch_work_s: float | None = None
+    first_delivery_s: float | None = None
+    workers_start_last_s: float | None = None
+    workers_created_s: float | None = None
+    worker_boot_s: float | None = None
+    worker_unsplit_s: float | None = None
+    #: ``summary.json["worker_costs"]["startup"]`` only: the setting in words and its workers
+    setting: str | None = None
+    num_workers: int | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> StartupSplit:
+        d = d or {}
+        return cls(
+            **{k: _number(d.get(k)) for k in STARTUP_KEYS},
+            setting=_text(d.get("setting")),
+            num_workers=_whole(d.get("num_workers")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A row of ``worker_costs["startup"]``, keys in the order the summary writes them."""
+        return {
+            "setting": self.setting,
+            "num_workers": self.num_workers,
+            "time_to_first_batch_s": self.time_to_first_batch_s,
+            **{k: getattr(self, k) for k in STARTUP_KEYS if k != "time_to_first_batch_s"},
+        }
+
+    def value(self, key: str) -> float | None:
+        """One of :data:`STARTUP_KEYS` by name (the plots stack them in order)."""
+        if key not in STARTUP_KEYS:
+            raise KeyError(key)
+        v: float | None = getattr(self, key)
+        return v
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderPoint:
+    """One measured loader setting: its knobs, its throughput with its interval (None where it holds no
+    rate), and what it held and how it ended. ``why`` and ``decision`` are the recommendation's: the
+    words of its rule and the rule's record (:class:`~stagebench.model._evidence.Decision` as JSON)."""
+
+    num_workers: int | None = None
+    prefetch_factor: int | None = None
+    #: True, False, or "not applicable" (:data:`stagebench.runs._knobs.NOT_APPLICABLE`)
+    persistent_workers: bool | str | None = None
+    pin_memory: bool | str | None = None
+    samples_per_s: Rate | None = None
+    batches_per_s: float | None = None
+    mem_pss_mb: float | None = None
+    mem_workers_mb: float | None = None
+    cores_used: float | None = None
+    time_to_first_batch_s: float | None = None
+    epoch_stall_s: float | None = None
+    #: the start-up split, as the point's row recorded it
+    startup: StartupSplit = StartupSplit()
+    #: how many readings the point pools
+    measurements: int | None = None
+    status: str = "ok"
+    reason: str = ""
+    why: str | None = None
+    decision: Mapping[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> LoaderPoint:
+        """A point from a summary's dict, a normalised row or a DataFrame record (a knob read as a float
+        there is a whole number here)."""
+        d = d or {}
+        return cls(
+            num_workers=_whole(d.get("num_workers")),
+            prefetch_factor=_whole(d.get("prefetch_factor")),
+            persistent_workers=_knob_flag(d.get("persistent_workers")),
+            pin_memory=_knob_flag(d.get("pin_memory")),
+            samples_per_s=Rate.from_json(d),
+            batches_per_s=_number(d.get("batches_per_s")),
+            mem_pss_mb=_number(d.get("mem_pss_mb")),
+            mem_workers_mb=_number(d.get("mem_workers_mb")),
+            cores_used=_number(d.get("cores_used")),
+            time_to_first_batch_s=_number(d.get("time_to_first_batch_s")),
+            epoch_stall_s=_number(d.get("epoch_stall_s")),
+            startup=StartupSplit.from_json(d),
+            measurements=_whole(d.get("measurements")),
+            status=str(d.get("status") or "ok"),
+            reason=str(d.get("reason") or ""),
+            why=_text(d.get("why")),
+            decision=_mapping(d.get("decision")),
+        )
+
+    @property
+    def knobs(self) -> tuple[int | None, int | None, bool | str | None, bool | str | None]:
+        """The four knobs, in the order rows and summaries list them (two points are one setting where equal)."""
+        return (self.num_workers, self.prefetch_factor, self.persistent_workers, self.pin_memory)
+
+    @property
+    def rate(self) -> float | None:
+        """samples/s, None where unknown."""
+        return None if self.samples_per_s is None else self.samples_per_s.value
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True, slots=True)
+class Largest:
+    """The dataset's largest container attribute: its name, length, type, its items' type, whether they
+    are Python objects (not a numpy array's), and the memory those objects take (MB)."""
+
+    attr: str | None = None
+    items: int | None = None
+    container: str | None = None
+    item: str | None = None
+    python_objects: bool | None = None
+    objects_mb: float | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> Largest | None:
+        if not isinstance(d, Mapping):
+            return None
+        return cls(
+            attr=_text(d.get("attr")),
+            items=_whole(d.get("items")),
+            container=_text(d.get("container")),
+            item=_text(d.get("item")),
+            python_objects=_flag(d.get("python_objects")),
+            objects_mb=_number(d.get("objects_mb")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attr": self.attr,
+            "items": self.items,
+            "container": self.container,
+            "item": self.item,
+            "python_objects": self.python_objects,
+            "objects_mb": self.objects_mb,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Shipping:
+    """The dataset (with the collate and init functions) shipped to each worker: the start method,
+    whether anything is shipped (not under fork), whether SPDL's loader pickles it once for all, and, where
+    it pickled, its size (MB) and the medians (with their ranges) of pickling and loading it (s)."""
+
+    start_method: str | None = None
+    shipped: bool | None = None
+    pickled_once: bool | None = None
+    largest: Largest | None = None
+    mb: float | None = None
+    pickle_s: float | None = None
+    pickle_s_range: tuple[float, ...] | None = None
+    unpickle_s: float | None = None
+    unpickle_s_range: tuple[float, ...] | None = None
+    repeats: int | None = None
+    #: why the dataset could not be pickled
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> Shipping | None:
+        if not isinstance(d, Mapping):
+            return None
+        return cls(
+            start_method=_text(d.get("start_method")),
+            shipped=_flag(d.get("shipped")),
+            pickled_once=_flag(d.get("pickled_once")),
+            largest=Largest.from_json(d.get("largest")),
+            mb=_number(d.get("mb")),
+            pickle_s=_number(d.get("pickle_s")),
+            pickle_s_range=_range(d.get("pickle_s_range")),
+            unpickle_s=_number(d.get("unpickle_s")),
+            unpickle_s_range=_range(d.get("unpickle_s_range")),
+            repeats=_whole(d.get("repeats")),
+            error=_text(d.get("error")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The keys :func:`stagebench.loader._costs.shipping_cost` writes, as it writes them."""
+        out: dict[str, Any] = {"start_method": self.start_method, "shipped": self.shipped}
+        if self.pickled_once is not None:
+            out["pickled_once"] = self.pickled_once
+        out["largest"] = None if self.largest is None else self.largest.to_json()
+        if self.error is not None:
+            out["error"] = self.error
+        if self.mb is not None:
+            out.update(
+                mb=self.mb,
+                pickle_s=self.pickle_s,
+                pickle_s_range=None if self.pickle_s_range is None else list(self.pickle_s_range),
+                unpickle_s=self.unpickle_s,
+                unpickle_s_range=None if self.unpickle_s_range is None else list(self.unpickle_s_range),
+                repeats=self.repeats,
+            )
+        return out
+
+
+def _range(v: Any) -> tuple[float, ...] | None:
+    if not isinstance(v, Sequence) or isinstance(v, str):
+        return None
+    return tuple(float(x) for x in v)
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySample:
+    """One reading of the memory pass: seconds into it, each worker's private memory (MB) and the batches
+    each worker had made, by worker (its pid; a string once read back from JSON)."""
+
+    t: float
+    uss_mb: Mapping[Any, float]
+    batches: Mapping[Any, int]
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> MemorySample:
+        return cls(
+            t=float(d.get("t") or 0.0),
+            uss_mb=dict(d.get("uss_mb") or {}),
+            batches=dict(d.get("batches") or {}),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": self.t, "uss_mb": dict(self.uss_mb), "batches": dict(self.batches)}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerMemory:
+    """Each worker's private memory over the memory pass at ``num_workers``: its growth a batch (with a 95%
+    interval), how many batches a worker made and makes in an epoch, and the epoch's growth (extrapolated
+    where the pass ended first, bounded by ``bounded_by_mb``); ``too_few_batches`` where a worker made too
+    few to extrapolate. ``all_workers_mb`` and ``fits``: the summary's, against the memory available."""
+
+    num_workers: int | None = None
+    samples: tuple[MemorySample, ...] | None = None
+    growth_mb_per_batch: float | None = None
+    growth_mb_per_batch_low: float | None = None
+    growth_mb_per_batch_high: float | None = None
+    batches_per_worker: float | None = None
+    epoch_batches_per_worker: float | None = None
+    start_mb: float | None = None
+    end_mb: float | None = None
+    too_few_batches: bool | None = None
+    epoch_growth_mb: float | None = None
+    epoch_growth_mb_low: float | None = None
+    epoch_growth_mb_high: float | None = None
+    extrapolated: bool | None = None
+    bounded_by_mb: float | None = None
+    #: what the pass took (s)
+    seconds: float | None = None
+    all_workers_mb: float | None = None
+    fits: bool | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> WorkerMemory | None:
+        if not isinstance(d, Mapping):
+            return None
+        samples = d.get("samples")
+        return cls(
+            num_workers=_whole(d.get("num_workers")),
+            samples=None
+            if not isinstance(samples, Sequence)
+            else tuple(MemorySample.from_json(s) for s in samples if isinstance(s, Mapping)),
+            growth_mb_per_batch=_number(d.get("growth_mb_per_batch")),
+            growth_mb_per_batch_low=_number(d.get("growth_mb_per_batch_low")),
+            growth_mb_per_batch_high=_number(d.get("growth_mb_per_batch_high")),
+            batches_per_worker=_number(d.get("batches_per_worker")),
+            epoch_batches_per_worker=_number(d.get("epoch_batches_per_worker")),
+            start_mb=_number(d.get("start_mb")),
+            end_mb=_number(d.get("end_mb")),
+            too_few_batches=_flag(d.get("too_few_batches")),
+            epoch_growth_mb=_number(d.get("epoch_growth_mb")),
+            epoch_growth_mb_low=_number(d.get("epoch_growth_mb_low")),
+            epoch_growth_mb_high=_number(d.get("epoch_growth_mb_high")),
+            extrapolated=_flag(d.get("extrapolated")),
+            bounded_by_mb=_number(d.get("bounded_by_mb")),
+            seconds=_number(d.get("seconds")),
+            all_workers_mb=_number(d.get("all_workers_mb")),
+            fits=_flag(d.get("fits")),
+        )
+
+    def to_json(self, samples: bool = True) -> dict[str, Any]:
+        """The keys the memory pass and the summary write, as they write them (``samples=False``: without
+        the readings, what the report's text reads)."""
+        out: dict[str, Any] = {"num_workers": self.num_workers}
+        if samples and self.samples is not None:
+            out["samples"] = [s.to_json() for s in self.samples]
+        out.update(
+            growth_mb_per_batch=self.growth_mb_per_batch,
+            growth_mb_per_batch_low=self.growth_mb_per_batch_low,
+            growth_mb_per_batch_high=self.growth_mb_per_batch_high,
+            batches_per_worker=self.batches_per_worker,
+            epoch_batches_per_worker=self.epoch_batches_per_worker,
+            start_mb=self.start_mb,
+            end_mb=self.end_mb,
+        )
+        if self.too_few_batches is not None:
+            out["too_few_batches"] = self.too_few_batches
+        if self.epoch_growth_mb is not None:
+            out.update(
+                epoch_growth_mb=self.epoch_growth_mb,
+                epoch_growth_mb_low=self.epoch_growth_mb_low,
+                epoch_growth_mb_high=self.epoch_growth_mb_high,
+                extrapolated=self.extrapolated,
+                bounded_by_mb=self.bounded_by_mb,
+            )
+        if self.seconds is not None:
+            out["seconds"] = self.seconds
+        if self.all_workers_mb is not None or self.fits is not None:
+            out.update(all_workers_mb=self.all_workers_mb, fits=self.fits)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Shm:
+    """The shared memory (``path``, ``/dev/shm``) the batches in flight at the pick take: how many
+    (``num_workers x prefetch_factor``), each batch's size, together, against the space free and in all (MB)."""
+
+    path: str | None = None
+    free_mb: float | None = None
+    total_mb: float | None = None
+    batch_mb: float | None = None
+    batches_in_flight: int | None = None
+    in_flight_mb: float | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> Shm | None:
+        if not isinstance(d, Mapping):
+            return None
+        return cls(
+            path=_text(d.get("path")),
+            free_mb=_number(d.get("free_mb")),
+            total_mb=_number(d.get("total_mb")),
+            batch_mb=_number(d.get("batch_mb")),
+            batches_in_flight=_whole(d.get("batches_in_flight")),
+            in_flight_mb=_number(d.get("in_flight_mb")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "free_mb": self.free_mb,
+            "total_mb": self.total_mb,
+            "batch_mb": self.batch_mb,
+            "batches_in_flight": self.batches_in_flight,
+            "in_flight_mb": self.in_flight_mb,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCosts:
+    """What each worker costs beyond throughput (``summary.json["worker_costs"]``, module docstring): the
+    start-up split per number of workers, the memory available (MB), the shipping, the memory pass and the
+    shared memory (each None where not measured), and what measuring them added to the sweep (s)."""
+
+    startup: tuple[StartupSplit, ...] = ()
+    available_mb: float | None = None
+    shipping: Shipping | None = None
+    memory: WorkerMemory | None = None
+    shm: Shm | None = None
+    #: the memory pass ran during the stall point (its seconds are then that row's)
+    memory_on_stall_point: bool | None = None
+    seconds: float | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> WorkerCosts:
+        d = d or {}
+        return cls(
+            startup=tuple(StartupSplit.from_json(r) for r in d.get("startup") or () if isinstance(r, Mapping)),
+            available_mb=_number(d.get("available_mb")),
+            shipping=Shipping.from_json(d.get("shipping")),
+            memory=WorkerMemory.from_json(d.get("memory")),
+            shm=Shm.from_json(d.get("shm")),
+            memory_on_stall_point=_flag(d.get("memory_on_stall_point")),
+            seconds=_number(d.get("seconds")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary's ``worker_costs``: what was measured, as the sweep wrote it, after the start-up split."""
+        out: dict[str, Any] = {"startup": [r.to_json() for r in self.startup]}
+        if self.available_mb is not None:
+            out["available_mb"] = self.available_mb
+        if self.shipping is not None:
+            out["shipping"] = self.shipping.to_json()
+        if self.memory_on_stall_point is not None:
+            out["memory_on_stall_point"] = self.memory_on_stall_point
+        if self.memory is not None:
+            out["memory"] = self.memory.to_json()
+        if self.shm is not None:
+            out["shm"] = self.shm.to_json()
+        if self.seconds is not None:
+            out["seconds"] = self.seconds
+        return out

@@ -1,0 +1,583 @@
+"""The whole pipeline's sections of a summary: the prediction, the run that checks it, your settings against
+the recommended ones, the demand, the CPU's speed, the joint choice of settings, and a loader search's cost.
+
+Each is written once, as a dict, by :mod:`stagebench.analysis` and read by the verdicts and every report
+(terminal, HTML, comparison, plots). Read through these types, a section's fields are named in one place,
+with the default a missing key reads as, instead of each reader restating the key and its fallback.
+Numbers are kept as written (an int stays an int, a NaN stays a NaN: the readers test them with
+``finite``); a key that holds no number reads as None. ``to_json`` gives the dict back with the keys the
+analysis writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stagebench.model._evidence import Ratio
+from stagebench.model._rate import Rate
+
+__all__ = [
+    "StageChoice",
+    "StandIn",
+    "Prediction",
+    "Interference",
+    "Validation",
+    "YoursRun",
+    "VersusYours",
+    "Demand",
+    "CpuSpeed",
+    "Joint",
+    "Search",
+]
+
+
+def _n(x: Any) -> float | None:
+    """``x`` where it is a number (int or float, NaN included; not a bool), else None."""
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _map(x: Any) -> Mapping[str, Any]:
+    return x if isinstance(x, Mapping) else {}
+
+
+def _maps(x: Any) -> tuple[Mapping[str, Any], ...]:
+    return tuple(v for v in x if isinstance(v, Mapping)) if isinstance(x, Sequence) and not isinstance(x, str) else ()
+
+
+def _nums(x: Any) -> tuple[float, ...]:
+    """The numbers of a list as written (the readers filter them), () where it is no list."""
+    return tuple(x) if isinstance(x, Sequence) and not isinstance(x, str) else ()
+
+
+def _str(x: Any) -> str | None:
+    return None if x is None else str(x)
+
+
+@dataclass(frozen=True, slots=True)
+class StageChoice:
+    """One stage's setting a whole-pipeline figure was made at: its executor and concurrency, and the
+    harness its alone figures were measured in (None where not recorded)."""
+
+    stage: str | None = None
+    executor: str | None = None
+    concurrency: int | None = None
+    harness: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> StageChoice:
+        d = _map(d)
+        c = d.get("concurrency")
+        return cls(
+            stage=_str(d.get("stage")),
+            executor=_str(d.get("executor")),
+            concurrency=c if isinstance(c, int) and not isinstance(c, bool) else None,
+            harness=_str(d.get("harness")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "executor": self.executor,
+            "concurrency": self.concurrency,
+            "harness": self.harness,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StandIn:
+    """What the replay ran in place of one stage, per call: its GIL-held CPU, GIL-free CPU and waiting
+    (seconds), how many times it let go of the GIL, at the stage's executor and concurrency; what the
+    replayed prediction rests on. ``to_json`` gives back what was read."""
+
+    name: str = "?"
+    executor: str = "?"
+    concurrency: float | None = None
+    gil_s: float | None = None
+    free_s: float | None = None
+    wait_s: float | None = None
+    releases: int = 1
+    note: str = ""
+    _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> StandIn:
+        d = _map(d)
+        r = d.get("releases")
+        return cls(
+            name=str(d.get("name", "?")),
+            executor=str(d.get("executor", "?")),
+            concurrency=_n(d.get("concurrency")),
+            gil_s=_n(d.get("gil_s")),
+            free_s=_n(d.get("free_s")),
+            wait_s=_n(d.get("wait_s")),
+            releases=int(r) if isinstance(r, (int, float)) else 1,
+            note=str(d.get("note") or ""),
+            _json=d,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self._json)
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What the whole pipeline is predicted to run at (``summary["prediction"]``), from the stages measured
+    alone: the bounds (``bounds``: each of ``stages``, ``gil``, ``cores``; the lowest, ``bounds_qps``, set
+    by ``binding``), the replay with stand-ins where it ran (``method: "replay"``, then ``qps`` is its
+    rate), the settings it was made at, and what moving the bottleneck to processes would lift (``lift``)."""
+
+    qps: float | None = None
+    qps_low: float | None = None
+    qps_high: float | None = None
+    binding: str | None = None
+    bottleneck: str | None = None
+    bounds: Mapping[str, Any] = field(default_factory=dict)
+    bounds_qps: float | None = None
+    naive_qps: float | None = None
+    method: str | None = None
+    explanation: str | None = None
+    caveat: str | None = None
+    fixed_s_per_item: float | None = None
+    scheduling_gil_s_per_item: float | None = None
+    lift: Mapping[str, Any] | None = None
+    replay: Mapping[str, Any] = field(default_factory=dict)
+    settings: tuple[StageChoice, ...] = ()
+    stages: tuple[Mapping[str, Any], ...] = ()
+    missing: tuple[str, ...] = ()
+    unit: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> Prediction:
+        d = _map(d)
+        return cls(
+            qps=_n(d.get("qps")),
+            qps_low=_n(d.get("qps_low")),
+            qps_high=_n(d.get("qps_high")),
+            binding=_str(d.get("binding")),
+            bottleneck=_str(d.get("bottleneck")),
+            bounds=dict(_map(d.get("bounds"))),
+            bounds_qps=_n(d.get("bounds_qps")),
+            naive_qps=_n(d.get("naive_qps")),
+            method=_str(d.get("method")),
+            explanation=_str(d.get("explanation")),
+            caveat=_str(d.get("caveat")),
+            fixed_s_per_item=_n(d.get("fixed_s_per_item")),
+            scheduling_gil_s_per_item=_n(d.get("scheduling_gil_s_per_item")),
+            lift=d["lift"] if isinstance(d.get("lift"), Mapping) else None,
+            replay=dict(_map(d.get("replay"))),
+            settings=tuple(StageChoice.from_json(x) for x in _maps(d.get("settings"))),
+            stages=_maps(d.get("stages")),
+            missing=tuple(str(x) for x in d.get("missing") or ()),
+            unit=_str(d.get("unit")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "qps": self.qps,
+            "qps_low": self.qps_low,
+            "qps_high": self.qps_high,
+            "unit": self.unit,
+            "binding": self.binding,
+            "bottleneck": self.bottleneck,
+            "bounds": dict(self.bounds),
+            "bounds_qps": self.bounds_qps,
+            "naive_qps": self.naive_qps,
+            "fixed_s_per_item": self.fixed_s_per_item,
+            "scheduling_gil_s_per_item": self.scheduling_gil_s_per_item,
+            "stages": [dict(s) for s in self.stages],
+            "settings": [s.to_json() for s in self.settings],
+            "missing": list(self.missing),
+            "caveat": self.caveat,
+            "lift": None if self.lift is None else dict(self.lift),
+            "explanation": self.explanation,
+        }
+        if self.method is not None:
+            out["method"] = self.method
+        if self.replay:
+            out["replay"] = dict(self.replay)
+        return out
+
+    @property
+    def stand_ins(self) -> tuple[StandIn, ...]:
+        """What the replay ran in place of each stage (none where it did not run)."""
+        return tuple(StandIn.from_json(x) for x in self.replay.get("stand_ins") or () if isinstance(x, Mapping))
+
+    @property
+    def rate(self) -> Rate | None:
+        """``qps`` with its interval (None where it is no rate)."""
+        return Rate.from_json({"qps": self.qps, "qps_low": self.qps_low, "qps_high": self.qps_high}, "qps")
+
+
+@dataclass(frozen=True, slots=True)
+class Interference:
+    """One timed stage's median call inside the measured pipeline against alone at the same setting
+    (``ratio``) and against its stand-in's inside the replay (``vs_replay``); None where not measured."""
+
+    stage: str | None = None
+    in_pipeline_p50_ms: float | None = None
+    calls: float | None = None
+    alone_p50_ms: float | None = None
+    ratio: float | None = None
+    replay_p50_ms: float | None = None
+    vs_replay: float | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> Interference:
+        d = _map(d)
+        return cls(
+            stage=_str(d.get("stage")),
+            in_pipeline_p50_ms=_n(d.get("in_pipeline_p50_ms")),
+            calls=_n(d.get("calls")),
+            alone_p50_ms=_n(d.get("alone_p50_ms")),
+            ratio=_n(d.get("ratio")),
+            replay_p50_ms=_n(d.get("replay_p50_ms")),
+            vs_replay=_n(d.get("vs_replay")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "in_pipeline_p50_ms": self.in_pipeline_p50_ms,
+            "calls": self.calls,
+            "alone_p50_ms": self.alone_p50_ms,
+            "ratio": self.ratio,
+            "replay_p50_ms": self.replay_p50_ms,
+            "vs_replay": self.vs_replay,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    """The whole pipeline run for real at the recommended settings (``summary["validation"]``): its rate
+    and interval, the windows it was measured over (``window_rates``: the windows in turns with the other
+    runs named in ``interleaved_with``), its error against the prediction, and how much slower each stage's
+    call ran inside it than alone (``interference``); ``error`` where it gave no number."""
+
+    qps: float | None = None
+    qps_low: float | None = None
+    qps_high: float | None = None
+    seconds: float | None = None
+    error_vs_prediction: float | None = None
+    error: str | None = None
+    window_rates: tuple[float, ...] = ()
+    interference: tuple[Interference, ...] = ()
+    settings: tuple[Mapping[str, Any], ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    _NAMED = ("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction", "error", "window_rates", "interference")
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> Validation:
+        d = _map(d)
+        return cls(
+            qps=_n(d.get("qps")),
+            qps_low=_n(d.get("qps_low")),
+            qps_high=_n(d.get("qps_high")),
+            seconds=_n(d.get("seconds")),
+            error_vs_prediction=_n(d.get("error_vs_prediction")),
+            error=_str(d.get("error")) if d.get("error") else None,
+            window_rates=_nums(d.get("window_rates")),
+            interference=tuple(Interference.from_json(x) for x in _maps(d.get("interference"))),
+            settings=_maps(d.get("settings")),
+            extra={k: v for k, v in d.items() if k not in cls._NAMED and k != "settings"},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.extra)
+        out.update(qps=self.qps, qps_low=self.qps_low, qps_high=self.qps_high, seconds=self.seconds)
+        out["settings"] = [dict(s) for s in self.settings]
+        if self.error_vs_prediction is not None:
+            out["error_vs_prediction"] = self.error_vs_prediction
+        if self.error is not None:
+            out["error"] = self.error
+        if self.window_rates:
+            out["window_rates"] = list(self.window_rates)
+        if self.interference:
+            out["interference"] = [x.to_json() for x in self.interference]
+        return out
+
+    @property
+    def rate(self) -> Rate | None:
+        """``qps`` with its interval (None where the run gave no rate)."""
+        return Rate.from_json({"qps": self.qps, "qps_low": self.qps_low, "qps_high": self.qps_high}, "qps")
+
+
+@dataclass(frozen=True, slots=True)
+class YoursRun:
+    """The whole pipeline run for real at the user's own settings, in turns with the recommended ones
+    (``run.json["yours"]``): ``same`` where the two are one setting, ``not_run`` (why) where it was not
+    run, else its rate and windows, or ``error``. The run writes it; ``to_json`` gives back what was read."""
+
+    same: bool = False
+    not_run: str | None = None
+    qps: float | None = None
+    qps_low: float | None = None
+    qps_high: float | None = None
+    settings: Any = None
+    error: str | None = None
+    window_rates: tuple[float, ...] = ()
+    _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> YoursRun:
+        d = _map(d)
+        return cls(
+            same=bool(d.get("same")),
+            not_run=str(d["not_run"]) if d.get("not_run") else None,
+            qps=_n(d.get("qps")),
+            qps_low=_n(d.get("qps_low")),
+            qps_high=_n(d.get("qps_high")),
+            settings=d.get("settings"),
+            error=str(d["error"]) if d.get("error") else None,
+            window_rates=_nums(d.get("window_rates")),
+            _json=d,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self._json)
+
+    @property
+    def rate(self) -> Rate | None:
+        """``qps`` with its interval (None where the run gave no rate)."""
+        return Rate.from_json({"qps": self.qps, "qps_low": self.qps_low, "qps_high": self.qps_high}, "qps")
+
+
+@dataclass(frozen=True, slots=True)
+class VersusYours:
+    """The recommended settings against yours (``summary["recommended_vs_yours"]``), both run in turns:
+    ``verdict`` (``same``, ``recommended``, ``cheaper``, ``yours``, ``could not tell``, ``inconclusive``,
+    ``not run``), its ``text``, your run's rate, the recommended over yours round by round (``ratio``),
+    the stages whose setting differs (``changes``) and the rule's record (``decision``)."""
+
+    verdict: str | None = None
+    text: str | None = None
+    changes: tuple[Mapping[str, Any], ...] = ()
+    qps: float | None = None
+    qps_low: float | None = None
+    qps_high: float | None = None
+    settings: Any = None
+    ratio: float | None = None
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    decision: Mapping[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> VersusYours:
+        d = _map(d)
+        return cls(
+            verdict=_str(d.get("verdict")),
+            text=_str(d.get("text")),
+            changes=_maps(d.get("changes")),
+            qps=_n(d.get("qps")),
+            qps_low=_n(d.get("qps_low")),
+            qps_high=_n(d.get("qps_high")),
+            settings=d.get("settings"),
+            ratio=_n(d.get("ratio")),
+            ratio_low=_n(d.get("ratio_low")),
+            ratio_high=_n(d.get("ratio_high")),
+            decision=d["decision"] if isinstance(d.get("decision"), Mapping) else None,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        if self.verdict == "same":
+            return {"verdict": "same", "changes": [dict(c) for c in self.changes], "text": self.text}
+        out: dict[str, Any] = {
+            "qps": self.qps,
+            "qps_low": self.qps_low,
+            "qps_high": self.qps_high,
+            "settings": self.settings,
+            "changes": [dict(c) for c in self.changes],
+            "verdict": self.verdict,
+            "text": self.text,
+        }
+        if self.ratio is not None:
+            out["ratio"] = self.ratio
+        if self.ratio_low is not None or self.ratio_high is not None:
+            out.update(ratio_low=self.ratio_low, ratio_high=self.ratio_high)
+        if self.decision is not None:
+            out["decision"] = dict(self.decision)
+        return out
+
+    @property
+    def versus_yours(self) -> Ratio | None:
+        """The decision's ratio of the recommended over yours in turns (None where none was recorded)."""
+        return Ratio.from_json(_map(self.decision).get("versus_yours"))
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """Whether the pipeline keeps up with the training step (``summary["demand"]``): the demand
+    (``target_rate``, stated or measured: ``demand_source``), the pipeline's capacity (measured or
+    replayed: ``source``), their ratio, the ``verdict`` and its ``text``; where the job ran, what it
+    measured (``job_samples_per_s``, ``data_wait_share``)."""
+
+    verdict: str | None = None
+    text: str | None = None
+    target_rate: float | None = None
+    capacity: float | None = None
+    capacity_low: float | None = None
+    capacity_high: float | None = None
+    source: str | None = None
+    ratio: float | None = None
+    demand_source: str | None = None
+    data_wait_share: float | None = None
+    job_samples_per_s: float | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> Demand:
+        d = _map(d)
+        return cls(
+            verdict=_str(d.get("verdict")),
+            text=_str(d.get("text")),
+            target_rate=_n(d.get("target_rate")),
+            capacity=_n(d.get("capacity")),
+            capacity_low=_n(d.get("capacity_low")),
+            capacity_high=_n(d.get("capacity_high")),
+            source=_str(d.get("source")),
+            ratio=_n(d.get("ratio")),
+            demand_source=_str(d.get("demand_source")),
+            data_wait_share=_n(d.get("data_wait_share")),
+            job_samples_per_s=_n(d.get("job_samples_per_s")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"target_rate": self.target_rate, "capacity": self.capacity}
+        if self.capacity is not None:
+            out.update(capacity_low=self.capacity_low, capacity_high=self.capacity_high)
+        out["source"] = self.source
+        if self.capacity is not None:
+            out["ratio"] = self.ratio
+        out.update(verdict=self.verdict, demand_source=self.demand_source)
+        if self.capacity is not None:
+            out["data_wait_share"] = self.data_wait_share
+        if self.job_samples_per_s is not None:
+            out["job_samples_per_s"] = self.job_samples_per_s
+        out["text"] = self.text
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSpeed:
+    """The core's speed during the sweeps and around the validation run (``summary["cpu_speed"]``): a fixed
+    Python loop's ns per iteration, lower is faster; ``sweep_spread`` is the slowest probe over the fastest."""
+
+    sweep_ns_median: float
+    sweep_ns_min: float
+    sweep_ns_max: float
+    sweep_spread: float
+    probes: int
+    validation_ns: float | None = None
+    validation_ns_probes: tuple[float, ...] = ()
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> CpuSpeed | None:
+        """None where no sweep probe was kept (what the analysis writes then)."""
+        d = _map(d)
+        if _n(d.get("sweep_ns_median")) is None:
+            return None
+        return cls(
+            sweep_ns_median=float(d["sweep_ns_median"]),
+            sweep_ns_min=float(d.get("sweep_ns_min") or d["sweep_ns_median"]),
+            sweep_ns_max=float(d.get("sweep_ns_max") or d["sweep_ns_median"]),
+            sweep_spread=float(d.get("sweep_spread") or 1.0),
+            probes=int(d.get("probes") or 0),
+            validation_ns=_n(d.get("validation_ns")),
+            validation_ns_probes=_nums(d.get("validation_ns_probes")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sweep_ns_median": self.sweep_ns_median,
+            "sweep_ns_min": self.sweep_ns_min,
+            "sweep_ns_max": self.sweep_ns_max,
+            "probes": self.probes,
+            "validation_ns": self.validation_ns,
+            "validation_ns_probes": list(self.validation_ns_probes),
+            "sweep_spread": self.sweep_spread,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Joint:
+    """The settings chosen for the whole pipeline together (``summary["joint"]``): the pace the bounds
+    allow (``qps``, set by ``binding``), how many executor assignments were scored, the stages set
+    differently from their own best (``changed``), and its ``text``."""
+
+    qps: float | None = None
+    pace: float | None = None
+    binding: str | None = None
+    assignments: int | None = None
+    exhaustive: bool | None = None
+    changed: tuple[str, ...] = ()
+    for_demand: float | None = None
+    text: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> Joint:
+        d = _map(d)
+        a = d.get("assignments")
+        return cls(
+            qps=_n(d.get("qps")),
+            pace=_n(d.get("pace")),
+            binding=_str(d.get("binding")),
+            assignments=a if isinstance(a, int) and not isinstance(a, bool) else None,
+            exhaustive=d.get("exhaustive") if isinstance(d.get("exhaustive"), bool) else None,
+            changed=tuple(str(x) for x in d.get("changed") or ()),
+            for_demand=_n(d.get("for_demand")),
+            text=_str(d.get("text")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "qps": self.qps,
+            "binding": self.binding,
+            "pace": self.pace,
+            "for_demand": self.for_demand,
+            "assignments": self.assignments,
+            "exhaustive": self.exhaustive,
+            "changed": list(self.changed),
+            "text": self.text,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Search:
+    """What a loader run's search of the settings grid cost (``summary["search"]``): its ``strategy``, the
+    points it measured of the full grid's, its seconds, the grid's estimated seconds and the time saved,
+    and why any part of it stopped early (``stopped``)."""
+
+    strategy: str | None = None
+    points_measured: float | None = None  # a count, kept as written
+    full_grid_points: float | None = None
+    seconds: float | None = None
+    estimated_full_grid_seconds: float | None = None
+    time_saved_s: float | None = None
+    stopped: tuple[Any, ...] = ()
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> Search | None:
+        """None where no search was recorded (a pipeline run, a summary without the section)."""
+        if not isinstance(d, Mapping) or not d:
+            return None
+        return cls(
+            strategy=_str(d.get("strategy")),
+            points_measured=_n(d.get("points_measured")),
+            full_grid_points=_n(d.get("full_grid_points")),
+            seconds=_n(d.get("seconds")),
+            estimated_full_grid_seconds=_n(d.get("estimated_full_grid_seconds")),
+            time_saved_s=_n(d.get("time_saved_s")),
+            stopped=tuple(d.get("stopped") or ()),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "points_measured": self.points_measured,
+            "full_grid_points": self.full_grid_points,
+            "seconds": self.seconds,
+            "estimated_full_grid_seconds": self.estimated_full_grid_seconds,
+            "time_saved_s": self.time_saved_s,
+            "stopped": list(self.stopped),
+        }

@@ -1,0 +1,383 @@
+"""One stage of a pipeline summary, typed: its status, settings, GIL estimate, label and limit.
+
+A pipeline's ``summary.json`` holds one entry per stage (``summary["stages"]``), built by
+:func:`stagebench.analysis._stage.analyze_stage` and extended by the pipeline's analysis (index, type,
+the setting chosen together with the other stages). The findings, the pipeline's prediction, the fused
+stages' split and the report all read the same entry: :class:`StageEntry` is that entry read once, so
+that every reader sees the same defaults for a key an older summary lacks, and a misspelt key fails
+at the type check instead of reading ``None``.
+
+Every type keeps the keys its dict held, in their order, and the keys it does not know, so that
+``to_json`` gives back the dict it was read from: the summary on disk does not change by being read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+__all__ = ["GilEstimate", "HeadToHead", "PageFaults", "StageEntry", "StageEvidence", "StageLimit", "StageSetting"]
+
+_T = TypeVar("_T")
+
+
+def _split(cls: type, d: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], dict[str, Any]]:
+    """``d``'s keys that are ``cls``'s fields, all its keys in order, and the keys ``cls`` does not know."""
+    names = {f.name for f in dataclasses.fields(cls)} - {"keys", "extra"}
+    known = {k: v for k, v in d.items() if k in names}
+    extra = {k: v for k, v in d.items() if k not in names}
+    return known, tuple(str(k) for k in d), extra
+
+
+def _signal_value(signals: Mapping[str, Any], name: str) -> Any:
+    """The ``value`` of the signal ``name`` (None where it was not read)."""
+    sig = signals[name] if name in signals else None
+    return sig["value"] if isinstance(sig, Mapping) and "value" in sig else None
+
+
+def _back(obj: Any) -> dict[str, Any]:
+    """``obj`` as the dict it was read from: its keys in their order, nested types written back."""
+    out: dict[str, Any] = {}
+    for k in obj.keys:
+        if k in obj.extra:
+            out[k] = obj.extra[k]
+            continue
+        v = getattr(obj, k)
+        if hasattr(v, "to_json"):
+            v = v.to_json()
+        elif isinstance(v, tuple):
+            v = list(v)
+        out[k] = v
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class StageSetting:
+    """A setting of one stage (an executor at a concurrency, in a harness) and what it measured there.
+
+    The entry's ``recommended``, ``best``, ``recommended_alone`` and each of its ``alternatives`` are
+    one; so is each point of its ``curves`` (those have no executor or harness: their curve's key says
+    them). ``why`` is the recommendation's reason; the CPU and GIL times are an alternative's.
+    """
+
+    executor: str | None = None
+    concurrency: int | None = None
+    qps: float | None = None
+    qps_low: float | None = None
+    qps_high: float | None = None
+    harness: str | None = None
+    why: str | None = None
+    cpu_s_per_item: float | None = None
+    call_cpu_s: float | None = None
+    gc_s_per_item: float | None = None
+    harness_gil_s_per_item: float | None = None
+    cores_used: float | None = None
+    latency_p50_ms: float | None = None
+    keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> StageSetting | None:
+        """The setting ``d`` holds; None where there is none (an empty dict included, as readers took it)."""
+        if not isinstance(d, Mapping) or not d:
+            return None
+        known, keys, extra = _split(cls, d)
+        return cls(**known, keys=keys, extra=extra)
+
+    def to_json(self) -> dict[str, Any]:
+        return _back(self)
+
+
+def _settings(d: Any) -> dict[str, StageSetting]:
+    out: dict[str, StageSetting] = {}
+    for k, v in (d or {}).items():
+        s = StageSetting.from_json(v)
+        out[str(k)] = s if s is not None else StageSetting(keys=tuple(v or ()))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PageFaults:
+    """The minor page faults one executor's points took: ``per_item`` (per call, over its points), with
+    the CPU per item they were read beside and how many ``points`` they rest on."""
+
+    per_item: float | None = None
+    cpu_s_per_item: float | None = None
+    points: int | None = None
+    keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> PageFaults:
+        if not isinstance(d, Mapping):
+            return cls()
+        known, keys, extra = _split(cls, d)
+        return cls(**known, keys=keys, extra=extra)
+
+    def to_json(self) -> dict[str, Any]:
+        return _back(self)
+
+
+@dataclass(frozen=True, slots=True)
+class HeadToHead:
+    """Threads against processes measured in turns (:func:`stagebench.core._paired.paired_result`).
+
+    ``decisive``: enough pairs to decide; ``ratio``: processes' throughput over threads', with its 95%
+    interval; ``thread`` and ``process``: the two settings and their mean throughput over the pairs.
+    """
+
+    decisive: bool = False
+    processes_win: bool = False
+    ratio: float | None = None
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    pairs: int = 0
+    harness: str | None = None
+    thread: StageSetting | None = None
+    process: StageSetting | None = None
+    keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> HeadToHead | None:
+        if not isinstance(d, Mapping) or not d:
+            return None
+        known, keys, extra = _split(cls, d)
+        for side in ("thread", "process"):
+            if side in known:
+                known[side] = StageSetting.from_json(known[side])
+        return cls(**known, keys=keys, extra=extra)
+
+    def to_json(self) -> dict[str, Any]:
+        return _back(self)
+
+
+@dataclass(frozen=True, slots=True)
+class StageLimit:
+    """What holds the stage back at its best setting: ``kind`` (None: nothing stands out), the setting
+    it was read at (``at``, ``thread x 4``) and the phrase that says it (``text``)."""
+
+    kind: str | None = None
+    at: str | None = None
+    text: str | None = None
+    keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> StageLimit | None:
+        if not isinstance(d, Mapping) or not d:
+            return None
+        known, keys, extra = _split(cls, d)
+        return cls(**known, keys=keys, extra=extra)
+
+    def to_json(self) -> dict[str, Any]:
+        return _back(self)
+
+
+@dataclass(frozen=True, slots=True)
+class GilEstimate:
+    """A stage's GIL share and how it was read (:func:`stagebench.analysis._gil.estimate_gil`).
+
+    ``fraction`` and its ``interval`` (None where no thread or event-loop point was measured);
+    ``pinned`` (False where the curves only bound it); ``source`` (``"probe"`` where a counter thread's
+    reading decided); the stage's own GIL and wall seconds per item; ``saturated`` (the thread curve
+    flattened below the cores) and what serialises it (``serializer``: ``"gil"``, ``"other"``); the
+    curve it was read on (``harness``, ``executor``); the ``signals`` behind it and ``notes`` in words.
+    A stage entry keeps a part of it under ``gil`` (without the figures the entry holds itself),
+    with ``releases_per_call``.
+    """
+
+    fraction: float | None = None
+    interval: tuple[float, ...] | None = None
+    pinned: bool = False
+    source: str | None = None
+    gil_s_per_item: float | None = None
+    stage_s_per_item: float | None = None
+    saturated: bool = False
+    serializer: str | None = None
+    harness: str | None = None
+    executor: str | None = None
+    signals: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    releases_per_call: float | None = None
+    keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> GilEstimate | None:
+        if not isinstance(d, Mapping) or not d:
+            return None
+        known, keys, extra = _split(cls, d)
+        if isinstance(known.get("interval"), (list, tuple)):
+            known["interval"] = tuple(known["interval"])
+        if "notes" in known:
+            known["notes"] = tuple(known["notes"] or ())
+        if "signals" in known:
+            known["signals"] = known["signals"] or {}
+        for flag in ("pinned", "saturated"):
+            if flag in known and known[flag] is None:
+                known[flag] = False
+        return cls(**known, keys=keys, extra=extra)
+
+    def to_json(self) -> dict[str, Any]:
+        return _back(self)
+
+    def signal_value(self, name: str) -> Any:
+        """The value of the signal ``name`` (None where it was not read)."""
+        return _signal_value(self.signals, name)
+
+
+@dataclass(frozen=True, slots=True)
+class StageEvidence:
+    """What a stage's label, limit and recommendation rest on: ``summary``, the lines the report lists,
+    and ``signals``, every figure read on the way by name (each a dict with its ``value``, ``interval``,
+    ``label`` and, where it decided something, ``role``)."""
+
+    summary: tuple[str, ...] = ()
+    signals: Mapping[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> StageEvidence:
+        if not isinstance(d, Mapping):
+            return cls()
+        known, keys, extra = _split(cls, d)
+        if "summary" in known:
+            known["summary"] = tuple(known["summary"] or ())
+        if "signals" in known:
+            known["signals"] = known["signals"] or {}
+        return cls(**known, keys=keys, extra=extra)
+
+    def to_json(self) -> dict[str, Any]:
+        return _back(self)
+
+    def signal_value(self, name: str) -> Any:
+        """The value of the signal ``name`` (None where it was not read)."""
+        return _signal_value(self.signals, name)
+
+
+@dataclass(frozen=True, slots=True)
+class StageEntry:
+    """One stage's entry of a pipeline summary (``summary["stages"]``).
+
+    ``status`` and ``reason`` say whether it measured; ``classification`` (its label), ``mix`` and
+    ``limit`` what it is and what holds it back; ``recommended`` the setting the pipeline runs it at
+    (``recommended_alone``: its own best alone, where the pipeline's differs; ``recommended_isolated``:
+    the sweep's choice, where a job run chose another); ``best`` and ``alternatives`` (each executor's
+    best) what it reached alone; the GIL share and the per-item times; the curves it was read from.
+    ``items_per_input`` (an aggregate's or disaggregate's items per input item), ``is_async``, the
+    user's own setting and the declared ``type`` come from ``run.json``.
+    """
+
+    name: str = ""
+    index: int | None = None
+    type: str | None = None
+    status: str | None = None
+    reason: str = ""
+    classification: str | None = None
+    mix: tuple[str, ...] = ()
+    limit: StageLimit | None = None
+    gil_fraction: float | None = None
+    gil_fraction_interval: tuple[float, ...] | None = None
+    evidence: StageEvidence = field(default_factory=StageEvidence)
+    fit: Mapping[str, Any] = field(default_factory=dict)
+    recommended: StageSetting | None = None
+    recommended_alone: StageSetting | None = None
+    recommended_isolated: StageSetting | None = None
+    best: StageSetting | None = None
+    ceiling_qps: float | None = None
+    cpu_s_per_item: float | None = None
+    gil_s_per_item: float | None = None
+    harness: str | None = None
+    stage_s_per_item: float | None = None
+    harness_gil_s_per_item: float | None = None
+    alternatives: Mapping[str, StageSetting] = field(default_factory=dict)
+    head_to_head: HeadToHead | None = None
+    head_to_head_skipped: str | None = None
+    gil: GilEstimate | None = None
+    problems: tuple[str, ...] = ()
+    levels_measured: Mapping[str, Any] = field(default_factory=dict)
+    curves: Mapping[str, tuple[StageSetting, ...]] = field(default_factory=dict)
+    payload_bytes: float | None = None
+    page_faults: Mapping[str, PageFaults] = field(default_factory=dict)
+    is_async: bool = False
+    items_per_input: float = 1.0
+    user_executor: str | None = None
+    user_concurrency: int | None = None
+    fused_chain: tuple[str, ...] = ()
+    keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> StageEntry:
+        """The entry ``d`` holds; a missing key reads as its field's default (``items_per_input``: 1.0,
+        also where it is None or 0, as every reader took it)."""
+        if not isinstance(d, Mapping):
+            return cls()
+        known, keys, extra = _split(cls, d)
+        k: dict[str, Any] = dict(known)
+        for name in ("recommended", "recommended_alone", "recommended_isolated", "best"):
+            if name in k:
+                k[name] = StageSetting.from_json(k[name])
+        if "limit" in k:
+            k["limit"] = StageLimit.from_json(k["limit"])
+        if "gil" in k:
+            k["gil"] = GilEstimate.from_json(k["gil"])
+        if "evidence" in k:
+            k["evidence"] = StageEvidence.from_json(k["evidence"])
+        if "head_to_head" in k:
+            k["head_to_head"] = HeadToHead.from_json(k["head_to_head"])
+        if "alternatives" in k:
+            k["alternatives"] = _settings(k["alternatives"])
+        if "curves" in k:
+            k["curves"] = {
+                str(c): tuple(StageSetting.from_json(p) or StageSetting(keys=tuple(p or ())) for p in pts or ())
+                for c, pts in (k["curves"] or {}).items()
+            }
+        if isinstance(k.get("gil_fraction_interval"), (list, tuple)):
+            k["gil_fraction_interval"] = tuple(k["gil_fraction_interval"])
+        for name in ("mix", "problems", "fused_chain"):
+            if name in k:
+                k[name] = tuple(k[name] or ())
+        for name in ("fit", "levels_measured"):
+            if name in k:
+                k[name] = k[name] or {}
+        if "page_faults" in k:
+            k["page_faults"] = {str(ex): PageFaults.from_json(v) for ex, v in (k["page_faults"] or {}).items()}
+        if "items_per_input" in k:
+            try:
+                k["items_per_input"] = float(k["items_per_input"] or 1.0)
+            except (TypeError, ValueError):
+                k["items_per_input"] = 1.0
+        if "is_async" in k:
+            k["is_async"] = bool(k["is_async"])
+        if "reason" in k and k["reason"] is None:
+            k["reason"] = ""
+        return cls(**k, keys=keys, extra=extra)
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as the summary holds it (what :meth:`from_json` read, when nothing was coerced)."""
+        out = _back(self)
+        if "alternatives" in out:
+            out["alternatives"] = {k: v.to_json() for k, v in self.alternatives.items()}
+        if "page_faults" in out:
+            out["page_faults"] = {k: v.to_json() for k, v in self.page_faults.items()}
+        if "curves" in out:
+            out["curves"] = {k: [p.to_json() for p in pts] for k, pts in self.curves.items()}
+        return out
+
+    @property
+    def ok(self) -> bool:
+        """Whether the stage measured (an entry without a status counts as measured, as readers took it)."""
+        return self.status == "ok" or (self.status is None and "status" not in self.keys)
+
+    def alternative(self, executor: str) -> StageSetting | None:
+        """The best setting measured on ``executor`` (None where it was not measured)."""
+        return self.alternatives[executor] if executor in self.alternatives else None
+
+    def curve(self, key: str) -> tuple[StageSetting, ...]:
+        """The points of the curve ``harness/executor`` (none where it was not measured)."""
+        return self.curves[key] if key in self.curves else ()

@@ -1,0 +1,105 @@
+"""A summary's top level: what ``summary.json`` says about a run, as the report and the terminal read it.
+
+Both kinds of run (a pipeline's stages, a DataLoader's grid) write one summary with a few common facts
+(``kind``, ``verdict``, ``scope``, ``warnings``, ``findings``, the versions) and sections of their own.
+:class:`Summary` reads the top level once, with the default a missing key reads as, so a reader names a
+fact instead of restating its key and fallback. The whole pipeline's sections are typed here
+(:mod:`stagebench.model._pipeline`); the sections other types describe (the job, the stages, the loader's
+points) are kept as the summary holds them, for those types to read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stagebench.model._pipeline import CpuSpeed, Demand, Joint, Prediction, Search, Validation, VersusYours
+
+__all__ = ["Summary"]
+
+
+def _record(x: Any) -> Mapping[str, Any] | None:
+    return x if isinstance(x, Mapping) else None
+
+
+def _list(x: Any) -> list[Any]:
+    return list(x) if isinstance(x, (list, tuple)) else []
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """One run's ``summary.json``, top level: the common facts, the whole pipeline's sections typed, and
+    the other sections as written (None or empty where absent). ``to_json`` gives back the dict it was
+    read from: the summary is written by the analysis, never rebuilt from this view."""
+
+    kind: str | None = None
+    verdict: str | None = None
+    scope: str | None = None
+    warnings: tuple[str, ...] = ()
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    stagebench_version: str | None = None
+    schema_version: int | None = None
+    cores: int | None = None
+    prediction: Prediction = field(default_factory=Prediction)
+    validation: Validation = field(default_factory=Validation)
+    recommended_vs_yours: VersusYours = field(default_factory=VersusYours)
+    demand: Demand = field(default_factory=Demand)
+    cpu_speed: CpuSpeed | None = None
+    joint: Joint = field(default_factory=Joint)
+    search: Search | None = None
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    not_isolated: list[dict[str, Any]] = field(default_factory=list)
+    job: Mapping[str, Any] | None = None
+    trainer: Mapping[str, Any] | None = None
+    provenance: Mapping[str, Any] | None = None
+    settings: Mapping[str, Any] | None = None
+    loader: Mapping[str, Any] | None = None
+    recommended: Mapping[str, Any] | None = None
+    best: Mapping[str, Any] | None = None
+    target: Mapping[str, Any] | None = None
+    user_setting: Mapping[str, Any] | None = None
+    worker_costs: Mapping[str, Any] | None = None
+    points: list[dict[str, Any]] = field(default_factory=list)
+    transforms: list[dict[str, Any]] = field(default_factory=list)
+    _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> Summary:
+        d = d if isinstance(d, Mapping) else {}
+        sv, cores = d.get("schema_version"), d.get("cores")
+        return cls(
+            kind=None if d.get("kind") is None else str(d["kind"]),
+            verdict=None if d.get("verdict") is None else str(d["verdict"]),
+            scope=None if d.get("scope") is None else str(d["scope"]),
+            warnings=tuple(str(w) for w in d.get("warnings") or ()),
+            findings=_list(d.get("findings")),
+            stagebench_version=None if d.get("stagebench_version") is None else str(d["stagebench_version"]),
+            schema_version=sv if isinstance(sv, int) and not isinstance(sv, bool) else None,
+            cores=cores if isinstance(cores, int) and not isinstance(cores, bool) else None,
+            prediction=Prediction.from_json(d.get("prediction")),
+            validation=Validation.from_json(d.get("validation")),
+            recommended_vs_yours=VersusYours.from_json(d.get("recommended_vs_yours")),
+            demand=Demand.from_json(d.get("demand")),
+            cpu_speed=CpuSpeed.from_json(d.get("cpu_speed")),
+            joint=Joint.from_json(d.get("joint")),
+            search=Search.from_json(d.get("search")),
+            stages=_list(d.get("stages")),
+            not_isolated=_list(d.get("not_isolated")),
+            job=_record(d.get("job")),
+            trainer=_record(d.get("trainer")),
+            provenance=_record(d.get("provenance")),
+            settings=_record(d.get("settings")),
+            loader=_record(d.get("loader")),
+            recommended=_record(d.get("recommended")),
+            best=_record(d.get("best")),
+            target=_record(d.get("target")),
+            user_setting=_record(d.get("user_setting")),
+            worker_costs=_record(d.get("worker_costs")),
+            points=_list(d.get("points")),
+            transforms=_list(d.get("transforms")),
+            _json=d,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self._json)
