@@ -168,6 +168,17 @@ _Est = tuple[float, float, float]
 
 
 @dataclass(frozen=True)
+class _Reading:
+    """A valid estimate and what it was read from: ``"cpu"`` (the stage's CPU time within one
+    point) or ``"plateau"`` (the thread curve's peak against its lowest level)."""
+
+    value: float
+    lo: float
+    hi: float
+    reads: str
+
+
+@dataclass(frozen=True)
 class _Lowest:
     """The lowest thread level of the curve the GIL is read from, and the stage's time per item there.
 
@@ -498,11 +509,11 @@ def _serial_fraction(fits: dict[str, dict], low: _Lowest, plateau: _Plateau, sig
 def _valid_estimates(
     share: _CpuShare,
     plateau: _Plateau,
-    on_plateau: list[_Est],
+    on_plateau: list[_Reading],
     multi: bool,
     signals: dict[str, Any],
     notes: list[str],
-) -> list[_Est]:
+) -> list[_Reading]:
     """The signals the data says are valid estimates, in signal order.
 
     The CPU share counts unless part of the CPU is GIL-free; the plateau and
@@ -510,14 +521,15 @@ def _valid_estimates(
     threads. Threads that scaled past what the CPU share allows bring the
     plateau in too. ``multi``: the thread curve has two levels or more.
     """
-    ests: list[_Est] = []
+    ests: list[_Reading] = []
     if finite(share.value) and not share.gil_free:
-        ests.append((share.value, share.lo, share.hi))
+        ests.append(_Reading(share.value, share.lo, share.hi, "cpu"))
         if "cpu_share_for_load" in signals:
             sig = signals["cpu_share_for_load"]
-            ests.append((sig["value"], *sig["interval"]))
+            lo, hi = sig["interval"]
+            ests.append(_Reading(sig["value"], lo, hi, "cpu"))
     if plateau.gil_saturated:
-        ests.append((plateau.value, plateau.lo, plateau.hi))
+        ests.append(_Reading(plateau.value, plateau.lo, plateau.hi, "plateau"))
         ests += on_plateau
     elif ests and multi and share.lo > plateau.hi:
         # threads scaled further than the CPU share allows
@@ -525,21 +537,32 @@ def _valid_estimates(
             "threads scaled further than the CPU share allows: the machine's speed changed during the sweep, "
             "or part of the CPU runs without the GIL; both signals are used"
         )
-        ests.append((plateau.value, plateau.lo, plateau.hi))
+        ests.append(_Reading(plateau.value, plateau.lo, plateau.hi, "plateau"))
     return ests
 
 
-def _combine(ests: list[_Est], share: _CpuShare, plateau: _Plateau, multi: bool, notes: list[str]) -> _Estimate:
-    """The curves' estimate: the median of the valid signals, spanned by their intervals.
+def _combine(ests: list[_Reading], share: _CpuShare, plateau: _Plateau, multi: bool, notes: list[str]) -> _Estimate:
+    """The curves' estimate: one vote for each thing the valid signals read, spanned by their intervals.
+
+    The signals read two things: the stage's CPU time within one point (``cpu_share``, its correction
+    for load, ``cpu_share_at_plateau``) and the thread curve's peak against its lowest level
+    (``thread_plateau``, ``threads_vs_processes``, ``serial_fraction``). Signals that read the same thing
+    share its errors, so each group gives its median and the estimate is the median of the groups (with
+    two, their mean): three readings of one plateau do not outvote the stage's own CPU time. Why: the
+    plateau's readings compare two points measured seconds apart, and a host that changed speed in
+    between moves all three together (a 50/50 stage that held 0.44 read 0.54 on the plateau, 0.44 on
+    its CPU time).
 
     With no valid signal only upper bounds remain: the interval runs from 0 to
     the tightest, and the point is its midpoint.
     """
     if ests:
-        vals = np.array([e[0] for e in ests])
-        point = float(np.median(vals))
-        lo = min(e[1] for e in ests)
-        hi = max(e[2] for e in ests)
+        groups: dict[str, list[float]] = {}
+        for e in ests:
+            groups.setdefault(e.reads, []).append(e.value)
+        point = float(np.median([np.median(v) for v in groups.values()]))
+        lo = min(e.lo for e in ests)
+        hi = max(e.hi for e in ests)
         if not plateau.gil_saturated and multi:
             hi = min(hi, max(plateau.hi, point))  # the plateau bound holds unless the signals disagree
         return _Estimate(point, lo, hi, pinned=True, source="curves")
@@ -673,7 +696,11 @@ def estimate_gil(
     serial = _serial_fraction(fits, low, plateau, signals)
 
     multi = len(T) >= 2
-    on_plateau = [e for e in (at_plateau, processes, serial) if e is not None]
+    on_plateau = [
+        _Reading(e[0], e[1], e[2], reads)
+        for e, reads in ((at_plateau, "cpu"), (processes, "plateau"), (serial, "plateau"))
+        if e is not None
+    ]
     curves = _combine(_valid_estimates(share, plateau, on_plateau, multi, signals, notes), share, plateau, multi, notes)
     est = _gil_probe(probe, curves, signals, notes)
     point = _clip01(est.point)
