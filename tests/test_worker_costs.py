@@ -351,3 +351,29 @@ def test_a_pass_of_a_few_batches_a_worker_is_not_extrapolated_to_the_epoch():
     assert "too_few_batches" not in enough and enough["epoch_growth_mb"] == pytest.approx(2.0 * 10_000)
     costs = worker_costs_summary({"worker_costs": {"memory": {"num_workers": 2, **few}, "available_mb": 1e6}}, [])
     assert not worker_cost_findings(costs, None)
+
+
+class Locked(Blob):
+    """A dataset that cannot be pickled (it holds a lock), as one holding an open file or a client may."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.lock = threading.Lock()
+
+
+@pytest.mark.slow
+def test_a_dataset_that_cannot_be_shipped_is_said_and_the_report_renders(tmp_path):
+    """Under spawn a dataset that cannot be pickled cannot reach a worker: the settings with workers fail,
+    recorded with their reason; the report renders and says why (it failed on the missing size)."""
+    import stagebench
+
+    cfg = LoaderSweepConfig(num_workers=(0, 1), budget_s=0.3, timeout_s=60, transforms=False)
+    s = stagebench.sweep_dataset(
+        Locked(), run_dir=tmp_path / "run", config=cfg, batch_size=8, multiprocessing_context="spawn"
+    )
+    assert s["recommended"]["num_workers"] == 0
+    assert "pickle" in s["worker_costs"]["shipping"]["error"]
+    html = (tmp_path / "run" / "report.html").read_text()
+    assert "could not be pickled" in html and "cannot pickle" in html
