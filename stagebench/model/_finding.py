@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stagebench.model._json import dict_of, write
+
 __all__ = ["Finding", "SEVERITIES", "by_severity"]
 
 #: Most important first: what the report and the terminal list first.
@@ -28,13 +30,7 @@ class Finding:
             raise ValueError(f"severity: unknown {self.severity!r}; allowed: {', '.join(SEVERITIES)}")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "severity": self.severity,
-            "title": self.title,
-            "detail": self.detail,
-            "stage": self.stage,
-            "evidence": dict(self.evidence),
-        }
+        return write(self)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Finding:
@@ -43,7 +39,7 @@ class Finding:
             title=str(d.get("title") or ""),
             detail=str(d.get("detail") or ""),
             stage=d.get("stage"),
-            evidence=dict(d.get("evidence") or {}),
+            evidence=dict_of(d.get("evidence")),
         )
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagebench.model._evidence import Decision, Ratio
+from stagebench.model._json import dict_of, each, items, read, texts, write
 from stagebench.model._rate import Rate
 
 __all__ = ["StepAlone", "JobFigures", "JobCandidate", "JobSlice", "JobSkipped", "JobRecord", "JobVerdict"]
@@ -35,17 +36,19 @@ def _decision(d: Any) -> Decision | None:
     """The rule's record as :meth:`Decision.to_json` wrote it (None where the summary has none)."""
     if not isinstance(d, Mapping):
         return None
-    return Decision(
-        advice=str(d.get("advice") or "none"),
-        pick=d.get("pick"),
-        best=d.get("best"),
-        yours=d.get("yours"),
-        as_good=tuple(d.get("as_good") or ()),
-        open=tuple(d.get("open") or ()),
-        versus_yours=Ratio.from_json(d.get("versus_yours")),
-        rival=d.get("rival"),
-        rounds_to_settle=d.get("rounds_to_settle"),
-        reasons=dict(d.get("reasons") or {}),
+    return read(
+        Decision,
+        d,
+        {
+            "advice": str(d.get("advice") or "none"),
+            "pick": d.get("pick"),
+            "best": d.get("best"),
+            "yours": d.get("yours"),
+        },
+        as_good=items,
+        open=items,
+        versus_yours=Ratio.from_json,
+        reasons=dict_of,
     )
 
 
@@ -81,36 +84,10 @@ class JobFigures:
         """None where ``d`` is no figures (a candidate that never ran)."""
         if not isinstance(d, Mapping) or not d:
             return None
-        return cls(
-            samples_per_s=d.get("samples_per_s"),
-            samples_per_s_low=d.get("samples_per_s_low"),
-            samples_per_s_high=d.get("samples_per_s_high"),
-            data_wait_share=d.get("data_wait_share"),
-            step_samples_per_s=d.get("step_samples_per_s"),
-            steps=d.get("steps"),
-            seconds=d.get("seconds"),
-            slices=d.get("slices"),
-            groups=d.get("groups"),
-            startup_s=d.get("startup_s"),
-            failed=tuple(str(x) for x in d.get("failed") or ()),
-            round_rates=dict(d.get("round_rates") or {}),
-        )
+        return read(cls, d, failed=texts, round_rates=dict_of)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "samples_per_s": self.samples_per_s,
-            "samples_per_s_low": self.samples_per_s_low,
-            "samples_per_s_high": self.samples_per_s_high,
-            "data_wait_share": self.data_wait_share,
-            "step_samples_per_s": self.step_samples_per_s,
-            "steps": self.steps,
-            "seconds": self.seconds,
-            "slices": self.slices,
-            "groups": self.groups,
-            "startup_s": self.startup_s,
-            "failed": list(self.failed),
-            "round_rates": dict(self.round_rates),
-        }
+        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,26 +122,7 @@ class StepAlone:
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> StepAlone:
         """The step alone; every field None where ``d`` is None (no trainer measured)."""
-        if not isinstance(d, Mapping):
-            return cls()
-        return cls(
-            samples_per_s=d.get("samples_per_s"),
-            samples_per_s_low=d.get("samples_per_s_low"),
-            samples_per_s_high=d.get("samples_per_s_high"),
-            steps_per_s=d.get("steps_per_s"),
-            steps_per_s_low=d.get("steps_per_s_low"),
-            steps_per_s_high=d.get("steps_per_s_high"),
-            items_per_step=d.get("items_per_step"),
-            steps=d.get("steps"),
-            seconds=d.get("seconds"),
-            warmup_steps=d.get("warmup_steps"),
-            precision=d.get("precision"),
-            stopped_by=d.get("stopped_by"),
-            pinned=d.get("pinned"),
-            error=d.get("error"),
-            stopped_early=d.get("stopped_early"),
-            with_pipeline=JobFigures.from_json(d.get("with_pipeline")),
-        )
+        return read(cls, d, with_pipeline=JobFigures.from_json)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -225,37 +183,27 @@ class JobCandidate:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> JobCandidate:
-        return cls(
-            key=d["key"],
-            label=d.get("label"),
-            settings=dict(d.get("settings") or {}),
-            origin=tuple(d.get("origin") or ()),
-            cost=tuple(float(x) for x in d.get("cost") or ()),
-            round_steps=d.get("round_steps"),
-            group_steps=int(d.get("group_steps") or 1),
-            alone=Rate.from_json(d.get("alone")),
-            alone_as=(d.get("alone") or {}).get("measured_as"),
-            job=JobFigures.from_json(d.get("job")),
-            versus_yours=Ratio.from_json(d.get("versus_yours")),
-            as_good=bool(d.get("as_good")),
+        return read(
+            cls,
+            d,
+            {"key": d["key"], "alone_as": (d.get("alone") or {}).get("measured_as")},
+            settings=dict_of,
+            origin=items,
+            cost=lambda v: tuple(float(x) for x in v or ()),
+            group_steps=lambda v: int(v or 1),
+            alone=Rate.from_json,
+            job=JobFigures.from_json,
+            versus_yours=Ratio.from_json,
+            as_good=bool,
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "label": self.label,
-            "settings": dict(self.settings),
-            "origin": list(self.origin),
-            "cost": list(self.cost),
-            "round_steps": self.round_steps,
-            "group_steps": self.group_steps,
-            "alone": None
-            if self.alone is None
-            else {**self.alone.to_json(), **({"measured_as": self.alone_as} if self.alone_as is not None else {})},
-            "job": None if self.job is None else self.job.to_json(),
-            "versus_yours": None if self.versus_yours is None else self.versus_yours.to_json(),
-            "as_good": self.as_good,
-        }
+        """The fields in order, the setting the alone figure was measured at inside ``alone``."""
+        out = write(self)
+        del out["alone_as"]
+        if self.alone is not None and self.alone_as is not None:
+            out["alone"]["measured_as"] = self.alone_as
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,28 +223,17 @@ class JobSlice:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> JobSlice:
-        return cls(
-            candidate=d.get("candidate"),
-            round=int(d.get("round") or 0),
-            status=d.get("status"),
-            reason=d.get("reason"),
-            waits=tuple(d.get("waits") or ()),
-            bodies=tuple(d.get("bodies") or ()),
-            startup_s=d.get("startup_s"),
-            wall_s=float(d.get("wall_s") or 0.0),
+        return read(
+            cls,
+            d,
+            round=lambda v: int(v or 0),
+            waits=items,
+            bodies=items,
+            wall_s=lambda v: float(v or 0.0),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "candidate": self.candidate,
-            "round": self.round,
-            "status": self.status,
-            "reason": self.reason,
-            "waits": list(self.waits),
-            "bodies": list(self.bodies),
-            "startup_s": self.startup_s,
-            "wall_s": self.wall_s,
-        }
+        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +248,7 @@ class JobSkipped:
         return cls(label=d["label"], why=d["why"])
 
     def to_json(self) -> dict[str, Any]:
-        return {"label": self.label, "why": self.why}
+        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,36 +271,19 @@ class JobRecord:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> JobRecord:
-        if not isinstance(d, Mapping):
-            return cls()
-        return cls(
-            candidates=tuple(JobCandidate.from_json(c) for c in d.get("candidates") or ()),
-            slices=tuple(JobSlice.from_json(s) for s in d.get("slices") or ()),
-            items_per_step=float(d.get("items_per_step") or 1.0),
-            rounds=d.get("rounds"),
-            seconds=d.get("seconds"),
-            steps_handed=d.get("steps_handed"),
-            stopped=d.get("stopped"),
-            what=d.get("what"),
-            load_avg=tuple(x for x in d.get("load_avg") or () if isinstance(x, (int, float))),
-            cores=int(d.get("cores") or 0),
-            skipped=tuple(JobSkipped.from_json(s) for s in d.get("skipped") or ()),
+        return read(
+            cls,
+            d,
+            candidates=each(JobCandidate.from_json),
+            slices=each(JobSlice.from_json),
+            items_per_step=lambda v: float(v or 1.0),
+            load_avg=lambda v: tuple(x for x in v or () if isinstance(x, (int, float))),
+            cores=lambda v: int(v or 0),
+            skipped=each(JobSkipped.from_json),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "candidates": [c.to_json() for c in self.candidates],
-            "slices": [s.to_json() for s in self.slices],
-            "items_per_step": self.items_per_step,
-            "rounds": self.rounds,
-            "seconds": self.seconds,
-            "steps_handed": self.steps_handed,
-            "stopped": self.stopped,
-            "what": self.what,
-            "load_avg": list(self.load_avg),
-            "cores": self.cores,
-            "skipped": [s.to_json() for s in self.skipped],
-        }
+        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,59 +335,15 @@ class JobVerdict:
         """None where the summary holds no job (``d`` None or empty)."""
         if not isinstance(d, Mapping) or not d:
             return None
-        return cls(
-            candidates=tuple(JobCandidate.from_json(c) for c in d.get("candidates") or ()),
-            demand=d.get("demand"),
-            rounds=d.get("rounds"),
-            seconds=d.get("seconds"),
-            steps_handed=d.get("steps_handed"),
-            stopped=d.get("stopped"),
-            yours=d.get("yours"),
-            unit=d.get("unit"),
-            what=d.get("what"),
-            decision=_decision(d.get("decision")),
-            status=d.get("status"),
-            pick=d.get("pick"),
-            best=d.get("best"),
-            as_good=tuple(d.get("as_good") or ()),
-            advice=d.get("advice"),
-            why=d.get("why"),
-            bound=d.get("bound"),
-            samples_per_s=d.get("samples_per_s"),
-            samples_per_s_low=d.get("samples_per_s_low"),
-            samples_per_s_high=d.get("samples_per_s_high"),
-            data_wait_share=d.get("data_wait_share"),
-            unproven=tuple(d.get("unproven") or ()),
-            text=d.get("text"),
-            zero_workers=d.get("zero_workers"),
-            changed=tuple(d.get("changed") or ()),
+        return read(
+            cls,
+            d,
+            candidates=each(JobCandidate.from_json),
+            decision=_decision,
+            as_good=items,
+            unproven=items,
+            changed=items,
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "candidates": [c.to_json() for c in self.candidates],
-            "demand": self.demand,
-            "rounds": self.rounds,
-            "seconds": self.seconds,
-            "steps_handed": self.steps_handed,
-            "stopped": self.stopped,
-            "yours": self.yours,
-            "unit": self.unit,
-            "what": self.what,
-            "decision": None if self.decision is None else self.decision.to_json(),
-            "status": self.status,
-            "pick": self.pick,
-            "best": self.best,
-            "as_good": list(self.as_good),
-            "advice": self.advice,
-            "why": self.why,
-            "bound": self.bound,
-            "samples_per_s": self.samples_per_s,
-            "samples_per_s_low": self.samples_per_s_low,
-            "samples_per_s_high": self.samples_per_s_high,
-            "data_wait_share": self.data_wait_share,
-            "unproven": list(self.unproven),
-            "text": self.text,
-            "zero_workers": self.zero_workers,
-            "changed": list(self.changed),
-        }
+        return write(self)

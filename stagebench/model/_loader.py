@@ -15,12 +15,11 @@ or holds no number, reads as None.
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from stagebench.model._json import dict_of, flag, mapping, number, read, span, text, whole, write
 from stagebench.model._rate import Rate
 
 __all__ = [
@@ -49,34 +48,9 @@ STARTUP_KEYS = (
 )
 
 
-def _number(v: Any) -> float | None:
-    """``v`` as read where it is a number (an int stays an int, NaN stays NaN), else None."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        return None
-    return v  # type: ignore[return-value]  # a Real is an int or a float here (numpy's scalars included)
-
-
-def _whole(v: Any) -> int | None:
-    """A count: ``v`` as an int where it is a finite number, else None."""
-    x = _number(v)
-    return int(x) if x is not None and math.isfinite(x) else None
-
-
-def _text(v: Any) -> str | None:
-    return None if v is None else str(v)
-
-
-def _flag(v: Any) -> bool | None:
-    return v if isinstance(v, bool) else None
-
-
 def _knob_flag(v: Any) -> bool | str | None:
     """``persistent_workers`` / ``pin_memory``: True, False, or the words saying it does not apply."""
     return v if isinstance(v, (bool, str)) else None
-
-
-def _mapping(v: Any) -> Mapping[str, Any] | None:
-    return v if isinstance(v, Mapping) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +74,7 @@ class StartupSplit:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> StartupSplit:
-        d = d or {}
-        return cls(
-            **{k: _number(d.get(k)) for k in STARTUP_KEYS},
-            setting=_text(d.get("setting")),
-            num_workers=_whole(d.get("num_workers")),
-        )
+        return read(cls, d, setting=text, num_workers=whole, **dict.fromkeys(STARTUP_KEYS, number))
 
     def to_json(self) -> dict[str, Any]:
         """A row of ``worker_costs["startup"]``, keys in the order the summary writes them."""
@@ -155,25 +124,30 @@ class LoaderPoint:
     def from_json(cls, d: Mapping[str, Any] | None) -> LoaderPoint:
         """A point from a summary's dict, a normalised row or a DataFrame record (a knob read as a float
         there is a whole number here)."""
-        d = d or {}
-        return cls(
-            num_workers=_whole(d.get("num_workers")),
-            prefetch_factor=_whole(d.get("prefetch_factor")),
-            persistent_workers=_knob_flag(d.get("persistent_workers")),
-            pin_memory=_knob_flag(d.get("pin_memory")),
-            samples_per_s=Rate.from_json(d),
-            batches_per_s=_number(d.get("batches_per_s")),
-            mem_pss_mb=_number(d.get("mem_pss_mb")),
-            mem_workers_mb=_number(d.get("mem_workers_mb")),
-            cores_used=_number(d.get("cores_used")),
-            time_to_first_batch_s=_number(d.get("time_to_first_batch_s")),
-            epoch_stall_s=_number(d.get("epoch_stall_s")),
-            startup=StartupSplit.from_json(d),
-            measurements=_whole(d.get("measurements")),
-            status=str(d.get("status") or "ok"),
-            reason=str(d.get("reason") or ""),
-            why=_text(d.get("why")),
-            decision=_mapping(d.get("decision")),
+        return read(
+            cls,
+            d,
+            {"samples_per_s": Rate.from_json(d), "startup": StartupSplit.from_json(d)},
+            num_workers=whole,
+            prefetch_factor=whole,
+            persistent_workers=_knob_flag,
+            pin_memory=_knob_flag,
+            measurements=whole,
+            status=lambda v: str(v or "ok"),
+            reason=lambda v: str(v or ""),
+            why=text,
+            decision=mapping,
+            **dict.fromkeys(
+                (
+                    "batches_per_s",
+                    "mem_pss_mb",
+                    "mem_workers_mb",
+                    "cores_used",
+                    "time_to_first_batch_s",
+                    "epoch_stall_s",
+                ),
+                number,
+            ),
         )
 
     @property
@@ -207,24 +181,10 @@ class Largest:
     def from_json(cls, d: Mapping[str, Any] | None) -> Largest | None:
         if not isinstance(d, Mapping):
             return None
-        return cls(
-            attr=_text(d.get("attr")),
-            items=_whole(d.get("items")),
-            container=_text(d.get("container")),
-            item=_text(d.get("item")),
-            python_objects=_flag(d.get("python_objects")),
-            objects_mb=_number(d.get("objects_mb")),
-        )
+        return read(cls, d, attr=text, items=whole, container=text, item=text, python_objects=flag, objects_mb=number)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "attr": self.attr,
-            "items": self.items,
-            "container": self.container,
-            "item": self.item,
-            "python_objects": self.python_objects,
-            "objects_mb": self.objects_mb,
-        }
+        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,18 +210,18 @@ class Shipping:
     def from_json(cls, d: Mapping[str, Any] | None) -> Shipping | None:
         if not isinstance(d, Mapping):
             return None
-        return cls(
-            start_method=_text(d.get("start_method")),
-            shipped=_flag(d.get("shipped")),
-            pickled_once=_flag(d.get("pickled_once")),
-            largest=Largest.from_json(d.get("largest")),
-            mb=_number(d.get("mb")),
-            pickle_s=_number(d.get("pickle_s")),
-            pickle_s_range=_range(d.get("pickle_s_range")),
-            unpickle_s=_number(d.get("unpickle_s")),
-            unpickle_s_range=_range(d.get("unpickle_s_range")),
-            repeats=_whole(d.get("repeats")),
-            error=_text(d.get("error")),
+        return read(
+            cls,
+            d,
+            start_method=text,
+            shipped=flag,
+            pickled_once=flag,
+            largest=Largest.from_json,
+            pickle_s_range=span,
+            unpickle_s_range=span,
+            repeats=whole,
+            error=text,
+            **dict.fromkeys(("mb", "pickle_s", "unpickle_s"), number),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -284,12 +244,6 @@ class Shipping:
         return out
 
 
-def _range(v: Any) -> tuple[float, ...] | None:
-    if not isinstance(v, Sequence) or isinstance(v, str):
-        return None
-    return tuple(float(x) for x in v)
-
-
 @dataclass(frozen=True, slots=True)
 class MemorySample:
     """One reading of the memory pass: seconds into it, each worker's private memory (MB) and the batches
@@ -303,12 +257,36 @@ class MemorySample:
     def from_json(cls, d: Mapping[str, Any]) -> MemorySample:
         return cls(
             t=float(d.get("t") or 0.0),
-            uss_mb=dict(d.get("uss_mb") or {}),
-            batches=dict(d.get("batches") or {}),
+            uss_mb=dict_of(d.get("uss_mb")),
+            batches=dict_of(d.get("batches")),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {"t": self.t, "uss_mb": dict(self.uss_mb), "batches": dict(self.batches)}
+        return write(self)
+
+
+def _samples(v: Any) -> tuple[MemorySample, ...] | None:
+    return (
+        None if not isinstance(v, Sequence) else tuple(MemorySample.from_json(s) for s in v if isinstance(s, Mapping))
+    )
+
+
+#: :class:`WorkerMemory`'s figures, each a number as written
+_MEMORY_NUMBERS = (
+    "growth_mb_per_batch",
+    "growth_mb_per_batch_low",
+    "growth_mb_per_batch_high",
+    "batches_per_worker",
+    "epoch_batches_per_worker",
+    "start_mb",
+    "end_mb",
+    "epoch_growth_mb",
+    "epoch_growth_mb_low",
+    "epoch_growth_mb_high",
+    "bounded_by_mb",
+    "seconds",
+    "all_workers_mb",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,28 +320,15 @@ class WorkerMemory:
     def from_json(cls, d: Mapping[str, Any] | None) -> WorkerMemory | None:
         if not isinstance(d, Mapping):
             return None
-        samples = d.get("samples")
-        return cls(
-            num_workers=_whole(d.get("num_workers")),
-            samples=None
-            if not isinstance(samples, Sequence)
-            else tuple(MemorySample.from_json(s) for s in samples if isinstance(s, Mapping)),
-            growth_mb_per_batch=_number(d.get("growth_mb_per_batch")),
-            growth_mb_per_batch_low=_number(d.get("growth_mb_per_batch_low")),
-            growth_mb_per_batch_high=_number(d.get("growth_mb_per_batch_high")),
-            batches_per_worker=_number(d.get("batches_per_worker")),
-            epoch_batches_per_worker=_number(d.get("epoch_batches_per_worker")),
-            start_mb=_number(d.get("start_mb")),
-            end_mb=_number(d.get("end_mb")),
-            too_few_batches=_flag(d.get("too_few_batches")),
-            epoch_growth_mb=_number(d.get("epoch_growth_mb")),
-            epoch_growth_mb_low=_number(d.get("epoch_growth_mb_low")),
-            epoch_growth_mb_high=_number(d.get("epoch_growth_mb_high")),
-            extrapolated=_flag(d.get("extrapolated")),
-            bounded_by_mb=_number(d.get("bounded_by_mb")),
-            seconds=_number(d.get("seconds")),
-            all_workers_mb=_number(d.get("all_workers_mb")),
-            fits=_flag(d.get("fits")),
+        return read(
+            cls,
+            d,
+            num_workers=whole,
+            samples=_samples,
+            too_few_batches=flag,
+            extrapolated=flag,
+            fits=flag,
+            **dict.fromkeys(_MEMORY_NUMBERS, number),
         )
 
     def to_json(self, samples: bool = True) -> dict[str, Any]:
@@ -414,24 +379,16 @@ class Shm:
     def from_json(cls, d: Mapping[str, Any] | None) -> Shm | None:
         if not isinstance(d, Mapping):
             return None
-        return cls(
-            path=_text(d.get("path")),
-            free_mb=_number(d.get("free_mb")),
-            total_mb=_number(d.get("total_mb")),
-            batch_mb=_number(d.get("batch_mb")),
-            batches_in_flight=_whole(d.get("batches_in_flight")),
-            in_flight_mb=_number(d.get("in_flight_mb")),
+        return read(
+            cls,
+            d,
+            path=text,
+            batches_in_flight=whole,
+            **dict.fromkeys(("free_mb", "total_mb", "batch_mb", "in_flight_mb"), number),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "free_mb": self.free_mb,
-            "total_mb": self.total_mb,
-            "batch_mb": self.batch_mb,
-            "batches_in_flight": self.batches_in_flight,
-            "in_flight_mb": self.in_flight_mb,
-        }
+        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,15 +408,16 @@ class WorkerCosts:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> WorkerCosts:
-        d = d or {}
-        return cls(
-            startup=tuple(StartupSplit.from_json(r) for r in d.get("startup") or () if isinstance(r, Mapping)),
-            available_mb=_number(d.get("available_mb")),
-            shipping=Shipping.from_json(d.get("shipping")),
-            memory=WorkerMemory.from_json(d.get("memory")),
-            shm=Shm.from_json(d.get("shm")),
-            memory_on_stall_point=_flag(d.get("memory_on_stall_point")),
-            seconds=_number(d.get("seconds")),
+        return read(
+            cls,
+            d,
+            startup=lambda v: tuple(StartupSplit.from_json(r) for r in v or () if isinstance(r, Mapping)),
+            available_mb=number,
+            shipping=Shipping.from_json,
+            memory=WorkerMemory.from_json,
+            shm=Shm.from_json,
+            memory_on_stall_point=flag,
+            seconds=number,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -17,16 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stagebench.model._json import dict_of, items, nums, read, record, records, texts, write
+
 __all__ = ["RunMeta", "Provenance", "RunSettings", "LoaderInfo", "UserKnobs", "SearchRecord"]
-
-
-def _record(x: Any) -> dict[str, Any] | None:
-    """A record other types read, as run.json holds it (the same dict); None where there is none."""
-    return x if isinstance(x, dict) else dict(x) if isinstance(x, Mapping) else None
-
-
-def _records(x: Any) -> tuple[dict[str, Any], ...]:
-    return tuple(r for r in (_record(r) for r in x) if r is not None) if isinstance(x, (list, tuple)) else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,29 +47,11 @@ class Provenance:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> Provenance:
-        d = d if isinstance(d, Mapping) else {}
-        la = d.get("load_avg")
-        return cls(
-            hostname=d.get("hostname"),
-            platform=d.get("platform"),
-            cpu_model=d.get("cpu_model"),
-            cpu_count=d.get("cpu_count"),
-            usable_cores=d.get("usable_cores"),
-            memory_total_gb=d.get("memory_total_gb"),
-            memory_available_gb=d.get("memory_available_gb"),
-            python=d.get("python"),
-            python_implementation=d.get("python_implementation"),
-            free_threaded=d.get("free_threaded"),
-            libraries=dict(d.get("libraries") or {}),
-            env=dict(d.get("env") or {}),
-            load_avg=tuple(la) if isinstance(la, (list, tuple)) else (),
-            taken_at=d.get("taken_at"),
-            _json=dict(d),
-        )
+        return read(cls, d, libraries=dict_of, env=dict_of, load_avg=nums)
 
     def to_json(self) -> dict[str, Any]:
         """The mapping it was read from, as written."""
-        return dict(self._json)
+        return write(self)
 
     @property
     def recorded(self) -> bool:
@@ -108,23 +83,19 @@ class UserKnobs:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> UserKnobs:
-        d = d if isinstance(d, Mapping) else {}
-        return cls(
-            num_workers=d.get("num_workers"),
-            prefetch_factor=d.get("prefetch_factor"),
-            persistent_workers=d.get("persistent_workers"),
-            pin_memory=d.get("pin_memory"),
-            given=tuple(k for k in d if k in _KNOBS),
-            _json=dict(d),
-        )
+        return read(cls, d, {"given": tuple(k for k in d or {} if k in _KNOBS)})
 
     def to_json(self) -> dict[str, Any]:
         """The knobs as run.json holds them (only those given): what ``LoaderKnobs(**...)`` takes."""
-        return dict(self._json)
+        return write(self)
 
     def gave(self, knob: str) -> bool:
         """Whether the script's call set ``knob``."""
         return knob in self.given
+
+
+def _knobs(v: Any) -> UserKnobs | None:
+    return UserKnobs.from_json(v) if isinstance(v, Mapping) and v else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,20 +114,10 @@ class LoaderInfo:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> LoaderInfo:
-        d = d if isinstance(d, Mapping) else {}
-        knobs = d.get("user_knobs")
-        return cls(
-            name=d.get("name"),
-            backend=d.get("backend"),
-            batch_size=d.get("batch_size"),
-            epoch_batches=d.get("epoch_batches"),
-            call=_records(d.get("call")),
-            user_knobs=UserKnobs.from_json(knobs) if isinstance(knobs, Mapping) and knobs else None,
-            _json=dict(d),
-        )
+        return read(cls, d, call=records, user_knobs=_knobs)
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self._json)
+        return write(self)
 
     @property
     def recorded(self) -> bool:
@@ -186,26 +147,10 @@ class RunSettings:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> RunSettings:
-        d = d if isinstance(d, Mapping) else {}
-        return cls(
-            target_rate=d.get("target_rate"),
-            quick=d.get("quick"),
-            trainer=d.get("trainer"),
-            trainer_s=d.get("trainer_s"),
-            job_s=d.get("job_s"),
-            cuda=bool(d.get("cuda")),
-            usable_cores=d.get("usable_cores"),
-            memory_budget_mb=d.get("memory_budget_mb"),
-            headroom=d.get("headroom"),
-            within_best=d.get("within_best"),
-            confidence=d.get("confidence"),
-            strategy=d.get("strategy"),
-            full_grid_points=d.get("full_grid_points"),
-            _json=dict(d),
-        )
+        return read(cls, d, cuda=bool)
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self._json)
+        return write(self)
 
     @property
     def recorded(self) -> bool:
@@ -224,21 +169,14 @@ class SearchRecord:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> SearchRecord:
-        d = d if isinstance(d, Mapping) else {}
-        return cls(
-            strategy=d.get("strategy"),
-            seconds=d.get("seconds"),
-            stopped=tuple(d.get("stopped") or ()),
-            interrupted=bool(d.get("interrupted")),
-        )
+        return read(cls, d, stopped=items, interrupted=bool)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy,
-            "seconds": self.seconds,
-            "stopped": list(self.stopped),
-            "interrupted": self.interrupted,
-        }
+        return write(self)
+
+
+def _provenance(v: Any) -> Provenance | None:
+    return Provenance.from_json(v) if isinstance(v, Mapping) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,39 +218,35 @@ class RunMeta:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> RunMeta:
-        d = d if isinstance(d, Mapping) else {}
-        cmd = d.get("command")
-        before, after = d.get("provenance"), d.get("provenance_after")
-        return cls(
-            kind=d.get("kind"),
-            status=d.get("status"),
-            created_at=d.get("created_at"),
-            command=tuple(cmd) if isinstance(cmd, (list, tuple)) else cmd,
-            provenance=Provenance.from_json(before) if isinstance(before, Mapping) else None,
-            provenance_after=Provenance.from_json(after) if isinstance(after, Mapping) else None,
-            settings=RunSettings.from_json(d.get("settings")),
-            loader=LoaderInfo.from_json(d.get("loader")),
-            search=SearchRecord.from_json(d.get("search")),
-            num_threads=d.get("num_threads"),
-            sink_buffer=d.get("sink_buffer"),
-            phases_s=_record(d.get("phases_s")),
-            warnings=tuple(str(w) for w in d.get("warnings", []) or []),
-            trainer_planned=bool(d.get("trainer_planned")),
-            stages=_records(d.get("stages")),
-            not_isolated=tuple(d.get("not_isolated") or ()),
-            transforms=tuple(d.get("transforms") or []),
-            trainer=_record(d.get("trainer")),
-            job=_record(d.get("job")),
-            validation=_record(d.get("validation")),
-            replay=_record(d.get("replay")),
-            yours=_record(d.get("yours")),
-            cpu_speed=_record(d.get("cpu_speed")),
-            page_fault=_record(d.get("page_fault")),
-            pipeline_overhead=_record(d.get("pipeline_overhead")),
-            worker_costs=_record(d.get("worker_costs")),
-            _json=dict(d),
+        return read(
+            cls,
+            d,
+            command=lambda c: tuple(c) if isinstance(c, (list, tuple)) else c,
+            settings=RunSettings.from_json,
+            loader=LoaderInfo.from_json,
+            search=SearchRecord.from_json,
+            warnings=texts,
+            stages=records,
+            **dict.fromkeys(("provenance", "provenance_after"), _provenance),
+            **dict.fromkeys(
+                (
+                    "phases_s",
+                    "trainer",
+                    "job",
+                    "validation",
+                    "replay",
+                    "yours",
+                    "cpu_speed",
+                    "page_fault",
+                    "pipeline_overhead",
+                    "worker_costs",
+                ),
+                record,
+            ),
+            trainer_planned=bool,
+            **dict.fromkeys(("not_isolated", "transforms"), items),
         )
 
     def to_json(self) -> dict[str, Any]:
         """run.json as it was read."""
-        return dict(self._json)
+        return write(self)

@@ -11,11 +11,12 @@ analysis writes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from stagebench.model._evidence import Ratio
+from stagebench.model._json import flag, integer, items, mapping, maps, number, nums, read, text, texts, write
 from stagebench.model._rate import Rate
 
 __all__ = [
@@ -33,26 +34,14 @@ __all__ = [
 ]
 
 
-def _n(x: Any) -> float | None:
-    """``x`` where it is a number (int or float, NaN included; not a bool), else None."""
-    return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+def _dict(v: Any) -> dict[str, Any]:
+    """A mapping as a new dict, {} where it is none."""
+    return dict(mapping(v) or {})
 
 
-def _map(x: Any) -> Mapping[str, Any]:
-    return x if isinstance(x, Mapping) else {}
-
-
-def _maps(x: Any) -> tuple[Mapping[str, Any], ...]:
-    return tuple(v for v in x if isinstance(v, Mapping)) if isinstance(x, Sequence) and not isinstance(x, str) else ()
-
-
-def _nums(x: Any) -> tuple[float, ...]:
-    """The numbers of a list as written (the readers filter them), () where it is no list."""
-    return tuple(x) if isinstance(x, Sequence) and not isinstance(x, str) else ()
-
-
-def _str(x: Any) -> str | None:
-    return None if x is None else str(x)
+def _some_text(v: Any) -> str | None:
+    """A text where ``v`` holds one (an empty string or 0 reads as None)."""
+    return str(v) if v else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,22 +56,10 @@ class StageChoice:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> StageChoice:
-        d = _map(d)
-        c = d.get("concurrency")
-        return cls(
-            stage=_str(d.get("stage")),
-            executor=_str(d.get("executor")),
-            concurrency=c if isinstance(c, int) and not isinstance(c, bool) else None,
-            harness=_str(d.get("harness")),
-        )
+        return read(cls, d, stage=text, executor=text, concurrency=integer, harness=text)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "executor": self.executor,
-            "concurrency": self.concurrency,
-            "harness": self.harness,
-        }
+        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,22 +80,18 @@ class StandIn:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> StandIn:
-        d = _map(d)
-        r = d.get("releases")
-        return cls(
-            name=str(d.get("name", "?")),
-            executor=str(d.get("executor", "?")),
-            concurrency=_n(d.get("concurrency")),
-            gil_s=_n(d.get("gil_s")),
-            free_s=_n(d.get("free_s")),
-            wait_s=_n(d.get("wait_s")),
-            releases=int(r) if isinstance(r, (int, float)) else 1,
-            note=str(d.get("note") or ""),
-            _json=d,
+        return read(
+            cls,
+            d,
+            name=str,
+            executor=str,
+            releases=lambda r: int(r) if isinstance(r, (int, float)) else 1,
+            note=lambda v: str(v or ""),
+            **dict.fromkeys(("concurrency", "gil_s", "free_s", "wait_s"), number),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self._json)
+        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,27 +123,27 @@ class Prediction:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> Prediction:
-        d = _map(d)
-        return cls(
-            qps=_n(d.get("qps")),
-            qps_low=_n(d.get("qps_low")),
-            qps_high=_n(d.get("qps_high")),
-            binding=_str(d.get("binding")),
-            bottleneck=_str(d.get("bottleneck")),
-            bounds=dict(_map(d.get("bounds"))),
-            bounds_qps=_n(d.get("bounds_qps")),
-            naive_qps=_n(d.get("naive_qps")),
-            method=_str(d.get("method")),
-            explanation=_str(d.get("explanation")),
-            caveat=_str(d.get("caveat")),
-            fixed_s_per_item=_n(d.get("fixed_s_per_item")),
-            scheduling_gil_s_per_item=_n(d.get("scheduling_gil_s_per_item")),
-            lift=d["lift"] if isinstance(d.get("lift"), Mapping) else None,
-            replay=dict(_map(d.get("replay"))),
-            settings=tuple(StageChoice.from_json(x) for x in _maps(d.get("settings"))),
-            stages=_maps(d.get("stages")),
-            missing=tuple(str(x) for x in d.get("missing") or ()),
-            unit=_str(d.get("unit")),
+        return read(
+            cls,
+            d,
+            settings=lambda v: tuple(StageChoice.from_json(x) for x in maps(v)),
+            **dict.fromkeys(
+                (
+                    "qps",
+                    "qps_low",
+                    "qps_high",
+                    "bounds_qps",
+                    "naive_qps",
+                    "fixed_s_per_item",
+                    "scheduling_gil_s_per_item",
+                ),
+                number,
+            ),
+            **dict.fromkeys(("binding", "bottleneck", "method", "explanation", "caveat", "unit"), text),
+            **dict.fromkeys(("bounds", "replay"), _dict),
+            lift=mapping,
+            stages=maps,
+            missing=texts,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -225,27 +198,17 @@ class Interference:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> Interference:
-        d = _map(d)
-        return cls(
-            stage=_str(d.get("stage")),
-            in_pipeline_p50_ms=_n(d.get("in_pipeline_p50_ms")),
-            calls=_n(d.get("calls")),
-            alone_p50_ms=_n(d.get("alone_p50_ms")),
-            ratio=_n(d.get("ratio")),
-            replay_p50_ms=_n(d.get("replay_p50_ms")),
-            vs_replay=_n(d.get("vs_replay")),
+        return read(
+            cls,
+            d,
+            stage=text,
+            **dict.fromkeys(
+                ("in_pipeline_p50_ms", "calls", "alone_p50_ms", "ratio", "replay_p50_ms", "vs_replay"), number
+            ),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "in_pipeline_p50_ms": self.in_pipeline_p50_ms,
-            "calls": self.calls,
-            "alone_p50_ms": self.alone_p50_ms,
-            "ratio": self.ratio,
-            "replay_p50_ms": self.replay_p50_ms,
-            "vs_replay": self.vs_replay,
-        }
+        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,22 +229,16 @@ class Validation:
     settings: tuple[Mapping[str, Any], ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    _NAMED = ("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction", "error", "window_rates", "interference")
-
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> Validation:
-        d = _map(d)
-        return cls(
-            qps=_n(d.get("qps")),
-            qps_low=_n(d.get("qps_low")),
-            qps_high=_n(d.get("qps_high")),
-            seconds=_n(d.get("seconds")),
-            error_vs_prediction=_n(d.get("error_vs_prediction")),
-            error=_str(d.get("error")) if d.get("error") else None,
-            window_rates=_nums(d.get("window_rates")),
-            interference=tuple(Interference.from_json(x) for x in _maps(d.get("interference"))),
-            settings=_maps(d.get("settings")),
-            extra={k: v for k, v in d.items() if k not in cls._NAMED and k != "settings"},
+        return read(
+            cls,
+            d,
+            interference=lambda v: tuple(Interference.from_json(x) for x in maps(v)),
+            **dict.fromkeys(("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction"), number),
+            error=_some_text,
+            window_rates=nums,
+            settings=maps,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -322,21 +279,17 @@ class YoursRun:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> YoursRun:
-        d = _map(d)
-        return cls(
-            same=bool(d.get("same")),
-            not_run=str(d["not_run"]) if d.get("not_run") else None,
-            qps=_n(d.get("qps")),
-            qps_low=_n(d.get("qps_low")),
-            qps_high=_n(d.get("qps_high")),
-            settings=d.get("settings"),
-            error=str(d["error"]) if d.get("error") else None,
-            window_rates=_nums(d.get("window_rates")),
-            _json=d,
+        return read(
+            cls,
+            d,
+            same=bool,
+            **dict.fromkeys(("not_run", "error"), _some_text),
+            **dict.fromkeys(("qps", "qps_low", "qps_high"), number),
+            window_rates=nums,
         )
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self._json)
+        return write(self)
 
     @property
     def rate(self) -> Rate | None:
@@ -365,19 +318,13 @@ class VersusYours:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> VersusYours:
-        d = _map(d)
-        return cls(
-            verdict=_str(d.get("verdict")),
-            text=_str(d.get("text")),
-            changes=_maps(d.get("changes")),
-            qps=_n(d.get("qps")),
-            qps_low=_n(d.get("qps_low")),
-            qps_high=_n(d.get("qps_high")),
-            settings=d.get("settings"),
-            ratio=_n(d.get("ratio")),
-            ratio_low=_n(d.get("ratio_low")),
-            ratio_high=_n(d.get("ratio_high")),
-            decision=d["decision"] if isinstance(d.get("decision"), Mapping) else None,
+        return read(
+            cls,
+            d,
+            **dict.fromkeys(("verdict", "text"), text),
+            changes=maps,
+            **dict.fromkeys(("qps", "qps_low", "qps_high", "ratio", "ratio_low", "ratio_high"), number),
+            decision=mapping,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -403,7 +350,7 @@ class VersusYours:
     @property
     def versus_yours(self) -> Ratio | None:
         """The decision's ratio of the recommended over yours in turns (None where none was recorded)."""
-        return Ratio.from_json(_map(self.decision).get("versus_yours"))
+        return Ratio.from_json((self.decision or {}).get("versus_yours"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,19 +374,22 @@ class Demand:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> Demand:
-        d = _map(d)
-        return cls(
-            verdict=_str(d.get("verdict")),
-            text=_str(d.get("text")),
-            target_rate=_n(d.get("target_rate")),
-            capacity=_n(d.get("capacity")),
-            capacity_low=_n(d.get("capacity_low")),
-            capacity_high=_n(d.get("capacity_high")),
-            source=_str(d.get("source")),
-            ratio=_n(d.get("ratio")),
-            demand_source=_str(d.get("demand_source")),
-            data_wait_share=_n(d.get("data_wait_share")),
-            job_samples_per_s=_n(d.get("job_samples_per_s")),
+        return read(
+            cls,
+            d,
+            **dict.fromkeys(("verdict", "text", "source", "demand_source"), text),
+            **dict.fromkeys(
+                (
+                    "target_rate",
+                    "capacity",
+                    "capacity_low",
+                    "capacity_high",
+                    "ratio",
+                    "data_wait_share",
+                    "job_samples_per_s",
+                ),
+                number,
+            ),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -474,8 +424,8 @@ class CpuSpeed:
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> CpuSpeed | None:
         """None where no sweep probe was kept (what the analysis writes then)."""
-        d = _map(d)
-        if _n(d.get("sweep_ns_median")) is None:
+        d = mapping(d) or {}
+        if number(d.get("sweep_ns_median")) is None:
             return None
         return cls(
             sweep_ns_median=float(d["sweep_ns_median"]),
@@ -483,8 +433,8 @@ class CpuSpeed:
             sweep_ns_max=float(d.get("sweep_ns_max") or d["sweep_ns_median"]),
             sweep_spread=float(d.get("sweep_spread") or 1.0),
             probes=int(d.get("probes") or 0),
-            validation_ns=_n(d.get("validation_ns")),
-            validation_ns_probes=_nums(d.get("validation_ns_probes")),
+            validation_ns=number(d.get("validation_ns")),
+            validation_ns_probes=nums(d.get("validation_ns_probes")),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -516,17 +466,14 @@ class Joint:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> Joint:
-        d = _map(d)
-        a = d.get("assignments")
-        return cls(
-            qps=_n(d.get("qps")),
-            pace=_n(d.get("pace")),
-            binding=_str(d.get("binding")),
-            assignments=a if isinstance(a, int) and not isinstance(a, bool) else None,
-            exhaustive=d.get("exhaustive") if isinstance(d.get("exhaustive"), bool) else None,
-            changed=tuple(str(x) for x in d.get("changed") or ()),
-            for_demand=_n(d.get("for_demand")),
-            text=_str(d.get("text")),
+        return read(
+            cls,
+            d,
+            **dict.fromkeys(("qps", "pace", "for_demand"), number),
+            **dict.fromkeys(("binding", "text"), text),
+            assignments=integer,
+            exhaustive=flag,
+            changed=texts,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -559,25 +506,16 @@ class Search:
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> Search | None:
         """None where no search was recorded (a pipeline run, a summary without the section)."""
-        if not isinstance(d, Mapping) or not d:
-            return None
-        return cls(
-            strategy=_str(d.get("strategy")),
-            points_measured=_n(d.get("points_measured")),
-            full_grid_points=_n(d.get("full_grid_points")),
-            seconds=_n(d.get("seconds")),
-            estimated_full_grid_seconds=_n(d.get("estimated_full_grid_seconds")),
-            time_saved_s=_n(d.get("time_saved_s")),
-            stopped=tuple(d.get("stopped") or ()),
+        return read(
+            cls,
+            d,
+            strategy=text,
+            **dict.fromkeys(
+                ("points_measured", "full_grid_points", "seconds", "estimated_full_grid_seconds", "time_saved_s"),
+                number,
+            ),
+            stopped=items,
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy,
-            "points_measured": self.points_measured,
-            "full_grid_points": self.full_grid_points,
-            "seconds": self.seconds,
-            "estimated_full_grid_seconds": self.estimated_full_grid_seconds,
-            "time_saved_s": self.time_saved_s,
-            "stopped": list(self.stopped),
-        }
+        return write(self)

@@ -13,44 +13,19 @@ Every type keeps the keys its dict held, in their order, and the keys it does no
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
+
+from stagebench.model._json import items, read, write
 
 __all__ = ["GilEstimate", "HeadToHead", "PageFaults", "StageEntry", "StageEvidence", "StageLimit", "StageSetting"]
-
-_T = TypeVar("_T")
-
-
-def _split(cls: type, d: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...], dict[str, Any]]:
-    """``d``'s keys that are ``cls``'s fields, all its keys in order, and the keys ``cls`` does not know."""
-    names = {f.name for f in dataclasses.fields(cls)} - {"keys", "extra"}
-    known = {k: v for k, v in d.items() if k in names}
-    extra = {k: v for k, v in d.items() if k not in names}
-    return known, tuple(str(k) for k in d), extra
 
 
 def _signal_value(signals: Mapping[str, Any], name: str) -> Any:
     """The ``value`` of the signal ``name`` (None where it was not read)."""
     sig = signals[name] if name in signals else None
     return sig["value"] if isinstance(sig, Mapping) and "value" in sig else None
-
-
-def _back(obj: Any) -> dict[str, Any]:
-    """``obj`` as the dict it was read from: its keys in their order, nested types written back."""
-    out: dict[str, Any] = {}
-    for k in obj.keys:
-        if k in obj.extra:
-            out[k] = obj.extra[k]
-            continue
-        v = getattr(obj, k)
-        if hasattr(v, "to_json"):
-            v = v.to_json()
-        elif isinstance(v, tuple):
-            v = list(v)
-        out[k] = v
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +58,38 @@ class StageSetting:
         """The setting ``d`` holds; None where there is none (an empty dict included, as readers took it)."""
         if not isinstance(d, Mapping) or not d:
             return None
-        known, keys, extra = _split(cls, d)
-        return cls(**known, keys=keys, extra=extra)
+        return read(cls, d)
 
     def to_json(self) -> dict[str, Any]:
-        return _back(self)
+        return write(self)
+
+
+def _interval(v: Any) -> Any:
+    """An interval as a tuple; anything but a list kept as read."""
+    return tuple(v) if isinstance(v, (list, tuple)) else v
+
+
+def _or_empty(v: Any) -> Any:
+    return v or {}
+
+
+def _false_if_none(v: Any) -> Any:
+    return False if v is None else v
+
+
+def _per_input(v: Any) -> float:
+    """``items_per_input``: 1.0 where it is None, 0 or no number (as every reader took it)."""
+    try:
+        return float(v or 1.0)
+    except (TypeError, ValueError):
+        return 1.0
+
+
+def _curves(v: Any) -> dict[str, tuple[StageSetting, ...]]:
+    return {
+        str(c): tuple(StageSetting.from_json(p) or StageSetting(keys=tuple(p or ())) for p in pts or ())
+        for c, pts in (v or {}).items()
+    }
 
 
 def _settings(d: Any) -> dict[str, StageSetting]:
@@ -111,13 +113,10 @@ class PageFaults:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> PageFaults:
-        if not isinstance(d, Mapping):
-            return cls()
-        known, keys, extra = _split(cls, d)
-        return cls(**known, keys=keys, extra=extra)
+        return read(cls, d)
 
     def to_json(self) -> dict[str, Any]:
-        return _back(self)
+        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,14 +143,10 @@ class HeadToHead:
     def from_json(cls, d: Mapping[str, Any] | None) -> HeadToHead | None:
         if not isinstance(d, Mapping) or not d:
             return None
-        known, keys, extra = _split(cls, d)
-        for side in ("thread", "process"):
-            if side in known:
-                known[side] = StageSetting.from_json(known[side])
-        return cls(**known, keys=keys, extra=extra)
+        return read(cls, d, thread=StageSetting.from_json, process=StageSetting.from_json)
 
     def to_json(self) -> dict[str, Any]:
-        return _back(self)
+        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,11 +164,10 @@ class StageLimit:
     def from_json(cls, d: Mapping[str, Any] | None) -> StageLimit | None:
         if not isinstance(d, Mapping) or not d:
             return None
-        known, keys, extra = _split(cls, d)
-        return cls(**known, keys=keys, extra=extra)
+        return read(cls, d)
 
     def to_json(self) -> dict[str, Any]:
-        return _back(self)
+        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,20 +203,12 @@ class GilEstimate:
     def from_json(cls, d: Mapping[str, Any] | None) -> GilEstimate | None:
         if not isinstance(d, Mapping) or not d:
             return None
-        known, keys, extra = _split(cls, d)
-        if isinstance(known.get("interval"), (list, tuple)):
-            known["interval"] = tuple(known["interval"])
-        if "notes" in known:
-            known["notes"] = tuple(known["notes"] or ())
-        if "signals" in known:
-            known["signals"] = known["signals"] or {}
-        for flag in ("pinned", "saturated"):
-            if flag in known and known[flag] is None:
-                known[flag] = False
-        return cls(**known, keys=keys, extra=extra)
+        return read(
+            cls, d, interval=_interval, notes=items, signals=_or_empty, pinned=_false_if_none, saturated=_false_if_none
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return _back(self)
+        return write(self)
 
     def signal_value(self, name: str) -> Any:
         """The value of the signal ``name`` (None where it was not read)."""
@@ -242,17 +228,10 @@ class StageEvidence:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> StageEvidence:
-        if not isinstance(d, Mapping):
-            return cls()
-        known, keys, extra = _split(cls, d)
-        if "summary" in known:
-            known["summary"] = tuple(known["summary"] or ())
-        if "signals" in known:
-            known["signals"] = known["signals"] or {}
-        return cls(**known, keys=keys, extra=extra)
+        return read(cls, d, summary=items, signals=_or_empty)
 
     def to_json(self) -> dict[str, Any]:
-        return _back(self)
+        return write(self)
 
     def signal_value(self, name: str) -> Any:
         """The value of the signal ``name`` (None where it was not read)."""
@@ -315,59 +294,30 @@ class StageEntry:
     def from_json(cls, d: Mapping[str, Any] | None) -> StageEntry:
         """The entry ``d`` holds; a missing key reads as its field's default (``items_per_input``: 1.0,
         also where it is None or 0, as every reader took it)."""
-        if not isinstance(d, Mapping):
-            return cls()
-        known, keys, extra = _split(cls, d)
-        k: dict[str, Any] = dict(known)
-        for name in ("recommended", "recommended_alone", "recommended_isolated", "best"):
-            if name in k:
-                k[name] = StageSetting.from_json(k[name])
-        if "limit" in k:
-            k["limit"] = StageLimit.from_json(k["limit"])
-        if "gil" in k:
-            k["gil"] = GilEstimate.from_json(k["gil"])
-        if "evidence" in k:
-            k["evidence"] = StageEvidence.from_json(k["evidence"])
-        if "head_to_head" in k:
-            k["head_to_head"] = HeadToHead.from_json(k["head_to_head"])
-        if "alternatives" in k:
-            k["alternatives"] = _settings(k["alternatives"])
-        if "curves" in k:
-            k["curves"] = {
-                str(c): tuple(StageSetting.from_json(p) or StageSetting(keys=tuple(p or ())) for p in pts or ())
-                for c, pts in (k["curves"] or {}).items()
-            }
-        if isinstance(k.get("gil_fraction_interval"), (list, tuple)):
-            k["gil_fraction_interval"] = tuple(k["gil_fraction_interval"])
-        for name in ("mix", "problems", "fused_chain"):
-            if name in k:
-                k[name] = tuple(k[name] or ())
-        for name in ("fit", "levels_measured"):
-            if name in k:
-                k[name] = k[name] or {}
-        if "page_faults" in k:
-            k["page_faults"] = {str(ex): PageFaults.from_json(v) for ex, v in (k["page_faults"] or {}).items()}
-        if "items_per_input" in k:
-            try:
-                k["items_per_input"] = float(k["items_per_input"] or 1.0)
-            except (TypeError, ValueError):
-                k["items_per_input"] = 1.0
-        if "is_async" in k:
-            k["is_async"] = bool(k["is_async"])
-        if "reason" in k and k["reason"] is None:
-            k["reason"] = ""
-        return cls(**k, keys=keys, extra=extra)
+        return read(
+            cls,
+            d,
+            limit=StageLimit.from_json,
+            gil=GilEstimate.from_json,
+            evidence=StageEvidence.from_json,
+            head_to_head=HeadToHead.from_json,
+            alternatives=_settings,
+            curves=_curves,
+            gil_fraction_interval=_interval,
+            page_faults=lambda v: {str(ex): PageFaults.from_json(x) for ex, x in (v or {}).items()},
+            items_per_input=_per_input,
+            is_async=bool,
+            reason=lambda v: "" if v is None else v,
+            **dict.fromkeys(
+                ("recommended", "recommended_alone", "recommended_isolated", "best"), StageSetting.from_json
+            ),
+            **dict.fromkeys(("mix", "problems", "fused_chain"), items),
+            **dict.fromkeys(("fit", "levels_measured"), _or_empty),
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The entry as the summary holds it (what :meth:`from_json` read, when nothing was coerced)."""
-        out = _back(self)
-        if "alternatives" in out:
-            out["alternatives"] = {k: v.to_json() for k, v in self.alternatives.items()}
-        if "page_faults" in out:
-            out["page_faults"] = {k: v.to_json() for k, v in self.page_faults.items()}
-        if "curves" in out:
-            out["curves"] = {k: [p.to_json() for p in pts] for k, pts in self.curves.items()}
-        return out
+        return write(self)
 
     @property
     def ok(self) -> bool:

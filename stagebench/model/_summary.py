@@ -14,17 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stagebench.model._json import integer, mapping, read, text, texts, write
 from stagebench.model._pipeline import CpuSpeed, Demand, Joint, Prediction, Search, Validation, VersusYours
 
 __all__ = ["Summary"]
 
 
-def _record(x: Any) -> Mapping[str, Any] | None:
-    return x if isinstance(x, Mapping) else None
-
-
-def _list(x: Any) -> list[Any]:
-    return list(x) if isinstance(x, (list, tuple)) else []
+def _list(v: Any) -> list[Any]:
+    return list(v) if isinstance(v, (list, tuple)) else []
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,40 +63,36 @@ class Summary:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> Summary:
-        d = d if isinstance(d, Mapping) else {}
-        sv, cores = d.get("schema_version"), d.get("cores")
-        return cls(
-            kind=None if d.get("kind") is None else str(d["kind"]),
-            verdict=None if d.get("verdict") is None else str(d["verdict"]),
-            scope=None if d.get("scope") is None else str(d["scope"]),
-            warnings=tuple(str(w) for w in d.get("warnings") or ()),
-            findings=_list(d.get("findings")),
-            stagebench_version=None if d.get("stagebench_version") is None else str(d["stagebench_version"]),
-            schema_version=sv if isinstance(sv, int) and not isinstance(sv, bool) else None,
-            cores=cores if isinstance(cores, int) and not isinstance(cores, bool) else None,
-            prediction=Prediction.from_json(d.get("prediction")),
-            validation=Validation.from_json(d.get("validation")),
-            recommended_vs_yours=VersusYours.from_json(d.get("recommended_vs_yours")),
-            demand=Demand.from_json(d.get("demand")),
-            cpu_speed=CpuSpeed.from_json(d.get("cpu_speed")),
-            joint=Joint.from_json(d.get("joint")),
-            search=Search.from_json(d.get("search")),
-            stages=_list(d.get("stages")),
-            not_isolated=_list(d.get("not_isolated")),
-            job=_record(d.get("job")),
-            trainer=_record(d.get("trainer")),
-            provenance=_record(d.get("provenance")),
-            settings=_record(d.get("settings")),
-            loader=_record(d.get("loader")),
-            recommended=_record(d.get("recommended")),
-            best=_record(d.get("best")),
-            target=_record(d.get("target")),
-            user_setting=_record(d.get("user_setting")),
-            worker_costs=_record(d.get("worker_costs")),
-            points=_list(d.get("points")),
-            transforms=_list(d.get("transforms")),
-            _json=d,
+        return read(
+            cls,
+            d,
+            prediction=Prediction.from_json,
+            validation=Validation.from_json,
+            recommended_vs_yours=VersusYours.from_json,
+            demand=Demand.from_json,
+            cpu_speed=CpuSpeed.from_json,
+            joint=Joint.from_json,
+            search=Search.from_json,
+            **dict.fromkeys(("kind", "verdict", "scope", "stagebench_version"), text),
+            warnings=texts,
+            **dict.fromkeys(("findings", "stages", "not_isolated", "points", "transforms"), _list),
+            **dict.fromkeys(("schema_version", "cores"), integer),
+            **dict.fromkeys(
+                (
+                    "job",
+                    "trainer",
+                    "provenance",
+                    "settings",
+                    "loader",
+                    "recommended",
+                    "best",
+                    "target",
+                    "user_setting",
+                    "worker_costs",
+                ),
+                mapping,
+            ),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self._json)
+        return write(self)
