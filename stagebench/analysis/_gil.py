@@ -170,12 +170,13 @@ _Est = tuple[float, float, float]
 @dataclass(frozen=True)
 class _Reading:
     """A valid estimate and what it was read from: ``"cpu"`` (the stage's CPU time within one
-    point) or ``"plateau"`` (the thread curve's peak against its lowest level)."""
+    point) or ``"plateau"`` (the thread curve's peak point against its lowest level)."""
 
     value: float
     lo: float
     hi: float
     reads: str
+    votes: bool = True  # False: it spans the interval only (a raw reading its correction replaces)
 
 
 @dataclass(frozen=True)
@@ -523,8 +524,12 @@ def _valid_estimates(
     """
     ests: list[_Reading] = []
     if finite(share.value) and not share.gil_free:
-        ests.append(_Reading(share.value, share.lo, share.hi, "cpu"))
-        if "cpu_share_for_load" in signals:
+        # Where other load was measured, the CPU share corrected for it is the stage's reading; the raw
+        # one reads low by the core it lost, and stays as the interval's low end (the load fluctuates
+        # between the two windows, so the correction can overshoot).
+        corrected = "cpu_share_for_load" in signals
+        ests.append(_Reading(share.value, share.lo, share.hi, "cpu", votes=not corrected))
+        if corrected:
             sig = signals["cpu_share_for_load"]
             lo, hi = sig["interval"]
             ests.append(_Reading(sig["value"], lo, hi, "cpu"))
@@ -544,14 +549,18 @@ def _valid_estimates(
 def _combine(ests: list[_Reading], share: _CpuShare, plateau: _Plateau, multi: bool, notes: list[str]) -> _Estimate:
     """The curves' estimate: one vote for each thing the valid signals read, spanned by their intervals.
 
-    The signals read two things: the stage's CPU time within one point (``cpu_share``, its correction
-    for load, ``cpu_share_at_plateau``) and the thread curve's peak against its lowest level
-    (``thread_plateau``, ``threads_vs_processes``, ``serial_fraction``). Signals that read the same thing
-    share its errors, so each group gives its median and the estimate is the median of the groups (with
-    two, their mean): three readings of one plateau do not outvote the stage's own CPU time. Why: the
-    plateau's readings compare two points measured seconds apart, and a host that changed speed in
-    between moves all three together (a 50/50 stage that held 0.44 read 0.54 on the plateau, 0.44 on
-    its CPU time).
+    The signals read two things: the stage's CPU time within one point (``cpu_share`` and its
+    correction for load) and the thread curve's peak point against its lowest level
+    (``thread_plateau``, ``cpu_share_at_plateau``, which divides by the cores used at the peak,
+    ``threads_vs_processes``, ``serial_fraction``). Signals that read the same thing share its errors,
+    so each group gives its median and the estimate is the median of the groups (with two, their
+    mean): readings of one plateau do not outvote the stage's own CPU time. Why: they compare two
+    points measured seconds apart, and a host that changed speed in between moves them together (a
+    50/50 stage that held 0.44 read 0.54 on the plateau, 0.44 on its CPU time).
+
+    Where the plateau only bounds the share from above, the interval stops at that bound, unless a
+    valid reading lies above it: then the two disagree (the host's speed changed, or part of the CPU
+    runs without the GIL), and the interval spans both.
 
     With no valid signal only upper bounds remain: the interval runs from 0 to
     the tightest, and the point is its midpoint.
@@ -559,12 +568,13 @@ def _combine(ests: list[_Reading], share: _CpuShare, plateau: _Plateau, multi: b
     if ests:
         groups: dict[str, list[float]] = {}
         for e in ests:
-            groups.setdefault(e.reads, []).append(e.value)
+            if e.votes:
+                groups.setdefault(e.reads, []).append(e.value)
         point = float(np.median([np.median(v) for v in groups.values()]))
         lo = min(e.lo for e in ests)
         hi = max(e.hi for e in ests)
-        if not plateau.gil_saturated and multi:
-            hi = min(hi, max(plateau.hi, point))  # the plateau bound holds unless the signals disagree
+        if not plateau.gil_saturated and multi and all(e.value <= plateau.hi for e in ests if e.votes):
+            hi = min(hi, max(plateau.hi, point))  # the plateau bound holds where no reading lies above it
         return _Estimate(point, lo, hi, pinned=True, source="curves")
     bounds = [b for b in (plateau.hi if multi else math.nan, share.hi) if finite(b)]
     upper = _clip01(min(bounds)) if bounds else 1.0
@@ -698,7 +708,7 @@ def estimate_gil(
     multi = len(T) >= 2
     on_plateau = [
         _Reading(e[0], e[1], e[2], reads)
-        for e, reads in ((at_plateau, "cpu"), (processes, "plateau"), (serial, "plateau"))
+        for e, reads in ((at_plateau, "plateau"), (processes, "plateau"), (serial, "plateau"))
         if e is not None
     ]
     curves = _combine(_valid_estimates(share, plateau, on_plateau, multi, signals, notes), share, plateau, multi, notes)
