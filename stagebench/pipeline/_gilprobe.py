@@ -71,15 +71,16 @@ How often a call lets the GIL go (``releases``, for the replay's stand-ins:
 :mod:`stagebench.pipeline._replay`): each time the stage's C code drops the GIL, the
 spinner takes it, and the stage blocks to take it back. So the stage
 thread's voluntary context switches per call next to the spinner, less
-those it makes alone (its own sleeps and reads), less one per switch
-interval of GIL it held (the spinner makes a holder hand it over that
-often), and less one per switch interval the spinner held the GIL without a
-core (the stage, waiting, times out that often), count the releases. In one run here: the demo's collate
-(``np.stack`` of 16 images, then three array operations) read 23.6 in a
-fresh process (8-14 inside a diagnosis); stages hashing in 1, 2, 5, 10 and
-20 pieces read 1.0, 3.0, 7.2, 13.5 and 26.3 (a release can cost two
-waits); a pure-Python loop 2.1 and a 1 ms sleep 2.2, which release
-nothing beyond the sleep (Linux only: ``getrusage`` per thread).
+those it makes alone (its own sleeps and reads) and one per switch interval
+the spinner held the GIL without a core (the stage, waiting, times out that
+often), are its waits to take the GIL back: two each (a wait that times out,
+which asks the spinner for it, then the wait for the hand-over). Half of them,
+less one per switch interval of GIL it held (the spinner makes a holder hand
+it over that often), count the releases. Three runs here: stages hashing in
+1, 2, 5, 10 and 20 pieces read 0.8-0.9, 1.5-1.8, 4.1-4.7, 8.4-8.8 and
+15.8-17.0; a 2 ms pure-Python loop 0.6-1.5 and a 1 ms sleep 0.8-0.9 (one
+release: the sleep). Counting each wait as a release read twice that
+(Linux only: ``getrusage`` per thread).
 
 What it is not: the hand-offs of the GIL count as the stage's (a stage that
 reacquires the GIL often reads a little high), and time taken from the
@@ -231,13 +232,15 @@ def _one_round(fn: Callable, items: Sequence, window: float, abandon: threading.
     held = (w - counter_gil) / k
     releases = None
     if usage:
-        # Blocks beyond the stage's own (a sleep blocks alone too) are waits for the GIL. A holder
-        # is made to hand it over every switch interval the spinner waits, and waits to retake it:
-        # held / interval of them come from holding it, not from letting it go. While the spinner
-        # holds the GIL without a core (taken by the machine), the waiting stage times out once an
-        # interval and waits again: those waits are the machine's, not releases.
+        # Blocks beyond the stage's own (a sleep blocks alone too) are waits for the GIL. Each time
+        # the stage takes the GIL back from the spinner it blocks twice: a wait that times out after
+        # a switch interval (its request to the spinner) and a wait for the spinner to hand it over.
+        # It takes it back after each release and after each time it was made to hand it over,
+        # once a switch interval it held it. While the spinner holds the GIL without a core (taken
+        # by the machine), the waiting stage times out once an interval more: the machine's waits.
         offcore = max(0.0, counter_gil - counter_cpu) / k
-        releases = max(0.0, (b3 - b2) / k - (b1 - b0) / k_a - (max(0.0, held) + offcore) / _SWITCH_S)
+        waits = (b3 - b2) / k - (b1 - b0) / k_a - offcore / _SWITCH_S
+        releases = max(0.0, waits / 2 - max(0.0, held) / _SWITCH_S)
     return _Round(share=held / (w_a / k_a), core=core, wait=wait, lost=counter_lost / w, releases=releases)
 
 
