@@ -37,7 +37,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from stagebench._numbers import finite, fmt_above, fmt_share_of, num
 from stagebench.core._config import MeasureConfig, SweepConfig
@@ -48,7 +48,7 @@ from stagebench.core._resources import usable_cores
 from stagebench.runs._results import RowWriter
 from stagebench.runs._schema import STAGE_COLUMNS
 
-__all__ = ["sweep_stage", "plan_points", "StageSweep", "sweep_process_points"]
+__all__ = ["sweep_stage", "plan_points", "PlannedPoint", "StageSweep", "sweep_process_points"]
 
 #: A stage point whose interval lies wholly under this share of the best lower end the stage's points
 #: reached so far (same harness) closes at the minimum window: it can be neither the stage's best nor
@@ -86,15 +86,26 @@ def _executors_for(fn: Callable, config: SweepConfig) -> tuple[str, ...]:
     return out or ("thread",)
 
 
-def plan_points(fn: Callable, config: SweepConfig) -> list[tuple[str, str, str, int]]:
-    """(role, harness, executor, concurrency) in measuring order."""
+class PlannedPoint(NamedTuple):
+    """One point a stage's sweep plans: the stage itself or its harness's no-op ceiling (``role``), in a
+    harness, on an executor, at a concurrency. A named tuple: equal to, and hashed as, the same values
+    read back from a row, which is how a sweep knows what it measured already."""
+
+    role: str
+    harness: str
+    executor: str
+    concurrency: int
+
+
+def plan_points(fn: Callable, config: SweepConfig) -> list[PlannedPoint]:
+    """The points of a stage's sweep, in measuring order."""
     pts = []
     for harness in config.harnesses:
         for ex in _executors_for(fn, config):
             for c in config.concurrency:
-                pts.append(("stage", harness, ex, c))
+                pts.append(PlannedPoint("stage", harness, ex, c))
                 if config.ceiling:
-                    pts.append(("ceiling", harness, ex, c))
+                    pts.append(PlannedPoint("ceiling", harness, ex, c))
     return pts
 
 
@@ -196,10 +207,10 @@ class StageSweep:
 
         return pd.DataFrame(self.rows, columns=list(STAGE_COLUMNS))
 
-    def remaining(self, executor: str) -> list[tuple[str, str, str, int]]:
+    def remaining(self, executor: str) -> list[PlannedPoint]:
         """This executor's planned points not measured (or recorded as skipped) yet."""
         done = {(r["role"], r["harness"], r["executor"], r["concurrency"]) for r in self.rows}
-        return [p for p in self.points if p[2] == executor and p not in done]
+        return [p for p in self.points if p.executor == executor and p not in done]
 
     def process_pending(self) -> bool:
         """Whether a process point of this stage is still to be measured (not ruled out by its thread curve)."""
@@ -220,7 +231,7 @@ class StageSweep:
             if why:
                 self.stopped[("stage", harness, "process")] = self.stopped[("ceiling", harness, "process")] = why
 
-    def run(self, points: Sequence[tuple[str, str, str, int]], pool: Any) -> None:
+    def run(self, points: Sequence[PlannedPoint], pool: Any) -> None:
         """Measure (or record as skipped) ``points``, in order; ``pool`` serves the process points."""
         cfg, stopped = self.cfg, self.stopped
         for role, harness, ex, c in points:
@@ -375,11 +386,11 @@ def sweep_process_points(
     todo = {id(s): s.remaining("process") for s in sweeps}
     with contextlib.ExitStack() as stack, deferred_teardown():
         pools = _pools(stack, [s.fn for s in sweeps if s.process_pending()])
-        for harness in dict.fromkeys(p[1] for s in sweeps for p in todo[id(s)]):
-            levels = sorted({p[3] for s in sweeps for p in todo[id(s)] if p[1] == harness})
+        for harness in dict.fromkeys(p.harness for s in sweeps for p in todo[id(s)]):
+            levels = sorted({p.concurrency for s in sweeps for p in todo[id(s)] if p.harness == harness})
             for c in levels:
                 for s in sweeps:
-                    pts = [p for p in todo[id(s)] if p[1] == harness and p[3] == c]
+                    pts = [p for p in todo[id(s)] if p.harness == harness and p.concurrency == c]
                     if pts:
                         s.run(pts, pools.get(id(s.fn)))
         needless = paired_needless(sweeps) if paired_needless is not None else {}

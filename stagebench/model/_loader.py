@@ -24,6 +24,7 @@ from stagebench.model._rate import Rate
 
 __all__ = [
     "LoaderPoint",
+    "PointKnobs",
     "StartupSplit",
     "Largest",
     "Shipping",
@@ -94,6 +95,17 @@ class StartupSplit:
 
 
 @dataclass(frozen=True, slots=True)
+class PointKnobs:
+    """A measured point's four DataLoader knobs, as its row records them (``"auto"`` where the sweep
+    left a knob to the loader)."""
+
+    num_workers: int | None
+    prefetch_factor: int | None
+    persistent_workers: bool | str | None
+    pin_memory: bool | str | None
+
+
+@dataclass(frozen=True, slots=True)
 class LoaderPoint:
     """One measured loader setting: its knobs, its throughput with its interval (None where it holds no
     rate), and what it held and how it ended. ``why`` and ``decision`` are the recommendation's: the
@@ -151,9 +163,9 @@ class LoaderPoint:
         )
 
     @property
-    def knobs(self) -> tuple[int | None, int | None, bool | str | None, bool | str | None]:
-        """The four knobs, in the order rows and summaries list them (two points are one setting where equal)."""
-        return (self.num_workers, self.prefetch_factor, self.persistent_workers, self.pin_memory)
+    def knobs(self) -> PointKnobs:
+        """The point's four knobs: two points are one setting where these are equal."""
+        return PointKnobs(self.num_workers, self.prefetch_factor, self.persistent_workers, self.pin_memory)
 
     @property
     def rate(self) -> float | None:

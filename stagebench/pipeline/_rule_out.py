@@ -38,7 +38,7 @@ def rule_out_processes(run: Run, process_sweeps: list[Any]) -> None:
     sweeps = [s for s in process_sweeps if s.cfg.process_flat_levels and s.name not in mine]
     if not sweeps or len(run.plan.stages) < 2:
         return
-    pending = {s.name: sorted({p[3] for p in s.remaining("process")}) for s in sweeps}
+    pending = {s.name: sorted({p.concurrency for p in s.remaining("process")}) for s in sweeps}
     with run.phase("process_headroom"):
         try:
             head = process_headroom_of_run(run.rows(), run.meta, pending, stage_cache=run.analysis_cache)
@@ -56,7 +56,7 @@ def rule_out_processes(run: Run, process_sweeps: list[Any]) -> None:
             f"with it on threads (set by {h['binding']}); "
             "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures them"
         )
-        for harness in dict.fromkeys(p[1] for p in s.remaining("process")):
+        for harness in dict.fromkeys(p.harness for p in s.remaining("process")):
             s.stopped[("stage", harness, "process")] = s.stopped[("ceiling", harness, "process")] = why
         s.run(s.remaining("process"), None)  # their skipped rows, with the reason
         process_sweeps.remove(s)

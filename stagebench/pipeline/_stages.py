@@ -447,9 +447,10 @@ class StagesPhase:
         # the lowest thread level first: the probe needs it (_computes), and what it reads may end the
         # thread curve early (a GIL-free stage whose cores are busy) and rule out process points
         # (core/_sweep._threads_cores_bound, core/_sweep._cores_bind)
-        pts = [p for p in s.points if p[2] != "process"]
-        first = next(((h, ex, c) for role, h, ex, c in pts if role == "stage" and ex == "thread"), None)
-        head = [p for p in pts if p[1:] == first] if first else []
+        pts = [p for p in s.points if p.executor != "process"]
+        first = next((p for p in pts if p.role == "stage" and p.executor == "thread"), None)
+        # that point and its harness's ceiling at the same setting
+        head = [p for p in pts if first is not None and p._replace(role="stage") == first]
         s.run(head, None)
         with self.run.phase("gil_probes"):
             reading = self._probe_gil(step, inputs, s.rows)
