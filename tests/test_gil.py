@@ -557,6 +557,12 @@ def test_the_probe_counts_how_often_a_call_lets_the_gil_go():
         pytest.skip(busy[0])
     if any(r["releases"] is None for r in readings):
         pytest.skip("no per-thread context switch counts here (not Linux)")
+    cores = [r["spinner_core"] for r in readings]
+    if min(cores) < 0.9:
+        # A fresh clone read twelve pieces at 0.2 and one at 0.3 while the machine gave the spinner
+        # 0.63-0.96 of a core: a release shorter than the spinner's wait to run (a 0.25 ms piece here)
+        # ends before the spinner takes the GIL, and goes unseen. The count is a quiet machine's.
+        pytest.skip(f"the machine took the spinner's core (it got {min(cores):.0%} of one): short releases go unseen")
     # here: ~0.9, ~10, ~0.6-1.5, ~0.9 (the sleep's one release). A fresh clone once read the spin at 12.2
     # when each wait counted as a release: about 4 counted as now
     assert one["releases"] < 5 and spin["releases"] < 5 and nap["releases"] < 5
