@@ -163,10 +163,6 @@ def _clip01(x: float) -> float:
     return float(min(1.0, max(0.0, x)))
 
 
-#: One signal's contribution to the estimate: (value, low, high) of the GIL share.
-_Est = tuple[float, float, float]
-
-
 @dataclass(frozen=True)
 class _Reading:
     """A valid estimate and what it was read from: ``"cpu"`` (the stage's CPU time within one
@@ -391,7 +387,7 @@ def _plateau_detail(
     return f"threads scale close to linearly up to {cm}: no serial limit reached"
 
 
-def _cpu_share_at_plateau(share: _CpuShare, plateau: _Plateau, signals: dict[str, Any]) -> _Est | None:
+def _cpu_share_at_plateau(share: _CpuShare, plateau: _Plateau, signals: dict[str, Any]) -> _Reading | None:
     """The ``cpu_share_at_plateau`` signal, when the GIL saturates the threads on at most about one core."""
     u = plateau.peak.cores_used
     if not (
@@ -412,7 +408,7 @@ def _cpu_share_at_plateau(share: _CpuShare, plateau: _Plateau, signals: dict[str
         [share.lo / u, share.hi / u],
         f"CPU share {share.value:.2f} / {u:.2f} cores used on the plateau",
     )
-    return A2, share.lo / u, share.hi / u
+    return _Reading(A2, share.lo / u, share.hi / u, "plateau")
 
 
 def _threads_vs_processes(
@@ -423,7 +419,7 @@ def _threads_vs_processes(
     plateau: _Plateau,
     signals: dict[str, Any],
     notes: list[str],
-) -> _Est | None:
+) -> _Reading | None:
     """The ``threads_vs_processes`` signal, at the level where processes gain most over threads.
 
     Returns the GIL share the threads' throughput there implies, when processes
@@ -445,7 +441,7 @@ def _threads_vs_processes(
         h_c = harness_gil_s(sr.ceiling(H, E, c))
         imp = (1.0 / pt.qps - h_c) / t / k_c
         imp_int = [(1.0 / pt.high - h_c) / low.t_hi / k_c, (1.0 / pt.low - h_c) / low.t_lo / k_c]
-        est = (imp, imp_int[0], imp_int[1])
+        est = _Reading(imp, imp_int[0], imp_int[1], "plateau")
         detail = (
             f"at concurrency {c} processes deliver {pp.qps:,.0f} items/s, threads {pt.qps:,.0f}: "
             "the threads' cap lives inside one process"
@@ -473,7 +469,9 @@ def _threads_vs_processes(
     return est
 
 
-def _serial_fraction(fits: dict[str, dict], low: _Lowest, plateau: _Plateau, signals: dict[str, Any]) -> _Est | None:
+def _serial_fraction(
+    fits: dict[str, dict], low: _Lowest, plateau: _Plateau, signals: dict[str, Any]
+) -> _Reading | None:
     """The ``serial_fraction`` signal from the curve fits; returns it as an estimate when usable.
 
     Usable when the threads' serial fraction lies above the processes' (the
@@ -504,7 +502,8 @@ def _serial_fraction(fits: dict[str, dict], low: _Lowest, plateau: _Plateau, sig
         (sT_int if usable else None),
         detail,
     )
-    return (sT, *(sT_int or [sT, sT])) if usable else None
+    lo, hi = sT_int or [sT, sT]
+    return _Reading(sT, lo, hi, "plateau") if usable else None
 
 
 def _valid_estimates(
@@ -706,11 +705,7 @@ def estimate_gil(
     serial = _serial_fraction(fits, low, plateau, signals)
 
     multi = len(T) >= 2
-    on_plateau = [
-        _Reading(e[0], e[1], e[2], reads)
-        for e, reads in ((at_plateau, "plateau"), (processes, "plateau"), (serial, "plateau"))
-        if e is not None
-    ]
+    on_plateau = [e for e in (at_plateau, processes, serial) if e is not None]
     curves = _combine(_valid_estimates(share, plateau, on_plateau, multi, signals, notes), share, plateau, multi, notes)
     est = _gil_probe(probe, curves, signals, notes)
     point = _clip01(est.point)
