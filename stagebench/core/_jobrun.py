@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagebench.core._steps import WARMUP_STEPS
+from stagebench.model._evidence import MAX_LOOKS
 
 __all__ = [
     "Candidate",
@@ -70,8 +71,9 @@ MIN_SLICE_S = 1.0
 SLOW_SLICE_S = 3.0
 #: Fewest steps in one batch-mean group (whole rounds of the workers above this).
 GROUP_MIN_STEPS = 4
-#: Most rounds of slices; the budget (STAGEBENCH_JOB_S) ends them first, or the decision settling.
-MAX_ROUNDS = 40
+#: Most rounds of slices; the budget (STAGEBENCH_JOB_S) ends them first, or the decision settling. The
+#: rule's per-look confidence holds over this many looks.
+MAX_ROUNDS = MAX_LOOKS
 #: Warm-up steps of a resumed loader's turn, its queue drained: the workers are busy on fresh batches.
 RESUMED_WARMUP_STEPS = 2
 

@@ -3,8 +3,8 @@
 A setting other than the user's is advised only where windows measured **in turns** (the two
 settings' windows at the same moments of the host, round after round) show it
 
-* **faster beyond noise**: the 95% interval of its rate over yours lies above 1; or
-* **cheaper and equivalent**: it costs less, and the 95% interval of its rate over yours lies above
+* **faster beyond noise**: the interval of its rate over yours lies above 1; or
+* **cheaper and equivalent**: it costs less, and the interval of its rate over yours lies above
   :data:`EQUIVALENT` (it gives up at most 5%);
 
 and it is itself shown as good as the fastest setting measured (its ratio to the best above
@@ -24,9 +24,13 @@ average to 1), and the interval of their geometric mean stays positive, whatever
 Without a setting of the user's (a Hydra sweep, a loader given no knobs), the pick is the cheapest
 setting shown as good as the best, else the best.
 
-A note on looking often: the job runs check the rule after every round and stop once it is settled,
-so its 95% is per look; the minimum of :data:`MIN_ROUNDS` rounds and the margins keep a switch on a
-lucky round rare, and a switch wrongly made by it costs at most the margin.
+Why a ratio's interval is 99.5% (:data:`LOOK_CONFIDENCE`): every comparison in turns (the job runs,
+the loader's rounds, the pipeline's recommended against yours) checks the rule after each round and
+stops once it is settled. A 95% interval looked at after each of 40 rounds wrongly clears a bound
+about 14% of the time on one side, not 2.5%: each look is one more chance for a lucky run of rounds.
+At 99.5% per look, the chance over up to :data:`MAX_LOOKS` looks stays under 2.5% a side, as one 95%
+interval's at one look (a simulation in ``tests/test_evidence.py`` checks it). A clear difference still
+settles within a few rounds; a small one takes more, and the budget's end keeps yours.
 """
 
 from __future__ import annotations
@@ -36,16 +40,33 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stagebench.model._rate import CONFIDENCE, Rate, t_quantile
+from stagebench.model._rate import Rate, t_quantile
 
-__all__ = ["EQUIVALENT", "MIN_ROUNDS", "PRACTICAL_ROUNDS", "Ratio", "Option", "Decision", "decide", "ADVICE"]
+__all__ = [
+    "EQUIVALENT",
+    "MIN_ROUNDS",
+    "MAX_LOOKS",
+    "LOOK_CONFIDENCE",
+    "PRACTICAL_ROUNDS",
+    "Ratio",
+    "Option",
+    "Decision",
+    "decide",
+    "ADVICE",
+]
 
-#: A cheaper setting is equivalent when the 95% interval of its rate over the other's lies above this.
+#: A cheaper setting is equivalent when the interval of its rate over the other's lies above this.
 EQUIVALENT = 0.95
 #: Fewest rounds (pairs of windows in turns) behind a ratio with an interval. Two rounds give a valid
 #: t-interval, but the runs look after every round and stop once settled, and two rounds that agree by
 #: chance (the demo's job runs: 0.975x and 0.985x) would settle a 5% question on a spread no one saw.
 MIN_ROUNDS = 3
+#: Most rounds a comparison in turns runs (and looks at): the job runs' cap; the loader's and the
+#: pipeline's rounds stop far sooner.
+MAX_LOOKS = 40
+#: Two-sided confidence of a ratio's interval at each look: over up to :data:`MAX_LOOKS` looks, a wrong
+#: claim on one side stays under 2.5% (module docstring), as a single 95% interval's.
+LOOK_CONFIDENCE = 0.995
 #: What a decision advises: ``keep yours``, ``cheaper`` (as fast within 5%, shown, and cheaper),
 #: ``change`` (faster beyond noise), ``use`` (no setting of the user's to compare), ``none`` (nothing ran).
 ADVICE = ("keep yours", "cheaper", "change", "use", "none")
@@ -57,7 +78,7 @@ PRACTICAL_ROUNDS = 40
 @dataclass(frozen=True, slots=True)
 class Ratio:
     """One setting's rate over another's, from windows measured in turns: the geometric mean of the
-    rounds' ratios and its 95% interval (None below :data:`MIN_ROUNDS`)."""
+    rounds' ratios and its interval at :data:`LOOK_CONFIDENCE` (None below :data:`MIN_ROUNDS`)."""
 
     value: float
     low: float | None
@@ -67,7 +88,7 @@ class Ratio:
     """Spread of the rounds' log ratios (what :meth:`rounds_to_clear` extrapolates from)."""
 
     @classmethod
-    def of_pairs(cls, pairs: Sequence[tuple[float, float]], confidence: float = CONFIDENCE) -> Ratio | None:
+    def of_pairs(cls, pairs: Sequence[tuple[float, float]], confidence: float = LOOK_CONFIDENCE) -> Ratio | None:
         """From (this setting's rate, the other's rate) per round; rounds where either is not a positive
         number are left out. None without a usable round."""
         logs = [
@@ -94,7 +115,7 @@ class Ratio:
         """Shown below ``bound``: the whole interval lies below it."""
         return self.high is not None and self.high < bound
 
-    def rounds_to_clear(self, bound: float, confidence: float = CONFIDENCE) -> int | None:
+    def rounds_to_clear(self, bound: float, confidence: float = LOOK_CONFIDENCE) -> int | None:
         """Rounds in all for the interval to clear ``bound`` on the side the ratio lies, were the ratio and
         its spread to stay as seen (None: the ratio sits on the bound, or no spread is known yet)."""
         if self.log_sd is None or bound <= 0:
