@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stagebench.model._json import dict_of, write
+from stagebench.model._json import Written, dict_of
 
 __all__ = ["Finding", "SEVERITIES", "by_severity"]
 
@@ -15,7 +15,7 @@ SEVERITIES = ("high", "medium", "low", "info")
 
 
 @dataclass(frozen=True, slots=True)
-class Finding:
+class Finding(Written):
     """What was found, why it matters (``detail``), where (``stage``: None for the loader, the job or the
     whole pipeline), and the figures it rests on (``evidence``)."""
 
@@ -28,9 +28,6 @@ class Finding:
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
             raise ValueError(f"severity: unknown {self.severity!r}; allowed: {', '.join(SEVERITIES)}")
-
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Finding:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagebench.model._evidence import Decision, Ratio
-from stagebench.model._json import dict_of, each, items, read, texts, write
+from stagebench.model._json import Written, dict_of, each, items, read, texts, write
 from stagebench.model._rate import Rate
 
 __all__ = ["StepAlone", "JobFigures", "JobCandidate", "JobSlice", "JobSkipped", "JobRecord", "JobVerdict"]
@@ -53,7 +53,7 @@ def _decision(d: Any) -> Decision | None:
 
 
 @dataclass(frozen=True, slots=True)
-class JobFigures:
+class JobFigures(Written):
     """One candidate's job figures, pooled over its slices: the rate (per item, with its interval), the
     share of each step spent waiting for the batch, the loop body's own rate next to the loader, and the
     rate of each round it ran in (what the comparisons in turns pair up). A candidate whose slices all
@@ -85,9 +85,6 @@ class JobFigures:
         if not isinstance(d, Mapping) or not d:
             return None
         return read(cls, d, failed=texts, round_rates=dict_of)
-
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +204,7 @@ class JobCandidate:
 
 
 @dataclass(frozen=True, slots=True)
-class JobSlice:
+class JobSlice(Written):
     """One candidate's turn in one round: each counted step's wait for its batch and its loop body, in
     seconds; a failed slice holds why."""
 
@@ -232,12 +229,9 @@ class JobSlice:
             wall_s=lambda v: float(v or 0.0),
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
-
 
 @dataclass(frozen=True, slots=True)
-class JobSkipped:
+class JobSkipped(Written):
     """A setting the ladder offered but did not run with the loop, and why."""
 
     label: str
@@ -247,12 +241,9 @@ class JobSkipped:
     def from_json(cls, d: Mapping[str, Any]) -> JobSkipped:
         return cls(label=d["label"], why=d["why"])
 
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
-
 
 @dataclass(frozen=True, slots=True)
-class JobRecord:
+class JobRecord(Written):
     """What the job runs measured (``run.json["job"]``): the candidates, every slice, the items per step,
     how long they ran and why they stopped, and the host's load meanwhile."""
 
@@ -282,12 +273,9 @@ class JobRecord:
             skipped=each(JobSkipped.from_json),
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
-
 
 @dataclass(frozen=True, slots=True)
-class JobVerdict:
+class JobVerdict(Written):
     """The job's verdict (``summary.json["job"]``): each candidate with its figures, the rule's
     :class:`Decision`, and what it comes to: ``status`` (``decided`` or ``not run``), the pick and its
     rate, ``advice``, ``bound`` (what sets the job's pace), what was not checked, the words. The loader's
@@ -344,6 +332,3 @@ class JobVerdict:
             unproven=items,
             changed=items,
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return write(self)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 __all__ = [
+    "Written",
     "number",
     "integer",
     "whole",
@@ -188,3 +189,14 @@ def write(obj: Any) -> dict[str, Any]:
     if hasattr(obj, "keys"):
         return {k: obj.extra[k] if k in obj.extra else _out(getattr(obj, k)) for k in obj.keys}
     return {k: _out(getattr(obj, k)) for k in _names(type(obj))}
+
+
+class Written:
+    """The ``to_json`` of a type written back by :func:`write` (most of this package's): a base that holds
+    no field of its own, so a frozen, slotted dataclass keeps its layout."""
+
+    __slots__ = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The dict it was read from (module docstring)."""
+        return write(self)

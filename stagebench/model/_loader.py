@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stagebench.model._json import dict_of, flag, mapping, number, read, span, text, whole, write
+from stagebench.model._json import Written, dict_of, flag, mapping, number, read, span, text, whole
 from stagebench.model._rate import Rate
 
 __all__ = [
@@ -178,7 +178,7 @@ class LoaderPoint:
 
 
 @dataclass(frozen=True, slots=True)
-class Largest:
+class Largest(Written):
     """The dataset's largest container attribute: its name, length, type, its items' type, whether they
     are Python objects (not a numpy array's), and the memory those objects take (MB)."""
 
@@ -194,9 +194,6 @@ class Largest:
         if not isinstance(d, Mapping):
             return None
         return read(cls, d, attr=text, items=whole, container=text, item=text, python_objects=flag, objects_mb=number)
-
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +254,7 @@ class Shipping:
 
 
 @dataclass(frozen=True, slots=True)
-class MemorySample:
+class MemorySample(Written):
     """One reading of the memory pass: seconds into it, each worker's private memory (MB) and the batches
     each worker had made, by worker (its pid; a string once read back from JSON)."""
 
@@ -272,9 +269,6 @@ class MemorySample:
             uss_mb=dict_of(d.get("uss_mb")),
             batches=dict_of(d.get("batches")),
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
 
 
 def _samples(v: Any) -> tuple[MemorySample, ...] | None:
@@ -376,7 +370,7 @@ class WorkerMemory:
 
 
 @dataclass(frozen=True, slots=True)
-class Shm:
+class Shm(Written):
     """The shared memory (``path``, ``/dev/shm``) the batches in flight at the pick take: how many
     (``num_workers x prefetch_factor``), each batch's size, together, against the space free and in all (MB)."""
 
@@ -398,9 +392,6 @@ class Shm:
             batches_in_flight=whole,
             **dict.fromkeys(("free_mb", "total_mb", "batch_mb", "in_flight_mb"), number),
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
 
 
 @dataclass(frozen=True, slots=True)

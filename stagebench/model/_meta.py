@@ -17,13 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stagebench.model._json import dict_of, items, nums, read, record, records, texts, write
+from stagebench.model._json import Written, dict_of, items, nums, read, record, records, texts
 
 __all__ = ["RunMeta", "Provenance", "RunSettings", "LoaderInfo", "UserKnobs", "SearchRecord"]
 
 
 @dataclass(frozen=True, slots=True)
-class Provenance:
+class Provenance(Written):
     """The machine and process a measurement was taken on (``run.json["provenance"]``, and
     ``provenance_after`` at the end): what makes a throughput a claim anyone can check. Each fact as
     written, None where not recorded (``free_threaded`` too: an older run is not another machine);
@@ -49,10 +49,6 @@ class Provenance:
     def from_json(cls, d: Mapping[str, Any] | None) -> Provenance:
         return read(cls, d, libraries=dict_of, env=dict_of, load_avg=nums)
 
-    def to_json(self) -> dict[str, Any]:
-        """The mapping it was read from, as written."""
-        return write(self)
-
     @property
     def recorded(self) -> bool:
         """Whether run.json recorded any of it."""
@@ -69,7 +65,7 @@ _KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 
 
 @dataclass(frozen=True, slots=True)
-class UserKnobs:
+class UserKnobs(Written):
     """The loader knobs the user's script passed (``run.json["loader"]["user_knobs"]``), each None where
     the script's call did not give it; ``given`` names those it did, in run.json's order (a value of
     None can be given: ``prefetch_factor=None``). ``to_json`` is the mapping as written."""
@@ -85,10 +81,6 @@ class UserKnobs:
     def from_json(cls, d: Mapping[str, Any] | None) -> UserKnobs:
         return read(cls, d, {"given": tuple(k for k in d or {} if k in _KNOBS)})
 
-    def to_json(self) -> dict[str, Any]:
-        """The knobs as run.json holds them (only those given): what ``LoaderKnobs(**...)`` takes."""
-        return write(self)
-
     def gave(self, knob: str) -> bool:
         """Whether the script's call set ``knob``."""
         return knob in self.given
@@ -99,7 +91,7 @@ def _knobs(v: Any) -> UserKnobs | None:
 
 
 @dataclass(frozen=True, slots=True)
-class LoaderInfo:
+class LoaderInfo(Written):
     """The loader under test (``run.json["loader"]``, copied to a loader summary): its name, backend and
     batches, the user's other DataLoader arguments (``call``) and own knobs (``user_knobs``, None where
     the script's were not read)."""
@@ -116,9 +108,6 @@ class LoaderInfo:
     def from_json(cls, d: Mapping[str, Any] | None) -> LoaderInfo:
         return read(cls, d, call=records, user_knobs=_knobs)
 
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
-
     @property
     def recorded(self) -> bool:
         """Whether run.json recorded anything of the loader."""
@@ -126,7 +115,7 @@ class LoaderInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class RunSettings:
+class RunSettings(Written):
     """The settings the run was made with (``run.json["settings"]``): the ones a verdict depends on, None
     where not recorded (each reader keeps its own default); ``to_json`` has them all, as written."""
 
@@ -149,16 +138,13 @@ class RunSettings:
     def from_json(cls, d: Mapping[str, Any] | None) -> RunSettings:
         return read(cls, d, cuda=bool)
 
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
-
     @property
     def recorded(self) -> bool:
         return bool(self._json)
 
 
 @dataclass(frozen=True, slots=True)
-class SearchRecord:
+class SearchRecord(Written):
     """How a loader sweep searched (``run.json["search"]``): its strategy, seconds, and why it stopped
     where it did (``stopped``: one line each)."""
 
@@ -171,16 +157,13 @@ class SearchRecord:
     def from_json(cls, d: Mapping[str, Any] | None) -> SearchRecord:
         return read(cls, d, stopped=items, interrupted=bool)
 
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
-
 
 def _provenance(v: Any) -> Provenance | None:
     return Provenance.from_json(v) if isinstance(v, Mapping) else None
 
 
 @dataclass(frozen=True, slots=True)
-class RunMeta:
+class RunMeta(Written):
     """``run.json``: the run's kind and status, when and how it was started, the machine before and
     after (``provenance``, ``provenance_after``: None where not recorded), its settings, the loader
     under test, and the records other types read (kept as written)."""
@@ -246,7 +229,3 @@ class RunMeta:
             trainer_planned=bool,
             **dict.fromkeys(("not_isolated", "transforms"), items),
         )
-
-    def to_json(self) -> dict[str, Any]:
-        """run.json as it was read."""
-        return write(self)

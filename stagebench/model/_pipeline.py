@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagebench.model._evidence import Ratio
-from stagebench.model._json import flag, integer, items, mapping, maps, number, nums, read, text, texts, write
+from stagebench.model._json import Written, flag, integer, items, mapping, maps, number, nums, read, text, texts
 from stagebench.model._rate import Rate
 
 __all__ = [
@@ -45,7 +45,7 @@ def _some_text(v: Any) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class StageChoice:
+class StageChoice(Written):
     """One stage's setting a whole-pipeline figure was made at: its executor and concurrency, and the
     harness its alone figures were measured in (None where not recorded)."""
 
@@ -58,12 +58,9 @@ class StageChoice:
     def from_json(cls, d: Mapping[str, Any] | None) -> StageChoice:
         return read(cls, d, stage=text, executor=text, concurrency=integer, harness=text)
 
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
-
 
 @dataclass(frozen=True, slots=True)
-class StandIn:
+class StandIn(Written):
     """What the replay ran in place of one stage, per call: its GIL-held CPU, GIL-free CPU and waiting
     (seconds), how many times it let go of the GIL, at the stage's executor and concurrency; what the
     replayed prediction rests on. ``to_json`` gives back what was read."""
@@ -89,9 +86,6 @@ class StandIn:
             note=lambda v: str(v or ""),
             **dict.fromkeys(("concurrency", "gil_s", "free_s", "wait_s"), number),
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +178,7 @@ class Prediction:
 
 
 @dataclass(frozen=True, slots=True)
-class Interference:
+class Interference(Written):
     """One timed stage's median call inside the measured pipeline against alone at the same setting
     (``ratio``) and against its stand-in's inside the replay (``vs_replay``); None where not measured."""
 
@@ -206,9 +200,6 @@ class Interference:
                 ("in_pipeline_p50_ms", "calls", "alone_p50_ms", "ratio", "replay_p50_ms", "vs_replay"), number
             ),
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +253,7 @@ class Validation:
 
 
 @dataclass(frozen=True, slots=True)
-class YoursRun:
+class YoursRun(Written):
     """The whole pipeline run for real at the user's own settings, in turns with the recommended ones
     (``run.json["yours"]``): ``same`` where the two are one setting, ``not_run`` (why) where it was not
     run, else its rate and windows, or ``error``. The run writes it; ``to_json`` gives back what was read."""
@@ -287,9 +278,6 @@ class YoursRun:
             **dict.fromkeys(("qps", "qps_low", "qps_high"), number),
             window_rates=nums,
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
 
     @property
     def rate(self) -> Rate | None:
@@ -490,7 +478,7 @@ class Joint:
 
 
 @dataclass(frozen=True, slots=True)
-class Search:
+class Search(Written):
     """What a loader run's search of the settings grid cost (``summary["search"]``): its ``strategy``, the
     points it measured of the full grid's, its seconds, the grid's estimated seconds and the time saved,
     and why any part of it stopped early (``stopped``)."""
@@ -516,6 +504,3 @@ class Search:
             ),
             stopped=items,
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return write(self)

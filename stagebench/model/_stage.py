@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stagebench.model._json import items, read, write
+from stagebench.model._json import Written, items, read
 
 __all__ = ["GilEstimate", "HeadToHead", "PageFaults", "StageEntry", "StageEvidence", "StageLimit", "StageSetting"]
 
@@ -29,7 +29,7 @@ def _signal_value(signals: Mapping[str, Any], name: str) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class StageSetting:
+class StageSetting(Written):
     """A setting of one stage (an executor at a concurrency, in a harness) and what it measured there.
 
     The entry's ``recommended``, ``best``, ``recommended_alone`` and each of its ``alternatives`` are
@@ -59,9 +59,6 @@ class StageSetting:
         if not isinstance(d, Mapping) or not d:
             return None
         return read(cls, d)
-
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
 
 
 def _interval(v: Any) -> Any:
@@ -101,7 +98,7 @@ def _settings(d: Any) -> dict[str, StageSetting]:
 
 
 @dataclass(frozen=True, slots=True)
-class PageFaults:
+class PageFaults(Written):
     """The minor page faults one executor's points took: ``per_item`` (per call, over its points), with
     the CPU per item they were read beside and how many ``points`` they rest on."""
 
@@ -115,12 +112,9 @@ class PageFaults:
     def from_json(cls, d: Mapping[str, Any] | None) -> PageFaults:
         return read(cls, d)
 
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
-
 
 @dataclass(frozen=True, slots=True)
-class HeadToHead:
+class HeadToHead(Written):
     """Threads against processes measured in turns (:func:`stagebench.core._paired.paired_result`).
 
     ``decisive``: enough pairs to decide; ``ratio``: processes' throughput over threads', with its 95%
@@ -145,12 +139,9 @@ class HeadToHead:
             return None
         return read(cls, d, thread=StageSetting.from_json, process=StageSetting.from_json)
 
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
-
 
 @dataclass(frozen=True, slots=True)
-class StageLimit:
+class StageLimit(Written):
     """What holds the stage back at its best setting: ``kind`` (None: nothing stands out), the setting
     it was read at (``at``, ``thread x 4``) and the phrase that says it (``text``)."""
 
@@ -166,12 +157,9 @@ class StageLimit:
             return None
         return read(cls, d)
 
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
-
 
 @dataclass(frozen=True, slots=True)
-class GilEstimate:
+class GilEstimate(Written):
     """A stage's GIL share and how it was read (:func:`stagebench.analysis._gil.estimate_gil`).
 
     ``fraction`` and its ``interval`` (None where no thread or event-loop point was measured);
@@ -207,16 +195,13 @@ class GilEstimate:
             cls, d, interval=_interval, notes=items, signals=_or_empty, pinned=_false_if_none, saturated=_false_if_none
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
-
     def signal_value(self, name: str) -> Any:
         """The value of the signal ``name`` (None where it was not read)."""
         return _signal_value(self.signals, name)
 
 
 @dataclass(frozen=True, slots=True)
-class StageEvidence:
+class StageEvidence(Written):
     """What a stage's label, limit and recommendation rest on: ``summary``, the lines the report lists,
     and ``signals``, every figure read on the way by name (each a dict with its ``value``, ``interval``,
     ``label`` and, where it decided something, ``role``)."""
@@ -230,16 +215,13 @@ class StageEvidence:
     def from_json(cls, d: Mapping[str, Any] | None) -> StageEvidence:
         return read(cls, d, summary=items, signals=_or_empty)
 
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
-
     def signal_value(self, name: str) -> Any:
         """The value of the signal ``name`` (None where it was not read)."""
         return _signal_value(self.signals, name)
 
 
 @dataclass(frozen=True, slots=True)
-class StageEntry:
+class StageEntry(Written):
     """One stage's entry of a pipeline summary (``summary["stages"]``).
 
     ``status`` and ``reason`` say whether it measured; ``classification`` (its label), ``mix`` and
@@ -314,10 +296,6 @@ class StageEntry:
             **dict.fromkeys(("mix", "problems", "fused_chain"), items),
             **dict.fromkeys(("fit", "levels_measured"), _or_empty),
         )
-
-    def to_json(self) -> dict[str, Any]:
-        """The entry as the summary holds it (what :meth:`from_json` read, when nothing was coerced)."""
-        return write(self)
 
     @property
     def ok(self) -> bool:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stagebench.model._json import integer, mapping, read, text, texts, write
+from stagebench.model._json import Written, integer, mapping, read, text, texts
 from stagebench.model._pipeline import CpuSpeed, Demand, Joint, Prediction, Search, Validation, VersusYours
 
 __all__ = ["Summary"]
@@ -25,7 +25,7 @@ def _list(v: Any) -> list[Any]:
 
 
 @dataclass(frozen=True, slots=True)
-class Summary:
+class Summary(Written):
     """One run's ``summary.json``, top level: the common facts, the whole pipeline's sections typed, and
     the other sections as written (None or empty where absent). ``to_json`` gives back the dict it was
     read from: the summary is written by the analysis, never rebuilt from this view."""
@@ -93,6 +93,3 @@ class Summary:
                 mapping,
             ),
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return write(self)
