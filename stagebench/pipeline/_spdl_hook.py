@@ -69,6 +69,7 @@ def uninstall() -> None:
     current: Any = getattr(profile, "_build_pipeline_diagnostic_mode", None)
     if getattr(current, "_stagebench", False):
         profile._build_pipeline_diagnostic_mode = current._spdl_original
+    _stop_listening()
 
 
 def patch_spdl(profile_module: Any) -> None:
@@ -122,6 +123,19 @@ def _listen_for_a_worker() -> None:
     except ValueError:  # not the main thread: no handler can be set, the worker falls back to SIGTERM
         return
     os.environ[LISTENING_VAR] = str(os.getpid())
+
+
+def _stop_listening() -> None:
+    """Undo :func:`_listen_for_a_worker`: SIGUSR1's own action back, and the variable gone."""
+    import signal
+
+    if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) is _a_worker_diagnosed:
+        try:
+            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        except ValueError:  # not the main thread: the handler stays, and ends the process on a stray signal
+            pass
+    if os.environ.get(LISTENING_VAR) == str(os.getpid()):
+        del os.environ[LISTENING_VAR]
 
 
 def _a_worker_diagnosed(signum: int, frame: Any) -> None:
