@@ -99,7 +99,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--storage-latency-ms", type=float, default=4.0)
-    p.add_argument("--step-ms", type=float, default=50.0, help="time of one training step (the stand-in model)")
+    p.add_argument("--step-ms", type=float, default=100.0, help="time of one training step (the stand-in model)")
     args = p.parse_args()
 
     paths = make_dataset(Path(args.data), args.images)

@@ -4,7 +4,7 @@ The demo is the headline use case end to end, with nothing to set up: the
 script (``stagebench/examples/demo_train.py``) generates a small image set on
 first use and builds an SPDL pipeline with an I/O stage, a decode, a pure-
 Python augmentation, a batch and a collate; its loop is a stand-in model (a
-50 ms step), so the demo also measures the training step's demand
+100 ms step), so the demo also measures the training step's demand
 (``STAGEBENCH_TRAINER=measure``) and says whether the pipeline keeps up; :func:`run_demo` runs it through
 ``stagebench diagnose`` at stagebench's defaults (about a minute on two
 cores; ``quick``: under half a minute). Settings the user already put in
@@ -33,7 +33,7 @@ def demo_settings(quick: bool) -> dict[str, str]:
         }
     return {  # stagebench's own defaults: the demo shows what a user gets
         "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS": "200",
-        # the example's loop is a stand-in model (a 50 ms step): safe to run, and it shows the
+        # the example's loop is a stand-in model (a 100 ms step): safe to run, and it shows the
         # pipeline's capacity against the training step's demand
         "STAGEBENCH_TRAINER": "measure",
         "STAGEBENCH_TRAINER_S": "4",
