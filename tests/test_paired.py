@@ -57,11 +57,20 @@ def test_a_head_to_head_that_threads_win_overturns_the_curves():
     st = analyze_stage(pd.DataFrame(_curves(400.0, 520.0) + _paired([0.86, 0.9, 0.84, 0.88])), cores=2)
     h = st["head_to_head"]
     assert h["pairs"] == 4 and h["decisive"] and not h["processes_win"]
-    assert h["ratio"] == pytest.approx(0.87) and h["ratio_low"] < 0.87 < h["ratio_high"] < 1
+    # the geometric mean of the pairs' ratios (0.8698), its interval on the log scale
+    assert h["ratio"] == pytest.approx(0.87, rel=1e-3) and h["ratio_low"] < h["ratio"] < h["ratio_high"] < 1
     assert (h["thread"]["concurrency"], h["process"]["concurrency"]) == (2, 4)
     assert st["recommended"]["executor"] == "thread" and st["recommended"]["concurrency"] == 2
     assert "head-to-head" in st["recommended"]["why"] and "0.87x" in st["recommended"]["why"]
     assert st["best"]["executor"] == "process"  # the best measured point stays what it was
+
+
+def test_a_head_to_head_interval_stays_positive_where_two_pairs_disagree():
+    """A fresh clone's diagnosis read ratio_low -0.14 from two pairs (a linear interval over the ratios)."""
+    st = analyze_stage(pd.DataFrame(_curves(400.0, 520.0) + _paired([0.5, 1.6])), cores=2)
+    h = st["head_to_head"]
+    assert h["pairs"] == 2 and 0 < h["ratio_low"] < h["ratio"] < h["ratio_high"]
+    assert not h["processes_win"] and st["recommended"]["executor"] == "thread"
 
 
 def test_processes_are_recommended_when_they_win_the_head_to_head_beyond_noise():

@@ -89,8 +89,8 @@ def paired_result(sr: StageRows, harness: str) -> dict[str, Any] | None:
     Rows are read in the order they were measured; windows two by two form
     the pairs (T P, then P T). A pair with a window that did not measure is
     left out. Returns ``thread`` and ``process`` (level and mean throughput
-    over the usable pairs), ``ratio`` (process / thread, mean over pairs),
-    ``ratio_low``/``ratio_high`` (95% Student-t; None below two pairs),
+    over the usable pairs), ``ratio`` (process / thread, geometric mean over pairs),
+    ``ratio_low``/``ratio_high`` (95% Student-t on the log of the ratios; None below two pairs),
     ``pairs``, ``processes_win`` (beyond noise: the interval's low end above
     1 and the ratio above 1 / 0.95) and ``decisive`` (enough pairs to count).
     """
@@ -121,9 +121,11 @@ def paired_result(sr: StageRows, harness: str) -> dict[str, Any] | None:
         return out
     lo: float | None
     hi: float | None
-    interval = mean_interval([qp / qt for qt, qp in pairs], 0.95)
-    ratio = interval.mean
-    lo, hi = (interval.low, interval.high) if math.isfinite(interval.low) else (None, None)
+    # on the log of the ratios: ratios multiply, and the interval stays positive (a linear one over two
+    # pairs that disagreed reached -0.14 in a fresh clone's diagnosis)
+    interval = mean_interval([math.log(qp / qt) for qt, qp in pairs], 0.95)
+    ratio = math.exp(interval.mean)
+    lo, hi = (math.exp(interval.low), math.exp(interval.high)) if math.isfinite(interval.low) else (None, None)
     out.update(
         thread={"concurrency": levels["thread"], "qps": sum(q for q, _ in pairs) / len(pairs)},
         process={"concurrency": levels["process"], "qps": sum(q for _, q in pairs) / len(pairs)},
