@@ -424,7 +424,10 @@ def test_a_point_that_cannot_matter_closes_at_the_minimum_window():
     assert full["window_s"] >= 1.5
     cut = _ok(measure_stage(_jumpy_stage, range(8), concurrency=2, config=replace(cfg, below=10 * full["qps"])))
     assert cut["window_s"] < 0.75 and cut["qps_high"] < 10 * full["qps"]
-    assert cut["qps"] == pytest.approx(full["qps"], rel=0.5)
+    # measured all the same: a rate of the same stage. A 0.25 s window holds about eight of the 50 ms
+    # calls (Poisson: +-35%), so it reads up to ~2x the full window's rate (1.6x and 1.8x in 2 of 5 clones'
+    # runs, against a bound of 1.5x); 3x apart would be a different measurement, not noise
+    assert full["qps"] / 3 < cut["qps"] < 3 * full["qps"]
     # a bar the interval does not clear changes nothing
     low = _ok(measure_stage(_jumpy_stage, range(8), concurrency=2, config=replace(cfg, below=0.1 * full["qps"])))
     assert low["window_s"] >= 1.5
