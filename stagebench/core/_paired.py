@@ -30,11 +30,11 @@ beyond 1.5x the unpaired curves decide. The rows have role ``paired``
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from stagebench._numbers import num
 from stagebench.core._curves import Point, StageRows
+from stagebench.model._evidence import Ratio
 
 __all__ = ["MAX_RATIO", "HOST_PHASES", "WITHIN_BEST", "within_noise", "plan", "paired_result", "threads_led_every_pair"]
 
@@ -94,8 +94,6 @@ def paired_result(sr: StageRows, harness: str) -> dict[str, Any] | None:
     ``pairs``, ``processes_win`` (beyond noise: the interval's low end above
     1 and the ratio above 1 / 0.95) and ``decisive`` (enough pairs to count).
     """
-    from stagebench.core._stats import mean_interval
-
     rows = sr.paired_rows(harness)
     if not len(rows):
         return None
@@ -116,22 +114,20 @@ def paired_result(sr: StageRows, harness: str) -> dict[str, Any] | None:
         "harness": harness,
         "windows": len(recs),
     }
-    if not pairs:
+    # on the log of the ratios (Ratio): ratios multiply, and the interval stays positive (a linear one over
+    # two pairs that disagreed reached -0.14 in a fresh clone's diagnosis). At 95% with two pairs: the
+    # head-to-head's rounds are fixed, with one early stop that can only keep threads (module docstring).
+    r = Ratio.of_pairs([(qp, qt) for qt, qp in pairs], confidence=0.95, min_rounds=_MIN_PAIRS)
+    if r is None:
         out.update(thread=None, process=None, ratio=None, ratio_low=None, ratio_high=None, processes_win=False)
         return out
-    lo: float | None
-    hi: float | None
-    # on the log of the ratios: ratios multiply, and the interval stays positive (a linear one over two
-    # pairs that disagreed reached -0.14 in a fresh clone's diagnosis)
-    interval = mean_interval([math.log(qp / qt) for qt, qp in pairs], 0.95)
-    ratio = math.exp(interval.mean)
-    lo, hi = (math.exp(interval.low), math.exp(interval.high)) if math.isfinite(interval.low) else (None, None)
+    lo, hi = r.low, r.high
     out.update(
         thread={"concurrency": levels["thread"], "qps": sum(q for q, _ in pairs) / len(pairs)},
         process={"concurrency": levels["process"], "qps": sum(q for _, q in pairs) / len(pairs)},
-        ratio=ratio,
+        ratio=r.value,
         ratio_low=lo,
         ratio_high=hi,
-        processes_win=bool(out["decisive"] and lo is not None and lo > 1.0 and ratio * WITHIN_BEST > 1.0),
+        processes_win=bool(out["decisive"] and lo is not None and lo > 1.0 and r.value * WITHIN_BEST > 1.0),
     )
     return out

@@ -15,12 +15,13 @@ spans several item latencies; :func:`batch_count` enforces that.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from stagebench.model._rate import t_quantile  # one copy, kept with the rate it serves
 
 __all__ = [
     "fractional_counts",
@@ -69,16 +70,6 @@ def batch_count(window_s: float, latency_s: float, max_batches: int) -> int:
     if latency_s <= 0:
         return max_batches
     return int(max(1, min(max_batches, math.floor(window_s / (2.0 * latency_s)))))
-
-
-@functools.lru_cache(maxsize=512)  # the same few (p, df) pairs, asked at every check of every window
-def t_quantile(p: float, df: int) -> float:
-    """Student-t quantile. ``scipy.special.stdtrit`` is what ``scipy.stats.t.ppf``
-    computes, without importing ``scipy.stats`` (1.7 s here, paid by every
-    diagnosis and every ``stagebench report``)."""
-    from scipy.special import stdtrit
-
-    return float(stdtrit(df, p))
 
 
 @dataclass(frozen=True, slots=True)

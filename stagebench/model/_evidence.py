@@ -88,9 +88,15 @@ class Ratio:
     """Spread of the rounds' log ratios (what :meth:`rounds_to_clear` extrapolates from)."""
 
     @classmethod
-    def of_pairs(cls, pairs: Sequence[tuple[float, float]], confidence: float = LOOK_CONFIDENCE) -> Ratio | None:
+    def of_pairs(
+        cls,
+        pairs: Sequence[tuple[float, float]],
+        confidence: float = LOOK_CONFIDENCE,
+        min_rounds: int = MIN_ROUNDS,
+    ) -> Ratio | None:
         """From (this setting's rate, the other's rate) per round; rounds where either is not a positive
-        number are left out. None without a usable round."""
+        number are left out. None without a usable round; no interval below ``min_rounds`` rounds (at
+        least two: a t-interval needs a spread)."""
         logs = [
             math.log(a / b)
             for a, b in pairs
@@ -101,7 +107,7 @@ class Ratio:
         if not n:
             return None
         m = sum(logs) / n
-        if n < MIN_ROUNDS:
+        if n < max(min_rounds, 2):
             return cls(math.exp(m), None, None, n, None)
         sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (n - 1))
         half = t_quantile(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)

@@ -26,7 +26,8 @@ CONFIDENCE = 0.95
 @functools.lru_cache(maxsize=512)  # the same few (p, df) pairs, asked at every check of every window
 def t_quantile(p: float, df: int) -> float:
     """Student-t quantile. ``scipy.special.stdtrit`` is what ``scipy.stats.t.ppf`` computes, without
-    importing ``scipy.stats`` (1.7 s here, paid by every diagnosis and every ``stagebench report``)."""
+    importing ``scipy.stats`` (1.7 s here, paid by every diagnosis and every ``stagebench report``).
+    ``core._stats`` re-exports it for the measurement's intervals: one copy."""
     from scipy.special import stdtrit
 
     return float(stdtrit(df, p))
