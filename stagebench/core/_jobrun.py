@@ -40,7 +40,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from stagebench.core._steps import WARMUP_STEPS
@@ -196,42 +196,34 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+@dataclass(eq=False)
 class JobRuns:
     """Runs the user's loop on each candidate in turns; :meth:`record` is ``run.json["job"]``."""
 
-    def __init__(
-        self,
-        candidates: list[Candidate],
-        *,
-        items_per_step: float,
-        say: Callable[[str], None],
-        max_slice_s: float,
-        budget_s: float,
-        max_rounds: int = MAX_ROUNDS,
-        clock: Callable[[], float] = time.perf_counter,
-        what: str = "the real loader",
-        keep_open: bool = True,
-        skipped: list[dict[str, str]] | None = None,
-    ) -> None:
-        self.candidates = list(candidates)
-        self.what = what  # what the loop runs on, in messages
-        self.items_per_step = items_per_step
-        self.say = say
-        self.max_slice_s = max_slice_s
-        self.budget_s = budget_s
-        self.max_rounds = max_rounds
-        self.clock = clock
-        self.keep_open = keep_open
-        self.skipped = list(skipped or [])  # candidates the isolated sweep ruled out: {label, why}
-        self.slices: list[dict[str, Any]] = []
-        self.rounds = 0
-        self.settled = False
-        self.stopped: str | None = None  # why the runs ended before the decision settled
-        self.steps_handed = 0
-        self._t0: float | None = None
-        self._t_end: float | None = None
-        self._open: dict[str, Feed] = {}
-        self.load: list[float | None] = []  # the host's 1-min load average as the runs start and end
+    candidates: list[Candidate]
+    _: KW_ONLY
+    items_per_step: float
+    say: Callable[[str], None]
+    max_slice_s: float
+    budget_s: float
+    max_rounds: int = MAX_ROUNDS
+    clock: Callable[[], float] = time.perf_counter
+    what: str = "the real loader"  # what the loop runs on, in messages
+    keep_open: bool = True
+    skipped: list[dict[str, str]] = field(default_factory=list)  # ruled out by the isolated sweep: {label, why}
+    slices: list[dict[str, Any]] = field(default_factory=list, init=False)
+    rounds: int = field(default=0, init=False)
+    settled: bool = field(default=False, init=False)
+    stopped: str | None = field(default=None, init=False)  # why the runs ended before the decision settled
+    steps_handed: int = field(default=0, init=False)
+    load: list[float | None] = field(default_factory=list, init=False)  # 1-min load average at start and end
+    _t0: float | None = field(default=None, init=False)
+    _t_end: float | None = field(default=None, init=False)
+    _open: dict[str, Feed] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.candidates = list(self.candidates)  # the caller's list stays as it was
+        self.skipped = list(self.skipped)
 
     def run(self, open_candidate: Opener, contenders: Callable[[dict[str, Any]], list[str]]) -> Iterator[Any]:
         """Yield batches to the user's loop, slice after slice (module docstring)."""

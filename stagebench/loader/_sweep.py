@@ -17,7 +17,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import KW_ONLY, asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +42,8 @@ from stagebench.runs._knobs import KNOWN_BACKENDS, LoaderKnobs, normalize_knobs
 from stagebench.runs._outcome import COMPLETE, FAILED, INTERRUPTED, PARTIAL
 
 if TYPE_CHECKING:
-    from stagebench.runs._results import RunDir
+    from stagebench.core._progress import Progress
+    from stagebench.runs._results import RowWriter, RunDir
 
 __all__ = [
     "LoaderKnobs",
@@ -106,22 +107,23 @@ def _improves(row: dict, best: dict, min_gain: float) -> bool:
     return s - b > max(min_gain * b, half(row), half(best))
 
 
+@dataclass(eq=False)
 class _Sweep:
     """Measures points, writes each row as it lands, and never measures one setting twice."""
 
-    def __init__(self, factory, *, name, backend, batch_size, cfg, cuda, writer, progress, epoch_batches=None) -> None:
-        self.factory = factory
-        self.epoch_batches: int | None = epoch_batches  # batches in an epoch, where the loader says
-        self.name = name
-        self.backend = backend
-        self.batch_size = batch_size
-        self.cfg = cfg
-        self.cuda = cuda
-        self.writer = writer
-        self.progress = progress
-        self.rows: list[dict[str, Any]] = []
-        self.by_key: dict[tuple, dict[str, Any]] = {}
-        self.memory: dict[str, Any] | None = None  # the memory pass at the pick, once read
+    factory: LoaderFactory
+    _: KW_ONLY
+    name: str
+    backend: str
+    batch_size: int
+    cfg: LoaderSweepConfig
+    cuda: bool
+    writer: RowWriter
+    progress: Progress | None
+    epoch_batches: int | None = None  # batches in an epoch, where the loader says
+    rows: list[dict[str, Any]] = field(default_factory=list, init=False)
+    by_key: dict[tuple, dict[str, Any]] = field(default_factory=dict, init=False)
+    memory: dict[str, Any] | None = field(default=None, init=False)  # the memory pass at the pick, once read
 
     def point(self, knobs: LoaderKnobs, phase: str, *, again: bool = False, **how: Any) -> dict[str, Any]:
         """Measure a setting once (``again``: measure it anew, as the tie-break does); ``how``: for

@@ -68,7 +68,8 @@ _KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 class UserKnobs(Written):
     """The loader knobs the user's script passed (``run.json["loader"]["user_knobs"]``), each None where
     the script's call did not give it; ``given`` names those it did, in run.json's order (a value of
-    None can be given: ``prefetch_factor=None``). ``to_json`` is the mapping as written."""
+    None can be given: ``prefetch_factor=None``). ``to_json`` is the mapping as written: only the knobs
+    the script gave, which is what ``LoaderKnobs(**...)`` takes to rebuild the user's setting."""
 
     num_workers: int | None = None
     prefetch_factor: int | None = None
@@ -108,11 +109,6 @@ class LoaderInfo(Written):
     def from_json(cls, d: Mapping[str, Any] | None) -> LoaderInfo:
         return read(cls, d, call=records, user_knobs=_knobs)
 
-    @property
-    def recorded(self) -> bool:
-        """Whether run.json recorded anything of the loader."""
-        return bool(self._json)
-
 
 @dataclass(frozen=True, slots=True)
 class RunSettings(Written):
@@ -137,10 +133,6 @@ class RunSettings(Written):
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> RunSettings:
         return read(cls, d, cuda=bool)
-
-    @property
-    def recorded(self) -> bool:
-        return bool(self._json)
 
 
 @dataclass(frozen=True, slots=True)
