@@ -7,7 +7,19 @@ from dataclasses import dataclass, field, replace
 
 from stagebench._settings import MIN_WINDOW_S, PRECISION, STAGE_WINDOW_S, WARMUP_S, check
 
-__all__ = ["MeasureConfig", "SweepConfig", "powers_of_two"]
+__all__ = ["CANNOT_MATTER", "PAIRED_PRECISION", "MeasureConfig", "SweepConfig", "powers_of_two"]
+
+#: A point whose interval lies wholly under this share of the best lower end measured so far closes at
+#: the minimum window: it can be neither the best nor within 5% of it, so a tighter interval would
+#: change no advice (its rate is as unbiased as a longer window's; only its interval is wider). The 20%
+#: margin keeps points whose own noise, or the host's phases between two windows, could still carry
+#: them near the best: a loader setting that reads within it of the fastest is compared in turns.
+#: Stage points and loader points alike.
+CANNOT_MATTER = 0.8
+#: Interval half-width at which a window measured in turns closes (a stage's head-to-head, a loader's
+#: rounds): each such window is one sample of a ratio whose interval comes from the rounds (the host's
+#: phases between rounds, up to 1.4x here, not the window's own noise), so ±10% will do.
+PAIRED_PRECISION = 0.10
 
 
 def powers_of_two(maximum: int) -> tuple[int, ...]:
@@ -48,7 +60,7 @@ class MeasureConfig:
     """Sequential stopping for a point that cannot matter: from ``min_window_s``
     on, the window also closes once its interval's upper end is under this
     rate (items/s). The sweep sets it to a share of the stage's best lower end
-    so far (:data:`stagebench.core._sweep.CANNOT_MATTER`): such a point cannot be
+    so far (:data:`CANNOT_MATTER`): such a point cannot be
     the stage's best nor within 5% of it, so it gets the interval it has, not a
     tighter one. None: only ``precision`` closes a window early."""
 

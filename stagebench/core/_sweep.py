@@ -40,7 +40,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from stagebench._numbers import finite, fmt_above, fmt_share_of, num
-from stagebench.core._config import MeasureConfig, SweepConfig
+from stagebench.core._config import CANNOT_MATTER, PAIRED_PRECISION, MeasureConfig, SweepConfig
 from stagebench.core._executors import WorkerPool, async_identity, identity, is_coroutine_callable
 from stagebench.core._measure import empty_row, measure_stage, payload_bytes
 from stagebench.core._progress import Progress
@@ -50,14 +50,6 @@ from stagebench.runs._schema import STAGE_COLUMNS
 
 __all__ = ["sweep_stage", "plan_points", "PlannedPoint", "StageSweep", "sweep_process_points"]
 
-#: A stage point whose interval lies wholly under this share of the best lower end the stage's points
-#: reached so far (same harness) closes at the minimum window: it can be neither the stage's best nor
-#: within 5% of it, so a tighter interval would change no advice. Its throughput is as unbiased as
-#: a longer window's; only its interval is wider. The 20% margin keeps points whose own noise could
-#: still carry them near the best.
-CANNOT_MATTER = 0.8
-#: Interval half-width at which a head-to-head window closes (:meth:`StageSweep.run_paired`).
-PAIRED_PRECISION = 0.10
 _STOP_STATUSES = ("skipped", "timeout", "failed")
 _PLATEAU = "not measured: process throughput stopped rising"
 _THREADS_PLATEAU = "not measured: thread throughput stopped rising"
@@ -188,8 +180,6 @@ class StageSweep:
         self.ceiling_cfg = m
         if self.cfg.ceiling:
             self.ceiling_cfg = m.for_noop(self.cfg.ceiling_budget_s)
-        # A head-to-head window is one sample of a ratio whose interval comes from the pairs (the
-        # host's phases between pairs, up to 1.4x here, not a window's own noise): ±10% will do
         self.paired_cfg = replace(m, precision=max(m.precision, PAIRED_PRECISION)) if m.precision > 0 else m
         self.points = plan_points(fn, self.cfg)
         self.rows: list[dict[str, Any]] = []

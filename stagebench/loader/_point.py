@@ -62,7 +62,6 @@ __all__ = [
     "timed_window",
     "window_rate",
     "workers_beyond_cores_unwarned",
-    "CANNOT_MATTER",
 ]
 
 _POLL_S = 0.005
@@ -665,8 +664,6 @@ class _Plan(NamedTuple):
 
 #: Seconds between two checks of a window's interval (each reads the arrivals so far).
 _CHECK_S = 0.05
-#: A window whose interval lies wholly under this share of the best so far cannot be the answer.
-CANNOT_MATTER = 0.8
 
 
 def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
