@@ -12,7 +12,8 @@ loader is built once, for the first window, and kept open, suspended, between it
 3. **Resume** (later turns): take what the workers queued meanwhile (a DataLoader holds
    ``num_workers x prefetch_factor`` batches in flight; other loaders, what arrives at once), then
    one round of the workers, then time a window. Windows close on the same rules as any point's
-   (sequential stopping at ``precision``).
+   (sequential stopping), at ±10% (:data:`~stagebench.core._config.PAIRED_PRECISION`) where a point's
+   is ±5%: a window in turns is one sample of a ratio whose interval comes from the rounds.
 
 A round runs the settings in alternating order (A B C, then C B A), so that a steady drift of the
 host favours none. Rounds go on while the rule is not settled, at most ``tie_rounds``. Each window is
@@ -25,9 +26,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from stagebench.core._config import PAIRED_PRECISION
 from stagebench.loader._config import LoaderFactory, LoaderSweepConfig
 from stagebench.loader._point import (
     _POLL_S,
@@ -183,6 +185,8 @@ def run_turns(
     Returns the rounds run."""
     held: dict[tuple, _Held] = {}
     rounds = 0
+    if cfg.precision > 0:  # a window in turns is one sample of a ratio (PAIRED_PRECISION)
+        cfg = replace(cfg, precision=max(cfg.precision, PAIRED_PRECISION))
     try:
         for i in range(max_rounds):
             todo = next_settings()
