@@ -161,3 +161,15 @@ def test_nothing_measured_decides_nothing():
 def test_a_yours_that_did_not_run_gives_use_not_keep():
     d = _decide({"two": (2, 0.0), "one": (1, 50.0)}, {}, "two")
     assert (d.advice, d.pick) == ("use", "one")
+
+
+def test_without_yours_a_pick_fastest_by_its_readings_alone_is_compared_with_a_costlier_one():
+    """The JPEG loader's 2 workers read 409 against 4 workers' 387, seconds apart; in turns 4 ran ahead."""
+    d = _decide({"two": (2, 409.0), "four": (4, 387.0)}, {}, None)
+    assert (d.advice, d.pick) == ("use", "two") and d.open == ("four",) and not d.settled
+    # the rounds give the ratio an interval: the cheaper pick stands, where it is still the fastest
+    d = _decide({"two": (2, 409.0), "four": (4, 400.0)}, {("four", "two"): _rounds(0.98, 3, spread=0.05)}, None)
+    assert (d.pick, d.settled) == ("two", True)
+    # and where the rounds put the costlier one ahead, it is the fastest: the cheaper must be shown within 5%
+    d = _decide({"two": (2, 395.0), "four": (4, 420.0)}, {("four", "two"): _rounds(1.07, 3, spread=0.02)}, None)
+    assert (d.pick, d.open) == ("four", ("two",))

@@ -87,7 +87,7 @@ def test_readings_measured_apart_decide_nothing():
     """2 workers 717 [675, 763] against 4 at 801 [641, 1,067]: inside each other's noise, never in turns."""
     rec = recommend(SEARCH, budget_mb=None)
     assert rec["num_workers"] == 4  # the fastest: nothing showed the cheaper as good
-    assert "could not tell num_workers=2, prefetch_factor=2 from the fastest" in rec["why"]
+    assert "the fastest measured: the runs could not tell num_workers=2, prefetch_factor=2 from it" in rec["why"]
     assert rec["decision"]["open"] == ["num_workers=2, prefetch_factor=2"]
 
 
@@ -158,3 +158,19 @@ def test_the_search_runs_the_turns_until_the_rule_is_settled(tmp_path, monkeypat
     assert len(paired) < 2 * 8  # settled before the most rounds: 2 workers ran 0.85x of 4, beyond the margin
     assert s["recommended"]["num_workers"] == 4 and s["recommended"]["decision"]["settled"]
     assert calls[-1] == (4, "epoch_stall")  # the stall alone, at the pick
+
+
+def test_the_turns_stop_once_the_spread_says_the_cap_cannot_settle_them():
+    """Two settings near a tie with ±8% between rounds: settling 5% would take far more rounds than
+    ``tie_rounds``, so more rounds only cost time (a slow-starting loader ran all 8, 40 s)."""
+    from stagebench.analysis._loader import turns_to_run
+
+    search = [_row(0, 300.0), _row(1, 280.0), _row(2, 740.0, half=0.064), _row(4, 760.0, half=0.064)]
+    rows = search + _paired([(700, 760), (800, 740), (720, 790)])
+    open_rows = turns_to_run(rows, budget_mb=None, within_best=0.05, user=None)
+    assert [p["num_workers"] for p in open_rows] == [4, 2]  # not settled: the rule alone runs on
+    d = recommend(rows, budget_mb=None)["decision"]
+    assert not d["settled"] and d["rounds_to_settle"] > 8
+    assert turns_to_run(rows, budget_mb=None, within_best=0.05, user=None, max_rounds=8) == []
+    # a cap the spread says can settle it: the rounds go on
+    assert len(turns_to_run(rows, budget_mb=None, within_best=0.05, user=None, max_rounds=d["rounds_to_settle"])) == 2

@@ -27,6 +27,7 @@ from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._job import job_findings
 from stagebench.analysis._loader_evidence import is_ok, paired_ratio, paired_rounds, pool_points, setting_key
 from stagebench.analysis._worker_costs import beside_the_pick, worker_cost_findings, worker_costs_summary
+from stagebench.core._config import CANNOT_MATTER
 from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS
 from stagebench.model._finding import Finding, by_severity
 from stagebench.model._job import JobVerdict, StepAlone
@@ -204,7 +205,7 @@ def recommend(
     """The recommended row (with a ``why`` and the rule's ``decision``), or None when nothing was measured ok.
 
     Without a target: the rule of :mod:`stagebench.model._evidence` over the settings the pick hinges
-    on (yours, the fastest, the cheapest within ``within_best`` of it by the readings, and any measured
+    on (yours, the fastest, the settings whose readings come near it (:func:`_near`), and any measured
     in turns): a setting other than yours only where the windows in turns show it faster beyond noise,
     or cheaper and within ``within_best``; without a setting of yours, the cheapest shown within
     ``within_best`` of the fastest, else the fastest. Readings measured apart, even within 5% or inside
@@ -246,11 +247,13 @@ def recommend(
     return rec
 
 
-def _near(pool: list[dict[str, Any]], within_best: float) -> list[dict[str, Any]]:
-    """Settings whose readings come within ``within_best`` of the fastest, or overlap it, cheapest first:
-    the candidates a comparison in turns could show as good (readings apart show nothing)."""
+def _near(pool: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Settings whose readings come within :data:`CANNOT_MATTER` of the fastest, or overlap it, cheapest
+    first: those a comparison in turns could show as good, or as the fastest. Readings seconds apart
+    show nothing closer: the host's phases move two windows of one setting by up to 18% (the JPEG
+    loader's 2 workers read 439 against 4 workers' 387; in turns 4 ran 5-10% ahead in each round)."""
     top = max(pool, key=lambda p: p["samples_per_s"])
-    floor = (1 - within_best) * top["samples_per_s"]
+    floor = CANNOT_MATTER * top["samples_per_s"]
     return sorted((p for p in pool if p["samples_per_s"] >= floor or _overlaps(p, top)), key=setting_cost)
 
 
@@ -261,7 +264,9 @@ def loader_decision(
     the points by the decision's keys).
 
     Considered: yours (where measured), the fastest, every setting measured in turns, and the
-    cheapest setting near the fastest (:func:`_near`) that the turns have not ruled out.
+    cheapest setting near the fastest (:func:`_near`) that the turns have not ruled out; once none
+    cheaper than the pick is left, the cheapest costlier near setting the pick has not been compared
+    with (the rule keeps it open until the rounds give their ratio an interval).
     """
     from stagebench.model._evidence import Option, decide
     from stagebench.model._rate import Rate
@@ -279,7 +284,7 @@ def loader_decision(
     for p in [mine, top] + [q for q in pool if setting_key(q) in in_turns]:
         if p is not None:
             considered.setdefault(key(p), p)
-    near = _near(pool, within_best)
+    near = _near(pool)
 
     def ratio(a: str, b: str) -> Any:
         return paired_ratio(rounds, setting_key(by_key[a]), setting_key(by_key[b]))
@@ -292,7 +297,7 @@ def loader_decision(
         # the cheapest near setting the turns have not ruled out joins: what the next turns would measure
         for p in near:
             k = key(p)
-            if k == d.pick or k in d.open:
+            if k in d.open:
                 return d, by_key
             if k not in by_key:
                 considered[k] = p
@@ -310,7 +315,8 @@ def _decision_words(d: Any, by_key: dict[str, dict[str, Any]], within_best: floa
     if d.advice == "change":
         return f"{x.text('yours')}: faster beyond noise"
     if d.rival is not None:
-        whose = "yours" if d.advice == "keep yours" else "the fastest"
+        # the rival is cheaper than the fastest, or costlier than a pick that is the fastest by its readings
+        whose = "yours" if d.advice == "keep yours" else "it" if d.pick == d.best else "the fastest"
         tell = f"the runs could not tell {d.rival} from {whose}" + (
             f": {x.text(whose if whose == 'yours' else 'it')}"
             if x is not None
@@ -365,17 +371,26 @@ def _mine(points: list[dict], user: dict | None) -> dict | None:
 
 
 def turns_to_run(
-    rows: Any, *, budget_mb: float | None, within_best: float, user: dict[str, Any] | None
+    rows: Any,
+    *,
+    budget_mb: float | None,
+    within_best: float,
+    user: dict[str, Any] | None,
+    max_rounds: int | None = None,
 ) -> list[dict[str, Any]]:
     """The settings to measure (again) in turns: yours, the fastest and those still open; [] once the
-    rule is settled (the sweep's last step, :mod:`stagebench.loader._turns`)."""
+    rule is settled (the sweep's last step, :mod:`stagebench.loader._turns`), or once the spread seen
+    says it would take more than ``max_rounds`` rounds in all to settle. Rounds that cannot settle it
+    within the cap only cost time (a slow-starting loader's two settings near a tie ran all 8 rounds,
+    40 s); stopping them makes no claim, so the rule's error rate is unchanged, and the verdict says
+    the runs could not tell and how many rounds would."""
     pts = _rows(rows)
     ok = [p for p in pts if is_ok(p)]
     if not ok:
         return []
     pool = [p for p in ok if not _over_budget(p, budget_mb)] or ok
     d, by_key = loader_decision(rows, pool, within_best=within_best, user=user)
-    if d.settled:
+    if d.settled or (max_rounds is not None and (d.rounds_to_settle or 0) > max_rounds):
         return []
     keys = [k for k in (d.yours, d.best) if k is not None and k in by_key] + list(d.open)
     return [by_key[k] for k in dict.fromkeys(keys)][:3]

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stagebench.analysis._loader import summarize_loader
-from stagebench.core._config import powers_of_two
+from stagebench.core._config import CANNOT_MATTER, powers_of_two
 from stagebench.loader._config import STRATEGIES, LoaderFactory, LoaderSweepConfig
 from stagebench.loader._point import (
-    CANNOT_MATTER,
     BatchTag,
     BuiltLoader,
     EpochControl,
@@ -316,7 +315,10 @@ def _in_turns(sw: _Sweep, budget_mb: float, user: LoaderKnobs | None) -> None:
         rows = [normalize_row(r) for r in sw.rows]
         mine = user_point(rows, meta_user) if meta_user else None
         return [
-            _knobs_of(p) for p in turns_to_run(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best, user=mine)
+            _knobs_of(p)
+            for p in turns_to_run(
+                sw.rows, budget_mb=budget_mb, within_best=cfg.within_best, user=mine, max_rounds=cfg.tie_rounds
+            )
         ]
 
     if sw.progress is not None:

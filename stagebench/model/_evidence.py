@@ -22,7 +22,11 @@ Why the ratio's interval is on the log scale: ratios multiply (a round at 0.8x a
 average to 1), and the interval of their geometric mean stays positive, whatever the spread.
 
 Without a setting of the user's (a Hydra sweep, a loader given no knobs), the pick is the cheapest
-setting shown as good as the best, else the best.
+setting shown as good as the best, else the best. A pick that is the fastest by its readings alone is
+compared in turns with any costlier setting not yet compared with it, until their ratio has an
+interval: one window each, seconds apart, would otherwise decide on the larger of two noisy readings
+(the JPEG loader's 2 workers read 409 and 439 samples/s where 4 read 420 and 387; in turns 4 ran
+ahead 5-10% in each of three rounds).
 
 Why a ratio's interval is 99.5% (:data:`LOOK_CONFIDENCE`): every comparison in turns (the job runs,
 the loader's rounds, the pipeline's recommended against yours) checks the rule after each round and
@@ -271,7 +275,12 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
         if c is pick or c is me:
             continue
         if pick is not me and c.cost >= pick.cost:
-            continue
+            x = ratio(c.key, pick.key)
+            # a costlier setting cannot be the pick unless it is the fastest; where the pick is the fastest
+            # only by its readings (never in turns with this one), that closes once the rounds give an
+            # interval, as for yours below: otherwise the larger of two noisy readings would decide
+            if pick is not best or (x is not None and x.low is not None):
+                continue
         if pick is me and mine_good and c.cost >= me.cost:
             x = ratio(c.key, me.key)
             # yours as good as the fastest: a costlier setting cannot be the pick; but where yours is the
