@@ -38,3 +38,19 @@ def test_nothing_measured_reads_as_nothing():
     assert JobVerdict.from_json(None) is None and JobVerdict.from_json({}) is None
     assert StepAlone.from_json(None).rate is None
     assert JobRecord.from_json(None).candidates == ()
+
+
+def test_a_job_read_above_its_step_alone_within_noise_says_as_fast_not_over_100_percent():
+    """ImageNet --dummy: the job read 9.9 samples/s (9.2-10.6) against 9.0 (8.1-9.8) for six steps alone."""
+    from stagebench.analysis._job import _bound
+    from stagebench.model._job import JobFigures
+    from stagebench.model._rate import Rate
+
+    fig = JobFigures.from_json(
+        {"samples_per_s": 9.9, "samples_per_s_low": 9.2, "samples_per_s_high": 10.6, "data_wait_share": 0.0}
+    )
+    bound, text = _bound(fig, Rate(9.0, 8.1, 9.8), "samples/s")
+    assert bound == "trainer-bound" and "as fast as your step alone" in text and "within noise" in text
+    # apart beyond both intervals: the host moved between the two measurements, and the words say so
+    fig = JobFigures.from_json({"samples_per_s": 12.0, "samples_per_s_low": 11.5, "samples_per_s_high": 12.5})
+    assert "faster than the step measured alone" in _bound(fig, Rate(9.0, 8.1, 9.8), "samples/s")[1]

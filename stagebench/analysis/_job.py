@@ -562,6 +562,8 @@ def _bound(p: JobFigures, demand: Rate | None, unit: str) -> tuple[str | None, s
             f"trainer-bound: the job ran at {share} of {alone}, faster than the step measured alone: the host's "
             "speed moved between the two measurements",
         )
+    if ratio > 1:  # the two intervals overlap (above): a job can't outrun its step, the host moved
+        return "trainer-bound", f"trainer-bound: the job runs as fast as {alone} (at {share} of it: within noise)"
     if ratio >= TRAINER_BOUND:
         return "trainer-bound", f"trainer-bound: the job runs at {share} of {alone}"
     if job.high is not None and job.high >= TRAINER_BOUND * demand.value and (p.data_wait_share or 0.0) < 0.1:
