@@ -450,7 +450,8 @@ def test_a_gil_free_stage_whose_threads_keep_the_cores_busy_without_gain_measure
 
 
 def test_ceilings_close_from_half_the_minimum_window_and_head_to_head_windows_at_ten_percent():
-    from stagebench.core._sweep import PAIRED_PRECISION, StageSweep
+    from stagebench.core._config import PAIRED_PRECISION
+    from stagebench.core._sweep import StageSweep
 
     m = MeasureConfig(budget_s=0.5, min_window_s=0.2, precision=0.05)
     sw = StageSweep(pass_through, list(range(8)), config=SweepConfig(concurrency=(1,), measure=m))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from stagebench._settings import MIN_WINDOW_S, PRECISION, STAGE_WINDOW_S, WARMUP_S, check
 
-__all__ = ["CANNOT_MATTER", "PAIRED_PRECISION", "MeasureConfig", "SweepConfig", "powers_of_two"]
+__all__ = ["CANNOT_MATTER", "PAIRED_PRECISION", "MeasureConfig", "SweepConfig", "in_turns_precision", "powers_of_two"]
 
 #: A point whose interval lies wholly under this share of the best lower end measured so far closes at
 #: the minimum window: it can be neither the best nor within 5% of it, so a tighter interval would
@@ -20,6 +20,12 @@ CANNOT_MATTER = 0.8
 #: rounds): each such window is one sample of a ratio whose interval comes from the rounds (the host's
 #: phases between rounds, up to 1.4x here, not the window's own noise), so ±10% will do.
 PAIRED_PRECISION = 0.10
+
+
+def in_turns_precision(precision: float) -> float:
+    """The precision a window measured in turns closes at: :data:`PAIRED_PRECISION` or looser; 0 (always the
+    whole budget) stays 0."""
+    return max(precision, PAIRED_PRECISION) if precision > 0 else precision
 
 
 def powers_of_two(maximum: int) -> tuple[int, ...]:

@@ -24,7 +24,7 @@ level gains neither throughput nor CPU over a smaller one (:func:`_threads_cores
 
 A stage point closes early once it cannot matter (:data:`CANNOT_MATTER`); no-op
 ceilings may close from half the minimum window; head-to-head windows are read
-to ±10% (:data:`PAIRED_PRECISION`): each is one sample of a ratio.
+to ±10% (:data:`~stagebench.core._config.PAIRED_PRECISION`): each is one sample of a ratio.
 
 Last, when the curves alone would recommend processes by less than 1.5x,
 both executors are measured again in turns at their best levels
@@ -40,7 +40,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from stagebench._numbers import finite, fmt_above, fmt_share_of, num
-from stagebench.core._config import CANNOT_MATTER, PAIRED_PRECISION, MeasureConfig, SweepConfig
+from stagebench.core._config import CANNOT_MATTER, MeasureConfig, SweepConfig, in_turns_precision
 from stagebench.core._executors import WorkerPool, async_identity, identity, is_coroutine_callable
 from stagebench.core._measure import empty_row, measure_stage, payload_bytes
 from stagebench.core._progress import Progress
@@ -180,7 +180,7 @@ class StageSweep:
         self.ceiling_cfg = m
         if self.cfg.ceiling:
             self.ceiling_cfg = m.for_noop(self.cfg.ceiling_budget_s)
-        self.paired_cfg = replace(m, precision=max(m.precision, PAIRED_PRECISION)) if m.precision > 0 else m
+        self.paired_cfg = replace(m, precision=in_turns_precision(m.precision))
         self.points = plan_points(fn, self.cfg)
         self.rows: list[dict[str, Any]] = []
         self.stopped: dict[tuple[str, str, str], str] = {}

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from stagebench.core._config import PAIRED_PRECISION
+from stagebench.core._config import in_turns_precision
 from stagebench.loader._config import LoaderFactory, LoaderSweepConfig
 from stagebench.loader._point import (
     _POLL_S,
@@ -185,8 +185,7 @@ def run_turns(
     Returns the rounds run."""
     held: dict[tuple, _Held] = {}
     rounds = 0
-    if cfg.precision > 0:  # a window in turns is one sample of a ratio (PAIRED_PRECISION)
-        cfg = replace(cfg, precision=max(cfg.precision, PAIRED_PRECISION))
+    cfg = replace(cfg, precision=in_turns_precision(cfg.precision))  # a window in turns: one sample of a ratio
     try:
         for i in range(max_rounds):
             todo = next_settings()

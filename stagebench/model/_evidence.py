@@ -275,11 +275,13 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
         if c is pick or c is me:
             continue
         if pick is not me and c.cost >= pick.cost:
-            x = ratio(c.key, pick.key)
             # a costlier setting cannot be the pick unless it is the fastest; where the pick is the fastest
             # only by its readings (never in turns with this one), that closes once the rounds give an
             # interval, as for yours below: otherwise the larger of two noisy readings would decide
-            if pick is not best or (x is not None and x.low is not None):
+            if pick is not best:
+                continue
+            x = ratio(c.key, pick.key)
+            if x is not None and x.low is not None:
                 continue
         if pick is me and mine_good and c.cost >= me.cost:
             x = ratio(c.key, me.key)
