@@ -54,3 +54,7 @@ def test_a_job_read_above_its_step_alone_within_noise_says_as_fast_not_over_100_
     # apart beyond both intervals: the host moved between the two measurements, and the words say so
     fig = JobFigures.from_json({"samples_per_s": 12.0, "samples_per_s_low": 11.5, "samples_per_s_high": 12.5})
     assert "faster than the step measured alone" in _bound(fig, Rate(9.0, 8.1, 9.8), "samples/s")[1]
+    # a little above, beyond both intervals: a share, not "within noise"
+    fig = JobFigures.from_json({"samples_per_s": 10.5, "samples_per_s_low": 10.4, "samples_per_s_high": 10.6})
+    text = _bound(fig, Rate(10.0, 9.9, 10.1), "samples/s")[1]
+    assert "runs at 105% (104%-106%) of your step alone" in text and "within noise" not in text

@@ -556,13 +556,14 @@ def _bound(p: JobFigures, demand: Rate | None, unit: str) -> tuple[str | None, s
         share += f" ({job.low / demand.value:.0%}-{job.high / demand.value:.0%})"
     alone = f"your step alone, {demand.text(unit)}"
     body = num(p.step_samples_per_s)
-    if ratio > 1 / TRAINER_BOUND and not (demand.high is not None and job.low is not None and job.low <= demand.high):
+    overlap = demand.high is not None and job.low is not None and job.low <= demand.high
+    if ratio > 1 / TRAINER_BOUND and not overlap:
         return (
             "trainer-bound",
             f"trainer-bound: the job ran at {share} of {alone}, faster than the step measured alone: the host's "
             "speed moved between the two measurements",
         )
-    if ratio > 1:  # the two intervals overlap (above): a job can't outrun its step, the host moved
+    if ratio > 1 and overlap:  # a job cannot outrun its step: above it only within the noise of both
         return "trainer-bound", f"trainer-bound: the job runs as fast as {alone} (at {share} of it: within noise)"
     if ratio >= TRAINER_BOUND:
         return "trainer-bound", f"trainer-bound: the job runs at {share} of {alone}"
