@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -91,6 +92,26 @@ def test_other_load_is_corrected_with_the_no_op_ceilings_share_of_a_core():
     assert r["signals"]["cpu_share_for_load"]["value"] == pytest.approx(1.0, abs=0.05)
     assert r["fraction"] >= 0.9  # the plateau and the corrected signals outvote the raw CPU share
     assert any("other load" in n for n in r["notes"])
+
+
+@pytest.mark.parametrize("steal", [0.0, 0.3, 0.68])
+def test_time_the_host_took_from_the_vm_is_not_read_as_the_stage_waiting(steal):
+    """A fresh clone read a 1 ms hashing stage (GIL-free C code) as 68% waiting: the VM lost its CPUs."""
+    from stagebench.analysis._labels import label_of_call
+
+    rows = model_rows("hash", gil_ms=0.0, wait_ms=0.0, free_cpu_ms=1.0, executors=("thread",))
+    first = (rows["role"] == "stage") & (rows["concurrency"] == 1)
+    rows.loc[first, "cpu_s_per_item"] *= 1 - steal  # the wall clock ran on while the host had the CPU
+    rows.loc[first, "steal_share"] = steal
+    r = estimate_gil(StageRows(rows), cores=2)
+    A = r["signals"]["cpu_share"]["value"]
+    assert A == pytest.approx(1.0, abs=0.05)
+    assert label_of_call(1e-3, A, 0.0, "thread concurrency 1")[0] == "cpu-bound"
+    assert any("the host took" in n for n in r["notes"]) is (steal > 0.05)
+    # without the host's steal counter the same rows read as waiting: what the clone saw
+    rows["steal_share"] = math.nan
+    unknown = estimate_gil(StageRows(rows), cores=2)["signals"]["cpu_share"]["value"]
+    assert unknown == pytest.approx(1 - steal, abs=0.05)
 
 
 def test_a_machine_slower_at_the_first_level_than_on_the_plateau_does_not_lower_the_fraction():

@@ -91,6 +91,7 @@ _GIL_FREE_CORES = 1.2  # threads above this many cores: part of their CPU runs w
 _CORES_LIMITED = 0.75  # share of the cores at which a curve counts as limited by them
 _SUBLINEAR = 0.75  # peak below this share of linear scaling: the curve has flattened
 _TICK_S = 0.02  # CPU counters tick at 10 ms, read twice per window
+_STEAL_NOTABLE = 0.05  # a window whose CPUs the host took more than this share of: CPU shares read over the rest
 _VAGUE = 0.3  # a curves' interval wider than this: a probe reading inside it decides
 
 
@@ -255,8 +256,12 @@ def _lowest(sr: StageRows, H: str, E: str, T: Curve) -> _Lowest:
     )
 
 
-def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, Any]) -> _CpuShare:
-    """The ``cpu_share`` signal: CPU per item over time per item at the lowest level, read within one point."""
+def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, Any], notes: list[str]) -> _CpuShare:
+    """The ``cpu_share`` signal: CPU per item over time per item at the lowest level, read within one point.
+
+    Over the time the host left this VM: where it took the CPUs for a share ``s`` of the window (steal),
+    a thread computing throughout ran ``1 - s`` of it, and the rest would read as waiting.
+    """
     p0, t = low.p0, low.t
     u_max = max((p.cores_used for p in T if finite(p.cores_used)), default=math.nan)
     gil_free = finite(u_max) and u_max > _GIL_FREE_CORES
@@ -281,6 +286,14 @@ def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, Any]) -> _CpuShare:
     else:
         role = "estimate"
         detail = f"{cpu * 1e3:.3g} ms CPU in {t * 1e3:.3g} ms per item at {low.executor} concurrency {low.c0}"
+    steal = p0.steal_share
+    if finite(steal) and _STEAL_NOTABLE < steal < 1:
+        A, A_lo, A_hi = (min(1.0, x / (1 - steal)) for x in (A, A_lo, A_hi))
+        detail += f", over the {1 - steal:.0%} of it the host left this VM"
+        notes.append(
+            f"the host took {steal:.0%} of this VM's CPU time while the stage's own CPU was read (steal): "
+            "its CPU share is read over the rest"
+        )
     signals["cpu_share"] = _signal(A, [A_lo, A_hi], "cpu_share", role, A, [A_lo, A_hi], detail)
     return _CpuShare(A, A_lo, A_hi, gil_free)
 
@@ -695,7 +708,7 @@ def estimate_gil(
     if low.c0 > 1:
         notes.append(f"the lowest thread level measured is {low.c0}, not 1: per-item time is inferred from it")
 
-    share = _cpu_share(T, low, signals)
+    share = _cpu_share(T, low, signals, notes)
     if "cpu_share" in signals:
         _cpu_share_for_load(low, share, signals, notes)
     plateau = _thread_plateau(sr, T, low, share, cores, signals)

@@ -47,6 +47,7 @@ _NUMERIC = (
     "workers_seen",
     "elapsed_s",
     "call_cpu_ms",
+    "steal_share",
     "minor_faults_per_item",
     "gc_s_per_item",
 )
@@ -73,6 +74,8 @@ class Point:
     """The calling thread's CPU per call (spdl harness, threads): the stage's own work."""
     gc_s_per_item: float = math.nan
     """Seconds this process's cyclic garbage collector ran per item (holding the GIL)."""
+    steal_share: float = math.nan
+    """The share of the CPUs' time the host took from this VM in the window (steal)."""
 
     @property
     def has_interval(self) -> bool:
@@ -148,6 +151,7 @@ def _point(row: pd.Series) -> Point:
         mem_pss_mb=g["mem_pss_mb"],
         call_cpu_ms=g["call_cpu_ms"],
         gc_s_per_item=g["gc_s_per_item"],
+        steal_share=g["steal_share"],
     )
 
 
