@@ -353,6 +353,40 @@ def test_a_pass_of_a_few_batches_a_worker_is_not_extrapolated_to_the_epoch():
     assert not worker_cost_findings(costs, None)
 
 
+# pytorch/examples' ImageNet --dummy, -b 16 -j 2: each worker's readings over the 2 s memory pass
+_IMAGENET_PASS = [
+    (0.04, (23.14, 23.02), (1, 1)),
+    (0.34, (23.19, 23.65), (5, 5)),
+    (0.64, (23.78, 24.84), (8, 8)),
+    (0.94, (26.67, 24.87), (12, 12)),
+    (1.24, (27.34, 24.96), (16, 15)),
+    (1.52, (36.56, 24.98), (20, 19)),
+    (1.82, (27.38, 24.99), (23, 22)),
+    (2.12, (27.40, 26.16), (27, 26)),
+]
+
+
+def test_growth_that_the_pass_does_not_sustain_is_not_extrapolated_to_the_epoch():
+    """The ImageNet pass above read 0.09 MB a batch and said ~3,753 MB over an epoch (medium): its second
+    half shows no growth beyond noise, so the epoch's growth is what the pass saw, said to have levelled off. Steady growth still extrapolates."""
+    from stagebench.loader._costs import _growth
+
+    samples = [
+        {"t": t, "uss_mb": dict(zip((1, 2), mb)), "batches": dict(zip((1, 2), made))} for t, mb, made in _IMAGENET_PASS
+    ]
+    got = _growth(samples, num_workers=2, epoch_batches=80_073, cap_mb=None)
+    assert got["stopped_growing"] and not got["extrapolated"]
+    assert got["epoch_growth_mb"] == pytest.approx(26.78 - 23.08, abs=0.01)  # what the pass saw, not ~3,753 MB
+    costs = worker_costs_summary({"worker_costs": {"memory": {"num_workers": 2, **got}, "available_mb": 1e6}}, [])
+    assert not worker_cost_findings(costs, None)
+    steady = [
+        {"t": s["t"], "uss_mb": {1: 23.0 + 0.5 * i, 2: 23.0 + 0.5 * i}, "batches": s["batches"]}
+        for i, s in enumerate(samples)
+    ]
+    grows = _growth(steady, num_workers=2, epoch_batches=80_073, cap_mb=None)
+    assert "stopped_growing" not in grows and grows["epoch_growth_mb"] > 1000
+
+
 class Locked(Blob):
     """A dataset that cannot be pickled (it holds a lock), as one holding an open file or a client may."""
 

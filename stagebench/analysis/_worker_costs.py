@@ -190,6 +190,9 @@ def worker_cost_findings(costs: Mapping[str, Any] | None, rec: Mapping[str, Any]
                 else " (linearly)"
             )
             if mem.extrapolated
+            else f"what it grew over its first {mem.batches_per_worker:,.0f} batches, after which the pass showed no "
+            "growth beyond noise (not extrapolated)"
+            if mem.stopped_growing
             else f"over a whole epoch ({mem.batches_per_worker:,.0f} batches a worker)"
         )
         detail = (
