@@ -117,6 +117,27 @@ def test_a_tie_keeps_the_users_setting_and_says_so():
     assert "x yours (" in s["recommended"]["why"] and "within 5% of yours" in s["recommended"]["why"]
 
 
+def test_every_setting_left_open_is_named_with_its_ratio_not_only_the_cheapest():
+    """pytorch/examples' ImageNet --dummy (-j 2): the verdict read "best 515.6 at num_workers=4", kept
+    yours, and named only num_workers=0 as untold from it; 4 workers, 1.17x over 5 rounds, went unsaid."""
+    mine2 = {**MINE4, "loader": {**MINE4["loader"], "user_knobs": {"num_workers": 2, "prefetch_factor": 2}}}
+    rounds = [(335, 463, 535), (297, 475, 423), (379, 381, 640), (459, 401, 533)]  # 0, 2 and 4 workers
+    rows = [_row(0, 335.0), _row(1, 241.0), _row(2, 463.0), _row(4, 535.0, half=0.3)]
+    for i, by in enumerate(rounds):
+        turn = [_row(nw, x, phase="paired") for nw, x in zip((0, 2, 4), by)]
+        for r in turn:
+            r["turn"] = i + 1
+        rows += turn if i % 2 == 0 else turn[::-1]
+    s = summarize_loader(rows, mine2)
+    why, d = s["recommended"]["why"], s["recommended"]["decision"]
+    assert s["recommended"]["num_workers"] == 2 and d["advice"] == "keep yours", why
+    assert d["rival"] == "num_workers=0" and list(d["others"]) == ["num_workers=4, prefetch_factor=2"], d
+    four = d["others"]["num_workers=4, prefetch_factor=2"]
+    assert four["rounds"] == 4 and four["ratio_low"] < 1 < four["ratio_high"]
+    assert "the runs could not tell num_workers=0 from yours" in why
+    assert "; nor num_workers=4, prefetch_factor=2 from yours: 1." in why and "x yours (" in why.split("; nor")[1]
+
+
 def test_the_search_runs_the_turns_until_the_rule_is_settled(tmp_path, monkeypatch):
     """The search measures the settings the pick hinges on in turns, loaders kept open, until settled."""
     import stagebench.loader._sweep as sweep_mod

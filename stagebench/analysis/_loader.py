@@ -28,7 +28,7 @@ from stagebench.analysis._job import job_findings
 from stagebench.analysis._loader_evidence import is_ok, paired_ratio, paired_rounds, pool_points, setting_key
 from stagebench.analysis._worker_costs import beside_the_pick, worker_cost_findings, worker_costs_summary
 from stagebench.core._config import CANNOT_MATTER
-from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS
+from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS, Decision
 from stagebench.model._finding import Finding, by_severity
 from stagebench.model._job import JobVerdict, StepAlone
 from stagebench.model._loader import LoaderPoint
@@ -331,8 +331,14 @@ def _decision_words(d: Any, by_key: dict[str, dict[str, Any]], within_best: floa
             if x is not None
             else ""
         )
+        # the other settings still open, each with its ratio: a faster reading left open is said, not dropped
+        nor = "".join(
+            f"; nor {k} from {whose}"
+            + (f": {r.text(whose if whose == 'yours' else 'it')}" if r is not None else " (not measured in turns)")
+            for k, r in d.others.items()
+        )
         head = "your setting, kept" if d.advice == "keep yours" else "the fastest measured"
-        return f"{head}: {tell}{more}"
+        return f"{head}: {tell}{more}{nor}"
     if d.advice == "keep yours":
         if d.pick == d.best:
             return "your setting, the fastest measured, and no cheaper setting was shown within " + f"{within_best:.0%}"
@@ -344,23 +350,6 @@ def _decision_words(d: Any, by_key: dict[str, dict[str, Any]], within_best: floa
         return f"the best throughput measured, and no cheaper setting was shown within {within_best:.0%} of it"
     said = f", {best['samples_per_s']:,.1f} samples/s" if best else ""
     return f"cheapest setting shown within {within_best:.0%} of the best ({d.best}{said}) in turns"
-
-
-def _decision_of(d: Mapping[str, Any]) -> Any:
-    """A decision back from its JSON (``recommended.decision``)."""
-    from stagebench.model._evidence import Decision, Ratio
-
-    return Decision(
-        advice=d["advice"],
-        pick=d.get("pick"),
-        best=d.get("best"),
-        yours=d.get("yours"),
-        as_good=tuple(d.get("as_good") or ()),
-        open=tuple(d.get("open") or ()),
-        versus_yours=Ratio.from_json(d.get("versus_yours")),
-        rival=d.get("rival"),
-        rounds_to_settle=d.get("rounds_to_settle"),
-    )
 
 
 def _mine(points: list[dict], user: dict | None) -> dict | None:
@@ -778,7 +767,7 @@ def _your_setting(c: _SweepRead) -> list[dict[str, Any]]:
     if c.decided and c.job is not None:
         return job_findings(c.job)
     if u is not None and c.rec is not None and is_ok(u) and (d := LoaderPoint.from_json(c.rec).decision):
-        return _user_findings(u, c.rec, _decision_of(d))
+        return _user_findings(u, c.rec, Decision.from_json(d))
     return []
 
 
@@ -1323,7 +1312,7 @@ def _pick_verdict(c: _Picks, rec: dict[str, Any], target: dict[str, Any] | None)
     decision = LoaderPoint.from_json(rec).decision
     if decision and target is None:
         # what the pick rests on: the ratio in turns, or that the runs could not tell
-        verdict += f"; {_decision_words(_decision_of(decision), {}, c.within)}"
+        verdict += f"; {_decision_words(Decision.from_json(decision), {}, c.within)}"
     return verdict
 
 

@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stagebench.model._json import dict_of, items, read
 from stagebench.model._rate import Rate, t_quantile
 
 __all__ = [
@@ -191,6 +192,9 @@ class Decision:
     """Rounds in all that would settle the rival at the spread seen (None: not known)."""
     reasons: Mapping[str, str] = field(default_factory=dict)
     """Per setting not picked, why, in a few words."""
+    others: Mapping[str, Ratio | None] = field(default_factory=dict)
+    """The settings still open beside the rival, each over the same reference as the rival's ratio (None:
+    never in the same rounds): the verdict names them too, so a faster reading left open is not unsaid."""
 
     @property
     def settled(self) -> bool:
@@ -209,7 +213,29 @@ class Decision:
             "rival": self.rival,
             "rounds_to_settle": self.rounds_to_settle,
             "reasons": dict(self.reasons),
+            **({"others": {k: r.to_json() if r else None for k, r in self.others.items()}} if self.others else {}),
         }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> Decision | None:
+        """The record :meth:`to_json` wrote (None where there is none)."""
+        if not isinstance(d, Mapping):
+            return None
+        return read(
+            cls,
+            d,
+            {
+                "advice": str(d.get("advice") or "none"),
+                "pick": d.get("pick"),
+                "best": d.get("best"),
+                "yours": d.get("yours"),
+            },
+            as_good=items,
+            open=items,
+            versus_yours=Ratio.from_json,
+            reasons=dict_of,
+            others=lambda v: {str(k): Ratio.from_json(x) for k, x in (v or {}).items()},
+        )
 
 
 RatioOf = Callable[[str, str], "Ratio | None"]
@@ -295,12 +321,14 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
         elif not (c in good and beats_yours(c)):
             open_.append(c)
     rival, versus, rounds = None, None, None
+    others: dict[str, Ratio | None] = {}
     if me is not None and pick is not me:
         versus = ratio(pick.key, me.key)
     elif open_:
         ref = me if me is not None else best
         first = cheapest(open_)
         rival, versus = first.key, ratio(first.key, ref.key)
+        others = {c.key: ratio(c.key, ref.key) for c in open_ if c is not first}
         if versus is not None:
             bounds = [margin] if first.cost < ref.cost else [1.0, 1 / margin]
             ests = [n for n in (versus.rounds_to_clear(b) for b in bounds) if n is not None]
@@ -316,4 +344,5 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
         rival=rival,
         rounds_to_settle=rounds,
         reasons=reasons,
+        others=others,
     )

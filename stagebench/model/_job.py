@@ -32,26 +32,6 @@ def _rate(d: Mapping[str, Any], key: str = "samples_per_s") -> Rate | None:
     return Rate.from_json({key: d.get(key), f"{key}_low": d.get(f"{key}_low"), f"{key}_high": d.get(f"{key}_high")})
 
 
-def _decision(d: Any) -> Decision | None:
-    """The rule's record as :meth:`Decision.to_json` wrote it (None where the summary has none)."""
-    if not isinstance(d, Mapping):
-        return None
-    return read(
-        Decision,
-        d,
-        {
-            "advice": str(d.get("advice") or "none"),
-            "pick": d.get("pick"),
-            "best": d.get("best"),
-            "yours": d.get("yours"),
-        },
-        as_good=items,
-        open=items,
-        versus_yours=Ratio.from_json,
-        reasons=dict_of,
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class JobFigures(Written):
     """One candidate's job figures, pooled over its slices: the rate (per item, with its interval), the
@@ -327,7 +307,7 @@ class JobVerdict(Written):
             cls,
             d,
             candidates=each(JobCandidate.from_json),
-            decision=_decision,
+            decision=Decision.from_json,
             as_good=items,
             unproven=items,
             changed=items,
