@@ -276,6 +276,7 @@ def _growth(
         "start_mb": statistics.median(first["uss_mb"].values()) if first["uss_mb"] else None,
         "end_mb": statistics.median(samples[-1]["uss_mb"].values()) if samples[-1]["uss_mb"] else None,
     }
+    grown = max(0.0, (out["end_mb"] or 0.0) - (out["start_mb"] or 0.0))
     if share is not None and done < MIN_BATCHES <= share:
         out["too_few_batches"] = True  # the growth per batch stands; the epoch's is not read off it
     elif share is not None and done < share and len(late) >= 3 and _median_interval(late)[1] <= 0:
@@ -284,12 +285,10 @@ def _growth(
         # ImageNet --dummy: 23 to 27 MB over 26 batches a worker, read as ~3.7 GB over an epoch). The pass
         # says what it saw and that it levelled off (a copy-on-read that touched every page within the pass
         # has grown all it will).
-        grown = max(0.0, (out["end_mb"] or 0.0) - (out["start_mb"] or 0.0))
         out.update(epoch_growth_mb=grown, epoch_growth_mb_low=grown, epoch_growth_mb_high=grown)
         out.update(extrapolated=False, bounded_by_mb=None, stopped_growing=True)
     elif share is not None:
         lo, hi = low_rate * share, high_rate * share
-        grown = max(0.0, (out["end_mb"] or 0.0) - (out["start_mb"] or 0.0))
         # a worker copies at most the pages of what it reads: the Python objects it reads bound the growth
         bound = None if cap_mb is None else max(cap_mb, grown)
         mid = slope * share

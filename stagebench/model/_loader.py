@@ -300,7 +300,8 @@ class WorkerMemory:
     """Each worker's private memory over the memory pass at ``num_workers``: its growth a batch (with a 95%
     interval), how many batches a worker made and makes in an epoch, and the epoch's growth (extrapolated
     where the pass ended first, bounded by ``bounded_by_mb``); ``too_few_batches`` where a worker made too
-    few to extrapolate, ``stopped_growing`` where the pass's second half showed no growth beyond noise. ``all_workers_mb`` and ``fits``: the summary's, against the memory available."""
+    few to extrapolate, ``stopped_growing`` where the pass's second half showed no growth beyond noise.
+    ``all_workers_mb`` and ``fits``: the summary's, against the memory available."""
 
     num_workers: int | None = None
     samples: tuple[MemorySample, ...] | None = None
