@@ -114,6 +114,18 @@ def test_time_the_host_took_from_the_vm_is_not_read_as_the_stage_waiting(steal):
     assert unknown == pytest.approx(1 - steal, abs=0.05)
 
 
+def test_the_hosts_steal_is_divided_out_once_not_again_through_the_no_op_ceiling():
+    """The no-op ceiling that measures other load loses the same steal: read over what the host left too."""
+    rows = model_rows("python", gil_ms=1.0, wait_ms=0.0, executors=("thread",))
+    first = rows["concurrency"] == 1
+    rows.loc[first, "cpu_s_per_item"] *= 0.6
+    rows.loc[first & (rows["role"] == "ceiling"), "cores_used"] *= 0.6
+    rows.loc[first, "steal_share"] = 0.4
+    r = estimate_gil(StageRows(rows), cores=2)
+    assert r["signals"]["cpu_share"]["value"] == pytest.approx(1.0, abs=0.05)
+    assert "cpu_share_for_load" not in r["signals"] and not any("other load" in n for n in r["notes"])
+
+
 def test_a_machine_slower_at_the_first_level_than_on_the_plateau_does_not_lower_the_fraction():
     # Seen on a shared VM: 4 ms of Python took 6.8 ms of CPU at c=1 and less on the
     # plateau; the plateau signal, comparing the two, read 0.6-0.8 for a fraction of 1.

@@ -256,6 +256,13 @@ def _lowest(sr: StageRows, H: str, E: str, T: Curve) -> _Lowest:
     )
 
 
+def _host_left(p: Point) -> float:
+    """The share of the CPUs' time the host left this VM in ``p``'s window: 1 unless it took more than
+    :data:`_STEAL_NOTABLE` (steal). Every CPU share read in a window is read over it."""
+    steal = p.steal_share
+    return 1 - steal if finite(steal) and _STEAL_NOTABLE < steal < 1 else 1.0
+
+
 def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, Any], notes: list[str]) -> _CpuShare:
     """The ``cpu_share`` signal: CPU per item over time per item at the lowest level, read within one point.
 
@@ -286,12 +293,12 @@ def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, Any], notes: list[str]
     else:
         role = "estimate"
         detail = f"{cpu * 1e3:.3g} ms CPU in {t * 1e3:.3g} ms per item at {low.executor} concurrency {low.c0}"
-    steal = p0.steal_share
-    if finite(steal) and _STEAL_NOTABLE < steal < 1:
-        A, A_lo, A_hi = (min(1.0, x / (1 - steal)) for x in (A, A_lo, A_hi))
-        detail += f", over the {1 - steal:.0%} of it the host left this VM"
+    left = _host_left(p0)
+    if left < 1:
+        A, A_lo, A_hi = (min(1.0, x / left) for x in (A, A_lo, A_hi))
+        detail += f", over the {left:.0%} of it the host left this VM"
         notes.append(
-            f"the host took {steal:.0%} of this VM's CPU time while the stage's own CPU was read (steal): "
+            f"the host took {1 - left:.0%} of this VM's CPU time while the stage's own CPU was read (steal): "
             "its CPU share is read over the rest"
         )
     signals["cpu_share"] = _signal(A, [A_lo, A_hi], "cpu_share", role, A, [A_lo, A_hi], detail)
@@ -307,7 +314,9 @@ def _cpu_share_for_load(low: _Lowest, share: _CpuShare, signals: dict[str, Any],
     ceil0 = low.ceiling
     avail = math.nan
     if low.harness == "direct" and ceil0 is not None and finite(ceil0.cores_used) and ceil0.cores_used > 0:
-        avail = min(1.0, ceil0.cores_used)  # GIL-bound: at most one core at any concurrency
+        # GIL-bound: at most one core at any concurrency; over the time the host left this VM, as the CPU
+        # share it corrects already is (else the host's steal would be divided out twice)
+        avail = min(1.0, ceil0.cores_used / _host_left(ceil0))
     if not (finite(avail) and 0.2 <= avail < 0.95 and not share.gil_free):
         return
     # Only a correction: the load fluctuates between the two windows, and a
