@@ -817,3 +817,71 @@ def test_a_perfectly_regular_stream_still_lies_inside_its_interval():
         events = [_Event(t=i * period, epoch=0, pid=1, n=n, threads=1) for i in range(int(rng.integers(30, 300)))]
         got = window_rate(events, 0.0, events[-1].t + period, rnd=1, batch_size=n, max_groups=10, confidence=0.95)
         assert got["samples_per_s_low"] <= got["samples_per_s"] <= got["samples_per_s_high"], got
+
+
+def test_a_settings_loader_opens_once_for_its_window_its_turns_and_the_stall():
+    """A slow start-up is paid once per setting: the search's window opens the loader, a later window
+    resumes it, and the epoch stall runs on it, which then closes."""
+    from stagebench.loader._turns import HeldLoaders
+
+    inner = make_loader_factory(SleepDataset(n=64, d=0.002), batch_size=4)
+    opened: list[int] = []
+
+    def factory(knobs):
+        opened.append(knobs.num_workers)
+        return inner(knobs)
+
+    factory.dataset = inner.dataset
+    cfg = LoaderSweepConfig(budget_s=0.4, warmup_s=0.1, timeout_s=30, transforms=False)
+    held = HeldLoaders(factory, name="x", backend="torch", batch_size=4, cuda=False)
+    knobs = LoaderKnobs(num_workers=1, prefetch_factor=2)
+    try:
+        first = held.window(knobs, cfg, phase="num_workers")
+        again = held.window(knobs, cfg, phase="paired", turn=1)
+        assert first["status"] == "ok" and again["status"] == "ok", (first, again)
+        assert first["time_to_first_batch_s"] > 0 and math.isnan(again["time_to_first_batch_s"])
+        assert math.isnan(first["teardown_s"])  # still open: its tear-down is later
+        stall = held.stall(knobs, cfg, phase="epoch_stall", during=None)
+    finally:
+        held.close()
+    assert stall is not None and stall["status"] == "ok", stall
+    assert math.isfinite(stall["epoch_stall_s"]) and stall["teardown_s"] >= 0
+    assert opened == [1] and not held.open
+    # a setting with no loader open: the caller measures it on a fresh one
+    assert held.stall(LoaderKnobs(num_workers=2, prefetch_factor=2), cfg, phase="epoch_stall", during=None) is None
+
+
+def test_the_search_keeps_open_only_loaders_the_turns_may_ask_for(monkeypatch):
+    """Yours, then the fastest within CANNOT_MATTER of the fastest, at most three: the others' workers would
+    only hold memory."""
+    from stagebench.loader import _sweep as sweep_mod
+
+    sw = sweep_mod._Sweep(
+        lambda knobs: [],
+        name="x",
+        backend="torch",
+        batch_size=16,
+        cfg=LoaderSweepConfig(transforms=False, yours=LoaderKnobs(num_workers=1, prefetch_factor=2)),
+        cuda=False,
+        writer=None,
+        progress=None,
+    )
+    rates = {0: 300.0, 1: 210.0, 2: 430.0, 4: 450.0, 8: 445.0}
+    for nw, rate in rates.items():
+        knobs = LoaderKnobs(num_workers=nw, prefetch_factor=2 if nw else None)
+        key = sw.held.key(knobs)
+        row = {
+            "status": "ok",
+            "samples_per_s": rate,
+            "samples_per_s_low": 0.97 * rate,
+            "samples_per_s_high": 1.03 * rate,
+        }
+        sw.rows.append(row)
+        sw.by_key[key] = row
+        sw.held.open[key] = object()  # an open loader, as far as the rule is concerned
+    closed: list[tuple] = []
+    monkeypatch.setattr(sweep_mod.HeldLoaders, "_close_one", staticmethod(lambda h, row, hung: None))
+    monkeypatch.setattr(sw.held, "keep", lambda keys: closed.extend(k for k in sw.held.open if k not in keys))
+    sw.prune()
+    kept = {k[0] for k in sw.held.open if k not in closed}
+    assert kept == {1, 4, 8}  # yours (slow, but the turns always compare it), then the two fastest

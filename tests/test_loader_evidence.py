@@ -155,17 +155,20 @@ def test_the_search_runs_the_turns_until_the_rule_is_settled(tmp_path, monkeypat
         row = _row(nw, sps, half=halves[nw], phase=phase, stall=0.5 if not how.get("throughput", True) else math.nan)
         return {**row, "loader": name, "backend": backend, "persistent_workers": False, "pin_memory": "not applicable"}
 
-    def fake_window(factory, knobs, held, *, name, backend, batch_size, cfg, cuda, turn):
+    def fake_window(self, knobs, cfg, *, phase, turn=None, floor=None):
+        if phase != "paired":  # the search's point, on a loader kept open
+            return fake_point(
+                None, knobs, name="x", backend="torch", batch_size=16, config=cfg, phase=phase, cuda=False
+            )
         calls.append((knobs.num_workers, "paired"))
-        held.setdefault(knobs.num_workers, None)  # opened once
         nw = knobs.num_workers
         row = _row(nw, truth[nw] * (0.95 if nw == 2 else 1.0) * (1 + 0.01 * turn), half=0.02, phase="paired")
         return {**row, "turn": turn, "persistent_workers": False, "pin_memory": "not applicable"}
 
     monkeypatch.setattr(sweep_mod, "measure_loader_point", fake_point)
     monkeypatch.setattr(sweep_mod, "_cuda_available", lambda: False)
-    monkeypatch.setattr(turns_mod, "_window", fake_window)
-    monkeypatch.setattr(turns_mod, "close_held", lambda held: None)
+    monkeypatch.setattr(turns_mod.HeldLoaders, "window", fake_window)
+    monkeypatch.setattr(turns_mod.HeldLoaders, "stall", lambda self, knobs, cfg, *, phase, during: None)
     s = run_loader_sweep(
         lambda knobs: [],
         name="x",

@@ -37,6 +37,7 @@ from stagebench.loader._point import (
     window_rate,
     workers_beyond_cores_unwarned,
 )
+from stagebench.loader._turns import HeldLoaders
 from stagebench.runs._knobs import KNOWN_BACKENDS, LoaderKnobs, normalize_knobs
 from stagebench.runs._outcome import COMPLETE, FAILED, INTERRUPTED, PARTIAL
 
@@ -123,30 +124,76 @@ class _Sweep:
     rows: list[dict[str, Any]] = field(default_factory=list, init=False)
     by_key: dict[tuple, dict[str, Any]] = field(default_factory=dict, init=False)
     memory: dict[str, Any] | None = field(default=None, init=False)  # the memory pass at the pick, once read
+    held: HeldLoaders = field(init=False)  # loaders kept open after their point, for the turns and the stall
+
+    def __post_init__(self) -> None:
+        self.held = HeldLoaders(
+            self.factory, name=self.name, backend=self.backend, batch_size=self.batch_size, cuda=self.cuda
+        )
 
     def point(self, knobs: LoaderKnobs, phase: str, *, again: bool = False, **how: Any) -> dict[str, Any]:
         """Measure a setting once (``again``: measure it anew, as the tie-break does); ``how``: for
-        :func:`measure_loader_point` (``stall``, ``throughput``)."""
+        :func:`measure_loader_point` (``stall``, ``throughput``, ``during``). A window without the stall
+        runs on a loader kept open after it (:meth:`prune` says which stay); the stall alone runs on the
+        setting's open loader where there is one."""
         eff, _, _ = normalize_knobs(knobs, self.backend, cuda=self.cuda)
-        if _key(eff) in self.by_key and not again and how.get("throughput", True):
+        throughput = how.get("throughput", True)
+        if _key(eff) in self.by_key and not again and throughput:
             return self.by_key[_key(eff)]
         if self.progress is not None:
-            self.progress.start(f"{self.name} | {eff.label()}{'' if how.get('throughput', True) else ' (stall)'}")
-        row = measure_loader_point(
-            self.factory,
-            knobs,
-            name=self.name,
-            backend=self.backend,
-            batch_size=self.batch_size,
-            config=self.cfg,
-            phase=phase,
-            cuda=self.cuda,
-            cannot_matter_below=self.floor() if phase == "num_workers" else None,
-            **{"stall": self.cfg.epoch_stall and self.cfg.stall_at == "every", **how},
-        )
-        if how.get("throughput", True):
+            self.progress.start(f"{self.name} | {eff.label()}{'' if throughput else ' (stall)'}")
+        how = {"stall": self.cfg.epoch_stall and self.cfg.stall_at == "every", **how}
+        floor = self.floor() if phase == "num_workers" else None
+        row: dict[str, Any] | None = None
+        if throughput and not how["stall"]:
+            row = self.held.window(knobs, self.cfg, phase=phase, floor=floor)
+        elif not throughput and how["stall"]:
+            row = self.held.stall(knobs, self.cfg, phase=phase, during=how.get("during"))
+        if row is None:
+            row = measure_loader_point(
+                self.factory,
+                knobs,
+                name=self.name,
+                backend=self.backend,
+                batch_size=self.batch_size,
+                config=self.cfg,
+                phase=phase,
+                cuda=self.cuda,
+                cannot_matter_below=floor,
+                **how,
+            )
+        if throughput:
             self.by_key.setdefault(_key(eff), row)
-        return self.record(row, phase)
+        self.record(row, phase)
+        self.prune()
+        return row
+
+    def prune(self) -> None:
+        """Keep open only the loaders the turns may ask for (:func:`stagebench.analysis._loader.turns_to_run`
+        takes at most three): yours, then the fastest of those whose interval reaches :data:`CANNOT_MATTER` of
+        the fastest so far (a setting within it is compared in turns). The others' workers would only hold
+        memory."""
+        ok = [r for r in self.rows if _ok(r)]
+        if not ok:
+            self.held.close()
+            return
+        top = max(r["samples_per_s"] for r in ok)
+        mine = self.held.key(self.cfg.yours) if self.cfg.yours is not None else None
+        near = sorted(
+            (
+                (r["samples_per_s"], k)
+                for k, r in self.by_key.items()
+                if k in self.held.open and _ok(r) and _high(r) >= CANNOT_MATTER * top
+            ),
+            reverse=True,
+        )
+        keys = ([mine] if mine in self.held.open else []) + [k for _, k in near if k != mine]
+        self.held.keep(set(keys[:_MAX_HELD]))
+
+    def held_mb(self) -> float:
+        """The memory the workers of the loaders kept open hold (as their windows read it)."""
+        mbs = (self.by_key[k].get("mem_workers_mb") for k in self.held.open if k in self.by_key)
+        return sum(x for x in mbs if isinstance(x, float) and math.isfinite(x))
 
     def record(self, row: dict[str, Any], phase: str) -> dict[str, Any]:
         """Keep a measured row: written to results.csv at once, and said."""
@@ -182,6 +229,15 @@ class _Sweep:
         return CANNOT_MATTER * max(lows) if lows else None
 
 
+#: Loaders the search keeps open at most: as many as the turns compare.
+_MAX_HELD = 3
+
+
+def _high(row: dict[str, Any]) -> float:
+    hi = row.get("samples_per_s_high")
+    return hi if isinstance(hi, float) and math.isfinite(hi) else row["samples_per_s"]
+
+
 def _label_of(row: dict[str, Any]) -> str:
     """The knobs of a measured row, as :meth:`LoaderKnobs.label` writes them."""
     return LoaderKnobs(
@@ -214,6 +270,8 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...], budget_mb: float) -> list[str
             # Each worker holds about the same memory (its copy of the dataset
             # object, its batches in flight): predict before forking them.
             predicted = last["mem_main_mb"] + nw * last["mem_workers_mb"] / last["num_workers"]
+            if math.isfinite(predicted) and predicted + sw.held_mb() > budget_mb:
+                sw.held.close()  # the loaders kept open give way to the next point
             if math.isfinite(predicted) and predicted > budget_mb:
                 stops.append(
                     f"num_workers stopped before {nw}: about {predicted:,.0f} MB predicted, "
@@ -323,17 +381,7 @@ def _in_turns(sw: _Sweep, budget_mb: float, user: LoaderKnobs | None) -> None:
 
     if sw.progress is not None:
         sw.progress.message("in turns: the settings the pick hinges on, each loader kept open between its windows")
-    run_turns(
-        sw.factory,
-        next_settings,
-        lambda row: sw.record(row, "paired"),
-        name=sw.name,
-        backend=sw.backend,
-        batch_size=sw.batch_size,
-        cfg=cfg,
-        cuda=sw.cuda,
-        max_rounds=cfg.tie_rounds,
-    )
+    run_turns(sw.held, next_settings, lambda row: sw.record(row, "paired"), cfg=cfg, max_rounds=cfg.tie_rounds)
 
 
 def _memory_at(sw: _Sweep, cons: Any, num_workers: int) -> dict[str, Any] | None:
@@ -611,6 +659,7 @@ def _search(sw: _Sweep, run: _Run) -> bool:
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        sw.held.close()
         sw.writer.close()
     seconds = time.perf_counter() - t_search
     run.meta["search"] = {"strategy": cfg.strategy, "seconds": seconds, "stopped": stops, "interrupted": interrupted}

@@ -1,24 +1,29 @@
-"""Loader settings measured again in turns, each loader opened once and kept open between its windows.
+"""Loader settings measured in windows on loaders kept open: the search's, then again in turns.
 
 The rule every piece of advice follows (:mod:`stagebench.model._evidence`) decides on windows measured
 in turns: one window of each setting per round, so that a round's windows saw the same moments of the
 host, whose speed moves 1.4-1.7x in phases of seconds. Opening a loader costs its workers' start-up
 (seconds where the dataset is shipped to spawned workers, or workers import much), so each setting's
-loader is built once, for the first window, and kept open, suspended, between its turns:
+loader is built once, for its first window, and kept open, suspended, between its windows
+(:class:`HeldLoaders`): the search's point opens it, the turns resume it, and the epoch stall at the
+pick runs on it, so that a slow start-up is paid once per setting:
 
-1. **Open** (first turn): build it and warm it up as any point (:func:`stagebench.loader._point`'s
-   protocol: every worker delivered, then the minimum warm-up), then time a window.
+1. **Open** (the first window, a search's point): build it and warm it up as any point
+   (:func:`stagebench.loader._point`'s protocol: every worker delivered, then the minimum warm-up),
+   then time a window.
 2. **Suspend**: the consumer stops taking batches; the workers fill their queues and idle.
-3. **Resume** (later turns): take what the workers queued meanwhile (a DataLoader holds
+3. **Resume** (later windows): take what the workers queued meanwhile (a DataLoader holds
    ``num_workers x prefetch_factor`` batches in flight; other loaders, what arrives at once), then
    one round of the workers, then time a window. Windows close on the same rules as any point's
-   (sequential stopping), at ±10% (:data:`~stagebench.core._config.PAIRED_PRECISION`) where a point's
-   is ±5%: a window in turns is one sample of a ratio whose interval comes from the rounds.
+   (sequential stopping); in turns at ±10% (:data:`~stagebench.core._config.PAIRED_PRECISION`) where a
+   point's is ±5%: a window in turns is one sample of a ratio whose interval comes from the rounds.
 
 A round runs the settings in alternating order (A B C, then C B A), so that a steady drift of the
 host favours none. Rounds go on while the rule is not settled, at most ``tie_rounds``. Each window is
 a row with ``search_phase`` ``paired`` and its round in ``turn``, written as it is measured; the
-analysis reads the rounds back from them, so ``stagebench report`` rebuilds the same decision.
+analysis reads the rounds back from them, so ``stagebench report`` rebuilds the same decision. Which
+loaders the search leaves open, and for how long, is the sweep's choice
+(:meth:`stagebench.loader._sweep._Sweep.prune`).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from stagebench.loader._point import (
     _failed,
     _failure,
     _fill,
+    _key,
+    _measure_stall,
     _Plan,
     _quiet_sigchld,
     _SpdlErrors,
@@ -47,7 +54,7 @@ from stagebench.loader._point import (
 )
 from stagebench.runs._knobs import LoaderKnobs, normalize_knobs
 
-__all__ = ["run_turns"]
+__all__ = ["HeldLoaders", "run_turns"]
 
 #: A batch queued while its loader waited arrives within this of the one before it.
 _QUEUED_GAP_S = 0.005
@@ -63,6 +70,46 @@ class _Held:
     cons: _Consumer
     errors: _SpdlErrors
     windows: int = 0
+
+
+#: A suspended loader's workers count as idle once they take less than this share of one core together.
+_IDLE_SHARE = 0.1
+_IDLE_PROBE_S = 0.1
+
+
+def _until_idle(pids: list[int], limit_s: float) -> None:
+    """Wait, at most ``limit_s``, until suspended loaders' workers ``pids`` have filled their queues and
+    idle, so that the batches they were making are not made inside the next window, of another setting
+    (a DataLoader's ``num_workers x prefetch_factor`` batches in flight: 0.3-0.5 s of a 2-core host's CPU
+    for the 4-worker JPEG loader, seconds with slow batches, and the window after it would share the cores
+    with them). Loaders without worker processes (none, or threads) have nothing to wait for."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+
+    def cpu() -> float:
+        total = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+            except psutil.Error:  # a worker gone: its CPU no longer counts
+                continue
+            total += t.user + t.system
+        return total
+
+    end = time.perf_counter() + limit_s
+    before = cpu()
+    while procs and time.perf_counter() < end:
+        time.sleep(_IDLE_PROBE_S)
+        now = cpu()
+        if now - before < _IDLE_SHARE * _IDLE_PROBE_S:
+            return
+        before = now
 
 
 def _wait_for(cons: _Consumer, n: int, deadline: float, errors: _SpdlErrors) -> bool:
@@ -99,115 +146,179 @@ def _resume(h: _Held, cfg: LoaderSweepConfig, backend: str, deadline: float) -> 
     return True
 
 
-def _window(
-    factory: LoaderFactory,
-    knobs: LoaderKnobs,
-    held: dict[tuple, _Held],
-    *,
-    name: str,
-    backend: str,
-    batch_size: int | None,
-    cfg: LoaderSweepConfig,
-    cuda: bool,
-    turn: int,
-) -> dict[str, Any]:
-    """One window of ``knobs`` in turn ``turn``: its loader opened on the first, resumed after."""
-    eff, shown, notes = normalize_knobs(knobs, backend, cuda=cuda)
-    key = (eff.num_workers, eff.prefetch_factor, eff.persistent_workers, eff.pin_memory)
-    row = _empty_row(name, backend, eff, shown, "paired", notes)
-    row["turn"] = turn
-    t_begin = time.perf_counter()
-    deadline = t_begin + cfg.timeout_s
-    plan = _Plan(stall=False, throughput=True, batch_size=batch_size, floor=None)
-    h = held.get(key)
-    with _quiet_sigchld():
-        try:
-            if h is None:
-                cons = _Consumer(factory, eff)
-                errors = _SpdlErrors()
-                errors.attach()
-                h = held[key] = _Held(eff, shown, notes, cons, errors)
-                cons.start()
-                outcome, hung = _supervise(cons, eff, cfg, deadline, row, errors, plan)
-            else:
-                row["startup_s"] = 0.0
-                if _resume(h, cfg, backend, deadline):
-                    row["warmup_s"] = time.perf_counter() - t_begin
-                    outcome, hung = timed_window(h.cons, eff, cfg, deadline, row, h.errors, plan)
+class HeldLoaders:
+    """Loaders kept open between their windows, one per setting (keyed by its effective knobs): the
+    search's windows open them, the turns resume them, and the stall at the pick runs on its loader."""
+
+    def __init__(self, factory: LoaderFactory, *, name: str, backend: str, batch_size: int | None, cuda: bool):
+        self.factory = factory
+        self.name = name
+        self.backend = backend
+        self.batch_size = batch_size
+        self.cuda = cuda
+        self.open: dict[tuple, _Held] = {}
+
+    def key(self, knobs: LoaderKnobs) -> tuple:
+        eff, _, _ = normalize_knobs(knobs, self.backend, cuda=self.cuda)
+        return _key(eff)
+
+    def window(
+        self,
+        knobs: LoaderKnobs,
+        cfg: LoaderSweepConfig,
+        *,
+        phase: str,
+        turn: int | None = None,
+        floor: float | None = None,
+    ) -> dict[str, Any]:
+        """One window of ``knobs``: its loader opened (and warmed up) on the first, resumed after, and kept
+        open, suspended, after it; a loader that failed is closed. ``floor``: as a point's
+        (:func:`stagebench.loader._point.measure_loader_point`'s ``cannot_matter_below``)."""
+        eff, shown, notes = normalize_knobs(knobs, self.backend, cuda=self.cuda)
+        key = _key(eff)
+        row = _empty_row(self.name, self.backend, eff, shown, phase, notes)
+        if turn is not None:
+            row["turn"] = turn
+        t_begin = time.perf_counter()
+        deadline = t_begin + cfg.timeout_s
+        plan = _Plan(stall=False, throughput=True, batch_size=self.batch_size, floor=floor)
+        h = self.open.get(key)
+        self._others_idle(key, cfg.budget_s)
+        with _quiet_sigchld():
+            try:
+                if h is None:
+                    h = self.open[key] = self._start(eff, shown, notes)
+                    outcome, hung = _supervise(h.cons, eff, cfg, deadline, row, h.errors, plan)
                 else:
-                    fail = _failure(h.cons, h.errors, check_workers=True)
-                    row["status"], row["reason"] = fail or ("timeout", "the loader stalled after its turn resumed")
-                    outcome, hung = None, fail is None
-        except KeyboardInterrupt:
-            close_held(held)
-            raise
-        h.cons.gate.clear()
+                    row["startup_s"] = 0.0
+                    if _resume(h, cfg, self.backend, deadline):
+                        row["warmup_s"] = time.perf_counter() - t_begin
+                        outcome, hung = timed_window(h.cons, eff, cfg, deadline, row, h.errors, plan)
+                    else:
+                        outcome, hung = None, self._resume_failed(h, row)
+            except KeyboardInterrupt:
+                self.close()
+                raise
+            h.cons.gate.clear()
+            self._finish(h, key, row, outcome, hung, cfg)
+        row["elapsed_s"] = time.perf_counter() - t_begin
+        return row
+
+    def stall(
+        self, knobs: LoaderKnobs, cfg: LoaderSweepConfig, *, phase: str, during: Callable[[Any], None] | None
+    ) -> dict[str, Any] | None:
+        """The epoch stall on ``knobs``'s open loader (``during``: called first, with the warm consumer),
+        which then closes; None where no loader of ``knobs`` is open (a fresh point measures it)."""
+        key = self.key(knobs)
+        h = self.open.pop(key, None)
+        if h is None:
+            return None
+        eff = h.eff
+        row = _empty_row(self.name, self.backend, eff, h.shown, phase, h.notes)
+        t_begin = time.perf_counter()
+        self._others_idle(key, cfg.budget_s)
+        deadline = t_begin + cfg.timeout_s
+        hung = False
+        with _quiet_sigchld():
+            try:
+                row["startup_s"] = 0.0
+                if _resume(h, cfg, self.backend, deadline):
+                    row["warmup_s"] = time.perf_counter() - t_begin
+                    if during is not None:
+                        during(h.cons)
+                    hung = _measure_stall(h.cons, eff, cfg, deadline, row, h.errors, time.perf_counter())
+                else:
+                    hung = self._resume_failed(h, row)
+            finally:
+                self._close_one(h, row, hung)
+        if row["status"] == "ok" and h.cons.error is not None:
+            row["status"], row["reason"] = h.cons.error  # raised during the epochs run to their end
         if row["status"] == "ok" and h.errors.records:
             _failed(h.cons, h.errors, row)
-        _fill(row, h.cons, outcome, eff, batch_size, cfg)
+        _fill(row, h.cons, None, eff, self.batch_size, cfg)
+        row["time_to_first_batch_s"] = math.nan  # the loader opened for an earlier window
+        row["elapsed_s"] = time.perf_counter() - t_begin
+        return row
+
+    def _others_idle(self, key: tuple, limit_s: float) -> None:
+        """Wait until the workers of the other open loaders idle (:func:`_until_idle`)."""
+        _until_idle([pid for k, h in self.open.items() if k != key for pid in h.cons.worker_pids()], limit_s)
+
+    def keep(self, keys: set[tuple]) -> None:
+        """Close every open loader but those of ``keys``."""
+        for key in [k for k in self.open if k not in keys]:
+            h = self.open.pop(key)
+            self._close_one(h, None, False)
+
+    def close(self) -> None:
+        """Tear down every loader kept open (never raises)."""
+        self.keep(set())
+
+    def _start(self, eff: LoaderKnobs, shown: dict[str, Any], notes: list[str]) -> _Held:
+        cons = _Consumer(self.factory, eff)
+        errors = _SpdlErrors()
+        errors.attach()
+        cons.start()
+        return _Held(eff, shown, notes, cons, errors)
+
+    @staticmethod
+    def _resume_failed(h: _Held, row: dict[str, Any]) -> bool:
+        """Say in ``row`` why a resumed loader delivered nothing; returns whether it hung."""
+        fail = _failure(h.cons, h.errors, check_workers=True)
+        row["status"], row["reason"] = fail or ("timeout", "the loader stalled after its turn resumed")
+        return fail is None
+
+    def _finish(
+        self, h: _Held, key: tuple, row: dict[str, Any], outcome: Any, hung: bool, cfg: LoaderSweepConfig
+    ) -> None:
+        if row["status"] == "ok" and h.errors.records:
+            _failed(h.cons, h.errors, row)
+        _fill(row, h.cons, outcome, h.eff, self.batch_size, cfg)
         if h.windows:  # not the first: no start-up in this window, whatever the events before it
             row["time_to_first_batch_s"] = math.nan
         h.windows += 1
-        if row["status"] != "ok":  # a broken loader is not resumed: its turns end here
-            for note in _teardown(h.cons, hung=hung):
-                row["notes"] = f"{row['notes']}; {note}" if row["notes"] else note
-            h.errors.detach()
-            held.pop(key, None)
-    row["elapsed_s"] = time.perf_counter() - t_begin
-    return row
+        if row["status"] != "ok":  # a broken loader is not resumed: its windows end here
+            self.open.pop(key, None)
+            self._close_one(h, row, hung)
 
-
-def close_held(held: dict[tuple, _Held]) -> None:
-    """Tear down every loader kept open (never raises)."""
-    for h in list(held.values()):
+    @staticmethod
+    def _close_one(h: _Held, row: dict[str, Any] | None, hung: bool) -> None:
+        """Tear ``h`` down (never raises); its notes and time go to ``row`` where given."""
+        t_down = time.perf_counter()
         try:
-            _teardown(h.cons, hung=False)
+            notes = _teardown(h.cons, hung=hung)
+        except Exception as e:  # a teardown's fault loses no measurement
+            notes = [f"teardown: {type(e).__name__}: {e}"]
         finally:
             h.errors.detach()
-    held.clear()
+        if row is not None:
+            row["teardown_s"] = time.perf_counter() - t_down
+            for note in notes:
+                row["notes"] = f"{row['notes']}; {note}" if row["notes"] else note
 
 
 def run_turns(
-    factory: LoaderFactory,
+    held: HeldLoaders,
     next_settings: Callable[[], list[LoaderKnobs]],
     record: Callable[[dict[str, Any]], Any],
     *,
-    name: str,
-    backend: str,
-    batch_size: int | None,
     cfg: LoaderSweepConfig,
-    cuda: bool,
     max_rounds: int,
     first_turn: int = 1,
 ) -> int:
     """Rounds in turns while ``next_settings()`` (asked before each round, from the rows so far) names
-    settings to compare, at most ``max_rounds``; each window's row goes to ``record`` as it lands.
-    Returns the rounds run."""
-    held: dict[tuple, _Held] = {}
+    settings to compare, at most ``max_rounds``, on ``held``'s loaders (those the search left open are
+    resumed; the caller closes them); each window's row goes to ``record`` as it lands. Returns the
+    rounds run."""
     rounds = 0
     cfg = replace(cfg, precision=in_turns_precision(cfg.precision))  # a window in turns: one sample of a ratio
-    try:
-        for i in range(max_rounds):
-            todo = next_settings()
-            if not todo:
-                break
-            if i % 2:
-                todo = todo[::-1]
-            for knobs in todo:
-                record(
-                    _window(
-                        factory,
-                        knobs,
-                        held,
-                        name=name,
-                        backend=backend,
-                        batch_size=batch_size,
-                        cfg=cfg,
-                        cuda=cuda,
-                        turn=first_turn + i,
-                    )
-                )
-            rounds += 1
-    finally:
-        close_held(held)
+    for i in range(max_rounds):
+        todo = next_settings()
+        if not todo:
+            break
+        if i % 2:
+            todo = todo[::-1]
+        for knobs in todo:
+            record(held.window(knobs, cfg, phase="paired", turn=first_turn + i))
+        rounds += 1
     return rounds

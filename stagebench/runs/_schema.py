@@ -123,7 +123,7 @@ LOADER_COLUMN_DOCS: dict[str, str] = {
     "startup_s": "build + iter() + until every worker delivered its first batch",
     "warmup_s": "from then until the window opened",
     "stall_phase_s": "time spent measuring the epoch stall (short epochs after the window)",
-    "teardown_s": "time to stop the loader and its workers",
+    "teardown_s": "time to stop the loader and its workers, on the row after which it stopped (empty where it was kept open for later windows)",
     "notes": 'normalisations and caveats of this point ("; "-separated)',
     "turn": "search_phase paired: the round of the windows in turns it belongs to (1, 2, ...); empty otherwise",
     "workers_start_s": "from iter() until a worker reached its worker_init_fn (median over the workers): its "
