@@ -150,23 +150,26 @@ class _Sweep:
         elif not throughput and how["stall"]:
             row = self.held.stall(knobs, self.cfg, phase=phase, during=how.get("during"))
         if row is None:
-            row = measure_loader_point(
-                self.factory,
-                knobs,
-                name=self.name,
-                backend=self.backend,
-                batch_size=self.batch_size,
-                config=self.cfg,
-                phase=phase,
-                cuda=self.cuda,
-                cannot_matter_below=floor,
-                **how,
-            )
+            row = self.fresh(knobs, phase, cannot_matter_below=floor, **how)
         if throughput:
             self.by_key.setdefault(_key(eff), row)
         self.record(row, phase)
         self.prune()
         return row
+
+    def fresh(self, knobs: LoaderKnobs, phase: str = "", **how: Any) -> dict[str, Any]:
+        """A point on a fresh loader, closed after it (:func:`measure_loader_point`; not recorded)."""
+        return measure_loader_point(
+            self.factory,
+            knobs,
+            name=self.name,
+            backend=self.backend,
+            batch_size=self.batch_size,
+            config=self.cfg,
+            phase=phase,
+            cuda=self.cuda,
+            **how,
+        )
 
     def prune(self) -> None:
         """Keep open only the loaders the turns may ask for (:func:`stagebench.analysis._loader.turns_to_run`
@@ -434,18 +437,7 @@ def _worker_costs(sw: _Sweep, budget_mb: float) -> dict[str, Any]:
         # no stall point at the pick (epoch_stall off, or the protocol before): a point of its own, no window
         # and no stall, whose warm workers the pass reads (its row is not a measurement: not recorded)
         knobs = LoaderKnobs(num_workers=rec["num_workers"], prefetch_factor=_pf(rec))
-        measure_loader_point(
-            sw.factory,
-            knobs,
-            name=sw.name,
-            backend=sw.backend,
-            batch_size=sw.batch_size,
-            config=cfg,
-            cuda=sw.cuda,
-            stall=False,
-            throughput=False,
-            during=sw.memory_hook(knobs),
-        )
+        sw.fresh(knobs, stall=False, throughput=False, during=sw.memory_hook(knobs))
     if sw.memory is not None:
         out["memory"] = dict(sw.memory)
         batch_mb = out["memory"].pop("batch_mb", math.nan)
