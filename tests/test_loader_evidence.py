@@ -175,7 +175,7 @@ def test_the_search_runs_the_turns_until_the_rule_is_settled(tmp_path, monkeypat
         backend="torch",
         batch_size=16,
         run_dir=tmp_path / "run",
-        config=LoaderSweepConfig(transforms=False, num_workers=(0, 1, 2, 4), memory_budget_mb=1e6),
+        config=LoaderSweepConfig(transforms=False, worker_costs=False, num_workers=(0, 1, 2, 4), memory_budget_mb=1e6),
     )
     paired = [nw for nw, phase in calls if phase == "paired"]
     assert paired[:4] == [4, 2, 2, 4]  # in turns, order alternating: the same moments of the machine for both
