@@ -651,7 +651,7 @@ def _search(sw: _Sweep, run: _Run) -> bool:
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        sw.held.close()
+        sw.held.close(hung=interrupted)  # on Ctrl-C, without waiting for the workers
         sw.writer.close()
     seconds = time.perf_counter() - t_search
     run.meta["search"] = {"strategy": cfg.strategy, "seconds": seconds, "stopped": stops, "interrupted": interrupted}

@@ -197,7 +197,7 @@ class HeldLoaders:
                     else:
                         outcome, hung = None, self._resume_failed(h, row)
             except KeyboardInterrupt:
-                self.close()
+                self.close(hung=True)
                 raise
             h.cons.gate.clear()
             self._finish(h, key, row, outcome, hung, cfg)
@@ -244,15 +244,15 @@ class HeldLoaders:
         """Wait until the workers of the other open loaders idle (:func:`_until_idle`)."""
         _until_idle([pid for k, h in self.open.items() if k != key for pid in h.cons.worker_pids()], limit_s)
 
-    def keep(self, keys: set[tuple]) -> None:
-        """Close every open loader but those of ``keys``."""
+    def keep(self, keys: set[tuple], *, hung: bool = False) -> None:
+        """Close every open loader but those of ``keys`` (``hung``: without waiting for them, as on Ctrl-C)."""
         for key in [k for k in self.open if k not in keys]:
             h = self.open.pop(key)
-            self._close_one(h, None, False)
+            self._close_one(h, None, hung)
 
-    def close(self) -> None:
+    def close(self, *, hung: bool = False) -> None:
         """Tear down every loader kept open (never raises)."""
-        self.keep(set())
+        self.keep(set(), hung=hung)
 
     def _start(self, eff: LoaderKnobs, shown: dict[str, Any], notes: list[str]) -> _Held:
         cons = _Consumer(self.factory, eff)
