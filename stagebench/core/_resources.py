@@ -35,7 +35,15 @@ try:
 except ImportError:  # not on Windows
     resource = None  # type: ignore[assignment]
 
-__all__ = ["TreeSnapshot", "ResourceMonitor", "tree_memory_mb", "tree_pss_mb", "usable_cores", "page_fault_cost_s"]
+__all__ = [
+    "TreeSnapshot",
+    "ResourceMonitor",
+    "cpu_seconds",
+    "tree_memory_mb",
+    "tree_pss_mb",
+    "usable_cores",
+    "page_fault_cost_s",
+]
 
 
 def usable_cores() -> int:
@@ -60,6 +68,18 @@ def _procs(pids: "list[int] | tuple[int, ...]") -> list[psutil.Process]:
         except psutil.Error:
             pass
     return out
+
+
+def cpu_seconds(pids: "list[int] | tuple[int, ...]") -> float:
+    """CPU seconds (user + system) these processes have used; one that is gone counts nothing."""
+    total = 0.0
+    for p in _procs(pids):
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,30 +83,13 @@ def _until_idle(pids: list[int], limit_s: float) -> None:
     (a DataLoader's ``num_workers x prefetch_factor`` batches in flight: 0.3-0.5 s of a 2-core host's CPU
     for the 4-worker JPEG loader, seconds with slow batches, and the window after it would share the cores
     with them). Loaders without worker processes (none, or threads) have nothing to wait for."""
-    import psutil
-
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.Error:
-            continue
-
-    def cpu() -> float:
-        total = 0.0
-        for p in procs:
-            try:
-                t = p.cpu_times()
-            except psutil.Error:  # a worker gone: its CPU no longer counts
-                continue
-            total += t.user + t.system
-        return total
+    from stagebench.core._resources import cpu_seconds
 
     end = time.perf_counter() + limit_s
-    before = cpu()
-    while procs and time.perf_counter() < end:
+    before = cpu_seconds(pids)
+    while pids and time.perf_counter() < end:
         time.sleep(_IDLE_PROBE_S)
-        now = cpu()
+        now = cpu_seconds(pids)
         if now - before < _IDLE_SHARE * _IDLE_PROBE_S:
             return
         before = now
