@@ -589,10 +589,8 @@ def measure_loader_point(
         finally:
             errors.detach()
         row["teardown_s"] = time.perf_counter() - t_down
-    if row["status"] == "ok" and cons.error is not None:
-        row["status"], row["reason"] = cons.error  # raised during the epoch-stall phase
-    if row["status"] == "ok" and errors.records:
-        row["status"], row["reason"] = _classify(errors.records[0])
+    if row["status"] == "ok":  # a fault during the epoch-stall phase (the consumer's, or SPDL's)
+        _failed(cons, errors, row)
     _fill(row, cons, outcome, eff, batch_size, cfg)
     row["elapsed_s"] = time.perf_counter() - t_begin
     return row

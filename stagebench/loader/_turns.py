@@ -214,9 +214,7 @@ class HeldLoaders:
                     hung = self._resume_failed(h, row)
             finally:
                 self._close_one(h, row, hung)
-        if row["status"] == "ok" and h.cons.error is not None:
-            row["status"], row["reason"] = h.cons.error  # raised during the epochs run to their end
-        if row["status"] == "ok" and h.errors.records:
+        if row["status"] == "ok":  # a fault during the epochs run to their end (the consumer's, or SPDL's)
             _failed(h.cons, h.errors, row)
         _fill(row, h.cons, None, eff, self.batch_size, cfg)
         row["time_to_first_batch_s"] = math.nan  # the loader opened for an earlier window
