@@ -107,6 +107,15 @@ def worker_cost_findings(costs: Mapping[str, Any] | None, rec: Mapping[str, Any]
     if not costs:
         return []
     wc, pick = WorkerCosts.from_json(costs), LoaderPoint.from_json(rec)
+    return [
+        *_shipping_findings(wc, pick),
+        *_shm_findings(wc.shm or Shm()),
+        *_growth_findings(wc),
+    ]
+
+
+def _shipping_findings(wc: WorkerCosts, pick: LoaderPoint) -> list[dict[str, Any]]:
+    """What shipping the dataset to each worker adds to its start, where it is large or slow."""
     out: list[dict[str, Any]] = []
     ship = wc.shipping or Shipping()
     largest = ship.largest or Largest()
@@ -175,7 +184,13 @@ def worker_cost_findings(costs: Mapping[str, Any] | None, rec: Mapping[str, Any]
                 },
             )
         )
-    out.extend(_shm_findings(wc.shm or Shm()))
+    return out
+
+
+def _growth_findings(wc: WorkerCosts) -> list[dict[str, Any]]:
+    """Each worker's memory growth over an epoch, where it is beyond noise and large."""
+    ship = wc.shipping or Shipping()
+    largest = ship.largest or Largest()
     mem = wc.memory or WorkerMemory()
     growth, low = num(mem.epoch_growth_mb), num(mem.epoch_growth_mb_low)
     if math.isfinite(growth) and growth >= GROWTH_MB and (not math.isfinite(low) or low > 0):
@@ -214,7 +229,7 @@ def worker_cost_findings(costs: Mapping[str, Any] | None, rec: Mapping[str, Any]
                 f" Together the {nw} workers would take ~{mem.all_workers_mb:,.0f} MB more, over the "
                 f"{wc.available_mb:,.0f} MB available: fewer workers, or the fix above, before a long run."
             )
-        out.append(
+        return [
             _f(
                 "high" if fits is False else "medium",
                 f"Each worker's memory grows ~{growth:,.0f} MB over an epoch",
@@ -227,8 +242,8 @@ def worker_cost_findings(costs: Mapping[str, Any] | None, rec: Mapping[str, Any]
                     "all_workers_mb": mem.all_workers_mb,
                 },
             )
-        )
-    return out
+        ]
+    return []
 
 
 def _shm_findings(shm: Shm) -> list[dict[str, Any]]:
