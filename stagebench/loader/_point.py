@@ -664,6 +664,19 @@ class _Plan(NamedTuple):
 _CHECK_S = 0.05
 
 
+def _polls(cons: _Consumer, errors: _SpdlErrors, row: dict[str, Any], *, check_workers_every: int) -> Iterator[float]:
+    """The time at each poll of a warm-up or a window, until the loader fails (:func:`_failed` puts its
+    status and reason in ``row``, and the polls end). Its worker processes are checked every
+    ``check_workers_every`` polls (reading each one's state costs more than a poll)."""
+    polls = 0
+    while True:
+        now = time.perf_counter()
+        polls += 1
+        if _failed(cons, errors, row, check_workers=polls % check_workers_every == 0):
+            return
+        yield now
+
+
 def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     """Warm-up, window, memory, epoch stall. Returns (outcome or None, hung)."""
     expected = max(1, eff.num_workers)
@@ -671,12 +684,7 @@ def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     seen: set = set()
     scanned = 0
     # --- warm-up: every worker delivered, and the minimum time passed
-    polls = 0
-    while True:
-        now = time.perf_counter()
-        polls += 1
-        if _failed(cons, errors, row, check_workers=polls % 20 == 0):
-            return None, False
+    for now in _polls(cons, errors, row, check_workers_every=20):
         if cons.finished:
             row.update(status="failed", reason="the loader ended before warm-up was over (an empty dataset?)")
             return None, False
@@ -705,6 +713,8 @@ def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
             )
             return None, True
         time.sleep(_POLL_S)
+    else:  # the loader failed (its status and reason are in the row)
+        return None, False
     row["workers_seen"] = len(seen) if cons.events and cons.events[0].pid is not None else math.nan
 
     if not plan.throughput:  # the stall only (the search's pick): no window
@@ -737,12 +747,7 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     end = t0 + cfg.budget_s
     reserve = min(5.0, 0.1 * cfg.timeout_s)
     next_check = t0 + cfg.min_window_s
-    polls = 0
-    while True:
-        now = time.perf_counter()
-        polls += 1
-        if _failed(cons, errors, row, check_workers=polls % 5 == 0):
-            return None, False
+    for now in _polls(cons, errors, row, check_workers_every=5):
         got = len(cons.events) - i0 - 1
         if now >= end and got >= min_gaps:
             break
@@ -760,6 +765,8 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
             _add_note(row, f"window cut at the point's deadline after {got} batches")
             break
         time.sleep(min(0.02, max(0.0, end - now)) or _POLL_S)
+    else:  # the loader failed (its status and reason are in the row)
+        return None, False
     t1 = time.perf_counter()
     snap1 = TreeSnapshot.take(pids)
     # memory, read while the workers are alive and the window is closed
