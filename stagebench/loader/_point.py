@@ -60,6 +60,7 @@ __all__ = [
     "shut_down",
     "measure_loader_point",
     "timed_window",
+    "Window",
     "window_rate",
     "workers_beyond_cores_unwarned",
 ]
@@ -648,6 +649,18 @@ def _failed(cons: _Consumer, errors: _SpdlErrors, row: dict[str, Any], *, check_
     return fail is not None
 
 
+class Window(NamedTuple):
+    """A steady-state window: when it opened and closed, the process tree's CPU and I/O at each end
+    (:class:`stagebench.core._resources.TreeSnapshot`), and the memory read as it closed (MB: ``main``,
+    ``pss``, ``uss``, ``workers``)."""
+
+    t0: float
+    t1: float
+    opened: Any
+    closed: Any
+    memory_mb: dict[str, float]
+
+
 class _Plan(NamedTuple):
     """What one point measures besides its warm-up (:func:`measure_loader_point`)."""
 
@@ -727,12 +740,12 @@ def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     if outcome is None:
         return None, hung
     # --- epoch stall
-    return outcome, plan.stall and _measure_stall(cons, eff, cfg, deadline, row, errors, outcome[1])
+    return outcome, plan.stall and _measure_stall(cons, eff, cfg, deadline, row, errors, outcome.t1)
 
 
 def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
-    """One steady-state window of ``cons``'s arrivals, then its CPU and memory. Returns ((t0, t1, CPU
-    snapshots, memory) or None, hung).
+    """One steady-state window of ``cons``'s arrivals, then its CPU and memory. Returns (the
+    :class:`Window` or None, hung).
 
     It closes once its interval is within ``cfg.precision`` (after ``cfg.min_window_s``), or once the
     interval lies wholly under ``plan.floor`` (it cannot be the answer), or at ``cfg.budget_s``.
@@ -771,7 +784,7 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     snap1 = TreeSnapshot.take(pids)
     # memory, read while the workers are alive and the window is closed
     mem = tree_memory_mb(cons.worker_pids())
-    return (t0, t1, snap0, snap1, mem), False
+    return Window(t0, t1, snap0, snap1, mem), False
 
 
 def _settled(
@@ -979,7 +992,9 @@ def startup_split(events: Sequence[_Event], t_iter: float, wall_offset: float) -
     return out
 
 
-def _fill(row, cons: _Consumer, outcome, eff: LoaderKnobs, batch_size: int | None, cfg: LoaderSweepConfig) -> None:
+def _fill(
+    row, cons: _Consumer, outcome: Window | None, eff: LoaderKnobs, batch_size: int | None, cfg: LoaderSweepConfig
+) -> None:
     """Throughput, interval, stall, cores and memory from the consumer's events."""
     import numpy as np
 
@@ -1004,7 +1019,7 @@ def _fill(row, cons: _Consumer, outcome, eff: LoaderKnobs, batch_size: int | Non
 
     if outcome is None:
         return
-    t0, t1, snap0, snap1, mem = outcome
+    t0, t1, snap0, snap1, mem = outcome.t0, outcome.t1, outcome.opened, outcome.closed, outcome.memory_mb
     window = t1 - t0
     row["window_s"] = window
     got = window_rate(

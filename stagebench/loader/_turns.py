@@ -38,6 +38,7 @@ from stagebench.core._config import in_turns_precision
 from stagebench.loader._config import LoaderFactory, LoaderSweepConfig
 from stagebench.loader._point import (
     _POLL_S,
+    Window,
     _Consumer,
     _empty_row,
     _failed,
@@ -250,7 +251,7 @@ class HeldLoaders:
         return fail is None
 
     def _finish(
-        self, h: _Held, key: tuple, row: dict[str, Any], outcome: Any, hung: bool, cfg: LoaderSweepConfig
+        self, h: _Held, key: tuple, row: dict[str, Any], outcome: Window | None, hung: bool, cfg: LoaderSweepConfig
     ) -> None:
         if row["status"] == "ok" and h.errors.records:
             _failed(h.cons, h.errors, row)
