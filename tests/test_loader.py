@@ -885,3 +885,52 @@ def test_the_search_keeps_open_only_loaders_the_turns_may_ask_for(monkeypatch):
     sw.prune()
     kept = {k[0] for k in sw.held.open if k not in closed}
     assert kept == {1, 4, 8}  # yours (slow, but the turns always compare it), then the two fastest
+
+
+def test_loaders_kept_open_give_way_where_the_next_would_not_fit_beside_them(monkeypatch):
+    """Before any new loader opens (whatever phase asks for it), its memory is predicted from the latest
+    point with workers; where that and the open loaders' workers exceed the budget, the open ones close."""
+    from stagebench.loader import _sweep as sweep_mod
+
+    def sweep(budget_mb: float):
+        sw = sweep_mod._Sweep(
+            lambda knobs: [],
+            name="x",
+            backend="torch",
+            batch_size=16,
+            cfg=LoaderSweepConfig(transforms=False),
+            cuda=False,
+            writer=None,
+            progress=None,
+            budget_mb=budget_mb,
+        )
+        knobs = LoaderKnobs(num_workers=2, prefetch_factor=2)
+        row = {
+            "status": "ok",
+            "num_workers": 2,
+            "samples_per_s": 400.0,
+            "samples_per_s_low": 390.0,
+            "samples_per_s_high": 410.0,
+            "mem_main_mb": 500.0,
+            "mem_workers_mb": 200.0,  # 100 MB a worker
+        }
+        sw.rows.append(row)
+        sw.by_key[sw.held.key(knobs)] = row
+        sw.held.open[sw.held.key(knobs)] = object()
+        closed: list[bool] = []
+        monkeypatch.setattr(sw.held, "close", lambda hung=False: closed.append(True))
+        return sw, closed
+
+    four = LoaderKnobs(num_workers=4, prefetch_factor=2)
+    # 500 + 4 x 100 predicted, 200 held: 1,100 MB
+    sw, closed = sweep(1_050.0)
+    assert sw.predicted_mb(4) == 900.0
+    sw.make_room(four)
+    assert closed == [True]
+    sw, closed = sweep(1_150.0)
+    sw.make_room(four)
+    assert closed == []
+    # the loader already open needs no room
+    sw, closed = sweep(100.0)
+    sw.make_room(LoaderKnobs(num_workers=2, prefetch_factor=2))
+    assert closed == []

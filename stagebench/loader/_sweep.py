@@ -120,6 +120,7 @@ class _Sweep:
     cuda: bool
     writer: RowWriter
     progress: Progress | None
+    budget_mb: float = math.inf  # main process and workers together (_memory_budget)
     epoch_batches: int | None = None  # batches in an epoch, where the loader says
     rows: list[dict[str, Any]] = field(default_factory=list, init=False)
     by_key: dict[tuple, dict[str, Any]] = field(default_factory=dict, init=False)
@@ -146,10 +147,12 @@ class _Sweep:
         floor = self.floor() if phase == "num_workers" else None
         row: dict[str, Any] | None = None
         if throughput and not how["stall"]:
+            self.make_room(eff)
             row = self.held.window(knobs, self.cfg, phase=phase, floor=floor)
         elif not throughput and how["stall"]:
             row = self.held.stall(knobs, self.cfg, phase=phase, during=how.get("during"))
         if row is None:
+            self.make_room(eff)
             row = self.fresh(knobs, phase, cannot_matter_below=floor, **how)
         if throughput:
             self.by_key.setdefault(_key(eff), row)
@@ -197,6 +200,25 @@ class _Sweep:
         """The memory the workers of the loaders kept open hold (as their windows read it)."""
         mbs = (self.by_key[k].get("mem_workers_mb") for k in self.held.open if k in self.by_key)
         return sum(x for x in mbs if isinstance(x, float) and math.isfinite(x))
+
+    def predicted_mb(self, num_workers: int) -> float:
+        """The main process and ``num_workers`` workers, from the latest point measured ok with workers: each
+        worker holds about the same memory (its copy of the dataset object, its batches in flight). NaN
+        before any such point."""
+        last = next((r for r in reversed(self.rows) if _ok(r) and r["num_workers"] > 0), None)
+        if last is None:
+            return math.nan
+        return float(last["mem_main_mb"] + num_workers * last["mem_workers_mb"] / last["num_workers"])
+
+    def make_room(self, eff: LoaderKnobs) -> None:
+        """Close the loaders kept open where a new loader's workers, predicted before they start, would not
+        fit the memory budget beside theirs: the loaders kept open give way to the next point, whichever
+        phase asks for it (num_workers, prefetch_factor, yours, the grid, the turns, a stall on a fresh loader)."""
+        if not self.held.open or _key(eff) in self.held.open:
+            return
+        predicted = self.predicted_mb(eff.num_workers)
+        if math.isfinite(predicted) and predicted + self.held_mb() > self.budget_mb:
+            self.held.close()
 
     def record(self, row: dict[str, Any], phase: str) -> dict[str, Any]:
         """Keep a measured row: written to results.csv at once, and said."""
@@ -256,31 +278,25 @@ def _ok(row: dict[str, Any]) -> bool:
     return row.get("status") == "ok" and isinstance(s, float) and math.isfinite(s) and s > 0
 
 
-def _adaptive(sw: _Sweep, levels: tuple[int, ...], budget_mb: float) -> list[str]:
+def _adaptive(sw: _Sweep, levels: tuple[int, ...]) -> list[str]:
     """num_workers upwards, then (when asked) prefetch_factor at the best, then the tie-break, then
     the epoch stall at the pick (or, with ``stall_at="every"``, persistence and pinning as before)."""
     from stagebench.analysis._loader import recommend
 
-    cfg = sw.cfg
+    cfg, budget_mb = sw.cfg, sw.budget_mb
     stops: list[str] = []
     pf0 = cfg.default_prefetch()
     pin0 = bool(cfg.yours.pin_memory) if sw.cuda and cfg.yours is not None else False
     best: dict[str, Any] | None = None
-    last: dict[str, Any] | None = None  # the latest ok point with workers: memory per worker
     stale = 0
     for nw in levels:
-        if last is not None:
-            # Each worker holds about the same memory (its copy of the dataset
-            # object, its batches in flight): predict before forking them.
-            predicted = last["mem_main_mb"] + nw * last["mem_workers_mb"] / last["num_workers"]
-            if math.isfinite(predicted) and predicted + sw.held_mb() > budget_mb:
-                sw.held.close()  # the loaders kept open give way to the next point
-            if math.isfinite(predicted) and predicted > budget_mb:
-                stops.append(
-                    f"num_workers stopped before {nw}: about {predicted:,.0f} MB predicted, "
-                    f"over the memory budget of {budget_mb:,.0f} MB"
-                )
-                break
+        predicted = sw.predicted_mb(nw)  # before forking them
+        if math.isfinite(predicted) and predicted > budget_mb:
+            stops.append(
+                f"num_workers stopped before {nw}: about {predicted:,.0f} MB predicted, "
+                f"over the memory budget of {budget_mb:,.0f} MB"
+            )
+            break
         row = sw.point(
             LoaderKnobs(num_workers=nw, prefetch_factor=pf0 if nw > 0 else None, pin_memory=pin0), "num_workers"
         )
@@ -292,8 +308,6 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...], budget_mb: float) -> list[str
             break
         if not _ok(row):
             continue
-        if nw > 0:
-            last = row
         if math.isfinite(row["mem_pss_mb"]) and row["mem_pss_mb"] > budget_mb:
             stops.append(
                 f"num_workers stopped at {nw}: {row['mem_pss_mb']:,.0f} MB, over the memory budget "
@@ -317,7 +331,7 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...], budget_mb: float) -> list[str
                 LoaderKnobs(num_workers=best["num_workers"], prefetch_factor=pf, pin_memory=pin0), "prefetch_factor"
             )
     _measure_yours(sw)  # before the turns, which may keep the script's own
-    _in_turns(sw, budget_mb, cfg.yours)
+    _in_turns(sw, cfg.yours)
     rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
     if cfg.stall_at == "every":  # the protocol before: persistence measured as a point, then pinning
         if (
@@ -360,7 +374,7 @@ def _measure_yours(sw: _Sweep) -> None:
         sw.point(extra, "user")
 
 
-def _in_turns(sw: _Sweep, budget_mb: float, user: LoaderKnobs | None) -> None:
+def _in_turns(sw: _Sweep, user: LoaderKnobs | None) -> None:
     """Measure the settings the pick hinges on again, in turns, their loaders kept open, until the rule of
     :mod:`stagebench.model._evidence` is settled (:mod:`stagebench.loader._turns`), at most ``tie_rounds``
     rounds; the analysis reads the rows (``search_phase`` ``paired``, their round in ``turn``)."""
@@ -375,12 +389,15 @@ def _in_turns(sw: _Sweep, budget_mb: float, user: LoaderKnobs | None) -> None:
     def next_settings() -> list[LoaderKnobs]:
         rows = [normalize_row(r) for r in sw.rows]
         mine = user_point(rows, meta_user) if meta_user else None
-        return [
+        todo = [
             _knobs_of(p)
             for p in turns_to_run(
-                sw.rows, budget_mb=budget_mb, within_best=cfg.within_best, user=mine, max_rounds=cfg.tie_rounds
+                sw.rows, budget_mb=sw.budget_mb, within_best=cfg.within_best, user=mine, max_rounds=cfg.tie_rounds
             )
         ]
+        for knobs in todo:  # a setting whose loader was closed opens again in this round: room for it first
+            sw.make_room(normalize_knobs(knobs, sw.backend, cuda=sw.cuda)[0])
+        return todo
 
     if sw.progress is not None:
         sw.progress.message("in turns: the settings the pick hinges on, each loader kept open between its windows")
@@ -413,7 +430,7 @@ def _memory_at(sw: _Sweep, cons: Any, num_workers: int) -> dict[str, Any] | None
     return {"num_workers": num_workers, **mem, "batch_mb": cons.batch_mb, "seconds": time.perf_counter() - t0}
 
 
-def _worker_costs(sw: _Sweep, budget_mb: float) -> dict[str, Any]:
+def _worker_costs(sw: _Sweep) -> dict[str, Any]:
     """What each worker costs beyond throughput (:mod:`stagebench.loader._costs`): the dataset shipped to it,
     and each worker's memory over a pass at the pick's num_workers: read during the stall point where the
     search ran one, else in a pass of its own. ``seconds``: what this added to the sweep (the stall
@@ -431,7 +448,7 @@ def _worker_costs(sw: _Sweep, budget_mb: float) -> dict[str, Any]:
         out["shipping"] = ship
     elif ship is not None:  # under fork nothing is shipped: said, not measured
         out["shipping"] = {"start_method": ship["start_method"], "shipped": False, "largest": ship.get("largest")}
-    rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
+    rec = recommend(sw.rows, budget_mb=sw.budget_mb, within_best=cfg.within_best)
     out["memory_on_stall_point"] = sw.memory is not None  # its seconds then sit in the stall point's row
     if sw.memory is None and rec is not None and rec["num_workers"] > 0 and cfg.memory_pass_s > 0:
         # no stall point at the pick (epoch_stall off, or the protocol before): a point of its own, no window
@@ -544,6 +561,7 @@ def run_loader_sweep(
         cuda=run.cuda,
         writer=RowWriter(run.dir.results_csv, LOADER_COLUMNS),
         progress=progress,
+        budget_mb=run.budget_mb,
         epoch_batches=run.epoch_batches,
     )
     interrupted = _search(sw, run)
@@ -645,9 +663,9 @@ def _search(sw: _Sweep, run: _Run) -> bool:
                 for req, _eff, _notes in run.grid:
                     sw.point(req, "grid")
                 _measure_yours(sw)
-                _in_turns(sw, run.budget_mb, cfg.yours)
+                _in_turns(sw, cfg.yours)
             else:
-                stops = _adaptive(sw, run.levels, run.budget_mb)
+                stops = _adaptive(sw, run.levels)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -677,7 +695,7 @@ def _worker_costs_into(sw: _Sweep, run: _Run) -> None:
     """``run.json["worker_costs"]`` (:func:`_worker_costs`); where it fails, a warning instead."""
     try:
         with workers_beyond_cores_unwarned():  # its own memory pass may start the pick's workers again
-            run.meta["worker_costs"] = _worker_costs(sw, run.budget_mb)
+            run.meta["worker_costs"] = _worker_costs(sw)
     except Exception as e:  # a measurement beside the sweep: its failure loses none of the sweep's rows
         said = f"what each worker costs was not measured: {type(e).__name__}: {e}"[:300]
         run.meta.setdefault("warnings", []).append(said)
