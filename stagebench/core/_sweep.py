@@ -37,7 +37,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 from stagebench._numbers import finite, fmt_above, fmt_share_of, num
 from stagebench.core._config import CANNOT_MATTER, MeasureConfig, SweepConfig, in_turns_precision
@@ -48,7 +48,7 @@ from stagebench.core._resources import usable_cores
 from stagebench.runs._results import RowWriter
 from stagebench.runs._schema import STAGE_COLUMNS
 
-__all__ = ["sweep_stage", "plan_points", "PlannedPoint", "StageSweep", "sweep_process_points"]
+__all__ = ["sweep_stage", "plan_points", "PlannedPoint", "StageOptions", "StageSweep", "sweep_process_points"]
 
 _STOP_STATUSES = ("skipped", "timeout", "failed")
 _PLATEAU = "not measured: process throughput stopped rising"
@@ -101,17 +101,23 @@ def plan_points(fn: Callable, config: SweepConfig) -> list[PlannedPoint]:
     return pts
 
 
-def sweep_stage(
-    fn: Callable,
-    inputs: Sequence,
-    *,
-    name: str | None = None,
-    config: SweepConfig | None = None,
-    writer: RowWriter | None = None,
-    progress: Progress | None = None,
-    on_row: Callable[[dict[str, Any]], None] | None = None,
-    shared_ceilings: dict[tuple[str, str, int], dict[str, Any]] | None = None,
-):
+class StageOptions(TypedDict, total=False):
+    """What a stage's sweep may be given besides the stage and its inputs (each optional)."""
+
+    name: str | None
+    """The stage's name in rows and reports (default: the callable's name)."""
+    config: SweepConfig | None
+    """What to sweep and how to measure (default: :class:`SweepConfig`)."""
+    writer: RowWriter | None
+    """Where each row is appended as it is measured."""
+    progress: Progress | None
+    on_row: Callable[[dict[str, Any]], None] | None
+    """Called with each row as it lands."""
+    shared_ceilings: dict[tuple[str, str, int], dict[str, Any]] | None
+    """Ceilings measured once for several stages (:func:`sweep_stage`)."""
+
+
+def sweep_stage(fn: Callable, inputs: Sequence, **options: Unpack[StageOptions]):
     """Measure ``fn`` at every planned point; return a tidy DataFrame (one row per point).
 
     Rows are appended to ``writer`` as they are measured. ``KeyboardInterrupt``
@@ -131,16 +137,7 @@ def sweep_stage(
 
     from stagebench.core._spdl_harness import deferred_teardown
 
-    sweep = StageSweep(
-        fn,
-        inputs,
-        name=name,
-        config=config,
-        writer=writer,
-        progress=progress,
-        on_row=on_row,
-        shared_ceilings=shared_ceilings,
-    )
+    sweep = StageSweep(fn, inputs, **options)
     # deferred_teardown: SPDL's ~0.2 s of tear-down per point overlaps the next point's start
     with contextlib.ExitStack() as stack, deferred_teardown():
         pools = _pools(stack, [fn]) if "process" in _executors_for(fn, sweep.cfg) else {}
@@ -158,22 +155,12 @@ class StageSweep:
     rules see the same rows either way.
     """
 
-    def __init__(
-        self,
-        fn: Callable,
-        inputs: Sequence,
-        *,
-        name: str | None = None,
-        config: SweepConfig | None = None,
-        writer: RowWriter | None = None,
-        progress: Progress | None = None,
-        on_row: Callable[[dict[str, Any]], None] | None = None,
-        shared_ceilings: dict[tuple[str, str, int], dict[str, Any]] | None = None,
-    ) -> None:
-        self.fn, self.cfg = fn, config or SweepConfig()
-        self.name = name or getattr(fn, "__name__", None) or type(fn).__name__
+    def __init__(self, fn: Callable, inputs: Sequence, **options: Unpack[StageOptions]) -> None:
+        self.fn, self.cfg = fn, options.get("config") or SweepConfig()
+        self.name = options.get("name") or getattr(fn, "__name__", None) or type(fn).__name__
         self.inputs = list(inputs)
-        self.writer, self.progress, self.on_row, self.shared = writer, progress, on_row, shared_ceilings
+        self.writer, self.progress = options.get("writer"), options.get("progress")
+        self.on_row, self.shared = options.get("on_row"), options.get("shared_ceilings")
         self.payload = payload_bytes(self.inputs) if self.inputs else math.nan
         self.noop = async_identity if is_coroutine_callable(fn) else identity
         m = self.cfg.measure
