@@ -268,7 +268,11 @@ def test_diagnose_pipeline_writes_the_run_directory(tmp_path, capsys):
     assert {s["name"]: s["executor"] for s in r["stand_ins"]}["async_stage"] == "async"
     p = summary["prediction"]
     assert p["method"] == "replay" and p["qps"] == pytest.approx(r["qps"]) and p["bounds_qps"] > 0
-    assert v["qps"] == pytest.approx(r["qps"], rel=0.6)  # a loose sanity check: the benchmark measures accuracy
+    # a loose sanity check (the benchmark measures accuracy): the stand-ins replay per-item times read in
+    # the sweep, so a CPU whose speed moved during it (the tool warns; seen 1.8x on this VM) moves the
+    # replay as much: seen 736 items/s validated against 438 replayed
+    spread = (summary.get("cpu_speed") or {}).get("sweep_spread") or 1.0
+    assert 0.4 / spread <= v["qps"] / r["qps"] <= 1.6 * spread, (v["qps"], r["qps"], spread)
     captured = capsys.readouterr()
     assert "report:" in captured.out and "sleep: 2 ms <io>" in captured.out
     assert "diagnosing 4 stage(s)" in captured.err
