@@ -353,6 +353,42 @@ def test_a_pass_of_a_few_batches_a_worker_is_not_extrapolated_to_the_epoch():
     assert not worker_cost_findings(costs, None)
 
 
+class _Busy:
+    """A stand-in warm consumer: two "workers" (this process), each making ``per_read`` batches between
+    two readings of its events (a reading of the pass reads them once)."""
+
+    def __init__(self, per_read: int) -> None:
+        self.per_read = per_read
+        self.made = 0
+        self.finished = False
+
+    def worker_pids(self) -> list[int]:
+        return [os.getpid()]
+
+    @property
+    def events(self) -> list:
+        from stagebench.loader._point import _Event
+
+        self.made += self.per_read
+        return [_Event(t=0.0, epoch=0, pid=os.getpid(), n=8, threads=1)] * self.made
+
+
+def test_a_pass_ends_once_each_worker_made_its_share_of_the_epoch():
+    """A small epoch is read whole well within the budget: the pass ends there (at MIN_READINGS
+    readings), not at ``seconds``; a large one runs its ``seconds`` and extrapolates."""
+    from stagebench.loader._costs import MIN_BATCHES, MIN_READINGS
+
+    t0 = time.perf_counter()
+    small = memory_pass(_Busy(MIN_BATCHES), num_workers=1, epoch_batches=8, seconds=30.0, interval_s=0.01)
+    assert time.perf_counter() - t0 < 10.0
+    assert small is not None and len(small["samples"]) == MIN_READINGS
+    assert small["extrapolated"] is False
+    # the epoch's share not made within the pass: it runs on to ``seconds``
+    large = memory_pass(_Busy(MIN_BATCHES), num_workers=1, epoch_batches=20_000, seconds=0.3, interval_s=0.01)
+    assert large is not None and large["samples"][-1]["t"] >= 0.3
+    assert large["batches_per_worker"] < large["epoch_batches_per_worker"]
+
+
 # pytorch/examples' ImageNet --dummy, -b 16 -j 2: each worker's readings over the 2 s memory pass
 _IMAGENET_PASS = [
     (0.04, (23.14, 23.02), (1, 1)),

@@ -11,9 +11,10 @@ copies the dataset into shared memory once, whatever the start method.
 **Memory over an epoch.** A forked worker shares the parent's pages until it writes to them, and
 reading a Python object writes its reference count: a worker that reads a Python list of millions of
 tuples copies, page by page, the part of the list it touches (copy-on-read), and its private memory
-grows through the epoch. :func:`memory_pass` runs the loader at one setting for a budget, reads each
-worker's private memory (USS; PSS where USS cannot be read) as it goes, with the batches each worker
-made, and fits the growth per batch; where the pass did not reach the end of the epoch, the growth is
+grows through the epoch. :func:`memory_pass` runs the loader at one setting for a budget (or until each
+worker made its share of the epoch), reads each worker's private memory (USS; PSS where USS cannot be
+read) as it goes, with the batches each worker made, and fits the growth per batch; where the pass did
+not reach the end of the epoch, the growth is
 extrapolated to the worker's share of it, and said so: linearly, bounded by the memory the Python
 objects it reads take (a page once copied stays copied: reading in random order, a worker touches most
 pages of a list early in the epoch, so growth per batch falls as it goes on; on a list of 3M tuples the
@@ -44,6 +45,8 @@ SLOW_PICKLE_S = 0.5
 # them over thousands of batches (FakeData's 224x224 images: 3 batches a worker in 2 s, extrapolated to
 # 10,009, an interval of -127 GB to +184 GB).
 MIN_BATCHES = 10
+#: The fewest readings of a pass that ends early, at a whole epoch (:func:`memory_pass`).
+MIN_READINGS = 4
 #: A container of this many Python objects or more is named (what the findings advise about).
 MANY_OBJECTS = 10_000
 
@@ -229,12 +232,23 @@ def memory_pass(
                 counts[e.pid] = counts.get(e.pid, 0) + 1
         return counts
 
+    # A pass in which every worker made its whole share of the epoch (and MIN_BATCHES) has read the
+    # epoch's growth, not extrapolated it: it ends there (a small dataset's pass, a fraction of a second),
+    # with at least MIN_READINGS readings for the median of the growth between them.
+    enough = max(MIN_BATCHES, math.ceil(epoch_batches / max(1, num_workers))) if epoch_batches else None
     samples: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     while True:
         mem, n = read(), made()
         samples.append({"t": time.perf_counter() - t0, "uss_mb": mem, "batches": n})
         if time.perf_counter() - t0 >= seconds or cons.finished:
+            break
+        first = samples[0]["batches"]
+        if (
+            enough is not None
+            and len(samples) >= MIN_READINGS
+            and all(n.get(pid, 0) - first.get(pid, 0) >= enough for pid in procs)
+        ):
             break
         time.sleep(interval_s)
     return _growth(samples, num_workers=num_workers, epoch_batches=epoch_batches, cap_mb=cap_mb)

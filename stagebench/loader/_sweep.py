@@ -412,7 +412,7 @@ def _memory_at(sw: _Sweep, cons: Any, num_workers: int) -> dict[str, Any] | None
     if sw.progress is not None:
         sw.progress.message(
             f"memory over a pass: each worker's private memory at num_workers={num_workers} "
-            f"for {sw.cfg.memory_pass_s:g} s"
+            f"for up to {sw.cfg.memory_pass_s:g} s"
         )
     ds = getattr(sw.factory, "dataset", None)
     t0 = time.perf_counter()
