@@ -58,7 +58,7 @@ _LAZY = {
     "sweep_stage": ("stagebench.core._sweep", "sweep_stage"),
     "DiagnoseSettings": ("stagebench.pipeline._settings", "DiagnoseSettings"),
     "diagnose_pipeline": ("stagebench.pipeline._diagnose", "diagnose_pipeline"),
-    "LoaderKnobs": ("stagebench.runs._knobs", "LoaderKnobs"),
+    "LoaderKnobs": ("stagebench.model._knobs", "LoaderKnobs"),
     "LoaderSweepConfig": ("stagebench.loader._sweep", "LoaderSweepConfig"),
     "run_loader_sweep": ("stagebench.loader._sweep", "run_loader_sweep"),
     "sweep_dataset": ("stagebench.loader._intercept", "sweep_dataset"),
@@ -95,11 +95,11 @@ if TYPE_CHECKING:  # for type checkers and IDEs only
     from stagebench.core._sweep import sweep_stage
     from stagebench.loader._intercept import sweep_dataset
     from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
+    from stagebench.model._knobs import LoaderKnobs
     from stagebench.pipeline._diagnose import diagnose_pipeline
     from stagebench.pipeline._settings import DiagnoseSettings
     from stagebench.report._compare import compare_runs
     from stagebench.report._render import write_report
-    from stagebench.runs._knobs import LoaderKnobs
     from stagebench.runs._provenance import collect_provenance
     from stagebench.runs._results import RunDir, read_rows
     from stagebench.sweep._rebuild import rebuild as rebuild_report

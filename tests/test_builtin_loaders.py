@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from stagebench.loader._sweep import BatchTag, BuiltLoader
-from stagebench.runs._knobs import LoaderKnobs
+from stagebench.model._knobs import LoaderKnobs
 from stagebench.sweep._builtin_loaders import (
     AudioClipDataset,
     DecodeAudio,

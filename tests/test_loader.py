@@ -48,8 +48,9 @@ from stagebench.loader._sweep import (
     run_loader_sweep,
     window_rate,
 )
+from stagebench.model._knobs import LoaderKnobs
 from stagebench.report._terminal import format_loader_table
-from stagebench.runs._knobs import NOT_APPLICABLE, LoaderKnobs, normalize_knobs
+from stagebench.runs._knobs import NOT_APPLICABLE, normalize_knobs
 from stagebench.runs._results import read_rows
 from stagebench.runs._schema import LOADER_COLUMNS
 
@@ -883,7 +884,7 @@ def test_the_search_keeps_open_only_loaders_the_turns_may_ask_for(monkeypatch):
     monkeypatch.setattr(sweep_mod.HeldLoaders, "_close_one", staticmethod(lambda h, row, hung: None))
     monkeypatch.setattr(sw.held, "keep", lambda keys: closed.extend(k for k in sw.held.open if k not in keys))
     sw.prune()
-    kept = {k[0] for k in sw.held.open if k not in closed}
+    kept = {k.num_workers for k in sw.held.open if k not in closed}
     assert kept == {1, 4, 8}  # yours (slow, but the turns always compare it), then the two fastest
 
 

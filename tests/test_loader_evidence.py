@@ -7,7 +7,8 @@ import math
 import pytest
 
 from stagebench.analysis._loader import normalize_row, recommend, summarize_loader
-from stagebench.analysis._loader_evidence import paired_ratio, paired_rounds, pool_points, setting_key
+from stagebench.analysis._loader_evidence import paired_ratio, paired_rounds, pool_points
+from stagebench.model._knobs import LoaderKnobs
 
 
 def _row(nw, sps, *, half=0.02, phase="num_workers", pf=2, n=None, window=1.0, stall=math.nan, status="ok"):
@@ -74,7 +75,7 @@ MINE4 = {
 
 def test_the_rounds_in_turns_are_read_back_from_the_rows():
     rows = _paired([(682, 782), (690, 790), (675, 780)])
-    two, four = setting_key(_row(2, 1.0)), setting_key(_row(4, 1.0))
+    two, four = LoaderKnobs.from_row(_row(2, 1.0)), LoaderKnobs.from_row(_row(4, 1.0))
     rounds = paired_rounds(rows)
     assert rounds == [{two: 682, four: 782}, {two: 690, four: 790}, {two: 675, four: 780}]
     x = paired_ratio(rounds, four, two)

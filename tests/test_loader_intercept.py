@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from loader_datasets import SleepDataset, slow_worker_init
 
 from stagebench.loader._intercept import factory_from_loader, install_dataloader_hook
-from stagebench.runs._knobs import LoaderKnobs
+from stagebench.model._knobs import LoaderKnobs
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 SCRIPT = Path(__file__).parent / "scripts" / "loader_train.py"

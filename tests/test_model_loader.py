@@ -122,3 +122,25 @@ def test_a_loader_point_reads_a_row_a_summary_or_a_frame_record_alike():
     empty = LoaderPoint.from_json(None)
     assert empty.samples_per_s is None and empty.status == "ok" and empty.knobs == PointKnobs(None, None, None, None)
     assert LoaderPoint.from_json({"samples_per_s": math.nan}).rate is None
+
+
+def test_loader_knobs_read_from_rows_name_one_setting_whatever_the_row_was_read_from():
+    """Rows written by the sweep, read back from results.csv (floats, NaN) or from a summary ("not
+    applicable") name the same setting: the key by which readings pool and rounds pair."""
+    import pytest
+
+    from stagebench.model._knobs import LoaderKnobs
+
+    written = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False, "pin_memory": False}
+    from_csv = {"num_workers": 2.0, "prefetch_factor": 2.0, "persistent_workers": False, "pin_memory": "not applicable"}
+    assert (
+        LoaderKnobs.from_row(written) == LoaderKnobs.from_row(from_csv) == LoaderKnobs(num_workers=2, prefetch_factor=2)
+    )
+    none = {"num_workers": 0, "prefetch_factor": math.nan, "persistent_workers": "not applicable", "pin_memory": False}
+    assert LoaderKnobs.from_row(none) == LoaderKnobs()
+    # of settings as fast the cheaper is advised: workers first, then batches in flight, then the flags
+    pf4 = LoaderKnobs(num_workers=2, prefetch_factor=4)
+    keep = LoaderKnobs(num_workers=2, prefetch_factor=2, persistent_workers=True)
+    assert LoaderKnobs().cost() < LoaderKnobs.from_row(written).cost() < keep.cost() < pf4.cost()
+    with pytest.raises(ValueError, match="num_workers"):
+        LoaderKnobs.from_row({"num_workers": None})

@@ -369,7 +369,7 @@ def test_the_job_runs_open_loaders_beyond_the_cores_without_torchs_warning():
     from stagebench.core._resources import usable_cores
     from stagebench.loader._intercept import make_loader_factory
     from stagebench.loader._trainer import _opened
-    from stagebench.runs._knobs import LoaderKnobs
+    from stagebench.model._knobs import LoaderKnobs
 
     many = usable_cores() + 1
     items = [torch.zeros(2) for _ in range(64)]

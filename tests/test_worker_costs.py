@@ -18,7 +18,7 @@ from stagebench.loader._config import LoaderSweepConfig
 from stagebench.loader._costs import copy_bound_mb, largest_container, memory_pass, shipping_cost
 from stagebench.loader._intercept import make_loader_factory
 from stagebench.loader._point import _Consumer, _Plan, _SpdlErrors, _supervise, _teardown, measure_loader_point
-from stagebench.runs._knobs import LoaderKnobs
+from stagebench.model._knobs import LoaderKnobs
 
 
 class Blob(Dataset):

@@ -25,18 +25,18 @@ from typing import Any
 from stagebench._numbers import finite, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._job import job_findings
-from stagebench.analysis._loader_evidence import is_ok, paired_ratio, paired_rounds, pool_points, setting_key
+from stagebench.analysis._loader_evidence import is_ok, paired_ratio, paired_rounds, pool_points
 from stagebench.analysis._worker_costs import beside_the_pick, worker_cost_findings, worker_costs_summary
 from stagebench.core._config import CANNOT_MATTER
 from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS, Decision
 from stagebench.model._finding import Finding, by_severity
 from stagebench.model._job import JobVerdict, StepAlone
+from stagebench.model._knobs import LoaderKnobs
 from stagebench.model._loader import LoaderPoint
 from stagebench.model._meta import Provenance, RunMeta, UserKnobs
-from stagebench.runs._knobs import KNOB_KEYS, NOT_APPLICABLE, LoaderKnobs, normalize_knobs
+from stagebench.runs._knobs import KNOB_KEYS, NOT_APPLICABLE, normalize_knobs
 
 __all__ = [
-    "setting_cost",
     "normalize_row",
     "user_point",
     "recommend",
@@ -171,8 +171,8 @@ def _over_budget(p: dict[str, Any], budget_mb: float | None) -> bool:
     return budget_mb is not None and math.isfinite(p["mem_pss_mb"]) and p["mem_pss_mb"] > budget_mb
 
 
-def setting_cost(p: dict[str, Any]) -> tuple:
-    return (p["num_workers"], p["prefetch_factor"] or 0, p["persistent_workers"] is True, p["pin_memory"] is True)
+def _cheapest_first(p: dict[str, Any]) -> tuple[float, ...]:
+    return LoaderKnobs.from_row(p).cost()
 
 
 def _stall_gain(p: dict, q: dict) -> float:
@@ -231,7 +231,7 @@ def recommend(
             serial_note = f"; num_workers=0 left out: {SERIAL_WORDS}"
         if meeting:
             # the cheapest; persistent_workers and pin_memory are set afterwards, one rule each (_kept_knobs)
-            rec = min(meeting, key=setting_cost).copy()
+            rec = min(meeting, key=_cheapest_first).copy()
             rec["why"] = (
                 f"cheapest setting that delivers the target {target_rate:,.1f} samples/s with "
                 f"{headroom:.0%} headroom ({need:,.1f}){serial_note}"
@@ -254,7 +254,7 @@ def _near(pool: list[dict[str, Any]]) -> list[dict[str, Any]]:
     loader's 2 workers read 439 against 4 workers' 387; in turns 4 ran 5-10% ahead in each round)."""
     top = max(pool, key=lambda p: p["samples_per_s"])
     floor = CANNOT_MATTER * top["samples_per_s"]
-    return sorted((p for p in pool if p["samples_per_s"] >= floor or _overlaps(p, top)), key=setting_cost)
+    return sorted((p for p in pool if p["samples_per_s"] >= floor or _overlaps(p, top)), key=_cheapest_first)
 
 
 def loader_decision(
@@ -281,17 +281,17 @@ def loader_decision(
         return _knob_text(p)
 
     considered: dict[str, dict[str, Any]] = {}
-    for p in [mine, top] + [q for q in pool if setting_key(q) in in_turns]:
+    for p in [mine, top] + [q for q in pool if LoaderKnobs.from_row(q) in in_turns]:
         if p is not None:
             considered.setdefault(key(p), p)
     near = _near(pool)
 
     def ratio(a: str, b: str) -> Any:
-        return paired_ratio(rounds, setting_key(by_key[a]), setting_key(by_key[b]))
+        return paired_ratio(rounds, LoaderKnobs.from_row(by_key[a]), LoaderKnobs.from_row(by_key[b]))
 
     while True:
         by_key = dict(considered)
-        options = [Option(k, tuple(float(x) for x in setting_cost(p)), Rate.from_json(p)) for k, p in by_key.items()]
+        options = [Option(k, _cheapest_first(p), Rate.from_json(p)) for k, p in by_key.items()]
         options.sort(key=lambda o: o.cost)
         d = decide(options, yours=key(mine) if mine else None, ratio=ratio, margin=1 - within_best)
         # the cheapest near setting the turns have not ruled out joins: what the next turns would measure
@@ -356,7 +356,7 @@ def _mine(points: list[dict], user: dict | None) -> dict | None:
     """The user's measured setting among ``points``, if there."""
     if user is None or not is_ok(user):
         return None
-    return next((p for p in points if setting_cost(p) == setting_cost(user)), None)
+    return next((p for p in points if LoaderKnobs.from_row(p) == LoaderKnobs.from_row(user)), None)
 
 
 def turns_to_run(
@@ -902,8 +902,8 @@ def _knobs_kept(
 
 def _same_knobs_but(pool: list[dict], p: dict, **changed: Any) -> dict | None:
     """The measured point with p's knobs except ``changed``."""
-    want = setting_key({**p, **changed})
-    return next((q for q in pool if setting_key(q) == want), None)
+    want = LoaderKnobs.from_row({**p, **changed})
+    return next((q for q in pool if LoaderKnobs.from_row(q) == want), None)
 
 
 def user_point(pts: list[dict[str, Any]], meta: Mapping[str, Any] | RunMeta) -> dict[str, Any] | None:
@@ -924,21 +924,13 @@ def user_point(pts: list[dict[str, Any]], meta: Mapping[str, Any] | RunMeta) -> 
         )
     except (TypeError, ValueError):
         return None
-    for p in pts:
-        if (
-            p["num_workers"] == eff.num_workers
-            and p["prefetch_factor"] == eff.prefetch_factor
-            and (p["persistent_workers"] is True) == eff.persistent_workers
-            and (p["pin_memory"] is True) == eff.pin_memory
-        ):
-            return p
-    return None
+    return next((p for p in pts if LoaderKnobs.from_row(p) == eff), None)
 
 
-def _cost(p: dict[str, Any]) -> tuple:
+def _cost(p: dict[str, Any]) -> tuple[float, ...]:
     """Workers first, then the other knobs, then memory (a candidate's cost in the job runs)."""
     mem = p["mem_pss_mb"] if math.isfinite(p["mem_pss_mb"]) else 0.0
-    return (*setting_cost(p), mem)
+    return (*_cheapest_first(p), mem)
 
 
 def job_candidates(rows: Any, meta: dict[str, Any], demand: dict[str, Any] | float | None) -> Any:
@@ -1181,7 +1173,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "warnings": _warnings(c.pts, m),
         "recommended": _public(rec, rec["why"]) if rec is not None else None,
         "recommended_alone": _public(isolated, isolated["why"])
-        if isolated is not None and rec is not None and setting_cost(isolated) != setting_cost(rec)
+        if isolated is not None and rec is not None and LoaderKnobs.from_row(isolated) != LoaderKnobs.from_row(rec)
         else None,
         "best": _public(c.best) if c.best is not None else None,
         "user_setting": _public(c.user) if c.user is not None else None,
@@ -1307,7 +1299,7 @@ def _pick_verdict(c: _Picks, rec: dict[str, Any], target: dict[str, Any] | None)
     if target is not None:
         verdict += " by the loader alone"
     best = c.best
-    if best is not None and setting_cost(best) != setting_cost(rec):
+    if best is not None and LoaderKnobs.from_row(best) != LoaderKnobs.from_row(rec):
         verdict += f" (best {best['samples_per_s']:,.1f} at num_workers={best['num_workers']})"
     decision = LoaderPoint.from_json(rec).decision
     if decision and target is None:

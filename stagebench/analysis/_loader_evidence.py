@@ -25,17 +25,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from stagebench.model._evidence import Ratio
+from stagebench.model._knobs import LoaderKnobs
 
-__all__ = ["setting_key", "is_ok", "pool_points", "paired_rounds", "paired_ratio", "Z95"]
+__all__ = ["is_ok", "pool_points", "paired_rounds", "paired_ratio", "Z95"]
 
 Z95 = 1.959964  # the normal 95% quantile: a reading's interval back to its standard error
-_KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 _MIN_PAIRS = 2
-
-
-def setting_key(p: dict[str, Any]) -> tuple:
-    """The setting of a normalised row: num_workers, prefetch_factor, persistent_workers, pin_memory."""
-    return tuple(p[k] if k in ("num_workers", "prefetch_factor") else p[k] is True for k in _KNOBS)
 
 
 def is_ok(p: dict[str, Any]) -> bool:
@@ -54,9 +49,9 @@ def pool_points(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     Each point keeps ``measurements`` (how many readings), ``readings`` (their samples/s) and the
     epoch stall of any of its rows (the stall alone, measured at the pick, is a row of its own).
     """
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+    groups: dict[LoaderKnobs, list[dict[str, Any]]] = {}
     for r in raw:
-        groups.setdefault(setting_key(r), []).append(r)
+        groups.setdefault(LoaderKnobs.from_row(r), []).append(r)
     out = []
     for rows in groups.values():
         ok = [r for r in rows if is_ok(r)]
@@ -111,19 +106,19 @@ def _pooled(ok: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def paired_rounds(raw: list[dict[str, Any]]) -> list[dict[tuple, float]]:
-    """The windows in turns, as rounds: per round, each setting's rate (measured ok) by :func:`setting_key`.
+def paired_rounds(raw: list[dict[str, Any]]) -> list[dict[LoaderKnobs, float]]:
+    """The windows in turns, as rounds: per round, each setting's rate (measured ok) by its knobs.
 
     Rows are read in measurement order; each carries its round (``turn``). Rows written before that
     column existed end a round where a setting comes again (A B, B A: the tie-break's order then).
     """
-    rounds: list[dict[tuple, float]] = []
-    seen: set[tuple] = set()
+    rounds: list[dict[LoaderKnobs, float]] = []
+    seen: set[LoaderKnobs] = set()
     last_turn = None
     for r in raw:
         if r["search_phase"] != "paired":
             continue
-        k = setting_key(r)
+        k = LoaderKnobs.from_row(r)
         turn = r.get("turn")
         numbered = isinstance(turn, (int, float)) and math.isfinite(turn)
         if not rounds or (turn != last_turn if numbered else k in seen):
@@ -136,6 +131,6 @@ def paired_rounds(raw: list[dict[str, Any]]) -> list[dict[tuple, float]]:
     return rounds
 
 
-def paired_ratio(rounds: list[dict[tuple, float]], a: tuple, b: tuple) -> Ratio | None:
+def paired_ratio(rounds: list[dict[LoaderKnobs, float]], a: LoaderKnobs, b: LoaderKnobs) -> Ratio | None:
     """a's rate over b's, round by round, over the rounds that measured both."""
     return Ratio.of_pairs([(r[a], r[b]) for r in rounds if a in r and b in r])

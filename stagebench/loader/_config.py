@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from stagebench._settings import DEMAND_HEADROOM, LOADER_MIN_WINDOW_S, LOADER_WINDOW_S, PRECISION, check
-from stagebench.runs._knobs import LoaderKnobs
+from stagebench.model._knobs import LoaderKnobs
 
 __all__ = ["LoaderSweepConfig", "LoaderFactory", "STRATEGIES"]
 

@@ -37,7 +37,8 @@ from stagebench._settings import local_rank
 from stagebench._spdl_private import MODE_VAR, PYTORCH_DATALOADER_MODULE, pytorch_get_items
 from stagebench.loader._point import BuiltLoader, EpochControl, TaggedCollate, TimedInit
 from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
-from stagebench.runs._knobs import LoaderKnobs, loader_knobs
+from stagebench.model._knobs import LoaderKnobs
+from stagebench.runs._knobs import loader_knobs
 from stagebench.runs._outcome import FAILED, PARTIAL
 
 __all__ = [

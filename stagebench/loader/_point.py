@@ -48,7 +48,8 @@ from typing import Any, NamedTuple
 from stagebench._numbers import num
 from stagebench.core._sizes import approx_nbytes
 from stagebench.loader._config import LoaderFactory, LoaderSweepConfig
-from stagebench.runs._knobs import LoaderKnobs, normalize_knobs
+from stagebench.model._knobs import LoaderKnobs
+from stagebench.runs._knobs import normalize_knobs
 
 __all__ = [
     "BatchTag",
@@ -238,10 +239,6 @@ def _cuda_available() -> bool:
         return bool(torch.cuda.is_available())
     except Exception:
         return False
-
-
-def _key(k: LoaderKnobs) -> tuple:
-    return (k.num_workers, k.prefetch_factor, k.persistent_workers, k.pin_memory)
 
 
 class _SpdlErrors(logging.Handler):

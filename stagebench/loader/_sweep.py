@@ -30,7 +30,6 @@ from stagebench.loader._point import (
     EpochControl,
     TaggedCollate,
     _cuda_available,
-    _key,
     measure_loader_point,
     shut_down,
     timed_window,
@@ -38,7 +37,8 @@ from stagebench.loader._point import (
     workers_beyond_cores_unwarned,
 )
 from stagebench.loader._turns import HeldLoaders
-from stagebench.runs._knobs import KNOWN_BACKENDS, LoaderKnobs, normalize_knobs
+from stagebench.model._knobs import LoaderKnobs
+from stagebench.runs._knobs import KNOWN_BACKENDS, normalize_knobs
 from stagebench.runs._outcome import COMPLETE, FAILED, INTERRUPTED, PARTIAL
 
 if TYPE_CHECKING:
@@ -82,14 +82,13 @@ def plan_grid(
 ) -> list[tuple[LoaderKnobs, LoaderKnobs, list[str]]]:
     """Every combination, normalised and de-duplicated: (requested, effective, notes)."""
     pins = cfg.pin_memory if cuda else (False,)
-    out: dict[tuple, tuple[LoaderKnobs, LoaderKnobs, list[str]]] = {}
+    out: dict[LoaderKnobs, tuple[LoaderKnobs, LoaderKnobs, list[str]]] = {}
     for nw, pf, pw, pin in itertools.product(
         _levels(cfg, backend, usable_cores), cfg.prefetch_factors, cfg.persistent_workers, pins
     ):
         req = LoaderKnobs(num_workers=nw, prefetch_factor=pf, persistent_workers=pw, pin_memory=pin)
         eff, _, notes = normalize_knobs(req, backend, cuda=cuda)
-        if _key(eff) not in out:
-            out[_key(eff)] = (req, eff, notes)
+        out.setdefault(eff, (req, eff, notes))
     return list(out.values())
 
 
@@ -123,7 +122,7 @@ class _Sweep:
     budget_mb: float = math.inf  # main process and workers together (_memory_budget)
     epoch_batches: int | None = None  # batches in an epoch, where the loader says
     rows: list[dict[str, Any]] = field(default_factory=list, init=False)
-    by_key: dict[tuple, dict[str, Any]] = field(default_factory=dict, init=False)
+    by_key: dict[LoaderKnobs, dict[str, Any]] = field(default_factory=dict, init=False)  # by effective knobs
     memory: dict[str, Any] | None = field(default=None, init=False)  # the memory pass at the pick, once read
     held: HeldLoaders = field(init=False)  # loaders kept open after their point, for the turns and the stall
 
@@ -139,23 +138,23 @@ class _Sweep:
         setting's open loader where there is one."""
         eff, _, _ = normalize_knobs(knobs, self.backend, cuda=self.cuda)
         throughput = how.get("throughput", True)
-        if _key(eff) in self.by_key and not again and throughput:
-            return self.by_key[_key(eff)]
+        if eff in self.by_key and not again and throughput:
+            return self.by_key[eff]
         if self.progress is not None:
             self.progress.start(f"{self.name} | {eff.label()}{'' if throughput else ' (stall)'}")
         how = {"stall": self.cfg.epoch_stall and self.cfg.stall_at == "every", **how}
         floor = self.floor() if phase == "num_workers" else None
         row: dict[str, Any] | None = None
         if throughput and not how["stall"]:
-            self.make_room(eff)
+            self.make_room(knobs)
             row = self.held.window(knobs, self.cfg, phase=phase, floor=floor)
         elif not throughput and how["stall"]:
             row = self.held.stall(knobs, self.cfg, phase=phase, during=how.get("during"))
         if row is None:
-            self.make_room(eff)
+            self.make_room(knobs)
             row = self.fresh(knobs, phase, cannot_matter_below=floor, **how)
         if throughput:
-            self.by_key.setdefault(_key(eff), row)
+            self.by_key.setdefault(eff, row)
         self.record(row, phase)
         self.prune()
         return row
@@ -210,11 +209,12 @@ class _Sweep:
             return math.nan
         return float(last["mem_main_mb"] + num_workers * last["mem_workers_mb"] / last["num_workers"])
 
-    def make_room(self, eff: LoaderKnobs) -> None:
+    def make_room(self, knobs: LoaderKnobs) -> None:
         """Close the loaders kept open where a new loader's workers, predicted before they start, would not
         fit the memory budget beside theirs: the loaders kept open give way to the next point, whichever
         phase asks for it (num_workers, prefetch_factor, yours, the grid, the turns, a stall on a fresh loader)."""
-        if not self.held.open or _key(eff) in self.held.open:
+        eff = self.held.key(knobs)
+        if not self.held.open or eff in self.held.open:
             return
         predicted = self.predicted_mb(eff.num_workers)
         if math.isfinite(predicted) and predicted + self.held_mb() > self.budget_mb:
@@ -396,7 +396,7 @@ def _in_turns(sw: _Sweep, user: LoaderKnobs | None) -> None:
             )
         ]
         for knobs in todo:  # a setting whose loader was closed opens again in this round: room for it first
-            sw.make_room(normalize_knobs(knobs, sw.backend, cuda=sw.cuda)[0])
+            sw.make_room(knobs)
         return todo
 
     if sw.progress is not None:

@@ -31,7 +31,7 @@ def loader_trainer_phases(
     ``cached_knobs``: the setting whose batches the step is measured on (the user's pin_memory on a
     host with a CUDA device: the batches are then what the loop will receive).
     """
-    from stagebench.runs._knobs import LoaderKnobs
+    from stagebench.model._knobs import LoaderKnobs
 
     probe = TrainerProbe(
         seconds=seconds,

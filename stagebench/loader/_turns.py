@@ -44,7 +44,6 @@ from stagebench.loader._point import (
     _failed,
     _failure,
     _fill,
-    _key,
     _measure_stall,
     _Plan,
     _quiet_sigchld,
@@ -53,7 +52,8 @@ from stagebench.loader._point import (
     _teardown,
     timed_window,
 )
-from stagebench.runs._knobs import LoaderKnobs, normalize_knobs
+from stagebench.model._knobs import LoaderKnobs
+from stagebench.runs._knobs import normalize_knobs
 
 __all__ = ["HeldLoaders", "run_turns"]
 
@@ -140,11 +140,12 @@ class HeldLoaders:
         self.backend = backend
         self.batch_size = batch_size
         self.cuda = cuda
-        self.open: dict[tuple, _Held] = {}
+        self.open: dict[LoaderKnobs, _Held] = {}  # by effective knobs
 
-    def key(self, knobs: LoaderKnobs) -> tuple:
+    def key(self, knobs: LoaderKnobs) -> LoaderKnobs:
+        """The effective knobs of ``knobs`` (what the loader runs), by which its open loader is kept."""
         eff, _, _ = normalize_knobs(knobs, self.backend, cuda=self.cuda)
-        return _key(eff)
+        return eff
 
     def window(
         self,
@@ -159,7 +160,7 @@ class HeldLoaders:
         open, suspended, after it; a loader that failed is closed. ``floor``: as a point's
         (:func:`stagebench.loader._point.measure_loader_point`'s ``cannot_matter_below``)."""
         eff, shown, notes = normalize_knobs(knobs, self.backend, cuda=self.cuda)
-        key = _key(eff)
+        key = eff
         row = _empty_row(self.name, self.backend, eff, shown, phase, notes)
         if turn is not None:
             row["turn"] = turn
@@ -222,11 +223,11 @@ class HeldLoaders:
         row["elapsed_s"] = time.perf_counter() - t_begin
         return row
 
-    def _others_idle(self, key: tuple, limit_s: float) -> None:
+    def _others_idle(self, key: LoaderKnobs, limit_s: float) -> None:
         """Wait until the workers of the other open loaders idle (:func:`_until_idle`)."""
         _until_idle([pid for k, h in self.open.items() if k != key for pid in h.cons.worker_pids()], limit_s)
 
-    def keep(self, keys: set[tuple], *, hung: bool = False) -> None:
+    def keep(self, keys: set[LoaderKnobs], *, hung: bool = False) -> None:
         """Close every open loader but those of ``keys`` (``hung``: without waiting for them, as on Ctrl-C)."""
         for key in [k for k in self.open if k not in keys]:
             h = self.open.pop(key)
@@ -251,7 +252,13 @@ class HeldLoaders:
         return fail is None
 
     def _finish(
-        self, h: _Held, key: tuple, row: dict[str, Any], outcome: Window | None, hung: bool, cfg: LoaderSweepConfig
+        self,
+        h: _Held,
+        key: LoaderKnobs,
+        row: dict[str, Any],
+        outcome: Window | None,
+        hung: bool,
+        cfg: LoaderSweepConfig,
     ) -> None:
         if row["status"] == "ok" and h.errors.records:
             _failed(h.cons, h.errors, row)

@@ -17,9 +17,9 @@ from typing import Any
 
 from stagebench._numbers import num, num_or_none
 from stagebench.analysis._labels import LIMIT_SHORT
-from stagebench.analysis._loader import setting_cost
 from stagebench.analysis._pipeline_job import user_setting
 from stagebench.model._job import JobVerdict
+from stagebench.model._knobs import LoaderKnobs
 from stagebench.model._loader import LoaderPoint
 from stagebench.model._meta import LoaderInfo
 from stagebench.model._stage import StageEntry, StageSetting
@@ -227,7 +227,7 @@ def format_loader_table(summary: dict[str, Any]) -> str:
     sm = Summary.from_json(summary)
     # the knobs of the recommended and the best point, where the summary has them
     rec, best = (None if q is None else LoaderPoint.from_json(q).knobs for q in (sm.recommended, sm.best))
-    for p in map(LoaderPoint.from_json, sorted(sm.points, key=setting_cost)):
+    for p in map(LoaderPoint.from_json, sorted(sm.points, key=lambda p: LoaderKnobs.from_row(p).cost())):
         mark = "*" if p.knobs == rec else ("+" if p.knobs == best else " ")
         r = p.samples_per_s
         ci = f"[{r.low:,.1f}, {r.high:,.1f}]" if r is not None and r.low is not None and r.high is not None else "-"

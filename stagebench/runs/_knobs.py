@@ -1,4 +1,4 @@
-"""Loader settings as the rows record them: the knobs, the backends' rules, and their display.
+"""Loader settings as the rows record them: the backends' rules for the knobs, and their display.
 
 Shared by the loader sweep that measures them, the analysis that picks one and
 the report that shows them; plain data, no torch.
@@ -7,10 +7,11 @@ the report that shows them; plain data, no torch.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LoaderKnobs", "normalize_knobs", "NOT_APPLICABLE", "KNOWN_BACKENDS", "KNOB_KEYS", "loader_knobs"]
+from stagebench.model._knobs import LoaderKnobs
+
+__all__ = ["normalize_knobs", "NOT_APPLICABLE", "KNOWN_BACKENDS", "KNOB_KEYS", "loader_knobs"]
 
 
 #: Backends with their own knob rules; any other name is accepted and gets the
@@ -19,41 +20,6 @@ KNOWN_BACKENDS = ("torch", "spdl_pytorch")
 
 
 NOT_APPLICABLE = "not applicable"  # not "n/a": pandas reads "n/a" back as NaN
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LoaderKnobs:
-    """One loader setting: the knobs a training script passes to its DataLoader."""
-
-    num_workers: int = 0
-    """Worker processes; 0 loads in the main process."""
-
-    prefetch_factor: int | None = None
-    """Batches in flight per worker; ``None``: the backend's default (2), or not
-    applicable with 0 workers."""
-
-    persistent_workers: bool = False
-    """Keep workers alive between epochs (torch only)."""
-
-    pin_memory: bool = False
-    """Copy batches into page-locked memory (only meaningful with a CUDA device)."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 0:
-            raise ValueError(f"num_workers must be an integer >= 0, got {self.num_workers!r}")
-        pf = self.prefetch_factor
-        if pf is not None and (isinstance(pf, bool) or not isinstance(pf, int) or pf < 1):
-            raise ValueError(f"prefetch_factor must be None or an integer >= 1, got {pf!r}")
-        for key in ("persistent_workers", "pin_memory"):
-            if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"{key} must be True or False, got {getattr(self, key)!r}")
-
-    def label(self) -> str:
-        pf = "-" if self.prefetch_factor is None else str(self.prefetch_factor)
-        return (
-            f"workers={self.num_workers} prefetch={pf}"
-            f"{' persistent' if self.persistent_workers else ''}{' pin' if self.pin_memory else ''}"
-        )
 
 
 def normalize_knobs(knobs: LoaderKnobs, backend: str, *, cuda: bool) -> tuple[LoaderKnobs, dict[str, Any], list[str]]:
