@@ -51,7 +51,7 @@ from stagebench.sweep._builtin_loaders import (
     RandomHorizontalFlip,
     RandomResizedCrop,
 )
-from stagebench.sweep._datasets import builtin_imagenet
+from stagebench.sweep._datasets import generate_imagenet
 
 QUALITY_TARGET = 0.95
 TIME_TARGET = 1 / 3
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slow-repeat", type=int, default=3, help="part 3: searches at the defaults")
     ap.add_argument("--json", default=None)
     ns = ap.parse_args(argv)
-    root = builtin_imagenet(classes=ns.classes, per_class=ns.per_class)
+    root = generate_imagenet(None, classes=ns.classes, per_class=ns.per_class)
     transform = Compose([DecodeImage("pillow"), RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()])
     dataset = ImageFolderDataset.from_root(root, transform)
     plain = make_loader_factory(dataset, backend="torch", batch_size=16)

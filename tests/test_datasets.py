@@ -15,7 +15,6 @@ from stagebench.sweep import _datasets
 from stagebench.sweep._datasets import (
     MANIFEST,
     DatasetError,
-    builtin_imagenet,
     generate_audio,
     generate_imagenet,
     read_manifest,
@@ -148,7 +147,7 @@ def test_refuses_foreign_or_different_folders(tmp_path):
 
 def test_builtin_dataset_lives_in_the_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("STAGEBENCH_DATA_DIR", str(tmp_path / "cache"))
-    root = builtin_imagenet(classes=1, per_class=2, seed=5, log=_quiet)
+    root = generate_imagenet(None, classes=1, per_class=2, seed=5, log=_quiet)
     assert root.parent == tmp_path / "cache" and "c1-n2-s5" in root.name
     assert len(_jpegs(root)) == 2
 

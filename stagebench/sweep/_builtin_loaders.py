@@ -750,7 +750,9 @@ def build_loader(cfg: Any, *, progress: Any = None) -> LoaderSpec:
     collate = None
     if isinstance(cfg, ImageNetLoaderConfig):
         if cfg.root is None:
-            root = _datasets.builtin_imagenet(classes=cfg.classes, per_class=cfg.per_class, seed=cfg.seed, log=log)
+            root = _datasets.generate_imagenet(
+                None, classes=cfg.classes, per_class=cfg.per_class, seed=cfg.seed, log=log
+            )
             info["generated"] = _datasets.read_manifest(root)
         else:
             root = _user_root(cfg.root)
@@ -766,8 +768,8 @@ def build_loader(cfg: Any, *, progress: Any = None) -> LoaderSpec:
         info.update(root=str(root), decoder=cfg.decoder.name, image_size=cfg.image_size)
     elif isinstance(cfg, AudioLoaderConfig):
         if cfg.root is None:
-            root = _datasets.builtin_audio(
-                clips=cfg.clips, seconds=cfg.clip_seconds, sample_rate=cfg.sample_rate, seed=cfg.seed, log=log
+            root = _datasets.generate_audio(
+                None, clips=cfg.clips, seconds=cfg.clip_seconds, sample_rate=cfg.sample_rate, seed=cfg.seed, log=log
             )
             info["generated"] = _datasets.read_manifest(root)
         else:

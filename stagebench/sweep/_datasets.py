@@ -42,9 +42,7 @@ __all__ = [
     "data_dir",
     "read_manifest",
     "generate_imagenet",
-    "builtin_imagenet",
     "generate_audio",
-    "builtin_audio",
 ]
 
 #: Written last into a complete dataset; its presence is what "complete" means.
@@ -200,14 +198,15 @@ def _class_name(c: int) -> str:
 
 
 def generate_imagenet(
-    root: str | os.PathLike,
+    root: str | os.PathLike | None,
     *,
     classes: int,
     per_class: int,
     seed: int = 0,
     log: Callable[[str], None] | None = _stderr,
 ) -> Path:
-    """JPEGs in ImageNet train layout under ``root/train/<class>/``; returns ``root``.
+    """JPEGs in ImageNet train layout under ``root/train/<class>/``; returns ``root`` (``None``: the
+    cache's folder for these parameters, generated on first use).
 
     Does nothing when ``root`` already holds this dataset. Raises
     :class:`DatasetError` when ``root`` holds something else.
@@ -238,15 +237,9 @@ def generate_imagenet(
             "layout": "train/<class>/<class>_<n>.JPEG",
         }
 
+    if root is None:
+        root = data_dir() / f"imagenet-c{classes}-n{per_class}-s{seed}-v{GENERATOR_VERSION}"
     return _materialize(Path(root), "imagenet", params, build, log=log)
-
-
-def builtin_imagenet(
-    *, classes: int, per_class: int, seed: int = 0, log: Callable[[str], None] | None = _stderr
-) -> Path:
-    """The cached generated ImageNet-style dataset for these parameters (generated on first use)."""
-    name = f"imagenet-c{classes}-n{per_class}-s{seed}-v{GENERATOR_VERSION}"
-    return generate_imagenet(data_dir() / name, classes=classes, per_class=per_class, seed=seed, log=log)
 
 
 # --------------------------------------------------------------------------- audio
@@ -267,7 +260,7 @@ def _render_clip(rng: np.random.Generator, n: int, sample_rate: int) -> np.ndarr
 
 
 def generate_audio(
-    root: str | os.PathLike,
+    root: str | os.PathLike | None,
     *,
     clips: int,
     seconds: float,
@@ -275,7 +268,8 @@ def generate_audio(
     seed: int = 0,
     log: Callable[[str], None] | None = _stderr,
 ) -> Path:
-    """Mono 16-bit WAV clips under ``root/clips/``; returns ``root``."""
+    """Mono 16-bit WAV clips under ``root/clips/``; returns ``root`` (``None``: the cache's folder for
+    these parameters, generated on first use)."""
     if clips < 1 or seconds <= 0 or sample_rate < 1000:
         raise DatasetError(
             f"clips must be >= 1, seconds > 0 and sample_rate >= 1000; got {clips}, {seconds}, {sample_rate}"
@@ -298,17 +292,6 @@ def generate_audio(
             total += path.stat().st_size
         return {"files": clips, "bytes": total, "layout": "clips/clip_<n>.wav"}
 
+    if root is None:
+        root = data_dir() / f"audio-c{clips}-{seconds:g}s-{sample_rate}hz-s{seed}-v{GENERATOR_VERSION}"
     return _materialize(Path(root), "audio", params, build, log=log)
-
-
-def builtin_audio(
-    *,
-    clips: int,
-    seconds: float,
-    sample_rate: int = 16000,
-    seed: int = 0,
-    log: Callable[[str], None] | None = _stderr,
-) -> Path:
-    """The cached generated audio dataset for these parameters (generated on first use)."""
-    name = f"audio-c{clips}-{seconds:g}s-{sample_rate}hz-s{seed}-v{GENERATOR_VERSION}"
-    return generate_audio(data_dir() / name, clips=clips, seconds=seconds, sample_rate=sample_rate, seed=seed, log=log)
