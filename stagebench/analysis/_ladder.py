@@ -20,11 +20,11 @@ pipeline's :func:`stagebench.analysis._pipeline_job.job_candidates`. Here they b
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stagebench.core._jobrun import Candidate, Ladder
+from stagebench.core._jobrun import Candidate, JobSetting, Ladder
 from stagebench.model._rate import Rate
 
 __all__ = ["Rung", "build_ladder", "MAX_CANDIDATES", "ROOM"]
@@ -36,18 +36,13 @@ ROOM = 1.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Rung:
-    """A setting a kind offers the job runs."""
+class Rung(JobSetting):
+    """A setting a kind offers the job runs, with what the isolated sweep read of it."""
 
-    key: str
-    label: str
-    settings: Mapping[str, Any]
-    cost: tuple[float, ...]
     alone: Rate | None = None
     """The loader or pipeline alone at this setting, where measured."""
     alone_as: str | None = None
     """The setting the alone figure was measured at, where it differs in words (knobs the windows ignore)."""
-    round_steps: int = 1
     serial: bool = False
     """It loads between the steps (a DataLoader without workers): its alone rate does not feed them."""
     memory_mb: float | None = None
@@ -110,15 +105,7 @@ def build_ladder(
     keep_open = memory_budget_mb is None or held <= memory_budget_mb
     return Ladder(
         run=[
-            Candidate(
-                key=r.key,
-                label=r.label,
-                settings=dict(r.settings),
-                origin=tuple(origins),
-                cost=r.cost,
-                round_steps=r.round_steps,
-                alone=_alone_json(r),
-            )
+            Candidate(**{**r.setting(), "settings": dict(r.settings)}, origin=tuple(origins), alone=_alone_json(r))
             for r, origins in run
         ],
         skipped=skipped,

@@ -40,7 +40,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Any
 
 from stagebench.core._steps import WARMUP_STEPS
@@ -48,6 +48,7 @@ from stagebench.model._evidence import MAX_LOOKS
 
 __all__ = [
     "Candidate",
+    "JobSetting",
     "Feed",
     "JobRuns",
     "Ladder",
@@ -85,8 +86,9 @@ def group_steps(round_steps: int) -> int:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Candidate:
-    """One setting to run the user's loop with."""
+class JobSetting:
+    """A setting the job runs may try, of either kind: what a kind offers
+    (:class:`stagebench.analysis._ladder.Rung`) and what runs (:class:`Candidate`) both are."""
 
     key: str
     """Stable identifier (the setting, compactly)."""
@@ -94,12 +96,22 @@ class Candidate:
     """The setting as the user writes it (``num_workers=4, prefetch_factor=2``)."""
     settings: Mapping[str, Any]
     """The setting, JSON-able: loader knobs, or stage name -> [executor, concurrency]."""
-    origin: tuple[str, ...]
-    """Why it is a candidate: ``yours``, ``feeds``, ``above``, ``best``, ``pinned`` (the analysis words them)."""
     cost: tuple[float, ...]
     """What it costs, compared in order: workers and threads first, then the rest (memory)."""
     round_steps: int = 1
     """Batches per round of its workers (a DataLoader's num_workers; 1 where delivery has no rounds)."""
+
+    def setting(self) -> dict[str, Any]:
+        """Its :class:`JobSetting` fields, to build another kind of setting from it."""
+        return {f.name: getattr(self, f.name) for f in fields(JobSetting)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate(JobSetting):
+    """One setting to run the user's loop with."""
+
+    origin: tuple[str, ...]
+    """Why it is a candidate: ``yours``, ``feeds``, ``above``, ``best``, ``pinned`` (the analysis words them)."""
     alone: Mapping[str, Any] | None = None
     """The loader or pipeline alone at this setting, where measured (samples/s and interval)."""
 
