@@ -26,7 +26,6 @@ from typing import Any
 
 __all__ = [
     "Lane",
-    "Record",
     "Runner",
     "ThreadRunner",
     "AsyncRunner",
@@ -40,10 +39,6 @@ __all__ = [
     "leaked_threads",
     "pool_failure",
 ]
-
-#: (start, end, ok, worker key, error message or None)
-Record = tuple[float, float, bool, Any, "str | None"]
-
 
 class Lane:
     """One worker's item log. Written by one thread only, so no lock.
