@@ -47,6 +47,14 @@ def test_the_ratio_is_the_geometric_mean_of_the_rounds_with_a_positive_interval(
     assert Ratio.of_pairs([(0.0, 2.0), (float("nan"), 1.0)]) is None
 
 
+def test_an_interval_end_next_to_a_margin_of_the_rule_prints_which_side_it_lies():
+    """The demo's "1.03x yours (0.95-1.10 ...): as fast within 5%" was right (the end lay above 0.95), but
+    two digits could not show it."""
+    assert Ratio(1.03, 0.9512, 1.10, 4).text("yours") == "1.03x yours (0.951-1.10 over 4 rounds in turns)"
+    assert Ratio(1.03, 0.9496, 1.0004, 4).text() == "1.03x (0.9496-1.0004 over 4 rounds in turns)"
+    assert Ratio(0.90, 0.81, 0.99, 3).text() == "0.90x (0.81-0.99 over 3 rounds in turns)"  # far from them: two
+
+
 def test_rounds_to_clear_is_the_smallest_count_at_the_spread_seen():
     rng = random.Random(1)
     pairs = [(0.9 * math.exp(rng.gauss(0, 0.05)), 1.0) for _ in range(3)]

@@ -40,6 +40,7 @@ __all__ = [
     "pool_failure",
 ]
 
+
 class Lane:
     """One worker's item log. Written by one thread only, so no lock.
 

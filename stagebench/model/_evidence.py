@@ -147,7 +147,7 @@ class Ratio:
         head = f"{self.value:.2f}x" + (f" {of}" if of else "")
         if self.low is None or self.high is None:
             return f"{head} (no interval: {r})"
-        return f"{head} ({self.low:.2f}-{self.high:.2f} over {r})"
+        return f"{head} ({_bound(self.low)}-{_bound(self.high)} over {r})"
 
     def to_json(self) -> dict[str, Any]:
         return {"ratio": self.value, "ratio_low": self.low, "ratio_high": self.high, "rounds": self.rounds}
@@ -158,6 +158,17 @@ class Ratio:
             return None
         lo, hi = d.get("ratio_low"), d.get("ratio_high")
         return cls(float(d["ratio"]), lo, hi, int(d.get("rounds") or 0))
+
+
+def _bound(x: float) -> str:
+    """An interval's end at two digits, or as many more (up to four) as show which side of the rule's
+    margins (0.95, 1, 1/0.95) it lies: "0.95" cannot say whether an end lies above or below 0.95, and the
+    verdict turns on that."""
+    for digits in (2, 3, 4):
+        s = f"{x:.{digits}f}"
+        if not any(s == f"{m:.{digits}f}" for m in (EQUIVALENT, 1.0, 1 / EQUIVALENT)):
+            return s
+    return s
 
 
 @dataclass(frozen=True, slots=True)
