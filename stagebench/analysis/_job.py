@@ -564,7 +564,11 @@ def _bound(p: JobFigures, demand: Rate | None, unit: str) -> tuple[str | None, s
             "speed moved between the two measurements",
         )
     if ratio > 1 and overlap:  # a job cannot outrun its step: above it only within the noise of both
-        return "trainer-bound", f"trainer-bound: the job runs as fast as {alone} (at {share} of it: within noise)"
+        return (
+            "trainer-bound",
+            f"trainer-bound: the job runs as fast as {alone}: the job's {job.text(unit)} reaches into the step's "
+            "interval (a job cannot outrun its step; the two were measured at different moments)",
+        )
     if ratio >= TRAINER_BOUND:
         return "trainer-bound", f"trainer-bound: the job runs at {share} of {alone}"
     if job.high is not None and job.high >= TRAINER_BOUND * demand.value and (p.data_wait_share or 0.0) < 0.1:

@@ -163,12 +163,12 @@ class Ratio:
 def _bound(x: float) -> str:
     """An interval's end at two digits, or as many more (up to four) as show which side of the rule's
     margins (0.95, 1, 1/0.95) it lies: "0.95" cannot say whether an end lies above or below 0.95, and the
-    verdict turns on that."""
+    verdict turns on that. An end on a margin to four digits is shown at two (there is no side to show)."""
     for digits in (2, 3, 4):
         s = f"{x:.{digits}f}"
         if not any(s == f"{m:.{digits}f}" for m in (EQUIVALENT, 1.0, 1 / EQUIVALENT)):
             return s
-    return s
+    return f"{x:.2f}"
 
 
 @dataclass(frozen=True, slots=True)
