@@ -384,8 +384,9 @@ def test_a_pass_ends_once_each_worker_made_its_share_of_the_epoch():
     assert small is not None and len(small["samples"]) == MIN_READINGS
     assert small["extrapolated"] is False
     # the epoch's share not made within the pass: it runs on to ``seconds``
+    t0 = time.perf_counter()
     large = memory_pass(_Busy(MIN_BATCHES), num_workers=1, epoch_batches=20_000, seconds=0.3, interval_s=0.01)
-    assert large is not None and large["samples"][-1]["t"] >= 0.3
+    assert time.perf_counter() - t0 >= 0.3 and large is not None and len(large["samples"]) > MIN_READINGS
     assert large["batches_per_worker"] < large["epoch_batches_per_worker"]
 
 
