@@ -14,11 +14,11 @@ tuples copies, page by page, the part of the list it touches (copy-on-read), and
 grows through the epoch. :func:`memory_pass` runs the loader at one setting for a budget (or until each
 worker made its share of the epoch), reads each worker's private memory (USS; PSS where USS cannot be
 read) as it goes, with the batches each worker made, and fits the growth per batch; where the pass did
-not reach the end of the epoch, the growth is
-extrapolated to the worker's share of it, and said so: linearly, bounded by the memory the Python
-objects it reads take (a page once copied stays copied: reading in random order, a worker touches most
-pages of a list early in the epoch, so growth per batch falls as it goes on; on a list of 3M tuples the
-first 30 batches a worker grew 15 MB each, and the bound, ~0.5 GB, is what a whole pass copies).
+not reach the end of the epoch, the growth is extrapolated to the worker's share of it, and said so:
+linearly, bounded by the memory the Python objects it reads take (a page once copied stays copied:
+reading in random order, a worker touches most pages of a list early in the epoch, so growth per batch
+falls as it goes on; on a list of 3M tuples the first 30 batches a worker grew 15 MB each, and the
+bound, ~0.5 GB, is what a whole pass copies).
 
 **Shared memory.** A worker hands each batch's tensors to the main process through shared memory
 (``/dev/shm`` on Linux: 64 MB by default in a Docker container), and ``num_workers x prefetch_factor``

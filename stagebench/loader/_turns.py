@@ -159,20 +159,19 @@ class HeldLoaders:
         """One window of ``knobs``: its loader opened (and warmed up) on the first, resumed after, and kept
         open, suspended, after it; a loader that failed is closed. ``floor``: as a point's
         (:func:`stagebench.loader._point.measure_loader_point`'s ``cannot_matter_below``)."""
-        eff, shown, notes = normalize_knobs(knobs, self.backend, cuda=self.cuda)
-        key = eff
+        eff, shown, notes = normalize_knobs(knobs, self.backend, cuda=self.cuda)  # the key of its open loader
         row = _empty_row(self.name, self.backend, eff, shown, phase, notes)
         if turn is not None:
             row["turn"] = turn
         t_begin = time.perf_counter()
         deadline = t_begin + cfg.timeout_s
         plan = _Plan(stall=False, throughput=True, batch_size=self.batch_size, floor=floor)
-        h = self.open.get(key)
-        self._others_idle(key, cfg.budget_s)
+        h = self.open.get(eff)
+        self._others_idle(eff, cfg.budget_s)
         with _quiet_sigchld():
             try:
                 if h is None:
-                    h = self.open[key] = self._start(eff, shown, notes)
+                    h = self.open[eff] = self._start(eff, shown, notes)
                     outcome, hung = _supervise(h.cons, eff, cfg, deadline, row, h.errors, plan)
                 else:
                     row["startup_s"] = 0.0
@@ -185,7 +184,7 @@ class HeldLoaders:
                 self.close(hung=True)
                 raise
             h.cons.gate.clear()
-            self._finish(h, key, row, outcome, hung, cfg)
+            self._finish(h, eff, row, outcome, hung, cfg)
         row["elapsed_s"] = time.perf_counter() - t_begin
         return row
 
