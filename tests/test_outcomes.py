@@ -74,6 +74,25 @@ def test_a_row_with_a_word_where_a_number_belongs_is_named_and_left_out(tmp_path
     assert "line 6: qps='fast' is not a number: left out" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["-1", "2.5"])
+def test_a_loader_row_whose_num_workers_no_run_writes_is_named_and_left_out(tmp_path, capsys, value):
+    """A hand-edited results.csv with a count of workers no run writes ends in one line naming it, not an
+    internal error: the analysis keys a loader row by its knobs."""
+    run = tmp_path / "run"
+    shutil.copytree(HOST16 / "resnet_loader_run1", run)
+    import csv
+
+    with open(run / "results.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    rows[2][rows[0].index("num_workers")] = value
+    with open(run / "results.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "line 3: num_workers=" in err and "is not a whole number >= 0: left out" in err, err
+    assert "internal error" not in err
+
+
 # --------------------------------------------------------------------------- failed, internal error, partial
 LOADER_RAISES = textwrap.dedent(
     """
