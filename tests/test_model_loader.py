@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import math
 
-from stagebench.model._loader import LoaderPoint, PointKnobs, WorkerCosts
+from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._loader import LoaderPoint, WorkerCosts
 
 SAMPLES = [
     {"t": 0.25 * i, "uss_mb": {"11": 100.0 + i, "12": 101.0 + i}, "batches": {"11": i, "12": i}} for i in range(4)
@@ -115,12 +116,13 @@ def test_a_loader_point_reads_a_row_a_summary_or_a_frame_record_alike():
     }
     p = LoaderPoint.from_json(row)
     q = LoaderPoint.from_json({**row, "num_workers": 4, "prefetch_factor": 2, "mem_pss_mb": None})
-    assert p.knobs == q.knobs == PointKnobs(4, 2, True, "not applicable")
+    # the analysis's key: pinning that did not apply is off, as LoaderKnobs.from_row reads it from any row
+    assert p.knobs == q.knobs == LoaderKnobs(num_workers=4, prefetch_factor=2, persistent_workers=True)
     assert p.samples_per_s is not None and (p.samples_per_s.low, p.samples_per_s.high) == (240.0, 260.0)
     assert math.isnan(p.mem_pss_mb or 0.0) and q.mem_pss_mb is None
     assert p.startup.workers_start_s == 0.2 and p.measurements == 2 and p.ok
     empty = LoaderPoint.from_json(None)
-    assert empty.samples_per_s is None and empty.status == "ok" and empty.knobs == PointKnobs(None, None, None, None)
+    assert empty.samples_per_s is None and empty.status == "ok" and empty.knobs is None
     assert LoaderPoint.from_json({"samples_per_s": math.nan}).rate is None
 
 
@@ -128,8 +130,6 @@ def test_loader_knobs_read_from_rows_name_one_setting_whatever_the_row_was_read_
     """Rows written by the sweep, read back from results.csv (floats, NaN) or from a summary ("not
     applicable") name the same setting: the key by which readings pool and rounds pair."""
     import pytest
-
-    from stagebench.model._knobs import LoaderKnobs
 
     written = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False, "pin_memory": False}
     from_csv = {"num_workers": 2.0, "prefetch_factor": 2.0, "persistent_workers": False, "pin_memory": "not applicable"}

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from stagebench.model._json import Written, dict_of, flag, mapping, number, read, span, text, whole
+from stagebench.model._knobs import LoaderKnobs
 from stagebench.model._rate import Rate
 
 __all__ = [
     "LoaderPoint",
-    "PointKnobs",
     "StartupSplit",
     "Largest",
     "Shipping",
@@ -95,17 +95,6 @@ class StartupSplit:
 
 
 @dataclass(frozen=True, slots=True)
-class PointKnobs:
-    """A measured point's four DataLoader knobs, as its row records them (``"auto"`` where the sweep
-    left a knob to the loader)."""
-
-    num_workers: int | None
-    prefetch_factor: int | None
-    persistent_workers: bool | str | None
-    pin_memory: bool | str | None
-
-
-@dataclass(frozen=True, slots=True)
 class LoaderPoint:
     """One measured loader setting: its knobs, its throughput with its interval (None where it holds no
     rate), and what it held and how it ended. ``why`` and ``decision`` are the recommendation's: the
@@ -163,9 +152,19 @@ class LoaderPoint:
         )
 
     @property
-    def knobs(self) -> PointKnobs:
-        """The point's four knobs: two points are one setting where these are equal."""
-        return PointKnobs(self.num_workers, self.prefetch_factor, self.persistent_workers, self.pin_memory)
+    def knobs(self) -> LoaderKnobs | None:
+        """The setting the point ran, as the analysis keys it (:meth:`LoaderKnobs.from_row`: two points are
+        one setting where these are equal); None where the point names no num_workers."""
+        if self.num_workers is None:
+            return None
+        return LoaderKnobs.from_row(
+            {
+                "num_workers": self.num_workers,
+                "prefetch_factor": self.prefetch_factor,
+                "persistent_workers": self.persistent_workers,
+                "pin_memory": self.pin_memory,
+            }
+        )
 
     @property
     def rate(self) -> float | None:

@@ -228,7 +228,8 @@ def format_loader_table(summary: dict[str, Any]) -> str:
     # the knobs of the recommended and the best point, where the summary has them
     rec, best = (None if q is None else LoaderPoint.from_json(q).knobs for q in (sm.recommended, sm.best))
     for p in map(LoaderPoint.from_json, sorted(sm.points, key=lambda p: LoaderKnobs.from_row(p).cost())):
-        mark = "*" if p.knobs == rec else ("+" if p.knobs == best else " ")
+        k = p.knobs
+        mark = " " if k is None else ("*" if k == rec else ("+" if k == best else " "))
         r = p.samples_per_s
         ci = f"[{r.low:,.1f}, {r.high:,.1f}]" if r is not None and r.low is not None and r.high is not None else "-"
         status = p.status if p.ok else f"{p.status}: {p.reason}"[:60]
