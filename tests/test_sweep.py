@@ -508,3 +508,13 @@ def test_no_process_points_when_threads_already_scale_linearly(tmp_path):
     cfg = SweepConfig(executors=("thread", "process"), concurrency=(1, 2), measure=TINY, ceiling=False)
     df = sweep_stage(serial, list(range(10)), config=cfg)
     assert (df["status"] == "ok").all() and (df["executor"] == "process").sum() == 2
+
+
+def test_a_stage_points_progress_line_counts_the_stages_calls(capsys):
+    """A stage row's qps counts its calls (after a batch of 16, one call is 16 source items, which the
+    table counts): the progress line names that unit, not the table's items/s."""
+    from stagebench.core._progress import Progress
+
+    row = {"stage": "decode", "role": "stage", "harness": "spdl", "executor": "thread", "concurrency": 2}
+    Progress(enabled=True).done({**row, "qps": 45.6, "status": "ok"})
+    assert capsys.readouterr().err.strip() == "[stagebench] decode | stage spdl/thread c=2: 45.6 calls/s"

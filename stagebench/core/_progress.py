@@ -34,12 +34,15 @@ class Progress:
             self._bar.set_postfix_str(label, refresh=True)
 
     def done(
-        self, row: dict[str, Any], label: str | None = None, *, rate_key: str = "qps", unit: str = "items/s"
+        self, row: dict[str, Any], label: str | None = None, *, rate_key: str = "qps", unit: str = "calls/s"
     ) -> None:
         """One point finished. ``label`` names it; by default a stage-sweep row's coordinates.
 
         ``rate_key`` is the row's throughput column and ``unit`` what it counts, so rows
-        other than stage rows (a loader point's ``samples_per_s``) report themselves as they are.
+        other than stage rows (a loader point's ``samples_per_s``) report themselves as they are. A stage
+        row's ``qps`` counts the stage's calls: after a batch of 16, one call stands for 16 source items,
+        which the table and the report count ("45.6 calls/s x 16 items"); a line saying "items/s" there
+        read 16x under the table's figure for the same point.
         """
         if label is None:
             label = f"{row['stage']} | {row['role']} {row['harness']}/{row['executor']} c={row['concurrency']}"
