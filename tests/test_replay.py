@@ -413,3 +413,24 @@ def test_a_whole_pipeline_rate_is_never_more_precise_than_its_counting():
     busy = sink_rate(many, windows).rate
     assert busy.low is not None and busy.high is not None
     assert busy.value == pytest.approx(2000.0) and (busy.high - busy.low) / 2 < 0.01 * busy.value
+
+
+def test_a_stand_in_sleeps_no_longer_than_its_call_was_off_the_cpu_where_its_time_was_read():
+    """A CPU-bound call timed at 1 thread in a slow phase (53.7 ms, all of it CPU) and whose CPU was read at
+    2 threads in a fast one (43.4 ms): the 10 ms between them is the host's speed, not waiting."""
+    st = _stage(t=54e-3, frac=0.0, cpu=43.7e-3, harness=0.3e-3, concurrency=2)
+    st["harness"] = "spdl"
+    st["alternatives"]["thread"]["call_cpu_s"] = 43.4e-3
+    low = {"concurrency": 1, "qps": 18.3, "cpu_s_per_item": 55.1e-3, "latency_p50_ms": 53.7, "call_cpu_s": 54.9e-3}
+    st["curves"] = {"spdl/thread": [low]}
+    s = plan_stand_ins([st])["s"]
+    assert s.wait_s == 0.0 and s.free_s == pytest.approx(43.4e-3)
+    # a call that did wait at that point (a 10 ms read beside 2 ms of CPU) keeps its wait
+    st["curves"] = {"spdl/thread": [{**low, "latency_p50_ms": 12.0, "call_cpu_s": 2.0e-3}]}
+    st["alternatives"]["thread"]["call_cpu_s"] = 1.9e-3
+    s = plan_stand_ins([st])["s"]
+    assert s.wait_s == pytest.approx(10.0e-3)
+    # without a CPU reading at that point, as before: the time less the CPU read at the best point
+    st["curves"] = {"spdl/thread": [{k: v for k, v in low.items() if k != "call_cpu_s"}]}
+    st["alternatives"]["thread"]["call_cpu_s"] = 43.4e-3
+    assert plan_stand_ins([st])["s"].wait_s == pytest.approx(53.7e-3 - 43.4e-3)

@@ -121,6 +121,8 @@ def _unfuse_curves(st: dict, e: StageEntry, lane_cut: float, cpu_cut: float) -> 
                 p[key] = rate(p[key], c)
         if finite(was.cpu_s_per_item):
             p["cpu_s_per_item"] = max(0.0, num(was.cpu_s_per_item) - cpu_cut)
+        if finite(was.call_cpu_s):
+            p["call_cpu_s"] = max(0.0, num(was.call_cpu_s) - cpu_cut)
         if finite(was.latency_p50_ms):
             lat = num(was.latency_p50_ms)
             p["latency_p50_ms"] = max(lat * _FLOOR, lat - lane_cut * 1e3)

@@ -269,6 +269,9 @@ def _read_curves(entry: dict[str, Any], sr: StageRows, n_boot: int) -> None:
                 "cores_used": p.cores_used,
                 "cpu_s_per_item": p.cpu_s_per_item,
                 "latency_p50_ms": p.latency_p50_ms,
+                # the calling thread's CPU in a call at this point, beside its time: the replay reads
+                # both at one point (pipeline/_replay._stand_in), as the host's speed moves between points
+                "call_cpu_s": p.call_cpu_ms / 1e3 if finite(p.call_cpu_ms) else None,
             }
             for p in curve
         ]

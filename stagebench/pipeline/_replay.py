@@ -37,7 +37,9 @@ stage replaced by a **stand-in** built from its isolated measurements only:
   its late wake-up, calibrated right before the replay, were already part of
   the stage's measured CPU and duration (counted twice, the stand-ins of three
   sleep stages held the GIL ~0.17 ms per item too long and the replay read
-  11% under the real pipeline in 4 paired runs).
+  11% under the real pipeline in 4 paired runs). Never more than the call spent
+  off the CPU at the point its time was read: the time and the CPU of two
+  points differ by the host's speed between them too;
 
 - ``releases``: how many times per call its GIL-free work lets the GIL go.
   Every release is paid for in the pipeline: taking the GIL back means
@@ -328,12 +330,14 @@ def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
     base = alts.get(base_ex) or (alts.get(ex) if ex != "process" else None) or {}
     curve = (st.get("curves") or {}).get(f"{st.get('harness')}/{base_ex}") or []
     p50 = num_or_none(curve[0].get("latency_p50_ms")) if curve else None
+    low_cpu: float | None = None
     if p50 is not None and p50 > 0:
         # The call itself at the lowest level (least contention), timed where it runs.
         # stage_s_per_item comes from a closed loop's time per item, which at low
         # concurrency also holds the harness's hand-offs: a 1 ms sleep read 8.8 ms
         # in a one-thread SPDL pipeline, and its stand-in would have waited that long.
         t = min(t, p50 / 1e3)
+        low_cpu = num_or_none(curve[0].get("call_cpu_s"))  # the call's CPU at that same point
     cpu, harness = num_or_none(base.get("cpu_s_per_item")), num_or_none(base.get("harness_gil_s_per_item")) or 0.0
     # The collections its allocations trigger: inside its calls' mean CPU, outside their
     # median time and outside the probed GIL share (the probe pauses the collector).
@@ -367,6 +371,14 @@ def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
     gc_part = min(own, gc_s)  # the collector holds the GIL: GIL-held work, whatever the stage's share
     own -= gc_part
     wait = max(0.0, t - own)
+    if low_cpu is not None and not st.get("is_async"):
+        # At most what the call spent off the CPU where t was read. t less a CPU reading from
+        # another point also holds the host's change of speed between the two: the batch decode
+        # of SPDL's image example took 53.7 ms a call at 1 thread (a slow phase, all of it CPU)
+        # and 43.4 ms of CPU at 2 (a fast one); its stand-in slept the 10 ms it never waited, and
+        # the replay read 0.67x the pipeline. (The collector's time is in a call's mean CPU, not
+        # in its median time: out of both, as above.)
+        wait = min(wait, max(0.0, t - max(0.0, low_cpu - gc_s)))
     if wait > 0 and not st.get("is_async"):
         # The stand-in's time.sleep costs CPU and wakes late, as the stage's own
         # waiting did (both are inside its measured CPU and duration): take them out
