@@ -19,7 +19,6 @@ from stagebench._numbers import num, num_or_none
 from stagebench.analysis._labels import LIMIT_SHORT
 from stagebench.analysis._pipeline_job import user_setting
 from stagebench.model._job import JobVerdict
-from stagebench.model._knobs import LoaderKnobs
 from stagebench.model._loader import LoaderPoint
 from stagebench.model._meta import LoaderInfo
 from stagebench.model._stage import StageEntry, StageSetting
@@ -227,8 +226,9 @@ def format_loader_table(summary: dict[str, Any]) -> str:
     sm = Summary.from_json(summary)
     # the knobs of the recommended and the best point, where the summary has them
     rec, best = (None if q is None else LoaderPoint.from_json(q).knobs for q in (sm.recommended, sm.best))
-    for p in map(LoaderPoint.from_json, sorted(sm.points, key=lambda p: LoaderKnobs.from_row(p).cost())):
-        k = p.knobs
+    # each point's knobs read once: the order (cheapest first; a point naming none last) and the marks
+    read = [(p.knobs, p) for p in map(LoaderPoint.from_json, sm.points)]
+    for k, p in sorted(read, key=lambda kp: (kp[0] is None, kp[0].cost() if kp[0] is not None else ())):
         mark = " " if k is None else ("*" if k == rec else ("+" if k == best else " "))
         r = p.samples_per_s
         ci = f"[{r.low:,.1f}, {r.high:,.1f}]" if r is not None and r.low is not None and r.high is not None else "-"
