@@ -60,16 +60,21 @@ def test_a_results_csv_cut_anywhere_never_rebuilds_silently(tmp_path, capsys, fr
     assert not list(run.glob("*.tmp"))
 
 
-def test_a_row_with_a_word_where_a_number_belongs_is_named_and_left_out(tmp_path, capsys):
-    run = tmp_path / "run"
-    shutil.copytree(HOST16 / "demo", run)
+def _copy_with_cell(src: Path, dest: Path, line: int, column: str, value: str) -> Path:
+    """A copy of run ``src`` at ``dest`` whose results.csv has ``value`` in ``column`` on ``line`` (1: the header)."""
     import csv
 
-    with open(run / "results.csv", newline="") as f:
+    shutil.copytree(src, dest)
+    with open(dest / "results.csv", newline="") as f:
         rows = list(csv.reader(f))
-    rows[5][rows[0].index("qps")] = "fast"
-    with open(run / "results.csv", "w", newline="") as f:
+    rows[line - 1][rows[0].index(column)] = value
+    with open(dest / "results.csv", "w", newline="") as f:
         csv.writer(f).writerows(rows)
+    return dest
+
+
+def test_a_row_with_a_word_where_a_number_belongs_is_named_and_left_out(tmp_path, capsys):
+    run = _copy_with_cell(HOST16 / "demo", tmp_path / "run", 6, "qps", "fast")
     assert main(["report", str(run)]) == 2
     assert "line 6: qps='fast' is not a number: left out" in capsys.readouterr().err
 
@@ -78,15 +83,7 @@ def test_a_row_with_a_word_where_a_number_belongs_is_named_and_left_out(tmp_path
 def test_a_loader_row_whose_num_workers_no_run_writes_is_named_and_left_out(tmp_path, capsys, value):
     """A hand-edited results.csv with a count of workers no run writes ends in one line naming it, not an
     internal error: the analysis keys a loader row by its knobs."""
-    run = tmp_path / "run"
-    shutil.copytree(HOST16 / "resnet_loader_run1", run)
-    import csv
-
-    with open(run / "results.csv", newline="") as f:
-        rows = list(csv.reader(f))
-    rows[2][rows[0].index("num_workers")] = value
-    with open(run / "results.csv", "w", newline="") as f:
-        csv.writer(f).writerows(rows)
+    run = _copy_with_cell(HOST16 / "resnet_loader_run1", tmp_path / "run", 3, "num_workers", value)
     assert main(["report", str(run)]) == 2
     err = capsys.readouterr().err
     assert "line 3: num_workers=" in err and "is not a whole number >= 0: left out" in err, err
