@@ -347,7 +347,7 @@ def read_rows(path: str | os.PathLike):
     for col in (c for c in _COUNT_COLUMNS if c in df.columns):
         # a count that no run writes (a hand-edited -1 or 2.5): the analysis keys rows by these knobs
         # (stagebench.model._knobs.LoaderKnobs.from_row), so the row is left out here, named, not a traceback
-        v = pd.to_numeric(df[col], errors="coerce")
+        v = df[col]  # numeric: the loop above coerced every column that is not text
         wrong = v.notna() & ((v < 0) | (v % 1 != 0))
         for i in df.index[wrong & ~bad]:
             damaged.append(f"line {lines[i]}: {col}={str(df.at[i, col])[:40]!r} is not a whole number >= 0: left out")
