@@ -807,3 +807,34 @@ def test_the_demand_verdict_is_inconclusive_without_a_run_or_a_replay():
     assert demand_verdict(100.0, None, bounds_only)["verdict"] == "inconclusive"
     replayed = demand_verdict(100.0, None, {"qps": 500.0, "method": "replay"})
     assert replayed["verdict"] == "trainer-bound" and replayed["source"] == "replayed"
+
+
+def _stage_bound(replay_qps: float, replay_low: float) -> str:
+    from stagebench.analysis._verdicts import pipeline_verdict
+
+    stages = [{"name": "decode", "status": "ok", "classification": "cpu-bound"}]
+    prediction = {
+        "qps": replay_qps,
+        "qps_low": replay_low,
+        "qps_high": replay_qps * 1.1,
+        "binding": "stages",
+        "bottleneck": "decode",
+        "bounds": {"stages": 12.6, "cores": 13.1, "gil": 16.0},
+        "bounds_qps": 12.6,
+        "method": "replay",
+    }
+    return pipeline_verdict(stages, prediction, {"qps": 13.8, "qps_low": 10.1, "qps_high": 18.9})
+
+
+def test_a_bottleneck_stage_s_verdict_gives_its_capacity_and_a_replay_above_it_is_not_said_to_be_bound_by_it():
+    """SPDL's performance_analysis.py (video decode on 2 cores) read "predicted 17 items/s (its own capacity
+    binds)" beside a table giving that stage 12.6 items/s: the replay ran at another moment of the host."""
+    above = _stage_bound(17.4, 11.9)
+    assert "its capacity alone, 13 items/s, binds; the replay read 17 items/s (12-19), above it" in above, above
+    assert "own capacity binds" not in above
+    within = _stage_bound(12.0, 10.9)
+    assert (
+        within == "decode is the bottleneck: cpu-bound; predicted 12 items/s (its own capacity binds: 13 items/s alone)"
+    )
+    # within 5% of the bound: not called above it
+    assert "above it" not in _stage_bound(13.1, 12.0)
