@@ -297,6 +297,20 @@ def test_a_loop_that_stops_early_says_what_it_left_unchecked(tmp_path):
     assert "Not checked with your loop" in html
 
 
+def test_a_loop_that_stops_before_its_step_is_measured_says_the_job_was_not_checked(tmp_path):
+    """SPDL's performance_simulation.py stops on a clock started before its first batch: the diagnosis ran
+    inside that first next(), and the loop stopped after one step. The run said only "trainer: no demand
+    measured (fewer than 2 counted steps (the loop stopped after 0))", and its report nothing at all."""
+    r, s, run = _trap(tmp_path, 1)
+    assert s["trainer"]["samples_per_s"] is None and s["job"] is None
+    assert s["trainer"]["stopped_early"] == "your loop stopped after 1 step on cached batches"
+    scope = s["scope"]
+    assert "the pick is for the loader alone" in scope and "so your job was not checked" in scope, scope
+    assert "trainer: not measured: your loop stopped after 1 step on cached batches" in r.stderr, r.stderr[-2000:]
+    assert "scope: the pick is for the loader alone" in r.stderr
+    assert "so your job was not checked" in (run / "report.html").read_text()
+
+
 # A fake accelerator (this machine has no GPU): torch reports one, and its "pinning" tags the batch, so the
 # loop can tell which batches came through the loader's pinning path. Each step writes 1 (pinned) or 0.
 PINNING_SCRIPT = textwrap.dedent(

@@ -481,7 +481,9 @@ def alone_scope(
     Why it is said at all: the user's question is their training job, which shares the host's cores
     (and, on a GPU host, the copy to the device) with the loading; an isolated sweep cannot see that.
     """
-    if isinstance(trainer, Mapping) or planned:
+    if isinstance(trainer, Mapping):
+        return _unmeasured_scope(what, StepAlone.from_json(trainer))
+    if planned:
         return None
     from stagebench._settings import setting
 
@@ -498,6 +500,26 @@ def alone_scope(
         f"({most(s.trainer_s, 'trainer_s')}), then on the real {what.removeprefix('the ')} at up to four settings in turns until "
         f"they are told apart ({most(s.job_s, 'job_s')}); your setting is changed only where those runs show the change "
         "faster beyond noise, or cheaper and within 5%."
+    )
+
+
+def _unmeasured_scope(what: str, step: StepAlone) -> str | None:
+    """The scope where the training loop was to be measured and its step was not (None where it was): the
+    pick is then the isolated one, and saying nothing let a run asked for job advice end without it.
+    SPDL's performance_simulation.py stops on its own clock, started before its first batch: the
+    diagnosis ran inside that first ``next()``, so the loop stopped after one step."""
+    if finite(step.samples_per_s):
+        return None
+    why = step.stopped_early or step.error or "its step was not measured"
+    clock = (
+        " (the diagnosis runs inside your loop's first next(): a loop that stops on a clock started before it "
+        "counts the diagnosis's time)"
+        if step.stopped_early
+        else ""
+    )
+    return (
+        f"the pick is for {what} alone: your training loop was to be run with it, but {why}{clock}; so your job "
+        "was not checked"
     )
 
 

@@ -124,5 +124,8 @@ class TrainerProbe:
             "stopped_early": self.stopped_early,
         }
         if out["samples_per_s"] is None and not out["error"]:
-            out["error"] = f"fewer than {_MIN_STEPS} counted steps (the loop stopped after {len(self.alone)})"
+            out["error"] = (
+                f"fewer than {_MIN_STEPS} of its steps were counted ({len(self.alone)}; the first {WARMUP_STEPS} "
+                "are not)"
+            )
         return out

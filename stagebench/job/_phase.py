@@ -93,7 +93,9 @@ def finish_trainer(run_dir: Any, probe: TrainerProbe, runs: JobRuns | None, say:
     write_report(run_dir)
     res = probe.result()
     if res["samples_per_s"] is None:
-        say(f"trainer: no demand measured ({res['error']})")
+        say(f"trainer: not measured: {res['stopped_early'] or res['error']}")
+        if summary.get("scope"):
+            say(f"scope: {summary['scope']}")
     else:
         say(
             f"trainer: your step takes {1e3 / res['steps_per_s']:.3g} ms: {res['samples_per_s']:,.1f} items/s "
@@ -155,7 +157,8 @@ def trainer_phases(
                 yield from runs.run(plan.open_candidate, contenders)
     except GeneratorExit:
         if runs is None:
-            probe.stopped_early = f"your loop stopped after {probe.steps_handed} steps on cached batches"
+            n = probe.steps_handed
+            probe.stopped_early = f"your loop stopped after {n} step{'' if n == 1 else 's'} on cached batches"
         finish_trainer(run_dir, probe, runs, probe.say)
         end(0)
         return 0
