@@ -627,7 +627,7 @@ def test_env_var_diagnoses_and_exits_without_training(tmp_path):
     assert (tmp_path / "xdg" / "stagebench").stat().st_mode & 0o777 == 0o700
     assert not (tmp_path / "reports" / ".stagebench-cache").exists()
     assert f"report: {out / 'report.html'}" in r.stdout
-    assert "diagnosing 4 stage(s)" in r.stderr
+    assert "diagnosing 4 stage(s)" in r.stderr and NO_PIPELINE not in r.stderr
     summary = json.loads((out / "summary.json").read_text())
     stages = {s["name"]: s for s in summary["stages"]}
     assert list(stages) == ["sleep io", "gil", "fetch", "<lambda>"]
@@ -811,6 +811,32 @@ def test_diagnose_of_a_script_without_a_pipeline_says_so(tmp_path):
     assert "Traceback" in r.stderr and "_cli.py" not in r.stderr and "runpy" not in r.stderr, r.stderr
     assert f'File "{script}", line 3' in r.stderr and "ValueError: no such shard" in r.stderr
     assert "raised ValueError: no such shard without iterating an SPDL pipeline" in r.stderr
+
+
+NO_PIPELINE = "iterated no SPDL pipeline"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "import spdl.pipeline._profile\n",  # what SPDL's pipeline_profiling.py imports, then profile_pipeline
+        "from spdl.pipeline import PipelineBuilder\n"
+        "p = PipelineBuilder().add_source(range(4)).pipe(lambda x: x).add_sink(2).build(num_threads=1)\n",
+    ],
+    ids=["imports spdl", "builds but never iterates"],
+)
+def test_the_mode_says_so_at_exit_where_no_pipeline_was_iterated(tmp_path, body):
+    """SPDL's pipeline_profiling.py (profile_pipeline called directly) ran under the mode as if stagebench
+    were not there. The program's own exit code stays; nothing is said without the mode, nor by
+    `stagebench diagnose`, which says it its own way."""
+    script = tmp_path / "no_pipeline.py"
+    script.write_text(body + "print('done')\n")
+    r = run_env(tmp_path, str(script))
+    assert r.returncode == 0 and "done" in r.stdout, r.stderr
+    assert r.stderr.count(NO_PIPELINE) == 1 and "nothing was diagnosed" in r.stderr, r.stderr
+    assert NO_PIPELINE not in run_env(tmp_path, str(script), mode="0").stderr
+    r = run_env(tmp_path, "-m", "stagebench", "diagnose", str(script), mode=None)
+    assert "without iterating an SPDL pipeline" in r.stderr and NO_PIPELINE not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize(
@@ -1422,6 +1448,7 @@ def test_a_pipeline_built_in_pool_workers_is_diagnosed_once_on_threads_and_the_p
     assert "Aborted at" not in r.stderr and "Traceback" not in r.stderr and "SIGTERM" not in r.stderr
     assert not list(Path(tempfile.gettempdir()).glob(f"stagebench-{os.getuid()}-*.diagnosing"))
     assert "daemonic process" in r.stderr and "process executors are not measured" in r.stderr
+    assert NO_PIPELINE not in r.stderr  # the program did not iterate one, its worker did
     assert r.stderr.count("diagnosing 1 stage(s)") == 1  # one of the two workers
     assert not (tmp_path / "marker").exists() and "loaded" not in r.stdout
     rows = pd.read_csv(out / "results.csv")

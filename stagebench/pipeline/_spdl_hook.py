@@ -70,6 +70,9 @@ def uninstall() -> None:
     if getattr(current, "_stagebench", False):
         profile._build_pipeline_diagnostic_mode = current._spdl_original
     _stop_listening()
+    import atexit
+
+    atexit.unregister(_say_if_nothing_diagnosed)
 
 
 def patch_spdl(profile_module: Any) -> None:
@@ -90,6 +93,32 @@ def patch_spdl(profile_module: Any) -> None:
     _build_pipeline_diagnostic_mode._spdl_original = current  # type: ignore[attr-defined]
     profile_module._build_pipeline_diagnostic_mode = _build_pipeline_diagnostic_mode
     _listen_for_a_worker()
+    import atexit
+
+    atexit.unregister(_say_if_nothing_diagnosed)  # once, however often spdl is patched
+    atexit.register(_say_if_nothing_diagnosed)
+
+
+def _say_if_nothing_diagnosed() -> None:
+    """At the exit of a program run under the mode that imported spdl and never iterated a pipeline: say so.
+
+    ``stagebench diagnose`` says it (:func:`stagebench.pipeline._script.run_script`); the mode alone
+    said nothing: SPDL's ``pipeline_profiling.py``, which calls ``profile_pipeline`` itself, ran its own
+    profiler and ended as if stagebench were not there. Only in the program's own process, while the
+    mode is still on (a diagnosis turns it off for the processes it starts; ``run_script`` restores
+    it), and only where no diagnosis started or ended here (a pool worker's ends the program too).
+    """
+    if os.environ.get(MODE_VAR, "0") not in TRUTHY or State.started or State.finished or State.in_process:
+        return
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:  # a worker of the program, not the program
+        return
+    say(
+        f"{MODE_VAR} is on, but this program iterated no SPDL pipeline (one built by build_pipeline or "
+        "PipelineBuilder.build): nothing was diagnosed. SPDL's profile_pipeline, called directly, runs SPDL's "
+        "own profiler; to sweep a PyTorch DataLoader, run the script under `stagebench diagnose`"
+    )
 
 
 #: Set in this process's environment (so its pool workers inherit it) once it listens for a worker's
