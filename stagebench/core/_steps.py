@@ -125,7 +125,6 @@ class TrainerProbe:
         }
         if out["samples_per_s"] is None and not out["error"]:
             out["error"] = (
-                f"fewer than {_MIN_STEPS} of its steps were counted ({len(self.alone)}; the first {WARMUP_STEPS} "
-                "are not)"
+                f"{len(self.alone)} of its steps counted, {_MIN_STEPS} needed (the first {WARMUP_STEPS} are not counted)"
             )
         return out
