@@ -1110,6 +1110,31 @@ def test_terminal_table_shows_the_label_with_its_own_share_and_the_limit_beside_
     assert f"alone at {st['limit']['at']}: limited by the GIL" in line
 
 
+@pytest.mark.parametrize(
+    ("gil", "shown"),
+    [
+        ({"pinned": False, "source": "curves"}, "cpu-bound, GIL ≤76% "),  # only bounded: the upper end
+        ({"pinned": True, "source": "probe"}, "cpu-bound, GIL 38% "),
+        (None, "cpu-bound, GIL 38% "),  # a summary from before the estimate was kept: as it read then
+    ],
+)
+def test_a_gil_share_only_bounded_from_above_is_shown_as_its_bound(gil, shown):
+    """SPDL's performance_analysis.py: a video decode whose GIL share the curves bounded to 0-76% (its calls,
+    0.18 s each, too long to probe) read "cpu-bound, GIL 38%", a midpoint, beside its own evidence of 0%."""
+    from stagebench.report._terminal import format_table
+
+    st = {
+        "name": "decode",
+        "status": "ok",
+        "classification": "cpu-bound",
+        "gil_fraction": 0.38,
+        "gil_fraction_interval": [0.0, 0.76],
+        **({"gil": gil} if gil is not None else {}),
+    }
+    line = next(ln for ln in format_table({"stages": [st]}).splitlines() if ln.startswith("decode"))
+    assert shown in line, line
+
+
 def _two_sleeps_config(items: int = 10, batch: int | None = None):
     """A 10 ms sleep, then a 2 ms one (then batches of ``batch``, if given)."""
 

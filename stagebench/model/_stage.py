@@ -13,6 +13,7 @@ Every type keeps the keys its dict held, in their order, and the keys it does no
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -301,6 +302,20 @@ class StageEntry(Written):
     def ok(self) -> bool:
         """Whether the stage measured (an entry without a status counts as measured, as readers took it)."""
         return self.status == "ok" or (self.status is None and "status" not in self.keys)
+
+    @property
+    def gil_at_most(self) -> float | None:
+        """The upper end of the GIL share where the curves only bound it (``gil.pinned`` false), else None.
+
+        Its midpoint is then a guess: a table showing it read "GIL 38%" for a video decode whose interval
+        was 0-76% and whose own evidence said 0% of its time held the GIL. Tables show "GIL ≤76%" instead.
+        """
+        g = self.gil
+        iv = self.gil_fraction_interval
+        if g is None or "pinned" not in g.keys or g.pinned or not iv or len(iv) < 2:
+            return None
+        hi = iv[1]
+        return float(hi) if isinstance(hi, (int, float)) and math.isfinite(hi) else None
 
     def alternative(self, executor: str) -> StageSetting | None:
         """The best setting measured on ``executor`` (None where it was not measured)."""
