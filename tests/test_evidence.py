@@ -181,3 +181,20 @@ def test_without_yours_a_pick_fastest_by_its_readings_alone_is_compared_with_a_c
     # and where the rounds put the costlier one ahead, it is the fastest: the cheaper must be shown within 5%
     d = _decide({"two": (2, 395.0), "four": (4, 420.0)}, {("four", "two"): _rounds(1.07, 3, spread=0.02)}, None)
     assert (d.pick, d.open) == ("four", ("two",))
+
+
+def test_what_more_rounds_would_do_is_said_in_one_set_of_words_with_its_number():
+    """The demo read "about 1 more rounds in turns would settle it": the pipeline's and the loader's verdicts
+    wrote the phrase twice, the job's a third time with its own plural."""
+    from stagebench.model._evidence import PRACTICAL_ROUNDS, Decision, more_rounds_text
+
+    def d(rounds_to_settle):
+        return Decision("keep yours", "a", "a", "a", rounds_to_settle=rounds_to_settle)
+
+    assert d(6).rounds_more(5) == 1 and more_rounds_text(1) == (
+        "about 1 more round in turns would settle it at the spread seen"
+    )
+    assert more_rounds_text(d(8).rounds_more(5)).startswith("about 3 more rounds in turns")
+    assert d(5).rounds_more(5) is None and d(None).rounds_more(5) is None
+    assert d(5 + PRACTICAL_ROUNDS + 1).rounds_more(5) is None
+    assert more_rounds_text(None) == "at the spread seen, no practical number of rounds would settle it"

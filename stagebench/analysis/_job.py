@@ -229,8 +229,8 @@ def _could_not_tell(d: Decision, job: JobRecord, label: Mapping[str, str]) -> st
         if cost.get(d.rival, ()) < cost.get(ref or "", ())
         else f"faster than {whose} beyond noise"
     )
-    more = d.rounds_to_settle - x.rounds if d.rounds_to_settle is not None else None
-    if more is not None and 0 < more <= PRACTICAL_ROUNDS:
+    more = d.rounds_more(x.rounds)
+    if more is not None:
         per = _seconds_per_round(job, [d.rival] + ([ref] if ref else []))
         said += (
             f"; about {more} more round{'s' if more != 1 else ''}"

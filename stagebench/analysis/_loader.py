@@ -28,7 +28,7 @@ from stagebench.analysis._job import job_findings
 from stagebench.analysis._loader_evidence import is_ok, paired_ratio, paired_rounds, pool_points
 from stagebench.analysis._worker_costs import beside_the_pick, worker_cost_findings, worker_costs_summary
 from stagebench.core._config import CANNOT_MATTER
-from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS, Decision
+from stagebench.model._evidence import EQUIVALENT, Decision, more_rounds_text
 from stagebench.model._finding import Finding, by_severity
 from stagebench.model._job import JobVerdict, StepAlone
 from stagebench.model._knobs import LoaderKnobs
@@ -322,15 +322,7 @@ def _decision_words(d: Any, by_key: dict[str, dict[str, Any]], within_best: floa
             if x is not None
             else " (they were not measured in turns)"
         )
-        more = (
-            f"; about {d.rounds_to_settle - x.rounds} more rounds in turns would settle it at the spread seen"
-            if x is not None
-            and d.rounds_to_settle is not None
-            and 0 < d.rounds_to_settle - x.rounds <= PRACTICAL_ROUNDS
-            else "; at the spread seen, no practical number of rounds would settle it"
-            if x is not None
-            else ""
-        )
+        more = f"; {more_rounds_text(d.rounds_more(x.rounds))}" if x is not None else ""
         # the other settings still open, each with its ratio: a faster reading left open is said, not dropped
         nor = "".join(
             f"; nor {k} from {whose}"

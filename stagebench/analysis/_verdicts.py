@@ -235,7 +235,7 @@ def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list
             text=f"keep yours: the runs kept no windows in turns to compare them by; {figures}",
         )
         return out
-    from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS
+    from stagebench.model._evidence import EQUIVALENT, more_rounds_text
 
     if d.advice == "change":
         verdict, text = "recommended", f"the recommended settings are faster beyond noise, {x.text('yours')}: {figures}"
@@ -257,11 +257,7 @@ def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list
             f"{figures}",
         )
     else:
-        more = (
-            f"; about {d.rounds_to_settle - x.rounds} more rounds in turns would settle it at the spread seen"
-            if d.rounds_to_settle is not None and 0 < d.rounds_to_settle - x.rounds <= PRACTICAL_ROUNDS
-            else "; at the spread seen, no practical number of rounds would settle it"
-        )
+        more = f"; {more_rounds_text(d.rounds_more(x.rounds))}"
         verdict, text = (
             "could not tell",
             f"keep yours: the runs could not tell the recommended settings from yours, {x.text('yours')}{more}; "

@@ -57,6 +57,7 @@ __all__ = [
     "Option",
     "Decision",
     "decide",
+    "more_rounds_text",
     "ADVICE",
 ]
 
@@ -78,6 +79,13 @@ ADVICE = ("keep yours", "cheaper", "change", "use", "none")
 _MAX_ROUNDS_ESTIMATE = 1000
 #: More rounds than this to settle a comparison is no advice: the verdicts say the two cannot be told apart.
 PRACTICAL_ROUNDS = 40
+
+
+def more_rounds_text(n: int | None) -> str:
+    """What more rounds in turns would do (``n``: :meth:`Decision.rounds_more`), in the verdicts' words."""
+    if n is None:
+        return "at the spread seen, no practical number of rounds would settle it"
+    return f"about {n} more round{'' if n == 1 else 's'} in turns would settle it at the spread seen"
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +218,14 @@ class Decision:
     @property
     def settled(self) -> bool:
         return not self.open
+
+    def rounds_more(self, ran: int) -> int | None:
+        """Rounds beyond the ``ran`` run that would settle the rival at the spread seen, where that is a
+        practical number (1 to :data:`PRACTICAL_ROUNDS`); None where it is not, or is not known."""
+        if self.rounds_to_settle is None:
+            return None
+        n = self.rounds_to_settle - ran
+        return n if 0 < n <= PRACTICAL_ROUNDS else None
 
     def to_json(self) -> dict[str, Any]:
         return {
