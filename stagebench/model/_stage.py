@@ -304,18 +304,18 @@ class StageEntry(Written):
         return self.status == "ok" or (self.status is None and "status" not in self.keys)
 
     @property
-    def gil_at_most(self) -> float | None:
-        """The upper end of the GIL share where the curves only bound it (``gil.pinned`` false), else None.
-
-        Its midpoint is then a guess: a table showing it read "GIL 38%" for a video decode whose interval
-        was 0-76% and whose own evidence said 0% of its time held the GIL. Tables show "GIL ≤76%" instead.
-        """
-        g = self.gil
-        iv = self.gil_fraction_interval
+    def gil_only_bounded(self) -> tuple[float, float] | None:
+        """The GIL share's interval where the curves only bound it (``gil.pinned`` false), else None: its
+        midpoint is then a guess. Tables show its upper end (a video decode whose interval was 0-76%, and
+        whose own evidence said 0% of its time held the GIL, read "GIL 38%"); the replay's stand-in takes
+        its lower end."""
+        g, iv = self.gil, self.gil_fraction_interval
         if g is None or "pinned" not in g.keys or g.pinned or not iv or len(iv) < 2:
             return None
-        hi = iv[1]
-        return float(hi) if isinstance(hi, (int, float)) and math.isfinite(hi) else None
+        lo, hi = iv[0], iv[1]
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (lo, hi)):
+            return None
+        return float(lo), float(hi)
 
     def alternative(self, executor: str) -> StageSetting | None:
         """The best setting measured on ``executor`` (None where it was not measured)."""

@@ -100,6 +100,7 @@ from typing import Any
 
 from stagebench._numbers import num_or_none
 from stagebench.core._speed import cpu_speed_ns, speed_loop
+from stagebench.model._stage import StageEntry
 
 __all__ = ["StandIn", "plan_stand_ins"]
 
@@ -352,15 +353,15 @@ def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
             cpu = marginal
         own = min(t + gc_s, max(0.0, cpu - harness)) if cpu is not None else None
     frac = num_or_none(st.get("gil_fraction"))
-    interval = st.get("gil_fraction_interval") or [None, None]
+    bounded = StageEntry.from_json(st).gil_only_bounded
     note = ""
-    if frac is not None and (st.get("gil") or {}).get("pinned") is False and num_or_none(interval[0]) is not None:
+    if frac is not None and bounded is not None:
         # Only bounded from above (and not probed: STAGEBENCH_GIL_PROBE=off, or the
         # probe failed): its threads ran into the cores before any GIL cap showed, so
         # much of its CPU ran without the GIL. The estimate's midpoint is a guess; the
         # lower end is what the data allow. It read high on Pillow and numpy stages
         # (the demo +19% to +45%); where the probe runs, its reading replaces this.
-        frac = num_or_none(interval[0])
+        frac = bounded[0]
         note = "GIL share only bounded from above: the stand-in takes its lower end"
     if own is None:
         # no CPU reading: the GIL share of the time is all there is

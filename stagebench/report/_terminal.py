@@ -90,8 +90,8 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
                 if (v := num_or_none(st.evidence.signal_value(words[k][1]))) is not None
             ]
             verdict += " (mix)" + (", " + ", ".join(parts) if parts else "")
-        elif (at_most := st.gil_at_most) is not None:
-            verdict += f", GIL ≤{at_most:.0%}"  # only bounded: its midpoint is a guess
+        elif (bounded := st.gil_only_bounded) is not None:
+            verdict += f", GIL ≤{bounded[1]:.0%}"  # only bounded: its midpoint is a guess
         elif gil is not None:
             verdict += f", GIL {gil:.0%}"  # the stage's own share, as its label reads it (analysis/_labels.nature)
         rec = st.recommended or StageSetting()
