@@ -196,29 +196,25 @@ def test_a_stand_in_does_its_work_in_as_many_gil_releases_as_it_can():
 
 def test_a_stand_in_built_from_a_probe_releases_the_gil_about_as_often_as_its_stage():
     """End to end: a stage that hashes in 12 pieces, its probe reading, and a stand-in built from it."""
-    from _stages import HashPieces
+    from _stages import HashPieces, read_releases
 
-    from stagebench.pipeline._gilprobe import probe_gil
     from stagebench.pipeline._replay import _ThreadStandIn
 
-    stage = probe_gil(HashPieces(3.0, 12), [0])
-    if "error" in stage or stage.get("releases") is None:
-        pytest.skip(stage.get("error") or "no per-thread context switch counts here (not Linux)")
+    stage = read_releases(HashPieces(3.0, 12))
     t0 = time.perf_counter()
     for _ in range(20):
         HashPieces(3.0, 12)(0)
     per_call = (time.perf_counter() - t0) / 20
     one = _ThreadStandIn(StandIn("s", "thread", 1, gil_s=0.0, free_s=per_call, wait_s=0.0, releases=1))
-    many = _ThreadStandIn(
-        StandIn("s", "thread", 1, gil_s=0.0, free_s=per_call, wait_s=0.0, releases=round(stage["releases"]))
-    )
-    r_one, r_many = probe_gil(one, [0]), probe_gil(many, [0])
-    print(stage["releases"], r_one.get("releases"), r_many.get("releases"))
-    if "error" in r_one or "error" in r_many:
-        pytest.skip(r_one.get("error") or r_many.get("error"))
-    assert r_one["releases"] < 4 < 6 < stage["releases"]
-    # the probe reads both with the same per-release bias (1.0-1.35 per release here): alike within 2x
-    assert stage["releases"] / 2 < r_many["releases"] < 2 * stage["releases"]
+    many = _ThreadStandIn(StandIn("s", "thread", 1, gil_s=0.0, free_s=per_call, wait_s=0.0, releases=round(stage)))
+    r_one, r_many = read_releases(one), read_releases(many)
+    print(stage, r_one, r_many)
+    # twelve releases read as more than a third of them (the count is a lower bound: see read_releases)
+    assert r_one < 2 and 4 < stage
+    # The stand-in makes as many releases as the stage *read*, a lower bound (about 0.6 of its twelve
+    # here), and the probe reads the stand-in with that bias again: 0.54-0.59 of the stage's reading in
+    # three runs. Within 3x of the stage, and several times the one-release stand-in.
+    assert stage / 3 < r_many < 2 * stage and r_many > 3 * max(r_one, 0.5)
 
 
 def test_free_cpu_releases_the_gil():

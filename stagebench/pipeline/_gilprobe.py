@@ -82,10 +82,16 @@ it over that often), count the releases. Three runs here: stages hashing in
 release: the sleep). Counting each wait as a release read twice that
 (Linux only: ``getrusage`` per thread).
 
-A release counts only where the spinner takes the GIL during it. On a machine
-that takes the spinner's core (``spinner_core`` under about 0.9), a release
-shorter than the spinner's wait to run goes unseen: one fresh clone read a
-stage hashing in twelve 0.25 ms pieces at 0.2 releases.
+A release counts only where the spinner takes the GIL during it, so the
+count is a lower bound with a long tail. On a quiet 2-core VM forty probes
+each read twelve 0.25 ms hashes at 6.5-9.8 (median 7.5), twenty at 10.2-16.1
+(12.9) and one at 0.5-0.9; two full-suite runs read twelve at 5.1 and 6.0.
+Twelve 1 ms hashes read no better (7.5-11.5), and neither did pinning the two
+threads to different cores, nor counting the spinner's pauses instead of the
+stage's waits: the spinner itself lost the GIL only 6.7-10 times a call. On a
+machine that takes the spinner's core (``spinner_core`` under about 0.9), a
+release shorter than the spinner's wait to run goes unseen: one fresh clone
+read a stage hashing in twelve 0.25 ms pieces at 0.2 releases.
 
 What it is not: the hand-offs of the GIL count as the stage's (a stage that
 reacquires the GIL often reads a little high), and time taken from the

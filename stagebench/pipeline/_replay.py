@@ -54,10 +54,11 @@ stage replaced by a **stand-in** built from its isolated measurements only:
   spinner), less the stand-in's own sleep; the work is done in that many
   pieces, each some GIL-held loops and then a hash. Without a probe
   reading, or without GIL-free CPU to split (a hash under 2 KiB keeps the
-  GIL), one release. The probe counts waits, and a release can cost two:
-  it read a stage hashing in 12 pieces at 16 and a stand-in built from that
-  reading (17 pieces, shorter ones) at 27, so a stand-in may let the GIL go
-  up to ~1.5x as often as its stage.
+  GIL), one release. The count is a lower bound (the probe misses a release
+  its spinner does not take the GIL in): it read a stage hashing in 12
+  pieces at 6.8-10.5 and a stand-in built from that reading (7-10 pieces)
+  at 4.6-8.2 over twenty runs, so a stand-in lets the GIL go about 0.6-0.7x
+  as often as its stage.
 
 A stage on a process executor becomes a thread stand-in whose work is all
 GIL-free (it runs in another interpreter) plus the main process's extra cost
