@@ -510,7 +510,7 @@ def _unmeasured_scope(what: str, step: StepAlone) -> str | None:
     diagnosis ran inside that first ``next()``, so the loop stopped after one step."""
     if finite(step.samples_per_s):
         return None
-    why = step.stopped_early or step.error or "its step was not measured"
+    why = step.unmeasured_why
     clock = (
         " (the diagnosis runs inside your loop's first next(): a loop that stops on a clock started before it "
         "counts the diagnosis's time)"

@@ -30,6 +30,7 @@ from typing import Any
 
 from stagebench.core._jobrun import JobRuns, Ladder, Opener
 from stagebench.core._steps import TrainerProbe
+from stagebench.model._job import StepAlone
 
 __all__ = ["JobPlan", "finish_trainer", "trainer_phases", "end_from_close", "job_budget_s"]
 
@@ -93,7 +94,7 @@ def finish_trainer(run_dir: Any, probe: TrainerProbe, runs: JobRuns | None, say:
     write_report(run_dir)
     res = probe.result()
     if res["samples_per_s"] is None:
-        say(f"trainer: not measured: {res['stopped_early'] or res['error']}")
+        say(f"trainer: not measured: {StepAlone.from_json(res).unmeasured_why}")
         if summary.get("scope"):
             say(f"scope: {summary['scope']}")
     else:

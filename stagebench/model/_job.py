@@ -96,6 +96,11 @@ class StepAlone:
         """Items per second, with its interval (None: not measured)."""
         return _rate(self.to_json())
 
+    @property
+    def unmeasured_why(self) -> str:
+        """Why the step has no rate, in words: its loop stopped early, it failed, or neither was recorded."""
+        return self.stopped_early or self.error or "its step was not measured"
+
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> StepAlone:
         """The step alone; every field None where ``d`` is None (no trainer measured)."""
