@@ -45,6 +45,7 @@ __all__ = [
     "job_candidates",
     "loader_decision",
     "turns_to_run",
+    "near_fastest",
     "pooled_frame",
 ]
 
@@ -183,13 +184,20 @@ def _stall_gain(p: dict, q: dict) -> float:
     return a - b
 
 
-def _overlaps(p: dict[str, Any], q: dict[str, Any]) -> bool:
+def _overlaps(p: Mapping[str, Any], q: Mapping[str, Any]) -> bool:
     """Whether two points' 95% intervals overlap (both known)."""
-    lo, hi = p["samples_per_s_low"], p["samples_per_s_high"]
-    qlo, qhi = q["samples_per_s_low"], q["samples_per_s_high"]
-    if not all(math.isfinite(x) for x in (lo, hi, qlo, qhi)):
+    lo, hi = num(p.get("samples_per_s_low")), num(p.get("samples_per_s_high"))
+    qlo, qhi = num(q.get("samples_per_s_low")), num(q.get("samples_per_s_high"))
+    if not finite(lo, hi, qlo, qhi):
         return False
     return lo <= qhi and qlo <= hi
+
+
+def near_fastest(p: Mapping[str, Any], top: Mapping[str, Any]) -> bool:
+    """Whether ``p`` reads within :data:`CANNOT_MATTER` of the fastest, ``top``, or overlaps it: a comparison
+    in turns could show it as good, or as the fastest. One rule for the decision (:func:`_near`) and for
+    the loaders the search keeps open for it (:meth:`stagebench.loader._sweep._Sweep.prune`)."""
+    return p["samples_per_s"] >= CANNOT_MATTER * top["samples_per_s"] or _overlaps(p, top)
 
 
 def recommend(
@@ -253,8 +261,7 @@ def _near(pool: list[dict[str, Any]]) -> list[dict[str, Any]]:
     show nothing closer: the host's phases move two windows of one setting by up to 18% (the JPEG
     loader's 2 workers read 439 against 4 workers' 387; in turns 4 ran 5-10% ahead in each round)."""
     top = max(pool, key=lambda p: p["samples_per_s"])
-    floor = CANNOT_MATTER * top["samples_per_s"]
-    return sorted((p for p in pool if p["samples_per_s"] >= floor or _overlaps(p, top)), key=_cheapest_first)
+    return sorted((p for p in pool if near_fastest(p, top)), key=_cheapest_first)
 
 
 def loader_decision(

@@ -21,7 +21,7 @@ from dataclasses import KW_ONLY, asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stagebench.analysis._loader import summarize_loader
+from stagebench.analysis._loader import near_fastest, summarize_loader
 from stagebench.core._config import CANNOT_MATTER, powers_of_two
 from stagebench.loader._config import STRATEGIES, LoaderFactory, LoaderSweepConfig
 from stagebench.loader._point import (
@@ -175,24 +175,17 @@ class _Sweep:
 
     def prune(self) -> None:
         """Keep open only the loaders the turns may ask for (:func:`stagebench.analysis._loader.turns_to_run`
-        takes at most three): yours, then the fastest of those whose interval reaches :data:`CANNOT_MATTER` of
-        the fastest so far (a setting within it is compared in turns). The others' workers would only hold
-        memory."""
-        ok = [r for r in self.rows if _ok(r)]
+        takes at most three): yours, the fastest so far, then those near it (:func:`near_fastest`, the
+        decision's own rule), cheapest first, as the decision takes them. The others' workers would only
+        hold memory, and a loader closed here that the turns then ask for pays its start-up again."""
+        ok = [(k, r) for k, r in self.by_key.items() if _ok(r)]
         if not ok:
             self.held.close()
             return
-        top = max(r["samples_per_s"] for r in ok)
+        fastest, top = max(ok, key=lambda kr: kr[1]["samples_per_s"])
         mine = self.held.key(self.cfg.yours) if self.cfg.yours is not None else None
-        near = sorted(
-            (
-                (r["samples_per_s"], k)
-                for k, r in self.by_key.items()
-                if k in self.held.open and _ok(r) and _high(r) >= CANNOT_MATTER * top
-            ),
-            reverse=True,
-        )
-        keys = ([mine] if mine in self.held.open else []) + [k for _, k in near if k != mine]
+        near = sorted((k for k, r in ok if near_fastest(r, top)), key=LoaderKnobs.cost)
+        keys = [k for k in dict.fromkeys([mine, fastest, *near]) if k in self.held.open]
         self.held.keep(set(keys[:_MAX_HELD]))
 
     def held_mb(self) -> float:
