@@ -86,9 +86,10 @@ A release counts only where the spinner takes the GIL during it, so the
 count is a lower bound with a long tail. On a quiet 2-core VM forty probes
 each read twelve 0.25 ms hashes at 6.5-9.8 (median 7.5), twenty at 10.2-16.1
 (12.9) and one at 0.5-0.9; two full-suite runs read twelve at 5.1 and 6.0.
-Twelve 1 ms hashes read no better (7.5-11.5), and neither did pinning the two
-threads to different cores, nor counting the spinner's pauses instead of the
-stage's waits: the spinner itself lost the GIL only 6.7-10 times a call. On a
+Twelve 1 ms hashes read no better (6.5-11.2 over thirty probes), and neither
+did pinning the two threads to different cores (6.3-9.5), nor counting the
+spinner's pauses instead of the stage's waits (6.0-11.3): the spinner itself
+lost the GIL only 6.7-10 times a call. On a
 machine that takes the spinner's core (``spinner_core`` under about 0.9), a
 release shorter than the spinner's wait to run goes unseen: one fresh clone
 read a stage hashing in twelve 0.25 ms pieces at 0.2 releases.
