@@ -251,11 +251,6 @@ class _Sweep:
 _MAX_HELD = 3
 
 
-def _high(row: dict[str, Any]) -> float:
-    hi = row.get("samples_per_s_high")
-    return hi if isinstance(hi, float) and math.isfinite(hi) else row["samples_per_s"]
-
-
 def _label_of(row: dict[str, Any]) -> str:
     """The knobs of a measured row, as :meth:`LoaderKnobs.label` writes them."""
     return LoaderKnobs(
