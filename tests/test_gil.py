@@ -12,6 +12,7 @@ import pytest
 from _rows import model_rows, row
 
 from stagebench.analysis._gil import SIGNAL_LABELS, estimate_gil
+from stagebench.analysis._labels import SHARE_NOISE
 from stagebench.analysis._stage import analyze_stage
 from stagebench.core._curves import StageRows
 
@@ -315,10 +316,15 @@ def test_known_gil_fraction_of_real_spin_sleep_stages(spin_ms, sleep_ms):
         assert lo - 0.02 <= held <= hi + 0.02  # 0.02: the probe's own reading of what was held
         if avail < _QUIET:  # seen around c=1: said
             assert any("other load" in n for n in st["gil"]["notes"]), st["gil"]["notes"]
-    if nominal >= 0.5:
+    # The label against what the stage held, not its nominal share: its sleep overshoots on a loaded VM
+    # (the 50/50 stage held 0.36-0.59 over twenty runs), and one that held 0.36 is io-bound. Within the
+    # shares' noise of the tie either label is right (the tie rule then says "a mix").
+    if held > 0.5:
         assert st["classification"] == "gil-bound"
-    if nominal == 0.0:
+    elif held < 0.5 - 2 * SHARE_NOISE:
         assert st["classification"] == "io-bound"
+    else:
+        assert st["classification"] == "io-bound" or st["mix"] == ["gil-bound", "io-bound"], st["mix"]
 
 
 def test_known_answer_stages_carry_their_calibration_across_pickling():
