@@ -55,8 +55,10 @@ class LoaderSweepConfig:
 
     precision: float = PRECISION
     """Sequential stopping: a window closes, after ``min_window_s``, once its 95% interval is
-    within this share of its throughput (the stage points' rule). 0: every window runs
-    ``budget_s`` (the protocol before, kept for comparisons)."""
+    within this share of its throughput (the stage points' rule). The num_workers search's windows,
+    where rounds in turns follow (``tie_rounds`` > 0), close at a window in turns' ±10% or at this if
+    looser: they only screen which settings the turns compare. 0: every window runs ``budget_s``
+    (the protocol before, kept for comparisons)."""
 
     min_window_s: float = LOADER_MIN_WINDOW_S
     """Shortest window before it may close on precision."""
