@@ -138,7 +138,11 @@ class _State:
 
     def leaks(self, grace_s: float = _GRACE_S) -> list[str]:
         deadline = time.monotonic() + grace_s
-        while (self.new_threads() or self.new_children()) and time.monotonic() < deadline:
+        # native threads too: a pool's thread that has left Python is still in /proc/self/task while the OS
+        # tears it down (a fresh clone once read 5 -> 6 with no Python thread left); one that stays is a leak
+        while (
+            self.new_threads() or self.new_children() or _native_threads() > self.native
+        ) and time.monotonic() < deadline:
             time.sleep(0.1)
         out = [f"thread {t.name!r} (daemon={t.daemon}) still alive" for t in self.new_threads()]
         out += [f"child process {pid} still there: {what}" for pid, what in self.new_children().items()]
