@@ -852,6 +852,32 @@ def test_a_settings_loader_opens_once_for_its_window_its_turns_and_the_stall():
     assert held.stall(LoaderKnobs(num_workers=2, prefetch_factor=2), cfg, phase="epoch_stall", during=None) is None
 
 
+def test_a_window_in_turns_closes_at_its_shortest_where_precision_may_close_it():
+    """A window in a round is one sample of a ratio whose interval comes from the rounds' spread: it closes
+    once it has an interval, after ``min_window_s``, however tight ``precision`` is; at precision 0 (every
+    window the whole budget, the protocol kept for comparisons) it runs the budget as any window."""
+    from stagebench.loader._turns import HeldLoaders
+
+    factory = make_loader_factory(SleepDataset(n=64, d=0.002), batch_size=4)
+    knobs = LoaderKnobs(num_workers=1, prefetch_factor=2)
+    lengths = {}
+    for precision in (1e-6, 0.0):
+        cfg = LoaderSweepConfig(
+            budget_s=4.0, min_window_s=0.3, precision=precision, warmup_s=0.1, timeout_s=60, transforms=False
+        )
+        held = HeldLoaders(factory, name="x", backend="torch", batch_size=4, cuda=False)
+        try:
+            held.window(knobs, cfg, phase="num_workers")
+            row = held.window(knobs, cfg, phase="paired", turn=1)
+        finally:
+            held.close()
+        assert row["status"] == "ok", row
+        lengths[precision] = row["window_s"]
+    # ±0.0001% is out of reach for a sleeping loader: without the rule the window would run its 4 s
+    assert 0.3 <= lengths[1e-6] < 2.0, lengths
+    assert lengths[0.0] >= 4.0, lengths
+
+
 def test_the_search_keeps_open_only_loaders_the_turns_may_ask_for(monkeypatch):
     """Yours, the fastest, then the cheapest near it (the decision's rule, `near_fastest`), at most three: the
     turns ask for those, and the others' workers would only hold memory."""

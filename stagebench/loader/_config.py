@@ -56,9 +56,10 @@ class LoaderSweepConfig:
     precision: float = PRECISION
     """Sequential stopping: a window closes, after ``min_window_s``, once its 95% interval is
     within this share of its throughput (the stage points' rule). The num_workers search's windows,
-    where rounds in turns follow (``tie_rounds`` > 0), close at a window in turns' ±10% or at this if
-    looser: they only screen which settings the turns compare. 0: every window runs ``budget_s``
-    (the protocol before, kept for comparisons)."""
+    where rounds in turns follow (``tie_rounds`` > 0), close at ±10% (``PAIRED_PRECISION``, as a stage's head-to-head) or at this if
+    looser: they only screen which settings the turns compare; a window in a round in turns closes at
+    its shortest, as soon as it has an interval (the rounds' spread decides). 0: every window runs
+    ``budget_s`` (the protocol before, kept for comparisons)."""
 
     min_window_s: float = LOADER_MIN_WINDOW_S
     """Shortest window before it may close on precision."""

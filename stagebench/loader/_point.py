@@ -668,6 +668,9 @@ class _Plan(NamedTuple):
     #: Called with the warm consumer before the stall (a stall-only point): the memory pass at the pick
     #: rides on the workers the stall starts anyway (:func:`stagebench.loader._costs.memory_pass`).
     during: Callable[[Any], None] | None = None
+    #: A window in turns: it closes at its shortest (``min_window_s``, ``min_batches`` and three rounds of the
+    #: workers) wherever ``precision`` may close a window at all (:func:`stagebench.loader._turns.run_turns`).
+    shortest: bool = False
 
 
 #: Seconds between two checks of a window's interval (each reads the arrivals so far).
@@ -744,8 +747,9 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     """One steady-state window of ``cons``'s arrivals, then its CPU and memory. Returns (the
     :class:`Window` or None, hung).
 
-    It closes once its interval is within ``cfg.precision`` (after ``cfg.min_window_s``), or once the
-    interval lies wholly under ``plan.floor`` (it cannot be the answer), or at ``cfg.budget_s``.
+    It closes once its interval is within ``cfg.precision`` (after ``cfg.min_window_s``; a window in turns,
+    ``plan.shortest``, once it has an interval at all), or once the interval lies wholly under ``plan.floor``
+    (it cannot be the answer), or at ``cfg.budget_s``.
     """
     from stagebench.core._resources import TreeSnapshot, tree_memory_mb
 
@@ -800,7 +804,7 @@ def _settled(
     rate, lo, hi = got.get("samples_per_s"), got.get("samples_per_s_low"), got.get("samples_per_s_high")
     if not rate or lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
         return False
-    if cfg.precision > 0 and (hi - lo) / 2 <= cfg.precision * rate:
+    if cfg.precision > 0 and (plan.shortest or (hi - lo) / 2 <= cfg.precision * rate):
         return True
     return plan.floor is not None and hi < plan.floor
 

@@ -147,7 +147,7 @@ class _Sweep:
         cfg = self.cfg
         if phase == "num_workers" and cfg.tie_rounds > 0:
             # A screen: the settings near the fastest are compared in turns after it, so its windows close at
-            # a window in turns' precision (±10%), not at the ±5% that decides nothing here. On the slow-start
+            # ±10% (a stage's head-to-head's precision), not at the ±5% that decides nothing here. On the slow-start
             # bench the windows at 2 and 4 workers ran their whole 2 s at ±5%, 0.3-1.8 s at ±10%.
             cfg = replace(cfg, precision=in_turns_precision(cfg.precision))
         row: dict[str, Any] | None = None

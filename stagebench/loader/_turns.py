@@ -14,9 +14,11 @@ pick runs on it, so that a slow start-up is paid once per setting:
 2. **Suspend**: the consumer stops taking batches; the workers fill their queues and idle.
 3. **Resume** (later windows): take what the workers queued meanwhile (a DataLoader holds
    ``num_workers x prefetch_factor`` batches in flight; other loaders, what arrives at once), then
-   one round of the workers, then time a window. Windows close on the same rules as any point's
-   (sequential stopping); in turns at ±10% (:data:`~stagebench.core._config.PAIRED_PRECISION`) where a
-   point's is ±5%: a window in turns is one sample of a ratio whose interval comes from the rounds.
+   one round of the workers, then time a window. A window in turns closes at its shortest (0.3 s,
+   ``min_batches`` and three rounds of the workers): it is one sample of a ratio whose interval comes from
+   the rounds' spread (the host's phases between rounds, up to 1.4x here), not from the window's own
+   interval, so a window held open to ±10% bought the verdict little (on the slow-start bench such
+   windows ran 0.3-1.7 s against 0.3-0.5 s at the shortest). More rounds buy more than longer windows.
 
 A round runs the settings in alternating order (A B C, then C B A), so that a steady drift of the
 host favours none. Rounds go on while the rule is not settled, at most ``tie_rounds``. Each window is
@@ -31,10 +33,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from stagebench.core._config import in_turns_precision
 from stagebench.loader._config import LoaderFactory, LoaderSweepConfig
 from stagebench.loader._point import (
     _POLL_S,
@@ -158,14 +159,15 @@ class HeldLoaders:
     ) -> dict[str, Any]:
         """One window of ``knobs``: its loader opened (and warmed up) on the first, resumed after, and kept
         open, suspended, after it; a loader that failed is closed. ``floor``: as a point's
-        (:func:`stagebench.loader._point.measure_loader_point`'s ``cannot_matter_below``)."""
+        (:func:`stagebench.loader._point.measure_loader_point`'s ``cannot_matter_below``). A window in a
+        round (``turn`` given) closes at its shortest (the module's step 3)."""
         eff, shown, notes = normalize_knobs(knobs, self.backend, cuda=self.cuda)  # the key of its open loader
         row = _empty_row(self.name, self.backend, eff, shown, phase, notes)
         if turn is not None:
             row["turn"] = turn
         t_begin = time.perf_counter()
         deadline = t_begin + cfg.timeout_s
-        plan = _Plan(stall=False, throughput=True, batch_size=self.batch_size, floor=floor)
+        plan = _Plan(stall=False, throughput=True, batch_size=self.batch_size, floor=floor, shortest=turn is not None)
         h = self.open.get(eff)
         self._others_idle(eff, cfg.budget_s)
         with _quiet_sigchld():
@@ -299,7 +301,6 @@ def run_turns(
     resumed; the caller closes them); each window's row goes to ``record`` as it lands. Returns the
     rounds run."""
     rounds = 0
-    cfg = replace(cfg, precision=in_turns_precision(cfg.precision))  # a window in turns: one sample of a ratio
     for i in range(max_rounds):
         todo = next_settings()
         if not todo:
