@@ -390,6 +390,16 @@ def test_a_pass_ends_once_each_worker_made_its_share_of_the_epoch():
     assert large["batches_per_worker"] < large["epoch_batches_per_worker"]
 
 
+def test_a_pass_shorter_than_its_readings_runs_on_until_it_has_them():
+    """A pass whose ``seconds`` end before MIN_READINGS readings (a short ``memory_pass_s`` on a loaded host,
+    whose readings stretch) still reads growth: three readings gave two growths and no answer."""
+    from stagebench.loader._costs import MIN_READINGS
+
+    got = memory_pass(_Busy(1), num_workers=1, epoch_batches=20_000, seconds=0.0, interval_s=0.01)
+    assert got is not None and len(got["samples"]) == MIN_READINGS
+    assert got["batches_per_worker"] > 0
+
+
 # pytorch/examples' ImageNet --dummy, -b 16 -j 2: each worker's readings over the 2 s memory pass
 _IMAGENET_PASS = [
     (0.04, (23.14, 23.02), (1, 1)),

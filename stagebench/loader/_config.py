@@ -146,7 +146,8 @@ class LoaderSweepConfig:
     it (under spawn or forkserver) and, at the pick, its memory over a pass of ``memory_pass_s``."""
 
     memory_pass_s: float = 2.0
-    """Seconds of the memory pass at the pick: each worker's private memory read as it loads (0: off)."""
+    """Seconds of the memory pass at the pick: each worker's private memory read as it loads (0: off). A
+    pass runs on past it until it has four readings (every 0.25 s), the fewest its median needs."""
 
     transforms: bool = True
     """Measure each transform of a composed ``dataset.transform`` as a stage."""

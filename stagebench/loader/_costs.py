@@ -45,7 +45,9 @@ SLOW_PICKLE_S = 0.5
 # them over thousands of batches (FakeData's 224x224 images: 3 batches a worker in 2 s, extrapolated to
 # 10,009, an interval of -127 GB to +184 GB).
 MIN_BATCHES = 10
-#: The fewest readings of a pass that ends early, at a whole epoch (:func:`memory_pass`).
+#: The fewest readings of a pass (:func:`memory_pass`): three growths between them for their median. A pass
+#: ends at its ``seconds`` only once it has them: a loaded host stretches each reading (0.27 s apart at a
+#: 0.25 s interval), and a 0.6 s pass with three readings read nothing (a fresh clone's test failed on it).
 MIN_READINGS = 4
 #: A container of this many Python objects or more is named (what the findings advise about).
 MANY_OBJECTS = 10_000
@@ -194,7 +196,8 @@ def memory_pass(
     interval_s: float = 0.25,
     cap_mb: float | None = None,
 ) -> dict[str, Any] | None:
-    """Each worker's private memory over a pass of at most ``seconds`` (module docstring). ``cap_mb``: the
+    """Each worker's private memory over a pass of ``seconds``, longer only until it has :data:`MIN_READINGS`
+    readings (module docstring). ``cap_mb``: the
     most a worker can copy (the Python objects of the dataset it reads), bounding the extrapolation.
 
     ``cons``: a started, warm consumer (:class:`stagebench.loader._point._Consumer`): its ``events``
@@ -241,7 +244,7 @@ def memory_pass(
     while True:
         mem, n = read(), made()
         samples.append({"t": time.perf_counter() - t0, "uss_mb": mem, "batches": n})
-        if time.perf_counter() - t0 >= seconds or cons.finished:
+        if cons.finished or (time.perf_counter() - t0 >= seconds and len(samples) >= MIN_READINGS):
             break
         first = samples[0]["batches"]
         if (
