@@ -175,29 +175,35 @@ def rule_no_rate_below_zero(summary: dict) -> list[str]:
     return bad
 
 
-def rule_a_data_bound_pick_names_the_setting_that_waited_less(summary: dict) -> list[str]:
-    """Words that hold together: a job verdict that advises a setting whose loop waits for data names any
-    measured setting whose loop waited far less, and why that one is not the pick."""
+def rule_a_waiting_pick_names_the_setting_that_waited_less(summary: dict) -> list[str]:
+    """Words that hold together: a job verdict that advises a setting whose loop waits for data (data-bound,
+    or a wait it shows as 1% or more) names any measured setting whose loop waited far less, and why that
+    one is not the pick."""
+    from stagebench.analysis._job import SHOWN_WAIT
+
     job = summary.get("job") or {}
-    if job.get("status") != "decided" or job.get("bound") != "data-bound":
+    if job.get("status") != "decided":
         return []
     pick = next(c for c in job["candidates"] if c["key"] == job["pick"])
     wait = (pick.get("job") or {}).get("data_wait_share") or 0.0
+    if job.get("bound") != "data-bound" and wait < SHOWN_WAIT:
+        return []
     calm = [
         c
         for c in job["candidates"]
         if c["key"] != job["pick"] and c.get("job") and c["job"].get("data_wait_share", 1.0) < 0.5 * wait
     ]
+    named = job["text"]
     return [
-        f"data-bound pick beside {c['label']!r}, which waited less, unnamed"
+        f"a pick that waits {wait:.0%} beside {c['label']!r}, which waited less, unnamed"
         for c in calm
-        if c["label"] not in job["text"]
+        if c["label"] not in named and not (c["key"] == job.get("yours") and "; yours waited" in named)
     ]
 
 
 RULES = [
     rule_no_rate_below_zero,
-    rule_a_data_bound_pick_names_the_setting_that_waited_less,
+    rule_a_waiting_pick_names_the_setting_that_waited_less,
     rule_findings_follow_the_recommendation,
     rule_shares_are_at_most_100_percent,
     rule_no_throughput_for_an_unchecked_change,

@@ -405,7 +405,7 @@ def test_a_data_bound_verdict_names_every_setting_whose_loop_waited_far_less():
     """Issue 36, words that hold together: a fresh clone's verdict kept a data-bound setting and left
     'num_workers=4, persistent', which waited less, unexplained (it named only the first such setting,
     and none at all beside a rival the runs could not tell from yours)."""
-    from test_consistency import rule_a_data_bound_pick_names_the_setting_that_waited_less as rule
+    from test_consistency import rule_a_waiting_pick_names_the_setting_that_waited_less as rule
 
     job = _job(
         yours=(0.020, 0.050, "yours", 2),  # 70 ms a step, 29% of it waiting
@@ -420,6 +420,22 @@ def test_a_data_bound_verdict_names_every_setting_whose_loop_waited_far_less():
     assert rule({"job": d}) == [], d["text"]
     assert "four waited 1%, but ran " in d["text"] and "eight waited 1%, but ran " in d["text"]
     assert "x the pick (" in d["text"]
+
+
+def test_a_trainer_bound_pick_that_waits_names_the_settings_that_waited_less():
+    """Issue 36, words that hold together, whatever the bound: ImageNet --dummy's num_workers=0 pick read
+    "3% of each step waiting for data; trainer-bound" beside yours (2 workers) and 1 worker, which waited
+    0%, and named neither."""
+    from test_consistency import rule_a_waiting_pick_names_the_setting_that_waited_less as rule
+
+    job = _job(zero=(0.0015, 0.0485, "feeds", 0), two=(0.0, 0.050, "yours", 2))  # 50 ms a step each
+    d = decide_job(job, TRAINER)
+    assert d["pick"] == "zero" and d["advice"] == "cheaper" and d["bound"] == "trainer-bound", d["text"]
+    assert "3% of each step waiting for data" in d["text"]
+    assert "; yours waited 0%, but ran 1.00x the pick (" in d["text"], d["text"]
+    assert rule({"job": d}) == []
+    # the rule is not vacuous: the verdict without those words breaks it
+    assert rule({"job": {**d, "text": d["text"].split("; yours waited")[0]}})
 
 
 def test_without_a_setting_of_yours_the_cheapest_as_fast_carries_its_ratio_to_the_fastest():

@@ -63,6 +63,10 @@ ORIGIN_SHORT = {
 }
 #: A job running at this share of the step's own rate (or more) is set by the step: trainer-bound.
 TRAINER_BOUND = 0.90
+#: A pick's wait for data that the verdict shows as 1% or more: where another setting ran its loop waiting
+#: far less, the verdict names it, whatever the bound (ImageNet --dummy's num_workers=0 pick read "3% of each
+#: step waiting for data, trainer-bound" beside two worker settings that waited 0%, unnamed).
+SHOWN_WAIT = 0.005
 
 
 def _usable(slice_: JobSlice, group: int) -> int:
@@ -316,7 +320,8 @@ def decide_job(
     text = v.headline() + f", {v.p.data_wait_share:.0%} of each step waiting for data; {bound_text}"
     if d.advice == "keep yours" and d.rival is not None:
         text += "; " + _could_not_tell(d, rec, label)
-    if bound == "data-bound":
+    if bound == "data-bound" or (v.p.data_wait_share or 0.0) >= SHOWN_WAIT:
+        # whatever the bound, a verdict that says its pick waits names the settings that waited far less
         text += v.calmer(text)
     return {
         **base,
@@ -452,18 +457,20 @@ class _Verdict:
         }[self.d.advice]
 
     def calmer(self, said: str) -> str:
-        """Every measured setting whose loop waited far less than the data-bound pick's, and why it is not
+        """Every measured setting whose loop waited far less than the pick's, and why it is not
         the pick: a verdict that says its own pick waits for data must not leave a calmer setting it ran
         unexplained. ``said``: the verdict so far (a setting it names already is not named again)."""
         out = ""
         for k, f in self.ran.items():
             if k == self.pick or not (f.data_wait_share or 0.0) < 0.5 * (self.p.data_wait_share or 0.0):
                 continue
-            if self.label[k] in said + out:
+            name = "yours" if k == self.d.yours else self.label[k]
+            # a setting the verdict named already is not named again; yours is (its ratio), but not its wait
+            if (f"; {name} waited" if k == self.d.yours else name) in said + out:
                 continue
             xk = self.ratio(k, self.pick)  # against the pick, in the rounds both ran
             shown = xk is not None and xk.low is not None and xk.low > 1
-            out += f"; {self.label[k]} waited {f.data_wait_share:.0%}, but " + (
+            out += f"; {name} waited {f.data_wait_share:.0%}, but " + (
                 f"ran {xk.text('the pick')}" + ("" if shown else ", not shown faster")
                 if xk
                 else "was not run in the same rounds"
