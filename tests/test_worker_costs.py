@@ -458,3 +458,13 @@ def test_a_dataset_that_cannot_be_shipped_is_said_and_the_report_renders(tmp_pat
     assert "pickle" in s["worker_costs"]["shipping"]["error"]
     html = (tmp_path / "run" / "report.html").read_text()
     assert "could not be pickled" in html and "cannot pickle" in html
+
+
+def test_a_share_smaller_than_min_batches_ends_the_pass_once_made():
+    """An epoch of 2 batches a worker is read whole once each worker made 2: MIN_BATCHES bounds an
+    extrapolation, and a whole share needs none (the pass ran 10 batches a worker before)."""
+    from stagebench.loader._costs import MIN_BATCHES, MIN_READINGS
+
+    got = memory_pass(_Busy(1), num_workers=1, epoch_batches=2, seconds=30.0, interval_s=0.01)
+    assert got is not None and len(got["samples"]) == MIN_READINGS < MIN_BATCHES
+    assert got["extrapolated"] is False

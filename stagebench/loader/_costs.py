@@ -235,10 +235,11 @@ def memory_pass(
                 counts[e.pid] = counts.get(e.pid, 0) + 1
         return counts
 
-    # A pass in which every worker made its whole share of the epoch (and MIN_BATCHES) has read the
-    # epoch's growth, not extrapolated it: it ends there (a small dataset's pass, a fraction of a second),
-    # with at least MIN_READINGS readings for the median of the growth between them.
-    enough = max(MIN_BATCHES, math.ceil(epoch_batches / max(1, num_workers))) if epoch_batches else None
+    # A pass in which every worker made its whole share of the epoch has read the epoch's growth, not
+    # extrapolated it: it ends there (a small dataset's pass, a fraction of a second), with at least
+    # MIN_READINGS readings for the median of the growth between them. MIN_BATCHES bounds an
+    # extrapolation, and a whole share needs none: a share of 2 batches a worker is not run for 10.
+    enough = math.ceil(epoch_batches / max(1, num_workers)) if epoch_batches else None
     samples: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     while True:
