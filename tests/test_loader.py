@@ -963,3 +963,28 @@ def test_loaders_kept_open_give_way_where_the_next_would_not_fit_beside_them(mon
     sw, closed = sweep(100.0)
     sw.make_room(LoaderKnobs(num_workers=2, prefetch_factor=2))
     assert closed == []
+
+
+def test_a_window_waits_for_the_others_batches_in_flight_and_little_longer():
+    """The next window starts once a suspended loader's workers idled over the last 50 ms: not while one
+    still makes a batch (0.5 s of spinning here), and soon after (read every 10 ms, not in steps of the
+    whole span); a worker that never idles is waited for up to the limit only."""
+    import subprocess
+
+    from stagebench.loader._turns import _until_idle
+
+    spin = "import time\nend = time.perf_counter() + {s}\nwhile time.perf_counter() < end: pass\ntime.sleep(60)"
+    waits = {}
+    for name, seconds, limit in (("idle", 0.0, 5.0), ("in flight", 0.5, 5.0), ("never", 60.0, 0.6)):
+        child = subprocess.Popen([sys.executable, "-c", spin.format(s=seconds)])
+        try:
+            time.sleep(0.3)  # the interpreter's start-up is over; "in flight" spins 0.2-0.5 s more
+            t0 = time.perf_counter()
+            _until_idle([child.pid], limit)
+            waits[name] = time.perf_counter() - t0
+        finally:
+            child.kill()
+            child.wait()
+    assert 0.045 <= waits["idle"] < 0.5, waits
+    assert 0.25 <= waits["in flight"] < 1.5, waits
+    assert 0.6 <= waits["never"] < 1.5, waits

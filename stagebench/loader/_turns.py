@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -74,9 +75,14 @@ class _Held:
     windows: int = 0
 
 
-#: A suspended loader's workers count as idle once they take less than this share of one core together.
+#: A suspended loader's workers count as idle once they took less than this share of one core together
+#: over the last ``_IDLE_SPAN_S``, read every ``_IDLE_STEP_S``. Spans of 0.1 s read in steps of their own
+#: length saw the workers idle up to 0.2 s after they were (11 waits on the slow-start bench summed 1.9 s).
+#: A worker that waits on its queue takes no CPU at all, and one making a batch takes a share of a core
+#: (25 ms of 50 with four workers on two cores), so 50 ms tell them apart.
 _IDLE_SHARE = 0.1
-_IDLE_PROBE_S = 0.1
+_IDLE_SPAN_S = 0.05
+_IDLE_STEP_S = 0.01
 
 
 def _until_idle(pids: list[int], limit_s: float) -> None:
@@ -87,14 +93,19 @@ def _until_idle(pids: list[int], limit_s: float) -> None:
     with them). Loaders without worker processes (none, or threads) have nothing to wait for."""
     from stagebench.core._resources import cpu_seconds
 
+    if not pids:
+        return
     end = time.perf_counter() + limit_s
-    before = cpu_seconds(pids)
-    while pids and time.perf_counter() < end:
-        time.sleep(_IDLE_PROBE_S)
-        now = cpu_seconds(pids)
-        if now - before < _IDLE_SHARE * _IDLE_PROBE_S:
+    seen = deque([(time.perf_counter(), cpu_seconds(pids))])
+    while time.perf_counter() < end:
+        time.sleep(_IDLE_STEP_S)
+        now, cpu = time.perf_counter(), cpu_seconds(pids)
+        seen.append((now, cpu))
+        while len(seen) > 2 and now - seen[1][0] >= _IDLE_SPAN_S:  # the latest reading a span back
+            seen.popleft()
+        t0, cpu0 = seen[0]
+        if now - t0 >= _IDLE_SPAN_S and cpu - cpu0 < _IDLE_SHARE * (now - t0):
             return
-        before = now
 
 
 def _wait_for(cons: _Consumer, n: int, deadline: float, errors: _SpdlErrors) -> bool:
