@@ -973,18 +973,28 @@ def test_a_window_waits_for_the_others_batches_in_flight_and_little_longer():
 
     from stagebench.loader._turns import _until_idle
 
-    spin = "import time\nend = time.perf_counter() + {s}\nwhile time.perf_counter() < end: pass\ntime.sleep(60)"
-    waits = {}
+    # the child says when its spin ended (perf_counter is the system's monotonic clock, one for all processes)
+    spin = (
+        "import time\nend = time.perf_counter() + {s}\nwhile time.perf_counter() < end: pass\n"
+        "print(time.perf_counter(), flush=True)\ntime.sleep(60)"
+    )
+    waits, ended = {}, {}
     for name, seconds, limit in (("idle", 0.0, 5.0), ("in flight", 0.5, 5.0), ("never", 60.0, 0.6)):
-        child = subprocess.Popen([sys.executable, "-c", spin.format(s=seconds)])
+        child = subprocess.Popen([sys.executable, "-c", spin.format(s=seconds)], stdout=subprocess.PIPE, text=True)
         try:
-            time.sleep(0.3)  # the interpreter's start-up is over; "in flight" spins 0.2-0.5 s more
+            time.sleep(0.3)  # the interpreter's start-up is over; "in flight" spins about 0.2 s more
             t0 = time.perf_counter()
             _until_idle([child.pid], limit)
             waits[name] = time.perf_counter() - t0
+            if seconds < limit:
+                ended[name] = float(child.stdout.readline()) - t0  # its spin had ended: the line is there
         finally:
             child.kill()
             child.wait()
     assert 0.045 <= waits["idle"] < 0.5, waits
-    assert 0.25 <= waits["in flight"] < 1.5, waits
+    # not before the spin ended, and soon after it
+    assert ended["in flight"] > 0 and ended["in flight"] <= waits["in flight"] < ended["in flight"] + 0.5, (
+        waits,
+        ended,
+    )
     assert 0.6 <= waits["never"] < 1.5, waits
