@@ -197,8 +197,8 @@ def memory_pass(
     cap_mb: float | None = None,
 ) -> dict[str, Any] | None:
     """Each worker's private memory over a pass of ``seconds``, longer only until it has :data:`MIN_READINGS`
-    readings (module docstring). ``cap_mb``: the
-    most a worker can copy (the Python objects of the dataset it reads), bounding the extrapolation.
+    readings (module docstring). ``cap_mb``: the most a worker can copy (the Python objects of the dataset
+    it reads), bounding the extrapolation.
 
     ``cons``: a started, warm consumer (:class:`stagebench.loader._point._Consumer`): its ``events``
     carry the process that made each batch, its ``worker_pids()`` the workers; the caller tears it
