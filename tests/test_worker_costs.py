@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 
 import numpy as np
@@ -468,3 +469,38 @@ def test_a_share_smaller_than_min_batches_ends_the_pass_once_made():
     got = memory_pass(_Busy(1), num_workers=1, epoch_batches=2, seconds=30.0, interval_s=0.01)
     assert got is not None and len(got["samples"]) == MIN_READINGS < MIN_BATCHES
     assert got["extrapolated"] is False
+
+
+def test_a_copy_that_slows_is_read_as_it_slows_not_as_its_median_rate_stretched():
+    """A 600k-tuple list read in shuffled order by a fast worker: its pages are copied by the first of their
+    objects read, ~100 MB that saturate within ~60 batches of the 586 a worker makes in an epoch. The
+    median rate of a pass that reaches the flat part early, stretched over the epoch, read it at about half;
+    a step (an arena taken, flat around it) is not a slowing copy."""
+    from stagebench.loader._costs import _growth
+
+    made = [2, 40, 80, 120, 160, 200]
+    curve = [
+        {"t": 0.25 * i, "uss_mb": {1: 35 + 100 * (1 - math.exp(-b / 20))}, "batches": {1: b}}
+        for i, b in enumerate(made)
+    ]
+    median_line = (
+        statistics.median(
+            (b["uss_mb"][1] - a["uss_mb"][1]) / (b["batches"][1] - a["batches"][1]) for a, b in zip(curve, curve[1:])
+        )
+        * 586
+    )
+    assert median_line < 0.7 * 100  # what the median rate stretched over the epoch reads
+    got = _growth(curve, num_workers=1, epoch_batches=586, cap_mb=103.0)
+    assert got["slowing"] and got["extrapolated"] and got["bounded_by_mb"] is None
+    grown = curve[-1]["uss_mb"][1] - curve[0]["uss_mb"][1]
+    assert got["epoch_growth_mb_low"] == pytest.approx(grown) and got["epoch_growth_mb"] == pytest.approx(100, rel=0.15)
+    assert got["epoch_growth_mb"] <= got["epoch_growth_mb_high"] <= 103.0
+    (f,) = worker_cost_findings(
+        worker_costs_summary({"worker_costs": {"memory": {"num_workers": 1, **got}, "available_mb": 1e6}}, []), None
+    )
+    assert "the rate of its second half, where the growth had slowed" in f["detail"]
+    # steady growth is a line; a step with flat readings around it is not slowing
+    steady = [{**s, "uss_mb": {1: 35 + 0.2 * s["batches"][1]}} for s in curve]
+    assert "slowing" not in _growth(steady, num_workers=1, epoch_batches=586, cap_mb=None)
+    step = [{**s, "uss_mb": {1: 35.0 + (40.0 if i >= 2 else 0.0)}} for i, s in enumerate(curve)]
+    assert "slowing" not in _growth(step, num_workers=1, epoch_batches=586, cap_mb=None)

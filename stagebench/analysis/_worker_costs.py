@@ -202,6 +202,8 @@ def _growth_findings(wc: WorkerCosts) -> list[dict[str, Any]]:
                 f", bounded by the ~{mem.bounded_by_mb:,.0f} MB the Python objects it reads take (a page once "
                 "copied stays copied: the growth slows as the epoch goes on)"
                 if mem.bounded_by_mb
+                else " (what the pass grew, then the rate of its second half, where the growth had slowed)"
+                if mem.slowing
                 else " (linearly)"
             )
             if mem.extrapolated

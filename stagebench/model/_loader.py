@@ -299,7 +299,8 @@ class WorkerMemory:
     """Each worker's private memory over the memory pass at ``num_workers``: its growth a batch (with a 95%
     interval), how many batches a worker made and makes in an epoch, and the epoch's growth (extrapolated
     where the pass ended first, bounded by ``bounded_by_mb``); ``too_few_batches`` where a worker made too
-    few to extrapolate, ``stopped_growing`` where the pass's second half showed no growth beyond noise.
+    few to extrapolate, ``stopped_growing`` where the pass's second half showed no growth beyond noise,
+    ``slowing`` where every reading grew but the second half at under half the first's rate (a copy-on-read).
     ``all_workers_mb`` and ``fits``: the summary's, against the memory available."""
 
     num_workers: int | None = None
@@ -313,6 +314,7 @@ class WorkerMemory:
     end_mb: float | None = None
     too_few_batches: bool | None = None
     stopped_growing: bool | None = None
+    slowing: bool | None = None
     epoch_growth_mb: float | None = None
     epoch_growth_mb_low: float | None = None
     epoch_growth_mb_high: float | None = None
@@ -334,6 +336,7 @@ class WorkerMemory:
             samples=_samples,
             too_few_batches=flag,
             stopped_growing=flag,
+            slowing=flag,
             extrapolated=flag,
             fits=flag,
             **dict.fromkeys(_MEMORY_NUMBERS, number),
@@ -358,6 +361,8 @@ class WorkerMemory:
             out["too_few_batches"] = self.too_few_batches
         if self.stopped_growing is not None:
             out["stopped_growing"] = self.stopped_growing
+        if self.slowing is not None:
+            out["slowing"] = self.slowing
         if self.epoch_growth_mb is not None:
             out.update(
                 epoch_growth_mb=self.epoch_growth_mb,
