@@ -504,3 +504,28 @@ def test_a_copy_that_slows_is_read_as_it_slows_not_as_its_median_rate_stretched(
     assert "slowing" not in _growth(steady, num_workers=1, epoch_batches=586, cap_mb=None)
     step = [{**s, "uss_mb": {1: 35.0 + (40.0 if i >= 2 else 0.0)}} for i, s in enumerate(curve)]
     assert "slowing" not in _growth(step, num_workers=1, epoch_batches=586, cap_mb=None)
+
+
+def test_the_memory_pass_reads_the_workers_of_the_verdicts_pick(tmp_path):
+    """A script's num_workers=2 kept against a num_workers=0 its search alone favoured (a 1.5M-record list,
+    trivial reads: 0 workers read fastest in some windows, the rounds in turns could not tell): the memory
+    pass ran at the search's own pick, 0 workers, so it read none, and the copy-on-read went unsaid.
+    Whichever setting the verdict picks, a pick with workers has its workers' memory read."""
+    import stagebench
+
+    cfg = LoaderSweepConfig(num_workers=(0, 2), budget_s=0.3, timeout_s=60, transforms=False)
+    s = stagebench.sweep_dataset(
+        Index(200_000, as_numpy=False),
+        run_dir=tmp_path / "run",
+        config=cfg,
+        batch_size=512,
+        shuffle=True,
+        num_workers=2,  # the script's own setting
+        multiprocessing_context="fork",
+    )
+    pick = s["recommended"]["num_workers"]
+    mem = (s.get("worker_costs") or {}).get("memory")
+    if pick > 0:
+        assert mem is not None and mem["num_workers"] == pick, (pick, mem)
+    else:
+        assert mem is None or mem["num_workers"] == 0, mem

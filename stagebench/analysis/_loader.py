@@ -40,6 +40,7 @@ __all__ = [
     "normalize_row",
     "user_point",
     "recommend",
+    "loader_pick",
     "summarize_loader",
     "loader_findings",
     "job_candidates",
@@ -1186,6 +1187,13 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "worker_costs": costs,
         "transforms": list(m.transforms),
     }
+
+
+def loader_pick(rows: Any, meta: Mapping[str, Any] | RunMeta) -> dict[str, Any] | None:
+    """The recommended row as the summary makes it from ``rows`` and the run's ``meta`` (the script's own
+    setting, a target rate, the job's pick where its runs decided): what is measured at the pick (each
+    worker's memory) is measured at this one."""
+    return _picks(rows, meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)).rec
 
 
 def _picks(rows: Any, m: RunMeta) -> _Picks:

@@ -426,14 +426,14 @@ def _memory_at(sw: _Sweep, cons: Any, num_workers: int) -> dict[str, Any] | None
     return {"num_workers": num_workers, **mem, "batch_mb": cons.batch_mb, "seconds": time.perf_counter() - t0}
 
 
-def _worker_costs(sw: _Sweep) -> dict[str, Any]:
+def _worker_costs(sw: _Sweep, meta: dict[str, Any]) -> dict[str, Any]:
     """What each worker costs beyond throughput (:mod:`stagebench.loader._costs`): the dataset shipped to it,
     and each worker's memory over a pass at the pick's num_workers: read during the stall point where the
     search ran one, else in a pass of its own. ``seconds``: what this added to the sweep (the stall
     point's share is in its row's ``stall_phase_s``)."""
     import psutil
 
-    from stagebench.analysis._loader import recommend
+    from stagebench.analysis._loader import loader_pick
     from stagebench.loader._costs import shipping_cost, shm_headroom
 
     t0 = time.perf_counter()
@@ -444,7 +444,11 @@ def _worker_costs(sw: _Sweep) -> dict[str, Any]:
         out["shipping"] = ship
     elif ship is not None:  # under fork nothing is shipped: said, not measured
         out["shipping"] = {"start_method": ship["start_method"], "shipped": False, "largest": ship.get("largest")}
-    rec = recommend(sw.rows, budget_mb=sw.budget_mb, within_best=cfg.within_best)
+    # the pick as the summary makes it, against the script's own setting: a kept num_workers=2 whose
+    # search alone favoured 0 read no worker's memory (a 1.5M-record list, copy-on-read, unsaid)
+    rec = loader_pick(sw.rows, meta)
+    if sw.memory is not None and rec is not None and sw.memory.get("num_workers") != rec["num_workers"]:
+        sw.memory = None  # read at another num_workers than the pick's: read again at the pick's
     out["memory_on_stall_point"] = sw.memory is not None  # its seconds then sit in the stall point's row
     if sw.memory is None and rec is not None and rec["num_workers"] > 0 and cfg.memory_pass_s > 0:
         # no stall point at the pick (epoch_stall off, or the protocol before): a point of its own, no window
@@ -691,7 +695,7 @@ def _worker_costs_into(sw: _Sweep, run: _Run) -> None:
     """``run.json["worker_costs"]`` (:func:`_worker_costs`); where it fails, a warning instead."""
     try:
         with workers_beyond_cores_unwarned():  # its own memory pass may start the pick's workers again
-            run.meta["worker_costs"] = _worker_costs(sw)
+            run.meta["worker_costs"] = _worker_costs(sw, run.meta)
     except Exception as e:  # a measurement beside the sweep: its failure loses none of the sweep's rows
         said = f"what each worker costs was not measured: {type(e).__name__}: {e}"[:300]
         run.meta.setdefault("warnings", []).append(said)
