@@ -447,6 +447,12 @@ class _Consumer(threading.Thread):
             return f"worker pid {w.pid} exited with code {code}"
         return None
 
+    def made_by_live_workers(self) -> int:
+        """The batches the live iterator's workers made so far: a worker of an earlier epoch's iterator is
+        gone (workers that are not persistent start again at every epoch)."""
+        live = {getattr(w, "pid", None) for w in self._worker_procs()} - {None}
+        return sum(1 for e in list(self.events) if e.pid in live)
+
     def worker_pids(self) -> list[int]:
         """Worker pids known without touching /proc: tags, torch's iterator, SPDL's pool."""
         me = os.getpid()

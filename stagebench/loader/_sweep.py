@@ -405,7 +405,7 @@ def _memory_at(sw: _Sweep, cons: Any, num_workers: int) -> dict[str, Any] | None
     memory of the Python objects the dataset holds (:func:`stagebench.loader._costs.memory_pass`)."""
     from stagebench.loader._costs import MIN_BATCHES, copy_bound_mb, largest_container, memory_pass
 
-    if len(cons.events) > MIN_BATCHES * max(1, num_workers):
+    if cons.made_by_live_workers() > MIN_BATCHES * max(1, num_workers):
         # a loader kept open for the rounds in turns: its workers' early growth is behind them (a
         # 1.5M-record list's, at 303 MB 223 batches in and flat after, read "0.4 MB over an epoch" of the
         # ~280 MB each grew); the pass reads workers that have just started, on a point of its own
