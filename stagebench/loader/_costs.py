@@ -295,6 +295,8 @@ def _growth(
         "end_mb": statistics.median(samples[-1]["uss_mb"].values()) if samples[-1]["uss_mb"] else None,
     }
     grown = max(0.0, (out["end_mb"] or 0.0) - (out["start_mb"] or 0.0))
+    # a worker copies at most the pages of what it reads: the Python objects it reads bound the growth
+    bound = None if cap_mb is None else max(cap_mb, grown)
     if share is not None and done < MIN_BATCHES <= share:
         out["too_few_batches"] = True  # the growth per batch stands; the epoch's is not read off it
     elif share is not None and done < share and len(late) >= 3 and _median_interval(late)[1] <= 0:
@@ -310,7 +312,6 @@ def _growth(
         # the growth slows as the pass goes (a 600,000-tuple list: ~4 MB a batch at first, ~0.1 by the
         # 60th). The median rate stretched over the epoch read it at 55-61 MB of the 98 it grew; what the
         # pass grew, then its second half's rate over the rest (an upper reading: the rate keeps falling)
-        bound = None if cap_mb is None else max(cap_mb, grown)
         rest = share - done
         mid, high = grown + statistics.median(late) * rest, grown + max(late) * rest
         if bound is not None:
@@ -320,8 +321,6 @@ def _growth(
         out["bounded_by_mb"] = bound if bound is not None and mid >= bound else None
     elif share is not None:
         lo, hi = low_rate * share, high_rate * share
-        # a worker copies at most the pages of what it reads: the Python objects it reads bound the growth
-        bound = None if cap_mb is None else max(cap_mb, grown)
         mid = slope * share
         if bound is None:
             low, high = lo, hi
