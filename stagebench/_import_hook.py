@@ -26,19 +26,26 @@ class PostImportFinder:
     def __init__(self, targets, on_import) -> None:
         self.targets = frozenset(targets)
         self.on_import = on_import
+        self._finding: set = set()
 
     def find_spec(self, fullname, path, target=None):
-        if fullname not in self.targets:
+        # A name being found already (another finder of this kind asked the meta path, which holds this
+        # one): not ours to find again, or two such finders would ask each other for ever.
+        if fullname not in self.targets or fullname in self._finding:
             return None
-        # Find the real spec with the rest of the meta path (skip ourselves).
-        for finder in sys.meta_path:
-            if finder is self:
-                continue
-            spec = getattr(finder, "find_spec", lambda *a: None)(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader, self.on_import)
-                return spec
-        return None
+        self._finding.add(fullname)
+        try:
+            # Find the real spec with the rest of the meta path (skip ourselves).
+            for finder in sys.meta_path:
+                if finder is self:
+                    continue
+                spec = getattr(finder, "find_spec", lambda *a: None)(fullname, path, target)
+                if spec is not None and spec.loader is not None:
+                    spec.loader = _PatchingLoader(spec.loader, self.on_import)
+                    return spec
+            return None
+        finally:
+            self._finding.discard(fullname)
 
 
 class _PatchingLoader:

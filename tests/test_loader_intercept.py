@@ -175,3 +175,23 @@ def test_stagebench_diagnose_catches_a_dataloader_script(tmp_path, spdl_loader):
     assert summary["kind"] == "loader" and summary["recommended"]["num_workers"] >= 0
     assert summary["loader"]["backend"] == ("spdl_pytorch" if spdl_loader else "torch")
     assert all(p["status"] == "ok" for p in summary["points"]), summary["points"]
+
+
+def test_two_post_import_hooks_on_one_module_both_run_and_do_not_ask_each_other_for_ever(tmp_path, monkeypatch):
+    """The variable's activation and ``stagebench diagnose`` each wait for torch's DataLoader module: two
+    finders of one name asked each other for it until Python's recursion limit (issue 57)."""
+    from stagebench._import_hook import PostImportFinder
+
+    (tmp_path / "hooked_target.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[str] = []
+    finders = [PostImportFinder(("hooked_target",), lambda m, k=k: seen.append(f"{k}:{m.VALUE}")) for k in "ab"]
+    for f in finders:
+        sys.meta_path.insert(0, f)
+    try:
+        import hooked_target  # noqa: F401
+    finally:
+        for f in finders:
+            sys.meta_path.remove(f)
+        sys.modules.pop("hooked_target", None)
+    assert sorted(seen) == ["a:1", "b:1"]
