@@ -304,7 +304,7 @@ def test_a_ctrl_c_that_lands_in_a_finalizer_still_ends_the_diagnosis_interrupted
     """Python prints and drops an exception raised in a __del__ ("Exception ignored in: BaseEventLoop.__del__"):
     a Ctrl-C that landed there let a diagnosis run on to 'complete', exit 0 (1 fresh-clone run of 2). The
     handler keeps it, and the diagnosis raises it again between its phases."""
-    from stagebench.pipeline._state import State, on_sigterm, raise_if_signalled
+    from stagebench._signals import Signalled, on_sigterm, raise_if_signalled
 
     class Finalized:
         def __del__(self) -> None:
@@ -322,7 +322,7 @@ def test_a_ctrl_c_that_lands_in_a_finalizer_still_ends_the_diagnosis_interrupted
             with pytest.raises(KeyboardInterrupt):
                 raise_if_signalled()
         with on_sigterm():  # the next diagnosis starts clean
-            assert State.signalled is None
+            assert Signalled.kind is None
             raise_if_signalled()
     finally:
         signal.signal(signal.SIGINT, found)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagebench.model._json import Written, dict_of, items, nums, read, record, records, texts
+from stagebench.model._ranks import Ranks
 
 __all__ = ["RunMeta", "Provenance", "RunSettings", "LoaderInfo", "UserKnobs", "SearchRecord"]
 
@@ -43,11 +44,13 @@ class Provenance(Written):
     env: Mapping[str, Any] = field(default_factory=dict)
     load_avg: tuple[float, ...] = ()
     taken_at: str | None = None
+    ranks: Ranks = field(default_factory=Ranks)
+    """The data-parallel job's ranks (one rank of one host where not recorded: runs before ranks were)."""
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> Provenance:
-        return read(cls, d, libraries=dict_of, env=dict_of, load_avg=nums)
+        return read(cls, d, libraries=dict_of, env=dict_of, load_avg=nums, ranks=_ranks)
 
     @property
     def recorded(self) -> bool:
@@ -85,6 +88,13 @@ class UserKnobs(Written):
     def gave(self, knob: str) -> bool:
         """Whether the script's call set ``knob``."""
         return knob in self.given
+
+
+def _ranks(v: Any) -> Ranks:
+    try:
+        return Ranks.from_json(v) if isinstance(v, Mapping) else Ranks()
+    except (TypeError, ValueError):  # a hand-edited run.json: read as one rank, as runs before ranks were
+        return Ranks()
 
 
 def _knobs(v: Any) -> UserKnobs | None:

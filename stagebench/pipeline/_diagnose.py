@@ -59,9 +59,9 @@ from stagebench.pipeline._finish import (
 from stagebench.pipeline._run import Run, Session
 from stagebench.pipeline._settings import DiagnoseSettings, SettingsError
 from stagebench.pipeline._stages import StagesPhase, sweep_config
-from stagebench.pipeline._state import MODE_VAR, State, Terminated, on_sigterm, raise_if_signalled
+from stagebench.pipeline._state import MODE_VAR, State, on_sigterm, raise_if_signalled
 from stagebench.pipeline._validate import choices_of
-from stagebench.runs._outcome import COMPLETE, INTERNAL, INTERRUPTED, PARTIAL, TERMINATED
+from stagebench.runs._outcome import COMPLETE, INTERNAL, PARTIAL, interrupted_outcome
 from stagebench.runs._schema import RESULTS_SCHEMA_VERSION
 
 __all__ = [
@@ -247,7 +247,7 @@ class _Diagnosis:
         try:
             return self._run()
         except KeyboardInterrupt as e:
-            run.meta["status"] = (TERMINATED if isinstance(e, Terminated) else INTERRUPTED).status
+            run.meta["status"] = interrupted_outcome(e).status
             run.write_meta()
             report_what_was_kept(run, self.write_report)
             raise

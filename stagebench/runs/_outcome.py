@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stagebench._errors import RankLost, Terminated
+
 __all__ = [
     "Outcome",
     "OUTCOMES",
@@ -21,6 +23,8 @@ __all__ = [
     "PARTIAL",
     "INTERRUPTED",
     "TERMINATED",
+    "RANK_LOST",
+    "interrupted_outcome",
 ]
 
 
@@ -83,7 +87,23 @@ TERMINATED = Outcome(
     "run.json, results.csv, summary.json and report.html of the rows kept",
 )
 
-OUTCOMES = (COMPLETE, FAILED, BAD_INPUT, INTERNAL, PARTIAL, INTERRUPTED, TERMINATED)
+RANK_LOST = Outcome(
+    "rank lost",
+    5,
+    "rank lost",
+    "a rank of the host's data-parallel job ended, stopped answering or never arrived: every rank ends, "
+    "the rows measured so far are kept",
+    "run.json, results.csv, summary.json and report.html of the rows kept (local rank 0's run directory)",
+)
+
+OUTCOMES = (COMPLETE, FAILED, BAD_INPUT, INTERNAL, PARTIAL, INTERRUPTED, TERMINATED, RANK_LOST)
+
+
+def interrupted_outcome(exc: BaseException) -> Outcome:
+    """The outcome of a run an interrupt ended: a rank lost, SIGTERM or Ctrl-C."""
+    if isinstance(exc, RankLost):
+        return RANK_LOST
+    return TERMINATED if isinstance(exc, Terminated) else INTERRUPTED
 
 
 def outcome(status: str | None) -> Outcome:

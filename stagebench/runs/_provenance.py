@@ -16,6 +16,9 @@ from importlib import metadata
 
 import psutil
 
+from stagebench._settings import SettingsError
+from stagebench.runs._ranks import ranks_from_env
+
 __all__ = ["collect_provenance", "load_warnings", "is_free_threaded"]
 
 _ENV_KNOBS = (
@@ -26,6 +29,9 @@ _ENV_KNOBS = (
     "SPDL_PIPELINE_DIAGNOSTIC_MODE",
     "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS",
     "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "TORCHELASTIC_RUN_ID",
     "SLURM_JOB_ID",
     "SLURM_JOB_PARTITION",
     "SLURM_CPUS_PER_TASK",
@@ -88,7 +94,17 @@ def collect_provenance() -> dict:
         "libraries": {name: _version(name) for name in _LIBRARIES},
         "env": {k: os.environ.get(k) for k in _ENV_KNOBS if k in os.environ},
         "load_avg": list(os.getloadavg()),
+        "ranks": _ranks(),
     }
+
+
+def _ranks() -> dict | None:
+    """The data-parallel job's ranks as the launcher set them (None: a rank variable that reads as none:
+    the diagnosis refused it before any run was made)."""
+    try:
+        return ranks_from_env().to_json()
+    except SettingsError:
+        return None
 
 
 def load_warnings(before: dict, after: dict | None = None) -> list[str]:

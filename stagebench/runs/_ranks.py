@@ -1,0 +1,67 @@
+"""This process's ranks, read from what the launcher set: torchrun's variables, the ones any launcher sets."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from stagebench._settings import SettingsError
+from stagebench.model._ranks import Ranks
+
+__all__ = ["ranks_from_env", "RANK_VARIABLES"]
+
+#: The launcher's variables a ranked run reads, and what each says.
+RANK_VARIABLES = {
+    "LOCAL_RANK": "this process's rank among the host's ranks: local rank 0 measures and writes the run "
+    "directory; the others run the same settings at the same time",
+    "LOCAL_WORLD_SIZE": "the ranks on this host (torchrun's --nproc-per-node): measured together",
+    "RANK": "this process's rank in the job",
+    "WORLD_SIZE": "the ranks of the job, every host's",
+    "GROUP_RANK": "this host's index among the job's hosts (torchrun's --node-rank)",
+}
+
+
+def _whole(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def ranks_from_env(environ: Mapping[str, str] | None = None) -> Ranks:
+    """The ranks ``environ`` (the process's environment by default) describes.
+
+    ``LOCAL_RANK`` without ``LOCAL_WORLD_SIZE`` (a launcher that does not say how many ranks share the
+    host): local rank 0 reads as one rank alone; another cannot find its host's others, and is refused.
+    Raises :class:`SettingsError` for a value that is not a rank.
+    """
+    env = os.environ if environ is None else environ
+    local_rank = _whole(env, "LOCAL_RANK", 0)
+    if "LOCAL_WORLD_SIZE" not in env and local_rank != 0:
+        raise SettingsError(
+            f"LOCAL_RANK is {local_rank} but LOCAL_WORLD_SIZE is not set: the ranks of a host are measured "
+            "together, and each needs both (torchrun sets both)"
+        )
+    local_size = _whole(env, "LOCAL_WORLD_SIZE", 1)
+    world = _whole(env, "WORLD_SIZE", local_size)
+    rank = _whole(env, "RANK", local_rank)
+    if "TORCHELASTIC_RUN_ID" in env:
+        launcher: str | None = "torchrun"
+    elif "SLURM_JOB_ID" in env and "SLURM_LOCALID" in env:
+        launcher = "slurm"
+    else:
+        launcher = None
+    try:
+        return Ranks(
+            local_rank=local_rank,
+            local_world_size=local_size,
+            rank=rank,
+            world_size=max(world, local_size),
+            node=_whole(env, "GROUP_RANK", 0),
+            launcher=launcher,
+        )
+    except ValueError as e:
+        raise SettingsError(f"the launcher's ranks: {e}") from None
