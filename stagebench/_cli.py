@@ -46,7 +46,7 @@ def _cmd_diagnose(ns: argparse.Namespace) -> int:
         os.environ["STAGEBENCH_QUICK"] = "on"
     if ns.trainer:
         os.environ["STAGEBENCH_TRAINER"] = "measure"
-    return run_script(ns.script, ns.args, out=ns.out)
+    return run_script(ns.script, ns.args, out=ns.out, nproc_per_node=ns.nproc_per_node)
 
 
 def _cmd_report(ns: argparse.Namespace) -> int:
@@ -145,6 +145,15 @@ def _parser() -> argparse.ArgumentParser:
         "or pipeline at a few candidate settings in turns until they are told apart; your setting is changed only "
         "where those runs show the change faster beyond noise, or cheaper and within 5%% (STAGEBENCH_TRAINER=measure); "
         "your loop body runs: it may write checkpoints or logs",
+    )
+    g.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run SCRIPT as N ranks of a data-parallel job on this host, through torch's own launcher, and "
+        "diagnose them together: what your loader or pipeline does when every rank runs one "
+        "(STAGEBENCH_NPROC_PER_NODE)",
     )
     g.add_argument("script", help="the unmodified training script")
     g.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")

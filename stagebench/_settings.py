@@ -346,6 +346,27 @@ SETTINGS: tuple[Setting, ...] = (
         unit="seconds",
     ),
     Setting(
+        "rank_wait_s",
+        "STAGEBENCH_RANK_WAIT_S",
+        "float",
+        120.0,
+        "under torchrun (LOCAL_WORLD_SIZE > 1): most seconds the host's ranks wait for each other to reach "
+        "their loader or pipeline; a rank that has not by then ends the run on every rank",
+        minimum=0,
+        above=True,
+        unit="seconds",
+    ),
+    Setting(
+        "nproc_per_node",
+        "STAGEBENCH_NPROC_PER_NODE",
+        "int",
+        None,
+        "run the script as a data-parallel job of this many ranks on this host, through torch's own launcher "
+        "(torch.distributed.run --standalone), and diagnose them together: what a single-process script's "
+        "loader or pipeline does when every rank runs one; unset: as the script is started",
+        minimum=1,
+    ),
+    Setting(
         "gil_probe",
         "STAGEBENCH_GIL_PROBE",
         "choice",
@@ -360,7 +381,10 @@ SETTINGS: tuple[Setting, ...] = (
 OTHER_VARIABLES: dict[str, str] = {
     "SPDL_PIPELINE_DIAGNOSTIC_MODE": "1 (or true/on/yes): diagnose the first SPDL pipeline or DataLoader "
     "the script iterates, then exit",
-    "LOCAL_RANK": "only local rank 0 diagnoses; other ranks exit 0 quietly",
+    "LOCAL_RANK": "under torchrun (or any launcher that also sets LOCAL_WORLD_SIZE): local rank 0 measures "
+    "and writes the run directory; every other rank of the host runs the same settings at the same time, "
+    "and every rank exits with the same code",
+    "LOCAL_WORLD_SIZE": "the ranks on this host (torchrun's --nproc-per-node): measured together",
 }
 
 _BY_KEY = {s.key: s for s in SETTINGS}

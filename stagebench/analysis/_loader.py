@@ -133,7 +133,7 @@ def _text(v: Any) -> str:
 
 def normalize_row(row: Any) -> dict[str, Any]:
     """One row with Python types: ints, floats (NaN when missing), True/False/NOT_APPLICABLE."""
-    from stagebench.runs._schema import LOADER_COLUMNS
+    from stagebench.runs._schema import LOADER_COLUMNS, RANK_COLUMNS
 
     r = dict(row)
     out: dict[str, Any] = {c: r.get(c, math.nan) for c in LOADER_COLUMNS}
@@ -147,6 +147,12 @@ def normalize_row(row: Any) -> dict[str, Any]:
     for c in ("loader", "backend", "status", "reason", "search_phase", "started_at", "notes"):
         out[c] = _text(r.get(c))
     out["status"] = out["status"] or "ok"
+    ranks = num(r.get("ranks"))
+    for c in RANK_COLUMNS:  # a ranked window's; a row of one process holds none (as rows before ranks)
+        if math.isfinite(ranks):
+            out[c] = int(ranks) if c == "ranks" else num(r.get(c))
+        else:
+            del out[c]
     return out
 
 
@@ -1292,7 +1298,22 @@ def _verdict(c: _Picks, target: dict[str, Any] | None) -> str:
         verdict = _pick_verdict(c, c.rec, target)
     if target is not None and not c.decided:
         verdict += "; the job: " + _job_not_run(c.job, target)
-    return verdict
+    return verdict + _per_rank(c.rec, c.settings)
+
+
+def _per_rank(rec: dict[str, Any] | None, settings: Mapping[str, Any]) -> str:
+    """A ranked sweep's pick in the words users set it (each rank's own loader) and what it makes on the
+    host; "" on one rank."""
+    ranks = num(settings.get("ranks"))
+    if rec is None or not math.isfinite(ranks) or ranks <= 1:
+        return ""
+    n, nw = int(ranks), int(rec["num_workers"])
+    cores = num(settings.get("usable_cores"))
+    on = f" on {cores:g} cores" if math.isfinite(cores) else ""
+    workers = f"{n} ranks x {nw} worker{'' if nw == 1 else 's'} = {n * nw} worker processes{on}"
+    if nw == 0:
+        workers = f"{n} ranks, each loading in its own process{on}"
+    return f"; num_workers={nw} a rank: {workers}; samples/s are the host's, every rank's loader at once"
 
 
 def _pick_verdict(c: _Picks, rec: dict[str, Any], target: dict[str, Any] | None) -> str:

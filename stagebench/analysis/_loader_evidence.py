@@ -103,6 +103,10 @@ def _pooled(ok: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("mem_pss_mb", "mem_uss_mb", "mem_main_mb", "mem_workers_mb"):  # the most it held
         vals = _finite(r[key] for r in ok)
         out[key] = max(vals) if vals else math.nan
+    for key in ("rank_min_samples_per_s", "rank_max_samples_per_s"):  # a ranked window's, pooled as its rate
+        weighted = [(r[key], s) for r, s in zip(ok, spans) if math.isfinite(r.get(key, math.nan))]
+        if weighted:
+            out[key] = sum(x * s for x, s in weighted) / sum(s for _, s in weighted)
     return out
 
 

@@ -70,6 +70,9 @@ class TrainerProbe:
         self.stopped_early: str | None = None
         self.error: str | None = None
         self.steps_handed = 0  # every batch handed to the loop, warm-up included
+        #: called with the cached batch's index before each is handed: a ranked job tells its other ranks
+        #: (:class:`stagebench.job._lockstep.Lockstep`)
+        self.tell: Callable[[int], None] | None = None
 
     def alone_phase(self, batches: list) -> Iterator[Any]:
         """Yield cached batches until the step's rate is known to ``precision`` (or ``seconds`` of counted steps)."""
@@ -82,6 +85,8 @@ class TrainerProbe:
         )
         i, counted = 0, 0.0
         while True:
+            if self.tell is not None:
+                self.tell(i)
             t = self.clock()
             self.steps_handed += 1
             yield batches[i % len(batches)]

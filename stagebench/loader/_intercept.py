@@ -32,14 +32,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from stagebench._errors import RankLost
 from stagebench._import_hook import PostImportFinder
-from stagebench._settings import local_rank
+from stagebench._signals import ignore_sigterm, on_sigterm
 from stagebench._spdl_private import MODE_VAR, PYTORCH_DATALOADER_MODULE, pytorch_get_items
+from stagebench.core._ranks import HostGroup, lead, meet
+from stagebench.loader._follow import follow_loaders
 from stagebench.loader._point import BuiltLoader, EpochControl, TaggedCollate, TimedInit
 from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
 from stagebench.model._knobs import LoaderKnobs
 from stagebench.runs._knobs import loader_knobs
-from stagebench.runs._outcome import FAILED, PARTIAL
+from stagebench.runs._outcome import FAILED, INTERNAL, PARTIAL, RANK_LOST, TERMINATED, interrupted_outcome
 
 __all__ = [
     "DatasetLoaderFactory",
@@ -503,55 +506,103 @@ def diagnose_first_loader(
 
     def on_loader(loader: Any) -> Any:
         _Caught.loader = True
-        # This run diagnoses the loader. SPDL's PyTorch-style loader builds an SPDL pipeline
-        # each time it is iterated; with the mode still on, that pipeline would be the
-        # stand-in and start a pipeline diagnosis of its own into the same folder.
+        # This run diagnoses the loader. SPDL's PyTorch-style loader builds an SPDL pipeline each time it
+        # is iterated; with the mode still on, that pipeline would be the stand-in and start a pipeline
+        # diagnosis of its own into the same folder.
         os.environ[MODE_VAR] = "0"
-        if local_rank() != 0:  # torchrun: rank 0 sweeps; the others leave quietly, touching nothing
-            raise SystemExit(0)
+        group = meet("loader", _say)  # torchrun: the host's ranks, measured together
+        factory, backend = factory_from_loader(loader)
+        if group is not None and not group.leader:
+            return _follow(group, factory)
+        with _ending(group):
+            return _lead(type(loader).__name__, factory, backend, group)
+
+    def _lead(kind: str, factory: DatasetLoaderFactory, backend: str, group: HostGroup | None) -> Any:
         from stagebench.report._terminal import format_loader_table
 
-        factory, backend = factory_from_loader(loader)
-        print(
-            f"[stagebench] caught {type(loader).__name__} over {factory.name} "
-            f"(batch size {factory.batch_size}); sweeping its knobs instead of running the loop",
-            file=sys.stderr,
-            flush=True,
+        ranks = "" if group is None else f", on each of the host's {group.size} ranks at once"
+        _say(
+            f"caught {kind} over {factory.name} "
+            f"(batch size {factory.batch_size}); sweeping its knobs{ranks} instead of running the loop"
         )
         trainer = _trainer_setting()
-        run_dir, summary = _sweep_factory(
-            factory,
-            backend,
-            name=None,
-            run_dir=out,
-            config=config,
-            target_rate=target_rate,
-            progress=progress,
-            trainer_planned=trainer is not None,
-        )
+        cfg = config or LoaderSweepConfig()
+        try:
+            with on_sigterm(), lead(group):
+                run_dir, summary = _sweep_factory(
+                    factory,
+                    backend,
+                    name=None,
+                    run_dir=out,
+                    config=cfg,
+                    target_rate=target_rate,
+                    progress=progress,
+                    trainer_planned=trainer is not None,
+                )
+        except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, a rank lost: the rows are kept; said, and its code
+            end = interrupted_outcome(e)
+            how = {RANK_LOST: "stopped", TERMINATED: "terminated (SIGTERM)"}.get(end, "interrupted")
+            print(f"stagebench: {how}; {e}" if str(e) else f"stagebench: {how}", file=sys.stderr, flush=True)
+            raise SystemExit(end.exit_code) from None
         print(format_loader_table(summary))
         report = run_dir / "report.html"
         print(f"report: {report if report.exists() else run_dir}")
         if summary.get("unwritten"):  # measured, but a file could not be written (a full disk)
-            print(f"[stagebench] error: {summary['unwritten']}; the rows are in {run_dir}", file=sys.stderr, flush=True)
+            _say(f"error: {summary['unwritten']}; the rows are in {run_dir}")
             raise SystemExit(PARTIAL.exit_code)
         if not summary.get("recommended"):  # nothing could be measured: not a diagnosed loader
-            print(
-                f"[stagebench] error: {summary.get('verdict')}; the rows and their reasons are in {run_dir}",
-                file=sys.stderr,
-                flush=True,
-            )
+            _say(f"error: {summary.get('verdict')}; the rows and their reasons are in {run_dir}")
             raise SystemExit(FAILED.exit_code)
         if trainer is None:
             raise SystemExit(0)
-        print(
-            "[stagebench] that was the loader alone; your training loop runs next, and the advice is for your job",
-            file=sys.stderr,
-            flush=True,
-        )
-        return _then_exit(factory, summary, run_dir, *trainer)
+        _say("that was the loader alone; your training loop runs next, and the advice is for your job")
+        return _then_exit(factory, summary, run_dir, *trainer, group)
 
     return install_dataloader_hook(on_loader)
+
+
+def _say(text: str) -> None:
+    print(f"[stagebench] {text}", file=sys.stderr, flush=True)
+
+
+class _ending:  # lower case: used as a function, `with _ending(group):`
+    """The leader's way out: whatever ends its part (an exit code, an interrupt, a rank lost, our own
+    error), every rank of the host ends with the same code (:meth:`HostGroup.end`). A block that returns
+    (the job phase's generator) leaves the group to it."""
+
+    def __init__(self, group: HostGroup | None) -> None:
+        self.group = group
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if self.group is None or exc is None:
+            return
+        if isinstance(exc, SystemExit):
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        elif isinstance(exc, KeyboardInterrupt):
+            code = interrupted_outcome(exc).exit_code
+        else:
+            code = INTERNAL.exit_code
+        self.group.end(code)
+
+
+def _follow(group: HostGroup, factory: DatasetLoaderFactory) -> Any:
+    """A follower's part: the leader's loaders mirrored here (:mod:`stagebench.loader._follow`), then its
+    job phase in step with the leader's, or the leader's exit code."""
+    try:
+        done = follow_loaders(group, factory)
+    except RankLost as e:
+        _say(f"local rank {group.rank}: {e}")
+        raise SystemExit(RANK_LOST.exit_code) from None
+    if done.cmd is not None:  # the leader's job phase begins
+        from stagebench.loader._trainer import follower_trainer_phases
+
+        return follower_trainer_phases(group, factory, _say)
+    ignore_sigterm()  # leaving with the leader's code, whatever torch's launcher does to the last ranks
+    group.bye()
+    raise SystemExit(done.code)
 
 
 def _trainer_setting() -> tuple[float, float | None] | None:
@@ -566,8 +617,11 @@ def _trainer_setting() -> tuple[float, float | None] | None:
     return float(given.get("trainer_s", setting("trainer_s").default)), None if job_s is None else float(job_s)
 
 
-def _then_exit(factory: Any, summary: dict, run_dir: Path, seconds: float, job_s: float | None):
-    """The user's loop on cached batches, then at the candidate settings (:mod:`stagebench.loader._trainer`), then exit."""
+def _then_exit(
+    factory: Any, summary: dict, run_dir: Path, seconds: float, job_s: float | None, group: HostGroup | None
+):
+    """The user's loop on cached batches, then at the candidate settings (:mod:`stagebench.loader._trainer`), then
+    exit (every rank of the host with the same code)."""
     from stagebench.core._progress import message
     from stagebench.job._phase import end_from_close
     from stagebench.loader._trainer import loader_trainer_phases
@@ -576,10 +630,17 @@ def _then_exit(factory: Any, summary: dict, run_dir: Path, seconds: float, job_s
     if (summary.get("settings") or {}).get("cuda") and factory.user_knobs is not None:
         # the step is measured on batches as the loop will receive them: pinned when the user pins
         knobs = replace(knobs, pin_memory=factory.user_knobs.pin_memory)
-    code = yield from loader_trainer_phases(
-        factory, Path(run_dir), cached_knobs=knobs, seconds=seconds, job_s=job_s, say=message, end=end_from_close
-    )
-    raise SystemExit(code)
+
+    def end(code: int) -> None:  # the loop stopped early
+        if group is not None:
+            group.end(code)
+        end_from_close(code)
+
+    with _ending(group), on_sigterm():
+        code = yield from loader_trainer_phases(
+            factory, Path(run_dir), cached_knobs=knobs, seconds=seconds, job_s=job_s, say=message, end=end, group=group
+        )
+        raise SystemExit(code)
 
 
 def sweep_dataset(

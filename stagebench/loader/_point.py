@@ -46,8 +46,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from stagebench._numbers import num
+from stagebench.core._mirror import mirror
 from stagebench.core._sizes import approx_nbytes
 from stagebench.loader._config import LoaderFactory, LoaderSweepConfig
+from stagebench.loader._mirror import WHAT, host_rate, knobs_json
 from stagebench.model._knobs import LoaderKnobs
 from stagebench.runs._knobs import normalize_knobs
 
@@ -314,13 +316,36 @@ def shut_down(it: Any, built: BuiltLoader | None) -> None:
         pass
 
 
+class _Gate(threading.Event):
+    """A consumer's gate (:attr:`_Consumer.gate`), told to the followers where the sweep is ranked."""
+
+    def __init__(self, cons: _Consumer) -> None:
+        super().__init__()
+        self._cons = cons
+
+    def set(self) -> None:
+        super().set()
+        self._tell(True)
+
+    def clear(self) -> None:
+        super().clear()
+        self._tell(False)
+
+    def _tell(self, opened: bool) -> None:
+        cons = self._cons
+        mirror = getattr(cons, "mirror", None)
+        if mirror is not None and cons.cid is not None:
+            mirror.gate(cons.cid, opened)
+
+
 class _Consumer(threading.Thread):
     """Builds the loader and takes batches as fast as they come, epoch after epoch."""
 
-    def __init__(self, factory: LoaderFactory, knobs: LoaderKnobs) -> None:
+    def __init__(self, factory: LoaderFactory, knobs: LoaderKnobs, warmup_s: float = 0.0) -> None:
         super().__init__(name="stagebench-loader-consumer", daemon=True)
         self.factory = factory
         self.knobs = knobs
+        self.warmup_s = warmup_s  # a ranked sweep's followers warm their loaders up as long
         self.events: list[_Event] = []
         self.t_begin = math.nan
         self.t_iter = math.nan
@@ -340,8 +365,16 @@ class _Consumer(threading.Thread):
         self.finished = False
         # open: batches are taken as they come; closed (a loader waiting for its turn, :mod:`_turns`): the
         # consumer takes none, and the loader's workers fill their queues and idle
-        self.gate = threading.Event()
+        self.gate = _Gate(self)
         self.gate.set()
+        # a ranked sweep's leader: every rank opens a loader at these knobs, and follows its gate
+        self.mirror = mirror()
+        self.cid: int | None = None
+
+    def start(self) -> None:
+        if self.mirror is not None:
+            self.cid = self.mirror.open(WHAT, knobs=knobs_json(self.knobs), warmup_s=self.warmup_s)
+        super().start()
 
     @property
     def control(self) -> EpochControl | None:
@@ -486,6 +519,9 @@ def _kill_workers(pids: Iterable[int]) -> int:
 def _teardown(cons: _Consumer, hung: bool) -> list[str]:
     """Stop the consumer and make sure no worker of this point survives it."""
     notes: list[str] = []
+    if cons.mirror is not None and cons.cid is not None:
+        cons.mirror.close(cons.cid)
+        cons.cid = None
     cons.stop_requested = True
     cons.gate.set()  # a consumer waiting for its turn wakes up to stop
     ctl = cons.control
@@ -573,7 +609,7 @@ def measure_loader_point(
     t_begin = time.perf_counter()
     deadline = t_begin + cfg.timeout_s
     errors = _SpdlErrors()
-    cons = _Consumer(factory, eff)
+    cons = _Consumer(factory, eff, cfg.warmup_s)
     errors.attach()
     outcome = None
     hung = False
@@ -635,6 +671,10 @@ def _quiet_sigchld() -> Iterator[None]:
 def _failure(cons: _Consumer, errors: _SpdlErrors, check_workers: bool = False) -> tuple[str, str] | None:
     if cons.error is not None:
         return cons.error
+    if cons.mirror is not None and cons.cid is not None:
+        other = cons.mirror.failure(cons.cid)
+        if other is not None:
+            return other
     if errors.records:
         return _classify(errors.records[0])
     if check_workers:
@@ -654,14 +694,17 @@ def _failed(cons: _Consumer, errors: _SpdlErrors, row: dict[str, Any], *, check_
 
 class Window(NamedTuple):
     """A steady-state window: when it opened and closed, the process tree's CPU and I/O at each end
-    (:class:`stagebench.core._resources.TreeSnapshot`), and the memory read as it closed (MB: ``main``,
-    ``pss``, ``uss``, ``workers``)."""
+    (:class:`stagebench.core._resources.TreeSnapshot`: every rank's processes in a ranked sweep), and the
+    memory read as it closed (MB: ``main``, ``pss``, ``uss``, ``workers``: this rank's)."""
 
     t0: float
     t1: float
     opened: Any
     closed: Any
     memory_mb: dict[str, float]
+    #: a ranked sweep: each other rank's arrivals over the same window, as :func:`window_rate` reckons them, by
+    #: local rank; () on one rank
+    others: tuple[Any, ...] = ()
 
 
 class _Plan(NamedTuple):
@@ -718,7 +761,12 @@ def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
         if all_seen and math.isnan(row["startup_s"]):
             row["startup_s"] = now - cons.t_begin  # built, started, every worker delivered
         warm = cfg.warmup_s if plan.throughput else 0.0  # the stall alone needs no steady state
-        if n >= 2 and now - t_start >= warm and (all_seen or n >= 4 * expected + 2):
+        if (
+            n >= 2
+            and now - t_start >= warm
+            and (all_seen or n >= 4 * expected + 2)
+            and (cons.mirror is None or cons.cid is None or cons.mirror.warm(cons.cid))
+        ):
             if not all_seen:
                 _add_note(row, f"only {len(seen)} of {expected} workers delivered during warm-up")
                 row["startup_s"] = now - cons.t_begin
@@ -759,16 +807,21 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     """
     from stagebench.core._resources import TreeSnapshot, tree_memory_mb
 
+    mirror = cons.mirror if cons.cid is not None else None
     t0 = time.perf_counter()
     i0 = len(cons.events)
-    pids = cons.worker_pids()
+    # a ranked sweep: the host's cores, every rank's processes (one host: the leader reads them itself)
+    pids = cons.worker_pids() + ([] if mirror is None else mirror.pids(cons.cid))
     snap0 = TreeSnapshot.take(pids, opening=True)
     min_gaps = max(cfg.min_batches, 3 * max(2, eff.num_workers))
+    others0 = [] if mirror is None else mirror.arrivals(cons.cid)
     end = t0 + cfg.budget_s
     reserve = min(5.0, 0.1 * cfg.timeout_s)
     next_check = t0 + cfg.min_window_s
     for now in _polls(cons, errors, row, check_workers_every=5):
         got = len(cons.events) - i0 - 1
+        if mirror is not None and got >= min_gaps:  # every rank's window needs as many arrivals to time
+            got = min([got, *(n - n0 - 1 for n, n0 in zip(mirror.arrivals(cons.cid), others0))])
         if now >= end and got >= min_gaps:
             break
         if got >= min_gaps and now >= next_check and (cfg.precision > 0 or plan.floor):
@@ -791,7 +844,12 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     snap1 = TreeSnapshot.take(pids)
     # memory, read while the workers are alive and the window is closed
     mem = tree_memory_mb(cons.worker_pids())
-    return Window(t0, t1, snap0, snap1, mem), False
+    others: tuple[Any, ...] = ()
+    if mirror is not None:  # each other rank's rate over this same window
+        how = {"rnd": max(1, eff.num_workers), "batch_size": plan.batch_size}
+        how.update(max_groups=cfg.max_groups, confidence=cfg.confidence)
+        others = tuple(mirror.rates(cons.cid, t0, t1, how))  # as window_rate reckons each
+    return Window(t0, t1, snap0, snap1, mem, others), False
 
 
 def _settled(
@@ -999,6 +1057,28 @@ def startup_split(events: Sequence[_Event], t_iter: float, wall_offset: float) -
     return out
 
 
+def _host_figures(row: dict[str, Any], mine: dict[str, Any], others: tuple[Any, ...]) -> None:
+    """A ranked window's row: ``samples_per_s`` and its interval are the host's (the sum over its ranks,
+    :class:`stagebench.model._ranks.HostRate`), with the slowest and fastest rank's beside them."""
+    rates = host_rate(mine, list(others))
+    host = rates.host
+    row["ranks"] = len(rates.ranks)
+    if host is None or rates.slowest is None or rates.fastest is None:
+        missing = [r for r, x in enumerate(rates.ranks) if x is None]
+        if row["status"] == "ok":
+            row.update(
+                status="failed",
+                reason=f"local rank(s) {', '.join(map(str, missing))} took too few batches in the window to time",
+            )
+        return
+    row["batches_per_s"] = mine["batches_per_s"] * host.value / mine["samples_per_s"]
+    row["samples_per_s"] = host.value
+    row["samples_per_s_low"] = math.nan if host.low is None else host.low
+    row["samples_per_s_high"] = math.nan if host.high is None else host.high
+    row["rank_min_samples_per_s"] = rates.slowest.value
+    row["rank_max_samples_per_s"] = rates.fastest.value
+
+
 def _fill(
     row, cons: _Consumer, outcome: Window | None, eff: LoaderKnobs, batch_size: int | None, cfg: LoaderSweepConfig
 ) -> None:
@@ -1043,6 +1123,8 @@ def _fill(
         if row["status"] == "ok":
             row.update(status="failed", reason="no batches arrived in the steady-state window")
         return
+    if outcome.others:
+        _host_figures(row, got, outcome.others)
     row["cores_used"] = snap1.cpu_since(snap0) / window
     row["disk_read_mb_s"] = snap1.read_bytes_since(snap0) / window / 2**20
     row["mem_main_mb"] = mem["main"]

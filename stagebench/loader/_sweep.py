@@ -21,8 +21,10 @@ from dataclasses import KW_ONLY, asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stagebench._errors import RankLost, Terminated
 from stagebench.analysis._loader import near_fastest, summarize_loader
 from stagebench.core._config import CANNOT_MATTER, in_turns_precision, powers_of_two
+from stagebench.core._ranks import leading
 from stagebench.loader._config import STRATEGIES, LoaderFactory, LoaderSweepConfig
 from stagebench.loader._point import (
     BatchTag,
@@ -38,8 +40,9 @@ from stagebench.loader._point import (
 )
 from stagebench.loader._turns import HeldLoaders
 from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._meta import Provenance
 from stagebench.runs._knobs import KNOWN_BACKENDS, normalize_knobs
-from stagebench.runs._outcome import COMPLETE, FAILED, INTERRUPTED, PARTIAL
+from stagebench.runs._outcome import COMPLETE, FAILED, PARTIAL, interrupted_outcome
 
 if TYPE_CHECKING:
     from stagebench.core._progress import Progress
@@ -495,14 +498,17 @@ def _pf(row: dict[str, Any]) -> int | None:
     return int(pf) if isinstance(pf, (int, float)) and math.isfinite(pf) else None
 
 
-def _memory_budget(cfg: LoaderSweepConfig) -> float:
+def _memory_budget(cfg: LoaderSweepConfig, ranks: int = 1) -> float:
+    """What one rank's loader may hold, its main process and workers together: ``memory_budget_mb``, else
+    this process's memory and its share (``memory_share``) of the memory available, split between the
+    host's ``ranks`` (each runs a loader as large)."""
     if cfg.memory_budget_mb is not None:
         return float(cfg.memory_budget_mb)
     import psutil
 
     from stagebench.core._resources import tree_pss_mb
 
-    return tree_pss_mb(()) + cfg.memory_share * psutil.virtual_memory().available / 2**20
+    return tree_pss_mb(()) + cfg.memory_share * psutil.virtual_memory().available / 2**20 / ranks
 
 
 # ------------------------------------------------------------------------ the run
@@ -570,17 +576,17 @@ def run_loader_sweep(
         epoch_batches=run.epoch_batches,
     )
     interrupted = _search(sw, run)
-    if not interrupted:  # what is measured beside the search wants a search that ran to its end
+    if interrupted is None:  # what is measured beside the search wants a search that ran to its end
         interrupted = _measure_beside(sw, run)
     summary, unwritten = _close_run(run, interrupted, progress)
     if own_progress:
         progress.close()
-    if interrupted:
+    if interrupted is not None:  # raised again, of its own kind (a rank lost ends the run as its own outcome)
         report = run.dir.path / "report.html"
-        raise KeyboardInterrupt(
-            f"the rows measured so far are in {run.dir.path}"
-            + (f", and a report of them: {report}" if report.is_file() and not unwritten else "")
+        where = f"the rows measured so far are in {run.dir.path}" + (
+            f", and a report of them: {report}" if report.is_file() and not unwritten else ""
         )
+        raise type(interrupted)(f"{interrupted}; {where}" if str(interrupted) else where)
     if unwritten:
         summary["unwritten"] = unwritten  # the caller says it and exits with PARTIAL's code
     return summary
@@ -619,10 +625,13 @@ def _open_run(
     rd = RunDir.create(run_dir, fresh=True)
     prov = collect_provenance()
     cuda = _cuda_available()
-    budget_mb = _memory_budget(cfg)
+    ranks = Provenance.from_json(prov).ranks.local_world_size
+    budget_mb = _memory_budget(cfg, ranks)
     usable = int(prov.get("usable_cores") or 1)
-    levels = _levels(cfg, backend, usable)
-    grid = plan_grid(cfg, backend, cuda=cuda, usable_cores=usable)
+    # the host's ranks share its cores: each rank's num_workers are searched up to twice its share
+    share = max(1, math.ceil(usable / ranks))
+    levels = _levels(cfg, backend, share)
+    grid = plan_grid(cfg, backend, cuda=cuda, usable_cores=share)
     loader_meta: dict[str, Any] = {"name": name, "backend": backend, "batch_size": batch_size}
     meta: dict[str, Any] = {
         "schema_version": RESULTS_SCHEMA_VERSION,
@@ -636,9 +645,11 @@ def _open_run(
             "memory_budget_mb": budget_mb,
             "memory_budget_source": "memory_budget_mb"
             if cfg.memory_budget_mb is not None
-            else f"main process PSS + {cfg.memory_share:g} x available RAM at start",
+            else f"main process PSS + {cfg.memory_share:g} x available RAM at start"
+            + (f", split between the host's {ranks} ranks" if ranks > 1 else ""),
             "cuda": cuda,
             "usable_cores": usable,
+            **({"ranks": ranks, "cores_per_rank": share} if ranks > 1 else {}),
             "num_workers_levels": list(levels),
             "full_grid_points": len(grid),
             "target_rate": target_rate,
@@ -655,13 +666,13 @@ def _open_run(
     return _Run(rd, meta, cuda, budget_mb, levels, grid, epoch_batches=loader_meta.get("epoch_batches"))
 
 
-def _search(sw: _Sweep, run: _Run) -> bool:
+def _search(sw: _Sweep, run: _Run) -> KeyboardInterrupt | None:
     """The search, by ``cfg.strategy``, its rows written as they land; then ``run.json["search"]``: how it
-    went and why it stopped. Returns whether an interrupt cut it short."""
+    went and why it stopped. Returns the interrupt that cut it short, if one did (Ctrl-C, SIGTERM, a rank lost)."""
     cfg = sw.cfg
     t_search = time.perf_counter()
     stops: list[str] = []
-    interrupted = False
+    interrupted: KeyboardInterrupt | None = None
     try:
         with workers_beyond_cores_unwarned():
             if cfg.strategy == "grid":
@@ -671,29 +682,48 @@ def _search(sw: _Sweep, run: _Run) -> bool:
                 _in_turns(sw, cfg.yours)
             else:
                 stops = _adaptive(sw, run.levels)
-    except KeyboardInterrupt:
-        interrupted = True
+    except KeyboardInterrupt as e:
+        interrupted = _rank_lost(e)
     finally:
-        sw.held.close(hung=interrupted)  # on Ctrl-C, without waiting for the workers
+        sw.held.close(hung=interrupted is not None)  # on Ctrl-C, without waiting for the workers
         sw.writer.close()
     seconds = time.perf_counter() - t_search
-    run.meta["search"] = {"strategy": cfg.strategy, "seconds": seconds, "stopped": stops, "interrupted": interrupted}
+    run.meta["search"] = {
+        "strategy": cfg.strategy,
+        "seconds": seconds,
+        "stopped": stops,
+        "interrupted": interrupted is not None,
+    }
     return interrupted
 
 
-def _measure_beside(sw: _Sweep, run: _Run) -> bool:
+def _rank_lost(e: KeyboardInterrupt) -> KeyboardInterrupt:
+    """The interrupt as the run ends by it: SIGTERM where a rank of a ranked sweep is gone is that rank lost
+    (torch's launcher terminates the others once one rank ended with a code other than 0)."""
+    group = leading()
+    if isinstance(e, Terminated) and group is not None:
+        try:
+            why = group.lost()
+        except RankLost as lost:
+            return lost
+        if why is not None:
+            return RankLost(why)
+    return e
+
+
+def _measure_beside(sw: _Sweep, run: _Run) -> KeyboardInterrupt | None:
     """What is measured beside the search, each where asked, into ``run.json``:
-    what each worker costs, then the transforms alone. Returns whether an interrupt cut them short (then
-    ``run.json["search"]["interrupted"]`` says so too)."""
+    what each worker costs, then the transforms alone. Returns the interrupt that cut them short, if one
+    did (then ``run.json["search"]["interrupted"]`` says so too)."""
     try:
         if sw.cfg.worker_costs:
             _worker_costs_into(sw, run)
         if sw.cfg.transforms:
             _transforms_into(sw, run)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         run.meta["search"]["interrupted"] = True
-        return True
-    return False
+        return _rank_lost(e)
+    return None
 
 
 def _worker_costs_into(sw: _Sweep, run: _Run) -> None:
@@ -717,7 +747,7 @@ def _transforms_into(sw: _Sweep, run: _Run) -> None:
         run.meta["transforms"] = isolate_transforms(ds, run_dir=run.dir.path, config=sw.cfg, progress=sw.progress)
 
 
-def _close_run(run: _Run, interrupted: bool, progress: Any) -> tuple[dict[str, Any], str | None]:
+def _close_run(run: _Run, interrupted: KeyboardInterrupt | None, progress: Any) -> tuple[dict[str, Any], str | None]:
     """Write ``run.json``, ``summary.json`` and ``report.html`` from the rows kept (after an interrupt too),
     then the run's final status. Returns (the summary, why a file could not be written, or None)."""
     from stagebench.runs._provenance import collect_provenance
@@ -725,7 +755,7 @@ def _close_run(run: _Run, interrupted: bool, progress: Any) -> tuple[dict[str, A
 
     rd, meta = run.dir, run.meta
     meta["provenance_after"] = collect_provenance()
-    meta["status"] = INTERRUPTED.status if interrupted else "running"
+    meta["status"] = interrupted_outcome(interrupted).status if interrupted is not None else "running"
     rd.write_meta(meta)
     rows = read_rows(rd.results_csv)
     summary = summarize_loader(rows, meta)
@@ -736,7 +766,7 @@ def _close_run(run: _Run, interrupted: bool, progress: Any) -> tuple[dict[str, A
         unwritten = f"summary.json not written: {type(e).__name__}: {e}"
     # the report of what was measured: after an interrupt too, from the rows kept
     unwritten = unwritten or _write_report(rd.path, progress)
-    if not interrupted:
+    if interrupted is None:
         meta["status"] = (
             PARTIAL.status if unwritten else FAILED.status if summary.get("recommended") is None else COMPLETE.status
         )

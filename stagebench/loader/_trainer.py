@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from stagebench.core._jobrun import Feed, Ladder, drain_queued
+from stagebench.core._ranks import HostGroup
 from stagebench.core._steps import CACHED_BATCHES, TrainerProbe
-from stagebench.job._phase import JobPlan, trainer_phases
+from stagebench.job._lockstep import Lockstep, follow_job
+from stagebench.job._phase import JobPlan, end_from_close, trainer_phases
+from stagebench.loader._mirror import knobs_json
 
-__all__ = ["loader_trainer_phases"]
+__all__ = ["loader_trainer_phases", "follower_trainer_phases"]
 
 
 def loader_trainer_phases(
@@ -25,30 +28,31 @@ def loader_trainer_phases(
     job_s: float | None,
     say: Callable[[str], None],
     end: Callable[[int], None],
+    group: HostGroup | None = None,
 ) -> Generator[Any, None, int]:
     """Both phases on DataLoaders built by the sweep's ``factory``; returns the exit code.
 
     ``cached_knobs``: the setting whose batches the step is measured on (the user's pin_memory on a
-    host with a CUDA device: the batches are then what the loop will receive).
+    host with a CUDA device: the batches are then what the loop will receive). ``group``: the host's
+    ranks, where it runs several: every rank's loop runs the same steps (:mod:`stagebench.job._lockstep`),
+    and the job's figures are the host's samples (a step takes a batch on every rank).
     """
     from stagebench.model._knobs import LoaderKnobs
 
+    ranks = 1 if group is None else group.size
+    lock = None if group is None else Lockstep(group)
     probe = TrainerProbe(
         seconds=seconds,
-        items_per_batch=float(factory.batch_size),
+        items_per_batch=float(factory.batch_size * ranks),
         say=say,
         pinned=bool(cached_knobs.pin_memory) if _has_cuda(run_dir) else None,
     )
 
     def cached() -> list:
-        batches = []
-        with _opened(factory, cached_knobs) as feed:
-            for _ in range(CACHED_BATCHES):
-                try:
-                    batches.append(feed.get())
-                except EOFError:
-                    break
-        return batches
+        if lock is not None:
+            lock.cached(knobs_json(cached_knobs))
+            probe.tell = lock.cached_step
+        return _cached_batches(factory, cached_knobs)
 
     def candidates(demand: dict[str, Any]) -> Ladder:
         from stagebench.analysis._loader import job_candidates
@@ -57,15 +61,46 @@ def loader_trainer_phases(
         rd = RunDir(run_dir)
         return job_candidates(read_rows(rd.results_csv), rd.read_meta(), demand)
 
+    def open_candidate(cand: Any) -> Any:
+        return _opened(factory, LoaderKnobs(**cand.settings))
+
     plan = JobPlan(
         candidates,
-        lambda cand: _opened(factory, LoaderKnobs(**cand.settings)),
-        items_per_step=float(factory.batch_size),
+        open_candidate if lock is None else lock.opener(open_candidate),
+        items_per_step=float(factory.batch_size * ranks),
         max_slice_s=seconds,
         budget_s=job_s,
-        what="the real loader",
+        what="the real loader" if group is None else f"the real loader of each of the host's {ranks} ranks",
     )
+    if lock is not None:
+        lock.begin()
     return (yield from trainer_phases(probe, cached, plan, run_dir, end))
+
+
+def follower_trainer_phases(group: HostGroup, factory: Any, say: Callable[[str], None]) -> Generator[Any, None, None]:
+    """A follower's job phase on DataLoaders built by its own ``factory``: its loop handed its own batches
+    from the setting the leader names, step by step (:func:`stagebench.job._lockstep.follow_job`)."""
+    from stagebench.model._knobs import LoaderKnobs
+
+    return follow_job(
+        group,
+        lambda settings: _opened(factory, LoaderKnobs(**settings)),
+        lambda settings: _cached_batches(factory, LoaderKnobs(**settings)),
+        say,
+        end_from_close,
+    )
+
+
+def _cached_batches(factory: Any, knobs: Any) -> list:
+    """The step alone's batches: :data:`CACHED_BATCHES` of a loader at ``knobs``, as it delivers them."""
+    batches = []
+    with _opened(factory, knobs) as feed:
+        for _ in range(CACHED_BATCHES):
+            try:
+                batches.append(feed.get())
+            except EOFError:
+                break
+    return batches
 
 
 def _has_cuda(run_dir: Path) -> bool:

@@ -139,6 +139,11 @@ def _resume(h: _Held, cfg: LoaderSweepConfig, backend: str, deadline: float) -> 
         return False
     while time.perf_counter() - t_warm < min(cfg.warmup_s, 0.1):
         time.sleep(_POLL_S)
+    # a ranked sweep: every rank's loader drained too, so that no rank's queued batches land in the window
+    while cons.mirror is not None and cons.cid is not None and not cons.mirror.resumed(cons.cid):
+        if _failure(cons, h.errors) or time.perf_counter() > deadline:
+            return False
+        time.sleep(_POLL_S)
     return True
 
 
@@ -184,7 +189,7 @@ class HeldLoaders:
         with _quiet_sigchld():
             try:
                 if h is None:
-                    h = self.open[eff] = self._start(eff, shown, notes)
+                    h = self.open[eff] = self._start(eff, shown, notes, cfg.warmup_s)
                     outcome, hung = _supervise(h.cons, eff, cfg, deadline, row, h.errors, plan)
                 else:
                     row["startup_s"] = 0.0
@@ -237,7 +242,12 @@ class HeldLoaders:
 
     def _others_idle(self, key: LoaderKnobs, limit_s: float) -> None:
         """Wait until the workers of the other open loaders idle (:func:`_until_idle`)."""
-        _until_idle([pid for k, h in self.open.items() if k != key for pid in h.cons.worker_pids()], limit_s)
+        waiting = [h.cons for k, h in self.open.items() if k != key]
+        pids = [pid for c in waiting for pid in c.worker_pids()]
+        for c in waiting:  # a ranked sweep: every rank's suspended loaders too
+            if c.mirror is not None and c.cid is not None:
+                pids += c.mirror.worker_pids(c.cid)
+        _until_idle(pids, limit_s)
 
     def keep(self, keys: set[LoaderKnobs], *, hung: bool = False) -> None:
         """Close every open loader but those of ``keys`` (``hung``: without waiting for them, as on Ctrl-C)."""
@@ -249,8 +259,8 @@ class HeldLoaders:
         """Tear down every loader kept open (never raises)."""
         self.keep(set(), hung=hung)
 
-    def _start(self, eff: LoaderKnobs, shown: dict[str, Any], notes: list[str]) -> _Held:
-        cons = _Consumer(self.factory, eff)
+    def _start(self, eff: LoaderKnobs, shown: dict[str, Any], notes: list[str], warmup_s: float) -> _Held:
+        cons = _Consumer(self.factory, eff, warmup_s)
         errors = _SpdlErrors()
         errors.attach()
         cons.start()

@@ -120,6 +120,11 @@ class LoaderPoint:
     reason: str = ""
     why: str | None = None
     decision: Mapping[str, Any] | None = None
+    #: a ranked sweep: the host's ranks measured together (``samples_per_s`` is then the host's, their sum),
+    #: and the slowest and fastest rank's samples/s; None on one rank
+    ranks: int | None = None
+    rank_min_samples_per_s: float | None = None
+    rank_max_samples_per_s: float | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> LoaderPoint:
@@ -134,6 +139,7 @@ class LoaderPoint:
             persistent_workers=_knob_flag,
             pin_memory=_knob_flag,
             measurements=whole,
+            ranks=whole,
             status=lambda v: str(v or "ok"),
             reason=lambda v: str(v or ""),
             why=text,
@@ -146,6 +152,8 @@ class LoaderPoint:
                     "cores_used",
                     "time_to_first_batch_s",
                     "epoch_stall_s",
+                    "rank_min_samples_per_s",
+                    "rank_max_samples_per_s",
                 ),
                 number,
             ),

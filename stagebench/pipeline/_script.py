@@ -9,14 +9,19 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from stagebench._settings import check
+from stagebench.pipeline._loader_hook import install_loader_hook
 from stagebench.pipeline._settings import DiagnoseSettings, SettingsError, local_rank
 from stagebench.pipeline._state import MODE_VAR, State, say
 
-__all__ = ["run_script"]
+__all__ = ["run_script", "launch_ranks"]
 
 
-def run_script(script: str, args: list[str], *, out: str | None) -> int:
-    """Run ``script`` with ``args`` as ``__main__`` in diagnostic mode; return the exit code."""
+def run_script(script: str, args: list[str], *, out: str | None, nproc_per_node: int | None = None) -> int:
+    """Run ``script`` with ``args`` as ``__main__`` in diagnostic mode; return the exit code.
+
+    ``nproc_per_node`` (or ``STAGEBENCH_NPROC_PER_NODE``): run it as that many ranks of a data-parallel job
+    instead (:func:`launch_ranks`)."""
     from stagebench.pipeline import _spdl_hook
 
     path = Path(script)
@@ -29,10 +34,18 @@ def run_script(script: str, args: list[str], *, out: str | None) -> int:
     try:
         settings = DiagnoseSettings.from_env()
         rank = local_rank()
+        nproc = nproc_per_node if nproc_per_node is not None else settings.nproc_per_node
+        if nproc is not None:
+            check("nproc_per_node", nproc, "--nproc-per-node")
     except SettingsError as e:
         say(f"error: {e}")
         _restore_env(saved_env)
         return 2
+    if nproc is not None and "LOCAL_RANK" not in os.environ:
+        try:
+            return launch_ranks(nproc, script, args)
+        finally:
+            _restore_env(saved_env)
     # Under torchrun every rank runs this; only rank 0 writes the run directory (the
     # others leave quietly once their pipeline or loader is built, as SPDL's own mode does).
     if settings.output_dir and rank == 0:
@@ -47,17 +60,14 @@ def run_script(script: str, args: list[str], *, out: str | None) -> int:
             _restore_env(saved_env)
             return 2
     os.environ[MODE_VAR] = "1"
-    was_installed = _spdl_hook.installed()
-    _spdl_hook.install()
     State.started = State.finished = False
     State.code = None
-    # PyTorch users: the first DataLoader the script iterates is swept instead,
-    # unless an SPDL pipeline is diagnosed first.
-    from stagebench.loader._intercept import diagnose_first_loader, loader_was_caught
+    State.on_start, State.loader_hook = [], None
+    install_loader_hook(settings)  # before spdl's: a pipeline diagnosed first removes it
+    was_installed = _spdl_hook.installed()
+    _spdl_hook.install()
+    from stagebench.loader._intercept import loader_was_caught
 
-    State.on_start = [
-        diagnose_first_loader(settings.output_dir, config=_loader_config(settings), target_rate=settings.target_rate)
-    ]
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [str(path), *args]
     sys.path.insert(0, str(path.resolve().parent))
@@ -95,6 +105,28 @@ def run_script(script: str, args: list[str], *, out: str | None) -> int:
     return code
 
 
+def launch_ranks(nproc: int, script: str, args: list[str]) -> int:
+    """``script`` run as ``nproc`` ranks of a data-parallel job on this host, through torch's own launcher
+    (``torch.distributed.run --standalone``: what ``torchrun`` runs), each rank under ``stagebench
+    diagnose`` (the settings travel in the environment), diagnosed together. Returns the ranks' exit code
+    (every rank ends with the same one). The launcher's own failure report is left out: a rank that
+    failed has said why, and the run directory holds what was measured."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    os.environ.pop("STAGEBENCH_NPROC_PER_NODE", None)  # the ranks run the script, not the launch
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    say(f"running {script} as {nproc} ranks on this host (torch.distributed.run --standalone), diagnosed together")
+    try:
+        torchrun(["--standalone", f"--nproc-per-node={nproc}", "-m", "stagebench", "diagnose", script, *args])
+    except ChildFailedError as e:
+        _, failure = e.get_first_failure()
+        return int(failure.exitcode) if failure.exitcode > 0 else 128 - int(failure.exitcode)
+    return 0
+
+
 def _print_script_traceback(exc: BaseException, filename: str) -> None:
     """The traceback of an exception the user's script raised, from the script's own frame on.
 
@@ -109,19 +141,6 @@ def _print_script_traceback(exc: BaseException, filename: str) -> None:
         print("".join(traceback.format_exception_only(type(exc), exc)), end="", file=sys.stderr)
         return
     traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
-
-
-def _loader_config(settings: DiagnoseSettings) -> Any:
-    """The same budgets for a caught DataLoader as for pipeline stages (one set of knobs)."""
-    from stagebench.loader._sweep import LoaderSweepConfig
-
-    return LoaderSweepConfig(
-        budget_s=max(settings.budget_s, 0.5),  # batches are slower than items: keep a few per window
-        warmup_s=settings.warmup_s,
-        timeout_s=max(settings.timeout_s, 2 * settings.budget_s + 1),
-        transform_budget_s=max(0.2, settings.budget_s / 2),
-        transform_executors=tuple(e for e in settings.executors if e in ("thread", "process")) or ("thread",),
-    )
 
 
 def _exit_code(value: Any) -> int:

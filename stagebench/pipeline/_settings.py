@@ -84,6 +84,10 @@ class DiagnoseSettings:
     :func:`stagebench.job._phase.job_budget_s` of the measured step."""
     gil_probe: str = _default("gil_probe")
     """``auto``: read the GIL share of stages that compute (see :mod:`stagebench.pipeline._gilprobe`); ``off``: curves only."""
+    rank_wait_s: float = _default("rank_wait_s")
+    """Under torchrun: most seconds the host's ranks wait for each other (:mod:`stagebench.core._ranks`)."""
+    nproc_per_node: int | None = _default("nproc_per_node")
+    """Run the script as this many ranks through torch's launcher and diagnose them together; ``None``: as started."""
 
     def __post_init__(self) -> None:
         for s in SETTINGS:

@@ -18,8 +18,8 @@ import os
 import sys
 
 from stagebench._import_hook import PostImportFinder
-from stagebench._spdl_private import PROFILE_MODULE, caller_num_threads
-from stagebench.pipeline._state import MODE_VAR, TRUTHY, State, Terminated, say
+from stagebench._spdl_private import PROFILE_MODULE, PYTORCH_DATALOADER_MODULE, caller_num_threads
+from stagebench.pipeline._state import MODE_VAR, TRUTHY, State, say
 
 # Not `from typing import ...` (nor threading, traceback, contextlib): this module loads at every
 # interpreter start while diagnostic mode is on, where each costs milliseconds (bench_startup).
@@ -47,9 +47,49 @@ def install() -> None:
         return
     if installed():
         return
+    if os.environ.get("STAGEBENCH_NPROC_PER_NODE") and "LOCAL_RANK" not in os.environ:
+        _as_ranks()
     if PROFILE_MODULE in sys.modules:  # already imported: patch in place
         _patch_spdl(sys.modules[PROFILE_MODULE])
     sys.meta_path.insert(0, PostImportFinder((PROFILE_MODULE,), _patch_spdl))
+    # PyTorch users: the first DataLoader the script iterates is swept (once torch's module is imported)
+    loaders = PostImportFinder(LOADER_MODULES, _catch_loaders)
+    for name in LOADER_MODULES:
+        if name in sys.modules:
+            _catch_loaders(sys.modules[name])
+    sys.meta_path.insert(0, loaders)
+
+
+#: The modules whose loaders the DataLoader hook catches (:mod:`stagebench.loader._intercept`).
+LOADER_MODULES = ("torch.utils.data.dataloader", PYTORCH_DATALOADER_MODULE)
+
+
+def _catch_loaders(module: Any) -> None:
+    """Install the DataLoader hook (:func:`stagebench.pipeline._loader_hook.install_loader_hook`), now that a
+    loader's module is imported: importing it at interpreter start would cost every program torch's time."""
+    from stagebench.pipeline._loader_hook import install_loader_hook
+
+    install_loader_hook()
+    import atexit
+
+    atexit.unregister(_say_if_nothing_diagnosed)  # once, however many modules ask
+    atexit.register(_say_if_nothing_diagnosed)
+
+
+def _as_ranks() -> None:
+    """``STAGEBENCH_NPROC_PER_NODE=N`` with the variable: this program becomes ``stagebench diagnose
+    --nproc-per-node N`` on the same script and arguments (torch's launcher starts the ranks), before any
+    of the script runs. Only a program started as ``python script.py``; anything else is said and run as
+    it is."""
+    argv = list(getattr(sys, "orig_argv", ()))
+    script = sys.argv[0] if sys.argv else ""
+    if "-c" in argv or "--multiprocessing-fork" in argv or not script or not os.path.isfile(script):
+        say("STAGEBENCH_NPROC_PER_NODE is set but this program is no script (python script.py): not relaunched")
+        return
+    n = os.environ.pop("STAGEBENCH_NPROC_PER_NODE")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "stagebench", "diagnose", f"--nproc-per-node={n}", *sys.argv])
 
 
 def installed() -> bool:
@@ -64,7 +104,7 @@ def uninstall() -> None:
     notebook): the hook would otherwise stay in every later import, and a later
     pipeline built with the variable set would be replaced by the stand-in.
     """
-    sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "on_import", None) is not _patch_spdl]
+    sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "on_import", None) not in (_patch_spdl, _catch_loaders)]
     profile: Any = sys.modules.get(PROFILE_MODULE)
     current: Any = getattr(profile, "_build_pipeline_diagnostic_mode", None)
     if getattr(current, "_stagebench", False):
@@ -114,10 +154,13 @@ def _say_if_nothing_diagnosed() -> None:
 
     if multiprocessing.parent_process() is not None:  # a worker of the program, not the program
         return
+    intercept: Any = sys.modules.get("stagebench.loader._intercept")
+    if intercept is not None and intercept.loader_was_caught():
+        return
     say(
         f"{MODE_VAR} is on, but this program iterated no SPDL pipeline (one built by build_pipeline or "
-        "PipelineBuilder.build): nothing was diagnosed. SPDL's profile_pipeline, called directly, runs SPDL's "
-        "own profiler; to sweep a PyTorch DataLoader, run the script under `stagebench diagnose`"
+        "PipelineBuilder.build) and no DataLoader: nothing was diagnosed. SPDL's profile_pipeline, called "
+        "directly, runs SPDL's own profiler"
     )
 
 
@@ -333,7 +376,7 @@ def _diagnose(cfg: Any, settings: DiagnoseSettings, num_threads: int | None, ses
     """Run the diagnosis and return its summary; on an error, say it and end the program."""
     from stagebench.pipeline._diagnose import DiagnoseError, diagnose_pipeline
     from stagebench.pipeline._settings import SettingsError, local_rank
-    from stagebench.runs._outcome import FAILED, INTERNAL, INTERRUPTED, TERMINATED
+    from stagebench.runs._outcome import FAILED, INTERNAL, RANK_LOST, TERMINATED, interrupted_outcome
 
     try:
         rank = local_rank()
@@ -357,8 +400,8 @@ def _diagnose(cfg: Any, settings: DiagnoseSettings, num_threads: int | None, ses
         exit_now(e.code)
     except KeyboardInterrupt as e:
         where = f" in {State.run_dir}" if State.run_dir else ""
-        end = TERMINATED if isinstance(e, Terminated) else INTERRUPTED
-        how = "terminated (SIGTERM)" if end is TERMINATED else "interrupted"
+        end = interrupted_outcome(e)
+        how = str(e) if end is RANK_LOST else "terminated (SIGTERM)" if end is TERMINATED else "interrupted"
         report = State.run_dir / "report.html" if State.run_dir else None
         said = f", and a report of them: {report}" if report is not None and report.is_file() else ""
         say(f"{how}; the rows measured so far are on disk{where}{said}")

@@ -220,25 +220,37 @@ def format_loader_table(summary: dict[str, Any]) -> str:
     info = LoaderInfo.from_json(summary.get("loader"))
     name, backend, batch = ("?" if v is None else v for v in (info.name, info.backend, info.batch_size))
     lines = [f"stagebench loader sweep: {name} (backend {backend}, batch size {batch})"]
+    sm = Summary.from_json(summary)
+    points = [LoaderPoint.from_json(q) for q in sm.points]
+    ranks = max((p.ranks or 1 for p in points), default=1)
+    if ranks > 1:  # the host's ranks measured together: its rate, and each rank's beside it
+        lines[0] += (
+            f", {ranks} ranks on this host, each with its own loader at the setting shown: samples/s is "
+            "the host's (the sum over the ranks), 'a rank' the slowest to the fastest rank"
+        )
     head = (
         f"  {'':1} {'workers':>7} {'prefetch':>8} {'persist':>7} {'samples/s':>11} {'95% interval':>21} "
-        f"{'1st batch':>9} {'stall':>7} {'PSS MB':>8} {'cores':>5}  status"
+        + (f"{'a rank':>15} " if ranks > 1 else "")
+        + f"{'1st batch':>9} {'stall':>7} {'PSS MB':>8} {'cores':>5}  status"
     )
     lines.append(head)
-    sm = Summary.from_json(summary)
     # the knobs of the recommended and the best point, where the summary has them
     rec, best = (None if q is None else LoaderPoint.from_json(q).knobs for q in (sm.recommended, sm.best))
     # each point's knobs read once: the order (cheapest first; a point naming none last) and the marks
-    read = [(p.knobs, p) for p in map(LoaderPoint.from_json, sm.points)]
+    read = [(p.knobs, p) for p in points]
     for k, p in sorted(read, key=lambda kp: (kp[0] is None, kp[0].cost() if kp[0] is not None else ())):
         mark = " " if k is None else ("*" if k == rec else ("+" if k == best else " "))
         r = p.samples_per_s
         ci = f"[{r.low:,.1f}, {r.high:,.1f}]" if r is not None and r.low is not None and r.high is not None else "-"
         status = p.status if p.ok else f"{p.status}: {p.reason}"[:60]
         pf = "-" if p.prefetch_factor is None else str(p.prefetch_factor)
+        per_rank = ""
+        if ranks > 1:
+            lo, hi = p.rank_min_samples_per_s, p.rank_max_samples_per_s
+            per_rank = f"{'-' if lo is None or hi is None else f'{lo:,.0f}-{hi:,.0f}':>15} "
         lines.append(
             f"  {mark:1} {p.num_workers:>7} {pf:>8} {str(p.persistent_workers):>7} "
-            f"{_fmt(p.rate, ',.1f'):>11} {ci:>21} {_fmt(p.time_to_first_batch_s, '.2f', 's'):>9} "
+            f"{_fmt(p.rate, ',.1f'):>11} {ci:>21} {per_rank}{_fmt(p.time_to_first_batch_s, '.2f', 's'):>9} "
             f"{_fmt(p.epoch_stall_s, '.2f', 's'):>7} {_fmt(p.mem_pss_mb, ',.0f'):>8} "
             f"{_fmt(p.cores_used, '.2f'):>5}  {status}"
         )

@@ -137,6 +137,14 @@ LOADER_COLUMN_DOCS: dict[str, str] = {
     "first_delivery_s": "from a worker's first batch made to it reaching the loop (median over the workers)",
     "worker_unsplit_s": "where no worker_init_fn can be timed (SPDL's loader): from a worker's process created to "
     "its first batch made, whole (imports, the dataset loaded, the batch's work)",
+    "ranks": "the host's ranks that ran this setting at once, each its own loader (torchrun's local world size); "
+    "empty: one process. Where set, samples_per_s, its interval, batches_per_s and cores_used are the host's "
+    "(the sum over the ranks; the interval sums the ranks' ends), the memory and n_* columns local rank 0's",
+    "rank_min_samples_per_s": "a ranked row: the slowest rank's samples per second in the same window (a "
+    "data-parallel step waits for it)",
+    "rank_max_samples_per_s": "a ranked row: the fastest rank's",
 }
 LOADER_COLUMNS = tuple(LOADER_COLUMN_DOCS)
-__all__ += ["LOADER_COLUMNS", "STAGE_COLUMN_DOCS", "LOADER_COLUMN_DOCS"]
+#: The columns only a ranked window fills (the host's ranks measured together).
+RANK_COLUMNS = ("ranks", "rank_min_samples_per_s", "rank_max_samples_per_s")
+__all__ += ["LOADER_COLUMNS", "STAGE_COLUMN_DOCS", "LOADER_COLUMN_DOCS", "RANK_COLUMNS"]

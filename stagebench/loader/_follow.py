@@ -1,0 +1,118 @@
+"""A follower's part in a ranked loader sweep: each of the leader's loaders, opened here at the same knobs.
+
+The talk is :mod:`stagebench.core._follow`'s; what is loader's is here: a loader built by this rank's own
+factory (its dataset, its sampler's shard) and taken from by a consumer as the leader's points take from
+theirs (:class:`stagebench.loader._point._Consumer`), warmed up by the same rule as the leader's points
+(every worker delivered, then the warm-up), drained as the leader's resumed loaders drain (what the
+workers queued while suspended, then one round of them), and its window reckoned as the leader's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stagebench.core._follow import Followed, follow
+from stagebench.core._ranks import HostGroup
+from stagebench.loader._mirror import WHAT, knobs_of_json
+from stagebench.loader._point import (
+    _Consumer,
+    _failure,
+    _quiet_sigchld,
+    _SpdlErrors,
+    _teardown,
+    window_rate,
+    workers_beyond_cores_unwarned,
+)
+from stagebench.model._knobs import LoaderKnobs
+
+__all__ = ["follow_loaders"]
+
+
+@dataclass(eq=False)
+class _Loader:
+    """One of the leader's loaders, as this rank runs it (a :class:`stagebench.core._follow.Mirrored`)."""
+
+    cons: _Consumer
+    errors: _SpdlErrors
+    knobs: LoaderKnobs
+    warmup_s: float
+    t_start: float
+    seen: set[Any] = field(default_factory=set)
+    scanned: int = 0
+    warm: bool = False
+    seq: int = 0  # the latest opening of its gate
+    resumed: int = 0  # the opening whose drain is done
+    drain_to: int | None = None  # arrivals at which the latest opening's drain is done
+    error: tuple[str, str] | None = None
+    pids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, factory: Any, spec: Mapping[str, Any]) -> _Loader:
+        knobs = knobs_of_json(dict(spec["knobs"]))
+        cons = _Consumer(factory, knobs)
+        errors = _SpdlErrors()
+        errors.attach()
+        cons.start()
+        return cls(cons, errors, knobs, float(spec["warmup_s"]), time.perf_counter())
+
+    def look(self, now: float, check_workers: bool) -> None:
+        events = self.cons.events
+        n = len(events)
+        if not self.warm:
+            expected = max(1, self.knobs.num_workers)
+            for e in events[self.scanned : n]:
+                if e.epoch == 0:
+                    self.seen.add(e.pid if e.pid is not None else self.scanned)
+                self.scanned += 1
+            all_seen = len(self.seen) >= expected
+            self.warm = n >= 2 and now - self.t_start >= self.warmup_s and (all_seen or n >= 4 * expected + 2)
+        if self.drain_to is not None and n >= self.drain_to:
+            self.resumed, self.drain_to = self.seq, None
+        if self.error is None:
+            self.error = _failure(self.cons, self.errors, check_workers=check_workers)
+        if check_workers:
+            self.pids = self.cons.worker_pids()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "n": len(self.cons.events),
+            "warm": self.warm,
+            "resumed": self.resumed,
+            "error": list(self.error) if self.error else None,
+            "pids": self.pids,
+        }
+
+    def gate(self, opened: bool, seq: int) -> None:
+        if opened:
+            nw = self.knobs.num_workers
+            queued = nw * (self.knobs.prefetch_factor or 2) if nw > 0 else 0
+            self.seq, self.drain_to = seq, len(self.cons.events) + queued + max(1, nw)
+            self.cons.gate.set()
+        else:
+            self.cons.gate.clear()
+
+    def rates(self, t0: float, t1: float, how: Mapping[str, Any]) -> dict[str, Any]:
+        return window_rate(list(self.cons.events), t0, t1, **how)
+
+    def close(self) -> None:
+        try:
+            _teardown(self.cons, hung=False)
+        except Exception:  # a teardown's fault: the leader's own point says what its loader did
+            pass
+        finally:
+            self.errors.detach()
+
+
+def follow_loaders(group: HostGroup, factory: Any) -> Followed:
+    """This follower's part in the leader's sweep, until the leader ends or starts its job phase."""
+
+    def opener(what: str, spec: Mapping[str, Any]) -> _Loader:
+        if what != WHAT:
+            raise ValueError(f"a loader sweep's follower cannot open {what!r}")
+        return _Loader.open(factory, spec)
+
+    with _quiet_sigchld(), workers_beyond_cores_unwarned():
+        return follow(group, opener, until=("job",))

@@ -1,0 +1,267 @@
+"""A data-parallel job's ranks on one host, measured together (issue 57).
+
+Units: the ranks read from the launcher's variables, a window's host rate, the store the ranks meet in.
+Then the whole path under torch's own launcher (two ranks of a script whose DataLoader sleeps a known
+time per item): every rank runs each setting at once, the host's rate is the sum of the ranks', local
+rank 0 alone writes the run directory, every rank exits with the same code, a rank that fails or dies
+ends them all within a bounded time with its rows kept, and ``--trainer`` runs every rank's loop, DDP's
+all-reduce included, step for step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from stagebench._errors import StagebenchError
+from stagebench._settings import SettingsError
+from stagebench.model._ranks import HostRate, Ranks
+from stagebench.model._rate import Rate
+from stagebench.runs._outcome import FAILED, RANK_LOST
+from stagebench.runs._ranks import ranks_from_env
+
+SCRIPTS = Path(__file__).parent / "scripts"
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+
+# ------------------------------------------------------------------ units
+def test_the_ranks_are_read_from_the_launchers_variables():
+    env = {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "RANK": "3", "WORLD_SIZE": "4", "GROUP_RANK": "1"}
+    r = ranks_from_env({**env, "TORCHELASTIC_RUN_ID": "x"})
+    assert (r.local_rank, r.local_world_size, r.rank, r.world_size, r.node, r.launcher) == (1, 2, 3, 4, 1, "torchrun")
+    assert r.ranked and not r.leader and r.nodes == 2
+    one = ranks_from_env({})
+    assert not one.ranked and one.leader and one == Ranks()
+    assert ranks_from_env({"LOCAL_RANK": "0"}) == Ranks()  # a launcher that does not say the host's size
+    with pytest.raises(SettingsError, match="LOCAL_WORLD_SIZE is not set"):
+        ranks_from_env({"LOCAL_RANK": "1"})
+    with pytest.raises(SettingsError, match="LOCAL_RANK must be an integer"):
+        ranks_from_env({"LOCAL_RANK": "one", "LOCAL_WORLD_SIZE": "2"})
+    with pytest.raises(SettingsError, match="not a rank of this host"):
+        ranks_from_env({"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"})
+    assert Ranks.from_json(r.to_json()) == r
+
+
+def test_the_hosts_rate_is_the_sum_of_its_ranks_and_its_interval_the_sum_of_their_ends():
+    rates = HostRate.of([Rate(100.0, 90.0, 110.0), Rate(80.0, 70.0, 95.0)])
+    assert rates.host == Rate(180.0, 160.0, 205.0)
+    assert rates.slowest == Rate(80.0, 70.0, 95.0) and rates.fastest == Rate(100.0, 90.0, 110.0)
+    assert HostRate.of([Rate(100.0, 90.0, 110.0), Rate(80.0)]).host == Rate(180.0)  # one rank without interval
+    assert HostRate.of([Rate(100.0), None]).host is None  # a rank that timed nothing: no host rate
+
+
+def test_the_ranks_meet_only_in_a_directory_no_one_else_may_write(tmp_path, monkeypatch):
+    from stagebench.core._ranks import store_dir
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    d = store_dir()
+    assert d.parent == tmp_path and (d.stat().st_mode & 0o777) == 0o700
+    d.chmod(0o777)
+    with pytest.raises(StagebenchError, match="no one else may write"):
+        store_dir()
+
+
+_MEET = textwrap.dedent(
+    """
+    import os, sys, time
+    from stagebench.core._ranks import HostGroup
+    from stagebench.runs._ranks import ranks_from_env
+    from stagebench._errors import RankLost
+    mode = sys.argv[1]
+    ranks = ranks_from_env()
+    try:
+        g = HostGroup.join(ranks, kind="loader", wait_s=float(os.environ.get("WAIT_S", "20")))
+    except RankLost as e:
+        print("LOST", e, flush=True)
+        sys.exit(5)
+    if g.leader:
+        try:
+            for i in range(20):
+                n = g.send("ping", i=i)
+                assert g.replies(n, time.perf_counter() + 20)[1] == {"pong": i}
+            print("PINGED", flush=True)
+            if mode == "die":
+                n = g.send("ping", i=99)
+                g.replies(n, time.perf_counter() + 60)
+        except RankLost as e:
+            print("LOST", e, flush=True)
+            g.end(5)
+            sys.exit(5)
+        g.end(3)
+        sys.exit(0)
+    while True:
+        cmd = g.wait_command()
+        if cmd["op"] == "end":
+            g.bye()
+            sys.exit(cmd["code"])
+        if mode == "die" and cmd["i"] == 99:
+            os._exit(9)
+        g.reply(cmd["n"], {"pong": cmd["i"]})
+    """
+)
+
+
+def _pair(tmp_path: Path, mode: str, *, ranks: tuple[int, ...] = (0, 1), **env: str) -> list[subprocess.Popen]:
+    """Ranks of one host started by this process (their launcher), each running :data:`_MEET`."""
+    script = tmp_path / "meet.py"
+    script.write_text(_MEET)
+    base = {**os.environ, "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": uuid.uuid4().hex, **env}
+    return [
+        subprocess.Popen(
+            [sys.executable, str(script), mode],
+            env={**base, "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in ranks
+    ]
+
+
+def test_the_ranks_meet_talk_and_end_with_the_leaders_code(tmp_path):
+    procs = _pair(tmp_path, "ok")
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert "PINGED" in outs[0], outs
+    assert [p.returncode for p in procs] == [0, 3], outs  # the follower ends with the code the leader said
+
+
+def test_a_rank_that_dies_ends_the_others_within_seconds(tmp_path):
+    procs = _pair(tmp_path, "die")
+    t0 = time.monotonic()
+    leader = procs[0].communicate(timeout=60)[0]
+    assert time.monotonic() - t0 < 30
+    procs[1].wait(timeout=10)
+    assert procs[0].returncode == 5 and procs[1].returncode == 9
+    assert "LOST local rank 1" in leader and "ended" in leader, leader
+
+
+def test_a_rank_that_never_arrives_ends_the_leader_after_the_wait(tmp_path):
+    (leader,) = _pair(tmp_path, "ok", ranks=(0,), WAIT_S="1.5")
+    out = leader.communicate(timeout=60)[0]
+    assert leader.returncode == 5
+    assert "local rank(s) 1 of 2 did not reach their loader or pipeline within 1.5 s" in out, out
+
+
+# ------------------------------------------------------------------ under torch's launcher
+_LAUNCH = textwrap.dedent(
+    """
+    import runpy, sys
+    from stagebench.loader._sweep import LoaderSweepConfig
+    from stagebench.loader._intercept import diagnose_first_loader
+    cfg = LoaderSweepConfig(strategy="grid", num_workers=(0, 2), prefetch_factors=(2,),
+                            persistent_workers=(False,), budget_s=0.4, warmup_s=0.1, timeout_s=20,
+                            tie_rounds=2, transforms=False, memory_pass_s=0.5)
+    diagnose_first_loader(sys.argv[1], config=cfg)
+    sys.argv = [{script!r}]
+    runpy.run_path({script!r}, run_name="__main__")
+    """
+)
+
+
+def _torchrun(tmp_path: Path, *, timeout: float = 240, **env: str) -> tuple[subprocess.CompletedProcess, Path, float]:
+    """The ranked script, two ranks under torch's launcher, each catching its loader as diagnostic mode does."""
+    launch = tmp_path / "launch.py"
+    launch.write_text(_LAUNCH.format(script=str(SCRIPTS / "ranked_train.py")))
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(launch), str(out)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+    )
+    return proc, out, time.monotonic() - t0
+
+
+def _exit_codes(stderr: str) -> list[int]:
+    """Each rank's exit code, as torch's launcher reports a failure (it says nothing where all ended 0)."""
+    import re
+
+    return [int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", stderr)]
+
+
+@pytest.mark.slow
+def test_every_rank_runs_each_setting_at_once_and_the_host_rate_is_their_sum(tmp_path):
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    proc, out, _ = _torchrun(tmp_path, RANKED_SLEEP="0.005", RANKED_STEPS=str(steps), RANKED_WORKERS="2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not list(steps.iterdir()), "a loop body ran"
+    rows = [json.loads(json.dumps(r)) for r in json.loads((out / "summary.json").read_text())["points"]]
+    by = {r["num_workers"]: r for r in rows}
+    # the known answer: each rank's n workers deliver n/d samples/s (num_workers=0: 1/d), and the host twice that
+    for nw, per_rank in ((0, 1 / 0.005), (2, 2 / 0.005)):
+        r = by[nw]
+        assert r["ranks"] == 2
+        assert 0.75 * 2 * per_rank <= r["samples_per_s"] <= 1.1 * 2 * per_rank, r
+        assert 0.75 * per_rank <= r["rank_min_samples_per_s"] <= r["rank_max_samples_per_s"] <= 1.1 * per_rank, r
+        assert r["samples_per_s_low"] <= r["samples_per_s"] <= r["samples_per_s_high"]
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["provenance"]["ranks"]["local_world_size"] == 2 and meta["settings"]["ranks"] == 2
+    text = proc.stdout
+    assert "2 ranks on this host" in text and "a rank" in text
+    assert "num_workers=2 a rank: 2 ranks x 2 workers = 4 worker processes" in text, text
+    # local rank 0 alone wrote: one run directory, nothing else in the working folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["launch.py", "run", "steps"]
+
+
+@pytest.mark.slow
+def test_a_rank_whose_loader_raises_ends_every_rank_with_the_same_code_and_the_rows_kept(tmp_path):
+    proc, out, seconds = _torchrun(tmp_path, RANKED_FAULT="raise1")
+    assert seconds < 60
+    assert proc.returncode != 0
+    assert set(_exit_codes(proc.stderr)) <= {FAILED.exit_code}, proc.stderr[-2000:]
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == FAILED.status
+    rows = (out / "results.csv").read_text()
+    assert "local rank 1: the loader raised: ValueError: rank 1's shard is corrupt" in rows
+    # torch's launcher reports a rank that ended with a code other than 0 with its own traceback; none of ours
+    import re
+
+    assert not [f for f in re.findall(r'File "([^"]+)"', proc.stderr) if "stagebench" in f], proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_ends_every_rank_within_a_minute_and_the_rows_are_kept(tmp_path):
+    proc, out, seconds = _torchrun(tmp_path, RANKED_FAULT="die1", RANKED_DIE_AFTER="150")
+    assert seconds < 60
+    assert proc.returncode != 0
+    assert (out / "results.csv").exists() and (out / "run.json").exists()
+    meta = json.loads((out / "run.json").read_text())
+    # the leader saw it go (its store or its process) and ended as a rank lost, or torch's launcher ended it
+    assert meta["status"] in (RANK_LOST.status, "terminated"), meta["status"]
+
+
+@pytest.mark.slow
+def test_the_trainer_runs_every_ranks_loop_step_for_step_under_ddp(tmp_path):
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    proc, out, _ = _torchrun(
+        tmp_path,
+        RANKED_DDP="1",
+        RANKED_STEPS=str(steps),
+        STAGEBENCH_TRAINER="measure",
+        STAGEBENCH_TRAINER_S="1",
+        STAGEBENCH_JOB_S="6",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ran = {p.name: int(p.read_text()) for p in steps.iterdir()}
+    assert set(ran) == {"0", "1"} and ran["0"] == ran["1"] and ran["0"] > 20, ran  # the same steps on both
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["job"] is not None and summary["job"]["candidates"], summary["job"]
+    meta = json.loads((out / "run.json").read_text())
+    # a step takes a batch on every rank: the job's samples are the host's
+    assert meta["job"]["items_per_step"] == 2 * 4
