@@ -138,7 +138,13 @@ def _own_rule(settings: list[dict]) -> dict:
 
 
 def recommend_jointly(
-    stages: list[dict], *, cores: int, free_threaded: bool, fixed: float = 0.0, demand: float | None = None
+    stages: list[dict],
+    *,
+    cores: int,
+    free_threaded: bool,
+    fixed: float = 0.0,
+    demand: float | None = None,
+    ranks: int = 1,
 ) -> dict | None:
     """Choose every measured stage's (executor, concurrency) for the pipeline; update the stage entries.
 
@@ -166,7 +172,7 @@ def recommend_jointly(
 
     def score(assign: tuple[str, ...]) -> float:
         loads = [stage_load(st, _fastest(options[st.name][ex]), fixed) for st, ex in zip(ok, assign)]
-        return float(pipeline_bounds(loads, cores, free_threaded, fixed)["qps"])
+        return float(pipeline_bounds(loads, cores, free_threaded, fixed, ranks)["qps"])
 
     own = tuple(
         str(_own(st).executor) if _own(st).executor in options[st.name] else next(iter(options[st.name])) for st in ok
@@ -225,7 +231,7 @@ def recommend_jointly(
         st["evidence"]["summary"].append(
             f"in the pipeline: {chosen['executor']} x {chosen['concurrency']} ({st['recommended']['why']})"
         )
-    b = pipeline_bounds(loads, cores, free_threaded, fixed)
+    b = pipeline_bounds(loads, cores, free_threaded, fixed, ranks)
     binding = _binding_words(b)
     text = (
         f"settings chosen for the whole pipeline: {len(scored)} executor assignment(s) scored with the bounds"
@@ -281,7 +287,13 @@ def _why(
 
 
 def process_headroom(
-    stages: list[dict], pending: dict[str, list[int]], *, cores: int, free_threaded: bool, fixed: float = 0.0
+    stages: list[dict],
+    pending: dict[str, list[int]],
+    *,
+    cores: int,
+    free_threaded: bool,
+    fixed: float = 0.0,
+    ranks: int = 1,
 ) -> dict[str, dict]:
     """How much each stage in ``pending`` could raise the pipeline's bounds on processes, before they are measured.
 
@@ -322,7 +334,7 @@ def process_headroom(
             choices.append([stage_load(st, setting, fixed) for _, setting in alts])
         top, binding = -math.inf, ""
         for loads in itertools.product(*choices):
-            b = pipeline_bounds(list(loads), cores, free_threaded, fixed)
+            b = pipeline_bounds(list(loads), cores, free_threaded, fixed, ranks)
             if b["qps"] > top:
                 top = float(b["qps"])
                 binding = _binding_words(b)

@@ -163,6 +163,8 @@ class _RunContext:
     cores: int
     free_threaded: bool
     overhead: dict | None
+    #: the host's ranks measured together (the rows' figures are the host's): each a GIL of its own
+    ranks: int = 1
 
     @property
     def fixed(self) -> float:
@@ -181,7 +183,14 @@ def _run_context(rows: Any, meta: dict | None) -> _RunContext:
     if "stage" not in df.columns:
         df = df.assign(stage=pd.Series(dtype=str))
     df = df.assign(stage=df["stage"].fillna("").astype(str))
-    return _RunContext(m, df, _cores(prov), bool(prov.free_threaded), pipeline_overhead(m.pipeline_overhead))
+    return _RunContext(
+        m,
+        df,
+        _cores(prov),
+        bool(prov.free_threaded),
+        pipeline_overhead(m.pipeline_overhead),
+        prov.ranks.local_world_size,
+    )
 
 
 def _fixed(overhead: dict | None) -> float:
@@ -238,7 +247,9 @@ def process_headroom_of_run(
 
     run = _run_context(rows, meta)
     stages = run.stages(stage_cache)
-    return process_headroom(stages, pending, cores=run.cores, free_threaded=run.free_threaded, fixed=run.fixed)
+    return process_headroom(
+        stages, pending, cores=run.cores, free_threaded=run.free_threaded, fixed=run.fixed, ranks=run.ranks
+    )
 
 
 def paired_needless_of_run(
@@ -284,7 +295,14 @@ def paired_needless_of_run(
             )
             mine = {k: v for k, v in cache.items() if k[0] != name}  # this stage analysed afresh each time
             stages = run.stages(mine, pd.concat([df, fake], ignore_index=True))
-            recommend_jointly(stages, cores=run.cores, free_threaded=run.free_threaded, fixed=run.fixed, demand=demand)
+            recommend_jointly(
+                stages,
+                cores=run.cores,
+                free_threaded=run.free_threaded,
+                fixed=run.fixed,
+                demand=demand,
+                ranks=run.ranks,
+            )
             picks.append(
                 {
                     e.name: (e.recommended.executor, e.recommended.concurrency)
@@ -311,7 +329,13 @@ def job_candidates_of_run(rows: Any, meta: dict, demand: Mapping[str, Any] | flo
     rate = Rate.from_json(demand) if isinstance(demand, Mapping) else (Rate(float(demand)) if demand else None)
     run = _run_context(rows, meta)
     return job_candidates(
-        run.stages(None), run.meta, demand=rate, cores=run.cores, free_threaded=run.free_threaded, fixed=run.fixed
+        run.stages(None),
+        run.meta,
+        demand=rate,
+        cores=run.cores,
+        free_threaded=run.free_threaded,
+        fixed=run.fixed,
+        ranks=run.ranks,
     )
 
 
@@ -347,9 +371,12 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         free_threaded=free_threaded,
         fixed=_fixed(overhead),
         demand=num_or_none(target),
+        ranks=run.ranks,
     )
     prediction = (
-        predict_pipeline(stages, cores=cores, free_threaded=free_threaded, overhead=overhead) if stages else None
+        predict_pipeline(stages, cores=cores, free_threaded=free_threaded, overhead=overhead, ranks=run.ranks)
+        if stages
+        else None
     )
     prediction = apply_replay(prediction, m.replay)
     speed = cpu_speed(m.cpu_speed)

@@ -81,6 +81,7 @@ def job_candidates(
     cores: int,
     free_threaded: bool,
     fixed: float,
+    ranks: int = 1,
 ) -> Ladder:
     """The pipeline settings to run with the user's loop, most important first (module docstring), as
     :func:`stagebench.analysis._ladder.build_ladder` makes them one list.
@@ -93,7 +94,7 @@ def job_candidates(
     def joint(d: float | None) -> dict[str, tuple[str, int]]:
         """The joint choice for demand ``d``; {} where ``d`` is not below the pace (nothing to cut for it)."""
         trial = copy.deepcopy(stages)
-        out = recommend_jointly(trial, cores=cores, free_threaded=free_threaded, fixed=fixed, demand=d)
+        out = recommend_jointly(trial, cores=cores, free_threaded=free_threaded, fixed=fixed, demand=d, ranks=ranks)
         if d is not None and not (out or {}).get("for_demand"):
             return {}
         return _choices(trial)

@@ -91,14 +91,20 @@ def stage_load(st: StageEntry, setting: dict, fixed: float = 0.0) -> dict[str, A
     }
 
 
-def pipeline_bounds(loads: list[dict], cores: int, free_threaded: bool, fixed: float = 0.0) -> dict[str, Any]:
+def pipeline_bounds(
+    loads: list[dict], cores: int, free_threaded: bool, fixed: float = 0.0, ranks: int = 1
+) -> dict[str, Any]:
+    """The bounds of a pipeline of ``loads`` (:func:`stage_load`): its slowest stage, the cores, the GIL.
+
+    ``ranks``: the host's ranks, each running the pipeline in its own process (a ranked diagnosis's
+    figures are the host's): each has a GIL of its own, so the GIL bound is theirs together."""
     cap = min(loads, key=lambda d: d["capacity"])
     once = fixed if any(d["spdl"] for d in loads) else 0.0
     cpu_sum = sum(d["cpu_s_per_item"] for d in loads if d["cpu_s_per_item"] is not None) + once
     gil_sum = sum(d["gil_s_per_item"] for d in loads) + once
     b_stage = cap["capacity"]
     b_cores = cores / cpu_sum if cpu_sum > 0 else math.inf
-    b_gil = 1.0 / gil_sum if gil_sum > 0 and not free_threaded else math.inf
+    b_gil = ranks / gil_sum if gil_sum > 0 and not free_threaded else math.inf
     bounds = {"stage": b_stage, "cores": b_cores, "gil": b_gil}
     binding = min(bounds, key=lambda k: (bounds[k], ("stage", "gil", "cores").index(k)))
     return {
@@ -131,7 +137,12 @@ def _setting(st: StageEntry, executor: str | None = None) -> dict | None:
 
 
 def predict_pipeline(
-    stage_summaries: list[dict], *, cores: int, free_threaded: bool = False, overhead: dict | None = None
+    stage_summaries: list[dict],
+    *,
+    cores: int,
+    free_threaded: bool = False,
+    overhead: dict | None = None,
+    ranks: int = 1,
 ) -> dict[str, Any]:
     """Predict the pipeline's throughput from per-stage summaries (:func:`analyze_stage` entries).
 
@@ -160,7 +171,7 @@ def predict_pipeline(
         out["explanation"] = "no stage was measured, so nothing can be predicted"
         return out
 
-    b = pipeline_bounds(loads, cores, free_threaded, fixed)
+    b = pipeline_bounds(loads, cores, free_threaded, fixed, ranks)
     _record_bounds(out, b, overhead)
     p = _Pipeline(
         entries=entries,
@@ -170,6 +181,7 @@ def predict_pipeline(
         cores=cores,
         free_threaded=free_threaded,
         fixed=fixed,
+        ranks=ranks,
     )
     if b["binding"] == "gil":
         parts = _gil_binds(p, out)
@@ -262,6 +274,8 @@ class _Pipeline:
     free_threaded: bool
     fixed: float
     """SPDL's per-item cost the pipeline pays once."""
+    ranks: int = 1
+    """The host's ranks, each a GIL of its own (:func:`pipeline_bounds`)."""
 
 
 def _gil_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
@@ -284,8 +298,9 @@ def _gil_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     owns = [(n, g) for n, g in owns if g > 0]
     out["scheduling_gil_s_per_item"] = sched
     out["bottleneck"] = owns[0][0] if owns else holders[0]["stage"] if holders else None
+    whose = "the main process's GIL" if p.ranks == 1 else f"its rank's main process's GIL ({p.ranks} ranks, a GIL each)"
     parts = [
-        f"the GIL binds: one item needs {fmt_ms(b['gil_sum'])} of the main process's GIL: "
+        f"the GIL binds: one item needs {fmt_ms(b['gil_sum'])} of {whose}: "
         + (
             f"{fmt_ms(sum(g for _, g in owns))} of its stages' own Python ("
             + ", ".join(f"{n} {fmt_ms(g)}" for n, g in owns)
@@ -298,7 +313,7 @@ def _gil_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
         + f"; so at most {fmt_q(b['qps'])} items/s, below the slowest stage alone "
         f"({b['cap_stage']}, {fmt_q(b['bounds']['stage'])} items/s)"
     ]
-    lift = _lift_by_processes(main, loads, p.entries, p.cores, p.free_threaded, p.fixed, b["bounds"]["gil"])
+    lift = _lift_by_processes(main, loads, p.entries, p.cores, p.free_threaded, p.fixed, b["bounds"]["gil"], p.ranks)
     if lift:
         out["lift"] = lift
         parts.append(lift["text"])
@@ -313,7 +328,7 @@ def _unmeasured_move(p: _Pipeline, top: dict) -> str:
     st = p.by_name[top["stage"]]
     own = (st.gil_s_per_item or 0.0) / st.items_per_input
     rest = p.b["gil_sum"] - own
-    lifted = f"{fmt_q(1.0 / rest)} items/s" if rest > 0 else "no limit"
+    lifted = f"{fmt_q(p.ranks / rest)} items/s" if rest > 0 else "no limit"
     return (
         f"moving {top['stage']}'s Python out of the main process (a process executor; not measured for it) "
         f"or shrinking it would lift the GIL bound, up to {lifted} without it"
@@ -395,7 +410,7 @@ def _stage_hint(st: StageEntry) -> str:
 _LIFT_MIN = 1.05
 
 
-def _lift_by_processes(main, loads, entries, cores, free_threaded, fixed=0.0, gil_now=math.inf) -> dict | None:
+def _lift_by_processes(main, loads, entries, cores, free_threaded, fixed=0.0, gil_now=math.inf, ranks=1) -> dict | None:
     """Move the largest GIL holder that was measured on processes; recompute the bounds.
 
     Where the stage had a head-to-head (threads and processes measured in
@@ -428,7 +443,7 @@ def _lift_by_processes(main, loads, entries, cores, free_threaded, fixed=0.0, gi
                 f"{fmt_q(proc['qps'] * st.items_per_input)} items/s)"
             )
         new = [(stage_load(st, proc, fixed) if x["stage"] == d["stage"] else x) for x in loads]
-        nb = pipeline_bounds(new, cores, free_threaded, fixed)
+        nb = pipeline_bounds(new, cores, free_threaded, fixed, ranks)
         gil_bound = nb["bounds"]["gil"]
         lifts = gil_bound > _LIFT_MIN * gil_now
         if not lifts:

@@ -3,10 +3,15 @@
 Each rank other than local rank 0 catches its own loader or pipeline as the leader does, then searches
 nothing itself: it opens what the leader opens (:mod:`stagebench.core._mirror`), runs it while the
 leader's runs and lets it wait while the leader's waits, closes it where the leader closes its own, and
-times its own arrivals over each window the leader asks about. It tells the leader, as they change, what
-each thing it opened delivered, whether it warmed up or drained, its workers and its faults. How a
-thing is opened and run is the kind's (a :class:`Mirrored` made by an opener it hands :func:`follow`);
-the talk is here, once. Nothing here writes a file: the leader writes the run directory for the host.
+answers the leader's questions: is it ready (warmed up, or drained what it queued while it waited), what
+has it delivered since a moment, what did it deliver over a window. How a thing is opened and run is the
+kind's (a :class:`Mirrored` made by an opener it hands :func:`follow`); the talk is here, once.
+
+A follower is quiet while it waits: it blocks on the store for the leader's next command (the socket's
+wait holds no GIL), and looks at its own copies only while the leader waits for it to be ready, which no
+window spans. A follower that polled its copies and told their state every few milliseconds took the GIL
+from its own stage so often (every poll a socket's release and reacquire) that a GIL-holding stage ran at
+a fifth of the leader's rate beside it. Nothing here writes a file: the leader writes the run directory.
 """
 
 from __future__ import annotations
@@ -17,25 +22,29 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stagebench.core._ranks import POLL_S, HostGroup
+from stagebench.core._ranks import HostGroup
 
-__all__ = ["Mirrored", "Followed", "follow"]
+__all__ = ["Mirrored", "Failed", "Followed", "follow"]
 
-#: How often a follower rewrites its state while it changes (the leader reads it as it polls).
-_STATE_S = 0.005
-#: How often the worker processes of what it opened are looked at for one that died (a waitpid each).
-_WORKERS_S = 0.1
+#: How often a follower looks at a copy the leader waits on to be ready.
+_READY_POLL_S = 0.005
 
 
 class Mirrored(Protocol):
     """One thing a follower opened at the leader's word (a loader, a stage's runner, a whole pipeline)."""
 
-    def look(self, now: float, check_workers: bool) -> None:
-        """Bring its state up to date (warm-up, drain, faults; workers where ``check_workers``)."""
+    def ready(self, seq: int) -> bool:
+        """Whether it is ready for a window: warmed up (``seq`` 0), or drained what it queued before its
+        ``seq``-th opening. True where it failed (:meth:`error` says how)."""
 
-    def state(self) -> dict[str, Any]:
-        """``n`` (delivered), ``warm``, ``resumed`` (the latest opening drained), ``error`` ([status,
-        reason] or None), ``pids`` (its workers)."""
+    def error(self) -> tuple[str, str] | None:
+        """(status, reason) where it failed."""
+
+    def pids(self) -> list[int]:
+        """Its worker processes."""
+
+    def count(self, t0: float) -> int:
+        """What it delivered since ``t0``."""
 
     def gate(self, opened: bool, seq: int) -> None:
         """Run again (``opened``, the ``seq``-th opening) or wait."""
@@ -47,6 +56,34 @@ class Mirrored(Protocol):
         """Stop and tear down; never raises."""
 
 
+@dataclass
+class Failed:
+    """A copy that could not be opened: it answers every question with why."""
+
+    why: tuple[str, str]
+
+    def ready(self, seq: int) -> bool:
+        return True
+
+    def error(self) -> tuple[str, str] | None:
+        return self.why
+
+    def pids(self) -> list[int]:
+        return []
+
+    def count(self, t0: float) -> int:
+        return 0
+
+    def gate(self, opened: bool, seq: int) -> None:
+        pass
+
+    def rates(self, t0: float, t1: float, how: Mapping[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass(frozen=True)
 class Followed:
     """Why :func:`follow` returned: the leader's exit code (``end``), or a command of the leader's that
@@ -56,61 +93,55 @@ class Followed:
     cmd: dict[str, Any] | None = None
 
 
+def _answer(m: Mirrored | None, **got: Any) -> dict[str, Any]:
+    err = m.error() if m is not None else ("failed", "not open on this rank")
+    return {**got, "error": list(err) if err else None}
+
+
 def follow(
     group: HostGroup,
     opener: Callable[[str, Mapping[str, Any]], Mirrored],
     *,
     until: tuple[str, ...] = (),
-    between: Callable[[], None] | None = None,
     kept: dict[int, Mirrored] | None = None,
 ) -> Followed:
     """Carry out the leader's commands until it ends, or sends a command of ``until`` (returned to the
     caller, whose phase it is); :class:`stagebench._errors.RankLost` where the leader is lost.
 
-    ``opener(what, spec)`` opens this rank's copy of what the leader opened. ``between``: called while no
-    command waits (a caller's own bookkeeping). ``kept``: what stays open across calls (a phase that
-    returns and comes back); what is open when the leader ends is closed.
+    ``opener(what, spec)`` opens this rank's copy of what the leader opened (one that raises is a
+    :class:`Failed` copy: the leader's point then fails with its reason). ``kept``: what stays open across
+    calls (a phase that returns and comes back); without it, what is open when this returns is closed.
     """
     mine: dict[int, Mirrored] = {} if kept is None else kept
-    said: dict[str, Any] | None = None
-    last_said = last_check = last_workers = 0.0
     try:
         while True:
-            cmd = group.command()
-            if cmd is not None:
-                op, cid = cmd["op"], int(cmd.get("cid", -1))
-                if op == "end":
-                    return Followed(code=int(cmd["code"]))
-                if op in until:
-                    return Followed(cmd=cmd)
-                if op == "open":
+            cmd = group.wait_command()
+            op, cid = cmd["op"], int(cmd.get("cid", -1))
+            m = mine.get(cid)
+            if op == "end":
+                return Followed(code=int(cmd["code"]))
+            if op in until:
+                return Followed(cmd=cmd)
+            if op == "open":
+                try:
                     mine[cid] = opener(str(cmd["what"]), cmd.get("spec") or {})
-                elif op == "gate" and cid in mine:
-                    mine[cid].gate(bool(cmd["open"]), int(cmd["seq"]))
-                elif op == "close" and cid in mine:
-                    mine.pop(cid).close()
-                elif op == "rates":
-                    got = mine[cid].rates(cmd["t0"], cmd["t1"], cmd["how"]) if cid in mine else {}
-                    group.reply(cmd["n"], json.loads(json.dumps(got, default=float)))
-                continue
-            now = time.perf_counter()
-            workers = now - last_workers > _WORKERS_S
-            if workers:
-                last_workers = now
-            for m in mine.values():
-                m.look(now, workers)
-            state = {"open": {str(cid): m.state() for cid, m in mine.items()}}
-            if (state != said and now - last_said >= _STATE_S) or now - last_said > 0.5:
-                group.publish(state)
-                said, last_said = state, now
-            if now - last_check > 0.25:
-                last_check = now
-                group.check()
-            if between is not None:
-                between()
-            time.sleep(POLL_S)
+                except Exception as e:  # the leader's point fails with it, said; the talk goes on
+                    mine[cid] = Failed(("failed", f"{type(e).__name__}: {e}"[:300]))
+            elif op == "gate" and m is not None:
+                m.gate(bool(cmd["open"]), int(cmd["seq"]))
+            elif op == "close" and m is not None:
+                mine.pop(cid).close()
+            elif op == "ready":
+                while m is not None and not m.ready(int(cmd["seq"])):
+                    time.sleep(_READY_POLL_S)
+                group.reply(cmd["n"], _answer(m, pids=m.pids() if m is not None else []))
+            elif op == "count":
+                group.reply(cmd["n"], _answer(m, n=m.count(cmd["t0"]) if m is not None else 0))
+            elif op == "rates":
+                got = m.rates(cmd["t0"], cmd["t1"], cmd["how"]) if m is not None else {}
+                group.reply(cmd["n"], _answer(m, **json.loads(json.dumps(got, default=float))))
     finally:
         if kept is None:
-            for m in mine.values():
-                m.close()
+            for x in mine.values():
+                x.close()
             mine.clear()

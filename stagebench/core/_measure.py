@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from stagebench._numbers import finite
 from stagebench.core._config import MeasureConfig
 from stagebench.core._executors import (
     Runner,
@@ -45,7 +46,7 @@ from stagebench.core._resources import ResourceMonitor, TreeSnapshot, tree_pss_m
 from stagebench.core._stats import batch_count, fractional_counts, mean_interval, percentiles_ms, t_quantile
 from stagebench.runs._schema import EXECUTORS, HARNESSES, STAGE_COLUMNS
 
-__all__ = ["measure_stage", "identity", "payload_bytes", "empty_row"]
+__all__ = ["measure_stage", "identity", "payload_bytes", "empty_row", "window_rate", "host_figures"]
 
 _POLL_S = 0.01
 
@@ -254,6 +255,8 @@ def _watchdog(seconds: float) -> Iterator[None]:
 
 def _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_pipes, row, t_begin) -> dict[str, Any]:
     runner: Runner | None = None
+    # a ranked diagnosis: every other rank runs this point on its own inputs at the same time
+    ranks = _Ranked.open(row, executor, concurrency, harness, spdl_extra_pipes, cfg)
     try:
         if harness == "spdl":
             from stagebench.core._spdl_harness import SpdlRunner
@@ -266,7 +269,7 @@ def _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_p
         try:
             with ResourceMonitor(cfg.sample_interval_s, runner.worker_pids) as mon:
                 runner.start()
-                outcome = _run_window(runner, cfg, deadline, t_begin, row, mon)
+                outcome = _run_window(runner, cfg, deadline, t_begin, row, mon, ranks)
             runner.request_stop()
             # In-flight items straddle the window end; wait for them (bounded).
             idle = runner.wait_idle(max(0.0, min(deadline - time.perf_counter(), 5.0)))
@@ -278,8 +281,12 @@ def _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_p
                     row["reason"] = "an item was still running 5 s after the window closed"
         finally:
             runner.abort()
+            if ranks is not None:
+                ranks.close()
         if outcome is not None:
             _fill_from_records(row, runner.lanes, *outcome, cfg)
+            if ranks is not None and ranks.others:
+                host_figures(row, ranks.others)
     except (MemoryError, RuntimeError) as e:
         # Out of memory here, not in the stage's call (that would be the stage's own error): a stage
         # that keeps what it allocates leaves none for measuring, and a thread's stack is memory too
@@ -307,11 +314,13 @@ def _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_p
 _Outcome = tuple[float, float, TreeSnapshot, TreeSnapshot, float, float]  # t0, t1, snap0, snap1, gc_s, check_cpu_s
 
 
-def _run_window(runner, cfg, deadline, t_begin, row, mon) -> _Outcome | None:
+def _run_window(runner, cfg, deadline, t_begin, row, mon, ranks: _Ranked | None = None) -> _Outcome | None:
     """Warm up, then time the window. Returns (t0, t1, snap0, snap1, gc_s, check_cpu_s) or None.
 
     ``gc_s``: seconds the garbage collector ran in this process during the window;
     ``check_cpu_s``: CPU seconds this thread spent on sequential-stopping checks (not the stage's).
+    ``ranks``: a ranked diagnosis's other ranks, each running this point: the window opens once each has
+    warmed up, its CPU counts theirs, and their rates over it are read as it closes.
     """
     c = runner.concurrency
     while True:
@@ -320,7 +329,10 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon) -> _Outcome | None:
             row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
             return None
         seen = runner.delivered_workers()
-        if seen >= runner.expected_workers() and now - t_begin >= cfg.warmup_s:
+        if seen >= runner.expected_workers() and now - t_begin >= cfg.warmup_s and (ranks is None or ranks.ready()):
+            if ranks is not None and ranks.failed is not None:  # a rank's point did not run: no host figure
+                row.update(status=ranks.failed[0], reason=ranks.failed[1])
+                return None
             break
         if now >= deadline:
             row.update(
@@ -336,7 +348,8 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon) -> _Outcome | None:
         t_quantile(0.975, 4)
     t0 = time.perf_counter()
     row["warmup_s"] = t0 - t_begin
-    snap0 = TreeSnapshot.take(runner.worker_pids(), opening=True)
+    pids = (lambda: runner.worker_pids() + ranks.pids()) if ranks is not None else runner.worker_pids
+    snap0 = TreeSnapshot.take(pids(), opening=True)
     mon.peak_rss_mb = 0.0
     end = t0 + cfg.budget_s
     early = cfg.precision > 0 or cfg.below is not None
@@ -373,9 +386,14 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon) -> _Outcome | None:
                 continue
             time.sleep(min(_POLL_S * 5, max(0.0, min(end, check_at) - now)))
         t1 = closed_at or time.perf_counter()
-        snap1 = TreeSnapshot.take(runner.worker_pids())
+        snap1 = TreeSnapshot.take(pids())
     mon._sample()
     row["mem_peak_mb"] = mon.peak_rss_mb
+    if ranks is not None:
+        ranks.read(t0, t1)
+        if ranks.failed is not None:
+            row.update(status=ranks.failed[0], reason=ranks.failed[1])
+            return None
     return t0, t1, snap0, snap1, gc_clock.seconds, check_cpu
 
 
@@ -453,6 +471,17 @@ def _collect(lanes, t0: float, t1: float):
     return cat(starts), cat(ends), bad, (cat(cpus) if timed_cpu and cpus else None)
 
 
+def window_rate(lanes, t0: float, t1: float, cfg: MeasureConfig) -> dict[str, Any]:
+    """Items per second over [t0, t1] from a runner's lanes (fractional counts, batch means): ``qps``,
+    ``qps_low``, ``qps_high``, ``n_items``; what a ranked diagnosis's other ranks report of the same
+    window (:mod:`stagebench.core._point_follow`)."""
+    starts, ends, _, _ = _collect(lanes, t0, t1)
+    in_window = (ends > t0) & (ends <= t1)
+    _, counts, qps, lo, hi, _ = _batch_means(starts, ends, ends[in_window] - starts[in_window], t0, t1, cfg)
+    n = float(counts.sum())
+    return {"qps": qps if n > 0 else 0.0, "qps_low": lo, "qps_high": hi, "n_items": n}
+
+
 def _fill_from_records(row, lanes, t0, t1, snap0, snap1, gc_s, check_cpu, cfg: MeasureConfig) -> None:
     starts, ends, bad, call_cpu = _collect(lanes, t0, t1)
     window = t1 - t0
@@ -498,3 +527,90 @@ def _fill_from_records(row, lanes, t0, t1, snap0, snap1, gc_s, check_cpu, cfg: M
             row.update(status="failed", reason=f"every item raised: {row['error_example']}")
         else:
             row.update(status="timeout", reason=f"no item completed in a {window:.1f}s window")
+
+
+class _Ranked:
+    """A point of a ranked diagnosis, as the leader measures it: each other rank runs the same stage at
+    the same executor, concurrency and harness on its own inputs (:mod:`stagebench.core._mirror`,
+    :mod:`stagebench.core._point_follow`), and the row holds the host's figures."""
+
+    def __init__(self, mirror: Any, cid: int, cfg: MeasureConfig) -> None:
+        self.mirror, self.cid, self.cfg = mirror, cid, cfg
+        self.asked: Any = None
+        self.others: list[dict[str, Any]] = []
+        self.failed: tuple[str, str] | None = None
+
+    @classmethod
+    def open(cls, row, executor, concurrency, harness, extra_pipes, cfg: MeasureConfig) -> _Ranked | None:
+        from stagebench.core._mirror import mirror
+        from stagebench.core._point_follow import WHAT
+
+        m = mirror()
+        if m is None:
+            return None
+        cid = m.open(
+            WHAT,
+            stage=row["stage"],
+            role=row["role"],
+            executor=executor,
+            concurrency=int(concurrency),
+            harness=harness,
+            extra_pipes=int(extra_pipes),
+            warmup_s=cfg.warmup_s,
+        )
+        return cls(m, cid, cfg)
+
+    def ready(self) -> bool:
+        """Whether every other rank's point has warmed up (asked once, then polled); a rank's fault is
+        :attr:`failed`."""
+        if self.asked is None:
+            self.asked = self.mirror.ready(self.cid)
+        if not self.asked.done():
+            return False
+        self.failed = self.failed or self.asked.failure
+        return True
+
+    def pids(self) -> list[int]:
+        """The other ranks' processes and their point's workers: the window's cores count them."""
+        return list(self.mirror.processes) + (list(self.asked.pids) if self.asked is not None else [])
+
+    def read(self, t0: float, t1: float) -> None:
+        how = {"max_batches": self.cfg.max_batches, "confidence": self.cfg.confidence}
+        self.others, failed = self.mirror.rates(self.cid, t0, t1, how)
+        self.failed = self.failed or failed
+
+    def close(self) -> None:
+        self.mirror.close(self.cid)
+
+
+def host_figures(row: dict[str, Any], others: list[dict[str, Any]]) -> None:
+    """A ranked point's row: ``qps`` and its interval are the host's (the sum over its ranks: their windows
+    are the same seconds of one host), the slowest and fastest rank's beside them; the CPU per item is
+    the host's CPU (the window's counters read every rank's processes) over the host's items. A rank that
+    timed nothing leaves the point failed: no host figure stands without it."""
+    from stagebench.model._ranks import HostRate
+    from stagebench.model._rate import Rate
+
+    def rate(d: dict[str, Any]) -> Rate | None:
+        q, lo, hi = d.get("qps"), d.get("qps_low"), d.get("qps_high")
+        if not isinstance(q, (int, float)) or not q > 0:
+            return None
+        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and math.isfinite(lo) and math.isfinite(hi):
+            return Rate(float(q), max(0.0, min(float(lo), float(q))), max(float(hi), float(q)))
+        return Rate(float(q))
+
+    rates = HostRate.of([rate(row), *(rate(d) for d in others)])
+    row["ranks"] = len(rates.ranks)
+    host, slow, fast = rates.host, rates.slowest, rates.fastest
+    if host is None or slow is None or fast is None:
+        if row["status"] == "ok":
+            missing = [str(r) for r, x in enumerate(rates.ranks) if x is None]
+            row.update(status="failed", reason=f"local rank(s) {', '.join(missing)} completed no item in the window")
+        return
+    mine = float(row["qps"])
+    row.update(qps=host.value, qps_low=host.low if host.low is not None else math.nan)
+    row["qps_high"] = host.high if host.high is not None else math.nan
+    row["rank_min_qps"], row["rank_max_qps"] = slow.value, fast.value
+    for key in ("cpu_s_per_item", "minor_faults_per_item"):  # every rank's counters over every rank's items
+        if finite(row.get(key)) and host.value > 0:
+            row[key] = row[key] * mine / host.value

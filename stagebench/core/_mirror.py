@@ -4,54 +4,93 @@ Where a host runs several ranks of a data-parallel job (torchrun's ``--nproc-per
 own loader or pipeline, a setting measured by one process that owns every core is wrong by the number of
 ranks. So the leader (local rank 0) measures as on one rank, and each thing it opens to measure (a
 loader at some knobs, a stage at some executor and concurrency, the whole pipeline at some settings) is
-*mirrored*: each follower opens its own (its dataset, its shard, its cached inputs: :mod:`stagebench.core._follow`)
+*mirrored*: each follower opens its own (its dataset, its shard, its inputs: :mod:`stagebench.core._follow`)
 and runs it while the leader's runs, waiting where the leader's waits (a loader suspended between its
-turns). A window opens only once every rank's copy has warmed up, or drained what it queued while it
-waited; after it, each follower times its own arrivals over the leader's window (one host: one
-``time.perf_counter()`` clock), and the host's rate is the sum (:class:`stagebench.model._ranks.HostRate`).
-The leader reads the followers' processes itself (their CPU counts in a window's cores); a follower
-reports only what the leader cannot see: its arrivals, its workers, its faults.
+turns). A window opens only once every rank's copy is ready (warmed up, or drained what it queued while
+it waited: :meth:`Mirror.ready`); after it, each follower reckons its own arrivals over the leader's window
+(one host: one ``time.perf_counter()`` clock), and the host's rate is the sum
+(:class:`stagebench.model._ranks.HostRate`). The leader reads the followers' processes itself (their CPU
+counts in a window's cores); a follower tells only what the leader cannot see: its arrivals, its workers,
+its faults, each when asked.
 
 What each command opens (``what``) and how a follower runs it belong to the kind of run; this module is
-the leader's half of the talk, and it never raises where it tells (telling happens in tear-downs that
-must finish): a rank lost while telling is raised at the next read.
+the leader's half of the talk. It never raises where it only tells (telling happens in tear-downs that
+must finish): a rank lost while telling is raised at the next question.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 from stagebench._errors import RankLost
 from stagebench.core._ranks import HostGroup, leading
 
-__all__ = ["Mirror", "mirror", "STATE_TTL_S"]
+__all__ = ["Mirror", "Ready", "mirror", "MirroredGate"]
 
-#: The followers' states are read at most this often (a read costs one look at the store per rank).
-STATE_TTL_S = 0.002
-#: A lost rank is looked for (its process, its beat) this often while states are read.
-_CHECK_S = 0.25
+#: The longest the leader waits for a follower's answer about a window (the window itself is over).
+_ANSWER_S = 30.0
+
+
+class Ready:
+    """The leader's question "is your copy ready?", asked once: poll :meth:`done` (it never blocks); then
+    each follower's workers and the first fault any of them met."""
+
+    def __init__(self, group: HostGroup, n: int) -> None:
+        self.group, self.n = group, n
+        self.got: dict[int, dict[str, Any]] = {}
+        self._checked = 0.0
+
+    def done(self) -> bool:
+        """Whether every follower answered; :class:`RankLost` where one is lost meanwhile."""
+        if len(self.got) < len(self.group.followers):
+            self.got.update(self.group.answers(self.n))
+            now = time.perf_counter()
+            if len(self.got) < len(self.group.followers) and now - self._checked > 0.25:
+                self._checked = now
+                self.group.check()
+        return len(self.got) == len(self.group.followers)
+
+    @property
+    def failure(self) -> tuple[str, str] | None:
+        """(status, reason) of the first follower whose copy failed, else None."""
+        return _failure(self.got)
+
+    @property
+    def pids(self) -> list[int]:
+        return [int(p) for r in sorted(self.got) for p in self.got[r].get("pids") or ()]
+
+
+def _failure(got: dict[int, dict[str, Any]]) -> tuple[str, str] | None:
+    for r in sorted(got):
+        err = got[r].get("error")
+        if err:
+            return str(err[0]), f"local rank {r}: {err[1]}"
+    return None
 
 
 class Mirror:
-    """Tells the followers what the leader opens, gates and closes, and reads back what theirs did."""
+    """Tells the followers what the leader opens, gates and closes, and asks what theirs did."""
 
     def __init__(self, group: HostGroup) -> None:
         self.group = group
         self._next = 0
         self._gates: dict[int, int] = {}  # an open thing -> the number of its latest opening
-        self._states: dict[int, dict[str, Any]] = {}
-        self._read_at = -1.0
-        self._checked_at = 0.0
         self.lost: RankLost | None = None
 
     @property
     def ranks(self) -> int:
         return self.group.size
 
+    @property
+    def processes(self) -> list[int]:
+        """The followers' own processes (a window's cores count theirs and their workers')."""
+        return [self.group.pids[r] for r in self.group.followers]
+
     # --------------------------------------------------------------- telling (never raises)
     def tell(self, op: str, **args: Any) -> None:
-        """A command to every follower; a rank lost meanwhile is raised at the next read."""
+        """A command to every follower; a rank lost meanwhile is raised at the next question."""
         if self.lost is not None:
             return
         try:
@@ -78,59 +117,31 @@ class Mirror:
         self._gates.pop(cid, None)
         self.tell("close", cid=cid)
 
-    # --------------------------------------------------------------- reading
-    def states(self) -> dict[int, dict[str, Any]]:
-        """Each follower's latest state (what it opened, by number); :class:`RankLost` where a rank is lost."""
+    # --------------------------------------------------------------- asking
+    def _send(self, op: str, **args: Any) -> int:
         if self.lost is not None:
             raise self.lost
-        now = time.perf_counter()
-        if now - self._checked_at > _CHECK_S:
-            self._checked_at = now
-            self.group.check()
-        if now - self._read_at > STATE_TTL_S:
-            self._states = {r: self.group.state(r) for r in self.group.followers}
-            self._read_at = now
-        return self._states
+        return self.group.send(op, **args)
 
-    def each(self, cid: int) -> list[dict[str, Any]]:
-        """Each follower's state of ``cid`` ({} where it has not said any yet), by local rank."""
-        return [((s.get("open") or {}).get(str(cid)) or {}) for s in self.states().values()]
+    def ready(self, cid: int) -> Ready:
+        """Ask whether every follower's ``cid`` is ready for a window: warmed up, or, after it waited, drained
+        what it queued since its latest opening (each answers once it is, or has failed)."""
+        return Ready(self.group, self._send("ready", cid=cid, seq=self._gates.get(cid, 0)))
 
-    def warm(self, cid: int) -> bool:
-        """Whether every follower's ``cid`` has warmed up (each of its workers delivered)."""
-        return all(c.get("warm") for c in self.each(cid))
+    def counts(self, cid: int, t0: float) -> list[int]:
+        """What each follower's ``cid`` delivered since ``t0`` (by local rank); a follower whose copy failed
+        counts nothing."""
+        got = self.group.replies(self._send("count", cid=cid, t0=t0), time.perf_counter() + _ANSWER_S)
+        return [int(got[r].get("n") or 0) for r in self.group.followers]
 
-    def resumed(self, cid: int) -> bool:
-        """Whether every follower's ``cid`` drained what it queued since its latest opening."""
-        seq = self._gates.get(cid, 0)
-        return all(int(c.get("resumed", -1)) >= seq for c in self.each(cid))
-
-    def arrivals(self, cid: int) -> list[int]:
-        """What each follower's ``cid`` delivered so far (batches, items)."""
-        return [int(c.get("n", 0)) for c in self.each(cid)]
-
-    def failure(self, cid: int) -> tuple[str, str] | None:
-        """(status, reason) of the first follower whose ``cid`` failed, else None."""
-        for r, s in self.states().items():
-            got = ((s.get("open") or {}).get(str(cid)) or {}).get("error")
-            if got:
-                return str(got[0]), f"local rank {r}: {got[1]}"
-        return None
-
-    def worker_pids(self, cid: int) -> list[int]:
-        """The worker processes of each follower's ``cid``."""
-        return [int(p) for c in self.each(cid) for p in c.get("pids") or ()]
-
-    def pids(self, cid: int) -> list[int]:
-        """The followers' processes and the workers of their ``cid``: what a window's cores count."""
-        return [self.group.pids[r] for r in self.group.followers] + self.worker_pids(cid)
-
-    def rates(self, cid: int, t0: float, t1: float, how: dict[str, Any]) -> list[dict[str, Any]]:
-        """What each follower's ``cid`` delivered over the leader's window [t0, t1], by local rank (``how``:
-        what the kind's reckoning of a window takes besides its ends)."""
-        n = self.group.send("rates", cid=cid, t0=t0, t1=t1, how=how)
-        got = self.group.replies(n, time.perf_counter() + 30.0)
-        return [got[r] for r in self.group.followers]
+    def rates(
+        self, cid: int, t0: float, t1: float, how: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], tuple[str, str] | None]:
+        """What each follower's ``cid`` delivered over the leader's window [t0, t1] (by local rank; ``how``:
+        what the kind's reckoning of a window takes besides its ends), and the first fault a follower met."""
+        n = self._send("rates", cid=cid, t0=t0, t1=t1, how=how)
+        got = self.group.replies(n, time.perf_counter() + _ANSWER_S)
+        return [got[r] for r in self.group.followers], _failure(got)
 
 
 _MIRRORS: dict[int, Mirror] = {}
@@ -145,3 +156,24 @@ def mirror() -> Mirror | None:
     if got is None or got.group is not group:
         got = _MIRRORS[id(group)] = Mirror(group)
     return got
+
+
+class MirroredGate(threading.Event):
+    """The gate of something the leader opened to measure (a loader, a whole pipeline: set, it runs;
+    clear, it waits for its turn), told to the followers as it opens and closes once the thing has its
+    number in the talk (``cid``); before that, or on one rank, a plain event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mirror: Mirror | None = None
+        self.cid: int | None = None
+
+    def set(self) -> None:
+        super().set()
+        if self.mirror is not None and self.cid is not None:
+            self.mirror.gate(self.cid, True)
+
+    def clear(self) -> None:
+        super().clear()
+        if self.mirror is not None and self.cid is not None:
+            self.mirror.gate(self.cid, False)

@@ -306,6 +306,15 @@ class HostGroup:
         self.wait_until(ready, deadline, "answer")
         return got
 
+    def answers(self, n: int) -> dict[int, dict[str, Any]]:
+        """The leader: the followers' replies to command ``n`` so far, by rank (it does not wait)."""
+        got: dict[int, dict[str, Any]] = {}
+        for r in self.followers:
+            raw = self._get(f"re/{n}/{r}")
+            if raw is not None:
+                got[r] = json.loads(raw)
+        return got
+
     def end(self, code: int, wait_s: float = 10.0) -> None:
         """The leader: tell every follower the exit code (the last command) and wait, at most ``wait_s``,
         until each read it, then part. Never raises: it runs on the way out, whatever ended the run."""

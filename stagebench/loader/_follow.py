@@ -42,12 +42,9 @@ class _Loader:
     t_start: float
     seen: set[Any] = field(default_factory=set)
     scanned: int = 0
-    warm: bool = False
     seq: int = 0  # the latest opening of its gate
-    resumed: int = 0  # the opening whose drain is done
     drain_to: int | None = None  # arrivals at which the latest opening's drain is done
-    error: tuple[str, str] | None = None
-    pids: list[int] = field(default_factory=list)
+    fault: tuple[str, str] | None = None
 
     @classmethod
     def open(cls, factory: Any, spec: Mapping[str, Any]) -> _Loader:
@@ -58,32 +55,35 @@ class _Loader:
         cons.start()
         return cls(cons, errors, knobs, float(spec["warmup_s"]), time.perf_counter())
 
-    def look(self, now: float, check_workers: bool) -> None:
+    def ready(self, seq: int) -> bool:
+        """Warmed up by the leader's points' rule (``seq`` 0: every worker delivered, then the warm-up), or
+        drained after the ``seq``-th opening by the leader's resumed loaders' rule."""
+        if self.error() is not None:
+            return True
         events = self.cons.events
         n = len(events)
-        if not self.warm:
+        if seq == 0:
             expected = max(1, self.knobs.num_workers)
             for e in events[self.scanned : n]:
                 if e.epoch == 0:
                     self.seen.add(e.pid if e.pid is not None else self.scanned)
                 self.scanned += 1
             all_seen = len(self.seen) >= expected
-            self.warm = n >= 2 and now - self.t_start >= self.warmup_s and (all_seen or n >= 4 * expected + 2)
-        if self.drain_to is not None and n >= self.drain_to:
-            self.resumed, self.drain_to = self.seq, None
-        if self.error is None:
-            self.error = _failure(self.cons, self.errors, check_workers=check_workers)
-        if check_workers:
-            self.pids = self.cons.worker_pids()
+            return (
+                n >= 2 and time.perf_counter() - self.t_start >= self.warmup_s and (all_seen or n >= 4 * expected + 2)
+            )
+        return self.seq >= seq and self.drain_to is not None and n >= self.drain_to
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "n": len(self.cons.events),
-            "warm": self.warm,
-            "resumed": self.resumed,
-            "error": list(self.error) if self.error else None,
-            "pids": self.pids,
-        }
+    def error(self) -> tuple[str, str] | None:
+        if self.fault is None:
+            self.fault = _failure(self.cons, self.errors, check_workers=True)
+        return self.fault
+
+    def pids(self) -> list[int]:
+        return self.cons.worker_pids()
+
+    def count(self, t0: float) -> int:
+        return sum(1 for e in list(self.cons.events) if e.t >= t0)
 
     def gate(self, opened: bool, seq: int) -> None:
         if opened:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from stagebench._numbers import num
-from stagebench.core._mirror import mirror
+from stagebench.core._mirror import MirroredGate, Ready, mirror
 from stagebench.core._sizes import approx_nbytes
 from stagebench.loader._config import LoaderFactory, LoaderSweepConfig
 from stagebench.loader._mirror import WHAT, host_rate, knobs_json
@@ -316,28 +316,6 @@ def shut_down(it: Any, built: BuiltLoader | None) -> None:
         pass
 
 
-class _Gate(threading.Event):
-    """A consumer's gate (:attr:`_Consumer.gate`), told to the followers where the sweep is ranked."""
-
-    def __init__(self, cons: _Consumer) -> None:
-        super().__init__()
-        self._cons = cons
-
-    def set(self) -> None:
-        super().set()
-        self._tell(True)
-
-    def clear(self) -> None:
-        super().clear()
-        self._tell(False)
-
-    def _tell(self, opened: bool) -> None:
-        cons = self._cons
-        mirror = getattr(cons, "mirror", None)
-        if mirror is not None and cons.cid is not None:
-            mirror.gate(cons.cid, opened)
-
-
 class _Consumer(threading.Thread):
     """Builds the loader and takes batches as fast as they come, epoch after epoch."""
 
@@ -365,16 +343,37 @@ class _Consumer(threading.Thread):
         self.finished = False
         # open: batches are taken as they come; closed (a loader waiting for its turn, :mod:`_turns`): the
         # consumer takes none, and the loader's workers fill their queues and idle
-        self.gate = _Gate(self)
+        self.gate = MirroredGate()
         self.gate.set()
         # a ranked sweep's leader: every rank opens a loader at these knobs, and follows its gate
         self.mirror = mirror()
         self.cid: int | None = None
+        #: a ranked sweep: the other ranks' answer whether their copies are ready (:meth:`others_ready`), and
+        #: their workers as they last said
+        self.asked: Ready | None = None
+        self.others_pids: list[int] = []
 
     def start(self) -> None:
         if self.mirror is not None:
             self.cid = self.mirror.open(WHAT, knobs=knobs_json(self.knobs), warmup_s=self.warmup_s)
+            self.gate.mirror, self.gate.cid = self.mirror, self.cid
         super().start()
+
+    def others_ready(self) -> bool:
+        """Whether every other rank's copy of this loader is ready for a window (warmed up, or drained after
+        its latest opening): asked once per opening, then polled. A copy that failed fails this loader:
+        its fault becomes :attr:`error`, with the rank's number. True on one rank."""
+        if self.mirror is None or self.cid is None:
+            return True
+        if self.asked is None:
+            self.asked = self.mirror.ready(self.cid)
+        if not self.asked.done():
+            return False
+        failed = self.asked.failure
+        if failed is not None and self.error is None:
+            self.error = failed
+        self.others_pids = self.asked.pids
+        return True
 
     @property
     def control(self) -> EpochControl | None:
@@ -521,7 +520,7 @@ def _teardown(cons: _Consumer, hung: bool) -> list[str]:
     notes: list[str] = []
     if cons.mirror is not None and cons.cid is not None:
         cons.mirror.close(cons.cid)
-        cons.cid = None
+        cons.cid = cons.gate.cid = None
     cons.stop_requested = True
     cons.gate.set()  # a consumer waiting for its turn wakes up to stop
     ctl = cons.control
@@ -671,10 +670,6 @@ def _quiet_sigchld() -> Iterator[None]:
 def _failure(cons: _Consumer, errors: _SpdlErrors, check_workers: bool = False) -> tuple[str, str] | None:
     if cons.error is not None:
         return cons.error
-    if cons.mirror is not None and cons.cid is not None:
-        other = cons.mirror.failure(cons.cid)
-        if other is not None:
-            return other
     if errors.records:
         return _classify(errors.records[0])
     if check_workers:
@@ -761,12 +756,7 @@ def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
         if all_seen and math.isnan(row["startup_s"]):
             row["startup_s"] = now - cons.t_begin  # built, started, every worker delivered
         warm = cfg.warmup_s if plan.throughput else 0.0  # the stall alone needs no steady state
-        if (
-            n >= 2
-            and now - t_start >= warm
-            and (all_seen or n >= 4 * expected + 2)
-            and (cons.mirror is None or cons.cid is None or cons.mirror.warm(cons.cid))
-        ):
+        if n >= 2 and now - t_start >= warm and (all_seen or n >= 4 * expected + 2) and cons.others_ready():
             if not all_seen:
                 _add_note(row, f"only {len(seen)} of {expected} workers delivered during warm-up")
                 row["startup_s"] = now - cons.t_begin
@@ -811,22 +801,24 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     t0 = time.perf_counter()
     i0 = len(cons.events)
     # a ranked sweep: the host's cores, every rank's processes (one host: the leader reads them itself)
-    pids = cons.worker_pids() + ([] if mirror is None else mirror.pids(cons.cid))
+    pids = cons.worker_pids() + ([] if mirror is None else mirror.processes + cons.others_pids)
     snap0 = TreeSnapshot.take(pids, opening=True)
     min_gaps = max(cfg.min_batches, 3 * max(2, eff.num_workers))
-    others0 = [] if mirror is None else mirror.arrivals(cons.cid)
     end = t0 + cfg.budget_s
     reserve = min(5.0, 0.1 * cfg.timeout_s)
     next_check = t0 + cfg.min_window_s
+
+    def enough(got: int) -> bool:
+        """This rank's window holds what timing it needs, and (asked only then) every other rank's too."""
+        return got >= min_gaps and (mirror is None or min(mirror.counts(cons.cid, t0)) > min_gaps)
+
     for now in _polls(cons, errors, row, check_workers_every=5):
         got = len(cons.events) - i0 - 1
-        if mirror is not None and got >= min_gaps:  # every rank's window needs as many arrivals to time
-            got = min([got, *(n - n0 - 1 for n, n0 in zip(mirror.arrivals(cons.cid), others0))])
-        if now >= end and got >= min_gaps:
+        if now >= end and enough(got):
             break
         if got >= min_gaps and now >= next_check and (cfg.precision > 0 or plan.floor):
             next_check = now + _CHECK_S
-            if _settled(cons.events, t0, now, eff, cfg, plan):
+            if _settled(cons.events, t0, now, eff, cfg, plan) and enough(got):
                 break
         if now >= deadline - reserve:
             last = cons.events[-1].t if cons.events else t0
@@ -845,10 +837,14 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     # memory, read while the workers are alive and the window is closed
     mem = tree_memory_mb(cons.worker_pids())
     others: tuple[Any, ...] = ()
-    if mirror is not None:  # each other rank's rate over this same window
+    if mirror is not None:  # each other rank's rate over this same window, as window_rate reckons it
         how = {"rnd": max(1, eff.num_workers), "batch_size": plan.batch_size}
         how.update(max_groups=cfg.max_groups, confidence=cfg.confidence)
-        others = tuple(mirror.rates(cons.cid, t0, t1, how))  # as window_rate reckons each
+        got_rates, failed = mirror.rates(cons.cid, t0, t1, how)
+        if failed is not None:  # a rank's loader failed during the window: the host has no figure for it
+            row["status"], row["reason"] = failed
+            return None, False
+        others = tuple(got_rates)
     return Window(t0, t1, snap0, snap1, mem, others), False
 
 

@@ -140,11 +140,12 @@ def _resume(h: _Held, cfg: LoaderSweepConfig, backend: str, deadline: float) -> 
     while time.perf_counter() - t_warm < min(cfg.warmup_s, 0.1):
         time.sleep(_POLL_S)
     # a ranked sweep: every rank's loader drained too, so that no rank's queued batches land in the window
-    while cons.mirror is not None and cons.cid is not None and not cons.mirror.resumed(cons.cid):
+    cons.asked = None  # asked anew: since this opening
+    while not cons.others_ready():
         if _failure(cons, h.errors) or time.perf_counter() > deadline:
             return False
         time.sleep(_POLL_S)
-    return True
+    return _failure(cons, h.errors) is None
 
 
 class HeldLoaders:
@@ -245,8 +246,7 @@ class HeldLoaders:
         waiting = [h.cons for k, h in self.open.items() if k != key]
         pids = [pid for c in waiting for pid in c.worker_pids()]
         for c in waiting:  # a ranked sweep: every rank's suspended loaders too
-            if c.mirror is not None and c.cid is not None:
-                pids += c.mirror.worker_pids(c.cid)
+            pids += c.others_pids
         _until_idle(pids, limit_s)
 
     def keep(self, keys: set[LoaderKnobs], *, hung: bool = False) -> None:

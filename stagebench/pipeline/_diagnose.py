@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stagebench.core._mirror import mirror
 from stagebench.pipeline._finish import (
     delivered_nothing,
     phases_of,
@@ -313,6 +314,9 @@ class _Diagnosis:
             f"{total} points, {settings.budget_s:g} s each (+ warm-up); grid {list(settings.concurrency)}, "
             f"executors {', '.join(settings.executors)}, harnesses {', '.join(settings.harnesses)}"
         )
+        ranked = mirror()
+        if ranked is not None:  # a ranked diagnosis: every other rank reads its own source at the same time
+            ranked.tell("source")
         try:
             with run.phase("source"):
                 src = read_source(plan, settings.num_items, timeout_s=max(60.0, settings.timeout_s))

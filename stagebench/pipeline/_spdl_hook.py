@@ -154,6 +154,8 @@ def _say_if_nothing_diagnosed() -> None:
 
     if multiprocessing.parent_process() is not None:  # a worker of the program, not the program
         return
+    if "torch.distributed.elastic.agent.server.api" in sys.modules:  # torch's launcher, not a rank it started
+        return
     intercept: Any = sys.modules.get("stagebench.loader._intercept")
     if intercept is not None and intercept.loader_was_caught():
         return
@@ -316,6 +318,7 @@ def exit_now(code: int) -> None:
     from stagebench.core._executors import leaked_threads
 
     State.finished, State.code = True, code
+    _end_ranks(code)
     sys.stdout.flush()
     sys.stderr.flush()
     if State.end_parent is not None:  # a pool worker: its parent's pool.map would wait for it forever
@@ -334,6 +337,21 @@ def exit_now(code: int) -> None:
     if threading.current_thread() is not threading.main_thread() or (leaked_threads() and not State.in_process):
         os._exit(code)
     raise SystemExit(code)
+
+
+def _end_ranks(code: int) -> None:
+    """Every rank of the host ends with the same code: the leader tells it (and waits until each read it);
+    a follower, that has it from the leader, leaves (:class:`stagebench.core._ranks.HostGroup`)."""
+    group, State.group = State.group, None
+    if group is None:
+        return
+    if group.leader:
+        group.end(code)
+    else:
+        from stagebench._signals import ignore_sigterm
+
+        ignore_sigterm()  # leaving with the leader's code, whatever torch's launcher does to the last ranks
+        group.bye()
 
 
 def _in_a_pool_worker(settings: DiagnoseSettings) -> DiagnoseSettings:
@@ -372,19 +390,20 @@ def _in_a_pool_worker(settings: DiagnoseSettings) -> DiagnoseSettings:
     return replace(settings, executors=tuple(e for e in settings.executors if e != "process") or ("thread",))
 
 
-def _diagnose(cfg: Any, settings: DiagnoseSettings, num_threads: int | None, session: Session | None = None) -> dict:
-    """Run the diagnosis and return its summary; on an error, say it and end the program."""
+def _diagnose(
+    cfg: Any, settings: DiagnoseSettings, num_threads: int | None, session: Session | None = None
+) -> dict | None:
+    """Run the diagnosis and return its summary; on an error, say it and end the program.
+
+    Under torchrun every local rank gets here: local rank 0 diagnoses, each other rank runs what it
+    measures at the same time (:mod:`stagebench.pipeline._follow`) and ends with its code, or, where the
+    loop is measured, returns None and its walk is in ``State.walk`` for the job phase.
+    """
+    from stagebench.core._ranks import lead, meet
     from stagebench.pipeline._diagnose import DiagnoseError, diagnose_pipeline
-    from stagebench.pipeline._settings import SettingsError, local_rank
     from stagebench.runs._outcome import FAILED, INTERNAL, RANK_LOST, TERMINATED, interrupted_outcome
 
-    try:
-        rank = local_rank()
-    except SettingsError as e:
-        say(f"error: {e}")
-        exit_now(2)
-    if rank != 0:
-        exit_now(0)  # as SPDL does: only local rank 0 diagnoses; the others leave quietly
+    group = State.group = meet("pipeline", say)
     settings = _in_a_pool_worker(settings)
     State.started = True
     for hook in State.on_start:
@@ -393,8 +412,12 @@ def _diagnose(cfg: Any, settings: DiagnoseSettings, num_threads: int | None, ses
     State.original_mode = os.environ.get(MODE_VAR)
     # Worker processes inherit the environment; none of them may diagnose.
     os.environ[MODE_VAR] = "0"
+    if group is not None and not group.leader:
+        _follow(group, cfg, settings, num_threads)
+        return None
     try:
-        summary = diagnose_pipeline(cfg, settings=settings, num_threads=num_threads, session=session)
+        with lead(group):
+            summary = diagnose_pipeline(cfg, settings=settings, num_threads=num_threads, session=session)
     except DiagnoseError as e:
         say(f"error: {e}")
         exit_now(e.code)
@@ -436,6 +459,24 @@ def _exit_code_of_run() -> int:
         return 0
 
 
+def _follow(group: Any, cfg: Any, settings: DiagnoseSettings, num_threads: int | None) -> None:
+    """A follower's part (:func:`stagebench.pipeline._follow.follow_pipeline`): ends the program with the
+    leader's code, or returns as the leader's job phase begins (this rank's walk in ``State.walk``)."""
+    from stagebench._errors import RankLost
+    from stagebench.pipeline._follow import follow_pipeline
+    from stagebench.runs._outcome import RANK_LOST
+
+    try:
+        done, walk = follow_pipeline(group, cfg, settings, num_threads)
+    except RankLost as e:
+        say(f"local rank {group.rank}: {e}")
+        exit_now(RANK_LOST.exit_code)
+        return
+    if done.code is not None:
+        exit_now(done.code)
+    State.walk = walk
+
+
 def _diagnose_and_exit(cfg: Any, settings: DiagnoseSettings, num_threads: int | None = None) -> None:
     _diagnose(cfg, settings, num_threads)
     exit_now(0)
@@ -446,13 +487,19 @@ def _diagnose_then_train(cfg: Any, settings: DiagnoseSettings, num_threads: int 
     from stagebench.pipeline._run import Session
 
     session = Session()
-    _diagnose(cfg, settings, num_threads, session)
+    summary = _diagnose(cfg, settings, num_threads, session)
     from stagebench.core._progress import message
-    from stagebench.pipeline._trainer import run_trainer_phases
+    from stagebench.pipeline._trainer import follower_trainer_phases, run_trainer_phases
 
+    if summary is None:  # a follower: its loop runs the steps the leader's does, on its own pipeline
+        walk = State.walk
+        yield from follower_trainer_phases(
+            State.group, walk.plan, walk.source_items, settings.timeout_s, say, _end_from_close
+        )
+        return
     message("that was the pipeline alone; your training loop runs next, and the advice is for your job")
 
-    code = yield from run_trainer_phases(session, settings, message, _end_from_close)
+    code = yield from run_trainer_phases(session, settings, message, _end_from_close, State.group)
     exit_now(code)
 
 
@@ -461,4 +508,5 @@ def _end_from_close(code: int) -> None:
     from stagebench.job._phase import end_from_close
 
     State.finished, State.code = True, code
+    _end_ranks(code)
     end_from_close(code, in_process=State.in_process)

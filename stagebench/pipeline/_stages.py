@@ -17,11 +17,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stagebench._numbers import finite, num
+from stagebench.core._mirror import mirror
 from stagebench.pipeline._overhead import NOOP_AT, measure_overhead
 from stagebench.pipeline._run import Run
 from stagebench.pipeline._settings import SAMPLE_OUTPUTS, DiagnoseSettings
 
-__all__ = ["StagesPhase", "sweep_config", "skipped_rows"]
+__all__ = ["StagesPhase", "sweep_config", "skipped_rows", "first_pass", "consumes_why", "advance", "Cursor"]
 
 
 def sweep_config(stage: Any, settings: DiagnoseSettings) -> Any:
@@ -125,7 +126,7 @@ def _fresh_source(
 
 
 @dataclass
-class _Cursor:
+class Cursor:
     """Where the walk down the pipeline stands: the current inputs and where they came from."""
 
     inputs: list
@@ -147,6 +148,51 @@ def _no_outputs_why(ometa: dict[str, Any], timeout_s: float) -> str:
     if ometa.get("stalled"):
         return f"no item finished within {timeout_s:g} s"
     return "every output was None (dropped)"
+
+
+def first_pass(
+    step: Any, cur: Cursor, cache: Any, settings: DiagnoseSettings, plan: Any
+) -> tuple[Any, str, str | None]:
+    """``step`` run once over the cursor's inputs, or its outputs read from the cache: (the cached outputs,
+    their chain key, why they are not cached between runs or None). A few outputs are kept in the plan
+    for the stage's stand-in in the replay."""
+    from stagebench.pipeline._isolate import compute_outputs
+    from stagebench.pipeline._stage_cache import callable_key, chain_key
+
+    max_bytes = settings.cache_max_mb * 2**20
+    fn_key, unstable = callable_key(step.key_source)
+    key = chain_key(step.type, step.drop_last, fn_key, max_bytes, cur.key)
+    compute = functools.partial(compute_outputs, step, cur.inputs, max_bytes=max_bytes, stall_s=settings.timeout_s)
+    cached = cache.get_or_compute(key, compute)
+    plan.sample_outputs[step.name] = list(cached.items[:SAMPLE_OUTPUTS])
+    return cached, key, unstable
+
+
+def consumes_why(step: Any, item: Any, ometa: dict[str, Any], timeout_s: float) -> str | None:
+    """Why ``step`` consumes its inputs (a second call on one input fails), None where it does not or
+    cannot tell: only a sync pipe on threads can (a process gets a fresh copy of each input), and only
+    after a first pass without errors."""
+    from stagebench.pipeline._isolate import consumes_inputs
+
+    if step.type != "pipe" or step.many or step.is_async or ometa.get("n_errors"):
+        return None
+    return consumes_inputs(step.fn, item, timeout_s=timeout_s)
+
+
+def advance(
+    step: Any, cur: Cursor, cached: Any, key: str, minputs: list, smeta: dict[str, Any], timeout_s: float
+) -> None:
+    """The cursor moved past ``step``: its outputs are the next stage's inputs (or why the stages after it
+    cannot be measured), with the share of the source they stand for and what can give a consuming stage
+    after it fresh inputs."""
+    ometa = cached.meta or {}
+    if ometa.get("capped") and ometa.get("n_inputs"):
+        cur.fraction *= ometa.get("n_run", 0) / ometa["n_inputs"]
+    if not cached.items:
+        why = _no_outputs_why(ometa, timeout_s)
+        cur.blocked = f"not measured: the earlier stage {step.name!r} produced no outputs: {why}"
+    cur.prev = _fresh_source(step, minputs, cached.items, ometa, smeta, cur.prev)
+    cur.inputs, cur.key, cur.came_from = cached.items, key, repr(step.name)
 
 
 @dataclass(eq=False)
@@ -179,10 +225,13 @@ class StagesPhase:
         settings = self.run.settings
         cache = StageCache(self.run.cache_dir, max_disk_mb=10 * settings.cache_max_mb)
         key, unhashable = items_key(source_items)
-        cur = _Cursor(inputs=source_items, key=key)
+        cur = Cursor(inputs=source_items, key=key)
         src_problem = self._announce_source(source_items, unhashable)
+        ranked = mirror()  # a ranked diagnosis: every other rank walks its own pipeline step for step
         with self.run.run_dir.writer(STAGE_COLUMNS) as writer:
-            for step in self.run.plan.steps:
+            for index, step in enumerate(self.run.plan.steps):
+                if ranked is not None:
+                    ranked.tell("stage", index=index)
                 if isinstance(step, Passthrough):
                     self._passthrough(step, cur)
                 else:
@@ -202,7 +251,7 @@ class StagesPhase:
         self.items_per_sink_item = (len(source_items) * cur.fraction / len(cur.inputs)) if cur.inputs else None
         self.run.meta["items_per_sink_item"] = self.items_per_sink_item
 
-    def _passthrough(self, step: Any, cur: _Cursor) -> None:
+    def _passthrough(self, step: Any, cur: Cursor) -> None:
         """A segment run as a whole (it cannot be isolated): its outputs are the next stage's inputs."""
         from stagebench.pipeline._isolate import run_passthrough
         from stagebench.pipeline._stage_cache import items_key
@@ -233,10 +282,9 @@ class StagesPhase:
             self.run.progress.done(row)
         self.run.write_meta()
 
-    def _stage(self, step: Any, cur: _Cursor, writer: Any, cache: Any, n_source: int, src_problem: str | None) -> None:
+    def _stage(self, step: Any, cur: Cursor, writer: Any, cache: Any, n_source: int, src_problem: str | None) -> None:
         """One stage: its first pass (cached), then its sweep, on the current inputs; moves the cursor on."""
-        from stagebench.pipeline._isolate import Fused, compute_outputs, measure_inputs
-        from stagebench.pipeline._stage_cache import callable_key, chain_key
+        from stagebench.pipeline._isolate import Fused, measure_inputs
 
         run, settings = self.run, self.run.settings
         smeta = run.stage_meta(step.name)
@@ -244,17 +292,10 @@ class StagesPhase:
             run.meta["not_isolated"].append({"name": step.name, "reason": cur.blocked})
             self._not_measured(step, writer, cur.blocked)
             return
-        max_bytes = settings.cache_max_mb * 2**20
-        fn_key, unstable = callable_key(step.key_source)
-        key = chain_key(step.type, step.drop_last, fn_key, max_bytes, cur.key)
         started = time.perf_counter()
         with run.phase("first_pass"):
-            compute = functools.partial(
-                compute_outputs, step, cur.inputs, max_bytes=max_bytes, stall_s=settings.timeout_s
-            )
-            cached = cache.get_or_compute(key, compute)
+            cached, key, unstable = first_pass(step, cur, cache, settings, run.plan)
         ometa = cached.meta or {}
-        run.plan.sample_outputs[step.name] = list(cached.items[:SAMPLE_OUTPUTS])  # for its stand-in
         self._report_outputs(step, cur.inputs, cached, ometa, unstable, time.perf_counter() - started)
         if ometa.get("crashed"):
             # It kills the process that runs it: its thread points would run it in this one.
@@ -284,16 +325,10 @@ class StagesPhase:
             for row in skipped_rows(step, settings, reason):
                 writer.write(row)
                 run.progress.done(row)
-        if ometa.get("capped") and ometa.get("n_inputs"):
-            cur.fraction *= ometa.get("n_run", 0) / ometa["n_inputs"]
-        if not cached.items:
-            why = _no_outputs_why(ometa, settings.timeout_s)
-            cur.blocked = f"not measured: the earlier stage {step.name!r} produced no outputs: {why}"
-        cur.prev = _fresh_source(step, minputs, cached.items, ometa, smeta, cur.prev)
-        cur.inputs, cur.key, cur.came_from = cached.items, key, repr(step.name)
+        advance(step, cur, cached, key, minputs, smeta, settings.timeout_s)
 
     def _note_inputs(
-        self, step: Any, cur: _Cursor, cached: Any, ometa: dict, smeta: dict, minputs: list, n_source: int
+        self, step: Any, cur: Cursor, cached: Any, ometa: dict, smeta: dict, minputs: list, n_source: int
     ) -> None:
         """The stage's entry in run.json: what it was measured on, and what one of its calls stands for."""
         settings = self.run.settings
@@ -330,11 +365,7 @@ class StagesPhase:
         Only a sync pipe on threads can tell (a process gets a fresh copy of each input), and only
         after a first pass without errors. Says so, and why, in either case.
         """
-        from stagebench.pipeline._isolate import consumes_inputs
-
-        if step.type != "pipe" or step.many or step.is_async or ometa.get("n_errors"):
-            return False
-        why = consumes_inputs(step.fn, item, timeout_s=self.run.settings.timeout_s)
+        why = consumes_why(step, item, ometa, self.run.settings.timeout_s)
         if why is None:
             return False
         smeta["consumes_inputs"] = why

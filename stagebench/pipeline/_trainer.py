@@ -26,15 +26,18 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 from stagebench.core._jobrun import Candidate, Feed, Ladder
+from stagebench.core._ranks import HostGroup
 from stagebench.core._steps import CACHED_BATCHES, TrainerProbe
+from stagebench.job._lockstep import Lockstep, follow_job
 from stagebench.job._phase import JobPlan, trainer_phases
 from stagebench.pipeline._run import Session
 
-__all__ = ["collect_batches", "run_trainer_phases"]
+__all__ = ["collect_batches", "run_trainer_phases", "open_candidate", "follower_trainer_phases"]
 
 
 @contextlib.contextmanager
@@ -110,17 +113,25 @@ def collect_batches(plan: Any, source_items: list, choices: dict, n: int, timeou
 
 
 def run_trainer_phases(
-    session: Session, settings: Any, say: Callable[[str], None], end: Callable[[int], None]
+    session: Session,
+    settings: Any,
+    say: Callable[[str], None],
+    end: Callable[[int], None],
+    group: HostGroup | None = None,
 ) -> Generator[Any, None, int]:
     """Both phases, as a generator the stand-in pipeline's iterator delegates to; returns the exit code.
 
     ``session``: what :func:`stagebench.pipeline._diagnose.diagnose_pipeline` left for this
     (the plan, the cached source items, the recommended choices, the run directory).
     ``end``: how to end the program when the user's loop stops early (the generator is
-    then being closed, where an exception raised would be ignored).
+    then being closed, where an exception raised would be ignored). ``group``: the host's ranks, where
+    it runs several: every rank's loop runs the same steps (:mod:`stagebench.job._lockstep`).
     """
+    ranks = 1 if group is None else group.size
     k = float(session.items_per_sink_item)
-    probe = TrainerProbe(seconds=settings.trainer_s, items_per_batch=k, say=say)
+    lock = None if group is None else Lockstep(group)
+    # a ranked job: a step takes a batch on every rank, and the job's figures are the host's items
+    probe = TrainerProbe(seconds=settings.trainer_s, items_per_batch=k * ranks, say=say)
     plan, items, run_dir = session.plan, session.source_items, session.run_dir
     assert run_dir is not None, "the diagnosis fills the session before the job phase"
 
@@ -131,43 +142,66 @@ def run_trainer_phases(
         rd = RunDir(run_dir)
         return job_candidates_of_run(read_rows(rd.results_csv), rd.read_meta(), demand)
 
-    @contextlib.contextmanager
-    def opened(cand: Candidate) -> Iterator[Feed]:
-        choices = {name: (str(ex), int(c)) for name, (ex, c) in cand.settings.items()}
-        gate = threading.Event()
-        gate.set()
-        with _running(plan, items, choices, gate) as pipeline:
+    def opened(cand: Candidate) -> AbstractContextManager[Feed]:
+        return open_candidate(plan, items, cand.settings, settings.timeout_s)
 
-            def get() -> Any:
-                return pipeline.get_item(timeout=settings.timeout_s)
-
-            def pause() -> int:
-                """Waiting for its turn: the source closes and what the stages hold is taken, so that the next
-                turn starts from an empty pipeline (its items spread over every stage's queue: no timing of
-                the sink alone tells where they end)."""
-                gate.clear()
-                return empty_pipeline(pipeline)
-
-            def resume() -> int:
-                gate.set()
-                return 0
-
-            yield Feed(get=get, drain=resume, pause=pause)
+    def cached() -> list:
+        if lock is not None:
+            lock.cached({name: list(v) for name, v in session.choices.items()})
+            probe.tell = lock.cached_step
+        return collect_batches(plan, items, session.choices, CACHED_BATCHES, settings.timeout_s)
 
     job = JobPlan(
         candidates,
-        opened,
-        items_per_step=k,
+        opened if lock is None else lock.opener(opened),
+        items_per_step=k * ranks,
         max_slice_s=settings.trainer_s,
         budget_s=settings.job_s,
-        what="the real pipeline",
+        what="the real pipeline" if group is None else f"the real pipeline of each of the host's {ranks} ranks",
     )
-    return (
-        yield from trainer_phases(
-            probe,
-            lambda: collect_batches(plan, items, session.choices, CACHED_BATCHES, settings.timeout_s),
-            job,
-            run_dir,
-            end,
-        )
+    if lock is not None:
+        lock.begin()
+    return (yield from trainer_phases(probe, cached, job, run_dir, end))
+
+
+@contextlib.contextmanager
+def open_candidate(plan: Any, items: list, settings: Mapping[str, Any], timeout_s: float) -> Iterator[Feed]:
+    """The user's pipeline at a candidate's ``settings`` (stage name -> [executor, concurrency]), as a
+    :class:`Feed` the job runs take batches from, pause (its source closes and what the stages hold is
+    taken) and resume."""
+    choices = {name: (str(ex), int(c)) for name, (ex, c) in settings.items()}
+    gate = threading.Event()
+    gate.set()
+    with _running(plan, items, choices, gate) as pipeline:
+
+        def get() -> Any:
+            return pipeline.get_item(timeout=timeout_s)
+
+        def pause() -> int:
+            """Waiting for its turn: the source closes and what the stages hold is taken, so that the next
+            turn starts from an empty pipeline (its items spread over every stage's queue: no timing of
+            the sink alone tells where they end)."""
+            gate.clear()
+            return empty_pipeline(pipeline)
+
+        def resume() -> int:
+            gate.set()
+            return 0
+
+        yield Feed(get=get, drain=resume, pause=pause)
+
+
+def follower_trainer_phases(
+    group: HostGroup, plan: Any, items: list, timeout_s: float, say: Callable[[str], None], end: Callable[[int], None]
+) -> Generator[Any, None, None]:
+    """A follower's job phase on its own pipeline: its loop handed its own batches from the setting the
+    leader names, step by step (:func:`stagebench.job._lockstep.follow_job`)."""
+    return follow_job(
+        group,
+        lambda s: open_candidate(plan, items, s, timeout_s),
+        lambda s: collect_batches(
+            plan, items, {n: (str(e), int(c)) for n, (e, c) in s.items()}, CACHED_BATCHES, timeout_s
+        ),
+        say,
+        end,
     )

@@ -117,7 +117,7 @@ def _whole_runs(plan: Any, settings: Any, summary: dict[str, Any], stand_ins: di
     """Which whole pipelines run: the replay where a stage could be stood in, the real stages where
     validation is on, and the user's settings beside them where they differ from the recommended ones."""
     choices = choices_of(summary)
-    # Warm once items have reached the sink for 0.5 s (_wholerun._Run.warm), pools included:
+    # Warm once items have reached the sink for 0.5 s (_wholerun.WholePipelineRun.warm), pools included:
     # a process pool starts its c workers together, on its first c calls, so the first item
     # arrives once they have started (gil_mix's process x 4: 0.06-0.07 s after opening). A
     # pipeline with processes had a 1 s floor besides, which only made it wait 0.45 s longer.

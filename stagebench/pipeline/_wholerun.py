@@ -39,10 +39,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from stagebench.core._mirror import Mirror, MirroredGate, Ready, mirror
+
 if TYPE_CHECKING:
     from stagebench.model._rate import Rate
 
-__all__ = ["run_pipelines", "sink_rate", "SinkRate"]
+__all__ = ["run_pipelines", "sink_rate", "SinkRate", "WholePipelineRun", "WHOLE"]
+
+#: What the other ranks of a ranked diagnosis open for a whole-pipeline run: their own pipeline at the
+#: leader's settings (:class:`stagebench.pipeline._follow.WholeRun`).
+WHOLE = "pipeline"
 
 _SLICES = 2  # counting windows per pipeline when two or three take turns (once forth and back)
 _SUB_WINDOWS = 3  # per slice, for the interval's batch means
@@ -56,7 +62,7 @@ _MAX_WINDOW_S = 30.0  # ... but not beyond this (a pipeline slower than that is 
 _PRECISE_ARRIVALS, _PRECISE_WINDOW_S = 20, 10.0
 
 
-class _Run:
+class WholePipelineRun:
     """One pipeline with a source that can be paused, and a thread that drains its sink."""
 
     def __init__(
@@ -72,7 +78,9 @@ class _Run:
 
         self.name = name
         self.items_per_sink_item = items_per_sink_item  # source items per sink item (an aggregate's batch)
-        self.gate, self.stop = threading.Event(), threading.Event()
+        # the gate: the source draws (set) or waits (clear); a ranked diagnosis tells the other ranks' copies
+        self.gate, self.stop = MirroredGate(), threading.Event()
+        self.asked: Ready | None = None  # a ranked diagnosis: whether the other ranks' copies are warm
         self.pulls: list[float] = []
         self.arrivals: list[float] = []
         self.windows: list[tuple[float, float]] = []
@@ -180,6 +188,7 @@ class _Run:
 
     def close(self) -> None:
         self.stop.set()
+        self.gate.cid = None  # closing: the other ranks' copies close with the run, not open for it
         self.gate.set()
         try:
             self.pipeline.stop(timeout=10)
@@ -335,16 +344,20 @@ def run_pipelines(
 
     if not 1 <= len(runs) <= 3:
         raise ValueError(f"one to three runs take turns, got {len(runs)}")
-    made: list[_Run] = []
+    made: list[WholePipelineRun] = []
     t_begin = time.perf_counter()
+    ranked = mirror()  # a ranked diagnosis: every other rank runs each of these pipelines at the same time
+    others: dict[str, list[dict[str, Any]]] = {}
     with quiet_spdl_log():  # items that fail are the stage's business, measured per point
         try:
             for name, stand_ins in runs.items():
                 mine = (own_choices or {}).get(name, choices)
-                made.append(_Run(name, plan, source_items, mine, stand_ins, items_per_sink_item))
+                made.append(WholePipelineRun(name, plan, source_items, mine, stand_ins, items_per_sink_item))
+                if ranked is not None:
+                    _open_ranked(ranked, made[-1], mine, stand_ins, items_per_sink_item, warmup_s, timeout_s)
             for r in made:
                 r.start()
-            _warm_up(made, warmup_s, timeout_s)
+            _warm_up(made, warmup_s, timeout_s, ranked)
             live = [r for r in made if r.error is None]
             # A slow pipeline of large batches (50 items/s in batches of 32: a batch every 0.6 s) would
             # show no sink item in a short slice: the window grows until every slice can hold a few.
@@ -373,13 +386,18 @@ def run_pipelines(
                     extra += 1
                 for r in made:
                     r.extra_rounds = extra
+            others = {r.name: _others(ranked, r, items_per_sink_item) for r in made}
         finally:
             for r in made:
                 r.close()
+                if ranked is not None and r.gate.cid is not None:
+                    ranked.close(r.gate.cid)
     out = {}
     wall = time.perf_counter() - t_begin
     for r in made:
         res = r.result(items_per_sink_item)
+        if ranked is not None:
+            host_result(res, others.get(r.name) or [])
         res["wall_s"] = wall  # of the whole call, shared when two took turns
         if r.partners and res.get("qps") is not None:
             res["settle_s"] = r.settle_s
@@ -389,8 +407,9 @@ def run_pipelines(
     return out
 
 
-def _warm_up(runs: list[_Run], warmup_s: float, timeout_s: float) -> None:
-    """Warm the runs up together: their sources open at once, each closes when it is warm.
+def _warm_up(runs: list[WholePipelineRun], warmup_s: float, timeout_s: float, ranked: Mirror | None = None) -> None:
+    """Warm the runs up together: their sources open at once, each closes when it is warm (in a ranked
+    diagnosis: once every rank's copy is warm too, or failed).
 
     Together, not one after the other: warming up is not measured, and pools
     that start lazily (worker processes: ~1 s here) start side by side. Two
@@ -400,7 +419,7 @@ def _warm_up(runs: list[_Run], warmup_s: float, timeout_s: float) -> None:
         r.open_for_warm_up()
     pending = list(runs)
     while pending:
-        for r in [r for r in pending if r.warm(warmup_s, timeout_s)]:
+        for r in [r for r in pending if r.warm(warmup_s, timeout_s) and _others_warm(ranked, r)]:
             pending.remove(r)
             if len(runs) > 1 or r.error is not None:
                 r.gate.clear()
@@ -408,7 +427,90 @@ def _warm_up(runs: list[_Run], warmup_s: float, timeout_s: float) -> None:
             time.sleep(0.01)
 
 
-def _take_turns(runs: list[_Run], window_s: float, *, rounds: int = _SLICES // 2, forth_only: bool = False) -> None:
+def _open_ranked(
+    ranked: Mirror,
+    r: WholePipelineRun,
+    choices: dict[str, tuple[str, int]],
+    stand_ins: dict[str, Any] | None,
+    items_per_sink_item: float,
+    warmup_s: float,
+    timeout_s: float,
+) -> None:
+    """Every other rank opens its own copy of ``r`` (the replay with the same stand-ins)."""
+    r.gate.mirror = ranked
+    r.gate.cid = ranked.open(
+        WHOLE,
+        name=r.name,
+        choices={k: list(v) for k, v in choices.items()},
+        stand_ins=None if stand_ins is None else {k: s.as_dict() for k, s in stand_ins.items()},
+        items_per_sink_item=items_per_sink_item,
+        warmup_s=warmup_s,
+        timeout_s=timeout_s,
+    )
+
+
+def _others_warm(ranked: Mirror | None, r: WholePipelineRun) -> bool:
+    """Whether every other rank's copy of ``r`` is warm (asked once, then polled); one that failed says so
+    in ``r``'s error."""
+    if ranked is None or r.gate.cid is None or r.error is not None:
+        return True
+    if r.asked is None:
+        r.asked = ranked.ready(r.gate.cid)
+    if not r.asked.done():
+        return False
+    failed = r.asked.failure
+    if failed is not None:
+        r.error = failed[1]
+    return True
+
+
+def _others(ranked: Mirror | None, r: WholePipelineRun, k: float) -> list[dict[str, Any]]:
+    """Each other rank's rate over ``r``'s counted windows (none counted: nothing to read); a rank whose
+    copy failed leaves ``r`` failed, with its reason."""
+    if ranked is None or r.gate.cid is None or not r.windows or r.error is not None:
+        return []
+    how = {"windows": [list(w) for w in r.windows], "items_per_sink_item": k}
+    got, failed = ranked.rates(r.gate.cid, r.windows[0][0], r.windows[-1][1], how)
+    if failed is not None:
+        r.error = failed[1]
+        return []
+    return got
+
+
+def host_result(res: dict[str, Any], others: list[dict[str, Any]]) -> None:
+    """A ranked whole-pipeline run's result: ``qps``, its interval and the sink's and source's rates are
+    the host's (the sum over its ranks, over the same windows), the slowest and fastest rank's beside
+    them; a rank that counted nothing leaves the run without a host figure, and says so."""
+    from stagebench.model._ranks import HostRate
+    from stagebench.model._rate import Rate
+
+    def rate(d: dict[str, Any]) -> Rate | None:
+        q, lo, hi = d.get("qps"), d.get("qps_low"), d.get("qps_high")
+        if not isinstance(q, (int, float)) or not q > 0:
+            return None
+        return (
+            Rate(float(q), float(lo), float(hi)) if isinstance(lo, float) and isinstance(hi, float) else Rate(float(q))
+        )
+
+    if res.get("qps") is None or not others:
+        return
+    rates = HostRate.of([rate(res), *(rate(d) for d in others)])
+    res["ranks"] = len(rates.ranks)
+    host, slow, fast = rates.host, rates.slowest, rates.fastest
+    if host is None or slow is None or fast is None:
+        missing = [str(i) for i, x in enumerate(rates.ranks) if x is None]
+        res.update(qps=None, error=f"local rank(s) {', '.join(missing)} counted no item at the sink")
+        return
+    scale = host.value / float(res["qps"])
+    res.update(host.to_json("qps"), rank_min_qps=slow.value, rank_max_qps=fast.value)
+    for key in ("sink_qps", "source_qps"):
+        if isinstance(res.get(key), (int, float)):
+            res[key] = res[key] * scale
+
+
+def _take_turns(
+    runs: list[WholePipelineRun], window_s: float, *, rounds: int = _SLICES // 2, forth_only: bool = False
+) -> None:
     """Count ``window_s`` of each in slices, forth and back once (A B B A, A B C C B A), settling after each switch.
 
     Each settle is three steady-state latencies of the slowest run (the same
@@ -421,14 +523,14 @@ def _take_turns(runs: list[_Run], window_s: float, *, rounds: int = _SLICES // 2
     """
     n = len(runs)
 
-    def alone(r: _Run) -> float:
+    def alone(r: WholePipelineRun) -> float:
         counted = [x for x in r.counted_latencies() if x is not None]
         if counted:
             return max(counted)
         warm = r.steady_latency_s if r.steady_latency_s is not None else r.latency_s
         return (warm or 0.0) / n
 
-    prev: _Run | None = None
+    prev: WholePipelineRun | None = None
     for r in (runs if forth_only else runs + runs[::-1]) * rounds:
         if r.error is not None:
             continue
@@ -447,7 +549,7 @@ def _take_turns(runs: list[_Run], window_s: float, *, rounds: int = _SLICES // 2
         r.partners = r.partners or [o.name for o in runs if o is not r]
 
 
-def _count(r: _Run, seconds: float, keep_open: bool = False) -> None:
+def _count(r: WholePipelineRun, seconds: float, keep_open: bool = False) -> None:
     """Count one window of ``r``'s sink arrivals (its source open)."""
     r.gate.set()
     t0 = time.perf_counter()

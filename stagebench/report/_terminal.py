@@ -20,7 +20,7 @@ from stagebench.analysis._labels import LIMIT_SHORT
 from stagebench.analysis._pipeline_job import user_setting
 from stagebench.model._job import JobVerdict
 from stagebench.model._loader import LoaderPoint
-from stagebench.model._meta import LoaderInfo
+from stagebench.model._meta import LoaderInfo, Provenance
 from stagebench.model._stage import StageEntry, StageSetting
 from stagebench.model._summary import Summary
 
@@ -125,6 +125,12 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
             )
         )
     lines = ["", "stagebench diagnosis"]
+    ranks = Provenance.from_json(sm.provenance).ranks.local_world_size
+    if ranks > 1:  # the host's ranks measured together: its rates, each rank's settings
+        lines.append(
+            f"{ranks} ranks on this host, each running its own pipeline at the settings shown (each rank's): "
+            "items/s are the host's, the sum over the ranks"
+        )
     if len(rows) > 1:
         lines += _aligned(rows)
     else:
@@ -141,9 +147,12 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
         lines.append(f"predicted pipeline: {format_rate(pred.qps)} items/s{why}")
     val = sm.validation
     if num_or_none(val.qps) is not None:
+        per = summary.get("validation") or {}
+        lo, hi = num_or_none(per.get("rank_min_qps")), num_or_none(per.get("rank_max_qps"))
         lines.append(
             f"measured pipeline:  {format_rate(val.qps, val.qps_low, val.qps_high)} "
             f"items/s with the recommended settings ({num_or_none(val.seconds) or 0:.1f} s window)"
+            + (f"; a rank: {format_rate(lo)}-{format_rate(hi)}" if lo is not None and hi is not None else "")
         )
     elif val.error:
         lines.append(f"validation run: {_clean(val.error, 160)}")

@@ -83,6 +83,12 @@ STAGE_COLUMN_DOCS: dict[str, str] = {
     "workers_seen": "distinct workers that delivered before the window opened",
     "started_at": "ISO time the point started",
     "elapsed_s": "wall time of the whole point, start-up and tear-down included",
+    "ranks": "the host's ranks that ran this point at once, each the stage on its own inputs (torchrun's local "
+    "world size); empty: one process. Where set, qps, its interval, cores_used, cpu_s_per_item and "
+    "minor_faults_per_item are the host's (the sum over the ranks; the interval sums the ranks' ends), the "
+    "latency, memory and n_* columns local rank 0's",
+    "rank_min_qps": "a ranked row: the slowest rank's items per second in the same window",
+    "rank_max_qps": "a ranked row: the fastest rank's",
 }
 STAGE_COLUMNS = tuple(STAGE_COLUMN_DOCS)
 
@@ -147,4 +153,6 @@ LOADER_COLUMN_DOCS: dict[str, str] = {
 LOADER_COLUMNS = tuple(LOADER_COLUMN_DOCS)
 #: The columns only a ranked window fills (the host's ranks measured together).
 RANK_COLUMNS = ("ranks", "rank_min_samples_per_s", "rank_max_samples_per_s")
-__all__ += ["LOADER_COLUMNS", "STAGE_COLUMN_DOCS", "LOADER_COLUMN_DOCS", "RANK_COLUMNS"]
+#: The same of a stage point's row.
+STAGE_RANK_COLUMNS = ("ranks", "rank_min_qps", "rank_max_qps")
+__all__ += ["LOADER_COLUMNS", "STAGE_COLUMN_DOCS", "LOADER_COLUMN_DOCS", "RANK_COLUMNS", "STAGE_RANK_COLUMNS"]
