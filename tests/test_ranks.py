@@ -265,3 +265,81 @@ def test_the_trainer_runs_every_ranks_loop_step_for_step_under_ddp(tmp_path):
     meta = json.loads((out / "run.json").read_text())
     # a step takes a batch on every rank: the job's samples are the host's
     assert meta["job"]["items_per_step"] == 2 * 4
+
+
+# ------------------------------------------------------------------ an SPDL pipeline under torch's launcher
+def _spdl_torchrun(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path / "run"
+    quick = {
+        "SPDL_PIPELINE_DIAGNOSTIC_MODE": "1",
+        "STAGEBENCH_OUTPUT_DIR": str(out),
+        "STAGEBENCH_CONCURRENCY": "1,2",
+        "STAGEBENCH_EXECUTORS": "thread",
+        "STAGEBENCH_GIL_PROBE": "off",
+        "STAGEBENCH_CACHE_DIR": "off",
+        "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS": "100",
+    }
+    script = SCRIPTS / "ranked_spdl.py"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)],
+        env={**os.environ, **quick, **env},
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
+    )
+    return proc, out
+
+
+@pytest.mark.slow
+def test_an_spdl_pipelines_stages_run_on_every_rank_at_once_and_the_host_rate_is_their_sum(tmp_path):
+    proc, out = _spdl_torchrun(tmp_path, RANKED_SLEEP="0.01")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import pandas as pd
+
+    rows = pd.read_csv(out / "results.csv")
+    sleep = rows[(rows.stage == "sleep") & (rows.role == "stage") & (rows.status == "ok")]
+    assert set(sleep.concurrency) == {1, 2}
+    for _, r in sleep.iterrows():
+        per_rank = r.concurrency / 0.01  # the known answer: c in flight, 10 ms each
+        assert r.ranks == 2
+        assert 0.75 * 2 * per_rank <= r.qps <= 1.1 * 2 * per_rank, r.to_dict()
+        assert 0.75 * per_rank <= r.rank_min_qps <= r.rank_max_qps <= 1.1 * per_rank, r.to_dict()
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["validation"]["ranks"] == 2 and meta["validation"]["qps"] > 0  # the whole pipeline on both ranks
+    assert "2 ranks on this host" in proc.stdout
+    assert "nothing was diagnosed" not in proc.stderr  # torch's launcher says nothing of its own
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["option", "variable"])
+def test_a_single_process_script_runs_as_n_ranks_through_torchs_launcher(tmp_path, how):
+    """``stagebench diagnose --nproc-per-node 2 script.py`` (or ``STAGEBENCH_NPROC_PER_NODE=2`` with the
+    variable): the script's loader on two ranks, diagnosed together; one run directory, exit 0."""
+    out = tmp_path / "run"
+    env = {**os.environ, "STAGEBENCH_BUDGET_S": "0.3", "STAGEBENCH_TIMEOUT_S": "20", "RANKED_WORKERS": "1"}
+    script = str(SCRIPTS / "ranked_train.py")
+    if how == "option":
+        cmd = [sys.executable, "-m", "stagebench", "diagnose", "--nproc-per-node", "2", "--out", str(out), script]
+    else:
+        env.update(SPDL_PIPELINE_DIAGNOSTIC_MODE="1", STAGEBENCH_NPROC_PER_NODE="2", STAGEBENCH_OUTPUT_DIR=str(out))
+        cmd = [sys.executable, script]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "as 2 ranks on this host" in proc.stderr
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["provenance"]["ranks"]["local_world_size"] == 2
+    assert meta["provenance"]["ranks"]["launcher"] == "torchrun"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_bad_nproc_per_node_is_refused_naming_it(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "stagebench", "diagnose", "--nproc-per-node", "0", str(SCRIPTS / "ranked_train.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "--nproc-per-node must be a positive integer" in proc.stderr, proc.stderr
