@@ -90,11 +90,11 @@ def test_whole_run_interval_contains_its_rate_when_every_batch_counts_alike():
     """
     import numpy as np
 
-    from stagebench.pipeline._wholerun import _Run
+    from stagebench.pipeline._wholerun import WholePipelineRun
 
     rng = np.random.default_rng(3)
     for _ in range(200):
-        r = _Run.__new__(_Run)
+        r = WholePipelineRun.__new__(WholePipelineRun)
         t0 = float(rng.uniform(0, 100))
         span = float(rng.uniform(0.5, 3.0))
         n = int(rng.integers(20, 400))

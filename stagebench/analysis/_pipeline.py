@@ -193,6 +193,17 @@ def _run_context(rows: Any, meta: dict | None) -> _RunContext:
     )
 
 
+def _per_rank(ranks: int, cores: int) -> str:
+    """A ranked diagnosis's settings in the words they are set in (each rank's pipeline), and what its
+    figures are; "" on one rank."""
+    if ranks <= 1:
+        return ""
+    return (
+        f"; the settings are each rank's pipeline's: {ranks} ranks run one each on {cores} cores, and items/s "
+        "are the host's, every rank's pipeline at once"
+    )
+
+
 def _fixed(overhead: dict | None) -> float:
     """SPDL's per-item cost a pipeline pays once (source, sink, consumer), 0 where it was not measured."""
     return float((overhead or {}).get("fixed_s_per_item") or 0.0)
@@ -416,9 +427,12 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         # a pipeline that delivers nothing has no throughput to predict: that, not the prediction, is the verdict
         "verdict": f"validation failed: {failed}"
         if failed
-        else str(job["text"])
-        if job is not None and job["status"] == "decided"
-        else pipeline_verdict(stages, prediction, validation, not_isolated),
+        else (
+            str(job["text"])
+            if job is not None and job["status"] == "decided"
+            else pipeline_verdict(stages, prediction, validation, not_isolated)
+        )
+        + _per_rank(run.ranks, cores),
         "validation_failed": failed,
         "warnings": warnings,
         "cores": cores,

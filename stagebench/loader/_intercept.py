@@ -43,6 +43,7 @@ from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
 from stagebench.model._knobs import LoaderKnobs
 from stagebench.runs._knobs import loader_knobs
 from stagebench.runs._outcome import FAILED, INTERNAL, PARTIAL, RANK_LOST, TERMINATED, interrupted_outcome
+from stagebench.runs._ranks import no_job_across_hosts
 
 __all__ = [
     "DatasetLoaderFactory",
@@ -526,6 +527,9 @@ def diagnose_first_loader(
             f"(batch size {factory.batch_size}); sweeping its knobs{ranks} instead of running the loop"
         )
         trainer = _trainer_setting()
+        if trainer is not None and (why := no_job_across_hosts()) is not None:
+            _say(why)
+            trainer = None
         cfg = config or LoaderSweepConfig()
         try:
             with on_sigterm(), lead(group):
@@ -682,6 +686,7 @@ def _sweep_factory(
     """Sweep a user's loader, their own setting included (measured after the search, so the report
     compares it); the run directory defaults to a new folder under $STAGEBENCH_OUTPUT_DIR or ./reports.
     ``trainer_planned``: the user's loop runs after the sweep (run.json says so, for the summary)."""
+    from stagebench.runs._ranks import per_host
     from stagebench.runs._results import default_run_dir
 
     cfg = config or LoaderSweepConfig()
@@ -690,7 +695,7 @@ def _sweep_factory(
     out = (
         Path(run_dir)
         if run_dir is not None
-        else default_run_dir("loader", base=os.environ.get("STAGEBENCH_OUTPUT_DIR", "reports"))
+        else default_run_dir(per_host("loader"), base=os.environ.get("STAGEBENCH_OUTPUT_DIR", "reports"))
     )
     summary = run_loader_sweep(
         factory,  # type: ignore[arg-type]  # LoaderFactory leaves out the BuiltLoader it accepts (loader/_sweep.py)

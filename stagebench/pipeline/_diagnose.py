@@ -136,6 +136,7 @@ def diagnose_pipeline(
     for a source that fails) and ``KeyboardInterrupt`` after saving the rows.
     """
     from stagebench.pipeline._isolate import PlanError, plan_pipeline
+    from stagebench.runs._ranks import per_host
     from stagebench.runs._results import RunDir, RunDirInUseError, UnwritableOutputError, default_run_dir
 
     try:
@@ -152,7 +153,7 @@ def diagnose_pipeline(
         if out is not None
         else Path(settings.output_dir)
         if settings.output_dir
-        else default_run_dir("diagnose")
+        else default_run_dir(per_host("diagnose"))
     )
     try:
         run = RunDir.create(run_path, fresh=True)

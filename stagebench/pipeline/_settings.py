@@ -132,6 +132,10 @@ class DiagnoseSettings:
             from stagebench.core._config import powers_of_two
 
             kw["concurrency"] = powers_of_two(top)
+        if kw.get("output_dir"):  # a job of several hosts: each host's local rank 0 writes its own
+            from stagebench.runs._ranks import per_host
+
+            kw["output_dir"] = per_host(str(kw["output_dir"]), environ)
         return cls(**kw)
 
     def as_meta(self) -> dict[str, Any]:

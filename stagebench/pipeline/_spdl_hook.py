@@ -289,7 +289,7 @@ def _standin_class() -> type:
             return self._stagebench_iter()
 
         def _stagebench_iter(self):
-            if self._stagebench_settings.trainer == "measure":
+            if self._stagebench_settings.trainer == "measure" and _job_on_this_host():
                 yield from _diagnose_then_train(
                     self._stagebench_cfg, self._stagebench_settings, self._stagebench_num_threads
                 )
@@ -298,6 +298,16 @@ def _standin_class() -> type:
 
     _STANDIN = DiagnosticPipeline
     return _STANDIN
+
+
+def _job_on_this_host() -> bool:
+    """Whether your loop may run: not in a job of several hosts (:func:`stagebench.runs._ranks.no_job_across_hosts`)."""
+    from stagebench.runs._ranks import no_job_across_hosts
+
+    why = no_job_across_hosts()
+    if why is not None and os.environ.get("LOCAL_RANK", "0") == "0":  # said once, by the host's leader
+        say(why)
+    return why is None
 
 
 def exit_now(code: int) -> None:

@@ -146,6 +146,15 @@ def provenance_items(
     add("CPU", p.cpu_model)
     if p.cpu_count is not None:
         add("cores", f"{p.cpu_count if p.usable_cores is None else p.usable_cores} usable of {p.cpu_count}")
+    r = p.ranks
+    if r.ranked:  # the host's ranks measured together: every figure of the report is the host's
+        hosts = f" on {r.nodes} hosts ({r.world_size} ranks in all; this is host {r.node})" if r.nodes > 1 else ""
+        add(
+            "ranks",
+            f"{r.local_world_size} on this host{hosts}, each its own loader or pipeline, measured together"
+            f"{'' if r.launcher is None else f', started by {r.launcher}'}: rates are the host's, the sum over "
+            "its ranks",
+        )
     if p.memory_total_gb is not None:
         add("memory", f"{p.memory_total_gb} GB total, {p.memory_available_gb} GB available at start")
     if p.python:

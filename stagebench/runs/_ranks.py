@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from stagebench._settings import SettingsError
 from stagebench.model._ranks import Ranks
 
-__all__ = ["ranks_from_env", "RANK_VARIABLES"]
+__all__ = ["ranks_from_env", "RANK_VARIABLES", "per_host", "no_job_across_hosts"]
 
 #: The launcher's variables a ranked run reads, and what each says.
 RANK_VARIABLES = {
@@ -65,3 +65,33 @@ def ranks_from_env(environ: Mapping[str, str] | None = None) -> Ranks:
         )
     except ValueError as e:
         raise SettingsError(f"the launcher's ranks: {e}") from None
+
+
+def per_host(name: str, environ: Mapping[str, str] | None = None) -> str:
+    """``name`` of a run directory as this host writes it: where the job spans several hosts, each host's
+    local rank 0 writes a directory of its own (``-node<k>``), so that hosts sharing a file system never
+    write one folder; ``name`` itself on one host (or where the ranks cannot be read: refused elsewhere)."""
+    try:
+        ranks = ranks_from_env(environ)
+    except SettingsError:
+        return name
+    return f"{name}-node{ranks.node}" if ranks.nodes > 1 else name
+
+
+def no_job_across_hosts(environ: Mapping[str, str] | None = None) -> str | None:
+    """Why your loop is not run (``STAGEBENCH_TRAINER=measure``) in a job of several hosts, else None.
+
+    Each host's ranks are diagnosed by that host's local rank 0, which decides alone when each setting's
+    turn ends; a data-parallel loop's all-reduce spans every host, and hosts that ended their turns at
+    other steps would leave the others waiting in it. One host's ranks run in step (torchrun --nnodes 1)."""
+    try:
+        ranks = ranks_from_env(environ)
+    except SettingsError:
+        return None
+    if ranks.nodes <= 1:
+        return None
+    return (
+        f"your loop is not run (STAGEBENCH_TRAINER=measure): this job spans {ranks.nodes} hosts, and each host's "
+        "turns in your loop would end at steps of their own while its all-reduce waits on every host; run "
+        "--trainer on one host's ranks (torchrun --nnodes 1): the advice is per rank"
+    )
