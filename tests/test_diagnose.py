@@ -27,6 +27,7 @@ from spdl.pipeline import PipelineBuilder
 
 from stagebench.pipeline._diagnose import DiagnoseError, diagnose_pipeline
 from stagebench.pipeline._settings import DiagnoseSettings, SettingsError
+from stagebench.runs._outcome import RANK_LOST
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "diag_train.py"
 FAST = {
@@ -933,7 +934,9 @@ def test_unwritable_output_dir_exits_2(tmp_path):
     assert r.returncode == 2 and "cannot write the output directory" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_other_local_ranks_exit_quietly(tmp_path):
+def test_a_rank_other_than_0_without_the_hosts_size_is_refused_naming_it(tmp_path):
+    """A host's ranks are measured together (issue 57): a rank that cannot say how many share its host
+    cannot find the others, and is refused with one line, before anything is written or trained."""
     r = run_env(
         tmp_path,
         str(SCRIPT),
@@ -941,18 +944,20 @@ def test_other_local_ranks_exit_quietly(tmp_path):
         str(tmp_path / "m"),
         env={**FAST, "LOCAL_RANK": "1", "STAGEBENCH_OUTPUT_DIR": str(tmp_path / "run")},
     )
-    assert r.returncode == 0 and r.stderr == "" and r.stdout == ""
+    assert r.returncode == 2, r.stderr
+    assert "LOCAL_RANK is 1 but LOCAL_WORLD_SIZE is not set" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "m").exists()
 
 
 def test_stagebench_diagnose_on_another_rank_leaves_rank_0s_run_alone(tmp_path):
-    """torchrun: rank 0 wrote the output directory first; rank 1 must neither refuse it nor touch it."""
+    """torchrun: rank 0 wrote the output directory first; rank 1 must neither refuse it nor touch it. Here
+    rank 0 never arrives: rank 1 waits its time for it, says so and leaves with a rank lost's code."""
     out = tmp_path / "run"
     out.mkdir()
     (out / "run.json").write_text('{"kind": "pipeline"}')  # rank 0's run, already under way
     (tmp_path / "train.py").write_text(SCRIPT.read_text())
     env = {k: v for k, v in os.environ.items() if not k.startswith("STAGEBENCH_")}
-    env.update(FAST, LOCAL_RANK="1")
+    env.update(FAST, LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", STAGEBENCH_RANK_WAIT_S="1")
     r = subprocess.run(
         [sys.executable, "-m", "stagebench", "diagnose", "--out", str(out), "train.py", "--marker", "m"],
         cwd=tmp_path,
@@ -961,7 +966,8 @@ def test_stagebench_diagnose_on_another_rank_leaves_rank_0s_run_alone(tmp_path):
         text=True,
         timeout=120,
     )
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == RANK_LOST.exit_code, r.stderr
+    assert "did not all reach their loader or pipeline within 1 s" in r.stderr
     assert "already holds" not in r.stderr and not (tmp_path / "m").exists()
     assert sorted(p.name for p in out.iterdir()) == ["run.json"]
 

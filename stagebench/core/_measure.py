@@ -46,9 +46,12 @@ from stagebench.core._resources import ResourceMonitor, TreeSnapshot, tree_pss_m
 from stagebench.core._stats import batch_count, fractional_counts, mean_interval, percentiles_ms, t_quantile
 from stagebench.runs._schema import EXECUTORS, HARNESSES, STAGE_COLUMNS
 
-__all__ = ["measure_stage", "identity", "payload_bytes", "empty_row", "window_rate", "host_figures"]
+__all__ = ["measure_stage", "identity", "payload_bytes", "empty_row", "window_rate", "host_figures", "POINT"]
 
 _POLL_S = 0.01
+#: What a ranked diagnosis's other ranks open for a point: the stage on their own inputs
+#: (:class:`stagebench.core._point_follow.PointRun`).
+POINT = "point"
 
 
 class _GcClock:
@@ -543,13 +546,12 @@ class _Ranked:
     @classmethod
     def open(cls, row, executor, concurrency, harness, extra_pipes, cfg: MeasureConfig) -> _Ranked | None:
         from stagebench.core._mirror import mirror
-        from stagebench.core._point_follow import WHAT
 
         m = mirror()
         if m is None:
             return None
         cid = m.open(
-            WHAT,
+            POINT,
             stage=row["stage"],
             role=row["role"],
             executor=executor,

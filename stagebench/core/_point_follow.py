@@ -26,10 +26,7 @@ from stagebench.core._executors import (
 )
 from stagebench.core._measure import window_rate
 
-__all__ = ["WHAT", "PointRun", "Pools"]
-
-#: What the followers open: a stage point of their own.
-WHAT = "point"
+__all__ = ["PointRun", "Pools"]
 
 
 class Pools:

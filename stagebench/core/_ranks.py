@@ -44,7 +44,7 @@ from stagebench._errors import RankLost, StagebenchError
 from stagebench._signals import ignore_sigterm
 from stagebench.model._ranks import Ranks
 
-__all__ = ["HostGroup", "RankLost", "LOST_AFTER_S", "POLL_S", "leading", "lead", "store_dir", "meet"]
+__all__ = ["HostGroup", "RankLost", "LOST_AFTER_S", "POLL_S", "leading", "lead", "alone", "store_dir", "meet"]
 
 #: A rank that has not beaten for this long is lost (a hung process, or one stopped by a debugger).
 LOST_AFTER_S = 30.0
@@ -389,13 +389,25 @@ class HostGroup:
                 pass
 
 
-#: The group the running diagnosis leads, where its host runs more than one rank (:func:`lead`).
-_LEADING: list[HostGroup] = []
+#: The group the running diagnosis leads, where its host runs more than one rank (:func:`lead`); None on
+#: top while the leader measures alone (:class:`alone`).
+_LEADING: list[HostGroup | None] = []
 
 
 def leading() -> HostGroup | None:
     """The host's group where this process leads a ranked diagnosis now, else None."""
     return _LEADING[-1] if _LEADING else None
+
+
+class alone:  # lower case: used as a function, `with alone():`
+    """While the block runs, :func:`leading` is None: what the leader measures there, the other ranks do
+    not run (they wait for its next command)."""
+
+    def __enter__(self) -> None:
+        _LEADING.append(None)
+
+    def __exit__(self, *exc: object) -> None:
+        _LEADING.pop()
 
 
 class lead:  # lower case: used as a function, `with lead(group):`

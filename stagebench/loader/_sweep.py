@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from stagebench._errors import RankLost, Terminated
 from stagebench.analysis._loader import near_fastest, summarize_loader
 from stagebench.core._config import CANNOT_MATTER, in_turns_precision, powers_of_two
-from stagebench.core._ranks import leading
+from stagebench.core._ranks import alone, leading
 from stagebench.loader._config import STRATEGIES, LoaderFactory, LoaderSweepConfig
 from stagebench.loader._point import (
     BatchTag,
@@ -739,12 +739,22 @@ def _worker_costs_into(sw: _Sweep, run: _Run) -> None:
 
 
 def _transforms_into(sw: _Sweep, run: _Run) -> None:
-    """``run.json["transforms"]``: the dataset's transforms measured alone, where the factory has a dataset."""
+    """``run.json["transforms"]``: the dataset's transforms measured alone, where the factory has a dataset.
+
+    In a ranked sweep on local rank 0 alone, the other ranks waiting: what each transform costs an item
+    is the question, not what the host delivers, and the other ranks' loaders hold no transforms of theirs
+    to run as stages (each entry's ``note`` says so)."""
     ds = getattr(sw.factory, "dataset", None)
     if ds is not None:
         from stagebench.loader._transforms import isolate_transforms
 
-        run.meta["transforms"] = isolate_transforms(ds, run_dir=run.dir.path, config=sw.cfg, progress=sw.progress)
+        ranked = leading() is not None
+        with alone():
+            got = isolate_transforms(ds, run_dir=run.dir.path, config=sw.cfg, progress=sw.progress)
+        if ranked:
+            for t in got:
+                t["note"] = "; ".join(x for x in (t.get("note"), "measured on local rank 0 alone") if x)
+        run.meta["transforms"] = got
 
 
 def _close_run(run: _Run, interrupted: KeyboardInterrupt | None, progress: Any) -> tuple[dict[str, Any], str | None]:

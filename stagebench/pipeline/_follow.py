@@ -20,7 +20,7 @@ from typing import Any
 
 from stagebench.core._executors import identity
 from stagebench.core._follow import Followed, follow
-from stagebench.core._point_follow import WHAT as POINT
+from stagebench.core._measure import POINT
 from stagebench.core._point_follow import PointRun, Pools
 from stagebench.core._ranks import HostGroup
 from stagebench.pipeline._settings import DiagnoseSettings
