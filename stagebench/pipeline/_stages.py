@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from stagebench._memory import describe, memory_short, out_of_memory
 from stagebench._numbers import finite, num
 from stagebench.pipeline._overhead import NOOP_AT, measure_overhead
 from stagebench.pipeline._run import Run
@@ -140,6 +141,8 @@ class _Cursor:
 
 
 def _no_outputs_why(ometa: dict[str, Any], timeout_s: float) -> str:
+    if ometa.get("out_of_memory"):
+        return f"it ran out of memory ({ometa['out_of_memory']})"
     if ometa.get("crashed"):
         return f"a worker process died on its first pass ({ometa['crashed']})"
     if ometa.get("n_errors"):
@@ -215,7 +218,7 @@ class StagesPhase:
         except KeyboardInterrupt:
             raise
         except Exception as e:
-            cur.blocked = f"not measured: {', '.join(step.names)} (run as a whole) failed: {type(e).__name__}: {e}"
+            cur.blocked = f"not measured: {', '.join(step.names)} (run as a whole) failed: {describe(e)}"
             self.say(cur.blocked)
             return
         # keyed by content: SPDL may emit them in any order, and the segment itself cannot be
@@ -235,7 +238,7 @@ class StagesPhase:
 
     def _stage(self, step: Any, cur: _Cursor, writer: Any, cache: Any, n_source: int, src_problem: str | None) -> None:
         """One stage: its first pass (cached), then its sweep, on the current inputs; moves the cursor on."""
-        from stagebench.pipeline._isolate import Fused, compute_outputs, measure_inputs
+        from stagebench.pipeline._isolate import Fused, compute_outputs, measure_inputs, unfinished
         from stagebench.pipeline._stage_cache import callable_key, chain_key
 
         run, settings = self.run, self.run.settings
@@ -248,11 +251,25 @@ class StagesPhase:
         fn_key, unstable = callable_key(step.key_source)
         key = chain_key(step.type, step.drop_last, fn_key, max_bytes, cur.key)
         started = time.perf_counter()
-        with run.phase("first_pass"):
-            compute = functools.partial(
-                compute_outputs, step, cur.inputs, max_bytes=max_bytes, stall_s=settings.timeout_s
-            )
-            cached = cache.get_or_compute(key, compute)
+        # a first pass in a process still out of memory would fail for want of it, or hang starting its threads
+        short = memory_short()
+        if short is None:
+            try:
+                with run.phase("first_pass"):
+                    compute = functools.partial(
+                        compute_outputs, step, cur.inputs, max_bytes=max_bytes, stall_s=settings.timeout_s
+                    )
+                    cached = cache.get_or_compute(key, compute, not_kept=unfinished)
+            except Exception as e:  # out of memory outside its calls: a thread, a pool that could not start
+                what = out_of_memory(e)
+                if what is None:
+                    raise
+                short = f"out of memory on its first pass ({what})"
+        if short is not None:
+            self.say(f"{step.name!r}: not measured: {short}")
+            self._not_measured(step, writer, f"not measured: {short}")
+            cur.blocked = f"not measured: the earlier stage {step.name!r} could not run: {short}"
+            return
         ometa = cached.meta or {}
         run.plan.sample_outputs[step.name] = list(cached.items[:SAMPLE_OUTPUTS])  # for its stand-in
         self._report_outputs(step, cur.inputs, cached, ometa, unstable, time.perf_counter() - started)
