@@ -500,6 +500,28 @@ def test_a_stage_that_timed_out_or_failed_is_not_cached_and_runs_again_next_time
     assert flaky(tmp_path / "c")["cache"] == "hit"  # a pass that finished is kept
 
 
+def test_a_report_with_no_memory_left_for_its_imports_ends_failed_not_an_internal_error(tmp_path, monkeypatch):
+    """Issue 59: under ``ulimit -v`` the report's plotting import failed ("failed to map segment from shared
+    object") after a stage took the memory, and the run read as stagebench's bug. It is out of memory: the
+    minimal report, status failed, exit 1, the reason named; no error.log of ours."""
+    import stagebench.report._render as render_mod
+
+    def no_room(*args, **kwargs):
+        raise ImportError("libtiff-20b7e810.so.6.3.0: failed to map segment from shared object")
+
+    monkeypatch.setattr(render_mod, "write_report", no_room)
+    cfg = PipelineBuilder().add_source(range(20)).pipe(sleep_stage).add_sink(2).get_config()
+    out = tmp_path / "run"
+    with pytest.raises(DiagnoseError) as e:
+        diagnose_pipeline(cfg, out=out, settings=small(validation_s=0), show_table=False)
+    meta = json.loads((out / "run.json").read_text())
+    assert e.value.code == 1 and meta["status"] == "failed"
+    assert meta["error"].startswith("the report ran out of memory (ImportError: libtiff"), meta["error"]
+    assert str(e.value).startswith(meta["error"]) and f"a report of them: {out / 'report.html'}" in str(e.value)
+    assert "minimal report" in (out / "report.html").read_text()
+    assert (out / "summary.json").is_file() and not (out / "error.log").exists()
+
+
 class Locked:
     """An item holding a lock: it cannot be pickled, so it cannot reach a process pool."""
 
