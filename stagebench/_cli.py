@@ -201,7 +201,8 @@ def console() -> None:
     """The ``stagebench`` command (and ``python -m stagebench``): :func:`main`, then exit.
 
     A hung stage's thread cannot be killed, and the interpreter would wait for
-    it at exit; the command's work is done and on disk by then, so it ends the
+    it at exit (or for one stuck starting a thread in a process that ran out of
+    memory); the command's work is done and on disk by then, so it ends the
     process at once. Only here: :func:`main` is also called in-process (tests,
     notebooks), where ending the process would end the caller's (a test session
     stopped silently, mid-run, when a test before it had left such a thread).
@@ -211,9 +212,9 @@ def console() -> None:
     # caller caught it (scipy's imports exec strings), and `python -m` then ends the process by SIGINT
     # (-2) instead of with our code. One more exec that finishes clears the mark.
     exec("pass")
-    from stagebench.core._executors import leaked_threads
+    from stagebench.core._executors import exit_may_hang
 
-    if leaked_threads():
+    if exit_may_hang():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -18,7 +18,7 @@ import stagebench
 
 ROOT = Path(stagebench.__file__).resolve().parent
 
-FOUNDATION = {"_errors", "_numbers", "_version", "_import_hook", "_spdl_private", "_settings", "_signals"}
+FOUNDATION = {"_errors", "_memory", "_numbers", "_version", "_import_hook", "_spdl_private", "_settings", "_signals"}
 LAYERS = ["model", "runs", "core", "analysis", "report", "job", "loader", "pipeline", "sweep"]
 TOP = {"__init__", "__main__", "_cli", "_activate", "_hydra_app"}
 

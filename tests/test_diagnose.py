@@ -465,6 +465,64 @@ def test_cached_outputs_are_reused_and_an_edited_later_stage_recomputed(tmp_path
     assert sorted(calls[:10]) == list(range(10)) and len(calls) > n
 
 
+_WORKS = threading.Event()  # a module global: not part of the stage's key
+
+
+def flaky_first_run(x):
+    """Hangs, or raises on every input, until ``_WORKS`` is set: a share that was down, a model not yet there."""
+    if not _WORKS.is_set():
+        if x % 2:
+            _WORKS.wait()
+        raise OSError(f"shard {x} unreachable")
+    return x
+
+
+@pytest.mark.parametrize("items", [range(1, 20, 2), range(0, 20, 2)], ids=["timed-out", "every-input-raised"])
+def test_a_stage_that_timed_out_or_failed_is_not_cached_and_runs_again_next_time(tmp_path, items):
+    """Issue 59: a stage that timed out had its 0 outputs cached, and the next run said "0 outputs loaded from the
+    cache" instead of running it. Its first pass (odd inputs: it hangs; even: every input raises) is not stored."""
+    _WORKS.clear()
+    cfg = PipelineBuilder().add_source(items).pipe(flaky_first_run, name="flaky").add_sink(2).get_config()
+    s = small(cache_dir=str(tmp_path / "cache"), validation_s=0, concurrency=(1,), timeout_s=1.0)
+
+    def flaky(run):
+        return json.loads((run / "run.json").read_text())["stages"][0]
+
+    try:
+        diagnose_pipeline(cfg, out=tmp_path / "a", settings=s, show_table=False, report=False)
+    finally:
+        _WORKS.set()  # the hung first pass's threads end
+    first = flaky(tmp_path / "a")
+    assert first["n_outputs"] == 0 and first["cache"] == "computed"
+    diagnose_pipeline(cfg, out=tmp_path / "b", settings=s, show_table=False, report=False)
+    second = flaky(tmp_path / "b")
+    assert second["cache"] == "computed" and second["n_outputs"] == 10  # it ran again, and now works
+    diagnose_pipeline(cfg, out=tmp_path / "c", settings=s, show_table=False, report=False)
+    assert flaky(tmp_path / "c")["cache"] == "hit"  # a pass that finished is kept
+
+
+def test_a_report_with_no_memory_left_for_its_imports_ends_failed_not_an_internal_error(tmp_path, monkeypatch):
+    """Issue 59: under ``ulimit -v`` the report's plotting import failed ("failed to map segment from shared
+    object") after a stage took the memory, and the run read as stagebench's bug. It is out of memory: the
+    minimal report, status failed, exit 1, the reason named; no error.log of ours."""
+    import stagebench.report._render as render_mod
+
+    def no_room(*args, **kwargs):
+        raise ImportError("libtiff-20b7e810.so.6.3.0: failed to map segment from shared object")
+
+    monkeypatch.setattr(render_mod, "write_report", no_room)
+    cfg = PipelineBuilder().add_source(range(20)).pipe(sleep_stage).add_sink(2).get_config()
+    out = tmp_path / "run"
+    with pytest.raises(DiagnoseError) as e:
+        diagnose_pipeline(cfg, out=out, settings=small(validation_s=0), show_table=False)
+    meta = json.loads((out / "run.json").read_text())
+    assert e.value.code == 1 and meta["status"] == "failed"
+    assert meta["error"].startswith("the report ran out of memory (ImportError: libtiff"), meta["error"]
+    assert str(e.value).startswith(meta["error"]) and f"a report of them: {out / 'report.html'}" in str(e.value)
+    assert "minimal report" in (out / "report.html").read_text()
+    assert (out / "summary.json").is_file() and not (out / "error.log").exists()
+
+
 class Locked:
     """An item holding a lock: it cannot be pickled, so it cannot reach a process pool."""
 

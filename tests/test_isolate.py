@@ -29,6 +29,7 @@ from stagebench.pipeline._isolate import (
     plan_pipeline,
     read_source,
     run_passthrough,
+    unfinished,
 )
 
 
@@ -192,6 +193,37 @@ def test_errors_are_counted_and_the_other_items_go_on():
     assert sorted(out) == [1, 2, 3, 5, 6, 7, 9, 10, 11]
     assert out == sorted(out)  # inputs order is kept
     assert meta["n_errors"] == 3 and meta["error_example"].startswith("ValueError: bad record")
+
+
+def test_calls_that_run_out_of_memory_are_named_and_the_pass_is_not_kept():
+    """A call that raises MemoryError is no error of its input: the process had none left. The pass says so, and
+    its outputs are not kept for the next run (issue 59)."""
+
+    def leaks(x):
+        if x >= 6:
+            raise MemoryError()
+        return x
+
+    st = plan_pipeline(cfg_of(PipelineBuilder().add_source(range(3)).pipe(leaks))).stages[0]
+    out, meta = compute_outputs(st, list(range(10)), max_bytes=1e12, workers=1)
+    assert out == [0, 1, 2, 3, 4, 5] and meta["n_errors"] == 4
+    assert meta["error_example"] == "out of memory: MemoryError" and meta["out_of_memory"] == "MemoryError"
+    assert unfinished(meta) == "it ran out of memory (MemoryError)"
+
+
+def test_a_pass_that_failed_or_stopped_is_not_kept_and_errors_on_some_inputs_are():
+    whole = {"n_inputs": 10, "n_run": 10, "n_errors": 0, "stalled": False, "capped": False}
+    assert unfinished(whole) is None
+    assert unfinished({**whole, "capped": True, "n_run": 4}) is None  # the cap is the user's setting
+    assert unfinished({**whole, "n_errors": 3, "error_example": "ValueError: bad record"}) is None
+    assert (
+        unfinished({**whole, "n_errors": 10, "error_example": "ValueError: x"}) == "every input raised (ValueError: x)"
+    )
+    assert unfinished({**whole, "stalled": True, "n_run": 0}).startswith("it timed out")
+    assert unfinished({**whole, "crashed": "a worker process died (exit codes {-11})"}).startswith(
+        "a worker process died"
+    )
+    assert unfinished({**whole, "process_error": "out of memory: OSError"}).startswith("its process pool failed")
 
 
 def test_byte_cap_keeps_a_prefix_and_says_so():

@@ -624,6 +624,77 @@ def test_running_out_of_memory_while_measuring_is_a_failed_point(monkeypatch, er
     assert row["status"] == "failed" and "out of memory while measuring" in row["reason"]
 
 
+def test_a_process_pool_whose_semaphore_cannot_be_made_is_a_point_failed_for_memory(monkeypatch):
+    """Under ``ulimit -v`` the pool's queue lock (loky's SemLock) fails with ENOMEM: issue 59 saw it end the
+    diagnosis as an internal error with a traceback. The point fails, named as memory."""
+    import errno
+
+    from stagebench.core import _executors
+
+    def no_semaphore(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(_executors, "process_pool", no_semaphore)
+    row = measure_stage(lambda x: x, list(range(10)), executor="process", concurrency=1)
+    assert row["status"] == "failed", row["reason"]
+    assert "out of memory while measuring this point (OSError: [Errno 12] Cannot allocate memory)" in row["reason"]
+
+
+def test_running_out_of_memory_while_pickling_the_stage_is_not_an_unpicklable_stage(monkeypatch):
+    """Issue 59: the same run called the failure "cannot be pickled for a process pool: MemoryError"."""
+    import cloudpickle
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(cloudpickle, "dumps", no_memory)
+    row = measure_stage(lambda x: x, list(range(10)), executor="process", concurrency=1)
+    assert row["status"] == "failed" and "out of memory while measuring this point (MemoryError)" in row["reason"]
+    assert "pickled" not in row["reason"]
+
+
+class _Leaks:
+    """A stage that keeps what it allocates: its calls run out of memory from the ``after``-th on."""
+
+    def __init__(self, after: int) -> None:
+        self.after, self.calls = after, 0
+
+    def __call__(self, x):
+        self.calls += 1
+        if self.calls > self.after:
+            raise MemoryError()
+        time.sleep(0.001)
+        return x
+
+
+def test_a_point_whose_calls_ran_out_of_memory_failed_and_keeps_its_figures():
+    """A rate read while the stage's calls fail for want of memory is not the stage's: the point failed, with the
+    reason, and its figures as measured."""
+    cfg = MeasureConfig(budget_s=0.3, warmup_s=0.05, timeout_s=5.0)
+    row = measure_stage(_Leaks(after=60), list(range(20)), executor="thread", concurrency=1, config=cfg)
+    assert row["status"] == "failed" and row["reason"].startswith("out of memory: "), row["reason"]
+    assert "of its calls in the window ran out (MemoryError)" in row["reason"]
+    assert row["n_errors"] > 0 and row["error_example"] == "out of memory: MemoryError"
+    assert row["window_s"] > 0 and row["qps"] >= 0  # the window as measured stays in the row
+
+
+def test_a_point_in_a_process_still_out_of_memory_is_not_started(monkeypatch):
+    """After running out, a point starts only where 64 MB can be mapped: a thread that cannot start would hang it."""
+    from stagebench import _memory
+    from stagebench.core import _measure
+
+    def never(*args, **kwargs):
+        raise AssertionError("a runner was made")
+
+    monkeypatch.setattr(_measure, "make_runner", never)
+    monkeypatch.setattr(_memory, "memory_short", lambda: "this process is out of memory (MemoryError, ...)")
+    monkeypatch.setattr(_measure, "memory_short", _memory.memory_short)
+    row = _measure.measure_stage(lambda x: x, list(range(10)), executor="thread", concurrency=2)
+    assert (
+        row["status"] == "skipped" and row["reason"] == "not measured: this process is out of memory (MemoryError, ...)"
+    )
+
+
 def test_a_thread_start_that_never_returns_is_a_timeout_not_a_hang(monkeypatch):
     """Under ``ulimit -v`` CPython can create a thread that cannot bootstrap, and Thread.start() then
     waits forever: the point's watchdog (SIGALRM) ends it as a timeout, and the next point runs."""

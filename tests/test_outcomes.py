@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -191,6 +192,101 @@ def test_a_write_that_fails_leaves_no_temporary_file_and_exits_partial(tmp_path)
     assert "a file could not be written" in r.stderr and "File too large" in r.stderr
     assert f"the rows are untouched in {run}" in r.stderr
     assert not list(run.glob("*.tmp"))
+
+
+# --------------------------------------------------------------------------- out of memory
+LEAK_SCRIPT = textwrap.dedent(
+    """
+    import os
+    from spdl.pipeline import PipelineBuilder
+
+    KEPT = []  # a cache that never evicts: what every call allocates stays
+    MB = int(os.environ["LEAK_MB"])
+
+    def decode(x):
+        KEPT.append(bytearray(MB << 20))
+        return x
+
+    p = PipelineBuilder().add_source(range(1000)).pipe(decode, concurrency=2).add_sink(4).build(num_threads=4)
+    with p.auto_stop():
+        for _ in p:
+            pass
+    """
+)
+
+#: Address space a diagnosis gets beyond what its imports map: enough to read the source, run a first pass and
+#: start points (a diagnosis that leaks nothing maps ~500 MB more here), not enough for the leak.
+_ROOM_MB = 600
+
+
+@functools.cache
+def _imports_mb() -> int:
+    """The address space (VmPeak) of an interpreter that imported what a diagnosis imports first."""
+    code = (
+        "import spdl.pipeline, pandas, stagebench._cli, stagebench.pipeline._diagnose\n"
+        "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmPeak')))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    return int(r.stdout.strip()) // 1024
+
+
+def _limit_address_space(mb: int):
+    def pre() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (mb << 20, mb << 20))  # what `ulimit -v` sets
+
+    return pre
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmPeak from /proc (Linux)")
+@pytest.mark.parametrize("how", ["command", "variable"])
+@pytest.mark.parametrize("leak_mb", [4, 32], ids=["in-the-points", "in-the-first-pass"])
+def test_a_stage_that_keeps_what_it_allocates_under_ulimit_v_ends_failed_with_a_finished_run(tmp_path, leak_mb, how):
+    """Issue 59: under ``ulimit -v`` a leaking stage gave, in 1 run of 2, a raw traceback of stagebench's internals
+    ending in loky's SemLock ENOMEM, "internal error" (exit 3), run.json still `running`, no summary or report.
+    Out of memory is an outcome: one line naming it, exit 1, run.json `failed` with the reason, the summary and
+    the report of the rows kept. At 4 MB a call the first pass fits and the points run out; at 32 MB the first
+    pass does, and its outputs are not cached. Both ways in: ``stagebench diagnose`` and the variable."""
+    (tmp_path / "train.py").write_text(LEAK_SCRIPT)
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    if how == "command":
+        argv, mode = ["-m", "stagebench", "diagnose", "--out", str(out), "train.py"], {}
+    else:
+        argv, mode = ["train.py"], {"SPDL_PIPELINE_DIAGNOSTIC_MODE": "1", "STAGEBENCH_OUTPUT_DIR": str(out)}
+    r = subprocess.run(
+        [sys.executable, *argv],
+        cwd=tmp_path,
+        env=_env(
+            **mode,
+            LEAK_MB=str(leak_mb),
+            STAGEBENCH_BUDGET_S="0.2",
+            STAGEBENCH_WARMUP_S="0.05",
+            STAGEBENCH_TIMEOUT_S="5",
+            STAGEBENCH_CONCURRENCY="1,2,4",
+            STAGEBENCH_VALIDATION_S="0.5",
+            STAGEBENCH_CACHE_DIR=str(cache),
+            SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS="40",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limit_address_space(_imports_mb() + _ROOM_MB),
+    )
+    assert r.returncode == FAILED.exit_code, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("stagebench: error: ") and "out of memory" in last and str(out) in last, last
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == FAILED.status and "out of memory" in meta["error"], meta.get("error")
+    assert (out / "summary.json").is_file() and (out / "report.html").is_file()
+    json.loads((out / "summary.json").read_text())  # whole, not cut short
+    rows = (out / "results.csv").read_text()
+    assert "out of memory" in rows  # the points say why they failed, or were not run
+    stage = meta["stages"][0]
+    if leak_mb == 32:
+        assert stage["caching_error_example"] == "out of memory: MemoryError", stage
+        assert stage["cache"] == "computed" and not list(cache.rglob("output.pkl")), stage
 
 
 # --------------------------------------------------------------------------- interrupted

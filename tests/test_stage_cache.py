@@ -141,6 +141,42 @@ def test_cache_computes_once_then_hits(tmp_path):
     assert len(calls) == 1
 
 
+def test_outputs_of_a_computation_that_failed_or_timed_out_are_used_but_never_stored(tmp_path):
+    """Issue 59: a stage that timed out had its 0 outputs cached, and the next run reused them instead of running
+    it again. What ``not_kept`` refuses is handed over, said, and computed again by the next run."""
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return [], {"stalled": True}
+
+    def timed_out(meta):
+        return "it timed out" if meta.get("stalled") else None
+
+    for run in range(2):  # the next run (a fresh cache object on the same folder) runs it again
+        out = StageCache(tmp_path / "c").get_or_compute("k", compute, not_kept=timed_out)
+        assert not out.hit and out.items == [] and out.meta == {"stalled": True}
+        assert out.note == "outputs not stored on disk: it timed out; the next run runs it again"
+    assert len(calls) == 2 and not list((tmp_path / "c").rglob("output.pkl*"))
+    # once it finishes, it is stored and served
+    fine = StageCache(tmp_path / "c").get_or_compute("k", lambda: ([1], {}), not_kept=timed_out)
+    assert not fine.hit and fine.note is None
+    assert StageCache(tmp_path / "c").get_or_compute("k", compute, not_kept=timed_out).hit
+
+
+def test_outputs_that_there_is_no_memory_to_pickle_are_used_and_said_not_stored(tmp_path, monkeypatch):
+    """Running out of memory while storing is not "cannot be pickled": the outputs are fine, the process is short."""
+    from stagebench.pipeline import _stage_cache
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(_stage_cache.pickle, "dumps", no_memory)
+    out = StageCache(tmp_path / "c").get_or_compute("k", lambda: ([1, 2], {}))
+    assert out.items == [1, 2] and not out.hit
+    assert out.note == "outputs not stored on disk: out of memory (MemoryError)"
+
+
 def test_editing_a_later_stage_keeps_earlier_entries(tmp_path):
     """Chained keys: stage 2's edit changes key 2 only; stage 1 is served from the cache."""
     cache = StageCache(tmp_path / "c")

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from stagebench._memory import describe, ran_out_of_memory
+
 __all__ = [
     "Lane",
     "Runner",
@@ -37,6 +39,7 @@ __all__ = [
     "is_coroutine_callable",
     "make_runner",
     "leaked_threads",
+    "exit_may_hang",
     "pool_failure",
 ]
 
@@ -82,6 +85,13 @@ def leaked_threads() -> int:
     return sum(t.is_alive() for t in _LEAKED)
 
 
+def exit_may_hang() -> bool:
+    """Whether the interpreter's exit may wait forever for a thread: a hung stage's, or, in a process that
+    ran out of memory, one stuck in ``Thread.start()`` for a thread that could not start (under ``ulimit
+    -v`` CPython creates it and waits for it forever)."""
+    return bool(leaked_threads() or ran_out_of_memory())
+
+
 def pool_failure(exc: BaseException, pool: "WorkerPool | None") -> tuple[str, str]:
     """(status, reason) for an error a process pool raised rather than the stage: ``crashed`` or ``failed``.
 
@@ -96,13 +106,7 @@ def pool_failure(exc: BaseException, pool: "WorkerPool | None") -> tuple[str, st
     """
     if any(t.__name__ in ("TerminatedWorkerError", "BrokenProcessPool") for t in type(exc).__mro__):
         return "crashed", pool.died() if pool is not None else "a worker process died"
-    return "failed", _describe(exc)
-
-
-def _describe(exc: BaseException) -> str:
-    msg = str(exc).strip().splitlines()
-    first = msg[0] if msg else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return "failed", describe(exc)
 
 
 def is_coroutine_callable(fn: Callable) -> bool:
@@ -205,7 +209,7 @@ class ThreadRunner(Runner):
             try:
                 fn(item)
             except Exception as e:  # the stage's error is data, not a harness failure
-                fails((t0, now(), _describe(e)))
+                fails((t0, now(), describe(e)))
             else:
                 c1, t1 = cpu_now(), now()
                 cpus(c1 - c0)  # before starts/ends: a reader slicing to len(ends) finds it
@@ -258,7 +262,7 @@ class AsyncRunner(Runner):
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                lane.fails.append((t0, now(), _describe(e)))
+                lane.fails.append((t0, now(), describe(e)))
             else:
                 t1 = now()
                 lane.starts.append(t0)
@@ -301,7 +305,7 @@ def _worker_init(*fn_bytes: bytes) -> None:
         try:
             _WORKER_FNS.append((cloudpickle.loads(b), None))
         except Exception as e:  # e.g. the module defining it is not importable there
-            _WORKER_FNS.append((None, f"cannot load the stage in a worker process: {_describe(e)}"))
+            _WORKER_FNS.append((None, f"cannot load the stage in a worker process: {describe(e)}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,7 +343,7 @@ def _worker_call(i: int, item: Any) -> tuple[int, bool, str | None, Any]:
     try:
         out = fn(item)
     except Exception as e:
-        return (os.getpid(), False, _describe(e), None)
+        return (os.getpid(), False, describe(e), None)
     # The output travels back, as it does from a real process-pool stage.
     return (os.getpid(), True, None, out)
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from stagebench._memory import CAUSE, memory_short, out_of_memory, said_out_of_memory
 from stagebench._numbers import finite
 from stagebench.core._config import MeasureConfig
 from stagebench.core._executors import (
@@ -138,6 +139,8 @@ def _skip_reason(fn: Callable, inputs: Sequence, executor: str, pool: WorkerPool
         else:
             cloudpickle.dumps(fn)
     except Exception as e:
+        if out_of_memory(e):
+            raise  # it tells nothing of whether the stage pickles: the point fails for memory
         return f"cannot be pickled for a process pool: {type(e).__name__}: {e}"
     from stagebench.core._pickling import pickle_problem
 
@@ -194,12 +197,15 @@ def measure_stage(
         return row
     if executor != "process":
         pool = None
-    reason = _skip_reason(fn, inputs, executor, pool)
-    if reason:
-        row.update(status="skipped", reason=reason, elapsed_s=0.0)
+    short = memory_short()
+    if short:  # it would fail for want of memory, or hang starting a thread that cannot start
+        row.update(status="skipped", reason=f"not measured: {short}", elapsed_s=0.0)
         return row
-
     try:
+        reason = _skip_reason(fn, inputs, executor, pool)
+        if reason:
+            row.update(status="skipped", reason=reason, elapsed_s=0.0)
+            return row
         with _watchdog(cfg.timeout_s + _WATCHDOG_MARGIN_S):
             return _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_pipes, row, t_begin)
     except _PointHung:
@@ -209,6 +215,19 @@ def measure_stage(
             "timeout",
             f"the point did not end {cfg.timeout_s + _WATCHDOG_MARGIN_S:g} s after it started: measuring it "
             "hung (a worker thread or process that could not start; a memory limit such as ulimit -v?)",
+        )
+    except Exception as e:
+        # Out of memory here, not in the stage's call (that is the stage's own error, in its row): a stage
+        # that keeps what it allocates leaves none for measuring, be it a thread's stack, a pool's semaphore
+        # or the pickle of the stage. The point fails with that reason; the sweep goes on.
+        what = out_of_memory(e)
+        if what is None:
+            raise
+        return _ended(
+            row,
+            t_begin,
+            "failed",
+            f"out of memory while measuring this point ({what}): the process could not allocate more; {CAUSE}",
         )
 
 
@@ -257,52 +276,38 @@ def _watchdog(seconds: float) -> Iterator[None]:
 
 
 def _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_pipes, row, t_begin) -> dict[str, Any]:
-    runner: Runner | None = None
+    runner: Runner
+    if harness == "spdl":
+        from stagebench.core._spdl_harness import SpdlRunner
+
+        runner = SpdlRunner(fn, inputs, concurrency, executor, pool, extra_pipes=spdl_extra_pipes)
+    else:
+        runner = make_runner(executor, fn, inputs, concurrency, pool)
+    deadline = t_begin + cfg.timeout_s
+    outcome: _Outcome | None = None
     # a ranked diagnosis: every other rank runs this point on its own inputs at the same time
     ranks = _Ranked.open(row, executor, concurrency, harness, spdl_extra_pipes, cfg)
     try:
-        if harness == "spdl":
-            from stagebench.core._spdl_harness import SpdlRunner
-
-            runner = SpdlRunner(fn, inputs, concurrency, executor, pool, extra_pipes=spdl_extra_pipes)
-        else:
-            runner = make_runner(executor, fn, inputs, concurrency, pool)
-        deadline = t_begin + cfg.timeout_s
-        outcome: _Outcome | None = None
-        try:
-            with ResourceMonitor(cfg.sample_interval_s, runner.worker_pids) as mon:
-                runner.start()
-                outcome = _run_window(runner, cfg, deadline, t_begin, row, mon, ranks)
-            runner.request_stop()
-            # In-flight items straddle the window end; wait for them (bounded).
-            idle = runner.wait_idle(max(0.0, min(deadline - time.perf_counter(), 5.0)))
-            if outcome is not None:
-                # Read PSS now: workers are alive but idle, so reading smaps does not
-                # fight the stage for the GIL.
-                row["mem_pss_mb"] = tree_pss_mb(runner.worker_pids())
-                if not idle:
-                    row["reason"] = "an item was still running 5 s after the window closed"
-        finally:
-            runner.abort()
-            if ranks is not None:
-                ranks.close()
+        with ResourceMonitor(cfg.sample_interval_s, runner.worker_pids) as mon:
+            runner.start()
+            outcome = _run_window(runner, cfg, deadline, t_begin, row, mon, ranks)
+        runner.request_stop()
+        # In-flight items straddle the window end; wait for them (bounded).
+        idle = runner.wait_idle(max(0.0, min(deadline - time.perf_counter(), 5.0)))
         if outcome is not None:
-            _fill_from_records(row, runner.lanes, *outcome, cfg)
-            if ranks is not None and ranks.others:
-                host_figures(row, ranks.others)
-    except (MemoryError, RuntimeError) as e:
-        # Out of memory here, not in the stage's call (that would be the stage's own error): a stage
-        # that keeps what it allocates leaves none for measuring, and a thread's stack is memory too
-        # (CPython says "can't start new thread"). The point fails; the sweep goes on.
-        if isinstance(e, RuntimeError) and "can't start new thread" not in str(e):
-            raise
-        return _ended(
-            row,
-            t_begin,
-            "failed",
-            f"out of memory while measuring this point ({type(e).__name__}: {e or 'no memory'}): the process "
-            "could not allocate more; a stage that keeps memory across calls, or a memory limit (ulimit -v)",
-        )
+            # Read PSS now: workers are alive but idle, so reading smaps does not
+            # fight the stage for the GIL.
+            row["mem_pss_mb"] = tree_pss_mb(runner.worker_pids())
+            if not idle:
+                row["reason"] = "an item was still running 5 s after the window closed"
+    finally:
+        runner.abort()
+        if ranks is not None:
+            ranks.close()
+    if outcome is not None:
+        _fill_from_records(row, runner.lanes, *outcome, cfg)
+        if ranks is not None and ranks.others:
+            host_figures(row, ranks.others)
     if runner.fatal is not None and row["status"] == "ok":
         row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
     if leaked_threads():
@@ -530,6 +535,14 @@ def _fill_from_records(row, lanes, t0, t1, snap0, snap1, gc_s, check_cpu, cfg: M
             row.update(status="failed", reason=f"every item raised: {row['error_example']}")
         else:
             row.update(status="timeout", reason=f"no item completed in a {window:.1f}s window")
+    short = [what for _, _, err in bad if (what := said_out_of_memory(err or ""))]
+    if short:
+        # Calls that ran out of memory are no error of the items: the process (or a worker) had none left, and
+        # a rate read then is not the stage's. Its figures stay in the row as measured; the point failed.
+        row.update(
+            status="failed",
+            reason=f"out of memory: {len(short)} of its calls in the window ran out ({short[0]}); {CAUSE}",
+        )
 
 
 class _Ranked:

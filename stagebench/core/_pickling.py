@@ -12,6 +12,8 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+from stagebench._memory import out_of_memory
+
 __all__ = ["pickle_problem"]
 
 
@@ -27,6 +29,9 @@ def pickle_problem(obj: Any, *, cloud: bool = False) -> str | None:
     otherwise with pickle, as the disk cache stores them. Pickles into nothing
     with array buffers left out of band (protocol 5), so the check walks the
     objects without copying their data.
+
+    Running out of memory while pickling says nothing of whether ``obj`` can be pickled: it is raised,
+    for the caller to record as memory (:func:`stagebench._memory.out_of_memory`).
     """
     if cloud:
         import cloudpickle
@@ -37,6 +42,8 @@ def pickle_problem(obj: Any, *, cloud: bool = False) -> str | None:
     try:
         pickler(_Discard(), protocol=5, buffer_callback=lambda buf: None).dump(obj)
     except Exception as e:
+        if out_of_memory(e):
+            raise
         msg = str(e).splitlines()[0][:200] if str(e) else ""
         return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
     return None

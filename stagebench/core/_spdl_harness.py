@@ -33,7 +33,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
-from stagebench.core._executors import _LEAKED, Runner, WorkerPool, WorkerReply, _describe, identity, pool_failure
+from stagebench._memory import describe
+from stagebench.core._executors import _LEAKED, Runner, WorkerPool, WorkerReply, identity, pool_failure
 
 __all__ = ["SpdlRunner", "deferred_teardown", "quiet_spdl_log", "settle"]
 
@@ -163,7 +164,7 @@ class SpdlRunner(Runner):
                 try:
                     await fn(item)
                 except Exception as e:
-                    record("loop", t0, now(), False, _describe(e))
+                    record("loop", t0, now(), False, describe(e))
                 else:
                     record("loop", t0, now(), True, None)
 
@@ -179,7 +180,7 @@ class SpdlRunner(Runner):
                 try:
                     fn(item)
                 except Exception as e:
-                    record(threading.get_ident(), t0, now(), False, _describe(e))
+                    record(threading.get_ident(), t0, now(), False, describe(e))
                 else:
                     c1 = cpu_now()
                     record(threading.get_ident(), t0, now(), True, None, cpu=c1 - c0)

@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stagebench._memory import CAUSE, MemoryReserve, memory_short, out_of_memory
 from stagebench.core._mirror import mirror
 from stagebench.pipeline._finish import (
     delivered_nothing,
@@ -62,7 +63,7 @@ from stagebench.pipeline._settings import DiagnoseSettings, SettingsError
 from stagebench.pipeline._stages import StagesPhase, sweep_config
 from stagebench.pipeline._state import MODE_VAR, State, on_sigterm, raise_if_signalled
 from stagebench.pipeline._validate import choices_of
-from stagebench.runs._outcome import COMPLETE, INTERNAL, PARTIAL, interrupted_outcome
+from stagebench.runs._outcome import COMPLETE, FAILED, INTERNAL, PARTIAL, interrupted_outcome
 from stagebench.runs._schema import RESULTS_SCHEMA_VERSION
 
 __all__ = [
@@ -243,6 +244,9 @@ class _Diagnosis:
             env[MODE_VAR] = mode_value  # what the user set, not the 0 we set for workers
         self.run = Run(plan, run, settings, cache_dir, Progress(desc="stagebench"), meta)
         self.run.write_meta()
+        # room for the summary and the report, given back at the end: a stage that keeps what it allocates
+        # may leave none, and the run must still end with them
+        self.reserve = MemoryReserve()
 
     def run_all(self) -> dict[str, Any]:
         run = self.run
@@ -254,20 +258,30 @@ class _Diagnosis:
             report_what_was_kept(run, self.write_report)
             raise
         except DiagnoseError as e:
-            run.meta.update(status="failed", error=str(e))
-            run.write_meta()
+            if run.meta["status"] != FAILED.status:  # the end of a run that ran out of memory has said why
+                run.meta.update(status=FAILED.status, error=str(e))
+                run.write_meta()
             raise
-        except MemoryError:
-            # The points themselves fail alone (core/_measure); this is what comes after them, in a process
-            # a stage left without memory. One line, and the rows are safe on disk for a later rebuild.
-            why = (
-                f"out of memory after measuring (a stage may keep what it allocates, or a memory limit is set); "
-                f"the rows are in {run.run_dir.path}: `stagebench report {run.run_dir.path}` rebuilds the rest"
-            )
-            run.meta.update(status="failed", error=why)
+        except Exception as e:
+            # A point, a first pass, the GIL probe and the whole-pipeline runs each fail alone for want of
+            # memory; this is what escaped them, in a process a stage left without memory (a pool that
+            # could not start, the rows read back). No bug of ours: the run ends failed, with the
+            # summary and report of the rows kept, the reserve given back for them.
+            what = out_of_memory(e)
+            if what is None:
+                raise
+            self.reserve.release()
+            why = f"out of memory ({what}): {CAUSE}"
+            run.meta.update(status=FAILED.status, error=why)
             run.write_meta()
-            raise DiagnoseError(why, 1) from None
+            report_what_was_kept(run, self.write_report)
+            report = run.run_dir.path / "report.html"
+            said = f", and a report of them: {report}" if report.is_file() else ""
+            raise DiagnoseError(
+                f"{why}; the rows measured so far are in {run.run_dir.path}{said}", FAILED.exit_code
+            ) from None
         finally:
+            self.reserve.release()
             run.progress.close()
 
     def _run(self) -> dict[str, Any]:
@@ -285,12 +299,22 @@ class _Diagnosis:
         with deferred_teardown():
             stages.sweep_all(src.items)
             run.meta["cpu_speed"] = {"sweep_ns": stages.sweep_speeds}
+            # Decided here, before the reserve is given back: once it is, the reserve's room would read as
+            # memory come back, and the whole pipeline would run the stage that took it all again.
+            run.out_of_memory = memory_short()
+            if run.out_of_memory:
+                # what is left of the run is its end: the reserve is for it, from the rows read back on (pandas'
+                # C parser crashed this process reading them with no memory left)
+                self.reserve.release()
             rows = run.rows()
             summary = summarize_run(run, rows)
         raise_if_signalled()  # a Ctrl-C Python dropped in a finalizer (an event loop's __del__)
         self._whole_pipeline(stages, src.items, summary)
         raise_if_signalled()
         summary, report = self._finish(rows, t_begin)
+        if run.out_of_memory:  # its last line is the caller's, as every failed run's is
+            said = f", and a report of them: {report}" if report else ""
+            raise DiagnoseError(f"{run.meta['error']}; the rows are in {run.run_dir.path}{said}", FAILED.exit_code)
         if self.session is not None:
             self.session.plan, self.session.source_items = run.plan, src.items
             self.session.choices = choices_of(summary)
@@ -338,7 +362,8 @@ class _Diagnosis:
         return src
 
     def _whole_pipeline(self, stages: StagesPhase, source_items: list, summary: dict[str, Any]) -> None:
-        """The whole pipeline at the recommended settings and at yours (:mod:`._validate`), or why not."""
+        """The whole pipeline at the recommended settings and at yours (:mod:`._validate`), or why not: the
+        stages delivered nothing, or this process has no memory left for it."""
         run, settings = self.run, self.run.settings
         if stages.blocked:
             run.meta["validation"] = {
@@ -348,6 +373,9 @@ class _Diagnosis:
             }
             return
         if settings.validation_window_s <= 0:
+            return
+        if run.out_of_memory:  # it would run out too (the stage that took it all runs again), or hang starting
+            run.meta["validation"] = {"qps": None, "error": f"skipped: {run.out_of_memory}"}
             return
         from stagebench.pipeline._validate import replay_and_validate
 
@@ -362,6 +390,9 @@ class _Diagnosis:
                 say=run.say,
                 log_error=run.log_error,
             )
+        # the stage that runs out of memory alone runs out in the whole pipeline too, where SPDL keeps its
+        # errors to itself: a process still short of memory after these runs ran out in them
+        run.out_of_memory = memory_short()
         run.meta.setdefault("cpu_speed", {}).update(whole.cpu_speed)
         run.meta["replay"] = whole.replay
         if whole.yours is not None:
@@ -377,6 +408,7 @@ class _Diagnosis:
         from stagebench.runs._provenance import collect_provenance
 
         run = self.run
+        self.reserve.release()  # what it kept aside is for this: the summary and the report
         run.meta["provenance_after"] = collect_provenance()
         # measured in full: the summary reads it so (a run cut short is warned of); the outcome follows below
         run.meta["status"] = COMPLETE.status
@@ -391,7 +423,9 @@ class _Diagnosis:
             except OSError as e:  # a full disk, a permission: the rows are safe; said, and the exit code says it
                 run.unwritten = f"{type(e).__name__}: {e}"
         run.meta["status"] = status_of(run, summary)
-        if run.internal_error:
+        if run.out_of_memory:
+            run.meta["error"] = f"{run.out_of_memory}: {CAUSE}"
+        elif run.internal_error:
             run.meta["error"] = run.internal_error
         elif run.unwritten:
             run.meta["error"] = f"a file could not be written: {run.unwritten}"

@@ -2,8 +2,10 @@
 
 An analysis or report bug of ours never costs the rows: the run keeps a minimal summary and report
 (:func:`fallback_summary`, :func:`fallback_report`), ends ``internal error`` and keeps the traceback
-in ``error.log``. A pipeline that delivers nothing is a failed run, whatever its stages measured
-(:func:`delivered_nothing`). The outcomes and their exit codes: :mod:`stagebench.runs._outcome`.
+in ``error.log``. The same minimal files where this process has no memory left for ours (a stage kept
+what it allocated): that is no bug of ours, and the run ends ``failed``, saying so. A pipeline that
+delivers nothing is a failed run, whatever its stages measured (:func:`delivered_nothing`). The
+outcomes and their exit codes: :mod:`stagebench.runs._outcome`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from stagebench._memory import out_of_memory, said_out_of_memory
 from stagebench._numbers import num
 from stagebench.pipeline._run import Run
 from stagebench.runs._outcome import COMPLETE, FAILED, INTERNAL, PARTIAL
@@ -35,6 +38,10 @@ def summarize_run(run: Run, rows: Any) -> dict[str, Any]:
     try:
         return summarize(rows, run.meta, stage_cache=run.analysis_cache)
     except Exception as e:  # our bug, on rows a run produced: a minimal summary, and the run says so
+        what = out_of_memory(e)
+        if what:  # not a bug: what the stage left of this process's memory was not enough for it
+            run.out_of_memory = run.out_of_memory or f"the analysis ran out of memory ({what})"
+            return fallback_summary(rows, run.meta, run.out_of_memory)
         run.log_error("analysis", e)
         run.internal_error = f"the analysis failed: {type(e).__name__}: {e}"
         return fallback_summary(rows, run.meta, run.internal_error)
@@ -47,18 +54,23 @@ def write_run_report(run: Run, summary: dict[str, Any]) -> Path:
 
     try:
         return Path(write_report(run.run_dir.path))
-    except OSError:
-        raise
     except Exception as e:
+        what = out_of_memory(e)
+        if what:  # not a bug, nor a full disk: the report's imports and figures found no memory left
+            run.out_of_memory = run.out_of_memory or f"the report ran out of memory ({what})"
+            return fallback_report(run.run_dir.path, summary)
+        if isinstance(e, OSError):
+            raise
         run.log_error("report", e)
         run.internal_error = run.internal_error or f"the report failed: {type(e).__name__}: {e}"
         return fallback_report(run.run_dir.path, summary)
 
 
 def status_of(run: Run, summary: dict[str, Any]) -> str:
-    """run.json's status at the end (:mod:`stagebench.runs._outcome`): the first of failed, internal error,
+    """run.json's status at the end (:mod:`stagebench.runs._outcome`): the first of failed (the pipeline
+    delivers nothing, or this process ran out of memory for the summary or the report), internal error,
     partial that holds, else complete."""
-    if summary.get("validation_failed"):
+    if summary.get("validation_failed") or run.out_of_memory:
         return str(FAILED.status)
     if run.internal_error:
         return str(INTERNAL.status)
@@ -105,8 +117,12 @@ def delivered_nothing(validation: dict[str, Any]) -> str | None:
     """Why the real pipeline's run is a failed validation, or None: it must deliver items to the sink.
 
     A prediction next to a pipeline that delivers nothing is not a result: the run ends with exit code 1.
-    One that drew items from its source but was slower than the window is working: no number, no failure.
+    One that drew items from its source but was slower than the window is working: no number, no failure;
+    one that ran out of memory is not.
     """
+    what = said_out_of_memory(str(validation.get("error") or ""))
+    if what:
+        return f"the real pipeline ran out of memory ({what})"
     if validation.get("source_items"):
         return None
     if validation.get("qps") is None:

@@ -116,6 +116,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from stagebench._memory import describe, memory_short
+
 __all__ = ["probe_gil"]
 
 _SWITCH_S = 0.0005
@@ -292,13 +294,16 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
     the GIL without a core, counted as its own; ``releases``: the median times
     per call the stage let the GIL go and waited to take it back, ``None``
     off Linux; see the module's docstring) or ``{"error": why}`` when
-    the stage raised, hung or there is nothing to run it on, and
+    the stage raised, hung, there is nothing to run it on or no memory left, and
     ``{"error": why, "core_wait"}`` when the machine was too busy for three
     clean rounds.
     """
     items = list(items)
     if not items:
         return {"error": "no inputs to probe with"}
+    short = memory_short()  # its threads would fail to start, or hang starting
+    if short:
+        return {"error": f"not probed: {short}"}
     result: dict[str, Any] = {}
     old = sys.getswitchinterval()
     gc_was = gc.isenabled()
@@ -324,7 +329,7 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
             result.update(error=str(e), core_wait=round(e.core_wait, 3))
             return
         except Exception as e:  # recorded, the diagnosis goes on
-            result["error"] = f"the stage raised during the GIL probe: {type(e).__name__}: {e}"
+            result["error"] = f"the stage raised during the GIL probe: {describe(e)}"
             return
         finally:
             sys.setswitchinterval(old)

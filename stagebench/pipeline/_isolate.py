@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stagebench._memory import describe, out_of_memory, said_out_of_memory
 from stagebench._spdl_private import (
     MODE_VAR,
     is_async_callable,
@@ -56,6 +57,7 @@ __all__ = [
     "plan_pipeline",
     "read_source",
     "compute_outputs",
+    "unfinished",
     "measure_inputs",
     "run_passthrough",
     "build_validation_config",
@@ -393,11 +395,6 @@ class SourceRead:
     seconds: float = 0.0
 
 
-def _describe(exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
 def read_source(plan: Plan, n: int, *, timeout_s: float = 600.0) -> SourceRead:
     """The first ``n`` items of the source (fewer if it ends sooner, with a note).
 
@@ -434,7 +431,7 @@ def read_source(plan: Plan, n: int, *, timeout_s: float = 600.0) -> SourceRead:
     except KeyboardInterrupt:
         raise
     except Exception as e:
-        raise SourceError(f"the pipeline's source raised {_describe(e)} after {len(items)} item(s)") from e
+        raise SourceError(f"the pipeline's source raised {describe(e)} after {len(items)} item(s)") from e
     if not items:
         raise SourceError("the pipeline's source yielded no items: nothing to diagnose")
     note = None
@@ -487,7 +484,7 @@ def _map_ordered(
     n = len(inputs)
     results: list[Any] = [None] * n
     done = [False] * n
-    state = {"next": 0, "stop": False}
+    state: dict[str, Any] = {"next": 0, "stop": False}
     lock = threading.Lock()
     cond = threading.Condition(lock)
 
@@ -517,31 +514,40 @@ def _map_ordered(
         async def main() -> None:
             await asyncio.gather(*(lane() for _ in range(workers)))
 
-        runner = threading.Thread(target=lambda: asyncio.run(main()), name="stagebench-cache-loop", daemon=True)
-        runners = [runner]
+        def loop() -> None:
+            try:
+                asyncio.run(main())
+            except Exception as e:  # out of memory outside the stage's call (a result kept, a task)
+                state["failed"] = e
+
+        runners = [threading.Thread(target=loop, name="stagebench-cache-loop", daemon=True)]
     else:
 
         def work() -> None:
-            while (i := take()) is not None:
-                try:
-                    put(i, True, fn(inputs[i]))
-                except Exception as e:
-                    put(i, False, e)
+            try:
+                while (i := take()) is not None:
+                    try:
+                        put(i, True, fn(inputs[i]))
+                    except Exception as e:
+                        put(i, False, e)
+            except Exception as e:  # out of memory outside the stage's call (a result kept, a lock)
+                state["failed"] = e
 
         runners = [threading.Thread(target=work, name=f"stagebench-cache-{k}", daemon=True) for k in range(workers)]
-    for t in runners:
-        t.start()
     k = 0
     last = time.monotonic()
     try:
+        for t in runners:
+            t.start()
         while k < n:
             with cond:
                 while not done[k]:
                     cond.wait(0.1)
-                    if not done[k] and time.monotonic() - last > stall_s:
-                        state["stop"] = True
-                        return k
-                    if not any(t.is_alive() for t in runners) and not done[k]:
+                    if done[k]:
+                        break
+                    if "failed" in state:  # a worker died outside the stage's call: the pass cannot finish
+                        raise state["failed"]
+                    if time.monotonic() - last > stall_s or not any(t.is_alive() for t in runners):
                         return k
             last = time.monotonic()
             ok, value = results[k]
@@ -565,8 +571,11 @@ def compute_outputs(
     are not run). The meta dict records: ``n_inputs``, ``n_run`` (inputs run),
     ``n_errors``, ``error_example``, ``n_dropped`` (outputs ``None``: dropped as
     SPDL does), ``n_outputs``, ``bytes``, ``capped`` (the byte cap stopped it),
-    ``stalled`` (no item finished within ``stall_s``), ``seconds`` and, for
+    ``stalled`` (no item finished within ``stall_s``), ``out_of_memory`` (the
+    first call that ran out of memory, where one did), ``seconds`` and, for
     aggregates, ``groups``: ``[start, end)`` input ranges of each output.
+    Running out of memory outside the stage's calls (a worker thread that cannot
+    start, a pool's semaphore) is raised.
     """
     t0 = time.perf_counter()
     meta: dict[str, Any] = {
@@ -590,6 +599,14 @@ def compute_outputs(
         size += b
         return True
 
+    def raised(e: BaseException) -> None:
+        meta["n_errors"] += 1
+        meta["error_example"] = meta["error_example"] or describe(e)
+        # a worker process's failure arrives as the line it wrote
+        what = out_of_memory(e) or said_out_of_memory(str(e) if isinstance(e, _StageRaised) else "")
+        if what and not meta.get("out_of_memory"):
+            meta["out_of_memory"] = what
+
     if stage.type == "aggregate":
         agg = copy.deepcopy(stage.proto) if stage.proto is not None else stage.config.op
         groups: list[list[int]] = []
@@ -600,8 +617,7 @@ def compute_outputs(
             try:
                 r = agg.accumulate(x)
             except Exception as e:
-                meta["n_errors"] += 1
-                meta["error_example"] = meta["error_example"] or _describe(e)
+                raised(e)
                 continue
             if r is not None:
                 if not keep(r):
@@ -615,8 +631,7 @@ def compute_outputs(
                     r = agg.flush()
                 except Exception as e:
                     r = None
-                    meta["n_errors"] += 1
-                    meta["error_example"] = meta["error_example"] or _describe(e)
+                    raised(e)
                 if r is not None and keep(r):
                     groups.append([start, len(inputs)])
         meta["groups"] = groups
@@ -625,8 +640,7 @@ def compute_outputs(
 
         def accept(_i: int, ok: bool, value: Any) -> bool:
             if not ok:
-                meta["n_errors"] += 1
-                meta["error_example"] = meta["error_example"] or _describe(value)
+                raised(value)
                 return True
             vals = value if stage.many else [value]
             for v in vals:
@@ -652,6 +666,27 @@ def compute_outputs(
     return outputs, meta
 
 
+def unfinished(meta: dict[str, Any]) -> str | None:
+    """Why a first pass (:func:`compute_outputs`' meta) tells of this run rather than of the stage, or None.
+
+    Such outputs are not kept for the next run, which runs the stage again: a pass that stopped (no
+    item finished in time, a worker process died, the pool broke), ran out of memory, or raised on
+    every input may go otherwise next time, and a cache would serve its few or no outputs for good.
+    Errors on some inputs (corrupt records) are the stage's own answer on them, and are kept.
+    """
+    if meta.get("out_of_memory"):
+        return f"it ran out of memory ({meta['out_of_memory']})"
+    if meta.get("stalled"):
+        return "it timed out (no item finished within STAGEBENCH_TIMEOUT_S)"
+    if meta.get("crashed"):
+        return f"a worker process died ({meta['crashed']})"
+    if meta.get("process_error"):
+        return f"its process pool failed ({meta['process_error']})"
+    if meta.get("n_errors") and meta["n_errors"] >= meta.get("n_run", 0):
+        return f"every input raised ({meta.get('error_example', '')})"
+    return None
+
+
 def _map_on_processes(
     fn: Callable,
     inputs: Sequence,
@@ -672,6 +707,8 @@ def _map_on_processes(
     try:
         _ = pool.fn_bytes  # pickled once, here: a stage that cannot be has only this process's threads
     except Exception as e:
+        if out_of_memory(e):
+            raise  # it tells nothing of whether the stage pickles
         meta["process_note"] = f"ran on threads: the stage cannot be pickled ({type(e).__name__})"
         return _map_ordered(fn, inputs, is_async=False, workers=workers, accept=accept, stall_s=stall_s)
     ex, remote = pool.executor(workers), pool.call_for(fn)
@@ -688,7 +725,7 @@ def _map_on_processes(
             meta["crashed" if status == "crashed" else "process_error"] = reason
             return False
         keep = accept(i, ok, value)
-        if isinstance(value, _StageRaised) and meta["error_example"] == _describe(value):
+        if isinstance(value, _StageRaised) and meta["error_example"] == describe(value):
             meta["error_example"] = str(value)  # the worker's own "ValueError: ..." line
         return keep
 
@@ -711,7 +748,7 @@ def consumes_inputs(fn: Callable, item: Any, *, timeout_s: float) -> str | None:
             try:
                 fn(item)
             except Exception as e:
-                errors.append(_describe(e))
+                errors.append(describe(e))
                 return
 
     probe = threading.Thread(target=twice, name="stagebench-repeat-probe", daemon=True)

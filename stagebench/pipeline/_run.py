@@ -4,7 +4,7 @@ The phases (:mod:`._stages` measures each stage alone, :mod:`._overhead` SPDL's 
 :mod:`._rule_out` the process points that could not change the advice, :mod:`._validate` the whole
 pipeline, :mod:`._finish` the summary, report and outcome) each take a :class:`Run`: the plan, the
 run directory and its ``run.json`` metadata, the settings, the progress display, the seconds spent
-per phase, and what went wrong of ours (an analysis bug, a file that could not be written).
+per phase, and what went wrong (an analysis bug of ours, a file that could not be written, no memory left).
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ class Run:
     internal_error: str | None = None
     #: a file that could not be written (a full disk): the run says so
     unwritten: str | None = None
+    #: this process ran out of memory before the run's end was written (the summary, the report, a phase
+    #: cut short): the run ends failed and says so
+    out_of_memory: str | None = None
 
     def say(self, text: str) -> None:
         self.progress.message(text)

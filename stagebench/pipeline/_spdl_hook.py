@@ -316,7 +316,8 @@ def exit_now(code: int) -> None:
     ``SystemExit`` normally; ``os._exit`` when raising would not end the
     program: the diagnosis ran in a thread other than the main one (SystemExit
     would only end that thread), or a hung stage left a thread that the
-    interpreter would wait for at exit. Under :func:`run_script` (the
+    interpreter would wait for at exit (or one stuck starting a thread in a
+    process that ran out of memory). Under :func:`run_script` (the
     ``stagebench diagnose`` command, or a test or notebook calling it) a
     leaked thread is its caller's business: ``os._exit`` there would end the
     caller's process too (a test session would stop, silently, with code 0),
@@ -325,7 +326,7 @@ def exit_now(code: int) -> None:
     """
     import threading
 
-    from stagebench.core._executors import leaked_threads
+    from stagebench.core._executors import exit_may_hang
 
     State.finished, State.code = True, code
     _end_ranks(code)
@@ -344,7 +345,7 @@ def exit_now(code: int) -> None:
                 os.unlink(State.claim or "")
             os.kill(State.end_parent, signal.SIGTERM)
         os._exit(code)
-    if threading.current_thread() is not threading.main_thread() or (leaked_threads() and not State.in_process):
+    if threading.current_thread() is not threading.main_thread() or (exit_may_hang() and not State.in_process):
         os._exit(code)
     raise SystemExit(code)
 
@@ -439,8 +440,15 @@ def _diagnose(
         said = f", and a report of them: {report}" if report is not None and report.is_file() else ""
         say(f"{how}; the rows measured so far are on disk{where}{said}")
         exit_now(end.exit_code)
-    except Exception as e:  # our bug, not the user's: show where it happened
-        import traceback
+    except Exception as e:
+        from stagebench._memory import CAUSE, out_of_memory
+
+        what = out_of_memory(e)
+        if what:  # no bug of ours: a stage left this process no memory before the run could say so itself
+            where = f"; the rows measured so far are in {State.run_dir}" if State.run_dir else ""
+            say(f"error: out of memory ({what}): {CAUSE}{where}")
+            exit_now(FAILED.exit_code)
+        import traceback  # our bug, not the user's: show where it happened
 
         traceback.print_exc()
         where = f"; the rows measured so far are in {State.run_dir}" if State.run_dir else ""

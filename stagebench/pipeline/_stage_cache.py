@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stagebench._memory import out_of_memory
 from stagebench.core._pickling import pickle_problem
 
 __all__ = [
@@ -459,8 +460,16 @@ class StageCache:
             shutil.rmtree(d, ignore_errors=True)
             total -= size
 
-    def get_or_compute(self, key: str, compute: Callable[[], tuple[list, dict]]) -> CachedOutputs:
-        """Outputs for ``key``: from the cache when present, else ``compute()`` (then stored)."""
+    def get_or_compute(
+        self,
+        key: str,
+        compute: Callable[[], tuple[list, dict]],
+        *,
+        not_kept: Callable[[dict], str | None] = lambda meta: None,
+    ) -> CachedOutputs:
+        """Outputs for ``key``: from the cache when present, else ``compute()``, then stored unless
+        ``not_kept(meta)`` says why not (a computation that failed or timed out: the next run computes
+        them again)."""
         if self.folder is None or key.startswith("unstable-"):
             items, meta = compute()
             return CachedOutputs(items=items, key=key, hit=False, meta=meta)
@@ -474,19 +483,24 @@ class StageCache:
         if found is not None:
             return CachedOutputs(items=found[0], key=key, hit=True, meta=found[1])
         out = compute()
-        why = pickle_problem(out)
-        if why:
-            return CachedOutputs(
-                items=out[0],
-                key=key,
-                hit=False,
-                meta=out[1],
-                note=f"outputs not stored on disk: they cannot be pickled ({why}); recomputed every run",
-            )
+        failed = not_kept(out[1])
+        if failed:
+            note = f"outputs not stored on disk: {failed}; the next run runs it again"
+            return CachedOutputs(items=out[0], key=key, hit=False, meta=out[1], note=note)
         try:
-            self._store(key, out)
-        except OSError as e:
-            note = f"outputs not stored on disk: {e.strerror or e}"
+            why = pickle_problem(out)
+            if why:
+                note = f"outputs not stored on disk: they cannot be pickled ({why}); recomputed every run"
+            else:
+                self._store(key, out)
+        except Exception as e:  # a full disk, or no memory left to pickle them: they are used, not kept
+            what = out_of_memory(e)
+            if what:
+                note = f"outputs not stored on disk: out of memory ({what})"
+            elif isinstance(e, OSError):
+                note = f"outputs not stored on disk: {e.strerror or e}"
+            else:
+                raise
         return CachedOutputs(items=out[0], key=key, hit=False, note=note, meta=out[1])
 
 

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from stagebench._memory import describe, memory_short, out_of_memory
 from stagebench._numbers import finite, num
 from stagebench.core._mirror import mirror
 from stagebench.pipeline._overhead import NOOP_AT, measure_overhead
@@ -141,6 +142,8 @@ class Cursor:
 
 
 def _no_outputs_why(ometa: dict[str, Any], timeout_s: float) -> str:
+    if ometa.get("out_of_memory"):
+        return f"it ran out of memory ({ometa['out_of_memory']})"
     if ometa.get("crashed"):
         return f"a worker process died on its first pass ({ometa['crashed']})"
     if ometa.get("n_errors"):
@@ -156,14 +159,14 @@ def first_pass(
     """``step`` run once over the cursor's inputs, or its outputs read from the cache: (the cached outputs,
     their chain key, why they are not cached between runs or None). A few outputs are kept in the plan
     for the stage's stand-in in the replay."""
-    from stagebench.pipeline._isolate import compute_outputs
+    from stagebench.pipeline._isolate import compute_outputs, unfinished
     from stagebench.pipeline._stage_cache import callable_key, chain_key
 
     max_bytes = settings.cache_max_mb * 2**20
     fn_key, unstable = callable_key(step.key_source)
     key = chain_key(step.type, step.drop_last, fn_key, max_bytes, cur.key)
     compute = functools.partial(compute_outputs, step, cur.inputs, max_bytes=max_bytes, stall_s=settings.timeout_s)
-    cached = cache.get_or_compute(key, compute)
+    cached = cache.get_or_compute(key, compute, not_kept=unfinished)  # a pass that did not finish runs again
     plan.sample_outputs[step.name] = list(cached.items[:SAMPLE_OUTPUTS])
     return cached, key, unstable
 
@@ -264,7 +267,7 @@ class StagesPhase:
         except KeyboardInterrupt:
             raise
         except Exception as e:
-            cur.blocked = f"not measured: {', '.join(step.names)} (run as a whole) failed: {type(e).__name__}: {e}"
+            cur.blocked = f"not measured: {', '.join(step.names)} (run as a whole) failed: {describe(e)}"
             self.say(cur.blocked)
             return
         # keyed by content: SPDL may emit them in any order, and the segment itself cannot be
@@ -293,8 +296,22 @@ class StagesPhase:
             self._not_measured(step, writer, cur.blocked)
             return
         started = time.perf_counter()
-        with run.phase("first_pass"):
-            cached, key, unstable = first_pass(step, cur, cache, settings, run.plan)
+        # a first pass in a process still out of memory would fail for want of it, or hang starting its threads
+        short = memory_short()
+        if short is None:
+            try:
+                with run.phase("first_pass"):
+                    cached, key, unstable = first_pass(step, cur, cache, settings, run.plan)
+            except Exception as e:  # out of memory outside its calls: a thread, a pool that could not start
+                what = out_of_memory(e)
+                if what is None:
+                    raise
+                short = f"out of memory on its first pass ({what})"
+        if short is not None:
+            self.say(f"{step.name!r}: not measured: {short}")
+            self._not_measured(step, writer, f"not measured: {short}")
+            cur.blocked = f"not measured: the earlier stage {step.name!r} could not run: {short}"
+            return
         ometa = cached.meta or {}
         self._report_outputs(step, cur.inputs, cached, ometa, unstable, time.perf_counter() - started)
         if ometa.get("crashed"):

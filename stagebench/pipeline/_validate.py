@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from stagebench._memory import describe
 from stagebench._numbers import finite
 
 __all__ = ["replay_and_validate", "WholePipelines", "run_validation", "choices_of", "yours_of", "EXTRA_ROUNDS"]
@@ -212,7 +213,7 @@ def _run_whole(
         raise
     except Exception as e:
         log_error("replay and validation", e)
-        out = {k: {"qps": None, "error": f"{type(e).__name__}: {e}"} for k in whole.runs}
+        out = {k: {"qps": None, "error": describe(e)} for k in whole.runs}
     return out
 
 

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from stagebench._memory import describe
 from stagebench.core._mirror import Mirror, MirroredGate, Ready, mirror
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ class WholePipelineRun:
                 self.arrivals.append(time.perf_counter())
         except Exception as e:  # the pipeline's own failure: the result's error
             if not self.stop.is_set():
-                self.error = self.error or f"{type(e).__name__}: {e}"
+                self.error = self.error or describe(e)
 
     def start(self) -> None:
         self.pipeline.start()

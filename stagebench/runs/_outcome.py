@@ -48,8 +48,9 @@ FAILED = Outcome(
     "failed",
     1,
     "failed",
-    "the target could not be measured: the pipeline delivers nothing, or no loader setting ran",
-    "run.json, results.csv (the failures and their reasons), summary.json, report.html",
+    "the target could not be measured: the pipeline delivers nothing, no loader setting ran, or the "
+    "diagnosing process ran out of memory (a stage that keeps what it allocates, a memory limit)",
+    "run.json (its error says why), results.csv (the failures and their reasons), summary.json, report.html",
 )
 BAD_INPUT = Outcome(
     "bad input",

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from stagebench._errors import StagebenchError
+from stagebench._memory import out_of_memory
 from stagebench.runs._schema import RESULTS_SCHEMA_VERSION
 
 __all__ = [
@@ -331,6 +332,8 @@ def read_rows(path: str | os.PathLike):
             dtype={c: str for c in text_cols},
         )
     except (pd.errors.ParserError, ValueError) as e:
+        if out_of_memory(e):  # pandas' C parser says "out of memory": the rows are fine, the process is not
+            raise
         raise RunFileError(f"{p}: damaged ({_first_line(e)}); rebuild it by measuring again") from None
     for col in text_cols:
         df[col] = df[col].map(_csv_text)

@@ -1,0 +1,146 @@
+"""Out of memory (stagebench/_memory): recognised in every shape it surfaces in, and what a process that ran
+out does next (issue 59)."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+
+import pytest
+
+from stagebench import _memory
+from stagebench._memory import MemoryReserve, describe, memory_short, out_of_memory, ran_out_of_memory
+
+
+class _Group(Exception):
+    """An exception group as SPDL's ``PipelineFailure`` is one on every Python: its members in ``exceptions``."""
+
+    def __init__(self, message: str, exceptions: list[BaseException]) -> None:
+        super().__init__(message)
+        self.exceptions = tuple(exceptions)
+
+
+def _raised_from(cause: BaseException, exc: BaseException) -> BaseException:
+    try:
+        try:
+            raise cause
+        except BaseException as c:
+            raise exc from c
+    except BaseException as e:
+        return e
+
+
+def _raised_while_handling(first: BaseException, then: BaseException) -> BaseException:
+    try:
+        try:
+            raise first
+        except BaseException:
+            raise then
+    except BaseException as e:
+        return e
+
+
+@pytest.mark.parametrize(
+    ("exc", "what"),
+    [
+        (MemoryError(), "MemoryError"),
+        (OSError(errno.ENOMEM, "Cannot allocate memory"), "OSError: [Errno 12] Cannot allocate memory"),
+        (RuntimeError("can't start new thread"), "RuntimeError: can't start new thread"),
+        (
+            ImportError("libtiff-20b7e810.so.6.3.0: failed to map segment from shared object"),
+            "ImportError: libtiff-20b7e810.so.6.3.0: failed to map segment from shared object",
+        ),
+        (
+            ValueError("Error tokenizing data. C error: out of memory"),
+            "ValueError: Error tokenizing data. C error: out of memory",
+        ),
+        # SPDL's PipelineFailure holds its stages' errors
+        (_Group("pipeline stages failed", [ValueError("bad record"), MemoryError()]), "MemoryError"),
+        (_raised_from(MemoryError(), RuntimeError("the point failed")), "MemoryError"),
+        (
+            _raised_while_handling(RuntimeError("can't start new thread"), RuntimeError("cannot join thread")),
+            "RuntimeError: can't start new thread",
+        ),
+    ],
+)
+def test_each_shape_of_running_out_is_named_as_memory(exc, what):
+    assert out_of_memory(exc) == what
+    assert describe(exc) == f"out of memory: {what}"
+    assert ran_out_of_memory() is not None
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ValueError("bad record 3"),
+        OSError(errno.ENOENT, "No such file or directory"),
+        RuntimeError("cannot join thread before it is started"),
+        KeyError("out of memory"),  # a key named so: text alone counts only in the errors that carry it
+        _Group("pipeline stages failed", [ValueError("bad record")]),
+    ],
+)
+def test_other_errors_are_not_memory_and_note_nothing(exc):
+    assert out_of_memory(exc) is None
+    assert describe(exc) == (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    assert ran_out_of_memory() is None
+
+
+def test_a_context_that_was_suppressed_is_not_followed():
+    """``raise X from None`` says the earlier error is not the cause: it is not read as one."""
+    try:
+        try:
+            raise MemoryError()
+        except MemoryError:
+            raise ValueError("a value") from None
+    except ValueError as e:
+        assert out_of_memory(e) is None
+
+
+def test_a_cycle_of_contexts_ends():
+    a, b = ValueError("a"), ValueError("b")
+    a.__context__, b.__context__ = b, a
+    assert out_of_memory(a) is None
+
+
+def test_a_process_that_never_ran_out_maps_nothing(monkeypatch):
+    def no_map(*args, **kwargs):
+        raise AssertionError("mapped")
+
+    monkeypatch.setattr(mmap, "mmap", no_map)
+    assert memory_short() is None
+
+
+def test_a_process_that_ran_out_is_short_until_it_can_map_again(monkeypatch):
+    out_of_memory(MemoryError())
+    assert memory_short() is None  # its memory is back (a point that allocated a lot has ended)
+
+    def enomem(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap, "mmap", enomem)
+    short = memory_short()
+    assert short is not None and "this process is out of memory (MemoryError" in short and "64 MB" in short
+    _memory.forget()
+    assert memory_short() is None and ran_out_of_memory() is None
+
+
+def test_the_first_failure_is_the_one_kept():
+    out_of_memory(RuntimeError("can't start new thread"))
+    out_of_memory(MemoryError())
+    assert ran_out_of_memory() == "RuntimeError: can't start new thread"
+
+
+def test_the_reserve_is_address_space_given_back_once(monkeypatch):
+    reserve = MemoryReserve()
+    assert reserve._block is not None and len(reserve._block) == MemoryReserve.SIZE
+    reserve.release()
+    reserve.release()  # again: nothing
+    assert reserve._block is None
+
+    def enomem(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap, "mmap", enomem)
+    none = MemoryReserve()  # no room for one: the run goes on without it
+    none.release()
+    assert none._block is None
