@@ -338,7 +338,7 @@ def _cpu_share_for_load(low: _Lowest, share: _CpuShare, signals: dict[str, Any],
 
 
 def _thread_plateau(
-    sr: StageRows, T: Curve, low: _Lowest, share: _CpuShare, cores: int, signals: dict[str, Any]
+    sr: StageRows, T: Curve, low: _Lowest, share: _CpuShare, cores: float, signals: dict[str, Any]
 ) -> _Plateau:
     """The ``thread_plateau`` signal: the bound the peak thread throughput puts on GIL time per item.
 
@@ -387,7 +387,7 @@ def _thread_plateau(
 
 
 def _plateau_detail(
-    pm: Point, c0: int, k_m: float, cores: int, *, saturated: bool, cores_limited: bool, rising: bool
+    pm: Point, c0: int, k_m: float, cores: float, *, saturated: bool, cores_limited: bool, rising: bool
 ) -> str:
     """In words, what limited the thread curve at its peak ``pm``."""
     cm = pm.concurrency
@@ -675,7 +675,7 @@ def _gil_probe(probe: dict[str, Any] | None, curves: _Estimate, signals: dict[st
 def estimate_gil(
     sr: StageRows,
     *,
-    cores: int,
+    cores: float,
     fits: dict[str, dict] | None = None,
     free_threaded: bool = False,
     probe: dict[str, Any] | None = None,

@@ -138,7 +138,7 @@ def _own_rule(settings: list[dict]) -> dict:
 
 
 def recommend_jointly(
-    stages: list[dict], *, cores: int, free_threaded: bool, fixed: float = 0.0, demand: float | None = None
+    stages: list[dict], *, cores: float, free_threaded: bool, fixed: float = 0.0, demand: float | None = None
 ) -> dict | None:
     """Choose every measured stage's (executor, concurrency) for the pipeline; update the stage entries.
 
@@ -281,7 +281,7 @@ def _why(
 
 
 def process_headroom(
-    stages: list[dict], pending: dict[str, list[int]], *, cores: int, free_threaded: bool, fixed: float = 0.0
+    stages: list[dict], pending: dict[str, list[int]], *, cores: float, free_threaded: bool, fixed: float = 0.0
 ) -> dict[str, dict]:
     """How much each stage in ``pending`` could raise the pipeline's bounds on processes, before they are measured.
 

@@ -446,9 +446,11 @@ class _SweepRead:
     jv: JobVerdict | None
     #: the job runs decided the pick: the comparisons with the user's setting are the job's
     decided: bool
-    cores: int
+    cores: float
     budget: float | None
     backend: str
+    #: where a quota or an allocation sets ``cores``, in words (empty: the affinity mask does)
+    cores_bound: str = ""
 
 
 def loader_findings(
@@ -476,9 +478,10 @@ def loader_findings(
         job=job,
         jv=(jv := JobVerdict.from_json(job)),
         decided=jv is not None and jv.decided,
-        cores=int(m.settings.usable_cores or prov.usable_cores or 1),
+        cores=m.settings.usable_cores or prov.usable_cores or 1,
         budget=m.settings.memory_budget_mb,
         backend="" if m.loader.backend is None else m.loader.backend,
+        cores_bound="" if prov.limits is None else prov.limits.cores_bound(),
     )
     return by_severity(
         [
@@ -616,7 +619,9 @@ def _too_many_workers(c: _SweepRead) -> list[dict[str, Any]]:
             f"{best['samples_per_s']:,.0f} at {best['num_workers']}"
             + (f", for {extra:,.0f} MB more memory" if math.isfinite(extra) and extra > 0 else "")
             + (
-                f". More workers than the {c.cores} usable cores compete for them (thrashing)"
+                f". More workers than the {c.cores} usable cores"
+                + (f" ({c.cores_bound})" if c.cores_bound else "")
+                + " compete for them (thrashing)"
                 if worst["num_workers"] > c.cores
                 else ". The workers compete with the main process for the cores"
             )
@@ -666,10 +671,12 @@ def _cpu_or_wait_bound(c: _SweepRead) -> list[dict[str, Any]]:
         return [
             _finding(
                 "medium",
-                "CPU-bound: the loader's work saturates the cores",
+                "CPU-bound: the loader's work saturates the cores" + (f": {c.cores_bound}" if c.cores_bound else ""),
                 f"At num_workers={b['num_workers']} the loader keeps {u:.2f} of {cores} cores busy "
                 f"({cpu_ms:.2f} ms of CPU per sample). More workers cannot help: make the per-sample "
-                "work cheaper (smaller inputs, vectorised transforms) or move it off these cores.",
+                "work cheaper (smaller inputs, vectorised transforms)"
+                + (", raise the CPU limit" if c.cores_bound else "")
+                + " or move it off these cores.",
                 {
                     "cores_used": u,
                     "usable_cores": cores,

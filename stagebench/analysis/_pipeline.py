@@ -82,14 +82,20 @@ def pipeline_overhead(raw: Any) -> dict[str, float] | None:
     }
 
 
-def _cores(prov: Provenance) -> int:
+def _cores(prov: Provenance) -> float:
+    """The cores the run could use as recorded (a quota's fraction kept), else this host's."""
     for v in (prov.usable_cores, prov.cpu_count):
-        if isinstance(v, (int, float)) and v >= 1:
-            return int(v)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+            return v
     return usable_cores()
 
 
-def _run_warnings(df: pd.DataFrame, stages: list[dict], m: RunMeta, cores: int) -> list[str]:
+def _cores_bound(prov: Provenance) -> str:
+    """Where a quota or an allocation set the run's cores, in words; empty where the affinity mask did."""
+    return "" if prov.limits is None else prov.limits.cores_bound()
+
+
+def _run_warnings(df: pd.DataFrame, stages: list[dict], m: RunMeta, cores: float) -> list[str]:
     from stagebench.runs._provenance import load_warnings
 
     out: list[str] = []
@@ -160,9 +166,11 @@ class _RunContext:
 
     meta: RunMeta
     df: pd.DataFrame
-    cores: int
+    cores: float
     free_threaded: bool
     overhead: dict | None
+    #: where a quota or an allocation set ``cores``, in words (empty: the affinity mask did)
+    cores_bound: str = ""
 
     @property
     def fixed(self) -> float:
@@ -170,7 +178,9 @@ class _RunContext:
 
     def stages(self, stage_cache: dict | None, df: pd.DataFrame | None = None) -> list[dict]:
         """Each stage's analysis (:func:`_stage_entries`) of these rows, or of ``df``."""
-        return _stage_entries(self.df if df is None else df, self.meta, self.cores, self.free_threaded, stage_cache)
+        return _stage_entries(
+            self.df if df is None else df, self.meta, self.cores, self.free_threaded, stage_cache, self.cores_bound
+        )
 
 
 def _run_context(rows: Any, meta: dict | None) -> _RunContext:
@@ -181,7 +191,9 @@ def _run_context(rows: Any, meta: dict | None) -> _RunContext:
     if "stage" not in df.columns:
         df = df.assign(stage=pd.Series(dtype=str))
     df = df.assign(stage=df["stage"].fillna("").astype(str))
-    return _RunContext(m, df, _cores(prov), bool(prov.free_threaded), pipeline_overhead(m.pipeline_overhead))
+    return _RunContext(
+        m, df, _cores(prov), bool(prov.free_threaded), pipeline_overhead(m.pipeline_overhead), _cores_bound(prov)
+    )
 
 
 def _fixed(overhead: dict | None) -> float:
@@ -190,7 +202,12 @@ def _fixed(overhead: dict | None) -> float:
 
 
 def _stage_entries(
-    df: pd.DataFrame, meta: RunMeta, cores: int, free_threaded: bool, stage_cache: dict | None
+    df: pd.DataFrame,
+    meta: RunMeta,
+    cores: float,
+    free_threaded: bool,
+    stage_cache: dict | None,
+    cores_bound: str = "",
 ) -> list[dict]:
     """Each declared stage's analysis (:func:`analyze_stage`) with its place in the pipeline, in pipeline order."""
     declared = list(meta.stages)
@@ -202,12 +219,18 @@ def _stage_entries(
     stages: list[dict] = []
     for i, (name, decl) in enumerate(zip(names, declared)):
         part = df[df["stage"] == name]
-        key = (name, cores, free_threaded, len(part))
+        key = (name, cores, free_threaded, len(part), cores_bound)
         if stage_cache is not None and key in stage_cache:
             entry = copy.deepcopy(stage_cache[key])
         else:
             entry = (
-                analyze_stage(part, cores=cores, free_threaded=free_threaded, gil_probe=decl.get("gil_probe"))
+                analyze_stage(
+                    part,
+                    cores=cores,
+                    free_threaded=free_threaded,
+                    gil_probe=decl.get("gil_probe"),
+                    cores_bound=cores_bound,
+                )
                 if len(part)
                 else _unmeasured(name)
             )
@@ -349,7 +372,11 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         demand=num_or_none(target),
     )
     prediction = (
-        predict_pipeline(stages, cores=cores, free_threaded=free_threaded, overhead=overhead) if stages else None
+        predict_pipeline(
+            stages, cores=cores, free_threaded=free_threaded, overhead=overhead, cores_bound=run.cores_bound
+        )
+        if stages
+        else None
     )
     prediction = apply_replay(prediction, m.replay)
     speed = cpu_speed(m.cpu_speed)
@@ -379,6 +406,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         page_fault=m.page_fault,
         yours=yours,
         job=job,
+        cores_bound=run.cores_bound,
     )
     return {
         "schema_version": SUMMARY_SCHEMA_VERSION,

@@ -43,6 +43,7 @@ from contextlib import AbstractContextManager, ExitStack
 from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Any
 
+from stagebench.core._resources import usable_cores
 from stagebench.core._steps import WARMUP_STEPS
 from stagebench.model._evidence import MAX_LOOKS
 
@@ -197,15 +198,6 @@ def _load_avg() -> float | None:
         return round(os.getloadavg()[0], 2)
     except OSError:
         return None
-
-
-def _cores() -> int:
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 @dataclass(eq=False)
@@ -400,5 +392,5 @@ class JobRuns:
             "stopped": self.stopped,
             "what": self.what,
             "load_avg": list(self.load),
-            "cores": _cores(),
+            "cores": usable_cores(),
         }

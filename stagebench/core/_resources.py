@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from stagebench.runs import _limits
+
 try:
     import resource
 except ImportError:  # not on Windows
@@ -46,9 +48,12 @@ __all__ = [
 ]
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity; all of them where that is unknown)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+def usable_cores() -> float:
+    """The cores this job can use: the smallest of its affinity mask, the CPU quota on its cgroup path and
+    its Slurm allocation (:func:`stagebench.runs._limits.usable_cores`). A whole count where the affinity
+    or Slurm sets it; a fraction (1.5) where a quota does, so a caller that needs a whole number of
+    workers or levels rounds it (up, for a grid's top: the level that shows where the cores end)."""
+    return _limits.usable_cores()
 
 
 _SELF: dict[int, psutil.Process] = {}

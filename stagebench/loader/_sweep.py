@@ -66,11 +66,12 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------ search
-def _levels(cfg: LoaderSweepConfig, backend: str, usable_cores: int) -> tuple[int, ...]:
+def _levels(cfg: LoaderSweepConfig, backend: str, usable_cores: float) -> tuple[int, ...]:
     if cfg.num_workers is not None:
         levels = tuple(cfg.num_workers)
     else:
-        cap = cfg.max_workers or 2 * max(1, usable_cores)
+        # twice the cores, a fractional quota's rounded up: workers that wait need more of them than cores
+        cap = cfg.max_workers or math.ceil(2 * max(1, usable_cores))
         levels = (0, *powers_of_two(cap))
     if backend == "spdl_pytorch":
         levels = tuple(n for n in levels if n > 0) or (1,)
@@ -78,7 +79,7 @@ def _levels(cfg: LoaderSweepConfig, backend: str, usable_cores: int) -> tuple[in
 
 
 def plan_grid(
-    cfg: LoaderSweepConfig, backend: str, *, cuda: bool, usable_cores: int
+    cfg: LoaderSweepConfig, backend: str, *, cuda: bool, usable_cores: float
 ) -> list[tuple[LoaderKnobs, LoaderKnobs, list[str]]]:
     """Every combination, normalised and de-duplicated: (requested, effective, notes)."""
     pins = cfg.pin_memory if cuda else (False,)
@@ -620,7 +621,7 @@ def _open_run(
     prov = collect_provenance()
     cuda = _cuda_available()
     budget_mb = _memory_budget(cfg)
-    usable = int(prov.get("usable_cores") or 1)
+    usable = prov.get("usable_cores") or 1
     levels = _levels(cfg, backend, usable)
     grid = plan_grid(cfg, backend, cuda=cuda, usable_cores=usable)
     loader_meta: dict[str, Any] = {"name": name, "backend": backend, "batch_size": batch_size}

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagebench.model._json import Written, dict_of, items, nums, read, record, records, texts
+from stagebench.model._limits import HostLimits
 
 __all__ = ["RunMeta", "Provenance", "RunSettings", "LoaderInfo", "UserKnobs", "SearchRecord"]
 
@@ -43,11 +44,13 @@ class Provenance(Written):
     env: Mapping[str, Any] = field(default_factory=dict)
     load_avg: tuple[float, ...] = ()
     taken_at: str | None = None
+    #: the cores and the memory the job could use and where each came from (None: a run before it was kept)
+    limits: HostLimits | None = None
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> Provenance:
-        return read(cls, d, libraries=dict_of, env=dict_of, load_avg=nums)
+        return read(cls, d, libraries=dict_of, env=dict_of, load_avg=nums, limits=HostLimits.from_json)
 
     @property
     def recorded(self) -> bool:

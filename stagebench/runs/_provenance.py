@@ -16,6 +16,8 @@ from importlib import metadata
 
 import psutil
 
+from stagebench.runs._limits import read_limits
+
 __all__ = ["collect_provenance", "load_warnings", "is_free_threaded"]
 
 _ENV_KNOBS = (
@@ -72,6 +74,8 @@ def collect_provenance() -> dict:
         affinity = sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         affinity = list(range(os.cpu_count() or 1))
+    # the cores and memory the job has (a quota, a memory limit, Slurm), each with where it came from
+    limits = read_limits(affinity=len(affinity))
     return {
         "taken_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "hostname": socket.gethostname(),
@@ -79,7 +83,7 @@ def collect_provenance() -> dict:
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_affinity": affinity,
-        "usable_cores": len(affinity),
+        "usable_cores": limits.cores,
         "memory_total_gb": round(vm.total / 2**30, 2),
         "memory_available_gb": round(vm.available / 2**30, 2),
         "python": platform.python_version(),
@@ -88,6 +92,7 @@ def collect_provenance() -> dict:
         "libraries": {name: _version(name) for name in _LIBRARIES},
         "env": {k: os.environ.get(k) for k in _ENV_KNOBS if k in os.environ},
         "load_avg": list(os.getloadavg()),
+        "limits": limits.to_json(),
     }
 
 
