@@ -223,3 +223,21 @@ def test_provenance_records_the_limits_and_the_report_shows_where_the_cores_came
 @pytest.mark.parametrize("quota", ["0 100000", "100000 0", "-1 100000"])
 def test_a_quota_that_is_no_count_is_no_quota(tmp_path, quota):
     assert cpu_quota(_v2(tmp_path, "/job", {"/job": {"cpu.max": quota}})) is None
+
+
+def test_a_quota_that_throttled_the_run_is_warned_about_and_one_that_did_not_is_not(tmp_path):
+    from stagebench.runs._provenance import load_warnings
+
+    def reading(name: str, throttled: int, usec: int) -> dict:
+        stat = f"nr_periods {100 + throttled}\nnr_throttled {throttled}\nthrottled_usec {usec}\n"
+        root = _v2(tmp_path / name, "/job", {"/job": {"cpu.max": "100000 100000\n", "cpu.stat": stat}})
+        lim = read_limits(root, env={}, affinity=2)
+        return {"usable_cores": lim.cores, "load_avg": [0.1] * 3, "hostname": "h", "limits": lim.to_json()}
+
+    before, quiet, busy = reading("a", 5, 1000), reading("b", 5, 1000), reading("c", 305, 12_501_000)
+    assert load_warnings(before, quiet) == []
+    (w,) = load_warnings(before, busy)
+    assert w.startswith("the container's CPU quota (1.0 CPU, cgroup /job) throttled the run in 300 of 300 scheduling")
+    assert "(12.5 s waiting for the next)" in w and "the quota, not the GIL" in w
+    # the host's load is set against the cores the process could run on, not the quota's 1 CPU
+    assert load_warnings(dict(before, load_avg=[0.8, 0.1, 0.1])) == []

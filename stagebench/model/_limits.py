@@ -16,7 +16,16 @@ from typing import Any
 
 from stagebench.model._json import Written, integer, number, read, text
 
-__all__ = ["CpuQuota", "MemoryLimit", "Throttling", "OomCount", "HostLimits", "CORES_SOURCES", "MEMORY_SOURCES"]
+__all__ = [
+    "cpus_words",
+    "CpuQuota",
+    "MemoryLimit",
+    "Throttling",
+    "OomCount",
+    "HostLimits",
+    "CORES_SOURCES",
+    "MEMORY_SOURCES",
+]
 
 #: Where the cores figure can come from: the affinity mask, a cgroup's CPU quota, a Slurm allocation.
 CORES_SOURCES = ("affinity", "quota", "slurm")
@@ -24,7 +33,7 @@ CORES_SOURCES = ("affinity", "quota", "slurm")
 MEMORY_SOURCES = ("host", "cgroup")
 
 
-def _cpus(n: float) -> str:
+def cpus_words(n: float) -> str:
     """A number of CPUs in words: ``1.0 CPU``, ``1.5 CPUs``, ``4 CPUs`` (a quota keeps its decimal)."""
     shown = f"{n:.1f}" if isinstance(n, float) else f"{n}"
     return f"{shown} CPU" + ("" if n == 1 else "s")
@@ -187,8 +196,8 @@ class HostLimits(Written):
             return ""
         of = f", of {self.of}" if self.of is not None else ""
         if self.cores_source == "quota" and self.quota is not None:
-            return f"{_cpus(self.cores)} by the container's quota{of}"
-        return f"{_cpus(self.cores)} by the Slurm allocation ({self.slurm_variable}){of}"
+            return f"{cpus_words(self.cores)} by the container's quota{of}"
+        return f"{cpus_words(self.cores)} by the Slurm allocation ({self.slurm_variable}){of}"
 
     def cores_origin(self) -> str:
         """Where the cores figure came from, always in words (the report's provenance shows it)."""
@@ -197,7 +206,7 @@ class HostLimits(Written):
             return f"{bound}: {self.quota.file} of cgroup {self.quota.group}"
         if bound:
             return bound
-        return "the affinity mask" + ("" if self.quota is None else f"; a CPU quota of {_cpus(self.quota.cpus)}")
+        return "the affinity mask" + ("" if self.quota is None else f"; a CPU quota of {cpus_words(self.quota.cpus)}")
 
     def memory_bound(self) -> str:
         """Where a cgroup's limit sets the memory, in words ("1,521 MB the container's memory limit leaves

@@ -36,13 +36,14 @@ from pathlib import Path
 
 import psutil
 
-from stagebench.model._limits import CpuQuota, HostLimits, MemoryLimit, OomCount, Throttling
+from stagebench.model._limits import CpuQuota, HostLimits, MemoryLimit, OomCount, Throttling, cpus_words
 
 __all__ = [
     "read_limits",
     "usable_cores",
     "job_memory_mb",
     "read_oom_kills",
+    "throttling_warning",
     "cpu_quota",
     "memory_limit",
     "slurm_cpus",
@@ -241,6 +242,32 @@ def _oom(root: Path | str) -> OomCount | None:
         if kills is not None:
             return OomCount(path=str(path), kills=kills)
     return None
+
+
+def throttling_warning(before: HostLimits | None, after: HostLimits | None) -> str | None:
+    """The warning where the quota throttled the job between two readings, as the CPU-speed warning names a
+    host that changed speed: a throttled period is one in which the group used its quota and waited for
+    the next, so a point that wanted more CPUs than the quota ran at the quota's pace. None where nothing
+    was throttled, or the counters cannot be compared (no quota, another group, not read)."""
+    a = before.throttling if before is not None else None
+    b = after.throttling if after is not None else None
+    if a is None or b is None or a.group != b.group or a.throttled is None or b.throttled is None:
+        return None
+    n = b.throttled - a.throttled
+    if n <= 0:
+        return None
+    periods = (b.periods - a.periods) if b.periods is not None and a.periods is not None else None
+    waited = (b.throttled_s - a.throttled_s) if b.throttled_s is not None and a.throttled_s is not None else None
+    quota = before.quota if before is not None else None
+    what = f"the container's CPU quota ({cpus_words(quota.cpus)}, cgroup {quota.group})" if quota else "the CPU quota"
+    return (
+        f"{what} throttled the run in {n:,} "
+        + (f"of {periods:,} " if periods else "")
+        + "scheduling periods"
+        + (f" ({waited:,.1f} s waiting for the next)" if waited is not None else "")
+        + ": a setting that wanted more CPUs than the quota ran at the quota's pace; a curve that flattens "
+        "there is the quota, not the GIL"
+    )
 
 
 def slurm_cpus(env: Mapping[str, str]) -> tuple[int, str] | None:

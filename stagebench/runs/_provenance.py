@@ -16,7 +16,8 @@ from importlib import metadata
 
 import psutil
 
-from stagebench.runs._limits import read_limits
+from stagebench.model._limits import HostLimits
+from stagebench.runs._limits import read_limits, throttling_warning
 
 __all__ = ["collect_provenance", "load_warnings", "is_free_threaded"]
 
@@ -101,9 +102,13 @@ def load_warnings(before: dict, after: dict | None = None) -> list[str]:
 
     The 1-minute load average counts runnable tasks, including ours; a load
     above half the usable cores before we started means someone else was busy.
+    The load is the host's, not a container's: under a CPU quota it is set against the cores the process
+    could run on (its affinity mask), not the quota's. A CPU quota that throttled the run between the two
+    readings is named too.
     """
     out = []
-    cores = before.get("usable_cores") or 1
+    limits = HostLimits.from_json(before.get("limits"))
+    cores = (limits.of if limits is not None else None) or before.get("usable_cores") or 1
     la0 = before.get("load_avg", [0.0])[0]
     if la0 > 0.5 * cores:
         out.append(
@@ -112,4 +117,10 @@ def load_warnings(before: dict, after: dict | None = None) -> list[str]:
         )
     if after is not None and before.get("hostname") != after.get("hostname"):
         out.append("the run moved between machines")
+    elif after is not None:
+        throttled = throttling_warning(
+            HostLimits.from_json(before.get("limits")), HostLimits.from_json(after.get("limits"))
+        )
+        if throttled:
+            out.append(throttled)
     return out
