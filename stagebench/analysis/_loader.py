@@ -26,13 +26,18 @@ from stagebench._numbers import finite, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._job import job_findings
 from stagebench.analysis._loader_evidence import is_ok, paired_ratio, paired_rounds, pool_points
-from stagebench.analysis._worker_costs import beside_the_pick, worker_cost_findings, worker_costs_summary
+from stagebench.analysis._worker_costs import (
+    beside_the_pick,
+    worker_cost_findings,
+    worker_costs_summary,
+    workers_that_fit,
+)
 from stagebench.core._config import CANNOT_MATTER
 from stagebench.model._evidence import EQUIVALENT, Decision, more_rounds_text
 from stagebench.model._finding import Finding, by_severity
 from stagebench.model._job import JobVerdict, StepAlone
 from stagebench.model._knobs import LoaderKnobs
-from stagebench.model._loader import LoaderPoint
+from stagebench.model._loader import LoaderPoint, WorkerCosts
 from stagebench.model._meta import Provenance, RunMeta, UserKnobs
 from stagebench.runs._knobs import KNOB_KEYS, NOT_APPLICABLE, normalize_knobs
 
@@ -169,8 +174,18 @@ def pooled_frame(rows: Any) -> Any:
     return pd.DataFrame(_rows(rows))
 
 
-def _over_budget(p: dict[str, Any], budget_mb: float | None) -> bool:
+def _over_budget(p: dict[str, Any], budget_mb: float | None, max_workers: int | None = None) -> bool:
+    """Whether a setting passes the memory budget as measured, or has more workers than a cgroup's memory
+    limit holds over an epoch (``max_workers``, :func:`_memory_cap`)."""
+    if max_workers is not None and p["num_workers"] > max_workers:
+        return True
     return budget_mb is not None and math.isfinite(p["mem_pss_mb"]) and p["mem_pss_mb"] > budget_mb
+
+
+def _memory_cap(m: RunMeta) -> int | None:
+    """The most workers a cgroup's memory limit holds over an epoch, where one sets the run's memory and the
+    workers' growth was read (:func:`stagebench.analysis._worker_costs.workers_that_fit`); None otherwise."""
+    return workers_that_fit(WorkerCosts.from_json(m.worker_costs)) if m.worker_costs else None
 
 
 def _cheapest_first(p: dict[str, Any]) -> tuple[float, ...]:
@@ -210,6 +225,7 @@ def recommend(
     headroom: float = DEMAND_HEADROOM,
     user: dict[str, Any] | None = None,
     serial_ok: bool = True,
+    max_workers: int | None = None,
 ) -> dict[str, Any] | None:
     """The recommended row (with a ``why`` and the rule's ``decision``), or None when nothing was measured ok.
 
@@ -222,13 +238,14 @@ def recommend(
     target: the cheapest that delivers target x (1 + headroom); when none does, the same as without.
     ``serial_ok=False`` (a trainer is waiting on this loader, and no job run has said otherwise): a
     setting with workers is preferred over ``num_workers=0``, whose loading adds to every training step
-    (a loader alone cannot show that).
+    (a loader alone cannot show that). ``max_workers``: the most workers a cgroup's memory limit holds over
+    an epoch (:func:`_memory_cap`): a setting with more is never advised where one with fewer was measured.
     """
     pts = _rows(rows)
     ok = [p for p in pts if is_ok(p)]
     if not ok:
         return None
-    fits = [p for p in ok if not _over_budget(p, budget_mb)]
+    fits = [p for p in ok if not _over_budget(p, budget_mb, max_workers)]
     pool = fits or ok
     budget_note = "" if fits else "; no setting fits the memory budget: the least memory-hungry near the best"
     if target_rate is not None:
@@ -252,6 +269,8 @@ def recommend(
     rec["why"] = _decision_words(d, by_key, within_best) + budget_note
     if budget_mb is not None and fits:
         rec["why"] += f"; inside the memory budget ({budget_mb:,.0f} MB)"
+    if max_workers is not None and fits and any(p["num_workers"] > max_workers for p in ok):
+        rec["why"] += f"; at most {max_workers} workers fit the container's memory limit over an epoch"
     rec["decision"] = d.to_json()
     return rec
 
@@ -967,7 +986,7 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: dict[str, Any] | flo
     budget = m.settings.memory_budget_mb
     headroom = float(DEMAND_HEADROOM if m.settings.headroom is None else m.settings.headroom)
     mine = m.loader.user_knobs or UserKnobs()
-    pool = [p for p in pts if not _over_budget(p, budget)] or pts
+    pool = [p for p in pts if not _over_budget(p, budget, _memory_cap(m))] or pts
 
     def knobs_of(p: dict[str, Any], pin: bool | None = None) -> LoaderKnobs:
         # the rules of _kept_knobs, so that the job's pick is what the summary recommends
@@ -1231,6 +1250,7 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
         headroom=headroom,
         user=user,
         serial_ok=target_rate is None,
+        max_workers=_memory_cap(m),
     )
     rec = _kept_knobs(rec, ok, m)
     isolated = rec

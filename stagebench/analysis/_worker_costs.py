@@ -14,7 +14,9 @@ A pure function of the rows (the start-up split: ``workers_start_s`` with ``work
   through ``/dev/shm``) take over :data:`SHM_SHARE` of the space free there; high where they do not fit;
 * **memory over an epoch**: a worker's private memory grows over :data:`GROWTH_MB` over its share of
   an epoch, beyond noise (the growth's interval above zero); high where the pick's workers together
-  would not fit the memory available.
+  would not fit the memory available. Where a cgroup's memory limit sets that memory, the finding says
+  how many such workers its room holds (:func:`workers_that_fit`), and the pick has no more: the OOM
+  killer ends a job that passes the limit.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "worker_costs_summary",
     "worker_cost_findings",
     "beside_the_pick",
+    "workers_that_fit",
     "SHIP_MB",
     "SHIP_S",
     "GROWTH_MB",
@@ -77,7 +80,35 @@ def worker_costs_summary(meta: Mapping[str, Any] | RunMeta, pts: list[dict[str, 
     if mem is not None and mem.epoch_growth_mb is not None and finite(mem.epoch_growth_mb) and finite(avail):
         total = float(mem.epoch_growth_mb) * int(mem.num_workers or 0)
         out["memory"] = {**raw["memory"], "all_workers_mb": total, "fits": total < num(avail)}
+        fit = workers_that_fit(wc)
+        if fit is not None:
+            out["memory"]["workers_fit"] = fit
     return out
+
+
+def workers_that_fit(wc: WorkerCosts) -> int | None:
+    """Under a cgroup's memory limit, how many workers its room holds over an epoch: the memory the limit
+    left once the loaders were closed over each worker's growth (the same rule as ``fits``). None where the
+    host's memory set the room (there a pick that passes it is said beside the pick, not dropped), or no
+    growth was read."""
+    mem = wc.memory
+    if wc.memory_limit is None or mem is None or not finite(mem.epoch_growth_mb, wc.available_mb):
+        return None
+    growth = num(mem.epoch_growth_mb)
+    if growth <= 0:
+        return None
+    return int(num(wc.available_mb) // growth)
+
+
+def _room_words(wc: WorkerCosts) -> str:
+    """The memory the workers grow into, in words: what a cgroup's limit leaves, or the host's available."""
+    lim = wc.memory_limit
+    if lim is None:
+        return f"the {wc.available_mb:,.0f} MB available"
+    return (
+        f"the {wc.available_mb:,.0f} MB the container's memory limit leaves ({lim.limit_mb:,.0f} MB, "
+        f"{lim.file} of cgroup {lim.group})"
+    )
 
 
 #: Workers waiting this share of their boot, median, to be created were started one after another.
@@ -226,10 +257,16 @@ def _growth_findings(wc: WorkerCosts) -> list[dict[str, Any]]:
                 "before the workers start keeps those pages shared.)"
             )
         fits = mem.fits
+        fit = workers_that_fit(wc)
         if fits is False:
             detail += (
-                f" Together the {nw} workers would take ~{mem.all_workers_mb:,.0f} MB more, over the "
-                f"{wc.available_mb:,.0f} MB available: fewer workers, or the fix above, before a long run."
+                f" Together the {nw} workers would take ~{mem.all_workers_mb:,.0f} MB more, over "
+                f"{_room_words(wc)}: fewer workers, or the fix above, before a long run."
+            )
+        if fit is not None:
+            detail += (
+                f" At most {fit} such worker{'' if fit == 1 else 's'} fit in {_room_words(wc)} over an epoch; "
+                "the OOM killer ends the job past it, so no pick has more."
             )
         return [
             _f(
@@ -242,6 +279,7 @@ def _growth_findings(wc: WorkerCosts) -> list[dict[str, Any]]:
                     "epoch_growth_mb": mem.epoch_growth_mb,
                     "extrapolated": mem.extrapolated,
                     "all_workers_mb": mem.all_workers_mb,
+                    **({} if fit is None else {"workers_fit": fit}),
                 },
             )
         ]
@@ -297,7 +335,8 @@ def beside_the_pick(costs: Mapping[str, Any] | None, rec: Mapping[str, Any] | No
         fit = int(avail // growth) if growth > 0 else 0
         said += (
             f"; memory: {_each_of(mem.num_workers or 0)} grows ~{growth:,.0f} MB over an epoch, "
-            f"~{mem.all_workers_mb:,.0f} MB together against {avail:,.0f} MB available"
+            f"~{mem.all_workers_mb:,.0f} MB together against "
+            + (f"{avail:,.0f} MB available" if wc.memory_limit is None else _room_words(wc))
             + (f" (at most {fit} such workers fit)" if fit >= 1 else "")
         )
     shm = wc.shm or Shm()

@@ -21,6 +21,7 @@ from typing import Any
 
 from stagebench.model._json import Written, dict_of, flag, mapping, number, read, span, text, whole
 from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._limits import MemoryLimit
 from stagebench.model._rate import Rate
 
 __all__ = [
@@ -301,7 +302,8 @@ class WorkerMemory:
     where the pass ended first, bounded by ``bounded_by_mb``); ``too_few_batches`` where a worker made too
     few to extrapolate, ``stopped_growing`` where the pass's second half showed no growth beyond noise,
     ``slowing`` where every reading grew but the second half at under half the first's rate (a copy-on-read).
-    ``all_workers_mb`` and ``fits``: the summary's, against the memory available."""
+    ``all_workers_mb`` and ``fits``: the summary's, against the memory available; ``workers_fit``: under a
+    cgroup's memory limit, how many such workers its room holds over an epoch."""
 
     num_workers: int | None = None
     samples: tuple[MemorySample, ...] | None = None
@@ -324,6 +326,7 @@ class WorkerMemory:
     seconds: float | None = None
     all_workers_mb: float | None = None
     fits: bool | None = None
+    workers_fit: int | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> WorkerMemory | None:
@@ -339,6 +342,7 @@ class WorkerMemory:
             slowing=flag,
             extrapolated=flag,
             fits=flag,
+            workers_fit=whole,
             **dict.fromkeys(_MEMORY_NUMBERS, number),
         )
 
@@ -375,6 +379,8 @@ class WorkerMemory:
             out["seconds"] = self.seconds
         if self.all_workers_mb is not None or self.fits is not None:
             out.update(all_workers_mb=self.all_workers_mb, fits=self.fits)
+        if self.workers_fit is not None:
+            out["workers_fit"] = self.workers_fit
         return out
 
 
@@ -411,6 +417,8 @@ class WorkerCosts:
 
     startup: tuple[StartupSplit, ...] = ()
     available_mb: float | None = None
+    #: the cgroup memory limit that set ``available_mb`` (None: the host's available memory did)
+    memory_limit: MemoryLimit | None = None
     shipping: Shipping | None = None
     memory: WorkerMemory | None = None
     shm: Shm | None = None
@@ -425,6 +433,7 @@ class WorkerCosts:
             d,
             startup=lambda v: tuple(StartupSplit.from_json(r) for r in v or () if isinstance(r, Mapping)),
             available_mb=number,
+            memory_limit=lambda v: MemoryLimit.from_json(v) if isinstance(v, Mapping) else None,
             shipping=Shipping.from_json,
             memory=WorkerMemory.from_json,
             shm=Shm.from_json,
@@ -437,6 +446,8 @@ class WorkerCosts:
         out: dict[str, Any] = {"startup": [r.to_json() for r in self.startup]}
         if self.available_mb is not None:
             out["available_mb"] = self.available_mb
+        if self.memory_limit is not None:
+            out["memory_limit"] = self.memory_limit.to_json()
         if self.shipping is not None:
             out["shipping"] = self.shipping.to_json()
         if self.memory_on_stall_point is not None:
