@@ -241,3 +241,41 @@ def test_a_quota_that_throttled_the_run_is_warned_about_and_one_that_did_not_is_
     assert "(12.5 s waiting for the next)" in w and "the quota, not the GIL" in w
     # the host's load is set against the cores the process could run on, not the quota's 1 CPU
     assert load_warnings(dict(before, load_avg=[0.8, 0.1, 0.1])) == []
+
+
+def test_a_run_that_never_finished_is_said_killed_by_the_oom_killer_where_its_cgroup_counted_it(tmp_path):
+    """run.json records the group's oom_kill count at the start; `stagebench report` on a run still
+    `running` compares it with the count now, says what it found, keeps it in run.json, and the summary
+    says it. Where the count did not grow, it says the run ended without finishing."""
+    import json
+
+    from stagebench.sweep._rebuild import rebuild
+
+    def run(name: str, kills_now: int) -> Path:
+        events = tmp_path / name / "memory.events"
+        events.parent.mkdir(parents=True)
+        events.write_text(f"oom 0\noom_kill {kills_now}\n")
+        d = tmp_path / name / "run"
+        d.mkdir()
+        prov = {"usable_cores": 2, "cpu_count": 2, "load_avg": [0.1] * 3, "hostname": "h"}
+        prov["limits"] = {"cores": 2, "oom": {"path": str(events), "kills": 0}}
+        prov["limits"]["memory_limit"] = {"limit_mb": 2344.0, "group": "/g", "file": "memory.max", "used_mb": 823.0}
+        meta = {"kind": "loader", "status": "running", "provenance": prov, "settings": {"usable_cores": 2}}
+        (d / "run.json").write_text(json.dumps(meta))
+        (d / "results.csv").write_text("")
+        return d
+
+    said: list[str] = []
+    killed = run("killed", 1)
+    rebuild(killed, say=said.append)
+    (line,) = said
+    assert "killed by the OOM killer at its cgroup's memory limit (2,344 MB, memory.max of /g): its cgroup's " in line
+    assert "oom_kill count went from 0 to 1" in line
+    meta = json.loads((killed / "run.json").read_text())
+    assert meta["status"] == "running" and meta["ended"]["by"] == "oom" and meta["ended"]["oom_kills"] == [0, 1]
+    summary = json.loads((killed / "summary.json").read_text())
+    assert any(w.startswith("the sweep was cut short: killed by the OOM killer") for w in summary["warnings"])
+    said.clear()
+    rebuild(run("signalled", 0), say=said.append)
+    (line,) = said
+    assert "it ended without finishing, and its cgroup shows no OOM kill" in line

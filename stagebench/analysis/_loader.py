@@ -1143,6 +1143,8 @@ def _warnings(pts: list[dict[str, Any]], m: RunMeta) -> list[str]:
             out.append(f"{_knob_text(p)}: {p['notes']}")
     if m.search.interrupted:
         out.append("the sweep was interrupted: the summary covers the points measured before it")
+    if m.status == "running" and m.ended is not None:  # a sweep that never finished, as the rebuild found it
+        out.append(f"the sweep was cut short: {m.ended.text}; this summary covers the points measured before it")
     out.extend(m.warnings)
     return out
 

@@ -102,7 +102,7 @@ def _run_warnings(df: pd.DataFrame, stages: list[dict], m: RunMeta, cores: float
     status = m.status
     if status in ("interrupted", "terminated", "running"):
         how = {"interrupted": "interrupted (Ctrl-C)", "terminated": "terminated (SIGTERM)"}.get(
-            str(status), "not finished (killed, or still running)"
+            str(status), "not finished (killed, or still running)" if m.ended is None else m.ended.text
         )
         out.append(f"the diagnosis was cut short: {how}; this summary covers the points measured before it")
     for st in m.stages:

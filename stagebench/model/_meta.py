@@ -20,7 +20,7 @@ from typing import Any
 from stagebench.model._json import Written, dict_of, items, nums, read, record, records, texts
 from stagebench.model._limits import HostLimits
 
-__all__ = ["RunMeta", "Provenance", "RunSettings", "LoaderInfo", "UserKnobs", "SearchRecord"]
+__all__ = ["RunMeta", "Provenance", "RunSettings", "LoaderInfo", "UserKnobs", "SearchRecord", "RunEnd"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +153,23 @@ class SearchRecord(Written):
         return read(cls, d, stopped=items, interrupted=bool)
 
 
+@dataclass(frozen=True, slots=True)
+class RunEnd(Written):
+    """How a run whose ``run.json`` still said ``running`` ended, as ``stagebench report`` found it
+    (``run.json["ended"]``): ``by`` what (``"oom"``: the OOM killer, its cgroup's ``oom_kill`` count grew
+    from ``oom_kills[0]`` to ``oom_kills[1]``; None: nothing shows what), and ``text``, in words."""
+
+    text: str
+    by: str | None = None
+    oom_kills: tuple[int, ...] = ()
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> RunEnd | None:
+        if not isinstance(d, Mapping) or not d.get("text"):
+            return None
+        return read(cls, d, text=str, by=lambda v: None if v is None else str(v), oom_kills=items)
+
+
 def _provenance(v: Any) -> Provenance | None:
     return Provenance.from_json(v) if isinstance(v, Mapping) else None
 
@@ -192,6 +209,8 @@ class RunMeta(Written):
     page_fault: dict[str, Any] | None = None
     pipeline_overhead: dict[str, Any] | None = None
     worker_costs: dict[str, Any] | None = None
+    #: how a run that never finished ended, where ``stagebench report`` found out (None: not looked at)
+    ended: RunEnd | None = None
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -222,5 +241,6 @@ class RunMeta(Written):
                 record,
             ),
             trainer_planned=bool,
+            ended=RunEnd.from_json,
             **dict.fromkeys(("not_isolated", "transforms"), items),
         )

@@ -37,6 +37,7 @@ from pathlib import Path
 import psutil
 
 from stagebench.model._limits import CpuQuota, HostLimits, MemoryLimit, OomCount, Throttling, cpus_words
+from stagebench.model._meta import RunEnd
 
 __all__ = [
     "read_limits",
@@ -44,6 +45,7 @@ __all__ = [
     "job_memory_mb",
     "read_oom_kills",
     "throttling_warning",
+    "how_it_ended",
     "cpu_quota",
     "memory_limit",
     "slurm_cpus",
@@ -267,6 +269,32 @@ def throttling_warning(before: HostLimits | None, after: HostLimits | None) -> s
         + (f" ({waited:,.1f} s waiting for the next)" if waited is not None else "")
         + ": a setting that wanted more CPUs than the quota ran at the quota's pace; a curve that flattens "
         "there is the quota, not the GIL"
+    )
+
+
+def how_it_ended(limits: HostLimits | None) -> RunEnd:
+    """How a run that never finished ended, read now: the OOM killer where its cgroup's ``oom_kill`` count
+    (recorded at the start, :class:`~stagebench.model._limits.OomCount`) has grown since; else that it ended
+    without finishing and nothing here says why. The group must still exist (the rebuild runs where the
+    run ran): a count that cannot be read shows nothing."""
+    oom = limits.oom if limits is not None else None
+    now = read_oom_kills(oom.path) if oom is not None else None
+    if oom is not None and now is not None and now > oom.kills:
+        lim = limits.memory_limit if limits is not None else None
+        at = (
+            f" at its cgroup's memory limit ({lim.limit_mb:,.0f} MB, {lim.file} of {lim.group})"
+            if lim is not None
+            else ""
+        )
+        return RunEnd(
+            text=f"killed by the OOM killer{at}: its cgroup's oom_kill count went from {oom.kills} to {now} "
+            f"({oom.path}); the rows measured before are kept",
+            by="oom",
+            oom_kills=(oom.kills, now),
+        )
+    return RunEnd(
+        text="it ended without finishing, and its cgroup shows no OOM kill: killed by a signal (SIGKILL, a "
+        "scheduler's limit), the machine went down, or it is still running; the rows measured before are kept"
     )
 
 
