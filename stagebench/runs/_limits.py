@@ -27,6 +27,7 @@ Every reader takes ``root`` (the file system's root, ``/``) so that tests can po
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -45,6 +46,7 @@ __all__ = [
     "job_memory_mb",
     "read_oom_kills",
     "throttling_warning",
+    "throttled_s",
     "how_it_ended",
     "cpu_quota",
     "memory_limit",
@@ -187,6 +189,31 @@ def _throttling(root: Path | str, quota: CpuQuota | None) -> Throttling | None:
             throttled_s=ns / 1e9 if ns is not None else us / 1e6 if us is not None else None,
         )
     return None
+
+
+@functools.cache
+def _quota_stat() -> Path | None:
+    """The ``cpu.stat`` of the group whose quota binds this process, found once (a process does not move
+    between groups while it measures); None without a quota."""
+    quota = cpu_quota("/")
+    if quota is None:
+        return None
+    for g in _cgroup_dirs("/", "cpu"):
+        if g.name == quota.group and (g.version == 2) == (quota.file == "cpu.max"):
+            return g.dir / "cpu.stat"
+    return None
+
+
+def throttled_s() -> float:
+    """Seconds the CPU quota on this process's path has held its group back so far (v1 ``throttled_time``,
+    v2 ``throttled_usec``); NaN without a quota or where it cannot be read. One small file read: the
+    measurement reads it at each window's edges."""
+    path = _quota_stat()
+    if path is None:
+        return math.nan
+    stat = _keyed(path)
+    ns, us = stat.get("throttled_time"), stat.get("throttled_usec")
+    return ns / 1e9 if ns is not None else us / 1e6 if us is not None else math.nan
 
 
 def _limit_bytes(g: _Group) -> tuple[int, str] | None:
