@@ -591,7 +591,7 @@ def test_under_a_memory_limit_no_phase_starts_a_setting_predicted_to_pass_the_bu
     """Issue 59: where a cgroup's limit sets the budget, a setting whose main process and workers, each with
     its growth over an epoch, are predicted past it is not started in any phase (the script's own setting
     included): said in the stops, nothing written; the host's budget keeps its rule (the num_workers
-    search alone stops at it)."""
+    search alone stops at it, each worker's PSS counted)."""
     from stagebench.loader._sweep import _Sweep
     from stagebench.runs._results import RowWriter
     from stagebench.runs._schema import LOADER_COLUMNS
@@ -610,25 +610,26 @@ def test_under_a_memory_limit_no_phase_starts_a_setting_predicted_to_pass_the_bu
             limit_words=words,
             growth_bound_mb=150.0,
         )
-        # one worker measured: 300 MB main, 100 MB the worker
-        sw.rows.append(
-            {"status": "ok", "samples_per_s": 100.0, "num_workers": 1, "mem_main_mb": 300.0, "mem_workers_mb": 100.0}
-        )
+        # one worker measured: 300 MB main, 100 MB the worker (PSS); 70 MB of the 400 shared between them
+        mem = {"mem_main_mb": 300.0, "mem_workers_mb": 100.0, "mem_pss_mb": 400.0, "mem_uss_mb": 330.0}
+        sw.rows.append({"status": "ok", "samples_per_s": 100.0, "num_workers": 1, **mem})
         return sw
 
     sw = sweep("700 MB the container's memory limit leaves (1,000 MB, 300 MB used)")
-    assert sw.predicted_mb(2) == 300 + 2 * (100 + 150) and sw.over_budget(2) is None
+    # as the cgroup charges it: the point's 400 MB, each further worker's private 100 - 70 / 2 MB, and each
+    # worker's growth over an epoch
+    assert sw.predicted_mb(2) == 400 + 65 + 2 * 150 and sw.over_budget(2) is None
     row = sw.point(LoaderKnobs(num_workers=4, prefetch_factor=2), "user")
     assert row["status"] == "skipped" and sw.rows[-1]["num_workers"] == 1  # nothing measured, nothing kept
     (stop,) = sw.stops
     assert stop == (
-        "num_workers=4, prefetch_factor=2 not started: about 1,300 MB predicted (each worker ~150 MB more over "
+        "num_workers=4, prefetch_factor=2 not started: about 1,195 MB predicted (each worker ~150 MB more over "
         "an epoch, copy-on-read), over the memory budget of 1,000 MB (700 MB the container's memory limit leaves "
         "(1,000 MB, 300 MB used))"
     )
     # once the memory pass has read the growth, it replaces the bound
     sw.memory = {"epoch_growth_mb": 20.0}
-    assert sw.predicted_mb(4) == 300 + 4 * 120 and sw.over_budget(4) is None
+    assert sw.predicted_mb(4) == 400 + 3 * 65 + 4 * 20 and sw.over_budget(4) is None
     host = sweep("")
     assert host.predicted_mb(4) == 700 and host.over_budget(8) == (
         "about 1,100 MB predicted, over the memory budget of 1,000 MB"

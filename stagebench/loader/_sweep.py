@@ -222,15 +222,20 @@ class _Sweep:
     def predicted_mb(self, num_workers: int) -> float:
         """The main process and ``num_workers`` workers, from the latest point measured ok with workers: each
         worker holds about the same memory (its copy of the dataset object, its batches in flight). NaN
-        before any such point. Under a memory limit, each worker's growth over an epoch too
-        (:meth:`growth_mb`): a point's short window ends before its workers have copied what they read.
-        Under fork this is high: a worker's PSS counts its share of the pages it still shares with the main
-        process, which the cgroup charges once; high is the side that never meets the OOM killer."""
+        before any such point.
+
+        Under a memory limit, as the cgroup charges it: a page the workers share with the main process is
+        charged once, so the point's memory (its PSS, every page once) and each further worker's private
+        pages (:func:`_private_mb`), and each worker's growth over an epoch (:meth:`growth_mb`): a point's
+        short window ends before its workers have copied what they read."""
         last = next((r for r in reversed(self.rows) if _ok(r) and r["num_workers"] > 0), None)
         if last is None:
             return math.nan
-        grow = self.growth_mb() if self.limit_words else 0.0
-        return float(last["mem_main_mb"] + num_workers * (last["mem_workers_mb"] / last["num_workers"] + grow))
+        k = last["num_workers"]
+        private = _private_mb(last) if self.limit_words else math.nan
+        if math.isfinite(private):
+            return float(last["mem_pss_mb"] + (num_workers - k) * private + num_workers * self.growth_mb())
+        return float(last["mem_main_mb"] + num_workers * last["mem_workers_mb"] / k)
 
     def growth_mb(self) -> float:
         """Each worker's growth over an epoch: the memory pass's reading once made, else the bound on what a
@@ -297,6 +302,18 @@ class _Sweep:
         lows = [r["samples_per_s_low"] for r in self.rows if _ok(r) and isinstance(r.get("samples_per_s_low"), float)]
         lows = [x for x in lows if math.isfinite(x)]
         return CANNOT_MATTER * max(lows) if lows else None
+
+
+def _private_mb(row: dict[str, Any]) -> float:
+    """Each worker's private memory at a point, from its tree's PSS and USS: the pages counted in the PSS but
+    in no process's USS are shared, and a forked worker's PSS holds its share of those it shares with the
+    main process (k of the k + 1 sharers' shares for k workers); what is left is its own. NaN where USS was
+    not read (0: psutil could not read it)."""
+    k, pss, uss, workers = row["num_workers"], row["mem_pss_mb"], row.get("mem_uss_mb"), row["mem_workers_mb"]
+    if not (k > 0 and isinstance(uss, float) and math.isfinite(uss) and uss > 0 and math.isfinite(workers)):
+        return math.nan
+    shared = max(0.0, pss - uss)
+    return max(0.0, workers - k / (k + 1) * shared) / k
 
 
 #: Loaders the search keeps open at most: as many as the turns compare.
