@@ -633,10 +633,7 @@ def limit_of(
         k = None  # it waits and scales: nothing holds it back within the grid
     head = f"limited by {LIMIT_WORDS[k]}" if k else "no single limit stands out"
     if k == "cores" and cores_bound:
-        head += f": {cores_bound}" + (f"; {lines[0]}" if lines else "")
-        return {"kind": k, "at": f"{best['executor']} x {best['concurrency']}", "text": head}
-    return {
-        "kind": k,
-        "at": f"{best['executor']} x {best['concurrency']}",
-        "text": head + (f": {lines[0]}" if lines else ""),
-    }
+        text = f"{head}: {cores_bound}" + (f"; {lines[0]}" if lines else "")
+    else:
+        text = head + (f": {lines[0]}" if lines else "")
+    return {"kind": k, "at": f"{best['executor']} x {best['concurrency']}", "text": text}

@@ -170,38 +170,41 @@ def cpu_quota(root: Path | str = "/") -> CpuQuota | None:
     return best
 
 
-def _throttling(root: Path | str, quota: CpuQuota | None) -> Throttling | None:
-    """The quota's group's ``cpu.stat`` now (None without a quota, or where it cannot be read)."""
+def _quota_stat_path(root: Path | str, quota: CpuQuota | None) -> Path | None:
+    """The ``cpu.stat`` of the group the quota was read at (None without a quota)."""
     if quota is None:
         return None
     for g in _cgroup_dirs(root, "cpu"):
-        if g.name != quota.group or (g.version == 2) != (quota.file == "cpu.max"):
-            continue
-        stat = _keyed(g.dir / "cpu.stat")
-        if not stat:
-            return None
-        ns = stat.get("throttled_time")
-        us = stat.get("throttled_usec")
-        return Throttling(
-            group=g.name,
-            periods=stat.get("nr_periods"),
-            throttled=stat.get("nr_throttled"),
-            throttled_s=ns / 1e9 if ns is not None else us / 1e6 if us is not None else None,
-        )
+        if g.name == quota.group and (g.version == 2) == (quota.file == "cpu.max"):
+            return g.dir / "cpu.stat"
     return None
+
+
+def _throttled_s(stat: Mapping[str, int]) -> float | None:
+    """Throttled seconds from a ``cpu.stat``: v1 ``throttled_time`` (ns), v2 ``throttled_usec``."""
+    ns, us = stat.get("throttled_time"), stat.get("throttled_usec")
+    return ns / 1e9 if ns is not None else us / 1e6 if us is not None else None
+
+
+def _throttling(root: Path | str, quota: CpuQuota | None) -> Throttling | None:
+    """The quota's group's ``cpu.stat`` now (None without a quota, or where it cannot be read)."""
+    path = _quota_stat_path(root, quota)
+    stat = _keyed(path) if path is not None else {}
+    if quota is None or not stat:
+        return None
+    return Throttling(
+        group=quota.group,
+        periods=stat.get("nr_periods"),
+        throttled=stat.get("nr_throttled"),
+        throttled_s=_throttled_s(stat),
+    )
 
 
 @functools.cache
 def _quota_stat() -> Path | None:
     """The ``cpu.stat`` of the group whose quota binds this process, found once (a process does not move
     between groups while it measures); None without a quota."""
-    quota = cpu_quota("/")
-    if quota is None:
-        return None
-    for g in _cgroup_dirs("/", "cpu"):
-        if g.name == quota.group and (g.version == 2) == (quota.file == "cpu.max"):
-            return g.dir / "cpu.stat"
-    return None
+    return _quota_stat_path("/", cpu_quota("/"))
 
 
 def throttled_s() -> float:
@@ -209,11 +212,8 @@ def throttled_s() -> float:
     v2 ``throttled_usec``); NaN without a quota or where it cannot be read. One small file read: the
     measurement reads it at each window's edges."""
     path = _quota_stat()
-    if path is None:
-        return math.nan
-    stat = _keyed(path)
-    ns, us = stat.get("throttled_time"), stat.get("throttled_usec")
-    return ns / 1e9 if ns is not None else us / 1e6 if us is not None else math.nan
+    got = _throttled_s(_keyed(path)) if path is not None else None
+    return math.nan if got is None else got
 
 
 def _limit_bytes(g: _Group) -> tuple[int, str] | None:
