@@ -43,7 +43,6 @@ from contextlib import AbstractContextManager, ExitStack
 from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Any
 
-from stagebench.core._resources import usable_cores
 from stagebench.core._steps import WARMUP_STEPS
 from stagebench.model._evidence import MAX_LOOKS
 
@@ -198,6 +197,17 @@ def _load_avg() -> float | None:
         return round(os.getloadavg()[0], 2)
     except OSError:
         return None
+
+
+def _cores() -> int:
+    """The cores the host's load average is read against: the process's affinity mask, not a CPU quota's
+    share of them (the load counts the host's runnable tasks, whatever group they are in)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 @dataclass(eq=False)
@@ -392,5 +402,5 @@ class JobRuns:
             "stopped": self.stopped,
             "what": self.what,
             "load_avg": list(self.load),
-            "cores": usable_cores(),
+            "cores": _cores(),
         }
