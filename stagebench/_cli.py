@@ -54,7 +54,7 @@ def _cmd_report(ns: argparse.Namespace) -> int:
     from stagebench.sweep._rebuild import rebuild
 
     try:
-        path = rebuild(Path(ns.run_dir))
+        path = rebuild(Path(ns.run_dir), say=lambda line: print(line, file=sys.stderr))
     except (StagebenchError, FileNotFoundError, KeyboardInterrupt):
         raise
     except OSError as e:  # a full disk, a permission: nothing half-written is left (runs/_results.write_atomically)

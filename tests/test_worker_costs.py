@@ -534,3 +534,103 @@ def test_the_memory_pass_reads_the_workers_of_the_verdicts_pick(tmp_path):
         assert max(first["batches"].values()) <= MIN_BATCHES * pick, first
     else:
         assert mem is None or mem["num_workers"] == 0, mem
+
+
+def test_under_a_memory_limit_the_finding_says_how_many_workers_fit_and_the_pick_has_no_more():
+    """Issue 59: the room a cgroup's limit leaves, over each worker's growth, is how many workers fit; the
+    pick (4 workers, the fastest by far) drops to the most that fit, where the host's memory would only
+    say it beside the pick."""
+    from stagebench.analysis._loader import summarize_loader
+
+    def row(nw: int, sps: float) -> dict:
+        return {
+            "loader": "x",
+            "backend": "torch",
+            "num_workers": nw,
+            "prefetch_factor": 2 if nw else math.nan,
+            "persistent_workers": False,
+            "pin_memory": "n/a",
+            "status": "ok",
+            "reason": "",
+            "samples_per_s": sps,
+            "samples_per_s_low": sps * 0.99,
+            "samples_per_s_high": sps * 1.01,
+            "batches_per_s": sps / 4,
+            "mem_pss_mb": 300.0 + 50 * nw,
+            "mem_main_mb": 300.0,
+            "cores_used": 0.5,
+            "elapsed_s": 1.0,
+            "search_phase": "num_workers",
+        }
+
+    rows = [row(0, 100), row(1, 180), row(2, 300), row(4, 600)]
+    mem = {"num_workers": 4, "growth_mb_per_batch": 4.0, "epoch_growth_mb": 400.0, "epoch_growth_mb_low": 380.0}
+    mem |= {"batches_per_worker": 30, "epoch_batches_per_worker": 300, "extrapolated": True, "start_mb": 50}
+    limit = {"limit_mb": 2000.0, "group": "/g", "file": "memory.limit_in_bytes", "used_mb": 1100.0}
+    meta = {
+        "settings": {"memory_budget_mb": None, "usable_cores": 2},
+        "loader": {"backend": "torch"},
+        "worker_costs": {"memory": mem, "available_mb": 900.0, "memory_limit": limit},
+    }
+    s = summarize_loader(rows, meta)
+    assert s["worker_costs"]["memory"]["workers_fit"] == 2
+    assert s["recommended"]["num_workers"] == 2
+    assert "at most 2 workers fit the container's memory limit over an epoch" in s["recommended"]["why"]
+    (g,) = [f for f in s["findings"] if f["title"].startswith("Each worker's memory grows")]
+    assert (
+        "At most 2 such workers fit in the 900 MB the container's memory limit leaves (2,000 MB, "
+        "memory.limit_in_bytes of cgroup /g) over an epoch" in g["detail"]
+    )
+    # the same growth against the host's memory: said, the pick unchanged (as before issue 59)
+    host = {**meta, "worker_costs": {"memory": mem, "available_mb": 900.0}}
+    s = summarize_loader(rows, host)
+    assert s["recommended"]["num_workers"] == 4 and "workers_fit" not in s["worker_costs"]["memory"]
+
+
+def test_under_a_memory_limit_no_phase_starts_a_setting_predicted_to_pass_the_budget(tmp_path):
+    """Issue 59: where a cgroup's limit sets the budget, a setting whose main process and workers, each with
+    its growth over an epoch, are predicted past it is not started in any phase (the script's own setting
+    included): said in the stops, nothing written; the host's budget keeps its rule (the num_workers
+    search alone stops at it, each worker's PSS counted)."""
+    from stagebench.loader._sweep import _Sweep
+    from stagebench.runs._results import RowWriter
+    from stagebench.runs._schema import LOADER_COLUMNS
+
+    def sweep(words: str) -> _Sweep:
+        sw = _Sweep(
+            lambda knobs: None,
+            name="x",
+            backend="torch",
+            batch_size=8,
+            cfg=LoaderSweepConfig(transforms=False),
+            cuda=False,
+            writer=RowWriter(tmp_path / f"{len(words)}.csv", LOADER_COLUMNS),
+            progress=None,
+            budget_mb=1000.0,
+            limit_words=words,
+            growth_bound_mb=150.0,
+        )
+        # one worker measured: 300 MB main, 100 MB the worker (PSS); 70 MB of the 400 shared between them
+        mem = {"mem_main_mb": 300.0, "mem_workers_mb": 100.0, "mem_pss_mb": 400.0, "mem_uss_mb": 330.0}
+        sw.rows.append({"status": "ok", "samples_per_s": 100.0, "num_workers": 1, **mem})
+        return sw
+
+    sw = sweep("700 MB the container's memory limit leaves (1,000 MB, 300 MB used)")
+    # as the cgroup charges it: the point's 400 MB, each further worker's private 100 - 70 / 2 MB, and each
+    # worker's growth over an epoch
+    assert sw.predicted_mb(2) == 400 + 65 + 2 * 150 and sw.over_budget(2) is None
+    row = sw.point(LoaderKnobs(num_workers=4, prefetch_factor=2), "user")
+    assert row["status"] == "skipped" and sw.rows[-1]["num_workers"] == 1  # nothing measured, nothing kept
+    (stop,) = sw.stops
+    assert stop == (
+        "num_workers=4, prefetch_factor=2 not started: about 1,195 MB predicted (each worker ~150 MB more over "
+        "an epoch, copy-on-read), over the memory budget of 1,000 MB (700 MB the container's memory limit leaves "
+        "(1,000 MB, 300 MB used))"
+    )
+    # once the memory pass has read the growth, it replaces the bound
+    sw.memory = {"epoch_growth_mb": 20.0}
+    assert sw.predicted_mb(4) == 400 + 3 * 65 + 4 * 20 and sw.over_budget(4) is None
+    host = sweep("")
+    assert host.predicted_mb(4) == 700 and host.over_budget(8) == (
+        "about 1,100 MB predicted, over the memory budget of 1,000 MB"
+    )

@@ -89,11 +89,18 @@ class _Stage:
     #: SPDL's grouping steps, not the user's code (one far from binding gets no finding: nothing to change there)
     own_step: bool
     limit: str | None
-    cores: int
+    cores: float
+    #: where a quota or an allocation sets the cores, in words (empty: the affinity mask does)
+    cores_bound: str = ""
 
 
 def _stage_findings(
-    st: dict, bottleneck: str | None, cores: int, prediction: dict | None = None, page_fault: dict | None = None
+    st: dict,
+    bottleneck: str | None,
+    cores: float,
+    prediction: dict | None = None,
+    page_fault: dict | None = None,
+    cores_bound: str = "",
 ) -> list[dict]:
     """One stage's findings, unranked (:func:`build_findings` ranks them with the run's)."""
     e = StageEntry.from_json(st)
@@ -114,6 +121,7 @@ def _stage_findings(
         own_step=e.type in ("aggregate", "disaggregate"),
         limit=e.limit.kind if e.limit is not None else None,
         cores=cores,
+        cores_bound=cores_bound,
     )
     # No per-stage "change your setting" finding: a stage's setting is advice only as part of the
     # pipeline's, checked against the user's own by running both (_yours_finding).
@@ -389,12 +397,14 @@ def _cores_finding(c: _Stage) -> dict | None:
         return None
     name, rec = c.name, c.rec
     cpu = c.st.cpu_s_per_item
+    # a quota's or an allocation's cores are named: more of them is a setting, not a new host
     return _f(
         "info" if not c.is_bn else "medium",
-        f"{name} is limited by the cores",
+        f"{name} is limited by the cores" + (f": {c.cores_bound}" if c.cores_bound else ""),
         f"{_rate(rec)} at {rec.executor} x {rec.concurrency}"
         + (f", {cpu * 1e3:.3g} ms CPU per item" if cpu is not None and finite(cpu) else "")
-        + ": more cores or less work per item; more concurrency will not help",
+        + (": a larger CPU limit" if c.cores_bound else ": more cores")
+        + " or less work per item; more concurrency will not help",
         name,
         {"recommended": rec.to_json(), "cpu_s_per_item": cpu},
     )
@@ -559,10 +569,11 @@ def build_findings(
     validation: dict | None,
     warnings: list[str],
     not_isolated: list[dict],
-    cores: int,
+    cores: float,
     page_fault: dict | None = None,
     yours: dict | None = None,
     job: dict | None = None,
+    cores_bound: str = "",
 ) -> list[dict[str, Any]]:
     """All findings for a run, most important first (see the module docstring for the ranking).
 
@@ -571,11 +582,12 @@ def build_findings(
     recommended settings against the user's own
     (:func:`stagebench.analysis._verdicts.yours_verdict`); ``job``: the training job run with
     the user's loop (:func:`stagebench.analysis._job.decide_job`), which replaces it where decided.
+    ``cores_bound``: where a quota or an allocation set ``cores``, in words, for the findings on the cores.
     """
     bottleneck = Prediction.from_json(prediction).bottleneck
     out: list[dict] = []
     for st in stages:
-        out.extend(_stage_findings(st, bottleneck, cores, prediction, page_fault))
+        out.extend(_stage_findings(st, bottleneck, cores, prediction, page_fault, cores_bound))
     out += _settings_findings(yours, job)
     out += [x for x in (_binding_finding(prediction), _validation_finding(validation, prediction)) if x is not None]
     out += [_warning_finding(w) for w in warnings]

@@ -270,7 +270,10 @@ def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, Any], notes: list[str]
     a thread computing throughout ran ``1 - s`` of it, and the rest would read as waiting.
     """
     p0, t = low.p0, low.t
-    u_max = max((p.cores_used for p in T if finite(p.cores_used)), default=math.nan)
+    # the cores the threads wanted: under a CPU quota those it held back count (threads that queue for the
+    # GIL want one core between them, whatever the quota lets them use)
+    top = max((p for p in T if finite(p.cores_used)), key=lambda p: p.cores_wanted, default=None)
+    u_max = top.cores_wanted if top is not None else math.nan
     gil_free = finite(u_max) and u_max > _GIL_FREE_CORES
     own = p0.call_cpu_ms / 1e3 if finite(p0.call_cpu_ms) else math.nan
     if not (finite(own) or finite(p0.cpu_s_per_item)):
@@ -285,11 +288,15 @@ def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, Any], notes: list[str]
         tick = _TICK_S / p0.n_items if finite(p0.n_items) and p0.n_items > 0 else 0.0
     A, A_lo, A_hi = cpu / t, max(0.0, cpu - tick) / low.t_hi, (cpu + tick) / low.t_lo
     if gil_free:
+        assert top is not None  # gil_free reads it
         role = "upper bound"
+        held = top.cores_throttled
         detail = (
             f"threads used up to {u_max:.2f} cores, more than GIL-held work can: "
-            "part of the CPU runs without the GIL, so this overstates the GIL share"
-        )
+            if not (finite(held) and held > 0)
+            else f"threads wanted {u_max:.2f} cores at concurrency {top.concurrency} ({top.cores_used:.2f} used, "
+            f"{held:.2f} more the CPU quota held back), more than GIL-held work can: "
+        ) + "part of the CPU runs without the GIL, so this overstates the GIL share"
     else:
         role = "estimate"
         detail = f"{cpu * 1e3:.3g} ms CPU in {t * 1e3:.3g} ms per item at {low.executor} concurrency {low.c0}"
@@ -338,7 +345,7 @@ def _cpu_share_for_load(low: _Lowest, share: _CpuShare, signals: dict[str, Any],
 
 
 def _thread_plateau(
-    sr: StageRows, T: Curve, low: _Lowest, share: _CpuShare, cores: int, signals: dict[str, Any]
+    sr: StageRows, T: Curve, low: _Lowest, share: _CpuShare, cores: float, signals: dict[str, Any]
 ) -> _Plateau:
     """The ``thread_plateau`` signal: the bound the peak thread throughput puts on GIL time per item.
 
@@ -387,7 +394,7 @@ def _thread_plateau(
 
 
 def _plateau_detail(
-    pm: Point, c0: int, k_m: float, cores: int, *, saturated: bool, cores_limited: bool, rising: bool
+    pm: Point, c0: int, k_m: float, cores: float, *, saturated: bool, cores_limited: bool, rising: bool
 ) -> str:
     """In words, what limited the thread curve at its peak ``pm``."""
     cm = pm.concurrency
@@ -675,7 +682,7 @@ def _gil_probe(probe: dict[str, Any] | None, curves: _Estimate, signals: dict[st
 def estimate_gil(
     sr: StageRows,
     *,
-    cores: int,
+    cores: float,
     fits: dict[str, dict] | None = None,
     free_threaded: bool = False,
     probe: dict[str, Any] | None = None,

@@ -140,7 +140,7 @@ def _own_rule(settings: list[dict]) -> dict:
 def recommend_jointly(
     stages: list[dict],
     *,
-    cores: int,
+    cores: float,
     free_threaded: bool,
     fixed: float = 0.0,
     demand: float | None = None,
@@ -290,7 +290,7 @@ def process_headroom(
     stages: list[dict],
     pending: dict[str, list[int]],
     *,
-    cores: int,
+    cores: float,
     free_threaded: bool,
     fixed: float = 0.0,
     ranks: int = 1,

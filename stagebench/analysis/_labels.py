@@ -105,7 +105,7 @@ class _AtBest:
     ceil: Point | None
     bests: dict[str, Point]
     gil: GilEstimate
-    cores: int
+    cores: float
     signals: dict[str, dict]
 
     @property
@@ -120,7 +120,7 @@ def limit_rules(
     best: dict,
     bests: dict[str, Point],
     gil: GilEstimate,
-    cores: int,
+    cores: float,
 ) -> tuple[str, list[str], dict[str, dict]]:
     """What limits the stage at its best setting: the first of the rules below that holds, in order.
 
@@ -619,16 +619,21 @@ def relabel_unfused(st: dict) -> None:
     st["evidence"]["summary"].insert(0, line)
 
 
-def limit_of(kind: str, lines: list[str], sr: StageRows, best: dict, gil: GilEstimate) -> dict[str, Any]:
-    """``limit``: what holds the stage back at its best setting, in one phrase (None: nothing stands out)."""
+def limit_of(
+    kind: str, lines: list[str], sr: StageRows, best: dict, gil: GilEstimate, *, cores_bound: str = ""
+) -> dict[str, Any]:
+    """``limit``: what holds the stage back at its best setting, in one phrase (None: nothing stands out).
+
+    A limit of the cores that a quota or an allocation sets names it first (``cores_bound``, e.g. "1.0 CPU
+    by the container's quota, of 2"): the cores that ran out are not the host's."""
     k = LIMIT_OF.get(kind)
     if kind == "unknown" and gil.saturated and gil.serializer == "other":
         k = "serialised"
     if kind == "io-bound" and not still_rising(sr.curve(best["harness"], best["executor"])):
         k = None  # it waits and scales: nothing holds it back within the grid
-    return {
-        "kind": k,
-        "at": f"{best['executor']} x {best['concurrency']}",
-        "text": (f"limited by {LIMIT_WORDS[k]}" if k else "no single limit stands out")
-        + (f": {lines[0]}" if lines else ""),
-    }
+    head = f"limited by {LIMIT_WORDS[k]}" if k else "no single limit stands out"
+    if k == "cores" and cores_bound:
+        text = f"{head}: {cores_bound}" + (f"; {lines[0]}" if lines else "")
+    else:
+        text = head + (f": {lines[0]}" if lines else "")
+    return {"kind": k, "at": f"{best['executor']} x {best['concurrency']}", "text": text}

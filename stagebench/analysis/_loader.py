@@ -26,13 +26,18 @@ from stagebench._numbers import finite, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._job import job_findings
 from stagebench.analysis._loader_evidence import is_ok, paired_ratio, paired_rounds, pool_points
-from stagebench.analysis._worker_costs import beside_the_pick, worker_cost_findings, worker_costs_summary
+from stagebench.analysis._worker_costs import (
+    beside_the_pick,
+    worker_cost_findings,
+    worker_costs_summary,
+    workers_that_fit,
+)
 from stagebench.core._config import CANNOT_MATTER
 from stagebench.model._evidence import EQUIVALENT, Decision, more_rounds_text
 from stagebench.model._finding import Finding, by_severity
 from stagebench.model._job import JobVerdict, StepAlone
 from stagebench.model._knobs import LoaderKnobs
-from stagebench.model._loader import LoaderPoint
+from stagebench.model._loader import LoaderPoint, WorkerCosts
 from stagebench.model._meta import Provenance, RunMeta, UserKnobs
 from stagebench.runs._knobs import KNOB_KEYS, NOT_APPLICABLE, normalize_knobs
 
@@ -175,8 +180,19 @@ def pooled_frame(rows: Any) -> Any:
     return pd.DataFrame(_rows(rows))
 
 
-def _over_budget(p: dict[str, Any], budget_mb: float | None) -> bool:
+def _over_budget(p: dict[str, Any], budget_mb: float | None, max_workers: int | None = None) -> bool:
+    """Whether a setting passes the memory budget as measured, or has more workers than a cgroup's memory
+    limit holds over an epoch (``max_workers``, :func:`_memory_cap`)."""
+    if max_workers is not None and p["num_workers"] > max_workers:
+        return True
     return budget_mb is not None and math.isfinite(p["mem_pss_mb"]) and p["mem_pss_mb"] > budget_mb
+
+
+def _memory_cap(m: RunMeta) -> int | None:
+    """The most workers a rank's loader may have for a cgroup's memory limit to hold every rank's over an
+    epoch, where one sets the run's memory and the workers' growth was read
+    (:func:`stagebench.analysis._worker_costs.workers_that_fit`); None otherwise."""
+    return workers_that_fit(WorkerCosts.from_json(m.worker_costs), m.ranks) if m.worker_costs else None
 
 
 def _cheapest_first(p: dict[str, Any]) -> tuple[float, ...]:
@@ -216,6 +232,7 @@ def recommend(
     headroom: float = DEMAND_HEADROOM,
     user: dict[str, Any] | None = None,
     serial_ok: bool = True,
+    max_workers: int | None = None,
 ) -> dict[str, Any] | None:
     """The recommended row (with a ``why`` and the rule's ``decision``), or None when nothing was measured ok.
 
@@ -228,13 +245,14 @@ def recommend(
     target: the cheapest that delivers target x (1 + headroom); when none does, the same as without.
     ``serial_ok=False`` (a trainer is waiting on this loader, and no job run has said otherwise): a
     setting with workers is preferred over ``num_workers=0``, whose loading adds to every training step
-    (a loader alone cannot show that).
+    (a loader alone cannot show that). ``max_workers``: the most workers a cgroup's memory limit holds over
+    an epoch (:func:`_memory_cap`): a setting with more is never advised where one with fewer was measured.
     """
     pts = _rows(rows)
     ok = [p for p in pts if is_ok(p)]
     if not ok:
         return None
-    fits = [p for p in ok if not _over_budget(p, budget_mb)]
+    fits = [p for p in ok if not _over_budget(p, budget_mb, max_workers)]
     pool = fits or ok
     budget_note = "" if fits else "; no setting fits the memory budget: the least memory-hungry near the best"
     if target_rate is not None:
@@ -258,6 +276,8 @@ def recommend(
     rec["why"] = _decision_words(d, by_key, within_best) + budget_note
     if budget_mb is not None and fits:
         rec["why"] += f"; inside the memory budget ({budget_mb:,.0f} MB)"
+    if max_workers is not None and fits and any(p["num_workers"] > max_workers for p in ok):
+        rec["why"] += f"; at most {max_workers} workers fit the container's memory limit over an epoch"
     rec["decision"] = d.to_json()
     return rec
 
@@ -452,9 +472,11 @@ class _SweepRead:
     jv: JobVerdict | None
     #: the job runs decided the pick: the comparisons with the user's setting are the job's
     decided: bool
-    cores: int
+    cores: float
     budget: float | None
     backend: str
+    #: where a quota or an allocation sets ``cores``, in words (empty: the affinity mask does)
+    cores_bound: str = ""
 
 
 def loader_findings(
@@ -482,9 +504,10 @@ def loader_findings(
         job=job,
         jv=(jv := JobVerdict.from_json(job)),
         decided=jv is not None and jv.decided,
-        cores=int(m.settings.usable_cores or prov.usable_cores or 1),
+        cores=m.settings.usable_cores or prov.usable_cores or 1,
         budget=m.settings.memory_budget_mb,
         backend="" if m.loader.backend is None else m.loader.backend,
+        cores_bound="" if prov.limits is None else prov.limits.cores_bound(),
     )
     return by_severity(
         [
@@ -622,7 +645,9 @@ def _too_many_workers(c: _SweepRead) -> list[dict[str, Any]]:
             f"{best['samples_per_s']:,.0f} at {best['num_workers']}"
             + (f", for {extra:,.0f} MB more memory" if math.isfinite(extra) and extra > 0 else "")
             + (
-                f". More workers than the {c.cores} usable cores compete for them (thrashing)"
+                f". More workers than the {c.cores} usable cores"
+                + (f" ({c.cores_bound})" if c.cores_bound else "")
+                + " compete for them (thrashing)"
                 if worst["num_workers"] > c.cores
                 else ". The workers compete with the main process for the cores"
             )
@@ -672,10 +697,12 @@ def _cpu_or_wait_bound(c: _SweepRead) -> list[dict[str, Any]]:
         return [
             _finding(
                 "medium",
-                "CPU-bound: the loader's work saturates the cores",
+                "CPU-bound: the loader's work saturates the cores" + (f": {c.cores_bound}" if c.cores_bound else ""),
                 f"At num_workers={b['num_workers']} the loader keeps {u:.2f} of {cores} cores busy "
                 f"({cpu_ms:.2f} ms of CPU per sample). More workers cannot help: make the per-sample "
-                "work cheaper (smaller inputs, vectorised transforms) or move it off these cores.",
+                "work cheaper (smaller inputs, vectorised transforms)"
+                + (", raise the CPU limit" if c.cores_bound else "")
+                + " or move it off these cores.",
                 {
                     "cores_used": u,
                     "usable_cores": cores,
@@ -966,7 +993,7 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: dict[str, Any] | flo
     budget = m.settings.memory_budget_mb
     headroom = float(DEMAND_HEADROOM if m.settings.headroom is None else m.settings.headroom)
     mine = m.loader.user_knobs or UserKnobs()
-    pool = [p for p in pts if not _over_budget(p, budget)] or pts
+    pool = [p for p in pts if not _over_budget(p, budget, _memory_cap(m))] or pts
 
     def knobs_of(p: dict[str, Any], pin: bool | None = None) -> LoaderKnobs:
         # the rules of _kept_knobs, so that the job's pick is what the summary recommends
@@ -1123,6 +1150,8 @@ def _warnings(pts: list[dict[str, Any]], m: RunMeta) -> list[str]:
             out.append(f"{_knob_text(p)}: {p['notes']}")
     if m.search.interrupted:
         out.append("the sweep was interrupted: the summary covers the points measured before it")
+    if m.status == "running" and m.ended is not None:  # a sweep that never finished, as the rebuild found it
+        out.append(f"the sweep was cut short: {m.ended.text}; this summary covers the points measured before it")
     out.extend(m.warnings)
     return out
 
@@ -1230,6 +1259,7 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
         headroom=headroom,
         user=user,
         serial_ok=target_rate is None,
+        max_workers=_memory_cap(m),
     )
     rec = _kept_knobs(rec, ok, m)
     isolated = rec

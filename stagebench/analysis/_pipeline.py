@@ -82,21 +82,27 @@ def pipeline_overhead(raw: Any) -> dict[str, float] | None:
     }
 
 
-def _cores(prov: Provenance) -> int:
+def _cores(prov: Provenance) -> float:
+    """The cores the run could use as recorded (a quota's fraction kept), else this host's."""
     for v in (prov.usable_cores, prov.cpu_count):
-        if isinstance(v, (int, float)) and v >= 1:
-            return int(v)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+            return v
     return usable_cores()
 
 
-def _run_warnings(df: pd.DataFrame, stages: list[dict], m: RunMeta, cores: int) -> list[str]:
+def _cores_bound(prov: Provenance) -> str:
+    """Where a quota or an allocation set the run's cores, in words; empty where the affinity mask did."""
+    return "" if prov.limits is None else prov.limits.cores_bound()
+
+
+def _run_warnings(df: pd.DataFrame, stages: list[dict], m: RunMeta, cores: float) -> list[str]:
     from stagebench.runs._provenance import load_warnings
 
     out: list[str] = []
     status = m.status
     if status in ("interrupted", "terminated", "running"):
         how = {"interrupted": "interrupted (Ctrl-C)", "terminated": "terminated (SIGTERM)"}.get(
-            str(status), "not finished (killed, or still running)"
+            str(status), "not finished (killed, or still running)" if m.ended is None else m.ended.text
         )
         out.append(f"the diagnosis was cut short: {how}; this summary covers the points measured before it")
     for st in m.stages:
@@ -160,11 +166,13 @@ class _RunContext:
 
     meta: RunMeta
     df: pd.DataFrame
-    cores: int
+    cores: float
     free_threaded: bool
     overhead: dict | None
     #: the host's ranks measured together (the rows' figures are the host's): each a GIL of its own
     ranks: int = 1
+    #: where a quota or an allocation set ``cores``, in words (empty: the affinity mask did)
+    cores_bound: str = ""
 
     @property
     def fixed(self) -> float:
@@ -172,7 +180,9 @@ class _RunContext:
 
     def stages(self, stage_cache: dict | None, df: pd.DataFrame | None = None) -> list[dict]:
         """Each stage's analysis (:func:`_stage_entries`) of these rows, or of ``df``."""
-        return _stage_entries(self.df if df is None else df, self.meta, self.cores, self.free_threaded, stage_cache)
+        return _stage_entries(
+            self.df if df is None else df, self.meta, self.cores, self.free_threaded, stage_cache, self.cores_bound
+        )
 
 
 def _run_context(rows: Any, meta: dict | None) -> _RunContext:
@@ -189,17 +199,18 @@ def _run_context(rows: Any, meta: dict | None) -> _RunContext:
         _cores(prov),
         bool(prov.free_threaded),
         pipeline_overhead(m.pipeline_overhead),
-        prov.ranks.local_world_size,
+        m.ranks,
+        _cores_bound(prov),
     )
 
 
-def _per_rank(ranks: int, cores: int) -> str:
+def _per_rank(ranks: int, cores: float) -> str:
     """A ranked diagnosis's settings in the words they are set in (each rank's pipeline), and what its
     figures are; "" on one rank."""
     if ranks <= 1:
         return ""
     return (
-        f"; the settings are each rank's pipeline's: {ranks} ranks run one each on {cores} cores, and items/s "
+        f"; the settings are each rank's pipeline's: {ranks} ranks run one each on {cores:g} cores, and items/s "
         "are the host's, every rank's pipeline at once"
     )
 
@@ -210,7 +221,12 @@ def _fixed(overhead: dict | None) -> float:
 
 
 def _stage_entries(
-    df: pd.DataFrame, meta: RunMeta, cores: int, free_threaded: bool, stage_cache: dict | None
+    df: pd.DataFrame,
+    meta: RunMeta,
+    cores: float,
+    free_threaded: bool,
+    stage_cache: dict | None,
+    cores_bound: str = "",
 ) -> list[dict]:
     """Each declared stage's analysis (:func:`analyze_stage`) with its place in the pipeline, in pipeline order."""
     declared = list(meta.stages)
@@ -222,12 +238,18 @@ def _stage_entries(
     stages: list[dict] = []
     for i, (name, decl) in enumerate(zip(names, declared)):
         part = df[df["stage"] == name]
-        key = (name, cores, free_threaded, len(part))
+        key = (name, cores, free_threaded, len(part), cores_bound)
         if stage_cache is not None and key in stage_cache:
             entry = copy.deepcopy(stage_cache[key])
         else:
             entry = (
-                analyze_stage(part, cores=cores, free_threaded=free_threaded, gil_probe=decl.get("gil_probe"))
+                analyze_stage(
+                    part,
+                    cores=cores,
+                    free_threaded=free_threaded,
+                    gil_probe=decl.get("gil_probe"),
+                    cores_bound=cores_bound,
+                )
                 if len(part)
                 else _unmeasured(name)
             )
@@ -385,7 +407,14 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         ranks=run.ranks,
     )
     prediction = (
-        predict_pipeline(stages, cores=cores, free_threaded=free_threaded, overhead=overhead, ranks=run.ranks)
+        predict_pipeline(
+            stages,
+            cores=cores,
+            free_threaded=free_threaded,
+            overhead=overhead,
+            ranks=run.ranks,
+            cores_bound=run.cores_bound,
+        )
         if stages
         else None
     )
@@ -417,6 +446,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         page_fault=m.page_fault,
         yours=yours,
         job=job,
+        cores_bound=run.cores_bound,
     )
     return {
         "schema_version": SUMMARY_SCHEMA_VERSION,

@@ -78,7 +78,7 @@ def job_candidates(
     meta: Mapping[str, Any] | RunMeta,
     *,
     demand: Rate | float | None,
-    cores: int,
+    cores: float,
     free_threaded: bool,
     fixed: float,
     ranks: int = 1,

@@ -92,7 +92,7 @@ def stage_load(st: StageEntry, setting: dict, fixed: float = 0.0) -> dict[str, A
 
 
 def pipeline_bounds(
-    loads: list[dict], cores: int, free_threaded: bool, fixed: float = 0.0, ranks: int = 1
+    loads: list[dict], cores: float, free_threaded: bool, fixed: float = 0.0, ranks: int = 1
 ) -> dict[str, Any]:
     """The bounds of a pipeline of ``loads`` (:func:`stage_load`): its slowest stage, the cores, the GIL.
 
@@ -139,10 +139,11 @@ def _setting(st: StageEntry, executor: str | None = None) -> dict | None:
 def predict_pipeline(
     stage_summaries: list[dict],
     *,
-    cores: int,
+    cores: float,
     free_threaded: bool = False,
     overhead: dict | None = None,
     ranks: int = 1,
+    cores_bound: str = "",
 ) -> dict[str, Any]:
     """Predict the pipeline's throughput from per-stage summaries (:func:`analyze_stage` entries).
 
@@ -160,9 +161,11 @@ def predict_pipeline(
     it (older runs) each stage is charged its whole one-stage cost, which
     over-counts the fixed part for every stage after the first: the GIL and
     cores bounds are then pessimistic, and ``caveat`` says so.
+
+    ``cores_bound``: where a quota or an allocation sets ``cores``, in words; the cores bound names it.
     """
-    if cores < 1:
-        raise ValueError(f"cores must be >= 1, got {cores}")
+    if not cores > 0:  # a quota can give less than one CPU
+        raise ValueError(f"cores must be > 0, got {cores}")
     fixed = float((overhead or {}).get("fixed_s_per_item") or 0.0)
     entries = [StageEntry.from_json(st) for st in stage_summaries]
     loads, missing, settings = _measured(entries, fixed)
@@ -182,6 +185,7 @@ def predict_pipeline(
         free_threaded=free_threaded,
         fixed=fixed,
         ranks=ranks,
+        cores_bound=cores_bound,
     )
     if b["binding"] == "gil":
         parts = _gil_binds(p, out)
@@ -270,12 +274,14 @@ class _Pipeline:
     """The measured stages' per-item demands (:func:`stage_load`)."""
     b: dict[str, Any]
     """The bounds (:func:`pipeline_bounds`)."""
-    cores: int
+    cores: float
     free_threaded: bool
     fixed: float
     """SPDL's per-item cost the pipeline pays once."""
     ranks: int = 1
     """The host's ranks, each a GIL of its own (:func:`pipeline_bounds`)."""
+    cores_bound: str = ""
+    """Where a quota or an allocation sets the cores, in words (empty: the affinity mask does)."""
 
 
 def _gil_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
@@ -337,16 +343,17 @@ def _unmeasured_move(p: _Pipeline, top: dict) -> str:
 
 def _cores_bind(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     """The cores bind: the stages' CPU per item, the largest user the bottleneck (set in ``out``)."""
-    b, cores = p.b, p.cores
+    b = p.b
+    cores = f"{p.cores} cores ({p.cores_bound})" if p.cores_bound else f"{p.cores} cores"
     users = sorted((d for d in p.loads if d["cpu_s_per_item"]), key=lambda d: -d["cpu_s_per_item"])
     out["bottleneck"] = users[0]["stage"] if users else None
     return [
         f"the cores bind: one item needs {fmt_ms(b['cpu_sum'])} of CPU across the stages "
         + (
-            f"({_shares(users, 'cpu_s_per_item')}); {cores} cores give at most {fmt_q(b['qps'])} items/s. "
+            f"({_shares(users, 'cpu_s_per_item')}); {cores} give at most {fmt_q(b['qps'])} items/s. "
             f"More cores, or less work in {users[0]['stage']}, would lift it"
             if users
-            else f"(the pipeline's own); {cores} cores give at most {fmt_q(b['qps'])} items/s"
+            else f"(the pipeline's own); {cores} give at most {fmt_q(b['qps'])} items/s"
         )
     ]
 

@@ -204,22 +204,25 @@ def empty_stage_entry(name: str) -> dict[str, Any]:
 def analyze_stage(
     rows_for_one_stage: pd.DataFrame,
     *,
-    cores: int,
+    cores: float,
     free_threaded: bool = False,
     n_boot: int = 200,
     gil_probe: dict[str, Any] | None = None,
+    cores_bound: str = "",
 ) -> dict[str, Any]:
     """Analyse the rows of one stage (all harnesses, executors, roles).
 
     ``gil_probe``: the stage's direct GIL reading, if one was taken (see
-    :func:`stagebench.analysis._gil.estimate_gil`).
+    :func:`stagebench.analysis._gil.estimate_gil`). ``cores_bound``: where a quota or an allocation
+    sets ``cores``, in words (:meth:`stagebench.model._limits.HostLimits.cores_bound`), for a limit
+    of the cores to name it; empty where the affinity mask sets them.
 
     Returns the stage entry of ``summary.json`` (``index`` and ``type`` are
     ``None``; :func:`summarize` fills them from ``run.json``). Never raises for
     odd rows: stages with no successful point get ``status`` and ``reason``.
     """
-    if cores < 1:
-        raise ValueError(f"cores must be >= 1, got {cores}")
+    if not cores > 0:  # a quota can give less than one CPU
+        raise ValueError(f"cores must be > 0, got {cores}")
     df = rows_for_one_stage if isinstance(rows_for_one_stage, pd.DataFrame) else pd.DataFrame(rows_for_one_stage)
     sr = StageRows(df)
     names = [n for n in sr.all["stage"].unique() if n]
@@ -244,7 +247,7 @@ def analyze_stage(
     kind, limit_lines, limit_signals = limit_rules(sr, entry["harness"], best, bests, gil, cores)
     entry["classification"] = label
     entry["mix"] = label_mix(nature_signals)
-    entry["limit"] = limit_of(kind, limit_lines, sr, best, gil)
+    entry["limit"] = limit_of(kind, limit_lines, sr, best, gil, cores_bound=cores_bound)
     entry["evidence"]["signals"].update(limit_signals)
     entry["evidence"]["signals"].update(nature_signals)
     _explain(entry, lines, gil, recommended)
@@ -278,7 +281,7 @@ def _read_curves(entry: dict[str, Any], sr: StageRows, n_boot: int) -> None:
 
 
 def _read_gil(
-    entry: dict[str, Any], sr: StageRows, cores: int, free_threaded: bool, gil_probe: dict[str, Any] | None
+    entry: dict[str, Any], sr: StageRows, cores: float, free_threaded: bool, gil_probe: dict[str, Any] | None
 ) -> GilEstimate:
     """The stage's GIL estimate (:func:`estimate_gil`) into the entry; returns the estimate."""
     est = estimate_gil(sr, cores=cores, fits=entry["fit"], free_threaded=free_threaded, probe=gil_probe)

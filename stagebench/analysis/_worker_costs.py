@@ -14,7 +14,9 @@ A pure function of the rows (the start-up split: ``workers_start_s`` with ``work
   through ``/dev/shm``) take over :data:`SHM_SHARE` of the space free there; high where they do not fit;
 * **memory over an epoch**: a worker's private memory grows over :data:`GROWTH_MB` over its share of
   an epoch, beyond noise (the growth's interval above zero); high where the pick's workers together
-  would not fit the memory available.
+  would not fit the memory available. Where a cgroup's memory limit sets that memory, the finding says
+  how many such workers its room holds (:func:`workers_that_fit`), and the pick has no more: the OOM
+  killer ends a job that passes the limit.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "worker_costs_summary",
     "worker_cost_findings",
     "beside_the_pick",
+    "workers_that_fit",
     "SHIP_MB",
     "SHIP_S",
     "GROWTH_MB",
@@ -68,16 +71,49 @@ def worker_costs_summary(meta: Mapping[str, Any] | RunMeta, pts: list[dict[str, 
         startup.append(replace(p.startup, setting=_knob_text(p), num_workers=nw))
     startup.sort(key=lambda r: r.num_workers or 0)
     # run.json's record, as measured: the summary carries it whole, after the start-up split
-    raw = dict((meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)).worker_costs or {})
+    m = meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)
+    raw = dict(m.worker_costs or {})
     if not startup and not raw:
         return None
     out = {"startup": [r.to_json() for r in startup], **raw}
     wc = WorkerCosts.from_json(raw)
     mem, avail = wc.memory, wc.available_mb
+    ranks = m.ranks
     if mem is not None and mem.epoch_growth_mb is not None and finite(mem.epoch_growth_mb) and finite(avail):
-        total = float(mem.epoch_growth_mb) * int(mem.num_workers or 0)
+        # every rank's workers grow alike, in the memory the host's ranks share
+        total = float(mem.epoch_growth_mb) * int(mem.num_workers or 0) * ranks
         out["memory"] = {**raw["memory"], "all_workers_mb": total, "fits": total < num(avail)}
+        if ranks > 1:
+            out["memory"]["ranks"] = ranks
+        fit = workers_that_fit(wc, ranks)
+        if fit is not None:
+            out["memory"]["workers_fit"] = fit
     return out
+
+
+def workers_that_fit(wc: WorkerCosts, ranks: int = 1) -> int | None:
+    """Under a cgroup's memory limit, how many workers a rank's loader may have for its room to hold every
+    rank's over an epoch: the memory the limit left once the loaders were closed over each worker's growth
+    times the host's ``ranks`` (the same rule as ``fits``). None where the host's memory set the room (there
+    a pick that passes it is said beside the pick, not dropped), or no growth was read."""
+    mem = wc.memory
+    if wc.memory_limit is None or mem is None or not finite(mem.epoch_growth_mb, wc.available_mb):
+        return None
+    growth = num(mem.epoch_growth_mb)
+    if growth <= 0:
+        return None
+    return int(num(wc.available_mb) // (growth * ranks))
+
+
+def _room_words(wc: WorkerCosts) -> str:
+    """The memory the workers grow into, in words: what a cgroup's limit leaves, or the host's available."""
+    lim = wc.memory_limit
+    if lim is None:
+        return f"the {wc.available_mb:,.0f} MB available"
+    return (
+        f"the {wc.available_mb:,.0f} MB the container's memory limit leaves ({lim.limit_mb:,.0f} MB, "
+        f"{lim.file} of cgroup {lim.group})"
+    )
 
 
 #: Workers waiting this share of their boot, median, to be created were started one after another.
@@ -226,10 +262,20 @@ def _growth_findings(wc: WorkerCosts) -> list[dict[str, Any]]:
                 "before the workers start keeps those pages shared.)"
             )
         fits = mem.fits
+        ranks = mem.ranks or 1
+        fit = workers_that_fit(wc, ranks)
+        every = (
+            f"the {nw} workers" if ranks == 1 else f"the host's {ranks} ranks' {nw} workers each ({ranks * nw} in all)"
+        )
         if fits is False:
             detail += (
-                f" Together the {nw} workers would take ~{mem.all_workers_mb:,.0f} MB more, over the "
-                f"{wc.available_mb:,.0f} MB available: fewer workers, or the fix above, before a long run."
+                f" Together {every} would take ~{mem.all_workers_mb:,.0f} MB more, over "
+                f"{_room_words(wc)}: fewer workers, or the fix above, before a long run."
+            )
+        if fit is not None:
+            detail += (
+                f" At most {fit} such worker{'' if fit == 1 else 's'}{'' if ranks == 1 else ' a rank'} fit in "
+                f"{_room_words(wc)} over an epoch; the OOM killer ends the job past it, so no pick has more."
             )
         return [
             _f(
@@ -242,6 +288,7 @@ def _growth_findings(wc: WorkerCosts) -> list[dict[str, Any]]:
                     "epoch_growth_mb": mem.epoch_growth_mb,
                     "extrapolated": mem.extrapolated,
                     "all_workers_mb": mem.all_workers_mb,
+                    **({} if fit is None else {"workers_fit": fit}),
                 },
             )
         ]
@@ -253,10 +300,11 @@ def _shm_findings(shm: Shm) -> list[dict[str, Any]]:
     if not (math.isfinite(need) and math.isfinite(free)) or need < SHM_SHARE * free:
         return []
     fits = need <= free
+    every = "" if not shm.ranks else f" x {shm.ranks} ranks"
     detail = (
         f"Each batch ({num(shm.batch_mb):,.1f} MB) goes from its worker to the main process through "
         f"shared memory, and {shm.batches_in_flight} are in flight at the recommended setting "
-        f"(num_workers x prefetch_factor): ~{need:,.0f} MB of the {free:,.0f} MB free in {shm.path} "
+        f"(num_workers x prefetch_factor{every}): ~{need:,.0f} MB of the {free:,.0f} MB free in {shm.path} "
         f"({num(shm.total_mb):,.0f} MB in all). "
         + (
             'A worker that cannot write its batch there fails the run ("bus error", "insufficient shared memory"). '
@@ -293,12 +341,15 @@ def beside_the_pick(costs: Mapping[str, Any] | None, rec: Mapping[str, Any] | No
     said = ""
     mem = wc.memory or WorkerMemory()
     if mem.fits is False and finite(mem.epoch_growth_mb) and finite(wc.available_mb):
-        growth, avail = num(mem.epoch_growth_mb), num(wc.available_mb)
-        fit = int(avail // growth) if growth > 0 else 0
+        growth, avail, ranks = num(mem.epoch_growth_mb), num(wc.available_mb), mem.ranks or 1
+        fit = int(avail // (growth * ranks)) if growth > 0 else 0
         said += (
             f"; memory: {_each_of(mem.num_workers or 0)} grows ~{growth:,.0f} MB over an epoch, "
-            f"~{mem.all_workers_mb:,.0f} MB together against {avail:,.0f} MB available"
-            + (f" (at most {fit} such workers fit)" if fit >= 1 else "")
+            f"~{mem.all_workers_mb:,.0f} MB together"
+            + ("" if ranks == 1 else f" on the host's {ranks} ranks")
+            + " against "
+            + (f"{avail:,.0f} MB available" if wc.memory_limit is None else _room_words(wc))
+            + (f" (at most {fit} such workers{'' if ranks == 1 else ' a rank'} fit)" if fit >= 1 else "")
         )
     shm = wc.shm or Shm()
     need, free = num(shm.in_flight_mb), num(shm.free_mb)

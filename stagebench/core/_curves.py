@@ -48,6 +48,7 @@ _NUMERIC = (
     "elapsed_s",
     "call_cpu_ms",
     "steal_share",
+    "cores_throttled",
     "minor_faults_per_item",
     "gc_s_per_item",
 )
@@ -76,6 +77,14 @@ class Point:
     """Seconds this process's cyclic garbage collector ran per item (holding the GIL)."""
     steal_share: float = math.nan
     """The share of the CPUs' time the host took from this VM in the window (steal)."""
+    cores_throttled: float = math.nan
+    """The cores' worth of time the CPU quota held the process back in the window (NaN: no quota)."""
+
+    @property
+    def cores_wanted(self) -> float:
+        """The cores the point's threads and workers wanted: those used, and those a CPU quota held back."""
+        held = self.cores_throttled
+        return self.cores_used + (held if finite(held) else 0.0)
 
     @property
     def has_interval(self) -> bool:
@@ -152,6 +161,7 @@ def _point(row: pd.Series) -> Point:
         call_cpu_ms=g["call_cpu_ms"],
         gc_s_per_item=g["gc_s_per_item"],
         steal_share=g["steal_share"],
+        cores_throttled=g["cores_throttled"],
     )
 
 

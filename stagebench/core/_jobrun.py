@@ -200,6 +200,8 @@ def _load_avg() -> float | None:
 
 
 def _cores() -> int:
+    """The cores the host's load average is read against: the process's affinity mask, not a CPU quota's
+    share of them (the load counts the host's runnable tasks, whatever group they are in)."""
     import os
 
     try:

@@ -520,6 +520,7 @@ def _fill_from_records(row, lanes, t0, t1, snap0, snap1, gc_s, check_cpu, cfg: M
     cpu_span = max(snap1.t - snap0.t, 1e-9)
     row["cores_used"] = cpu / cpu_span
     row["steal_share"] = snap1.steal_share_since(snap0)
+    row["cores_throttled"] = snap1.throttled_cores_since(snap0)
     # per item completed over the counters' span: CPU, faults and collector time are read over it
     span_items = n_items * cpu_span / window
     for key, total in (

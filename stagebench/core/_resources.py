@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from stagebench.runs import _limits
+
 try:
     import resource
 except ImportError:  # not on Windows
@@ -46,9 +48,12 @@ __all__ = [
 ]
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity; all of them where that is unknown)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+def usable_cores() -> float:
+    """The cores this job can use: the smallest of its affinity mask, the CPU quota on its cgroup path and
+    its Slurm allocation (:func:`stagebench.runs._limits.usable_cores`). A whole count where the affinity
+    or Slurm sets it; a fraction (1.5) where a quota does, so a caller that needs a whole number of
+    workers or levels rounds it (up, for a grid's top: the level that shows where the cores end)."""
+    return _limits.usable_cores()
 
 
 _SELF: dict[int, psutil.Process] = {}
@@ -93,6 +98,9 @@ class TreeSnapshot:
     minor_faults: dict[int, int]
     steal_s: float = math.nan
     """CPU seconds the hypervisor ran something else while this VM's CPUs wanted to run, all CPUs together."""
+    throttled_s: float = math.nan
+    """Seconds the CPU quota on this process's cgroup path held its group back so far, summed over the CPUs
+    it was held back on (NaN: no quota)."""
 
     @classmethod
     def take(cls, worker_pids: "list[int] | tuple[int, ...]" = (), *, opening: bool = False) -> "TreeSnapshot":
@@ -131,7 +139,7 @@ class TreeSnapshot:
                 continue
         if opening:
             cpu[me], when = time.process_time(), time.perf_counter()
-        return cls(when, cpu, rb, rc, flt, _steal_s())
+        return cls(when, cpu, rb, rc, flt, _steal_s(), _limits.throttled_s())
 
     @staticmethod
     def _delta(a: dict[int, float], b: dict[int, float]) -> float:
@@ -160,6 +168,19 @@ class TreeSnapshot:
         if not (span > 0 and math.isfinite(self.steal_s) and math.isfinite(earlier.steal_s)):
             return math.nan
         return max(0.0, self.steal_s - earlier.steal_s) / (cpus * span)
+
+    def throttled_cores_since(self, earlier: "TreeSnapshot") -> float:
+        """The cores' worth of time the CPU quota held the group back since ``earlier``: what the process's
+        threads and workers wanted beyond the quota (0: the quota did not bind; NaN: no quota).
+
+        Beside the cores used, it says what a curve that flattens at the quota wanted: GIL-free threads
+        want a core each and are held back, threads that queue for the GIL want one between them. Two
+        threads hashing under a 1-CPU quota on 2 cores read 0.99 cores used and 0.40 held back; two
+        spinning in pure Python 0.99 and 0.00."""
+        span = self.t - earlier.t
+        if not (span > 0 and math.isfinite(self.throttled_s) and math.isfinite(earlier.throttled_s)):
+            return math.nan
+        return max(0.0, self.throttled_s - earlier.throttled_s) / span
 
     def minor_faults_since(self, earlier: "TreeSnapshot") -> float:
         """Minor page faults of the tree since ``earlier``; NaN where none could be read."""

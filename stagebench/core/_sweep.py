@@ -516,7 +516,7 @@ _SAME_CORES = 1.05  # a level whose cores used are within this of a fewer-thread
 
 
 def _watch_plateau(
-    row: dict[str, Any], harness: str, plateaus: dict, stopped: dict, flat_levels: int, cores: int | None = None
+    row: dict[str, Any], harness: str, plateaus: dict, stopped: dict, flat_levels: int, cores: float | None = None
 ) -> None:
     """Stop the process curve (and its ceilings) after ``flat_levels`` levels in a row without gain.
 

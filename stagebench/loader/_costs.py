@@ -357,16 +357,17 @@ def _median_interval(xs: list[float]) -> tuple[float, float, float]:
 SHM = "/dev/shm"
 
 
-def shm_headroom(batch_mb: float, num_workers: int, prefetch_factor: int) -> dict[str, Any] | None:
+def shm_headroom(batch_mb: float, num_workers: int, prefetch_factor: int, ranks: int = 1) -> dict[str, Any] | None:
     """The shared memory the batches in flight take against what ``/dev/shm`` has free; None where there
-    is no ``/dev/shm`` (macOS, Windows) or the batch's size is unknown."""
+    is no ``/dev/shm`` (macOS, Windows) or the batch's size is unknown. ``ranks``: the host's ranks, each
+    with its loader's batches in flight in the same ``/dev/shm``."""
     if not (math.isfinite(batch_mb) and batch_mb > 0 and num_workers > 0) or not os.path.isdir(SHM):
         return None
     try:
         usage = shutil.disk_usage(SHM)
     except OSError:
         return None
-    flight = num_workers * max(1, prefetch_factor)
+    flight = num_workers * max(1, prefetch_factor) * ranks
     return {
         "path": SHM,
         "free_mb": usage.free / 2**20,
@@ -374,4 +375,5 @@ def shm_headroom(batch_mb: float, num_workers: int, prefetch_factor: int) -> dic
         "batch_mb": batch_mb,
         "batches_in_flight": flight,
         "in_flight_mb": flight * batch_mb,
+        **({"ranks": ranks} if ranks > 1 else {}),
     }

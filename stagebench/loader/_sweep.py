@@ -40,7 +40,8 @@ from stagebench.loader._point import (
 )
 from stagebench.loader._turns import HeldLoaders
 from stagebench.model._knobs import LoaderKnobs
-from stagebench.model._meta import Provenance
+from stagebench.model._limits import HostLimits
+from stagebench.model._meta import RunMeta
 from stagebench.runs._knobs import KNOWN_BACKENDS, normalize_knobs
 from stagebench.runs._outcome import COMPLETE, FAILED, PARTIAL, interrupted_outcome
 
@@ -69,11 +70,12 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------ search
-def _levels(cfg: LoaderSweepConfig, backend: str, usable_cores: int) -> tuple[int, ...]:
+def _levels(cfg: LoaderSweepConfig, backend: str, usable_cores: float) -> tuple[int, ...]:
     if cfg.num_workers is not None:
         levels = tuple(cfg.num_workers)
     else:
-        cap = cfg.max_workers or 2 * max(1, usable_cores)
+        # twice the cores, a fractional quota's rounded up: workers that wait need more of them than cores
+        cap = cfg.max_workers or math.ceil(2 * max(1, usable_cores))
         levels = (0, *powers_of_two(cap))
     if backend == "spdl_pytorch":
         levels = tuple(n for n in levels if n > 0) or (1,)
@@ -81,7 +83,7 @@ def _levels(cfg: LoaderSweepConfig, backend: str, usable_cores: int) -> tuple[in
 
 
 def plan_grid(
-    cfg: LoaderSweepConfig, backend: str, *, cuda: bool, usable_cores: int
+    cfg: LoaderSweepConfig, backend: str, *, cuda: bool, usable_cores: float
 ) -> list[tuple[LoaderKnobs, LoaderKnobs, list[str]]]:
     """Every combination, normalised and de-duplicated: (requested, effective, notes)."""
     pins = cfg.pin_memory if cuda else (False,)
@@ -124,6 +126,15 @@ class _Sweep:
     progress: Progress | None
     budget_mb: float = math.inf  # main process and workers together (_memory_budget)
     epoch_batches: int | None = None  # batches in an epoch, where the loader says
+    #: where a cgroup's memory limit sets the budget, in words (empty: the host's memory does). There the
+    #: OOM killer ends the job the moment it passes the limit, so no setting starts that is predicted to
+    #: pass the budget, whichever phase asks for it, and each worker's growth over an epoch is counted
+    limit_words: str = ""
+    #: each worker's growth over an epoch that the predictions count under a memory limit, until the memory
+    #: pass reads it: the Python objects a forked worker reads and so copies (NaN: none expected)
+    growth_bound_mb: float = math.nan
+    #: settings the sweep did not start, and why (they go with the search's stops into run.json)
+    stops: list[str] = field(default_factory=list, init=False)
     rows: list[dict[str, Any]] = field(default_factory=list, init=False)
     by_key: dict[LoaderKnobs, dict[str, Any]] = field(default_factory=dict, init=False)  # by effective knobs
     memory: dict[str, Any] | None = field(default=None, init=False)  # the memory pass at the pick, once read
@@ -143,6 +154,13 @@ class _Sweep:
         throughput = how.get("throughput", True)
         if eff in self.by_key and not again and throughput:
             return self.by_key[eff]
+        if self.limit_words and eff not in self.held.open and (why := self.over_budget(eff.num_workers)):
+            # under a memory limit a setting predicted to pass it is not started, in any phase: said, not measured
+            pf = f", prefetch_factor={eff.prefetch_factor}" if eff.num_workers and eff.prefetch_factor else ""
+            said = f"num_workers={eff.num_workers}{pf} not started: {why}"
+            if said not in self.stops:
+                self.stops.append(said)
+            return {"status": "skipped", "reason": said, "num_workers": eff.num_workers}
         if self.progress is not None:
             self.progress.start(f"{self.name} | {eff.label()}{'' if throughput else ' (stall)'}")
         how = {"stall": self.cfg.epoch_stall and self.cfg.stall_at == "every", **how}
@@ -207,11 +225,42 @@ class _Sweep:
     def predicted_mb(self, num_workers: int) -> float:
         """The main process and ``num_workers`` workers, from the latest point measured ok with workers: each
         worker holds about the same memory (its copy of the dataset object, its batches in flight). NaN
-        before any such point."""
+        before any such point.
+
+        Under a memory limit, as the cgroup charges it: a page the workers share with the main process is
+        charged once, so the point's memory (its PSS, every page once) and each further worker's private
+        pages (:func:`_private_mb`), and each worker's growth over an epoch (:meth:`growth_mb`): a point's
+        short window ends before its workers have copied what they read."""
         last = next((r for r in reversed(self.rows) if _ok(r) and r["num_workers"] > 0), None)
         if last is None:
             return math.nan
-        return float(last["mem_main_mb"] + num_workers * last["mem_workers_mb"] / last["num_workers"])
+        k = last["num_workers"]
+        private = _private_mb(last) if self.limit_words else math.nan
+        if math.isfinite(private):
+            return float(last["mem_pss_mb"] + (num_workers - k) * private + num_workers * self.growth_mb())
+        return float(last["mem_main_mb"] + num_workers * last["mem_workers_mb"] / k)
+
+    def growth_mb(self) -> float:
+        """Each worker's growth over an epoch: the memory pass's reading once made, else the bound on what a
+        forked worker copies (:attr:`growth_bound_mb`), else 0."""
+        read = (self.memory or {}).get("epoch_growth_mb")
+        if isinstance(read, (int, float)) and math.isfinite(read):
+            return max(0.0, float(read))
+        return self.growth_bound_mb if math.isfinite(self.growth_bound_mb) else 0.0
+
+    def over_budget(self, num_workers: int) -> str | None:
+        """Why ``num_workers`` workers would pass the memory budget, predicted before they start; None where
+        they would not, or nothing predicts it yet."""
+        predicted = self.predicted_mb(num_workers)
+        if not (num_workers > 0 and math.isfinite(predicted) and predicted > self.budget_mb):
+            return None
+        grow = self.growth_mb() if self.limit_words else 0.0
+        return (
+            f"about {predicted:,.0f} MB predicted"
+            + (f" (each worker ~{grow:,.0f} MB more over an epoch, copy-on-read)" if grow > 0 else "")
+            + f", over the memory budget of {self.budget_mb:,.0f} MB"
+            + (f" ({self.limit_words})" if self.limit_words else "")
+        )
 
     def make_room(self, knobs: LoaderKnobs) -> None:
         """Close the loaders kept open where a new loader's workers, predicted before they start, would not
@@ -258,6 +307,18 @@ class _Sweep:
         return CANNOT_MATTER * max(lows) if lows else None
 
 
+def _private_mb(row: dict[str, Any]) -> float:
+    """Each worker's private memory at a point, from its tree's PSS and USS: the pages counted in the PSS but
+    in no process's USS are shared, and a forked worker's PSS holds its share of those it shares with the
+    main process (k of the k + 1 sharers' shares for k workers); what is left is its own. NaN where USS was
+    not read (0: psutil could not read it)."""
+    k, pss, uss, workers = row["num_workers"], row["mem_pss_mb"], row.get("mem_uss_mb"), row["mem_workers_mb"]
+    if not (k > 0 and isinstance(uss, float) and math.isfinite(uss) and uss > 0 and math.isfinite(workers)):
+        return math.nan
+    shared = max(0.0, pss - uss)
+    return max(0.0, workers - k / (k + 1) * shared) / k
+
+
 #: Loaders the search keeps open at most: as many as the turns compare.
 _MAX_HELD = 3
 
@@ -289,16 +350,15 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...]) -> list[str]:
     best: dict[str, Any] | None = None
     stale = 0
     for nw in levels:
-        predicted = sw.predicted_mb(nw)  # before forking them
-        if math.isfinite(predicted) and predicted > budget_mb:
-            stops.append(
-                f"num_workers stopped before {nw}: about {predicted:,.0f} MB predicted, "
-                f"over the memory budget of {budget_mb:,.0f} MB"
-            )
+        over = sw.over_budget(nw)  # before forking them
+        if over:
+            stops.append(f"num_workers stopped before {nw}: {over}")
             break
         row = sw.point(
             LoaderKnobs(num_workers=nw, prefetch_factor=pf0 if nw > 0 else None, pin_memory=pin0), "num_workers"
         )
+        if row["status"] == "skipped":  # not started: over the budget (said in sw.stops)
+            break
         if row["status"] == "failed":
             stops.append(f"stopped: the loader failed at num_workers={nw} ({row['reason']})")
             return stops
@@ -439,14 +499,18 @@ def _worker_costs(sw: _Sweep, meta: dict[str, Any]) -> dict[str, Any]:
     and each worker's memory over a pass at the pick's num_workers: read during the stall point where the
     search ran one, else in a pass of its own. ``seconds``: what this added to the sweep (the stall
     point's share is in its row's ``stall_phase_s``)."""
-    import psutil
-
     from stagebench.analysis._loader import loader_pick
     from stagebench.loader._costs import shipping_cost, shm_headroom
+    from stagebench.runs._limits import job_memory_mb, read_limits
 
     t0 = time.perf_counter()
     cfg = sw.cfg
-    out: dict[str, Any] = {"available_mb": psutil.virtual_memory().available / 2**20}
+    # the memory the job can use now, its loaders closed: what a cgroup's limit leaves, where that is less
+    # than the host has available; the limit itself beside it, for the findings to name
+    limits = read_limits()
+    out: dict[str, Any] = {"available_mb": job_memory_mb(limits)}
+    if limits.memory_source == "cgroup" and limits.memory_limit is not None:
+        out["memory_limit"] = limits.memory_limit.to_json()
     ship = shipping_cost(sw.factory, backend=sw.backend)
     if ship is not None and ship.get("shipped"):
         out["shipping"] = ship
@@ -467,7 +531,8 @@ def _worker_costs(sw: _Sweep, meta: dict[str, Any]) -> dict[str, Any]:
         out["memory"] = dict(sw.memory)
         batch_mb = out["memory"].pop("batch_mb", math.nan)
         if rec is not None:
-            shm = shm_headroom(batch_mb, int(rec["num_workers"]), _pf(rec) or 2)
+            # every rank's batches in flight share /dev/shm
+            shm = shm_headroom(batch_mb, int(rec["num_workers"]), _pf(rec) or 2, RunMeta.from_json(meta).ranks)
             if shm is not None:
                 out["shm"] = shm
     out["seconds"] = time.perf_counter() - t0
@@ -498,17 +563,38 @@ def _pf(row: dict[str, Any]) -> int | None:
     return int(pf) if isinstance(pf, (int, float)) and math.isfinite(pf) else None
 
 
-def _memory_budget(cfg: LoaderSweepConfig, ranks: int = 1) -> float:
-    """What one rank's loader may hold, its main process and workers together: ``memory_budget_mb``, else
-    this process's memory and its share (``memory_share``) of the memory available, split between the
-    host's ``ranks`` (each runs a loader as large)."""
+def _memory_budget(cfg: LoaderSweepConfig, limits: HostLimits | None, ranks: int = 1) -> tuple[float, str]:
+    """The memory one rank's loader may hold, its main process and workers together, and where it came
+    from: the main process's PSS and its share of ``memory_share`` of the memory the job can use (what a
+    cgroup's limit leaves where it leaves less than the host has available, else the host's available
+    memory), split between the host's ``ranks`` (each runs a loader as large)."""
     if cfg.memory_budget_mb is not None:
-        return float(cfg.memory_budget_mb)
-    import psutil
-
+        return float(cfg.memory_budget_mb), "memory_budget_mb"
     from stagebench.core._resources import tree_pss_mb
+    from stagebench.runs._limits import job_memory_mb
 
-    return tree_pss_mb(()) + cfg.memory_share * psutil.virtual_memory().available / 2**20 / ranks
+    room = job_memory_mb(limits)
+    bound = "" if limits is None else limits.memory_bound()
+    source = f"main process PSS + {cfg.memory_share:g} x " + (f"the {bound}" if bound else "available RAM at start")
+    if ranks > 1:
+        source += f", split between the host's {ranks} ranks"
+    return tree_pss_mb(()) + cfg.memory_share * room / ranks, source
+
+
+def _growth_bound_mb(factory: LoaderFactory, backend: str) -> float:
+    """What each forked worker may copy over an epoch (the Python objects its dataset reads:
+    :func:`stagebench.loader._costs.copy_bound_mb`); NaN where the workers are not forked, the dataset holds
+    no such objects, or SPDL's loader copies the dataset into each worker at its start."""
+    from stagebench.loader._costs import copy_bound_mb, largest_container, start_method
+
+    ds = getattr(factory, "dataset", None)
+    if ds is None or backend == "spdl_pytorch" or start_method(factory) != "fork":
+        return math.nan
+    try:
+        bound = copy_bound_mb(largest_container(ds), ds)
+    except Exception:  # a dataset we cannot size bounds nothing; the sweep goes on
+        return math.nan
+    return math.nan if bound is None else float(bound)
 
 
 # ------------------------------------------------------------------------ the run
@@ -520,6 +606,8 @@ class _Run:
     meta: dict[str, Any]
     cuda: bool
     budget_mb: float
+    #: where a cgroup's memory limit sets the budget, in words (empty: the host's memory does)
+    limit_words: str
     levels: tuple[int, ...]
     grid: list[tuple[LoaderKnobs, LoaderKnobs, list[str]]]
     epoch_batches: int | None  # batches in an epoch, where the loader says (``extra_meta["loader"]``)
@@ -574,6 +662,8 @@ def run_loader_sweep(
         progress=progress,
         budget_mb=run.budget_mb,
         epoch_batches=run.epoch_batches,
+        limit_words=run.limit_words,
+        growth_bound_mb=_growth_bound_mb(factory, backend) if run.limit_words else math.nan,
     )
     interrupted = _search(sw, run)
     if interrupted is None:  # what is measured beside the search wants a search that ran to its end
@@ -624,12 +714,13 @@ def _open_run(
 
     rd = RunDir.create(run_dir, fresh=True)
     prov = collect_provenance()
+    limits = HostLimits.from_json(prov.get("limits"))
     cuda = _cuda_available()
-    ranks = Provenance.from_json(prov).ranks.local_world_size
-    budget_mb = _memory_budget(cfg, ranks)
-    usable = int(prov.get("usable_cores") or 1)
+    ranks = RunMeta.from_json({"provenance": prov}).ranks
+    budget_mb, budget_source = _memory_budget(cfg, limits, ranks)
+    usable = prov.get("usable_cores") or 1
     # the host's ranks share its cores: each rank's num_workers are searched up to twice its share
-    share = max(1, math.ceil(usable / ranks))
+    share = usable / ranks
     levels = _levels(cfg, backend, share)
     grid = plan_grid(cfg, backend, cuda=cuda, usable_cores=share)
     loader_meta: dict[str, Any] = {"name": name, "backend": backend, "batch_size": batch_size}
@@ -643,10 +734,7 @@ def _open_run(
         "settings": {
             **cfg.to_dict(),
             "memory_budget_mb": budget_mb,
-            "memory_budget_source": "memory_budget_mb"
-            if cfg.memory_budget_mb is not None
-            else f"main process PSS + {cfg.memory_share:g} x available RAM at start"
-            + (f", split between the host's {ranks} ranks" if ranks > 1 else ""),
+            "memory_budget_source": budget_source,
             "cuda": cuda,
             "usable_cores": usable,
             **({"ranks": ranks, "cores_per_rank": share} if ranks > 1 else {}),
@@ -663,7 +751,8 @@ def _open_run(
         else:
             meta[k] = v
     rd.write_meta(meta)
-    return _Run(rd, meta, cuda, budget_mb, levels, grid, epoch_batches=loader_meta.get("epoch_batches"))
+    words = limits.memory_bound() if limits is not None and cfg.memory_budget_mb is None else ""
+    return _Run(rd, meta, cuda, budget_mb, words, levels, grid, epoch_batches=loader_meta.get("epoch_batches"))
 
 
 def _search(sw: _Sweep, run: _Run) -> KeyboardInterrupt | None:
@@ -688,6 +777,7 @@ def _search(sw: _Sweep, run: _Run) -> KeyboardInterrupt | None:
         sw.held.close(hung=interrupted is not None)  # on Ctrl-C, without waiting for the workers
         sw.writer.close()
     seconds = time.perf_counter() - t_search
+    stops = [*stops, *(s for s in sw.stops if s not in stops)]
     run.meta["search"] = {
         "strategy": cfg.strategy,
         "seconds": seconds,

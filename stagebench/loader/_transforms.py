@@ -120,7 +120,7 @@ def isolate_transforms(dataset: Any, *, run_dir: Path, config: Any, progress: An
     from stagebench.core._resources import usable_cores
 
     cores = usable_cores()
-    maxc = config.transform_max_concurrency or max(1, cores)
+    maxc = config.transform_max_concurrency or max(1, math.ceil(cores))  # a fractional quota's cores, rounded up
     sweep_cfg = SweepConfig(
         executors=tuple(config.transform_executors),
         concurrency=powers_of_two(maxc),
@@ -159,7 +159,7 @@ def isolate_transforms(dataset: Any, *, run_dir: Path, config: Any, progress: An
     return out
 
 
-def _analyse(df: Any, name: str, index: int, cores: int) -> dict[str, Any]:
+def _analyse(df: Any, name: str, index: int, cores: float) -> dict[str, Any]:
     """The pipeline analysis of one stage's rows; a plain best-point summary if it is unavailable."""
     try:
         from stagebench.analysis._stage import analyze_stage

@@ -19,8 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stagebench.model._json import Written, dict_of, flag, mapping, number, read, span, text, whole
+from stagebench.model._json import Written, dict_of, flag, mapping, number, read, span, text, whole, write
 from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._limits import MemoryLimit
 from stagebench.model._rate import Rate
 
 __all__ = [
@@ -309,7 +310,8 @@ class WorkerMemory:
     where the pass ended first, bounded by ``bounded_by_mb``); ``too_few_batches`` where a worker made too
     few to extrapolate, ``stopped_growing`` where the pass's second half showed no growth beyond noise,
     ``slowing`` where every reading grew but the second half at under half the first's rate (a copy-on-read).
-    ``all_workers_mb`` and ``fits``: the summary's, against the memory available."""
+    ``all_workers_mb`` and ``fits``: the summary's, against the memory available; ``workers_fit``: under a
+    cgroup's memory limit, how many such workers its room holds over an epoch."""
 
     num_workers: int | None = None
     samples: tuple[MemorySample, ...] | None = None
@@ -332,6 +334,10 @@ class WorkerMemory:
     seconds: float | None = None
     all_workers_mb: float | None = None
     fits: bool | None = None
+    workers_fit: int | None = None
+    #: a ranked sweep: the host's ranks, each with as many workers growing alike (``all_workers_mb`` is all of
+    #: theirs, ``workers_fit`` a rank's); None on one rank
+    ranks: int | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> WorkerMemory | None:
@@ -347,6 +353,8 @@ class WorkerMemory:
             slowing=flag,
             extrapolated=flag,
             fits=flag,
+            workers_fit=whole,
+            ranks=whole,
             **dict.fromkeys(_MEMORY_NUMBERS, number),
         )
 
@@ -383,13 +391,18 @@ class WorkerMemory:
             out["seconds"] = self.seconds
         if self.all_workers_mb is not None or self.fits is not None:
             out.update(all_workers_mb=self.all_workers_mb, fits=self.fits)
+        if self.workers_fit is not None:
+            out["workers_fit"] = self.workers_fit
+        if self.ranks is not None:
+            out["ranks"] = self.ranks
         return out
 
 
 @dataclass(frozen=True, slots=True)
 class Shm(Written):
     """The shared memory (``path``, ``/dev/shm``) the batches in flight at the pick take: how many
-    (``num_workers x prefetch_factor``), each batch's size, together, against the space free and in all (MB)."""
+    (``num_workers x prefetch_factor``, every rank's), each batch's size, together, against the space free and
+    in all (MB)."""
 
     path: str | None = None
     free_mb: float | None = None
@@ -397,6 +410,8 @@ class Shm(Written):
     batch_mb: float | None = None
     batches_in_flight: int | None = None
     in_flight_mb: float | None = None
+    #: a ranked sweep: the host's ranks, every rank's batches in flight counted; None on one rank
+    ranks: int | None = None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> Shm | None:
@@ -407,8 +422,16 @@ class Shm(Written):
             d,
             path=text,
             batches_in_flight=whole,
+            ranks=whole,
             **dict.fromkeys(("free_mb", "total_mb", "batch_mb", "in_flight_mb"), number),
         )
+
+    def to_json(self) -> dict[str, Any]:
+        """The keys the sweep writes: ``ranks`` only where a ranked sweep wrote it."""
+        out = write(self)
+        if self.ranks is None:
+            del out["ranks"]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,6 +442,8 @@ class WorkerCosts:
 
     startup: tuple[StartupSplit, ...] = ()
     available_mb: float | None = None
+    #: the cgroup memory limit that set ``available_mb`` (None: the host's available memory did)
+    memory_limit: MemoryLimit | None = None
     shipping: Shipping | None = None
     memory: WorkerMemory | None = None
     shm: Shm | None = None
@@ -433,6 +458,7 @@ class WorkerCosts:
             d,
             startup=lambda v: tuple(StartupSplit.from_json(r) for r in v or () if isinstance(r, Mapping)),
             available_mb=number,
+            memory_limit=lambda v: MemoryLimit.from_json(v) if isinstance(v, Mapping) else None,
             shipping=Shipping.from_json,
             memory=WorkerMemory.from_json,
             shm=Shm.from_json,
@@ -445,6 +471,8 @@ class WorkerCosts:
         out: dict[str, Any] = {"startup": [r.to_json() for r in self.startup]}
         if self.available_mb is not None:
             out["available_mb"] = self.available_mb
+        if self.memory_limit is not None:
+            out["memory_limit"] = self.memory_limit.to_json()
         if self.shipping is not None:
             out["shipping"] = self.shipping.to_json()
         if self.memory_on_stall_point is not None:

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagebench.model._json import Written, dict_of, items, nums, read, record, records, texts
+from stagebench.model._limits import HostLimits
 from stagebench.model._ranks import Ranks
 
-__all__ = ["RunMeta", "Provenance", "RunSettings", "LoaderInfo", "UserKnobs", "SearchRecord"]
+__all__ = ["RunMeta", "Provenance", "RunSettings", "LoaderInfo", "UserKnobs", "SearchRecord", "RunEnd"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +47,13 @@ class Provenance(Written):
     taken_at: str | None = None
     ranks: Ranks = field(default_factory=Ranks)
     """The data-parallel job's ranks (one rank of one host where not recorded: runs before ranks were)."""
+    #: the cores and the memory the job could use and where each came from (None: a run before it was kept)
+    limits: HostLimits | None = None
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> Provenance:
-        return read(cls, d, libraries=dict_of, env=dict_of, load_avg=nums, ranks=_ranks)
+        return read(cls, d, libraries=dict_of, env=dict_of, load_avg=nums, ranks=_ranks, limits=HostLimits.from_json)
 
     @property
     def recorded(self) -> bool:
@@ -160,6 +163,23 @@ class SearchRecord(Written):
         return read(cls, d, stopped=items, interrupted=bool)
 
 
+@dataclass(frozen=True, slots=True)
+class RunEnd(Written):
+    """How a run whose ``run.json`` still said ``running`` ended, as ``stagebench report`` found it
+    (``run.json["ended"]``): ``by`` what (``"oom"``: the OOM killer, its cgroup's ``oom_kill`` count grew
+    from ``oom_kills[0]`` to ``oom_kills[1]``; None: nothing shows what), and ``text``, in words."""
+
+    text: str
+    by: str | None = None
+    oom_kills: tuple[int, ...] = ()
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> RunEnd | None:
+        if not isinstance(d, Mapping) or not d.get("text"):
+            return None
+        return read(cls, d, text=str, by=lambda v: None if v is None else str(v), oom_kills=items)
+
+
 def _provenance(v: Any) -> Provenance | None:
     return Provenance.from_json(v) if isinstance(v, Mapping) else None
 
@@ -199,6 +219,8 @@ class RunMeta(Written):
     page_fault: dict[str, Any] | None = None
     pipeline_overhead: dict[str, Any] | None = None
     worker_costs: dict[str, Any] | None = None
+    #: how a run that never finished ended, where ``stagebench report`` found out (None: not looked at)
+    ended: RunEnd | None = None
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -229,5 +251,12 @@ class RunMeta(Written):
                 record,
             ),
             trainer_planned=bool,
+            ended=RunEnd.from_json,
             **dict.fromkeys(("not_isolated", "transforms"), items),
         )
+
+    @property
+    def ranks(self) -> int:
+        """The host's ranks the run measured together (its figures are the host's); 1 on one process, and
+        for a run written before ranks were recorded."""
+        return 1 if self.provenance is None else self.provenance.ranks.local_world_size

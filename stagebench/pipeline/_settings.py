@@ -6,6 +6,7 @@ top level imports only the standard library.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -33,7 +34,8 @@ def _default_grid() -> tuple[int, ...]:
     from stagebench.core import _resources
     from stagebench.core._config import powers_of_two
 
-    return powers_of_two(max(16, _resources.usable_cores()))
+    # a fractional quota's cores, rounded up: the level past them is the one that shows where they end
+    return powers_of_two(max(16, math.ceil(_resources.usable_cores())))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from stagebench._numbers import finite
+from stagebench._numbers import finite, num
 from stagebench.model._meta import Provenance
 from stagebench.runs._results import to_jsonable
 
@@ -144,8 +144,13 @@ def provenance_items(
 
     add("host", p.hostname)
     add("CPU", p.cpu_model)
+    lim = p.limits
     if p.cpu_count is not None:
-        add("cores", f"{p.cpu_count if p.usable_cores is None else p.usable_cores} usable of {p.cpu_count}")
+        add(
+            "cores",
+            f"{p.cpu_count if p.usable_cores is None else p.usable_cores} usable of {p.cpu_count}"
+            + ("" if lim is None else f" ({lim.cores_origin()})"),
+        )
     r = p.ranks
     if r.ranked:  # the host's ranks measured together: every figure of the report is the host's
         hosts = f" on {r.nodes} hosts ({r.world_size} ranks in all; this is host {r.node})" if r.nodes > 1 else ""
@@ -157,6 +162,15 @@ def provenance_items(
         )
     if p.memory_total_gb is not None:
         add("memory", f"{p.memory_total_gb} GB total, {p.memory_available_gb} GB available at start")
+    if lim is not None and lim.memory_limit is not None:
+        m = lim.memory_limit
+        add(
+            "memory limit",
+            f"{m.limit_mb:,.0f} MB ({m.file} of cgroup {m.group}), {m.used_mb:,.0f} MB used at start"
+            + (f": {lim.memory_mb:,.0f} MB for the job" if lim.memory_mb is not None else ""),
+        )
+    if lim is not None and lim.shm_total_mb is not None:
+        add("/dev/shm", f"{lim.shm_total_mb:,.0f} MB, {num(lim.shm_free_mb):,.0f} MB free at start")
     if p.python:
         add(
             "Python",

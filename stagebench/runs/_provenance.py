@@ -17,6 +17,8 @@ from importlib import metadata
 import psutil
 
 from stagebench._settings import SettingsError
+from stagebench.model._limits import HostLimits
+from stagebench.runs._limits import read_limits, throttling_warning
 from stagebench.runs._ranks import ranks_from_env
 
 __all__ = ["collect_provenance", "load_warnings", "is_free_threaded"]
@@ -78,6 +80,8 @@ def collect_provenance() -> dict:
         affinity = sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         affinity = list(range(os.cpu_count() or 1))
+    # the cores and memory the job has (a quota, a memory limit, Slurm), each with where it came from
+    limits = read_limits(affinity=len(affinity))
     return {
         "taken_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "hostname": socket.gethostname(),
@@ -85,7 +89,7 @@ def collect_provenance() -> dict:
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_affinity": affinity,
-        "usable_cores": len(affinity),
+        "usable_cores": limits.cores,
         "memory_total_gb": round(vm.total / 2**30, 2),
         "memory_available_gb": round(vm.available / 2**30, 2),
         "python": platform.python_version(),
@@ -95,6 +99,7 @@ def collect_provenance() -> dict:
         "env": {k: os.environ.get(k) for k in _ENV_KNOBS if k in os.environ},
         "load_avg": list(os.getloadavg()),
         "ranks": _ranks(),
+        "limits": limits.to_json(),
     }
 
 
@@ -112,9 +117,13 @@ def load_warnings(before: dict, after: dict | None = None) -> list[str]:
 
     The 1-minute load average counts runnable tasks, including ours; a load
     above half the usable cores before we started means someone else was busy.
+    The load is the host's, not a container's: under a CPU quota it is set against the cores the process
+    could run on (its affinity mask), not the quota's. A CPU quota that throttled the run between the two
+    readings is named too.
     """
     out = []
-    cores = before.get("usable_cores") or 1
+    limits = HostLimits.from_json(before.get("limits"))
+    cores = (limits.of if limits is not None else None) or before.get("usable_cores") or 1
     la0 = before.get("load_avg", [0.0])[0]
     if la0 > 0.5 * cores:
         out.append(
@@ -123,4 +132,10 @@ def load_warnings(before: dict, after: dict | None = None) -> list[str]:
         )
     if after is not None and before.get("hostname") != after.get("hostname"):
         out.append("the run moved between machines")
+    elif after is not None:
+        throttled = throttling_warning(
+            HostLimits.from_json(before.get("limits")), HostLimits.from_json(after.get("limits"))
+        )
+        if throttled:
+            out.append(throttled)
     return out

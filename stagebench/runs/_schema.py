@@ -79,6 +79,7 @@ STAGE_COLUMN_DOCS: dict[str, str] = {
     "read_mb_s": "bytes read through read() per second, page cache included",
     "call_cpu_ms": "mean CPU of the calling thread per call: the stage's own work (spdl harness, threads only)",
     "steal_share": "share of the CPUs' time the host took from this VM in the window (steal; NaN: not reported)",
+    "cores_throttled": "cores' worth of time the CPU quota held the process's group back in the window (NaN: no quota)",
     "payload_bytes": "mean pickled size of one input item",
     "workers_seen": "distinct workers that delivered before the window opened",
     "started_at": "ISO time the point started",

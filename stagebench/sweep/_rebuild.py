@@ -6,23 +6,44 @@ Here, beside the sweep app, because a sweep folder is read through
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+from stagebench.model._meta import RunMeta
 from stagebench.report._compare import write_comparison
 from stagebench.report._html import write_text
 from stagebench.report._render import load_run, render_report
 from stagebench.runs._jobs import job_label
+from stagebench.runs._limits import how_it_ended
 from stagebench.runs._results import RunDir, RunFileError, is_run_dir
 from stagebench.sweep._multirun import find_run_dirs
 
 __all__ = ["rebuild"]
 
 
-def rebuild(path: Path) -> Path:
+def _ended(path: Path, say: Callable[[str], None] | None) -> None:
+    """A run whose ``run.json`` still says ``running``: how it ended (:func:`stagebench.runs._limits.how_it_ended`),
+    found out once and kept in ``run.json["ended"]`` (its cgroup, and so the count, may be gone later), and said."""
+    rd = RunDir(path)
+    meta = rd.read_meta()
+    m = RunMeta.from_json(meta)
+    if m.status != "running":
+        return
+    if m.ended is None or m.ended.by is None:  # an end that showed nothing is looked at again
+        ended = how_it_ended(m.provenance.limits if m.provenance is not None else None)
+        rd.write_meta({**meta, "ended": ended.to_json()})
+    else:
+        ended = m.ended
+    if say is not None:
+        say(f"{path}: the run did not finish: {ended.text}")
+
+
+def rebuild(path: Path, say: Callable[[str], None] | None = None) -> Path:
     """Rebuild derived files from saved rows, measuring nothing.
 
     A run directory: recompute ``summary.json`` from ``results.csv`` + ``run.json``
-    and rewrite ``report.html`` (returns its path). A sweep directory: rebuild
+    and rewrite ``report.html`` (returns its path); a run that never finished (``run.json`` still says
+    ``running``) gets how it ended (:func:`_ended`), said through ``say``. A sweep directory: rebuild
     the report of every finished job, then the comparison over them (returns
     ``comparison.html``); jobs that failed, did not finish or never started are
     listed as failed (see :func:`find_run_dirs`).
@@ -31,6 +52,7 @@ def rebuild(path: Path) -> Path:
     if not path.is_dir():
         raise FileNotFoundError(2, "no such directory", str(path))
     if is_run_dir(path):
+        _ended(path, say)
         run = load_run(path, recompute=True)
         out = path / "report.html"
         write_text(out, render_report(run))
