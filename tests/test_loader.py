@@ -998,3 +998,35 @@ def test_a_window_waits_for_the_others_batches_in_flight_and_little_longer():
         ended,
     )
     assert 0.6 <= waits["never"] < 1.5, waits
+
+
+def test_a_new_loaders_workers_fork_only_once_a_suspended_loader_finished_its_batch():
+    """A loader without workers runs the dataset in its consumer's thread, holding what an item holds (torch's
+    default random generator, in any dataset that draws). Suspended, it finishes the batch it was taking; a
+    loader whose workers forked meanwhile inherited that lock held for ever (ImageNet --dummy's FakeData: a
+    worker stuck in torch.manual_seed, the point timed out). The new loader's workers wait for it."""
+    from loader_datasets import LockHoldingDataset, lock_taking_worker_init
+
+    from stagebench.loader._intercept import make_loader_factory
+    from stagebench.loader._point import _Consumer, _teardown
+
+    holding = make_loader_factory(LockHoldingDataset(n=400, d=0.02), batch_size=8)
+    taking = make_loader_factory(SleepDataset(n=64, d=0.001), batch_size=4, worker_init_fn=lock_taking_worker_init)
+    a = _Consumer(holding, LoaderKnobs(num_workers=0))
+    a.start()
+    b = None
+    try:
+        deadline = time.monotonic() + 20
+        while len(a.events) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        a.gate.clear()  # suspended mid-batch: 8 items of 20 ms, each holding the lock
+        b = _Consumer(taking, LoaderKnobs(num_workers=1))
+        b.start()
+        while not b.events and b.error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert b.error is None, b.error
+        assert b.events, "no batch from the new loader's worker"
+    finally:
+        _teardown(a, hung=False)
+        if b is not None:
+            _teardown(b, hung=False)

@@ -98,6 +98,20 @@ def _answer(m: Mirrored | None, **got: Any) -> dict[str, Any]:
     return {**got, "error": list(err) if err else None}
 
 
+def _until_ready(group: HostGroup, m: Mirrored, seq: int) -> None:
+    """Wait until ``m`` is ready, or the leader stopped waiting for it (its next command is there: a point
+    it timed out, a loader it closed) or is lost (:class:`stagebench._errors.RankLost`)."""
+    checked = time.perf_counter()
+    while not m.ready(seq):
+        if group.pending():
+            return
+        now = time.perf_counter()
+        if now - checked > 0.25:
+            checked = now
+            group.check()
+        time.sleep(_READY_POLL_S)
+
+
 def follow(
     group: HostGroup,
     opener: Callable[[str, Mapping[str, Any]], Mirrored],
@@ -132,8 +146,8 @@ def follow(
             elif op == "close" and m is not None:
                 mine.pop(cid).close()
             elif op == "ready":
-                while m is not None and not m.ready(int(cmd["seq"])):
-                    time.sleep(_READY_POLL_S)
+                if m is not None:
+                    _until_ready(group, m, int(cmd["seq"]))
                 group.reply(cmd["n"], _answer(m, pids=m.pids() if m is not None else []))
             elif op == "count":
                 group.reply(cmd["n"], _answer(m, n=m.count(cmd["t0"]) if m is not None else 0))

@@ -343,6 +343,10 @@ class HostGroup:
         cmd: dict[str, Any] = json.loads(raw)
         return cmd
 
+    def pending(self) -> bool:
+        """A follower: whether the leader's next command is waiting (it is not read)."""
+        return self._get(f"cmd/{self._read}") is not None
+
     def wait_command(self) -> dict[str, Any]:
         """A follower: the leader's next command, waited for (the store wakes it as it is set): for the
         job phase, where each step waits for the leader's word. :class:`RankLost` where the leader ended,

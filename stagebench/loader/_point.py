@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -316,6 +317,26 @@ def shut_down(it: Any, built: BuiltLoader | None) -> None:
         pass
 
 
+#: Every consumer of this process, while it lives: a new one's workers fork the whole process.
+_CONSUMERS: weakref.WeakSet[_Consumer] = weakref.WeakSet()
+#: The longest a new loader waits for another consumer to finish the batch it was taking as its gate closed.
+_PARK_S = 30.0
+
+
+def _others_parked(new: _Consumer) -> None:
+    """Wait until every other consumer whose gate is closed has finished the batch it was taking, before
+    ``new``'s loader starts its workers: a worker is a fork of this whole process, and a consumer without
+    workers runs the user's ``__getitem__`` in its own thread, which holds locks (torch's default random
+    generator's, in any dataset that draws random numbers) for as long as a call. A fork made while one
+    was held leaves it held in the worker for ever: a worker stuck in ``torch.manual_seed`` before its first
+    batch (torchvision's ``FakeData`` draws with the default generator on every item)."""
+    _CONSUMERS.add(new)
+    end = time.perf_counter() + _PARK_S
+    for c in list(_CONSUMERS):
+        if c is not new and not c.gate.is_set():
+            c.parked.wait(max(0.0, end - time.perf_counter()))
+
+
 class _Consumer(threading.Thread):
     """Builds the loader and takes batches as fast as they come, epoch after epoch."""
 
@@ -345,6 +366,8 @@ class _Consumer(threading.Thread):
         # consumer takes none, and the loader's workers fill their queues and idle
         self.gate = MirroredGate()
         self.gate.set()
+        # set while it waits at its closed gate, between two batches: no call of the user's is in flight
+        self.parked = threading.Event()
         # a ranked sweep's leader: every rank opens a loader at these knobs, and follows its gate
         self.mirror = mirror()
         self.cid: int | None = None
@@ -392,6 +415,7 @@ class _Consumer(threading.Thread):
                 built.control.cycle()
             epoch = 0
             events = self.events
+            _others_parked(self)
             while not self.stop_requested:
                 if epoch == 0:
                     self.t_iter = time.perf_counter()  # the workers start here (torch: at iter())
@@ -400,7 +424,10 @@ class _Consumer(threading.Thread):
                 ended = True
                 n_before = len(events)
                 while True:
+                    if not self.gate.is_set():
+                        self.parked.set()
                     self.gate.wait()
+                    self.parked.clear()
                     if self.stop_requested:
                         ended = False
                         break
@@ -437,6 +464,7 @@ class _Consumer(threading.Thread):
         finally:
             self._close()
             self.finished = True
+            self.parked.set()
 
     def _close(self) -> None:
         it, self.iterator = self.iterator, None

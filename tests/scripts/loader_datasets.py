@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import torch
@@ -124,3 +125,23 @@ def scale_transform(x):
 def make_sleep_dataset():
     """For 'module:factory' paths."""
     return SleepDataset(n=64, d=0.01)
+
+
+#: A lock a dataset holds through each of its items, as torch's default random generator is held through
+#: each draw (:class:`LockHoldingDataset`, :func:`lock_taking_worker_init`).
+HELD = threading.Lock()
+
+
+class LockHoldingDataset(SleepDataset):
+    """Holds :data:`HELD` through each item (``d`` seconds): a worker forked meanwhile inherits it held."""
+
+    def __getitem__(self, i: int):
+        with HELD:
+            return super().__getitem__(i)
+
+
+def lock_taking_worker_init(worker_id: int) -> None:
+    """Takes :data:`HELD` in a worker: one forked while another thread held it never gets it."""
+    if not HELD.acquire(timeout=3.0):
+        raise RuntimeError("the lock was held when this worker was forked")
+    HELD.release()
