@@ -325,6 +325,24 @@ def test_loader_candidates_are_yours_the_cheapest_that_feeds_a_step_above_and_th
     assert by_origin["above"].round_steps == 1 and by_origin["feeds"].round_steps == 1
 
 
+def test_on_a_hosts_ranks_the_settings_tied_with_the_fastest_alone_run_with_the_loop():
+    """Issue 57: two ranks' loaders alone tied at 0, 1 and 2 workers a rank (950-1015 samples/s), while their
+    DDP job ran 618 at 1 worker, 585 at 2 and 500 at 0: the ranks' steps take the same cores the workers
+    do, so what the loaders alone could not tell apart is the job's to tell. Where none feeds the step,
+    the cheapest tied setting of each num_workers runs too; one rank's ladder is unchanged."""
+    rows = [_pt(0, 980), _pt(1, 1000), _pt(1, 990, pf=4), _pt(2, 1015), _pt(3, 700)]
+    one = job_candidates(rows, _meta(cuda=False), demand=2000.0).run
+    assert [c.origin for c in one] == [("yours", "best")]
+    meta = _meta(cuda=False)
+    meta["provenance"] = {"ranks": {"local_rank": 0, "local_world_size": 2, "rank": 0, "world_size": 2}}
+    ranked = job_candidates(rows, meta, demand=2000.0).run
+    workers = {c.settings["num_workers"]: c for c in ranked}
+    assert sorted(workers) == [0, 1, 2]  # 3 workers (700) is not near the fastest: not run
+    assert workers[0].origin == ("near",) and workers[1].origin == ("near",)
+    assert workers[1].settings["prefetch_factor"] == 2  # the cheaper of the tied prefetch factors
+    assert set(workers[2].origin) == {"yours", "best", "near"}
+
+
 def test_yours_runs_exactly_as_the_script_sets_it():
     """Issue 36: "yours" ran with persistent_workers=True where the script did not set it."""
     rows = [_pt(0, 516), _pt(2, 940), _pt(2, 930, pw=True), _pt(4, 1880)]

@@ -1048,6 +1048,12 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: dict[str, Any] | flo
         above = [p for p in feeding if p["num_workers"] > feeds["num_workers"]]
         offers.append((rung(min(above, key=_cost)) if above else None, "above"))
     offers.append((rung(best), "best"))
+    if feeds is None and m.ranks > 1:
+        # a host's ranks, none feeding the step: the loaders alone ranked the settings without the ranks'
+        # steps taking the same cores, and those they could not tell from the fastest are the job's to tell
+        near = [p for p in pool if near_fastest(p, best)]
+        for nw in sorted({p["num_workers"] for p in near}):
+            offers.append((rung(min((p for p in near if p["num_workers"] == nw), key=_cost)), "near"))
     if cuda and not mine.pin_memory:
         first = feeds or best
         offers.append((rung(first, knobs_of(first, pin=True)), "pinned"))
