@@ -66,6 +66,11 @@ def _says_memory(exc: BaseException) -> bool:
         return True
     if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
         return True
+    if isinstance(exc, SystemError) and _Seen.first is not None and _cannot_map():
+        # CPython's "error return without exception set": C code whose allocation failed lost its
+        # MemoryError on the way out. Seen under ``ulimit -v`` in a process that had run out and could
+        # not map 64 MB; where this process never ran out, or has its memory back, it is a bug, said so.
+        return True
     text = str(exc).lower()
     return isinstance(exc, (OSError, RuntimeError, ImportError, ValueError)) and any(s in text for s in _SAYS_MEMORY)
 
@@ -130,14 +135,18 @@ def memory_short() -> str | None:
     ``ulimit -v`` a thread can be created that cannot start, and ``Thread.start()`` then waits for
     it forever. The probe maps address space and touches none of it: it costs no memory.
     """
-    if _Seen.first is None:
+    if _Seen.first is None or not _cannot_map():
         return None
+    return f"this process is out of memory ({_Seen.first}, and {_PROBE_BYTES >> 20} MB cannot be mapped now)"
+
+
+def _cannot_map() -> bool:
     try:
         probe = mmap.mmap(-1, _PROBE_BYTES)
     except (OSError, MemoryError):
-        return f"this process is out of memory ({_Seen.first}, and {_PROBE_BYTES >> 20} MB cannot be mapped now)"
+        return True
     probe.close()
-    return None
+    return False
 
 
 def forget() -> None:

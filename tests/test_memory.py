@@ -124,6 +124,22 @@ def test_a_process_that_ran_out_is_short_until_it_can_map_again(monkeypatch):
     assert memory_short() is None and ran_out_of_memory() is None
 
 
+def test_a_system_error_is_memory_only_in_a_process_that_ran_out_and_still_cannot_map(monkeypatch):
+    """CPython's "error return without exception set" surfaced under ``ulimit -v`` from C code whose failed
+    allocation lost its MemoryError (a test run of the leaking stage ended "internal error" so): memory where
+    this process ran out and cannot map 64 MB now; a bug of ours, said as one, anywhere else."""
+    lost = SystemError("error return without exception set")
+    assert out_of_memory(lost) is None  # never ran out: a bug
+
+    def enomem(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    out_of_memory(MemoryError())
+    assert out_of_memory(lost) is None  # ran out, but its memory is back: a bug
+    monkeypatch.setattr(mmap, "mmap", enomem)
+    assert describe(lost) == "out of memory: SystemError: error return without exception set"
+
+
 def test_the_first_failure_is_the_one_kept():
     out_of_memory(RuntimeError("can't start new thread"))
     out_of_memory(MemoryError())
