@@ -58,6 +58,53 @@ def test_the_hosts_rate_is_the_sum_of_its_ranks_and_its_interval_the_sum_of_thei
     assert HostRate.of([Rate(100.0), None]).host is None  # a rank that timed nothing: no host rate
 
 
+def _arrivals(times, n=16, epoch=0):
+    from stagebench.loader._point import _Event
+
+    return [_Event(t, epoch, 1, n, 1) for t in times]
+
+
+def test_a_ranks_share_of_the_window_counts_the_seconds_it_stalled():
+    """Issue 57, seen on the 2-core VM: one rank's process held off the cores for 0.8 s while the other ran
+    on both; each rank's rate over its own arrivals read the stalled rank's catch-up as its speed (host
+    2,116 samples/s where the truth is 1,460). A share spreads each batch over the gap before it."""
+    from stagebench.loader._point import window_share
+
+    steady = _arrivals([i * 0.02 for i in range(200)])  # 50 batches/s = 800 samples/s
+    share = window_share(steady, 1.0, 2.0, 4.0, rnd=1, batch_size=16, slices=5)
+    assert share.rate(0.95).value == pytest.approx(800.0)
+    assert sum(share.seconds) == pytest.approx(1.0)
+    # stalled from 1.1 to 1.9, then three batches in 30 ms: 8 + 1 (the gap over the stall) + 3 + 2 batches
+    stalled = _arrivals([*(i * 0.02 for i in range(56)), 1.9, 1.91, 1.92, *(1.94 + i * 0.02 for i in range(10))])
+    got = window_share(stalled, 1.0, 2.0, 4.0, rnd=1, batch_size=16, slices=5)
+    assert got.rate(0.95).value < 300.0  # not the ~800-1600 its arrivals alone, gap by gap, read
+    # an epoch's restart counts neither samples nor seconds (window_rate leaves it out too)
+    restart = _arrivals([i * 0.02 for i in range(60)]) + _arrivals([1.6 + i * 0.02 for i in range(40)], epoch=1)
+    r = window_share(restart, 1.0, 2.0, 4.0, rnd=1, batch_size=16, slices=5)
+    assert sum(r.seconds) < 0.9 and r.rate(0.95).value == pytest.approx(800.0, rel=0.05)
+    # a rank with no arrival since 1.5, asked at 2.5: the open gap is a batch arriving at 2.5
+    tail = _arrivals([i * 0.02 for i in range(76)])
+    t = window_share(tail, 1.0, 2.0, 2.5, rnd=1, batch_size=16, slices=5)
+    assert sum(t.seconds) == pytest.approx(1.0) and t.rate(0.95).value < 500.0
+
+
+def test_the_hosts_rate_over_a_window_holds_one_ranks_stall_and_the_others_speed_in_the_same_slices():
+    """Where one rank stalls, the other runs faster in the same seconds: the host's slices sum both, so its
+    interval is the host's, not two ranks' whose errors cancel."""
+    from stagebench.model._ranks import WindowShare
+
+    a = WindowShare((16.0, 16.0, 2.0, 16.0), (0.1, 0.1, 0.1, 0.1))  # stalled in the third slice
+    b = WindowShare((16.0, 16.0, 30.0, 16.0), (0.1, 0.1, 0.1, 0.1))  # ... while this one ran on both cores
+    rates = HostRate.over_window([a, b], 0.95)
+    assert rates.host is not None and rates.host.value == pytest.approx(320.0)  # 32 samples every 0.1 s
+    assert rates.host.low == pytest.approx(320.0) and rates.host.high == pytest.approx(320.0)
+    assert rates.slowest.value == pytest.approx(125.0) and rates.fastest.value == pytest.approx(195.0)
+    assert rates.slowest.high > 1.5 * rates.slowest.low  # each rank alone is noisy
+    assert HostRate.over_window([a, None], 0.95).host is None
+    assert HostRate.over_window([a, WindowShare((0.0,), (0.3,))], 0.95).host is None  # delivered nothing
+    assert WindowShare.from_json(a.to_json()) == a and WindowShare.from_json({"samples": [1]}) is None
+
+
 def test_the_ranks_meet_only_in_a_directory_no_one_else_may_write(tmp_path, monkeypatch):
     from stagebench.core._ranks import store_dir
 

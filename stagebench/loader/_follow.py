@@ -23,7 +23,7 @@ from stagebench.loader._point import (
     _quiet_sigchld,
     _SpdlErrors,
     _teardown,
-    window_rate,
+    window_share,
     workers_beyond_cores_unwarned,
 )
 from stagebench.model._knobs import LoaderKnobs
@@ -95,7 +95,8 @@ class _Loader:
             self.cons.gate.clear()
 
     def rates(self, t0: float, t1: float, how: Mapping[str, Any]) -> dict[str, Any]:
-        return window_rate(list(self.cons.events), t0, t1, **how)
+        share = window_share(list(self.cons.events), t0, t1, time.perf_counter(), **how)
+        return share.to_json()
 
     def close(self) -> None:
         try:

@@ -50,8 +50,9 @@ from stagebench._numbers import num
 from stagebench.core._mirror import MirroredGate, Ready, mirror
 from stagebench.core._sizes import approx_nbytes
 from stagebench.loader._config import LoaderFactory, LoaderSweepConfig
-from stagebench.loader._mirror import WHAT, host_rate, knobs_json
+from stagebench.loader._mirror import WHAT, knobs_json
 from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._ranks import HostRate, WindowShare
 from stagebench.runs._knobs import normalize_knobs
 
 __all__ = [
@@ -725,9 +726,11 @@ class Window(NamedTuple):
     opened: Any
     closed: Any
     memory_mb: dict[str, float]
-    #: a ranked sweep: each other rank's arrivals over the same window, as :func:`window_rate` reckons them, by
-    #: local rank; () on one rank
-    others: tuple[Any, ...] = ()
+    #: a ranked sweep: each other rank's share of the same window (:func:`window_share`), by local rank; ()
+    #: on one rank
+    others: tuple[WindowShare | None, ...] = ()
+    #: a ranked sweep: the slices every rank's share is cut into
+    slices: int = 0
 
 
 class _Plan(NamedTuple):
@@ -864,16 +867,19 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     snap1 = TreeSnapshot.take(pids)
     # memory, read while the workers are alive and the window is closed
     mem = tree_memory_mb(cons.worker_pids())
-    others: tuple[Any, ...] = ()
-    if mirror is not None:  # each other rank's rate over this same window, as window_rate reckons it
-        how = {"rnd": max(1, eff.num_workers), "batch_size": plan.batch_size}
-        how.update(max_groups=cfg.max_groups, confidence=cfg.confidence)
-        got_rates, failed = mirror.rates(cons.cid, t0, t1, how)
+    others: tuple[WindowShare | None, ...] = ()
+    slices = 0
+    if mirror is not None:  # each other rank's share of this same window, cut as this rank's will be
+        rnd = max(1, eff.num_workers)
+        slices = share_slices(cons.events, t0, t1, rnd=rnd, max_groups=cfg.max_groups)
+        got_rates, failed = mirror.rates(
+            cons.cid, t0, t1, {"rnd": rnd, "batch_size": plan.batch_size, "slices": slices}
+        )
         if failed is not None:  # a rank's loader failed during the window: the host has no figure for it
             row["status"], row["reason"] = failed
             return None, False
-        others = tuple(got_rates)
-    return Window(t0, t1, snap0, snap1, mem, others), False
+        others = tuple(WindowShare.from_json(d) for d in got_rates)
+    return Window(t0, t1, snap0, snap1, mem, others, slices), False
 
 
 def _settled(
@@ -1039,6 +1045,56 @@ def window_rate(
     return out
 
 
+def share_slices(events: Sequence[_Event], t0: float, t1: float, *, rnd: int, max_groups: int) -> int:
+    """How many slices a ranked window is cut into (every rank's share the same): as many as this rank's
+    arrivals in it hold two rounds of its workers each, at most ``max_groups``; 1 (no interval) below two."""
+    arrivals = sum(1 for e in events if t0 <= e.t <= t1)
+    return max(1, min(max_groups, arrivals // (2 * max(1, rnd))))
+
+
+def window_share(
+    events: Sequence[_Event], t0: float, t1: float, now: float, *, rnd: int, batch_size: int | None, slices: int
+) -> WindowShare:
+    """This rank's share of a ranked window [t0, t1] cut into ``slices`` equal slices (the host's rate
+    sums every rank's: :meth:`stagebench.model._ranks.HostRate.over_window`).
+
+    Each arrival's batch is spread over the gap before it, so a slice holds the part of each gap that falls
+    in it, and counts those seconds. The gaps :func:`window_rate` leaves out (an epoch's restart, its first
+    round) count neither samples nor seconds. The gap after the last arrival, still open at ``now`` (when
+    this is asked, after the window closed), counts as one batch arriving ``now``: a rank stalled at the
+    window's end is counted so, not left out.
+    """
+    n_slices = max(1, slices)
+    width = (t1 - t0) / n_slices
+    samples = [0.0] * n_slices
+    seconds = [0.0] * n_slices
+
+    def spread(a: float, b: float, n: float) -> None:
+        lo, hi = max(a, t0), min(b, t1)
+        if hi <= lo or b <= a:
+            return
+        first, last = int((lo - t0) // width), min(n_slices - 1, int((hi - t0) // width))
+        for i in range(max(0, first), last + 1):
+            s0 = t0 + i * width
+            part = max(0.0, min(hi, s0 + width) - max(lo, s0))
+            samples[i] += n * part / (b - a)
+            seconds[i] += part
+
+    prev: _Event | None = None
+    k_in_epoch = 0
+    for e in events:
+        k_in_epoch = 0 if prev is None or e.epoch != prev.epoch else k_in_epoch + 1
+        if prev is not None and e.t > t0 and e.epoch == prev.epoch and (e.epoch == 0 or k_in_epoch >= rnd):
+            spread(prev.t, e.t, float(e.n if e.n is not None else batch_size or 1))
+        if e.t > t1:
+            break
+        prev = e
+    else:
+        if prev is not None and prev.t < t1 and now > prev.t:
+            spread(prev.t, now, float(prev.n if prev.n is not None else batch_size or 1))
+    return WindowShare(tuple(samples), tuple(seconds))
+
+
 def startup_split(events: Sequence[_Event], t_iter: float, wall_offset: float) -> dict[str, float]:
     """Where the time to each worker's first batch went, from the stamps on the first batches
     (:class:`TimedInit`, :class:`TaggedCollate`): medians over the workers, and the last worker's start.
@@ -1081,10 +1137,13 @@ def startup_split(events: Sequence[_Event], t_iter: float, wall_offset: float) -
     return out
 
 
-def _host_figures(row: dict[str, Any], mine: dict[str, Any], others: tuple[Any, ...]) -> None:
-    """A ranked window's row: ``samples_per_s`` and its interval are the host's (the sum over its ranks,
-    :class:`stagebench.model._ranks.HostRate`), with the slowest and fastest rank's beside them."""
-    rates = host_rate(mine, list(others))
+def _host_figures(
+    row: dict[str, Any], mine: WindowShare, others: tuple[WindowShare | None, ...], confidence: float
+) -> None:
+    """A ranked window's row: ``samples_per_s`` and its interval are the host's (the sum over its ranks of
+    their shares of the window, :meth:`stagebench.model._ranks.HostRate.over_window`), with the slowest and
+    fastest rank's beside them."""
+    rates = HostRate.over_window([mine, *others], confidence)
     host = rates.host
     row["ranks"] = len(rates.ranks)
     if host is None or rates.slowest is None or rates.fastest is None:
@@ -1092,10 +1151,10 @@ def _host_figures(row: dict[str, Any], mine: dict[str, Any], others: tuple[Any, 
         if row["status"] == "ok":
             row.update(
                 status="failed",
-                reason=f"local rank(s) {', '.join(map(str, missing))} took too few batches in the window to time",
+                reason=f"local rank(s) {', '.join(map(str, missing))} delivered no batch in the window",
             )
         return
-    row["batches_per_s"] = mine["batches_per_s"] * host.value / mine["samples_per_s"]
+    row["batches_per_s"] = row["batches_per_s"] * host.value / row["samples_per_s"]  # this rank's batch size
     row["samples_per_s"] = host.value
     row["samples_per_s_low"] = math.nan if host.low is None else host.low
     row["samples_per_s_high"] = math.nan if host.high is None else host.high
@@ -1148,7 +1207,9 @@ def _fill(
             row.update(status="failed", reason="no batches arrived in the steady-state window")
         return
     if outcome.others:
-        _host_figures(row, got, outcome.others)
+        rnd = max(1, eff.num_workers)
+        mine = window_share(ev, t0, t1, time.perf_counter(), rnd=rnd, batch_size=batch_size, slices=outcome.slices)
+        _host_figures(row, mine, outcome.others, cfg.confidence)
     row["cores_used"] = snap1.cpu_since(snap0) / window
     row["disk_read_mb_s"] = snap1.read_bytes_since(snap0) / window / 2**20
     row["mem_main_mb"] = mem["main"]

@@ -4,7 +4,8 @@ A data-parallel job runs one loader (or pipeline) per rank, every rank's on the 
 ``/dev/shm``. A setting measured for one loader that owns the host is wrong by the number of ranks, so
 a host's ranks are measured together: every rank runs the same setting over the same window, and the
 host's rate is the sum of theirs. :class:`Ranks` is who they are (what the launcher set), and
-:class:`HostRate` one window's rates, each rank's and their sum.
+:class:`HostRate` one window's rates, each rank's and their sum, from each rank's :class:`WindowShare`
+of it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from stagebench.model._json import Written, read
 from stagebench.model._rate import Rate
 
-__all__ = ["Ranks", "HostRate"]
+__all__ = ["Ranks", "HostRate", "WindowShare"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,25 +64,51 @@ class Ranks(Written):
 
 
 @dataclass(frozen=True, slots=True)
+class WindowShare:
+    """What one rank delivered over the leader's window, cut into equal slices: the samples each slice
+    holds (an arrival counted in the fraction of the gap before it that falls in the slice) and the seconds
+    it counts (a gap the rank's own rate leaves out, an epoch's restart, is not counted). Every rank's
+    slices are the same seconds of the host."""
+
+    samples: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.samples) != len(self.seconds):
+            raise ValueError("a window share has as many slices of samples as of seconds")
+
+    def slice_rates(self) -> list[float | None]:
+        """Each slice's rate, None where it counts no seconds."""
+        return [n / s if s > 0 else None for n, s in zip(self.samples, self.seconds)]
+
+    def rate(self, confidence: float) -> Rate | None:
+        """The rank's rate over the window (all its samples over all its seconds) with the interval its
+        slices give; None where it counts no seconds or no samples."""
+        secs, n = sum(self.seconds), sum(self.samples)
+        if not secs > 0 or not n > 0:
+            return None
+        return Rate.around(n / secs, [r for r in self.slice_rates() if r is not None], confidence)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> WindowShare | None:
+        if not isinstance(d, Mapping):
+            return None
+        try:
+            return cls(tuple(float(x) for x in d["samples"]), tuple(float(x) for x in d["seconds"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def to_json(self) -> dict[str, list[float]]:
+        return {"samples": list(self.samples), "seconds": list(self.seconds)}
+
+
+@dataclass(frozen=True, slots=True)
 class HostRate:
     """One window measured on every rank of a host at once: each rank's rate (local rank order; None where
-    a rank's window held too few arrivals to time) and the host's, their sum."""
+    a rank's window held too few arrivals to time) and the host's, their sum (None where a rank has none)."""
 
     ranks: tuple[Rate | None, ...]
-
-    @property
-    def host(self) -> Rate | None:
-        """The sum over the ranks, None where a rank has no rate. Its interval sums the ranks' ends: their
-        windows are the same seconds of the same host, so their errors move together (a slow phase slows
-        every rank), and the sum of the ends is the widest that can make; where a rank has no interval,
-        neither has the sum."""
-        if not self.ranks or any(r is None for r in self.ranks):
-            return None
-        rates = [r for r in self.ranks if r is not None]
-        value = sum(r.value for r in rates)
-        if any(r.low is None or r.high is None for r in rates):
-            return Rate(value)
-        return Rate(value, sum(r.low or 0.0 for r in rates), sum(r.high or 0.0 for r in rates))
+    host: Rate | None
 
     @property
     def slowest(self) -> Rate | None:
@@ -96,4 +123,31 @@ class HostRate:
 
     @classmethod
     def of(cls, rates: Sequence[Rate | None]) -> HostRate:
-        return cls(tuple(rates))
+        """The host's rate from each rank's over the window. Its interval sums the ranks' ends: their
+        windows are the same seconds of the same host, so their errors move together (a slow phase slows
+        every rank), and the sum of the ends is the widest that can make; where a rank has no interval,
+        neither has the sum."""
+        ranks = tuple(rates)
+        if not ranks or any(r is None for r in ranks):
+            return cls(ranks, None)
+        got = [r for r in ranks if r is not None]
+        value = sum(r.value for r in got)
+        if any(r.low is None or r.high is None for r in got):
+            return cls(ranks, Rate(value))
+        return cls(ranks, Rate(value, sum(r.low or 0.0 for r in got), sum(r.high or 0.0 for r in got)))
+
+    @classmethod
+    def over_window(cls, shares: Sequence[WindowShare | None], confidence: float) -> HostRate:
+        """The host's rate from each rank's share of the window, slice by slice. Where one rank stalls
+        (its process held off the cores for a moment) the others run faster in the same seconds: each
+        slice's host rate, the sum of the ranks' in it, holds both, so the host's interval comes from the
+        host's slices, not from ranks whose errors cancel. A rank's rate counts the seconds it stalled in
+        the window (a rate over its own arrivals alone would leave them out, and read a stalled rank's
+        catch-up as its speed)."""
+        ranks = tuple(s.rate(confidence) if s is not None else None for s in shares)
+        if not ranks or any(r is None for r in ranks):
+            return cls(ranks, None)
+        value = sum(r.value for r in ranks if r is not None)
+        per_rank = [s.slice_rates() for s in shares if s is not None]
+        slices = [sum(x for x in col if x is not None) for col in zip(*per_rank) if all(x is not None for x in col)]
+        return cls(ranks, Rate.around(value, slices, confidence))
