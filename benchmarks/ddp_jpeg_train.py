@@ -121,6 +121,7 @@ def main() -> None:
     if args.timing and rank == 0:
         Path(args.timing).write_text(f"{rate.item()}\n")
     if distributed:
+        dist.barrier()  # no rank tears gloo down while another still talks to it
         dist.destroy_process_group()
 
 
