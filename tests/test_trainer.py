@@ -231,7 +231,8 @@ def test_a_dataloader_scripts_own_step_is_the_demand_and_the_job_decides(tmp_pat
         # no workers is as fast in the job (loading in-memory tensors adds nothing to a step): a job run says so
         assert job["bound"] == "trainer-bound" and job["data_wait_share"] < 0.3, job["text"]
         if s["recommended"]["num_workers"] == 0:  # only where the turns showed it within 5% of yours
-            assert "x yours (" in job["zero_workers"] and "shown within 5% of yours" in job["zero_workers"]
+            said = job["zero_workers"]
+            assert "x yours (" in said and ("shown within 5% of yours" in said or "shown faster than yours" in said)
             assert job["decision"]["versus_yours"]["ratio_low"] > 0.95
     else:
         assert job["bound"] == "data-bound" and job["data_wait_share"] > 0.4, job["text"]

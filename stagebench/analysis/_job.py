@@ -51,7 +51,7 @@ ORIGIN_WORDS = {
     "feeds": "the cheapest that feeds your step, by the isolated sweep",
     "above": "a step above that",
     "best": "the fastest alone",
-    "near": "as fast alone as the fastest, within the noise (the host's ranks share the cores with their steps)",
+    "near": "near the fastest alone (within 80% of it, or not told apart): the ranks' steps share the cores",
     "pinned": "the same with pinned memory",
 }
 #: The same, in a word or two (the terminal's table).
@@ -60,7 +60,7 @@ ORIGIN_SHORT = {
     "feeds": "feeds your step",
     "above": "a step above",
     "best": "fastest alone",
-    "near": "ties fastest alone",
+    "near": "near fastest alone",
     "pinned": "pinned",
 }
 #: A job running at this share of the step's own rate (or more) is set by the step: trainer-bound.

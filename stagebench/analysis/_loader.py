@@ -1050,8 +1050,8 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: dict[str, Any] | flo
     offers.append((rung(best), "best"))
     if feeds is None and m.ranks > 1:
         # a host's ranks, none feeding the step: the loaders alone ranked the settings without the ranks'
-        # steps taking the same cores, and those they could not tell from the fastest are the job's to tell
-        near = [p for p in pool if near_fastest(p, best)]
+        # steps taking the same cores, and those near the fastest (near_fastest) are the job's to tell
+        near = [p for p in pool if near_fastest(p, best) and p["num_workers"] != best["num_workers"]]
         for nw in sorted({p["num_workers"] for p in near}):
             offers.append((rung(min((p for p in near if p["num_workers"] == nw), key=_cost)), "near"))
     if cuda and not mine.pin_memory:
@@ -1110,6 +1110,13 @@ def _zero_workers_note(job: dict[str, Any]) -> str | None:
     x = zero.versus_yours
     vs = x.text("yours") if x is not None else "not run in turns with yours"
     if v is not None and zero.key == v.pick:
+        if x is not None and x.above(1.0):
+            # faster beyond noise: the workers cost more than the loading between the steps (cores the
+            # ranks' or the step's own work needs, batches shipped), however long the loop waits for data
+            return (
+                f"num_workers=0 ran your job at {f.samples_per_s:,.0f} samples/s, {vs}: shown faster than yours, "
+                "so here workers cost your job more than loading between the steps does"
+            )
         return (
             f"num_workers=0 ran your job at {f.samples_per_s:,.0f} samples/s, {vs}: shown within 5% of yours, "
             "so loading between the steps costs your step little here"
