@@ -46,8 +46,8 @@ def fmt_q(q: float) -> str:
 
 
 def fmt_ms(s: float) -> str:
-    """Seconds as milliseconds in prose: ``4.56 ms``."""
-    return f"{s * 1e3:.3g} ms"
+    """A duration in prose: ``4.56 ms``; from a second up, in seconds (``1.15 s``, not ``1.15e+03 ms``)."""
+    return f"{s:.3g} s" if s >= 1 else f"{s * 1e3:.3g} ms"
 
 
 def fmt_share_of(share: float) -> str:

@@ -838,3 +838,10 @@ def test_a_bottleneck_stage_s_verdict_gives_its_capacity_and_a_replay_above_it_i
     )
     # within 5% of the bound: not called above it
     assert "above it" not in _stage_bound(13.1, 12.0)
+
+
+def test_a_duration_in_prose_is_in_milliseconds_below_a_second_and_in_seconds_from_one():
+    """ImageNet under torchrun printed "your step takes 1.15e+03 ms"."""
+    from stagebench._numbers import fmt_ms
+
+    assert fmt_ms(0.00456) == "4.56 ms" and fmt_ms(0.102) == "102 ms" and fmt_ms(1.1523) == "1.15 s"

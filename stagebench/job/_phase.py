@@ -28,6 +28,7 @@ from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any
 
+from stagebench._numbers import fmt_ms
 from stagebench.core._jobrun import JobRuns, Ladder, Opener
 from stagebench.core._steps import TrainerProbe
 from stagebench.model._job import StepAlone
@@ -99,7 +100,7 @@ def finish_trainer(run_dir: Any, probe: TrainerProbe, runs: JobRuns | None, say:
             say(f"scope: {summary['scope']}")
     else:
         say(
-            f"trainer: your step takes {1e3 / res['steps_per_s']:.3g} ms: {res['samples_per_s']:,.1f} items/s "
+            f"trainer: your step takes {fmt_ms(1.0 / res['steps_per_s'])}: {res['samples_per_s']:,.1f} items/s "
             f"on cached batches ({res['steps']} steps)"
         )
     for line in job_lines(summary):
