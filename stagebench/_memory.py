@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import mmap
+import sys
 
 __all__ = [
     "CAUSE",
@@ -31,6 +32,8 @@ __all__ = [
     "memory_short",
     "forget",
     "MemoryReserve",
+    "quiet_after_out_of_memory",
+    "quieted",
 ]
 
 #: What a process that runs out of memory says of why, beside what ran out: the two causes seen.
@@ -175,3 +178,41 @@ class MemoryReserve:
         block, self._block = self._block, None
         if block is not None:
             block.close()
+
+
+class _Quiet:
+    """What :func:`quiet_after_out_of_memory` kept off the terminal: how many, and the first."""
+
+    previous: object = None
+    count = 0
+    first: str | None = None
+
+
+def _unraisable(args: object) -> None:
+    exc = getattr(args, "exc_value", None)
+    try:
+        if _Seen.first is not None or isinstance(exc, MemoryError):
+            _Quiet.count += 1
+            _Quiet.first = _Quiet.first or (_one_line(exc) if exc is not None else "?")
+            return
+    except BaseException:  # nothing left to say it with: this process is out of memory
+        return
+    previous = _Quiet.previous
+    if callable(previous):
+        previous(args)
+
+
+def quiet_after_out_of_memory() -> None:
+    """In a process that ran out of memory, what Python would print of a finalizer or a thread start that
+    failed ("Exception ignored in ...", a traceback of threading's internals, or that line cut short where
+    formatting it needed memory there was none of) is counted here, not printed: it is a consequence of
+    the memory already named, and it would break the one line that names it. Before that, and for any
+    other process, Python's hook prints as ever. Installed once; the count is :func:`quieted`."""
+    if sys.unraisablehook is not _unraisable:
+        _Quiet.previous = sys.unraisablehook
+        sys.unraisablehook = _unraisable
+
+
+def quieted() -> tuple[int, str | None]:
+    """How many failures :func:`quiet_after_out_of_memory` kept off the terminal, and the first of them."""
+    return _Quiet.count, _Quiet.first

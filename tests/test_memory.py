@@ -160,3 +160,29 @@ def test_the_reserve_is_address_space_given_back_once(monkeypatch):
     none = MemoryReserve()  # no room for one: the run goes on without it
     none.release()
     assert none._block is None
+
+
+def test_after_out_of_memory_what_python_would_print_of_a_finalizer_is_counted_not_printed(monkeypatch):
+    """CI, issue 59's ulimit test: in a process that had run out, a thread that could not start printed a
+    traceback of threading's internals ("Exception ignored in thread started by"), or Python's own line cut
+    short ("Exception ignored in sys.unraisablehook") where the one line naming the memory should be last.
+    Before running out, Python's hook prints as ever."""
+    import sys
+    from types import SimpleNamespace
+
+    printed: list[BaseException] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda args: printed.append(args.exc_value))
+    monkeypatch.setattr(_memory._Quiet, "count", 0)
+    monkeypatch.setattr(_memory._Quiet, "first", None)
+    _memory.forget()
+    _memory.quiet_after_out_of_memory()
+    _memory.quiet_after_out_of_memory()  # once: a second call does not wrap the hook in itself
+    try:
+        sys.unraisablehook(SimpleNamespace(exc_value=KeyError(1)))
+        assert len(printed) == 1 and _memory.quieted() == (0, None)
+        sys.unraisablehook(SimpleNamespace(exc_value=MemoryError()))  # the failure itself: no memory to print it
+        assert out_of_memory(MemoryError()) == "MemoryError"
+        sys.unraisablehook(SimpleNamespace(exc_value=KeyError(2)))  # threading's internals, after it
+        assert len(printed) == 1 and _memory.quieted() == (2, "MemoryError")
+    finally:
+        _memory.forget()

@@ -48,7 +48,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stagebench._memory import CAUSE, MemoryReserve, memory_short, out_of_memory
+from stagebench._memory import (
+    CAUSE,
+    MemoryReserve,
+    memory_short,
+    out_of_memory,
+    quiet_after_out_of_memory,
+    quieted,
+)
 from stagebench.core._mirror import mirror
 from stagebench.pipeline._finish import (
     delivered_nothing,
@@ -247,6 +254,7 @@ class _Diagnosis:
         # room for the summary and the report, given back at the end: a stage that keeps what it allocates
         # may leave none, and the run must still end with them
         self.reserve = MemoryReserve()
+        quiet_after_out_of_memory()
 
     def run_all(self) -> dict[str, Any]:
         run = self.run
@@ -273,6 +281,9 @@ class _Diagnosis:
             self.reserve.release()
             why = f"out of memory ({what}): {CAUSE}"
             run.meta.update(status=FAILED.status, error=why)
+            count, first = quieted()
+            if count:  # kept off the terminal, kept here
+                run.meta["not_printed_after_out_of_memory"] = {"count": count, "first": first}
             run.write_meta()
             report_what_was_kept(run, self.write_report)
             report = run.run_dir.path / "report.html"
