@@ -1443,6 +1443,8 @@ def test_a_pipeline_that_delivers_nothing_is_a_failed_validation(tmp_path):
     summary = diagnose_pipeline(cfg, out=tmp_path / "run", settings=small(), show_table=False, report=False)
     assert summary["validation_failed"] and "delivers nothing" in summary["validation_failed"]
     assert summary["verdict"].startswith("validation failed")
+    # issue 60: no throughput is predicted for it, in the summary or on the terminal
+    assert summary["prediction"] is None
     # the command: exit code 1, with the reason on one line
     script = tmp_path / "train.py"
     script.write_text(
@@ -1455,6 +1457,7 @@ def test_a_pipeline_that_delivers_nothing_is_a_failed_validation(tmp_path):
     r = run_env(tmp_path, str(script), env=env)
     assert r.returncode == 1, r.stderr[-2000:]
     assert "validation failed" in r.stderr
+    assert "predicted pipeline" not in r.stderr + r.stdout
 
 
 def test_the_outputs_cap_does_not_inflate_items_per_call(tmp_path):

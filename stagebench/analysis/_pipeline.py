@@ -406,6 +406,10 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         demand=num_or_none(target),
         ranks=run.ranks,
     )
+    raw_val = m.validation
+    failed = raw_val.get("failed") if isinstance(raw_val, Mapping) else None
+    # a pipeline that delivers nothing has no throughput: none is predicted for it, here, in the report
+    # or on the terminal
     prediction = (
         predict_pipeline(
             stages,
@@ -415,7 +419,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
             ranks=run.ranks,
             cores_bound=run.cores_bound,
         )
-        if stages
+        if stages and not failed
         else None
     )
     prediction = apply_replay(prediction, m.replay)
@@ -425,8 +429,6 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     warnings = speed_warnings(speed) + _run_warnings(StageRows(df).all, stages, m, cores)
     if prediction and (caveat := Prediction.from_json(prediction).caveat):
         warnings.append(caveat)
-    raw_val = m.validation
-    failed = raw_val.get("failed") if isinstance(raw_val, Mapping) else None
     if validation is None and isinstance(raw_val, Mapping) and raw_val.get("error") and not failed:
         warnings.append(f"the whole-pipeline validation run did not complete: {raw_val['error']}")
     not_isolated = list(m.not_isolated)
