@@ -809,35 +809,42 @@ def test_the_demand_verdict_is_inconclusive_without_a_run_or_a_replay():
     assert replayed["verdict"] == "trainer-bound" and replayed["source"] == "replayed"
 
 
-def _stage_bound(replay_qps: float, replay_low: float) -> str:
+def _stage_bound(replay_qps: float, replay_low: float) -> tuple[dict, str]:
+    from stagebench.analysis._predict import apply_replay
     from stagebench.analysis._verdicts import pipeline_verdict
 
     stages = [{"name": "decode", "status": "ok", "classification": "cpu-bound"}]
-    prediction = {
-        "qps": replay_qps,
-        "qps_low": replay_low,
-        "qps_high": replay_qps * 1.1,
+    bounds = {
+        "qps": 12.6,
         "binding": "stages",
         "bottleneck": "decode",
         "bounds": {"stages": 12.6, "cores": 13.1, "gil": 16.0},
         "bounds_qps": 12.6,
-        "method": "replay",
+        "method": "bounds",
+        "explanation": "the bounds",
     }
-    return pipeline_verdict(stages, prediction, {"qps": 13.8, "qps_low": 10.1, "qps_high": 18.9})
+    replay = {"qps": replay_qps, "qps_low": replay_low, "qps_high": replay_qps * 1.1}
+    prediction = apply_replay(bounds, replay)
+    assert prediction is not None
+    return prediction, pipeline_verdict(stages, prediction, {"qps": 13.8, "qps_low": 10.1, "qps_high": 18.9})
 
 
-def test_a_bottleneck_stage_s_verdict_gives_its_capacity_and_a_replay_above_it_is_not_said_to_be_bound_by_it():
+def test_no_prediction_is_above_its_bottleneck_stage_alone_and_a_replay_above_it_is_said_beside_it():
     """SPDL's performance_analysis.py (video decode on 2 cores) read "predicted 17 items/s (its own capacity
-    binds)" beside a table giving that stage 12.6 items/s: the replay ran at another moment of the host."""
-    above = _stage_bound(17.4, 11.9)
-    assert "its capacity alone, 13 items/s, binds; the replay read 17 items/s (12-19), above it" in above, above
-    assert "own capacity binds" not in above
-    within = _stage_bound(12.0, 10.9)
+    binds)" beside a table giving that stage 12.6 items/s; its imagenet_classification.py, 759 against a cores
+    bound of 645 (issue 60). A pipeline runs no faster than its slowest stage alone, nor than the cores or the
+    GIL allow: the prediction is the bound, and the replay's reading is said beside it, with why."""
+    above, line = _stage_bound(17.4, 13.9)  # above beyond its interval: its stand-ins did not stand in
+    assert above["qps"] == 12.6 and above["method"] == "bounds", above
+    assert line.startswith("decode is the bottleneck: cpu-bound; predicted 13 items/s (its own capacity binds"), line
+    assert "the replay read 17 items/s (14-19), above the bounds: its stand-ins did not cost what" in line, line
+    noisy, line = _stage_bound(13.1, 12.0)  # above within its interval
+    assert noisy["qps"] == 12.6 and "above the bounds: within the replay's noise" in line, line
+    below, line = _stage_bound(12.0, 10.9)
+    assert below["qps"] == 12.0 and below["method"] == "replay", below
     assert (
-        within == "decode is the bottleneck: cpu-bound; predicted 12 items/s (its own capacity binds: 13 items/s alone)"
+        line == "decode is the bottleneck: cpu-bound; predicted 12 items/s (its own capacity binds: 13 items/s alone)"
     )
-    # within 5% of the bound: not called above it
-    assert "above it" not in _stage_bound(13.1, 12.0)
 
 
 def test_a_duration_in_prose_is_in_milliseconds_below_a_second_and_in_seconds_from_one():

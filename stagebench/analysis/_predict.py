@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from stagebench._numbers import finite, fmt_ms, fmt_q
+from stagebench._numbers import finite, fmt_ms, fmt_q, num_or_none
 from stagebench.model._pipeline import Prediction
 from stagebench.model._stage import HeadToHead, StageEntry, StageSetting
 
@@ -504,10 +504,33 @@ def apply_replay(prediction: dict[str, Any] | None, replay: Any) -> dict[str, An
     if q is None or not finite(q) or not q > 0 or bounds.qps is None or not finite(bounds.qps):
         return out
     q = float(q)
+    bq = float(bounds.qps)
+    if q > bq:
+        # Each bound is an upper limit on the pipeline (a stage's capacity alone, the cores over the CPU an
+        # item needs, the GIL over the GIL it holds): a replay above one has not cost what the stages cost
+        # alone, and its number is not the prediction. Above it beyond its own interval, its stand-ins did
+        # not stand in (a stage working on threads of its own stood in by a sleep did this: 865 against a
+        # cores bound of 444); within it, the replay and the bounds agree within the replay's noise.
+        low = num_or_none(replay.get("qps_low"))
+        band = (
+            f" ({fmt_q(low)}-{fmt_q(float(replay['qps_high']))})"
+            if low is not None and finite(replay.get("qps_high"))
+            else ""
+        )
+        why = (
+            "its stand-ins did not cost what the stages cost alone, so it does not stand in for them here"
+            if low is not None and low > bq
+            else "within the replay's noise"
+        )
+        out["replay"]["above_bounds"] = f"the replay read {fmt_q(q)} items/s{band}, above the bounds: {why}"
+        out["explanation"] = (
+            f"predicted {fmt_q(bq)} items/s, what the bounds allow ({bounds.binding} binds); "
+            f"{out['replay']['above_bounds']}; " + str(bounds.explanation)
+        )
+        return out
     out["method"] = "replay"
     out["qps"] = q
     out["qps_low"], out["qps_high"] = replay.get("qps_low"), replay.get("qps_high")
-    bq = float(bounds.qps)
     rel = (
         f"{q / bq:.0%} of the bounds' {fmt_q(bq)}: the stages' hand-offs, waits for the GIL and shared cores "
         "cost the rest"

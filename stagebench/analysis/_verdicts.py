@@ -325,10 +325,6 @@ def speed_warnings(raw: dict | None) -> list[str]:
 FAR_UNDER_BOUNDS = 1.5
 
 
-#: A replay reading over this multiple of its bottleneck stage's capacity alone is said to be above it.
-ABOVE_ITS_BOUND = 1.05
-
-
 #: Over this share of the GIL an item needs being the pipeline's own scheduling, the scheduling is what binds.
 SCHEDULING_BINDS = 0.5
 
@@ -390,20 +386,13 @@ def pipeline_verdict(
         line = f"the cores bind: predicted {q} items/s; the pipeline's own work uses them"
     elif pred.binding == "cores":
         line = f"the cores bind: predicted {q} items/s; {name} uses the most CPU ({cls})"
-    elif finite(lowest) and num(pred.qps) > ABOVE_ITS_BOUND * lowest:
-        # SPDL's performance_analysis.py (a video decode, 2 cores) read "predicted 17 items/s (its own
-        # capacity binds)" beside a table giving that stage 12.6: the replay ran at another moment of the
-        # host than the stage's sweep. Both figures are said, the replay's with its interval.
-        band = (
-            f" ({fmt_q(num(pred.qps_low))}-{fmt_q(num(pred.qps_high))})" if finite(pred.qps_low, pred.qps_high) else ""
-        )
-        line = (
-            f"{name} is the bottleneck: {cls}; its capacity alone, {fmt_q(lowest)} items/s, binds; the replay read "
-            f"{q} items/s{band}, above it: the stage's sweep and the replay ran at different moments of the host"
-        )
     else:
         alone = f": {fmt_q(lowest)} items/s alone" if finite(lowest) else ""
         line = f"{name} is the bottleneck: {cls}; predicted {q} items/s (its own capacity binds{alone})"
+    if above := pred.replay.get("above_bounds"):
+        # the prediction is the bound the line names; what the replay read is said beside it, with why it
+        # is not the prediction
+        line += f"; {above}"
     if failed:
         line += f"; not measured: {', '.join(failed)}"
     return line

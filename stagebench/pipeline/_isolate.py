@@ -952,6 +952,8 @@ def build_validation_config(
             # its stand-in, on threads (a process stage's work stands in as GIL-free CPU)
             # or on the event loop; never timed: it is not the stage
             op, c = stand.op(plan.sample_outputs.get(step.name)), stand.concurrency
+            if callable(close := getattr(op, "close", None)):
+                closers.append(close)
             ex = "async" if stand.executor == "async" else "thread"
             if ex == "thread":
                 executor = thread_pool(c, "stagebench-replay")

@@ -60,6 +60,18 @@ stage replaced by a **stand-in** built from its isolated measurements only:
   at 4.6-8.2 over twenty runs, so a stand-in lets the GIL go about 0.6-0.7x
   as often as its stage.
 
+- ``helper_s``: CPU on threads of the stage's own (a decoder's thread pool,
+  a BLAS or numpy op splitting its work), while the calling thread waits for
+  them: the process's CPU per call beyond the calling thread's and the
+  harness's, where it is at least half the call's time (below that it is the
+  harness's idle cost, which a slow point divides over few items). The
+  stand-in hashes that much on ``helpers`` threads at once (that CPU over the
+  time the call spent off its own CPU), and sleeps only what is left of its
+  wait. Without it, a stage hashing on two threads of its own read as a
+  stage that waits: its stand-in slept, four of them at once loaded no core,
+  and the replay read 865 items/s for a pipeline that ran at 327, above
+  the 444 its cores allow;
+
 A stage on a process executor becomes a thread stand-in whose work is all
 GIL-free (it runs in another interpreter) plus the main process's extra cost
 of moving items to and from workers (its process no-op ceiling's time per
@@ -96,6 +108,7 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -236,6 +249,8 @@ class StandIn:
     note: str = ""
     speed_ns: float | None = None  # the core's speed while the stage was measured (see the module docstring)
     releases: int = 1  # GIL releases per call in its GIL-free work (see the module docstring)
+    helper_s: float = 0.0  # CPU per call on threads of the stage's own (see the module docstring)
+    helpers: int = 1  # how many of those threads work at once
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -259,16 +274,48 @@ class _Outputs:
         return item if self._cycle is None else next(self._cycle)
 
 
+class _Helpers:
+    """The CPU a stage spends on threads of its own, as GIL-free work on a pool: ``width`` pieces at once
+    per call, the calling thread waiting for them as it waited for the stage's."""
+
+    def __init__(self, s: StandIn) -> None:
+        self.width = max(1, s.helpers)
+        self.piece = _Work(0.0, s.helper_s / self.width, s.speed_ns) if s.helper_s > 0 else None
+        # wall time the helpers take of the call's wait: their CPU over their width
+        self.wall_s = s.helper_s / self.width if self.piece is not None else 0.0
+        self._pool: ThreadPoolExecutor | None = None
+        self._size = max(1, s.concurrency) * self.width
+
+    def __call__(self) -> None:
+        if self.piece is None:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._size, thread_name_prefix="stagebench-replay-helper")
+        for f in [self._pool.submit(self.piece) for _ in range(self.width)]:
+            f.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 class _ThreadStandIn:
     def __init__(self, s: StandIn, outputs: Sequence[Any] | None = None) -> None:
-        self.work, self.wait_s = _Work(s.gil_s, s.free_s, s.speed_ns, s.releases), s.wait_s
+        self.work = _Work(s.gil_s, s.free_s, s.speed_ns, s.releases)
+        self.helpers = _Helpers(s)
+        self.wait_s = max(0.0, s.wait_s - self.helpers.wall_s)  # the rest of its wait, after its helpers
         self.output = _Outputs(outputs)
 
     def __call__(self, item: Any) -> Any:
         self.work()
+        self.helpers()
         if self.wait_s > 0:
             time.sleep(self.wait_s)
         return self.output(item)
+
+    def close(self) -> None:
+        """Stop the helpers' threads (the replay's pipeline has ended)."""
+        self.helpers.close()
 
 
 class _AsyncStandIn:
@@ -345,9 +392,16 @@ def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
     # median time and outside the probed GIL share (the probe pauses the collector).
     gc_s = max(0.0, num_or_none(base.get("gc_s_per_item")) or 0.0)
     call_cpu = num_or_none(base.get("call_cpu_s"))
+    helper_s = 0.0
     if call_cpu is not None:
         # measured directly: the calling thread's CPU during the call, no harness in it
         own: float | None = min(t + gc_s, max(0.0, call_cpu))
+        if cpu is not None and not st.get("is_async"):
+            # the process's CPU beyond the calling thread's and the harness's: threads of the stage's own,
+            # where it is at least half the call's time (below that, the harness's idle cost)
+            beyond = cpu - harness - max(0.0, call_cpu)
+            if beyond >= 0.5 * t:
+                helper_s = beyond
     else:
         marginal = _marginal_cpu(curve)
         if marginal is not None:
@@ -396,6 +450,11 @@ def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
     gil = min(own, frac * t) if frac is not None else own
     free = own - gil
     gil += gc_part
+    helpers = 1
+    if helper_s > 0:
+        # as many at once as its CPU over the time the call spent off its own CPU (its wait)
+        helpers = max(1, round(helper_s / wait)) if wait > 0 else max(1, round(helper_s / t))
+        note = "; ".join(x for x in (note, f"{helper_s * 1e3:.3g} ms a call on {helpers} thread(s) of its own") if x)
     if ex == "process":
         proc = alts.get("process") or {}
         ipc = max(0.0, (num_or_none(proc.get("harness_gil_s_per_item")) or 0.0) - harness)
@@ -409,12 +468,24 @@ def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
             speed_ns=speed_ns,
             note="process: its work runs outside the main process's GIL; the main process "
             "pays the moving of items (process no-op ceiling beyond the thread one)",
+            helper_s=helper_s,
+            helpers=helpers,
         )
     # The probe counts every release, its waits' too; the stand-in's sleep is one of them.
     probed = num_or_none((st.get("gil") or {}).get("releases_per_call"))
     releases = max(1, round(probed) - (1 if wait > 0 else 0)) if probed is not None else 1
     return StandIn(
-        st["name"], ex, c, gil_s=gil, free_s=free, wait_s=wait, note=note, speed_ns=speed_ns, releases=releases
+        st["name"],
+        ex,
+        c,
+        gil_s=gil,
+        free_s=free,
+        wait_s=wait,
+        note=note,
+        speed_ns=speed_ns,
+        releases=releases,
+        helper_s=helper_s,
+        helpers=helpers,
     )
 
 
