@@ -198,3 +198,18 @@ def test_what_more_rounds_would_do_is_said_in_one_set_of_words_with_its_number()
     assert d(5).rounds_more(5) is None and d(None).rounds_more(5) is None
     assert d(5 + PRACTICAL_ROUNDS + 1).rounds_more(5) is None
     assert more_rounds_text(None) == "at the spread seen, no practical number of rounds would settle it"
+
+
+def test_a_ratio_whose_interval_is_wider_than_half_to_double_is_not_given_as_a_ratio_in_a_verdict():
+    """Issue 60: "0.68x yours (0.01-37.08 over 3 rounds in turns)" says nothing a reader can use. A verdict
+    line says the interval is that wide; the report's details (``detail``) give it. An interval as wide
+    that clears 1 decided, and is given: the decision rests on it."""
+    from stagebench.model._evidence import Ratio
+
+    wide = Ratio(0.68, 0.01, 37.08, 3)
+    assert wide.wide and wide.text("yours") == "its ratio to yours spans more than 0.5x-2x over 3 rounds in turns"
+    assert wide.detail("yours") == "0.68x yours (0.01-37.08 over 3 rounds in turns)"
+    assert not Ratio(1.14, 0.56, 2.2, 5).wide  # 3.9x: within the span of 0.5x-2x
+    assert Ratio(1.14, 0.56, 2.35, 5).wide  # 4.2x
+    decided = Ratio(2.5, 1.1, 5.7, 3)
+    assert not decided.wide and decided.text("yours") == "2.50x yours (1.10-5.70 over 3 rounds in turns)"

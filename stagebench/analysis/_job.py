@@ -473,7 +473,7 @@ class _Verdict:
             xk = self.ratio(k, self.pick)  # against the pick, in the rounds both ran
             shown = xk is not None and xk.low is not None and xk.low > 1
             out += f"; {name} waited {f.data_wait_share:.0%}, but " + (
-                f"ran {xk.text('the pick')}" + ("" if shown else ", not shown faster")
+                ("" if xk.wide else "ran ") + xk.text("the pick") + ("" if shown else ", not shown faster")
                 if xk
                 else "was not run in the same rounds"
             )

@@ -257,11 +257,21 @@ def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list
             f"{figures}",
         )
     else:
-        more = f"; {more_rounds_text(d.rounds_more(x.rounds))}"
+        # what the rounds cost: the whole runs in turns (one call, its seconds recorded with each run)
+        spent = max((w for w in (val.wall_s, mine_run.wall_s) if w is not None and finite(w)), default=0.0)
+        n_more = d.rounds_more(x.rounds)
+        within = f" within {spent:.0f} s" if spent > 0 else ""
+        if n_more is not None and spent > 0:
+            more = (
+                f"; about {n_more} more round{'s' if n_more != 1 else ''} in turns (~{n_more * spent / x.rounds:.0f} s)"
+                " would settle it at the spread seen"
+            )
+        else:
+            more = f"; {more_rounds_text(n_more)}"
         verdict, text = (
             "could not tell",
-            f"keep yours: the runs could not tell the recommended settings from yours, {x.text('yours')}{more}; "
-            f"{figures}",
+            f"keep yours: the runs could not tell the recommended settings from yours{within}, {x.text('yours')}"
+            f"{more}; {figures}",
         )
     out.update(verdict=verdict, ratio=x.value, ratio_low=x.low, ratio_high=x.high, decision=d.to_json(), text=text)
     return out

@@ -53,6 +53,7 @@ __all__ = [
     "MAX_LOOKS",
     "LOOK_CONFIDENCE",
     "PRACTICAL_ROUNDS",
+    "WIDEST",
     "Ratio",
     "Option",
     "Decision",
@@ -79,6 +80,9 @@ ADVICE = ("keep yours", "cheaper", "change", "use", "none")
 _MAX_ROUNDS_ESTIMATE = 1000
 #: More rounds than this to settle a comparison is no advice: the verdicts say the two cannot be told apart.
 PRACTICAL_ROUNDS = 40
+#: A ratio whose interval spans more than this (high over low: the span of 0.5x-2x) is not printed in a
+#: verdict line: three rounds at 0.01-37x say nothing a reader can use (issue 60); the report's details give it.
+WIDEST = 4.0
 
 
 def more_rounds_text(n: int | None) -> str:
@@ -149,13 +153,37 @@ class Ratio:
                 return max(n, self.rounds + 1)
         return None
 
+    @property
+    def wide(self) -> bool:
+        """The interval spans more than :data:`WIDEST` (the span of 0.5x-2x) and holds 1: a ratio that
+        decides nothing and that no one can read as evidence. (One as wide that clears 1 decided, and the
+        verdict gives it: the decision rests on it.)"""
+        return (
+            self.low is not None
+            and self.high is not None
+            and self.low < 1 < self.high
+            and (self.low <= 0 or self.high / self.low > WIDEST)
+        )
+
     def text(self, of: str = "") -> str:
-        """``0.83x yours (0.74-0.93 over 4 rounds in turns)`` with ``of="yours"``."""
-        r = f"{self.rounds} round{'s' if self.rounds != 1 else ''} in turns"
+        """The ratio as a verdict line gives it: ``0.83x yours (0.74-0.93 over 4 rounds in turns)`` with
+        ``of="yours"``; where its interval is :attr:`wide`, not the ratio but that (:meth:`detail` gives
+        it, for the report's details): ``its ratio to yours spans more than 0.5x-2x over 3 rounds in turns``."""
+        if self.wide:
+            to = f" to {of}" if of else ""
+            return f"its ratio{to} spans more than 0.5x-2x over {self._rounds()}"
+        return self.detail(of)
+
+    def detail(self, of: str = "") -> str:
+        """The ratio with its interval, however wide (the report's details)."""
+        r = self._rounds()
         head = f"{self.value:.2f}x" + (f" {of}" if of else "")
         if self.low is None or self.high is None:
             return f"{head} (no interval: {r})"
         return f"{head} ({_bound(self.low)}-{_bound(self.high)} over {r})"
+
+    def _rounds(self) -> str:
+        return f"{self.rounds} round{'s' if self.rounds != 1 else ''} in turns"
 
     def to_json(self) -> dict[str, Any]:
         return {"ratio": self.value, "ratio_low": self.low, "ratio_high": self.high, "rounds": self.rounds}

@@ -218,6 +218,8 @@ class Validation:
     window_rates: tuple[float, ...] = ()
     interference: tuple[Interference, ...] = ()
     settings: tuple[Mapping[str, Any], ...] = ()
+    wall_s: float | None = None
+    """Seconds the whole runs in turns took (one call, shared by the runs that took turns in it)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -226,7 +228,7 @@ class Validation:
             cls,
             d,
             interference=lambda v: tuple(Interference.from_json(x) for x in maps(v)),
-            **dict.fromkeys(("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction"), number),
+            **dict.fromkeys(("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction", "wall_s"), number),
             error=_some_text,
             window_rates=nums,
             settings=maps,
@@ -242,6 +244,8 @@ class Validation:
             out["error"] = self.error
         if self.window_rates:
             out["window_rates"] = list(self.window_rates)
+        if self.wall_s is not None:
+            out["wall_s"] = self.wall_s
         if self.interference:
             out["interference"] = [x.to_json() for x in self.interference]
         return out
@@ -266,6 +270,8 @@ class YoursRun(Written):
     settings: Any = None
     error: str | None = None
     window_rates: tuple[float, ...] = ()
+    wall_s: float | None = None
+    """Seconds the whole runs in turns took (one call, shared by the runs that took turns in it)."""
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -275,7 +281,7 @@ class YoursRun(Written):
             d,
             same=bool,
             **dict.fromkeys(("not_run", "error"), _some_text),
-            **dict.fromkeys(("qps", "qps_low", "qps_high"), number),
+            **dict.fromkeys(("qps", "qps_low", "qps_high", "wall_s"), number),
             window_rates=nums,
         )
 

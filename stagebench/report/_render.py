@@ -318,7 +318,7 @@ def _diff_of_your_call(call: Sequence[Mapping[str, Any]], knobs: Mapping[str, An
 def _versus_yours(d: Ratio | Mapping[str, Any] | None) -> str:
     """A ratio to yours in turns, as the verdicts write it, or what is missing of it."""
     x = d if isinstance(d, Ratio) else Ratio.from_json(d)
-    return x.text("yours") if x is not None else "no ratio in turns recorded"
+    return x.detail("yours") if x is not None else "no ratio in turns recorded"
 
 
 def loader_snippet(summary: Mapping[str, Any]) -> str:
@@ -880,7 +880,7 @@ def _job_context(summary: Mapping[str, Any]) -> dict[str, Any] | None:
                 "as_good": c.as_good,
                 "versus": "yours"
                 if c.key == job.yours
-                else (c.versus_yours.text() if c.versus_yours is not None else "—"),
+                else (c.versus_yours.detail() if c.versus_yours is not None else "—"),
             }
         )
     return {
