@@ -264,8 +264,9 @@ def test_a_cheaper_setting_the_runs_cannot_tell_from_yours_keeps_yours_and_says_
     d = decide_job(job, TRAINER)
     assert d["advice"] == "keep yours" and d["pick"] == "two" and d["decision"]["rival"] == "one"
     # three rounds at 1.15x, 0.87x and 1x: an interval far wider than 0.5x-2x, said as such (issue 60)
-    assert "the runs could not tell one from yours: its ratio to yours spans more than 0.5x-2x over 3 rounds" in (
-        d["text"]
+    assert (
+        "the runs could not tell one from yours: its ratio to yours spans more than 0.5x-2x over 3 rounds"
+        in (d["text"])
     ), d["text"]
     assert d["decision"]["versus_yours"]["ratio_low"] < 0.5 and d["decision"]["versus_yours"]["ratio_high"] > 2
     assert "more round" in d["text"] or "no practical number of rounds" in d["text"]
