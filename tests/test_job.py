@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from stagebench.analysis._job import candidate_figures, contenders, decide_job
+from stagebench.analysis._job import candidate_figures, contenders, decide_job, futile
 from stagebench.analysis._loader import job_candidates, summarize_loader
 from stagebench.core._jobrun import (
     MIN_SLICE_S,
@@ -54,9 +54,9 @@ class FakeLoop:
 
         return opened()
 
-    def run(self, runs: JobRuns, contenders_fn=lambda rec: [], steps: int | None = None) -> int:
+    def run(self, runs: JobRuns, contenders_fn=lambda rec: [], steps: int | None = None, futile=None) -> int:
         n = 0
-        for _ in runs.run(self.opener, contenders_fn):
+        for _ in runs.run(self.opener, contenders_fn, futile):
             self.now += self.body
             n += 1
             if steps is not None and n >= steps:
@@ -148,6 +148,21 @@ def test_a_loop_that_stops_keeps_what_ran_and_says_where():
     assert rec["stopped"].startswith("your loop stopped after")
     assert rec["slices"][0]["candidate"] == "a" and rec["slices"][0]["status"] == "ok"
     assert rec["slices"][-1]["partial"] is True
+
+
+def test_runs_that_cannot_settle_in_the_time_left_end_unsettled_with_the_reason():
+    loop = FakeLoop({"a": 0.0, "b": 0.0})
+    runs = _runs([_cand("a", 1), _cand("b", 2)], loop)
+    seen: list[float] = []
+
+    def futile(rec, left):
+        seen.append(left)
+        return "cannot settle" if rec["rounds"] >= 4 else None
+
+    loop.run(runs, contenders_fn=lambda rec: ["a", "b"], futile=futile)
+    rec = runs.record()
+    assert rec["rounds"] == 4 and rec["stopped"] == "cannot settle" and rec["settled"] is False
+    assert seen == sorted(seen, reverse=True) and 0 < seen[-1] < 100.0  # the budget's seconds left, shrinking
 
 
 def test_the_budget_ends_the_runs_and_is_said():
@@ -271,6 +286,44 @@ def test_a_cheaper_setting_the_runs_cannot_tell_from_yours_keeps_yours_and_says_
     assert d["decision"]["versus_yours"]["ratio_low"] < 0.5 and d["decision"]["versus_yours"]["ratio_high"] > 2
     assert "more round" in d["text"] or "no practical number of rounds" in d["text"]
     assert contenders(job) == ["two", "one"]
+
+
+def _rounds_job(rounds: int, swing: float) -> dict:
+    """Yours (2 workers) and one (1 worker) over ``rounds`` rounds of 1 s slices; one's step swings by
+    ``swing`` either way round to round: the ratios spread, their mean stays at 1."""
+    job = _job(two=(0.001, 0.050, "yours", 2), one=(0.001, 0.050, "feeds", 1))
+    base = {s["candidate"]: s for s in job["slices"] if s["round"] == 1}
+    job["slices"] = []
+    for rnd in range(1, rounds + 1):
+        for key in ("two", "one"):
+            f = 1.0 if key == "two" else (swing if rnd % 2 else 1 / swing)
+            sl = {**base[key], "round": rnd, "wall_s": 1.0}
+            sl["bodies"] = [b * f for b in base[key]["bodies"]]
+            job["slices"].append(sl)
+    job["rounds"] = rounds
+    return job
+
+
+def test_the_job_runs_stop_where_more_rounds_within_the_budget_cannot_settle_it():
+    """Issue 60: a 1 s step's job phase ran its whole budget (282 s, 123 steps) on settings that tie. Where
+    the spread seen says the rounds that fit in the time left cannot settle any comparison still open, the
+    runs stop and say what more would take; where they can, or too few rounds ran to know, they go on."""
+    tie = _rounds_job(6, 1.15)  # ratios 1.15, 0.87, ...: a spread no practical number of rounds narrows
+    assert contenders(tie)  # still open
+    why = futile(tie, seconds_left=10.0)  # 2 s a round: 5 rounds fit
+    assert why == (
+        "the job runs stopped after 6 rounds: at the spread seen, no practical number of rounds would settle "
+        "the comparisons still open, and 10 s of the budget were left (STAGEBENCH_JOB_S)"
+    )
+    near = _rounds_job(6, 1.06)  # a smaller spread: a few more rounds would settle it
+    why_near = futile(near, seconds_left=4.0)  # 2 rounds fit
+    assert why_near is not None and " about " in why_near and " more rounds (~" in why_near, why_near
+    assert futile(near, seconds_left=600.0) is None  # they fit: go on
+    assert futile(_rounds_job(3, 1.15), seconds_left=10.0) is None  # three rounds: the spread is not known yet
+    # the verdict keeps yours, says could not tell and what more would take; the record keeps why they stopped
+    d = decide_job({**tie, "stopped": why}, TRAINER)
+    assert d["advice"] == "keep yours" and d["stopped"] == why, d
+    assert "the runs could not tell one from yours" in d["text"] and "more rounds" in d["text"], d["text"]
 
 
 # --------------------------------------------------------------------------- the loader's candidates

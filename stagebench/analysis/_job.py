@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stagebench._numbers import finite, num
-from stagebench.model._evidence import EQUIVALENT, PRACTICAL_ROUNDS, Decision, Option, Ratio, decide
+from stagebench.model._evidence import EQUIVALENT, MIN_ROUNDS, PRACTICAL_ROUNDS, Decision, Option, Ratio, decide
 from stagebench.model._finding import Finding
 from stagebench.model._job import JobFigures, JobRecord, JobSlice, JobVerdict, StepAlone
 from stagebench.model._meta import RunSettings
@@ -36,6 +36,7 @@ from stagebench.model._rate import Rate
 __all__ = [
     "candidate_figures",
     "contenders",
+    "futile",
     "decide_job",
     "job_decision",
     "job_findings",
@@ -202,6 +203,50 @@ def contenders(job: Mapping[str, Any]) -> list[str]:
         return []
     refs = [k for k in (d.yours, d.best) if k is not None and figs.get(k) is not None]
     return list(dict.fromkeys(refs + list(d.open)))
+
+
+def futile(job: Mapping[str, Any], seconds_left: float) -> str | None:
+    """Why more rounds within ``seconds_left`` cannot settle the decision, or None (they may, or too few
+    rounds ran to say: under :data:`MIN_ROUNDS` + 1 the spread is not known well enough).
+
+    Each comparison still open needs its interval to clear one of the rule's bounds (0.95, 1, 1/0.95) on
+    the side its ratio lies; at the spread seen, :meth:`Ratio.rounds_to_clear` says after how many rounds
+    in all. Where even the nearest of those, for every open comparison, takes more rounds than the time
+    left can run, the runs stop there and the verdict says could not tell, and what more would take: a
+    1 s step's job phase otherwise ran its whole budget (282 s, 123 steps) on settings that tie."""
+    rec = JobRecord.from_json(job)
+    d, _, typed = _decision(rec)
+    if d.settled or d.advice == "none":
+        return None
+    ratio = _ratio_of(typed)
+    keys = contenders(job)
+    per = _seconds_per_round(rec, keys)
+    if not per or per <= 0:
+        return None
+    fit = int(seconds_left // per)
+    ref = d.yours if d.yours is not None else d.best
+    needs: list[int] = []
+    for k in d.open:
+        x = ratio(k, ref) if ref is not None else None
+        if x is None or x.log_sd is None or x.rounds < MIN_ROUNDS + 1:
+            return None  # not enough rounds to say what more would do
+        ends = [n for b in (EQUIVALENT, 1.0, 1 / EQUIVALENT) if (n := x.rounds_to_clear(b)) is not None]
+        more = min(ends) - x.rounds if ends else None
+        if more is not None and more <= fit:
+            return None
+        needs.append(more if more is not None else -1)
+    if not needs:
+        return None
+    known = [n for n in needs if n > 0]
+    what = (
+        f"about {min(known)} more rounds (~{min(known) * per:.0f} s) would"
+        if known and min(known) <= PRACTICAL_ROUNDS
+        else "no practical number of rounds would"
+    )
+    return (
+        f"the job runs stopped after {rec.rounds} rounds: at the spread seen, {what} settle the comparisons "
+        f"still open, and {seconds_left:.0f} s of the budget were left (STAGEBENCH_JOB_S)"
+    )
 
 
 def _rate(f: JobFigures | None, unit: str) -> str:

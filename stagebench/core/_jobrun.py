@@ -239,8 +239,15 @@ class JobRuns:
         self.candidates = list(self.candidates)  # the caller's list stays as it was
         self.skipped = list(self.skipped)
 
-    def run(self, open_candidate: Opener, contenders: Callable[[dict[str, Any]], list[str]]) -> Iterator[Any]:
-        """Yield batches to the user's loop, slice after slice (module docstring)."""
+    def run(
+        self,
+        open_candidate: Opener,
+        contenders: Callable[[dict[str, Any]], list[str]],
+        futile: Callable[[dict[str, Any], float], str | None] | None = None,
+    ) -> Iterator[Any]:
+        """Yield batches to the user's loop, slice after slice (module docstring). ``futile(record,
+        seconds_left)``: why more rounds within the time left cannot settle the decision (the runs stop
+        there), or None."""
         self._t0 = self.clock()
         self.load = [_load_avg()]
         order = {c.key: i for i, c in enumerate(self.candidates)}
@@ -258,6 +265,10 @@ class JobRuns:
                         keys = contenders(self.record())  # most important first
                         if not keys:
                             self.settled = True
+                            break
+                        left = self.budget_s - (self.clock() - self._t0)
+                        if futile is not None and (why := futile(self.record(), left)):
+                            self.stopped = why
                             break
                         todo = sorted((c for c in self.candidates if c.key in keys), key=lambda c: order[c.key])
                         if rnd % 2 == 0:

@@ -136,7 +136,7 @@ def trainer_phases(
     phase (should the loop fail on the live batches) and at the end; a loop that stops early
     ends the program through ``end`` once it is written.
     """
-    from stagebench.analysis._job import contenders
+    from stagebench.analysis._job import contenders, futile
 
     runs: JobRuns | None = None
     try:
@@ -156,7 +156,7 @@ def trainer_phases(
                     keep_open=ladder.keep_open,
                     skipped=ladder.skipped,
                 )
-                yield from runs.run(plan.open_candidate, contenders)
+                yield from runs.run(plan.open_candidate, contenders, futile)
     except GeneratorExit:
         if runs is None:
             n = probe.steps_handed
