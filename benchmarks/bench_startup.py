@@ -6,13 +6,15 @@ stagebench activates diagnostic mode from ``stagebench_activate.pth``, which
 process, many times; and whole-interpreter start-up (``python -c pass``) with
 and without the variable set, for context. Target: under 1 ms.
 
-Usage: python benchmarks/bench_startup.py [--json OUT]
+``--smoke``: 2,000 ``addpackage`` calls and 5 interpreter starts instead of 20,000 and 30: that the
+script runs to the end (``tests/test_bench_smoke.py``), not a figure to read.
+
+Usage: python benchmarks/bench_startup.py [--smoke] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import site
 import statistics
@@ -22,6 +24,8 @@ import sysconfig
 import tempfile
 import time
 from pathlib import Path
+
+from _common import write_json
 
 
 def _addpackage_cost(pth_dir: str, name: str, n: int) -> float:
@@ -42,6 +46,7 @@ def _interpreter_start(env: dict, n: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="a few calls and starts: does it run (tests)")
     ap.add_argument("--json", default=None)
     ns = ap.parse_args(argv)
     purelib = sysconfig.get_paths()["purelib"]
@@ -54,34 +59,32 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "empty.pth").write_text("")
         (Path(d) / "ours.pth").write_text(ours.read_text())
-        n = 20000
+        n = 2000 if ns.smoke else 20000
         empty = _addpackage_cost(d, "empty.pth", n)
         ourcost = _addpackage_cost(d, "ours.pth", n)
     pth_us = (ourcost - empty) * 1e6
-    start_unset = _interpreter_start(env, 30)
-    start_set = _interpreter_start({**env, "SPDL_PIPELINE_DIAGNOSTIC_MODE": "1"}, 30)
+    starts = 5 if ns.smoke else 30
+    start_unset = _interpreter_start(env, starts)
+    start_set = _interpreter_start({**env, "SPDL_PIPELINE_DIAGNOSTIC_MODE": "1"}, starts)
     print(
         f"processing our .pth (variable unset): {ourcost * 1e6:.1f} us (empty .pth {empty * 1e6:.1f} us): "
         f"+{pth_us:.1f} us   target < 1000 us: {'yes' if pth_us < 1000 else 'NO'}"
     )
     print(
-        f"python -c pass, median of 30: variable unset {start_unset * 1e3:.1f} ms, "
+        f"python -c pass, median of {starts}: variable unset {start_unset * 1e3:.1f} ms, "
         f"set {start_set * 1e3:.1f} ms (set installs the import hook)"
     )
-    if ns.json:
-        Path(ns.json).write_text(
-            json.dumps(
-                {
-                    "benchmark": "startup",
-                    "pth_overhead_us": pth_us,
-                    "interpreter_start_unset_ms": start_unset * 1e3,
-                    "interpreter_start_set_ms": start_set * 1e3,
-                    "target_us": 1000,
-                    "met": pth_us < 1000,
-                },
-                indent=2,
-            )
-        )
+    write_json(
+        ns.json,
+        {
+            "benchmark": "startup",
+            "pth_overhead_us": pth_us,
+            "interpreter_start_unset_ms": start_unset * 1e3,
+            "interpreter_start_set_ms": start_set * 1e3,
+            "target_us": 1000,
+            "met": pth_us < 1000,
+        },
+    )
     return 0
 
 
