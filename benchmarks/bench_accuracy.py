@@ -51,7 +51,11 @@ default 1000 inputs; it profiles threads at concurrency 1, 4, 8, 16, 32 only
 Target: stagebench within 5% of the truth wherever the truth is below half of
 the harness's no-op ceiling at that executor and concurrency.
 
-Usage: python benchmarks/bench_accuracy.py [--budget 1.0] [--spdl-inputs 1000] [--json OUT]
+``--smoke``: the 2 ms spin at one thread and one process and the spin + sleep stage at one thread,
+0.2 s windows, one attempt, SPDL's profiler on 50 inputs: that the script runs to the end
+(``tests/test_bench_smoke.py``), not a figure to read.
+
+Usage: python benchmarks/bench_accuracy.py [--budget 1.0] [--spdl-inputs 1000] [--smoke] [--json OUT]
 """
 
 from __future__ import annotations
@@ -133,13 +137,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", default=None, help="write the table as JSON here")
     ap.add_argument("--only", default=None, help="run only the stages whose label contains this (e.g. 'spin 1ms')")
+    ap.add_argument("--smoke", action="store_true", help="two stages at c=1, 0.2 s, one attempt: does it run (tests)")
     ns = ap.parse_args(argv)
+    if ns.smoke:
+        ns.budget, ns.attempts, ns.spdl_inputs = 0.2, 1, 50
     cores = usable_cores()
     cfg = MeasureConfig(budget_s=ns.budget, warmup_s=0.2, timeout_s=60)
     ceil_cfg = MeasureConfig(budget_s=max(0.3, ns.budget / 2), warmup_s=0.2, timeout_s=60)
     inputs = list(range(64))
     print(f"accuracy: {machine_line()}", flush=True)
     cases = [c for c in _cases() if ns.only is None or ns.only in c[0]]
+    if ns.smoke:  # a stage with a spin twin of its own, one with another, and both executors
+        cases = [(lb, fn, tw, th[:1], pr[:1]) for lb, fn, tw, th, pr in cases if lb.startswith("spin")]
 
     # the ceilings always cover c = 1 (the harness's latency o comes from it)
     levels = {

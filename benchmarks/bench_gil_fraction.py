@@ -20,7 +20,10 @@ host's, not the stage's.
 
 Target: estimate within +-0.1 of the truth.
 
-Usage: python benchmarks/bench_gil_fraction.py [--budget 0.5] [--json OUT]
+``--smoke``: the 50/50 stage only, at concurrency 1 and 2, 0.1 s windows: that the script runs to
+the end (``tests/test_bench_smoke.py``), not a figure to read.
+
+Usage: python benchmarks/bench_gil_fraction.py [--budget 0.5] [--smoke] [--json OUT]
 """
 
 from __future__ import annotations
@@ -43,11 +46,13 @@ FRACTIONS = (0.0, 0.2, 0.5, 0.8, 1.0)
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=0.5, help="window per point, seconds")
+    ap.add_argument("--smoke", action="store_true", help="one stage, concurrency 1 and 2, 0.1 s: does it run (tests)")
     ap.add_argument("--json", default=None)
     ns = ap.parse_args(argv)
     cores = usable_cores()
-    measure = MeasureConfig(budget_s=ns.budget, warmup_s=0.1, timeout_s=30)
-    sweep = SweepConfig(executors=("thread", "process"), concurrency=(1, 2, 4, 8), ceiling=True, measure=measure)
+    budget, fractions, levels = (0.1, (0.5,), (1, 2)) if ns.smoke else (ns.budget, FRACTIONS, (1, 2, 4, 8))
+    measure = MeasureConfig(budget_s=budget, warmup_s=0.1, timeout_s=30)
+    sweep = SweepConfig(executors=("thread", "process"), concurrency=levels, ceiling=True, measure=measure)
     inputs = list(range(32))
     print(f"GIL fraction: {machine_line()}; spin+sleep at g+r = {TOTAL_MS:g} ms", flush=True)
     print(
@@ -55,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         "within_target  (signals)"
     )
     rows = []
-    for f in FRACTIONS:
+    for f in fractions:
         stage = _stages.SpinSleep(spin_ms=TOTAL_MS * f, sleep_ms=TOTAL_MS * (1 - f))
         name = f"spin{TOTAL_MS * f:g}+sleep{TOTAL_MS * (1 - f):g}"
         t0 = time.perf_counter()
@@ -110,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark": "gil_fraction",
             "target_abs_error": TARGET,
             "total_ms": TOTAL_MS,
-            "budget_s": ns.budget,
+            "budget_s": budget,
             "cores": cores,
             "rows": rows,
             "worst_abs_error": worst,
