@@ -17,7 +17,13 @@ Target (issue 21): joint at least as fast as yours within noise on every pipelin
 Workers and threads each setting uses are printed too: the joint choice should
 get there with fewer.
 
-Usage: python benchmarks/bench_advice.py [--pipelines demo,gil_mix,...] [--window 6] [--json OUT]
+``--smoke``: the demo pipeline only (64 images), diagnosed in quick mode (``STAGEBENCH_QUICK=on``), and
+0.3 s windows after 0.2 s of warm-up: that the script runs to the end (``tests/test_bench_smoke.py``),
+not a figure to read.
+
+The exit status is 1 where a run of the real pipeline failed (the JSON is written all the same).
+
+Usage: python benchmarks/bench_advice.py [--pipelines demo,gil_mix,...] [--window 6] [--smoke] [--json OUT]
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from _common import PIPELINES, fmt_q, machine_line, write_json  # noqa: E402
 SOURCE_ITEMS = 1_000_000  # range(): lazy
 
 
-def _demo_config(tmp: Path):
+def _demo_config(tmp: Path, images: int = 200):
     from spdl.pipeline import PipelineBuilder
 
     from stagebench.pipeline._demo import DEMO_SCRIPT
@@ -43,7 +49,7 @@ def _demo_config(tmp: Path):
     sys.path.insert(0, str(DEMO_SCRIPT.parent))
     import demo_train  # the bundled example: the same stages and settings as its main()
 
-    paths = demo_train.make_dataset(tmp / "images", 200)
+    paths = demo_train.make_dataset(tmp / "images", images)
     read, decode, augment, collate = demo_train.make_stages(0.004)
     return (
         PipelineBuilder()
@@ -73,13 +79,14 @@ def _verdict(a: dict, b: dict) -> str:
     return f"tie ({a['qps'] / b['qps']:.2f}x)"
 
 
-def bench_one(name: str, cfg, run_dir: Path, window_s: float) -> dict:
+def bench_one(name: str, cfg, run_dir: Path, window_s: float, *, smoke: bool = False) -> dict:
     from stagebench.pipeline._diagnose import diagnose_pipeline
     from stagebench.pipeline._isolate import plan_pipeline, read_source
     from stagebench.pipeline._settings import DiagnoseSettings
     from stagebench.pipeline._wholerun import run_pipelines
 
-    settings = DiagnoseSettings.from_env({})  # the defaults: what a user runs
+    # the defaults: what a user runs (--smoke: the quick preset)
+    settings = DiagnoseSettings.from_env({"STAGEBENCH_QUICK": "on"} if smoke else {})
     summary = diagnose_pipeline(cfg, out=run_dir, settings=settings, show_table=False, report=False)
     joint, alone = {}, {}
     for st in summary.get("stages") or []:
@@ -99,7 +106,7 @@ def bench_one(name: str, cfg, run_dir: Path, window_s: float) -> dict:
         items,
         joint,
         {"yours": None, "alone": None, "joint": None},
-        warmup_s=1.0,
+        warmup_s=0.2 if smoke else 1.0,
         window_s=window_s,
         timeout_s=60,
         items_per_sink_item=k,
@@ -142,19 +149,29 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pipelines", default="demo," + ",".join(PIPELINES))
     ap.add_argument("--window", type=float, default=6.0, help="seconds of counting per setting")
+    ap.add_argument("--smoke", action="store_true", help="the demo, quick mode, 0.3 s windows: does it run (tests)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.pipelines, args.window = "demo", 0.3
     print(machine_line())
-    print("stagebench defaults; three settings of the real pipeline run whole, in turns")
+    print(
+        f"stagebench {'quick mode' if args.smoke else 'defaults'}; three settings of the real pipeline run whole, in turns"
+    )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.pipelines.split(","):
-            cfg = _demo_config(Path(tmp)) if name == "demo" else PIPELINES[name](SOURCE_ITEMS)
-            rows.append(bench_one(name, cfg, Path(tmp) / f"run-{name}", args.window))
+            cfg = (
+                _demo_config(Path(tmp), 64 if args.smoke else 200) if name == "demo" else PIPELINES[name](SOURCE_ITEMS)
+            )
+            rows.append(bench_one(name, cfg, Path(tmp) / f"run-{name}", args.window, smoke=args.smoke))
     ok = sum(1 for r in rows if not r["joint_vs_yours"].startswith(("slower", "n/a")))
+    failed = [f"{r['pipeline']} {k}" for r in rows for k, run in r["runs"].items() if run.get("qps") is None]
     print(f"\njoint at least as fast as yours (within noise) on {ok} of {len(rows)} pipelines")
-    write_json(args.json, {"pipelines": rows, "joint_not_slower": ok, "of": len(rows)})
-    return 0
+    write_json(args.json, {"pipelines": rows, "joint_not_slower": ok, "of": len(rows), "failed": failed})
+    if failed:
+        print(f"FAILED: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

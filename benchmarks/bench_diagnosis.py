@@ -34,7 +34,14 @@ user can turn off, the threads-vs-processes head-to-head
 (``STAGEBENCH_PAIRED_ROUNDS=0``) and the validation run
 (``STAGEBENCH_VALIDATE=off``): what those checks cost.
 
-Usage: python benchmarks/bench_diagnosis.py [--pipelines gil_mix,...] [--no-quick] [--lean] [--json OUT]
+``--smoke``: ``sleep_chain`` only, SPDL's profiler on 100 inputs, and one stagebench run in quick
+mode with a 0.5 s validation run (``SMOKE_ENV``) in place of the defaults; the run directories go to a
+temporary folder unless ``--runs-dir`` is given: that the script runs to the end
+(``tests/test_bench_smoke.py``), not a figure to read.
+
+The exit status is 1 where a diagnosis or SPDL's profile failed (the JSON is written all the same).
+
+Usage: python benchmarks/bench_diagnosis.py [--pipelines gil_mix,...] [--no-quick] [--lean] [--smoke] [--json OUT]
 """
 
 from __future__ import annotations
@@ -73,13 +80,18 @@ SOURCE_ITEMS = 1_000_000  # range(): lazy; more than either tool reads
 
 QUICK_TARGET = 0.3
 MODES = {"default": {}, "quick": {"STAGEBENCH_QUICK": "on"}}
+#: --smoke: the quick preset, with its validation run back on (the prediction's code path), short
+SMOKE_ENV = {"STAGEBENCH_QUICK": "on", "STAGEBENCH_VALIDATE": "on", "STAGEBENCH_VALIDATION_S": "0.5"}
+SMOKE_SPDL_INPUTS = 100
 
 
-def stagebench_env(mode: str, lean: bool = False) -> dict[str, str]:
+def stagebench_env(mode: str, lean: bool = False, smoke: bool = False) -> dict[str, str]:
     """The settings given to stagebench: none at the defaults (the point of this benchmark)."""
     env = dict(MODES[mode])
     if lean:  # the two checks a user can turn off: the head-to-head and the validation run
         env.update(STAGEBENCH_PAIRED_ROUNDS="0", STAGEBENCH_VALIDATE="off")
+    if smoke:
+        env.update(SMOKE_ENV)
     return env
 
 
@@ -95,14 +107,14 @@ def _child_pipeline(name: str) -> int:
     return 0
 
 
-def _child_spdl(name: str, result: str) -> int:
+def _child_spdl(name: str, result: str, num_inputs: int) -> int:
     import logging
 
     from spdl.pipeline import profile_pipeline
 
     logging.basicConfig(level=logging.INFO)  # SPDL's diagnostic mode reports through logging only
     t0 = time.perf_counter()
-    results = profile_pipeline(PIPELINES[name](SOURCE_ITEMS), num_inputs=SPDL_DEFAULT_NUM_INPUTS)
+    results = profile_pipeline(PIPELINES[name](SOURCE_ITEMS), num_inputs=num_inputs)
     Path(result).write_text(
         json.dumps(
             {
@@ -214,42 +226,59 @@ def main(argv: list[str] | None = None) -> int:
         help="the defaults without their two checks (STAGEBENCH_PAIRED_ROUNDS=0, STAGEBENCH_VALIDATE=off): "
         "what they cost; no prediction error (nothing measured to hold the prediction to)",
     )
+    ap.add_argument(
+        "--smoke", action="store_true", help="sleep_chain, one quick stagebench run, SPDL on 100 inputs (tests)"
+    )
     ap.add_argument("--child", choices=("pipeline", "spdl"), help=argparse.SUPPRESS)
     ap.add_argument("--pipeline", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
+    ap.add_argument("--spdl-inputs", type=int, default=SPDL_DEFAULT_NUM_INPUTS, help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
     if ns.child == "pipeline":
         return _child_pipeline(ns.pipeline)
     if ns.child == "spdl":
-        return _child_spdl(ns.pipeline, ns.result)
+        return _child_spdl(ns.pipeline, ns.result, ns.spdl_inputs)
 
+    if ns.smoke:
+        ns.pipelines, ns.spdl_inputs = "sleep_chain", SMOKE_SPDL_INPUTS
     names = [n for n in ns.pipelines.split(",") if n]
     bad = [n for n in names if n not in PIPELINES]
     if bad:
         print(f"--pipelines: unknown {bad[0]!r}; allowed: {', '.join(PIPELINES)}")
         return 2
-    modes = ["default"] if ns.no_quick or ns.lean else ["default", "quick"]
-    runs = Path(ns.runs_dir or ROOT / "reports" / "bench-runs" / ("diagnosis-lean" if ns.lean else "diagnosis"))
-    runs.mkdir(parents=True, exist_ok=True)
+    modes = ["default"] if ns.no_quick or ns.lean or ns.smoke else ["default", "quick"]
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("STAGEBENCH_", "SPDL_PIPELINE_DIAGNOSTIC"))}
     print(f"diagnosis: {machine_line()}")
     for mode in modes:
-        given = stagebench_env(mode, ns.lean)
+        given = stagebench_env(mode, ns.lean, ns.smoke)
         print(f"stagebench {mode}: " + (" ".join(f"{k}={v}" for k, v in given.items()) or "no setting given"))
     print(
-        f"SPDL: profile_pipeline(cfg, num_inputs={SPDL_DEFAULT_NUM_INPUTS}) (its diagnostic-mode default)\n",
+        f"SPDL: profile_pipeline(cfg, num_inputs={ns.spdl_inputs})"
+        + (" (its diagnostic-mode default)\n" if ns.spdl_inputs == SPDL_DEFAULT_NUM_INPUTS else "\n"),
         flush=True,
     )
-    results = []
+    results, failed = [], []
     with tempfile.TemporaryDirectory() as tmp:
+        if ns.runs_dir:
+            runs = Path(ns.runs_dir)
+        elif ns.smoke:  # never over the reports of a real run
+            runs = Path(tmp) / "runs"
+        else:
+            runs = ROOT / "reports" / "bench-runs" / ("diagnosis-lean" if ns.lean else "diagnosis")
+        runs.mkdir(parents=True, exist_ok=True)
         for name in names:
             res = Path(tmp) / f"{name}-spdl.json"
             cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "spdl", "--pipeline", name]
-            rc_sp, t_sp = _run([*cmd, "--result", str(res)], base_env, Path(tmp) / f"{name}-spdl.log")
+            cmd += ["--spdl-inputs", str(ns.spdl_inputs), "--result", str(res)]
+            rc_sp, t_sp = _run(cmd, base_env, Path(tmp) / f"{name}-spdl.log")
             spdl = json.loads(res.read_text()) if rc_sp == 0 and res.exists() else None
             if spdl is None:
                 print(f"{name}: SPDL profile failed (exit {rc_sp}):\n{_tail(Path(tmp) / f'{name}-spdl.log')}")
-            sbs = {m: _stagebench(name, m, {**base_env, **stagebench_env(m, ns.lean)}, runs, tmp) for m in modes}
+                failed.append(f"{name} SPDL")
+            sbs = {
+                m: _stagebench(name, m, {**base_env, **stagebench_env(m, ns.lean, ns.smoke)}, runs, tmp) for m in modes
+            }
+            failed += [f"{name} stagebench {m}" for m, (_, sb) in sbs.items() if sb is None]
             results.append(_report_one(name, t_sp, spdl, sbs))
 
     def met(mode: str, target: float) -> tuple[int, int]:
@@ -265,14 +294,15 @@ def main(argv: list[str] | None = None) -> int:
         line += f"; quick: <= {QUICK_TARGET:g} on {q_met} of {n_q}"
     print(f"{line}; prediction within {PRED_TARGET:.0%} on {pred_met} of {len(pred)}")
     labels = _label_table(results, modes)
-    print(f"reports: {runs}/<pipeline>-<mode>/report.html   ({machine_line()})")
+    where = "a temporary folder, removed" if ns.smoke and not ns.runs_dir else f"{runs}/<pipeline>-<mode>/report.html"
+    print(f"reports: {where}   ({machine_line()})")
     write_json(
         ns.json,
         {
             "benchmark": "diagnosis",
-            "variant": "lean" if ns.lean else "default",
-            "stagebench_env": {m: stagebench_env(m, ns.lean) for m in modes},
-            "spdl_num_inputs": SPDL_DEFAULT_NUM_INPUTS,
+            "variant": "smoke" if ns.smoke else "lean" if ns.lean else "default",
+            "stagebench_env": {m: stagebench_env(m, ns.lean, ns.smoke) for m in modes},
+            "spdl_num_inputs": ns.spdl_inputs,
             "cost_target_ratio": COST_TARGET,
             "quick_target_ratio": QUICK_TARGET,
             "prediction_target_rel_error": PRED_TARGET,
@@ -281,9 +311,12 @@ def main(argv: list[str] | None = None) -> int:
             "prediction_met": pred_met,
             "labels": labels,
             "met": n_cost > 0 and cost_met == n_cost and bool(pred) and pred_met == len(pred) == len(results),
+            "failed": failed,
         },
     )
-    return 0
+    if failed:
+        print(f"FAILED: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 def _report_one(name: str, t_sp: float, spdl: dict | None, sbs: dict[str, tuple[float, dict | None]]) -> dict:
