@@ -23,8 +23,12 @@ dataset (generated once into the cache), batch 16, searched at stagebench's defa
    the host's phases: one search is one sample of its time).
    Target: at most a third of the time (the median of the searches at the defaults), at the same num_workers.
 
+``--smoke``: every part once, on num_workers 0 and 1 with short windows (``SMOKE_CFG``), one search, two
+rounds in turns, one slow search at the defaults: that the script runs to the end
+(``tests/test_bench_smoke.py``), not a figure to read.
+
 Usage: python benchmarks/bench_loader_search.py [--rounds 6] [--repeat 5] [--busy] [--classes 4] [--per-class 32]
-       [--json OUT]
+       [--smoke] [--json OUT]
 """
 
 from __future__ import annotations
@@ -57,6 +61,18 @@ QUALITY_TARGET = 0.95
 TIME_TARGET = 1 / 3
 _SPLIT = ("startup_s", "warmup_s", "window_s", "stall_phase_s", "teardown_s")
 BEFORE = {"precision": 0.0, "stall_at": "every", "search_prefetch": True, "tie_rounds": 0, "stall_epochs": 2}
+#: --smoke: two levels, one prefetch_factor, short windows and memory pass, one round of the tie-break,
+#: under every search and point
+SMOKE_CFG = {
+    "num_workers": (0, 1),
+    "prefetch_factors": (2,),
+    "budget_s": 0.3,
+    "min_window_s": 0.1,
+    "warmup_s": 0.1,
+    "min_batches": 4,
+    "tie_rounds": 1,
+    "memory_pass_s": 0.5,
+}
 
 
 def slow_init(worker_id: int) -> None:
@@ -117,8 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--busy", action="store_true", help="a second process keeps one core busy meanwhile")
     ap.add_argument("--slow", action=argparse.BooleanOptionalAction, default=True, help="part 3: slow start-up")
     ap.add_argument("--slow-repeat", type=int, default=3, help="part 3: searches at the defaults")
+    ap.add_argument(
+        "--smoke", action="store_true", help="num_workers 0 and 1, short windows, once: does it run (tests)"
+    )
     ap.add_argument("--json", default=None)
     ns = ap.parse_args(argv)
+    ns.cfg = SMOKE_CFG if ns.smoke else {}
+    if ns.smoke:
+        ns.repeat, ns.rounds, ns.slow_repeat = 1, 2, 1
     root = generate_imagenet(None, classes=ns.classes, per_class=ns.per_class)
     transform = Compose([DecodeImage("pillow"), RandomResizedCrop(224), RandomHorizontalFlip(), Normalize()])
     dataset = ImageFolderDataset.from_root(root, transform)
@@ -143,7 +165,7 @@ def _parts(ns, plain, slow, dataset, tmp: Path) -> dict:
 
     picks, tooks = [], []
     for i in range(ns.repeat):
-        s_i, took_i = _search(plain, tmp / f"plain{i}")
+        s_i, took_i = _search(plain, tmp / f"plain{i}", **ns.cfg)
         picks.append(s_i)
         tooks.append(took_i)
         d = s_i["recommended"].get("decision") or {}
@@ -165,7 +187,7 @@ def _parts(ns, plain, slow, dataset, tmp: Path) -> dict:
     levels = sorted({p["num_workers"] for p in s["points"] if p["status"] == "ok"})
 
     again: dict[int, list[float]] = {w: [] for w in levels}
-    point_cfg = LoaderSweepConfig(transforms=False, stall_at="pick")
+    point_cfg = LoaderSweepConfig(transforms=False, stall_at="pick", **ns.cfg)
     for r in range(ns.rounds):
         for w in levels if r % 2 == 0 else levels[::-1]:
             knobs = LoaderKnobs(num_workers=w, prefetch_factor=2 if w else None)
@@ -218,8 +240,8 @@ def _parts(ns, plain, slow, dataset, tmp: Path) -> dict:
             "again": {str(w): v for w, v in again.items()},
         }
 
-    before, t_before = _search(slow, tmp / "before", **BEFORE)
-    nows = [_search(slow, tmp / f"after{i}") for i in range(max(1, ns.slow_repeat))]
+    before, t_before = _search(slow, tmp / "before", **(ns.cfg | BEFORE))
+    nows = [_search(slow, tmp / f"after{i}", **ns.cfg) for i in range(max(1, ns.slow_repeat))]
     t_nows = [t for _, t in nows]
     t_after = statistics.median(t_nows)
     t_ratio = t_after / t_before

@@ -21,7 +21,10 @@ batch 256, shuffled.
    the memory pass timed inside it (``run.json["worker_costs"]``), against the sweep's own time.
    Target: under 10%.
 
-Usage: python benchmarks/bench_worker_costs.py [--paths 1500000] [--json OUT]
+``--smoke``: 2,000 paths, one worker and one turn in part 1, num_workers 0 and 1 with short windows in
+part 2: that the script runs to the end (``tests/test_bench_smoke.py``), not a figure to read.
+
+Usage: python benchmarks/bench_worker_costs.py [--paths 1500000] [--smoke] [--json OUT]
 """
 
 from __future__ import annotations
@@ -46,6 +49,15 @@ from stagebench.loader._sweep import measure_loader_point
 SUM_TARGET = 0.25
 COST_TARGET = 0.10
 LEVELS = (1, 2, 4)
+#: --smoke: the sweep's short windows and memory pass, and one round of its tie-break
+SMOKE_CFG = {
+    "budget_s": 0.3,
+    "min_window_s": 0.1,
+    "warmup_s": 0.1,
+    "min_batches": 4,
+    "tie_rounds": 1,
+    "memory_pass_s": 0.5,
+}
 
 
 class Paths(Dataset):
@@ -66,15 +78,16 @@ def _factory(n: int):
     return make_loader_factory(Paths(n), batch_size=256, shuffle=True, multiprocessing_context="forkserver")
 
 
-def first_batches(n: int) -> list[dict]:
+def first_batches(n: int, levels: tuple[int, ...] = LEVELS, turns: int = 2) -> list[dict]:
     big, bare = _factory(n), _factory(1000)
     ship = shipping_cost(big, backend="torch")
     cfg = LoaderSweepConfig(budget_s=0.5, timeout_s=120, transforms=False)
     out = []
-    for nw in LEVELS:
+    for nw in levels:
         knobs = LoaderKnobs(num_workers=nw, prefetch_factor=2)
         rows: dict[str, list[dict]] = {"bare": [], "big": []}
-        for which, f in (("bare", bare), ("big", big), ("big", big), ("bare", bare)):  # in turns
+        order = (("bare", bare), ("big", big), ("big", big), ("bare", bare))  # in turns
+        for which, f in order[: 2 * turns]:
             rows[which].append(measure_loader_point(f, knobs, config=cfg, cuda=False, stall=False))
         for i, (row, base) in enumerate(zip(rows["big"], rows["bare"])):
             parts = {
@@ -102,7 +115,7 @@ def first_batches(n: int) -> list[dict]:
     return [{"shipping": {k: ship[k] for k in ("start_method", "mb", "pickle_s", "unpickle_s")}}, *out]
 
 
-def sweep_cost(n: int) -> dict:
+def sweep_cost(n: int, smoke: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         summary = run_loader_sweep(
@@ -110,7 +123,9 @@ def sweep_cost(n: int) -> dict:
             name="paths",
             backend="torch",
             batch_size=256,
-            config=LoaderSweepConfig(num_workers=(0, 1, 2, 4), transforms=False),
+            config=LoaderSweepConfig(num_workers=(0, 1), transforms=False, **SMOKE_CFG)
+            if smoke
+            else LoaderSweepConfig(num_workers=(0, 1, 2, 4), transforms=False),
             run_dir=Path(tmp) / "run",
         )
         total = time.perf_counter() - t
@@ -133,10 +148,14 @@ def sweep_cost(n: int) -> dict:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--paths", type=int, default=1_500_000)
+    ap.add_argument("--smoke", action="store_true", help="2,000 paths, few workers, short windows: does it run (tests)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.paths = 2000
     print(machine_line())
-    ship, *rows = first_batches(args.paths)
+    levels, turns = ((1,), 1) if args.smoke else (LEVELS, 2)
+    ship, *rows = first_batches(args.paths, levels, turns)
     s = ship["shipping"]
     print(
         f"\n{args.paths:,} paths under {s['start_method']}: {s['mb']:.1f} MB pickled, "
@@ -155,7 +174,7 @@ def main(argv: list[str]) -> int:
         )
     within = sum(abs(r["sum_error"]) <= SUM_TARGET for r in rows)
     print(f"sum of the parts within {SUM_TARGET:.0%} of the first batch: {within} of {len(rows)}")
-    cost = sweep_cost(args.paths)
+    cost = sweep_cost(args.paths, args.smoke)
     print(
         f"\nsweep at the defaults: {cost['sweep_s']:.1f} s, of which the worker costs {cost['worker_costs_s']:.1f} s "
         f"({cost['share']:.0%}; target under {COST_TARGET:.0%})\n  {cost['verdict']}"
