@@ -21,7 +21,12 @@ cost (seconds, steps of the loop).
 ``--busy``: a second process keeps one core busy through the diagnoses and the plain runs (a shared
 host's other tenant): the pick must still be within 5% of the best, or yours kept with "could not tell".
 
-Usage: python benchmarks/bench_job.py [--rounds 3] [--steps 40] [--kinds wait cpu slow] [--busy] [--json OUT]
+``--smoke``: the ``wait`` script only, diagnosed in quick mode with short trainer and job phases
+(``SMOKE_ENV``), its truth one round at num_workers 0 and 1 over 3 steps: that the script runs to the
+end (``tests/test_bench_smoke.py``), not a figure to read.
+
+Usage: python benchmarks/bench_job.py [--rounds 3] [--steps 40] [--kinds wait cpu slow] [--busy] [--smoke]
+       [--json OUT]
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ from _common import fmt_q, machine_line, second_tenant, write_json
 
 TARGET = 0.95
 WORKERS = (0, 1, 2, 4)
+#: --smoke: the diagnosis's settings (the quick preset, short trainer and job phases) and the truth's levels
+SMOKE_ENV = {"STAGEBENCH_QUICK": "on", "STAGEBENCH_TRAINER_S": "0.5", "STAGEBENCH_JOB_S": "2"}
+SMOKE_WORKERS = (0, 1)
 
 SCRIPT = textwrap.dedent(
     """
@@ -99,10 +107,19 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("STAGEBENCH_", "SPDL_PIPELINE_DIAGNOSTIC"))}
 
 
-def diagnose(script: Path, kind: str, out: Path) -> dict:
-    env = _env() | {"STAGEBENCH_TRAINER": "measure"}
+def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """Run ``cmd``; where it fails, what it printed last comes with the error (not a bare exit status)."""
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if res.returncode != 0:
+        tail = "\n".join((res.stdout + res.stderr).splitlines()[-20:])
+        raise RuntimeError(f"{' '.join(cmd[1:])} ended {res.returncode}:\n{tail}")
+    return res
+
+
+def diagnose(script: Path, kind: str, out: Path, extra_env: dict[str, str] | None = None) -> dict:
+    env = _env() | {"STAGEBENCH_TRAINER": "measure"} | (extra_env or {})
     cmd = [sys.executable, "-m", "stagebench", "diagnose", "--out", str(out), str(script), kind]
-    subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=True)
+    _run(cmd, env, timeout=900)
     return json.loads((out / "summary.json").read_text())
 
 
@@ -112,14 +129,16 @@ TRUTH_STEPS = {"slow": 12}
 TRUTH_WARMUP = {"slow": 3}
 
 
-def truth(script: Path, kind: str, rounds: int, steps: int) -> dict[int, list[float]]:
-    got: dict[int, list[float]] = {w: [] for w in WORKERS}
+def truth(
+    script: Path, kind: str, rounds: int, steps: int, workers: tuple[int, ...] = WORKERS, warmup: int | None = None
+) -> dict[int, list[float]]:
+    got: dict[int, list[float]] = {w: [] for w in workers}
     steps = TRUTH_STEPS.get(kind, steps)
     for r in range(rounds):
-        for w in WORKERS if r % 2 == 0 else WORKERS[::-1]:
+        for w in workers if r % 2 == 0 else workers[::-1]:
             cmd = [sys.executable, str(script), kind, "--workers", str(w), "--steps", str(steps)]
-            cmd += ["--warmup", str(TRUTH_WARMUP.get(kind, 8))]
-            res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600, check=True)
+            cmd += ["--warmup", str(warmup if warmup is not None else TRUTH_WARMUP.get(kind, 8))]
+            res = _run(cmd, _env(), timeout=600)
             got[w].append(json.loads(res.stdout.strip().splitlines()[-1])["samples_per_s"])
     return got
 
@@ -131,7 +150,10 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--kinds", nargs="+", default=["wait", "cpu", "slow"], choices=["wait", "cpu", "slow"])
     ap.add_argument("--busy", action="store_true", help="a second process keeps one core busy meanwhile")
+    ap.add_argument("--smoke", action="store_true", help="the wait script, quick, short phases: does it run (tests)")
     args = ap.parse_args()
+    if args.smoke:
+        args.kinds, args.rounds, args.steps = ["wait"], 1, 3
     print(machine_line() + ("; a second process keeps one core busy" if args.busy else ""))
     results = {}
     hog = second_tenant() if args.busy else None
@@ -150,10 +172,11 @@ def _kinds(args: argparse.Namespace, results: dict) -> None:
         script = Path(tmp) / "train.py"
         script.write_text(SCRIPT)
         for kind in args.kinds:
-            s = diagnose(script, kind, Path(tmp) / f"run-{kind}")
+            s = diagnose(script, kind, Path(tmp) / f"run-{kind}", SMOKE_ENV if args.smoke else None)
             job = s.get("job") or {}
             pick = next((c for c in job.get("candidates") or [] if c["key"] == job.get("pick")), None)
-            true = truth(script, kind, args.rounds, args.steps)
+            workers = SMOKE_WORKERS if args.smoke else WORKERS
+            true = truth(script, kind, args.rounds, args.steps, workers, 2 if args.smoke else None)
             med = {w: statistics.median(v) for w, v in true.items()}
             best_w = max(med, key=lambda w: med[w])
             nw = pick["settings"]["num_workers"] if pick else None
@@ -161,7 +184,7 @@ def _kinds(args: argparse.Namespace, results: dict) -> None:
             step = fmt_q(s["trainer"]["samples_per_s"], 1)
             print(f"\n{kind}: step alone {step} samples/s; job verdict: {job.get('text')}")
             print(f"  truth (median of {args.rounds} rounds in turns, {TRUTH_STEPS.get(kind, args.steps)} steps each):")
-            for w in WORKERS:
+            for w in workers:
                 runs = ", ".join(fmt_q(x, 1) for x in true[w])
                 mark = " <- pick" if w == nw else ""
                 print(f"    num_workers={w}: {fmt_q(med[w], 1)} ({runs}){mark}")

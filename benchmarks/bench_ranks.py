@@ -18,7 +18,11 @@ Each pick's truth is given as a share of the best truth (the target: 95%, or the
 with "could not tell" where the truth ties within 5%). Also the diagnosis's wall time on N ranks against
 one (aim: at most 1.2x, since the ranks are measured at the same time).
 
-Usage: python benchmarks/bench_ranks.py [--ranks 2] [--rounds 3] [--runs 3] [--workers 0 1 2 3] [--json OUT]
+``--smoke``: 160 images, the truth one round at num_workers 2 (yours: the pick a diagnosis makes most
+often, so its share is computed), and each diagnosis once in quick mode with a short trainer and job phase
+(``SMOKE_ENV``): that the script runs to the end (``tests/test_bench_smoke.py``), not a figure to read.
+
+Usage: python benchmarks/bench_ranks.py [--ranks 2] [--rounds 3] [--runs 3] [--workers 0 1 2 3] [--smoke] [--json OUT]
 """
 
 from __future__ import annotations
@@ -40,10 +44,20 @@ SCRIPT = HERE / "ddp_jpeg_train.py"
 TARGET = 0.95
 #: The user's own setting the script is diagnosed at (its --workers).
 YOURS = 2
+#: --smoke: the diagnoses' settings (the quick preset, short trainer and job phases)
+SMOKE_ENV = {"STAGEBENCH_QUICK": "on", "STAGEBENCH_TRAINER_S": "0.5", "STAGEBENCH_JOB_S": "2"}
+#: --smoke: the script's data (its --images; the default is 1,200) and warm-up steps (--skip)
+SMOKE_DATA = ["--images", "160", "--skip", "1"]
 
 
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("STAGEBENCH_", "SPDL_PIPELINE_DIAGNOSTIC"))}
+
+
+#: what every run of the script gets besides its own arguments (--smoke: SMOKE_DATA)
+DATA_ARGS: list[str] = []
+#: what every diagnosis gets in its environment (--smoke: SMOKE_ENV)
+DIAGNOSE_ENV: dict[str, str] = {}
 
 
 def _launch(ranks: int, *args: str) -> list[str]:
@@ -53,6 +67,7 @@ def _launch(ranks: int, *args: str) -> list[str]:
 def plain(ranks: int, data: Path, workers: int, *, loader_only: bool, epochs: int, out: Path) -> float:
     """The host's samples/s of one plain run of the script (no stagebench)."""
     args = [str(SCRIPT), "--data", str(data), "--workers", str(workers), "--epochs", str(epochs), "--timing", str(out)]
+    args += DATA_ARGS
     for attempt in range(3):
         out.unlink(missing_ok=True)
         r = subprocess.run(
@@ -82,9 +97,12 @@ def truth(ranks: int, data: Path, workers: list[int], rounds: int, tmp: Path) ->
 def diagnose(ranks: int, data: Path, out: Path, *, trainer: bool) -> tuple[dict, float]:
     cmd = _launch(ranks, "-m", "stagebench", "diagnose", "--out", str(out))
     cmd += ["--trainer"] if trainer else []
-    cmd += [str(SCRIPT), "--data", str(data), "--workers", str(YOURS), "--epochs", "1000"]
+    cmd += [str(SCRIPT), "--data", str(data), "--workers", str(YOURS), "--epochs", "1000", *DATA_ARGS]
     t0 = time.perf_counter()
-    subprocess.run(cmd, env=_env(), check=True, capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(cmd, env=_env() | DIAGNOSE_ENV, capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:  # what it printed last, not a bare exit status
+        tail = "\n".join((r.stdout + r.stderr).splitlines()[-20:])
+        raise RuntimeError(f"stagebench diagnose on {ranks} rank(s) ended {r.returncode}:\n{tail}")
     return json.loads((out / "summary.json").read_text()), time.perf_counter() - t0
 
 
@@ -98,8 +116,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2, 3])
+    ap.add_argument("--smoke", action="store_true", help="few images, one run each, quick: does it run (tests)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.smoke:
+        args.rounds, args.runs, args.workers = 1, 1, [YOURS]
+        DATA_ARGS[:] = SMOKE_DATA
+        DIAGNOSE_ENV.update(SMOKE_ENV)
     print(machine_line() + f"; {args.ranks} ranks on this host")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
