@@ -5,11 +5,15 @@ Each script prints its own table and accepts ``--json OUT``. Results land in
 figures in the README can be traced to a run. Benchmarks measure; they never
 assert. Run on a quiet machine: other load shows up in the figures.
 
-Usage: python benchmarks/run_all.py [NAME ...]   (default: all)
+``--smoke`` hands ``--smoke`` to each script (its quickest mode: does it run, no figure to read;
+``tests/test_bench_smoke.py``); ``--out DIR`` writes the JSONs there instead of ``reports/benchmarks/``.
+
+Usage: python benchmarks/run_all.py [--smoke] [--out DIR] [NAME ...]   (default: all)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -23,18 +27,24 @@ OUT = HERE.parent / "reports" / "benchmarks"
 def main(argv: list[str]) -> int:
     from stagebench import collect_provenance
 
-    OUT.mkdir(parents=True, exist_ok=True)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", metavar="NAME", help="run the benchmarks whose name contains one of these")
+    ap.add_argument("--smoke", action="store_true", help="each script in its quickest mode (no figure to read)")
+    ap.add_argument("--out", type=Path, default=OUT, help="where the JSONs go (default: reports/benchmarks)")
+    ns = ap.parse_args(argv)
+    ns.out.mkdir(parents=True, exist_ok=True)
     scripts = sorted(HERE.glob("bench_*.py"))
-    if argv:
-        scripts = [s for s in scripts if any(a in s.stem for a in argv)]
+    if ns.names:
+        scripts = [s for s in scripts if any(a in s.stem for a in ns.names)]
     failed = []
     t_all = time.perf_counter()
     for script in scripts:
         name = script.stem.removeprefix("bench_")
-        out = OUT / f"{name}.json"
+        out = ns.out / f"{name}.json"
         print(f"\n=== {name} ===", flush=True)
+        out.unlink(missing_ok=True)  # a script that writes nothing must not pass on an earlier run's file
         t = time.perf_counter()
-        rc = subprocess.call([sys.executable, str(script), "--json", str(out)])
+        rc = subprocess.call([sys.executable, str(script), *(["--smoke"] if ns.smoke else []), "--json", str(out)])
         took = time.perf_counter() - t
         if rc != 0 or not out.exists():
             failed.append(name)
@@ -43,7 +53,7 @@ def main(argv: list[str]) -> int:
         data = json.loads(out.read_text())
         data.update(seconds=round(took, 1), provenance=collect_provenance())
         out.write_text(json.dumps(data, indent=2) + "\n")
-        print(f"--- {name}: {took:.0f}s -> {out.relative_to(HERE.parent)}", flush=True)
+        print(f"--- {name}: {took:.0f}s -> {out}", flush=True)
     print(f"\nall benchmarks: {time.perf_counter() - t_all:.0f}s; failed: {failed or 'none'}")
     return 1 if failed else 0
 
