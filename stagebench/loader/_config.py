@@ -6,7 +6,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from stagebench._settings import DEMAND_HEADROOM, LOADER_MIN_WINDOW_S, LOADER_WINDOW_S, PRECISION, check
+from stagebench._settings import (
+    DEMAND_HEADROOM,
+    LOADER_MIN_WINDOW_S,
+    LOADER_TURN_WINDOW_S,
+    LOADER_WINDOW_S,
+    PRECISION,
+    check,
+)
 from stagebench.model._knobs import LoaderKnobs
 
 __all__ = ["LoaderSweepConfig", "LoaderFactory", "STRATEGIES"]
@@ -63,6 +70,10 @@ class LoaderSweepConfig:
 
     min_window_s: float = LOADER_MIN_WINDOW_S
     """Shortest window before it may close on precision."""
+
+    turn_window_s: float = LOADER_TURN_WINDOW_S
+    """Shortest window of a setting in a round in turns (at most ``budget_s``): long enough that one
+    round's ratio outlasts the host's stalls (``stagebench._settings.LOADER_TURN_WINDOW_S``)."""
 
     stall_at: str = "pick"
     """Where the epoch-boundary stall is measured: ``pick`` (once, at the recommendation, after
@@ -192,6 +203,8 @@ class LoaderSweepConfig:
         check("precision", self.precision, "precision")
         if not 0 < self.min_window_s <= self.budget_s:
             raise ValueError(f"min_window_s must be in (0, budget_s={self.budget_s:g}], got {self.min_window_s}")
+        if not 0 < self.turn_window_s:
+            raise ValueError(f"turn_window_s must be above 0, got {self.turn_window_s}")
         if self.stall_at not in ("pick", "every"):
             raise ValueError(f"stall_at: unknown {self.stall_at!r}; allowed: pick, every")
         if self.yours is not None and not isinstance(self.yours, LoaderKnobs):

@@ -823,7 +823,7 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     :class:`Window` or None, hung).
 
     It closes once its interval is within ``cfg.precision`` (after ``cfg.min_window_s``; a window in turns,
-    ``plan.shortest``, once it has an interval at all), or once the interval lies wholly under ``plan.floor``
+    ``plan.shortest``, once it has an interval at all after ``cfg.turn_window_s``), or once the interval lies wholly under ``plan.floor``
     (it cannot be the answer), or at ``cfg.budget_s``.
     """
     from stagebench.core._resources import TreeSnapshot, tree_memory_mb
@@ -837,7 +837,11 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     min_gaps = max(cfg.min_batches, 3 * max(2, eff.num_workers))
     end = t0 + cfg.budget_s
     reserve = min(5.0, 0.1 * cfg.timeout_s)
-    next_check = t0 + cfg.min_window_s
+    # a window in turns: at least the turn's window, whatever its precision (one round's ratio must outlast
+    # the host's stalls), at most the point's budget
+    next_check = t0 + (
+        min(cfg.budget_s, max(cfg.min_window_s, cfg.turn_window_s)) if plan.shortest else cfg.min_window_s
+    )
 
     def enough(got: int) -> bool:
         """This rank's window holds what timing it needs, and (asked only then) every other rank's too."""

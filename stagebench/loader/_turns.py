@@ -14,11 +14,12 @@ pick runs on it, so that a slow start-up is paid once per setting:
 2. **Suspend**: the consumer stops taking batches; the workers fill their queues and idle.
 3. **Resume** (later windows): take what the workers queued meanwhile (a DataLoader holds
    ``num_workers x prefetch_factor`` batches in flight; other loaders, what arrives at once), then
-   one round of the workers, then time a window. A window in turns closes at its shortest (0.3 s,
-   ``min_batches`` and three rounds of the workers): it is one sample of a ratio whose interval comes from
-   the rounds' spread (the host's phases between rounds, up to 1.4x here), not from the window's own
-   interval, so a window held open to ±10% bought the verdict little (on the slow-start bench such
-   windows ran 0.3-1.7 s against 0.3-0.5 s at the shortest). More rounds buy more than longer windows.
+   one round of the workers, then time a window. A window in turns closes once it has an interval, after
+   ``turn_window_s`` (1 s), ``min_batches`` and three rounds of the workers: it is one sample of a ratio
+   whose interval comes from the rounds' spread, not from the window's own interval, so holding it open
+   to ±10% buys the verdict little. But it must outlast the host's stalls: a process here is at times
+   held off the cores for 0.2-0.8 s, and in windows of 0.3 s one such stall made a round's ratio 0.3x or
+   3x, and three rounds gave intervals like 0.01-37x that decided nothing (issue 60).
 
 A round runs the settings in alternating order (A B C, then C B A), so that a steady drift of the
 host favours none. Rounds go on while the rule is not settled, at most ``tie_rounds``. Each window is
