@@ -204,3 +204,21 @@ def test_the_turns_stop_once_the_spread_says_the_cap_cannot_settle_them():
     assert turns_to_run(rows, budget_mb=None, within_best=0.05, user=None, max_rounds=8) == []
     # a cap the spread says can settle it: the rounds go on
     assert len(turns_to_run(rows, budget_mb=None, within_best=0.05, user=None, max_rounds=d["rounds_to_settle"])) == 2
+
+
+def test_a_loader_verdict_that_could_not_tell_says_how_long_its_rounds_ran_and_what_more_would_take():
+    """Issue 60: "could not tell within N s; about M s more would". The rounds' seconds are the paired
+    windows' own (start-up to tear-down), a round's the mean over the rounds."""
+    from stagebench.analysis._loader import _turn_seconds
+
+    rows = [
+        {"search_phase": "num_workers", "turn": None, "elapsed_s": 9.0},
+        {"search_phase": "paired", "turn": 1, "elapsed_s": 1.2},
+        {"search_phase": "paired", "turn": 1, "elapsed_s": 1.3},
+        {"search_phase": "paired", "turn": 2, "elapsed_s": 1.1},
+        {"search_phase": "paired", "turn": 2, "elapsed_s": 1.4},
+        {"search_phase": "paired", "turn": 3, "elapsed_s": float("nan")},
+    ]
+    spent, per = _turn_seconds(rows)
+    assert spent == pytest.approx(5.0) and per == pytest.approx(2.5)
+    assert _turn_seconds([{"search_phase": "num_workers", "turn": None, "elapsed_s": 1.0}]) is None

@@ -273,7 +273,7 @@ def recommend(
     d, by_key = loader_decision(rows, pool, within_best=within_best, user=user)
     assert d.pick is not None  # pool holds measured points
     rec = dict(by_key[d.pick])
-    rec["why"] = _decision_words(d, by_key, within_best) + budget_note
+    rec["why"] = _decision_words(d, by_key, within_best, _turn_seconds(_raw(rows))) + budget_note
     if budget_mb is not None and fits:
         rec["why"] += f"; inside the memory budget ({budget_mb:,.0f} MB)"
     if max_workers is not None and fits and any(p["num_workers"] > max_workers for p in ok):
@@ -340,8 +340,25 @@ def loader_decision(
             return d, by_key
 
 
-def _decision_words(d: Any, by_key: dict[str, dict[str, Any]], within_best: float) -> str:
-    """The rule's decision, in the words of ``why``."""
+def _turn_seconds(pts: list[dict[str, Any]]) -> tuple[float, float] | None:
+    """(seconds the windows in turns took, seconds a round took on average), from the ``paired`` rows; None
+    without any."""
+    by_turn: dict[Any, float] = {}
+    for p in pts:
+        if p.get("search_phase") == "paired" and finite(p.get("elapsed_s")):
+            by_turn[p.get("turn")] = by_turn.get(p.get("turn"), 0.0) + float(p["elapsed_s"])
+    if not by_turn:
+        return None
+    spent = sum(by_turn.values())
+    return spent, spent / len(by_turn)
+
+
+def _decision_words(
+    d: Any, by_key: dict[str, dict[str, Any]], within_best: float, seconds: tuple[float, float] | None = None
+) -> str:
+    """The rule's decision, in the words of ``why``. ``seconds``: what the rounds in turns took, in all and
+    a round (:func:`_turn_seconds`): a comparison the rounds could not settle says how long they ran and
+    what more would cost."""
     best = by_key.get(d.best) or {}
     x = d.versus_yours
     if d.advice == "cheaper":
@@ -351,12 +368,21 @@ def _decision_words(d: Any, by_key: dict[str, dict[str, Any]], within_best: floa
     if d.rival is not None:
         # the rival is cheaper than the fastest, or costlier than a pick that is the fastest by its readings
         whose = "yours" if d.advice == "keep yours" else "it" if d.pick == d.best else "the fastest"
-        tell = f"the runs could not tell {d.rival} from {whose}" + (
+        within = f" within {seconds[0]:.0f} s" if seconds is not None and x is not None else ""
+        tell = f"the runs could not tell {d.rival} from {whose}{within}" + (
             f": {x.text(whose if whose == 'yours' else 'it')}"
             if x is not None
             else " (they were not measured in turns)"
         )
-        more = f"; {more_rounds_text(d.rounds_more(x.rounds))}" if x is not None else ""
+        more = ""
+        if x is not None:
+            n_more = d.rounds_more(x.rounds)
+            more = f"; {more_rounds_text(n_more)}"
+            if n_more is not None and seconds is not None:
+                more = (
+                    f"; about {n_more} more round{'' if n_more == 1 else 's'} in turns (~{n_more * seconds[1]:.0f} s) "
+                    "would settle it at the spread seen"
+                )
         # the other settings still open, each with its ratio: a faster reading left open is said, not dropped
         nor = "".join(
             f"; nor {k} from {whose}"
@@ -1190,6 +1216,8 @@ class _Picks:
     rec: dict[str, Any] | None
     #: the loader alone's recommendation
     isolated: dict[str, Any] | None
+    #: what the rounds in turns took: in all, and a round (:func:`_turn_seconds`)
+    turn_seconds: tuple[float, float] | None = None
 
 
 def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
@@ -1293,6 +1321,7 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
         decided=decided,
         rec=rec,
         isolated=isolated,
+        turn_seconds=_turn_seconds(_raw(rows)),
     )
 
 
@@ -1375,7 +1404,7 @@ def _pick_verdict(c: _Picks, rec: dict[str, Any], target: dict[str, Any] | None)
     decision = LoaderPoint.from_json(rec).decision
     if decision and target is None:
         # what the pick rests on: the ratio in turns, or that the runs could not tell
-        verdict += f"; {_decision_words(Decision.from_json(decision), {}, c.within)}"
+        verdict += f"; {_decision_words(Decision.from_json(decision), {}, c.within, c.turn_seconds)}"
     return verdict
 
 

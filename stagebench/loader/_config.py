@@ -72,8 +72,9 @@ class LoaderSweepConfig:
     """Shortest window before it may close on precision."""
 
     turn_window_s: float = LOADER_TURN_WINDOW_S
-    """Shortest window of a setting in a round in turns (at most ``budget_s``): long enough that one
-    round's ratio outlasts the host's stalls (``stagebench._settings.LOADER_TURN_WINDOW_S``)."""
+    """Shortest window of a setting in a round in turns (whatever ``budget_s``, which bounds the search's
+    windows): long enough that one round's ratio outlasts the host's stalls
+    (``stagebench._settings.LOADER_TURN_WINDOW_S``)."""
 
     stall_at: str = "pick"
     """Where the epoch-boundary stall is measured: ``pick`` (once, at the recommendation, after

@@ -835,13 +835,11 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     pids = cons.worker_pids() + ([] if mirror is None else mirror.processes + cons.others_pids)
     snap0 = TreeSnapshot.take(pids, opening=True)
     min_gaps = max(cfg.min_batches, 3 * max(2, eff.num_workers))
-    end = t0 + cfg.budget_s
+    # a window in turns: at least the turn's window, whatever its precision or the search's budget (one
+    # round's ratio must outlast the host's stalls)
+    end = t0 + (max(cfg.budget_s, cfg.turn_window_s) if plan.shortest else cfg.budget_s)
     reserve = min(5.0, 0.1 * cfg.timeout_s)
-    # a window in turns: at least the turn's window, whatever its precision (one round's ratio must outlast
-    # the host's stalls), at most the point's budget
-    next_check = t0 + (
-        min(cfg.budget_s, max(cfg.min_window_s, cfg.turn_window_s)) if plan.shortest else cfg.min_window_s
-    )
+    next_check = t0 + (max(cfg.min_window_s, cfg.turn_window_s) if plan.shortest else cfg.min_window_s)
 
     def enough(got: int) -> bool:
         """This rank's window holds what timing it needs, and (asked only then) every other rank's too."""
