@@ -91,6 +91,11 @@ def run_script(script: str, args: list[str], *, out: str | None, nproc_per_node:
         _restore_env(saved_env)
         if not was_installed:  # in-process callers (tests, notebooks) get their import system back
             _spdl_hook.uninstall()
+        if State.started:  # the script's frames are gone: what the diagnosis held is garbage, freed now
+            import atexit
+
+            _spdl_hook.release_held()
+            atexit.unregister(_spdl_hook.release_held)
     for hook in State.on_start:
         hook()
     State.on_start = []

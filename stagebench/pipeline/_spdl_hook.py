@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from stagebench.pipeline._run import Session
     from stagebench.pipeline._settings import DiagnoseSettings
 
-__all__ = ["install", "installed", "uninstall", "patch_spdl", "exit_now"]
+__all__ = ["install", "installed", "uninstall", "patch_spdl", "exit_now", "release_held"]
 
 
 def _patch_spdl(module: Any) -> None:
@@ -350,6 +350,33 @@ def exit_now(code: int) -> None:
     raise SystemExit(code)
 
 
+def release_held() -> None:
+    """Let go of what the diagnosis held and free it now, while the interpreter can still free it.
+
+    Runs as the program ends (an ``atexit`` hook: after the ``SystemExit`` that ends a diagnosis has
+    left the user's loop, and after the pipelines' threads were joined) and as :func:`run_script`
+    returns. A diagnosis keeps real stage outputs (``Plan.sample_outputs``, each stand-in's
+    ``_Outputs``, the cached inputs of the points) and builds dozens of SPDL pipelines whose queues
+    still hold items when they stop (the job runs' batches). At the end all of it is garbage, but in
+    reference cycles: the stopped pipelines (their event loop, tasks and a ``CancelledError``'s
+    traceback), and the diagnosis's own frames, kept by an exception that a library raised and caught
+    while the report imported matplotlib. Left to the interpreter's last collection, they were freed
+    while it finalises, and a torch tensor view freed then does not release the numpy array under its
+    base: the ``CPUBuffer`` that spdl.io decoded into stayed alive, and nanobind printed "leaked 1
+    instances! ... CPUBuffer" on the user's terminal (issue 60; one run in three of SPDL's
+    imagenet_classification.py with ``--trainer``, every run of a script that disables ``gc``). What a
+    class or module of ours still points to (a follower's walk; the SPDL harness's stopped runners,
+    with their inputs) is dropped first: the collection cannot free what is reachable.
+    """
+    import gc
+
+    State.walk = None
+    harness: Any = sys.modules.get("stagebench.core._spdl_harness")
+    if harness is not None:
+        harness.settle(timeout=0)  # the runners whose pipeline has stopped, and their inputs, go
+    gc.collect()
+
+
 def _end_ranks(code: int) -> None:
     """Every rank of the host ends with the same code: the leader tells it (and waits until each read it);
     a follower, that has it from the leader, leaves (:class:`stagebench.core._ranks.HostGroup`)."""
@@ -417,6 +444,10 @@ def _diagnose(
     group = State.group = meet("pipeline", say)
     settings = _in_a_pool_worker(settings)
     State.started = True
+    import atexit
+
+    atexit.unregister(release_held)  # once, however many pipelines this process diagnoses
+    atexit.register(release_held)  # the program ends by SystemExit: what the diagnosis held goes first
     for hook in State.on_start:
         hook()  # e.g. remove the DataLoader hook: this run diagnoses the pipeline
     State.on_start = []
