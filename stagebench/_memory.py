@@ -33,6 +33,7 @@ __all__ = [
     "forget",
     "MemoryReserve",
     "quiet_after_out_of_memory",
+    "end_quiet",
     "quieted",
 ]
 
@@ -211,6 +212,15 @@ def quiet_after_out_of_memory() -> None:
     if sys.unraisablehook is not _unraisable:
         _Quiet.previous = sys.unraisablehook
         sys.unraisablehook = _unraisable
+
+
+def end_quiet() -> None:
+    """Put Python's hook back where :func:`quiet_after_out_of_memory` installed its own, unless this process
+    ran out of memory: then what its last finalizers would print (at its exit, after the line naming the
+    memory) stays counted, not printed."""
+    if sys.unraisablehook is _unraisable and _Seen.first is None and _Quiet.previous is not None:
+        sys.unraisablehook = _Quiet.previous  # type: ignore[assignment]
+        _Quiet.previous = None
 
 
 def quieted() -> tuple[int, str | None]:

@@ -184,5 +184,11 @@ def test_after_out_of_memory_what_python_would_print_of_a_finalizer_is_counted_n
         assert out_of_memory(MemoryError()) == "MemoryError"
         sys.unraisablehook(SimpleNamespace(exc_value=KeyError(2)))  # threading's internals, after it
         assert len(printed) == 1 and _memory.quieted() == (2, "MemoryError")
+        _memory.end_quiet()  # a process that ran out keeps it to its exit
+        assert sys.unraisablehook is _memory._unraisable
     finally:
         _memory.forget()
+    _memory.end_quiet()  # one that did not (or has forgotten) gets Python's hook back
+    assert sys.unraisablehook is not _memory._unraisable
+    sys.unraisablehook(SimpleNamespace(exc_value=KeyError(3)))
+    assert len(printed) == 2

@@ -51,6 +51,7 @@ from typing import Any
 from stagebench._memory import (
     CAUSE,
     MemoryReserve,
+    end_quiet,
     memory_short,
     out_of_memory,
     quiet_after_out_of_memory,
@@ -294,6 +295,7 @@ class _Diagnosis:
         finally:
             self.reserve.release()
             run.progress.close()
+            end_quiet()
 
     def _run(self) -> dict[str, Any]:
         from stagebench.core._spdl_harness import deferred_teardown
