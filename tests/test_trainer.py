@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -133,6 +134,23 @@ def test_an_uneven_step_runs_until_its_time_is_up():
         now[0] += 0.1 if i % 7 == 0 else 0.001
     r = probe.result()
     assert r["stopped_by"] == "time" and r["seconds"] >= 0.5
+
+
+def test_a_loop_of_microseconds_a_step_is_timed_for_its_seconds_of_the_clock_not_of_its_steps():
+    """A helper's test loop of microseconds a step spent minutes on cached batches: only its steps' time
+    counted toward the 10 s, and most of the clock went to handing it batches (here 10 ms a step)."""
+    now = [0.0]
+    probe = TrainerProbe(seconds=0.5, items_per_batch=1, say=lambda s: None, clock=lambda: now[0])
+
+    def handing(i: int) -> None:
+        now[0] += 0.010
+
+    probe.tell = handing
+    rng = random.Random(0)
+    for _ in probe.alone_phase(["b"]):
+        now[0] += rng.expovariate(1e5)  # 10 us a step on average, far from steady: only the time ends it
+    r = probe.result()
+    assert r["stopped_by"] == "time" and r["steps"] < 60 and r["seconds"] < 0.01, r
 
 
 def test_a_loop_that_stops_at_once_gives_no_demand():

@@ -30,6 +30,8 @@ MIN_COUNTED = 10
 #: Half-width of the step rate's 95% interval, as a share of the rate, at which the cached phase stops.
 STEP_PRECISION = 0.03
 _CHECK_EVERY = 5  # counted steps between two precision checks (each costs a t quantile)
+#: Seconds of the clock between two checks of the step's precision (each reads every step so far).
+_CHECK_S = 0.05
 
 
 def step_rate(durations: list[float]) -> tuple[float | None, float | None, float | None]:
@@ -84,23 +86,34 @@ class TrainerProbe:
             f"±{self.precision:.0%} (at most {self.seconds:g} s; the first {WARMUP_STEPS} steps not counted)"
         )
         i, counted = 0, 0.0
+        t_begin: float | None = None  # the first counted step's start (warm-up steps, compiles, not in it)
+        next_check = 0.0
         while True:
             if self.tell is not None:
                 self.tell(i)
             t = self.clock()
             self.steps_handed += 1
             yield batches[i % len(batches)]
-            dt = self.clock() - t
+            now = self.clock()
+            dt = now - t
             if i >= WARMUP_STEPS:
+                if t_begin is None:
+                    t_begin = t
                 self.alone.append(dt)
                 counted += dt
                 n = len(self.alone)
-                if counted >= self.seconds:
+                # at most ``seconds`` of counted steps, and of the clock: a loop of microseconds a step spends
+                # most of its time outside its body (handing batches, the checks), and its 10 s of counted
+                # steps took minutes
+                if counted >= self.seconds or now - t_begin >= self.seconds:
                     self.stopped_by = "time"
                     return
-                if n >= MIN_COUNTED and n % _CHECK_EVERY == 0 and self._precise():
-                    self.stopped_by = "precision"
-                    return
+                # the check reads every step so far: every few steps, and no more often than _CHECK_S
+                if n >= MIN_COUNTED and n % _CHECK_EVERY == 0 and now >= next_check:
+                    next_check = now + _CHECK_S
+                    if self._precise():
+                        self.stopped_by = "precision"
+                        return
             i += 1
 
     def _precise(self) -> bool:
