@@ -97,17 +97,21 @@ def test_the_loops_own_step_is_the_demand_and_the_job_is_run_with_it(tmp_path, s
         # a step its own settings already feed gets no more workers (issue 30: "3.25x faster", then trainer-bound)
         pick = next(c for c in job["candidates"] if c["key"] == job["pick"])
         assert sum(c for _, c in pick["settings"].values()) <= sum(c for _, c in yours["settings"].values())
-        # and says so: yours kept, or a cheaper setting shown within 5% of yours in turns, with the
-        # ratio's interval that shows it (the rule of issue 36, not a wording)
-        assert job["advice"] in ("keep yours", "cheaper"), job["text"]
+        # and says so: yours kept, or a cheaper setting shown within 5% of yours in turns (or, with a sleep
+        # for a step whose windows vary 0.1%, shown faster: 1.001-1.002x), with the ratio's interval that
+        # shows it (the rule of issue 36, not a wording)
+        assert job["advice"] in ("keep yours", "cheaper", "change"), job["text"]
         if job["advice"] == "keep yours":
             assert job["text"].startswith("keep yours"), job["text"]
         else:
             x = pick["versus_yours"]
             assert x is not None and x["ratio_low"] > 0.95 and x["rounds"] >= 2, (x, job["text"])
-            assert (
-                job["text"].startswith("use ") and "x yours (" in job["text"] and "with fewer resources" in job["text"]
-            ), job["text"]
+            said = "with fewer resources" if job["advice"] == "cheaper" else "faster beyond noise"
+            assert job["text"].startswith("use ") and "x yours (" in job["text"] and said in job["text"], job["text"]
+            if job["advice"] == "change":
+                assert x["ratio_low"] > 1.0 and sum(c for _, c in pick["settings"].values()) < sum(
+                    c for _, c in yours["settings"].values()
+                ), (x, job["text"])
     assert _check(tmp_path / "run") == []
 
 
