@@ -71,6 +71,18 @@ class DirectCost:
     items: int
 
 
+#: --smoke for a loader sweep (bench_loader_search, bench_worker_costs): short windows and memory pass, one
+#: round of the tie-break; that the script runs to the end, not a figure to read
+SMOKE_SWEEP: dict[str, Any] = {
+    "budget_s": 0.3,
+    "min_window_s": 0.1,
+    "warmup_s": 0.1,
+    "min_batches": 4,
+    "tie_rounds": 1,
+    "memory_pass_s": 0.5,
+}
+
+
 def direct_cost(fn: Callable[[Any], Any], seconds: float = 0.4, min_items: int = 20) -> DirectCost:
     """Time ``fn`` over a plain loop for about ``seconds`` (at least ``min_items`` calls).
 

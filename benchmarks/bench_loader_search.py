@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import fmt_q, machine_line, second_tenant, write_json
+from _common import SMOKE_SWEEP, fmt_q, machine_line, second_tenant, write_json
 
 from stagebench import LoaderKnobs, LoaderSweepConfig, run_loader_sweep
 from stagebench.loader._intercept import make_loader_factory
@@ -63,16 +63,7 @@ _SPLIT = ("startup_s", "warmup_s", "window_s", "stall_phase_s", "teardown_s")
 BEFORE = {"precision": 0.0, "stall_at": "every", "search_prefetch": True, "tie_rounds": 0, "stall_epochs": 2}
 #: --smoke: two levels, one prefetch_factor, short windows and memory pass, one round of the tie-break,
 #: under every search and point
-SMOKE_CFG = {
-    "num_workers": (0, 1),
-    "prefetch_factors": (2,),
-    "budget_s": 0.3,
-    "min_window_s": 0.1,
-    "warmup_s": 0.1,
-    "min_batches": 4,
-    "tie_rounds": 1,
-    "memory_pass_s": 0.5,
-}
+SMOKE_CFG = {"num_workers": (0, 1), "prefetch_factors": (2,), **SMOKE_SWEEP}
 
 
 def slow_init(worker_id: int) -> None:

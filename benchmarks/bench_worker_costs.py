@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _common import machine_line, write_json
+from _common import SMOKE_SWEEP, machine_line, write_json
 from torch.utils.data import Dataset
 
 from stagebench import LoaderKnobs, LoaderSweepConfig, run_loader_sweep
@@ -50,14 +50,7 @@ SUM_TARGET = 0.25
 COST_TARGET = 0.10
 LEVELS = (1, 2, 4)
 #: --smoke: the sweep's short windows and memory pass, and one round of its tie-break
-SMOKE_CFG = {
-    "budget_s": 0.3,
-    "min_window_s": 0.1,
-    "warmup_s": 0.1,
-    "min_batches": 4,
-    "tie_rounds": 1,
-    "memory_pass_s": 0.5,
-}
+SMOKE_CFG = SMOKE_SWEEP
 
 
 class Paths(Dataset):
