@@ -197,6 +197,11 @@ def contenders(job: Mapping[str, Any]) -> list[str]:
     """
     rec = JobRecord.from_json(job)
     d, _, figs = _decision(rec)
+    return _contenders_of(d, rec, figs)
+
+
+def _contenders_of(d: Decision, rec: JobRecord, figs: Mapping[str, JobFigures | None]) -> list[str]:
+    """:func:`contenders` of a decision already made (:func:`futile` reads them beside it)."""
     if d.advice == "none":
         return [c.key for c in rec.candidates if figs[c.key] is None]
     if d.settled:
@@ -219,8 +224,7 @@ def futile(job: Mapping[str, Any], seconds_left: float) -> str | None:
     if d.settled or d.advice == "none":
         return None
     ratio = _ratio_of(typed)
-    keys = contenders(job)
-    per = _seconds_per_round(rec, keys)
+    per = _seconds_per_round(rec, _contenders_of(d, rec, typed))
     if not per or per <= 0:
         return None
     fit = int(seconds_left // per)
