@@ -213,3 +213,41 @@ def test_a_ratio_whose_interval_is_wider_than_half_to_double_is_not_given_as_a_r
     assert Ratio(1.14, 0.56, 2.35, 5).wide  # 4.2x
     decided = Ratio(2.5, 1.1, 5.7, 3)
     assert not decided.wide and decided.text("yours") == "2.50x yours (1.10-5.70 over 3 rounds in turns)"
+
+
+def _decide_in_step(rates, pairs, yours):
+    """As :func:`_decide`, ``zero`` loading in the training process (num_workers=0)."""
+    opts = [Option(k, (c,), Rate(r) if r else None, in_step=k == "zero") for k, (c, r) in rates.items()]
+
+    def ratio(a: str, b: str):
+        if (a, b) in pairs:
+            return Ratio.of_pairs(pairs[(a, b)])
+        if (b, a) in pairs:
+            return Ratio.of_pairs([(y, x) for x, y in pairs[(b, a)]])
+        return None
+
+    return decide(opts, yours=yours, ratio=ratio)
+
+
+def test_loading_in_the_training_process_replaces_yours_only_shown_over_five_percent_faster():
+    """A 1 s step: num_workers=0 read 1.0003-1.01x yours in turns (loading is 0.1% of the step). The
+    rule held it faster beyond noise and advised it; moving every fetch into the step for 0.5% is not
+    advice (the knob guide's T4). Shown tied, or barely faster: yours stays, and the decision is settled."""
+    rates = {"two": (2, 100.0), "zero": (0, 100.5)}
+    d = _decide_in_step(rates, {("zero", "two"): _rounds(1.005, 6, spread=0.002)}, "two")
+    assert (d.advice, d.pick, d.settled) == ("keep yours", "two", True)
+    assert "training process" in d.reasons["zero"]
+    # as fast within 5% and cheaper is not enough either
+    d = _decide_in_step({"two": (2, 100.0), "zero": (0, 99.0)}, {("zero", "two"): _rounds(0.99, 6)}, "two")
+    assert (d.advice, d.pick) == ("keep yours", "two")
+    # shown faster by more than 5%: it is advised
+    d = _decide_in_step({"two": (2, 100.0), "zero": (0, 120.0)}, {("zero", "two"): _rounds(1.2, 4)}, "two")
+    assert (d.advice, d.pick) == ("change", "zero")
+    # not yet told either way: open, and the rounds estimated are those to clear 5%
+    d = _decide_in_step(
+        {"two": (2, 100.0), "zero": (0, 104.0)}, {("zero", "two"): _rounds(1.04, 3, spread=0.03)}, "two"
+    )
+    assert (d.advice, d.rival) == ("keep yours", "zero") and not d.settled
+    # yours itself in the training process: the usual rule (a cheaper setting cannot be cheaper than none)
+    d = _decide_in_step({"zero": (0, 100.0), "two": (2, 130.0)}, {("two", "zero"): _rounds(1.3, 3)}, "zero")
+    assert (d.advice, d.pick) == ("change", "two")

@@ -8,7 +8,9 @@ settings' windows at the same moments of the host, round after round) show it
   :data:`EQUIVALENT` (it gives up at most 5%);
 
 and it is itself shown as good as the fastest setting measured (its ratio to the best above
-:data:`EQUIVALENT`). Two intervals that overlap are not equivalence: they only say the readings could
+:data:`EQUIVALENT`). A setting that moves the loading into the training process from yours, beside it
+(``num_workers=0`` against workers), is held to more: shown faster by over 5%, never "cheaper"
+(:attr:`Option.in_step`). Two intervals that overlap are not equivalence: they only say the readings could
 not tell the settings apart. Otherwise the user's setting is kept, and the decision names the
 setting the runs could not tell from it, with the ratio's interval and how many more rounds would
 settle it at the spread seen (:meth:`Ratio.rounds_to_clear`).
@@ -215,6 +217,11 @@ class Option:
     cost: tuple[float, ...]
     rate: Rate | None
     """Over all its windows; None where none measured."""
+    in_step: bool = False
+    """Loads on the training process itself (a DataLoader's ``num_workers=0``): against a setting of yours
+    that loads beside it, it must be shown faster by more than 5% (:data:`EQUIVALENT`), never merely as
+    fast and cheaper, because then every fetch waits in the step's own time, and a reading in turns of a
+    few minutes does not see the epochs where the data or the host is slower (the knob guide's T4)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,15 +327,23 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
     def cheapest(opts: list[Option]) -> Option:
         return min(opts, key=lambda o: (o.cost, order[o.key]))
 
+    def into_step(c: Option) -> bool:
+        """``c`` would move the loading into the training process from yours, beside it."""
+        return me is not None and c.in_step and not me.in_step
+
     def beats_yours(c: Option) -> bool:
         if me is None:
             return True
+        if into_step(c):
+            return shown_above(c, me, 1 / margin)
         return shown_above(c, me, 1.0) or (c.cost < me.cost and shown_above(c, me, margin))
 
     def why_not(c: Option) -> str | None:
         """Why ``c`` cannot be the pick, where its runs show it (None: they do not)."""
         if shown_below(c, best, margin):
             return f"shown under {margin:.0%} of the fastest"
+        if me is not None and into_step(c) and shown_below(c, me, 1 / margin):
+            return "loads in the training process, and shown at most 5% faster than yours"
         if me is not None and c.cost < me.cost and shown_below(c, me, margin):
             return f"cheaper than yours, but shown under {margin:.0%} of it"
         if me is not None and c.cost >= me.cost and shown_below(c, me, 1 / margin):
@@ -385,7 +400,7 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
         rival, versus = first.key, ratio(first.key, ref.key)
         others = {c.key: ratio(c.key, ref.key) for c in open_ if c is not first}
         if versus is not None:
-            bounds = [margin] if first.cost < ref.cost else [1.0, 1 / margin]
+            bounds = [1 / margin] if into_step(first) else [margin] if first.cost < ref.cost else [1.0, 1 / margin]
             ests = [n for n in (versus.rounds_to_clear(b) for b in bounds) if n is not None]
             rounds = min(ests) if ests else None
     return Decision(
