@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from stagebench.model._evidence import Decision, Ratio
-from stagebench.model._json import Written, dict_of, each, items, read, texts, write
+from stagebench.model._json import Coercions, Read, ReadIfGiven, dict_of, each, items, read, texts, write
 from stagebench.model._rate import Rate
 
 __all__ = ["StepAlone", "JobFigures", "JobCandidate", "JobSlice", "JobSkipped", "JobRecord", "JobVerdict"]
@@ -33,7 +33,7 @@ def _rate(d: Mapping[str, Any], key: str = "samples_per_s") -> Rate | None:
 
 
 @dataclass(frozen=True, slots=True)
-class JobFigures(Written):
+class JobFigures(ReadIfGiven):
     """One candidate's job figures, pooled over its slices: the rate (per item, with its interval), the
     share of each step spent waiting for the batch, the loop body's own rate next to the loader, and the
     rate of each round it ran in (what the comparisons in turns pair up). A candidate whose slices all
@@ -55,20 +55,15 @@ class JobFigures(Written):
     round_rates: Mapping[str, float] = field(default_factory=dict)
     """Per round (its number as a string): the candidate's slice rate in it."""
 
+    READ: ClassVar[Coercions] = {"failed": texts, "round_rates": dict_of}
+
     @property
     def rate(self) -> Rate | None:
         return _rate(self.to_json())
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> JobFigures | None:
-        """None where ``d`` is no figures (a candidate that never ran)."""
-        if not isinstance(d, Mapping) or not d:
-            return None
-        return read(cls, d, failed=texts, round_rates=dict_of)
-
 
 @dataclass(frozen=True, slots=True)
-class StepAlone:
+class StepAlone(Read):
     """The user's training step alone on cached batches (:class:`stagebench.core._steps.TrainerProbe`):
     its rate per step and per item with their intervals, how it was measured, and, in the summary, the job
     at the pick beside it (``with_pipeline``). Every field is None where the rows do not hold it."""
@@ -91,6 +86,8 @@ class StepAlone:
     with_pipeline: JobFigures | None = None
     """The job at the pick (steps, seconds, data wait, rate); None where the job did not decide."""
 
+    READ: ClassVar[Coercions] = {"with_pipeline": JobFigures.from_json}
+
     @property
     def rate(self) -> Rate | None:
         """Items per second, with its interval (None: not measured)."""
@@ -100,11 +97,6 @@ class StepAlone:
     def unmeasured_why(self) -> str:
         """Why the step has no rate, in words: its loop stopped early, it failed, or neither was recorded."""
         return self.stopped_early or self.error or "its step was not measured"
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> StepAlone:
-        """The step alone; every field None where ``d`` is None (no trainer measured)."""
-        return read(cls, d, with_pipeline=JobFigures.from_json)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -189,7 +181,7 @@ class JobCandidate:
 
 
 @dataclass(frozen=True, slots=True)
-class JobSlice(Written):
+class JobSlice(Read):
     """One candidate's turn in one round: each counted step's wait for its batch and its loop body, in
     seconds; a failed slice holds why."""
 
@@ -203,32 +195,24 @@ class JobSlice(Written):
     wall_s: float = 0.0
     """Seconds the slice took, its opening included."""
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> JobSlice:
-        return read(
-            cls,
-            d,
-            round=lambda v: int(v or 0),
-            waits=items,
-            bodies=items,
-            wall_s=lambda v: float(v or 0.0),
-        )
+    READ: ClassVar[Coercions] = {
+        "round": lambda v: int(v or 0),
+        "waits": items,
+        "bodies": items,
+        "wall_s": lambda v: float(v or 0.0),
+    }
 
 
 @dataclass(frozen=True, slots=True)
-class JobSkipped(Written):
+class JobSkipped(Read):
     """A setting the ladder offered but did not run with the loop, and why."""
 
     label: str
     why: str
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> JobSkipped:
-        return cls(label=d["label"], why=d["why"])
-
 
 @dataclass(frozen=True, slots=True)
-class JobRecord(Written):
+class JobRecord(Read):
     """What the job runs measured (``run.json["job"]``): the candidates, every slice, the items per step,
     how long they ran and why they stopped, and the host's load meanwhile."""
 
@@ -245,22 +229,18 @@ class JobRecord(Written):
     cores: int = 0
     skipped: tuple[JobSkipped, ...] = ()
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> JobRecord:
-        return read(
-            cls,
-            d,
-            candidates=each(JobCandidate.from_json),
-            slices=each(JobSlice.from_json),
-            items_per_step=lambda v: float(v or 1.0),
-            load_avg=lambda v: tuple(x for x in v or () if isinstance(x, (int, float))),
-            cores=lambda v: int(v or 0),
-            skipped=each(JobSkipped.from_json),
-        )
+    READ: ClassVar[Coercions] = {
+        "candidates": each(JobCandidate.from_json),
+        "slices": each(JobSlice.from_json),
+        "items_per_step": lambda v: float(v or 1.0),
+        "load_avg": lambda v: tuple(x for x in v or () if isinstance(x, (int, float))),
+        "cores": lambda v: int(v or 0),
+        "skipped": each(JobSkipped.from_json),
+    }
 
 
 @dataclass(frozen=True, slots=True)
-class JobVerdict(Written):
+class JobVerdict(ReadIfGiven):
     """The job's verdict (``summary.json["job"]``): each candidate with its figures, the rule's
     :class:`Decision`, and what it comes to: ``status`` (``decided`` or ``not run``), the pick and its
     rate, ``advice``, ``bound`` (what sets the job's pace), what was not checked, the words. The loader's
@@ -294,6 +274,14 @@ class JobVerdict(Written):
     zero_workers: str | None = None
     changed: tuple[str, ...] = ()
 
+    READ: ClassVar[Coercions] = {
+        "candidates": each(JobCandidate.from_json),
+        "decision": Decision.from_json,
+        "as_good": items,
+        "unproven": items,
+        "changed": items,
+    }
+
     @property
     def decided(self) -> bool:
         return self.status == "decided"
@@ -302,18 +290,3 @@ class JobVerdict(Written):
     def picked(self) -> JobCandidate | None:
         """The pick's candidate (None: no pick, or not among the candidates)."""
         return next((c for c in self.candidates if c.key == self.pick), None)
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> JobVerdict | None:
-        """None where the summary holds no job (``d`` None or empty)."""
-        if not isinstance(d, Mapping) or not d:
-            return None
-        return read(
-            cls,
-            d,
-            candidates=each(JobCandidate.from_json),
-            decision=Decision.from_json,
-            as_good=items,
-            unproven=items,
-            changed=items,
-        )

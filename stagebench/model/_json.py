@@ -15,6 +15,10 @@ on what the type keeps of the dict it was read from:
 
 Nested values are written as JSON holds them: a type by its ``to_json``, a tuple as a list, a mapping as
 a dict. So run.json and summary.json do not change by being read.
+
+A type whose ``from_json`` is :func:`read` with a coercion per field subclasses :class:`Read` (or
+:class:`ReadIfGiven`, where a dict that holds nothing reads as None) and states the coercions in its
+``READ`` table: its ``from_json`` and ``to_json`` are then not written by hand.
 """
 
 from __future__ import annotations
@@ -23,10 +27,14 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 __all__ = [
     "Written",
+    "Read",
+    "ReadIfGiven",
+    "Coercions",
+    "given",
     "number",
     "integer",
     "whole",
@@ -47,6 +55,8 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+_R = TypeVar("_R", bound="Read")
+_G = TypeVar("_G", bound="ReadIfGiven")
 
 #: the fields that keep what was read rather than a fact: never read or written by name
 _KEPT = frozenset({"keys", "extra", "_json"})
@@ -81,6 +91,18 @@ def flag(v: Any) -> bool | None:
 def mapping(v: Any) -> Mapping[str, Any] | None:
     """``v`` where it is a mapping (the same object), else None."""
     return v if isinstance(v, Mapping) else None
+
+
+def given(from_json: Callable[[Mapping[str, Any]], _T]) -> Callable[[Any], _T | None]:
+    """A reader of a nested record: ``from_json`` of it where it is a mapping, else None.
+
+    Args:
+        from_json: the nested type's reader.
+
+    Returns:
+        A coercion for a ``READ`` table or :func:`read`.
+    """
+    return lambda v: from_json(v) if isinstance(v, Mapping) else None
 
 
 def _listed(v: Any) -> bool:
@@ -200,3 +222,42 @@ class Written:
     def to_json(self) -> dict[str, Any]:
         """The dict it was read from (module docstring)."""
         return write(self)
+
+
+#: a type's coercions on the way in, by field name (see :func:`read`); a field not named is taken as written
+Coercions = Mapping[str, Callable[[Any], Any]]
+
+
+class Read(Written):
+    """A type read by :func:`read` with the coercions of its ``READ`` table and written back by
+    :func:`write`: ``from_json`` and ``to_json`` are stated once, here, for every such type."""
+
+    __slots__ = ()
+
+    READ: ClassVar[Coercions] = {}
+
+    @classmethod
+    def from_json(cls: type[_R], d: Mapping[str, Any] | None) -> _R:
+        """A ``cls`` from ``d`` as the JSON holds it (anything but a mapping reads as empty)."""
+        return read(cls, d, **cls.READ)
+
+
+class ReadIfGiven(Written):
+    """As :class:`Read`, for a record that may be absent: a dict that holds nothing (see :meth:`holds`)
+    reads as None, so a reader tells "not recorded" from a record of defaults."""
+
+    __slots__ = ()
+
+    READ: ClassVar[Coercions] = {}
+
+    @classmethod
+    def holds(cls, d: Mapping[str, Any]) -> bool:
+        """Whether ``d`` is a record of this type: not empty (a type states its own test)."""
+        return bool(d)
+
+    @classmethod
+    def from_json(cls: type[_G], d: Mapping[str, Any] | None) -> _G | None:
+        """A ``cls`` from ``d``; None where ``d`` is no mapping or holds no record."""
+        if not isinstance(d, Mapping) or not cls.holds(d):
+            return None
+        return read(cls, d, **cls.READ)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from stagebench.model._json import Written, integer, number, read, text
+from stagebench.model._json import Coercions, Read, ReadIfGiven, given, integer, number, text
 
 __all__ = [
     "cpus_words",
@@ -39,8 +39,14 @@ def cpus_words(n: float) -> str:
     return f"{shown} CPU" + ("" if n == 1 else "s")
 
 
+def _one_of(v: Any, allowed: tuple[str, ...]) -> str:
+    """``v`` where it is one of ``allowed``, else the first (what a record without it reads as)."""
+    t = text(v)
+    return t if t in allowed else allowed[0]
+
+
 @dataclass(frozen=True, slots=True)
-class CpuQuota(Written):
+class CpuQuota(Read):
     """The smallest CFS quota on the process's cgroup path, in CPUs (quota / period), at ``group`` (its
     path inside the hierarchy), read from ``file`` (``cpu.cfs_quota_us`` under cgroup v1, ``cpu.max``
     under v2)."""
@@ -49,13 +55,11 @@ class CpuQuota(Written):
     group: str
     file: str
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> CpuQuota:
-        return read(cls, d, cpus=number, group=text, file=text)
+    READ: ClassVar[Coercions] = {"cpus": number, "group": text, "file": text}
 
 
 @dataclass(frozen=True, slots=True)
-class MemoryLimit(Written):
+class MemoryLimit(Read):
     """The cgroup memory limit on the process's path that leaves the least: ``limit_mb`` at ``group``, from
     ``file`` (``memory.limit_in_bytes``, ``memory.max`` or a lower ``memory.high``), and what the group
     already used when read (``used_mb``: its usage less the file pages it can drop, the working set the
@@ -66,9 +70,7 @@ class MemoryLimit(Written):
     file: str
     used_mb: float = 0.0
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> MemoryLimit:
-        return read(cls, d, limit_mb=number, group=text, file=text, used_mb=number)
+    READ: ClassVar[Coercions] = {"limit_mb": number, "group": text, "file": text, "used_mb": number}
 
     @property
     def free_mb(self) -> float:
@@ -77,7 +79,7 @@ class MemoryLimit(Written):
 
 
 @dataclass(frozen=True, slots=True)
-class Throttling(Written):
+class Throttling(Read):
     """The quota's group's ``cpu.stat`` at one moment: enforcement periods, those in which the group was
     throttled, and the time its tasks waited throttled (seconds)."""
 
@@ -86,13 +88,11 @@ class Throttling(Written):
     throttled: int | None = None
     throttled_s: float | None = None
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Throttling:
-        return read(cls, d, group=text, periods=integer, throttled=integer, throttled_s=number)
+    READ: ClassVar[Coercions] = {"group": text, "periods": integer, "throttled": integer, "throttled_s": number}
 
 
 @dataclass(frozen=True, slots=True)
-class OomCount(Written):
+class OomCount(Read):
     """How many processes of the group the OOM killer had ended when read (``oom_kill`` of ``path``:
     ``memory.oom_control`` under cgroup v1, ``memory.events`` under v2). The rebuild of a run that never
     finished reads the same file again: a count that grew says the OOM killer ended it."""
@@ -100,29 +100,11 @@ class OomCount(Written):
     path: str
     kills: int
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> OomCount:
-        return read(cls, d, path=text, kills=integer)
-
-
-def _quota(v: Any) -> CpuQuota | None:
-    return CpuQuota.from_json(v) if isinstance(v, Mapping) else None
-
-
-def _memory(v: Any) -> MemoryLimit | None:
-    return MemoryLimit.from_json(v) if isinstance(v, Mapping) else None
-
-
-def _throttling(v: Any) -> Throttling | None:
-    return Throttling.from_json(v) if isinstance(v, Mapping) else None
-
-
-def _oom(v: Any) -> OomCount | None:
-    return OomCount.from_json(v) if isinstance(v, Mapping) else None
+    READ: ClassVar[Coercions] = {"path": text, "kills": integer}
 
 
 @dataclass(frozen=True, slots=True)
-class HostLimits(Written):
+class HostLimits(ReadIfGiven):
     """The cores and the memory this job can use, and where each came from.
 
     ``cores`` is the smallest of the affinity mask (``affinity``), the CFS quota on the process's cgroup
@@ -155,34 +137,29 @@ class HostLimits(Written):
         if self.memory_source not in MEMORY_SOURCES:
             raise ValueError(f"memory_source: unknown {self.memory_source!r}; allowed: {', '.join(MEMORY_SOURCES)}")
 
+    READ: ClassVar[Coercions] = {
+        "cores": number,
+        "cores_source": lambda v: _one_of(v, CORES_SOURCES),
+        "cpu_count": integer,
+        "affinity": integer,
+        "quota": given(CpuQuota.from_json),
+        "slurm_cpus": integer,
+        "slurm_variable": text,
+        "memory_mb": number,
+        "memory_source": lambda v: _one_of(v, MEMORY_SOURCES),
+        "memory_limit": given(MemoryLimit.from_json),
+        "host_available_mb": number,
+        "host_total_mb": number,
+        "shm_total_mb": number,
+        "shm_free_mb": number,
+        "throttling": given(Throttling.from_json),
+        "oom": given(OomCount.from_json),
+    }
+
     @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> HostLimits | None:
-        """The record as run.json holds it; None where there is none (a run written before it was kept)."""
-        if not isinstance(d, Mapping) or number(d.get("cores")) is None:
-            return None
-        src, mem_src = text(d.get("cores_source")), text(d.get("memory_source"))
-        return read(
-            cls,
-            d,
-            {
-                "cores_source": src if src in CORES_SOURCES else "affinity",
-                "memory_source": mem_src if mem_src in MEMORY_SOURCES else "host",
-            },
-            cores=number,
-            cpu_count=integer,
-            affinity=integer,
-            quota=_quota,
-            slurm_cpus=integer,
-            slurm_variable=text,
-            memory_mb=number,
-            memory_limit=_memory,
-            host_available_mb=number,
-            host_total_mb=number,
-            shm_total_mb=number,
-            shm_free_mb=number,
-            throttling=_throttling,
-            oom=_oom,
-        )
+    def holds(cls, d: Mapping[str, Any]) -> bool:
+        """A record holds the cores (a run written before it was kept holds none)."""
+        return number(d.get("cores")) is not None
 
     @property
     def of(self) -> int | None:

@@ -15,17 +15,37 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from stagebench.model._json import Written, dict_of, items, nums, read, record, records, texts
+from stagebench.model._json import (
+    Coercions,
+    Read,
+    ReadIfGiven,
+    Written,
+    dict_of,
+    given,
+    items,
+    nums,
+    read,
+    record,
+    records,
+    texts,
+)
 from stagebench.model._limits import HostLimits
 from stagebench.model._ranks import Ranks
 
 __all__ = ["RunMeta", "Provenance", "RunSettings", "LoaderInfo", "UserKnobs", "SearchRecord", "RunEnd"]
 
 
+def _ranks(v: Any) -> Ranks:
+    try:
+        return Ranks.from_json(v) if isinstance(v, Mapping) else Ranks()
+    except (TypeError, ValueError):  # a hand-edited run.json: read as one rank, as runs before ranks were
+        return Ranks()
+
+
 @dataclass(frozen=True, slots=True)
-class Provenance(Written):
+class Provenance(Read):
     """The machine and process a measurement was taken on (``run.json["provenance"]``, and
     ``provenance_after`` at the end): what makes a throughput a claim anyone can check. Each fact as
     written, None where not recorded (``free_threaded`` too: an older run is not another machine);
@@ -51,9 +71,13 @@ class Provenance(Written):
     limits: HostLimits | None = None
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> Provenance:
-        return read(cls, d, libraries=dict_of, env=dict_of, load_avg=nums, ranks=_ranks, limits=HostLimits.from_json)
+    READ: ClassVar[Coercions] = {
+        "libraries": dict_of,
+        "env": dict_of,
+        "load_avg": nums,
+        "ranks": _ranks,
+        "limits": HostLimits.from_json,
+    }
 
     @property
     def recorded(self) -> bool:
@@ -93,19 +117,12 @@ class UserKnobs(Written):
         return knob in self.given
 
 
-def _ranks(v: Any) -> Ranks:
-    try:
-        return Ranks.from_json(v) if isinstance(v, Mapping) else Ranks()
-    except (TypeError, ValueError):  # a hand-edited run.json: read as one rank, as runs before ranks were
-        return Ranks()
-
-
 def _knobs(v: Any) -> UserKnobs | None:
     return UserKnobs.from_json(v) if isinstance(v, Mapping) and v else None
 
 
 @dataclass(frozen=True, slots=True)
-class LoaderInfo(Written):
+class LoaderInfo(Read):
     """The loader under test (``run.json["loader"]``, copied to a loader summary): its name, backend and
     batches, the user's other DataLoader arguments (``call``) and own knobs (``user_knobs``, None where
     the script's were not read)."""
@@ -118,13 +135,11 @@ class LoaderInfo(Written):
     user_knobs: UserKnobs | None = None
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> LoaderInfo:
-        return read(cls, d, call=records, user_knobs=_knobs)
+    READ: ClassVar[Coercions] = {"call": records, "user_knobs": _knobs}
 
 
 @dataclass(frozen=True, slots=True)
-class RunSettings(Written):
+class RunSettings(Read):
     """The settings the run was made with (``run.json["settings"]``): the ones a verdict depends on, None
     where not recorded (each reader keeps its own default); ``to_json`` has them all, as written."""
 
@@ -143,13 +158,11 @@ class RunSettings(Written):
     full_grid_points: int | float | None = None
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> RunSettings:
-        return read(cls, d, cuda=bool)
+    READ: ClassVar[Coercions] = {"cuda": bool}
 
 
 @dataclass(frozen=True, slots=True)
-class SearchRecord(Written):
+class SearchRecord(Read):
     """How a loader sweep searched (``run.json["search"]``): its strategy, seconds, and why it stopped
     where it did (``stopped``: one line each)."""
 
@@ -158,13 +171,11 @@ class SearchRecord(Written):
     stopped: tuple[str, ...] = ()
     interrupted: bool = False
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> SearchRecord:
-        return read(cls, d, stopped=items, interrupted=bool)
+    READ: ClassVar[Coercions] = {"stopped": items, "interrupted": bool}
 
 
 @dataclass(frozen=True, slots=True)
-class RunEnd(Written):
+class RunEnd(ReadIfGiven):
     """How a run whose ``run.json`` still said ``running`` ended, as ``stagebench report`` found it
     (``run.json["ended"]``): ``by`` what (``"oom"``: the OOM killer, its cgroup's ``oom_kill`` count grew
     from ``oom_kills[0]`` to ``oom_kills[1]``; None: nothing shows what), and ``text``, in words."""
@@ -173,19 +184,16 @@ class RunEnd(Written):
     by: str | None = None
     oom_kills: tuple[int, ...] = ()
 
+    READ: ClassVar[Coercions] = {"text": str, "by": lambda v: None if v is None else str(v), "oom_kills": items}
+
     @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> RunEnd | None:
-        if not isinstance(d, Mapping) or not d.get("text"):
-            return None
-        return read(cls, d, text=str, by=lambda v: None if v is None else str(v), oom_kills=items)
-
-
-def _provenance(v: Any) -> Provenance | None:
-    return Provenance.from_json(v) if isinstance(v, Mapping) else None
+    def holds(cls, d: Mapping[str, Any]) -> bool:
+        """A record says in words how the run ended."""
+        return bool(d.get("text"))
 
 
 @dataclass(frozen=True, slots=True)
-class RunMeta(Written):
+class RunMeta(Read):
     """``run.json``: the run's kind and status, when and how it was started, the machine before and
     after (``provenance``, ``provenance_after``: None where not recorded), its settings, the loader
     under test, and the records other types read (kept as written)."""
@@ -223,37 +231,33 @@ class RunMeta(Written):
     ended: RunEnd | None = None
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> RunMeta:
-        return read(
-            cls,
-            d,
-            command=lambda c: tuple(c) if isinstance(c, (list, tuple)) else c,
-            settings=RunSettings.from_json,
-            loader=LoaderInfo.from_json,
-            search=SearchRecord.from_json,
-            warnings=texts,
-            stages=records,
-            **dict.fromkeys(("provenance", "provenance_after"), _provenance),
-            **dict.fromkeys(
-                (
-                    "phases_s",
-                    "trainer",
-                    "job",
-                    "validation",
-                    "replay",
-                    "yours",
-                    "cpu_speed",
-                    "page_fault",
-                    "pipeline_overhead",
-                    "worker_costs",
-                ),
-                record,
+    READ: ClassVar[Coercions] = {
+        "command": lambda c: tuple(c) if isinstance(c, (list, tuple)) else c,
+        "settings": RunSettings.from_json,
+        "loader": LoaderInfo.from_json,
+        "search": SearchRecord.from_json,
+        "warnings": texts,
+        "stages": records,
+        **dict.fromkeys(("provenance", "provenance_after"), given(Provenance.from_json)),
+        **dict.fromkeys(
+            (
+                "phases_s",
+                "trainer",
+                "job",
+                "validation",
+                "replay",
+                "yours",
+                "cpu_speed",
+                "page_fault",
+                "pipeline_overhead",
+                "worker_costs",
             ),
-            trainer_planned=bool,
-            ended=RunEnd.from_json,
-            **dict.fromkeys(("not_isolated", "transforms"), items),
-        )
+            record,
+        ),
+        "trainer_planned": bool,
+        "ended": RunEnd.from_json,
+        **dict.fromkeys(("not_isolated", "transforms"), items),
+    }
 
     @property
     def ranks(self) -> int:

@@ -15,14 +15,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stagebench.model._json import Written, read
+from stagebench.model._json import Read
 from stagebench.model._rate import Rate
 
 __all__ = ["Ranks", "HostRate", "WindowShare"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Ranks(Written):
+class Ranks(Read):
     """This process's place in a data-parallel job, as its launcher set it (``LOCAL_RANK``,
     ``LOCAL_WORLD_SIZE``, ``RANK``, ``WORLD_SIZE``, ``GROUP_RANK``); one rank of one host without one.
     ``provenance.ranks`` in run.json."""
@@ -42,10 +42,6 @@ class Ranks(Written):
             raise ValueError(f"local rank {self.local_rank} of {self.local_world_size} is not a rank of this host")
         if self.world_size < self.local_world_size or not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} of {self.world_size} is not a rank of the job")
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> Ranks:
-        return read(cls, d)
 
     @property
     def ranked(self) -> bool:

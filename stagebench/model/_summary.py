@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from stagebench.model._json import Written, integer, mapping, read, text, texts
+from stagebench.model._json import Coercions, Read, integer, mapping, text, texts
 from stagebench.model._pipeline import CpuSpeed, Demand, Joint, Prediction, Search, Validation, VersusYours
 
 __all__ = ["Summary"]
@@ -25,7 +25,7 @@ def _list(v: Any) -> list[Any]:
 
 
 @dataclass(frozen=True, slots=True)
-class Summary(Written):
+class Summary(Read):
     """One run's ``summary.json``, top level: the common facts, the whole pipeline's sections typed, and
     the other sections as written (None or empty where absent). ``to_json`` gives back the dict it was
     read from: the summary is written by the analysis, never rebuilt from this view."""
@@ -61,35 +61,31 @@ class Summary(Written):
     transforms: list[dict[str, Any]] = field(default_factory=list)
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> Summary:
-        return read(
-            cls,
-            d,
-            prediction=Prediction.from_json,
-            validation=Validation.from_json,
-            recommended_vs_yours=VersusYours.from_json,
-            demand=Demand.from_json,
-            cpu_speed=CpuSpeed.from_json,
-            joint=Joint.from_json,
-            search=Search.from_json,
-            **dict.fromkeys(("kind", "verdict", "scope", "stagebench_version"), text),
-            warnings=texts,
-            **dict.fromkeys(("findings", "stages", "not_isolated", "points", "transforms"), _list),
-            **dict.fromkeys(("schema_version", "cores"), integer),
-            **dict.fromkeys(
-                (
-                    "job",
-                    "trainer",
-                    "provenance",
-                    "settings",
-                    "loader",
-                    "recommended",
-                    "best",
-                    "target",
-                    "user_setting",
-                    "worker_costs",
-                ),
-                mapping,
+    READ: ClassVar[Coercions] = {
+        "prediction": Prediction.from_json,
+        "validation": Validation.from_json,
+        "recommended_vs_yours": VersusYours.from_json,
+        "demand": Demand.from_json,
+        "cpu_speed": CpuSpeed.from_json,
+        "joint": Joint.from_json,
+        "search": Search.from_json,
+        **dict.fromkeys(("kind", "verdict", "scope", "stagebench_version"), text),
+        "warnings": texts,
+        **dict.fromkeys(("findings", "stages", "not_isolated", "points", "transforms"), _list),
+        **dict.fromkeys(("schema_version", "cores"), integer),
+        **dict.fromkeys(
+            (
+                "job",
+                "trainer",
+                "provenance",
+                "settings",
+                "loader",
+                "recommended",
+                "best",
+                "target",
+                "user_setting",
+                "worker_costs",
             ),
-        )
+            mapping,
+        ),
+    }
