@@ -81,7 +81,8 @@ def _verdict(a: dict, b: dict) -> str:
 
 def bench_one(name: str, cfg, run_dir: Path, window_s: float, *, smoke: bool = False) -> dict:
     from stagebench.pipeline._diagnose import diagnose_pipeline
-    from stagebench.pipeline._isolate import plan_pipeline, read_source
+    from stagebench.pipeline._first_pass import read_source
+    from stagebench.pipeline._isolate import plan_pipeline
     from stagebench.pipeline._settings import DiagnoseSettings
     from stagebench.pipeline._wholerun import run_pipelines
 

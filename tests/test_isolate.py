@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 from spdl.pipeline import PipelineBuilder
@@ -19,18 +20,16 @@ from spdl.pipeline.defs import (
     SourceConfig,
 )
 
-from stagebench.pipeline._isolate import (
-    Passthrough,
-    PlanError,
+from stagebench.pipeline._first_pass import (
+    FirstPass,
     SourceError,
-    build_validation_config,
     compute_outputs,
     measure_inputs,
-    plan_pipeline,
     read_source,
     run_passthrough,
     unfinished,
 )
+from stagebench.pipeline._isolate import Passthrough, PlanError, build_validation_config, plan_pipeline
 
 
 def double(x):
@@ -72,7 +71,7 @@ def chain(plan, items):
     """Compute every stage's outputs in turn, as a diagnosis does."""
     for step in plan.steps:
         if isinstance(step, Passthrough):
-            items, _ = run_passthrough(step, items)
+            items = run_passthrough(step, items)
         else:
             items, _ = compute_outputs(step, items, max_bytes=1e12)
     return items
@@ -138,12 +137,12 @@ def test_cached_outputs_equal_what_spdl_delivers():
 
 
 def test_aggregate_groups_and_drop_last():
-    for drop_last, groups in ((False, [[0, 3], [3, 6], [6, 9], [9, 10]]), (True, [[0, 3], [3, 6], [6, 9]])):
+    for drop_last, groups in ((False, ((0, 3), (3, 6), (6, 9), (9, 10))), (True, ((0, 3), (3, 6), (6, 9)))):
         plan = plan_pipeline(cfg_of(PipelineBuilder().add_source(range(10)).aggregate(3, drop_last=drop_last)))
         st = plan.stages[0]
         items = list(range(10))
         out, meta = compute_outputs(st, items, max_bytes=1e12)
-        assert meta["groups"] == groups
+        assert meta.groups == groups
         measured = measure_inputs(st, items, meta)
         assert measured == [items[a:b] for a, b in groups]
         # the measured callable turns each group into exactly the output SPDL emits
@@ -192,7 +191,7 @@ def test_errors_are_counted_and_the_other_items_go_on():
     out, meta = compute_outputs(st, list(range(12)), max_bytes=1e12)
     assert sorted(out) == [1, 2, 3, 5, 6, 7, 9, 10, 11]
     assert out == sorted(out)  # inputs order is kept
-    assert meta["n_errors"] == 3 and meta["error_example"].startswith("ValueError: bad record")
+    assert meta.n_errors == 3 and meta.error_example.startswith("ValueError: bad record")
 
 
 def test_calls_that_run_out_of_memory_are_named_and_the_pass_is_not_kept():
@@ -206,31 +205,31 @@ def test_calls_that_run_out_of_memory_are_named_and_the_pass_is_not_kept():
 
     st = plan_pipeline(cfg_of(PipelineBuilder().add_source(range(3)).pipe(leaks))).stages[0]
     out, meta = compute_outputs(st, list(range(10)), max_bytes=1e12, workers=1)
-    assert out == [0, 1, 2, 3, 4, 5] and meta["n_errors"] == 4
-    assert meta["error_example"] == "out of memory: MemoryError" and meta["out_of_memory"] == "MemoryError"
+    assert out == [0, 1, 2, 3, 4, 5] and meta.n_errors == 4
+    assert meta.error_example == "out of memory: MemoryError" and meta.out_of_memory == "MemoryError"
     assert unfinished(meta) == "it ran out of memory (MemoryError)"
 
 
 def test_a_pass_that_failed_or_stopped_is_not_kept_and_errors_on_some_inputs_are():
-    whole = {"n_inputs": 10, "n_run": 10, "n_errors": 0, "stalled": False, "capped": False}
+    whole = FirstPass(n_inputs=10, n_run=10)
     assert unfinished(whole) is None
-    assert unfinished({**whole, "capped": True, "n_run": 4}) is None  # the cap is the user's setting
-    assert unfinished({**whole, "n_errors": 3, "error_example": "ValueError: bad record"}) is None
+    assert unfinished(replace(whole, capped=True, n_run=4)) is None  # the cap is the user's setting
+    assert unfinished(replace(whole, n_errors=3, error_example="ValueError: bad record")) is None
     assert (
-        unfinished({**whole, "n_errors": 10, "error_example": "ValueError: x"}) == "every input raised (ValueError: x)"
+        unfinished(replace(whole, n_errors=10, error_example="ValueError: x")) == "every input raised (ValueError: x)"
     )
-    assert unfinished({**whole, "stalled": True, "n_run": 0}).startswith("it timed out")
-    assert unfinished({**whole, "crashed": "a worker process died (exit codes {-11})"}).startswith(
+    assert unfinished(replace(whole, stalled=True, n_run=0)).startswith("it timed out")
+    assert unfinished(replace(whole, crashed="a worker process died (exit codes {-11})")).startswith(
         "a worker process died"
     )
-    assert unfinished({**whole, "process_error": "out of memory: OSError"}).startswith("its process pool failed")
+    assert unfinished(replace(whole, process_error="out of memory: OSError")).startswith("its process pool failed")
 
 
 def test_byte_cap_keeps_a_prefix_and_says_so():
     st = plan_pipeline(cfg_of(PipelineBuilder().add_source(range(3)).pipe(lambda x: b"x" * 1000))).stages[0]
     out, meta = compute_outputs(st, list(range(50)), max_bytes=10_500)
-    assert len(out) == 10 and meta["capped"] and meta["bytes"] == 10_000
-    assert len(measure_inputs(st, list(range(50)), meta)) == meta["n_run"] < 50
+    assert len(out) == 10 and meta.capped and meta.bytes == 10_000
+    assert len(measure_inputs(st, list(range(50)), meta)) == meta.n_run < 50
 
 
 def test_a_hanging_stage_stops_computing_after_the_stall_limit():
@@ -243,7 +242,7 @@ def test_a_hanging_stage_stops_computing_after_the_stall_limit():
     t0 = time.perf_counter()
     out, meta = compute_outputs(st, list(range(10)), max_bytes=1e12, stall_s=0.5, workers=2)
     assert time.perf_counter() - t0 < 5
-    assert out == [0, 1, 2] and meta["stalled"]
+    assert out == [0, 1, 2] and meta.stalled
 
 
 def test_read_source_short_raising_async_and_merged():

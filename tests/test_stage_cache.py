@@ -16,6 +16,7 @@ import pytest
 
 from stagebench.core._pickling import pickle_problem
 from stagebench.core._sizes import approx_nbytes
+from stagebench.pipeline._first_pass import FirstPass
 from stagebench.pipeline._stage_cache import (
     CacheDirError,
     StageCache,
@@ -24,6 +25,9 @@ from stagebench.pipeline._stage_cache import (
     default_cache_dir,
     items_key,
 )
+
+#: a first pass that ran every input: what a cache entry stores beside its items
+_DONE = FirstPass(n_inputs=1, n_run=1)
 
 
 def _define(src: str, name: str = "stage", extra: dict | None = None):
@@ -129,12 +133,12 @@ def test_cache_computes_once_then_hits(tmp_path):
 
     def compute():
         calls.append(1)
-        return [1, 2, 3], {"n_errors": 0}
+        return [1, 2, 3], FirstPass(n_inputs=3, n_run=3)
 
     first = cache.get_or_compute("k1", compute)
     second = cache.get_or_compute("k1", compute)
     assert (first.hit, second.hit) == (False, True)
-    assert second.items == [1, 2, 3] and second.meta == {"n_errors": 0}
+    assert second.items == [1, 2, 3] and second.first == FirstPass(n_inputs=3, n_run=3)
     assert len(calls) == 1
     # a fresh cache object on the same folder (the next run) hits too
     assert StageCache(tmp_path / "c").get_or_compute("k1", compute).hit
@@ -148,18 +152,18 @@ def test_outputs_of_a_computation_that_failed_or_timed_out_are_used_but_never_st
 
     def compute():
         calls.append(1)
-        return [], {"stalled": True}
+        return [], FirstPass(n_inputs=3, n_run=0, stalled=True)
 
-    def timed_out(meta):
-        return "it timed out" if meta.get("stalled") else None
+    def timed_out(first):
+        return "it timed out" if first.stalled else None
 
     for run in range(2):  # the next run (a fresh cache object on the same folder) runs it again
         out = StageCache(tmp_path / "c").get_or_compute("k", compute, not_kept=timed_out)
-        assert not out.hit and out.items == [] and out.meta == {"stalled": True}
+        assert not out.hit and out.items == [] and out.first == FirstPass(n_inputs=3, n_run=0, stalled=True)
         assert out.note == "outputs not stored on disk: it timed out; the next run runs it again"
     assert len(calls) == 2 and not list((tmp_path / "c").rglob("output.pkl*"))
     # once it finishes, it is stored and served
-    fine = StageCache(tmp_path / "c").get_or_compute("k", lambda: ([1], {}), not_kept=timed_out)
+    fine = StageCache(tmp_path / "c").get_or_compute("k", lambda: ([1], _DONE), not_kept=timed_out)
     assert not fine.hit and fine.note is None
     assert StageCache(tmp_path / "c").get_or_compute("k", compute, not_kept=timed_out).hit
 
@@ -172,7 +176,7 @@ def test_outputs_that_there_is_no_memory_to_pickle_are_used_and_said_not_stored(
         raise MemoryError()
 
     monkeypatch.setattr(_stage_cache.pickle, "dumps", no_memory)
-    out = StageCache(tmp_path / "c").get_or_compute("k", lambda: ([1, 2], {}))
+    out = StageCache(tmp_path / "c").get_or_compute("k", lambda: ([1, 2], _DONE))
     assert out.items == [1, 2] and not out.hit
     assert out.note == "outputs not stored on disk: out of memory (MemoryError)"
 
@@ -188,9 +192,9 @@ def test_editing_a_later_stage_keeps_earlier_entries(tmp_path):
 
     def run(s2):
         k1 = chain_key(key(s1), src_key)
-        out1 = cache.get_or_compute(k1, lambda: (ran.append("s1") or [s1(x) for x in [1, 2, 3]], {}))
+        out1 = cache.get_or_compute(k1, lambda: (ran.append("s1") or [s1(x) for x in [1, 2, 3]], _DONE))
         k2 = chain_key(key(s2), k1)
-        out2 = cache.get_or_compute(k2, lambda: (ran.append("s2") or [s2(x) for x in out1.items], {}))
+        out2 = cache.get_or_compute(k2, lambda: (ran.append("s2") or [s2(x) for x in out1.items], _DONE))
         return out2.items
 
     assert run(s2_old) == [3, 5, 7]
@@ -202,7 +206,7 @@ def test_no_folder_means_no_disk_cache():
     cache = StageCache(None)
     calls = []
     for _ in range(2):
-        out = cache.get_or_compute("k", lambda: (calls.append(1) or [1], {}))
+        out = cache.get_or_compute("k", lambda: (calls.append(1) or [1], _DONE))
         assert not out.hit
     assert len(calls) == 2
 
@@ -217,8 +221,8 @@ def test_no_folder_means_no_disk_cache():
 def test_outputs_that_cannot_be_pickled_are_used_but_not_stored(tmp_path, make, says):
     cache = StageCache(tmp_path / "c")
     for _ in range(2):  # the second run recomputes with the same message: no broken entry to load
-        out = cache.get_or_compute("k", lambda: ([1, make()], {"n_errors": 0}))
-        assert len(out.items) == 2 and not out.hit and out.meta == {"n_errors": 0}
+        out = cache.get_or_compute("k", lambda: ([1, make()], FirstPass(n_inputs=3, n_run=3)))
+        assert len(out.items) == 2 and not out.hit and out.first == FirstPass(n_inputs=3, n_run=3)
         assert out.note.startswith("outputs not stored on disk: they cannot be pickled (") and says in out.note
     assert not [f for f in (tmp_path / "c").rglob("output.pkl*")]
 
@@ -230,7 +234,7 @@ def test_a_key_chained_from_a_one_off_key_is_one_off(tmp_path):
     assert one_off.startswith("unstable-") and "cannot be hashed" in why
     assert chain_key("pipe", one_off).startswith("unstable-")
     cache = StageCache(tmp_path / "c")
-    cache.get_or_compute(chain_key("pipe", one_off), lambda: ([1], {}))
+    cache.get_or_compute(chain_key("pipe", one_off), lambda: ([1], _DONE))
     assert not [f for f in (tmp_path / "c").rglob("output.pkl*")]  # never looked up again: not stored
 
 
@@ -266,11 +270,11 @@ class _Planted:
 
 def test_a_pickle_planted_in_the_cache_is_never_loaded(tmp_path):
     cache = StageCache(tmp_path / "c")
-    cache.get_or_compute("k", lambda: ([1, 2], {}))
+    cache.get_or_compute("k", lambda: ([1, 2], _DONE))
     (pkl,) = (tmp_path / "c").rglob("output.pkl")
     mark = tmp_path / "pwned"
-    pkl.write_bytes(pickle.dumps(([_Planted(str(mark))], {})))  # another user's file, without the key
-    out = StageCache(tmp_path / "c").get_or_compute("k", lambda: ([1, 2], {}))
+    pkl.write_bytes(pickle.dumps(([_Planted(str(mark))], _DONE)))  # another user's file, without the key
+    out = StageCache(tmp_path / "c").get_or_compute("k", lambda: ([1, 2], _DONE))
     assert not mark.exists(), "a pickle this user did not sign was loaded"
     assert not out.hit and out.items == [1, 2] and "not signed" in out.note
 

@@ -338,7 +338,7 @@ class _Diagnosis:
     def _read_source(self) -> Any:
         """Say what will be measured, then read the source once (a failing source ends the run, exit 1)."""
         from stagebench.core._sweep import plan_points
-        from stagebench.pipeline._isolate import SourceError, read_source
+        from stagebench.pipeline._first_pass import SourceError, read_source
 
         run, plan, settings = self.run, self.run.plan, self.run.settings
         names = ", ".join(repr(s.name) for s in plan.stages)

@@ -23,7 +23,12 @@ from stagebench.core._follow import Followed, follow
 from stagebench.core._measure import POINT
 from stagebench.core._point_follow import PointRun, Pools
 from stagebench.core._ranks import HostGroup
+from stagebench.pipeline._calls import Fused
+from stagebench.pipeline._first_pass import measure_inputs, read_source, run_passthrough
+from stagebench.pipeline._isolate import Passthrough, plan_pipeline
+from stagebench.pipeline._replay import StandIn
 from stagebench.pipeline._settings import DiagnoseSettings
+from stagebench.pipeline._stage_cache import StageCache, default_cache_dir, items_key
 from stagebench.pipeline._stages import Cursor, advance, consumes_why, first_pass
 from stagebench.pipeline._wholerun import WHOLE, WholePipelineRun
 
@@ -41,9 +46,6 @@ class Walk:
         self.cache = _cache(settings)
 
     def read_source(self) -> None:
-        from stagebench.pipeline._isolate import read_source
-        from stagebench.pipeline._stage_cache import items_key
-
         self.source_items = read_source(
             self.plan, self.settings.num_items, timeout_s=max(60.0, self.settings.timeout_s)
         ).items
@@ -51,27 +53,24 @@ class Walk:
 
     def step(self, index: int) -> None:
         """The plan's ``index``-th step, as the leader's walk takes it (without what it says and records)."""
-        from stagebench.pipeline._isolate import Fused, Passthrough, measure_inputs, run_passthrough
-        from stagebench.pipeline._stage_cache import items_key
-
         cur, step = self.cur, self.plan.steps[index]
         if cur is None or cur.blocked:
             return
         timeout_s = self.settings.timeout_s
         if isinstance(step, Passthrough):
             cur.prev = None
-            cur.inputs, _ = run_passthrough(step, cur.inputs, timeout_s=max(60.0, timeout_s))
+            cur.inputs = run_passthrough(step, cur.inputs, timeout_s=max(60.0, timeout_s))
             cur.key, cur.came_from = items_key(cur.inputs)[0], ", ".join(step.names)
             cur.blocked = None if cur.inputs else "no outputs"
             return
         cached, key, _ = first_pass(step, cur, self.cache, self.settings, self.plan)
-        ometa = cached.meta or {}
-        if ometa.get("crashed"):
+        first = cached.first
+        if first.crashed:
             cur.blocked = "crashed"
             return
-        minputs = measure_inputs(step, cur.inputs, ometa)
+        minputs = measure_inputs(step, cur.inputs, first)
         measured, sweep_inputs = step.fn, minputs
-        if minputs and cur.prev is not None and cur.prev.inputs and consumes_why(step, minputs[0], ometa, timeout_s):
+        if minputs and cur.prev is not None and cur.prev.inputs and consumes_why(step, minputs[0], first, timeout_s):
             measured, sweep_inputs = Fused(cur.prev.stage.fn, step.fn), cur.prev.inputs
         if sweep_inputs:
             self.inputs[step.name] = (measured, sweep_inputs)
@@ -90,8 +89,6 @@ class Walk:
 
 def _cache(settings: DiagnoseSettings) -> Any:
     """This rank's stage cache: the leader's folder (one user's), or none where the leader keeps none."""
-    from stagebench.pipeline._stage_cache import StageCache, default_cache_dir
-
     off = (settings.cache_dir or "").lower() in ("off", "none", "0", "false", "no")
     folder: Path | None = None if off else Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()
     return StageCache(folder, max_disk_mb=10 * settings.cache_max_mb)
@@ -109,8 +106,6 @@ class WholeRun:
 
     @classmethod
     def open(cls, spec: Mapping[str, Any], plan: Any, source_items: list) -> WholeRun:
-        from stagebench.pipeline._replay import StandIn
-
         choices = {name: (str(ex), int(c)) for name, (ex, c) in (spec.get("choices") or {}).items()}
         stand_ins = spec.get("stand_ins")
         made = None if stand_ins is None else {name: StandIn(**d) for name, d in stand_ins.items()}
@@ -155,8 +150,6 @@ def follow_pipeline(
 ) -> tuple[Followed, Walk | None]:
     """This follower's part in the leader's diagnosis, until the leader ends or starts its job phase;
     returns how it ended and this rank's walk (its plan and source items, for the job phase)."""
-    from stagebench.pipeline._isolate import plan_pipeline
-
     plan = plan_pipeline(cfg)
     plan.num_threads = num_threads
     walk = Walk(plan, settings)

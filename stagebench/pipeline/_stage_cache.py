@@ -34,6 +34,7 @@ import os
 import pickle
 import shutil
 import sys
+import sysconfig
 import time
 import types
 import uuid
@@ -42,8 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import joblib
+
 from stagebench._memory import out_of_memory
 from stagebench.core._pickling import pickle_problem
+from stagebench.pipeline._first_pass import FirstPass
 
 __all__ = [
     "StageCache",
@@ -73,8 +77,6 @@ def _value_key(value: Any, depth: int, seen: set[int]) -> Any:
         return _class_key(value, depth + 1, seen)
     if isinstance(value, types.ModuleType):
         return _module_key(value.__name__)
-    import joblib
-
     try:
         return ("value", type(value).__qualname__, joblib.hash(value))
     except Exception as e:  # unpicklable: a lock, an open file, a C handle
@@ -150,8 +152,6 @@ def _function_key(fn: types.FunctionType, depth: int, seen: set[int]) -> tuple:
 @functools.cache
 def _library_dirs() -> tuple[str, ...]:
     """Where the standard library and installed packages live: read once (asked for every module a key reaches)."""
-    import sysconfig
-
     paths = sysconfig.get_paths()
     dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
     return tuple(os.path.realpath(d) + os.sep for d in dirs)
@@ -257,8 +257,6 @@ def fingerprint(fn: Any) -> tuple[Any, str | None]:
 
 def callable_key(fn: Any) -> tuple[str, str | None]:
     """Hex key of ``fn``'s code; a one-off key and the reason when it cannot be stable."""
-    import joblib
-
     fp, why = fingerprint(fn)
     if fp is None:
         return f"unstable-{uuid.uuid4().hex}", why
@@ -280,8 +278,6 @@ def _file_stamp(x: Any) -> Any:
 
 def items_key(items: Sequence[Any]) -> tuple[str, str | None]:
     """Hex key of a list of (source) items; a one-off key and the reason if unhashable."""
-    import joblib
-
     stamps = []
     for it in items:
         parts = it if isinstance(it, (tuple, list)) else (it,)
@@ -298,8 +294,6 @@ def chain_key(*parts: Any) -> str:
     A key chained from a one-off key is never looked up again, so storing
     under it would only fill the cache folder run after run.
     """
-    import joblib
-
     key = joblib.hash(("stagebench-stage", *parts))
     if any(isinstance(p, str) and p.startswith("unstable-") for p in parts):
         return f"unstable-{key}"
@@ -317,16 +311,8 @@ class CachedOutputs:
     """Loaded from the cache (the stage did not run)."""
     note: str | None = None
     """Why the outputs were not stored or not looked up, when that happened."""
-    meta: dict | None = None
-    """What the computation recorded (errors, dropped items), stored with the items."""
-
-
-class _NotStorable(Exception):
-    """Outputs that pickle cannot write: nothing is stored for them."""
-
-    def __init__(self, outputs: tuple[list, dict], why: str) -> None:
-        super().__init__(why)
-        self.outputs, self.why = outputs, why
+    first: FirstPass
+    """What the stage's first pass did (errors, dropped items, where it stopped), stored with the items."""
 
 
 class CacheDirError(Exception):
@@ -421,7 +407,7 @@ class StageCache:
     def _mac(self, data: bytes) -> bytes:
         return hmac.new(self._key, data, hashlib.sha256).digest()
 
-    def _load(self, key: str) -> tuple[list, dict] | None:
+    def _load(self, key: str) -> tuple[list, FirstPass] | None:
         """The stored outputs, or None: missing, or not signed by this user (then removed)."""
         entry, pkl, mac = self._paths(key)
         try:
@@ -432,10 +418,10 @@ class StageCache:
             shutil.rmtree(entry, ignore_errors=True)
             raise _Unsigned(f"cache entry not signed by you ({pkl}); removed and recomputed")
         os.utime(entry)  # recently used: kept longest by the size bound
-        items, meta = pickle.loads(data)
-        return items, meta
+        items, first = pickle.loads(data)
+        return items, first
 
-    def _store(self, key: str, outputs: tuple[list, dict]) -> None:
+    def _store(self, key: str, outputs: tuple[list, FirstPass]) -> None:
         entry, pkl, mac = self._paths(key)
         data = pickle.dumps(outputs, protocol=pickle.HIGHEST_PROTOCOL)
         entry.mkdir(mode=0o700, exist_ok=True)
@@ -463,16 +449,16 @@ class StageCache:
     def get_or_compute(
         self,
         key: str,
-        compute: Callable[[], tuple[list, dict]],
+        compute: Callable[[], tuple[list, FirstPass]],
         *,
-        not_kept: Callable[[dict], str | None] = lambda meta: None,
+        not_kept: Callable[[FirstPass], str | None] = lambda first: None,
     ) -> CachedOutputs:
         """Outputs for ``key``: from the cache when present, else ``compute()``, then stored unless
-        ``not_kept(meta)`` says why not (a computation that failed or timed out: the next run computes
+        ``not_kept(first)`` says why not (a computation that failed or timed out: the next run computes
         them again)."""
         if self.folder is None or key.startswith("unstable-"):
-            items, meta = compute()
-            return CachedOutputs(items=items, key=key, hit=False, meta=meta)
+            items, first = compute()
+            return CachedOutputs(items=items, key=key, hit=False, first=first)
         note = None
         try:
             found = self._load(key)
@@ -481,12 +467,12 @@ class StageCache:
         except Exception as e:  # a corrupt entry: recompute it
             found, note = None, f"cache entry unreadable ({type(e).__name__}); recomputed"
         if found is not None:
-            return CachedOutputs(items=found[0], key=key, hit=True, meta=found[1])
+            return CachedOutputs(items=found[0], key=key, hit=True, first=found[1])
         out = compute()
         failed = not_kept(out[1])
         if failed:
             note = f"outputs not stored on disk: {failed}; the next run runs it again"
-            return CachedOutputs(items=out[0], key=key, hit=False, meta=out[1], note=note)
+            return CachedOutputs(items=out[0], key=key, hit=False, first=out[1], note=note)
         try:
             why = pickle_problem(out)
             if why:
@@ -501,7 +487,7 @@ class StageCache:
                 note = f"outputs not stored on disk: {e.strerror or e}"
             else:
                 raise
-        return CachedOutputs(items=out[0], key=key, hit=False, note=note, meta=out[1])
+        return CachedOutputs(items=out[0], key=key, hit=False, note=note, first=out[1])
 
 
 class _Unsigned(Exception):

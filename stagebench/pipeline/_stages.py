@@ -18,17 +18,36 @@ from typing import Any
 
 from stagebench._memory import describe, memory_short, out_of_memory
 from stagebench._numbers import finite, num
+from stagebench.core._config import SweepConfig
+from stagebench.core._measure import empty_row
 from stagebench.core._mirror import mirror
+from stagebench.core._pickling import pickle_problem
+from stagebench.core._spdl_harness import settle
+from stagebench.core._speed import cpu_speed_ns
+from stagebench.core._sweep import StageSweep, plan_points, sweep_process_points
+from stagebench.pipeline._calls import Fused, MapThen
+from stagebench.pipeline._first_pass import (
+    FirstPass,
+    compute_outputs,
+    consumes_inputs,
+    measure_inputs,
+    run_passthrough,
+    unfinished,
+)
+from stagebench.pipeline._gilprobe import probe_gil
+from stagebench.pipeline._isolate import Passthrough
 from stagebench.pipeline._overhead import NOOP_AT, measure_overhead
+from stagebench.pipeline._rule_out import paired_needless, rule_out_processes
 from stagebench.pipeline._run import Run
 from stagebench.pipeline._settings import SAMPLE_OUTPUTS, DiagnoseSettings
+from stagebench.pipeline._stage_cache import CachedOutputs, StageCache, callable_key, chain_key, items_key
+from stagebench.runs._schema import STAGE_COLUMNS
 
 __all__ = ["StagesPhase", "sweep_config", "skipped_rows", "first_pass", "consumes_why", "advance", "Cursor"]
 
 
 def sweep_config(stage: Any, settings: DiagnoseSettings) -> Any:
     """The sweep of one stage: SPDL runs aggregate and disaggregate stages inline, with nothing to choose."""
-    from stagebench.core._config import SweepConfig
 
     measure = settings.measure_config()
     if stage.type in ("aggregate", "disaggregate"):
@@ -48,8 +67,6 @@ def skipped_rows(
     stage: Any, settings: DiagnoseSettings, reason: str, *, executor: str | None = None, ceilings: bool = False
 ) -> list[dict[str, Any]]:
     """Rows for points not measured: the stage's (and with ``ceilings``, its ceiling's), of ``executor`` or all."""
-    from stagebench.core._measure import empty_row
-    from stagebench.core._sweep import plan_points
 
     rows = []
     for role, harness, ex, c in plan_points(stage.fn, sweep_config(stage, settings)):
@@ -105,22 +122,20 @@ class _Fresh:
 
 
 def _fresh_source(
-    step: Any, minputs: list, outputs: list, ometa: dict[str, Any], smeta: dict[str, Any], prev: _Fresh | None
+    step: Any, minputs: list, outputs: list, first: FirstPass, smeta: dict[str, Any], prev: _Fresh | None
 ) -> _Fresh | None:
     """After a plain one-to-one pipe: that pipe over its own inputs. After an aggregate whose inputs came
     from such a pipe with nothing dropped (so the i-th output is the i-th input's): the pipe over each
     group's inputs, then the aggregate (decode -> batch -> convert, where convert takes ownership of the
     decoded frames). Anything else: nothing, and a consuming stage after it says its points will fail.
     """
-    from stagebench.pipeline._isolate import MapThen
-
     if step.type == "pipe" and not step.many:
-        aligned = len(outputs) == len(minputs) and not ometa.get("n_errors") and not ometa.get("n_dropped")
+        aligned = len(outputs) == len(minputs) and not first.n_errors and not first.n_dropped
         return _Fresh(step, minputs, smeta.get("items_per_input"), aligned, [step.name])
-    if step.type == "aggregate" and prev is not None and prev.aligned and ometa.get("groups"):
+    if step.type == "aggregate" and prev is not None and prev.aligned and first.groups:
         base = prev.inputs
-        if all(b <= len(base) for _, b in ometa["groups"]):
-            groups = [list(base[a:b]) for a, b in ometa["groups"]]
+        if all(b <= len(base) for _, b in first.groups):
+            groups = [list(base[a:b]) for a, b in first.groups]
             fused = replace(step, fn=MapThen(prev.stage.fn, step.fn))
             return _Fresh(fused, groups, smeta.get("items_per_input"), False, [*prev.chain, step.name])
     return None
@@ -141,14 +156,14 @@ class Cursor:
     prev: _Fresh | None = None
 
 
-def _no_outputs_why(ometa: dict[str, Any], timeout_s: float) -> str:
-    if ometa.get("out_of_memory"):
-        return f"it ran out of memory ({ometa['out_of_memory']})"
-    if ometa.get("crashed"):
-        return f"a worker process died on its first pass ({ometa['crashed']})"
-    if ometa.get("n_errors"):
-        return f"every item raised ({ometa.get('error_example', '')})"
-    if ometa.get("stalled"):
+def _no_outputs_why(first: FirstPass, timeout_s: float) -> str:
+    if first.out_of_memory:
+        return f"it ran out of memory ({first.out_of_memory})"
+    if first.crashed:
+        return f"a worker process died on its first pass ({first.crashed})"
+    if first.n_errors:
+        return f"every item raised ({first.error_example})"
+    if first.stalled:
         return f"no item finished within {timeout_s:g} s"
     return "every output was None (dropped)"
 
@@ -159,42 +174,37 @@ def first_pass(
     """``step`` run once over the cursor's inputs, or its outputs read from the cache: (the cached outputs,
     their chain key, why they are not cached between runs or None). A few outputs are kept in the plan
     for the stage's stand-in in the replay."""
-    from stagebench.pipeline._isolate import compute_outputs, unfinished
-    from stagebench.pipeline._stage_cache import callable_key, chain_key
-
     max_bytes = settings.cache_max_mb * 2**20
     fn_key, unstable = callable_key(step.key_source)
-    key = chain_key(step.type, step.drop_last, fn_key, max_bytes, cur.key)
+    key = chain_key(FirstPass.__qualname__, step.type, step.drop_last, fn_key, max_bytes, cur.key)
     compute = functools.partial(compute_outputs, step, cur.inputs, max_bytes=max_bytes, stall_s=settings.timeout_s)
     cached = cache.get_or_compute(key, compute, not_kept=unfinished)  # a pass that did not finish runs again
     plan.sample_outputs[step.name] = list(cached.items[:SAMPLE_OUTPUTS])
     return cached, key, unstable
 
 
-def consumes_why(step: Any, item: Any, ometa: dict[str, Any], timeout_s: float) -> str | None:
+def consumes_why(step: Any, item: Any, first: FirstPass, timeout_s: float) -> str | None:
     """Why ``step`` consumes its inputs (a second call on one input fails), None where it does not or
     cannot tell: only a sync pipe on threads can (a process gets a fresh copy of each input), and only
     after a first pass without errors."""
-    from stagebench.pipeline._isolate import consumes_inputs
-
-    if step.type != "pipe" or step.many or step.is_async or ometa.get("n_errors"):
+    if step.type != "pipe" or step.many or step.is_async or first.n_errors:
         return None
     return consumes_inputs(step.fn, item, timeout_s=timeout_s)
 
 
 def advance(
-    step: Any, cur: Cursor, cached: Any, key: str, minputs: list, smeta: dict[str, Any], timeout_s: float
+    step: Any, cur: Cursor, cached: CachedOutputs, key: str, minputs: list, smeta: dict[str, Any], timeout_s: float
 ) -> None:
     """The cursor moved past ``step``: its outputs are the next stage's inputs (or why the stages after it
     cannot be measured), with the share of the source they stand for and what can give a consuming stage
     after it fresh inputs."""
-    ometa = cached.meta or {}
-    if ometa.get("capped") and ometa.get("n_inputs"):
-        cur.fraction *= ometa.get("n_run", 0) / ometa["n_inputs"]
+    first = cached.first
+    if first.capped and first.n_inputs:
+        cur.fraction *= first.n_run / first.n_inputs
     if not cached.items:
-        why = _no_outputs_why(ometa, timeout_s)
+        why = _no_outputs_why(first, timeout_s)
         cur.blocked = f"not measured: the earlier stage {step.name!r} produced no outputs: {why}"
-    cur.prev = _fresh_source(step, minputs, cached.items, ometa, smeta, cur.prev)
+    cur.prev = _fresh_source(step, minputs, cached.items, first, smeta, cur.prev)
     cur.inputs, cur.key, cur.came_from = cached.items, key, repr(step.name)
 
 
@@ -221,10 +231,6 @@ class StagesPhase:
 
     def sweep_all(self, source_items: list) -> None:
         """Every stage in order, then SPDL's overhead and the process points still wanted."""
-        from stagebench.pipeline._isolate import Passthrough
-        from stagebench.pipeline._stage_cache import StageCache, items_key
-        from stagebench.runs._schema import STAGE_COLUMNS
-
         settings = self.run.settings
         cache = StageCache(self.run.cache_dir, max_disk_mb=10 * settings.cache_max_mb)
         key, unhashable = items_key(source_items)
@@ -243,9 +249,6 @@ class StagesPhase:
             # the process points: the bounds that rule them out charge it once per item
             measure_overhead(self.run, source_items)
             if self.process_sweeps:
-                from stagebench.core._sweep import sweep_process_points
-                from stagebench.pipeline._rule_out import paired_needless, rule_out_processes
-
                 rule_out_processes(self.run, self.process_sweeps)
                 sweep_process_points(self.process_sweeps, paired_needless=functools.partial(paired_needless, self.run))
                 self.process_sweeps.clear()  # their inputs can go
@@ -256,14 +259,11 @@ class StagesPhase:
 
     def _passthrough(self, step: Any, cur: Cursor) -> None:
         """A segment run as a whole (it cannot be isolated): its outputs are the next stage's inputs."""
-        from stagebench.pipeline._isolate import run_passthrough
-        from stagebench.pipeline._stage_cache import items_key
-
         cur.prev = None  # its outputs come from a whole segment: nothing to fuse a stage after it with
         if cur.blocked:
             return
         try:
-            cur.inputs, _ = run_passthrough(step, cur.inputs, timeout_s=max(60.0, self.run.settings.timeout_s))
+            cur.inputs = run_passthrough(step, cur.inputs, timeout_s=max(60.0, self.run.settings.timeout_s))
         except KeyboardInterrupt:
             raise
         except Exception as e:
@@ -287,8 +287,6 @@ class StagesPhase:
 
     def _stage(self, step: Any, cur: Cursor, writer: Any, cache: Any, n_source: int, src_problem: str | None) -> None:
         """One stage: its first pass (cached), then its sweep, on the current inputs; moves the cursor on."""
-        from stagebench.pipeline._isolate import Fused, measure_inputs
-
         run, settings = self.run, self.run.settings
         smeta = run.stage_meta(step.name)
         if cur.blocked:
@@ -312,22 +310,22 @@ class StagesPhase:
             self._not_measured(step, writer, f"not measured: {short}")
             cur.blocked = f"not measured: the earlier stage {step.name!r} could not run: {short}"
             return
-        ometa = cached.meta or {}
-        self._report_outputs(step, cur.inputs, cached, ometa, unstable, time.perf_counter() - started)
-        if ometa.get("crashed"):
+        first = cached.first
+        self._report_outputs(step, cur.inputs, cached, unstable, time.perf_counter() - started)
+        if first.crashed:
             # It kills the process that runs it: its thread points would run it in this one.
             self._not_measured(
                 step,
                 writer,
-                f"not measured: a worker process died running it on its first pass ({ometa['crashed']}); "
+                f"not measured: a worker process died running it on its first pass ({first.crashed}); "
                 "on threads it would end this process too",
             )
             cur.blocked = f"not measured: the earlier stage {step.name!r} crashed its worker process"
             return
-        minputs = measure_inputs(step, cur.inputs, ometa)
-        self._note_inputs(step, cur, cached, ometa, smeta, minputs, n_source)
+        minputs = measure_inputs(step, cur.inputs, first)
+        self._note_inputs(step, cur, cached, smeta, minputs, n_source)
         measured, sweep_inputs = step, minputs
-        if minputs and self._consumes(step, minputs[0], ometa, smeta, cur.prev):
+        if minputs and self._consumes(step, minputs[0], first, smeta, cur.prev):
             assert cur.prev is not None  # _consumes says so only when there is a stage to fuse with
             measured = replace(step, fn=Fused(cur.prev.stage.fn, step.fn))
             sweep_inputs = cur.prev.inputs
@@ -345,7 +343,7 @@ class StagesPhase:
         advance(step, cur, cached, key, minputs, smeta, settings.timeout_s)
 
     def _note_inputs(
-        self, step: Any, cur: Cursor, cached: Any, ometa: dict, smeta: dict, minputs: list, n_source: int
+        self, step: Any, cur: Cursor, cached: CachedOutputs, smeta: dict, minputs: list, n_source: int
     ) -> None:
         """The stage's entry in run.json: what it was measured on, and what one of its calls stands for."""
         settings = self.run.settings
@@ -358,7 +356,7 @@ class StagesPhase:
         cut = (
             f"measured on the first {len(minputs)} of its {len(cur.inputs)} inputs: their outputs reached "
             f"STAGEBENCH_CACHE_MAX_MB ({settings.cache_max_mb:g} MB)"
-            if ometa.get("capped") and step.type != "aggregate"
+            if cached.first.capped and step.type != "aggregate"
             else None
         )
         if cut:
@@ -370,19 +368,19 @@ class StagesPhase:
             items_per_input=per_input * per_call if minputs else None,
             inputs_cut=cut,
             cache="hit" if cached.hit else ("off" if self.run.cache_dir is None else "computed"),
-            caching_errors=ometa.get("n_errors", 0),
-            caching_error_example=ometa.get("error_example", ""),
-            outputs_mb=round(ometa.get("bytes", 0) / 2**20, 3),
+            caching_errors=cached.first.n_errors,
+            caching_error_example=cached.first.error_example,
+            outputs_mb=round(cached.first.bytes / 2**20, 3),
         )
         self.run.write_meta()
 
-    def _consumes(self, step: Any, item: Any, ometa: dict, smeta: dict, prev: _Fresh | None) -> bool:
+    def _consumes(self, step: Any, item: Any, first: FirstPass, smeta: dict, prev: _Fresh | None) -> bool:
         """Whether ``step`` consumes its inputs and is to be measured fused with the stage before it.
 
         Only a sync pipe on threads can tell (a process gets a fresh copy of each input), and only
         after a first pass without errors. Says so, and why, in either case.
         """
-        why = consumes_why(step, item, ometa, self.run.settings.timeout_s)
+        why = consumes_why(step, item, first, self.run.settings.timeout_s)
         if why is None:
             return False
         smeta["consumes_inputs"] = why
@@ -404,7 +402,6 @@ class StagesPhase:
     def _announce_source(self, source_items: list, unhashable: str | None) -> str | None:
         """Say once, before any stage runs, what source items that cannot be pickled rule out; returns why a
         process pool cannot take them (None when it can, or when no process points are planned)."""
-        from stagebench.core._pickling import pickle_problem
 
         settings = self.run.settings
         problem = pickle_problem(source_items, cloud=True) if "process" in settings.executors else None
@@ -430,7 +427,6 @@ class StagesPhase:
             measure_overhead(self.run, inputs, one_stage=row)
 
     def _probe_speed(self, row: dict[str, Any]) -> None:
-        from stagebench.core._speed import cpu_speed_ns
 
         if row.get("elapsed_s"):  # measured, not a skipped or shared row
             self.sweep_speeds.append(round(cpu_speed_ns(), 2))
@@ -445,8 +441,6 @@ class StagesPhase:
         Only the first input is checked per point when measuring, so inputs that pickle only in part
         would otherwise start a pool, fail, and be recorded as failures of the stage.
         """
-        from stagebench.core._pickling import pickle_problem
-        from stagebench.core._sweep import plan_points
 
         cfg = sweep_config(step, self.run.settings)
         planned = {ex for _, _, ex, _ in plan_points(step.fn, cfg)}
@@ -480,7 +474,6 @@ class StagesPhase:
     def _sweep_points(self, step: Any, inputs: list, writer: Any, config: Any) -> None:
         """Threads and the event loop now; process points later, every stage's level by level on one pool
         (core/_sweep.sweep_process_points, after the last stage)."""
-        from stagebench.core._sweep import StageSweep
 
         s = StageSweep(
             step.fn,
@@ -521,8 +514,6 @@ class StagesPhase:
         settings = self.run.settings
         if settings.gil_probe == "off" or not _computes(rows):
             return None
-        from stagebench.core._spdl_harness import settle
-        from stagebench.pipeline._gilprobe import probe_gil
 
         settle()  # the thread points' SPDL tear-downs, still finishing in the background
         reading = probe_gil(step.fn, inputs[:32], timeout_s=settings.timeout_s)
@@ -539,11 +530,11 @@ class StagesPhase:
         return f"STAGEBENCH_EXECUTORS allows only process, so {what} not measured"
 
     def _report_outputs(
-        self, step: Any, inputs: list, cached: Any, ometa: dict, unstable: str | None, seconds: float
+        self, step: Any, inputs: list, cached: CachedOutputs, unstable: str | None, seconds: float
     ) -> None:
         """What a stage's first pass gave: its outputs, the cache, its errors, and where it stopped."""
-        settings = self.run.settings
-        n_out, mb = len(cached.items), ometa.get("bytes", 0) / 2**20
+        settings, first = self.run.settings, cached.first
+        n_out, mb = len(cached.items), first.bytes / 2**20
         name = repr(step.name)
         if cached.hit:
             self.say(f"{name}: {n_out} outputs ({mb:.1f} MB) loaded from the cache {self.run.cache_dir}")
@@ -553,23 +544,20 @@ class StagesPhase:
             self.say(f"{name}: outputs not cached between runs: {unstable}")
         if cached.note:
             self.say(f"{name}: {cached.note}")
-        if ometa.get("n_errors"):
+        if first.n_errors:
             rest = "later stages use the outputs of the others" if n_out else "later stages cannot be measured"
-            self.say(
-                f"{name}: {ometa['n_errors']} of {ometa.get('n_run', len(inputs))} inputs raised "
-                f"({ometa.get('error_example', '')}); {rest}"
-            )
-        if ometa.get("capped"):
+            self.say(f"{name}: {first.n_errors} of {first.n_run} inputs raised ({first.error_example}); {rest}")
+        if first.capped:
             self.say(
                 f"{name}: outputs reached the cache cap STAGEBENCH_CACHE_MAX_MB={settings.cache_max_mb:g}: "
-                f"kept {n_out} outputs from the first {ometa.get('n_run')} of {len(inputs)} inputs; "
+                f"kept {n_out} outputs from the first {first.n_run} of {len(inputs)} inputs; "
                 "the rest were dropped (raise the cap to keep more)"
             )
-        if ometa.get("crashed"):
-            self.say(f"{name}: a worker process died on its first pass: {ometa['crashed']}")
-        if ometa.get("process_note"):
-            self.say(f"{name}: {ometa['process_note']}")
-        if ometa.get("stalled"):
+        if first.crashed:
+            self.say(f"{name}: a worker process died on its first pass: {first.crashed}")
+        if first.process_note:
+            self.say(f"{name}: {first.process_note}")
+        if first.stalled:
             self.say(
                 f"{name}: no item finished within {settings.timeout_s:g} s; kept the {n_out} outputs computed before that"
             )

@@ -48,7 +48,7 @@ def _running(plan: Any, source_items: list, choices: dict, gate: threading.Event
     finish what they hold and idle: a pipeline waiting for its turn in the job runs.
     """
     from stagebench.core._spdl_harness import quiet_spdl_log
-    from stagebench.pipeline._isolate import _real_pipeline, build_validation_config, default_threads
+    from stagebench.pipeline._isolate import build_validation_config, default_threads, real_pipeline
 
     stop = threading.Event()
 
@@ -62,7 +62,7 @@ def _running(plan: Any, source_items: list, choices: dict, gate: threading.Event
                 yield item
 
     cfg, closers, _ = build_validation_config(plan, choices, cycle())
-    pipeline = _real_pipeline(cfg, default_threads(plan))
+    pipeline = real_pipeline(cfg, default_threads(plan))
     with quiet_spdl_log():
         pipeline.start()
         try:

@@ -75,7 +75,7 @@ class WholePipelineRun:
         stand_ins: dict[str, Any] | None,
         items_per_sink_item: float = 1.0,
     ) -> None:
-        from stagebench.pipeline._isolate import _real_pipeline, build_validation_config, default_threads
+        from stagebench.pipeline._isolate import build_validation_config, default_threads, real_pipeline
 
         self.name = name
         self.items_per_sink_item = items_per_sink_item  # source items per sink item (an aggregate's batch)
@@ -99,7 +99,7 @@ class WholePipelineRun:
         cfg, self.closers, self.used = build_validation_config(
             plan, choices, self._source(source_items), self.timings, stand_ins=stand_ins
         )
-        self.pipeline = _real_pipeline(cfg, default_threads(plan))
+        self.pipeline = real_pipeline(cfg, default_threads(plan))
         self._consumer = threading.Thread(target=self._consume, name=f"stagebench-{name}-sink", daemon=True)
 
     def _source(self, items: list):
