@@ -18,7 +18,7 @@ from spdl.pipeline import PipelineBuilder
 
 from stagebench.pipeline._diagnose import diagnose_pipeline
 from stagebench.pipeline._settings import DiagnoseSettings
-from stagebench.report._render import loader_snippet, pipeline_snippet
+from stagebench.report._snippets import loader_snippet, pipeline_snippet
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "reports" / "example"
 

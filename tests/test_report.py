@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from stagebench._errors import StagebenchError
-from stagebench.report import _render
+from stagebench.report import _render, _snippets
 from stagebench.report._plots import stage_throughput_svg, usl_curve
 from stagebench.runs._results import read_rows
 from stagebench.sweep import _multirun, _rebuild
@@ -310,14 +310,14 @@ def test_loader_transforms_get_stage_cards(loader_run: Path) -> None:
 
 
 def test_loader_snippet_without_workers_drops_worker_only_knobs() -> None:
-    snip = _render.loader_snippet(
+    snip = _snippets.loader_snippet(
         {
             "loader": {"backend": "torch", "batch_size": 8},
             "recommended": {"num_workers": 0, "prefetch_factor": 2, "persistent_workers": True, "pin_memory": False},
         }
     )
     assert "prefetch_factor" not in snip and "persistent_workers=False" in snip
-    spdl = _render.loader_snippet(
+    spdl = _snippets.loader_snippet(
         {"loader": {"backend": "spdl_pytorch"}, "recommended": {"num_workers": 4, "prefetch_factor": 2}}
     )
     assert "get_pytorch_dataloader(" in spdl and "num_workers=4" in spdl
@@ -338,7 +338,7 @@ def test_loader_snippet_is_your_own_call_with_only_the_knobs_changed() -> None:
     data = list(range(32))
     recommended = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": True, "pin_memory": True}
     f = make_loader_factory(data, batch_size=None, shuffle=True, collate_fn=pad_collate, pin_memory=True, num_workers=8)
-    snip = _render.loader_snippet({"loader": f.describe(), "recommended": recommended})
+    snip = _snippets.loader_snippet({"loader": f.describe(), "recommended": recommended})
     lines = [ln.strip() for ln in snip.splitlines()]
     for kept in ("batch_size=None,", "shuffle=True,", "collate_fn=pad_collate,", "pin_memory=True,  # as yours"):
         assert kept in lines, (kept, snip)
@@ -347,7 +347,7 @@ def test_loader_snippet_is_your_own_call_with_only_the_knobs_changed() -> None:
     g = make_loader_factory(
         data, batch_size=4, drop_last=True, sampler=WeightedRandomSampler(torch.ones(32), 32), num_workers=0
     )
-    snip = _render.loader_snippet({"loader": g.describe(), "recommended": recommended})
+    snip = _snippets.loader_snippet({"loader": g.describe(), "recommended": recommended})
     lines = [ln.strip() for ln in snip.splitlines()]
     assert "batch_size=4," in lines and "drop_last=True," in lines and "shuffle=True," not in lines
     assert "sampler=...,  # yours: WeightedRandomSampler" in lines and "collate_fn" not in snip
@@ -363,7 +363,7 @@ def test_pipeline_snippet_handles_every_executor_and_odd_names() -> None:
             {"name": "batch", "type": "aggregate"},
         ]
     }
-    snip = _render.pipeline_snippet(summary, {})
+    snip = _snippets.pipeline_snippet(summary, {})
     assert ".pipe(decode, concurrency=4, executor=ProcessPoolExecutor(max_workers=4))" in snip
     assert ".pipe(fetch, concurrency=16)\n" in snip
     assert ".pipe(fn, concurrency=2, executor=ThreadPoolExecutor(max_workers=2))  # stage 'my stage!'" in snip
@@ -656,7 +656,7 @@ def test_the_snippets_first_line_says_what_the_runs_in_turns_showed(advice):
     summary = json.loads((example / "summary.json").read_text())
     meta = json.loads((example / "run.json").read_text())
     summary["job"] = {**summary["job"], "advice": advice}
-    head = _render.pipeline_snippet(summary, meta).splitlines()[0]
+    head = _snippets.pipeline_snippet(summary, meta).splitlines()[0]
     if advice == "keep yours":
         assert "as fast" not in head and "no setting run was shown faster than yours" in head
     else:

@@ -1,0 +1,190 @@
+"""The loader page: the headline tiles, one row per setting measured, the snippet to paste, the
+figures, the transforms as stage cards and what each worker costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from stagebench._numbers import finite
+from stagebench.analysis._loader import pooled_frame
+from stagebench.model._loader import LoaderPoint, WorkerCosts
+from stagebench.model._meta import RunSettings
+from stagebench.model._summary import Summary
+from stagebench.report._html import interval_text, num_text, rate_text, svg_uri
+from stagebench.report._page_parts import cell, job_tile, noise_tile, problem_rows, with_keys
+from stagebench.report._run import RunData
+from stagebench.report._snippets import loader_snippet
+from stagebench.report._stage_cards import stage_cards
+
+__all__ = ["loader_context"]
+
+_LOADER_KEYS = (
+    "num_workers",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory",
+    "samples_per_s",
+    "samples_per_s_low",
+    "samples_per_s_high",
+    "why",
+)
+
+
+def loader_context(run: RunData) -> dict[str, Any]:
+    # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
+    from stagebench.report import _plots
+
+    rows, summary = run.rows, run.summary
+    info = run.loader
+    sm = Summary.from_json(summary)
+    rec = with_keys(sm.recommended, _LOADER_KEYS) if sm.recommended else {}
+    best = with_keys(sm.best, _LOADER_KEYS)
+    # the same points, read: the tiles' figures and the table's mark of the recommended
+    rec_pt = LoaderPoint.from_json(rec) if rec else None
+    best_rate, user = LoaderPoint.from_json(best).samples_per_s, LoaderPoint.from_json(sm.user_setting)
+    search = sm.search
+    target = with_keys(summary.get("target"), ("rate", "met", "verdict")) if summary.get("target") else None
+    tiles = job_tile(summary)
+    if rec_pt is not None and rec_pt.samples_per_s is not None:
+        tiles.append(
+            {
+                "label": "recommended setting, loader alone",
+                "value": f"{rate_text(rec_pt.samples_per_s.value)} samples/s",
+                "sub": _knobs_text(rec_pt),
+            }
+        )
+    if best_rate is not None:
+        tiles.append(
+            {
+                "label": "best measured",
+                "value": f"{rate_text(best_rate.value)} samples/s",
+                "sub": interval_text(best_rate.low, best_rate.high),
+            }
+        )
+    if target:
+        tiles.append(
+            {
+                "label": "trainer needs",
+                "value": f"{rate_text(target.get('rate'))} samples/s",
+                "sub": "the loader alone meets it" if target.get("met") else "NOT met even by the loader alone",
+            }
+        )
+    if search is not None and search.points_measured is not None:
+        sub = f"{search.points_measured} points in {num_text(search.seconds)} s"
+        if finite(search.time_saved_s):
+            sub += f"; saved {num_text(search.time_saved_s)} s vs the full grid"
+        tiles.append(
+            {
+                "label": f"search ({'?' if search.strategy is None else search.strategy})",
+                "value": f"{search.points_measured} points",
+                "sub": sub,
+            }
+        )
+    if user.samples_per_s is not None:
+        tiles.append(
+            {
+                "label": "your setting, loader alone",
+                "value": f"{rate_text(user.samples_per_s.value)} samples/s",
+                "sub": _knobs_text(user),
+            }
+        )
+    noise = noise_tile(rows, "samples_per_s")
+    if noise is not None:
+        tiles.append(noise)
+    points = []
+    if not rows.empty and "num_workers" in rows:
+        # one point per setting, repeated readings pooled (a setting measured twice is never shown at its higher)
+        rows = pooled_frame(rows)
+        ok = rows[(rows["status"] == "ok") & rows["samples_per_s"].notna()].copy()
+        for c in ("num_workers", "prefetch_factor"):
+            ok[c] = pd.to_numeric(ok[c], errors="coerce")
+        ok = ok.sort_values(["num_workers", "prefetch_factor"], kind="stable", na_position="first")
+        for pt in map(LoaderPoint.from_json, ok.to_dict("records")):
+            r = pt.samples_per_s
+            points.append(
+                {
+                    "nw": num_text(pt.num_workers) if pt.num_workers is not None else "—",
+                    "pf": num_text(pt.prefetch_factor) if pt.prefetch_factor is not None else "—",
+                    "pw": cell(pt.persistent_workers),
+                    "pin": cell(pt.pin_memory),
+                    "sps": None if r is None else r.value,
+                    "lo": None if r is None else r.low,
+                    "hi": None if r is None else r.high,
+                    "ttfb": pt.time_to_first_batch_s,
+                    "stall": pt.epoch_stall_s,
+                    "cores": pt.cores_used,
+                    "mem": pt.mem_pss_mb,
+                    "runs": pt.measurements or 1,
+                    "rec": _same_knobs(pt, rec_pt),
+                }
+            )
+    trows = run.extra.get("transform_rows")
+    transforms = stage_cards(
+        trows if trows is not None else pd.DataFrame(),
+        summary.get("transforms") or [],
+        [],
+        run.provenance.cores,
+        anchor="transform",
+    )
+    budget = RunSettings.from_json(summary.get("settings")).memory_budget_mb
+    return {
+        "info": {str(k): v for k, v in info.to_json().items()},
+        "rec": rec,
+        "best": best,
+        "search": search,
+        "target": target,
+        "tiles": tiles,
+        "snippet": loader_snippet(summary),
+        "img_tput": svg_uri(_plots.loader_throughput_svg(rows, summary)) if len(rows) else None,
+        "img_heat": svg_uri(_plots.loader_heatmap_svg(rows, summary)) if len(rows) else None,
+        "img_startup": svg_uri(_plots.loader_startup_memory_svg(rows, budget if finite(budget) else None))
+        if len(rows)
+        else None,
+        "points": points,
+        "problems": problem_rows(rows),
+        "transforms": transforms,
+        "costs": _worker_costs_context(sm.worker_costs),
+    }
+
+
+def _worker_costs_context(recorded: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What each worker costs (summary["worker_costs"]): the start-up split and the memory over the pass."""
+    # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
+    from stagebench.report import _plots
+
+    if not recorded:
+        return None
+    costs = WorkerCosts.from_json(recorded)
+    return {
+        "img_startup": svg_uri(_plots.worker_startup_svg(costs)),
+        "img_memory": svg_uri(_plots.worker_memory_svg(costs)),
+        "startup": [r.to_json() for r in costs.startup],
+        "ship": costs.shipping.to_json() if costs.shipping is not None else {},
+        "mem": costs.memory.to_json(samples=False) if costs.memory is not None else {},
+        "available_mb": costs.available_mb,
+        "shm": costs.shm.to_json() if costs.shm is not None else {},
+        "seconds": costs.seconds,
+    }
+
+
+def _knobs_text(point: LoaderPoint) -> str:
+    """``num_workers=4, prefetch_factor=2`` (prefetch only with workers)."""
+    nw, pf = point.num_workers, point.prefetch_factor
+    return f"num_workers={nw}" + (f", prefetch_factor={pf}" if nw and pf is not None else "")
+
+
+def _same_knobs(row: LoaderPoint, rec: LoaderPoint | None) -> bool:
+    """Whether a table's point is the recommended setting (a prefetch_factor either leaves out matches any)."""
+    if rec is None or rec.num_workers is None:
+        return False
+    if (row.num_workers or 0) != rec.num_workers:
+        return False
+    pf_r, pf_c = row.prefetch_factor, rec.prefetch_factor
+    if pf_r is not None and pf_c is not None and pf_r != pf_c:
+        return False
+    flags = ((row.persistent_workers, rec.persistent_workers), (row.pin_memory, rec.pin_memory))
+    return all(str(a).lower() == str(b).lower() for a, b in flags)

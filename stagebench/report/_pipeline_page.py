@@ -1,0 +1,124 @@
+"""The pipeline page: the headline tiles, the stage cards, the prediction and its stand-ins, the
+snippet to paste and the overview figure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stagebench._numbers import finite, num
+from stagebench.model._job import StepAlone
+from stagebench.model._pipeline import Prediction
+from stagebench.model._summary import Summary
+from stagebench.report._html import interval_text, pct_text, rate_text, svg_uri
+from stagebench.report._page_parts import job_tile, noise_tile, to_ms
+from stagebench.report._run import RunData
+from stagebench.report._snippets import pipeline_snippet
+from stagebench.report._stage_cards import stage_cards
+
+__all__ = ["pipeline_context"]
+
+# looked up with whatever a summary holds, None included
+_BINDING_TEXT: dict[str | None, str] = {"stage": "a stage's capacity", "cores": "the cores", "gil": "the GIL"}
+
+
+def pipeline_context(run: RunData) -> dict[str, Any]:
+    # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
+    from stagebench.report import _plots
+
+    rows, meta, summary = run.rows, run.run_meta, run.summary
+    cores = run.provenance.cores
+    quick = meta.settings.quick == "on"
+    sm = Summary.from_json(summary)
+    stages = stage_cards(rows, sm.stages, meta.stages, cores, resources_plot=not quick)
+    pred, val = sm.prediction, sm.validation
+    tiles = job_tile(summary)
+    if pred.qps is not None:
+        binding = _BINDING_TEXT.get(pred.binding, pred.binding or "?")
+        tiles.append(
+            {
+                "label": "predicted pipeline throughput",
+                "value": f"{rate_text(pred.qps)} items/s",
+                "sub": (
+                    f"replayed with stand-ins (bounds: {rate_text(pred.bounds_qps)}) · "
+                    if pred.method == "replay" and finite(pred.bounds_qps)
+                    else ""
+                )
+                + f"bound by {binding}"
+                + (f" · bottleneck: {pred.bottleneck}" if pred.bottleneck else ""),
+            }
+        )
+    if val.qps is not None:
+        sub = f"{interval_text(val.qps_low, val.qps_high)}"
+        if finite(val.qps) and finite(pred.qps) and num(pred.qps) > 0:
+            # computed here, not read from error_vs_prediction: the sign convention is then unambiguous
+            sub += f" · {pct_text(num(val.qps) / num(pred.qps) - 1, signed=True)} vs predicted"
+        tiles.append({"label": "measured whole pipeline", "value": f"{rate_text(val.qps)} items/s", "sub": sub})
+    trainer = StepAlone.from_json(sm.trainer)
+    if finite(trainer.samples_per_s):
+        wp = trainer.with_pipeline
+        tiles.append(
+            {
+                "label": "your training step (demand)",
+                "value": f"{rate_text(trainer.samples_per_s)} items/s",
+                "sub": f"{interval_text(trainer.samples_per_s_low, trainer.samples_per_s_high)}"
+                + (
+                    f" · waited for data {pct_text(wp.data_wait_share)} of each step on the real pipeline"
+                    if wp is not None and finite(wp.data_wait_share)
+                    else ""
+                ),
+            }
+        )
+    yours = sm.recommended_vs_yours
+    if finite(yours.qps):
+        tiles.append(
+            {
+                "label": "your settings, pipeline alone",
+                "value": f"{rate_text(yours.qps)} items/s",
+                "sub": f"{interval_text(yours.qps_low, yours.qps_high)} · in turns with the recommended",
+            }
+        )
+    if pred.naive_qps is not None and pred.qps is not None and finite(pred.naive_qps):
+        tiles.append(
+            {
+                "label": "slowest stage alone",
+                "value": f"{rate_text(pred.naive_qps)} items/s",
+                "sub": "the naive min-of-stages estimate",
+            }
+        )
+    noise = noise_tile(rows, "qps")
+    if noise is not None:
+        tiles.append(noise)
+    n_bad = sum(len(s["problems"]) for s in stages)
+    return {
+        "stages": stages,
+        "tiles": tiles,
+        "stand_ins": _stand_in_rows(pred),
+        "prediction": pred,
+        "binding_text": _BINDING_TEXT.get(pred.binding, pred.binding or ""),
+        "validation": val,
+        "snippet": pipeline_snippet(summary, meta),
+        "overview_img": svg_uri(_plots.pipeline_overview_svg(summary)),
+        "n_problems": n_bad,
+        "not_isolated": [
+            {"name": str(x.get("name", "?")), "reason": str(x.get("reason", ""))}
+            for x in (sm.not_isolated or meta.not_isolated)
+        ],
+    }
+
+
+def _stand_in_rows(pred: Prediction) -> list[dict[str, Any]]:
+    """What the replay ran in place of each stage, in ms per call (what the predicted number rests on)."""
+    return [
+        {
+            "name": s.name,
+            "executor": s.executor,
+            "concurrency": s.concurrency,
+            "gil_ms": to_ms(s.gil_s),
+            "free_ms": to_ms(s.free_s),
+            "wait_ms": to_ms(s.wait_s),
+            "releases": s.releases,
+            "note": s.note,
+        }
+        for s in pred.stand_ins
+    ]

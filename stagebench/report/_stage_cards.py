@@ -1,0 +1,201 @@
+"""One card per stage: its class, GIL share, evidence, fits, recommendation and measured points.
+
+Both pages draw them: a pipeline's stages, and a loader's transforms measured as stages.
+Throughputs are in source items/s, the unit of the pipeline's bounds, whatever a stage's call
+stands for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from stagebench._numbers import num_or_none
+from stagebench.analysis._pipeline_job import user_setting
+from stagebench.model._stage import StageEntry, StageSetting
+from stagebench.report._html import svg_uri
+from stagebench.report._page_parts import cell, problem_rows, to_ms, with_keys
+
+__all__ = ["stage_cards"]
+
+_STAGE_ROW_ORDER = ("stage", "role", "harness", "executor", "concurrency")
+_CLASS_TEXT = {
+    "gil-bound": "holding the GIL is most of its call: threads queue for it, processes each have their own",
+    "cpu-bound": "computing without the GIL is most of its call (C code): it scales with the cores",
+    "io-bound": "waiting (I/O, sleep, await) is most of its call: it scales with concurrency",
+    "overhead-bound": "its call is shorter than the harness's cost per item: batch it",
+    "ipc-bound": "limited by moving data between processes (a run from before the labels said what a stage is)",
+    "unknown": "not classified: how its call spends its time was not measured",
+}
+# looked up with whatever a summary holds, None included
+
+
+def _signal_items(signals: Mapping[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for key, sig in signals.items():
+        if not isinstance(sig, Mapping):
+            sig = {"value": sig}
+        iv = sig.get("interval") or [None, None]
+        out.append(
+            {
+                "key": str(key),
+                "label": str(sig.get("label") or key),
+                "value": sig.get("value"),
+                "low": iv[0] if len(iv) > 0 else None,
+                "high": iv[1] if len(iv) > 1 else None,
+            }
+        )
+    return out
+
+
+def _fit_items(fits: Mapping[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for key, f in sorted((fits or {}).items()):
+        f = f or {}
+        out.append(
+            {
+                "key": key,
+                "model": f.get("model", "usl"),
+                "sigma": f.get("sigma"),
+                "kappa": f.get("kappa"),
+                "sigma_interval": f.get("sigma_interval"),
+                "amdahl": f.get("amdahl_serial_fraction"),
+                "amdahl_interval": f.get("amdahl_interval"),
+                "peak": f.get("peak_concurrency"),
+                "r2": f.get("r2"),
+                "levels": f.get("levels"),
+                "warning": f.get("warning"),
+            }
+        )
+    return out
+
+
+def _point_rows(rows: pd.DataFrame, stage: StageEntry) -> list[dict[str, Any]]:
+    """The stage's measured points, the numbers behind its two figures: throughput in source items/s
+    (the card's unit), cores used, latency and memory."""
+    if rows.empty or not {"role", "status", "qps"} <= set(rows.columns):
+        return []
+    ok = rows[(rows["role"].astype(str) == "stage") & (rows["status"].astype(str) == "ok")]
+    # one kind of memory for the whole column, as the figure plots it: PSS where it was read, else peak RSS
+    mem = (
+        "mem_pss_mb"
+        if "mem_pss_mb" in ok and pd.to_numeric(ok["mem_pss_mb"], errors="coerce").notna().any()
+        else "mem_peak_mb"
+    )
+    out = []
+    for r in ok.to_dict("records"):
+        q = _in_items(r, stage)
+        out.append(
+            {
+                "executor": cell(r.get("executor")),
+                "harness": cell(r.get("harness")),
+                "concurrency": num_or_none(r.get("concurrency")),
+                "qps": q.get("qps"),
+                "qps_low": q.get("qps_low"),
+                "qps_high": q.get("qps_high"),
+                "cores": num_or_none(r.get("cores_used")),
+                "p50": num_or_none(r.get("latency_p50_ms")),
+                "p99": num_or_none(r.get("latency_p99_ms")),
+                "mem": num_or_none(r.get(mem)),
+            }
+        )
+    return out
+
+
+_POINT_KEYS = ("executor", "concurrency", "harness", "qps", "qps_low", "qps_high", "why")
+
+
+def _json(point: StageSetting | None) -> dict[str, Any] | None:
+    """A setting as the summary holds it."""
+    return point.to_json() if point is not None else None
+
+
+def _in_items(point: Mapping[str, Any] | None, stage: StageEntry) -> dict[str, Any]:
+    """A point's throughputs in source items/s: per call times the source items one call stands for."""
+    k = num_or_none(stage.items_per_input) or 1.0
+    out = with_keys(point, _POINT_KEYS)
+    for key in ("qps", "qps_low", "qps_high"):
+        v = num_or_none(out.get(key))
+        out[key] = v * k if v is not None else out.get(key)
+    return out
+
+
+def stage_cards(
+    rows: pd.DataFrame,
+    summaries: Sequence[Mapping[str, Any]],
+    meta_stages: Sequence[Mapping[str, Any]],
+    cores: float | None,
+    anchor: str = "stage",
+    resources_plot: bool = True,
+) -> list[dict[str, Any]]:
+    """One card per stage (pipeline stages, or a loader's transforms measured as stages).
+
+    ``resources_plot=False`` (quick mode) leaves out the cores/latency/memory
+    figure: its three panels were 0.17 s a stage, half of a quick report's
+    time; the card's points table has the same numbers.
+    """
+    # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
+    from stagebench.report import _plots
+
+    by_name = {str(s.get("name")): s for s in summaries}
+    names: list[str] = []
+    for src in (summaries, meta_stages):
+        for s in src:
+            if str(s.get("name")) not in names:
+                names.append(str(s.get("name")))
+    if "stage" in rows.columns:
+        names += [n for n in rows["stage"].astype(str).unique() if n not in names]
+    cards = []
+    for i, name in enumerate(names, start=1):
+        s = by_name.get(name, {})
+        st = StageEntry.from_json(s)
+        sub = rows[rows["stage"].astype(str) == name] if "stage" in rows else rows.iloc[0:0]
+        sub = sub.sort_values(list(_STAGE_ROW_ORDER), kind="stable") if len(sub) else sub
+        cls = st.classification or "unknown"
+        ev = st.evidence
+        gi = st.gil_fraction_interval or (None, None)
+        points = _point_rows(sub, st)
+        cards.append(
+            {
+                "anchor": f"{anchor}-{i}",
+                "name": name,
+                "index": i,
+                "type": st.type or "",
+                "status": st.status if "status" in st.keys else ("ok" if len(sub) else "not measured"),
+                "classification": cls,
+                "class_text": _CLASS_TEXT.get(cls, cls)
+                + (
+                    f"; alone at {st.limit.at}, {str(st.limit.text).split(':')[0]}"
+                    if st.limit is not None and st.limit.kind
+                    else ""
+                ),
+                "class_color": _plots.CLASS_COLORS.get(cls, _plots.OKABE_ITO["grey"]),
+                "gil": st.gil_fraction,
+                "gil_at_most": (st.gil_only_bounded or (None, None))[1],
+                "gil_low": gi[0],
+                "gil_high": gi[1] if len(gi) > 1 else None,
+                "evidence": [str(x) for x in ev.summary],
+                "signals": _signal_items(ev.signals),
+                "fits": _fit_items(st.fit),
+                # source items/s, the unit of the bounds and the pipeline lines; calls/s as a side note
+                "rec": _in_items(_json(st.recommended), st),
+                "yours": user_setting(s),
+                "best": _in_items(_json(st.best), st),
+                "ceiling": _in_items({"qps": st.ceiling_qps}, st)["qps"],
+                # measured at the stage's own best setting, where the pipeline's choice differs
+                "alone": _in_items(_json(st.recommended_alone), st) if st.recommended_alone is not None else None,
+                "alone_unpaired": st.head_to_head_skipped if st.recommended_alone is not None else None,
+                "items_per_call": num_or_none(st.items_per_input) if "items_per_input" in st.keys else None,
+                "calls_qps": st.recommended.qps if st.recommended is not None else None,
+                "cpu_ms": to_ms(st.cpu_s_per_item),
+                "gil_ms": to_ms(st.gil_s_per_item),
+                "img_qps": svg_uri(_plots.stage_throughput_svg(sub, st)) if len(sub) else None,
+                "img_res": svg_uri(_plots.stage_resources_svg(sub, cores)) if len(sub) and resources_plot else None,
+                "res_in_table": bool(points) and not resources_plot,
+                "points": points,
+                "problems": problem_rows(sub),
+            }
+        )
+    return cards
