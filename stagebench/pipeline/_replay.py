@@ -366,6 +366,70 @@ def _marginal_cpu(points: list[dict]) -> float | None:
     return float(slope)
 
 
+def _call_time(t: float, curve: list) -> tuple[float, float | None]:
+    """The stage's time per call, and its CPU where that time was read (None where not read).
+
+    The call itself at the lowest level (least contention), timed where it runs: the closed
+    loop's time per item also holds, at low concurrency, the harness's hand-offs, which the
+    stand-in would otherwise wait out.
+    """
+    p50 = num_or_none(curve[0].get("latency_p50_ms")) if curve else None
+    if p50 is None or p50 <= 0:
+        return t, None
+    return min(t, p50 / 1e3), num_or_none(curve[0].get("call_cpu_s"))
+
+
+def _own_cpu(st: dict, base: dict, curve: list, t: float, gc_s: float) -> tuple[float | None, float]:
+    """The stage's own CPU per call (None where nothing measured it), and the CPU of threads of its own
+    beyond it (0 where none)."""
+    cpu, harness = num_or_none(base.get("cpu_s_per_item")), num_or_none(base.get("harness_gil_s_per_item")) or 0.0
+    call_cpu = num_or_none(base.get("call_cpu_s"))
+    if call_cpu is None:
+        marginal = _marginal_cpu(curve)
+        if marginal is not None:
+            cpu = marginal
+        return (min(t + gc_s, max(0.0, cpu - harness)) if cpu is not None else None), 0.0
+    # measured directly: the calling thread's CPU during the call, no harness in it
+    own = min(t + gc_s, max(0.0, call_cpu))
+    if cpu is not None and not st.get("is_async"):
+        # the process's CPU beyond the calling thread's and the harness's: threads of the stage's own,
+        # where it is at least half the call's time (below that, the harness's idle cost)
+        beyond = cpu - harness - max(0.0, call_cpu)
+        if beyond >= 0.5 * t:
+            return own, beyond
+    return own, 0.0
+
+
+def _gil_share(st: dict) -> tuple[float | None, str]:
+    """The GIL share the stand-in holds, and a note where it is only bounded.
+
+    Only bounded from above (not probed: STAGEBENCH_GIL_PROBE=off, or the probe failed): its
+    threads ran into the cores before any GIL cap showed, so much of its CPU ran without the GIL.
+    The estimate's midpoint is a guess that reads high on stages that release the GIL in native
+    code; the lower end is what the data allow. Where the probe runs, its reading replaces this.
+    """
+    frac = num_or_none(st.get("gil_fraction"))
+    bounded = StageEntry.from_json(st).gil_only_bounded
+    if frac is not None and bounded is not None:
+        return bounded[0], "GIL share only bounded from above: the stand-in takes its lower end"
+    return frac, ""
+
+
+def _less_sleep_cost(own: float, wait: float) -> tuple[float, float]:
+    """(own CPU, wait) with the stand-in's sleep's own cost taken out once.
+
+    The stand-in's time.sleep costs CPU and wakes late, as the stage's own waiting did (both are
+    inside its measured CPU and duration). A stage whose idle time is shorter than a sleep's
+    lateness was not sleeping (GIL hand-offs): its stand-in does not sleep either.
+    """
+    s_cpu, s_over = _sleep_cost(wait)
+    cpu_back = min(own, s_cpu)
+    slept = wait + cpu_back - s_over
+    if slept > 0:
+        return own - cpu_back, slept
+    return own, 0.0
+
+
 def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
     rec = st.get("recommended") or {}
     t = num_or_none(st.get("stage_s_per_item"))
@@ -378,46 +442,12 @@ def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
     base_ex = "async" if st.get("is_async") else "thread"
     base = alts.get(base_ex) or (alts.get(ex) if ex != "process" else None) or {}
     curve = (st.get("curves") or {}).get(f"{st.get('harness')}/{base_ex}") or []
-    p50 = num_or_none(curve[0].get("latency_p50_ms")) if curve else None
-    low_cpu: float | None = None
-    if p50 is not None and p50 > 0:
-        # The call itself at the lowest level (least contention), timed where it runs.
-        # stage_s_per_item comes from a closed loop's time per item, which at low
-        # concurrency also holds the harness's hand-offs: a 1 ms sleep read 8.8 ms
-        # in a one-thread SPDL pipeline, and its stand-in would have waited that long.
-        t = min(t, p50 / 1e3)
-        low_cpu = num_or_none(curve[0].get("call_cpu_s"))  # the call's CPU at that same point
-    cpu, harness = num_or_none(base.get("cpu_s_per_item")), num_or_none(base.get("harness_gil_s_per_item")) or 0.0
+    t, low_cpu = _call_time(t, curve)
     # The collections its allocations trigger: inside its calls' mean CPU, outside their
     # median time and outside the probed GIL share (the probe pauses the collector).
     gc_s = max(0.0, num_or_none(base.get("gc_s_per_item")) or 0.0)
-    call_cpu = num_or_none(base.get("call_cpu_s"))
-    helper_s = 0.0
-    if call_cpu is not None:
-        # measured directly: the calling thread's CPU during the call, no harness in it
-        own: float | None = min(t + gc_s, max(0.0, call_cpu))
-        if cpu is not None and not st.get("is_async"):
-            # the process's CPU beyond the calling thread's and the harness's: threads of the stage's own,
-            # where it is at least half the call's time (below that, the harness's idle cost)
-            beyond = cpu - harness - max(0.0, call_cpu)
-            if beyond >= 0.5 * t:
-                helper_s = beyond
-    else:
-        marginal = _marginal_cpu(curve)
-        if marginal is not None:
-            cpu = marginal
-        own = min(t + gc_s, max(0.0, cpu - harness)) if cpu is not None else None
-    frac = num_or_none(st.get("gil_fraction"))
-    bounded = StageEntry.from_json(st).gil_only_bounded
-    note = ""
-    if frac is not None and bounded is not None:
-        # Only bounded from above (and not probed: STAGEBENCH_GIL_PROBE=off, or the
-        # probe failed): its threads ran into the cores before any GIL cap showed, so
-        # much of its CPU ran without the GIL. The estimate's midpoint is a guess; the
-        # lower end is what the data allow. It read high on Pillow and numpy stages
-        # (the demo +19% to +45%); where the probe runs, its reading replaces this.
-        frac = bounded[0]
-        note = "GIL share only bounded from above: the stand-in takes its lower end"
+    own, helper_s = _own_cpu(st, base, curve, t, gc_s)
+    frac, note = _gil_share(st)
     if own is None:
         # no CPU reading: the GIL share of the time is all there is
         own = t * frac if frac is not None else 0.0
@@ -428,25 +458,13 @@ def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
     own -= gc_part
     wait = max(0.0, t - own)
     if low_cpu is not None and not st.get("is_async"):
-        # At most what the call spent off the CPU where t was read. t less a CPU reading from
-        # another point also holds the host's change of speed between the two: the batch decode
-        # of SPDL's image example took 53.7 ms a call at 1 thread (a slow phase, all of it CPU)
-        # and 43.4 ms of CPU at 2 (a fast one); its stand-in slept the 10 ms it never waited, and
-        # the replay read 0.67x the pipeline. (The collector's time is in a call's mean CPU, not
-        # in its median time: out of both, as above.)
+        # At most what the call spent off the CPU where t was read: t less a CPU reading from
+        # another point also holds the host's change of speed between the two, and the stand-in
+        # would sleep a wait the stage never had. (The collector's time is in a call's mean CPU,
+        # not in its median time: out of both, as above.)
         wait = min(wait, max(0.0, t - max(0.0, low_cpu - gc_s)))
     if wait > 0 and not st.get("is_async"):
-        # The stand-in's time.sleep costs CPU and wakes late, as the stage's own
-        # waiting did (both are inside its measured CPU and duration): take them out
-        # once. A stage whose idle time is shorter than a sleep's lateness was not
-        # sleeping (GIL hand-offs): its stand-in does not sleep either.
-        s_cpu, s_over = _sleep_cost(wait)
-        cpu_back = min(own, s_cpu)
-        slept = wait + cpu_back - s_over
-        if slept > 0:
-            own, wait = own - cpu_back, slept
-        else:
-            wait = 0.0
+        own, wait = _less_sleep_cost(own, wait)
     gil = min(own, frac * t) if frac is not None else own
     free = own - gil
     gil += gc_part
@@ -457,6 +475,7 @@ def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
         note = "; ".join(x for x in (note, f"{helper_s * 1e3:.3g} ms a call on {helpers} thread(s) of its own") if x)
     if ex == "process":
         proc = alts.get("process") or {}
+        harness = num_or_none(base.get("harness_gil_s_per_item")) or 0.0
         ipc = max(0.0, (num_or_none(proc.get("harness_gil_s_per_item")) or 0.0) - harness)
         return StandIn(
             st["name"],
