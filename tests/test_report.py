@@ -20,7 +20,8 @@ import pytest
 
 from stagebench._errors import StagebenchError
 from stagebench.report import _render, _snippets
-from stagebench.report._plots import stage_throughput_svg, usl_curve
+from stagebench.report._plots import usl_curve
+from stagebench.report._stage_plots import stage_throughput_svg
 from stagebench.runs._results import read_rows
 from stagebench.sweep import _multirun, _rebuild
 
@@ -253,7 +254,7 @@ def test_a_comparison_of_many_runs_keeps_its_axes() -> None:
     warning (axes 'collapsed to zero')."""
     import warnings
 
-    from stagebench.report._plots import compare_curves_svg
+    from stagebench.report._compare_plots import compare_curves_svg
 
     series = [{"label": f"run{i}", "x": [1, 2, 4], "y": [1.0 + i, 2.0 + i, 3.0 + i]} for i in range(30)]
     with warnings.catch_warnings():

@@ -359,7 +359,7 @@ def _machine_warning(entries: Sequence[_Entry]) -> str | None:
 
 
 def _group_context(entries: list[_Entry], kind: str) -> dict[str, Any]:
-    from stagebench.report import _plots
+    from stagebench.report import _compare_plots
 
     bests = {id(e): e.best for e in entries if e.best is not None}
     ranked = sorted([e for e in entries if id(e) in bests], key=lambda e: -bests[id(e)].value)
@@ -393,7 +393,7 @@ def _group_context(entries: list[_Entry], kind: str) -> dict[str, Any]:
         )
     unit = entries[0].unit if entries else ""
     best_img = svg_uri(
-        _plots.compare_best_svg(
+        _compare_plots.compare_best_svg(
             [
                 {"label": e.label, "value": bests[id(e)].value, "low": bests[id(e)].low, "high": bests[id(e)].high}
                 for e in ranked
@@ -416,7 +416,7 @@ def _group_context(entries: list[_Entry], kind: str) -> dict[str, Any]:
 
 
 def _curve(label: str, points: pd.DataFrame, x: str, y: str, rec: Mapping[str, Any]) -> dict[str, Any]:
-    """One run's series for :func:`~stagebench.report._plots.compare_curves_svg`: ``y`` with its interval
+    """One run's series for :func:`~stagebench.report._compare_plots.compare_curves_svg`: ``y`` with its interval
     (the ``_low`` and ``_high`` columns) against ``x``, and the recommendation's point (its same keys)."""
     return {
         "label": label,
@@ -430,7 +430,7 @@ def _curve(label: str, points: pd.DataFrame, x: str, y: str, rec: Mapping[str, A
 
 
 def _loader_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
-    from stagebench.report import _plots
+    from stagebench.report import _compare_plots
 
     series = []
     for e in entries:
@@ -447,7 +447,7 @@ def _loader_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
         top = top.astype({"num_workers": int})
         rec = e.run.summary.get("recommended") or {}
         series.append(_curve(e.label, top, "num_workers", "samples_per_s", rec))
-    img = _plots.compare_curves_svg(
+    img = _compare_plots.compare_curves_svg(
         series, xlabel="num_workers (best prefetch_factor at each)", ylabel="throughput (samples/s)", log2_x=False
     )
     return (
@@ -486,7 +486,7 @@ def _stage_summary(e: _Entry, name: str) -> StageEntry | None:
 
 def _stage_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
     """Per stage, each run's curve on the executor/harness it recommends (else its best)."""
-    from stagebench.report import _plots
+    from stagebench.report import _compare_plots
 
     out = []
     for name in _stage_names(entries):
@@ -508,7 +508,7 @@ def _stage_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
                 ex, h = top["executor"], top["harness"]
             g = sub[(sub["executor"] == ex) & ((sub["harness"] == h) if h else True)].sort_values("concurrency")
             series.append(_curve(f"{e.label} · {ex}", g, "concurrency", "qps", rec.to_json() if rec else {}))
-        img = _plots.compare_curves_svg(
+        img = _compare_plots.compare_curves_svg(
             series, xlabel="concurrency (log₂ scale)", ylabel="throughput (items/s)", log2_x=True, title=f"stage {name}"
         )
         if img:

@@ -36,7 +36,7 @@ _LOADER_KEYS = (
 
 def loader_context(run: RunData) -> dict[str, Any]:
     # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
-    from stagebench.report import _plots
+    from stagebench.report import _loader_plots
 
     rows, summary = run.rows, run.summary
     info = run.loader
@@ -139,9 +139,9 @@ def loader_context(run: RunData) -> dict[str, Any]:
         "target": target,
         "tiles": tiles,
         "snippet": loader_snippet(summary),
-        "img_tput": svg_uri(_plots.loader_throughput_svg(rows, summary)) if len(rows) else None,
-        "img_heat": svg_uri(_plots.loader_heatmap_svg(rows, summary)) if len(rows) else None,
-        "img_startup": svg_uri(_plots.loader_startup_memory_svg(rows, budget if finite(budget) else None))
+        "img_tput": svg_uri(_loader_plots.loader_throughput_svg(rows, summary)) if len(rows) else None,
+        "img_heat": svg_uri(_loader_plots.loader_heatmap_svg(rows, summary)) if len(rows) else None,
+        "img_startup": svg_uri(_loader_plots.loader_startup_memory_svg(rows, budget if finite(budget) else None))
         if len(rows)
         else None,
         "points": points,
@@ -154,14 +154,14 @@ def loader_context(run: RunData) -> dict[str, Any]:
 def _worker_costs_context(recorded: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """What each worker costs (summary["worker_costs"]): the start-up split and the memory over the pass."""
     # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
-    from stagebench.report import _plots
+    from stagebench.report import _loader_plots
 
     if not recorded:
         return None
     costs = WorkerCosts.from_json(recorded)
     return {
-        "img_startup": svg_uri(_plots.worker_startup_svg(costs)),
-        "img_memory": svg_uri(_plots.worker_memory_svg(costs)),
+        "img_startup": svg_uri(_loader_plots.worker_startup_svg(costs)),
+        "img_memory": svg_uri(_loader_plots.worker_memory_svg(costs)),
         "startup": [r.to_json() for r in costs.startup],
         "ship": costs.shipping.to_json() if costs.shipping is not None else {},
         "mem": costs.memory.to_json(samples=False) if costs.memory is not None else {},

@@ -102,7 +102,7 @@ def job_tile(summary: Mapping[str, Any]) -> list[dict[str, str]]:
 def job_context(summary: Mapping[str, Any]) -> dict[str, Any] | None:
     """The training job's section: your loop on the real loader or pipeline at each candidate (summary["job"])."""
     # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
-    from stagebench.report import _plots
+    from stagebench.report import _compare_plots
 
     job = JobVerdict.from_json(summary.get("job"))
     if job is None:
@@ -133,7 +133,7 @@ def job_context(summary: Mapping[str, Any]) -> dict[str, Any] | None:
         "text": str(job.text or ""),
         "why": str(job.why or ""),
         "unit": str(job.unit or "samples/s"),
-        "img": svg_uri(_plots.job_svg(job)),
+        "img": svg_uri(_compare_plots.job_svg(job)),
         "rows": rows,
         "zero_workers": job.zero_workers,
         "unproven": [str(u) for u in job.unproven],

@@ -24,7 +24,7 @@ _BINDING_TEXT: dict[str | None, str] = {"stage": "a stage's capacity", "cores": 
 
 def pipeline_context(run: RunData) -> dict[str, Any]:
     # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
-    from stagebench.report import _plots
+    from stagebench.report import _stage_plots
 
     rows, meta, summary = run.rows, run.run_meta, run.summary
     cores = run.provenance.cores
@@ -98,7 +98,7 @@ def pipeline_context(run: RunData) -> dict[str, Any]:
         "binding_text": _BINDING_TEXT.get(pred.binding, pred.binding or ""),
         "validation": val,
         "snippet": pipeline_snippet(summary, meta),
-        "overview_img": svg_uri(_plots.pipeline_overview_svg(summary)),
+        "overview_img": svg_uri(_stage_plots.pipeline_overview_svg(summary)),
         "n_problems": n_bad,
         "not_isolated": [
             {"name": str(x.get("name", "?")), "reason": str(x.get("reason", ""))}

@@ -137,7 +137,7 @@ def stage_cards(
     time; the card's points table has the same numbers.
     """
     # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
-    from stagebench.report import _plots
+    from stagebench.report import _plots, _stage_plots
 
     by_name = {str(s.get("name")): s for s in summaries}
     names: list[str] = []
@@ -191,8 +191,10 @@ def stage_cards(
                 "calls_qps": st.recommended.qps if st.recommended is not None else None,
                 "cpu_ms": to_ms(st.cpu_s_per_item),
                 "gil_ms": to_ms(st.gil_s_per_item),
-                "img_qps": svg_uri(_plots.stage_throughput_svg(sub, st)) if len(sub) else None,
-                "img_res": svg_uri(_plots.stage_resources_svg(sub, cores)) if len(sub) and resources_plot else None,
+                "img_qps": svg_uri(_stage_plots.stage_throughput_svg(sub, st)) if len(sub) else None,
+                "img_res": svg_uri(_stage_plots.stage_resources_svg(sub, cores))
+                if len(sub) and resources_plot
+                else None,
                 "res_in_table": bool(points) and not resources_plot,
                 "points": points,
                 "problems": problem_rows(sub),
