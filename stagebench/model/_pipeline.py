@@ -13,10 +13,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from stagebench.model._evidence import Ratio
-from stagebench.model._json import Written, flag, integer, items, mapping, maps, number, nums, read, text, texts
+from stagebench.model._json import (
+    Coercions,
+    Read,
+    flag,
+    integer,
+    items,
+    mapping,
+    maps,
+    number,
+    nums,
+    read,
+    text,
+    texts,
+)
 from stagebench.model._rate import Rate
 
 __all__ = [
@@ -45,7 +58,7 @@ def _some_text(v: Any) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class StageChoice(Written):
+class StageChoice(Read):
     """One stage's setting a whole-pipeline figure was made at: its executor and concurrency, and the
     harness its alone figures were measured in (None where not recorded)."""
 
@@ -54,13 +67,11 @@ class StageChoice(Written):
     concurrency: int | None = None
     harness: str | None = None
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> StageChoice:
-        return read(cls, d, stage=text, executor=text, concurrency=integer, harness=text)
+    READ: ClassVar[Coercions] = {"stage": text, "executor": text, "concurrency": integer, "harness": text}
 
 
 @dataclass(frozen=True, slots=True)
-class StandIn(Written):
+class StandIn(Read):
     """What the replay ran in place of one stage, per call: its GIL-held CPU, GIL-free CPU and waiting
     (seconds), how many times it let go of the GIL, at the stage's executor and concurrency; what the
     replayed prediction rests on. ``to_json`` gives back what was read."""
@@ -75,17 +86,13 @@ class StandIn(Written):
     note: str = ""
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> StandIn:
-        return read(
-            cls,
-            d,
-            name=str,
-            executor=str,
-            releases=lambda r: int(r) if isinstance(r, (int, float)) else 1,
-            note=lambda v: str(v or ""),
-            **dict.fromkeys(("concurrency", "gil_s", "free_s", "wait_s"), number),
-        )
+    READ: ClassVar[Coercions] = {
+        "name": str,
+        "executor": str,
+        "releases": lambda r: int(r) if isinstance(r, (int, float)) else 1,
+        "note": lambda v: str(v or ""),
+        **dict.fromkeys(("concurrency", "gil_s", "free_s", "wait_s"), number),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +185,7 @@ class Prediction:
 
 
 @dataclass(frozen=True, slots=True)
-class Interference(Written):
+class Interference(Read):
     """One timed stage's median call inside the measured pipeline against alone at the same setting
     (``ratio``) and against its stand-in's inside the replay (``vs_replay``); None where not measured."""
 
@@ -190,16 +197,10 @@ class Interference(Written):
     replay_p50_ms: float | None = None
     vs_replay: float | None = None
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> Interference:
-        return read(
-            cls,
-            d,
-            stage=text,
-            **dict.fromkeys(
-                ("in_pipeline_p50_ms", "calls", "alone_p50_ms", "ratio", "replay_p50_ms", "vs_replay"), number
-            ),
-        )
+    READ: ClassVar[Coercions] = {
+        "stage": text,
+        **dict.fromkeys(("in_pipeline_p50_ms", "calls", "alone_p50_ms", "ratio", "replay_p50_ms", "vs_replay"), number),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +258,7 @@ class Validation:
 
 
 @dataclass(frozen=True, slots=True)
-class YoursRun(Written):
+class YoursRun(Read):
     """The whole pipeline run for real at the user's own settings, in turns with the recommended ones
     (``run.json["yours"]``): ``same`` where the two are one setting, ``not_run`` (why) where it was not
     run, else its rate and windows, or ``error``. The run writes it; ``to_json`` gives back what was read."""
@@ -274,16 +275,12 @@ class YoursRun(Written):
     """Seconds the whole runs in turns took (one call, shared by the runs that took turns in it)."""
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> YoursRun:
-        return read(
-            cls,
-            d,
-            same=bool,
-            **dict.fromkeys(("not_run", "error"), _some_text),
-            **dict.fromkeys(("qps", "qps_low", "qps_high", "wall_s"), number),
-            window_rates=nums,
-        )
+    READ: ClassVar[Coercions] = {
+        "same": bool,
+        **dict.fromkeys(("not_run", "error"), _some_text),
+        **dict.fromkeys(("qps", "qps_low", "qps_high", "wall_s"), number),
+        "window_rates": nums,
+    }
 
     @property
     def rate(self) -> Rate | None:
@@ -484,7 +481,7 @@ class Joint:
 
 
 @dataclass(frozen=True, slots=True)
-class Search(Written):
+class Search(Read):
     """What a loader run's search of the settings grid cost (``summary["search"]``): its ``strategy``, the
     points it measured of the full grid's, its seconds, the grid's estimated seconds and the time saved,
     and why any part of it stopped early (``stopped``)."""
@@ -497,16 +494,10 @@ class Search(Written):
     time_saved_s: float | None = None
     stopped: tuple[Any, ...] = ()
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> Search | None:
-        """None where no search was recorded (a pipeline run, a summary without the section)."""
-        return read(
-            cls,
-            d,
-            strategy=text,
-            **dict.fromkeys(
-                ("points_measured", "full_grid_points", "seconds", "estimated_full_grid_seconds", "time_saved_s"),
-                number,
-            ),
-            stopped=items,
-        )
+    READ: ClassVar[Coercions] = {
+        "strategy": text,
+        **dict.fromkeys(
+            ("points_measured", "full_grid_points", "seconds", "estimated_full_grid_seconds", "time_saved_s"), number
+        ),
+        "stopped": items,
+    }

@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from stagebench.model._json import Written, items, read
+from stagebench.model._json import Coercions, Read, ReadIfGiven, Written, items, read
 
 __all__ = ["GilEstimate", "HeadToHead", "PageFaults", "StageEntry", "StageEvidence", "StageLimit", "StageSetting"]
 
@@ -30,7 +30,7 @@ def _signal_value(signals: Mapping[str, Any], name: str) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class StageSetting(Written):
+class StageSetting(ReadIfGiven):
     """A setting of one stage (an executor at a concurrency, in a harness) and what it measured there.
 
     The entry's ``recommended``, ``best``, ``recommended_alone`` and each of its ``alternatives`` are
@@ -53,13 +53,6 @@ class StageSetting(Written):
     latency_p50_ms: float | None = None
     keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> StageSetting | None:
-        """The setting ``d`` holds; None where there is none (an empty dict included, as readers took it)."""
-        if not isinstance(d, Mapping) or not d:
-            return None
-        return read(cls, d)
 
 
 def _interval(v: Any) -> Any:
@@ -99,7 +92,7 @@ def _settings(d: Any) -> dict[str, StageSetting]:
 
 
 @dataclass(frozen=True, slots=True)
-class PageFaults(Written):
+class PageFaults(Read):
     """The minor page faults one executor's points took: ``per_item`` (per call, over its points), with
     the CPU per item they were read beside and how many ``points`` they rest on."""
 
@@ -109,13 +102,9 @@ class PageFaults(Written):
     keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> PageFaults:
-        return read(cls, d)
-
 
 @dataclass(frozen=True, slots=True)
-class HeadToHead(Written):
+class HeadToHead(ReadIfGiven):
     """Threads against processes measured in turns (:func:`stagebench.core._paired.paired_result`).
 
     ``decisive``: enough pairs to decide; ``ratio``: processes' throughput over threads', with its 95%
@@ -134,15 +123,11 @@ class HeadToHead(Written):
     keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> HeadToHead | None:
-        if not isinstance(d, Mapping) or not d:
-            return None
-        return read(cls, d, thread=StageSetting.from_json, process=StageSetting.from_json)
+    READ: ClassVar[Coercions] = {"thread": StageSetting.from_json, "process": StageSetting.from_json}
 
 
 @dataclass(frozen=True, slots=True)
-class StageLimit(Written):
+class StageLimit(ReadIfGiven):
     """What holds the stage back at its best setting: ``kind`` (None: nothing stands out), the setting
     it was read at (``at``, ``thread x 4``) and the phrase that says it (``text``)."""
 
@@ -152,15 +137,9 @@ class StageLimit(Written):
     keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> StageLimit | None:
-        if not isinstance(d, Mapping) or not d:
-            return None
-        return read(cls, d)
-
 
 @dataclass(frozen=True, slots=True)
-class GilEstimate(Written):
+class GilEstimate(ReadIfGiven):
     """A stage's GIL share and how it was read (:func:`stagebench.analysis._gil.estimate_gil`).
 
     ``fraction`` and its ``interval`` (None where no thread or event-loop point was measured);
@@ -188,13 +167,13 @@ class GilEstimate(Written):
     keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> GilEstimate | None:
-        if not isinstance(d, Mapping) or not d:
-            return None
-        return read(
-            cls, d, interval=_interval, notes=items, signals=_or_empty, pinned=_false_if_none, saturated=_false_if_none
-        )
+    READ: ClassVar[Coercions] = {
+        "interval": _interval,
+        "notes": items,
+        "signals": _or_empty,
+        "pinned": _false_if_none,
+        "saturated": _false_if_none,
+    }
 
     def signal_value(self, name: str) -> Any:
         """The value of the signal ``name`` (None where it was not read)."""
@@ -202,7 +181,7 @@ class GilEstimate(Written):
 
 
 @dataclass(frozen=True, slots=True)
-class StageEvidence(Written):
+class StageEvidence(Read):
     """What a stage's label, limit and recommendation rest on: ``summary``, the lines the report lists,
     and ``signals``, every figure read on the way by name (each a dict with its ``value``, ``interval``,
     ``label`` and, where it decided something, ``role``)."""
@@ -212,9 +191,7 @@ class StageEvidence(Written):
     keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> StageEvidence:
-        return read(cls, d, summary=items, signals=_or_empty)
+    READ: ClassVar[Coercions] = {"summary": items, "signals": _or_empty}
 
     def signal_value(self, name: str) -> Any:
         """The value of the signal ``name`` (None where it was not read)."""
