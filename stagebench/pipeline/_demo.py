@@ -17,6 +17,9 @@ import os
 import sys
 from pathlib import Path
 
+from stagebench.pipeline._script import run_script
+from stagebench.runs._results import default_run_dir
+
 __all__ = ["run_demo", "DEMO_SCRIPT", "demo_settings"]
 
 DEMO_SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "demo_train.py"
@@ -42,9 +45,6 @@ def demo_settings(quick: bool) -> dict[str, str]:
 
 def run_demo(out: str | None, quick: bool) -> int:
     """Diagnose the bundled example pipeline; return the exit code."""
-    from stagebench.pipeline._script import run_script
-    from stagebench.runs._results import default_run_dir
-
     run_dir = Path(out) if out else Path(os.environ.get("STAGEBENCH_OUTPUT_DIR") or default_run_dir("demo"))
     data = run_dir.resolve().parent / ".stagebench-demo-data"
     defaults = demo_settings(quick)

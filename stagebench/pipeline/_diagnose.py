@@ -42,6 +42,7 @@ post-import hook), so its top level imports only the standard library.
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 import time
@@ -58,6 +59,12 @@ from stagebench._memory import (
     quieted,
 )
 from stagebench.core._mirror import mirror
+from stagebench.core._progress import Progress
+from stagebench.core._resources import page_fault_cost_s
+from stagebench.core._sizes import approx_nbytes
+from stagebench.core._spdl_harness import deferred_teardown
+from stagebench.core._stats import mean_interval
+from stagebench.core._sweep import plan_points
 from stagebench.pipeline._finish import (
     delivered_nothing,
     phases_of,
@@ -66,12 +73,19 @@ from stagebench.pipeline._finish import (
     summarize_run,
     write_run_report,
 )
+from stagebench.pipeline._first_pass import SourceError, read_source
+from stagebench.pipeline._isolate import PlanError, plan_pipeline
 from stagebench.pipeline._run import Run, Session
 from stagebench.pipeline._settings import DiagnoseSettings, SettingsError
+from stagebench.pipeline._stage_cache import CacheDirError, default_cache_dir, private_dir
 from stagebench.pipeline._stages import StagesPhase, sweep_config
 from stagebench.pipeline._state import MODE_VAR, State, on_sigterm, raise_if_signalled
-from stagebench.pipeline._validate import choices_of
+from stagebench.pipeline._validate import choices_of, replay_and_validate
+from stagebench.report._terminal import format_table
 from stagebench.runs._outcome import COMPLETE, FAILED, INTERNAL, PARTIAL, interrupted_outcome
+from stagebench.runs._provenance import collect_provenance
+from stagebench.runs._ranks import per_host
+from stagebench.runs._results import RunDir, RunDirInUseError, UnwritableOutputError, default_run_dir
 from stagebench.runs._schema import RESULTS_SCHEMA_VERSION
 
 __all__ = [
@@ -113,8 +127,6 @@ _SOURCE_WARN_BYTES = 2 * 2**30
 
 def _held_bytes(items: list) -> int:
     """What the source items hold, from a sample of them (sizing all of a large set costs as much as reading it)."""
-    from stagebench.core._sizes import approx_nbytes
-
     if not items:
         return 0
     step = max(1, len(items) // 20)
@@ -144,10 +156,6 @@ def diagnose_pipeline(
     the diagnosis cannot run (its ``code``: 2 for a bad setting or pipeline, 1
     for a source that fails) and ``KeyboardInterrupt`` after saving the rows.
     """
-    from stagebench.pipeline._isolate import PlanError, plan_pipeline
-    from stagebench.runs._ranks import per_host
-    from stagebench.runs._results import RunDir, RunDirInUseError, UnwritableOutputError, default_run_dir
-
     try:
         settings = settings or DiagnoseSettings.from_env()
     except SettingsError as e:
@@ -173,8 +181,6 @@ def diagnose_pipeline(
     if (settings.cache_dir or "").lower() in ("off", "none", "0", "false", "no"):
         cache_dir = None
     else:
-        from stagebench.pipeline._stage_cache import CacheDirError, default_cache_dir, private_dir
-
         cache_dir = Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()
         try:
             private_dir(cache_dir)
@@ -226,9 +232,6 @@ class _Diagnosis:
         write_report: bool = True,
         session: Session | None = None,
     ) -> None:
-        from stagebench.core._progress import Progress
-        from stagebench.runs._provenance import collect_provenance
-
         self.show_table, self.write_report = show_table, write_report
         self.session = session
         meta: dict[str, Any] = {
@@ -298,8 +301,6 @@ class _Diagnosis:
             end_quiet()
 
     def _run(self) -> dict[str, Any]:
-        from stagebench.core._spdl_harness import deferred_teardown
-
         run = self.run
         t_begin = time.perf_counter()
         src = self._read_source()
@@ -337,9 +338,6 @@ class _Diagnosis:
 
     def _read_source(self) -> Any:
         """Say what will be measured, then read the source once (a failing source ends the run, exit 1)."""
-        from stagebench.core._sweep import plan_points
-        from stagebench.pipeline._first_pass import SourceError, read_source
-
         run, plan, settings = self.run, self.run.plan, self.run.settings
         names = ", ".join(repr(s.name) for s in plan.stages)
         run.say(f"diagnosing {len(plan.stages)} stage(s) of the pipeline: {names}")
@@ -390,8 +388,6 @@ class _Diagnosis:
         if run.out_of_memory:  # it would run out too (the stage that took it all runs again), or hang starting
             run.meta["validation"] = {"qps": None, "error": f"skipped: {run.out_of_memory}"}
             return
-        from stagebench.pipeline._validate import replay_and_validate
-
         with run.phase("whole_pipeline_runs"):
             whole = replay_and_validate(
                 run.plan,
@@ -418,8 +414,6 @@ class _Diagnosis:
 
     def _finish(self, rows: Any, t_begin: float) -> tuple[dict[str, Any], Path | None]:
         """The summary, the report, run.json's status, the terminal table and the last line."""
-        from stagebench.runs._provenance import collect_provenance
-
         run = self.run
         self.reserve.release()  # what it kept aside is for this: the summary and the report
         run.meta["provenance_after"] = collect_provenance()
@@ -448,8 +442,6 @@ class _Diagnosis:
         except OSError as e:
             run.unwritten = run.unwritten or f"run.json: {type(e).__name__}: {e}"
         if self.show_table:
-            from stagebench.report._terminal import format_table
-
             print(format_table(summary, report), end="", flush=True)
         self._last_line(report)
         return summary, report
@@ -473,17 +465,11 @@ def _warm_up_imports() -> None:
     back needs, now: a stage that exhausts memory would leave none to load it."""
     import pandas  # noqa: F401
 
-    from stagebench.core._stats import mean_interval
-
     mean_interval([1.0, 2.0], 0.95)
 
 
 def _page_fault() -> dict[str, Any]:
     """What one page fault costs here (a direct mapping: malloc's state is left as it is)."""
-    import mmap
-
-    from stagebench.core._resources import page_fault_cost_s
-
     return {"cost_s": page_fault_cost_s(), "page_bytes": mmap.PAGESIZE}
 
 

@@ -10,11 +10,14 @@ outcomes and their exit codes: :mod:`stagebench.runs._outcome`.
 
 from __future__ import annotations
 
+import html
+import json
 from pathlib import Path
 from typing import Any
 
 from stagebench._memory import out_of_memory, said_out_of_memory
 from stagebench._numbers import num
+from stagebench._version import __version__
 from stagebench.pipeline._run import Run
 from stagebench.runs._outcome import COMPLETE, FAILED, INTERNAL, PARTIAL
 from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
@@ -33,6 +36,7 @@ __all__ = [
 
 def summarize_run(run: Run, rows: Any) -> dict[str, Any]:
     """The summary of the rows; where the analysis raises (our bug), a minimal one, and the run says so."""
+    # pandas with it: loaded when the rows are analysed, not in the process while it measures
     from stagebench.analysis._pipeline import summarize
 
     try:
@@ -50,6 +54,7 @@ def summarize_run(run: Run, rows: Any) -> dict[str, Any]:
 def write_run_report(run: Run, summary: dict[str, Any]) -> Path:
     """``report.html``; where the report raises (our bug), a minimal one, and the run says so. A write
     that fails (a full disk) is raised: the caller says it."""
+    # pandas with it: loaded when the rows are analysed, not in the process while it measures
     from stagebench.report._render import write_report
 
     try:
@@ -140,7 +145,7 @@ def fallback_summary(rows: Any, meta: dict[str, Any], why: str) -> dict[str, Any
     (:func:`stagebench.analysis._pipeline.summarize`), not one to keep a second
     copy of here. No GIL estimate, no prediction. ``why`` is kept in ``summary["error"]``.
     """
-    from stagebench._version import __version__
+    # pandas with it: loaded when the rows are analysed, not in the process while it measures
     from stagebench.analysis._stage import empty_stage_entry
 
     stages = []
@@ -182,9 +187,7 @@ def fallback_summary(rows: Any, meta: dict[str, Any], why: str) -> dict[str, Any
 
 def fallback_report(run_dir: Path, summary: dict[str, Any]) -> Path:
     """FALLBACK, used only while ``stagebench.report._render`` is unavailable: a plain, escaped table."""
-    import html
-    import json
-
+    # pandas with it: loaded when the rows are analysed, not in the process while it measures
     from stagebench.report._terminal import format_table
 
     body = html.escape(format_table(summary))

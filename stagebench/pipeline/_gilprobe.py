@@ -108,6 +108,7 @@ inputs cannot stop the diagnosis).
 from __future__ import annotations
 
 import gc
+import resource
 import statistics
 import sys
 import threading
@@ -117,6 +118,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from stagebench._memory import describe, memory_short
+from stagebench.core._executors import _LEAKED
 
 __all__ = ["probe_gil"]
 
@@ -165,8 +167,6 @@ def _spin_counter(stop: threading.Event, abandon: threading.Event, ready: thread
 def _thread_usage() -> Callable[[], int] | None:
     """The calling thread's count of voluntary context switches, as a function; None where unsupported."""
     try:
-        import resource
-
         who = resource.RUSAGE_THREAD  # Linux only
         resource.getrusage(who)
     except (ImportError, AttributeError, OSError):
@@ -361,8 +361,6 @@ def probe_gil(fn: Callable, items: Sequence, *, timeout_s: float = 30.0) -> dict
         sys.setswitchinterval(old)
         if gc_was:
             gc.enable()
-        from stagebench.core._executors import _LEAKED
-
         _LEAKED.append(t)  # the diagnosis exits without waiting for it
         return {"error": f"the stage did not return within {timeout_s:g} s during the GIL probe"}
     return result

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from stagebench.loader._intercept import diagnose_first_loader
+from stagebench.loader._sweep import LoaderSweepConfig
 from stagebench.pipeline._settings import DiagnoseSettings, SettingsError
 from stagebench.pipeline._state import State, say
 
@@ -28,8 +30,6 @@ def install_loader_hook(settings: DiagnoseSettings | None = None) -> None:
         except SettingsError as e:
             say(f"error: {e}")
             raise SystemExit(2) from None
-    from stagebench.loader._intercept import diagnose_first_loader
-
     State.loader_hook = remove = diagnose_first_loader(
         settings.output_dir, config=_loader_config(settings), target_rate=settings.target_rate
     )
@@ -38,8 +38,6 @@ def install_loader_hook(settings: DiagnoseSettings | None = None) -> None:
 
 def _loader_config(settings: DiagnoseSettings) -> Any:
     """The same budgets for a caught DataLoader as for pipeline stages (one set of knobs)."""
-    from stagebench.loader._sweep import LoaderSweepConfig
-
     return LoaderSweepConfig(
         budget_s=max(settings.budget_s, 0.5),  # batches are slower than items: keep a few per window
         warmup_s=settings.warmup_s,

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from stagebench._numbers import finite
+from stagebench.core._measure import identity, measure_stage
+from stagebench.core._spdl_harness import deferred_teardown
 from stagebench.pipeline._run import Run
 
 __all__ = ["NOOP_AT", "measure_overhead"]
@@ -48,9 +50,6 @@ def _pipeline_overhead(run: Run, items: list, one_stage: dict[str, Any] | None) 
     """SPDL's no-op cost with one and with three pipes (thread x 4, the same statistics); ``one_stage``, the
     thread no-op ceiling at x 4 just measured (the same pipeline, in the ceiling's shorter window), is
     then not measured again."""
-    from stagebench.core._measure import identity, measure_stage
-    from stagebench.core._spdl_harness import deferred_teardown
-
     cfg = run.settings.measure_config()
     cfg = cfg.for_noop(cfg.budget_s)  # a no-op, steady at once; the whole budget: a difference is read
     harness, executor, c = NOOP_AT

@@ -112,6 +112,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from stagebench._numbers import num_or_none
 from stagebench.core._speed import cpu_speed_ns, speed_loop
 from stagebench.model._stage import StageEntry
@@ -348,8 +350,6 @@ def _marginal_cpu(points: list[dict]) -> float | None:
     (use the point) when the throughputs span less than 2x (a stage that
     flattened at once: the GIL-bound ones) or the line does not fit.
     """
-    import numpy as np
-
     read = [(num_or_none(p.get("qps")), num_or_none(p.get("cpu_s_per_item"))) for p in points]
     pts = [(q, c) for q, c in read if q is not None and c is not None and q > 0 and c > 0]
     if len(pts) < 3:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stagebench.core._paired import WITHIN_BEST
 from stagebench.pipeline._run import Run
 
 __all__ = ["rule_out_processes", "paired_needless"]
@@ -31,8 +32,8 @@ def rule_out_processes(run: Run, process_sweeps: list[Any]) -> None:
     (``cpu_free``: its sha256 stage binds at ~700 items/s; its 1 ms wait and its 0.2 ms of Python
     reach 3,000 and 2,500 on threads alone).
     """
+    # pandas with it: loaded when the rows are analysed, not in the process while it measures
     from stagebench.analysis._pipeline import process_headroom_of_run
-    from stagebench.core._paired import WITHIN_BEST
 
     mine = _user_process_stages(run)
     sweeps = [s for s in process_sweeps if s.cfg.process_flat_levels and s.name not in mine]
@@ -70,6 +71,7 @@ def paired_needless(run: Run, sweeps: Any) -> dict[str, str]:
     1.26x threads on its curves, 8 windows, ~2.3 s): at 0.9x or 1.76x the cores would bind the pipeline
     either way.
     """
+    # pandas with it: loaded when the rows are analysed, not in the process while it measures
     from stagebench.analysis._pipeline import paired_needless_of_run
 
     mine = _user_process_stages(run)

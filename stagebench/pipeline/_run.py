@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stagebench.pipeline._settings import DiagnoseSettings
+from stagebench.runs._results import read_rows
 
 __all__ = ["Run", "Session"]
 
@@ -65,8 +66,6 @@ class Run:
 
     def rows(self) -> Any:
         """The rows measured so far, read back from ``results.csv``."""
-        from stagebench.runs._results import read_rows
-
         return read_rows(self.run_dir.results_csv)
 
     def log_error(self, what: str, exc: BaseException) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import runpy
 import sys
@@ -10,9 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from stagebench._settings import check
+from stagebench.loader._intercept import loader_was_caught
+from stagebench.pipeline import _spdl_hook
 from stagebench.pipeline._loader_hook import install_loader_hook
 from stagebench.pipeline._settings import DiagnoseSettings, SettingsError, local_rank
 from stagebench.pipeline._state import MODE_VAR, State, say
+from stagebench.runs._results import RunDir, RunDirInUseError, UnwritableOutputError
 
 __all__ = ["run_script", "launch_ranks"]
 
@@ -22,8 +27,6 @@ def run_script(script: str, args: list[str], *, out: str | None, nproc_per_node:
 
     ``nproc_per_node`` (or ``STAGEBENCH_NPROC_PER_NODE``): run it as that many ranks of a data-parallel job
     instead (:func:`launch_ranks`)."""
-    from stagebench.pipeline import _spdl_hook
-
     path = Path(script)
     if not path.is_file():
         say(f"error: script not found: {script}")
@@ -51,7 +54,6 @@ def run_script(script: str, args: list[str], *, out: str | None, nproc_per_node:
     if settings.output_dir and rank == 0:
         # Before the script runs: its own start-up may take minutes, and then
         # neither the pipeline nor a caught DataLoader could use this folder.
-        from stagebench.runs._results import RunDir, RunDirInUseError, UnwritableOutputError
 
         try:
             RunDir.create(settings.output_dir, fresh=True)
@@ -66,8 +68,6 @@ def run_script(script: str, args: list[str], *, out: str | None, nproc_per_node:
     install_loader_hook(settings)  # before spdl's: a pipeline diagnosed first removes it
     was_installed = _spdl_hook.installed()
     _spdl_hook.install()
-    from stagebench.loader._intercept import loader_was_caught
-
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [str(path), *args]
     sys.path.insert(0, str(path.resolve().parent))
@@ -92,8 +92,6 @@ def run_script(script: str, args: list[str], *, out: str | None, nproc_per_node:
         if not was_installed:  # in-process callers (tests, notebooks) get their import system back
             _spdl_hook.uninstall()
         if State.started:  # the script's frames are gone: what the diagnosis held is garbage, freed now
-            import atexit
-
             _spdl_hook.release_held()
             atexit.unregister(_spdl_hook.release_held)
     for hook in State.on_start:
@@ -116,8 +114,7 @@ def launch_ranks(nproc: int, script: str, args: list[str]) -> int:
     diagnose`` (the settings travel in the environment), diagnosed together. Returns the ranks' exit code
     (every rank ends with the same one). The launcher's own failure report is left out: a rank that
     failed has said why, and the run directory holds what was measured."""
-    import logging
-
+    # torch only where ranks are launched: `stagebench diagnose` does not pay for it otherwise
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 

@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stagebench._settings import QUICK, SETTINGS, SettingsError, check, env_help, local_rank, read_env, setting
+from stagebench.core import _resources
+from stagebench.core._config import MeasureConfig, powers_of_two
+from stagebench.runs._ranks import per_host
 
 __all__ = ["DiagnoseSettings", "SettingsError", "ENV_VARS", "SAMPLE_OUTPUTS", "local_rank"]
 
@@ -31,9 +34,6 @@ def _default_grid() -> tuple[int, ...]:
     """Powers of two up to 16, or up to the usable cores when there are more (then the core count
     itself is the top level): a process curve needs a worker per core to show where the cores end,
     and the plateau rule stops a flat curve early, so the extra levels cost little where they say nothing."""
-    from stagebench.core import _resources
-    from stagebench.core._config import powers_of_two
-
     # a fractional quota's cores, rounded up: the level past them is the one that shows where they end
     return powers_of_two(max(16, math.ceil(_resources.usable_cores())))
 
@@ -103,8 +103,6 @@ class DiagnoseSettings:
 
     def measure_config(self) -> Any:
         """How each stage point is measured (:class:`stagebench.MeasureConfig`), from these settings."""
-        from stagebench.core._config import MeasureConfig
-
         return MeasureConfig(
             budget_s=self.budget_s,
             min_window_s=self.min_window_s,
@@ -131,12 +129,8 @@ class DiagnoseSettings:
                 raise SettingsError(
                     "set one of STAGEBENCH_CONCURRENCY (a list) and STAGEBENCH_MAX_CONCURRENCY (a maximum), not both"
                 )
-            from stagebench.core._config import powers_of_two
-
             kw["concurrency"] = powers_of_two(top)
         if kw.get("output_dir"):  # a job of several hosts: each host's local rank 0 writes its own
-            from stagebench.runs._ranks import per_host
-
             kw["output_dir"] = per_host(str(kw["output_dir"]), environ)
         return cls(**kw)
 

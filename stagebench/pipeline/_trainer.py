@@ -30,12 +30,16 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
+from stagebench.analysis._pipeline import job_candidates_of_run
 from stagebench.core._jobrun import Candidate, Feed, Ladder
 from stagebench.core._ranks import HostGroup
+from stagebench.core._spdl_harness import quiet_spdl_log
 from stagebench.core._steps import CACHED_BATCHES, TrainerProbe
 from stagebench.job._lockstep import Lockstep, follow_job
 from stagebench.job._phase import JobPlan, trainer_phases
+from stagebench.pipeline._isolate import build_validation_config, default_threads, real_pipeline
 from stagebench.pipeline._run import Session
+from stagebench.runs._results import RunDir, read_rows
 
 __all__ = ["collect_batches", "run_trainer_phases", "open_candidate", "follower_trainer_phases"]
 
@@ -47,9 +51,6 @@ def _running(plan: Any, source_items: list, choices: dict, gate: threading.Event
     ``gate``: while it is clear, the source draws no item (SPDL's source thread waits), so the stages
     finish what they hold and idle: a pipeline waiting for its turn in the job runs.
     """
-    from stagebench.core._spdl_harness import quiet_spdl_log
-    from stagebench.pipeline._isolate import build_validation_config, default_threads, real_pipeline
-
     stop = threading.Event()
 
     def cycle():
@@ -136,9 +137,6 @@ def run_trainer_phases(
     assert run_dir is not None, "the diagnosis fills the session before the job phase"
 
     def candidates(demand: dict[str, Any]) -> Ladder:
-        from stagebench.analysis._pipeline import job_candidates_of_run
-        from stagebench.runs._results import RunDir, read_rows
-
         rd = RunDir(run_dir)
         return job_candidates_of_run(read_rows(rd.results_csv), rd.read_meta(), demand)
 

@@ -18,6 +18,11 @@ from typing import Any
 
 from stagebench._memory import describe
 from stagebench._numbers import finite
+from stagebench.analysis._pipeline_job import user_choice
+from stagebench.analysis._verdicts import versus_yours_decision
+from stagebench.core._speed import cpu_speed_ns
+from stagebench.pipeline._replay import plan_stand_ins
+from stagebench.pipeline._wholerun import run_pipelines
 
 __all__ = ["replay_and_validate", "WholePipelines", "run_validation", "choices_of", "yours_of", "EXTRA_ROUNDS"]
 
@@ -29,8 +34,6 @@ EXTRA_ROUNDS = 3
 
 def yours_of(plan: Any) -> dict[str, tuple[str, int]]:
     """Each pipe stage's own (executor, concurrency) in the user's config, by name (:func:`user_choice`)."""
-    from stagebench.analysis._pipeline_job import user_choice
-
     return {st.name: c for st in plan.stages if (c := user_choice(st.as_meta())) is not None}
 
 
@@ -98,8 +101,6 @@ def replay_and_validate(
     validation and the user's run are None (not run, by request: no warning). Where the user's
     settings are the recommended ones, the user's run is ``{"same": True}``: one run is both.
     """
-    from stagebench.pipeline._replay import plan_stand_ins
-
     speeds = {name: statistics.median(v) for name, v in stage_speeds.items() if v}
     cpu: dict[str, Any] = {"stage_ns": speeds}
     whole = _whole_runs(plan, settings, summary, plan_stand_ins(summary.get("stages") or [], speeds))
@@ -179,15 +180,10 @@ def _run_whole(
     """Run ``whole.runs`` in turns (:func:`stagebench.pipeline._wholerun.run_pipelines`): each one's
     result by name, a failure each one's ``error``. With validation, the CPU speed around it goes into
     ``cpu["validation_ns"]``."""
-    from stagebench.core._speed import cpu_speed_ns
-    from stagebench.pipeline._wholerun import run_pipelines
-
     before = cpu_speed_ns()
 
     def more(rates: dict[str, list[float]]) -> bool:
         """Whether the recommended settings against yours still need rounds in turns (the rule is open)."""
-        from stagebench.analysis._verdicts import versus_yours_decision
-
         if "validation" not in rates or "yours" not in rates:
             return False
         d = versus_yours_decision(rates["validation"], rates["yours"], whole.choices, whole.yours)
@@ -284,8 +280,6 @@ def run_validation(
     the real stages, or with ``stand_ins`` the replay. The diagnosis runs the
     two together, taking turns.
     """
-    from stagebench.pipeline._wholerun import run_pipelines
-
     name = "replay" if stand_ins else "validation"
     return run_pipelines(
         plan,

@@ -39,8 +39,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from stagebench._memory import describe
 from stagebench.core._mirror import Mirror, MirroredGate, Ready, mirror
+from stagebench.core._spdl_harness import quiet_spdl_log
+from stagebench.model._ranks import HostRate
+from stagebench.model._rate import Rate
+from stagebench.pipeline._isolate import build_validation_config, default_threads, real_pipeline
 
 if TYPE_CHECKING:
     from stagebench.model._rate import Rate
@@ -75,8 +81,6 @@ class WholePipelineRun:
         stand_ins: dict[str, Any] | None,
         items_per_sink_item: float = 1.0,
     ) -> None:
-        from stagebench.pipeline._isolate import build_validation_config, default_threads, real_pipeline
-
         self.name = name
         self.items_per_sink_item = items_per_sink_item  # source items per sink item (an aggregate's batch)
         # the gate: the source draws (set) or waits (clear); a ranked diagnosis tells the other ranks' copies
@@ -172,8 +176,6 @@ class WholePipelineRun:
         refill once it opens; the first item's latency is not, as it includes
         starting the pools.
         """
-        import numpy as np
-
         pulls, arr = np.asarray(list(self.pulls)), np.asarray(list(self.arrivals))
         through = int(np.searchsorted(arr, t1) - np.searchsorted(arr, t0)) * self.items_per_sink_item
         if through <= 0 or t1 <= t0:
@@ -205,8 +207,6 @@ class WholePipelineRun:
     def window_rates(self) -> list[float]:
         """Source items per second in each counted window, in the order counted: what the comparison in
         turns pairs up (the i-th window of one run with the i-th of another)."""
-        import numpy as np
-
         arr = np.asarray(self.arrivals, dtype=float)
         out = []
         for t0, t1 in self.windows:
@@ -273,10 +273,6 @@ def sink_rate(arrivals: list[float], windows: list[tuple[float, float]]) -> Sink
     either way. Without that floor, a pipeline delivering a batch every 40 ms read
     369 (369-369) items/s over 1 s: every sub-window had happened to count four batches.
     """
-    import numpy as np
-
-    from stagebench.model._rate import Rate
-
     arr = np.asarray(arrivals, dtype=float)
     seconds = sum(t1 - t0 for t0, t1 in windows)
     count, rates = 0, []
@@ -341,8 +337,6 @@ def run_pipelines(
     comparison they serve is settled (False) or needs more rounds (True): then the real runs
     (all but the replay) take up to ``max_extra_rounds`` more rounds in turns, one slice each.
     """
-    from stagebench.core._spdl_harness import quiet_spdl_log
-
     if not 1 <= len(runs) <= 3:
         raise ValueError(f"one to three runs take turns, got {len(runs)}")
     made: list[WholePipelineRun] = []
@@ -482,8 +476,6 @@ def host_result(res: dict[str, Any], others: list[dict[str, Any]]) -> None:
     """A ranked whole-pipeline run's result: ``qps``, its interval and the sink's and source's rates are
     the host's (the sum over its ranks, over the same windows), the slowest and fastest rank's beside
     them; a rank that counted nothing leaves the run without a host figure, and says so."""
-    from stagebench.model._ranks import HostRate
-    from stagebench.model._rate import Rate
 
     def rate(d: dict[str, Any]) -> Rate | None:
         q, lo, hi = d.get("qps"), d.get("qps_low"), d.get("qps_high")
