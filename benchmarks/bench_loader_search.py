@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parts(ns, plain, slow, dataset, tmp: Path) -> dict:
-    from stagebench.analysis._loader import normalize_row
+    from stagebench.analysis._loader_rows import normalize_row
 
     picks, tooks = [], []
     for i in range(ns.repeat):

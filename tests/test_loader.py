@@ -35,10 +35,8 @@ from loader_datasets import (
     slow_worker_init,
 )
 
-from stagebench.analysis._loader import (
-    recommend,
-    summarize_loader,
-)
+from stagebench.analysis._loader import summarize_loader
+from stagebench.analysis._loader_pick import recommend
 from stagebench.loader._intercept import make_loader_factory, resolve_dataset, sweep_dataset
 from stagebench.loader._sweep import (
     EpochControl,
@@ -385,7 +383,7 @@ def test_the_window_spans_whole_rounds_of_workers_that_deliver_in_clumps(t0):
     (39 gaps over 9 periods in a 0.4 s window: 433 samples/s, 8% high); a fresh clone's
     sweep read 424 samples/s for this dataset's 400 ceiling that way.
     """
-    from stagebench.loader._point import _Event
+    from stagebench.loader._window import _Event
 
     period, workers, n = 0.040, 4, 4
     events = [
@@ -810,7 +808,7 @@ def test_a_perfectly_regular_stream_still_lies_inside_its_interval():
     """Every gap alike: a zero-width interval that must hold the rate to the last bit (groups of unequal size)."""
     import numpy as np
 
-    from stagebench.loader._point import _Event
+    from stagebench.loader._window import _Event
 
     rng = np.random.default_rng(5)
     for _ in range(100):
@@ -884,7 +882,7 @@ def test_a_window_in_turns_closes_at_its_shortest_where_precision_may_close_it()
 def test_the_search_keeps_open_only_loaders_the_turns_may_ask_for(monkeypatch):
     """Yours, the fastest, then the cheapest near it (the decision's rule, `near_fastest`), at most three: the
     turns ask for those, and the others' workers would only hold memory."""
-    from stagebench.loader import _sweep as sweep_mod
+    from stagebench.loader import _search as sweep_mod
 
     sw = sweep_mod._Sweep(
         lambda knobs: [],
@@ -922,7 +920,7 @@ def test_the_search_keeps_open_only_loaders_the_turns_may_ask_for(monkeypatch):
 def test_loaders_kept_open_give_way_where_the_next_would_not_fit_beside_them(monkeypatch):
     """Before any new loader opens (whatever phase asks for it), its memory is predicted from the latest
     point with workers; where that and the open loaders' workers exceed the budget, the open ones close."""
-    from stagebench.loader import _sweep as sweep_mod
+    from stagebench.loader import _search as sweep_mod
 
     def sweep(budget_mb: float):
         sw = sweep_mod._Sweep(
@@ -1010,8 +1008,8 @@ def test_a_new_loaders_workers_fork_only_once_a_suspended_loader_finished_its_ba
     worker stuck in torch.manual_seed, the point timed out). The new loader's workers wait for it."""
     from loader_datasets import LockHoldingDataset, lock_taking_worker_init
 
+    from stagebench.loader._consumer import _Consumer, _teardown
     from stagebench.loader._intercept import make_loader_factory
-    from stagebench.loader._point import _Consumer, _teardown
 
     holding = make_loader_factory(LockHoldingDataset(n=400, d=0.02), batch_size=8)
     taking = make_loader_factory(SleepDataset(n=64, d=0.001), batch_size=4, worker_init_fn=lock_taking_worker_init)

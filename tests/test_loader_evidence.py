@@ -6,8 +6,10 @@ import math
 
 import pytest
 
-from stagebench.analysis._loader import normalize_row, recommend, summarize_loader
+from stagebench.analysis._loader import summarize_loader
 from stagebench.analysis._loader_evidence import paired_ratio, paired_rounds, pool_points
+from stagebench.analysis._loader_pick import recommend
+from stagebench.analysis._loader_rows import normalize_row
 from stagebench.model._knobs import LoaderKnobs
 
 
@@ -146,6 +148,7 @@ def test_every_setting_left_open_is_named_with_its_ratio_not_only_the_cheapest()
 
 def test_the_search_runs_the_turns_until_the_rule_is_settled(tmp_path, monkeypatch):
     """The search measures the settings the pick hinges on in turns, loaders kept open, until settled."""
+    import stagebench.loader._search as search_mod
     import stagebench.loader._sweep as sweep_mod
     import stagebench.loader._turns as turns_mod
     from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
@@ -171,7 +174,7 @@ def test_the_search_runs_the_turns_until_the_rule_is_settled(tmp_path, monkeypat
         row = _row(nw, truth[nw] * (0.95 if nw == 2 else 1.0) * (1 + 0.01 * turn), half=0.02, phase="paired")
         return {**row, "turn": turn, "persistent_workers": False, "pin_memory": "not applicable"}
 
-    monkeypatch.setattr(sweep_mod, "measure_loader_point", fake_point)
+    monkeypatch.setattr(search_mod, "measure_loader_point", fake_point)
     monkeypatch.setattr(sweep_mod, "_cuda_available", lambda: False)
     monkeypatch.setattr(turns_mod.HeldLoaders, "window", fake_window)
     monkeypatch.setattr(turns_mod.HeldLoaders, "stall", lambda self, knobs, cfg, *, phase, during: None)
@@ -193,7 +196,7 @@ def test_the_search_runs_the_turns_until_the_rule_is_settled(tmp_path, monkeypat
 def test_the_turns_stop_once_the_spread_says_the_cap_cannot_settle_them():
     """Two settings near a tie with ±8% between rounds: settling 5% would take far more rounds than
     ``tie_rounds``, so more rounds only cost time (a slow-starting loader ran all 8, 40 s)."""
-    from stagebench.analysis._loader import turns_to_run
+    from stagebench.analysis._loader_pick import turns_to_run
 
     search = [_row(0, 300.0), _row(1, 280.0), _row(2, 740.0, half=0.064), _row(4, 760.0, half=0.064)]
     rows = search + _paired([(700, 760), (800, 740), (720, 790)])
@@ -209,7 +212,7 @@ def test_the_turns_stop_once_the_spread_says_the_cap_cannot_settle_them():
 def test_a_loader_verdict_that_could_not_tell_says_how_long_its_rounds_ran_and_what_more_would_take():
     """Issue 60: "could not tell within N s; about M s more would". The rounds' seconds are the paired
     windows' own (start-up to tear-down), a round's the mean over the rounds."""
-    from stagebench.analysis._loader import _turn_seconds
+    from stagebench.analysis._loader_pick import _turn_seconds
 
     rows = [
         {"search_phase": "num_workers", "turn": None, "elapsed_s": 9.0},

@@ -59,7 +59,7 @@ def test_the_hosts_rate_is_the_sum_of_its_ranks_and_its_interval_the_sum_of_thei
 
 
 def _arrivals(times, n=16, epoch=0):
-    from stagebench.loader._point import _Event
+    from stagebench.loader._window import _Event
 
     return [_Event(t, epoch, 1, n, 1) for t in times]
 
@@ -68,7 +68,7 @@ def test_a_ranks_share_of_the_window_counts_the_seconds_it_stalled():
     """Issue 57, seen on the 2-core VM: one rank's process held off the cores for 0.8 s while the other ran
     on both; each rank's rate over its own arrivals read the stalled rank's catch-up as its speed (host
     2,116 samples/s where the truth is 1,460). A share spreads each batch over the gap before it."""
-    from stagebench.loader._point import window_share
+    from stagebench.loader._window import window_share
 
     steady = _arrivals([i * 0.02 for i in range(200)])  # 50 batches/s = 800 samples/s
     share = window_share(steady, 1.0, 2.0, 4.0, rnd=1, batch_size=16, slices=5)

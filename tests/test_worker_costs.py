@@ -16,9 +16,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from stagebench.analysis._worker_costs import worker_cost_findings, worker_costs_summary
 from stagebench.loader._config import LoaderSweepConfig
+from stagebench.loader._consumer import _Consumer, _SpdlErrors, _teardown
 from stagebench.loader._costs import copy_bound_mb, largest_container, memory_pass, shipping_cost
 from stagebench.loader._intercept import make_loader_factory
-from stagebench.loader._point import _Consumer, _Plan, _SpdlErrors, _supervise, _teardown, measure_loader_point
+from stagebench.loader._point import _Plan, _supervise, measure_loader_point
 from stagebench.model._knobs import LoaderKnobs
 
 
@@ -368,7 +369,7 @@ class _Busy:
 
     @property
     def events(self) -> list:
-        from stagebench.loader._point import _Event
+        from stagebench.loader._window import _Event
 
         self.made += self.per_read
         return [_Event(t=0.0, epoch=0, pid=os.getpid(), n=8, threads=1)] * self.made
@@ -592,7 +593,7 @@ def test_under_a_memory_limit_no_phase_starts_a_setting_predicted_to_pass_the_bu
     its growth over an epoch, are predicted past it is not started in any phase (the script's own setting
     included): said in the stops, nothing written; the host's budget keeps its rule (the num_workers
     search alone stops at it, each worker's PSS counted)."""
-    from stagebench.loader._sweep import _Sweep
+    from stagebench.loader._search import _Sweep
     from stagebench.runs._results import RowWriter
     from stagebench.runs._schema import LOADER_COLUMNS
 

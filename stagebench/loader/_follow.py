@@ -16,16 +16,10 @@ from typing import Any
 
 from stagebench.core._follow import Followed, follow
 from stagebench.core._ranks import HostGroup
+from stagebench.loader._consumer import _Consumer, _SpdlErrors, _teardown
 from stagebench.loader._mirror import WHAT, knobs_of_json
-from stagebench.loader._point import (
-    _Consumer,
-    _failure,
-    _quiet_sigchld,
-    _SpdlErrors,
-    _teardown,
-    window_share,
-    workers_beyond_cores_unwarned,
-)
+from stagebench.loader._point import _failure, _quiet_sigchld, workers_beyond_cores_unwarned
+from stagebench.loader._window import window_share
 from stagebench.model._knobs import LoaderKnobs
 
 __all__ = ["follow_loaders"]

@@ -37,8 +37,8 @@ from stagebench._import_hook import PostImportFinder
 from stagebench._signals import ignore_sigterm, on_sigterm
 from stagebench._spdl_private import MODE_VAR, PYTORCH_DATALOADER_MODULE, pytorch_get_items
 from stagebench.core._ranks import HostGroup, lead, meet
+from stagebench.loader._built import BuiltLoader, EpochControl, TaggedCollate, TimedInit
 from stagebench.loader._follow import follow_loaders
-from stagebench.loader._point import BuiltLoader, EpochControl, TaggedCollate, TimedInit
 from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
 from stagebench.model._knobs import LoaderKnobs
 from stagebench.runs._knobs import loader_knobs

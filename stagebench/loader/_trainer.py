@@ -9,12 +9,17 @@ from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
+from stagebench.analysis._loader_job import job_candidates
 from stagebench.core._jobrun import Feed, Ladder, drain_queued
 from stagebench.core._ranks import HostGroup
 from stagebench.core._steps import CACHED_BATCHES, TrainerProbe
 from stagebench.job._lockstep import Lockstep, follow_job
 from stagebench.job._phase import JobPlan, end_from_close, trainer_phases
+from stagebench.loader._built import BatchTag, BuiltLoader, shut_down
 from stagebench.loader._mirror import knobs_json
+from stagebench.loader._point import workers_beyond_cores_unwarned
+from stagebench.model._knobs import LoaderKnobs
+from stagebench.runs._results import RunDir, read_rows
 
 __all__ = ["loader_trainer_phases", "follower_trainer_phases"]
 
@@ -37,8 +42,6 @@ def loader_trainer_phases(
     ranks, where it runs several: every rank's loop runs the same steps (:mod:`stagebench.job._lockstep`),
     and the job's figures are the host's samples (a step takes a batch on every rank).
     """
-    from stagebench.model._knobs import LoaderKnobs
-
     ranks = 1 if group is None else group.size
     lock = None if group is None else Lockstep(group)
     probe = TrainerProbe(
@@ -55,9 +58,6 @@ def loader_trainer_phases(
         return _cached_batches(factory, cached_knobs)
 
     def candidates(demand: dict[str, Any]) -> Ladder:
-        from stagebench.analysis._loader import job_candidates
-        from stagebench.runs._results import RunDir, read_rows
-
         rd = RunDir(run_dir)
         return job_candidates(read_rows(rd.results_csv), rd.read_meta(), demand)
 
@@ -80,8 +80,6 @@ def loader_trainer_phases(
 def follower_trainer_phases(group: HostGroup, factory: Any, say: Callable[[str], None]) -> Generator[Any, None, None]:
     """A follower's job phase on DataLoaders built by its own ``factory``: its loop handed its own batches
     from the setting the leader names, step by step (:func:`stagebench.job._lockstep.follow_job`)."""
-    from stagebench.model._knobs import LoaderKnobs
-
     return follow_job(
         group,
         lambda settings: _opened(factory, LoaderKnobs(**settings)),
@@ -104,8 +102,6 @@ def _cached_batches(factory: Any, knobs: Any) -> list:
 
 
 def _has_cuda(run_dir: Path) -> bool:
-    from stagebench.runs._results import RunDir
-
     return bool((RunDir(run_dir).read_meta().get("settings") or {}).get("cuda"))
 
 
@@ -113,8 +109,6 @@ def _has_cuda(run_dir: Path) -> bool:
 def _opened(factory: Any, knobs: Any) -> Iterator[Feed]:
     """A fresh loader at ``knobs`` whose epochs never end; yields its :class:`Feed` (the next user batch, and
     the drain of what its workers queued while it waited for its turn)."""
-    from stagebench.loader._sweep import BatchTag, BuiltLoader, shut_down, workers_beyond_cores_unwarned
-
     with workers_beyond_cores_unwarned():  # torch warns when the loader is built, and again at each iter()
         built = factory(knobs)
     if not isinstance(built, BuiltLoader):

@@ -70,9 +70,24 @@ class LoaderKnobs:
             float(self.pin_memory),
         )
 
-    def label(self) -> str:
-        pf = "-" if self.prefetch_factor is None else str(self.prefetch_factor)
-        return (
-            f"workers={self.num_workers} prefetch={pf}"
-            f"{' persistent' if self.persistent_workers else ''}{' pin' if self.pin_memory else ''}"
-        )
+    def label(self, *, as_call: bool = False, flags: bool = True) -> str:
+        """The setting in words: the one text every place that names a loader setting writes.
+
+        By default the short form that keys a setting in the job runs and the progress line
+        (``workers=2 prefetch=2 persistent pin``, ``prefetch=-`` where it does not apply). ``as_call``: as the
+        DataLoader's own arguments, what the findings and verdicts say (``num_workers=2, prefetch_factor=2,
+        persistent_workers=True, pin_memory=True``; a knob that is off or does not apply, prefetch without workers
+        included, is left out).
+        ``flags=False``: the workers and their prefetch alone, where the text is about the workers.
+        """
+        pf = self.prefetch_factor
+        if as_call:
+            parts = [f"num_workers={self.num_workers}"] + ([f"prefetch_factor={pf}"] if self.num_workers and pf else [])
+            if flags:
+                parts += ["persistent_workers=True"] if self.persistent_workers else []
+                parts += ["pin_memory=True"] if self.pin_memory else []
+            return ", ".join(parts)
+        text = f"workers={self.num_workers} prefetch={'-' if pf is None else pf}"
+        if flags:
+            text += f"{' persistent' if self.persistent_workers else ''}{' pin' if self.pin_memory else ''}"
+        return text

@@ -4,7 +4,6 @@ figures, the transforms as stage cards and what each worker costs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -13,7 +12,6 @@ from stagebench._numbers import finite
 from stagebench.analysis._loader import pooled_frame
 from stagebench.model._loader import LoaderPoint, WorkerCosts
 from stagebench.model._meta import RunSettings
-from stagebench.model._summary import Summary
 from stagebench.report._html import interval_text, num_text, rate_text, svg_uri
 from stagebench.report._page_parts import cell, job_tile, noise_tile, problem_rows, with_keys
 from stagebench.report._run import RunData
@@ -38,17 +36,16 @@ def loader_context(run: RunData) -> dict[str, Any]:
     # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
     from stagebench.report import _loader_plots
 
-    rows, summary = run.rows, run.summary
+    rows, sm = run.rows, run.summary
     info = run.loader
-    sm = Summary.from_json(summary)
     rec = with_keys(sm.recommended, _LOADER_KEYS) if sm.recommended else {}
     best = with_keys(sm.best, _LOADER_KEYS)
     # the same points, read: the tiles' figures and the table's mark of the recommended
-    rec_pt = LoaderPoint.from_json(rec) if rec else None
-    best_rate, user = LoaderPoint.from_json(best).samples_per_s, LoaderPoint.from_json(sm.user_setting)
+    rec_pt = LoaderPoint.from_json(sm.recommended) if rec else None
+    best_rate, user = LoaderPoint.from_json(sm.best).samples_per_s, LoaderPoint.from_json(sm.user_setting)
     search = sm.search
-    target = with_keys(summary.get("target"), ("rate", "met", "verdict")) if summary.get("target") else None
-    tiles = job_tile(summary)
+    target = with_keys(sm.target, ("rate", "met", "verdict")) if sm.target else None
+    tiles = job_tile(run.job)
     if rec_pt is not None and rec_pt.samples_per_s is not None:
         tiles.append(
             {
@@ -122,15 +119,16 @@ def loader_context(run: RunData) -> dict[str, Any]:
                     "rec": _same_knobs(pt, rec_pt),
                 }
             )
-    trows = run.extra.get("transform_rows")
+    trows = run.transform_rows
     transforms = stage_cards(
         trows if trows is not None else pd.DataFrame(),
-        summary.get("transforms") or [],
+        run.transforms,
         [],
         run.provenance.cores,
         anchor="transform",
     )
-    budget = RunSettings.from_json(summary.get("settings")).memory_budget_mb
+    budget = RunSettings.from_json(sm.settings).memory_budget_mb
+    target_rate = sm.target.get("rate") if sm.target else None
     return {
         "info": {str(k): v for k, v in info.to_json().items()},
         "rec": rec,
@@ -138,27 +136,26 @@ def loader_context(run: RunData) -> dict[str, Any]:
         "search": search,
         "target": target,
         "tiles": tiles,
-        "snippet": loader_snippet(summary),
-        "img_tput": svg_uri(_loader_plots.loader_throughput_svg(rows, summary)) if len(rows) else None,
-        "img_heat": svg_uri(_loader_plots.loader_heatmap_svg(rows, summary)) if len(rows) else None,
+        "snippet": loader_snippet(sm),
+        "img_tput": svg_uri(_loader_plots.loader_throughput_svg(rows, rec_pt, target_rate)) if len(rows) else None,
+        "img_heat": svg_uri(_loader_plots.loader_heatmap_svg(rows, rec_pt)) if len(rows) else None,
         "img_startup": svg_uri(_loader_plots.loader_startup_memory_svg(rows, budget if finite(budget) else None))
         if len(rows)
         else None,
         "points": points,
         "problems": problem_rows(rows),
         "transforms": transforms,
-        "costs": _worker_costs_context(sm.worker_costs),
+        "costs": _worker_costs_context(WorkerCosts.from_json(sm.worker_costs) if sm.worker_costs else None),
     }
 
 
-def _worker_costs_context(recorded: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _worker_costs_context(costs: WorkerCosts | None) -> dict[str, Any] | None:
     """What each worker costs (summary["worker_costs"]): the start-up split and the memory over the pass."""
     # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
     from stagebench.report import _loader_plots
 
-    if not recorded:
+    if costs is None:
         return None
-    costs = WorkerCosts.from_json(recorded)
     return {
         "img_startup": svg_uri(_loader_plots.worker_startup_svg(costs)),
         "img_memory": svg_uri(_loader_plots.worker_memory_svg(costs)),
@@ -172,9 +169,9 @@ def _worker_costs_context(recorded: Mapping[str, Any] | None) -> dict[str, Any] 
 
 
 def _knobs_text(point: LoaderPoint) -> str:
-    """``num_workers=4, prefetch_factor=2`` (prefetch only with workers)."""
-    nw, pf = point.num_workers, point.prefetch_factor
-    return f"num_workers={nw}" + (f", prefetch_factor={pf}" if nw and pf is not None else "")
+    """``num_workers=4, prefetch_factor=2`` (prefetch only with workers: :meth:`LoaderKnobs.label`)."""
+    knobs = point.knobs
+    return f"num_workers={point.num_workers}" if knobs is None else knobs.label(as_call=True, flags=False)
 
 
 def _same_knobs(row: LoaderPoint, rec: LoaderPoint | None) -> bool:
