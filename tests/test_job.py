@@ -8,7 +8,8 @@ import math
 import pytest
 
 from stagebench.analysis._job import candidate_figures, contenders, decide_job, futile
-from stagebench.analysis._loader import job_candidates, summarize_loader
+from stagebench.analysis._loader import summarize_loader
+from stagebench.analysis._loader_job import job_candidates
 from stagebench.core._jobrun import (
     MIN_SLICE_S,
     MIN_SLICE_STEPS,
@@ -20,6 +21,8 @@ from stagebench.core._jobrun import (
     group_steps,
 )
 from stagebench.core._steps import WARMUP_STEPS
+from stagebench.model._job import JobRecord
+from stagebench.model._meta import RunSettings
 
 
 class FakeLoop:
@@ -78,9 +81,9 @@ def test_a_slice_warms_up_a_round_of_workers_and_counts_whole_rounds():
     loop = FakeLoop({"w8": 0.0})
     runs = _runs([_cand("w8", 8, round_steps=8)], loop, max_rounds=1)
     loop.run(runs)
-    (s,) = runs.record()["slices"]
-    assert s["warmup_steps"] == max(WARMUP_STEPS, 8) == 8  # the first round: the workers' start-up burst
-    n = len(s["waits"])
+    (s,) = runs.record().slices
+    assert s.warmup_steps == max(WARMUP_STEPS, 8) == 8  # the first round: the workers' start-up burst
+    n = len(s.waits)
     assert n % group_steps(8) == 0 and n >= MIN_SLICE_STEPS  # whole rounds, at least MIN_SLICE_S of 10 ms steps
     assert n * 0.01 >= MIN_SLICE_S
     # one worker, no rounds: groups of four steps
@@ -91,27 +94,41 @@ def test_candidates_take_turns_first_in_priority_order_then_reversed():
     loop = FakeLoop({"yours": 0.0, "feeds": 0.0, "best": 0.0})
     cands = [_cand("yours", 2, "yours"), _cand("feeds", 1), _cand("best", 4, "best")]
     runs = _runs(cands, loop)
-    loop.run(runs, contenders_fn=lambda rec: ["yours", "feeds", "best"] if rec["rounds"] < 3 else [])
-    turns = [s["candidate"] for s in runs.record()["slices"]]
+    loop.run(runs, contenders_fn=lambda rec: ["yours", "feeds", "best"] if rec.rounds < 3 else [])
+    turns = [s.candidate for s in runs.record().slices]
     assert turns == ["yours", "feeds", "best", "best", "feeds", "yours", "yours", "feeds", "best"]
     rec = runs.record()
-    assert rec["rounds"] == 3 and rec["settled"] is True and rec["stopped"] is None
+    assert rec.rounds == 3 and rec.settled is True and rec.stopped is None
+    # run.json["job"]: its keys, in their order, each candidate as run and each slice as measured
+    out = rec.to_json()
+    assert list(out) == [
+        "items_per_step", "candidates", "skipped", "slices", "rounds", "max_rounds", "budget_s", "max_slice_s",
+        "keep_open", "settled", "seconds", "steps_handed", "stopped", "what", "load_avg", "cores",
+    ]  # fmt: skip
+    assert out["candidates"][0] == {
+        "key": "yours", "label": "yours", "settings": {"k": "yours"}, "origin": ["yours"], "cost": [2],
+        "round_steps": 1, "group_steps": 4, "alone": None,
+    }  # fmt: skip
+    assert list(out["slices"][0]) == [
+        "candidate", "round", "status", "reason", "startup_s", "resumed", "drained", "warmup_steps", "partial",
+        "wall_s", "waits", "bodies",
+    ]  # fmt: skip
 
 
 def test_a_loader_stays_open_between_its_turns_and_its_queue_is_drained():
     loop = FakeLoop({"a": 0.0, "b": 0.0}, queued=6)
     runs = _runs([_cand("a", 1), _cand("b", 2)], loop)
-    loop.run(runs, contenders_fn=lambda rec: ["a", "b"] if rec["rounds"] < 3 else [])
+    loop.run(runs, contenders_fn=lambda rec: ["a", "b"] if rec.rounds < 3 else [])
     assert loop.opened == ["a", "b"]  # once each, for three rounds
     assert sorted(loop.closed) == ["a", "b"]  # and closed when the runs end
-    first, *later = [s for s in runs.record()["slices"] if s["candidate"] == "a"]
-    assert first["startup_s"] is not None and not first["resumed"] and first["warmup_steps"] == WARMUP_STEPS
-    assert all(s["resumed"] and s["drained"] == 6 and s["startup_s"] is None for s in later)
-    assert all(s["warmup_steps"] == RESUMED_WARMUP_STEPS for s in later)
+    first, *later = [s for s in runs.record().slices if s.candidate == "a"]
+    assert first.startup_s is not None and not first.resumed and first.warmup_steps == WARMUP_STEPS
+    assert all(s.resumed and s.drained == 6 and s.startup_s is None for s in later)
+    assert all(s.warmup_steps == RESUMED_WARMUP_STEPS for s in later)
     # where the loaders do not fit the memory together, each turn opens its own
     loop = FakeLoop({"a": 0.0, "b": 0.0})
     runs = _runs([_cand("a", 1), _cand("b", 2)], loop, keep_open=False)
-    loop.run(runs, contenders_fn=lambda rec: ["a", "b"] if rec["rounds"] < 2 else [])
+    loop.run(runs, contenders_fn=lambda rec: ["a", "b"] if rec.rounds < 2 else [])
     assert loop.opened == ["a", "b", "b", "a"] and loop.closed == loop.opened
 
 
@@ -130,9 +147,9 @@ def test_a_failing_candidate_is_recorded_and_the_others_still_run():
     loop = FakeLoop({"a": 0.0, "b": -1.0, "c": 0.0})
     runs = _runs([_cand("a", 1), _cand("b", 2), _cand("c", 3)], loop, max_rounds=1)
     loop.run(runs)
-    status = {s["candidate"]: s["status"] for s in runs.record()["slices"]}
+    status = {s.candidate: s.status for s in runs.record().slices}
     assert status == {"a": "ok", "b": "failed", "c": "ok"}
-    assert "a worker died" in runs.record()["slices"][1]["reason"]
+    assert "a worker died" in runs.record().slices[1].reason
 
 
 def test_a_loop_that_stops_keeps_what_ran_and_says_where():
@@ -145,9 +162,9 @@ def test_a_loop_that_stops_keeps_what_ran_and_says_where():
             if i == 20:
                 gen.throw(GeneratorExit)
     rec = runs.record()
-    assert rec["stopped"].startswith("your loop stopped after")
-    assert rec["slices"][0]["candidate"] == "a" and rec["slices"][0]["status"] == "ok"
-    assert rec["slices"][-1]["partial"] is True
+    assert rec.stopped.startswith("your loop stopped after")
+    assert rec.slices[0].candidate == "a" and rec.slices[0].status == "ok"
+    assert rec.slices[-1].partial is True
 
 
 def test_runs_that_cannot_settle_in_the_time_left_end_unsettled_with_the_reason():
@@ -157,11 +174,11 @@ def test_runs_that_cannot_settle_in_the_time_left_end_unsettled_with_the_reason(
 
     def futile(rec, left):
         seen.append(left)
-        return "cannot settle" if rec["rounds"] >= 4 else None
+        return "cannot settle" if rec.rounds >= 4 else None
 
     loop.run(runs, contenders_fn=lambda rec: ["a", "b"], futile=futile)
     rec = runs.record()
-    assert rec["rounds"] == 4 and rec["stopped"] == "cannot settle" and rec["settled"] is False
+    assert rec.rounds == 4 and rec.stopped == "cannot settle" and rec.settled is False
     assert seen == sorted(seen, reverse=True) and 0 < seen[-1] < 100.0  # the budget's seconds left, shrinking
 
 
@@ -170,8 +187,8 @@ def test_the_budget_ends_the_runs_and_is_said():
     runs = _runs([_cand("a", 1), _cand("b", 2), _cand("c", 3)], loop, budget_s=0.5)
     loop.run(runs)
     rec = runs.record()
-    assert "budget" in rec["stopped"] and "before the comparisons settled" in rec["stopped"] and len(rec["slices"]) < 3
-    assert rec["settled"] is False
+    assert "budget" in rec.stopped and "before the comparisons settled" in rec.stopped and len(rec.slices) < 3
+    assert rec.settled is False
 
 
 # --------------------------------------------------------------------------- the verdict
@@ -222,9 +239,10 @@ def test_num_workers_0_starves_the_step_and_the_job_says_so():
     x = d["decision"]["versus_yours"]
     assert x["ratio_low"] > 0.95 and x["rounds"] == 3
     assert d["text"].startswith("use one: ") and "1.00x yours (1.00-1.00 over 3 rounds in turns): as fast" in d["text"]
-    figs = candidate_figures(job)
-    assert figs["zero"]["samples_per_s"] == pytest.approx(16 / 0.081, rel=0.02)
-    assert figs["zero"]["data_wait_share"] == pytest.approx(31 / 81, rel=0.02)
+    zero_figs = candidate_figures(JobRecord.from_json(job))["zero"]
+    assert zero_figs is not None
+    assert zero_figs.samples_per_s == pytest.approx(16 / 0.081, rel=0.02)
+    assert zero_figs.data_wait_share == pytest.approx(31 / 81, rel=0.02)
     zero = next(c for c in d["candidates"] if c["key"] == "zero")
     assert zero["as_good"] is False
 
@@ -260,11 +278,11 @@ def test_what_did_not_run_is_listed_and_nothing_is_decided_without_a_run():
 def test_contenders_are_what_the_decision_still_hinges_on():
     job = _job(a=(0.001, 0.050, "yours", 2), b=(0.2, 0.05, "feeds", 1))
     # three rounds with b far behind a, beyond noise: settled, nothing more to run
-    assert contenders(job) == []
+    assert contenders(JobRecord.from_json(job)) == []
     # two rounds: the ratio has no interval yet, so b is still open, and yours runs beside it
     two = {**job, "slices": [s for s in job["slices"] if s["round"] < 3]}
-    assert contenders(two) == ["a", "b"]
-    assert contenders({**job, "slices": []}) == ["a", "b"]  # nothing ran yet: everything
+    assert contenders(JobRecord.from_json(two)) == ["a", "b"]
+    assert contenders(JobRecord.from_json({**job, "slices": []})) == ["a", "b"]  # nothing ran yet: everything
 
 
 def test_a_cheaper_setting_the_runs_cannot_tell_from_yours_keeps_yours_and_says_what_would_settle_it():
@@ -285,7 +303,7 @@ def test_a_cheaper_setting_the_runs_cannot_tell_from_yours_keeps_yours_and_says_
     ), d["text"]
     assert d["decision"]["versus_yours"]["ratio_low"] < 0.5 and d["decision"]["versus_yours"]["ratio_high"] > 2
     assert "more round" in d["text"] or "no practical number of rounds" in d["text"]
-    assert contenders(job) == ["two", "one"]
+    assert contenders(JobRecord.from_json(job)) == ["two", "one"]
 
 
 def _rounds_job(rounds: int, swing: float) -> dict:
@@ -309,17 +327,19 @@ def test_the_job_runs_stop_where_more_rounds_within_the_budget_cannot_settle_it(
     the spread seen says the rounds that fit in the time left cannot settle any comparison still open, the
     runs stop and say what more would take; where they can, or too few rounds ran to know, they go on."""
     tie = _rounds_job(6, 1.15)  # ratios 1.15, 0.87, ...: a spread no practical number of rounds narrows
-    assert contenders(tie)  # still open
-    why = futile(tie, seconds_left=10.0)  # 2 s a round: 5 rounds fit
+    assert contenders(JobRecord.from_json(tie))  # still open
+    why = futile(JobRecord.from_json(tie), seconds_left=10.0)  # 2 s a round: 5 rounds fit
     assert why == (
         "the job runs stopped after 6 rounds: at the spread seen, no practical number of rounds would settle "
         "the comparisons still open, and 10 s of the budget were left (STAGEBENCH_JOB_S)"
     )
     near = _rounds_job(6, 1.06)  # a smaller spread: a few more rounds would settle it
-    why_near = futile(near, seconds_left=4.0)  # 2 rounds fit
+    why_near = futile(JobRecord.from_json(near), seconds_left=4.0)  # 2 rounds fit
     assert why_near is not None and " about " in why_near and " more rounds (~" in why_near, why_near
-    assert futile(near, seconds_left=600.0) is None  # they fit: go on
-    assert futile(_rounds_job(3, 1.15), seconds_left=10.0) is None  # three rounds: the spread is not known yet
+    assert futile(JobRecord.from_json(near), seconds_left=600.0) is None  # they fit: go on
+    assert (
+        futile(JobRecord.from_json(_rounds_job(3, 1.15)), seconds_left=10.0) is None
+    )  # three rounds: the spread is not known yet
     # the verdict keeps yours, says could not tell and what more would take; the record keeps why they stopped
     d = decide_job({**tie, "stopped": why}, TRAINER)
     assert d["advice"] == "keep yours" and d["stopped"] == why, d
@@ -375,8 +395,8 @@ def test_loader_candidates_are_yours_the_cheapest_that_feeds_a_step_above_and_th
     assert by_origin["feeds"].settings["num_workers"] == 0  # 516 >= 320 x 1.1: the job run shows the trap
     assert by_origin["above"].settings["num_workers"] == 1
     # 2 workers alone deliver 940 (931-949), over 1.5 x 320: four cannot make the job faster than its step
-    assert "best" not in by_origin and "4" in ladder.skipped[0]["label"]
-    assert "rules it out" in ladder.skipped[0]["why"]
+    assert "best" not in by_origin and "4" in ladder.skipped[0].label
+    assert "rules it out" in ladder.skipped[0].why
     assert cands[0].origin == ("yours",) and len(cands) <= 4
     # persistent_workers as the user set it (a job slice sees no epoch boundary)
     assert all(c.settings["persistent_workers"] is False for c in cands)
@@ -488,13 +508,15 @@ def test_on_a_cuda_host_a_pinned_pick_of_the_job_runs_is_what_the_summary_recomm
 def test_the_alone_scope_is_said_only_without_the_loop_and_names_the_users_limits():
     from stagebench.analysis._job import alone_scope
 
-    assert alone_scope("the loader", {"samples_per_s": 100.0}, {}, planned=True) is None
+    assert alone_scope("the loader", {"samples_per_s": 100.0}, RunSettings(), planned=True) is None
     # the loop runs after the first table: that table must not say it will not
-    assert alone_scope("the loader", None, {}, planned=True) is None
-    text = alone_scope("the pipeline", None, {"trainer_s": 4.0, "job_s": 30.0}, planned=False)
+    assert alone_scope("the loader", None, RunSettings(), planned=True) is None
+    text = alone_scope("the pipeline", None, RunSettings(trainer_s=4.0, job_s=30.0), planned=False)
     assert text.startswith("the pick is for the pipeline alone") and "on the real pipeline" in text
     assert "(at most 4 s)" in text and "(at most 30 s)" in text
-    assert "(150 of your steps, 60-300 s)" in alone_scope("the loader", None, {}, planned=False)  # the default
+    assert "(150 of your steps, 60-300 s)" in alone_scope(
+        "the loader", None, RunSettings(), planned=False
+    )  # the default
 
 
 def test_a_data_bound_verdict_names_every_setting_whose_loop_waited_far_less():

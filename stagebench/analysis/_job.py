@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stagebench._numbers import finite, num
+from stagebench._settings import setting
 from stagebench.model._evidence import EQUIVALENT, MIN_ROUNDS, PRACTICAL_ROUNDS, Decision, Option, Ratio, decide
 from stagebench.model._finding import Finding
 from stagebench.model._job import JobFigures, JobRecord, JobSlice, JobVerdict, StepAlone
@@ -78,18 +79,14 @@ def _usable(slice_: JobSlice, group: int) -> int:
     return n - n % group if n >= group else n
 
 
-def candidate_figures(job: Mapping[str, Any]) -> dict[str, dict[str, Any] | None]:
+def candidate_figures(job: JobRecord) -> dict[str, JobFigures | None]:
     """Per candidate key: its pooled job figures, or None where no slice measured it.
 
     ``round_rates`` maps each round to the rate of the candidate's slice in it (what the
     comparisons in turns pair up).
     """
-    return _figures(JobRecord.from_json(job))
-
-
-def _figures(job: JobRecord) -> dict[str, dict[str, Any] | None]:
     k = job.items_per_step
-    out: dict[str, dict[str, Any] | None] = {}
+    out: dict[str, JobFigures | None] = {}
     for cand in job.candidates:
         key = cand.key
         group = cand.group_steps
@@ -121,30 +118,28 @@ def _figures(job: JobRecord) -> dict[str, dict[str, Any] | None]:
                 startups.append(float(s.startup_s))
             used += 1
         if not steps:
-            out[key] = {"failed": failed} if failed else None
+            out[key] = JobFigures(failed=tuple(failed)) if failed else None
             continue
         rate = Rate.around(steps / seconds * k, [g * k for g in groups])
-        out[key] = {
-            **rate.to_json(),
-            "data_wait_share": waited / seconds,
-            "step_samples_per_s": steps / body * k if body > 0 else None,  # the loop body alone, next to the loader
-            "steps": steps,
-            "seconds": seconds,
-            "slices": used,
-            "groups": len(groups),
-            "startup_s": sum(startups) / len(startups) if startups else None,
-            "failed": failed,
-            "round_rates": {str(r): v for r, v in sorted(by_round.items())},
-        }
+        out[key] = JobFigures(
+            samples_per_s=rate.value,
+            samples_per_s_low=rate.low,
+            samples_per_s_high=rate.high,
+            data_wait_share=waited / seconds,
+            step_samples_per_s=steps / body * k if body > 0 else None,
+            steps=steps,
+            seconds=seconds,
+            slices=used,
+            groups=len(groups),
+            startup_s=sum(startups) / len(startups) if startups else None,
+            failed=tuple(failed),
+            round_rates={str(r): v for r, v in sorted(by_round.items())},
+        )
     return out
 
 
 #: Per candidate key: its pooled job figures (None: no slice measured it).
 Figures = Mapping[str, JobFigures | None]
-
-
-def _typed(figs: Mapping[str, dict[str, Any] | None]) -> dict[str, JobFigures | None]:
-    return {k: JobFigures.from_json(f) for k, f in figs.items()}
 
 
 def _measured(f: JobFigures | None) -> bool:
@@ -160,7 +155,7 @@ def _ratio_of(figs: Figures) -> Any:
     """``ratio(a, b)``: a's job rate over b's, round by round, over the rounds both ran in."""
 
     def rates(k: str) -> Mapping[str, float]:
-        f = figs.get(k)  # a candidate's typed figures; a key not run has none
+        f = figs.get(k)  # a key not run has none
         return f.round_rates if f is not None else {}
 
     def ratio(a: str, b: str) -> Ratio | None:
@@ -174,30 +169,22 @@ def _yours(job: JobRecord) -> str | None:
     return next((c.key for c in job.candidates if "yours" in c.origin), None)
 
 
-def job_decision(job: Mapping[str, Any]) -> tuple[Decision, dict[str, dict[str, Any] | None]]:
+def job_decision(job: JobRecord) -> tuple[Decision, dict[str, JobFigures | None]]:
     """The rule applied to the job runs so far, and the figures it read."""
-    d, figs, _ = _decision(JobRecord.from_json(job))
-    return d, figs
+    figs = candidate_figures(job)
+    options = [Option(c.key, c.cost, f.rate if (f := figs[c.key]) is not None else None) for c in job.candidates]
+    return decide(options, yours=_yours(job), ratio=_ratio_of(figs)), figs
 
 
-def _decision(job: JobRecord) -> tuple[Decision, dict[str, dict[str, Any] | None], dict[str, JobFigures | None]]:
-    """The rule applied to the job runs, the figures it read (as the summary holds them, and typed)."""
-    figs = _figures(job)
-    typed = _typed(figs)
-    options = [Option(c.key, c.cost, f.rate if (f := typed[c.key]) is not None else None) for c in job.candidates]
-    return decide(options, yours=_yours(job), ratio=_ratio_of(typed)), figs, typed
-
-
-def contenders(job: Mapping[str, Any]) -> list[str]:
+def contenders(job: JobRecord) -> list[str]:
     """Candidates the decision still hinges on: what the next round runs (empty: settled).
 
     The settings whose comparison is open, with the settings they are compared with (yours, the
     fastest): a pair of windows needs both in the same round. Most important first (yours, the
     fastest, then the open ones, cheapest first): where the budget cannot fit them all, they run first.
     """
-    rec = JobRecord.from_json(job)
-    d, _, figs = _decision(rec)
-    return _contenders_of(d, rec, figs)
+    d, figs = job_decision(job)
+    return _contenders_of(d, job, figs)
 
 
 def _contenders_of(d: Decision, rec: JobRecord, figs: Mapping[str, JobFigures | None]) -> list[str]:
@@ -210,7 +197,7 @@ def _contenders_of(d: Decision, rec: JobRecord, figs: Mapping[str, JobFigures | 
     return list(dict.fromkeys(refs + list(d.open)))
 
 
-def futile(job: Mapping[str, Any], seconds_left: float) -> str | None:
+def futile(rec: JobRecord, seconds_left: float) -> str | None:
     """Why more rounds within ``seconds_left`` cannot settle the decision, or None (they may, or too few
     rounds ran to say: under :data:`MIN_ROUNDS` + 1 the spread is not known well enough).
 
@@ -219,12 +206,11 @@ def futile(job: Mapping[str, Any], seconds_left: float) -> str | None:
     in all. Where even the nearest of those, for every open comparison, takes more rounds than the time
     left can run, the runs stop there and the verdict says could not tell, and what more would take: a
     1 s step's job phase otherwise ran its whole budget (282 s, 123 steps) on settings that tie."""
-    rec = JobRecord.from_json(job)
-    d, _, typed = _decision(rec)
+    d, figs = job_decision(rec)
     if d.settled or d.advice == "none":
         return None
-    ratio = _ratio_of(typed)
-    per = _seconds_per_round(rec, _contenders_of(d, rec, typed))
+    ratio = _ratio_of(figs)
+    per = _seconds_per_round(rec, _contenders_of(d, rec, figs))
     if not per or per <= 0:
         return None
     fit = int(seconds_left // per)
@@ -299,7 +285,7 @@ def _could_not_tell(d: Decision, job: JobRecord, label: Mapping[str, str]) -> st
             f"; at the spread seen, it would take over {PRACTICAL_ROUNDS} more rounds to show whether it is {bound}: "
             "for your job the two are not told apart"
         )
-    loads, cores = job.load_avg, job.cores
+    loads, cores = [x for x in job.load_avg if x is not None], job.cores
     if loads and cores:
         # what the host looked like: a load well beyond what the loop and its loader keep busy is someone else's
         said += f" (the host's 1-min load reached {max(loads):.1f} on {cores} cores during the runs, yours included)"
@@ -325,13 +311,13 @@ def decide_job(
     if not isinstance(job, Mapping) or not rec.candidates:
         return None
     demand = StepAlone.from_json(trainer).rate
-    d, figs, typed = _decision(rec)
-    ran = _ran(typed)
+    d, figs = job_decision(rec)
+    ran = _ran(figs)
     label = {c.key: c.name for c in rec.candidates}
     stopped = rec.stopped
-    unproven = _not_run(rec, typed)
+    unproven = _not_run(rec, figs)
     # each candidate as run.json holds it (every key kept), with its figures
-    entries = _entries(list(job["candidates"]), figs, typed, d.yours)
+    entries = _entries(list(job["candidates"]), figs, d.yours)
     base: dict[str, Any] = {
         "candidates": entries,
         "demand": demand.value if demand else None,
@@ -358,7 +344,7 @@ def decide_job(
         }
     for e in entries:
         e["as_good"] = e["key"] in d.as_good
-    v = _Verdict(d, rec, ran, label, unit, _ratio_of(typed))
+    v = _Verdict(d, rec, ran, label, unit, _ratio_of(figs))
     why = v.why()
     if d.advice == "use" and d.yours:
         unproven.append("your own setting was not run with your loop: the comparison with yours is not measured")
@@ -413,18 +399,16 @@ def _not_run(job: JobRecord, figs: Figures) -> list[str]:
     return out
 
 
-def _entries(
-    cands: list[dict[str, Any]], figs: Mapping[str, dict[str, Any] | None], typed: Figures, yours: str | None
-) -> list[dict[str, Any]]:
+def _entries(cands: list[dict[str, Any]], figs: Figures, yours: str | None) -> list[dict[str, Any]]:
     """Each candidate with its job figures (None where it did not run) and its ratio to yours in turns.
 
-    ``cands``: as run.json holds them, written back with every key; ``figs``: the figures as the summary
-    holds them, ``typed`` the same read."""
-    ratio = _ratio_of(typed)
+    ``cands``: as run.json holds them, written back with every key."""
+    ratio = _ratio_of(figs)
     entries = []
     for c in cands:
         key = c["key"]
-        e = {**c, "job": figs[key] if _measured(typed[key]) else None}
+        f = figs[key]
+        e = {**c, "job": f.to_json() if f is not None and _measured(f) else None}
         if yours and key != yours and e["job"] is not None:
             x = ratio(key, yours)
             e["versus_yours"] = x.to_json() if x else None
@@ -529,9 +513,7 @@ class _Verdict:
         return out
 
 
-def alone_scope(
-    what: str, trainer: Mapping[str, Any] | None, settings: Mapping[str, Any] | RunSettings, *, planned: bool
-) -> str | None:
+def alone_scope(what: str, trainer: Mapping[str, Any] | None, settings: RunSettings, *, planned: bool) -> str | None:
     """``summary.json["scope"]``: one line saying the pick is for ``what`` (the loader, the pipeline) alone,
     and how to check the job; None where the training loop was measured, or is about to be (``planned``:
     the first table, printed before the loop runs, must not say it will not).
@@ -543,9 +525,6 @@ def alone_scope(
         return _unmeasured_scope(what, StepAlone.from_json(trainer))
     if planned:
         return None
-    from stagebench._settings import setting
-
-    s = settings if isinstance(settings, RunSettings) else RunSettings.from_json(settings)
 
     def most(given: float | None, key: str) -> str:
         value = given or setting(key).default
@@ -555,8 +534,8 @@ def alone_scope(
         f"the pick is for {what} alone: your training loop shares this host's cores (and, with a GPU, the copy "
         "to it) and was not run. To check your job, run your script under `stagebench diagnose --trainer` (or "
         f"with STAGEBENCH_TRAINER=measure): your loop on cached batches until its step is known "
-        f"({most(s.trainer_s, 'trainer_s')}), then on the real {what.removeprefix('the ')} at up to four settings in turns until "
-        f"they are told apart ({most(s.job_s, 'job_s')}); your setting is changed only where those runs show the change "
+        f"({most(settings.trainer_s, 'trainer_s')}), then on the real {what.removeprefix('the ')} at up to four settings in turns until "
+        f"they are told apart ({most(settings.job_s, 'job_s')}); your setting is changed only where those runs show the change "
         "faster beyond noise, or cheaper and within 5%."
     )
 
@@ -581,12 +560,11 @@ def _unmeasured_scope(what: str, step: StepAlone) -> str | None:
     )
 
 
-def job_findings(job: Mapping[str, Any] | JobVerdict) -> list[dict[str, Any]]:
+def job_findings(v: JobVerdict) -> list[dict[str, Any]]:
     """The user's setting against the job runs' pick (what the training job itself did), and what was not checked.
 
     The same shape as the loader's and the pipeline's findings (``stage`` None)."""
-    v = job if isinstance(job, JobVerdict) else JobVerdict.from_json(job)
-    assert v is not None and v.pick is not None  # decided: a pick was run
+    assert v.pick is not None  # decided: a pick was run
     cands = {c.key: c for c in v.candidates}
     pick, yours = cands[v.pick], cands.get(v.yours or "")
     x = v.decision.versus_yours if v.decision is not None else None

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from stagebench.core._jobrun import Candidate, JobSetting, Ladder
+from stagebench.model._job import JobSkipped
 from stagebench.model._rate import Rate
 
 __all__ = ["Rung", "build_ladder", "MAX_CANDIDATES", "ROOM"]
@@ -49,15 +49,6 @@ class Rung(JobSetting):
     """What it holds while open (its workers), where measured."""
 
 
-def _alone_json(r: Rung) -> dict[str, Any] | None:
-    if r.alone is None:
-        return None
-    out: dict[str, Any] = r.alone.to_json()
-    if r.alone_as is not None:
-        out["measured_as"] = r.alone_as
-    return out
-
-
 def build_ladder(
     offers: Sequence[tuple[Rung | None, str]],
     *,
@@ -78,7 +69,7 @@ def build_ladder(
             merged.append((rung, [origin]))
     need = None if demand is None else ROOM * (demand.high if demand.high is not None else demand.value)
     run: list[tuple[Rung, list[str]]] = []
-    skipped: list[dict[str, str]] = []
+    skipped: list[JobSkipped] = []
     for rung, origins in merged:
         roomy = [
             r
@@ -89,23 +80,28 @@ def build_ladder(
         if set(origins) <= {"above", "best"} and roomy:
             r = min(roomy, key=lambda x: x.cost)
             skipped.append(
-                {
-                    "label": rung.label,
-                    "why": f"the isolated sweep rules it out: {r.label} alone already delivers "
+                JobSkipped(
+                    rung.label,
+                    f"the isolated sweep rules it out: {r.label} alone already delivers "
                     f"{r.alone.text() if r.alone else '?'}, over {ROOM:g}x your step's demand, with fewer "
                     "resources; more capacity cannot make your job faster than your step, only take its cores",
-                }
+                )
             )
             continue
         run.append((rung, origins))
     for rung, _ in run[MAX_CANDIDATES:]:
-        skipped.append({"label": rung.label, "why": f"at most {MAX_CANDIDATES} settings run with your loop"})
+        skipped.append(JobSkipped(rung.label, f"at most {MAX_CANDIDATES} settings run with your loop"))
     run = run[:MAX_CANDIDATES]
     held = sum(r.memory_mb or 0.0 for r, _ in run)
     keep_open = memory_budget_mb is None or held <= memory_budget_mb
     return Ladder(
         run=[
-            Candidate(**{**r.setting(), "settings": dict(r.settings)}, origin=tuple(origins), alone=_alone_json(r))
+            Candidate(
+                **{**r.setting(), "settings": dict(r.settings)},
+                origin=tuple(origins),
+                alone=r.alone,
+                alone_as=r.alone_as,
+            )
             for r, origins in run
         ],
         skipped=skipped,

@@ -37,6 +37,7 @@ the machine favours none, until the decision settles or ``budget_s`` is spent. A
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack
@@ -45,6 +46,8 @@ from typing import Any
 
 from stagebench.core._steps import WARMUP_STEPS
 from stagebench.model._evidence import MAX_LOOKS
+from stagebench.model._job import JobCandidate, JobRecord, JobSkipped, JobSlice
+from stagebench.model._rate import Rate
 
 __all__ = [
     "Candidate",
@@ -112,20 +115,24 @@ class Candidate(JobSetting):
 
     origin: tuple[str, ...]
     """Why it is a candidate: ``yours``, ``feeds``, ``above``, ``best``, ``pinned`` (the analysis words them)."""
-    alone: Mapping[str, Any] | None = None
-    """The loader or pipeline alone at this setting, where measured (samples/s and interval)."""
+    alone: Rate | None = None
+    """The loader or pipeline alone at this setting, where measured."""
+    alone_as: str | None = None
+    """The setting the alone figure was measured at, where it differs in words."""
 
-    def as_meta(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "label": self.label,
-            "settings": dict(self.settings),
-            "origin": list(self.origin),
-            "cost": list(self.cost),
-            "round_steps": self.round_steps,
-            "group_steps": group_steps(self.round_steps),
-            "alone": dict(self.alone) if self.alone else None,
-        }
+    def as_record(self) -> JobCandidate:
+        """The candidate as the job's record holds it."""
+        return JobCandidate(
+            key=self.key,
+            label=self.label,
+            settings=dict(self.settings),
+            origin=self.origin,
+            cost=self.cost,
+            round_steps=self.round_steps,
+            group_steps=group_steps(self.round_steps),
+            alone=self.alone,
+            alone_as=self.alone_as if self.alone is not None else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +142,7 @@ class Ladder:
     open between their turns (their memory fits the host together)."""
 
     run: list[Candidate]
-    skipped: list[dict[str, str]] = field(default_factory=list)
+    skipped: list[JobSkipped] = field(default_factory=list)
     keep_open: bool = True
 
 
@@ -191,8 +198,6 @@ Opener = Callable[[Candidate], AbstractContextManager[Any]]
 
 def _load_avg() -> float | None:
     """The host's 1-min load average (runnable tasks, ours included): what a busy host looked like."""
-    import os
-
     try:
         return round(os.getloadavg()[0], 2)
     except OSError:
@@ -202,12 +207,47 @@ def _load_avg() -> float | None:
 def _cores() -> int:
     """The cores the host's load average is read against: the process's affinity mask, not a CPU quota's
     share of them (the load counts the host's runnable tasks, whatever group they are in)."""
-    import os
-
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+@dataclass(eq=False)
+class _Turn:
+    """A slice as it runs (:class:`JobSlice` once it is written): filled step by step."""
+
+    candidate: str
+    round: int
+    status: str = "ok"
+    reason: str = ""
+    startup_s: float | None = None
+    resumed: bool = False
+    drained: int = 0
+    warmup_steps: int = 0
+    partial: bool = False
+    wall_s: float = 0.0
+    emptied: int | None = None
+    waits: list[float] = field(default_factory=list)
+    bodies: list[float] = field(default_factory=list)
+
+    def record(self) -> JobSlice:
+        """The slice as written: per-step times to the microsecond."""
+        return JobSlice(
+            candidate=self.candidate,
+            round=self.round,
+            status=self.status,
+            reason=self.reason,
+            startup_s=self.startup_s,
+            resumed=self.resumed,
+            drained=self.drained,
+            warmup_steps=self.warmup_steps,
+            partial=self.partial,
+            wall_s=self.wall_s,
+            emptied=self.emptied,
+            waits=tuple(round(x, 6) for x in self.waits),
+            bodies=tuple(round(x, 6) for x in self.bodies),
+        )
 
 
 @dataclass(eq=False)
@@ -224,8 +264,8 @@ class JobRuns:
     clock: Callable[[], float] = time.perf_counter
     what: str = "the real loader"  # what the loop runs on, in messages
     keep_open: bool = True
-    skipped: list[dict[str, str]] = field(default_factory=list)  # ruled out by the isolated sweep: {label, why}
-    slices: list[dict[str, Any]] = field(default_factory=list, init=False)
+    skipped: list[JobSkipped] = field(default_factory=list)  # ruled out by the isolated sweep
+    slices: list[_Turn] = field(default_factory=list, init=False)
     rounds: int = field(default=0, init=False)
     settled: bool = field(default=False, init=False)
     stopped: str | None = field(default=None, init=False)  # why the runs ended before the decision settled
@@ -242,8 +282,8 @@ class JobRuns:
     def run(
         self,
         open_candidate: Opener,
-        contenders: Callable[[dict[str, Any]], list[str]],
-        futile: Callable[[dict[str, Any], float], str | None] | None = None,
+        contenders: Callable[[JobRecord], list[str]],
+        futile: Callable[[JobRecord, float], str | None] | None = None,
     ) -> Iterator[Any]:
         """Yield batches to the user's loop, slice after slice (module docstring). ``futile(record,
         seconds_left)``: why more rounds within the time left cannot settle the decision (the runs stop
@@ -299,7 +339,7 @@ class JobRuns:
         where the loader is opened afresh for each)."""
         walls: dict[str, float] = {}
         for s in self.slices:
-            walls[s["candidate"]] = s["wall_s"]
+            walls[s.candidate] = s.wall_s
         everyone = list(walls.values())
         typical = sum(everyone) / len(everyone) if everyone else 0.0
         return sum(walls.get(c.key, typical) for c in todo)
@@ -315,29 +355,16 @@ class JobRuns:
         return feed, False
 
     def _slice(self, cand: Candidate, rnd: int, open_candidate: Opener, held: ExitStack) -> Iterator[Any]:
-        rec: dict[str, Any] = {
-            "candidate": cand.key,
-            "round": rnd,
-            "status": "ok",
-            "reason": "",
-            "startup_s": None,
-            "resumed": False,
-            "drained": 0,
-            "warmup_steps": 0,
-            "waits": [],
-            "bodies": [],
-            "partial": False,
-            "wall_s": 0.0,
-        }
+        rec = _Turn(cand.key, rnd)
         self.slices.append(rec)
         group = group_steps(cand.round_steps)
         t_open = self.clock()
         with ExitStack() as own:  # a loader opened for this slice alone closes after it
             try:
                 feed, resumed = self._feed(cand, open_candidate, held if self.keep_open else own)
-                rec["resumed"] = resumed
+                rec.resumed = resumed
                 if resumed and feed.drain is not None:
-                    rec["drained"] = feed.drain()
+                    rec.drained = feed.drain()
                 # a resumed loader whose queue was drained: its workers are at work; one emptied while it
                 # waited (a pipeline) refills from nothing, as a fresh one does
                 light = resumed and feed.pause is None
@@ -348,27 +375,27 @@ class JobRuns:
                     try:
                         item = feed.get()
                     except EOFError:
-                        rec["status"], rec["reason"] = "ended", "the loader or pipeline ended"
+                        rec.status, rec.reason = "ended", "the loader or pipeline ended"
                         break
                     t1 = self.clock()
                     if i == 0 and not resumed:
-                        rec["startup_s"] = t1 - t_open
+                        rec.startup_s = t1 - t_open
                     self.steps_handed += 1
                     try:
                         yield item
                     except GeneratorExit:
-                        rec["partial"] = True
+                        rec.partial = True
                         self.stopped = f"your loop stopped after {self.steps_handed} steps of the job runs"
                         raise
                     t2 = self.clock()
                     i += 1
                     if i <= warm:
-                        rec["warmup_steps"] += 1
+                        rec.warmup_steps += 1
                         continue
-                    rec["waits"].append(t1 - t0)
-                    rec["bodies"].append(t2 - t1)
+                    rec.waits.append(t1 - t0)
+                    rec.bodies.append(t2 - t1)
                     counted_s += t2 - t0
-                    n = len(rec["waits"])
+                    n = len(rec.waits)
                     whole = n % group == 0
                     if whole and n >= MIN_SLICE_STEPS and counted_s >= MIN_SLICE_S:
                         break
@@ -379,39 +406,32 @@ class JobRuns:
                     if counted_s >= 2 * self.max_slice_s:  # a round that never completes: stop anyway
                         break
                 if self.keep_open and feed.pause is not None:
-                    rec["emptied"] = feed.pause()
+                    rec.emptied = feed.pause()
             except Exception as e:  # the loader raised or a worker died: this slice fails, the runs go on
-                rec["status"], rec["reason"] = "failed", f"{type(e).__name__}: {e}"[:300]
+                rec.status, rec.reason = "failed", f"{type(e).__name__}: {e}"[:300]
                 self._open.pop(cand.key, None)  # not resumed after a failure: opened afresh next time
-                self.say(f"job: {cand.label} failed: {rec['reason']}")
+                self.say(f"job: {cand.label} failed: {rec.reason}")
             finally:
-                rec["wall_s"] = self.clock() - t_open
+                rec.wall_s = self.clock() - t_open
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> JobRecord:
         """What ran, as ``run.json["job"]`` stores it (per-step times to the microsecond)."""
         end = self._t_end if self._t_end is not None else self.clock()
-        return {
-            "items_per_step": self.items_per_step,
-            "candidates": [c.as_meta() for c in self.candidates],
-            "skipped": list(self.skipped),
-            "slices": [
-                {
-                    **{k: v for k, v in s.items() if k not in ("waits", "bodies")},
-                    "waits": [round(x, 6) for x in s["waits"]],
-                    "bodies": [round(x, 6) for x in s["bodies"]],
-                }
-                for s in self.slices
-            ],
-            "rounds": self.rounds,
-            "max_rounds": self.max_rounds,
-            "budget_s": self.budget_s,
-            "max_slice_s": self.max_slice_s,
-            "keep_open": self.keep_open,
-            "settled": self.settled,
-            "seconds": (end - self._t0) if self._t0 is not None else 0.0,
-            "steps_handed": self.steps_handed,
-            "stopped": self.stopped,
-            "what": self.what,
-            "load_avg": list(self.load),
-            "cores": _cores(),
-        }
+        return JobRecord(
+            items_per_step=self.items_per_step,
+            candidates=tuple(c.as_record() for c in self.candidates),
+            skipped=tuple(self.skipped),
+            slices=tuple(s.record() for s in self.slices),
+            rounds=self.rounds,
+            max_rounds=self.max_rounds,
+            budget_s=self.budget_s,
+            max_slice_s=self.max_slice_s,
+            keep_open=self.keep_open,
+            settled=self.settled,
+            seconds=(end - self._t0) if self._t0 is not None else 0.0,
+            steps_handed=self.steps_handed,
+            stopped=self.stopped,
+            what=self.what,
+            load_avg=tuple(self.load),
+            cores=_cores(),
+        )

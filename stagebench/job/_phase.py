@@ -78,7 +78,7 @@ def _write(run_dir: Any, probe: TrainerProbe, runs: JobRuns | None) -> None:
     meta = rd.read_meta()
     meta["trainer"] = probe.result()
     if runs is not None:
-        meta["job"] = runs.record()
+        meta["job"] = runs.record().to_json()
     rd.write_meta(meta)
 
 

@@ -179,6 +179,17 @@ class JobCandidate:
             out["alone"]["measured_as"] = self.alone_as
         return out
 
+    def as_run(self) -> dict[str, Any]:
+        """The candidate as ``run.json["job"]`` holds it: what was run, without the verdict's figures."""
+        out = self.to_json()
+        for k in _VERDICT_ONLY:
+            del out[k]
+        return out
+
+
+#: what the verdict adds to a candidate (its figures, its ratio to yours, whether as good as the fastest)
+_VERDICT_ONLY = ("job", "versus_yours", "as_good")
+
 
 @dataclass(frozen=True, slots=True)
 class JobSlice(Read):
@@ -189,11 +200,21 @@ class JobSlice(Read):
     round: int = 0
     status: str | None = None
     reason: str | None = None
-    waits: tuple[float, ...] = ()
-    bodies: tuple[float, ...] = ()
     startup_s: float | None = None
+    """Seconds from opening the loader to its first batch (None: resumed, or no batch came)."""
+    resumed: bool = False
+    """Whether the loader was kept open from an earlier turn."""
+    drained: int = 0
+    """Batches a resumed loader had queued while it waited, taken before the warm-up."""
+    warmup_steps: int = 0
+    partial: bool = False
+    """Whether the user's loop stopped inside the slice."""
     wall_s: float = 0.0
     """Seconds the slice took, its opening included."""
+    emptied: int | None = None
+    """Items a pipeline dropped as its turn ended (None: a loader, or not kept open; not written)."""
+    waits: tuple[float, ...] = ()
+    bodies: tuple[float, ...] = ()
 
     READ: ClassVar[Coercions] = {
         "round": lambda v: int(v or 0),
@@ -201,6 +222,13 @@ class JobSlice(Read):
         "bodies": items,
         "wall_s": lambda v: float(v or 0.0),
     }
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields in order; ``emptied`` only where a pipeline was emptied."""
+        out = write(self)
+        if self.emptied is None:
+            del out["emptied"]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,30 +241,44 @@ class JobSkipped(Read):
 
 @dataclass(frozen=True, slots=True)
 class JobRecord(Read):
-    """What the job runs measured (``run.json["job"]``): the candidates, every slice, the items per step,
-    how long they ran and why they stopped, and the host's load meanwhile."""
+    """What the job runs measured (``run.json["job"]``, built by
+    :meth:`stagebench.core._jobrun.JobRuns.record`): the items per step, the candidates, those ruled out,
+    every slice, how the runs were bounded, how long they ran and why they stopped, and the host's load
+    meanwhile."""
 
-    candidates: tuple[JobCandidate, ...] = ()
-    slices: tuple[JobSlice, ...] = ()
     items_per_step: float = 1.0
+    candidates: tuple[JobCandidate, ...] = ()
+    skipped: tuple[JobSkipped, ...] = ()
+    slices: tuple[JobSlice, ...] = ()
     rounds: int | None = None
+    max_rounds: int | None = None
+    budget_s: float | None = None
+    max_slice_s: float | None = None
+    keep_open: bool = True
+    """Whether the loaders stayed open between their turns."""
+    settled: bool = False
     seconds: float | None = None
     steps_handed: int | None = None
     stopped: str | None = None
     what: str | None = None
-    load_avg: tuple[float, ...] = ()
-    """The host's 1-min load during the runs (numbers only)."""
+    load_avg: tuple[float | None, ...] = ()
+    """The host's 1-min load at the start and the end of the runs (None where the host did not say)."""
     cores: int = 0
-    skipped: tuple[JobSkipped, ...] = ()
 
     READ: ClassVar[Coercions] = {
         "candidates": each(JobCandidate.from_json),
         "slices": each(JobSlice.from_json),
         "items_per_step": lambda v: float(v or 1.0),
-        "load_avg": lambda v: tuple(x for x in v or () if isinstance(x, (int, float))),
+        "load_avg": lambda v: tuple(x for x in v or () if x is None or isinstance(x, (int, float))),
         "cores": lambda v: int(v or 0),
         "skipped": each(JobSkipped.from_json),
     }
+
+    def to_json(self) -> dict[str, Any]:
+        """``run.json["job"]``: the fields in order, each candidate as run (:meth:`JobCandidate.as_run`)."""
+        out = write(self)
+        out["candidates"] = [c.as_run() for c in self.candidates]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
