@@ -16,6 +16,8 @@ import pytest
 from _stages import Sleep, Spin, SpinSleep
 from spdl.pipeline import PipelineBuilder
 
+from stagebench.model._meta import RunMeta
+from stagebench.model._summary import Summary
 from stagebench.pipeline._diagnose import diagnose_pipeline
 from stagebench.pipeline._settings import DiagnoseSettings
 from stagebench.report._snippets import loader_snippet, pipeline_snippet
@@ -66,7 +68,7 @@ def rule_no_throughput_for_an_unchecked_change(summary: dict) -> list[str]:
 
 
 def rule_snippet_sets_the_recommended_settings(summary: dict, meta: dict) -> list[str]:
-    snippet = pipeline_snippet(summary, meta)
+    snippet = pipeline_snippet(Summary.from_json(summary), RunMeta.from_json(meta))
     bad = []
     for st in summary.get("stages") or []:
         rec = st.get("recommended") or {}
@@ -223,9 +225,9 @@ def _check(run: Path) -> list[str]:
     meta = json.loads((run / "run.json").read_text())
     broken = [f"{r.__name__}: {b}" for r in RULES for b in r(summary)]
     if summary.get("kind") == "loader":
-        snippet = loader_snippet(summary)
+        snippet = loader_snippet(Summary.from_json(summary))
     else:
-        snippet = pipeline_snippet(summary, meta)
+        snippet = pipeline_snippet(Summary.from_json(summary), RunMeta.from_json(meta))
         broken += [
             f"rule_snippet_sets_the_recommended_settings: {b}"
             for b in rule_snippet_sets_the_recommended_settings(summary, meta)
@@ -303,7 +305,7 @@ def test_16_core_loader_rows_keep_the_scripts_pinning_and_say_the_job_was_not_ru
     assert "they were not measured in turns" in s["recommended"]["why"]
     assert s["recommended"]["persistent_workers"] is True
     assert "the job: inconclusive: no setting was run with your loop" in s["verdict"]
-    snippet = loader_snippet(s)
+    snippet = loader_snippet(Summary.from_json(s))
     assert "pin_memory=True,  # as yours" in snippet and "persistent_workers=True,  # as yours" in snippet
 
 

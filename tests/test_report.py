@@ -19,6 +19,9 @@ import pandas as pd
 import pytest
 
 from stagebench._errors import StagebenchError
+from stagebench.model._meta import RunMeta
+from stagebench.model._stage import StageEntry
+from stagebench.model._summary import Summary
 from stagebench.report import _render, _snippets
 from stagebench.report._plots import usl_curve
 from stagebench.report._stage_plots import stage_throughput_svg
@@ -245,7 +248,9 @@ def test_mathtext_and_long_names_do_not_break_plots() -> None:
     rows = fx.synthetic_rows()
     rows = rows[rows.stage == "decode"].copy()
     rows["stage"] = "cost $x$ \\frac{" + "y" * 200
-    svg = stage_throughput_svg(rows, {"recommended": {"executor": "process", "concurrency": 8, "qps": 3979.0}})
+    svg = stage_throughput_svg(
+        rows, StageEntry.from_json({"recommended": {"executor": "process", "concurrency": 8, "qps": 3979.0}})
+    )
     assert svg and "<svg" in svg
 
 
@@ -312,14 +317,23 @@ def test_loader_transforms_get_stage_cards(loader_run: Path) -> None:
 
 def test_loader_snippet_without_workers_drops_worker_only_knobs() -> None:
     snip = _snippets.loader_snippet(
-        {
-            "loader": {"backend": "torch", "batch_size": 8},
-            "recommended": {"num_workers": 0, "prefetch_factor": 2, "persistent_workers": True, "pin_memory": False},
-        }
+        Summary.from_json(
+            {
+                "loader": {"backend": "torch", "batch_size": 8},
+                "recommended": {
+                    "num_workers": 0,
+                    "prefetch_factor": 2,
+                    "persistent_workers": True,
+                    "pin_memory": False,
+                },
+            }
+        )
     )
     assert "prefetch_factor" not in snip and "persistent_workers=False" in snip
     spdl = _snippets.loader_snippet(
-        {"loader": {"backend": "spdl_pytorch"}, "recommended": {"num_workers": 4, "prefetch_factor": 2}}
+        Summary.from_json(
+            {"loader": {"backend": "spdl_pytorch"}, "recommended": {"num_workers": 4, "prefetch_factor": 2}}
+        )
     )
     assert "get_pytorch_dataloader(" in spdl and "num_workers=4" in spdl
 
@@ -339,7 +353,7 @@ def test_loader_snippet_is_your_own_call_with_only_the_knobs_changed() -> None:
     data = list(range(32))
     recommended = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": True, "pin_memory": True}
     f = make_loader_factory(data, batch_size=None, shuffle=True, collate_fn=pad_collate, pin_memory=True, num_workers=8)
-    snip = _snippets.loader_snippet({"loader": f.describe(), "recommended": recommended})
+    snip = _snippets.loader_snippet(Summary.from_json({"loader": f.describe(), "recommended": recommended}))
     lines = [ln.strip() for ln in snip.splitlines()]
     for kept in ("batch_size=None,", "shuffle=True,", "collate_fn=pad_collate,", "pin_memory=True,  # as yours"):
         assert kept in lines, (kept, snip)
@@ -348,7 +362,7 @@ def test_loader_snippet_is_your_own_call_with_only_the_knobs_changed() -> None:
     g = make_loader_factory(
         data, batch_size=4, drop_last=True, sampler=WeightedRandomSampler(torch.ones(32), 32), num_workers=0
     )
-    snip = _snippets.loader_snippet({"loader": g.describe(), "recommended": recommended})
+    snip = _snippets.loader_snippet(Summary.from_json({"loader": g.describe(), "recommended": recommended}))
     lines = [ln.strip() for ln in snip.splitlines()]
     assert "batch_size=4," in lines and "drop_last=True," in lines and "shuffle=True," not in lines
     assert "sampler=...,  # yours: WeightedRandomSampler" in lines and "collate_fn" not in snip
@@ -364,7 +378,7 @@ def test_pipeline_snippet_handles_every_executor_and_odd_names() -> None:
             {"name": "batch", "type": "aggregate"},
         ]
     }
-    snip = _snippets.pipeline_snippet(summary, {})
+    snip = _snippets.pipeline_snippet(Summary.from_json(summary), RunMeta())
     assert ".pipe(decode, concurrency=4, executor=ProcessPoolExecutor(max_workers=4))" in snip
     assert ".pipe(fetch, concurrency=16)\n" in snip
     assert ".pipe(fn, concurrency=2, executor=ThreadPoolExecutor(max_workers=2))  # stage 'my stage!'" in snip
@@ -657,7 +671,7 @@ def test_the_snippets_first_line_says_what_the_runs_in_turns_showed(advice):
     summary = json.loads((example / "summary.json").read_text())
     meta = json.loads((example / "run.json").read_text())
     summary["job"] = {**summary["job"], "advice": advice}
-    head = _snippets.pipeline_snippet(summary, meta).splitlines()[0]
+    head = _snippets.pipeline_snippet(Summary.from_json(summary), RunMeta.from_json(meta)).splitlines()[0]
     if advice == "keep yours":
         assert "as fast" not in head and "no setting run was shown faster than yours" in head
     else:

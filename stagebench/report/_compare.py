@@ -42,7 +42,6 @@ from stagebench._numbers import num
 from stagebench.model._loader import LoaderPoint
 from stagebench.model._meta import Provenance
 from stagebench.model._stage import StageEntry
-from stagebench.model._summary import Summary
 from stagebench.report._html import (
     csv_uri,
     finite,
@@ -248,8 +247,7 @@ def _stage_estimate(run: RunData, stage: StageEntry, name: str) -> Estimate | No
 
 
 def _entry(run: RunData, label: str) -> _Entry:
-    s = run.summary
-    sm = Summary.from_json(s)
+    sm = run.summary
     if run.kind == "loader":
         return _Entry(
             label=label,
@@ -260,7 +258,7 @@ def _entry(run: RunData, label: str) -> _Entry:
             best_note="best measured loader setting",
             rec=_loader_estimate(run, sm.recommended),
             rec_setting=_knobs(sm.recommended),
-            verdict=str(s.get("verdict") or ""),
+            verdict=str(sm.verdict or ""),
         )
     pred, val = sm.prediction, sm.validation
     settings = "; ".join(f"{x.stage}: {x.executor} × {x.concurrency}" for x in pred.settings)
@@ -281,7 +279,7 @@ def _entry(run: RunData, label: str) -> _Entry:
         best_note=note,
         rec=best,
         rec_setting=settings,
-        verdict=str(s.get("verdict") or ""),
+        verdict=str(sm.verdict or ""),
     )
 
 
@@ -445,7 +443,7 @@ def _loader_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
             continue
         top = ok.loc[ok.groupby("num_workers")["samples_per_s"].idxmax()].sort_values("num_workers")
         top = top.astype({"num_workers": int})
-        rec = e.run.summary.get("recommended") or {}
+        rec = e.run.summary.recommended or {}
         series.append(_curve(e.label, top, "num_workers", "samples_per_s", rec))
     img = _compare_plots.compare_curves_svg(
         series, xlabel="num_workers (best prefetch_factor at each)", ylabel="throughput (samples/s)", log2_x=False
@@ -466,11 +464,11 @@ def _loader_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
 def _stage_names(entries: Sequence[_Entry]) -> list[str]:
     names: list[str] = []
     for e in entries:
-        for s in map(StageEntry.from_json, e.run.summary.get("stages") or []):
+        for s in e.run.stages:
             n = s.name
             if n not in names:
                 names.append(n)
-        if not e.run.summary.get("stages") and "stage" in e.run.rows:
+        if not e.run.stages and "stage" in e.run.rows:
             for n in e.run.rows["stage"].astype(str).unique():
                 if n not in names:
                     names.append(n)
@@ -478,7 +476,7 @@ def _stage_names(entries: Sequence[_Entry]) -> list[str]:
 
 
 def _stage_summary(e: _Entry, name: str) -> StageEntry | None:
-    for s in map(StageEntry.from_json, e.run.summary.get("stages") or []):
+    for s in e.run.stages:
         if s.name == name:
             return s
     return None
@@ -634,11 +632,11 @@ def write_comparison(run_dirs: Sequence[Path], out_dir: Path, *, title: str, fai
         except Exception as err:  # one unreadable run must not lose the others
             why = str(err) if isinstance(err, StagebenchError) else f"{type(err).__name__}: {err}"
             failed.append({"name": job_label(Path(d)), "path": str(d), "reason": why})
-    labels = _unique_labels(short_labels([r.path for r in runs], [r.meta for r in runs]))
+    labels = _unique_labels(short_labels([r.path for r in runs], [r.meta.to_json() for r in runs]))
     if failed and runs:
         # name failed Hydra jobs by the same differing overrides as the runs beside them
         paths = [r.path for r in runs] + [Path(f["path"]) for f in failed if f.get("path")]
-        short = short_labels(paths, [r.meta for r in runs] + [None] * (len(paths) - len(runs)))[len(runs) :]
+        short = short_labels(paths, [r.meta.to_json() for r in runs] + [None] * (len(paths) - len(runs)))[len(runs) :]
         it = iter(short)
         for f in failed:
             if f.get("path") and job_overrides(Path(f["path"])):

@@ -7,7 +7,6 @@ Theme, colours and the SVG text they become: :mod:`stagebench.report._plots`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import matplotlib.patches
@@ -17,7 +16,6 @@ from matplotlib.ticker import FuncFormatter
 
 from stagebench._numbers import finite, num
 from stagebench.model._loader import LoaderPoint, WorkerCosts
-from stagebench.model._summary import Summary
 from stagebench.report._plots import (
     INK,
     OKABE_ITO,
@@ -74,7 +72,9 @@ def _pf_label(pf: Any) -> str:
 
 
 @themed
-def loader_throughput_svg(rows: pd.DataFrame, summary: Mapping[str, Any] | None = None) -> str | None:
+def loader_throughput_svg(
+    rows: pd.DataFrame, recommended: LoaderPoint | None = None, target_rate: Any = None
+) -> str | None:
     """samples/s vs num_workers, one line per prefetch_factor (and persistent_workers setting)."""
     ok = _loader_ok(rows)
     if ok.empty:
@@ -115,7 +115,7 @@ def loader_throughput_svg(rows: pd.DataFrame, summary: Mapping[str, Any] | None 
             label="num_workers=0 (main process)",
         )
         ax.axhline(q, color=OKABE_ITO["grey"], linestyle=":", linewidth=1)
-    rec = LoaderPoint.from_json(Summary.from_json(summary).recommended)
+    rec = recommended or LoaderPoint()
     if rec.samples_per_s is not None and rec.num_workers is not None and rec.num_workers in pos:
         recommended_star(
             ax,
@@ -123,14 +123,13 @@ def loader_throughput_svg(rows: pd.DataFrame, summary: Mapping[str, Any] | None 
             rec.samples_per_s.value,
             f"recommended: num_workers={rec.num_workers}, prefetch_factor={_pf_label(rec.prefetch_factor)}",
         )
-    target = (summary or {}).get("target") or {}
-    if target.get("rate"):
+    if target_rate:
         ax.axhline(
-            float(target["rate"]),
+            float(target_rate),
             color=OKABE_ITO["green"],
             linestyle="--",
             linewidth=1.4,
-            label=f"target: {fmt_rate(float(target['rate']))} samples/s",
+            label=f"target: {fmt_rate(float(target_rate))} samples/s",
         )
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(FuncFormatter(si_label))
@@ -148,7 +147,7 @@ def _yerr(r: pd.Series):
 
 
 @themed
-def loader_heatmap_svg(rows: pd.DataFrame, summary: Mapping[str, Any] | None = None) -> str | None:
+def loader_heatmap_svg(rows: pd.DataFrame, recommended: LoaderPoint | None = None) -> str | None:
     """num_workers × prefetch_factor → best samples/s measured there (cividis: readable in grey too)."""
     ok = _loader_ok(rows).copy()
     if ok.empty:
@@ -173,7 +172,7 @@ def loader_heatmap_svg(rows: pd.DataFrame, summary: Mapping[str, Any] | None = N
             if math.isfinite(v):
                 light = (v - vmin) / (vmax - vmin + 1e-12) > 0.55
                 ax.text(j, i, fmt_rate(v), ha="center", va="center", fontsize=8.5, color=INK if light else "white")
-    rec = LoaderPoint.from_json(Summary.from_json(summary).recommended)
+    rec = recommended or LoaderPoint()
     if rec.num_workers is not None and rec.num_workers in nws:
         pf = _pf_label(rec.prefetch_factor) if rec.num_workers > 0 else "—"
         if pf in pfs:

@@ -84,9 +84,8 @@ def to_ms(x: Any) -> float | None:
     return float(x) * 1e3 if finite(x) else None
 
 
-def job_tile(summary: Mapping[str, Any]) -> list[dict[str, str]]:
+def job_tile(job: JobVerdict | None) -> list[dict[str, str]]:
     """The first tile where the job ran: what your loop did at the recommended setting."""
-    job = JobVerdict.from_json(summary.get("job"))
     if job is None or not job.decided or not finite(job.samples_per_s):
         return []
     return [
@@ -99,12 +98,11 @@ def job_tile(summary: Mapping[str, Any]) -> list[dict[str, str]]:
     ]
 
 
-def job_context(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+def job_context(job: JobVerdict | None) -> dict[str, Any] | None:
     """The training job's section: your loop on the real loader or pipeline at each candidate (summary["job"])."""
     # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
     from stagebench.report import _compare_plots
 
-    job = JobVerdict.from_json(summary.get("job"))
     if job is None:
         return None
     rows = []

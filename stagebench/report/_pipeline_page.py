@@ -9,7 +9,6 @@ from typing import Any
 from stagebench._numbers import finite, num
 from stagebench.model._job import StepAlone
 from stagebench.model._pipeline import Prediction
-from stagebench.model._summary import Summary
 from stagebench.report._html import interval_text, pct_text, rate_text, svg_uri
 from stagebench.report._page_parts import job_tile, noise_tile, to_ms
 from stagebench.report._run import RunData
@@ -26,13 +25,13 @@ def pipeline_context(run: RunData) -> dict[str, Any]:
     # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
     from stagebench.report import _stage_plots
 
-    rows, meta, summary = run.rows, run.run_meta, run.summary
+    rows, meta, sm = run.rows, run.meta, run.summary
     cores = run.provenance.cores
     quick = meta.settings.quick == "on"
-    sm = Summary.from_json(summary)
-    stages = stage_cards(rows, sm.stages, meta.stages, cores, resources_plot=not quick)
+    declared = [str(s.get("name")) for s in meta.stages]
+    stages = stage_cards(rows, run.stages, declared, cores, resources_plot=not quick)
     pred, val = sm.prediction, sm.validation
-    tiles = job_tile(summary)
+    tiles = job_tile(run.job)
     if pred.qps is not None:
         binding = _BINDING_TEXT.get(pred.binding, pred.binding or "?")
         tiles.append(
@@ -97,8 +96,8 @@ def pipeline_context(run: RunData) -> dict[str, Any]:
         "prediction": pred,
         "binding_text": _BINDING_TEXT.get(pred.binding, pred.binding or ""),
         "validation": val,
-        "snippet": pipeline_snippet(summary, meta),
-        "overview_img": svg_uri(_stage_plots.pipeline_overview_svg(summary)),
+        "snippet": pipeline_snippet(sm, meta),
+        "overview_img": svg_uri(_stage_plots.pipeline_overview_svg(sm, run.stages)),
         "n_problems": n_bad,
         "not_isolated": [
             {"name": str(x.get("name", "?")), "reason": str(x.get("reason", ""))}

@@ -30,7 +30,6 @@ from typing import Any
 
 from stagebench._numbers import finite
 from stagebench.analysis._summary import guess_kind, summarize_run
-from stagebench.model._job import JobVerdict
 from stagebench.model._meta import RunMeta
 from stagebench.model._summary import Summary
 from stagebench.report._html import (
@@ -67,13 +66,10 @@ def load_run(run_dir: Path, *, recompute: bool = False) -> RunData:
     if not is_run_dir(run_dir):
         raise FileNotFoundError(2, "not a run directory (no run.json or results.csv)", str(run_dir))
     rd = RunDir(run_dir)
-    meta = rd.read_meta()
+    meta = RunMeta.from_json(rd.read_meta())
     rows = read_rows_or_empty(run_dir)
-    kind = RunMeta.from_json(meta).kind or guess_kind(rows)
-    summary: dict[str, Any] = {}
+    summary = stored_summary(rd.summary_json) if not recompute and rd.summary_json.is_file() else {}
     error = None
-    if not recompute and rd.summary_json.is_file():
-        summary = stored_summary(rd.summary_json)
     if not summary:
         try:
             summary = to_jsonable(summarize_run(run_dir))
@@ -82,21 +78,17 @@ def load_run(run_dir: Path, *, recompute: bool = False) -> RunData:
             if recompute:
                 raise
             error = f"{type(e).__name__}: {e}"
-    csv_bytes = rd.results_csv.read_bytes() if rd.results_csv.is_file() else b""
-    extra: dict[str, Any] = {}
     tpath = run_dir / TRANSFORMS_CSV
-    if tpath.is_file() and tpath.stat().st_size > 0:
-        # a loader's transforms, measured as pipeline stages (STAGE_COLUMNS rows)
-        extra["transform_rows"] = read_rows(tpath)
-    return RunData(
-        path=run_dir,
-        meta=meta,
-        rows=rows,
-        summary=summary,
+    return RunData.read(
+        run_dir,
+        meta,
+        rows,
+        Summary.from_json(summary),
         summary_error=error,
-        csv_bytes=csv_bytes,
-        kind=kind,
-        extra=extra,
+        csv_bytes=rd.results_csv.read_bytes() if rd.results_csv.is_file() else b"",
+        kind=meta.kind or guess_kind(rows),
+        # a loader's transforms, measured as pipeline stages (STAGE_COLUMNS rows)
+        transform_rows=read_rows(tpath) if tpath.is_file() and tpath.stat().st_size > 0 else None,
     )
 
 
@@ -104,11 +96,10 @@ def _title(run: RunData) -> str:
     if run.kind == "loader":
         info = run.loader
         return f"{'loader' if info.name is None else info.name} ({'?' if info.backend is None else info.backend})"
-    sm = Summary.from_json(run.summary)
-    names = [str(s.get("name")) for s in sm.stages or run.run_meta.stages]
+    names = [s.name for s in run.stages] or [str(s.get("name")) for s in run.meta.stages]
     if names:
         return f"pipeline: {' → '.join(names[:6])}" + (" → …" if len(names) > 6 else "")
-    return f"pipeline {sm.prediction.bottleneck or ''}".strip()
+    return f"pipeline {run.summary.prediction.bottleneck or ''}".strip()
 
 
 #: Per-stage summary entries left out of the page's JSON copy: each is drawn or listed above it, or
@@ -142,8 +133,7 @@ def _phases_text(phases: Any) -> str | None:
 
 
 def report_context(run: RunData) -> dict[str, Any]:
-    summary, meta = run.summary, run.run_meta
-    sm = Summary.from_json(summary)
+    sm, meta = run.summary, run.meta
     warnings = list(sm.warnings)
     if run.summary_error:
         warnings.insert(
@@ -172,9 +162,7 @@ def report_context(run: RunData) -> dict[str, Any]:
         "scope": sm.scope,
         # with the job run, the comparison with yours is the job's (its section); the pipeline alone's
         # "keep them" next to a job pick that changes them would be two recommendations
-        "yours": None
-        if (jv := JobVerdict.from_json(sm.job)) is not None and jv.decided
-        else sm.recommended_vs_yours.text,
+        "yours": None if run.job is not None and run.job.decided else sm.recommended_vs_yours.text,
         "warnings": warnings,
         "findings": findings[:split],
         "more_findings": findings[split:],
@@ -193,13 +181,13 @@ def report_context(run: RunData) -> dict[str, Any]:
         "settings": [
             (str(k), json.dumps(to_jsonable(v), ensure_ascii=False, default=str)) for k, v in settings.items()
         ],
-        "summary_json": json_island(page_summary(summary)),
+        "summary_json": json_island(page_summary(sm.to_json())),
         "csv_uri": csv_uri(run.csv_bytes),
         "n_rows": len(run.rows),
         "columns": list(run.rows.columns),
     }
-    ctx["job"] = job_context(summary)
-    trows = run.extra.get("transform_rows")
+    ctx["job"] = job_context(run.job)
+    trows = run.transform_rows
     ctx["transform_rows_json"] = json_island(rows_records(trows)) if trows is not None else None
     if run.kind == "loader":
         ctx["loader"] = loader_context(run)

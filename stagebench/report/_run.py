@@ -1,4 +1,5 @@
-"""A run directory as the report reads it: its metadata, rows and summary in one object.
+"""A run directory as the report reads it: run.json, the rows and the summary, typed once where the
+run is loaded, so that each page and figure reads the model's fields, not the dicts' keys.
 
 The summary's copies of the provenance, settings and loader come first: the summary is what the
 page presents, and ``run.json`` is its fallback for runs whose summary could not be computed.
@@ -7,53 +8,92 @@ page presents, and ``run.json`` is its fallback for runs whose summary could not
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from stagebench.model._job import JobVerdict
 from stagebench.model._meta import LoaderInfo, Provenance, RunMeta, RunSettings
+from stagebench.model._stage import StageEntry
+from stagebench.model._summary import Summary
 from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
 
 __all__ = ["RunData", "stored_summary"]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class RunData:
-    """Everything a report needs from one run directory."""
+    """Everything a report needs from one run directory.
+
+    ``summary`` keeps the dict it was read from (``summary.to_json()``): the page embeds it as the
+    machine-readable copy. ``stages`` and ``transforms`` are the summary's entries (a pipeline's
+    stages, a loader's transforms measured as stages), ``job`` its job verdict (None where no job ran).
+    """
 
     path: Path
-    meta: dict[str, Any]
+    meta: RunMeta
     rows: pd.DataFrame
-    summary: dict[str, Any]
+    summary: Summary
     summary_error: str | None = None
     csv_bytes: bytes = b""
     kind: str = "pipeline"
-    extra: dict[str, Any] = field(default_factory=dict)
+    transform_rows: pd.DataFrame | None = None
+    stages: tuple[StageEntry, ...] = ()
+    transforms: tuple[StageEntry, ...] = ()
+    job: JobVerdict | None = None
 
-    @property
-    def run_meta(self) -> RunMeta:
-        """run.json, typed."""
-        return RunMeta.from_json(self.meta)
+    @classmethod
+    def read(
+        cls,
+        path: Path,
+        meta: RunMeta,
+        rows: pd.DataFrame,
+        summary: Summary,
+        *,
+        summary_error: str | None = None,
+        csv_bytes: bytes = b"",
+        kind: str = "pipeline",
+        transform_rows: pd.DataFrame | None = None,
+    ) -> RunData:
+        """A run's data with the summary's stage entries and job verdict read once, here.
+
+        Args: the run directory, its ``run.json`` and summary (typed), its rows, why the summary could not
+        be computed (None where it was), the bytes of ``results.csv``, the kind of run, and a loader's
+        transforms' rows (None where none were measured). Returns: the :class:`RunData`.
+        """
+        return cls(
+            path=path,
+            meta=meta,
+            rows=rows,
+            summary=summary,
+            summary_error=summary_error,
+            csv_bytes=csv_bytes,
+            kind=kind,
+            transform_rows=transform_rows,
+            stages=tuple(map(StageEntry.from_json, summary.stages)),
+            transforms=tuple(map(StageEntry.from_json, summary.transforms)),
+            job=JobVerdict.from_json(summary.job),
+        )
 
     @property
     def provenance(self) -> Provenance:
         """The machine the run was measured on: the summary's copy, else run.json's (empty where neither has it)."""
-        copy = self.summary.get("provenance")
-        return Provenance.from_json(copy) if copy else self.run_meta.provenance or Provenance()
+        copy = self.summary.provenance
+        return Provenance.from_json(copy) if copy else self.meta.provenance or Provenance()
 
     @property
     def settings(self) -> RunSettings:
         """The run's settings: the summary's copy, else run.json's."""
-        copy = self.summary.get("settings")
-        return RunSettings.from_json(copy) if copy else self.run_meta.settings
+        copy = self.summary.settings
+        return RunSettings.from_json(copy) if copy else self.meta.settings
 
     @property
     def loader(self) -> LoaderInfo:
         """The loader under test (loader runs): the summary's copy, else run.json's."""
-        copy = self.summary.get("loader")
-        return LoaderInfo.from_json(copy) if copy else self.run_meta.loader
+        copy = self.summary.loader
+        return LoaderInfo.from_json(copy) if copy else self.meta.loader
 
 
 def stored_summary(path: Path) -> dict[str, Any]:

@@ -29,27 +29,26 @@ def _identifier(name: str) -> tuple[str, str]:
     return "fn", f"  # stage {name!r}"
 
 
-def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any] | RunMeta) -> str:
+def pipeline_snippet(sm: Summary, m: RunMeta) -> str:
     """The recommended settings as a PipelineBuilder chain to paste, each changed line marked with yours.
 
     Only the stages' settings are the advice: the source, the sink, the stages' own
     arguments and ``num_threads`` stay as the user wrote them. A first comment says
     what running both found (:func:`stagebench.analysis._verdicts.yours_verdict`).
+
+    Args: the run's summary and its ``run.json``. Returns: the snippet, "" where no stage is a pipe.
     """
-    m = meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)
     types = {s.get("name"): s for s in m.stages}
-    sm = Summary.from_json(summary)
     versus = sm.recommended_vs_yours
     verdict = versus.verdict
-    stages = sm.stages
+    stages = [StageEntry.from_json(x) for x in sm.stages]
     job = JobVerdict.from_json(sm.job)
     decided = job is not None and job.decided
     # the job's pick is on the stages (analysis/_pipeline_job.apply_job_pick); the prediction's
     # settings are the isolated choice the whole-pipeline runs were made at
     settings = {} if decided else {s.stage: s.to_json() for s in sm.prediction.settings}
     lines, imports = [], set()
-    for raw in stages:
-        st = StageEntry.from_json(raw)
+    for st in stages:
         name = str(st.name if "name" in st.keys else "?")
         info = types.get(name, {})
         stype = st.type or info.get("type") or "pipe"
@@ -63,7 +62,7 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any] | RunMe
             lines.append(f"    .pipe({code}){comment}  # no recommendation: see the stage section")
             continue
         c = int(c)
-        mine = user_setting(raw)
+        mine = user_setting(st.to_json())
         if mine:
             comment += f"  # yours: {mine}" if mine != f"{ex} x {c}" else "  # as yours"
         if ex == "process":
@@ -122,12 +121,12 @@ def pipeline_snippet(summary: Mapping[str, Any], meta: Mapping[str, Any] | RunMe
     )
 
 
-def _num_threads(m: RunMeta, stages: list) -> tuple[int, str]:
+def _num_threads(m: RunMeta, stages: Sequence[StageEntry]) -> tuple[int, str]:
     """``build(num_threads=N)`` for the snippet: the user's own where known, else enough for every stage."""
     mine = num_or_none(m.num_threads)
     if mine:
         return int(mine), "  # as yours"
-    recs = [StageEntry.from_json(st).recommended for st in stages]
+    recs = [st.recommended for st in stages]
     conc = [int(num_or_none(r.concurrency if r is not None else None) or 1) for r in recs]
     return max([4, *conc]), "  # SPDL's shared pool: at least any stage's concurrency"
 
@@ -162,11 +161,16 @@ def _versus_yours(d: Ratio | Mapping[str, Any] | None) -> str:
     return x.detail("yours") if x is not None else "no ratio in turns recorded"
 
 
-def loader_snippet(summary: Mapping[str, Any]) -> str:
-    rec = summary.get("recommended") or {}
+def loader_snippet(sm: Summary) -> str:
+    """The recommended loader setting as code to paste: the user's own DataLoader call with the settings
+    changed where it was recorded, else a call of the loader's backend.
+
+    Args: the run's summary. Returns: the snippet, "" where nothing was recommended.
+    """
+    rec = sm.recommended or {}
     if not rec:
         return ""
-    info = LoaderInfo.from_json(summary.get("loader"))
+    info = LoaderInfo.from_json(sm.loader)
     backend = str(info.backend or "")
     knobs = loader_knobs(rec)
     if not LoaderPoint.from_json(rec).num_workers and backend in ("torch", "spdl_pytorch", ""):

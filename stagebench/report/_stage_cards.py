@@ -8,6 +8,7 @@ stands for.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -16,7 +17,7 @@ from stagebench._numbers import num_or_none
 from stagebench.analysis._pipeline_job import user_setting
 from stagebench.model._stage import StageEntry, StageSetting
 from stagebench.report._html import svg_uri
-from stagebench.report._page_parts import cell, problem_rows, to_ms, with_keys
+from stagebench.report._page_parts import cell, problem_rows, to_ms
 
 __all__ = ["stage_cards"]
 
@@ -84,17 +85,17 @@ def _point_rows(rows: pd.DataFrame, stage: StageEntry) -> list[dict[str, Any]]:
         if "mem_pss_mb" in ok and pd.to_numeric(ok["mem_pss_mb"], errors="coerce").notna().any()
         else "mem_peak_mb"
     )
+    k = num_or_none(stage.items_per_input) or 1.0
     out = []
     for r in ok.to_dict("records"):
-        q = _in_items(r, stage)
         out.append(
             {
                 "executor": cell(r.get("executor")),
                 "harness": cell(r.get("harness")),
                 "concurrency": num_or_none(r.get("concurrency")),
-                "qps": q.get("qps"),
-                "qps_low": q.get("qps_low"),
-                "qps_high": q.get("qps_high"),
+                "qps": _per_source(r.get("qps"), k),
+                "qps_low": _per_source(r.get("qps_low"), k),
+                "qps_high": _per_source(r.get("qps_high"), k),
                 "cores": num_or_none(r.get("cores_used")),
                 "p50": num_or_none(r.get("latency_p50_ms")),
                 "p99": num_or_none(r.get("latency_p99_ms")),
@@ -104,28 +105,34 @@ def _point_rows(rows: pd.DataFrame, stage: StageEntry) -> list[dict[str, Any]]:
     return out
 
 
-_POINT_KEYS = ("executor", "concurrency", "harness", "qps", "qps_low", "qps_high", "why")
+def _name(st: StageEntry) -> str:
+    """The stage's name as its card and the rows say it ("None" for an entry without one)."""
+    return str(st.name if "name" in st.keys else None)
 
 
-def _json(point: StageSetting | None) -> dict[str, Any] | None:
-    """A setting as the summary holds it."""
-    return point.to_json() if point is not None else None
+def _per_source(v: Any, k: float) -> Any:
+    """A rate per call in source items/s: times the source items one call stands for (anything but a number kept)."""
+    x = num_or_none(v)
+    return x * k if x is not None else v
 
 
-def _in_items(point: Mapping[str, Any] | None, stage: StageEntry) -> dict[str, Any]:
-    """A point's throughputs in source items/s: per call times the source items one call stands for."""
+def _in_items(point: StageSetting | None, stage: StageEntry) -> StageSetting:
+    """A setting with its throughputs in source items/s (an empty setting where there is none)."""
+    if point is None:
+        return StageSetting()
     k = num_or_none(stage.items_per_input) or 1.0
-    out = with_keys(point, _POINT_KEYS)
-    for key in ("qps", "qps_low", "qps_high"):
-        v = num_or_none(out.get(key))
-        out[key] = v * k if v is not None else out.get(key)
-    return out
+    return replace(
+        point,
+        qps=_per_source(point.qps, k),
+        qps_low=_per_source(point.qps_low, k),
+        qps_high=_per_source(point.qps_high, k),
+    )
 
 
 def stage_cards(
     rows: pd.DataFrame,
-    summaries: Sequence[Mapping[str, Any]],
-    meta_stages: Sequence[Mapping[str, Any]],
+    entries: Sequence[StageEntry],
+    declared: Sequence[str],
     cores: float | None,
     anchor: str = "stage",
     resources_plot: bool = True,
@@ -139,18 +146,16 @@ def stage_cards(
     # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
     from stagebench.report import _plots, _stage_plots
 
-    by_name = {str(s.get("name")): s for s in summaries}
+    by_name = {_name(st): st for st in entries}
     names: list[str] = []
-    for src in (summaries, meta_stages):
-        for s in src:
-            if str(s.get("name")) not in names:
-                names.append(str(s.get("name")))
+    for name in [*by_name, *declared]:
+        if name not in names:
+            names.append(name)
     if "stage" in rows.columns:
         names += [n for n in rows["stage"].astype(str).unique() if n not in names]
     cards = []
     for i, name in enumerate(names, start=1):
-        s = by_name.get(name, {})
-        st = StageEntry.from_json(s)
+        st = by_name.get(name) or StageEntry()
         sub = rows[rows["stage"].astype(str) == name] if "stage" in rows else rows.iloc[0:0]
         sub = sub.sort_values(list(_STAGE_ROW_ORDER), kind="stable") if len(sub) else sub
         cls = st.classification or "unknown"
@@ -180,12 +185,12 @@ def stage_cards(
                 "signals": _signal_items(ev.signals),
                 "fits": _fit_items(st.fit),
                 # source items/s, the unit of the bounds and the pipeline lines; calls/s as a side note
-                "rec": _in_items(_json(st.recommended), st),
-                "yours": user_setting(s),
-                "best": _in_items(_json(st.best), st),
-                "ceiling": _in_items({"qps": st.ceiling_qps}, st)["qps"],
+                "rec": _in_items(st.recommended, st),
+                "yours": user_setting(st.to_json()),
+                "best": _in_items(st.best, st),
+                "ceiling": _per_source(st.ceiling_qps, num_or_none(st.items_per_input) or 1.0),
                 # measured at the stage's own best setting, where the pipeline's choice differs
-                "alone": _in_items(_json(st.recommended_alone), st) if st.recommended_alone is not None else None,
+                "alone": _in_items(st.recommended_alone, st) if st.recommended_alone is not None else None,
                 "alone_unpaired": st.head_to_head_skipped if st.recommended_alone is not None else None,
                 "items_per_call": num_or_none(st.items_per_input) if "items_per_input" in st.keys else None,
                 "calls_qps": st.recommended.qps if st.recommended is not None else None,

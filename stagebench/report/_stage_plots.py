@@ -6,8 +6,8 @@ Theme, colours and the SVG text they become: :mod:`stagebench.report._plots`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import matplotlib.patches
 import numpy as np
@@ -48,7 +48,7 @@ __all__ = ["stage_throughput_svg", "stage_resources_svg", "pipeline_overview_svg
 
 
 @themed
-def stage_throughput_svg(rows: pd.DataFrame, stage: StageEntry | Mapping[str, Any] | None = None) -> str | None:
+def stage_throughput_svg(rows: pd.DataFrame, stage: StageEntry | None = None) -> str | None:
     """QPS vs concurrency for one stage: every executor × harness with its interval band,
     the ideal line from concurrency 1, the harness ceiling, the fitted USL curve and the
     recommended point.
@@ -56,7 +56,7 @@ def stage_throughput_svg(rows: pd.DataFrame, stage: StageEntry | Mapping[str, An
     ``rows``: this stage's rows (role ``stage`` and ``ceiling``). ``stage``: its summary entry.
     """
     rows = as_numeric(rows, ("concurrency", "qps", "qps_low", "qps_high"))
-    entry = stage if isinstance(stage, StageEntry) else StageEntry.from_json(stage)
+    entry = stage or StageEntry()
     st = rows[rows["role"] == "stage"]
     ok = ok_rows(st)
     if ok.empty:
@@ -215,15 +215,14 @@ def _recommended_with_qps(s: StageEntry) -> StageSetting | None:
 
 
 @themed
-def pipeline_overview_svg(summary: Mapping[str, Any]) -> str | None:
+def pipeline_overview_svg(sm: Summary, entries: Sequence[StageEntry]) -> str | None:
     """Each stage's recommended throughput (with interval) against the pipeline's bounds.
 
     One glance shows the bottleneck: the shortest bar, unless the cores or GIL line
     sits left of every bar. When the stages differ by more than 10x (a batching
     stage next to a decoder) the axis is logarithmic, or the slow stages vanish.
     """
-    sm = Summary.from_json(summary)
-    stages = [(s, r) for s in map(StageEntry.from_json, sm.stages) if (r := _recommended_with_qps(s)) is not None]
+    stages = [(s, r) for s in entries if (r := _recommended_with_qps(s)) is not None]
     if not stages:
         return None
     pred, val = sm.prediction, sm.validation

@@ -56,7 +56,7 @@ def rebuild(path: Path, say: Callable[[str], None] | None = None) -> Path:
         run = load_run(path, recompute=True)
         out = path / "report.html"
         write_text(out, render_report(run))
-        damaged = run.summary.get("damaged_rows") or []
+        damaged = run.summary.to_json().get("damaged_rows") or []
         if damaged:  # rebuilt from the rows that could be read; the rest named, and the command says so
             raise RunFileError(
                 f"{path / 'results.csv'}: damaged: {'; '.join(damaged[:3])}"
