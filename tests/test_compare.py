@@ -140,13 +140,15 @@ def test_a_different_kind_of_machine_warns_and_names_what_differs(tmp_path: Path
 
 
 def test_machine_kind_ignores_what_a_run_did_not_record() -> None:
+    from stagebench.model._meta import Provenance
     from stagebench.report._compare import machine_kind_differences
 
     full = dict(fx.PROVENANCE)
     old = {k: v for k, v in full.items() if k not in ("usable_cores", "memory_total_gb", "free_threaded", "libraries")}
-    assert machine_kind_differences([full, old, dict(full, hostname="elsewhere")]) == []
+    provs = [Provenance.from_json(p) for p in (full, old, dict(full, hostname="elsewhere"))]
+    assert machine_kind_differences(provs) == []
     # usable_cores falls back to cpu_count where it is missing: 4 cores is not 2
-    assert machine_kind_differences([full, dict(old, cpu_count=4)]) == ["usable_cores"]
+    assert machine_kind_differences([provs[0], Provenance.from_json(dict(old, cpu_count=4))]) == ["usable_cores"]
 
 
 def test_hostile_labels_stay_text(tmp_path: Path) -> None:

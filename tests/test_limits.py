@@ -204,17 +204,18 @@ def test_this_process_reads_without_error():
 
 
 def test_provenance_records_the_limits_and_the_report_shows_where_the_cores_came_from(tmp_path):
+    from stagebench.model._meta import Provenance
     from stagebench.report._html import provenance_items
     from stagebench.runs._provenance import collect_provenance
 
     p = collect_provenance()
     assert p["usable_cores"] == p["limits"]["cores"]
-    items = dict(provenance_items(p))
+    items = dict(provenance_items(Provenance.from_json(p)))
     assert "usable of" in items["cores"] and "(" in items["cores"]
     q = dict(p, usable_cores=1.0)
     q["limits"] = read_limits(_v2(tmp_path, "/job", {"/job": {"cpu.max": "100000 100000\n"}}), env={}, affinity=2)
     q["limits"] = q["limits"].to_json()
-    cores = dict(provenance_items(q))["cores"]
+    cores = dict(provenance_items(Provenance.from_json(q)))["cores"]
     assert (
         cores.startswith("1.0 usable of") and "1.0 CPU by the container's quota, of 2: cpu.max of cgroup /job" in cores
     )

@@ -259,9 +259,9 @@ def test_a_comparison_of_many_runs_keeps_its_axes() -> None:
     warning (axes 'collapsed to zero')."""
     import warnings
 
-    from stagebench.report._compare_plots import compare_curves_svg
+    from stagebench.report._compare_plots import Curve, compare_curves_svg
 
-    series = [{"label": f"run{i}", "x": [1, 2, 4], "y": [1.0 + i, 2.0 + i, 3.0 + i]} for i in range(30)]
+    series = [Curve(f"run{i}", [1, 2, 4], [1.0 + i, 2.0 + i, 3.0 + i]) for i in range(30)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         svg = compare_curves_svg(series, xlabel="concurrency", ylabel="items/s", log2_x=True)

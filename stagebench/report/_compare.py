@@ -42,6 +42,7 @@ from stagebench._numbers import num
 from stagebench.model._loader import LoaderPoint
 from stagebench.model._meta import Provenance
 from stagebench.model._stage import StageEntry
+from stagebench.report._compare_plots import Bar, Curve, compare_best_svg, compare_curves_svg
 from stagebench.report._html import (
     csv_uri,
     finite,
@@ -296,9 +297,11 @@ def _provenance(run: RunData) -> Provenance:
     return run.provenance
 
 
-def machine_kind(prov: Provenance | Mapping[str, Any] | None) -> dict[str, Any]:
-    """What makes a machine the kind it is for timings (None: not recorded). No hostname."""
-    p = prov if isinstance(prov, Provenance) else Provenance.from_json(prov)
+def machine_kind(p: Provenance) -> dict[str, Any]:
+    """What makes a machine the kind it is for timings (None: not recorded). No hostname.
+
+    Args: the run's provenance. Returns: each key's value, None where the run did not record it.
+    """
     return {
         "cpu_model": p.cpu_model,
         "usable_cores": p.cores,
@@ -309,7 +312,7 @@ def machine_kind(prov: Provenance | Mapping[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def machine_kind_differences(provs: Sequence[Provenance | Mapping[str, Any] | None]) -> list[str]:
+def machine_kind_differences(provs: Sequence[Provenance]) -> list[str]:
     """The keys of :func:`machine_kind` on which the runs differ.
 
     A key a run did not record is left out for that run (an older run directory
@@ -329,7 +332,7 @@ def machine_kind_differences(provs: Sequence[Provenance | Mapping[str, Any] | No
     return differ
 
 
-def machine_text(prov: Provenance | Mapping[str, Any] | None) -> str:
+def machine_text(prov: Provenance) -> str:
     """Host and kind of machine in one line, for the runs table and the warning."""
     kind = machine_kind(prov)
     parts = [machine_label(prov)]
@@ -357,8 +360,6 @@ def _machine_warning(entries: Sequence[_Entry]) -> str | None:
 
 
 def _group_context(entries: list[_Entry], kind: str) -> dict[str, Any]:
-    from stagebench.report import _compare_plots
-
     bests = {id(e): e.best for e in entries if e.best is not None}
     ranked = sorted([e for e in entries if id(e) in bests], key=lambda e: -bests[id(e)].value)
     rows = []
@@ -391,11 +392,8 @@ def _group_context(entries: list[_Entry], kind: str) -> dict[str, Any]:
         )
     unit = entries[0].unit if entries else ""
     best_img = svg_uri(
-        _compare_plots.compare_best_svg(
-            [
-                {"label": e.label, "value": bests[id(e)].value, "low": bests[id(e)].low, "high": bests[id(e)].high}
-                for e in ranked
-            ],
+        compare_best_svg(
+            [Bar(e.label, bests[id(e)].value, bests[id(e)].low, bests[id(e)].high) for e in ranked],
             unit=unit,
         )
     )
@@ -413,23 +411,21 @@ def _group_context(entries: list[_Entry], kind: str) -> dict[str, Any]:
     }
 
 
-def _curve(label: str, points: pd.DataFrame, x: str, y: str, rec: Mapping[str, Any]) -> dict[str, Any]:
+def _curve(label: str, points: pd.DataFrame, x: str, y: str, rec: tuple[Any, Any]) -> Curve:
     """One run's series for :func:`~stagebench.report._compare_plots.compare_curves_svg`: ``y`` with its interval
-    (the ``_low`` and ``_high`` columns) against ``x``, and the recommendation's point (its same keys)."""
-    return {
-        "label": label,
-        "x": points[x].tolist(),
-        "y": points[y].tolist(),
-        "low": points[f"{y}_low"].tolist(),
-        "high": points[f"{y}_high"].tolist(),
-        "rec_x": rec.get(x),
-        "rec_y": rec.get(y),
-    }
+    (the ``_low`` and ``_high`` columns) against ``x``, and the recommendation's point (``rec``: its x and y)."""
+    return Curve(
+        label,
+        points[x].tolist(),
+        points[y].tolist(),
+        points[f"{y}_low"].tolist(),
+        points[f"{y}_high"].tolist(),
+        rec_x=rec[0],
+        rec_y=rec[1],
+    )
 
 
 def _loader_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
-    from stagebench.report import _compare_plots
-
     series = []
     for e in entries:
         r = e.run.rows
@@ -444,8 +440,10 @@ def _loader_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
         top = ok.loc[ok.groupby("num_workers")["samples_per_s"].idxmax()].sort_values("num_workers")
         top = top.astype({"num_workers": int})
         rec = e.run.summary.recommended or {}
-        series.append(_curve(e.label, top, "num_workers", "samples_per_s", rec))
-    img = _compare_plots.compare_curves_svg(
+        series.append(
+            _curve(e.label, top, "num_workers", "samples_per_s", (rec.get("num_workers"), rec.get("samples_per_s")))
+        )
+    img = compare_curves_svg(
         series, xlabel="num_workers (best prefetch_factor at each)", ylabel="throughput (samples/s)", log2_x=False
     )
     return (
@@ -484,8 +482,6 @@ def _stage_summary(e: _Entry, name: str) -> StageEntry | None:
 
 def _stage_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
     """Per stage, each run's curve on the executor/harness it recommends (else its best)."""
-    from stagebench.report import _compare_plots
-
     out = []
     for name in _stage_names(entries):
         series = []
@@ -505,8 +501,9 @@ def _stage_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
                 top = sub.loc[sub["qps"].idxmax()]
                 ex, h = top["executor"], top["harness"]
             g = sub[(sub["executor"] == ex) & ((sub["harness"] == h) if h else True)].sort_values("concurrency")
-            series.append(_curve(f"{e.label} · {ex}", g, "concurrency", "qps", rec.to_json() if rec else {}))
-        img = _compare_plots.compare_curves_svg(
+            point = (rec.concurrency, rec.qps) if rec is not None else (None, None)
+            series.append(_curve(f"{e.label} · {ex}", g, "concurrency", "qps", point))
+        img = compare_curves_svg(
             series, xlabel="concurrency (log₂ scale)", ylabel="throughput (items/s)", log2_x=True, title=f"stage {name}"
         )
         if img:

@@ -7,7 +7,8 @@ Theme, colours and the SVG text they become: :mod:`stagebench.report._plots`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,21 +35,45 @@ from stagebench.report._plots import (
 if TYPE_CHECKING:
     pass
 
-__all__ = ["compare_curves_svg", "compare_best_svg", "job_svg"]
+__all__ = ["Curve", "Bar", "compare_curves_svg", "compare_best_svg", "job_svg"]
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """One run's series on a comparison: ``y`` against ``x``, its interval (``y`` itself where none was
+    measured), and the recommended point (None where the run recommends none)."""
+
+    label: str
+    x: Sequence[float]
+    y: Sequence[float]
+    low: Sequence[float] | None = None
+    high: Sequence[float] | None = None
+    rec_x: Any = None
+    rec_y: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    """One run's best throughput with its interval (None where not known)."""
+
+    label: str
+    value: float | None
+    low: float | None = None
+    high: float | None = None
 
 
 @themed
 def compare_curves_svg(
-    series: Sequence[Mapping[str, Any]], *, xlabel: str, ylabel: str, log2_x: bool, title: str | None = None
+    series: Sequence[Curve], *, xlabel: str, ylabel: str, log2_x: bool, title: str | None = None
 ) -> str | None:
-    """Overlaid curves, one per run: ``{"label", "x", "y", "low", "high", "rec_x", "rec_y"}``."""
-    series = [s for s in series if len(s.get("x", ()))]
+    """Overlaid curves, one per run, each with its band and its recommended point as a star."""
+    series = [s for s in series if len(s.x)]
     if not series:
         return None
     # the legend sits beside the axes, one line a run: the figure grows with it (about 0.2 in a
     # line) so that comparing many runs does not crush the axes to nothing
     fig, ax = figure_axes(8.4, max(3.6, 0.2 * len(series) + 0.9))
-    xs_all = sorted({float(v) for s in series for v in s["x"]})
+    xs_all = sorted({float(v) for s in series for v in s.x})
     pos = None
     if log2_x and all(v > 0 for v in xs_all):
         log2_axis(ax, xs_all)
@@ -59,18 +84,19 @@ def compare_curves_svg(
         # colours repeat and the markers shift by one, so no pair repeats before 64 runs
         color = SERIES_COLORS[i % len(SERIES_COLORS)]
         marker = SERIES_MARKERS[(i + i // len(SERIES_COLORS)) % len(SERIES_MARKERS)]
-        x = np.asarray(s["x"], float)
+        x = np.asarray(s.x, float)
         xp = x if pos is None else np.array([pos[int(v)] for v in x], float)
-        y = np.asarray(s["y"], float)
-        lo, hi = np.asarray(s.get("low", y), float), np.asarray(s.get("high", y), float)
+        y = np.asarray(s.y, float)
+        lo = np.asarray(y if s.low is None else s.low, float)
+        hi = np.asarray(y if s.high is None else s.high, float)
         shade_band(ax, xp, lo, hi, color, 0.15)
-        ax.plot(xp, y, "-", color=color, marker=marker, markersize=5, linewidth=2, label=plot_text(s["label"], 40))
-        if s.get("rec_x") is not None and s.get("rec_y") is not None:
-            rx = float(s["rec_x"]) if pos is None else pos.get(int(s["rec_x"]))
+        ax.plot(xp, y, "-", color=color, marker=marker, markersize=5, linewidth=2, label=plot_text(s.label, 40))
+        if s.rec_x is not None and s.rec_y is not None:
+            rx = float(s.rec_x) if pos is None else pos.get(int(s.rec_x))
             if rx is not None:
                 ax.plot(
                     [rx],
-                    [s["rec_y"]],
+                    [s.rec_y],
                     marker="*",
                     markersize=15,
                     color=color,
@@ -89,18 +115,18 @@ def compare_curves_svg(
 
 
 @themed
-def compare_best_svg(entries: Sequence[Mapping[str, Any]], *, unit: str) -> str | None:
-    """Best throughput per run with its interval, winner on top: ``{"label", "value", "low", "high"}``."""
-    entries = [e for e in entries if e.get("value") is not None and math.isfinite(float(e["value"]))]
+def compare_best_svg(bars: Sequence[Bar], *, unit: str) -> str | None:
+    """Best throughput per run with its interval, winner on top."""
+    entries = [e for e in bars if e.value is not None and math.isfinite(float(e.value))]
     if not entries:
         return None
-    entries = sorted(entries, key=lambda e: float(e["value"]))
+    entries = sorted(entries, key=lambda e: float(num(e.value)))
     fig, ax = figure_axes(8.4, 0.5 * len(entries) + 1.3)
     ax.grid(False, axis="y")
     ys = np.arange(len(entries))
     for y, e in enumerate(entries):  # ys[y] == y; a plain int, as Axes.text's stubs want
-        v = float(e["value"])
-        lo, hi = e.get("low"), e.get("high")
+        v = float(num(e.value))
+        lo, hi = e.low, e.high
         xerr = None
         if lo is not None and hi is not None and math.isfinite(float(lo)) and math.isfinite(float(hi)):
             xerr = [[max(0.0, v - float(lo))], [max(0.0, float(hi) - v)]]
@@ -109,8 +135,8 @@ def compare_best_svg(entries: Sequence[Mapping[str, Any]], *, unit: str) -> str 
         right = v + (xerr[1][0] if xerr else 0.0)
         ax.text(right, y, f"  {fmt_rate(v)}", va="center", ha="left", fontsize=8.5)
     ax.set_yticks(ys)
-    ax.set_yticklabels([plot_text(e["label"], 40) for e in entries])
-    ax.set_xlim(0, max(float(e.get("high") or e["value"]) for e in entries) * 1.25)
+    ax.set_yticklabels([plot_text(e.label, 40) for e in entries])
+    ax.set_xlim(0, max(float(num(e.high or e.value)) for e in entries) * 1.25)
     ax.xaxis.set_major_formatter(FuncFormatter(si_label))
     ax.set_xlabel(f"best throughput ({unit}), 95% interval")
     return figure_to_svg(fig)

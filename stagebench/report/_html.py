@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -131,11 +130,12 @@ def rows_records(rows: pd.DataFrame) -> list[dict[str, Any]]:
     return to_jsonable(rows.astype(object).where(rows.notna(), None).to_dict("records"))
 
 
-def provenance_items(
-    prov: Provenance | Mapping[str, Any] | None, after: Provenance | Mapping[str, Any] | None = None
-) -> list[tuple[str, str]]:
-    p = _provenance(prov)
-    end = None if after is None else _provenance(after)
+def provenance_items(p: Provenance, end: Provenance | None = None) -> list[tuple[str, str]]:
+    """The machine a run was measured on, as the report's (label, text) lines.
+
+    Args: the provenance at the run's start, and at its end (its load average; None where not recorded).
+    Returns: the lines, those the run did not record left out.
+    """
     items: list[tuple[str, str]] = []
 
     def add(label: str, value: Any) -> None:
@@ -189,12 +189,8 @@ def provenance_items(
     return items
 
 
-def _provenance(prov: Provenance | Mapping[str, Any] | None) -> Provenance:
-    return prov if isinstance(prov, Provenance) else Provenance.from_json(prov)
-
-
-def machine_label(prov: Provenance | Mapping[str, Any] | None) -> str:
-    p = _provenance(prov)
+def machine_label(p: Provenance) -> str:
+    """``host · CPU · N cores``: a run's machine in one label."""
     parts = [str(p.hostname or "?")]
     if p.cpu_model:
         parts.append(str(p.cpu_model))

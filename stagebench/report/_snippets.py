@@ -155,9 +155,8 @@ def _diff_of_your_call(call: Sequence[Mapping[str, Any]], knobs: Mapping[str, An
     return "\n".join(lines)
 
 
-def _versus_yours(d: Ratio | Mapping[str, Any] | None) -> str:
+def _versus_yours(x: Ratio | None) -> str:
     """A ratio to yours in turns, as the verdicts write it, or what is missing of it."""
-    x = d if isinstance(d, Ratio) else Ratio.from_json(d)
     return x.detail("yours") if x is not None else "no ratio in turns recorded"
 
 
