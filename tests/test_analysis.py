@@ -33,6 +33,11 @@ STAGE_KEYS = {
 }
 
 
+def _found(found) -> list[dict]:
+    """A stage's findings as the summary writes them."""
+    return [x.finding.to_json() for x in found]
+
+
 def _meta(*names, **extra):
     return {
         "provenance": {"usable_cores": 2, "load_avg": [0.1, 0.1, 0.1], "hostname": "h"},
@@ -59,7 +64,7 @@ def test_the_still_scaling_finding_names_the_top_of_the_curve_not_the_pipelines_
     st = analyze_stage(model_rows("sleep", gil_ms=0.0, wait_ms=5.0), cores=2)
     top = st["recommended"]
     cut = {**st, "recommended_alone": top, "recommended": {**top, "concurrency": 2, "qps": top["qps"] / 8}}
-    (f,) = [f for f in _stage_findings(cut, None, 2, {"qps": 50.0}) if "raise its concurrency" in f["title"]]
+    (f,) = [f for f in _found(_stage_findings(cut, None, 2, {"qps": 50.0})) if "raise its concurrency" in f["title"]]
     assert f"still scaling at concurrency {top['concurrency']} " in f["detail"]
 
 
@@ -162,12 +167,14 @@ def test_spdls_own_grouping_step_gets_no_batch_your_work_advice():
     st = analyze_stage(model_rows("agg", gil_ms=0.002, wait_ms=0.0, overhead_ms=0.02, executors=("thread",)), cores=2)
     assert st["classification"] == "overhead-bound"
     pipe = dict(st, type="pipe")
-    batch = [f for f in _stage_findings(pipe, "x", 2, {"qps": 100.0}) if "batch its work" in f["title"]]
+    batch = [f for f in _found(_stage_findings(pipe, "x", 2, {"qps": 100.0})) if "batch its work" in f["title"]]
     # the batched throughput was never run: the advice states no figure for it (it once said "8 items: about ...")
     assert batch and "about k-fold" in batch[0]["detail"] and "items: about" not in batch[0]["detail"]
     agg = dict(st, type="aggregate")
-    assert not any("overhead-bound" in f["title"] for f in _stage_findings(agg, "x", 2, {"qps": 100.0}))
-    binds = [f for f in _stage_findings(agg, "agg", 2, {"qps": st["recommended"]["qps"]}) if "overhead" in f["title"]]
+    assert not any("overhead-bound" in f["title"] for f in _found(_stage_findings(agg, "x", 2, {"qps": 100.0})))
+    binds = [
+        f for f in _found(_stage_findings(agg, "agg", 2, {"qps": st["recommended"]["qps"]})) if "overhead" in f["title"]
+    ]
     assert binds and "fewer, larger items" in binds[0]["title"] and "batch its work" not in binds[0]["title"]
 
 

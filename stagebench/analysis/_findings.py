@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 from stagebench._numbers import finite, fmt_q, num
 from stagebench.model._finding import SEVERITIES, Finding
@@ -39,9 +38,16 @@ __all__ = ["build_findings"]
 _WORTH = 1.2  # an estimated gain below this is within the noise of the measurements: no finding
 
 
-def _f(severity: str, title: str, detail: str, stage: str | None, evidence: dict, gain: float = 1.0) -> dict:
-    """A finding as the summary holds it, with ``_gain``: what fixing it could give, for ranking only."""
-    return {**Finding(severity, title, detail, stage, evidence).to_json(), "_gain": gain}
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """A finding and what fixing it could give (``gain``, for ranking only)."""
+
+    finding: Finding
+    gain: float = 1.0
+
+
+def _f(severity: str, title: str, detail: str, stage: str | None, evidence: dict, gain: float = 1.0) -> _Found:
+    return _Found(Finding(severity, title, detail, stage, evidence), gain)
 
 
 def _rate(point: StageSetting) -> str:
@@ -66,10 +72,17 @@ def _far_from_binding(e: StageEntry, prediction: dict | None) -> bool:
     return num(rec.qps) * e.items_per_input >= 2 * pred
 
 
-def _demote(finding: dict) -> dict:
-    finding["severity"] = {"high": "medium", "medium": "low"}.get(finding["severity"], finding["severity"])
-    finding["detail"] += "; it is far from limiting the pipeline (it alone delivers at least twice the prediction)"
-    return finding
+def _demote(found: _Found) -> _Found:
+    f = found.finding
+    return dataclasses.replace(
+        found,
+        finding=dataclasses.replace(
+            f,
+            severity={"high": "medium", "medium": "low"}.get(f.severity, f.severity),
+            detail=f.detail
+            + "; it is far from limiting the pipeline (it alone delivers at least twice the prediction)",
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -101,7 +114,7 @@ def _stage_findings(
     prediction: dict | None = None,
     page_fault: dict | None = None,
     cores_bound: str = "",
-) -> list[dict]:
+) -> list[_Found]:
     """One stage's findings, unranked (:func:`build_findings` ranks them with the run's)."""
     e = StageEntry.from_json(st)
     if e.status != "ok":
@@ -141,7 +154,7 @@ def _stage_findings(
     ]
 
 
-def _unmeasured(e: StageEntry) -> dict:
+def _unmeasured(e: StageEntry) -> _Found:
     """A stage that could not be measured, and why."""
     name = e.name
     return _f(
@@ -153,7 +166,7 @@ def _unmeasured(e: StageEntry) -> dict:
     )
 
 
-def _gil_finding(c: _Stage) -> dict | None:
+def _gil_finding(c: _Stage) -> _Found | None:
     """A stage that holds the GIL: processes against threads, measured or bounded."""
     st = c.st
     f = st.gil_fraction
@@ -206,7 +219,7 @@ def _versus(st: StageEntry, thr: StageSetting, proc: StageSetting, ev: dict) -> 
     return _Versus(thr=thr, proc=proc, gain=num(proc.qps) / num(thr.qps), beyond=beyond, how="measured")
 
 
-def _processes_measured(c: _Stage, v: _Versus, ev: dict) -> dict:
+def _processes_measured(c: _Stage, v: _Versus, ev: dict) -> _Found:
     """The GIL finding where both executors were measured: use processes, or why not."""
     name, f = c.name, num(c.st.gil_fraction)
     thr, proc, gain, how = v.thr, v.proc, v.gain, v.how
@@ -256,7 +269,7 @@ def _processes_measured(c: _Stage, v: _Versus, ev: dict) -> dict:
     )
 
 
-def _processes_bounded(c: _Stage, ev: dict) -> dict | None:
+def _processes_bounded(c: _Stage, ev: dict) -> _Found | None:
     """The GIL finding where processes were not measured: the gain they could give, bounded.
 
     Threads cap at 1/g, processes at cores/cpu: the gain is cores * g / cpu at most.
@@ -282,7 +295,7 @@ def _processes_bounded(c: _Stage, ev: dict) -> dict | None:
     )
 
 
-def _harness_ceiling_finding(c: _Stage) -> dict | None:
+def _harness_ceiling_finding(c: _Stage) -> _Found | None:
     """Its own work is larger than the harness's per item, but at its best it reaches the harness's ceiling."""
     if not (c.limit == "harness" and c.cls != "overhead-bound" and not (c.own_step and c.far)):
         return None
@@ -307,7 +320,7 @@ def _overhead_shown(c: _Stage) -> bool:
     return c.cls == "overhead-bound" and not (c.own_step and c.far)
 
 
-def _overhead_finding(c: _Stage) -> dict | None:
+def _overhead_finding(c: _Stage) -> _Found | None:
     """Overhead-bound: the stage's call is shorter than the harness's cost per item; batch its work.
 
     The verdict rests on a measured ceiling (``ceiling_qps``; without one this raises), measured at the
@@ -343,7 +356,7 @@ def _overhead_finding(c: _Stage) -> dict | None:
     return _demote(found) if c.far else found
 
 
-def _ipc_finding(c: _Stage) -> dict | None:
+def _ipc_finding(c: _Stage) -> _Found | None:
     """On processes, limited by moving data between them."""
     # where the overhead-bound finding applies, the setting read is the one it reads: the stage's own best alone
     rec = c.alone if _overhead_shown(c) else c.rec
@@ -363,7 +376,7 @@ def _ipc_finding(c: _Stage) -> dict | None:
     )
 
 
-def _io_finding(c: _Stage) -> dict | None:
+def _io_finding(c: _Stage) -> _Found | None:
     """A stage that waits: raise its concurrency while it still scales, else say the setting covers it.
 
     The stage's own best alone is the curve's top; the pipeline's setting may be lower (it keeps up).
@@ -391,7 +404,7 @@ def _io_finding(c: _Stage) -> dict | None:
     )
 
 
-def _cores_finding(c: _Stage) -> dict | None:
+def _cores_finding(c: _Stage) -> _Found | None:
     """A CPU-bound stage limited by the cores: more concurrency will not help."""
     if not (c.cls == "cpu-bound" and c.limit == "cores"):
         return None
@@ -410,7 +423,7 @@ def _cores_finding(c: _Stage) -> dict | None:
     )
 
 
-def _gil_bounded_finding(c: _Stage) -> dict | None:
+def _gil_bounded_finding(c: _Stage) -> _Found | None:
     """A GIL share that the measurements only bound: the prediction uses the middle of the range."""
     st, name = c.st, c.name
     f = st.gil_fraction
@@ -433,7 +446,7 @@ _FAULTS_SHARE = 0.2  # ... and at least this share of the stage's CPU per call, 
 _MALLOC_ENV = "MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456"
 
 
-def _page_fault_finding(st: StageEntry, page_fault: dict | None, is_bn: bool) -> dict | None:
+def _page_fault_finding(st: StageEntry, page_fault: dict | None, is_bn: bool) -> _Found | None:
     """A stage that touches megabytes of fresh memory per item, and pays for it in CPU.
 
     Why this matters for a data loader: glibc's malloc serves blocks of 128 KiB
@@ -488,7 +501,7 @@ def _page_fault_finding(st: StageEntry, page_fault: dict | None, is_bn: bool) ->
 _GC_SHARE = 0.1  # the collector's time per item, as a share of the stage's CPU per item, worth a finding
 
 
-def _gc_finding(st: StageEntry, is_bn: bool) -> dict | None:
+def _gc_finding(st: StageEntry, is_bn: bool) -> _Found | None:
     """A stage whose allocations make the cyclic garbage collector run a good share of its time.
 
     Why it is worth saying: a full collection walks every object the process
@@ -525,7 +538,7 @@ def _gc_finding(st: StageEntry, is_bn: bool) -> dict | None:
     )
 
 
-def _yours_finding(yours: dict) -> dict:
+def _yours_finding(yours: dict) -> _Found:
     """The one piece of advice on settings: what running the recommended and the user's settings found."""
     v = VersusYours.from_json(yours)
     changes = "; ".join(f"{c['stage']}: {c['yours']} -> {c['recommended']}" for c in v.changes)
@@ -574,7 +587,7 @@ def build_findings(
     yours: dict | None = None,
     job: dict | None = None,
     cores_bound: str = "",
-) -> list[dict[str, Any]]:
+) -> list[Finding]:
     """All findings for a run, most important first (see the module docstring for the ranking).
 
     ``page_fault``: ``{"cost_s", "page_bytes"}`` of this machine (``run.json``), for
@@ -585,7 +598,7 @@ def build_findings(
     ``cores_bound``: where a quota or an allocation set ``cores``, in words, for the findings on the cores.
     """
     bottleneck = Prediction.from_json(prediction).bottleneck
-    out: list[dict] = []
+    out: list[_Found] = []
     for st in stages:
         out.extend(_stage_findings(st, bottleneck, cores, prediction, page_fault, cores_bound))
     out += _settings_findings(yours, job)
@@ -595,19 +608,19 @@ def build_findings(
     return _ranked(out)
 
 
-def _settings_findings(yours: dict | None, job: dict | None) -> list[dict]:
+def _settings_findings(yours: dict | None, job: dict | None) -> list[_Found]:
     """The advice on settings: the training job's run with the user's loop where decided, else the
     recommended settings run against the user's own (none where they are the same)."""
     if (jv := JobVerdict.from_json(job)) is not None and jv.decided:
         from stagebench.analysis._job import job_findings
 
-        return [{**f, "_gain": 1.0} for f in job_findings(jv)]
+        return [_Found(f) for f in job_findings(jv)]
     if yours and VersusYours.from_json(yours).verdict not in (None, "same"):
         return [_yours_finding(yours)]
     return []
 
 
-def _binding_finding(prediction: dict | None) -> dict | None:
+def _binding_finding(prediction: dict | None) -> _Found | None:
     """The GIL or the cores, shared by the stages, make the pipeline slower than its slowest stage alone."""
     p = Prediction.from_json(prediction)
     if not (prediction and finite(p.qps)):
@@ -628,7 +641,7 @@ def _binding_finding(prediction: dict | None) -> dict | None:
     )
 
 
-def _validation_finding(validation: dict | None, prediction: dict | None) -> dict | None:
+def _validation_finding(validation: dict | None, prediction: dict | None) -> _Found | None:
     """The whole-pipeline run against the prediction: confirmed, or how far off and where they part.
 
     An error against the prediction exists only where there is a prediction (_pipeline._validation).
@@ -704,7 +717,7 @@ def _interference_seen(validation: Validation) -> str:
     return seen
 
 
-def _warning_finding(w: str) -> dict:
+def _warning_finding(w: str) -> _Found:
     """A run's warning as a finding: a busy machine, noisy measurements, SPDL's scheduling left out, a weak fit."""
     busy = "busy" in w or "other load" in w
     noisy = "noisy" in w or "wider than" in w
@@ -735,7 +748,7 @@ def _warning_finding(w: str) -> dict:
     return _f("low", "warning", w, None, {"warning": w})
 
 
-def _not_isolated_finding(ni: dict) -> dict:
+def _not_isolated_finding(ni: dict) -> _Found:
     """A stage that was not measured alone, and why."""
     return _f(
         "info",
@@ -746,10 +759,7 @@ def _not_isolated_finding(ni: dict) -> dict:
     )
 
 
-def _ranked(out: list[dict]) -> list[dict]:
-    """By severity, then the expected gain; ``_gain`` (for ranking only) removed."""
+def _ranked(out: list[_Found]) -> list[Finding]:
+    """By severity, then the expected gain."""
     rank = {s: i for i, s in enumerate(SEVERITIES)}
-    out.sort(key=lambda d: (rank[d["severity"]], -d["_gain"]))
-    for d in out:
-        del d["_gain"]
-    return out
+    return [x.finding for x in sorted(out, key=lambda x: (rank[x.finding.severity], -x.gain))]

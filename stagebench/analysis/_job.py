@@ -560,7 +560,7 @@ def _unmeasured_scope(what: str, step: StepAlone) -> str | None:
     )
 
 
-def job_findings(v: JobVerdict) -> list[dict[str, Any]]:
+def job_findings(v: JobVerdict) -> list[Finding]:
     """The user's setting against the job runs' pick (what the training job itself did), and what was not checked.
 
     The same shape as the loader's and the pipeline's findings (``stage`` None)."""
@@ -573,7 +573,7 @@ def job_findings(v: JobVerdict) -> list[dict[str, Any]]:
         assert pick.job is not None  # the pick was run
         faster = v.advice == "change"
         out.append(
-            _jf(
+            Finding(
                 "medium" if faster else "low",
                 "Your setting slows your training job"
                 if faster
@@ -581,6 +581,7 @@ def job_findings(v: JobVerdict) -> list[dict[str, Any]]:
                 f"Run in turns with your loop: {pick.label} ran your job at {pick.job.samples_per_s:,.0f} "
                 f"samples/s, yours ({yours.label}) at {yours.job.samples_per_s:,.0f}: {x.text('yours')}, "
                 + ("faster beyond noise." if faster else f"within {1 - EQUIVALENT:.0%}, with fewer resources."),
+                None,
                 {
                     "yours": yours.job.samples_per_s,
                     "recommended": pick.job.samples_per_s,
@@ -589,12 +590,8 @@ def job_findings(v: JobVerdict) -> list[dict[str, Any]]:
             )
         )
     for text in v.unproven:
-        out.append(_jf("info", "Not checked with your loop", text[0].upper() + text[1:] + ".", {}))
+        out.append(Finding("info", "Not checked with your loop", text[0].upper() + text[1:] + ".", None, {}))
     return out
-
-
-def _jf(severity: str, title: str, detail: str, evidence: dict[str, Any]) -> dict[str, Any]:
-    return Finding(severity, title, detail, None, evidence).to_json()
 
 
 def _bound(p: JobFigures, demand: Rate | None, unit: str) -> tuple[str | None, str]:

@@ -387,7 +387,7 @@ def _your_setting(c: _SweepRead) -> list[dict[str, Any]]:
     """The user's own setting, when it was measured: with the job run, the job's comparison."""
     u = user_point(c.pts, c.meta)
     if c.decided and (jv := JobVerdict.from_json(c.job)) is not None:
-        return job_findings(jv)
+        return [f.to_json() for f in job_findings(jv)]
     if u is not None and c.rec is not None and is_ok(u) and (d := _decision(c.rec)):
         return _user_findings(u, c.rec, Decision.from_json(d))
     return []

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from stagebench.model._finding import Finding
 from stagebench.model._json import Coercions, Read, integer, mapping, text, texts
 from stagebench.model._pipeline import CpuSpeed, Demand, Joint, Prediction, Search, Validation, VersusYours
 
@@ -22,6 +23,10 @@ __all__ = ["Summary"]
 
 def _list(v: Any) -> list[Any]:
     return list(v) if isinstance(v, (list, tuple)) else []
+
+
+def _findings(v: Any) -> list[Finding]:
+    return [Finding.from_json(f) for f in _list(v) if isinstance(f, Mapping)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +39,7 @@ class Summary(Read):
     verdict: str | None = None
     scope: str | None = None
     warnings: tuple[str, ...] = ()
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     stagebench_version: str | None = None
     schema_version: int | None = None
     cores: int | None = None
@@ -71,7 +76,8 @@ class Summary(Read):
         "search": Search.from_json,
         **dict.fromkeys(("kind", "verdict", "scope", "stagebench_version"), text),
         "warnings": texts,
-        **dict.fromkeys(("findings", "stages", "not_isolated", "points", "transforms"), _list),
+        "findings": _findings,
+        **dict.fromkeys(("stages", "not_isolated", "points", "transforms"), _list),
         **dict.fromkeys(("schema_version", "cores"), integer),
         **dict.fromkeys(
             (

@@ -142,15 +142,7 @@ def report_context(run: RunData) -> dict[str, Any]:
     if run.rows.empty:
         warnings.insert(0, "no measured rows: results.csv is missing or empty")
     settings = run.settings.to_json()
-    findings = [
-        {
-            "severity": str(f.get("severity", "info")),
-            "title": str(f.get("title", "")),
-            "detail": str(f.get("detail", "")),
-            "stage": f.get("stage"),
-        }
-        for f in sm.findings
-    ]
+    findings = [{"severity": f.severity, "title": f.title, "detail": f.detail, "stage": f.stage} for f in sm.findings]
     # Findings arrive ranked: show the important ones, fold the minor tail away.
     split = max(3, sum(1 for f in findings if f["severity"] in ("high", "medium")))
     ctx: dict[str, Any] = {

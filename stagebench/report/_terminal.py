@@ -268,7 +268,7 @@ def format_loader_table(summary: dict[str, Any]) -> str:
     if sm.scope:
         lines.append(f"scope: {_clean(sm.scope)}")
     for f in sm.findings[:3]:
-        lines.append(f"  [{f['severity']}] {f['title']}")
+        lines.append(f"  [{f.severity}] {f.title}")
     s = sm.search
     if s is not None:
         lines.append(
