@@ -484,7 +484,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         ),
         "demand": demand_verdict(m.settings.target_rate, validation, prediction, m.trainer, job),
         "cpu_speed": speed,
-        "findings": findings,
+        "findings": [f.to_json() for f in findings],
     }
 
 
