@@ -36,6 +36,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from scipy.optimize import nnls
+
+from stagebench.core._stats import t_quantile
 
 __all__ = ["fit_scaling", "usl", "point_sd", "MIN_LEVELS", "POOR_R2"]
 
@@ -60,16 +63,12 @@ def point_sd(qps: float, low: float, high: float, n_batches: float | None = None
     half = (high - low) / 2.0
     crit = 1.96
     if n_batches is not None and math.isfinite(n_batches) and n_batches >= 2:
-        from stagebench.core._stats import t_quantile
-
         crit = t_quantile(0.975, int(n_batches) - 1)
     return max(half / crit, _MIN_REL_SD * qps)
 
 
 def _nnls_fit(c: np.ndarray, x: np.ndarray, rel_sd: np.ndarray, amdahl: bool) -> tuple[float, float, float]:
     """(λ, σ, κ) by weighted NNLS on c / X."""
-    from scipy.optimize import nnls
-
     y = c / x
     cols = [np.ones_like(c), c] if amdahl else [np.ones_like(c), c, c * (c - 1.0)]
     design = np.column_stack(cols)

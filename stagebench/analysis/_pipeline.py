@@ -27,16 +27,27 @@ from typing import Any
 import pandas as pd
 
 from stagebench._numbers import finite, num, num_or_none
+from stagebench._version import __version__
+from stagebench.analysis._findings import build_findings
 from stagebench.analysis._fused import unfuse
 from stagebench.analysis._gil import harness_gil_s
+from stagebench.analysis._job import alone_scope, decide_job, trainer_summary
+from stagebench.analysis._joint import process_headroom, recommend_jointly
 from stagebench.analysis._labels import relabel_unfused
+from stagebench.analysis._pipeline_job import apply_job_pick, job_candidates
+from stagebench.analysis._predict import apply_replay, predict_pipeline
 from stagebench.analysis._stage import analyze_stage
 from stagebench.analysis._verdicts import cpu_speed, demand_verdict, pipeline_verdict, speed_warnings, yours_verdict
 from stagebench.core._curves import StageRows
+from stagebench.core._measure import empty_row
+from stagebench.core._paired import HOST_PHASES
 from stagebench.core._resources import usable_cores
 from stagebench.model._meta import Provenance, RunMeta
-from stagebench.model._pipeline import Prediction
+from stagebench.model._pipeline import Interference, Prediction
+from stagebench.model._rate import Rate
 from stagebench.model._stage import StageEntry
+from stagebench.runs._provenance import load_warnings
+from stagebench.runs._schema import STAGE_COLUMNS, SUMMARY_SCHEMA_VERSION
 
 __all__ = [
     "summarize",
@@ -96,8 +107,6 @@ def _cores_bound(prov: Provenance) -> str:
 
 
 def _run_warnings(df: pd.DataFrame, stages: list[dict], m: RunMeta, cores: float) -> list[str]:
-    from stagebench.runs._provenance import load_warnings
-
     out: list[str] = []
     status = m.status
     if status in ("interrupted", "terminated", "running"):
@@ -276,8 +285,6 @@ def process_headroom_of_run(
     rows: pd.DataFrame, meta: dict, pending: dict[str, list[int]], *, stage_cache: dict | None = None
 ) -> dict[str, dict]:
     """:func:`stagebench.analysis._joint.process_headroom` on a diagnosis's rows so far (its thread points)."""
-    from stagebench.analysis._joint import process_headroom
-
     run = _run_context(rows, meta)
     stages = run.stages(stage_cache)
     return process_headroom(
@@ -301,10 +308,6 @@ def paired_needless_of_run(
     the same executor and concurrency all three times, running it could change
     nothing the user is told to set: name -> why, for the stage's recommendation.
     """
-    from stagebench.analysis._joint import recommend_jointly
-    from stagebench.core._measure import empty_row
-    from stagebench.core._paired import HOST_PHASES
-
     run = _run_context(rows, meta)
     df = run.df
     demand = num_or_none(run.meta.settings.target_rate)
@@ -356,9 +359,6 @@ def paired_needless_of_run(
 def job_candidates_of_run(rows: Any, meta: dict, demand: Mapping[str, Any] | float | None) -> Any:
     """The settings to run the user's loop with (:func:`stagebench.analysis._pipeline_job.job_candidates`);
     ``demand``: the trainer's record (its rate and interval) or a rate."""
-    from stagebench.analysis._pipeline_job import job_candidates
-    from stagebench.model._rate import Rate
-
     rate = Rate.from_json(demand) if isinstance(demand, Mapping) else (Rate(float(demand)) if demand else None)
     run = _run_context(rows, meta)
     return job_candidates(
@@ -385,14 +385,6 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     summarizes before and after its whole-pipeline runs): each stage's analysis,
     whose bootstrap fits are most of the time, is then done once.
     """
-    from stagebench._version import __version__
-    from stagebench.analysis._findings import build_findings
-    from stagebench.analysis._job import alone_scope, decide_job, trainer_summary
-    from stagebench.analysis._joint import recommend_jointly
-    from stagebench.analysis._pipeline_job import apply_job_pick
-    from stagebench.analysis._predict import apply_replay, predict_pipeline
-    from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
-
     run = _run_context(rows, meta)
     m, df, cores, free_threaded, overhead = run.meta, run.df, run.cores, run.free_threaded, run.overhead
     stages = run.stages(stage_cache)
@@ -484,13 +476,11 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         ),
         "demand": demand_verdict(m.settings.target_rate, validation, prediction, m.trainer, job),
         "cpu_speed": speed,
-        "findings": [f.to_json() for f in findings],
+        "findings": findings,
     }
 
 
 def _unmeasured(name: str) -> dict[str, Any]:
-    from stagebench.runs._schema import STAGE_COLUMNS
-
     entry = analyze_stage(pd.DataFrame(columns=list(STAGE_COLUMNS)), cores=1)
     entry.update(name=name, status="skipped", reason="not measured: no rows for this stage")
     entry["evidence"]["summary"] = ["not measured: no rows for this stage"]
@@ -510,15 +500,16 @@ def _validation(
     out["error_vs_prediction"] = (
         (pred - measured) / measured if pred is not None and finite(pred) and measured > 0 else None
     )
-    out["interference"] = _interference(
-        val.get("stage_latency"), rows, stages or [], predicted.replay.get("stage_latency")
-    )
+    out["interference"] = [
+        i.to_json()
+        for i in _interference(val.get("stage_latency"), rows, stages or [], predicted.replay.get("stage_latency"))
+    ]
     return out
 
 
 def _interference(
     lat: Any, rows: pd.DataFrame | None, stages: list[dict], replay_lat: Any = None
-) -> list[dict[str, Any]]:
+) -> list[Interference]:
     """Each timed stage's median call inside the pipeline against alone at the same setting.
 
     Alone: the stage's row at its recommended harness, executor and
@@ -552,14 +543,14 @@ def _interference(
         stood = (replay_lat or {}).get(name) if isinstance(replay_lat, Mapping) else None
         rep = float(stood["p50_ms"]) if isinstance(stood, Mapping) and finite(stood.get("p50_ms")) else math.nan
         out.append(
-            {
-                "stage": name,
-                "in_pipeline_p50_ms": float(got["p50_ms"]),
-                "calls": got.get("calls"),
-                "alone_p50_ms": alone if finite(alone) else None,
-                "ratio": float(got["p50_ms"]) / alone if finite(alone) and alone > 0 else None,
-                "replay_p50_ms": rep if finite(rep) else None,
-                "vs_replay": float(got["p50_ms"]) / rep if finite(rep) and rep > 0 else None,
-            }
+            Interference(
+                stage=name,
+                in_pipeline_p50_ms=float(got["p50_ms"]),
+                calls=got.get("calls"),
+                alone_p50_ms=alone if finite(alone) else None,
+                ratio=float(got["p50_ms"]) / alone if finite(alone) and alone > 0 else None,
+                replay_p50_ms=rep if finite(rep) else None,
+                vs_replay=float(got["p50_ms"]) / rep if finite(rep) and rep > 0 else None,
+            )
         )
     return out

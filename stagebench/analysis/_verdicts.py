@@ -11,9 +11,11 @@ import numpy as np
 
 from stagebench._numbers import finite, fmt_ms, fmt_q, num
 from stagebench._settings import DEMAND_HEADROOM
-from stagebench.analysis._pipeline_job import user_choice, user_setting
+from stagebench.analysis._pipeline_job import settings_cost, user_choice, user_setting
+from stagebench.model._evidence import EQUIVALENT, Option, Ratio, decide, more_rounds_text
 from stagebench.model._job import JobVerdict, StepAlone
 from stagebench.model._pipeline import CpuSpeed, Prediction, Validation, YoursRun
+from stagebench.model._rate import Rate
 from stagebench.model._stage import StageEntry, StageSetting
 
 __all__ = [
@@ -145,10 +147,6 @@ def versus_yours_decision(
     """The rule (:mod:`stagebench.model._evidence`) on the recommended settings against yours, from their
     whole-pipeline windows in turns (the i-th window of one beside the i-th of the other); None where
     either has no window. ``rates``: their pooled rates, where known (else the windows' mean)."""
-    from stagebench.analysis._pipeline_job import settings_cost
-    from stagebench.model._evidence import Option, Ratio, decide
-    from stagebench.model._rate import Rate
-
     if not recommended_rates or not your_rates:
         return None
     pooled = rates or (
@@ -223,8 +221,6 @@ def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list
     r_rate, m_rate = val.rate, mine_run.rate
     assert r_rate is not None and m_rate is not None  # both finite above
     figures = f"{r_rate.text('items/s')} with the recommended settings, {m_rate.text()} with yours"
-    from stagebench.model._evidence import Ratio
-
     rec_w, your_w = list(val.window_rates), list(mine_run.window_rates)
     d = versus_yours_decision(rec_w, your_w, recommended, mine, (r_rate, m_rate))
     x = Ratio.of_pairs(list(zip(rec_w, your_w)))  # the recommended over yours, round by round
@@ -235,8 +231,6 @@ def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list
             text=f"keep yours: the runs kept no windows in turns to compare them by; {figures}",
         )
         return out
-    from stagebench.model._evidence import EQUIVALENT, more_rounds_text
-
     if d.advice == "change":
         verdict, text = "recommended", f"the recommended settings are faster beyond noise, {x.text('yours')}: {figures}"
     elif d.advice == "cheaper":

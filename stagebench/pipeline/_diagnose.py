@@ -36,8 +36,8 @@ Worker processes inherit the environment. The variable is set to ``0`` as
 soon as a diagnosis starts, so no worker (and none of the one-stage SPDL
 pipelines built while sweeping) ever starts a diagnosis of its own.
 
-This module is imported while ``spdl`` is being imported (from the
-post-import hook), so its top level imports only the standard library.
+The stand-in (:mod:`._standin`) imports this module when a pipeline is built,
+never at interpreter start.
 """
 
 from __future__ import annotations

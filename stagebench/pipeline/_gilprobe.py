@@ -33,8 +33,7 @@ of r ms) it read 0.90 (truth 1), 0.73 (0.8), 0.49 (0.5), 0.20 (0.2) and
 0.00 (a sleep); SHA-256 of 1 MiB buffers 0.00-0.06.
 
 A counter that holds the GIL but not a core (the machine took it away:
-other VMs, other programs) would read as GIL the stage held: on a fresh
-clone whose cores were being taken, SHA-256 read 0.55. Two corrections:
+other VMs, other programs) would read as GIL the stage held. Two corrections:
 
 - The spinner times its own loop. A pause over 0.1 ms in which it did not
   block (its count of voluntary context switches, ``getrusage`` per
@@ -43,9 +42,8 @@ clone whose cores were being taken, SHA-256 read 0.55. Two corrections:
   did. That time is counted as the spinner's (``spinner_lost``: its median
   share of a round; 0-2% on a quiet machine, where a sleeping stage read
   ~0.01 high from it before). A pause in which it blocked is a wait for the
-  GIL, and stays the stage's. On a quiet 2-core VM, the rounds that read
-  SHA-256 above 0.1 (2 of 96) all had such pauses of 1-3 ms. Off Linux
-  there is no per-thread count and no pause is counted.
+  GIL, and stays the stage's. Off Linux there is no per-thread count and
+  no pause is counted.
 - Each round first lets the spinner run alone for 5 ms; the share of a
   core it got there (``spinner_core``, net of the pauses above) scales its
   CPU time up to its GIL time. That corrects a steady loss in slices too
@@ -53,9 +51,7 @@ clone whose cores were being taken, SHA-256 read 0.55. Two corrections:
 
 Neither covers programs in this machine competing for the cores during
 the round: a spinner woken to take the GIL may then wait for a core with
-the GIL free, and that pause holds a block, so it stays the stage's (with
-only the core correction, SHA-256 read 0.92 beside one busy process on 2
-cores). Those show as the spinner's wait for a core, which Linux counts
+the GIL free, and that pause holds a block, so it stays the stage's. Those show as the spinner's wait for a core, which Linux counts
 per thread (``run_delay`` in
 ``/proc/<pid>/task/<tid>/schedstat``; 0-2% of a round on a quiet machine,
 ~50% beside a busy process). It cannot be subtracted: a spinner that waits
@@ -76,30 +72,19 @@ the spinner held the GIL without a core (the stage, waiting, times out that
 often), are its waits to take the GIL back: two each (a wait that times out,
 which asks the spinner for it, then the wait for the hand-over). Half of them,
 less one per switch interval of GIL it held (the spinner makes a holder hand
-it over that often), count the releases. Three runs here: stages hashing in
-1, 2, 5, 10 and 20 pieces read 0.8-0.9, 1.5-1.8, 4.1-4.7, 8.4-8.8 and
-15.8-17.0; a 2 ms pure-Python loop 0.6-1.5 and a 1 ms sleep 0.8-0.9 (one
-release: the sleep). Counting each wait as a release read twice that
-(Linux only: ``getrusage`` per thread).
+it over that often), count the releases (Linux only: ``getrusage`` per thread).
 
 A release counts only where the spinner takes the GIL during it, so the
-count is a lower bound with a long tail. On a quiet 2-core VM forty probes
-each read twelve 0.25 ms hashes at 6.5-9.8 (median 7.5), twenty at 10.2-16.1
-(12.9) and one at 0.5-0.9; two full-suite runs read twelve at 5.1 and 6.0.
-Twelve 1 ms hashes read no better (6.5-11.2 over thirty probes), and neither
-did pinning the two threads to different cores (6.3-9.5), nor counting the
-spinner's pauses instead of the stage's waits (6.0-11.3): the spinner itself
-lost the GIL only 6.7-10 times a call. On a
-machine that takes the spinner's core (``spinner_core`` under about 0.9), a
-release shorter than the spinner's wait to run goes unseen: one fresh clone
-read a stage hashing in twelve 0.25 ms pieces at 0.2 releases.
+count is a lower bound with a long tail. On a machine that takes the
+spinner's core (``spinner_core`` under about 0.9), a release shorter than
+the spinner's wait to run goes unseen.
 
 What it is not: the hand-offs of the GIL count as the stage's (a stage that
 reacquires the GIL often reads a little high), and time taken from the
 *stage's* thread while it holds the GIL is the stage's too (its calls grow
 longer; the spinner waits, blocked). That one cannot be told apart from a
-C call that holds the GIL: on this VM it shows as 2-6 ms pauses with
-several GIL timeouts in them. The median over rounds keeps such moments out
+C call that holds the GIL (it shows as pauses of a few ms with several GIL
+timeouts in them). The median over rounds keeps such moments out
 unless they fill half the rounds. The stage runs in a thread of its own that the
 diagnosis abandons after ``timeout_s`` (a stage that hangs on the probe's
 inputs cannot stop the diagnosis).
@@ -124,7 +109,7 @@ __all__ = ["probe_gil"]
 
 _SWITCH_S = 0.0005
 _MIN_WINDOW_S = 0.03
-_BUDGET_S = 0.4  # all rounds together, alone + with the counter (was 0.6: eight rounds read within ±3%)
+_BUDGET_S = 0.4  # all rounds together, alone + with the counter
 _MIN_ROUNDS, _MAX_ROUNDS = 3, 5
 _MAX_CALL_S = 0.1  # slower calls would need > 1.2 s (3 rounds of 2 x 2 calls): not probed
 _SOLO_S = 0.005  # the spinner alone before each round: the share of a core it gets

@@ -16,7 +16,7 @@ from stagebench.loader._intercept import loader_was_caught
 from stagebench.pipeline import _spdl_hook
 from stagebench.pipeline._loader_hook import install_loader_hook
 from stagebench.pipeline._settings import DiagnoseSettings, SettingsError, local_rank
-from stagebench.pipeline._state import MODE_VAR, State, say
+from stagebench.pipeline._state import MODE_VAR, State, release_held, say
 from stagebench.runs._results import RunDir, RunDirInUseError, UnwritableOutputError
 
 __all__ = ["run_script", "launch_ranks"]
@@ -92,8 +92,8 @@ def run_script(script: str, args: list[str], *, out: str | None, nproc_per_node:
         if not was_installed:  # in-process callers (tests, notebooks) get their import system back
             _spdl_hook.uninstall()
         if State.started:  # the script's frames are gone: what the diagnosis held is garbage, freed now
-            _spdl_hook.release_held()
-            atexit.unregister(_spdl_hook.release_held)
+            release_held()
+            atexit.unregister(release_held)
     for hook in State.on_start:
         hook()
     State.on_start = []

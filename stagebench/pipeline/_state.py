@@ -1,10 +1,13 @@
 """What happened in this process: whether a diagnosis started, where, and how it ended.
 
-The SPDL hook writes it, ``run_script`` reads it; standard library only.
+The SPDL hook and the stand-in write it, ``run_script`` reads it; and what ends with the process: the
+lock file a pool worker claims a diagnosis with, what the diagnosis held let go of. Standard library only.
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import sys
 
 from stagebench._errors import Terminated
@@ -18,7 +21,19 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any
 
-__all__ = ["State", "say", "MODE_VAR", "TRUTHY", "Terminated", "Signalled", "on_sigterm", "raise_if_signalled"]
+__all__ = [
+    "State",
+    "say",
+    "MODE_VAR",
+    "TRUTHY",
+    "LISTENING_VAR",
+    "claim_path",
+    "release_held",
+    "Terminated",
+    "Signalled",
+    "on_sigterm",
+    "raise_if_signalled",
+]
 
 
 class State:
@@ -40,3 +55,39 @@ class State:
 
 def say(text: str) -> None:
     print(f"stagebench: {text}", file=sys.stderr, flush=True)
+
+
+#: Set in this process's environment (so its pool workers inherit it) once it listens for a worker's
+#: diagnosis to end it: the worker then signals it rather than terminating it.
+LISTENING_VAR = "STAGEBENCH_ENDS_ON_SIGUSR1"
+
+
+def claim_path(parent: int) -> str:
+    """The lock file a pool worker of ``parent`` (a pid) takes to diagnose; it then holds the exit code.
+    Returns its path, in the temporary folder."""
+    import tempfile  # only where a pool worker diagnoses: this module loads at interpreter start
+
+    return os.path.join(tempfile.gettempdir(), f"stagebench-{os.getuid()}-{parent}.diagnosing")
+
+
+def release_held() -> None:
+    """Let go of what the diagnosis held and free it now, while the interpreter can still free it.
+
+    Runs as the program ends (an ``atexit`` hook: after the ``SystemExit`` that ends a diagnosis has
+    left the user's loop, and after the pipelines' threads were joined) and as :func:`run_script`
+    returns. A diagnosis keeps real stage outputs (``Plan.sample_outputs``, each stand-in's
+    ``_Outputs``, the cached inputs of the points) and builds dozens of SPDL pipelines whose queues
+    still hold items when they stop (the job runs' batches). At the end all of it is garbage, but in
+    reference cycles: the stopped pipelines (their event loop, tasks and a ``CancelledError``'s
+    traceback), and the diagnosis's own frames, kept by an exception a library raised and caught.
+    Left to the interpreter's last collection, they are freed while it finalises, where a torch tensor
+    view freed does not release the numpy array under its base, and a native library reports the
+    buffer leaked on the user's terminal. What a
+    class or module of ours still points to (a follower's walk; the SPDL harness's stopped runners,
+    with their inputs) is dropped first: the collection cannot free what is reachable.
+    """
+    State.walk = None
+    harness: Any = sys.modules.get("stagebench.core._spdl_harness")
+    if harness is not None:
+        harness.settle(timeout=0)  # the runners whose pipeline has stopped, and their inputs, go
+    gc.collect()

@@ -21,7 +21,7 @@ from stagebench._numbers import finite
 from stagebench.analysis._pipeline_job import user_choice
 from stagebench.analysis._verdicts import versus_yours_decision
 from stagebench.core._speed import cpu_speed_ns
-from stagebench.pipeline._replay import plan_stand_ins
+from stagebench.pipeline._replay import StandIn, plan_stand_ins
 from stagebench.pipeline._wholerun import run_pipelines
 
 __all__ = ["replay_and_validate", "WholePipelines", "run_validation", "choices_of", "yours_of", "EXTRA_ROUNDS"]
@@ -51,8 +51,8 @@ def choices_of(summary: dict[str, Any]) -> dict[str, tuple[str, int]]:
 class _WholeRuns:
     """The whole pipelines :func:`replay_and_validate` runs in turns, and the settings they run at."""
 
-    runs: dict[str, Any]  # by name: the replay's stand-ins, or None for the real stages
-    stand_ins: dict[str, Any]
+    runs: dict[str, dict[str, StandIn] | None]  # by name: the replay's stand-ins, or None for the real stages
+    stand_ins: dict[str, StandIn]
     choices: dict[str, tuple[str, int]]  # the recommended settings
     yours: dict[str, tuple[str, int]]  # the user's own
     differs: bool  # whether the user's settings differ from the recommended ones
@@ -115,7 +115,7 @@ def replay_and_validate(
     )
 
 
-def _whole_runs(plan: Any, settings: Any, summary: dict[str, Any], stand_ins: dict[str, Any]) -> _WholeRuns:
+def _whole_runs(plan: Any, settings: Any, summary: dict[str, Any], stand_ins: dict[str, StandIn]) -> _WholeRuns:
     """Which whole pipelines run: the replay where a stage could be stood in, the real stages where
     validation is on, and the user's settings beside them where they differ from the recommended ones."""
     choices = choices_of(summary)
@@ -129,7 +129,7 @@ def _whole_runs(plan: Any, settings: Any, summary: dict[str, Any], stand_ins: di
     validate = settings.validate == "on"
     yours = yours_of(plan)
     differs = any(name in yours and yours[name] != c for name, c in choices.items())
-    runs: dict[str, Any] = {}
+    runs: dict[str, dict[str, StandIn] | None] = {}
     if stand_ins:
         runs["replay"] = stand_ins
     if validate:
@@ -218,7 +218,7 @@ def _no_replay() -> dict[str, Any]:
     return {"qps": None, "error": "no stage could be stood in (none measured)"}
 
 
-def _replay_result(out: dict[str, Any], stand_ins: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any]:
+def _replay_result(out: dict[str, Any], stand_ins: dict[str, StandIn], say: Callable[[str], None]) -> dict[str, Any]:
     """The replay's result, with the stand-ins it ran with, and said."""
     if stand_ins:
         replay = out["replay"]
@@ -272,7 +272,7 @@ def run_validation(
     window_s: float,
     timeout_s: float,
     items_per_sink_item: float = 1.0,
-    stand_ins: dict[str, Any] | None = None,
+    stand_ins: dict[str, StandIn] | None = None,
 ) -> dict[str, Any]:
     """Run the whole pipeline alone over the cached source items and time what reaches the sink.
 

@@ -6,29 +6,20 @@ settings (the truth), the replay with stand-ins at the same settings (the
 prediction, :mod:`stagebench.pipeline._replay`), and the real stages at the
 user's own settings (what the recommendation is checked against).
 
-Why they take turns: they are compared, and this kind of host does not hold
-still. On the 2-core VM this was built on, two back-to-back 2 s runs of one
-pipeline differed by up to 30%: the CPU's speed changes in phases that last
-seconds. Run one after the other, the prediction's error was mostly the
-machine's. So each pipeline is built and warmed up once, and then their
-sources are opened in turn, in slices, in the order R V V R (three:
-R V Y Y V R): all see the same moments of the machine, and a steady drift
-cancels. Once forth and back, not twice: each switch costs a settle (below)
-that counts nothing, up to 1 s, and twice cost a 6-stage diagnosis 4 s more
-(its validation interval read ±6% then, ±3% once; each slice is now cut into
-three sub-windows for the interval's batches). While one
-runs, the other's source is closed and its stages idle. After each switch,
-``settle`` seconds pass before counting starts: the other pipeline drains
-and this one refills (three times the slowest pipeline's steady-state
-latency, source to sink, as it runs alone, the same for every switch, at
-least 0.1 s, at most 1 s: :func:`_take_turns`; two times were tried while gil_mix's
-validation run read 13–15% under its replay, and put back; that error came
-from no-op ceilings read to ±10% at the time, so two times were never
-measured alone). All warm up at the same time, before the first slice:
-warming up is not measured.
+Why they take turns: they are compared, and a host does not hold still: the CPU's speed changes in
+phases that last seconds, so run one after the other, the prediction's error would be mostly the
+machine's. So each pipeline is built and warmed up once, and then their sources are opened in turn,
+in slices, in the order R V V R (three: R V Y Y V R): all see the same moments of the machine, and a
+steady drift cancels. Once forth and back, not twice: each switch costs a settle (below) that counts
+nothing; each slice is cut into three sub-windows for the interval's batches instead. While one runs,
+the other's source is closed and its stages idle. After each switch, ``settle`` seconds pass before
+counting starts: the other pipeline drains and this one refills (three times the slowest pipeline's
+steady-state latency, source to sink, as it runs alone, the same for every switch, at least 0.1 s, at
+most 1 s: :func:`_take_turns`). All warm up at the same time, before the first slice: warming up is
+not measured.
 
 One run alone (the validation run without a replay) counts one contiguous
-window, as before.
+window.
 """
 
 from __future__ import annotations
@@ -37,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -47,9 +38,7 @@ from stagebench.core._spdl_harness import quiet_spdl_log
 from stagebench.model._ranks import HostRate
 from stagebench.model._rate import Rate
 from stagebench.pipeline._isolate import build_validation_config, default_threads, real_pipeline
-
-if TYPE_CHECKING:
-    from stagebench.model._rate import Rate
+from stagebench.pipeline._replay import StandIn
 
 __all__ = ["run_pipelines", "sink_rate", "SinkRate", "WholePipelineRun", "WHOLE"]
 
@@ -78,7 +67,7 @@ class WholePipelineRun:
         plan: Any,
         source_items: list,
         choices: dict[str, tuple[str, int]],
-        stand_ins: dict[str, Any] | None,
+        stand_ins: dict[str, StandIn] | None,
         items_per_sink_item: float = 1.0,
     ) -> None:
         self.name = name
@@ -308,7 +297,7 @@ def run_pipelines(
     plan: Any,
     source_items: list,
     choices: dict[str, tuple[str, int]],
-    runs: dict[str, Any],
+    runs: dict[str, dict[str, StandIn] | None],
     *,
     warmup_s: float,
     window_s: float,
@@ -426,7 +415,7 @@ def _open_ranked(
     ranked: Mirror,
     r: WholePipelineRun,
     choices: dict[str, tuple[str, int]],
-    stand_ins: dict[str, Any] | None,
+    stand_ins: dict[str, StandIn] | None,
     items_per_sink_item: float,
     warmup_s: float,
     timeout_s: float,
