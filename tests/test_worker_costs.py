@@ -322,12 +322,12 @@ def test_a_failure_measuring_worker_costs_loses_nothing_of_the_sweep(tmp_path, m
     """What each worker costs is measured beside the sweep: where it fails, the sweep's rows, summary and
     verdict stand, and a warning says what was not measured and why."""
     import stagebench
-    from stagebench.loader import _costs
+    from stagebench.loader import _search
 
     def broken(*a, **k):
         raise RuntimeError("no /proc here")
 
-    monkeypatch.setattr(_costs, "shipping_cost", broken)
+    monkeypatch.setattr(_search, "shipping_cost", broken)
     cfg = LoaderSweepConfig(num_workers=(0,), budget_s=0.3, transforms=False)
     s = stagebench.sweep_dataset(Blob(), run_dir=tmp_path / "run", config=cfg, batch_size=8)
     assert s["recommended"]["num_workers"] == 0

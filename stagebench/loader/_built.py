@@ -172,7 +172,7 @@ def _cuda_available() -> bool:
     torch: Any = sys.modules.get("torch")
     if torch is None:
         try:
-            import torch
+            import torch  # a dependency that may be missing: no torch, no CUDA
         except ImportError:
             return False
     try:

@@ -15,6 +15,7 @@ from stagebench._settings import (
     check,
 )
 from stagebench.model._knobs import LoaderKnobs
+from stagebench.runs._schema import EXECUTORS
 
 __all__ = ["LoaderSweepConfig", "LoaderFactory", "STRATEGIES"]
 
@@ -247,7 +248,6 @@ class LoaderSweepConfig:
             raise ValueError(f"transform_budget_s must be > 0, got {self.transform_budget_s}")
         if self.transform_max_concurrency is not None and self.transform_max_concurrency < 1:
             raise ValueError(f"transform_max_concurrency must be None or >= 1, got {self.transform_max_concurrency}")
-        from stagebench.runs._schema import EXECUTORS
 
         if not self.transform_executors or any(e not in EXECUTORS for e in self.transform_executors):
             raise ValueError(

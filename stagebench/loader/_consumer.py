@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
 import os
 import signal
 import threading
 import time
 import weakref
 from collections.abc import Iterable
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
+
+import psutil
 
 from stagebench.core._mirror import MirroredGate, Ready, mirror
 from stagebench.core._sizes import approx_nbytes
@@ -75,8 +79,6 @@ def _classify(message: str, exc: BaseException | None = None, *, crash: bool = F
     """(status, reason) for an error seen by the consumer."""
     is_crash = crash or any(m in message for m in _CRASH_MARKERS)
     if exc is not None:
-        from concurrent.futures.process import BrokenProcessPool
-
         is_crash = is_crash or isinstance(exc, BrokenProcessPool)
     if is_crash:
         killed = any(m in message for m in ("Killed", "SIGKILL", "signal: 9", "terminated abruptly"))
@@ -297,8 +299,6 @@ class _Consumer(threading.Thread):
 
 def _kill_workers(pids: Iterable[int]) -> int:
     """SIGKILL the given workers if they are still our children. Returns how many."""
-    import psutil
-
     me = os.getpid()
     n = 0
     for pid in pids:
@@ -340,7 +340,6 @@ def _teardown(cons: _Consumer, hung: bool) -> list[str]:
         )
     if _kill_workers(known):
         notes.append("leftover workers killed")
-    import multiprocessing
 
     multiprocessing.active_children()  # reaps the children that exited
     return notes

@@ -28,12 +28,19 @@ batches are in flight at once. :func:`shm_headroom` sets that against the space 
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
+import pickle
+import random
 import shutil
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
+
+import psutil
 
 __all__ = ["start_method", "shipping_cost", "memory_pass", "largest_container", "copy_bound_mb", "shm_headroom"]
 
@@ -56,8 +63,6 @@ MANY_OBJECTS = 10_000
 def start_method(factory: Any) -> str:
     """The start method the loader's workers use: the loader's own ``multiprocessing_context``, else
     the interpreter's default (what torch uses)."""
-    import multiprocessing
-
     ctx = getattr(factory, "multiprocessing_context", None)
     if isinstance(ctx, str):
         return ctx
@@ -117,9 +122,6 @@ def copy_bound_mb(largest: dict[str, Any] | None, dataset: Any) -> float | None:
 def _deep_mb(value: Any, n: int, sample: int = 2000) -> float | None:
     """The memory a container's Python objects take, from a sample of its items (each item with what it
     holds, one level down): what a worker reading all of it could copy at most, page by page."""
-    import random
-    import sys
-
     try:
         items = list(value.items()) if isinstance(value, dict) else value
         picks = items if n <= sample else [items[i] for i in random.Random(0).sample(range(n), sample)]
@@ -147,9 +149,6 @@ def shipping_cost(factory: Any, *, backend: str) -> dict[str, Any] | None:
     the user's objects: ``mb`` pickled, ``pickle_s`` (the main process, once per worker) and
     ``unpickle_s`` (each worker), medians of up to three, with their range; ``shipped`` False under
     fork (nothing is pickled). None where the factory holds no dataset."""
-    import pickle
-    from multiprocessing.reduction import ForkingPickler
-
     ds = getattr(factory, "dataset", None)
     if ds is None:
         return None
@@ -206,8 +205,6 @@ def memory_pass(
     squares through each worker's first sample, with a 95% interval), ``batches_per_worker``, and
     ``epoch_growth_mb`` with ``extrapolated``: the growth over a worker's share of the epoch.
     """
-    import psutil
-
     pids = cons.worker_pids()
     if not pids:
         return None

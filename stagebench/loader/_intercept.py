@@ -25,6 +25,7 @@ pays for importing it.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -34,16 +35,21 @@ from typing import Any
 
 from stagebench._errors import RankLost
 from stagebench._import_hook import PostImportFinder
+from stagebench._settings import read_env, setting
 from stagebench._signals import ignore_sigterm, on_sigterm
 from stagebench._spdl_private import MODE_VAR, PYTORCH_DATALOADER_MODULE, pytorch_get_items
+from stagebench.core._progress import message
 from stagebench.core._ranks import HostGroup, lead, meet
+from stagebench.job._phase import end_from_close
 from stagebench.loader._built import BuiltLoader, EpochControl, TaggedCollate, TimedInit
 from stagebench.loader._follow import follow_loaders
 from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
+from stagebench.loader._trainer import follower_trainer_phases, loader_trainer_phases
 from stagebench.model._knobs import LoaderKnobs
 from stagebench.runs._knobs import loader_knobs
 from stagebench.runs._outcome import FAILED, INTERNAL, PARTIAL, RANK_LOST, TERMINATED, interrupted_outcome
-from stagebench.runs._ranks import no_job_across_hosts
+from stagebench.runs._ranks import no_job_across_hosts, per_host
+from stagebench.runs._results import default_run_dir
 
 __all__ = [
     "DatasetLoaderFactory",
@@ -138,7 +144,7 @@ class DatasetLoaderFactory:
         collate = TaggedCollate(self.collate_fn, self.auto_collation)
         if self.backend == "spdl_pytorch":
             return self._spdl(knobs, control, collate)
-        from torch.utils.data import DataLoader
+        from torch.utils.data import DataLoader  # start-up cost: torch, only where a loader is built
 
         kw: dict[str, Any] = dict(
             num_workers=knobs.num_workers,
@@ -163,7 +169,7 @@ class DatasetLoaderFactory:
         return BuiltLoader(loader=loader, control=control)
 
     def _spdl(self, knobs: LoaderKnobs, control: EpochControl | None, collate: TaggedCollate) -> BuiltLoader:
-        from spdl.dataloader import get_pytorch_dataloader
+        from spdl.dataloader import get_pytorch_dataloader  # start-up cost: SPDL, only where its loader is built
 
         if self.iterable:
             raise ValueError("backend 'spdl_pytorch' does not support an IterableDataset; use backend 'torch'")
@@ -249,9 +255,7 @@ _IN_ORDER: bool | None = None
 def _accepts_in_order() -> bool:
     global _IN_ORDER
     if _IN_ORDER is None:
-        import inspect
-
-        from torch.utils.data import DataLoader
+        from torch.utils.data import DataLoader  # start-up cost: torch, only where a loader is built
 
         _IN_ORDER = "in_order" in inspect.signature(DataLoader.__init__).parameters
     return _IN_ORDER
@@ -272,7 +276,7 @@ def make_loader_factory(dataset: Any, *, backend: str = "torch", **kwargs: Any) 
         raise ValueError(
             f"unknown loader argument(s) {', '.join(unknown)}; allowed: {', '.join(LOADER_ARGS + KNOB_ARGS)}"
         )
-    import torch.utils.data as tud
+    import torch.utils.data as tud  # start-up cost: torch, only where a loader is built
 
     knob_kw = {k: kwargs.pop(k) for k in KNOB_ARGS if k in kwargs}
     user_knobs = None
@@ -300,7 +304,7 @@ def make_loader_factory(dataset: Any, *, backend: str = "torch", **kwargs: Any) 
 def _from_template(
     template: Any, *, backend: str, user_knobs: LoaderKnobs | None, notes: list[str], **extra: Any
 ) -> DatasetLoaderFactory:
-    import torch.utils.data as tud
+    import torch.utils.data as tud  # start-up cost: torch, only where a loader is built
 
     ds = template.dataset
     iterable = isinstance(ds, tud.IterableDataset)
@@ -340,6 +344,7 @@ def _call_of(loader: Any) -> tuple[tuple[str, str, str], ...]:
     batch sampler or collate function of the user's own is kept (by name where it has
     one, else ``...`` with its type), ``drop_last`` when set.
     """
+    # start-up cost: torch, only where a loader is built
     import torch.utils.data as tud
     from torch.utils.data._utils.collate import default_collate, default_convert
 
@@ -374,7 +379,7 @@ def _probe_batch_size(batch_sampler: Any) -> int:
 
 def factory_from_loader(loader: Any) -> tuple[DatasetLoaderFactory, str]:
     """A factory that rebuilds a caught loader with other knobs, and its backend name."""
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader  # start-up cost: torch, only where a loader is built
 
     if isinstance(loader, DataLoader):
         knobs = LoaderKnobs(
@@ -384,7 +389,7 @@ def factory_from_loader(loader: Any) -> tuple[DatasetLoaderFactory, str]:
             pin_memory=bool(loader.pin_memory),
         )
         return _from_template(loader, backend="torch", user_knobs=knobs, notes=[]), "torch"
-    from spdl.dataloader import PyTorchDataLoader
+    from spdl.dataloader import PyTorchDataLoader  # start-up cost: SPDL, only where its loader is built
 
     if isinstance(loader, PyTorchDataLoader):
         nw = int(loader._num_workers)
@@ -519,8 +524,6 @@ def diagnose_first_loader(
             return _lead(type(loader).__name__, factory, backend, group)
 
     def _lead(kind: str, factory: DatasetLoaderFactory, backend: str, group: HostGroup | None) -> Any:
-        from stagebench.report._terminal import format_loader_table
-
         ranks = "" if group is None else f", on each of the host's {group.size} ranks at once"
         _say(
             f"caught {kind} over {factory.name} "
@@ -548,6 +551,8 @@ def diagnose_first_loader(
             how = {RANK_LOST: "stopped", TERMINATED: "terminated (SIGTERM)"}.get(end, "interrupted")
             print(f"stagebench: {how}; {e}" if str(e) else f"stagebench: {how}", file=sys.stderr, flush=True)
             raise SystemExit(end.exit_code) from None
+        from stagebench.report._terminal import format_loader_table  # start-up cost: pandas, only at the end
+
         print(format_loader_table(summary))
         report = run_dir / "report.html"
         print(f"report: {report if report.exists() else run_dir}")
@@ -601,8 +606,6 @@ def _follow(group: HostGroup, factory: DatasetLoaderFactory) -> Any:
         _say(f"local rank {group.rank}: {e}")
         raise SystemExit(RANK_LOST.exit_code) from None
     if done.cmd is not None:  # the leader's job phase begins
-        from stagebench.loader._trainer import follower_trainer_phases
-
         return follower_trainer_phases(group, factory, _say)
     ignore_sigterm()  # leaving with the leader's code, whatever torch's launcher does to the last ranks
     group.bye()
@@ -612,8 +615,6 @@ def _follow(group: HostGroup, factory: DatasetLoaderFactory) -> Any:
 def _trainer_setting() -> tuple[float, float | None] | None:
     """(``STAGEBENCH_TRAINER_S``, ``STAGEBENCH_JOB_S`` or None: from the step) when ``STAGEBENCH_TRAINER=measure``
     (read and checked by the settings table)."""
-    from stagebench._settings import read_env, setting
-
     given = read_env(os.environ)
     if given.get("trainer") != "measure":
         return None
@@ -626,10 +627,6 @@ def _then_exit(
 ):
     """The user's loop on cached batches, then at the candidate settings (:mod:`stagebench.loader._trainer`), then
     exit (every rank of the host with the same code)."""
-    from stagebench.core._progress import message
-    from stagebench.job._phase import end_from_close
-    from stagebench.loader._trainer import loader_trainer_phases
-
     knobs = LoaderKnobs(**loader_knobs(summary["recommended"]))
     if (summary.get("settings") or {}).get("cuda") and factory.user_knobs is not None:
         # the step is measured on batches as the loop will receive them: pinned when the user pins
@@ -686,9 +683,6 @@ def _sweep_factory(
     """Sweep a user's loader, their own setting included (measured after the search, so the report
     compares it); the run directory defaults to a new folder under $STAGEBENCH_OUTPUT_DIR or ./reports.
     ``trainer_planned``: the user's loop runs after the sweep (run.json says so, for the summary)."""
-    from stagebench.runs._ranks import per_host
-    from stagebench.runs._results import default_run_dir
-
     cfg = config or LoaderSweepConfig()
     if factory.user_knobs is not None:
         cfg = replace(cfg, yours=factory.user_knobs)

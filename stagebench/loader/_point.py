@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+from stagebench.core._resources import TreeSnapshot, tree_memory_mb
 from stagebench.loader._built import _cuda_available
 from stagebench.loader._config import LoaderFactory, LoaderSweepConfig
 from stagebench.loader._consumer import _classify, _Consumer, _SpdlErrors, _teardown
@@ -57,6 +58,7 @@ from stagebench.loader._window import (
 from stagebench.model._knobs import LoaderKnobs
 from stagebench.model._ranks import WindowShare
 from stagebench.runs._knobs import normalize_knobs
+from stagebench.runs._schema import LOADER_COLUMNS
 
 __all__ = ["measure_loader_point", "timed_window", "Window", "workers_beyond_cores_unwarned"]
 
@@ -64,8 +66,6 @@ _POLL_S = 0.005
 
 
 def _empty_row(name: str, backend: str, eff: LoaderKnobs, shown: dict, phase: str, notes: list[str]) -> dict[str, Any]:
-    from stagebench.runs._schema import LOADER_COLUMNS
-
     row: dict[str, Any] = {c: math.nan for c in LOADER_COLUMNS}
     row.update(
         loader=name,
@@ -312,8 +312,6 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     ``plan.shortest``, once it has an interval at all after ``cfg.turn_window_s``), or once the interval lies wholly under ``plan.floor``
     (it cannot be the answer), or at ``cfg.budget_s``.
     """
-    from stagebench.core._resources import TreeSnapshot, tree_memory_mb
-
     mirror = cons.mirror if cons.cid is not None else None
     t0 = time.perf_counter()
     i0 = len(cons.events)
@@ -453,7 +451,7 @@ def _fill(
     row, cons: _Consumer, outcome: Window | None, eff: LoaderKnobs, batch_size: int | None, cfg: LoaderSweepConfig
 ) -> None:
     """Throughput, interval, stall, cores and memory from the consumer's events."""
-    import numpy as np
+    import numpy as np  # start-up cost: numpy loads where a window is measured
 
     ev = list(cons.events)
     if ev:

@@ -360,7 +360,7 @@ def _close_run(run: _Run, interrupted: KeyboardInterrupt | None, progress: Any) 
 def _write_report(path: Path, progress: Any) -> str | None:
     """Write report.html; returns why it could not be written (a full disk, ...), else None."""
     try:
-        from stagebench.report._render import write_report  # a missing dependency: jinja2 may not be installed
+        from stagebench.report._render import write_report  # start-up cost: pandas and jinja2, only for the report
     except ImportError:
         progress.message("report.html not written: the report module is not available in this install")
         return None

@@ -24,7 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stagebench.runs._results import TRANSFORMS_CSV
+from stagebench.core._config import MeasureConfig, SweepConfig, powers_of_two
+from stagebench.core._resources import usable_cores
+from stagebench.runs._provenance import is_free_threaded
+from stagebench.runs._results import TRANSFORMS_CSV, RowWriter
+from stagebench.runs._schema import STAGE_COLUMNS
 
 __all__ = ["find_transforms", "capture_transform_inputs", "isolate_transforms", "TRANSFORMS_CSV"]
 
@@ -97,10 +101,6 @@ def isolate_transforms(dataset: Any, *, run_dir: Path, config: Any, progress: An
     except TypeError:
         return []
     holder, steps = found
-    from stagebench.core._config import MeasureConfig, SweepConfig, powers_of_two
-    from stagebench.core._sweep import sweep_stage
-    from stagebench.runs._results import RowWriter
-    from stagebench.runs._schema import STAGE_COLUMNS
 
     try:
         inputs = capture_transform_inputs(dataset, holder, config.transform_items)
@@ -117,7 +117,6 @@ def isolate_transforms(dataset: Any, *, run_dir: Path, config: Any, progress: An
         ]
     if not inputs:
         return []
-    from stagebench.core._resources import usable_cores
 
     cores = usable_cores()
     maxc = config.transform_max_concurrency or max(1, math.ceil(cores))  # a fractional quota's cores, rounded up
@@ -130,6 +129,8 @@ def isolate_transforms(dataset: Any, *, run_dir: Path, config: Any, progress: An
             timeout_s=max(10.0, 20 * config.transform_budget_s),
         ),
     )
+    from stagebench.core._sweep import sweep_stage  # start-up cost: numpy, only with transforms
+
     out: list[dict[str, Any]] = []
     names: dict[str, int] = {}
     with RowWriter(Path(run_dir) / TRANSFORMS_CSV, STAGE_COLUMNS) as writer:
@@ -162,15 +163,13 @@ def isolate_transforms(dataset: Any, *, run_dir: Path, config: Any, progress: An
 def _analyse(df: Any, name: str, index: int, cores: float) -> dict[str, Any]:
     """The pipeline analysis of one stage's rows; a plain best-point summary if it is unavailable."""
     try:
-        from stagebench.analysis._stage import analyze_stage
+        from stagebench.analysis._stage import analyze_stage  # start-up cost: pandas, only with transforms
     except ImportError:
         analyze = None
     else:
         analyze = analyze_stage
     if analyze is not None:
         try:
-            from stagebench.runs._provenance import is_free_threaded
-
             res = analyze(df, cores=cores, free_threaded=is_free_threaded())
             if isinstance(res, dict):
                 res = dict(res)

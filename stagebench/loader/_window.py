@@ -9,11 +9,13 @@ means over consecutive groups of whole rounds.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from stagebench._numbers import num
 from stagebench.model._ranks import HostRate, WindowShare
+from stagebench.model._rate import Rate
 
 __all__ = ["window_rate", "window_share", "share_slices", "startup_split"]
 
@@ -59,7 +61,7 @@ def window_rate(
     ``samples_per_s_low`` / ``samples_per_s_high``; an empty dict when no gap
     lies in the window.
     """
-    import numpy as np
+    import numpy as np  # start-up cost: numpy loads where a window is measured
 
     gaps: list[float] = []
     samples: list[float] = []
@@ -99,8 +101,6 @@ def window_rate(
     # pooled rate on the log scale (stagebench.model._rate.Rate.around: it stays positive and finite)
     k = min(max_groups, nb // max(2, rnd))
     if k >= 2 and np.isfinite(s).all():
-        from stagebench.model._rate import Rate
-
         parts = [np.arange(r[0] * rnd, (r[-1] + 1) * rnd) for r in np.array_split(np.arange(rounds), k)]
         per = [float(s[p].sum() / g[p].sum()) for p in parts if g[p].sum() > 0 and s[p].sum() > 0]
         mean = sum(per) / len(per) if per else math.nan
@@ -175,8 +175,6 @@ def startup_split(events: Sequence[_Event], t_iter: float, wall_offset: float) -
     index before every worker has started: a wait for the others is in it); ``first_delivery_s``: from
     there to the batch reaching the loop. Empty without stamps (no workers).
     """
-    import statistics
-
     if not math.isfinite(t_iter):
         return {}
     start = t_iter + wall_offset
