@@ -22,27 +22,27 @@ from stagebench.core._curves import StageRows
 def test_known_fraction_from_model_rows(gil_ms, wait_ms):
     truth = gil_ms / (gil_ms + wait_ms)
     r = estimate_gil(StageRows(model_rows("s", gil_ms=gil_ms, wait_ms=wait_ms)), cores=2)
-    assert r["fraction"] == pytest.approx(truth, abs=0.03)
-    lo, hi = r["interval"]
-    assert lo <= r["fraction"] <= hi
-    assert r["gil_s_per_item"] == pytest.approx(gil_ms / 1e3, abs=2e-4)
-    assert r["pinned"]
+    assert r.fraction == pytest.approx(truth, abs=0.03)
+    lo, hi = r.interval
+    assert lo <= r.fraction <= hi
+    assert r.gil_s_per_item == pytest.approx(gil_ms / 1e3, abs=2e-4)
+    assert r.pinned
 
 
 def test_saturated_gil_curve_is_attributed_to_the_gil():
     r = estimate_gil(StageRows(model_rows("s", gil_ms=2.0, wait_ms=2.0)), cores=2)
-    assert r["saturated"] and r["serializer"] == "gil"
-    assert r["signals"]["thread_plateau"]["role"] == "estimate"
-    assert r["signals"]["threads_vs_processes"]["value"] > 1.5
+    assert r.saturated and r.serializer == "gil"
+    assert r.signals["thread_plateau"]["role"] == "estimate"
+    assert r.signals["threads_vs_processes"]["value"] > 1.5
 
 
 def test_gil_free_cpu_gives_an_upper_bound_not_a_guess_presented_as_fact():
     # hashlib-like: 4 ms of CPU without the GIL; on 8 cores threads scale like processes
     r = estimate_gil(StageRows(model_rows("s", gil_ms=0.02, wait_ms=0.0, free_cpu_ms=4.0, cores=8)), cores=8)
-    assert r["signals"]["cpu_share"]["role"] == "upper bound"
-    assert not r["pinned"]
-    assert r["interval"][0] == 0.0 and r["interval"][1] < 0.2
-    assert any("only from above" in n for n in r["notes"])
+    assert r.signals["cpu_share"]["role"] == "upper bound"
+    assert not r.pinned
+    assert r.interval[0] == 0.0 and r.interval[1] < 0.2
+    assert any("only from above" in n for n in r.notes)
 
 
 def test_a_lock_that_is_not_the_gil_is_not_called_the_gil():
@@ -52,8 +52,8 @@ def test_a_lock_that_is_not_the_gil_is_not_called_the_gil():
         rows.append(row("locked", "thread", c, 250.0, cores_used=0.01, cpu_s_per_item=4e-5, latency_ms=4.0 * c))
         rows.append(row("locked", "process", c, 240.0 * c, cores_used=0.05 * c, cpu_s_per_item=2e-4, latency_ms=4.2))
     r = estimate_gil(StageRows(pd.DataFrame(rows)), cores=2)
-    assert r["saturated"] and r["serializer"] == "other"
-    assert r["fraction"] < 0.1
+    assert r.saturated and r.serializer == "other"
+    assert r.fraction < 0.1
     st = analyze_stage(pd.DataFrame(rows), cores=2)
     assert st["classification"] != "gil-bound"
 
@@ -70,14 +70,14 @@ def test_every_signal_is_labelled_and_none_claims_to_measure_the_gil():
 
 def test_process_only_stage_has_no_gil_fraction_and_says_why():
     r = estimate_gil(StageRows(model_rows("p", gil_ms=1, wait_ms=1, executors=("process",))), cores=2)
-    assert r["fraction"] is None
-    assert "cannot be inferred" in r["notes"][0]
+    assert r.fraction is None
+    assert "cannot be inferred" in r.notes[0]
 
 
 def test_async_stage_uses_the_event_loop_curve():
     r = estimate_gil(StageRows(model_rows("a", gil_ms=1.0, wait_ms=3.0, executors=("async",))), cores=2)
-    assert r["executor"] == "async"
-    assert r["fraction"] == pytest.approx(0.25, abs=0.03)
+    assert r.executor == "async"
+    assert r.fraction == pytest.approx(0.25, abs=0.03)
 
 
 def test_other_load_is_corrected_with_the_no_op_ceilings_share_of_a_core():
@@ -89,10 +89,10 @@ def test_other_load_is_corrected_with_the_no_op_ceilings_share_of_a_core():
     rows.loc[stage, "cores_used"] *= 0.6
     rows.loc[~stage, "cores_used"] = 0.6
     r = estimate_gil(StageRows(rows), cores=2)
-    assert r["signals"]["cpu_share"]["value"] == pytest.approx(0.6, abs=0.05)
-    assert r["signals"]["cpu_share_for_load"]["value"] == pytest.approx(1.0, abs=0.05)
-    assert r["fraction"] >= 0.9  # the plateau and the corrected signals outvote the raw CPU share
-    assert any("other load" in n for n in r["notes"])
+    assert r.signals["cpu_share"]["value"] == pytest.approx(0.6, abs=0.05)
+    assert r.signals["cpu_share_for_load"]["value"] == pytest.approx(1.0, abs=0.05)
+    assert r.fraction >= 0.9  # the plateau and the corrected signals outvote the raw CPU share
+    assert any("other load" in n for n in r.notes)
 
 
 @pytest.mark.parametrize("steal", [0.0, 0.3, 0.68])
@@ -105,13 +105,13 @@ def test_time_the_host_took_from_the_vm_is_not_read_as_the_stage_waiting(steal):
     rows.loc[first, "cpu_s_per_item"] *= 1 - steal  # the wall clock ran on while the host had the CPU
     rows.loc[first, "steal_share"] = steal
     r = estimate_gil(StageRows(rows), cores=2)
-    A = r["signals"]["cpu_share"]["value"]
+    A = r.signals["cpu_share"]["value"]
     assert A == pytest.approx(1.0, abs=0.05)
     assert label_of_call(1e-3, A, 0.0, "thread concurrency 1")[0] == "cpu-bound"
-    assert any("the host took" in n for n in r["notes"]) is (steal > 0.05)
+    assert any("the host took" in n for n in r.notes) is (steal > 0.05)
     # without the host's steal counter the same rows read as waiting: what the clone saw
     rows["steal_share"] = math.nan
-    unknown = estimate_gil(StageRows(rows), cores=2)["signals"]["cpu_share"]["value"]
+    unknown = estimate_gil(StageRows(rows), cores=2).signals["cpu_share"]["value"]
     assert unknown == pytest.approx(1 - steal, abs=0.05)
 
 
@@ -123,8 +123,8 @@ def test_the_hosts_steal_is_divided_out_once_not_again_through_the_no_op_ceiling
     rows.loc[first & (rows["role"] == "ceiling"), "cores_used"] *= 0.6
     rows.loc[first, "steal_share"] = 0.4
     r = estimate_gil(StageRows(rows), cores=2)
-    assert r["signals"]["cpu_share"]["value"] == pytest.approx(1.0, abs=0.05)
-    assert "cpu_share_for_load" not in r["signals"] and not any("other load" in n for n in r["notes"])
+    assert r.signals["cpu_share"]["value"] == pytest.approx(1.0, abs=0.05)
+    assert "cpu_share_for_load" not in r.signals and not any("other load" in n for n in r.notes)
 
 
 def test_a_machine_slower_at_the_first_level_than_on_the_plateau_does_not_lower_the_fraction():
@@ -136,16 +136,16 @@ def test_a_machine_slower_at_the_first_level_than_on_the_plateau_does_not_lower_
         rows.loc[first, col] /= 1.7
     rows.loc[first, "cpu_s_per_item"] *= 1.7
     r = estimate_gil(StageRows(rows), cores=2)
-    assert r["fraction"] == pytest.approx(1.0, abs=0.1)
-    assert r["saturated"]
-    assert "the machine's speed changed" in r["signals"]["thread_plateau"]["detail"]
+    assert r.fraction == pytest.approx(1.0, abs=0.1)
+    assert r.saturated
+    assert "the machine's speed changed" in r.signals["thread_plateau"]["detail"]
 
 
 def test_one_level_only_still_estimates_from_the_cpu_share():
     rows = model_rows("one", gil_ms=1.0, wait_ms=3.0, levels=(1,))
     r = estimate_gil(StageRows(rows), cores=2)
-    assert r["fraction"] == pytest.approx(0.25, abs=0.03)
-    assert not r["saturated"]
+    assert r.fraction == pytest.approx(0.25, abs=0.03)
+    assert not r.saturated
 
 
 # ------------------------------------------------------------------ real measurements
@@ -343,32 +343,32 @@ def test_known_answer_stages_carry_their_calibration_across_pickling():
 def test_a_probe_decides_where_the_curves_only_bound_the_share():
     # hashlib-like on 2 cores: threads flatten at the cores, so the curves bound the share only from above
     rows = StageRows(model_rows("s", gil_ms=0.02, wait_ms=0.0, free_cpu_ms=4.0, cores=2))
-    assert not estimate_gil(rows, cores=2)["pinned"]
+    assert not estimate_gil(rows, cores=2).pinned
     r = estimate_gil(rows, cores=2, probe={"share": 0.03, "low": 0.01, "high": 0.08, "rounds": 8})
-    assert (r["fraction"], r["interval"], r["pinned"], r["source"]) == (0.03, [0.01, 0.08], True, "probe")
-    assert r["signals"]["gil_probe"]["role"] == "estimate"
-    assert not any("only from above (≤" in n and "more cores" in n for n in r["notes"])
-    assert any("a counter thread next to the stage read 0.03" in n for n in r["notes"])
+    assert (r.fraction, r.interval, r.pinned, r.source) == (0.03, (0.01, 0.08), True, "probe")
+    assert r.signals["gil_probe"]["role"] == "estimate"
+    assert not any("only from above (≤" in n and "more cores" in n for n in r.notes)
+    assert any("a counter thread next to the stage read 0.03" in n for n in r.notes)
     # the curves' upper bound still holds over a higher reading
-    hi = estimate_gil(rows, cores=2)["interval"][1]
+    hi = estimate_gil(rows, cores=2).interval[1]
     capped = estimate_gil(rows, cores=2, probe={"share": 0.9, "low": 0.8, "high": 1.0})
-    assert capped["fraction"] == pytest.approx(hi) and "capped at that bound" in capped["notes"][-1]
+    assert capped.fraction == pytest.approx(hi) and "capped at that bound" in capped.notes[-1]
 
 
 def test_a_probe_below_the_curves_interval_overrides_them_and_one_above_is_only_a_check():
     rows = StageRows(model_rows("s", gil_ms=2.4, wait_ms=1.6))  # the curves pin 0.6
     base = estimate_gil(rows, cores=2)
-    assert base["pinned"] and base["interval"][0] > 0.3
+    assert base.pinned and base.interval[0] > 0.3
     low = estimate_gil(rows, cores=2, probe={"share": 0.05, "low": 0.02, "high": 0.1})
-    assert low["fraction"] == 0.05 and low["source"] == "probe"
-    assert any("limited by something else" in n for n in low["notes"])
+    assert low.fraction == 0.05 and low.source == "probe"
+    assert any("limited by something else" in n for n in low.notes)
     # the probe's errors push it up (hand-offs, a busy machine): a higher reading does not move the curves
     high = estimate_gil(rows, cores=2, probe={"share": 0.9, "low": 0.8, "high": 1.0})
-    assert high["fraction"] == base["fraction"] and high["source"] == "curves"
-    assert high["signals"]["gil_probe"]["role"] == "check"
+    assert high.fraction == base.fraction and high.source == "curves"
+    assert high.signals["gil_probe"]["role"] == "check"
     busy = estimate_gil(rows, cores=2, probe={"error": "not probed: the machine was busy (...)", "core_wait": 0.4})
-    assert busy["fraction"] == base["fraction"] and busy["source"] == "curves"
-    assert busy["notes"][-1] == "no direct GIL reading: not probed: the machine was busy (...)"
+    assert busy.fraction == base.fraction and busy.source == "curves"
+    assert busy.notes[-1] == "no direct GIL reading: not probed: the machine was busy (...)"
     st = analyze_stage(
         model_rows("s", gil_ms=2.4, wait_ms=1.6), cores=2, gil_probe={"share": 0.05, "low": 0.02, "high": 0.1}
     )
@@ -569,15 +569,15 @@ def test_a_probe_inside_a_wide_curves_interval_decides_and_inside_a_narrow_one_d
     import stagebench.analysis._gil as G
 
     rows = StageRows(model_rows("s", gil_ms=2.4, wait_ms=1.6))
-    lo, hi = estimate_gil(rows, cores=2)["interval"]
+    lo, hi = estimate_gil(rows, cores=2).interval
     inside = {"share": (lo + hi) / 2 + 0.01, "low": lo, "high": hi}
-    assert hi - lo < G._VAGUE and estimate_gil(rows, cores=2, probe=inside)["source"] == "curves"
+    assert hi - lo < G._VAGUE and estimate_gil(rows, cores=2, probe=inside).source == "curves"
     # the same interval counts as wide open once the threshold is below its width (a 0.2 ms
     # pure-Python stage's curves gave 0-1 in a diagnosis; its probe read 0.94)
     monkeypatch.setattr(G, "_VAGUE", (hi - lo) / 2)
     r = estimate_gil(rows, cores=2, probe=inside)
-    assert r["source"] == "probe" and r["fraction"] == pytest.approx(inside["share"])
-    assert any("leave the GIL share anywhere in" in n for n in r["notes"])
+    assert r.source == "probe" and r.fraction == pytest.approx(inside["share"])
+    assert any("leave the GIL share anywhere in" in n for n in r.notes)
 
 
 def test_the_probe_counts_how_often_a_call_lets_the_gil_go():

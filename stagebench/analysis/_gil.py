@@ -66,6 +66,7 @@ import numpy as np
 
 from stagebench._numbers import finite
 from stagebench.core._curves import Curve, Point, StageRows
+from stagebench.model._stage import GilEstimate
 
 __all__ = ["estimate_gil", "harness_gil_s", "harness_cpu_s", "SIGNAL_LABELS"]
 
@@ -679,6 +680,23 @@ def _gil_probe(probe: dict[str, Any] | None, curves: _Estimate, signals: dict[st
     return _Estimate(min(ps, cap), min(p_lo, cap), min(p_hi, cap), pinned=True, source="probe")
 
 
+#: an estimate's keys, in the order its dict has always listed them (``GilEstimate.to_json``)
+_KEYS = (
+    "fraction",
+    "interval",
+    "pinned",
+    "source",
+    "gil_s_per_item",
+    "stage_s_per_item",
+    "saturated",
+    "serializer",
+    "harness",
+    "executor",
+    "signals",
+    "notes",
+)
+
+
 def estimate_gil(
     sr: StageRows,
     *,
@@ -686,11 +704,11 @@ def estimate_gil(
     fits: dict[str, dict] | None = None,
     free_threaded: bool = False,
     probe: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> GilEstimate:
     """The GIL fraction of one stage, its interval, and every signal behind it.
 
     ``fits`` are the stage's curve fits keyed ``"harness/executor"`` (for the
-    serial-fraction signal). Returns ``fraction`` and ``interval`` (``None``
+    serial-fraction signal). Returns a :class:`GilEstimate`: ``fraction`` and ``interval`` (``None``
     when no thread or event-loop point was measured), ``pinned`` (False when
     only bounds exist), ``gil_s_per_item``, ``stage_s_per_item``,
     ``saturated`` (the thread curve flattened below the cores),
@@ -708,37 +726,21 @@ def estimate_gil(
     ``source`` says which decided.
     """
     fits = fits or {}
-    out: dict[str, Any] = {
-        "fraction": None,
-        "interval": None,
-        "pinned": False,
-        "source": None,
-        "gil_s_per_item": None,
-        "stage_s_per_item": None,
-        "saturated": False,
-        "serializer": None,
-        "harness": None,
-        "executor": None,
-        "signals": {},
-        "notes": [],
-    }
+    notes: list[str] = []
+    signals: dict[str, Any] = {}
     chosen = _choose(sr)
     if chosen is None:
-        out["notes"].append(
+        notes.append(
             "no thread or event-loop point was measured: the GIL share cannot be inferred "
             "(process workers each have their own GIL)"
         )
-        return out
+        return GilEstimate(signals=signals, notes=tuple(notes), keys=_KEYS)
     H, E = chosen
     T = sr.curve(H, E)
-    out.update(harness=H, executor=E)
-    notes: list[str] = out["notes"]
-    signals: dict[str, Any] = out["signals"]
     if free_threaded:
         notes.append("free-threaded Python: there is no GIL; the fraction measures how much threads serialise")
 
     low = _lowest(sr, H, E, T)
-    out["stage_s_per_item"] = low.t
     if low.c0 > 1:
         notes.append(f"the lowest thread level measured is {low.c0}, not 1: per-item time is inferred from it")
 
@@ -746,7 +748,6 @@ def estimate_gil(
     if "cpu_share" in signals:
         _cpu_share_for_load(low, share, signals, notes)
     plateau = _thread_plateau(sr, T, low, share, cores, signals)
-    out.update(saturated=plateau.saturated, serializer=plateau.serializer)
     at_plateau = _cpu_share_at_plateau(share, plateau, signals)
     processes = _threads_vs_processes(sr, T, low, share, plateau, signals, notes)
     serial = _serial_fraction(fits, low, plateau, signals)
@@ -756,12 +757,23 @@ def estimate_gil(
     curves = _combine(_valid_estimates(share, plateau, on_plateau, multi, signals, notes), share, plateau, multi, notes)
     est = _gil_probe(probe, curves, signals, notes)
     point = _clip01(est.point)
-    out.update(pinned=est.pinned, source=est.source, fraction=point)
-    out["interval"] = [_clip01(min(est.lo, point)), _clip01(max(est.hi, point))]
     g = point * low.t
     if multi:
         # Threads reached the peak, so per-item GIL time cannot exceed 1/peak (minus
         # the harness's share): a physical bound that holds even when t drifted.
         g = min(g, max(0.0, 1.0 / plateau.peak.qps - plateau.harness_gil))
-    out["gil_s_per_item"] = g
-    return out
+    return GilEstimate(
+        fraction=point,
+        interval=(_clip01(min(est.lo, point)), _clip01(max(est.hi, point))),
+        pinned=est.pinned,
+        source=est.source,
+        gil_s_per_item=g,
+        stage_s_per_item=low.t,
+        saturated=plateau.saturated,
+        serializer=plateau.serializer,
+        harness=H,
+        executor=E,
+        signals=signals,
+        notes=tuple(notes),
+        keys=_KEYS,
+    )

@@ -284,9 +284,7 @@ def _read_gil(
     entry: dict[str, Any], sr: StageRows, cores: float, free_threaded: bool, gil_probe: dict[str, Any] | None
 ) -> GilEstimate:
     """The stage's GIL estimate (:func:`estimate_gil`) into the entry; returns the estimate."""
-    est = estimate_gil(sr, cores=cores, fits=entry["fit"], free_threaded=free_threaded, probe=gil_probe)
-    gil = GilEstimate.from_json(est)
-    assert gil is not None  # estimate_gil always returns its keys
+    gil = estimate_gil(sr, cores=cores, fits=entry["fit"], free_threaded=free_threaded, probe=gil_probe)
     entry["gil"] = {
         "pinned": gil.pinned,
         "source": gil.source,
@@ -294,12 +292,12 @@ def _read_gil(
         "serializer": gil.serializer,
         "harness": gil.harness,
         "executor": gil.executor,
-        "notes": est["notes"],
+        "notes": list(gil.notes),
         # how often a call lets the GIL go (the probe's reading; its stand-in does the same: _replay)
         "releases_per_call": (gil_probe or {}).get("releases"),
     }
     entry["gil_fraction"] = gil.fraction
-    entry["gil_fraction_interval"] = est["interval"]
+    entry["gil_fraction_interval"] = None if gil.interval is None else list(gil.interval)
     entry["gil_s_per_item"] = gil.gil_s_per_item
     entry["stage_s_per_item"] = gil.stage_s_per_item
     entry["evidence"]["signals"].update(gil.signals)
