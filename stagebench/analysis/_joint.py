@@ -120,13 +120,6 @@ def _own(e: StageEntry) -> StageSetting:
     return e.recommended
 
 
-def _binding_words(bounds: dict) -> str:
-    """What binds the bounds (:func:`pipeline_bounds`), in words: "decode's capacity", "the GIL", "the cores"."""
-    if bounds["binding"] == "stage":
-        return f"{bounds['cap_stage']}'s capacity"
-    return {"gil": "the GIL", "cores": "the cores"}[bounds["binding"]]
-
-
 def _fastest(settings: list[dict]) -> dict:
     return max(settings, key=lambda s: s["qps"])
 
@@ -172,7 +165,7 @@ def recommend_jointly(
 
     def score(assign: tuple[str, ...]) -> float:
         loads = [stage_load(st, _fastest(options[st.name][ex]), fixed) for st, ex in zip(ok, assign)]
-        return float(pipeline_bounds(loads, cores, free_threaded, fixed, ranks)["qps"])
+        return float(pipeline_bounds(loads, cores, free_threaded, fixed, ranks).qps)
 
     own = tuple(
         str(_own(st).executor) if _own(st).executor in options[st.name] else next(iter(options[st.name])) for st in ok
@@ -232,7 +225,7 @@ def recommend_jointly(
             f"in the pipeline: {chosen['executor']} x {chosen['concurrency']} ({st['recommended']['why']})"
         )
     b = pipeline_bounds(loads, cores, free_threaded, fixed, ranks)
-    binding = _binding_words(b)
+    binding = b.binding_words
     text = (
         f"settings chosen for the whole pipeline: {len(scored)} executor assignment(s) scored with the bounds"
         + ("" if exhaustive else " (one stage switched at a time: too many to try all)")
@@ -243,8 +236,8 @@ def recommend_jointly(
     )
     return {
         "pace": pace,
-        "qps": float(b["qps"]),
-        "binding": b["binding"],
+        "qps": float(b.qps),
+        "binding": b.binding,
         "assignments": len(scored),
         "exhaustive": exhaustive,
         "changed": changed,
@@ -335,9 +328,9 @@ def process_headroom(
         top, binding = -math.inf, ""
         for loads in itertools.product(*choices):
             b = pipeline_bounds(list(loads), cores, free_threaded, fixed, ranks)
-            if b["qps"] > top:
-                top = float(b["qps"])
-                binding = _binding_words(b)
+            if b.qps > top:
+                top = float(b.qps)
+                binding = b.binding_words
         return top, binding
 
     out: dict[str, dict] = {}

@@ -44,7 +44,7 @@ from stagebench._numbers import finite, fmt_ms, fmt_q, num_or_none
 from stagebench.model._pipeline import Prediction
 from stagebench.model._stage import HeadToHead, StageEntry, StageSetting
 
-__all__ = ["predict_pipeline", "apply_replay", "stage_load", "pipeline_bounds"]
+__all__ = ["predict_pipeline", "apply_replay", "stage_load", "pipeline_bounds", "Bounds"]
 
 _MAIN_PROCESS = ("thread", "async")
 
@@ -91,10 +91,38 @@ def stage_load(st: StageEntry, setting: dict, fixed: float = 0.0) -> dict[str, A
     }
 
 
-def pipeline_bounds(
-    loads: list[dict], cores: float, free_threaded: bool, fixed: float = 0.0, ranks: int = 1
-) -> dict[str, Any]:
-    """The bounds of a pipeline of ``loads`` (:func:`stage_load`): its slowest stage, the cores, the GIL.
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """What a pipeline of stage loads can deliver (:func:`pipeline_bounds`), in source items/s."""
+
+    qps: float
+    """The lowest of the three bounds: what the pipeline is predicted to deliver."""
+    binding: str
+    """Which bound is the lowest: ``"stage"``, ``"gil"`` or ``"cores"``."""
+    stage: float
+    """The slowest stage's capacity."""
+    cores: float
+    """The cores over the CPU one item needs (inf where it needs none)."""
+    gil: float
+    """The GILs over the GIL time one item needs (inf where it needs none, or without a GIL)."""
+    cap_stage: str
+    """The slowest stage."""
+    cpu_sum: float
+    gil_sum: float
+    fixed: float
+    """SPDL's per-item cost, charged once (0 where no stage was measured in SPDL)."""
+
+    @property
+    def binding_words(self) -> str:
+        """What binds, in words: "decode's capacity", "the GIL", "the cores"."""
+        if self.binding == "stage":
+            return f"{self.cap_stage}'s capacity"
+        return {"gil": "the GIL", "cores": "the cores"}[self.binding]
+
+
+def pipeline_bounds(loads: list[dict], cores: float, free_threaded: bool, fixed: float = 0.0, ranks: int = 1) -> Bounds:
+    """The bounds of a pipeline of ``loads`` (:func:`stage_load`) on ``cores`` (``free_threaded``: no GIL;
+    ``fixed``: SPDL's per-item cost, charged once): its slowest stage, the cores, the GIL.
 
     ``ranks``: the host's ranks, each running the pipeline in its own process (a ranked diagnosis's
     figures are the host's): each has a GIL of its own, so the GIL bound is theirs together."""
@@ -107,15 +135,17 @@ def pipeline_bounds(
     b_gil = ranks / gil_sum if gil_sum > 0 and not free_threaded else math.inf
     bounds = {"stage": b_stage, "cores": b_cores, "gil": b_gil}
     binding = min(bounds, key=lambda k: (bounds[k], ("stage", "gil", "cores").index(k)))
-    return {
-        "qps": bounds[binding],
-        "binding": binding,
-        "bounds": bounds,
-        "cap_stage": cap["stage"],
-        "cpu_sum": cpu_sum,
-        "gil_sum": gil_sum,
-        "fixed": once,
-    }
+    return Bounds(
+        qps=bounds[binding],
+        binding=binding,
+        stage=b_stage,
+        cores=b_cores,
+        gil=b_gil,
+        cap_stage=cap["stage"],
+        cpu_sum=cpu_sum,
+        gil_sum=gil_sum,
+        fixed=once,
+    )
 
 
 def _setting(st: StageEntry, executor: str | None = None) -> dict | None:
@@ -187,13 +217,13 @@ def predict_pipeline(
         ranks=ranks,
         cores_bound=cores_bound,
     )
-    if b["binding"] == "gil":
+    if b.binding == "gil":
         parts = _gil_binds(p, out)
-    elif b["binding"] == "cores":
+    elif b.binding == "cores":
         parts = _cores_bind(p, out)
     else:
         parts = _stage_binds(p, out)
-    bound_key = "stages" if b["binding"] == "stage" else b["binding"]
+    bound_key = "stages" if b.binding == "stage" else b.binding
     others = {k: v for k, v in out["bounds"].items() if v is not None and k != bound_key}
     if others:
         parts.append("other bounds: " + ", ".join(f"{k} {fmt_q(v)}" for k, v in others.items()))
@@ -250,16 +280,16 @@ def _unpredicted(settings: list[dict], loads: list[dict], missing: list[str]) ->
     }
 
 
-def _record_bounds(out: dict[str, Any], b: dict[str, Any], overhead: dict | None) -> None:
+def _record_bounds(out: dict[str, Any], b: Bounds, overhead: dict | None) -> None:
     """The bounds' number, what binds and each bound (``None`` for one that does not apply) into ``out``."""
-    out["fixed_s_per_item"] = b["fixed"] if overhead else None
-    out["qps"] = out["bounds_qps"] = b["qps"]
-    out["binding"] = b["binding"]
-    out["naive_qps"] = b["bounds"]["stage"]
+    out["fixed_s_per_item"] = b.fixed if overhead else None
+    out["qps"] = out["bounds_qps"] = b.qps
+    out["binding"] = b.binding
+    out["naive_qps"] = b.stage
     out["bounds"] = {
-        "stages": b["bounds"]["stage"],
-        "cores": b["bounds"]["cores"] if math.isfinite(b["bounds"]["cores"]) else None,
-        "gil": b["bounds"]["gil"] if math.isfinite(b["bounds"]["gil"]) else None,
+        "stages": b.stage,
+        "cores": b.cores if math.isfinite(b.cores) else None,
+        "gil": b.gil if math.isfinite(b.gil) else None,
     }
 
 
@@ -272,7 +302,7 @@ class _Pipeline:
     """The stage entries by stage name."""
     loads: list[dict]
     """The measured stages' per-item demands (:func:`stage_load`)."""
-    b: dict[str, Any]
+    b: Bounds
     """The bounds (:func:`pipeline_bounds`)."""
     cores: float
     free_threaded: bool
@@ -296,7 +326,7 @@ def _gil_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     main = [d for d in holders if d["executor"] in _MAIN_PROCESS and (p.by_name[d["stage"]].gil_s_per_item or 0) > 0]
     # the parts add up to the total: each stage's own Python in the main process, and the pipeline's
     # own per-item scheduling (every stage's harness part, and what it pays once per item)
-    sched = sum(d["harness_gil_s_per_item"] for d in loads) + b["fixed"]
+    sched = sum(d["harness_gil_s_per_item"] for d in loads) + b.fixed
     owns = sorted(
         ((d["stage"], d["gil_s_per_item"] - d["harness_gil_s_per_item"]) for d in loads),
         key=lambda x: -x[1],
@@ -306,7 +336,7 @@ def _gil_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     out["bottleneck"] = owns[0][0] if owns else holders[0]["stage"] if holders else None
     whose = "the main process's GIL" if p.ranks == 1 else f"its rank's main process's GIL ({p.ranks} ranks, a GIL each)"
     parts = [
-        f"the GIL binds: one item needs {fmt_ms(b['gil_sum'])} of {whose}: "
+        f"the GIL binds: one item needs {fmt_ms(b.gil_sum)} of {whose}: "
         + (
             f"{fmt_ms(sum(g for _, g in owns))} of its stages' own Python ("
             + ", ".join(f"{n} {fmt_ms(g)}" for n, g in owns)
@@ -315,11 +345,11 @@ def _gil_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
             else "none of it the stages' own Python"
         )
         + (f" and {fmt_ms(sched)} of the pipeline's own scheduling" if sched > 0 else "")
-        + (f" ({fmt_ms(b['fixed'])} of that paid once: source, sink, consumer)" if b["fixed"] > 0 else "")
-        + f"; so at most {fmt_q(b['qps'])} items/s, below the slowest stage alone "
-        f"({b['cap_stage']}, {fmt_q(b['bounds']['stage'])} items/s)"
+        + (f" ({fmt_ms(b.fixed)} of that paid once: source, sink, consumer)" if b.fixed > 0 else "")
+        + f"; so at most {fmt_q(b.qps)} items/s, below the slowest stage alone "
+        f"({b.cap_stage}, {fmt_q(b.stage)} items/s)"
     ]
-    lift = _lift_by_processes(main, loads, p.entries, p.cores, p.free_threaded, p.fixed, b["bounds"]["gil"], p.ranks)
+    lift = _lift_by_processes(main, loads, p.entries, p.cores, p.free_threaded, p.fixed, b.gil, p.ranks)
     if lift:
         out["lift"] = lift
         parts.append(lift["text"])
@@ -333,7 +363,7 @@ def _unmeasured_move(p: _Pipeline, top: dict) -> str:
     it was not measured on processes: the bound without its own Python."""
     st = p.by_name[top["stage"]]
     own = (st.gil_s_per_item or 0.0) / st.items_per_input
-    rest = p.b["gil_sum"] - own
+    rest = p.b.gil_sum - own
     lifted = f"{fmt_q(p.ranks / rest)} items/s" if rest > 0 else "no limit"
     return (
         f"moving {top['stage']}'s Python out of the main process (a process executor; not measured for it) "
@@ -348,19 +378,19 @@ def _cores_bind(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     users = sorted((d for d in p.loads if d["cpu_s_per_item"]), key=lambda d: -d["cpu_s_per_item"])
     out["bottleneck"] = users[0]["stage"] if users else None
     return [
-        f"the cores bind: one item needs {fmt_ms(b['cpu_sum'])} of CPU across the stages "
+        f"the cores bind: one item needs {fmt_ms(b.cpu_sum)} of CPU across the stages "
         + (
-            f"({_shares(users, 'cpu_s_per_item')}); {cores} give at most {fmt_q(b['qps'])} items/s. "
+            f"({_shares(users, 'cpu_s_per_item')}); {cores} give at most {fmt_q(b.qps)} items/s. "
             f"More cores, or less work in {users[0]['stage']}, would lift it"
             if users
-            else f"(the pipeline's own); {cores} give at most {fmt_q(b['qps'])} items/s"
+            else f"(the pipeline's own); {cores} give at most {fmt_q(b.qps)} items/s"
         )
     ]
 
 
 def _stage_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     """A stage's capacity binds: that stage (the bottleneck, set in ``out``) and what lifts it."""
-    name = p.b["cap_stage"]
+    name = p.b.cap_stage
     out["bottleneck"] = name
     st = p.by_name[name]
     d = next(x for x in p.loads if x["stage"] == name)
@@ -451,7 +481,7 @@ def _lift_by_processes(main, loads, entries, cores, free_threaded, fixed=0.0, gi
             )
         new = [(stage_load(st, proc, fixed) if x["stage"] == d["stage"] else x) for x in loads]
         nb = pipeline_bounds(new, cores, free_threaded, fixed, ranks)
-        gil_bound = nb["bounds"]["gil"]
+        gil_bound = nb.gil
         lifts = gil_bound > _LIFT_MIN * gil_now
         if not lifts:
             text = (
@@ -466,7 +496,7 @@ def _lift_by_processes(main, loads, entries, cores, free_threaded, fixed=0.0, gi
                 # No throughput for the changed pipeline: the bounds leave out what stages cost each other
                 # (the demo's claimed 390 items/s ran at 207-248), and nothing replayed this change.
                 + "; then "
-                + ({"stage": f"{nb['cap_stage']}'s capacity", "gil": "the GIL", "cores": "the cores"}[nb["binding"]])
+                + nb.binding_words
                 + " would set the bounds (not replayed: no throughput is claimed for the change)"
             )
         return {
@@ -474,8 +504,8 @@ def _lift_by_processes(main, loads, entries, cores, free_threaded, fixed=0.0, gi
             "executor": "process",
             "concurrency": proc["concurrency"],
             "gil_bound": gil_bound if math.isfinite(gil_bound) else None,
-            "qps": nb["qps"],
-            "binding": nb["binding"],
+            "qps": nb.qps,
+            "binding": nb.binding,
             "head_to_head_ratio": h2h.ratio if turns else None,
             "lifts": lifts,
             "text": text,
