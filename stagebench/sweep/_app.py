@@ -35,17 +35,39 @@ import logging
 import os
 import sys
 import time
+import typing
 from collections.abc import Sequence
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import hydra
+from hydra.core.config_search_path import SearchPathQuery
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
+from stagebench._errors import StagebenchError
 from stagebench._numbers import finite
+from stagebench.core._progress import Progress
+from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
 from stagebench.runs._jobs import JOB_STATUS
+from stagebench.runs._results import to_jsonable
 from stagebench.runs._schema import RESULTS_SCHEMA_VERSION
+from stagebench.sweep._cluster import launcher_warnings, watch_termination
 from stagebench.sweep._hydra_internal import args_parser, config_loader, config_search_path, split_sweep
 from stagebench.sweep._multirun import collect_jobs
+from stagebench.sweep._schema import LOADER_SCHEMAS, StagebenchSweepConfig, SweepSettings, register_configs, to_settings
 
 __all__ = [
     "main",
@@ -102,10 +124,6 @@ def config_dir() -> Path:
 
 def _config_loader(extra_config_dir: str | None, primary_dir: str | None = None):
     """Hydra's config loader over the same search path ``@hydra.main`` builds."""
-    from hydra.core.config_search_path import SearchPathQuery
-
-    from stagebench.sweep._schema import register_configs
-
     register_configs()
     search_path = config_search_path(primary_dir or str(config_dir()))
     if extra_config_dir is not None:
@@ -121,8 +139,6 @@ def _config_loader(extra_config_dir: str | None, primary_dir: str | None = None)
 
 def _job_combinations(parsed: list, multirun: bool) -> list[list[str]]:
     """The override lists of the jobs a (multi)run would launch."""
-    from hydra.errors import HydraException
-
     plain = [f"{o.get_key_element()}={o.get_value_element_as_str()}" for o in parsed if not o.is_sweep_override()]
     if not multirun:
         return [[o.input_line for o in parsed]]
@@ -190,14 +206,6 @@ def _validate(
     config_path: str | None,
 ) -> _Composed:
     """Compose every job's config (:func:`validate_overrides`); raises :class:`ConfigError` for the first that fails."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from stagebench.sweep._schema import to_settings
-
     loader = _config_loader(extra_config_dir, config_path)
     try:
         parsed = OverridesParser.create(config_loader=loader).parse_overrides(list(overrides))
@@ -235,8 +243,6 @@ def _schema_keys(cls: Any, prefix: str) -> list[str]:
 
 
 def _all_keys() -> list[str]:
-    from stagebench.sweep._schema import LOADER_SCHEMAS, StagebenchSweepConfig, SweepSettings
-
     keys = {"progress"} | set(_schema_keys(SweepSettings, "sweep."))
     for cls in LOADER_SCHEMAS.values():
         keys |= set(_schema_keys(cls, "loader."))
@@ -255,9 +261,6 @@ def _did_you_mean(word: str, choices: Sequence[str]) -> str:
 
 def _enum_of(object_type: Any, key: str) -> list[str] | None:
     """Allowed names when ``key`` of ``object_type`` is an Enum field."""
-    import typing
-    from enum import Enum
-
     if not dataclasses.is_dataclass(object_type):
         return None
     try:
@@ -273,14 +276,6 @@ def _enum_of(object_type: Any, key: str) -> list[str] | None:
 
 def describe_error(exc: BaseException) -> str:
     """One line for a config error: the key, what was wrong, what is allowed."""
-    from hydra.errors import MissingConfigException
-    from omegaconf.errors import (
-        ConfigAttributeError,
-        ConfigKeyError,
-        MissingMandatoryValue,
-        ValidationError,
-    )
-
     if isinstance(exc, MissingConfigException):
         missing = exc.missing_cfg_file or ""
         group, _, option = missing.rpartition("/")
@@ -302,8 +297,6 @@ def describe_error(exc: BaseException) -> str:
         kind = ""
         elsewhere = ""
         if where == "loader":
-            from stagebench.sweep._schema import LOADER_SCHEMAS
-
             names = [n for n, c in LOADER_SCHEMAS.items() if c is obj_type]
             kind = f" ({names[0]} loader schema)" if names else ""
             owners = [n for n, c in LOADER_SCHEMAS.items() if leaf in _schema_keys(c, "")]
@@ -336,8 +329,6 @@ def describe_error(exc: BaseException) -> str:
 
 def _omegaconf_cause(exc: BaseException) -> BaseException | None:
     """The OmegaConf error behind a Hydra error (it names the key), if any."""
-    from omegaconf.errors import OmegaConfBaseException
-
     seen: set[int] = set()
     c: BaseException | None = exc
     while c is not None and id(c) not in seen:
@@ -363,8 +354,6 @@ def _first_lines(text: str) -> str:
 
 def _one_line(e: BaseException) -> str:
     """The first line of an error; its type too unless it is a user error that names its key."""
-    from stagebench._errors import StagebenchError
-
     text = str(e).strip().splitlines()
     if not text:
         return type(e).__name__
@@ -378,8 +367,6 @@ def loader_sweep_config(sweep: Any) -> Any:
 
     Raises ``ValueError`` naming the ``sweep.`` key.
     """
-    from stagebench.loader._sweep import LoaderSweepConfig
-
     kwargs: dict[str, Any] = {
         "strategy": sweep.strategy.name,
         "budget_s": float(sweep.budget_s),
@@ -408,8 +395,6 @@ def loader_sweep_config(sweep: Any) -> Any:
 
 
 def _write_status(job_dir: Path, status: dict[str, Any]) -> None:
-    from stagebench.runs._results import to_jsonable
-
     try:
         job_dir.mkdir(parents=True, exist_ok=True)
         tmp = job_dir / (JOB_STATUS + ".tmp")
@@ -434,8 +419,6 @@ def run_job(
     returns the status dict. ``label`` names the job in comparisons (in a
     multirun: the overrides that differ between jobs).
     """
-    from stagebench.sweep._cluster import watch_termination
-
     t0 = time.perf_counter()
     status: dict[str, Any] = {
         "schema_version": RESULTS_SCHEMA_VERSION,
@@ -452,8 +435,6 @@ def run_job(
     progress: Any = None
     with watch_termination() as term:
         try:
-            from stagebench.sweep._schema import to_settings
-
             settings = to_settings(cfg)
             progress = _job_progress(settings, status, job_dir)
             _run_sweep(cfg, settings, job_dir=job_dir, status=status, label=label, progress=progress)
@@ -480,8 +461,6 @@ def run_job(
 
 def _job_progress(settings: Any, status: dict[str, Any], job_dir: Path) -> Any:
     """The job's progress display, after one line saying which job this is and where it writes."""
-    from stagebench.core._progress import Progress
-
     lc = settings.loader
     status.update(loader=lc.name, kind=lc.kind, backend=lc.backend.name)
     total = _SWEEP_TOTAL.get("jobs")
@@ -496,9 +475,7 @@ def _run_sweep(
     cfg: Any, settings: Any, *, job_dir: Path, status: dict[str, Any], label: str | None, progress: Any
 ) -> None:
     """The job's work: build the loader (generating data on first use), sweep it; fills ``status``."""
-    from omegaconf import OmegaConf
-
-    from stagebench.loader._sweep import run_loader_sweep
+    # torch: imported by the job that builds the loader, not by the sweep's parent checking its configs
     from stagebench.sweep._builtin_loaders import build_loader
 
     lc = settings.loader
@@ -541,10 +518,6 @@ def _task(cfg: Any) -> float | None:
     maximize`` searches loader configurations with no extra code; a failed job is a
     failed trial); the exit status is computed from the jobs' outcomes, not from it.
     """
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
-
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     status = run_job(
@@ -588,8 +561,6 @@ def _job_label(overrides: Sequence[str], swept: str) -> str:
 
 
 def _count_jobs(task_overrides: Sequence[str]) -> int | None:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     try:
         parsed = OverridesParser.create().parse_overrides(list(task_overrides))
         return len(split_sweep(parsed))
@@ -605,8 +576,6 @@ class SweepCallback(Callback):
         total = _count_jobs(list(config.hydra.overrides.task))
         if total:
             _SWEEP_TOTAL["jobs"] = total
-        from stagebench.sweep._cluster import launcher_warnings
-
         for warning in launcher_warnings(config.hydra.launcher):
             print(f"stagebench sweep: warning: {warning}", file=sys.stderr)
         if config.get("progress", True):
@@ -631,6 +600,7 @@ class SweepCallback(Callback):
         _SWEEP_OUTCOME.update(ok=len(ok), failed=len(failed), sweep_dir=str(sweep_dir))
         _print_jobs(jobs)
         try:
+            # matplotlib and scipy load at the sweep's end, inside this try: a comparison that fails leaves the jobs
             from stagebench.report._compare import write_comparison
 
             path = write_comparison(ok, sweep_dir, title=f"stagebench sweep {sweep_dir.name}", failed=failed)
@@ -667,10 +637,6 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
 
 
 def _hydra_entry() -> None:
-    import hydra
-
-    from stagebench.sweep._schema import register_configs
-
     register_configs()
     hydra.main(version_base="1.3", config_path=str(config_dir()), config_name=CONFIG_NAME)(_task)()
 

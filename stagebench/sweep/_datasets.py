@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image, ImageDraw
 
 from stagebench._errors import StagebenchError
 
@@ -162,8 +163,6 @@ def _image_size(rng: np.random.Generator) -> tuple[int, int]:
 
 
 def _upsample(field: np.ndarray, w: int, h: int) -> np.ndarray:
-    from PIL import Image
-
     return np.stack(
         [np.asarray(Image.fromarray(field[..., c]).resize((w, h), Image.Resampling.BICUBIC)) for c in range(3)],
         axis=-1,
@@ -172,8 +171,6 @@ def _upsample(field: np.ndarray, w: int, h: int) -> np.ndarray:
 
 def _render_image(rng: np.random.Generator, w: int, h: int) -> bytes:
     """One JPEG: a random-field pyramid (coarse colours to fine blotches), shapes, grain."""
-    from PIL import Image, ImageDraw
-
     field = rng.standard_normal((3, 3, 3), dtype=np.float32) * 60
     for cells, amp in ((12, 30.0), (48, 18.0)):
         cw = max(2, int(round(cells * w / h)))

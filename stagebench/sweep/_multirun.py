@@ -54,8 +54,6 @@ def find_run_dirs(sweep_dir: Path) -> tuple[list[Path], list[dict[str, Any]]]:
     are run directories are compared as they are: ``stagebench report`` also
     works on a folder of plain runs, or on a user's own Hydra app.
     """
-    from stagebench.sweep._multirun import collect_jobs
-
     sweep_dir = Path(sweep_dir)
     runs: list[Path] = []
     failed: list[dict[str, Any]] = []
@@ -129,7 +127,7 @@ def sweep_plan(sweep_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        import yaml
+        import yaml  # a sweep folder's plan only: `stagebench report RUN` of one run never reads one
 
         cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
     except Exception:  # an unreadable plan: no never-started jobs to list
@@ -149,6 +147,7 @@ def sweep_plan(sweep_dir: Path) -> dict[str, Any] | None:
         params = sweeper.get("params") or {}
         args = [f"{k}={v}" for k, v in params.items()] + [str(t) for t in task]
         try:
+            # hydra: a sweep folder's job list only, not `stagebench report RUN` of one run
             from hydra.core.override_parser.overrides_parser import OverridesParser
 
             from stagebench.sweep._hydra_internal import split_sweep

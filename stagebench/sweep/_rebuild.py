@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from stagebench._errors import StagebenchError
 from stagebench.model._meta import RunMeta
 from stagebench.report._compare import write_comparison
 from stagebench.report._html import write_text
@@ -66,8 +67,6 @@ def rebuild(path: Path, say: Callable[[str], None] | None = None) -> Path:
         return out
     runs, failed = find_run_dirs(path)
     if not runs and not failed:
-        from stagebench._errors import StagebenchError
-
         raise StagebenchError(
             f"{path} is neither a run directory (run.json, results.csv) "
             "nor a sweep directory with run directories inside"

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
 from stagebench._settings import LOADER_WINDOW_S, check
@@ -313,8 +314,6 @@ _KIND_OF = {cls: name for name, cls in LOADER_SCHEMAS.items()}
 
 def register_configs() -> None:
     """Put the schemas in Hydra's ConfigStore (idempotent)."""
-    from hydra.core.config_store import ConfigStore
-
     cs = ConfigStore.instance()
     cs.store(name="stagebench_schema", node=StagebenchSweepConfig)
     for name, cls in LOADER_SCHEMAS.items():

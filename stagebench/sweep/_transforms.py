@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -56,11 +57,11 @@ class DecodeImage:
         self.decoder = decoder
 
     def __call__(self, data: bytes) -> torch.Tensor:
+        # the decoder chosen loads in each worker, which never pays for the other's import at its start
         if self.decoder == "spdl":
             import spdl.io
 
             return spdl.io.to_torch(spdl.io.load_image(data))
-        import numpy as np
         from PIL import Image
 
         with Image.open(io.BytesIO(data)) as im:
@@ -155,13 +156,11 @@ class DecodeAudio:
         self.sample_rate = int(sample_rate)
 
     def __call__(self, data: bytes) -> torch.Tensor:
-        import spdl.io
+        import spdl.io  # in the worker that decodes: a worker's start does not pay for it
 
         if self.decoder == "spdl":
             desc = spdl.io.get_audio_filter_desc(sample_rate=self.sample_rate, num_channels=1, sample_fmt="flt")
             return spdl.io.to_torch(spdl.io.load_audio(data, filter_desc=desc))[:, 0]
-        import numpy as np
-
         header = spdl.io.parse_wav(data)
         if header.sample_rate != self.sample_rate:
             raise ValueError(
