@@ -152,25 +152,32 @@ def read_source(plan: Plan, n: int, *, timeout_s: float = 600.0) -> SourceRead:
 
 def _run_in_loop_thread(coro_fn: Callable[[], Any]) -> Any:
     """Run a coroutine on a fresh event loop in a daemon thread (the caller may be in a loop)."""
-    box: dict[str, Any] = {}
+    value: list[Any] = []
+    error: list[BaseException] = []
 
     def run() -> None:
         try:
-            box["value"] = asyncio.run(coro_fn())
+            value.append(asyncio.run(coro_fn()))
         except BaseException as e:  # re-raised in the caller
-            box["error"] = e
+            error.append(e)
 
     t = threading.Thread(target=run, name="stagebench-cache-loop", daemon=True)
     t.start()
     while t.is_alive():
         t.join(0.1)  # short joins keep Ctrl-C responsive in the main thread
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    if error:
+        raise error[0]
+    return value[0] if value else None
 
 
-class _ProgressStall(Exception):
-    pass
+@dataclass(slots=True)
+class _Feed:
+    """Where :func:`_map_ordered`'s workers stand: the next input to take, whether to stop taking, and
+    what failed outside the stage's calls (the pass cannot finish then)."""
+
+    next: int = 0
+    stop: bool = False
+    failed: BaseException | None = None
 
 
 def _map_ordered(
@@ -191,16 +198,16 @@ def _map_ordered(
     n = len(inputs)
     results: list[Any] = [None] * n
     done = [False] * n
-    state: dict[str, Any] = {"next": 0, "stop": False}
+    state = _Feed()
     lock = threading.Lock()
     cond = threading.Condition(lock)
 
     def take() -> int | None:
         with lock:
-            if state["stop"] or state["next"] >= n:
+            if state.stop or state.next >= n:
                 return None
-            i = state["next"]
-            state["next"] += 1
+            i = state.next
+            state.next += 1
             return i
 
     def put(i: int, ok: bool, value: Any) -> None:
@@ -225,7 +232,7 @@ def _map_ordered(
             try:
                 asyncio.run(main())
             except Exception as e:  # out of memory outside the stage's call (a result kept, a task)
-                state["failed"] = e
+                state.failed = e
 
         runners = [threading.Thread(target=loop, name="stagebench-cache-loop", daemon=True)]
     else:
@@ -238,7 +245,7 @@ def _map_ordered(
                     except Exception as e:
                         put(i, False, e)
             except Exception as e:  # out of memory outside the stage's call (a result kept, a lock)
-                state["failed"] = e
+                state.failed = e
 
         runners = [threading.Thread(target=work, name=f"stagebench-cache-{k}", daemon=True) for k in range(workers)]
     k = 0
@@ -252,8 +259,8 @@ def _map_ordered(
                     cond.wait(0.1)
                     if done[k]:
                         break
-                    if "failed" in state:  # a worker died outside the stage's call: the pass cannot finish
-                        raise state["failed"]
+                    if state.failed is not None:  # a worker died outside the stage's call: the pass cannot finish
+                        raise state.failed
                     if time.monotonic() - last > stall_s or not any(t.is_alive() for t in runners):
                         return k
             last = time.monotonic()
@@ -266,7 +273,7 @@ def _map_ordered(
                 return k - 1
         return k
     finally:
-        state["stop"] = True
+        state.stop = True
 
 
 def compute_outputs(

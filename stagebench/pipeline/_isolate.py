@@ -71,6 +71,7 @@ from stagebench.pipeline._calls import (
     install,
     installed_call,
 )
+from stagebench.pipeline._replay import StandIn
 
 __all__ = [
     "Stage",
@@ -403,7 +404,7 @@ def build_validation_config(
     choices: dict[str, tuple[str, int]],
     source: Iterable[Any],
     timings: dict[str, list] | None = None,
-    stand_ins: dict[str, Any] | None = None,
+    stand_ins: dict[str, StandIn] | None = None,
 ) -> tuple[Any, list[Callable[[], None]], list[dict]]:
     """The whole pipeline with each stage's chosen (executor, concurrency).
 

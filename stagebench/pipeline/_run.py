@@ -82,6 +82,7 @@ class Session:
 
     plan: Any = None
     source_items: list = field(default_factory=list)
-    choices: dict[str, Any] = field(default_factory=dict)
+    choices: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Each stage's recommended (executor, concurrency), by name."""
     items_per_sink_item: float = 1.0
     run_dir: Path | None = None
