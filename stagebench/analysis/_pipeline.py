@@ -475,8 +475,8 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
             planned=m.settings.trainer == "measure",
         ),
         "demand": demand_verdict(m.settings.target_rate, validation, prediction, m.trainer, job),
-        "cpu_speed": speed,
-        "findings": findings,
+        "cpu_speed": None if speed is None else speed.to_json(),
+        "findings": [f.to_json() for f in findings],
     }
 
 

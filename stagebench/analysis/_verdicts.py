@@ -278,8 +278,9 @@ _SPEED_SPREAD = 1.25  # sweep probes further apart than this: warn
 _SPEED_SHIFT = 0.10  # validation this far from the sweeps' median: say so
 
 
-def cpu_speed(raw: Any) -> dict[str, Any] | None:
-    """The core's speed during the sweeps and the validation run, from ``run.json["cpu_speed"]``.
+def cpu_speed(raw: Any) -> CpuSpeed | None:
+    """The core's speed during the sweeps and the validation run, from ``run.json["cpu_speed"]`` (``raw``);
+    None where no sweep probe was kept.
 
     ``sweep_ns``: a fixed Python loop's CPU ns per iteration after each measured
     point; ``validation_ns``: before and after the validation run (see
@@ -291,20 +292,20 @@ def cpu_speed(raw: Any) -> dict[str, Any] | None:
     val = [float(x) for x in raw.get("validation_ns") or [] if finite(x) and float(x) > 0]
     if not sweep:
         return None
-    out: dict[str, Any] = {
-        "sweep_ns_median": float(np.median(sweep)),
-        "sweep_ns_min": min(sweep),
-        "sweep_ns_max": max(sweep),
-        "probes": len(sweep),
-        "validation_ns": float(np.mean(val)) if val else None,
-        "validation_ns_probes": val,
-    }
-    out["sweep_spread"] = out["sweep_ns_max"] / out["sweep_ns_min"]
-    return out
+    return CpuSpeed(
+        sweep_ns_median=float(np.median(sweep)),
+        sweep_ns_min=min(sweep),
+        sweep_ns_max=max(sweep),
+        sweep_spread=max(sweep) / min(sweep),
+        probes=len(sweep),
+        validation_ns=float(np.mean(val)) if val else None,
+        validation_ns_probes=tuple(val),
+    )
 
 
-def speed_warnings(raw: dict | None) -> list[str]:
-    speed = CpuSpeed.from_json(raw)
+def speed_warnings(speed: CpuSpeed | None) -> list[str]:
+    """What the CPU's ``speed`` (None: not probed) says of the figures: their spread during the sweeps, and
+    a change around the validation run. Returns the warnings, none where it held still."""
     if speed is None:
         return []
     out = []
