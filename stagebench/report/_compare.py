@@ -129,7 +129,7 @@ class Estimate:
     def stderr(self) -> float | None:
         if not self.has_interval or self.n is None or self.n < 2:
             return None
-        from scipy import stats
+        from scipy import stats  # a comparison's tests only: `stagebench report RUN` of one run never loads scipy
 
         assert self.low is not None and self.high is not None  # has_interval
         t = float(stats.t.ppf(0.5 + self.confidence / 2, self.n - 1))
@@ -154,7 +154,7 @@ def difference(a: Estimate, b: Estimate) -> dict[str, Any]:
     }
     se_a, se_b = a.stderr(), b.stderr()
     if se_a is not None and se_b is not None:
-        from scipy import stats
+        from scipy import stats  # as in Estimate.stderr: only where two runs are tested
 
         var = se_a**2 + se_b**2
         if var == 0:

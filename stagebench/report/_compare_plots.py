@@ -16,6 +16,7 @@ from matplotlib.ticker import FuncFormatter
 
 from stagebench._numbers import finite, num
 from stagebench.model._job import JobVerdict
+from stagebench.report._html import fmt_rate, si_label
 from stagebench.report._plots import (
     INK,
     OKABE_ITO,
@@ -23,12 +24,10 @@ from stagebench.report._plots import (
     SERIES_MARKERS,
     figure_axes,
     figure_to_svg,
-    fmt_rate,
     log2_axis,
     nw_axis,
     plot_text,
     shade_band,
-    si_label,
     themed,
 )
 

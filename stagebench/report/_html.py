@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -17,11 +18,12 @@ import pandas as pd
 
 from stagebench._numbers import finite, num
 from stagebench.model._meta import Provenance
-from stagebench.runs._results import to_jsonable
+from stagebench.runs._results import to_jsonable, write_atomically
 
 
 @functools.cache
 def _env():
+    # jinja2 and markupsafe load with the first page, inside write_report: its callers catch an import short of memory
     from jinja2 import Environment, PackageLoader, StrictUndefined
 
     env = Environment(
@@ -44,9 +46,29 @@ def render(template: str, **ctx: Any) -> str:
 
 
 def rate_text(x: Any) -> str:
-    from stagebench.report._plots import fmt_rate
-
     return fmt_rate(float(x)) if finite(x) else "n/a"
+
+
+def _scaled(v: float, spec: str) -> str:
+    """``v`` formatted with ``spec``, in thousands (k) or millions (M) from 1,000 and 1,000,000."""
+    a = abs(v)
+    if a >= 1e6:
+        return f"{v / 1e6:{spec}}M"
+    if a >= 1e3:
+        return f"{v / 1e3:{spec}}k"
+    return f"{v:{spec}}"
+
+
+def si_label(v: float, _pos: Any = None) -> str:
+    """Tick labels: 1.2k, 35k, 2M."""
+    return _scaled(v, "g")
+
+
+def fmt_rate(v: float) -> str:
+    """A rate with three significant digits: 482, 3.81k, 1.16M."""
+    if v is None or not math.isfinite(v):
+        return "n/a"
+    return _scaled(v, ".3g")
 
 
 def num_text(x: Any, digits: int = 3) -> str:
@@ -83,7 +105,7 @@ def json_island(obj: Any) -> Any:
     after parsing while making ``</script>`` (or ``<!--``) impossible inside
     the element; U+2028/9 are escaped for old JavaScript parsers.
     """
-    from markupsafe import Markup
+    from markupsafe import Markup  # as jinja2 in _env: with the first page
 
     text = json.dumps(
         _significant(to_jsonable(obj)), ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=str
@@ -114,7 +136,7 @@ def svg_uri(svg: str | None) -> Any:
     URI (``%``, ``#``, controls, non-ASCII) is percent-encoded; ``<`` and ``>`` stay as they
     are, which a quoted attribute value allows, so the result is marked safe for the template.
     """
-    from markupsafe import Markup
+    from markupsafe import Markup  # as jinja2 in _env: with the first page
 
     if not svg:
         return None
@@ -202,6 +224,4 @@ def machine_label(p: Provenance) -> str:
 def write_text(path: Path, text: str) -> None:
     """A page written atomically (:func:`stagebench.runs._results.write_atomically`): a browser refreshing
     mid-write never sees half of it, and a failed write leaves no temporary file."""
-    from stagebench.runs._results import write_atomically
-
     write_atomically(path, text)

@@ -16,6 +16,7 @@ from matplotlib.ticker import FuncFormatter
 
 from stagebench._numbers import finite, num
 from stagebench.model._loader import LoaderPoint, WorkerCosts
+from stagebench.report._html import fmt_rate, si_label
 from stagebench.report._plots import (
     INK,
     OKABE_ITO,
@@ -24,12 +25,10 @@ from stagebench.report._plots import (
     as_numeric,
     figure_axes,
     figure_to_svg,
-    fmt_rate,
     new_figure,
     nw_axis,
     recommended_star,
     shade_band,
-    si_label,
     style_axes,
     themed,
 )

@@ -47,7 +47,6 @@ __all__ = [
     "CLASS_COLORS",
     "usl_curve",
     "figure_to_svg",
-    "fmt_rate",
 ]
 
 #: Okabe & Ito (2008), "Color Universal Design".
@@ -232,28 +231,6 @@ def log2_axis(ax, levels: Iterable[float]) -> None:
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         lo, hi = levels[0], levels[-1]
         ax.set_xlim(lo / 1.25, hi * 1.25)
-
-
-def _scaled(v: float, spec: str) -> str:
-    """``v`` formatted with ``spec``, in thousands (k) or millions (M) from 1,000 and 1,000,000."""
-    a = abs(v)
-    if a >= 1e6:
-        return f"{v / 1e6:{spec}}M"
-    if a >= 1e3:
-        return f"{v / 1e3:{spec}}k"
-    return f"{v:{spec}}"
-
-
-def si_label(v: float, _pos: Any = None) -> str:
-    """Tick labels: 1.2k, 35k, 2M."""
-    return _scaled(v, "g")
-
-
-def fmt_rate(v: float) -> str:
-    """A rate with three significant digits: 482, 3.81k, 1.16M."""
-    if v is None or not math.isfinite(v):
-        return "n/a"
-    return _scaled(v, ".3g")
 
 
 def usl_curve(c: np.ndarray, fit: Mapping[str, Any], points: pd.DataFrame | None = None) -> np.ndarray | None:

@@ -17,6 +17,7 @@ from matplotlib.ticker import FuncFormatter
 from stagebench._numbers import finite, num
 from stagebench.model._stage import StageEntry, StageSetting
 from stagebench.model._summary import Summary
+from stagebench.report._html import fmt_rate, si_label
 from stagebench.report._plots import (
     CLASS_COLORS,
     EXECUTOR_COLORS,
@@ -28,14 +29,12 @@ from stagebench.report._plots import (
     as_numeric,
     figure_axes,
     figure_to_svg,
-    fmt_rate,
     log2_axis,
     new_figure,
     ok_rows,
     plot_text,
     recommended_star,
     shade_band,
-    si_label,
     style_axes,
     themed,
     usl_curve,

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stagebench._numbers import num, num_or_none
+from stagebench.analysis._job import ORIGIN_SHORT
 from stagebench.analysis._labels import LIMIT_SHORT
 from stagebench.analysis._pipeline_job import user_setting
 from stagebench.model._job import JobVerdict
@@ -179,8 +180,6 @@ def job_lines(summary: Mapping[str, Any]) -> list[str]:
     Each setting with its job rate, its rate over yours in turns (the ratio the advice rests on), and
     the steps it ran; then the verdict, what was not checked, and what more would settle an open question.
     """
-    from stagebench.analysis._job import ORIGIN_SHORT
-
     job = JobVerdict.from_json(summary.get("job"))
     if job is None:
         return []
