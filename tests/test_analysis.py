@@ -802,8 +802,8 @@ def test_the_trainers_demand_against_the_measured_pipeline(measured, target, ver
     from stagebench.analysis._verdicts import demand_verdict
 
     d = demand_verdict(target, {"qps": measured, "qps_low": 0.9 * measured, "qps_high": 1.1 * measured}, None)
-    assert d["verdict"] == verdict and d["source"] == "measured" and d["capacity"] == measured
-    assert verdict in d["text"]
+    assert d.verdict == verdict and d.source == "measured" and d.capacity == measured
+    assert verdict in d.text
 
 
 def test_the_demand_verdict_is_inconclusive_without_a_run_or_a_replay():
@@ -811,9 +811,9 @@ def test_the_demand_verdict_is_inconclusive_without_a_run_or_a_replay():
 
     assert demand_verdict(None, {"qps": 10.0}, None) is None  # no demand stated: no verdict
     bounds_only = {"qps": 500.0, "method": "bounds"}
-    assert demand_verdict(100.0, None, bounds_only)["verdict"] == "inconclusive"
+    assert demand_verdict(100.0, None, bounds_only).verdict == "inconclusive"
     replayed = demand_verdict(100.0, None, {"qps": 500.0, "method": "replay"})
-    assert replayed["verdict"] == "trainer-bound" and replayed["source"] == "replayed"
+    assert replayed.verdict == "trainer-bound" and replayed.source == "replayed"
 
 
 def _stage_bound(replay_qps: float, replay_low: float) -> tuple[dict, str]:

@@ -442,6 +442,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         job=job,
         cores_bound=run.cores_bound,
     )
+    demand = demand_verdict(m.settings.target_rate, validation, prediction, m.trainer, job)
     return {
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "kind": "pipeline",
@@ -474,7 +475,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
             m.settings,
             planned=m.settings.trainer == "measure",
         ),
-        "demand": demand_verdict(m.settings.target_rate, validation, prediction, m.trainer, job),
+        "demand": None if demand is None else demand.to_json(),
         "cpu_speed": None if speed is None else speed.to_json(),
         "findings": [f.to_json() for f in findings],
     }

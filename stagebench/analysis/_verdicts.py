@@ -5,6 +5,7 @@ the recommended ones (by the rule of :mod:`stagebench.model._evidence`), and the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._pipeline_job import settings_cost, user_choice, user_setting
 from stagebench.model._evidence import EQUIVALENT, Option, Ratio, decide, more_rounds_text
 from stagebench.model._job import JobVerdict, StepAlone
-from stagebench.model._pipeline import CpuSpeed, Prediction, Validation, YoursRun
+from stagebench.model._pipeline import CpuSpeed, Demand, Prediction, Validation, YoursRun
 from stagebench.model._rate import Rate
 from stagebench.model._stage import StageEntry, StageSetting
 
@@ -36,8 +37,9 @@ def demand_verdict(
     prediction: Mapping[str, Any] | None,
     trainer: Mapping[str, Any] | None = None,
     job: Mapping[str, Any] | None = None,
-) -> dict | None:
-    """Whether the pipeline keeps up with the training step's demand, and what the job did.
+) -> Demand | None:
+    """Whether the pipeline keeps up with the training step's demand, and what the job did (a :class:`Demand`;
+    None where no demand is stated or measured).
 
     Where the job ran with the user's loop (``job``, decided: :mod:`stagebench.analysis._job`), the
     verdict is the job's: ``trainer-bound``, ``shared cores`` or ``data-bound``, with the job's
@@ -84,37 +86,35 @@ def demand_verdict(
     elif pred.method == "replay" and finite(pred.qps):
         capacity, low, high, source = pred.qps, pred.qps_low, pred.qps_high, "replayed"
     else:
-        return {
-            "target_rate": need,
-            "capacity": None,
-            "source": None,
-            "verdict": "inconclusive",
-            "demand_source": "measured" if measured else "stated",
-            "text": f"inconclusive: the whole pipeline was neither run nor replayed, so its capacity against "
+        return Demand(
+            target_rate=need,
+            verdict="inconclusive",
+            demand_source="measured" if measured else "stated",
+            text=f"inconclusive: the whole pipeline was neither run nor replayed, so its capacity against "
             f"{whose} is not known{waited}",
-        }
+        )
     capacity = num(capacity)  # finite above
     ratio = capacity / need
-    base = {
-        "target_rate": need,
-        "capacity": capacity,
-        "capacity_low": low,
-        "capacity_high": high,
-        "source": source,
-        "ratio": ratio,
-    }
+    base = Demand(
+        target_rate=need,
+        capacity=capacity,
+        capacity_low=low,
+        capacity_high=high,
+        source=source,
+        ratio=ratio,
+        demand_source="measured" if measured else "stated",
+    )
     jv = JobVerdict.from_json(job)
     if jv is not None and jv.decided and jv.bound:
-        return {
-            **base,
-            "verdict": jv.bound,
-            "demand_source": "measured" if measured else "stated",
-            "data_wait_share": jv.data_wait_share,
-            "job_samples_per_s": jv.samples_per_s,
-            "text": f"{jv.bound}: your job ran {fmt_q(num(jv.samples_per_s))} items/s at the recommended "
+        return replace(
+            base,
+            verdict=jv.bound,
+            data_wait_share=jv.data_wait_share,
+            job_samples_per_s=jv.samples_per_s,
+            text=f"{jv.bound}: your job ran {fmt_q(num(jv.samples_per_s))} items/s at the recommended "
             f"settings, {jv.data_wait_share:.0%} of each step waiting for data, against {whose}; the "
             f"pipeline alone gave {fmt_q(capacity)} items/s ({source}) at the isolated sweep's pick",
-        }
+        )
     if ratio >= 1 + DEMAND_HEADROOM:
         verdict, text = "trainer-bound", "alone keeps up with the trainer"
     elif ratio >= 1:
@@ -127,14 +127,13 @@ def demand_verdict(
         else "; the job itself was not run with your loop, so what it reaches is not measured"
         + ("" if measured else " (STAGEBENCH_TRAINER=measure runs it)")
     )
-    return {
-        **base,
-        "verdict": verdict,
-        "demand_source": "measured" if measured else "stated",
-        "data_wait_share": wp.data_wait_share if measured and wp is not None else None,
-        "text": f"{verdict}: the pipeline {text} ({fmt_q(capacity)} items/s {source} at the recommended "
+    return replace(
+        base,
+        verdict=verdict,
+        data_wait_share=wp.data_wait_share if measured and wp is not None else None,
+        text=f"{verdict}: the pipeline {text} ({fmt_q(capacity)} items/s {source} at the recommended "
         f"settings against {whose}, {ratio:.2f}x){waited}{not_run}",
-    }
+    )
 
 
 def versus_yours_decision(
