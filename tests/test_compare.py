@@ -27,24 +27,24 @@ def test_welch_p_value_matches_scipy_from_the_intervals_alone() -> None:
     a, b = _estimate(1000.0, 40.0, 10), _estimate(950.0, 80.0, 6)
     d = difference(a, b)
     ref = stats.ttest_ind_from_stats(1000.0, 40.0, 10, 950.0, 80.0, 6, equal_var=False)
-    assert d["p"] == pytest.approx(ref.pvalue, rel=1e-9)
-    assert d["pct"] == pytest.approx(1000 / 950 - 1)
-    assert d["significant"] is bool(ref.pvalue < 0.05) is False  # p ~ 0.2: not significant
-    assert d["test"] == "Welch's t on batch means"
+    assert d.p == pytest.approx(ref.pvalue, rel=1e-9)
+    assert d.pct == pytest.approx(1000 / 950 - 1)
+    assert d.significant is bool(ref.pvalue < 0.05) is False  # p ~ 0.2: not significant
+    assert d.test == "Welch's t on batch means"
 
 
 def test_clear_and_unclear_differences() -> None:
-    assert difference(_estimate(1300, 20, 10), _estimate(1000, 20, 10))["significant"] is True
-    assert difference(_estimate(1010, 50, 8), _estimate(1000, 50, 8))["significant"] is False
+    assert difference(_estimate(1300, 20, 10), _estimate(1000, 20, 10)).significant is True
+    assert difference(_estimate(1010, 50, 8), _estimate(1000, 50, 8)).significant is False
 
 
 def test_without_batch_counts_falls_back_to_interval_overlap_and_says_so() -> None:
     d = difference(Estimate(value=110, low=105, high=115), Estimate(value=100, low=95, high=104))
-    assert d["p"] is None and d["significant"] is True and d["test"] == "95% intervals do not overlap"
+    assert d.p is None and d.significant is True and d.test == "95% intervals do not overlap"
     d = difference(Estimate(value=102, low=97, high=107), Estimate(value=100, low=95, high=104))
-    assert d["significant"] is False and d["test"] == "95% intervals overlap"
+    assert d.significant is False and d.test == "95% intervals overlap"
     d = difference(Estimate(value=102), Estimate(value=100))
-    assert d["significant"] is None and d["test"] == "no interval: untested"
+    assert d.significant is None and d.test == "no interval: untested"
 
 
 def test_estimate_rejects_bad_confidence() -> None:

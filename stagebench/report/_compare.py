@@ -31,7 +31,7 @@ import io
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ __all__ = [
     "write_comparison",
     "Estimate",
     "difference",
+    "Difference",
     "COMPARISON_COLUMNS",
     "machine_kind",
     "machine_kind_differences",
@@ -136,44 +137,59 @@ class Estimate:
         return (self.high - self.low) / 2 / t
 
 
-def difference(a: Estimate, b: Estimate) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Difference:
+    """How much one throughput exceeds another (``pct`` = a/b − 1), and how sure that is: ``p`` the
+    two-sided Welch p-value (None where the test could not run), ``significant`` at 5% or by
+    non-overlapping intervals (None where there is nothing to test with), ``test`` which of them."""
+
+    ratio: float
+    pct: float
+    p: float | None = None
+    significant: bool | None = None
+    test: str = "no interval: untested"
+
+
+def difference(a: Estimate, b: Estimate) -> Difference:
     """How much ``a`` exceeds ``b``, and how sure we are.
 
-    Returns ``{"ratio", "pct", "p", "significant", "test"}``: ``pct`` = a/b − 1;
-    ``p`` the two-sided Welch p-value (None when the test could not be run);
-    ``significant`` True/False at 5% (or by non-overlapping intervals), None
-    when there is nothing to test with.
+    Args: the two estimates. Returns: their :class:`Difference`.
     """
     ratio = a.value / b.value if b.value else math.inf
-    out: dict[str, Any] = {
-        "ratio": ratio,
-        "pct": ratio - 1,
-        "p": None,
-        "significant": None,
-        "test": "no interval: untested",
-    }
+    out = Difference(ratio=ratio, pct=ratio - 1)
     se_a, se_b = a.stderr(), b.stderr()
     if se_a is not None and se_b is not None:
         from scipy import stats  # as in Estimate.stderr: only where two runs are tested
 
         var = se_a**2 + se_b**2
         if var == 0:
-            out.update(
-                p=0.0 if a.value != b.value else 1.0, significant=a.value != b.value, test="Welch's t on batch means"
+            return replace(
+                out,
+                p=0.0 if a.value != b.value else 1.0,
+                significant=a.value != b.value,
+                test="Welch's t on batch means",
             )
-            return out
         t = (a.value - b.value) / math.sqrt(var)
         assert a.n is not None and b.n is not None  # stderr() needs them
         df = var**2 / (se_a**4 / (a.n - 1) + se_b**4 / (b.n - 1))
         p = float(2 * stats.t.sf(abs(t), df))
-        out.update(p=p, significant=p < 0.05, test="Welch's t on batch means")
-    elif a.has_interval and b.has_interval:
+        return replace(out, p=p, significant=p < 0.05, test="Welch's t on batch means")
+    if a.has_interval and b.has_interval:
         apart = num(a.low) > num(b.high) or num(b.low) > num(a.high)
-        out.update(significant=apart, test="95% intervals " + ("do not overlap" if apart else "overlap"))
+        return replace(out, significant=apart, test="95% intervals " + ("do not overlap" if apart else "overlap"))
     return out
 
 
 # --------------------------------------------------------------------------- per-run figures of merit
+
+
+@dataclass(frozen=True, slots=True)
+class _Figure:
+    """A figure of the comparison page: its title, its image as a data URI, its caption."""
+
+    title: str
+    img: Any
+    caption: str
 
 
 @dataclass(slots=True)
@@ -210,8 +226,7 @@ def _confidence(run: RunData) -> float:
     return num(c) if 0.5 < num(c) < 1 else 0.95
 
 
-def _loader_estimate(run: RunData, d: Mapping[str, Any] | None) -> Estimate | None:
-    p = LoaderPoint.from_json(d)
+def _loader_estimate(run: RunData, p: LoaderPoint) -> Estimate | None:
     rate = p.samples_per_s
     if rate is None:
         return None
@@ -254,10 +269,10 @@ def _entry(run: RunData, label: str) -> _Entry:
             label=label,
             run=run,
             unit="samples/s",
-            best=_loader_estimate(run, sm.best),
+            best=_loader_estimate(run, LoaderPoint.from_json(sm.best)),
             best_setting=_knobs(sm.best),
             best_note="best measured loader setting",
-            rec=_loader_estimate(run, sm.recommended),
+            rec=_loader_estimate(run, LoaderPoint.from_json(sm.recommended)),
             rec_setting=_knobs(sm.recommended),
             verdict=str(sm.verdict or ""),
         )
@@ -372,19 +387,19 @@ def _group_context(entries: list[_Entry], kind: str) -> dict[str, Any]:
     if winner and len(ranked) >= 2:
         runner = ranked[1]
         diff_w = difference(bests[id(winner)], bests[id(runner)])
-        sig = diff_w["significant"]
+        sig = diff_w.significant
         if sig is True:
-            how = f"significant ({diff_w['test']}" + (f", p = {diff_w['p']:.2g})" if diff_w["p"] is not None else ")")
+            how = f"significant ({diff_w.test}" + (f", p = {diff_w.p:.2g})" if diff_w.p is not None else ")")
         elif sig is False:
-            how = f"NOT significant: within noise ({diff_w['test']}" + (
-                f", p = {diff_w['p']:.2g})" if diff_w["p"] is not None else ")"
+            how = f"NOT significant: within noise ({diff_w.test}" + (
+                f", p = {diff_w.p:.2g})" if diff_w.p is not None else ")"
             )
         else:
-            how = diff_w["test"]
+            how = diff_w.test
         headline = (
             f"{winner.label} wins: {rate_text(bests[id(winner)].value)} {winner.unit} vs "
             f"{rate_text(bests[id(runner)].value)} "
-            f"for {runner.label} ({diff_w['pct'] * 100:+.0f}%); {how}"
+            f"for {runner.label} ({diff_w.pct * 100:+.0f}%); {how}"
         )
     elif winner:
         headline = (
@@ -425,7 +440,7 @@ def _curve(label: str, points: pd.DataFrame, x: str, y: str, rec: tuple[Any, Any
     )
 
 
-def _loader_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
+def _loader_curves(entries: Sequence[_Entry]) -> list[_Figure]:
     series = []
     for e in entries:
         r = e.run.rows
@@ -448,11 +463,11 @@ def _loader_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
     )
     return (
         [
-            {
-                "title": "samples/s against num_workers",
-                "img": svg_uri(img),
-                "caption": "Each run's best measured throughput at each num_workers (bands: 95% intervals); ★ its recommendation.",
-            }
+            _Figure(
+                "samples/s against num_workers",
+                svg_uri(img),
+                "Each run's best measured throughput at each num_workers (bands: 95% intervals); ★ its recommendation.",
+            )
         ]
         if img
         else []
@@ -480,7 +495,7 @@ def _stage_summary(e: _Entry, name: str) -> StageEntry | None:
     return None
 
 
-def _stage_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
+def _stage_curves(entries: Sequence[_Entry]) -> list[_Figure]:
     """Per stage, each run's curve on the executor/harness it recommends (else its best)."""
     out = []
     for name in _stage_names(entries):
@@ -508,11 +523,11 @@ def _stage_curves(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
         )
         if img:
             out.append(
-                {
-                    "title": f"stage {name}",
-                    "img": svg_uri(img),
-                    "caption": "Each run's curve on the executor it recommends for this stage (bands: 95% intervals); ★ the recommendation.",
-                }
+                _Figure(
+                    f"stage {name}",
+                    svg_uri(img),
+                    "Each run's curve on the executor it recommends for this stage (bands: 95% intervals); ★ the recommendation.",
+                )
             )
     return out
 
@@ -547,7 +562,7 @@ def _csv_rows(groups: Sequence[dict[str, Any]], failed: Sequence[Mapping[str, An
     for g in groups:
         for row in g["rows"]:
             e: _Entry = row["e"]
-            d = row["diff"] or {}
+            d: Difference | None = row["diff"]
             prov = _provenance(e.run)
             kind = machine_kind(prov)
             out.append(
@@ -565,12 +580,10 @@ def _csv_rows(groups: Sequence[dict[str, Any]], failed: Sequence[Mapping[str, An
                     "recommended_low": e.rec.low if e.rec else None,
                     "recommended_high": e.rec.high if e.rec else None,
                     "recommended_setting": e.rec_setting,
-                    "vs_winner_pct": 0.0
-                    if row["is_winner"]
-                    else (num(d.get("pct")) * 100 if d.get("pct") is not None else None),
-                    "p_value_vs_winner": d.get("p"),
-                    "significant_vs_winner": d.get("significant"),
-                    "test": d.get("test", "winner" if row["is_winner"] else ""),
+                    "vs_winner_pct": 0.0 if row["is_winner"] else (num(d.pct) * 100 if d is not None else None),
+                    "p_value_vs_winner": d.p if d is not None else None,
+                    "significant_vs_winner": d.significant if d is not None else None,
+                    "test": d.test if d is not None else ("winner" if row["is_winner"] else ""),
                     "verdict": e.verdict,
                     "hostname": prov.hostname,
                     "cpu_model": prov.cpu_model,
