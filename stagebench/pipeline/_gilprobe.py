@@ -27,10 +27,8 @@ with the collector on and 0.97 (0.87-1.0) with it off; collate and a
 spin+sleep stage did not move. A stage that hangs leaves it paused until
 ``timeout_s``. Stages whose
 calls take over 0.1 s are not probed (it needs a dozen calls). The median over
-several short alternating rounds keeps this VM's speed phases (tens of
-milliseconds) out of it. On known answers here (a spin of g ms then a sleep
-of r ms) it read 0.90 (truth 1), 0.73 (0.8), 0.49 (0.5), 0.20 (0.2) and
-0.00 (a sleep); SHA-256 of 1 MiB buffers 0.00-0.06.
+several short alternating rounds keeps a shared host's speed phases (tens of
+milliseconds) out of it.
 
 A counter that holds the GIL but not a core (the machine took it away:
 other VMs, other programs) would read as GIL the stage held. Two corrections:

@@ -87,16 +87,15 @@ validation run (the real stages) checks it.
 A stand-in does a fixed amount of *work*, not a fixed CPU time. Its CPU
 amounts are the stage's CPU time as measured during the sweeps, at the speed
 the core ran then (``speed_ns``: a fixed Python loop's ns per iteration,
-probed after each of the stage's points, :mod:`stagebench.core._speed`). This VM's
-cores change speed by up to 2x in phases of seconds, and a stage's CPU time
+probed after each of the stage's points, :mod:`stagebench.core._speed`). A shared
+host's cores change speed by up to 2x in phases of seconds, and a stage's CPU time
 per call follows (the same work takes twice the CPU time on a slow core). A
-stand-in that spun for a fixed CPU time did less work in a slow phase than the
-stage it stands for: in a demo whose validation ran at 36 ns per loop after
-sweeps at 26, the replay read +44%. So the GIL-held part is that many
+stand-in that spun for a fixed CPU time would do less work in a slow phase than the
+stage it stands for, and the replay would read high. So the GIL-held part is that many
 iterations of the speed probe's own loop at the sweep's speed, and the
 GIL-free part that many bytes of SHA-256 at the sweep's speed (calibrated
 now, scaled by the speed now against then). Without a speed (none probed),
-CPU time as before.
+the stand-in spins for the CPU time itself.
 """
 
 from __future__ import annotations
@@ -134,7 +133,7 @@ def _calibration() -> tuple[float, float]:
 
     SHA-256: the mean of 16 runs over 256 KiB (~8 ms), interleaved with the
     speed probe. The mean over several milliseconds, not the median of a few:
-    this VM's core speed flips every few tens of milliseconds, and a
+    a shared host's core speed flips every few tens of milliseconds, and a
     calibration taken in one phase would make every GIL-free stand-in that
     much too long or too short. The speed read alongside says which phase the
     calibration saw, so the bytes can be scaled to the sweep's speed.
@@ -158,8 +157,7 @@ _SLEEP_COST: dict[float, tuple[float, float]] = {}
 def _sleep_cost(seconds: float) -> tuple[float, float]:
     """(CPU, oversleep) of one ``time.sleep(seconds)`` here, now: medians of a few calls.
 
-    A sleep is not free: on this VM a 2 ms sleep cost ~60 us of CPU and woke
-    ~150 us late. The stage's own waiting paid both, inside the CPU and the
+    A sleep is not free: it costs CPU and wakes late. The stage's own waiting paid both, inside the CPU and the
     duration measured for it; the stand-in's sleep pays them again, so they
     are taken out of what it is asked to do. About 0.15 s per distinct wait.
     """
