@@ -71,9 +71,9 @@ def test_a_stage_that_outruns_the_bottleneck_gets_only_the_threads_that_keep_up(
     assert _setting(wait) == ("thread", 4) and wait["recommended_alone"]["concurrency"] == 8
     assert "keeps up with the pipeline's pace of" in wait["recommended"]["why"]
     assert _setting(spin) == ("thread", 1) and "recommended_alone" not in spin
-    assert joint["changed"] == ["wait"] and joint["exhaustive"]
+    assert joint.changed == ("wait",) and joint.exhaustive
     # the pace: the spin alone (500) or the GIL (1 / 2.02 ms = 495), whichever is lower
-    assert 490 <= joint["pace"] <= 500
+    assert 490 <= joint.pace <= 500
 
 
 def test_processes_that_win_alone_are_not_used_where_the_pipeline_does_not_need_them():
@@ -87,7 +87,7 @@ def test_processes_that_win_alone_are_not_used_where_the_pipeline_does_not_need_
     assert _setting(spin) == ("thread", 1)
     assert spin["recommended_alone"]["executor"] == "process"
     assert "thread rather than process" in spin["recommended"]["why"]
-    assert joint["assignments"] == 2
+    assert joint.assignments == 2
 
 
 def test_a_stage_goes_to_processes_where_the_shared_gil_needs_it_though_threads_tie_alone():
@@ -100,14 +100,14 @@ def test_a_stage_goes_to_processes_where_the_shared_gil_needs_it_though_threads_
     b = _stage("b", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 495)], own=("thread", 1))
     joint = recommend_jointly([a, b], cores=2, free_threaded=False)
     assert _setting(a) == ("process", 1) and _setting(b) == ("thread", 1)
-    assert 470 <= joint["pace"] <= 490 and joint["qps"] >= 470
+    assert 470 <= joint.pace <= 490 and joint.qps >= 470
     assert "250" in a["recommended"]["why"]  # what every stage on its own executor would give
 
 
 def test_one_stage_keeps_its_own_recommendation():
     st = _stage("only", gil_ms=0.0, cpu_ms=0.1, thread=[(1, 250), (2, 500), (4, 990), (8, 1000)], own=("thread", 4))
     joint = recommend_jointly([st], cores=2, free_threaded=False)
-    assert _setting(st) == ("thread", 4) and joint["changed"] == [] and "recommended_alone" not in st
+    assert _setting(st) == ("thread", 4) and joint.changed == () and "recommended_alone" not in st
 
 
 def test_a_stage_after_a_batch_is_compared_in_source_items():
@@ -141,10 +141,10 @@ def test_many_stages_are_searched_one_switch_at_a_time():
         for i in range(13)
     ]
     joint = recommend_jointly(stages, cores=2, free_threaded=False)
-    assert not joint["exhaustive"] and joint["assignments"] < 200
+    assert not joint.exhaustive and joint.assignments < 200
     # 13 x 0.5 ms of GIL on threads: 154 items/s; moving stages to processes lifts the GIL bound until the
     # cores (13 x 0.5 ms of CPU on 2 cores: 308 items/s) bind
-    assert joint["pace"] > 154 * 1.5
+    assert joint.pace > 154 * 1.5
 
 
 def test_a_stated_demand_below_the_pace_gets_the_cheapest_settings_that_feed_it():
@@ -155,14 +155,14 @@ def test_a_stated_demand_below_the_pace_gets_the_cheapest_settings_that_feed_it(
     )
     spin = _stage("spin", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 490)], own=("thread", 1))
     joint = recommend_jointly([wait, spin], cores=2, free_threaded=False, demand=200.0)
-    assert _setting(wait) == ("thread", 2) and joint["for_demand"] == 200.0
+    assert _setting(wait) == ("thread", 2) and joint.for_demand == 200.0
     assert "the trainer needs 200 items/s" in wait["recommended"]["why"]
     # a demand above the pace changes nothing: the pipeline cannot be cut below what it can do
     wait2 = _stage(
         "wait", gil_ms=0.02, cpu_ms=0.05, thread=[(1, 250), (2, 500), (4, 1000), (8, 2000)], own=("thread", 8)
     )
     spin2 = _stage("spin", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 490)], own=("thread", 1))
-    assert recommend_jointly([wait2, spin2], cores=2, free_threaded=False, demand=900.0)["for_demand"] is None
+    assert recommend_jointly([wait2, spin2], cores=2, free_threaded=False, demand=900.0).for_demand is None
     assert _setting(wait2) == ("thread", 4)
 
 

@@ -53,6 +53,7 @@ from stagebench._numbers import finite, fmt_q, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._predict import pipeline_bounds, stage_load
 from stagebench.core._paired import WITHIN_BEST
+from stagebench.model._pipeline import Joint
 from stagebench.model._stage import HeadToHead, StageEntry, StageSetting
 
 __all__ = ["recommend_jointly", "process_headroom"]
@@ -138,7 +139,7 @@ def recommend_jointly(
     fixed: float = 0.0,
     demand: float | None = None,
     ranks: int = 1,
-) -> dict | None:
+) -> Joint | None:
     """Choose every measured stage's (executor, concurrency) for the pipeline; update the stage entries.
 
     ``stages``: the ``summary.json`` stage entries (:func:`analyze_stage` plus name and
@@ -147,7 +148,7 @@ def recommend_jointly(
     CPU and scheduling figures follow the chosen point. ``fixed``: SPDL's per-item cost
     paid once by the pipeline (:func:`stagebench.analysis._pipeline.pipeline_overhead`).
 
-    Returns ``None`` with no measured stage, else ``pace`` (the bounds' throughput at the
+    Returns ``None`` with no measured stage, else a :class:`Joint`: ``pace`` (the bounds' throughput at the
     chosen executors, each at its fastest), ``qps`` (the bounds at the chosen settings),
     ``binding``, ``assignments`` (how many executor assignments were scored),
     ``exhaustive``, ``changed`` (stage names whose choice differs from their own) and
@@ -234,16 +235,16 @@ def recommend_jointly(
         + (f"; set differently from their own best: {', '.join(changed)}" if changed else "; every stage as alone")
         + (f"; cut to feed the trainer's {fmt_q(float(demand or 0))} items/s (+{DEMAND_HEADROOM:.0%})" if feeds else "")
     )
-    return {
-        "pace": pace,
-        "qps": float(b.qps),
-        "binding": b.binding,
-        "assignments": len(scored),
-        "exhaustive": exhaustive,
-        "changed": changed,
-        "for_demand": demand if feeds else None,
-        "text": text,
-    }
+    return Joint(
+        pace=pace,
+        qps=float(b.qps),
+        binding=b.binding,
+        assignments=len(scored),
+        exhaustive=exhaustive,
+        changed=tuple(changed),
+        for_demand=demand if feeds else None,
+        text=text,
+    )
 
 
 def _why(

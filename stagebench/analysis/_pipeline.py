@@ -463,7 +463,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         "cores": cores,
         "stages": stages,
         "not_isolated": not_isolated,
-        "joint": joint,
+        "joint": None if joint is None else joint.to_json(),
         "prediction": prediction,
         "validation": validation,
         "recommended_vs_yours": yours,

@@ -95,7 +95,7 @@ def job_candidates(
         """The joint choice for demand ``d``; {} where ``d`` is not below the pace (nothing to cut for it)."""
         trial = copy.deepcopy(stages)
         out = recommend_jointly(trial, cores=cores, free_threaded=free_threaded, fixed=fixed, demand=d, ranks=ranks)
-        if d is not None and not (out or {}).get("for_demand"):
+        if d is not None and (out is None or not out.for_demand):
             return {}
         return _choices(trial)
 

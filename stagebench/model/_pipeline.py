@@ -52,6 +52,10 @@ def _dict(v: Any) -> dict[str, Any]:
     return dict(mapping(v) or {})
 
 
+#: :func:`stagebench.model._json.text`, for a class body where a field of that name hides it
+_text = text
+
+
 def _some_text(v: Any) -> str | None:
     """A text where ``v`` holds one (an empty string or 0 reads as None)."""
     return str(v) if v else None
@@ -441,13 +445,15 @@ class CpuSpeed:
 
 
 @dataclass(frozen=True, slots=True)
-class Joint:
+class Joint(Read):
     """The settings chosen for the whole pipeline together (``summary["joint"]``): the pace the bounds
-    allow (``qps``, set by ``binding``), how many executor assignments were scored, the stages set
-    differently from their own best (``changed``), and its ``text``."""
+    allow at the chosen executors (``pace``), the bounds at the chosen settings (``qps``, set by
+    ``binding``), how many executor assignments were scored, the stages set differently from their own
+    best (``changed``), the demand they were cut to feed (``for_demand``), and its ``text``. The fields
+    are in the order the summary lists them, so ``to_json`` writes them so."""
 
-    qps: float | None = None
     pace: float | None = None
+    qps: float | None = None
     binding: str | None = None
     assignments: int | None = None
     exhaustive: bool | None = None
@@ -455,29 +461,13 @@ class Joint:
     for_demand: float | None = None
     text: str | None = None
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> Joint:
-        return read(
-            cls,
-            d,
-            **dict.fromkeys(("qps", "pace", "for_demand"), number),
-            **dict.fromkeys(("binding", "text"), text),
-            assignments=integer,
-            exhaustive=flag,
-            changed=texts,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "qps": self.qps,
-            "binding": self.binding,
-            "pace": self.pace,
-            "for_demand": self.for_demand,
-            "assignments": self.assignments,
-            "exhaustive": self.exhaustive,
-            "changed": list(self.changed),
-            "text": self.text,
-        }
+    READ: ClassVar[Coercions] = {
+        **dict.fromkeys(("qps", "pace", "for_demand"), number),
+        **dict.fromkeys(("binding", "text"), _text),  # the field ``text`` hides the coercion in the class body
+        "assignments": integer,
+        "exhaustive": flag,
+        "changed": texts,
+    }
 
 
 @dataclass(frozen=True, slots=True)
