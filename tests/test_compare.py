@@ -16,6 +16,7 @@ from test_report import parse, svgs
 
 from stagebench._errors import StagebenchError
 from stagebench.report._compare import Estimate, compare_runs, difference, write_comparison
+from stagebench.report._run import FailedJob
 
 
 def _estimate(mean: float, sd: float, n: int) -> Estimate:
@@ -56,7 +57,7 @@ def test_loader_comparison_names_the_winner_margin_and_failed_job(tmp_path: Path
     a = fx.synthetic_loader_run(tmp_path / "a", backend="torch", label="torch")
     b = fx.synthetic_loader_run(tmp_path / "b", backend="spdl_pytorch", scale=1.3, label="spdl")
     out = write_comparison(
-        [a, b], tmp_path / "cmp", title="loaders", failed=[{"name": "spdl_pipeline", "reason": "ImportError: no spdl"}]
+        [a, b], tmp_path / "cmp", title="loaders", failed=[FailedJob("spdl_pipeline", "ImportError: no spdl")]
     )
     html = out.read_text()
     page = parse(html)
@@ -155,7 +156,7 @@ def test_hostile_labels_stay_text(tmp_path: Path) -> None:
     a = fx.synthetic_loader_run(tmp_path / "a", label=fx.HOSTILE)
     b = fx.synthetic_loader_run(tmp_path / "b", label=fx.SCRIPT_BREAKOUT, scale=1.1)
     html = write_comparison(
-        [a, b], tmp_path / "cmp", title=fx.HOSTILE, failed=[{"name": fx.HOSTILE, "reason": fx.SCRIPT_BREAKOUT}]
+        [a, b], tmp_path / "cmp", title=fx.HOSTILE, failed=[FailedJob(fx.HOSTILE, fx.SCRIPT_BREAKOUT)]
     ).read_text()
     page = parse(html)
     assert "<img src=x" not in html and "</script><script>" not in html
@@ -223,9 +224,7 @@ def test_labels_show_only_the_overrides_that_differ(tmp_path: Path) -> None:
 
 
 def test_all_jobs_failed_still_writes_both_files(tmp_path: Path) -> None:
-    out = write_comparison(
-        [], tmp_path / "cmp", title="t", failed=[{"name": "a", "reason": "boom"}, {"name": "b", "reason": "bang"}]
-    )
+    out = write_comparison([], tmp_path / "cmp", title="t", failed=[FailedJob("a", "boom"), FailedJob("b", "bang")])
     assert "No run with results to compare" in out.read_text()
     csv = pd.read_csv(tmp_path / "cmp" / "comparison.csv")
     assert list(csv["reason"]) == ["boom", "bang"]

@@ -517,7 +517,7 @@ def test_a_users_own_hydra_app_is_judged_by_its_results(tmp_path: Path, fake_sum
     _fake_job(sweep, 1, ["sweep.budget_s=2"], scale=1.2, status=None)
     runs, failed = _multirun.find_run_dirs(sweep)
     assert [r.name for r in runs] == ["0-sweep.budget_s=1", "1-sweep.budget_s=2"]
-    assert [(f["name"], f["path"]) for f in failed] == [("sweep.budget_s=3", "")]
+    assert [(f.name, f.path) for f in failed] == [("sweep.budget_s=3", "")]
 
 
 def test_sweep_plan_follows_hydras_basic_sweeper(tmp_path: Path) -> None:
@@ -553,8 +553,8 @@ def test_other_sweepers_compare_the_job_count(tmp_path: Path, fake_summaries) ->
     _fake_job(sweep, 1, ["sweep.budget_s=2.5"], scale=1.1, status="ok")
     runs, failed = _multirun.find_run_dirs(sweep)
     assert len(runs) == 2
-    assert [f["name"] for f in failed] == ["2 jobs"]
-    assert "planned 4 jobs and 2 left a folder" in failed[0]["reason"]
+    assert [f.name for f in failed] == ["2 jobs"]
+    assert "planned 4 jobs and 2 left a folder" in failed[0].reason
 
 
 def test_rebuild_rejects_a_folder_without_runs(tmp_path: Path) -> None:

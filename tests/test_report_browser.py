@@ -29,6 +29,7 @@ import pytest
 
 from stagebench.report import _render
 from stagebench.report._compare import write_comparison
+from stagebench.report._run import FailedJob
 
 pytestmark = pytest.mark.browser
 
@@ -280,7 +281,7 @@ def test_comparison_in_chromium(browser: DevTools, tmp_path: Path) -> None:
         [a, b],
         tmp_path / "cmp",
         title="loaders",
-        failed=[{"name": "loader.backend=spdl_pipeline", "reason": "ImportError"}],
+        failed=[FailedJob("loader.backend=spdl_pipeline", "ImportError")],
     )
     shot = _shot_dir(tmp_path) / "comparison.png"
     res = open_page(browser, html, shot)

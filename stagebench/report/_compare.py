@@ -56,6 +56,7 @@ from stagebench.report._html import (
     write_text,
 )
 from stagebench.report._render import RunData, load_run
+from stagebench.report._run import FailedJob
 from stagebench.runs._jobs import job_label, job_overrides, short_labels
 from stagebench.runs._knobs import loader_knobs
 from stagebench.runs._results import RunDir, RunFileError, csv_cell, default_run_dir, is_run_dir, read_rows_or_empty
@@ -557,7 +558,7 @@ def _stage_tables(entries: Sequence[_Entry]) -> list[dict[str, Any]]:
     return tables
 
 
-def _csv_rows(groups: Sequence[dict[str, Any]], failed: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _csv_rows(groups: Sequence[dict[str, Any]], failed: Sequence[FailedJob]) -> list[dict[str, Any]]:
     out = []
     for g in groups:
         for row in g["rows"]:
@@ -597,10 +598,10 @@ def _csv_rows(groups: Sequence[dict[str, Any]], failed: Sequence[Mapping[str, An
     for f in failed:
         out.append(
             {
-                "label": f.get("name", "?"),
+                "label": f.name,
                 "status": "failed",
-                "reason": f.get("reason", ""),
-                "run_dir": f.get("path", ""),
+                "reason": f.reason,
+                "run_dir": f.path,
             }
         )
     return out
@@ -626,32 +627,33 @@ def _csv_value(v: Any) -> Any:
 # --------------------------------------------------------------------------- entry points
 
 
-def write_comparison(run_dirs: Sequence[Path], out_dir: Path, *, title: str, failed: list[dict] | None = None) -> Path:
+def write_comparison(run_dirs: Sequence[Path], out_dir: Path, *, title: str, failed: Sequence[FailedJob] = ()) -> Path:
     """Write ``out_dir/comparison.csv`` and ``out_dir/comparison.html``; return the HTML path.
 
-    ``failed``: jobs that produced no usable run directory, ``{"name", "reason", "path"?}``;
-    they are listed, not dropped. A run whose files cannot be read joins them.
+    Args: the run directories to compare, the folder to write into, the page's title, and the jobs that
+    produced no usable run directory (listed, not dropped; a run whose files cannot be read joins them).
+    Returns: the path of ``comparison.html``.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    failed = [dict(f) for f in failed or []]
+    failed = list(failed)
     runs: list[RunData] = []
     for d in run_dirs:
         try:
             runs.append(load_run(Path(d)))
         except Exception as err:  # one unreadable run must not lose the others
             why = str(err) if isinstance(err, StagebenchError) else f"{type(err).__name__}: {err}"
-            failed.append({"name": job_label(Path(d)), "path": str(d), "reason": why})
+            failed.append(FailedJob(job_label(Path(d)), why, str(d)))
     labels = _unique_labels(short_labels([r.path for r in runs], [r.meta.to_json() for r in runs]))
     if failed and runs:
         # name failed Hydra jobs by the same differing overrides as the runs beside them
-        paths = [r.path for r in runs] + [Path(f["path"]) for f in failed if f.get("path")]
+        paths = [r.path for r in runs] + [Path(f.path) for f in failed if f.path]
         short = short_labels(paths, [r.meta.to_json() for r in runs] + [None] * (len(paths) - len(runs)))[len(runs) :]
         it = iter(short)
-        for f in failed:
-            if f.get("path") and job_overrides(Path(f["path"])):
-                f["name"] = next(it)
-            elif f.get("path"):
+        for i, f in enumerate(failed):
+            if f.path and job_overrides(Path(f.path)):
+                failed[i] = replace(f, name=next(it))
+            elif f.path:
                 next(it)
     entries = [_entry(r, lab) for r, lab in zip(runs, labels)]
     groups = [
@@ -691,7 +693,7 @@ def write_comparison(run_dirs: Sequence[Path], out_dir: Path, *, title: str, fai
         title=title,
         groups=groups,
         warnings=warnings,
-        failed=[{"name": str(f.get("name", "?")), "reason": str(f.get("reason", ""))} for f in failed],
+        failed=failed,
         runs=runs_ctx,
         n_runs=len(entries),
         csv_uri=csv_uri(csv_text.encode("utf-8")),

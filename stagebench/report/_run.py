@@ -1,5 +1,6 @@
 """A run directory as the report reads it: run.json, the rows and the summary, typed once where the
-run is loaded, so that each page and figure reads the model's fields, not the dicts' keys.
+run is loaded, so that each page and figure reads the model's fields, not the dicts' keys; and a job
+that left no run directory to read (:class:`FailedJob`), listed beside the runs a comparison shows.
 
 The summary's copies of the provenance, settings and loader come first: the summary is what the
 page presents, and ``run.json`` is its fallback for runs whose summary could not be computed.
@@ -10,9 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from stagebench.model._job import JobVerdict
 from stagebench.model._meta import LoaderInfo, Provenance, RunMeta, RunSettings
@@ -20,7 +19,10 @@ from stagebench.model._stage import StageEntry
 from stagebench.model._summary import Summary
 from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
 
-__all__ = ["RunData", "stored_summary"]
+if TYPE_CHECKING:  # a sweep's parent reads FailedJob and never loads pandas for it
+    import pandas as pd
+
+__all__ = ["RunData", "FailedJob", "stored_summary"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,18 @@ class RunData:
         """The loader under test (loader runs): the summary's copy, else run.json's."""
         copy = self.summary.loader
         return LoaderInfo.from_json(copy) if copy else self.meta.loader
+
+
+@dataclass(frozen=True, slots=True)
+class FailedJob:
+    """A job or run that left nothing to compare: its name, why, and its folder ("" where it left none)."""
+
+    name: str
+    reason: str = ""
+    path: str = ""
+    #: a planned job's overrides and number, where the sweep's plan names them
+    overrides: tuple[str, ...] = ()
+    job_num: int | None = None
 
 
 def stored_summary(path: Path) -> dict[str, Any]:

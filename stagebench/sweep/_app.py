@@ -61,6 +61,7 @@ from stagebench._errors import StagebenchError
 from stagebench._numbers import finite
 from stagebench.core._progress import Progress
 from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
+from stagebench.report._run import FailedJob
 from stagebench.runs._jobs import JOB_STATUS
 from stagebench.runs._results import to_jsonable
 from stagebench.runs._schema import RESULTS_SCHEMA_VERSION
@@ -586,23 +587,22 @@ class SweepCallback(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         jobs = collect_jobs(sweep_dir)
         ok = [Path(j["run_dir"]) for j in jobs if j.get("status") == "ok"]
-        failed = [
-            {
-                "path": j["run_dir"],
-                "name": j.get("label") or j.get("loader") or j["name"],
-                "backend": j.get("backend"),
-                "overrides": j.get("overrides", []),
-                "reason": j.get("reason", ""),
-            }
-            for j in jobs
-            if j.get("status") != "ok"
-        ]
-        _SWEEP_OUTCOME.update(ok=len(ok), failed=len(failed), sweep_dir=str(sweep_dir))
+        not_ok = [j for j in jobs if j.get("status") != "ok"]
+        _SWEEP_OUTCOME.update(ok=len(ok), failed=len(not_ok), sweep_dir=str(sweep_dir))
         _print_jobs(jobs)
         try:
             # matplotlib and scipy load at the sweep's end, inside this try: a comparison that fails leaves the jobs
             from stagebench.report._compare import write_comparison
 
+            failed = [
+                FailedJob(
+                    str(j.get("label") or j.get("loader") or j["name"]),
+                    str(j.get("reason", "")),
+                    str(j["run_dir"]),
+                    tuple(j.get("overrides", [])),
+                )
+                for j in not_ok
+            ]
             path = write_comparison(ok, sweep_dir, title=f"stagebench sweep {sweep_dir.name}", failed=failed)
             _SWEEP_OUTCOME["comparison"] = str(path)
             print(f"comparison: {path}")

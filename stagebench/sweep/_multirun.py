@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from stagebench.report._run import FailedJob
 from stagebench.runs._jobs import JOB_STATUS, job_label, job_overrides
 from stagebench.runs._results import RESULTS, is_run_dir, read_rows
 
@@ -39,7 +40,7 @@ def _n_rows(d: Path) -> int:
         return 0
 
 
-def find_run_dirs(sweep_dir: Path) -> tuple[list[Path], list[dict[str, Any]]]:
+def find_run_dirs(sweep_dir: Path) -> tuple[list[Path], list[FailedJob]]:
     """Run directories under a sweep directory, and the jobs that did not finish.
 
     Hydra job folders are read through the sweep app's own record
@@ -56,7 +57,7 @@ def find_run_dirs(sweep_dir: Path) -> tuple[list[Path], list[dict[str, Any]]]:
     """
     sweep_dir = Path(sweep_dir)
     runs: list[Path] = []
-    failed: list[dict[str, Any]] = []
+    failed: list[FailedJob] = []
     plan = sweep_plan(sweep_dir)
     jobs = collect_jobs(sweep_dir)
     # Only stagebench's sweep app promises a job_status.json; a user's own Hydra app does not.
@@ -84,14 +85,7 @@ def find_run_dirs(sweep_dir: Path) -> tuple[list[Path], list[dict[str, Any]]]:
             if n
             else _log_hint(d)
         )
-        failed.append(
-            {
-                "name": str(j.get("label") or job_label(d)),
-                "path": str(d),
-                "reason": reason,
-                "overrides": job_overrides(d),
-            }
-        )
+        failed.append(FailedJob(str(j.get("label") or job_label(d)), reason, str(d), tuple(job_overrides(d))))
     for d in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")), key=_natural_key):
         if d in judged:
             continue
@@ -100,11 +94,11 @@ def find_run_dirs(sweep_dir: Path) -> tuple[list[Path], list[dict[str, Any]]]:
             runs.extend(inner)
         elif (d / ".hydra").is_dir():
             failed.append(
-                {
-                    "name": job_label(d),
-                    "path": str(d),
-                    "reason": ("no results: the job failed or was interrupted before measuring" + _log_hint(d)),
-                }
+                FailedJob(
+                    job_label(d),
+                    "no results: the job failed or was interrupted before measuring" + _log_hint(d),
+                    str(d),
+                )
             )
     if plan is not None:
         failed.extend(_never_started(plan, [Path(j["run_dir"]) for j in jobs]))
@@ -162,7 +156,7 @@ def sweep_plan(sweep_dir: Path) -> dict[str, Any] | None:
     return plan
 
 
-def _never_started(plan: Mapping[str, Any], job_dirs: Sequence[Path]) -> list[dict[str, Any]]:
+def _never_started(plan: Mapping[str, Any], job_dirs: Sequence[Path]) -> list[FailedJob]:
     """The planned jobs that left no folder."""
     found = [job_overrides(d) for d in job_dirs]
     combos = plan.get("jobs")
@@ -180,25 +174,16 @@ def _never_started(plan: Mapping[str, Any], job_dirs: Sequence[Path]) -> list[di
                 left[k] -= 1
                 continue
             name = ", ".join(combo[i] for i in differ if i < len(combo)) or " ".join(combo) or f"job {num}"
-            out.append(
-                {
-                    "name": name,
-                    "path": "",
-                    "overrides": list(combo),
-                    "job_num": num,
-                    "reason": f"{why}; job {num}: {' '.join(combo)}",
-                }
-            )
+            out.append(FailedJob(name, f"{why}; job {num}: {' '.join(combo)}", overrides=tuple(combo), job_num=num))
         return out
     count = plan.get("count")
     if count is not None and count > len(job_dirs):
         n = count - len(job_dirs)
         return [
-            {
-                "name": f"{n} job{'s' if n != 1 else ''}",
-                "path": "",
-                "reason": f"{why}; the sweep planned {count} jobs and {len(job_dirs)} left a folder",
-            }
+            FailedJob(
+                f"{n} job{'s' if n != 1 else ''}",
+                f"{why}; the sweep planned {count} jobs and {len(job_dirs)} left a folder",
+            )
         ]
     return []
 

@@ -14,6 +14,7 @@ from stagebench.model._meta import RunMeta
 from stagebench.report._compare import write_comparison
 from stagebench.report._html import write_text
 from stagebench.report._render import load_run, render_report
+from stagebench.report._run import FailedJob
 from stagebench.runs._jobs import job_label
 from stagebench.runs._limits import how_it_ended
 from stagebench.runs._results import RunDir, RunFileError, is_run_dir
@@ -80,8 +81,6 @@ def rebuild(path: Path, say: Callable[[str], None] | None = None) -> Path:
             write_text(r / "report.html", render_report(run))
             good.append(r)
         except Exception as e:  # one broken job must not lose the others
-            failed.append(
-                {"name": job_label(r, RunDir(r).read_meta()), "path": str(r), "reason": f"{type(e).__name__}: {e}"}
-            )
+            failed.append(FailedJob(job_label(r, RunDir(r).read_meta()), f"{type(e).__name__}: {e}", str(r)))
 
     return write_comparison(good, path, title=f"sweep {path.name}", failed=failed)
