@@ -118,7 +118,7 @@ def json_island(obj: Any) -> Any:
 def _significant(x: Any) -> Any:
     """Floats to 7 significant digits: the page's copy of the numbers (the run's files keep them all).
 
-    A measured rate carries 2-3 meaningful digits; 17 were half of a report's embedded data.
+    A measured rate carries 2-3 meaningful digits; seventeen would double a report's embedded data.
     """
     if isinstance(x, float):
         return float(f"{x:.7g}")

@@ -110,7 +110,7 @@ _NOT_IN_PAGE = ("curves", "fit", "evidence")
 def page_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The summary as the page embeds it: without what the page shows or the CSV holds (_NOT_IN_PAGE).
 
-    The rows are embedded once, as the CSV download: a JSON copy of them too was a tenth of a report.
+    The rows are embedded once, as the CSV download: a JSON copy of them too would add a tenth to a report.
     """
     out = dict(summary)
     if isinstance(out.get("stages"), list):

@@ -140,8 +140,8 @@ def stage_cards(
     """One card per stage (pipeline stages, or a loader's transforms measured as stages).
 
     ``resources_plot=False`` (quick mode) leaves out the cores/latency/memory
-    figure: its three panels were 0.17 s a stage, half of a quick report's
-    time; the card's points table has the same numbers.
+    figure: its three panels are about half of a quick report's time, and the
+    card's points table has the same numbers.
     """
     # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
     from stagebench.report import _plots, _stage_plots
