@@ -33,6 +33,12 @@ _LOADER_KEYS = (
 
 
 def loader_context(run: RunData) -> dict[str, Any]:
+    """The loader page's part of the report's context.
+
+    Args: the loaded run (a loader sweep). Returns: what ``report.html.j2`` reads as ``loader``: the tiles,
+    the recommended and best settings, one row per setting measured, the snippet, the figures, the
+    transforms' stage cards and what each worker costs.
+    """
     # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
     from stagebench.report import _loader_plots
 

@@ -19,6 +19,11 @@ __all__ = ["cell", "problem_rows", "noise_tile", "to_ms", "with_keys", "job_tile
 
 
 def problem_rows(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    """The points that did not measure, as a table: where they ran, their status and why.
+
+    Args: the rows (a stage's, or a loader's). Returns: one dict of cells per row whose status is not ok,
+    the columns the rows have among the setting, status and reason.
+    """
     if rows.empty or "status" not in rows:
         return []
     bad = rows[rows["status"].astype(str) != "ok"]

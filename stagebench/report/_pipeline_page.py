@@ -22,6 +22,12 @@ _BINDING_TEXT: dict[str | None, str] = {"stage": "a stage's capacity", "cores": 
 
 
 def pipeline_context(run: RunData) -> dict[str, Any]:
+    """The pipeline page's part of the report's context.
+
+    Args: the loaded run (a pipeline diagnosis). Returns: what ``report.html.j2`` reads as ``pipeline``:
+    the stage cards, the tiles, the prediction with its stand-ins, the validation, the snippet, the
+    overview figure and the stages not measured alone.
+    """
     # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
     from stagebench.report import _stage_plots
 
