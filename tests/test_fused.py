@@ -7,6 +7,7 @@ from _stages import HashCPU, Spin
 from spdl.pipeline import PipelineBuilder
 
 from stagebench.analysis._fused import unfuse
+from stagebench.model._meta import RunMeta
 from stagebench.pipeline._diagnose import diagnose_pipeline
 from stagebench.pipeline._settings import DiagnoseSettings
 
@@ -38,7 +39,7 @@ def test_the_chains_work_per_call_is_taken_out_of_the_fused_stage():
     fused_t = 8 * 1e-3 + 2e-6 + 0.3e-3
     convert = _entry("convert", t=fused_t, cpu=fused_t, gil=8 * 0.05e-3 + 2e-6 + 0.1e-3, k=8.0)
     meta = {"stages": [{"name": "decode"}, {"name": "agg"}, {"name": "convert", "fused_chain": ["decode", "agg"]}]}
-    assert unfuse([decode, agg, convert], meta) == ["convert"]
+    assert unfuse([decode, agg, convert], RunMeta.from_json(meta)) == ["convert"]
     assert convert["stage_s_per_item"] == pytest.approx(0.3e-3, rel=1e-6)
     assert convert["cpu_s_per_item"] == pytest.approx(0.3e-3, rel=1e-6)
     assert convert["gil_s_per_item"] == pytest.approx(0.1e-3, rel=1e-6)
@@ -47,7 +48,10 @@ def test_the_chains_work_per_call_is_taken_out_of_the_fused_stage():
     assert convert["curves"]["spdl/thread"][1]["qps"] == pytest.approx(2 / 0.3e-3, rel=1e-6)
     assert "measured fused with decode, agg" in convert["evidence"]["summary"][-1]
     # nothing else changes
-    assert decode["stage_s_per_item"] == 1e-3 and unfuse([decode], {"stages": [{"name": "decode"}]}) == []
+    assert (
+        decode["stage_s_per_item"] == 1e-3
+        and unfuse([decode], RunMeta.from_json({"stages": [{"name": "decode"}]})) == []
+    )
 
 
 class Frame:

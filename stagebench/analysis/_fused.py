@@ -49,10 +49,10 @@ def _per_source_item(st: Mapping[str, Any]) -> dict[str, float] | None:
     }
 
 
-def unfuse(stages: list[dict], meta: Mapping[str, Any] | RunMeta) -> list[str]:
-    """Take the chain's work out of every fused stage's figures, in place; returns the stages changed."""
-    m = meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)
-    declared = {str(d.get("name")): d for d in m.stages}
+def unfuse(stages: list[dict], meta: RunMeta) -> list[str]:
+    """Take the chain's work out of every fused stage's figures (``stages``, the summary's entries, changed in
+    place), by the chains ``meta`` (``run.json``) declares; returns the names of the stages changed."""
+    declared = {str(d.get("name")): d for d in meta.stages}
     by_name = {StageEntry.from_json(st).name: st for st in stages}
     changed = []
     for st in stages:
