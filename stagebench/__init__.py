@@ -76,6 +76,7 @@ def __getattr__(name: str) -> object:
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'stagebench' has no attribute {name!r}")
+    # `import stagebench` runs at every interpreter start (the .pth): importlib loads at the first name asked for
     import importlib
 
     mod, attr = target

@@ -19,9 +19,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from stagebench._errors import StagebenchError
+from stagebench.core._executors import exit_may_hang
+from stagebench.pipeline._settings import ENV_VARS
+from stagebench.runs._outcome import INTERNAL, PARTIAL
+from stagebench.runs._results import UnwritableOutputError
 
 __all__ = ["main", "console", "StagebenchError"]
 
@@ -32,12 +37,14 @@ def _fail(msg: str, code: int = 2) -> int:
 
 
 def _cmd_demo(ns: argparse.Namespace) -> int:
+    # each command imports what it runs: `stagebench --help` loads none of them
     from stagebench.pipeline._demo import run_demo
 
     return run_demo(out=ns.out, quick=ns.quick)
 
 
 def _cmd_diagnose(ns: argparse.Namespace) -> int:
+    # each command imports what it runs: `stagebench --help` loads none of them
     from stagebench.pipeline._script import run_script
 
     if ns.target_rate is not None:  # one notion with the environment variable, read and checked there
@@ -50,7 +57,7 @@ def _cmd_diagnose(ns: argparse.Namespace) -> int:
 
 
 def _cmd_report(ns: argparse.Namespace) -> int:
-    from stagebench.runs._outcome import INTERNAL, PARTIAL
+    # each command imports what it runs: `stagebench --help` loads none of them
     from stagebench.sweep._rebuild import rebuild
 
     try:
@@ -72,8 +79,6 @@ def _cmd_report(ns: argparse.Namespace) -> int:
 
 def _error_log(run_dir: Path, what: str, e: BaseException) -> Path | None:
     """Append ``e``'s traceback to the run directory's error.log; its path, or None where it cannot be written."""
-    import traceback
-
     log = run_dir / "error.log"
     try:
         with open(log, "a", encoding="utf-8") as f:
@@ -84,6 +89,7 @@ def _error_log(run_dir: Path, what: str, e: BaseException) -> Path | None:
 
 
 def _cmd_compare(ns: argparse.Namespace) -> int:
+    # each command imports what it runs: `stagebench --help` loads none of them
     from stagebench.report._compare import compare_runs
 
     path = compare_runs([Path(p) for p in ns.run_dirs], out=Path(ns.out) if ns.out else None)
@@ -92,6 +98,7 @@ def _cmd_compare(ns: argparse.Namespace) -> int:
 
 
 def _cmd_data(ns: argparse.Namespace) -> int:
+    # each command imports what it runs: `stagebench --help` loads none of them
     from stagebench.sweep._datasets import generate_audio, generate_imagenet
 
     if ns.dataset == "audio":
@@ -114,8 +121,6 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default=None, help="run directory (default: a new folder under ./reports/)")
     d.add_argument("--quick", action="store_true", help="smaller grid and budgets (about a minute)")
     d.set_defaults(func=_cmd_demo)
-
-    from stagebench.pipeline._settings import ENV_VARS
 
     env_help = "environment variables:\n" + "\n".join(f"  {k}\n      {v}" for k, v in ENV_VARS.items())
     g = sub.add_parser(
@@ -212,7 +217,6 @@ def console() -> None:
     # caller caught it (scipy's imports exec strings), and `python -m` then ends the process by SIGINT
     # (-2) instead of with our code. One more exec that finishes clears the mark.
     exec("pass")
-    from stagebench.core._executors import exit_may_hang
 
     if exit_may_hang():
         sys.stdout.flush()
@@ -242,8 +246,6 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         return _fail(f"not found: {e.filename or e}")
     except Exception as e:
-        from stagebench.runs._results import UnwritableOutputError
-
         if isinstance(e, UnwritableOutputError):
             return _fail(str(e))
         raise

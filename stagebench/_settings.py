@@ -19,6 +19,7 @@ Standard library only: diagnostic mode reads it while ``spdl`` is being imported
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -464,8 +465,6 @@ def read_env(environ: Mapping[str, str]) -> dict[str, Any]:
 
 def local_rank() -> int:
     """This process's ``LOCAL_RANK`` (0 without one): only rank 0 of a torchrun job measures anything."""
-    import os
-
     raw = os.environ.get("LOCAL_RANK", "0").strip() or "0"
     try:
         return int(raw)

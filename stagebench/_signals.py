@@ -33,6 +33,7 @@ class on_sigterm:  # lower case: used as a function, `with on_sigterm():`
     """
 
     def __enter__(self) -> None:
+        # signal imports enum (~10 ms): this module loads at interpreter start, signal where it is used
         import signal
         import threading
 
@@ -55,6 +56,7 @@ class on_sigterm:  # lower case: used as a function, `with on_sigterm():`
         raise KeyboardInterrupt()
 
     def __exit__(self, *exc: object) -> None:
+        # signal imports enum (~10 ms): this module loads at interpreter start, signal where it is used
         import signal
 
         if self._previous is not None:
@@ -75,6 +77,7 @@ def ignore_sigterm() -> None:
     """From here on SIGTERM does nothing (main thread only): a rank that knows its exit code is leaving, and
     torch's launcher, seeing another rank end first with a code other than 0, terminates the rest; each
     still ends with the code every rank shares."""
+    # signal imports enum (~10 ms): this module loads at interpreter start, signal where it is used
     import signal
     import threading
 

@@ -14,6 +14,8 @@ diagnostic mode is on.
 
 from __future__ import annotations
 
+import sys
+
 # Not `from typing import ...`: this module loads at interpreter start while diagnostic mode is on.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -45,18 +47,21 @@ PYTORCH_DATALOADER_MODULE = "spdl.dataloader._pytorch_dataloader"
 
 
 def is_async_callable(op: Any) -> bool:
+    # spdl loads where it is used: this module is imported while spdl itself is being imported
     from spdl.pipeline._common._convert import _is_async_callable
 
     return bool(_is_async_callable(op))
 
 
 def is_asyncgen_callable(op: Any) -> bool:
+    # spdl loads where it is used: this module is imported while spdl itself is being imported
     from spdl.pipeline._common._convert import _is_asyncgen_callable
 
     return bool(_is_asyncgen_callable(op))
 
 
 def is_process_pool(executor: Any) -> bool:
+    # spdl loads where it is used: this module is imported while spdl itself is being imported
     from spdl.pipeline._common._convert import _is_process_pool
 
     return bool(_is_process_pool(executor))
@@ -64,6 +69,7 @@ def is_process_pool(executor: Any) -> bool:
 
 def pipe_type() -> Any:
     """The enum of pipe kinds (``OrderedPipe``, ...) a ``PipeConfig`` carries."""
+    # spdl loads where it is used: this module is imported while spdl itself is being imported
     from spdl.pipeline.defs import _PipeType
 
     return _PipeType
@@ -71,6 +77,7 @@ def pipe_type() -> Any:
 
 def pipe_args_class() -> Any:
     """The arguments record inside a ``PipeConfig`` (op, executor, concurrency, ...)."""
+    # spdl loads where it is used: this module is imported while spdl itself is being imported
     from spdl.pipeline.defs import _PipeArgs
 
     return _PipeArgs
@@ -78,6 +85,7 @@ def pipe_args_class() -> Any:
 
 def main_process_class() -> Any:
     """The placement marker that closes a sub-process region of a pipeline."""
+    # spdl loads where it is used: this module is imported while spdl itself is being imported
     from spdl.pipeline.defs import _MainProcess
 
     return _MainProcess
@@ -85,6 +93,7 @@ def main_process_class() -> Any:
 
 def pytorch_get_items() -> Any:
     """The fetch function SPDL's PyTorch-style loader uses with automatic batching."""
+    # spdl loads where it is used: this module is imported while spdl itself is being imported
     from spdl.dataloader import _pytorch_dataloader
 
     return _pytorch_dataloader._get_items
@@ -97,8 +106,6 @@ def caller_num_threads(depth: int = 2) -> int | None:
     config alone; the size of the shared thread pool the user chose is a local of that call.
     ``depth``: frames between the caller of this function and ``build_pipeline``.
     """
-    import sys
-
     try:
         frame = sys._getframe(depth)
     except ValueError:

@@ -27,6 +27,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from stagebench._numbers import finite, fmt_q, num
+from stagebench.analysis._job import job_findings
 from stagebench.model._finding import SEVERITIES, Finding
 from stagebench.model._job import JobVerdict
 from stagebench.model._pipeline import Prediction, Validation, VersusYours
@@ -612,8 +613,6 @@ def _settings_findings(yours: dict | None, job: dict | None) -> list[_Found]:
     """The advice on settings: the training job's run with the user's loop where decided, else the
     recommended settings run against the user's own (none where they are the same)."""
     if (jv := JobVerdict.from_json(job)) is not None and jv.decided:
-        from stagebench.analysis._job import job_findings
-
         return [_Found(f) for f in job_findings(jv)]
     if yours and VersusYours.from_json(yours).verdict not in (None, "same"):
         return [_yours_finding(yours)]

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from stagebench._numbers import finite
+from stagebench.analysis._joint import recommend_jointly
+from stagebench.analysis._ladder import Rung, build_ladder
 from stagebench.core._jobrun import Ladder
 from stagebench.model._job import JobVerdict
 from stagebench.model._meta import RunMeta
@@ -88,8 +90,6 @@ def job_candidates(
 
     ``stages``: the run's stage entries before any joint choice (they are copied, not changed).
     """
-    from stagebench.analysis._joint import recommend_jointly
-    from stagebench.analysis._ladder import Rung, build_ladder
 
     def joint(d: float | None) -> dict[str, tuple[str, int]]:
         """The joint choice for demand ``d``; {} where ``d`` is not below the pace (nothing to cut for it)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from stagebench.analysis._loader import summarize_loader
+from stagebench.analysis._pipeline import summarize
 from stagebench.model._meta import RunMeta
 from stagebench.runs._results import RunDir, read_rows_or_empty
 
@@ -19,12 +21,8 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     damaged = list(rows.attrs.get("damaged") or [])
     kind = RunMeta.from_json(meta).kind or guess_kind(rows)
     if kind == "loader":
-        from stagebench.analysis._loader import summarize_loader
-
         summary = summarize_loader(rows, meta)
     elif kind == "pipeline":
-        from stagebench.analysis._pipeline import summarize
-
         summary = summarize(rows, meta)
     else:
         raise ValueError(f"run.json kind: unknown {kind!r}; allowed: pipeline, loader")

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from stagebench._settings import MIN_WINDOW_S, PRECISION, STAGE_WINDOW_S, WARMUP_S, check
+from stagebench.runs._schema import EXECUTORS, HARNESSES
 
 __all__ = ["CANNOT_MATTER", "PAIRED_PRECISION", "MeasureConfig", "SweepConfig", "in_turns_precision", "powers_of_two"]
 
@@ -176,8 +177,6 @@ class SweepConfig:
     decide, as measured seconds apart)."""
 
     def __post_init__(self) -> None:
-        from stagebench.runs._schema import EXECUTORS, HARNESSES
-
         if self.process_ceilings not in ("near_best", "all"):
             raise ValueError(f"process_ceilings: unknown value {self.process_ceilings!r}; allowed: near_best, all")
 

@@ -16,12 +16,14 @@ import asyncio
 import concurrent.futures as cf
 import inspect
 import os
+import signal
 import threading
 import time
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from multiprocessing.connection import wait
 from typing import Any
 
 from stagebench._memory import describe, ran_out_of_memory
@@ -298,6 +300,7 @@ def _worker_init(*fn_bytes: bytes) -> None:
     took an item and then imported for a second stalled a point's window.
     """
     global _WORKER_FNS
+    # process pools only: thread and async executors never load it
     import cloudpickle
 
     _WORKER_FNS = []
@@ -358,6 +361,7 @@ _QUEUE_WORKERS = 64  # a pool's call queue holds this many workers' calls (+1): 
 
 def process_pool(workers: int, initializer: Callable, initargs: Sequence[bytes]) -> cf.ProcessPoolExecutor:
     """A standard-library process pool whose workers start with loky's context (see :class:`WorkerPool`)."""
+    # process pools only: thread and async executors never load it
     from loky.backend.context import ctx_loky
 
     # loky's own context, named: `import joblib` re-registers the process-wide
@@ -382,9 +386,6 @@ def close_pool(ex: cf.ProcessPoolExecutor) -> None:
 
 
 def _dead_codes(procs: Any) -> str:
-    import signal
-    from multiprocessing.connection import wait
-
     procs = list((procs or {}).values())
     # A dead worker's exit status shows a moment after the pool reports itself broken:
     # its sentinel may not have fired yet, and the pool's own thread reaps it too, so
@@ -470,6 +471,7 @@ class WorkerPool:
     def fn_bytes(self) -> tuple[bytes, ...]:
         """The stages, pickled once (raises what cloudpickle raises for one that cannot be)."""
         if self._fn_bytes is None:
+            # process pools only: thread and async executors never load it
             import cloudpickle
 
             self._fn_bytes = tuple(cloudpickle.dumps(f) for f in self.fns)
@@ -631,6 +633,7 @@ def kill_and_reap(pids: list[int], timeout: float = 5.0) -> None:
     A pool's own shutdown waits for its workers' calls, or kills them later from its manager thread;
     a worker hung in the stage must be gone before the next point is timed.
     """
+    # only where a pool's workers are killed: psutil loads there
     import psutil
 
     procs = []

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
 from stagebench._memory import CAUSE, memory_short, out_of_memory, said_out_of_memory
@@ -43,8 +44,13 @@ from stagebench.core._executors import (
     leaked_threads,
     make_runner,
 )
+from stagebench.core._mirror import mirror
+from stagebench.core._pickling import pickle_problem
 from stagebench.core._resources import ResourceMonitor, TreeSnapshot, tree_pss_mb
+from stagebench.core._spdl_harness import SpdlRunner
 from stagebench.core._stats import batch_count, fractional_counts, mean_interval, percentiles_ms, t_quantile
+from stagebench.model._ranks import HostRate
+from stagebench.model._rate import Rate
 from stagebench.runs._schema import EXECUTORS, HARNESSES, STAGE_COLUMNS
 
 __all__ = ["measure_stage", "identity", "payload_bytes", "empty_row", "window_rate", "host_figures", "POINT"]
@@ -129,7 +135,6 @@ def _skip_reason(fn: Callable, inputs: Sequence, executor: str, pool: WorkerPool
         return f"coroutine function: it runs on the event loop, not on a {executor} pool"
     if executor != "process":
         return None
-    import cloudpickle
 
     if pool is not None:
         pool.call_for(fn)  # a pool runs one stage (and its no-op ceiling): a mix-up is a bug, so it raises
@@ -142,7 +147,6 @@ def _skip_reason(fn: Callable, inputs: Sequence, executor: str, pool: WorkerPool
         if out_of_memory(e):
             raise  # it tells nothing of whether the stage pickles: the point fails for memory
         return f"cannot be pickled for a process pool: {type(e).__name__}: {e}"
-    from stagebench.core._pickling import pickle_problem
 
     problem = pickle_problem(inputs[0], cloud=True)
     return f"inputs cannot be pickled for a process pool: {problem}" if problem else None
@@ -278,8 +282,6 @@ def _watchdog(seconds: float) -> Iterator[None]:
 def _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_pipes, row, t_begin) -> dict[str, Any]:
     runner: Runner
     if harness == "spdl":
-        from stagebench.core._spdl_harness import SpdlRunner
-
         runner = SpdlRunner(fn, inputs, concurrency, executor, pool, extra_pipes=spdl_extra_pipes)
     else:
         runner = make_runner(executor, fn, inputs, concurrency, pool)
@@ -559,8 +561,6 @@ class _Ranked:
 
     @classmethod
     def open(cls, row, executor, concurrency, harness, extra_pipes, cfg: MeasureConfig) -> _Ranked | None:
-        from stagebench.core._mirror import mirror
-
         m = mirror()
         if m is None:
             return None
@@ -604,8 +604,6 @@ def host_figures(row: dict[str, Any], others: list[dict[str, Any]]) -> None:
     are the same seconds of one host), the slowest and fastest rank's beside them; the CPU per item is
     the host's CPU (the window's counters read every rank's processes) over the host's items. A rank that
     timed nothing leaves the point failed: no host figure stands without it."""
-    from stagebench.model._ranks import HostRate
-    from stagebench.model._rate import Rate
 
     def rate(d: dict[str, Any]) -> Rate | None:
         q, lo, hi = d.get("qps"), d.get("qps_low"), d.get("qps_high")

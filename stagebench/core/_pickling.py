@@ -12,6 +12,8 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+import cloudpickle
+
 from stagebench._memory import out_of_memory
 
 __all__ = ["pickle_problem"]
@@ -34,8 +36,6 @@ def pickle_problem(obj: Any, *, cloud: bool = False) -> str | None:
     for the caller to record as memory (:func:`stagebench._memory.out_of_memory`).
     """
     if cloud:
-        import cloudpickle
-
         pickler: Any = cloudpickle.CloudPickler
     else:
         pickler = pickle.Pickler

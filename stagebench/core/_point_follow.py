@@ -25,6 +25,7 @@ from stagebench.core._executors import (
     make_runner,
 )
 from stagebench.core._measure import window_rate
+from stagebench.core._spdl_harness import SpdlRunner
 
 __all__ = ["PointRun", "Pools"]
 
@@ -69,8 +70,6 @@ class PointRun:
         pool = pools.of(name, stage) if executor == "process" else None
         runner: Runner
         if spec["harness"] == "spdl":
-            from stagebench.core._spdl_harness import SpdlRunner
-
             runner = SpdlRunner(fn, inputs, c, executor, pool, extra_pipes=int(spec.get("extra_pipes") or 0))
         else:
             runner = make_runner(executor, fn, inputs, c, pool)

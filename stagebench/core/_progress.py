@@ -20,6 +20,7 @@ class Progress:
         self.tty = enabled and sys.stderr.isatty()
         self._bar = None
         if self.tty:
+            # only a terminal draws a bar: other outputs never load tqdm
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, desc=desc, unit="pt", file=sys.stderr, leave=False, dynamic_ncols=True)

@@ -40,9 +40,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from stagebench._errors import RankLost, StagebenchError
+from stagebench._settings import SettingsError, read_env, setting
 from stagebench._signals import ignore_sigterm
 from stagebench.model._ranks import Ranks
+from stagebench.runs._outcome import BAD_INPUT, RANK_LOST
+from stagebench.runs._ranks import ranks_from_env
 
 __all__ = ["HostGroup", "RankLost", "LOST_AFTER_S", "POLL_S", "leading", "lead", "alone", "store_dir", "meet"]
 
@@ -105,8 +110,6 @@ def _store_path(environ: Mapping[str, str]) -> Path:
 
 
 def _pid_alive(pid: int) -> bool:
-    import psutil
-
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -152,6 +155,7 @@ class HostGroup:
         ``kind``: what this rank caught (``loader``, ``pipeline``); the ranks must agree. Waits at most
         ``wait_s`` for the others (:class:`RankLost` after it); :class:`StagebenchError` where they cannot
         meet at all (no torch.distributed, the store's directory unsafe)."""
+        # torch loads only where ranks meet: one process of one rank never pays for it
         import torch.distributed as dist
 
         if not dist.is_available():
@@ -203,6 +207,7 @@ class HostGroup:
 
     def _start_beating(self, timeout: _dt.timedelta) -> None:
         """A thread that beats every second on a store connection of its own (``beat/<rank>``)."""
+        # torch loads only where ranks meet: one process of one rank never pays for it
         import torch.distributed as dist
 
         own = dist.TCPStore("127.0.0.1", self._port(), self.size, False, timeout=timeout)
@@ -436,10 +441,6 @@ def meet(kind: str, say: Callable[[str], None], environ: Mapping[str, str] | Non
     Ends the program with one line where they cannot meet: a bad rank variable or setting (exit 2), a
     store that cannot be made (exit 2), a rank that never arrived (:data:`stagebench.runs._outcome.RANK_LOST`'s
     code). Every rank calls it where it catches its loader or pipeline, before anything is measured."""
-    from stagebench._settings import SettingsError, read_env, setting
-    from stagebench.runs._outcome import BAD_INPUT, RANK_LOST
-    from stagebench.runs._ranks import ranks_from_env
-
     env = os.environ if environ is None else environ
     try:
         ranks = ranks_from_env(env)

@@ -25,6 +25,8 @@ executor; ``async`` pipes the coroutine function directly.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures as cf
 import contextlib
 import logging
 import threading
@@ -193,8 +195,6 @@ class SpdlRunner(Runner):
         assert pool is not None and call is not None  # process: start() made the pool, __init__ the call
 
         async def timed_process(item: Any) -> None:
-            import asyncio
-
             t0 = now()
             try:
                 # submit + wrap_future is run_in_executor, keeping the pool-side future:
@@ -217,6 +217,7 @@ class SpdlRunner(Runner):
 
     # ---- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
+        # spdl loads where a pipeline is built: the stagebench harness runs without it
         from spdl.pipeline import PipelineBuilder
 
         if self.executor == "process":
@@ -315,7 +316,6 @@ class SpdlRunner(Runner):
         if self._pool is None:
             return
         assert self._workers is not None  # the pool was made from it (start)
-        import concurrent.futures as cf
 
         # a healthy pool serves the next point once its calls have returned; a
         # worker still busy (hung) or dead is killed with the pool

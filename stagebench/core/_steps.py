@@ -19,6 +19,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
+from stagebench.core._stats import interval_about
+
 __all__ = ["WARMUP_STEPS", "CACHED_BATCHES", "MIN_COUNTED", "STEP_PRECISION", "TrainerProbe", "step_rate"]
 
 WARMUP_STEPS = 3  # steps of each phase not counted: a compile, the first CUDA step, the first batches arriving
@@ -36,10 +40,6 @@ _CHECK_S = 0.05
 
 def step_rate(durations: list[float]) -> tuple[float | None, float | None, float | None]:
     """Steps per second over ``durations`` (seconds per step), with a 95% interval from chunk means."""
-    import numpy as np
-
-    from stagebench.core._stats import interval_about
-
     if len(durations) < _MIN_STEPS or sum(durations) <= 0:
         return None, None, None
     rate = len(durations) / sum(durations)

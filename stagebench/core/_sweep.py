@@ -33,18 +33,25 @@ both executors are measured again in turns at their best levels
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple, TypedDict, Unpack
 
+import cloudpickle
+import pandas as pd
+
 from stagebench._numbers import finite, fmt_above, fmt_share_of, num
+from stagebench.core import _paired
 from stagebench.core._config import CANNOT_MATTER, MeasureConfig, SweepConfig, in_turns_precision
+from stagebench.core._curves import StageRows
 from stagebench.core._executors import WorkerPool, async_identity, identity, is_coroutine_callable
 from stagebench.core._measure import empty_row, measure_stage, payload_bytes
 from stagebench.core._progress import Progress
 from stagebench.core._resources import usable_cores
+from stagebench.core._spdl_harness import deferred_teardown
 from stagebench.runs._results import RowWriter
 from stagebench.runs._schema import STAGE_COLUMNS
 
@@ -133,10 +140,6 @@ def sweep_stage(fn: Callable, inputs: Sequence, **options: Unpack[StageOptions])
     stages whose items pickle to at most 16 KiB (``_SMALL_PAYLOAD``), where
     the cost is per item; a stage with larger items measures its own.
     """
-    import contextlib
-
-    from stagebench.core._spdl_harness import deferred_teardown
-
     sweep = StageSweep(fn, inputs, **options)
     # deferred_teardown: SPDL's ~0.2 s of tear-down per point overlaps the next point's start
     with contextlib.ExitStack() as stack, deferred_teardown():
@@ -180,8 +183,6 @@ class StageSweep:
         )  # harnesses whose thread curve was judged (before its first process point)
 
     def frame(self):
-        import pandas as pd
-
         return pd.DataFrame(self.rows, columns=list(STAGE_COLUMNS))
 
     def remaining(self, executor: str) -> list[PlannedPoint]:
@@ -269,9 +270,6 @@ class StageSweep:
 
     def paired_plan(self) -> tuple[str, int, int] | None:
         """(harness, thread level, process level) of the head-to-head its curves call for, or None."""
-        from stagebench.core import _paired
-        from stagebench.core._curves import StageRows
-
         if not self.cfg.paired_rounds or "process" not in _executors_for(self.fn, self.cfg):
             return None
         sr = StageRows(self.frame())
@@ -303,8 +301,6 @@ class StageSweep:
                 pool.keep_larger = False
 
     def _paired_windows(self, harness: str, at: dict[str, int], pool: Any) -> None:
-        from stagebench.core import _paired
-
         rounds = self.cfg.paired_rounds
         for i, ex in enumerate(("thread", "process", "process", "thread") * rounds):
             if i and i % 4 == 0 and i // 4 == rounds - 1 and _paired.threads_led_every_pair(self.rows[-i:]):
@@ -356,10 +352,6 @@ def sweep_process_points(
     needed: stage name -> reason (the diagnosis: its result could not change the
     pipeline's settings).
     """
-    import contextlib
-
-    from stagebench.core._spdl_harness import deferred_teardown
-
     todo = {id(s): s.remaining("process") for s in sweeps}
     with contextlib.ExitStack() as stack, deferred_teardown():
         pools = _pools(stack, [s.fn for s in sweeps if s.process_pending()])
@@ -597,8 +589,6 @@ def _pools(stack: Any, fns: Sequence[Callable]) -> dict[int, WorkerPool]:
     without a pool, so the first starts its own, records why and stops that
     curve. The pools close with ``stack``.
     """
-    import cloudpickle
-
     small: list[tuple[Callable, bytes]] = []
     out: dict[int, WorkerPool] = {}
     for fn in {id(f): f for f in fns}.values():  # the same callable twice: one entry (by identity: may be unhashable)

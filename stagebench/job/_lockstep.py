@@ -25,6 +25,7 @@ from stagebench._errors import RankLost
 from stagebench._signals import ignore_sigterm
 from stagebench.core._jobrun import Candidate, Feed, Opener
 from stagebench.core._ranks import HostGroup
+from stagebench.runs._outcome import RANK_LOST
 
 __all__ = ["Lockstep", "follow_job"]
 
@@ -114,8 +115,6 @@ def follow_job(
     :class:`Feed`; ``cached_batches(settings)``: this rank's cached batches). Ends the program with the
     leader's exit code: ``SystemExit`` from the loop's ``for``, or ``end(code)`` where the loop stopped
     early (as the leader's does: :func:`stagebench.job._phase.trainer_phases`)."""
-    from stagebench.runs._outcome import RANK_LOST
-
     feeds: dict[str, tuple[Feed, ExitStack]] = {}
     try:
         code = yield from _steps(group, feeds, open_setting, cached_batches)
@@ -178,8 +177,6 @@ def _close(feeds: dict[str, tuple[Feed, ExitStack]]) -> None:
 
 def _wait_end(group: HostGroup) -> int:
     """The leader's exit code, after this rank's loop stopped early (the leader writes its figures first)."""
-    from stagebench.runs._outcome import RANK_LOST
-
     try:
         while True:
             cmd = group.wait_command()

@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from stagebench._numbers import fmt_ms
+from stagebench.analysis._job import contenders, futile
 from stagebench.core._jobrun import JobRuns, Ladder, Opener
 from stagebench.core._steps import TrainerProbe
 from stagebench.model._job import StepAlone
+from stagebench.runs._results import RunDir
 
 __all__ = ["JobPlan", "finish_trainer", "trainer_phases", "end_from_close", "job_budget_s"]
 
@@ -72,8 +74,6 @@ class JobPlan:
 
 
 def _write(run_dir: Any, probe: TrainerProbe, runs: JobRuns | None) -> None:
-    from stagebench.runs._results import RunDir
-
     rd = RunDir(run_dir)
     meta = rd.read_meta()
     meta["trainer"] = probe.result()
@@ -84,10 +84,10 @@ def _write(run_dir: Any, probe: TrainerProbe, runs: JobRuns | None) -> None:
 
 def finish_trainer(run_dir: Any, probe: TrainerProbe, runs: JobRuns | None, say: Callable[[str], None]) -> int:
     """Write the trainer's and the job's figures, the summary and the report again; say the answer."""
+    # pandas, jinja2 and matplotlib load here, at the end: the DataLoader hook imports this module at its start
     from stagebench.analysis._summary import summarize_run
     from stagebench.report._render import write_report
     from stagebench.report._terminal import job_lines
-    from stagebench.runs._results import RunDir
 
     _write(run_dir, probe, runs)
     summary = summarize_run(run_dir)
@@ -136,8 +136,6 @@ def trainer_phases(
     phase (should the loop fail on the live batches) and at the end; a loop that stops early
     ends the program through ``end`` once it is written.
     """
-    from stagebench.analysis._job import contenders, futile
-
     runs: JobRuns | None = None
     try:
         yield from probe.alone_phase(cached())

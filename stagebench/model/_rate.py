@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from stagebench._numbers import fmt_q
+
 __all__ = ["Rate", "t_quantile", "CONFIDENCE"]
 
 #: Two-sided confidence of every interval stagebench states.
@@ -26,8 +28,9 @@ CONFIDENCE = 0.95
 @functools.lru_cache(maxsize=512)  # the same few (p, df) pairs, asked at every check of every window
 def t_quantile(p: float, df: int) -> float:
     """Student-t quantile. ``scipy.special.stdtrit`` is what ``scipy.stats.t.ppf`` computes, without
-    importing ``scipy.stats`` (1.7 s here, paid by every diagnosis and every ``stagebench report``).
+    importing ``scipy.stats`` (over a second, which every diagnosis and every ``stagebench report`` would pay).
     ``core._stats`` re-exports it for the measurement's intervals: one copy."""
+    # scipy loads at the first interval: the model is imported by processes that never state one
     from scipy.special import stdtrit
 
     return float(stdtrit(df, p))
@@ -123,8 +126,6 @@ class Rate:
 
     def text(self, unit: str = "") -> str:
         """``252 items/s (214-291)``; ``(no interval)`` where it is unknown."""
-        from stagebench._numbers import fmt_q
-
         u = f" {unit}" if unit else ""
         if self.low is None or self.high is None:
             return f"{fmt_q(self.value)}{u} (no interval)"
@@ -132,8 +133,6 @@ class Rate:
 
     def bare(self) -> str:
         """``252, 214-291``: the figure and its interval inside a sentence's parentheses."""
-        from stagebench._numbers import fmt_q
-
         if self.low is None or self.high is None:
             return fmt_q(self.value)
         return f"{fmt_q(self.value)}, {fmt_q(self.low)}-{fmt_q(self.high)}"

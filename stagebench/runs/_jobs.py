@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 __all__ = ["JOB_STATUS", "job_status", "job_overrides", "job_label", "short_labels"]
 
 
@@ -78,8 +80,6 @@ def short_labels(run_dirs: Sequence[Path], metas: Sequence[Mapping[str, Any] | N
 
 def _read_overrides(path: Path) -> list[str]:
     try:
-        import yaml
-
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
         return [str(x) for x in data or []]
     except Exception:  # a label is a nicety; fall back to the plain list

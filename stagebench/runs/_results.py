@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import io
 import json
 import math
 import os
@@ -288,8 +289,7 @@ def read_rows(path: str | os.PathLike):
     otherwise read as a valid, different number (0.0007 cut to 0.07). So is a row whose count of workers
     is not a whole number >= 0 (a hand-edited -1): no run writes one.
     """
-    import io
-
+    # pandas loads where rows are read: a diagnosis writes its rows without it
     import pandas as pd
 
     p = Path(path)
@@ -397,6 +397,7 @@ def check_schema_version(meta: Mapping[str, Any], path: Path) -> None:
 
 
 def rows_to_frame(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]):
+    # pandas loads where rows are read: a diagnosis writes its rows without it
     import pandas as pd
 
     return pd.DataFrame(list(rows), columns=list(columns))
@@ -409,6 +410,7 @@ def is_run_dir(path: Path) -> bool:
 
 def read_rows_or_empty(path: Path) -> Any:
     """The rows of a run directory; an empty frame when it has none (yet)."""
+    # pandas loads where rows are read: a diagnosis writes its rows without it
     import pandas as pd
 
     if not (path / RESULTS).is_file() or (path / RESULTS).stat().st_size == 0:
