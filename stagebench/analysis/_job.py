@@ -68,8 +68,8 @@ ORIGIN_SHORT = {
 #: A job running at this share of the step's own rate (or more) is set by the step: trainer-bound.
 TRAINER_BOUND = 0.90
 #: A pick's wait for data that the verdict shows as 1% or more: where another setting ran its loop waiting
-#: far less, the verdict names it, whatever the bound (ImageNet --dummy's num_workers=0 pick read "3% of each
-#: step waiting for data, trainer-bound" beside two worker settings that waited 0%, unnamed).
+#: far less, the verdict names it, whatever the bound (a trainer-bound pick that waits must not leave a
+#: setting that did not wait unexplained).
 SHOWN_WAIT = 0.005
 
 
@@ -204,8 +204,8 @@ def futile(rec: JobRecord, seconds_left: float) -> str | None:
     Each comparison still open needs its interval to clear one of the rule's bounds (0.95, 1, 1/0.95) on
     the side its ratio lies; at the spread seen, :meth:`Ratio.rounds_to_clear` says after how many rounds
     in all. Where even the nearest of those, for every open comparison, takes more rounds than the time
-    left can run, the runs stop there and the verdict says could not tell, and what more would take: a
-    1 s step's job phase otherwise ran its whole budget (282 s, 123 steps) on settings that tie."""
+    left can run, the runs stop there and the verdict says could not tell, and what more would take:
+    otherwise a slow step's job phase runs its whole budget on settings that tie."""
     d, figs = job_decision(rec)
     if d.settled or d.advice == "none":
         return None

@@ -67,8 +67,8 @@ __all__ = [
 #: Fewest counted steps of a slice: two groups of four (the interval needs two groups per slice).
 MIN_SLICE_STEPS = 8
 #: Shortest counted window of a slice, seconds: a loader delivers in bursts (rounds of its workers, a
-#: pipeline's batches), and a slice of a few of them reads them, not the pace; on the demo, slices of
-#: 0.4 s gave round-to-round ratios that spread 30%.
+#: pipeline's batches), and a slice of a few of them reads them, not the pace: shorter slices give
+#: round-to-round ratios that spread far more.
 MIN_SLICE_S = 1.0
 #: A slice of slow steps may end after one group once it has counted this long: the decision reads
 #: the rounds' ratios, and more rounds of a 1 s step tell more than longer slices of it.

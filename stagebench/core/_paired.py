@@ -2,13 +2,11 @@
 
 Why. A stage's thread curve is measured first and its process curve seconds
 later. An interval inside one point covers the noise inside that point's
-window, not a change of the machine between points. On the 2-core VM this
-was built on, the CPU's speed moves in phases that last seconds: one
-diagnosis of a GIL-free hashing stage read threads 24% above processes (557
-vs 449 items/s), the next one processes 18% above threads (502 vs 424,
-beyond both intervals). Measured in turns, threads then processes then processes then
-threads, six rounds at 2 workers each all had threads ahead (processes at
-0.61-0.82 of threads), and six rounds at 4 workers too (0.84-0.95).
+window, not a change of the machine between points. On a shared machine the
+CPU's speed moves in phases that last seconds, so two curves measured seconds
+apart can put either executor ahead beyond both intervals. Measured in turns,
+threads then processes then processes then threads, each round's ratio sees
+the same moments of the machine, and the rounds agree.
 
 So when the curves alone would recommend processes by less than
 :data:`MAX_RATIO` (1.5x), the sweep measures both executors again at their
@@ -115,7 +113,7 @@ def paired_result(sr: StageRows, harness: str) -> dict[str, Any] | None:
         "windows": len(recs),
     }
     # on the log of the ratios (Ratio): ratios multiply, and the interval stays positive (a linear one over
-    # two pairs that disagreed reached -0.14 in a fresh clone's diagnosis). At 95% with two pairs: the
+    # two pairs that disagree can reach below zero). At 95% with two pairs: the
     # head-to-head's rounds are fixed, with one early stop that can only keep threads (module docstring).
     r = Ratio.of_pairs([(qp, qt) for qt, qp in pairs], confidence=0.95, min_rounds=_MIN_PAIRS)
     if r is None:

@@ -160,7 +160,7 @@ class TreeSnapshot:
         """The share of the CPUs' time the host took from this VM since ``earlier`` (NaN: not reported).
 
         A thread whose CPU is taken this way is off the CPU while the wall clock runs, which reads as
-        waiting: one fresh clone's 1 ms hashing stage read 68% waiting. Averaged over the CPUs, so it
+        waiting, even for a stage that never waits. Averaged over the CPUs, so it
         understates what the busy CPU lost where the others idled.
         """
         span = self.t - earlier.t

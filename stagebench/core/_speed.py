@@ -2,8 +2,7 @@
 
 Why it is measured: on shared virtual machines a core's speed changes by up to
 about 2x within seconds (other tenants on the same physical core, frequency
-changes). On the 2-core VM this was built on, a fixed loop alternated between
-about 30 and 55 ns per iteration every few seconds. CPU-bound throughputs
+changes): a fixed loop can alternate between two speeds every few seconds. CPU-bound throughputs
 measured at different moments then differ by that much whatever the
 instrument does: the stage sweeps and the whole-pipeline validation run are
 such moments. The diagnosis probes the speed after every point and around the

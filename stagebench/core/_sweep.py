@@ -68,8 +68,8 @@ _GIL_FREE = 0.10  # a stage's GIL share (probe, upper quartile) at or under whic
 _CORES_BUSY = 0.75  # ... and threads keeping this share of the usable cores busy: the cores bind
 _SHARED_REASON = "shared: measured once for all stages (a no-op on threads or the event loop does not touch the items)"
 # A process no-op ships each item to a worker and back. Up to this pickled size its
-# cost is per item, not per byte (here: 100 B, 4 KiB and 16 KiB items read alike, 2.4-4.0k
-# items/s at c=1 and 4; 64 KiB read 30% lower at c=4), so stages whose items are
+# cost is per item, not per byte (items of 100 B to 16 KiB read alike; 64 KiB reads
+# lower), so stages whose items are
 # this small share their process ceilings; larger ones measure their own.
 _SMALL_PAYLOAD = 16 * 1024
 _SHARED_PROCESS_REASON = (
