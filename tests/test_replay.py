@@ -306,13 +306,14 @@ def test_a_gil_share_bounded_only_from_above_stands_in_at_its_lower_end():
 
 
 def test_marginal_cpu_is_the_slope_of_cpu_against_throughput():
+    from stagebench.model._stage import StageSetting
     from stagebench.pipeline._replay import _marginal_cpu
 
     # 0.1 cores of idle cost plus 0.5 ms per item: per-item CPU at 100 items/s reads 1.5 ms
-    pts = [{"qps": q, "cpu_s_per_item": (0.1 + 0.5e-3 * q) / q} for q in (100.0, 200.0, 400.0, 800.0)]
+    pts = [StageSetting(qps=q, cpu_s_per_item=(0.1 + 0.5e-3 * q) / q) for q in (100.0, 200.0, 400.0, 800.0)]
     assert _marginal_cpu(pts) == pytest.approx(0.5e-3)
     # a curve that flattened at once (GIL-bound) has no slope to read: the point is used
-    flat = [{"qps": q, "cpu_s_per_item": 1e-3} for q in (350.0, 360.0, 365.0)]
+    flat = [StageSetting(qps=q, cpu_s_per_item=1e-3) for q in (350.0, 360.0, 365.0)]
     assert _marginal_cpu(flat) is None
     assert _marginal_cpu(pts[:2]) is None  # two points are not a line to trust
 

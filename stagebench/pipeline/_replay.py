@@ -115,7 +115,7 @@ import numpy as np
 
 from stagebench._numbers import num_or_none
 from stagebench.core._speed import cpu_speed_ns, speed_loop
-from stagebench.model._stage import StageEntry
+from stagebench.model._stage import StageEntry, StageSetting
 
 __all__ = ["StandIn", "plan_stand_ins"]
 
@@ -335,7 +335,7 @@ _MIN_SPREAD = 2.0  # the curve's throughput must span this ratio for a slope to 
 _MIN_R2 = 0.9
 
 
-def _marginal_cpu(points: list[dict]) -> float | None:
+def _marginal_cpu(points: Sequence[StageSetting]) -> float | None:
     """CPU per extra item along a stage's curve: the slope of CPU per second against items per second.
 
     Why not CPU per item at one point: a harness that is not busy spends CPU
@@ -348,7 +348,7 @@ def _marginal_cpu(points: list[dict]) -> float | None:
     (use the point) when the throughputs span less than 2x (a stage that
     flattened at once: the GIL-bound ones) or the line does not fit.
     """
-    read = [(num_or_none(p.get("qps")), num_or_none(p.get("cpu_s_per_item"))) for p in points]
+    read = [(num_or_none(p.qps), num_or_none(p.cpu_s_per_item)) for p in points]
     pts = [(q, c) for q, c in read if q is not None and c is not None and q > 0 and c > 0]
     if len(pts) < 3:
         return None
@@ -364,24 +364,26 @@ def _marginal_cpu(points: list[dict]) -> float | None:
     return float(slope)
 
 
-def _call_time(t: float, curve: list) -> tuple[float, float | None]:
+def _call_time(t: float, curve: Sequence[StageSetting]) -> tuple[float, float | None]:
     """The stage's time per call, and its CPU where that time was read (None where not read).
 
     The call itself at the lowest level (least contention), timed where it runs: the closed
     loop's time per item also holds, at low concurrency, the harness's hand-offs, which the
     stand-in would otherwise wait out.
     """
-    p50 = num_or_none(curve[0].get("latency_p50_ms")) if curve else None
+    p50 = num_or_none(curve[0].latency_p50_ms) if curve else None
     if p50 is None or p50 <= 0:
         return t, None
-    return min(t, p50 / 1e3), num_or_none(curve[0].get("call_cpu_s"))
+    return min(t, p50 / 1e3), num_or_none(curve[0].call_cpu_s)
 
 
-def _own_cpu(st: dict, base: dict, curve: list, t: float, gc_s: float) -> tuple[float | None, float]:
+def _own_cpu(
+    st: StageEntry, base: StageSetting, curve: Sequence[StageSetting], t: float, gc_s: float
+) -> tuple[float | None, float]:
     """The stage's own CPU per call (None where nothing measured it), and the CPU of threads of its own
     beyond it (0 where none)."""
-    cpu, harness = num_or_none(base.get("cpu_s_per_item")), num_or_none(base.get("harness_gil_s_per_item")) or 0.0
-    call_cpu = num_or_none(base.get("call_cpu_s"))
+    cpu, harness = num_or_none(base.cpu_s_per_item), num_or_none(base.harness_gil_s_per_item) or 0.0
+    call_cpu = num_or_none(base.call_cpu_s)
     if call_cpu is None:
         marginal = _marginal_cpu(curve)
         if marginal is not None:
@@ -389,7 +391,7 @@ def _own_cpu(st: dict, base: dict, curve: list, t: float, gc_s: float) -> tuple[
         return (min(t + gc_s, max(0.0, cpu - harness)) if cpu is not None else None), 0.0
     # measured directly: the calling thread's CPU during the call, no harness in it
     own = min(t + gc_s, max(0.0, call_cpu))
-    if cpu is not None and not st.get("is_async"):
+    if cpu is not None and not st.is_async:
         # the process's CPU beyond the calling thread's and the harness's: threads of the stage's own,
         # where it is at least half the call's time (below that, the harness's idle cost)
         beyond = cpu - harness - max(0.0, call_cpu)
@@ -398,7 +400,7 @@ def _own_cpu(st: dict, base: dict, curve: list, t: float, gc_s: float) -> tuple[
     return own, 0.0
 
 
-def _gil_share(st: dict) -> tuple[float | None, str]:
+def _gil_share(st: StageEntry) -> tuple[float | None, str]:
     """The GIL share the stand-in holds, and a note where it is only bounded.
 
     Only bounded from above (not probed: STAGEBENCH_GIL_PROBE=off, or the probe failed): its
@@ -406,8 +408,8 @@ def _gil_share(st: dict) -> tuple[float | None, str]:
     The estimate's midpoint is a guess that reads high on stages that release the GIL in native
     code; the lower end is what the data allow. Where the probe runs, its reading replaces this.
     """
-    frac = num_or_none(st.get("gil_fraction"))
-    bounded = StageEntry.from_json(st).gil_only_bounded
+    frac = num_or_none(st.gil_fraction)
+    bounded = st.gil_only_bounded
     if frac is not None and bounded is not None:
         return bounded[0], "GIL share only bounded from above: the stand-in takes its lower end"
     return frac, ""
@@ -428,22 +430,27 @@ def _less_sleep_cost(own: float, wait: float) -> tuple[float, float]:
     return own, 0.0
 
 
-def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
-    rec = st.get("recommended") or {}
-    t = num_or_none(st.get("stage_s_per_item"))
-    if st.get("status", "ok") != "ok" or not rec.get("executor") or t is None or t <= 0:
+def _given(s: StageSetting | None) -> StageSetting | None:
+    """``s`` where the entry held a setting there (an empty dict reads as a setting of no keys: none)."""
+    return s if s is not None and s.keys else None
+
+
+def _stand_in(st: StageEntry, speed_ns: float | None) -> StandIn | None:
+    rec = _given(st.recommended)
+    t = num_or_none(st.stage_s_per_item)
+    if not st.ok or rec is None or not rec.executor or t is None or t <= 0:
         return None
-    alts = st.get("alternatives") or {}
-    ex, c = str(rec["executor"]), int(rec["concurrency"])
+    alts = st.alternatives
+    ex, c = str(rec.executor), int(rec.concurrency or 0)
     # The stage's own CPU and time per call come from the executor its GIL share was
     # read on (threads or the event loop), at that executor's best point.
-    base_ex = "async" if st.get("is_async") else "thread"
-    base = alts.get(base_ex) or (alts.get(ex) if ex != "process" else None) or {}
-    curve = (st.get("curves") or {}).get(f"{st.get('harness')}/{base_ex}") or []
+    base_ex = "async" if st.is_async else "thread"
+    base = _given(alts.get(base_ex)) or (_given(alts.get(ex)) if ex != "process" else None) or StageSetting()
+    curve = st.curves.get(f"{st.harness}/{base_ex}") or ()
     t, low_cpu = _call_time(t, curve)
     # The collections its allocations trigger: inside its calls' mean CPU, outside their
     # median time and outside the probed GIL share (the probe pauses the collector).
-    gc_s = max(0.0, num_or_none(base.get("gc_s_per_item")) or 0.0)
+    gc_s = max(0.0, num_or_none(base.gc_s_per_item) or 0.0)
     own, helper_s = _own_cpu(st, base, curve, t, gc_s)
     frac, note = _gil_share(st)
     if own is None:
@@ -455,13 +462,13 @@ def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
     gc_part = min(own, gc_s)  # the collector holds the GIL: GIL-held work, whatever the stage's share
     own -= gc_part
     wait = max(0.0, t - own)
-    if low_cpu is not None and not st.get("is_async"):
+    if low_cpu is not None and not st.is_async:
         # At most what the call spent off the CPU where t was read: t less a CPU reading from
         # another point also holds the host's change of speed between the two, and the stand-in
         # would sleep a wait the stage never had. (The collector's time is in a call's mean CPU,
         # not in its median time: out of both, as above.)
         wait = min(wait, max(0.0, t - max(0.0, low_cpu - gc_s)))
-    if wait > 0 and not st.get("is_async"):
+    if wait > 0 and not st.is_async:
         own, wait = _less_sleep_cost(own, wait)
     gil = min(own, frac * t) if frac is not None else own
     free = own - gil
@@ -472,11 +479,11 @@ def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
         helpers = max(1, round(helper_s / wait)) if wait > 0 else max(1, round(helper_s / t))
         note = "; ".join(x for x in (note, f"{helper_s * 1e3:.3g} ms a call on {helpers} thread(s) of its own") if x)
     if ex == "process":
-        proc = alts.get("process") or {}
-        harness = num_or_none(base.get("harness_gil_s_per_item")) or 0.0
-        ipc = max(0.0, (num_or_none(proc.get("harness_gil_s_per_item")) or 0.0) - harness)
+        proc = _given(alts.get("process")) or StageSetting()
+        harness = num_or_none(base.harness_gil_s_per_item) or 0.0
+        ipc = max(0.0, (num_or_none(proc.harness_gil_s_per_item) or 0.0) - harness)
         return StandIn(
-            st["name"],
+            st.name,
             ex,
             c,
             gil_s=ipc,
@@ -489,10 +496,10 @@ def _stand_in(st: dict, speed_ns: float | None) -> StandIn | None:
             helpers=helpers,
         )
     # The probe counts every release, its waits' too; the stand-in's sleep is one of them.
-    probed = num_or_none((st.get("gil") or {}).get("releases_per_call"))
+    probed = num_or_none(st.gil.releases_per_call) if st.gil is not None else None
     releases = max(1, round(probed) - (1 if wait > 0 else 0)) if probed is not None else 1
     return StandIn(
-        st["name"],
+        st.name,
         ex,
         c,
         gil_s=gil,
@@ -520,7 +527,7 @@ def plan_stand_ins(stages: list[dict], speed_ns: dict[str, float] | None = None)
         if st.get("type", "pipe") != "pipe":
             continue
         name = st.get("name")
-        s = _stand_in(st, speed_ns.get(name) if speed_ns and name is not None else None)
+        s = _stand_in(StageEntry.from_json(st), speed_ns.get(name) if speed_ns and name is not None else None)
         if s is not None:
             out[s.name] = s
     return out
