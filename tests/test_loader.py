@@ -169,15 +169,15 @@ def test_recommendation_is_cheapest_within_5_percent_and_budget():
     rows = [_row(0, 100), _row(1, 180), _row(2, 390, mem=500), _row(4, 400, mem=900), _row(8, 402, mem=2000)]
     rec = recommend(rows, budget_mb=1000, within_best=0.05)
     # 390 reads within 5% of 400, measured apart: that decides nothing, so the fastest, and 2 is open
-    assert rec["num_workers"] == 4 and rec["decision"]["rival"] == "num_workers=2, prefetch_factor=2"
+    assert rec.num_workers == 4 and rec.decision["rival"] == "num_workers=2, prefetch_factor=2"
     rounds = _turns({2: [390, 395, 388, 392, 391, 393], 4: [400, 398, 401, 399, 400, 398]})
     rec = recommend(rows + rounds, budget_mb=1000, within_best=0.05)
-    assert rec["num_workers"] == 2  # shown within 5% of the fastest, in turns; fewer workers
+    assert rec.num_workers == 2  # shown within 5% of the fastest, in turns; fewer workers
     rec = recommend(rows, budget_mb=450, within_best=0.05)
-    assert rec["num_workers"] == 1  # only 0 and 1 fit 450 MB
+    assert rec.num_workers == 1  # only 0 and 1 fit 450 MB
     # a target: cheapest with 10% headroom, else the verdict says data-bound
     rec = recommend(rows, budget_mb=None, target_rate=150, headroom=0.10)
-    assert rec["num_workers"] == 1 and "target" in rec["why"]
+    assert rec.num_workers == 1 and "target" in rec.why
     meta = {"settings": {"memory_budget_mb": None, "usable_cores": 2, "target_rate": 500.0}}
     s = summarize_loader(rows, meta)
     assert s["target"]["met"] is False
@@ -190,9 +190,9 @@ def test_recommendation_is_cheapest_within_5_percent_and_budget():
 def test_num_workers_0_is_not_advised_for_a_trainer_without_a_job_run():
     """T4: without workers the main process loads between the steps; a loader alone cannot show what that costs."""
     rows = [_row(0, 500), _row(1, 470), _row(2, 940)]
-    assert recommend(rows, budget_mb=None, target_rate=300)["num_workers"] == 0  # the loader alone
+    assert recommend(rows, budget_mb=None, target_rate=300).num_workers == 0  # the loader alone
     rec = recommend(rows, budget_mb=None, target_rate=300, serial_ok=False)
-    assert rec["num_workers"] == 1 and "num_workers=0 left out" in rec["why"]
+    assert rec.num_workers == 1 and "num_workers=0 left out" in rec.why
     s = summarize_loader(rows, {"settings": {"memory_budget_mb": None, "usable_cores": 2, "target_rate": 300.0}})
     assert s["recommended"]["num_workers"] == 1
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -10,7 +11,6 @@ from stagebench.analysis._loader import summarize_loader
 from stagebench.analysis._loader_evidence import paired_ratio, paired_rounds, pool_points
 from stagebench.analysis._loader_pick import recommend
 from stagebench.analysis._loader_rows import normalize_row
-from stagebench.model._knobs import LoaderKnobs
 
 
 def _row(nw, sps, *, half=0.02, phase="num_workers", pf=2, n=None, window=1.0, stall=math.nan, status="ok"):
@@ -42,19 +42,19 @@ def test_a_setting_measured_twice_is_pooled_never_maxed():
     """16 workers at prefetch 1 read 3,068 and 2,569 on the H200 host: the table showed the higher."""
     pts = pool_points([_row(16, 3068.0, window=2.0), _row(16, 2569.0, window=2.0, phase="pin_memory")])
     (p,) = pts
-    assert p["measurements"] == 2 and p["readings"] == [3068.0, 2569.0]
-    assert p["samples_per_s"] == pytest.approx((3068 + 2569) / 2)  # equal spans: the plain mean
+    assert p.measurements == 2 and p.readings == (3068.0, 2569.0)
+    assert p.samples_per_s == pytest.approx((3068 + 2569) / 2)  # equal spans: the plain mean
     # the spread between the readings is wider than either's own interval: it sets the pooled one
-    assert p["samples_per_s_low"] < 2569 < 3068 < p["samples_per_s_high"]
+    assert p.samples_per_s_low < 2569 < 3068 < p.samples_per_s_high
     # unequal spans weigh by seconds: all samples over all seconds
     (q,) = pool_points([_row(2, 100.0, window=3.0), _row(2, 200.0, window=1.0)])
-    assert q["samples_per_s"] == pytest.approx((300 + 200) / (3 + 1))
+    assert q.samples_per_s == pytest.approx((300 + 200) / (3 + 1))
 
 
 def test_the_stall_measured_alone_joins_its_setting():
     pts = pool_points([_row(4, 1800.0), _row(4, math.nan, phase="epoch_stall", stall=1.06)])
     (p,) = pts
-    assert p["samples_per_s"] == 1800.0 and p["epoch_stall_s"] == pytest.approx(1.06) and p["measurements"] == 1
+    assert p.samples_per_s == 1800.0 and p.epoch_stall_s == pytest.approx(1.06) and p.measurements == 1
 
 
 def _paired(pairs: list[tuple[float, float]], *, cheap: int = 2, fast: int = 4, turn: bool = True) -> list[dict]:
@@ -62,8 +62,7 @@ def _paired(pairs: list[tuple[float, float]], *, cheap: int = 2, fast: int = 4, 
     out = []
     for i, (a, b) in enumerate(pairs):
         first, second = (_row(cheap, a, phase="paired"), _row(fast, b, phase="paired"))
-        for r in (first, second):
-            r["turn"] = i + 1 if turn else math.nan
+        first, second = (replace(r, turn=i + 1 if turn else math.nan) for r in (first, second))
         out += [first, second] if i % 2 == 0 else [second, first]
     return out
 
@@ -77,7 +76,7 @@ MINE4 = {
 
 def test_the_rounds_in_turns_are_read_back_from_the_rows():
     rows = _paired([(682, 782), (690, 790), (675, 780)])
-    two, four = LoaderKnobs.from_row(_row(2, 1.0)), LoaderKnobs.from_row(_row(4, 1.0))
+    two, four = _row(2, 1.0).knobs, _row(4, 1.0).knobs
     rounds = paired_rounds(rows)
     assert rounds == [{two: 682, four: 782}, {two: 690, four: 790}, {two: 675, four: 780}]
     x = paired_ratio(rounds, four, two)
@@ -89,21 +88,21 @@ def test_the_rounds_in_turns_are_read_back_from_the_rows():
 def test_readings_measured_apart_decide_nothing():
     """2 workers 717 [675, 763] against 4 at 801 [641, 1,067]: inside each other's noise, never in turns."""
     rec = recommend(SEARCH, budget_mb=None)
-    assert rec["num_workers"] == 4  # the fastest: nothing showed the cheaper as good
-    assert "the fastest measured: the runs could not tell num_workers=2, prefetch_factor=2 from it" in rec["why"]
-    assert rec["decision"]["open"] == ["num_workers=2, prefetch_factor=2"]
+    assert rec.num_workers == 4  # the fastest: nothing showed the cheaper as good
+    assert "the fastest measured: the runs could not tell num_workers=2, prefetch_factor=2 from it" in rec.why
+    assert rec.decision["open"] == ["num_workers=2, prefetch_factor=2"]
 
 
 def test_the_recommendation_follows_the_rounds_in_turns():
     ahead = SEARCH + _paired([(682, 782), (690, 790), (675, 780), (680, 785)])
     after = recommend(ahead, budget_mb=None)
-    assert after["num_workers"] == 4 and after["decision"]["settled"]
+    assert after.num_workers == 4 and after.decision["settled"]
     # the pooled point carries every reading of its setting
-    four = next(p for p in pool_points([normalize_row(r) for r in ahead]) if p["num_workers"] == 4)
-    assert four["measurements"] == 5
+    four = next(p for p in pool_points([normalize_row(r) for r in ahead]) if p.num_workers == 4)
+    assert four.measurements == 5
     level = SEARCH + _paired([(780, 782), (790, 785), (775, 780), (781, 779)])
     rec = recommend(level, budget_mb=None)
-    assert rec["num_workers"] == 2 and "shown within 5% of the best" in rec["why"]
+    assert rec.num_workers == 2 and "shown within 5% of the best" in rec.why
 
 
 def test_a_tie_keeps_the_users_setting_and_says_so():
@@ -128,8 +127,7 @@ def test_every_setting_left_open_is_named_with_its_ratio_not_only_the_cheapest()
     rows = [_row(0, 335.0), _row(1, 241.0), _row(2, 463.0), _row(4, 535.0, half=0.3)]
     for i, by in enumerate(rounds):
         turn = [_row(nw, x, phase="paired") for nw, x in zip((0, 2, 4), by)]
-        for r in turn:
-            r["turn"] = i + 1
+        turn = [replace(r, turn=i + 1) for r in turn]
         rows += turn if i % 2 == 0 else turn[::-1]
     s = summarize_loader(rows, mine2)
     why, d = s["recommended"]["why"], s["recommended"]["decision"]
@@ -162,7 +160,13 @@ def test_the_search_runs_the_turns_until_the_rule_is_settled(tmp_path, monkeypat
         nw = knobs.num_workers
         sps = math.nan if not how.get("throughput", True) else truth[nw]
         row = _row(nw, sps, half=halves[nw], phase=phase, stall=0.5 if not how.get("throughput", True) else math.nan)
-        return {**row, "loader": name, "backend": backend, "persistent_workers": False, "pin_memory": "not applicable"}
+        return {
+            **row.to_json(),
+            "loader": name,
+            "backend": backend,
+            "persistent_workers": False,
+            "pin_memory": "not applicable",
+        }
 
     def fake_window(self, knobs, cfg, *, phase, turn=None, floor=None):
         if phase != "paired":  # the search's point, on a loader kept open
@@ -172,7 +176,7 @@ def test_the_search_runs_the_turns_until_the_rule_is_settled(tmp_path, monkeypat
         calls.append((knobs.num_workers, "paired"))
         nw = knobs.num_workers
         row = _row(nw, truth[nw] * (0.95 if nw == 2 else 1.0) * (1 + 0.01 * turn), half=0.02, phase="paired")
-        return {**row, "turn": turn, "persistent_workers": False, "pin_memory": "not applicable"}
+        return {**row.to_json(), "turn": turn, "persistent_workers": False, "pin_memory": "not applicable"}
 
     monkeypatch.setattr(search_mod, "measure_loader_point", fake_point)
     monkeypatch.setattr(sweep_mod, "_cuda_available", lambda: False)
@@ -201,8 +205,8 @@ def test_the_turns_stop_once_the_spread_says_the_cap_cannot_settle_them():
     search = [_row(0, 300.0), _row(1, 280.0), _row(2, 740.0, half=0.064), _row(4, 760.0, half=0.064)]
     rows = search + _paired([(700, 760), (800, 740), (720, 790)])
     open_rows = turns_to_run(rows, budget_mb=None, within_best=0.05, user=None)
-    assert [p["num_workers"] for p in open_rows] == [4, 2]  # not settled: the rule alone runs on
-    d = recommend(rows, budget_mb=None)["decision"]
+    assert [p.num_workers for p in open_rows] == [4, 2]  # not settled: the rule alone runs on
+    d = recommend(rows, budget_mb=None).decision
     assert not d["settled"] and d["rounds_to_settle"] > 8
     assert turns_to_run(rows, budget_mb=None, within_best=0.05, user=None, max_rounds=8) == []
     # a cap the spread says can settle it: the rounds go on
@@ -222,6 +226,6 @@ def test_a_loader_verdict_that_could_not_tell_says_how_long_its_rounds_ran_and_w
         {"search_phase": "paired", "turn": 2, "elapsed_s": 1.4},
         {"search_phase": "paired", "turn": 3, "elapsed_s": float("nan")},
     ]
-    spent, per = _turn_seconds(rows)
+    spent, per = _turn_seconds([normalize_row(r) for r in rows])
     assert spent == pytest.approx(5.0) and per == pytest.approx(2.5)
-    assert _turn_seconds([{"search_phase": "num_workers", "turn": None, "elapsed_s": 1.0}]) is None
+    assert _turn_seconds([normalize_row({"search_phase": "num_workers", "turn": None, "elapsed_s": 1.0})]) is None

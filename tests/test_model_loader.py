@@ -144,3 +144,28 @@ def test_loader_knobs_read_from_rows_name_one_setting_whatever_the_row_was_read_
     assert LoaderKnobs().cost() < LoaderKnobs.from_row(written).cost() < keep.cost() < pf4.cost()
     with pytest.raises(ValueError, match="num_workers"):
         LoaderKnobs.from_row({"num_workers": None})
+
+
+def test_a_loader_row_is_read_once_with_python_types_and_written_back_in_the_columns_order():
+    """A row as measured and as read back from results.csv (True as a string, an empty prefetch_factor as NaN)
+    is one LoaderRow; written back, its keys are the columns' (a ranked window's only where it has them), then
+    what pooling and the pick add."""
+    from dataclasses import replace
+
+    from stagebench.model._loader import LoaderRow
+    from stagebench.runs._schema import LOADER_COLUMNS, RANK_COLUMNS
+
+    measured = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": True, "samples_per_s": 250.0}
+    from_csv = {"num_workers": 2.0, "prefetch_factor": 2.0, "persistent_workers": "True", "samples_per_s": 250.0}
+    row = LoaderRow.from_row(measured)
+    assert row == LoaderRow.from_row(from_csv)
+    assert row.knobs == LoaderKnobs(num_workers=2, prefetch_factor=2, persistent_workers=True)
+    assert row.pin_memory == "not applicable" and row.status == "ok" and row.ok and row.ranks is None
+    assert math.isnan(row.mem_pss_mb) and row.loader == "" and row.rate is not None and row.rate.value == 250.0
+    assert list(row.to_json()) == [c for c in LOADER_COLUMNS if c not in RANK_COLUMNS]
+    ranked = LoaderRow.from_row({**measured, "ranks": 2.0, "rank_min_samples_per_s": 120.0})
+    assert ranked.ranks == 2 and list(ranked.to_json()) == list(LOADER_COLUMNS)
+    pooled = replace(row, measurements=2, readings=(240.0, 260.0), why="the fastest")
+    assert list(pooled.to_json())[-3:] == ["measurements", "readings", "why"]
+    assert pooled.to_json()["readings"] == [240.0, 260.0]
+    assert LoaderRow.from_row({"num_workers": 0, "prefetch_factor": math.nan}).knobs == LoaderKnobs()

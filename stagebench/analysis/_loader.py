@@ -17,16 +17,15 @@ from stagebench._numbers import finite, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench._version import __version__
 from stagebench.analysis._job import alone_scope, decide_job, trainer_summary
-from stagebench.analysis._loader_evidence import is_ok
 from stagebench.analysis._loader_findings import loader_findings
 from stagebench.analysis._loader_job import _job_not_run, _job_pick, _zero_workers_note
 from stagebench.analysis._loader_pick import _decision_words, _kept_knobs, _turn_seconds, recommend
-from stagebench.analysis._loader_rows import _decision, _knob_text, _memory_cap, _raw, _rel_half, _rows, user_point
+from stagebench.analysis._loader_rows import _knob_text, _memory_cap, _raw, _rel_half, _rows, user_point
 from stagebench.analysis._worker_costs import beside_the_pick, worker_cost_findings, worker_costs_summary
 from stagebench.model._evidence import Decision
 from stagebench.model._finding import by_severity
 from stagebench.model._job import StepAlone
-from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._loader import LoaderRow
 from stagebench.model._meta import RunMeta
 from stagebench.runs._provenance import load_warnings
 from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
@@ -38,47 +37,48 @@ def pooled_frame(rows: Any) -> Any:
     """The rows as one pooled point per setting, as a DataFrame (what the report's table and figures show)."""
     import pandas as pd  # start-up cost: pandas only where the report asks for a frame
 
-    return pd.DataFrame(_rows(rows))
+    return pd.DataFrame([p.to_json() for p in _rows(rows)])
 
 
-def _public(p: dict[str, Any], why: str | None = None) -> dict[str, Any]:
-    out = {
-        "num_workers": p["num_workers"],
-        "prefetch_factor": p["prefetch_factor"],
-        "persistent_workers": p["persistent_workers"],
-        "pin_memory": p["pin_memory"],
-        "samples_per_s": p["samples_per_s"],
-        "samples_per_s_low": p["samples_per_s_low"],
-        "samples_per_s_high": p["samples_per_s_high"],
-        "batches_per_s": p["batches_per_s"],
-        "mem_pss_mb": p["mem_pss_mb"],
-        "cores_used": p["cores_used"],
-        "time_to_first_batch_s": p["time_to_first_batch_s"],
-        "epoch_stall_s": p["epoch_stall_s"],
+def _public(p: LoaderRow, why: str | None = None) -> dict[str, Any]:
+    """A point as ``summary.json`` holds the picks (``recommended``, ``best``, ``user_setting``)."""
+    out: dict[str, Any] = {
+        "num_workers": p.num_workers,
+        "prefetch_factor": p.prefetch_factor,
+        "persistent_workers": p.persistent_workers,
+        "pin_memory": p.pin_memory,
+        "samples_per_s": p.samples_per_s,
+        "samples_per_s_low": p.samples_per_s_low,
+        "samples_per_s_high": p.samples_per_s_high,
+        "batches_per_s": p.batches_per_s,
+        "mem_pss_mb": p.mem_pss_mb,
+        "cores_used": p.cores_used,
+        "time_to_first_batch_s": p.time_to_first_batch_s,
+        "epoch_stall_s": p.epoch_stall_s,
     }
     if why is not None:
         out["why"] = why
-    decision = _decision(p)
+    decision = p.decision
     if decision is not None:  # the rule's record: what the pick rests on (model/_evidence)
         out["decision"] = decision
     return out
 
 
-def _warnings(pts: list[dict[str, Any]], m: RunMeta) -> list[str]:
+def _warnings(pts: list[LoaderRow], m: RunMeta) -> list[str]:
     before, after = m.provenance, m.provenance_after
     out = list(load_warnings({} if before is None else before.to_json(), None if after is None else after.to_json()))
-    wide = [p for p in pts if is_ok(p) and _rel_half(p) > 0.15]
+    wide = [p for p in pts if p.ok and _rel_half(p) > 0.15]
     if wide:
         out.append(
             f"wide intervals (over ±15%) at {len(wide)} of {len(pts)} points: the machine may be busy, "
             "or batches are bursty; a longer budget_s narrows them"
         )
-    no_int = [p for p in pts if is_ok(p) and not math.isfinite(p["samples_per_s_low"])]
+    no_int = [p for p in pts if p.ok and not math.isfinite(p.samples_per_s_low)]
     if no_int:
         out.append(f"no interval at {len(no_int)} point(s): too few batches in the window (raise budget_s)")
     for p in pts:
-        if "perturbed" in p["notes"]:
-            out.append(f"{_knob_text(p)}: {p['notes']}")
+        if "perturbed" in p.notes:
+            out.append(f"{_knob_text(p)}: {p.notes}")
     if m.search.interrupted:
         out.append("the sweep was interrupted: the summary covers the points measured before it")
     if m.status == "running" and m.ended is not None:  # a sweep that never finished, as the rebuild found it
@@ -98,16 +98,16 @@ class _Picks:
     target_rate: Any
     measured_demand: bool
     trainer: StepAlone
-    pts: list[dict[str, Any]]
-    best: dict[str, Any] | None
-    user: dict[str, Any] | None
+    pts: list[LoaderRow]
+    best: LoaderRow | None
+    user: LoaderRow | None
     job: dict[str, Any] | None
     #: the job runs decided the pick
     decided: bool
     #: the recommendation: the job's pick where its runs decided, else :attr:`isolated`
-    rec: dict[str, Any] | None
+    rec: LoaderRow | None
     #: the loader alone's recommendation
-    isolated: dict[str, Any] | None
+    isolated: LoaderRow | None
     #: what the rounds in turns took: in all, and a round (:func:`_turn_seconds`)
     turn_seconds: tuple[float, float] | None = None
 
@@ -124,7 +124,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     c = _picks(rows, m)
     target = _target(c)
     costs = worker_costs_summary(m, c.pts)
-    verdict = _verdict(c, target) + beside_the_pick(costs, c.rec)
+    verdict = _verdict(c, target) + beside_the_pick(costs, None if c.rec is None else c.rec.to_json())
     rec, isolated, settings = c.rec, c.isolated, c.settings
     return {
         "schema_version": SUMMARY_SCHEMA_VERSION,
@@ -135,25 +135,28 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "loader": m.loader.to_json(),
         "verdict": verdict,
         "warnings": _warnings(c.pts, m),
-        "recommended": _public(rec, rec["why"]) if rec is not None else None,
-        "recommended_alone": _public(isolated, isolated["why"])
-        if isolated is not None and rec is not None and LoaderKnobs.from_row(isolated) != LoaderKnobs.from_row(rec)
+        "recommended": _public(rec, rec.why) if rec is not None else None,
+        "recommended_alone": _public(isolated, isolated.why)
+        if isolated is not None and rec is not None and isolated.knobs != rec.knobs
         else None,
         "best": _public(c.best) if c.best is not None else None,
         "user_setting": _public(c.user) if c.user is not None else None,
-        "points": c.pts,
+        "points": [p.to_json() for p in c.pts],
         "search": _search_summary(m, c.pts),
         "target": target,
         "trainer": trainer_summary(m.trainer, c.job),
         "job": c.job,
         "scope": alone_scope("the loader", m.trainer, m.settings, planned=m.trainer_planned),
-        "findings": by_severity(loader_findings(c.pts, m, rec, target, c.job) + worker_cost_findings(costs, rec)),
+        "findings": by_severity(
+            [f.to_json() for f in loader_findings(c.pts, m, rec, target, c.job)]
+            + worker_cost_findings(costs, None if rec is None else rec.to_json())
+        ),
         "worker_costs": costs,
         "transforms": list(m.transforms),
     }
 
 
-def loader_pick(rows: Any, meta: Mapping[str, Any] | RunMeta) -> dict[str, Any] | None:
+def loader_pick(rows: Any, meta: Mapping[str, Any] | RunMeta) -> LoaderRow | None:
     """The recommended row as the summary makes it from ``rows`` and the run's ``meta`` (the script's own
     setting, a target rate, the job's pick where its runs decided): what is measured at the pick (each
     worker's memory) is measured at this one."""
@@ -174,7 +177,7 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
     if measured_demand:  # STAGEBENCH_TRAINER=measure: the loop's own step is the demand (loader/_trainer)
         target_rate = num(trainer.samples_per_s)
     pts = _rows(rows)
-    ok = [p for p in pts if is_ok(p)]
+    ok = [p for p in pts if p.ok]
     user = user_point(pts, m)
     job = decide_job(m.job, m.trainer)
     decided = job is not None and job["status"] == "decided"
@@ -201,7 +204,7 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
         measured_demand=measured_demand,
         trainer=trainer,
         pts=pts,
-        best=max(ok, key=lambda p: p["samples_per_s"]) if ok else None,
+        best=max(ok, key=lambda p: p.samples_per_s) if ok else None,
         user=user,
         job=job,
         decided=decided,
@@ -217,19 +220,19 @@ def _target(c: _Picks) -> dict[str, Any] | None:
     if target_rate is None:
         return None
     need = target_rate * (1 + headroom)
-    met = best is not None and best["samples_per_s"] >= need
+    met = best is not None and best.samples_per_s >= need
     if best is None:
         verdict = f"data-bound: no loader setting could be measured, the trainer needs {target_rate:,.1f} samples/s"
     elif met:
         isolated = c.isolated
         assert isolated is not None  # recommend() is None only when no point is ok, and best is one
         verdict = (
-            f"the loader alone keeps up: {isolated['samples_per_s']:,.1f} samples/s at {_knob_text(isolated)} "
+            f"the loader alone keeps up: {isolated.samples_per_s:,.1f} samples/s at {_knob_text(isolated)} "
             f"against {target_rate:,.1f} needed (+{headroom:.0%} headroom)"
         )
     else:
         verdict = (
-            f"data-bound: the best loader alone gives {best['samples_per_s']:,.1f} samples/s, "
+            f"data-bound: the best loader alone gives {best.samples_per_s:,.1f} samples/s, "
             f"the trainer needs {target_rate:,.1f}"
         )
     if c.measured_demand:
@@ -246,8 +249,8 @@ def _target(c: _Picks) -> dict[str, Any] | None:
 def _verdict(c: _Picks, target: dict[str, Any] | None) -> str:
     """The summary's verdict: the job's where its runs decided, the demand not met, else the pick alone."""
     if c.rec is None:
-        first = next((p for p in c.pts if p["reason"]), None)
-        verdict = "no loader setting could be measured" + (f": {first['reason']}" if first else "")
+        first = next((p for p in c.pts if p.reason), None)
+        verdict = "no loader setting could be measured" + (f": {first.reason}" if first else "")
     elif c.decided and c.job is not None:
         verdict = c.job["text"]
     elif target is not None and not target["met"]:
@@ -259,13 +262,13 @@ def _verdict(c: _Picks, target: dict[str, Any] | None) -> str:
     return verdict + _per_rank(c.rec, c.settings)
 
 
-def _per_rank(rec: dict[str, Any] | None, settings: Mapping[str, Any]) -> str:
+def _per_rank(rec: LoaderRow | None, settings: Mapping[str, Any]) -> str:
     """A ranked sweep's pick in the words users set it (each rank's own loader) and what it makes on the
     host; "" on one rank."""
     ranks = num(settings.get("ranks"))
     if rec is None or not math.isfinite(ranks) or ranks <= 1:
         return ""
-    n, nw = int(ranks), int(rec["num_workers"])
+    n, nw = int(ranks), int(rec.num_workers)
     cores = num(settings.get("usable_cores"))
     on = f" on {cores:g} cores" if math.isfinite(cores) else ""
     workers = f"{n} ranks x {nw} worker{'' if nw == 1 else 's'} = {n * nw} worker processes{on}"
@@ -274,30 +277,30 @@ def _per_rank(rec: dict[str, Any] | None, settings: Mapping[str, Any]) -> str:
     return f"; num_workers={nw} a rank: {workers}; samples/s are the host's, every rank's loader at once"
 
 
-def _pick_verdict(c: _Picks, rec: dict[str, Any], target: dict[str, Any] | None) -> str:
+def _pick_verdict(c: _Picks, rec: LoaderRow, target: dict[str, Any] | None) -> str:
     """The loader alone's pick: use it (or keep yours), its throughput and interval, and what it rests on."""
-    lo, hi = rec["samples_per_s_low"], rec["samples_per_s_high"]
+    lo, hi = rec.samples_per_s_low, rec.samples_per_s_high
     ci = f" [{lo:,.1f}, {hi:,.1f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
     # the same words as the job's verdict and the pipeline's: a pick that is your setting is "keep yours"
     keep = c.user is not None and _knob_text(c.user) == _knob_text(rec)
     said = f"keep yours ({_knob_text(rec)})" if keep else f"use {_knob_text(rec)}"
-    verdict = f"{said}: {rec['samples_per_s']:,.1f} samples/s{ci}"
+    verdict = f"{said}: {rec.samples_per_s:,.1f} samples/s{ci}"
     if target is not None:
         verdict += " by the loader alone"
     best = c.best
-    if best is not None and LoaderKnobs.from_row(best) != LoaderKnobs.from_row(rec):
-        verdict += f" (best {best['samples_per_s']:,.1f} at num_workers={best['num_workers']})"
-    decision = _decision(rec)
+    if best is not None and best.knobs != rec.knobs:
+        verdict += f" (best {best.samples_per_s:,.1f} at num_workers={best.num_workers})"
+    decision = rec.decision
     if decision and target is None:
         # what the pick rests on: the ratio in turns, or that the runs could not tell
         verdict += f"; {_decision_words(Decision.from_json(decision), {}, c.within, c.turn_seconds)}"
     return verdict
 
 
-def _search_summary(m: RunMeta, pts: list[dict[str, Any]]) -> dict[str, Any]:
+def _search_summary(m: RunMeta, pts: list[LoaderRow]) -> dict[str, Any]:
     """How the search went: its strategy, points and seconds, against an estimate for the full grid."""
     search = m.search
-    elapsed = [p["elapsed_s"] for p in pts if math.isfinite(p["elapsed_s"])]
+    elapsed = [p.elapsed_s for p in pts if math.isfinite(p.elapsed_s)]
     seconds = float(sum(elapsed) if search.seconds is None else search.seconds)
     grid_points = int(m.settings.full_grid_points or len(pts))
     mean_point = sum(elapsed) / len(elapsed) if elapsed else math.nan

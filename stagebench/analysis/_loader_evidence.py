@@ -6,26 +6,24 @@ Decisions on evidence, not on the larger of two noisy numbers.
 already measured) is one point: all its samples over all its seconds, never the higher reading. Its
 interval combines the readings' own (weighted by their spans) with their spread between readings
 (a change of the machine between them), whichever is wider, on the log scale (it stays positive).
-On the 16-core H200 host one setting read 3,068 and 2,569 samples/s, and the table showed and the
-pick used the higher.
 
 **Rounds in turns.** The settings a decision hinges on are measured again in turns
 (:mod:`stagebench.loader._turns`): each round takes one window of each, in alternating order, so the
 windows of a round saw the same moments of the host. Their rows (``search_phase`` ``paired``) are read
 back in measurement order; a round ends where a setting comes again (:func:`paired_rounds`), and
 :func:`paired_ratio` turns the rounds into the ratio the rule of :mod:`stagebench.model._evidence`
-decides on. On this VM a JPEG loader was recommended 2 workers (717 [675, 763] samples/s) over 4 (801
-[641, 1,067]); run alone in turns, 4 gave 782 against 682.
+decides on.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import replace
 
 from stagebench.model._evidence import Ratio
 from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._loader import LoaderRow
 
 __all__ = ["is_ok", "pool_points", "paired_rounds", "paired_ratio", "Z95"]
 
@@ -33,84 +31,96 @@ Z95 = 1.959964  # the normal 95% quantile: a reading's interval back to its stan
 _MIN_PAIRS = 2
 
 
-def is_ok(p: dict[str, Any]) -> bool:
-    """A normalised row or point measured ok, with a positive rate."""
-    s = p["samples_per_s"]
-    return p["status"] == "ok" and math.isfinite(s) and s > 0
+def is_ok(p: LoaderRow) -> bool:
+    """A row or point measured ok, with a positive rate."""
+    return p.ok
 
 
 def _finite(xs: Iterable[float]) -> list[float]:
     return [float(x) for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
 
 
-def pool_points(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def pool_points(raw: list[LoaderRow]) -> list[LoaderRow]:
     """One point per setting (in the order first measured), its readings pooled (module docstring).
 
     Each point keeps ``measurements`` (how many readings), ``readings`` (their samples/s) and the
     epoch stall of any of its rows (the stall alone, measured at the pick, is a row of its own).
     """
-    groups: dict[LoaderKnobs, list[dict[str, Any]]] = {}
+    groups: dict[LoaderKnobs, list[LoaderRow]] = {}
     for r in raw:
-        groups.setdefault(LoaderKnobs.from_row(r), []).append(r)
+        groups.setdefault(r.knobs, []).append(r)
     out = []
     for rows in groups.values():
-        ok = [r for r in rows if is_ok(r)]
-        base = dict(ok[0] if ok else next((r for r in rows if r["status"] != "ok"), rows[0]))
+        ok = [r for r in rows if r.ok]
+        base = ok[0] if ok else next((r for r in rows if r.status != "ok"), rows[0])
         if len(ok) > 1:
-            base.update(_pooled(ok))
-        base["measurements"] = len(ok)
-        base["readings"] = [r["samples_per_s"] for r in ok]
-        stalls = _finite(r["epoch_stall_s"] for r in rows)
+            base = _pooled(base, ok)
+        base = replace(base, measurements=len(ok), readings=tuple(r.samples_per_s for r in ok))
+        stalls = _finite(r.epoch_stall_s for r in rows)
         if stalls:
-            base["epoch_stall_s"] = sum(stalls) / len(stalls)
-        firsts = _finite(r["time_to_first_batch_s"] for r in rows)
+            base = replace(base, epoch_stall_s=sum(stalls) / len(stalls))
+        firsts = _finite(r.time_to_first_batch_s for r in rows)
         if firsts:
-            base["time_to_first_batch_s"] = sum(firsts) / len(firsts)
+            base = replace(base, time_to_first_batch_s=sum(firsts) / len(firsts))
         out.append(base)
     return out
 
 
-def _pooled(ok: list[dict[str, Any]]) -> dict[str, Any]:
-    spans = [r["n_samples"] / r["samples_per_s"] if math.isfinite(r["n_samples"]) else r["window_s"] for r in ok]
+def _pooled(base: LoaderRow, ok: list[LoaderRow]) -> LoaderRow:
+    """``base`` with the figures of a setting's readings pooled: all its samples over all its seconds."""
+    spans = [r.n_samples / r.samples_per_s if math.isfinite(r.n_samples) else r.window_s for r in ok]
     spans = [s if math.isfinite(s) and s > 0 else 1.0 for s in spans]
     total = sum(spans)
-    rate = sum(r["samples_per_s"] * s for r, s in zip(ok, spans)) / total  # all samples over all seconds
-    ses = [(r["samples_per_s_high"] - r["samples_per_s_low"]) / (2 * Z95) for r in ok]
+    rate = sum(r.samples_per_s * s for r, s in zip(ok, spans)) / total  # all samples over all seconds
+    ses = [(r.samples_per_s_high - r.samples_per_s_low) / (2 * Z95) for r in ok]
     within = (
         math.sqrt(sum((s / total) ** 2 * se**2 for s, se in zip(spans, ses)))
         if all(map(math.isfinite, ses))
         else math.nan
     )
-    rates = [r["samples_per_s"] for r in ok]
+    rates = [r.samples_per_s for r in ok]
     mean = sum(rates) / len(rates)
     between = math.sqrt(sum((x - mean) ** 2 for x in rates) / (len(rates) - 1) / len(rates))
     se = max(x for x in (within, between) if math.isfinite(x))
     half = Z95 * se / rate if rate > 0 else math.nan  # on the log scale: a rate's interval stays positive
-    out: dict[str, Any] = {
-        "samples_per_s": rate,
-        "samples_per_s_low": rate * math.exp(-half),
-        "samples_per_s_high": rate * math.exp(half),
-        "window_s": sum(_finite(r["window_s"] for r in ok)),
-        "elapsed_s": sum(_finite(r["elapsed_s"] for r in ok)),
-    }
-    for key in ("n_batches", "n_samples"):
-        vals = _finite(r[key] for r in ok)
-        out[key] = sum(vals) if vals else math.nan
-    batches = _finite(r["batches_per_s"] * s for r, s in zip(ok, spans))
-    out["batches_per_s"] = sum(batches) / total if batches else math.nan
-    cores = [(r["cores_used"], s) for r, s in zip(ok, spans) if math.isfinite(r["cores_used"])]
-    out["cores_used"] = sum(c * s for c, s in cores) / sum(s for _, s in cores) if cores else math.nan
-    for key in ("mem_pss_mb", "mem_uss_mb", "mem_main_mb", "mem_workers_mb"):  # the most it held
-        vals = _finite(r[key] for r in ok)
-        out[key] = max(vals) if vals else math.nan
-    for key in ("rank_min_samples_per_s", "rank_max_samples_per_s"):  # a ranked window's, pooled as its rate
-        weighted = [(r[key], s) for r, s in zip(ok, spans) if math.isfinite(r.get(key, math.nan))]
-        if weighted:
-            out[key] = sum(x * s for x, s in weighted) / sum(s for _, s in weighted)
-    return out
+
+    def summed(values: Iterable[float]) -> float:
+        vals = _finite(values)
+        return sum(vals) if vals else math.nan
+
+    def most(values: Iterable[float]) -> float:  # the most it held
+        vals = _finite(values)
+        return max(vals) if vals else math.nan
+
+    batches = _finite(r.batches_per_s * s for r, s in zip(ok, spans))
+    cores = [(r.cores_used, s) for r, s in zip(ok, spans) if math.isfinite(r.cores_used)]
+    pooled = replace(
+        base,
+        samples_per_s=rate,
+        samples_per_s_low=rate * math.exp(-half),
+        samples_per_s_high=rate * math.exp(half),
+        window_s=sum(_finite(r.window_s for r in ok)),
+        elapsed_s=sum(_finite(r.elapsed_s for r in ok)),
+        n_batches=summed(r.n_batches for r in ok),
+        n_samples=summed(r.n_samples for r in ok),
+        batches_per_s=sum(batches) / total if batches else math.nan,
+        cores_used=sum(c * s for c, s in cores) / sum(s for _, s in cores) if cores else math.nan,
+        mem_pss_mb=most(r.mem_pss_mb for r in ok),
+        mem_uss_mb=most(r.mem_uss_mb for r in ok),
+        mem_main_mb=most(r.mem_main_mb for r in ok),
+        mem_workers_mb=most(r.mem_workers_mb for r in ok),
+    )
+    # a ranked window's slowest and fastest rank, pooled as its rate
+    lows = [(x, s) for r, s in zip(ok, spans) if (x := r.rank_min_samples_per_s) is not None and math.isfinite(x)]
+    if lows:
+        pooled = replace(pooled, rank_min_samples_per_s=sum(x * s for x, s in lows) / sum(s for _, s in lows))
+    highs = [(x, s) for r, s in zip(ok, spans) if (x := r.rank_max_samples_per_s) is not None and math.isfinite(x)]
+    if highs:
+        pooled = replace(pooled, rank_max_samples_per_s=sum(x * s for x, s in highs) / sum(s for _, s in highs))
+    return pooled
 
 
-def paired_rounds(raw: list[dict[str, Any]]) -> list[dict[LoaderKnobs, float]]:
+def paired_rounds(raw: list[LoaderRow]) -> list[dict[LoaderKnobs, float]]:
     """The windows in turns, as rounds: per round, each setting's rate (measured ok) by its knobs.
 
     Rows are read in measurement order; each carries its round (``turn``). Rows written before that
@@ -120,18 +130,18 @@ def paired_rounds(raw: list[dict[str, Any]]) -> list[dict[LoaderKnobs, float]]:
     seen: set[LoaderKnobs] = set()
     last_turn = None
     for r in raw:
-        if r["search_phase"] != "paired":
+        if r.search_phase != "paired":
             continue
-        k = LoaderKnobs.from_row(r)
-        turn = r.get("turn")
+        k = r.knobs
+        turn = r.turn
         numbered = isinstance(turn, (int, float)) and math.isfinite(turn)
         if not rounds or (turn != last_turn if numbered else k in seen):
             rounds.append({})
             seen = set()
         last_turn = turn if numbered else None
         seen.add(k)
-        if is_ok(r):
-            rounds[-1][k] = float(r["samples_per_s"])
+        if r.ok:
+            rounds[-1][k] = float(r.samples_per_s)
     return rounds
 
 

@@ -8,12 +8,12 @@ setting was measured alone.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._ladder import Rung, build_ladder
-from stagebench.analysis._loader_evidence import is_ok
 from stagebench.analysis._loader_pick import _stall
 from stagebench.analysis._loader_rows import (
     _cost,
@@ -28,6 +28,7 @@ from stagebench.analysis._loader_rows import (
 from stagebench.core._jobrun import Ladder
 from stagebench.model._job import JobVerdict
 from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._loader import LoaderRow
 from stagebench.model._meta import RunMeta, UserKnobs
 from stagebench.model._rate import Rate
 from stagebench.runs._knobs import KNOB_KEYS, NOT_APPLICABLE, normalize_knobs
@@ -49,7 +50,7 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: dict[str, Any] | flo
     (its benefit shows only with the copy to the device, which the user's loop makes).
     """
     rate = Rate.from_json(demand) if isinstance(demand, dict) else (Rate(float(demand)) if demand else None)
-    pts = [p for p in _rows(rows) if is_ok(p)]
+    pts = [p for p in _rows(rows) if p.ok]
     if not pts:
         return Ladder(run=[])
     m = RunMeta.from_json(meta)
@@ -60,39 +61,37 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: dict[str, Any] | flo
     mine = m.loader.user_knobs or UserKnobs()
     pool = [p for p in pts if not _over_budget(p, budget, _memory_cap(m))] or pts
 
-    def knobs_of(p: dict[str, Any], pin: bool | None = None) -> LoaderKnobs:
+    def knobs_of(p: LoaderRow, pin: bool | None = None) -> LoaderKnobs:
         # the rules of _kept_knobs, so that the job's pick is what the summary recommends
-        persistent = (
-            bool(mine.persistent_workers) if mine.gave("persistent_workers") else p["persistent_workers"] is True
-        )
-        stall = _stall({**p, "persistent_workers": False}, pts, m) if p["num_workers"] > 0 else None
-        persistent = persistent or (stall is not None and stall["matters"])
+        persistent = bool(mine.persistent_workers) if mine.gave("persistent_workers") else p.persistent_workers is True
+        stall = _stall(replace(p, persistent_workers=False), pts, m) if p.num_workers > 0 else None
+        persistent = persistent or (stall is not None and stall.matters)
         if pin is None:
-            pin = bool(mine.pin_memory) if cuda and mine.gave("pin_memory") else p["pin_memory"] is True
+            pin = bool(mine.pin_memory) if cuda and mine.gave("pin_memory") else p.pin_memory is True
         req = LoaderKnobs(
-            num_workers=p["num_workers"],
-            prefetch_factor=p["prefetch_factor"] if p["num_workers"] > 0 else None,
-            persistent_workers=persistent and p["num_workers"] > 0,
+            num_workers=p.num_workers,
+            prefetch_factor=p.prefetch_factor if p.num_workers > 0 else None,
+            persistent_workers=persistent and p.num_workers > 0,
             pin_memory=pin,
         )
         return normalize_knobs(req, backend, cuda=cuda)[0]
 
-    def rung(p: dict[str, Any] | None, k: LoaderKnobs | None = None, notes: tuple[str, ...] = ()) -> Rung | None:
+    def rung(p: LoaderRow | None, k: LoaderKnobs | None = None, notes: tuple[str, ...] = ()) -> Rung | None:
         if p is None:
             return None
         k = k or knobs_of(p)
-        shown = {**p, **{f: getattr(k, f) for f in KNOB_KEYS}}
+        shown = replace(p, **{f: getattr(k, f) for f in KNOB_KEYS})
         label = _knob_text(shown)
         return Rung(
             key=k.label(),
             label=label + (f" (as run: {'; '.join(notes)})" if notes else ""),
             settings={f: getattr(k, f) for f in KNOB_KEYS},
             cost=_cost(shown),
-            alone=Rate.from_json(p) if math.isfinite(p["samples_per_s"]) else None,
+            alone=p.rate if math.isfinite(p.samples_per_s) else None,
             alone_as=_knob_text(p) if _knob_text(p) != label else None,
             round_steps=max(1, k.num_workers),
             serial=k.num_workers == 0,
-            memory_mb=p["mem_workers_mb"] if math.isfinite(p["mem_workers_mb"]) else None,
+            memory_mb=p.mem_workers_mb if math.isfinite(p.mem_workers_mb) else None,
         )
 
     user = user_point(pts, m)
@@ -100,32 +99,32 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: dict[str, Any] | flo
     if mine.given:
         # exactly the script's setting: its knobs as given, only what this host cannot take changed (and named)
         k, _, notes = normalize_knobs(LoaderKnobs(**mine.to_json()), backend, cuda=cuda)
-        yours = rung(user or normalize_row({**asdict(k), "status": "ok"}), k, tuple(notes))
+        yours = rung(user or LoaderRow(**{f: getattr(k, f) for f in KNOB_KEYS}), k, tuple(notes))
     elif user is not None:
         yours = rung(user)
     need = None if rate is None else rate.value * (1 + headroom)
-    feeding = sorted((p for p in pool if need is not None and p["samples_per_s"] >= need), key=_cost)
-    best = max(pool, key=lambda p: p["samples_per_s"])
+    feeding = sorted((p for p in pool if need is not None and p.samples_per_s >= need), key=_cost)
+    best = max(pool, key=lambda p: p.samples_per_s)
     offers: list[tuple[Rung | None, str]] = [(yours, "yours")]
     feeds = feeding[0] if feeding else None
     if feeds is not None:
         offers.append((rung(feeds), "feeds"))
-        above = [p for p in feeding if p["num_workers"] > feeds["num_workers"]]
+        above = [p for p in feeding if p.num_workers > feeds.num_workers]
         offers.append((rung(min(above, key=_cost)) if above else None, "above"))
     offers.append((rung(best), "best"))
     if feeds is None and m.ranks > 1:
         # a host's ranks, none feeding the step: the loaders alone ranked the settings without the ranks'
         # steps taking the same cores, and those near the fastest (near_fastest) are the job's to tell
-        near = [p for p in pool if near_fastest(p, best) and p["num_workers"] != best["num_workers"]]
-        for nw in sorted({p["num_workers"] for p in near}):
-            offers.append((rung(min((p for p in near if p["num_workers"] == nw), key=_cost)), "near"))
+        near = [p for p in pool if near_fastest(p, best) and p.num_workers != best.num_workers]
+        for nw in sorted({p.num_workers for p in near}):
+            offers.append((rung(min((p for p in near if p.num_workers == nw), key=_cost)), "near"))
     if cuda and not mine.pin_memory:
         first = feeds or best
         offers.append((rung(first, knobs_of(first, pin=True)), "pinned"))
     return build_ladder(offers, demand=rate, memory_budget_mb=budget)
 
 
-def _job_pick(job: dict[str, Any], pts: list[dict[str, Any]], meta: RunMeta) -> dict[str, Any]:
+def _job_pick(job: Mapping[str, Any], pts: list[LoaderRow], meta: RunMeta) -> LoaderRow:
     """The job runs' pick as a recommended point: its isolated figures where measured, its knobs, the job's why."""
     v = JobVerdict.from_json(job)
     assert v is not None  # decided
@@ -134,31 +133,33 @@ def _job_pick(job: dict[str, Any], pts: list[dict[str, Any]], meta: RunMeta) -> 
     same = [
         p
         for p in pts
-        if is_ok(p)
-        and p["num_workers"] == k["num_workers"]
-        and (k["num_workers"] == 0 or p["prefetch_factor"] == k["prefetch_factor"])
+        if p.ok
+        and p.num_workers == k["num_workers"]
+        and (k["num_workers"] == 0 or p.prefetch_factor == k["prefetch_factor"])
     ]
     exact = [
         p
         for p in same
-        if (p["persistent_workers"] is True) == bool(k["persistent_workers"])
-        and (p["pin_memory"] is True) == bool(k["pin_memory"])
+        if (p.persistent_workers is True) == bool(k["persistent_workers"])
+        and (p.pin_memory is True) == bool(k["pin_memory"])
     ]
     if exact or same:
-        rec = dict((exact or same)[0])
+        rec = (exact or same)[0]
     else:  # not a measured point (cannot happen for candidates built from points; kept total)
         rec = normalize_row({**k, "samples_per_s": cand.alone.value if cand.alone is not None else None})
     # a knob that does not apply to the point stays so
-    if rec["persistent_workers"] != NOT_APPLICABLE:
-        rec["persistent_workers"] = bool(k["persistent_workers"])
-    if rec["pin_memory"] != NOT_APPLICABLE:
-        rec["pin_memory"] = bool(k["pin_memory"])
-    rec["prefetch_factor"] = k["prefetch_factor"] if k["num_workers"] > 0 else None
-    rec["why"] = f"run with your training loop: {v.why}"
-    return rec
+    return replace(
+        rec,
+        persistent_workers=rec.persistent_workers
+        if rec.persistent_workers == NOT_APPLICABLE
+        else bool(k["persistent_workers"]),
+        pin_memory=rec.pin_memory if rec.pin_memory == NOT_APPLICABLE else bool(k["pin_memory"]),
+        prefetch_factor=k["prefetch_factor"] if k["num_workers"] > 0 else None,
+        why=f"run with your training loop: {v.why}",
+    )
 
 
-def _zero_workers_note(job: dict[str, Any]) -> str | None:
+def _zero_workers_note(job: Mapping[str, Any]) -> str | None:
     """Why num_workers=0 was or was not chosen, from the job runs (None: it was not a candidate).
 
     Loading without workers adds to every step (the DataLoader guide's T4), so it is advised only

@@ -10,14 +10,14 @@ windows in turns.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stagebench._numbers import finite, num
 from stagebench._settings import DEMAND_HEADROOM
-from stagebench.analysis._loader_evidence import is_ok, paired_ratio, paired_rounds
+from stagebench.analysis._loader_evidence import paired_ratio, paired_rounds
 from stagebench.analysis._loader_rows import (
     _cheapest_first,
-    _decision,
     _knob_text,
     _mine,
     _over_budget,
@@ -25,13 +25,11 @@ from stagebench.analysis._loader_rows import (
     _rows,
     _same_knobs_but,
     _stall_gain,
-    _why,
     near_fastest,
 )
 from stagebench.model._evidence import Option, decide, more_rounds_text
-from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._loader import LoaderRow
 from stagebench.model._meta import RunMeta, UserKnobs
-from stagebench.model._rate import Rate
 from stagebench.runs._knobs import NOT_APPLICABLE
 
 __all__ = ["recommend", "loader_decision", "turns_to_run"]
@@ -59,10 +57,10 @@ def recommend(
     within_best: float = 0.05,
     target_rate: float | None = None,
     headroom: float = DEMAND_HEADROOM,
-    user: dict[str, Any] | None = None,
+    user: LoaderRow | None = None,
     serial_ok: bool = True,
     max_workers: int | None = None,
-) -> dict[str, Any] | None:
+) -> LoaderRow | None:
     """The recommended row (with a ``why`` and the rule's ``decision``), or None when nothing was measured ok.
 
     Without a target: the rule of :mod:`stagebench.model._evidence` over the settings the pick hinges
@@ -78,7 +76,7 @@ def recommend(
     an epoch (:func:`_memory_cap`): a setting with more is never advised where one with fewer was measured.
     """
     pts = _rows(rows)
-    ok = [p for p in pts if is_ok(p)]
+    ok = [p for p in pts if p.ok]
     if not ok:
         return None
     fits = [p for p in ok if not _over_budget(p, budget_mb, max_workers)]
@@ -86,43 +84,39 @@ def recommend(
     budget_note = "" if fits else "; no setting fits the memory budget: the least memory-hungry near the best"
     if target_rate is not None:
         need = target_rate * (1 + headroom)
-        meeting = [p for p in pool if p["samples_per_s"] >= need]
+        meeting = [p for p in pool if p.samples_per_s >= need]
         serial_note = ""
-        if not serial_ok and any(p["num_workers"] > 0 for p in meeting) and any(p["num_workers"] == 0 for p in meeting):
-            meeting = [p for p in meeting if p["num_workers"] > 0]
+        if not serial_ok and any(p.num_workers > 0 for p in meeting) and any(p.num_workers == 0 for p in meeting):
+            meeting = [p for p in meeting if p.num_workers > 0]
             serial_note = f"; num_workers=0 left out: {SERIAL_WORDS}"
         if meeting:
             # the cheapest; persistent_workers and pin_memory are set afterwards, one rule each (_kept_knobs)
-            rec = min(meeting, key=_cheapest_first).copy()
-            rec["why"] = (
-                f"cheapest setting that delivers the target {target_rate:,.1f} samples/s with "
-                f"{headroom:.0%} headroom ({need:,.1f}){serial_note}"
+            return replace(
+                min(meeting, key=_cheapest_first),
+                why=f"cheapest setting that delivers the target {target_rate:,.1f} samples/s with "
+                f"{headroom:.0%} headroom ({need:,.1f}){serial_note}",
             )
-            return rec
     d, by_key = loader_decision(rows, pool, within_best=within_best, user=user)
     assert d.pick is not None  # pool holds measured points
-    rec = dict(by_key[d.pick])
-    rec["why"] = _decision_words(d, by_key, within_best, _turn_seconds(_raw(rows))) + budget_note
+    why = _decision_words(d, by_key, within_best, _turn_seconds(_raw(rows))) + budget_note
     if budget_mb is not None and fits:
-        rec["why"] += f"; inside the memory budget ({budget_mb:,.0f} MB)"
-    if max_workers is not None and fits and any(p["num_workers"] > max_workers for p in ok):
-        rec["why"] += f"; at most {max_workers} workers fit the container's memory limit over an epoch"
-    rec["decision"] = d.to_json()
-    return rec
+        why += f"; inside the memory budget ({budget_mb:,.0f} MB)"
+    if max_workers is not None and fits and any(p.num_workers > max_workers for p in ok):
+        why += f"; at most {max_workers} workers fit the container's memory limit over an epoch"
+    return replace(by_key[d.pick], why=why, decision=d.to_json())
 
 
-def _near(pool: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _near(pool: list[LoaderRow]) -> list[LoaderRow]:
     """Settings whose readings come within :data:`CANNOT_MATTER` of the fastest, or overlap it, cheapest
     first: those a comparison in turns could show as good, or as the fastest. Readings seconds apart
-    show nothing closer: the host's phases move two windows of one setting by up to 18% (the JPEG
-    loader's 2 workers read 439 against 4 workers' 387; in turns 4 ran 5-10% ahead in each round)."""
-    top = max(pool, key=lambda p: p["samples_per_s"])
+    show nothing closer: the host's phases move two windows of one setting by more than the margin."""
+    top = max(pool, key=lambda p: p.samples_per_s)
     return sorted((p for p in pool if near_fastest(p, top)), key=_cheapest_first)
 
 
 def loader_decision(
-    rows: Any, pool: list[dict[str, Any]], *, within_best: float, user: dict[str, Any] | None
-) -> tuple[Any, dict[str, dict[str, Any]]]:
+    rows: Any, pool: list[LoaderRow], *, within_best: float, user: LoaderRow | None
+) -> tuple[Any, dict[str, LoaderRow]]:
     """The rule over the loader settings the pick hinges on: (:class:`~stagebench.model._evidence.Decision`,
     the points by the decision's keys).
 
@@ -134,24 +128,24 @@ def loader_decision(
     raw = _raw(rows)
     rounds = paired_rounds(raw)
     in_turns = {k for r in rounds for k in r}
-    top = max(pool, key=lambda p: p["samples_per_s"])
+    top = max(pool, key=lambda p: p.samples_per_s)
     mine = _mine(pool, user)
 
-    def key(p: dict[str, Any]) -> str:
+    def key(p: LoaderRow) -> str:
         return _knob_text(p)
 
-    considered: dict[str, dict[str, Any]] = {}
-    for p in [mine, top] + [q for q in pool if LoaderKnobs.from_row(q) in in_turns]:
+    considered: dict[str, LoaderRow] = {}
+    for p in [mine, top] + [q for q in pool if q.knobs in in_turns]:
         if p is not None:
             considered.setdefault(key(p), p)
     near = _near(pool)
 
     def ratio(a: str, b: str) -> Any:
-        return paired_ratio(rounds, LoaderKnobs.from_row(by_key[a]), LoaderKnobs.from_row(by_key[b]))
+        return paired_ratio(rounds, by_key[a].knobs, by_key[b].knobs)
 
     while True:
         by_key = dict(considered)
-        options = [Option(k, _cheapest_first(p), Rate.from_json(p)) for k, p in by_key.items()]
+        options = [Option(k, _cheapest_first(p), p.rate) for k, p in by_key.items()]
         options.sort(key=lambda o: o.cost)
         d = decide(options, yours=key(mine) if mine else None, ratio=ratio, margin=1 - within_best)
         # the cheapest near setting the turns have not ruled out joins: what the next turns would measure
@@ -166,13 +160,13 @@ def loader_decision(
             return d, by_key
 
 
-def _turn_seconds(pts: list[dict[str, Any]]) -> tuple[float, float] | None:
+def _turn_seconds(pts: list[LoaderRow]) -> tuple[float, float] | None:
     """(seconds the windows in turns took, seconds a round took on average), from the ``paired`` rows; None
     without any."""
-    by_turn: dict[Any, float] = {}
+    by_turn: dict[float, float] = {}
     for p in pts:
-        if p.get("search_phase") == "paired" and finite(p.get("elapsed_s")):
-            by_turn[p.get("turn")] = by_turn.get(p.get("turn"), 0.0) + float(p["elapsed_s"])
+        if p.search_phase == "paired" and finite(p.elapsed_s):
+            by_turn[p.turn] = by_turn.get(p.turn, 0.0) + float(p.elapsed_s)
     if not by_turn:
         return None
     spent = sum(by_turn.values())
@@ -180,12 +174,12 @@ def _turn_seconds(pts: list[dict[str, Any]]) -> tuple[float, float] | None:
 
 
 def _decision_words(
-    d: Any, by_key: dict[str, dict[str, Any]], within_best: float, seconds: tuple[float, float] | None = None
+    d: Any, by_key: dict[str, LoaderRow], within_best: float, seconds: tuple[float, float] | None = None
 ) -> str:
     """The rule's decision, in the words of ``why``. ``seconds``: what the rounds in turns took, in all and
     a round (:func:`_turn_seconds`): a comparison the rounds could not settle says how long they ran and
     what more would cost."""
-    best = by_key.get(d.best) or {}
+    best = by_key.get(d.best) if d.best is not None else None
     x = d.versus_yours
     if d.advice == "cheaper":
         return f"{x.text('yours')}: within {within_best:.0%} of yours, with fewer resources"
@@ -226,7 +220,7 @@ def _decision_words(
         )
     if d.pick == d.best:
         return f"the best throughput measured, and no cheaper setting was shown within {within_best:.0%} of it"
-    said = f", {best['samples_per_s']:,.1f} samples/s" if best else ""
+    said = f", {best.samples_per_s:,.1f} samples/s" if best is not None else ""
     return f"cheapest setting shown within {within_best:.0%} of the best ({d.best}{said}) in turns"
 
 
@@ -235,17 +229,16 @@ def turns_to_run(
     *,
     budget_mb: float | None,
     within_best: float,
-    user: dict[str, Any] | None,
+    user: LoaderRow | None,
     max_rounds: int | None = None,
-) -> list[dict[str, Any]]:
+) -> list[LoaderRow]:
     """The settings to measure (again) in turns: yours, the fastest and those still open; [] once the
     rule is settled (the sweep's last step, :mod:`stagebench.loader._turns`), or once the spread seen
     says it would take more than ``max_rounds`` rounds in all to settle. Rounds that cannot settle it
-    within the cap only cost time (a slow-starting loader's two settings near a tie ran all 8 rounds,
-    40 s); stopping them makes no claim, so the rule's error rate is unchanged, and the verdict says
+    within the cap only cost time; stopping them makes no claim, so the rule's error rate is unchanged, and the verdict says
     the runs could not tell and how many rounds would."""
     pts = _rows(rows)
-    ok = [p for p in pts if is_ok(p)]
+    ok = [p for p in pts if p.ok]
     if not ok:
         return []
     pool = [p for p in ok if not _over_budget(p, budget_mb)] or ok
@@ -256,48 +249,55 @@ def turns_to_run(
     return [by_key[k] for k in dict.fromkeys(keys)][:3]
 
 
-def _stall(rec: dict[str, Any], ok: list[dict[str, Any]], m: RunMeta) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class _Stall:
+    """The epoch-boundary stall at a setting without persistent workers (s), the epoch's length (s and
+    batches), the stall's share of it, the stall with persistent workers, and whether it matters."""
+
+    matters: bool
+    stall_s: float
+    epoch_s: float
+    epoch_batches: float
+    share: float
+    persistent_stall_s: float
+
+
+def _stall(rec: LoaderRow, ok: list[LoaderRow], m: RunMeta) -> _Stall | None:
     """The epoch-boundary stall at the recommendation's knobs without persistent workers, and whether it matters."""
-    if rec["num_workers"] == 0 or rec["persistent_workers"] == NOT_APPLICABLE:
+    if rec.num_workers == 0 or rec.persistent_workers == NOT_APPLICABLE:
         return None
     p = _same_knobs_but(ok, rec, persistent_workers=False)
-    if p is None or not math.isfinite(p["epoch_stall_s"]):
+    if p is None or not math.isfinite(p.epoch_stall_s):
         return None
     q = _same_knobs_but(ok, rec, persistent_workers=True)
-    stall = p["epoch_stall_s"]
+    stall = p.epoch_stall_s
     epoch_batches = num(m.loader.epoch_batches)
-    epoch_s = (
-        epoch_batches / p["batches_per_s"] if math.isfinite(epoch_batches) and p["batches_per_s"] > 0 else math.nan
-    )
+    epoch_s = epoch_batches / p.batches_per_s if math.isfinite(epoch_batches) and p.batches_per_s > 0 else math.nan
     share = stall / (epoch_s + stall) if math.isfinite(epoch_s) else math.nan
     gain = _stall_gain(p, q) if q is not None else math.nan
     matters = (math.isfinite(share) and share > STALL_SHARE) or (
         not math.isfinite(share) and math.isfinite(gain) and gain > max(0.1, 0.5 * stall)
     )
-    return {
-        "matters": bool(matters),
-        "stall_s": stall,
-        "epoch_s": epoch_s,
-        "epoch_batches": epoch_batches,
-        "share": share,
-        "persistent_stall_s": q["epoch_stall_s"] if q is not None else math.nan,
-    }
+    return _Stall(
+        matters=bool(matters),
+        stall_s=stall,
+        epoch_s=epoch_s,
+        epoch_batches=epoch_batches,
+        share=share,
+        persistent_stall_s=q.epoch_stall_s if q is not None else math.nan,
+    )
 
 
-def _kept_knobs(
-    rec: dict[str, Any] | None, ok: list[dict[str, Any]], m: RunMeta, *, with_loop: bool = False
-) -> dict[str, Any] | None:
+def _kept_knobs(rec: LoaderRow | None, ok: list[LoaderRow], m: RunMeta, *, with_loop: bool = False) -> LoaderRow | None:
     """:func:`_knobs_kept` on the recommendation, its ``decision`` carried over to the twin point it may become."""
     out = _knobs_kept(rec, ok, m, with_loop=with_loop)
-    decision = _decision(rec) if rec is not None else None
+    decision = rec.decision if rec is not None else None
     if out is not None and decision is not None:
-        out = {**out, "decision": decision}
+        out = replace(out, decision=decision)
     return out
 
 
-def _knobs_kept(
-    rec: dict[str, Any] | None, ok: list[dict[str, Any]], m: RunMeta, *, with_loop: bool = False
-) -> dict[str, Any] | None:
+def _knobs_kept(rec: LoaderRow | None, ok: list[LoaderRow], m: RunMeta, *, with_loop: bool = False) -> LoaderRow | None:
     """The knobs a throughput window cannot judge, set by one rule each (the findings follow the same rules).
 
     ``pin_memory`` on a host with a CUDA device: as the user set it. Its benefit appears only with
@@ -312,32 +312,34 @@ def _knobs_kept(
     mine = m.loader.user_knobs or UserKnobs()
     cuda = m.settings.cuda
     out = rec
-    if cuda and not with_loop and mine.gave("pin_memory") and rec["pin_memory"] != NOT_APPLICABLE:
-        if (rec["pin_memory"] is True) != bool(mine.pin_memory):
+    if cuda and not with_loop and mine.gave("pin_memory") and rec.pin_memory != NOT_APPLICABLE:
+        if (rec.pin_memory is True) != bool(mine.pin_memory):
             twin = _same_knobs_but(ok, rec, pin_memory=bool(mine.pin_memory))
-            out = dict(twin or rec)
-            out["pin_memory"] = bool(mine.pin_memory)
-            out["why"] = (_why(rec) or "") + (
-                "; pin_memory kept as yours: its benefit shows only with the copy to the device, which the "
-                "loader measured alone does not make"
+            out = replace(
+                twin or rec,
+                pin_memory=bool(mine.pin_memory),
+                why=(rec.why or "")
+                + "; pin_memory kept as yours: its benefit shows only with the copy to the device, which the "
+                "loader measured alone does not make",
             )
-    if out["num_workers"] == 0 or out["persistent_workers"] == NOT_APPLICABLE:
+    if out.num_workers == 0 or out.persistent_workers == NOT_APPLICABLE:
         return out
     stall = _stall(out, ok, m)
-    matters = stall is not None and stall["matters"]
-    if mine.gave("persistent_workers") and bool(mine.persistent_workers) != (out["persistent_workers"] is True):
+    matters = stall is not None and stall.matters
+    if mine.gave("persistent_workers") and bool(mine.persistent_workers) != (out.persistent_workers is True):
         if mine.persistent_workers or not matters:
-            why = _why(out) or ""
-            out = dict(_same_knobs_but(ok, out, persistent_workers=bool(mine.persistent_workers)) or out)
-            out["persistent_workers"] = bool(mine.persistent_workers)
-            out["why"] = why + (
-                "; persistent_workers kept as yours: it acts only at epoch boundaries, which the throughput "
-                "windows do not see"
+            why = out.why or ""
+            return replace(
+                _same_knobs_but(ok, out, persistent_workers=bool(mine.persistent_workers)) or out,
+                persistent_workers=bool(mine.persistent_workers),
+                why=why + "; persistent_workers kept as yours: it acts only at epoch boundaries, which the "
+                "throughput windows do not see",
             )
-            return out
-    if matters and out["persistent_workers"] is not True:
-        why = _why(out) or ""
-        out = dict(_same_knobs_but(ok, out, persistent_workers=True) or out)
-        out["persistent_workers"] = True
-        out["why"] = why + "; persistent_workers=True: workers restart at every epoch otherwise"
+    if matters and out.persistent_workers is not True:
+        why = out.why or ""
+        out = replace(
+            _same_knobs_but(ok, out, persistent_workers=True) or out,
+            persistent_workers=True,
+            why=why + "; persistent_workers=True: workers restart at every epoch otherwise",
+        )
     return out

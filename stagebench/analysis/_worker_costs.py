@@ -28,7 +28,16 @@ from typing import Any
 
 from stagebench._numbers import finite, num
 from stagebench.model._finding import Finding
-from stagebench.model._loader import Largest, LoaderPoint, Shipping, Shm, StartupSplit, WorkerCosts, WorkerMemory
+from stagebench.model._loader import (
+    Largest,
+    LoaderPoint,
+    LoaderRow,
+    Shipping,
+    Shm,
+    StartupSplit,
+    WorkerCosts,
+    WorkerMemory,
+)
 from stagebench.model._meta import RunMeta
 
 __all__ = [
@@ -53,20 +62,17 @@ GROWTH_MB = 50.0
 SHM_SHARE = 0.5
 
 
-def worker_costs_summary(meta: Mapping[str, Any] | RunMeta, pts: list[dict[str, Any]]) -> dict[str, Any] | None:
+def worker_costs_summary(meta: Mapping[str, Any] | RunMeta, pts: list[LoaderRow]) -> dict[str, Any] | None:
     """``summary.json["worker_costs"]``: the start-up split of every setting with workers (one per number
     of workers, its first measurement), the shipping and the memory pass as measured; None without them."""
     startup: list[StartupSplit] = []
     seen: set[int] = set()
-    for p in map(LoaderPoint.from_json, pts):
-        knobs = p.knobs
-        nw = 0 if knobs is None else knobs.num_workers
-        if knobs is None or nw == 0 or nw in seen:
-            continue
-        if not (finite(p.startup.workers_start_s) or finite(p.startup.worker_unsplit_s)):
+    for p in pts:
+        nw, split = p.num_workers, p.startup
+        if nw == 0 or nw in seen or not (finite(split.workers_start_s) or finite(split.worker_unsplit_s)):
             continue
         seen.add(nw)
-        startup.append(replace(p.startup, setting=knobs.label(as_call=True, flags=False), num_workers=nw))
+        startup.append(replace(split, setting=p.knobs.label(as_call=True, flags=False), num_workers=nw))
     startup.sort(key=lambda r: r.num_workers or 0)
     # run.json's record, as measured: the summary carries it whole, after the start-up split
     m = meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)

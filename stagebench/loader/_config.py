@@ -85,8 +85,7 @@ class LoaderSweepConfig:
     search_prefetch: bool = False
     """Adaptive search: also measure ``prefetch_factors`` at the best num_workers. Off by
     default: a loader measured alone is drained as fast as it delivers, so a deeper queue has
-    nothing to smooth (on the 16-core H200 host, prefetch 1, 2 and 4 read within each other's
-    intervals at 16 and 32 workers, and the pick took the higher noisy number). The search
+    nothing to smooth, and the pick would take the higher of noisy numbers. The search
     keeps the script's own (``yours``), else 2. Its effect on a bursty trainer shows in a job run."""
 
     yours: LoaderKnobs | None = None

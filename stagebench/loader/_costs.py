@@ -49,12 +49,11 @@ _REPEATS = 3
 SLOW_PICKLE_S = 0.5
 # The fewest batches a worker makes in the pass before its growth is extrapolated to the epoch: below it
 # the median of a few readings cannot tell a step (an arena taken) from a trend, and the line stretches
-# them over thousands of batches (FakeData's 224x224 images: 3 batches a worker in 2 s, extrapolated to
-# 10,009, an interval of -127 GB to +184 GB).
+# them over thousands of batches, to an interval wider than any memory.
 MIN_BATCHES = 10
 #: The fewest readings of a pass (:func:`memory_pass`): three growths between them for their median. A pass
 #: ends at its ``seconds`` only once it has them: a loaded host stretches each reading (0.27 s apart at a
-#: 0.25 s interval), and a 0.6 s pass with three readings read nothing (a fresh clone's test failed on it).
+#: 0.25 s interval), and a pass with three readings reads nothing.
 MIN_READINGS = 4
 #: A container of this many Python objects or more is named (what the findings advise about).
 MANY_OBJECTS = 10_000

@@ -142,8 +142,7 @@ class _Sweep:
         cfg = self.cfg
         if phase == "num_workers" and cfg.tie_rounds > 0:
             # A screen: the settings near the fastest are compared in turns after it, so its windows close at
-            # ±10% (a stage's head-to-head's precision), not at the ±5% that decides nothing here. On the slow-start
-            # bench the windows at 2 and 4 workers ran their whole 2 s at ±5%, 0.3-1.8 s at ±10%.
+            # ±10% (a stage's head-to-head's precision), not at the ±5% that decides nothing here.
             cfg = replace(cfg, precision=in_turns_precision(cfg.precision))
         row: dict[str, Any] | None = None
         if throughput and not how["stall"]:
@@ -187,7 +186,8 @@ class _Sweep:
             return
         fastest, top = max(ok, key=lambda kr: kr[1]["samples_per_s"])
         mine = self.held.key(self.cfg.yours) if self.cfg.yours is not None else None
-        near = sorted((k for k, r in ok if near_fastest(r, top)), key=LoaderKnobs.cost)
+        fast = normalize_row(top)
+        near = sorted((k for k, r in ok if near_fastest(normalize_row(r), fast)), key=LoaderKnobs.cost)
         keys = [k for k in dict.fromkeys([mine, fastest, *near]) if k in self.held.open]
         self.held.keep(set(keys[:_MAX_HELD]))
 
@@ -358,23 +358,21 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...]) -> list[str]:
     _in_turns(sw, cfg.yours)
     rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
     if cfg.stall_at == "every":  # the protocol before: persistence measured as a point, then pinning
-        if (
-            rec is not None
-            and rec["num_workers"] > 0
-            and sw.backend != "spdl_pytorch"
-            and True in cfg.persistent_workers
-        ):
+        if rec is not None and rec.num_workers > 0 and sw.backend != "spdl_pytorch" and True in cfg.persistent_workers:
             sw.point(
                 LoaderKnobs(
-                    num_workers=rec["num_workers"], prefetch_factor=_pf(rec), persistent_workers=True, pin_memory=pin0
+                    num_workers=rec.num_workers,
+                    prefetch_factor=rec.prefetch_factor,
+                    persistent_workers=True,
+                    pin_memory=pin0,
                 ),
                 "persistent_workers",
             )
             rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
-    elif cfg.epoch_stall and rec is not None and rec["num_workers"] > 0:
+    elif cfg.epoch_stall and rec is not None and rec.num_workers > 0:
         # the stall decides one thing, persistent_workers at the pick (analysis/_loader._kept_knobs): measured there
         # alone, once, instead of restarting epochs after every point's window
-        knobs = LoaderKnobs(num_workers=rec["num_workers"], prefetch_factor=_pf(rec), pin_memory=pin0)
+        knobs = LoaderKnobs(num_workers=rec.num_workers, prefetch_factor=rec.prefetch_factor, pin_memory=pin0)
         sw.point(knobs, "epoch_stall", stall=True, throughput=False, during=sw.memory_hook(knobs))
         if sw.epoch_batches is None and sw.backend != "spdl_pytorch" and True in cfg.persistent_workers:
             # no epoch length to weigh the stall against: what persistent workers save decides instead
@@ -382,9 +380,9 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...]) -> list[str]:
     if rec is not None and sw.cuda and True in cfg.pin_memory and cfg.yours is None:
         sw.point(
             LoaderKnobs(
-                num_workers=rec["num_workers"],
-                prefetch_factor=_pf(rec),
-                persistent_workers=rec.get("persistent_workers") is True,
+                num_workers=rec.num_workers,
+                prefetch_factor=rec.prefetch_factor,
+                persistent_workers=rec.persistent_workers is True,
                 pin_memory=True,
             ),
             "pin_memory",
@@ -411,7 +409,7 @@ def _in_turns(sw: _Sweep, user: LoaderKnobs | None) -> None:
         rows = [normalize_row(r) for r in sw.rows]
         mine = user_point(rows, meta_user) if meta_user else None
         todo = [
-            LoaderKnobs.from_row(p)
+            p.knobs
             for p in turns_to_run(
                 sw.rows, budget_mb=sw.budget_mb, within_best=cfg.within_best, user=mine, max_rounds=cfg.tie_rounds
             )
@@ -429,9 +427,8 @@ def _memory_at(sw: _Sweep, cons: Any, num_workers: int) -> dict[str, Any] | None
     """Each worker's memory over a pass of ``memory_pass_s`` on ``cons``'s warm workers, bounded by the
     memory of the Python objects the dataset holds (:func:`stagebench.loader._costs.memory_pass`)."""
     if cons.made_by_live_workers() > MIN_BATCHES * max(1, num_workers):
-        # a loader kept open for the rounds in turns: its workers' early growth is behind them (a
-        # 1.5M-record list's, at 303 MB 223 batches in and flat after, read "0.4 MB over an epoch" of the
-        # ~280 MB each grew); the pass reads workers that have just started, on a point of its own
+        # a loader kept open for the rounds in turns: its workers' early growth (a copy-on-read) is behind
+        # them, and the pass would miss it; it reads workers that have just started, on a point of its own
         return None
     if sw.progress is not None:
         sw.progress.message(
@@ -472,23 +469,23 @@ def _worker_costs(sw: _Sweep, meta: dict[str, Any]) -> dict[str, Any]:
         out["shipping"] = ship
     elif ship is not None:  # under fork nothing is shipped: said, not measured
         out["shipping"] = {"start_method": ship["start_method"], "shipped": False, "largest": ship.get("largest")}
-    # the pick as the summary makes it, against the script's own setting: a kept num_workers=2 whose
-    # search alone favoured 0 read no worker's memory (a 1.5M-record list, copy-on-read, unsaid)
+    # the pick as the summary makes it, against the script's own setting: a setting of yours that is kept
+    # where the search alone favoured another has its workers' memory read too
     rec = loader_pick(sw.rows, meta)
-    if sw.memory is not None and rec is not None and sw.memory.get("num_workers") != rec["num_workers"]:
+    if sw.memory is not None and rec is not None and sw.memory.get("num_workers") != rec.num_workers:
         sw.memory = None  # read at another num_workers than the pick's: read again at the pick's
     out["memory_on_stall_point"] = sw.memory is not None  # its seconds then sit in the stall point's row
-    if sw.memory is None and rec is not None and rec["num_workers"] > 0 and cfg.memory_pass_s > 0:
+    if sw.memory is None and rec is not None and rec.num_workers > 0 and cfg.memory_pass_s > 0:
         # no stall point at the pick (epoch_stall off, or the protocol before): a point of its own, no window
         # and no stall, whose warm workers the pass reads (its row is not a measurement: not recorded)
-        knobs = LoaderKnobs(num_workers=rec["num_workers"], prefetch_factor=_pf(rec))
+        knobs = LoaderKnobs(num_workers=rec.num_workers, prefetch_factor=rec.prefetch_factor)
         sw.fresh(knobs, stall=False, throughput=False, during=sw.memory_hook(knobs))
     if sw.memory is not None:
         out["memory"] = dict(sw.memory)
         batch_mb = out["memory"].pop("batch_mb", math.nan)
         if rec is not None:
             # every rank's batches in flight share /dev/shm
-            shm = shm_headroom(batch_mb, int(rec["num_workers"]), _pf(rec) or 2, RunMeta.from_json(meta).ranks)
+            shm = shm_headroom(batch_mb, int(rec.num_workers), rec.prefetch_factor or 2, RunMeta.from_json(meta).ranks)
             if shm is not None:
                 out["shm"] = shm
     out["seconds"] = time.perf_counter() - t0
@@ -502,8 +499,3 @@ def _user_meta(user: LoaderKnobs | None, sw: _Sweep) -> dict[str, Any] | None:
         "loader": {"user_knobs": asdict(user), "backend": sw.backend},
         "settings": {"cuda": sw.cuda},
     }
-
-
-def _pf(row: dict[str, Any]) -> int | None:
-    pf = row.get("prefetch_factor")
-    return int(pf) if isinstance(pf, (int, float)) and math.isfinite(pf) else None

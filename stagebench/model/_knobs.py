@@ -15,7 +15,10 @@ from typing import Any
 
 from stagebench.model._json import whole
 
-__all__ = ["LoaderKnobs"]
+__all__ = ["LoaderKnobs", "NOT_APPLICABLE"]
+
+#: What a knob that does not exist for a backend or host shows (not "n/a": pandas reads "n/a" back as NaN).
+NOT_APPLICABLE = "not applicable"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

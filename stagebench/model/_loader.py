@@ -15,17 +15,21 @@ or holds no number, reads as None.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
+from stagebench._numbers import num
 from stagebench.model._json import Written, dict_of, flag, mapping, number, read, span, text, whole, write
-from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._knobs import NOT_APPLICABLE, LoaderKnobs
 from stagebench.model._limits import MemoryLimit
 from stagebench.model._rate import Rate
 
 __all__ = [
     "LoaderPoint",
+    "LoaderRow",
     "StartupSplit",
     "Largest",
     "Shipping",
@@ -183,6 +187,177 @@ class LoaderPoint:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+def _row_flag(v: Any) -> bool | str:
+    """True / False, or :data:`NOT_APPLICABLE` where the knob does not apply (NaN after a CSV round trip)."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        s = v.strip().lower()
+        if s in ("true", "1", "yes"):
+            return True
+        if s in ("false", "0", "no"):
+            return False
+        return NOT_APPLICABLE
+    try:
+        if v is None or math.isnan(float(v)):
+            return NOT_APPLICABLE
+        return bool(v)
+    except (TypeError, ValueError):
+        return NOT_APPLICABLE
+
+
+def _row_text(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return str(v)
+
+
+#: A row's texts, as read ("" where empty).
+_ROW_TEXTS = ("loader", "backend", "status", "reason", "search_phase", "started_at", "notes")
+#: A ranked window's columns (:data:`stagebench.runs._schema.RANK_COLUMNS`).
+_RANK_FIELDS = ("ranks", "rank_min_samples_per_s", "rank_max_samples_per_s")
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderRow:
+    """One loader row of ``results.csv`` with Python types, or a setting's rows pooled into one point.
+
+    The fields are the columns (:data:`stagebench.runs._schema.LOADER_COLUMNS`, in their order): a number
+    is a float (NaN where the column is empty), a text is "" where empty, ``persistent_workers`` and
+    ``pin_memory`` are True, False or :data:`NOT_APPLICABLE`. A ranked window's columns are None on one
+    rank. A point pooled from several rows also holds ``measurements`` and ``readings``; the pick adds its
+    ``why`` and the rule's ``decision``. Rows arrive as the sweep measured them or read back from CSV (where
+    True became a string and an empty prefetch_factor NaN): :meth:`from_row` reads both the same way.
+    """
+
+    loader: str = ""
+    backend: str = ""
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    persistent_workers: bool | str = NOT_APPLICABLE
+    pin_memory: bool | str = NOT_APPLICABLE
+    status: str = "ok"
+    reason: str = ""
+    samples_per_s: float = math.nan
+    samples_per_s_low: float = math.nan
+    samples_per_s_high: float = math.nan
+    batches_per_s: float = math.nan
+    cv: float = math.nan
+    time_to_first_batch_s: float = math.nan
+    epoch_stall_s: float = math.nan
+    n_batches: float = math.nan
+    window_s: float = math.nan
+    cores_used: float = math.nan
+    mem_pss_mb: float = math.nan
+    mem_uss_mb: float = math.nan
+    mem_main_mb: float = math.nan
+    mem_workers_mb: float = math.nan
+    disk_read_mb_s: float = math.nan
+    search_phase: str = ""
+    started_at: str = ""
+    elapsed_s: float = math.nan
+    n_samples: float = math.nan
+    workers_seen: float = math.nan
+    worker_threads: float = math.nan
+    startup_s: float = math.nan
+    warmup_s: float = math.nan
+    stall_phase_s: float = math.nan
+    teardown_s: float = math.nan
+    notes: str = ""
+    turn: float = math.nan
+    workers_start_s: float = math.nan
+    workers_start_last_s: float = math.nan
+    workers_created_s: float = math.nan
+    worker_boot_s: float = math.nan
+    worker_init_s: float = math.nan
+    first_batch_work_s: float = math.nan
+    first_delivery_s: float = math.nan
+    worker_unsplit_s: float = math.nan
+    ranks: int | None = None
+    rank_min_samples_per_s: float | None = None
+    rank_max_samples_per_s: float | None = None
+    #: a pooled point: how many readings it pools, and their samples/s
+    measurements: int | None = None
+    readings: tuple[float, ...] | None = None
+    #: the pick's: the words of its rule and the rule's record (:class:`~stagebench.model._evidence.Decision`)
+    why: str | None = None
+    decision: Mapping[str, Any] | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> LoaderRow:
+        """A row as measured, or as a DataFrame record read back from CSV: ints, floats (NaN where
+        missing), True/False/:data:`NOT_APPLICABLE`; the rank columns None where the row holds no ranks."""
+        nw, pf, ranks = num(row.get("num_workers")), num(row.get("prefetch_factor")), num(row.get("ranks"))
+        kw: dict[str, Any] = {name: num(row.get(name)) for name in _ROW_NUMBERS}
+        kw.update({name: _row_text(row.get(name)) for name in _ROW_TEXTS})
+        kw["status"] = kw["status"] or "ok"
+        if math.isfinite(ranks):  # a ranked window's; a row of one process holds none (as rows before ranks)
+            kw.update(
+                ranks=int(ranks),
+                rank_min_samples_per_s=num(row.get("rank_min_samples_per_s")),
+                rank_max_samples_per_s=num(row.get("rank_max_samples_per_s")),
+            )
+        return cls(
+            num_workers=int(nw) if math.isfinite(nw) else 0,
+            prefetch_factor=int(pf) if math.isfinite(pf) else None,
+            persistent_workers=_row_flag(row.get("persistent_workers")),
+            pin_memory=_row_flag(row.get("pin_memory")),
+            **kw,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The row's columns in their order (a ranked window's only where it has them), then what a pooled
+        point and a pick add, where they hold something."""
+        out = {name: getattr(self, name) for name in _ROW_COLUMNS if self.ranks is not None or name not in _RANK_FIELDS}
+        for name in ("measurements", "readings", "why", "decision"):
+            v = getattr(self, name)
+            if v is not None:
+                out[name] = list(v) if name == "readings" else v
+        return out
+
+    @property
+    def knobs(self) -> LoaderKnobs:
+        """The setting the row ran (:meth:`LoaderKnobs.from_row`: two rows are one setting where these are equal)."""
+        return LoaderKnobs(
+            num_workers=self.num_workers,
+            prefetch_factor=self.prefetch_factor
+            if self.prefetch_factor is not None and self.prefetch_factor >= 1
+            else None,
+            persistent_workers=self.persistent_workers is True,
+            pin_memory=self.pin_memory is True,
+        )
+
+    @property
+    def startup(self) -> StartupSplit:
+        """The start-up split, as the row recorded it."""
+        return StartupSplit(**{key: getattr(self, key) for key in STARTUP_KEYS})
+
+    @property
+    def rate(self) -> Rate | None:
+        """samples/s with its interval, read by :meth:`Rate.from_json`'s rules; None where the row holds no rate."""
+        ends = {"samples_per_s_low": self.samples_per_s_low, "samples_per_s_high": self.samples_per_s_high}
+        return Rate.from_json({"samples_per_s": self.samples_per_s, **ends})
+
+    @property
+    def ok(self) -> bool:
+        """Measured ok, with a positive rate."""
+        return self.status == "ok" and math.isfinite(self.samples_per_s) and self.samples_per_s > 0
+
+
+#: The columns, in their order, as :class:`LoaderRow` declares them.
+_ROW_COLUMNS = tuple(f.name for f in dataclass_fields(LoaderRow))[
+    : -len(("measurements", "readings", "why", "decision"))
+]
+#: The columns that hold a number (a float, NaN where empty).
+_ROW_NUMBERS = tuple(
+    name
+    for name in _ROW_COLUMNS
+    if name not in _ROW_TEXTS
+    and name not in _RANK_FIELDS
+    and name not in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._knobs import NOT_APPLICABLE, LoaderKnobs
 
 __all__ = ["normalize_knobs", "NOT_APPLICABLE", "KNOWN_BACKENDS", "KNOB_KEYS", "loader_knobs"]
 
@@ -17,9 +17,6 @@ __all__ = ["normalize_knobs", "NOT_APPLICABLE", "KNOWN_BACKENDS", "KNOB_KEYS", "
 #: Backends with their own knob rules; any other name is accepted and gets the
 #: generic rules (no prefetch or persistence without workers).
 KNOWN_BACKENDS = ("torch", "spdl_pytorch")
-
-
-NOT_APPLICABLE = "not applicable"  # not "n/a": pandas reads "n/a" back as NaN
 
 
 def normalize_knobs(knobs: LoaderKnobs, backend: str, *, cuda: bool) -> tuple[LoaderKnobs, dict[str, Any], list[str]]:
