@@ -36,7 +36,8 @@ import os
 import sys
 import time
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ __all__ = [
     "main",
     "config_dir",
     "ConfigError",
+    "JobStatus",
     "validate_overrides",
     "describe_error",
     "loader_sweep_config",
@@ -94,7 +96,7 @@ _MAX_FULL_PRODUCT = 64
 # Outcomes seen by this process: run() reads them for its exit code. Jobs of a
 # local basic launcher run in this process; other launchers report through the
 # job_status.json files that SweepCallback reads.
-_JOB_OUTCOMES: list[dict[str, Any]] = []
+_JOB_OUTCOMES: list[JobStatus] = []
 _SWEEP_OUTCOME: dict[str, Any] = {}
 _SWEEP_TOTAL: dict[str, int] = {}
 
@@ -395,11 +397,62 @@ def loader_sweep_config(sweep: Any) -> Any:
         raise ValueError(msg if msg.startswith("sweep.") else f"sweep.{msg}") from None
 
 
-def _write_status(job_dir: Path, status: dict[str, Any]) -> None:
+@dataclass(slots=True, kw_only=True)
+class JobStatus:
+    """What one job of a sweep records in ``job_status.json``, filled in as the job runs.
+
+    ``loader``, ``kind`` and ``backend`` are known once the job's config is read (``described``);
+    ``verdict``, ``best`` and ``recommended`` once its sweep finished (``finished``); ``elapsed_s`` when it
+    ends. The file holds the keys known, in this order.
+    """
+
+    status: str = "failed"
+    reason: str = "interrupted before the job finished"
+    job_num: int | None = None
+    overrides: list[str] = field(default_factory=list)
+    label: str = ""
+    launcher: str | None = None
+    host: str = ""
+    started_at: str = ""
+    run_dir: str = ""
+    described: bool = False
+    loader: str | None = None
+    kind: str | None = None
+    backend: str | None = None
+    finished: bool = False
+    verdict: str | None = None
+    best: Mapping[str, Any] | None = None
+    recommended: Mapping[str, Any] | None = None
+    elapsed_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """``job_status.json``: the keys known, in the order the job learns them."""
+        out: dict[str, Any] = {
+            "schema_version": RESULTS_SCHEMA_VERSION,
+            "status": self.status,
+            "reason": self.reason,
+            "job_num": self.job_num,
+            "overrides": self.overrides,
+            "label": self.label,
+            "launcher": self.launcher,
+            "host": self.host,
+            "started_at": self.started_at,
+            "run_dir": self.run_dir,
+        }
+        if self.described:
+            out.update(loader=self.loader, kind=self.kind, backend=self.backend)
+        if self.finished:
+            out.update(verdict=self.verdict, best=self.best, recommended=self.recommended)
+        if self.elapsed_s is not None:
+            out["elapsed_s"] = self.elapsed_s
+        return out
+
+
+def _write_status(job_dir: Path, status: JobStatus) -> None:
     try:
         job_dir.mkdir(parents=True, exist_ok=True)
         tmp = job_dir / (JOB_STATUS + ".tmp")
-        tmp.write_text(json.dumps(to_jsonable(status), indent=2) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(to_jsonable(status.to_json()), indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, job_dir / JOB_STATUS)
     except OSError as e:  # the job's folder is gone or read-only: say so, keep the outcome in memory
         print(f"stagebench sweep: cannot write {job_dir / JOB_STATUS}: {e}", file=sys.stderr)
@@ -413,26 +466,23 @@ def run_job(
     job_num: int | None = None,
     launcher: str | None = None,
     label: str | None = None,
-) -> dict[str, Any]:
+) -> JobStatus:
     """Run one loader configuration; never raises (except on Ctrl-C).
 
     Writes ``job_dir`` as a run directory plus ``job_status.json``, and
-    returns the status dict. ``label`` names the job in comparisons (in a
+    returns the job's status. ``label`` names the job in comparisons (in a
     multirun: the overrides that differ between jobs).
     """
     t0 = time.perf_counter()
-    status: dict[str, Any] = {
-        "schema_version": RESULTS_SCHEMA_VERSION,
-        "status": "failed",
-        "reason": "interrupted before the job finished",
-        "job_num": job_num,
-        "overrides": list(overrides),
-        "label": label if label is not None else " ".join(overrides),
-        "launcher": launcher,
-        "host": os.uname().nodename,
-        "started_at": _dt.datetime.now().isoformat(timespec="seconds"),
-        "run_dir": str(job_dir),
-    }
+    status = JobStatus(
+        job_num=job_num,
+        overrides=list(overrides),
+        label=label if label is not None else " ".join(overrides),
+        launcher=launcher,
+        host=os.uname().nodename,
+        started_at=_dt.datetime.now().isoformat(timespec="seconds"),
+        run_dir=str(job_dir),
+    )
     progress: Any = None
     with watch_termination() as term:
         try:
@@ -440,19 +490,19 @@ def run_job(
             progress = _job_progress(settings, status, job_dir)
             _run_sweep(cfg, settings, job_dir=job_dir, status=status, label=label, progress=progress)
         except KeyboardInterrupt:
-            status["reason"] = "interrupted (Ctrl-C)"
+            status.reason = "interrupted (Ctrl-C)"
             raise
         except Exception as e:  # recorded, not raised: see the module docstring
-            status["reason"] = _one_line(e)
+            status.reason = _one_line(e)
             # The traceback goes to the job's log file only (the terminal shows warnings and up).
             log.info("job failed", exc_info=True)
-            print(f"stagebench sweep: job failed: {status['reason']}", file=sys.stderr)
+            print(f"stagebench sweep: job failed: {status.reason}", file=sys.stderr)
         finally:
             if term.signal is not None:  # told to stop (scancel, time limit): the result is not whole
                 why = term.reason()
-                status["reason"] = why if status["status"] == "ok" else f"{why}; {status['reason']}"
-                status["status"] = "failed"
-            status["elapsed_s"] = round(time.perf_counter() - t0, 3)
+                status.reason = why if status.status == "ok" else f"{why}; {status.reason}"
+                status.status = "failed"
+            status.elapsed_s = round(time.perf_counter() - t0, 3)
             _write_status(job_dir, status)
             _JOB_OUTCOMES.append(status)
             if progress is not None:
@@ -460,21 +510,19 @@ def run_job(
     return status
 
 
-def _job_progress(settings: Any, status: dict[str, Any], job_dir: Path) -> Any:
+def _job_progress(settings: Any, status: JobStatus, job_dir: Path) -> Any:
     """The job's progress display, after one line saying which job this is and where it writes."""
     lc = settings.loader
-    status.update(loader=lc.name, kind=lc.kind, backend=lc.backend.name)
+    status.loader, status.kind, status.backend, status.described = lc.name, lc.kind, lc.backend.name, True
     total = _SWEEP_TOTAL.get("jobs")
-    num = status["job_num"]
+    num = status.job_num
     prefix = "" if num is None else f"job {num + 1}{f'/{total}' if total else ''}: "
     progress = Progress(desc=f"{prefix}{lc.name}/{lc.backend.name}", enabled=settings.progress)
-    progress.message(f"{prefix}{status['label'] or lc.name} -> {job_dir}")
+    progress.message(f"{prefix}{status.label or lc.name} -> {job_dir}")
     return progress
 
 
-def _run_sweep(
-    cfg: Any, settings: Any, *, job_dir: Path, status: dict[str, Any], label: str | None, progress: Any
-) -> None:
+def _run_sweep(cfg: Any, settings: Any, *, job_dir: Path, status: JobStatus, label: str | None, progress: Any) -> None:
     """The job's work: build the loader (generating data on first use), sweep it; fills ``status``."""
     # torch: imported by the job that builds the loader, not by the sweep's parent checking its configs
     from stagebench.sweep._builtin_loaders import build_loader
@@ -492,9 +540,9 @@ def _run_sweep(
         extra_meta={
             **({"label": label} if label else {}),
             "hydra": {
-                "overrides": status["overrides"],
-                "job_num": status["job_num"],
-                "launcher": status["launcher"],
+                "overrides": status.overrides,
+                "job_num": status.job_num,
+                "launcher": status.launcher,
                 "loader_config": OmegaConf.to_container(cfg.loader, resolve=True, enum_to_str=True),
             },
             "dataset": spec.info,
@@ -502,12 +550,11 @@ def _run_sweep(
         },
         progress=progress,
     )
-    status.update(
-        status="ok",
-        reason="",
-        verdict=summary.get("verdict"),
-        best=summary.get("best"),
-        recommended=summary.get("recommended"),
+    status.status, status.reason, status.finished = "ok", "", True
+    status.verdict, status.best, status.recommended = (
+        summary.get("verdict"),
+        summary.get("best"),
+        summary.get("recommended"),
     )
 
 
@@ -532,21 +579,21 @@ def _task(cfg: Any) -> float | None:
         if multirun
         else None,
     )
-    if not multirun and status["status"] == "ok":
+    if not multirun and status.status == "ok":
         report = Path(hc.runtime.output_dir) / "report.html"
         print(f"run directory: {hc.runtime.output_dir}")
         if report.exists():
             print(f"report: {report}")
-        if status.get("verdict"):
-            print(status["verdict"])
+        if status.verdict:
+            print(status.verdict)
     return _objective(status)
 
 
-def _objective(status: dict[str, Any]) -> float | None:
+def _objective(status: JobStatus) -> float | None:
     """The best samples/s of an ok job (what a sweeper maximises), else None."""
-    best = status.get("best") or {}
+    best = status.best or {}
     value = best.get("samples_per_s") if isinstance(best, dict) else None
-    if status["status"] != "ok" or value is None or not finite(value):
+    if status.status != "ok" or value is None or not finite(value):
         return None
     return float(value)
 
@@ -703,7 +750,7 @@ def main(argv: list[str]) -> int:
             )
             return 1
         return 0
-    return 0 if _JOB_OUTCOMES and all(o["status"] == "ok" for o in _JOB_OUTCOMES) else 1
+    return 0 if _JOB_OUTCOMES and all(o.status == "ok" for o in _JOB_OUTCOMES) else 1
 
 
 def _dirname_override(overrides: Sequence[str], fixed: list[str], exclude: list[str]) -> list[str]:
