@@ -111,7 +111,7 @@ def test_spdl_loaders_start_up_is_split_where_it_can_be_and_its_shipping_said_on
     ship = shipping_cost(factory, backend="spdl_pytorch")
     assert ship["shipped"] and ship["pickled_once"]
     (f,) = worker_cost_findings({"shipping": {**ship, "mb": 20.0}}, {"num_workers": 2})
-    assert "pickles it once into shared memory" in f["detail"] and "for each worker in turn" not in f["detail"]
+    assert "pickles it once into shared memory" in f.detail and "for each worker in turn" not in f.detail
 
 
 def _pass(ds: Dataset, seconds: float) -> dict:
@@ -177,7 +177,7 @@ def test_copy_on_read_growth_over_an_epoch_against_a_direct_reading_and_none_for
     print(f"epoch growth estimated {mem['epoch_growth_mb']:.0f} MB, read directly {direct:.0f} MB")
     assert mem["epoch_growth_mb"] == pytest.approx(direct, rel=0.30)
     costs = worker_costs_summary({"worker_costs": {"memory": {"num_workers": 1, **mem}, "available_mb": 1e6}}, [])
-    assert any(f["title"].startswith("Each worker's memory grows") for f in worker_cost_findings(costs, None))
+    assert any(f.title.startswith("Each worker's memory grows") for f in worker_cost_findings(costs, None))
     # 2 s, the default pass: a numpy worker's memory moves in rare steps (an arena taken), and the median of
     # the growth between readings needs enough readings to step over them
     flat = _pass(Index(n, as_numpy=True), seconds=2.0)
@@ -223,11 +223,8 @@ def test_findings_fire_past_their_thresholds_only():
     ship["largest"] = {"attr": "paths", "items": 1_500_000, "container": "list", "item": "str", "python_objects": True}
     found = worker_cost_findings({"shipping": ship}, {"num_workers": 4, "persistent_workers": False})
     (f,) = found
-    assert f["title"] == "Each worker receives a 86 MB copy of your dataset: at least 0.76 s of its start"
-    assert (
-        "1,500,000 strs in its list `paths`" in f["detail"]
-        and "persistent_workers=True would pay it once" in f["detail"]
-    )
+    assert f.title == "Each worker receives a 86 MB copy of your dataset: at least 0.76 s of its start"
+    assert "1,500,000 strs in its list `paths`" in f.detail and "persistent_workers=True would pay it once" in f.detail
     assert not worker_cost_findings({"shipping": {**ship, "mb": 2.0, "pickle_s": 0.01, "unpickle_s": 0.01}}, None)
     assert not worker_cost_findings({"shipping": {**ship, "shipped": False}}, None)
     mem = {"num_workers": 4, "growth_mb_per_batch": 2.0, "epoch_growth_mb": 500.0, "epoch_growth_mb_low": 450.0}
@@ -240,7 +237,7 @@ def test_findings_fire_past_their_thresholds_only():
     }
     costs = worker_costs_summary({"worker_costs": {"memory": mem, "available_mb": 1500.0}}, [])
     (g,) = worker_cost_findings(costs, None)
-    assert g["severity"] == "high" and "would take ~2,000 MB more, over the 1,500 MB available" in g["detail"]
+    assert g.severity == "high" and "would take ~2,000 MB more, over the 1,500 MB available" in g.detail
 
 
 def test_the_verdict_states_what_the_pick_does_not_see():
@@ -310,9 +307,9 @@ def test_batches_in_flight_are_set_against_dev_shm():
     assert shm["batches_in_flight"] == 8 and shm["in_flight_mb"] == 128.0 and shm["free_mb"] > 0
     assert not worker_cost_findings({"shm": {**shm, "free_mb": 1000.0}}, None)
     (f,) = worker_cost_findings({"shm": {**shm, "free_mb": 200.0}}, None)
-    assert f["severity"] == "medium" and f["title"].startswith("The batches in flight take 64%")
+    assert f.severity == "medium" and f.title.startswith("The batches in flight take 64%")
     (g,) = worker_cost_findings({"shm": {**shm, "free_mb": 64.0}}, None)
-    assert g["severity"] == "high" and "more than the 64 MB free" in g["title"] and "--shm-size" in g["detail"]
+    assert g.severity == "high" and "more than the 64 MB free" in g.title and "--shm-size" in g.detail
     said = beside_the_pick({"shm": {**shm, "free_mb": 64.0}}, {"num_workers": 4})
     assert said == "; shared memory: its 8 batches in flight need ~128 MB, 64 MB free in /dev/shm"
     assert shm_headroom(float("nan"), 4, 2) is None and shm_headroom(16.0, 0, 2) is None
@@ -499,7 +496,7 @@ def test_a_copy_that_slows_is_read_as_it_slows_not_as_its_median_rate_stretched(
     (f,) = worker_cost_findings(
         worker_costs_summary({"worker_costs": {"memory": {"num_workers": 1, **got}, "available_mb": 1e6}}, []), None
     )
-    assert "the rate of its second half, where the growth had slowed" in f["detail"]
+    assert "the rate of its second half, where the growth had slowed" in f.detail
     # steady growth is a line; a step with flat readings around it is not slowing
     steady = [{**s, "uss_mb": {1: 35 + 0.2 * s["batches"][1]}} for s in curve]
     assert "slowing" not in _growth(steady, num_workers=1, epoch_batches=586, cap_mb=None)

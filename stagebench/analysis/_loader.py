@@ -148,8 +148,11 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "job": c.job,
         "scope": alone_scope("the loader", m.trainer, m.settings, planned=m.trainer_planned),
         "findings": by_severity(
-            [f.to_json() for f in loader_findings(c.pts, m, rec, target, c.job)]
-            + worker_cost_findings(costs, None if rec is None else rec.to_json())
+            [
+                f.to_json()
+                for f in loader_findings(c.pts, m, rec, target, c.job)
+                + worker_cost_findings(costs, None if rec is None else rec.to_json())
+            ]
         ),
         "worker_costs": costs,
         "transforms": list(m.transforms),

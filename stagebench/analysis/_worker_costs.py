@@ -138,11 +138,12 @@ def _queued(startup: tuple[StartupSplit, ...]) -> StartupSplit | None:
     return max(rows, key=lambda r: r.num_workers or 0) if rows else None
 
 
-def _f(severity: str, title: str, detail: str, evidence: dict[str, Any]) -> dict[str, Any]:
-    return Finding(severity, title, detail, None, evidence).to_json()
+def _f(severity: str, title: str, detail: str, evidence: Mapping[str, Any]) -> Finding:
+    """A finding of the loader's workers (no stage)."""
+    return Finding(severity, title, detail, None, evidence)
 
 
-def worker_cost_findings(costs: Mapping[str, Any] | None, rec: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+def worker_cost_findings(costs: Mapping[str, Any] | None, rec: Mapping[str, Any] | None) -> list[Finding]:
     """The findings the worker costs call for (module docstring), with their numbers."""
     if not costs:
         return []
@@ -154,9 +155,9 @@ def worker_cost_findings(costs: Mapping[str, Any] | None, rec: Mapping[str, Any]
     ]
 
 
-def _shipping_findings(wc: WorkerCosts, pick: LoaderPoint) -> list[dict[str, Any]]:
+def _shipping_findings(wc: WorkerCosts, pick: LoaderPoint) -> list[Finding]:
     """What shipping the dataset to each worker adds to its start, where it is large or slow."""
-    out: list[dict[str, Any]] = []
+    out: list[Finding] = []
     ship = wc.shipping or Shipping()
     largest = ship.largest or Largest()
     what = (
@@ -227,7 +228,7 @@ def _shipping_findings(wc: WorkerCosts, pick: LoaderPoint) -> list[dict[str, Any
     return out
 
 
-def _growth_findings(wc: WorkerCosts) -> list[dict[str, Any]]:
+def _growth_findings(wc: WorkerCosts) -> list[Finding]:
     """Each worker's memory growth over an epoch, where it is beyond noise and large."""
     ship = wc.shipping or Shipping()
     largest = ship.largest or Largest()
@@ -299,7 +300,7 @@ def _growth_findings(wc: WorkerCosts) -> list[dict[str, Any]]:
     return []
 
 
-def _shm_findings(shm: Shm) -> list[dict[str, Any]]:
+def _shm_findings(shm: Shm) -> list[Finding]:
     need, free = num(shm.in_flight_mb), num(shm.free_mb)
     if not (math.isfinite(need) and math.isfinite(free)) or need < SHM_SHARE * free:
         return []
