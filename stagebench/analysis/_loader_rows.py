@@ -86,7 +86,7 @@ def _overlaps(p: LoaderRow, q: LoaderRow) -> bool:
 def near_fastest(p: LoaderRow, top: LoaderRow) -> bool:
     """Whether ``p`` reads within :data:`CANNOT_MATTER` of the fastest, ``top``, or overlaps it: a comparison
     in turns could show it as good, or as the fastest. One rule for the decision (:func:`_near`) and for
-    the loaders the search keeps open for it (:meth:`stagebench.loader._sweep._Sweep.prune`)."""
+    the loaders the search keeps open for it (:meth:`stagebench.loader._search._Sweep.prune`)."""
     return p.samples_per_s >= CANNOT_MATTER * top.samples_per_s or _overlaps(p, top)
 
 

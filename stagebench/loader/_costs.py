@@ -198,7 +198,7 @@ def memory_pass(
     readings (module docstring). ``cap_mb``: the most a worker can copy (the Python objects of the dataset
     it reads), bounding the extrapolation.
 
-    ``cons``: a started, warm consumer (:class:`stagebench.loader._point._Consumer`): its ``events``
+    ``cons``: a started, warm consumer (:class:`stagebench.loader._consumer._Consumer`): its ``events``
     carry the process that made each batch, its ``worker_pids()`` the workers; the caller tears it
     down. Returns the samples and ``growth_mb_per_batch`` (a worker's, pooled over the workers: least
     squares through each worker's first sample, with a 95% interval), ``batches_per_worker``, and

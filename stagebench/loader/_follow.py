@@ -2,7 +2,7 @@
 
 The talk is :mod:`stagebench.core._follow`'s; what is loader's is here: a loader built by this rank's own
 factory (its dataset, its sampler's shard) and taken from by a consumer as the leader's points take from
-theirs (:class:`stagebench.loader._point._Consumer`), warmed up by the same rule as the leader's points
+theirs (:class:`stagebench.loader._consumer._Consumer`), warmed up by the same rule as the leader's points
 (every worker delivered, then the warm-up), drained as the leader's resumed loaders drain (what the
 workers queued while suspended, then one round of them), and its window reckoned as the leader's.
 """

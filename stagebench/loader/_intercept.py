@@ -11,8 +11,8 @@ Two ways in, one result (a :class:`DatasetLoaderFactory`: knobs -> a fresh loade
   loop body never runs.
 
 Every loader the factory builds wraps the resolved (batch) sampler in an
-:class:`~stagebench.loader._sweep.EpochControl` and the collate function in a
-:class:`~stagebench.loader._sweep.TaggedCollate`, so the measurement controls where
+:class:`~stagebench.loader._built.EpochControl` and the collate function in a
+:class:`~stagebench.loader._built.TaggedCollate`, so the measurement controls where
 epochs end and sees which worker made each batch, without touching the
 batches themselves.
 

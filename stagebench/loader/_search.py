@@ -176,7 +176,7 @@ class _Sweep:
         )
 
     def prune(self) -> None:
-        """Keep open only the loaders the turns may ask for (:func:`stagebench.analysis._loader.turns_to_run`
+        """Keep open only the loaders the turns may ask for (:func:`stagebench.analysis._loader_pick.turns_to_run`
         takes at most three): yours, the fastest so far, then those near it (:func:`near_fastest`, the
         decision's own rule), cheapest first, as the decision takes them. The others' workers would only
         hold memory, and a loader closed here that the turns then ask for pays its start-up again."""
@@ -370,7 +370,7 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...]) -> list[str]:
             )
             rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
     elif cfg.epoch_stall and rec is not None and rec.num_workers > 0:
-        # the stall decides one thing, persistent_workers at the pick (analysis/_loader._kept_knobs): measured there
+        # the stall decides one thing, persistent_workers at the pick (analysis/_loader_pick._kept_knobs): measured there
         # alone, once, instead of restarting epochs after every point's window
         knobs = LoaderKnobs(num_workers=rec.num_workers, prefetch_factor=rec.prefetch_factor, pin_memory=pin0)
         sw.point(knobs, "epoch_stall", stall=True, throughput=False, during=sw.memory_hook(knobs))
