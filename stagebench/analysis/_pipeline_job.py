@@ -77,9 +77,9 @@ def settings_cost(settings: Mapping[str, tuple[str, int]]) -> tuple[float, ...]:
 
 def job_candidates(
     stages: list[dict],
-    meta: Mapping[str, Any] | RunMeta,
+    meta: RunMeta,
     *,
-    demand: Rate | float | None,
+    demand: Rate | None,
     cores: float,
     free_threaded: bool,
     fixed: float,
@@ -102,9 +102,8 @@ def job_candidates(
     at_pace = joint(None)
     if not at_pace:
         return Ladder(run=[])
-    m = meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)
     names = list(at_pace)
-    yours = {str(s["name"]): c for s in m.stages if (c := user_choice(s)) is not None}
+    yours = {str(s["name"]): c for s in meta.stages if (c := user_choice(s)) is not None}
     yours = {n: yours[n] for n in names if n in yours}
 
     def rung(settings: dict[str, tuple[str, int]], alone: Rate | None = None) -> Rung | None:
@@ -119,20 +118,19 @@ def job_candidates(
             alone=alone,
         )
 
-    rate = demand if isinstance(demand, Rate) else (Rate(float(demand)) if demand else None)
     offers: list[tuple[Rung | None, str]] = []
     if len(yours) == len(names):
-        offers.append((rung(yours, Rate.from_json(m.yours, "qps")), "yours"))
-    if rate is not None and rate.value > 0:
-        offers.append((rung(joint(rate.value)), "feeds"))
-        offers.append((rung(joint(rate.value * ABOVE)), "above"))
-    offers.append((rung(at_pace, Rate.from_json(m.validation, "qps")), "best"))
+        offers.append((rung(yours, Rate.from_json(meta.yours, "qps")), "yours"))
+    if demand is not None and demand.value > 0:
+        offers.append((rung(joint(demand.value)), "feeds"))
+        offers.append((rung(joint(demand.value * ABOVE)), "above"))
+    offers.append((rung(at_pace, Rate.from_json(meta.validation, "qps")), "best"))
     # alone figures of a setting offered twice come from the offer that measured it
     merged: dict[str, Rung] = {}
     for r, _ in offers:
         if r is not None and (r.key not in merged or merged[r.key].alone is None):
             merged[r.key] = r
-    return build_ladder([(merged[r.key] if r is not None else None, origin) for r, origin in offers], demand=rate)
+    return build_ladder([(merged[r.key] if r is not None else None, origin) for r, origin in offers], demand=demand)
 
 
 def apply_job_pick(stages: list[dict], job: Mapping[str, Any]) -> list[str]:
