@@ -4,6 +4,8 @@ figures, the transforms as stage cards and what each worker costs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -12,6 +14,7 @@ from stagebench._numbers import finite
 from stagebench.analysis._loader import pooled_frame
 from stagebench.model._loader import LoaderPoint, WorkerCosts
 from stagebench.model._meta import RunSettings
+from stagebench.model._rate import Rate
 from stagebench.report._html import interval_text, num_text, rate_text, svg_uri
 from stagebench.report._page_parts import cell, job_tile, noise_tile, problem_rows, with_keys
 from stagebench.report._run import RunData
@@ -51,6 +54,48 @@ def loader_context(run: RunData) -> dict[str, Any]:
     best_rate, user = LoaderPoint.from_json(sm.best).samples_per_s, LoaderPoint.from_json(sm.user_setting)
     search = sm.search
     target = with_keys(sm.target, ("rate", "met", "verdict")) if sm.target else None
+    tiles = _tiles(run, rec_pt, best_rate, user, target)
+    rows, points = _setting_rows(rows, rec_pt)
+    trows = run.transform_rows
+    transforms = stage_cards(
+        trows if trows is not None else pd.DataFrame(),
+        run.transforms,
+        [],
+        run.provenance.cores,
+        anchor="transform",
+    )
+    budget = RunSettings.from_json(sm.settings).memory_budget_mb
+    target_rate = sm.target.get("rate") if sm.target else None
+    return {
+        "info": {str(k): v for k, v in info.to_json().items()},
+        "rec": rec,
+        "best": best,
+        "search": search,
+        "target": target,
+        "tiles": tiles,
+        "snippet": loader_snippet(sm),
+        "img_tput": svg_uri(_loader_plots.loader_throughput_svg(rows, rec_pt, target_rate)) if len(rows) else None,
+        "img_heat": svg_uri(_loader_plots.loader_heatmap_svg(rows, rec_pt)) if len(rows) else None,
+        "img_startup": svg_uri(_loader_plots.loader_startup_memory_svg(rows, budget if finite(budget) else None))
+        if len(rows)
+        else None,
+        "points": points,
+        "problems": problem_rows(rows),
+        "transforms": transforms,
+        "costs": _worker_costs_context(WorkerCosts.from_json(sm.worker_costs) if sm.worker_costs else None),
+    }
+
+
+def _tiles(
+    run: RunData,
+    rec_pt: LoaderPoint | None,
+    best_rate: Rate | None,
+    user: LoaderPoint,
+    target: Mapping[str, Any] | None,
+) -> list[dict[str, str]]:
+    """The loader page's headline tiles: the job's, the recommended and best settings, the trainer's
+    demand, the search, your setting, and the measurement noise."""
+    rows, search = run.rows, run.summary.search
     tiles = job_tile(run.job)
     if rec_pt is not None and rec_pt.samples_per_s is not None:
         tiles.append(
@@ -98,7 +143,31 @@ def loader_context(run: RunData) -> dict[str, Any]:
     noise = noise_tile(rows, "samples_per_s")
     if noise is not None:
         tiles.append(noise)
-    points = []
+    return tiles
+
+
+@dataclass(frozen=True, slots=True)
+class _SettingRow:
+    """One setting measured, as the points table shows it (its readings pooled)."""
+
+    nw: str
+    pf: str
+    pw: Any
+    pin: Any
+    sps: float | None
+    lo: float | None
+    hi: float | None
+    ttfb: float | None
+    stall: float | None
+    cores: float | None
+    mem: float | None
+    runs: int
+    rec: bool
+
+
+def _setting_rows(rows: pd.DataFrame, rec_pt: LoaderPoint | None) -> tuple[pd.DataFrame, list[_SettingRow]]:
+    """The rows with repeated readings pooled (the page's figures draw these), and one table row per setting."""
+    points: list[_SettingRow] = []
     if not rows.empty and "num_workers" in rows:
         # one point per setting, repeated readings pooled (a setting measured twice is never shown at its higher)
         rows = pooled_frame(rows)
@@ -109,50 +178,23 @@ def loader_context(run: RunData) -> dict[str, Any]:
         for pt in map(LoaderPoint.from_json, ok.to_dict("records")):
             r = pt.samples_per_s
             points.append(
-                {
-                    "nw": num_text(pt.num_workers) if pt.num_workers is not None else "—",
-                    "pf": num_text(pt.prefetch_factor) if pt.prefetch_factor is not None else "—",
-                    "pw": cell(pt.persistent_workers),
-                    "pin": cell(pt.pin_memory),
-                    "sps": None if r is None else r.value,
-                    "lo": None if r is None else r.low,
-                    "hi": None if r is None else r.high,
-                    "ttfb": pt.time_to_first_batch_s,
-                    "stall": pt.epoch_stall_s,
-                    "cores": pt.cores_used,
-                    "mem": pt.mem_pss_mb,
-                    "runs": pt.measurements or 1,
-                    "rec": _same_knobs(pt, rec_pt),
-                }
+                _SettingRow(
+                    nw=num_text(pt.num_workers) if pt.num_workers is not None else "—",
+                    pf=num_text(pt.prefetch_factor) if pt.prefetch_factor is not None else "—",
+                    pw=cell(pt.persistent_workers),
+                    pin=cell(pt.pin_memory),
+                    sps=None if r is None else r.value,
+                    lo=None if r is None else r.low,
+                    hi=None if r is None else r.high,
+                    ttfb=pt.time_to_first_batch_s,
+                    stall=pt.epoch_stall_s,
+                    cores=pt.cores_used,
+                    mem=pt.mem_pss_mb,
+                    runs=pt.measurements or 1,
+                    rec=_same_knobs(pt, rec_pt),
+                )
             )
-    trows = run.transform_rows
-    transforms = stage_cards(
-        trows if trows is not None else pd.DataFrame(),
-        run.transforms,
-        [],
-        run.provenance.cores,
-        anchor="transform",
-    )
-    budget = RunSettings.from_json(sm.settings).memory_budget_mb
-    target_rate = sm.target.get("rate") if sm.target else None
-    return {
-        "info": {str(k): v for k, v in info.to_json().items()},
-        "rec": rec,
-        "best": best,
-        "search": search,
-        "target": target,
-        "tiles": tiles,
-        "snippet": loader_snippet(sm),
-        "img_tput": svg_uri(_loader_plots.loader_throughput_svg(rows, rec_pt, target_rate)) if len(rows) else None,
-        "img_heat": svg_uri(_loader_plots.loader_heatmap_svg(rows, rec_pt)) if len(rows) else None,
-        "img_startup": svg_uri(_loader_plots.loader_startup_memory_svg(rows, budget if finite(budget) else None))
-        if len(rows)
-        else None,
-        "points": points,
-        "problems": problem_rows(rows),
-        "transforms": transforms,
-        "costs": _worker_costs_context(WorkerCosts.from_json(sm.worker_costs) if sm.worker_costs else None),
-    }
+    return rows, points
 
 
 def _worker_costs_context(costs: WorkerCosts | None) -> dict[str, Any] | None:
