@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from stagebench.model._finding import Finding
+from stagebench.model._job import JobVerdict, StepAlone
 from stagebench.model._json import Coercions, Read, integer, mapping, text, texts
 from stagebench.model._pipeline import CpuSpeed, Demand, Joint, Prediction, Search, Validation, VersusYours
 
@@ -52,8 +53,8 @@ class Summary(Read):
     search: Search | None = None
     stages: list[dict[str, Any]] = field(default_factory=list)
     not_isolated: list[dict[str, Any]] = field(default_factory=list)
-    job: Mapping[str, Any] | None = None
-    trainer: Mapping[str, Any] | None = None
+    job: JobVerdict | None = None
+    trainer: StepAlone = field(default_factory=StepAlone)
     provenance: Mapping[str, Any] | None = None
     settings: Mapping[str, Any] | None = None
     loader: Mapping[str, Any] | None = None
@@ -79,10 +80,10 @@ class Summary(Read):
         "findings": _findings,
         **dict.fromkeys(("stages", "not_isolated", "points", "transforms"), _list),
         **dict.fromkeys(("schema_version", "cores"), integer),
+        "job": JobVerdict.from_json,
+        "trainer": StepAlone.from_json,
         **dict.fromkeys(
             (
-                "job",
-                "trainer",
                 "provenance",
                 "settings",
                 "loader",

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from stagebench._numbers import finite, num
-from stagebench.model._job import StepAlone
 from stagebench.model._pipeline import Prediction
 from stagebench.report._html import interval_text, pct_text, rate_text, svg_uri
 from stagebench.report._page_parts import job_tile, noise_tile, to_ms
@@ -59,7 +58,7 @@ def pipeline_context(run: RunData) -> dict[str, Any]:
             # computed here, not read from error_vs_prediction: the sign convention is then unambiguous
             sub += f" · {pct_text(num(val.qps) / num(pred.qps) - 1, signed=True)} vs predicted"
         tiles.append({"label": "measured whole pipeline", "value": f"{rate_text(val.qps)} items/s", "sub": sub})
-    trainer = StepAlone.from_json(sm.trainer)
+    trainer = sm.trainer
     if finite(trainer.samples_per_s):
         wp = trainer.with_pipeline
         tiles.append(

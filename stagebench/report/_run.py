@@ -76,7 +76,7 @@ class RunData:
             transform_rows=transform_rows,
             stages=tuple(map(StageEntry.from_json, summary.stages)),
             transforms=tuple(map(StageEntry.from_json, summary.transforms)),
-            job=JobVerdict.from_json(summary.job),
+            job=summary.job,
         )
 
     @property

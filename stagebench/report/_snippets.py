@@ -12,7 +12,6 @@ from typing import Any
 from stagebench._numbers import num_or_none
 from stagebench.analysis._pipeline_job import user_setting
 from stagebench.model._evidence import Ratio
-from stagebench.model._job import JobVerdict
 from stagebench.model._loader import LoaderPoint
 from stagebench.model._meta import LoaderInfo, RunMeta, UserKnobs
 from stagebench.model._stage import StageEntry, StageSetting
@@ -42,7 +41,7 @@ def pipeline_snippet(sm: Summary, m: RunMeta) -> str:
     versus = sm.recommended_vs_yours
     verdict = versus.verdict
     stages = [StageEntry.from_json(x) for x in sm.stages]
-    job = JobVerdict.from_json(sm.job)
+    job = sm.job
     decided = job is not None and job.decided
     # the job's pick is on the stages (analysis/_pipeline_job.apply_job_pick); the prediction's
     # settings are the isolated choice the whole-pipeline runs were made at
