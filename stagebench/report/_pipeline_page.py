@@ -4,6 +4,7 @@ snippet to paste and the overview figure.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from stagebench._numbers import finite, num
@@ -111,18 +112,25 @@ def pipeline_context(run: RunData) -> dict[str, Any]:
     }
 
 
-def _stand_in_rows(pred: Prediction) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class _StandInRow:
+    """What the replay ran in place of a stage, in ms per call."""
+
+    name: Any
+    executor: Any
+    concurrency: Any
+    gil_ms: float | None
+    free_ms: float | None
+    wait_ms: float | None
+    releases: Any
+    note: Any
+
+
+def _stand_in_rows(pred: Prediction) -> list[_StandInRow]:
     """What the replay ran in place of each stage, in ms per call (what the predicted number rests on)."""
     return [
-        {
-            "name": s.name,
-            "executor": s.executor,
-            "concurrency": s.concurrency,
-            "gil_ms": to_ms(s.gil_s),
-            "free_ms": to_ms(s.free_s),
-            "wait_ms": to_ms(s.wait_s),
-            "releases": s.releases,
-            "note": s.note,
-        }
+        _StandInRow(
+            s.name, s.executor, s.concurrency, to_ms(s.gil_s), to_ms(s.free_s), to_ms(s.wait_s), s.releases, s.note
+        )
         for s in pred.stand_ins
     ]

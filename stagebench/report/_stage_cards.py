@@ -8,7 +8,7 @@ stands for.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -33,47 +33,84 @@ _CLASS_TEXT = {
 # looked up with whatever a summary holds, None included
 
 
-def _signal_items(signals: Mapping[str, Any]) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class _Signal:
+    """One signal the GIL share was read from, as the card's evidence table shows it."""
+
+    key: str
+    label: str
+    value: Any
+    low: Any
+    high: Any
+
+
+def _signal_items(signals: Mapping[str, Any]) -> list[_Signal]:
     out = []
     for key, sig in signals.items():
         if not isinstance(sig, Mapping):
             sig = {"value": sig}
         iv = sig.get("interval") or [None, None]
-        out.append(
-            {
-                "key": str(key),
-                "label": str(sig.get("label") or key),
-                "value": sig.get("value"),
-                "low": iv[0] if len(iv) > 0 else None,
-                "high": iv[1] if len(iv) > 1 else None,
-            }
-        )
+        low, high = (iv[0] if len(iv) > 0 else None), (iv[1] if len(iv) > 1 else None)
+        out.append(_Signal(str(key), str(sig.get("label") or key), sig.get("value"), low, high))
     return out
 
 
-def _fit_items(fits: Mapping[str, Any]) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class _Fit:
+    """One fitted curve (an executor × harness), as the card's fits table shows it."""
+
+    key: str
+    model: Any
+    sigma: Any
+    kappa: Any
+    sigma_interval: Any
+    amdahl: Any
+    amdahl_interval: Any
+    peak: Any
+    r2: Any
+    levels: Any
+    warning: Any
+
+
+def _fit_items(fits: Mapping[str, Any]) -> list[_Fit]:
     out = []
     for key, f in sorted((fits or {}).items()):
         f = f or {}
         out.append(
-            {
-                "key": key,
-                "model": f.get("model", "usl"),
-                "sigma": f.get("sigma"),
-                "kappa": f.get("kappa"),
-                "sigma_interval": f.get("sigma_interval"),
-                "amdahl": f.get("amdahl_serial_fraction"),
-                "amdahl_interval": f.get("amdahl_interval"),
-                "peak": f.get("peak_concurrency"),
-                "r2": f.get("r2"),
-                "levels": f.get("levels"),
-                "warning": f.get("warning"),
-            }
+            _Fit(
+                key=key,
+                model=f.get("model", "usl"),
+                sigma=f.get("sigma"),
+                kappa=f.get("kappa"),
+                sigma_interval=f.get("sigma_interval"),
+                amdahl=f.get("amdahl_serial_fraction"),
+                amdahl_interval=f.get("amdahl_interval"),
+                peak=f.get("peak_concurrency"),
+                r2=f.get("r2"),
+                levels=f.get("levels"),
+                warning=f.get("warning"),
+            )
         )
     return out
 
 
-def _point_rows(rows: pd.DataFrame, stage: StageEntry) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class _Point:
+    """One measured point of a stage, in source items/s: the numbers behind the card's two figures."""
+
+    executor: Any
+    harness: Any
+    concurrency: float | None
+    qps: Any
+    qps_low: Any
+    qps_high: Any
+    cores: float | None
+    p50: float | None
+    p99: float | None
+    mem: float | None
+
+
+def _point_rows(rows: pd.DataFrame, stage: StageEntry) -> list[_Point]:
     """The stage's measured points, the numbers behind its two figures: throughput in source items/s
     (the card's unit), cores used, latency and memory."""
     if rows.empty or not {"role", "status", "qps"} <= set(rows.columns):
@@ -89,18 +126,18 @@ def _point_rows(rows: pd.DataFrame, stage: StageEntry) -> list[dict[str, Any]]:
     out = []
     for r in ok.to_dict("records"):
         out.append(
-            {
-                "executor": cell(r.get("executor")),
-                "harness": cell(r.get("harness")),
-                "concurrency": num_or_none(r.get("concurrency")),
-                "qps": _per_source(r.get("qps"), k),
-                "qps_low": _per_source(r.get("qps_low"), k),
-                "qps_high": _per_source(r.get("qps_high"), k),
-                "cores": num_or_none(r.get("cores_used")),
-                "p50": num_or_none(r.get("latency_p50_ms")),
-                "p99": num_or_none(r.get("latency_p99_ms")),
-                "mem": num_or_none(r.get(mem)),
-            }
+            _Point(
+                executor=cell(r.get("executor")),
+                harness=cell(r.get("harness")),
+                concurrency=num_or_none(r.get("concurrency")),
+                qps=_per_source(r.get("qps"), k),
+                qps_low=_per_source(r.get("qps_low"), k),
+                qps_high=_per_source(r.get("qps_high"), k),
+                cores=num_or_none(r.get("cores_used")),
+                p50=num_or_none(r.get("latency_p50_ms")),
+                p99=num_or_none(r.get("latency_p99_ms")),
+                mem=num_or_none(r.get(mem)),
+            )
         )
     return out
 
