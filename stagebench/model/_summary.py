@@ -10,20 +10,28 @@ points) are kept as the summary holds them, for those types to read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from stagebench.model._finding import Finding
 from stagebench.model._job import JobVerdict, StepAlone
 from stagebench.model._json import Coercions, Read, integer, mapping, text, texts
+from stagebench.model._meta import LoaderInfo, Provenance, RunSettings
 from stagebench.model._pipeline import CpuSpeed, Demand, Joint, Prediction, Search, Validation, VersusYours
 
 __all__ = ["Summary"]
 
+_T = TypeVar("_T")
+
 
 def _list(v: Any) -> list[Any]:
     return list(v) if isinstance(v, (list, tuple)) else []
+
+
+def _copied(v: Any, from_json: Callable[[Mapping[str, Any]], _T]) -> _T | None:
+    """A record run.json holds, as the summary copies it; None where it is not there or empty."""
+    return from_json(v) if isinstance(v, Mapping) and v else None
 
 
 def _findings(v: Any) -> list[Finding]:
@@ -55,9 +63,10 @@ class Summary(Read):
     not_isolated: list[dict[str, Any]] = field(default_factory=list)
     job: JobVerdict | None = None
     trainer: StepAlone = field(default_factory=StepAlone)
-    provenance: Mapping[str, Any] | None = None
-    settings: Mapping[str, Any] | None = None
-    loader: Mapping[str, Any] | None = None
+    #: run.json's records as the summary copies them (None: not copied, or empty)
+    provenance: Provenance | None = None
+    settings: RunSettings | None = None
+    loader: LoaderInfo | None = None
     recommended: Mapping[str, Any] | None = None
     best: Mapping[str, Any] | None = None
     target: Mapping[str, Any] | None = None
@@ -82,11 +91,11 @@ class Summary(Read):
         **dict.fromkeys(("schema_version", "cores"), integer),
         "job": JobVerdict.from_json,
         "trainer": StepAlone.from_json,
+        "provenance": lambda v: _copied(v, Provenance.from_json),
+        "settings": lambda v: _copied(v, RunSettings.from_json),
+        "loader": lambda v: _copied(v, LoaderInfo.from_json),
         **dict.fromkeys(
             (
-                "provenance",
-                "settings",
-                "loader",
                 "recommended",
                 "best",
                 "target",

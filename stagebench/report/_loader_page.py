@@ -64,7 +64,7 @@ def loader_context(run: RunData) -> dict[str, Any]:
         run.provenance.cores,
         anchor="transform",
     )
-    budget = RunSettings.from_json(sm.settings).memory_budget_mb
+    budget = (sm.settings or RunSettings()).memory_budget_mb
     target_rate = sm.target.get("rate") if sm.target else None
     return {
         "info": {str(k): v for k, v in info.to_json().items()},

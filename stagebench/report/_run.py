@@ -82,20 +82,17 @@ class RunData:
     @property
     def provenance(self) -> Provenance:
         """The machine the run was measured on: the summary's copy, else run.json's (empty where neither has it)."""
-        copy = self.summary.provenance
-        return Provenance.from_json(copy) if copy else self.meta.provenance or Provenance()
+        return self.summary.provenance or self.meta.provenance or Provenance()
 
     @property
     def settings(self) -> RunSettings:
         """The run's settings: the summary's copy, else run.json's."""
-        copy = self.summary.settings
-        return RunSettings.from_json(copy) if copy else self.meta.settings
+        return self.summary.settings or self.meta.settings
 
     @property
     def loader(self) -> LoaderInfo:
         """The loader under test (loader runs): the summary's copy, else run.json's."""
-        copy = self.summary.loader
-        return LoaderInfo.from_json(copy) if copy else self.meta.loader
+        return self.summary.loader or self.meta.loader
 
 
 @dataclass(frozen=True, slots=True)

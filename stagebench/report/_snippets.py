@@ -168,7 +168,7 @@ def loader_snippet(sm: Summary) -> str:
     rec = sm.recommended or {}
     if not rec:
         return ""
-    info = LoaderInfo.from_json(sm.loader)
+    info = sm.loader or LoaderInfo()
     backend = str(info.backend or "")
     knobs = loader_knobs(rec)
     if not LoaderPoint.from_json(rec).num_workers and backend in ("torch", "spdl_pytorch", ""):

@@ -126,7 +126,7 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
             )
         )
     lines = ["", "stagebench diagnosis"]
-    ranks = Provenance.from_json(sm.provenance).ranks.local_world_size
+    ranks = (sm.provenance or Provenance()).ranks.local_world_size
     if ranks > 1:  # the host's ranks measured together: its rates, each rank's settings
         lines.append(
             f"{ranks} ranks on this host, each running its own pipeline at the settings shown (each rank's): "
