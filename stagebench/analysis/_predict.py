@@ -36,6 +36,7 @@ quantity to per-source-item.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,7 @@ from stagebench._numbers import finite, fmt_ms, fmt_q, num_or_none
 from stagebench.model._pipeline import Prediction
 from stagebench.model._stage import HeadToHead, StageEntry, StageSetting
 
-__all__ = ["predict_pipeline", "apply_replay", "stage_load", "pipeline_bounds", "Bounds"]
+__all__ = ["predict_pipeline", "apply_replay", "stage_load", "pipeline_bounds", "Bounds", "StageLoad"]
 
 _MAIN_PROCESS = ("thread", "async")
 
@@ -53,12 +54,36 @@ def _names(xs: list[str]) -> str:
     return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
 
 
-def _shares(loads: list[dict], key: str) -> str:
-    return ", ".join(f"{d['stage']} {fmt_ms(d[key])}" for d in loads)
+def _shares(loads: list[StageLoad], key: str) -> str:
+    return ", ".join(f"{d.stage} {fmt_ms(getattr(d, key))}" for d in loads)
 
 
-def stage_load(st: StageEntry, setting: dict, fixed: float = 0.0) -> dict[str, Any]:
-    """Per-source-item demands of one stage at one setting.
+@dataclass(frozen=True, slots=True)
+class StageLoad:
+    """One stage's per-source-item demands at one setting (:func:`stage_load`): what the bounds add up,
+    and what ``summary["prediction"]["stages"]`` lists (:meth:`to_json`, its fields in order)."""
+
+    stage: str
+    executor: str
+    concurrency: int
+    capacity: float
+    """Source items/s the stage delivers alone at this setting."""
+    cpu_s_per_item: float | None
+    gil_s_per_item: float
+    """The main process's GIL per item: the stage's own (on threads or the event loop) and its harness's."""
+    harness_gil_s_per_item: float
+    own_gil_known: bool
+    spdl: bool
+    """Measured inside SPDL: SPDL's fixed per-item cost was taken out of its figures."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The load as the prediction lists it."""
+        return dataclasses.asdict(self)
+
+
+def stage_load(st: StageEntry, setting: dict, fixed: float = 0.0) -> StageLoad:
+    """Per-source-item demands of one stage (``st``) at one ``setting`` (a recommended or alternative
+    setting's figures), as a :class:`StageLoad`.
 
     ``fixed``: SPDL's per-item cost that the whole pipeline pays once (source,
     sink, consumer); it is inside every spdl-harness measurement of the stage,
@@ -78,17 +103,17 @@ def stage_load(st: StageEntry, setting: dict, fixed: float = 0.0) -> dict[str, A
         gil = ((own_gil or 0.0) + harness_gil) / k
     else:
         gil = harness_gil / k
-    return {
-        "stage": st.name,
-        "executor": ex,
-        "concurrency": setting["concurrency"],
-        "capacity": setting["qps"] * k,
-        "cpu_s_per_item": cpu / k if cpu is not None and finite(cpu) else None,
-        "gil_s_per_item": gil,
-        "harness_gil_s_per_item": harness_gil / k,
-        "own_gil_known": own_gil is not None or ex not in _MAIN_PROCESS,
-        "spdl": spdl,
-    }
+    return StageLoad(
+        stage=st.name,
+        executor=ex,
+        concurrency=setting["concurrency"],
+        capacity=setting["qps"] * k,
+        cpu_s_per_item=cpu / k if cpu is not None and finite(cpu) else None,
+        gil_s_per_item=gil,
+        harness_gil_s_per_item=harness_gil / k,
+        own_gil_known=own_gil is not None or ex not in _MAIN_PROCESS,
+        spdl=spdl,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,17 +145,19 @@ class Bounds:
         return {"gil": "the GIL", "cores": "the cores"}[self.binding]
 
 
-def pipeline_bounds(loads: list[dict], cores: float, free_threaded: bool, fixed: float = 0.0, ranks: int = 1) -> Bounds:
+def pipeline_bounds(
+    loads: list[StageLoad], cores: float, free_threaded: bool, fixed: float = 0.0, ranks: int = 1
+) -> Bounds:
     """The bounds of a pipeline of ``loads`` (:func:`stage_load`) on ``cores`` (``free_threaded``: no GIL;
     ``fixed``: SPDL's per-item cost, charged once): its slowest stage, the cores, the GIL.
 
     ``ranks``: the host's ranks, each running the pipeline in its own process (a ranked diagnosis's
     figures are the host's): each has a GIL of its own, so the GIL bound is theirs together."""
-    cap = min(loads, key=lambda d: d["capacity"])
-    once = fixed if any(d["spdl"] for d in loads) else 0.0
-    cpu_sum = sum(d["cpu_s_per_item"] for d in loads if d["cpu_s_per_item"] is not None) + once
-    gil_sum = sum(d["gil_s_per_item"] for d in loads) + once
-    b_stage = cap["capacity"]
+    cap = min(loads, key=lambda d: d.capacity)
+    once = fixed if any(d.spdl for d in loads) else 0.0
+    cpu_sum = sum(d.cpu_s_per_item for d in loads if d.cpu_s_per_item is not None) + once
+    gil_sum = sum(d.gil_s_per_item for d in loads) + once
+    b_stage = cap.capacity
     b_cores = cores / cpu_sum if cpu_sum > 0 else math.inf
     b_gil = ranks / gil_sum if gil_sum > 0 and not free_threaded else math.inf
     bounds = {"stage": b_stage, "cores": b_cores, "gil": b_gil}
@@ -141,7 +168,7 @@ def pipeline_bounds(loads: list[dict], cores: float, free_threaded: bool, fixed:
         stage=b_stage,
         cores=b_cores,
         gil=b_gil,
-        cap_stage=cap["stage"],
+        cap_stage=cap.stage,
         cpu_sum=cpu_sum,
         gil_sum=gil_sum,
         fixed=once,
@@ -237,7 +264,7 @@ def predict_pipeline(
     return out
 
 
-def _measured(entries: list[StageEntry], fixed: float) -> tuple[list[dict], list[str], list[dict]]:
+def _measured(entries: list[StageEntry], fixed: float) -> tuple[list[StageLoad], list[str], list[dict]]:
     """``(loads, missing, settings)``: the measured stages' demands at their recommended settings, the
     names of the stages left out (not measured), and the settings the demands were read at."""
     loads, missing, settings = [], [], []
@@ -258,7 +285,7 @@ def _measured(entries: list[StageEntry], fixed: float) -> tuple[list[dict], list
     return loads, missing, settings
 
 
-def _unpredicted(settings: list[dict], loads: list[dict], missing: list[str]) -> dict[str, Any]:
+def _unpredicted(settings: list[dict], loads: list[StageLoad], missing: list[str]) -> dict[str, Any]:
     """The prediction's fields, none predicted yet: every key in the order the prediction lists them."""
     return {
         "qps": None,
@@ -269,7 +296,7 @@ def _unpredicted(settings: list[dict], loads: list[dict], missing: list[str]) ->
         "bounds": {"stages": None, "cores": None, "gil": None},
         "naive_qps": None,
         "settings": settings,
-        "stages": loads,
+        "stages": [d.to_json() for d in loads],
         "missing": missing,
         "lift": None,
         "caveat": None,
@@ -300,7 +327,7 @@ class _Pipeline:
     entries: list[StageEntry]
     by_name: dict[str, StageEntry]
     """The stage entries by stage name."""
-    loads: list[dict]
+    loads: list[StageLoad]
     """The measured stages' per-item demands (:func:`stage_load`)."""
     b: Bounds
     """The bounds (:func:`pipeline_bounds`)."""
@@ -322,18 +349,18 @@ def _gil_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     holds the GIL (every stage None-returning, or unmeasured), the scheduling alone binds.
     """
     loads, b = p.loads, p.b
-    holders = sorted((d for d in loads if d["gil_s_per_item"] > 0), key=lambda d: -d["gil_s_per_item"])
-    main = [d for d in holders if d["executor"] in _MAIN_PROCESS and (p.by_name[d["stage"]].gil_s_per_item or 0) > 0]
+    holders = sorted((d for d in loads if d.gil_s_per_item > 0), key=lambda d: -d.gil_s_per_item)
+    main = [d for d in holders if d.executor in _MAIN_PROCESS and (p.by_name[d.stage].gil_s_per_item or 0) > 0]
     # the parts add up to the total: each stage's own Python in the main process, and the pipeline's
     # own per-item scheduling (every stage's harness part, and what it pays once per item)
-    sched = sum(d["harness_gil_s_per_item"] for d in loads) + b.fixed
+    sched = sum(d.harness_gil_s_per_item for d in loads) + b.fixed
     owns = sorted(
-        ((d["stage"], d["gil_s_per_item"] - d["harness_gil_s_per_item"]) for d in loads),
+        ((d.stage, d.gil_s_per_item - d.harness_gil_s_per_item) for d in loads),
         key=lambda x: -x[1],
     )
     owns = [(n, g) for n, g in owns if g > 0]
     out["scheduling_gil_s_per_item"] = sched
-    out["bottleneck"] = owns[0][0] if owns else holders[0]["stage"] if holders else None
+    out["bottleneck"] = owns[0][0] if owns else holders[0].stage if holders else None
     whose = "the main process's GIL" if p.ranks == 1 else f"its rank's main process's GIL ({p.ranks} ranks, a GIL each)"
     parts = [
         f"the GIL binds: one item needs {fmt_ms(b.gil_sum)} of {whose}: "
@@ -358,15 +385,15 @@ def _gil_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     return parts
 
 
-def _unmeasured_move(p: _Pipeline, top: dict) -> str:
+def _unmeasured_move(p: _Pipeline, top: StageLoad) -> str:
     """What moving the largest GIL holder out of the main process would lift the GIL bound to, where
     it was not measured on processes: the bound without its own Python."""
-    st = p.by_name[top["stage"]]
+    st = p.by_name[top.stage]
     own = (st.gil_s_per_item or 0.0) / st.items_per_input
     rest = p.b.gil_sum - own
     lifted = f"{fmt_q(p.ranks / rest)} items/s" if rest > 0 else "no limit"
     return (
-        f"moving {top['stage']}'s Python out of the main process (a process executor; not measured for it) "
+        f"moving {top.stage}'s Python out of the main process (a process executor; not measured for it) "
         f"or shrinking it would lift the GIL bound, up to {lifted} without it"
     )
 
@@ -375,13 +402,13 @@ def _cores_bind(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     """The cores bind: the stages' CPU per item, the largest user the bottleneck (set in ``out``)."""
     b = p.b
     cores = f"{p.cores} cores ({p.cores_bound})" if p.cores_bound else f"{p.cores} cores"
-    users = sorted((d for d in p.loads if d["cpu_s_per_item"]), key=lambda d: -d["cpu_s_per_item"])
-    out["bottleneck"] = users[0]["stage"] if users else None
+    users = sorted((d for d in p.loads if d.cpu_s_per_item), key=lambda d: -(d.cpu_s_per_item or 0.0))
+    out["bottleneck"] = users[0].stage if users else None
     return [
         f"the cores bind: one item needs {fmt_ms(b.cpu_sum)} of CPU across the stages "
         + (
             f"({_shares(users, 'cpu_s_per_item')}); {cores} give at most {fmt_q(b.qps)} items/s. "
-            f"More cores, or less work in {users[0]['stage']}, would lift it"
+            f"More cores, or less work in {users[0].stage}, would lift it"
             if users
             else f"(the pipeline's own); {cores} give at most {fmt_q(b.qps)} items/s"
         )
@@ -393,9 +420,9 @@ def _stage_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     name = p.b.cap_stage
     out["bottleneck"] = name
     st = p.by_name[name]
-    d = next(x for x in p.loads if x["stage"] == name)
+    d = next(x for x in p.loads if x.stage == name)
     parts = [
-        f"{name} binds: at {d['executor']} x {d['concurrency']} it delivers {fmt_q(d['capacity'])} items/s "
+        f"{name} binds: at {d.executor} x {d.concurrency} it delivers {fmt_q(d.capacity)} items/s "
         f"({st.classification if 'classification' in st.keys else 'unknown'})"
     ]
     hint = _stage_hint(st)
@@ -404,11 +431,11 @@ def _stage_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     return parts
 
 
-def _caveat(loads: list[dict], settings: list[dict], overhead: dict | None) -> str | None:
+def _caveat(loads: list[StageLoad], settings: list[dict], overhead: dict | None) -> str | None:
     """Why the bounds may be off, or None: SPDL's fixed per-item cost not measured (charged once per
     stage), or stages measured on the direct harness (SPDL's own scheduling not counted)."""
     caveats: list[str] = []
-    n_spdl = sum(1 for d in loads if d["spdl"])
+    n_spdl = sum(1 for d in loads if d.spdl)
     if overhead is None and n_spdl > 1:
         caveats.append(
             "SPDL's fixed per-item cost (source, sink, consumer) was not measured separately (an older run): "
@@ -462,7 +489,7 @@ def _lift_by_processes(main, loads, entries, cores, free_threaded, fixed=0.0, gi
     """
     by_name: dict[str, StageEntry] = {st.name: st for st in entries}
     for d in main:
-        st = by_name[d["stage"]]
+        st = by_name[d.stage]
         proc = _setting(st, "process")
         if not proc:
             continue
@@ -479,19 +506,19 @@ def _lift_by_processes(main, loads, entries, cores, free_threaded, fixed=0.0, gi
                 f" (its capacity there: {h2h.ratio:.2f}x its threads', measured in turns, "
                 f"{fmt_q(proc['qps'] * st.items_per_input)} items/s)"
             )
-        new = [(stage_load(st, proc, fixed) if x["stage"] == d["stage"] else x) for x in loads]
+        new = [(stage_load(st, proc, fixed) if x.stage == d.stage else x) for x in loads]
         nb = pipeline_bounds(new, cores, free_threaded, fixed, ranks)
         gil_bound = nb.gil
         lifts = gil_bound > _LIFT_MIN * gil_now
         if not lifts:
             text = (
-                f"moving {d['stage']} to processes (x {proc['concurrency']}){turns} would not lift the GIL bound "
+                f"moving {d.stage} to processes (x {proc['concurrency']}){turns} would not lift the GIL bound "
                 f"({fmt_q(gil_bound)} items/s against {fmt_q(gil_now)} now): handing its items to processes costs "
                 "the main process as much of the GIL as its own Python does"
             )
         else:
             text = (
-                f"moving {d['stage']} to processes (x {proc['concurrency']}){turns} lifts the GIL bound to "
+                f"moving {d.stage} to processes (x {proc['concurrency']}){turns} lifts the GIL bound to "
                 + (f"{fmt_q(gil_bound)} items/s" if math.isfinite(gil_bound) else "no limit")
                 # No throughput for the changed pipeline: the bounds leave out what stages cost each other
                 # (the demo's claimed 390 items/s ran at 207-248), and nothing replayed this change.
@@ -500,7 +527,7 @@ def _lift_by_processes(main, loads, entries, cores, free_threaded, fixed=0.0, gi
                 + " would set the bounds (not replayed: no throughput is claimed for the change)"
             )
         return {
-            "stage": d["stage"],
+            "stage": d.stage,
             "executor": "process",
             "concurrency": proc["concurrency"],
             "gil_bound": gil_bound if math.isfinite(gil_bound) else None,
