@@ -101,11 +101,11 @@ def first_batches(n: int, levels: tuple[int, ...] = LEVELS, turns: int = 2) -> l
                     "worker_boot_s": row.get("worker_boot_s"),
                     "sum_of_parts_s": total,
                     "sum_error": (total - measured) / measured,
-                    "shipping_estimate_s": nw * ship["pickle_s"] + ship["unpickle_s"],
+                    "shipping_estimate_s": nw * ship.pickle_s + ship.unpickle_s,
                     "shipping_added_s": row["workers_start_last_s"] - base["workers_start_last_s"],
                 }
             )
-    return [{"shipping": {k: ship[k] for k in ("start_method", "mb", "pickle_s", "unpickle_s")}}, *out]
+    return [{"shipping": {k: getattr(ship, k) for k in ("start_method", "mb", "pickle_s", "unpickle_s")}}, *out]
 
 
 def sweep_cost(n: int, smoke: bool = False) -> dict:

@@ -58,16 +58,16 @@ class Index(Dataset):
 def test_the_shipped_copy_is_the_datasets_pickled_size_and_named():
     factory = make_loader_factory(Blob(mb=20.0, strings=50_000), batch_size=8, multiprocessing_context="spawn")
     ship = shipping_cost(factory, backend="torch")
-    assert ship["shipped"] and ship["start_method"] == "spawn"
-    assert ship["mb"] == pytest.approx(20.0 + 50_000 * 30 / 2**20, rel=0.10)
-    assert ship["pickle_s"] > 0 and ship["unpickle_s"] > 0
-    assert ship["pickle_s_range"][0] <= ship["pickle_s"] <= ship["pickle_s_range"][1]
-    assert ship["largest"]["attr"] == "names" and ship["largest"]["items"] == 50_000
+    assert ship is not None and ship.shipped and ship.start_method == "spawn"
+    assert ship.mb == pytest.approx(20.0 + 50_000 * 30 / 2**20, rel=0.10)
+    assert ship.pickle_s > 0 and ship.unpickle_s > 0
+    assert ship.pickle_s_range[0] <= ship.pickle_s <= ship.pickle_s_range[1]
+    assert ship.largest.attr == "names" and ship.largest.items == 50_000
     # under fork nothing is shipped, whatever the size
     assert (
-        shipping_cost(make_loader_factory(Blob(), batch_size=8, multiprocessing_context="fork"), backend="torch")[
-            "shipped"
-        ]
+        shipping_cost(
+            make_loader_factory(Blob(), batch_size=8, multiprocessing_context="fork"), backend="torch"
+        ).shipped
         is False
     )
 
@@ -81,7 +81,7 @@ def test_shipping_shows_in_the_workers_start_as_measured():
     big = make_loader_factory(Blob(strings=2_000_000), batch_size=8, multiprocessing_context="spawn")
     small = make_loader_factory(Blob(), batch_size=8, multiprocessing_context="spawn")
     ship = shipping_cost(big, backend="torch")
-    each = ship["pickle_s"] + ship["unpickle_s"]
+    each = ship.pickle_s + ship.unpickle_s
     starts = {}
     for name, f in (("small", small), ("big", big), ("big2", big), ("small2", small)):  # in turns
         row = measure_loader_point(f, knobs, config=cfg, cuda=False, stall=False)
@@ -109,8 +109,8 @@ def test_spdl_loaders_start_up_is_split_where_it_can_be_and_its_shipping_said_on
     # iter(), come within it and make most of it
     assert 0.5 * row["time_to_first_batch_s"] <= parts <= row["time_to_first_batch_s"] + 0.05, row
     ship = shipping_cost(factory, backend="spdl_pytorch")
-    assert ship["shipped"] and ship["pickled_once"]
-    (f,) = worker_cost_findings({"shipping": {**ship, "mb": 20.0}}, {"num_workers": 2})
+    assert ship.shipped and ship.pickled_once
+    (f,) = worker_cost_findings({"shipping": {**ship.to_json(), "mb": 20.0}}, {"num_workers": 2})
     assert "pickles it once into shared memory" in f.detail and "for each worker in turn" not in f.detail
 
 
@@ -130,7 +130,7 @@ def _pass(ds: Dataset, seconds: float) -> dict:
             num_workers=1,
             epoch_batches=math.ceil(len(ds) / 1024),
             seconds=seconds,
-            cap_mb=copy_bound_mb(ship["largest"], ds),
+            cap_mb=copy_bound_mb(ship.largest, ds),
         )
     finally:
         _teardown(cons, hung=False)
@@ -188,11 +188,11 @@ def test_copy_on_read_growth_over_an_epoch_against_a_direct_reading_and_none_for
 
 def test_the_largest_container_is_named_with_its_size():
     got = largest_container(Index(10_000, as_numpy=False))
-    assert (got["attr"], got["items"], got["item"], got["python_objects"]) == ("index", 10_000, "tuple", True)
-    assert 1.0 < got["objects_mb"] < 3.0  # 10k tuples of an int, a float and a short str: ~170 bytes each
-    assert largest_container(Index(10_000, as_numpy=True))["python_objects"] is False
+    assert (got.attr, got.items, got.item, got.python_objects) == ("index", 10_000, "tuple", True)
+    assert 1.0 < got.objects_mb < 3.0  # 10k tuples of an int, a float and a short str: ~170 bytes each
+    assert largest_container(Index(10_000, as_numpy=True)).python_objects is False
     # the index bounds what a worker can copy; numpy arrays are not Python objects a read copies
-    assert copy_bound_mb(got, Index(10_000, as_numpy=False)) == got["objects_mb"]
+    assert copy_bound_mb(got, Index(10_000, as_numpy=False)) == got.objects_mb
     assert copy_bound_mb(largest_container(Index(10_000, as_numpy=True)), Index(10_000, as_numpy=True)) is None
 
 
@@ -214,7 +214,7 @@ def test_a_container_smaller_than_the_dataset_bounds_nothing():
     what the pass had seen, 4 MB, where nothing bounds what its workers allocate."""
     fake = _Fake()
     got = largest_container(fake)
-    assert (got["attr"], got["items"]) == ("image_size", 3)
+    assert (got.attr, got.items) == ("image_size", 3)
     assert copy_bound_mb(got, fake) is None
 
 
@@ -304,7 +304,8 @@ def test_batches_in_flight_are_set_against_dev_shm():
     shm = shm_headroom(16.0, 4, 2)
     if shm is None:
         pytest.skip("no /dev/shm here")
-    assert shm["batches_in_flight"] == 8 and shm["in_flight_mb"] == 128.0 and shm["free_mb"] > 0
+    assert shm.batches_in_flight == 8 and shm.in_flight_mb == 128.0 and shm.free_mb > 0
+    shm = shm.to_json()
     assert not worker_cost_findings({"shm": {**shm, "free_mb": 1000.0}}, None)
     (f,) = worker_cost_findings({"shm": {**shm, "free_mb": 200.0}}, None)
     assert f.severity == "medium" and f.title.startswith("The batches in flight take 64%")

@@ -37,10 +37,13 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import psutil
+
+from stagebench.model._loader import Largest, Shipping, Shm
 
 __all__ = ["start_method", "shipping_cost", "memory_pass", "largest_container", "copy_bound_mb", "shm_headroom"]
 
@@ -71,7 +74,7 @@ def start_method(factory: Any) -> str:
     return str(multiprocessing.get_start_method(allow_none=False))
 
 
-def largest_container(obj: Any) -> dict[str, Any] | None:
+def largest_container(obj: Any) -> Largest | None:
     """The dataset's largest list, tuple, dict or array attribute (one level down), its length and what
     its items are: where most of a dataset's Python objects usually sit (a list of paths, of tuples)."""
     best: tuple[int, str, Any] | None = None
@@ -94,28 +97,28 @@ def largest_container(obj: Any) -> dict[str, Any] | None:
     except (StopIteration, TypeError, AttributeError):
         pass
     numpy = type(value).__module__.startswith("numpy")
-    return {
-        "attr": name,
-        "items": n,
-        "container": kind,
-        "item": type(first).__name__ if first is not None else None,
-        "python_objects": not numpy,
-        "objects_mb": _deep_mb(value, n) if not numpy else None,
-    }
+    return Largest(
+        attr=name,
+        items=n,
+        container=kind,
+        item=type(first).__name__ if first is not None else None,
+        python_objects=not numpy,
+        objects_mb=_deep_mb(value, n) if not numpy else None,
+    )
 
 
-def copy_bound_mb(largest: dict[str, Any] | None, dataset: Any) -> float | None:
+def copy_bound_mb(largest: Largest | None, dataset: Any) -> float | None:
     """The most a worker can copy reading the dataset, from its largest container: the memory of that
     container's Python objects, where it is the dataset's index (at least one item per sample). A smaller
     container (FakeData's 3-int ``image_size``) says nothing of what a worker reads: no bound then, rather
     than one that would cap an epoch's growth at what the pass saw."""
-    if not largest or not largest.get("python_objects") or largest.get("objects_mb") is None:
+    if largest is None or not largest.python_objects or largest.objects_mb is None or largest.items is None:
         return None
     try:
         samples = len(dataset)
     except TypeError:  # an IterableDataset: no count of samples to hold the container against
         return None
-    return float(largest["objects_mb"]) if largest["items"] >= samples else None
+    return float(largest.objects_mb) if largest.items >= samples else None
 
 
 def _deep_mb(value: Any, n: int, sample: int = 2000) -> float | None:
@@ -143,7 +146,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t, out
 
 
-def shipping_cost(factory: Any, *, backend: str) -> dict[str, Any] | None:
+def shipping_cost(factory: Any, *, backend: str) -> Shipping | None:
     """What shipping the dataset (with the collate and init functions) to one worker costs, measured on
     the user's objects: ``mb`` pickled, ``pickle_s`` (the main process, once per worker) and
     ``unpickle_s`` (each worker), medians of up to three, with their range; ``shipped`` False under
@@ -155,12 +158,9 @@ def shipping_cost(factory: Any, *, backend: str) -> dict[str, Any] | None:
     shipped = method != "fork" or backend == "spdl_pytorch"
     # SPDL's loader pickles the dataset once, into shared memory, and each worker loads it from there;
     # torch's pickles it once per worker, in the main process, as each worker is started
-    out: dict[str, Any] = {
-        "start_method": method,
-        "shipped": shipped,
-        "pickled_once": backend == "spdl_pytorch",
-        "largest": largest_container(ds),
-    }
+    out = Shipping(
+        start_method=method, shipped=shipped, pickled_once=backend == "spdl_pytorch", largest=largest_container(ds)
+    )
     objs = (ds, getattr(factory, "collate_fn", None), getattr(factory, "worker_init_fn", None))
     dumps, loads, blob = [], [], b""
     try:
@@ -172,17 +172,16 @@ def shipping_cost(factory: Any, *, backend: str) -> dict[str, Any] | None:
             if td + tl > SLOW_PICKLE_S:
                 break
     except Exception as e:  # a dataset that cannot be pickled cannot be shipped either: torch would fail too
-        out["error"] = f"{type(e).__name__}: {e}"[:300]
-        return out
-    out.update(
+        return replace(out, error=f"{type(e).__name__}: {e}"[:300])
+    return replace(
+        out,
         mb=len(blob) / 2**20,
         pickle_s=statistics.median(dumps),
-        pickle_s_range=[min(dumps), max(dumps)],
+        pickle_s_range=(min(dumps), max(dumps)),
         unpickle_s=statistics.median(loads),
-        unpickle_s_range=[min(loads), max(loads)],
+        unpickle_s_range=(min(loads), max(loads)),
         repeats=len(dumps),
     )
-    return out
 
 
 def memory_pass(
@@ -353,7 +352,7 @@ def _median_interval(xs: list[float]) -> tuple[float, float, float]:
 SHM = "/dev/shm"
 
 
-def shm_headroom(batch_mb: float, num_workers: int, prefetch_factor: int, ranks: int = 1) -> dict[str, Any] | None:
+def shm_headroom(batch_mb: float, num_workers: int, prefetch_factor: int, ranks: int = 1) -> Shm | None:
     """The shared memory the batches in flight take against what ``/dev/shm`` has free; None where there
     is no ``/dev/shm`` (macOS, Windows) or the batch's size is unknown. ``ranks``: the host's ranks, each
     with its loader's batches in flight in the same ``/dev/shm``."""
@@ -364,12 +363,12 @@ def shm_headroom(batch_mb: float, num_workers: int, prefetch_factor: int, ranks:
     except OSError:
         return None
     flight = num_workers * max(1, prefetch_factor) * ranks
-    return {
-        "path": SHM,
-        "free_mb": usage.free / 2**20,
-        "total_mb": usage.total / 2**20,
-        "batch_mb": batch_mb,
-        "batches_in_flight": flight,
-        "in_flight_mb": flight * batch_mb,
-        **({"ranks": ranks} if ranks > 1 else {}),
-    }
+    return Shm(
+        path=SHM,
+        free_mb=usage.free / 2**20,
+        total_mb=usage.total / 2**20,
+        batch_mb=batch_mb,
+        batches_in_flight=flight,
+        in_flight_mb=flight * batch_mb,
+        ranks=ranks if ranks > 1 else None,
+    )

@@ -437,7 +437,7 @@ def _memory_at(sw: _Sweep, cons: Any, num_workers: int) -> dict[str, Any] | None
         )
     ds = getattr(sw.factory, "dataset", None)
     t0 = time.perf_counter()
-    largest = (largest_container(ds) if ds is not None else None) or {}
+    largest = largest_container(ds) if ds is not None else None
     cons.size_next_batch = True  # a batch's size, for the shared memory the batches in flight take
     mem = memory_pass(
         cons,
@@ -465,10 +465,11 @@ def _worker_costs(sw: _Sweep, meta: dict[str, Any]) -> dict[str, Any]:
     if limits.memory_source == "cgroup" and limits.memory_limit is not None:
         out["memory_limit"] = limits.memory_limit.to_json()
     ship = shipping_cost(sw.factory, backend=sw.backend)
-    if ship is not None and ship.get("shipped"):
-        out["shipping"] = ship
+    if ship is not None and ship.shipped:
+        out["shipping"] = ship.to_json()
     elif ship is not None:  # under fork nothing is shipped: said, not measured
-        out["shipping"] = {"start_method": ship["start_method"], "shipped": False, "largest": ship.get("largest")}
+        largest = None if ship.largest is None else ship.largest.to_json()
+        out["shipping"] = {"start_method": ship.start_method, "shipped": False, "largest": largest}
     # the pick as the summary makes it, against the script's own setting: a setting of yours that is kept
     # where the search alone favoured another has its workers' memory read too
     rec = loader_pick(sw.rows, meta)
@@ -487,7 +488,7 @@ def _worker_costs(sw: _Sweep, meta: dict[str, Any]) -> dict[str, Any]:
             # every rank's batches in flight share /dev/shm
             shm = shm_headroom(batch_mb, int(rec.num_workers), rec.prefetch_factor or 2, RunMeta.from_json(meta).ranks)
             if shm is not None:
-                out["shm"] = shm
+                out["shm"] = shm.to_json()
     out["seconds"] = time.perf_counter() - t0
     return out
 
