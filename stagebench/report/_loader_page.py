@@ -15,6 +15,7 @@ from stagebench.analysis._loader import pooled_frame
 from stagebench.model._loader import LoaderPoint, WorkerCosts
 from stagebench.model._meta import RunSettings
 from stagebench.model._rate import Rate
+from stagebench.report import _loader_plots
 from stagebench.report._html import interval_text, num_text, rate_text, svg_uri
 from stagebench.report._page_parts import cell, job_tile, noise_tile, problem_rows, with_keys
 from stagebench.report._run import RunData
@@ -42,9 +43,6 @@ def loader_context(run: RunData) -> dict[str, Any]:
     the recommended and best settings, one row per setting measured, the snippet, the figures, the
     transforms' stage cards and what each worker costs.
     """
-    # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
-    from stagebench.report import _loader_plots
-
     rows, sm = run.rows, run.summary
     info = run.loader
     rec = with_keys(sm.recommended, _LOADER_KEYS) if sm.recommended else {}
@@ -199,9 +197,6 @@ def _setting_rows(rows: pd.DataFrame, rec_pt: LoaderPoint | None) -> tuple[pd.Da
 
 def _worker_costs_context(costs: WorkerCosts | None) -> dict[str, Any] | None:
     """What each worker costs (summary["worker_costs"]): the start-up split and the memory over the pass."""
-    # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
-    from stagebench.report import _loader_plots
-
     if costs is None:
         return None
     return {

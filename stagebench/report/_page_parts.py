@@ -13,6 +13,7 @@ import pandas as pd
 from stagebench._numbers import finite
 from stagebench.analysis._job import ORIGIN_WORDS
 from stagebench.model._job import JobFigures, JobVerdict
+from stagebench.report import _compare_plots
 from stagebench.report._html import interval_text, pct_text, rate_text, svg_uri
 
 __all__ = ["cell", "problem_rows", "noise_tile", "to_ms", "with_keys", "job_tile", "job_context"]
@@ -105,9 +106,6 @@ def job_tile(job: JobVerdict | None) -> list[dict[str, str]]:
 
 def job_context(job: JobVerdict | None) -> dict[str, Any] | None:
     """The training job's section: your loop on the real loader or pipeline at each candidate (summary["job"])."""
-    # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
-    from stagebench.report import _compare_plots
-
     if job is None:
         return None
     rows = []

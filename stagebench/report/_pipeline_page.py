@@ -9,6 +9,7 @@ from typing import Any
 
 from stagebench._numbers import finite, num
 from stagebench.model._pipeline import Prediction
+from stagebench.report import _stage_plots
 from stagebench.report._html import interval_text, pct_text, rate_text, svg_uri
 from stagebench.report._page_parts import job_tile, noise_tile, to_ms
 from stagebench.report._run import RunData
@@ -28,9 +29,6 @@ def pipeline_context(run: RunData) -> dict[str, Any]:
     the stage cards, the tiles, the prediction with its stand-ins, the validation, the snippet, the
     overview figure and the stages not measured alone.
     """
-    # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
-    from stagebench.report import _stage_plots
-
     rows, meta, sm = run.rows, run.meta, run.summary
     cores = run.provenance.cores
     quick = meta.settings.quick == "on"

@@ -40,9 +40,6 @@ from stagebench.report._html import (
     rows_records,
     write_text,
 )
-from stagebench.report._loader_page import loader_context
-from stagebench.report._page_parts import job_context
-from stagebench.report._pipeline_page import pipeline_context
 from stagebench.report._run import RunData, stored_summary
 from stagebench.runs._results import TRANSFORMS_CSV, RunDir, is_run_dir, read_rows, read_rows_or_empty, to_jsonable
 
@@ -178,14 +175,17 @@ def report_context(run: RunData) -> dict[str, Any]:
         "n_rows": len(run.rows),
         "columns": list(run.rows.columns),
     }
-    ctx["job"] = job_context(run.job)
+    # the pages draw with matplotlib, imported here, inside write_report: its callers catch an import short of memory
+    from stagebench.report import _loader_page, _page_parts, _pipeline_page
+
+    ctx["job"] = _page_parts.job_context(run.job)
     trows = run.transform_rows
     ctx["transform_rows_json"] = json_island(rows_records(trows)) if trows is not None else None
     if run.kind == "loader":
-        ctx["loader"] = loader_context(run)
+        ctx["loader"] = _loader_page.loader_context(run)
         ctx["pipeline"] = None
     else:
-        ctx["pipeline"] = pipeline_context(run)
+        ctx["pipeline"] = _pipeline_page.pipeline_context(run)
         ctx["loader"] = None
     return ctx
 

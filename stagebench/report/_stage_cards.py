@@ -16,6 +16,7 @@ import pandas as pd
 from stagebench._numbers import num_or_none
 from stagebench.analysis._pipeline_job import user_setting
 from stagebench.model._stage import StageEntry, StageSetting
+from stagebench.report import _plots, _stage_plots
 from stagebench.report._html import svg_uri
 from stagebench.report._page_parts import cell, problem_rows, to_ms
 
@@ -180,9 +181,6 @@ def stage_cards(
     figure: its three panels are about half of a quick report's time, and the
     card's points table has the same numbers.
     """
-    # matplotlib is imported to draw, inside write_report: its callers catch an import short of memory
-    from stagebench.report import _plots, _stage_plots
-
     by_name = {_name(st): st for st in entries}
     names: list[str] = []
     for name in [*by_name, *declared]:
