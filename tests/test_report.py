@@ -532,13 +532,13 @@ def test_sweep_plan_follows_hydras_basic_sweeper(tmp_path: Path) -> None:
     )
     plan = _multirun.sweep_plan(sweep)
     # params first, then the command line; job numbers in product order, values as jobs record them
-    assert plan["jobs"] == [
+    assert plan is not None and plan.jobs == [
         ["sweep.budget_s=1", "loader=synthetic", "loader.backend=torch", "sweep.persistent_workers=[False]"],
         ["sweep.budget_s=1", "loader=synthetic", "loader.backend=spdl_pytorch", "sweep.persistent_workers=[False]"],
         ["sweep.budget_s=2", "loader=synthetic", "loader.backend=torch", "sweep.persistent_workers=[False]"],
         ["sweep.budget_s=2", "loader=synthetic", "loader.backend=spdl_pytorch", "sweep.persistent_workers=[False]"],
     ]
-    assert plan["count"] == 4 and plan["stagebench"] is True
+    assert plan.count == 4 and plan.stagebench is True
     assert _multirun.sweep_plan(tmp_path) is None
 
 

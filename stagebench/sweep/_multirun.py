@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from stagebench.report._run import FailedJob
 from stagebench.runs._jobs import JOB_STATUS, job_label, job_overrides
 from stagebench.runs._results import RESULTS, is_run_dir, read_rows
 
-__all__ = ["collect_jobs", "find_run_dirs", "sweep_plan", "MULTIRUN_CONFIG"]
+__all__ = ["collect_jobs", "find_run_dirs", "sweep_plan", "SweepPlan", "MULTIRUN_CONFIG"]
 
 
 def _natural_key(p: Path) -> tuple:
@@ -61,7 +62,7 @@ def find_run_dirs(sweep_dir: Path) -> tuple[list[Path], list[FailedJob]]:
     plan = sweep_plan(sweep_dir)
     jobs = collect_jobs(sweep_dir)
     # Only stagebench's sweep app promises a job_status.json; a user's own Hydra app does not.
-    ours = bool(plan and plan["stagebench"]) or any((Path(j["run_dir"]) / JOB_STATUS).is_file() for j in jobs)
+    ours = bool(plan and plan.stagebench) or any((Path(j["run_dir"]) / JOB_STATUS).is_file() for j in jobs)
     judged: set[Path] = set()
     for j in jobs:
         d = Path(j["run_dir"])
@@ -108,11 +109,21 @@ def find_run_dirs(sweep_dir: Path) -> tuple[list[Path], list[FailedJob]]:
 MULTIRUN_CONFIG = "multirun.yaml"  # Hydra writes it into the sweep folder before it launches a job
 
 
-def sweep_plan(sweep_dir: Path) -> dict[str, Any] | None:
+@dataclass(frozen=True, slots=True)
+class SweepPlan:
+    """The jobs a Hydra multirun set out to run: each job's overrides in job-number order (None where the
+    sweeper's list cannot be rebuilt), their count (None where unknown), and whether the sweep is
+    stagebench's own (its callback promises a ``job_status.json`` in every job folder)."""
+
+    jobs: list[list[str]] | None = None
+    count: int | None = None
+    stagebench: bool = False
+
+
+def sweep_plan(sweep_dir: Path) -> SweepPlan | None:
     """The jobs a Hydra multirun set out to run, from ``SWEEP_DIR/multirun.yaml``; None without one.
 
-    ``{"jobs": [[override, ...] per job in job-number order] | None, "count": int | None,
-    "stagebench": bool}``. The job list is rebuilt the way Hydra's basic sweeper
+    Args: the sweep folder. Returns: its :class:`SweepPlan`. The job list is rebuilt the way Hydra's basic sweeper
     builds it (``hydra.sweeper.params`` then ``hydra.overrides.task``, the cartesian
     product of the sweep values), so it matches each job's recorded overrides. For
     another sweeper (Optuna, ...) only ``n_trials``, where it has one, gives the count.
@@ -136,7 +147,6 @@ def sweep_plan(sweep_dir: Path) -> dict[str, Any] | None:
     )
     sweeper = hydra.get("sweeper") or {}
     task = (hydra.get("overrides") or {}).get("task") or []
-    plan: dict[str, Any] = {"jobs": None, "count": None, "stagebench": ours}
     if str(sweeper.get("_target_", "")).endswith(".BasicSweeper"):
         params = sweeper.get("params") or {}
         args = [f"{k}={v}" for k, v in params.items()] + [str(t) for t in task]
@@ -146,20 +156,19 @@ def sweep_plan(sweep_dir: Path) -> dict[str, Any] | None:
 
             from stagebench.sweep._hydra_internal import split_sweep
 
-            parsed = OverridesParser.create().parse_overrides(args)
-            plan["jobs"] = split_sweep(parsed)
-            plan["count"] = len(plan["jobs"])
+            jobs = split_sweep(OverridesParser.create().parse_overrides(args))
         except Exception:  # syntax that needs the app's config (glob): count unknown
-            pass
-    elif isinstance(sweeper.get("n_trials"), int):
-        plan["count"] = sweeper["n_trials"]
-    return plan
+            return SweepPlan(stagebench=ours)
+        return SweepPlan(jobs, len(jobs), ours)
+    if isinstance(sweeper.get("n_trials"), int):
+        return SweepPlan(count=sweeper["n_trials"], stagebench=ours)
+    return SweepPlan(stagebench=ours)
 
 
-def _never_started(plan: Mapping[str, Any], job_dirs: Sequence[Path]) -> list[FailedJob]:
+def _never_started(plan: SweepPlan, job_dirs: Sequence[Path]) -> list[FailedJob]:
     """The planned jobs that left no folder."""
     found = [job_overrides(d) for d in job_dirs]
-    combos = plan.get("jobs")
+    combos = plan.jobs
     why = "never started: no job folder (cancelled before it started, or still queued)"
     if combos is not None and all(found):
         left: dict[tuple[str, ...], int] = {}
@@ -176,7 +185,7 @@ def _never_started(plan: Mapping[str, Any], job_dirs: Sequence[Path]) -> list[Fa
             name = ", ".join(combo[i] for i in differ if i < len(combo)) or " ".join(combo) or f"job {num}"
             out.append(FailedJob(name, f"{why}; job {num}: {' '.join(combo)}", overrides=tuple(combo), job_num=num))
         return out
-    count = plan.get("count")
+    count = plan.count
     if count is not None and count > len(job_dirs):
         n = count - len(job_dirs)
         return [
