@@ -402,7 +402,7 @@ class _Diagnosis:
         # the stage that runs out of memory alone runs out in the whole pipeline too, where SPDL keeps its
         # errors to itself: a process still short of memory after these runs ran out in them
         run.out_of_memory = memory_short()
-        run.meta.setdefault("cpu_speed", {}).update(whole.cpu_speed)
+        run.meta.setdefault("cpu_speed", {}).update(whole.cpu_speed.to_json())
         run.meta["replay"] = whole.replay
         if whole.yours is not None:
             run.meta["yours"] = whole.yours

@@ -24,7 +24,15 @@ from stagebench.core._speed import cpu_speed_ns
 from stagebench.pipeline._replay import StandIn, plan_stand_ins
 from stagebench.pipeline._wholerun import run_pipelines
 
-__all__ = ["replay_and_validate", "WholePipelines", "run_validation", "choices_of", "yours_of", "EXTRA_ROUNDS"]
+__all__ = [
+    "replay_and_validate",
+    "WholePipelines",
+    "SpeedReadings",
+    "run_validation",
+    "choices_of",
+    "yours_of",
+    "EXTRA_ROUNDS",
+]
 
 #: Rounds in turns of the recommended settings against yours beyond the first forth and back, while the
 #: rule of :mod:`stagebench.model._evidence` cannot tell them apart (two rounds show only a large change).
@@ -75,9 +83,26 @@ class WholePipelines:
     """The real stages at the recommended settings; None: not run (``validate="off"``, or no replay)."""
     yours: dict[str, Any] | None
     """The real stages at the user's settings (``{"same": True}`` where those are the recommended ones); None: not run."""
-    cpu_speed: dict[str, Any]
+    cpu_speed: SpeedReadings
     """To merge into ``run.json["cpu_speed"]``: what each stage's stand-in was read at, and the speed around
     the validation run."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedReadings:
+    """The core's speed (:func:`stagebench.core._speed.cpu_speed_ns`) the whole-pipeline phase read: each
+    stage's, as its stand-in's CPU amounts were measured (the median of its probes), and before and after
+    the validation run (None where it did not run)."""
+
+    stage_ns: dict[str, float]
+    validation_ns: list[float] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The keys ``run.json["cpu_speed"]`` takes from it (``validation_ns`` only where read)."""
+        out: dict[str, Any] = {"stage_ns": self.stage_ns}
+        if self.validation_ns is not None:
+            out["validation_ns"] = self.validation_ns
+        return out
 
 
 def replay_and_validate(
@@ -102,12 +127,12 @@ def replay_and_validate(
     settings are the recommended ones, the user's run is ``{"same": True}``: one run is both.
     """
     speeds = {name: statistics.median(v) for name, v in stage_speeds.items() if v}
-    cpu: dict[str, Any] = {"stage_ns": speeds}
     whole = _whole_runs(plan, settings, summary, plan_stand_ins(summary.get("stages") or [], speeds))
     if not whole.runs:  # no stage could be stood in, and no validation run
-        return WholePipelines(replay=_no_replay(), validation=None, yours=None, cpu_speed=cpu)
+        return WholePipelines(replay=_no_replay(), validation=None, yours=None, cpu_speed=SpeedReadings(speeds))
     _say_whole_runs(whole, say)
-    out = _run_whole(plan, settings, source_items, whole, items_per_sink_item, cpu, log_error)
+    out, around = _run_whole(plan, settings, source_items, whole, items_per_sink_item, log_error)
+    cpu = SpeedReadings(speeds, around)
     replay = _replay_result(out, whole.stand_ins, say)
     validation = _validation_result(out, say)
     return WholePipelines(
@@ -174,13 +199,13 @@ def _run_whole(
     source_items: list,
     whole: _WholeRuns,
     items_per_sink_item: float,
-    cpu: dict[str, Any],
     log_error: Callable[[str, BaseException], None],
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], list[float] | None]:
     """Run ``whole.runs`` in turns (:func:`stagebench.pipeline._wholerun.run_pipelines`): each one's
-    result by name, a failure each one's ``error``. With validation, the CPU speed around it goes into
-    ``cpu["validation_ns"]``."""
+    result by name, a failure each one's ``error``; and, with validation, the CPU speed before and after
+    it (None without, or where the runs failed)."""
     before = cpu_speed_ns()
+    around: list[float] | None = None
 
     def more(rates: dict[str, list[float]]) -> bool:
         """Whether the recommended settings against yours still need rounds in turns (the rule is open)."""
@@ -204,13 +229,13 @@ def _run_whole(
             max_extra_rounds=EXTRA_ROUNDS,
         )
         if whole.validate:  # the speed the measured number was read at
-            cpu["validation_ns"] = [round(before, 2), round(cpu_speed_ns(), 2)]
+            around = [round(before, 2), round(cpu_speed_ns(), 2)]
     except KeyboardInterrupt:
         raise
     except Exception as e:
         log_error("replay and validation", e)
         out = {k: {"qps": None, "error": describe(e)} for k in whole.runs}
-    return out
+    return out, around
 
 
 def _no_replay() -> dict[str, Any]:
