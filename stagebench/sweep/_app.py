@@ -97,7 +97,24 @@ _MAX_FULL_PRODUCT = 64
 # local basic launcher run in this process; other launchers report through the
 # job_status.json files that SweepCallback reads.
 _JOB_OUTCOMES: list[JobStatus] = []
-_SWEEP_OUTCOME: dict[str, Any] = {}
+
+
+@dataclass(slots=True)
+class _SweepOutcome:
+    """What the end of a multirun found (None until the end-of-sweep callback ran): the jobs that
+    finished and failed, and the comparison written or why it was not."""
+
+    ok: int | None = None
+    failed: int | None = None
+    sweep_dir: str | None = None
+    comparison: str | None = None
+    comparison_error: str | None = None
+
+    def clear(self) -> None:
+        self.ok = self.failed = self.sweep_dir = self.comparison = self.comparison_error = None
+
+
+_SWEEP_OUTCOME = _SweepOutcome()
 _SWEEP_TOTAL: dict[str, int] = {}
 
 
@@ -635,7 +652,7 @@ class SweepCallback(Callback):
         jobs = collect_jobs(sweep_dir)
         ok = [Path(j["run_dir"]) for j in jobs if j.get("status") == "ok"]
         not_ok = [j for j in jobs if j.get("status") != "ok"]
-        _SWEEP_OUTCOME.update(ok=len(ok), failed=len(not_ok), sweep_dir=str(sweep_dir))
+        _SWEEP_OUTCOME.ok, _SWEEP_OUTCOME.failed, _SWEEP_OUTCOME.sweep_dir = len(ok), len(not_ok), str(sweep_dir)
         _print_jobs(jobs)
         try:
             # matplotlib and scipy load at the sweep's end, inside this try: a comparison that fails leaves the jobs
@@ -651,10 +668,10 @@ class SweepCallback(Callback):
                 for j in not_ok
             ]
             path = write_comparison(ok, sweep_dir, title=f"stagebench sweep {sweep_dir.name}", failed=failed)
-            _SWEEP_OUTCOME["comparison"] = str(path)
+            _SWEEP_OUTCOME.comparison = str(path)
             print(f"comparison: {path}")
         except Exception as e:  # the jobs' run directories are intact; `stagebench report` retries
-            _SWEEP_OUTCOME["comparison_error"] = _one_line(e)
+            _SWEEP_OUTCOME.comparison_error = _one_line(e)
             print(
                 f"stagebench sweep: comparison not written ({_one_line(e)}); "
                 f"rebuild it with: stagebench report {sweep_dir}",
@@ -740,12 +757,12 @@ def main(argv: list[str]) -> int:
     if code != 0 or informational or args.cfg is not None:
         return code
     if args.multirun:
-        failed = _SWEEP_OUTCOME.get("failed")
+        failed = _SWEEP_OUTCOME.failed
         if failed is None:  # the end-of-sweep callback did not run
             return 1
         if failed:
             print(
-                f"stagebench sweep: {failed} of {failed + _SWEEP_OUTCOME.get('ok', 0)} jobs failed",
+                f"stagebench sweep: {failed} of {failed + (_SWEEP_OUTCOME.ok or 0)} jobs failed",
                 file=sys.stderr,
             )
             return 1
