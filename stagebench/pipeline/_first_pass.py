@@ -105,7 +105,9 @@ class SourceRead:
 
 
 def read_source(plan: Plan, n: int, *, timeout_s: float = 600.0) -> SourceRead:
-    """The first ``n`` items of the source (fewer if it ends sooner, with a note).
+    """The first ``n`` items of ``plan``'s source (fewer if it ends sooner, with a note), as a
+    :class:`SourceRead`; ``timeout_s``: the longest wait for an item of a merged source (read as a real
+    SPDL pipeline).
 
     Raises :class:`SourceError` when the source raises or yields nothing.
     """
@@ -494,7 +496,7 @@ def measure_inputs(stage: Stage, inputs: Sequence, first: FirstPass) -> list:
 
 
 def run_passthrough(step: Passthrough, inputs: Sequence, *, num_threads: int = 8, timeout_s: float = 600.0) -> list:
-    """The outputs of a segment that cannot be isolated, run as a real SPDL pipeline over ``inputs`` on
+    """The outputs of ``step``, a segment that cannot be isolated, run as a real SPDL pipeline over ``inputs`` on
     ``num_threads`` threads (``timeout_s``: the longest wait for one output)."""
     cfg: PipelineConfig[Any] = PipelineConfig(
         src=SourceConfig(list(inputs)), pipes=list(step.configs), sink=SinkConfig(8)

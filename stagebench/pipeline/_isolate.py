@@ -496,7 +496,7 @@ def build_validation_config(
 
 
 def default_threads(plan: Plan) -> int:
-    """Threads of SPDL's shared pool for a rebuilt pipeline: the user's, else enough for its stages.
+    """Threads of SPDL's shared pool for ``plan``'s pipeline rebuilt: the user's, else enough for its stages.
 
     The user's ``num_threads`` where it is known: the runs at the user's own settings then
     run as the user's program does. Otherwise enough for every stage that uses the pool

@@ -47,8 +47,8 @@ __all__ = ["StagesPhase", "sweep_config", "skipped_rows", "first_pass", "consume
 
 
 def sweep_config(stage: Any, settings: DiagnoseSettings) -> Any:
-    """The sweep of one stage: SPDL runs aggregate and disaggregate stages inline, with nothing to choose."""
-
+    """The sweep of one ``stage`` (a ``SweepConfig``) at the diagnosis's ``settings``: SPDL runs aggregate and
+    disaggregate stages inline, with nothing to choose."""
     measure = settings.measure_config()
     if stage.type in ("aggregate", "disaggregate"):
         return SweepConfig(executors=("thread",), concurrency=(1,), harnesses=settings.harnesses, measure=measure)
@@ -66,8 +66,8 @@ def sweep_config(stage: Any, settings: DiagnoseSettings) -> Any:
 def skipped_rows(
     stage: Any, settings: DiagnoseSettings, reason: str, *, executor: str | None = None, ceilings: bool = False
 ) -> list[dict[str, Any]]:
-    """Rows for points not measured: the stage's (and with ``ceilings``, its ceiling's), of ``executor`` or all."""
-
+    """Rows for points not measured, each with ``reason``: the stage's (and with ``ceilings``, its ceiling's),
+    of ``executor`` or all, as ``settings`` plan them."""
     rows = []
     for role, harness, ex, c in plan_points(stage.fn, sweep_config(stage, settings)):
         if (role != "stage" and not ceilings) or (executor is not None and ex != executor):
@@ -171,9 +171,9 @@ def _no_outputs_why(first: FirstPass, timeout_s: float) -> str:
 def first_pass(
     step: Any, cur: Cursor, cache: Any, settings: DiagnoseSettings, plan: Any
 ) -> tuple[Any, str, str | None]:
-    """``step`` run once over the cursor's inputs, or its outputs read from the cache: (the cached outputs,
-    their chain key, why they are not cached between runs or None). A few outputs are kept in the plan
-    for the stage's stand-in in the replay."""
+    """``step`` run once over the cursor's inputs, or its outputs read from ``cache``, with the diagnosis's
+    ``settings`` (the outputs' cap, the timeout): (the cached outputs, their chain key, why they are not
+    cached between runs or None). A few outputs are kept in ``plan`` for the stage's stand-in in the replay."""
     max_bytes = settings.cache_max_mb * 2**20
     fn_key, unstable = callable_key(step.key_source)
     key = chain_key(FirstPass.__qualname__, step.type, step.drop_last, fn_key, max_bytes, cur.key)
@@ -184,9 +184,9 @@ def first_pass(
 
 
 def consumes_why(step: Any, item: Any, first: FirstPass, timeout_s: float) -> str | None:
-    """Why ``step`` consumes its inputs (a second call on one input fails), None where it does not or
-    cannot tell: only a sync pipe on threads can (a process gets a fresh copy of each input), and only
-    after a first pass without errors."""
+    """Why ``step`` consumes its inputs (a second call on ``item``, one it has seen, fails within
+    ``timeout_s``), None where it does not or cannot tell: only a sync pipe on threads can (a process gets a
+    fresh copy of each input), and only after a ``first`` pass without errors."""
     if step.type != "pipe" or step.many or step.is_async or first.n_errors:
         return None
     return consumes_inputs(step.fn, item, timeout_s=timeout_s)
@@ -195,9 +195,10 @@ def consumes_why(step: Any, item: Any, first: FirstPass, timeout_s: float) -> st
 def advance(
     step: Any, cur: Cursor, cached: CachedOutputs, key: str, minputs: list, smeta: dict[str, Any], timeout_s: float
 ) -> None:
-    """The cursor moved past ``step``: its outputs are the next stage's inputs (or why the stages after it
-    cannot be measured), with the share of the source they stand for and what can give a consuming stage
-    after it fresh inputs."""
+    """The cursor moved past ``step``: its ``cached`` outputs (under ``key``) are the next stage's inputs (or
+    why the stages after it cannot be measured, ``timeout_s`` in the words), with the share of the source
+    they stand for and what can give a consuming stage after it fresh inputs (from ``minputs``, the
+    inputs it was measured on, and ``smeta``, its ``run.json`` entry)."""
     first = cached.first
     if first.capped and first.n_inputs:
         cur.fraction *= first.n_run / first.n_inputs
@@ -402,7 +403,6 @@ class StagesPhase:
     def _announce_source(self, source_items: list, unhashable: str | None) -> str | None:
         """Say once, before any stage runs, what source items that cannot be pickled rule out; returns why a
         process pool cannot take them (None when it can, or when no process points are planned)."""
-
         settings = self.run.settings
         problem = pickle_problem(source_items, cloud=True) if "process" in settings.executors else None
         uncached = "; stage outputs are not cached between runs" if unhashable and self.run.cache_dir else ""
@@ -441,7 +441,6 @@ class StagesPhase:
         Only the first input is checked per point when measuring, so inputs that pickle only in part
         would otherwise start a pool, fail, and be recorded as failures of the stage.
         """
-
         cfg = sweep_config(step, self.run.settings)
         planned = {ex for _, _, ex, _ in plan_points(step.fn, cfg)}
         problem = pickle_problem(inputs, cloud=True) if "process" in planned else None
@@ -474,7 +473,6 @@ class StagesPhase:
     def _sweep_points(self, step: Any, inputs: list, writer: Any, config: Any) -> None:
         """Threads and the event loop now; process points later, every stage's level by level on one pool
         (core/_sweep.sweep_process_points, after the last stage)."""
-
         s = StageSweep(
             step.fn,
             inputs,

@@ -100,7 +100,6 @@ def build_standin(cfg: Any, num_threads: int | None = None) -> DiagnosticPipelin
 
 def _job_on_this_host() -> bool:
     """Whether your loop may run: not in a job of several hosts (:func:`stagebench.runs._ranks.no_job_across_hosts`)."""
-
     why = no_job_across_hosts()
     if why is not None and os.environ.get("LOCAL_RANK", "0") == "0":  # said once, by the host's leader
         say(why)
@@ -121,7 +120,6 @@ def exit_now(code: int) -> None:
     so ``SystemExit`` reaches ``run_script`` and the command exits promptly
     itself (``_cli.console``).
     """
-
     State.finished, State.code = True, code
     _end_ranks(code)
     sys.stdout.flush()
@@ -162,7 +160,6 @@ def _in_a_pool_worker(settings: DiagnoseSettings) -> DiagnoseSettings:
     the others wait, and the parent program is ended when the diagnosis is done
     (:func:`exit_now`): its ``pool.map`` would otherwise wait forever for tasks that exited.
     """
-
     if not multiprocessing.current_process().daemon:
         return settings
     parent = os.getppid()
@@ -195,7 +192,6 @@ def _diagnose(
     measures at the same time (:mod:`stagebench.pipeline._follow`) and ends with its code, or, where the
     loop is measured, returns None and its walk is in ``State.walk`` for the job phase.
     """
-
     group = State.group = meet("pipeline", say)
     settings = _in_a_pool_worker(settings)
     State.started = True
@@ -248,7 +244,6 @@ def _diagnose(
 
 def _exit_code_of_run() -> int:
     """The exit code of the run's outcome, as its run.json records it (0 where it cannot be read)."""
-
     if State.run_dir is None:
         return 0
     try:
@@ -260,7 +255,6 @@ def _exit_code_of_run() -> int:
 def _follow(group: Any, cfg: Any, settings: DiagnoseSettings, num_threads: int | None) -> None:
     """A follower's part (:func:`stagebench.pipeline._follow.follow_pipeline`): ends the program with the
     leader's code, or returns as the leader's job phase begins (this rank's walk in ``State.walk``)."""
-
     try:
         done, walk = follow_pipeline(group, cfg, settings, num_threads)
     except RankLost as e:
@@ -279,7 +273,6 @@ def _diagnose_and_exit(cfg: Any, settings: DiagnoseSettings, num_threads: int | 
 
 def _diagnose_then_train(cfg: Any, settings: DiagnoseSettings, num_threads: int | None):
     """The diagnosis, then the user's loop measured on cached and real batches (:mod:`._trainer`), then exit."""
-
     session = Session()
     summary = _diagnose(cfg, settings, num_threads, session)
 
@@ -297,7 +290,6 @@ def _diagnose_then_train(cfg: Any, settings: DiagnoseSettings, num_threads: int 
 
 def _end_from_close(code: int) -> None:
     """End the program from the user's loop stopping early (:func:`stagebench.job._phase.end_from_close`)."""
-
     State.finished, State.code = True, code
     _end_ranks(code)
     end_from_close(code, in_process=State.in_process)

@@ -54,6 +54,7 @@ class State:
 
 
 def say(text: str) -> None:
+    """``text`` on stderr as one ``stagebench:`` line, flushed: the user's own output is on stdout."""
     print(f"stagebench: {text}", file=sys.stderr, flush=True)
 
 
