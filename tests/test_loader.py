@@ -37,6 +37,7 @@ from loader_datasets import (
 
 from stagebench.analysis._loader import summarize_loader
 from stagebench.analysis._loader_pick import recommend
+from stagebench.analysis._loader_rows import normalize_row
 from stagebench.loader._intercept import make_loader_factory, resolve_dataset, sweep_dataset
 from stagebench.loader._sweep import (
     EpochControl,
@@ -904,8 +905,8 @@ def test_the_search_keeps_open_only_loaders_the_turns_may_ask_for(monkeypatch):
             "samples_per_s_low": 0.97 * rate,
             "samples_per_s_high": 1.03 * rate,
         }
-        sw.rows.append(row)
-        sw.by_key[key] = row
+        sw.rows.append(normalize_row(row))
+        sw.by_key[key] = normalize_row(row)
         sw.held.open[key] = object()  # an open loader, as far as the rule is concerned
     closed: list[tuple] = []
     monkeypatch.setattr(sweep_mod.HeldLoaders, "_close_one", staticmethod(lambda h, row, hung: None))
@@ -944,8 +945,8 @@ def test_loaders_kept_open_give_way_where_the_next_would_not_fit_beside_them(mon
             "mem_main_mb": 500.0,
             "mem_workers_mb": 200.0,  # 100 MB a worker
         }
-        sw.rows.append(row)
-        sw.by_key[sw.held.key(knobs)] = row
+        sw.rows.append(normalize_row(row))
+        sw.by_key[sw.held.key(knobs)] = normalize_row(row)
         sw.held.open[sw.held.key(knobs)] = object()
         closed: list[bool] = []
         monkeypatch.setattr(sw.held, "close", lambda hung=False: closed.append(True))

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from stagebench.analysis._loader_rows import normalize_row
 from stagebench.analysis._worker_costs import worker_cost_findings, worker_costs_summary
 from stagebench.loader._config import LoaderSweepConfig
 from stagebench.loader._consumer import _Consumer, _SpdlErrors, _teardown
@@ -611,7 +612,7 @@ def test_under_a_memory_limit_no_phase_starts_a_setting_predicted_to_pass_the_bu
         )
         # one worker measured: 300 MB main, 100 MB the worker (PSS); 70 MB of the 400 shared between them
         mem = {"mem_main_mb": 300.0, "mem_workers_mb": 100.0, "mem_pss_mb": 400.0, "mem_uss_mb": 330.0}
-        sw.rows.append({"status": "ok", "samples_per_s": 100.0, "num_workers": 1, **mem})
+        sw.rows.append(normalize_row({"status": "ok", "samples_per_s": 100.0, "num_workers": 1, **mem}))
         return sw
 
     sw = sweep("700 MB the container's memory limit leaves (1,000 MB, 300 MB used)")
@@ -619,7 +620,7 @@ def test_under_a_memory_limit_no_phase_starts_a_setting_predicted_to_pass_the_bu
     # worker's growth over an epoch
     assert sw.predicted_mb(2) == 400 + 65 + 2 * 150 and sw.over_budget(2) is None
     row = sw.point(LoaderKnobs(num_workers=4, prefetch_factor=2), "user")
-    assert row["status"] == "skipped" and sw.rows[-1]["num_workers"] == 1  # nothing measured, nothing kept
+    assert row.status == "skipped" and sw.rows[-1].num_workers == 1  # nothing measured, nothing kept
     (stop,) = sw.stops
     assert stop == (
         "num_workers=4, prefetch_factor=2 not started: about 1,195 MB predicted (each worker ~150 MB more over "

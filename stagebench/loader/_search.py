@@ -33,6 +33,7 @@ from stagebench.loader._costs import (
 from stagebench.loader._point import measure_loader_point
 from stagebench.loader._turns import HeldLoaders, run_turns
 from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._loader import LoaderRow
 from stagebench.model._meta import RunMeta
 from stagebench.runs._knobs import normalize_knobs
 from stagebench.runs._limits import job_memory_mb, read_limits
@@ -72,16 +73,14 @@ def plan_grid(
     return list(out.values())
 
 
-def _improves(row: dict, best: dict, min_gain: float) -> bool:
-    s, b = row["samples_per_s"], best["samples_per_s"]
-    if not (isinstance(s, float) and math.isfinite(s)):
+def _improves(row: LoaderRow, best: LoaderRow, min_gain: float) -> bool:
+    s, b = row.samples_per_s, best.samples_per_s
+    if not math.isfinite(s):
         return False
 
-    def half(r):
-        lo, hi = r.get("samples_per_s_low"), r.get("samples_per_s_high")
-        if isinstance(lo, float) and isinstance(hi, float) and math.isfinite(lo) and math.isfinite(hi):
-            return (hi - lo) / 2
-        return 0.0
+    def half(r: LoaderRow) -> float:
+        lo, hi = r.samples_per_s_low, r.samples_per_s_high
+        return (hi - lo) / 2 if math.isfinite(lo) and math.isfinite(hi) else 0.0
 
     return s - b > max(min_gain * b, half(row), half(best))
 
@@ -110,8 +109,9 @@ class _Sweep:
     growth_bound_mb: float = math.nan
     #: settings the sweep did not start, and why (they go with the search's stops into run.json)
     stops: list[str] = field(default_factory=list, init=False)
-    rows: list[dict[str, Any]] = field(default_factory=list, init=False)
-    by_key: dict[LoaderKnobs, dict[str, Any]] = field(default_factory=dict, init=False)  # by effective knobs
+    #: the rows measured, as read (each written to results.csv as measured)
+    rows: list[LoaderRow] = field(default_factory=list, init=False)
+    by_key: dict[LoaderKnobs, LoaderRow] = field(default_factory=dict, init=False)  # by effective knobs
     memory: dict[str, Any] | None = field(default=None, init=False)  # the memory pass at the pick, once read
     held: HeldLoaders = field(init=False)  # loaders kept open after their point, for the turns and the stall
 
@@ -120,7 +120,7 @@ class _Sweep:
             self.factory, name=self.name, backend=self.backend, batch_size=self.batch_size, cuda=self.cuda
         )
 
-    def point(self, knobs: LoaderKnobs, phase: str, *, again: bool = False, **how: Any) -> dict[str, Any]:
+    def point(self, knobs: LoaderKnobs, phase: str, *, again: bool = False, **how: Any) -> LoaderRow:
         """Measure a setting once (``again``: measure it anew, as the tie-break does); ``how``: for
         :func:`measure_loader_point` (``stall``, ``throughput``, ``during``). A window without the stall
         runs on a loader kept open after it (:meth:`prune` says which stay); the stall alone runs on the
@@ -134,7 +134,7 @@ class _Sweep:
             said = f"{eff.label(as_call=True, flags=False)} not started: {why}"
             if said not in self.stops:
                 self.stops.append(said)
-            return {"status": "skipped", "reason": said, "num_workers": eff.num_workers}
+            return LoaderRow(status="skipped", reason=said, num_workers=eff.num_workers)
         if self.progress is not None:
             self.progress.start(f"{self.name} | {eff.label()}{'' if throughput else ' (stall)'}")
         how = {"stall": self.cfg.epoch_stall and self.cfg.stall_at == "every", **how}
@@ -153,11 +153,11 @@ class _Sweep:
         if row is None:
             self.make_room(knobs)
             row = self.fresh(knobs, phase, config=cfg, cannot_matter_below=floor, **how)
+        read = self.record(row, phase)
         if throughput:
-            self.by_key.setdefault(eff, row)
-        self.record(row, phase)
+            self.by_key.setdefault(eff, read)
         self.prune()
-        return row
+        return read
 
     def fresh(
         self, knobs: LoaderKnobs, phase: str = "", *, config: LoaderSweepConfig | None = None, **how: Any
@@ -180,21 +180,20 @@ class _Sweep:
         takes at most three): yours, the fastest so far, then those near it (:func:`near_fastest`, the
         decision's own rule), cheapest first, as the decision takes them. The others' workers would only
         hold memory, and a loader closed here that the turns then ask for pays its start-up again."""
-        ok = [(k, r) for k, r in self.by_key.items() if _ok(r)]
+        ok = [(k, r) for k, r in self.by_key.items() if r.ok]
         if not ok:
             self.held.close()
             return
-        fastest, top = max(ok, key=lambda kr: kr[1]["samples_per_s"])
+        fastest, top = max(ok, key=lambda kr: kr[1].samples_per_s)
         mine = self.held.key(self.cfg.yours) if self.cfg.yours is not None else None
-        fast = normalize_row(top)
-        near = sorted((k for k, r in ok if near_fastest(normalize_row(r), fast)), key=LoaderKnobs.cost)
+        near = sorted((k for k, r in ok if near_fastest(r, top)), key=LoaderKnobs.cost)
         keys = [k for k in dict.fromkeys([mine, fastest, *near]) if k in self.held.open]
         self.held.keep(set(keys[:_MAX_HELD]))
 
     def held_mb(self) -> float:
         """The memory the workers of the loaders kept open hold (as their windows read it)."""
-        mbs = (self.by_key[k].get("mem_workers_mb") for k in self.held.open if k in self.by_key)
-        return sum(x for x in mbs if isinstance(x, float) and math.isfinite(x))
+        mbs = (self.by_key[k].mem_workers_mb for k in self.held.open if k in self.by_key)
+        return sum(x for x in mbs if math.isfinite(x))
 
     def predicted_mb(self, num_workers: int) -> float:
         """The main process and ``num_workers`` workers, from the latest point measured ok with workers: each
@@ -205,14 +204,14 @@ class _Sweep:
         charged once, so the point's memory (its PSS, every page once) and each further worker's private
         pages (:func:`_private_mb`), and each worker's growth over an epoch (:meth:`growth_mb`): a point's
         short window ends before its workers have copied what they read."""
-        last = next((r for r in reversed(self.rows) if _ok(r) and r["num_workers"] > 0), None)
+        last = next((r for r in reversed(self.rows) if r.ok and r.num_workers > 0), None)
         if last is None:
             return math.nan
-        k = last["num_workers"]
+        k = last.num_workers
         private = _private_mb(last) if self.limit_words else math.nan
         if math.isfinite(private):
-            return float(last["mem_pss_mb"] + (num_workers - k) * private + num_workers * self.growth_mb())
-        return float(last["mem_main_mb"] + num_workers * last["mem_workers_mb"] / k)
+            return float(last.mem_pss_mb + (num_workers - k) * private + num_workers * self.growth_mb())
+        return float(last.mem_main_mb + num_workers * last.mem_workers_mb / k)
 
     def growth_mb(self) -> float:
         """Each worker's growth over an epoch: the memory pass's reading once made, else the bound on what a
@@ -247,9 +246,10 @@ class _Sweep:
         if math.isfinite(predicted) and predicted + self.held_mb() > self.budget_mb:
             self.held.close()
 
-    def record(self, row: dict[str, Any], phase: str) -> dict[str, Any]:
-        """Keep a measured row: written to results.csv at once, and said."""
-        self.rows.append(row)
+    def record(self, row: dict[str, Any], phase: str) -> LoaderRow:
+        """Keep a measured row: written to results.csv at once, and said; returns it as read."""
+        read = normalize_row(row)
+        self.rows.append(read)
         self.writer.write(row)
         if self.progress is not None:
             # the stall point measures the pause at an epoch's start, not a throughput
@@ -258,11 +258,9 @@ class _Sweep:
                 if phase == "epoch_stall"
                 else ("samples_per_s", "samples/s")
             )
-            label = f"{self.name} | {self.backend} {LoaderKnobs.from_row(row).label()}" + (
-                " (in turns)" if phase == "paired" else ""
-            )
+            label = f"{self.name} | {self.backend} {read.knobs.label()}" + (" (in turns)" if phase == "paired" else "")
             self.progress.done(row, label=label, rate_key=rate_key, unit=unit)
-        return row
+        return read
 
     def memory_hook(self, knobs: LoaderKnobs) -> Callable[[Any], None] | None:
         """The memory pass at ``knobs``, run on the stall point's warm workers (saves starting them again:
@@ -278,18 +276,17 @@ class _Sweep:
 
     def floor(self) -> float | None:
         """Samples/s under which a window cannot be the answer (CANNOT_MATTER of the best lower end so far)."""
-        lows = [r["samples_per_s_low"] for r in self.rows if _ok(r) and isinstance(r.get("samples_per_s_low"), float)]
-        lows = [x for x in lows if math.isfinite(x)]
+        lows = [r.samples_per_s_low for r in self.rows if r.ok and math.isfinite(r.samples_per_s_low)]
         return CANNOT_MATTER * max(lows) if lows else None
 
 
-def _private_mb(row: dict[str, Any]) -> float:
+def _private_mb(row: LoaderRow) -> float:
     """Each worker's private memory at a point, from its tree's PSS and USS: the pages counted in the PSS but
     in no process's USS are shared, and a forked worker's PSS holds its share of those it shares with the
     main process (k of the k + 1 sharers' shares for k workers); what is left is its own. NaN where USS was
     not read (0: psutil could not read it)."""
-    k, pss, uss, workers = row["num_workers"], row["mem_pss_mb"], row.get("mem_uss_mb"), row["mem_workers_mb"]
-    if not (k > 0 and isinstance(uss, float) and math.isfinite(uss) and uss > 0 and math.isfinite(workers)):
+    k, pss, uss, workers = row.num_workers, row.mem_pss_mb, row.mem_uss_mb, row.mem_workers_mb
+    if not (k > 0 and math.isfinite(uss) and uss > 0 and math.isfinite(workers)):
         return math.nan
     shared = max(0.0, pss - uss)
     return max(0.0, workers - k / (k + 1) * shared) / k
@@ -297,11 +294,6 @@ def _private_mb(row: dict[str, Any]) -> float:
 
 #: Loaders the search keeps open at most: as many as the turns compare.
 _MAX_HELD = 3
-
-
-def _ok(row: dict[str, Any]) -> bool:
-    s = row.get("samples_per_s")
-    return row.get("status") == "ok" and isinstance(s, float) and math.isfinite(s) and s > 0
 
 
 def _adaptive(sw: _Sweep, levels: tuple[int, ...]) -> list[str]:
@@ -312,7 +304,7 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...]) -> list[str]:
     stops: list[str] = []
     pf0 = cfg.default_prefetch()
     pin0 = bool(cfg.yours.pin_memory) if sw.cuda and cfg.yours is not None else False
-    best: dict[str, Any] | None = None
+    best: LoaderRow | None = None
     stale = 0
     for nw in levels:
         over = sw.over_budget(nw)  # before forking them
@@ -322,38 +314,35 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...]) -> list[str]:
         row = sw.point(
             LoaderKnobs(num_workers=nw, prefetch_factor=pf0 if nw > 0 else None, pin_memory=pin0), "num_workers"
         )
-        if row["status"] == "skipped":  # not started: over the budget (said in sw.stops)
+        if row.status == "skipped":  # not started: over the budget (said in sw.stops)
             break
-        if row["status"] == "failed":
-            stops.append(f"stopped: the loader failed at num_workers={nw} ({row['reason']})")
+        if row.status == "failed":
+            stops.append(f"stopped: the loader failed at num_workers={nw} ({row.reason})")
             return stops
-        if row["status"] in ("crashed", "timeout"):
-            stops.append(f"num_workers stopped at {nw}: {row['status']}; continuing with fewer workers")
+        if row.status in ("crashed", "timeout"):
+            stops.append(f"num_workers stopped at {nw}: {row.status}; continuing with fewer workers")
             break
-        if not _ok(row):
+        if not row.ok:
             continue
-        if math.isfinite(row["mem_pss_mb"]) and row["mem_pss_mb"] > budget_mb:
+        if math.isfinite(row.mem_pss_mb) and row.mem_pss_mb > budget_mb:
             stops.append(
-                f"num_workers stopped at {nw}: {row['mem_pss_mb']:,.0f} MB, over the memory budget "
-                f"of {budget_mb:,.0f} MB"
+                f"num_workers stopped at {nw}: {row.mem_pss_mb:,.0f} MB, over the memory budget of {budget_mb:,.0f} MB"
             )
             break
         if best is None or _improves(row, best, cfg.min_gain):
             stale = 0
         else:
             stale += 1
-        if best is None or row["samples_per_s"] > best["samples_per_s"]:
+        if best is None or row.samples_per_s > best.samples_per_s:
             best = row
         if stale >= cfg.patience:
             stops.append(f"num_workers stopped at {nw}: no gain beyond noise for {cfg.patience} steps")
             break
     if best is None:
         return stops
-    if best["num_workers"] > 0 and (cfg.search_prefetch or cfg.stall_at == "every"):
+    if best.num_workers > 0 and (cfg.search_prefetch or cfg.stall_at == "every"):
         for pf in cfg.prefetch_factors:
-            sw.point(
-                LoaderKnobs(num_workers=best["num_workers"], prefetch_factor=pf, pin_memory=pin0), "prefetch_factor"
-            )
+            sw.point(LoaderKnobs(num_workers=best.num_workers, prefetch_factor=pf, pin_memory=pin0), "prefetch_factor")
     _measure_yours(sw)  # before the turns, which may keep the script's own
     _in_turns(sw, cfg.yours)
     rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
@@ -406,8 +395,7 @@ def _in_turns(sw: _Sweep, user: LoaderKnobs | None) -> None:
     meta_user = _user_meta(user, sw)
 
     def next_settings() -> list[LoaderKnobs]:
-        rows = [normalize_row(r) for r in sw.rows]
-        mine = user_point(rows, meta_user) if meta_user else None
+        mine = user_point(sw.rows, meta_user) if meta_user else None
         todo = [
             p.knobs
             for p in turns_to_run(
