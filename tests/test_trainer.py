@@ -126,8 +126,8 @@ def test_the_cached_phase_stops_once_the_step_is_known():
         steps += 1
     r = probe.result()
     # a steady step is known to +-3% after the fewest counted steps, far inside the 10 s allowed
-    assert r["steps"] == MIN_COUNTED == steps - WARMUP_STEPS and r["stopped_by"] == "precision"
-    assert r["steps_per_s"] == pytest.approx(100) and r["samples_per_s"] == pytest.approx(400)
+    assert r.steps == MIN_COUNTED == steps - WARMUP_STEPS and r.stopped_by == "precision"
+    assert r.steps_per_s == pytest.approx(100) and r.samples_per_s == pytest.approx(400)
 
 
 def test_an_uneven_step_runs_until_its_time_is_up():
@@ -137,7 +137,7 @@ def test_an_uneven_step_runs_until_its_time_is_up():
     for i, _ in enumerate(probe.alone_phase(["b"])):
         now[0] += 0.1 if i % 7 == 0 else 0.001
     r = probe.result()
-    assert r["stopped_by"] == "time" and r["seconds"] >= 0.5
+    assert r.stopped_by == "time" and r.seconds >= 0.5
 
 
 def test_a_loop_of_microseconds_a_step_is_timed_for_its_seconds_of_the_clock_not_of_its_steps():
@@ -154,7 +154,7 @@ def test_a_loop_of_microseconds_a_step_is_timed_for_its_seconds_of_the_clock_not
     for _ in probe.alone_phase(["b"]):
         now[0] += rng.expovariate(1e5)  # 10 us a step on average, far from steady: only the time ends it
     r = probe.result()
-    assert r["stopped_by"] == "time" and r["steps"] < 60 and r["seconds"] < 0.01, r
+    assert r.stopped_by == "time" and r.steps < 60 and r.seconds < 0.01, r
 
 
 def test_a_loop_that_stops_at_once_gives_no_demand():
@@ -162,7 +162,13 @@ def test_a_loop_that_stops_at_once_gives_no_demand():
     for _ in probe.alone_phase(["b"]):
         break
     r = probe.result()
-    assert r["samples_per_s"] is None and r["error"] == "0 of its steps counted, 2 needed (the first 3 are not counted)"
+    assert r.samples_per_s is None and r.error == "0 of its steps counted, 2 needed (the first 3 are not counted)"
+    # run.json["trainer"]: its keys in their order, without the job at the pick the summary adds
+    assert list(r.as_run()) == [
+        "steps_per_s", "steps_per_s_low", "steps_per_s_high", "items_per_step", "samples_per_s", "samples_per_s_low",
+        "samples_per_s_high", "steps", "seconds", "warmup_steps", "precision", "stopped_by", "pinned", "error",
+        "stopped_early",
+    ]  # fmt: skip
 
 
 def test_quick_mode_applies_its_preset_under_the_users_own_settings():

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from stagebench.core._stats import interval_about
+from stagebench.model._job import StepAlone
 
 __all__ = ["WARMUP_STEPS", "CACHED_BATCHES", "MIN_COUNTED", "STEP_PRECISION", "TrainerProbe", "step_rate"]
 
@@ -120,29 +121,27 @@ class TrainerProbe:
         rate, lo, hi = step_rate(self.alone)
         return rate is not None and lo is not None and hi is not None and (hi - lo) / 2 <= self.precision * rate
 
-    def result(self) -> dict[str, Any]:
-        """``run.json["trainer"]``: the demand, measured on cached batches."""
+    def result(self) -> StepAlone:
+        """The demand, measured on cached batches (``run.json["trainer"]``: :meth:`StepAlone.as_run`)."""
         steps, lo, hi = step_rate(self.alone)
         k = self.items_per_batch
-        out: dict[str, Any] = {
-            "steps_per_s": steps,
-            "steps_per_s_low": lo,
-            "steps_per_s_high": hi,
-            "items_per_step": k,
-            "samples_per_s": steps * k if steps is not None else None,
-            "samples_per_s_low": lo * k if lo is not None else None,
-            "samples_per_s_high": hi * k if hi is not None else None,
-            "steps": len(self.alone),
-            "seconds": sum(self.alone),
-            "warmup_steps": WARMUP_STEPS,
-            "precision": self.precision,
-            "stopped_by": self.stopped_by,
-            "pinned": self.pinned,
-            "error": self.error,
-            "stopped_early": self.stopped_early,
-        }
-        if out["samples_per_s"] is None and not out["error"]:
-            out["error"] = (
-                f"{len(self.alone)} of its steps counted, {_MIN_STEPS} needed (the first {WARMUP_STEPS} are not counted)"
-            )
-        return out
+        error = self.error
+        if steps is None and not error:
+            error = f"{len(self.alone)} of its steps counted, {_MIN_STEPS} needed (the first {WARMUP_STEPS} are not counted)"
+        return StepAlone(
+            steps_per_s=steps,
+            steps_per_s_low=lo,
+            steps_per_s_high=hi,
+            items_per_step=k,
+            samples_per_s=steps * k if steps is not None else None,
+            samples_per_s_low=lo * k if lo is not None else None,
+            samples_per_s_high=hi * k if hi is not None else None,
+            steps=len(self.alone),
+            seconds=sum(self.alone),
+            warmup_steps=WARMUP_STEPS,
+            precision=self.precision,
+            stopped_by=self.stopped_by,
+            pinned=self.pinned,
+            error=error,
+            stopped_early=self.stopped_early,
+        )

@@ -32,7 +32,6 @@ from stagebench._numbers import fmt_ms
 from stagebench.analysis._job import contenders, futile
 from stagebench.core._jobrun import JobRuns, Ladder, Opener
 from stagebench.core._steps import TrainerProbe
-from stagebench.model._job import StepAlone
 from stagebench.runs._results import RunDir
 
 __all__ = ["JobPlan", "finish_trainer", "trainer_phases", "end_from_close", "job_budget_s"]
@@ -76,7 +75,7 @@ class JobPlan:
 def _write(run_dir: Any, probe: TrainerProbe, runs: JobRuns | None) -> None:
     rd = RunDir(run_dir)
     meta = rd.read_meta()
-    meta["trainer"] = probe.result()
+    meta["trainer"] = probe.result().as_run()
     if runs is not None:
         meta["job"] = runs.record().to_json()
     rd.write_meta(meta)
@@ -94,14 +93,14 @@ def finish_trainer(run_dir: Any, probe: TrainerProbe, runs: JobRuns | None, say:
     RunDir(run_dir).write_summary(summary)
     write_report(run_dir)
     res = probe.result()
-    if res["samples_per_s"] is None:
-        say(f"trainer: not measured: {StepAlone.from_json(res).unmeasured_why}")
+    if res.samples_per_s is None or res.steps_per_s is None:
+        say(f"trainer: not measured: {res.unmeasured_why}")
         if summary.get("scope"):
             say(f"scope: {summary['scope']}")
     else:
         say(
-            f"trainer: your step takes {fmt_ms(1.0 / res['steps_per_s'])}: {res['samples_per_s']:,.1f} items/s "
-            f"on cached batches ({res['steps']} steps)"
+            f"trainer: your step takes {fmt_ms(1.0 / res.steps_per_s)}: {res.samples_per_s:,.1f} items/s "
+            f"on cached batches ({res.steps} steps)"
         )
     for line in job_lines(summary):
         say(line)
@@ -141,15 +140,15 @@ def trainer_phases(
         yield from probe.alone_phase(cached())
         _write(run_dir, probe, None)
         demand = probe.result()
-        if probe.error is None and demand["samples_per_s"] is not None:
-            ladder = plan.candidates(demand)
+        if probe.error is None and demand.samples_per_s is not None:
+            ladder = plan.candidates(demand.as_run())
             if ladder.run:
                 runs = JobRuns(
                     ladder.run,
                     items_per_step=plan.items_per_step,
                     say=probe.say,
                     max_slice_s=plan.max_slice_s,
-                    budget_s=job_budget_s(plan.budget_s, demand.get("steps_per_s")),
+                    budget_s=job_budget_s(plan.budget_s, demand.steps_per_s),
                     what=plan.what,
                     keep_open=ladder.keep_open,
                     skipped=ladder.skipped,

@@ -93,6 +93,12 @@ class StepAlone(Read):
         """Items per second, with its interval (None: not measured)."""
         return _rate(self.to_json())
 
+    def as_run(self) -> dict[str, Any]:
+        """The step as ``run.json["trainer"]`` holds it: without the job at the pick (the summary adds it)."""
+        out = self.to_json()
+        del out["with_pipeline"]
+        return out
+
     @property
     def unmeasured_why(self) -> str:
         """Why the step has no rate, in words: its loop stopped early, it failed, or neither was recorded."""
