@@ -22,6 +22,7 @@ from stagebench.loader._costs import copy_bound_mb, largest_container, memory_pa
 from stagebench.loader._intercept import make_loader_factory
 from stagebench.loader._point import _Plan, _supervise, measure_loader_point
 from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._meta import RunMeta
 
 
 class Blob(Dataset):
@@ -177,13 +178,17 @@ def test_copy_on_read_growth_over_an_epoch_against_a_direct_reading_and_none_for
         gc.unfreeze()
     print(f"epoch growth estimated {mem['epoch_growth_mb']:.0f} MB, read directly {direct:.0f} MB")
     assert mem["epoch_growth_mb"] == pytest.approx(direct, rel=0.30)
-    costs = worker_costs_summary({"worker_costs": {"memory": {"num_workers": 1, **mem}, "available_mb": 1e6}}, [])
+    costs = worker_costs_summary(
+        RunMeta.from_json({"worker_costs": {"memory": {"num_workers": 1, **mem}, "available_mb": 1e6}}), []
+    )
     assert any(f.title.startswith("Each worker's memory grows") for f in worker_cost_findings(costs, None))
     # 2 s, the default pass: a numpy worker's memory moves in rare steps (an arena taken), and the median of
     # the growth between readings needs enough readings to step over them
     flat = _pass(Index(n, as_numpy=True), seconds=2.0)
     assert abs(flat["epoch_growth_mb"]) < 10
-    costs = worker_costs_summary({"worker_costs": {"memory": {"num_workers": 1, **flat}, "available_mb": 1e6}}, [])
+    costs = worker_costs_summary(
+        RunMeta.from_json({"worker_costs": {"memory": {"num_workers": 1, **flat}, "available_mb": 1e6}}), []
+    )
     assert not worker_cost_findings(costs, None)
 
 
@@ -236,7 +241,7 @@ def test_findings_fire_past_their_thresholds_only():
         "start_mb": 50,
         "end_mb": 110,
     }
-    costs = worker_costs_summary({"worker_costs": {"memory": mem, "available_mb": 1500.0}}, [])
+    costs = worker_costs_summary(RunMeta.from_json({"worker_costs": {"memory": mem, "available_mb": 1500.0}}), [])
     (g,) = worker_cost_findings(costs, None)
     assert g.severity == "high" and "would take ~2,000 MB more, over the 1,500 MB available" in g.detail
 
@@ -350,7 +355,9 @@ def test_a_pass_of_a_few_batches_a_worker_is_not_extrapolated_to_the_epoch():
     assert few["growth_mb_per_batch"] == pytest.approx(2.0)
     enough = _growth(samples(MIN_BATCHES), num_workers=2, epoch_batches=20_000, cap_mb=None)
     assert "too_few_batches" not in enough and enough["epoch_growth_mb"] == pytest.approx(2.0 * 10_000)
-    costs = worker_costs_summary({"worker_costs": {"memory": {"num_workers": 2, **few}, "available_mb": 1e6}}, [])
+    costs = worker_costs_summary(
+        RunMeta.from_json({"worker_costs": {"memory": {"num_workers": 2, **few}, "available_mb": 1e6}}), []
+    )
     assert not worker_cost_findings(costs, None)
 
 
@@ -425,7 +432,9 @@ def test_growth_that_the_pass_does_not_sustain_is_not_extrapolated_to_the_epoch(
     got = _growth(samples, num_workers=2, epoch_batches=80_073, cap_mb=None)
     assert got["stopped_growing"] and not got["extrapolated"]
     assert got["epoch_growth_mb"] == pytest.approx(26.78 - 23.08, abs=0.01)  # what the pass saw, not ~3,753 MB
-    costs = worker_costs_summary({"worker_costs": {"memory": {"num_workers": 2, **got}, "available_mb": 1e6}}, [])
+    costs = worker_costs_summary(
+        RunMeta.from_json({"worker_costs": {"memory": {"num_workers": 2, **got}, "available_mb": 1e6}}), []
+    )
     assert not worker_cost_findings(costs, None)
     steady = [
         {"t": s["t"], "uss_mb": {1: 23.0 + 0.5 * i, 2: 23.0 + 0.5 * i}, "batches": s["batches"]}
@@ -496,7 +505,10 @@ def test_a_copy_that_slows_is_read_as_it_slows_not_as_its_median_rate_stretched(
     assert got["epoch_growth_mb_low"] == pytest.approx(grown) and got["epoch_growth_mb"] == pytest.approx(100, rel=0.15)
     assert got["epoch_growth_mb"] <= got["epoch_growth_mb_high"] <= 103.0
     (f,) = worker_cost_findings(
-        worker_costs_summary({"worker_costs": {"memory": {"num_workers": 1, **got}, "available_mb": 1e6}}, []), None
+        worker_costs_summary(
+            RunMeta.from_json({"worker_costs": {"memory": {"num_workers": 1, **got}, "available_mb": 1e6}}), []
+        ),
+        None,
     )
     assert "the rate of its second half, where the growth had slowed" in f.detail
     # steady growth is a line; a step with flat readings around it is not slowing

@@ -159,11 +159,11 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def loader_pick(rows: Any, meta: Mapping[str, Any] | RunMeta) -> LoaderRow | None:
+def loader_pick(rows: Any, meta: RunMeta) -> LoaderRow | None:
     """The recommended row as the summary makes it from ``rows`` and the run's ``meta`` (the script's own
     setting, a target rate, the job's pick where its runs decided): what is measured at the pick (each
     worker's memory) is measured at this one."""
-    return _picks(rows, meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)).rec
+    return _picks(rows, meta).rec
 
 
 def _picks(rows: Any, m: RunMeta) -> _Picks:

@@ -71,7 +71,7 @@ class _SweepRead:
 
 def loader_findings(
     pts: list[LoaderRow],
-    meta: Mapping[str, Any] | RunMeta,
+    m: RunMeta,
     rec: LoaderRow | None,
     target: Mapping[str, Any] | None,
     job: Mapping[str, Any] | None = None,
@@ -81,7 +81,6 @@ def loader_findings(
     None advises a setting the recommendation does not have: where the job ran (``job``), the
     comparisons with the user's setting are the job's, not the loader alone's.
     """
-    m = meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)
     prov = m.provenance or Provenance()
     ok = [p for p in pts if p.ok]
     c = _SweepRead(

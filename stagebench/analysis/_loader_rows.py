@@ -123,12 +123,11 @@ def _same_knobs_but(
     return next((q for q in pool if q.knobs == want), None)
 
 
-def user_point(pts: list[LoaderRow], meta: Mapping[str, Any] | RunMeta) -> LoaderRow | None:
+def user_point(pts: list[LoaderRow], m: RunMeta) -> LoaderRow | None:
     """The point measured at the user's own setting: the "user" row, or the search point it coincided with."""
     for p in pts:
         if p.search_phase == "user":
             return p
-    m = meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)
     knobs = m.loader.user_knobs
     if knobs is None:
         return None

@@ -62,7 +62,7 @@ GROWTH_MB = 50.0
 SHM_SHARE = 0.5
 
 
-def worker_costs_summary(meta: Mapping[str, Any] | RunMeta, pts: list[LoaderRow]) -> dict[str, Any] | None:
+def worker_costs_summary(m: RunMeta, pts: list[LoaderRow]) -> dict[str, Any] | None:
     """``summary.json["worker_costs"]``: the start-up split of every setting with workers (one per number
     of workers, its first measurement), the shipping and the memory pass as measured; None without them."""
     startup: list[StartupSplit] = []
@@ -75,7 +75,6 @@ def worker_costs_summary(meta: Mapping[str, Any] | RunMeta, pts: list[LoaderRow]
         startup.append(replace(split, setting=p.knobs.label(as_call=True, flags=False), num_workers=nw))
     startup.sort(key=lambda r: r.num_workers or 0)
     # run.json's record, as measured: the summary carries it whole, after the start-up split
-    m = meta if isinstance(meta, RunMeta) else RunMeta.from_json(meta)
     raw = dict(m.worker_costs or {})
     if not startup and not raw:
         return None

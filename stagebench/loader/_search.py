@@ -460,7 +460,7 @@ def _worker_costs(sw: _Sweep, meta: dict[str, Any]) -> dict[str, Any]:
         out["shipping"] = {"start_method": ship.start_method, "shipped": False, "largest": largest}
     # the pick as the summary makes it, against the script's own setting: a setting of yours that is kept
     # where the search alone favoured another has its workers' memory read too
-    rec = loader_pick(sw.rows, meta)
+    rec = loader_pick(sw.rows, RunMeta.from_json(meta))
     if sw.memory is not None and rec is not None and sw.memory.get("num_workers") != rec.num_workers:
         sw.memory = None  # read at another num_workers than the pick's: read again at the pick's
     out["memory_on_stall_point"] = sw.memory is not None  # its seconds then sit in the stall point's row
@@ -481,10 +481,10 @@ def _worker_costs(sw: _Sweep, meta: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _user_meta(user: LoaderKnobs | None, sw: _Sweep) -> dict[str, Any] | None:
+def _user_meta(user: LoaderKnobs | None, sw: _Sweep) -> RunMeta | None:
+    """What the pick reads of the run before run.json holds it: the script's own setting, the backend, CUDA."""
     if user is None:
         return None
-    return {
-        "loader": {"user_knobs": asdict(user), "backend": sw.backend},
-        "settings": {"cuda": sw.cuda},
-    }
+    return RunMeta.from_json(
+        {"loader": {"user_knobs": asdict(user), "backend": sw.backend}, "settings": {"cuda": sw.cuda}}
+    )
