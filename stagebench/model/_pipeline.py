@@ -19,6 +19,7 @@ from stagebench.model._evidence import Ratio
 from stagebench.model._json import (
     Coercions,
     Read,
+    Written,
     flag,
     integer,
     items,
@@ -404,17 +405,18 @@ class Demand:
 
 
 @dataclass(frozen=True, slots=True)
-class CpuSpeed:
+class CpuSpeed(Written):
     """The core's speed during the sweeps and around the validation run (``summary["cpu_speed"]``): a fixed
-    Python loop's ns per iteration, lower is faster; ``sweep_spread`` is the slowest probe over the fastest."""
+    Python loop's ns per iteration, lower is faster; ``sweep_spread`` is the slowest probe over the fastest.
+    The fields are in the order the summary lists them, so ``to_json`` writes them so."""
 
     sweep_ns_median: float
     sweep_ns_min: float
     sweep_ns_max: float
-    sweep_spread: float
     probes: int
     validation_ns: float | None = None
     validation_ns_probes: tuple[float, ...] = ()
+    sweep_spread: float = 1.0
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> CpuSpeed | None:
@@ -431,17 +433,6 @@ class CpuSpeed:
             validation_ns=number(d.get("validation_ns")),
             validation_ns_probes=nums(d.get("validation_ns_probes")),
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "sweep_ns_median": self.sweep_ns_median,
-            "sweep_ns_min": self.sweep_ns_min,
-            "sweep_ns_max": self.sweep_ns_max,
-            "probes": self.probes,
-            "validation_ns": self.validation_ns,
-            "validation_ns_probes": list(self.validation_ns_probes),
-            "sweep_spread": self.sweep_spread,
-        }
 
 
 @dataclass(frozen=True, slots=True)
