@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stagebench._numbers import finite, fmt_ms, fmt_q, num_or_none
-from stagebench.model._pipeline import Prediction
+from stagebench.model._pipeline import Prediction, StageChoice
 from stagebench.model._stage import HeadToHead, StageEntry, StageSetting
 
 __all__ = ["predict_pipeline", "apply_replay", "stage_load", "pipeline_bounds", "Bounds", "StageLoad"]
@@ -264,10 +264,12 @@ def predict_pipeline(
     return out
 
 
-def _measured(entries: list[StageEntry], fixed: float) -> tuple[list[StageLoad], list[str], list[dict]]:
+def _measured(entries: list[StageEntry], fixed: float) -> tuple[list[StageLoad], list[str], list[StageChoice]]:
     """``(loads, missing, settings)``: the measured stages' demands at their recommended settings, the
     names of the stages left out (not measured), and the settings the demands were read at."""
-    loads, missing, settings = [], [], []
+    loads: list[StageLoad] = []
+    missing: list[str] = []
+    settings: list[StageChoice] = []
     for st in entries:
         s = _setting(st) if st.ok else None
         if s is None:
@@ -275,17 +277,12 @@ def _measured(entries: list[StageEntry], fixed: float) -> tuple[list[StageLoad],
             continue
         loads.append(stage_load(st, s, fixed))
         settings.append(
-            {
-                "stage": st.name,
-                "executor": s["executor"],
-                "concurrency": s["concurrency"],
-                "harness": s.get("harness"),
-            }
+            StageChoice(stage=st.name, executor=s["executor"], concurrency=s["concurrency"], harness=s.get("harness"))
         )
     return loads, missing, settings
 
 
-def _unpredicted(settings: list[dict], loads: list[StageLoad], missing: list[str]) -> dict[str, Any]:
+def _unpredicted(settings: list[StageChoice], loads: list[StageLoad], missing: list[str]) -> dict[str, Any]:
     """The prediction's fields, none predicted yet: every key in the order the prediction lists them."""
     return {
         "qps": None,
@@ -295,7 +292,7 @@ def _unpredicted(settings: list[dict], loads: list[StageLoad], missing: list[str
         "unit": "source items/s",
         "bounds": {"stages": None, "cores": None, "gil": None},
         "naive_qps": None,
-        "settings": settings,
+        "settings": [c.to_json() for c in settings],
         "stages": [d.to_json() for d in loads],
         "missing": missing,
         "lift": None,
@@ -431,7 +428,7 @@ def _stage_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     return parts
 
 
-def _caveat(loads: list[StageLoad], settings: list[dict], overhead: dict | None) -> str | None:
+def _caveat(loads: list[StageLoad], settings: list[StageChoice], overhead: dict | None) -> str | None:
     """Why the bounds may be off, or None: SPDL's fixed per-item cost not measured (charged once per
     stage), or stages measured on the direct harness (SPDL's own scheduling not counted)."""
     caveats: list[str] = []
@@ -442,7 +439,7 @@ def _caveat(loads: list[StageLoad], settings: list[dict], overhead: dict | None)
             "each stage is charged a whole one-stage pipeline's cost, so the GIL and cores bounds count that "
             "fixed part once per stage and the prediction is low for multi-stage pipelines"
         )
-    direct = [s["stage"] for s in settings if s.get("harness") == "direct"]
+    direct = [str(c.stage) for c in settings if c.harness == "direct"]
     if direct:
         # The direct harness costs microseconds per item; an SPDL pipeline spends
         # a fraction of a millisecond of main-process Python per item and stage.
