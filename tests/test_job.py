@@ -546,9 +546,9 @@ def test_a_trainer_bound_pick_that_waits_names_the_settings_that_waited_less():
     0%, and named neither."""
     from test_consistency import rule_a_waiting_pick_names_the_setting_that_waited_less as rule
 
-    job = _job(zero=(0.0015, 0.0485, "feeds", 0), two=(0.0, 0.050, "yours", 2))  # 50 ms a step each
+    job = _job(one=(0.0015, 0.0485, "feeds", 1), two=(0.0, 0.050, "yours", 2))  # 50 ms a step each
     d = decide_job(job, TRAINER)
-    assert d["pick"] == "zero" and d["advice"] == "cheaper" and d["bound"] == "trainer-bound", d["text"]
+    assert d["pick"] == "one" and d["advice"] == "cheaper" and d["bound"] == "trainer-bound", d["text"]
     assert "3% of each step waiting for data" in d["text"]
     assert "; yours waited 0%, but ran 1.00x the pick (" in d["text"], d["text"]
     assert rule({"job": d}) == []
@@ -561,3 +561,14 @@ def test_without_a_setting_of_yours_the_cheapest_as_fast_carries_its_ratio_to_th
     d = decide_job(_job(one=(0.001, 0.050, "feeds", 1), two=(0.001, 0.050, "best", 2)), TRAINER)
     assert d["advice"] == "use" and d["pick"] == "one"
     assert d["why"].endswith(", 1.00x two (1.00-1.00 over 3 rounds in turns)"), d["why"]
+
+
+def test_num_workers_0_as_fast_as_yours_is_not_advised_as_cheaper():
+    """The knob guide's T4: ImageNet --dummy's num_workers=0 waited 3% of each step and was advised as
+    "cheaper" at 1.00x yours (2 workers). Loading in the training process replaces a setting with workers
+    only shown faster by more than 5%; as fast, yours stays, and the decision is settled, not open."""
+    job = _job(zero=(0.0015, 0.0485, "feeds", 0), two=(0.0, 0.050, "yours", 2))  # 50 ms a step each
+    d = decide_job(job, TRAINER)
+    assert d["pick"] == "two" and d["advice"] == "keep yours", d["text"]
+    assert d["decision"]["settled"] is True, d["text"]
+    assert "training process" in d["decision"]["reasons"]["zero"]

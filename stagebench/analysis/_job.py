@@ -172,7 +172,10 @@ def _yours(job: JobRecord) -> str | None:
 def job_decision(job: JobRecord) -> tuple[Decision, dict[str, JobFigures | None]]:
     """The rule applied to the job runs so far, and the figures it read."""
     figs = candidate_figures(job)
-    options = [Option(c.key, c.cost, f.rate if (f := figs[c.key]) is not None else None) for c in job.candidates]
+    options = [
+        Option(c.key, c.cost, f.rate if (f := figs[c.key]) is not None else None, in_step=c.in_step)
+        for c in job.candidates
+    ]
     return decide(options, yours=_yours(job), ratio=_ratio_of(figs)), figs
 
 

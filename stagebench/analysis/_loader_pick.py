@@ -145,7 +145,7 @@ def loader_decision(
 
     while True:
         by_key = dict(considered)
-        options = [Option(k, _cheapest_first(p), p.rate) for k, p in by_key.items()]
+        options = [Option(k, _cheapest_first(p), p.rate, in_step=p.knobs.num_workers == 0) for k, p in by_key.items()]
         options.sort(key=lambda o: o.cost)
         d = decide(options, yours=key(mine) if mine else None, ratio=ratio, margin=1 - within_best)
         # the cheapest near setting the turns have not ruled out joins: what the next turns would measure

@@ -161,6 +161,12 @@ class JobCandidate:
         """The label, else the key."""
         return self.label or self.key
 
+    @property
+    def in_step(self) -> bool:
+        """A loader setting with no worker: the loading runs in the training process itself
+        (:attr:`stagebench.model._evidence.Option.in_step`)."""
+        return self.settings.get("num_workers") == 0
+
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> JobCandidate:
         return read(
