@@ -93,7 +93,7 @@ def test_a_head_to_head_within_noise_keeps_threads():
 def test_windows_that_did_not_measure_leave_their_pair_out_and_too_few_pairs_leave_it_to_the_curves():
     rows = _paired([1.2, 1.2, 1.2, 1.2], status={1: "crashed", 2: "crashed", 3: "crashed"})
     h = paired_result(StageRows(pd.DataFrame(rows)), "direct")
-    assert (h["pairs"], h["windows"], h["decisive"]) == (1, 8, False)
+    assert h is not None and (h.pairs, h.windows, h.decisive) == (1, 8, False)
     st = analyze_stage(pd.DataFrame(_curves(400.0, 520.0) + rows), cores=2)
     assert st["recommended"]["executor"] == "process"  # the curves' answer, and it says why
     assert "only 1 usable pair" in st["recommended"]["why"]
@@ -145,7 +145,7 @@ def test_after_a_round_threads_led_in_full_no_second_round_makes_processes_win(f
     for a in (1.0, 1.1, 1.3, 1.6, 2.0, 3.0, 5.0, 10.0):
         for b in (a, a * 1.05, a * 1.5, a * 3):
             h = paired_result(StageRows(pd.DataFrame(_paired([*first, a, b]))), "direct")
-            assert h["pairs"] == 4 and not h["processes_win"], (first, a, b)
+            assert h is not None and h.pairs == 4 and not h.processes_win, (first, a, b)
 
 
 def test_no_head_to_head_when_switched_off():

@@ -19,7 +19,7 @@ from stagebench.analysis._gil import estimate_gil, harness_gil_s
 from stagebench.analysis._labels import label_mix, limit_of, limit_rules, nature
 from stagebench.core._curves import Curve, Point, StageRows
 from stagebench.core._paired import WITHIN_BEST, paired_result, within_noise
-from stagebench.model._stage import GilEstimate
+from stagebench.model._stage import GilEstimate, HeadToHead
 
 __all__ = ["analyze_stage"]
 
@@ -89,7 +89,7 @@ def _stage_status(sr: StageRows) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------ recommendation
-def _recommend(sr: StageRows, harness: str) -> tuple[dict | None, dict | None, dict[str, Point], dict | None]:
+def _recommend(sr: StageRows, harness: str) -> tuple[dict | None, dict | None, dict[str, Point], HeadToHead | None]:
     curves = {e: sr.curve(harness, e) for e in _EXEC_PREFERENCE if sr.curve(harness, e)}
     if not curves:
         return None, None, {}, None
@@ -100,13 +100,13 @@ def _recommend(sr: StageRows, harness: str) -> tuple[dict | None, dict | None, d
     chosen = near[0]
     why = []
     paired = paired_result(sr, harness) if {"thread", "process"} <= set(bests) else None
-    if paired is not None and paired["decisive"]:
+    if paired is not None and paired.decisive:
         # the head-to-head saw both executors at the same moments of the machine: it decides
-        chosen = "process" if paired["processes_win"] else "thread"
+        chosen = "process" if paired.processes_win else "thread"
         why.append(_paired_why(paired, chosen))
     else:
         if paired is not None:
-            why.append(f"the head-to-head measured only {paired['pairs']} usable pair(s): the curves decide")
+            why.append(f"the head-to-head measured only {paired.pairs} usable pair(s): the curves decide")
         others = [e for e in bests if e != chosen]
         if chosen != top_exec:
             why.append(
@@ -145,17 +145,14 @@ def _recommend(sr: StageRows, harness: str) -> tuple[dict | None, dict | None, d
     return recommended, best, bests, paired
 
 
-def _paired_why(paired: dict[str, Any], chosen: str) -> str:
+def _paired_why(paired: HeadToHead, chosen: str) -> str:
     """What the head-to-head found, in one clause."""
-    t, p = paired["thread"], paired["process"]
-    ci = (
-        f" (95% interval {paired['ratio_low']:.2f}-{paired['ratio_high']:.2f})"
-        if paired["ratio_low"] is not None
-        else ""
-    )
+    t, p = paired.thread, paired.process
+    assert t is not None and p is not None  # a decisive head-to-head has both settings
+    ci = f" (95% interval {paired.ratio_low:.2f}-{paired.ratio_high:.2f})" if paired.ratio_low is not None else ""
     said = (
-        f"in a head-to-head (threads x {t['concurrency']} and processes x {p['concurrency']} in turns, "
-        f"{paired['pairs']} pairs of windows) processes reached {paired['ratio']:.2f}x threads' throughput{ci}"
+        f"in a head-to-head (threads x {t.concurrency} and processes x {p.concurrency} in turns, "
+        f"{paired.pairs} pairs of windows) processes reached {paired.ratio:.2f}x threads' throughput{ci}"
     )
     if chosen == "process":
         return f"{said}: processes win beyond noise"
@@ -312,7 +309,7 @@ def _read_settings(entry: dict[str, Any], sr: StageRows) -> tuple[dict, dict, di
     entry["harness"] = harness
     recommended, best, bests, paired = _recommend(sr, harness)
     entry["recommended"], entry["best"] = recommended, best
-    entry["head_to_head"] = paired
+    entry["head_to_head"] = None if paired is None else paired.to_json()
     for e, p in bests.items():
         alt = _point_dict(p, harness, e)
         alt["cpu_s_per_item"] = p.cpu_s_per_item if finite(p.cpu_s_per_item) else None

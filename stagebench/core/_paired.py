@@ -33,6 +33,7 @@ from typing import Any
 from stagebench._numbers import num
 from stagebench.core._curves import Point, StageRows
 from stagebench.model._evidence import Ratio
+from stagebench.model._stage import HeadToHead, StageSetting, keyed
 
 __all__ = ["MAX_RATIO", "HOST_PHASES", "WITHIN_BEST", "within_noise", "plan", "paired_result", "threads_led_every_pair"]
 
@@ -81,16 +82,23 @@ def threads_led_every_pair(rows: list[dict[str, Any]]) -> bool:
     return True
 
 
-def paired_result(sr: StageRows, harness: str) -> dict[str, Any] | None:
+def paired_result(sr: StageRows, harness: str) -> HeadToHead | None:
     """The head-to-head of ``harness`` from the stage's ``paired`` rows, or None when there is none.
 
     Rows are read in the order they were measured; windows two by two form
     the pairs (T P, then P T). A pair with a window that did not measure is
-    left out. Returns ``thread`` and ``process`` (level and mean throughput
-    over the usable pairs), ``ratio`` (process / thread, geometric mean over pairs),
-    ``ratio_low``/``ratio_high`` (95% Student-t on the log of the ratios; None below two pairs),
-    ``pairs``, ``processes_win`` (beyond noise: the interval's low end above
-    1 and the ratio above 1 / 0.95) and ``decisive`` (enough pairs to count).
+    left out.
+
+    Args:
+        sr: one stage's rows.
+        harness: the harness whose ``paired`` rows are read.
+
+    Returns:
+        A :class:`~stagebench.model._stage.HeadToHead`: ``thread`` and ``process`` (level and mean
+        throughput over the usable pairs), ``ratio`` (process / thread, geometric mean over pairs),
+        ``ratio_low``/``ratio_high`` (95% Student-t on the log of the ratios; None below two pairs),
+        ``pairs``, ``windows``, ``processes_win`` (beyond noise: the interval's low end above 1 and the
+        ratio above 1 / 0.95) and ``decisive`` (enough pairs to count); None where no paired row is.
     """
     rows = sr.paired_rows(harness)
     if not len(rows):
@@ -106,26 +114,31 @@ def paired_result(sr: StageRows, harness: str) -> dict[str, Any] | None:
         if ok and qt > 0 and qp > 0:
             pairs.append((qt, qp))
             levels = {e: int(num(by_ex[e]["concurrency"])) for e in by_ex}
-    out: dict[str, Any] = {
-        "pairs": len(pairs),
-        "decisive": len(pairs) >= _MIN_PAIRS,
-        "harness": harness,
-        "windows": len(recs),
-    }
+    decisive = len(pairs) >= _MIN_PAIRS
     # on the log of the ratios (Ratio): ratios multiply, and the interval stays positive (a linear one over
     # two pairs that disagree can reach below zero). At 95% with two pairs: the
     # head-to-head's rounds are fixed, with one early stop that can only keep threads (module docstring).
     r = Ratio.of_pairs([(qp, qt) for qt, qp in pairs], confidence=0.95, min_rounds=_MIN_PAIRS)
-    if r is None:
-        out.update(thread=None, process=None, ratio=None, ratio_low=None, ratio_high=None, processes_win=False)
-        return out
-    lo, hi = r.low, r.high
-    out.update(
-        thread={"concurrency": levels["thread"], "qps": sum(q for q, _ in pairs) / len(pairs)},
-        process={"concurrency": levels["process"], "qps": sum(q for _, q in pairs) / len(pairs)},
-        ratio=r.value,
-        ratio_low=lo,
-        ratio_high=hi,
-        processes_win=bool(out["decisive"] and lo is not None and lo > 1.0 and r.value * WITHIN_BEST > 1.0),
+    thread, process = (
+        (None, None)
+        if r is None
+        else (  # each executor's level and its mean throughput over the pairs
+            keyed(StageSetting, concurrency=levels[ex], qps=sum(q[i] for q in pairs) / len(pairs))
+            for i, ex in enumerate(("thread", "process"))
+        )
     )
-    return out
+    return keyed(
+        HeadToHead,
+        pairs=len(pairs),
+        decisive=decisive,
+        harness=harness,
+        windows=len(recs),
+        thread=thread,
+        process=process,
+        ratio=None if r is None else r.value,
+        ratio_low=None if r is None else r.low,
+        ratio_high=None if r is None else r.high,
+        processes_win=bool(
+            r is not None and decisive and r.low is not None and r.low > 1.0 and r.value * WITHIN_BEST > 1.0
+        ),
+    )

@@ -16,11 +16,35 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from stagebench.model._json import Coercions, Read, ReadIfGiven, Written, items, read
 
-__all__ = ["GilEstimate", "HeadToHead", "PageFaults", "StageEntry", "StageEvidence", "StageLimit", "StageSetting"]
+__all__ = [
+    "GilEstimate",
+    "HeadToHead",
+    "PageFaults",
+    "StageEntry",
+    "StageEvidence",
+    "StageLimit",
+    "StageSetting",
+    "keyed",
+]
+
+_T = TypeVar("_T")
+
+
+def keyed(cls: type[_T], **values: Any) -> _T:
+    """A ``cls`` built where it is made, its ``keys`` the fields given, in their order.
+
+    Args:
+        cls: a type of this module (it keeps ``keys``, so ``to_json`` writes those keys alone).
+        values: its fields, in the order its dict lists them.
+
+    Returns:
+        The ``cls``, whose ``to_json`` gives ``values`` as JSON holds them.
+    """
+    return cls(**values, keys=tuple(values))  # type: ignore[call-arg]  # every type here has a ``keys`` field
 
 
 def _signal_value(signals: Mapping[str, Any], name: str) -> Any:
@@ -108,7 +132,8 @@ class HeadToHead(ReadIfGiven):
     """Threads against processes measured in turns (:func:`stagebench.core._paired.paired_result`).
 
     ``decisive``: enough pairs to decide; ``ratio``: processes' throughput over threads', with its 95%
-    interval; ``thread`` and ``process``: the two settings and their mean throughput over the pairs.
+    interval; ``thread`` and ``process``: the two settings and their mean throughput over the pairs;
+    ``windows``: the windows measured, usable or not.
     """
 
     decisive: bool = False
@@ -118,6 +143,7 @@ class HeadToHead(ReadIfGiven):
     ratio_high: float | None = None
     pairs: int = 0
     harness: str | None = None
+    windows: int = 0
     thread: StageSetting | None = None
     process: StageSetting | None = None
     keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
