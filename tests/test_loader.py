@@ -14,6 +14,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import pandas as pd
@@ -38,6 +39,7 @@ from loader_datasets import (
 from stagebench.analysis._loader import summarize_loader
 from stagebench.analysis._loader_pick import recommend
 from stagebench.analysis._loader_rows import normalize_row
+from stagebench.loader._draft import PointDraft
 from stagebench.loader._intercept import make_loader_factory, resolve_dataset, sweep_dataset
 from stagebench.loader._sweep import (
     EpochControl,
@@ -60,7 +62,7 @@ D = 0.01
 
 
 def _ok(row):
-    assert row["status"] == "ok", (row["status"], row["reason"])
+    assert row.status == "ok", (row.status, row.reason)
     return row
 
 
@@ -364,16 +366,27 @@ def test_sleep_dataset_scales_as_n_over_d():
     }
     for nw, row in rows.items():
         expected = max(1, nw) * truth
-        assert 0.4 * expected < row["samples_per_s"] < 1.05 * expected, (nw, row["samples_per_s"], expected)
-        assert row["batches_per_s"] == pytest.approx(row["samples_per_s"] / 4, rel=1e-6)
-        assert row["time_to_first_batch_s"] > 0
-        assert row["n_batches"] >= FAST.min_batches
-        assert row["workers_seen"] == max(1, nw)
-        assert row["cores_used"] < 1.0  # sleeping workers use little CPU
-    assert rows[4]["samples_per_s"] > 1.5 * rows[0]["samples_per_s"]
-    assert rows[4]["worker_threads"] == 1  # torch's worker loop calls torch.set_num_threads(1)
-    assert rows[4]["mem_workers_mb"] > 0 and rows[4]["mem_pss_mb"] > rows[4]["mem_main_mb"]
-    assert rows[0]["mem_workers_mb"] == 0
+        assert 0.4 * expected < row.samples_per_s < 1.05 * expected, (nw, row.samples_per_s, expected)
+        assert row.batches_per_s == pytest.approx(row.samples_per_s / 4, rel=1e-6)
+        assert row.time_to_first_batch_s > 0
+        assert row.n_batches >= FAST.min_batches
+        assert row.workers_seen == max(1, nw)
+        assert row.cores_used < 1.0  # sleeping workers use little CPU
+    assert rows[4].samples_per_s > 1.5 * rows[0].samples_per_s
+    assert rows[4].worker_threads == 1  # torch's worker loop calls torch.set_num_threads(1)
+    assert rows[4].mem_workers_mb > 0 and rows[4].mem_pss_mb > rows[4].mem_main_mb
+    assert rows[0].mem_workers_mb == 0
+
+
+def test_a_point_being_measured_is_written_as_the_loader_columns_in_order():
+    point = PointDraft.start(
+        "x", "torch", LoaderKnobs(num_workers=0), {"persistent_workers": False, "pin_memory": False}, "", ["a"]
+    )
+    assert tuple(f.name for f in fields(PointDraft)) == LOADER_COLUMNS
+    point.note("b")
+    row = point.as_row()
+    assert tuple(row) == LOADER_COLUMNS and row["notes"] == "a; b" and math.isnan(row["prefetch_factor"])
+    assert row["workers_seen"] == 0 and row["status"] == "ok" and math.isnan(row["ranks"])
 
 
 @pytest.mark.parametrize("t0", [0.0, 0.0005, 0.013, 0.0391])
@@ -408,13 +421,13 @@ def test_spdl_loader_point_and_normalisation():
     row0 = _ok(
         measure_loader_point(factory, LoaderKnobs(num_workers=0), backend="spdl_pytorch", config=FAST, batch_size=4)
     )
-    assert row0["num_workers"] == 1 and "runs as 1" in row0["notes"]
-    assert row0["persistent_workers"] == NOT_APPLICABLE
+    assert row0.num_workers == 1 and "runs as 1" in row0.notes
+    assert row0.persistent_workers == NOT_APPLICABLE
     row2 = _ok(
         measure_loader_point(factory, LoaderKnobs(num_workers=2), backend="spdl_pytorch", config=FAST, batch_size=4)
     )
-    assert 0.4 * 2 / D < row2["samples_per_s"] < 1.05 * 2 / D
-    assert row2["workers_seen"] == 2
+    assert 0.4 * 2 / D < row2.samples_per_s < 1.05 * 2 / D
+    assert row2.workers_seen == 2
 
 
 def test_untagged_factory_still_measures_and_finds_epoch_boundaries():
@@ -430,8 +443,8 @@ def test_untagged_factory_still_measures_and_finds_epoch_boundaries():
             batch_size=4,
         )
     )
-    assert row["samples_per_s"] > 0 and math.isfinite(row["epoch_stall_s"])
-    assert math.isnan(row["workers_seen"])  # not observable without tags
+    assert row.samples_per_s > 0 and math.isfinite(row.epoch_stall_s)
+    assert math.isnan(row.workers_seen)  # not observable without tags
 
 
 def test_epoch_stall_with_and_without_persistent_workers():
@@ -442,24 +455,24 @@ def test_epoch_stall_with_and_without_persistent_workers():
     kept = _ok(
         measure_loader_point(factory, LoaderKnobs(num_workers=2, persistent_workers=True), config=cfg, batch_size=4)
     )
-    assert plain["epoch_stall_s"] >= 0.38
-    assert kept["epoch_stall_s"] < 0.3
-    assert plain["time_to_first_batch_s"] >= 0.38 and kept["time_to_first_batch_s"] >= 0.38
+    assert plain.epoch_stall_s >= 0.38
+    assert kept.epoch_stall_s < 0.3
+    assert plain.time_to_first_batch_s >= 0.38 and kept.time_to_first_batch_s >= 0.38
 
 
 # ------------------------------------------------------------------------ faults
 def test_a_raising_worker_fails_the_point_with_its_message():
     factory = make_loader_factory(RaisingDataset(), batch_size=4)
     row = measure_loader_point(factory, LoaderKnobs(num_workers=2), config=FAST, batch_size=4)
-    assert row["status"] == "failed"
-    assert "item 5 is corrupt" in row["reason"]
+    assert row.status == "failed"
+    assert "item 5 is corrupt" in row.reason
 
 
 def test_a_raising_item_in_spdl_fails_the_point_too():
     """SPDL's loader only logs a failed batch and carries on: the sweep catches the log."""
     factory = make_loader_factory(RaisingDataset(), batch_size=4, backend="spdl_pytorch")
     row = measure_loader_point(factory, LoaderKnobs(num_workers=1), backend="spdl_pytorch", config=FAST, batch_size=4)
-    assert row["status"] == "failed" and "item 5 is corrupt" in row["reason"]
+    assert row.status == "failed" and "item 5 is corrupt" in row.reason
 
 
 @pytest.mark.slow
@@ -470,7 +483,7 @@ def test_a_hung_worker_times_out_and_is_torn_down():
     t = time.perf_counter()
     row = measure_loader_point(factory, LoaderKnobs(num_workers=2), config=cfg, batch_size=4)
     took = time.perf_counter() - t
-    assert row["status"] == "timeout" and "hung" in row["reason"]
+    assert row.status == "timeout" and "hung" in row.reason
     assert took < 3 + 12  # deadline + kill + torch's 5 s liveness check, with room for a loaded machine
     assert _children() <= before  # no worker survives the point
 
@@ -682,7 +695,7 @@ def test_an_empty_dataset_fails_fast_with_a_reason():
     factory = make_loader_factory(SleepDataset(n=0), batch_size=4)
     t = time.perf_counter()
     row = measure_loader_point(factory, LoaderKnobs(num_workers=0), config=FAST, batch_size=4)
-    assert row["status"] == "failed" and "no batches" in row["reason"]
+    assert row.status == "failed" and "no batches" in row.reason
     assert time.perf_counter() - t < 5
 
 
@@ -800,7 +813,7 @@ def test_each_loader_point_prints_its_knobs_and_samples_per_s(tmp_path, capsys):
     )
     s = sweep_dataset(SleepDataset(n=32, d=0.002), batch_size=4, name="sleepy", run_dir=tmp_path / "run", config=cfg)
     (point,) = s["points"]
-    _ok(point)
+    assert point["status"] == "ok", point
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[stagebench] sleepy |")]
     assert lines == [f"[stagebench] sleepy | torch workers=1 prefetch=3: {point['samples_per_s']:,.1f} samples/s"]
 
@@ -838,14 +851,14 @@ def test_a_settings_loader_opens_once_for_its_window_its_turns_and_the_stall():
     try:
         first = held.window(knobs, cfg, phase="num_workers")
         again = held.window(knobs, cfg, phase="paired", turn=1)
-        assert first["status"] == "ok" and again["status"] == "ok", (first, again)
-        assert first["time_to_first_batch_s"] > 0 and math.isnan(again["time_to_first_batch_s"])
-        assert math.isnan(first["teardown_s"])  # still open: its tear-down is later
+        assert first.status == "ok" and again.status == "ok", (first, again)
+        assert first.time_to_first_batch_s > 0 and math.isnan(again.time_to_first_batch_s)
+        assert math.isnan(first.teardown_s)  # still open: its tear-down is later
         stall = held.stall(knobs, cfg, phase="epoch_stall", during=None)
     finally:
         held.close()
-    assert stall is not None and stall["status"] == "ok", stall
-    assert math.isfinite(stall["epoch_stall_s"]) and stall["teardown_s"] >= 0
+    assert stall is not None and stall.status == "ok", stall
+    assert math.isfinite(stall.epoch_stall_s) and stall.teardown_s >= 0
     assert opened == [1] and not held.open
     # a setting with no loader open: the caller measures it on a fresh one
     assert held.stall(LoaderKnobs(num_workers=2, prefetch_factor=2), cfg, phase="epoch_stall", during=None) is None
@@ -871,8 +884,8 @@ def test_a_window_in_turns_closes_at_its_shortest_where_precision_may_close_it()
             row = held.window(knobs, cfg, phase="paired", turn=1)
         finally:
             held.close()
-        assert row["status"] == "ok", row
-        lengths[precision] = row["window_s"]
+        assert row.status == "ok", row
+        lengths[precision] = row.window_s
     # ±0.0001% is out of reach for a sleeping loader: without the rule the window would run its 4 s; with it,
     # it runs the turn's 1 s, not the 0.3 s a search's window may close at
     assert LoaderSweepConfig().turn_window_s == 1.0

@@ -11,6 +11,7 @@ from stagebench.analysis._loader import summarize_loader
 from stagebench.analysis._loader_evidence import paired_ratio, paired_rounds, pool_points
 from stagebench.analysis._loader_pick import recommend
 from stagebench.analysis._loader_rows import normalize_row
+from stagebench.loader._draft import PointDraft
 
 
 def _row(nw, sps, *, half=0.02, phase="num_workers", pf=2, n=None, window=1.0, stall=math.nan, status="ok"):
@@ -160,13 +161,7 @@ def test_the_search_runs_the_turns_until_the_rule_is_settled(tmp_path, monkeypat
         nw = knobs.num_workers
         sps = math.nan if not how.get("throughput", True) else truth[nw]
         row = _row(nw, sps, half=halves[nw], phase=phase, stall=0.5 if not how.get("throughput", True) else math.nan)
-        return {
-            **row.to_json(),
-            "loader": name,
-            "backend": backend,
-            "persistent_workers": False,
-            "pin_memory": "not applicable",
-        }
+        return PointDraft(**{**row.to_json(), "persistent_workers": False, "pin_memory": "not applicable"})
 
     def fake_window(self, knobs, cfg, *, phase, turn=None, floor=None):
         if phase != "paired":  # the search's point, on a loader kept open
@@ -176,7 +171,9 @@ def test_the_search_runs_the_turns_until_the_rule_is_settled(tmp_path, monkeypat
         calls.append((knobs.num_workers, "paired"))
         nw = knobs.num_workers
         row = _row(nw, truth[nw] * (0.95 if nw == 2 else 1.0) * (1 + 0.01 * turn), half=0.02, phase="paired")
-        return {**row.to_json(), "turn": turn, "persistent_workers": False, "pin_memory": "not applicable"}
+        return PointDraft(
+            **{**row.to_json(), "turn": turn, "persistent_workers": False, "pin_memory": "not applicable"}
+        )
 
     monkeypatch.setattr(search_mod, "measure_loader_point", fake_point)
     monkeypatch.setattr(sweep_mod, "_cuda_available", lambda: False)

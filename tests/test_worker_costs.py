@@ -19,6 +19,7 @@ from stagebench.analysis._worker_costs import worker_cost_findings, worker_costs
 from stagebench.loader._config import LoaderSweepConfig
 from stagebench.loader._consumer import _Consumer, _SpdlErrors, _teardown
 from stagebench.loader._costs import copy_bound_mb, largest_container, memory_pass, shipping_cost
+from stagebench.loader._draft import PointDraft
 from stagebench.loader._intercept import make_loader_factory
 from stagebench.loader._point import _Plan, _supervise, measure_loader_point
 from stagebench.model._knobs import LoaderKnobs
@@ -87,8 +88,8 @@ def test_shipping_shows_in_the_workers_start_as_measured():
     starts = {}
     for name, f in (("small", small), ("big", big), ("big2", big), ("small2", small)):  # in turns
         row = measure_loader_point(f, knobs, config=cfg, cuda=False, stall=False)
-        assert row["status"] == "ok", row["reason"]
-        starts[name] = row["workers_start_s"]
+        assert row.status == "ok", row.reason
+        starts[name] = row.workers_start_s
     extra = (starts["big"] + starts["big2"] - starts["small"] - starts["small2"]) / 2
     print(f"shipping estimated {each:.2f} s; the worker started {extra:.2f} s later ({starts})")
     assert 0.4 * each <= extra <= 2.5 * each + 0.3
@@ -104,12 +105,12 @@ def test_spdl_loaders_start_up_is_split_where_it_can_be_and_its_shipping_said_on
     cfg = LoaderSweepConfig(budget_s=0.3, timeout_s=60, transforms=False)
     # one worker: the split's medians are that worker's, whose batch is the first
     row = measure_loader_point(factory, LoaderKnobs(num_workers=1, prefetch_factor=2), config=cfg, cuda=False)
-    assert row["status"] == "ok", row["reason"]
-    assert math.isnan(row.get("workers_start_s", math.nan))  # not split where it cannot be timed
-    parts = row["workers_created_s"] + row["worker_unsplit_s"] + row["first_delivery_s"]
+    assert row.status == "ok", row.reason
+    assert math.isnan(row.workers_start_s)  # not split where it cannot be timed
+    parts = row.workers_created_s + row.worker_unsplit_s + row.first_delivery_s
     # the first batch is timed from building the loader (SPDL pickles the dataset there): the parts, from
     # iter(), come within it and make most of it
-    assert 0.5 * row["time_to_first_batch_s"] <= parts <= row["time_to_first_batch_s"] + 0.05, row
+    assert 0.5 * row.time_to_first_batch_s <= parts <= row.time_to_first_batch_s + 0.05, row
     ship = shipping_cost(factory, backend="spdl_pytorch")
     assert ship.shipped and ship.pickled_once
     (f,) = worker_cost_findings({"shipping": {**ship.to_json(), "mb": 20.0}}, {"num_workers": 2})
@@ -123,7 +124,7 @@ def _pass(ds: Dataset, seconds: float) -> dict:
     cfg = LoaderSweepConfig(timeout_s=60, transforms=False)
     cons, errors = _Consumer(factory, knobs), _SpdlErrors()
     errors.attach()
-    row = {"status": "ok", "reason": "", "notes": "", "startup_s": math.nan}
+    row = PointDraft.start("x", "torch", knobs, {"persistent_workers": False, "pin_memory": False}, "", [])
     try:
         cons.start()
         _supervise(cons, knobs, cfg, time.perf_counter() + 60, row, errors, _Plan(False, False, 1024, None))

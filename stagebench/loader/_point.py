@@ -31,7 +31,6 @@ protocol, and why each step is there:
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import os
 import signal
@@ -46,6 +45,7 @@ from stagebench.core._resources import TreeSnapshot, tree_memory_mb
 from stagebench.loader._built import _cuda_available
 from stagebench.loader._config import LoaderFactory, LoaderSweepConfig
 from stagebench.loader._consumer import _classify, _Consumer, _SpdlErrors, _teardown
+from stagebench.loader._draft import PointDraft
 from stagebench.loader._window import (
     _Event,
     _host_figures,
@@ -58,34 +58,10 @@ from stagebench.loader._window import (
 from stagebench.model._knobs import LoaderKnobs
 from stagebench.model._ranks import WindowShare
 from stagebench.runs._knobs import normalize_knobs
-from stagebench.runs._schema import LOADER_COLUMNS
 
 __all__ = ["measure_loader_point", "timed_window", "Window", "workers_beyond_cores_unwarned"]
 
 _POLL_S = 0.005
-
-
-def _empty_row(name: str, backend: str, eff: LoaderKnobs, shown: dict, phase: str, notes: list[str]) -> dict[str, Any]:
-    row: dict[str, Any] = {c: math.nan for c in LOADER_COLUMNS}
-    row.update(
-        loader=name,
-        backend=backend,
-        num_workers=eff.num_workers,
-        prefetch_factor=eff.prefetch_factor if eff.prefetch_factor is not None else math.nan,
-        persistent_workers=shown["persistent_workers"],
-        pin_memory=shown["pin_memory"],
-        status="ok",
-        reason="",
-        search_phase=phase,
-        notes="; ".join(notes),
-        workers_seen=0,
-        started_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
-    )
-    return row
-
-
-def _add_note(row: dict[str, Any], note: str) -> None:
-    row["notes"] = f"{row['notes']}; {note}" if row.get("notes") else note
 
 
 def measure_loader_point(
@@ -102,8 +78,8 @@ def measure_loader_point(
     throughput: bool = True,
     cannot_matter_below: float | None = None,
     during: Callable[[Any], None] | None = None,
-) -> dict[str, Any]:
-    """Measure one loader setting on a fresh loader; returns one row (:data:`LOADER_COLUMNS`).
+) -> PointDraft:
+    """Measure one loader setting on a fresh loader; returns the point measured (its row: :meth:`PointDraft.as_row`).
 
     ``stall``: measure the epoch-boundary stall after the window (``None``: as
     ``config.epoch_stall`` says; a search passes where ``stall_at`` wants it). ``throughput=False``: no window, only the
@@ -119,7 +95,7 @@ def measure_loader_point(
     if stall is None:
         stall = cfg.epoch_stall
     eff, shown, notes = normalize_knobs(knobs, backend, cuda=cuda)
-    row = _empty_row(name, backend, eff, shown, phase, notes)
+    row = PointDraft.start(name, backend, eff, shown, phase, notes)
     t_begin = time.perf_counter()
     deadline = t_begin + cfg.timeout_s
     errors = _SpdlErrors()
@@ -139,14 +115,14 @@ def measure_loader_point(
         t_down = time.perf_counter()
         try:
             for note in _teardown(cons, hung=hung):
-                _add_note(row, note)
+                row.note(note)
         finally:
             errors.detach()
-        row["teardown_s"] = time.perf_counter() - t_down
-    if row["status"] == "ok":  # a fault during the epoch-stall phase (the consumer's, or SPDL's)
+        row.teardown_s = time.perf_counter() - t_down
+    if row.status == "ok":  # a fault during the epoch-stall phase (the consumer's, or SPDL's)
         _failed(cons, errors, row)
     _fill(row, cons, outcome, eff, batch_size, cfg)
-    row["elapsed_s"] = time.perf_counter() - t_begin
+    row.elapsed_s = time.perf_counter() - t_begin
     return row
 
 
@@ -194,11 +170,11 @@ def _failure(cons: _Consumer, errors: _SpdlErrors, check_workers: bool = False) 
     return None
 
 
-def _failed(cons: _Consumer, errors: _SpdlErrors, row: dict[str, Any], *, check_workers: bool = False) -> bool:
+def _failed(cons: _Consumer, errors: _SpdlErrors, row: PointDraft, *, check_workers: bool = False) -> bool:
     """Whether the loader has failed (:func:`_failure`); where it has, ``row``'s status and reason say how."""
     fail = _failure(cons, errors, check_workers=check_workers)
     if fail:
-        row["status"], row["reason"] = fail
+        row.fail(*fail)
     return fail is not None
 
 
@@ -238,7 +214,7 @@ class _Plan(NamedTuple):
 _CHECK_S = 0.05
 
 
-def _polls(cons: _Consumer, errors: _SpdlErrors, row: dict[str, Any], *, check_workers_every: int) -> Iterator[float]:
+def _polls(cons: _Consumer, errors: _SpdlErrors, row: PointDraft, *, check_workers_every: int) -> Iterator[float]:
     """The time at each poll of a warm-up or a window, until the loader fails (:func:`_failed` puts its
     status and reason in ``row``, and the polls end). Its worker processes are checked every
     ``check_workers_every`` polls (reading each one's state costs more than a poll)."""
@@ -251,7 +227,7 @@ def _polls(cons: _Consumer, errors: _SpdlErrors, row: dict[str, Any], *, check_w
         yield now
 
 
-def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
+def _supervise(cons, eff, cfg, deadline, row: PointDraft, errors, plan: _Plan):
     """Warm-up, window, memory, epoch stall. Returns (outcome or None, hung)."""
     expected = max(1, eff.num_workers)
     t_start = time.perf_counter()
@@ -260,7 +236,7 @@ def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     # --- warm-up: every worker delivered, and the minimum time passed
     for now in _polls(cons, errors, row, check_workers_every=20):
         if cons.finished:
-            row.update(status="failed", reason="the loader ended before warm-up was over (an empty dataset?)")
+            row.fail("failed", "the loader ended before warm-up was over (an empty dataset?)")
             return None, False
         ev = cons.events
         n = len(ev)
@@ -270,26 +246,26 @@ def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
             scanned += 1
         # untagged batches: count arrivals (torch delivers in order, round-robin)
         all_seen = len(seen) >= expected
-        if all_seen and math.isnan(row["startup_s"]):
-            row["startup_s"] = now - cons.t_begin  # built, started, every worker delivered
+        if all_seen and math.isnan(row.startup_s):
+            row.startup_s = now - cons.t_begin  # built, started, every worker delivered
         warm = cfg.warmup_s if plan.throughput else 0.0  # the stall alone needs no steady state
         if n >= 2 and now - t_start >= warm and (all_seen or n >= 4 * expected + 2) and cons.others_ready():
             if not all_seen:
-                _add_note(row, f"only {len(seen)} of {expected} workers delivered during warm-up")
-                row["startup_s"] = now - cons.t_begin
-            row["warmup_s"] = now - cons.t_begin - row["startup_s"]
+                row.note(f"only {len(seen)} of {expected} workers delivered during warm-up")
+                row.startup_s = now - cons.t_begin
+            row.warmup_s = now - cons.t_begin - row.startup_s
             break
         if now >= deadline:
-            row.update(
-                status="timeout",
-                reason=f"no steady state within {cfg.timeout_s:g}s: {n} batch(es) arrived, "
+            row.fail(
+                "timeout",
+                f"no steady state within {cfg.timeout_s:g}s: {n} batch(es) arrived, "
                 f"{len(seen)} of {expected} workers delivered (a hung worker or a very slow start)",
             )
             return None, True
         time.sleep(_POLL_S)
     else:  # the loader failed (its status and reason are in the row)
         return None, False
-    row["workers_seen"] = len(seen) if cons.events and cons.events[0].pid is not None else math.nan
+    row.workers_seen = len(seen) if cons.events and cons.events[0].pid is not None else math.nan
 
     if not plan.throughput:  # the stall only (the search's pick): no window
         if plan.during is not None:
@@ -304,7 +280,7 @@ def _supervise(cons, eff, cfg, deadline, row, errors, plan: _Plan):
     return outcome, plan.stall and _measure_stall(cons, eff, cfg, deadline, row, errors, outcome.t1)
 
 
-def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
+def timed_window(cons, eff, cfg, deadline, row: PointDraft, errors, plan: _Plan):
     """One steady-state window of ``cons``'s arrivals, then its CPU and memory. Returns (the
     :class:`Window` or None, hung).
 
@@ -340,11 +316,9 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
         if now >= deadline - reserve:
             last = cons.events[-1].t if cons.events else t0
             if got < 1 or now - last > max(1.0, 0.5 * (now - t0)):
-                row.update(
-                    status="timeout", reason=f"the loader stalled: no batch for {now - last:.1f}s (a hung worker?)"
-                )
+                row.fail("timeout", f"the loader stalled: no batch for {now - last:.1f}s (a hung worker?)")
                 return None, True
-            _add_note(row, f"window cut at the point's deadline after {got} batches")
+            row.note(f"window cut at the point's deadline after {got} batches")
             break
         time.sleep(min(0.02, max(0.0, end - now)) or _POLL_S)
     else:  # the loader failed (its status and reason are in the row)
@@ -362,7 +336,7 @@ def timed_window(cons, eff, cfg, deadline, row, errors, plan: _Plan):
             cons.cid, t0, t1, {"rnd": rnd, "batch_size": plan.batch_size, "slices": slices}
         )
         if failed is not None:  # a rank's loader failed during the window: the host has no figure for it
-            row["status"], row["reason"] = failed
+            row.fail(*failed)
             return None, False
         others = tuple(WindowShare.from_json(d) for d in got_rates)
     return Window(t0, t1, snap0, snap1, mem, others, slices), False
@@ -389,17 +363,17 @@ def _settled(
     return plan.floor is not None and hi < plan.floor
 
 
-def _measure_stall(cons, eff, cfg, deadline, row, errors, t1) -> bool:
-    """Run to epoch boundaries, its seconds in ``row["stall_phase_s"]`` (the point's time split).
+def _measure_stall(cons, eff, cfg, deadline, row: PointDraft, errors, t1) -> bool:
+    """Run to epoch boundaries, its seconds in ``row.stall_phase_s`` (the point's time split).
     Returns True when the loader hung doing so."""
     t_stall = time.perf_counter()
     try:
         return _run_to_epoch_ends(cons, eff, cfg, deadline, row, errors, t1)
     finally:
-        row["stall_phase_s"] = time.perf_counter() - t_stall
+        row.stall_phase_s = time.perf_counter() - t_stall
 
 
-def _run_to_epoch_ends(cons, eff, cfg, deadline, row, errors, t1) -> bool:
+def _run_to_epoch_ends(cons, eff, cfg, deadline, row: PointDraft, errors, t1) -> bool:
     ctl = cons.control
     if ctl is not None:
         cons.stall_batches = cfg.stall_epoch_batches or max(4, 2 * eff.num_workers)
@@ -410,11 +384,10 @@ def _run_to_epoch_ends(cons, eff, cfg, deadline, row, errors, t1) -> bool:
                 return False
             if time.perf_counter() >= deadline:
                 last = cons.events[-1].t if cons.events else t1
-                _add_note(row, "epoch stall not measured: the epochs did not end before the point's deadline")
+                row.note("epoch stall not measured: the epochs did not end before the point's deadline")
                 if time.perf_counter() - last > 1.0:
-                    row.update(
-                        status="timeout",
-                        reason=f"the loader stalled at an epoch end: no batch for {time.perf_counter() - last:.1f}s",
+                    row.fail(
+                        "timeout", f"the loader stalled at an epoch end: no batch for {time.perf_counter() - last:.1f}s"
                     )
                     return True
                 return False
@@ -430,7 +403,7 @@ def _run_to_epoch_ends(cons, eff, cfg, deadline, row, errors, t1) -> bool:
         if rate > 0:
             est = max(0, per_epoch - in_epoch) / rate
             if est > wait:
-                _add_note(row, f"epoch stall not measured: the epoch ends in about {est:.0f}s (> stall_wait_s)")
+                row.note(f"epoch stall not measured: the epoch ends in about {est:.0f}s (> stall_wait_s)")
                 return False
     except TypeError:
         pass
@@ -443,24 +416,29 @@ def _run_to_epoch_ends(cons, eff, cfg, deadline, row, errors, t1) -> bool:
             return False
         time.sleep(0.01)
     if not any(e.epoch > 0 for e in cons.events):
-        _add_note(row, f"epoch stall not measured: no epoch ended within {wait:g}s")
+        row.note(f"epoch stall not measured: no epoch ended within {wait:g}s")
     return False
 
 
 def _fill(
-    row, cons: _Consumer, outcome: Window | None, eff: LoaderKnobs, batch_size: int | None, cfg: LoaderSweepConfig
+    row: PointDraft,
+    cons: _Consumer,
+    outcome: Window | None,
+    eff: LoaderKnobs,
+    batch_size: int | None,
+    cfg: LoaderSweepConfig,
 ) -> None:
     """Throughput, interval, stall, cores and memory from the consumer's events."""
     import numpy as np  # start-up cost: numpy loads where a window is measured
 
     ev = list(cons.events)
     if ev:
-        row["time_to_first_batch_s"] = ev[0].t - cons.t_begin
-        row.update(startup_split(ev, cons.t_iter, cons.wall_offset))
+        row.time_to_first_batch_s = ev[0].t - cons.t_begin
+        row.set(startup_split(ev, cons.t_iter, cons.wall_offset))
     me = os.getpid()
     threads = [e.threads for e in ev[:4096] if e.threads >= 0 and (e.pid != me or eff.num_workers == 0)]
     if threads:
-        row["worker_threads"] = max(threads)
+        row.worker_threads = max(threads)
 
     # epoch boundaries: last batch of epoch k -> first batch of epoch k+1
     first: dict[int, float] = {}
@@ -470,13 +448,13 @@ def _fill(
         last[e.epoch] = e.t
     stalls = [first[k] - last[k - 1] for k in sorted(first) if k >= 1 and (k - 1) in last]
     if stalls:
-        row["epoch_stall_s"] = float(np.mean(stalls))
+        row.epoch_stall_s = float(np.mean(stalls))
 
     if outcome is None:
         return
     t0, t1, snap0, snap1, mem = outcome.t0, outcome.t1, outcome.opened, outcome.closed, outcome.memory_mb
     window = t1 - t0
-    row["window_s"] = window
+    row.window_s = window
     got = window_rate(
         ev,
         t0,
@@ -486,18 +464,16 @@ def _fill(
         max_groups=cfg.max_groups,
         confidence=cfg.confidence,
     )
-    row.update(got)
+    row.set(got)
     if not got.get("samples_per_s"):
-        if row["status"] == "ok":
-            row.update(status="failed", reason="no batches arrived in the steady-state window")
+        if row.status == "ok":
+            row.fail("failed", "no batches arrived in the steady-state window")
         return
     if outcome.others:
         rnd = max(1, eff.num_workers)
         mine = window_share(ev, t0, t1, time.perf_counter(), rnd=rnd, batch_size=batch_size, slices=outcome.slices)
         _host_figures(row, mine, outcome.others, cfg.confidence)
-    row["cores_used"] = snap1.cpu_since(snap0) / window
-    row["disk_read_mb_s"] = snap1.read_bytes_since(snap0) / window / 2**20
-    row["mem_main_mb"] = mem["main"]
-    row["mem_pss_mb"] = mem["pss"]
-    row["mem_uss_mb"] = mem["uss"]
-    row["mem_workers_mb"] = mem["workers"]
+    row.cores_used = snap1.cpu_since(snap0) / window
+    row.disk_read_mb_s = snap1.read_bytes_since(snap0) / window / 2**20
+    row.mem_main_mb, row.mem_pss_mb = mem["main"], mem["pss"]
+    row.mem_uss_mb, row.mem_workers_mb = mem["uss"], mem["workers"]

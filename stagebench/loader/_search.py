@@ -30,6 +30,7 @@ from stagebench.loader._costs import (
     shipping_cost,
     shm_headroom,
 )
+from stagebench.loader._draft import PointDraft
 from stagebench.loader._point import measure_loader_point
 from stagebench.loader._turns import HeldLoaders, run_turns
 from stagebench.model._knobs import LoaderKnobs
@@ -144,7 +145,7 @@ class _Sweep:
             # A screen: the settings near the fastest are compared in turns after it, so its windows close at
             # ±10% (a stage's head-to-head's precision), not at the ±5% that decides nothing here.
             cfg = replace(cfg, precision=in_turns_precision(cfg.precision))
-        row: dict[str, Any] | None = None
+        row: PointDraft | None = None
         if throughput and not how["stall"]:
             self.make_room(knobs)
             row = self.held.window(knobs, cfg, phase=phase, floor=floor)
@@ -161,7 +162,7 @@ class _Sweep:
 
     def fresh(
         self, knobs: LoaderKnobs, phase: str = "", *, config: LoaderSweepConfig | None = None, **how: Any
-    ) -> dict[str, Any]:
+    ) -> PointDraft:
         """A point on a fresh loader, closed after it (:func:`measure_loader_point`; not recorded)."""
         return measure_loader_point(
             self.factory,
@@ -246,8 +247,9 @@ class _Sweep:
         if math.isfinite(predicted) and predicted + self.held_mb() > self.budget_mb:
             self.held.close()
 
-    def record(self, row: dict[str, Any], phase: str) -> LoaderRow:
-        """Keep a measured row: written to results.csv at once, and said; returns it as read."""
+    def record(self, point: PointDraft, phase: str) -> LoaderRow:
+        """Keep a measured point: written to results.csv at once, and said; returns its row as read."""
+        row = point.as_row()
         read = normalize_row(row)
         self.rows.append(read)
         self.writer.write(row)

@@ -26,7 +26,7 @@ host favours none. Rounds go on while the rule is not settled, at most ``tie_rou
 a row with ``search_phase`` ``paired`` and its round in ``turn``, written as it is measured; the
 analysis reads the rounds back from them, so ``stagebench report`` rebuilds the same decision. Which
 loaders the search leaves open, and for how long, is the sweep's choice
-(:meth:`stagebench.loader._sweep._Sweep.prune`).
+(:meth:`stagebench.loader._search._Sweep.prune`).
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from stagebench.loader._config import LoaderFactory, LoaderSweepConfig
+from stagebench.loader._draft import PointDraft
 from stagebench.loader._point import (
     _POLL_S,
     Window,
     _Consumer,
-    _empty_row,
     _failed,
     _failure,
     _fill,
@@ -174,15 +174,15 @@ class HeldLoaders:
         phase: str,
         turn: int | None = None,
         floor: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> PointDraft:
         """One window of ``knobs``: its loader opened (and warmed up) on the first, resumed after, and kept
         open, suspended, after it; a loader that failed is closed. ``floor``: as a point's
         (:func:`stagebench.loader._point.measure_loader_point`'s ``cannot_matter_below``). A window in a
         round (``turn`` given) closes at its shortest (the module's step 3)."""
         eff, shown, notes = normalize_knobs(knobs, self.backend, cuda=self.cuda)  # the key of its open loader
-        row = _empty_row(self.name, self.backend, eff, shown, phase, notes)
+        row = PointDraft.start(self.name, self.backend, eff, shown, phase, notes)
         if turn is not None:
-            row["turn"] = turn
+            row.turn = turn
         t_begin = time.perf_counter()
         deadline = t_begin + cfg.timeout_s
         plan = _Plan(stall=False, throughput=True, batch_size=self.batch_size, floor=floor, shortest=turn is not None)
@@ -194,9 +194,9 @@ class HeldLoaders:
                     h = self.open[eff] = self._start(eff, shown, notes, cfg.warmup_s)
                     outcome, hung = _supervise(h.cons, eff, cfg, deadline, row, h.errors, plan)
                 else:
-                    row["startup_s"] = 0.0
+                    row.startup_s = 0.0
                     if _resume(h, cfg, self.backend, deadline):
-                        row["warmup_s"] = time.perf_counter() - t_begin
+                        row.warmup_s = time.perf_counter() - t_begin
                         outcome, hung = timed_window(h.cons, eff, cfg, deadline, row, h.errors, plan)
                     else:
                         outcome, hung = None, self._resume_failed(h, row)
@@ -205,12 +205,12 @@ class HeldLoaders:
                 raise
             h.cons.gate.clear()
             self._finish(h, eff, row, outcome, hung, cfg)
-        row["elapsed_s"] = time.perf_counter() - t_begin
+        row.elapsed_s = time.perf_counter() - t_begin
         return row
 
     def stall(
         self, knobs: LoaderKnobs, cfg: LoaderSweepConfig, *, phase: str, during: Callable[[Any], None] | None
-    ) -> dict[str, Any] | None:
+    ) -> PointDraft | None:
         """The epoch stall on ``knobs``'s open loader (``during``: called first, with the warm consumer),
         which then closes; None where no loader of ``knobs`` is open (a fresh point measures it)."""
         key = self.key(knobs)
@@ -218,16 +218,16 @@ class HeldLoaders:
         if h is None:
             return None
         eff = h.eff
-        row = _empty_row(self.name, self.backend, eff, h.shown, phase, h.notes)
+        row = PointDraft.start(self.name, self.backend, eff, h.shown, phase, h.notes)
         t_begin = time.perf_counter()
         self._others_idle(key, cfg.budget_s)
         deadline = t_begin + cfg.timeout_s
         hung = False
         with _quiet_sigchld():
             try:
-                row["startup_s"] = 0.0
+                row.startup_s = 0.0
                 if _resume(h, cfg, self.backend, deadline):
-                    row["warmup_s"] = time.perf_counter() - t_begin
+                    row.warmup_s = time.perf_counter() - t_begin
                     if during is not None:
                         during(h.cons)
                     hung = _measure_stall(h.cons, eff, cfg, deadline, row, h.errors, time.perf_counter())
@@ -235,11 +235,11 @@ class HeldLoaders:
                     hung = self._resume_failed(h, row)
             finally:
                 self._close_one(h, row, hung)
-        if row["status"] == "ok":  # a fault during the epochs run to their end (the consumer's, or SPDL's)
+        if row.status == "ok":  # a fault during the epochs run to their end (the consumer's, or SPDL's)
             _failed(h.cons, h.errors, row)
         _fill(row, h.cons, None, eff, self.batch_size, cfg)
-        row["time_to_first_batch_s"] = math.nan  # the loader opened for an earlier window
-        row["elapsed_s"] = time.perf_counter() - t_begin
+        row.time_to_first_batch_s = math.nan  # the loader opened for an earlier window
+        row.elapsed_s = time.perf_counter() - t_begin
         return row
 
     def _others_idle(self, key: LoaderKnobs, limit_s: float) -> None:
@@ -268,33 +268,33 @@ class HeldLoaders:
         return _Held(eff, shown, notes, cons, errors)
 
     @staticmethod
-    def _resume_failed(h: _Held, row: dict[str, Any]) -> bool:
+    def _resume_failed(h: _Held, row: PointDraft) -> bool:
         """Say in ``row`` why a resumed loader delivered nothing; returns whether it hung."""
         fail = _failure(h.cons, h.errors, check_workers=True)
-        row["status"], row["reason"] = fail or ("timeout", "the loader stalled after its turn resumed")
+        row.fail(*(fail or ("timeout", "the loader stalled after its turn resumed")))
         return fail is None
 
     def _finish(
         self,
         h: _Held,
         key: LoaderKnobs,
-        row: dict[str, Any],
+        row: PointDraft,
         outcome: Window | None,
         hung: bool,
         cfg: LoaderSweepConfig,
     ) -> None:
-        if row["status"] == "ok" and h.errors.records:
+        if row.status == "ok" and h.errors.records:
             _failed(h.cons, h.errors, row)
         _fill(row, h.cons, outcome, h.eff, self.batch_size, cfg)
         if h.windows:  # not the first: no start-up in this window, whatever the events before it
-            row["time_to_first_batch_s"] = math.nan
+            row.time_to_first_batch_s = math.nan
         h.windows += 1
-        if row["status"] != "ok":  # a broken loader is not resumed: its windows end here
+        if row.status != "ok":  # a broken loader is not resumed: its windows end here
             self.open.pop(key, None)
             self._close_one(h, row, hung)
 
     @staticmethod
-    def _close_one(h: _Held, row: dict[str, Any] | None, hung: bool) -> None:
+    def _close_one(h: _Held, row: PointDraft | None, hung: bool) -> None:
         """Tear ``h`` down (never raises); its notes and time go to ``row`` where given."""
         t_down = time.perf_counter()
         try:
@@ -304,15 +304,15 @@ class HeldLoaders:
         finally:
             h.errors.detach()
         if row is not None:
-            row["teardown_s"] = time.perf_counter() - t_down
+            row.teardown_s = time.perf_counter() - t_down
             for note in notes:
-                row["notes"] = f"{row['notes']}; {note}" if row["notes"] else note
+                row.note(note)
 
 
 def run_turns(
     held: HeldLoaders,
     next_settings: Callable[[], list[LoaderKnobs]],
-    record: Callable[[dict[str, Any]], Any],
+    record: Callable[[PointDraft], Any],
     *,
     cfg: LoaderSweepConfig,
     max_rounds: int,

@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from stagebench._numbers import num
+from stagebench.loader._draft import PointDraft
 from stagebench.model._ranks import HostRate, WindowShare
 from stagebench.model._rate import Rate
 
@@ -46,7 +47,7 @@ def window_rate(
     batch_size: int | None,
     max_groups: int,
     confidence: float,
-) -> dict[str, Any]:
+) -> dict[str, float]:
     """Throughput and its interval from the arrivals inside [t0, t1], over whole rounds of the workers.
 
     Torch delivers batches in order, worker by worker, so with ``rnd`` workers of
@@ -91,7 +92,7 @@ def window_rate(
     n = float(s.sum())
     # seconds per sample: the rate is its inverse, so the inverted bounds bracket the rate exactly
     spi = span / n if n > 0 else math.inf
-    out: dict[str, Any] = {
+    out: dict[str, float] = {
         "n_batches": nb,
         "n_samples": n,
         "samples_per_s": 1.0 / spi if n > 0 else n,
@@ -203,25 +204,22 @@ def startup_split(events: Sequence[_Event], t_iter: float, wall_offset: float) -
 
 
 def _host_figures(
-    row: dict[str, Any], mine: WindowShare, others: tuple[WindowShare | None, ...], confidence: float
+    row: PointDraft, mine: WindowShare, others: tuple[WindowShare | None, ...], confidence: float
 ) -> None:
     """A ranked window's row: ``samples_per_s`` and its interval are the host's (the sum over its ranks of
     their shares of the window, :meth:`stagebench.model._ranks.HostRate.over_window`), with the slowest and
     fastest rank's beside them."""
     rates = HostRate.over_window([mine, *others], confidence)
     host = rates.host
-    row["ranks"] = len(rates.ranks)
+    row.ranks = len(rates.ranks)
     if host is None or rates.slowest is None or rates.fastest is None:
         missing = [r for r, x in enumerate(rates.ranks) if x is None]
-        if row["status"] == "ok":
-            row.update(
-                status="failed",
-                reason=f"local rank(s) {', '.join(map(str, missing))} delivered no batch in the window",
-            )
+        if row.status == "ok":
+            row.fail("failed", f"local rank(s) {', '.join(map(str, missing))} delivered no batch in the window")
         return
-    row["batches_per_s"] = row["batches_per_s"] * host.value / row["samples_per_s"]  # this rank's batch size
-    row["samples_per_s"] = host.value
-    row["samples_per_s_low"] = math.nan if host.low is None else host.low
-    row["samples_per_s_high"] = math.nan if host.high is None else host.high
-    row["rank_min_samples_per_s"] = rates.slowest.value
-    row["rank_max_samples_per_s"] = rates.fastest.value
+    row.batches_per_s = row.batches_per_s * host.value / row.samples_per_s  # this rank's batch size
+    row.samples_per_s = host.value
+    row.samples_per_s_low = math.nan if host.low is None else host.low
+    row.samples_per_s_high = math.nan if host.high is None else host.high
+    row.rank_min_samples_per_s = rates.slowest.value
+    row.rank_max_samples_per_s = rates.fastest.value
