@@ -12,6 +12,7 @@ from _rows import model_rows, row
 from stagebench.analysis._labels import CLASSIFICATIONS
 from stagebench.analysis._pipeline import summarize
 from stagebench.analysis._stage import analyze_stage
+from stagebench.model._pipeline import Prediction
 from stagebench.runs._results import RunDir, read_rows, to_jsonable
 from stagebench.runs._schema import STAGE_COLUMNS
 
@@ -64,7 +65,9 @@ def test_the_still_scaling_finding_names_the_top_of_the_curve_not_the_pipelines_
     st = analyze_stage(model_rows("sleep", gil_ms=0.0, wait_ms=5.0), cores=2)
     top = st["recommended"]
     cut = {**st, "recommended_alone": top, "recommended": {**top, "concurrency": 2, "qps": top["qps"] / 8}}
-    (f,) = [f for f in _found(_stage_findings(cut, None, 2, {"qps": 50.0})) if "raise its concurrency" in f["title"]]
+    (f,) = [
+        f for f in _found(_stage_findings(cut, None, 2, Prediction(qps=50.0))) if "raise its concurrency" in f["title"]
+    ]
     assert f"still scaling at concurrency {top['concurrency']} " in f["detail"]
 
 
@@ -167,13 +170,15 @@ def test_spdls_own_grouping_step_gets_no_batch_your_work_advice():
     st = analyze_stage(model_rows("agg", gil_ms=0.002, wait_ms=0.0, overhead_ms=0.02, executors=("thread",)), cores=2)
     assert st["classification"] == "overhead-bound"
     pipe = dict(st, type="pipe")
-    batch = [f for f in _found(_stage_findings(pipe, "x", 2, {"qps": 100.0})) if "batch its work" in f["title"]]
+    batch = [f for f in _found(_stage_findings(pipe, "x", 2, Prediction(qps=100.0))) if "batch its work" in f["title"]]
     # the batched throughput was never run: the advice states no figure for it (it once said "8 items: about ...")
     assert batch and "about k-fold" in batch[0]["detail"] and "items: about" not in batch[0]["detail"]
     agg = dict(st, type="aggregate")
-    assert not any("overhead-bound" in f["title"] for f in _found(_stage_findings(agg, "x", 2, {"qps": 100.0})))
+    assert not any("overhead-bound" in f["title"] for f in _found(_stage_findings(agg, "x", 2, Prediction(qps=100.0))))
     binds = [
-        f for f in _found(_stage_findings(agg, "agg", 2, {"qps": st["recommended"]["qps"]})) if "overhead" in f["title"]
+        f
+        for f in _found(_stage_findings(agg, "agg", 2, Prediction(qps=st["recommended"]["qps"])))
+        if "overhead" in f["title"]
     ]
     assert binds and "fewer, larger items" in binds[0]["title"] and "batch its work" not in binds[0]["title"]
 
@@ -810,26 +815,26 @@ def test_the_demand_verdict_is_inconclusive_without_a_run_or_a_replay():
     from stagebench.analysis._verdicts import demand_verdict
 
     assert demand_verdict(None, {"qps": 10.0}, None) is None  # no demand stated: no verdict
-    bounds_only = {"qps": 500.0, "method": "bounds"}
+    bounds_only = Prediction(qps=500.0, method="bounds")
     assert demand_verdict(100.0, None, bounds_only).verdict == "inconclusive"
-    replayed = demand_verdict(100.0, None, {"qps": 500.0, "method": "replay"})
+    replayed = demand_verdict(100.0, None, Prediction(qps=500.0, method="replay"))
     assert replayed.verdict == "trainer-bound" and replayed.source == "replayed"
 
 
-def _stage_bound(replay_qps: float, replay_low: float) -> tuple[dict, str]:
+def _stage_bound(replay_qps: float, replay_low: float) -> tuple[Prediction, str]:
     from stagebench.analysis._predict import apply_replay
     from stagebench.analysis._verdicts import pipeline_verdict
 
     stages = [{"name": "decode", "status": "ok", "classification": "cpu-bound"}]
-    bounds = {
-        "qps": 12.6,
-        "binding": "stages",
-        "bottleneck": "decode",
-        "bounds": {"stages": 12.6, "cores": 13.1, "gil": 16.0},
-        "bounds_qps": 12.6,
-        "method": "bounds",
-        "explanation": "the bounds",
-    }
+    bounds = Prediction(
+        qps=12.6,
+        binding="stages",
+        bottleneck="decode",
+        bounds={"stages": 12.6, "cores": 13.1, "gil": 16.0},
+        bounds_qps=12.6,
+        method="bounds",
+        explanation="the bounds",
+    )
     replay = {"qps": replay_qps, "qps_low": replay_low, "qps_high": replay_qps * 1.1}
     prediction = apply_replay(bounds, replay)
     assert prediction is not None
@@ -842,13 +847,13 @@ def test_no_prediction_is_above_its_bottleneck_stage_alone_and_a_replay_above_it
     bound of 645 (issue 60). A pipeline runs no faster than its slowest stage alone, nor than the cores or the
     GIL allow: the prediction is the bound, and the replay's reading is said beside it, with why."""
     above, line = _stage_bound(17.4, 13.9)  # above beyond its interval: its stand-ins did not stand in
-    assert above["qps"] == 12.6 and above["method"] == "bounds", above
+    assert above.qps == 12.6 and above.method == "bounds", above
     assert line.startswith("decode is the bottleneck: cpu-bound; predicted 13 items/s (its own capacity binds"), line
     assert "the replay read 17 items/s (14-19), above the bounds: its stand-ins did not cost what" in line, line
     noisy, line = _stage_bound(13.1, 12.0)  # above within its interval
-    assert noisy["qps"] == 12.6 and "above the bounds: within the replay's noise" in line, line
+    assert noisy.qps == 12.6 and "above the bounds: within the replay's noise" in line, line
     below, line = _stage_bound(12.0, 10.9)
-    assert below["qps"] == 12.0 and below["method"] == "replay", below
+    assert below.qps == 12.0 and below.method == "replay", below
     assert (
         line == "decode is the bottleneck: cpu-bound; predicted 12 items/s (its own capacity binds: 13 items/s alone)"
     )

@@ -273,21 +273,21 @@ def _summaries():
 
 def test_replay_becomes_the_number_and_the_bounds_stay_as_the_explanation():
     p = predict_pipeline(_summaries(), cores=2)
-    assert p["method"] == "bounds" and p["qps"] == pytest.approx(p["bounds_qps"])
+    assert p.method == "bounds" and p.qps == pytest.approx(p.bounds_qps)
     r = apply_replay(p, {"qps": 600.0, "qps_low": 550.0, "qps_high": 650.0, "seconds": 2.0, "stand_ins": []})
-    assert r["method"] == "replay"
-    assert r["qps"] == 600.0 and (r["qps_low"], r["qps_high"]) == (550.0, 650.0)
-    assert r["bounds_qps"] == pytest.approx(p["qps"])
-    assert r["binding"] == p["binding"] and r["bounds"] == p["bounds"]
-    assert r["explanation"].startswith("predicted 600 items/s")
-    assert p["explanation"] in r["explanation"]
+    assert r.method == "replay"
+    assert r.qps == 600.0 and (r.qps_low, r.qps_high) == (550.0, 650.0)
+    assert r.bounds_qps == pytest.approx(p.qps)
+    assert r.binding == p.binding and r.bounds == p.bounds
+    assert r.explanation.startswith("predicted 600 items/s")
+    assert p.explanation in r.explanation
 
 
 def test_a_failed_replay_keeps_the_bounds_and_says_why():
     p = predict_pipeline(_summaries(), cores=2)
     r = apply_replay(p, {"qps": None, "error": "boom"})
-    assert r["method"] == "bounds" and r["qps"] == p["qps"]
-    assert r["replay"]["error"] == "boom"
+    assert r.method == "bounds" and r.qps == p.qps
+    assert r.replay["error"] == "boom"
     assert apply_replay(p, None) is p
 
 

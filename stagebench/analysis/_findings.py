@@ -61,12 +61,12 @@ def _json(point: StageSetting | None) -> dict | None:
     return point.to_json() if point is not None else None
 
 
-def _far_from_binding(e: StageEntry, prediction: dict | None) -> bool:
+def _far_from_binding(e: StageEntry, prediction: Prediction | None) -> bool:
     """The stage alone delivers at least twice what the pipeline is predicted to: fixing it changes little.
 
     At its own best setting: the pipeline's setting of it may be just enough to keep up.
     """
-    pred = Prediction.from_json(prediction).qps
+    pred = None if prediction is None else prediction.qps
     rec = e.recommended_alone or e.recommended
     if pred is None or not finite(pred) or rec is None or not finite(rec.qps):
         return False
@@ -112,7 +112,7 @@ def _stage_findings(
     st: dict,
     bottleneck: str | None,
     cores: float,
-    prediction: dict | None = None,
+    prediction: Prediction | None = None,
     page_fault: dict | None = None,
     cores_bound: str = "",
 ) -> list[_Found]:
@@ -579,7 +579,7 @@ def _yours_finding(yours: dict) -> _Found:
 def build_findings(
     stages: list[dict],
     *,
-    prediction: dict | None,
+    prediction: Prediction | None,
     validation: dict | None,
     warnings: list[str],
     not_isolated: list[dict],
@@ -598,7 +598,7 @@ def build_findings(
     the user's loop (:func:`stagebench.analysis._job.decide_job`), which replaces it where decided.
     ``cores_bound``: where a quota or an allocation set ``cores``, in words, for the findings on the cores.
     """
-    bottleneck = Prediction.from_json(prediction).bottleneck
+    bottleneck = None if prediction is None else prediction.bottleneck
     out: list[_Found] = []
     for st in stages:
         out.extend(_stage_findings(st, bottleneck, cores, prediction, page_fault, cores_bound))
@@ -619,9 +619,9 @@ def _settings_findings(yours: dict | None, job: dict | None) -> list[_Found]:
     return []
 
 
-def _binding_finding(prediction: dict | None) -> _Found | None:
+def _binding_finding(prediction: Prediction | None) -> _Found | None:
     """The GIL or the cores, shared by the stages, make the pipeline slower than its slowest stage alone."""
-    p = Prediction.from_json(prediction)
+    p = prediction or Prediction()
     if not (prediction and finite(p.qps)):
         return None
     naive, pred = p.naive_qps, num(p.qps)
@@ -640,12 +640,12 @@ def _binding_finding(prediction: dict | None) -> _Found | None:
     )
 
 
-def _validation_finding(validation: dict | None, prediction: dict | None) -> _Found | None:
+def _validation_finding(validation: dict | None, prediction: Prediction | None) -> _Found | None:
     """The whole-pipeline run against the prediction: confirmed, or how far off and where they part.
 
     An error against the prediction exists only where there is a prediction (_pipeline._validation).
     """
-    v, p = Validation.from_json(validation), Prediction.from_json(prediction)
+    v, p = Validation.from_json(validation), prediction or Prediction()
     if not (validation and finite(v.error_vs_prediction)):
         return None
     err = num(v.error_vs_prediction)

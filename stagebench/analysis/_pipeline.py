@@ -419,8 +419,8 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     validation = _validation(m.validation, prediction, df, stages)
     # the CPU's speed first: on a host that changes it, it outweighs every other noise source
     warnings = speed_warnings(speed) + _run_warnings(StageRows(df).all, stages, m, cores)
-    if prediction and (caveat := Prediction.from_json(prediction).caveat):
-        warnings.append(caveat)
+    if prediction is not None and prediction.caveat:
+        warnings.append(prediction.caveat)
     if validation is None and isinstance(raw_val, Mapping) and raw_val.get("error") and not failed:
         warnings.append(f"the whole-pipeline validation run did not complete: {raw_val['error']}")
     not_isolated = list(m.not_isolated)
@@ -464,7 +464,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         "stages": stages,
         "not_isolated": not_isolated,
         "joint": None if joint is None else joint.to_json(),
-        "prediction": prediction,
+        "prediction": None if prediction is None else prediction.to_json(),
         "validation": validation,
         "recommended_vs_yours": yours,
         "trainer": trainer_summary(m.trainer, job),
@@ -489,12 +489,12 @@ def _unmeasured(name: str) -> dict[str, Any]:
 
 
 def _validation(
-    val: Any, prediction: dict | None, rows: pd.DataFrame | None = None, stages: list[dict] | None = None
+    val: Any, prediction: Prediction | None, rows: pd.DataFrame | None = None, stages: list[dict] | None = None
 ) -> dict | None:
     if not isinstance(val, Mapping) or not finite(val.get("qps")):
         return None
     out = dict(val)
-    predicted = Prediction.from_json(prediction)
+    predicted = prediction or Prediction()
     pred = predicted.qps
     measured = float(val["qps"])
     # relative error of the prediction against the measurement: +0.10 = predicted 10% too high
@@ -503,7 +503,9 @@ def _validation(
     )
     out["interference"] = [
         i.to_json()
-        for i in _interference(val.get("stage_latency"), rows, stages or [], predicted.replay.get("stage_latency"))
+        for i in _interference(
+            val.get("stage_latency"), rows, stages or [], (predicted.replay or {}).get("stage_latency")
+        )
     ]
     return out
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from stagebench._numbers import finite, fmt_ms, fmt_q, num_or_none
 from stagebench.model._pipeline import Prediction, StageChoice
-from stagebench.model._stage import HeadToHead, StageEntry, StageSetting
+from stagebench.model._stage import HeadToHead, StageEntry, StageSetting, changed, keyed
 
 __all__ = ["predict_pipeline", "apply_replay", "stage_load", "pipeline_bounds", "Bounds", "StageLoad"]
 
@@ -201,7 +201,7 @@ def predict_pipeline(
     overhead: dict | None = None,
     ranks: int = 1,
     cores_bound: str = "",
-) -> dict[str, Any]:
+) -> Prediction:
     """Predict the pipeline's throughput from per-stage summaries (:func:`analyze_stage` entries).
 
     Returns ``qps`` (source items/s), ``binding`` (``"stage" | "cores" |
@@ -229,7 +229,7 @@ def predict_pipeline(
     out = _unpredicted(settings, loads, missing)
     if not loads:
         out["explanation"] = "no stage was measured, so nothing can be predicted"
-        return out
+        return keyed(Prediction, **out)
 
     b = pipeline_bounds(loads, cores, free_threaded, fixed, ranks)
     _record_bounds(out, b, overhead)
@@ -261,7 +261,7 @@ def predict_pipeline(
         out["caveat"] = caveat
         parts.append(caveat)
     out["explanation"] = "; ".join(parts)
-    return out
+    return keyed(Prediction, **out)
 
 
 def _measured(entries: list[StageEntry], fixed: float) -> tuple[list[StageLoad], list[str], list[StageChoice]]:
@@ -292,9 +292,9 @@ def _unpredicted(settings: list[StageChoice], loads: list[StageLoad], missing: l
         "unit": "source items/s",
         "bounds": {"stages": None, "cores": None, "gil": None},
         "naive_qps": None,
-        "settings": [c.to_json() for c in settings],
-        "stages": [d.to_json() for d in loads],
-        "missing": missing,
+        "settings": tuple(settings),
+        "stages": tuple(d.to_json() for d in loads),
+        "missing": tuple(missing),
         "lift": None,
         "caveat": None,
         "fixed_s_per_item": None,
@@ -537,7 +537,7 @@ def _lift_by_processes(main, loads, entries, cores, free_threaded, fixed=0.0, gi
     return None
 
 
-def apply_replay(prediction: dict[str, Any] | None, replay: Any) -> dict[str, Any] | None:
+def apply_replay(prediction: Prediction | None, replay: Any) -> Prediction | None:
     """The prediction with the replay's throughput as its number (``method: "replay"``).
 
     ``replay``: ``run.json["replay"]`` (:meth:`Diagnosis._replay`): ``qps``,
@@ -548,17 +548,15 @@ def apply_replay(prediction: dict[str, Any] | None, replay: Any) -> dict[str, An
     costs put the pipeline. A failed replay leaves the bounds' number and
     records why in ``replay``.
     """
-    if not prediction or not isinstance(replay, dict):
+    if prediction is None or not isinstance(replay, dict):
         return prediction
-    out = dict(prediction)
     q = replay.get("qps")
     keep = ("qps", "qps_low", "qps_high", "seconds", "stand_ins", "stage_latency", "error")
-    out["replay"] = {k: replay.get(k) for k in keep if k in replay}
-    bounds = Prediction.from_json(prediction)
-    if q is None or not finite(q) or not q > 0 or bounds.qps is None or not finite(bounds.qps):
-        return out
-    q = float(q)
-    bq = float(bounds.qps)
+    record = {k: replay.get(k) for k in keep if k in replay}
+    bq = prediction.qps
+    if q is None or not finite(q) or not q > 0 or bq is None or not finite(bq):
+        return changed(prediction, replay=record)
+    q, bq = float(q), float(bq)
     if q > bq:
         # Each bound is an upper limit on the pipeline (a stage's capacity alone, the cores over the CPU an
         # item needs, the GIL over the GIL it holds): a replay above one has not cost what the stages cost
@@ -576,24 +574,27 @@ def apply_replay(prediction: dict[str, Any] | None, replay: Any) -> dict[str, An
             if low is not None and low > bq
             else "within the replay's noise"
         )
-        out["replay"]["above_bounds"] = f"the replay read {fmt_q(q)} items/s{band}, above the bounds: {why}"
-        out["explanation"] = (
-            f"predicted {fmt_q(bq)} items/s, what the bounds allow ({bounds.binding} binds); "
-            f"{out['replay']['above_bounds']}; " + str(bounds.explanation)
+        record["above_bounds"] = f"the replay read {fmt_q(q)} items/s{band}, above the bounds: {why}"
+        return changed(
+            prediction,
+            replay=record,
+            explanation=f"predicted {fmt_q(bq)} items/s, what the bounds allow ({prediction.binding} binds); "
+            f"{record['above_bounds']}; " + str(prediction.explanation),
         )
-        return out
-    out["method"] = "replay"
-    out["qps"] = q
-    out["qps_low"], out["qps_high"] = replay.get("qps_low"), replay.get("qps_high")
     rel = (
         f"{q / bq:.0%} of the bounds' {fmt_q(bq)}: the stages' hand-offs, waits for the GIL and shared cores "
         "cost the rest"
         if q < bq
         else f"the bounds allow {fmt_q(bq)}"
     )
-    out["explanation"] = (
-        f"predicted {fmt_q(q)} items/s: the pipeline replayed with a stand-in for each stage (its GIL-held "
-        f"CPU, GIL-free CPU and waiting per call, as measured alone) at the recommended settings ran at that "
-        f"rate ({rel}); " + str(bounds.explanation)
+    return changed(
+        prediction,
+        replay=record,
+        method="replay",
+        qps=q,
+        qps_low=replay.get("qps_low"),
+        qps_high=replay.get("qps_high"),
+        explanation=f"predicted {fmt_q(q)} items/s: the pipeline replayed with a stand-in for each stage (its "
+        "GIL-held CPU, GIL-free CPU and waiting per call, as measured alone) at the recommended settings ran at "
+        f"that rate ({rel}); " + str(prediction.explanation),
     )
-    return out

@@ -34,7 +34,7 @@ __all__ = [
 def demand_verdict(
     target: Any,
     validation: Mapping[str, Any] | None,
-    prediction: Mapping[str, Any] | None,
+    prediction: Prediction | None,
     trainer: Mapping[str, Any] | None = None,
     job: Mapping[str, Any] | None = None,
 ) -> Demand | None:
@@ -80,7 +80,7 @@ def demand_verdict(
         else ""
     )
     val = Validation.from_json(validation)
-    pred = Prediction.from_json(prediction)
+    pred = prediction or Prediction()
     if finite(val.qps):
         capacity, low, high, source = val.qps, val.qps_low, val.qps_high, "measured"
     elif pred.method == "replay" and finite(pred.qps):
@@ -335,7 +335,7 @@ SCHEDULING_BINDS = 0.5
 
 def pipeline_verdict(
     stages: list[dict],
-    prediction: dict | None,
+    prediction: Prediction | None,
     validation: Mapping[str, Any] | None = None,
     not_isolated: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
@@ -350,7 +350,7 @@ def pipeline_verdict(
     if not ok:
         return "no stage could be measured: see the stage reasons and warnings"
     failed = [s["name"] for s in stages if s["status"] != "ok"]
-    pred = Prediction.from_json(prediction)
+    pred = prediction or Prediction()
     if prediction is None or not finite(pred.qps):
         return "no prediction could be made: see the stage reasons"
     name = pred.bottleneck
@@ -393,7 +393,7 @@ def pipeline_verdict(
     else:
         alone = f": {fmt_q(lowest)} items/s alone" if finite(lowest) else ""
         line = f"{name} is the bottleneck: {cls}; predicted {q} items/s (its own capacity binds{alone})"
-    if above := pred.replay.get("above_bounds"):
+    if above := (pred.replay or {}).get("above_bounds"):
         # the prediction is the bound the line names; what the replay read is said beside it, with why it
         # is not the prediction
         line += f"; {above}"

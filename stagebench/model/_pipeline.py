@@ -101,11 +101,13 @@ class StandIn(Read):
 
 
 @dataclass(frozen=True, slots=True)
-class Prediction:
+class Prediction(Read):
     """What the whole pipeline is predicted to run at (``summary["prediction"]``), from the stages measured
     alone: the bounds (``bounds``: each of ``stages``, ``gil``, ``cores``; the lowest, ``bounds_qps``, set
     by ``binding``), the replay with stand-ins where it ran (``method: "replay"``, then ``qps`` is its
-    rate), the settings it was made at, and what moving the bottleneck to processes would lift (``lift``)."""
+    rate), the settings it was made at, and what moving the bottleneck to processes would lift (``lift``).
+    Built by :func:`stagebench.analysis._predict.predict_pipeline` with its keys in the order the summary
+    lists them; ``to_json`` gives them back."""
 
     qps: float | None = None
     qps_low: float | None = None
@@ -121,67 +123,32 @@ class Prediction:
     fixed_s_per_item: float | None = None
     scheduling_gil_s_per_item: float | None = None
     lift: Mapping[str, Any] | None = None
-    replay: Mapping[str, Any] = field(default_factory=dict)
+    replay: Mapping[str, Any] | None = None
     settings: tuple[StageChoice, ...] = ()
     stages: tuple[Mapping[str, Any], ...] = ()
     missing: tuple[str, ...] = ()
     unit: str | None = None
+    keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> Prediction:
-        return read(
-            cls,
-            d,
-            settings=lambda v: tuple(StageChoice.from_json(x) for x in maps(v)),
-            **dict.fromkeys(
-                (
-                    "qps",
-                    "qps_low",
-                    "qps_high",
-                    "bounds_qps",
-                    "naive_qps",
-                    "fixed_s_per_item",
-                    "scheduling_gil_s_per_item",
-                ),
-                number,
-            ),
-            **dict.fromkeys(("binding", "bottleneck", "method", "explanation", "caveat", "unit"), text),
-            **dict.fromkeys(("bounds", "replay"), _dict),
-            lift=mapping,
-            stages=maps,
-            missing=texts,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "qps": self.qps,
-            "qps_low": self.qps_low,
-            "qps_high": self.qps_high,
-            "unit": self.unit,
-            "binding": self.binding,
-            "bottleneck": self.bottleneck,
-            "bounds": dict(self.bounds),
-            "bounds_qps": self.bounds_qps,
-            "naive_qps": self.naive_qps,
-            "fixed_s_per_item": self.fixed_s_per_item,
-            "scheduling_gil_s_per_item": self.scheduling_gil_s_per_item,
-            "stages": [dict(s) for s in self.stages],
-            "settings": [s.to_json() for s in self.settings],
-            "missing": list(self.missing),
-            "caveat": self.caveat,
-            "lift": None if self.lift is None else dict(self.lift),
-            "explanation": self.explanation,
-        }
-        if self.method is not None:
-            out["method"] = self.method
-        if self.replay:
-            out["replay"] = dict(self.replay)
-        return out
+    READ: ClassVar[Coercions] = {
+        "settings": lambda v: tuple(StageChoice.from_json(x) for x in maps(v)),
+        **dict.fromkeys(
+            ("qps", "qps_low", "qps_high", "bounds_qps", "naive_qps", "fixed_s_per_item", "scheduling_gil_s_per_item"),
+            number,
+        ),
+        **dict.fromkeys(("binding", "bottleneck", "method", "explanation", "caveat", "unit"), text),
+        "bounds": _dict,
+        "lift": mapping,
+        "replay": mapping,
+        "stages": maps,
+        "missing": texts,
+    }
 
     @property
     def stand_ins(self) -> tuple[StandIn, ...]:
         """What the replay ran in place of each stage (none where it did not run)."""
-        return tuple(StandIn.from_json(x) for x in self.replay.get("stand_ins") or () if isinstance(x, Mapping))
+        return tuple(StandIn.from_json(x) for x in (self.replay or {}).get("stand_ins") or () if isinstance(x, Mapping))
 
     @property
     def rate(self) -> Rate | None:

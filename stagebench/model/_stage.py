@@ -13,6 +13,7 @@ Every type keeps the keys its dict held, in their order, and the keys it does no
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ __all__ = [
     "StageEvidence",
     "StageLimit",
     "StageSetting",
+    "changed",
     "keyed",
 ]
 
@@ -45,6 +47,21 @@ def keyed(cls: type[_T], **values: Any) -> _T:
         The ``cls``, whose ``to_json`` gives ``values`` as JSON holds them.
     """
     return cls(**values, keys=tuple(values))  # type: ignore[call-arg]  # every type here has a ``keys`` field
+
+
+def changed(obj: _T, **values: Any) -> _T:
+    """``obj`` with ``values`` set, as a dict's keys are set: a key it lacked is listed after its own.
+
+    Args:
+        obj: a dataclass that keeps ``keys`` (built by :func:`keyed` or read).
+        values: the fields to set.
+
+    Returns:
+        A new ``obj``; ``obj`` itself is not changed.
+    """
+    keys: tuple[str, ...] = obj.keys  # type: ignore[attr-defined]  # every type built so keeps ``keys``
+    new = tuple(k for k in values if k not in keys)
+    return dataclasses.replace(obj, **values, keys=keys + new)  # type: ignore[type-var]  # a dataclass of this package
 
 
 def _signal_value(signals: Mapping[str, Any], name: str) -> Any:
