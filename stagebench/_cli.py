@@ -23,8 +23,7 @@ import traceback
 from pathlib import Path
 
 from stagebench._errors import StagebenchError
-from stagebench.core._executors import exit_may_hang
-from stagebench.pipeline._settings import ENV_VARS
+from stagebench._settings import env_help
 from stagebench.runs._outcome import INTERNAL, PARTIAL
 from stagebench.runs._results import UnwritableOutputError
 
@@ -122,11 +121,11 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--quick", action="store_true", help="smaller grid and budgets (about a minute)")
     d.set_defaults(func=_cmd_demo)
 
-    env_help = "environment variables:\n" + "\n".join(f"  {k}\n      {v}" for k, v in ENV_VARS.items())
+    variables = "environment variables:\n" + "\n".join(f"  {k}\n      {v}" for k, v in env_help().items())
     g = sub.add_parser(
         "diagnose",
         help="run SCRIPT in diagnostic mode (no training), write a report, exit",
-        epilog=env_help,
+        epilog=variables,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g.add_argument("--out", default=None, help="run directory (default: STAGEBENCH_OUTPUT_DIR or ./reports/...)")
@@ -217,6 +216,8 @@ def console() -> None:
     # caller caught it (scipy's imports exec strings), and `python -m` then ends the process by SIGINT
     # (-2) instead of with our code. One more exec that finishes clears the mark.
     exec("pass")
+    # start-up cost: the executors load asyncio and the pools' modules, which `stagebench --help` needs none of
+    from stagebench.core._executors import exit_may_hang
 
     if exit_may_hang():
         sys.stdout.flush()

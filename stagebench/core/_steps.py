@@ -15,14 +15,13 @@ chunks span the syncs, so it runs longer, as it should.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
-from stagebench.core._stats import interval_about
 from stagebench.model._job import StepAlone
+from stagebench.model._rate import t_quantile
 
 __all__ = ["WARMUP_STEPS", "CACHED_BATCHES", "MIN_COUNTED", "STEP_PRECISION", "TrainerProbe", "step_rate"]
 
@@ -44,9 +43,17 @@ def step_rate(durations: list[float]) -> tuple[float | None, float | None, float
     if len(durations) < _MIN_STEPS or sum(durations) <= 0:
         return None, None, None
     rate = len(durations) / sum(durations)
-    chunks = [c for c in np.array_split(np.asarray(durations), min(_CHUNKS, len(durations))) if c.sum() > 0]
-    lo, hi, _ = interval_about(rate, [len(c) / c.sum() for c in chunks], 0.95)
-    return rate, (lo if np.isfinite(lo) else None), (hi if np.isfinite(hi) else None)
+    # in plain Python, not numpy: the DataLoader hook imports this module at interpreter start
+    n = min(_CHUNKS, len(durations))
+    size, extra = divmod(len(durations), n)  # consecutive chunks, the first ``extra`` one step longer
+    ends = [i * size + min(i, extra) for i in range(n + 1)]
+    means = [(b - a) / t for a, b in zip(ends, ends[1:]) if (t := sum(durations[a:b])) > 0]
+    if len(means) < 2:
+        return rate, None, None
+    mean = sum(means) / len(means)
+    sd = math.sqrt(sum((m - mean) ** 2 for m in means) / (len(means) - 1))
+    half = t_quantile(0.975, len(means) - 1) * sd / math.sqrt(len(means))  # the 95% interval about the rate
+    return rate, rate - half, rate + half
 
 
 class TrainerProbe:
