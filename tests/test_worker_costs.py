@@ -18,11 +18,12 @@ from stagebench.analysis._loader_rows import normalize_row
 from stagebench.analysis._worker_costs import worker_cost_findings, worker_costs_summary
 from stagebench.loader._config import LoaderSweepConfig
 from stagebench.loader._consumer import _Consumer, _SpdlErrors, _teardown
-from stagebench.loader._costs import copy_bound_mb, largest_container, memory_pass, shipping_cost
+from stagebench.loader._costs import _growth, copy_bound_mb, largest_container, memory_pass, shipping_cost
 from stagebench.loader._draft import PointDraft
 from stagebench.loader._intercept import make_loader_factory
 from stagebench.loader._point import _Plan, _supervise, measure_loader_point
 from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._loader import MemorySample, WorkerMemory
 from stagebench.model._meta import RunMeta
 
 
@@ -117,6 +118,16 @@ def test_spdl_loaders_start_up_is_split_where_it_can_be_and_its_shipping_said_on
     assert "pickles it once into shared memory" in f.detail and "for each worker in turn" not in f.detail
 
 
+def _to_json(mem: WorkerMemory | None) -> dict | None:
+    """The memory pass as run.json holds it (its keys in the pass's order)."""
+    return None if mem is None else mem.to_json()
+
+
+def _grow(samples: list[dict], **how) -> dict | None:
+    """:func:`_growth` on readings written as dicts, as run.json holds its answer."""
+    return _to_json(_growth([MemorySample(**s) for s in samples], **how))
+
+
 def _pass(ds: Dataset, seconds: float) -> dict:
     factory = make_loader_factory(ds, batch_size=1024, shuffle=True, multiprocessing_context="fork")
     ship = shipping_cost(factory, backend="torch")
@@ -128,12 +139,14 @@ def _pass(ds: Dataset, seconds: float) -> dict:
     try:
         cons.start()
         _supervise(cons, knobs, cfg, time.perf_counter() + 60, row, errors, _Plan(False, False, 1024, None))
-        return memory_pass(
-            cons,
-            num_workers=1,
-            epoch_batches=math.ceil(len(ds) / 1024),
-            seconds=seconds,
-            cap_mb=copy_bound_mb(ship.largest, ds),
+        return _to_json(
+            memory_pass(
+                cons,
+                num_workers=1,
+                epoch_batches=math.ceil(len(ds) / 1024),
+                seconds=seconds,
+                cap_mb=copy_bound_mb(ship.largest, ds),
+            )
         )
     finally:
         _teardown(cons, hung=False)
@@ -343,7 +356,7 @@ def test_a_failure_measuring_worker_costs_loses_nothing_of_the_sweep(tmp_path, m
 def test_a_pass_of_a_few_batches_a_worker_is_not_extrapolated_to_the_epoch():
     """FakeData's 224x224 images: 3 batches a worker in the 2 s pass, extrapolated to 10,009, read an
     epoch's growth of -127 GB to +184 GB. Under 10 batches a worker the growth per batch stands alone."""
-    from stagebench.loader._costs import MIN_BATCHES, _growth
+    from stagebench.loader._costs import MIN_BATCHES
 
     def samples(batches_each: int) -> list[dict]:
         return [
@@ -351,10 +364,10 @@ def test_a_pass_of_a_few_batches_a_worker_is_not_extrapolated_to_the_epoch():
             for i in range(batches_each + 1)
         ]
 
-    few = _growth(samples(3), num_workers=2, epoch_batches=20_000, cap_mb=None)
+    few = _grow(samples(3), num_workers=2, epoch_batches=20_000, cap_mb=None)
     assert few["too_few_batches"] and "epoch_growth_mb" not in few
     assert few["growth_mb_per_batch"] == pytest.approx(2.0)
-    enough = _growth(samples(MIN_BATCHES), num_workers=2, epoch_batches=20_000, cap_mb=None)
+    enough = _grow(samples(MIN_BATCHES), num_workers=2, epoch_batches=20_000, cap_mb=None)
     assert "too_few_batches" not in enough and enough["epoch_growth_mb"] == pytest.approx(2.0 * 10_000)
     costs = worker_costs_summary(
         RunMeta.from_json({"worker_costs": {"memory": {"num_workers": 2, **few}, "available_mb": 1e6}}), []
@@ -388,13 +401,13 @@ def test_a_pass_ends_once_each_worker_made_its_share_of_the_epoch():
     from stagebench.loader._costs import MIN_BATCHES, MIN_READINGS
 
     t0 = time.perf_counter()
-    small = memory_pass(_Busy(MIN_BATCHES), num_workers=1, epoch_batches=8, seconds=30.0, interval_s=0.01)
+    small = _to_json(memory_pass(_Busy(MIN_BATCHES), num_workers=1, epoch_batches=8, seconds=30.0, interval_s=0.01))
     assert time.perf_counter() - t0 < 10.0
     assert small is not None and len(small["samples"]) == MIN_READINGS
     assert small["extrapolated"] is False
     # the epoch's share not made within the pass: it runs on to ``seconds``
     t0 = time.perf_counter()
-    large = memory_pass(_Busy(MIN_BATCHES), num_workers=1, epoch_batches=20_000, seconds=0.3, interval_s=0.01)
+    large = _to_json(memory_pass(_Busy(MIN_BATCHES), num_workers=1, epoch_batches=20_000, seconds=0.3, interval_s=0.01))
     assert time.perf_counter() - t0 >= 0.3 and large is not None and len(large["samples"]) > MIN_READINGS
     assert large["batches_per_worker"] < large["epoch_batches_per_worker"]
 
@@ -404,7 +417,7 @@ def test_a_pass_shorter_than_its_readings_runs_on_until_it_has_them():
     whose readings stretch) still reads growth: three readings gave two growths and no answer."""
     from stagebench.loader._costs import MIN_READINGS
 
-    got = memory_pass(_Busy(1), num_workers=1, epoch_batches=20_000, seconds=0.0, interval_s=0.01)
+    got = _to_json(memory_pass(_Busy(1), num_workers=1, epoch_batches=20_000, seconds=0.0, interval_s=0.01))
     assert got is not None and len(got["samples"]) == MIN_READINGS
     assert got["batches_per_worker"] > 0
 
@@ -425,12 +438,11 @@ _IMAGENET_PASS = [
 def test_growth_that_the_pass_does_not_sustain_is_not_extrapolated_to_the_epoch():
     """The ImageNet pass above read 0.09 MB a batch and said ~3,753 MB over an epoch (medium): its second
     half shows no growth beyond noise, so the epoch's growth is what the pass saw, said to have levelled off. Steady growth still extrapolates."""
-    from stagebench.loader._costs import _growth
 
     samples = [
         {"t": t, "uss_mb": dict(zip((1, 2), mb)), "batches": dict(zip((1, 2), made))} for t, mb, made in _IMAGENET_PASS
     ]
-    got = _growth(samples, num_workers=2, epoch_batches=80_073, cap_mb=None)
+    got = _grow(samples, num_workers=2, epoch_batches=80_073, cap_mb=None)
     assert got["stopped_growing"] and not got["extrapolated"]
     assert got["epoch_growth_mb"] == pytest.approx(26.78 - 23.08, abs=0.01)  # what the pass saw, not ~3,753 MB
     costs = worker_costs_summary(
@@ -441,7 +453,7 @@ def test_growth_that_the_pass_does_not_sustain_is_not_extrapolated_to_the_epoch(
         {"t": s["t"], "uss_mb": {1: 23.0 + 0.5 * i, 2: 23.0 + 0.5 * i}, "batches": s["batches"]}
         for i, s in enumerate(samples)
     ]
-    grows = _growth(steady, num_workers=2, epoch_batches=80_073, cap_mb=None)
+    grows = _grow(steady, num_workers=2, epoch_batches=80_073, cap_mb=None)
     assert "stopped_growing" not in grows and grows["epoch_growth_mb"] > 1000
 
 
@@ -476,7 +488,7 @@ def test_a_share_smaller_than_min_batches_ends_the_pass_once_made():
     extrapolation, and a whole share needs none (the pass ran 10 batches a worker before)."""
     from stagebench.loader._costs import MIN_BATCHES, MIN_READINGS
 
-    got = memory_pass(_Busy(1), num_workers=1, epoch_batches=2, seconds=30.0, interval_s=0.01)
+    got = _to_json(memory_pass(_Busy(1), num_workers=1, epoch_batches=2, seconds=30.0, interval_s=0.01))
     assert got is not None and len(got["samples"]) == MIN_READINGS < MIN_BATCHES
     assert got["extrapolated"] is False
 
@@ -486,7 +498,6 @@ def test_a_copy_that_slows_is_read_as_it_slows_not_as_its_median_rate_stretched(
     objects read, ~100 MB that saturate within ~60 batches of the 586 a worker makes in an epoch. The
     median rate of a pass that reaches the flat part early, stretched over the epoch, read it at about half;
     a step (an arena taken, flat around it) is not a slowing copy."""
-    from stagebench.loader._costs import _growth
 
     made = [2, 40, 80, 120, 160, 200]
     curve = [
@@ -500,7 +511,7 @@ def test_a_copy_that_slows_is_read_as_it_slows_not_as_its_median_rate_stretched(
         * 586
     )
     assert median_line < 0.7 * 100  # what the median rate stretched over the epoch reads
-    got = _growth(curve, num_workers=1, epoch_batches=586, cap_mb=103.0)
+    got = _grow(curve, num_workers=1, epoch_batches=586, cap_mb=103.0)
     assert got["slowing"] and got["extrapolated"] and got["bounded_by_mb"] is None
     grown = curve[-1]["uss_mb"][1] - curve[0]["uss_mb"][1]
     assert got["epoch_growth_mb_low"] == pytest.approx(grown) and got["epoch_growth_mb"] == pytest.approx(100, rel=0.15)
@@ -514,9 +525,9 @@ def test_a_copy_that_slows_is_read_as_it_slows_not_as_its_median_rate_stretched(
     assert "the rate of its second half, where the growth had slowed" in f.detail
     # steady growth is a line; a step with flat readings around it is not slowing
     steady = [{**s, "uss_mb": {1: 35 + 0.2 * s["batches"][1]}} for s in curve]
-    assert "slowing" not in _growth(steady, num_workers=1, epoch_batches=586, cap_mb=None)
+    assert "slowing" not in _grow(steady, num_workers=1, epoch_batches=586, cap_mb=None)
     step = [{**s, "uss_mb": {1: 35.0 + (40.0 if i >= 2 else 0.0)}} for i, s in enumerate(curve)]
-    assert "slowing" not in _growth(step, num_workers=1, epoch_batches=586, cap_mb=None)
+    assert "slowing" not in _grow(step, num_workers=1, epoch_batches=586, cap_mb=None)
 
 
 def test_the_memory_pass_reads_the_workers_of_the_verdicts_pick(tmp_path):
@@ -641,7 +652,7 @@ def test_under_a_memory_limit_no_phase_starts_a_setting_predicted_to_pass_the_bu
         "(1,000 MB, 300 MB used))"
     )
     # once the memory pass has read the growth, it replaces the bound
-    sw.memory = {"epoch_growth_mb": 20.0}
+    sw.memory = WorkerMemory(epoch_growth_mb=20.0)
     assert sw.predicted_mb(4) == 400 + 3 * 65 + 4 * 20 and sw.over_budget(4) is None
     host = sweep("")
     assert host.predicted_mb(4) == 700 and host.over_budget(8) == (

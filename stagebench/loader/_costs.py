@@ -36,14 +36,14 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import psutil
 
-from stagebench.model._loader import Largest, Shipping, Shm
+from stagebench.model._loader import Largest, MemorySample, Shipping, Shm, WorkerMemory
 
 __all__ = ["start_method", "shipping_cost", "memory_pass", "largest_container", "copy_bound_mb", "shm_headroom"]
 
@@ -192,14 +192,15 @@ def memory_pass(
     seconds: float,
     interval_s: float = 0.25,
     cap_mb: float | None = None,
-) -> dict[str, Any] | None:
+) -> WorkerMemory | None:
     """Each worker's private memory over a pass of ``seconds``, longer only until it has :data:`MIN_READINGS`
     readings (module docstring). ``cap_mb``: the most a worker can copy (the Python objects of the dataset
     it reads), bounding the extrapolation.
 
     ``cons``: a started, warm consumer (:class:`stagebench.loader._consumer._Consumer`): its ``events``
     carry the process that made each batch, its ``worker_pids()`` the workers; the caller tears it
-    down. Returns the samples and ``growth_mb_per_batch`` (a worker's, pooled over the workers: least
+    down. Returns a :class:`WorkerMemory` (None without workers, or too few readings): the samples,
+    ``growth_mb_per_batch`` (a worker's, pooled over the workers: least
     squares through each worker's first sample, with a 95% interval), ``batches_per_worker``, and
     ``epoch_growth_mb`` with ``extrapolated``: the growth over a worker's share of the epoch.
     """
@@ -235,14 +236,14 @@ def memory_pass(
     # MIN_READINGS readings for the median of the growth between them. MIN_BATCHES bounds an
     # extrapolation, and a whole share needs none: a share of 2 batches a worker is not run for 10.
     enough = math.ceil(epoch_batches / max(1, num_workers)) if epoch_batches else None
-    samples: list[dict[str, Any]] = []
+    samples: list[MemorySample] = []
     t0 = time.perf_counter()
     while True:
         mem, n = read(), made()
-        samples.append({"t": time.perf_counter() - t0, "uss_mb": mem, "batches": n})
+        samples.append(MemorySample(time.perf_counter() - t0, mem, n))
         if cons.finished or (time.perf_counter() - t0 >= seconds and len(samples) >= MIN_READINGS):
             break
-        first = samples[0]["batches"]
+        first = samples[0].batches
         if (
             enough is not None
             and len(samples) >= MIN_READINGS
@@ -254,8 +255,8 @@ def memory_pass(
 
 
 def _growth(
-    samples: list[dict[str, Any]], *, num_workers: int, epoch_batches: int | None, cap_mb: float | None = None
-) -> dict[str, Any] | None:
+    samples: Sequence[MemorySample], *, num_workers: int, epoch_batches: int | None, cap_mb: float | None = None
+) -> WorkerMemory | None:
     """Growth per batch: the median of each worker's growth per batch between consecutive readings.
 
     The median, not a line through all readings: a worker's memory also moves in steps (an allocator
@@ -266,43 +267,49 @@ def _growth(
     early: list[float] = []  # the rates read in the pass's first half
     late: list[float] = []  # and in its second
     for i, (prev, cur) in enumerate(zip(samples, samples[1:]), start=1):
-        for pid, mb in cur["uss_mb"].items():
-            if pid in prev["uss_mb"] and pid in prev["batches"] and pid in cur["batches"]:
-                made = cur["batches"][pid] - prev["batches"][pid]
+        for pid, mb in cur.uss_mb.items():
+            if pid in prev.uss_mb and pid in prev.batches and pid in cur.batches:
+                made = cur.batches[pid] - prev.batches[pid]
                 if made > 0:
-                    rates.append((mb - prev["uss_mb"][pid]) / made)
+                    rates.append((mb - prev.uss_mb[pid]) / made)
                     (late if 2 * i > len(samples) else early).append(rates[-1])
     if len(rates) < 3:
         return None
     slope, low_rate, high_rate = _median_interval(rates)
-    first = samples[0]
-    last = samples[-1]["batches"]
-    done = statistics.median(last.values()) if last else 0.0
+    first, last = samples[0].uss_mb, samples[-1].uss_mb
+    done = statistics.median(samples[-1].batches.values()) if samples[-1].batches else 0.0
     share = epoch_batches / max(1, num_workers) if epoch_batches else None
-    out: dict[str, Any] = {
-        "samples": samples,
-        "growth_mb_per_batch": slope,
-        "growth_mb_per_batch_low": low_rate,
-        "growth_mb_per_batch_high": high_rate,
-        "batches_per_worker": done,
-        "epoch_batches_per_worker": share,
-        "start_mb": statistics.median(first["uss_mb"].values()) if first["uss_mb"] else None,
-        "end_mb": statistics.median(samples[-1]["uss_mb"].values()) if samples[-1]["uss_mb"] else None,
-    }
-    grown = max(0.0, (out["end_mb"] or 0.0) - (out["start_mb"] or 0.0))
+    read = WorkerMemory(
+        num_workers=num_workers,
+        samples=tuple(samples),
+        growth_mb_per_batch=slope,
+        growth_mb_per_batch_low=low_rate,
+        growth_mb_per_batch_high=high_rate,
+        batches_per_worker=done,
+        epoch_batches_per_worker=share,
+        start_mb=statistics.median(first.values()) if first else None,
+        end_mb=statistics.median(last.values()) if last else None,
+    )
+    grown = max(0.0, (read.end_mb or 0.0) - (read.start_mb or 0.0))
     # a worker copies at most the pages of what it reads: the Python objects it reads bound the growth
     bound = None if cap_mb is None else max(cap_mb, grown)
     if share is not None and done < MIN_BATCHES <= share:
-        out["too_few_batches"] = True  # the growth per batch stands; the epoch's is not read off it
-    elif share is not None and done < share and len(late) >= 3 and _median_interval(late)[1] <= 0:
+        return replace(read, too_few_batches=True)  # the growth per batch stands; the epoch's is not read off it
+    if share is not None and done < share and len(late) >= 3 and _median_interval(late)[1] <= 0:
         # no growth beyond noise in the pass's second half: what grew was early (an allocator's arenas,
         # caches filling), and a line from it runs on where the memory may have stopped (pytorch/examples'
         # ImageNet --dummy: 23 to 27 MB over 26 batches a worker, read as ~3.7 GB over an epoch). The pass
         # says what it saw and that it levelled off (a copy-on-read that touched every page within the pass
         # has grown all it will).
-        out.update(epoch_growth_mb=grown, epoch_growth_mb_low=grown, epoch_growth_mb_high=grown)
-        out.update(extrapolated=False, bounded_by_mb=None, stopped_growing=True)
-    elif share is not None and done < share and _slowing(early, late):
+        return replace(
+            read,
+            epoch_growth_mb=grown,
+            epoch_growth_mb_low=grown,
+            epoch_growth_mb_high=grown,
+            extrapolated=False,
+            stopped_growing=True,
+        )
+    if share is not None and done < share and _slowing(early, late):
         # a copy-on-read of shuffled reads: a page is copied once, by the first of its objects read, so
         # the growth slows as the pass goes (a 600,000-tuple list: ~4 MB a batch at first, ~0.1 by the
         # 60th). The median rate stretched over the epoch read it at 55-61 MB of the 98 it grew; what the
@@ -311,22 +318,33 @@ def _growth(
         mid, high = grown + statistics.median(late) * rest, grown + max(late) * rest
         if bound is not None:
             mid, high = min(mid, bound), min(high, bound)
-        out.update(epoch_growth_mb=mid, epoch_growth_mb_low=grown, epoch_growth_mb_high=high)
-        out.update(extrapolated=True, slowing=True)
-        out["bounded_by_mb"] = bound if bound is not None and mid >= bound else None
-    elif share is not None:
-        lo, hi = low_rate * share, high_rate * share
-        mid = slope * share
-        if bound is None:
-            low, high = lo, hi
-        elif mid > bound:  # the line runs past the bound: the epoch's growth lies between what the pass saw and it
-            low, mid, high = grown, bound, bound
-        else:
-            low, high = min(lo, bound), min(hi, bound)
-        out.update(epoch_growth_mb=mid, epoch_growth_mb_low=low, epoch_growth_mb_high=high)
-        out["extrapolated"] = done < share
-        out["bounded_by_mb"] = bound if bound is not None and slope * share > bound else None
-    return out
+        return replace(
+            read,
+            epoch_growth_mb=mid,
+            epoch_growth_mb_low=grown,
+            epoch_growth_mb_high=high,
+            extrapolated=True,
+            slowing=True,
+            bounded_by_mb=bound if bound is not None and mid >= bound else None,
+        )
+    if share is None:
+        return read
+    lo, hi = low_rate * share, high_rate * share
+    mid = slope * share
+    if bound is None:
+        low, high = lo, hi
+    elif mid > bound:  # the line runs past the bound: the epoch's growth lies between what the pass saw and it
+        low, mid, high = grown, bound, bound
+    else:
+        low, high = min(lo, bound), min(hi, bound)
+    return replace(
+        read,
+        epoch_growth_mb=mid,
+        epoch_growth_mb_low=low,
+        epoch_growth_mb_high=high,
+        extrapolated=done < share,
+        bounded_by_mb=bound if bound is not None and slope * share > bound else None,
+    )
 
 
 def _slowing(early: list[float], late: list[float]) -> bool:

@@ -34,7 +34,7 @@ from stagebench.loader._draft import PointDraft
 from stagebench.loader._point import measure_loader_point
 from stagebench.loader._turns import HeldLoaders, run_turns
 from stagebench.model._knobs import LoaderKnobs
-from stagebench.model._loader import LoaderRow
+from stagebench.model._loader import LoaderRow, WorkerMemory
 from stagebench.model._meta import RunMeta
 from stagebench.runs._knobs import normalize_knobs
 from stagebench.runs._limits import job_memory_mb, read_limits
@@ -113,7 +113,8 @@ class _Sweep:
     #: the rows measured, as read (each written to results.csv as measured)
     rows: list[LoaderRow] = field(default_factory=list, init=False)
     by_key: dict[LoaderKnobs, LoaderRow] = field(default_factory=dict, init=False)  # by effective knobs
-    memory: dict[str, Any] | None = field(default=None, init=False)  # the memory pass at the pick, once read
+    memory: WorkerMemory | None = field(default=None, init=False)  # the memory pass at the pick, once read
+    batch_mb: float = field(default=math.nan, init=False)  # a batch's size, read with the memory pass
     held: HeldLoaders = field(init=False)  # loaders kept open after their point, for the turns and the stall
 
     def __post_init__(self) -> None:
@@ -217,8 +218,8 @@ class _Sweep:
     def growth_mb(self) -> float:
         """Each worker's growth over an epoch: the memory pass's reading once made, else the bound on what a
         forked worker copies (:attr:`growth_bound_mb`), else 0."""
-        read = (self.memory or {}).get("epoch_growth_mb")
-        if isinstance(read, (int, float)) and math.isfinite(read):
+        read = None if self.memory is None else self.memory.epoch_growth_mb
+        if read is not None and math.isfinite(read):
             return max(0.0, float(read))
         return self.growth_bound_mb if math.isfinite(self.growth_bound_mb) else 0.0
 
@@ -272,7 +273,7 @@ class _Sweep:
         eff, _, _ = normalize_knobs(knobs, self.backend, cuda=self.cuda)
 
         def during(cons: Any) -> None:
-            self.memory = _memory_at(self, cons, eff.num_workers)
+            _memory_at(self, cons, eff.num_workers)
 
         return during
 
@@ -413,13 +414,15 @@ def _in_turns(sw: _Sweep, user: LoaderKnobs | None) -> None:
     run_turns(sw.held, next_settings, lambda row: sw.record(row, "paired"), cfg=cfg, max_rounds=cfg.tie_rounds)
 
 
-def _memory_at(sw: _Sweep, cons: Any, num_workers: int) -> dict[str, Any] | None:
+def _memory_at(sw: _Sweep, cons: Any, num_workers: int) -> None:
     """Each worker's memory over a pass of ``memory_pass_s`` on ``cons``'s warm workers, bounded by the
-    memory of the Python objects the dataset holds (:func:`stagebench.loader._costs.memory_pass`)."""
+    memory of the Python objects the dataset holds (:func:`stagebench.loader._costs.memory_pass`), in
+    ``sw.memory`` (None where it reads nothing) with a batch's size in ``sw.batch_mb``."""
+    sw.memory = None
     if cons.made_by_live_workers() > MIN_BATCHES * max(1, num_workers):
         # a loader kept open for the rounds in turns: its workers' early growth (a copy-on-read) is behind
         # them, and the pass would miss it; it reads workers that have just started, on a point of its own
-        return None
+        return
     if sw.progress is not None:
         sw.progress.message(
             f"memory over a pass: each worker's private memory at num_workers={num_workers} "
@@ -436,9 +439,8 @@ def _memory_at(sw: _Sweep, cons: Any, num_workers: int) -> dict[str, Any] | None
         seconds=sw.cfg.memory_pass_s,
         cap_mb=copy_bound_mb(largest, ds),
     )
-    if mem is None:
-        return None
-    return {"num_workers": num_workers, **mem, "batch_mb": cons.batch_mb, "seconds": time.perf_counter() - t0}
+    if mem is not None:
+        sw.memory, sw.batch_mb = replace(mem, seconds=time.perf_counter() - t0), cons.batch_mb
 
 
 def _worker_costs(sw: _Sweep, meta: dict[str, Any]) -> dict[str, Any]:
@@ -463,7 +465,7 @@ def _worker_costs(sw: _Sweep, meta: dict[str, Any]) -> dict[str, Any]:
     # the pick as the summary makes it, against the script's own setting: a setting of yours that is kept
     # where the search alone favoured another has its workers' memory read too
     rec = loader_pick(sw.rows, RunMeta.from_json(meta))
-    if sw.memory is not None and rec is not None and sw.memory.get("num_workers") != rec.num_workers:
+    if sw.memory is not None and rec is not None and sw.memory.num_workers != rec.num_workers:
         sw.memory = None  # read at another num_workers than the pick's: read again at the pick's
     out["memory_on_stall_point"] = sw.memory is not None  # its seconds then sit in the stall point's row
     if sw.memory is None and rec is not None and rec.num_workers > 0 and cfg.memory_pass_s > 0:
@@ -472,11 +474,12 @@ def _worker_costs(sw: _Sweep, meta: dict[str, Any]) -> dict[str, Any]:
         knobs = LoaderKnobs(num_workers=rec.num_workers, prefetch_factor=rec.prefetch_factor)
         sw.fresh(knobs, stall=False, throughput=False, during=sw.memory_hook(knobs))
     if sw.memory is not None:
-        out["memory"] = dict(sw.memory)
-        batch_mb = out["memory"].pop("batch_mb", math.nan)
+        out["memory"] = sw.memory.to_json()
         if rec is not None:
             # every rank's batches in flight share /dev/shm
-            shm = shm_headroom(batch_mb, int(rec.num_workers), rec.prefetch_factor or 2, RunMeta.from_json(meta).ranks)
+            shm = shm_headroom(
+                sw.batch_mb, int(rec.num_workers), rec.prefetch_factor or 2, RunMeta.from_json(meta).ranks
+            )
             if shm is not None:
                 out["shm"] = shm.to_json()
     out["seconds"] = time.perf_counter() - t0

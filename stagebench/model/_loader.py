@@ -534,8 +534,8 @@ class WorkerMemory:
         )
 
     def to_json(self, samples: bool = True) -> dict[str, Any]:
-        """The keys the memory pass and the summary write, as they write them (``samples=False``: without
-        the readings, what the report's text reads)."""
+        """The keys the memory pass and the summary write, in the order they write them (``samples=False``:
+        without the readings, what the report's text reads)."""
         out: dict[str, Any] = {"num_workers": self.num_workers}
         if samples and self.samples is not None:
             out["samples"] = [s.to_json() for s in self.samples]
@@ -550,26 +550,22 @@ class WorkerMemory:
         )
         if self.too_few_batches is not None:
             out["too_few_batches"] = self.too_few_batches
-        if self.stopped_growing is not None:
-            out["stopped_growing"] = self.stopped_growing
-        if self.slowing is not None:
-            out["slowing"] = self.slowing
         if self.epoch_growth_mb is not None:
             out.update(
                 epoch_growth_mb=self.epoch_growth_mb,
                 epoch_growth_mb_low=self.epoch_growth_mb_low,
                 epoch_growth_mb_high=self.epoch_growth_mb_high,
                 extrapolated=self.extrapolated,
-                bounded_by_mb=self.bounded_by_mb,
             )
-        if self.seconds is not None:
-            out["seconds"] = self.seconds
+        for name in ("slowing", "bounded_by_mb", "stopped_growing", "seconds"):  # as the pass writes them
+            if getattr(self, name) is not None or (name == "bounded_by_mb" and self.epoch_growth_mb is not None):
+                out[name] = getattr(self, name)
         if self.all_workers_mb is not None or self.fits is not None:
             out.update(all_workers_mb=self.all_workers_mb, fits=self.fits)
-        if self.workers_fit is not None:
-            out["workers_fit"] = self.workers_fit
         if self.ranks is not None:
             out["ranks"] = self.ranks
+        if self.workers_fit is not None:
+            out["workers_fit"] = self.workers_fit
         return out
 
 
