@@ -580,7 +580,7 @@ def build_findings(
     stages: list[dict],
     *,
     prediction: Prediction | None,
-    validation: dict | None,
+    validation: Validation | None,
     warnings: list[str],
     not_isolated: list[dict],
     cores: float,
@@ -640,12 +640,12 @@ def _binding_finding(prediction: Prediction | None) -> _Found | None:
     )
 
 
-def _validation_finding(validation: dict | None, prediction: Prediction | None) -> _Found | None:
+def _validation_finding(validation: Validation | None, prediction: Prediction | None) -> _Found | None:
     """The whole-pipeline run against the prediction: confirmed, or how far off and where they part.
 
     An error against the prediction exists only where there is a prediction (_pipeline._validation).
     """
-    v, p = Validation.from_json(validation), prediction or Prediction()
+    v, p = validation or Validation(), prediction or Prediction()
     if not (validation and finite(v.error_vs_prediction)):
         return None
     err = num(v.error_vs_prediction)

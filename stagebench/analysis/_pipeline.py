@@ -27,27 +27,28 @@ from typing import Any
 import pandas as pd
 
 from stagebench._numbers import finite, num, num_or_none
-from stagebench._version import __version__
 from stagebench.analysis._findings import build_findings
 from stagebench.analysis._fused import unfuse
 from stagebench.analysis._gil import harness_gil_s
-from stagebench.analysis._job import alone_scope, decide_job, trainer_summary
+from stagebench.analysis._job import decide_job
 from stagebench.analysis._joint import process_headroom, recommend_jointly
+from stagebench.analysis._kind import job_keys, summary_head
 from stagebench.analysis._labels import relabel_unfused
 from stagebench.analysis._pipeline_job import apply_job_pick, job_candidates
 from stagebench.analysis._predict import apply_replay, predict_pipeline
 from stagebench.analysis._stage import analyze_stage
 from stagebench.analysis._verdicts import cpu_speed, demand_verdict, pipeline_verdict, speed_warnings, yours_verdict
 from stagebench.core._curves import StageRows
+from stagebench.core._jobrun import Ladder
 from stagebench.core._measure import empty_row
 from stagebench.core._paired import HOST_PHASES
 from stagebench.core._resources import usable_cores
 from stagebench.model._meta import Provenance, RunMeta
-from stagebench.model._pipeline import Interference, Prediction
+from stagebench.model._pipeline import Interference, Prediction, Validation
 from stagebench.model._rate import Rate
-from stagebench.model._stage import StageEntry
+from stagebench.model._stage import StageEntry, changed
 from stagebench.runs._provenance import load_warnings
-from stagebench.runs._schema import STAGE_COLUMNS, SUMMARY_SCHEMA_VERSION
+from stagebench.runs._schema import STAGE_COLUMNS
 
 __all__ = [
     "summarize",
@@ -356,7 +357,7 @@ def paired_needless_of_run(
     return out
 
 
-def job_candidates_of_run(rows: Any, meta: dict, demand: Mapping[str, Any] | float | None) -> Any:
+def job_candidates_of_run(rows: Any, meta: dict, demand: Mapping[str, Any] | float | None) -> Ladder:
     """The settings to run the user's loop with (:func:`stagebench.analysis._pipeline_job.job_candidates`);
     ``demand``: the trainer's record (its rate and interval) or a rate."""
     rate = Rate.from_json(demand) if isinstance(demand, Mapping) else (Rate(float(demand)) if demand else None)
@@ -444,11 +445,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     )
     demand = demand_verdict(m.settings.target_rate, validation, prediction, m.trainer, job)
     return {
-        "schema_version": SUMMARY_SCHEMA_VERSION,
-        "kind": "pipeline",
-        "stagebench_version": __version__,
-        "provenance": {} if m.provenance is None else m.provenance.to_json(),
-        "settings": m.settings.to_json(),
+        **summary_head("pipeline", m, {}),
         # a pipeline that delivers nothing has no throughput to predict: that, not the prediction, is the verdict
         "verdict": f"validation failed: {failed}"
         if failed
@@ -465,16 +462,9 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         "not_isolated": not_isolated,
         "joint": None if joint is None else joint.to_json(),
         "prediction": None if prediction is None else prediction.to_json(),
-        "validation": validation,
+        "validation": None if validation is None else validation.to_json(),
         "recommended_vs_yours": yours,
-        "trainer": trainer_summary(m.trainer, job),
-        "job": job,
-        "scope": alone_scope(
-            "the pipeline",
-            m.trainer,
-            m.settings,
-            planned=m.settings.trainer == "measure",
-        ),
+        **job_keys("the pipeline", m, job, planned=m.settings.trainer == "measure"),
         "demand": None if demand is None else demand.to_json(),
         "cpu_speed": None if speed is None else speed.to_json(),
         "findings": [f.to_json() for f in findings],
@@ -490,24 +480,23 @@ def _unmeasured(name: str) -> dict[str, Any]:
 
 def _validation(
     val: Any, prediction: Prediction | None, rows: pd.DataFrame | None = None, stages: list[dict] | None = None
-) -> dict | None:
+) -> Validation | None:
+    """The validation run (``run.json["validation"]``) with its error against the prediction and each
+    stage's interference; None where it gave no number."""
     if not isinstance(val, Mapping) or not finite(val.get("qps")):
         return None
-    out = dict(val)
     predicted = prediction or Prediction()
     pred = predicted.qps
     measured = float(val["qps"])
-    # relative error of the prediction against the measurement: +0.10 = predicted 10% too high
-    out["error_vs_prediction"] = (
-        (pred - measured) / measured if pred is not None and finite(pred) and measured > 0 else None
+    replay_lat = (predicted.replay or {}).get("stage_latency")
+    return changed(
+        Validation.from_json(val),
+        # relative error of the prediction against the measurement: +0.10 = predicted 10% too high
+        error_vs_prediction=(pred - measured) / measured
+        if pred is not None and finite(pred) and measured > 0
+        else None,
+        interference=tuple(_interference(val.get("stage_latency"), rows, stages or [], replay_lat)),
     )
-    out["interference"] = [
-        i.to_json()
-        for i in _interference(
-            val.get("stage_latency"), rows, stages or [], (predicted.replay or {}).get("stage_latency")
-        )
-    ]
-    return out
 
 
 def _interference(

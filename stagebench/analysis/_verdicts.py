@@ -33,7 +33,7 @@ __all__ = [
 
 def demand_verdict(
     target: Any,
-    validation: Mapping[str, Any] | None,
+    validation: Validation | None,
     prediction: Prediction | None,
     trainer: Mapping[str, Any] | None = None,
     job: Mapping[str, Any] | None = None,
@@ -79,7 +79,7 @@ def demand_verdict(
         if measured and wp is not None and finite(wp.data_wait_share)
         else ""
     )
-    val = Validation.from_json(validation)
+    val = validation or Validation()
     pred = prediction or Prediction()
     if finite(val.qps):
         capacity, low, high, source = val.qps, val.qps_low, val.qps_high, "measured"
@@ -165,7 +165,7 @@ def versus_yours_decision(
     return decide(options, yours="yours", ratio=ratio)
 
 
-def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list[dict]) -> dict | None:
+def yours_verdict(yours: Any, validation: Validation | None, stages: list[dict]) -> dict | None:
     """The recommended settings against the user's own, both run for real in turns (``run.json["yours"]``),
     by the rule of :mod:`stagebench.model._evidence` on their windows' ratio.
 
@@ -201,7 +201,7 @@ def yours_verdict(yours: Any, validation: Mapping[str, Any] | None, stages: list
         "settings": mine_run.settings,
         "changes": changes,
     }
-    val = Validation.from_json(validation)
+    val = validation or Validation()
     if mine_run.not_run:
         out.update(
             verdict="not run",
@@ -336,7 +336,7 @@ SCHEDULING_BINDS = 0.5
 def pipeline_verdict(
     stages: list[dict],
     prediction: Prediction | None,
-    validation: Mapping[str, Any] | None = None,
+    validation: Validation | None = None,
     not_isolated: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
     """What binds the pipeline, in one line: what binds the *measured* pipeline where it was run.
@@ -357,7 +357,7 @@ def pipeline_verdict(
     st = next((s for s in ok if s["name"] == name), None)
     cls = st["classification"] if st else "unknown"
     q = fmt_q(num(pred.qps))
-    val = Validation.from_json(validation)
+    val = validation or Validation()
     runs, how = (num(val.qps), "measured") if finite(val.qps) else (num(pred.qps), "predicted")
     lowest = num(pred.bounds_qps)
     sched = num(pred.scheduling_gil_s_per_item)

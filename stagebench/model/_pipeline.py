@@ -176,11 +176,12 @@ class Interference(Read):
 
 
 @dataclass(frozen=True, slots=True)
-class Validation:
+class Validation(Read):
     """The whole pipeline run for real at the recommended settings (``summary["validation"]``): its rate
     and interval, the windows it was measured over (``window_rates``: the windows in turns with the other
     runs named in ``interleaved_with``), its error against the prediction, and how much slower each stage's
-    call ran inside it than alone (``interference``); ``error`` where it gave no number."""
+    call ran inside it than alone (``interference``); ``error`` where it gave no number. The analysis
+    builds it from ``run.json["validation"]``, its keys kept in order and the two it adds after them."""
 
     qps: float | None = None
     qps_low: float | None = None
@@ -193,35 +194,16 @@ class Validation:
     settings: tuple[Mapping[str, Any], ...] = ()
     wall_s: float | None = None
     """Seconds the whole runs in turns took (one call, shared by the runs that took turns in it)."""
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> Validation:
-        return read(
-            cls,
-            d,
-            interference=lambda v: tuple(Interference.from_json(x) for x in maps(v)),
-            **dict.fromkeys(("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction", "wall_s"), number),
-            error=_some_text,
-            window_rates=nums,
-            settings=maps,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self.extra)
-        out.update(qps=self.qps, qps_low=self.qps_low, qps_high=self.qps_high, seconds=self.seconds)
-        out["settings"] = [dict(s) for s in self.settings]
-        if self.error_vs_prediction is not None:
-            out["error_vs_prediction"] = self.error_vs_prediction
-        if self.error is not None:
-            out["error"] = self.error
-        if self.window_rates:
-            out["window_rates"] = list(self.window_rates)
-        if self.wall_s is not None:
-            out["wall_s"] = self.wall_s
-        if self.interference:
-            out["interference"] = [x.to_json() for x in self.interference]
-        return out
+    READ: ClassVar[Coercions] = {
+        "interference": lambda v: tuple(Interference.from_json(x) for x in maps(v)),
+        **dict.fromkeys(("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction", "wall_s"), number),
+        "error": _some_text,
+        "window_rates": nums,
+        "settings": maps,
+    }
 
     @property
     def rate(self) -> Rate | None:
