@@ -539,9 +539,8 @@ def _gc_finding(st: StageEntry, is_bn: bool) -> _Found | None:
     )
 
 
-def _yours_finding(yours: dict) -> _Found:
+def _yours_finding(v: VersusYours) -> _Found:
     """The one piece of advice on settings: what running the recommended and the user's settings found."""
-    v = VersusYours.from_json(yours)
     changes = "; ".join(f"{c['stage']}: {c['yours']} -> {c['recommended']}" for c in v.changes)
     verdict = v.verdict
     if verdict == "recommended":
@@ -551,7 +550,7 @@ def _yours_finding(yours: dict) -> _Found:
             f"change your settings: the recommended ones were {ratio:.2f}x faster, measured",
             f"{v.text}. The changes: {changes}",
             None,
-            {"yours": yours},
+            {"yours": v},
             ratio,
         )
     if verdict == "cheaper":
@@ -560,7 +559,7 @@ def _yours_finding(yours: dict) -> _Found:
             "fewer workers run as fast as yours, measured in turns",
             f"{v.text}. The changes: {changes}",
             None,
-            {"yours": yours},
+            {"yours": v},
             1.0,
         )
     title = {
@@ -572,7 +571,7 @@ def _yours_finding(yours: dict) -> _Found:
         title,
         f"{v.text}" + (f". The untaken changes: {changes}" if changes else ""),
         None,
-        {"yours": yours},
+        {"yours": v},
     )
 
 
@@ -585,7 +584,7 @@ def build_findings(
     not_isolated: list[dict],
     cores: float,
     page_fault: dict | None = None,
-    yours: dict | None = None,
+    yours: VersusYours | None = None,
     job: dict | None = None,
     cores_bound: str = "",
 ) -> list[Finding]:
@@ -609,12 +608,12 @@ def build_findings(
     return _ranked(out)
 
 
-def _settings_findings(yours: dict | None, job: dict | None) -> list[_Found]:
+def _settings_findings(yours: VersusYours | None, job: dict | None) -> list[_Found]:
     """The advice on settings: the training job's run with the user's loop where decided, else the
     recommended settings run against the user's own (none where they are the same)."""
     if (jv := JobVerdict.from_json(job)) is not None and jv.decided:
         return [_Found(f) for f in job_findings(jv)]
-    if yours and VersusYours.from_json(yours).verdict not in (None, "same"):
+    if yours is not None and yours.verdict not in (None, "same"):
         return [_yours_finding(yours)]
     return []
 

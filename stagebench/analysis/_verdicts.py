@@ -15,9 +15,9 @@ from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._pipeline_job import settings_cost, user_choice, user_setting
 from stagebench.model._evidence import EQUIVALENT, Option, Ratio, decide, more_rounds_text
 from stagebench.model._job import JobVerdict, StepAlone
-from stagebench.model._pipeline import CpuSpeed, Demand, Prediction, Validation, YoursRun
+from stagebench.model._pipeline import CpuSpeed, Demand, Prediction, Validation, VersusYours, YoursRun
 from stagebench.model._rate import Rate
-from stagebench.model._stage import StageEntry, StageSetting
+from stagebench.model._stage import StageEntry, StageSetting, changed, keyed
 
 __all__ = [
     "pipeline_verdict",
@@ -165,7 +165,7 @@ def versus_yours_decision(
     return decide(options, yours="yours", ratio=ratio)
 
 
-def yours_verdict(yours: Any, validation: Validation | None, stages: list[dict]) -> dict | None:
+def yours_verdict(yours: Any, validation: Validation | None, stages: list[dict]) -> VersusYours | None:
     """The recommended settings against the user's own, both run for real in turns (``run.json["yours"]``),
     by the rule of :mod:`stagebench.model._evidence` on their windows' ratio.
 
@@ -181,7 +181,7 @@ def yours_verdict(yours: Any, validation: Validation | None, stages: list[dict])
         return None
     mine_run = YoursRun.from_json(yours)
     if mine_run.same:
-        return {"verdict": "same", "changes": [], "text": "your settings are the recommended ones"}
+        return keyed(VersusYours, verdict="same", changes=(), text="your settings are the recommended ones")
     changes = []
     recommended: dict[str, tuple[str, int]] = {}
     mine: dict[str, tuple[str, int]] = {}
@@ -194,29 +194,30 @@ def yours_verdict(yours: Any, validation: Validation | None, stages: list[dict])
             mine[str(st.name)] = c
         if own and point.executor and own != f"{point.executor} x {point.concurrency}":
             changes.append({"stage": st.name, "yours": own, "recommended": f"{point.executor} x {point.concurrency}"})
-    out: dict[str, Any] = {
-        "qps": mine_run.qps,
-        "qps_low": mine_run.qps_low,
-        "qps_high": mine_run.qps_high,
-        "settings": mine_run.settings,
-        "changes": changes,
-    }
+    out = keyed(
+        VersusYours,
+        qps=mine_run.qps,
+        qps_low=mine_run.qps_low,
+        qps_high=mine_run.qps_high,
+        settings=mine_run.settings,
+        changes=tuple(changes),
+    )
     val = validation or Validation()
     if mine_run.not_run:
-        out.update(
+        return changed(
+            out,
             verdict="not run",
             text=f"not checked against your settings ({mine_run.not_run}): keep yours until a full diagnosis "
             "runs both in turns",
         )
-        return out
     if not finite(mine_run.qps) or not finite(val.qps):
         which = "your settings" if not finite(mine_run.qps) else "the recommended settings"
         err = mine_run.error if not finite(mine_run.qps) else val.error
-        out.update(
+        return changed(
+            out,
             verdict="inconclusive",
             text=f"inconclusive: the run at {which} gave no number" + (f" ({err})" if err else ""),
         )
-        return out
     r_rate, m_rate = val.rate, mine_run.rate
     assert r_rate is not None and m_rate is not None  # both finite above
     figures = f"{r_rate.text('items/s')} with the recommended settings, {m_rate.text()} with yours"
@@ -224,12 +225,12 @@ def yours_verdict(yours: Any, validation: Validation | None, stages: list[dict])
     d = versus_yours_decision(rec_w, your_w, recommended, mine, (r_rate, m_rate))
     x = Ratio.of_pairs(list(zip(rec_w, your_w)))  # the recommended over yours, round by round
     if d is None or x is None:  # saved before the windows were kept: no ratio in turns to decide on
-        out.update(
+        return changed(
+            out,
             verdict="could not tell",
             ratio=r_rate.value / m_rate.value if m_rate.value > 0 else None,
             text=f"keep yours: the runs kept no windows in turns to compare them by; {figures}",
         )
-        return out
     if d.advice == "change":
         verdict, text = "recommended", f"the recommended settings are faster beyond noise, {x.text('yours')}: {figures}"
     elif d.advice == "cheaper":
@@ -266,8 +267,9 @@ def yours_verdict(yours: Any, validation: Validation | None, stages: list[dict])
             f"keep yours: the runs could not tell the recommended settings from yours{within}, {x.text('yours')}"
             f"{more}; {figures}",
         )
-    out.update(verdict=verdict, ratio=x.value, ratio_low=x.low, ratio_high=x.high, decision=d.to_json(), text=text)
-    return out
+    return changed(
+        out, verdict=verdict, ratio=x.value, ratio_low=x.low, ratio_high=x.high, decision=d.to_json(), text=text
+    )
 
 
 # ------------------------------------------------------------------ the CPU's speed

@@ -243,11 +243,12 @@ class YoursRun(Read):
 
 
 @dataclass(frozen=True, slots=True)
-class VersusYours:
+class VersusYours(Read):
     """The recommended settings against yours (``summary["recommended_vs_yours"]``), both run in turns:
     ``verdict`` (``same``, ``recommended``, ``cheaper``, ``yours``, ``could not tell``, ``inconclusive``,
     ``not run``), its ``text``, your run's rate, the recommended over yours round by round (``ratio``),
-    the stages whose setting differs (``changes``) and the rule's record (``decision``)."""
+    the stages whose setting differs (``changes``) and the rule's record (``decision``). Built by
+    :func:`stagebench.analysis._verdicts.yours_verdict` with its keys in the order the summary lists them."""
 
     verdict: str | None = None
     text: str | None = None
@@ -260,37 +261,16 @@ class VersusYours:
     ratio_low: float | None = None
     ratio_high: float | None = None
     decision: Mapping[str, Any] | None = None
+    keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> VersusYours:
-        return read(
-            cls,
-            d,
-            **dict.fromkeys(("verdict", "text"), text),
-            changes=maps,
-            **dict.fromkeys(("qps", "qps_low", "qps_high", "ratio", "ratio_low", "ratio_high"), number),
-            decision=mapping,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        if self.verdict == "same":
-            return {"verdict": "same", "changes": [dict(c) for c in self.changes], "text": self.text}
-        out: dict[str, Any] = {
-            "qps": self.qps,
-            "qps_low": self.qps_low,
-            "qps_high": self.qps_high,
-            "settings": self.settings,
-            "changes": [dict(c) for c in self.changes],
-            "verdict": self.verdict,
-            "text": self.text,
-        }
-        if self.ratio is not None:
-            out["ratio"] = self.ratio
-        if self.ratio_low is not None or self.ratio_high is not None:
-            out.update(ratio_low=self.ratio_low, ratio_high=self.ratio_high)
-        if self.decision is not None:
-            out["decision"] = dict(self.decision)
-        return out
+    READ: ClassVar[Coercions] = {
+        # a lambda: in the class body, ``text`` is the field
+        **dict.fromkeys(("verdict", "text"), lambda v: text(v)),
+        "changes": maps,
+        **dict.fromkeys(("qps", "qps_low", "qps_high", "ratio", "ratio_low", "ratio_high"), number),
+        "decision": mapping,
+    }
 
     @property
     def versus_yours(self) -> Ratio | None:
