@@ -10,9 +10,8 @@ whole rounds of the workers, every group of every slice. The data-wait share is 
 step spent waiting for the batch; the step's own rate next to the loader (the loop body alone) says
 whether the two slowed each other down on shared cores.
 
-**The decision** is the one rule of :mod:`stagebench.model._evidence`: each round ran every
-candidate still in question, one slice each, so the slices of one round saw the same moments of the
-host, and their ratio per round is the evidence. A setting other than the user's is advised only
+**The decision** is the one rule of :mod:`stagebench.model._evidence` on the ratio of each round's
+slices (docs/method.md#rounds-in-turns). A setting other than the user's is advised only
 where those ratios show it faster beyond noise, or cheaper and within 5% (their 95% interval above
 0.95), and as good as the fastest; otherwise the user's setting is kept, and the verdict names the
 setting the runs could not tell from it, the ratio's interval, and how many rounds more would

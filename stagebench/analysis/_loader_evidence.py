@@ -8,8 +8,7 @@ interval combines the readings' own (weighted by their spans) with their spread 
 (a change of the machine between them), whichever is wider, on the log scale (it stays positive).
 
 **Rounds in turns.** The settings a decision hinges on are measured again in turns
-(:mod:`stagebench.loader._turns`): each round takes one window of each, in alternating order, so the
-windows of a round saw the same moments of the host. Their rows (``search_phase`` ``paired``) are read
+(:mod:`stagebench.loader._turns`; why: docs/method.md#rounds-in-turns). Their rows (``search_phase`` ``paired``) are read
 back in measurement order; a round ends where a setting comes again (:func:`paired_rounds`), and
 :func:`paired_ratio` turns the rounds into the ratio the rule of :mod:`stagebench.model._evidence`
 decides on.

@@ -23,13 +23,10 @@ One *slice* is one candidate's turn:
    burst, not the pace), at least :data:`MIN_SLICE_STEPS` steps and :data:`MIN_SLICE_S` seconds, or
    one group once :data:`SLOW_SLICE_S` are counted (slow steps), at most ``max_slice_s``.
 
-Slices take turns, round after round: a round runs every candidate still in question once, so the
-slices of one round saw the same moments of the host, and the decision
-(:mod:`stagebench.model._evidence`) reads their ratio per round. Round 1 runs every candidate in
-priority order (the user's own first, then what the isolated sweep picked: a loop that stops early
+Slices take turns, round after round (docs/method.md#rounds-in-turns). Round 1 runs every candidate
+in priority order (the user's own first, then what the isolated sweep picked: a loop that stops early
 has run those); later rounds run what the decision still hinges on (``contenders``, from the
-analysis: empty once it is settled), in reverse order every other round, so that a steady drift of
-the machine favours none, until the decision settles or ``budget_s`` is spent. A loop that stops
+analysis), until it settles or ``budget_s`` is spent. A loop that stops
 (``break``, an exception) ends the runs where they are: what was measured is kept, and
 :meth:`JobRuns.record` says what did not run.
 """
@@ -44,6 +41,7 @@ from contextlib import AbstractContextManager, ExitStack
 from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Any
 
+from stagebench.core._rounds import in_turns
 from stagebench.core._steps import WARMUP_STEPS
 from stagebench.model._evidence import MAX_LOOKS
 from stagebench.model._job import JobCandidate, JobRecord, JobSkipped, JobSlice
@@ -288,7 +286,7 @@ class JobRuns:
         """Yield batches to the user's loop, slice after slice (module docstring). ``futile(record,
         seconds_left)``: why more rounds within the time left cannot settle the decision (the runs stop
         there), or None."""
-        self._t0 = self.clock()
+        t0 = self._t0 = self.clock()
         self.load = [_load_avg()]
         order = {c.key: i for i, c in enumerate(self.candidates)}
         labels = "; ".join(c.label for c in self.candidates)  # a label holds commas of its own
@@ -296,26 +294,26 @@ class JobRuns:
             f"job: your loop runs on {self.what} at {len(self.candidates)} setting(s) in turns, until the "
             f"comparisons settle (at most {self.budget_s:g} s): {labels}"
         )
+        keys: list[str] = []  # what the decision hinges on, most important first
+
+        def settings(i: int) -> list[Candidate]:  # none once settled or futile
+            if i == 0:
+                return self.candidates
+            keys[:] = contenders(self.record())
+            if not keys:
+                self.settled = True
+                return []
+            if futile is not None and (why := futile(self.record(), self.budget_s - (self.clock() - t0))):
+                self.stopped = why
+                return []
+            return sorted((c for c in self.candidates if c.key in keys), key=lambda c: order[c.key])
+
         with ExitStack() as held:
             try:
-                for rnd in range(1, self.max_rounds + 1):
-                    if rnd == 1:
-                        todo = list(self.candidates)
-                    else:
-                        keys = contenders(self.record())  # most important first
-                        if not keys:
-                            self.settled = True
-                            break
-                        left = self.budget_s - (self.clock() - self._t0)
-                        if futile is not None and (why := futile(self.record(), left)):
-                            self.stopped = why
-                            break
-                        todo = sorted((c for c in self.candidates if c.key in keys), key=lambda c: order[c.key])
-                        if rnd % 2 == 0:
-                            todo.reverse()
-                        if self._estimate(todo) > self.budget_s - (self.clock() - self._t0):
-                            # not all of them fit: the ones the decision hinges on most come first
-                            todo = sorted(todo, key=lambda c: keys.index(c.key))
+                for rnd, todo in in_turns(settings, self.max_rounds, start=1):
+                    if rnd > 1 and self._estimate(todo) > self.budget_s - (self.clock() - self._t0):
+                        # not all of them fit: the ones the decision hinges on most come first
+                        todo = sorted(todo, key=lambda c: keys.index(c.key))
                     self.rounds = rnd
                     for cand in todo:
                         if self.clock() - self._t0 >= self.budget_s:
@@ -325,7 +323,7 @@ class JobRuns:
                             )
                             return
                         yield from self._slice(cand, rnd, open_candidate, held)
-                else:
+                if not self.settled and self.stopped is None:  # all max_rounds ran
                     if contenders(self.record()):
                         self.stopped = f"the job runs stopped after {self.max_rounds} rounds, not settled"
                     else:

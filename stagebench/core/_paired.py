@@ -1,20 +1,11 @@
 """Threads against processes in turns: the head-to-head behind a process recommendation.
 
-Why. A stage's thread curve is measured first and its process curve seconds
-later. An interval inside one point covers the noise inside that point's
-window, not a change of the machine between points. On a shared machine the
-CPU's speed moves in phases that last seconds, so two curves measured seconds
-apart can put either executor ahead beyond both intervals. Measured in turns,
-threads then processes then processes then threads, each round's ratio sees
-the same moments of the machine, and the rounds agree.
-
-So when the curves alone would recommend processes by less than
-:data:`MAX_RATIO` (1.5x), the sweep measures both executors again at their
-best levels, in the order T P P T per round (:func:`plan`), and the
-recommendation follows that paired result (:func:`paired_result`): processes
-only when they beat threads in it beyond noise, else threads. Each adjacent
-thread/process pair of windows saw the same moments of the machine; the
-ratio is averaged over the pairs with a Student-t interval.
+A stage's thread curve is measured seconds before its process curve, and the host's phases between
+them can put either executor ahead beyond both intervals (docs/method.md#rounds-in-turns). So when the
+curves alone would recommend processes by less than :data:`MAX_RATIO` (1.5x), the sweep measures both
+executors again at their best levels (:func:`plan`), T P P T per round, and the recommendation follows
+that paired result (:func:`paired_result`): processes only when they beat threads in it beyond noise,
+else threads. The ratio is averaged over the adjacent thread/process pairs with a Student-t interval.
 
 Why only to confirm processes: threads are preferred whenever the two are
 within noise (less memory, no IPC, no pickling), so the costlier executor is

@@ -28,7 +28,7 @@ to ±10% (:data:`~stagebench.core._config.PAIRED_PRECISION`): each is one sample
 
 Last, when the curves alone would recommend processes by less than 1.5x,
 both executors are measured again in turns at their best levels
-(:meth:`StageSweep.run_paired`; why: :mod:`stagebench.core._paired`).
+(:meth:`StageSweep.run_paired`; why: :mod:`stagebench.core._paired`, docs/method.md#rounds-in-turns).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from stagebench.core._executors import WorkerPool, async_identity, identity, is_
 from stagebench.core._measure import empty_row, measure_stage, payload_bytes
 from stagebench.core._progress import Progress
 from stagebench.core._resources import usable_cores
+from stagebench.core._rounds import in_turns
 from stagebench.core._spdl_harness import deferred_teardown
 from stagebench.runs._results import RowWriter
 from stagebench.runs._schema import STAGE_COLUMNS
@@ -302,9 +303,12 @@ class StageSweep:
 
     def _paired_windows(self, harness: str, at: dict[str, int], pool: Any) -> None:
         rounds = self.cfg.paired_rounds
-        for i, ex in enumerate(("thread", "process", "process", "thread") * rounds):
-            if i and i % 4 == 0 and i // 4 == rounds - 1 and _paired.threads_led_every_pair(self.rows[-i:]):
-                return  # the last round cannot turn it (_paired.threads_led_every_pair)
+
+        def executors(i: int) -> tuple[str, ...]:  # none where the last round cannot turn it
+            last = 0 < i == rounds - 1 and _paired.threads_led_every_pair(self.rows[-4 * i :])
+            return () if last else ("thread", "process")
+
+        for ex in (ex for _, order in in_turns(executors, rounds, there_and_back=rounds) for ex in order):
             if self.progress is not None:
                 self.progress.start(f"{self.name} | head-to-head {harness}/{ex} c={at[ex]}")
             row = measure_stage(

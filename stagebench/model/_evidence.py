@@ -15,13 +15,7 @@ not tell the settings apart. Otherwise the user's setting is kept, and the decis
 setting the runs could not tell from it, with the ratio's interval and how many more rounds would
 settle it at the spread seen (:meth:`Ratio.rounds_to_clear`).
 
-Why in turns: this kind of host changes its speed 1.4-1.7x in phases of seconds, far more than the 5%
-a pick may give up; two settings measured seconds apart differ by the host as much as by themselves.
-Each round's pair of windows saw the same phase, so their ratio cancels it, and the spread of the
-ratios over the rounds is the noise that is left.
-
-Why the ratio's interval is on the log scale: ratios multiply (a round at 0.8x and one at 1.25x
-average to 1), and the interval of their geometric mean stays positive, whatever the spread.
+Why in turns, and why the ratio per round, on the log scale: docs/method.md#rounds-in-turns.
 
 Without a setting of the user's (a Hydra sweep, a loader given no knobs), the pick is the cheapest
 setting shown as good as the best, else the best. A pick that is the fastest by its readings alone is

@@ -6,11 +6,9 @@ settings (the truth), the replay with stand-ins at the same settings (the
 prediction, :mod:`stagebench.pipeline._replay`), and the real stages at the
 user's own settings (what the recommendation is checked against).
 
-Why they take turns: they are compared, and a host does not hold still: the CPU's speed changes in
-phases that last seconds, so run one after the other, the prediction's error would be mostly the
-machine's. So each pipeline is built and warmed up once, and then their sources are opened in turn,
-in slices, in the order R V V R (three: R V Y Y V R): all see the same moments of the machine, and a
-steady drift cancels. Once forth and back, not twice: each switch costs a settle (below) that counts
+They are compared, so they take turns (docs/method.md#rounds-in-turns): each pipeline is built and
+warmed up once, and then their sources are opened in turn, in slices, in the order R V V R (three:
+R V Y Y V R). Once forth and back, not twice: each switch costs a settle (below) that counts
 nothing; each slice is cut into three sub-windows for the interval's batches instead. While one runs,
 the other's source is closed and its stages idle. After each switch, ``settle`` seconds pass before
 counting starts: the other pipeline drains and this one refills (three times the slowest pipeline's
@@ -34,6 +32,7 @@ import numpy as np
 
 from stagebench._memory import describe
 from stagebench.core._mirror import Mirror, MirroredGate, Ready, mirror
+from stagebench.core._rounds import in_turns
 from stagebench.core._spdl_harness import quiet_spdl_log
 from stagebench.model._ranks import HostRate
 from stagebench.model._rate import Rate
@@ -359,17 +358,20 @@ def run_pipelines(
             if len(live) == 1:
                 _count(live[0], window_s)
             elif live:
-                _take_turns(live, window_s)
-                real = [r for r in live if runs.get(r.name) is None and r.error is None]
-                extra = 0
-                while more is not None and len(real) > 1 and extra < max_extra_rounds:
-                    if not more({r.name: r.window_rates() for r in made}):
-                        break
-                    order = real if extra % 2 else real[::-1]
-                    _take_turns(order, window_s, rounds=1, forth_only=True)
-                    extra += 1
-                for r in made:
-                    r.extra_rounds = extra
+                real: list[WholePipelineRun] = []  # the real runs (not the replay) through the first round
+
+                def turn(i: int) -> list[WholePipelineRun]:  # every run, then the real ones while ``more`` asks
+                    if i == 0:
+                        return live
+                    if i == 1:
+                        real.extend(r for r in live if runs.get(r.name) is None and r.error is None)
+                    asked = more is not None and len(real) > 1 and more({r.name: r.window_rates() for r in made})
+                    return real if asked else []
+
+                for extra, order in in_turns(turn, 1 + max_extra_rounds, there_and_back=1):
+                    _take_turns(order, window_s)
+                    for r in made:
+                        r.extra_rounds = extra
             others = {r.name: _others(ranked, r, items_per_sink_item) for r in made}
         finally:
             for r in made:
@@ -490,10 +492,8 @@ def host_result(res: dict[str, Any], others: list[dict[str, Any]]) -> None:
             res[key] = res[key] * scale
 
 
-def _take_turns(
-    runs: list[WholePipelineRun], window_s: float, *, rounds: int = _SLICES // 2, forth_only: bool = False
-) -> None:
-    """Count ``window_s`` of each in slices, forth and back once (A B B A, A B C C B A), settling after each switch.
+def _take_turns(order: list[WholePipelineRun], window_s: float) -> None:
+    """Count one round in turns: a slice of ``window_s / _SLICES`` of each run in ``order``, settling after each switch.
 
     Each settle is three steady-state latencies of the slowest run (the same
     settle for all, so that none is favoured), as each runs alone: read in its
@@ -503,6 +503,7 @@ def _take_turns(
     on ``cpu_free`` 0.06-0.09 against 0.02-0.03, and settles of three warm-up
     latencies (capped at 1 s) cost ``mixed6`` 5 s of its 9 s of whole-pipeline runs.
     """
+    runs = list(dict.fromkeys(order))
     n = len(runs)
 
     def alone(r: WholePipelineRun) -> float:
@@ -513,7 +514,7 @@ def _take_turns(
         return (warm or 0.0) / n
 
     prev: WholePipelineRun | None = None
-    for r in (runs if forth_only else runs + runs[::-1]) * rounds:
+    for r in order:
         if r.error is not None:
             continue
         if r is not prev:
