@@ -166,11 +166,11 @@ def _negatives(node: object, path: str = "") -> list[str]:
 def rule_no_rate_below_zero(summary: dict) -> list[str]:
     """No rate or end of a rate's interval below zero, anywhere in a summary or its terminal table
     (issue 36: a busy host printed "6.38 samples/s (-0.237-13)")."""
-    from stagebench.report._terminal import format_loader_table, format_table
+    from stagebench.report._kinds import KINDS, PIPELINE
 
     bad = _negatives(summary)
     try:
-        text = format_loader_table(summary) if summary.get("kind") == "loader" else format_table(summary)
+        text = KINDS.get(summary.get("kind"), PIPELINE).table(summary)
     except (KeyError, TypeError):  # a partial summary made up for a rule's own test: the numbers were checked
         text = ""
     bad += [m.group(0) for m in re.finditer(r"\(-\d[\d,.]*[-–]", text)]

@@ -15,10 +15,10 @@ from typing import Any
 
 from stagebench._numbers import finite, num
 from stagebench._settings import DEMAND_HEADROOM
-from stagebench._version import __version__
-from stagebench.analysis._job import alone_scope, decide_job, trainer_summary
+from stagebench.analysis._job import decide_job
+from stagebench.analysis._kind import job_keys, summary_head
 from stagebench.analysis._loader_findings import loader_findings
-from stagebench.analysis._loader_job import _job_not_run, _job_pick, _zero_workers_note
+from stagebench.analysis._loader_job import _job_not_run, _zero_workers_note, apply_job_pick
 from stagebench.analysis._loader_pick import _decision_words, _kept_knobs, _turn_seconds, recommend
 from stagebench.analysis._loader_rows import _knob_text, _memory_cap, _raw, _rel_half, _rows, user_point
 from stagebench.analysis._worker_costs import beside_the_pick, worker_cost_findings, worker_costs_summary
@@ -28,7 +28,6 @@ from stagebench.model._job import StepAlone
 from stagebench.model._loader import LoaderRow
 from stagebench.model._meta import RunMeta
 from stagebench.runs._provenance import load_warnings
-from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
 
 __all__ = ["summarize_loader", "loader_pick", "pooled_frame"]
 
@@ -125,13 +124,9 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     target = _target(c)
     costs = worker_costs_summary(m, c.pts)
     verdict = _verdict(c, target) + beside_the_pick(costs, None if c.rec is None else c.rec.to_json())
-    rec, isolated, settings = c.rec, c.isolated, c.settings
+    rec, isolated = c.rec, c.isolated
     return {
-        "schema_version": SUMMARY_SCHEMA_VERSION,
-        "kind": "loader",
-        "stagebench_version": __version__,
-        "provenance": None if m.provenance is None else m.provenance.to_json(),
-        "settings": settings,
+        **summary_head("loader", m, None),
         "loader": m.loader.to_json(),
         "verdict": verdict,
         "warnings": _warnings(c.pts, m),
@@ -144,9 +139,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "points": [p.to_json() for p in c.pts],
         "search": _search_summary(m, c.pts),
         "target": target,
-        "trainer": trainer_summary(m.trainer, c.job),
-        "job": c.job,
-        "scope": alone_scope("the loader", m.trainer, m.settings, planned=m.trainer_planned),
+        **job_keys("the loader", m, c.job, planned=m.trainer_planned),
         "findings": by_severity(
             [
                 f.to_json()
@@ -197,7 +190,7 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
     rec = _kept_knobs(rec, ok, m)
     isolated = rec
     if decided and job is not None:
-        rec = _kept_knobs(_job_pick(job, pts, m), ok, m, with_loop=True)
+        rec = _kept_knobs(apply_job_pick(pts, job), ok, m, with_loop=True)
         job["zero_workers"] = _zero_workers_note(job)
     return _Picks(
         settings=s.to_json(),

@@ -33,11 +33,12 @@ from stagebench.model._meta import RunMeta, UserKnobs
 from stagebench.model._rate import Rate
 from stagebench.runs._knobs import KNOB_KEYS, NOT_APPLICABLE, normalize_knobs
 
-__all__ = ["job_candidates"]
+__all__ = ["job_candidates", "apply_job_pick"]
 
 
-def job_candidates(rows: Any, meta: dict[str, Any], demand: dict[str, Any] | float | None) -> Any:
-    """The loader settings to run with the user's loop: a :class:`stagebench.core._jobrun.Ladder`
+def job_candidates(rows: Any, meta: dict[str, Any], demand: Mapping[str, Any] | float | None) -> Ladder:
+    """The loader settings to run with the user's loop, from the sweep's ``rows``, ``run.json`` (``meta``)
+    and the step's ``demand`` (its record, a rate, or None): a :class:`stagebench.core._jobrun.Ladder`
     (:mod:`stagebench.analysis._ladder` builds it from what this adapter offers).
 
     Offered: yours, exactly as the script sets it (a knob this host cannot take is named as changed);
@@ -49,7 +50,7 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: dict[str, Any] | flo
     boundaries, which a job slice does not reach) and, on a host with a CUDA device, ``pin_memory``
     (its benefit shows only with the copy to the device, which the user's loop makes).
     """
-    rate = Rate.from_json(demand) if isinstance(demand, dict) else (Rate(float(demand)) if demand else None)
+    rate = Rate.from_json(demand) if isinstance(demand, Mapping) else (Rate(float(demand)) if demand else None)
     pts = [p for p in _rows(rows) if p.ok]
     if not pts:
         return Ladder(run=[])
@@ -124,8 +125,9 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: dict[str, Any] | flo
     return build_ladder(offers, demand=rate, memory_budget_mb=budget)
 
 
-def _job_pick(job: Mapping[str, Any], pts: list[LoaderRow], meta: RunMeta) -> LoaderRow:
-    """The job runs' pick as a recommended point: its isolated figures where measured, its knobs, the job's why."""
+def apply_job_pick(pts: list[LoaderRow], job: Mapping[str, Any]) -> LoaderRow:
+    """The job runs' decided pick (``job``, ``summary.json["job"]``) as the recommended point among ``pts``:
+    its isolated figures where measured, its knobs, the job's why; returns that point."""
     v = JobVerdict.from_json(job)
     assert v is not None  # decided
     cand = next(c for c in v.candidates if c.key == v.pick)

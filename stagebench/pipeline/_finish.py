@@ -19,6 +19,7 @@ from stagebench._memory import out_of_memory, said_out_of_memory
 from stagebench._numbers import num
 from stagebench._version import __version__
 from stagebench.pipeline._run import Run
+from stagebench.report._terminal import format_table
 from stagebench.runs._outcome import COMPLETE, FAILED, INTERNAL, PARTIAL
 from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
 
@@ -187,9 +188,6 @@ def fallback_summary(rows: Any, meta: dict[str, Any], why: str) -> dict[str, Any
 
 def fallback_report(run_dir: Path, summary: dict[str, Any]) -> Path:
     """FALLBACK, used only while ``stagebench.report._render`` is unavailable: a plain, escaped table."""
-    # pandas with it: loaded when the rows are analysed, not in the process while it measures
-    from stagebench.report._terminal import format_table
-
     body = html.escape(format_table(summary))
     data = html.escape(json.dumps(summary, indent=2, default=str))
     path = run_dir / "report.html"

@@ -176,17 +176,14 @@ def report_context(run: RunData) -> dict[str, Any]:
         "columns": list(run.rows.columns),
     }
     # the pages draw with matplotlib, imported here, inside write_report: its callers catch an import short of memory
-    from stagebench.report import _loader_page, _page_parts, _pipeline_page
+    from stagebench.report import _kinds, _page_parts
 
     ctx["job"] = _page_parts.job_context(run.job)
     trows = run.transform_rows
     ctx["transform_rows_json"] = json_island(rows_records(trows)) if trows is not None else None
-    if run.kind == "loader":
-        ctx["loader"] = _loader_page.loader_context(run)
-        ctx["pipeline"] = None
-    else:
-        ctx["pipeline"] = _pipeline_page.pipeline_context(run)
-        ctx["loader"] = None
+    kind = _kinds.KINDS.get(run.kind, _kinds.PIPELINE)  # a kind it does not know is drawn as a pipeline
+    ctx.update(dict.fromkeys(_kinds.KINDS))  # the other kind's page is None
+    ctx[kind.name] = kind.page_context(run)
     return ctx
 
 

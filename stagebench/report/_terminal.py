@@ -66,7 +66,8 @@ def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | None = None) -> str:
-    """The end-of-run table for a pipeline summary (see docs/contracts.md)."""
+    """The end-of-run table for a pipeline ``summary`` (see docs/contracts.md), the path of its report where
+    given; returns it, each line ended."""
     sm = Summary.from_json(summary)
     header = ("stage", "verdict", "recommended", "items/s (95% CI)", "notes")
     rows: list[tuple[str, ...]] = [header]
@@ -175,7 +176,8 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
 
 
 def job_lines(summary: Mapping[str, Any]) -> list[str]:
-    """The job runs (your loop on the real loader or pipeline at each candidate) as a few lines; [] without them.
+    """The job runs of a ``summary`` (your loop on the real loader or pipeline at each candidate) as a few
+    lines; [] without them.
 
     Each setting with its job rate, its rate over yours in turns (the ratio the advice rests on), and
     the steps it ran; then the verdict, what was not checked, and what more would settle an open question.
@@ -223,8 +225,9 @@ def _fmt(v: float | None, spec: str, unit: str = "") -> str:
     return f"{v:{spec}}{unit}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
 
 
-def format_loader_table(summary: dict[str, Any]) -> str:
-    """A short terminal table of the points, the recommendation marked with '*', the best with '+'."""
+def format_loader_table(summary: Mapping[str, Any]) -> str:
+    """A short terminal table of a loader ``summary``'s points, the recommendation marked with '*', the best
+    with '+'; returns it without a newline at its end."""
     info = LoaderInfo.from_json(summary.get("loader"))
     name, backend, batch = ("?" if v is None else v for v in (info.name, info.backend, info.batch_size))
     lines = [f"stagebench loader sweep: {name} (backend {backend}, batch size {batch})"]

@@ -1,0 +1,54 @@
+"""The two kinds of run whole (:class:`stagebench.analysis._kind.RunKind`): the analysis's part of each
+(:mod:`stagebench.analysis._summary`) with the table a run ends with and the report's page.
+
+Here, in the report, because a kind's page and table are; the pages draw with matplotlib, so what
+only prints a table (the end of a run) imports :mod:`stagebench.report._terminal` instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from stagebench.analysis._kind import RunKind
+from stagebench.analysis._summary import LoaderAnalysis, PipelineAnalysis
+from stagebench.report._loader_page import loader_context
+from stagebench.report._pipeline_page import pipeline_context
+from stagebench.report._run import RunData
+from stagebench.report._terminal import format_loader_table, format_table, job_lines
+
+__all__ = ["LOADER", "PIPELINE", "KINDS", "kind_of"]
+
+
+class _Loader(LoaderAnalysis):
+    """A DataLoader's sweep: its points' table, then the job runs', and the loader's page."""
+
+    page_context = staticmethod(loader_context)
+
+    def table(self, summary: Mapping[str, Any], report_path: str | os.PathLike[str] | None = None) -> str:
+        """The points' table, the job runs' lines, the report's path where given; each line ends a line."""
+        lines = [format_loader_table(summary), *job_lines(summary)]
+        if report_path is not None:
+            lines.append(f"report: {os.fspath(report_path)}")
+        return "\n".join(lines) + "\n"
+
+
+class _Pipeline(PipelineAnalysis):
+    """An SPDL pipeline's diagnosis: its stages' table (with the job runs') and the pipeline's page."""
+
+    page_context = staticmethod(pipeline_context)
+    table = staticmethod(format_table)
+
+
+LOADER: RunKind[Any, Any, RunData] = _Loader()
+PIPELINE: RunKind[Any, Any, RunData] = _Pipeline()
+#: Each kind by its name, ``run.json["kind"]``.
+KINDS: dict[str, RunKind[Any, Any, RunData]] = {k.name: k for k in (LOADER, PIPELINE)}
+
+
+def kind_of(name: str) -> RunKind[Any, Any, RunData]:
+    """The kind named ``name`` (``run.json["kind"]``, ``summary.json["kind"]``); a ValueError for another."""
+    if name not in KINDS:
+        raise ValueError(f"run.json kind: unknown {name!r}; allowed: pipeline, loader")
+    return KINDS[name]
