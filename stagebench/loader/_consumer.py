@@ -19,6 +19,7 @@ import time
 import weakref
 from collections.abc import Iterable
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict
 from typing import Any
 
 import psutil
@@ -27,7 +28,7 @@ from stagebench.core._mirror import MirroredGate, Ready, mirror
 from stagebench.core._sizes import approx_nbytes
 from stagebench.loader._built import BatchTag, BuiltLoader, EpochControl, shut_down
 from stagebench.loader._config import LoaderFactory
-from stagebench.loader._mirror import WHAT, knobs_json
+from stagebench.loader._mirror import WHAT
 from stagebench.loader._window import _Event
 from stagebench.model._knobs import LoaderKnobs
 
@@ -150,7 +151,7 @@ class _Consumer(threading.Thread):
 
     def start(self) -> None:
         if self.mirror is not None:
-            self.cid = self.mirror.open(WHAT, knobs=knobs_json(self.knobs), warmup_s=self.warmup_s)
+            self.cid = self.mirror.open(WHAT, knobs=asdict(self.knobs), warmup_s=self.warmup_s)
             self.gate.mirror, self.gate.cid = self.mirror, self.cid
         super().start()
 

@@ -17,7 +17,7 @@ from typing import Any
 from stagebench.core._follow import Followed, follow
 from stagebench.core._ranks import HostGroup
 from stagebench.loader._consumer import _Consumer, _SpdlErrors, _teardown
-from stagebench.loader._mirror import WHAT, knobs_of_json
+from stagebench.loader._mirror import WHAT
 from stagebench.loader._point import _failure, _quiet_sigchld, workers_beyond_cores_unwarned
 from stagebench.loader._window import window_share
 from stagebench.model._knobs import LoaderKnobs
@@ -42,7 +42,7 @@ class _Loader:
 
     @classmethod
     def open(cls, factory: Any, spec: Mapping[str, Any]) -> _Loader:
-        knobs = knobs_of_json(dict(spec["knobs"]))
+        knobs = LoaderKnobs(**spec["knobs"])
         cons = _Consumer(factory, knobs)
         errors = _SpdlErrors()
         errors.attach()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,6 @@ from stagebench.core._steps import CACHED_BATCHES, TrainerProbe
 from stagebench.job._lockstep import Lockstep, follow_job
 from stagebench.job._phase import JobPlan, end_from_close, trainer_phases
 from stagebench.loader._built import BatchTag, BuiltLoader, shut_down
-from stagebench.loader._mirror import knobs_json
 from stagebench.loader._point import workers_beyond_cores_unwarned
 from stagebench.model._knobs import LoaderKnobs
 from stagebench.runs._results import RunDir, read_rows
@@ -53,7 +53,7 @@ def loader_trainer_phases(
 
     def cached() -> list:
         if lock is not None:
-            lock.cached(knobs_json(cached_knobs))
+            lock.cached(asdict(cached_knobs))
             probe.tell = lock.cached_step
         return _cached_batches(factory, cached_knobs)
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +69,7 @@ class _Held:
     """One setting's loader, open between its turns."""
 
     eff: LoaderKnobs
-    shown: dict[str, Any]
+    shown: Mapping[str, bool | str]
     notes: list[str]
     cons: _Consumer
     errors: _SpdlErrors
@@ -260,7 +260,7 @@ class HeldLoaders:
         """Tear down every loader kept open (never raises)."""
         self.keep(set(), hung=hung)
 
-    def _start(self, eff: LoaderKnobs, shown: dict[str, Any], notes: list[str], warmup_s: float) -> _Held:
+    def _start(self, eff: LoaderKnobs, shown: Mapping[str, bool | str], notes: list[str], warmup_s: float) -> _Held:
         cons = _Consumer(self.factory, eff, warmup_s)
         errors = _SpdlErrors()
         errors.attach()
