@@ -3,7 +3,7 @@
 Each kind offers settings with why they are offered (:data:`stagebench.analysis._job.ORIGIN_WORDS`):
 the user's own (the reference every change is held to), the cheapest that feeds the step's demand with
 10% to spare by the isolated sweep, a step above it, the fastest alone, and on a GPU host the pick with
-pinned memory. The DataLoader's adapter is :func:`stagebench.analysis._loader.job_candidates`, the
+pinned memory. The DataLoader's adapter is :func:`stagebench.analysis._loader_job.job_candidates`, the
 pipeline's :func:`stagebench.analysis._pipeline_job.job_candidates`. Here they become one list:
 
 * one candidate per setting, its reasons merged, most important first, at most :data:`MAX_CANDIDATES`;

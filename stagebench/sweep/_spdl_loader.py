@@ -73,7 +73,7 @@ class SpdlPipelineLoader:
     """An iterable over batches from an SPDL pipeline of thread stages (one pipeline per epoch).
 
     The source is a batch sampler (lists of indices), so an epoch is a whole
-    number of batches and the loader sweep's :class:`~stagebench.loader._sweep.EpochControl`
+    number of batches and the loader sweep's :class:`~stagebench.loader._built.EpochControl`
     counts batches here as it does for torch: ``source -> disaggregate ->
     stages -> aggregate(batch_size) -> collate -> sink``.
     ``persistent=True`` builds one pipeline over a continuous source and
