@@ -1,8 +1,6 @@
 """Loader settings measured in windows on loaders kept open: the search's, then again in turns.
 
-The rule every piece of advice follows (:mod:`stagebench.model._evidence`) decides on windows measured
-in turns: one window of each setting per round, so that a round's windows saw the same moments of the
-host, whose speed moves 1.4-1.7x in phases of seconds. Opening a loader costs its workers' start-up
+Rounds in turns, and why: docs/method.md#rounds-in-turns. Opening a loader costs its workers' start-up
 (seconds where the dataset is shipped to spawned workers, or workers import much), so each setting's
 loader is built once, for its first window, and kept open, suspended, between its windows
 (:class:`HeldLoaders`): the search's point opens it, the turns resume it, and the epoch stall at the
@@ -21,8 +19,7 @@ pick runs on it, so that a slow start-up is paid once per setting:
    held off the cores for 0.2-0.8 s, and in windows of 0.3 s one such stall made a round's ratio 0.3x or
    3x, and three rounds gave intervals like 0.01-37x that decided nothing (issue 60).
 
-A round runs the settings in alternating order (A B C, then C B A), so that a steady drift of the
-host favours none. Rounds go on while the rule is not settled, at most ``tie_rounds``. Each window is
+Rounds go on while the rule is not settled, at most ``tie_rounds``. Each window is
 a row with ``search_phase`` ``paired`` and its round in ``turn``, written as it is measured; the
 analysis reads the rounds back from them, so ``stagebench report`` rebuilds the same decision. Which
 loaders the search leaves open, and for how long, is the sweep's choice
@@ -38,6 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stagebench.core._rounds import in_turns
 from stagebench.loader._config import LoaderFactory, LoaderSweepConfig
 from stagebench.loader._draft import PointDraft
 from stagebench.loader._point import (
@@ -323,13 +321,8 @@ def run_turns(
     resumed; the caller closes them); each window's row goes to ``record`` as it lands. Returns the
     rounds run."""
     rounds = 0
-    for i in range(max_rounds):
-        todo = next_settings()
-        if not todo:
-            break
-        if i % 2:
-            todo = todo[::-1]
+    for turn, todo in in_turns(lambda _: next_settings(), max_rounds, start=first_turn):
         for knobs in todo:
-            record(held.window(knobs, cfg, phase="paired", turn=first_turn + i))
+            record(held.window(knobs, cfg, phase="paired", turn=turn))
         rounds += 1
     return rounds
