@@ -228,11 +228,10 @@ def predict_pipeline(
     loads, missing, settings = _measured(entries, fixed)
     out = _unpredicted(settings, loads, missing)
     if not loads:
-        out["explanation"] = "no stage was measured, so nothing can be predicted"
-        return keyed(Prediction, **out)
+        return changed(out, explanation="no stage was measured, so nothing can be predicted")
 
     b = pipeline_bounds(loads, cores, free_threaded, fixed, ranks)
-    _record_bounds(out, b, overhead)
+    out = _record_bounds(out, b, overhead)
     p = _Pipeline(
         entries=entries,
         by_name={st.name: st for st in entries},
@@ -245,23 +244,21 @@ def predict_pipeline(
         cores_bound=cores_bound,
     )
     if b.binding == "gil":
-        parts = _gil_binds(p, out)
+        out, parts = _gil_binds(p, out)
     elif b.binding == "cores":
-        parts = _cores_bind(p, out)
+        out, parts = _cores_bind(p, out)
     else:
-        parts = _stage_binds(p, out)
+        out, parts = _stage_binds(p, out)
     bound_key = "stages" if b.binding == "stage" else b.binding
-    others = {k: v for k, v in out["bounds"].items() if v is not None and k != bound_key}
+    others = {k: v for k, v in out.bounds.items() if v is not None and k != bound_key}
     if others:
         parts.append("other bounds: " + ", ".join(f"{k} {fmt_q(v)}" for k, v in others.items()))
     if missing:
         parts.append(f"not counted (not measured): {_names(missing)}")
     caveat = _caveat(loads, settings, overhead)
     if caveat:
-        out["caveat"] = caveat
         parts.append(caveat)
-    out["explanation"] = "; ".join(parts)
-    return keyed(Prediction, **out)
+    return changed(out, caveat=caveat, explanation="; ".join(parts))
 
 
 def _measured(entries: list[StageEntry], fixed: float) -> tuple[list[StageLoad], list[str], list[StageChoice]]:
@@ -282,39 +279,44 @@ def _measured(entries: list[StageEntry], fixed: float) -> tuple[list[StageLoad],
     return loads, missing, settings
 
 
-def _unpredicted(settings: list[StageChoice], loads: list[StageLoad], missing: list[str]) -> dict[str, Any]:
-    """The prediction's fields, none predicted yet: every key in the order the prediction lists them."""
-    return {
-        "qps": None,
-        "binding": None,
-        "bottleneck": None,
-        "explanation": "",
-        "unit": "source items/s",
-        "bounds": {"stages": None, "cores": None, "gil": None},
-        "naive_qps": None,
-        "settings": tuple(settings),
-        "stages": tuple(d.to_json() for d in loads),
-        "missing": tuple(missing),
-        "lift": None,
-        "caveat": None,
-        "fixed_s_per_item": None,
-        "method": "bounds",
-        "bounds_qps": None,
-        "replay": None,
-    }
+def _unpredicted(settings: list[StageChoice], loads: list[StageLoad], missing: list[str]) -> Prediction:
+    """The prediction, none predicted yet: every key in the order the prediction lists them."""
+    return keyed(
+        Prediction,
+        qps=None,
+        binding=None,
+        bottleneck=None,
+        explanation="",
+        unit="source items/s",
+        bounds={"stages": None, "cores": None, "gil": None},
+        naive_qps=None,
+        settings=tuple(settings),
+        stages=tuple(d.to_json() for d in loads),
+        missing=tuple(missing),
+        lift=None,
+        caveat=None,
+        fixed_s_per_item=None,
+        method="bounds",
+        bounds_qps=None,
+        replay=None,
+    )
 
 
-def _record_bounds(out: dict[str, Any], b: Bounds, overhead: dict | None) -> None:
-    """The bounds' number, what binds and each bound (``None`` for one that does not apply) into ``out``."""
-    out["fixed_s_per_item"] = b.fixed if overhead else None
-    out["qps"] = out["bounds_qps"] = b.qps
-    out["binding"] = b.binding
-    out["naive_qps"] = b.stage
-    out["bounds"] = {
-        "stages": b.stage,
-        "cores": b.cores if math.isfinite(b.cores) else None,
-        "gil": b.gil if math.isfinite(b.gil) else None,
-    }
+def _record_bounds(out: Prediction, b: Bounds, overhead: dict | None) -> Prediction:
+    """``out`` with the bounds' number, what binds and each bound (``None`` for one that does not apply)."""
+    return changed(
+        out,
+        fixed_s_per_item=b.fixed if overhead else None,
+        qps=b.qps,
+        bounds_qps=b.qps,
+        binding=b.binding,
+        naive_qps=b.stage,
+        bounds={
+            "stages": b.stage,
+            "cores": b.cores if math.isfinite(b.cores) else None,
+            "gil": b.gil if math.isfinite(b.gil) else None,
+        },
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -338,9 +340,9 @@ class _Pipeline:
     """Where a quota or an allocation sets the cores, in words (empty: the affinity mask does)."""
 
 
-def _gil_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
+def _gil_binds(p: _Pipeline, out: Prediction) -> tuple[Prediction, list[str]]:
     """The GIL binds: its parts (the stages' own Python and the pipeline's own scheduling) and what
-    would lift it. Sets ``out``'s ``scheduling_gil_s_per_item``, ``bottleneck`` and ``lift``.
+    would lift it; ``out`` with its ``scheduling_gil_s_per_item``, ``bottleneck`` and ``lift``.
 
     The bottleneck is the stage with the most Python of its own in the main process; where no stage
     holds the GIL (every stage None-returning, or unmeasured), the scheduling alone binds.
@@ -356,8 +358,9 @@ def _gil_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
         key=lambda x: -x[1],
     )
     owns = [(n, g) for n, g in owns if g > 0]
-    out["scheduling_gil_s_per_item"] = sched
-    out["bottleneck"] = owns[0][0] if owns else holders[0].stage if holders else None
+    out = changed(
+        out, scheduling_gil_s_per_item=sched, bottleneck=owns[0][0] if owns else holders[0].stage if holders else None
+    )
     whose = "the main process's GIL" if p.ranks == 1 else f"its rank's main process's GIL ({p.ranks} ranks, a GIL each)"
     parts = [
         f"the GIL binds: one item needs {fmt_ms(b.gil_sum)} of {whose}: "
@@ -375,11 +378,11 @@ def _gil_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     ]
     lift = _lift_by_processes(main, loads, p.entries, p.cores, p.free_threaded, p.fixed, b.gil, p.ranks)
     if lift:
-        out["lift"] = lift
+        out = changed(out, lift=lift)
         parts.append(lift["text"])
     elif main:
         parts.append(_unmeasured_move(p, main[0]))
-    return parts
+    return out, parts
 
 
 def _unmeasured_move(p: _Pipeline, top: StageLoad) -> str:
@@ -395,13 +398,12 @@ def _unmeasured_move(p: _Pipeline, top: StageLoad) -> str:
     )
 
 
-def _cores_bind(p: _Pipeline, out: dict[str, Any]) -> list[str]:
-    """The cores bind: the stages' CPU per item, the largest user the bottleneck (set in ``out``)."""
+def _cores_bind(p: _Pipeline, out: Prediction) -> tuple[Prediction, list[str]]:
+    """The cores bind: the stages' CPU per item, the largest user the bottleneck (``out`` with it)."""
     b = p.b
     cores = f"{p.cores} cores ({p.cores_bound})" if p.cores_bound else f"{p.cores} cores"
     users = sorted((d for d in p.loads if d.cpu_s_per_item), key=lambda d: -(d.cpu_s_per_item or 0.0))
-    out["bottleneck"] = users[0].stage if users else None
-    return [
+    return changed(out, bottleneck=users[0].stage if users else None), [
         f"the cores bind: one item needs {fmt_ms(b.cpu_sum)} of CPU across the stages "
         + (
             f"({_shares(users, 'cpu_s_per_item')}); {cores} give at most {fmt_q(b.qps)} items/s. "
@@ -412,10 +414,9 @@ def _cores_bind(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     ]
 
 
-def _stage_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
-    """A stage's capacity binds: that stage (the bottleneck, set in ``out``) and what lifts it."""
+def _stage_binds(p: _Pipeline, out: Prediction) -> tuple[Prediction, list[str]]:
+    """A stage's capacity binds: that stage (the bottleneck, ``out`` with it) and what lifts it."""
     name = p.b.cap_stage
-    out["bottleneck"] = name
     st = p.by_name[name]
     d = next(x for x in p.loads if x.stage == name)
     parts = [
@@ -425,7 +426,7 @@ def _stage_binds(p: _Pipeline, out: dict[str, Any]) -> list[str]:
     hint = _stage_hint(st)
     if hint:
         parts.append(hint)
-    return parts
+    return changed(out, bottleneck=name), parts
 
 
 def _caveat(loads: list[StageLoad], settings: list[StageChoice], overhead: dict | None) -> str | None:
