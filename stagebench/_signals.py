@@ -11,9 +11,25 @@ from stagebench._errors import Terminated
 # mode is on, where each of those costs milliseconds (bench_startup).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from types import ModuleType
     from typing import Any
 
-__all__ = ["Signalled", "on_sigterm", "raise_if_signalled", "ignore_sigterm"]
+__all__ = ["Signalled", "on_sigterm", "raise_if_signalled", "ignore_sigterm", "signals"]
+
+
+def signals() -> ModuleType:
+    """The ``signal`` module, imported where a signal is handled: it imports enum (~10 ms), and this module
+    and the SPDL hook load at interpreter start."""
+    import signal
+
+    return signal
+
+
+def _main_thread() -> bool:
+    """Whether this is the main thread, the one signals land on (threading loads here, not at start)."""
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 class Signalled:
@@ -33,14 +49,11 @@ class on_sigterm:  # lower case: used as a function, `with on_sigterm():`
     """
 
     def __enter__(self) -> None:
-        # signal imports enum (~10 ms): this module loads at interpreter start, signal where it is used
-        import signal
-        import threading
-
+        signal = signals()
         self._previous: Any = None
         self._previous_int: Any = None
         Signalled.kind = None
-        if threading.current_thread() is threading.main_thread():
+        if _main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._raise)
             if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
                 self._previous_int = signal.signal(signal.SIGINT, self._interrupt)
@@ -56,9 +69,7 @@ class on_sigterm:  # lower case: used as a function, `with on_sigterm():`
         raise KeyboardInterrupt()
 
     def __exit__(self, *exc: object) -> None:
-        # signal imports enum (~10 ms): this module loads at interpreter start, signal where it is used
-        import signal
-
+        signal = signals()
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
         if self._previous_int is not None:
@@ -77,9 +88,6 @@ def ignore_sigterm() -> None:
     """From here on SIGTERM does nothing (main thread only): a rank that knows its exit code is leaving, and
     torch's launcher, seeing another rank end first with a code other than 0, terminates the rest; each
     still ends with the code every rank shares."""
-    # signal imports enum (~10 ms): this module loads at interpreter start, signal where it is used
-    import signal
-    import threading
-
-    if threading.current_thread() is threading.main_thread():
+    if _main_thread():
+        signal = signals()
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -19,6 +19,7 @@ import os
 import sys
 
 from stagebench._import_hook import PostImportFinder
+from stagebench._signals import signals
 from stagebench._spdl_private import PROFILE_MODULE, PYTORCH_DATALOADER_MODULE, caller_num_threads
 from stagebench.pipeline._state import LISTENING_VAR, MODE_VAR, TRUTHY, State, claim_path, say
 
@@ -172,8 +173,7 @@ def _listen_for_a_worker() -> None:
     ``with Pool(...)`` block closes the pool and the program ends with the diagnosis's own code. Only
     where nobody else handles SIGUSR1 (Slurm and submitit may): there the worker falls back to SIGTERM.
     """
-    import signal  # not at interpreter start: it loads enum, and only a diagnosis needs it
-
+    signal = signals()
     if not hasattr(signal, "SIGUSR1") or signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL:
         return
     try:
@@ -185,8 +185,7 @@ def _listen_for_a_worker() -> None:
 
 def _stop_listening() -> None:
     """Undo :func:`_listen_for_a_worker`: SIGUSR1's own action back, and the variable gone."""
-    import signal  # not at interpreter start: it loads enum, and only a diagnosis needs it
-
+    signal = signals()
     if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) is _a_worker_diagnosed:
         try:
             signal.signal(signal.SIGUSR1, signal.SIG_DFL)
@@ -197,8 +196,7 @@ def _stop_listening() -> None:
 
 
 def _a_worker_diagnosed(signum: int, frame: Any) -> None:
-    import signal  # not at interpreter start: it loads enum, and only a diagnosis needs it
-
+    signal = signals()
     path = claim_path(os.getpid())
     try:
         if os.stat(path).st_uid != os.getuid():
