@@ -123,7 +123,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
     c = _picks(rows, m)
     target = _target(c)
     costs = worker_costs_summary(m, c.pts)
-    verdict = _verdict(c, target) + beside_the_pick(costs, None if c.rec is None else c.rec.to_json())
+    verdict = _verdict(c, target) + beside_the_pick(costs, c.rec)
     rec, isolated = c.rec, c.isolated
     return {
         **summary_head("loader", m, None),
@@ -141,11 +141,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "target": target,
         **job_keys("the loader", m, c.job, planned=m.trainer_planned),
         "findings": by_severity(
-            [
-                f.to_json()
-                for f in loader_findings(c.pts, m, rec, target, c.job)
-                + worker_cost_findings(costs, None if rec is None else rec.to_json())
-            ]
+            [f.to_json() for f in loader_findings(c.pts, m, rec, target, c.job) + worker_cost_findings(costs, rec)]
         ),
         "worker_costs": costs,
         "transforms": list(m.transforms),

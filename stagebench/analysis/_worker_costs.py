@@ -30,7 +30,6 @@ from stagebench._numbers import finite, num
 from stagebench.model._finding import Finding
 from stagebench.model._loader import (
     Largest,
-    LoaderPoint,
     LoaderRow,
     Shipping,
     Shm,
@@ -142,19 +141,20 @@ def _f(severity: str, title: str, detail: str, evidence: Mapping[str, Any]) -> F
     return Finding(severity, title, detail, None, evidence)
 
 
-def worker_cost_findings(costs: Mapping[str, Any] | None, rec: Mapping[str, Any] | None) -> list[Finding]:
-    """The findings the worker costs call for (module docstring), with their numbers."""
+def worker_cost_findings(costs: Mapping[str, Any] | None, pick: LoaderRow | None) -> list[Finding]:
+    """The findings the worker costs (``summary.json["worker_costs"]``) call for at ``pick`` (module
+    docstring), with their numbers; none without the costs."""
     if not costs:
         return []
-    wc, pick = WorkerCosts.from_json(costs), LoaderPoint.from_json(rec)
+    wc = WorkerCosts.from_json(costs)
     return [
-        *_shipping_findings(wc, pick),
+        *_shipping_findings(wc, pick or LoaderRow()),
         *_shm_findings(wc.shm or Shm()),
         *_growth_findings(wc),
     ]
 
 
-def _shipping_findings(wc: WorkerCosts, pick: LoaderPoint) -> list[Finding]:
+def _shipping_findings(wc: WorkerCosts, pick: LoaderRow) -> list[Finding]:
     """What shipping the dataset to each worker adds to its start, where it is large or slow."""
     out: list[Finding] = []
     ship = wc.shipping or Shipping()
@@ -169,7 +169,7 @@ def _shipping_findings(wc: WorkerCosts, pick: LoaderPoint) -> list[Finding]:
     # SPDL passes the shared memory's name, not the copy, down the pipe: no queue from it
     queued = _queued(wc.startup) if ship.shipped and not ship.pickled_once else None
     if ship.shipped and (num(ship.mb) >= SHIP_MB or each >= SHIP_S or queued is not None):
-        nw = pick.num_workers or 0
+        nw = pick.num_workers
         persistent = pick.persistent_workers is True
         once = ship.pickled_once is True
         detail = (
@@ -334,14 +334,14 @@ def _its_workers(n: int) -> str:
     return "its worker" if n == 1 else f"its {n} workers"
 
 
-def beside_the_pick(costs: Mapping[str, Any] | None, rec: Mapping[str, Any] | None) -> str:
-    """What the verdict states beside the pick: a memory growth the pick's workers would not fit the host
-    with, with how many would; batches in flight that do not fit /dev/shm; and a shipped dataset paid
-    again at every epoch's start. Empty
-    where neither holds. The pick itself stands on throughput in turns: these are costs it does not see."""
-    if not costs or not rec:
+def beside_the_pick(costs: Mapping[str, Any] | None, pick: LoaderRow | None) -> str:
+    """What the verdict states beside ``pick`` from the worker costs (``summary.json["worker_costs"]``): a
+    memory growth the pick's workers would not fit the host with, with how many would; batches in flight
+    that do not fit /dev/shm; and a shipped dataset paid again at every epoch's start. Empty where none
+    holds, or without either. The pick itself stands on throughput in turns: these are costs it does not see."""
+    if not costs or pick is None:
         return ""
-    wc, pick = WorkerCosts.from_json(costs), LoaderPoint.from_json(rec)
+    wc = WorkerCosts.from_json(costs)
     said = ""
     mem = wc.memory or WorkerMemory()
     if mem.fits is False and finite(mem.epoch_growth_mb) and finite(wc.available_mb):
@@ -364,7 +364,7 @@ def beside_the_pick(costs: Mapping[str, Any] | None, rec: Mapping[str, Any] | No
         )
     ship = wc.shipping or Shipping()
     each = num(ship.unpickle_s) + (0.0 if ship.pickled_once else num(ship.pickle_s))
-    nw = pick.num_workers or 0
+    nw = pick.num_workers
     if ship.shipped and nw > 0 and pick.persistent_workers is not True and each >= SHIP_S:
         said += (
             f"; each epoch starts {_its_workers(nw)} anew, each receiving the {num(ship.mb):,.0f} MB dataset "
