@@ -3,26 +3,15 @@
 from stagebench.core._rounds import in_turns
 
 
-def test_rounds_go_forth_then_back_every_other_round_until_max_rounds():
-    assert list(in_turns(lambda i: "ABC", 3)) == [(0, list("ABC")), (1, list("CBA")), (2, list("ABC"))]
-    assert [n for n, _ in in_turns(lambda i: "AB", 2, start=5)] == [5, 6]
-
-
-def test_no_settings_end_the_rounds_and_each_round_is_asked_after_the_one_before():
+def test_rounds_go_forth_then_back_and_stop_at_max_rounds_or_when_none_is_named():
+    assert list(in_turns(lambda i: "ABC", 3, start=1)) == [(1, list("ABC")), (2, list("CBA")), (3, list("ABC"))]
     asked: list[int] = []
-
-    def settings(i: int) -> str:
-        asked.append(i)
-        return "AB" if i < 2 else ""
-
-    rounds = in_turns(settings, 10)
-    assert next(rounds) == (0, ["A", "B"]) and asked == [0]
+    rounds = in_turns(lambda i: asked.append(i) or ("AB" if i < 2 else ""), 10)
+    assert next(rounds) == (0, ["A", "B"]) and asked == [0]  # each round asked once the one before ran
     assert list(rounds) == [(1, ["B", "A"])] and asked == [0, 1, 2]
 
 
 def test_rounds_there_and_back_then_alternating():
-    # threads against processes: T P P T in every round
-    assert [o for _, o in in_turns(lambda i: ("T", "P"), 2, there_and_back=2)] == [list("TPPT")] * 2
-    # whole runs: forth and back once, then the extra rounds back, forth, back
-    orders = [o for _, o in in_turns(lambda i: "RVY" if i == 0 else "VY", 4, there_and_back=1)]
-    assert orders == [list("RVYYVR"), list("YV"), list("VY"), list("YV")]
+    assert [o for _, o in in_turns(lambda i: "TP", 2, there_and_back=2)] == [list("TPPT")] * 2  # head-to-head
+    whole = [o for _, o in in_turns(lambda i: "RVY" if i == 0 else "VY", 4, there_and_back=1)]  # whole runs
+    assert whole == [list("RVYYVR"), list("YV"), list("VY"), list("YV")]

@@ -121,12 +121,8 @@ class Candidate(JobSetting):
     def as_record(self) -> JobCandidate:
         """The candidate as the job's record holds it."""
         return JobCandidate(
-            key=self.key,
-            label=self.label,
-            settings=dict(self.settings),
+            **{**self.setting(), "settings": dict(self.settings)},
             origin=self.origin,
-            cost=self.cost,
-            round_steps=self.round_steps,
             group_steps=group_steps(self.round_steps),
             alone=self.alone,
             alone_as=self.alone_as if self.alone is not None else None,
@@ -231,21 +227,8 @@ class _Turn:
 
     def record(self) -> JobSlice:
         """The slice as written: per-step times to the microsecond."""
-        return JobSlice(
-            candidate=self.candidate,
-            round=self.round,
-            status=self.status,
-            reason=self.reason,
-            startup_s=self.startup_s,
-            resumed=self.resumed,
-            drained=self.drained,
-            warmup_steps=self.warmup_steps,
-            partial=self.partial,
-            wall_s=self.wall_s,
-            emptied=self.emptied,
-            waits=tuple(round(x, 6) for x in self.waits),
-            bodies=tuple(round(x, 6) for x in self.bodies),
-        )
+        times = {"waits": tuple(round(x, 6) for x in self.waits), "bodies": tuple(round(x, 6) for x in self.bodies)}
+        return JobSlice(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **times})
 
 
 @dataclass(eq=False)

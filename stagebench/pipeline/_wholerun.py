@@ -495,13 +495,10 @@ def host_result(res: dict[str, Any], others: list[dict[str, Any]]) -> None:
 def _take_turns(order: list[WholePipelineRun], window_s: float) -> None:
     """Count one round in turns: a slice of ``window_s / _SLICES`` of each run in ``order``, settling after each switch.
 
-    Each settle is three steady-state latencies of the slowest run (the same
-    settle for all, so that none is favoured), as each runs alone: read in its
-    counted slices once it has one, before that from its warm-up, where the runs
-    warmed up side by side and each had about 1/n of the machine. Little's law then reads n times the
-    latency alone: on ``mixed6`` 0.28-0.48 s warming against 0.09-0.15 s counting,
-    on ``cpu_free`` 0.06-0.09 against 0.02-0.03, and settles of three warm-up
-    latencies (capped at 1 s) cost ``mixed6`` 5 s of its 9 s of whole-pipeline runs.
+    Each settle is three steady-state latencies of the slowest run (the same settle for all, so that none
+    is favoured), as each runs alone: read in its counted slices once it has one, before that from its
+    warm-up divided by n, where the runs warmed up side by side and Little's law reads n times the latency
+    alone.
     """
     runs = list(dict.fromkeys(order))
     n = len(runs)
