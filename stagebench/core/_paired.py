@@ -9,9 +9,8 @@ else threads. The ratio is averaged over the adjacent thread/process pairs with 
 
 Why only to confirm processes: threads are preferred whenever the two are
 within noise (less memory, no IPC, no pickling), so the costlier executor is
-the claim that needs the stronger evidence. Why 1.5x: single windows of one
-point varied by up to 18% here from one second to the next, so two points
-measured apart can differ by up to about 1.4x on this host's phases alone;
+the claim that needs the stronger evidence. Why 1.5x: two points measured
+apart can differ by up to about 1.4x on the host's phases alone (:data:`HOST_PHASES`);
 beyond 1.5x the unpaired curves decide. The rows have role ``paired``
 (``results.csv``) and the analysis reads them like any other row, so
 ``stagebench report`` rebuilds the same recommendation.
@@ -106,9 +105,7 @@ def paired_result(sr: StageRows, harness: str) -> HeadToHead | None:
             pairs.append((qt, qp))
             levels = {e: int(num(by_ex[e]["concurrency"])) for e in by_ex}
     decisive = len(pairs) >= _MIN_PAIRS
-    # on the log of the ratios (Ratio): ratios multiply, and the interval stays positive (a linear one over
-    # two pairs that disagree can reach below zero). At 95% with two pairs: the
-    # head-to-head's rounds are fixed, with one early stop that can only keep threads (module docstring).
+    # on the log of the ratios, at 95% (docs/method.md#rounds-in-turns)
     r = Ratio.of_pairs([(qp, qt) for qt, qp in pairs], confidence=0.95, min_rounds=_MIN_PAIRS)
     thread, process = (
         (None, None)

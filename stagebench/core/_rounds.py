@@ -13,13 +13,9 @@ T = TypeVar("T")
 def in_turns(
     settings: Callable[[int], Sequence[T]], max_rounds: int, *, start: int = 0, there_and_back: int = 0
 ) -> Iterator[tuple[int, list[T]]]:
-    """The rounds of a comparison in turns: yields each round's number (``start`` + i) and its order.
-
-    ``settings(i)`` is asked before round ``i`` (from 0, once the rounds before it ran) for the settings
-    it runs; none ends the rounds (settled, or stopped), as ``max_rounds`` does. The first
-    ``there_and_back`` rounds run them forth and back (A B B A), the others forth, then back every other
-    round (A B, then B A).
-    """
+    """Each round's number (``start`` + i) and its settings in the order to run them: ``settings(i)``, asked
+    once the rounds before it ran (none ends the rounds, as ``max_rounds`` does), forth and back (A B B A)
+    in the first ``there_and_back`` rounds, else forth, then back every other round (A B, then B A)."""
     for i in range(max_rounds):
         todo = list(settings(i))
         if not todo:
