@@ -25,7 +25,7 @@ from stagebench.analysis._worker_costs import beside_the_pick, worker_cost_findi
 from stagebench.model._evidence import Decision
 from stagebench.model._finding import by_severity
 from stagebench.model._job import StepAlone
-from stagebench.model._loader import LoaderRow
+from stagebench.model._loader import LoaderRow, LoaderTarget
 from stagebench.model._meta import RunMeta
 from stagebench.runs._provenance import load_warnings
 
@@ -138,7 +138,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "user_setting": _public(c.user) if c.user is not None else None,
         "points": [p.to_json() for p in c.pts],
         "search": _search_summary(m, c.pts),
-        "target": target,
+        "target": None if target is None else target.to_json(),
         **job_keys("the loader", m, c.job, planned=m.trainer_planned),
         "findings": by_severity(
             [f.to_json() for f in loader_findings(c.pts, m, rec, target, c.job) + worker_cost_findings(costs, rec)]
@@ -206,7 +206,7 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
     )
 
 
-def _target(c: _Picks) -> dict[str, Any] | None:
+def _target(c: _Picks) -> LoaderTarget | None:
     """The trainer's demand and whether the loader alone meets it with the headroom (None without a demand)."""
     target_rate, headroom, best, trainer = c.target_rate, c.headroom, c.best, c.trainer
     if target_rate is None:
@@ -229,24 +229,18 @@ def _target(c: _Picks) -> dict[str, Any] | None:
         )
     if c.measured_demand:
         verdict += f" (the demand is your training step, measured: {trainer.steps_per_s:,.2f} steps/s)"
-    return {
-        "rate": target_rate,
-        "needed_with_headroom": need,
-        "met": bool(met),
-        "verdict": verdict,
-        "source": "measured" if c.measured_demand else "stated",
-    }
+    return LoaderTarget(target_rate, need, bool(met), verdict, "measured" if c.measured_demand else "stated")
 
 
-def _verdict(c: _Picks, target: dict[str, Any] | None) -> str:
+def _verdict(c: _Picks, target: LoaderTarget | None) -> str:
     """The summary's verdict: the job's where its runs decided, the demand not met, else the pick alone."""
     if c.rec is None:
         first = next((p for p in c.pts if p.reason), None)
         verdict = "no loader setting could be measured" + (f": {first.reason}" if first else "")
     elif c.decided and c.job is not None:
         verdict = c.job["text"]
-    elif target is not None and not target["met"]:
-        verdict = target["verdict"]
+    elif target is not None and not target.met:
+        verdict = target.verdict
     else:
         verdict = _pick_verdict(c, c.rec, target)
     if target is not None and not c.decided:
@@ -269,7 +263,7 @@ def _per_rank(rec: LoaderRow | None, settings: Mapping[str, Any]) -> str:
     return f"; num_workers={nw} a rank: {workers}; samples/s are the host's, every rank's loader at once"
 
 
-def _pick_verdict(c: _Picks, rec: LoaderRow, target: dict[str, Any] | None) -> str:
+def _pick_verdict(c: _Picks, rec: LoaderRow, target: LoaderTarget | None) -> str:
     """The loader alone's pick: use it (or keep yours), its throughput and interval, and what it rests on."""
     lo, hi = rec.samples_per_s_low, rec.samples_per_s_high
     ci = f" [{lo:,.1f}, {hi:,.1f}]" if math.isfinite(lo) and math.isfinite(hi) else ""

@@ -18,7 +18,7 @@ from stagebench.analysis._loader_rows import _knob_text, _over_budget, _rel_half
 from stagebench.model._evidence import EQUIVALENT, Decision
 from stagebench.model._finding import SEVERITIES, Finding
 from stagebench.model._job import JobVerdict
-from stagebench.model._loader import LoaderRow
+from stagebench.model._loader import LoaderRow, LoaderTarget
 from stagebench.model._meta import Provenance, RunMeta
 
 __all__ = ["loader_findings"]
@@ -56,7 +56,7 @@ class _SweepRead:
     multi: list[LoaderRow]
     meta: RunMeta
     rec: LoaderRow | None
-    target: Mapping[str, Any] | None
+    target: LoaderTarget | None
     job: Mapping[str, Any] | None
     #: the same, read (None without a job)
     jv: JobVerdict | None
@@ -73,7 +73,7 @@ def loader_findings(
     pts: list[LoaderRow],
     m: RunMeta,
     rec: LoaderRow | None,
-    target: Mapping[str, Any] | None,
+    target: LoaderTarget | None,
     job: Mapping[str, Any] | None = None,
 ) -> list[Finding]:
     """Diagnoses, most important first (same shape as the pipeline findings).
@@ -145,13 +145,13 @@ def _data_bound(c: _SweepRead) -> list[Finding]:
                 {"job_samples_per_s": job.samples_per_s, "data_wait_share": job.data_wait_share},
             )
         ]
-    if not c.decided and target is not None and not target.get("met"):
+    if not c.decided and target is not None and not target.met:
         return [
             _finding(
                 "high",
                 "Data-bound: the loader cannot feed the trainer",
-                target["verdict"],
-                {"target_rate": target["rate"]},
+                target.verdict,
+                {"target_rate": target.rate},
             )
         ]
     return []

@@ -28,7 +28,7 @@ from stagebench.analysis._loader_rows import (
 from stagebench.core._jobrun import Ladder
 from stagebench.model._job import JobVerdict
 from stagebench.model._knobs import LoaderKnobs
-from stagebench.model._loader import LoaderRow
+from stagebench.model._loader import LoaderRow, LoaderTarget
 from stagebench.model._meta import RunMeta, UserKnobs
 from stagebench.model._rate import Rate
 from stagebench.runs._knobs import KNOB_KEYS, NOT_APPLICABLE, normalize_knobs
@@ -200,11 +200,11 @@ def _zero_workers_note(job: Mapping[str, Any]) -> str | None:
     )
 
 
-def _job_not_run(job: dict[str, Any] | None, target: dict[str, Any]) -> str:
+def _job_not_run(job: dict[str, Any] | None, target: LoaderTarget) -> str:
     """What the verdict says of the job where no setting ran with the user's loop."""
     if job is not None:
         return str(job["text"])
-    if target.get("source") == "stated":
+    if target.source == "stated":
         return (
             "inconclusive: your step's rate was stated, not measured, so no setting was run with your loop "
             "(STAGEBENCH_TRAINER=measure runs it)"

@@ -30,6 +30,7 @@ from stagebench.model._rate import Rate
 __all__ = [
     "LoaderPoint",
     "LoaderRow",
+    "LoaderTarget",
     "StartupSplit",
     "Largest",
     "Shipping",
@@ -97,6 +98,19 @@ class StartupSplit:
             raise KeyError(key)
         v: float | None = getattr(self, key)
         return v
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderTarget(Written):
+    """The trainer's demand against the loader alone (``summary.json["target"]``): the samples/s it needs,
+    with the headroom, whether the fastest setting alone meets that, the words of the verdict, and whether
+    the demand was ``measured`` (the training step) or ``stated``."""
+
+    rate: float
+    needed_with_headroom: float
+    met: bool
+    verdict: str
+    source: str
 
 
 @dataclass(frozen=True, slots=True)
