@@ -36,15 +36,12 @@ class KindAnalysis(Protocol[Among, Picked]):
 
     def summarize(self, rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         """``summary.json`` from the rows of ``results.csv`` and ``run.json``; returns it."""
-        ...
 
     def job_candidates(self, rows: Any, meta: dict[str, Any], demand: Mapping[str, Any] | float | None) -> Ladder:
         """The settings to run the user's loop with, given the step's ``demand`` (its record, a rate, or None)."""
-        ...
 
     def apply_job_pick(self, among: Among, job: Mapping[str, Any]) -> Picked:
         """The job runs' decided pick made the recommendation among the kind's points or stages."""
-        ...
 
 
 class RunKind(KindAnalysis[Among, Picked], Protocol[Among, Picked, Run]):
@@ -52,11 +49,9 @@ class RunKind(KindAnalysis[Among, Picked], Protocol[Among, Picked, Run]):
 
     def table(self, summary: Mapping[str, Any], report_path: str | os.PathLike[str] | None = None) -> str:
         """The text printed when a run ends: its table, the job runs', the report's path where given."""
-        ...
 
     def page_context(self, run: Run) -> dict[str, Any]:
         """What the report's template draws the kind's page from."""
-        ...
 
 
 def summary_head(kind: str, m: RunMeta, no_provenance: dict[str, Any] | None) -> dict[str, Any]:

@@ -12,16 +12,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from stagebench._settings import QUICK, SETTINGS, SettingsError, check, env_help, local_rank, read_env, setting
+from stagebench._settings import QUICK, SETTINGS, SettingsError, check, local_rank, read_env, setting
 from stagebench.core import _resources
 from stagebench.core._config import MeasureConfig, powers_of_two
 from stagebench.runs._ranks import per_host
 
-__all__ = ["DiagnoseSettings", "SettingsError", "ENV_VARS", "SAMPLE_OUTPUTS", "local_rank"]
+__all__ = ["DiagnoseSettings", "SettingsError", "SAMPLE_OUTPUTS", "local_rank"]
 
-
-#: Every environment variable diagnostic mode reads, with what it means (from the settings table).
-ENV_VARS: dict[str, str] = env_help()
 
 SAMPLE_OUTPUTS = 8  # real outputs kept per stage for its stand-in in the replay (_replay.StandIn.op)
 

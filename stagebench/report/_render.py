@@ -181,7 +181,7 @@ def report_context(run: RunData) -> dict[str, Any]:
     ctx["job"] = _page_parts.job_context(run.job)
     trows = run.transform_rows
     ctx["transform_rows_json"] = json_island(rows_records(trows)) if trows is not None else None
-    kind = _kinds.KINDS.get(run.kind, _kinds.PIPELINE)  # a kind it does not know is drawn as a pipeline
+    kind = _kinds.kind_of(run.kind)
     ctx.update(dict.fromkeys(_kinds.KINDS))  # the other kind's page is None
     ctx[kind.name] = kind.page_context(run)
     return ctx
