@@ -13,6 +13,7 @@ from stagebench.analysis._labels import CLASSIFICATIONS
 from stagebench.analysis._pipeline import summarize
 from stagebench.analysis._stage import analyze_stage
 from stagebench.model._pipeline import Prediction, Validation
+from stagebench.model._stage import StageEntry
 from stagebench.runs._results import RunDir, read_rows, to_jsonable
 from stagebench.runs._schema import STAGE_COLUMNS
 
@@ -66,7 +67,9 @@ def test_the_still_scaling_finding_names_the_top_of_the_curve_not_the_pipelines_
     top = st["recommended"]
     cut = {**st, "recommended_alone": top, "recommended": {**top, "concurrency": 2, "qps": top["qps"] / 8}}
     (f,) = [
-        f for f in _found(_stage_findings(cut, None, 2, Prediction(qps=50.0))) if "raise its concurrency" in f["title"]
+        f
+        for f in _found(_stage_findings(StageEntry.from_json(cut), None, 2, Prediction(qps=50.0)))
+        if "raise its concurrency" in f["title"]
     ]
     assert f"still scaling at concurrency {top['concurrency']} " in f["detail"]
 
@@ -170,14 +173,21 @@ def test_spdls_own_grouping_step_gets_no_batch_your_work_advice():
     st = analyze_stage(model_rows("agg", gil_ms=0.002, wait_ms=0.0, overhead_ms=0.02, executors=("thread",)), cores=2)
     assert st["classification"] == "overhead-bound"
     pipe = dict(st, type="pipe")
-    batch = [f for f in _found(_stage_findings(pipe, "x", 2, Prediction(qps=100.0))) if "batch its work" in f["title"]]
+    batch = [
+        f
+        for f in _found(_stage_findings(StageEntry.from_json(pipe), "x", 2, Prediction(qps=100.0)))
+        if "batch its work" in f["title"]
+    ]
     # the batched throughput was never run: the advice states no figure for it (it once said "8 items: about ...")
     assert batch and "about k-fold" in batch[0]["detail"] and "items: about" not in batch[0]["detail"]
     agg = dict(st, type="aggregate")
-    assert not any("overhead-bound" in f["title"] for f in _found(_stage_findings(agg, "x", 2, Prediction(qps=100.0))))
+    assert not any(
+        "overhead-bound" in f["title"]
+        for f in _found(_stage_findings(StageEntry.from_json(agg), "x", 2, Prediction(qps=100.0)))
+    )
     binds = [
         f
-        for f in _found(_stage_findings(agg, "agg", 2, Prediction(qps=st["recommended"]["qps"])))
+        for f in _found(_stage_findings(StageEntry.from_json(agg), "agg", 2, Prediction(qps=st["recommended"]["qps"])))
         if "overhead" in f["title"]
     ]
     assert binds and "fewer, larger items" in binds[0]["title"] and "batch its work" not in binds[0]["title"]
@@ -838,7 +848,9 @@ def _stage_bound(replay_qps: float, replay_low: float) -> tuple[Prediction, str]
     replay = {"qps": replay_qps, "qps_low": replay_low, "qps_high": replay_qps * 1.1}
     prediction = apply_replay(bounds, replay)
     assert prediction is not None
-    return prediction, pipeline_verdict(stages, prediction, Validation(qps=13.8, qps_low=10.1, qps_high=18.9))
+    return prediction, pipeline_verdict(
+        [StageEntry.from_json(st) for st in stages], prediction, Validation(qps=13.8, qps_low=10.1, qps_high=18.9)
+    )
 
 
 def test_no_prediction_is_above_its_bottleneck_stage_alone_and_a_replay_above_it_is_said_beside_it():

@@ -12,6 +12,7 @@ from stagebench.analysis._stage import analyze_stage
 from stagebench.core._curves import StageRows
 from stagebench.core._paired import MAX_RATIO, paired_result, plan, threads_led_every_pair
 from stagebench.core._sweep import StageSweep
+from stagebench.model._stage import StageEntry
 
 
 def _found(found) -> list[dict]:
@@ -168,7 +169,7 @@ def test_the_gil_finding_follows_the_head_to_head():
     ):
         st = analyze_stage(pd.concat([base, pd.DataFrame(_paired(ratios))]), cores=2)
         assert st["classification"] == "gil-bound"
-        f = next(x for x in _found(_stage_findings(st, "s", 2)) if "holds the GIL" in x["title"])
+        f = next(x for x in _found(_stage_findings(StageEntry.from_json(st), "s", 2)) if "holds the GIL" in x["title"])
         assert says in f["title"] and "measured in turns with threads" in f["detail"]
         assert f["evidence"]["head_to_head"]["pairs"] == 4
 
@@ -185,7 +186,7 @@ def test_the_gil_finding_does_not_say_processes_did_not_help_when_they_were_ahea
     df.loc[proc, ["qps", "qps_low", "qps_high"]] *= 0.62  # processes' best 564 vs threads' 499: ahead, within noise
     st = analyze_stage(df, cores=2)
     assert st["classification"] == "gil-bound" and st["recommended"]["executor"] == "thread"
-    f = next(x for x in _found(_stage_findings(st, "s", 2)) if "holds the GIL" in x["title"])
+    f = next(x for x in _found(_stage_findings(StageEntry.from_json(st), "s", 2)) if "holds the GIL" in x["title"])
     assert "processes were not clearly faster" in f["title"] and "did not help" not in f["title"]
     assert "564 items/s vs 499 on threads" in f["detail"] and "cancels the gain" not in f["detail"]
 

@@ -10,6 +10,12 @@ import pandas as pd
 import pytest
 
 from stagebench.analysis._predict import predict_pipeline
+from stagebench.model._stage import StageEntry
+
+
+def _entries(stages):
+    """The stage entries as the analysis passes them on, typed."""
+    return [StageEntry.from_json(st) for st in stages]
 
 
 def _stage(
@@ -68,7 +74,7 @@ def _issue_pipeline(with_process=False):
 
 
 def test_issue_example_the_gil_bound_predicts_what_the_minimum_misses():
-    p = predict_pipeline(_issue_pipeline(), cores=2)
+    p = predict_pipeline(_entries(_issue_pipeline()), cores=2)
     assert p.binding == "gil"
     assert p.naive_qps == pytest.approx(770.0)
     gil_sum = (1.0 + 0.3) + (0.0 + 0.3) + (0.5 + 0.3)
@@ -84,7 +90,7 @@ def test_issue_example_the_gil_bound_predicts_what_the_minimum_misses():
 
 
 def test_the_explanation_says_what_moving_the_largest_holder_to_processes_would_do():
-    p = predict_pipeline(_issue_pipeline(with_process=True), cores=2)
+    p = predict_pipeline(_entries(_issue_pipeline(with_process=True)), cores=2)
     lift = p.lift
     assert lift["stage"] == "tokenize" and lift["executor"] == "process"
     # without tokenize's own 1.0 ms, the main GIL carries 0.3 + 0.3 + 0.8 ms
@@ -107,14 +113,14 @@ def test_the_lift_takes_the_stages_process_capacity_from_its_head_to_head_when_t
         "process": {"concurrency": 2, "qps": 690.0},
         "processes_win": False,
     }
-    lift = predict_pipeline(stages, cores=2).lift
+    lift = predict_pipeline(_entries(stages), cores=2).lift
     assert lift["head_to_head_ratio"] == pytest.approx(0.9)
     assert lift["gil_bound"] == pytest.approx(1e3 / 1.4)  # the main GIL no longer carries its 1.0 ms either way
     assert lift["qps"] == pytest.approx(770.0 * 0.9) and lift["binding"] == "stage"
     assert "(its capacity there: 0.90x its threads', measured in turns, 693 items/s)" in lift["text"]
     # a head-to-head at another process level than the one the lift moves to says nothing about it
     stages[0]["head_to_head"]["process"]["concurrency"] = 4
-    lift = predict_pipeline(stages, cores=2).lift
+    lift = predict_pipeline(_entries(stages), cores=2).lift
     assert lift["head_to_head_ratio"] is None and lift["binding"] == "gil"
 
 
@@ -123,7 +129,7 @@ def test_process_stages_do_not_add_their_python_to_the_main_gil():
         _stage("a", 500.0, executor="process", cpu_ms=3.0, gil_ms=3.0, harness_ms=0.1),
         _stage("b", 5000.0, cpu_ms=0.2, gil_ms=0.2, classification="overhead-bound"),
     ]
-    p = predict_pipeline(stages, cores=8)
+    p = predict_pipeline(_entries(stages), cores=8)
     assert p.bounds["gil"] == pytest.approx(1e3 / (0.1 + 0.2))
     assert p.binding == "stage" and p.bottleneck == "a"
 
@@ -133,7 +139,7 @@ def test_cores_bound():
         _stage("a", 900.0, executor="process", cpu_ms=2.0, gil_ms=2.0, classification="cpu-bound"),
         _stage("b", 900.0, executor="process", cpu_ms=2.0, gil_ms=2.0, classification="cpu-bound"),
     ]
-    p = predict_pipeline(stages, cores=2)
+    p = predict_pipeline(_entries(stages), cores=2)
     assert p.binding == "cores"
     assert p.qps == pytest.approx(500.0)
     assert "cores bind" in p.explanation
@@ -145,7 +151,7 @@ def test_stage_bound_names_the_stage_and_a_remedy():
         _stage("fast", 5000.0, cpu_ms=0.1, gil_ms=0.05),
     ]
     stages[0]["recommended"]["why"] = "still rising at the largest level measured (16): more may help"
-    p = predict_pipeline(stages, cores=2)
+    p = predict_pipeline(_entries(stages), cores=2)
     assert p.binding == "stage" and p.bottleneck == "slow" and p.qps == 100.0
     assert "raise its concurrency" in p.explanation
 
@@ -156,7 +162,7 @@ def test_items_per_input_converts_batched_stages_to_source_items():
         _stage("decode", 2000.0, cpu_ms=0.5, gil_ms=0.1),
         _stage("collate", 30.0, cpu_ms=3.2, gil_ms=3.2, items_per_input=32.0),
     ]
-    p = predict_pipeline(stages, cores=4)
+    p = predict_pipeline(_entries(stages), cores=4)
     loads = {d["stage"]: d for d in p.stages}
     assert loads["collate"]["capacity"] == pytest.approx(960.0)
     assert loads["collate"]["cpu_s_per_item"] == pytest.approx(1e-4)
@@ -165,15 +171,15 @@ def test_items_per_input_converts_batched_stages_to_source_items():
 
 def test_unmeasured_stages_are_left_out_and_named():
     stages = _issue_pipeline() + [{"name": "broken", "status": "failed", "recommended": None}]
-    p = predict_pipeline(stages, cores=2)
+    p = predict_pipeline(_entries(stages), cores=2)
     assert p.missing == ("broken",)
     assert "broken" in p.explanation
-    empty = predict_pipeline([{"name": "x", "status": "failed"}], cores=2)
+    empty = predict_pipeline(_entries([{"name": "x", "status": "failed"}]), cores=2)
     assert empty.qps is None
 
 
 def test_free_threaded_python_has_no_gil_bound():
-    p = predict_pipeline(_issue_pipeline(), cores=2, free_threaded=True)
+    p = predict_pipeline(_entries(_issue_pipeline()), cores=2, free_threaded=True)
     assert p.bounds["gil"] is None
     assert p.binding != "gil"
 
@@ -235,7 +241,7 @@ def test_gil_bound_of_really_measured_stages_matches_the_analytic_value():
         rows = pd.concat([rows, pd.DataFrame([ceil])], ignore_index=True)
         _require_a_quiet_window(rows)
         summaries.append(analyze_stage(rows, cores=cores, n_boot=50))
-    p = predict_pipeline(summaries, cores=cores)
+    p = predict_pipeline(_entries(summaries), cores=cores)
     # nominally 1 / (1 ms + 0.5 ms); the stages' own CPU per call says what they held here
     analytic = 1.0 / sum(float(np.mean(fn.cpu)) for fn in stages.values())
     print(
@@ -251,10 +257,10 @@ def test_direct_harness_only_predictions_say_spdl_overhead_is_not_counted():
     stages = _issue_pipeline()
     for st in stages:
         st["recommended"]["harness"] = "direct"
-    p = predict_pipeline(stages, cores=2)
+    p = predict_pipeline(_entries(stages), cores=2)
     assert "not counted" in p.caveat and "spdl harness" in p.caveat
     overhead = {"fixed_s_per_item": 0.2e-3}
-    assert predict_pipeline(_issue_pipeline(), cores=2, overhead=overhead).caveat is None
+    assert predict_pipeline(_entries(_issue_pipeline()), cores=2, overhead=overhead).caveat is None
 
 
 # ------------------------------------------------------------------ SPDL's fixed cost, charged once
@@ -302,13 +308,13 @@ def test_k_sleep_stages_charge_the_fixed_cost_once(k):
     from stagebench.analysis._pipeline import pipeline_overhead
 
     truth = 1.0 / (FIXED + k * PER_STAGE)  # the model pipeline's GIL limit
-    old = predict_pipeline(_sleep_pipeline(k), cores=4)
+    old = predict_pipeline(_entries(_sleep_pipeline(k)), cores=4)
     # the old charge, the whole one-stage cost per stage, predicts below the truth
     assert old.bounds["gil"] == pytest.approx(1.0 / (k * (FIXED + PER_STAGE)))
     assert old.qps < 0.85 * truth
     assert "not measured separately" in old.caveat
     overhead = pipeline_overhead({"one_stage": _noop_row(1), "three_stage": _noop_row(3)})
-    new = predict_pipeline(_sleep_pipeline(k), cores=4, overhead=overhead)
+    new = predict_pipeline(_entries(_sleep_pipeline(k)), cores=4, overhead=overhead)
     assert new.bounds["gil"] == pytest.approx(truth)
     assert new.qps == pytest.approx(truth) and new.binding == "gil"
     assert new.caveat is None and new.fixed_s_per_item == pytest.approx(FIXED)
@@ -319,8 +325,8 @@ def test_one_stage_prediction_is_unchanged_by_the_fixed_cost():
     from stagebench.analysis._pipeline import pipeline_overhead
 
     overhead = pipeline_overhead({"one_stage": _noop_row(1), "three_stage": _noop_row(3)})
-    a = predict_pipeline(_sleep_pipeline(1), cores=4)
-    b = predict_pipeline(_sleep_pipeline(1), cores=4, overhead=overhead)
+    a = predict_pipeline(_entries(_sleep_pipeline(1)), cores=4)
+    b = predict_pipeline(_entries(_sleep_pipeline(1)), cores=4, overhead=overhead)
     assert a.caveat is None  # one stage: the whole one-stage cost is exactly right
     assert b.bounds["gil"] == pytest.approx(a.bounds["gil"])
     assert b.bounds["cores"] == pytest.approx(a.bounds["cores"])
@@ -338,8 +344,8 @@ def test_a_move_to_processes_that_would_lower_the_gil_bound_is_not_called_a_lift
         "cpu_s_per_item": 1.4e-3,
         "harness_gil_s_per_item": 1.6e-3,  # more than its threads' 1.0 + 0.3 ms
     }
-    p = predict_pipeline(stages, cores=2)
+    p = predict_pipeline(_entries(stages), cores=2)
     lift = p.lift
     assert lift["lifts"] is False and lift["gil_bound"] < p.bounds["gil"]
     assert "would not lift the GIL bound" in p.explanation and "lifts the GIL bound" not in p.explanation
-    assert predict_pipeline(_issue_pipeline(with_process=True), cores=2).lift["lifts"] is True
+    assert predict_pipeline(_entries(_issue_pipeline(with_process=True)), cores=2).lift["lifts"] is True

@@ -8,8 +8,14 @@ import time
 import pytest
 
 from stagebench.analysis._predict import apply_replay, predict_pipeline
+from stagebench.model._stage import StageEntry
 from stagebench.pipeline._replay import StandIn, plan_stand_ins
 from stagebench.pipeline._replay import _sleep_cost as _real_sleep_cost
+
+
+def _entries(stages):
+    """The stage entries as the analysis passes them on, typed."""
+    return [StageEntry.from_json(st) for st in stages]
 
 
 @pytest.fixture(autouse=True)
@@ -272,7 +278,7 @@ def _summaries():
 
 
 def test_replay_becomes_the_number_and_the_bounds_stay_as_the_explanation():
-    p = predict_pipeline(_summaries(), cores=2)
+    p = predict_pipeline(_entries(_summaries()), cores=2)
     assert p.method == "bounds" and p.qps == pytest.approx(p.bounds_qps)
     r = apply_replay(p, {"qps": 600.0, "qps_low": 550.0, "qps_high": 650.0, "seconds": 2.0, "stand_ins": []})
     assert r.method == "replay"
@@ -284,7 +290,7 @@ def test_replay_becomes_the_number_and_the_bounds_stay_as_the_explanation():
 
 
 def test_a_failed_replay_keeps_the_bounds_and_says_why():
-    p = predict_pipeline(_summaries(), cores=2)
+    p = predict_pipeline(_entries(_summaries()), cores=2)
     r = apply_replay(p, {"qps": None, "error": "boom"})
     assert r.method == "bounds" and r.qps == p.qps
     assert r.replay["error"] == "boom"

@@ -24,6 +24,7 @@ shape :func:`stagebench.analysis._stage.analyze_stage` returns.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stagebench._numbers import finite, fmt_q, num
@@ -109,7 +110,7 @@ class _Stage:
 
 
 def _stage_findings(
-    st: dict,
+    e: StageEntry,
     bottleneck: str | None,
     cores: float,
     prediction: Prediction | None = None,
@@ -117,7 +118,6 @@ def _stage_findings(
     cores_bound: str = "",
 ) -> list[_Found]:
     """One stage's findings, unranked (:func:`build_findings` ranks them with the run's)."""
-    e = StageEntry.from_json(st)
     if e.status != "ok":
         return [_unmeasured(e)]
     name = e.name
@@ -576,7 +576,7 @@ def _yours_finding(v: VersusYours) -> _Found:
 
 
 def build_findings(
-    stages: list[dict],
+    stages: Sequence[StageEntry],
     *,
     prediction: Prediction | None,
     validation: Validation | None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -107,7 +107,7 @@ def _cores_bound(prov: Provenance) -> str:
     return "" if prov.limits is None else prov.limits.cores_bound()
 
 
-def _run_warnings(df: pd.DataFrame, stages: list[dict], m: RunMeta, cores: float) -> list[str]:
+def _run_warnings(df: pd.DataFrame, stages: Sequence[StageEntry], m: RunMeta, cores: float) -> list[str]:
     out: list[str] = []
     status = m.status
     if status in ("interrupted", "terminated", "running"):
@@ -154,7 +154,7 @@ def _run_warnings(df: pd.DataFrame, stages: list[dict], m: RunMeta, cores: float
                 "have taken them; CPU-bound and GIL-bound stages then look alike"
             )
     few, poor = [], []
-    for e in map(StageEntry.from_json, stages):
+    for e in stages:
         for key, fit in e.fit.items():
             w = fit.get("warning") or ""
             if "poor fit" in w:
@@ -399,13 +399,14 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         demand=num_or_none(target),
         ranks=run.ranks,
     )
+    entries = [StageEntry.from_json(st) for st in stages]  # as chosen together; the job's pick comes later
     raw_val = m.validation
     failed = raw_val.get("failed") if isinstance(raw_val, Mapping) else None
     # a pipeline that delivers nothing has no throughput: none is predicted for it, here, in the report
     # or on the terminal
     prediction = (
         predict_pipeline(
-            stages,
+            entries,
             cores=cores,
             free_threaded=free_threaded,
             overhead=overhead,
@@ -417,22 +418,23 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     )
     prediction = apply_replay(prediction, m.replay)
     speed = cpu_speed(m.cpu_speed)
-    validation = _validation(m.validation, prediction, df, stages)
+    validation = _validation(m.validation, prediction, df, entries)
     # the CPU's speed first: on a host that changes it, it outweighs every other noise source
-    warnings = speed_warnings(speed) + _run_warnings(StageRows(df).all, stages, m, cores)
+    warnings = speed_warnings(speed) + _run_warnings(StageRows(df).all, entries, m, cores)
     if prediction is not None and prediction.caveat:
         warnings.append(prediction.caveat)
     if validation is None and isinstance(raw_val, Mapping) and raw_val.get("error") and not failed:
         warnings.append(f"the whole-pipeline validation run did not complete: {raw_val['error']}")
     not_isolated = list(m.not_isolated)
-    yours = yours_verdict(m.yours, validation, stages)
+    yours = yours_verdict(m.yours, validation, entries)
     # the training job, where it ran with the user's loop: its pick becomes every stage's recommendation
     # (after the prediction and the whole-pipeline runs, which were made at the isolated choice)
     job = decide_job(m.job, m.trainer, unit="items/s")
     if job is not None and job["status"] == "decided":
         job["changed"] = apply_job_pick(stages, job)
+        entries = [StageEntry.from_json(st) for st in stages]
     findings = build_findings(
-        stages,
+        entries,
         prediction=prediction,
         validation=validation,
         warnings=warnings,
@@ -452,7 +454,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         else (
             str(job["text"])
             if job is not None and job["status"] == "decided"
-            else pipeline_verdict(stages, prediction, validation, not_isolated)
+            else pipeline_verdict(entries, prediction, validation, not_isolated)
         )
         + _per_rank(run.ranks, cores),
         "validation_failed": failed,
@@ -479,7 +481,10 @@ def _unmeasured(name: str) -> dict[str, Any]:
 
 
 def _validation(
-    val: Any, prediction: Prediction | None, rows: pd.DataFrame | None = None, stages: list[dict] | None = None
+    val: Any,
+    prediction: Prediction | None,
+    rows: pd.DataFrame | None = None,
+    stages: Sequence[StageEntry] = (),
 ) -> Validation | None:
     """The validation run (``run.json["validation"]``) with its error against the prediction and each
     stage's interference; None where it gave no number."""
@@ -495,12 +500,12 @@ def _validation(
         error_vs_prediction=(pred - measured) / measured
         if pred is not None and finite(pred) and measured > 0
         else None,
-        interference=tuple(_interference(val.get("stage_latency"), rows, stages or [], replay_lat)),
+        interference=tuple(_interference(val.get("stage_latency"), rows, stages, replay_lat)),
     )
 
 
 def _interference(
-    lat: Any, rows: pd.DataFrame | None, stages: list[dict], replay_lat: Any = None
+    lat: Any, rows: pd.DataFrame | None, stages: Sequence[StageEntry], replay_lat: Any = None
 ) -> list[Interference]:
     """Each timed stage's median call inside the pipeline against alone at the same setting.
 
@@ -518,7 +523,7 @@ def _interference(
     if not isinstance(lat, Mapping) or rows is None or not len(rows):
         return []
     out = []
-    for st in map(StageEntry.from_json, stages):
+    for st in stages:
         name, rec = (st.name if "name" in st.keys else None), st.recommended
         got = lat.get(name)
         if not isinstance(got, Mapping) or not finite(got.get("p50_ms")) or rec is None:

@@ -27,7 +27,7 @@ from stagebench.core._jobrun import Ladder
 from stagebench.model._job import JobVerdict
 from stagebench.model._meta import RunMeta
 from stagebench.model._rate import Rate
-from stagebench.model._stage import StageEntry, StageSetting
+from stagebench.model._stage import StageEntry, StageSetting, own_choice
 
 __all__ = ["job_candidates", "apply_job_pick", "user_choice", "user_setting", "settings_label", "settings_cost"]
 
@@ -36,15 +36,8 @@ ABOVE = 1.5
 
 
 def user_choice(stage: Mapping[str, Any]) -> tuple[str, int] | None:
-    """A pipe stage's own (executor, concurrency) in the user's config, or None (not a pipe, not known).
-
-    SPDL's shared thread pool (``default``) counts as threads: at equal concurrency the
-    recommendation and the user's setting run the stage on the same number of threads.
-    """
-    ex, c = stage.get("user_executor"), stage.get("user_concurrency")
-    if not ex or c is None or (stage.get("type") or "pipe") != "pipe":
-        return None
-    return ("thread" if ex == "default" else str(ex), int(c))
+    """A pipe stage's own (executor, concurrency) in ``run.json``'s stage record (:func:`own_choice`)."""
+    return own_choice(stage.get("user_executor"), stage.get("user_concurrency"), stage.get("type"))
 
 
 def user_setting(stage: Mapping[str, Any]) -> str:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,7 +195,7 @@ def _setting(st: StageEntry, executor: str | None = None) -> dict | None:
 
 
 def predict_pipeline(
-    stage_summaries: list[dict],
+    stage_summaries: Sequence[StageEntry],
     *,
     cores: float,
     free_threaded: bool = False,
@@ -224,7 +225,7 @@ def predict_pipeline(
     if not cores > 0:  # a quota can give less than one CPU
         raise ValueError(f"cores must be > 0, got {cores}")
     fixed = float((overhead or {}).get("fixed_s_per_item") or 0.0)
-    entries = [StageEntry.from_json(st) for st in stage_summaries]
+    entries = list(stage_summaries)
     loads, missing, settings = _measured(entries, fixed)
     out = _unpredicted(settings, loads, missing)
     if not loads:

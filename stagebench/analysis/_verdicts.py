@@ -12,7 +12,7 @@ import numpy as np
 
 from stagebench._numbers import finite, fmt_ms, fmt_q, num
 from stagebench._settings import DEMAND_HEADROOM
-from stagebench.analysis._pipeline_job import settings_cost, user_choice, user_setting
+from stagebench.analysis._pipeline_job import settings_cost
 from stagebench.model._evidence import EQUIVALENT, Option, Ratio, decide, more_rounds_text
 from stagebench.model._job import JobVerdict, StepAlone
 from stagebench.model._pipeline import CpuSpeed, Demand, Prediction, Validation, VersusYours, YoursRun
@@ -165,7 +165,7 @@ def versus_yours_decision(
     return decide(options, yours="yours", ratio=ratio)
 
 
-def yours_verdict(yours: Any, validation: Validation | None, stages: list[dict]) -> VersusYours | None:
+def yours_verdict(yours: Any, validation: Validation | None, stages: Sequence[StageEntry]) -> VersusYours | None:
     """The recommended settings against the user's own, both run for real in turns (``run.json["yours"]``),
     by the rule of :mod:`stagebench.model._evidence` on their windows' ratio.
 
@@ -185,13 +185,13 @@ def yours_verdict(yours: Any, validation: Validation | None, stages: list[dict])
     changes = []
     recommended: dict[str, tuple[str, int]] = {}
     mine: dict[str, tuple[str, int]] = {}
-    for raw in stages:
-        st = StageEntry.from_json(raw)
-        point, own = st.recommended or StageSetting(), user_setting(raw)
+    for st in stages:
+        point, choice = st.recommended or StageSetting(), st.user_choice
+        own = f"{choice[0]} x {choice[1]}" if choice else ""
         if point.executor and finite(point.concurrency) and (st.type or "pipe") == "pipe":
             recommended[str(st.name)] = (str(point.executor), int(point.concurrency or 0))
-        if (c := user_choice(raw)) is not None:
-            mine[str(st.name)] = c
+        if choice is not None:
+            mine[str(st.name)] = choice
         if own and point.executor and own != f"{point.executor} x {point.concurrency}":
             changes.append({"stage": st.name, "yours": own, "recommended": f"{point.executor} x {point.concurrency}"})
     out = keyed(
@@ -336,7 +336,7 @@ SCHEDULING_BINDS = 0.5
 
 
 def pipeline_verdict(
-    stages: list[dict],
+    stages: Sequence[StageEntry],
     prediction: Prediction | None,
     validation: Validation | None = None,
     not_isolated: Sequence[Mapping[str, Any]] | None = None,
@@ -348,16 +348,16 @@ def pipeline_verdict(
     run alone, or the pipeline's own scheduling; where the GIL binds and most of what it holds per
     item is the pipeline's own scheduling, that is named rather than the stage holding the most.
     """
-    ok = [s for s in stages if s["status"] == "ok"]
+    ok = [s for s in stages if s.status == "ok"]
     if not ok:
         return "no stage could be measured: see the stage reasons and warnings"
-    failed = [s["name"] for s in stages if s["status"] != "ok"]
+    failed = [s.name for s in stages if s.status != "ok"]
     pred = prediction or Prediction()
     if prediction is None or not finite(pred.qps):
         return "no prediction could be made: see the stage reasons"
     name = pred.bottleneck
-    st = next((s for s in ok if s["name"] == name), None)
-    cls = st["classification"] if st else "unknown"
+    st = next((s for s in ok if s.name == name), None)
+    cls = st.classification if st else "unknown"
     q = fmt_q(num(pred.qps))
     val = validation or Validation()
     runs, how = (num(val.qps), "measured") if finite(val.qps) else (num(pred.qps), "predicted")

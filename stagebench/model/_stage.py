@@ -31,6 +31,7 @@ __all__ = [
     "StageSetting",
     "changed",
     "keyed",
+    "own_choice",
 ]
 
 _T = TypeVar("_T")
@@ -68,6 +69,25 @@ def _signal_value(signals: Mapping[str, Any], name: str) -> Any:
     """The ``value`` of the signal ``name`` (None where it was not read)."""
     sig = signals[name] if name in signals else None
     return sig["value"] if isinstance(sig, Mapping) and "value" in sig else None
+
+
+def own_choice(executor: Any, concurrency: Any, kind: Any) -> tuple[str, int] | None:
+    """A pipe stage's own (executor, concurrency) in the user's config, or None (not a pipe, not known).
+
+    SPDL's shared thread pool (``default``) counts as threads: at equal concurrency the recommendation
+    and the user's setting run the stage on the same number of threads.
+
+    Args:
+        executor: the user's executor (``user_executor``), None where not known.
+        concurrency: the user's concurrency (``user_concurrency``).
+        kind: the stage's declared type (None: a pipe).
+
+    Returns:
+        ``(executor, concurrency)``, or None.
+    """
+    if not executor or concurrency is None or (kind or "pipe") != "pipe":
+        return None
+    return ("thread" if executor == "default" else str(executor), int(concurrency))
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +356,11 @@ class StageEntry(Written):
         if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (lo, hi)):
             return None
         return float(lo), float(hi)
+
+    @property
+    def user_choice(self) -> tuple[str, int] | None:
+        """The user's own (executor, concurrency) of a pipe stage (:func:`own_choice`), or None."""
+        return own_choice(self.user_executor, self.user_concurrency, self.type)
 
     def alternative(self, executor: str) -> StageSetting | None:
         """The best setting measured on ``executor`` (None where it was not measured)."""
