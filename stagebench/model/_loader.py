@@ -22,7 +22,20 @@ from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from stagebench._numbers import num
-from stagebench.model._json import Written, dict_of, flag, mapping, number, read, span, text, whole, write
+from stagebench.model._json import (
+    Read,
+    ReadIfGiven,
+    Written,
+    dict_of,
+    flag,
+    mapping,
+    number,
+    read,
+    span,
+    text,
+    whole,
+    write,
+)
 from stagebench.model._knobs import NOT_APPLICABLE, LoaderKnobs
 from stagebench.model._limits import MemoryLimit
 from stagebench.model._rate import Rate
@@ -374,8 +387,19 @@ _ROW_NUMBERS = tuple(
 )
 
 
+class _Record(ReadIfGiven):
+    """A record of what each worker costs, read from any mapping (an empty one too, as its defaults);
+    None only where there is no mapping."""
+
+    __slots__ = ()
+
+    @classmethod
+    def holds(cls, d: object) -> bool:
+        return True
+
+
 @dataclass(frozen=True, slots=True)
-class Largest(Written):
+class Largest(_Record):
     """The dataset's largest container attribute: its name, length, type, its items' type, whether they
     are Python objects (not a numpy array's), and the memory those objects take (MB)."""
 
@@ -386,15 +410,11 @@ class Largest(Written):
     python_objects: bool | None = None
     objects_mb: float | None = None
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> Largest | None:
-        if not isinstance(d, Mapping):
-            return None
-        return read(cls, d, attr=text, items=whole, container=text, item=text, python_objects=flag, objects_mb=number)
+    READ = {"attr": text, "items": whole, "container": text, "item": text, "python_objects": flag, "objects_mb": number}
 
 
 @dataclass(frozen=True, slots=True)
-class Shipping:
+class Shipping(_Record):
     """The dataset (with the collate and init functions) shipped to each worker: the start method,
     whether anything is shipped (not under fork), whether SPDL's loader pickles it once for all, and, where
     it pickled, its size (MB) and the medians (with their ranges) of pickling and loading it (s)."""
@@ -412,23 +432,17 @@ class Shipping:
     #: why the dataset could not be pickled
     error: str | None = None
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> Shipping | None:
-        if not isinstance(d, Mapping):
-            return None
-        return read(
-            cls,
-            d,
-            start_method=text,
-            shipped=flag,
-            pickled_once=flag,
-            largest=Largest.from_json,
-            pickle_s_range=span,
-            unpickle_s_range=span,
-            repeats=whole,
-            error=text,
-            **dict.fromkeys(("mb", "pickle_s", "unpickle_s"), number),
-        )
+    READ = {
+        "start_method": text,
+        "shipped": flag,
+        "pickled_once": flag,
+        "largest": Largest.from_json,
+        "pickle_s_range": span,
+        "unpickle_s_range": span,
+        "repeats": whole,
+        "error": text,
+        **dict.fromkeys(("mb", "pickle_s", "unpickle_s"), number),
+    }
 
     def to_json(self) -> dict[str, Any]:
         """The keys :func:`stagebench.loader._costs.shipping_cost` writes, as it writes them."""
@@ -493,7 +507,7 @@ _MEMORY_NUMBERS = (
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerMemory:
+class WorkerMemory(_Record):
     """Each worker's private memory over the memory pass at ``num_workers``: its growth a batch (with a 95%
     interval), how many batches a worker made and makes in an epoch, and the epoch's growth (extrapolated
     where the pass ended first, bounded by ``bounded_by_mb``); ``too_few_batches`` where a worker made too
@@ -528,24 +542,14 @@ class WorkerMemory:
     #: theirs, ``workers_fit`` a rank's); None on one rank
     ranks: int | None = None
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> WorkerMemory | None:
-        if not isinstance(d, Mapping):
-            return None
-        return read(
-            cls,
-            d,
-            num_workers=whole,
-            samples=_samples,
-            too_few_batches=flag,
-            stopped_growing=flag,
-            slowing=flag,
-            extrapolated=flag,
-            fits=flag,
-            workers_fit=whole,
-            ranks=whole,
-            **dict.fromkeys(_MEMORY_NUMBERS, number),
-        )
+    READ = {
+        "num_workers": whole,
+        "samples": _samples,
+        **dict.fromkeys(("too_few_batches", "stopped_growing", "slowing", "extrapolated", "fits"), flag),
+        "workers_fit": whole,
+        "ranks": whole,
+        **dict.fromkeys(_MEMORY_NUMBERS, number),
+    }
 
     def to_json(self, samples: bool = True) -> dict[str, Any]:
         """The keys the memory pass and the summary write, in the order they write them (``samples=False``:
@@ -584,7 +588,7 @@ class WorkerMemory:
 
 
 @dataclass(frozen=True, slots=True)
-class Shm(Written):
+class Shm(_Record):
     """The shared memory (``path``, ``/dev/shm``) the batches in flight at the pick take: how many
     (``num_workers x prefetch_factor``, every rank's), each batch's size, together, against the space free and
     in all (MB)."""
@@ -598,18 +602,12 @@ class Shm(Written):
     #: a ranked sweep: the host's ranks, every rank's batches in flight counted; None on one rank
     ranks: int | None = None
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> Shm | None:
-        if not isinstance(d, Mapping):
-            return None
-        return read(
-            cls,
-            d,
-            path=text,
-            batches_in_flight=whole,
-            ranks=whole,
-            **dict.fromkeys(("free_mb", "total_mb", "batch_mb", "in_flight_mb"), number),
-        )
+    READ = {
+        "path": text,
+        "batches_in_flight": whole,
+        "ranks": whole,
+        **dict.fromkeys(("free_mb", "total_mb", "batch_mb", "in_flight_mb"), number),
+    }
 
     def to_json(self) -> dict[str, Any]:
         """The keys the sweep writes: ``ranks`` only where a ranked sweep wrote it."""
@@ -620,7 +618,7 @@ class Shm(Written):
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerCosts:
+class WorkerCosts(Read):
     """What each worker costs beyond throughput (``summary.json["worker_costs"]``, module docstring): the
     start-up split per number of workers, the memory available (MB), the shipping, the memory pass and the
     shared memory (each None where not measured), and what measuring them added to the sweep (s)."""
@@ -636,20 +634,16 @@ class WorkerCosts:
     memory_on_stall_point: bool | None = None
     seconds: float | None = None
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> WorkerCosts:
-        return read(
-            cls,
-            d,
-            startup=lambda v: tuple(StartupSplit.from_json(r) for r in v or () if isinstance(r, Mapping)),
-            available_mb=number,
-            memory_limit=lambda v: MemoryLimit.from_json(v) if isinstance(v, Mapping) else None,
-            shipping=Shipping.from_json,
-            memory=WorkerMemory.from_json,
-            shm=Shm.from_json,
-            memory_on_stall_point=flag,
-            seconds=number,
-        )
+    READ = {
+        "startup": lambda v: tuple(StartupSplit.from_json(r) for r in v or () if isinstance(r, Mapping)),
+        "available_mb": number,
+        "memory_limit": lambda v: MemoryLimit.from_json(v) if isinstance(v, Mapping) else None,
+        "shipping": Shipping.from_json,
+        "memory": WorkerMemory.from_json,
+        "shm": Shm.from_json,
+        "memory_on_stall_point": flag,
+        "seconds": number,
+    }
 
     def to_json(self) -> dict[str, Any]:
         """The summary's ``worker_costs``: what was measured, as the sweep wrote it, after the start-up split."""
