@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from stagebench.report._terminal import format_loader_table, format_table, job_lines
+from stagebench.report._kinds import kind_of
 from stagebench.sweep._rebuild import rebuild
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,9 +33,7 @@ VOLATILE = ("stagebench_version",)
 
 
 def _terminal(summary: dict) -> str:
-    if summary.get("kind") == "loader":
-        return format_loader_table(summary) + "\n" + "\n".join(job_lines(summary)) + "\n"
-    return format_table(summary)
+    return kind_of(summary.get("kind")).table(summary)
 
 
 def _same(a: object, b: object, path: str = "") -> list[str]:

@@ -27,11 +27,10 @@ class _Loader(LoaderAnalysis):
     page_context = staticmethod(loader_context)
 
     def table(self, summary: Mapping[str, Any], report_path: str | os.PathLike[str] | None = None) -> str:
-        """The points' table, the job runs' lines, the report's path where given; each line ends a line."""
-        lines = [format_loader_table(summary), *job_lines(summary)]
-        if report_path is not None:
-            lines.append(f"report: {os.fspath(report_path)}")
-        return "\n".join(lines) + "\n"
+        """The points' table, then the job runs' lines after a line break of their own, the report's path
+        where given."""
+        report = "" if report_path is None else f"report: {os.fspath(report_path)}\n"
+        return format_loader_table(summary) + "\n" + "\n".join(job_lines(summary)) + "\n" + report
 
 
 class _Pipeline(PipelineAnalysis):
