@@ -12,7 +12,7 @@ from stagebench.analysis._loader import summarize_loader
 from stagebench.model._meta import RunMeta
 from stagebench.runs._results import RunDir, read_rows_or_empty
 
-__all__ = ["summarize_run", "guess_kind", "LoaderAnalysis", "PipelineAnalysis", "analysis_of"]
+__all__ = ["summarize_run", "guess_kind", "damaged_text", "LoaderAnalysis", "PipelineAnalysis", "analysis_of"]
 
 
 class LoaderAnalysis:
@@ -46,7 +46,8 @@ def analysis_of(kind: str) -> KindAnalysis[Any, Any]:
 
 
 def summarize_run(run_dir: Path) -> dict[str, Any]:
-    """Recompute the run's summary from ``results.csv`` and ``run.json`` (kind decides how)."""
+    """The summary of the run in ``run_dir``, recomputed from its ``results.csv`` and ``run.json`` by the
+    analysis of its kind; returns it (not written). Damaged rows are named in its first warning."""
     run_dir = Path(run_dir)
     meta = RunDir(run_dir).read_meta()
     rows = read_rows_or_empty(run_dir)
@@ -54,12 +55,13 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     summary = analysis_of(RunMeta.from_json(meta).kind or guess_kind(rows)).summarize(rows, meta)
     if damaged:  # said where the figures are read: the summary covers the rows that could be read
         summary["damaged_rows"] = damaged
-        summary.setdefault("warnings", []).insert(
-            0,
-            f"results.csv is damaged: {'; '.join(damaged[:3])}"
-            + (f" (and {len(damaged) - 3} more)" if len(damaged) > 3 else ""),
-        )
+        summary.setdefault("warnings", []).insert(0, f"results.csv is damaged: {damaged_text(damaged)}")
     return summary
+
+
+def damaged_text(damaged: list[str]) -> str:
+    """The first three of ``results.csv``'s ``damaged`` rows (each a place and why), and how many more."""
+    return "; ".join(damaged[:3]) + (f" (and {len(damaged) - 3} more)" if len(damaged) > 3 else "")
 
 
 def guess_kind(rows: Any) -> str:

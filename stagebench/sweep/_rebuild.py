@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stagebench._errors import StagebenchError
+from stagebench.analysis._summary import damaged_text
 from stagebench.model._meta import RunMeta
 from stagebench.report._compare import write_comparison
 from stagebench.report._html import write_text
@@ -61,9 +62,8 @@ def rebuild(path: Path, say: Callable[[str], None] | None = None) -> Path:
         damaged = run.summary.to_json().get("damaged_rows") or []
         if damaged:  # rebuilt from the rows that could be read; the rest named, and the command says so
             raise RunFileError(
-                f"{path / 'results.csv'}: damaged: {'; '.join(damaged[:3])}"
-                + (f" (and {len(damaged) - 3} more)" if len(damaged) > 3 else "")
-                + f"; summary.json and {out.name} were rebuilt from the other rows and say so"
+                f"{path / 'results.csv'}: damaged: {damaged_text(damaged)}; "
+                f"summary.json and {out.name} were rebuilt from the other rows and say so"
             )
         return out
     runs, failed = find_run_dirs(path)
