@@ -17,7 +17,7 @@ from stagebench.model._meta import RunSettings
 from stagebench.model._rate import Rate
 from stagebench.report import _loader_plots
 from stagebench.report._html import interval_text, num_text, rate_text, svg_uri
-from stagebench.report._page_parts import cell, job_tile, noise_tile, problem_rows, with_keys
+from stagebench.report._page_parts import cell, job_tile, noise_tile, problem_rows, tile, with_keys
 from stagebench.report._run import RunData
 from stagebench.report._snippets import loader_snippet
 from stagebench.report._stage_cards import stage_cards
@@ -97,46 +97,40 @@ def _tiles(
     tiles = job_tile(run.job)
     if rec_pt is not None and rec_pt.samples_per_s is not None:
         tiles.append(
-            {
-                "label": "recommended setting, loader alone",
-                "value": f"{rate_text(rec_pt.samples_per_s.value)} samples/s",
-                "sub": _knobs_text(rec_pt),
-            }
+            tile(
+                "recommended setting, loader alone",
+                f"{rate_text(rec_pt.samples_per_s.value)} samples/s",
+                _knobs_text(rec_pt),
+            )
         )
     if best_rate is not None:
         tiles.append(
-            {
-                "label": "best measured",
-                "value": f"{rate_text(best_rate.value)} samples/s",
-                "sub": interval_text(best_rate.low, best_rate.high),
-            }
+            tile(
+                "best measured", f"{rate_text(best_rate.value)} samples/s", interval_text(best_rate.low, best_rate.high)
+            )
         )
     if target:
         tiles.append(
-            {
-                "label": "trainer needs",
-                "value": f"{rate_text(target.get('rate'))} samples/s",
-                "sub": "the loader alone meets it" if target.get("met") else "NOT met even by the loader alone",
-            }
+            tile(
+                "trainer needs",
+                f"{rate_text(target.get('rate'))} samples/s",
+                "the loader alone meets it" if target.get("met") else "NOT met even by the loader alone",
+            )
         )
     if search is not None and search.points_measured is not None:
         sub = f"{search.points_measured} points in {num_text(search.seconds)} s"
         if finite(search.time_saved_s):
             sub += f"; saved {num_text(search.time_saved_s)} s vs the full grid"
         tiles.append(
-            {
-                "label": f"search ({'?' if search.strategy is None else search.strategy})",
-                "value": f"{search.points_measured} points",
-                "sub": sub,
-            }
+            tile(
+                f"search ({'?' if search.strategy is None else search.strategy})",
+                f"{search.points_measured} points",
+                sub,
+            )
         )
     if user.samples_per_s is not None:
         tiles.append(
-            {
-                "label": "your setting, loader alone",
-                "value": f"{rate_text(user.samples_per_s.value)} samples/s",
-                "sub": _knobs_text(user),
-            }
+            tile("your setting, loader alone", f"{rate_text(user.samples_per_s.value)} samples/s", _knobs_text(user))
         )
     noise = noise_tile(rows, "samples_per_s")
     if noise is not None:

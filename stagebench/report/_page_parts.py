@@ -72,11 +72,12 @@ def noise_tile(rows: pd.DataFrame, value: str) -> dict[str, str] | None:
     rel = ((hi - lo) / 2 / v).replace([math.inf, -math.inf], math.nan).dropna()
     if not len(rel):
         return None
-    return {
-        "label": "measurement noise",
-        "value": f"±{float(rel.median()) * 100:.1f}%",
-        "sub": "median half-width of the 95% intervals",
-    }
+    return tile("measurement noise", f"±{float(rel.median()) * 100:.1f}%", "median half-width of the 95% intervals")
+
+
+def tile(label: str, value: str, sub: str) -> dict[str, str]:
+    """A tile of a page's head: what it is, its figure, and a line under it."""
+    return {"label": label, "value": value, "sub": sub}
 
 
 def with_keys(d: Mapping[str, Any] | None, keys: Sequence[str]) -> dict[str, Any]:
@@ -95,12 +96,12 @@ def job_tile(job: JobVerdict | None) -> list[dict[str, str]]:
     if job is None or not job.decided or not finite(job.samples_per_s):
         return []
     return [
-        {
-            "label": "your training job, recommended",
-            "value": f"{rate_text(job.samples_per_s)} {job.unit or 'samples/s'}",
-            "sub": f"{interval_text(job.samples_per_s_low, job.samples_per_s_high)} · "
+        tile(
+            "your training job, recommended",
+            f"{rate_text(job.samples_per_s)} {job.unit or 'samples/s'}",
+            f"{interval_text(job.samples_per_s_low, job.samples_per_s_high)} · "
             f"{pct_text(job.data_wait_share)} of each step waiting for data",
-        }
+        )
     ]
 
 

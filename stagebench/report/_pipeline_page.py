@@ -11,7 +11,7 @@ from stagebench._numbers import finite, num
 from stagebench.model._pipeline import Prediction
 from stagebench.report import _stage_plots
 from stagebench.report._html import interval_text, pct_text, rate_text, svg_uri
-from stagebench.report._page_parts import job_tile, noise_tile, to_ms
+from stagebench.report._page_parts import job_tile, noise_tile, tile, to_ms
 from stagebench.report._run import RunData
 from stagebench.report._snippets import pipeline_snippet
 from stagebench.report._stage_cards import stage_cards
@@ -39,55 +39,51 @@ def pipeline_context(run: RunData) -> dict[str, Any]:
     if pred.qps is not None:
         binding = _BINDING_TEXT.get(pred.binding, pred.binding or "?")
         tiles.append(
-            {
-                "label": "predicted pipeline throughput",
-                "value": f"{rate_text(pred.qps)} items/s",
-                "sub": (
+            tile(
+                "predicted pipeline throughput",
+                f"{rate_text(pred.qps)} items/s",
+                (
                     f"replayed with stand-ins (bounds: {rate_text(pred.bounds_qps)}) · "
                     if pred.method == "replay" and finite(pred.bounds_qps)
                     else ""
                 )
                 + f"bound by {binding}"
                 + (f" · bottleneck: {pred.bottleneck}" if pred.bottleneck else ""),
-            }
+            )
         )
     if val.qps is not None:
         sub = f"{interval_text(val.qps_low, val.qps_high)}"
         if finite(val.qps) and finite(pred.qps) and num(pred.qps) > 0:
             # computed here, not read from error_vs_prediction: the sign convention is then unambiguous
             sub += f" · {pct_text(num(val.qps) / num(pred.qps) - 1, signed=True)} vs predicted"
-        tiles.append({"label": "measured whole pipeline", "value": f"{rate_text(val.qps)} items/s", "sub": sub})
+        tiles.append(tile("measured whole pipeline", f"{rate_text(val.qps)} items/s", sub))
     trainer = sm.trainer
     if finite(trainer.samples_per_s):
         wp = trainer.with_pipeline
         tiles.append(
-            {
-                "label": "your training step (demand)",
-                "value": f"{rate_text(trainer.samples_per_s)} items/s",
-                "sub": f"{interval_text(trainer.samples_per_s_low, trainer.samples_per_s_high)}"
+            tile(
+                "your training step (demand)",
+                f"{rate_text(trainer.samples_per_s)} items/s",
+                f"{interval_text(trainer.samples_per_s_low, trainer.samples_per_s_high)}"
                 + (
                     f" · waited for data {pct_text(wp.data_wait_share)} of each step on the real pipeline"
                     if wp is not None and finite(wp.data_wait_share)
                     else ""
                 ),
-            }
+            )
         )
     yours = sm.recommended_vs_yours
     if finite(yours.qps):
         tiles.append(
-            {
-                "label": "your settings, pipeline alone",
-                "value": f"{rate_text(yours.qps)} items/s",
-                "sub": f"{interval_text(yours.qps_low, yours.qps_high)} · in turns with the recommended",
-            }
+            tile(
+                "your settings, pipeline alone",
+                f"{rate_text(yours.qps)} items/s",
+                f"{interval_text(yours.qps_low, yours.qps_high)} · in turns with the recommended",
+            )
         )
     if pred.naive_qps is not None and pred.qps is not None and finite(pred.naive_qps):
         tiles.append(
-            {
-                "label": "slowest stage alone",
-                "value": f"{rate_text(pred.naive_qps)} items/s",
-                "sub": "the naive min-of-stages estimate",
-            }
+            tile("slowest stage alone", f"{rate_text(pred.naive_qps)} items/s", "the naive min-of-stages estimate")
         )
     noise = noise_tile(rows, "qps")
     if noise is not None:
