@@ -204,12 +204,10 @@ def _parser() -> argparse.ArgumentParser:
 def console() -> None:
     """The ``stagebench`` command (and ``python -m stagebench``): :func:`main`, then exit.
 
-    A hung stage's thread cannot be killed, and the interpreter would wait for
-    it at exit (or for one stuck starting a thread in a process that ran out of
-    memory); the command's work is done and on disk by then, so it ends the
-    process at once. Only here: :func:`main` is also called in-process (tests,
-    notebooks), where ending the process would end the caller's (a test session
-    stopped silently, mid-run, when a test before it had left such a thread).
+    A hung stage's thread cannot be killed, and the interpreter would wait for it at exit (or for one
+    stuck starting a thread in a process that ran out of memory); the command's work is done and on disk
+    by then, so it ends the process at once. Only here: :func:`main` is also called in-process (tests,
+    notebooks), where ending the process would end the caller's.
     """
     code = main()
     # CPython marks a KeyboardInterrupt that left code run by exec("...") as unhandled even when a
