@@ -23,7 +23,7 @@ from stagebench.loader._draft import PointDraft
 from stagebench.loader._intercept import make_loader_factory
 from stagebench.loader._point import _Plan, _supervise, measure_loader_point
 from stagebench.model._knobs import LoaderKnobs
-from stagebench.model._loader import LoaderRow, MemorySample, WorkerMemory
+from stagebench.model._loader import LoaderRow, MemorySample, WorkerCosts, WorkerMemory
 from stagebench.model._meta import RunMeta
 
 
@@ -114,7 +114,9 @@ def test_spdl_loaders_start_up_is_split_where_it_can_be_and_its_shipping_said_on
     assert 0.5 * row.time_to_first_batch_s <= parts <= row.time_to_first_batch_s + 0.05, row
     ship = shipping_cost(factory, backend="spdl_pytorch")
     assert ship.shipped and ship.pickled_once
-    (f,) = worker_cost_findings({"shipping": {**ship.to_json(), "mb": 20.0}}, LoaderRow(num_workers=2))
+    (f,) = worker_cost_findings(
+        WorkerCosts.from_json({"shipping": {**ship.to_json(), "mb": 20.0}}), LoaderRow(num_workers=2)
+    )
     assert "pickles it once into shared memory" in f.detail and "for each worker in turn" not in f.detail
 
 
@@ -241,12 +243,16 @@ def test_a_container_smaller_than_the_dataset_bounds_nothing():
 def test_findings_fire_past_their_thresholds_only():
     ship = {"shipped": True, "start_method": "forkserver", "mb": 86.0, "pickle_s": 0.59, "unpickle_s": 0.17}
     ship["largest"] = {"attr": "paths", "items": 1_500_000, "container": "list", "item": "str", "python_objects": True}
-    found = worker_cost_findings({"shipping": ship}, LoaderRow(num_workers=4, persistent_workers=False))
+    found = worker_cost_findings(
+        WorkerCosts.from_json({"shipping": ship}), LoaderRow(num_workers=4, persistent_workers=False)
+    )
     (f,) = found
     assert f.title == "Each worker receives a 86 MB copy of your dataset: at least 0.76 s of its start"
     assert "1,500,000 strs in its list `paths`" in f.detail and "persistent_workers=True would pay it once" in f.detail
-    assert not worker_cost_findings({"shipping": {**ship, "mb": 2.0, "pickle_s": 0.01, "unpickle_s": 0.01}}, None)
-    assert not worker_cost_findings({"shipping": {**ship, "shipped": False}}, None)
+    assert not worker_cost_findings(
+        WorkerCosts.from_json({"shipping": {**ship, "mb": 2.0, "pickle_s": 0.01, "unpickle_s": 0.01}}), None
+    )
+    assert not worker_cost_findings(WorkerCosts.from_json({"shipping": {**ship, "shipped": False}}), None)
     mem = {"num_workers": 4, "growth_mb_per_batch": 2.0, "epoch_growth_mb": 500.0, "epoch_growth_mb_low": 450.0}
     mem |= {
         "batches_per_worker": 30,
@@ -266,16 +272,28 @@ def test_the_verdict_states_what_the_pick_does_not_see():
     from stagebench.analysis._worker_costs import beside_the_pick
 
     mem = {"num_workers": 4, "epoch_growth_mb": 500.0, "all_workers_mb": 2000.0, "fits": False}
-    said = beside_the_pick({"memory": mem, "available_mb": 1500.0}, LoaderRow(num_workers=4))
+    said = beside_the_pick(WorkerCosts.from_json({"memory": mem, "available_mb": 1500.0}), LoaderRow(num_workers=4))
     assert said == (
         "; memory: each of its 4 workers grows ~500 MB over an epoch, ~2,000 MB together against 1,500 MB "
         "available (at most 3 such workers fit)"
     )
     ship = {"shipped": True, "mb": 79.0, "pickle_s": 0.6, "unpickle_s": 0.2}
-    assert "each epoch starts its 2 workers anew" in beside_the_pick({"shipping": ship}, LoaderRow(num_workers=2))
-    assert "each epoch starts its worker anew" in beside_the_pick({"shipping": ship}, LoaderRow(num_workers=1))
-    assert beside_the_pick({"shipping": ship}, LoaderRow(num_workers=2, persistent_workers=True)) == ""
-    assert beside_the_pick({"memory": {**mem, "fits": True}, "available_mb": 9e3}, LoaderRow(num_workers=4)) == ""
+    assert "each epoch starts its 2 workers anew" in beside_the_pick(
+        WorkerCosts.from_json({"shipping": ship}), LoaderRow(num_workers=2)
+    )
+    assert "each epoch starts its worker anew" in beside_the_pick(
+        WorkerCosts.from_json({"shipping": ship}), LoaderRow(num_workers=1)
+    )
+    assert (
+        beside_the_pick(WorkerCosts.from_json({"shipping": ship}), LoaderRow(num_workers=2, persistent_workers=True))
+        == ""
+    )
+    assert (
+        beside_the_pick(
+            WorkerCosts.from_json({"memory": {**mem, "fits": True}, "available_mb": 9e3}), LoaderRow(num_workers=4)
+        )
+        == ""
+    )
 
 
 @pytest.mark.slow
@@ -326,12 +344,12 @@ def test_batches_in_flight_are_set_against_dev_shm():
         pytest.skip("no /dev/shm here")
     assert shm.batches_in_flight == 8 and shm.in_flight_mb == 128.0 and shm.free_mb > 0
     shm = shm.to_json()
-    assert not worker_cost_findings({"shm": {**shm, "free_mb": 1000.0}}, None)
-    (f,) = worker_cost_findings({"shm": {**shm, "free_mb": 200.0}}, None)
+    assert not worker_cost_findings(WorkerCosts.from_json({"shm": {**shm, "free_mb": 1000.0}}), None)
+    (f,) = worker_cost_findings(WorkerCosts.from_json({"shm": {**shm, "free_mb": 200.0}}), None)
     assert f.severity == "medium" and f.title.startswith("The batches in flight take 64%")
-    (g,) = worker_cost_findings({"shm": {**shm, "free_mb": 64.0}}, None)
+    (g,) = worker_cost_findings(WorkerCosts.from_json({"shm": {**shm, "free_mb": 64.0}}), None)
     assert g.severity == "high" and "more than the 64 MB free" in g.title and "--shm-size" in g.detail
-    said = beside_the_pick({"shm": {**shm, "free_mb": 64.0}}, LoaderRow(num_workers=4))
+    said = beside_the_pick(WorkerCosts.from_json({"shm": {**shm, "free_mb": 64.0}}), LoaderRow(num_workers=4))
     assert said == "; shared memory: its 8 batches in flight need ~128 MB, 64 MB free in /dev/shm"
     assert shm_headroom(float("nan"), 4, 2) is None and shm_headroom(16.0, 0, 2) is None
 

@@ -143,7 +143,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "findings": by_severity(
             [f.to_json() for f in loader_findings(c.pts, m, rec, target, c.job) + worker_cost_findings(costs, rec)]
         ),
-        "worker_costs": costs,
+        "worker_costs": None if costs is None else costs.to_json(),
         "transforms": list(m.transforms),
     }
 

@@ -61,7 +61,7 @@ GROWTH_MB = 50.0
 SHM_SHARE = 0.5
 
 
-def worker_costs_summary(m: RunMeta, pts: list[LoaderRow]) -> dict[str, Any] | None:
+def worker_costs_summary(m: RunMeta, pts: list[LoaderRow]) -> WorkerCosts | None:
     """``summary.json["worker_costs"]``: the start-up split of every setting with workers (one per number
     of workers, its first measurement), the shipping and the memory pass as measured; None without them."""
     startup: list[StartupSplit] = []
@@ -74,23 +74,17 @@ def worker_costs_summary(m: RunMeta, pts: list[LoaderRow]) -> dict[str, Any] | N
         startup.append(replace(split, setting=p.knobs.label(as_call=True, flags=False), num_workers=nw))
     startup.sort(key=lambda r: r.num_workers or 0)
     # run.json's record, as measured: the summary carries it whole, after the start-up split
-    raw = dict(m.worker_costs or {})
-    if not startup and not raw:
+    if not startup and not m.worker_costs:
         return None
-    out = {"startup": [r.to_json() for r in startup], **raw}
-    wc = WorkerCosts.from_json(raw)
-    mem, avail = wc.memory, wc.available_mb
-    ranks = m.ranks
+    wc = replace(WorkerCosts.from_json(m.worker_costs), startup=tuple(startup))
+    mem, avail, ranks = wc.memory, wc.available_mb, m.ranks
     if mem is not None and mem.epoch_growth_mb is not None and finite(mem.epoch_growth_mb) and finite(avail):
         # every rank's workers grow alike, in the memory the host's ranks share
         total = float(mem.epoch_growth_mb) * int(mem.num_workers or 0) * ranks
-        out["memory"] = {**raw["memory"], "all_workers_mb": total, "fits": total < num(avail)}
-        if ranks > 1:
-            out["memory"]["ranks"] = ranks
-        fit = workers_that_fit(wc, ranks)
-        if fit is not None:
-            out["memory"]["workers_fit"] = fit
-    return out
+        fits = total < num(avail)
+        more = replace(mem, all_workers_mb=total, fits=fits, ranks=ranks if ranks > 1 else None)
+        wc = replace(wc, memory=replace(more, workers_fit=workers_that_fit(wc, ranks)))
+    return wc
 
 
 def workers_that_fit(wc: WorkerCosts, ranks: int = 1) -> int | None:
@@ -141,12 +135,11 @@ def _f(severity: str, title: str, detail: str, evidence: Mapping[str, Any]) -> F
     return Finding(severity, title, detail, None, evidence)
 
 
-def worker_cost_findings(costs: Mapping[str, Any] | None, pick: LoaderRow | None) -> list[Finding]:
-    """The findings the worker costs (``summary.json["worker_costs"]``) call for at ``pick`` (module
-    docstring), with their numbers; none without the costs."""
-    if not costs:
+def worker_cost_findings(wc: WorkerCosts | None, pick: LoaderRow | None) -> list[Finding]:
+    """The findings what each worker costs (:func:`worker_costs_summary`) calls for at ``pick`` (module
+    docstring), with their numbers; none without it."""
+    if wc is None:
         return []
-    wc = WorkerCosts.from_json(costs)
     return [
         *_shipping_findings(wc, pick or LoaderRow()),
         *_shm_findings(wc.shm or Shm()),
@@ -334,14 +327,13 @@ def _its_workers(n: int) -> str:
     return "its worker" if n == 1 else f"its {n} workers"
 
 
-def beside_the_pick(costs: Mapping[str, Any] | None, pick: LoaderRow | None) -> str:
-    """What the verdict states beside ``pick`` from the worker costs (``summary.json["worker_costs"]``): a
+def beside_the_pick(wc: WorkerCosts | None, pick: LoaderRow | None) -> str:
+    """What the verdict states beside ``pick`` from what each worker costs (:func:`worker_costs_summary`): a
     memory growth the pick's workers would not fit the host with, with how many would; batches in flight
     that do not fit /dev/shm; and a shipped dataset paid again at every epoch's start. Empty where none
     holds, or without either. The pick itself stands on throughput in turns: these are costs it does not see."""
-    if not costs or pick is None:
+    if wc is None or pick is None:
         return ""
-    wc = WorkerCosts.from_json(costs)
     said = ""
     mem = wc.memory or WorkerMemory()
     if mem.fits is False and finite(mem.epoch_growth_mb) and finite(wc.available_mb):
