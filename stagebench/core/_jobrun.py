@@ -23,12 +23,11 @@ One *slice* is one candidate's turn:
    burst, not the pace), at least :data:`MIN_SLICE_STEPS` steps and :data:`MIN_SLICE_S` seconds, or
    one group once :data:`SLOW_SLICE_S` are counted (slow steps), at most ``max_slice_s``.
 
-Slices take turns, round after round (docs/method.md#rounds-in-turns). Round 1 runs every candidate
-in priority order (the user's own first, then what the isolated sweep picked: a loop that stops early
-has run those); later rounds run what the decision still hinges on (``contenders``, from the
-analysis), until it settles or ``budget_s`` is spent. A loop that stops
-(``break``, an exception) ends the runs where they are: what was measured is kept, and
-:meth:`JobRuns.record` says what did not run.
+Slices take turns, round after round (docs/method.md#rounds-in-turns). Round 1 runs every candidate in
+priority order (the user's own first, then what the isolated sweep picked: a loop that stops early has
+run those); later rounds run what the decision still hinges on (``contenders``, from the analysis),
+until it settles or ``budget_s`` is spent. A loop that stops (``break``, an exception) ends the runs
+where they are: what was measured is kept, and :meth:`JobRuns.record` says what did not run.
 """
 
 from __future__ import annotations
@@ -271,7 +270,6 @@ class JobRuns:
         there), or None."""
         t0 = self._t0 = self.clock()
         self.load = [_load_avg()]
-        order = {c.key: i for i, c in enumerate(self.candidates)}
         labels = "; ".join(c.label for c in self.candidates)  # a label holds commas of its own
         self.say(
             f"job: your loop runs on {self.what} at {len(self.candidates)} setting(s) in turns, until the "
@@ -289,7 +287,7 @@ class JobRuns:
             if futile is not None and (why := futile(self.record(), self.budget_s - (self.clock() - t0))):
                 self.stopped = why
                 return []
-            return sorted((c for c in self.candidates if c.key in keys), key=lambda c: order[c.key])
+            return [c for c in self.candidates if c.key in keys]  # in priority order
 
         with ExitStack() as held:
             try:

@@ -7,13 +7,11 @@ executors again at their best levels (:func:`plan`), T P P T per round, and the 
 that paired result (:func:`paired_result`): processes only when they beat threads in it beyond noise,
 else threads. The ratio is averaged over the adjacent thread/process pairs with a Student-t interval.
 
-Why only to confirm processes: threads are preferred whenever the two are
-within noise (less memory, no IPC, no pickling), so the costlier executor is
-the claim that needs the stronger evidence. Why 1.5x: two points measured
-apart can differ by up to about 1.4x on the host's phases alone (:data:`HOST_PHASES`);
-beyond 1.5x the unpaired curves decide. The rows have role ``paired``
-(``results.csv``) and the analysis reads them like any other row, so
-``stagebench report`` rebuilds the same recommendation.
+Why only to confirm processes: threads are preferred whenever the two are within noise (less memory, no
+IPC, no pickling), so the costlier executor is the claim that needs the stronger evidence. Why 1.5x: two
+points measured apart can differ by up to about 1.4x on the host's phases alone (:data:`HOST_PHASES`);
+beyond 1.5x the unpaired curves decide. The rows have role ``paired`` (``results.csv``) and the analysis
+reads them like any other row, so ``stagebench report`` rebuilds the same recommendation.
 """
 
 from __future__ import annotations

@@ -179,9 +179,8 @@ class StageSweep:
         #: The stage's GIL share as a direct probe read it (its upper quartile), when the caller probed
         #: it after the thread points (:func:`_cores_bind`); None: not probed.
         self.gil_high: float | None = None
-        self._linear_checked: set[str] = (
-            set()
-        )  # harnesses whose thread curve was judged (before its first process point)
+        #: Harnesses whose thread curve was judged (before its first process point).
+        self._linear_checked: set[str] = set()
 
     def frame(self):
         return pd.DataFrame(self.rows, columns=list(STAGE_COLUMNS))
@@ -292,40 +291,36 @@ class StageSweep:
         if planned is None:
             return
         harness, t_level, p_level = planned
-        at = {"thread": t_level, "process": p_level}
-        if pool is not None:  # a head-to-head reads throughput only: no fresh pool to go down a level
-            pool.keep_larger = True
-        try:
-            self._paired_windows(harness, at, pool)
-        finally:
-            if pool is not None:
-                pool.keep_larger = False
-
-    def _paired_windows(self, harness: str, at: dict[str, int], pool: Any) -> None:
-        rounds = self.cfg.paired_rounds
+        at, rounds = {"thread": t_level, "process": p_level}, self.cfg.paired_rounds
 
         def executors(i: int) -> tuple[str, ...]:  # none where the last round cannot turn it
             last = 0 < i == rounds - 1 and _paired.threads_led_every_pair(self.rows[-4 * i :])
             return () if last else ("thread", "process")
 
-        for ex in (ex for _, order in in_turns(executors, rounds, there_and_back=rounds) for ex in order):
-            if self.progress is not None:
-                self.progress.start(f"{self.name} | head-to-head {harness}/{ex} c={at[ex]}")
-            row = measure_stage(
-                self.fn,
-                self.inputs,
-                executor=ex,
-                concurrency=at[ex],
-                config=self.paired_cfg,
-                name=self.name,
-                role="paired",
-                harness=harness,
-                payload=self.payload,
-                pool=pool if ex == "process" else None,
-            )
-            self._record(row)
-            if row["status"] != "ok":
-                return
+        if pool is not None:  # a head-to-head reads throughput only: no fresh pool to go down a level
+            pool.keep_larger = True
+        try:
+            for ex in (ex for _, order in in_turns(executors, rounds, there_and_back=rounds) for ex in order):
+                if self.progress is not None:
+                    self.progress.start(f"{self.name} | head-to-head {harness}/{ex} c={at[ex]}")
+                row = measure_stage(
+                    self.fn,
+                    self.inputs,
+                    executor=ex,
+                    concurrency=at[ex],
+                    config=self.paired_cfg,
+                    name=self.name,
+                    role="paired",
+                    harness=harness,
+                    payload=self.payload,
+                    pool=pool if ex == "process" else None,
+                )
+                self._record(row)
+                if row["status"] != "ok":
+                    return
+        finally:
+            if pool is not None:
+                pool.keep_larger = False
 
     def _record(self, row: dict[str, Any]) -> None:
         self.rows.append(row)

@@ -19,11 +19,10 @@ pick runs on it, so that a slow start-up is paid once per setting:
    held off the cores for 0.2-0.8 s, and in windows of 0.3 s one such stall made a round's ratio 0.3x or
    3x, and three rounds gave intervals like 0.01-37x that decided nothing (issue 60).
 
-Rounds go on while the rule is not settled, at most ``tie_rounds``. Each window is
-a row with ``search_phase`` ``paired`` and its round in ``turn``, written as it is measured; the
-analysis reads the rounds back from them, so ``stagebench report`` rebuilds the same decision. Which
-loaders the search leaves open, and for how long, is the sweep's choice
-(:meth:`stagebench.loader._search._Sweep.prune`).
+Rounds go on while the rule is not settled, at most ``tie_rounds``. Each window is a row with
+``search_phase`` ``paired`` and its round in ``turn``, written as it is measured; the analysis reads the
+rounds back from them, so ``stagebench report`` rebuilds the same decision. Which loaders the search
+leaves open, and for how long, is the sweep's choice (:meth:`stagebench.loader._search._Sweep.prune`).
 """
 
 from __future__ import annotations
@@ -315,14 +314,11 @@ def run_turns(
     cfg: LoaderSweepConfig,
     max_rounds: int,
     first_turn: int = 1,
-) -> int:
+) -> None:
     """Rounds in turns while ``next_settings()`` (asked before each round, from the rows so far) names
-    settings to compare, at most ``max_rounds``, on ``held``'s loaders (those the search left open are
-    resumed; the caller closes them); each window's row goes to ``record`` as it lands. Returns the
-    rounds run."""
-    rounds = 0
+    settings to compare, at most ``max_rounds``, numbered from ``first_turn``, on ``held``'s loaders
+    (those the search left open are resumed; the caller closes them); each window's row goes to
+    ``record`` as it lands."""
     for turn, todo in in_turns(lambda _: next_settings(), max_rounds, start=first_turn):
         for knobs in todo:
             record(held.window(knobs, cfg, phase="paired", turn=turn))
-        rounds += 1
-    return rounds

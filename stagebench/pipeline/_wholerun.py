@@ -8,16 +8,14 @@ user's own settings (what the recommendation is checked against).
 
 They are compared, so they take turns (docs/method.md#rounds-in-turns): each pipeline is built and
 warmed up once, and then their sources are opened in turn, in slices, in the order R V V R (three:
-R V Y Y V R). Once forth and back, not twice: each switch costs a settle (below) that counts
-nothing; each slice is cut into three sub-windows for the interval's batches instead. While one runs,
-the other's source is closed and its stages idle. After each switch, ``settle`` seconds pass before
-counting starts: the other pipeline drains and this one refills (three times the slowest pipeline's
-steady-state latency, source to sink, as it runs alone, the same for every switch, at least 0.1 s, at
-most 1 s: :func:`_take_turns`). All warm up at the same time, before the first slice: warming up is
-not measured.
+R V Y Y V R). Once forth and back, not twice: each switch costs a settle (below) that counts nothing;
+each slice is cut into three sub-windows for the interval's batches instead. While one runs, the other's
+source is closed and its stages idle. After each switch, ``settle`` seconds pass before counting starts:
+the other pipeline drains and this one refills (three times the slowest pipeline's steady-state latency,
+source to sink, as it runs alone, the same for every switch, at least 0.1 s, at most 1 s:
+:func:`_take_turns`). All warm up at the same time, before the first slice: warming up is not measured.
 
-One run alone (the validation run without a replay) counts one contiguous
-window.
+One run alone (the validation run without a replay) counts one contiguous window.
 """
 
 from __future__ import annotations
