@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from stagebench._settings import (
     DEMAND_HEADROOM,
@@ -260,9 +259,3 @@ class LoaderSweepConfig:
         if self.yours is not None and self.yours.prefetch_factor is not None:
             return self.yours.prefetch_factor
         return 2 if 2 in self.prefetch_factors else self.prefetch_factors[0]
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["extra_points"] = [asdict(k) for k in self.extra_points]
-        d["yours"] = asdict(self.yours) if self.yours is not None else None
-        return d

@@ -15,7 +15,7 @@ import datetime as _dt
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +217,7 @@ def _open_run(
         "command": list(sys.argv),
         "provenance": prov,
         "settings": {
-            **cfg.to_dict(),
+            **asdict(cfg),
             "memory_budget_mb": budget_mb,
             "memory_budget_source": budget_source,
             "cuda": cuda,
