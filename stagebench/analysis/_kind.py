@@ -3,7 +3,7 @@ their own way.
 
 Every step that differs by kind goes through :class:`RunKind`: summarise the rows, offer the job runs'
 candidates, make the job's pick the recommendation, print the table a run ends with, give the report's
-page its context. The analysis implements the first three (:mod:`stagebench.analysis._summary`), the
+page its title and context. The analysis implements the first three (:mod:`stagebench.analysis._summary`), the
 report the whole kind (:mod:`stagebench.report._kinds`: ``LOADER``, ``PIPELINE``, ``kind_of``). Both
 summaries open with the same keys (:func:`summary_head`) and say the job the same way (:func:`job_keys`).
 """
@@ -49,6 +49,9 @@ class RunKind(KindAnalysis[Among, Picked], Protocol[Among, Picked, Run]):
 
     def table(self, summary: Mapping[str, Any], report_path: str | os.PathLike[str] | None = None) -> str:
         """The text printed when a run ends: its table, the job runs', the report's path where given."""
+
+    def title(self, run: Run) -> str:
+        """The report's title for the run."""
 
     def page_context(self, run: Run) -> dict[str, Any]:
         """What the report's template draws the kind's page from."""

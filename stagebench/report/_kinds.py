@@ -26,6 +26,11 @@ class _Loader(LoaderAnalysis):
 
     page_context = staticmethod(loader_context)
 
+    def title(self, run: RunData) -> str:
+        """The loader's name and backend."""
+        info = run.loader
+        return f"{'loader' if info.name is None else info.name} ({'?' if info.backend is None else info.backend})"
+
     def table(self, summary: Mapping[str, Any], report_path: str | os.PathLike[str] | None = None) -> str:
         """The points' table, then the job runs' lines after a line break of their own, the report's path
         where given."""
@@ -38,6 +43,13 @@ class _Pipeline(PipelineAnalysis):
 
     page_context = staticmethod(pipeline_context)
     table = staticmethod(format_table)
+
+    def title(self, run: RunData) -> str:
+        """The pipeline's first six stages, or its bottleneck where none is named."""
+        names = [s.name for s in run.stages] or [str(s.get("name")) for s in run.meta.stages]
+        if names:
+            return f"pipeline: {' → '.join(names[:6])}" + (" → …" if len(names) > 6 else "")
+        return f"pipeline {run.summary.prediction.bottleneck or ''}".strip()
 
 
 LOADER: RunKind[Any, Any, RunData] = _Loader()

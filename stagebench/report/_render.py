@@ -89,16 +89,6 @@ def load_run(run_dir: Path, *, recompute: bool = False) -> RunData:
     )
 
 
-def _title(run: RunData) -> str:
-    if run.kind == "loader":
-        info = run.loader
-        return f"{'loader' if info.name is None else info.name} ({'?' if info.backend is None else info.backend})"
-    names = [s.name for s in run.stages] or [str(s.get("name")) for s in run.meta.stages]
-    if names:
-        return f"pipeline: {' → '.join(names[:6])}" + (" → …" if len(names) > 6 else "")
-    return f"pipeline {run.summary.prediction.bottleneck or ''}".strip()
-
-
 #: Per-stage summary entries left out of the page's JSON copy: each is drawn or listed above it, or
 #: derived from the rows of the CSV download; ``summary.json`` beside the report keeps them all.
 _NOT_IN_PAGE = ("curves", "fit", "evidence")
@@ -130,7 +120,10 @@ def _phases_text(phases: Any) -> str | None:
 
 
 def report_context(run: RunData) -> dict[str, Any]:
-    sm, meta = run.summary, run.meta
+    # the pages draw with matplotlib, imported here, inside write_report: its callers catch an import short of memory
+    from stagebench.report import _kinds, _page_parts
+
+    sm, meta, kind = run.summary, run.meta, _kinds.kind_of(run.kind)
     warnings = list(sm.warnings)
     if run.summary_error:
         warnings.insert(
@@ -144,7 +137,7 @@ def report_context(run: RunData) -> dict[str, Any]:
     split = max(3, sum(1 for f in findings if f["severity"] in ("high", "medium")))
     ctx: dict[str, Any] = {
         "kind": run.kind,
-        "title": _title(run),
+        "title": kind.title(run),
         "verdict": sm.verdict
         or ("no verdict: the analysis did not run" if run.summary_error else "no verdict in summary.json"),
         "demand": sm.demand.text,
@@ -175,13 +168,9 @@ def report_context(run: RunData) -> dict[str, Any]:
         "n_rows": len(run.rows),
         "columns": list(run.rows.columns),
     }
-    # the pages draw with matplotlib, imported here, inside write_report: its callers catch an import short of memory
-    from stagebench.report import _kinds, _page_parts
-
     ctx["job"] = _page_parts.job_context(run.job)
     trows = run.transform_rows
     ctx["transform_rows_json"] = json_island(rows_records(trows)) if trows is not None else None
-    kind = _kinds.kind_of(run.kind)
     ctx.update(dict.fromkeys(_kinds.KINDS))  # the other kind's page is None
     ctx[kind.name] = kind.page_context(run)
     return ctx
