@@ -17,8 +17,10 @@ from typing import Any, ClassVar, TypeVar
 from stagebench.model._finding import Finding
 from stagebench.model._job import JobVerdict, StepAlone
 from stagebench.model._json import Coercions, Read, integer, mapping, text, texts
+from stagebench.model._loader import LoaderPoint, WorkerCosts
 from stagebench.model._meta import LoaderInfo, Provenance, RunSettings
 from stagebench.model._pipeline import CpuSpeed, Demand, Joint, Prediction, Search, Validation, VersusYours
+from stagebench.model._stage import StageEntry
 
 __all__ = ["Summary"]
 
@@ -59,7 +61,7 @@ class Summary(Read):
     cpu_speed: CpuSpeed | None = None
     joint: Joint = field(default_factory=Joint)
     search: Search | None = None
-    stages: list[dict[str, Any]] = field(default_factory=list)
+    stages: list[StageEntry] = field(default_factory=list)
     not_isolated: list[dict[str, Any]] = field(default_factory=list)
     job: JobVerdict | None = None
     trainer: StepAlone = field(default_factory=StepAlone)
@@ -71,9 +73,9 @@ class Summary(Read):
     best: Mapping[str, Any] | None = None
     target: Mapping[str, Any] | None = None
     user_setting: Mapping[str, Any] | None = None
-    worker_costs: Mapping[str, Any] | None = None
-    points: list[dict[str, Any]] = field(default_factory=list)
-    transforms: list[dict[str, Any]] = field(default_factory=list)
+    worker_costs: WorkerCosts | None = None
+    points: list[LoaderPoint] = field(default_factory=list)
+    transforms: list[StageEntry] = field(default_factory=list)
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     READ: ClassVar[Coercions] = {
@@ -87,20 +89,22 @@ class Summary(Read):
         **dict.fromkeys(("kind", "verdict", "scope", "stagebench_version"), text),
         "warnings": texts,
         "findings": _findings,
-        **dict.fromkeys(("stages", "not_isolated", "points", "transforms"), _list),
+        **dict.fromkeys(("stages", "transforms"), lambda v: [StageEntry.from_json(x) for x in _list(v)]),
+        "not_isolated": _list,
+        "points": lambda v: [LoaderPoint.from_json(x) for x in _list(v)],
         **dict.fromkeys(("schema_version", "cores"), integer),
         "job": JobVerdict.from_json,
         "trainer": StepAlone.from_json,
         "provenance": lambda v: _copied(v, Provenance.from_json),
         "settings": lambda v: _copied(v, RunSettings.from_json),
         "loader": lambda v: _copied(v, LoaderInfo.from_json),
+        "worker_costs": lambda v: _copied(v, WorkerCosts.from_json),
         **dict.fromkeys(
             (
                 "recommended",
                 "best",
                 "target",
                 "user_setting",
-                "worker_costs",
             ),
             mapping,
         ),

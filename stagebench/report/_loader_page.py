@@ -80,7 +80,7 @@ def loader_context(run: RunData) -> dict[str, Any]:
         "points": points,
         "problems": problem_rows(rows),
         "transforms": transforms,
-        "costs": _worker_costs_context(WorkerCosts.from_json(sm.worker_costs) if sm.worker_costs else None),
+        "costs": _worker_costs_context(sm.worker_costs),
     }
 
 

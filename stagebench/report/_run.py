@@ -74,8 +74,8 @@ class RunData:
             csv_bytes=csv_bytes,
             kind=kind,
             transform_rows=transform_rows,
-            stages=tuple(map(StageEntry.from_json, summary.stages)),
-            transforms=tuple(map(StageEntry.from_json, summary.transforms)),
+            stages=tuple(summary.stages),
+            transforms=tuple(summary.transforms),
             job=summary.job,
         )
 

@@ -40,7 +40,7 @@ def pipeline_snippet(sm: Summary, m: RunMeta) -> str:
     types = {s.get("name"): s for s in m.stages}
     versus = sm.recommended_vs_yours
     verdict = versus.verdict
-    stages = [StageEntry.from_json(x) for x in sm.stages]
+    stages = sm.stages
     job = sm.job
     decided = job is not None and job.decided
     # the job's pick is on the stages (analysis/_pipeline_job.apply_job_pick); the prediction's

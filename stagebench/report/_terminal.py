@@ -22,7 +22,7 @@ from stagebench.analysis._pipeline_job import user_setting
 from stagebench.model._job import JobVerdict
 from stagebench.model._loader import LoaderPoint
 from stagebench.model._meta import LoaderInfo, Provenance
-from stagebench.model._stage import StageEntry, StageSetting
+from stagebench.model._stage import StageSetting
 from stagebench.model._summary import Summary
 
 __all__ = ["format_table", "format_rate", "format_loader_table", "job_lines"]
@@ -71,8 +71,7 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
     sm = Summary.from_json(summary)
     header = ("stage", "verdict", "recommended", "items/s (95% CI)", "notes")
     rows: list[tuple[str, ...]] = [header]
-    for raw in sm.stages:
-        st = StageEntry.from_json(raw)
+    for st in sm.stages:
         status = st.status or "ok"
         verdict = st.classification or "unknown"
         if status not in ("ok", None):
@@ -110,7 +109,7 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
         limit = st.limit
         if limit is not None and limit.kind:
             notes.append(f"alone at {limit.at}: limited by {LIMIT_SHORT.get(limit.kind, limit.kind)}")
-        mine = user_setting(raw)
+        mine = user_setting(st.to_json())
         if mine and mine != _setting(rec):
             notes.append(f"yours {mine}")
         if _setting(best) != _setting(rec):
@@ -232,7 +231,7 @@ def format_loader_table(summary: Mapping[str, Any]) -> str:
     name, backend, batch = ("?" if v is None else v for v in (info.name, info.backend, info.batch_size))
     lines = [f"stagebench loader sweep: {name} (backend {backend}, batch size {batch})"]
     sm = Summary.from_json(summary)
-    points = [LoaderPoint.from_json(q) for q in sm.points]
+    points = sm.points
     ranks = max((p.ranks or 1 for p in points), default=1)
     if ranks > 1:  # the host's ranks measured together: its rate, and each rank's beside it
         lines[0] += (
