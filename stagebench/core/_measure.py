@@ -20,7 +20,6 @@ The protocol (each step is there for a reason):
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import gc
 import math
 import pickle
@@ -48,10 +47,11 @@ from stagebench.core._mirror import mirror
 from stagebench.core._pickling import pickle_problem
 from stagebench.core._resources import ResourceMonitor, TreeSnapshot, tree_pss_mb
 from stagebench.core._spdl_harness import SpdlRunner
+from stagebench.core._stage_draft import StageDraft
 from stagebench.core._stats import batch_count, fractional_counts, mean_interval, percentiles_ms, t_quantile
 from stagebench.model._ranks import HostRate
 from stagebench.model._rate import Rate
-from stagebench.runs._schema import EXECUTORS, HARNESSES, STAGE_COLUMNS
+from stagebench.runs._schema import EXECUTORS, HARNESSES
 
 __all__ = ["measure_stage", "identity", "payload_bytes", "empty_row", "window_rate", "host_figures", "POINT"]
 
@@ -109,21 +109,8 @@ def payload_bytes(inputs: Sequence, sample: int = 8) -> float:
 
 
 def empty_row(stage: str, role: str, executor: str, harness: str, concurrency: int) -> dict[str, Any]:
-    row: dict[str, Any] = {c: math.nan for c in STAGE_COLUMNS}
-    row.update(
-        stage=stage,
-        role=role,
-        executor=executor,
-        harness=harness,
-        concurrency=int(concurrency),
-        status="ok",
-        reason="",
-        error_example="",
-        n_errors=0,
-        workers_seen=0,
-        started_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
-    )
-    return row
+    """The row of a point not measured: its settings, started now, every figure NaN."""
+    return StageDraft.start(stage, role, executor, harness, concurrency).as_row()
 
 
 def _skip_reason(fn: Callable, inputs: Sequence, executor: str, pool: WorkerPool | None) -> str | None:
@@ -192,28 +179,30 @@ def measure_stage(
         )
     inputs = list(inputs) if not isinstance(inputs, Sequence) else inputs
     stage = name or getattr(fn, "__name__", None) or type(fn).__name__
-    row = empty_row(stage, role, executor, harness, concurrency)
-    row["payload_bytes"] = payload if payload is not None else payload_bytes(inputs)
+    row = StageDraft.start(stage, role, executor, harness, concurrency)
+    row.payload_bytes = payload if payload is not None else payload_bytes(inputs)
     t_begin = time.perf_counter()
 
     if not inputs:
-        row.update(status="skipped", reason="no inputs")
-        return row
+        row.fail("skipped", "no inputs")
+        return row.as_row()
     if executor != "process":
         pool = None
     short = memory_short()
     if short:  # it would fail for want of memory, or hang starting a thread that cannot start
-        row.update(status="skipped", reason=f"not measured: {short}", elapsed_s=0.0)
-        return row
+        row.fail("skipped", f"not measured: {short}")
+        row.elapsed_s = 0.0
+        return row.as_row()
     try:
         reason = _skip_reason(fn, inputs, executor, pool)
         if reason:
-            row.update(status="skipped", reason=reason, elapsed_s=0.0)
-            return row
+            row.fail("skipped", reason)
+            row.elapsed_s = 0.0
+            return row.as_row()
         with _watchdog(cfg.timeout_s + _WATCHDOG_MARGIN_S):
-            return _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_pipes, row, t_begin)
+            _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_pipes, row, t_begin)
     except _PointHung:
-        return _ended(
+        _ended(
             row,
             t_begin,
             "timeout",
@@ -227,18 +216,19 @@ def measure_stage(
         what = out_of_memory(e)
         if what is None:
             raise
-        return _ended(
+        _ended(
             row,
             t_begin,
             "failed",
             f"out of memory while measuring this point ({what}): the process could not allocate more; {CAUSE}",
         )
+    return row.as_row()
 
 
-def _ended(row: dict[str, Any], t_begin: float, status: str, reason: str) -> dict[str, Any]:
-    """The row of a point the measuring itself could not finish: its status, why, and the time it took."""
-    row.update(status=status, reason=reason, elapsed_s=time.perf_counter() - t_begin)
-    return row
+def _ended(row: StageDraft, t_begin: float, status: str, reason: str) -> None:
+    """A point the measuring itself could not finish: its status, why, and the time it took."""
+    row.fail(status, reason)
+    row.elapsed_s = time.perf_counter() - t_begin
 
 
 class _PointHung(Exception):
@@ -279,7 +269,7 @@ def _watchdog(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
-def _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_pipes, row, t_begin) -> dict[str, Any]:
+def _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_pipes, row: StageDraft, t_begin) -> None:
     runner: Runner
     if harness == "spdl":
         runner = SpdlRunner(fn, inputs, concurrency, executor, pool, extra_pipes=spdl_extra_pipes)
@@ -299,9 +289,9 @@ def _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_p
         if outcome is not None:
             # Read PSS now: workers are alive but idle, so reading smaps does not
             # fight the stage for the GIL.
-            row["mem_pss_mb"] = tree_pss_mb(runner.worker_pids())
+            row.mem_pss_mb = tree_pss_mb(runner.worker_pids())
             if not idle:
-                row["reason"] = "an item was still running 5 s after the window closed"
+                row.reason = "an item was still running 5 s after the window closed"
     finally:
         runner.abort()
         if ranks is not None:
@@ -310,21 +300,19 @@ def _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_p
         _fill_from_records(row, runner.lanes, *outcome, cfg)
         if ranks is not None and ranks.others:
             host_figures(row, ranks.others)
-    if runner.fatal is not None and row["status"] == "ok":
-        row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
+    if runner.fatal is not None and row.status == "ok":
+        row.fail(runner.fatal_status or "failed", runner.fatal)
     if leaked_threads():
-        note = (
+        row.note(
             f"{leaked_threads()} worker thread(s) of a hung stage still running; later thread points may be perturbed"
         )
-        row["reason"] = f"{row['reason']}; {note}" if row["reason"] else note
-    row["elapsed_s"] = time.perf_counter() - t_begin
-    return row
+    row.elapsed_s = time.perf_counter() - t_begin
 
 
 _Outcome = tuple[float, float, TreeSnapshot, TreeSnapshot, float, float]  # t0, t1, snap0, snap1, gc_s, check_cpu_s
 
 
-def _run_window(runner, cfg, deadline, t_begin, row, mon, ranks: _Ranked | None = None) -> _Outcome | None:
+def _run_window(runner, cfg, deadline, t_begin, row: StageDraft, mon, ranks: _Ranked | None = None) -> _Outcome | None:
     """Warm up, then time the window. Returns (t0, t1, snap0, snap1, gc_s, check_cpu_s) or None.
 
     ``gc_s``: seconds the garbage collector ran in this process during the window;
@@ -336,28 +324,25 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon, ranks: _Ranked | None 
     while True:
         now = time.perf_counter()
         if runner.fatal is not None:
-            row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
+            row.fail(runner.fatal_status or "failed", runner.fatal)
             return None
         seen = runner.delivered_workers()
         if seen >= runner.expected_workers() and now - t_begin >= cfg.warmup_s and (ranks is None or ranks.ready()):
             if ranks is not None and ranks.failed is not None:  # a rank's point did not run: no host figure
-                row.update(status=ranks.failed[0], reason=ranks.failed[1])
+                row.fail(*ranks.failed)
                 return None
             break
         if now >= deadline:
-            row.update(
-                status="timeout",
-                reason=f"no steady state within {cfg.timeout_s:g}s: {seen} of {c} workers delivered an item",
-                workers_seen=seen,
-            )
+            row.fail("timeout", f"no steady state within {cfg.timeout_s:g}s: {seen} of {c} workers delivered an item")
+            row.workers_seen = seen
             return None
         time.sleep(_POLL_S)
-    row["workers_seen"] = runner.delivered_workers()
+    row.workers_seen = runner.delivered_workers()
     if cfg.precision > 0:
         # the checks' statistics import scipy on first use (0.1 s of CPU and of the GIL): not inside a window
         t_quantile(0.975, 4)
     t0 = time.perf_counter()
-    row["warmup_s"] = t0 - t_begin
+    row.warmup_s = t0 - t_begin
     pids = (lambda: runner.worker_pids() + ranks.pids()) if ranks is not None else runner.worker_pids
     snap0 = TreeSnapshot.take(pids(), opening=True)
     mon.peak_rss_mb = 0.0
@@ -371,7 +356,7 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon, ranks: _Ranked | None 
         while True:
             now = time.perf_counter()
             if runner.fatal is not None:
-                row.update(status=runner.fatal_status or "failed", reason=runner.fatal)
+                row.fail(runner.fatal_status or "failed", runner.fatal)
                 return None
             if now >= check_at and now < end and not extended:
                 c0 = time.thread_time()
@@ -398,11 +383,11 @@ def _run_window(runner, cfg, deadline, t_begin, row, mon, ranks: _Ranked | None 
         t1 = closed_at or time.perf_counter()
         snap1 = TreeSnapshot.take(pids())
     mon._sample()
-    row["mem_peak_mb"] = mon.peak_rss_mb
+    row.mem_peak_mb = mon.peak_rss_mb
     if ranks is not None:
         ranks.read(t0, t1)
         if ranks.failed is not None:
-            row.update(status=ranks.failed[0], reason=ranks.failed[1])
+            row.fail(*ranks.failed)
             return None
     return t0, t1, snap0, snap1, gc_clock.seconds, check_cpu
 
@@ -492,37 +477,31 @@ def window_rate(lanes, t0: float, t1: float, cfg: MeasureConfig) -> dict[str, An
     return {"qps": qps if n > 0 else 0.0, "qps_low": lo, "qps_high": hi, "n_items": n}
 
 
-def _fill_from_records(row, lanes, t0, t1, snap0, snap1, gc_s, check_cpu, cfg: MeasureConfig) -> None:
+def _fill_from_records(row: StageDraft, lanes, t0, t1, snap0, snap1, gc_s, check_cpu, cfg: MeasureConfig) -> None:
     starts, ends, bad, call_cpu = _collect(lanes, t0, t1)
     window = t1 - t0
-    row["window_s"] = window
-    row["n_errors"] = len(bad)
+    row.window_s = window
+    row.n_errors = len(bad)
     if bad:
-        row["error_example"] = bad[0][2] or ""
+        row.error_example = bad[0][2] or ""
     in_window = (ends > t0) & (ends <= t1)
     durations = ends[in_window] - starts[in_window]
     nb, counts, qps, lo, hi, cv = _batch_means(starts, ends, durations, t0, t1, cfg)
     n_items = float(counts.sum())
-    row.update(
-        n_items=n_items,
-        n_batches=nb,
-        qps=qps if n_items > 0 else 0.0,
-        qps_low=lo,
-        qps_high=hi,
-        qps_cv=cv,
-    )
-    row["latency_p50_ms"], row["latency_p90_ms"], row["latency_p99_ms"] = percentiles_ms(durations)
-    row["latency_mean_ms"] = float(durations.mean()) * 1e3 if len(durations) else math.nan
+    row.n_items, row.n_batches, row.qps = n_items, nb, qps if n_items > 0 else 0.0
+    row.qps_low, row.qps_high, row.qps_cv = lo, hi, cv
+    row.latency_p50_ms, row.latency_p90_ms, row.latency_p99_ms = percentiles_ms(durations)
+    row.latency_mean_ms = float(durations.mean()) * 1e3 if len(durations) else math.nan
     if call_cpu is not None and in_window.any():
         # the mean, as for CPU per item: a rare long call costs what it costs
-        row["call_cpu_ms"] = float(np.mean(call_cpu[in_window])) * 1e3
+        row.call_cpu_ms = float(np.mean(call_cpu[in_window])) * 1e3
     cpu = max(0.0, snap1.cpu_since(snap0) - check_cpu)  # the stage's, not the stopping checks'
     # per CPU-counter interval, not the window: reading counters can lag the
     # window's edges when the stage's threads hold the GIL
     cpu_span = max(snap1.t - snap0.t, 1e-9)
-    row["cores_used"] = cpu / cpu_span
-    row["steal_share"] = snap1.steal_share_since(snap0)
-    row["cores_throttled"] = snap1.throttled_cores_since(snap0)
+    row.cores_used = cpu / cpu_span
+    row.steal_share = snap1.steal_share_since(snap0)
+    row.cores_throttled = snap1.throttled_cores_since(snap0)
     # per item completed over the counters' span: CPU, faults and collector time are read over it
     span_items = n_items * cpu_span / window
     for key, total in (
@@ -530,22 +509,19 @@ def _fill_from_records(row, lanes, t0, t1, snap0, snap1, gc_s, check_cpu, cfg: M
         ("minor_faults_per_item", snap1.minor_faults_since(snap0)),
         ("gc_s_per_item", gc_s),
     ):
-        row[key] = total / span_items if n_items > 0 else math.nan
-    row["disk_read_mb_s"] = snap1.read_bytes_since(snap0) / window / 2**20
-    row["read_mb_s"] = snap1.read_chars_since(snap0) / window / 2**20
+        setattr(row, key, total / span_items if n_items > 0 else math.nan)
+    row.disk_read_mb_s = snap1.read_bytes_since(snap0) / window / 2**20
+    row.read_mb_s = snap1.read_chars_since(snap0) / window / 2**20
     if n_items == 0:
         if bad:
-            row.update(status="failed", reason=f"every item raised: {row['error_example']}")
+            row.fail("failed", f"every item raised: {row.error_example}")
         else:
-            row.update(status="timeout", reason=f"no item completed in a {window:.1f}s window")
+            row.fail("timeout", f"no item completed in a {window:.1f}s window")
     short = [what for _, _, err in bad if (what := said_out_of_memory(err or ""))]
     if short:
         # Calls that ran out of memory are no error of the items: the process (or a worker) had none left, and
         # a rate read then is not the stage's. Its figures stay in the row as measured; the point failed.
-        row.update(
-            status="failed",
-            reason=f"out of memory: {len(short)} of its calls in the window ran out ({short[0]}); {CAUSE}",
-        )
+        row.fail("failed", f"out of memory: {len(short)} of its calls in the window ran out ({short[0]}); {CAUSE}")
 
 
 class _Ranked:
@@ -560,14 +536,14 @@ class _Ranked:
         self.failed: tuple[str, str] | None = None
 
     @classmethod
-    def open(cls, row, executor, concurrency, harness, extra_pipes, cfg: MeasureConfig) -> _Ranked | None:
+    def open(cls, row: StageDraft, executor, concurrency, harness, extra_pipes, cfg: MeasureConfig) -> _Ranked | None:
         m = mirror()
         if m is None:
             return None
         cid = m.open(
             POINT,
-            stage=row["stage"],
-            role=row["role"],
+            stage=row.stage,
+            role=row.role,
             executor=executor,
             concurrency=int(concurrency),
             harness=harness,
@@ -599,32 +575,35 @@ class _Ranked:
         self.mirror.close(self.cid)
 
 
-def host_figures(row: dict[str, Any], others: list[dict[str, Any]]) -> None:
+def host_figures(row: StageDraft, others: list[dict[str, Any]]) -> None:
     """A ranked point's row: ``qps`` and its interval are the host's (the sum over its ranks: their windows
     are the same seconds of one host), the slowest and fastest rank's beside them; the CPU per item is
     the host's CPU (the window's counters read every rank's processes) over the host's items. A rank that
     timed nothing leaves the point failed: no host figure stands without it."""
 
-    def rate(d: dict[str, Any]) -> Rate | None:
-        q, lo, hi = d.get("qps"), d.get("qps_low"), d.get("qps_high")
+    def rate(q: Any, lo: Any, hi: Any) -> Rate | None:
         if not isinstance(q, (int, float)) or not q > 0:
             return None
         if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and math.isfinite(lo) and math.isfinite(hi):
             return Rate(float(q), max(0.0, min(float(lo), float(q))), max(float(hi), float(q)))
         return Rate(float(q))
 
-    rates = HostRate.of([rate(row), *(rate(d) for d in others)])
-    row["ranks"] = len(rates.ranks)
+    theirs = (rate(d.get("qps"), d.get("qps_low"), d.get("qps_high")) for d in others)
+    rates = HostRate.of([rate(row.qps, row.qps_low, row.qps_high), *theirs])
+    row.ranks = len(rates.ranks)
     host, slow, fast = rates.host, rates.slowest, rates.fastest
     if host is None or slow is None or fast is None:
-        if row["status"] == "ok":
+        if row.status == "ok":
             missing = [str(r) for r, x in enumerate(rates.ranks) if x is None]
-            row.update(status="failed", reason=f"local rank(s) {', '.join(missing)} completed no item in the window")
+            row.fail("failed", f"local rank(s) {', '.join(missing)} completed no item in the window")
         return
-    mine = float(row["qps"])
-    row.update(qps=host.value, qps_low=host.low if host.low is not None else math.nan)
-    row["qps_high"] = host.high if host.high is not None else math.nan
-    row["rank_min_qps"], row["rank_max_qps"] = slow.value, fast.value
-    for key in ("cpu_s_per_item", "minor_faults_per_item"):  # every rank's counters over every rank's items
-        if finite(row.get(key)) and host.value > 0:
-            row[key] = row[key] * mine / host.value
+    mine = float(row.qps)
+    row.qps = host.value
+    row.qps_low = host.low if host.low is not None else math.nan
+    row.qps_high = host.high if host.high is not None else math.nan
+    row.rank_min_qps, row.rank_max_qps = slow.value, fast.value
+    if host.value > 0:  # every rank's counters over every rank's items
+        if finite(row.cpu_s_per_item):
+            row.cpu_s_per_item = row.cpu_s_per_item * mine / host.value
+        if finite(row.minor_faults_per_item):
+            row.minor_faults_per_item = row.minor_faults_per_item * mine / host.value
