@@ -17,7 +17,7 @@ from stagebench.analysis._loader_evidence import pool_points
 from stagebench.analysis._worker_costs import workers_that_fit
 from stagebench.core._config import CANNOT_MATTER
 from stagebench.model._knobs import LoaderKnobs
-from stagebench.model._loader import LoaderRow, WorkerCosts
+from stagebench.model._loader import LoaderRow
 from stagebench.model._meta import RunMeta
 from stagebench.runs._knobs import normalize_knobs
 
@@ -54,7 +54,7 @@ def _memory_cap(m: RunMeta) -> int | None:
     """The most workers a rank's loader may have for a cgroup's memory limit to hold every rank's over an
     epoch, where one sets the run's memory and the workers' growth was read
     (:func:`stagebench.analysis._worker_costs.workers_that_fit`); None otherwise."""
-    return workers_that_fit(WorkerCosts.from_json(m.worker_costs), m.ranks) if m.worker_costs else None
+    return workers_that_fit(m.worker_costs, m.ranks) if m.worker_costs is not None else None
 
 
 def _cheapest_first(p: LoaderRow) -> tuple[float, ...]:

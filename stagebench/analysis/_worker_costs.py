@@ -74,9 +74,9 @@ def worker_costs_summary(m: RunMeta, pts: list[LoaderRow]) -> WorkerCosts | None
         startup.append(replace(split, setting=p.knobs.label(as_call=True, flags=False), num_workers=nw))
     startup.sort(key=lambda r: r.num_workers or 0)
     # run.json's record, as measured: the summary carries it whole, after the start-up split
-    if not startup and not m.worker_costs:
+    if not startup and m.worker_costs is None:
         return None
-    wc = replace(WorkerCosts.from_json(m.worker_costs), startup=tuple(startup))
+    wc = replace(m.worker_costs or WorkerCosts(), startup=tuple(startup))
     mem, avail, ranks = wc.memory, wc.available_mb, m.ranks
     if mem is not None and mem.epoch_growth_mb is not None and finite(mem.epoch_growth_mb) and finite(avail):
         # every rank's workers grow alike, in the memory the host's ranks share

@@ -35,6 +35,7 @@ __all__ = [
     "ReadIfGiven",
     "Coercions",
     "given",
+    "filled",
     "number",
     "integer",
     "whole",
@@ -103,6 +104,11 @@ def given(from_json: Callable[[Mapping[str, Any]], _T]) -> Callable[[Any], _T | 
         A coercion for a ``READ`` table or :func:`read`.
     """
     return lambda v: from_json(v) if isinstance(v, Mapping) else None
+
+
+def filled(from_json: Callable[[Mapping[str, Any]], _T]) -> Callable[[Any], _T | None]:
+    """As :func:`given`, where an empty mapping is none either (a record copied only where it holds something)."""
+    return lambda v: from_json(v) if isinstance(v, Mapping) and v else None
 
 
 def _listed(v: Any) -> bool:

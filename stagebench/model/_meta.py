@@ -23,6 +23,7 @@ from stagebench.model._json import (
     ReadIfGiven,
     Written,
     dict_of,
+    filled,
     given,
     items,
     nums,
@@ -32,6 +33,7 @@ from stagebench.model._json import (
     texts,
 )
 from stagebench.model._limits import HostLimits
+from stagebench.model._loader import WorkerCosts
 from stagebench.model._ranks import Ranks
 
 __all__ = ["RunMeta", "Provenance", "RunSettings", "LoaderInfo", "UserKnobs", "SearchRecord", "RunEnd"]
@@ -117,10 +119,6 @@ class UserKnobs(Written):
         return knob in self.given
 
 
-def _knobs(v: Any) -> UserKnobs | None:
-    return UserKnobs.from_json(v) if isinstance(v, Mapping) and v else None
-
-
 @dataclass(frozen=True, slots=True)
 class LoaderInfo(Read):
     """The loader under test (``run.json["loader"]``, copied to a loader summary): its name, backend and
@@ -135,7 +133,7 @@ class LoaderInfo(Read):
     user_knobs: UserKnobs | None = None
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    READ: ClassVar[Coercions] = {"call": records, "user_knobs": _knobs}
+    READ: ClassVar[Coercions] = {"call": records, "user_knobs": filled(UserKnobs.from_json)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +224,7 @@ class RunMeta(Read):
     cpu_speed: dict[str, Any] | None = None
     page_fault: dict[str, Any] | None = None
     pipeline_overhead: dict[str, Any] | None = None
-    worker_costs: dict[str, Any] | None = None
+    worker_costs: WorkerCosts | None = None
     #: how a run that never finished ended, where ``stagebench report`` found out (None: not looked at)
     ended: RunEnd | None = None
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -250,11 +248,11 @@ class RunMeta(Read):
                 "cpu_speed",
                 "page_fault",
                 "pipeline_overhead",
-                "worker_costs",
             ),
             record,
         ),
         "trainer_planned": bool,
+        "worker_costs": filled(WorkerCosts.from_json),
         "ended": RunEnd.from_json,
         **dict.fromkeys(("not_isolated", "transforms"), items),
     }

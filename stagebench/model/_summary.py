@@ -10,13 +10,13 @@ points) are kept as the summary holds them, for those types to read.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 from stagebench.model._finding import Finding
 from stagebench.model._job import JobVerdict, StepAlone
-from stagebench.model._json import Coercions, Read, integer, mapping, text, texts
+from stagebench.model._json import Coercions, Read, filled, integer, mapping, text, texts
 from stagebench.model._loader import LoaderPoint, WorkerCosts
 from stagebench.model._meta import LoaderInfo, Provenance, RunSettings
 from stagebench.model._pipeline import CpuSpeed, Demand, Joint, Prediction, Search, Validation, VersusYours
@@ -24,16 +24,9 @@ from stagebench.model._stage import StageEntry
 
 __all__ = ["Summary"]
 
-_T = TypeVar("_T")
-
 
 def _list(v: Any) -> list[Any]:
     return list(v) if isinstance(v, (list, tuple)) else []
-
-
-def _copied(v: Any, from_json: Callable[[Mapping[str, Any]], _T]) -> _T | None:
-    """A record run.json holds, as the summary copies it; None where it is not there or empty."""
-    return from_json(v) if isinstance(v, Mapping) and v else None
 
 
 def _findings(v: Any) -> list[Finding]:
@@ -95,10 +88,10 @@ class Summary(Read):
         **dict.fromkeys(("schema_version", "cores"), integer),
         "job": JobVerdict.from_json,
         "trainer": StepAlone.from_json,
-        "provenance": lambda v: _copied(v, Provenance.from_json),
-        "settings": lambda v: _copied(v, RunSettings.from_json),
-        "loader": lambda v: _copied(v, LoaderInfo.from_json),
-        "worker_costs": lambda v: _copied(v, WorkerCosts.from_json),
+        "provenance": filled(Provenance.from_json),
+        "settings": filled(RunSettings.from_json),
+        "loader": filled(LoaderInfo.from_json),
+        "worker_costs": filled(WorkerCosts.from_json),
         **dict.fromkeys(
             (
                 "recommended",
