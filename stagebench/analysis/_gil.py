@@ -66,6 +66,7 @@ import numpy as np
 
 from stagebench._numbers import finite
 from stagebench.core._curves import Curve, Point, StageRows
+from stagebench.model._json import Written
 from stagebench.model._stage import GilEstimate
 
 __all__ = ["estimate_gil", "harness_gil_s", "harness_cpu_s", "SIGNAL_LABELS"]
@@ -139,16 +140,23 @@ def _slowdown(sr: StageRows, H: str, E: str, p: Point, p0: Point, cpu_share: flo
     return k if 0.5 <= k <= 2.0 else 1.0
 
 
-def _signal(value, interval, label_key, role, implied=None, implied_interval=None, detail="") -> dict[str, Any]:
-    return {
-        "value": value,
-        "interval": interval,
-        "label": SIGNAL_LABELS[label_key],
-        "role": role,
-        "implied_fraction": implied,
-        "implied_interval": implied_interval,
-        "detail": detail,
-    }
+@dataclass(frozen=True, slots=True)
+class _Signal(Written):
+    """One figure the estimate read on the way: its value and interval, what it says in words (``label``),
+    its ``role`` in the estimate, the GIL fraction it implies and the ``detail`` behind it. Its
+    :meth:`to_json` is the estimate's ``signals`` entry, these keys in this order."""
+
+    value: Any
+    interval: Any
+    label: str
+    role: str
+    implied_fraction: Any
+    implied_interval: Any
+    detail: str
+
+
+def _signal(value, interval, label_key, role, implied=None, implied_interval=None, detail="") -> _Signal:
+    return _Signal(value, interval, SIGNAL_LABELS[label_key], role, implied, implied_interval, detail)
 
 
 def _choose(sr: StageRows) -> tuple[str, str] | None:
@@ -264,7 +272,7 @@ def _host_left(p: Point) -> float:
     return 1 - steal if finite(steal) and _STEAL_NOTABLE < steal < 1 else 1.0
 
 
-def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, Any], notes: list[str]) -> _CpuShare:
+def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, _Signal], notes: list[str]) -> _CpuShare:
     """The ``cpu_share`` signal: CPU per item over time per item at the lowest level, read within one point.
 
     Over the time the host left this VM: where it took the CPUs for a share ``s`` of the window (steal),
@@ -313,7 +321,7 @@ def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, Any], notes: list[str]
     return _CpuShare(A, A_lo, A_hi, gil_free)
 
 
-def _cpu_share_for_load(low: _Lowest, share: _CpuShare, signals: dict[str, Any], notes: list[str]) -> None:
+def _cpu_share_for_load(low: _Lowest, share: _CpuShare, signals: dict[str, _Signal], notes: list[str]) -> None:
     """The ``cpu_share_for_load`` signal and its note, when a busy no-op thread got well under a core."""
     # The direct harness's no-op ceiling on one thread is pure Python that never
     # waits: the cores it got say how much of a core a busy thread could get
@@ -346,7 +354,7 @@ def _cpu_share_for_load(low: _Lowest, share: _CpuShare, signals: dict[str, Any],
 
 
 def _thread_plateau(
-    sr: StageRows, T: Curve, low: _Lowest, share: _CpuShare, cores: float, signals: dict[str, Any]
+    sr: StageRows, T: Curve, low: _Lowest, share: _CpuShare, cores: float, signals: dict[str, _Signal]
 ) -> _Plateau:
     """The ``thread_plateau`` signal: the bound the peak thread throughput puts on GIL time per item.
 
@@ -417,7 +425,7 @@ def _plateau_detail(
     return f"threads scale close to linearly up to {cm}: no serial limit reached"
 
 
-def _cpu_share_at_plateau(share: _CpuShare, plateau: _Plateau, signals: dict[str, Any]) -> _Reading | None:
+def _cpu_share_at_plateau(share: _CpuShare, plateau: _Plateau, signals: dict[str, _Signal]) -> _Reading | None:
     """The ``cpu_share_at_plateau`` signal, when the GIL saturates the threads on at most about one core."""
     u = plateau.peak.cores_used
     if not (
@@ -447,7 +455,7 @@ def _threads_vs_processes(
     low: _Lowest,
     share: _CpuShare,
     plateau: _Plateau,
-    signals: dict[str, Any],
+    signals: dict[str, _Signal],
     notes: list[str],
 ) -> _Reading | None:
     """The ``threads_vs_processes`` signal, at the level where processes gain most over threads.
@@ -500,7 +508,7 @@ def _threads_vs_processes(
 
 
 def _serial_fraction(
-    fits: dict[str, dict], low: _Lowest, plateau: _Plateau, signals: dict[str, Any]
+    fits: dict[str, dict], low: _Lowest, plateau: _Plateau, signals: dict[str, _Signal]
 ) -> _Reading | None:
     """The ``serial_fraction`` signal from the curve fits; returns it as an estimate when usable.
 
@@ -541,7 +549,7 @@ def _valid_estimates(
     plateau: _Plateau,
     on_plateau: list[_Reading],
     multi: bool,
-    signals: dict[str, Any],
+    signals: dict[str, _Signal],
     notes: list[str],
 ) -> list[_Reading]:
     """The signals the data says are valid estimates, in signal order.
@@ -560,8 +568,8 @@ def _valid_estimates(
         ests.append(_Reading(share.value, share.lo, share.hi, "cpu", votes=not corrected))
         if corrected:
             sig = signals["cpu_share_for_load"]
-            lo, hi = sig["interval"]
-            ests.append(_Reading(sig["value"], lo, hi, "cpu"))
+            lo, hi = sig.interval
+            ests.append(_Reading(sig.value, lo, hi, "cpu"))
     if plateau.gil_saturated:
         ests.append(_Reading(plateau.value, plateau.lo, plateau.hi, "plateau"))
         ests += on_plateau
@@ -633,7 +641,9 @@ def _combine(ests: list[_Reading], share: _CpuShare, plateau: _Plateau, multi: b
     return _Estimate(upper / 2, 0.0, upper, pinned=False, source="curves")
 
 
-def _gil_probe(probe: dict[str, Any] | None, curves: _Estimate, signals: dict[str, Any], notes: list[str]) -> _Estimate:
+def _gil_probe(
+    probe: dict[str, Any] | None, curves: _Estimate, signals: dict[str, _Signal], notes: list[str]
+) -> _Estimate:
     """The ``gil_probe`` signal, and the estimate once the probe has had its say (see :func:`estimate_gil`)."""
     if not (probe and probe.get("share") is not None):
         if probe and probe.get("error"):
@@ -727,14 +737,14 @@ def estimate_gil(
     """
     fits = fits or {}
     notes: list[str] = []
-    signals: dict[str, Any] = {}
+    signals: dict[str, _Signal] = {}
     chosen = _choose(sr)
     if chosen is None:
         notes.append(
             "no thread or event-loop point was measured: the GIL share cannot be inferred "
             "(process workers each have their own GIL)"
         )
-        return GilEstimate(signals=signals, notes=tuple(notes), keys=_KEYS)
+        return GilEstimate(signals={}, notes=tuple(notes), keys=_KEYS)
     H, E = chosen
     T = sr.curve(H, E)
     if free_threaded:
@@ -773,7 +783,7 @@ def estimate_gil(
         serializer=plateau.serializer,
         harness=H,
         executor=E,
-        signals=signals,
+        signals={name: sig.to_json() for name, sig in signals.items()},
         notes=tuple(notes),
         keys=_KEYS,
     )
