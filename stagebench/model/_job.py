@@ -28,10 +28,6 @@ from stagebench.model._rate import Rate
 __all__ = ["StepAlone", "JobFigures", "JobCandidate", "JobSlice", "JobSkipped", "JobRecord", "JobVerdict"]
 
 
-def _rate(d: Mapping[str, Any], key: str = "samples_per_s") -> Rate | None:
-    return Rate.from_json({key: d.get(key), f"{key}_low": d.get(f"{key}_low"), f"{key}_high": d.get(f"{key}_high")})
-
-
 @dataclass(frozen=True, slots=True)
 class JobFigures(ReadIfGiven):
     """One candidate's job figures, pooled over its slices: the rate (per item, with its interval), the
@@ -59,7 +55,7 @@ class JobFigures(ReadIfGiven):
 
     @property
     def rate(self) -> Rate | None:
-        return _rate(self.to_json())
+        return Rate.of(self.samples_per_s, self.samples_per_s_low, self.samples_per_s_high)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +64,13 @@ class StepAlone(Read):
     its rate per step and per item with their intervals, how it was measured, and, in the summary, the job
     at the pick beside it (``with_pipeline``). Every field is None where the rows do not hold it."""
 
-    samples_per_s: float | None = None
-    samples_per_s_low: float | None = None
-    samples_per_s_high: float | None = None
     steps_per_s: float | None = None
     steps_per_s_low: float | None = None
     steps_per_s_high: float | None = None
     items_per_step: float | None = None
+    samples_per_s: float | None = None
+    samples_per_s_low: float | None = None
+    samples_per_s_high: float | None = None
     steps: int | None = None
     seconds: float | None = None
     warmup_steps: int | None = None
@@ -91,7 +87,7 @@ class StepAlone(Read):
     @property
     def rate(self) -> Rate | None:
         """Items per second, with its interval (None: not measured)."""
-        return _rate(self.to_json())
+        return Rate.of(self.samples_per_s, self.samples_per_s_low, self.samples_per_s_high)
 
     def as_run(self) -> dict[str, Any]:
         """The step as ``run.json["trainer"]`` holds it: without the job at the pick (the summary adds it)."""
@@ -105,31 +101,16 @@ class StepAlone(Read):
         return self.stopped_early or self.error or "its step was not measured"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "steps_per_s": self.steps_per_s,
-            "steps_per_s_low": self.steps_per_s_low,
-            "steps_per_s_high": self.steps_per_s_high,
-            "items_per_step": self.items_per_step,
-            "samples_per_s": self.samples_per_s,
-            "samples_per_s_low": self.samples_per_s_low,
-            "samples_per_s_high": self.samples_per_s_high,
-            "steps": self.steps,
-            "seconds": self.seconds,
-            "warmup_steps": self.warmup_steps,
-            "precision": self.precision,
-            "stopped_by": self.stopped_by,
-            "pinned": self.pinned,
-            "error": self.error,
-            "stopped_early": self.stopped_early,
-            "with_pipeline": None
-            if self.with_pipeline is None
-            else {
-                "steps": self.with_pipeline.steps,
-                "seconds": self.with_pipeline.seconds,
-                "data_wait_share": self.with_pipeline.data_wait_share,
-                "samples_per_s": self.with_pipeline.samples_per_s,
-            },
-        }
+        """The fields in order; the job at the pick as the summary holds it (its steps, seconds, data wait
+        and rate)."""
+        out = write(self)
+        if self.with_pipeline is not None:
+            out["with_pipeline"] = {k: getattr(self.with_pipeline, k) for k in _WITH_PIPELINE}
+        return out
+
+
+#: what the summary keeps of the job at the pick beside the step alone
+_WITH_PIPELINE = ("steps", "seconds", "data_wait_share", "samples_per_s")
 
 
 @dataclass(frozen=True, slots=True)

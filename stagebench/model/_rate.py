@@ -85,13 +85,19 @@ class Rate:
         Rows written before the log-scale interval may hold a negative or inverted lower end: an end
         that cannot belong to a rate is read as unknown, never shown.
         """
-        if not isinstance(d, Mapping) or not _finite(d.get(key)) or d[key] < 0:
+        if not isinstance(d, Mapping):
             return None
-        v = float(d[key])
-        lo, hi = d.get(f"{key}_low"), d.get(f"{key}_high")
-        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and _finite(lo) and _finite(hi):
-            if 0 <= lo <= v <= hi:
-                return cls(v, float(lo), float(hi))
+        return cls.of(d.get(key), d.get(f"{key}_low"), d.get(f"{key}_high"))
+
+    @classmethod
+    def of(cls, value: Any, low: Any = None, high: Any = None) -> Rate | None:
+        """The rate a record's three figures state, read as :meth:`from_json` reads them (None where
+        ``value`` is no number >= 0; ends that cannot belong to it read as unknown)."""
+        if not _finite(value) or value < 0:
+            return None
+        v = float(value)
+        if _finite(low) and _finite(high) and 0 <= low <= v <= high:
+            return cls(v, float(low), float(high))
         return cls(v)
 
     def to_json(self, key: str = "samples_per_s") -> dict[str, float | None]:
