@@ -14,6 +14,7 @@ from typing import Any
 from stagebench._numbers import finite
 from stagebench.core._measure import identity, measure_stage
 from stagebench.core._spdl_harness import deferred_teardown
+from stagebench.model._overhead import NOOP_KEYS, NoopPipeline, PipelineOverhead
 from stagebench.pipeline._run import Run
 
 __all__ = ["NOOP_AT", "measure_overhead"]
@@ -23,8 +24,6 @@ __all__ = ["NOOP_AT", "measure_overhead"]
 # the previous one and a stage costs about as much as the whole one-stage pipeline (275 us of 345
 # measured), which is not what a pipeline running stages at concurrency 4-16 pays.
 NOOP_AT = ("spdl", "thread", 4)
-
-_KEYS = ("status", "qps", "cpu_s_per_item", "qps_low", "qps_high", "reason")
 
 
 def measure_overhead(run: Run, items: list, one_stage: dict[str, Any] | None = None) -> None:
@@ -38,46 +37,46 @@ def measure_overhead(run: Run, items: list, one_stage: dict[str, Any] | None = N
     if "pipeline_overhead" in run.meta or "spdl" not in run.settings.harnesses or len(run.plan.stages) < 2:
         return
     with run.phase("pipeline_overhead"):
-        run.meta["pipeline_overhead"] = _pipeline_overhead(run, items, one_stage)
+        run.meta["pipeline_overhead"] = _pipeline_overhead(run, items, one_stage).to_json()
     run.write_meta()
 
 
-def _fields(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v if not isinstance(v, float) or finite(v) else None) for k in _KEYS for v in [row.get(k)]}
+def _noop(row: dict[str, Any], source: str | None = None) -> NoopPipeline:
+    """The point of a no-op pipeline (a NaN figure: not measured, None), ``source`` where it was measured."""
+    status, qps, cpu, low, high, reason = (
+        v if not isinstance(v, float) or finite(v) else None for v in map(row.get, NOOP_KEYS)
+    )
+    extra = {"from": source} if source is not None else {}
+    return NoopPipeline(status, qps, cpu, low, high, reason, extra=extra, keys=NOOP_KEYS + tuple(extra))
 
 
-def _pipeline_overhead(run: Run, items: list, one_stage: dict[str, Any] | None) -> dict[str, Any]:
+def _pipeline_overhead(run: Run, items: list, one_stage: dict[str, Any] | None) -> PipelineOverhead:
     """SPDL's no-op cost with one and with three pipes (thread x 4, the same statistics); ``one_stage``, the
     thread no-op ceiling at x 4 just measured (the same pipeline, in the ceiling's shorter window), is
     then not measured again."""
     cfg = run.settings.measure_config()
     cfg = cfg.for_noop(cfg.budget_s)  # a no-op, steady at once; the whole budget: a difference is read
     harness, executor, c = NOOP_AT
-    out: dict[str, Any] = {"harness": harness, "executor": executor, "concurrency": c}
+    out: dict[str, NoopPipeline] = {}
     if one_stage is not None:
-        out["one_stage"] = {**_fields(one_stage), "from": f"the {executor} no-op ceiling at x {c}"}
+        out["one_stage"] = _noop(one_stage, f"the {executor} no-op ceiling at x {c}")
     with deferred_teardown():
         for key, extra in (("one_stage", 0), ("three_stage", 2)):
             if key in out:
                 continue
-            row = measure_stage(
-                identity,
-                items,
-                executor=executor,
-                concurrency=c,
-                config=cfg,
-                name="(pipeline)",
-                role="ceiling",
-                harness=harness,
-                spdl_extra_pipes=extra,
+            out[key] = _noop(
+                measure_stage(
+                    identity,
+                    items,
+                    executor=executor,
+                    concurrency=c,
+                    config=cfg,
+                    name="(pipeline)",
+                    role="ceiling",
+                    harness=harness,
+                    spdl_extra_pipes=extra,
+                )
             )
-            out[key] = _fields(row)
-    run.say(
-        "SPDL no-op pipeline: "
-        + ", ".join(
-            f"{k.replace('_', ' ')} {out[k]['qps']:,.0f} items/s"
-            for k in ("one_stage", "three_stage")
-            if finite(out[k]["qps"])
-        )
-    )
-    return out
+    said = [f"{k.replace('_', ' ')} {p.qps:,.0f} items/s" for k, p in out.items() if finite(p.qps)]
+    run.say("SPDL no-op pipeline: " + ", ".join(said))
+    return PipelineOverhead(harness, executor, c, out["one_stage"], out["three_stage"])
