@@ -47,7 +47,7 @@ from stagebench.core._mirror import mirror
 from stagebench.core._pickling import pickle_problem
 from stagebench.core._resources import ResourceMonitor, TreeSnapshot, tree_pss_mb
 from stagebench.core._spdl_harness import SpdlRunner
-from stagebench.core._stage_draft import StageDraft
+from stagebench.core._stage_draft import StageDraft, WindowRate
 from stagebench.core._stats import batch_count, fractional_counts, mean_interval, percentiles_ms, t_quantile
 from stagebench.model._ranks import HostRate
 from stagebench.model._rate import Rate
@@ -466,7 +466,7 @@ def _collect(lanes, t0: float, t1: float):
     return cat(starts), cat(ends), bad, (cat(cpus) if timed_cpu and cpus else None)
 
 
-def window_rate(lanes, t0: float, t1: float, cfg: MeasureConfig) -> dict[str, Any]:
+def window_rate(lanes, t0: float, t1: float, cfg: MeasureConfig) -> WindowRate:
     """Items per second over [t0, t1] from a runner's lanes (fractional counts, batch means): ``qps``,
     ``qps_low``, ``qps_high``, ``n_items``; what a ranked diagnosis's other ranks report of the same
     window (:mod:`stagebench.core._point_follow`)."""
@@ -474,7 +474,7 @@ def window_rate(lanes, t0: float, t1: float, cfg: MeasureConfig) -> dict[str, An
     in_window = (ends > t0) & (ends <= t1)
     _, counts, qps, lo, hi, _ = _batch_means(starts, ends, ends[in_window] - starts[in_window], t0, t1, cfg)
     n = float(counts.sum())
-    return {"qps": qps if n > 0 else 0.0, "qps_low": lo, "qps_high": hi, "n_items": n}
+    return WindowRate(qps if n > 0 else 0.0, lo, hi, n)
 
 
 def _fill_from_records(row: StageDraft, lanes, t0, t1, snap0, snap1, gc_s, check_cpu, cfg: MeasureConfig) -> None:
@@ -532,7 +532,7 @@ class _Ranked:
     def __init__(self, mirror: Any, cid: int, cfg: MeasureConfig) -> None:
         self.mirror, self.cid, self.cfg = mirror, cid, cfg
         self.asked: Any = None
-        self.others: list[dict[str, Any]] = []
+        self.others: list[WindowRate] = []
         self.failed: tuple[str, str] | None = None
 
     @classmethod
@@ -568,14 +568,15 @@ class _Ranked:
 
     def read(self, t0: float, t1: float) -> None:
         how = {"max_batches": self.cfg.max_batches, "confidence": self.cfg.confidence}
-        self.others, failed = self.mirror.rates(self.cid, t0, t1, how)
+        others, failed = self.mirror.rates(self.cid, t0, t1, how)
+        self.others = [WindowRate.from_json(d) for d in others]
         self.failed = self.failed or failed
 
     def close(self) -> None:
         self.mirror.close(self.cid)
 
 
-def host_figures(row: StageDraft, others: list[dict[str, Any]]) -> None:
+def host_figures(row: StageDraft, others: Sequence[WindowRate]) -> None:
     """A ranked point's row: ``qps`` and its interval are the host's (the sum over its ranks: their windows
     are the same seconds of one host), the slowest and fastest rank's beside them; the CPU per item is
     the host's CPU (the window's counters read every rank's processes) over the host's items. A rank that
@@ -588,7 +589,7 @@ def host_figures(row: StageDraft, others: list[dict[str, Any]]) -> None:
             return Rate(float(q), max(0.0, min(float(lo), float(q))), max(float(hi), float(q)))
         return Rate(float(q))
 
-    theirs = (rate(d.get("qps"), d.get("qps_low"), d.get("qps_high")) for d in others)
+    theirs = (rate(d.qps, d.qps_low, d.qps_high) for d in others)
     rates = HostRate.of([rate(row.qps, row.qps_low, row.qps_high), *theirs])
     row.ranks = len(rates.ranks)
     host, slow, fast = rates.host, rates.slowest, rates.fastest

@@ -96,7 +96,7 @@ class PointRun:
         """A point does not wait between windows: it runs from its opening to its close."""
 
     def rates(self, t0: float, t1: float, how: Mapping[str, Any]) -> dict[str, Any]:
-        return window_rate(self.runner.lanes, t0, t1, MeasureConfig(**how))
+        return window_rate(self.runner.lanes, t0, t1, MeasureConfig(**how)).to_json()
 
     def close(self) -> None:
         try:

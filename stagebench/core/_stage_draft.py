@@ -7,9 +7,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from stagebench.model._json import Read
 from stagebench.runs._schema import STAGE_COLUMNS
 
-__all__ = ["StageDraft"]
+__all__ = ["StageDraft", "WindowRate"]
 
 _NAN = math.nan
 
@@ -86,3 +87,14 @@ class StageDraft:
     def as_row(self) -> dict[str, Any]:
         """The point as ``results.csv``'s row: every stage column, in order."""
         return {name: getattr(self, name) for name in STAGE_COLUMNS}
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRate(Read):
+    """What one rank of a ranked point delivered over the leader's window: items per second, its interval,
+    the items counted (None: not in the rank's answer). Sent between ranks as its ``to_json``."""
+
+    qps: float | None = None
+    qps_low: float | None = None
+    qps_high: float | None = None
+    n_items: float | None = None
