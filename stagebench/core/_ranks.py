@@ -22,7 +22,7 @@ followers' processes and beats, the followers the leader's, and a rank that ende
 * ``hello/<r>``: each rank's pid and kind of run, as it arrives (the file store);
 * ``port``: the leader's TCP store, and ``ready``: every rank arrived (the file store);
 * ``cmd/<n>``: the leader's commands, in order;
-* ``st/<r>``: a follower's state, rewritten as it changes; ``re/<n>/<r>``: its reply to command n;
+* ``st/<r>``: the last step a follower reached, rewritten as it moves on; ``re/<n>/<r>``: its reply to command n;
 * ``beat/<r>``: each rank's last beat (wall clock); ``bye/<r>``: a follower read the last command, ``end``
   (the exit code every rank ends with).
 """
@@ -291,10 +291,10 @@ class HostGroup:
         self._sent += 1
         return n
 
-    def state(self, rank: int) -> dict[str, Any]:
-        """The leader: follower ``rank``'s latest state ({} before it said any)."""
+    def reached(self, rank: int) -> int:
+        """The leader: the last step follower ``rank`` reached (-1 before it said any)."""
         raw = self._get(f"st/{rank}")
-        return json.loads(raw) if raw else {}
+        return int(json.loads(raw).get("at", -1)) if raw else -1
 
     def replies(self, n: int, deadline: float) -> dict[int, dict[str, Any]]:
         """The leader: every follower's reply to command ``n``, by rank (:meth:`wait_until`'s rules)."""
@@ -371,9 +371,9 @@ class HostGroup:
         cmd: dict[str, Any] = json.loads(raw.decode())
         return cmd
 
-    def publish(self, state: Mapping[str, Any]) -> None:
-        """A follower: its state, for the leader to read (:meth:`state`)."""
-        self._set(f"st/{self.rank}", json.dumps(dict(state)))
+    def reach(self, step: int) -> None:
+        """A follower: the step it reached, for the leader to read (:meth:`reached`)."""
+        self._set(f"st/{self.rank}", json.dumps({"at": int(step)}))
 
     def reply(self, n: int, payload: Mapping[str, Any]) -> None:
         """A follower: its answer to command ``n``."""

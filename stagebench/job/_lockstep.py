@@ -63,7 +63,7 @@ class Lockstep:
         followers = self.group.followers
 
         def ready() -> bool:
-            return all(int(self.group.state(r).get("at", -1)) >= step for r in followers)
+            return all(self.group.reached(r) >= step for r in followers)
 
         self.group.wait_until(ready, time.perf_counter() + _REACH_S, "reach the same step")
 
@@ -150,7 +150,7 @@ def _steps(
         if op == "step":
             source = cmd["source"]
             item = cached[int(cmd["i"]) % len(cached)] if source == "cached" else feeds[source][0].get()
-            group.publish({"at": int(cmd["s"])})
+            group.reach(int(cmd["s"]))
             yield item
         elif op == "cached":
             cached = cached_batches(cmd["settings"])
