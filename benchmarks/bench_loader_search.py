@@ -45,7 +45,7 @@ from _common import SMOKE_SWEEP, fmt_q, machine_line, second_tenant, write_json
 
 from stagebench import LoaderKnobs, LoaderSweepConfig, run_loader_sweep
 from stagebench.loader._intercept import make_loader_factory
-from stagebench.loader._sweep import measure_loader_point
+from stagebench.loader._point import measure_loader_point
 from stagebench.model._evidence import Ratio
 from stagebench.sweep._builtin_loaders import (
     Compose,

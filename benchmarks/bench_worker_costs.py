@@ -44,7 +44,7 @@ from torch.utils.data import Dataset
 from stagebench import LoaderKnobs, LoaderSweepConfig, run_loader_sweep
 from stagebench.loader._costs import shipping_cost
 from stagebench.loader._intercept import make_loader_factory
-from stagebench.loader._sweep import measure_loader_point
+from stagebench.loader._point import measure_loader_point
 
 SUM_TARGET = 0.25
 COST_TARGET = 0.10

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from stagebench.loader._sweep import BatchTag, BuiltLoader
+from stagebench.loader._built import BatchTag, BuiltLoader
 from stagebench.model._knobs import LoaderKnobs
 from stagebench.sweep._builtin_loaders import (
     AudioClipDataset,

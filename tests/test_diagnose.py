@@ -25,8 +25,9 @@ from _machine import free_cores
 from _signals import default_sigint
 from spdl.pipeline import PipelineBuilder
 
+from stagebench._settings import SettingsError
 from stagebench.pipeline._diagnose import DiagnoseError, diagnose_pipeline
-from stagebench.pipeline._settings import DiagnoseSettings, SettingsError
+from stagebench.pipeline._settings import DiagnoseSettings
 from stagebench.runs._outcome import RANK_LOST
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "diag_train.py"

@@ -39,16 +39,13 @@ from loader_datasets import (
 from stagebench.analysis._loader import summarize_loader
 from stagebench.analysis._loader_pick import recommend
 from stagebench.analysis._loader_rows import normalize_row
+from stagebench.loader._built import EpochControl
 from stagebench.loader._draft import PointDraft
 from stagebench.loader._intercept import make_loader_factory, resolve_dataset, sweep_dataset
-from stagebench.loader._sweep import (
-    EpochControl,
-    LoaderSweepConfig,
-    measure_loader_point,
-    plan_grid,
-    run_loader_sweep,
-    window_rate,
-)
+from stagebench.loader._point import measure_loader_point
+from stagebench.loader._search import plan_grid
+from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
+from stagebench.loader._window import window_rate
 from stagebench.model._knobs import LoaderKnobs
 from stagebench.report._terminal import format_loader_table
 from stagebench.runs._knobs import NOT_APPLICABLE, normalize_knobs

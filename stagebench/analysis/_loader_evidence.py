@@ -24,15 +24,10 @@ from stagebench.model._evidence import Ratio
 from stagebench.model._knobs import LoaderKnobs
 from stagebench.model._loader import LoaderRow
 
-__all__ = ["is_ok", "pool_points", "paired_rounds", "paired_ratio", "Z95"]
+__all__ = ["pool_points", "paired_rounds", "paired_ratio", "Z95"]
 
 Z95 = 1.959964  # the normal 95% quantile: a reading's interval back to its standard error
 _MIN_PAIRS = 2
-
-
-def is_ok(p: LoaderRow) -> bool:
-    """A row or point measured ok, with a positive rate."""
-    return p.ok
 
 
 def _finite(xs: Iterable[float]) -> list[float]:

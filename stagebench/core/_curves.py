@@ -213,9 +213,6 @@ class StageRows:
         c = self._ceilings.get((harness, executor))
         return c.at(concurrency) if c else None
 
-    def ceiling_curve(self, harness: str, executor: str) -> Curve:
-        return self._ceilings.get((harness, executor)) or Curve(harness, executor, ())
-
     def paired_rows(self, harness: str) -> pd.DataFrame:
         """The head-to-head windows of ``harness`` (role ``paired``, any status), in measuring order."""
         return self._paired[self._paired["harness"] == harness]

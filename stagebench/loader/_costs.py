@@ -58,8 +58,6 @@ MIN_BATCHES = 10
 #: ends at its ``seconds`` only once it has them: a loaded host stretches each reading (0.27 s apart at a
 #: 0.25 s interval), and a pass with three readings reads nothing.
 MIN_READINGS = 4
-#: A container of this many Python objects or more is named (what the findings advise about).
-MANY_OBJECTS = 10_000
 
 
 def start_method(factory: Any) -> str:

@@ -24,41 +24,23 @@ from stagebench.analysis._loader import summarize_loader
 from stagebench.core._progress import Progress
 from stagebench.core._ranks import alone, leading
 from stagebench.core._resources import tree_pss_mb
-from stagebench.loader._built import BatchTag, BuiltLoader, EpochControl, TaggedCollate, _cuda_available, shut_down
-from stagebench.loader._config import STRATEGIES, LoaderFactory, LoaderSweepConfig
+from stagebench.loader._built import _cuda_available
+from stagebench.loader._config import LoaderFactory, LoaderSweepConfig
 from stagebench.loader._costs import copy_bound_mb, largest_container, start_method
-from stagebench.loader._point import measure_loader_point, timed_window, workers_beyond_cores_unwarned
+from stagebench.loader._point import workers_beyond_cores_unwarned
 from stagebench.loader._search import _adaptive, _in_turns, _levels, _measure_yours, _Sweep, _worker_costs, plan_grid
 from stagebench.loader._transforms import isolate_transforms
-from stagebench.loader._window import window_rate
 from stagebench.model._knobs import LoaderKnobs
 from stagebench.model._limits import HostLimits
 from stagebench.model._meta import RunMeta
-from stagebench.runs._knobs import KNOWN_BACKENDS, normalize_knobs
+from stagebench.runs._knobs import KNOWN_BACKENDS
 from stagebench.runs._limits import job_memory_mb
 from stagebench.runs._outcome import COMPLETE, FAILED, PARTIAL, interrupted_outcome
 from stagebench.runs._provenance import collect_provenance
 from stagebench.runs._results import RowWriter, RunDir, read_rows
 from stagebench.runs._schema import LOADER_COLUMNS, RESULTS_SCHEMA_VERSION
 
-__all__ = [
-    "LoaderKnobs",
-    "LoaderSweepConfig",
-    "LoaderFactory",
-    "BuiltLoader",
-    "EpochControl",
-    "TaggedCollate",
-    "BatchTag",
-    "normalize_knobs",
-    "measure_loader_point",
-    "window_rate",
-    "plan_grid",
-    "run_loader_sweep",
-    "shut_down",
-    "timed_window",
-    "workers_beyond_cores_unwarned",
-    "STRATEGIES",
-]
+__all__ = ["LoaderSweepConfig", "run_loader_sweep"]
 
 
 def _memory_budget(cfg: LoaderSweepConfig, limits: HostLimits | None, ranks: int = 1) -> tuple[float, str]:

@@ -1,43 +1,26 @@
 """Diagnostic mode: an unmodified training script, diagnosed instead of trained.
 
-``SPDL_PIPELINE_DIAGNOSTIC_MODE=1 python train.py`` (or ``stagebench diagnose
-train.py ARGS``): SPDL's ``build_pipeline`` hands the pipeline config to
-``spdl.pipeline._profile._build_pipeline_diagnostic_mode``; :func:`patch_spdl`
-replaces that function so the user gets a stand-in pipeline. Its first
-iteration runs :func:`diagnose_pipeline` and exits: the training loop body
-never runs.
+``SPDL_PIPELINE_DIAGNOSTIC_MODE=1 python train.py`` (or ``stagebench diagnose train.py ARGS``): SPDL's
+``build_pipeline`` hands the pipeline config to ``spdl.pipeline._profile._build_pipeline_diagnostic_mode``,
+which :func:`patch_spdl` replaces so the user gets a stand-in pipeline. Its first iteration runs
+:func:`diagnose_pipeline` and exits: the training loop body never runs.
 
-The diagnosis, in order (each step for a reason):
+The diagnosis, in order:
 
-1. Validate settings, split the pipeline into stages (:mod:`._isolate`) and
-   create the run directory *before any work*: a typo in an environment
-   variable or an unwritable folder must not cost the user a source read.
+1. Validate settings, split the pipeline into stages (:mod:`._isolate`) and create the run directory
+   *before any work*: a typo or an unwritable folder must not cost the user a source read.
 2. Write ``run.json`` first, so a run killed halfway is still identifiable.
-3. Read the source once; run each stage once over the previous stage's
-   outputs (cached on disk by :mod:`._stage_cache`), then sweep it alone:
-   thread / process (async: the event loop) x the concurrency grid, through
-   stagebench's workers and through a one-stage SPDL pipeline, each with its
-   no-op ceiling (thread/async ceilings once per run, shared by the stages;
-   process ceilings with the stage's own items, shared only by stages whose
-   items pickle to at most 16 KiB).
-   Rows are on disk the moment they are measured.
-   With two or more stages, also measure SPDL no-op pipelines of one and three
-   identity stages (thread x 4) into ``run.json["pipeline_overhead"]``
-   (``one_stage``/``three_stage``: ``status``, ``qps``, ``cpu_s_per_item``,
-   ...): the one-stage ceiling includes the source, sink and consumer, which
-   a k-stage pipeline pays once; the prediction charges that fixed part once
-   and only the per-stage increment per stage. Not rows of ``results.csv``:
-   they belong to no stage.
-4. Run the whole pipeline once with the recommended settings over the cached
-   source items (the validation run): isolated curves predict, this checks.
+3. Read the source once; run each stage once over the previous stage's outputs (cached by
+   :mod:`._stage_cache`), then sweep it alone, with its no-op ceilings; rows are on disk as measured.
+   With two or more stages, also measure SPDL no-op pipelines of one and three identity stages
+   (``run.json["pipeline_overhead"]``), so the prediction charges the source, sink and consumer once.
+4. Run the whole pipeline with the recommended settings (the validation run): the isolated curves
+   predict, this checks.
 5. Summarize, write the report, print a short table, exit 0.
 
-Worker processes inherit the environment. The variable is set to ``0`` as
-soon as a diagnosis starts, so no worker (and none of the one-stage SPDL
-pipelines built while sweeping) ever starts a diagnosis of its own.
-
-The stand-in (:mod:`._standin`) imports this module when a pipeline is built,
-never at interpreter start.
+The variable is set to ``0`` as soon as a diagnosis starts, so no worker process (nor any one-stage
+SPDL pipeline built while sweeping) starts a diagnosis of its own. The stand-in (:mod:`._standin`)
+imports this module when a pipeline is built, never at interpreter start.
 """
 
 from __future__ import annotations
@@ -58,6 +41,9 @@ from stagebench._memory import (
     quiet_after_out_of_memory,
     quieted,
 )
+from stagebench._settings import SettingsError
+from stagebench._signals import on_sigterm, raise_if_signalled
+from stagebench._spdl_private import MODE_VAR
 from stagebench.core._mirror import mirror
 from stagebench.core._progress import Progress
 from stagebench.core._resources import page_fault_cost_s
@@ -76,10 +62,10 @@ from stagebench.pipeline._finish import (
 from stagebench.pipeline._first_pass import SourceError, read_source
 from stagebench.pipeline._isolate import PlanError, plan_pipeline
 from stagebench.pipeline._run import Run, Session
-from stagebench.pipeline._settings import DiagnoseSettings, SettingsError
+from stagebench.pipeline._settings import DiagnoseSettings
 from stagebench.pipeline._stage_cache import CacheDirError, default_cache_dir, private_dir
 from stagebench.pipeline._stages import StagesPhase, sweep_config
-from stagebench.pipeline._state import MODE_VAR, State, on_sigterm, raise_if_signalled
+from stagebench.pipeline._state import State
 from stagebench.pipeline._validate import choices_of, replay_and_validate
 from stagebench.report._terminal import format_table
 from stagebench.runs._outcome import COMPLETE, FAILED, INTERNAL, PARTIAL, interrupted_outcome

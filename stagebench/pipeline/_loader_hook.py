@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from stagebench._settings import SettingsError
 from stagebench.loader._intercept import diagnose_first_loader
 from stagebench.loader._sweep import LoaderSweepConfig
-from stagebench.pipeline._settings import DiagnoseSettings, SettingsError
+from stagebench.pipeline._settings import DiagnoseSettings
 from stagebench.pipeline._state import State, say
 
 __all__ = ["install_loader_hook"]

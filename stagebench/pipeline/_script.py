@@ -11,12 +11,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from stagebench._settings import check
+from stagebench._settings import SettingsError, check, local_rank
+from stagebench._spdl_private import MODE_VAR
 from stagebench.loader._intercept import loader_was_caught
 from stagebench.pipeline import _spdl_hook
 from stagebench.pipeline._loader_hook import install_loader_hook
-from stagebench.pipeline._settings import DiagnoseSettings, SettingsError, local_rank
-from stagebench.pipeline._state import MODE_VAR, State, release_held, say
+from stagebench.pipeline._settings import DiagnoseSettings
+from stagebench.pipeline._state import State, release_held, say
 from stagebench.runs._results import RunDir, RunDirInUseError, UnwritableOutputError
 
 __all__ = ["run_script", "launch_ranks"]

@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from stagebench._settings import QUICK, SETTINGS, SettingsError, check, local_rank, read_env, setting
+from stagebench._settings import QUICK, SETTINGS, SettingsError, check, read_env, setting
 from stagebench.core import _resources
 from stagebench.core._config import MeasureConfig, powers_of_two
 from stagebench.runs._ranks import per_host
 
-__all__ = ["DiagnoseSettings", "SettingsError", "SAMPLE_OUTPUTS", "local_rank"]
+__all__ = ["DiagnoseSettings", "SAMPLE_OUTPUTS"]
 
 
 SAMPLE_OUTPUTS = 8  # real outputs kept per stage for its stand-in in the replay (_replay.StandIn.op)

@@ -20,8 +20,8 @@ import sys
 
 from stagebench._import_hook import PostImportFinder
 from stagebench._signals import signals
-from stagebench._spdl_private import PROFILE_MODULE, PYTORCH_DATALOADER_MODULE, caller_num_threads
-from stagebench.pipeline._state import LISTENING_VAR, MODE_VAR, TRUTHY, State, claim_path, say
+from stagebench._spdl_private import MODE_VAR, PROFILE_MODULE, PYTORCH_DATALOADER_MODULE, TRUTHY, caller_num_threads
+from stagebench.pipeline._state import LISTENING_VAR, State, claim_path, say
 
 # Not `from typing import ...` (nor threading, traceback, contextlib): this module loads at every
 # interpreter start while diagnostic mode is on, where each costs milliseconds (bench_startup).

@@ -25,7 +25,9 @@ from spdl.pipeline import Pipeline
 
 from stagebench._errors import RankLost
 from stagebench._memory import CAUSE, out_of_memory
+from stagebench._settings import SettingsError
 from stagebench._signals import ignore_sigterm
+from stagebench._spdl_private import MODE_VAR
 from stagebench.core._executors import exit_may_hang
 from stagebench.core._progress import message
 from stagebench.core._ranks import lead, meet
@@ -33,8 +35,8 @@ from stagebench.job._phase import end_from_close
 from stagebench.pipeline._diagnose import DiagnoseError, diagnose_pipeline
 from stagebench.pipeline._follow import follow_pipeline
 from stagebench.pipeline._run import Session
-from stagebench.pipeline._settings import DiagnoseSettings, SettingsError
-from stagebench.pipeline._state import LISTENING_VAR, MODE_VAR, State, claim_path, release_held, say
+from stagebench.pipeline._settings import DiagnoseSettings
+from stagebench.pipeline._state import LISTENING_VAR, State, claim_path, release_held, say
 from stagebench.pipeline._trainer import follower_trainer_phases, run_trainer_phases
 from stagebench.runs._outcome import FAILED, INTERNAL, RANK_LOST, TERMINATED, interrupted_outcome, outcome
 from stagebench.runs._ranks import no_job_across_hosts

@@ -10,10 +10,6 @@ import gc
 import os
 import sys
 
-from stagebench._errors import Terminated
-from stagebench._signals import Signalled, on_sigterm, raise_if_signalled
-from stagebench._spdl_private import MODE_VAR, TRUTHY
-
 # Not `from typing import ...` (nor pathlib, contextlib): this module loads at interpreter start
 # while diagnostic mode is on, where each of those costs milliseconds (bench_startup).
 TYPE_CHECKING = False
@@ -24,15 +20,9 @@ if TYPE_CHECKING:
 __all__ = [
     "State",
     "say",
-    "MODE_VAR",
-    "TRUTHY",
     "LISTENING_VAR",
     "claim_path",
     "release_held",
-    "Terminated",
-    "Signalled",
-    "on_sigterm",
-    "raise_if_signalled",
 ]
 
 

@@ -8,17 +8,7 @@ from collections.abc import Mapping
 from stagebench._settings import SettingsError
 from stagebench.model._ranks import Ranks
 
-__all__ = ["ranks_from_env", "RANK_VARIABLES", "per_host", "no_job_across_hosts"]
-
-#: The launcher's variables a ranked run reads, and what each says.
-RANK_VARIABLES = {
-    "LOCAL_RANK": "this process's rank among the host's ranks: local rank 0 measures and writes the run "
-    "directory; the others run the same settings at the same time",
-    "LOCAL_WORLD_SIZE": "the ranks on this host (torchrun's --nproc-per-node): measured together",
-    "RANK": "this process's rank in the job",
-    "WORLD_SIZE": "the ranks of the job, every host's",
-    "GROUP_RANK": "this host's index among the job's hosts (torchrun's --node-rank)",
-}
+__all__ = ["ranks_from_env", "per_host", "no_job_across_hosts"]
 
 
 def _whole(environ: Mapping[str, str], name: str, default: int) -> int:

@@ -20,7 +20,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,6 @@ __all__ = [
     "RESULTS",
     "RUN_META",
     "SUMMARY",
-    "REPORT",
     "TRANSFORMS_CSV",
     "write_atomically",
 ]
@@ -53,7 +52,6 @@ __all__ = [
 RESULTS = "results.csv"
 RUN_META = "run.json"
 SUMMARY = "summary.json"
-REPORT = "report.html"
 TRANSFORMS_CSV = "transforms.csv"  # a loader's transforms measured as pipeline stages, beside results.csv
 
 
@@ -210,10 +208,6 @@ class RunDir:
     @property
     def summary_json(self) -> Path:
         return self.path / SUMMARY
-
-    @property
-    def report_html(self) -> Path:
-        return self.path / REPORT
 
     @property
     def meta_json(self) -> Path:
@@ -394,13 +388,6 @@ def check_schema_version(meta: Mapping[str, Any], path: Path) -> None:
         f"{path}: results schema {version!r}, from {wrote}; this stagebench reads schema "
         f"{RESULTS_SCHEMA_VERSION}: measure again, or read it with the stagebench that wrote it"
     )
-
-
-def rows_to_frame(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]):
-    # pandas loads where rows are read: a diagnosis writes its rows without it
-    import pandas as pd
-
-    return pd.DataFrame(list(rows), columns=list(columns))
 
 
 def is_run_dir(path: Path) -> bool:

@@ -154,6 +154,4 @@ LOADER_COLUMN_DOCS: dict[str, str] = {
 LOADER_COLUMNS = tuple(LOADER_COLUMN_DOCS)
 #: The columns only a ranked window fills (the host's ranks measured together).
 RANK_COLUMNS = ("ranks", "rank_min_samples_per_s", "rank_max_samples_per_s")
-#: The same of a stage point's row.
-STAGE_RANK_COLUMNS = ("ranks", "rank_min_qps", "rank_max_qps")
-__all__ += ["LOADER_COLUMNS", "STAGE_COLUMN_DOCS", "LOADER_COLUMN_DOCS", "RANK_COLUMNS", "STAGE_RANK_COLUMNS"]
+__all__ += ["LOADER_COLUMNS", "STAGE_COLUMN_DOCS", "LOADER_COLUMN_DOCS", "RANK_COLUMNS"]

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, default_collate
 
-from stagebench.loader._sweep import BuiltLoader, EpochControl
+from stagebench.loader._built import BuiltLoader, EpochControl
 
 __all__ = ["SpdlPipelineLoader", "PipelineLoaderFactory", "collate_batch"]
 
