@@ -1,47 +1,28 @@
 """The pipeline's recommended settings, chosen together rather than stage by stage.
 
-Each stage's own recommendation (:func:`stagebench.analysis._stage.analyze_stage`) is
-its best point *alone*: the executor that wins, at the smallest concurrency within
-5% of that executor's best. In the pipeline the stages share the cores and the
-main process's GIL, and the slowest of them sets the pace, so the best setting of
-each stage alone is not the best setting of the pipeline: a stage that reaches 8x
-the pipeline's pace on 8 threads needs only the threads that keep up with it, and
-its other threads compete for the cores and the GIL with the stage that binds. So
-the recommendation is chosen jointly, with the bounds of :mod:`._predict` (each
-stage's capacity, the cores, the GIL) over the points each stage was measured at:
+Each stage's own recommendation (:func:`stagebench.analysis._stage.analyze_stage`) is its best point
+*alone*. In the pipeline the stages share the cores and the main process's GIL, and the slowest sets
+the pace, so a stage's extra threads only compete with the stage that binds. So the recommendation is
+chosen jointly, with the bounds of :mod:`._predict` over the points each stage was measured at:
 
-1. **Executors.** Every assignment of each stage's measured executors (threads,
-   processes, or its event loop), each stage at its fastest measured point on that
-   executor, scored by the bounds' throughput. Up to :data:`_EXHAUSTIVE`
-   assignments are all tried; beyond that, one stage at a time is switched from
-   the stages' own choices while the score improves. Among the assignments within
-   :data:`TRUSTED` of the best: fewest stages on processes (memory, pickling,
-   start-up), then the most stages on their own choice. Not within 5%: the bounds
-   leave out what the stages cost each other and read -24% to +119% off the
-   measured pipeline, so a small gain they promise is not evidence. On the demo they
-   gave ``augment`` on processes +13% (715 against 635 items/s); the real
-   pipeline ran 0.92x (416 against 451, in turns, ``bench_advice``).
-2. **Concurrency.** The pace P of that assignment is then known. Each stage gets
-   the smallest measured level whose capacity *alone* is at least P x (1 +
-   :data:`SPARE`): enough to keep up with a margin for what the stages cost each
-   other in the pipeline (a thread that wakes from a wait queues for the GIL
-   behind the others, so its calls take longer than alone). 10% was not enough:
-   on ``bench_advice``'s ``cpu_free`` (a 1 ms wait, 2 ms of hashing, 0.2 ms of
-   Python) the wait cut to one thread at 1.1x ran the pipeline at 0.84x the
-   user's settings (369 vs 439 items/s, in turns). A stage with no such level is (near) the one that binds: it keeps its
-   own rule (the smallest level within 5% of its best on that executor).
-3. The bounds at the chosen settings are the joint prediction's explanation; the
-   diagnosis then replays the pipeline at these settings and runs it, next to the
-   user's own settings (:mod:`stagebench.pipeline._diagnose`): the number the
-   report gives as advice is the one measured, never this search's score.
+1. **Executors.** Every assignment of each stage's measured executors, each stage at its fastest
+   point on that executor, scored by the bounds' throughput (up to :data:`_EXHAUSTIVE` assignments;
+   beyond that, one stage at a time switched while the score improves). Among those within
+   :data:`TRUSTED` of the best: fewest stages on processes (memory, pickling, start-up), then the
+   most stages on their own choice. The bounds leave out what the stages cost each other, so a small
+   gain they promise is not evidence.
+2. **Concurrency.** With the assignment's pace P known, each stage gets the smallest measured level
+   whose capacity alone is at least P x (1 + :data:`SPARE`): a margin for what the stages cost each
+   other (a thread waking from a wait queues for the GIL behind the others). A stage with no such
+   level is (near) the one that binds and keeps its own rule.
+3. The bounds at the chosen settings explain the joint prediction; the diagnosis replays and runs the
+   pipeline at these settings next to the user's (:mod:`stagebench.pipeline._diagnose`), and the
+   advice is the number measured, never this search's score.
 
-Where a stage had a decisive head-to-head (threads and processes measured in
-turns), its process curve is scaled by the head-to-head's ratio at the level it
-was measured at, as :func:`._predict._lift_by_processes` does: the curves were
-measured seconds apart, the head-to-head at the same moments.
-
-Each changed stage keeps its alone recommendation under ``recommended_alone`` and
-says why it differs in ``recommended["why"]``.
+A stage with a decisive head-to-head has its process curve scaled by its ratio, as
+:func:`._predict._lift_by_processes` does: the head-to-head ran in turns, the curves seconds apart.
+Each changed stage keeps its alone recommendation under ``recommended_alone`` and says why it
+differs in ``recommended["why"]``.
 """
 
 from __future__ import annotations

@@ -1,37 +1,23 @@
 """Whole-pipeline throughput from the isolated stages, with the GIL and the cores shared.
 
-Stages measured alone each had the machine to themselves. Together they
-share it, so the pipeline (in source items per second) is bounded by
+Stages measured alone each had the machine to themselves. Together they share it, so the pipeline
+(in source items per second) is bounded by
 
-(a) **each stage's capacity** at its recommended setting (the naive answer),
+(a) **each stage's capacity** at its recommended setting,
 (b) **the cores**: ``cores / Σ CPU seconds per item`` over all stages,
-(c) **the GIL**: ``1 / Σ GIL-held seconds per item`` over the stages that run
-    in the main process (thread and async executors), plus the per-item
-    scheduling each stage costs the main process (the harness's own GIL
-    time, from its no-op ceiling). Stages on process executors keep their
-    Python in their workers' GILs. SPDL's one-stage no-op ceiling includes
-    the source, the sink and the consumer thread, which a k-stage pipeline
-    pays once: that fixed part (measured with no-op pipelines of one and three
-    stages) is charged once, each stage only its increment. Measured no-op
-    pipelines cost about 360-550 µs per item with one stage and 650-820 with
-    three, so charging the whole one-stage cost per stage under-predicted a
-    three-stage pipeline by a third.
+(c) **the GIL**: ``1 / Σ GIL-held seconds per item`` over the stages in the main process (thread and
+    async executors), plus the scheduling each stage costs the main process (its harness's GIL
+    time, from its no-op ceiling). SPDL's one-stage no-op ceiling includes the source, sink and
+    consumer, which a k-stage pipeline pays once: that fixed part (from no-op pipelines of one and
+    three stages) is charged once, each stage only its increment.
 
-The bounds are the explanation; the number is the replay's when there is one
-(:func:`apply_replay`, :mod:`stagebench.pipeline._replay`): the bounds add demands
-measured one stage at a time and leave out what the stages cost each other
-(hand-offs through the event loop, threads queueing for the GIL after waits,
-a GIL holder losing its core to GIL-free threads), which put them −24% to
-+119% off the measured pipeline on the reference pipelines (+50% median). Without a replay the
-prediction is the smallest bound. Why the GIL term matters: a pipeline
-of a 1 ms GIL-holding stage, a 5 ms sleep and a 0.5 ms-GIL + 2 ms-sleep stage
-reaches about 770, 2,900 and 1,270 items/s per stage alone in SPDL on two
-cores, yet about 490 together. The minimum of the capacities says 770; the
-GIL bound says one item needs 1.5 ms of GIL plus SPDL's own per-stage time.
+The GIL term matters because stages that each run fast alone can still share one GIL. The bounds
+are the explanation; the number is the replay's when there is one (:func:`apply_replay`,
+:mod:`stagebench.pipeline._replay`), because the bounds leave out what the stages cost each other.
+Without a replay the prediction is the smallest bound.
 
-Stages that follow a batching step see fewer inputs than the source yields:
-``items_per_input`` (source items per stage input) converts every per-input
-quantity to per-source-item.
+Stages that follow a batching step see fewer inputs than the source yields: ``items_per_input``
+(source items per stage input) converts every per-input quantity to per-source-item.
 """
 
 from __future__ import annotations

@@ -1,91 +1,49 @@
 """A direct reading of a stage's GIL share: a pure-Python counter thread runs next to it.
 
-Why: the curves bound a stage's GIL share well when the stage is pure Python
-or waits, but on a machine with few cores a stage whose C code releases the
-GIL (hashing, decoding, numpy) flattens at the cores just as a GIL-bound one
-flattens at the GIL. On 2 cores the curves put a SHA-256 stage, which holds
-the GIL ~0% of its time, at 0.61 [0.44, 0.75] in one diagnosis and 0.33 in
-another; its stand-in then held the GIL and the replay read 21% low.
+The curves bound a stage's GIL share well when the stage is pure Python or waits, but on a machine
+with few cores a stage whose C code releases the GIL (hashing, decoding, numpy) flattens at the cores
+just as a GIL-bound one flattens at the GIL, and its stand-in in the replay would then hold the GIL.
 
-How: the stage runs back to back in one thread, alone for a short window and
-then for the same window next to a counter thread that spins in pure Python.
-The counter only ever runs Python, so its CPU time is the time it held the
-GIL; the stage held it for the rest of the window. Per call::
+How: the stage runs back to back in one thread, alone for a short window and then for the same window
+next to a counter thread that spins in pure Python. The counter only runs Python, so its CPU time is
+the time it held the GIL; the stage held it for the rest of the window. Per call::
 
     held  = (window - counter CPU) / calls with the counter
     share = held / (window / calls alone)
 
-The switch interval is set to 0.5 ms during the probe (and restored), so the
-stage gets the GIL back within 0.5 ms of asking instead of 5 ms and its
-GIL-free work runs at its own pace next to the counter. The cyclic garbage
-collector is paused for the rounds too (reference counting still frees
-what a call drops): a collection is pure Python holding the GIL, and
-which window it lands in is chance, so it reads as GIL the stage held or
-the spinner's time. In a process holding 300k tracked objects (a training
-script's), a pure-Python augment stage read 0.89 (0.79-1.0 over 8 probes)
-with the collector on and 0.97 (0.87-1.0) with it off; collate and a
-spin+sleep stage did not move. A stage that hangs leaves it paused until
-``timeout_s``. Stages whose
-calls take over 0.1 s are not probed (it needs a dozen calls). The median over
-several short alternating rounds keeps a shared host's speed phases (tens of
-milliseconds) out of it.
+The switch interval is 0.5 ms during the probe (then restored), so the stage gets the GIL back soon
+after asking and its GIL-free work runs at its own pace. The cyclic garbage collector is paused for
+the rounds (a collection holds the GIL and lands in either window by chance); a stage that hangs
+leaves it paused until ``timeout_s``. Stages whose calls take over 0.1 s are not probed (it needs a
+dozen calls). The median over several short alternating rounds keeps a shared host's speed phases out.
 
-A counter that holds the GIL but not a core (the machine took it away:
-other VMs, other programs) would read as GIL the stage held. Two corrections:
+A counter that holds the GIL but not a core would read as GIL the stage held. Two corrections:
 
-- The spinner times its own loop. A pause over 0.1 ms in which it did not
-  block (its count of voluntary context switches, ``getrusage`` per
-  thread, did not move) is time it held the GIL without a core: the
-  hypervisor took the core mid-round, or an interrupt or another program
-  did. That time is counted as the spinner's (``spinner_lost``: its median
-  share of a round; 0-2% on a quiet machine, where a sleeping stage read
-  ~0.01 high from it before). A pause in which it blocked is a wait for the
-  GIL, and stays the stage's. Off Linux there is no per-thread count and
-  no pause is counted.
-- Each round first lets the spinner run alone for 5 ms; the share of a
-  core it got there (``spinner_core``, net of the pauses above) scales its
-  CPU time up to its GIL time. That corrects a steady loss in slices too
-  short to see as pauses.
+- A pause of the spinner's loop over 0.1 ms in which it did not block (its voluntary context
+  switches, ``getrusage`` per thread, did not move) is time it held the GIL without a core, and
+  counts as the spinner's (``spinner_lost``). A pause in which it blocked is a wait for the GIL and
+  stays the stage's. Off Linux no pause is counted.
+- Each round first lets the spinner run alone for 5 ms; the share of a core it got
+  (``spinner_core``) scales its CPU time up to its GIL time, for losses too short to see as pauses.
 
-Neither covers programs in this machine competing for the cores during
-the round: a spinner woken to take the GIL may then wait for a core with
-the GIL free, and that pause holds a block, so it stays the stage's. Those show as the spinner's wait for a core, which Linux counts
-per thread (``run_delay`` in
-``/proc/<pid>/task/<tid>/schedstat``; 0-2% of a round on a quiet machine,
-~50% beside a busy process). It cannot be subtracted: a spinner that waits
-for a core while the stage holds the GIL and one that waits while the stage
-computes without it look the same (adding the wait back read a pure-Python
-stage at 0.2). So a round whose spinner waited over 10% of it is dropped,
-and a probe that cannot get three clean rounds in twice its budget reports
-the machine busy instead of a share; the curves decide then. Where
-``schedstat`` is missing (not Linux) every round counts and
+Programs competing for the cores during a round are not covered: they show as the spinner's wait for
+a core (``run_delay`` in ``/proc/<pid>/task/<tid>/schedstat``), which cannot be subtracted (a wait
+while the stage holds the GIL and one while it computes without it look the same). So a round whose
+spinner waited over 10% of it is dropped, and a probe without three clean rounds in twice its budget
+reports the machine busy; the curves decide then. Without ``schedstat`` every round counts and
 ``core_wait`` is ``None``.
 
-How often a call lets the GIL go (``releases``, for the replay's stand-ins:
-:mod:`stagebench.pipeline._replay`): each time the stage's C code drops the GIL, the
-spinner takes it, and the stage blocks to take it back. So the stage
-thread's voluntary context switches per call next to the spinner, less
-those it makes alone (its own sleeps and reads) and one per switch interval
-the spinner held the GIL without a core (the stage, waiting, times out that
-often), are its waits to take the GIL back: two each (a wait that times out,
-which asks the spinner for it, then the wait for the hand-over). Half of them,
-less one per switch interval of GIL it held (the spinner makes a holder hand
-it over that often), count the releases (Linux only: ``getrusage`` per thread).
+How often a call lets the GIL go (``releases``, for :mod:`stagebench.pipeline._replay`): each drop
+lets the spinner take the GIL, and the stage blocks twice to take it back (a wait that times out,
+then the hand-over). So the stage thread's voluntary context switches per call next to the spinner,
+less those it makes alone and one per switch interval the spinner held the GIL without a core,
+halved, less one per switch interval of GIL the stage held, count the releases (Linux only). A
+release counts only where the spinner takes the GIL during it: the count is a lower bound.
 
-A release counts only where the spinner takes the GIL during it, so the
-count is a lower bound with a long tail. On a machine that takes the
-spinner's core (``spinner_core`` under about 0.9), a release shorter than
-the spinner's wait to run goes unseen.
-
-What it is not: the hand-offs of the GIL count as the stage's (a stage that
-reacquires the GIL often reads a little high), and time taken from the
-*stage's* thread while it holds the GIL is the stage's too (its calls grow
-longer; the spinner waits, blocked). That one cannot be told apart from a
-C call that holds the GIL (it shows as pauses of a few ms with several GIL
-timeouts in them). The median over rounds keeps such moments out
-unless they fill half the rounds. The stage runs in a thread of its own that the
-diagnosis abandons after ``timeout_s`` (a stage that hangs on the probe's
-inputs cannot stop the diagnosis).
+What it is not: the GIL's hand-offs count as the stage's, and so does time taken from the stage's
+thread while it holds the GIL (indistinguishable from a C call that holds it); the median keeps such
+moments out unless they fill half the rounds. The stage runs in a thread the diagnosis abandons after
+``timeout_s``, so a stage that hangs on the probe's inputs cannot stop the diagnosis.
 """
 
 from __future__ import annotations

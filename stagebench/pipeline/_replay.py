@@ -1,101 +1,34 @@
 """Replay: the whole pipeline run with stand-ins that do what each stage did alone.
 
-Why: the prediction's bounds (:mod:`stagebench.analysis._predict`) add up per-item
-demands measured stage by stage. Together the stages also pay for each other:
-every call's hand-off to and from the event loop, threads waking from waits
-and queueing for the GIL behind the others, a GIL holder losing its core to
-threads that compute without the GIL. On the three reference pipelines
-(``benchmarks/bench_diagnosis.py``) the bounds came out −24% to +119% off the
-measured pipeline over 24 diagnoses, +50% in the median, while a pipeline of
-stand-ins with the stages' true work reproduced the real one within its
-run-to-run noise.
-
-So the prediction runs the pipeline itself, with SPDL, the recommended
-settings and the real aggregate / disaggregate steps, but with each measured
+The prediction's bounds (:mod:`stagebench.analysis._predict`) add per-item demands measured stage by
+stage, but together the stages also pay for each other: hand-offs to and from the event loop, threads
+waking and queueing for the GIL, a GIL holder losing its core. So the prediction runs the pipeline
+itself, with SPDL, the recommended settings and the real aggregate / disaggregate steps, each measured
 stage replaced by a **stand-in** built from its isolated measurements only:
 
-- ``gil_s``: pure Python for that much CPU time (holds the GIL): the stage's
-  GIL share times its time per call, capped by its own CPU per call. That CPU
-  is the calling thread's CPU during the call where the spdl harness timed it
-  (threads: ``call_cpu_ms``); otherwise the process's CPU per item beyond the
-  harness's no-op, which also counts waking up and the harness's idle cost,
-  so waiting stages read high (``-15%`` median on the reference pipelines);
-- ``free_s``: CPU without the GIL (``hashlib`` over a buffer, which releases
-  it): the rest of that CPU;
-- the collector: the seconds of cyclic garbage collection its allocations
-  cost per item (``gc_s_per_item`` of its point beyond its no-op ceiling's),
-  added to ``gil_s``. A collection holds the GIL, and neither the calls'
-  median time nor the probed GIL share (the probe pauses the collector)
-  includes it; its calls' mean CPU does. In a process holding 560k tracked
-  objects (what a diagnosis imports; a training script holds as many), the
-  demo's augment spent 0.15-0.27 ms of its 0.7-0.8 ms per item in full
-  collections, and a pipeline of stand-ins without them ran 1.24x the real
-  one (0.99x with the collector off in both; 1.04x with 0.25 ms added to
-  augment's stand-in);
-- ``wait_s``: a sleep for what remains of its time per call (waiting on I/O,
-  locks, other processes), less what a sleep itself costs here: its CPU and
-  its late wake-up, calibrated right before the replay, were already part of
-  the stage's measured CPU and duration (counted twice, the stand-ins of three
-  sleep stages held the GIL ~0.17 ms per item too long and the replay read
-  11% under the real pipeline in 4 paired runs). Never more than the call spent
-  off the CPU at the point its time was read: the time and the CPU of two
-  points differ by the host's speed between them too;
+- ``gil_s``: pure Python (holds the GIL): the stage's GIL share of its time per call, capped by its own
+  CPU per call, plus the cyclic garbage collection its allocations cost per item (``gc_s_per_item``),
+  which neither the calls' median time nor the probed GIL share includes;
+- ``free_s``: the rest of that CPU, without the GIL (``hashlib`` over a buffer);
+- ``wait_s``: a sleep for what remains of its time per call, less what a sleep itself costs here
+  (calibrated right before the replay: it is already in the stage's measured CPU and duration), and
+  never more than the call spent off the CPU;
+- ``releases``: how many times per call its GIL-free work lets the GIL go (the GIL probe's count,
+  :mod:`stagebench.pipeline._gilprobe`, a lower bound); each release costs a wait to take it back,
+  so the work is done in that many pieces;
+- ``helper_s``: CPU on the stage's own threads while the calling thread waits, hashed on ``helpers``
+  threads at once, so that a stage computing on its own threads does not read as one that waits.
 
-- ``releases``: how many times per call its GIL-free work lets the GIL go.
-  Every release is paid for in the pipeline: taking the GIL back means
-  waiting behind the threads that hold it. The demo's collate (``np.stack``
-  of 16 images, then three array operations: each copy and each operation
-  drops the GIL) made 20-22 voluntary context switches per call in the
-  pipeline and took 11-12 ms there; a stand-in that released the GIL once
-  made 2-3 and took 1.3-1.5 ms, one that released it 20 times made 20-25 and
-  took 7.1-7.3 ms (in a fresh process, where collate also paid ~2,300 page
-  faults per call). The count is the GIL probe's (``releases`` in
-  :mod:`stagebench.pipeline._gilprobe`: the stage's waits to retake the GIL next to a
-  spinner), less the stand-in's own sleep; the work is done in that many
-  pieces, each some GIL-held loops and then a hash. Without a probe
-  reading, or without GIL-free CPU to split (a hash under 2 KiB keeps the
-  GIL), one release. The count is a lower bound (the probe misses a release
-  its spinner does not take the GIL in): it read a stage hashing in 12
-  pieces at 6.8-10.5 and a stand-in built from that reading (7-10 pieces)
-  at 4.6-8.2 over twenty runs, so a stand-in lets the GIL go about 0.6-0.7x
-  as often as its stage.
+A stage on a process executor becomes a thread stand-in whose work is all GIL-free, plus the main
+process's cost of moving items to and from workers. Stages that yield several items, or were not
+measured, run as themselves. A stand-in returns real outputs of its stage (a few kept from the
+diagnosis), so the steps after it get items of the right kind. Nothing of the user's code runs, so the
+replay is a prediction, which the validation run checks.
 
-- ``helper_s``: CPU on threads of the stage's own (a decoder's thread pool,
-  a BLAS or numpy op splitting its work), while the calling thread waits for
-  them: the process's CPU per call beyond the calling thread's and the
-  harness's, where it is at least half the call's time (below that it is the
-  harness's idle cost, which a slow point divides over few items). The
-  stand-in hashes that much on ``helpers`` threads at once (that CPU over the
-  time the call spent off its own CPU), and sleeps only what is left of its
-  wait. Without it, a stage hashing on two threads of its own read as a
-  stage that waits: its stand-in slept, four of them at once loaded no core,
-  and the replay read 865 items/s for a pipeline that ran at 327, above
-  the 444 its cores allow;
-
-A stage on a process executor becomes a thread stand-in whose work is all
-GIL-free (it runs in another interpreter) plus the main process's extra cost
-of moving items to and from workers (its process no-op ceiling's time per
-item beyond the thread ceiling's). Stages that yield several items, or were
-not measured, run as themselves. A stand-in returns real outputs of its
-stage in turn (a few kept from the diagnosis), so the steps after it get
-items of the right kind: a stage returning lists before a disaggregate, or a
-stage run as itself, would otherwise be handed the stand-in's input.
-
-Nothing of the user's stage code runs, so the replay is a prediction and the
-validation run (the real stages) checks it.
-
-A stand-in does a fixed amount of *work*, not a fixed CPU time. Its CPU
-amounts are the stage's CPU time as measured during the sweeps, at the speed
-the core ran then (``speed_ns``: a fixed Python loop's ns per iteration,
-probed after each of the stage's points, :mod:`stagebench.core._speed`). A shared
-host's cores change speed by up to 2x in phases of seconds, and a stage's CPU time
-per call follows (the same work takes twice the CPU time on a slow core). A
-stand-in that spun for a fixed CPU time would do less work in a slow phase than the
-stage it stands for, and the replay would read high. So the GIL-held part is that many
-iterations of the speed probe's own loop at the sweep's speed, and the
-GIL-free part that many bytes of SHA-256 at the sweep's speed (calibrated
-now, scaled by the speed now against then). Without a speed (none probed),
-the stand-in spins for the CPU time itself.
+A stand-in does a fixed amount of *work*, not a fixed CPU time: a shared host's cores change speed in
+phases of seconds, and a fixed CPU time would do less work in a slow phase than the stage did. So its
+GIL-held part is iterations of the speed probe's loop (:mod:`stagebench.core._speed`) and its GIL-free
+part bytes of SHA-256, both at the sweep's speed; without a speed probed, it spins for the CPU time.
 """
 
 from __future__ import annotations
@@ -340,11 +273,9 @@ def _marginal_cpu(points: Sequence[StageSetting]) -> float | None:
 
     Why not CPU per item at one point: a harness that is not busy spends CPU
     per second (its event loop waking, timers, polling) that a slow point
-    divides over few items. A sleep stage at 1,000 items/s used 0.3 ms of CPU
-    per item more than the harness's no-op at its saturated 1,900, all of it
-    that idle premium: a stand-in charged it held the GIL 0.65 ms per item too
-    long in a 3-stage replay (-36%). Inside a pipeline that the GIL binds, the
-    main process never idles, so the marginal cost is what counts. ``None``
+    divides over few items, and a stand-in charged it holds the GIL too long.
+    Inside a pipeline that the GIL binds, the main process never idles, so the
+    marginal cost is what counts. ``None``
     (use the point) when the throughputs span less than 2x (a stage that
     flattened at once: the GIL-bound ones) or the line does not fit.
     """
