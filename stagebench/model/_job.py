@@ -215,13 +215,7 @@ class JobSlice(Read):
         "bodies": items,
         "wall_s": lambda v: float(v or 0.0),
     }
-
-    def to_json(self) -> dict[str, Any]:
-        """The fields in order; ``emptied`` only where a pipeline was emptied."""
-        out = write(self)
-        if self.emptied is None:
-            del out["emptied"]
-        return out
+    OPTIONAL = frozenset({"emptied"})
 
 
 @dataclass(frozen=True, slots=True)

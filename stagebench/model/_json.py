@@ -11,7 +11,8 @@ on what the type keeps of the dict it was read from:
 * ``keys`` and ``extra`` fields (all the dict's keys in order, and those the type does not name): the
   dict rebuilt from them, each field's value in its key's place, the unknown keys as read;
 * a ``_json`` field (the dict itself): a copy of it;
-* neither: every field, in the order the type declares them.
+* neither: every field, in the order the type declares them, but those named in its ``OPTIONAL``
+  (written only where they hold something: not None).
 
 Nested values are written as JSON holds them: a type by its ``to_json``, a tuple as a list, a mapping as
 a dict. So run.json and summary.json do not change by being read.
@@ -216,7 +217,9 @@ def write(obj: Any) -> dict[str, Any]:
         return dict(obj._json)
     if hasattr(obj, "keys"):
         return {k: obj.extra[k] if k in obj.extra else _out(getattr(obj, k)) for k in obj.keys}
-    return {k: _out(getattr(obj, k)) for k in _names(type(obj))}
+    optional: frozenset[str] = getattr(obj, "OPTIONAL", frozenset())
+    values = ((k, getattr(obj, k)) for k in _names(type(obj)))
+    return {k: _out(v) for k, v in values if v is not None or k not in optional}
 
 
 class Written:
@@ -224,6 +227,9 @@ class Written:
     no field of its own, so a frozen, slotted dataclass keeps its layout."""
 
     __slots__ = ()
+
+    #: the fields :func:`write` writes only where they hold something (not None)
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
 
     def to_json(self) -> dict[str, Any]:
         """The dict it was read from (module docstring)."""

@@ -34,7 +34,6 @@ from stagebench.model._json import (
     span,
     text,
     whole,
-    write,
 )
 from stagebench.model._knobs import NOT_APPLICABLE, LoaderKnobs
 from stagebench.model._limits import MemoryLimit
@@ -74,11 +73,15 @@ def _knob_flag(v: Any) -> bool | str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class StartupSplit:
+class StartupSplit(Read):
     """Where a setting's time to its first batch goes (seconds, medians over the workers; None where not
     recorded): the workers started (created, booted), your ``worker_init_fn``, the first batch's own work,
-    its delivery; under SPDL's loader the start is one figure, ``worker_unsplit_s``."""
+    its delivery; under SPDL's loader the start is one figure, ``worker_unsplit_s``. Written as a row of
+    ``summary.json["worker_costs"]["startup"]``: the setting first."""
 
+    #: ``summary.json["worker_costs"]["startup"]`` only: the setting in words and its workers
+    setting: str | None = None
+    num_workers: int | None = None
     time_to_first_batch_s: float | None = None
     workers_start_s: float | None = None
     worker_init_s: float | None = None
@@ -88,22 +91,8 @@ class StartupSplit:
     workers_created_s: float | None = None
     worker_boot_s: float | None = None
     worker_unsplit_s: float | None = None
-    #: ``summary.json["worker_costs"]["startup"]`` only: the setting in words and its workers
-    setting: str | None = None
-    num_workers: int | None = None
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> StartupSplit:
-        return read(cls, d, setting=text, num_workers=whole, **dict.fromkeys(STARTUP_KEYS, number))
-
-    def to_json(self) -> dict[str, Any]:
-        """A row of ``worker_costs["startup"]``, keys in the order the summary writes them."""
-        return {
-            "setting": self.setting,
-            "num_workers": self.num_workers,
-            "time_to_first_batch_s": self.time_to_first_batch_s,
-            **{k: getattr(self, k) for k in STARTUP_KEYS if k != "time_to_first_batch_s"},
-        }
+    READ = {"setting": text, "num_workers": whole, **dict.fromkeys(STARTUP_KEYS, number)}
 
     def value(self, key: str) -> float | None:
         """One of :data:`STARTUP_KEYS` by name (the plots stack them in order)."""
@@ -608,13 +597,7 @@ class Shm(_Record):
         "ranks": whole,
         **dict.fromkeys(("free_mb", "total_mb", "batch_mb", "in_flight_mb"), number),
     }
-
-    def to_json(self) -> dict[str, Any]:
-        """The keys the sweep writes: ``ranks`` only where a ranked sweep wrote it."""
-        out = write(self)
-        if self.ranks is None:
-            del out["ranks"]
-        return out
+    OPTIONAL = frozenset({"ranks"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -628,10 +611,10 @@ class WorkerCosts(Read):
     #: the cgroup memory limit that set ``available_mb`` (None: the host's available memory did)
     memory_limit: MemoryLimit | None = None
     shipping: Shipping | None = None
-    memory: WorkerMemory | None = None
-    shm: Shm | None = None
     #: the memory pass ran during the stall point (its seconds are then that row's)
     memory_on_stall_point: bool | None = None
+    memory: WorkerMemory | None = None
+    shm: Shm | None = None
     seconds: float | None = None
 
     READ = {
@@ -644,22 +627,7 @@ class WorkerCosts(Read):
         "memory_on_stall_point": flag,
         "seconds": number,
     }
-
-    def to_json(self) -> dict[str, Any]:
-        """The summary's ``worker_costs``: what was measured, as the sweep wrote it, after the start-up split."""
-        out: dict[str, Any] = {"startup": [r.to_json() for r in self.startup]}
-        if self.available_mb is not None:
-            out["available_mb"] = self.available_mb
-        if self.memory_limit is not None:
-            out["memory_limit"] = self.memory_limit.to_json()
-        if self.shipping is not None:
-            out["shipping"] = self.shipping.to_json()
-        if self.memory_on_stall_point is not None:
-            out["memory_on_stall_point"] = self.memory_on_stall_point
-        if self.memory is not None:
-            out["memory"] = self.memory.to_json()
-        if self.shm is not None:
-            out["shm"] = self.shm.to_json()
-        if self.seconds is not None:
-            out["seconds"] = self.seconds
-        return out
+    #: what was measured, as the sweep wrote it, after the start-up split (the summary's ``worker_costs``)
+    OPTIONAL = frozenset(
+        {"available_mb", "memory_limit", "shipping", "memory_on_stall_point", "memory", "shm", "seconds"}
+    )
