@@ -60,17 +60,15 @@ LOADER_WINDOW_S = 2.0
 #: holds at least min_batches of whole rounds of its workers, whatever its length).
 LOADER_MIN_WINDOW_S = 0.3
 #: Shortest window of a loader setting in a round in turns, seconds. One round's ratio is one sample of
-#: the host's noise: here a process is at times held off the cores for 0.2-0.8 s, and in a 0.3 s window
-#: one such stall made a round's ratio 0.3x or 3x, so three rounds gave intervals like 0.01-37x that
-#: decided nothing (issue 60). A second outlasts the stalls seen; a 3,000 samples/s loader delivers
-#: 3,000 samples in it.
+#: the host's noise, and a shorter window lets one stall of a process held off the cores (a fraction of
+#: a second) swing a round's ratio several-fold; a second outlasts such stalls.
 LOADER_TURN_WINDOW_S = 1.0
 #: What ``STAGEBENCH_QUICK=on`` changes (each only where the user set nothing): a diagnosis to iterate
 #: with, at about a third of SPDL's own profiler's time. Shorter windows closing at ±10% and fewer
-#: levels cost precision (wider intervals, a coarser curve). Threads only: the process points were
-#: half of a quick diagnosis, so a stage that holds the GIL is flagged with what processes could give
-#: at most, not measured. The replay (the prediction) is kept; the real whole-pipeline runs are not
-#: (the validation run and the run at your settings: with their settles they were half of the rest).
+#: levels cost precision (wider intervals, a coarser curve). Threads only (process points cost most):
+#: a stage that holds the GIL is flagged with what processes could give at most, not measured. The
+#: replay (the prediction) is kept; the real whole-pipeline runs (the validation run and the run at
+#: your settings) are not.
 QUICK = {
     "budget_s": 0.3,
     "min_window_s": 0.1,

@@ -549,8 +549,7 @@ def apply_replay(prediction: Prediction | None, replay: Any) -> Prediction | Non
         # Each bound is an upper limit on the pipeline (a stage's capacity alone, the cores over the CPU an
         # item needs, the GIL over the GIL it holds): a replay above one has not cost what the stages cost
         # alone, and its number is not the prediction. Above it beyond its own interval, its stand-ins did
-        # not stand in (a stage working on threads of its own stood in by a sleep did this: 865 against a
-        # cores bound of 444); within it, the replay and the bounds agree within the replay's noise.
+        # not stand in; within it, the replay and the bounds agree within the replay's noise.
         low = num_or_none(replay.get("qps_low"))
         band = (
             f" ({fmt_q(low)}-{fmt_q(float(replay['qps_high']))})"

@@ -417,14 +417,14 @@ class WorkerPool:
     """A process pool kept across the points of a sweep, for one stage or several.
 
     Starting a worker means a fresh interpreter that imports the stage's
-    modules: about 0.1 s of CPU per worker here, and when every point started
-    its own pool that was 60% of a diagnosis. A sweep measures levels in
-    ascending order, so the pool *grows* to c workers at level c: every point
-    still runs on exactly c workers (its CPU and memory are c workers'), the
-    stage and its no-op ceiling share them (the ceiling calls
-    :func:`_worker_noop`: the same IPC, no work), and going down in c starts a
-    fresh pool (a head-to-head keeps the larger one: :attr:`keep_larger`). A point that ends with a dead, hung or busy worker discards the
-    pool (:meth:`discard` kills it); the next point starts clean.
+    modules, which would dominate a diagnosis if every point started its own
+    pool. A sweep measures levels in ascending order, so the pool *grows* to c
+    workers at level c: every point still runs on exactly c workers, the stage
+    and its no-op ceiling share them (the ceiling calls :func:`_worker_noop`:
+    the same IPC, no work), and going down in c starts a fresh pool (a
+    head-to-head keeps the larger one: :attr:`keep_larger`). A point that ends
+    with a dead, hung or busy worker discards the pool (:meth:`discard` kills
+    it); the next point starts clean.
 
     Several stages (``WorkerPool(f, g, h)``) share the workers when their
     process points are measured level by level (the diagnosis does): the pool
@@ -441,8 +441,8 @@ class WorkerPool:
     and without ``fork``'s copies of the threads and locks of a process that
     has SPDL and torch loaded. Stages and their state travel with cloudpickle,
     once per worker (:func:`_worker_init`); each call ships the item with
-    standard pickle, as the user's pool would. (loky's own executor adds its
-    own cost per call: it reaches a lower no-op throughput than this pool.)
+    standard pickle, as the user's pool would (loky's own executor would add
+    its own cost per call).
 
     Growing sets the pool's worker count and starts the new workers (the
     standard library's private ``_max_workers`` and ``_spawn_process``, as its

@@ -17,8 +17,7 @@ read) as it goes, with the batches each worker made, and fits the growth per bat
 not reach the end of the epoch, the growth is extrapolated to the worker's share of it, and said so:
 linearly, bounded by the memory the Python objects it reads take (a page once copied stays copied:
 reading in random order, a worker touches most pages of a list early in the epoch, so growth per batch
-falls as it goes on; on a list of 3M tuples the first 30 batches a worker grew 15 MB each, and the
-bound, ~0.5 GB, is what a whole pass copies).
+falls as it goes on).
 
 **Shared memory.** A worker hands each batch's tensors to the main process through shared memory
 (``/dev/shm`` on Linux: 64 MB by default in a Docker container), and ``num_workers x prefetch_factor``
@@ -295,10 +294,9 @@ def _growth(
         return replace(read, too_few_batches=True)  # the growth per batch stands; the epoch's is not read off it
     if share is not None and done < share and len(late) >= 3 and _median_interval(late)[1] <= 0:
         # no growth beyond noise in the pass's second half: what grew was early (an allocator's arenas,
-        # caches filling), and a line from it runs on where the memory may have stopped (pytorch/examples'
-        # ImageNet --dummy: 23 to 27 MB over 26 batches a worker, read as ~3.7 GB over an epoch). The pass
-        # says what it saw and that it levelled off (a copy-on-read that touched every page within the pass
-        # has grown all it will).
+        # caches filling), and a line from it would run on where the memory stopped. The pass says what it
+        # saw and that it levelled off (a copy-on-read that touched every page within the pass has grown
+        # all it will).
         return replace(
             read,
             epoch_growth_mb=grown,
