@@ -140,9 +140,10 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "search": _search_summary(m, c.pts),
         "target": None if target is None else target.to_json(),
         **job_keys("the loader", m, c.job, planned=m.trainer_planned),
-        "findings": by_severity(
-            [f.to_json() for f in loader_findings(c.pts, m, rec, target, c.job) + worker_cost_findings(costs, rec)]
-        ),
+        "findings": [
+            f.to_json()
+            for f in by_severity(loader_findings(c.pts, m, rec, target, c.job) + worker_cost_findings(costs, rec))
+        ],
         "worker_costs": None if costs is None else costs.to_json(),
         "transforms": list(m.transforms),
     }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +40,6 @@ class Finding(Written):
         )
 
 
-def by_severity(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``findings`` (as summaries hold them) most important first, in their order within a severity."""
-    rank = {s: i for i, s in enumerate(SEVERITIES)}
-    return sorted(findings, key=lambda f: rank.get(str(f.get("severity")), len(SEVERITIES)))
+def by_severity(findings: Sequence[Finding]) -> list[Finding]:
+    """``findings`` most important first, in their order within a severity."""
+    return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))

@@ -27,7 +27,6 @@ from stagebench.model._json import (
     maps,
     number,
     nums,
-    read,
     text,
     texts,
 )
@@ -279,7 +278,7 @@ class VersusYours(Read):
 
 
 @dataclass(frozen=True, slots=True)
-class Demand:
+class Demand(Read):
     """Whether the pipeline keeps up with the training step (``summary["demand"]``): the demand
     (``target_rate``, stated or measured: ``demand_source``), the pipeline's capacity (measured or
     replayed: ``source``), their ratio, the ``verdict`` and its ``text``; where the job ran, what it
@@ -297,25 +296,21 @@ class Demand:
     data_wait_share: float | None = None
     job_samples_per_s: float | None = None
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> Demand:
-        return read(
-            cls,
-            d,
-            **dict.fromkeys(("verdict", "text", "source", "demand_source"), text),
-            **dict.fromkeys(
-                (
-                    "target_rate",
-                    "capacity",
-                    "capacity_low",
-                    "capacity_high",
-                    "ratio",
-                    "data_wait_share",
-                    "job_samples_per_s",
-                ),
-                number,
+    READ: ClassVar[Coercions] = {
+        **dict.fromkeys(("verdict", "text", "source", "demand_source"), _text),
+        **dict.fromkeys(
+            (
+                "target_rate",
+                "capacity",
+                "capacity_low",
+                "capacity_high",
+                "ratio",
+                "data_wait_share",
+                "job_samples_per_s",
             ),
-        )
+            number,
+        ),
+    }
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"target_rate": self.target_rate, "capacity": self.capacity}
