@@ -103,7 +103,7 @@ def recommend(
         why += f"; inside the memory budget ({budget_mb:,.0f} MB)"
     if max_workers is not None and fits and any(p.num_workers > max_workers for p in ok):
         why += f"; at most {max_workers} workers fit the container's memory limit over an epoch"
-    return replace(by_key[d.pick], why=why, decision=d.to_json())
+    return replace(by_key[d.pick], why=why, decision=d)
 
 
 def _near(pool: list[LoaderRow]) -> list[LoaderRow]:
@@ -131,13 +131,10 @@ def loader_decision(
     top = max(pool, key=lambda p: p.samples_per_s)
     mine = _mine(pool, user)
 
-    def key(p: LoaderRow) -> str:
-        return _knob_text(p)
-
     considered: dict[str, LoaderRow] = {}
     for p in [mine, top] + [q for q in pool if q.knobs in in_turns]:
         if p is not None:
-            considered.setdefault(key(p), p)
+            considered.setdefault(_knob_text(p), p)
     near = _near(pool)
 
     def ratio(a: str, b: str) -> Any:
@@ -147,10 +144,10 @@ def loader_decision(
         by_key = dict(considered)
         options = [Option(k, _cheapest_first(p), p.rate, in_step=p.knobs.num_workers == 0) for k, p in by_key.items()]
         options.sort(key=lambda o: o.cost)
-        d = decide(options, yours=key(mine) if mine else None, ratio=ratio, margin=1 - within_best)
+        d = decide(options, yours=_knob_text(mine) if mine else None, ratio=ratio, margin=1 - within_best)
         # the cheapest near setting the turns have not ruled out joins: what the next turns would measure
         for p in near:
-            k = key(p)
+            k = _knob_text(p)
             if k in d.open:
                 return d, by_key
             if k not in by_key:

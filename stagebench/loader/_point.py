@@ -1,32 +1,19 @@
 """One loader setting measured: the protocol behind every loader point.
 
-A data loader is measured the way a training loop uses it: a fresh loader per
-setting, iterated by a consumer that takes batches as fast as they come. The
-protocol, and why each step is there:
+A data loader is measured the way a training loop uses it: a fresh loader per setting, iterated by a
+consumer that takes batches as fast as they come. The protocol:
 
-1. Build the loader and call ``iter()`` in a consumer thread. The thread, not the
-   caller, blocks on ``next()``: a hung worker (or a hung ``__getitem__`` with
-   ``num_workers=0``) can then be timed out and torn down instead of hanging the
-   sweep.
-2. Warm up until every worker process has delivered a batch. Batches carry the
-   pid of the process that collated them out of band (the collate function is
-   wrapped; the user's batch is untouched), so "every worker started" is
-   observed, not assumed.
-3. Time a window over inter-arrival times: a batch arrives at one instant, so
-   throughput is samples over the span between arrivals (no counting error of a
-   whole batch at the window edges). In-order delivery makes arrivals come in
-   rounds of the workers, so the span covers whole rounds (:func:`window_rate`),
-   and the interval comes from batch means over consecutive groups of whole
-   rounds.
-4. After the window: CPU counters of main process + workers (explicit pids,
-   never a scan of /proc during the window), then PSS/USS of the same processes
-   while the workers are alive.
-5. The epoch boundary: the measured epoch is ended on purpose (the sampler is
-   wrapped), then short epochs follow; the stall is the time from the last batch
-   of one epoch to the first batch of the next, with this point's
+1. Build the loader and iterate it in a consumer thread (:mod:`stagebench.loader._consumer`: a hung
+   worker can be timed out and torn down).
+2. Warm up until every worker process has delivered a batch (batches are tagged with the process that
+   made them: :mod:`stagebench.loader._built`).
+3. Time a window over the batches' arrivals (:mod:`stagebench.loader._window`).
+4. After the window: CPU counters of main process + workers (explicit pids, never a scan of /proc
+   during the window), then PSS/USS of the same processes while the workers are alive.
+5. The epoch boundary: the measured epoch is ended on purpose, then short epochs follow; the stall is
+   the time from the last batch of one epoch to the first batch of the next, with this point's
    ``persistent_workers`` setting.
-6. Tear down: ``_shutdown_workers()`` (torch) or closing the generator (SPDL),
-   then SIGKILL for any worker of ours still alive.
+6. Tear down the loader and its workers.
 """
 
 from __future__ import annotations

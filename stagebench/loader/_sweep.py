@@ -1,12 +1,8 @@
 """Loader sweeps: which num_workers / prefetch_factor / persistent_workers / pin_memory to use.
 
-Each point is one setting measured on a fresh loader (:mod:`stagebench.loader._point`: the
-protocol). The search over settings (:func:`run_loader_sweep`) is adaptive by default:
-num_workers 0, 1, 2, 4, ... until throughput stops improving beyond noise for two
-steps, then (when asked) prefetch_factor at the best, then the script's own setting, then the
-settings the pick hinges on measured again in turns with their loaders kept open
-(:mod:`stagebench.loader._turns`) until the rule of :mod:`stagebench.model._evidence` is settled,
-then the epoch stall at the pick. A plain grid is available for comparison.
+:func:`run_loader_sweep` sets up a run (its directory, provenance, memory budget, the host's ranks),
+runs the search over settings (:mod:`stagebench.loader._search`, each point measured by the protocol
+of :mod:`stagebench.loader._point`), and writes the summary.
 """
 
 from __future__ import annotations
