@@ -1,21 +1,12 @@
-"""``STAGEBENCH_TRAINER=measure`` for an SPDL pipeline: the user's loop on cached batches, then on the real pipeline.
+"""``STAGEBENCH_TRAINER=measure`` for an SPDL pipeline: the job phase (:mod:`stagebench.job._phase`) on the pipeline.
 
-With ``STAGEBENCH_TRAINER=measure`` the diagnosis does not exit after the report: the stand-in
-pipeline the user's loop iterates hands it batches (:func:`stagebench.job._phase.trainer_phases`,
-shared with DataLoaders):
-
-1. **The step alone**: cached real batches (the pipeline's own output at the recommended settings,
-   collected once: :func:`collect_batches`), handed at once, cycled, until the step's rate is known
-   to ±3%: the trainer's demand T (source items/s through the items per batch).
-2. **The job**: the real pipeline, rebuilt at each candidate setting (yours, the cheapest that feeds
-   T, a step above it, the pipeline's pick at full pace:
-   :mod:`stagebench.analysis._pipeline_job`), over the cached source items, cycled; the loop runs on
-   each in turns (:mod:`stagebench.core._jobrun`). On a CPU-only machine the loop and the pipeline
-   share the cores: these runs are where that shows.
-
-Then ``run.json`` gets ``trainer`` and ``job``, the summary and report are written again (the job's
-pick is the recommendation), and the program exits as a diagnosis does. A loop that stops early
-(``break``, an exception) ends the phase it is in: what was measured is kept.
+The diagnosis does not exit after the report: the stand-in pipeline the user's loop iterates hands it
+first cached real batches (the pipeline's own output at the recommended settings, collected once:
+:func:`collect_batches`), then the real pipeline rebuilt at each candidate setting
+(:mod:`stagebench.analysis._pipeline_job`) over the cached source items. On a CPU-only machine the
+loop and the pipeline share the cores: these runs are where that shows. Then ``run.json`` gets
+``trainer`` and ``job``, the summary and report are written again (the job's pick is the
+recommendation), and the program exits as a diagnosis does.
 
 Opt-in, because the loop body then runs: it may write checkpoints or logs, or step an optimiser on
 repeated batches. Everything here runs in the user's main thread, between their ``next()`` calls.
