@@ -10,6 +10,6 @@ diagnostic mode it starts.
 
 from __future__ import annotations
 
-from stagebench.pipeline._spdl_hook import install, installed, uninstall
+from stagebench.pipeline._spdl_hook import install
 
-__all__ = ["install", "installed", "uninstall"]
+__all__ = ["install"]
