@@ -455,12 +455,10 @@ def _page_fault_finding(st: StageEntry, page_fault: dict | None, is_bn: bool) ->
     a heap it trims back to the OS once enough is free at its top, and the
     kernel then maps and zeroes every page again on the next call. The
     thresholds move with what the process freed before, so the same stage
-    costs different amounts in different processes: on the demo's collate, a
-    fresh process took 2,300-2,500 faults and 4.8-5.4 ms of CPU per call, and
-    1.1 ms with none once both thresholds were raised (the environment
-    variables below; raising only the mmap threshold changed nothing, as the
-    trim threshold then stays at 128 KiB). This diagnosis's own process may be
-    in either state, so the finding names the executor whose points showed it.
+    costs different amounts in different processes (raising both thresholds,
+    the environment variables below, removes the cost). This diagnosis's own
+    process may be in either state, so the finding names the executor whose
+    points showed it.
     """
     cost = (page_fault or {}).get("cost_s")
     pf = {ex: d for ex, d in st.page_faults.items() if finite(d.per_item)}
@@ -507,11 +505,8 @@ def _gc_finding(st: StageEntry, is_bn: bool) -> _Found | None:
 
     Why it is worth saying: a full collection walks every object the process
     holds, with the GIL held, so what a loader stage pays grows with the
-    training process around it (torch, the model, the dataset's index). In a
-    process holding 560k objects the demo's augment (which builds a list of
-    lists per image) spent 0.15-0.27 ms of its 0.6-0.8 ms per item in
-    collections; with ``gc.freeze()`` after set-up the same stage ran 14% (one
-    thread) to 34% (eight) faster.
+    training process around it (torch, the model, the dataset's index), and
+    ``gc.freeze()`` after set-up takes those objects out of its walk.
     """
     alt = st.alternative("thread") or st.alternative("async") or StageSetting()
     gc_s, cpu = alt.gc_s_per_item, alt.cpu_s_per_item

@@ -19,7 +19,7 @@ __all__ = ["CANNOT_MATTER", "PAIRED_PRECISION", "MeasureConfig", "SweepConfig", 
 CANNOT_MATTER = 0.8
 #: Interval half-width at which a stage's head-to-head window closes, and a loader's num_workers screen
 #: before its rounds in turns: each is one sample of a ratio whose interval comes from the rounds (the
-#: host's phases between rounds, up to 1.4x here, not the window's own noise), so ±10% will do. A loader's
+#: host's phases between rounds, not the window's own noise), so ±10% will do. A loader's
 #: window in a round closes at its shortest (:mod:`stagebench.loader._turns`): its start-up is paid once,
 #: so a round costs only its windows.
 PAIRED_PRECISION = 0.10

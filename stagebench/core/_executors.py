@@ -186,7 +186,7 @@ class ThreadRunner(Runner):
     def start(self) -> None:
         # Every thread starts blocked on `go`: Thread.start() waits for the new
         # thread to run, and with earlier workers already holding the GIL in a
-        # tight loop that hand-off convoys (we saw 64 starts take 29 s).
+        # tight loop that hand-off convoys.
         self._go = threading.Event()
         self._threads = [
             threading.Thread(target=self._work, args=(w,), name=f"stagebench-w{w}", daemon=True)

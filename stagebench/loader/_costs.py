@@ -307,9 +307,9 @@ def _growth(
         )
     if share is not None and done < share and _slowing(early, late):
         # a copy-on-read of shuffled reads: a page is copied once, by the first of its objects read, so
-        # the growth slows as the pass goes (a 600,000-tuple list: ~4 MB a batch at first, ~0.1 by the
-        # 60th). The median rate stretched over the epoch read it at 55-61 MB of the 98 it grew; what the
-        # pass grew, then its second half's rate over the rest (an upper reading: the rate keeps falling)
+        # the growth slows as the pass goes, and the median rate stretched over the epoch reads it low;
+        # what the pass grew, then its second half's rate over the rest (an upper reading: the rate keeps
+        # falling)
         rest = share - done
         mid, high = grown + statistics.median(late) * rest, grown + max(late) * rest
         if bound is not None:
