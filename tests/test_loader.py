@@ -169,7 +169,7 @@ def test_recommendation_is_cheapest_within_5_percent_and_budget():
     rows = [_row(0, 100), _row(1, 180), _row(2, 390, mem=500), _row(4, 400, mem=900), _row(8, 402, mem=2000)]
     rec = recommend(rows, budget_mb=1000, within_best=0.05)
     # 390 reads within 5% of 400, measured apart: that decides nothing, so the fastest, and 2 is open
-    assert rec.num_workers == 4 and rec.decision["rival"] == "num_workers=2, prefetch_factor=2"
+    assert rec.num_workers == 4 and rec.decision.rival == "num_workers=2, prefetch_factor=2"
     rounds = _turns({2: [390, 395, 388, 392, 391, 393], 4: [400, 398, 401, 399, 400, 398]})
     rec = recommend(rows + rounds, budget_mb=1000, within_best=0.05)
     assert rec.num_workers == 2  # shown within 5% of the fastest, in turns; fewer workers

@@ -91,13 +91,13 @@ def test_readings_measured_apart_decide_nothing():
     rec = recommend(SEARCH, budget_mb=None)
     assert rec.num_workers == 4  # the fastest: nothing showed the cheaper as good
     assert "the fastest measured: the runs could not tell num_workers=2, prefetch_factor=2 from it" in rec.why
-    assert rec.decision["open"] == ["num_workers=2, prefetch_factor=2"]
+    assert rec.decision.open == ("num_workers=2, prefetch_factor=2",)
 
 
 def test_the_recommendation_follows_the_rounds_in_turns():
     ahead = SEARCH + _paired([(682, 782), (690, 790), (675, 780), (680, 785)])
     after = recommend(ahead, budget_mb=None)
-    assert after.num_workers == 4 and after.decision["settled"]
+    assert after.num_workers == 4 and after.decision.settled
     # the pooled point carries every reading of its setting
     four = next(p for p in pool_points([normalize_row(r) for r in ahead]) if p.num_workers == 4)
     assert four.measurements == 5
@@ -204,10 +204,10 @@ def test_the_turns_stop_once_the_spread_says_the_cap_cannot_settle_them():
     open_rows = turns_to_run(rows, budget_mb=None, within_best=0.05, user=None)
     assert [p.num_workers for p in open_rows] == [4, 2]  # not settled: the rule alone runs on
     d = recommend(rows, budget_mb=None).decision
-    assert not d["settled"] and d["rounds_to_settle"] > 8
+    assert not d.settled and d.rounds_to_settle > 8
     assert turns_to_run(rows, budget_mb=None, within_best=0.05, user=None, max_rounds=8) == []
     # a cap the spread says can settle it: the rounds go on
-    assert len(turns_to_run(rows, budget_mb=None, within_best=0.05, user=None, max_rounds=d["rounds_to_settle"])) == 2
+    assert len(turns_to_run(rows, budget_mb=None, within_best=0.05, user=None, max_rounds=d.rounds_to_settle)) == 2
 
 
 def test_a_loader_verdict_that_could_not_tell_says_how_long_its_rounds_ran_and_what_more_would_take():

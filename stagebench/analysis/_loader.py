@@ -22,7 +22,6 @@ from stagebench.analysis._loader_job import _job_not_run, _zero_workers_note, ap
 from stagebench.analysis._loader_pick import _decision_words, _kept_knobs, _turn_seconds, recommend
 from stagebench.analysis._loader_rows import _knob_text, _memory_cap, _raw, _rel_half, _rows, user_point
 from stagebench.analysis._worker_costs import beside_the_pick, worker_cost_findings, worker_costs_summary
-from stagebench.model._evidence import Decision
 from stagebench.model._finding import by_severity
 from stagebench.model._job import StepAlone
 from stagebench.model._loader import LoaderRow, LoaderTarget
@@ -59,7 +58,7 @@ def _public(p: LoaderRow, why: str | None = None) -> dict[str, Any]:
         out["why"] = why
     decision = p.decision
     if decision is not None:  # the rule's record: what the pick rests on (model/_evidence)
-        out["decision"] = decision
+        out["decision"] = decision.to_json()
     return out
 
 
@@ -278,9 +277,9 @@ def _pick_verdict(c: _Picks, rec: LoaderRow, target: LoaderTarget | None) -> str
     if best is not None and best.knobs != rec.knobs:
         verdict += f" (best {best.samples_per_s:,.1f} at num_workers={best.num_workers})"
     decision = rec.decision
-    if decision and target is None:
+    if decision is not None and target is None:
         # what the pick rests on: the ratio in turns, or that the runs could not tell
-        verdict += f"; {_decision_words(Decision.from_json(decision), {}, c.within, c.turn_seconds)}"
+        verdict += f"; {_decision_words(decision, {}, c.within, c.turn_seconds)}"
     return verdict
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from stagebench.analysis._job import job_findings
 from stagebench.analysis._loader_pick import SERIAL_WORDS, STALL_HIGH, STALL_SHARE, _decision_words, _stall
 from stagebench.analysis._loader_rows import _knob_text, _over_budget, _rel_half, user_point
-from stagebench.model._evidence import EQUIVALENT, Decision
+from stagebench.model._evidence import EQUIVALENT
 from stagebench.model._finding import SEVERITIES, Finding
 from stagebench.model._job import JobVerdict
 from stagebench.model._loader import LoaderRow, LoaderTarget
@@ -387,8 +387,8 @@ def _your_setting(c: _SweepRead) -> list[Finding]:
     u = user_point(c.pts, c.meta)
     if c.decided and (jv := JobVerdict.from_json(c.job)) is not None:
         return job_findings(jv)
-    if u is not None and c.rec is not None and u.ok and (d := c.rec.decision):
-        return _user_findings(u, c.rec, Decision.from_json(d))
+    if u is not None and c.rec is not None and u.ok and (d := c.rec.decision) is not None:
+        return _user_findings(u, c.rec, d)
     return []
 
 

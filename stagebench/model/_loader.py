@@ -22,13 +22,13 @@ from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from stagebench._numbers import num
+from stagebench.model._evidence import Decision
 from stagebench.model._json import (
     Read,
     ReadIfGiven,
     Written,
     dict_of,
     flag,
-    mapping,
     number,
     read,
     span,
@@ -140,7 +140,7 @@ class LoaderPoint:
     status: str = "ok"
     reason: str = ""
     why: str | None = None
-    decision: Mapping[str, Any] | None = None
+    decision: Decision | None = None
     #: a ranked sweep: the host's ranks measured together (``samples_per_s`` is then the host's, their sum),
     #: and the slowest and fastest rank's samples/s; None on one rank
     ranks: int | None = None
@@ -164,7 +164,7 @@ class LoaderPoint:
             status=lambda v: str(v or "ok"),
             reason=lambda v: str(v or ""),
             why=text,
-            decision=mapping,
+            decision=Decision.from_json,
             **dict.fromkeys(
                 (
                     "batches_per_s",
@@ -299,7 +299,7 @@ class LoaderRow:
     readings: tuple[float, ...] | None = None
     #: the pick's: the words of its rule and the rule's record (:class:`~stagebench.model._evidence.Decision`)
     why: str | None = None
-    decision: Mapping[str, Any] | None = None
+    decision: Decision | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> LoaderRow:
@@ -330,7 +330,7 @@ class LoaderRow:
         for name in ("measurements", "readings", "why", "decision"):
             v = getattr(self, name)
             if v is not None:
-                out[name] = list(v) if name == "readings" else v
+                out[name] = list(v) if name == "readings" else v.to_json() if name == "decision" else v
         return out
 
     @property
