@@ -505,8 +505,8 @@ def _lift_by_processes(main, loads, entries, cores, free_threaded, fixed=0.0, gi
             text = (
                 f"moving {d.stage} to processes (x {proc['concurrency']}){turns} lifts the GIL bound to "
                 + (f"{fmt_q(gil_bound)} items/s" if math.isfinite(gil_bound) else "no limit")
-                # No throughput for the changed pipeline: the bounds leave out what stages cost each other
-                # (the demo's claimed 390 items/s ran at 207-248), and nothing replayed this change.
+                # No throughput for the changed pipeline: the bounds leave out what stages cost each other,
+                # and nothing replayed this change.
                 + "; then "
                 + nb.binding_words
                 + " would set the bounds (not replayed: no throughput is claimed for the change)"

@@ -364,10 +364,9 @@ def _main_gil_overhead(sr: StageRows, harness: str, executor: str, concurrency: 
     event loop or driver, the pool's feeder and manager threads): their process
     no-op ceiling is limited by that serial work, so its time per item
     (:func:`harness_gil_s`: 1/throughput or CPU per item, whichever is
-    smaller) stands for it. Charging only the thread ceiling's scheduling
-    cost, as before, left the IPC out: a pipeline with one process stage ran
-    at 277 items/s where that predicted 503. Without a process ceiling, the
-    thread ceiling at the same concurrency is the fallback.
+    smaller) stands for it: the thread ceiling's scheduling cost alone would
+    leave the IPC out. Without a process ceiling, the thread ceiling at the
+    same concurrency is the fallback.
     """
     if executor == "process":
         ceil = sr.ceiling(harness, "process", concurrency)

@@ -28,9 +28,7 @@ def rule_out_processes(run: Run, process_sweeps: list[Any]) -> None:
     The bounds the joint recommendation maximises, with each such stage's processes at their most
     optimistic (:func:`stagebench.analysis._joint.process_headroom`): a stage whose processes could
     raise them by no more than the 5% within which settings count as equal is not measured on
-    processes, since another stage, the cores or the GIL binds the pipeline whatever this one runs on
-    (``cpu_free``: its sha256 stage binds at ~700 items/s; its 1 ms wait and its 0.2 ms of Python
-    reach 3,000 and 2,500 on threads alone).
+    processes, since another stage, the cores or the GIL binds the pipeline whatever this one runs on.
     """
     # pandas with it: loaded when the rows are analysed, not in the process while it measures
     from stagebench.analysis._pipeline import process_headroom_of_run
