@@ -267,9 +267,7 @@ def yours_verdict(yours: Any, validation: Validation | None, stages: Sequence[St
             f"keep yours: the runs could not tell the recommended settings from yours{within}, {x.text('yours')}"
             f"{more}; {figures}",
         )
-    return changed(
-        out, verdict=verdict, ratio=x.value, ratio_low=x.low, ratio_high=x.high, decision=d.to_json(), text=text
-    )
+    return changed(out, verdict=verdict, ratio=x.value, ratio_low=x.low, ratio_high=x.high, decision=d, text=text)
 
 
 # ------------------------------------------------------------------ the CPU's speed

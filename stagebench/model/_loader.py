@@ -353,8 +353,7 @@ class LoaderRow:
     @property
     def rate(self) -> Rate | None:
         """samples/s with its interval, read by :meth:`Rate.from_json`'s rules; None where the row holds no rate."""
-        ends = {"samples_per_s_low": self.samples_per_s_low, "samples_per_s_high": self.samples_per_s_high}
-        return Rate.from_json({"samples_per_s": self.samples_per_s, **ends})
+        return Rate.of(self.samples_per_s, self.samples_per_s_low, self.samples_per_s_high)
 
     @property
     def ok(self) -> bool:

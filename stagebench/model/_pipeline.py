@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from stagebench.model._evidence import Ratio
+from stagebench.model._evidence import Decision, Ratio
 from stagebench.model._json import (
     Coercions,
     Read,
@@ -152,7 +152,7 @@ class Prediction(Read):
     @property
     def rate(self) -> Rate | None:
         """``qps`` with its interval (None where it is no rate)."""
-        return Rate.from_json({"qps": self.qps, "qps_low": self.qps_low, "qps_high": self.qps_high}, "qps")
+        return Rate.of(self.qps, self.qps_low, self.qps_high)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +207,7 @@ class Validation(Read):
     @property
     def rate(self) -> Rate | None:
         """``qps`` with its interval (None where the run gave no rate)."""
-        return Rate.from_json({"qps": self.qps, "qps_low": self.qps_low, "qps_high": self.qps_high}, "qps")
+        return Rate.of(self.qps, self.qps_low, self.qps_high)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +238,7 @@ class YoursRun(Read):
     @property
     def rate(self) -> Rate | None:
         """``qps`` with its interval (None where the run gave no rate)."""
-        return Rate.from_json({"qps": self.qps, "qps_low": self.qps_low, "qps_high": self.qps_high}, "qps")
+        return Rate.of(self.qps, self.qps_low, self.qps_high)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +259,7 @@ class VersusYours(Read):
     ratio: float | None = None
     ratio_low: float | None = None
     ratio_high: float | None = None
-    decision: Mapping[str, Any] | None = None
+    decision: Decision | None = None
     keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -268,13 +268,13 @@ class VersusYours(Read):
         **dict.fromkeys(("verdict", "text"), lambda v: text(v)),
         "changes": maps,
         **dict.fromkeys(("qps", "qps_low", "qps_high", "ratio", "ratio_low", "ratio_high"), number),
-        "decision": mapping,
+        "decision": Decision.from_json,
     }
 
     @property
     def versus_yours(self) -> Ratio | None:
         """The decision's ratio of the recommended over yours in turns (None where none was recorded)."""
-        return Ratio.from_json((self.decision or {}).get("versus_yours"))
+        return None if self.decision is None else self.decision.versus_yours
 
 
 @dataclass(frozen=True, slots=True)
