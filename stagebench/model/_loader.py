@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
@@ -453,21 +453,15 @@ class Shipping(_Record):
 
 
 @dataclass(frozen=True, slots=True)
-class MemorySample(Written):
+class MemorySample(Read):
     """One reading of the memory pass: seconds into it, each worker's private memory (MB) and the batches
     each worker had made, by worker (its pid; a string once read back from JSON)."""
 
-    t: float
-    uss_mb: Mapping[Any, float]
-    batches: Mapping[Any, int]
+    t: float = 0.0
+    uss_mb: Mapping[Any, float] = field(default_factory=dict)
+    batches: Mapping[Any, int] = field(default_factory=dict)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> MemorySample:
-        return cls(
-            t=float(d.get("t") or 0.0),
-            uss_mb=dict_of(d.get("uss_mb")),
-            batches=dict_of(d.get("batches")),
-        )
+    READ = {"t": lambda v: float(v or 0.0), "uss_mb": dict_of, "batches": dict_of}
 
 
 def _samples(v: Any) -> tuple[MemorySample, ...] | None:
