@@ -173,7 +173,7 @@ def _parts(ns, plain, slow, dataset, tmp: Path) -> dict:
     )
     import pandas as pd
 
-    raw = [normalize_row(r) for r in pd.read_csv(tmp / "plain0" / "results.csv").to_dict("records")]
+    raw = [normalize_row(r).to_json() for r in pd.read_csv(tmp / "plain0" / "results.csv").to_dict("records")]
     sums = _split_table(raw)
     levels = sorted({p["num_workers"] for p in s["points"] if p["status"] == "ok"})
 
@@ -182,7 +182,7 @@ def _parts(ns, plain, slow, dataset, tmp: Path) -> dict:
     for r in range(ns.rounds):
         for w in levels if r % 2 == 0 else levels[::-1]:
             knobs = LoaderKnobs(num_workers=w, prefetch_factor=2 if w else None)
-            row = measure_loader_point(plain, knobs, name="imagenet", batch_size=16, config=point_cfg)
+            row = measure_loader_point(plain, knobs, name="imagenet", batch_size=16, config=point_cfg).as_row()
             again[w].append(row["samples_per_s"] if row["status"] == "ok" else math.nan)
     # each level's geometric mean over the rounds: two levels' ratio is then the geometric mean of their
     # per-round ratios (the rounds' windows saw the same moments of the host), as the rule reads them

@@ -81,7 +81,7 @@ def first_batches(n: int, levels: tuple[int, ...] = LEVELS, turns: int = 2) -> l
         rows: dict[str, list[dict]] = {"bare": [], "big": []}
         order = (("bare", bare), ("big", big), ("big", big), ("bare", bare))  # in turns
         for which, f in order[: 2 * turns]:
-            rows[which].append(measure_loader_point(f, knobs, config=cfg, cuda=False, stall=False))
+            rows[which].append(measure_loader_point(f, knobs, config=cfg, cuda=False, stall=False).as_row())
         for i, (row, base) in enumerate(zip(rows["big"], rows["bare"])):
             parts = {
                 "workers_start_last_s": row["workers_start_last_s"],
