@@ -47,15 +47,9 @@ from stagebench import LoaderKnobs, LoaderSweepConfig, run_loader_sweep
 from stagebench.loader._intercept import make_loader_factory
 from stagebench.loader._point import measure_loader_point
 from stagebench.model._evidence import Ratio
-from stagebench.sweep._builtin_loaders import (
-    Compose,
-    DecodeImage,
-    ImageFolderDataset,
-    Normalize,
-    RandomHorizontalFlip,
-    RandomResizedCrop,
-)
+from stagebench.sweep._builtin_loaders import ImageFolderDataset
 from stagebench.sweep._datasets import generate_imagenet
+from stagebench.sweep._transforms import Compose, DecodeImage, Normalize, RandomHorizontalFlip, RandomResizedCrop
 
 QUALITY_TARGET = 0.95
 TIME_TARGET = 1 / 3

@@ -17,14 +17,7 @@ from stagebench.loader._built import BatchTag, BuiltLoader
 from stagebench.model._knobs import LoaderKnobs
 from stagebench.sweep._builtin_loaders import (
     AudioClipDataset,
-    DecodeAudio,
-    DecodeImage,
     ImageFolderDataset,
-    LogMel,
-    Normalize,
-    RandomCrop1d,
-    RandomHorizontalFlip,
-    RandomResizedCrop,
     SyntheticTensorDataset,
     build_loader,
     make_factory,
@@ -38,6 +31,15 @@ from stagebench.sweep._schema import (
     ImageDecoder,
     ImageNetLoaderConfig,
     SyntheticLoaderConfig,
+)
+from stagebench.sweep._transforms import (
+    DecodeAudio,
+    DecodeImage,
+    LogMel,
+    Normalize,
+    RandomCrop1d,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
 )
 
 
