@@ -29,6 +29,7 @@ from stagebench.model._json import (
     Written,
     dict_of,
     flag,
+    given,
     number,
     read,
     span,
@@ -237,7 +238,7 @@ _RANK_FIELDS = ("ranks", "rank_min_samples_per_s", "rank_max_samples_per_s")
 
 
 @dataclass(frozen=True, slots=True)
-class LoaderRow:
+class LoaderRow(Written):
     """One loader row of ``results.csv`` with Python types, or a setting's rows pooled into one point.
 
     The fields are the columns (:data:`stagebench.runs._schema.LOADER_COLUMNS`, in their order): a number
@@ -301,6 +302,9 @@ class LoaderRow:
     why: str | None = None
     decision: Decision | None = None
 
+    #: a ranked window's columns, and what a pooled point and a pick add, are written where they hold something
+    OPTIONAL = frozenset((*_RANK_FIELDS, "measurements", "readings", "why", "decision"))
+
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> LoaderRow:
         """A row as measured, or as a DataFrame record read back from CSV: ints, floats (NaN where
@@ -322,16 +326,6 @@ class LoaderRow:
             pin_memory=_row_flag(row.get("pin_memory")),
             **kw,
         )
-
-    def to_json(self) -> dict[str, Any]:
-        """The row's columns in their order (a ranked window's only where it has them), then what a pooled
-        point and a pick add, where they hold something."""
-        out = {name: getattr(self, name) for name in _ROW_COLUMNS if self.ranks is not None or name not in _RANK_FIELDS}
-        for name in ("measurements", "readings", "why", "decision"):
-            v = getattr(self, name)
-            if v is not None:
-                out[name] = list(v) if name == "readings" else v.to_json() if name == "decision" else v
-        return out
 
     @property
     def knobs(self) -> LoaderKnobs:
@@ -411,14 +405,14 @@ class Shipping(_Record):
     shipped: bool | None = None
     pickled_once: bool | None = None
     largest: Largest | None = None
+    #: why the dataset could not be pickled
+    error: str | None = None
     mb: float | None = None
     pickle_s: float | None = None
     pickle_s_range: tuple[float, ...] | None = None
     unpickle_s: float | None = None
     unpickle_s_range: tuple[float, ...] | None = None
     repeats: int | None = None
-    #: why the dataset could not be pickled
-    error: str | None = None
 
     READ = {
         "start_method": text,
@@ -432,24 +426,10 @@ class Shipping(_Record):
         **dict.fromkeys(("mb", "pickle_s", "unpickle_s"), number),
     }
 
-    def to_json(self) -> dict[str, Any]:
-        """The keys :func:`stagebench.loader._costs.shipping_cost` writes, as it writes them."""
-        out: dict[str, Any] = {"start_method": self.start_method, "shipped": self.shipped}
-        if self.pickled_once is not None:
-            out["pickled_once"] = self.pickled_once
-        out["largest"] = None if self.largest is None else self.largest.to_json()
-        if self.error is not None:
-            out["error"] = self.error
-        if self.mb is not None:
-            out.update(
-                mb=self.mb,
-                pickle_s=self.pickle_s,
-                pickle_s_range=None if self.pickle_s_range is None else list(self.pickle_s_range),
-                unpickle_s=self.unpickle_s,
-                unpickle_s_range=None if self.unpickle_s_range is None else list(self.unpickle_s_range),
-                repeats=self.repeats,
-            )
-        return out
+    #: written as :func:`stagebench.loader._costs.shipping_cost` writes them: where it pickled, its figures
+    OPTIONAL = frozenset(
+        {"pickled_once", "error", "mb", "pickle_s", "pickle_s_range", "unpickle_s", "unpickle_s_range", "repeats"}
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -613,7 +593,7 @@ class WorkerCosts(Read):
     READ = {
         "startup": lambda v: tuple(StartupSplit.from_json(r) for r in v or () if isinstance(r, Mapping)),
         "available_mb": number,
-        "memory_limit": lambda v: MemoryLimit.from_json(v) if isinstance(v, Mapping) else None,
+        "memory_limit": given(MemoryLimit.from_json),
         "shipping": Shipping.from_json,
         "memory": WorkerMemory.from_json,
         "shm": Shm.from_json,
