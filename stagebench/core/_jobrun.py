@@ -207,30 +207,6 @@ def _cores() -> int:
 
 
 @dataclass(eq=False)
-class _Turn:
-    """A slice as it runs (:class:`JobSlice` once it is written): filled step by step."""
-
-    candidate: str
-    round: int
-    status: str = "ok"
-    reason: str = ""
-    startup_s: float | None = None
-    resumed: bool = False
-    drained: int = 0
-    warmup_steps: int = 0
-    partial: bool = False
-    wall_s: float = 0.0
-    emptied: int | None = None
-    waits: list[float] = field(default_factory=list)
-    bodies: list[float] = field(default_factory=list)
-
-    def record(self) -> JobSlice:
-        """The slice as written: per-step times to the microsecond."""
-        times = {"waits": tuple(round(x, 6) for x in self.waits), "bodies": tuple(round(x, 6) for x in self.bodies)}
-        return JobSlice(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **times})
-
-
-@dataclass(eq=False)
 class JobRuns:
     """Runs the user's loop on each candidate in turns; :meth:`record` is ``run.json["job"]``."""
 
@@ -245,7 +221,7 @@ class JobRuns:
     what: str = "the real loader"  # what the loop runs on, in messages
     keep_open: bool = True
     skipped: list[JobSkipped] = field(default_factory=list)  # ruled out by the isolated sweep
-    slices: list[_Turn] = field(default_factory=list, init=False)
+    slices: list[JobSlice] = field(default_factory=list, init=False)
     rounds: int = field(default=0, init=False)
     settled: bool = field(default=False, init=False)
     stopped: str | None = field(default=None, init=False)  # why the runs ended before the decision settled
@@ -316,9 +292,7 @@ class JobRuns:
     def _estimate(self, todo: list[Candidate]) -> float:
         """Seconds the slices of ``todo`` will take, from each one's latest slice (start-up included only
         where the loader is opened afresh for each)."""
-        walls: dict[str, float] = {}
-        for s in self.slices:
-            walls[s.candidate] = s.wall_s
+        walls = {str(s.candidate): s.wall_s for s in self.slices}
         everyone = list(walls.values())
         typical = sum(everyone) / len(everyone) if everyone else 0.0
         return sum(walls.get(c.key, typical) for c in todo)
@@ -334,47 +308,49 @@ class JobRuns:
         return feed, False
 
     def _slice(self, cand: Candidate, rnd: int, open_candidate: Opener, held: ExitStack) -> Iterator[Any]:
-        rec = _Turn(cand.key, rnd)
-        self.slices.append(rec)
+        at = len(self.slices)
+        self.slices.append(JobSlice(cand.key, rnd))  # the slice as it stands: written in full as it ends
+        status, reason, startup_s, resumed, drained, partial, emptied = "ok", "", None, False, 0, False, None
+        i = warm = 0  # steps handed, of which the first ``warm`` warm the loader up
+        waits: list[float] = []
+        bodies: list[float] = []
         group = group_steps(cand.round_steps)
         t_open = self.clock()
         with ExitStack() as own:  # a loader opened for this slice alone closes after it
             try:
                 feed, resumed = self._feed(cand, open_candidate, held if self.keep_open else own)
-                rec.resumed = resumed
                 if resumed and feed.drain is not None:
-                    rec.drained = feed.drain()
+                    drained = feed.drain()
                 # a resumed loader whose queue was drained: its workers are at work; one emptied while it
                 # waited (a pipeline) refills from nothing, as a fresh one does
                 light = resumed and feed.pause is None
                 warm = max(RESUMED_WARMUP_STEPS if light else WARMUP_STEPS, cand.round_steps)
-                i, counted_s = 0, 0.0
+                counted_s = 0.0
                 while True:
                     t0 = self.clock()
                     try:
                         item = feed.get()
                     except EOFError:
-                        rec.status, rec.reason = "ended", "the loader or pipeline ended"
+                        status, reason = "ended", "the loader or pipeline ended"
                         break
                     t1 = self.clock()
                     if i == 0 and not resumed:
-                        rec.startup_s = t1 - t_open
+                        startup_s = t1 - t_open
                     self.steps_handed += 1
                     try:
                         yield item
                     except GeneratorExit:
-                        rec.partial = True
+                        partial = True
                         self.stopped = f"your loop stopped after {self.steps_handed} steps of the job runs"
                         raise
                     t2 = self.clock()
                     i += 1
                     if i <= warm:
-                        rec.warmup_steps += 1
                         continue
-                    rec.waits.append(t1 - t0)
-                    rec.bodies.append(t2 - t1)
+                    waits.append(t1 - t0)
+                    bodies.append(t2 - t1)
                     counted_s += t2 - t0
-                    n = len(rec.waits)
+                    n = len(waits)
                     whole = n % group == 0
                     if whole and n >= MIN_SLICE_STEPS and counted_s >= MIN_SLICE_S:
                         break
@@ -385,13 +361,27 @@ class JobRuns:
                     if counted_s >= 2 * self.max_slice_s:  # a round that never completes: stop anyway
                         break
                 if self.keep_open and feed.pause is not None:
-                    rec.emptied = feed.pause()
+                    emptied = feed.pause()
             except Exception as e:  # the loader raised or a worker died: this slice fails, the runs go on
-                rec.status, rec.reason = "failed", f"{type(e).__name__}: {e}"[:300]
+                status, reason = "failed", f"{type(e).__name__}: {e}"[:300]
                 self._open.pop(cand.key, None)  # not resumed after a failure: opened afresh next time
-                self.say(f"job: {cand.label} failed: {rec.reason}")
-            finally:
-                rec.wall_s = self.clock() - t_open
+                self.say(f"job: {cand.label} failed: {reason}")
+            finally:  # per-step times to the microsecond
+                self.slices[at] = JobSlice(
+                    candidate=cand.key,
+                    round=rnd,
+                    status=status,
+                    reason=reason,
+                    startup_s=startup_s,
+                    resumed=resumed,
+                    drained=drained,
+                    warmup_steps=min(i, warm),
+                    partial=partial,
+                    wall_s=self.clock() - t_open,
+                    emptied=emptied,
+                    waits=tuple(round(x, 6) for x in waits),
+                    bodies=tuple(round(x, 6) for x in bodies),
+                )
 
     def record(self) -> JobRecord:
         """What ran, as ``run.json["job"]`` stores it (per-step times to the microsecond)."""
@@ -400,7 +390,7 @@ class JobRuns:
             items_per_step=self.items_per_step,
             candidates=tuple(c.as_record() for c in self.candidates),
             skipped=tuple(self.skipped),
-            slices=tuple(s.record() for s in self.slices),
+            slices=tuple(self.slices),
             rounds=self.rounds,
             max_rounds=self.max_rounds,
             budget_s=self.budget_s,
