@@ -297,14 +297,7 @@ def _growth(
         # caches filling), and a line from it would run on where the memory stopped. The pass says what it
         # saw and that it levelled off (a copy-on-read that touched every page within the pass has grown
         # all it will).
-        return replace(
-            read,
-            epoch_growth_mb=grown,
-            epoch_growth_mb_low=grown,
-            epoch_growth_mb_high=grown,
-            extrapolated=False,
-            stopped_growing=True,
-        )
+        return _epoch(read, grown, grown, grown, extrapolated=False, stopped_growing=True)
     if share is not None and done < share and _slowing(early, late):
         # a copy-on-read of shuffled reads: a page is copied once, by the first of its objects read, so
         # the growth slows as the pass goes, and the median rate stretched over the epoch reads it low;
@@ -314,15 +307,8 @@ def _growth(
         mid, high = grown + statistics.median(late) * rest, grown + max(late) * rest
         if bound is not None:
             mid, high = min(mid, bound), min(high, bound)
-        return replace(
-            read,
-            epoch_growth_mb=mid,
-            epoch_growth_mb_low=grown,
-            epoch_growth_mb_high=high,
-            extrapolated=True,
-            slowing=True,
-            bounded_by_mb=bound if bound is not None and mid >= bound else None,
-        )
+        bounded = bound if bound is not None and mid >= bound else None
+        return _epoch(read, grown, mid, high, extrapolated=True, slowing=True, bounded_by_mb=bounded)
     if share is None:
         return read
     lo, hi = low_rate * share, high_rate * share
@@ -333,14 +319,13 @@ def _growth(
         low, mid, high = grown, bound, bound
     else:
         low, high = min(lo, bound), min(hi, bound)
-    return replace(
-        read,
-        epoch_growth_mb=mid,
-        epoch_growth_mb_low=low,
-        epoch_growth_mb_high=high,
-        extrapolated=done < share,
-        bounded_by_mb=bound if bound is not None and slope * share > bound else None,
-    )
+    bounded = bound if bound is not None and slope * share > bound else None
+    return _epoch(read, low, mid, high, extrapolated=done < share, bounded_by_mb=bounded)
+
+
+def _epoch(read: WorkerMemory, low: float, mid: float, high: float, **more: Any) -> WorkerMemory:
+    """``read`` with the epoch's growth (``mid``, between ``low`` and ``high``) and what ``more`` says of it."""
+    return replace(read, epoch_growth_mb=mid, epoch_growth_mb_low=low, epoch_growth_mb_high=high, **more)
 
 
 def _slowing(early: list[float], late: list[float]) -> bool:
