@@ -21,14 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stagebench.model._rate import t_quantile  # one copy, kept with the rate it serves
+from stagebench.model._rate import Rate, t_quantile  # one copy, kept with the rate it serves
 
 __all__ = [
     "fractional_counts",
     "batch_count",
     "MeanInterval",
     "mean_interval",
-    "interval_about",
     "percentiles_ms",
     "t_quantile",
 ]
@@ -87,37 +86,24 @@ class MeanInterval:
 
 
 def mean_interval(samples: Sequence[float], confidence: float) -> MeanInterval:
-    """Mean, lower and upper bound of a Student-t interval, and the coefficient of variation.
+    """Mean of the batch rates ``samples``, its Student-t interval on the log scale, and their CV.
 
-    With fewer than two samples the interval is unknown (NaN), never zero-width.
+    The interval is :meth:`Rate.around`'s (a rate's errors multiply, so it never reaches below zero:
+    :mod:`stagebench.model._rate`). With fewer than two samples, or a zero mean, it is unknown (NaN),
+    never zero-width.
     """
     x = np.asarray(samples, dtype=float)
     if len(x) == 0:
         return MeanInterval(math.nan, math.nan, math.nan, math.nan)
     mean = float(x.mean())
-    lo, hi, cv = interval_about(mean, x, confidence)
-    return MeanInterval(mean, lo, hi, cv)
-
-
-def interval_about(
-    point: float, samples: Sequence[float] | np.ndarray, confidence: float
-) -> tuple[float, float, float]:
-    """Lower and upper bound of ``point`` ± the Student-t half-width of ``samples``' mean, and their CV.
-
-    For a point estimate that is not the samples' plain mean (a pooled rate:
-    all items over all seconds, where batches differ in length): the samples
-    give the spread, the point stays the measurement, and the interval always
-    contains it (an interval around the batch mean could miss the pooled rate
-    by a rounding error or by the weighting). NaN bounds below two samples.
-    """
-    x = np.asarray(samples, dtype=float)
     if len(x) < 2:
-        return (math.nan, math.nan, math.nan)
-    mean = float(x.mean())
+        return MeanInterval(mean, math.nan, math.nan, math.nan)
     sd = float(x.std(ddof=1))
-    half = t_quantile(0.5 + confidence / 2, len(x) - 1) * sd / math.sqrt(len(x))
     cv = sd / mean if mean > 0 else math.nan
-    return (point - half, point + half, cv)
+    rate = Rate.around(max(mean, 0.0), x.tolist(), confidence)
+    if rate.low is None or rate.high is None:
+        return MeanInterval(mean, math.nan, math.nan, cv)
+    return MeanInterval(mean, rate.low, rate.high, cv)
 
 
 def percentiles_ms(durations_s: np.ndarray) -> tuple[float, float, float]:

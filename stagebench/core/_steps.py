@@ -15,13 +15,12 @@ chunks span the syncs, so it runs longer, as it should.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from stagebench.model._job import StepAlone
-from stagebench.model._rate import t_quantile
+from stagebench.model._rate import CONFIDENCE, Rate
 
 __all__ = ["WARMUP_STEPS", "CACHED_BATCHES", "MIN_COUNTED", "STEP_PRECISION", "TrainerProbe", "step_rate"]
 
@@ -50,10 +49,8 @@ def step_rate(durations: list[float]) -> tuple[float | None, float | None, float
     means = [(b - a) / t for a, b in zip(ends, ends[1:]) if (t := sum(durations[a:b])) > 0]
     if len(means) < 2:
         return rate, None, None
-    mean = sum(means) / len(means)
-    sd = math.sqrt(sum((m - mean) ** 2 for m in means) / (len(means) - 1))
-    half = t_quantile(0.975, len(means) - 1) * sd / math.sqrt(len(means))  # the 95% interval about the rate
-    return rate, rate - half, rate + half
+    interval = Rate.around(rate, means, CONFIDENCE)  # on the log scale: a rate's interval never reaches below zero
+    return rate, interval.low, interval.high
 
 
 class TrainerProbe:
