@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -216,6 +217,46 @@ def test_a_stage_that_stopped_gets_no_shared_process_ceiling_above_its_plateau(m
     assert flat.loc[("ceiling", 8), "status"] == "ok" and flat.loc[("ceiling", 8), "elapsed_s"] == 0  # a copy
     assert flat.loc[("ceiling", 16), "status"] == "skipped"
     assert "stopped rising" in flat.loc[("ceiling", 16), "reason"]
+
+
+def test_a_ceiling_is_not_measured_where_its_stage_point_did_not_measure(monkeypatch):
+    """A stage whose items cannot be pickled fails at its first process point: the process no-op at
+    that level and above serves no point, and measuring it cost SPDL's multi-thread example 63 s
+    (one 30 s timeout) of its 166."""
+    import stagebench.core._sweep as sw
+    from stagebench.core._measure import empty_row
+
+    measured = []
+
+    def fake_measure(fn, inputs, *, executor, concurrency, config, name, role, harness, payload, pool):
+        measured.append((role, executor, concurrency))
+        row = empty_row(name, role, executor, harness, concurrency)
+        fails = role == "stage" and executor == "process"
+        row.update(
+            status="failed" if fails else "ok",
+            reason="TypeError: cannot pickle 'ImageFrames' object" if fails else "",
+            qps=math.nan if fails else 100.0 * concurrency,
+            qps_low=math.nan if fails else 95.0 * concurrency,
+            qps_high=math.nan if fails else 105.0 * concurrency,
+            payload_bytes=payload,
+            elapsed_s=0.1,
+            started_at="t",
+        )
+        return row
+
+    monkeypatch.setattr(sw, "measure_stage", fake_measure)
+    cfg = SweepConfig(
+        executors=("thread", "process"), concurrency=(1, 2, 4), process_ceilings="all", process_flat_levels=0
+    )
+    sweep = sw.StageSweep(double, [1, 2], name="decode", config=cfg)
+    sweep.run(sw.plan_points(double, cfg), None)
+    frame = sweep.frame().set_index(["role", "executor", "concurrency"])
+    assert [m for m in measured if m[1] == "process"] == [("stage", "process", 1)]
+    assert (frame.loc[("ceiling", "thread"), "status"] == "ok").all()  # the threads' points measured
+    ceilings = frame.loc[("ceiling", "process")]
+    assert (ceilings["status"] == "skipped").all()
+    assert "ended failed" in ceilings.loc[1, "reason"] and "cannot pickle" in ceilings.loc[1, "reason"]
+    assert ceilings.loc[4, "reason"] == frame.loc[("stage", "process", 4), "reason"]
 
 
 class _Weights:

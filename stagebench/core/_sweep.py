@@ -61,7 +61,6 @@ __all__ = ["sweep_stage", "plan_points", "PlannedPoint", "StageOptions", "StageS
 _STOP_STATUSES = ("skipped", "timeout", "failed")
 _PLATEAU = "not measured: process throughput stopped rising"
 _THREADS_PLATEAU = "not measured: thread throughput stopped rising"
-_CURVE_ENDED = (_PLATEAU, _THREADS_PLATEAU)  # a curve that ends keeps the ceiling of its last level, none above
 _NOT_NEAR = "not measured: this level's process throughput is more than 5% below the best so far"
 _LINEAR = 0.95  # threads within 5% of linear scaling: processes cannot win by more
 _AT_CEILING = 0.9  # threads within 10% of the thread no-op ceiling: the process ceiling is lower still
@@ -215,6 +214,11 @@ class StageSweep:
         for role, harness, ex, c in points:
             if ex == "process":
                 self._judge_threads(harness)
+            if role == "ceiling" and (unserved := self._stage_unmeasured(harness, ex, c)):
+                row = empty_row(self.name, role, ex, harness, c)
+                row.update(status="skipped", reason=unserved, payload_bytes=self.payload, elapsed_s=0.0)
+                self._record(row)
+                continue
             shared = self.shared if role == "ceiling" and (ex != "process" or self.payload <= _SMALL_PAYLOAD) else None
             if shared is not None and (harness, ex, c) in shared and (role, harness, ex) not in stopped:
                 orig = shared[(harness, ex, c)]
@@ -252,10 +256,28 @@ class StageSweep:
                         stopped[("stage", harness, "thread")] = ended
                 if role == "stage" and ex == "process" and cfg.process_ceilings == "near_best":
                     _skip_ceiling_unless_near_best(row, self.rows, harness, stopped)
-            if role == "ceiling" and stopped.get(("stage", harness, ex), "").startswith(_CURVE_ENDED):
-                # the ceiling of the last measured level is kept (measured or shared); none above it
-                stopped[("ceiling", harness, ex)] = stopped[("stage", harness, ex)]
             self._record(row)
+
+    def _stage_unmeasured(self, harness: str, ex: str, c: int) -> str | None:
+        """Why the ceiling at this level serves no stage point (its reason), or None where it does.
+
+        A ceiling is read against the stage's point at its own level; where that point did not measure
+        (a stage that cannot be pickled, a curve that ended, a timeout), measuring the no-op there costs
+        a window, up to its timeout, and answers nothing.
+        """
+        row = next(
+            (
+                r
+                for r in reversed(self.rows)
+                if r["role"] == "stage" and r["harness"] == harness and r["executor"] == ex and r["concurrency"] == c
+            ),
+            None,
+        )
+        if row is None or row["status"] == "ok":
+            return None
+        if row["status"] == "skipped":
+            return str(row["reason"])
+        return f"not measured: its stage's point at this level ended {row['status']} ({row['reason']})"
 
     def _stage_cfg(self, harness: str) -> MeasureConfig:
         """The next stage point's measuring: it may close early once it cannot matter (:data:`CANNOT_MATTER`)."""
