@@ -309,10 +309,6 @@ def _unique_labels(labels: list[str]) -> list[str]:
     return out
 
 
-def _provenance(run: RunData) -> Provenance:
-    return run.provenance
-
-
 def machine_kind(p: Provenance) -> dict[str, Any]:
     """What makes a machine the kind it is for timings (None: not recorded). No hostname.
 
@@ -361,7 +357,7 @@ def machine_text(prov: Provenance) -> str:
 
 
 def _machine_warning(entries: Sequence[_Entry]) -> str | None:
-    provs = [(e.label, _provenance(e.run)) for e in entries]
+    provs = [(e.label, e.run.provenance) for e in entries]
     differ = machine_kind_differences([p for _, p in provs])
     if not differ:
         return None
@@ -476,24 +472,18 @@ def _loader_curves(entries: Sequence[_Entry]) -> list[_Figure]:
 
 
 def _stage_names(entries: Sequence[_Entry]) -> list[str]:
-    names: list[str] = []
+    """The runs' stages in the order first seen: a run's entries, else the stages its rows name."""
+    names: dict[str, None] = {}
     for e in entries:
-        for s in e.run.stages:
-            n = s.name
-            if n not in names:
-                names.append(n)
-        if not e.run.stages and "stage" in e.run.rows:
-            for n in e.run.rows["stage"].astype(str).unique():
-                if n not in names:
-                    names.append(n)
-    return names
+        stages = [s.name for s in e.run.stages]
+        if not stages and "stage" in e.run.rows:
+            stages = list(e.run.rows["stage"].astype(str).unique())
+        names.update(dict.fromkeys(stages))
+    return list(names)
 
 
 def _stage_summary(e: _Entry, name: str) -> StageEntry | None:
-    for s in e.run.stages:
-        if s.name == name:
-            return s
-    return None
+    return next((s for s in e.run.stages if s.name == name), None)
 
 
 def _stage_curves(entries: Sequence[_Entry]) -> list[_Figure]:
@@ -564,7 +554,7 @@ def _csv_rows(groups: Sequence[dict[str, Any]], failed: Sequence[FailedJob]) -> 
         for row in g["rows"]:
             e: _Entry = row["e"]
             d: Difference | None = row["diff"]
-            prov = _provenance(e.run)
+            prov = e.run.provenance
             kind = machine_kind(prov)
             out.append(
                 {
@@ -683,7 +673,7 @@ def write_comparison(run_dirs: Sequence[Path], out_dir: Path, *, title: str, fai
                 "label": e.label,
                 "kind": e.run.kind,
                 "verdict": e.verdict,
-                "machine": machine_text(_provenance(e.run)),
+                "machine": machine_text(e.run.provenance),
                 "report": os.path.relpath(rep, out_dir) if rep.is_file() else None,
                 "path": os.path.relpath(e.run.path, out_dir),
             }

@@ -61,12 +61,9 @@ class _Fit:
     """One fitted curve (an executor × harness), as the card's fits table shows it."""
 
     key: str
-    model: Any
     sigma: Any
     kappa: Any
-    sigma_interval: Any
     amdahl: Any
-    amdahl_interval: Any
     peak: Any
     r2: Any
     levels: Any
@@ -80,12 +77,9 @@ def _fit_items(fits: Mapping[str, Any]) -> list[_Fit]:
         out.append(
             _Fit(
                 key=key,
-                model=f.get("model", "usl"),
                 sigma=f.get("sigma"),
                 kappa=f.get("kappa"),
-                sigma_interval=f.get("sigma_interval"),
                 amdahl=f.get("amdahl_serial_fraction"),
-                amdahl_interval=f.get("amdahl_interval"),
                 peak=f.get("peak_concurrency"),
                 r2=f.get("r2"),
                 levels=f.get("levels"),
