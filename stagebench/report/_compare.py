@@ -380,7 +380,6 @@ def _group_context(entries: list[_Entry], kind: str) -> dict[str, Any]:
         diff = difference(bests[id(e)], bests[id(winner)]) if winner and id(e) in bests and e is not winner else None
         rows.append({"e": e, "diff": diff, "is_winner": e is winner})
     headline = ""
-    diff_w = None
     if winner and len(ranked) >= 2:
         runner = ranked[1]
         diff_w = difference(bests[id(winner)], bests[id(runner)])
@@ -414,8 +413,6 @@ def _group_context(entries: list[_Entry], kind: str) -> dict[str, Any]:
         "kind": kind,
         "unit": unit,
         "headline": headline,
-        "winner": winner,
-        "runner_diff": diff_w,
         "rows": rows,
         "best_img": best_img,
         "curves": curves,

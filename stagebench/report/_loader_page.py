@@ -44,7 +44,6 @@ def loader_context(run: RunData) -> dict[str, Any]:
     transforms' stage cards and what each worker costs.
     """
     rows, sm = run.rows, run.summary
-    info = run.loader
     rec = with_keys(sm.recommended, _LOADER_KEYS) if sm.recommended else {}
     best = with_keys(sm.best, _LOADER_KEYS)
     # the same points, read: the tiles' figures and the table's mark of the recommended
@@ -65,7 +64,6 @@ def loader_context(run: RunData) -> dict[str, Any]:
     budget = (sm.settings or RunSettings()).memory_budget_mb
     target_rate = sm.target.get("rate") if sm.target else None
     return {
-        "info": {str(k): v for k, v in info.to_json().items()},
         "rec": rec,
         "best": best,
         "search": search,

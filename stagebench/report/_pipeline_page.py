@@ -88,17 +88,14 @@ def pipeline_context(run: RunData) -> dict[str, Any]:
     noise = noise_tile(rows, "qps")
     if noise is not None:
         tiles.append(noise)
-    n_bad = sum(len(s["problems"]) for s in stages)
     return {
         "stages": stages,
         "tiles": tiles,
         "stand_ins": _stand_in_rows(pred),
         "prediction": pred,
-        "binding_text": _BINDING_TEXT.get(pred.binding, pred.binding or ""),
         "validation": val,
         "snippet": pipeline_snippet(sm, meta),
         "overview_img": svg_uri(_stage_plots.pipeline_overview_svg(sm, run.stages)),
-        "n_problems": n_bad,
         "not_isolated": [
             {"name": str(x.get("name", "?")), "reason": str(x.get("reason", ""))}
             for x in (sm.not_isolated or meta.not_isolated)
