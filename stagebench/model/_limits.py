@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-from stagebench.model._json import Coercions, Read, ReadIfGiven, given, integer, number, text
+from stagebench.model._json import Read, ReadIfGiven, given, integer, number, text
 
 __all__ = [
     "cpus_words",
@@ -55,7 +55,7 @@ class CpuQuota(Read):
     group: str
     file: str
 
-    READ: ClassVar[Coercions] = {"cpus": number, "group": text, "file": text}
+    READ = {"cpus": number, "group": text, "file": text}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,7 @@ class MemoryLimit(Read):
     file: str
     used_mb: float = 0.0
 
-    READ: ClassVar[Coercions] = {"limit_mb": number, "group": text, "file": text, "used_mb": number}
+    READ = {"limit_mb": number, "group": text, "file": text, "used_mb": number}
 
     @property
     def free_mb(self) -> float:
@@ -88,7 +88,7 @@ class Throttling(Read):
     throttled: int | None = None
     throttled_s: float | None = None
 
-    READ: ClassVar[Coercions] = {"group": text, "periods": integer, "throttled": integer, "throttled_s": number}
+    READ = {"group": text, "periods": integer, "throttled": integer, "throttled_s": number}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +100,7 @@ class OomCount(Read):
     path: str
     kills: int
 
-    READ: ClassVar[Coercions] = {"path": text, "kills": integer}
+    READ = {"path": text, "kills": integer}
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +137,7 @@ class HostLimits(ReadIfGiven):
         if self.memory_source not in MEMORY_SOURCES:
             raise ValueError(f"memory_source: unknown {self.memory_source!r}; allowed: {', '.join(MEMORY_SOURCES)}")
 
-    READ: ClassVar[Coercions] = {
+    READ = {
         "cores": number,
         "cores_source": lambda v: _one_of(v, CORES_SOURCES),
         "cpu_count": integer,
@@ -148,10 +148,7 @@ class HostLimits(ReadIfGiven):
         "memory_mb": number,
         "memory_source": lambda v: _one_of(v, MEMORY_SOURCES),
         "memory_limit": given(MemoryLimit.from_json),
-        "host_available_mb": number,
-        "host_total_mb": number,
-        "shm_total_mb": number,
-        "shm_free_mb": number,
+        **dict.fromkeys(("host_available_mb", "host_total_mb", "shm_total_mb", "shm_free_mb"), number),
         "throttling": given(Throttling.from_json),
         "oom": given(OomCount.from_json),
     }
