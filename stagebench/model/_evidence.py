@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stagebench.model._json import dict_of, items, read
+from stagebench.model._json import ReadIfGiven, dict_of, items
 from stagebench.model._rate import Rate, t_quantile
 
 __all__ = [
@@ -219,15 +219,16 @@ class Option:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
-    """What the rule decided among some settings, and what it rests on."""
+class Decision(ReadIfGiven):
+    """What the rule decided among some settings, and what it rests on; read from any mapping (an empty
+    one as no advice), written with ``settled`` after ``open``."""
 
-    advice: str
+    advice: str = "none"
     """One of :data:`ADVICE`."""
-    pick: str | None
-    best: str | None
+    pick: str | None = None
+    best: str | None = None
     """The fastest by its pooled rate (what the others are held to)."""
-    yours: str | None
+    yours: str | None = None
     as_good: tuple[str, ...] = ()
     """Shown, in turns, within 5% of the best (the best itself included)."""
     open: tuple[str, ...] = ()
@@ -243,6 +244,19 @@ class Decision:
     others: Mapping[str, Ratio | None] = field(default_factory=dict)
     """The settings still open beside the rival, each over the same reference as the rival's ratio (None:
     never in the same rounds): the verdict names them too, so a faster reading left open is not unsaid."""
+
+    READ = {
+        "advice": lambda v: str(v or "none"),
+        "as_good": items,
+        "open": items,
+        "versus_yours": Ratio.from_json,
+        "reasons": dict_of,
+        "others": lambda v: {str(k): Ratio.from_json(x) for k, x in (v or {}).items()},
+    }
+
+    @classmethod
+    def holds(cls, d: Mapping[str, Any]) -> bool:
+        return True
 
     @property
     def settled(self) -> bool:
@@ -272,27 +286,6 @@ class Decision:
             **({"others": {k: r.to_json() if r else None for k, r in self.others.items()}} if self.others else {}),
         }
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> Decision | None:
-        """The record :meth:`to_json` wrote (None where there is none)."""
-        if not isinstance(d, Mapping):
-            return None
-        return read(
-            cls,
-            d,
-            {
-                "advice": str(d.get("advice") or "none"),
-                "pick": d.get("pick"),
-                "best": d.get("best"),
-                "yours": d.get("yours"),
-            },
-            as_good=items,
-            open=items,
-            versus_yours=Ratio.from_json,
-            reasons=dict_of,
-            others=lambda v: {str(k): Ratio.from_json(x) for k, x in (v or {}).items()},
-        )
-
 
 RatioOf = Callable[[str, str], "Ratio | None"]
 
@@ -305,7 +298,7 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
     """
     ran = [o for o in options if o.rate is not None and o.rate.value > 0]
     if not ran:
-        return Decision(advice="none", pick=None, best=None, yours=yours)
+        return Decision(yours=yours)
     order = {o.key: i for i, o in enumerate(options)}
     best = max(ran, key=lambda o: (o.rate.value if o.rate else 0.0, -order[o.key]))
     me = next((o for o in ran if o.key == yours), None)
