@@ -62,10 +62,15 @@ class StageLoad:
     own_gil_known: bool
     spdl: bool
     """Measured inside SPDL: SPDL's fixed per-item cost was taken out of its figures."""
+    items_per_call: float = 1.0
+    """Source items one call of the stage stands for (an aggregate's group): what the items it hands on
+    are worth. Not listed in the prediction (the stage entry's ``items_per_input`` is)."""
 
     def to_json(self) -> dict[str, Any]:
         """The load as the prediction lists it."""
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        del d["items_per_call"]
+        return d
 
 
 def stage_load(st: StageEntry, setting: dict, fixed: float = 0.0) -> StageLoad:
@@ -100,6 +105,7 @@ def stage_load(st: StageEntry, setting: dict, fixed: float = 0.0) -> StageLoad:
         harness_gil_s_per_item=harness_gil / k,
         own_gil_known=own_gil is not None or ex not in _MAIN_PROCESS,
         spdl=spdl,
+        items_per_call=k,
     )
 
 
@@ -122,7 +128,8 @@ class Bounds:
     cpu_sum: float
     gil_sum: float
     fixed: float
-    """SPDL's per-item cost, charged once (0 where no stage was measured in SPDL)."""
+    """SPDL's per-item cost, charged once per source item (0 where no stage was measured in SPDL):
+    :func:`pipeline_bounds`."""
 
     @property
     def binding_words(self) -> str:
@@ -141,7 +148,11 @@ def pipeline_bounds(
     ``ranks``: the host's ranks, each running the pipeline in its own process (a ranked diagnosis's
     figures are the host's): each has a GIL of its own, so the GIL bound is theirs together."""
     cap = min(loads, key=lambda d: d.capacity)
-    once = fixed if any(d.spdl for d in loads) else 0.0
+    # ``fixed`` is measured on a no-op pipeline that hands the sink and the consumer every source item.
+    # After an aggregate they see one item per group: the source's part is paid per source item, theirs
+    # per group, and the split is not measured. ``fixed / k`` (k: source items per item the sink gets)
+    # is the least the pipeline can pay, so the GIL and cores bounds stay upper limits.
+    once = fixed / max(1.0, loads[-1].items_per_call) if any(d.spdl for d in loads) else 0.0
     cpu_sum = sum(d.cpu_s_per_item for d in loads if d.cpu_s_per_item is not None) + once
     gil_sum = sum(d.gil_s_per_item for d in loads) + once
     b_stage = cap.capacity
@@ -293,7 +304,8 @@ def _record_bounds(out: Prediction, b: Bounds, overhead: dict | None) -> Predict
     """``out`` with the bounds' number, what binds and each bound (``None`` for one that does not apply)."""
     return changed(
         out,
-        fixed_s_per_item=b.fixed if overhead else None,
+        # the measured per-item cost (what is charged per source item is in the explanation)
+        fixed_s_per_item=(float(overhead.get("fixed_s_per_item") or 0.0) if b.fixed > 0 else 0.0) if overhead else None,
         qps=b.qps,
         bounds_qps=b.qps,
         binding=b.binding,
@@ -325,6 +337,16 @@ class _Pipeline:
     """The host's ranks, each a GIL of its own (:func:`pipeline_bounds`)."""
     cores_bound: str = ""
     """Where a quota or an allocation sets the cores, in words (empty: the affinity mask does)."""
+
+
+def _spread(p: _Pipeline) -> str:
+    """Where the once-paid cost is spread over an aggregate's groups (:func:`pipeline_bounds`), in words."""
+    k = p.loads[-1].items_per_call
+    return (
+        f": {fmt_ms(p.fixed)} per item the sink gets, spread over its {k:.3g} source items, the least it costs"
+        if k > 1
+        else ""
+    )
 
 
 def _gil_binds(p: _Pipeline, out: Prediction) -> tuple[Prediction, list[str]]:
@@ -359,7 +381,7 @@ def _gil_binds(p: _Pipeline, out: Prediction) -> tuple[Prediction, list[str]]:
             else "none of it the stages' own Python"
         )
         + (f" and {fmt_ms(sched)} of the pipeline's own scheduling" if sched > 0 else "")
-        + (f" ({fmt_ms(b.fixed)} of that paid once: source, sink, consumer)" if b.fixed > 0 else "")
+        + (f" ({fmt_ms(b.fixed)} of that paid once: source, sink, consumer{_spread(p)})" if b.fixed > 0 else "")
         + f"; so at most {fmt_q(b.qps)} items/s, below the slowest stage alone "
         f"({b.cap_stage}, {fmt_q(b.stage)} items/s)"
     ]
