@@ -1167,7 +1167,7 @@ def test_terminal_table_shows_the_label_with_its_own_share_and_the_limit_beside_
     for r in rows:
         r["cpu_s_per_item"] = r["cpu_s_per_item"] if r["role"] == "ceiling" else 1.2e-3
         r["latency_p50_ms"] = 10.5
-    st = analyze_stage(pd.DataFrame(rows), cores=2)
+    st = analyze_stage(pd.DataFrame(rows), cores=2).to_json()
     assert st["classification"] == "io-bound", st["evidence"]["summary"]
     assert st["limit"]["kind"] == "gil" and st["gil_fraction"] < 0.2
     line = next(ln for ln in format_table({"stages": [st]}).splitlines() if ln.startswith("nap"))
@@ -1235,24 +1235,25 @@ def _two_sleeps_stand_ins() -> dict:
 
 def test_validation_run_known_answer():
     """Two sleep stages in series: the slower one (10 ms at 4 threads) sets 400 items/s."""
-    from stagebench.pipeline._validate import run_validation
+    from stagebench.pipeline._wholerun import run_pipelines
 
-    r = run_validation(
+    r = run_pipelines(
         _two_sleeps_plan(batch=4),
         list(range(40)),
         {"slow": ("thread", 4), "fast": ("thread", 2)},
+        {"validation": None},
         warmup_s=0.5,
         window_s=1.5,
         timeout_s=10,
         items_per_sink_item=4,
-    )
-    print({k: v for k, v in r.items() if k != "settings"})
+    )["validation"]
+    print(r)
     # sleeps overshoot on a loaded machine and SPDL adds per-item time: a loose lower bound
-    assert 220 < r["qps"] < 440
-    assert r["qps_low"] <= r["qps"] <= r["qps_high"]
-    assert r["sink_qps"] == pytest.approx(r["qps"] / 4)
-    assert r["latency_s"] >= 0.012  # in source items: each one waits out both sleeps (10 + 2 ms)
-    assert {u["stage"]: (u["executor"], u["concurrency"]) for u in r["settings"]}["slow"] == ("thread", 4)
+    assert 220 < r.qps < 440
+    assert r.qps_low <= r.qps <= r.qps_high
+    assert r.sink_qps == pytest.approx(r.qps / 4)
+    assert r.latency_s >= 0.012  # in source items: each one waits out both sleeps (10 + 2 ms)
+    assert {u["stage"]: (u["executor"], u["concurrency"]) for u in r.settings}["slow"] == ("thread", 4)
 
 
 def test_replay_and_validation_take_turns_and_agree_on_a_known_answer():
@@ -1271,30 +1272,30 @@ def test_replay_and_validation_take_turns_and_agree_on_a_known_answer():
         timeout_s=10,
     )
     r, v = out["replay"], out["validation"]
-    print({k: (x["qps"], x["qps_low"], x["qps_high"]) for k, x in out.items()})
+    print({k: (x.qps, x.qps_low, x.qps_high) for k, x in out.items()})
     for x, other in ((r, "validation"), (v, "replay")):
-        assert x["windows"] == 2 and x["seconds"] == pytest.approx(1.2, rel=0.1)
+        assert x.windows == 2 and x.seconds == pytest.approx(1.2, rel=0.1)
     # Slices that disagree by this much say the machine did not keep time (a fresh clone read
     # 125 [65, 185] and 209 [117, 300] while its cores were being taken); other runs read within ±30%.
-    wide = [k for k, x in out.items() if not x["qps_low"] > 0.6 * x["qps"]]
+    wide = [k for k, x in out.items() if not x.qps_low > 0.6 * x.qps]
     if wide:
         pytest.skip(f"the slices of {', '.join(wide)} disagree by over 40%: the machine did not keep time")
     for x, other in ((r, "validation"), (v, "replay")):
-        assert 220 < x["qps"] < 440  # 4 threads / 10 ms; sleeps overshoot on a loaded machine
-        assert x["interleaved_with"] == other and x["settle_s"] >= _MIN_SETTLE_S
+        assert 220 < x.qps < 440  # 4 threads / 10 ms; sleeps overshoot on a loaded machine
+        assert x.interleaved_with == other and x.settle_s >= _MIN_SETTLE_S
         # Little's law: an item spends at least the two sleeps (10 + 2 ms) between source and sink,
         # and far less than the first item's 0.5 s warm-up (the settle follows this, not that)
-        assert 0.012 <= x["latency_s"] < 0.25
-        assert all(0.012 <= c < 0.25 for c in x["counted_latency_s"])  # the same, alone in its slices
+        assert 0.012 <= x.latency_s < 0.25
+        assert all(0.012 <= c < 0.25 for c in x.counted_latency_s)  # the same, alone in its slices
         # three latencies alone: from the warm-up (over the two runs warming side by side) until counted
-        lats = [r["latency_s"], v["latency_s"], *r["counted_latency_s"], *v["counted_latency_s"]]
+        lats = [r.latency_s, v.latency_s, *r.counted_latency_s, *v.counted_latency_s]
         most = max(_MIN_SETTLE_S, _SETTLE_LATENCIES * max(lats))
-        assert _MIN_SETTLE_S <= x["settle_s"] <= most + 1e-9
-    assert r["qps"] == pytest.approx(v["qps"], rel=0.25)
-    assert "stage_latency" in v and set(v["stage_latency"]) == {"slow", "fast"}
+        assert _MIN_SETTLE_S <= x.settle_s <= most + 1e-9
+    assert r.qps == pytest.approx(v.qps, rel=0.25)
+    assert set(v.stage_latency) == {"slow", "fast"}
     # the stand-ins' calls are timed too, so each stage can be set against its stand-in (10 ms sleeps)
-    assert set(r["stage_latency"]) == {"slow", "fast"} and r["stage_latency"]["slow"]["calls"] > 0
-    assert r["stage_latency"]["slow"]["p50_ms"] == pytest.approx(v["stage_latency"]["slow"]["p50_ms"], rel=0.3)
+    assert set(r.stage_latency) == {"slow", "fast"} and r.stage_latency["slow"]["calls"] > 0
+    assert r.stage_latency["slow"]["p50_ms"] == pytest.approx(v.stage_latency["slow"]["p50_ms"], rel=0.3)
 
 
 def test_three_runs_take_turns_and_each_keeps_its_own_settings():
@@ -1314,13 +1315,13 @@ def test_three_runs_take_turns_and_each_keeps_its_own_settings():
         own_choices={"yours": {"slow": ("thread", 1)}},
     )
     for name, x in out.items():
-        assert x["windows"] == 2 and set(x["interleaved_with"]) == set(out) - {name}
-    used = {u["stage"]: (u["executor"], u["concurrency"]) for u in out["yours"]["settings"]}
+        assert x.windows == 2 and set(x.interleaved_with) == set(out) - {name}
+    used = {u["stage"]: (u["executor"], u["concurrency"]) for u in out["yours"].settings}
     # slow at the given setting; fast keeps the user's (SPDL's shared pool, concurrency 1)
     assert used == {"slow": ("thread", 1), "fast": ("default", 1)}
-    assert {u["stage"]: u["concurrency"] for u in out["validation"]["settings"]}["slow"] == 4
+    assert {u["stage"]: u["concurrency"] for u in out["validation"].settings}["slow"] == 4
     # one 10 ms thread: at most 100 items/s; four: about 400 (loose: sleeps overshoot on a loaded machine)
-    assert out["yours"]["qps"] < 105 and out["validation"]["qps"] > 2 * out["yours"]["qps"]
+    assert out["yours"].qps < 105 and out["validation"].qps > 2 * out["yours"].qps
 
 
 def test_the_recommendation_is_run_against_the_users_own_settings(tmp_path, capsys):
@@ -1369,7 +1370,7 @@ def test_a_stand_in_hands_on_the_stages_own_outputs():
         timeout_s=5,
         items_per_sink_item=0.5,
     )
-    assert out["replay"]["qps"] and out["replay"]["qps"] > 0, out["replay"].get("error")
+    assert out["replay"].qps and out["replay"].qps > 0, out["replay"].error
     op = stand_ins["split"].op([[1, 2], [3, 4]])
     assert [op(9), op(9), op(9)] == [[1, 2], [3, 4], [1, 2]] and stand_ins["split"].op()(9) == 9
 
@@ -1399,8 +1400,8 @@ def test_a_run_that_fails_does_not_stop_the_other():
         window_s=0.8,
         timeout_s=3,
     )
-    assert out["replay"]["qps"] is None and out["replay"]["error"]
-    assert out["validation"]["qps"] > 0 and out["validation"]["windows"] == 1
+    assert out["replay"].qps is None and out["replay"].error
+    assert out["validation"].qps > 0 and out["validation"].windows == 1
 
 
 @pytest.mark.parametrize("quick", [True, False])

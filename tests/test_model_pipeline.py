@@ -15,7 +15,7 @@ from stagebench.model._pipeline import (
     Search,
     Validation,
     VersusYours,
-    YoursRun,
+    WholeRun,
 )
 from stagebench.model._summary import Summary
 
@@ -52,7 +52,7 @@ def test_each_section_of_a_saved_summary_reads_back_to_the_same_dict(name):
 @pytest.mark.parametrize("name", sorted(RUN_JSON))
 def test_the_run_at_your_settings_reads_back_to_the_same_record(name):
     yours = json.loads(RUN_JSON[name].read_text())["yours"]
-    assert YoursRun.from_json(yours).to_json() == yours
+    assert WholeRun.from_json(yours).to_json() == yours
 
 
 def test_a_missing_section_reads_as_its_defaults():

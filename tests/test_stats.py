@@ -101,4 +101,4 @@ def test_whole_run_interval_contains_its_rate_when_every_batch_counts_alike():
         r.arrivals = list(t0 + (np.arange(n) + 0.5) * span / n)  # one arrival in each 1/n of the window
         r.warmup_s, r.used, r.steady_latency_s, r.items_per_sink_item = 0.0, {}, None, 4.0
         out = r.result(items_per_sink_item=4)
-        assert out["qps_low"] <= out["qps"] <= out["qps_high"], out
+        assert out.qps_low <= out.qps <= out.qps_high, out

@@ -15,7 +15,7 @@ from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._pipeline_job import settings_cost
 from stagebench.model._evidence import EQUIVALENT, Option, Ratio, decide, more_rounds_text
 from stagebench.model._job import JobVerdict, StepAlone
-from stagebench.model._pipeline import CpuSpeed, Demand, Prediction, Validation, VersusYours, YoursRun
+from stagebench.model._pipeline import CpuSpeed, Demand, Prediction, Validation, VersusYours, WholeRun
 from stagebench.model._rate import Rate
 from stagebench.model._stage import StageEntry, StageSetting, changed, keyed
 
@@ -179,7 +179,7 @@ def yours_verdict(yours: Any, validation: Validation | None, stages: Sequence[St
     """
     if not isinstance(yours, Mapping):
         return None
-    mine_run = YoursRun.from_json(yours)
+    mine_run = WholeRun.from_json(yours)
     if mine_run.same:
         return keyed(VersusYours, verdict="same", changes=(), text="your settings are the recommended ones")
     changes = []

@@ -38,7 +38,7 @@ __all__ = [
     "Prediction",
     "Interference",
     "Validation",
-    "YoursRun",
+    "WholeRun",
     "VersusYours",
     "Demand",
     "CpuSpeed",
@@ -211,28 +211,55 @@ class Validation(Read):
 
 
 @dataclass(frozen=True, slots=True)
-class YoursRun(Read):
-    """The whole pipeline run for real at the user's own settings, in turns with the recommended ones
-    (``run.json["yours"]``): ``same`` where the two are one setting, ``not_run`` (why) where it was not
-    run, else its rate and windows, or ``error``. The run writes it; ``to_json`` gives back what was read."""
+class WholeRun(Read):
+    """One whole pipeline run over the cached source items (``run.json["replay"]``, ``["validation"]``,
+    ``["yours"]``), built by :func:`stagebench.pipeline._wholerun.run_pipelines`: its rate in source items
+    per second with its interval and each counted window's, the sink's and the source's rates, the settings
+    it ran at, its latencies, and how it took turns with the others; ``error`` where it gave no number. At
+    the user's settings: ``same`` where they are the recommended ones, ``not_run`` (why) where the real
+    pipeline was not run. Its keys are kept in the order they were set, so ``to_json`` gives back what was
+    built or read."""
 
-    same: bool = False
-    not_run: str | None = None
     qps: float | None = None
     qps_low: float | None = None
     qps_high: float | None = None
-    settings: Any = None
     error: str | None = None
     window_rates: tuple[float, ...] = ()
+    seconds: float | None = None
+    sink_qps: float | None = None
+    sink_items: int | None = None
+    items_per_sink_item: float | None = None
+    source_qps: float | None = None
+    source_items: int | None = None
+    warmup_s: float | None = None
+    settings: Any = None
+    windows: int | None = None
+    latency_s: float | None = None
+    counted_latency_s: tuple[float | None, ...] = ()
+    stage_latency: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """Per timed stage: its median call (``p50_ms``) and the calls completed in the windows."""
+    ranks: int | None = None
+    rank_min_qps: float | None = None
+    rank_max_qps: float | None = None
     wall_s: float | None = None
     """Seconds the whole runs in turns took (one call, shared by the runs that took turns in it)."""
-    _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    settle_s: float | None = None
+    extra_rounds: int | None = None
+    interleaved_with: str | list[str] | None = None
+    stand_ins: tuple[Mapping[str, float | str], ...] = ()
+    """The replay's stand-ins, as :class:`StandIn` reads them."""
+    failed: str | None = None
+    same: bool = False
+    not_run: str | None = None
+    keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     READ: ClassVar[Coercions] = {
         "same": bool,
         **dict.fromkeys(("not_run", "error"), _some_text),
         **dict.fromkeys(("qps", "qps_low", "qps_high", "wall_s"), number),
         "window_rates": nums,
+        "stand_ins": maps,
     }
 
     @property

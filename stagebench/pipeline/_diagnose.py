@@ -51,6 +51,7 @@ from stagebench.core._sizes import approx_nbytes
 from stagebench.core._spdl_harness import deferred_teardown
 from stagebench.core._stats import mean_interval
 from stagebench.core._sweep import plan_points
+from stagebench.model._stage import changed
 from stagebench.pipeline._finish import (
     delivered_nothing,
     phases_of,
@@ -389,14 +390,13 @@ class _Diagnosis:
         # errors to itself: a process still short of memory after these runs ran out in them
         run.out_of_memory = memory_short()
         run.meta.setdefault("cpu_speed", {}).update(whole.cpu_speed.to_json())
-        run.meta["replay"] = whole.replay
+        run.meta["replay"] = whole.replay.to_json()
         if whole.yours is not None:
-            run.meta["yours"] = whole.yours
+            run.meta["yours"] = whole.yours.to_json()
         if whole.validation is not None:
             failed = delivered_nothing(whole.validation)
-            if failed:
-                whole.validation["failed"] = failed
-            run.meta["validation"] = whole.validation
+            validation = changed(whole.validation, failed=failed) if failed else whole.validation
+            run.meta["validation"] = validation.to_json()
 
     def _finish(self, rows: Any, t_begin: float) -> tuple[dict[str, Any], Path | None]:
         """The summary, the report, run.json's status, the terminal table and the last line."""

@@ -18,6 +18,7 @@ from typing import Any
 from stagebench._memory import out_of_memory, said_out_of_memory
 from stagebench._numbers import num
 from stagebench._version import __version__
+from stagebench.model._pipeline import WholeRun
 from stagebench.pipeline._run import Run
 from stagebench.report._terminal import format_table
 from stagebench.runs._outcome import COMPLETE, FAILED, INTERNAL, PARTIAL
@@ -119,22 +120,22 @@ def phases_of(timed: dict[str, float], rows: Any, total: float) -> dict[str, flo
     return out
 
 
-def delivered_nothing(validation: dict[str, Any]) -> str | None:
+def delivered_nothing(validation: WholeRun) -> str | None:
     """Why the real pipeline's run is a failed validation, or None: it must deliver items to the sink.
 
     A prediction next to a pipeline that delivers nothing is not a result: the run ends with exit code 1.
     One that drew items from its source but was slower than the window is working: no number, no failure;
     one that ran out of memory is not.
     """
-    what = said_out_of_memory(str(validation.get("error") or ""))
+    what = said_out_of_memory(validation.error or "")
     if what:
         return f"the real pipeline ran out of memory ({what})"
-    if validation.get("source_items"):
+    if validation.source_items:
         return None
-    if validation.get("qps") is None:
-        return f"the real pipeline delivered no measurable throughput ({validation.get('error') or 'no items'})"
-    if not validation.get("sink_items"):
-        return f"the real pipeline delivered no items to the sink in {num(validation.get('seconds')):.1f} s"
+    if validation.qps is None:
+        return f"the real pipeline delivered no measurable throughput ({validation.error or 'no items'})"
+    if not validation.sink_items:
+        return f"the real pipeline delivered no items to the sink in {num(validation.seconds):.1f} s"
     return None
 
 

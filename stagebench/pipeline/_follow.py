@@ -139,7 +139,7 @@ class WholeRun:
     def rates(self, t0: float, t1: float, how: Mapping[str, Any]) -> dict[str, Any]:
         self.run.windows = [tuple(w) for w in how["windows"]]
         res = self.run.result(float(how["items_per_sink_item"]))
-        return {k: res.get(k) for k in ("qps", "qps_low", "qps_high")}
+        return {"qps": res.qps, "qps_low": res.qps_low, "qps_high": res.qps_high}
 
     def close(self) -> None:
         self.run.close()

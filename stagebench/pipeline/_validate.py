@@ -21,6 +21,9 @@ from stagebench._numbers import finite
 from stagebench.analysis._pipeline_job import user_choice
 from stagebench.analysis._verdicts import versus_yours_decision
 from stagebench.core._speed import cpu_speed_ns
+from stagebench.model._json import Written
+from stagebench.model._pipeline import WholeRun
+from stagebench.model._stage import changed, keyed
 from stagebench.pipeline._replay import StandIn, plan_stand_ins
 from stagebench.pipeline._wholerun import run_pipelines
 
@@ -28,7 +31,6 @@ __all__ = [
     "replay_and_validate",
     "WholePipelines",
     "SpeedReadings",
-    "run_validation",
     "choices_of",
     "yours_of",
     "EXTRA_ROUNDS",
@@ -71,38 +73,31 @@ class _WholeRuns:
 
 @dataclass(frozen=True, slots=True)
 class WholePipelines:
-    """What the whole-pipeline phase gives back: one ``run.json`` entry each, as the diagnosis stores them.
+    """What the whole-pipeline phase gives back: one ``run.json`` entry each (``replay``, ``validation``,
+    ``yours``), named so that the diagnosis cannot file one result under another's key."""
 
-    The three results are the plain dicts ``run.json`` holds (``replay``, ``validation``, ``yours``);
-    named here so that the diagnosis cannot file one result under another's key.
-    """
-
-    replay: dict[str, Any]
+    replay: WholeRun
     """The replay with stand-ins (the prediction); its ``error`` where none could run."""
-    validation: dict[str, Any] | None
+    validation: WholeRun | None
     """The real stages at the recommended settings; None: not run (``validate="off"``, or no replay)."""
-    yours: dict[str, Any] | None
-    """The real stages at the user's settings (``{"same": True}`` where those are the recommended ones); None: not run."""
+    yours: WholeRun | None
+    """The real stages at the user's settings (``same`` where those are the recommended ones); None: not run."""
     cpu_speed: SpeedReadings
     """To merge into ``run.json["cpu_speed"]``: what each stage's stand-in was read at, and the speed around
     the validation run."""
 
 
 @dataclass(frozen=True, slots=True)
-class SpeedReadings:
+class SpeedReadings(Written):
     """The core's speed (:func:`stagebench.core._speed.cpu_speed_ns`) the whole-pipeline phase read: each
     stage's, as its stand-in's CPU amounts were measured (the median of its probes), and before and after
-    the validation run (None where it did not run)."""
+    the validation run (None where it did not run); ``to_json`` gives the keys ``run.json["cpu_speed"]``
+    takes from it."""
 
     stage_ns: dict[str, float]
     validation_ns: list[float] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        """The keys ``run.json["cpu_speed"]`` takes from it (``validation_ns`` only where read)."""
-        out: dict[str, Any] = {"stage_ns": self.stage_ns}
-        if self.validation_ns is not None:
-            out["validation_ns"] = self.validation_ns
-        return out
+    OPTIONAL = frozenset({"validation_ns"})
 
 
 def replay_and_validate(
@@ -200,7 +195,7 @@ def _run_whole(
     whole: _WholeRuns,
     items_per_sink_item: float,
     log_error: Callable[[str, BaseException], None],
-) -> tuple[dict[str, Any], list[float] | None]:
+) -> tuple[dict[str, WholeRun], list[float] | None]:
     """Run ``whole.runs`` in turns (:func:`stagebench.pipeline._wholerun.run_pipelines`): each one's
     result by name, a failure each one's ``error``; and, with validation, the CPU speed before and after
     it (None without, or where the runs failed)."""
@@ -234,85 +229,56 @@ def _run_whole(
         raise
     except Exception as e:
         log_error("replay and validation", e)
-        out = {k: {"qps": None, "error": describe(e)} for k in whole.runs}
+        out = {k: keyed(WholeRun, qps=None, error=describe(e)) for k in whole.runs}
     return out, around
 
 
-def _no_replay() -> dict[str, Any]:
+def _no_replay() -> WholeRun:
     """The replay's result where no stage could be stood in."""
-    return {"qps": None, "error": "no stage could be stood in (none measured)"}
+    return keyed(WholeRun, qps=None, error="no stage could be stood in (none measured)")
 
 
-def _replay_result(out: dict[str, Any], stand_ins: dict[str, StandIn], say: Callable[[str], None]) -> dict[str, Any]:
+def _replay_result(out: dict[str, WholeRun], stand_ins: dict[str, StandIn], say: Callable[[str], None]) -> WholeRun:
     """The replay's result, with the stand-ins it ran with, and said."""
     if stand_ins:
-        replay = out["replay"]
-        replay["stand_ins"] = [s.as_dict() for s in stand_ins.values()]
+        replay = changed(out["replay"], stand_ins=tuple(s.as_dict() for s in stand_ins.values()))
     else:
         replay = _no_replay()
-    if replay.get("qps") is not None:
-        say(f"replay: {replay['qps']:,.1f} items/s")
+    if replay.qps is not None:
+        say(f"replay: {replay.qps:,.1f} items/s")
     elif stand_ins:
-        say(f"replay failed: {replay.get('error')}")
+        say(f"replay failed: {replay.error}")
     return replay
 
 
-def _validation_result(out: dict[str, Any], say: Callable[[str], None]) -> dict | None:
+def _validation_result(out: dict[str, WholeRun], say: Callable[[str], None]) -> WholeRun | None:
     """The validation run's result, said; None where it did not run."""
     validation = out.get("validation")
-    if validation is not None and validation.get("qps") is not None:
+    if validation is not None and validation.qps is not None:
         say(
-            f"validation: {validation['qps']:,.1f} items/s ({validation['sink_qps']:,.1f} sink items/s "
-            f"at the sink; {validation['source_qps']:,.1f} items/s drawn from the source)"
+            f"validation: {validation.qps:,.1f} items/s ({validation.sink_qps:,.1f} sink items/s "
+            f"at the sink; {validation.source_qps:,.1f} items/s drawn from the source)"
         )
     elif validation is not None:
-        say(f"validation run failed: {validation.get('error')}")
+        say(f"validation run failed: {validation.error}")
     return validation
 
 
-def _yours_result(out: dict[str, Any], whole: _WholeRuns, settings: Any, say: Callable[[str], None]) -> dict | None:
-    """The run at the user's settings: ``{"same": True}`` where they are the recommended ones, why it did
-    not run where the real pipeline did not, else its result, said."""
-    mine: dict | None = None
+def _yours_result(
+    out: dict[str, WholeRun], whole: _WholeRuns, settings: Any, say: Callable[[str], None]
+) -> WholeRun | None:
+    """The run at the user's settings: ``same`` where they are the recommended ones, why it did not run
+    where the real pipeline did not, else its result, said."""
     if not whole.differs:
-        mine = {"same": True}
-    elif not whole.validate:  # said, so that the report does not read as if yours had been beaten
+        return keyed(WholeRun, same=True)
+    if not whole.validate:  # said, so that the report does not read as if yours had been beaten
         why = "quick mode" if settings.quick == "on" else "STAGEBENCH_VALIDATE=off"
-        mine = {"qps": None, "not_run": f"{why}: the real pipeline was not run"}
-    elif "yours" in whole.runs:
-        mine = out.get("yours") or {"qps": None, "error": "not run"}
-        if mine.get("qps") is not None:
-            say(f"your settings: {mine['qps']:,.1f} items/s")
-        else:
-            say(f"the run at your settings failed: {mine.get('error')}")
+        return keyed(WholeRun, qps=None, not_run=f"{why}: the real pipeline was not run")
+    if "yours" not in whole.runs:
+        return None
+    mine = out.get("yours") or keyed(WholeRun, qps=None, error="not run")
+    if mine.qps is not None:
+        say(f"your settings: {mine.qps:,.1f} items/s")
+    else:
+        say(f"the run at your settings failed: {mine.error}")
     return mine
-
-
-def run_validation(
-    plan: Any,
-    source_items: list,
-    choices: dict[str, tuple[str, int]],
-    *,
-    warmup_s: float,
-    window_s: float,
-    timeout_s: float,
-    items_per_sink_item: float = 1.0,
-    stand_ins: dict[str, StandIn] | None = None,
-) -> dict[str, Any]:
-    """Run the whole pipeline alone over the cached source items and time what reaches the sink.
-
-    One run of :func:`stagebench.pipeline._wholerun.run_pipelines` (its result's keys):
-    the real stages, or with ``stand_ins`` the replay. The diagnosis runs the
-    two together, taking turns.
-    """
-    name = "replay" if stand_ins else "validation"
-    return run_pipelines(
-        plan,
-        source_items,
-        choices,
-        {name: stand_ins},
-        warmup_s=warmup_s,
-        window_s=window_s,
-        timeout_s=timeout_s,
-        items_per_sink_item=items_per_sink_item,
-    )[name]

@@ -32,8 +32,10 @@ from stagebench._memory import describe
 from stagebench.core._mirror import Mirror, MirroredGate, Ready, mirror
 from stagebench.core._rounds import in_turns
 from stagebench.core._spdl_harness import quiet_spdl_log
+from stagebench.model._pipeline import WholeRun
 from stagebench.model._ranks import HostRate
 from stagebench.model._rate import Rate
+from stagebench.model._stage import changed, keyed
 from stagebench.pipeline._isolate import build_validation_config, default_threads, real_pipeline
 from stagebench.pipeline._replay import StandIn
 
@@ -200,40 +202,45 @@ class WholePipelineRun:
             out.append(n * self.items_per_sink_item / (t1 - t0) if t1 > t0 else 0.0)
         return out
 
-    def result(self, items_per_sink_item: float) -> dict[str, Any]:
+    def result(self, items_per_sink_item: float) -> WholeRun:
         if self.error is not None or not self.windows:
-            return {"qps": None, "error": self.error or "no steady state", "settings": self.used}
+            return keyed(WholeRun, qps=None, error=self.error or "no steady state", settings=self.used)
         seconds = sum(t1 - t0 for t0, t1 in self.windows)
         if not any(t0 <= a < t1 for a in self.arrivals for t0, t1 in self.windows):
             drawn = sum(1 for p in self.pulls for t0, t1 in self.windows if t0 <= p < t1)
             if drawn:  # working, but slower than the window: no number, and not a pipeline that delivers nothing
-                return {
-                    "qps": None,
-                    "error": f"no item reached the sink in the {seconds:.1f} s counted, while {drawn} items were "
+                return keyed(
+                    WholeRun,
+                    qps=None,
+                    error=f"no item reached the sink in the {seconds:.1f} s counted, while {drawn} items were "
                     "drawn from the source: a sink item takes longer than that (lengthen STAGEBENCH_VALIDATION_S)",
-                    "settings": self.used,
-                    "sink_items": 0,
-                    "seconds": seconds,
-                    "source_items": drawn,
-                }
+                    settings=self.used,
+                    sink_items=0,
+                    seconds=seconds,
+                    source_items=drawn,
+                )
         sink = sink_rate(self.arrivals, self.windows)
         src = sum(1 for p in self.pulls for t0, t1 in self.windows if t0 <= p < t1)
         k = items_per_sink_item
-        return {
-            **sink.rate.scaled(k).to_json("qps"),
-            "window_rates": self.window_rates(),
-            "seconds": seconds,
-            "sink_qps": sink.rate.value,
-            "sink_items": sink.count,
-            "items_per_sink_item": k,
-            "source_qps": src / seconds,
-            "warmup_s": self.warmup_s,
-            "settings": self.used,
-            "windows": len(self.windows),
-            "latency_s": self.steady_latency_s,
-            "counted_latency_s": self.counted_latencies(),
-            "stage_latency": _latencies_in_windows(self.timings, self.windows),
-        }
+        rate = sink.rate.scaled(k)
+        return keyed(
+            WholeRun,
+            qps=rate.value,
+            qps_low=rate.low,
+            qps_high=rate.high,
+            window_rates=tuple(self.window_rates()),
+            seconds=seconds,
+            sink_qps=sink.rate.value,
+            sink_items=sink.count,
+            items_per_sink_item=k,
+            source_qps=src / seconds,
+            warmup_s=self.warmup_s,
+            settings=self.used,
+            windows=len(self.windows),
+            latency_s=self.steady_latency_s,
+            counted_latency_s=tuple(self.counted_latencies()),
+            stage_latency=_latencies_in_windows(self.timings, self.windows),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,7 +310,7 @@ def run_pipelines(
     own_choices: dict[str, dict[str, tuple[str, int]]] | None = None,
     more: Callable[[dict[str, list[float]]], bool] | None = None,
     max_extra_rounds: int = 0,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, WholeRun]:
     """Run the pipeline once per entry of ``runs`` (name -> stand-ins, or None for the real stages).
 
     Every run uses ``choices`` (stage name -> (executor, concurrency); stages not in
@@ -328,7 +335,7 @@ def run_pipelines(
     made: list[WholePipelineRun] = []
     t_begin = time.perf_counter()
     ranked = mirror()  # a ranked diagnosis: every other rank runs each of these pipelines at the same time
-    others: dict[str, list[dict[str, Any]]] = {}
+    others: dict[str, list[WholeRun]] = {}
     with quiet_spdl_log():  # items that fail are the stage's business, measured per point
         try:
             for name, stand_ins in runs.items():
@@ -381,12 +388,11 @@ def run_pipelines(
     for r in made:
         res = r.result(items_per_sink_item)
         if ranked is not None:
-            host_result(res, others.get(r.name) or [])
-        res["wall_s"] = wall  # of the whole call, shared when two took turns
-        if r.partners and res.get("qps") is not None:
-            res["settle_s"] = r.settle_s
-            res["extra_rounds"] = r.extra_rounds
-            res["interleaved_with"] = r.partners[0] if len(r.partners) == 1 else r.partners
+            res = host_result(res, others.get(r.name) or [])
+        res = changed(res, wall_s=wall)  # of the whole call, shared when two took turns
+        if r.partners and res.qps is not None:
+            partners = r.partners[0] if len(r.partners) == 1 else r.partners
+            res = changed(res, settle_s=r.settle_s, extra_rounds=r.extra_rounds, interleaved_with=partners)
         out[r.name] = res
     return out
 
@@ -448,7 +454,7 @@ def _others_warm(ranked: Mirror | None, r: WholePipelineRun) -> bool:
     return True
 
 
-def _others(ranked: Mirror | None, r: WholePipelineRun, k: float) -> list[dict[str, Any]]:
+def _others(ranked: Mirror | None, r: WholePipelineRun, k: float) -> list[WholeRun]:
     """Each other rank's rate over ``r``'s counted windows (none counted: nothing to read); a rank whose
     copy failed leaves ``r`` failed, with its reason."""
     if ranked is None or r.gate.cid is None or not r.windows or r.error is not None:
@@ -458,36 +464,37 @@ def _others(ranked: Mirror | None, r: WholePipelineRun, k: float) -> list[dict[s
     if failed is not None:
         r.error = failed[1]
         return []
-    return got
+    return [WholeRun.from_json(d) for d in got]
 
 
-def host_result(res: dict[str, Any], others: list[dict[str, Any]]) -> None:
+def host_result(res: WholeRun, others: list[WholeRun]) -> WholeRun:
     """A ranked whole-pipeline run's result: ``qps``, its interval and the sink's and source's rates are
     the host's (the sum over its ranks, over the same windows), the slowest and fastest rank's beside
     them; a rank that counted nothing leaves the run without a host figure, and says so."""
 
-    def rate(d: dict[str, Any]) -> Rate | None:
-        q, lo, hi = d.get("qps"), d.get("qps_low"), d.get("qps_high")
-        if not isinstance(q, (int, float)) or not q > 0:
-            return None
-        return (
-            Rate(float(q), float(lo), float(hi)) if isinstance(lo, float) and isinstance(hi, float) else Rate(float(q))
-        )
+    def rate(x: WholeRun) -> Rate | None:
+        return x.rate if x.qps is not None and x.qps > 0 else None
 
-    if res.get("qps") is None or not others:
-        return
-    rates = HostRate.of([rate(res), *(rate(d) for d in others)])
-    res["ranks"] = len(rates.ranks)
+    qps = res.qps
+    if qps is None or not others:
+        return res
+    rates = HostRate.of([rate(res), *(rate(x) for x in others)])
+    res = changed(res, ranks=len(rates.ranks))
     host, slow, fast = rates.host, rates.slowest, rates.fastest
     if host is None or slow is None or fast is None:
         missing = [str(i) for i, x in enumerate(rates.ranks) if x is None]
-        res.update(qps=None, error=f"local rank(s) {', '.join(missing)} counted no item at the sink")
-        return
-    scale = host.value / float(res["qps"])
-    res.update(host.to_json("qps"), rank_min_qps=slow.value, rank_max_qps=fast.value)
-    for key in ("sink_qps", "source_qps"):
-        if isinstance(res.get(key), (int, float)):
-            res[key] = res[key] * scale
+        return changed(res, qps=None, error=f"local rank(s) {', '.join(missing)} counted no item at the sink")
+    scale = host.value / qps
+    return changed(
+        res,
+        qps=host.value,
+        qps_low=host.low,
+        qps_high=host.high,
+        rank_min_qps=slow.value,
+        rank_max_qps=fast.value,
+        sink_qps=None if res.sink_qps is None else res.sink_qps * scale,
+        source_qps=None if res.source_qps is None else res.source_qps * scale,
+    )
 
 
 def _take_turns(order: list[WholePipelineRun], window_s: float) -> None:
