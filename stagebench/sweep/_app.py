@@ -444,18 +444,8 @@ class JobStatus:
 
     def to_json(self) -> dict[str, Any]:
         """``job_status.json``: the keys known, in the order the job learns them."""
-        out: dict[str, Any] = {
-            "schema_version": RESULTS_SCHEMA_VERSION,
-            "status": self.status,
-            "reason": self.reason,
-            "job_num": self.job_num,
-            "overrides": self.overrides,
-            "label": self.label,
-            "launcher": self.launcher,
-            "host": self.host,
-            "started_at": self.started_at,
-            "run_dir": self.run_dir,
-        }
+        head = ("status", "reason", "job_num", "overrides", "label", "launcher", "host", "started_at", "run_dir")
+        out: dict[str, Any] = {"schema_version": RESULTS_SCHEMA_VERSION, **{k: getattr(self, k) for k in head}}
         if self.described:
             out.update(loader=self.loader, kind=self.kind, backend=self.backend)
         if self.finished:
