@@ -113,6 +113,7 @@ def bench_one(name: str, cfg, run_dir: Path, window_s: float, *, smoke: bool = F
         items_per_sink_item=k,
         own_choices={"yours": {}, "alone": alone},
     )
+    out = {r: res.to_json() for r, res in out.items()}  # each run's result as run.json holds it
     rec_vs = summary.get("recommended_vs_yours") or {}
     row = {
         "pipeline": name,
