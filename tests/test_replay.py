@@ -484,3 +484,17 @@ def test_a_stand_in_s_helpers_spend_its_cpu_on_other_threads_while_the_call_wait
     # the helpers' 4 ms at once are part of the 10 ms wait: the rest asleep (how long a call then takes is
     # the machine's, measured in benchmarks/bench_diagnosis.py, not here)
     assert op.wait_s == pytest.approx(6e-3) and min(wall) >= 9e-3, wall
+
+
+def test_a_stage_measured_fused_stands_in_with_its_own_cpu_and_no_wait():
+    """Issue 60: SPDL's convert consumes its inputs, so it is measured fused with the decode and batch
+    before it and their time alone is taken out: 28 ms was left of a 74 ms fused call, where it took
+    0.85 ms a call in the pipeline, and its stand-in slept 27.5 ms a call. A difference of two
+    readings at different moments is no wait: the stand-in does the CPU read inside the call."""
+    st = {**_stage(t=28e-3, frac=0.9, cpu=1.1e-3, harness=0.2e-3), "fused_chain": ["decode", "batch"]}
+    s = plan_stand_ins([st])["s"]
+    assert s.wait_s == 0.0
+    assert s.gil_s + s.free_s == pytest.approx(0.9e-3)
+    assert "measured fused with decode, batch" in s.note
+    alone = plan_stand_ins([_stage(t=28e-3, frac=0.9, cpu=1.1e-3, harness=0.2e-3)])["s"]
+    assert alone.wait_s > 20e-3  # the same figures, not fused: a stage that waits
