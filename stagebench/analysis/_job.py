@@ -295,7 +295,7 @@ def _could_not_tell(d: Decision, job: JobRecord, label: Mapping[str, str]) -> st
 
 
 def decide_job(
-    job: Mapping[str, Any] | None, trainer: Mapping[str, Any] | None, *, unit: str = "samples/s"
+    job: JobRecord | None, trainer: Mapping[str, Any] | None, *, unit: str = "samples/s"
 ) -> dict[str, Any] | None:
     """The job's verdict for ``summary.json["job"]``, or None where no job run was planned.
 
@@ -309,17 +309,17 @@ def decide_job(
     it), ``shared cores`` (the step itself ran slower next to the loader) or ``data-bound``.
     ``unproven`` lists the checks that did not run and what that leaves open.
     """
-    rec = JobRecord.from_json(job)
-    if not isinstance(job, Mapping) or not rec.candidates:
+    if job is None or not job.candidates:
         return None
+    rec = job
     demand = StepAlone.from_json(trainer).rate
     d, figs = job_decision(rec)
     ran = _ran(figs)
     label = {c.key: c.name for c in rec.candidates}
     stopped = rec.stopped
     unproven = _not_run(rec, figs)
-    # each candidate as run.json holds it (every key kept), with its figures
-    entries = _entries(list(job["candidates"]), figs, d.yours)
+    # each candidate as run.json holds it, with its figures
+    entries = _entries([c.as_run() for c in rec.candidates], figs, d.yours)
     base: dict[str, Any] = {
         "candidates": entries,
         "demand": demand.value if demand else None,

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from stagebench.model._job import JobRecord
 from stagebench.model._json import (
     Coercions,
     Read,
@@ -217,7 +218,7 @@ class RunMeta(Read):
     transforms: tuple[dict[str, Any], ...] = ()
     #: the records other types read, as run.json holds them (None: not recorded)
     trainer: dict[str, Any] | None = None
-    job: dict[str, Any] | None = None
+    job: JobRecord | None = None
     validation: dict[str, Any] | None = None
     replay: dict[str, Any] | None = None
     yours: dict[str, Any] | None = None
@@ -241,7 +242,6 @@ class RunMeta(Read):
             (
                 "phases_s",
                 "trainer",
-                "job",
                 "validation",
                 "replay",
                 "yours",
@@ -252,6 +252,7 @@ class RunMeta(Read):
             record,
         ),
         "trainer_planned": bool,
+        "job": given(JobRecord.from_json),
         "worker_costs": filled(WorkerCosts.from_json),
         "ended": RunEnd.from_json,
         **dict.fromkeys(("not_isolated", "transforms"), items),
