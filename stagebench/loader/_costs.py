@@ -1,27 +1,12 @@
-"""What each worker costs beyond throughput: the dataset shipped to it, and its memory over an epoch.
+"""What each worker costs beyond throughput: the dataset shipped to it (:func:`shipping_cost`), its memory
+over an epoch (:func:`memory_pass`) and the batches in flight against ``/dev/shm`` (:func:`shm_headroom`);
+what each reads, and how: docs/loaders.md#what-each-worker-costs.
 
-**Shipping.** Under ``spawn`` or ``forkserver`` (Python 3.14's default on Linux; ``spawn`` on macOS and
-Windows), each worker process receives a pickled copy of the dataset, the ``collate_fn`` and the
-``worker_init_fn`` before its first batch: the main process pickles them for each worker in turn, and
-each worker loads them. :func:`shipping_cost` times exactly that (``ForkingPickler``, as
-``multiprocessing`` does) on the user's own objects, in the main process, without changing them; under
-``fork`` nothing is shipped (the workers inherit the parent's memory). SPDL's PyTorch-style loader
-copies the dataset into shared memory once, whatever the start method.
-
-**Memory over an epoch.** A forked worker shares the parent's pages until it writes to them, and
-reading a Python object writes its reference count: a worker that reads a Python list of millions of
-tuples copies, page by page, the part of the list it touches (copy-on-read), and its private memory
-grows through the epoch. :func:`memory_pass` runs the loader at one setting for a budget (or until each
-worker made its share of the epoch), reads each worker's private memory (USS; PSS where USS cannot be
-read) as it goes, with the batches each worker made, and fits the growth per batch; where the pass did
-not reach the end of the epoch, the growth is extrapolated to the worker's share of it, and said so:
-linearly, bounded by the memory the Python objects it reads take (a page once copied stays copied:
-reading in random order, a worker touches most pages of a list early in the epoch, so growth per batch
-falls as it goes on).
-
-**Shared memory.** A worker hands each batch's tensors to the main process through shared memory
-(``/dev/shm`` on Linux: 64 MB by default in a Docker container), and ``num_workers x prefetch_factor``
-batches are in flight at once. :func:`shm_headroom` sets that against the space free there.
+A forked worker shares the parent's pages until it writes to them, and reading a Python object writes its
+reference count: a worker reading a Python list copies, page by page, the part of it the worker touches
+(copy-on-read), so its private memory grows through the epoch, and a page once copied stays copied (what
+bounds the growth). Shipping is timed with ``ForkingPickler``, as ``multiprocessing`` does, on the user's
+own objects, in the main process, without changing them.
 """
 
 from __future__ import annotations

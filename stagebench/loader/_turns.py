@@ -15,9 +15,7 @@ pick runs on it, so that a slow start-up is paid once per setting:
    one round of the workers, then time a window. A window in turns closes once it has an interval, after
    ``turn_window_s`` (1 s), ``min_batches`` and three rounds of the workers: it is one sample of a ratio
    whose interval comes from the rounds' spread, not from the window's own interval, so holding it open
-   to ±10% buys the verdict little. But it must outlast the host's stalls: a process here is at times
-   held off the cores for 0.2-0.8 s, and in windows of 0.3 s one such stall made a round's ratio 0.3x or
-   3x, and three rounds gave intervals like 0.01-37x that decided nothing (issue 60).
+   to ±10% buys the verdict little; but it must outlast the host's stalls (docs/method.md#_settingspy).
 
 Rounds go on while the rule is not settled, at most ``tie_rounds``. Each window is a row with
 ``search_phase`` ``paired`` and its round in ``turn``, written as it is measured; the analysis reads the
