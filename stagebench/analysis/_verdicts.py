@@ -15,6 +15,7 @@ from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._pipeline_job import settings_cost
 from stagebench.model._evidence import EQUIVALENT, Option, Ratio, decide, more_rounds_text
 from stagebench.model._job import JobVerdict, StepAlone
+from stagebench.model._meta import CpuReadings
 from stagebench.model._pipeline import CpuSpeed, Demand, Prediction, Validation, VersusYours, WholeRun
 from stagebench.model._rate import Rate
 from stagebench.model._stage import StageEntry, StageSetting, changed, keyed
@@ -277,18 +278,13 @@ _SPEED_SPREAD = 1.25  # sweep probes further apart than this: warn
 _SPEED_SHIFT = 0.10  # validation this far from the sweeps' median: say so
 
 
-def cpu_speed(raw: Any) -> CpuSpeed | None:
-    """The core's speed during the sweeps and the validation run, from ``run.json["cpu_speed"]`` (``raw``);
-    None where no sweep probe was kept.
-
-    ``sweep_ns``: a fixed Python loop's CPU ns per iteration after each measured
-    point; ``validation_ns``: before and after the validation run (see
-    :mod:`stagebench.core._speed`). Lower is faster.
-    """
-    if not isinstance(raw, Mapping):
+def cpu_speed(readings: CpuReadings | None) -> CpuSpeed | None:
+    """The core's speed during the sweeps and the validation run, from what the diagnosis read (None: none);
+    None where no sweep probe was kept."""
+    if readings is None:
         return None
-    sweep = [float(x) for x in raw.get("sweep_ns") or [] if finite(x) and float(x) > 0]
-    val = [float(x) for x in raw.get("validation_ns") or [] if finite(x) and float(x) > 0]
+    sweep = [float(x) for x in readings.sweep_ns or () if finite(x) and float(x) > 0]
+    val = [float(x) for x in readings.validation_ns or () if finite(x) and float(x) > 0]
     if not sweep:
         return None
     return CpuSpeed(

@@ -37,7 +37,7 @@ from stagebench.model._limits import HostLimits
 from stagebench.model._loader import WorkerCosts
 from stagebench.model._ranks import Ranks
 
-__all__ = ["RunMeta", "Provenance", "RunSettings", "LoaderInfo", "UserKnobs", "SearchRecord", "RunEnd"]
+__all__ = ["RunMeta", "Provenance", "RunSettings", "LoaderInfo", "UserKnobs", "SearchRecord", "RunEnd", "CpuReadings"]
 
 
 def _ranks(v: Any) -> Ranks:
@@ -192,6 +192,21 @@ class RunEnd(ReadIfGiven):
 
 
 @dataclass(frozen=True, slots=True)
+class CpuReadings(Read):
+    """The core's speed as a diagnosis read it (``run.json["cpu_speed"]``): a fixed Python loop's CPU ns per
+    iteration (:func:`stagebench.core._speed.cpu_speed_ns`, lower is faster) after each measured point
+    (``sweep_ns``), as each stage's stand-in's CPU amounts were measured (``stage_ns``), and before and after
+    the validation run (``validation_ns``); each written only where it was read."""
+
+    sweep_ns: tuple[float, ...] | None = None
+    stage_ns: Mapping[str, float] | None = None
+    validation_ns: tuple[float, ...] | None = None
+
+    READ: ClassVar[Coercions] = {"sweep_ns": nums, "stage_ns": dict_of, "validation_ns": nums}
+    OPTIONAL = frozenset({"sweep_ns", "stage_ns", "validation_ns"})
+
+
+@dataclass(frozen=True, slots=True)
 class RunMeta(Read):
     """``run.json``: the run's kind and status, when and how it was started, the machine before and
     after (``provenance``, ``provenance_after``: None where not recorded), its settings, the loader
@@ -222,7 +237,7 @@ class RunMeta(Read):
     validation: dict[str, Any] | None = None
     replay: dict[str, Any] | None = None
     yours: dict[str, Any] | None = None
-    cpu_speed: dict[str, Any] | None = None
+    cpu_speed: CpuReadings | None = None
     page_fault: dict[str, Any] | None = None
     pipeline_overhead: dict[str, Any] | None = None
     worker_costs: WorkerCosts | None = None
@@ -245,7 +260,6 @@ class RunMeta(Read):
                 "validation",
                 "replay",
                 "yours",
-                "cpu_speed",
                 "page_fault",
                 "pipeline_overhead",
             ),
@@ -253,6 +267,7 @@ class RunMeta(Read):
         ),
         "trainer_planned": bool,
         "job": given(JobRecord.from_json),
+        "cpu_speed": given(CpuReadings.from_json),
         "worker_costs": filled(WorkerCosts.from_json),
         "ended": RunEnd.from_json,
         **dict.fromkeys(("not_isolated", "transforms"), items),

@@ -21,7 +21,7 @@ from stagebench._numbers import finite
 from stagebench.analysis._pipeline_job import user_choice
 from stagebench.analysis._verdicts import versus_yours_decision
 from stagebench.core._speed import cpu_speed_ns
-from stagebench.model._json import Written
+from stagebench.model._meta import CpuReadings
 from stagebench.model._pipeline import WholeRun
 from stagebench.model._stage import changed, keyed
 from stagebench.pipeline._replay import StandIn, plan_stand_ins
@@ -30,7 +30,6 @@ from stagebench.pipeline._wholerun import run_pipelines
 __all__ = [
     "replay_and_validate",
     "WholePipelines",
-    "SpeedReadings",
     "choices_of",
     "yours_of",
     "EXTRA_ROUNDS",
@@ -82,22 +81,9 @@ class WholePipelines:
     """The real stages at the recommended settings; None: not run (``validate="off"``, or no replay)."""
     yours: WholeRun | None
     """The real stages at the user's settings (``same`` where those are the recommended ones); None: not run."""
-    cpu_speed: SpeedReadings
+    cpu_speed: CpuReadings
     """To merge into ``run.json["cpu_speed"]``: what each stage's stand-in was read at, and the speed around
     the validation run."""
-
-
-@dataclass(frozen=True, slots=True)
-class SpeedReadings(Written):
-    """The core's speed (:func:`stagebench.core._speed.cpu_speed_ns`) the whole-pipeline phase read: each
-    stage's, as its stand-in's CPU amounts were measured (the median of its probes), and before and after
-    the validation run (None where it did not run); ``to_json`` gives the keys ``run.json["cpu_speed"]``
-    takes from it."""
-
-    stage_ns: dict[str, float]
-    validation_ns: list[float] | None = None
-
-    OPTIONAL = frozenset({"validation_ns"})
 
 
 def replay_and_validate(
@@ -124,10 +110,10 @@ def replay_and_validate(
     speeds = {name: statistics.median(v) for name, v in stage_speeds.items() if v}
     whole = _whole_runs(plan, settings, summary, plan_stand_ins(summary.get("stages") or [], speeds))
     if not whole.runs:  # no stage could be stood in, and no validation run
-        return WholePipelines(replay=_no_replay(), validation=None, yours=None, cpu_speed=SpeedReadings(speeds))
+        return WholePipelines(replay=_no_replay(), validation=None, yours=None, cpu_speed=CpuReadings(stage_ns=speeds))
     _say_whole_runs(whole, say)
     out, around = _run_whole(plan, settings, source_items, whole, items_per_sink_item, log_error)
-    cpu = SpeedReadings(speeds, around)
+    cpu = CpuReadings(stage_ns=speeds, validation_ns=around)
     replay = _replay_result(out, whole.stand_ins, say)
     validation = _validation_result(out, say)
     return WholePipelines(
@@ -195,12 +181,12 @@ def _run_whole(
     whole: _WholeRuns,
     items_per_sink_item: float,
     log_error: Callable[[str, BaseException], None],
-) -> tuple[dict[str, WholeRun], list[float] | None]:
+) -> tuple[dict[str, WholeRun], tuple[float, ...] | None]:
     """Run ``whole.runs`` in turns (:func:`stagebench.pipeline._wholerun.run_pipelines`): each one's
     result by name, a failure each one's ``error``; and, with validation, the CPU speed before and after
     it (None without, or where the runs failed)."""
     before = cpu_speed_ns()
-    around: list[float] | None = None
+    around: tuple[float, ...] | None = None
 
     def more(rates: dict[str, list[float]]) -> bool:
         """Whether the recommended settings against yours still need rounds in turns (the rule is open)."""
@@ -224,7 +210,7 @@ def _run_whole(
             max_extra_rounds=EXTRA_ROUNDS,
         )
         if whole.validate:  # the speed the measured number was read at
-            around = [round(before, 2), round(cpu_speed_ns(), 2)]
+            around = (round(before, 2), round(cpu_speed_ns(), 2))
     except KeyboardInterrupt:
         raise
     except Exception as e:
