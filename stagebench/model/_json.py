@@ -12,7 +12,7 @@ on what the type keeps of the dict it was read from:
   dict rebuilt from them, each field's value in its key's place, the unknown keys as read;
 * a ``_json`` field (the dict itself): a copy of it;
 * neither: every field, in the order the type declares them, but those named in its ``OPTIONAL``
-  (written only where they hold something: not None).
+  (written only where they hold something: not None, or where the field its ``BESIDE`` names does).
 
 Nested values are written as JSON holds them: a type by its ``to_json``, a tuple as a list, a mapping as
 a dict. So run.json and summary.json do not change by being read.
@@ -218,8 +218,13 @@ def write(obj: Any) -> dict[str, Any]:
     if hasattr(obj, "keys"):
         return {k: obj.extra[k] if k in obj.extra else _out(getattr(obj, k)) for k in obj.keys}
     optional: frozenset[str] = getattr(obj, "OPTIONAL", frozenset())
-    values = ((k, getattr(obj, k)) for k in _names(type(obj)))
-    return {k: _out(v) for k, v in values if v is not None or k not in optional}
+    beside: Mapping[str, str] = getattr(obj, "BESIDE", {})
+    values = {k: getattr(obj, k) for k in _names(type(obj))}
+    return {
+        k: _out(v)
+        for k, v in values.items()
+        if v is not None or k not in optional or values[beside.get(k, k)] is not None
+    }
 
 
 class Written:
@@ -230,6 +235,8 @@ class Written:
 
     #: the fields :func:`write` writes only where they hold something (not None)
     OPTIONAL: ClassVar[frozenset[str]] = frozenset()
+    #: an optional field written where the field named here holds something too (the keys of a group)
+    BESIDE: ClassVar[Mapping[str, str]] = {}
 
     def to_json(self) -> dict[str, Any]:
         """The dict it was read from (module docstring)."""

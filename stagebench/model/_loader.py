@@ -468,6 +468,10 @@ _MEMORY_NUMBERS = (
 )
 
 
+#: the epoch's growth and what goes with it, written together
+_EPOCH_GROUP = ("epoch_growth_mb", "epoch_growth_mb_low", "epoch_growth_mb_high", "extrapolated", "bounded_by_mb")
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerMemory(_Record):
     """Each worker's private memory over the memory pass at ``num_workers``: its growth a batch (with a 95%
@@ -488,21 +492,21 @@ class WorkerMemory(_Record):
     start_mb: float | None = None
     end_mb: float | None = None
     too_few_batches: bool | None = None
-    stopped_growing: bool | None = None
-    slowing: bool | None = None
     epoch_growth_mb: float | None = None
     epoch_growth_mb_low: float | None = None
     epoch_growth_mb_high: float | None = None
     extrapolated: bool | None = None
+    slowing: bool | None = None
     bounded_by_mb: float | None = None
+    stopped_growing: bool | None = None
     #: what the pass took (s)
     seconds: float | None = None
     all_workers_mb: float | None = None
     fits: bool | None = None
-    workers_fit: int | None = None
     #: a ranked sweep: the host's ranks, each with as many workers growing alike (``all_workers_mb`` is all of
     #: theirs, ``workers_fit`` a rank's); None on one rank
     ranks: int | None = None
+    workers_fit: int | None = None
 
     READ = {
         "num_workers": whole,
@@ -512,41 +516,23 @@ class WorkerMemory(_Record):
         "ranks": whole,
         **dict.fromkeys(_MEMORY_NUMBERS, number),
     }
-
-    def to_json(self, samples: bool = True) -> dict[str, Any]:
-        """The keys the memory pass and the summary write, in the order they write them (``samples=False``:
-        without the readings, what the report's text reads)."""
-        out: dict[str, Any] = {"num_workers": self.num_workers}
-        if samples and self.samples is not None:
-            out["samples"] = [s.to_json() for s in self.samples]
-        out.update(
-            growth_mb_per_batch=self.growth_mb_per_batch,
-            growth_mb_per_batch_low=self.growth_mb_per_batch_low,
-            growth_mb_per_batch_high=self.growth_mb_per_batch_high,
-            batches_per_worker=self.batches_per_worker,
-            epoch_batches_per_worker=self.epoch_batches_per_worker,
-            start_mb=self.start_mb,
-            end_mb=self.end_mb,
+    #: written as the memory pass and the summary write them: the epoch's growth with its interval, whether
+    #: extrapolated and its bound (None too) as one group, the memory in all with whether it fits as another
+    OPTIONAL = frozenset(
+        (
+            "samples",
+            "too_few_batches",
+            *_EPOCH_GROUP,
+            "slowing",
+            "stopped_growing",
+            "seconds",
+            "all_workers_mb",
+            "fits",
+            "ranks",
+            "workers_fit",
         )
-        if self.too_few_batches is not None:
-            out["too_few_batches"] = self.too_few_batches
-        if self.epoch_growth_mb is not None:
-            out.update(
-                epoch_growth_mb=self.epoch_growth_mb,
-                epoch_growth_mb_low=self.epoch_growth_mb_low,
-                epoch_growth_mb_high=self.epoch_growth_mb_high,
-                extrapolated=self.extrapolated,
-            )
-        for name in ("slowing", "bounded_by_mb", "stopped_growing", "seconds"):  # as the pass writes them
-            if getattr(self, name) is not None or (name == "bounded_by_mb" and self.epoch_growth_mb is not None):
-                out[name] = getattr(self, name)
-        if self.all_workers_mb is not None or self.fits is not None:
-            out.update(all_workers_mb=self.all_workers_mb, fits=self.fits)
-        if self.ranks is not None:
-            out["ranks"] = self.ranks
-        if self.workers_fit is not None:
-            out["workers_fit"] = self.workers_fit
-        return out
+    )
+    BESIDE = {**dict.fromkeys(_EPOCH_GROUP, "epoch_growth_mb"), "all_workers_mb": "fits", "fits": "all_workers_mb"}
 
 
 @dataclass(frozen=True, slots=True)

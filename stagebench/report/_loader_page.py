@@ -5,7 +5,7 @@ figures, the transforms as stage cards and what each worker costs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -196,7 +196,7 @@ def _worker_costs_context(costs: WorkerCosts | None) -> dict[str, Any] | None:
         "img_memory": svg_uri(_loader_plots.worker_memory_svg(costs)),
         "startup": [r.to_json() for r in costs.startup],
         "ship": costs.shipping.to_json() if costs.shipping is not None else {},
-        "mem": costs.memory.to_json(samples=False) if costs.memory is not None else {},
+        "mem": replace(costs.memory, samples=None).to_json() if costs.memory is not None else {},
         "available_mb": costs.available_mb,
         "shm": costs.shm.to_json() if costs.shm is not None else {},
         "seconds": costs.seconds,
