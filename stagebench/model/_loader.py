@@ -518,20 +518,8 @@ class WorkerMemory(_Record):
     }
     #: written as the memory pass and the summary write them: the epoch's growth with its interval, whether
     #: extrapolated and its bound (None too) as one group, the memory in all with whether it fits as another
-    OPTIONAL = frozenset(
-        (
-            "samples",
-            "too_few_batches",
-            *_EPOCH_GROUP,
-            "slowing",
-            "stopped_growing",
-            "seconds",
-            "all_workers_mb",
-            "fits",
-            "ranks",
-            "workers_fit",
-        )
-    )
+    OPTIONAL = frozenset(("samples", "too_few_batches", *_EPOCH_GROUP, "slowing", "stopped_growing", "seconds"))
+    OPTIONAL |= {"all_workers_mb", "fits", "ranks", "workers_fit"}
     BESIDE = {**dict.fromkeys(_EPOCH_GROUP, "epoch_growth_mb"), "all_workers_mb": "fits", "fits": "all_workers_mb"}
 
 
