@@ -34,7 +34,7 @@ from stagebench.loader._draft import PointDraft
 from stagebench.loader._point import measure_loader_point
 from stagebench.loader._turns import HeldLoaders, run_turns
 from stagebench.model._knobs import LoaderKnobs
-from stagebench.model._loader import LoaderRow, WorkerMemory
+from stagebench.model._loader import LoaderRow, Shipping, WorkerMemory
 from stagebench.model._meta import RunMeta
 from stagebench.runs._knobs import normalize_knobs
 from stagebench.runs._limits import job_memory_mb, read_limits
@@ -457,11 +457,9 @@ def _worker_costs(sw: _Sweep, meta: dict[str, Any]) -> dict[str, Any]:
     if limits.memory_source == "cgroup" and limits.memory_limit is not None:
         out["memory_limit"] = limits.memory_limit.to_json()
     ship = shipping_cost(sw.factory, backend=sw.backend)
-    if ship is not None and ship.shipped:
-        out["shipping"] = ship.to_json()
-    elif ship is not None:  # under fork nothing is shipped: said, not measured
-        largest = None if ship.largest is None else ship.largest.to_json()
-        out["shipping"] = {"start_method": ship.start_method, "shipped": False, "largest": largest}
+    if ship is not None:  # under fork nothing is shipped: said, not measured
+        kept = ship if ship.shipped else Shipping(start_method=ship.start_method, shipped=False, largest=ship.largest)
+        out["shipping"] = kept.to_json()
     # the pick as the summary makes it, against the script's own setting: a setting of yours that is kept
     # where the search alone favoured another has its workers' memory read too
     rec = loader_pick(sw.rows, RunMeta.from_json(meta))
