@@ -29,7 +29,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -226,12 +226,7 @@ class DatasetLoaderFactory:
             "call": [{"arg": a, "code": c, "comment": m} for a, c, m in self.call],
         }
         if self.user_knobs is not None:
-            d["user_knobs"] = {
-                "num_workers": self.user_knobs.num_workers,
-                "prefetch_factor": self.user_knobs.prefetch_factor,
-                "persistent_workers": self.user_knobs.persistent_workers,
-                "pin_memory": self.user_knobs.pin_memory,
-            }
+            d["user_knobs"] = asdict(self.user_knobs)
         return d
 
 
