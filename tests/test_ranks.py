@@ -149,12 +149,12 @@ _MEET = textwrap.dedent(
         sys.exit(0)
     while True:
         cmd = g.wait_command()
-        if cmd["op"] == "end":
+        if cmd.op == "end":
             g.bye()
-            sys.exit(cmd["code"])
-        if mode == "die" and cmd["i"] == 99:
+            sys.exit(cmd.code)
+        if mode == "die" and cmd.i == 99:
             os._exit(9)
-        g.reply(cmd["n"], {"pong": cmd["i"]})
+        g.reply(cmd.n, {"pong": cmd.i})
     """
 )
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stagebench.core._ranks import HostGroup
+from stagebench.model._ranks import Command
 
 __all__ = ["Mirrored", "Failed", "Followed", "follow"]
 
@@ -90,7 +91,7 @@ class Followed:
     belongs to the caller (``cmd``: the next phase begins)."""
 
     code: int | None = None
-    cmd: dict[str, Any] | None = None
+    cmd: Command | None = None
 
 
 def _answer(m: Mirrored | None, **got: Any) -> dict[str, Any]:
@@ -130,30 +131,30 @@ def follow(
     try:
         while True:
             cmd = group.wait_command()
-            op, cid = cmd["op"], int(cmd.get("cid", -1))
+            op, cid = cmd.op, cmd.cid
             m = mine.get(cid)
             if op == "end":
-                return Followed(code=int(cmd["code"]))
+                return Followed(code=cmd.code)
             if op in until:
                 return Followed(cmd=cmd)
             if op == "open":
                 try:
-                    mine[cid] = opener(str(cmd["what"]), cmd.get("spec") or {})
+                    mine[cid] = opener(cmd.what, cmd.spec)
                 except Exception as e:  # the leader's point fails with it, said; the talk goes on
                     mine[cid] = Failed(("failed", f"{type(e).__name__}: {e}"[:300]))
             elif op == "gate" and m is not None:
-                m.gate(bool(cmd["open"]), int(cmd["seq"]))
+                m.gate(cmd.open, cmd.seq)
             elif op == "close" and m is not None:
                 mine.pop(cid).close()
             elif op == "ready":
                 if m is not None:
-                    _until_ready(group, m, int(cmd["seq"]))
-                group.reply(cmd["n"], _answer(m, pids=m.pids() if m is not None else []))
+                    _until_ready(group, m, cmd.seq)
+                group.reply(cmd.n, _answer(m, pids=m.pids() if m is not None else []))
             elif op == "count":
-                group.reply(cmd["n"], _answer(m, n=m.count(cmd["t0"]) if m is not None else 0))
+                group.reply(cmd.n, _answer(m, n=m.count(cmd.t0) if m is not None else 0))
             elif op == "rates":
-                got = m.rates(cmd["t0"], cmd["t1"], cmd["how"]) if m is not None else {}
-                group.reply(cmd["n"], _answer(m, **json.loads(json.dumps(got, default=float))))
+                got = m.rates(cmd.t0, cmd.t1, cmd.how) if m is not None else {}
+                group.reply(cmd.n, _answer(m, **json.loads(json.dumps(got, default=float))))
     finally:
         if kept is None:
             for x in mine.values():

@@ -45,7 +45,7 @@ import psutil
 from stagebench._errors import RankLost, StagebenchError
 from stagebench._settings import SettingsError, read_env, setting
 from stagebench._signals import ignore_sigterm
-from stagebench.model._ranks import Ranks
+from stagebench.model._ranks import Command, Ranks
 from stagebench.runs._outcome import BAD_INPUT, RANK_LOST
 from stagebench.runs._ranks import ranks_from_env
 
@@ -285,9 +285,10 @@ class HostGroup:
 
     # ------------------------------------------------------------------ the leader
     def send(self, op: str, **args: Any) -> int:
-        """The leader: command ``op`` to every follower; returns its number (its replies' key)."""
+        """The leader: command ``op`` to every follower (``args``: its fields of :class:`Command`); returns
+        its number (its replies' key)."""
         n = self._sent
-        self._set(f"cmd/{n}", json.dumps({"op": op, "n": n, **args}))
+        self._set(f"cmd/{n}", json.dumps(Command(op=op, n=n, **args).to_json()))
         self._sent += 1
         return n
 
@@ -339,20 +340,19 @@ class HostGroup:
         self.close()
 
     # ------------------------------------------------------------------ a follower
-    def command(self) -> dict[str, Any] | None:
+    def command(self) -> Command | None:
         """A follower: the leader's next command, None where none is waiting (it does not wait)."""
         raw = self._get(f"cmd/{self._read}")
         if raw is None:
             return None
         self._read += 1
-        cmd: dict[str, Any] = json.loads(raw)
-        return cmd
+        return Command.from_json(json.loads(raw))
 
     def pending(self) -> bool:
         """A follower: whether the leader's next command is waiting (it is not read)."""
         return self._get(f"cmd/{self._read}") is not None
 
-    def wait_command(self) -> dict[str, Any]:
+    def wait_command(self) -> Command:
         """A follower: the leader's next command, waited for (the store wakes it as it is set): for the
         job phase, where each step waits for the leader's word. :class:`RankLost` where the leader ended,
         or stopped beating; a leader that is only quiet (a slow start-up) is waited for."""
@@ -368,8 +368,7 @@ class HostGroup:
                 if not _pid_alive(self.pids[0]):
                     raise self._lost_store(e) from None
         self._read += 1
-        cmd: dict[str, Any] = json.loads(raw.decode())
-        return cmd
+        return Command.from_json(json.loads(raw.decode()))
 
     def reach(self, step: int) -> None:
         """A follower: the step it reached, for the leader to read (:meth:`reached`)."""

@@ -41,9 +41,9 @@ class Lockstep:
         self.step = 0  # steps handed so far
         self.source: str | None = None
 
-    def begin(self, **info: Any) -> None:
+    def begin(self) -> None:
         """The job phase starts: the followers leave the sweep's commands for this phase's."""
-        self.group.send("job", **info)
+        self.group.send("job")
 
     def cached(self, settings: Mapping[str, Any]) -> None:
         """The batches of the step alone come from a loader or pipeline at ``settings`` on every rank."""
@@ -146,26 +146,26 @@ def _steps(
     cached: list[Any] = []
     while True:
         cmd = group.wait_command()
-        op = cmd["op"]
+        op = cmd.op
         if op == "step":
-            source = cmd["source"]
-            item = cached[int(cmd["i"]) % len(cached)] if source == "cached" else feeds[source][0].get()
-            group.reach(int(cmd["s"]))
+            source = cmd.source
+            item = cached[cmd.i % len(cached)] if source == "cached" else feeds[source][0].get()
+            group.reach(cmd.s)
             yield item
         elif op == "cached":
-            cached = cached_batches(cmd["settings"])
+            cached = cached_batches(cmd.settings)
         elif op == "open":
             stack = ExitStack()
-            got = stack.enter_context(open_setting(cmd["settings"]))
-            feeds[cmd["key"]] = (got if isinstance(got, Feed) else Feed(get=got), stack)
-        elif op in ("drain", "pause") and cmd["key"] in feeds:
-            act = getattr(feeds[cmd["key"]][0], op)
+            got = stack.enter_context(open_setting(cmd.settings))
+            feeds[cmd.key] = (got if isinstance(got, Feed) else Feed(get=got), stack)
+        elif op in ("drain", "pause") and cmd.key in feeds:
+            act = getattr(feeds[cmd.key][0], op)
             if act is not None:
                 act()
-        elif op == "close" and cmd["key"] in feeds:
-            feeds.pop(cmd["key"])[1].close()
+        elif op == "close" and cmd.key in feeds:
+            feeds.pop(cmd.key)[1].close()
         elif op == "end":
-            return int(cmd["code"])
+            return cmd.code
 
 
 def _close(feeds: dict[str, tuple[Feed, ExitStack]]) -> None:
@@ -180,7 +180,7 @@ def _wait_end(group: HostGroup) -> int:
     try:
         while True:
             cmd = group.wait_command()
-            if cmd["op"] == "end":
-                return int(cmd["code"])
+            if cmd.op == "end":
+                return cmd.code
     except RankLost:
         return RANK_LOST.exit_code

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stagebench.model._json import Read
 from stagebench.model._rate import Rate
 
-__all__ = ["Ranks", "HostRate", "WindowShare"]
+__all__ = ["Ranks", "HostRate", "WindowShare", "Command"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,3 +147,28 @@ class HostRate:
         per_rank = [s.slice_rates() for s in shares if s is not None]
         slices = [sum(x for x in col if x is not None) for col in zip(*per_rank) if all(x is not None for x in col)]
         return cls(ranks, Rate.around(value, slices, confidence))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Command(Read):
+    """One of the leader's commands to the other ranks of its host, numbered ``n`` (its replies' key): ``op``
+    and the fields that op takes, the others at their defaults (the ops: :mod:`stagebench.core._follow`,
+    :mod:`stagebench.job._lockstep`). JSON only in the store between the ranks."""
+
+    op: str
+    n: int = 0
+    cid: int = -1
+    what: str = ""
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    open: bool = False
+    seq: int = 0
+    t0: float = 0.0
+    t1: float = 0.0
+    how: Mapping[str, Any] = field(default_factory=dict)
+    code: int = 0
+    index: int = 0
+    source: str = ""
+    s: int = 0
+    i: int = 0
+    key: str = ""
+    settings: Mapping[str, Any] = field(default_factory=dict)

@@ -163,13 +163,13 @@ def follow_pipeline(
         raise ValueError(f"a pipeline diagnosis's follower cannot open {what!r}")
 
     mine: dict[int, Any] = {}
-    steps = {"source": lambda cmd: walk.read_source(), "stage": lambda cmd: walk.step(int(cmd["index"]))}
+    steps = {"source": lambda cmd: walk.read_source(), "stage": lambda cmd: walk.step(cmd.index)}
     try:
         while True:
             done = follow(group, opener, until=("source", "stage", "job"), kept=mine)
-            if done.cmd is None or done.cmd["op"] == "job":
+            if done.cmd is None or done.cmd.op == "job":
                 return done, walk
-            steps[done.cmd["op"]](done.cmd)
+            steps[done.cmd.op](done.cmd)
     finally:
         for m in mine.values():
             m.close()
