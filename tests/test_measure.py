@@ -61,11 +61,11 @@ def _speedup(first, later):
     changes by up to ~2x within seconds (stagebench/_speed.py), and comparisons of
     CPU-bound throughput between two points must be made at one speed.
     """
-    return first["cpu_s_per_item"] / later["cpu_s_per_item"]
+    return first.cpu_s_per_item / later.cpu_s_per_item
 
 
 def _ok(row):
-    assert row["status"] == "ok", (row["status"], row["reason"])
+    assert row.status == "ok", (row.status, row.reason)
     return row
 
 
@@ -74,8 +74,8 @@ def _ok(row):
 def test_sleep_stage_matches_c_over_d(executor, fn):
     inputs = list(range(64))
     base = _ok(measure_stage(fn, inputs, executor=executor, concurrency=1, config=FAST))
-    d_eff = 1.0 / base["qps"]  # the per-item time the harness really sees at c=1
-    lat0 = base["latency_mean_ms"] / 1e3
+    d_eff = 1.0 / base.qps  # the per-item time the harness really sees at c=1
+    lat0 = base.latency_mean_ms / 1e3
     # Little's law on each row's own latency: c calls in flight for `lat` seconds each. A gap the
     # harness leaves between calls, or items it miscounts, break it, and that always fails.
     assert abs(d_eff - lat0) / lat0 < 0.05, (d_eff, lat0)
@@ -88,18 +88,18 @@ def test_sleep_stage_matches_c_over_d(executor, fn):
     for c in (4, 16, 32):
         row = _ok(measure_stage(fn, inputs, executor=executor, concurrency=c, config=FAST))
         truth = c / d_eff
-        lat = row["latency_mean_ms"] / 1e3
-        assert abs(row["qps"] - c / lat) / (c / lat) < 0.05, (c, row["qps"], c / lat)
-        if abs(row["qps"] - truth) / truth >= 0.10 and not 0.95 < lat / lat0 < 1.05:
+        lat = row.latency_mean_ms / 1e3
+        assert abs(row.qps - c / lat) / (c / lat) < 0.05, (c, row.qps, c / lat)
+        if abs(row.qps - truth) / truth >= 0.10 and not 0.95 < lat / lat0 < 1.05:
             pytest.skip(
                 f"the machine's sleeps changed length: calls took {lat * 1e3:.1f} ms (mean) at c={c} against "
                 f"{lat0 * 1e3:.1f} ms at c=1, so {row['qps']:,.0f} items/s against c/d = {truth:,.0f}"
             )
-        assert abs(row["qps"] - truth) / truth < 0.10, (c, row["qps"], truth)
-        assert row["qps_low"] <= row["qps"] <= row["qps_high"]
+        assert abs(row.qps - truth) / truth < 0.10, (c, row.qps, truth)
+        assert row.qps_low <= row.qps <= row.qps_high
         # sleeping uses (almost) no CPU: io-bound evidence must be visible
-        assert row["cores_used"] < 0.6, row["cores_used"]
-        assert row["latency_p50_ms"] == pytest.approx(d_eff * 1e3, rel=0.25)
+        assert row.cores_used < 0.6, row.cores_used
+        assert row.latency_p50_ms == pytest.approx(d_eff * 1e3, rel=0.25)
 
 
 def test_gil_holding_loop_does_not_scale_on_threads():
@@ -110,13 +110,13 @@ def test_gil_holding_loop_does_not_scale_on_threads():
     # waiters win more scheduler share (CFS is fair per thread). The claim that
     # holds under any load: eight threads do no better than one thread would
     # with a whole core to itself.
-    one_full_core = one["qps"] / min(1.0, one["cores_used"])
+    one_full_core = one.qps / min(1.0, one.cores_used)
     # ... at the same CPU speed: this VM's cores flip between two speeds ~1.8x apart within
     # seconds, and the same fixed loop's CPU per item says which one each point ran at
     speed = _speedup(one, eight)
-    assert eight["qps"] <= 1.3 * one_full_core * speed, (one["qps"], one["cores_used"], eight["qps"], speed)
+    assert eight.qps <= 1.3 * one_full_core * speed, (one.qps, one.cores_used, eight.qps, speed)
     # one interpreter, one GIL: never much more than one core busy
-    assert eight["cores_used"] < 1.35, eight["cores_used"]
+    assert eight.cores_used < 1.35, eight.cores_used
 
 
 @pytest.mark.skipif(CORES < 2, reason="needs 2 cores to scale")
@@ -127,9 +127,9 @@ def test_gil_holding_loop_scales_on_processes():
     with quiet_machine(1.6):
         one = _ok(measure_stage(heavy, inputs, executor="process", concurrency=1, config=FAST))
         two = _ok(measure_stage(heavy, inputs, executor="process", concurrency=2, config=FAST))
-    assert two["qps"] >= 1.3 * one["qps"] * _speedup(one, two), (one["qps"], two["qps"], _speedup(one, two))
-    assert two["cores_used"] > 1.3, two["cores_used"]
-    assert two["workers_seen"] == 2
+    assert two.qps >= 1.3 * one.qps * _speedup(one, two), (one.qps, two.qps, _speedup(one, two))
+    assert two.cores_used > 1.3, two.cores_used
+    assert two.workers_seen == 2
 
 
 @pytest.mark.skipif(CORES < 2, reason="needs 2 cores to scale")
@@ -138,8 +138,8 @@ def test_gil_releasing_cpu_stage_scales_on_threads():
     with quiet_machine(1.6):
         one = _ok(measure_stage(sha_stage, inputs, executor="thread", concurrency=1, config=FAST))
         two = _ok(measure_stage(sha_stage, inputs, executor="thread", concurrency=2, config=FAST))
-    assert two["qps"] >= 1.3 * one["qps"] * _speedup(one, two), (one["qps"], two["qps"], _speedup(one, two))
-    assert two["cores_used"] > 1.3
+    assert two.qps >= 1.3 * one.qps * _speedup(one, two), (one.qps, two.qps, _speedup(one, two))
+    assert two.cores_used > 1.3
 
 
 _OWN_CPU: list[float] = []
@@ -159,10 +159,10 @@ def test_cpu_per_item_matches_the_stages_own_cpu_time():
     _OWN_CPU.clear()
     row = _ok(measure_stage(self_timed_loop, list(range(16)), executor="thread", concurrency=1, config=FAST))
     last = _OWN_CPU[-1][0]
-    truth = float(np.mean([cpu for end, cpu in _OWN_CPU if end >= last - row["window_s"]]))
+    truth = float(np.mean([cpu for end, cpu in _OWN_CPU if end >= last - row.window_s]))
     # the harness adds its own bookkeeping, never removes any
-    assert truth * 0.9 <= row["cpu_s_per_item"] <= truth * 1.3, (row["cpu_s_per_item"], truth)
-    assert row["cores_used"] < 1.3
+    assert truth * 0.9 <= row.cpu_s_per_item <= truth * 1.3, (row.cpu_s_per_item, truth)
+    assert row.cores_used < 1.3
 
 
 def touch_fresh_pages(x, mib=4):
@@ -191,11 +191,11 @@ def test_page_faults_per_item_count_the_fresh_pages_a_call_touches(executor):
     truth = _faults_per_call(touch_fresh_pages)  # 1,024 with 4 KiB pages; fewer where huge pages serve it
     row = _ok(measure_stage(touch_fresh_pages, list(range(16)), executor=executor, concurrency=1, config=FAST))
     # the harness adds a few faults of its own (and, on processes, the item's round trip), never removes any
-    assert truth * 0.9 <= row["minor_faults_per_item"] <= truth * 1.3 + 20, (row["minor_faults_per_item"], truth)
+    assert truth * 0.9 <= row.minor_faults_per_item <= truth * 1.3 + 20, (row.minor_faults_per_item, truth)
     quiet = _ok(
         measure_stage(partial(sleep_stage, d=0.005), list(range(16)), executor=executor, concurrency=1, config=FAST)
     )
-    assert 0 <= quiet["minor_faults_per_item"] < 50
+    assert 0 <= quiet.minor_faults_per_item < 50
 
 
 def collect_garbage(x):
@@ -225,11 +225,11 @@ def test_gc_seconds_per_item_are_the_collections_the_stage_ran():
     # reading taken before only read 1.64x under the window in one run. The harness's own young
     # collections add a little.
     lo, hi = min(before, after), max(before, after)
-    assert 0.5 * lo <= row["gc_s_per_item"] <= 2.0 * hi + 2e-4, (row["gc_s_per_item"], before, after)
+    assert 0.5 * lo <= row.gc_s_per_item <= 2.0 * hi + 2e-4, (row.gc_s_per_item, before, after)
     quiet = _ok(
         measure_stage(partial(sleep_stage, d=0.005), list(range(16)), executor="thread", concurrency=1, config=FAST)
     )
-    assert 0 <= quiet["gc_s_per_item"] < 0.1 * lo
+    assert 0 <= quiet.gc_s_per_item < 0.1 * lo
     del keep
 
 
@@ -259,7 +259,7 @@ class Scale:
 )
 def test_user_callables_run_in_processes(fn):
     row = _ok(measure_stage(fn, list(range(16)), executor="process", concurrency=2, config=FAST))
-    assert row["qps"] > 0 and row["n_errors"] == 0
+    assert row.qps > 0 and row.n_errors == 0
 
 
 # ---------------------------------------------------------------- faults
@@ -297,16 +297,16 @@ def dies(x):
 @pytest.mark.parametrize("executor", ["thread", "process"])
 def test_partial_errors_are_counted_and_throughput_counts_successes(executor):
     row = _ok(measure_stage(every_third_raises, list(range(30)), executor=executor, concurrency=2, config=FAST))
-    assert row["n_errors"] > 0
-    assert "ValueError: bad item" in row["error_example"]
-    assert row["qps"] > 0
+    assert row.n_errors > 0
+    assert "ValueError: bad item" in row.error_example
+    assert row.qps > 0
 
 
 @pytest.mark.parametrize("executor", ["thread", "process"])
 def test_always_raising_stage_is_failed_with_message(executor):
     row = measure_stage(always_raises, list(range(8)), executor=executor, concurrency=2, config=FAST)
-    assert row["status"] == "failed"
-    assert "RuntimeError: decoder exploded" in row["reason"]
+    assert row.status == "failed"
+    assert "RuntimeError: decoder exploded" in row.reason
 
 
 @pytest.mark.parametrize("executor", ["thread", "process"])
@@ -314,7 +314,7 @@ def test_hanging_stage_times_out_and_is_cleaned_up(executor, tmp_path):
     cfg = MeasureConfig(budget_s=0.3, warmup_s=0.1, timeout_s=2.0)
     t = time.perf_counter()
     row = measure_stage(HangsAndTellsPid(tmp_path), list(range(4)), executor=executor, concurrency=2, config=cfg)
-    assert row["status"] == "timeout"
+    assert row.status == "timeout"
     assert time.perf_counter() - t < 15
     if executor == "process":
         import psutil
@@ -329,8 +329,8 @@ def test_hanging_stage_times_out_and_is_cleaned_up(executor, tmp_path):
 @pytest.mark.parametrize("harness", ["direct", "spdl"])
 def test_crashing_worker_is_recorded_with_exit_code(harness):
     row = measure_stage(dies, list(range(4)), executor="process", concurrency=2, config=FAST, harness=harness)
-    assert row["status"] == "crashed", row
-    assert "13" in row["reason"]
+    assert row.status == "crashed", row
+    assert "13" in row.reason
 
 
 def test_a_pool_error_is_a_crash_by_its_type_not_its_message():
@@ -363,14 +363,14 @@ def test_unpicklable_stage_is_skipped_with_reason():
             return x
 
     row = measure_stage(uses_lock, [1, 2], executor="process", concurrency=1, config=FAST)
-    assert row["status"] == "skipped"
-    assert "pickle" in row["reason"]
+    assert row.status == "skipped"
+    assert "pickle" in row.reason
 
 
 def test_coroutine_on_process_pool_is_skipped():
     row = measure_stage(async_sleep_stage, [1], executor="process", concurrency=1, config=FAST)
-    assert row["status"] == "skipped"
-    assert "coroutine" in row["reason"]
+    assert row.status == "skipped"
+    assert "coroutine" in row.reason
 
 
 def test_rejects_unknown_executor_with_allowed_values():
@@ -383,10 +383,10 @@ def test_slow_stage_gets_a_window_long_enough_for_an_interval():
     slow = partial(sleep_stage, d=0.25)
     cfg = MeasureConfig(budget_s=0.5, warmup_s=0.1, timeout_s=20)
     row = _ok(measure_stage(slow, [1, 2], executor="thread", concurrency=1, config=cfg))
-    assert row["window_s"] >= 1.4  # extended: 3 batches of 2 latencies
-    assert row["n_batches"] >= 3
-    assert row["qps"] == pytest.approx(4.0, rel=0.1)
-    assert math.isfinite(row["qps_low"]) and row["qps_low"] < row["qps"]
+    assert row.window_s >= 1.4  # extended: 3 batches of 2 latencies
+    assert row.n_batches >= 3
+    assert row.qps == pytest.approx(4.0, rel=0.1)
+    assert math.isfinite(row.qps_low) and row.qps_low < row.qps
 
 
 def _jumpy_stage(x):
@@ -406,13 +406,13 @@ def test_a_steady_point_closes_its_window_early_and_a_jumpy_one_does_not():
     # within 5% and runs the whole budget; precision 0 always does
     cfg = MeasureConfig(budget_s=2.0, min_window_s=0.25, precision=0.05, warmup_s=0.1, timeout_s=30)
     steady = _ok(measure_stage(partial(sleep_stage, d=0.004), range(8), concurrency=2, config=cfg))
-    assert steady["window_s"] < 1.0
-    assert steady["qps"] == pytest.approx(2 / 0.004, rel=0.15)  # sleeps overshoot by up to ~0.1 ms each
-    assert (steady["qps_high"] - steady["qps_low"]) / 2 <= 0.05 * steady["qps"]
+    assert steady.window_s < 1.0
+    assert steady.qps == pytest.approx(2 / 0.004, rel=0.15)  # sleeps overshoot by up to ~0.1 ms each
+    assert (steady.qps_high - steady.qps_low) / 2 <= 0.05 * steady.qps
     jumpy = _ok(measure_stage(_jumpy_stage, range(8), concurrency=2, config=cfg))
-    assert jumpy["window_s"] >= 2.0
+    assert jumpy.window_s >= 2.0
     full = MeasureConfig(budget_s=0.6, min_window_s=0.25, precision=0, warmup_s=0.1, timeout_s=30)
-    assert _ok(measure_stage(partial(sleep_stage, d=0.004), range(8), concurrency=2, config=full))["window_s"] >= 0.6
+    assert _ok(measure_stage(partial(sleep_stage, d=0.004), range(8), concurrency=2, config=full)).window_s >= 0.6
 
 
 def test_a_point_that_cannot_matter_closes_at_the_minimum_window():
@@ -421,16 +421,16 @@ def test_a_point_that_cannot_matter_closes_at_the_minimum_window():
     # interval lies under that, at the minimum window, and its throughput is measured all the same
     cfg = MeasureConfig(budget_s=1.5, min_window_s=0.25, precision=0.05, warmup_s=0.1, timeout_s=30)
     full = _ok(measure_stage(_jumpy_stage, range(8), concurrency=2, config=cfg))
-    assert full["window_s"] >= 1.5
-    cut = _ok(measure_stage(_jumpy_stage, range(8), concurrency=2, config=replace(cfg, below=10 * full["qps"])))
-    assert cut["window_s"] < 0.75 and cut["qps_high"] < 10 * full["qps"]
+    assert full.window_s >= 1.5
+    cut = _ok(measure_stage(_jumpy_stage, range(8), concurrency=2, config=replace(cfg, below=10 * full.qps)))
+    assert cut.window_s < 0.75 and cut.qps_high < 10 * full.qps
     # measured all the same: a rate of the same stage. A 0.25 s window holds about eight of the 50 ms
     # calls (Poisson: +-35%), so it reads up to ~2x the full window's rate (1.6x and 1.8x in 2 of 5 clones'
     # runs, against a bound of 1.5x); 3x apart would be a different measurement, not noise
-    assert full["qps"] / 3 < cut["qps"] < 3 * full["qps"]
+    assert full.qps / 3 < cut.qps < 3 * full.qps
     # a bar the interval does not clear changes nothing
-    low = _ok(measure_stage(_jumpy_stage, range(8), concurrency=2, config=replace(cfg, below=0.1 * full["qps"])))
-    assert low["window_s"] >= 1.5
+    low = _ok(measure_stage(_jumpy_stage, range(8), concurrency=2, config=replace(cfg, below=0.1 * full.qps)))
+    assert low.window_s >= 1.5
 
 
 def test_spdl_harness_leaves_the_spdl_loggers_level_as_it_found_it():
@@ -483,8 +483,8 @@ def test_a_pool_grows_across_levels_and_runs_the_stage_and_its_ceiling():
         )
         assert pool.starts == 1 and first < grown and len(grown) == 4 and set(pool.pids()) == grown
         # every point runs on exactly c workers, all of which delivered
-        assert (r1["workers_seen"], r2["workers_seen"], ceil["workers_seen"]) == (1, 4, 4)
-        assert ceil["qps"] > 2 * r2["qps"]  # no work: only the IPC
+        assert (r1.workers_seen, r2.workers_seen, ceil.workers_seen) == (1, 4, 4)
+        assert ceil.qps > 2 * r2.qps  # no work: only the IPC
 
         # a grown pool measures what a fresh one does (20 ms sleeps at c=4 are 4x c=1 in both). On a
         # quiet machine they agree within 3%, beside two busy processes within 6%; on this VM on a
@@ -498,14 +498,14 @@ def test_a_pool_grows_across_levels_and_runs_the_stage_and_its_ceiling():
                 measure_stage(sleep_stage, inputs, executor="process", concurrency=4, config=FAST, pool=pool)
             )
             f = _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=4, config=FAST))
-            assert f["workers_seen"] == 4
-            return g["qps"] / f["qps"], (round(g["qps"]), round(f["qps"]))
+            assert f.workers_seen == 4
+            return g.qps / f.qps, (round(g.qps), round(f.qps))
 
         pairs = [pair(r2)]
         if abs(pairs[0][0] - 1) >= 0.25:
             pairs += [pair(), pair()]
         ratios = sorted(p[0] for p in pairs)
-        assert abs(ratios[len(ratios) // 2] - 1) < 0.25, (r1["qps"], [p[1] for p in pairs])
+        assert abs(ratios[len(ratios) // 2] - 1) < 0.25, (r1.qps, [p[1] for p in pairs])
         assert pool.starts == 1 and set(pool.pids()) == grown  # the pairs ran on the same grown pool
         # going down in c starts afresh rather than measuring 2 of 4 workers
         _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=2, config=FAST, pool=pool))
@@ -525,7 +525,7 @@ def test_a_head_to_head_window_going_down_a_level_keeps_the_larger_pool_and_c_ca
         one = _ok(measure_stage(sleep_stage, inputs, executor="process", concurrency=1, config=FAST, pool=pool))
         assert pool.starts == 1 and set(pool.pids()) == grown
         # one call in flight: at most one 20 ms sleep's rate (50/s), where four workers would allow 200/s
-        assert 25 < one["qps"] <= 55, one["qps"]
+        assert 25 < one.qps <= 55, one.qps
 
 
 def test_process_points_run_on_the_standard_library_pool_without_rerunning_an_unguarded_main(tmp_path):
@@ -546,7 +546,7 @@ def test_process_points_run_on_the_standard_library_pool_without_rerunning_an_un
         "    assert isinstance(pool.executor(2), cf.ProcessPoolExecutor)\n"
         "    row = measure_stage(double, list(range(8)), executor='process', concurrency=2,\n"
         "                        config=MeasureConfig(budget_s=0.2, warmup_s=0.05, timeout_s=20), pool=pool)\n"
-        "print(row['status'], row['workers_seen'])\n"
+        "print(row.status, row.workers_seen)\n"
     )
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -560,10 +560,10 @@ def test_a_point_with_a_hung_worker_discards_the_pool():
     cfg = MeasureConfig(budget_s=0.3, warmup_s=0.1, timeout_s=3)
     with WorkerPool(_hang_on_negative) as pool:
         row = measure_stage(_hang_on_negative, [-1, 1, 2], executor="process", concurrency=2, config=cfg, pool=pool)
-        assert row["status"] == "timeout" or "still running" in row["reason"], (row["status"], row["reason"])
+        assert row.status == "timeout" or "still running" in row.reason, (row.status, row.reason)
         assert pool.pids() == []  # killed, not left to hang the next point
         ok = _ok(measure_stage(_hang_on_negative, [1, 2], executor="process", concurrency=2, config=cfg, pool=pool))
-        assert ok["workers_seen"] == 2 and pool.starts == 2
+        assert ok.workers_seen == 2 and pool.starts == 2
 
 
 def test_a_pool_refuses_a_stage_it_does_not_run():
@@ -593,21 +593,21 @@ def test_thread_harnesses_read_the_stages_own_cpu_per_call():
     cfg = MeasureConfig(budget_s=0.4, warmup_s=0.1, timeout_s=30)
     stage = _OwnCpu(1.0, 2.0)
     row = measure_stage(stage, list(range(50)), executor="thread", concurrency=2, harness="spdl", config=cfg)
-    assert row["status"] == "ok"
+    assert row.status == "ok"
     truth_ms = float(np.mean(stage.cpu)) * 1e3  # ~1 ms of spin, whatever the CPU's speed
-    assert row["call_cpu_ms"] == pytest.approx(truth_ms, rel=0.25)
+    assert row.call_cpu_ms == pytest.approx(truth_ms, rel=0.25)
     # the process's CPU per item also holds SPDL's own scheduling: clearly more than the call's
-    assert row["cpu_s_per_item"] * 1e3 > row["call_cpu_ms"] + 0.1
+    assert row.cpu_s_per_item * 1e3 > row.call_cpu_ms + 0.1
     # a stage that only waits uses almost none of its own
     nap = measure_stage(
         _OwnCpu(0.0, 2.0), list(range(50)), executor="thread", concurrency=2, harness="spdl", config=cfg
     )
-    assert nap["call_cpu_ms"] < 0.2
+    assert nap.call_cpu_ms < 0.2
     # the direct harness's threads time it too (the GIL share's cpu_share reads it); processes do not
     direct = measure_stage(stage, list(range(50)), executor="thread", concurrency=2, config=cfg)
-    assert direct["call_cpu_ms"] == pytest.approx(float(np.mean(stage.cpu)) * 1e3, rel=0.25)
+    assert direct.call_cpu_ms == pytest.approx(float(np.mean(stage.cpu)) * 1e3, rel=0.25)
     proc = measure_stage(_OwnCpu(0.0, 1.0), list(range(50)), executor="process", concurrency=1, config=cfg)
-    assert math.isnan(proc["call_cpu_ms"])
+    assert math.isnan(proc.call_cpu_ms)
 
 
 @pytest.mark.parametrize("error", [MemoryError(), RuntimeError("can't start new thread")])
@@ -621,7 +621,7 @@ def test_running_out_of_memory_while_measuring_is_a_failed_point(monkeypatch, er
 
     monkeypatch.setattr(_measure, "make_runner", no_memory)
     row = _measure.measure_stage(lambda x: x, list(range(10)), executor="thread", concurrency=2)
-    assert row["status"] == "failed" and "out of memory while measuring" in row["reason"]
+    assert row.status == "failed" and "out of memory while measuring" in row.reason
 
 
 def test_a_process_pool_whose_semaphore_cannot_be_made_is_a_point_failed_for_memory(monkeypatch):
@@ -636,8 +636,8 @@ def test_a_process_pool_whose_semaphore_cannot_be_made_is_a_point_failed_for_mem
 
     monkeypatch.setattr(_executors, "process_pool", no_semaphore)
     row = measure_stage(lambda x: x, list(range(10)), executor="process", concurrency=1)
-    assert row["status"] == "failed", row["reason"]
-    assert "out of memory while measuring this point (OSError: [Errno 12] Cannot allocate memory)" in row["reason"]
+    assert row.status == "failed", row.reason
+    assert "out of memory while measuring this point (OSError: [Errno 12] Cannot allocate memory)" in row.reason
 
 
 def test_running_out_of_memory_while_pickling_the_stage_is_not_an_unpicklable_stage(monkeypatch):
@@ -649,8 +649,8 @@ def test_running_out_of_memory_while_pickling_the_stage_is_not_an_unpicklable_st
 
     monkeypatch.setattr(cloudpickle, "dumps", no_memory)
     row = measure_stage(lambda x: x, list(range(10)), executor="process", concurrency=1)
-    assert row["status"] == "failed" and "out of memory while measuring this point (MemoryError)" in row["reason"]
-    assert "pickled" not in row["reason"]
+    assert row.status == "failed" and "out of memory while measuring this point (MemoryError)" in row.reason
+    assert "pickled" not in row.reason
 
 
 class _Leaks:
@@ -672,10 +672,10 @@ def test_a_point_whose_calls_ran_out_of_memory_failed_and_keeps_its_figures():
     reason, and its figures as measured."""
     cfg = MeasureConfig(budget_s=0.3, warmup_s=0.05, timeout_s=5.0)
     row = measure_stage(_Leaks(after=60), list(range(20)), executor="thread", concurrency=1, config=cfg)
-    assert row["status"] == "failed" and row["reason"].startswith("out of memory: "), row["reason"]
-    assert "of its calls in the window ran out (MemoryError)" in row["reason"]
-    assert row["n_errors"] > 0 and row["error_example"] == "out of memory: MemoryError"
-    assert row["window_s"] > 0 and row["qps"] >= 0  # the window as measured stays in the row
+    assert row.status == "failed" and row.reason.startswith("out of memory: "), row.reason
+    assert "of its calls in the window ran out (MemoryError)" in row.reason
+    assert row.n_errors > 0 and row.error_example == "out of memory: MemoryError"
+    assert row.window_s > 0 and row.qps >= 0  # the window as measured stays in the row
 
 
 def test_a_point_in_a_process_still_out_of_memory_is_not_started(monkeypatch):
@@ -690,9 +690,7 @@ def test_a_point_in_a_process_still_out_of_memory_is_not_started(monkeypatch):
     monkeypatch.setattr(_memory, "memory_short", lambda: "this process is out of memory (MemoryError, ...)")
     monkeypatch.setattr(_measure, "memory_short", _memory.memory_short)
     row = _measure.measure_stage(lambda x: x, list(range(10)), executor="thread", concurrency=2)
-    assert (
-        row["status"] == "skipped" and row["reason"] == "not measured: this process is out of memory (MemoryError, ...)"
-    )
+    assert row.status == "skipped" and row.reason == "not measured: this process is out of memory (MemoryError, ...)"
 
 
 def test_a_thread_start_that_never_returns_is_a_timeout_not_a_hang(monkeypatch):
@@ -716,9 +714,9 @@ def test_a_thread_start_that_never_returns_is_a_timeout_not_a_hang(monkeypatch):
         _signal.signal(_signal.SIGALRM, suite)
         if left[0]:
             _signal.setitimer(_signal.ITIMER_REAL, *left)
-    assert row["status"] == "timeout" and "measuring it hung" in row["reason"] and "ulimit -v" in row["reason"]
+    assert row.status == "timeout" and "measuring it hung" in row.reason and "ulimit -v" in row.reason
     monkeypatch.undo()
-    assert _ok(measure_stage(lambda x: x, list(range(10)), executor="thread", concurrency=2, config=cfg))["qps"] > 0
+    assert _ok(measure_stage(lambda x: x, list(range(10)), executor="thread", concurrency=2, config=cfg)).qps > 0
 
 
 def test_a_program_with_its_own_sigalrm_handler_keeps_it():

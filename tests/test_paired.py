@@ -11,6 +11,7 @@ from stagebench import MeasureConfig, SweepConfig
 from stagebench.analysis._stage import analyze_stage
 from stagebench.core._curves import StageRows
 from stagebench.core._paired import MAX_RATIO, paired_result, plan, threads_led_every_pair
+from stagebench.core._stage_draft import StageDraft
 from stagebench.core._sweep import StageSweep
 from stagebench.model._stage import StageEntry
 
@@ -111,13 +112,14 @@ def test_known_answer_a_sleep_stage_that_the_curves_say_runs_faster_on_processes
     each call), so whatever the curves claimed, the head-to-head must not find processes ahead."""
     cfg = SweepConfig(concurrency=(2,), measure=MeasureConfig(budget_s=0.4, warmup_s=0.1))
     sw = StageSweep(Sleep(3.0), list(range(32)), name="s", config=cfg)
-    sw.rows = [row("s", "thread", 2, 500.0, noise=0.01), row("s", "process", 2, 640.0, noise=0.01)]  # a fake lead
+    # a fake lead of processes on the curves
+    sw.rows = [StageDraft(**row("s", ex, 2, q, noise=0.01)) for ex, q in (("thread", 500.0), ("process", 640.0))]
     sw.run_paired(None)
-    paired = [r for r in sw.rows if r["role"] == "paired"]
+    paired = [r for r in sw.rows if r.role == "paired"]
     # one round when threads led both of its pairs (the second cannot turn it), else two
     rounds = 1 if threads_led_every_pair(paired[:4]) else 2
-    assert [r["executor"] for r in paired] == ["thread", "process", "process", "thread"] * rounds
-    assert {r["concurrency"] for r in paired} == {2} and all(r["status"] == "ok" for r in paired)
+    assert [r.executor for r in paired] == ["thread", "process", "process", "thread"] * rounds
+    assert {r.concurrency for r in paired} == {2} and all(r.status == "ok" for r in paired)
     st = analyze_stage(sw.frame(), cores=2)
     assert st["head_to_head"]["decisive"] and not st["head_to_head"]["processes_win"]
     assert st["recommended"]["executor"] == "thread"
@@ -127,8 +129,8 @@ def test_the_head_to_head_ends_a_round_early_only_when_threads_led_every_pair():
     def windows(pairs):  # (thread, process) per pair, in the T P, P T order the sweep measures
         out = []
         for i, (t, p) in enumerate(pairs):
-            a = {"executor": "thread", "qps": t, "status": "ok"}
-            b = {"executor": "process", "qps": p, "status": "ok"}
+            a = StageDraft("s", "paired", "thread", "direct", 2, qps=t)
+            b = StageDraft("s", "paired", "process", "direct", 2, qps=p)
             out += [a, b] if i % 2 == 0 else [b, a]
         return out
 
@@ -136,7 +138,7 @@ def test_the_head_to_head_ends_a_round_early_only_when_threads_led_every_pair():
     assert not threads_led_every_pair(windows([(500, 480), (510, 515)]))  # processes led one pair
     assert not threads_led_every_pair(windows([(500, 480)]))  # one pair says too little
     crashed = windows([(500, 480), (510, 505)])
-    crashed[1]["status"] = "crashed"
+    crashed[1].status = "crashed"
     assert not threads_led_every_pair(crashed)
 
 
@@ -152,7 +154,7 @@ def test_after_a_round_threads_led_in_full_no_second_round_makes_processes_win(f
 def test_no_head_to_head_when_switched_off():
     cfg = SweepConfig(concurrency=(2,), paired_rounds=0)
     sw = StageSweep(Sleep(3.0), list(range(8)), name="s", config=cfg)
-    sw.rows = [row("s", "thread", 2, 500.0, noise=0.01), row("s", "process", 2, 640.0, noise=0.01)]
+    sw.rows = [StageDraft(**row("s", ex, 2, q, noise=0.01)) for ex, q in (("thread", 500.0), ("process", 640.0))]
     sw.run_paired(None)
     assert len(sw.rows) == 2
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -16,6 +17,7 @@ from _machine import noisy_points
 from _signals import default_sigint
 
 from stagebench import MeasureConfig, RunDir, SweepConfig, read_rows, sweep_stage
+from stagebench.core._stage_draft import StageDraft
 from stagebench.core._sweep import _LINEAR
 from stagebench.runs._schema import STAGE_COLUMNS
 
@@ -184,24 +186,15 @@ def test_a_stage_that_stopped_gets_no_shared_process_ceiling_above_its_plateau(m
     where another stage measured one that could be copied (a copy is free, but says the stage was
     measured there)."""
     import stagebench.core._sweep as sw
-    from stagebench.core._measure import empty_row
 
     curves = {"rising": {c: 100.0 * c for c in (1, 2, 4, 8, 16)}, "flat": {1: 100.0, 2: 190.0, 4: 195.0, 8: 196.0}}
 
     def fake_measure(fn, inputs, *, executor, concurrency, config, name, role, harness, payload, pool):
         q = 5000.0 if role == "ceiling" else curves[name][concurrency]
-        row = empty_row(name, role, executor, harness, concurrency)
-        row.update(
-            status="ok",
-            qps=q,
-            qps_low=q - 5,
-            qps_high=q + 5,
-            reason="",
-            payload_bytes=payload,
-            elapsed_s=0.1,
-            started_at="t",
-        )
-        return row
+        return StageDraft(
+            name, role, executor, harness, concurrency, qps=q, qps_low=q - 5, qps_high=q + 5, payload_bytes=payload,
+            elapsed_s=0.1, started_at="t",
+        )  # fmt: skip
 
     monkeypatch.setattr(sw, "measure_stage", fake_measure)
     cfg = SweepConfig(
@@ -224,15 +217,18 @@ def test_a_ceiling_is_not_measured_where_its_stage_point_did_not_measure(monkeyp
     that level and above serves no point, and measuring it cost SPDL's multi-thread example 63 s
     (one 30 s timeout) of its 166."""
     import stagebench.core._sweep as sw
-    from stagebench.core._measure import empty_row
 
     measured = []
 
     def fake_measure(fn, inputs, *, executor, concurrency, config, name, role, harness, payload, pool):
         measured.append((role, executor, concurrency))
-        row = empty_row(name, role, executor, harness, concurrency)
         fails = role == "stage" and executor == "process"
-        row.update(
+        return StageDraft(
+            name,
+            role,
+            executor,
+            harness,
+            concurrency,
             status="failed" if fails else "ok",
             reason="TypeError: cannot pickle 'ImageFrames' object" if fails else "",
             qps=math.nan if fails else 100.0 * concurrency,
@@ -242,7 +238,6 @@ def test_a_ceiling_is_not_measured_where_its_stage_point_did_not_measure(monkeyp
             elapsed_s=0.1,
             started_at="t",
         )
-        return row
 
     monkeypatch.setattr(sw, "measure_stage", fake_measure)
     cfg = SweepConfig(
@@ -356,7 +351,7 @@ def test_a_process_curve_that_stopped_rising_is_not_measured_further(tmp_path):
 
 
 def _proc_row(c, qps, status="ok"):
-    return {"role": "stage", "executor": "process", "harness": "spdl", "concurrency": c, "qps": qps, "status": status}
+    return StageDraft("s", "stage", "process", "spdl", c, status=status, qps=qps)
 
 
 def test_process_ceilings_are_measured_only_near_the_best_so_far():
@@ -386,24 +381,25 @@ def test_process_ceilings_are_measured_only_near_the_best_so_far():
 def test_the_plateau_rule_counts_levels_without_gain_beyond_noise():
     from stagebench.core._sweep import _watch_plateau
 
-    def row(c, q, half):
-        return {"status": "ok", "concurrency": c, "qps": q, "qps_low": q - half, "qps_high": q + half}
+    def row(c, q, half, cores_used=math.nan):
+        return StageDraft("s", "stage", "process", "direct", c, qps=q, qps_low=q - half, qps_high=q + half,
+                          cores_used=cores_used)  # fmt: skip
 
     plateaus, stopped = {}, {}
     for r in (row(1, 100, 5), row(2, 190, 5), row(4, 198, 5), row(8, 260, 5)):  # +4% is not a gain; +31% is
         _watch_plateau(r, "direct", plateaus, stopped, 2)
-    assert not stopped and plateaus["direct"][0]["concurrency"] == 8
+    assert not stopped and plateaus["direct"][0].concurrency == 8
     _watch_plateau(row(16, 300, 60), "direct", plateaus, stopped, 2)  # 15% higher, intervals overlap: noise
     assert not stopped
     _watch_plateau(row(32, 240, 5), "direct", plateaus, stopped, 2)
     assert "2 levels up to c=32, within noise of 260 items/s at c=8" in stopped[("stage", "direct", "process")]
     # one level without gain is enough when it kept 80% of the cores busy: the cores are the limit
     plateaus, stopped = {}, {}
-    for r in (row(1, 100, 5), row(2, 190, 5), {**row(4, 195, 5), "cores_used": 1.5}):  # 75% of 2 cores: go on
+    for r in (row(1, 100, 5), row(2, 190, 5), row(4, 195, 5, cores_used=1.5)):  # 75% of 2 cores: go on
         _watch_plateau(r, "direct", plateaus, stopped, 2, cores=2)
     assert not stopped
     plateaus = {}
-    for r in (row(1, 100, 5), row(2, 190, 5), {**row(4, 195, 5), "cores_used": 1.7}):
+    for r in (row(1, 100, 5), row(2, 190, 5), row(4, 195, 5, cores_used=1.7)):
         _watch_plateau(r, "direct", plateaus, stopped, 2, cores=2)
     assert "4 processes kept 1.7 of 2 usable cores busy" in stopped[("stage", "direct", "process")]
 
@@ -412,7 +408,7 @@ def test_the_at_ceiling_rule_compares_the_best_thread_point_with_the_median_ceil
     from stagebench.core._sweep import _threads_at_ceiling
 
     def r(role, c, q, ex="thread", status="ok"):
-        return {"role": role, "executor": ex, "harness": "spdl", "concurrency": c, "qps": q, "status": status}
+        return StageDraft("s", role, ex, "spdl", c, status=status, qps=q)
 
     ceilings = [r("ceiling", 1, 1900.0), r("ceiling", 2, 1300.0), r("ceiling", 4, 930.0), r("ceiling", 8, 1250.0)]
     at = [r("stage", 1, 620.0), r("stage", 2, 1060.0), r("stage", 4, 890.0), r("stage", 8, 1200.0)]
@@ -425,17 +421,16 @@ def test_the_at_ceiling_rule_compares_the_best_thread_point_with_the_median_ceil
     gil = [r("stage", c, q) for c, q in ((1, 450.0), (2, 480.0), (4, 900.0), (8, 500.0))]
     assert _threads_at_ceiling(gil + ceilings, "spdl") is None
     # other harnesses' and executors' rows, failed rows and a single ceiling say nothing
-    assert _threads_at_ceiling(at + [dict(c, harness="direct") for c in ceilings], "spdl") is None
+    assert _threads_at_ceiling(at + [replace(c, harness="direct") for c in ceilings], "spdl") is None
     assert _threads_at_ceiling(at + ceilings[:1], "spdl") is None
-    assert _threads_at_ceiling([dict(x, status="failed") for x in at] + ceilings, "spdl") is None
+    assert _threads_at_ceiling([replace(x, status="failed") for x in at] + ceilings, "spdl") is None
 
 
 def test_processes_are_not_measured_where_a_gil_free_stage_already_keeps_the_cores_busy():
     from stagebench.core._sweep import _cores_bind
 
     def r(c, q, cores_used, status="ok"):
-        return {"role": "stage", "executor": "thread", "harness": "spdl", "concurrency": c, "qps": q,
-                "cores_used": cores_used, "status": status}  # fmt: skip
+        return StageDraft("s", "stage", "thread", "spdl", c, status=status, qps=q, cores_used=cores_used)
 
     busy = [r(1, 420.0, 1.0), r(2, 715.0, 1.68), r(4, 685.0, 1.6)]  # sha256: 2 threads fill 2 cores
     why = _cores_bind(busy, "spdl", 0.0)
@@ -444,7 +439,7 @@ def test_processes_are_not_measured_where_a_gil_free_stage_already_keeps_the_cor
     assert _cores_bind(busy, "spdl", None) is None  # not probed: the curves decide
     idle = [r(1, 760.0, 0.3), r(2, 1445.0, 0.48)]  # a wait: the cores are not what binds
     assert _cores_bind(idle, "spdl", 0.0) is None
-    assert _cores_bind([dict(x, status="failed") for x in busy], "spdl", 0.0) is None
+    assert _cores_bind([replace(x, status="failed") for x in busy], "spdl", 0.0) is None
 
 
 def test_a_gil_free_stage_whose_threads_keep_the_cores_busy_without_gain_measures_no_higher_thread_level(
@@ -453,17 +448,14 @@ def test_a_gil_free_stage_whose_threads_keep_the_cores_busy_without_gain_measure
     """cpu_free's checksum: 2 threads take 1.8 cores, 4 gain neither throughput nor CPU; 8 and 16 are not measured
     (nor their ceilings)."""
     import stagebench.core._sweep as sw
-    from stagebench.core._measure import empty_row
 
     monkeypatch.setattr(sw, "usable_cores", lambda: 2)
     curve = {1: (420.0, 1.0), 2: (735.0, 1.79), 4: (681.0, 1.69), 8: (620.0, 1.52), 16: (587.0, 1.5)}
 
     def fake_measure(fn, inputs, *, executor, concurrency, config, name, role, harness, payload, pool):
         q, used = (4000.0, 0.9) if role == "ceiling" else curve[concurrency]
-        row = empty_row(name, role, executor, harness, concurrency)
-        row.update(status="ok", qps=q, qps_low=q * 0.97, qps_high=q * 1.03, cores_used=used, reason="",
-                   payload_bytes=payload, elapsed_s=0.1, started_at="t")  # fmt: skip
-        return row
+        return StageDraft(name, role, executor, harness, concurrency, qps=q, qps_low=q * 0.97, qps_high=q * 1.03,
+                          cores_used=used, payload_bytes=payload, elapsed_s=0.1, started_at="t")  # fmt: skip
 
     monkeypatch.setattr(sw, "measure_stage", fake_measure)
     cfg = SweepConfig(executors=("thread",), concurrency=(1, 2, 4, 8, 16))

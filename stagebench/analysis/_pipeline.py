@@ -40,9 +40,9 @@ from stagebench.analysis._stage import analyze_stage
 from stagebench.analysis._verdicts import cpu_speed, demand_verdict, pipeline_verdict, speed_warnings, yours_verdict
 from stagebench.core._curves import StageRows
 from stagebench.core._jobrun import Ladder
-from stagebench.core._measure import empty_row
 from stagebench.core._paired import HOST_PHASES
 from stagebench.core._resources import usable_cores
+from stagebench.core._stage_draft import StageDraft
 from stagebench.model._meta import Provenance, RunMeta
 from stagebench.model._pipeline import Interference, Prediction, Validation
 from stagebench.model._rate import Rate
@@ -326,7 +326,7 @@ def paired_needless_of_run(
             tw, pw = ("thread", t_level, t.qps), ("process", p_level, t.qps * r)
             fake = pd.DataFrame(
                 [
-                    {**empty_row(name, "paired", ex, harness, c), "status": "ok", "qps": q, "qps_low": q, "qps_high": q}
+                    StageDraft.start(name, "paired", ex, harness, c).as_row() | {"qps": q, "qps_low": q, "qps_high": q}
                     for ex, c, q in (tw, pw, pw, tw)  # one round, T P P T: two pairs
                 ]
             )

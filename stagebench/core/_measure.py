@@ -53,7 +53,7 @@ from stagebench.model._ranks import HostRate
 from stagebench.model._rate import Rate
 from stagebench.runs._schema import EXECUTORS, HARNESSES
 
-__all__ = ["measure_stage", "identity", "payload_bytes", "empty_row", "window_rate", "host_figures", "POINT"]
+__all__ = ["measure_stage", "identity", "payload_bytes", "skipped", "window_rate", "host_figures", "POINT"]
 
 _POLL_S = 0.01
 #: What a ranked diagnosis's other ranks open for a point: the stage on their own inputs
@@ -108,9 +108,15 @@ def payload_bytes(inputs: Sequence, sample: int = 8) -> float:
     return float(np.mean(sizes)) if sizes else math.nan
 
 
-def empty_row(stage: str, role: str, executor: str, harness: str, concurrency: int) -> dict[str, Any]:
-    """The row of a point not measured: its settings, started now, every figure NaN."""
-    return StageDraft.start(stage, role, executor, harness, concurrency).as_row()
+def skipped(
+    stage: str, role: str, executor: str, harness: str, concurrency: int, reason: str, payload: float = math.nan
+) -> StageDraft:
+    """A point not measured, skipped for ``reason``: its settings, started now, no time taken, every figure NaN
+    (``payload``: the stage's pickled input size, where known)."""
+    row = StageDraft.start(stage, role, executor, harness, concurrency)
+    row.fail("skipped", reason)
+    row.payload_bytes, row.elapsed_s = payload, 0.0
+    return row
 
 
 def _skip_reason(fn: Callable, inputs: Sequence, executor: str, pool: WorkerPool | None) -> str | None:
@@ -152,7 +158,7 @@ def measure_stage(
     payload: float | None = None,
     spdl_extra_pipes: int = 0,
     pool: WorkerPool | None = None,
-) -> dict[str, Any]:
+) -> StageDraft:
     """Measure ``fn`` over ``inputs`` at one executor and concurrency.
 
     ``harness="spdl"`` runs the stage inside a one-stage SPDL pipeline instead of
@@ -162,7 +168,8 @@ def measure_stage(
     of this stage kept across points (``fn`` is its stage, or ``identity`` for
     the ceiling); without one, the point starts and kills its own workers.
 
-    Returns one row (a dict with :data:`stagebench.runs._schema.STAGE_COLUMNS`). Never
+    Returns the point, a :class:`~stagebench.core._stage_draft.StageDraft` (its fields the columns of
+    :data:`stagebench.runs._schema.STAGE_COLUMNS`; ``as_row()`` is its ``results.csv`` row). Never
     raises for the stage's own faults: they become ``status``/``reason``. Only
     ``KeyboardInterrupt`` propagates, after the workers are torn down.
     """
@@ -185,20 +192,16 @@ def measure_stage(
 
     if not inputs:
         row.fail("skipped", "no inputs")
-        return row.as_row()
+        return row
     if executor != "process":
         pool = None
     short = memory_short()
     if short:  # it would fail for want of memory, or hang starting a thread that cannot start
-        row.fail("skipped", f"not measured: {short}")
-        row.elapsed_s = 0.0
-        return row.as_row()
+        return skipped(stage, role, executor, harness, concurrency, f"not measured: {short}", row.payload_bytes)
     try:
         reason = _skip_reason(fn, inputs, executor, pool)
         if reason:
-            row.fail("skipped", reason)
-            row.elapsed_s = 0.0
-            return row.as_row()
+            return skipped(stage, role, executor, harness, concurrency, reason, row.payload_bytes)
         with _watchdog(cfg.timeout_s + _WATCHDOG_MARGIN_S):
             _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_pipes, row, t_begin)
     except _PointHung:
@@ -222,7 +225,7 @@ def measure_stage(
             "failed",
             f"out of memory while measuring this point ({what}): the process could not allocate more; {CAUSE}",
         )
-    return row.as_row()
+    return row
 
 
 def _ended(row: StageDraft, t_begin: float, status: str, reason: str) -> None:

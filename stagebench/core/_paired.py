@@ -16,10 +16,9 @@ reads them like any other row, so ``stagebench report`` rebuilds the same recomm
 
 from __future__ import annotations
 
-from typing import Any
-
 from stagebench._numbers import num
 from stagebench.core._curves import Point, StageRows
+from stagebench.core._stage_draft import StageDraft
 from stagebench.model._evidence import Ratio
 from stagebench.model._stage import HeadToHead, StageSetting, keyed
 
@@ -51,7 +50,7 @@ def plan(sr: StageRows, harness: str) -> tuple[int, int] | None:
     return t.concurrency, p.concurrency
 
 
-def threads_led_every_pair(rows: list[dict[str, Any]]) -> bool:
+def threads_led_every_pair(rows: list[StageDraft]) -> bool:
     """Whether threads were ahead in every pair of these head-to-head windows (T P, P T, ...), all measured.
 
     Then one more round (two pairs) cannot make processes win: with two or more
@@ -62,10 +61,10 @@ def threads_led_every_pair(rows: list[dict[str, Any]]) -> bool:
     if len(rows) < 4 or len(rows) % 2:
         return False
     for a, b in zip(rows[0::2], rows[1::2]):
-        by_ex = {r["executor"]: r for r in (a, b)}
-        if set(by_ex) != {"thread", "process"} or any(r["status"] != "ok" for r in (a, b)):
+        by_ex = {r.executor: r for r in (a, b)}
+        if set(by_ex) != {"thread", "process"} or any(r.status != "ok" for r in (a, b)):
             return False
-        if not num(by_ex["process"]["qps"]) < num(by_ex["thread"]["qps"]):
+        if not by_ex["process"].qps < by_ex["thread"].qps:
             return False
     return True
 

@@ -43,16 +43,17 @@ from typing import Any, NamedTuple, TypedDict, Unpack
 import cloudpickle
 import pandas as pd
 
-from stagebench._numbers import finite, fmt_above, fmt_share_of, num
+from stagebench._numbers import finite, fmt_above, fmt_share_of
 from stagebench.core import _paired
 from stagebench.core._config import CANNOT_MATTER, MeasureConfig, SweepConfig, in_turns_precision
 from stagebench.core._curves import StageRows
 from stagebench.core._executors import WorkerPool, async_identity, identity, is_coroutine_callable
-from stagebench.core._measure import empty_row, measure_stage, payload_bytes
+from stagebench.core._measure import measure_stage, payload_bytes, skipped
 from stagebench.core._progress import Progress
 from stagebench.core._resources import usable_cores
 from stagebench.core._rounds import in_turns
 from stagebench.core._spdl_harness import deferred_teardown
+from stagebench.core._stage_draft import StageDraft
 from stagebench.runs._results import RowWriter
 from stagebench.runs._schema import STAGE_COLUMNS
 
@@ -118,9 +119,9 @@ class StageOptions(TypedDict, total=False):
     writer: RowWriter | None
     """Where each row is appended as it is measured."""
     progress: Progress | None
-    on_row: Callable[[dict[str, Any]], None] | None
-    """Called with each row as it lands."""
-    shared_ceilings: dict[tuple[str, str, int], dict[str, Any]] | None
+    on_row: Callable[[StageDraft], None] | None
+    """Called with each point as it lands."""
+    shared_ceilings: dict[tuple[str, str, int], StageDraft] | None
     """Ceilings measured once for several stages (:func:`sweep_stage`)."""
 
 
@@ -135,7 +136,7 @@ def sweep_stage(fn: Callable, inputs: Sequence, **options: Unpack[StageOptions])
     each thread / async ceiling (harness, executor, concurrency) is measured
     once: a no-op on threads or the event loop only passes references, so its
     ceiling does not depend on the stage's items. Later stages get a copy of
-    the row (``elapsed_s`` 0, the original ``started_at``, a ``reason`` that
+    the point (``elapsed_s`` 0, the original ``started_at``, a ``reason`` that
     says so). Process ceilings ship the stage's own items: shared only among
     stages whose items pickle to at most 16 KiB (``_SMALL_PAYLOAD``), where
     the cost is per item; a stage with larger items measures its own.
@@ -172,9 +173,9 @@ class StageSweep:
             self.ceiling_cfg = m.for_noop(self.cfg.ceiling_budget_s)
         self.paired_cfg = replace(m, precision=in_turns_precision(m.precision))
         self.points = plan_points(fn, self.cfg)
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[StageDraft] = []
         self.stopped: dict[tuple[str, str, str], str] = {}
-        self._plateaus: dict[str, tuple[dict[str, Any], int]] = {}
+        self._plateaus: dict[str, tuple[StageDraft, int]] = {}
         #: The stage's GIL share as a direct probe read it (its upper quartile), when the caller probed
         #: it after the thread points (:func:`_cores_bind`); None: not probed.
         self.gil_high: float | None = None
@@ -182,11 +183,11 @@ class StageSweep:
         self._linear_checked: set[str] = set()
 
     def frame(self):
-        return pd.DataFrame(self.rows, columns=list(STAGE_COLUMNS))
+        return pd.DataFrame([r.as_row() for r in self.rows], columns=list(STAGE_COLUMNS))
 
     def remaining(self, executor: str) -> list[PlannedPoint]:
         """This executor's planned points not measured (or recorded as skipped) yet."""
-        done = {(r["role"], r["harness"], r["executor"], r["concurrency"]) for r in self.rows}
+        done = {(r.role, r.harness, r.executor, r.concurrency) for r in self.rows}
         return [p for p in self.points if p.executor == executor and p not in done]
 
     def process_pending(self) -> bool:
@@ -215,21 +216,14 @@ class StageSweep:
             if ex == "process":
                 self._judge_threads(harness)
             if role == "ceiling" and (unserved := self._stage_unmeasured(harness, ex, c)):
-                row = empty_row(self.name, role, ex, harness, c)
-                row.update(status="skipped", reason=unserved, payload_bytes=self.payload, elapsed_s=0.0)
-                self._record(row)
+                self._record(skipped(self.name, role, ex, harness, c, unserved, self.payload))
                 continue
             shared = self.shared if role == "ceiling" and (ex != "process" or self.payload <= _SMALL_PAYLOAD) else None
             if shared is not None and (harness, ex, c) in shared and (role, harness, ex) not in stopped:
                 orig = shared[(harness, ex, c)]
                 why = _SHARED_PROCESS_REASON if ex == "process" else _SHARED_REASON
-                row = {
-                    **orig,
-                    "stage": self.name,
-                    "payload_bytes": self.payload,
-                    "elapsed_s": 0.0,
-                    "reason": "; ".join(r for r in (why, orig["reason"]) if r),
-                }
+                reason = "; ".join(r for r in (why, orig.reason) if r)
+                row = replace(orig, stage=self.name, payload_bytes=self.payload, elapsed_s=0.0, reason=reason)
             else:
                 row = _point(
                     self.fn,
@@ -246,8 +240,8 @@ class StageSweep:
                     stopped,
                     self.progress,
                 )
-                if shared is not None and row["status"] == "ok":
-                    shared[(harness, ex, c)] = dict(row)
+                if shared is not None and row.status == "ok":
+                    shared[(harness, ex, c)] = row
                 if role == "stage" and ex == "process" and cfg.process_flat_levels:
                     _watch_plateau(row, harness, self._plateaus, stopped, cfg.process_flat_levels)
                 if role == "stage" and ex == "thread" and cfg.process_flat_levels:
@@ -265,26 +259,20 @@ class StageSweep:
         (a stage that cannot be pickled, a curve that ended, a timeout), measuring the no-op there costs
         a window, up to its timeout, and answers nothing.
         """
-        row = next(
-            (
-                r
-                for r in reversed(self.rows)
-                if r["role"] == "stage" and r["harness"] == harness and r["executor"] == ex and r["concurrency"] == c
-            ),
-            None,
-        )
-        if row is None or row["status"] == "ok":
+        at = PlannedPoint("stage", harness, ex, c)
+        row = next((r for r in reversed(self.rows) if (r.role, r.harness, r.executor, r.concurrency) == at), None)
+        if row is None or row.status == "ok":
             return None
-        if row["status"] == "skipped":
-            return str(row["reason"])
-        return f"not measured: its stage's point at this level ended {row['status']} ({row['reason']})"
+        if row.status == "skipped":
+            return row.reason
+        return f"not measured: its stage's point at this level ended {row.status} ({row.reason})"
 
     def _stage_cfg(self, harness: str) -> MeasureConfig:
         """The next stage point's measuring: it may close early once it cannot matter (:data:`CANNOT_MATTER`)."""
         lows = [
-            float(r["qps_low"])
+            r.qps_low
             for r in self.rows
-            if r["role"] == "stage" and r["harness"] == harness and r["status"] == "ok" and finite(r.get("qps_low"))
+            if r.role == "stage" and r.harness == harness and r.status == "ok" and finite(r.qps_low)
         ]
         if not lows or not self.cfg.measure.precision > 0:
             return self.cfg.measure
@@ -338,18 +326,18 @@ class StageSweep:
                     pool=pool if ex == "process" else None,
                 )
                 self._record(row)
-                if row["status"] != "ok":
+                if row.status != "ok":
                     return
         finally:
             if pool is not None:
                 pool.keep_larger = False
 
-    def _record(self, row: dict[str, Any]) -> None:
+    def _record(self, row: StageDraft) -> None:
         self.rows.append(row)
         if self.writer is not None:
-            self.writer.write(row)
+            self.writer.write(row.as_row())
         if self.progress is not None:
-            self.progress.done(row)
+            self.progress.done(row.as_row())
         if self.on_row is not None:
             self.on_row(row)
 
@@ -389,7 +377,7 @@ def sweep_process_points(
                 s.run_paired(pools.get(id(s.fn)))
 
 
-def _threads_linear(rows: list[dict[str, Any]], harness: str) -> str | None:
+def _threads_linear(rows: list[StageDraft], harness: str) -> str | None:
     """Why processes cannot change this stage's answer, or None.
 
     When threads scale within 5% of linearly from the first level to the top
@@ -397,23 +385,23 @@ def _threads_linear(rows: list[dict[str, Any]], harness: str) -> str | None:
     at most as fast as one thread alone (the c=1 point), and within 5% the
     recommendation takes threads anyway.
     """
-    pts = [r for r in rows if r["role"] == "stage" and r["executor"] == "thread" and r["harness"] == harness]
-    if len(pts) < 2 or any(r["status"] != "ok" or not r["qps"] > 0 for r in pts):
+    pts = [r for r in rows if r.role == "stage" and r.executor == "thread" and r.harness == harness]
+    if len(pts) < 2 or any(r.status != "ok" or not r.qps > 0 for r in pts):
         return None
     first, top = pts[0], pts[-1]
-    if top["qps"] < max(r["qps"] for r in pts):
+    if top.qps < max(r.qps for r in pts):
         return None
-    share = (top["qps"] / first["qps"]) / (top["concurrency"] / first["concurrency"])
+    share = (top.qps / first.qps) / (top.concurrency / first.concurrency)
     if share < _LINEAR:
         return None
     return (
-        f"not measured: threads scale linearly to the top of the grid ({share:.0%} of {top['concurrency']}x "
-        f"c={first['concurrency']}), so processes cannot beat them beyond 5% (a worker process is at most as "
+        f"not measured: threads scale linearly to the top of the grid ({share:.0%} of {top.concurrency}x "
+        f"c={first.concurrency}), so processes cannot beat them beyond 5% (a worker process is at most as "
         "fast as one thread alone); process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures them"
     )
 
 
-def _threads_at_ceiling(rows: list[dict[str, Any]], harness: str) -> str | None:
+def _threads_at_ceiling(rows: list[StageDraft], harness: str) -> str | None:
     """Why processes cannot change this stage's answer because threads already reach the harness's limit.
 
     The thread no-op ceiling is the most this harness delivers with any thread
@@ -426,11 +414,11 @@ def _threads_at_ceiling(rows: list[dict[str, Any]], harness: str) -> str | None:
     processes cannot beat threads.
     """
 
-    def ok(r: dict[str, Any]) -> bool:
-        return r["status"] == "ok" and r["qps"] > 0 and r["executor"] == "thread" and r["harness"] == harness
+    def ok(r: StageDraft) -> bool:
+        return r.status == "ok" and r.qps > 0 and r.executor == "thread" and r.harness == harness
 
-    stage = [r["qps"] for r in rows if r["role"] == "stage" and ok(r)]
-    ceilings = sorted(r["qps"] for r in rows if r["role"] == "ceiling" and ok(r))
+    stage = [r.qps for r in rows if r.role == "stage" and ok(r)]
+    ceilings = sorted(r.qps for r in rows if r.role == "ceiling" and ok(r))
     if not stage or len(ceilings) < 2:
         return None
     ceiling, best = statistics.median(ceilings), max(stage)
@@ -445,7 +433,7 @@ def _threads_at_ceiling(rows: list[dict[str, Any]], harness: str) -> str | None:
     )
 
 
-def _cores_bind(rows: list[dict[str, Any]], harness: str, gil_high: float | None) -> str | None:
+def _cores_bind(rows: list[StageDraft], harness: str, gil_high: float | None) -> str | None:
     """Why processes cannot change this stage's answer because the cores bind it, not the GIL.
 
     A worker process relieves only the GIL the stage itself holds in the main
@@ -460,30 +448,26 @@ def _cores_bind(rows: list[dict[str, Any]], harness: str, gil_high: float | None
     """
     if gil_high is None or not gil_high <= _GIL_FREE:
         return None
-    best = max(_thread_points(rows, harness), key=lambda r: r["qps"], default=None)
+    best = max(_thread_points(rows, harness), key=lambda r: r.qps, default=None)
     cores = usable_cores()
-    if best is None or not finite(best.get("cores_used")) or best["cores_used"] < _CORES_BUSY * cores:
+    if best is None or not finite(best.cores_used) or best.cores_used < _CORES_BUSY * cores:
         return None
     return (
         f"not measured: the stage holds the GIL for at most {gil_high:.0%} of a call (its probe) and threads "
-        f"already keep {best['cores_used']:.1f} of {cores} usable cores busy (c={best['concurrency']}): the cores "
+        f"already keep {best.cores_used:.1f} of {cores} usable cores busy (c={best.concurrency}): the cores "
         "bind, not the GIL, and worker processes bring no more cores; "
         "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures them"
     )
 
 
-def _thread_points(rows: list[dict[str, Any]], harness: str) -> list[dict[str, Any]]:
+def _thread_points(rows: list[StageDraft], harness: str) -> list[StageDraft]:
     """The stage's thread points of ``harness`` that measured (status ok)."""
     return [
-        r
-        for r in rows
-        if r["role"] == "stage" and r["executor"] == "thread" and r["harness"] == harness and r["status"] == "ok"
+        r for r in rows if r.role == "stage" and r.executor == "thread" and r.harness == harness and r.status == "ok"
     ]
 
 
-def _threads_cores_bound(
-    row: dict[str, Any], rows: list[dict[str, Any]], harness: str, gil_high: float | None
-) -> str | None:
+def _threads_cores_bound(row: StageDraft, rows: list[StageDraft], harness: str, gil_high: float | None) -> str | None:
     """Why the thread levels above ``row`` are not measured, or None.
 
     When a probe read the stage GIL-free (at most :data:`_GIL_FREE` of a call)
@@ -500,27 +484,27 @@ def _threads_cores_bound(
     recommended, is below them. An absolute bar (80% of the usable cores) missed
     it on a loaded run, at 1.59 of 2.
     """
-    if gil_high is None or not gil_high <= _GIL_FREE or row["status"] != "ok" or not row["qps"] > 0:
+    if gil_high is None or not gil_high <= _GIL_FREE or row.status != "ok" or not row.qps > 0:
         return None
-    best = max(_thread_points(rows, harness), key=lambda r: r["qps"], default=None)
-    if best is None or _beats(row, best) or not row["concurrency"] > best["concurrency"]:
+    best = max(_thread_points(rows, harness), key=lambda r: r.qps, default=None)
+    if best is None or _beats(row, best) or not row.concurrency > best.concurrency:
         return None
-    used, had = num(row.get("cores_used")), num(best.get("cores_used"))
+    used, had = row.cores_used, best.cores_used
     if not used <= _SAME_CORES * had:  # NaN (not read) too
         return None
     return (
-        f"{_THREADS_PLATEAU} ({row['concurrency']} threads used {used:.1f} cores, no more than "
-        f"{best['concurrency']} threads' {had:.1f}, within noise of {best['qps']:,.0f} items/s, and the stage "
+        f"{_THREADS_PLATEAU} ({row.concurrency} threads used {used:.1f} cores, no more than "
+        f"{best.concurrency} threads' {had:.1f}, within noise of {best.qps:,.0f} items/s, and the stage "
         f"holds the GIL for at most {gil_high:.0%} of a call): more threads get no more of the cores, and only "
         "queue for them; process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures every level"
     )
 
 
-def _beats(new: dict[str, Any], best: dict[str, Any]) -> bool:
+def _beats(new: StageDraft, best: StageDraft) -> bool:
     """``new`` is faster than ``best`` beyond noise: 5% higher and, with intervals, not overlapping."""
-    if not new["qps"] > 1.05 * best["qps"]:
+    if not new.qps > 1.05 * best.qps:
         return False
-    lo, hi = new["qps_low"], best["qps_high"]
+    lo, hi = new.qps_low, best.qps_high
     return not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi
 
 
@@ -529,32 +513,36 @@ _SAME_CORES = 1.05  # a level whose cores used are within this of a fewer-thread
 
 
 def _watch_plateau(
-    row: dict[str, Any], harness: str, plateaus: dict, stopped: dict, flat_levels: int, cores: float | None = None
+    row: StageDraft,
+    harness: str,
+    plateaus: dict[str, tuple[StageDraft, int]],
+    stopped: dict[tuple[str, str, str], str],
+    flat_levels: int,
+    cores: float | None = None,
 ) -> None:
     """Stop the process curve (and its ceilings) after ``flat_levels`` levels in a row without gain.
 
     One level is enough when that level already kept 80% of the usable cores
     busy: the cores are what limits it, and more processes only queue for them.
     """
-    if row["status"] != "ok" or not row["qps"] > 0:
+    if row.status != "ok" or not row.qps > 0:
         return
-    best, flat = plateaus.get(harness, (None, 0))
-    if best is None or _beats(row, best):
+    if harness not in plateaus or _beats(row, plateaus[harness][0]):
         plateaus[harness] = (row, 0)
         return
-    flat += 1
+    best, flat = plateaus[harness][0], plateaus[harness][1] + 1
     plateaus[harness] = (best, flat)
     cores = cores or usable_cores()
-    used = row.get("cores_used")
-    saturated = isinstance(used, (int, float)) and math.isfinite(used) and used >= _SATURATED * cores
+    used = row.cores_used
+    saturated = math.isfinite(used) and used >= _SATURATED * cores
     if flat >= flat_levels or saturated:
         why = (
-            f"{row['concurrency']} processes kept {used:.1f} of {cores} usable cores busy: the cores limit it"
+            f"{row.concurrency} processes kept {used:.1f} of {cores} usable cores busy: the cores limit it"
             if saturated and flat < flat_levels
-            else f"{flat} levels up to c={row['concurrency']}"
+            else f"{flat} levels up to c={row.concurrency}"
         )
         stopped[("stage", harness, "process")] = (
-            f"{_PLATEAU} ({why}, within noise of {best['qps']:,.0f} items/s at c={best['concurrency']}; "
+            f"{_PLATEAU} ({why}, within noise of {best.qps:,.0f} items/s at c={best.concurrency}; "
             "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures every level)"
         )
 
@@ -563,7 +551,7 @@ _NEAR_BEST = 0.95  # must not be above _paired.WITHIN_BEST, or the recommended l
 
 
 def _skip_ceiling_unless_near_best(
-    row: dict[str, Any], rows: list[dict[str, Any]], harness: str, stopped: dict
+    row: StageDraft, rows: list[StageDraft], harness: str, stopped: dict[tuple[str, str, str], str]
 ) -> None:
     """Skip this level's process ceiling when its stage point is more than 5% below the best so far.
 
@@ -575,23 +563,19 @@ def _skip_ceiling_unless_near_best(
     key = ("ceiling", harness, "process")
     if stopped.get(key, "").startswith(_NOT_NEAR):
         del stopped[key]
-    if row["status"] != "ok" or not row["qps"] > 0:
+    if row.status != "ok" or not row.qps > 0:
         return
     best = max(
         (
-            r["qps"]
+            r.qps
             for r in rows
-            if r["role"] == "stage"
-            and r["executor"] == "process"
-            and r["harness"] == harness
-            and r["status"] == "ok"
-            and r["qps"] > 0
+            if r.role == "stage" and r.executor == "process" and r.harness == harness and r.status == "ok" and r.qps > 0
         ),
         default=0.0,
     )
-    if row["qps"] < _NEAR_BEST * best and key not in stopped:
+    if row.qps < _NEAR_BEST * best and key not in stopped:
         stopped[key] = (
-            f"{_NOT_NEAR} ({row['qps']:,.0f} items/s against {best:,.0f} at a lower level): "
+            f"{_NOT_NEAR} ({row.qps:,.0f} items/s against {best:,.0f} at a lower level): "
             "the analysis reads process ceilings only at the best level and the smallest within 5% "
             "of it; process_ceilings='all' or STAGEBENCH_PROCESS_CEILINGS=all measures every level"
         )
@@ -627,12 +611,10 @@ def _pools(stack: Any, fns: Sequence[Callable]) -> dict[int, WorkerPool]:
     return out
 
 
-def _point(fn, noop, inputs, stage, role, harness, ex, c, measure, payload, pool, stopped, progress):
+def _point(fn, noop, inputs, stage, role, harness, ex, c, measure, payload, pool, stopped, progress) -> StageDraft:
     key = (role, harness, ex)
     if key in stopped:
-        row = empty_row(stage, role, ex, harness, c)
-        row.update(status="skipped", reason=stopped[key], payload_bytes=payload, elapsed_s=0.0)
-        return row
+        return skipped(stage, role, ex, harness, c, stopped[key], payload)
     if progress is not None:
         progress.start(f"{stage} | {role} {harness}/{ex} c={c}")
     row = measure_stage(
@@ -647,8 +629,8 @@ def _point(fn, noop, inputs, stage, role, harness, ex, c, measure, payload, pool
         payload=payload,
         pool=pool if ex == "process" else None,
     )
-    if row["status"] in _STOP_STATUSES:
-        stopped[key] = f"not measured: {row['status']} at concurrency {c} ({row['reason']})"
-        if row["status"] == "skipped":
-            stopped[key] = row["reason"]
+    if row.status in _STOP_STATUSES:
+        stopped[key] = f"not measured: {row.status} at concurrency {c} ({row.reason})"
+        if row.status == "skipped":
+            stopped[key] = row.reason
     return row

@@ -9,11 +9,10 @@ the first once and the second per stage.
 
 from __future__ import annotations
 
-from typing import Any
-
 from stagebench._numbers import finite
 from stagebench.core._measure import identity, measure_stage
 from stagebench.core._spdl_harness import deferred_teardown
+from stagebench.core._stage_draft import StageDraft
 from stagebench.model._overhead import NOOP_KEYS, NoopPipeline, PipelineOverhead
 from stagebench.pipeline._run import Run
 
@@ -26,7 +25,7 @@ __all__ = ["NOOP_AT", "measure_overhead"]
 NOOP_AT = ("spdl", "thread", 4)
 
 
-def measure_overhead(run: Run, items: list, one_stage: dict[str, Any] | None = None) -> None:
+def measure_overhead(run: Run, items: list, one_stage: StageDraft | None = None) -> None:
     """SPDL's per-item cost of a pipeline, once (with two stages or more, and the spdl harness).
 
     Right after the thread no-op ceiling at thread x 4 (``one_stage``): that ceiling is the one-stage
@@ -41,16 +40,16 @@ def measure_overhead(run: Run, items: list, one_stage: dict[str, Any] | None = N
     run.write_meta()
 
 
-def _noop(row: dict[str, Any], source: str | None = None) -> NoopPipeline:
+def _noop(row: StageDraft, source: str | None = None) -> NoopPipeline:
     """The point of a no-op pipeline (a NaN figure: not measured, None), ``source`` where it was measured."""
     status, qps, cpu, low, high, reason = (
-        v if not isinstance(v, float) or finite(v) else None for v in map(row.get, NOOP_KEYS)
+        v if not isinstance(v, float) or finite(v) else None for v in (getattr(row, k) for k in NOOP_KEYS)
     )
     extra = {"from": source} if source is not None else {}
     return NoopPipeline(status, qps, cpu, low, high, reason, extra=extra, keys=NOOP_KEYS + tuple(extra))
 
 
-def _pipeline_overhead(run: Run, items: list, one_stage: dict[str, Any] | None) -> PipelineOverhead:
+def _pipeline_overhead(run: Run, items: list, one_stage: StageDraft | None) -> PipelineOverhead:
     """SPDL's no-op cost with one and with three pipes (thread x 4, the same statistics); ``one_stage``, the
     thread no-op ceiling at x 4 just measured (the same pipeline, in the ceiling's shorter window), is
     then not measured again."""

@@ -17,13 +17,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stagebench._memory import describe, memory_short, out_of_memory
-from stagebench._numbers import finite, num
+from stagebench._numbers import finite
 from stagebench.core._config import SweepConfig
-from stagebench.core._measure import empty_row
+from stagebench.core._measure import skipped
 from stagebench.core._mirror import mirror
 from stagebench.core._pickling import pickle_problem
 from stagebench.core._spdl_harness import settle
 from stagebench.core._speed import cpu_speed_ns
+from stagebench.core._stage_draft import StageDraft
 from stagebench.core._sweep import StageSweep, plan_points, sweep_process_points
 from stagebench.pipeline._calls import Fused, MapThen
 from stagebench.pipeline._first_pass import (
@@ -65,17 +66,14 @@ def sweep_config(stage: Any, settings: DiagnoseSettings) -> Any:
 
 def skipped_rows(
     stage: Any, settings: DiagnoseSettings, reason: str, *, executor: str | None = None, ceilings: bool = False
-) -> list[dict[str, Any]]:
-    """Rows for points not measured, each with ``reason``: the stage's (and with ``ceilings``, its ceiling's),
-    of ``executor`` or all, as ``settings`` plan them."""
-    rows = []
-    for role, harness, ex, c in plan_points(stage.fn, sweep_config(stage, settings)):
-        if (role != "stage" and not ceilings) or (executor is not None and ex != executor):
-            continue
-        row = empty_row(stage.name, role, ex, harness, c)
-        row.update(status="skipped", reason=reason, elapsed_s=0.0)
-        rows.append(row)
-    return rows
+) -> list[StageDraft]:
+    """Points not measured, each with ``reason``: the stage's (and with ``ceilings``, its ceiling's), of
+    ``executor`` or all, as ``settings`` plan them."""
+    return [
+        skipped(stage.name, role, ex, harness, c, reason)
+        for role, harness, ex, c in plan_points(stage.fn, sweep_config(stage, settings))
+        if (role == "stage" or ceilings) and (executor is None or ex == executor)
+    ]
 
 
 #: Share of its call a stage computes from which its GIL share is worth reading with the probe (~0.35 s a
@@ -83,23 +81,23 @@ def skipped_rows(
 _PROBE_MIN_COMPUTE = 0.15
 
 
-def _computes(rows: list[dict[str, Any]]) -> bool:
+def _computes(rows: list[StageDraft]) -> bool:
     """Whether a sync stage's thread points show it computing at least 15% of its call.
 
     The spdl harness times the calling thread's CPU during the call (``call_cpu_ms``); the direct
     harness adds almost nothing to the stage's own cores used at the lowest level.
     """
-    pts = [r for r in rows if r["role"] == "stage" and r["executor"] == "thread" and r["status"] == "ok"]
+    pts = [r for r in rows if r.role == "stage" and r.executor == "thread" and r.status == "ok"]
     if not pts:
         return False
-    c0 = min(r["concurrency"] for r in pts)
+    c0 = min(r.concurrency for r in pts)
     for r in pts:
-        if r["concurrency"] != c0:
+        if r.concurrency != c0:
             continue
-        cpu, p50, used = (num(r.get(k)) for k in ("call_cpu_ms", "latency_p50_ms", "cores_used"))
-        if r["harness"] == "spdl" and finite(cpu) and finite(p50) and p50 > 0:
+        cpu, p50, used = r.call_cpu_ms, r.latency_p50_ms, r.cores_used
+        if r.harness == "spdl" and finite(cpu) and finite(p50) and p50 > 0:
             share = cpu / p50
-        elif r["harness"] == "direct" and finite(used):
+        elif r.harness == "direct" and finite(used):
             share = used / c0
         else:
             continue
@@ -217,7 +215,7 @@ class StagesPhase:
 
     run: Run
     #: thread/async no-op ceilings do not depend on the stage: measured once per run
-    shared_ceilings: dict[tuple[str, str, int], dict[str, Any]] = field(default_factory=dict)
+    shared_ceilings: dict[tuple[str, str, int], StageDraft] = field(default_factory=dict)
     #: stages whose process points wait for the level-by-level pass
     process_sweeps: list[Any] = field(default_factory=list)
     #: the core's speed after every point (see core/_speed): the stage curves were measured at these
@@ -281,10 +279,14 @@ class StagesPhase:
 
     def _not_measured(self, step: Any, writer: Any, reason: str) -> None:
         self.run.stage_meta(step.name).update(status="not_measured", reason=reason)
-        for row in skipped_rows(step, self.run.settings, reason):
-            writer.write(row)
-            self.run.progress.done(row)
+        self._skip(step, writer, reason)
         self.run.write_meta()
+
+    def _skip(self, step: Any, writer: Any, reason: str, **which: Any) -> None:
+        """The points of ``step`` not measured (``which``: as :func:`skipped_rows` takes), on disk and said."""
+        for row in skipped_rows(step, self.run.settings, reason, **which):
+            writer.write(row.as_row())
+            self.run.progress.done(row.as_row())
 
     def _stage(self, step: Any, cur: Cursor, writer: Any, cache: Any, n_source: int, src_problem: str | None) -> None:
         """One stage: its first pass (cached), then its sweep, on the current inputs; moves the cursor on."""
@@ -338,9 +340,7 @@ class StagesPhase:
                 " (the aggregator emitted nothing)" if step.type == "aggregate" else ""
             )
             smeta.update(status="not_measured", reason=reason)
-            for row in skipped_rows(step, settings, reason):
-                writer.write(row)
-                run.progress.done(row)
+            self._skip(step, writer, reason)
         advance(step, cur, cached, key, minputs, smeta, settings.timeout_s)
 
     def _note_inputs(
@@ -415,23 +415,22 @@ class StagesPhase:
             self.say(f"{unhashable}{uncached}")
         return problem
 
-    def _on_row(self, inputs: list, row: dict[str, Any]) -> None:
-        """After each row of a stage's sweep: the CPU's speed, and SPDL's no-op pipeline next to its ceiling."""
+    def _on_row(self, inputs: list, row: StageDraft) -> None:
+        """After each point of a stage's sweep: the CPU's speed, and SPDL's no-op pipeline next to its ceiling."""
         self._probe_speed(row)
         if (
-            row.get("role") == "ceiling"
-            and (row.get("harness"), row.get("executor"), row.get("concurrency")) == NOOP_AT
-            and row.get("status") == "ok"
-            and row.get("elapsed_s")  # measured now, not a copy shared with a later stage
+            row.role == "ceiling"
+            and (row.harness, row.executor, row.concurrency) == NOOP_AT
+            and row.status == "ok"
+            and row.elapsed_s  # measured now, not a copy shared with a later stage
         ):
             measure_overhead(self.run, inputs, one_stage=row)
 
-    def _probe_speed(self, row: dict[str, Any]) -> None:
-
-        if row.get("elapsed_s"):  # measured, not a skipped or shared row
+    def _probe_speed(self, row: StageDraft) -> None:
+        if row.elapsed_s:  # measured, not a skipped or shared point
             self.sweep_speeds.append(round(cpu_speed_ns(), 2))
-            if row.get("role") == "stage" and row.get("executor") in ("thread", "async"):
-                self.stage_speeds.setdefault(row["stage"], []).append(self.sweep_speeds[-1])
+            if row.role == "stage" and row.executor in ("thread", "async"):
+                self.stage_speeds.setdefault(row.stage, []).append(self.sweep_speeds[-1])
 
     def _sweep_stage(
         self, step: Any, inputs: list, writer: Any, came_from: str | None, src_problem: str | None
@@ -460,15 +459,9 @@ class StagesPhase:
                 status="not_measured",
                 reason=f"inputs cannot be pickled ({problem}) and STAGEBENCH_EXECUTORS allows only process",
             )
-        for row in skipped_rows(
-            step,
-            self.run.settings,
-            f"inputs cannot be pickled for a process pool: {problem}",
-            executor="process",
-            ceilings=True,
-        ):
-            writer.write(row)
-            self.run.progress.done(row)
+        self._skip(
+            step, writer, f"inputs cannot be pickled for a process pool: {problem}", executor="process", ceilings=True
+        )
 
     def _sweep_points(self, step: Any, inputs: list, writer: Any, config: Any) -> None:
         """Threads and the event loop now; process points later, every stage's level by level on one pool
@@ -501,7 +494,7 @@ class StagesPhase:
         else:  # ruled out by its thread curve: the skipped rows now, and its inputs need not be kept
             s.run(s.remaining("process"), None)
 
-    def _probe_gil(self, step: Any, inputs: list, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def _probe_gil(self, step: Any, inputs: list, rows: list[StageDraft]) -> dict[str, Any] | None:
         """Read the stage's GIL share directly (:mod:`._gilprobe`) when it computes enough for it to matter.
 
         After its first thread point, with SPDL's tear-downs finished: the probe sets the switch
