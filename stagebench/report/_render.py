@@ -132,9 +132,9 @@ def report_context(run: RunData) -> dict[str, Any]:
     if run.rows.empty:
         warnings.insert(0, "no measured rows: results.csv is missing or empty")
     settings = run.settings.to_json()
-    findings = [{"severity": f.severity, "title": f.title, "detail": f.detail, "stage": f.stage} for f in sm.findings]
+    findings = sm.findings
     # Findings arrive ranked: show the important ones, fold the minor tail away.
-    split = max(3, sum(1 for f in findings if f["severity"] in ("high", "medium")))
+    split = max(3, sum(1 for f in findings if f.severity in ("high", "medium")))
     ctx: dict[str, Any] = {
         "kind": run.kind,
         "title": kind.title(run),
