@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     ceiling, h = {}, {}
     for ex, cs in levels.items():
         for c in cs:
-            r = measure_stage(identity, inputs, executor=ex, concurrency=c, config=ceil_cfg)
+            r = measure_stage(identity, inputs, executor=ex, concurrency=c, config=ceil_cfg).as_row()
             ceiling[(ex, c)] = r["qps"]
             h[(ex, c)] = r["cpu_s_per_item"] if math.isfinite(r["cpu_s_per_item"]) else 0.0
     o = {ex: 1.0 / ceiling[(ex, 1)] for ex in levels}
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                     while True:
                         before = _costs(fn, twin)
                         ref_a = reference()
-                        r = measure_stage(fn, inputs, executor=ex, concurrency=c, config=cfg, name=label)
+                        r = measure_stage(fn, inputs, executor=ex, concurrency=c, config=cfg, name=label).as_row()
                         ref_b = reference()
                         after = _costs(fn, twin)
                         drift = abs(ref_b - ref_a) / ((ref_a + ref_b) / 2)

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         for executor in ("thread", "process", "async"):
             fn = async_identity if executor == "async" else identity
             for c in levels:
-                r = measure_stage(fn, inputs, executor=executor, concurrency=c, config=cfg, harness=harness)
+                r = measure_stage(fn, inputs, executor=executor, concurrency=c, config=cfg, harness=harness).as_row()
                 rows.append(
                     {
                         k: r[k]

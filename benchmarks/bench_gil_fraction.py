@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         probe = _stages.SpinSleepProbe(stage)
         r = measure_stage(probe, inputs, executor="thread", concurrency=1, config=measure)
         # the truth over the calls the window counted (the probe's last ones), not the warm-up's
-        spin_s, spin_cpu_s, total_s = probe.last(r["n_items"]) if r["status"] == "ok" else (0.0, 0.0, 0.0)
+        spin_s, spin_cpu_s, total_s = probe.last(r.n_items) if r.status == "ok" else (0.0, 0.0, 0.0)
         held = spin_s / total_s if total_s > 0 else math.nan
         st = analyze_stage(df, cores=cores, n_boot=100)
         secs = time.perf_counter() - t0
