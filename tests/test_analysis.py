@@ -12,7 +12,7 @@ from _rows import model_rows, row
 from stagebench.analysis._labels import CLASSIFICATIONS
 from stagebench.analysis._pipeline import summarize
 from stagebench.analysis._stage import analyze_stage
-from stagebench.model._pipeline import Prediction, Validation
+from stagebench.model._pipeline import Prediction, WholeRun
 from stagebench.model._stage import StageEntry
 from stagebench.runs._results import RunDir, read_rows, to_jsonable
 from stagebench.runs._schema import STAGE_COLUMNS
@@ -816,7 +816,7 @@ def test_stage_calls_inside_the_validation_run_are_set_against_their_stand_ins_i
 def test_the_trainers_demand_against_the_measured_pipeline(measured, target, verdict):
     from stagebench.analysis._verdicts import demand_verdict
 
-    d = demand_verdict(target, Validation(qps=measured, qps_low=0.9 * measured, qps_high=1.1 * measured), None)
+    d = demand_verdict(target, WholeRun(qps=measured, qps_low=0.9 * measured, qps_high=1.1 * measured), None)
     assert d.verdict == verdict and d.source == "measured" and d.capacity == measured
     assert verdict in d.text
 
@@ -824,7 +824,7 @@ def test_the_trainers_demand_against_the_measured_pipeline(measured, target, ver
 def test_the_demand_verdict_is_inconclusive_without_a_run_or_a_replay():
     from stagebench.analysis._verdicts import demand_verdict
 
-    assert demand_verdict(None, Validation(qps=10.0), None) is None  # no demand stated: no verdict
+    assert demand_verdict(None, WholeRun(qps=10.0), None) is None  # no demand stated: no verdict
     bounds_only = Prediction(qps=500.0, method="bounds")
     assert demand_verdict(100.0, None, bounds_only).verdict == "inconclusive"
     replayed = demand_verdict(100.0, None, Prediction(qps=500.0, method="replay"))
@@ -849,7 +849,7 @@ def _stage_bound(replay_qps: float, replay_low: float) -> tuple[Prediction, str]
     prediction = apply_replay(bounds, replay)
     assert prediction is not None
     return prediction, pipeline_verdict(
-        [StageEntry.from_json(st) for st in stages], prediction, Validation(qps=13.8, qps_low=10.1, qps_high=18.9)
+        [StageEntry.from_json(st) for st in stages], prediction, WholeRun(qps=13.8, qps_low=10.1, qps_high=18.9)
     )
 
 

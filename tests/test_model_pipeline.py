@@ -13,7 +13,6 @@ from stagebench.model._pipeline import (
     Joint,
     Prediction,
     Search,
-    Validation,
     VersusYours,
     WholeRun,
 )
@@ -27,7 +26,7 @@ RUN_JSON = {
 }
 SECTIONS = {
     "prediction": Prediction,
-    "validation": Validation,
+    "validation": WholeRun,
     "recommended_vs_yours": VersusYours,
     "demand": Demand,
     "cpu_speed": CpuSpeed,

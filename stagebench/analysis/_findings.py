@@ -31,7 +31,7 @@ from stagebench._numbers import finite, fmt_q, num
 from stagebench.analysis._job import job_findings
 from stagebench.model._finding import SEVERITIES, Finding
 from stagebench.model._job import JobVerdict
-from stagebench.model._pipeline import Prediction, Validation, VersusYours
+from stagebench.model._pipeline import Prediction, VersusYours, WholeRun
 from stagebench.model._stage import StageEntry, StageSetting
 
 __all__ = ["build_findings"]
@@ -574,7 +574,7 @@ def build_findings(
     stages: Sequence[StageEntry],
     *,
     prediction: Prediction | None,
-    validation: Validation | None,
+    validation: WholeRun | None,
     warnings: list[str],
     not_isolated: list[dict],
     cores: float,
@@ -634,12 +634,12 @@ def _binding_finding(prediction: Prediction | None) -> _Found | None:
     )
 
 
-def _validation_finding(validation: Validation | None, prediction: Prediction | None) -> _Found | None:
+def _validation_finding(validation: WholeRun | None, prediction: Prediction | None) -> _Found | None:
     """The whole-pipeline run against the prediction: confirmed, or how far off and where they part.
 
     An error against the prediction exists only where there is a prediction (_pipeline._validation).
     """
-    v, p = validation or Validation(), prediction or Prediction()
+    v, p = validation or WholeRun(), prediction or Prediction()
     if not (validation and finite(v.error_vs_prediction)):
         return None
     err = num(v.error_vs_prediction)
@@ -667,7 +667,7 @@ def _validation_finding(validation: Validation | None, prediction: Prediction | 
     )
 
 
-def _interference_seen(validation: Validation) -> str:
+def _interference_seen(validation: WholeRun) -> str:
     """Where the stages slowed inside the pipeline: their calls against alone, and against the replay
     (a stage's calls inside the pipeline against its stand-in's inside the replay; they took turns, so
     the machine was the same)."""

@@ -44,7 +44,7 @@ from stagebench.core._paired import HOST_PHASES
 from stagebench.core._resources import usable_cores
 from stagebench.core._stage_draft import StageDraft
 from stagebench.model._meta import Provenance, RunMeta
-from stagebench.model._pipeline import Interference, Prediction, Validation
+from stagebench.model._pipeline import Interference, Prediction, WholeRun
 from stagebench.model._rate import Rate
 from stagebench.model._stage import StageEntry, changed
 from stagebench.runs._provenance import load_warnings
@@ -485,7 +485,7 @@ def _validation(
     prediction: Prediction | None,
     rows: pd.DataFrame | None = None,
     stages: Sequence[StageEntry] = (),
-) -> Validation | None:
+) -> WholeRun | None:
     """The validation run (``run.json["validation"]``) with its error against the prediction and each
     stage's interference; None where it gave no number."""
     if not isinstance(val, Mapping) or not finite(val.get("qps")):
@@ -495,7 +495,7 @@ def _validation(
     measured = float(val["qps"])
     replay_lat = (predicted.replay or {}).get("stage_latency")
     return changed(
-        Validation.from_json(val),
+        WholeRun.from_json(val),
         # relative error of the prediction against the measurement: +0.10 = predicted 10% too high
         error_vs_prediction=(pred - measured) / measured
         if pred is not None and finite(pred) and measured > 0

@@ -16,7 +16,7 @@ from stagebench.analysis._pipeline_job import settings_cost
 from stagebench.model._evidence import EQUIVALENT, Option, Ratio, decide, more_rounds_text
 from stagebench.model._job import JobVerdict, StepAlone
 from stagebench.model._meta import CpuReadings
-from stagebench.model._pipeline import CpuSpeed, Demand, Prediction, Validation, VersusYours, WholeRun
+from stagebench.model._pipeline import CpuSpeed, Demand, Prediction, VersusYours, WholeRun
 from stagebench.model._rate import Rate
 from stagebench.model._stage import StageEntry, StageSetting, changed, keyed
 
@@ -34,7 +34,7 @@ __all__ = [
 
 def demand_verdict(
     target: Any,
-    validation: Validation | None,
+    validation: WholeRun | None,
     prediction: Prediction | None,
     trainer: Mapping[str, Any] | None = None,
     job: Mapping[str, Any] | None = None,
@@ -80,7 +80,7 @@ def demand_verdict(
         if measured and wp is not None and finite(wp.data_wait_share)
         else ""
     )
-    val = validation or Validation()
+    val = validation or WholeRun()
     pred = prediction or Prediction()
     if finite(val.qps):
         capacity, low, high, source = val.qps, val.qps_low, val.qps_high, "measured"
@@ -166,7 +166,7 @@ def versus_yours_decision(
     return decide(options, yours="yours", ratio=ratio)
 
 
-def yours_verdict(yours: Any, validation: Validation | None, stages: Sequence[StageEntry]) -> VersusYours | None:
+def yours_verdict(yours: Any, validation: WholeRun | None, stages: Sequence[StageEntry]) -> VersusYours | None:
     """The recommended settings against the user's own, both run for real in turns (``run.json["yours"]``),
     by the rule of :mod:`stagebench.model._evidence` on their windows' ratio.
 
@@ -203,7 +203,7 @@ def yours_verdict(yours: Any, validation: Validation | None, stages: Sequence[St
         settings=mine_run.settings,
         changes=tuple(changes),
     )
-    val = validation or Validation()
+    val = validation or WholeRun()
     if mine_run.not_run:
         return changed(
             out,
@@ -332,7 +332,7 @@ SCHEDULING_BINDS = 0.5
 def pipeline_verdict(
     stages: Sequence[StageEntry],
     prediction: Prediction | None,
-    validation: Validation | None = None,
+    validation: WholeRun | None = None,
     not_isolated: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
     """What binds the pipeline, in one line: what binds the *measured* pipeline where it was run.
@@ -353,7 +353,7 @@ def pipeline_verdict(
     st = next((s for s in ok if s.name == name), None)
     cls = st.classification if st else "unknown"
     q = fmt_q(num(pred.qps))
-    val = validation or Validation()
+    val = validation or WholeRun()
     runs, how = (num(val.qps), "measured") if finite(val.qps) else (num(pred.qps), "predicted")
     lowest = num(pred.bounds_qps)
     sched = num(pred.scheduling_gil_s_per_item)

@@ -37,7 +37,6 @@ __all__ = [
     "StandIn",
     "Prediction",
     "Interference",
-    "Validation",
     "WholeRun",
     "VersusYours",
     "Demand",
@@ -175,49 +174,15 @@ class Interference(Read):
 
 
 @dataclass(frozen=True, slots=True)
-class Validation(Read):
-    """The whole pipeline run for real at the recommended settings (``summary["validation"]``): its rate
-    and interval, the windows it was measured over (``window_rates``: the windows in turns with the other
-    runs named in ``interleaved_with``), its error against the prediction, and how much slower each stage's
-    call ran inside it than alone (``interference``); ``error`` where it gave no number. The analysis
-    builds it from ``run.json["validation"]``, its keys kept in order and the two it adds after them."""
-
-    qps: float | None = None
-    qps_low: float | None = None
-    qps_high: float | None = None
-    seconds: float | None = None
-    error_vs_prediction: float | None = None
-    error: str | None = None
-    window_rates: tuple[float, ...] = ()
-    interference: tuple[Interference, ...] = ()
-    settings: tuple[Mapping[str, Any], ...] = ()
-    wall_s: float | None = None
-    """Seconds the whole runs in turns took (one call, shared by the runs that took turns in it)."""
-    keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
-    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-    READ: ClassVar[Coercions] = {
-        "interference": lambda v: tuple(Interference.from_json(x) for x in maps(v)),
-        **dict.fromkeys(("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction", "wall_s"), number),
-        "error": _some_text,
-        "window_rates": nums,
-        "settings": maps,
-    }
-
-    @property
-    def rate(self) -> Rate | None:
-        """``qps`` with its interval (None where the run gave no rate)."""
-        return Rate.of(self.qps, self.qps_low, self.qps_high)
-
-
-@dataclass(frozen=True, slots=True)
 class WholeRun(Read):
     """One whole pipeline run over the cached source items (``run.json["replay"]``, ``["validation"]``,
     ``["yours"]``), built by :func:`stagebench.pipeline._wholerun.run_pipelines`: its rate in source items
     per second with its interval and each counted window's, the sink's and the source's rates, the settings
     it ran at, its latencies, and how it took turns with the others; ``error`` where it gave no number. At
     the user's settings: ``same`` where they are the recommended ones, ``not_run`` (why) where the real
-    pipeline was not run. Its keys are kept in the order they were set, so ``to_json`` gives back what was
+    pipeline was not run. The validation run is ``summary["validation"]`` too, where the analysis adds its
+    error against the prediction and how much slower each stage's call ran inside it than alone
+    (``interference``). Its keys are kept in the order they were set, so ``to_json`` gives back what was
     built or read."""
 
     qps: float | None = None
@@ -248,6 +213,8 @@ class WholeRun(Read):
     interleaved_with: str | list[str] | None = None
     stand_ins: tuple[Mapping[str, float | str], ...] = ()
     """The replay's stand-ins, as :class:`StandIn` reads them."""
+    error_vs_prediction: float | None = None
+    interference: tuple[Interference, ...] = ()
     failed: str | None = None
     same: bool = False
     not_run: str | None = None
@@ -257,9 +224,11 @@ class WholeRun(Read):
     READ: ClassVar[Coercions] = {
         "same": bool,
         **dict.fromkeys(("not_run", "error"), _some_text),
-        **dict.fromkeys(("qps", "qps_low", "qps_high", "wall_s"), number),
+        **dict.fromkeys(("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction", "wall_s"), number),
         "window_rates": nums,
         "stand_ins": maps,
+        "settings": maps,
+        "interference": lambda v: tuple(Interference.from_json(x) for x in maps(v)),
     }
 
     @property

@@ -19,7 +19,7 @@ from stagebench.model._job import JobVerdict, StepAlone
 from stagebench.model._json import Coercions, Read, filled, integer, mapping, text, texts
 from stagebench.model._loader import LoaderPoint, WorkerCosts
 from stagebench.model._meta import LoaderInfo, Provenance, RunSettings
-from stagebench.model._pipeline import CpuSpeed, Demand, Joint, Prediction, Search, Validation, VersusYours
+from stagebench.model._pipeline import CpuSpeed, Demand, Joint, Prediction, Search, VersusYours, WholeRun
 from stagebench.model._stage import StageEntry
 
 __all__ = ["Summary"]
@@ -48,7 +48,7 @@ class Summary(Read):
     schema_version: int | None = None
     cores: int | None = None
     prediction: Prediction = field(default_factory=Prediction)
-    validation: Validation = field(default_factory=Validation)
+    validation: WholeRun = field(default_factory=WholeRun)
     recommended_vs_yours: VersusYours = field(default_factory=VersusYours)
     demand: Demand = field(default_factory=Demand)
     cpu_speed: CpuSpeed | None = None
@@ -73,7 +73,7 @@ class Summary(Read):
 
     READ: ClassVar[Coercions] = {
         "prediction": Prediction.from_json,
-        "validation": Validation.from_json,
+        "validation": WholeRun.from_json,
         "recommended_vs_yours": VersusYours.from_json,
         "demand": Demand.from_json,
         "cpu_speed": CpuSpeed.from_json,
