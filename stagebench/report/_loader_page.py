@@ -5,14 +5,14 @@ figures, the transforms as stage cards and what each worker costs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from stagebench._numbers import finite
 from stagebench.analysis._loader import pooled_frame
-from stagebench.model._loader import LoaderPoint, WorkerCosts
+from stagebench.model._loader import LoaderPoint, Shipping, Shm, WorkerCosts, WorkerMemory
 from stagebench.model._meta import RunSettings
 from stagebench.model._rate import Rate
 from stagebench.report import _loader_plots
@@ -194,11 +194,10 @@ def _worker_costs_context(costs: WorkerCosts | None) -> dict[str, Any] | None:
     return {
         "img_startup": svg_uri(_loader_plots.worker_startup_svg(costs)),
         "img_memory": svg_uri(_loader_plots.worker_memory_svg(costs)),
-        "startup": [r.to_json() for r in costs.startup],
-        "ship": costs.shipping.to_json() if costs.shipping is not None else {},
-        "mem": replace(costs.memory, samples=None).to_json() if costs.memory is not None else {},
+        "ship": costs.shipping or Shipping(),
+        "mem": costs.memory or WorkerMemory(),
         "available_mb": costs.available_mb,
-        "shm": costs.shm.to_json() if costs.shm is not None else {},
+        "shm": costs.shm or Shm(),
         "seconds": costs.seconds,
     }
 
