@@ -548,6 +548,5 @@ def test_a_stage_points_progress_line_counts_the_stages_calls(capsys):
     table counts): the progress line names that unit, not the table's items/s."""
     from stagebench.core._progress import Progress
 
-    row = {"stage": "decode", "role": "stage", "harness": "spdl", "executor": "thread", "concurrency": 2}
-    Progress(enabled=True).done({**row, "qps": 45.6, "status": "ok"})
+    Progress(enabled=True).point(StageDraft("decode", "stage", "thread", "spdl", 2, qps=45.6))
     assert capsys.readouterr().err.strip() == "[stagebench] decode | stage spdl/thread c=2: 45.6 calls/s"

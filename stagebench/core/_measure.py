@@ -43,7 +43,7 @@ from stagebench.core._executors import (
     leaked_threads,
     make_runner,
 )
-from stagebench.core._mirror import mirror
+from stagebench.core._mirror import Mirror, Ready, mirror
 from stagebench.core._pickling import pickle_problem
 from stagebench.core._resources import ResourceMonitor, TreeSnapshot, tree_pss_mb
 from stagebench.core._spdl_harness import SpdlRunner
@@ -532,9 +532,9 @@ class _Ranked:
     the same executor, concurrency and harness on its own inputs (:mod:`stagebench.core._mirror`,
     :mod:`stagebench.core._point_follow`), and the row holds the host's figures."""
 
-    def __init__(self, mirror: Any, cid: int, cfg: MeasureConfig) -> None:
+    def __init__(self, mirror: Mirror, cid: int, cfg: MeasureConfig) -> None:
         self.mirror, self.cid, self.cfg = mirror, cid, cfg
-        self.asked: Any = None
+        self.asked: Ready | None = None
         self.others: list[WindowRate] = []
         self.failed: tuple[str, str] | None = None
 

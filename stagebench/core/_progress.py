@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any
+
+from stagebench.core._stage_draft import StageDraft
 
 __all__ = ["Progress", "message"]
 
@@ -34,25 +35,22 @@ class Progress:
         if self._bar is not None:
             self._bar.set_postfix_str(label, refresh=True)
 
-    def done(
-        self, row: dict[str, Any], label: str | None = None, *, rate_key: str = "qps", unit: str = "calls/s"
-    ) -> None:
-        """One point finished. ``label`` names it; by default a stage-sweep row's coordinates.
+    def point(self, row: StageDraft) -> None:
+        """A stage point finished: its coordinates, and its rate in calls per second or why it has none.
 
-        ``rate_key`` is the row's throughput column and ``unit`` what it counts, so rows
-        other than stage rows (a loader point's ``samples_per_s``) report themselves as they are. A stage
-        row's ``qps`` counts the stage's calls: after a batch of 16, one call stands for 16 source items,
-        which the table and the report count ("45.6 calls/s x 16 items"); a line saying "items/s" there
-        read 16x under the table's figure for the same point.
+        A stage row's ``qps`` counts the stage's calls: after a batch of 16, one call stands for 16 source
+        items, which the table and the report count ("45.6 calls/s x 16 items"); a line saying "items/s"
+        there read 16x under the table's figure for the same point.
         """
-        if label is None:
-            label = f"{row['stage']} | {row['role']} {row['harness']}/{row['executor']} c={row['concurrency']}"
-        rate = row.get(rate_key)
-        status = row.get("status", "ok")
-        if status == "ok" and isinstance(rate, (int, float)) and math.isfinite(rate):
+        label = f"{row.stage} | {row.role} {row.harness}/{row.executor} c={row.concurrency}"
+        self.done(label, row.status, row.qps, row.reason, "calls/s")
+
+    def done(self, label: str, status: str, rate: float, reason: str, unit: str) -> None:
+        """One point finished: ``label`` names it; its ``rate`` in ``unit`` where ``status`` is ok, else the
+        status and ``reason``."""
+        if status == "ok" and math.isfinite(rate):
             what = f"{rate:,.1f} {unit}" if abs(rate) >= 10 else f"{rate:.3g} {unit}"  # 0.18 s, not 0.2 s
         else:
-            reason = row.get("reason") or ""
             what = f"{status}: {reason}"[:100] if reason else status
         if self._bar is not None:
             self._bar.set_postfix_str(f"{label}: {what}", refresh=False)

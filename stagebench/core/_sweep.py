@@ -38,7 +38,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple, TypedDict, Unpack
+from typing import NamedTuple, TypedDict, Unpack
 
 import cloudpickle
 import pandas as pd
@@ -209,7 +209,7 @@ class StageSweep:
             if why:
                 self.stopped[("stage", harness, "process")] = self.stopped[("ceiling", harness, "process")] = why
 
-    def run(self, points: Sequence[PlannedPoint], pool: Any) -> None:
+    def run(self, points: Sequence[PlannedPoint], pool: WorkerPool | None) -> None:
         """Measure (or record as skipped) ``points``, in order; ``pool`` serves the process points."""
         cfg, stopped = self.cfg, self.stopped
         for role, harness, ex, c in points:
@@ -287,7 +287,7 @@ class StageSweep:
         levels = _paired.plan(sr, harness) if harness else None
         return (harness, *levels) if harness and levels else None
 
-    def run_paired(self, pool: Any) -> None:
+    def run_paired(self, pool: WorkerPool | None) -> None:
         """The head-to-head (:mod:`stagebench.core._paired`), when the curves alone would pick processes by a small margin.
 
         Windows in the order T P P T, ``paired_rounds`` times, at each
@@ -337,7 +337,7 @@ class StageSweep:
         if self.writer is not None:
             self.writer.write(row.as_row())
         if self.progress is not None:
-            self.progress.done(row.as_row())
+            self.progress.point(row)
         if self.on_row is not None:
             self.on_row(row)
 
@@ -584,7 +584,7 @@ def _skip_ceiling_unless_near_best(
 _SHARE_MAX_BYTES = 1 << 20  # a stage that pickles larger carries state (a model): it gets workers of its own
 
 
-def _pools(stack: Any, fns: Sequence[Callable]) -> dict[int, WorkerPool]:
+def _pools(stack: contextlib.ExitStack, fns: Sequence[Callable]) -> dict[int, WorkerPool]:
     """Process pools for these stages' process points (see WorkerPool), by ``id(fn)``.
 
     Stages that pickle small share one pool; one that pickles larger than

@@ -256,13 +256,13 @@ class _Sweep:
         self.writer.write(row)
         if self.progress is not None:
             # the stall point measures the pause at an epoch's start, not a throughput
-            rate_key, unit = (
-                ("epoch_stall_s", "s pause at each epoch start")
+            rate, unit = (
+                (point.epoch_stall_s, "s pause at each epoch start")
                 if phase == "epoch_stall"
-                else ("samples_per_s", "samples/s")
+                else (point.samples_per_s, "samples/s")
             )
             label = f"{self.name} | {self.backend} {read.knobs.label()}" + (" (in turns)" if phase == "paired" else "")
-            self.progress.done(row, label=label, rate_key=rate_key, unit=unit)
+            self.progress.done(label, point.status, rate, point.reason, unit)
         return read
 
     def memory_hook(self, knobs: LoaderKnobs) -> Callable[[Any], None] | None:

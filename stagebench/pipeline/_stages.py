@@ -286,7 +286,7 @@ class StagesPhase:
         """The points of ``step`` not measured (``which``: as :func:`skipped_rows` takes), on disk and said."""
         for row in skipped_rows(step, self.run.settings, reason, **which):
             writer.write(row.as_row())
-            self.run.progress.done(row.as_row())
+            self.run.progress.point(row)
 
     def _stage(self, step: Any, cur: Cursor, writer: Any, cache: Any, n_source: int, src_problem: str | None) -> None:
         """One stage: its first pass (cached), then its sweep, on the current inputs; moves the cursor on."""
