@@ -225,21 +225,7 @@ class StageSweep:
                 reason = "; ".join(r for r in (why, orig.reason) if r)
                 row = replace(orig, stage=self.name, payload_bytes=self.payload, elapsed_s=0.0, reason=reason)
             else:
-                row = _point(
-                    self.fn,
-                    self.noop,
-                    self.inputs,
-                    self.name,
-                    role,
-                    harness,
-                    ex,
-                    c,
-                    self._stage_cfg(harness) if role == "stage" else self.ceiling_cfg,
-                    self.payload,
-                    pool,
-                    stopped,
-                    self.progress,
-                )
+                row = self._point(role, harness, ex, c, pool)
                 if shared is not None and row.status == "ok":
                     shared[(harness, ex, c)] = row
                 if role == "stage" and ex == "process" and cfg.process_flat_levels:
@@ -251,6 +237,31 @@ class StageSweep:
                 if role == "stage" and ex == "process" and cfg.process_ceilings == "near_best":
                     _skip_ceiling_unless_near_best(row, self.rows, harness, stopped)
             self._record(row)
+
+    def _point(self, role: str, harness: str, ex: str, c: int, pool: WorkerPool | None) -> StageDraft:
+        """One point measured, or skipped where its curve stopped; a point that did not measure stops it."""
+        key = (role, harness, ex)
+        if key in self.stopped:
+            return skipped(self.name, role, ex, harness, c, self.stopped[key], self.payload)
+        if self.progress is not None:
+            self.progress.start(f"{self.name} | {role} {harness}/{ex} c={c}")
+        row = measure_stage(
+            self.fn if role == "stage" else self.noop,
+            self.inputs,
+            executor=ex,
+            concurrency=c,
+            config=self._stage_cfg(harness) if role == "stage" else self.ceiling_cfg,
+            name=self.name,
+            role=role,
+            harness=harness,
+            payload=self.payload,
+            pool=pool if ex == "process" else None,
+        )
+        if row.status in _STOP_STATUSES:
+            self.stopped[key] = f"not measured: {row.status} at concurrency {c} ({row.reason})"
+            if row.status == "skipped":
+                self.stopped[key] = row.reason
+        return row
 
     def _stage_unmeasured(self, harness: str, ex: str, c: int) -> str | None:
         """Why the ceiling at this level serves no stage point (its reason), or None where it does.
@@ -609,28 +620,3 @@ def _pools(stack: contextlib.ExitStack, fns: Sequence[Callable]) -> dict[int, Wo
         shared = stack.enter_context(WorkerPool(*(f for f, _ in small), fn_bytes=[b for _, b in small]))
         out.update((id(f), shared) for f, _ in small)
     return out
-
-
-def _point(fn, noop, inputs, stage, role, harness, ex, c, measure, payload, pool, stopped, progress) -> StageDraft:
-    key = (role, harness, ex)
-    if key in stopped:
-        return skipped(stage, role, ex, harness, c, stopped[key], payload)
-    if progress is not None:
-        progress.start(f"{stage} | {role} {harness}/{ex} c={c}")
-    row = measure_stage(
-        fn if role == "stage" else noop,
-        inputs,
-        executor=ex,
-        concurrency=c,
-        config=measure,
-        name=stage,
-        role=role,
-        harness=harness,
-        payload=payload,
-        pool=pool if ex == "process" else None,
-    )
-    if row.status in _STOP_STATUSES:
-        stopped[key] = f"not measured: {row.status} at concurrency {c} ({row.reason})"
-        if row.status == "skipped":
-            stopped[key] = row.reason
-    return row
