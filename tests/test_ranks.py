@@ -123,6 +123,7 @@ _MEET = textwrap.dedent(
     """
     import os, sys, time
     from stagebench.core._ranks import HostGroup
+    from stagebench.model._ranks import Answer
     from stagebench.runs._ranks import ranks_from_env
     from stagebench._errors import RankLost
     mode = sys.argv[1]
@@ -136,7 +137,7 @@ _MEET = textwrap.dedent(
         try:
             for i in range(20):
                 n = g.send("ping", i=i)
-                assert g.replies(n, time.perf_counter() + 20)[1] == {"pong": i}
+                assert g.replies(n, time.perf_counter() + 20)[1].n == i
             print("PINGED", flush=True)
             if mode == "die":
                 n = g.send("ping", i=99)
@@ -154,7 +155,7 @@ _MEET = textwrap.dedent(
             sys.exit(cmd.code)
         if mode == "die" and cmd.i == 99:
             os._exit(9)
-        g.reply(cmd.n, {"pong": cmd.i})
+        g.reply(cmd.n, Answer(n=cmd.i))
     """
 )
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stagebench.core._ranks import HostGroup
-from stagebench.model._ranks import Command
+from stagebench.model._ranks import Answer, Command
 
 __all__ = ["Mirrored", "Failed", "Followed", "follow"]
 
@@ -94,9 +94,10 @@ class Followed:
     cmd: Command | None = None
 
 
-def _answer(m: Mirrored | None, **got: Any) -> dict[str, Any]:
-    err = m.error() if m is not None else ("failed", "not open on this rank")
-    return {**got, "error": list(err) if err else None}
+def _reply(group: HostGroup, cmd: Command, m: Mirrored | None, **got: Any) -> None:
+    """Answer the leader's question ``cmd`` about ``m`` (``got``: the :class:`Answer`'s fields)."""
+    error = m.error() if m is not None else ("failed", "not open on this rank")
+    group.reply(cmd.n, Answer(error=error, **got))
 
 
 def _until_ready(group: HostGroup, m: Mirrored, seq: int) -> None:
@@ -149,12 +150,12 @@ def follow(
             elif op == "ready":
                 if m is not None:
                     _until_ready(group, m, cmd.seq)
-                group.reply(cmd.n, _answer(m, pids=m.pids() if m is not None else []))
+                _reply(group, cmd, m, pids=m.pids() if m is not None else ())
             elif op == "count":
-                group.reply(cmd.n, _answer(m, n=m.count(cmd.t0) if m is not None else 0))
+                _reply(group, cmd, m, n=m.count(cmd.t0) if m is not None else 0)
             elif op == "rates":
                 got = m.rates(cmd.t0, cmd.t1, cmd.how) if m is not None else {}
-                group.reply(cmd.n, _answer(m, **json.loads(json.dumps(got, default=float))))
+                _reply(group, cmd, m, rates=json.loads(json.dumps(got, default=float)))
     finally:
         if kept is None:
             for x in mine.values():

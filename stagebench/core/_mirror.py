@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from stagebench._errors import RankLost
 from stagebench.core._ranks import HostGroup, leading
+from stagebench.model._ranks import Answer
 
 __all__ = ["Mirror", "Ready", "mirror", "MirroredGate"]
 
@@ -39,7 +41,7 @@ class Ready:
 
     def __init__(self, group: HostGroup, n: int) -> None:
         self.group, self.n = group, n
-        self.got: dict[int, dict[str, Any]] = {}
+        self.got: dict[int, Answer] = {}
         self._checked = 0.0
 
     def done(self) -> bool:
@@ -59,14 +61,14 @@ class Ready:
 
     @property
     def pids(self) -> list[int]:
-        return [int(p) for r in sorted(self.got) for p in self.got[r].get("pids") or ()]
+        return [p for r in sorted(self.got) for p in self.got[r].pids]
 
 
-def _failure(got: dict[int, dict[str, Any]]) -> tuple[str, str] | None:
+def _failure(got: Mapping[int, Answer]) -> tuple[str, str] | None:
+    """(status, reason) of the first follower whose copy failed, else None."""
     for r in sorted(got):
-        err = got[r].get("error")
-        if err:
-            return str(err[0]), f"local rank {r}: {err[1]}"
+        if (err := got[r].error) is not None:
+            return err[0], f"local rank {r}: {err[1]}"
     return None
 
 
@@ -132,16 +134,17 @@ class Mirror:
         """What each follower's ``cid`` delivered since ``t0`` (by local rank); a follower whose copy failed
         counts nothing."""
         got = self.group.replies(self._send("count", cid=cid, t0=t0), time.perf_counter() + _ANSWER_S)
-        return [int(got[r].get("n") or 0) for r in self.group.followers]
+        return [got[r].n for r in self.group.followers]
 
     def rates(
-        self, cid: int, t0: float, t1: float, how: dict[str, Any]
-    ) -> tuple[list[dict[str, Any]], tuple[str, str] | None]:
-        """What each follower's ``cid`` delivered over the leader's window [t0, t1] (by local rank; ``how``:
-        what the kind's reckoning of a window takes besides its ends), and the first fault a follower met."""
+        self, cid: int, t0: float, t1: float, how: Mapping[str, Any]
+    ) -> tuple[list[Mapping[str, Any]], tuple[str, str] | None]:
+        """What each follower's ``cid`` delivered over the leader's window [t0, t1], the kind's record of it as
+        written (by local rank; ``how``: what the kind's reckoning of a window takes besides its ends), and
+        the first fault a follower met."""
         n = self._send("rates", cid=cid, t0=t0, t1=t1, how=how)
         got = self.group.replies(n, time.perf_counter() + _ANSWER_S)
-        return [got[r] for r in self.group.followers], _failure(got)
+        return [got[r].rates for r in self.group.followers], _failure(got)
 
 
 _MIRRORS: dict[int, Mirror] = {}

@@ -45,7 +45,7 @@ import psutil
 from stagebench._errors import RankLost, StagebenchError
 from stagebench._settings import SettingsError, read_env, setting
 from stagebench._signals import ignore_sigterm
-from stagebench.model._ranks import Command, Ranks
+from stagebench.model._ranks import Answer, Command, Ranks
 from stagebench.runs._outcome import BAD_INPUT, RANK_LOST
 from stagebench.runs._ranks import ranks_from_env
 
@@ -297,28 +297,28 @@ class HostGroup:
         raw = self._get(f"st/{rank}")
         return int(json.loads(raw).get("at", -1)) if raw else -1
 
-    def replies(self, n: int, deadline: float) -> dict[int, dict[str, Any]]:
+    def replies(self, n: int, deadline: float) -> dict[int, Answer]:
         """The leader: every follower's reply to command ``n``, by rank (:meth:`wait_until`'s rules)."""
-        got: dict[int, dict[str, Any]] = {}
+        got: dict[int, Answer] = {}
 
         def ready() -> bool:
             for r in self.followers:
                 if r not in got:
                     raw = self._get(f"re/{n}/{r}")
                     if raw is not None:
-                        got[r] = json.loads(raw)
+                        got[r] = Answer.from_json(json.loads(raw))
             return len(got) == len(self.followers)
 
         self.wait_until(ready, deadline, "answer")
         return got
 
-    def answers(self, n: int) -> dict[int, dict[str, Any]]:
+    def answers(self, n: int) -> dict[int, Answer]:
         """The leader: the followers' replies to command ``n`` so far, by rank (it does not wait)."""
-        got: dict[int, dict[str, Any]] = {}
+        got: dict[int, Answer] = {}
         for r in self.followers:
             raw = self._get(f"re/{n}/{r}")
             if raw is not None:
-                got[r] = json.loads(raw)
+                got[r] = Answer.from_json(json.loads(raw))
         return got
 
     def end(self, code: int, wait_s: float = 10.0) -> None:
@@ -374,9 +374,9 @@ class HostGroup:
         """A follower: the step it reached, for the leader to read (:meth:`reached`)."""
         self._set(f"st/{self.rank}", json.dumps({"at": int(step)}))
 
-    def reply(self, n: int, payload: Mapping[str, Any]) -> None:
+    def reply(self, n: int, answer: Answer) -> None:
         """A follower: its answer to command ``n``."""
-        self._set(f"re/{n}/{self.rank}", json.dumps(dict(payload)))
+        self._set(f"re/{n}/{self.rank}", json.dumps(answer.to_json()))
 
     def bye(self) -> None:
         """A follower: it read the end; the leader may close the store."""

@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stagebench.model._json import Read
+from stagebench.model._json import Read, each
 from stagebench.model._rate import Rate
 
-__all__ = ["Ranks", "HostRate", "WindowShare", "Command"]
+__all__ = ["Ranks", "HostRate", "WindowShare", "Command", "Answer"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,3 +172,18 @@ class Command(Read):
     i: int = 0
     key: str = ""
     settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Answer(Read):
+    """A follower's answer to the leader's question about a thing it opened: its workers (``pids``: is it
+    ready), what it delivered since a moment (``n``) or over a window (``rates``: the kind's record of it,
+    as written), and ``error``, (status, reason) where its copy failed. JSON only in the store between
+    the ranks."""
+
+    error: tuple[str, str] | None = None
+    pids: tuple[int, ...] = ()
+    n: int = 0
+    rates: Mapping[str, Any] = field(default_factory=dict)
+
+    READ = {"error": lambda v: (str(v[0]), str(v[1])) if v else None, "pids": each(int)}
