@@ -25,10 +25,16 @@ from typing import Any, Protocol
 from stagebench.core._ranks import HostGroup
 from stagebench.model._ranks import Answer, Command
 
-__all__ = ["Mirrored", "Failed", "Followed", "follow"]
+__all__ = ["Mirrored", "Record", "Failed", "Followed", "follow"]
 
 #: How often a follower looks at a copy the leader waits on to be ready.
 _READY_POLL_S = 0.005
+
+
+class Record(Protocol):
+    """What a copy delivered over a window, as its kind reckons it; sent to the leader as its ``to_json``."""
+
+    def to_json(self) -> Mapping[str, Any]: ...
 
 
 class Mirrored(Protocol):
@@ -50,8 +56,8 @@ class Mirrored(Protocol):
     def gate(self, opened: bool, seq: int) -> None:
         """Run again (``opened``, the ``seq``-th opening) or wait."""
 
-    def rates(self, t0: float, t1: float, how: Mapping[str, Any]) -> dict[str, Any]:
-        """What it delivered over [t0, t1], as the kind reckons a window."""
+    def rates(self, t0: float, t1: float, how: Mapping[str, Any]) -> Record | None:
+        """What it delivered over [t0, t1], as the kind reckons a window (None: nothing to reckon)."""
 
     def close(self) -> None:
         """Stop and tear down; never raises."""
@@ -78,8 +84,8 @@ class Failed:
     def gate(self, opened: bool, seq: int) -> None:
         pass
 
-    def rates(self, t0: float, t1: float, how: Mapping[str, Any]) -> dict[str, Any]:
-        return {}
+    def rates(self, t0: float, t1: float, how: Mapping[str, Any]) -> Record | None:
+        return None
 
     def close(self) -> None:
         pass
@@ -154,8 +160,9 @@ def follow(
             elif op == "count":
                 _reply(group, cmd, m, n=m.count(cmd.t0) if m is not None else 0)
             elif op == "rates":
-                got = m.rates(cmd.t0, cmd.t1, cmd.how) if m is not None else {}
-                _reply(group, cmd, m, rates=json.loads(json.dumps(got, default=float)))
+                got = m.rates(cmd.t0, cmd.t1, cmd.how) if m is not None else None
+                rates = got.to_json() if got is not None else {}
+                _reply(group, cmd, m, rates=json.loads(json.dumps(rates, default=float)))
     finally:
         if kept is None:
             for x in mine.values():

@@ -26,6 +26,7 @@ from stagebench.core._executors import (
 )
 from stagebench.core._measure import window_rate
 from stagebench.core._spdl_harness import SpdlRunner
+from stagebench.core._stage_draft import WindowRate
 
 __all__ = ["PointRun", "Pools"]
 
@@ -95,8 +96,8 @@ class PointRun:
     def gate(self, opened: bool, seq: int) -> None:
         """A point does not wait between windows: it runs from its opening to its close."""
 
-    def rates(self, t0: float, t1: float, how: Mapping[str, Any]) -> dict[str, Any]:
-        return window_rate(self.runner.lanes, t0, t1, MeasureConfig(**how)).to_json()
+    def rates(self, t0: float, t1: float, how: Mapping[str, Any]) -> WindowRate:
+        return window_rate(self.runner.lanes, t0, t1, MeasureConfig(**how))
 
     def close(self) -> None:
         try:

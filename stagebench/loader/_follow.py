@@ -21,6 +21,7 @@ from stagebench.loader._mirror import WHAT
 from stagebench.loader._point import _failure, _quiet_sigchld, workers_beyond_cores_unwarned
 from stagebench.loader._window import window_share
 from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._ranks import WindowShare
 
 __all__ = ["follow_loaders"]
 
@@ -88,9 +89,8 @@ class _Loader:
         else:
             self.cons.gate.clear()
 
-    def rates(self, t0: float, t1: float, how: Mapping[str, Any]) -> dict[str, Any]:
-        share = window_share(list(self.cons.events), t0, t1, time.perf_counter(), **how)
-        return share.to_json()
+    def rates(self, t0: float, t1: float, how: Mapping[str, Any]) -> WindowShare:
+        return window_share(list(self.cons.events), t0, t1, time.perf_counter(), **how)
 
     def close(self) -> None:
         try:

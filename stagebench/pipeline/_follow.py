@@ -23,6 +23,8 @@ from stagebench.core._follow import Followed, follow
 from stagebench.core._measure import POINT
 from stagebench.core._point_follow import PointRun, Pools
 from stagebench.core._ranks import HostGroup
+from stagebench.model import _pipeline as model
+from stagebench.model._stage import keyed
 from stagebench.pipeline._calls import Fused
 from stagebench.pipeline._first_pass import measure_inputs, read_source, run_passthrough
 from stagebench.pipeline._isolate import Passthrough, plan_pipeline
@@ -136,10 +138,10 @@ class WholeRun:
         else:
             self.run.gate.clear()
 
-    def rates(self, t0: float, t1: float, how: Mapping[str, Any]) -> dict[str, Any]:
+    def rates(self, t0: float, t1: float, how: Mapping[str, Any]) -> model.WholeRun:
         self.run.windows = [tuple(w) for w in how["windows"]]
         res = self.run.result(float(how["items_per_sink_item"]))
-        return {"qps": res.qps, "qps_low": res.qps_low, "qps_high": res.qps_high}
+        return keyed(model.WholeRun, qps=res.qps, qps_low=res.qps_low, qps_high=res.qps_high)
 
     def close(self) -> None:
         self.run.close()
