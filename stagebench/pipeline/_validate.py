@@ -37,7 +37,7 @@ __all__ = [
 
 #: Rounds in turns of the recommended settings against yours beyond the first forth and back, while the
 #: rule of :mod:`stagebench.model._evidence` cannot tell them apart (two rounds show only a large change).
-#: Each costs two slices of the validation window and their settles: on the demo, six cost 20 s.
+#: Each costs two slices of the validation window and their settles.
 EXTRA_ROUNDS = 3
 
 
@@ -126,10 +126,8 @@ def _whole_runs(plan: Any, settings: Any, summary: dict[str, Any], stand_ins: di
     validation is on, and the user's settings beside them where they differ from the recommended ones."""
     choices = choices_of(summary)
     # Warm once items have reached the sink for 0.5 s (_wholerun.WholePipelineRun.warm), pools included:
-    # a process pool starts its c workers together, on its first c calls, so the first item
-    # arrives once they have started (gil_mix's process x 4: 0.06-0.07 s after opening). A
-    # pipeline with processes had a 1 s floor besides, which only made it wait 0.45 s longer.
-    # A window under 1 s (quick mode's 0.3 s replay) gets a warm-up as much shorter.
+    # a process pool starts its c workers together, on its first c calls, so the first item arrives once
+    # they have started. A window under 1 s (quick mode's replay) gets a warm-up as much shorter.
     window = settings.validation_window_s
     warm = 0.5 * min(1.0, window)
     validate = settings.validate == "on"

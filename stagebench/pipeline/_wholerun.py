@@ -52,8 +52,7 @@ _SETTLE_LATENCIES = 3  # steady-state latencies per settle (module docstring)
 _ARRIVALS_PER_SLICE = 2  # a window is lengthened until each slice can see this many sink items
 _MAX_WINDOW_S = 30.0  # ... but not beyond this (a pipeline slower than that is reported as it is)
 # ... and, up to 10 s, until each slice can see 20: each slice's count is uncertain by one arrival at
-# its edges (sink_rate), so 20 keep that under 5%. A pipeline ending in batches (the demo: one batch
-# every 40 ms) read 323 (270-376) items/s over 1 s; item-by-item sinks are far above this.
+# its edges (sink_rate), so 20 keep that under 5%: a pipeline ending in batches sees few sink items.
 _PRECISE_ARRIVALS, _PRECISE_WINDOW_S = 20, 10.0
 
 
@@ -263,8 +262,8 @@ def sink_rate(arrivals: list[float], windows: list[tuple[float, float]]) -> Sink
     The interval is from batch means: three sub-windows of each window (ten of one window alone),
     each seeing at least two arrivals. It is never narrower than the counting's own resolution:
     each window's count can be off by one arrival at its edges, so the rate by (windows / seconds)
-    either way. Without that floor, a pipeline delivering a batch every 40 ms read
-    369 (369-369) items/s over 1 s: every sub-window had happened to count four batches.
+    either way: without that floor, sub-windows that each happen to count the same number of batches
+    read as no spread at all.
     """
     arr = np.asarray(arrivals, dtype=float)
     seconds = sum(t1 - t0 for t0, t1 in windows)
@@ -354,7 +353,7 @@ def run_pipelines(
             if gaps:
                 gap = max(gaps)
                 # the runs warmed up side by side, each with about 1/n of the machine: alone, a
-                # sink item comes about n times as often (the demo: 0.16 s apart warming, 0.05 counting)
+                # sink item comes about n times as often
                 window_s = max(
                     window_s,
                     min(_MAX_WINDOW_S, gap * _ARRIVALS_PER_SLICE * slices),
@@ -402,7 +401,7 @@ def _warm_up(runs: list[WholePipelineRun], warmup_s: float, timeout_s: float, ra
     diagnosis: once every rank's copy is warm too, or failed).
 
     Together, not one after the other: warming up is not measured, and pools
-    that start lazily (worker processes: ~1 s here) start side by side. Two
+    that start lazily (worker processes) start side by side. Two
     runs are left closed, to take turns; one run alone is left open.
     """
     for r in runs:
