@@ -42,12 +42,13 @@ from stagebench.pipeline._rule_out import paired_needless, rule_out_processes
 from stagebench.pipeline._run import Run
 from stagebench.pipeline._settings import SAMPLE_OUTPUTS, DiagnoseSettings
 from stagebench.pipeline._stage_cache import CachedOutputs, StageCache, callable_key, chain_key, items_key
+from stagebench.runs._results import RowWriter
 from stagebench.runs._schema import STAGE_COLUMNS
 
 __all__ = ["StagesPhase", "sweep_config", "skipped_rows", "first_pass", "consumes_why", "advance", "Cursor"]
 
 
-def sweep_config(stage: Any, settings: DiagnoseSettings) -> Any:
+def sweep_config(stage: Any, settings: DiagnoseSettings) -> SweepConfig:
     """The sweep of one ``stage`` (a ``SweepConfig``) at the diagnosis's ``settings``: SPDL runs aggregate and
     disaggregate stages inline, with nothing to choose."""
     measure = settings.measure_config()
@@ -167,7 +168,7 @@ def _no_outputs_why(first: FirstPass, timeout_s: float) -> str:
 
 
 def first_pass(
-    step: Any, cur: Cursor, cache: Any, settings: DiagnoseSettings, plan: Any
+    step: Any, cur: Cursor, cache: StageCache, settings: DiagnoseSettings, plan: Any
 ) -> tuple[Any, str, str | None]:
     """``step`` run once over the cursor's inputs, or its outputs read from ``cache``, with the diagnosis's
     ``settings`` (the outputs' cap, the timeout): (the cached outputs, their chain key, why they are not
@@ -277,18 +278,20 @@ class StagesPhase:
         if not cur.inputs:
             cur.blocked = f"not measured: {', '.join(step.names)} produced no outputs"
 
-    def _not_measured(self, step: Any, writer: Any, reason: str) -> None:
+    def _not_measured(self, step: Any, writer: RowWriter, reason: str) -> None:
         self.run.stage_meta(step.name).update(status="not_measured", reason=reason)
         self._skip(step, writer, reason)
         self.run.write_meta()
 
-    def _skip(self, step: Any, writer: Any, reason: str, **which: Any) -> None:
+    def _skip(self, step: Any, writer: RowWriter, reason: str, **which: Any) -> None:
         """The points of ``step`` not measured (``which``: as :func:`skipped_rows` takes), on disk and said."""
         for row in skipped_rows(step, self.run.settings, reason, **which):
             writer.write(row.as_row())
             self.run.progress.point(row)
 
-    def _stage(self, step: Any, cur: Cursor, writer: Any, cache: Any, n_source: int, src_problem: str | None) -> None:
+    def _stage(
+        self, step: Any, cur: Cursor, writer: RowWriter, cache: StageCache, n_source: int, src_problem: str | None
+    ) -> None:
         """One stage: its first pass (cached), then its sweep, on the current inputs; moves the cursor on."""
         run, settings = self.run, self.run.settings
         smeta = run.stage_meta(step.name)
@@ -433,7 +436,7 @@ class StagesPhase:
                 self.stage_speeds.setdefault(row.stage, []).append(self.sweep_speeds[-1])
 
     def _sweep_stage(
-        self, step: Any, inputs: list, writer: Any, came_from: str | None, src_problem: str | None
+        self, step: Any, inputs: list, writer: RowWriter, came_from: str | None, src_problem: str | None
     ) -> None:
         """Sweep one stage; process points are skipped with one reason when its inputs cannot be pickled.
 
@@ -463,7 +466,7 @@ class StagesPhase:
             step, writer, f"inputs cannot be pickled for a process pool: {problem}", executor="process", ceilings=True
         )
 
-    def _sweep_points(self, step: Any, inputs: list, writer: Any, config: Any) -> None:
+    def _sweep_points(self, step: Any, inputs: list, writer: RowWriter, config: SweepConfig) -> None:
         """Threads and the event loop now; process points later, every stage's level by level on one pool
         (core/_sweep.sweep_process_points, after the last stage)."""
         s = StageSweep(
