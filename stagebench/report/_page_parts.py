@@ -18,6 +18,9 @@ from stagebench.report._html import interval_text, pct_text, rate_text, svg_uri
 
 __all__ = ["cell", "problem_rows", "noise_tile", "to_ms", "with_keys", "job_tile", "job_context"]
 
+#: where a point ran, as a failed points' table shows it (the columns the rows have)
+_WHERE = ("role", "harness", "executor", "concurrency", "num_workers", "prefetch_factor", "persistent_workers")
+
 
 def problem_rows(rows: pd.DataFrame) -> list[dict[str, Any]]:
     """The points that did not measure, as a table: where they ran, their status and why.
@@ -28,22 +31,7 @@ def problem_rows(rows: pd.DataFrame) -> list[dict[str, Any]]:
     if rows.empty or "status" not in rows:
         return []
     bad = rows[rows["status"].astype(str) != "ok"]
-    cols = [
-        c
-        for c in (
-            "role",
-            "harness",
-            "executor",
-            "concurrency",
-            "num_workers",
-            "prefetch_factor",
-            "persistent_workers",
-            "status",
-            "reason",
-            "error_example",
-        )
-        if c in bad.columns
-    ]
+    cols = [c for c in (*_WHERE, "status", "reason", "error_example") if c in bad.columns]
     return [{k: cell(v) for k, v in r.items()} for r in bad[cols].to_dict("records")]
 
 
@@ -82,8 +70,7 @@ def tile(label: str, value: str, sub: str) -> dict[str, str]:
 
 def with_keys(d: Mapping[str, Any] | None, keys: Sequence[str]) -> dict[str, Any]:
     """A summary dict with every key the template reads (None when absent), extra keys kept."""
-    d = dict(d or {})
-    return {**{k: None for k in keys}, **d}
+    return {**dict.fromkeys(keys), **(d or {})}
 
 
 def to_ms(x: Any) -> float | None:
