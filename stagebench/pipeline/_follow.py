@@ -76,7 +76,7 @@ class Walk:
             measured, sweep_inputs = Fused(cur.prev.stage.fn, step.fn), cur.prev.inputs
         if sweep_inputs:
             self.inputs[step.name] = (measured, sweep_inputs)
-        advance(step, cur, cached, key, minputs, {}, timeout_s)
+        advance(step, cur, cached, key, minputs, None, timeout_s)
 
     def resolve(self, name: str) -> tuple[Callable, Sequence[Any]]:
         """The callable and inputs this rank measures for the leader's stage ``name``; a name that is no

@@ -121,7 +121,7 @@ class _Fresh:
 
 
 def _fresh_source(
-    step: Any, minputs: list, outputs: list, first: FirstPass, smeta: dict[str, Any], prev: _Fresh | None
+    step: Any, minputs: list, outputs: list, first: FirstPass, per_input: float | None, prev: _Fresh | None
 ) -> _Fresh | None:
     """After a plain one-to-one pipe: that pipe over its own inputs. After an aggregate whose inputs came
     from such a pipe with nothing dropped (so the i-th output is the i-th input's): the pipe over each
@@ -130,13 +130,13 @@ def _fresh_source(
     """
     if step.type == "pipe" and not step.many:
         aligned = len(outputs) == len(minputs) and not first.n_errors and not first.n_dropped
-        return _Fresh(step, minputs, smeta.get("items_per_input"), aligned, [step.name])
+        return _Fresh(step, minputs, per_input, aligned, [step.name])
     if step.type == "aggregate" and prev is not None and prev.aligned and first.groups:
         base = prev.inputs
         if all(b <= len(base) for _, b in first.groups):
             groups = [list(base[a:b]) for a, b in first.groups]
             fused = replace(step, fn=MapThen(prev.stage.fn, step.fn))
-            return _Fresh(fused, groups, smeta.get("items_per_input"), False, [*prev.chain, step.name])
+            return _Fresh(fused, groups, per_input, False, [*prev.chain, step.name])
     return None
 
 
@@ -192,19 +192,19 @@ def consumes_why(step: Any, item: Any, first: FirstPass, timeout_s: float) -> st
 
 
 def advance(
-    step: Any, cur: Cursor, cached: CachedOutputs, key: str, minputs: list, smeta: dict[str, Any], timeout_s: float
+    step: Any, cur: Cursor, cached: CachedOutputs, key: str, minputs: list, per_input: float | None, timeout_s: float
 ) -> None:
     """The cursor moved past ``step``: its ``cached`` outputs (under ``key``) are the next stage's inputs (or
     why the stages after it cannot be measured, ``timeout_s`` in the words), with the share of the source
     they stand for and what can give a consuming stage after it fresh inputs (from ``minputs``, the
-    inputs it was measured on, and ``smeta``, its ``run.json`` entry)."""
+    inputs it was measured on, each standing for ``per_input`` source items where known)."""
     first = cached.first
     if first.capped and first.n_inputs:
         cur.fraction *= first.n_run / first.n_inputs
     if not cached.items:
         why = _no_outputs_why(first, timeout_s)
         cur.blocked = f"not measured: the earlier stage {step.name!r} produced no outputs: {why}"
-    cur.prev = _fresh_source(step, minputs, cached.items, first, smeta, cur.prev)
+    cur.prev = _fresh_source(step, minputs, cached.items, first, per_input, cur.prev)
     cur.inputs, cur.key, cur.came_from = cached.items, key, repr(step.name)
 
 
@@ -344,7 +344,7 @@ class StagesPhase:
             )
             smeta.update(status="not_measured", reason=reason)
             self._skip(step, writer, reason)
-        advance(step, cur, cached, key, minputs, smeta, settings.timeout_s)
+        advance(step, cur, cached, key, minputs, smeta.get("items_per_input"), settings.timeout_s)
 
     def _note_inputs(
         self, step: Any, cur: Cursor, cached: CachedOutputs, smeta: dict, minputs: list, n_source: int
