@@ -23,6 +23,7 @@ from stagebench.core._jobrun import (
 from stagebench.core._steps import WARMUP_STEPS
 from stagebench.model._job import JobRecord
 from stagebench.model._meta import RunSettings
+from stagebench.model._rate import Rate
 
 
 class FakeLoop:
@@ -383,12 +384,12 @@ def _meta(cuda: bool, **mine):
 
 def test_loader_candidates_are_yours_the_cheapest_that_feeds_a_step_above_and_the_best():
     rows = [_pt(0, 516), _pt(1, 470), _pt(2, 940), _pt(4, 1880)]
-    ladder = job_candidates(rows, _meta(cuda=False), demand=1000.0)
+    ladder = job_candidates(rows, _meta(cuda=False), demand=Rate(1000.0))
     cands = ladder.run
     by_origin = {o: c for c in cands for o in c.origin}
     assert by_origin["yours"].settings["num_workers"] == 2 and by_origin["feeds"] is by_origin["best"]
     assert by_origin["best"].settings["num_workers"] == 4
-    ladder = job_candidates(rows, _meta(cuda=False, persistent_workers=False), demand=320.0)
+    ladder = job_candidates(rows, _meta(cuda=False, persistent_workers=False), demand=Rate(320.0))
     cands = ladder.run
     by_origin = {o: c for c in cands for o in c.origin}
     assert by_origin["yours"].settings["num_workers"] == 2
@@ -410,11 +411,11 @@ def test_on_a_hosts_ranks_the_settings_tied_with_the_fastest_alone_run_with_the_
     the cheapest setting near the fastest alone (within 80%) of each num_workers runs too; one rank's
     ladder is unchanged."""
     rows = [_pt(0, 980), _pt(1, 1000), _pt(1, 990, pf=4), _pt(2, 1015), _pt(3, 700)]
-    one = job_candidates(rows, _meta(cuda=False), demand=2000.0).run
+    one = job_candidates(rows, _meta(cuda=False), demand=Rate(2000.0)).run
     assert [c.origin for c in one] == [("yours", "best")]
     meta = _meta(cuda=False)
     meta["provenance"] = {"ranks": {"local_rank": 0, "local_world_size": 2, "rank": 0, "world_size": 2}}
-    ranked = job_candidates(rows, meta, demand=2000.0).run
+    ranked = job_candidates(rows, meta, demand=Rate(2000.0)).run
     workers = {c.settings["num_workers"]: c for c in ranked}
     assert sorted(workers) == [0, 1, 2]  # 3 workers (700, 69%) is not near the fastest: not run
     assert workers[0].origin == ("near",) and workers[1].origin == ("near",)
@@ -429,16 +430,16 @@ def test_yours_runs_exactly_as_the_script_sets_it():
         r["epoch_stall_s"] = 2.0  # a stall that would make the pick persistent
     meta = _meta(cuda=False, persistent_workers=False, pin_memory=True)
     meta["loader"]["epoch_batches"] = 10
-    yours = next(c for c in job_candidates(rows, meta, demand=320.0).run if "yours" in c.origin)
+    yours = next(c for c in job_candidates(rows, meta, demand=Rate(320.0)).run if "yours" in c.origin)
     assert yours.settings == {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False, "pin_memory": False}
     assert "as run: pin_memory not applicable: no CUDA device" in yours.label  # what had to change, named
 
 
 def test_on_a_cuda_host_pin_memory_is_kept_as_yours_and_pinning_is_tried_where_you_do_not_pin():
     rows = [_pt(0, 516, pin=True), _pt(2, 940, pin=False), _pt(2, 930, pin=True), _pt(4, 1880, pin=False)]
-    pinned = job_candidates(rows, _meta(cuda=True, pin_memory=True), demand=320.0).run
+    pinned = job_candidates(rows, _meta(cuda=True, pin_memory=True), demand=Rate(320.0)).run
     assert all(c.settings["pin_memory"] is True for c in pinned)  # never switched off by an isolated sweep
-    plain = job_candidates(rows, _meta(cuda=True), demand=320.0).run
+    plain = job_candidates(rows, _meta(cuda=True), demand=Rate(320.0)).run
     assert [c.settings["pin_memory"] for c in plain if "pinned" in c.origin] == [True]
     assert all(c.settings["pin_memory"] is False for c in plain if "pinned" not in c.origin)
 

@@ -18,6 +18,7 @@ from stagebench._version import __version__
 from stagebench.analysis._job import alone_scope, trainer_summary
 from stagebench.core._jobrun import Ladder
 from stagebench.model._meta import RunMeta
+from stagebench.model._rate import Rate
 from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
 
 __all__ = ["KindAnalysis", "RunKind", "summary_head", "job_keys"]
@@ -37,8 +38,8 @@ class KindAnalysis(Protocol[Among, Picked]):
     def summarize(self, rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         """``summary.json`` from the rows of ``results.csv`` and ``run.json``; returns it."""
 
-    def job_candidates(self, rows: Any, meta: dict[str, Any], demand: Mapping[str, Any] | float | None) -> Ladder:
-        """The settings to run the user's loop with, given the step's ``demand`` (its record, a rate, or None)."""
+    def job_candidates(self, rows: Any, meta: dict[str, Any], demand: Rate | None) -> Ladder:
+        """The settings to run the user's loop with, given the step's ``demand`` (None where not measured)."""
 
     def apply_job_pick(self, among: Among, job: Mapping[str, Any]) -> Picked:
         """The job runs' decided pick made the recommendation among the kind's points or stages."""

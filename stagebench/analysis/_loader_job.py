@@ -36,9 +36,9 @@ from stagebench.runs._knobs import KNOB_KEYS, NOT_APPLICABLE, normalize_knobs
 __all__ = ["job_candidates", "apply_job_pick"]
 
 
-def job_candidates(rows: Any, meta: dict[str, Any], demand: Mapping[str, Any] | float | None) -> Ladder:
+def job_candidates(rows: Any, meta: dict[str, Any], demand: Rate | None) -> Ladder:
     """The loader settings to run with the user's loop, from the sweep's ``rows``, ``run.json`` (``meta``)
-    and the step's ``demand`` (its record, a rate, or None): a :class:`stagebench.core._jobrun.Ladder`
+    and the step's ``demand`` (its rate, None where not measured): a :class:`stagebench.core._jobrun.Ladder`
     (:mod:`stagebench.analysis._ladder` builds it from what this adapter offers).
 
     Offered: yours, exactly as the script sets it (a knob this host cannot take is named as changed);
@@ -50,7 +50,6 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: Mapping[str, Any] | 
     boundaries, which a job slice does not reach) and, on a host with a CUDA device, ``pin_memory``
     (its benefit shows only with the copy to the device, which the user's loop makes).
     """
-    rate = Rate.from_json(demand) if isinstance(demand, Mapping) else (Rate(float(demand)) if demand else None)
     pts = [p for p in _rows(rows) if p.ok]
     if not pts:
         return Ladder(run=[])
@@ -103,7 +102,7 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: Mapping[str, Any] | 
         yours = rung(user or LoaderRow(**{f: getattr(k, f) for f in KNOB_KEYS}), k, tuple(notes))
     elif user is not None:
         yours = rung(user)
-    need = None if rate is None else rate.value * (1 + headroom)
+    need = None if demand is None else demand.value * (1 + headroom)
     feeding = sorted((p for p in pool if need is not None and p.samples_per_s >= need), key=_cost)
     best = max(pool, key=lambda p: p.samples_per_s)
     offers: list[tuple[Rung | None, str]] = [(yours, "yours")]
@@ -122,7 +121,7 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: Mapping[str, Any] | 
     if cuda and not mine.pin_memory:
         first = feeds or best
         offers.append((rung(first, knobs_of(first, pin=True)), "pinned"))
-    return build_ladder(offers, demand=rate, memory_budget_mb=budget)
+    return build_ladder(offers, demand=demand, memory_budget_mb=budget)
 
 
 def apply_job_pick(pts: list[LoaderRow], job: Mapping[str, Any]) -> LoaderRow:

@@ -357,15 +357,14 @@ def paired_needless_of_run(
     return out
 
 
-def job_candidates_of_run(rows: Any, meta: dict, demand: Mapping[str, Any] | float | None) -> Ladder:
+def job_candidates_of_run(rows: Any, meta: dict, demand: Rate | None) -> Ladder:
     """The settings to run the user's loop with (:func:`stagebench.analysis._pipeline_job.job_candidates`);
-    ``demand``: the trainer's record (its rate and interval) or a rate."""
-    rate = Rate.from_json(demand) if isinstance(demand, Mapping) else (Rate(float(demand)) if demand else None)
+    ``demand``: the step's rate (None where not measured)."""
     run = _run_context(rows, meta)
     return job_candidates(
         run.stages(None),
         run.meta,
-        demand=rate,
+        demand=demand,
         cores=run.cores,
         free_threaded=run.free_threaded,
         fixed=run.fixed,

@@ -32,6 +32,7 @@ from stagebench._numbers import fmt_ms
 from stagebench.analysis._job import contenders, futile
 from stagebench.core._jobrun import JobRuns, Ladder, Opener
 from stagebench.core._steps import TrainerProbe
+from stagebench.model._rate import Rate
 from stagebench.runs._results import RunDir
 
 __all__ = ["JobPlan", "finish_trainer", "trainer_phases", "end_from_close", "job_budget_s"]
@@ -62,7 +63,7 @@ def job_budget_s(stated: float | None, steps_per_s: float | None) -> float:
 class JobPlan:
     """What the job phase needs besides the loop: the candidates (from the demand) and how to open one."""
 
-    candidates: Callable[[dict[str, Any]], Ladder]
+    candidates: Callable[[Rate | None], Ladder]
     open_candidate: Opener
     _: KW_ONLY
     items_per_step: float
@@ -141,7 +142,7 @@ def trainer_phases(
         _write(run_dir, probe, None)
         demand = probe.result()
         if probe.error is None and demand.samples_per_s is not None:
-            ladder = plan.candidates(demand.as_run())
+            ladder = plan.candidates(demand.rate)
             if ladder.run:
                 runs = JobRuns(
                     ladder.run,

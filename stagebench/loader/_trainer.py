@@ -19,6 +19,7 @@ from stagebench.job._phase import JobPlan, end_from_close, trainer_phases
 from stagebench.loader._built import BatchTag, BuiltLoader, shut_down
 from stagebench.loader._point import workers_beyond_cores_unwarned
 from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._rate import Rate
 from stagebench.runs._results import RunDir, read_rows
 
 __all__ = ["loader_trainer_phases", "follower_trainer_phases"]
@@ -57,7 +58,7 @@ def loader_trainer_phases(
             probe.tell = lock.cached_step
         return _cached_batches(factory, cached_knobs)
 
-    def candidates(demand: dict[str, Any]) -> Ladder:
+    def candidates(demand: Rate | None) -> Ladder:
         rd = RunDir(run_dir)
         return job_candidates(read_rows(rd.results_csv), rd.read_meta(), demand)
 

@@ -28,6 +28,7 @@ from stagebench.core._spdl_harness import quiet_spdl_log
 from stagebench.core._steps import CACHED_BATCHES, TrainerProbe
 from stagebench.job._lockstep import Lockstep, follow_job
 from stagebench.job._phase import JobPlan, trainer_phases
+from stagebench.model._rate import Rate
 from stagebench.pipeline._isolate import build_validation_config, default_threads, real_pipeline
 from stagebench.pipeline._run import Session
 from stagebench.runs._results import RunDir, read_rows
@@ -127,7 +128,7 @@ def run_trainer_phases(
     plan, items, run_dir = session.plan, session.source_items, session.run_dir
     assert run_dir is not None, "the diagnosis fills the session before the job phase"
 
-    def candidates(demand: dict[str, Any]) -> Ladder:
+    def candidates(demand: Rate | None) -> Ladder:
         rd = RunDir(run_dir)
         return job_candidates_of_run(read_rows(rd.results_csv), rd.read_meta(), demand)
 
