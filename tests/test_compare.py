@@ -215,10 +215,10 @@ def test_labels_show_only_the_overrides_that_differ(tmp_path: Path) -> None:
             f"- loader=imagenet\n- loader.backend={backend}\n- sweep.budget_s=0.5\n"
         )
         dirs.append(d)
-    assert short_labels(dirs, [{}, {}]) == ["loader.backend=torch", "loader.backend=spdl_pytorch"]
+    assert short_labels(dirs, [None, None]) == ["loader.backend=torch", "loader.backend=spdl_pytorch"]
     # the sweep app's own label (job_status.json) and run.json's label take precedence
     (dirs[0] / "job_status.json").write_text(json.dumps({"status": "ok", "label": "torch baseline"}))
-    assert short_labels(dirs, [{}, {"label": "mine"}]) == ["torch baseline", "mine"]
+    assert short_labels(dirs, [None, "mine"]) == ["torch baseline", "mine"]
     html = write_comparison(dirs, tmp_path / "cmp", title="t").read_text()
     assert "torch baseline" in html and "sweep.budget_s" not in html.split('id="rows"')[0]
 

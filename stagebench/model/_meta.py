@@ -223,7 +223,10 @@ class RunMeta(Read):
     search: SearchRecord = field(default_factory=SearchRecord)
     num_threads: int | float | None = None
     sink_buffer: int | float | None = None
-    phases_s: dict[str, Any] | None = None
+    label: str | None = None
+    """The run's own name, where it was given one."""
+    phases_s: dict[str, float] | None = None
+    """Seconds the diagnosis spent in each phase, and in all (``total``)."""
     warnings: tuple[str, ...] = ()
     trainer_planned: bool = False
     #: each stage's entry (pipeline runs) and the stages that could not be measured alone
@@ -266,6 +269,7 @@ class RunMeta(Read):
             record,
         ),
         "trainer_planned": bool,
+        "label": lambda v: str(v) if v else None,
         "job": given(JobRecord.from_json),
         "cpu_speed": given(CpuReadings.from_json),
         "worker_costs": filled(WorkerCosts.from_json),

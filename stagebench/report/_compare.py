@@ -631,11 +631,11 @@ def write_comparison(run_dirs: Sequence[Path], out_dir: Path, *, title: str, fai
         except Exception as err:  # one unreadable run must not lose the others
             why = str(err) if isinstance(err, StagebenchError) else f"{type(err).__name__}: {err}"
             failed.append(FailedJob(job_label(Path(d)), why, str(d)))
-    labels = _unique_labels(short_labels([r.path for r in runs], [r.meta.to_json() for r in runs]))
+    labels = _unique_labels(short_labels([r.path for r in runs], [r.meta.label for r in runs]))
     if failed and runs:
         # name failed Hydra jobs by the same differing overrides as the runs beside them
         paths = [r.path for r in runs] + [Path(f.path) for f in failed if f.path]
-        short = short_labels(paths, [r.meta.to_json() for r in runs] + [None] * (len(paths) - len(runs)))[len(runs) :]
+        short = short_labels(paths, [r.meta.label for r in runs] + [None] * (len(paths) - len(runs)))[len(runs) :]
         it = iter(short)
         for i, f in enumerate(failed):
             if f.path and job_overrides(Path(f.path)):
@@ -714,6 +714,6 @@ def compare_runs(run_dirs: list[Path], out: Path | None = None) -> Path:
             )
     if out is None:
         out = default_run_dir(prefix="compare")
-    labels = short_labels(dirs, [RunDir(p).read_meta() for p in dirs])
+    labels = short_labels(dirs, [RunDir(p).read_meta().get("label") for p in dirs])
     title = "comparison: " + " vs ".join(labels[:4]) + (" …" if len(labels) > 4 else "")
     return write_comparison(dirs, Path(out), title=title)

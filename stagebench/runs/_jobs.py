@@ -6,7 +6,7 @@ Plain file reads: the comparison labels runs with them, and the sweep app writes
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,21 +42,19 @@ def job_overrides(run_dir: Path) -> list[str]:
     return []
 
 
-def job_label(run_dir: Path, meta: Mapping[str, Any] | None = None) -> str:
-    """A name for a run: run.json's ``label``, the job's label, its Hydra overrides, or the folder name."""
+def job_label(run_dir: Path, label: str | None = None) -> str:
+    """A name for a run: its own ``label`` (run.json's), the job's label, its Hydra overrides, or the
+    folder name."""
     run_dir = Path(run_dir)
-    meta = meta or {}
-    if meta.get("label"):
-        return str(meta["label"])
     st = job_status(run_dir)
-    if st.get("label"):
-        return str(st["label"])
+    if label or st.get("label"):
+        return str(label or st["label"])
     items = job_overrides(run_dir)
     return ", ".join(items) if items else run_dir.name
 
 
-def short_labels(run_dirs: Sequence[Path], metas: Sequence[Mapping[str, Any] | None]) -> list[str]:
-    """Labels for runs shown together: explicit labels win; otherwise only the Hydra
+def short_labels(run_dirs: Sequence[Path], labels: Sequence[str | None]) -> list[str]:
+    """Labels for runs shown together: explicit labels (``labels``: run.json's) win; otherwise only the Hydra
     overrides that differ between the runs (``loader.backend=torch``), not the ones they share."""
     overrides = [job_overrides(Path(d)) for d in run_dirs]
     # partition gives (o, "", "") without "=", so a bare override maps to ""
@@ -66,15 +64,14 @@ def short_labels(run_dirs: Sequence[Path], metas: Sequence[Mapping[str, Any] | N
         keys += [k for k in p if k not in keys]
     differ = [k for k in keys if len({p.get(k) for p in parsed}) > 1]
     out = []
-    for d, meta, p in zip(run_dirs, metas, parsed):
-        meta = meta or {}
+    for d, label, p in zip(run_dirs, labels, parsed):
         st = job_status(Path(d))
-        if meta.get("label") or st.get("label"):
-            out.append(str(meta.get("label") or st.get("label")))
+        if label or st.get("label"):
+            out.append(str(label or st.get("label")))
         elif p and differ and len(run_dirs) > 1:
             out.append(", ".join(f"{k}={p[k]}" for k in differ if k in p))
         else:
-            out.append(job_label(Path(d), meta))
+            out.append(job_label(Path(d), label))
     return out
 
 

@@ -81,6 +81,8 @@ def rebuild(path: Path, say: Callable[[str], None] | None = None) -> Path:
             write_text(r / "report.html", render_report(run))
             good.append(r)
         except Exception as e:  # one broken job must not lose the others
-            failed.append(FailedJob(job_label(r, RunDir(r).read_meta()), f"{type(e).__name__}: {e}", str(r)))
+            failed.append(
+                FailedJob(job_label(r, RunDir(r).read_meta().get("label")), f"{type(e).__name__}: {e}", str(r))
+            )
 
     return write_comparison(good, path, title=f"sweep {path.name}", failed=failed)
