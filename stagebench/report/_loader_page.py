@@ -24,16 +24,9 @@ from stagebench.report._stage_cards import stage_cards
 
 __all__ = ["loader_context"]
 
-_LOADER_KEYS = (
-    "num_workers",
-    "prefetch_factor",
-    "persistent_workers",
-    "pin_memory",
-    "samples_per_s",
-    "samples_per_s_low",
-    "samples_per_s_high",
-    "why",
-)
+#: what the template reads of the recommended and the best point: the knobs, the rate, why
+_LOADER_KEYS: tuple[str, ...] = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
+_LOADER_KEYS += ("samples_per_s", "samples_per_s_low", "samples_per_s_high", "why")
 
 
 def loader_context(run: RunData) -> dict[str, Any]:

@@ -64,12 +64,10 @@ def pipeline_snippet(sm: Summary, m: RunMeta) -> str:
         mine = user_setting(st.to_json())
         if mine:
             comment += f"  # yours: {mine}" if mine != f"{ex} x {c}" else "  # as yours"
-        if ex == "process":
-            imports.add("ProcessPoolExecutor")
-            lines.append(f"    .pipe({code}, concurrency={c}, executor=ProcessPoolExecutor(max_workers={c})){comment}")
-        elif ex == "thread":
-            imports.add("ThreadPoolExecutor")
-            lines.append(f"    .pipe({code}, concurrency={c}, executor=ThreadPoolExecutor(max_workers={c})){comment}")
+        if ex in ("process", "thread"):
+            pool = "ProcessPoolExecutor" if ex == "process" else "ThreadPoolExecutor"
+            imports.add(pool)
+            lines.append(f"    .pipe({code}, concurrency={c}, executor={pool}(max_workers={c})){comment}")
         else:  # async: coroutines on the event loop, concurrency is tasks in flight
             lines.append(f"    .pipe({code}, concurrency={c}){comment}")
     if not lines:
