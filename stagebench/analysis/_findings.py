@@ -31,6 +31,7 @@ from stagebench._numbers import finite, fmt_q, num
 from stagebench.analysis._job import job_findings
 from stagebench.model._finding import SEVERITIES, Finding
 from stagebench.model._job import JobVerdict
+from stagebench.model._meta import PageFault
 from stagebench.model._pipeline import Prediction, VersusYours, WholeRun
 from stagebench.model._stage import StageEntry, StageSetting
 
@@ -114,7 +115,7 @@ def _stage_findings(
     bottleneck: str | None,
     cores: float,
     prediction: Prediction | None = None,
-    page_fault: dict | None = None,
+    page_fault: PageFault | None = None,
     cores_bound: str = "",
 ) -> list[_Found]:
     """One stage's findings, unranked (:func:`build_findings` ranks them with the run's)."""
@@ -447,7 +448,7 @@ _FAULTS_SHARE = 0.2  # ... and at least this share of the stage's CPU per call, 
 _MALLOC_ENV = "MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456"
 
 
-def _page_fault_finding(st: StageEntry, page_fault: dict | None, is_bn: bool) -> _Found | None:
+def _page_fault_finding(st: StageEntry, page_fault: PageFault | None, is_bn: bool) -> _Found | None:
     """A stage that touches megabytes of fresh memory per item, and pays for it in CPU.
 
     Why this matters for a data loader: glibc's malloc serves blocks of 128 KiB
@@ -460,7 +461,7 @@ def _page_fault_finding(st: StageEntry, page_fault: dict | None, is_bn: bool) ->
     process may be in either state, so the finding names the executor whose
     points showed it.
     """
-    cost = (page_fault or {}).get("cost_s")
+    cost = None if page_fault is None else page_fault.cost_s
     pf = {ex: d for ex, d in st.page_faults.items() if finite(d.per_item)}
     if not pf or cost is None or not finite(cost):
         return None
@@ -469,7 +470,7 @@ def _page_fault_finding(st: StageEntry, page_fault: dict | None, is_bn: bool) ->
     if n < _FAULTS_MIN or not finite(cpu) or cpu <= 0 or n * cost < _FAULTS_SHARE * cpu:
         return None
     name = st.name
-    mib = n * float((page_fault or {}).get("page_bytes") or 4096) / 2**20
+    mib = n * float(page_fault.page_bytes if page_fault is not None else 4096) / 2**20
     share = n * cost / cpu
     part = "most" if share >= 0.5 else f"about {share:.0%}"
     # per call: a point's items are the stage's own inputs (a batch, after an aggregate)
@@ -578,14 +579,14 @@ def build_findings(
     warnings: list[str],
     not_isolated: list[dict],
     cores: float,
-    page_fault: dict | None = None,
+    page_fault: PageFault | None = None,
     yours: VersusYours | None = None,
     job: dict | None = None,
     cores_bound: str = "",
 ) -> list[Finding]:
     """All findings for a run, most important first (see the module docstring for the ranking).
 
-    ``page_fault``: ``{"cost_s", "page_bytes"}`` of this machine (``run.json``), for
+    ``page_fault``: what a page fault costs on this machine (``run.json``), for
     the finding on stages that fault in fresh memory per item. ``yours``: the
     recommended settings against the user's own
     (:func:`stagebench.analysis._verdicts.yours_verdict`); ``job``: the training job run with

@@ -5,10 +5,10 @@ on, the loader under test and the user's own knobs) in many places. :class:`RunM
 from JSON, so that a fact run.json does not hold reads the same everywhere: None (each reader states
 its own default where it needs one), an empty mapping or an empty tuple.
 
-The records other types describe (each stage's entry, the job, the trainer, the whole-pipeline runs)
-are kept here as the mappings run.json holds, for those types to read. ``to_json`` gives back the
-mapping each type was read from, keys it does not name included: run.json and the summary.json that
-copies parts of it stay exactly as written.
+The records other types describe (each stage's entry, the trainer, the whole-pipeline runs) are kept
+here as the mappings run.json holds, for those types to read; the job's runs, the core's speed and a page
+fault's cost are read as their own types. ``to_json`` gives back the mapping each type was read from, keys it
+does not name included: run.json and the summary.json that copies parts of it stay exactly as written.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from stagebench.model._json import (
     filled,
     given,
     items,
+    number,
     nums,
     read,
     record,
@@ -37,7 +38,17 @@ from stagebench.model._limits import HostLimits
 from stagebench.model._loader import WorkerCosts
 from stagebench.model._ranks import Ranks
 
-__all__ = ["RunMeta", "Provenance", "RunSettings", "LoaderInfo", "UserKnobs", "SearchRecord", "RunEnd", "CpuReadings"]
+__all__ = [
+    "RunMeta",
+    "Provenance",
+    "RunSettings",
+    "LoaderInfo",
+    "UserKnobs",
+    "SearchRecord",
+    "RunEnd",
+    "CpuReadings",
+    "PageFault",
+]
 
 
 def _ranks(v: Any) -> Ranks:
@@ -192,6 +203,17 @@ class RunEnd(ReadIfGiven):
 
 
 @dataclass(frozen=True, slots=True)
+class PageFault(Read):
+    """What one minor page fault costs on the run's machine (``run.json["page_fault"]``): CPU seconds (None
+    where nothing faulted) and the page's size in bytes."""
+
+    cost_s: float | None = None
+    page_bytes: int = 4096
+
+    READ: ClassVar[Coercions] = {"cost_s": number, "page_bytes": lambda v: int(v or 4096)}
+
+
+@dataclass(frozen=True, slots=True)
 class CpuReadings(Read):
     """The core's speed as a diagnosis read it (``run.json["cpu_speed"]``): a fixed Python loop's CPU ns per
     iteration (:func:`stagebench.core._speed.cpu_speed_ns`, lower is faster) after each measured point
@@ -241,7 +263,7 @@ class RunMeta(Read):
     replay: dict[str, Any] | None = None
     yours: dict[str, Any] | None = None
     cpu_speed: CpuReadings | None = None
-    page_fault: dict[str, Any] | None = None
+    page_fault: PageFault | None = None
     pipeline_overhead: dict[str, Any] | None = None
     worker_costs: WorkerCosts | None = None
     #: how a run that never finished ended, where ``stagebench report`` found out (None: not looked at)
@@ -263,7 +285,6 @@ class RunMeta(Read):
                 "validation",
                 "replay",
                 "yours",
-                "page_fault",
                 "pipeline_overhead",
             ),
             record,
@@ -272,6 +293,7 @@ class RunMeta(Read):
         "label": lambda v: str(v) if v else None,
         "job": given(JobRecord.from_json),
         "cpu_speed": given(CpuReadings.from_json),
+        "page_fault": given(PageFault.from_json),
         "worker_costs": filled(WorkerCosts.from_json),
         "ended": RunEnd.from_json,
         **dict.fromkeys(("not_isolated", "transforms"), items),

@@ -51,6 +51,7 @@ from stagebench.core._sizes import approx_nbytes
 from stagebench.core._spdl_harness import deferred_teardown
 from stagebench.core._stats import mean_interval
 from stagebench.core._sweep import plan_points
+from stagebench.model._meta import PageFault
 from stagebench.model._stage import changed
 from stagebench.pipeline._finish import (
     delivered_nothing,
@@ -292,7 +293,8 @@ class _Diagnosis:
         t_begin = time.perf_counter()
         src = self._read_source()
         _warm_up_imports()
-        run.meta["page_fault"] = _page_fault()
+        # what one page fault costs here, read on a direct mapping (malloc's state is left as it is)
+        run.meta["page_fault"] = PageFault(page_fault_cost_s(), mmap.PAGESIZE).to_json()
         stages = StagesPhase(run)
         # One deferred tear-down for every stage's points: none waits for the SPDL tear-downs of the
         # points before it (the GIL probe does, StagesPhase._probe_gil), and the last ones finish while the
@@ -452,11 +454,6 @@ def _warm_up_imports() -> None:
     import pandas  # noqa: F401
 
     mean_interval([1.0, 2.0], 0.95)
-
-
-def _page_fault() -> dict[str, Any]:
-    """What one page fault costs here (a direct mapping: malloc's state is left as it is)."""
-    return {"cost_s": page_fault_cost_s(), "page_bytes": mmap.PAGESIZE}
 
 
 # ---------------------------------------------------------------------------- stagebench diagnose
