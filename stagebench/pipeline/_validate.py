@@ -140,16 +140,7 @@ def _whole_runs(plan: Any, settings: Any, summary: dict[str, Any], stand_ins: di
         runs["validation"] = None  # the real stages
         if differs:
             runs["yours"] = None  # the real stages, at the user's settings
-    return _WholeRuns(
-        runs=runs,
-        stand_ins=stand_ins,
-        choices=choices,
-        yours=yours,
-        differs=differs,
-        validate=validate,
-        warm=warm,
-        window=window,
-    )
+    return _WholeRuns(runs, stand_ins, choices, yours, differs, validate, warm, window)
 
 
 def _say_whole_runs(whole: _WholeRuns, say: Callable[[str], None]) -> None:
