@@ -116,6 +116,13 @@ class LoaderTarget(Written):
     source: str
 
 
+#: the four knobs of a setting, as its point names them
+_KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
+#: :class:`LoaderPoint`'s figures, each a number as written
+_POINT_NUMBERS: tuple[str, ...] = ("batches_per_s", "mem_pss_mb", "mem_workers_mb", "cores_used")
+_POINT_NUMBERS += ("time_to_first_batch_s", "epoch_stall_s", "rank_min_samples_per_s", "rank_max_samples_per_s")
+
+
 @dataclass(frozen=True, slots=True)
 class LoaderPoint:
     """One measured loader setting: its knobs, its throughput with its interval (None where it holds no
@@ -166,19 +173,7 @@ class LoaderPoint:
             reason=lambda v: str(v or ""),
             why=text,
             decision=Decision.from_json,
-            **dict.fromkeys(
-                (
-                    "batches_per_s",
-                    "mem_pss_mb",
-                    "mem_workers_mb",
-                    "cores_used",
-                    "time_to_first_batch_s",
-                    "epoch_stall_s",
-                    "rank_min_samples_per_s",
-                    "rank_max_samples_per_s",
-                ),
-                number,
-            ),
+            **dict.fromkeys(_POINT_NUMBERS, number),
         )
 
     @property
@@ -187,14 +182,7 @@ class LoaderPoint:
         one setting where these are equal); None where the point names no num_workers."""
         if self.num_workers is None:
             return None
-        return LoaderKnobs.from_row(
-            {
-                "num_workers": self.num_workers,
-                "prefetch_factor": self.prefetch_factor,
-                "persistent_workers": self.persistent_workers,
-                "pin_memory": self.pin_memory,
-            }
-        )
+        return LoaderKnobs.from_row({k: getattr(self, k) for k in _KNOBS})
 
     @property
     def rate(self) -> float | None:
