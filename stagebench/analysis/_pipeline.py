@@ -399,8 +399,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         ranks=run.ranks,
     )
     entries = [StageEntry.from_json(st) for st in stages]  # as chosen together; the job's pick comes later
-    raw_val = m.validation
-    failed = raw_val.get("failed") if isinstance(raw_val, Mapping) else None
+    failed = None if m.validation is None else m.validation.failed
     # a pipeline that delivers nothing has no throughput: none is predicted for it, here, in the report
     # or on the terminal
     prediction = (
@@ -422,8 +421,8 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     warnings = speed_warnings(speed) + _run_warnings(StageRows(df).all, entries, m, cores)
     if prediction is not None and prediction.caveat:
         warnings.append(prediction.caveat)
-    if validation is None and isinstance(raw_val, Mapping) and raw_val.get("error") and not failed:
-        warnings.append(f"the whole-pipeline validation run did not complete: {raw_val['error']}")
+    if validation is None and m.validation is not None and m.validation.error and not failed:
+        warnings.append(f"the whole-pipeline validation run did not complete: {m.validation.error}")
     not_isolated = list(m.not_isolated)
     yours = yours_verdict(m.yours, validation, entries)
     # the training job, where it ran with the user's loop: its pick becomes every stage's recommendation
@@ -480,26 +479,26 @@ def _unmeasured(name: str) -> dict[str, Any]:
 
 
 def _validation(
-    val: Any,
+    val: WholeRun | None,
     prediction: Prediction | None,
     rows: pd.DataFrame | None = None,
     stages: Sequence[StageEntry] = (),
 ) -> WholeRun | None:
     """The validation run (``run.json["validation"]``) with its error against the prediction and each
     stage's interference; None where it gave no number."""
-    if not isinstance(val, Mapping) or not finite(val.get("qps")):
+    if val is None or not finite(val.qps):
         return None
     predicted = prediction or Prediction()
     pred = predicted.qps
-    measured = float(val["qps"])
+    measured = num(val.qps)
     replay_lat = (predicted.replay or {}).get("stage_latency")
     return changed(
-        WholeRun.from_json(val),
+        val,
         # relative error of the prediction against the measurement: +0.10 = predicted 10% too high
         error_vs_prediction=(pred - measured) / measured
         if pred is not None and finite(pred) and measured > 0
         else None,
-        interference=tuple(_interference(val.get("stage_latency"), rows, stages, replay_lat)),
+        interference=tuple(_interference(val.stage_latency, rows, stages, replay_lat)),
     )
 
 

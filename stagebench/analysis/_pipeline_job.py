@@ -113,11 +113,11 @@ def job_candidates(
 
     offers: list[tuple[Rung | None, str]] = []
     if len(yours) == len(names):
-        offers.append((rung(yours, Rate.from_json(meta.yours, "qps")), "yours"))
+        offers.append((rung(yours, meta.yours.rate if meta.yours else None), "yours"))
     if demand is not None and demand.value > 0:
         offers.append((rung(joint(demand.value)), "feeds"))
         offers.append((rung(joint(demand.value * ABOVE)), "above"))
-    offers.append((rung(at_pace, Rate.from_json(meta.validation, "qps")), "best"))
+    offers.append((rung(at_pace, meta.validation.rate if meta.validation else None), "best"))
     # alone figures of a setting offered twice come from the offer that measured it
     merged: dict[str, Rung] = {}
     for r, _ in offers:

@@ -166,7 +166,9 @@ def versus_yours_decision(
     return decide(options, yours="yours", ratio=ratio)
 
 
-def yours_verdict(yours: Any, validation: WholeRun | None, stages: Sequence[StageEntry]) -> VersusYours | None:
+def yours_verdict(
+    yours: WholeRun | None, validation: WholeRun | None, stages: Sequence[StageEntry]
+) -> VersusYours | None:
     """The recommended settings against the user's own, both run for real in turns (``run.json["yours"]``),
     by the rule of :mod:`stagebench.model._evidence` on their windows' ratio.
 
@@ -178,10 +180,9 @@ def yours_verdict(yours: Any, validation: WholeRun | None, stages: Sequence[Stag
     ``STAGEBENCH_VALIDATE=off``). ``changes`` lists each stage whose setting differs (its name, the
     user's and the recommended setting); ``decision`` is the rule's record.
     """
-    if not isinstance(yours, Mapping):
+    if yours is None:
         return None
-    mine_run = WholeRun.from_json(yours)
-    if mine_run.same:
+    if yours.same:
         return keyed(VersusYours, verdict="same", changes=(), text="your settings are the recommended ones")
     changes = []
     recommended: dict[str, tuple[str, int]] = {}
@@ -197,32 +198,32 @@ def yours_verdict(yours: Any, validation: WholeRun | None, stages: Sequence[Stag
             changes.append({"stage": st.name, "yours": own, "recommended": f"{point.executor} x {point.concurrency}"})
     out = keyed(
         VersusYours,
-        qps=mine_run.qps,
-        qps_low=mine_run.qps_low,
-        qps_high=mine_run.qps_high,
-        settings=mine_run.settings,
+        qps=yours.qps,
+        qps_low=yours.qps_low,
+        qps_high=yours.qps_high,
+        settings=yours.settings,
         changes=tuple(changes),
     )
     val = validation or WholeRun()
-    if mine_run.not_run:
+    if yours.not_run:
         return changed(
             out,
             verdict="not run",
-            text=f"not checked against your settings ({mine_run.not_run}): keep yours until a full diagnosis "
+            text=f"not checked against your settings ({yours.not_run}): keep yours until a full diagnosis "
             "runs both in turns",
         )
-    if not finite(mine_run.qps) or not finite(val.qps):
-        which = "your settings" if not finite(mine_run.qps) else "the recommended settings"
-        err = mine_run.error if not finite(mine_run.qps) else val.error
+    if not finite(yours.qps) or not finite(val.qps):
+        which = "your settings" if not finite(yours.qps) else "the recommended settings"
+        err = yours.error if not finite(yours.qps) else val.error
         return changed(
             out,
             verdict="inconclusive",
             text=f"inconclusive: the run at {which} gave no number" + (f" ({err})" if err else ""),
         )
-    r_rate, m_rate = val.rate, mine_run.rate
+    r_rate, m_rate = val.rate, yours.rate
     assert r_rate is not None and m_rate is not None  # both finite above
     figures = f"{r_rate.text('items/s')} with the recommended settings, {m_rate.text()} with yours"
-    rec_w, your_w = list(val.window_rates), list(mine_run.window_rates)
+    rec_w, your_w = list(val.window_rates), list(yours.window_rates)
     d = versus_yours_decision(rec_w, your_w, recommended, mine, (r_rate, m_rate))
     x = Ratio.of_pairs(list(zip(rec_w, your_w)))  # the recommended over yours, round by round
     if d is None or x is None:  # saved before the windows were kept: no ratio in turns to decide on
@@ -253,7 +254,7 @@ def yours_verdict(yours: Any, validation: WholeRun | None, stages: Sequence[Stag
         )
     else:
         # what the rounds cost: the whole runs in turns (one call, its seconds recorded with each run)
-        spent = max((w for w in (val.wall_s, mine_run.wall_s) if w is not None and finite(w)), default=0.0)
+        spent = max((w for w in (val.wall_s, yours.wall_s) if w is not None and finite(w)), default=0.0)
         n_more = d.rounds_more(x.rounds)
         within = f" within {spent:.0f} s" if spent > 0 else ""
         if n_more is not None and spent > 0:

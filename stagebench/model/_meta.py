@@ -36,6 +36,7 @@ from stagebench.model._json import (
 )
 from stagebench.model._limits import HostLimits
 from stagebench.model._loader import WorkerCosts
+from stagebench.model._pipeline import WholeRun
 from stagebench.model._ranks import Ranks
 
 __all__ = [
@@ -259,9 +260,9 @@ class RunMeta(Read):
     #: the records other types read, as run.json holds them (None: not recorded)
     trainer: dict[str, Any] | None = None
     job: JobRecord | None = None
-    validation: dict[str, Any] | None = None
+    validation: WholeRun | None = None
     replay: dict[str, Any] | None = None
-    yours: dict[str, Any] | None = None
+    yours: WholeRun | None = None
     cpu_speed: CpuReadings | None = None
     page_fault: PageFault | None = None
     pipeline_overhead: dict[str, Any] | None = None
@@ -282,9 +283,7 @@ class RunMeta(Read):
             (
                 "phases_s",
                 "trainer",
-                "validation",
                 "replay",
-                "yours",
                 "pipeline_overhead",
             ),
             record,
@@ -294,6 +293,7 @@ class RunMeta(Read):
         "job": given(JobRecord.from_json),
         "cpu_speed": given(CpuReadings.from_json),
         "page_fault": given(PageFault.from_json),
+        **dict.fromkeys(("validation", "yours"), given(WholeRun.from_json)),
         "worker_costs": filled(WorkerCosts.from_json),
         "ended": RunEnd.from_json,
         **dict.fromkeys(("not_isolated", "transforms"), items),
