@@ -153,7 +153,7 @@ def test_an_analysis_that_fails_on_saved_rows_is_an_internal_error_not_a_traceba
 def test_the_fallback_summary_reports_each_stage_in_the_one_shape_of_an_entry():
     """When the analysis fails, each stage still gets a full entry (the analysis's own shape), with its best
     measured point and no recommendation."""
-    from stagebench.analysis._stage import empty_stage_entry
+    from stagebench.model._stage import StageEntry
     from stagebench.pipeline._finish import fallback_summary
     from stagebench.runs._results import read_rows
 
@@ -162,7 +162,7 @@ def test_the_fallback_summary_reports_each_stage_in_the_one_shape_of_an_entry():
     s = fallback_summary(read_rows(run / "results.csv"), meta, "IndexError: x")
     assert s["fallback"] and [st["name"] for st in s["stages"]] == [st["name"] for st in meta["stages"]]
     for st in s["stages"]:
-        assert st.keys() == empty_stage_entry("").keys() and st["recommended"] is None
+        assert tuple(st) == StageEntry.empty("").keys and st["recommended"] is None
         assert st["classification"] == "unknown" and st["evidence"]["summary"] == ["IndexError: x: minimal summary"]
     assert any(st["best"] and st["best"]["qps"] > 0 for st in s["stages"])
 

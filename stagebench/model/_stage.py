@@ -338,6 +338,41 @@ class StageEntry(Written):
             **dict.fromkeys(("fit", "levels_measured"), _or_empty),
         )
 
+    @classmethod
+    def empty(cls, name: str) -> StageEntry:
+        """The entry of the stage ``name`` before anything is read into it, every key in ``summary.json``'s order:
+        what :func:`stagebench.analysis._stage.analyze_stage` fills, and the fallback summary reports as it is."""
+        return keyed(
+            cls,
+            name=name,
+            index=None,
+            type=None,
+            status="ok",
+            reason="",
+            classification="unknown",
+            limit=None,
+            gil_fraction=None,
+            gil_fraction_interval=None,
+            evidence=keyed(StageEvidence, summary=(), signals={}),
+            fit={},
+            recommended=None,
+            best=None,
+            ceiling_qps=None,
+            cpu_s_per_item=None,
+            gil_s_per_item=None,
+            harness=None,
+            stage_s_per_item=None,
+            harness_gil_s_per_item=None,
+            alternatives={},
+            head_to_head=None,
+            gil=None,
+            problems=(),
+            levels_measured={},
+            curves={},
+            payload_bytes=None,
+            page_faults={},
+        )
+
     @property
     def ok(self) -> bool:
         """Whether the stage measured (an entry without a status counts as measured, as readers took it)."""

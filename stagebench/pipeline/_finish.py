@@ -19,6 +19,7 @@ from stagebench._memory import out_of_memory, said_out_of_memory
 from stagebench._numbers import num
 from stagebench._version import __version__
 from stagebench.model._pipeline import WholeRun
+from stagebench.model._stage import StageEntry, StageEvidence, StageSetting, changed, keyed
 from stagebench.pipeline._run import Run
 from stagebench.report._terminal import format_table
 from stagebench.runs._outcome import COMPLETE, FAILED, INTERNAL, PARTIAL
@@ -147,28 +148,30 @@ def fallback_summary(rows: Any, meta: dict[str, Any], why: str) -> dict[str, Any
     (:func:`stagebench.analysis._pipeline.summarize`), not one to keep a second
     copy of here. No GIL estimate, no prediction. ``why`` is kept in ``summary["error"]``.
     """
-    # pandas with it: loaded when the rows are analysed, not in the process while it measures
-    from stagebench.analysis._stage import empty_stage_entry
-
     stages = []
     for st in meta.get("stages", []):
         d = rows[(rows["stage"] == st["name"]) & (rows["role"] == "stage")] if len(rows) else rows
         ok = d[(d["status"] == "ok") & d["qps"].notna()] if len(d) else d
-        entry = empty_stage_entry(st["name"])
-        entry["index"], entry["type"] = st["index"], st["type"]
-        entry["status"] = "ok" if len(ok) else (str(d["status"].iloc[0]) if len(d) else "not_measured")
-        entry["evidence"]["summary"].append(f"{why}: minimal summary")
-        if len(ok):
-            best = ok.loc[ok["qps"].idxmax()]
-            entry["best"] = {
-                "executor": best["executor"],
-                "concurrency": int(best["concurrency"]),
-                "qps": float(best["qps"]),
-                "qps_low": best["qps_low"],
-                "qps_high": best["qps_high"],
-                "harness": best["harness"],
-            }
-        stages.append(entry)
+        best = ok.loc[ok["qps"].idxmax()] if len(ok) else None
+        entry = changed(
+            StageEntry.empty(st["name"]),
+            index=st["index"],
+            type=st["type"],
+            status="ok" if len(ok) else (str(d["status"].iloc[0]) if len(d) else "not_measured"),
+            evidence=keyed(StageEvidence, summary=(f"{why}: minimal summary",), signals={}),
+            best=None
+            if best is None
+            else keyed(
+                StageSetting,
+                executor=best["executor"],
+                concurrency=int(best["concurrency"]),
+                qps=float(best["qps"]),
+                qps_low=best["qps_low"],
+                qps_high=best["qps_high"],
+                harness=best["harness"],
+            ),
+        )
+        stages.append(entry.to_json())
     return {
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "kind": "pipeline",
