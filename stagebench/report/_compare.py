@@ -383,15 +383,9 @@ def _group_context(entries: list[_Entry], kind: str) -> dict[str, Any]:
     if winner and len(ranked) >= 2:
         runner = ranked[1]
         diff_w = difference(bests[id(winner)], bests[id(runner)])
-        sig = diff_w.significant
-        if sig is True:
-            how = f"significant ({diff_w.test}" + (f", p = {diff_w.p:.2g})" if diff_w.p is not None else ")")
-        elif sig is False:
-            how = f"NOT significant: within noise ({diff_w.test}" + (
-                f", p = {diff_w.p:.2g})" if diff_w.p is not None else ")"
-            )
-        else:
-            how = diff_w.test
+        p = f", p = {diff_w.p:.2g})" if diff_w.p is not None else ")"
+        how = {True: "significant (", False: "NOT significant: within noise (", None: ""}[diff_w.significant]
+        how = f"{how}{diff_w.test}{p}" if how else diff_w.test
         headline = (
             f"{winner.label} wins: {rate_text(bests[id(winner)].value)} {winner.unit} vs "
             f"{rate_text(bests[id(runner)].value)} "
