@@ -72,15 +72,15 @@ def main(argv: list[str] | None = None) -> int:
         held = spin_s / total_s if total_s > 0 else math.nan
         st = analyze_stage(df, cores=cores, n_boot=100)
         secs = time.perf_counter() - t0
-        est = st["gil_fraction"]
+        est = st.gil_fraction
         err = est - held if est is not None else None
         ok = err is not None and abs(err) <= TARGET
         sig = {
             k: round(v["value"], 3)
-            for k, v in st["evidence"]["signals"].items()
+            for k, v in st.evidence.signals.items()
             if isinstance(v, dict) and isinstance(v.get("value"), float) and math.isfinite(v["value"])
         }
-        interval = st["gil_fraction_interval"]
+        interval = st.gil_fraction_interval
         rows.append(
             dict(
                 nominal=f,
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 error=err,
                 error_vs_nominal=(est - f) if est is not None else None,
                 within_target=ok,
-                classification=st["classification"],
+                classification=st.classification,
                 signals=sig,
                 seconds=secs,
                 load=load_now(),
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         iv = f"[{interval[0]:.2f},{interval[1]:.2f}]" if interval else "n/a"
         print(
             f"{f:7.2f} {held:6.3f} {(f'{est:8.3f}' if est is not None else '     n/a')} {iv:>13} "
-            f"{(f'{err:+6.3f}' if err is not None else '   n/a')} {st['classification']:>14} {secs:5.1f}  "
+            f"{(f'{err:+6.3f}' if err is not None else '   n/a')} {st.classification:>14} {secs:5.1f}  "
             f"{'yes' if ok else 'NO':<13}  {sig}",
             flush=True,
         )

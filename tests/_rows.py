@@ -19,9 +19,15 @@ import math
 
 import pandas as pd
 
+from stagebench.analysis._stage import analyze_stage
 from stagebench.runs._schema import STAGE_COLUMNS
 
-__all__ = ["model_rows", "row"]
+__all__ = ["analyzed", "model_rows", "row"]
+
+
+def analyzed(rows, **kw):
+    """:func:`analyze_stage`'s entry of ``rows`` as ``summary.json`` holds it."""
+    return analyze_stage(rows, **kw).to_json()
 
 
 def row(

@@ -7,11 +7,10 @@ import math
 
 import pandas as pd
 import pytest
-from _rows import model_rows, row
+from _rows import analyzed, model_rows, row
 
 from stagebench.analysis._labels import CLASSIFICATIONS
 from stagebench.analysis._pipeline import summarize
-from stagebench.analysis._stage import analyze_stage
 from stagebench.model._pipeline import Prediction, WholeRun
 from stagebench.model._stage import StageEntry
 from stagebench.runs._results import RunDir, read_rows, to_jsonable
@@ -51,7 +50,7 @@ def _meta(*names, **extra):
 
 # ------------------------------------------------------------------ classification
 def test_sleep_stage_is_io_bound_and_recommended_at_the_top_of_the_grid():
-    st = analyze_stage(model_rows("sleep", gil_ms=0.0, wait_ms=5.0), cores=2)
+    st = analyzed(model_rows("sleep", gil_ms=0.0, wait_ms=5.0), cores=2)
     assert st["classification"] == "io-bound"
     assert st["recommended"]["concurrency"] == 16
     assert st["recommended"]["executor"] == "thread"  # processes are as good within noise, threads preferred
@@ -63,7 +62,7 @@ def test_the_still_scaling_finding_names_the_top_of_the_curve_not_the_pipelines_
     measured' for a stage measured up to 4 (1,032), because the joint advice had cut it to 2."""
     from stagebench.analysis._findings import _stage_findings
 
-    st = analyze_stage(model_rows("sleep", gil_ms=0.0, wait_ms=5.0), cores=2)
+    st = analyzed(model_rows("sleep", gil_ms=0.0, wait_ms=5.0), cores=2)
     top = st["recommended"]
     cut = {**st, "recommended_alone": top, "recommended": {**top, "concurrency": 2, "qps": top["qps"] / 8}}
     (f,) = [
@@ -75,7 +74,7 @@ def test_the_still_scaling_finding_names_the_top_of_the_curve_not_the_pipelines_
 
 
 def test_gil_holding_stage_is_gil_bound_and_recommended_on_processes():
-    st = analyze_stage(model_rows("spin", gil_ms=4.0, wait_ms=0.0), cores=2)
+    st = analyzed(model_rows("spin", gil_ms=4.0, wait_ms=0.0), cores=2)
     assert st["classification"] == "gil-bound"
     assert st["recommended"]["executor"] == "process"
     assert st["recommended"]["concurrency"] == 2  # the smallest level within 5% of the best
@@ -83,7 +82,7 @@ def test_gil_holding_stage_is_gil_bound_and_recommended_on_processes():
 
 
 def test_gil_free_cpu_stage_is_cpu_bound_and_prefers_threads_within_noise():
-    st = analyze_stage(model_rows("hash", gil_ms=0.02, wait_ms=0.0, free_cpu_ms=4.0, ipc_ms=0.01), cores=2)
+    st = analyzed(model_rows("hash", gil_ms=0.02, wait_ms=0.0, free_cpu_ms=4.0, ipc_ms=0.01), cores=2)
     assert st["classification"] == "cpu-bound"
     assert st["recommended"]["executor"] == "thread"
     assert "within noise" in st["recommended"]["why"]
@@ -92,7 +91,7 @@ def test_gil_free_cpu_stage_is_cpu_bound_and_prefers_threads_within_noise():
 
 def test_tiny_work_is_overhead_bound():
     # 2 us of work per item, harness overhead 20 us: the no-op ceiling dominates
-    st = analyze_stage(model_rows("tiny", gil_ms=0.002, wait_ms=0.0, overhead_ms=0.02, executors=("thread",)), cores=2)
+    st = analyzed(model_rows("tiny", gil_ms=0.002, wait_ms=0.0, overhead_ms=0.02, executors=("thread",)), cores=2)
     assert st["classification"] == "overhead-bound"
     assert st["ceiling_qps"] == pytest.approx(50_000, rel=0.01)
     assert st["evidence"]["signals"]["ceiling_share"]["value"] >= 0.8
@@ -106,7 +105,7 @@ def test_a_stage_read_above_its_own_no_op_ceiling_is_said_to_be_at_it_not_given_
             row("agg", "thread", 1, 3701.0, role="ceiling", noise=0.02, cores_used=1.0, cpu_s_per_item=2.6e-4),
         ]
     )
-    st = analyze_stage(rows, cores=2)
+    st = analyzed(rows, cores=2)
     said = " ".join(st["evidence"]["summary"])
     assert st["classification"] == "overhead-bound" and "is at the direct harness's no-op ceiling" in said
     assert "it read 19% above it" in said and "119%" not in said
@@ -156,7 +155,7 @@ def test_a_stage_that_computes_a_little_next_to_a_costly_harness_is_overhead_bou
         ]
     )
     for probe in ({"share": 1.0, "low": 0.907, "high": 1.0}, None):
-        st = analyze_stage(rows, cores=2, gil_probe=probe)
+        st = analyzed(rows, cores=2, gil_probe=probe)
         assert st["classification"] == "overhead-bound", st["evidence"]["summary"]
         # its own call (0.18 us) is shorter than the direct harness's no-op per item (0.49 us)
         assert "its own call takes 0.00018 ms per item, less than the 0.000491 ms" in st["evidence"]["summary"][0]
@@ -170,7 +169,7 @@ def test_spdls_own_grouping_step_gets_no_batch_your_work_advice():
 
     from stagebench.analysis._findings import _stage_findings
 
-    st = analyze_stage(model_rows("agg", gil_ms=0.002, wait_ms=0.0, overhead_ms=0.02, executors=("thread",)), cores=2)
+    st = analyzed(model_rows("agg", gil_ms=0.002, wait_ms=0.0, overhead_ms=0.02, executors=("thread",)), cores=2)
     assert st["classification"] == "overhead-bound"
     pipe = dict(st, type="pipe")
     batch = [
@@ -235,19 +234,19 @@ def test_a_probe_that_reads_pure_python_says_the_stage_computes_where_its_cpu_sh
             ),
         ]
     )
-    st = analyze_stage(rows, cores=2, gil_probe={"share": 0.97, "low": 0.85, "high": 1.0})
+    st = analyzed(rows, cores=2, gil_probe={"share": 0.97, "low": 0.85, "high": 1.0})
     assert st["classification"] == "overhead-bound", st["evidence"]["summary"]
     assert "its own call takes 0.00012 ms per item, less than" in st["evidence"]["summary"][0]
     # its call is shorter than the harness's no-op, whatever the probe or the CPU share (0.42, noise at 0.12 us)
     # read: it was called "io-bound, it waits" on the CPU share alone
     for probe in (None, {"share": 0.05, "low": 0.0, "high": 0.1}):
-        assert analyze_stage(rows, cores=2, gil_probe=probe)["classification"] == "overhead-bound"
+        assert analyzed(rows, cores=2, gil_probe=probe)["classification"] == "overhead-bound"
 
 
 def test_process_best_at_the_process_ceiling_is_gil_bound_and_limited_by_ipc():
     # GIL-bound on threads (what it is, on any core count); processes capped by a low IPC ceiling (what
     # limits its best setting: a second fact, issue 31)
-    st = analyze_stage(model_rows("big", gil_ms=2.0, wait_ms=0.0, process_ceiling=700.0, ipc_ms=0.1), cores=4)
+    st = analyzed(model_rows("big", gil_ms=2.0, wait_ms=0.0, process_ceiling=700.0, ipc_ms=0.1), cores=4)
     assert st["best"]["executor"] == "process"
     assert st["classification"] == "gil-bound"
     assert st["limit"]["kind"] == "ipc" and st["limit"]["at"].startswith("process")
@@ -271,14 +270,14 @@ def test_large_payload_costing_more_cpu_than_the_work_is_limited_by_ipc():
                 payload_bytes=4e6,
             )
         )
-    st = analyze_stage(pd.DataFrame(rows), cores=8)
+    st = analyzed(pd.DataFrame(rows), cores=8)
     assert st["best"]["executor"] == "process"
     assert st["limit"]["kind"] == "ipc" and "KiB" in st["limit"]["text"]
 
 
 @pytest.mark.parametrize("g,w,n", [(0, 4, 0), (0.8, 3.2, 0), (2, 2, 0), (4, 0, 0), (0.02, 0, 4)])
 def test_classification_is_one_of_the_documented_labels(g, w, n):
-    st = analyze_stage(model_rows("s", gil_ms=g, wait_ms=w, free_cpu_ms=n), cores=2)
+    st = analyzed(model_rows("s", gil_ms=g, wait_ms=w, free_cpu_ms=n), cores=2)
     assert st["classification"] in CLASSIFICATIONS
     assert STAGE_KEYS <= set(st)
 
@@ -286,21 +285,21 @@ def test_classification_is_one_of_the_documented_labels(g, w, n):
 # ------------------------------------------------------------------ recommendation
 def test_recommendation_is_the_smallest_measured_level_within_5_percent():
     rows = [row("s", "thread", c, q) for c, q in ((1, 100.0), (2, 190.0), (4, 380.0), (8, 396.0), (16, 400.0))]
-    st = analyze_stage(pd.DataFrame(rows), cores=2)
+    st = analyzed(pd.DataFrame(rows), cores=2)
     assert st["recommended"]["concurrency"] == 4  # 380 >= 0.95 * 400
     assert st["best"]["concurrency"] == 16
 
 
 def test_recommendation_never_leaves_the_measured_range():
     rows = [row("s", "thread", c, 100.0 * c) for c in (3, 6, 12)]
-    st = analyze_stage(pd.DataFrame(rows), cores=2)
+    st = analyzed(pd.DataFrame(rows), cores=2)
     assert st["recommended"]["concurrency"] in (3, 6, 12)
 
 
 def test_threads_beyond_noise_of_processes_are_not_dropped_for_processes():
     rows = [row("s", "thread", c, q, noise=0.01) for c, q in ((1, 100.0), (2, 150.0))]
     rows += [row("s", "process", c, q, noise=0.01) for c, q in ((1, 90.0), (2, 180.0))]
-    st = analyze_stage(pd.DataFrame(rows), cores=2)
+    st = analyzed(pd.DataFrame(rows), cores=2)
     assert st["recommended"]["executor"] == "process"
     assert "beats thread beyond noise" in st["recommended"]["why"]
 
@@ -308,7 +307,7 @@ def test_threads_beyond_noise_of_processes_are_not_dropped_for_processes():
 def test_spdl_harness_is_used_for_the_recommendation_when_present():
     direct = model_rows("s", gil_ms=0.0, wait_ms=4.0)
     spdl = model_rows("s", gil_ms=0.0, wait_ms=4.0, harness="spdl", overhead_ms=0.3)
-    st = analyze_stage(pd.concat([direct, spdl]), cores=2)
+    st = analyzed(pd.concat([direct, spdl]), cores=2)
     assert st["recommended"]["harness"] == "spdl"
     assert set(st["fit"]) == {"direct/thread", "direct/process", "spdl/thread", "spdl/process"}
     assert st["gil"]["harness"] == "direct"  # the GIL is read where the harness adds least
@@ -320,7 +319,7 @@ def test_all_points_failed_gives_a_failed_stage_with_the_reason():
     rows += [
         row("bad", "thread", c, 0.0, status="skipped", reason="not measured: failed at concurrency 1") for c in (2, 4)
     ]
-    st = analyze_stage(pd.DataFrame(rows), cores=2)
+    st = analyzed(pd.DataFrame(rows), cores=2)
     assert st["status"] == "failed"
     assert "boom" in st["reason"]
     assert st["recommended"] is None and st["classification"] == "unknown"
@@ -336,7 +335,7 @@ def test_skipped_process_rows_and_nan_columns_are_tolerated():
             for c in (1, 2)
         ]
     )
-    st = analyze_stage(pd.concat([rows, skipped]), cores=2)
+    st = analyzed(pd.concat([rows, skipped]), cores=2)
     assert st["status"] == "ok"
     assert st["recommended"]["executor"] == "thread"
     assert any("cannot be pickled" in p for p in st["problems"])
@@ -345,21 +344,21 @@ def test_skipped_process_rows_and_nan_columns_are_tolerated():
 def test_crashed_high_levels_do_not_hide_the_measured_ones():
     rows = model_rows("s", gil_ms=4.0, wait_ms=0.0, levels=(1, 2, 4))
     crashed = pd.DataFrame([row("s", "process", 8, 0.0, status="crashed", reason="a worker process died")])
-    st = analyze_stage(pd.concat([rows, crashed]), cores=2)
+    st = analyzed(pd.concat([rows, crashed]), cores=2)
     assert st["status"] == "ok"
     assert any("crashed" in p for p in st["problems"])
 
 
 def test_async_only_stage():
     rows = model_rows("fetch", gil_ms=0.05, wait_ms=10.0, executors=("async",), levels=(1, 4, 16, 64))
-    st = analyze_stage(rows, cores=2)
+    st = analyzed(rows, cores=2)
     assert st["recommended"]["executor"] == "async"
     assert st["classification"] == "io-bound"
     assert st["gil_fraction"] < 0.05
 
 
 def test_single_level_stage_gets_a_recommendation_and_a_fit_warning():
-    st = analyze_stage(model_rows("s", gil_ms=1.0, wait_ms=1.0, levels=(4,)), cores=2)
+    st = analyzed(model_rows("s", gil_ms=1.0, wait_ms=1.0, levels=(4,)), cores=2)
     assert st["recommended"]["concurrency"] == 4
     assert "one concurrency level" in st["fit"]["direct/thread"]["warning"]
 
@@ -372,7 +371,7 @@ def test_rows_read_back_from_csv_give_the_same_verdict(tmp_path):
         w.write(r)
     w.close()
     back = read_rows(run.path)
-    a, b = analyze_stage(rows, cores=2), analyze_stage(back, cores=2)
+    a, b = analyzed(rows, cores=2), analyzed(back, cores=2)
     assert a["classification"] == b["classification"]
     assert a["gil_fraction"] == pytest.approx(b["gil_fraction"], rel=1e-6)
     assert a["recommended"] == b["recommended"]
@@ -556,7 +555,7 @@ def test_gil_saturated_only_together_with_spdls_own_python_limits_a_waiting_stag
     spdl = model_rows(
         "mixed", gil_ms=0.5, wait_ms=2.0, harness="spdl", overhead_ms=0.3, levels=(1, 2, 4, 8), executors=("thread",)
     )
-    st = analyze_stage(pd.concat([direct, spdl]), cores=4)
+    st = analyzed(pd.concat([direct, spdl]), cores=4)
     assert not st["gil"]["saturated"]
     # it waits 80% of its call (io-bound, what it is); at its best in SPDL the GIL, with SPDL's own Python, limits it
     assert st["classification"] == "io-bound"
@@ -675,7 +674,7 @@ def _wait_stage_through_spdl():
 
 
 def test_wait_stage_whose_cores_are_mostly_the_harness_is_io_bound():
-    st = analyze_stage(_wait_stage_through_spdl(), cores=2)
+    st = analyzed(_wait_stage_through_spdl(), cores=2)
     assert st["recommended"]["harness"] == "spdl" and st["best"]["concurrency"] == 8
     assert st["classification"] == "io-bound"
     assert "98% waiting" in st["evidence"]["summary"][0]
@@ -688,7 +687,7 @@ def test_wait_stage_without_a_ceiling_is_judged_by_its_own_call():
     """Its label reads the call itself (CPU of the calling thread over the call's time), not the cores the
     process used with the harness in it: without a ceiling to subtract, 1.12 of 2 cores said nothing."""
     rows = _wait_stage_through_spdl()
-    st = analyze_stage(rows[rows["role"] == "stage"], cores=2)
+    st = analyzed(rows[rows["role"] == "stage"], cores=2)
     assert st["classification"] == "io-bound"
 
 
@@ -716,7 +715,7 @@ def _nap_rows(top_qps: float, cpu_s_per_item: float) -> pd.DataFrame:
 
 def test_still_rising_thread_curve_with_a_small_gil_share_is_not_gil_bound():
     # a 10 ms sleep whose wake-ups cost 0.6 ms of CPU per item: GIL share ~0.06, threads near-linear up to 16
-    st = analyze_stage(_nap_rows(1480.0, 0.6e-3), cores=2)
+    st = analyzed(_nap_rows(1480.0, 0.6e-3), cores=2)
     assert 0.03 < st["gil_fraction"] < 0.1
     assert st["classification"] != "gil-bound"
     assert st["classification"] == "io-bound"
@@ -725,7 +724,7 @@ def test_still_rising_thread_curve_with_a_small_gil_share_is_not_gil_bound():
 
 def test_flattened_thread_curve_with_the_gil_busy_stays_gil_bound():
     # the same stage where the curve did flatten at the top: the GIL-busy rule still applies
-    st = analyze_stage(_nap_rows(820.0, 1.1e-3), cores=2)
+    st = analyzed(_nap_rows(820.0, 1.1e-3), cores=2)
     assert st["classification"] == "io-bound"  # a 10 ms sleep waits, on any core count
     assert st["limit"]["kind"] == "gil"  # and at the top of its curve the GIL busy is what limits it
 
@@ -735,11 +734,11 @@ def test_a_process_stage_charges_the_main_process_its_process_ceilings_time_per_
     # process no-op ceiling (1,000 items/s, 0.6 ms CPU per item here) is that cost, far above
     # the thread ceiling's scheduling (5 µs), and the pipeline's GIL bound must see it.
     df = pd.DataFrame(model_rows("tok", gil_ms=2.0, wait_ms=0.0, process_ceiling=1000.0, ipc_ms=0.6))
-    st = analyze_stage(df, cores=2)
+    st = analyzed(df, cores=2)
     assert st["recommended"]["executor"] == "process"
     assert st["harness_gil_s_per_item"] == pytest.approx(0.6e-3, rel=0.05)  # min(1/qps, CPU per item)
     no_proc_ceiling = df[~((df["role"] == "ceiling") & (df["executor"] == "process"))]
-    assert analyze_stage(no_proc_ceiling, cores=2)["harness_gil_s_per_item"] < 1e-4  # the thread ceiling's
+    assert analyzed(no_proc_ceiling, cores=2)["harness_gil_s_per_item"] < 1e-4  # the thread ceiling's
 
 
 def test_a_cpu_whose_speed_changed_during_the_run_is_a_warning_with_the_numbers():

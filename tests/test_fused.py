@@ -8,13 +8,14 @@ from spdl.pipeline import PipelineBuilder
 
 from stagebench.analysis._fused import unfuse
 from stagebench.model._meta import RunMeta
+from stagebench.model._stage import StageEntry
 from stagebench.pipeline._diagnose import diagnose_pipeline
 from stagebench.pipeline._settings import DiagnoseSettings
 
 
 def _entry(name, *, t, cpu, gil, k=1.0, qps=None, curve=(1, 2)):
     qps = qps or 1.0 / t
-    return {
+    entry = {
         "name": name,
         "status": "ok",
         "type": "pipe",
@@ -30,6 +31,7 @@ def _entry(name, *, t, cpu, gil, k=1.0, qps=None, curve=(1, 2)):
         "best": {"executor": "thread", "concurrency": 2, "qps": 2 * qps},
         "evidence": {"summary": [], "signals": {}},
     }
+    return StageEntry.from_json(entry)
 
 
 def test_the_chains_work_per_call_is_taken_out_of_the_fused_stage():
@@ -39,19 +41,18 @@ def test_the_chains_work_per_call_is_taken_out_of_the_fused_stage():
     fused_t = 8 * 1e-3 + 2e-6 + 0.3e-3
     convert = _entry("convert", t=fused_t, cpu=fused_t, gil=8 * 0.05e-3 + 2e-6 + 0.1e-3, k=8.0)
     meta = {"stages": [{"name": "decode"}, {"name": "agg"}, {"name": "convert", "fused_chain": ["decode", "agg"]}]}
-    assert unfuse([decode, agg, convert], RunMeta.from_json(meta)) == ["convert"]
-    assert convert["stage_s_per_item"] == pytest.approx(0.3e-3, rel=1e-6)
-    assert convert["cpu_s_per_item"] == pytest.approx(0.3e-3, rel=1e-6)
-    assert convert["gil_s_per_item"] == pytest.approx(0.1e-3, rel=1e-6)
+    stages = [decode, agg, convert]
+    assert unfuse(stages, RunMeta.from_json(meta)) == ["convert"]
+    assert stages[:2] == [decode, agg]  # nothing else changes
+    convert = stages[2]
+    assert convert.stage_s_per_item == pytest.approx(0.3e-3, rel=1e-6)
+    assert convert.cpu_s_per_item == pytest.approx(0.3e-3, rel=1e-6)
+    assert convert.gil_s_per_item == pytest.approx(0.1e-3, rel=1e-6)
     # a point's lane (concurrency / throughput) loses the chain's time per call: at 1 thread, 1 / 0.3 ms
-    assert convert["recommended"]["qps"] == pytest.approx(1 / 0.3e-3, rel=1e-6)
-    assert convert["curves"]["spdl/thread"][1]["qps"] == pytest.approx(2 / 0.3e-3, rel=1e-6)
-    assert "measured fused with decode, agg" in convert["evidence"]["summary"][-1]
-    # nothing else changes
-    assert (
-        decode["stage_s_per_item"] == 1e-3
-        and unfuse([decode], RunMeta.from_json({"stages": [{"name": "decode"}]})) == []
-    )
+    assert convert.recommended.qps == pytest.approx(1 / 0.3e-3, rel=1e-6)
+    assert convert.curve("spdl/thread")[1].qps == pytest.approx(2 / 0.3e-3, rel=1e-6)
+    assert "measured fused with decode, agg" in convert.evidence.summary[-1]
+    assert unfuse([decode], RunMeta.from_json({"stages": [{"name": "decode"}]})) == []
 
 
 class Frame:

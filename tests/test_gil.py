@@ -9,11 +9,10 @@ import time
 
 import pandas as pd
 import pytest
-from _rows import model_rows, row
+from _rows import analyzed, model_rows, row
 
 from stagebench.analysis._gil import SIGNAL_LABELS, estimate_gil
 from stagebench.analysis._labels import SHARE_NOISE
-from stagebench.analysis._stage import analyze_stage
 from stagebench.core._curves import StageRows
 
 
@@ -54,12 +53,12 @@ def test_a_lock_that_is_not_the_gil_is_not_called_the_gil():
     r = estimate_gil(StageRows(pd.DataFrame(rows)), cores=2)
     assert r.saturated and r.serializer == "other"
     assert r.fraction < 0.1
-    st = analyze_stage(pd.DataFrame(rows), cores=2)
+    st = analyzed(pd.DataFrame(rows), cores=2)
     assert st["classification"] != "gil-bound"
 
 
 def test_every_signal_is_labelled_and_none_claims_to_measure_the_gil():
-    st = analyze_stage(model_rows("s", gil_ms=2.0, wait_ms=2.0), cores=2)
+    st = analyzed(model_rows("s", gil_ms=2.0, wait_ms=2.0), cores=2)
     gil_signals = {k: v for k, v in st["evidence"]["signals"].items() if k in SIGNAL_LABELS}
     assert {"cpu_share", "thread_plateau", "threads_vs_processes", "serial_fraction"} <= set(gil_signals)
     for sig in gil_signals.values():
@@ -295,7 +294,7 @@ def test_known_gil_fraction_of_real_spin_sleep_stages(spin_ms, sleep_ms):
             "the machine took the core away; the held share is not the stage's"
         )
     held = spin_s / total_s
-    st = analyze_stage(rows, cores=len(os.sched_getaffinity(0)), n_boot=50)
+    st = analyzed(rows, cores=len(os.sched_getaffinity(0)), n_boot=50)
     nominal = stage.gil_fraction
     signals = {
         k: round(v["value"], 3) for k, v in st["evidence"]["signals"].items() if isinstance(v.get("value"), float)
@@ -369,7 +368,7 @@ def test_a_probe_below_the_curves_interval_overrides_them_and_one_above_is_only_
     busy = estimate_gil(rows, cores=2, probe={"error": "not probed: the machine was busy (...)", "core_wait": 0.4})
     assert busy.fraction == base.fraction and busy.source == "curves"
     assert busy.notes[-1] == "no direct GIL reading: not probed: the machine was busy (...)"
-    st = analyze_stage(
+    st = analyzed(
         model_rows("s", gil_ms=2.4, wait_ms=1.6), cores=2, gil_probe={"share": 0.05, "low": 0.02, "high": 0.1}
     )
     assert st["gil"]["source"] == "probe" and st["gil_fraction"] == 0.05

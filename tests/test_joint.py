@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from stagebench.analysis._joint import recommend_jointly
+from stagebench.model._stage import StageEntry
 
 
 def _curve(points, *, cpu_ms, executor):
@@ -29,7 +30,7 @@ def _stage(name, *, gil_ms, cpu_ms, thread=None, process=None, own=None, harness
             alts[ex]["harness_gil_s_per_item"] = harness_ms / 1e3 if ex == "thread" else 0.0
     ex, c = own
     q = dict((thread if ex == "thread" else process) or [])[c]
-    return {
+    entry = {
         "name": name,
         "status": "ok",
         "harness": "spdl",
@@ -52,10 +53,17 @@ def _stage(name, *, gil_ms, cpu_ms, thread=None, process=None, own=None, harness
         "ceiling_qps": None,
         "evidence": {"summary": [], "signals": {}},
     }
+    return StageEntry.from_json(entry)
 
 
 def _setting(st):
-    return st["recommended"]["executor"], st["recommended"]["concurrency"]
+    return st.recommended.executor, st.recommended.concurrency
+
+
+def _jointly(*stages, **kw):
+    """recommend_jointly on ``stages`` (2 cores, a GIL): its Joint, and the entries as it leaves them."""
+    out = list(stages)
+    return recommend_jointly(out, cores=2, free_threaded=False, **kw), out
 
 
 def test_a_stage_that_outruns_the_bottleneck_gets_only_the_threads_that_keep_up():
@@ -67,10 +75,10 @@ def test_a_stage_that_outruns_the_bottleneck_gets_only_the_threads_that_keep_up(
         "wait", gil_ms=0.02, cpu_ms=0.05, thread=[(1, 250), (2, 500), (4, 1000), (8, 2000)], own=("thread", 8)
     )
     spin = _stage("spin", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 490)], own=("thread", 1))
-    joint = recommend_jointly([wait, spin], cores=2, free_threaded=False)
-    assert _setting(wait) == ("thread", 4) and wait["recommended_alone"]["concurrency"] == 8
-    assert "keeps up with the pipeline's pace of" in wait["recommended"]["why"]
-    assert _setting(spin) == ("thread", 1) and "recommended_alone" not in spin
+    joint, (wait, spin) = _jointly(wait, spin)
+    assert _setting(wait) == ("thread", 4) and wait.recommended_alone.concurrency == 8
+    assert "keeps up with the pipeline's pace of" in wait.recommended.why
+    assert _setting(spin) == ("thread", 1) and spin.recommended_alone is None
     assert joint.changed == ("wait",) and joint.exhaustive
     # the pace: the spin alone (500) or the GIL (1 / 2.02 ms = 495), whichever is lower
     assert 490 <= joint.pace <= 500
@@ -83,10 +91,10 @@ def test_processes_that_win_alone_are_not_used_where_the_pipeline_does_not_need_
         "spin", gil_ms=1.0, cpu_ms=1.0, thread=[(1, 1000), (2, 980)], process=[(1, 950), (2, 1800)], own=("process", 2)
     )
     wait = _stage("wait", gil_ms=0.01, cpu_ms=0.02, thread=[(1, 100)], own=("thread", 1))
-    joint = recommend_jointly([spin, wait], cores=2, free_threaded=False)
+    joint, (spin, wait) = _jointly(spin, wait)
     assert _setting(spin) == ("thread", 1)
-    assert spin["recommended_alone"]["executor"] == "process"
-    assert "thread rather than process" in spin["recommended"]["why"]
+    assert spin.recommended_alone.executor == "process"
+    assert "thread rather than process" in spin.recommended.why
     assert joint.assignments == 2
 
 
@@ -98,16 +106,16 @@ def test_a_stage_goes_to_processes_where_the_shared_gil_needs_it_though_threads_
         "a", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 495)], process=[(1, 480), (2, 470)], own=("thread", 1)
     )
     b = _stage("b", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 495)], own=("thread", 1))
-    joint = recommend_jointly([a, b], cores=2, free_threaded=False)
+    joint, (a, b) = _jointly(a, b)
     assert _setting(a) == ("process", 1) and _setting(b) == ("thread", 1)
     assert 470 <= joint.pace <= 490 and joint.qps >= 470
-    assert "250" in a["recommended"]["why"]  # what every stage on its own executor would give
+    assert "250" in a.recommended.why  # what every stage on its own executor would give
 
 
 def test_one_stage_keeps_its_own_recommendation():
     st = _stage("only", gil_ms=0.0, cpu_ms=0.1, thread=[(1, 250), (2, 500), (4, 990), (8, 1000)], own=("thread", 4))
-    joint = recommend_jointly([st], cores=2, free_threaded=False)
-    assert _setting(st) == ("thread", 4) and joint.changed == () and "recommended_alone" not in st
+    joint, (st,) = _jointly(st)
+    assert _setting(st) == ("thread", 4) and joint.changed == () and st.recommended_alone is None
 
 
 def test_a_stage_after_a_batch_is_compared_in_source_items():
@@ -122,16 +130,16 @@ def test_a_stage_after_a_batch_is_compared_in_source_items():
         own=("thread", 4),
         items_per_input=16.0,
     )
-    recommend_jointly([src, col], cores=2, free_threaded=False)
+    _, (src, col) = _jointly(src, col)
     assert _setting(col) == ("thread", 1)
 
 
 def test_stages_without_measurements_are_left_alone():
     st = _stage("ok", gil_ms=0.0, cpu_ms=0.1, thread=[(1, 250), (2, 500)], own=("thread", 2))
-    failed = {"name": "broken", "status": "failed", "recommended": None}
-    assert recommend_jointly([failed], cores=2, free_threaded=False) is None
-    joint = recommend_jointly([st, failed], cores=2, free_threaded=False)
-    assert joint is not None and failed["recommended"] is None
+    failed = StageEntry.from_json({"name": "broken", "status": "failed", "recommended": None})
+    assert _jointly(failed)[0] is None
+    joint, (st, failed) = _jointly(st, failed)
+    assert joint is not None and failed.recommended is None
 
 
 def test_many_stages_are_searched_one_switch_at_a_time():
@@ -140,7 +148,7 @@ def test_many_stages_are_searched_one_switch_at_a_time():
         _stage(f"s{i}", gil_ms=0.5, cpu_ms=0.5, thread=[(1, 2000)], process=[(1, 1900)], own=("thread", 1))
         for i in range(13)
     ]
-    joint = recommend_jointly(stages, cores=2, free_threaded=False)
+    joint, _ = _jointly(*stages)
     assert not joint.exhaustive and joint.assignments < 200
     # 13 x 0.5 ms of GIL on threads: 154 items/s; moving stages to processes lifts the GIL bound until the
     # cores (13 x 0.5 ms of CPU on 2 cores: 308 items/s) bind
@@ -154,16 +162,16 @@ def test_a_stated_demand_below_the_pace_gets_the_cheapest_settings_that_feed_it(
         "wait", gil_ms=0.02, cpu_ms=0.05, thread=[(1, 250), (2, 500), (4, 1000), (8, 2000)], own=("thread", 8)
     )
     spin = _stage("spin", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 490)], own=("thread", 1))
-    joint = recommend_jointly([wait, spin], cores=2, free_threaded=False, demand=200.0)
+    joint, (wait, spin) = _jointly(wait, spin, demand=200.0)
     assert _setting(wait) == ("thread", 2) and joint.for_demand == 200.0
-    assert "the trainer needs 200 items/s" in wait["recommended"]["why"]
+    assert "the trainer needs 200 items/s" in wait.recommended.why
     # a demand above the pace changes nothing: the pipeline cannot be cut below what it can do
     wait2 = _stage(
         "wait", gil_ms=0.02, cpu_ms=0.05, thread=[(1, 250), (2, 500), (4, 1000), (8, 2000)], own=("thread", 8)
     )
     spin2 = _stage("spin", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 490)], own=("thread", 1))
-    assert recommend_jointly([wait2, spin2], cores=2, free_threaded=False, demand=900.0).for_demand is None
-    assert _setting(wait2) == ("thread", 4)
+    joint, (wait2, spin2) = _jointly(wait2, spin2, demand=900.0)
+    assert joint.for_demand is None and _setting(wait2) == ("thread", 4)
 
 
 def test_processes_are_measured_only_for_stages_whose_processes_could_raise_the_pipelines_bounds():

@@ -13,11 +13,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from _rows import model_rows
+from _rows import analyzed, model_rows
 from _stages import AsyncSleep, HashCPU, Sleep, Spin, SpinSleep
 from spdl.pipeline import PipelineBuilder
 
-from stagebench.analysis._stage import analyze_stage
 from stagebench.pipeline._diagnose import diagnose_pipeline
 from stagebench.pipeline._settings import DiagnoseSettings
 
@@ -123,7 +122,7 @@ def test_shares_within_their_noise_of_each_other_are_a_mix_and_the_tie_rule_labe
 
     # a spin-and-sleep stage: half its call on the CPU, all of that holding the GIL; f is the GIL share as read
     label, line, signals = label_of_call(4e-3, 0.5, f, "thread concurrency 1")
-    assert label == "gil-bound" and label_mix(signals) == ["gil-bound", "io-bound"]
+    assert label == "gil-bound" and label_mix(signals) == ("gil-bound", "io-bound")
     assert "a mix: holding the GIL and waiting are within the GIL share's noise" in line
 
 
@@ -134,7 +133,7 @@ def test_shares_apart_beyond_their_noise_are_no_mix(f, a, label):
     from stagebench.analysis._labels import label_mix, label_of_call
 
     got, line, signals = label_of_call(4e-3, a, f, "thread concurrency 1")
-    assert got == label and label_mix(signals) == [] and "a mix" not in line
+    assert got == label and label_mix(signals) == () and "a mix" not in line
 
 
 def test_under_a_cpu_quota_threads_the_quota_held_back_are_not_read_as_the_gil():
@@ -144,13 +143,13 @@ def test_under_a_cpu_quota_threads_the_quota_held_back_are_not_read_as_the_gil()
     2 threads), not the spinning ones. Then the limit is the cores, named with the quota."""
     bound = "1.0 CPU by the container's quota, of 2"
     rows = model_rows("hash", gil_ms=0.0, wait_ms=0.0, free_cpu_ms=0.5, cores=1, levels=(1, 2), executors=("thread",))
-    assert analyze_stage(rows, cores=1.0, cores_bound=bound, n_boot=50)["classification"] == "gil-bound"
+    assert analyzed(rows, cores=1.0, cores_bound=bound, n_boot=50)["classification"] == "gil-bound"
     rows["cores_throttled"] = 0.0
     rows.loc[(rows["role"] == "stage") & (rows["concurrency"] == 2), "cores_throttled"] = 0.40
-    st = analyze_stage(rows, cores=1.0, cores_bound=bound, n_boot=50)
+    st = analyzed(rows, cores=1.0, cores_bound=bound, n_boot=50)
     assert st["classification"] == "cpu-bound"
     assert st["limit"]["text"].startswith("limited by the cores: 1.0 CPU by the container's quota, of 2; at thread")
     assert "1.40 cores at concurrency 2 (1.00 used, 0.40 more the CPU quota held back)" in str(st["evidence"])
     spin = model_rows("spin", gil_ms=0.5, wait_ms=0.0, cores=1, levels=(1, 2), executors=("thread",))
     spin["cores_throttled"] = 0.0
-    assert analyze_stage(spin, cores=1.0, cores_bound=bound, n_boot=50)["classification"] == "gil-bound"
+    assert analyzed(spin, cores=1.0, cores_bound=bound, n_boot=50)["classification"] == "gil-bound"

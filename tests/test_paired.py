@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from _rows import row
+from _rows import analyzed, row
 from _stages import Sleep
 
 from stagebench import MeasureConfig, SweepConfig
-from stagebench.analysis._stage import analyze_stage
 from stagebench.core._curves import StageRows
 from stagebench.core._paired import MAX_RATIO, paired_result, plan, threads_led_every_pair
 from stagebench.core._stage_draft import StageDraft
@@ -61,7 +60,7 @@ def test_a_head_to_head_is_planned_only_when_the_curves_would_pick_processes_by_
 
 
 def test_a_head_to_head_that_threads_win_overturns_the_curves():
-    st = analyze_stage(pd.DataFrame(_curves(400.0, 520.0) + _paired([0.86, 0.9, 0.84, 0.88])), cores=2)
+    st = analyzed(pd.DataFrame(_curves(400.0, 520.0) + _paired([0.86, 0.9, 0.84, 0.88])), cores=2)
     h = st["head_to_head"]
     assert h["pairs"] == 4 and h["decisive"] and not h["processes_win"]
     # the geometric mean of the pairs' ratios (0.8698), its interval on the log scale
@@ -74,21 +73,21 @@ def test_a_head_to_head_that_threads_win_overturns_the_curves():
 
 def test_a_head_to_head_interval_stays_positive_where_two_pairs_disagree():
     """A fresh clone's diagnosis read ratio_low -0.14 from two pairs (a linear interval over the ratios)."""
-    st = analyze_stage(pd.DataFrame(_curves(400.0, 520.0) + _paired([0.5, 1.6])), cores=2)
+    st = analyzed(pd.DataFrame(_curves(400.0, 520.0) + _paired([0.5, 1.6])), cores=2)
     h = st["head_to_head"]
     assert h["pairs"] == 2 and 0 < h["ratio_low"] < h["ratio"] < h["ratio_high"]
     assert not h["processes_win"] and st["recommended"]["executor"] == "thread"
 
 
 def test_processes_are_recommended_when_they_win_the_head_to_head_beyond_noise():
-    st = analyze_stage(pd.DataFrame(_curves(400.0, 520.0) + _paired([1.2, 1.25, 1.22, 1.18])), cores=2)
+    st = analyzed(pd.DataFrame(_curves(400.0, 520.0) + _paired([1.2, 1.25, 1.22, 1.18])), cores=2)
     assert st["head_to_head"]["processes_win"]
     assert st["recommended"]["executor"] == "process" and "processes win beyond noise" in st["recommended"]["why"]
 
 
 def test_a_head_to_head_within_noise_keeps_threads():
     # processes ahead on average, but the pairs disagree: not beyond noise
-    st = analyze_stage(pd.DataFrame(_curves(400.0, 520.0) + _paired([1.3, 0.8, 1.25, 0.85])), cores=2)
+    st = analyzed(pd.DataFrame(_curves(400.0, 520.0) + _paired([1.3, 0.8, 1.25, 0.85])), cores=2)
     assert not st["head_to_head"]["processes_win"] and st["recommended"]["executor"] == "thread"
 
 
@@ -96,13 +95,13 @@ def test_windows_that_did_not_measure_leave_their_pair_out_and_too_few_pairs_lea
     rows = _paired([1.2, 1.2, 1.2, 1.2], status={1: "crashed", 2: "crashed", 3: "crashed"})
     h = paired_result(StageRows(pd.DataFrame(rows)), "direct")
     assert h is not None and (h.pairs, h.windows, h.decisive) == (1, 8, False)
-    st = analyze_stage(pd.DataFrame(_curves(400.0, 520.0) + rows), cores=2)
+    st = analyzed(pd.DataFrame(_curves(400.0, 520.0) + rows), cores=2)
     assert st["recommended"]["executor"] == "process"  # the curves' answer, and it says why
     assert "only 1 usable pair" in st["recommended"]["why"]
 
 
 def test_paired_rows_are_not_part_of_any_curve():
-    st = analyze_stage(pd.DataFrame(_curves(400.0, 520.0) + _paired([9.0, 9.0])), cores=2)
+    st = analyzed(pd.DataFrame(_curves(400.0, 520.0) + _paired([9.0, 9.0])), cores=2)
     assert st["levels_measured"]["direct/process"] == [1, 2, 4]
     assert max(p["qps"] for p in st["curves"]["direct/process"]) == pytest.approx(520.0)
 
@@ -120,7 +119,7 @@ def test_known_answer_a_sleep_stage_that_the_curves_say_runs_faster_on_processes
     rounds = 1 if threads_led_every_pair(paired[:4]) else 2
     assert [r.executor for r in paired] == ["thread", "process", "process", "thread"] * rounds
     assert {r.concurrency for r in paired} == {2} and all(r.status == "ok" for r in paired)
-    st = analyze_stage(sw.frame(), cores=2)
+    st = analyzed(sw.frame(), cores=2)
     assert st["head_to_head"]["decisive"] and not st["head_to_head"]["processes_win"]
     assert st["recommended"]["executor"] == "thread"
 
@@ -169,7 +168,7 @@ def test_the_gil_finding_follows_the_head_to_head():
         ([0.9, 0.92, 0.88, 0.91], "but processes did not help"),
         ([1.4, 1.45, 1.38, 1.42], "use a process executor"),
     ):
-        st = analyze_stage(pd.concat([base, pd.DataFrame(_paired(ratios))]), cores=2)
+        st = analyzed(pd.concat([base, pd.DataFrame(_paired(ratios))]), cores=2)
         assert st["classification"] == "gil-bound"
         f = next(x for x in _found(_stage_findings(StageEntry.from_json(st), "s", 2)) if "holds the GIL" in x["title"])
         assert says in f["title"] and "measured in turns with threads" in f["detail"]
@@ -186,7 +185,7 @@ def test_the_gil_finding_does_not_say_processes_did_not_help_when_they_were_ahea
     df = model_rows("s", gil_ms=2.0, wait_ms=0.0, noise=0.25)  # intervals +-25%
     proc = (df["executor"] == "process") & (df["role"] == "stage")
     df.loc[proc, ["qps", "qps_low", "qps_high"]] *= 0.62  # processes' best 564 vs threads' 499: ahead, within noise
-    st = analyze_stage(df, cores=2)
+    st = analyzed(df, cores=2)
     assert st["classification"] == "gil-bound" and st["recommended"]["executor"] == "thread"
     f = next(x for x in _found(_stage_findings(StageEntry.from_json(st), "s", 2)) if "holds the GIL" in x["title"])
     assert "processes were not clearly faster" in f["title"] and "did not help" not in f["title"]

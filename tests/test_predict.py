@@ -240,7 +240,7 @@ def test_gil_bound_of_really_measured_stages_matches_the_analytic_value():
         )
         rows = pd.concat([rows, pd.DataFrame([ceil])], ignore_index=True)
         _require_a_quiet_window(rows)
-        summaries.append(analyze_stage(rows, cores=cores, n_boot=50))
+        summaries.append(analyze_stage(rows, cores=cores, n_boot=50).to_json())
     p = predict_pipeline(_entries(summaries), cores=cores)
     # nominally 1 / (1 ms + 0.5 ms); the stages' own CPU per call says what they held here
     analytic = 1.0 / sum(float(np.mean(fn.cpu)) for fn in stages.values())

@@ -18,21 +18,20 @@ contention between the two inside the fused call stays in this stage's share.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
 from typing import Any
 
 from stagebench._numbers import finite, fmt_ms, num
 from stagebench.model._meta import RunMeta
-from stagebench.model._stage import StageEntry, StageSetting
+from stagebench.model._stage import StageEntry, StageSetting, changed
 
 __all__ = ["unfuse"]
 
 _FLOOR = 0.01  # a stage keeps at least this share of its fused call's time: the subtraction is an estimate
 
 
-def _per_source_item(st: Mapping[str, Any]) -> dict[str, float] | None:
+def _per_source_item(e: StageEntry) -> dict[str, float] | None:
     """A chain stage's own time, CPU and GIL per source item (its call alone, at its lowest level)."""
-    e = StageEntry.from_json(st)
     k = e.items_per_input
     t = num(e.stage_s_per_item)
     if not finite(t) or not t > 0 or not k > 0:
@@ -49,15 +48,14 @@ def _per_source_item(st: Mapping[str, Any]) -> dict[str, float] | None:
     }
 
 
-def unfuse(stages: list[dict], meta: RunMeta) -> list[str]:
-    """Take the chain's work out of every fused stage's figures (``stages``, the summary's entries, changed in
-    place), by the chains ``meta`` (``run.json``) declares; returns the names of the stages changed."""
+def unfuse(stages: list[StageEntry], meta: RunMeta) -> list[str]:
+    """Take the chain's work out of every fused stage's figures (``stages``, the summary's entries as
+    :func:`stagebench.analysis._stage.analyze_stage` makes them, each such entry replaced by its copy without
+    it), by the chains ``meta`` (``run.json``) declares; returns the names of the stages changed."""
     declared = {str(d.get("name")): d for d in meta.stages}
-    by_name = {StageEntry.from_json(st).name: st for st in stages}
-    changed = []
-    for st in stages:
-        # read before any of it is rewritten below: each figure is read once, then replaced
-        e = StageEntry.from_json(st)
+    by_name = {e.name: e for e in stages}
+    names = []
+    for i, e in enumerate(stages):
         chain = (declared.get(str(e.name)) or {}).get("fused_chain") or []
         if not chain or e.status != "ok":
             continue
@@ -72,39 +70,40 @@ def unfuse(stages: list[dict], meta: RunMeta) -> list[str]:
         if not finite(t_f) or not t_f > 0:
             continue
         t_own = max(_FLOOR * t_f, t_f - t_chain)
-        _unfuse_curves(st, e, t_f - t_own, cpu_chain)
         gil_own = max(0.0, num(e.gil_s_per_item) - gil_chain) if finite(e.gil_s_per_item) else None
-        st["stage_s_per_item"] = t_own
-        st["gil_s_per_item"] = gil_own
-        if gil_own is not None:
-            st["gil_fraction"] = min(1.0, gil_own / t_own)
-            if e.gil_fraction_interval:
-                st["gil_fraction_interval"] = [
-                    min(1.0, max(0.0, x - gil_chain / t_f) * t_f / t_own) for x in e.gil_fraction_interval
-                ]
+        iv = e.gil_fraction_interval
+        if gil_own is not None and iv:
+            iv = tuple(min(1.0, max(0.0, x - gil_chain / t_f) * t_f / t_own) for x in iv)
         cpu = num(e.cpu_s_per_item)
-        if finite(cpu):
-            st["cpu_s_per_item"] = max(0.0, cpu - cpu_chain)
-        for ex, alt in e.alternatives.items():
-            # the alternatives' CPU is not touched by _unfuse_curves: the figures read above still hold
-            if finite(alt.cpu_s_per_item):
-                st["alternatives"][ex]["cpu_s_per_item"] = max(0.0, num(alt.cpu_s_per_item) - cpu_chain)
-            if finite(alt.call_cpu_s):
-                st["alternatives"][ex]["call_cpu_s"] = max(0.0, num(alt.call_cpu_s) - cpu_chain)
-        st["fused_chain"] = list(chain)
-        if e.limit is not None:  # what limited the fused call: the pair's, said so
-            st["limit"]["text"] = f"(measured fused with {', '.join(chain)}) {e.limit.text}"
-        st.setdefault("evidence", {}).setdefault("summary", []).append(
+        said = (
             f"measured fused with {', '.join(chain)} (it consumes its inputs): their work alone "
             f"({fmt_ms(t_chain)} and {fmt_ms(cpu_chain)} of CPU per call) is taken out of its figures, so that "
             "the pipeline's bounds and replay count it once"
         )
-        changed.append(str(e.name))
-    return changed
+        # every measured setting loses the chain's time per call and its CPU; the ceiling is the harness's: kept
+        fix = functools.partial(_unfused, lane_cut=t_f - t_own, cpu_cut=cpu_chain)
+        stages[i] = by_name[e.name] = changed(
+            e,
+            curves={key: tuple(map(fix, points)) for key, points in e.curves.items()},
+            recommended=e.recommended and fix(e.recommended),
+            best=e.best and fix(e.best),
+            alternatives={ex: fix(alt) for ex, alt in e.alternatives.items()},
+            stage_s_per_item=t_own,
+            gil_s_per_item=gil_own,
+            gil_fraction=e.gil_fraction if gil_own is None else min(1.0, gil_own / t_own),
+            gil_fraction_interval=iv,
+            cpu_s_per_item=max(0.0, cpu - cpu_chain) if finite(cpu) else e.cpu_s_per_item,
+            # what limited the fused call: the pair's, said so
+            limit=e.limit and changed(e.limit, text=f"(measured fused with {', '.join(chain)}) {e.limit.text}"),
+            fused_chain=tuple(chain),
+            evidence=changed(e.evidence, summary=(*e.evidence.summary, said)),
+        )
+        names.append(e.name)
+    return names
 
 
-def _unfuse_curves(st: dict, e: StageEntry, lane_cut: float, cpu_cut: float) -> None:
-    """Every measured point without the chain's time per call (its lane) and CPU."""
+def _unfused(was: StageSetting, lane_cut: float, cpu_cut: float) -> StageSetting:
+    """A measured setting without the chain's time per call (its lane) and CPU."""
 
     def rate(q: Any, c: int) -> float | None:
         if not finite(q) or not float(q) > 0:
@@ -112,30 +111,15 @@ def _unfuse_curves(st: dict, e: StageEntry, lane_cut: float, cpu_cut: float) -> 
         lane = c / float(q)
         return c / max(lane * _FLOOR, lane - lane_cut)
 
-    def fix(p: dict, was: StageSetting | None) -> None:
-        """Rewrite the point ``p`` from ``was``, what it read before."""
-        was = was or StageSetting()
-        c = int(was.concurrency or 1)
-        for key in ("qps", "qps_low", "qps_high"):
-            if key in p:
-                p[key] = rate(p[key], c)
-        if finite(was.cpu_s_per_item):
-            p["cpu_s_per_item"] = max(0.0, num(was.cpu_s_per_item) - cpu_cut)
-        if finite(was.call_cpu_s):
-            p["call_cpu_s"] = max(0.0, num(was.call_cpu_s) - cpu_cut)
-        if finite(was.latency_p50_ms):
-            lat = num(was.latency_p50_ms)
-            p["latency_p50_ms"] = max(lat * _FLOOR, lat - lane_cut * 1e3)
-
-    for key, points in e.curves.items():
-        for p, was in zip(st["curves"][key], points):
-            fix(p, was)
-    if e.recommended is not None:
-        fix(st["recommended"], e.recommended)
-    if e.best is not None:
-        fix(st["best"], e.best)
-    for ex, alt in e.alternatives.items():  # the ceiling is the harness's, not the stage's: kept
-        c = int(alt.concurrency or 1)
-        for key in ("qps", "qps_low", "qps_high"):
-            if key in st["alternatives"][ex]:
-                st["alternatives"][ex][key] = rate(st["alternatives"][ex][key], c)
+    c = int(was.concurrency or 1)
+    new: dict[str, float | None] = {
+        k: rate(getattr(was, k), c) for k in ("qps", "qps_low", "qps_high") if k in was.keys
+    }
+    if finite(was.cpu_s_per_item):
+        new["cpu_s_per_item"] = max(0.0, num(was.cpu_s_per_item) - cpu_cut)
+    if finite(was.call_cpu_s):
+        new["call_cpu_s"] = max(0.0, num(was.call_cpu_s) - cpu_cut)
+    if finite(was.latency_p50_ms):
+        lat = num(was.latency_p50_ms)
+        new["latency_p50_ms"] = max(lat * _FLOOR, lat - lane_cut * 1e3)
+    return changed(was, **new)

@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 
 from stagebench._numbers import finite, fmt_q, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._predict import pipeline_bounds, stage_load
 from stagebench.core._paired import WITHIN_BEST
 from stagebench.model._pipeline import Joint
-from stagebench.model._stage import HeadToHead, StageEntry, StageSetting
+from stagebench.model._stage import HeadToHead, StageEntry, StageSetting, changed, keyed
 
 __all__ = ["recommend_jointly", "process_headroom"]
 
@@ -44,6 +45,7 @@ SPARE = 0.5
 #: An executor assignment scored within this share of the best counts as its equal (module docstring).
 TRUSTED = 0.8
 _EXHAUSTIVE = 4096  # executor assignments tried exhaustively (2^12 stages with two executors)
+_SETTING = ("executor", "concurrency", "qps", "qps_low", "qps_high", "harness")  # a recommendation's figures
 
 
 def _options(st: StageEntry) -> dict[str, list[dict]]:
@@ -87,13 +89,12 @@ def _h2h_scale(st: StageEntry, h2h: HeadToHead) -> float:
     return num(t.qps) * num(h2h.ratio) / num(p.qps)
 
 
-def _measured(stages: list[dict]) -> tuple[list[tuple[dict, StageEntry]], dict[str, dict[str, list[dict]]]]:
-    """The measured stages with a recommendation and a measured setting, each with its entry read, and
-    every measured stage's options (:func:`_options`)."""
-    read = [(st, StageEntry.from_json(st)) for st in stages]
-    measured = [(st, e) for st, e in read if e.ok and e.recommended is not None]
+def _measured(stages: Sequence[StageEntry]) -> tuple[list[tuple[int, StageEntry]], dict[str, dict[str, list[dict]]]]:
+    """The measured stages with a recommendation and a measured setting, each with its place in ``stages``,
+    and every measured stage's options (:func:`_options`)."""
+    measured = [(i, e) for i, e in enumerate(stages) if e.ok and e.recommended is not None]
     options = {e.name: _options(e) for _, e in measured}
-    return [(st, e) for st, e in measured if options[e.name]], options
+    return [(i, e) for i, e in measured if options[e.name]], options
 
 
 def _own(e: StageEntry) -> StageSetting:
@@ -113,7 +114,7 @@ def _own_rule(settings: list[dict]) -> dict:
 
 
 def recommend_jointly(
-    stages: list[dict],
+    stages: list[StageEntry],
     *,
     cores: float,
     free_threaded: bool,
@@ -124,7 +125,7 @@ def recommend_jointly(
     """Choose every measured stage's (executor, concurrency) for the pipeline; update the stage entries.
 
     ``stages``: the ``summary.json`` stage entries (:func:`analyze_stage` plus name and
-    ``items_per_input``), changed in place: ``recommended`` becomes the joint choice, the
+    ``items_per_input``), each changed one replaced by its copy: ``recommended`` becomes the joint choice, the
     stage's own choice moves to ``recommended_alone`` where they differ, and the per-item
     CPU and scheduling figures follow the chosen point. ``fixed``: SPDL's per-item cost
     paid once by the pipeline (:func:`stagebench.analysis._pipeline.pipeline_overhead`).
@@ -182,9 +183,9 @@ def recommend_jointly(
     target = demand * (1 + DEMAND_HEADROOM) if feeds and demand is not None else pace
     need = target * (1 + SPARE)
 
-    changed: list[str] = []
+    moved: list[str] = []
     loads = []
-    for (st, e), ex in zip(measured, pick):
+    for (i, e), ex in zip(measured, pick):
         k = e.items_per_input
         settings = options[e.name][ex]
         enough = next((s for s in settings if s["qps"] * k >= need), None)
@@ -193,18 +194,19 @@ def recommend_jointly(
         alone = _own(e)
         if (chosen["executor"], chosen["concurrency"]) == (alone.executor, alone.concurrency):
             continue
-        changed.append(e.name)
-        st["recommended_alone"] = st["recommended"]
-        st["recommended"] = {
-            **{k2: chosen[k2] for k2 in ("executor", "concurrency", "qps", "qps_low", "qps_high", "harness")},
-            "why": _why(e, chosen, alone, enough is not None, target, scored, pick, own)
-            + (f"; the trainer needs {fmt_q(float(demand or 0))} items/s, below the pipeline's pace" if feeds else ""),
-        }
-        st["cpu_s_per_item"] = chosen["cpu_s_per_item"]
-        st["harness_gil_s_per_item"] = chosen["harness_gil_s_per_item"]
-        # ceiling_qps stays: the no-op ceiling at the stage's own best setting (recommended_alone)
-        st["evidence"]["summary"].append(
-            f"in the pipeline: {chosen['executor']} x {chosen['concurrency']} ({st['recommended']['why']})"
+        moved.append(e.name)
+        why = _why(e, chosen, alone, enough is not None, target, scored, pick, own) + (
+            f"; the trainer needs {fmt_q(float(demand or 0))} items/s, below the pipeline's pace" if feeds else ""
+        )
+        said = f"in the pipeline: {chosen['executor']} x {chosen['concurrency']} ({why})"
+        stages[i] = changed(
+            e,
+            recommended_alone=e.recommended,
+            recommended=keyed(StageSetting, **{k2: chosen[k2] for k2 in _SETTING}, why=why),
+            cpu_s_per_item=chosen["cpu_s_per_item"],
+            harness_gil_s_per_item=chosen["harness_gil_s_per_item"],
+            # ceiling_qps stays: the no-op ceiling at the stage's own best setting (recommended_alone)
+            evidence=changed(e.evidence, summary=(*e.evidence.summary, said)),
         )
     b = pipeline_bounds(loads, cores, free_threaded, fixed, ranks)
     binding = b.binding_words
@@ -213,7 +215,7 @@ def recommend_jointly(
         + ("" if exhaustive else " (one stage switched at a time: too many to try all)")
         + f"; the pace is {fmt_q(pace)} items/s (set by {binding}); each stage gets the fewest workers "
         f"that keep up with it with {SPARE:.0%} to spare"
-        + (f"; set differently from their own best: {', '.join(changed)}" if changed else "; every stage as alone")
+        + (f"; set differently from their own best: {', '.join(moved)}" if moved else "; every stage as alone")
         + (f"; cut to feed the trainer's {fmt_q(float(demand or 0))} items/s (+{DEMAND_HEADROOM:.0%})" if feeds else "")
     )
     return Joint(
@@ -222,7 +224,7 @@ def recommend_jointly(
         binding=b.binding,
         assignments=len(scored),
         exhaustive=exhaustive,
-        changed=tuple(changed),
+        changed=tuple(moved),
         for_demand=demand if feeds else None,
         text=text,
     )
@@ -262,7 +264,7 @@ def _why(
 
 
 def process_headroom(
-    stages: list[dict],
+    stages: Sequence[StageEntry],
     pending: dict[str, list[int]],
     *,
     cores: float,

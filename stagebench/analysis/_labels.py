@@ -17,7 +17,7 @@ from typing import Any
 from stagebench._numbers import finite, fmt_above, fmt_ms, fmt_q, fmt_share_of, num
 from stagebench.analysis._gil import harness_gil_s
 from stagebench.core._curves import Curve, Point, StageRows
-from stagebench.model._stage import GilEstimate, StageEntry
+from stagebench.model._stage import GilEstimate, StageEntry, StageLimit, StageSetting, changed, keyed
 
 __all__ = [
     "CLASSIFICATIONS",
@@ -117,7 +117,7 @@ class _AtBest:
 def limit_rules(
     sr: StageRows,
     harness: str,
-    best: dict,
+    best: StageSetting,
     bests: dict[str, Point],
     gil: GilEstimate,
     cores: float,
@@ -130,7 +130,8 @@ def limit_rules(
     full; threads serialised by something other than the GIL; and last, the stage's own work (the
     harness's pace, waiting, or nothing that stands out).
     """
-    ex, c = best["executor"], best["concurrency"]
+    ex, c = best.executor, best.concurrency
+    assert ex is not None and c is not None  # ``best`` is a measured point (_recommend)
     bp = sr.curve(harness, ex).at(c)
     assert bp is not None  # ``best`` is a point of this curve (_recommend)
     at = _AtBest(
@@ -597,31 +598,29 @@ def label_of_call(own: float, A: float, f: float, where: str) -> tuple[str, str,
     return label, line, signals
 
 
-def label_mix(signals: Mapping[str, Any]) -> list[str]:
+def label_mix(signals: Mapping[str, Any]) -> tuple[str, ...]:
     """The labels a stage's shares allow within their noise (more than one: a mix), from its signals."""
-    return list((signals.get("share_mix") or {}).get("labels") or [])
+    return tuple((signals.get("share_mix") or {}).get("labels") or ())
 
 
-def relabel_unfused(st: dict) -> None:
+def relabel_unfused(e: StageEntry) -> StageEntry:
     """A stage measured fused, labelled again from its own share of the call (analysis/_fused)."""
-    e = StageEntry.from_json(st)
     t = num(e.stage_s_per_item)
     if not finite(t) or not t > 0 or e.classification == "overhead-bound":
-        return
+        return e
     base = e.alternative("async" if e.is_async else "thread")
     cpu = num(base.call_cpu_s if base is not None else None)
     A = min(1.0, cpu / t) if finite(cpu) else math.nan
     label, line, signals = label_of_call(t, A, num(e.gil_fraction), "its own share of the fused call")
-    st["classification"] = label
-    st["mix"] = label_mix(signals)
-    st["evidence"]["signals"].pop("share_mix", None)
-    st["evidence"]["signals"].update(signals)
-    st["evidence"]["summary"].insert(0, line)
+    ev = e.evidence
+    kept = {k: v for k, v in ev.signals.items() if k != "share_mix"}
+    evidence = changed(ev, signals={**kept, **signals}, summary=(line, *ev.summary))
+    return changed(e, classification=label, mix=label_mix(signals), evidence=evidence)
 
 
 def limit_of(
-    kind: str, lines: list[str], sr: StageRows, best: dict, gil: GilEstimate, *, cores_bound: str = ""
-) -> dict[str, Any]:
+    kind: str, lines: list[str], sr: StageRows, best: StageSetting, gil: GilEstimate, *, cores_bound: str = ""
+) -> StageLimit:
     """``limit``: what holds the stage back at its best setting, in one phrase (None: nothing stands out).
 
     A limit of the cores that a quota or an allocation sets names it first (``cores_bound``, e.g. "1.0 CPU
@@ -629,11 +628,11 @@ def limit_of(
     k = LIMIT_OF.get(kind)
     if kind == "unknown" and gil.saturated and gil.serializer == "other":
         k = "serialised"
-    if kind == "io-bound" and not still_rising(sr.curve(best["harness"], best["executor"])):
+    if kind == "io-bound" and not still_rising(sr.curve(str(best.harness), str(best.executor))):
         k = None  # it waits and scales: nothing holds it back within the grid
     head = f"limited by {LIMIT_WORDS[k]}" if k else "no single limit stands out"
     if k == "cores" and cores_bound:
         text = f"{head}: {cores_bound}" + (f"; {lines[0]}" if lines else "")
     else:
         text = head + (f": {lines[0]}" if lines else "")
-    return {"kind": k, "at": f"{best['executor']} x {best['concurrency']}", "text": text}
+    return keyed(StageLimit, kind=k, at=f"{best.executor} x {best.concurrency}", text=text)

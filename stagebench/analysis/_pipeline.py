@@ -17,7 +17,6 @@ by the speed ratio made it worse on 2 of 3 benchmark pipelines, because the spee
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -188,7 +187,7 @@ class _RunContext:
     def fixed(self) -> float:
         return _fixed(self.overhead)
 
-    def stages(self, stage_cache: dict | None, df: pd.DataFrame | None = None) -> list[dict]:
+    def stages(self, stage_cache: dict | None, df: pd.DataFrame | None = None) -> list[StageEntry]:
         """Each stage's analysis (:func:`_stage_entries`) of these rows, or of ``df``."""
         return _stage_entries(
             self.df if df is None else df, self.meta, self.cores, self.free_threaded, stage_cache, self.cores_bound
@@ -237,7 +236,7 @@ def _stage_entries(
     free_threaded: bool,
     stage_cache: dict | None,
     cores_bound: str = "",
-) -> list[dict]:
+) -> list[StageEntry]:
     """Each declared stage's analysis (:func:`analyze_stage`) with its place in the pipeline, in pipeline order."""
     declared = list(meta.stages)
     names = [str(s.get("name", "")) for s in declared]
@@ -245,12 +244,12 @@ def _stage_entries(
         if extra and extra not in names:
             names.append(extra)
             declared.append({"name": extra})
-    stages: list[dict] = []
+    stages: list[StageEntry] = []
     for i, (name, decl) in enumerate(zip(names, declared)):
         part = df[df["stage"] == name]
         key = (name, cores, free_threaded, len(part), cores_bound)
         if stage_cache is not None and key in stage_cache:
-            entry = copy.deepcopy(stage_cache[key])
+            entry = stage_cache[key]
         else:
             entry = (
                 analyze_stage(
@@ -264,22 +263,22 @@ def _stage_entries(
                 else _unmeasured(name)
             )
             if stage_cache is not None:
-                stage_cache[key] = copy.deepcopy(entry)
-        entry["name"] = name
-        entry["index"] = decl.get("index", i)
-        entry["type"] = decl.get("type", "pipe")
-        entry["is_async"] = bool(decl.get("is_async", False))
-        entry["items_per_input"] = float(decl.get("items_per_input") or 1.0)
-        for field in ("user_executor", "user_concurrency"):
-            if field in decl:
-                entry[field] = decl[field]
-        if decl.get("head_to_head_skipped") and entry.get("recommended"):
-            entry["head_to_head_skipped"] = decl["head_to_head_skipped"]
-            entry["recommended"]["why"] += f"; {decl['head_to_head_skipped']}"
+                stage_cache[key] = entry
+        entry = changed(
+            entry,
+            name=name,
+            index=decl.get("index", i),
+            type=decl.get("type", "pipe"),
+            is_async=bool(decl.get("is_async", False)),
+            items_per_input=float(decl.get("items_per_input") or 1.0),
+            **{k: decl[k] for k in ("user_executor", "user_concurrency") if k in decl},
+        )
+        skipped, rec = decl.get("head_to_head_skipped"), entry.recommended
+        if skipped and rec is not None:
+            entry = changed(entry, head_to_head_skipped=skipped, recommended=changed(rec, why=f"{rec.why}; {skipped}"))
         stages.append(entry)
-    for name in unfuse(stages, meta):  # fused measurements counted once: in the bounds, the joint choice, the replay
-        relabel_unfused(next(st for st in stages if st["name"] == name))
-    return stages
+    fused = unfuse(stages, meta)  # fused measurements counted once: in the bounds, the joint choice, the replay
+    return [relabel_unfused(e) if e.name in fused else e for e in stages]
 
 
 def process_headroom_of_run(
@@ -343,7 +342,7 @@ def paired_needless_of_run(
             picks.append(
                 {
                     e.name: (e.recommended.executor, e.recommended.concurrency)
-                    for e in map(StageEntry.from_json, stages)
+                    for e in stages
                     if e.recommended is not None
                 }
             )
@@ -398,7 +397,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         demand=num_or_none(target),
         ranks=run.ranks,
     )
-    entries = [StageEntry.from_json(st) for st in stages]  # as chosen together; the job's pick comes later
+    entries = list(stages)  # as chosen together; the job's pick comes later
     failed = None if m.validation is None else m.validation.failed
     # a pipeline that delivers nothing has no throughput: none is predicted for it, here, in the report
     # or on the terminal
@@ -430,7 +429,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     job = decide_job(m.job, m.trainer, unit="items/s")
     if job is not None and job["status"] == "decided":
         job["changed"] = apply_job_pick(stages, job)
-        entries = [StageEntry.from_json(st) for st in stages]
+        entries = stages
     findings = build_findings(
         entries,
         prediction=prediction,
@@ -458,7 +457,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         "validation_failed": failed,
         "warnings": warnings,
         "cores": cores,
-        "stages": stages,
+        "stages": [e.to_json() for e in stages],
         "not_isolated": not_isolated,
         "joint": None if joint is None else joint.to_json(),
         "prediction": None if prediction is None else prediction.to_json(),
@@ -471,11 +470,10 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     }
 
 
-def _unmeasured(name: str) -> dict[str, Any]:
+def _unmeasured(name: str) -> StageEntry:
     entry = analyze_stage(pd.DataFrame(columns=list(STAGE_COLUMNS)), cores=1)
-    entry.update(name=name, status="skipped", reason="not measured: no rows for this stage")
-    entry["evidence"]["summary"] = ["not measured: no rows for this stage"]
-    return entry
+    why = "not measured: no rows for this stage"
+    return changed(entry, name=name, status="skipped", reason=why, evidence=changed(entry.evidence, summary=(why,)))
 
 
 def _validation(

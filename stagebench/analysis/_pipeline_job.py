@@ -16,7 +16,6 @@ holds a copy of the stage's state, and its inputs and outputs are pickled).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,7 +26,7 @@ from stagebench.core._jobrun import Ladder
 from stagebench.model._job import JobVerdict
 from stagebench.model._meta import RunMeta
 from stagebench.model._rate import Rate
-from stagebench.model._stage import StageEntry, StageSetting, own_choice
+from stagebench.model._stage import StageEntry, StageSetting, changed, keyed, own_choice
 
 __all__ = ["job_candidates", "apply_job_pick", "user_choice", "user_setting", "settings_label", "settings_cost"]
 
@@ -51,9 +50,9 @@ def settings_label(settings: Mapping[str, Any]) -> str:
     return ", ".join(f"{name} {ex} x {c}" for name, (ex, c) in settings.items())
 
 
-def _choices(stages: list[dict]) -> dict[str, tuple[str, int]]:
+def _choices(stages: list[StageEntry]) -> dict[str, tuple[str, int]]:
     out = {}
-    for st in map(StageEntry.from_json, stages):
+    for st in stages:
         rec = st.recommended or StageSetting()
         if (st.type or "pipe") == "pipe" and rec.executor and finite(rec.concurrency):
             out[st.name] = (str(rec.executor), int(rec.concurrency or 0))
@@ -69,7 +68,7 @@ def settings_cost(settings: Mapping[str, tuple[str, int]]) -> tuple[float, ...]:
 
 
 def job_candidates(
-    stages: list[dict],
+    stages: list[StageEntry],
     meta: RunMeta,
     *,
     demand: Rate | None,
@@ -86,7 +85,7 @@ def job_candidates(
 
     def joint(d: float | None) -> dict[str, tuple[str, int]]:
         """The joint choice for demand ``d``; {} where ``d`` is not below the pace (nothing to cut for it)."""
-        trial = copy.deepcopy(stages)
+        trial = list(stages)
         out = recommend_jointly(trial, cores=cores, free_threaded=free_threaded, fixed=fixed, demand=d, ranks=ranks)
         if d is not None and (out is None or not out.for_demand):
             return {}
@@ -126,19 +125,19 @@ def job_candidates(
     return build_ladder([(merged[r.key] if r is not None else None, origin) for r, origin in offers], demand=demand)
 
 
-def apply_job_pick(stages: list[dict], job: Mapping[str, Any]) -> list[str]:
+def apply_job_pick(stages: list[StageEntry], job: Mapping[str, Any]) -> list[str]:
     """Make the job runs' pick every stage's recommendation; returns the names of the stages it changed.
 
-    The isolated choice moves to ``recommended_isolated``; the stage's measured point at the
-    picked setting gives its figures where the sweep measured it (else they are None).
+    Each entry of ``stages`` it changes is replaced by its copy. The isolated choice moves to
+    ``recommended_isolated``; the stage's measured point at the picked setting gives its figures where the
+    sweep measured it (else they are None).
     """
     v = JobVerdict.from_json(job)
     cand = v.picked if v is not None else None
     if v is None or cand is None:
         return []
-    changed = []
-    for st in stages:
-        e = StageEntry.from_json(st)
+    names = []
+    for i, e in enumerate(stages):
         setting = cand.settings.get(e.name) if "name" in e.keys else None
         rec = e.recommended
         if not setting or rec is None or not rec.executor:
@@ -146,21 +145,20 @@ def apply_job_pick(stages: list[dict], job: Mapping[str, Any]) -> list[str]:
         ex, c = str(setting[0]), int(setting[1])
         why = f"run with your training loop: {v.why or ''}"
         if (ex, c) == (rec.executor, int(rec.concurrency or 0)):
-            st["recommended"] = {**rec.to_json(), "why": why}
+            stages[i] = changed(e, recommended=changed(rec, why=why))
             continue
-        point = next(
-            (p for p in e.curve(f"{rec.harness or e.harness}/{ex}") if int(p.concurrency or 0) == c),
-            StageSetting(),
+        harness = rec.harness or e.harness
+        point = next((p for p in e.curve(f"{harness}/{ex}") if int(p.concurrency or 0) == c), StageSetting())
+        picked = keyed(
+            StageSetting,
+            executor=ex,
+            concurrency=c,
+            qps=point.qps,
+            qps_low=point.qps_low,
+            qps_high=point.qps_high,
+            harness=harness,
+            why=why,
         )
-        st["recommended_isolated"] = st["recommended"]
-        st["recommended"] = {
-            "executor": ex,
-            "concurrency": c,
-            "qps": point.qps,
-            "qps_low": point.qps_low,
-            "qps_high": point.qps_high,
-            "harness": rec.harness or e.harness,
-            "why": why,
-        }
-        changed.append(str(st["name"]))
-    return changed
+        stages[i] = changed(e, recommended_isolated=rec, recommended=picked)
+        names.append(e.name)
+    return names

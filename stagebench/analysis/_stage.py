@@ -19,7 +19,8 @@ from stagebench.analysis._gil import estimate_gil, harness_gil_s
 from stagebench.analysis._labels import label_mix, limit_of, limit_rules, nature
 from stagebench.core._curves import Curve, Point, StageRows
 from stagebench.core._paired import WITHIN_BEST, paired_result, within_noise
-from stagebench.model._stage import GilEstimate, HeadToHead
+from stagebench.model._json import read
+from stagebench.model._stage import GilEstimate, HeadToHead, PageFaults, StageEntry, StageSetting, changed, keyed
 
 __all__ = ["analyze_stage"]
 
@@ -27,6 +28,7 @@ _EXEC_PREFERENCE = ("thread", "async", "process")  # less memory first
 
 
 _STATUS_ORDER = ("crashed", "failed", "timeout", "skipped")
+_GIL_KEYS = ("pinned", "source", "saturated", "serializer", "harness", "executor", "notes")  # an entry's ``gil``
 
 
 def _own_gc(sr: StageRows, harness: str, executor: str, p: Point) -> float | None:
@@ -50,15 +52,18 @@ def _best(curve: Curve) -> Point:
     return best
 
 
-def _point_dict(p: Point, harness: str, executor: str) -> dict[str, Any]:
-    return {
-        "executor": executor,
-        "concurrency": p.concurrency,
-        "qps": p.qps,
-        "qps_low": p.qps_low if p.has_interval else None,
-        "qps_high": p.qps_high if p.has_interval else None,
-        "harness": harness,
-    }
+def _setting(p: Point, harness: str, executor: str, **more: Any) -> StageSetting:
+    """A setting of the stage as the entry lists it: the point's rate, then ``more``."""
+    return keyed(
+        StageSetting,
+        executor=executor,
+        concurrency=p.concurrency,
+        qps=p.qps,
+        qps_low=p.qps_low if p.has_interval else None,
+        qps_high=p.qps_high if p.has_interval else None,
+        harness=harness,
+        **more,
+    )
 
 
 def _problems(sr: StageRows) -> list[str]:
@@ -89,7 +94,9 @@ def _stage_status(sr: StageRows) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------ recommendation
-def _recommend(sr: StageRows, harness: str) -> tuple[dict | None, dict | None, dict[str, Point], HeadToHead | None]:
+def _recommend(
+    sr: StageRows, harness: str
+) -> tuple[StageSetting | None, StageSetting | None, dict[str, Point], HeadToHead | None]:
     curves = {e: sr.curve(harness, e) for e in _EXEC_PREFERENCE if sr.curve(harness, e)}
     if not curves:
         return None, None, {}, None
@@ -139,10 +146,7 @@ def _recommend(sr: StageRows, harness: str) -> tuple[dict | None, dict | None, d
     why.append(
         f"{harness} harness" + (" (what the pipeline delivers, SPDL overhead included)" if harness == "spdl" else "")
     )
-    recommended = _point_dict(rec, harness, chosen)
-    recommended["why"] = "; ".join(why)
-    best = _point_dict(top, harness, top_exec)
-    return recommended, best, bests, paired
+    return _setting(rec, harness, chosen, why="; ".join(why)), _setting(top, harness, top_exec), bests, paired
 
 
 def _paired_why(paired: HeadToHead, chosen: str) -> str:
@@ -160,44 +164,6 @@ def _paired_why(paired: HeadToHead, chosen: str) -> str:
 
 
 # ------------------------------------------------------------------ per stage
-def empty_stage_entry(name: str) -> dict[str, Any]:
-    """A stage entry of ``summary.json`` before anything is read into it: every key, nothing measured.
-
-    The one shape of an entry: :func:`analyze_stage` fills it, and the diagnosis's fallback summary
-    (:func:`stagebench.pipeline._finish.fallback_summary`) reports a stage with it when the analysis fails.
-    """
-    return {
-        "name": name,
-        "index": None,
-        "type": None,
-        "status": "ok",
-        "reason": "",
-        "classification": "unknown",
-        "limit": None,
-        "gil_fraction": None,
-        "gil_fraction_interval": None,
-        "evidence": {"summary": [], "signals": {}},
-        "fit": {},
-        "recommended": None,
-        "best": None,
-        "ceiling_qps": None,
-        "cpu_s_per_item": None,
-        "gil_s_per_item": None,
-        # extensions
-        "harness": None,
-        "stage_s_per_item": None,
-        "harness_gil_s_per_item": None,
-        "alternatives": {},
-        "head_to_head": None,
-        "gil": None,
-        "problems": [],
-        "levels_measured": {},
-        "curves": {},
-        "payload_bytes": None,
-        "page_faults": {},
-    }
-
-
 def analyze_stage(
     rows_for_one_stage: pd.DataFrame,
     *,
@@ -206,7 +172,7 @@ def analyze_stage(
     n_boot: int = 200,
     gil_probe: dict[str, Any] | None = None,
     cores_bound: str = "",
-) -> dict[str, Any]:
+) -> StageEntry:
     """Analyse the rows of one stage (all harnesses, executors, roles).
 
     ``gil_probe``: the stage's direct GIL reading, if one was taken (see
@@ -223,38 +189,59 @@ def analyze_stage(
     df = rows_for_one_stage if isinstance(rows_for_one_stage, pd.DataFrame) else pd.DataFrame(rows_for_one_stage)
     sr = StageRows(df)
     names = [n for n in sr.all["stage"].unique() if n]
-    entry = empty_stage_entry(names[0] if names else "")
-    entry["problems"] = _problems(sr)
+    problems = tuple(_problems(sr))
     status, reason = _stage_status(sr)
-    entry["status"], entry["reason"] = status, reason
     payload = sr.payload_bytes()
-    entry["payload_bytes"] = payload if finite(payload) else None
-    entry["page_faults"] = {
-        ex: {k: (v if finite(v) else None) for k, v in d.items()} for ex, d in sr.page_faults().items()
-    }
+    entry = changed(
+        StageEntry.empty(names[0] if names else ""),
+        problems=problems,
+        status=status,
+        reason=reason,
+        payload_bytes=payload if finite(payload) else None,
+        page_faults={
+            ex: PageFaults.from_json({k: (v if finite(v) else None) for k, v in d.items()})
+            for ex, d in sr.page_faults().items()
+        },
+    )
     if status != "ok":
-        entry["evidence"]["summary"].append(f"not measured: {status} ({reason})")
-        entry["evidence"]["summary"].extend(entry["problems"])
-        return entry
+        summary = (f"not measured: {status} ({reason})", *problems)
+        return changed(entry, evidence=changed(entry.evidence, summary=summary))
 
-    _read_curves(entry, sr, n_boot)
-    gil = _read_gil(entry, sr, cores, free_threaded, gil_probe)
-    recommended, best, bests = _read_settings(entry, sr)
+    entry = _read_curves(entry, sr, n_boot)
+    gil = estimate_gil(sr, cores=cores, fits=dict(entry.fit), free_threaded=free_threaded, probe=gil_probe)
+    harness = sr.recommendation_harness()
+    assert harness is not None  # status ok: there are ok rows, so a harness with a curve
+    recommended, best, bests, paired = _recommend(sr, harness)
+    # recommended and best are None only when no curve of this harness is of a known executor (rows
+    # not written by stagebench), which the analysis does not read.
+    assert recommended is not None and best is not None, f"no curve of a known executor in {harness}"
     label, lines, nature_signals = nature(sr, gil)
-    kind, limit_lines, limit_signals = limit_rules(sr, entry["harness"], best, bests, gil, cores)
-    entry["classification"] = label
-    entry["mix"] = label_mix(nature_signals)
-    entry["limit"] = limit_of(kind, limit_lines, sr, best, gil, cores_bound=cores_bound)
-    entry["evidence"]["signals"].update(limit_signals)
-    entry["evidence"]["signals"].update(nature_signals)
-    _explain(entry, lines, gil, recommended)
-    return entry
+    kind, limit_lines, limit_signals = limit_rules(sr, harness, best, bests, gil, cores)
+    limit = limit_of(kind, limit_lines, sr, best, gil, cores_bound=cores_bound)
+    summary = _explain([*lines, f"at its best alone ({limit.at}): {limit.text}"], gil, recommended, problems)
+    releases = (gil_probe or {}).get("releases")  # how often a call lets the GIL go (its stand-in does the same)
+    return changed(
+        _at_recommended(entry, sr, harness, recommended, bests),
+        classification=label,
+        limit=limit,
+        gil_fraction=gil.fraction,
+        gil_fraction_interval=gil.interval,
+        evidence=changed(entry.evidence, summary=summary, signals={**gil.signals, **limit_signals, **nature_signals}),
+        recommended=recommended,
+        best=best,
+        gil_s_per_item=gil.gil_s_per_item,
+        stage_s_per_item=gil.stage_s_per_item,
+        head_to_head=paired,
+        gil=keyed(GilEstimate, **{k: getattr(gil, k) for k in _GIL_KEYS}, releases_per_call=releases),
+        mix=label_mix(nature_signals),
+    )
 
 
-def _read_curves(entry: dict[str, Any], sr: StageRows, n_boot: int) -> None:
-    """Each curve's points, the levels it measured and its scaling fit."""
+def _read_curves(entry: StageEntry, sr: StageRows, n_boot: int) -> StageEntry:
+    """``entry`` with each curve's scaling fit, the levels it measured and its points."""
+    fit, levels, curves = {}, {}, {}
     for curve in sr.curves():
-        entry["fit"][curve.key] = fit_scaling(
+        fit[curve.key] = fit_scaling(
             [p.concurrency for p in curve],
             [p.qps for p in curve],
             [p.qps_low for p in curve],
@@ -262,81 +249,59 @@ def _read_curves(entry: dict[str, Any], sr: StageRows, n_boot: int) -> None:
             [p.n_batches for p in curve],
             n_boot=n_boot,
         )
-        entry["levels_measured"][curve.key] = curve.levels
-        entry["curves"][curve.key] = [
-            {
-                **p.as_dict(),
-                "cores_used": p.cores_used,
-                "cpu_s_per_item": p.cpu_s_per_item,
-                "latency_p50_ms": p.latency_p50_ms,
+        levels[curve.key] = curve.levels
+        curves[curve.key] = tuple(
+            changed(
+                read(StageSetting, p.as_dict()),
+                cores_used=p.cores_used,
+                cpu_s_per_item=p.cpu_s_per_item,
+                latency_p50_ms=p.latency_p50_ms,
                 # the calling thread's CPU in a call at this point, beside its time: the replay reads
                 # both at one point (pipeline/_replay._stand_in), as the host's speed moves between points
-                "call_cpu_s": p.call_cpu_ms / 1e3 if finite(p.call_cpu_ms) else None,
-            }
+                call_cpu_s=p.call_cpu_ms / 1e3 if finite(p.call_cpu_ms) else None,
+            )
             for p in curve
-        ]
+        )
+    return changed(entry, fit=fit, levels_measured=levels, curves=curves)
 
 
-def _read_gil(
-    entry: dict[str, Any], sr: StageRows, cores: float, free_threaded: bool, gil_probe: dict[str, Any] | None
-) -> GilEstimate:
-    """The stage's GIL estimate (:func:`estimate_gil`) into the entry; returns the estimate."""
-    gil = estimate_gil(sr, cores=cores, fits=entry["fit"], free_threaded=free_threaded, probe=gil_probe)
-    entry["gil"] = {
-        "pinned": gil.pinned,
-        "source": gil.source,
-        "saturated": gil.saturated,
-        "serializer": gil.serializer,
-        "harness": gil.harness,
-        "executor": gil.executor,
-        "notes": list(gil.notes),
-        # how often a call lets the GIL go (the probe's reading; its stand-in does the same: _replay)
-        "releases_per_call": (gil_probe or {}).get("releases"),
+def _at_recommended(
+    entry: StageEntry, sr: StageRows, harness: str, recommended: StageSetting, bests: dict[str, Point]
+) -> StageEntry:
+    """``entry`` with the harness, each executor's best point (``alternatives``), and the recommended point's
+    ceiling, CPU and the harness's GIL time."""
+    alternatives = {
+        e: _setting(
+            p,
+            harness,
+            e,
+            cpu_s_per_item=p.cpu_s_per_item if finite(p.cpu_s_per_item) else None,
+            call_cpu_s=p.call_cpu_ms / 1e3 if finite(p.call_cpu_ms) else None,
+            gc_s_per_item=_own_gc(sr, harness, e, p),
+            harness_gil_s_per_item=_main_gil_overhead(sr, harness, e, p.concurrency),
+        )
+        for e, p in bests.items()
     }
-    entry["gil_fraction"] = gil.fraction
-    entry["gil_fraction_interval"] = None if gil.interval is None else list(gil.interval)
-    entry["gil_s_per_item"] = gil.gil_s_per_item
-    entry["stage_s_per_item"] = gil.stage_s_per_item
-    entry["evidence"]["signals"].update(gil.signals)
-    return gil
-
-
-def _read_settings(entry: dict[str, Any], sr: StageRows) -> tuple[dict, dict, dict[str, Point]]:
-    """The recommended and best settings, each executor's best point (``alternatives``), and the
-    recommended point's ceiling, CPU and the harness's GIL time. ``(recommended, best, bests)``."""
-    harness = sr.recommendation_harness()
-    assert harness is not None  # status ok: there are ok rows, so a harness with a curve
-    entry["harness"] = harness
-    recommended, best, bests, paired = _recommend(sr, harness)
-    entry["recommended"], entry["best"] = recommended, best
-    entry["head_to_head"] = None if paired is None else paired.to_json()
-    for e, p in bests.items():
-        alt = _point_dict(p, harness, e)
-        alt["cpu_s_per_item"] = p.cpu_s_per_item if finite(p.cpu_s_per_item) else None
-        alt["call_cpu_s"] = p.call_cpu_ms / 1e3 if finite(p.call_cpu_ms) else None
-        alt["gc_s_per_item"] = _own_gc(sr, harness, e, p)
-        alt["harness_gil_s_per_item"] = _main_gil_overhead(sr, harness, e, p.concurrency)
-        entry["alternatives"][e] = alt
-
-    # recommended and best are None only when no curve of this harness is of a known executor (rows
-    # not written by stagebench), which the analysis does not read.
-    assert recommended is not None and best is not None, f"no curve of a known executor in {harness}"
-    ex, c = recommended["executor"], recommended["concurrency"]
+    ex, c = str(recommended.executor), int(recommended.concurrency or 0)
     rp = sr.curve(harness, ex).at(c)
     assert rp is not None  # the recommended point is a point of this curve (_recommend)
     ceil = sr.ceiling(harness, ex, c)
-    entry["ceiling_qps"] = ceil.qps if ceil is not None else None
-    entry["cpu_s_per_item"] = rp.cpu_s_per_item if finite(rp.cpu_s_per_item) else None
-    entry["harness_gil_s_per_item"] = _main_gil_overhead(sr, harness, ex, c)
-    return recommended, best, bests
+    return changed(
+        entry,
+        harness=harness,
+        alternatives=alternatives,
+        ceiling_qps=ceil.qps if ceil is not None else None,
+        cpu_s_per_item=rp.cpu_s_per_item if finite(rp.cpu_s_per_item) else None,
+        harness_gil_s_per_item=_main_gil_overhead(sr, harness, ex, c),
+    )
 
 
-def _explain(entry: dict[str, Any], lines: list[str], gil: GilEstimate, recommended: Any) -> None:
-    """The evidence summary: the label's lines, the limit at the best setting, the GIL share and how it
+def _explain(
+    lines: list[str], gil: GilEstimate, recommended: StageSetting, problems: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The evidence summary: the label's lines (the limit at the best setting last), the GIL share and how it
     was read, its notes, the recommendation and the points that did not measure."""
-    summary = entry["evidence"]["summary"]
-    summary.extend(lines)
-    summary.append(f"at its best alone ({entry['limit']['at']}): {entry['limit']['text']}")
+    summary = list(lines)
     if gil.fraction is not None:
         assert gil.interval is not None  # estimate_gil gives a fraction with its interval
         lo, hi = gil.interval
@@ -350,10 +315,10 @@ def _explain(entry: dict[str, Any], lines: list[str], gil: GilEstimate, recommen
         summary.append(f"GIL share {gil.fraction:.2f} (interval {lo:.2f}-{hi:.2f}, {kind}; not a direct measurement)")
     summary.extend(gil.notes)
     summary.append(
-        f"recommended: {recommended['executor']} x {recommended['concurrency']} -> "
-        f"{fmt_q(recommended['qps'])} items/s ({recommended['why']})"
+        f"recommended: {recommended.executor} x {recommended.concurrency} -> "
+        f"{fmt_q(recommended.qps or 0.0)} items/s ({recommended.why})"
     )
-    summary.extend(entry["problems"])
+    return (*summary, *problems)
 
 
 def _main_gil_overhead(sr: StageRows, harness: str, executor: str, concurrency: int) -> float:

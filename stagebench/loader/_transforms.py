@@ -170,7 +170,7 @@ def _analyse(df: Any, name: str, index: int, cores: float) -> dict[str, Any]:
         analyze = analyze_stage
     if analyze is not None:
         try:
-            res = analyze(df, cores=cores, free_threaded=is_free_threaded())
+            res = analyze(df, cores=cores, free_threaded=is_free_threaded()).to_json()
             if isinstance(res, dict):
                 res = dict(res)
                 res.setdefault("name", name)
