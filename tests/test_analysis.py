@@ -845,7 +845,7 @@ def _stage_bound(replay_qps: float, replay_low: float) -> tuple[Prediction, str]
         explanation="the bounds",
     )
     replay = {"qps": replay_qps, "qps_low": replay_low, "qps_high": replay_qps * 1.1}
-    prediction = apply_replay(bounds, replay)
+    prediction = apply_replay(bounds, WholeRun.from_json(replay))
     assert prediction is not None
     return prediction, pipeline_verdict(
         [StageEntry.from_json(st) for st in stages], prediction, WholeRun(qps=13.8, qps_low=10.1, qps_high=18.9)

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from stagebench.analysis._predict import apply_replay, predict_pipeline
-from stagebench.model._stage import StageEntry
+from stagebench.model._pipeline import WholeRun
+from stagebench.model._stage import StageEntry, keyed
 from stagebench.pipeline._replay import StandIn, plan_stand_ins
 from stagebench.pipeline._replay import _sleep_cost as _real_sleep_cost
 
@@ -280,7 +281,7 @@ def _summaries():
 def test_replay_becomes_the_number_and_the_bounds_stay_as_the_explanation():
     p = predict_pipeline(_entries(_summaries()), cores=2)
     assert p.method == "bounds" and p.qps == pytest.approx(p.bounds_qps)
-    r = apply_replay(p, {"qps": 600.0, "qps_low": 550.0, "qps_high": 650.0, "seconds": 2.0, "stand_ins": []})
+    r = apply_replay(p, keyed(WholeRun, qps=600.0, qps_low=550.0, qps_high=650.0, seconds=2.0, stand_ins=()))
     assert r.method == "replay"
     assert r.qps == 600.0 and (r.qps_low, r.qps_high) == (550.0, 650.0)
     assert r.bounds_qps == pytest.approx(p.qps)
@@ -291,7 +292,7 @@ def test_replay_becomes_the_number_and_the_bounds_stay_as_the_explanation():
 
 def test_a_failed_replay_keeps_the_bounds_and_says_why():
     p = predict_pipeline(_entries(_summaries()), cores=2)
-    r = apply_replay(p, {"qps": None, "error": "boom"})
+    r = apply_replay(p, keyed(WholeRun, qps=None, error="boom"))
     assert r.method == "bounds" and r.qps == p.qps
     assert r.replay["error"] == "boom"
     assert apply_replay(p, None) is p

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stagebench._numbers import finite, fmt_ms, fmt_q, num_or_none
-from stagebench.model._pipeline import Prediction, StageChoice
+from stagebench.model._pipeline import Prediction, StageChoice, WholeRun
 from stagebench.model._stage import HeadToHead, StageEntry, StageSetting, changed, keyed
 
 __all__ = ["predict_pipeline", "apply_replay", "stage_load", "pipeline_bounds", "Bounds", "StageLoad"]
@@ -547,7 +547,7 @@ def _lift_by_processes(main, loads, entries, cores, free_threaded, fixed=0.0, gi
     return None
 
 
-def apply_replay(prediction: Prediction | None, replay: Any) -> Prediction | None:
+def apply_replay(prediction: Prediction | None, replay: WholeRun | None) -> Prediction | None:
     """The prediction with the replay's throughput as its number (``method: "replay"``).
 
     ``replay``: ``run.json["replay"]`` (:meth:`Diagnosis._replay`): ``qps``,
@@ -558,11 +558,11 @@ def apply_replay(prediction: Prediction | None, replay: Any) -> Prediction | Non
     costs put the pipeline. A failed replay leaves the bounds' number and
     records why in ``replay``.
     """
-    if prediction is None or not isinstance(replay, dict):
+    if prediction is None or replay is None:
         return prediction
-    q = replay.get("qps")
+    q, written = replay.qps, replay.to_json()
     keep = ("qps", "qps_low", "qps_high", "seconds", "stand_ins", "stage_latency", "error")
-    record = {k: replay.get(k) for k in keep if k in replay}
+    record = {k: written[k] for k in keep if k in written}
     bq = prediction.qps
     if q is None or not finite(q) or not q > 0 or bq is None or not finite(bq):
         return changed(prediction, replay=record)
@@ -572,12 +572,8 @@ def apply_replay(prediction: Prediction | None, replay: Any) -> Prediction | Non
         # item needs, the GIL over the GIL it holds): a replay above one has not cost what the stages cost
         # alone, and its number is not the prediction. Above it beyond its own interval, its stand-ins did
         # not stand in; within it, the replay and the bounds agree within the replay's noise.
-        low = num_or_none(replay.get("qps_low"))
-        band = (
-            f" ({fmt_q(low)}-{fmt_q(float(replay['qps_high']))})"
-            if low is not None and finite(replay.get("qps_high"))
-            else ""
-        )
+        low, high = num_or_none(replay.qps_low), num_or_none(replay.qps_high)
+        band = f" ({fmt_q(low)}-{fmt_q(high)})" if low is not None and high is not None else ""
         why = (
             "its stand-ins did not cost what the stages cost alone, so it does not stand in for them here"
             if low is not None and low > bq
@@ -601,8 +597,8 @@ def apply_replay(prediction: Prediction | None, replay: Any) -> Prediction | Non
         replay=record,
         method="replay",
         qps=q,
-        qps_low=replay.get("qps_low"),
-        qps_high=replay.get("qps_high"),
+        qps_low=replay.qps_low,
+        qps_high=replay.qps_high,
         explanation=f"predicted {fmt_q(q)} items/s: the pipeline replayed with a stand-in for each stage (its "
         "GIL-held CPU, GIL-free CPU and waiting per call, as measured alone) at the recommended settings ran at "
         f"that rate ({rel}); " + str(prediction.explanation),

@@ -261,7 +261,7 @@ class RunMeta(Read):
     trainer: dict[str, Any] | None = None
     job: JobRecord | None = None
     validation: WholeRun | None = None
-    replay: dict[str, Any] | None = None
+    replay: WholeRun | None = None
     yours: WholeRun | None = None
     cpu_speed: CpuReadings | None = None
     page_fault: PageFault | None = None
@@ -283,7 +283,6 @@ class RunMeta(Read):
             (
                 "phases_s",
                 "trainer",
-                "replay",
                 "pipeline_overhead",
             ),
             record,
@@ -293,7 +292,7 @@ class RunMeta(Read):
         "job": given(JobRecord.from_json),
         "cpu_speed": given(CpuReadings.from_json),
         "page_fault": given(PageFault.from_json),
-        **dict.fromkeys(("validation", "yours"), given(WholeRun.from_json)),
+        **dict.fromkeys(("validation", "replay", "yours"), given(WholeRun.from_json)),
         "worker_costs": filled(WorkerCosts.from_json),
         "ended": RunEnd.from_json,
         **dict.fromkeys(("not_isolated", "transforms"), items),
