@@ -5,9 +5,9 @@ on, the loader under test and the user's own knobs) in many places. :class:`RunM
 from JSON, so that a fact run.json does not hold reads the same everywhere: None (each reader states
 its own default where it needs one), an empty mapping or an empty tuple.
 
-The records other types describe (each stage's entry, the trainer, the whole-pipeline runs) are kept
-here as the mappings run.json holds, for those types to read; the job's runs, the core's speed and a page
-fault's cost are read as their own types. ``to_json`` gives back the mapping each type was read from, keys it
+The records other types describe (each stage's entry, the trainer, SPDL's own overhead) are kept here as
+the mappings run.json holds, for those types to read; the job's runs, the whole-pipeline runs, the core's
+speed and a page fault's cost are read as their own types. ``to_json`` gives back the mapping each type was read from, keys it
 does not name included: run.json and the summary.json that copies parts of it stay exactly as written.
 """
 
