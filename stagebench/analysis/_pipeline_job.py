@@ -39,13 +39,13 @@ def user_choice(stage: Mapping[str, Any]) -> tuple[str, int] | None:
     return own_choice(stage.get("user_executor"), stage.get("user_concurrency"), stage.get("type"))
 
 
-def user_setting(stage: Mapping[str, Any]) -> str:
-    """:func:`user_choice` as the report and the terminal write it, ``thread x 8``, or ""."""
-    choice = user_choice(stage)
+def user_setting(stage: StageEntry) -> str:
+    """A stage's own setting (``user_choice``) as the report and the terminal write it, ``thread x 8``, or ""."""
+    choice = stage.user_choice
     return f"{choice[0]} x {choice[1]}" if choice else ""
 
 
-def settings_label(settings: Mapping[str, Any]) -> str:
+def settings_label(settings: Mapping[str, tuple[str, int]]) -> str:
     """``read thread x 8, decode process x 4``."""
     return ", ".join(f"{name} {ex} x {c}" for name, (ex, c) in settings.items())
 

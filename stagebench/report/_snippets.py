@@ -61,7 +61,7 @@ def pipeline_snippet(sm: Summary, m: RunMeta) -> str:
             lines.append(f"    .pipe({code}){comment}  # no recommendation: see the stage section")
             continue
         c = int(c)
-        mine = user_setting(st.to_json())
+        mine = user_setting(st)
         if mine:
             comment += f"  # yours: {mine}" if mine != f"{ex} x {c}" else "  # as yours"
         if ex in ("process", "thread"):

@@ -215,7 +215,7 @@ def stage_cards(
                 "fits": _fit_items(st.fit),
                 # source items/s, the unit of the bounds and the pipeline lines; calls/s as a side note
                 "rec": _in_items(st.recommended, st),
-                "yours": user_setting(st.to_json()),
+                "yours": user_setting(st),
                 "best": _in_items(st.best, st),
                 "ceiling": _per_source(st.ceiling_qps, num_or_none(st.items_per_input) or 1.0),
                 # measured at the stage's own best setting, where the pipeline's choice differs

@@ -109,7 +109,7 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
         limit = st.limit
         if limit is not None and limit.kind:
             notes.append(f"alone at {limit.at}: limited by {LIMIT_SHORT.get(limit.kind, limit.kind)}")
-        mine = user_setting(st.to_json())
+        mine = user_setting(st)
         if mine and mine != _setting(rec):
             notes.append(f"yours {mine}")
         if _setting(best) != _setting(rec):
