@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -301,7 +301,7 @@ class StageEntry(Written):
     head_to_head_skipped: str | None = None
     gil: GilEstimate | None = None
     problems: tuple[str, ...] = ()
-    levels_measured: Mapping[str, Any] = field(default_factory=dict)
+    levels_measured: Mapping[str, Sequence[int]] = field(default_factory=dict)
     curves: Mapping[str, tuple[StageSetting, ...]] = field(default_factory=dict)
     payload_bytes: float | None = None
     page_faults: Mapping[str, PageFaults] = field(default_factory=dict)
