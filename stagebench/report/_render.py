@@ -76,7 +76,7 @@ def load_run(run_dir: Path, *, recompute: bool = False) -> RunData:
                 raise
             error = f"{type(e).__name__}: {e}"
     tpath = run_dir / TRANSFORMS_CSV
-    return RunData.read(
+    return RunData(
         run_dir,
         meta,
         rows,

@@ -42,42 +42,21 @@ class RunData:
     csv_bytes: bytes = b""
     kind: str = "pipeline"
     transform_rows: pd.DataFrame | None = None
-    stages: tuple[StageEntry, ...] = ()
-    transforms: tuple[StageEntry, ...] = ()
-    job: JobVerdict | None = None
 
-    @classmethod
-    def read(
-        cls,
-        path: Path,
-        meta: RunMeta,
-        rows: pd.DataFrame,
-        summary: Summary,
-        *,
-        summary_error: str | None = None,
-        csv_bytes: bytes = b"",
-        kind: str = "pipeline",
-        transform_rows: pd.DataFrame | None = None,
-    ) -> RunData:
-        """A run's data with the summary's stage entries and job verdict read once, here.
+    @property
+    def stages(self) -> tuple[StageEntry, ...]:
+        """The summary's stage entries (a pipeline's stages)."""
+        return tuple(self.summary.stages)
 
-        Args: the run directory, its ``run.json`` and summary (typed), its rows, why the summary could not
-        be computed (None where it was), the bytes of ``results.csv``, the kind of run, and a loader's
-        transforms' rows (None where none were measured). Returns: the :class:`RunData`.
-        """
-        return cls(
-            path=path,
-            meta=meta,
-            rows=rows,
-            summary=summary,
-            summary_error=summary_error,
-            csv_bytes=csv_bytes,
-            kind=kind,
-            transform_rows=transform_rows,
-            stages=tuple(summary.stages),
-            transforms=tuple(summary.transforms),
-            job=summary.job,
-        )
+    @property
+    def transforms(self) -> tuple[StageEntry, ...]:
+        """A loader's transforms, measured as stages: the summary's entries."""
+        return tuple(self.summary.transforms)
+
+    @property
+    def job(self) -> JobVerdict | None:
+        """The summary's job verdict (None where no job ran)."""
+        return self.summary.job
 
     @property
     def provenance(self) -> Provenance:
