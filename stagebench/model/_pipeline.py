@@ -46,11 +46,6 @@ __all__ = [
 ]
 
 
-def _dict(v: Any) -> dict[str, Any]:
-    """A mapping as a new dict, {} where it is none."""
-    return dict(mapping(v) or {})
-
-
 #: :func:`stagebench.model._json.text`, for a class body where a field of that name hides it
 _text = text
 
@@ -136,7 +131,7 @@ class Prediction(Read):
             number,
         ),
         **dict.fromkeys(("binding", "bottleneck", "method", "explanation", "caveat", "unit"), text),
-        "bounds": _dict,
+        "bounds": lambda v: dict(mapping(v) or {}),  # a new dict, {} where it is none
         "lift": mapping,
         "replay": mapping,
         "stages": maps,
