@@ -95,13 +95,6 @@ class StartupSplit(Read):
 
     READ = {"setting": text, "num_workers": whole, **dict.fromkeys(STARTUP_KEYS, number)}
 
-    def value(self, key: str) -> float | None:
-        """One of :data:`STARTUP_KEYS` by name (the plots stack them in order)."""
-        if key not in STARTUP_KEYS:
-            raise KeyError(key)
-        v: float | None = getattr(self, key)
-        return v
-
 
 @dataclass(frozen=True, slots=True)
 class LoaderTarget(Written):

@@ -284,7 +284,7 @@ def worker_startup_svg(costs: WorkerCosts | None) -> str | None:
     for y, r in enumerate(reversed(rows)):
         left = 0.0
         for key, label, color in parts:
-            v = max(0.0, num(r.value(key)) if finite(r.value(key)) else 0.0)
+            v = max(0.0, num(getattr(r, key)) if finite(getattr(r, key)) else 0.0)
             ax.barh(y, v, left=left, height=0.6, color=color, label=label if y == 0 else None)
             left += v
         last = num(r.workers_start_last_s)
