@@ -216,32 +216,22 @@ class LoaderSweepConfig:
                 f"timeout_s ({self.timeout_s}) must be larger than budget_s + warmup_s "
                 f"({self.budget_s + self.warmup_s})"
             )
-        if self.min_batches < 2:
-            raise ValueError(f"min_batches must be >= 2, got {self.min_batches}")
-        if self.max_groups < 2:
-            raise ValueError(f"max_groups must be >= 2, got {self.max_groups}")
+        _at_least(self, min_batches=2, max_groups=2)
         if not 0.5 < self.confidence < 1:
             raise ValueError(f"confidence must be in (0.5, 1), got {self.confidence}")
         for key in ("min_gain", "within_best", "headroom"):
             v = getattr(self, key)
             if not 0 <= v < 1:
                 raise ValueError(f"{key} must be in [0, 1), got {v}")
-        if self.patience < 1:
-            raise ValueError(f"patience must be >= 1, got {self.patience}")
+        _at_least(self, patience=1)
         if self.memory_budget_mb is not None and not self.memory_budget_mb > 0:
             raise ValueError(f"memory_budget_mb must be None or > 0, got {self.memory_budget_mb}")
         if not 0 < self.memory_share <= 1:
             raise ValueError(f"memory_share must be in (0, 1], got {self.memory_share}")
-        if self.stall_epochs < 1:
-            raise ValueError(f"stall_epochs must be >= 1, got {self.stall_epochs}")
+        _at_least(self, stall_epochs=1)
         if self.stall_epoch_batches is not None and self.stall_epoch_batches < 1:
             raise ValueError(f"stall_epoch_batches must be None or >= 1, got {self.stall_epoch_batches}")
-        if self.stall_wait_s < 0:
-            raise ValueError(f"stall_wait_s must be >= 0, got {self.stall_wait_s}")
-        if self.memory_pass_s < 0:
-            raise ValueError(f"memory_pass_s must be >= 0, got {self.memory_pass_s}")
-        if self.transform_items < 1:
-            raise ValueError(f"transform_items must be >= 1, got {self.transform_items}")
+        _at_least(self, stall_wait_s=0, memory_pass_s=0, transform_items=1)
         if not self.transform_budget_s > 0:
             raise ValueError(f"transform_budget_s must be > 0, got {self.transform_budget_s}")
         if self.transform_max_concurrency is not None and self.transform_max_concurrency < 1:
@@ -259,3 +249,10 @@ class LoaderSweepConfig:
         if self.yours is not None and self.yours.prefetch_factor is not None:
             return self.yours.prefetch_factor
         return 2 if 2 in self.prefetch_factors else self.prefetch_factors[0]
+
+
+def _at_least(cfg: LoaderSweepConfig, **lows: float) -> None:
+    """Each setting named at or above its lowest value, in the order named; raises ValueError for the first not."""
+    for key, low in lows.items():
+        if getattr(cfg, key) < low:
+            raise ValueError(f"{key} must be >= {low}, got {getattr(cfg, key)}")
