@@ -10,13 +10,18 @@ import pytest
 from stagebench.analysis._predict import apply_replay, predict_pipeline
 from stagebench.model._pipeline import WholeRun
 from stagebench.model._stage import StageEntry, keyed
-from stagebench.pipeline._replay import StandIn, plan_stand_ins
+from stagebench.pipeline._replay import StandIn
+from stagebench.pipeline._replay import plan_stand_ins as _plan_stand_ins
 from stagebench.pipeline._replay import _sleep_cost as _real_sleep_cost
 
 
 def _entries(stages):
     """The stage entries as the analysis passes them on, typed."""
     return [StageEntry.from_json(st) for st in stages]
+
+
+def plan_stand_ins(stages):  # the entries as summary.json holds them
+    return _plan_stand_ins(_entries(stages))
 
 
 @pytest.fixture(autouse=True)

@@ -69,6 +69,10 @@ class Summary(Read):
     worker_costs: WorkerCosts | None = None
     points: list[LoaderPoint] = field(default_factory=list)
     transforms: list[StageEntry] = field(default_factory=list)
+    validation_failed: str | None = None
+    """Why the real pipeline's run failed (it delivered nothing); None: it did not fail."""
+    fallback: bool = False
+    """Whether this is the minimal summary written where the analysis raised."""
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     READ: ClassVar[Coercions] = {
@@ -84,6 +88,8 @@ class Summary(Read):
         "findings": _findings,
         **dict.fromkeys(("stages", "transforms"), lambda v: [StageEntry.from_json(x) for x in _list(v)]),
         "not_isolated": _list,
+        "validation_failed": text,
+        "fallback": bool,
         "points": lambda v: [LoaderPoint.from_json(x) for x in _list(v)],
         **dict.fromkeys(("schema_version", "cores"), integer),
         "job": JobVerdict.from_json,

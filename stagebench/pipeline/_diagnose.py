@@ -53,6 +53,7 @@ from stagebench.core._stats import mean_interval
 from stagebench.core._sweep import plan_points
 from stagebench.model._meta import PageFault
 from stagebench.model._stage import changed
+from stagebench.model._summary import Summary
 from stagebench.pipeline._finish import (
     delivered_nothing,
     phases_of,
@@ -312,7 +313,7 @@ class _Diagnosis:
             rows = run.rows()
             summary = summarize_run(run, rows)
         raise_if_signalled()  # a Ctrl-C Python dropped in a finalizer (an event loop's __del__)
-        self._whole_pipeline(stages, src.items, summary)
+        self._whole_pipeline(stages, src.items, Summary.from_json(summary))
         raise_if_signalled()
         summary, report = self._finish(rows, t_begin)
         if run.out_of_memory:  # its last line is the caller's, as every failed run's is
@@ -320,7 +321,7 @@ class _Diagnosis:
             raise DiagnoseError(f"{run.meta['error']}; the rows are in {run.run_dir.path}{said}", FAILED.exit_code)
         if self.session is not None:
             self.session.plan, self.session.source_items = run.plan, src.items
-            self.session.choices = choices_of(summary)
+            self.session.choices = choices_of(Summary.from_json(summary))
             self.session.items_per_sink_item = stages.items_per_sink_item or 1.0
             self.session.run_dir = run.run_dir.path
         return summary
@@ -361,7 +362,7 @@ class _Diagnosis:
         run.write_meta()
         return src
 
-    def _whole_pipeline(self, stages: StagesPhase, source_items: list, summary: dict[str, Any]) -> None:
+    def _whole_pipeline(self, stages: StagesPhase, source_items: list, summary: Summary) -> None:
         """The whole pipeline at the recommended settings and at yours (:mod:`._validate`), or why not: the
         stages delivered nothing, or this process has no memory left for it."""
         run, settings = self.run, self.run.settings
@@ -417,7 +418,7 @@ class _Diagnosis:
                 report = write_run_report(run, summary) if self.write_report else None
             except OSError as e:  # a full disk, a permission: the rows are safe; said, and the exit code says it
                 run.unwritten = f"{type(e).__name__}: {e}"
-        run.meta["status"] = status_of(run, summary)
+        run.meta["status"] = status_of(run, Summary.from_json(summary))
         if run.out_of_memory:
             run.meta["error"] = f"{run.out_of_memory}: {CAUSE}"
         elif run.internal_error:

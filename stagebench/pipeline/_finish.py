@@ -20,6 +20,7 @@ from stagebench._numbers import num
 from stagebench._version import __version__
 from stagebench.model._pipeline import WholeRun
 from stagebench.model._stage import StageEntry, StageEvidence, StageSetting, changed, keyed
+from stagebench.model._summary import Summary
 from stagebench.pipeline._run import Run
 from stagebench.report._terminal import format_table
 from stagebench.runs._outcome import COMPLETE, FAILED, INTERNAL, PARTIAL
@@ -74,11 +75,11 @@ def write_run_report(run: Run, summary: dict[str, Any]) -> Path:
         return fallback_report(run.run_dir.path, summary)
 
 
-def status_of(run: Run, summary: dict[str, Any]) -> str:
+def status_of(run: Run, summary: Summary) -> str:
     """run.json's status at the end (:mod:`stagebench.runs._outcome`): the first of failed (the pipeline
     delivers nothing, or this process ran out of memory for the summary or the report), internal error,
     partial that holds, else complete."""
-    if summary.get("validation_failed") or run.out_of_memory:
+    if summary.validation_failed or run.out_of_memory:
         return str(FAILED.status)
     if run.internal_error:
         return str(INTERNAL.status)

@@ -452,8 +452,8 @@ def _stand_in(st: StageEntry, speed_ns: float | None) -> StandIn | None:
     )
 
 
-def plan_stand_ins(stages: list[dict], speed_ns: dict[str, float] | None = None) -> dict[str, StandIn]:
-    """Stand-ins for the measured stages of a summary (``summary["stages"]``), by name.
+def plan_stand_ins(stages: list[StageEntry], speed_ns: dict[str, float] | None = None) -> dict[str, StandIn]:
+    """Stand-ins for the measured stages of a summary (its entries), by name.
 
     ``speed_ns``: per stage, the core's speed while it was measured (the
     median of the speed probes after its points); a stage without one does
@@ -463,10 +463,9 @@ def plan_stand_ins(stages: list[dict], speed_ns: dict[str, float] | None = None)
     """
     out: dict[str, StandIn] = {}
     for st in stages:
-        if st.get("type", "pipe") != "pipe":
+        if (st.type if "type" in st.keys else "pipe") != "pipe":
             continue
-        name = st.get("name")
-        s = _stand_in(StageEntry.from_json(st), speed_ns.get(name) if speed_ns and name is not None else None)
+        s = _stand_in(st, speed_ns.get(st.name) if speed_ns else None)
         if s is not None:
             out[s.name] = s
     return out

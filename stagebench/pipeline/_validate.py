@@ -24,6 +24,7 @@ from stagebench.core._speed import cpu_speed_ns
 from stagebench.model._meta import CpuReadings
 from stagebench.model._pipeline import WholeRun
 from stagebench.model._stage import changed, keyed
+from stagebench.model._summary import Summary
 from stagebench.pipeline._replay import StandIn, plan_stand_ins
 from stagebench.pipeline._wholerun import run_pipelines
 
@@ -46,13 +47,13 @@ def yours_of(plan: Any) -> dict[str, tuple[str, int]]:
     return {st.name: c for st in plan.stages if (c := user_choice(st.as_meta())) is not None}
 
 
-def choices_of(summary: dict[str, Any]) -> dict[str, tuple[str, int]]:
+def choices_of(summary: Summary) -> dict[str, tuple[str, int]]:
     """Each stage's recommended (executor, concurrency), by name (its best point in a fallback summary)."""
     choices: dict[str, tuple[str, int]] = {}
-    for st in summary.get("stages") or []:
-        rec = st.get("recommended") or (st.get("best") if summary.get("fallback") else None) or {}
-        if rec.get("executor") and finite(rec.get("concurrency")):
-            choices[str(st.get("name"))] = (str(rec["executor"]), int(rec["concurrency"]))
+    for st in summary.stages:
+        rec = st.recommended or (st.best if summary.fallback else None)
+        if rec is not None and rec.executor and finite(rec.concurrency):
+            choices[st.name] = (str(rec.executor), int(rec.concurrency or 0))
     return choices
 
 
@@ -90,7 +91,7 @@ def replay_and_validate(
     plan: Any,
     settings: Any,
     source_items: list,
-    summary: dict[str, Any],
+    summary: Summary,
     *,
     stage_speeds: dict[str, list[float]],
     items_per_sink_item: float,
@@ -108,7 +109,7 @@ def replay_and_validate(
     settings are the recommended ones, the user's run is ``{"same": True}``: one run is both.
     """
     speeds = {name: statistics.median(v) for name, v in stage_speeds.items() if v}
-    whole = _whole_runs(plan, settings, summary, plan_stand_ins(summary.get("stages") or [], speeds))
+    whole = _whole_runs(plan, settings, summary, plan_stand_ins(summary.stages, speeds))
     if not whole.runs:  # no stage could be stood in, and no validation run
         return WholePipelines(replay=_no_replay(), validation=None, yours=None, cpu_speed=CpuReadings(stage_ns=speeds))
     _say_whole_runs(whole, say)
@@ -121,7 +122,7 @@ def replay_and_validate(
     )
 
 
-def _whole_runs(plan: Any, settings: Any, summary: dict[str, Any], stand_ins: dict[str, StandIn]) -> _WholeRuns:
+def _whole_runs(plan: Any, settings: Any, summary: Summary, stand_ins: dict[str, StandIn]) -> _WholeRuns:
     """Which whole pipelines run: the replay where a stage could be stood in, the real stages where
     validation is on, and the user's settings beside them where they differ from the recommended ones."""
     choices = choices_of(summary)
