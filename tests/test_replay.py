@@ -11,8 +11,8 @@ from stagebench.analysis._predict import apply_replay, predict_pipeline
 from stagebench.model._pipeline import WholeRun
 from stagebench.model._stage import StageEntry, keyed
 from stagebench.pipeline._replay import StandIn
-from stagebench.pipeline._replay import plan_stand_ins as _plan_stand_ins
 from stagebench.pipeline._replay import _sleep_cost as _real_sleep_cost
+from stagebench.pipeline._replay import plan_stand_ins as _plan_stand_ins
 
 
 def _entries(stages):
