@@ -21,7 +21,7 @@ from stagebench.core._jobrun import (
     group_steps,
 )
 from stagebench.core._steps import WARMUP_STEPS
-from stagebench.model._job import JobRecord
+from stagebench.model._job import JobRecord, StepAlone
 from stagebench.model._meta import RunSettings
 from stagebench.model._rate import Rate
 
@@ -224,7 +224,7 @@ def _job(**wait_body: tuple[float, float, str, int]) -> dict:
     return {"items_per_step": 16, "candidates": cands, "slices": slices, "rounds": 2, "stopped": None}
 
 
-TRAINER = {"samples_per_s": 320.0, "steps_per_s": 20.0}
+TRAINER = StepAlone(samples_per_s=320.0, steps_per_s=20.0)
 
 
 def test_num_workers_0_starves_the_step_and_the_job_says_so():
@@ -509,7 +509,7 @@ def test_on_a_cuda_host_a_pinned_pick_of_the_job_runs_is_what_the_summary_recomm
 def test_the_alone_scope_is_said_only_without_the_loop_and_names_the_users_limits():
     from stagebench.analysis._job import alone_scope
 
-    assert alone_scope("the loader", {"samples_per_s": 100.0}, RunSettings(), planned=True) is None
+    assert alone_scope("the loader", StepAlone(samples_per_s=100.0), RunSettings(), planned=True) is None
     # the loop runs after the first table: that table must not say it will not
     assert alone_scope("the loader", None, RunSettings(), planned=True) is None
     text = alone_scope("the pipeline", None, RunSettings(trainer_s=4.0, job_s=30.0), planned=False)

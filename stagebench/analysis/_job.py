@@ -294,9 +294,7 @@ def _could_not_tell(d: Decision, job: JobRecord, label: Mapping[str, str]) -> st
     return said
 
 
-def decide_job(
-    job: JobRecord | None, trainer: Mapping[str, Any] | None, *, unit: str = "samples/s"
-) -> dict[str, Any] | None:
+def decide_job(job: JobRecord | None, trainer: StepAlone | None, *, unit: str = "samples/s") -> dict[str, Any] | None:
     """The job's verdict for ``summary.json["job"]``, or None where no job run was planned.
 
     ``status``: ``decided`` (the pick was run with the loop), ``not run`` (no candidate was: the
@@ -312,7 +310,7 @@ def decide_job(
     if job is None or not job.candidates:
         return None
     rec = job
-    demand = StepAlone.from_json(trainer).rate
+    demand = trainer.rate if trainer is not None else None
     d, figs = job_decision(rec)
     ran = _ran(figs)
     label = {c.key: c.name for c in rec.candidates}
@@ -515,7 +513,7 @@ class _Verdict:
         return out
 
 
-def alone_scope(what: str, trainer: Mapping[str, Any] | None, settings: RunSettings, *, planned: bool) -> str | None:
+def alone_scope(what: str, trainer: StepAlone | None, settings: RunSettings, *, planned: bool) -> str | None:
     """``summary.json["scope"]``: one line saying the pick is for ``what`` (the loader, the pipeline) alone,
     and how to check the job; None where the training loop was measured, or is about to be (``planned``:
     the first table, printed before the loop runs, must not say it will not).
@@ -523,8 +521,8 @@ def alone_scope(what: str, trainer: Mapping[str, Any] | None, settings: RunSetti
     Why it is said at all: the user's question is their training job, which shares the host's cores
     (and, on a GPU host, the copy to the device) with the loading; an isolated sweep cannot see that.
     """
-    if isinstance(trainer, Mapping):
-        return _unmeasured_scope(what, StepAlone.from_json(trainer))
+    if trainer is not None:
+        return _unmeasured_scope(what, trainer)
     if planned:
         return None
 

@@ -76,5 +76,5 @@ def job_keys(what: str, m: RunMeta, job: dict[str, Any] | None, *, planned: bool
     return {
         "trainer": trainer_summary(m.trainer, job),
         "job": job,
-        "scope": alone_scope(what, m.trainer, m.settings, planned=planned),
+        "scope": alone_scope(what, m.step, m.settings, planned=planned),
     }

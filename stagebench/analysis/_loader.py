@@ -164,14 +164,14 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
     within = float(0.05 if s.within_best is None else s.within_best)
     headroom = float(DEMAND_HEADROOM if s.headroom is None else s.headroom)
     target_rate = s.target_rate
-    trainer = StepAlone.from_json(m.trainer)
+    trainer = m.step or StepAlone()
     measured_demand = target_rate is None and finite(trainer.samples_per_s)
     if measured_demand:  # STAGEBENCH_TRAINER=measure: the loop's own step is the demand (loader/_trainer)
         target_rate = num(trainer.samples_per_s)
     pts = _rows(rows)
     ok = [p for p in pts if p.ok]
     user = user_point(pts, m)
-    job = decide_job(m.job, m.trainer)
+    job = decide_job(m.job, m.step)
     decided = job is not None and job["status"] == "decided"
     rec = recommend(
         rows,  # as measured: the tie-break's rows are read in their order

@@ -426,7 +426,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     yours = yours_verdict(m.yours, validation, entries)
     # the training job, where it ran with the user's loop: its pick becomes every stage's recommendation
     # (after the prediction and the whole-pipeline runs, which were made at the isolated choice)
-    job = decide_job(m.job, m.trainer, unit="items/s")
+    job = decide_job(m.job, m.step, unit="items/s")
     if job is not None and job["status"] == "decided":
         job["changed"] = apply_job_pick(stages, job)
         entries = stages
@@ -442,7 +442,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         job=job,
         cores_bound=run.cores_bound,
     )
-    demand = demand_verdict(m.settings.target_rate, validation, prediction, m.trainer, job)
+    demand = demand_verdict(m.settings.target_rate, validation, prediction, m.step, job)
     return {
         **summary_head("pipeline", m, {}),
         # a pipeline that delivers nothing has no throughput to predict: that, not the prediction, is the verdict

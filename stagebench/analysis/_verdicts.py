@@ -36,7 +36,7 @@ def demand_verdict(
     target: Any,
     validation: WholeRun | None,
     prediction: Prediction | None,
-    trainer: Mapping[str, Any] | None = None,
+    trainer: StepAlone | None = None,
     job: Mapping[str, Any] | None = None,
 ) -> Demand | None:
     """Whether the pipeline keeps up with the training step's demand, and what the job did (a :class:`Demand`;
@@ -57,7 +57,7 @@ def demand_verdict(
     is not advice. ``trainer-bound``: capacity >= demand x 1.1 (the loader waits for the
     trainer); ``balanced``: within 10% above the demand; ``data-bound``: below it.
     """
-    step = StepAlone.from_json(trainer)
+    step = trainer or StepAlone()
     measured = not (finite(target) and float(target) > 0) and finite(step.samples_per_s)
     if measured:
         target = step.samples_per_s

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from stagebench.model._job import JobRecord
+from stagebench.model._job import JobRecord, StepAlone
 from stagebench.model._json import (
     Coercions,
     Read,
@@ -297,6 +297,11 @@ class RunMeta(Read):
         "ended": RunEnd.from_json,
         **dict.fromkeys(("not_isolated", "transforms"), items),
     }
+
+    @property
+    def step(self) -> StepAlone | None:
+        """The step alone (``trainer``) typed; None where it was not measured."""
+        return None if self.trainer is None else StepAlone.from_json(self.trainer)
 
     @property
     def ranks(self) -> int:
