@@ -581,7 +581,7 @@ def build_findings(
     cores: float,
     page_fault: PageFault | None = None,
     yours: VersusYours | None = None,
-    job: dict | None = None,
+    job: JobVerdict | None = None,
     cores_bound: str = "",
 ) -> list[Finding]:
     """All findings for a run, most important first (see the module docstring for the ranking).
@@ -604,10 +604,10 @@ def build_findings(
     return _ranked(out)
 
 
-def _settings_findings(yours: VersusYours | None, job: dict | None) -> list[_Found]:
+def _settings_findings(yours: VersusYours | None, jv: JobVerdict | None) -> list[_Found]:
     """The advice on settings: the training job's run with the user's loop where decided, else the
     recommended settings run against the user's own (none where they are the same)."""
-    if (jv := JobVerdict.from_json(job)) is not None and jv.decided:
+    if jv is not None and jv.decided:
         return [_Found(f) for f in job_findings(jv)]
     if yours is not None and yours.verdict not in (None, "same"):
         return [_yours_finding(yours)]

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 from stagebench._version import __version__
 from stagebench.analysis._job import alone_scope, trainer_summary
 from stagebench.core._jobrun import Ladder
+from stagebench.model._job import JobVerdict
 from stagebench.model._meta import RunMeta
 from stagebench.model._rate import Rate
 from stagebench.runs._schema import SUMMARY_SCHEMA_VERSION
@@ -41,7 +42,7 @@ class KindAnalysis(Protocol[Among, Picked]):
     def job_candidates(self, rows: Any, meta: dict[str, Any], demand: Rate | None) -> Ladder:
         """The settings to run the user's loop with, given the step's ``demand`` (None where not measured)."""
 
-    def apply_job_pick(self, among: Among, job: Mapping[str, Any]) -> Picked:
+    def apply_job_pick(self, among: Among, job: JobVerdict) -> Picked:
         """The job runs' decided pick made the recommendation among the kind's points or stages."""
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stagebench._numbers import finite, num
@@ -23,7 +23,7 @@ from stagebench.analysis._loader_pick import _decision_words, _kept_knobs, _turn
 from stagebench.analysis._loader_rows import _knob_text, _memory_cap, _raw, _rel_half, _rows, user_point
 from stagebench.analysis._worker_costs import beside_the_pick, worker_cost_findings, worker_costs_summary
 from stagebench.model._finding import by_severity
-from stagebench.model._job import StepAlone
+from stagebench.model._job import JobVerdict, StepAlone
 from stagebench.model._loader import LoaderRow, LoaderTarget
 from stagebench.model._meta import RunMeta
 from stagebench.runs._provenance import load_warnings
@@ -100,6 +100,8 @@ class _Picks:
     best: LoaderRow | None
     user: LoaderRow | None
     job: dict[str, Any] | None
+    #: the same, read (None without a job)
+    verdict: JobVerdict | None
     #: the job runs decided the pick
     decided: bool
     #: the recommendation: the job's pick where its runs decided, else :attr:`isolated`
@@ -141,7 +143,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         **job_keys("the loader", m, c.job, planned=m.trainer_planned),
         "findings": [
             f.to_json()
-            for f in by_severity(loader_findings(c.pts, m, rec, target, c.job) + worker_cost_findings(costs, rec))
+            for f in by_severity(loader_findings(c.pts, m, rec, target, c.verdict) + worker_cost_findings(costs, rec))
         ],
         "worker_costs": None if costs is None else costs.to_json(),
         "transforms": list(m.transforms),
@@ -172,7 +174,8 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
     ok = [p for p in pts if p.ok]
     user = user_point(pts, m)
     job = decide_job(m.job, m.step)
-    decided = job is not None and job["status"] == "decided"
+    verdict = JobVerdict.from_json(job)
+    decided = verdict is not None and verdict.decided
     rec = recommend(
         rows,  # as measured: the tie-break's rows are read in their order
         budget_mb=s.memory_budget_mb,
@@ -185,9 +188,10 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
     )
     rec = _kept_knobs(rec, ok, m)
     isolated = rec
-    if decided and job is not None:
-        rec = _kept_knobs(apply_job_pick(pts, job), ok, m, with_loop=True)
-        job["zero_workers"] = _zero_workers_note(job)
+    if decided and job is not None and verdict is not None:
+        rec = _kept_knobs(apply_job_pick(pts, verdict), ok, m, with_loop=True)
+        job["zero_workers"] = _zero_workers_note(verdict)
+        verdict = replace(verdict, zero_workers=job["zero_workers"])
     return _Picks(
         settings=s.to_json(),
         within=within,
@@ -199,6 +203,7 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
         best=max(ok, key=lambda p: p.samples_per_s) if ok else None,
         user=user,
         job=job,
+        verdict=verdict,
         decided=decided,
         rec=rec,
         isolated=isolated,
@@ -237,14 +242,14 @@ def _verdict(c: _Picks, target: LoaderTarget | None) -> str:
     if c.rec is None:
         first = next((p for p in c.pts if p.reason), None)
         verdict = "no loader setting could be measured" + (f": {first.reason}" if first else "")
-    elif c.decided and c.job is not None:
-        verdict = c.job["text"]
+    elif c.decided and c.verdict is not None:
+        verdict = str(c.verdict.text)
     elif target is not None and not target.met:
         verdict = target.verdict
     else:
         verdict = _pick_verdict(c, c.rec, target)
     if target is not None and not c.decided:
-        verdict += "; the job: " + _job_not_run(c.job, target)
+        verdict += "; the job: " + _job_not_run(c.verdict, target)
     return verdict + _per_rank(c.rec, c.settings)
 
 

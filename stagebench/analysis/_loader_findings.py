@@ -57,8 +57,7 @@ class _SweepRead:
     meta: RunMeta
     rec: LoaderRow | None
     target: LoaderTarget | None
-    job: Mapping[str, Any] | None
-    #: the same, read (None without a job)
+    #: the job runs' verdict (None without a job)
     jv: JobVerdict | None
     #: the job runs decided the pick: the comparisons with the user's setting are the job's
     decided: bool
@@ -74,7 +73,7 @@ def loader_findings(
     m: RunMeta,
     rec: LoaderRow | None,
     target: LoaderTarget | None,
-    job: Mapping[str, Any] | None = None,
+    job: JobVerdict | None = None,
 ) -> list[Finding]:
     """Diagnoses, most important first (same shape as the pipeline findings).
 
@@ -90,9 +89,8 @@ def loader_findings(
         meta=m,
         rec=rec,
         target=target,
-        job=job,
-        jv=(jv := JobVerdict.from_json(job)),
-        decided=jv is not None and jv.decided,
+        jv=job,
+        decided=job is not None and job.decided,
         cores=m.settings.usable_cores or prov.usable_cores or 1,
         budget=m.settings.memory_budget_mb,
         backend="" if m.loader.backend is None else m.loader.backend,
@@ -385,8 +383,8 @@ def _workers_restart(c: _SweepRead) -> list[Finding]:
 def _your_setting(c: _SweepRead) -> list[Finding]:
     """The user's own setting, when it was measured: with the job run, the job's comparison."""
     u = user_point(c.pts, c.meta)
-    if c.decided and (jv := JobVerdict.from_json(c.job)) is not None:
-        return job_findings(jv)
+    if c.decided and c.jv is not None:
+        return job_findings(c.jv)
     if u is not None and c.rec is not None and u.ok and (d := c.rec.decision) is not None:
         return _user_findings(u, c.rec, d)
     return []

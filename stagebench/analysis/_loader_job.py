@@ -8,7 +8,6 @@ setting was measured alone.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -124,12 +123,10 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: Rate | None) -> Ladd
     return build_ladder(offers, demand=demand, memory_budget_mb=budget)
 
 
-def apply_job_pick(pts: list[LoaderRow], job: Mapping[str, Any]) -> LoaderRow:
+def apply_job_pick(pts: list[LoaderRow], job: JobVerdict) -> LoaderRow:
     """The job runs' decided pick (``job``, ``summary.json["job"]``) as the recommended point among ``pts``:
     its isolated figures where measured, its knobs, the job's why; returns that point."""
-    v = JobVerdict.from_json(job)
-    assert v is not None  # decided
-    cand = next(c for c in v.candidates if c.key == v.pick)
+    cand = next(c for c in job.candidates if c.key == job.pick)
     k = cand.settings
     same = [
         p
@@ -156,19 +153,18 @@ def apply_job_pick(pts: list[LoaderRow], job: Mapping[str, Any]) -> LoaderRow:
         else bool(k["persistent_workers"]),
         pin_memory=rec.pin_memory if rec.pin_memory == NOT_APPLICABLE else bool(k["pin_memory"]),
         prefetch_factor=k["prefetch_factor"] if k["num_workers"] > 0 else None,
-        why=f"run with your training loop: {v.why}",
+        why=f"run with your training loop: {job.why}",
     )
 
 
-def _zero_workers_note(job: Mapping[str, Any]) -> str | None:
+def _zero_workers_note(v: JobVerdict) -> str | None:
     """Why num_workers=0 was or was not chosen, from the job runs (None: it was not a candidate).
 
     Loading without workers adds to every step (the DataLoader guide's T4), so it is advised only
     where the job runs, in turns, show it as fast as the others within 5% (the rule of
     :mod:`stagebench.model._evidence`); a reading that could not tell is not that.
     """
-    v = JobVerdict.from_json(job)
-    zero = next((c for c in v.candidates if c.settings.get("num_workers") == 0), None) if v is not None else None
+    zero = next((c for c in v.candidates if c.settings.get("num_workers") == 0), None)
     if zero is None:
         return None
     f = zero.job
@@ -176,7 +172,7 @@ def _zero_workers_note(job: Mapping[str, Any]) -> str | None:
         return "num_workers=0 was a candidate but did not run with your loop, so it is not advised"
     x = zero.versus_yours
     vs = x.text("yours") if x is not None else "not run in turns with yours"
-    if v is not None and zero.key == v.pick:
+    if zero.key == v.pick:
         if x is not None and x.above(1.0):
             # faster beyond noise: the workers cost more than the loading between the steps (cores the
             # ranks' or the step's own work needs, batches shipped), however long the loop waits for data
@@ -199,10 +195,10 @@ def _zero_workers_note(job: Mapping[str, Any]) -> str | None:
     )
 
 
-def _job_not_run(job: dict[str, Any] | None, target: LoaderTarget) -> str:
+def _job_not_run(job: JobVerdict | None, target: LoaderTarget) -> str:
     """What the verdict says of the job where no setting ran with the user's loop."""
     if job is not None:
-        return str(job["text"])
+        return str(job.text)
     if target.source == "stated":
         return (
             "inconclusive: your step's rate was stated, not measured, so no setting was run with your loop "

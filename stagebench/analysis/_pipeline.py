@@ -42,6 +42,7 @@ from stagebench.core._jobrun import Ladder
 from stagebench.core._paired import HOST_PHASES
 from stagebench.core._resources import usable_cores
 from stagebench.core._stage_draft import StageDraft
+from stagebench.model._job import JobVerdict
 from stagebench.model._meta import Provenance, RunMeta
 from stagebench.model._pipeline import Interference, Prediction, WholeRun
 from stagebench.model._rate import Rate
@@ -427,8 +428,9 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     # the training job, where it ran with the user's loop: its pick becomes every stage's recommendation
     # (after the prediction and the whole-pipeline runs, which were made at the isolated choice)
     job = decide_job(m.job, m.step, unit="items/s")
-    if job is not None and job["status"] == "decided":
-        job["changed"] = apply_job_pick(stages, job)
+    verdict = JobVerdict.from_json(job)
+    if job is not None and verdict is not None and verdict.decided:
+        job["changed"] = apply_job_pick(stages, verdict)
         entries = stages
     findings = build_findings(
         entries,
@@ -439,18 +441,18 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         cores=cores,
         page_fault=m.page_fault,
         yours=yours,
-        job=job,
+        job=verdict,
         cores_bound=run.cores_bound,
     )
-    demand = demand_verdict(m.settings.target_rate, validation, prediction, m.step, job)
+    demand = demand_verdict(m.settings.target_rate, validation, prediction, m.step, verdict)
     return {
         **summary_head("pipeline", m, {}),
         # a pipeline that delivers nothing has no throughput to predict: that, not the prediction, is the verdict
         "verdict": f"validation failed: {failed}"
         if failed
         else (
-            str(job["text"])
-            if job is not None and job["status"] == "decided"
+            str(verdict.text)
+            if verdict is not None and verdict.decided
             else pipeline_verdict(entries, prediction, validation, not_isolated)
         )
         + _per_rank(run.ranks, cores),

@@ -125,16 +125,15 @@ def job_candidates(
     return build_ladder([(merged[r.key] if r is not None else None, origin) for r, origin in offers], demand=demand)
 
 
-def apply_job_pick(stages: list[StageEntry], job: Mapping[str, Any]) -> list[str]:
+def apply_job_pick(stages: list[StageEntry], job: JobVerdict) -> list[str]:
     """Make the job runs' pick every stage's recommendation; returns the names of the stages it changed.
 
     Each entry of ``stages`` it changes is replaced by its copy. The isolated choice moves to
     ``recommended_isolated``; the stage's measured point at the picked setting gives its figures where the
     sweep measured it (else they are None).
     """
-    v = JobVerdict.from_json(job)
-    cand = v.picked if v is not None else None
-    if v is None or cand is None:
+    cand = job.picked
+    if cand is None:
         return []
     names = []
     for i, e in enumerate(stages):
@@ -143,7 +142,7 @@ def apply_job_pick(stages: list[StageEntry], job: Mapping[str, Any]) -> list[str
         if not setting or rec is None or not rec.executor:
             continue
         ex, c = str(setting[0]), int(setting[1])
-        why = f"run with your training loop: {v.why or ''}"
+        why = f"run with your training loop: {job.why or ''}"
         if (ex, c) == (rec.executor, int(rec.concurrency or 0)):
             stages[i] = changed(e, recommended=changed(rec, why=why))
             continue

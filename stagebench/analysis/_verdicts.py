@@ -37,7 +37,7 @@ def demand_verdict(
     validation: WholeRun | None,
     prediction: Prediction | None,
     trainer: StepAlone | None = None,
-    job: Mapping[str, Any] | None = None,
+    job: JobVerdict | None = None,
 ) -> Demand | None:
     """Whether the pipeline keeps up with the training step's demand, and what the job did (a :class:`Demand`;
     None where no demand is stated or measured).
@@ -105,15 +105,14 @@ def demand_verdict(
         ratio=ratio,
         demand_source="measured" if measured else "stated",
     )
-    jv = JobVerdict.from_json(job)
-    if jv is not None and jv.decided and jv.bound:
+    if job is not None and job.decided and job.bound:
         return replace(
             base,
-            verdict=jv.bound,
-            data_wait_share=jv.data_wait_share,
-            job_samples_per_s=jv.samples_per_s,
-            text=f"{jv.bound}: your job ran {fmt_q(num(jv.samples_per_s))} items/s at the recommended "
-            f"settings, {jv.data_wait_share:.0%} of each step waiting for data, against {whose}; the "
+            verdict=job.bound,
+            data_wait_share=job.data_wait_share,
+            job_samples_per_s=job.samples_per_s,
+            text=f"{job.bound}: your job ran {fmt_q(num(job.samples_per_s))} items/s at the recommended "
+            f"settings, {job.data_wait_share:.0%} of each step waiting for data, against {whose}; the "
             f"pipeline alone gave {fmt_q(capacity)} items/s ({source}) at the isolated sweep's pick",
         )
     if ratio >= 1 + DEMAND_HEADROOM:
