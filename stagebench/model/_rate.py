@@ -108,13 +108,6 @@ class Rate:
         """Whether the interval is known."""
         return self.low is not None and self.high is not None
 
-    @property
-    def half_width(self) -> float | None:
-        """Half the interval's width as a share of the rate (None: unknown)."""
-        if self.low is None or self.high is None or self.value <= 0:
-            return None
-        return (self.high - self.low) / 2 / self.value
-
     def scaled(self, k: float) -> Rate:
         """The same rate in other units (steps/s to samples/s: ``k`` samples a step)."""
         return Rate(
