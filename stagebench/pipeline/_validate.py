@@ -18,12 +18,11 @@ from typing import Any
 
 from stagebench._memory import describe
 from stagebench._numbers import finite
-from stagebench.analysis._pipeline_job import user_choice
 from stagebench.analysis._verdicts import versus_yours_decision
 from stagebench.core._speed import cpu_speed_ns
 from stagebench.model._meta import CpuReadings
 from stagebench.model._pipeline import WholeRun
-from stagebench.model._stage import changed, keyed
+from stagebench.model._stage import changed, keyed, own_choice
 from stagebench.model._summary import Summary
 from stagebench.pipeline._replay import StandIn, plan_stand_ins
 from stagebench.pipeline._wholerun import run_pipelines
@@ -43,8 +42,8 @@ EXTRA_ROUNDS = 3
 
 
 def yours_of(plan: Any) -> dict[str, tuple[str, int]]:
-    """Each pipe stage's own (executor, concurrency) in the user's config, by name (:func:`user_choice`)."""
-    return {st.name: c for st in plan.stages if (c := user_choice(st.as_meta())) is not None}
+    """Each pipe stage's own (executor, concurrency) in the user's config, by name (:func:`own_choice`)."""
+    return {st.name: c for st in plan.stages if (c := own_choice(st.user_executor, st.user_concurrency, st.type))}
 
 
 def choices_of(summary: Summary) -> dict[str, tuple[str, int]]:
