@@ -29,7 +29,7 @@ from stagebench._numbers import finite, num
 from stagebench._settings import setting
 from stagebench.model._evidence import EQUIVALENT, MIN_ROUNDS, PRACTICAL_ROUNDS, Decision, Option, Ratio, decide
 from stagebench.model._finding import Finding
-from stagebench.model._job import JobFigures, JobRecord, JobSlice, JobVerdict, StepAlone
+from stagebench.model._job import JobCandidate, JobFigures, JobRecord, JobSlice, JobVerdict, StepAlone
 from stagebench.model._meta import RunSettings
 from stagebench.model._rate import Rate
 
@@ -317,7 +317,7 @@ def decide_job(job: JobRecord | None, trainer: StepAlone | None, *, unit: str = 
     stopped = rec.stopped
     unproven = _not_run(rec, figs)
     # each candidate as run.json holds it, with its figures
-    entries = _entries([c.as_run() for c in rec.candidates], figs, d.yours)
+    entries = _entries(rec.candidates, figs, d.yours)
     base: dict[str, Any] = {
         "candidates": entries,
         "demand": demand.value if demand else None,
@@ -399,16 +399,15 @@ def _not_run(job: JobRecord, figs: Figures) -> list[str]:
     return out
 
 
-def _entries(cands: list[dict[str, Any]], figs: Figures, yours: str | None) -> list[dict[str, Any]]:
-    """Each candidate with its job figures (None where it did not run) and its ratio to yours in turns.
-
-    ``cands``: as run.json holds them, written back with every key."""
+def _entries(cands: tuple[JobCandidate, ...], figs: Figures, yours: str | None) -> list[dict[str, Any]]:
+    """Each candidate as run.json holds it (every key), with its job figures (None where it did not run) and
+    its ratio to yours in turns."""
     ratio = _ratio_of(figs)
     entries = []
     for c in cands:
-        key = c["key"]
+        key = c.key
         f = figs[key]
-        e = {**c, "job": f.to_json() if f is not None and _measured(f) else None}
+        e = {**c.as_run(), "job": f.to_json() if f is not None and _measured(f) else None}
         if yours and key != yours and e["job"] is not None:
             x = ratio(key, yours)
             e["versus_yours"] = x.to_json() if x else None
