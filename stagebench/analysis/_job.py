@@ -650,15 +650,9 @@ def trainer_summary(trainer: Mapping[str, Any] | None, job: Mapping[str, Any] | 
         return None
     out = dict(trainer)
     v = JobVerdict.from_json(job)
-    if v is not None and v.decided:
-        pick = next(c for c in v.candidates if c.key == v.pick).job
-        assert pick is not None  # decided: the pick was run
-        out["with_pipeline"] = {
-            "steps": pick.steps,
-            "seconds": pick.seconds,
-            "data_wait_share": pick.data_wait_share,
-            "samples_per_s": pick.samples_per_s,
-        }
+    pick = v.picked.job if v is not None and v.decided and v.picked is not None else None
+    if pick is not None:  # decided: the pick was run
+        out["with_pipeline"] = {k: getattr(pick, k) for k in ("steps", "seconds", "data_wait_share", "samples_per_s")}
     else:
         out.setdefault("with_pipeline", None)
     return out
