@@ -309,25 +309,24 @@ def decide_job(job: JobRecord | None, trainer: StepAlone | None, *, unit: str = 
     """
     if job is None or not job.candidates:
         return None
-    rec = job
     demand = trainer.rate if trainer is not None else None
-    d, figs = job_decision(rec)
+    d, figs = job_decision(job)
     ran = _ran(figs)
-    label = {c.key: c.name for c in rec.candidates}
-    stopped = rec.stopped
-    unproven = _not_run(rec, figs)
+    label = {c.key: c.name for c in job.candidates}
+    stopped = job.stopped
+    unproven = _not_run(job, figs)
     # each candidate as run.json holds it, with its figures
-    entries = _entries(rec.candidates, figs, d.yours)
+    entries = _entries(job.candidates, figs, d.yours)
     base: dict[str, Any] = {
         "candidates": entries,
         "demand": demand.value if demand else None,
-        "rounds": rec.rounds,
-        "seconds": rec.seconds,
-        "steps_handed": rec.steps_handed,
+        "rounds": job.rounds,
+        "seconds": job.seconds,
+        "steps_handed": job.steps_handed,
         "stopped": stopped,
         "yours": d.yours,
         "unit": unit,
-        "what": rec.what,
+        "what": job.what,
         "decision": d.to_json(),
     }
     if not ran or d.pick is None:
@@ -344,7 +343,7 @@ def decide_job(job: JobRecord | None, trainer: StepAlone | None, *, unit: str = 
         }
     for e in entries:
         e["as_good"] = e["key"] in d.as_good
-    v = _Verdict(d, rec, ran, label, unit, _ratio_of(figs))
+    v = _Verdict(d, job, ran, label, unit, _ratio_of(figs))
     why = v.why()
     if d.advice == "use" and d.yours:
         unproven.append("your own setting was not run with your loop: the comparison with yours is not measured")
@@ -356,7 +355,7 @@ def decide_job(job: JobRecord | None, trainer: StepAlone | None, *, unit: str = 
         )
     text = v.headline() + f", {v.p.data_wait_share:.0%} of each step waiting for data; {bound_text}"
     if d.advice == "keep yours" and d.rival is not None:
-        text += "; " + _could_not_tell(d, rec, label)
+        text += "; " + _could_not_tell(d, job, label)
     if bound == "data-bound" or (v.p.data_wait_share or 0.0) >= SHOWN_WAIT:
         # whatever the bound, a verdict that says its pick waits names the settings that waited far less
         text += v.calmer(text)
