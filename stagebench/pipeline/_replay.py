@@ -461,11 +461,6 @@ def plan_stand_ins(stages: list[StageEntry], speed_ns: dict[str, float] | None =
     per-call time, or yielding several items per input) run as themselves in
     the replay.
     """
-    out: dict[str, StandIn] = {}
-    for st in stages:
-        if (st.type if "type" in st.keys else "pipe") != "pipe":
-            continue
-        s = _stand_in(st, speed_ns.get(st.name) if speed_ns else None)
-        if s is not None:
-            out[s.name] = s
-    return out
+    pipes = [st for st in stages if (st.type if "type" in st.keys else "pipe") == "pipe"]
+    made = (_stand_in(st, speed_ns.get(st.name) if speed_ns else None) for st in pipes)
+    return {s.name: s for s in made if s is not None}
