@@ -642,13 +642,12 @@ def _bound(p: JobFigures, demand: Rate | None, unit: str) -> tuple[str | None, s
     )
 
 
-def trainer_summary(trainer: Mapping[str, Any] | None, job: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def trainer_summary(trainer: Mapping[str, Any] | None, v: JobVerdict | None) -> dict[str, Any] | None:
     """``summary.json["trainer"]``: the step alone, with ``with_pipeline`` the job at the pick (the key kept
-    from before the job runs: your loop on the real loader at the recommended setting)."""
+    from before the job runs: your loop on the real loader at the recommended setting), from the job's verdict ``v``."""
     if not isinstance(trainer, Mapping):
         return None
     out = dict(trainer)
-    v = JobVerdict.from_json(job)
     pick = v.picked.job if v is not None and v.decided and v.picked is not None else None
     if pick is not None:  # decided: the pick was run
         out["with_pipeline"] = {k: getattr(pick, k) for k in ("steps", "seconds", "data_wait_share", "samples_per_s")}
