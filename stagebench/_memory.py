@@ -20,8 +20,11 @@ leave them.
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import sys
+import threading
+from typing import Any
 
 __all__ = [
     "CAUSE",
@@ -185,42 +188,76 @@ class _Quiet:
     """What :func:`quiet_after_out_of_memory` kept off the terminal: how many, and the first."""
 
     previous: object = None
+    previous_thread: object = None
+    raise_logging: bool | None = None
     count = 0
     first: str | None = None
 
 
-def _unraisable(args: object) -> None:
-    exc = getattr(args, "exc_value", None)
+def _kept_quiet(exc: BaseException | None, *, says_memory: bool) -> bool:
+    """Count ``exc`` instead of printing it, where this process ran out of memory or it says so itself."""
     try:
-        if _Seen.first is not None or isinstance(exc, MemoryError):
+        if _Seen.first is not None or says_memory:
             _Quiet.count += 1
             _Quiet.first = _Quiet.first or (_one_line(exc) if exc is not None else "?")
-            return
+            return True
     except BaseException:  # nothing left to say it with: this process is out of memory
-        return
-    previous = _Quiet.previous
-    if callable(previous):
-        previous(args)
+        return True
+    return False
+
+
+def _unraisable(args: Any) -> None:
+    exc = getattr(args, "exc_value", None)
+    if not _kept_quiet(exc, says_memory=isinstance(exc, MemoryError)):
+        previous = _Quiet.previous
+        if callable(previous):
+            previous(args)
+
+
+def _thread_failed(args: Any) -> None:
+    """A thread's uncaught exception: a pipeline's own thread that could not start one of its own ("can't
+    start new thread", when its event loop closes) prints threading's traceback otherwise."""
+    exc = getattr(args, "exc_value", None)
+    if not _kept_quiet(exc, says_memory=exc is not None and out_of_memory(exc) is not None):
+        previous = _Quiet.previous_thread
+        if callable(previous):
+            previous(args)
 
 
 def quiet_after_out_of_memory() -> None:
-    """In a process that ran out of memory, what Python would print of a finalizer or a thread start that
-    failed ("Exception ignored in ...", a traceback of threading's internals, or that line cut short where
+    """In a process that ran out of memory, what Python would print of a finalizer, a thread start or a
+    thread that failed ("Exception ignored in ...", a traceback of threading's internals, or that line cut short where
     formatting it needed memory there was none of) is counted here, not printed: it is a consequence of
     the memory already named, and it would break the one line that names it. Before that, and for any
-    other process, Python's hook prints as ever. Installed once; the count is :func:`quieted`."""
+    other process, Python's hooks print as ever what does not itself say memory. Installed once; the count
+    is :func:`quieted`."""
     if sys.unraisablehook is not _unraisable:
         _Quiet.previous = sys.unraisablehook
         sys.unraisablehook = _unraisable
+    if threading.excepthook is not _thread_failed:
+        _Quiet.previous_thread = threading.excepthook
+        threading.excepthook = _thread_failed
+    if _Quiet.raise_logging is None:
+        # a logging call that fails for want of memory (asyncio's "Exception in default exception handler"
+        # in an event loop's thread) prints "--- Logging error ---" and a traceback; the standard library's
+        # switch for that is this flag, which a diagnosis (it does not train) sets for its length
+        _Quiet.raise_logging, logging.raiseExceptions = logging.raiseExceptions, False
 
 
 def end_quiet() -> None:
     """Put Python's hook back where :func:`quiet_after_out_of_memory` installed its own, unless this process
     ran out of memory: then what its last finalizers would print (at its exit, after the line naming the
     memory) stays counted, not printed."""
-    if sys.unraisablehook is _unraisable and _Seen.first is None and _Quiet.previous is not None:
+    if _Seen.first is not None:
+        return
+    if sys.unraisablehook is _unraisable and _Quiet.previous is not None:
         sys.unraisablehook = _Quiet.previous  # type: ignore[assignment]
         _Quiet.previous = None
+    if threading.excepthook is _thread_failed and _Quiet.previous_thread is not None:
+        threading.excepthook = _Quiet.previous_thread  # type: ignore[assignment]
+        _Quiet.previous_thread = None
+    if _Quiet.raise_logging is not None:
+        logging.raiseExceptions, _Quiet.raise_logging = _Quiet.raise_logging, None
 
 
 def quieted() -> tuple[int, str | None]:

@@ -192,3 +192,54 @@ def test_after_out_of_memory_what_python_would_print_of_a_finalizer_is_counted_n
     assert sys.unraisablehook is not _memory._unraisable
     sys.unraisablehook(SimpleNamespace(exc_value=KeyError(3)))
     assert len(printed) == 2
+
+
+def test_a_thread_that_fails_for_memory_is_counted_not_printed(monkeypatch):
+    """A fresh clone's ulimit test: SPDL's event-loop thread, closing its loop, could not start the thread
+    that shuts its executor down ("RuntimeError: can't start new thread"), and threading printed its
+    traceback before the one line naming the memory. A thread's failure that says memory is counted, even
+    before anything else said so; any other prints as ever."""
+    import threading
+
+    printed: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: printed.append(args.exc_value))
+    monkeypatch.setattr(_memory._Quiet, "count", 0)
+    monkeypatch.setattr(_memory._Quiet, "first", None)
+    _memory.forget()
+
+    def fails(exc: BaseException) -> None:
+        def run() -> None:
+            raise exc
+
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+
+    _memory.quiet_after_out_of_memory()
+    try:
+        fails(KeyError(1))
+        assert len(printed) == 1 and _memory.quieted() == (0, None)
+        fails(RuntimeError("can't start new thread"))
+        assert len(printed) == 1 and _memory.quieted() == (1, "RuntimeError: can't start new thread")
+    finally:
+        _memory.forget()
+    _memory.end_quiet()
+    assert threading.excepthook is not _memory._thread_failed
+    fails(KeyError(2))
+    assert len(printed) == 2
+
+
+def test_a_diagnosis_keeps_a_logging_call_that_fails_off_the_terminal_and_gives_the_switch_back():
+    """The same run, once more: asyncio's "Exception in default exception handler", logged in SPDL's event-loop
+    thread as it ran out, printed "--- Logging error ---" and a traceback. The standard library's switch for
+    that is logging.raiseExceptions: off for a diagnosis, as it was after it."""
+    import logging
+
+    before = logging.raiseExceptions
+    _memory.forget()
+    _memory.quiet_after_out_of_memory()
+    try:
+        assert logging.raiseExceptions is False
+    finally:
+        _memory.end_quiet()
+    assert logging.raiseExceptions is before
