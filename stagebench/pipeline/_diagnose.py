@@ -66,7 +66,7 @@ from stagebench.pipeline._first_pass import SourceError, read_source
 from stagebench.pipeline._isolate import PlanError, plan_pipeline
 from stagebench.pipeline._run import Run, Session
 from stagebench.pipeline._settings import DiagnoseSettings
-from stagebench.pipeline._stage_cache import CacheDirError, default_cache_dir, private_dir
+from stagebench.pipeline._stage_cache import CacheDirError, cache_folder, private_dir
 from stagebench.pipeline._stages import StagesPhase, sweep_config
 from stagebench.pipeline._state import State
 from stagebench.pipeline._validate import choices_of, replay_and_validate
@@ -91,13 +91,6 @@ class DiagnoseError(Exception):
         self.code = code
 
 
-# ---------------------------------------------------------------------------- settings
-
-
-# ---------------------------------------------------------------------------- SPDL hook
-
-
-# ---------------------------------------------------------------------------- the diagnosis
 def _unwritable(path: Path, var: str) -> str | None:
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -166,11 +159,8 @@ def diagnose_pipeline(
     except (UnwritableOutputError, RunDirInUseError) as e:
         where = " (STAGEBENCH_OUTPUT_DIR)" if out is None and settings.output_dir else ""
         raise DiagnoseError(f"{e}{where}", 2) from None
-    cache_dir: Path | None
-    if (settings.cache_dir or "").lower() in ("off", "none", "0", "false", "no"):
-        cache_dir = None
-    else:
-        cache_dir = Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()
+    cache_dir = cache_folder(settings.cache_dir)
+    if cache_dir is not None:
         try:
             private_dir(cache_dir)
         except CacheDirError as e:
@@ -455,6 +445,3 @@ def _warm_up_imports() -> None:
     import pandas  # noqa: F401
 
     mean_interval([1.0, 2.0], 0.95)
-
-
-# ---------------------------------------------------------------------------- stagebench diagnose

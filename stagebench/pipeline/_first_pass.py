@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from spdl.pipeline.defs import PipelineConfig, SinkConfig, SourceConfig
@@ -117,10 +118,7 @@ def read_source(plan: Plan, n: int, *, timeout_s: float = 600.0) -> SourceRead:
         if plan.source_is_merge:
             pipeline = real_pipeline(PipelineConfig(src=plan.source, pipes=[], sink=SinkConfig(8)), 4)
             with pipeline.auto_stop():
-                for item in pipeline.get_iterator(timeout=timeout_s):
-                    items.append(item)
-                    if len(items) >= n:
-                        break
+                items.extend(itertools.islice(pipeline.get_iterator(timeout=timeout_s), n))
         else:
             src = plan.source.source
             if hasattr(src, "__aiter__") and not hasattr(src, "__iter__"):
@@ -133,10 +131,7 @@ def read_source(plan: Plan, n: int, *, timeout_s: float = 600.0) -> SourceRead:
 
                 _run_in_loop_thread(take)
             else:
-                for item in src:
-                    items.append(item)
-                    if len(items) >= n:
-                        break
+                items.extend(itertools.islice(src, n))  # those read before a raise are kept: said with it
     except KeyboardInterrupt:
         raise
     except Exception as e:
@@ -345,16 +340,9 @@ def compute_outputs(
         n_outputs=len(outputs),
         bytes=size,
         seconds=time.perf_counter() - t0,
-        n_errors=tally.n_errors,
-        error_example=tally.error_example,
-        n_dropped=tally.n_dropped,
-        capped=tally.capped,
         stalled=stalled,
-        out_of_memory=tally.out_of_memory,
-        crashed=tally.crashed,
-        process_error=tally.process_error,
-        process_note=tally.process_note,
         groups=groups,
+        **asdict(tally),
     )
 
 
@@ -502,8 +490,5 @@ def run_passthrough(step: Passthrough, inputs: Sequence, *, num_threads: int = 8
         src=SourceConfig(list(inputs)), pipes=list(step.configs), sink=SinkConfig(8)
     )
     pipeline = real_pipeline(cfg, num_threads)
-    outputs = []
     with pipeline.auto_stop():
-        for item in pipeline.get_iterator(timeout=timeout_s):
-            outputs.append(item)
-    return outputs
+        return list(pipeline.get_iterator(timeout=timeout_s))

@@ -15,7 +15,6 @@ leader runs your loop, the job phase step for step (:func:`stagebench.job._locks
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from stagebench.core._executors import identity
@@ -30,7 +29,7 @@ from stagebench.pipeline._first_pass import measure_inputs, read_source, run_pas
 from stagebench.pipeline._isolate import Passthrough, plan_pipeline
 from stagebench.pipeline._replay import StandIn
 from stagebench.pipeline._settings import DiagnoseSettings
-from stagebench.pipeline._stage_cache import StageCache, default_cache_dir, items_key
+from stagebench.pipeline._stage_cache import StageCache, cache_folder, items_key
 from stagebench.pipeline._stages import Cursor, advance, consumes_why, first_pass
 from stagebench.pipeline._wholerun import WHOLE, WholePipelineRun
 
@@ -45,7 +44,8 @@ class Walk:
         self.source_items: list = []
         self.cur: Cursor | None = None
         self.inputs: dict[str, tuple[Callable, Sequence[Any]]] = {}  # stage -> (the callable measured, its inputs)
-        self.cache = _cache(settings)
+        # the leader's folder (one user's), or none where the leader keeps none
+        self.cache = StageCache(cache_folder(settings.cache_dir), max_disk_mb=10 * settings.cache_max_mb)
 
     def read_source(self) -> None:
         self.source_items = read_source(
@@ -87,13 +87,6 @@ class Walk:
         if any(getattr(s, "name", None) == name for s in self.plan.steps):
             raise LookupError(f"this rank has no inputs for stage {name!r} (its stage before gave none)")
         return identity, self.source_items
-
-
-def _cache(settings: DiagnoseSettings) -> Any:
-    """This rank's stage cache: the leader's folder (one user's), or none where the leader keeps none."""
-    off = (settings.cache_dir or "").lower() in ("off", "none", "0", "false", "no")
-    folder: Path | None = None if off else Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()
-    return StageCache(folder, max_disk_mb=10 * settings.cache_max_mb)
 
 
 class WholeRun:

@@ -99,13 +99,14 @@ class Stage:
     index: int
     """Position in the pipeline's list of stages."""
     type: str
-    """``pipe``, ``aggregate`` or ``disaggregate``."""
-    is_async: bool
-    ordered: bool
-    user_executor: str
+    """``pipe``, ``aggregate`` or ``disaggregate``; the defaults below are how SPDL runs the last two:
+    inline, in order, one call at a time."""
+    is_async: bool = False
+    ordered: bool = True
+    user_executor: str = "default"
     """What the user configured: ``thread``, ``process``, ``default`` (SPDL's shared
-    thread pool) or ``async``. Aggregate and disaggregate run inline: ``default``."""
-    user_concurrency: int
+    thread pool) or ``async``."""
+    user_concurrency: int = 1
     fn: Callable
     """The measured callable: one input (a group, for aggregates) -> one output."""
     many: bool
@@ -198,36 +199,6 @@ def _pipe_stage(cfg: Any, name: str, index: int) -> Stage:
     )
 
 
-def _inline_stage(
-    cfg: Any,
-    name: str,
-    index: int,
-    *,
-    kind: str,
-    fn: Callable,
-    many: bool,
-    key_source: Any,
-    proto: Any = None,
-    drop_last: bool = False,
-) -> Stage:
-    """An aggregate or disaggregate stage: SPDL runs it inline, in order, one call at a time."""
-    return Stage(
-        name=name,
-        index=index,
-        type=kind,
-        is_async=False,
-        ordered=True,
-        user_executor="default",
-        user_concurrency=1,
-        fn=fn,
-        many=many,
-        config=cfg,
-        key_source=key_source,
-        proto=proto,
-        drop_last=drop_last,
-    )
-
-
 def _aggregate_stage(cfg: Any, name: str, index: int) -> Stage:
     op = cfg.op
     try:
@@ -235,8 +206,16 @@ def _aggregate_stage(cfg: Any, name: str, index: int) -> Stage:
     except Exception:
         proto = op
     fn = collate if type(op) is Collate else AggregateGroup(proto)
-    return _inline_stage(
-        cfg, name, index, kind="aggregate", fn=fn, many=False, key_source=op, proto=proto, drop_last=bool(cfg.drop_last)
+    return Stage(
+        name=name,
+        index=index,
+        type="aggregate",
+        fn=fn,
+        many=False,
+        config=cfg,
+        key_source=op,
+        proto=proto,
+        drop_last=bool(cfg.drop_last),
     )
 
 
@@ -309,8 +288,14 @@ def plan_pipeline(cfg: Any) -> Plan:
             plan.steps.append(_aggregate_stage(p, unique(p.name), index))
         elif isinstance(p, DisaggregateConfig):
             plan.steps.append(
-                _inline_stage(
-                    p, unique(p.name), index, kind="disaggregate", fn=disaggregate, many=True, key_source=disaggregate
+                Stage(
+                    name=unique(p.name),
+                    index=index,
+                    type="disaggregate",
+                    fn=disaggregate,
+                    many=True,
+                    config=p,
+                    key_source=disaggregate,
                 )
             )
         else:

@@ -106,10 +106,7 @@ def _code_key(code: types.CodeType) -> tuple:
 
 def _global_names(code: types.CodeType) -> set[str]:
     """Names a function (and the functions nested in it) loads as globals."""
-    names: set[str] = set()
-    for ins in dis.get_instructions(code):
-        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-            names.add(ins.argval)
+    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             names |= _global_names(c)
@@ -329,6 +326,14 @@ def default_cache_dir() -> Path:
     return Path(base) / "stagebench"
 
 
+def cache_folder(setting: str | None) -> Path | None:
+    """The folder STAGEBENCH_CACHE_DIR's ``setting`` names: None where it turns the cache off, else that
+    folder, or :func:`default_cache_dir` where unset."""
+    if (setting or "").lower() in ("off", "none", "0", "false", "no"):
+        return None
+    return Path(setting) if setting else default_cache_dir()
+
+
 def private_dir(path: Path) -> Path:
     """Create ``path`` (mode 0700) or check an existing one: owned by this user, writable by no one else.
 
@@ -418,8 +423,7 @@ class StageCache:
             shutil.rmtree(entry, ignore_errors=True)
             raise _Unsigned(f"cache entry not signed by you ({pkl}); removed and recomputed")
         os.utime(entry)  # recently used: kept longest by the size bound
-        items, first = pickle.loads(data)
-        return items, first
+        return pickle.loads(data)
 
     def _store(self, key: str, outputs: tuple[list, FirstPass]) -> None:
         entry, pkl, mac = self._paths(key)
