@@ -129,9 +129,3 @@ class Rate:
         if self.low is None or self.high is None:
             return f"{fmt_q(self.value)}{u} (no interval)"
         return f"{fmt_q(self.value)}{u} ({fmt_q(self.low)}-{fmt_q(self.high)})"
-
-    def bare(self) -> str:
-        """``252, 214-291``: the figure and its interval inside a sentence's parentheses."""
-        if self.low is None or self.high is None:
-            return fmt_q(self.value)
-        return f"{fmt_q(self.value)}, {fmt_q(self.low)}-{fmt_q(self.high)}"

@@ -46,10 +46,8 @@ from stagebench.report._compare_plots import Bar, Curve, compare_best_svg, compa
 from stagebench.report._html import (
     csv_uri,
     finite,
-    interval_text,
     json_island,
     machine_label,
-    num_text,
     rate_text,
     render,
     svg_uri,
@@ -679,9 +677,6 @@ def write_comparison(run_dirs: Sequence[Path], out_dir: Path, *, title: str, fai
         n_runs=len(entries),
         csv_uri=csv_uri(csv_text.encode("utf-8")),
         rows_json=json_island(csv_rows),
-        fmt_rate=rate_text,
-        fmt_interval=interval_text,
-        fmt_num=num_text,
     )
     out = out_dir / "comparison.html"
     write_text(out, html)

@@ -9,14 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from matplotlib.ticker import FuncFormatter
 
 from stagebench._numbers import finite, num
 from stagebench.model._job import JobVerdict
-from stagebench.report._html import fmt_rate, si_label
+from stagebench.report._html import rate_text, si_label
 from stagebench.report._plots import (
     INK,
     OKABE_ITO,
@@ -30,9 +30,6 @@ from stagebench.report._plots import (
     shade_band,
     themed,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["Curve", "Bar", "compare_curves_svg", "compare_best_svg", "job_svg"]
 
@@ -132,7 +129,7 @@ def compare_best_svg(bars: Sequence[Bar], *, unit: str) -> str | None:
         color = OKABE_ITO["blue"] if y == ys[-1] else OKABE_ITO["grey"]
         ax.barh(y, v, height=0.6, color=color, xerr=xerr, error_kw={"ecolor": INK, "capsize": 3})
         right = v + (xerr[1][0] if xerr else 0.0)
-        ax.text(right, y, f"  {fmt_rate(v)}", va="center", ha="left", fontsize=8.5)
+        ax.text(right, y, f"  {rate_text(v)}", va="center", ha="left", fontsize=8.5)
     ax.set_yticks(ys)
     ax.set_yticklabels([plot_text(e.label, 40) for e in entries])
     ax.set_xlim(0, max(float(num(e.high or e.value)) for e in entries) * 1.25)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -45,10 +44,6 @@ def render(template: str, **ctx: Any) -> str:
     return _env().get_template(template).render(**ctx)
 
 
-def rate_text(x: Any) -> str:
-    return fmt_rate(float(x)) if finite(x) else "n/a"
-
-
 def _scaled(v: float, spec: str) -> str:
     """``v`` formatted with ``spec``, in thousands (k) or millions (M) from 1,000 and 1,000,000."""
     a = abs(v)
@@ -64,11 +59,9 @@ def si_label(v: float, _pos: Any = None) -> str:
     return _scaled(v, "g")
 
 
-def fmt_rate(v: float) -> str:
-    """A rate with three significant digits: 482, 3.81k, 1.16M."""
-    if v is None or not math.isfinite(v):
-        return "n/a"
-    return _scaled(v, ".3g")
+def rate_text(x: Any) -> str:
+    """A rate with three significant digits: 482, 3.81k, 1.16M; ``n/a`` where it is no finite number."""
+    return _scaled(float(x), ".3g") if finite(x) else "n/a"
 
 
 def num_text(x: Any, digits: int = 3) -> str:

@@ -7,7 +7,7 @@ Theme, colours and the SVG text they become: :mod:`stagebench.report._plots`.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib.patches
 import numpy as np
@@ -16,7 +16,7 @@ from matplotlib.ticker import FuncFormatter
 
 from stagebench._numbers import finite, num
 from stagebench.model._loader import LoaderPoint, WorkerCosts
-from stagebench.report._html import fmt_rate, si_label
+from stagebench.report._html import rate_text, si_label
 from stagebench.report._plots import (
     INK,
     OKABE_ITO,
@@ -32,9 +32,6 @@ from stagebench.report._plots import (
     style_axes,
     themed,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "loader_throughput_svg",
@@ -128,7 +125,7 @@ def loader_throughput_svg(
             color=OKABE_ITO["green"],
             linestyle="--",
             linewidth=1.4,
-            label=f"target: {fmt_rate(float(target_rate))} samples/s",
+            label=f"target: {rate_text(float(target_rate))} samples/s",
         )
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(FuncFormatter(si_label))
@@ -170,7 +167,7 @@ def loader_heatmap_svg(rows: pd.DataFrame, recommended: LoaderPoint | None = Non
             v = data[i, j]
             if math.isfinite(v):
                 light = (v - vmin) / (vmax - vmin + 1e-12) > 0.55
-                ax.text(j, i, fmt_rate(v), ha="center", va="center", fontsize=8.5, color=INK if light else "white")
+                ax.text(j, i, rate_text(v), ha="center", va="center", fontsize=8.5, color=INK if light else "white")
     rec = recommended or LoaderPoint()
     if rec.num_workers is not None and rec.num_workers in nws:
         pf = _pf_label(rec.prefetch_factor) if rec.num_workers > 0 else "—"

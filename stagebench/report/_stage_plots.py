@@ -7,7 +7,6 @@ Theme, colours and the SVG text they become: :mod:`stagebench.report._plots`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import matplotlib.patches
 import numpy as np
@@ -17,7 +16,7 @@ from matplotlib.ticker import FuncFormatter
 from stagebench._numbers import finite, num
 from stagebench.model._stage import StageEntry, StageSetting
 from stagebench.model._summary import Summary
-from stagebench.report._html import fmt_rate, si_label
+from stagebench.report._html import rate_text, si_label
 from stagebench.report._plots import (
     CLASS_COLORS,
     EXECUTOR_COLORS,
@@ -39,9 +38,6 @@ from stagebench.report._plots import (
     themed,
     usl_curve,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["stage_throughput_svg", "stage_resources_svg", "pipeline_overview_svg"]
 
@@ -107,7 +103,7 @@ def stage_throughput_svg(rows: pd.DataFrame, stage: StageEntry | None = None) ->
                 )
                 top = max(top, float(np.nanmax(cq)))
             else:
-                above.append(f"{label} ceiling ≥ {fmt_rate(float(np.nanmin(cq)))}/s")
+                above.append(f"{label} ceiling ≥ {rate_text(float(np.nanmin(cq)))}/s")
     # Ideal linear scaling from the best concurrency-1 point.
     one = ok[ok["concurrency"] == levels[0]]
     if len(one):
@@ -233,11 +229,11 @@ def pipeline_overview_svg(sm: Summary, entries: Sequence[StageEntry]) -> str | N
     ):
         v = bounds.get(key)
         if v is not None and finite(v) and float(v) > 0:
-            lines.append((float(v), f"{label}: {fmt_rate(float(v))}/s", style, color))
+            lines.append((float(v), f"{label}: {rate_text(float(v))}/s", style, color))
     if pred.qps is not None and finite(pred.qps) and float(pred.qps) > 0:
-        lines.append((float(pred.qps), f"predicted pipeline: {fmt_rate(float(pred.qps))}/s", "-", INK))
+        lines.append((float(pred.qps), f"predicted pipeline: {rate_text(float(pred.qps))}/s", "-", INK))
     if val.qps is not None and finite(val.qps) and float(val.qps) > 0:
-        lines.append((float(val.qps), f"measured pipeline: {fmt_rate(float(val.qps))}/s", ":", OKABE_ITO["green"]))
+        lines.append((float(val.qps), f"measured pipeline: {rate_text(float(val.qps))}/s", ":", OKABE_ITO["green"]))
     # One unit with the bound and pipeline lines: source items/s. A stage after a batch of 16 handles
     # 16 source items per call, so its calls/s times 16 is what it can feed the pipeline.
     per_call = [s.items_per_input for s, _ in stages]
@@ -271,7 +267,7 @@ def pipeline_overview_svg(sm: Summary, entries: Sequence[StageEntry]) -> str | N
         ax.text(
             q,
             y + 0.3,
-            f"{fmt_rate(q)} items/s · {r.executor if 'executor' in r.keys else '?'} × "
+            f"{rate_text(q)} items/s · {r.executor if 'executor' in r.keys else '?'} × "
             f"{r.concurrency if 'concurrency' in r.keys else '?'}",
             va="bottom",
             ha="right" if not log else "center",
