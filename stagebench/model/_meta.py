@@ -279,14 +279,7 @@ class RunMeta(Read):
         "warnings": texts,
         "stages": records,
         **dict.fromkeys(("provenance", "provenance_after"), given(Provenance.from_json)),
-        **dict.fromkeys(
-            (
-                "phases_s",
-                "trainer",
-                "pipeline_overhead",
-            ),
-            record,
-        ),
+        **dict.fromkeys(("phases_s", "trainer", "pipeline_overhead"), record),
         "trainer_planned": bool,
         "label": lambda v: str(v) if v else None,
         "job": given(JobRecord.from_json),

@@ -273,19 +273,20 @@ class Demand(Read):
     """Whether the pipeline keeps up with the training step (``summary["demand"]``): the demand
     (``target_rate``, stated or measured: ``demand_source``), the pipeline's capacity (measured or
     replayed: ``source``), their ratio, the ``verdict`` and its ``text``; where the job ran, what it
-    measured (``job_samples_per_s``, ``data_wait_share``)."""
+    measured (``job_samples_per_s``, ``data_wait_share``). The fields are in the order the summary lists
+    them; the capacity's interval, the ratio and the data wait are written where there is a capacity."""
 
-    verdict: str | None = None
-    text: str | None = None
     target_rate: float | None = None
     capacity: float | None = None
     capacity_low: float | None = None
     capacity_high: float | None = None
     source: str | None = None
     ratio: float | None = None
+    verdict: str | None = None
     demand_source: str | None = None
     data_wait_share: float | None = None
     job_samples_per_s: float | None = None
+    text: str | None = None
 
     READ: ClassVar[Coercions] = {
         **dict.fromkeys(("verdict", "text", "source", "demand_source"), _text),
@@ -302,21 +303,9 @@ class Demand(Read):
             number,
         ),
     }
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"target_rate": self.target_rate, "capacity": self.capacity}
-        if self.capacity is not None:
-            out.update(capacity_low=self.capacity_low, capacity_high=self.capacity_high)
-        out["source"] = self.source
-        if self.capacity is not None:
-            out["ratio"] = self.ratio
-        out.update(verdict=self.verdict, demand_source=self.demand_source)
-        if self.capacity is not None:
-            out["data_wait_share"] = self.data_wait_share
-        if self.job_samples_per_s is not None:
-            out["job_samples_per_s"] = self.job_samples_per_s
-        out["text"] = self.text
-        return out
+    _WITH_CAPACITY = ("capacity_low", "capacity_high", "ratio", "data_wait_share")
+    OPTIONAL = frozenset((*_WITH_CAPACITY, "job_samples_per_s"))
+    BESIDE = dict.fromkeys(_WITH_CAPACITY, "capacity")
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,11 +145,7 @@ def _curves(v: Any) -> dict[str, tuple[StageSetting, ...]]:
 
 
 def _settings(d: Any) -> dict[str, StageSetting]:
-    out: dict[str, StageSetting] = {}
-    for k, v in (d or {}).items():
-        s = StageSetting.from_json(v)
-        out[str(k)] = s if s is not None else StageSetting(keys=tuple(v or ()))
-    return out
+    return {str(k): StageSetting.from_json(v) or StageSetting(keys=tuple(v or ())) for k, v in (d or {}).items()}
 
 
 @dataclass(frozen=True, slots=True)

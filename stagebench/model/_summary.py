@@ -98,13 +98,5 @@ class Summary(Read):
         "settings": filled(RunSettings.from_json),
         "loader": filled(LoaderInfo.from_json),
         "worker_costs": filled(WorkerCosts.from_json),
-        **dict.fromkeys(
-            (
-                "recommended",
-                "best",
-                "target",
-                "user_setting",
-            ),
-            mapping,
-        ),
+        **dict.fromkeys(("recommended", "best", "target", "user_setting"), mapping),
     }

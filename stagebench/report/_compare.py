@@ -426,6 +426,15 @@ def _curve(label: str, points: pd.DataFrame, x: str, y: str, rec: tuple[Any, Any
     )
 
 
+#: the captions of the curves' figures: a loader's, and each stage's
+_LOADER_CAPTION = (
+    "Each run's best measured throughput at each num_workers (bands: 95% intervals); ★ its recommendation."
+)
+_STAGE_CAPTION = (
+    "Each run's curve on the executor it recommends for this stage (bands: 95% intervals); ★ the recommendation."
+)
+
+
 def _loader_curves(entries: Sequence[_Entry]) -> list[_Figure]:
     series = []
     for e in entries:
@@ -447,17 +456,7 @@ def _loader_curves(entries: Sequence[_Entry]) -> list[_Figure]:
     img = compare_curves_svg(
         series, xlabel="num_workers (best prefetch_factor at each)", ylabel="throughput (samples/s)", log2_x=False
     )
-    return (
-        [
-            _Figure(
-                "samples/s against num_workers",
-                svg_uri(img),
-                "Each run's best measured throughput at each num_workers (bands: 95% intervals); ★ its recommendation.",
-            )
-        ]
-        if img
-        else []
-    )
+    return [_Figure("samples/s against num_workers", svg_uri(img), _LOADER_CAPTION)] if img else []
 
 
 def _stage_names(entries: Sequence[_Entry]) -> list[str]:
@@ -502,13 +501,7 @@ def _stage_curves(entries: Sequence[_Entry]) -> list[_Figure]:
             series, xlabel="concurrency (log₂ scale)", ylabel="throughput (items/s)", log2_x=True, title=f"stage {name}"
         )
         if img:
-            out.append(
-                _Figure(
-                    f"stage {name}",
-                    svg_uri(img),
-                    "Each run's curve on the executor it recommends for this stage (bands: 95% intervals); ★ the recommendation.",
-                )
-            )
+            out.append(_Figure(f"stage {name}", svg_uri(img), _STAGE_CAPTION))
     return out
 
 
@@ -574,15 +567,7 @@ def _csv_rows(groups: Sequence[dict[str, Any]], failed: Sequence[FailedJob]) -> 
                     "python": prov.python,
                 }
             )
-    for f in failed:
-        out.append(
-            {
-                "label": f.name,
-                "status": "failed",
-                "reason": f.reason,
-                "run_dir": f.path,
-            }
-        )
+    out += [{"label": f.name, "status": "failed", "reason": f.reason, "run_dir": f.path} for f in failed]
     return out
 
 

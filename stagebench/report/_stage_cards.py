@@ -176,12 +176,8 @@ def stage_cards(
     card's points table has the same numbers.
     """
     by_name = {_name(st): st for st in entries}
-    names: list[str] = []
-    for name in [*by_name, *declared]:
-        if name not in names:
-            names.append(name)
-    if "stage" in rows.columns:
-        names += [n for n in rows["stage"].astype(str).unique() if n not in names]
+    measured = rows["stage"].astype(str).unique() if "stage" in rows.columns else ()
+    names = list(dict.fromkeys([*by_name, *declared, *measured]))
     cards = []
     for i, name in enumerate(names, start=1):
         st = by_name.get(name) or StageEntry()

@@ -295,11 +295,7 @@ def pipeline_overview_svg(sm: Summary, entries: Sequence[StageEntry]) -> str | N
     ax.xaxis.set_major_formatter(FuncFormatter(si_label))
     ax.set_xlabel("throughput at the recommended setting (items/s" + (", log scale)" if log else ")"))
     handles, _ = ax.get_legend_handles_labels()
-    seen = []
-    for s, _ in stages:
-        c = s.classification or "unknown"
-        if c not in seen:
-            seen.append(c)
+    seen = dict.fromkeys(s.classification or "unknown" for s, _ in stages)
     handles += [
         matplotlib.patches.Patch(color=CLASS_COLORS.get(c, OKABE_ITO["grey"]), alpha=0.9, label=c) for c in seen
     ]
