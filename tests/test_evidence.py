@@ -251,3 +251,17 @@ def test_loading_in_the_training_process_replaces_yours_only_shown_over_five_per
     # yours itself in the training process: the usual rule (a cheaper setting cannot be cheaper than none)
     d = _decide_in_step({"zero": (0, 100.0), "two": (2, 130.0)}, {("two", "zero"): _rounds(1.3, 3)}, "zero")
     assert (d.advice, d.pick) == ("change", "two")
+
+
+def test_more_rounds_run_only_where_the_cap_could_settle_them():
+    # never paired: no interval yet, so rounds are worth running
+    d = _decide({"two": (2, 16.0), "zero": (0, 13.7)}, {}, "two")
+    assert d.worth_more_rounds(5)
+    # a tie at a spread that needs more rounds than the cap: no more rounds, and nothing is claimed
+    d = _decide({"two": (2, 16.0), "zero": (0, 15.8)}, {("zero", "two"): _rounds(0.99, 3, spread=0.08)}, "two")
+    assert not d.settled and d.rounds_to_settle is not None
+    assert not d.worth_more_rounds(d.rounds_to_settle - 1)
+    assert d.worth_more_rounds(d.rounds_to_settle)
+    # settled: nothing more to run
+    d = _decide({"two": (2, 100.0), "one": (1, 99.0)}, {("one", "two"): _rounds(0.99, 6)}, "two")
+    assert d.settled and not d.worth_more_rounds(40)

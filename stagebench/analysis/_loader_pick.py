@@ -27,7 +27,7 @@ from stagebench.analysis._loader_rows import (
     _stall_gain,
     near_fastest,
 )
-from stagebench.model._evidence import Option, decide, more_rounds_text
+from stagebench.model._evidence import Decision, Option, decide, more_rounds_text
 from stagebench.model._loader import LoaderRow
 from stagebench.model._meta import RunMeta, UserKnobs
 from stagebench.runs._knobs import NOT_APPLICABLE
@@ -116,7 +116,7 @@ def _near(pool: list[LoaderRow]) -> list[LoaderRow]:
 
 def loader_decision(
     rows: Any, pool: list[LoaderRow], *, within_best: float, user: LoaderRow | None
-) -> tuple[Any, dict[str, LoaderRow]]:
+) -> tuple[Decision, dict[str, LoaderRow]]:
     """The rule over the loader settings the pick hinges on: (:class:`~stagebench.model._evidence.Decision`,
     the points by the decision's keys).
 
@@ -231,16 +231,14 @@ def turns_to_run(
 ) -> list[LoaderRow]:
     """The settings to measure (again) in turns: yours, the fastest and those still open; [] once the
     rule is settled (the sweep's last step, :mod:`stagebench.loader._turns`), or once the spread seen
-    says it would take more than ``max_rounds`` rounds in all to settle. Rounds that cannot settle it
-    within the cap only cost time; stopping them makes no claim, so the rule's error rate is unchanged, and the verdict says
-    the runs could not tell and how many rounds would."""
+    says it would take more than ``max_rounds`` rounds in all to settle (:meth:`Decision.worth_more_rounds`)."""
     pts = _rows(rows)
     ok = [p for p in pts if p.ok]
     if not ok:
         return []
     pool = [p for p in ok if not _over_budget(p, budget_mb)] or ok
     d, by_key = loader_decision(rows, pool, within_best=within_best, user=user)
-    if d.settled or (max_rounds is not None and (d.rounds_to_settle or 0) > max_rounds):
+    if d.settled or (max_rounds is not None and not d.worth_more_rounds(max_rounds)):
         return []
     keys = [k for k in (d.yours, d.best) if k is not None and k in by_key] + list(d.open)
     return [by_key[k] for k in dict.fromkeys(keys)][:3]

@@ -262,6 +262,18 @@ class Decision(ReadIfGiven):
     def settled(self) -> bool:
         return not self.open
 
+    def worth_more_rounds(self, max_rounds: int) -> bool:
+        """Whether more rounds in turns, up to ``max_rounds`` in all, could settle this: it is open, and either
+        the rival's ratio has no interval yet or the spread seen settles it within ``max_rounds``. Rounds that
+        cannot settle it within the cap only cost time; stopping them makes no claim, so the rule's error rate
+        is unchanged, and the verdict says the runs could not tell and how many rounds would."""
+        if self.settled:
+            return False
+        x = self.versus_yours
+        if self.rival is None or x is None or x.low is None:
+            return True
+        return self.rounds_to_settle is not None and self.rounds_to_settle <= max_rounds
+
     def rounds_more(self, ran: int) -> int | None:
         """Rounds beyond the ``ran`` run that would settle the rival at the spread seen, where that is a
         practical number (1 to :data:`PRACTICAL_ROUNDS`); None where it is not, or is not known."""

@@ -25,7 +25,7 @@ from stagebench.model._pipeline import WholeRun
 from stagebench.model._stage import changed, keyed, own_choice
 from stagebench.model._summary import Summary
 from stagebench.pipeline._replay import StandIn, plan_stand_ins
-from stagebench.pipeline._wholerun import run_pipelines
+from stagebench.pipeline._wholerun import SLICES, run_pipelines
 
 __all__ = [
     "replay_and_validate",
@@ -182,7 +182,7 @@ def _run_whole(
         if "validation" not in rates or "yours" not in rates:
             return False
         d = versus_yours_decision(rates["validation"], rates["yours"], whole.choices, whole.yours)
-        return d is not None and not d.settled
+        return d is not None and d.worth_more_rounds(SLICES + EXTRA_ROUNDS)
 
     try:
         out = run_pipelines(

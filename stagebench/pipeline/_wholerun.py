@@ -39,13 +39,13 @@ from stagebench.model._stage import changed, keyed
 from stagebench.pipeline._isolate import build_validation_config, default_threads, real_pipeline
 from stagebench.pipeline._replay import StandIn
 
-__all__ = ["run_pipelines", "sink_rate", "SinkRate", "WholePipelineRun", "WHOLE"]
+__all__ = ["run_pipelines", "sink_rate", "SinkRate", "WholePipelineRun", "WHOLE", "SLICES"]
 
 #: What the other ranks of a ranked diagnosis open for a whole-pipeline run: their own pipeline at the
 #: leader's settings (:class:`stagebench.pipeline._follow.WholeRun`).
 WHOLE = "pipeline"
 
-_SLICES = 2  # counting windows per pipeline when two or three take turns (once forth and back)
+SLICES = 2  # counting windows per pipeline when two or three take turns (once forth and back)
 _SUB_WINDOWS = 3  # per slice, for the interval's batch means
 _MIN_SETTLE_S, _MAX_SETTLE_S = 0.1, 1.0
 _SETTLE_LATENCIES = 3  # steady-state latencies per settle (module docstring)
@@ -349,7 +349,7 @@ def run_pipelines(
             # A slow pipeline of large batches (50 items/s in batches of 32: a batch every 0.6 s) would
             # show no sink item in a short slice: the window grows until every slice can hold a few.
             gaps = [g for g in (r.sink_interval() for r in live) if g]
-            slices = _SLICES if len(live) > 1 else 1
+            slices = SLICES if len(live) > 1 else 1
             if gaps:
                 gap = max(gaps)
                 # the runs warmed up side by side, each with about 1/n of the machine: alone, a
@@ -497,7 +497,7 @@ def host_result(res: WholeRun, others: list[WholeRun]) -> WholeRun:
 
 
 def _take_turns(order: list[WholePipelineRun], window_s: float) -> None:
-    """Count one round in turns: a slice of ``window_s / _SLICES`` of each run in ``order``, settling after each switch.
+    """Count one round in turns: a slice of ``window_s / SLICES`` of each run in ``order``, settling after each switch.
 
     Each settle is three steady-state latencies of the slowest run (the same settle for all, so that none
     is favoured), as each runs alone: read in its counted slices once it has one, before that from its
@@ -526,7 +526,7 @@ def _take_turns(order: list[WholePipelineRun], window_s: float) -> None:
             r.gate.set()
             time.sleep(settle)  # the other drains, this one refills
             r.settle_s = max(r.settle_s or 0.0, settle)
-        _count(r, window_s / _SLICES, keep_open=True)
+        _count(r, window_s / SLICES, keep_open=True)
         prev = r
     for r in runs:
         r.gate.clear()
