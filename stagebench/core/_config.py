@@ -95,12 +95,9 @@ class MeasureConfig:
 
         A no-op reaches its steady rate at once: half the minimum window and
         half the warm-up (after its workers' first items, which it still
-        waits for), at the same precision. The spdl harness's no-op read the
-        same after 0.025 s as after 0.05 or 0.3 s (threads x 1, 4, 16;
-        processes x 1, 4; five rounds in turns, medians within noise). Not a
-        looser precision: the replay charges a process stage the difference
-        of two ceilings, and at ±10% each ``gil_mix``'s replay read 13-15%
-        high three times. ``budget_s``: half of this budget, at least 0.2 s.
+        waits for), at the same precision: the replay charges a process stage
+        the difference of two ceilings (docs/method.md). ``budget_s``: half of
+        this budget, at least 0.2 s.
         """
         return replace(
             self,
@@ -149,7 +146,7 @@ class SweepConfig:
     process_flat_levels: int = 2
     """Stop a process curve after this many consecutive levels that do not
     raise its best throughput beyond noise (each higher level starts more
-    interpreters, which was most of a diagnosis on a small machine, and a
+    interpreters, and a
     plateau does not come back up on processes). With a value above 0, no
     process point is measured when threads scale within 5% of linearly to the
     top of the grid, or when their best point reaches 90% of the harness's
@@ -166,8 +163,7 @@ class SweepConfig:
     recommendation and the verdicts read the ceiling at the best level and at
     the smallest level within 5% of it, and both always qualify), ``"all"`` at
     every level. A process ceiling ships the stage's own items, so it cannot be
-    shared between stages like the thread ones; measuring it at points that
-    cannot be chosen was about a sixth of a diagnosis."""
+    shared between stages like the thread ones."""
 
     paired_rounds: int = 2
     """Rounds of the head-to-head (:mod:`stagebench.core._paired`): when the curves

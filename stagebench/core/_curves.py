@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -143,26 +143,8 @@ class Curve:
 
 
 def _point(row: pd.Series) -> Point:
-    g = {k: num(row.get(k)) for k in _NUMERIC}
-    return Point(
-        concurrency=int(g["concurrency"]),
-        qps=g["qps"],
-        qps_low=g["qps_low"],
-        qps_high=g["qps_high"],
-        qps_cv=g["qps_cv"],
-        n_items=g["n_items"],
-        n_batches=g["n_batches"],
-        window_s=g["window_s"],
-        cores_used=g["cores_used"],
-        cpu_s_per_item=g["cpu_s_per_item"],
-        latency_p50_ms=g["latency_p50_ms"],
-        payload_bytes=g["payload_bytes"],
-        mem_pss_mb=g["mem_pss_mb"],
-        call_cpu_ms=g["call_cpu_ms"],
-        gc_s_per_item=g["gc_s_per_item"],
-        steal_share=g["steal_share"],
-        cores_throttled=g["cores_throttled"],
-    )
+    g = {f.name: num(row.get(f.name)) for f in fields(Point)}
+    return Point(concurrency=int(g.pop("concurrency")), **g)
 
 
 def _curve(df: pd.DataFrame, harness: str, executor: str) -> Curve:
@@ -171,6 +153,11 @@ def _curve(df: pd.DataFrame, harness: str, executor: str) -> Curve:
         grp = grp.sort_values("qps", kind="stable")
         pts.append(_point(grp.iloc[len(grp) // 2]))  # the median row (upper median)
     return Curve(harness, executor, tuple(pts))
+
+
+def _curves(df: pd.DataFrame) -> dict[tuple[str, str], Curve]:
+    """One curve per harness x executor, in the rows' order."""
+    return {(h, e): _curve(grp, h, e) for (h, e), grp in df.groupby(["harness", "executor"], sort=False)}
 
 
 class StageRows:
@@ -192,12 +179,8 @@ class StageRows:
         self.ceiling_ok = df[ok & (df["role"] == "ceiling")]
         self.stage_rows = df[df["role"] == "stage"]
         self._paired = df[df["role"] == "paired"]  # head-to-head windows, in measuring order (see _paired)
-        self._curves: dict[tuple[str, str], Curve] = {}
-        for (h, e), grp in self.ok.groupby(["harness", "executor"], sort=False):
-            self._curves[(h, e)] = _curve(grp, h, e)
-        self._ceilings: dict[tuple[str, str], Curve] = {}
-        for (h, e), grp in self.ceiling_ok.groupby(["harness", "executor"], sort=False):
-            self._ceilings[(h, e)] = _curve(grp, h, e)
+        self._curves = _curves(self.ok)
+        self._ceilings = _curves(self.ceiling_ok)
 
     def curve(self, harness: str, executor: str) -> Curve:
         return self._curves.get((harness, executor)) or Curve(harness, executor, ())

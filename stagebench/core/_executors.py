@@ -100,11 +100,8 @@ def pool_failure(exc: BaseException, pool: "WorkerPool | None") -> tuple[str, st
     A broken pool (a worker died: the standard library's ``BrokenProcessPool``,
     loky's ``TerminatedWorkerError``) is ``crashed``, with the workers' exit
     codes where known. Anything else (an item or an output that cannot be
-    pickled) is ``failed``. Decided by the exception's type, not its message:
-    the process runner also called any message with "terminated" in it a
-    crash, and the SPDL harness did not; the standard library's and loky's
-    crashes both raise those two types, so the message adds nothing but a
-    way to misfile an unrelated error.
+    pickled) is ``failed``. Decided by the exception's type, not its message,
+    which could misfile an unrelated error.
     """
     if any(t.__name__ in ("TerminatedWorkerError", "BrokenProcessPool") for t in type(exc).__mro__):
         return "crashed", pool.died() if pool is not None else "a worker process died"
@@ -334,8 +331,7 @@ class WorkerReply:
     @classmethod
     def of(cls, wire: tuple[int, bool, str | None, Any]) -> WorkerReply:
         """The reply a call's result (:func:`_worker_call`, :func:`_worker_noop`) holds."""
-        pid, ok, error, output = wire
-        return cls(pid, ok, error, output)
+        return cls(*wire)
 
 
 def _worker_call(i: int, item: Any) -> tuple[int, bool, str | None, Any]:
@@ -347,7 +343,6 @@ def _worker_call(i: int, item: Any) -> tuple[int, bool, str | None, Any]:
         out = fn(item)
     except Exception as e:
         return (os.getpid(), False, describe(e), None)
-    # The output travels back, as it does from a real process-pool stage.
     return (os.getpid(), True, None, out)
 
 
@@ -489,8 +484,7 @@ class WorkerPool:
 
         With :attr:`keep_larger`, a pool that already has more workers is kept as it is: at most
         ``workers`` calls are in flight, so the others wait on the queue and cost no CPU, and a
-        fresh pool would cost its start-up (0.5-0.8 s before the first window of a head-to-head that
-        went down from the sweep's top level). Its memory and worker count are then the larger
+        fresh pool would cost its start-up. Its memory and worker count are then the larger
         pool's, which is why only windows that are read for their throughput use it.
         """
         shrink = workers < self.size and not self.keep_larger
@@ -501,9 +495,8 @@ class WorkerPool:
         if self._ex is None:
             self._capacity = max(workers, _QUEUE_WORKERS)
             self._ex = process_pool(self._capacity, _worker_init, self.fn_bytes)
-            self._procs = getattr(
-                self._ex, "_processes", None
-            )  # the same dict; shutdown drops the pool's reference to it
+            # the same dict; shutdown drops the pool's reference to it
+            self._procs = getattr(self._ex, "_processes", None)
             self.starts += 1
             if not self._grow(workers):  # another Python: a pool of exactly this size, started on demand
                 self._ex.shutdown(wait=False)

@@ -66,15 +66,13 @@ class _GcClock:
 
     Why: a collection holds the GIL, and a stage that leaves many container
     objects behind triggers collections whose cost grows with everything else
-    the process holds (a training script's torch, a diagnosis's pandas). In a
-    process with 560k tracked objects the demo's augment stage spent 0.15-0.27
-    ms of its 0.7-0.8 ms per item in full collections. Its calls' median time
-    and its probed GIL share (the probe pauses the collector) leave them out, so
-    without this the replay's stand-ins skipped them and read 20-25% fast.
+    the process holds (a training script's torch, a diagnosis's pandas). Its
+    calls' median time and its probed GIL share (the probe pauses the collector)
+    leave them out, so the replay's stand-ins need this to charge them.
     """
 
     def __init__(self) -> None:
-        self.seconds, self.collections = 0.0, 0
+        self.seconds = 0.0
         self._t: float | None = None
 
     def __call__(self, phase: str, info: dict) -> None:
@@ -82,7 +80,6 @@ class _GcClock:
             self._t = time.perf_counter()
         elif self._t is not None:
             self.seconds += time.perf_counter() - self._t
-            self.collections += 1
             self._t = None
 
     def __enter__(self) -> "_GcClock":

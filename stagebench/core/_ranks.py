@@ -36,7 +36,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -302,21 +302,18 @@ class HostGroup:
         got: dict[int, Answer] = {}
 
         def ready() -> bool:
-            for r in self.followers:
-                if r not in got:
-                    raw = self._get(f"re/{n}/{r}")
-                    if raw is not None:
-                        got[r] = Answer.from_json(json.loads(raw))
+            got.update(self.answers(n, skip=got))
             return len(got) == len(self.followers)
 
         self.wait_until(ready, deadline, "answer")
         return got
 
-    def answers(self, n: int) -> dict[int, Answer]:
-        """The leader: the followers' replies to command ``n`` so far, by rank (it does not wait)."""
+    def answers(self, n: int, skip: Collection[int] = ()) -> dict[int, Answer]:
+        """The leader: the followers' replies to command ``n`` so far, by rank (it does not wait); ranks in
+        ``skip`` are not read."""
         got: dict[int, Answer] = {}
         for r in self.followers:
-            raw = self._get(f"re/{n}/{r}")
+            raw = None if r in skip else self._get(f"re/{n}/{r}")
             if raw is not None:
                 got[r] = Answer.from_json(json.loads(raw))
         return got

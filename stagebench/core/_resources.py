@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import psutil
 
 from stagebench.runs import _limits
+from stagebench.runs._limits import usable_cores
 
 try:
     import resource
@@ -46,14 +47,6 @@ __all__ = [
     "usable_cores",
     "page_fault_cost_s",
 ]
-
-
-def usable_cores() -> float:
-    """The cores this job can use: the smallest of its affinity mask, the CPU quota on its cgroup path and
-    its Slurm allocation (:func:`stagebench.runs._limits.usable_cores`). A whole count where the affinity
-    or Slurm sets it; a fraction (1.5) where a quota does, so a caller that needs a whole number of
-    workers or levels rounds it (up, for a grid's top: the level that shows where the cores end)."""
-    return _limits.usable_cores()
 
 
 _SELF: dict[int, psutil.Process] = {}

@@ -259,9 +259,7 @@ class SpdlRunner(Runner):
         # stage one worker can serve everything, so requiring all c to deliver could
         # wait forever. Processes must all have started (their pids), threads and
         # tasks need only a first item each batch of the pipe's queue.
-        if self.executor == "process":
-            return self.concurrency
-        return 1
+        return self.concurrency if self.executor == "process" else 1
 
     def worker_pids(self) -> list[int]:
         if self._pool is None:

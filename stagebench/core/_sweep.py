@@ -168,9 +168,7 @@ class StageSweep:
         self.payload = payload_bytes(self.inputs) if self.inputs else math.nan
         self.noop = async_identity if is_coroutine_callable(fn) else identity
         m = self.cfg.measure
-        self.ceiling_cfg = m
-        if self.cfg.ceiling:
-            self.ceiling_cfg = m.for_noop(self.cfg.ceiling_budget_s)
+        self.ceiling_cfg = m.for_noop(self.cfg.ceiling_budget_s) if self.cfg.ceiling else m
         self.paired_cfg = replace(m, precision=in_turns_precision(m.precision))
         self.points = plan_points(fn, self.cfg)
         self.rows: list[StageDraft] = []
@@ -257,10 +255,10 @@ class StageSweep:
             payload=self.payload,
             pool=pool if ex == "process" else None,
         )
-        if row.status in _STOP_STATUSES:
+        if row.status == "skipped":
+            self.stopped[key] = row.reason
+        elif row.status in _STOP_STATUSES:
             self.stopped[key] = f"not measured: {row.status} at concurrency {c} ({row.reason})"
-            if row.status == "skipped":
-                self.stopped[key] = row.reason
         return row
 
     def _stage_unmeasured(self, harness: str, ex: str, c: int) -> str | None:
@@ -417,9 +415,7 @@ def _threads_at_ceiling(rows: list[StageDraft], harness: str) -> str | None:
 
     The thread no-op ceiling is the most this harness delivers with any thread
     work at all. A process executor pays the same per-item scheduling plus the
-    IPC (pickling, the pool's queue threads), so its no-op ceiling is lower: in
-    every diagnosis measured here it was at most ~0.8x the thread one (SPDL:
-    500-1,000 vs 930-1,900 items/s; direct: ~2,500 vs ~2,000,000). When the
+    IPC (pickling, the pool's queue threads), so its no-op ceiling is lower. When the
     stage's best thread point reaches 90% of the thread ceiling (the median over
     levels: one low reading must not decide), the stage is overhead-bound and
     processes cannot beat threads.
@@ -451,11 +447,7 @@ def _cores_bind(rows: list[StageDraft], harness: str, gil_high: float | None) ->
     process. When a probe read that under :data:`_GIL_FREE` of each call and the
     stage's best thread point already keeps :data:`_CORES_BUSY` of the usable
     cores busy, the cores are what threads run out of: processes bring no more
-    cores, and add pickling to the same CPU work. On ``bench_diagnosis``'s
-    ``cpu_free`` and ``mixed6`` (sha256 of 2 MiB, GIL 0%, threads at 1.6-1.7 of 2
-    cores) processes read 0.96-1.19x threads on the curves and 1.01-1.17x pair by
-    pair in a head-to-head, under the 1.25x over threads the joint advice asks of
-    processes.
+    cores, and add pickling to the same CPU work (docs/method.md).
     """
     if gil_high is None or not gil_high <= _GIL_FREE:
         return None
@@ -485,15 +477,10 @@ def _threads_cores_bound(row: StageDraft, rows: list[StageDraft], harness: str, 
     and ``row``, with more threads than the best thread level before it, got
     neither more throughput beyond noise nor more CPU (its cores used within 5%
     of that level's), its threads have run out of something more threads do not
-    bring: the cores (``cpu_free``'s sha256: 1.7 of 2 cores at c=2, 1.6 at c=4),
-    or a lock or resource of its own. The curve cannot rise again. (Where the GIL
-    is held, a thread curve that falls at high concurrency is evidence of
-    contention, and is measured to the top; a stage that waits is not probed and
-    keeps its curve.) On ``bench_diagnosis``'s sha256 stages the levels above
-    such a point read 0.80-1.0x of the best (``cpu_free``: 735 items/s at c=2, then
-    681, 620, 587 at 4, 8, 16): the smallest level within 5% of the best, the one
-    recommended, is below them. An absolute bar (80% of the usable cores) missed
-    it on a loaded run, at 1.59 of 2.
+    bring: the cores, or a lock or resource of its own. The curve cannot rise
+    again. (Where the GIL is held, a thread curve that falls at high concurrency
+    is evidence of contention, and is measured to the top; a stage that waits is
+    not probed and keeps its curve.)
     """
     if gil_high is None or not gil_high <= _GIL_FREE or row.status != "ok" or not row.qps > 0:
         return None
