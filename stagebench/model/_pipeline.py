@@ -50,11 +50,6 @@ __all__ = [
 _text = text
 
 
-def _some_text(v: Any) -> str | None:
-    """A text where ``v`` holds one (an empty string or 0 reads as None)."""
-    return str(v) if v else None
-
-
 @dataclass(frozen=True, slots=True)
 class StageChoice(Read):
     """One stage's setting a whole-pipeline figure was made at: its executor and concurrency, and the
@@ -218,7 +213,7 @@ class WholeRun(Read):
 
     READ: ClassVar[Coercions] = {
         "same": bool,
-        **dict.fromkeys(("not_run", "error"), _some_text),
+        **dict.fromkeys(("not_run", "error"), lambda v: str(v) if v else None),  # "" or 0: none
         **dict.fromkeys(("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction", "wall_s"), number),
         "window_rates": nums,
         "stand_ins": maps,

@@ -21,13 +21,6 @@ from stagebench.runs._knobs import loader_knobs
 __all__ = ["pipeline_snippet", "loader_snippet"]
 
 
-def _identifier(name: str) -> tuple[str, str]:
-    """(code, comment): the stage name as code when it is a Python name, else a placeholder."""
-    if name.isidentifier():
-        return name, ""
-    return "fn", f"  # stage {name!r}"
-
-
 def pipeline_snippet(sm: Summary, m: RunMeta) -> str:
     """The recommended settings as a PipelineBuilder chain to paste, each changed line marked with yours.
 
@@ -51,7 +44,8 @@ def pipeline_snippet(sm: Summary, m: RunMeta) -> str:
         name = str(st.name if "name" in st.keys else "?")
         info = types.get(name, {})
         stype = st.type or info.get("type") or "pipe"
-        code, comment = _identifier(name)
+        # the stage's name as code where it is a Python name, else a placeholder
+        code, comment = (name, "") if name.isidentifier() else ("fn", f"  # stage {name!r}")
         if stype != "pipe":
             lines.append(f"    # .{stype}(...)  stage {name!r}: keep as is")
             continue

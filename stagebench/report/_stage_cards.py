@@ -137,11 +137,6 @@ def _point_rows(rows: pd.DataFrame, stage: StageEntry) -> list[_Point]:
     return out
 
 
-def _name(st: StageEntry) -> str:
-    """The stage's name as its card and the rows say it ("None" for an entry without one)."""
-    return str(st.name if "name" in st.keys else None)
-
-
 def _per_source(v: Any, k: float) -> Any:
     """A rate per call in source items/s: times the source items one call stands for (anything but a number kept)."""
     x = num_or_none(v)
@@ -175,7 +170,8 @@ def stage_cards(
     figure: its three panels are about half of a quick report's time, and the
     card's points table has the same numbers.
     """
-    by_name = {_name(st): st for st in entries}
+    # each stage's name as its card and the rows say it ("None" for an entry without one)
+    by_name = {str(st.name if "name" in st.keys else None): st for st in entries}
     measured = rows["stage"].astype(str).unique() if "stage" in rows.columns else ()
     names = list(dict.fromkeys([*by_name, *declared, *measured]))
     cards = []

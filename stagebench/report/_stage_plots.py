@@ -203,12 +203,6 @@ def stage_resources_svg(rows: pd.DataFrame, usable_cores: float | None = None) -
     return figure_to_svg(fig)
 
 
-def _recommended_with_qps(s: StageEntry) -> StageSetting | None:
-    """The stage's recommended setting where it has a throughput above zero, else None."""
-    r = s.recommended
-    return r if r is not None and finite(r.qps) and num(r.qps) > 0 else None
-
-
 @themed
 def pipeline_overview_svg(sm: Summary, entries: Sequence[StageEntry]) -> str | None:
     """Each stage's recommended throughput (with interval) against the pipeline's bounds.
@@ -217,7 +211,8 @@ def pipeline_overview_svg(sm: Summary, entries: Sequence[StageEntry]) -> str | N
     sits left of every bar. When the stages differ by more than 10x (a batching
     stage next to a decoder) the axis is logarithmic, or the slow stages vanish.
     """
-    stages = [(s, r) for s in entries if (r := _recommended_with_qps(s)) is not None]
+    # the stages recommended at a throughput above zero
+    stages = [(s, r) for s in entries if (r := s.recommended) is not None and finite(r.qps) and num(r.qps) > 0]
     if not stages:
         return None
     pred, val = sm.prediction, sm.validation
