@@ -75,8 +75,7 @@ def _says_memory(exc: BaseException) -> bool:
         return True
     if isinstance(exc, SystemError) and _Seen.first is not None and _cannot_map():
         # CPython's "error return without exception set": C code whose allocation failed lost its
-        # MemoryError on the way out. Seen under ``ulimit -v`` in a process that had run out and could
-        # not map 64 MB; where this process never ran out, or has its memory back, it is a bug, said so.
+        # MemoryError on the way out; where this process never ran out, or has its memory back, it is a bug
         return True
     text = str(exc).lower()
     return isinstance(exc, (OSError, RuntimeError, ImportError, ValueError)) and any(s in text for s in _SAYS_MEMORY)
@@ -164,9 +163,8 @@ def forget() -> None:
 class MemoryReserve:
     """Address space kept aside while a run measures, given back for its end (:meth:`release`).
 
-    Mapped and never touched: it holds no memory a container counts, only room under ``ulimit -v``.
-    128 MB: the end of a diagnosis (its summary, and its report with the plotting library imported
-    then) grew this process by 78 MB here.
+    Mapped and never touched: it holds no memory a container counts, only room under ``ulimit -v``;
+    128 MB is above what the end of a diagnosis (its summary, its report's plotting library) takes.
     """
 
     SIZE = 128 * 2**20

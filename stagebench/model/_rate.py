@@ -2,7 +2,7 @@
 
 Why the interval is built on the log scale. A rate's batch means on a busy host spread widely (a
 group of steps that waited for a core reads at a fraction of the others), and the symmetric
-``mean ± t·s/√n`` then reaches below zero: a job verdict once read "6.38 samples/s (-0.237-13)".
+``mean ± t·s/√n`` then reaches below zero.
 A rate is positive and its errors multiply (a slower moment scales every item), so its interval is
 ``point · exp(± t · s / (√n · mean))``: the standard error relative to the mean (the delta method
 for the log of the mean), turned back into a rate. It equals the symmetric interval where the

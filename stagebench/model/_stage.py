@@ -377,9 +377,7 @@ class StageEntry(Written):
     @property
     def gil_only_bounded(self) -> tuple[float, float] | None:
         """The GIL share's interval where the curves only bound it (``gil.pinned`` false), else None: its
-        midpoint is then a guess. Tables show its upper end (a video decode whose interval was 0-76%, and
-        whose own evidence said 0% of its time held the GIL, read "GIL 38%"); the replay's stand-in takes
-        its lower end."""
+        midpoint is then a guess. Tables show its upper end, the replay's stand-in its lower end."""
         g, iv = self.gil, self.gil_fraction_interval
         if g is None or "pinned" not in g.keys or g.pinned or not iv or len(iv) < 2:
             return None

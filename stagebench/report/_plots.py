@@ -170,8 +170,7 @@ def compact_svg(svg: str) -> str:
     block, indentation, and each element's whole style inline. Here: one decimal (a
     1/720 inch step, invisible), one shared font rule, each distinct style once as a
     class (an SVG in an ``<img>`` is its own document: the names cannot clash), no
-    no-op rotations, no metadata, no indentation. The demo's figures shrank from
-    26-56 KB to about a third.
+    no-op rotations, no metadata, no indentation.
     """
     svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
     svg = _FONT_DECL.sub("", svg)
