@@ -9,6 +9,7 @@ loader and its workers whatever state it is in.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -97,12 +98,10 @@ class TaggedCollate:
         worker, threads = -1, -1
         torch = sys.modules.get("torch")
         if torch is not None:
-            try:
+            with contextlib.suppress(Exception):
                 info = torch.utils.data.get_worker_info()
                 worker = -1 if info is None else int(info.id)
                 threads = int(torch.get_num_threads())
-            except Exception:
-                pass
         born: tuple[float | None, float | None, float | None, float] | None = None
         if "sent" not in _BORN and "ready" in _BORN:  # this worker's first batch: when it was born, and done
             _BORN["sent"] = 1.0
@@ -183,17 +182,13 @@ def _cuda_available() -> bool:
 
 def shut_down(it: Any, built: BuiltLoader | None) -> None:
     """Stop a loader's iterator and its workers, then the factory's own clean-up; never raises."""
-    try:
+    with contextlib.suppress(BaseException):  # teardown of a broken loader must not raise
         if it is not None:
             shutdown = getattr(it, "_shutdown_workers", None)
             if callable(shutdown):
                 shutdown()
             elif callable(getattr(it, "close", None)):
                 it.close()  # a generator (SPDL): leaves its pipeline and process pool
-    except BaseException:  # teardown of a broken loader must not raise
-        pass
-    try:
+    with contextlib.suppress(BaseException):
         if built is not None and built.close is not None:
             built.close()
-    except BaseException:  # teardown of a broken loader must not raise
-        pass

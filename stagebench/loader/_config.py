@@ -66,7 +66,7 @@ class LoaderSweepConfig:
     where rounds in turns follow (``tie_rounds`` > 0), close at ±10% (``PAIRED_PRECISION``, as a stage's head-to-head) or at this if
     looser: they only screen which settings the turns compare; a window in a round in turns closes at
     its shortest, as soon as it has an interval (the rounds' spread decides). 0: every window runs
-    ``budget_s`` (the protocol before, kept for comparisons)."""
+    ``budget_s``."""
 
     min_window_s: float = LOADER_MIN_WINDOW_S
     """Shortest window before it may close on precision."""
@@ -79,7 +79,7 @@ class LoaderSweepConfig:
     stall_at: str = "pick"
     """Where the epoch-boundary stall is measured: ``pick`` (once, at the recommendation, after
     the search: the only decision it enters is persistent_workers there; two short epochs with
-    restarting workers cost each point two start-ups) or ``every`` (at every point, as before)."""
+    restarting workers cost each point two start-ups) or ``every`` (at every point)."""
 
     search_prefetch: bool = False
     """Adaptive search: also measure ``prefetch_factors`` at the best num_workers. Off by
@@ -144,7 +144,7 @@ class LoaderSweepConfig:
 
     stall_epochs: int = 1
     """Short epochs after the measured one: boundaries behind the stall figure. One: a restart's
-    cost varies little between boundaries, and each costs a start-up of the workers (it was 2)."""
+    cost varies little between boundaries, and each costs a start-up of the workers."""
 
     stall_epoch_batches: int | None = None
     """Batches in a short epoch. ``None``: max(4, 2 x num_workers)."""

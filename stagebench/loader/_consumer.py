@@ -9,6 +9,7 @@ read as the loader's failure.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing
@@ -248,10 +249,8 @@ class _Consumer(threading.Thread):
         procs = list(getattr(it, "_workers", None) or ())
         frame = getattr(it, "gi_frame", None)
         if frame is not None:
-            try:
+            with contextlib.suppress(Exception):
                 procs += list((getattr(frame.f_locals.get("executor"), "_processes", None) or {}).values())
-            except Exception:
-                pass
         return procs
 
     def dead_worker(self) -> str | None:

@@ -11,6 +11,7 @@ own objects, in the main process, without changing them.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
@@ -20,6 +21,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from multiprocessing.reduction import ForkingPickler
@@ -74,10 +76,8 @@ def largest_container(obj: Any) -> Largest | None:
     n, name, value = best
     kind = type(value).__name__
     first = None
-    try:
+    with contextlib.suppress(StopIteration, TypeError, AttributeError):
         first = next(iter(value.values() if isinstance(value, dict) else value))
-    except (StopIteration, TypeError, AttributeError):
-        pass
     numpy = type(value).__module__.startswith("numpy")
     return Largest(
         attr=name,
@@ -207,11 +207,7 @@ def memory_pass(
         return out
 
     def made() -> dict[int, int]:
-        counts: dict[int, int] = {}
-        for e in list(cons.events):
-            if e.pid is not None:
-                counts[e.pid] = counts.get(e.pid, 0) + 1
-        return counts
+        return dict(Counter(e.pid for e in list(cons.events) if e.pid is not None))
 
     # A pass in which every worker made its whole share of the epoch has read the epoch's growth, not
     # extrapolated it: it ends there (a small dataset's pass, a fraction of a second), with at least
@@ -278,16 +274,11 @@ def _growth(
     if share is not None and done < MIN_BATCHES <= share:
         return replace(read, too_few_batches=True)  # the growth per batch stands; the epoch's is not read off it
     if share is not None and done < share and len(late) >= 3 and _median_interval(late)[1] <= 0:
-        # no growth beyond noise in the pass's second half: what grew was early (an allocator's arenas,
-        # caches filling), and a line from it would run on where the memory stopped. The pass says what it
-        # saw and that it levelled off (a copy-on-read that touched every page within the pass has grown
-        # all it will).
+        # no growth beyond noise in the pass's second half: it levelled off (docs/loaders.md)
         return _epoch(read, grown, grown, grown, extrapolated=False, stopped_growing=True)
     if share is not None and done < share and _slowing(early, late):
-        # a copy-on-read of shuffled reads: a page is copied once, by the first of its objects read, so
-        # the growth slows as the pass goes, and the median rate stretched over the epoch reads it low;
         # what the pass grew, then its second half's rate over the rest (an upper reading: the rate keeps
-        # falling)
+        # falling); the median rate over the epoch would read a copy-on-read of shuffled reads low
         rest = share - done
         mid, high = grown + statistics.median(late) * rest, grown + max(late) * rest
         if bound is not None:

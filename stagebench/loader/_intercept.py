@@ -24,11 +24,13 @@ pays for importing it.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,7 @@ from stagebench.loader._follow import follow_loaders
 from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
 from stagebench.loader._trainer import follower_trainer_phases, loader_trainer_phases
 from stagebench.model._knobs import LoaderKnobs
-from stagebench.runs._knobs import loader_knobs
+from stagebench.runs._knobs import KNOWN_BACKENDS, loader_knobs
 from stagebench.runs._outcome import FAILED, INTERNAL, PARTIAL, RANK_LOST, TERMINATED, interrupted_outcome
 from stagebench.runs._ranks import no_job_across_hosts, per_host
 from stagebench.runs._results import default_run_dir
@@ -60,8 +62,6 @@ __all__ = [
     "install_dataloader_hook",
     "diagnose_first_loader",
 ]
-
-BACKENDS = ("torch", "spdl_pytorch")
 
 #: DataLoader arguments the factory accepts (besides the knobs).
 LOADER_ARGS = (
@@ -194,11 +194,9 @@ class DatasetLoaderFactory:
             # at exit; a sweep builds one per point, so release each now.
             shm = getattr(loader, "_shmem", None)
             if shm is not None:
-                try:
+                with suppress(OSError):
                     shm.close()
                     shm.unlink()
-                except (FileNotFoundError, OSError):
-                    pass
 
         return BuiltLoader(loader=loader, control=control, close=close)
 
@@ -244,16 +242,11 @@ def _ctx_name(ctx: Any) -> str | None:
     return get() if callable(get) else type(ctx).__name__
 
 
-_IN_ORDER: bool | None = None
-
-
+@functools.cache
 def _accepts_in_order() -> bool:
-    global _IN_ORDER
-    if _IN_ORDER is None:
-        from torch.utils.data import DataLoader  # start-up cost: torch, only where a loader is built
+    from torch.utils.data import DataLoader  # start-up cost: torch, only where a loader is built
 
-        _IN_ORDER = "in_order" in inspect.signature(DataLoader.__init__).parameters
-    return _IN_ORDER
+    return "in_order" in inspect.signature(DataLoader.__init__).parameters
 
 
 def make_loader_factory(dataset: Any, *, backend: str = "torch", **kwargs: Any) -> DatasetLoaderFactory:
@@ -264,8 +257,8 @@ def make_loader_factory(dataset: Any, *, backend: str = "torch", **kwargs: Any) 
     and SPDL loaders get the same batches. Knob arguments (num_workers, ...) are
     kept as the user's own setting. Unknown arguments raise a one-line error.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: unknown {backend!r}; allowed: {', '.join(BACKENDS)}")
+    if backend not in KNOWN_BACKENDS:
+        raise ValueError(f"backend: unknown {backend!r}; allowed: {', '.join(KNOWN_BACKENDS)}")
     unknown = sorted(set(kwargs) - set(LOADER_ARGS) - set(KNOB_ARGS))
     if unknown:
         raise ValueError(
@@ -431,7 +424,7 @@ class _Hook:
 
     def patch(self, module: Any) -> None:
         cls = getattr(module, _TARGETS.get(module.__name__, ""), None)
-        if cls is None or any(c is cls for c, _ in self.patched):
+        if self.captured or cls is None or any(c is cls for c, _ in self.patched):
             return
         original = cls.__dict__["__iter__"]
         hook = self
@@ -448,10 +441,6 @@ class _Hook:
         __iter__.__wrapped__ = original  # type: ignore[attr-defined]
         cls.__iter__ = __iter__
         self.patched.append((cls, original))
-
-    def patch_unless_captured(self, module: Any) -> None:
-        if not self.captured:
-            self.patch(module)
 
     def uninstall(self) -> None:
         for cls, original in self.patched:
@@ -474,7 +463,7 @@ def install_dataloader_hook(on_loader: Callable[[Any], Any]) -> Callable[[], Non
     for name in _TARGETS:
         if name in sys.modules:
             hook.patch(sys.modules[name])
-    hook.finder = PostImportFinder(_TARGETS, hook.patch_unless_captured)
+    hook.finder = PostImportFinder(_TARGETS, hook.patch)
     sys.meta_path.insert(0, hook.finder)
     return hook.uninstall
 
@@ -569,27 +558,23 @@ def _say(text: str) -> None:
     print(f"[stagebench] {text}", file=sys.stderr, flush=True)
 
 
-class _ending:  # lower case: used as a function, `with _ending(group):`
+@contextmanager
+def _ending(group: HostGroup | None) -> Iterator[None]:
     """The leader's way out: whatever ends its part (an exit code, an interrupt, a rank lost, our own
     error), every rank of the host ends with the same code (:meth:`HostGroup.end`). A block that returns
     (the job phase's generator) leaves the group to it."""
-
-    def __init__(self, group: HostGroup | None) -> None:
-        self.group = group
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if self.group is None or exc is None:
-            return
-        if isinstance(exc, SystemExit):
-            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-        elif isinstance(exc, KeyboardInterrupt):
-            code = interrupted_outcome(exc).exit_code
-        else:
-            code = INTERNAL.exit_code
-        self.group.end(code)
+    try:
+        yield
+    except BaseException as exc:
+        if group is not None:
+            if isinstance(exc, SystemExit):
+                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+            elif isinstance(exc, KeyboardInterrupt):
+                code = interrupted_outcome(exc).exit_code
+            else:
+                code = INTERNAL.exit_code
+            group.end(code)
+        raise
 
 
 def _follow(group: HostGroup, factory: DatasetLoaderFactory) -> Any:

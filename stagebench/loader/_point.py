@@ -21,11 +21,12 @@ from __future__ import annotations
 import math
 import os
 import signal
+import statistics
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, NamedTuple
 
 from stagebench.core._resources import TreeSnapshot, tree_memory_mb
@@ -355,56 +356,51 @@ def _measure_stall(cons, eff, cfg, deadline, row: PointDraft, errors, t1) -> boo
     Returns True when the loader hung doing so."""
     t_stall = time.perf_counter()
     try:
-        return _run_to_epoch_ends(cons, eff, cfg, deadline, row, errors, t1)
-    finally:
-        row.stall_phase_s = time.perf_counter() - t_stall
-
-
-def _run_to_epoch_ends(cons, eff, cfg, deadline, row: PointDraft, errors, t1) -> bool:
-    ctl = cons.control
-    if ctl is not None:
-        cons.stall_batches = cfg.stall_epoch_batches or max(4, 2 * eff.num_workers)
-        cons.max_epochs = 1 + cfg.stall_epochs
-        ctl.end()
-        while not cons.finished:
-            if _failure(cons, errors):
+        ctl = cons.control
+        if ctl is not None:
+            cons.stall_batches = cfg.stall_epoch_batches or max(4, 2 * eff.num_workers)
+            cons.max_epochs = 1 + cfg.stall_epochs
+            ctl.end()
+            while not cons.finished:
+                if _failure(cons, errors):
+                    return False
+                if time.perf_counter() >= deadline:
+                    last = cons.events[-1].t if cons.events else t1
+                    row.note("epoch stall not measured: the epochs did not end before the point's deadline")
+                    if time.perf_counter() - last > 1.0:
+                        row.fail(
+                            "timeout",
+                            f"the loader stalled at an epoch end: no batch for {time.perf_counter() - last:.1f}s",
+                        )
+                        return True
+                    return False
+                time.sleep(0.01)
+            return False
+        # No epoch control: wait for a natural boundary if one is near.
+        start_epoch = cons.events[-1].epoch if cons.events else 0
+        wait = cfg.stall_wait_s
+        with suppress(TypeError):  # a loader without a length: no epoch end to foresee
+            per_epoch = len(cons.loader)
+            in_epoch = sum(1 for e in cons.events if e.epoch == start_epoch)
+            rate = _rough_batch_rate(cons.events)
+            if rate > 0:
+                est = max(0, per_epoch - in_epoch) / rate
+                if est > wait:
+                    row.note(f"epoch stall not measured: the epoch ends in about {est:.0f}s (> stall_wait_s)")
+                    return False
+        until = min(deadline, time.perf_counter() + wait)
+        while time.perf_counter() < until:
+            if _failure(cons, errors) or cons.finished:
                 return False
-            if time.perf_counter() >= deadline:
-                last = cons.events[-1].t if cons.events else t1
-                row.note("epoch stall not measured: the epochs did not end before the point's deadline")
-                if time.perf_counter() - last > 1.0:
-                    row.fail(
-                        "timeout", f"the loader stalled at an epoch end: no batch for {time.perf_counter() - last:.1f}s"
-                    )
-                    return True
+            ev = cons.events
+            if ev and ev[-1].epoch > start_epoch:
                 return False
             time.sleep(0.01)
+        if not any(e.epoch > 0 for e in cons.events):
+            row.note(f"epoch stall not measured: no epoch ended within {wait:g}s")
         return False
-    # No epoch control: wait for a natural boundary if one is near.
-    start_epoch = cons.events[-1].epoch if cons.events else 0
-    wait = cfg.stall_wait_s
-    try:
-        per_epoch = len(cons.loader)
-        in_epoch = sum(1 for e in cons.events if e.epoch == start_epoch)
-        rate = _rough_batch_rate(cons.events)
-        if rate > 0:
-            est = max(0, per_epoch - in_epoch) / rate
-            if est > wait:
-                row.note(f"epoch stall not measured: the epoch ends in about {est:.0f}s (> stall_wait_s)")
-                return False
-    except TypeError:
-        pass
-    until = min(deadline, time.perf_counter() + wait)
-    while time.perf_counter() < until:
-        if _failure(cons, errors) or cons.finished:
-            return False
-        ev = cons.events
-        if ev and ev[-1].epoch > start_epoch:
-            return False
-        time.sleep(0.01)
-    if not any(e.epoch > 0 for e in cons.events):
-        row.note(f"epoch stall not measured: no epoch ended within {wait:g}s")
-    return False
+    finally:
+        row.stall_phase_s = time.perf_counter() - t_stall
 
 
 def _fill(
@@ -416,8 +412,6 @@ def _fill(
     cfg: LoaderSweepConfig,
 ) -> None:
     """Throughput, interval, stall, cores and memory from the consumer's events."""
-    import numpy as np  # start-up cost: numpy loads where a window is measured
-
     ev = list(cons.events)
     if ev:
         row.time_to_first_batch_s = ev[0].t - cons.t_begin
@@ -435,7 +429,7 @@ def _fill(
         last[e.epoch] = e.t
     stalls = [first[k] - last[k - 1] for k in sorted(first) if k >= 1 and (k - 1) in last]
     if stalls:
-        row.epoch_stall_s = float(np.mean(stalls))
+        row.epoch_stall_s = statistics.fmean(stalls)
 
     if outcome is None:
         return

@@ -105,16 +105,7 @@ def isolate_transforms(dataset: Any, *, run_dir: Path, config: Any, progress: An
     try:
         inputs = capture_transform_inputs(dataset, holder, config.transform_items)
     except Exception as e:  # the loader sweep stands without this
-        return [
-            {
-                "name": "transform",
-                "index": 0,
-                "type": "pipe",
-                "status": "failed",
-                "classification": "unknown",
-                "note": f"could not capture transform inputs: {type(e).__name__}: {e}",
-            }
-        ]
+        return [_failed("transform", 0, f"could not capture transform inputs: {type(e).__name__}: {e}")]
     if not inputs:
         return []
 
@@ -145,44 +136,30 @@ def isolate_transforms(dataset: Any, *, run_dir: Path, config: Any, progress: An
             try:
                 inputs = [fn(x) for x in inputs]
             except Exception as e:  # a transform that fails on real outputs: the rest are reported as not measured
-                for j, rest in enumerate(steps[k + 1 :], start=k + 1):
-                    out.append(
-                        {
-                            "name": _step_name(rest),
-                            "index": j,
-                            "type": "pipe",
-                            "status": "failed",
-                            "classification": "unknown",
-                            "note": f"not measured: the previous transform raised {type(e).__name__}: {e}",
-                        }
-                    )
+                why = f"not measured: the previous transform raised {type(e).__name__}: {e}"
+                out += [_failed(_step_name(rest), j, why) for j, rest in enumerate(steps[k + 1 :], start=k + 1)]
                 break
     return out
 
 
+def _failed(name: str, index: int, note: str) -> dict[str, str | int]:
+    """The entry of a transform that was not measured, ``note`` saying why."""
+    return {"name": name, "index": index, "type": "pipe", "status": "failed", "classification": "unknown", "note": note}
+
+
 def _analyse(df: Any, name: str, index: int, cores: float) -> dict[str, Any]:
-    """The pipeline analysis of one stage's rows; a plain best-point summary if it is unavailable."""
+    """The pipeline analysis of one stage's rows; a plain best-point summary where the analysis fails."""
+    from stagebench.analysis._stage import analyze_stage  # start-up cost: pandas, only with transforms
+
     try:
-        from stagebench.analysis._stage import analyze_stage  # start-up cost: pandas, only with transforms
-    except ImportError:
-        analyze = None
+        res = dict(analyze_stage(df, cores=cores, free_threaded=is_free_threaded()).to_json())
+    except Exception as e:  # fall back to the plain summary below
+        note = f"analysis failed: {type(e).__name__}: {e}"
     else:
-        analyze = analyze_stage
-    if analyze is not None:
-        try:
-            res = analyze(df, cores=cores, free_threaded=is_free_threaded()).to_json()
-            if isinstance(res, dict):
-                res = dict(res)
-                res.setdefault("name", name)
-                res["index"] = index
-                res.setdefault("type", "pipe")
-                return res
-        except Exception as e:  # fall back to the plain summary below
-            note = f"analysis failed: {type(e).__name__}: {e}"
-        else:
-            note = "analysis returned no stage summary"
-    else:
-        note = "stage analysis module not available: best point only"
+        res.setdefault("name", name)
+        res["index"] = index
+        res.setdefault("type", "pipe")
+        return res
     stage_rows = df[(df["role"] == "stage") & (df["status"] == "ok")]
     ceil_rows = df[(df["role"] == "ceiling") & (df["status"] == "ok")]
     best = None

@@ -48,19 +48,12 @@ def window_rate(
     max_groups: int,
     confidence: float,
 ) -> dict[str, float]:
-    """Throughput and its interval from the arrivals inside [t0, t1], over whole rounds of the workers.
+    """Throughput and its interval from the arrivals inside [t0, t1], over whole rounds of ``rnd`` workers
+    (why whole rounds: docs/method.md, "Loaders: whole rounds of arrivals").
 
-    Torch delivers batches in order, worker by worker, so with ``rnd`` workers of
-    equal speed the arrivals come in clumps of ``rnd``: a window that opens on a
-    clump's first arrival and closes on a clump's last spans one round less
-    than the batches it counts. Counting over ``rnd``-multiples of gaps (batch
-    j to batch j + m*rnd: the same worker, m of its periods apart) removes that
-    edge: 4 workers sleeping 40 ms a batch read 8% high over a 0.4 s window
-    when the span ran clump to clump. The batch-means groups are whole rounds
-    too. Returns ``n_batches``, ``n_samples``, ``samples_per_s``,
-    ``batches_per_s`` and, with two groups or more, ``cv``,
-    ``samples_per_s_low`` / ``samples_per_s_high``; an empty dict when no gap
-    lies in the window.
+    Returns ``n_batches``, ``n_samples``, ``samples_per_s``, ``batches_per_s`` and, with two groups or
+    more, ``cv``, ``samples_per_s_low`` / ``samples_per_s_high``; an empty dict when no gap lies in the
+    window.
     """
     import numpy as np  # start-up cost: numpy loads where a window is measured
 

@@ -76,7 +76,6 @@ __all__ = [
     "config_dir",
     "ConfigError",
     "JobStatus",
-    "validate_overrides",
     "describe_error",
     "loader_sweep_config",
     "run_job",
@@ -86,7 +85,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CONFIG_NAME = "config"
-#: Written into every job's run directory, ok or not (a contract with `stagebench report`).
 #: Where a multirun tells its jobs which keys it sweeps (the jobs' labels).
 _SWEEP_KEYS = "hydra.job.env_set.STAGEBENCH_SWEEP_KEYS"
 #: Composing more combinations than this up front costs seconds; beyond it every
@@ -102,16 +100,13 @@ _JOB_OUTCOMES: list[JobStatus] = []
 @dataclass(slots=True)
 class _SweepOutcome:
     """What the end of a multirun found (None until the end-of-sweep callback ran): the jobs that
-    finished and failed, and the comparison written or why it was not."""
+    finished and failed."""
 
     ok: int | None = None
     failed: int | None = None
-    sweep_dir: str | None = None
-    comparison: str | None = None
-    comparison_error: str | None = None
 
     def clear(self) -> None:
-        self.ok = self.failed = self.sweep_dir = self.comparison = self.comparison_error = None
+        self.ok = self.failed = None
 
 
 _SWEEP_OUTCOME = _SweepOutcome()
@@ -168,7 +163,7 @@ def _job_combinations(parsed: list, multirun: bool) -> list[list[str]]:
         # A sweeper plugin's own syntax (interval(...), ...): check what we can.
         return [plain]
     if len(combos) <= _MAX_FULL_PRODUCT:
-        return [list(c) for c in combos]
+        return combos
     # Too many to compose: every value of every sweep override, once each.
     out: list[list[str]] = []
     for o in parsed:
@@ -178,27 +173,6 @@ def _job_combinations(parsed: list, multirun: bool) -> list[list[str]]:
             for val in o.sweep_string_iterator():
                 out.append(others + [f"{key}={val}"])
     return out or [plain]
-
-
-def validate_overrides(
-    overrides: Sequence[str],
-    *,
-    multirun: bool = False,
-    config_name: str | None = None,
-    extra_config_dir: str | None = None,
-    config_path: str | None = None,
-) -> int:
-    """Compose the config of every job the command would run; return how many jobs.
-
-    Raises :class:`ConfigError` with one line for the first config that fails.
-    """
-    return _validate(
-        overrides,
-        multirun=multirun,
-        config_name=config_name,
-        extra_config_dir=extra_config_dir,
-        config_path=config_path,
-    ).jobs
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -225,7 +199,8 @@ def _validate(
     extra_config_dir: str | None,
     config_path: str | None,
 ) -> _Composed:
-    """Compose every job's config (:func:`validate_overrides`); raises :class:`ConfigError` for the first that fails."""
+    """Compose the config of every job the command would run; raises :class:`ConfigError` with one line for the
+    first that fails."""
     loader = _config_loader(extra_config_dir, config_path)
     try:
         parsed = OverridesParser.create(config_loader=loader).parse_overrides(list(overrides))
@@ -257,8 +232,6 @@ def _validate(
 
 
 def _schema_keys(cls: Any, prefix: str) -> list[str]:
-    if not dataclasses.is_dataclass(cls):
-        return []
     return [f"{prefix}{f.name}" for f in dataclasses.fields(cls)]
 
 
@@ -642,7 +615,7 @@ class SweepCallback(Callback):
         jobs = collect_jobs(sweep_dir)
         ok = [Path(j["run_dir"]) for j in jobs if j.get("status") == "ok"]
         not_ok = [j for j in jobs if j.get("status") != "ok"]
-        _SWEEP_OUTCOME.ok, _SWEEP_OUTCOME.failed, _SWEEP_OUTCOME.sweep_dir = len(ok), len(not_ok), str(sweep_dir)
+        _SWEEP_OUTCOME.ok, _SWEEP_OUTCOME.failed = len(ok), len(not_ok)
         _print_jobs(jobs)
         try:
             # matplotlib and scipy load at the sweep's end, inside this try: a comparison that fails leaves the jobs
@@ -658,10 +631,8 @@ class SweepCallback(Callback):
                 for j in not_ok
             ]
             path = write_comparison(ok, sweep_dir, title=f"stagebench sweep {sweep_dir.name}", failed=failed)
-            _SWEEP_OUTCOME.comparison = str(path)
             print(f"comparison: {path}")
         except Exception as e:  # the jobs' run directories are intact; `stagebench report` retries
-            _SWEEP_OUTCOME.comparison_error = _one_line(e)
             print(
                 f"stagebench sweep: comparison not written ({_one_line(e)}); "
                 f"rebuild it with: stagebench report {sweep_dir}",

@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import Dataset
 
 from stagebench.loader._intercept import import_user_module, make_loader_factory
+from stagebench.runs._knobs import KNOWN_BACKENDS
 from stagebench.sweep import _datasets
 from stagebench.sweep._schema import AudioLoaderConfig, CustomLoaderConfig, ImageNetLoaderConfig, SyntheticLoaderConfig
 from stagebench.sweep._spdl_loader import PipelineLoaderFactory, collate_batch
@@ -59,7 +60,7 @@ __all__ = [
     "AudioClipDataset",
 ]
 
-BACKENDS = ("torch", "spdl_pytorch", "spdl_pipeline")
+BACKENDS = (*KNOWN_BACKENDS, "spdl_pipeline")
 
 
 class _FileDataset(Dataset):

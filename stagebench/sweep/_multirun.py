@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,15 +172,13 @@ def _never_started(plan: SweepPlan, job_dirs: Sequence[Path]) -> list[FailedJob]
     combos = plan.jobs
     why = "never started: no job folder (cancelled before it started, or still queued)"
     if combos is not None and all(found):
-        left: dict[tuple[str, ...], int] = {}
-        for f in found:
-            left[tuple(sorted(f))] = left.get(tuple(sorted(f)), 0) + 1
+        left = Counter(tuple(sorted(f)) for f in found)
         keys = [c.split("=", 1)[0] for c in combos[0]] if combos else []
         differ = [i for i, _ in enumerate(keys) if len({c[i] for c in combos if len(c) > i}) > 1]
         out = []
         for num, combo in enumerate(combos):
             k = tuple(sorted(combo))
-            if left.get(k, 0) > 0:
+            if left[k] > 0:
                 left[k] -= 1
                 continue
             name = ", ".join(combo[i] for i in differ if i < len(combo)) or " ".join(combo) or f"job {num}"

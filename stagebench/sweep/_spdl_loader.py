@@ -10,6 +10,7 @@ source across epochs, its epochs started at ``iter()`` as torch's persistent wor
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -165,10 +166,8 @@ class SpdlPipelineLoader:
             pipeline.stop()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: SPDL's own finalizer stops it
             self.close()
-        except Exception:  # interpreter shutdown: SPDL's own finalizer stops it
-            pass
 
 
 @dataclass(slots=True, kw_only=True)
