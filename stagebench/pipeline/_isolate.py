@@ -150,8 +150,7 @@ class Plan:
     source_is_merge: bool = False
     #: a few real outputs of each measured stage, by name: what its stand-in returns in the replay,
     #: so that the steps after it (disaggregate, aggregate, stages run as themselves) get items of
-    #: the right kind (a stand-in that passed its input on broke a disaggregate after a stage
-    #: returning lists: nothing reached the sink)
+    #: the right kind
     sample_outputs: dict[str, list] = field(default_factory=dict)
     #: the user's ``build_pipeline(num_threads=...)``: SPDL's shared thread pool, where stages without
     #: an executor of their own run (None: not known, e.g. a config handed to ``diagnose_pipeline``)
@@ -219,12 +218,9 @@ def _aggregate_stage(cfg: Any, name: str, index: int) -> Stage:
     )
 
 
-def _region_reason(target: Any) -> str:
-    return (
-        f"inside a .to({type(target).__name__.lstrip('_')}) region: SPDL runs the region as one "
-        "nested pipeline in worker processes, so its stages cannot run alone; the region ran "
-        "as a whole to feed later stages"
-    )
+def _name_of(cfg: Any) -> str:
+    """A stage config's name, or its type's where it has none."""
+    return str(getattr(cfg, "name", type(cfg).__name__))
 
 
 def plan_pipeline(cfg: Any) -> Plan:
@@ -244,14 +240,14 @@ def plan_pipeline(cfg: Any) -> Plan:
         source_is_merge=isinstance(cfg.src, MergeConfig),
     )
     if plan.source_is_merge:
-        for k, sub in enumerate(cfg.src.pipeline_configs):
-            for p in sub.pipes:
-                plan.not_isolated.append(
-                    {
-                        "name": str(getattr(p, "name", type(p).__name__)),
-                        "reason": f"a stage of merged source pipeline {k + 1}: it ran as part of reading the source",
-                    }
-                )
+        plan.not_isolated += [
+            {
+                "name": _name_of(p),
+                "reason": f"a stage of merged source pipeline {k + 1}: it ran as part of reading the source",
+            }
+            for k, sub in enumerate(cfg.src.pipeline_configs)
+            for p in sub.pipes
+        ]
     used: dict[str, int] = {}
 
     def unique(name: str) -> str:
@@ -273,10 +269,12 @@ def plan_pipeline(cfg: Any) -> Plan:
             ):
                 j += 1
             segment = tuple(pipes[i : j + 1])
-            inner = [
-                unique(getattr(q, "name", type(q).__name__)) for q in segment if not isinstance(q, PlacementConfig)
-            ]
-            reason = _region_reason(p.target)
+            inner = [unique(_name_of(q)) for q in segment if not isinstance(q, PlacementConfig)]
+            reason = (
+                f"inside a .to({type(p.target).__name__.lstrip('_')}) region: SPDL runs the region as one "
+                "nested pipeline in worker processes, so its stages cannot run alone; the region ran "
+                "as a whole to feed later stages"
+            )
             for n in inner:
                 plan.not_isolated.append({"name": n, "reason": reason})
             plan.steps.append(Passthrough(names=tuple(inner), index=index, reason=reason, configs=segment))
@@ -299,7 +297,7 @@ def plan_pipeline(cfg: Any) -> Plan:
                 )
             )
         else:
-            name = unique(getattr(p, "name", type(p).__name__))
+            name = unique(_name_of(p))
             if isinstance(p, PathVariantsConfig):
                 reason = (
                     "path variants: a router sends each item down one of several paths, so "

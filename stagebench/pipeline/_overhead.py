@@ -19,9 +19,8 @@ from stagebench.pipeline._run import Run
 __all__ = ["NOOP_AT", "measure_overhead"]
 
 # Where SPDL's no-op pipelines are measured (harness, executor, concurrency): 4 threads, SPDL's
-# smallest default pool (what a rebuilt pipeline gets). With one thread every hop queues behind
-# the previous one and a stage costs about as much as the whole one-stage pipeline (275 us of 345
-# measured), which is not what a pipeline running stages at concurrency 4-16 pays.
+# smallest default pool (what a rebuilt pipeline gets). With one thread every hop queues behind the
+# previous one, which is not what a pipeline running stages at concurrency 4-16 pays.
 NOOP_AT = ("spdl", "thread", 4)
 
 

@@ -167,11 +167,11 @@ def _listen_for_a_worker() -> None:
     """End this program cleanly when one of its ``multiprocessing.Pool`` workers has diagnosed.
 
     A worker's diagnosis ends the program (its ``pool.map`` would otherwise wait forever for tasks
-    that exited). SIGTERM did that, and showed as a crash: exit 143, and SPDL's native signal handler
-    printed a stack trace (``*** Aborted at ... SIGTERM received``). The worker sends SIGUSR1 instead,
-    and this handler raises ``SystemExit`` with the worker's exit code in the main thread, so the
-    ``with Pool(...)`` block closes the pool and the program ends with the diagnosis's own code. Only
-    where nobody else handles SIGUSR1 (Slurm and submitit may): there the worker falls back to SIGTERM.
+    that exited). SIGTERM would show as a crash (exit 143, SPDL's native handler's stack trace), so the
+    worker sends SIGUSR1, and this handler raises ``SystemExit`` with the worker's exit code in the main
+    thread: the ``with Pool(...)`` block closes the pool and the program ends with the diagnosis's own
+    code. Only where nobody else handles SIGUSR1 (Slurm and submitit may): there the worker falls back
+    to SIGTERM.
     """
     signal = signals()
     if not hasattr(signal, "SIGUSR1") or signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL:

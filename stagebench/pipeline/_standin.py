@@ -48,10 +48,10 @@ __all__ = ["DiagnosticPipeline", "build_standin", "exit_now"]
 class DiagnosticPipeline(Pipeline):
     """Stands in for the user's pipeline: iterating it runs the diagnosis, then exits."""
 
-    def __init__(self, cfg: Any, settings: DiagnoseSettings) -> None:  # no super(): nothing to start
+    def __init__(self, cfg: Any, settings: DiagnoseSettings, num_threads: int | None) -> None:  # no super()
         self._stagebench_cfg = cfg
         self._stagebench_settings = settings
-        self._stagebench_num_threads: int | None = None
+        self._stagebench_num_threads = num_threads
 
     def __str__(self) -> str:
         return f"stagebench diagnostic pipeline for\n{self._stagebench_cfg!r}"
@@ -95,9 +95,7 @@ def build_standin(cfg: Any, num_threads: int | None = None) -> DiagnosticPipelin
     except SettingsError as e:
         say(f"error: {e}")
         raise SystemExit(2) from None
-    standin = DiagnosticPipeline(cfg, settings)
-    standin._stagebench_num_threads = num_threads
-    return standin
+    return DiagnosticPipeline(cfg, settings, num_threads)
 
 
 def _job_on_this_host() -> bool:
@@ -225,13 +223,11 @@ def _diagnose(
         exit_now(end.exit_code)
     except Exception as e:
         what = out_of_memory(e)
+        where = f"; the rows measured so far are in {State.run_dir}" if State.run_dir else ""
         if what:  # no bug of ours: a stage left this process no memory before the run could say so itself
-            where = f"; the rows measured so far are in {State.run_dir}" if State.run_dir else ""
             say(f"error: out of memory ({what}): {CAUSE}{where}")
             exit_now(FAILED.exit_code)
-
         traceback.print_exc()  # our bug, not the user's: show where it happened
-        where = f"; the rows measured so far are in {State.run_dir}" if State.run_dir else ""
         say(f"internal error while diagnosing: {type(e).__name__}: {e}{where}")
         exit_now(INTERNAL.exit_code)
     failed = summary.get("validation_failed")

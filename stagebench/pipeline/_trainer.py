@@ -64,15 +64,11 @@ def _running(plan: Any, source_items: list, choices: dict, gate: threading.Event
             stop.set()
             if gate is not None:
                 gate.set()  # a source waiting for its turn wakes up to stop
-            try:
+            with contextlib.suppress(Exception):
                 pipeline.stop(timeout=10)
-            except Exception:
-                pass
             for close in closers:
-                try:
+                with contextlib.suppress(Exception):
                     close()
-                except Exception:
-                    pass
 
 
 #: A pipeline whose source is closed is empty once no item reaches the sink for this long.

@@ -113,11 +113,11 @@ def replay_and_validate(
         return WholePipelines(replay=_no_replay(), validation=None, yours=None, cpu_speed=CpuReadings(stage_ns=speeds))
     _say_whole_runs(whole, say)
     out, around = _run_whole(plan, settings, source_items, whole, items_per_sink_item, log_error)
-    cpu = CpuReadings(stage_ns=speeds, validation_ns=around)
-    replay = _replay_result(out, whole.stand_ins, say)
-    validation = _validation_result(out, say)
     return WholePipelines(
-        replay=replay, validation=validation, yours=_yours_result(out, whole, settings, say), cpu_speed=cpu
+        replay=_replay_result(out, whole.stand_ins, say),
+        validation=_validation_result(out, say),
+        yours=_yours_result(out, whole, settings, say),
+        cpu_speed=CpuReadings(stage_ns=speeds, validation_ns=around),
     )
 
 
