@@ -311,14 +311,7 @@ class LoaderRow(Written):
     @property
     def knobs(self) -> LoaderKnobs:
         """The setting the row ran (:meth:`LoaderKnobs.from_row`: two rows are one setting where these are equal)."""
-        return LoaderKnobs(
-            num_workers=self.num_workers,
-            prefetch_factor=self.prefetch_factor
-            if self.prefetch_factor is not None and self.prefetch_factor >= 1
-            else None,
-            persistent_workers=self.persistent_workers is True,
-            pin_memory=self.pin_memory is True,
-        )
+        return LoaderKnobs.from_row({k: getattr(self, k) for k in _KNOBS})
 
     @property
     def startup(self) -> StartupSplit:
@@ -341,13 +334,7 @@ _ROW_COLUMNS = tuple(f.name for f in dataclass_fields(LoaderRow))[
     : -len(("measurements", "readings", "why", "decision"))
 ]
 #: The columns that hold a number (a float, NaN where empty).
-_ROW_NUMBERS = tuple(
-    name
-    for name in _ROW_COLUMNS
-    if name not in _ROW_TEXTS
-    and name not in _RANK_FIELDS
-    and name not in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
-)
+_ROW_NUMBERS = tuple(name for name in _ROW_COLUMNS if name not in (*_ROW_TEXTS, *_RANK_FIELDS, *_KNOBS))
 
 
 class _Record(ReadIfGiven):
