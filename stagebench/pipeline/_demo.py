@@ -47,10 +47,7 @@ def run_demo(out: str | None, quick: bool) -> int:
     """Diagnose the bundled example pipeline; return the exit code."""
     run_dir = Path(out) if out else Path(os.environ.get("STAGEBENCH_OUTPUT_DIR") or default_run_dir("demo"))
     data = run_dir.resolve().parent / ".stagebench-demo-data"
-    defaults = demo_settings(quick)
-    if "STAGEBENCH_MAX_CONCURRENCY" in os.environ:
-        defaults.pop("STAGEBENCH_CONCURRENCY", None)
-    applied = {k: v for k, v in defaults.items() if not os.environ.get(k)}
+    applied = {k: v for k, v in demo_settings(quick).items() if not os.environ.get(k)}
     saved = {k: os.environ.get(k) for k in applied}
     os.environ.update(applied)
     print(

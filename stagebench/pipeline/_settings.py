@@ -37,11 +37,10 @@ def _default_grid() -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DiagnoseSettings:
-    """What a diagnosis measures; read from the environment by :meth:`from_env`."""
+    """What a diagnosis measures; read from the environment by :meth:`from_env`. Each field is the setting of
+    the same key in :data:`stagebench._settings.SETTINGS`, which says what it means and checks its value."""
 
     num_items: int = _default("num_items")
-    """Source items read once and cached. 200 is enough for a stable window
-    (inputs are cycled) while keeping decoded images in memory modest."""
     output_dir: str | None = None
     budget_s: float = _default("budget_s")
     min_window_s: float = _default("min_window_s")
@@ -52,41 +51,20 @@ class DiagnoseSettings:
     warmup_s: float = _default("warmup_s")
     timeout_s: float = _default("timeout_s")
     validation_s: float | None = None
-    """Counting window of each whole-pipeline run (the replay, the validation run).
-    ``None``: max(1, budget_s). ``0``: neither runs (the prediction is the bounds alone)."""
     validate: str = _default("validate")
-    """``on``: the real pipeline runs at the recommended settings, taking turns with the
-    replay, and its measured throughput is set against the prediction. ``off``: the
-    replay alone (the prediction without its check), which saves about half of the
-    whole-pipeline runs' time (3-4 s of a diagnosis at the default window). On by
-    default: the measured number is the one a user can hold the recommendation to,
-    and the only check of the prediction on the user's own pipeline."""
     cache_dir: str | None = None
-    """``None``: ``$XDG_CACHE_HOME/stagebench`` (``~/.cache/stagebench``); ``"off"``: no disk cache."""
     cache_max_mb: float = _default("cache_max_mb")
     process_flat_levels: int = _default("process_flat_levels")
-    """See :attr:`stagebench.SweepConfig.process_flat_levels`."""
     process_ceilings: str = _default("process_ceilings")
-    """See :attr:`stagebench.SweepConfig.process_ceilings`."""
     paired_rounds: int = _default("paired_rounds")
-    """See :attr:`stagebench.SweepConfig.paired_rounds`."""
     target_rate: float | None = None
-    """Source items/s the training step consumes (its demand); ``None``: no verdict on keeping up."""
     quick: str = _default("quick")
-    """``on``: the :data:`stagebench._settings.QUICK` preset was applied under the user's own settings."""
     trainer: str = _default("trainer")
-    """``measure``: run the user's loop after the report to measure the training step's demand
-    (:mod:`stagebench.pipeline._trainer`); ``off``: exit after the report."""
     trainer_s: float = _default("trainer_s")
     job_s: float | None = _default("job_s")
-    """Most seconds of the job runs (:mod:`stagebench.core._jobrun`) after the step is measured; ``None``:
-    :func:`stagebench.job._phase.job_budget_s` of the measured step."""
     gil_probe: str = _default("gil_probe")
-    """``auto``: read the GIL share of stages that compute (see :mod:`stagebench.pipeline._gilprobe`); ``off``: curves only."""
     rank_wait_s: float = _default("rank_wait_s")
-    """Under torchrun: most seconds the host's ranks wait for each other (:mod:`stagebench.core._ranks`)."""
     nproc_per_node: int | None = _default("nproc_per_node")
-    """Run the script as this many ranks through torch's launcher and diagnose them together; ``None``: as started."""
 
     def __post_init__(self) -> None:
         for s in SETTINGS:
