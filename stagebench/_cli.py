@@ -244,7 +244,5 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(e))
     except FileNotFoundError as e:
         return _fail(f"not found: {e.filename or e}")
-    except Exception as e:
-        if isinstance(e, UnwritableOutputError):
-            return _fail(str(e))
-        raise
+    except UnwritableOutputError as e:
+        return _fail(str(e))

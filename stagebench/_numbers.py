@@ -14,15 +14,7 @@ __all__ = ["finite", "num", "num_or_none", "fmt_q", "fmt_ms", "fmt_share_of", "f
 
 def finite(*xs: Any) -> bool:
     """Whether every ``x`` is a finite number (numpy scalars and numeric text included; None and NaN are not)."""
-    for x in xs:
-        if x is None:
-            return False
-        try:
-            if not math.isfinite(float(x)):
-                return False
-        except (TypeError, ValueError):
-            return False
-    return True
+    return all(not math.isnan(num(x)) for x in xs)
 
 
 def num(x: Any) -> float:

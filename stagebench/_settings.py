@@ -433,10 +433,9 @@ def check(key: str, value: Any, name: str | None = None) -> None:
 def _parse(s: Setting, raw: str) -> Any:
     if s.kind in ("float", "int"):
         try:
-            v = int(raw) if s.kind == "int" else float(raw)
+            return int(raw) if s.kind == "int" else float(raw)
         except ValueError:
             raise SettingsError(f"{s.env} must be {s.what()}, got {raw!r}") from None
-        return v
     if s.kind == "names":
         return tuple(dict.fromkeys(p.strip().lower() for p in raw.split(",") if p.strip()))
     if s.kind == "grid":

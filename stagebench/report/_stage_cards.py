@@ -118,23 +118,21 @@ def _point_rows(rows: pd.DataFrame, stage: StageEntry) -> list[_Point]:
         else "mem_peak_mb"
     )
     k = num_or_none(stage.items_per_input) or 1.0
-    out = []
-    for r in ok.to_dict("records"):
-        out.append(
-            _Point(
-                executor=cell(r.get("executor")),
-                harness=cell(r.get("harness")),
-                concurrency=num_or_none(r.get("concurrency")),
-                qps=_per_source(r.get("qps"), k),
-                qps_low=_per_source(r.get("qps_low"), k),
-                qps_high=_per_source(r.get("qps_high"), k),
-                cores=num_or_none(r.get("cores_used")),
-                p50=num_or_none(r.get("latency_p50_ms")),
-                p99=num_or_none(r.get("latency_p99_ms")),
-                mem=num_or_none(r.get(mem)),
-            )
+    return [
+        _Point(
+            executor=cell(r.get("executor")),
+            harness=cell(r.get("harness")),
+            concurrency=num_or_none(r.get("concurrency")),
+            qps=_per_source(r.get("qps"), k),
+            qps_low=_per_source(r.get("qps_low"), k),
+            qps_high=_per_source(r.get("qps_high"), k),
+            cores=num_or_none(r.get("cores_used")),
+            p50=num_or_none(r.get("latency_p50_ms")),
+            p99=num_or_none(r.get("latency_p99_ms")),
+            mem=num_or_none(r.get(mem)),
         )
-    return out
+        for r in ok.to_dict("records")
+    ]
 
 
 def _per_source(v: Any, k: float) -> Any:
