@@ -15,10 +15,12 @@ from typing import Any
 
 from stagebench.model._json import whole
 
-__all__ = ["LoaderKnobs", "NOT_APPLICABLE"]
+__all__ = ["LoaderKnobs", "NOT_APPLICABLE", "KNOBS"]
 
 #: What a knob that does not exist for a backend or host shows (not "n/a": pandas reads "n/a" back as NaN).
 NOT_APPLICABLE = "not applicable"
+#: The four knobs, in their order, as the DataLoader, the rows and run.json name them.
+KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

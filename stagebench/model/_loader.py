@@ -36,7 +36,7 @@ from stagebench.model._json import (
     text,
     whole,
 )
-from stagebench.model._knobs import NOT_APPLICABLE, LoaderKnobs
+from stagebench.model._knobs import KNOBS, NOT_APPLICABLE, LoaderKnobs
 from stagebench.model._limits import MemoryLimit
 from stagebench.model._rate import Rate
 
@@ -109,8 +109,6 @@ class LoaderTarget(Written):
     source: str
 
 
-#: the four knobs of a setting, as its point names them
-_KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 #: :class:`LoaderPoint`'s figures, each a number as written
 _POINT_NUMBERS: tuple[str, ...] = ("batches_per_s", "mem_pss_mb", "mem_workers_mb", "cores_used")
 _POINT_NUMBERS += ("time_to_first_batch_s", "epoch_stall_s", "rank_min_samples_per_s", "rank_max_samples_per_s")
@@ -175,7 +173,7 @@ class LoaderPoint:
         one setting where these are equal); None where the point names no num_workers."""
         if self.num_workers is None:
             return None
-        return LoaderKnobs.from_row({k: getattr(self, k) for k in _KNOBS})
+        return LoaderKnobs.from_row({k: getattr(self, k) for k in KNOBS})
 
     @property
     def rate(self) -> float | None:
@@ -311,7 +309,7 @@ class LoaderRow(Written):
     @property
     def knobs(self) -> LoaderKnobs:
         """The setting the row ran (:meth:`LoaderKnobs.from_row`: two rows are one setting where these are equal)."""
-        return LoaderKnobs.from_row({k: getattr(self, k) for k in _KNOBS})
+        return LoaderKnobs.from_row({k: getattr(self, k) for k in KNOBS})
 
     @property
     def startup(self) -> StartupSplit:
@@ -334,7 +332,7 @@ _ROW_COLUMNS = tuple(f.name for f in dataclass_fields(LoaderRow))[
     : -len(("measurements", "readings", "why", "decision"))
 ]
 #: The columns that hold a number (a float, NaN where empty).
-_ROW_NUMBERS = tuple(name for name in _ROW_COLUMNS if name not in (*_ROW_TEXTS, *_RANK_FIELDS, *_KNOBS))
+_ROW_NUMBERS = tuple(name for name in _ROW_COLUMNS if name not in (*_ROW_TEXTS, *_RANK_FIELDS, *KNOBS))
 
 
 class _Record(ReadIfGiven):

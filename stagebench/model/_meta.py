@@ -34,6 +34,7 @@ from stagebench.model._json import (
     records,
     texts,
 )
+from stagebench.model._knobs import KNOBS
 from stagebench.model._limits import HostLimits
 from stagebench.model._loader import WorkerCosts
 from stagebench.model._pipeline import WholeRun
@@ -105,10 +106,6 @@ class Provenance(Read):
         return self.usable_cores or self.cpu_count
 
 
-#: the knobs a script passes to its DataLoader, as run.json names them
-_KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
-
-
 @dataclass(frozen=True, slots=True)
 class UserKnobs(Written):
     """The loader knobs the user's script passed (``run.json["loader"]["user_knobs"]``), each None where
@@ -125,7 +122,7 @@ class UserKnobs(Written):
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> UserKnobs:
-        return read(cls, d, {"given": tuple(k for k in d or {} if k in _KNOBS)})
+        return read(cls, d, {"given": tuple(k for k in d or {} if k in KNOBS)})
 
     def gave(self, knob: str) -> bool:
         """Whether the script's call set ``knob``."""

@@ -33,10 +33,7 @@ def _env():
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    env.filters["rate"] = rate_text
-    env.filters["num"] = num_text
-    env.filters["pct"] = pct_text
-    env.filters["interval"] = interval_text
+    env.filters.update(rate=rate_text, num=num_text, pct=pct_text, interval=interval_text)
     return env
 
 

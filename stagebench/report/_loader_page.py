@@ -12,6 +12,7 @@ import pandas as pd
 
 from stagebench._numbers import finite
 from stagebench.analysis._loader import pooled_frame
+from stagebench.model._knobs import KNOBS
 from stagebench.model._loader import LoaderPoint, Shipping, Shm, WorkerCosts, WorkerMemory
 from stagebench.model._meta import RunSettings
 from stagebench.model._rate import Rate
@@ -25,8 +26,7 @@ from stagebench.report._stage_cards import stage_cards
 __all__ = ["loader_context"]
 
 #: what the template reads of the recommended and the best point: the knobs, the rate, why
-_LOADER_KEYS: tuple[str, ...] = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
-_LOADER_KEYS += ("samples_per_s", "samples_per_s_low", "samples_per_s_high", "why")
+_LOADER_KEYS = (*KNOBS, "samples_per_s", "samples_per_s_low", "samples_per_s_high", "why")
 
 
 def loader_context(run: RunData) -> dict[str, Any]:
