@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from stagebench.pipeline._script import run_script
+from stagebench.pipeline._script import restore_env, run_script
 from stagebench.runs._results import default_run_dir
 
 __all__ = ["run_demo", "DEMO_SCRIPT", "demo_settings"]
@@ -60,8 +60,4 @@ def run_demo(out: str | None, quick: bool) -> int:
     try:
         return run_script(str(DEMO_SCRIPT), ["--data", str(data)], out=str(run_dir))
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        restore_env(saved)

@@ -147,13 +147,7 @@ def diagnose_pipeline(
     except PlanError as e:
         raise DiagnoseError(str(e), 2) from None
     plan.num_threads = num_threads
-    run_path = (
-        Path(out)
-        if out is not None
-        else Path(settings.output_dir)
-        if settings.output_dir
-        else default_run_dir(per_host("diagnose"))
-    )
+    run_path = Path(out if out is not None else settings.output_dir or default_run_dir(per_host("diagnose")))
     try:
         run = RunDir.create(run_path, fresh=True)
     except (UnwritableOutputError, RunDirInUseError) as e:

@@ -147,14 +147,13 @@ def read_source(plan: Plan, n: int, *, timeout_s: float = 600.0) -> SourceRead:
     return SourceRead(items=items, asked=n, note=note, seconds=time.perf_counter() - t0)
 
 
-def _run_in_loop_thread(coro_fn: Callable[[], Any]) -> Any:
+def _run_in_loop_thread(coro_fn: Callable[[], Any]) -> None:
     """Run a coroutine on a fresh event loop in a daemon thread (the caller may be in a loop)."""
-    value: list[Any] = []
     error: list[BaseException] = []
 
     def run() -> None:
         try:
-            value.append(asyncio.run(coro_fn()))
+            asyncio.run(coro_fn())
         except BaseException as e:  # re-raised in the caller
             error.append(e)
 
@@ -164,7 +163,6 @@ def _run_in_loop_thread(coro_fn: Callable[[], Any]) -> Any:
         t.join(0.1)  # short joins keep Ctrl-C responsive in the main thread
     if error:
         raise error[0]
-    return value[0] if value else None
 
 
 @dataclass(slots=True)

@@ -120,15 +120,8 @@ class Stage:
     drop_last: bool = False
 
     def as_meta(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "index": self.index,
-            "type": self.type,
-            "is_async": self.is_async,
-            "user_executor": self.user_executor,
-            "user_concurrency": self.user_concurrency,
-            "ordered": self.ordered,
-        }
+        keys = ("name", "index", "type", "is_async", "user_executor", "user_concurrency", "ordered")
+        return {k: getattr(self, k) for k in keys}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

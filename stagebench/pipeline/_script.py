@@ -20,7 +20,7 @@ from stagebench.pipeline._settings import DiagnoseSettings
 from stagebench.pipeline._state import State, release_held, say
 from stagebench.runs._results import RunDir, RunDirInUseError, UnwritableOutputError
 
-__all__ = ["run_script", "launch_ranks"]
+__all__ = ["run_script", "launch_ranks", "restore_env"]
 
 
 def run_script(script: str, args: list[str], *, out: str | None, nproc_per_node: int | None = None) -> int:
@@ -43,13 +43,13 @@ def run_script(script: str, args: list[str], *, out: str | None, nproc_per_node:
             check("nproc_per_node", nproc, "--nproc-per-node")
     except SettingsError as e:
         say(f"error: {e}")
-        _restore_env(saved_env)
+        restore_env(saved_env)
         return 2
     if nproc is not None and "LOCAL_RANK" not in os.environ:
         try:
             return launch_ranks(nproc, script, args)
         finally:
-            _restore_env(saved_env)
+            restore_env(saved_env)
     # Under torchrun every rank runs this; only rank 0 writes the run directory (the
     # others leave quietly once their pipeline or loader is built, as SPDL's own mode does).
     if settings.output_dir and rank == 0:
@@ -60,7 +60,7 @@ def run_script(script: str, args: list[str], *, out: str | None, nproc_per_node:
             RunDir.create(settings.output_dir, fresh=True)
         except (UnwritableOutputError, RunDirInUseError) as e:
             say(f"error: {e}")
-            _restore_env(saved_env)
+            restore_env(saved_env)
             return 2
     os.environ[MODE_VAR] = "1"
     State.started = State.finished = False
@@ -89,7 +89,7 @@ def run_script(script: str, args: list[str], *, out: str | None, nproc_per_node:
     finally:
         State.in_process = False
         sys.argv, sys.path[:] = saved_argv, saved_path
-        _restore_env(saved_env)
+        restore_env(saved_env)
         if not was_installed:  # in-process callers (tests, notebooks) get their import system back
             _spdl_hook.uninstall()
         if State.started:  # the script's frames are gone: what the diagnosis held is garbage, freed now
@@ -155,7 +155,8 @@ def _exit_code(value: Any) -> int:
     return 1
 
 
-def _restore_env(saved: dict[str, str | None]) -> None:
+def restore_env(saved: dict[str, str | None]) -> None:
+    """Put back the environment variables ``saved`` (name -> value before, None: unset); returns nothing."""
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)

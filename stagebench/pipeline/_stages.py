@@ -89,9 +89,7 @@ def _computes(rows: list[StageDraft]) -> bool:
     harness adds almost nothing to the stage's own cores used at the lowest level.
     """
     pts = [r for r in rows if r.role == "stage" and r.executor == "thread" and r.status == "ok"]
-    if not pts:
-        return False
-    c0 = min(r.concurrency for r in pts)
+    c0 = min((r.concurrency for r in pts), default=0)
     for r in pts:
         if r.concurrency != c0:
             continue
