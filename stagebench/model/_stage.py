@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from stagebench.model._json import Coercions, Read, ReadIfGiven, Written, items, read
+from stagebench.model._json import Coercions, Read, ReadIfGiven, items
 
 __all__ = [
     "GilEstimate",
@@ -258,7 +258,7 @@ class StageEvidence(Read):
 
 
 @dataclass(frozen=True, slots=True)
-class StageEntry(Written):
+class StageEntry(Read):
     """One stage's entry of a pipeline summary (``summary["stages"]``).
 
     ``status`` and ``reason`` say whether it measured; ``classification`` (its label), ``mix`` and
@@ -309,30 +309,23 @@ class StageEntry(Written):
     keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> StageEntry:
-        """The entry ``d`` holds; a missing key reads as its field's default (``items_per_input``: 1.0,
-        also where it is None or 0, as every reader took it)."""
-        return read(
-            cls,
-            d,
-            limit=StageLimit.from_json,
-            gil=GilEstimate.from_json,
-            evidence=StageEvidence.from_json,
-            head_to_head=HeadToHead.from_json,
-            alternatives=_settings,
-            curves=_curves,
-            gil_fraction_interval=_interval,
-            page_faults=lambda v: {str(ex): PageFaults.from_json(x) for ex, x in (v or {}).items()},
-            items_per_input=_per_input,
-            is_async=bool,
-            reason=lambda v: "" if v is None else v,
-            **dict.fromkeys(
-                ("recommended", "recommended_alone", "recommended_isolated", "best"), StageSetting.from_json
-            ),
-            **dict.fromkeys(("mix", "problems", "fused_chain"), items),
-            **dict.fromkeys(("fit", "levels_measured"), _or_empty),
-        )
+    #: a missing key reads as its field's default (``items_per_input``: 1.0 also where it is None or 0)
+    READ: ClassVar[Coercions] = {
+        "limit": StageLimit.from_json,
+        "gil": GilEstimate.from_json,
+        "evidence": StageEvidence.from_json,
+        "head_to_head": HeadToHead.from_json,
+        "alternatives": _settings,
+        "curves": _curves,
+        "gil_fraction_interval": _interval,
+        "page_faults": lambda v: {str(ex): PageFaults.from_json(x) for ex, x in (v or {}).items()},
+        "items_per_input": _per_input,
+        "is_async": bool,
+        "reason": lambda v: "" if v is None else v,
+        **dict.fromkeys(("recommended", "recommended_alone", "recommended_isolated", "best"), StageSetting.from_json),
+        **dict.fromkeys(("mix", "problems", "fused_chain"), items),
+        **dict.fromkeys(("fit", "levels_measured"), _or_empty),
+    }
 
     @classmethod
     def empty(cls, name: str) -> StageEntry:
