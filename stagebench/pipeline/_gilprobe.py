@@ -1,8 +1,8 @@
 """A direct reading of a stage's GIL share: a pure-Python counter thread runs next to it.
 
-The curves bound a stage's GIL share well when the stage is pure Python or waits, but on a machine
-with few cores a stage whose C code releases the GIL (hashing, decoding, numpy) flattens at the cores
-just as a GIL-bound one flattens at the GIL, and its stand-in in the replay would then hold the GIL.
+The curves cannot tell a stage whose C code releases the GIL (hashing, decoding, numpy) and flattens at
+the cores from a GIL-bound one that flattens at the GIL. The method, its corrections and its known
+answers: docs/verdicts.md (the probe).
 
 How: the stage runs back to back in one thread, alone for a short window and then for the same window
 next to a counter thread that spins in pure Python. The counter only runs Python, so its CPU time is
@@ -11,39 +11,14 @@ the time it held the GIL; the stage held it for the rest of the window. Per call
     held  = (window - counter CPU) / calls with the counter
     share = held / (window / calls alone)
 
-The switch interval is 0.5 ms during the probe (then restored), so the stage gets the GIL back soon
-after asking and its GIL-free work runs at its own pace. The cyclic garbage collector is paused for
-the rounds (a collection holds the GIL and lands in either window by chance); a stage that hangs
-leaves it paused until ``timeout_s``. Stages whose calls take over 0.1 s are not probed (it needs a
-dozen calls). The median over several short alternating rounds keeps a shared host's speed phases out.
-
-A counter that holds the GIL but not a core would read as GIL the stage held. Two corrections:
-
-- A pause of the spinner's loop over 0.1 ms in which it did not block (its voluntary context
-  switches, ``getrusage`` per thread, did not move) is time it held the GIL without a core, and
-  counts as the spinner's (``spinner_lost``). A pause in which it blocked is a wait for the GIL and
-  stays the stage's. Off Linux no pause is counted.
-- Each round first lets the spinner run alone for 5 ms; the share of a core it got
-  (``spinner_core``) scales its CPU time up to its GIL time, for losses too short to see as pauses.
-
-Programs competing for the cores during a round are not covered: they show as the spinner's wait for
-a core (``run_delay`` in ``/proc/<pid>/task/<tid>/schedstat``), which cannot be subtracted (a wait
-while the stage holds the GIL and one while it computes without it look the same). So a round whose
-spinner waited over 10% of it is dropped, and a probe without three clean rounds in twice its budget
-reports the machine busy; the curves decide then. Without ``schedstat`` every round counts and
-``core_wait`` is ``None``.
-
-How often a call lets the GIL go (``releases``, for :mod:`stagebench.pipeline._replay`): each drop
-lets the spinner take the GIL, and the stage blocks twice to take it back (a wait that times out,
-then the hand-over). So the stage thread's voluntary context switches per call next to the spinner,
-less those it makes alone and one per switch interval the spinner held the GIL without a core,
-halved, less one per switch interval of GIL the stage held, count the releases (Linux only). A
-release counts only where the spinner takes the GIL during it: the count is a lower bound.
-
-What it is not: the GIL's hand-offs count as the stage's, and so does time taken from the stage's
-thread while it holds the GIL (indistinguishable from a C call that holds it); the median keeps such
-moments out unless they fill half the rounds. The stage runs in a thread the diagnosis abandons after
-``timeout_s``, so a stage that hangs on the probe's inputs cannot stop the diagnosis.
+At a 0.5 ms switch interval (the stage gets the GIL back soon after asking), with the cyclic garbage
+collector paused (a collection lands in either window by chance), the median over a few short
+alternating rounds. A counter that holds the GIL without a core would read as GIL the stage held: its
+pauses in which it did not block count as its own (``spinner_lost``), its CPU time is scaled by the
+share of a core it gets alone (``spinner_core``), and a round whose counter waited for a core over 10%
+of it is dropped (``core_wait``, from Linux's schedstat). ``releases``: how often a call lets the GIL
+go (:func:`_one_round`). The stage runs in a thread the diagnosis abandons after ``timeout_s``, so a
+stage that hangs on the probe's inputs cannot stop the diagnosis.
 """
 
 from __future__ import annotations

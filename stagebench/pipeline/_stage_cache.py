@@ -71,7 +71,7 @@ def _value_key(value: Any, depth: int, seen: set[int]) -> Any:
     """A stable description of a value a stage closes over or is bound to."""
     if isinstance(value, _SIMPLE):
         return value
-    if callable(value) and not isinstance(value, type) and _looks_like_code(value):
+    if callable(value) and not isinstance(value, type):
         return _fingerprint(value, depth + 1, seen)
     if isinstance(value, type):
         return _class_key(value, depth + 1, seen)
@@ -81,12 +81,6 @@ def _value_key(value: Any, depth: int, seen: set[int]) -> Any:
         return ("value", type(value).__qualname__, joblib.hash(value))
     except Exception as e:  # unpicklable: a lock, an open file, a C handle
         raise _Unstable(f"cannot hash a {type(value).__name__} it refers to ({type(e).__name__})") from None
-
-
-def _looks_like_code(obj: Any) -> bool:
-    return isinstance(obj, (types.FunctionType, types.MethodType, functools.partial, types.BuiltinFunctionType)) or (
-        callable(obj) and hasattr(type(obj), "__call__") and not isinstance(obj, _SIMPLE)
-    )
 
 
 def _const_key(c: Any) -> Any:
@@ -138,8 +132,8 @@ def _function_key(fn: types.FunctionType, depth: int, seen: set[int]) -> tuple:
                 globs.append((name, v))
             elif isinstance(v, types.ModuleType):  # `helpers.resize(x)`: the user's module, by its source
                 globs.append((name, _module_key(v.__name__)))
-            elif (getattr(v, "__module__", None) == fn.__module__ or _user_source(getattr(v, "__module__", None))) and (
-                isinstance(v, (types.FunctionType, type)) or _looks_like_code(v)
+            elif callable(v) and (
+                getattr(v, "__module__", None) == fn.__module__ or _user_source(getattr(v, "__module__", None))
             ):
                 globs.append((name, _value_key(v, depth, seen)))
     parts.append(tuple(globs))

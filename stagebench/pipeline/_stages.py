@@ -418,7 +418,10 @@ class StagesPhase:
 
     def _on_row(self, inputs: list, row: StageDraft) -> None:
         """After each point of a stage's sweep: the CPU's speed, and SPDL's no-op pipeline next to its ceiling."""
-        self._probe_speed(row)
+        if row.elapsed_s:  # measured, not a skipped or shared point
+            self.sweep_speeds.append(round(cpu_speed_ns(), 2))
+            if row.role == "stage" and row.executor in ("thread", "async"):
+                self.stage_speeds.setdefault(row.stage, []).append(self.sweep_speeds[-1])
         if (
             row.role == "ceiling"
             and (row.harness, row.executor, row.concurrency) == NOOP_AT
@@ -426,12 +429,6 @@ class StagesPhase:
             and row.elapsed_s  # measured now, not a copy shared with a later stage
         ):
             measure_overhead(self.run, inputs, one_stage=row)
-
-    def _probe_speed(self, row: StageDraft) -> None:
-        if row.elapsed_s:  # measured, not a skipped or shared point
-            self.sweep_speeds.append(round(cpu_speed_ns(), 2))
-            if row.role == "stage" and row.executor in ("thread", "async"):
-                self.stage_speeds.setdefault(row.stage, []).append(self.sweep_speeds[-1])
 
     def _sweep_stage(
         self, step: Any, inputs: list, writer: RowWriter, came_from: str | None, src_problem: str | None
