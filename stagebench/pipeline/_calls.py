@@ -32,11 +32,11 @@ def drain_generator(op: Callable, item: Any) -> list:
     return list(op(item))
 
 
+@dataclass(eq=False)
 class AsyncGenDrain:
     """An async generator op, drained into a list (a coroutine the event loop can time)."""
 
-    def __init__(self, op: Callable) -> None:
-        self.op = op
+    op: Callable
 
     async def __call__(self, item: Any) -> list:
         return [x async for x in self.op(item)]
@@ -52,6 +52,7 @@ def collate(group: Sequence) -> list:
     return list(group)
 
 
+@dataclass(eq=False)
 class AggregateGroup:
     """One aggregator output from the group of inputs that produced it.
 
@@ -59,8 +60,7 @@ class AggregateGroup:
     sweep runs calls concurrently.
     """
 
-    def __init__(self, proto: Any) -> None:
-        self.proto = proto
+    proto: Any
 
     def __call__(self, group: Sequence) -> Any:
         agg = copy.deepcopy(self.proto)

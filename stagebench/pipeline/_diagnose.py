@@ -111,8 +111,7 @@ def _held_bytes(items: list) -> int:
     """What the source items hold, from a sample of them (sizing all of a large set costs as much as reading it)."""
     if not items:
         return 0
-    step = max(1, len(items) // 20)
-    sample = items[::step]
+    sample = items[:: max(1, len(items) // 20)]
     return int(sum(approx_nbytes(x) for x in sample) / len(sample) * len(items))
 
 

@@ -194,11 +194,10 @@ def _map_ordered(
     results: list[Any] = [None] * n
     done = [False] * n
     state = _Feed()
-    lock = threading.Lock()
-    cond = threading.Condition(lock)
+    cond = threading.Condition()
 
     def take() -> int | None:
-        with lock:
+        with cond:
             if state.stop or state.next >= n:
                 return None
             i = state.next

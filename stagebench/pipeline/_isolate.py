@@ -323,21 +323,21 @@ def real_pipeline(cfg: Any, num_threads: int) -> Any:
 
 
 # ------------------------------------------------------------------ validation pipeline
+@dataclass(eq=False)
 class _PoolOp:
     """Async op that runs the installed stage in a process pool, as the process harness does."""
 
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
+    pool: Any
 
     async def __call__(self, item: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, installed_call, item)
 
 
+@dataclass(eq=False)
 class _PoolGenOp:
     """Same, for generator stages: the worker returns the list, the op yields its elements."""
 
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
+    pool: Any
 
     async def __call__(self, item: Any):
         for x in await asyncio.get_running_loop().run_in_executor(self.pool, installed_call, item):
@@ -411,12 +411,10 @@ def build_validation_config(
             pipes.extend(step.configs)
             continue
         cfg = step.config
-        if step.type == "aggregate":
-            proto = copy.deepcopy(step.proto) if step.proto is not None else cfg.op
-            pipes.append(AggregateConfig(name=cfg.name, op=proto, drop_last=cfg.drop_last))
-            used.append({"stage": step.name, "executor": "inline", "concurrency": 1})
-            continue
-        if step.type == "disaggregate":
+        if step.type != "pipe":  # an aggregate (with a fresh aggregator) or a disaggregate: run inline
+            if step.type == "aggregate":
+                proto = copy.deepcopy(step.proto) if step.proto is not None else cfg.op
+                cfg = AggregateConfig(name=cfg.name, op=proto, drop_last=cfg.drop_last)
             pipes.append(cfg)
             used.append({"stage": step.name, "executor": "inline", "concurrency": 1})
             continue

@@ -43,9 +43,7 @@ def install() -> None:
     The .pth line only checks that the variable exists (the shortest line compiles
     fastest: every interpreter start pays for it); its value is checked here.
     """
-    if os.environ.get(MODE_VAR, "0") not in TRUTHY:
-        return
-    if installed():
+    if os.environ.get(MODE_VAR, "0") not in TRUTHY or installed():
         return
     if os.environ.get("STAGEBENCH_NPROC_PER_NODE") and "LOCAL_RANK" not in os.environ:
         _as_ranks()
