@@ -676,18 +676,6 @@ def _interference_seen(validation: WholeRun) -> str:
         (x for x in validation.interference if finite(x.ratio) and num(x.ratio) >= 1.3),
         key=lambda x: -num(x.ratio),
     )
-    seen = (
-        (
-            "; in the pipeline "
-            + ", ".join(
-                f"{x.stage} took {x.ratio:.1f}x as long per call as alone ({x.in_pipeline_p50_ms:.3g} vs "
-                f"{x.alone_p50_ms:.3g} ms median)"
-                for x in slower[:3]
-            )
-        )
-        if slower
-        else ""
-    )
     apart = sorted(
         (
             x
@@ -696,18 +684,19 @@ def _interference_seen(validation: WholeRun) -> str:
         ),
         key=lambda x: -max(num(x.vs_replay), 1 / num(x.vs_replay)),
     )
-    seen += (
-        (
-            "; against the replay, "
-            + ", ".join(
-                f"{x.stage}'s calls took {x.in_pipeline_p50_ms:.3g} ms in the pipeline and its stand-in's "
-                f"{x.replay_p50_ms:.3g} ms in the replay ({x.vs_replay:.1f}x)"
-                for x in apart[:3]
-            )
+    seen = ""
+    if slower:
+        seen += "; in the pipeline " + ", ".join(
+            f"{x.stage} took {x.ratio:.1f}x as long per call as alone ({x.in_pipeline_p50_ms:.3g} vs "
+            f"{x.alone_p50_ms:.3g} ms median)"
+            for x in slower[:3]
         )
-        if apart
-        else ""
-    )
+    if apart:
+        seen += "; against the replay, " + ", ".join(
+            f"{x.stage}'s calls took {x.in_pipeline_p50_ms:.3g} ms in the pipeline and its stand-in's "
+            f"{x.replay_p50_ms:.3g} ms in the replay ({x.vs_replay:.1f}x)"
+            for x in apart[:3]
+        )
     return seen
 
 

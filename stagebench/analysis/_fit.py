@@ -167,8 +167,7 @@ def fit_scaling(
     a_lam, a_sig, _ = _nnls_fit(c, x, rel, amdahl=True)
     if not (math.isfinite(lam) and math.isfinite(a_lam)):
         # c / X falls with c: no non-negative (σ, κ) describes that, so there is
-        # nothing to fit or bootstrap around. Seen with a low first point measured
-        # while the machine was busy.
+        # nothing to fit or bootstrap around
         out["warning"] = (
             "throughput rises faster than linearly with concurrency: no scaling law fits "
             "(usually a low-concurrency point measured low by noise)"

@@ -5,8 +5,7 @@ takes ownership of the decoded frames) is measured fused with what feeds it: eac
 stages before it on fresh inputs, then the stage (:mod:`stagebench.pipeline._stages`, ``run.json``
 stage ``fused_chain``). Its rows are the pair's throughput. Counted as they stand, the work of the
 stages before it is in the pipeline's bounds and in the replay twice: once as themselves, once
-inside this stage. SPDL's ``multi_thread_preprocessing.py`` shape (decode, a batch, ``convert``) was
-predicted at 295 items/s against 477 measured, its bounds (413) under the measured pipeline.
+inside this stage.
 
 So its own figures are the fused ones less those of the stages in its chain, per call, where each of
 them was measured alone: their call's time (the stage's ``stage_s_per_item``, at its lowest level),
@@ -63,9 +62,7 @@ def unfuse(stages: list[StageEntry], meta: RunMeta) -> list[str]:
         if not parts or any(p is None for p in parts):
             continue
         k = e.items_per_input
-        t_chain = k * sum(p["t"] for p in parts if p)
-        cpu_chain = k * sum(p["cpu"] for p in parts if p)
-        gil_chain = k * sum(p["gil"] for p in parts if p)
+        t_chain, cpu_chain, gil_chain = (k * sum(p[x] for p in parts if p) for x in ("t", "cpu", "gil"))
         t_f = num(e.stage_s_per_item)
         if not finite(t_f) or not t_f > 0:
             continue

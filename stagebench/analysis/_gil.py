@@ -67,7 +67,7 @@ import numpy as np
 from stagebench._numbers import finite
 from stagebench.core._curves import Curve, Point, StageRows
 from stagebench.model._json import Written
-from stagebench.model._stage import GilEstimate
+from stagebench.model._stage import GilEstimate, keyed
 
 __all__ = ["estimate_gil", "harness_gil_s", "harness_cpu_s", "SIGNAL_LABELS"]
 
@@ -122,13 +122,11 @@ def _slowdown(sr: StageRows, H: str, E: str, p: Point, p0: Point, cpu_share: flo
     """CPU per item of the stage at ``p`` over that at the lowest level ``p0`` (1: same speed).
 
     Signals that compare times read at different points (the plateau against
-    the lowest level) assume the machine ran at one speed. On a shared host it
-    does not: the same 4 ms of Python took 7 ms of CPU in one point, and the
-    fraction-1 stage read 0.6-0.8 on the plateau signal while its CPU share,
-    read within one point, said 1.0. The same work's CPU per item measures the
-    speed, for stages whose time is mostly CPU (CPU share >= 0.5; below that
-    the per-item CPU is small and wake-ups dominate it). Ratios outside
-    [0.5, 2] are not a speed change but a different regime: no correction.
+    the lowest level) assume the machine ran at one speed, which a shared host
+    does not. The same work's CPU per item measures the speed, for stages whose
+    time is mostly CPU (CPU share >= 0.5; below that the per-item CPU is small
+    and wake-ups dominate it). Ratios outside [0.5, 2] are not a speed change
+    but a different regime: no correction.
     """
     if not (finite(cpu_share) and cpu_share >= 0.5):
         return 1.0
@@ -157,6 +155,11 @@ class _Signal(Written):
 
 def _signal(value, interval, label_key, role, implied=None, implied_interval=None, detail="") -> _Signal:
     return _Signal(value, interval, SIGNAL_LABELS[label_key], role, implied, implied_interval, detail)
+
+
+def _reading(value: float, interval: list[float], label_key: str, role: str, detail: str) -> _Signal:
+    """A signal that reads the GIL share itself: the fraction it implies is its own value and interval."""
+    return _signal(value, interval, label_key, role, value, interval, detail)
 
 
 def _choose(sr: StageRows) -> tuple[str, str] | None:
@@ -288,9 +291,8 @@ def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, _Signal], notes: list[
     if not (finite(own) or finite(p0.cpu_s_per_item)):
         return _CpuShare(math.nan, math.nan, math.nan, gil_free)
     if finite(own):
-        # the calling thread's own CPU per call: nothing of the harness to subtract, and nothing of
-        # the process's other threads (a library's workers spinning after earlier work put 7-15 ms
-        # into a first 0.2 s window: +0.1 on a pure sleep), read at nanosecond resolution
+        # the calling thread's own CPU per call, read at nanosecond resolution: nothing of the harness
+        # to subtract, and nothing of the process's other threads (a library's workers still spinning)
         cpu, tick = own, 0.0
     else:
         cpu = max(0.0, p0.cpu_s_per_item - harness_cpu_s(low.ceiling))
@@ -317,7 +319,7 @@ def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, _Signal], notes: list[
             f"the host took {1 - left:.0%} of this VM's CPU time while the stage's own CPU was read (steal): "
             "its CPU share is read over the rest"
         )
-    signals["cpu_share"] = _signal(A, [A_lo, A_hi], "cpu_share", role, A, [A_lo, A_hi], detail)
+    signals["cpu_share"] = _reading(A, [A_lo, A_hi], "cpu_share", role, detail)
     return _CpuShare(A, A_lo, A_hi, gil_free)
 
 
@@ -338,13 +340,11 @@ def _cpu_share_for_load(low: _Lowest, share: _CpuShare, signals: dict[str, _Sign
     # Only a correction: the load fluctuates between the two windows, and a
     # thread that wakes from waiting gets the CPU sooner than a busy one.
     Ac = [min(1.0, x / avail) for x in (share.value, share.lo, share.hi)]
-    signals["cpu_share_for_load"] = _signal(
+    signals["cpu_share_for_load"] = _reading(
         Ac[0],
         Ac[1:],
         "cpu_share_for_load",
         "estimate",
-        Ac[0],
-        Ac[1:],
         f"CPU share {share.value:.2f} / {avail:.2f} of a core that a busy no-op thread got at concurrency {low.c0}",
     )
     notes.append(
@@ -390,15 +390,8 @@ def _thread_plateau(
                 why += (
                     f"; yet the stage uses little CPU ({A:.0%} of its time): a lock or an external limit, not the GIL"
                 )
-        signals["thread_plateau"] = _signal(
-            B,
-            [B_lo, B_hi],
-            "thread_plateau",
-            "estimate" if serializer == "gil" else "upper bound",
-            B,
-            [B_lo, B_hi],
-            why,
-        )
+        role = "estimate" if serializer == "gil" else "upper bound"
+        signals["thread_plateau"] = _reading(B, [B_lo, B_hi], "thread_plateau", role, why)
     return _Plateau(pm, h_m, B, B_lo, B_hi, bool(saturated), serializer)
 
 
@@ -436,17 +429,10 @@ def _cpu_share_at_plateau(share: _CpuShare, plateau: _Plateau, signals: dict[str
         and 0.3 < u <= _GIL_FREE_CORES
     ):
         return None
-    A2 = share.value / u
-    signals["cpu_share_at_plateau"] = _signal(
-        A2,
-        [share.lo / u, share.hi / u],
-        "cpu_share_at_plateau",
-        "estimate",
-        A2,
-        [share.lo / u, share.hi / u],
-        f"CPU share {share.value:.2f} / {u:.2f} cores used on the plateau",
-    )
-    return _Reading(A2, share.lo / u, share.hi / u, "plateau")
+    A2, lo, hi = share.value / u, share.lo / u, share.hi / u
+    detail = f"CPU share {share.value:.2f} / {u:.2f} cores used on the plateau"
+    signals["cpu_share_at_plateau"] = _reading(A2, [lo, hi], "cpu_share_at_plateau", "estimate", detail)
+    return _Reading(A2, lo, hi, "plateau")
 
 
 def _threads_vs_processes(
@@ -589,9 +575,7 @@ def _vote(groups: dict[str, list[_Reading]]) -> float:
     Where the plateau reads at or above the stage's CPU time (within their noise), the CPU share decides:
     it reads the held share within one point, and the plateau's excess is what the threads lost handing
     the GIL over (a waiting thread wakes only when the holder lets go) or the host's speed between two
-    points. Twenty runs of the 50/50 stage: CPU share within 0.02 of what it held, the thread plateau
-    within 0.09, the serial fraction within 0.26; the mean of the two groups once read 0.547 against a
-    held 0.445. Where the plateau reads below the CPU share beyond their noise, threads did more than the
+    points. Where the plateau reads below the CPU share beyond their noise, threads did more than the
     CPU share allows (part of the CPU runs without the GIL, or the host sped up): both groups vote.
     """
     cpu, plateau = groups.get("cpu", []), groups.get("plateau", [])
@@ -610,8 +594,7 @@ def _combine(ests: list[_Reading], share: _CpuShare, plateau: _Plateau, multi: b
     ``threads_vs_processes``, ``serial_fraction``). Signals that read the same thing share its errors,
     so each group gives its median, and :func:`_vote` says which groups decide the point: readings of
     one plateau do not outvote the stage's own CPU time. Why: they compare two points measured seconds
-    apart, and a host that changed speed in between moves them together (a 50/50 stage that held 0.44
-    read 0.54 on the plateau, 0.44 on its CPU time).
+    apart, and a host that changed speed in between moves them together.
 
     Where the plateau only bounds the share from above, the interval stops at that bound, unless a
     valid reading lies above it: then the two disagree (the host's speed changed, or part of the CPU
@@ -655,13 +638,11 @@ def _gil_probe(
     below = pinned and p_hi < lo
     vague = pinned and hi - lo > _VAGUE and lo <= ps <= hi  # consistent, and far more precise
     decides = below or vague or not pinned
-    signals["gil_probe"] = _signal(
+    signals["gil_probe"] = _reading(
         ps,
         [p_lo, p_hi],
         "gil_probe",
         "estimate" if decides else "check",
-        ps,
-        [p_lo, p_hi],
         f"median of {probe.get('rounds', '?')} rounds at a {1e3 * float(probe.get('switch_interval_s', 0.0005)):g} ms "
         "switch interval (interval: quartiles)",
     )
@@ -688,23 +669,6 @@ def _gil_probe(
             + ", which is used"
         )
     return _Estimate(min(ps, cap), min(p_lo, cap), min(p_hi, cap), pinned=True, source="probe")
-
-
-#: an estimate's keys, in the order its dict has always listed them (``GilEstimate.to_json``)
-_KEYS = (
-    "fraction",
-    "interval",
-    "pinned",
-    "source",
-    "gil_s_per_item",
-    "stage_s_per_item",
-    "saturated",
-    "serializer",
-    "harness",
-    "executor",
-    "signals",
-    "notes",
-)
 
 
 def estimate_gil(
@@ -744,7 +708,7 @@ def estimate_gil(
             "no thread or event-loop point was measured: the GIL share cannot be inferred "
             "(process workers each have their own GIL)"
         )
-        return GilEstimate(signals={}, notes=tuple(notes), keys=_KEYS)
+        return keyed(GilEstimate, signals={}, notes=tuple(notes))
     H, E = chosen
     T = sr.curve(H, E)
     if free_threaded:
@@ -772,7 +736,8 @@ def estimate_gil(
         # Threads reached the peak, so per-item GIL time cannot exceed 1/peak (minus
         # the harness's share): a physical bound that holds even when t drifted.
         g = min(g, max(0.0, 1.0 / plateau.peak.qps - plateau.harness_gil))
-    return GilEstimate(
+    return keyed(
+        GilEstimate,
         fraction=point,
         interval=(_clip01(min(est.lo, point)), _clip01(max(est.hi, point))),
         pinned=est.pinned,
@@ -785,5 +750,4 @@ def estimate_gil(
         executor=E,
         signals={name: sig.to_json() for name, sig in signals.items()},
         notes=tuple(notes),
-        keys=_KEYS,
     )

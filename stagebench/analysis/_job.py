@@ -540,9 +540,7 @@ def alone_scope(what: str, trainer: StepAlone | None, settings: RunSettings, *, 
 
 def _unmeasured_scope(what: str, step: StepAlone) -> str | None:
     """The scope where the training loop was to be measured and its step was not (None where it was): the
-    pick is then the isolated one, and saying nothing let a run asked for job advice end without it.
-    SPDL's performance_simulation.py stops on its own clock, started before its first batch: the
-    diagnosis ran inside that first ``next()``, so the loop stopped after one step."""
+    pick is then the isolated one, and a run asked for job advice says why it has none."""
     if finite(step.samples_per_s):
         return None
     why = step.unmeasured_why

@@ -37,30 +37,15 @@ __all__ = [
 
 CLASSIFICATIONS = ("gil-bound", "cpu-bound", "io-bound", "overhead-bound", "ipc-bound", "unknown")
 
-
 _NEAR_CEILING = 0.80  # within 20% of the no-op ceiling
-
-
 # A GIL the stage holds for less than half the harness's own per-item Python is the harness's limit
 _OWN_GIL_SHARE = 0.5
-
-
 _CPU_BOUND = 0.75  # share of the cores
-
-
 _IO_CORES = 0.50  # fewer cores than this share: mostly waiting
-
-
 _COMPUTE_BOUND = 0.50  # CPU time / time per call alone at least this: the stage computes, it does not wait
-
-
 _RISING = 0.5  # top level above prev x (1 + this x (ideal ratio - 1)): still rising
-
-
 _EFFICIENT = 0.9  # top level at this share of linear scaling: still rising
-
-
-_LARGE_PAYLOAD = 64 * 1024
+_LARGE_PAYLOAD = 64 * 1024  # bytes an item moves between processes, above which IPC may cost more than the work
 
 
 # ------------------------------------------------------------------ classification
@@ -426,7 +411,6 @@ LIMIT_OF = {
     "unknown": None,
 }
 
-
 #: The limits in a word or two, for the terminal's table.
 LIMIT_SHORT = {
     "harness": "the harness",
@@ -436,7 +420,6 @@ LIMIT_SHORT = {
     "concurrency": "its concurrency (still rising)",
     "serialised": "a lock",
 }
-
 
 #: The limits in words, for the evidence.
 LIMIT_WORDS = {
@@ -527,7 +510,6 @@ def nature(sr: StageRows, gil: GilEstimate) -> tuple[str, list[str], dict[str, d
 #: tests/test_gil.py): a label that changes within it of the estimate is a tie between the shares.
 SHARE_NOISE = 0.10
 
-
 #: The tie rule: the first of these among the labels a tie allows (the GIL, then the CPU: what to act on).
 TIE_ORDER = ("gil-bound", "cpu-bound", "io-bound")
 
@@ -552,8 +534,7 @@ def label_of_call(own: float, A: float, f: float, where: str) -> tuple[str, str,
     unknown, taken as none). Decided with the GIL share's noise: where the largest share changes as
     ``f`` moves by :data:`SHARE_NOISE` either way, the shares are within their noise of each other,
     the tie rule gives the label (:data:`TIE_ORDER`), and the line says it is a mix (``signals["mix"]``
-    lists the labels the noise allows). A 50/50 spin-and-sleep stage read 0.494 against 0.505 waiting
-    and flipped between io-bound and gil-bound from run to run; it is now gil-bound, a mix.
+    lists the labels the noise allows).
     """
     f = f if finite(f) else 0.0
     shares = _shares(A, f)

@@ -8,7 +8,6 @@ more to ship than to make". None advises a setting the recommendation does not h
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -16,7 +15,7 @@ from stagebench.analysis._job import job_findings
 from stagebench.analysis._loader_pick import SERIAL_WORDS, STALL_HIGH, STALL_SHARE, _decision_words, _stall
 from stagebench.analysis._loader_rows import _knob_text, _over_budget, _rel_half, user_point
 from stagebench.model._evidence import EQUIVALENT
-from stagebench.model._finding import SEVERITIES, Finding
+from stagebench.model._finding import Finding, by_severity
 from stagebench.model._job import JobVerdict
 from stagebench.model._loader import LoaderRow, LoaderTarget
 from stagebench.model._meta import Provenance, RunMeta
@@ -27,23 +26,12 @@ __all__ = ["loader_findings"]
 # The numbers behind the findings' words (docs/loaders.md has them as a table; a test per finding).
 #: "Workers make this loader slower": the best with workers this share (or its interval) under none.
 WORKERS_SLOWER = 0.05
-
-
 #: "Too many workers": the worst above the peak this share (or its interval) under the peak.
 TOO_MANY = 0.10
-
-
 #: "CPU-bound": the best setting with workers keeps this share of the usable cores busy.
 CPU_BOUND = 0.75
-
-
 #: "I/O- or wait-bound": it keeps fewer cores busy than this share of its workers (up to the cores).
 WAITING = 0.5
-
-
-def _finding(severity: str, title: str, detail: str, evidence: Mapping[str, Any]) -> Finding:
-    """A finding of the loader (no stage)."""
-    return Finding(severity, title, detail, None, evidence)
 
 
 @dataclass(frozen=True)
@@ -96,7 +84,7 @@ def loader_findings(
         backend="" if m.loader.backend is None else m.loader.backend,
         cores_bound="" if prov.limits is None else prov.limits.cores_bound(),
     )
-    return sorted(
+    return by_severity(
         [
             *_failed_points(c),
             *_data_bound(c),
@@ -108,8 +96,7 @@ def loader_findings(
             *_oversubscribed(c),
             *_workers_restart(c),
             *_your_setting(c),
-        ],
-        key=lambda f: SEVERITIES.index(f.severity),
+        ]
     )
 
 
@@ -126,7 +113,7 @@ def _failed_points(c: _SweepRead) -> list[Finding]:
             detail = p.reason
             if p.status == "crashed":
                 detail += ". The search kept the settings with fewer workers."
-            out.append(_finding("high", title, detail, {"num_workers": p.num_workers, "status": p.status}))
+            out.append(Finding("high", title, detail, evidence={"num_workers": p.num_workers, "status": p.status}))
     return out
 
 
@@ -135,21 +122,21 @@ def _data_bound(c: _SweepRead) -> list[Finding]:
     job, target = c.jv, c.target
     if c.decided and job is not None and job.bound == "data-bound":
         return [
-            _finding(
+            Finding(
                 "high",
                 "Data-bound: your training job waits for data",
                 f"{job.text}. The loader alone at its best gives {max(p.samples_per_s for p in c.ok):,.0f} "
                 "samples/s; the findings below say what limits it.",
-                {"job_samples_per_s": job.samples_per_s, "data_wait_share": job.data_wait_share},
+                evidence={"job_samples_per_s": job.samples_per_s, "data_wait_share": job.data_wait_share},
             )
         ]
     if not c.decided and target is not None and not target.met:
         return [
-            _finding(
+            Finding(
                 "high",
                 "Data-bound: the loader cannot feed the trainer",
                 target.verdict,
-                {"target_rate": target.rate},
+                evidence={"target_rate": target.rate},
             )
         ]
     return []
@@ -161,11 +148,11 @@ def _zero_workers_starve(c: _SweepRead) -> list[Finding]:
     if not (zero_note and c.rec is not None and c.rec.num_workers > 0):
         return []
     return [
-        _finding(
+        Finding(
             "medium",
             "num_workers=0 starves your step: loading adds to every step",
             zero_note + ".",
-            {"job": True},
+            evidence={"job": True},
         )
     ]
 
@@ -194,14 +181,14 @@ def _workers_slower(c: _SweepRead) -> list[Finding]:
         )
     )
     return [
-        _finding(
+        Finding(
             "high" if serial else "medium",
             "Workers make this loader slower: shipping batches costs more than making them",
             f"With no workers the main process makes a batch in {per_batch_ms:.2f} ms "
             f"({z.samples_per_s:,.0f} samples/s); the best with workers is {w.samples_per_s:,.0f} "
             f"samples/s at num_workers={w.num_workers}. Items are cheap (in-memory tensors?), so "
             f"inter-process communication dominates: {advice}.",
-            {
+            evidence={
                 "samples_per_s_0": z.samples_per_s,
                 "best_with_workers": w.samples_per_s,
                 "best_with_workers_num_workers": w.num_workers,
@@ -214,11 +201,11 @@ def _workers_slower(c: _SweepRead) -> list[Finding]:
 def _too_many_workers(c: _SweepRead) -> list[Finding]:
     """Throughput falls past the peak. Not when the peak is no workers at all: :func:`_workers_slower`
     says that, and "too many" of one is odd."""
-    if not (c.ok and max(c.ok, key=lambda p: p.samples_per_s).num_workers > 0):
+    if not c.ok:
         return []
     best = max(c.ok, key=lambda p: p.samples_per_s)
     beyond = [p for p in c.ok if p.num_workers > best.num_workers]
-    if not beyond:
+    if not (best.num_workers > 0 and beyond):
         return []
     worst = min(beyond, key=lambda p: p.samples_per_s)
     tol = max(TOO_MANY, _rel_half(best), _rel_half(worst))
@@ -226,7 +213,7 @@ def _too_many_workers(c: _SweepRead) -> list[Finding]:
         return []
     extra = worst.mem_pss_mb - best.mem_pss_mb
     return [
-        _finding(
+        Finding(
             "medium",
             f"Too many workers: throughput falls past num_workers={best.num_workers}",
             f"{worst.samples_per_s:,.0f} samples/s at num_workers={worst.num_workers} against "
@@ -240,7 +227,7 @@ def _too_many_workers(c: _SweepRead) -> list[Finding]:
                 else ". The workers compete with the main process for the cores"
             )
             + " and each holds a copy of the dataset object.",
-            {
+            evidence={
                 "peak_num_workers": best.num_workers,
                 "peak_samples_per_s": best.samples_per_s,
                 "worst_num_workers": worst.num_workers,
@@ -257,17 +244,17 @@ def _memory_budget(c: _SweepRead) -> list[Finding]:
     if over:
         p = max(over, key=lambda q: q.mem_pss_mb)
         out.append(
-            _finding(
+            Finding(
                 "medium",
                 "Some settings exceed the memory budget",
                 f"{_knob_text(p)} uses {p.mem_pss_mb:,.0f} MB (PSS of main process and workers) against a "
                 f"budget of {c.budget:,.0f} MB; such settings are never recommended.",
-                {"mem_pss_mb": p.mem_pss_mb, "budget_mb": c.budget},
+                evidence={"mem_pss_mb": p.mem_pss_mb, "budget_mb": c.budget},
             )
         )
     for s in c.meta.search.stopped:
         if "memory budget" in s:
-            out.append(_finding("info", "The memory budget capped num_workers", s, {"budget_mb": c.budget}))
+            out.append(Finding("info", "The memory budget capped num_workers", s, evidence={"budget_mb": c.budget}))
     return out
 
 
@@ -283,7 +270,7 @@ def _cpu_or_wait_bound(c: _SweepRead) -> list[Finding]:
     cpu_ms = 1e3 * u / b.samples_per_s
     if u >= CPU_BOUND * cores:
         return [
-            _finding(
+            Finding(
                 "medium",
                 "CPU-bound: the loader's work saturates the cores" + (f": {c.cores_bound}" if c.cores_bound else ""),
                 f"At num_workers={b.num_workers} the loader keeps {u:.2f} of {cores} cores busy "
@@ -291,7 +278,7 @@ def _cpu_or_wait_bound(c: _SweepRead) -> list[Finding]:
                 "work cheaper (smaller inputs, vectorised transforms)"
                 + (", raise the CPU limit" if c.cores_bound else "")
                 + " or move it off these cores.",
-                {
+                evidence={
                     "cores_used": u,
                     "usable_cores": cores,
                     "cpu_ms_per_sample": cpu_ms,
@@ -303,7 +290,7 @@ def _cpu_or_wait_bound(c: _SweepRead) -> list[Finding]:
         return []
     rising = b.num_workers == max(p.num_workers for p in c.multi)
     return [
-        _finding(
+        Finding(
             "info" if rising else "medium",
             "I/O- or wait-bound: the workers mostly wait",
             f"At num_workers={b.num_workers} the loader uses only {u:.2f} cores for "
@@ -316,7 +303,7 @@ def _cpu_or_wait_bound(c: _SweepRead) -> list[Finding]:
                 else "Throughput stopped rising before the cores were busy: the storage or a shared lock "
                 "is the limit (stage the data on local NVMe, shard small files, check locks)."
             ),
-            {
+            evidence={
                 "cores_used": u,
                 "usable_cores": cores,
                 "cpu_ms_per_sample": cpu_ms,
@@ -334,7 +321,7 @@ def _oversubscribed(c: _SweepRead) -> list[Finding]:
         if math.isfinite(t) and t > 1 and t * p.num_workers > c.cores:
             busy = math.isfinite(p.cores_used) and p.cores_used >= CPU_BOUND * c.cores
             return [
-                _finding(
+                Finding(
                     "medium" if busy else "low",
                     "Thread oversubscription inside the workers",
                     f"Each of the {p.num_workers} workers runs torch with {int(t)} intra-op threads: "
@@ -343,7 +330,7 @@ def _oversubscribed(c: _SweepRead) -> list[Finding]:
                     + (" (SPDL's loader does not change it)" if c.backend == "spdl_pytorch" else "")
                     + ". Call torch.set_num_threads(1) in the dataset (or set OMP_NUM_THREADS=1) when the "
                     "transforms use torch ops.",
-                    {"worker_threads": t, "num_workers": p.num_workers, "usable_cores": c.cores},
+                    evidence={"worker_threads": t, "num_workers": p.num_workers, "usable_cores": c.cores},
                 )
             ]
     return []
@@ -366,11 +353,11 @@ def _workers_restart(c: _SweepRead) -> list[Finding]:
         detail += f". With persistent_workers=True the stall is {stall.persistent_stall_s:.2f}s"
     detail += ". The recommendation sets persistent_workers=True."
     return [
-        _finding(
+        Finding(
             "high" if stall.share > STALL_HIGH else "medium" if stall.share > STALL_SHARE else "low",
             f"Workers restart at every epoch: a {stall.stall_s:.2f}s stall",
             detail,
-            {
+            evidence={
                 "epoch_stall_s": stall.stall_s,
                 "epoch_s": stall.epoch_s,
                 "share": stall.share,
@@ -396,36 +383,36 @@ def _user_findings(u: LoaderRow, rec: LoaderRow, d: Any) -> list[Finding]:
     alone = "Measured without your training step: what that buys your job is not measured (STAGEBENCH_TRAINER=measure runs it)."
     if d.advice == "change" and x is not None:
         return [
-            _finding(
+            Finding(
                 "medium",
                 "Your setting leaves loader throughput on the table",
                 f"In turns with yours, {_knob_text(rec)} ran {x.text('yours')}: faster beyond noise "
                 f"({rec.samples_per_s:,.0f} against {u.samples_per_s:,.0f} samples/s over all their windows). " + alone,
-                {"yours": u.samples_per_s, "recommended": rec.samples_per_s, **x.to_json()},
+                evidence={"yours": u.samples_per_s, "recommended": rec.samples_per_s, **x.to_json()},
             )
         ]
     if d.advice == "cheaper" and x is not None:
         saved = u.mem_pss_mb - rec.mem_pss_mb
         return [
-            _finding(
+            Finding(
                 "low",
                 "Your setting uses more resources than it needs",
                 f"In turns with yours, {_knob_text(rec)} ran {x.text('yours')}: within 5%, with fewer resources"
                 + (f" ({saved:,.0f} MB less memory)." if math.isfinite(saved) and saved > 0 else ".")
                 + " "
                 + alone,
-                {"yours": u.samples_per_s, "recommended": rec.samples_per_s, **x.to_json()},
+                evidence={"yours": u.samples_per_s, "recommended": rec.samples_per_s, **x.to_json()},
             )
         ]
     if d.advice == "keep yours" and d.rival is not None:
         return [
-            _finding(
+            Finding(
                 "info",
                 f"Your setting is kept: the runs could not tell {d.rival} from it",
                 _decision_words(d, {}, 1 - EQUIVALENT)[0].upper() + _decision_words(d, {}, 1 - EQUIVALENT)[1:] + ". "
                 "Readings measured apart, or inside each other's intervals, are not evidence of a difference; "
                 "more rounds in turns (LoaderSweepConfig.tie_rounds) would settle it.",
-                {"rival": d.rival, **(x.to_json() if x is not None else {})},
+                evidence={"rival": d.rival, **(x.to_json() if x is not None else {})},
             )
         ]
     return []

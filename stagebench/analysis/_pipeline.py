@@ -60,8 +60,6 @@ __all__ = [
 
 
 _NOISY_CV = 0.15
-
-
 _WIDE_INTERVAL = 0.30  # interval width / value
 
 
@@ -100,11 +98,6 @@ def _cores(prov: Provenance) -> float:
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
             return v
     return usable_cores()
-
-
-def _cores_bound(prov: Provenance) -> str:
-    """Where a quota or an allocation set the run's cores, in words; empty where the affinity mask did."""
-    return "" if prov.limits is None else prov.limits.cores_bound()
 
 
 def _run_warnings(df: pd.DataFrame, stages: Sequence[StageEntry], m: RunMeta, cores: float) -> list[str]:
@@ -186,13 +179,57 @@ class _RunContext:
 
     @property
     def fixed(self) -> float:
-        return _fixed(self.overhead)
+        """SPDL's per-item cost a pipeline pays once (source, sink, consumer), 0 where it was not measured."""
+        return float((self.overhead or {}).get("fixed_s_per_item") or 0.0)
 
     def stages(self, stage_cache: dict | None, df: pd.DataFrame | None = None) -> list[StageEntry]:
-        """Each stage's analysis (:func:`_stage_entries`) of these rows, or of ``df``."""
-        return _stage_entries(
-            self.df if df is None else df, self.meta, self.cores, self.free_threaded, stage_cache, self.cores_bound
-        )
+        """Each declared stage's analysis (:func:`analyze_stage`) of these rows, or of ``df``, with its place
+        in the pipeline, in pipeline order."""
+        df = self.df if df is None else df
+        cores, free_threaded, cores_bound = self.cores, self.free_threaded, self.cores_bound
+        declared = list(self.meta.stages)
+        names = [str(s.get("name", "")) for s in declared]
+        for extra in df["stage"].unique():
+            if extra and extra not in names:
+                names.append(extra)
+                declared.append({"name": extra})
+        stages: list[StageEntry] = []
+        for i, (name, decl) in enumerate(zip(names, declared)):
+            part = df[df["stage"] == name]
+            key = (name, cores, free_threaded, len(part), cores_bound)
+            if stage_cache is not None and key in stage_cache:
+                entry = stage_cache[key]
+            else:
+                entry = (
+                    analyze_stage(
+                        part,
+                        cores=cores,
+                        free_threaded=free_threaded,
+                        gil_probe=decl.get("gil_probe"),
+                        cores_bound=cores_bound,
+                    )
+                    if len(part)
+                    else _unmeasured(name)
+                )
+                if stage_cache is not None:
+                    stage_cache[key] = entry
+            entry = changed(
+                entry,
+                name=name,
+                index=decl.get("index", i),
+                type=decl.get("type", "pipe"),
+                is_async=bool(decl.get("is_async", False)),
+                items_per_input=float(decl.get("items_per_input") or 1.0),
+                **{k: decl[k] for k in ("user_executor", "user_concurrency") if k in decl},
+            )
+            skipped, rec = decl.get("head_to_head_skipped"), entry.recommended
+            if skipped and rec is not None:
+                why = f"{rec.why}; {skipped}"
+                entry = changed(entry, head_to_head_skipped=skipped, recommended=changed(rec, why=why))
+            stages.append(entry)
+        # fused measurements counted once: in the bounds, the joint choice, the replay
+        fused = unfuse(stages, self.meta)
+        return [relabel_unfused(e) if e.name in fused else e for e in stages]
 
 
 def _run_context(rows: Any, meta: dict | None) -> _RunContext:
@@ -210,7 +247,7 @@ def _run_context(rows: Any, meta: dict | None) -> _RunContext:
         bool(prov.free_threaded),
         pipeline_overhead(m.pipeline_overhead),
         m.ranks,
-        _cores_bound(prov),
+        "" if prov.limits is None else prov.limits.cores_bound(),
     )
 
 
@@ -223,63 +260,6 @@ def _per_rank(ranks: int, cores: float) -> str:
         f"; the settings are each rank's pipeline's: {ranks} ranks run one each on {cores:g} cores, and items/s "
         "are the host's, every rank's pipeline at once"
     )
-
-
-def _fixed(overhead: dict | None) -> float:
-    """SPDL's per-item cost a pipeline pays once (source, sink, consumer), 0 where it was not measured."""
-    return float((overhead or {}).get("fixed_s_per_item") or 0.0)
-
-
-def _stage_entries(
-    df: pd.DataFrame,
-    meta: RunMeta,
-    cores: float,
-    free_threaded: bool,
-    stage_cache: dict | None,
-    cores_bound: str = "",
-) -> list[StageEntry]:
-    """Each declared stage's analysis (:func:`analyze_stage`) with its place in the pipeline, in pipeline order."""
-    declared = list(meta.stages)
-    names = [str(s.get("name", "")) for s in declared]
-    for extra in df["stage"].unique():
-        if extra and extra not in names:
-            names.append(extra)
-            declared.append({"name": extra})
-    stages: list[StageEntry] = []
-    for i, (name, decl) in enumerate(zip(names, declared)):
-        part = df[df["stage"] == name]
-        key = (name, cores, free_threaded, len(part), cores_bound)
-        if stage_cache is not None and key in stage_cache:
-            entry = stage_cache[key]
-        else:
-            entry = (
-                analyze_stage(
-                    part,
-                    cores=cores,
-                    free_threaded=free_threaded,
-                    gil_probe=decl.get("gil_probe"),
-                    cores_bound=cores_bound,
-                )
-                if len(part)
-                else _unmeasured(name)
-            )
-            if stage_cache is not None:
-                stage_cache[key] = entry
-        entry = changed(
-            entry,
-            name=name,
-            index=decl.get("index", i),
-            type=decl.get("type", "pipe"),
-            is_async=bool(decl.get("is_async", False)),
-            items_per_input=float(decl.get("items_per_input") or 1.0),
-            **{k: decl[k] for k in ("user_executor", "user_concurrency") if k in decl},
-        )
-        skipped, rec = decl.get("head_to_head_skipped"), entry.recommended
-        if skipped and rec is not None:
-            entry = changed(entry, head_to_head_skipped=skipped, recommended=changed(rec, why=f"{rec.why}; {skipped}"))
-        stages.append(entry)
-    fused = unfuse(stages, meta)  # fused measurements counted once: in the bounds, the joint choice, the replay
-    return [relabel_unfused(e) if e.name in fused else e for e in stages]
 
 
 def process_headroom_of_run(
@@ -394,7 +374,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         stages,
         cores=cores,
         free_threaded=free_threaded,
-        fixed=_fixed(overhead),
+        fixed=run.fixed,
         demand=num_or_none(target),
         ranks=run.ranks,
     )
@@ -479,10 +459,7 @@ def _unmeasured(name: str) -> StageEntry:
 
 
 def _validation(
-    val: WholeRun | None,
-    prediction: Prediction | None,
-    rows: pd.DataFrame | None = None,
-    stages: Sequence[StageEntry] = (),
+    val: WholeRun | None, prediction: Prediction | None, rows: pd.DataFrame, stages: Sequence[StageEntry]
 ) -> WholeRun | None:
     """The validation run (``run.json["validation"]``) with its error against the prediction and each
     stage's interference; None where it gave no number."""

@@ -273,8 +273,6 @@ def yours_verdict(
 
 # ------------------------------------------------------------------ the CPU's speed
 _SPEED_SPREAD = 1.25  # sweep probes further apart than this: warn
-
-
 _SPEED_SHIFT = 0.10  # validation this far from the sweeps' median: say so
 
 
@@ -312,8 +310,7 @@ def speed_warnings(speed: CpuSpeed | None) -> list[str]:
         )
     v, m = speed.validation_ns, speed.sweep_ns_median
     if v is not None and finite(v) and abs(m / v - 1) > _SPEED_SHIFT:
-        # Only said, not corrected: scaling the prediction by this ratio made it worse in 2 of
-        # 3 benchmark pipelines (the speed flips within the validation window itself).
+        # only said, not corrected: the speed flips within the validation window itself
         out.append(
             f"the CPU ran at another speed around the validation run than during the sweeps ({v:.0f} vs a "
             f"median {m:.0f} ns per loop): the measured pipeline and the prediction compare different moments"
@@ -323,8 +320,6 @@ def speed_warnings(speed: CpuSpeed | None) -> list[str]:
 
 #: A pipeline that runs this many times under the lowest bound of its measured stages is bound by none of them.
 FAR_UNDER_BOUNDS = 1.5
-
-
 #: Over this share of the GIL an item needs being the pipeline's own scheduling, the scheduling is what binds.
 SCHEDULING_BINDS = 0.5
 
@@ -375,9 +370,7 @@ def pipeline_verdict(
             f"{fmt_ms(1.0 / gil_bound)} each item needs): predicted {q} items/s; of the stages, {name} holds it "
             f"longest ({cls})"
         )
-    # A shared resource that binds is the bottleneck, not the stage that uses most of it: SPDL's
-    # pipeline_definitions.py read "normalize_to_lists is the bottleneck" for a stage 4.5x faster
-    # alone than the pipeline, and named another stage run to run (the two held the GIL alike).
+    # a shared resource that binds is the bottleneck, not the stage that uses most of it
     elif pred.binding == "gil" and name is None:
         line = f"the GIL binds: predicted {q} items/s; no stage's own Python holds it: the pipeline's scheduling does"
     elif pred.binding == "gil":

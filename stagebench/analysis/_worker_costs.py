@@ -22,9 +22,7 @@ A pure function of the rows (the start-up split: ``workers_start_s`` with ``work
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from stagebench._numbers import finite, num
 from stagebench.model._finding import Finding
@@ -130,11 +128,6 @@ def _queued(startup: tuple[StartupSplit, ...]) -> StartupSplit | None:
     return max(rows, key=lambda r: r.num_workers or 0) if rows else None
 
 
-def _f(severity: str, title: str, detail: str, evidence: Mapping[str, Any]) -> Finding:
-    """A finding of the loader's workers (no stage)."""
-    return Finding(severity, title, detail, None, evidence)
-
-
 def worker_cost_findings(wc: WorkerCosts | None, pick: LoaderRow | None) -> list[Finding]:
     """The findings what each worker costs (:func:`worker_costs_summary`) calls for at ``pick`` (module
     docstring), with their numbers; none without it."""
@@ -205,11 +198,11 @@ def _shipping_findings(wc: WorkerCosts, pick: LoaderRow) -> list[Finding]:
                 "waits for the last."
             )
         out.append(
-            _f(
+            Finding(
                 "medium" if each >= 1.0 or num(ship.mb) >= 100 or queued is not None else "low",
                 title,
                 detail,
-                {
+                evidence={
                     "start_method": ship.start_method,
                     "mb": ship.mb,
                     "pickle_s": ship.pickle_s,
@@ -275,11 +268,11 @@ def _growth_findings(wc: WorkerCosts) -> list[Finding]:
                 f"{_room_words(wc)} over an epoch; the OOM killer ends the job past it, so no pick has more."
             )
         return [
-            _f(
+            Finding(
                 "high" if fits is False else "medium",
                 f"Each worker's memory grows ~{growth:,.0f} MB over an epoch",
                 detail,
-                {
+                evidence={
                     "num_workers": mem.num_workers,
                     "growth_mb_per_batch": mem.growth_mb_per_batch,
                     "epoch_growth_mb": mem.epoch_growth_mb,
@@ -316,15 +309,7 @@ def _shm_findings(shm: Shm) -> list[Finding]:
         if not fits
         else f"The batches in flight take {need / free:.0%} of the shared memory free ({free:,.0f} MB)"
     )
-    return [_f("medium" if fits else "high", title, detail, shm.to_json())]
-
-
-def _each_of(n: int) -> str:
-    return "its one worker" if n == 1 else f"each of its {n} workers"
-
-
-def _its_workers(n: int) -> str:
-    return "its worker" if n == 1 else f"its {n} workers"
+    return [Finding("medium" if fits else "high", title, detail, evidence=shm.to_json())]
 
 
 def beside_the_pick(wc: WorkerCosts | None, pick: LoaderRow | None) -> str:
@@ -339,8 +324,9 @@ def beside_the_pick(wc: WorkerCosts | None, pick: LoaderRow | None) -> str:
     if mem.fits is False and finite(mem.epoch_growth_mb) and finite(wc.available_mb):
         growth, avail, ranks = num(mem.epoch_growth_mb), num(wc.available_mb), mem.ranks or 1
         fit = int(avail // (growth * ranks)) if growth > 0 else 0
+        whose = "its one worker" if mem.num_workers == 1 else f"each of its {mem.num_workers or 0} workers"
         said += (
-            f"; memory: {_each_of(mem.num_workers or 0)} grows ~{growth:,.0f} MB over an epoch, "
+            f"; memory: {whose} grows ~{growth:,.0f} MB over an epoch, "
             f"~{mem.all_workers_mb:,.0f} MB together"
             + ("" if ranks == 1 else f" on the host's {ranks} ranks")
             + " against "
@@ -358,8 +344,9 @@ def beside_the_pick(wc: WorkerCosts | None, pick: LoaderRow | None) -> str:
     each = num(ship.unpickle_s) + (0.0 if ship.pickled_once else num(ship.pickle_s))
     nw = pick.num_workers
     if ship.shipped and nw > 0 and pick.persistent_workers is not True and each >= SHIP_S:
+        workers = "its worker" if nw == 1 else f"its {nw} workers"
         said += (
-            f"; each epoch starts {_its_workers(nw)} anew, each receiving the {num(ship.mb):,.0f} MB dataset "
+            f"; each epoch starts {workers} anew, each receiving the {num(ship.mb):,.0f} MB dataset "
             f"({each:.2f} s a worker; persistent_workers=True pays it once)"
         )
     return said
