@@ -158,12 +158,11 @@ def _stage_findings(
 
 def _unmeasured(e: StageEntry) -> _Found:
     """A stage that could not be measured, and why."""
-    name = e.name
     return _f(
         "high",
-        f"{name} could not be measured",
+        f"{e.name} could not be measured",
         f"{e.status}: {e.reason}",
-        name,
+        e.name,
         {"status": e.status, "reason": e.reason, "problems": list(e.problems)},
     )
 
@@ -556,7 +555,6 @@ def _yours_finding(v: VersusYours) -> _Found:
             f"{v.text}. The changes: {changes}",
             None,
             {"yours": v},
-            1.0,
         )
     title = {
         "could not tell": "keep your settings: the runs could not tell the recommended ones from them",

@@ -54,8 +54,7 @@ def _options(st: StageEntry) -> dict[str, list[dict]]:
     h2h = st.head_to_head
     out: dict[str, list[dict]] = {}
     for ex, alt in st.alternatives.items():
-        points = [p for p in st.curve(f"{harness}/{ex}") if finite(p.qps)]
-        points = [p for p in points if num(p.qps) > 0]
+        points = [p for p in st.curve(f"{harness}/{ex}") if finite(p.qps) and num(p.qps) > 0]
         if not points:
             continue
         scale = 1.0

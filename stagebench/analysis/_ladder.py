@@ -57,23 +57,20 @@ def build_ladder(
 ) -> Ladder:
     """The candidates from ``offers`` ((setting, why offered), most important first; None: nothing to
     offer for that reason), less those the isolated sweep rules out (module docstring)."""
-    merged: list[tuple[Rung, list[str]]] = []
+    # one per setting, its reasons merged, in the order first offered
+    merged: dict[str, tuple[Rung, list[str]]] = {}
     for rung, origin in offers:
-        if rung is None:
-            continue
-        same = next((origins for r, origins in merged if r.key == rung.key), None)
-        if same is not None:
-            if origin not in same:
-                same.append(origin)
-        else:
-            merged.append((rung, [origin]))
+        if rung is not None:
+            origins = merged.setdefault(rung.key, (rung, []))[1]
+            if origin not in origins:
+                origins.append(origin)
     need = None if demand is None else ROOM * (demand.high if demand.high is not None else demand.value)
     run: list[tuple[Rung, list[str]]] = []
     skipped: list[JobSkipped] = []
-    for rung, origins in merged:
+    for rung, origins in merged.values():
         roomy = [
             r
-            for r, _ in merged
+            for r, _ in merged.values()
             if r.key != rung.key and not r.serial and r.cost < rung.cost and r.alone is not None and need is not None
             if (r.alone.low if r.alone.low is not None else r.alone.value) >= need
         ]

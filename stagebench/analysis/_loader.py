@@ -56,9 +56,8 @@ def _public(p: LoaderRow, why: str | None = None) -> dict[str, Any]:
     }
     if why is not None:
         out["why"] = why
-    decision = p.decision
-    if decision is not None:  # the rule's record: what the pick rests on (model/_evidence)
-        out["decision"] = decision.to_json()
+    if p.decision is not None:  # the rule's record: what the pick rests on (model/_evidence)
+        out["decision"] = p.decision.to_json()
     return out
 
 
@@ -297,11 +296,7 @@ def _search_summary(m: RunMeta, pts: list[LoaderRow]) -> dict[str, Any]:
     mean_point = sum(elapsed) / len(elapsed) if elapsed else math.nan
     est = mean_point * grid_points if math.isfinite(mean_point) else math.nan
     return {
-        "strategy": search.strategy
-        if search.strategy is not None
-        else m.settings.strategy
-        if m.settings.strategy is not None
-        else "adaptive",
+        "strategy": next((s for s in (search.strategy, m.settings.strategy) if s is not None), "adaptive"),
         "points_measured": len(pts),
         "seconds": seconds,
         "full_grid_points": grid_points,

@@ -25,8 +25,6 @@ from stagebench.model._stage import GilEstimate, HeadToHead, PageFaults, StageEn
 __all__ = ["analyze_stage"]
 
 _EXEC_PREFERENCE = ("thread", "async", "process")  # less memory first
-
-
 _STATUS_ORDER = ("crashed", "failed", "timeout", "skipped")
 _GIL_KEYS = ("pinned", "source", "saturated", "serializer", "harness", "executor", "notes")  # an entry's ``gil``
 
