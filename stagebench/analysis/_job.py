@@ -146,10 +146,6 @@ def _measured(f: JobFigures | None) -> bool:
     return f is not None and f.samples_per_s is not None and finite(f.samples_per_s)
 
 
-def _ran(figs: Figures) -> dict[str, JobFigures]:
-    return {k: f for k, f in figs.items() if f is not None and _measured(f)}
-
-
 def _ratio_of(figs: Figures) -> Any:
     """``ratio(a, b)``: a's job rate over b's, round by round, over the rounds both ran in."""
 
@@ -164,10 +160,6 @@ def _ratio_of(figs: Figures) -> Any:
     return ratio
 
 
-def _yours(job: JobRecord) -> str | None:
-    return next((c.key for c in job.candidates if "yours" in c.origin), None)
-
-
 def job_decision(job: JobRecord) -> tuple[Decision, dict[str, JobFigures | None]]:
     """The rule applied to the job runs so far, and the figures it read."""
     figs = candidate_figures(job)
@@ -175,7 +167,8 @@ def job_decision(job: JobRecord) -> tuple[Decision, dict[str, JobFigures | None]
         Option(c.key, c.cost, f.rate if (f := figs[c.key]) is not None else None, in_step=c.in_step)
         for c in job.candidates
     ]
-    return decide(options, yours=_yours(job), ratio=_ratio_of(figs)), figs
+    yours = next((c.key for c in job.candidates if "yours" in c.origin), None)
+    return decide(options, yours=yours, ratio=_ratio_of(figs)), figs
 
 
 def contenders(job: JobRecord) -> list[str]:
@@ -311,7 +304,7 @@ def decide_job(job: JobRecord | None, trainer: StepAlone | None, *, unit: str = 
         return None
     demand = trainer.rate if trainer is not None else None
     d, figs = job_decision(job)
-    ran = _ran(figs)
+    ran = {k: f for k, f in figs.items() if f is not None and _measured(f)}
     label = {c.key: c.name for c in job.candidates}
     stopped = job.stopped
     unproven = _not_run(job, figs)

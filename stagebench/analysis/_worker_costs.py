@@ -142,7 +142,6 @@ def worker_cost_findings(wc: WorkerCosts | None, pick: LoaderRow | None) -> list
 
 def _shipping_findings(wc: WorkerCosts, pick: LoaderRow) -> list[Finding]:
     """What shipping the dataset to each worker adds to its start, where it is large or slow."""
-    out: list[Finding] = []
     ship = wc.shipping or Shipping()
     largest = ship.largest or Largest()
     what = (
@@ -154,63 +153,63 @@ def _shipping_findings(wc: WorkerCosts, pick: LoaderRow) -> list[Finding]:
     each = num(ship.unpickle_s) + (0.0 if ship.pickled_once else num(ship.pickle_s))
     # SPDL passes the shared memory's name, not the copy, down the pipe: no queue from it
     queued = _queued(wc.startup) if ship.shipped and not ship.pickled_once else None
-    if ship.shipped and (num(ship.mb) >= SHIP_MB or each >= SHIP_S or queued is not None):
-        nw = pick.num_workers
-        persistent = pick.persistent_workers is True
-        once = ship.pickled_once is True
-        detail = (
-            (
-                f"Each worker receives a pickled copy of your dataset{what}, {ship.mb:,.1f} MB: SPDL's loader "
-                f"pickles it once into shared memory ({ship.pickle_s:.2f} s) and each worker loads it "
-                f"({ship.unpickle_s:.2f} s; timed here, in the main process: a worker, importing beside it, "
-                "takes longer)"
-                if once
-                else f"Under {ship.start_method}, each worker receives a pickled copy of your dataset{what}, "
-                f"{ship.mb:,.1f} MB: the main process pickles it for each worker in turn "
-                f"({ship.pickle_s:.2f} s each) and each worker loads it ({ship.unpickle_s:.2f} s; timed here, "
-                "in the main process: a spawned worker, importing beside it, takes longer)"
-                + (f", {nw * num(ship.pickle_s):.1f} s before the last of {nw} workers starts" if nw > 1 else "")
-            )
-            + ". "
-            + (
-                "persistent_workers=True, as recommended, pays it once per run."
-                if persistent
-                else "persistent_workers=True would pay it once per run instead of at every epoch."
-            )
+    if not (ship.shipped and (num(ship.mb) >= SHIP_MB or each >= SHIP_S or queued is not None)):
+        return []
+    nw = pick.num_workers
+    persistent = pick.persistent_workers is True
+    once = ship.pickled_once is True
+    detail = (
+        (
+            f"Each worker receives a pickled copy of your dataset{what}, {ship.mb:,.1f} MB: SPDL's loader "
+            f"pickles it once into shared memory ({ship.pickle_s:.2f} s) and each worker loads it "
+            f"({ship.unpickle_s:.2f} s; timed here, in the main process: a worker, importing beside it, "
+            "takes longer)"
+            if once
+            else f"Under {ship.start_method}, each worker receives a pickled copy of your dataset{what}, "
+            f"{ship.mb:,.1f} MB: the main process pickles it for each worker in turn "
+            f"({ship.pickle_s:.2f} s each) and each worker loads it ({ship.unpickle_s:.2f} s; timed here, "
+            "in the main process: a spawned worker, importing beside it, takes longer)"
+            + (f", {nw * num(ship.pickle_s):.1f} s before the last of {nw} workers starts" if nw > 1 else "")
         )
-        if largest.python_objects and largest.item in ("str", "tuple", "list", "dict"):
-            detail += (
-                f" Held as a numpy array (or a memory-mapped file) instead of a Python {largest.container}, "
-                "the same data pickles as one buffer, without a Python object per item."
-            )
-        title = f"Each worker receives a {ship.mb:,.0f} MB copy of your dataset: at least {each:.2f} s of its start"
-        if queued is not None:
-            title = (
-                f"Each worker receives a {ship.mb:,.0f} MB copy of your dataset: the workers start one after "
-                f"another, the last {queued.workers_start_last_s:.1f} s after iter() at num_workers="
-                f"{queued.num_workers}"
-            )
-            detail += (
-                f" At num_workers={queued.num_workers} a worker waited {queued.workers_created_s:.1f} s "
-                f"(median) for the main process to create it and took {queued.worker_boot_s:.1f} s to boot: "
-                f"a copy this large does not fit the pipe to the worker, so the main process waits until each "
-                "worker has imported what it needs and read its copy before it starts the next; the first batch "
-                "waits for the last."
-            )
-        out.append(
-            Finding(
-                "medium" if each >= 1.0 or num(ship.mb) >= 100 or queued is not None else "low",
-                title,
-                detail,
-                evidence={
-                    "start_method": ship.start_method,
-                    "mb": ship.mb,
-                    "pickle_s": ship.pickle_s,
-                    "unpickle_s": ship.unpickle_s,
-                },
-            )
+        + ". "
+        + (
+            "persistent_workers=True, as recommended, pays it once per run."
+            if persistent
+            else "persistent_workers=True would pay it once per run instead of at every epoch."
         )
-    return out
+    )
+    if largest.python_objects and largest.item in ("str", "tuple", "list", "dict"):
+        detail += (
+            f" Held as a numpy array (or a memory-mapped file) instead of a Python {largest.container}, "
+            "the same data pickles as one buffer, without a Python object per item."
+        )
+    title = f"Each worker receives a {ship.mb:,.0f} MB copy of your dataset: at least {each:.2f} s of its start"
+    if queued is not None:
+        title = (
+            f"Each worker receives a {ship.mb:,.0f} MB copy of your dataset: the workers start one after "
+            f"another, the last {queued.workers_start_last_s:.1f} s after iter() at num_workers="
+            f"{queued.num_workers}"
+        )
+        detail += (
+            f" At num_workers={queued.num_workers} a worker waited {queued.workers_created_s:.1f} s "
+            f"(median) for the main process to create it and took {queued.worker_boot_s:.1f} s to boot: "
+            f"a copy this large does not fit the pipe to the worker, so the main process waits until each "
+            "worker has imported what it needs and read its copy before it starts the next; the first batch "
+            "waits for the last."
+        )
+    return [
+        Finding(
+            "medium" if each >= 1.0 or num(ship.mb) >= 100 or queued is not None else "low",
+            title,
+            detail,
+            evidence={
+                "start_method": ship.start_method,
+                "mb": ship.mb,
+                "pickle_s": ship.pickle_s,
+                "unpickle_s": ship.unpickle_s,
+            },
+        )
+    ]
 
 
 def _growth_findings(wc: WorkerCosts) -> list[Finding]:
