@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-__all__ = ["BatchTag", "TaggedCollate", "TimedInit", "EpochControl", "BuiltLoader", "shut_down"]
+__all__ = ["BatchTag", "TaggedCollate", "TimedInit", "EpochControl", "BuiltLoader", "shut_down", "context_name"]
 
 
 # ------------------------------------------------------------ measurement protocol
@@ -165,6 +165,14 @@ class BuiltLoader:
     loader: Iterable
     control: EpochControl | None = None
     close: Callable[[], None] | None = None
+
+
+def context_name(ctx: Any) -> str | None:
+    """The start method a ``multiprocessing_context`` names (a name, or a context), None for none."""
+    if ctx is None or isinstance(ctx, str):
+        return ctx
+    get = getattr(ctx, "get_start_method", None)
+    return str(get()) if callable(get) else type(ctx).__name__
 
 
 def _cuda_available() -> bool:

@@ -79,10 +79,7 @@ _CRASH_MARKERS = ("exited unexpectedly", "killed by signal", "terminated abruptl
 
 def _classify(message: str, exc: BaseException | None = None, *, crash: bool = False) -> tuple[str, str]:
     """(status, reason) for an error seen by the consumer."""
-    is_crash = crash or any(m in message for m in _CRASH_MARKERS)
-    if exc is not None:
-        is_crash = is_crash or isinstance(exc, BrokenProcessPool)
-    if is_crash:
+    if crash or isinstance(exc, BrokenProcessPool) or any(m in message for m in _CRASH_MARKERS):
         killed = any(m in message for m in ("Killed", "SIGKILL", "signal: 9", "terminated abruptly"))
         hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if killed else ""
         return "crashed", f"a worker process died: {message}{hint}"[:400]
@@ -287,13 +284,9 @@ class _Consumer(threading.Thread):
 
     def worker_pids(self) -> list[int]:
         """Worker pids known without touching /proc: tags, torch's iterator, SPDL's pool."""
-        me = os.getpid()
-        pids = {e.pid for e in self.events[:4096] if e.pid is not None and e.pid != me}
-        for w in self._worker_procs():
-            pid = getattr(w, "pid", None)
-            if pid:
-                pids.add(int(pid))
-        pids.discard(me)
+        pids = {e.pid for e in self.events[:4096] if e.pid is not None}
+        pids |= {int(w.pid) for w in self._worker_procs() if getattr(w, "pid", None)}
+        pids.discard(os.getpid())
         return sorted(pids)
 
 
@@ -302,14 +295,11 @@ def _kill_workers(pids: Iterable[int]) -> int:
     me = os.getpid()
     n = 0
     for pid in pids:
-        try:
+        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):  # a worker gone already
             p = psutil.Process(pid)
-            if p.ppid() != me or p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            os.kill(pid, signal.SIGKILL)
-            n += 1
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            continue
+            if p.ppid() == me and p.status() != psutil.STATUS_ZOMBIE:
+                os.kill(pid, signal.SIGKILL)
+                n += 1
     return n
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import psutil
 
+from stagebench.loader._built import context_name
 from stagebench.model._loader import Largest, MemorySample, Shipping, Shm, WorkerMemory
 
 __all__ = ["start_method", "shipping_cost", "memory_pass", "largest_container", "copy_bound_mb", "shm_headroom"]
@@ -49,13 +50,8 @@ MIN_READINGS = 4
 def start_method(factory: Any) -> str:
     """The start method the loader's workers use: the loader's own ``multiprocessing_context``, else
     the interpreter's default (what torch uses)."""
-    ctx = getattr(factory, "multiprocessing_context", None)
-    if isinstance(ctx, str):
-        return ctx
-    get = getattr(ctx, "get_start_method", None)
-    if callable(get):
-        return str(get())
-    return str(multiprocessing.get_start_method(allow_none=False))
+    own = context_name(getattr(factory, "multiprocessing_context", None))
+    return own or str(multiprocessing.get_start_method(allow_none=False))
 
 
 def largest_container(obj: Any) -> Largest | None:
@@ -191,19 +187,15 @@ def memory_pass(
         return None
     procs = {}
     for pid in pids:
-        try:
+        with contextlib.suppress(psutil.Error):  # a worker gone already
             procs[pid] = psutil.Process(pid)
-        except psutil.Error:
-            continue
 
     def read() -> dict[int, float]:
         out = {}
         for pid, p in procs.items():
-            try:
+            with contextlib.suppress(psutil.Error, AttributeError):
                 info = p.memory_full_info()
                 out[pid] = (info.uss or info.pss) / 2**20
-            except (psutil.Error, AttributeError):
-                continue
         return out
 
     def made() -> dict[int, int]:

@@ -9,6 +9,7 @@ workers queued while suspended, then one round of them), and its window reckoned
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -94,9 +95,8 @@ class _Loader:
 
     def close(self) -> None:
         try:
-            _teardown(self.cons, hung=False)
-        except Exception:  # a teardown's fault: the leader's own point says what its loader did
-            pass
+            with contextlib.suppress(Exception):  # a teardown's fault: the leader's own point says what its loader did
+                _teardown(self.cons, hung=False)
         finally:
             self.errors.detach()
 

@@ -10,11 +10,9 @@ Two ways in, one result (a :class:`DatasetLoaderFactory`: knobs -> a fresh loade
   dataset, sampler, collate_fn and worker_init_fn are reused as they are; the
   loop body never runs.
 
-Every loader the factory builds wraps the resolved (batch) sampler in an
-:class:`~stagebench.loader._built.EpochControl` and the collate function in a
-:class:`~stagebench.loader._built.TaggedCollate`, so the measurement controls where
-epochs end and sees which worker made each batch, without touching the
-batches themselves.
+Every loader the factory builds wraps the resolved (batch) sampler and the collate function
+(:mod:`stagebench.loader._built`: the measurement controls where epochs end and sees which worker
+made each batch).
 
 The hook patches ``__iter__`` rather than ``__init__`` because a script may
 build several loaders (train, val) and only iterating one commits to it; it is
@@ -43,7 +41,7 @@ from stagebench._spdl_private import MODE_VAR, PYTORCH_DATALOADER_MODULE, pytorc
 from stagebench.core._progress import message
 from stagebench.core._ranks import HostGroup, lead, meet
 from stagebench.job._phase import end_from_close
-from stagebench.loader._built import BuiltLoader, EpochControl, TaggedCollate, TimedInit
+from stagebench.loader._built import BuiltLoader, EpochControl, TaggedCollate, TimedInit, context_name
 from stagebench.loader._follow import follow_loaders
 from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
 from stagebench.loader._trainer import follower_trainer_phases, loader_trainer_phases
@@ -202,23 +200,19 @@ class DatasetLoaderFactory:
 
     def describe(self) -> dict[str, Any]:
         """What run.json records about the loader under test."""
-        try:
-            epoch_batches = len(self.index_sampler) if not self.iterable else None
-        except TypeError:
-            epoch_batches = None
         d: dict[str, Any] = {
             "name": self.name,
             "backend": self.backend,
             "batch_size": self.batch_size,
             "dataset": f"{type(self.dataset).__module__}.{type(self.dataset).__qualname__}",
             "dataset_len": _safe_len(self.dataset),
-            "epoch_batches": epoch_batches,
+            "epoch_batches": None if self.iterable else _safe_len(self.index_sampler),
             "sampler": type(self.index_sampler).__name__ if self.index_sampler is not None else None,
             "collate_fn": getattr(self.collate_fn, "__qualname__", type(self.collate_fn).__name__),
             "worker_init_fn": None
             if self.worker_init_fn is None
             else getattr(self.worker_init_fn, "__qualname__", type(self.worker_init_fn).__name__),
-            "multiprocessing_context": _ctx_name(self.multiprocessing_context),
+            "multiprocessing_context": context_name(self.multiprocessing_context),
             "in_order": self.in_order,
             "notes": list(self.notes),
             "call": [{"arg": a, "code": c, "comment": m} for a, c, m in self.call],
@@ -233,13 +227,6 @@ def _safe_len(x: Any) -> int | None:
         return len(x)
     except Exception:
         return None
-
-
-def _ctx_name(ctx: Any) -> str | None:
-    if ctx is None or isinstance(ctx, str):
-        return ctx
-    get = getattr(ctx, "get_start_method", None)
-    return get() if callable(get) else type(ctx).__name__
 
 
 @functools.cache
@@ -500,7 +487,7 @@ def diagnose_first_loader(
         # is iterated; with the mode still on, that pipeline would be the stand-in and start a pipeline
         # diagnosis of its own into the same folder.
         os.environ[MODE_VAR] = "0"
-        group = meet("loader", _say)  # torchrun: the host's ranks, measured together
+        group = meet("loader", message)  # torchrun: the host's ranks, measured together
         factory, backend = factory_from_loader(loader)
         if group is not None and not group.leader:
             return _follow(group, factory)
@@ -509,13 +496,13 @@ def diagnose_first_loader(
 
     def _lead(kind: str, factory: DatasetLoaderFactory, backend: str, group: HostGroup | None) -> Any:
         ranks = "" if group is None else f", on each of the host's {group.size} ranks at once"
-        _say(
+        message(
             f"caught {kind} over {factory.name} "
             f"(batch size {factory.batch_size}); sweeping its knobs{ranks} instead of running the loop"
         )
         trainer = _trainer_setting()
         if trainer is not None and (why := no_job_across_hosts()) is not None:
-            _say(why)
+            message(why)
             trainer = None
         cfg = config or LoaderSweepConfig()
         try:
@@ -541,21 +528,17 @@ def diagnose_first_loader(
         report = run_dir / "report.html"
         print(f"report: {report if report.exists() else run_dir}")
         if summary.get("unwritten"):  # measured, but a file could not be written (a full disk)
-            _say(f"error: {summary['unwritten']}; the rows are in {run_dir}")
+            message(f"error: {summary['unwritten']}; the rows are in {run_dir}")
             raise SystemExit(PARTIAL.exit_code)
         if not summary.get("recommended"):  # nothing could be measured: not a diagnosed loader
-            _say(f"error: {summary.get('verdict')}; the rows and their reasons are in {run_dir}")
+            message(f"error: {summary.get('verdict')}; the rows and their reasons are in {run_dir}")
             raise SystemExit(FAILED.exit_code)
         if trainer is None:
             raise SystemExit(0)
-        _say("that was the loader alone; your training loop runs next, and the advice is for your job")
+        message("that was the loader alone; your training loop runs next, and the advice is for your job")
         return _then_exit(factory, summary, run_dir, *trainer, group)
 
     return install_dataloader_hook(on_loader)
-
-
-def _say(text: str) -> None:
-    print(f"[stagebench] {text}", file=sys.stderr, flush=True)
 
 
 @contextmanager
@@ -583,10 +566,10 @@ def _follow(group: HostGroup, factory: DatasetLoaderFactory) -> Any:
     try:
         done = follow_loaders(group, factory)
     except RankLost as e:
-        _say(f"local rank {group.rank}: {e}")
+        message(f"local rank {group.rank}: {e}")
         raise SystemExit(RANK_LOST.exit_code) from None
     if done.cmd is not None:  # the leader's job phase begins
-        return follower_trainer_phases(group, factory, _say)
+        return follower_trainer_phases(group, factory, message)
     ignore_sigterm()  # leaving with the leader's code, whatever torch's launcher does to the last ranks
     group.bye()
     raise SystemExit(done.code)

@@ -34,11 +34,9 @@ __all__ = ["find_transforms", "capture_transform_inputs", "isolate_transforms", 
 
 
 def _steps_of(t: Any) -> list[Callable] | None:
-    inner = getattr(t, "transforms", None)
-    if isinstance(inner, (list, tuple)) and inner and all(callable(s) for s in inner):
-        return list(inner)
-    if isinstance(t, (list, tuple)) and t and all(callable(s) for s in t):
-        return list(t)
+    for steps in (getattr(t, "transforms", None), t):  # a Compose-like object, or a plain list of callables
+        if isinstance(steps, (list, tuple)) and steps and all(callable(s) for s in steps):
+            return list(steps)
     return None
 
 

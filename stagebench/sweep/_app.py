@@ -64,7 +64,7 @@ from stagebench.core._progress import Progress
 from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
 from stagebench.report._run import FailedJob
 from stagebench.runs._jobs import JOB_STATUS
-from stagebench.runs._results import to_jsonable
+from stagebench.runs._results import to_jsonable, write_atomically
 from stagebench.runs._schema import RESULTS_SCHEMA_VERSION
 from stagebench.sweep._cluster import launcher_warnings, watch_termination
 from stagebench.sweep._hydra_internal import args_parser, config_loader, config_search_path, split_sweep
@@ -236,10 +236,9 @@ def _schema_keys(cls: Any, prefix: str) -> list[str]:
 
 
 def _all_keys() -> list[str]:
-    keys = {"progress"} | set(_schema_keys(SweepSettings, "sweep."))
+    keys = set(_schema_keys(StagebenchSweepConfig, "")) | set(_schema_keys(SweepSettings, "sweep."))
     for cls in LOADER_SCHEMAS.values():
         keys |= set(_schema_keys(cls, "loader."))
-    keys |= {f.name for f in dataclasses.fields(StagebenchSweepConfig)}
     return sorted(keys)
 
 
@@ -391,7 +390,7 @@ def loader_sweep_config(sweep: Any) -> Any:
 class JobStatus:
     """What one job of a sweep records in ``job_status.json``, filled in as the job runs.
 
-    ``loader``, ``kind`` and ``backend`` are known once the job's config is read (``described``);
+    ``loader``, ``kind`` and ``backend`` are known once the job's config is read;
     ``verdict``, ``best`` and ``recommended`` once its sweep finished (``finished``); ``elapsed_s`` when it
     ends. The file holds the keys known, in this order.
     """
@@ -405,7 +404,6 @@ class JobStatus:
     host: str = ""
     started_at: str = ""
     run_dir: str = ""
-    described: bool = False
     loader: str | None = None
     kind: str | None = None
     backend: str | None = None
@@ -419,7 +417,7 @@ class JobStatus:
         """``job_status.json``: the keys known, in the order the job learns them."""
         head = ("status", "reason", "job_num", "overrides", "label", "launcher", "host", "started_at", "run_dir")
         out: dict[str, Any] = {"schema_version": RESULTS_SCHEMA_VERSION, **{k: getattr(self, k) for k in head}}
-        if self.described:
+        if self.loader is not None:
             out.update(loader=self.loader, kind=self.kind, backend=self.backend)
         if self.finished:
             out.update(verdict=self.verdict, best=self.best, recommended=self.recommended)
@@ -431,9 +429,7 @@ class JobStatus:
 def _write_status(job_dir: Path, status: JobStatus) -> None:
     try:
         job_dir.mkdir(parents=True, exist_ok=True)
-        tmp = job_dir / (JOB_STATUS + ".tmp")
-        tmp.write_text(json.dumps(to_jsonable(status.to_json()), indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, job_dir / JOB_STATUS)
+        write_atomically(job_dir / JOB_STATUS, json.dumps(to_jsonable(status.to_json()), indent=2) + "\n")
     except OSError as e:  # the job's folder is gone or read-only: say so, keep the outcome in memory
         print(f"stagebench sweep: cannot write {job_dir / JOB_STATUS}: {e}", file=sys.stderr)
 
@@ -493,7 +489,7 @@ def run_job(
 def _job_progress(settings: Any, status: JobStatus, job_dir: Path) -> Any:
     """The job's progress display, after one line saying which job this is and where it writes."""
     lc = settings.loader
-    status.loader, status.kind, status.backend, status.described = lc.name, lc.kind, lc.backend.name, True
+    status.loader, status.kind, status.backend = lc.name, lc.kind, lc.backend.name
     total = _SWEEP_TOTAL.get("jobs")
     num = status.job_num
     prefix = "" if num is None else f"job {num + 1}{f'/{total}' if total else ''}: "
@@ -531,11 +527,7 @@ def _run_sweep(cfg: Any, settings: Any, *, job_dir: Path, status: JobStatus, lab
         progress=progress,
     )
     status.status, status.reason, status.finished = "ok", "", True
-    status.verdict, status.best, status.recommended = (
-        summary.get("verdict"),
-        summary.get("best"),
-        summary.get("recommended"),
-    )
+    status.verdict, status.best, status.recommended = (summary.get(k) for k in ("verdict", "best", "recommended"))
 
 
 def _task(cfg: Any) -> float | None:
@@ -661,11 +653,6 @@ def _print_jobs(jobs: list[dict[str, Any]]) -> None:
 # --------------------------------------------------------------------------- entry point
 
 
-def _hydra_entry() -> None:
-    register_configs()
-    hydra.main(version_base="1.3", config_path=str(config_dir()), config_name=CONFIG_NAME)(_task)()
-
-
 def main(argv: list[str]) -> int:
     """``stagebench sweep ARGS``: Hydra's command line, validated first; returns the exit code.
 
@@ -709,7 +696,8 @@ def main(argv: list[str]) -> int:
     saved = sys.argv
     sys.argv = ["stagebench sweep", *argv]
     try:
-        _hydra_entry()
+        register_configs()
+        hydra.main(version_base="1.3", config_path=str(config_dir()), config_name=CONFIG_NAME)(_task)()
         code = 0
     except SystemExit as e:
         code = _exit_code(e)

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from stagebench.core._progress import message
 from stagebench.loader._intercept import import_user_module, make_loader_factory
 from stagebench.runs._knobs import KNOWN_BACKENDS
 from stagebench.sweep import _datasets
@@ -301,7 +302,7 @@ def _import_path(spec: str, key: str) -> Callable[..., Any]:
 
 def build_loader(cfg: Any, *, progress: Any = None) -> LoaderSpec:
     """A :class:`LoaderSpec` from a validated loader config (generates built-in data on first use)."""
-    log = progress.message if progress is not None else _datasets._stderr
+    log = progress.message if progress is not None else message
     info: dict[str, Any] = {"kind": cfg.kind}
     collate = None
     if isinstance(cfg, ImageNetLoaderConfig):

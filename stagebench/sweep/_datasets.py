@@ -24,7 +24,6 @@ import io
 import json
 import os
 import shutil
-import sys
 import time
 import uuid
 import wave
@@ -36,6 +35,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from stagebench._errors import StagebenchError
+from stagebench.core._progress import message
 
 __all__ = [
     "MANIFEST",
@@ -63,10 +63,6 @@ _GRAIN = 30.0  # per-pixel noise std (of 255): sets the file size (~90 KB mean a
 
 class DatasetError(StagebenchError):
     """The requested dataset folder cannot be used (a user error: one line, exit code 2)."""
-
-
-def _stderr(msg: str) -> None:
-    print(f"[stagebench] {msg}", file=sys.stderr, flush=True)
 
 
 def data_dir() -> Path:
@@ -200,7 +196,7 @@ def generate_imagenet(
     classes: int,
     per_class: int,
     seed: int = 0,
-    log: Callable[[str], None] | None = _stderr,
+    log: Callable[[str], None] | None = message,
 ) -> Path:
     """JPEGs in ImageNet train layout under ``root/train/<class>/``; returns ``root`` (``None``: the
     cache's folder for these parameters, generated on first use).
@@ -263,7 +259,7 @@ def generate_audio(
     seconds: float,
     sample_rate: int = 16000,
     seed: int = 0,
-    log: Callable[[str], None] | None = _stderr,
+    log: Callable[[str], None] | None = message,
 ) -> Path:
     """Mono 16-bit WAV clips under ``root/clips/``; returns ``root`` (``None``: the cache's folder for
     these parameters, generated on first use)."""
