@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stagebench.model._json import Read, each
+from stagebench.model._json import Read, Written, each
 from stagebench.model._rate import Rate
 
 __all__ = ["Ranks", "HostRate", "WindowShare", "Command", "Answer"]
@@ -60,7 +60,7 @@ class Ranks(Read):
 
 
 @dataclass(frozen=True, slots=True)
-class WindowShare:
+class WindowShare(Written):
     """What one rank delivered over the leader's window, cut into equal slices: the samples each slice
     holds (an arrival counted in the fraction of the gap before it that falls in the slice) and the seconds
     it counts (a gap the rank's own rate leaves out, an epoch's restart, is not counted). Every rank's
@@ -93,9 +93,6 @@ class WindowShare:
             return cls(tuple(float(x) for x in d["samples"]), tuple(float(x) for x in d["seconds"]))
         except (KeyError, TypeError, ValueError):
             return None
-
-    def to_json(self) -> dict[str, list[float]]:
-        return {"samples": list(self.samples), "seconds": list(self.seconds)}
 
 
 @dataclass(frozen=True, slots=True)
