@@ -146,16 +146,11 @@ class SweepConfig:
     process_flat_levels: int = 2
     """Stop a process curve after this many consecutive levels that do not
     raise its best throughput beyond noise (each higher level starts more
-    interpreters, and a
-    plateau does not come back up on processes). With a value above 0, no
-    process point is measured when threads scale within 5% of linearly to the
-    top of the grid, or when their best point reaches 90% of the harness's
-    thread no-op ceiling (overhead-bound), or when the caller's GIL probe read
-    the stage at most 10% and threads keep 75% of the usable cores busy (the
-    cores bind: ``StageSweep.gil_high``): processes could not win there.
-    0 measures every level.
-    Thread curves always get every level: they are cheap, and their fall at
-    high concurrency is GIL evidence."""
+    interpreters, and a plateau does not come back up on processes). With a
+    value above 0, no process point is measured where the thread curve shows
+    that processes cannot win, and a GIL-free stage's thread curve ends once
+    more threads get no more (:mod:`stagebench.core._sweep`). 0 measures every
+    level."""
 
     process_ceilings: str = "near_best"
     """Which levels of a process curve get their no-op ceiling: ``"near_best"``

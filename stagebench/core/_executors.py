@@ -172,6 +172,11 @@ class Runner:
         """Release workers; kill them where that is possible."""
         self._stop.set()
 
+    def pool_failed(self, exc: BaseException, pool: WorkerPool | None) -> None:
+        """An error of the process pool's own, not the stage's, ends the point (:func:`pool_failure`)."""
+        self.fatal_status, self.fatal = pool_failure(exc, pool)
+        self._stop.set()
+
 
 class ThreadRunner(Runner):
     """c daemon threads; worker i takes inputs i, i+c, i+2c, ... cyclically.
@@ -415,17 +420,15 @@ class WorkerPool:
     modules, which would dominate a diagnosis if every point started its own
     pool. A sweep measures levels in ascending order, so the pool *grows* to c
     workers at level c: every point still runs on exactly c workers, the stage
-    and its no-op ceiling share them (the ceiling calls :func:`_worker_noop`:
-    the same IPC, no work), and going down in c starts a fresh pool (a
-    head-to-head keeps the larger one: :attr:`keep_larger`). A point that ends
-    with a dead, hung or busy worker discards the pool (:meth:`discard` kills
-    it); the next point starts clean.
+    and its no-op ceiling share them (:func:`_worker_noop`: the same IPC, no
+    work), and going down in c starts a fresh pool (unless :attr:`keep_larger`).
+    A point that ends with a dead, hung or busy worker discards the pool
+    (:meth:`discard` kills it); the next point starts clean.
 
     Several stages (``WorkerPool(f, g, h)``) share the workers when their
-    process points are measured level by level (the diagnosis does): the pool
-    grows to the top level once for all of them instead of once per stage.
-    Every worker then holds all of them, so a stage's worker memory includes
-    the others' modules and unpickled state; the sweep shares a pool only
+    process points are measured level by level: the pool grows to the top
+    level once for all of them. Every worker then holds all of them, so a
+    stage's worker memory includes the others'; the sweep shares a pool only
     among stages that pickle small (see ``_sweep._pools``).
 
     The pool is the standard library's ``concurrent.futures.ProcessPoolExecutor``,
@@ -434,17 +437,14 @@ class WorkerPool:
     ``spawn``, but without re-running the user's ``__main__`` (``spawn`` and
     ``forkserver`` would run an unguarded ``train.py`` again in every worker),
     and without ``fork``'s copies of the threads and locks of a process that
-    has SPDL and torch loaded. Stages and their state travel with cloudpickle,
-    once per worker (:func:`_worker_init`); each call ships the item with
-    standard pickle, as the user's pool would (loky's own executor would add
-    its own cost per call).
+    has SPDL and torch loaded. Stages travel with cloudpickle, once per worker
+    (:func:`_worker_init`); each call ships the item with standard pickle, as
+    the user's pool would.
 
-    Growing sets the pool's worker count and starts the new workers (the
-    standard library's private ``_max_workers`` and ``_spawn_process``, as its
-    own submit does when it spawns on demand); the call queue is sized for
-    :data:`_QUEUE_WORKERS` workers from the start, since it cannot grow.
-    Where those are missing (another Python), the pool is replaced instead,
-    which is only slower.
+    Growing uses the standard library's private ``_max_workers`` and
+    ``_spawn_process``, as its own submit does; the call queue is sized for
+    :data:`_QUEUE_WORKERS` workers from the start, since it cannot grow. Where
+    those are missing (another Python), the pool is replaced instead.
     """
 
     def __init__(self, *fns: Callable, fn_bytes: Sequence[bytes] | None = None) -> None:
@@ -524,13 +524,10 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return _pool_pids(self._ex)
 
-    def exit_codes(self) -> str:
-        """The workers' exit codes other than 0 and the pool's own SIGTERM, as loky used to word them."""
-        return _dead_codes(self._procs)
-
     def died(self) -> str:
-        """The reason recorded when a worker of this pool died: with its exit codes where they are known."""
-        codes = self.exit_codes()
+        """The reason recorded when a worker of this pool died: with its exit codes (other than 0 and the
+        pool's own SIGTERM) where they are known."""
+        codes = _dead_codes(self._procs)
         return f"a worker process died{f' (exit codes {codes})' if codes else ''}"
 
     def discard(self) -> None:
@@ -538,8 +535,6 @@ class WorkerPool:
         ex, self._ex, self.size = self._ex, None, 0
         if ex is not None:
             close_pool(ex)
-
-    close = discard
 
     def __enter__(self) -> "WorkerPool":
         return self
@@ -551,10 +546,7 @@ class WorkerPool:
 class ProcessRunner(Runner):
     """c calls in flight on a :class:`WorkerPool` of c workers.
 
-    The stage is sent once per worker with cloudpickle (initializer), so
-    lambdas, functions from the user's ``__main__``, partials and callable
-    objects all run in workers; each call then ships only the item. A
-    pool passed in is left running for the next point unless this point ended
+    A pool passed in is left running for the next point unless this point ended
     badly; without one, the runner starts and kills its own.
     """
 
@@ -591,18 +583,14 @@ class ProcessRunner(Runner):
                     t0 = pending.pop(fut)
                     exc = fut.exception()
                     if exc is not None:
-                        self._on_pool_error(exc)
+                        self.pool_failed(exc, self.pool)
                         return
                     reply = WorkerReply.of(fut.result())
                     self.record(reply.pid, t0, t1, reply.ok, reply.error)
         except Exception as e:  # the pool broke while submitting
-            self._on_pool_error(e)
+            self.pool_failed(e, self.pool)
         finally:
             self._idle.set()
-
-    def _on_pool_error(self, exc: BaseException) -> None:
-        self.fatal_status, self.fatal = pool_failure(exc, self.pool)
-        self._stop.set()
 
     def worker_pids(self) -> list[int]:
         return self.pool.pids()

@@ -9,9 +9,8 @@ kind's (a :class:`Mirrored` made by an opener it hands :func:`follow`); the talk
 
 A follower is quiet while it waits: it blocks on the store for the leader's next command (the socket's
 wait holds no GIL), and looks at its own copies only while the leader waits for it to be ready, which no
-window spans. A follower that polled its copies and told their state every few milliseconds took the GIL
-from its own stage so often (every poll a socket's release and reacquire) that a GIL-holding stage ran at
-a fifth of the leader's rate beside it. Nothing here writes a file: the leader writes the run directory.
+window spans: every poll would take the GIL from its own stage. Nothing here writes a file: the leader
+writes the run directory.
 """
 
 from __future__ import annotations

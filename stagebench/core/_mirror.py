@@ -82,10 +82,6 @@ class Mirror:
         self.lost: RankLost | None = None
 
     @property
-    def ranks(self) -> int:
-        return self.group.size
-
-    @property
     def processes(self) -> list[int]:
         """The followers' own processes (a window's cores count theirs and their workers')."""
         return [self.group.pids[r] for r in self.group.followers]

@@ -4,7 +4,7 @@ The disk cache stores stage outputs with pickle; process pools ship stages and
 items with cloudpickle. A diagnosis asks up front (the source items, each
 stage's inputs) so that process points of an unpicklable stage are recorded as
 skipped with the error, and so that outputs the cache cannot store are not
-written (joblib used to leave a truncated file).
+written.
 """
 
 from __future__ import annotations
@@ -35,10 +35,7 @@ def pickle_problem(obj: Any, *, cloud: bool = False) -> str | None:
     Running out of memory while pickling says nothing of whether ``obj`` can be pickled: it is raised,
     for the caller to record as memory (:func:`stagebench._memory.out_of_memory`).
     """
-    if cloud:
-        pickler: Any = cloudpickle.CloudPickler
-    else:
-        pickler = pickle.Pickler
+    pickler: Any = cloudpickle.CloudPickler if cloud else pickle.Pickler
     try:
         pickler(_Discard(), protocol=5, buffer_callback=lambda buf: None).dump(obj)
     except Exception as e:

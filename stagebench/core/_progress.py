@@ -39,8 +39,7 @@ class Progress:
         """A stage point finished: its coordinates, and its rate in calls per second or why it has none.
 
         A stage row's ``qps`` counts the stage's calls: after a batch of 16, one call stands for 16 source
-        items, which the table and the report count ("45.6 calls/s x 16 items"); a line saying "items/s"
-        there read 16x under the table's figure for the same point.
+        items, which the table and the report count ("45.6 calls/s x 16 items").
         """
         label = f"{row.stage} | {row.role} {row.harness}/{row.executor} c={row.concurrency}"
         self.done(label, row.status, row.qps, row.reason, "calls/s")

@@ -29,6 +29,7 @@ followers' processes and beats, the followers the leader's, and a rank that ende
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -36,7 +37,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -210,7 +211,8 @@ class HostGroup:
         # torch loads only where ranks meet: one process of one rank never pays for it
         import torch.distributed as dist
 
-        own = dist.TCPStore("127.0.0.1", self._port(), self.size, False, timeout=timeout)
+        port = self._server.port if self._server is not None else self._store.port
+        own = dist.TCPStore("127.0.0.1", int(port), self.size, False, timeout=timeout)
 
         def beat() -> None:
             while not self._beating.wait(_BEAT_S):
@@ -222,9 +224,6 @@ class HostGroup:
         own.set(f"beat/{self.rank}", repr(time.time()))
         self._beater = threading.Thread(target=beat, name="stagebench-rank-beat", daemon=True)
         self._beater.start()
-
-    def _port(self) -> int:
-        return int(self._server.port if self._server is not None else self._store.port)
 
     # ------------------------------------------------------------------ both sides
     def _get(self, key: str) -> str | None:
@@ -337,14 +336,6 @@ class HostGroup:
         self.close()
 
     # ------------------------------------------------------------------ a follower
-    def command(self) -> Command | None:
-        """A follower: the leader's next command, None where none is waiting (it does not wait)."""
-        raw = self._get(f"cmd/{self._read}")
-        if raw is None:
-            return None
-        self._read += 1
-        return Command.from_json(json.loads(raw))
-
     def pending(self) -> bool:
         """A follower: whether the leader's next command is waiting (it is not read)."""
         return self._get(f"cmd/{self._read}") is not None
@@ -404,31 +395,27 @@ def leading() -> HostGroup | None:
     return _LEADING[-1] if _LEADING else None
 
 
-class alone:  # lower case: used as a function, `with alone():`
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
     """While the block runs, :func:`leading` is None: what the leader measures there, the other ranks do
     not run (they wait for its next command)."""
-
-    def __enter__(self) -> None:
-        _LEADING.append(None)
-
-    def __exit__(self, *exc: object) -> None:
+    _LEADING.append(None)
+    try:
+        yield
+    finally:
         _LEADING.pop()
 
 
-class lead:  # lower case: used as a function, `with lead(group):`
+@contextlib.contextmanager
+def lead(group: HostGroup | None) -> Iterator[HostGroup | None]:
     """While the block runs, :func:`leading` is ``group`` (None: nothing changes)."""
-
-    def __init__(self, group: HostGroup | None) -> None:
-        self.group = group
-
-    def __enter__(self) -> HostGroup | None:
-        if self.group is not None:
-            _LEADING.append(self.group)
-        return self.group
-
-    def __exit__(self, *exc: object) -> None:
-        if self.group is not None:
-            _LEADING.remove(self.group)
+    if group is not None:
+        _LEADING.append(group)
+    try:
+        yield group
+    finally:
+        if group is not None:
+            _LEADING.remove(group)
 
 
 def meet(kind: str, say: Callable[[str], None], environ: Mapping[str, str] | None = None) -> HostGroup | None:

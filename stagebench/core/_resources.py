@@ -100,8 +100,7 @@ class TreeSnapshot:
         """Counters of this process (all its threads) and of ``worker_pids``.
 
         This process's CPU is read first, or last when ``opening`` (the snapshot that opens a
-        window): either way the snapshot's own reads of /proc fall outside the span, which matters
-        more in the 0.2 s windows of sequential stopping than it did in 1 s ones.
+        window): either way the snapshot's own reads of /proc fall outside the span.
         """
         cpu: dict[int, float] = {}
         rb: dict[int, int] = {}
@@ -167,9 +166,7 @@ class TreeSnapshot:
         threads and workers wanted beyond the quota (0: the quota did not bind; NaN: no quota).
 
         Beside the cores used, it says what a curve that flattens at the quota wanted: GIL-free threads
-        want a core each and are held back, threads that queue for the GIL want one between them. Two
-        threads hashing under a 1-CPU quota on 2 cores read 0.99 cores used and 0.40 held back; two
-        spinning in pure Python 0.99 and 0.00."""
+        want a core each and are held back, threads that queue for the GIL want one between them."""
         span = self.t - earlier.t
         if not (span > 0 and math.isfinite(self.throttled_s) and math.isfinite(earlier.throttled_s)):
             return math.nan

@@ -16,9 +16,7 @@ def approx_nbytes(obj: Any, _depth: int = 0) -> int:
     Arrays and tensors are measured without copying (pickling a decoded image
     only to learn its size would double the caching cost).
     """
-    if isinstance(obj, (bytes, bytearray, memoryview)):
-        return len(obj)
-    if isinstance(obj, str):
+    if isinstance(obj, (bytes, bytearray, memoryview, str)):
         return len(obj)
     if isinstance(obj, (int, float, bool, type(None))):
         return 8

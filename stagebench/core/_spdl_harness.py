@@ -36,7 +36,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from stagebench._memory import describe
-from stagebench.core._executors import _LEAKED, Runner, WorkerPool, WorkerReply, identity, pool_failure
+from stagebench.core._executors import _LEAKED, Runner, WorkerPool, WorkerReply, identity
 
 __all__ = ["SpdlRunner", "deferred_teardown", "quiet_spdl_log", "settle"]
 
@@ -87,10 +87,10 @@ def deferred_teardown() -> Iterator[None]:
     """Points measured inside end without waiting for SPDL's tear-down; on leaving the outermost, wait for all.
 
     Outside it (a single ``measure_stage`` call) a point returns with its
-    pipeline fully stopped, as before. Nested inside another (a diagnosis wraps
-    all its stages' sweeps in one) it waits for nothing: each wait cost ~0.1 s
-    of nothing, twice per stage. What needs every tear-down finished first (the
-    GIL probe, which reads the process's CPU clocks) calls :func:`settle` itself.
+    pipeline fully stopped. Nested inside another (a diagnosis wraps all its
+    stages' sweeps in one) it waits for nothing. What needs every tear-down
+    finished first (the GIL probe, which reads the process's CPU clocks) calls
+    :func:`settle` itself.
     """
     _DEFER["depth"] += 1
     try:
@@ -204,16 +204,12 @@ class SpdlRunner(Runner):
                 fut.add_done_callback(outstanding.discard)
                 reply = WorkerReply.of(await asyncio.wrap_future(fut))
             except Exception as e:
-                self._pool_error(e)
+                self.pool_failed(e, self._workers)
                 raise
             # completions are handled on the loop thread: single writer per lane
             record(reply.pid, t0, now(), reply.ok, reply.error)
 
         return timed_process
-
-    def _pool_error(self, exc: BaseException) -> None:
-        self.fatal_status, self.fatal = pool_failure(exc, self._workers)
-        self._stop.set()
 
     # ---- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -248,7 +244,7 @@ class SpdlRunner(Runner):
                 self._drained.set()
         except Exception as e:
             if self.fatal is None and not self._stop.is_set():
-                self._pool_error(e)
+                self.pool_failed(e, self._workers)
         finally:
             self._drained.set()
             self._unquiet()
@@ -289,9 +285,6 @@ class SpdlRunner(Runner):
 
     def abort(self) -> None:
         super().abort()
-        self._abort_pipeline()
-
-    def _abort_pipeline(self) -> None:
         started = hasattr(self, "_consumer")
         done = started and self.wait_idle(2.0)
         if started and not done:

@@ -10,17 +10,11 @@ Process points are the expensive ones (each level starts more interpreters):
 a stage keeps one pool, grown level by level and shared with its ceiling
 (:class:`~stagebench.core._executors.WorkerPool`), and the diagnosis measures all
 its stages' process points level by level on one pool
-(:func:`sweep_process_points`); a process curve that stopped
-rising for ``process_flat_levels`` levels (one, when that level already kept
-80% of the usable cores busy) is not measured further, and none
-is measured when threads already scale linearly to the top of the grid
-(a worker process is at most as fast as one thread alone, so processes
-could not win by more than the 5% within which threads are preferred), or
-when threads already reach the harness's thread no-op ceiling (the stage is
-overhead-bound; the process executor's own ceiling is lower), or when a GIL
-probe read the stage GIL-free while its threads already keep the cores busy
-(:func:`_cores_bind`). The same probe ends a GIL-free stage's thread curve once a
-level gains neither throughput nor CPU over a smaller one (:func:`_threads_cores_bound`).
+(:func:`sweep_process_points`). A process curve ends once it stops rising
+(:func:`_watch_plateau`), and none is measured where its thread curve shows
+processes cannot win (:func:`_threads_linear`, :func:`_threads_at_ceiling`,
+:func:`_cores_bind`); a GIL-free stage's thread curve ends once a level gains
+neither throughput nor CPU over a smaller one (:func:`_threads_cores_bound`).
 
 A stage point closes early once it cannot matter (:data:`CANNOT_MATTER`); no-op
 ceilings may close from half the minimum window; head-to-head windows are read
@@ -68,10 +62,8 @@ _AT_CEILING = 0.9  # threads within 10% of the thread no-op ceiling: the process
 _GIL_FREE = 0.10  # a stage's GIL share (probe, upper quartile) at or under which the GIL is not its limit
 _CORES_BUSY = 0.75  # ... and threads keeping this share of the usable cores busy: the cores bind
 _SHARED_REASON = "shared: measured once for all stages (a no-op on threads or the event loop does not touch the items)"
-# A process no-op ships each item to a worker and back. Up to this pickled size its
-# cost is per item, not per byte (items of 100 B to 16 KiB read alike; 64 KiB reads
-# lower), so stages whose items are
-# this small share their process ceilings; larger ones measure their own.
+# A process no-op ships each item to a worker and back. Up to this pickled size its cost is per item,
+# not per byte, so stages whose items are this small share their process ceilings.
 _SMALL_PAYLOAD = 16 * 1024
 _SHARED_PROCESS_REASON = (
     "shared: measured once for the stages whose items pickle to at most 16 KiB "
@@ -133,13 +125,11 @@ def sweep_stage(fn: Callable, inputs: Sequence, **options: Unpack[StageOptions])
     measured before it is already on disk.
 
     ``shared_ceilings``: pass the same dict to the sweeps of several stages and
-    each thread / async ceiling (harness, executor, concurrency) is measured
-    once: a no-op on threads or the event loop only passes references, so its
-    ceiling does not depend on the stage's items. Later stages get a copy of
-    the point (``elapsed_s`` 0, the original ``started_at``, a ``reason`` that
-    says so). Process ceilings ship the stage's own items: shared only among
-    stages whose items pickle to at most 16 KiB (``_SMALL_PAYLOAD``), where
-    the cost is per item; a stage with larger items measures its own.
+    each ceiling (harness, executor, concurrency) is measured once: a no-op on
+    threads or the event loop only passes references, and a process no-op's
+    cost is per item up to ``_SMALL_PAYLOAD`` (larger items measure their own).
+    Later stages get a copy of the point (``elapsed_s`` 0, the original
+    ``started_at``, a ``reason`` that says so).
     """
     sweep = StageSweep(fn, inputs, **options)
     # deferred_teardown: SPDL's ~0.2 s of tear-down per point overlaps the next point's start
@@ -356,15 +346,13 @@ def sweep_process_points(
 ) -> None:
     """The remaining (process) points of several stages, level by level, on one shared pool.
 
-    Why: a pool grown stage by stage starts 1+1+2+4+8 = 16 workers per stage
-    for a 1..16 grid, about 0.1 s of CPU each on top of the points, and the
-    workers of one stage would serve the next just as well. Level by level,
-    every stage's point at c runs on the same c workers, so the pool grows to
-    the top level once. Stages whose process curve was ruled out are skipped
-    with their reason as before; a stage that cannot be pickled runs its
-    points on pools of its own (the first records why). Each harness is its
-    own pass: its levels start again from the lowest. A stage that pickles
-    larger than 1 MiB keeps a pool of its own (see :func:`_pools`). Then each
+    Why: a pool grown stage by stage starts its workers again for every stage,
+    and the workers of one stage would serve the next just as well. Level by
+    level, every stage's point at c runs on the same c workers, so the pool
+    grows to the top level once. Stages whose process curve was ruled out are
+    skipped with their reason; a stage that cannot be pickled, or pickles
+    larger than 1 MiB, runs on pools of its own (:func:`_pools`). Each harness
+    is its own pass: its levels start again from the lowest. Then each
     stage's head-to-head, if its curves call for one (:meth:`StageSweep.run_paired`),
     except where ``paired_needless`` (given every stage's curves) says why it is not
     needed: stage name -> reason (the diagnosis: its result could not change the
@@ -420,12 +408,8 @@ def _threads_at_ceiling(rows: list[StageDraft], harness: str) -> str | None:
     levels: one low reading must not decide), the stage is overhead-bound and
     processes cannot beat threads.
     """
-
-    def ok(r: StageDraft) -> bool:
-        return r.status == "ok" and r.qps > 0 and r.executor == "thread" and r.harness == harness
-
-    stage = [r.qps for r in rows if r.role == "stage" and ok(r)]
-    ceilings = sorted(r.qps for r in rows if r.role == "ceiling" and ok(r))
+    stage = [r.qps for r in _ok_points(rows, harness, "thread") if r.qps > 0]
+    ceilings = sorted(r.qps for r in _ok_points(rows, harness, "thread", "ceiling") if r.qps > 0)
     if not stage or len(ceilings) < 2:
         return None
     ceiling, best = statistics.median(ceilings), max(stage)
@@ -451,7 +435,7 @@ def _cores_bind(rows: list[StageDraft], harness: str, gil_high: float | None) ->
     """
     if gil_high is None or not gil_high <= _GIL_FREE:
         return None
-    best = max(_thread_points(rows, harness), key=lambda r: r.qps, default=None)
+    best = max(_ok_points(rows, harness, "thread"), key=lambda r: r.qps, default=None)
     cores = usable_cores()
     if best is None or not finite(best.cores_used) or best.cores_used < _CORES_BUSY * cores:
         return None
@@ -463,11 +447,9 @@ def _cores_bind(rows: list[StageDraft], harness: str, gil_high: float | None) ->
     )
 
 
-def _thread_points(rows: list[StageDraft], harness: str) -> list[StageDraft]:
-    """The stage's thread points of ``harness`` that measured (status ok)."""
-    return [
-        r for r in rows if r.role == "stage" and r.executor == "thread" and r.harness == harness and r.status == "ok"
-    ]
+def _ok_points(rows: list[StageDraft], harness: str, executor: str, role: str = "stage") -> list[StageDraft]:
+    """The points of ``role`` on ``executor`` in ``harness`` that measured (status ok)."""
+    return [r for r in rows if r.role == role and r.executor == executor and r.harness == harness and r.status == "ok"]
 
 
 def _threads_cores_bound(row: StageDraft, rows: list[StageDraft], harness: str, gil_high: float | None) -> str | None:
@@ -484,7 +466,7 @@ def _threads_cores_bound(row: StageDraft, rows: list[StageDraft], harness: str, 
     """
     if gil_high is None or not gil_high <= _GIL_FREE or row.status != "ok" or not row.qps > 0:
         return None
-    best = max(_thread_points(rows, harness), key=lambda r: r.qps, default=None)
+    best = max(_ok_points(rows, harness, "thread"), key=lambda r: r.qps, default=None)
     if best is None or _beats(row, best) or not row.concurrency > best.concurrency:
         return None
     used, had = row.cores_used, best.cores_used
@@ -563,14 +545,7 @@ def _skip_ceiling_unless_near_best(
         del stopped[key]
     if row.status != "ok" or not row.qps > 0:
         return
-    best = max(
-        (
-            r.qps
-            for r in rows
-            if r.role == "stage" and r.executor == "process" and r.harness == harness and r.status == "ok" and r.qps > 0
-        ),
-        default=0.0,
-    )
+    best = max((r.qps for r in _ok_points(rows, harness, "process") if r.qps > 0), default=0.0)
     if row.qps < _NEAR_BEST * best and key not in stopped:
         stopped[key] = (
             f"{_NOT_NEAR} ({row.qps:,.0f} items/s against {best:,.0f} at a lower level): "

@@ -59,16 +59,11 @@ def short_labels(run_dirs: Sequence[Path], labels: Sequence[str | None]) -> list
     overrides = [job_overrides(Path(d)) for d in run_dirs]
     # partition gives (o, "", "") without "=", so a bare override maps to ""
     parsed = [{k: v for k, _, v in (o.partition("=") for o in ov)} for ov in overrides]
-    keys: list[str] = []
-    for p in parsed:
-        keys += [k for k in p if k not in keys]
-    differ = [k for k in keys if len({p.get(k) for p in parsed}) > 1]
+    differ = [k for k in dict.fromkeys(k for p in parsed for k in p) if len({p.get(k) for p in parsed}) > 1]
     out = []
     for d, label, p in zip(run_dirs, labels, parsed):
-        st = job_status(Path(d))
-        if label or st.get("label"):
-            out.append(str(label or st.get("label")))
-        elif p and differ and len(run_dirs) > 1:
+        own = label or job_status(Path(d)).get("label")
+        if not own and p and differ and len(run_dirs) > 1:
             out.append(", ".join(f"{k}={p[k]}" for k in differ if k in p))
         else:
             out.append(job_label(Path(d), label))

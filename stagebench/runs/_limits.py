@@ -1,10 +1,8 @@
 """Read the cores and the memory this job can use from the process's own cgroup, its affinity and Slurm.
 
-No well-kept library reads a child group's quota: ``joblib.cpu_count()`` (loky) reads the CFS quota only
-at the cgroup mount's root, so a process in a child group with a 1-CPU quota on a 2-core host reads 2;
-psutil reads no quota at all; ``os.sched_getaffinity`` is the host's mask. This module reads the groups
-themselves, the process's own and every parent up to its hierarchy's mount, found through
-``/proc/self/cgroup`` and ``/proc/self/mountinfo``:
+No well-kept library reads a child group's quota (docs/method.md#the-cores-and-the-memory-the-job-has).
+This module reads the groups themselves, the process's own and every parent up to its hierarchy's mount,
+found through ``/proc/self/cgroup`` and ``/proc/self/mountinfo``:
 
 * **cores**: cgroup v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` under the ``cpu`` controller's mount
   (a quota of -1 is none); v2 ``cpu.max`` (``"max 100000"`` is none) under the unified mount. A quota at

@@ -133,9 +133,7 @@ def load_warnings(before: dict, after: dict | None = None) -> list[str]:
     if after is not None and before.get("hostname") != after.get("hostname"):
         out.append("the run moved between machines")
     elif after is not None:
-        throttled = throttling_warning(
-            HostLimits.from_json(before.get("limits")), HostLimits.from_json(after.get("limits"))
-        )
+        throttled = throttling_warning(limits, HostLimits.from_json(after.get("limits")))
         if throttled:
             out.append(throttled)
     return out
