@@ -9,7 +9,6 @@ findings read (:mod:`._loader_findings`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -88,7 +87,9 @@ def _warnings(pts: list[LoaderRow], m: RunMeta) -> list[str]:
 class _Picks:
     """What the loader summary is built from: the pooled points, the demand on the loader and the settings picked."""
 
-    settings: dict[str, Any]
+    #: the host's ranks the sweep ran at once, and its usable cores (NaN where not recorded)
+    ranks: float
+    cores: float
     within: float
     headroom: float
     #: samples/s the trainer needs (stated, or its step measured: ``measured_demand``); None without a trainer
@@ -192,7 +193,8 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
         job["zero_workers"] = _zero_workers_note(verdict)
         verdict = replace(verdict, zero_workers=job["zero_workers"])
     return _Picks(
-        settings=s.to_json(),
+        ranks=num(s.to_json().get("ranks")),
+        cores=num(s.usable_cores),
         within=within,
         headroom=headroom,
         target_rate=target_rate,
@@ -249,17 +251,15 @@ def _verdict(c: _Picks, target: LoaderTarget | None) -> str:
         verdict = _pick_verdict(c, c.rec, target)
     if target is not None and not c.decided:
         verdict += "; the job: " + _job_not_run(c.verdict, target)
-    return verdict + _per_rank(c.rec, c.settings)
+    return verdict + _per_rank(c.rec, c.ranks, c.cores)
 
 
-def _per_rank(rec: LoaderRow | None, settings: Mapping[str, Any]) -> str:
+def _per_rank(rec: LoaderRow | None, ranks: float, cores: float) -> str:
     """A ranked sweep's pick in the words users set it (each rank's own loader) and what it makes on the
     host; "" on one rank."""
-    ranks = num(settings.get("ranks"))
     if rec is None or not math.isfinite(ranks) or ranks <= 1:
         return ""
     n, nw = int(ranks), int(rec.num_workers)
-    cores = num(settings.get("usable_cores"))
     on = f" on {cores:g} cores" if math.isfinite(cores) else ""
     workers = f"{n} ranks x {nw} worker{'' if nw == 1 else 's'} = {n * nw} worker processes{on}"
     if nw == 0:
