@@ -122,10 +122,7 @@ def compare_best_svg(bars: Sequence[Bar], *, unit: str) -> str | None:
     ys = np.arange(len(entries))
     for y, e in enumerate(entries):  # ys[y] == y; a plain int, as Axes.text's stubs want
         v = float(num(e.value))
-        lo, hi = e.low, e.high
-        xerr = None
-        if lo is not None and hi is not None and math.isfinite(float(lo)) and math.isfinite(float(hi)):
-            xerr = [[max(0.0, v - float(lo))], [max(0.0, float(hi) - v)]]
+        xerr = [[max(0.0, v - num(e.low))], [max(0.0, num(e.high) - v)]] if finite(e.low, e.high) else None
         color = OKABE_ITO["blue"] if y == ys[-1] else OKABE_ITO["grey"]
         ax.barh(y, v, height=0.6, color=color, xerr=xerr, error_kw={"ecolor": INK, "capsize": 3})
         right = v + (xerr[1][0] if xerr else 0.0)

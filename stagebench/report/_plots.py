@@ -37,6 +37,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
+from stagebench._numbers import num_or_none
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.typing import RcKeyType  # for the checker only: not in every matplotlib the package allows
@@ -226,8 +228,7 @@ def log2_axis(ax, levels: Iterable[float]) -> None:
         ax.xaxis.set_major_locator(FixedLocator(levels))
         ax.xaxis.set_minor_locator(NullLocator())
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        lo, hi = levels[0], levels[-1]
-        ax.set_xlim(lo / 1.25, hi * 1.25)
+        ax.set_xlim(levels[0] / 1.25, levels[-1] * 1.25)
 
 
 def usl_curve(c: np.ndarray, fit: Mapping[str, Any], points: pd.DataFrame | None = None) -> np.ndarray | None:
@@ -237,14 +238,8 @@ def usl_curve(c: np.ndarray, fit: Mapping[str, Any], points: pd.DataFrame | None
     least-squares scale of the fitted shape through the measured ``points``
     (closed form: λ = Σ q·g / Σ g² with g the shape at each level).
     """
-    sigma, kappa = fit.get("sigma"), fit.get("kappa")
+    sigma, kappa = num_or_none(fit.get("sigma")), num_or_none(fit.get("kappa"))
     if sigma is None or kappa is None:
-        return None
-    try:
-        sigma, kappa = float(sigma), float(kappa)
-    except (TypeError, ValueError):
-        return None
-    if not (math.isfinite(sigma) and math.isfinite(kappa)):
         return None
 
     def shape(x):

@@ -245,10 +245,8 @@ def pipeline_overview_svg(sm: Summary, entries: Sequence[StageEntry]) -> str | N
     ys = np.arange(len(stages))[::-1]
     for y, (s, r), q, k in zip(ys, stages, vals, per_call):
         color = CLASS_COLORS.get(s.classification or "unknown", OKABE_ITO["grey"])
-        lo, hi = r.qps_low, r.qps_high
-        xerr = None
-        if lo is not None and hi is not None and finite(lo, hi):
-            xerr = [[max(0.0, q - float(lo) * k)], [max(0.0, float(hi) * k - q)]]
+        lo, hi = num(r.qps_low), num(r.qps_high)
+        xerr = [[max(0.0, q - lo * k)], [max(0.0, hi * k - q)]] if finite(lo, hi) else None
         ax.barh(
             y,
             q - xmin,
