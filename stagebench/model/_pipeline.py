@@ -250,8 +250,7 @@ class VersusYours(Read):
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     READ: ClassVar[Coercions] = {
-        # a lambda: in the class body, ``text`` is the field
-        **dict.fromkeys(("verdict", "text"), lambda v: text(v)),
+        **dict.fromkeys(("verdict", "text"), _text),
         "changes": maps,
         **dict.fromkeys(("qps", "qps_low", "qps_high", "ratio", "ratio_low", "ratio_high"), number),
         "decision": Decision.from_json,
@@ -353,7 +352,7 @@ class Joint(Read):
 
     READ: ClassVar[Coercions] = {
         **dict.fromkeys(("qps", "pace", "for_demand"), number),
-        **dict.fromkeys(("binding", "text"), _text),  # the field ``text`` hides the coercion in the class body
+        **dict.fromkeys(("binding", "text"), _text),
         "assignments": integer,
         "exhaustive": flag,
         "changed": texts,
