@@ -37,8 +37,9 @@ __all__ = ["collect_batches", "run_trainer_phases", "open_candidate", "follower_
 
 
 @contextlib.contextmanager
-def _running(plan: Any, source_items: list, choices: dict, gate: threading.Event | None = None) -> Iterator[Any]:
-    """The user's pipeline at ``choices``, started over the cached source items (cycled); stopped after.
+def _running(plan: Any, source_items: list, choices: Mapping, gate: threading.Event | None = None) -> Iterator[Any]:
+    """The user's pipeline at ``choices`` (stage name -> (executor, concurrency), or a candidate's lists),
+    started over the cached source items (cycled); stopped after.
 
     ``gate``: while it is clear, the source draws no item (SPDL's source thread waits), so the stages
     finish what they hold and idle: a pipeline waiting for its turn in the job runs.
@@ -54,7 +55,8 @@ def _running(plan: Any, source_items: list, choices: dict, gate: threading.Event
                     return
                 yield item
 
-    cfg, closers, _ = build_validation_config(plan, choices, cycle())
+    chosen = {name: (str(ex), int(c)) for name, (ex, c) in choices.items()}
+    cfg, closers, _ = build_validation_config(plan, chosen, cycle())
     pipeline = real_pipeline(cfg, default_threads(plan))
     with quiet_spdl_log():
         pipeline.start()
@@ -88,7 +90,7 @@ def empty_pipeline(pipeline: Any, quiet_s: float = EMPTY_AFTER_S, most_s: float 
     return n
 
 
-def collect_batches(plan: Any, source_items: list, choices: dict, n: int, timeout_s: float) -> list:
+def collect_batches(plan: Any, source_items: list, choices: Mapping, n: int, timeout_s: float) -> list:
     """The first ``n`` items the real pipeline delivers at ``choices`` (its sink's batches)."""
     out: list = []
     with _running(plan, source_items, choices) as pipeline:
@@ -155,10 +157,9 @@ def open_candidate(plan: Any, items: list, settings: Mapping[str, Any], timeout_
     """The user's pipeline at a candidate's ``settings`` (stage name -> [executor, concurrency]), as a
     :class:`Feed` the job runs take batches from, pause (its source closes and what the stages hold is
     taken) and resume."""
-    choices = {name: (str(ex), int(c)) for name, (ex, c) in settings.items()}
     gate = threading.Event()
     gate.set()
-    with _running(plan, items, choices, gate) as pipeline:
+    with _running(plan, items, settings, gate) as pipeline:
 
         def get() -> Any:
             return pipeline.get_item(timeout=timeout_s)
@@ -185,9 +186,7 @@ def follower_trainer_phases(
     return follow_job(
         group,
         lambda s: open_candidate(plan, items, s, timeout_s),
-        lambda s: collect_batches(
-            plan, items, {n: (str(e), int(c)) for n, (e, c) in s.items()}, CACHED_BATCHES, timeout_s
-        ),
+        lambda s: collect_batches(plan, items, s, CACHED_BATCHES, timeout_s),
         say,
         end,
     )
