@@ -472,18 +472,17 @@ def _threads_vs_processes(
         )
         role = "estimate" if plateau.gil_saturated else "check"
     else:
-        imp, imp_int = None, None
-        slower = pp.high < pt.low
-        detail = (
-            f"at concurrency {c} processes {'trail' if slower else 'match'} threads "
-            f"({pp.qps:,.0f} vs {pt.qps:,.0f} items/s): no sign of a per-process cap here"
-        )
+        imp, imp_int, role = None, None, "check"
         if faster:
             detail = (
                 f"at concurrency {c} processes beat threads ({pp.qps:,.0f} vs {pt.qps:,.0f}) "
                 "but the stage uses little CPU: a lock, not the GIL"
             )
-        role = "check"
+        else:
+            detail = (
+                f"at concurrency {c} processes {'trail' if pp.high < pt.low else 'match'} threads "
+                f"({pp.qps:,.0f} vs {pt.qps:,.0f} items/s): no sign of a per-process cap here"
+            )
     signals["threads_vs_processes"] = _signal(ratio, r_int, "threads_vs_processes", role, imp, imp_int, detail)
     if plateau.gil_saturated and not faster and not any(q.low > p.high for p, q in common):
         notes.append(
