@@ -111,7 +111,7 @@ def candidate_figures(job: JobRecord) -> dict[str, JobFigures | None]:
             seconds += sum(dur)
             waited += sum(w)
             body += sum(b)
-            groups += [group / sum(dur[j : j + group]) for j in range(0, n - group + 1, group) if n >= group]
+            groups += [group / sum(dur[j : j + group]) for j in range(0, n - group + 1, group)]
             by_round[s.round] = n / sum(dur) * k
             if s.startup_s is not None and finite(s.startup_s):
                 startups.append(float(s.startup_s))

@@ -479,9 +479,7 @@ def _validation(
     )
 
 
-def _interference(
-    lat: Any, rows: pd.DataFrame | None, stages: Sequence[StageEntry], replay_lat: Any = None
-) -> list[Interference]:
+def _interference(lat: Any, rows: pd.DataFrame, stages: Sequence[StageEntry], replay_lat: Any) -> list[Interference]:
     """Each timed stage's median call inside the pipeline against alone at the same setting.
 
     Alone: the stage's row at its recommended harness, executor and
@@ -495,7 +493,7 @@ def _interference(
     and the measurement part: above 1, the stage costs more among the others
     than its stand-in does, so the replay is optimistic about it.
     """
-    if not isinstance(lat, Mapping) or rows is None or not len(rows):
+    if not isinstance(lat, Mapping) or not len(rows):
         return []
     out = []
     for st in stages:
@@ -512,7 +510,7 @@ def _interference(
             & (rows["concurrency"] == rec.concurrency)
         ]
         alone = float(hit["latency_p50_ms"].iloc[0]) if len(hit) else math.nan
-        stood = (replay_lat or {}).get(name) if isinstance(replay_lat, Mapping) else None
+        stood = replay_lat.get(name) if isinstance(replay_lat, Mapping) else None
         rep = float(stood["p50_ms"]) if isinstance(stood, Mapping) and finite(stood.get("p50_ms")) else math.nan
         out.append(
             Interference(
