@@ -58,11 +58,6 @@ def _rate(point: StageSetting) -> str:
     return f"{fmt_q(num(point.qps))} items/s" if finite(point.qps) else "not measured alone at this setting"
 
 
-def _json(point: StageSetting | None) -> dict | None:
-    """A setting as the evidence holds it."""
-    return point.to_json() if point is not None else None
-
-
 def _far_from_binding(e: StageEntry, prediction: Prediction | None) -> bool:
     """The stage alone delivers at least twice what the pipeline is predicted to: fixing it changes little.
 
@@ -178,8 +173,8 @@ def _gil_finding(c: _Stage) -> _Found | None:
     ev = {
         "gil_fraction": f,
         "gil_fraction_interval": list(st.gil_fraction_interval) if st.gil_fraction_interval is not None else None,
-        "thread_best": _json(thr),
-        "process_best": _json(proc),
+        "thread_best": thr.to_json() if thr is not None else None,
+        "process_best": proc.to_json() if proc is not None else None,
     }
     if proc and thr:
         return _processes_measured(c, _versus(st, thr, proc, ev), ev)
