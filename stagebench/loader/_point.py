@@ -80,8 +80,7 @@ def measure_loader_point(
     """
     cfg = config or LoaderSweepConfig()
     cuda = _cuda_available() if cuda is None else cuda
-    if stall is None:
-        stall = cfg.epoch_stall
+    stall = cfg.epoch_stall if stall is None else stall
     eff, shown, notes = normalize_knobs(knobs, backend, cuda=cuda)
     row = PointDraft.start(name, backend, eff, shown, phase, notes)
     t_begin = time.perf_counter()
