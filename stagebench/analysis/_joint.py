@@ -154,13 +154,11 @@ def recommend_jointly(
     )
     execs = [list(options[st.name]) for st in ok]
     exhaustive = math.prod(len(e) for e in execs) <= _EXHAUSTIVE
-    scored: dict[tuple[str, ...], float] = {}
     if exhaustive:
-        for assign in itertools.product(*execs):
-            scored[assign] = score(assign)
+        scored = {assign: score(assign) for assign in itertools.product(*execs)}
     else:  # one stage at a time, from the stages' own choices, while the score improves
         current = own
-        scored[current] = score(current)
+        scored = {current: score(current)}
         improved = True
         while improved:
             improved = False
