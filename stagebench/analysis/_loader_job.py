@@ -26,11 +26,11 @@ from stagebench.analysis._loader_rows import (
 )
 from stagebench.core._jobrun import Ladder
 from stagebench.model._job import JobVerdict
-from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._knobs import KNOBS, LoaderKnobs
 from stagebench.model._loader import LoaderRow, LoaderTarget
 from stagebench.model._meta import RunMeta, UserKnobs
 from stagebench.model._rate import Rate
-from stagebench.runs._knobs import KNOB_KEYS, NOT_APPLICABLE, normalize_knobs
+from stagebench.runs._knobs import NOT_APPLICABLE, normalize_knobs
 
 __all__ = ["job_candidates", "apply_job_pick"]
 
@@ -79,12 +79,12 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: Rate | None) -> Ladd
         if p is None:
             return None
         k = k or knobs_of(p)
-        shown = replace(p, **{f: getattr(k, f) for f in KNOB_KEYS})
+        shown = replace(p, **{f: getattr(k, f) for f in KNOBS})
         label = _knob_text(shown)
         return Rung(
             key=k.label(),
             label=label + (f" (as run: {'; '.join(notes)})" if notes else ""),
-            settings={f: getattr(k, f) for f in KNOB_KEYS},
+            settings={f: getattr(k, f) for f in KNOBS},
             cost=_cost(shown),
             alone=p.rate if math.isfinite(p.samples_per_s) else None,
             alone_as=_knob_text(p) if _knob_text(p) != label else None,
@@ -98,7 +98,7 @@ def job_candidates(rows: Any, meta: dict[str, Any], demand: Rate | None) -> Ladd
     if mine.given:
         # exactly the script's setting: its knobs as given, only what this host cannot take changed (and named)
         k, _, notes = normalize_knobs(LoaderKnobs(**mine.to_json()), backend, cuda=cuda)
-        yours = rung(user or LoaderRow(**{f: getattr(k, f) for f in KNOB_KEYS}), k, tuple(notes))
+        yours = rung(user or LoaderRow(**{f: getattr(k, f) for f in KNOBS}), k, tuple(notes))
     elif user is not None:
         yours = rung(user)
     need = None if demand is None else demand.value * (1 + headroom)

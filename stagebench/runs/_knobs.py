@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stagebench.model._knobs import NOT_APPLICABLE, LoaderKnobs
+from stagebench.model._knobs import KNOBS, NOT_APPLICABLE, LoaderKnobs
 
-__all__ = ["normalize_knobs", "NOT_APPLICABLE", "KNOWN_BACKENDS", "KNOB_KEYS", "loader_knobs"]
+__all__ = ["normalize_knobs", "NOT_APPLICABLE", "KNOWN_BACKENDS", "loader_knobs"]
 
 
 #: Backends with their own knob rules; any other name is accepted and gets the
@@ -55,9 +55,6 @@ def normalize_knobs(knobs: LoaderKnobs, backend: str, *, cuda: bool) -> tuple[Lo
     return eff, {"persistent_workers": shown_pw, "pin_memory": shown_pin}, notes
 
 
-KNOB_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
-
-
 #: Keys of a loader point that are measurements or prose, not settings.
 _NOT_KNOBS = {
     "samples_per_s",
@@ -92,5 +89,5 @@ def loader_knobs(d: Mapping[str, Any] | None) -> dict[str, Any]:
     """The settings in a loader point (recommended/best), in a stable order; knobs that do not
     apply (``None``, ``"not applicable"``) are left out."""
     d = d or {}
-    keys = [k for k in KNOB_KEYS if k in d] + sorted(k for k in d if k not in KNOB_KEYS and k not in _NOT_KNOBS)
+    keys = [k for k in KNOBS if k in d] + sorted(k for k in d if k not in KNOBS and k not in _NOT_KNOBS)
     return {k: d[k] for k in keys if d[k] is not None and d[k] != "not applicable"}
