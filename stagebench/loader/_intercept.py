@@ -45,7 +45,7 @@ from stagebench.loader._built import BuiltLoader, EpochControl, TaggedCollate, T
 from stagebench.loader._follow import follow_loaders
 from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
 from stagebench.loader._trainer import follower_trainer_phases, loader_trainer_phases
-from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._knobs import KNOBS, LoaderKnobs
 from stagebench.runs._knobs import KNOWN_BACKENDS, loader_knobs
 from stagebench.runs._outcome import FAILED, INTERNAL, PARTIAL, RANK_LOST, TERMINATED, interrupted_outcome
 from stagebench.runs._ranks import no_job_across_hosts, per_host
@@ -75,7 +75,6 @@ LOADER_ARGS = (
     "in_order",
     "worker_init_concurrency",
 )
-KNOB_ARGS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 
 
 def import_user_module(name: str) -> Any:
@@ -246,14 +245,12 @@ def make_loader_factory(dataset: Any, *, backend: str = "torch", **kwargs: Any) 
     """
     if backend not in KNOWN_BACKENDS:
         raise ValueError(f"backend: unknown {backend!r}; allowed: {', '.join(KNOWN_BACKENDS)}")
-    unknown = sorted(set(kwargs) - set(LOADER_ARGS) - set(KNOB_ARGS))
+    unknown = sorted(set(kwargs) - set(LOADER_ARGS) - set(KNOBS))
     if unknown:
-        raise ValueError(
-            f"unknown loader argument(s) {', '.join(unknown)}; allowed: {', '.join(LOADER_ARGS + KNOB_ARGS)}"
-        )
+        raise ValueError(f"unknown loader argument(s) {', '.join(unknown)}; allowed: {', '.join(LOADER_ARGS + KNOBS)}")
     import torch.utils.data as tud  # start-up cost: torch, only where a loader is built
 
-    knob_kw = {k: kwargs.pop(k) for k in KNOB_ARGS if k in kwargs}
+    knob_kw = {k: kwargs.pop(k) for k in KNOBS if k in kwargs}
     user_knobs = None
     if knob_kw:
         try:
