@@ -37,29 +37,6 @@ def pooled_frame(rows: Any) -> Any:
     return pd.DataFrame([p.to_json() for p in _rows(rows)])
 
 
-def _public(p: LoaderRow, why: str | None = None) -> dict[str, Any]:
-    """A point as ``summary.json`` holds the picks (``recommended``, ``best``, ``user_setting``)."""
-    out: dict[str, Any] = {
-        "num_workers": p.num_workers,
-        "prefetch_factor": p.prefetch_factor,
-        "persistent_workers": p.persistent_workers,
-        "pin_memory": p.pin_memory,
-        "samples_per_s": p.samples_per_s,
-        "samples_per_s_low": p.samples_per_s_low,
-        "samples_per_s_high": p.samples_per_s_high,
-        "batches_per_s": p.batches_per_s,
-        "mem_pss_mb": p.mem_pss_mb,
-        "cores_used": p.cores_used,
-        "time_to_first_batch_s": p.time_to_first_batch_s,
-        "epoch_stall_s": p.epoch_stall_s,
-    }
-    if why is not None:
-        out["why"] = why
-    if p.decision is not None:  # the rule's record: what the pick rests on (model/_evidence)
-        out["decision"] = p.decision.to_json()
-    return out
-
-
 def _warnings(pts: list[LoaderRow], m: RunMeta) -> list[str]:
     before, after = m.provenance, m.provenance_after
     out = list(load_warnings({} if before is None else before.to_json(), None if after is None else after.to_json()))
@@ -131,12 +108,12 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "loader": m.loader.to_json(),
         "verdict": verdict,
         "warnings": _warnings(c.pts, m),
-        "recommended": _public(rec, rec.why) if rec is not None else None,
-        "recommended_alone": _public(isolated, isolated.why)
+        "recommended": rec.pick_json(with_why=True) if rec is not None else None,
+        "recommended_alone": isolated.pick_json(with_why=True)
         if isolated is not None and rec is not None and isolated.knobs != rec.knobs
         else None,
-        "best": _public(c.best) if c.best is not None else None,
-        "user_setting": _public(c.user) if c.user is not None else None,
+        "best": c.best.pick_json() if c.best is not None else None,
+        "user_setting": c.user.pick_json() if c.user is not None else None,
         "points": [p.to_json() for p in c.pts],
         "search": _search_summary(m, c.pts),
         "target": None if target is None else target.to_json(),

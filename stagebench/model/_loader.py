@@ -311,6 +311,17 @@ class LoaderRow(Written):
         """The setting the row ran (:meth:`LoaderKnobs.from_row`: two rows are one setting where these are equal)."""
         return LoaderKnobs.from_row({k: getattr(self, k) for k in KNOBS})
 
+    def pick_json(self, *, with_why: bool = False) -> dict[str, Any]:
+        """The row as ``summary.json`` holds a pick (``recommended``, ``best``, ``user_setting``): its knobs
+        and measurements (:data:`PICK_KEYS`), its ``why`` (``with_why``, where it has one) and the rule's
+        record it rests on (:class:`~stagebench.model._evidence.Decision`)."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in PICK_KEYS}
+        if with_why and self.why is not None:
+            out["why"] = self.why
+        if self.decision is not None:
+            out["decision"] = self.decision.to_json()
+        return out
+
     @property
     def startup(self) -> StartupSplit:
         """The start-up split, as the row recorded it."""
@@ -327,6 +338,18 @@ class LoaderRow(Written):
         return self.status == "ok" and math.isfinite(self.samples_per_s) and self.samples_per_s > 0
 
 
+#: What ``summary.json`` holds of a pick (:meth:`LoaderRow.pick_json`), in order.
+PICK_KEYS = (
+    *KNOBS,
+    "samples_per_s",
+    "samples_per_s_low",
+    "samples_per_s_high",
+    "batches_per_s",
+    "mem_pss_mb",
+    "cores_used",
+    "time_to_first_batch_s",
+    "epoch_stall_s",
+)
 #: The columns, in their order, as :class:`LoaderRow` declares them.
 _ROW_COLUMNS = tuple(f.name for f in dataclass_fields(LoaderRow))[
     : -len(("measurements", "readings", "why", "decision"))
