@@ -170,7 +170,7 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
         job["zero_workers"] = _zero_workers_note(verdict)
         verdict = replace(verdict, zero_workers=job["zero_workers"])
     return _Picks(
-        ranks=num(s.to_json().get("ranks")),
+        ranks=num(s.ranks),
         cores=num(s.usable_cores),
         within=within,
         headroom=headroom,

@@ -158,6 +158,8 @@ class RunSettings(Read):
     job_s: int | float | None = None
     cuda: bool = False
     usable_cores: int | float | None = None
+    ranks: int | float | None = None
+    """The host's ranks a loader sweep ran at once (written only where more than one)."""
     memory_budget_mb: int | float | None = None
     headroom: int | float | None = None
     within_best: int | float | None = None
