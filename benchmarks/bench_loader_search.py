@@ -55,7 +55,6 @@ QUALITY_TARGET = 0.95
 TIME_TARGET = 1 / 3
 #: What the windows in turns' floor (``turn_window_s``) may add to a search of a fast loader, at most.
 FLOOR_TARGET = 0.10
-TURN_WINDOW_S = LoaderSweepConfig().turn_window_s
 _SPLIT = ("startup_s", "warmup_s", "window_s", "stall_phase_s", "teardown_s")
 BEFORE = {"precision": 0.0, "stall_at": "every", "search_prefetch": True, "tie_rounds": 0, "stall_epochs": 2}
 #: --smoke: two levels, one prefetch_factor, short windows and memory pass, one round of the tie-break,
@@ -91,20 +90,20 @@ def _search(factory, run_dir: Path, **cfg) -> tuple[dict, float]:
     return s, time.perf_counter() - t
 
 
-def _turn_floor(csv: Path, search_s: float) -> tuple[float, float, float]:
-    """(seconds of the windows in turns, seconds their ``turn_window_s`` floor added, that over ``search_s``).
-    A window in turns closes at the floor or at its shortest (``min_window_s``, ``min_batches`` and three rounds
-    of the workers), whichever is later; what the floor added is the window's time beyond its shortest (its
+def _turn_floor(csv: Path, search_s: float, cfg: LoaderSweepConfig) -> tuple[float, float, float]:
+    """(seconds of the windows in turns, seconds their ``turn_window_s`` floor added, that over ``search_s``),
+    under ``cfg``, the searches' settings.
+    A window in turns closes at the floor or at its shortest (``min_window_s`` and
+    :meth:`LoaderSweepConfig.fewest_batches`), whichever is later; what the floor added is the window's time beyond its shortest (its
     rate taken as even over the window)."""
     import pandas as pd
 
     df = pd.read_csv(csv)
     paired = df[df["search_phase"] == "paired"] if "search_phase" in df else df.iloc[0:0]
-    cfg = LoaderSweepConfig()
     extra = 0.0
     for _, r in paired.iterrows():
         n, w = _num(r.get("n_batches")), _num(r.get("window_s"))
-        need = max(cfg.min_batches, 3 * max(2, int(r["num_workers"])))
+        need = cfg.fewest_batches(int(r["num_workers"]))
         if math.isfinite(n) and math.isfinite(w) and n > 0:
             extra += max(0.0, w - max(cfg.min_window_s, w * need / n))
     paired_s = float(paired["elapsed_s"].sum()) if len(paired) else 0.0
@@ -193,10 +192,11 @@ def _parts(ns, plain, slow, dataset, tmp: Path) -> dict:
     raw = [normalize_row(r).to_json() for r in pd.read_csv(tmp / "plain0" / "results.csv").to_dict("records")]
     sums = _split_table(raw)
     levels = sorted({p["num_workers"] for p in s["points"] if p["status"] == "ok"})
-    floor = [_turn_floor(tmp / f"plain{i}" / "results.csv", t) for i, t in enumerate(tooks)]
+    cfg = LoaderSweepConfig(transforms=False, **ns.cfg)  # as the searches ran
+    floor = [_turn_floor(tmp / f"plain{i}" / "results.csv", t, cfg) for i, t in enumerate(tooks)]
     for i, (paired_s, extra_s, share) in enumerate(floor):
         print(
-            f"  search {i + 1}: windows in turns {paired_s:.1f} s; their {TURN_WINDOW_S:g} s floor added "
+            f"  search {i + 1}: windows in turns {paired_s:.1f} s; their {cfg.turn_window_s:g} s floor added "
             f"{extra_s:.1f} s, {share:.1%} of the search (target under {FLOOR_TARGET:.0%}: "
             f"{'met' if share < FLOOR_TARGET else 'MISSED'})"
         )

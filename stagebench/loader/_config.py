@@ -245,6 +245,11 @@ class LoaderSweepConfig:
             if not isinstance(k, LoaderKnobs):
                 raise ValueError(f"extra_points must hold LoaderKnobs, got {type(k).__name__}")
 
+    def fewest_batches(self, num_workers: int) -> int:
+        """The fewest batches a window times at ``num_workers``: ``min_batches``, and three rounds of the
+        workers (at least two), so that every worker's period shows in it."""
+        return max(self.min_batches, 3 * max(2, num_workers))
+
     def default_prefetch(self) -> int:
         if self.yours is not None and self.yours.prefetch_factor is not None:
             return self.yours.prefetch_factor

@@ -281,7 +281,7 @@ def timed_window(cons, eff, cfg, deadline, row: PointDraft, errors, plan: _Plan)
     # a ranked sweep: the host's cores, every rank's processes (one host: the leader reads them itself)
     pids = cons.worker_pids() + ([] if mirror is None else mirror.processes + cons.others_pids)
     snap0 = TreeSnapshot.take(pids, opening=True)
-    min_gaps = max(cfg.min_batches, 3 * max(2, eff.num_workers))
+    min_gaps = cfg.fewest_batches(eff.num_workers)
     # a window in turns: at least the turn's window, whatever its precision or the search's budget (one
     # round's ratio must outlast the host's stalls)
     end = t0 + (max(cfg.budget_s, cfg.turn_window_s) if plan.shortest else cfg.budget_s)
