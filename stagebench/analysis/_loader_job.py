@@ -160,9 +160,10 @@ def apply_job_pick(pts: list[LoaderRow], job: JobVerdict) -> LoaderRow:
 def _zero_workers_note(v: JobVerdict) -> str | None:
     """Why num_workers=0 was or was not chosen, from the job runs (None: it was not a candidate).
 
-    Loading without workers adds to every step (the DataLoader guide's T4), so it is advised only
-    where the job runs, in turns, show it as fast as the others within 5% (the rule of
-    :mod:`stagebench.model._evidence`); a reading that could not tell is not that.
+    Loading without workers adds to every step (the DataLoader guide's T4), so against a setting of yours
+    with workers it is advised only where the job runs, in turns, show it faster by more than 5%
+    (:attr:`stagebench.model._evidence.Option.in_step`); as fast within 5%, or a reading that could not
+    tell, is not that.
     """
     zero = next((c for c in v.candidates if c.settings.get("num_workers") == 0), None)
     if zero is None:
@@ -190,8 +191,8 @@ def _zero_workers_note(v: JobVerdict) -> str | None:
             "process loads each batch between your steps, so loading adds to every step"
         )
     return (
-        f"num_workers=0 ran your job at {f.samples_per_s:,.0f} samples/s, {vs}: not shown as fast as your "
-        "setting, so it is not advised (without workers, loading adds to every step)"
+        f"num_workers=0 ran your job at {f.samples_per_s:,.0f} samples/s, {vs}: not shown more than 5% faster "
+        "than yours, which it must be to be advised (without workers, loading adds to every step)"
     )
 
 
