@@ -861,6 +861,38 @@ def test_a_settings_loader_opens_once_for_its_window_its_turns_and_the_stall():
     assert held.stall(LoaderKnobs(num_workers=2, prefetch_factor=2), cfg, phase="epoch_stall", during=None) is None
 
 
+def test_the_stall_on_a_held_loader_runs_during_on_the_workers_its_last_epoch_starts_afresh():
+    """The memory pass at the pick reads workers that have just started (their early growth, a copy-on-read):
+    on a loader kept open for the turns it runs on the workers the stall's last epoch starts, not on the old
+    ones, and not on a loader started for it alone."""
+    from stagebench.loader._costs import MIN_BATCHES
+    from stagebench.loader._turns import HeldLoaders
+
+    # 0.1 s a batch a worker: the bound below holds through a stall of the host of a second
+    factory = make_loader_factory(SleepDataset(n=64, d=0.025), batch_size=4)
+    cfg = LoaderSweepConfig(budget_s=0.4, warmup_s=0.1, timeout_s=30, transforms=False)
+    held = HeldLoaders(factory, name="x", backend="torch", batch_size=4, cuda=False)
+    knobs = LoaderKnobs(num_workers=2, prefetch_factor=2)
+    seen: dict[str, object] = {}
+
+    def during(cons):
+        seen["pids"] = set(cons.worker_pids()) & {e.pid for e in cons.events if e.epoch == cons.max_epochs - 1}
+        seen["made"] = cons.made_by_live_workers()
+        seen["finished"] = cons.finished
+
+    try:
+        first = held.window(knobs, cfg, phase="num_workers")
+        old = {e.pid for e in held.open[held.key(knobs)].cons.events}
+        stall = held.stall(knobs, cfg, phase="epoch_stall", during=during)
+    finally:
+        held.close()
+    assert first.status == "ok" and stall is not None and stall.status == "ok", (first, stall)
+    assert math.isfinite(stall.epoch_stall_s)
+    assert seen["pids"] and not (seen["pids"] & old), (seen, old)  # the last epoch's workers, new ones
+    assert seen["made"] <= MIN_BATCHES * knobs.num_workers  # young enough for the pass (_search._memory_at)
+    assert seen["finished"] is False  # the epoch ran on for the pass
+
+
 def test_a_window_in_turns_closes_at_its_shortest_where_precision_may_close_it():
     """A window in a round is one sample of a ratio whose interval comes from the rounds' spread: it closes
     once it has an interval, after ``turn_window_s`` (long enough to outlast the host's stalls, issue 60),

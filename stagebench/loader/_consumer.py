@@ -132,6 +132,8 @@ class _Consumer(threading.Thread):
         self.stop_requested = False
         self.max_epochs: int | None = None
         self.stall_batches = 4
+        # set: the last of ``max_epochs`` runs on until stopped, for a pass on the workers it starts afresh
+        self.open_last = False
         self.finished = False
         # open: batches are taken as they come; closed (a loader waiting for its turn, :mod:`_turns`): the
         # consumer takes none, and the loader's workers fill their queues and idle
@@ -229,7 +231,11 @@ class _Consumer(threading.Thread):
                 if self.max_epochs is not None and epoch >= self.max_epochs:
                     break
                 if built.control is not None:
-                    built.control.limit(self.stall_batches)
+                    last = self.open_last and self.max_epochs is not None and epoch == self.max_epochs - 1
+                    if last:
+                        built.control.cycle()
+                    else:
+                        built.control.limit(self.stall_batches)
         except BaseException as e:  # the point records it; nothing escapes the thread
             self.error = _classify(f"{type(e).__name__}: {_first_and_last_line(str(e))}", e)
         finally:

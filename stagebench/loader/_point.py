@@ -350,18 +350,32 @@ def _settled(
     return plan.floor is not None and hi < plan.floor
 
 
-def _measure_stall(cons, eff, cfg, deadline, row: PointDraft, errors, t1) -> bool:
+def _measure_stall(
+    cons, eff, cfg, deadline, row: PointDraft, errors, t1, then: Callable[[Any], None] | None = None
+) -> bool:
     """Run to epoch boundaries, its seconds in ``row.stall_phase_s`` (the point's time split).
-    Returns True when the loader hung doing so."""
+    Returns True when the loader hung doing so.
+
+    ``then``: called with the consumer once the stall is read. Under epoch control the last epoch then
+    runs on, and ``then`` runs on the workers it started afresh (workers that are not persistent start
+    again at every epoch): the memory pass reads their early growth there rather than on a loader started
+    for it alone (a second start-up: 1 s a search on the slow-start bench). Without epoch control it is
+    called first, on the warm loader as it is."""
     t_stall = time.perf_counter()
     try:
         ctl = cons.control
+        if ctl is None and then is not None:
+            then(cons)
         if ctl is not None:
             cons.stall_batches = cfg.stall_epoch_batches or max(4, 2 * eff.num_workers)
             cons.max_epochs = 1 + cfg.stall_epochs
+            cons.open_last = then is not None
             ctl.end()
             while not cons.finished:
                 if _failure(cons, errors):
+                    return False
+                if then is not None and cons.events and cons.events[-1].epoch == cons.max_epochs - 1:
+                    then(cons)  # the last epoch's first batch is in: its stall is read, its workers fresh
                     return False
                 if time.perf_counter() >= deadline:
                     last = cons.events[-1].t if cons.events else t1

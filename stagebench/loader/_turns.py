@@ -206,8 +206,10 @@ class HeldLoaders:
     def stall(
         self, knobs: LoaderKnobs, cfg: LoaderSweepConfig, *, phase: str, during: Callable[[Any], None] | None
     ) -> PointDraft | None:
-        """The epoch stall on ``knobs``'s open loader (``during``: called first, with the warm consumer),
-        which then closes; None where no loader of ``knobs`` is open (a fresh point measures it)."""
+        """The epoch stall on ``knobs``'s open loader, which then closes (``during``: called with the consumer
+        once the stall is read, on the workers the last epoch started afresh:
+        :func:`stagebench.loader._point._measure_stall`); None where no loader of ``knobs`` is open (a fresh
+        point measures it)."""
         key = self.key(knobs)
         h = self.open.pop(key, None)
         if h is None:
@@ -223,9 +225,7 @@ class HeldLoaders:
                 row.startup_s = 0.0
                 if _resume(h, cfg, self.backend, deadline):
                     row.warmup_s = time.perf_counter() - t_begin
-                    if during is not None:
-                        during(h.cons)
-                    hung = _measure_stall(h.cons, eff, cfg, deadline, row, h.errors, time.perf_counter())
+                    hung = _measure_stall(h.cons, eff, cfg, deadline, row, h.errors, time.perf_counter(), during)
                 else:
                     hung = self._resume_failed(h, row)
             finally:
