@@ -183,6 +183,27 @@ def test_without_yours_a_pick_fastest_by_its_readings_alone_is_compared_with_a_c
     assert (d.pick, d.open) == ("four", ("two",))
 
 
+def test_without_yours_two_settings_the_rounds_cannot_tell_apart_give_the_cheaper_whichever_reads_faster():
+    """The slow-start bench picked 4 workers, then 2, then 2: the rounds in turns could not tell them apart
+    (0.99x, 0.78-1.26 over 3 rounds), and the pick was whichever pooled rate came out larger. A costlier
+    setting is taken only where shown faster; the cheaper stays open against it."""
+    noisy = _rounds(0.99, 3, spread=0.08)  # within 5% by the rounds' mean, not shown either way
+    for four in (101.0, 99.0):  # whichever reads faster, the same pick
+        d = _decide({"two": (2, 100.0), "four": (4, four)}, {("two", "four"): noisy}, None)
+        assert (d.advice, d.pick) == ("use", "two"), d
+    d = _decide({"two": (2, 100.0), "four": (4, 101.0)}, {("two", "four"): noisy}, None)
+    assert (d.best, d.rival, d.open) == ("four", "four", ("four",))
+    assert d.versus_yours is not None  # four over two
+    assert d.versus_yours.value == pytest.approx(1 / Ratio.of_pairs(noisy).value, rel=1e-9)
+    assert d.rounds_to_settle is not None and d.rounds_to_settle > 3
+    # the rounds put the cheaper one more than 5% behind: the fastest, and the cheaper left open
+    d = _decide({"two": (2, 100.0), "four": (4, 110.0)}, {("two", "four"): _rounds(0.91, 3, spread=0.08)}, None)
+    assert (d.pick, d.rival) == ("four", "two")
+    # shown faster: the costlier one, settled
+    d = _decide({"two": (2, 100.0), "four": (4, 130.0)}, {("two", "four"): _rounds(0.77, 3)}, None)
+    assert (d.pick, d.settled) == ("four", True)
+
+
 def test_what_more_rounds_would_do_is_said_in_one_set_of_words_with_its_number():
     """The demo read "about 1 more rounds in turns would settle it": the pipeline's and the loader's verdicts
     wrote the phrase twice, the job's a third time with its own plural."""

@@ -226,3 +226,20 @@ def test_a_loader_verdict_that_could_not_tell_says_how_long_its_rounds_ran_and_w
     spent, per = _turn_seconds([normalize_row(r) for r in rows])
     assert spent == pytest.approx(5.0) and per == pytest.approx(2.5)
     assert _turn_seconds([normalize_row({"search_phase": "num_workers", "turn": None, "elapsed_s": 1.0})]) is None
+
+
+def test_without_yours_the_cheaper_of_two_settings_the_rounds_cannot_tell_apart_is_the_pick_and_says_so():
+    """The slow-start bench's picks went 4, 2, 2 workers on the larger pooled rate of two settings the rounds
+    could not tell apart: a costlier setting is taken only where the rounds show it faster."""
+    search = [_row(0, 300.0), _row(1, 280.0), _row(2, 740.0, half=0.064), _row(4, 760.0, half=0.064)]
+    for pairs in ([(700, 760), (800, 740), (720, 790)], [(760, 700), (740, 800), (790, 720)]):
+        rec = recommend(search + _paired(pairs), budget_mb=None)
+        assert rec.num_workers == 2, rec.why
+    rec = recommend(search + _paired([(750, 760), (770, 745), (745, 770)]), budget_mb=None)
+    assert rec.decision.open == ("num_workers=4, prefetch_factor=2",)
+    assert rec.why.startswith(
+        "the cheaper of two settings the runs could not tell apart (their rounds' mean within 5%)"
+    )
+    assert "the runs could not tell num_workers=4, prefetch_factor=2 from it within 12 s: 1.00x it (" in rec.why, (
+        rec.why
+    )

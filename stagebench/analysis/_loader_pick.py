@@ -183,8 +183,10 @@ def _decision_words(
     if d.advice == "change":
         return f"{x.text('yours')}: faster beyond noise"
     if d.rival is not None:
-        # the rival is cheaper than the fastest, or costlier than a pick that is the fastest by its readings
-        whose = "yours" if d.advice == "keep yours" else "it" if d.pick == d.best else "the fastest"
+        # the rival is cheaper than the fastest, or costlier than a pick that is the fastest by its readings,
+        # or the fastest itself, over a cheaper pick the rounds put within the margin of it
+        tie = d.rival == d.best and d.pick != d.best
+        whose = "yours" if d.advice == "keep yours" else "it" if d.pick == d.best or tie else "the fastest"
         within = f" within {seconds[0]:.0f} s" if seconds is not None and x is not None else ""
         tell = f"the runs could not tell {d.rival} from {whose}{within}" + (
             f": {x.text(whose if whose == 'yours' else 'it')}"
@@ -206,7 +208,13 @@ def _decision_words(
             + (f": {r.text(whose if whose == 'yours' else 'it')}" if r is not None else " (not measured in turns)")
             for k, r in d.others.items()
         )
-        head = "your setting, kept" if d.advice == "keep yours" else "the fastest measured"
+        head = (
+            "your setting, kept"
+            if d.advice == "keep yours"
+            else f"the cheaper of two settings the runs could not tell apart (their rounds' mean within {within_best:.0%})"
+            if tie
+            else "the fastest measured"
+        )
         return f"{head}: {tell}{more}{nor}"
     if d.advice == "keep yours":
         if d.pick == d.best:
@@ -240,7 +248,7 @@ def turns_to_run(
     d, by_key = loader_decision(rows, pool, within_best=within_best, user=user)
     if d.settled or (max_rounds is not None and not d.worth_more_rounds(max_rounds)):
         return []
-    keys = [k for k in (d.yours, d.best) if k is not None and k in by_key] + list(d.open)
+    keys = [k for k in (d.yours, d.best, d.pick) if k is not None and k in by_key] + list(d.open)
     return [by_key[k] for k in dict.fromkeys(keys)][:3]
 
 

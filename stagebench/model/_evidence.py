@@ -18,7 +18,10 @@ settle it at the spread seen (:meth:`Ratio.rounds_to_clear`).
 Why in turns, and why the ratio per round, on the log scale: docs/method.md#rounds-in-turns.
 
 Without a setting of the user's (a Hydra sweep, a loader given no knobs), the pick is the cheapest
-setting shown as good as the best, else the best. A pick that is the fastest by its readings alone is
+setting shown as good as the best; else the cheapest that the rounds in turns put within 5% of the best
+(the geometric mean of its ratio, with an interval), where none showed the costlier one faster (nothing
+of the user's is changed, and a costlier setting is taken only where shown faster: otherwise two settings
+the runs cannot tell apart take turns being the pick); else the best. A pick that is the fastest by its readings alone is
 compared in turns with any costlier setting not yet compared with it, until their ratio has an
 interval: one window each, seconds apart, would otherwise decide on the larger of two noisy readings
 (the JPEG loader's 2 workers read 409 and 439 samples/s where 4 read 420 and 387; in turns 4 ran
@@ -302,6 +305,11 @@ class Decision(ReadIfGiven):
 RatioOf = Callable[[str, str], "Ratio | None"]
 
 
+def _within(x: Ratio | None, margin: float) -> bool:
+    """Whether the rounds in turns put a ratio within ``margin`` (its geometric mean), with an interval."""
+    return x is not None and x.low is not None and x.value >= margin
+
+
 def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, margin: float = EQUIVALENT) -> Decision:
     """The pick among ``options`` by the rule (module docstring).
 
@@ -356,6 +364,14 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
     shown = [c for c in good if beats_yours(c) and c is not me and (not mine_good or (me and c.cost < me.cost))]
     if me is None:
         pick, advice = cheapest(good), "use"
+        if pick is best:
+            # no setting of yours to keep: a costlier setting is taken over a cheaper one only where the rounds
+            # in turns show it faster. A cheaper one whose rounds put it within the margin of the fastest, not
+            # shown either way, is the pick: otherwise two settings the runs cannot tell apart would take turns
+            # being the pick by the larger of two noisy rates (the slow-start bench: 2 then 4 workers)
+            ties = [c for c in ran if c.cost < best.cost and _within(ratio(c.key, best.key), margin)]
+            if ties:
+                pick = cheapest(ties)
     elif shown:
         pick = cheapest(shown)
         advice = "change" if shown_above(pick, me, 1.0) else "cheaper"
@@ -366,8 +382,12 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
     # fastest); where yours is kept without that, any can.
     reasons: dict[str, str] = {}
     open_: list[Option] = []
+    tie = pick is not me and pick not in good  # a cheaper pick within the margin of the fastest, not shown
     for c in ran:
         if c is pick or c is me:
+            continue
+        if tie and c is best:  # more rounds could show the fastest faster than the pick
+            open_.append(c)
             continue
         if pick is not me and c.cost >= pick.cost:
             # a costlier setting cannot be the pick unless it is the fastest; where the pick is the fastest
@@ -394,8 +414,8 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
     if me is not None and pick is not me:
         versus = ratio(pick.key, me.key)
     elif open_:
-        ref = me if me is not None else best
         first = cheapest(open_)
+        ref = me if me is not None else pick if first is best else best
         rival, versus = first.key, ratio(first.key, ref.key)
         others = {c.key: ratio(c.key, ref.key) for c in open_ if c is not first}
         if versus is not None:
