@@ -198,8 +198,8 @@ def memory_pass(
                 out[pid] = (info.uss or info.pss) / 2**20
         return out
 
-    def made() -> dict[int, int]:
-        return dict(Counter(e.pid for e in list(cons.events) if e.pid is not None))
+    def made() -> dict[int, int]:  # by the workers read: an earlier epoch's, gone, made batches too
+        return dict(Counter(e.pid for e in list(cons.events) if e.pid in procs))
 
     # A pass in which every worker made its whole share of the epoch has read the epoch's growth, not
     # extrapolated it: it ends there (a small dataset's pass, a fraction of a second), with at least
