@@ -63,6 +63,12 @@ LOADER_MIN_WINDOW_S = 0.3
 #: the host's noise, and a shorter window lets one stall of a process held off the cores (a fraction of
 #: a second) swing a round's ratio several-fold; a second outlasts such stalls.
 LOADER_TURN_WINDOW_S = 1.0
+#: Most rounds in turns of a loader sweep (``LoaderSweepConfig.tie_rounds``): what its intervals' level
+#: is fitted to (:func:`stagebench.model._evidence.look_confidence`), in the sweep and in a rebuild.
+LOADER_TIE_ROUNDS = 8
+#: Most rounds in turns of the recommended pipeline against yours (two, then up to three more while the
+#: rule is open): what its intervals' level is fitted to, in the diagnosis and in a rebuild.
+WHOLE_RUN_ROUNDS = 5
 #: What ``STAGEBENCH_QUICK=on`` changes (each only where the user set nothing): a diagnosis to iterate
 #: with, at about a third of SPDL's own profiler's time. Shorter windows closing at ±10% and fewer
 #: levels cost precision (wider intervals, a coarser curve). Threads only (process points cost most):

@@ -93,6 +93,35 @@ def test_looking_after_every_round_keeps_a_wrong_claim_under_2_5_percent_a_side(
     assert lucky / 1000 > 0.08
 
 
+def test_a_comparison_that_looks_fewer_times_is_held_to_its_own_level_and_still_claims_under_2_5_percent():
+    """The loader's rounds stop at 8 and the pipeline's at 5: a level fitted to the job runs' 40 looks
+    would make their few rounds' intervals about twice as wide as the error rate needs (t at 2 degrees of
+    freedom: 14.1 at 99.5%, 7.0 at 98%). Each level keeps a wrong claim under 2.5% a side at its cap."""
+    import numpy as np
+
+    from stagebench._settings import LOADER_TIE_ROUNDS, WHOLE_RUN_ROUNDS
+    from stagebench.model._evidence import look_confidence
+
+    assert look_confidence(WHOLE_RUN_ROUNDS) < look_confidence(LOADER_TIE_ROUNDS) < look_confidence(MAX_LOOKS)
+    assert look_confidence(MAX_LOOKS) == LOOK_CONFIDENCE
+    rng = np.random.default_rng(11)
+    for cap in (WHOLE_RUN_ROUNDS, LOADER_TIE_ROUNDS):
+        level = look_confidence(cap)
+        logs = rng.normal(0.0, 0.1, size=(4000, cap))
+        wrong = sum(
+            any(
+                Ratio.of_pairs([(math.exp(v), 1.0) for v in row[:n]], confidence=level).above(1.0)
+                for n in range(MIN_ROUNDS, cap + 1)
+            )
+            for row in logs
+        )
+        assert wrong / len(logs) < 0.03, (cap, level, wrong)  # 2.2% and 1.8% over 200,000 such runs
+    # the level travels with the ratio: what more rounds would need is reckoned at it
+    pairs = [(0.9 * math.exp(v), 1.0) for v in (0.05, -0.04, 0.02)]
+    at98, at995 = Ratio.of_pairs(pairs, confidence=0.98), Ratio.of_pairs(pairs)
+    assert at98.low > at995.low and at98.rounds_to_clear(EQUIVALENT) < at995.rounds_to_clear(EQUIVALENT)
+
+
 # --------------------------------------------------------------------------- the decision
 def _decide(rates: dict[str, tuple[float, float]], pairs: dict[tuple[str, str], list[tuple[float, float]]], yours):
     """``rates``: key -> (cost, pooled rate); ``pairs``: (a, b) -> per-round (a, b) rates."""

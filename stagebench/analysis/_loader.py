@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stagebench._numbers import finite, num
-from stagebench._settings import DEMAND_HEADROOM
+from stagebench._settings import DEMAND_HEADROOM, LOADER_TIE_ROUNDS
 from stagebench.analysis._job import decide_job
 from stagebench.analysis._kind import job_keys, summary_head
 from stagebench.analysis._loader_findings import loader_findings
@@ -162,6 +162,7 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
         user=user,
         serial_ok=target_rate is None,
         max_workers=_memory_cap(m),
+        max_rounds=LOADER_TIE_ROUNDS if s.tie_rounds is None else int(s.tie_rounds),
     )
     rec = _kept_knobs(rec, ok, m)
     isolated = rec

@@ -20,7 +20,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import replace
 
-from stagebench.model._evidence import Ratio
+from stagebench._settings import LOADER_TIE_ROUNDS
+from stagebench.model._evidence import Ratio, look_confidence
 from stagebench.model._knobs import LoaderKnobs
 from stagebench.model._loader import LoaderRow
 
@@ -139,6 +140,10 @@ def paired_rounds(raw: list[LoaderRow]) -> list[dict[LoaderKnobs, float]]:
     return rounds
 
 
-def paired_ratio(rounds: list[dict[LoaderKnobs, float]], a: LoaderKnobs, b: LoaderKnobs) -> Ratio | None:
-    """a's rate over b's, round by round, over the rounds that measured both."""
-    return Ratio.of_pairs([(r[a], r[b]) for r in rounds if a in r and b in r])
+def paired_ratio(
+    rounds: list[dict[LoaderKnobs, float]], a: LoaderKnobs, b: LoaderKnobs, *, max_rounds: int = LOADER_TIE_ROUNDS
+) -> Ratio | None:
+    """a's rate over b's, round by round, over the rounds that measured both, at the level of a comparison
+    of at most ``max_rounds`` rounds (:func:`look_confidence`)."""
+    pairs = [(r[a], r[b]) for r in rounds if a in r and b in r]
+    return Ratio.of_pairs(pairs, confidence=look_confidence(max_rounds))

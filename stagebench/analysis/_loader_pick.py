@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stagebench._numbers import finite, num
-from stagebench._settings import DEMAND_HEADROOM
+from stagebench._settings import DEMAND_HEADROOM, LOADER_TIE_ROUNDS
 from stagebench.analysis._loader_evidence import paired_ratio, paired_rounds
 from stagebench.analysis._loader_rows import (
     _cheapest_first,
@@ -60,6 +60,7 @@ def recommend(
     user: LoaderRow | None = None,
     serial_ok: bool = True,
     max_workers: int | None = None,
+    max_rounds: int = LOADER_TIE_ROUNDS,
 ) -> LoaderRow | None:
     """The recommended row (with a ``why`` and the rule's ``decision``), or None when nothing was measured ok.
 
@@ -74,6 +75,7 @@ def recommend(
     setting with workers is preferred over ``num_workers=0``, whose loading adds to every training step
     (a loader alone cannot show that). ``max_workers``: the most workers a cgroup's memory limit holds over
     an epoch (:func:`_memory_cap`): a setting with more is never advised where one with fewer was measured.
+    ``max_rounds``: the sweep's ``tie_rounds``, which its intervals' level is fitted to.
     """
     pts = _rows(rows)
     ok = [p for p in pts if p.ok]
@@ -96,7 +98,7 @@ def recommend(
                 why=f"cheapest setting that delivers the target {target_rate:,.1f} samples/s with "
                 f"{headroom:.0%} headroom ({need:,.1f}){serial_note}",
             )
-    d, by_key = loader_decision(rows, pool, within_best=within_best, user=user)
+    d, by_key = loader_decision(rows, pool, within_best=within_best, user=user, max_rounds=max_rounds)
     assert d.pick is not None  # pool holds measured points
     why = _decision_words(d, by_key, within_best, _turn_seconds(_raw(rows))) + budget_note
     if budget_mb is not None and fits:
@@ -115,7 +117,7 @@ def _near(pool: list[LoaderRow]) -> list[LoaderRow]:
 
 
 def loader_decision(
-    rows: Any, pool: list[LoaderRow], *, within_best: float, user: LoaderRow | None
+    rows: Any, pool: list[LoaderRow], *, within_best: float, user: LoaderRow | None, max_rounds: int = LOADER_TIE_ROUNDS
 ) -> tuple[Decision, dict[str, LoaderRow]]:
     """The rule over the loader settings the pick hinges on: (:class:`~stagebench.model._evidence.Decision`,
     the points by the decision's keys).
@@ -138,7 +140,7 @@ def loader_decision(
     near = _near(pool)
 
     def ratio(a: str, b: str) -> Any:
-        return paired_ratio(rounds, by_key[a].knobs, by_key[b].knobs)
+        return paired_ratio(rounds, by_key[a].knobs, by_key[b].knobs, max_rounds=max_rounds)
 
     while True:
         by_key = dict(considered)
@@ -245,7 +247,8 @@ def turns_to_run(
     if not ok:
         return []
     pool = [p for p in ok if not _over_budget(p, budget_mb)] or ok
-    d, by_key = loader_decision(rows, pool, within_best=within_best, user=user)
+    cap = LOADER_TIE_ROUNDS if max_rounds is None else max_rounds
+    d, by_key = loader_decision(rows, pool, within_best=within_best, user=user, max_rounds=cap)
     if d.settled or (max_rounds is not None and not d.worth_more_rounds(max_rounds)):
         return []
     keys = [k for k in (d.yours, d.best, d.pick) if k is not None and k in by_key] + list(d.open)

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from stagebench._numbers import finite, fmt_ms, fmt_q, num
-from stagebench._settings import DEMAND_HEADROOM
+from stagebench._settings import DEMAND_HEADROOM, WHOLE_RUN_ROUNDS
 from stagebench.analysis._pipeline_job import settings_cost
-from stagebench.model._evidence import EQUIVALENT, Option, Ratio, decide, more_rounds_text
+from stagebench.model._evidence import EQUIVALENT, Option, Ratio, decide, look_confidence, more_rounds_text
 from stagebench.model._job import JobVerdict, StepAlone
 from stagebench.model._meta import CpuReadings
 from stagebench.model._pipeline import CpuSpeed, Demand, Prediction, VersusYours, WholeRun
@@ -30,6 +30,9 @@ __all__ = [
     "FAR_UNDER_BOUNDS",
     "SCHEDULING_BINDS",
 ]
+
+#: The level of the recommended-against-yours ratio: fitted to the looks its rounds can take
+_LEVEL = look_confidence(WHOLE_RUN_ROUNDS)
 
 
 def demand_verdict(
@@ -156,7 +159,7 @@ def versus_yours_decision(
     pairs = list(zip(recommended_rates, your_rates))
 
     def ratio(a: str, b: str) -> Ratio | None:
-        return Ratio.of_pairs(pairs if a == "recommended" else [(y, x) for x, y in pairs])
+        return Ratio.of_pairs(pairs if a == "recommended" else [(y, x) for x, y in pairs], confidence=_LEVEL)
 
     options = [
         Option("recommended", settings_cost(recommended), pooled[0]),
@@ -224,7 +227,7 @@ def yours_verdict(
     figures = f"{r_rate.text('items/s')} with the recommended settings, {m_rate.text()} with yours"
     rec_w, your_w = list(val.window_rates), list(yours.window_rates)
     d = versus_yours_decision(rec_w, your_w, recommended, mine, (r_rate, m_rate))
-    x = Ratio.of_pairs(list(zip(rec_w, your_w)))  # the recommended over yours, round by round
+    x = Ratio.of_pairs(list(zip(rec_w, your_w)), confidence=_LEVEL)  # the recommended over yours, round by round
     if d is None or x is None:  # saved before the windows were kept: no ratio in turns to decide on
         return changed(
             out,

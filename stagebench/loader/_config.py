@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from stagebench._settings import (
     DEMAND_HEADROOM,
     LOADER_MIN_WINDOW_S,
+    LOADER_TIE_ROUNDS,
     LOADER_TURN_WINDOW_S,
     LOADER_WINDOW_S,
     PRECISION,
@@ -95,7 +96,7 @@ class LoaderSweepConfig:
     alone never makes, so the search could only see its cost; a job run with the user's loop
     judges it (:mod:`stagebench.loader._trainer`)."""
 
-    tie_rounds: int = 8
+    tie_rounds: int = LOADER_TIE_ROUNDS
     """Decisions on evidence: the settings the pick hinges on (yours, the fastest, the cheapest near
     it) are measured again in turns, one window of each per round, their loaders kept open
     (:mod:`stagebench.loader._turns`), until the rule of :mod:`stagebench.model._evidence` is

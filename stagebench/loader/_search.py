@@ -348,7 +348,7 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...]) -> list[str]:
             sw.point(LoaderKnobs(num_workers=best.num_workers, prefetch_factor=pf, pin_memory=pin0), "prefetch_factor")
     _measure_yours(sw)  # before the turns, which may keep the script's own
     _in_turns(sw, cfg.yours)
-    rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
+    rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best, max_rounds=cfg.tie_rounds)
     if cfg.stall_at == "every":  # the protocol before: persistence measured as a point, then pinning
         if rec is not None and rec.num_workers > 0 and sw.backend != "spdl_pytorch" and True in cfg.persistent_workers:
             sw.point(
@@ -360,7 +360,7 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...]) -> list[str]:
                 ),
                 "persistent_workers",
             )
-            rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best)
+            rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best, max_rounds=cfg.tie_rounds)
     elif cfg.epoch_stall and rec is not None and rec.num_workers > 0:
         # the stall decides one thing, persistent_workers at the pick (analysis/_loader_pick._kept_knobs): measured there
         # alone, once, instead of restarting epochs after every point's window

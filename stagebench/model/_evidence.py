@@ -27,13 +27,18 @@ interval: one window each, seconds apart, would otherwise decide on the larger o
 (the JPEG loader's 2 workers read 409 and 439 samples/s where 4 read 420 and 387; in turns 4 ran
 ahead 5-10% in each of three rounds).
 
-Why a ratio's interval is 99.5% (:data:`LOOK_CONFIDENCE`): every comparison in turns (the job runs,
-the loader's rounds, the pipeline's recommended against yours) checks the rule after each round and
-stops once it is settled. A 95% interval looked at after each of 40 rounds wrongly clears a bound
-about 14% of the time on one side, not 2.5%: each look is one more chance for a lucky run of rounds.
-At 99.5% per look, the chance over up to :data:`MAX_LOOKS` looks stays under 2.5% a side, as one 95%
-interval's at one look (a simulation in ``tests/test_evidence.py`` checks it). A clear difference still
-settles within a few rounds; a small one takes more, and the budget's end keeps yours.
+Why a ratio's interval is wider than 95%, and how much (:func:`look_confidence`): every comparison in
+turns (the job runs, the loader's rounds, the pipeline's recommended against yours) checks the rule after
+each round and stops once it is settled. A 95% interval looked at after each of 40 rounds wrongly clears
+a bound about 14% of the time on one side, not 2.5%: each look is one more chance for a lucky run of
+rounds. Each comparison's per-look level is the lowest that keeps that chance under 2.5% a side over
+the looks its own cap allows, as one 95% interval's at one look (a simulation in
+``tests/test_evidence.py`` checks each): 99.5% for the job runs' up to :data:`MAX_LOOKS`, 99% for the
+loader's up to 8 rounds, 98% for the pipeline's up to 5. A level fitted to 40 looks on a comparison
+that can look 3 times claims a quarter as often as it may, and its three rounds' interval is twice as
+wide as it needs to be (t at 2 degrees of freedom: 14.1 at 99.5%, 7.0 at 98%): rounds that settle
+nothing. A clear difference still settles within a few rounds; a small one takes more, and the budget's
+end keeps yours.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ __all__ = [
     "MIN_ROUNDS",
     "MAX_LOOKS",
     "LOOK_CONFIDENCE",
+    "look_confidence",
     "PRACTICAL_ROUNDS",
     "WIDEST",
     "Ratio",
@@ -73,6 +79,18 @@ MAX_LOOKS = 40
 #: Two-sided confidence of a ratio's interval at each look: over up to :data:`MAX_LOOKS` looks, a wrong
 #: claim on one side stays under 2.5% (module docstring), as a single 95% interval's.
 LOOK_CONFIDENCE = 0.995
+#: The per-look levels for fewer looks, by the most rounds a comparison runs (:func:`look_confidence`):
+#: the lowest that a simulation (the test's) keeps under 2.5% a side at that cap: 2.2% at 5 rounds
+#: (97.5% would read 2.7%), 1.8% at 8 (98.3% would read 2.9%).
+_LEVELS = ((5, 0.98), (8, 0.99))
+
+
+def look_confidence(max_rounds: int) -> float:
+    """The per-look confidence of a comparison that runs at most ``max_rounds`` rounds in turns and looks
+    after each from :data:`MIN_ROUNDS` (module docstring)."""
+    return next((level for cap, level in _LEVELS if max_rounds <= cap), LOOK_CONFIDENCE)
+
+
 #: What a decision advises: ``keep yours``, ``cheaper`` (as fast within 5%, shown, and cheaper),
 #: ``change`` (faster beyond noise), ``use`` (no setting of the user's to compare), ``none`` (nothing ran).
 ADVICE = ("keep yours", "cheaper", "change", "use", "none")
@@ -94,7 +112,7 @@ def more_rounds_text(n: int | None) -> str:
 @dataclass(frozen=True, slots=True)
 class Ratio:
     """One setting's rate over another's, from windows measured in turns: the geometric mean of the
-    rounds' ratios and its interval at :data:`LOOK_CONFIDENCE` (None below :data:`MIN_ROUNDS`)."""
+    rounds' ratios and its interval at ``confidence`` a look (None below :data:`MIN_ROUNDS`)."""
 
     value: float
     low: float | None
@@ -102,6 +120,8 @@ class Ratio:
     rounds: int
     log_sd: float | None = None
     """Spread of the rounds' log ratios (what :meth:`rounds_to_clear` extrapolates from)."""
+    confidence: float = LOOK_CONFIDENCE
+    """The interval's level (:func:`look_confidence`), which :meth:`rounds_to_clear` extrapolates at."""
 
     @classmethod
     def of_pairs(
@@ -124,10 +144,10 @@ class Ratio:
             return None
         m = sum(logs) / n
         if n < max(min_rounds, 2):
-            return cls(math.exp(m), None, None, n, None)
+            return cls(math.exp(m), None, None, n, None, confidence)
         sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (n - 1))
         half = t_quantile(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
-        return cls(math.exp(m), math.exp(m - half), math.exp(m + half), n, sd)
+        return cls(math.exp(m), math.exp(m - half), math.exp(m + half), n, sd, confidence)
 
     def above(self, bound: float) -> bool:
         """Shown above ``bound``: the whole interval lies above it."""
@@ -137,9 +157,11 @@ class Ratio:
         """Shown below ``bound``: the whole interval lies below it."""
         return self.high is not None and self.high < bound
 
-    def rounds_to_clear(self, bound: float, confidence: float = LOOK_CONFIDENCE) -> int | None:
+    def rounds_to_clear(self, bound: float) -> int | None:
         """Rounds in all for the interval to clear ``bound`` on the side the ratio lies, were the ratio and
-        its spread to stay as seen (None: the ratio sits on the bound, or no spread is known yet)."""
+        its spread to stay as seen, at its own level (None: the ratio sits on the bound, or no spread is
+        known yet)."""
+        confidence = self.confidence
         if self.log_sd is None or bound <= 0:
             return None
         gap = abs(math.log(self.value) - math.log(bound))

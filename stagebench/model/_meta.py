@@ -164,6 +164,8 @@ class RunSettings(Read):
     headroom: int | float | None = None
     within_best: int | float | None = None
     confidence: int | float | None = None
+    tie_rounds: int | None = None
+    """A loader sweep's most rounds in turns (its intervals' level is fitted to them)."""
     strategy: str | None = None
     full_grid_points: int | float | None = None
     _json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)

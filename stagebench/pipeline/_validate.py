@@ -18,6 +18,7 @@ from typing import Any
 
 from stagebench._memory import describe
 from stagebench._numbers import finite
+from stagebench._settings import WHOLE_RUN_ROUNDS
 from stagebench.analysis._verdicts import versus_yours_decision
 from stagebench.core._speed import cpu_speed_ns
 from stagebench.model._meta import CpuReadings
@@ -36,9 +37,9 @@ __all__ = [
 ]
 
 #: Rounds in turns of the recommended settings against yours beyond the first forth and back, while the
-#: rule of :mod:`stagebench.model._evidence` cannot tell them apart (two rounds show only a large change).
-#: Each costs two slices of the validation window and their settles.
-EXTRA_ROUNDS = 3
+#: rule of :mod:`stagebench.model._evidence` cannot tell them apart (two rounds show only a large change),
+#: up to ``WHOLE_RUN_ROUNDS`` in all. Each costs two slices of the validation window and their settles.
+EXTRA_ROUNDS = WHOLE_RUN_ROUNDS - SLICES
 
 
 def yours_of(plan: Any) -> dict[str, tuple[str, int]]:
@@ -182,7 +183,7 @@ def _run_whole(
         if "validation" not in rates or "yours" not in rates:
             return False
         d = versus_yours_decision(rates["validation"], rates["yours"], whole.choices, whole.yours)
-        return d is not None and d.worth_more_rounds(SLICES + EXTRA_ROUNDS)
+        return d is not None and d.worth_more_rounds(WHOLE_RUN_ROUNDS)
 
     try:
         out = run_pipelines(
