@@ -245,3 +245,22 @@ def test_without_yours_the_cheaper_of_two_settings_the_rounds_cannot_tell_apart_
     assert "the runs could not tell num_workers=4, prefetch_factor=2 from it within 12 s: 1.00x it (" in rec.why, (
         rec.why
     )
+
+
+def test_the_near_settings_the_rule_takes_up_next_join_the_same_rounds():
+    """The slow-start bench: num_workers=0 read 0.82x the fastest (near), and 2 workers too; one at a time,
+    0 took three rounds to be ruled out and 2 then three more: 7 rounds, 28.5 s. Together, in the same
+    rounds, three settings a round at most."""
+    from stagebench.analysis._loader_pick import turns_to_run
+
+    search = [_row(0, 747.0), _row(1, 529.0), _row(2, 884.0, half=0.064), _row(4, 909.0, half=0.064)]
+    first = turns_to_run(search, budget_mb=None, within_best=0.05, user=None, max_rounds=8)
+    assert [p.num_workers for p in first] == [4, 0, 2]
+    # 0 ruled out by the rounds: 2 against 4 goes on alone
+    rows = search + [
+        replace(_row(w, r, phase="paired"), turn=t)
+        for t, rates in enumerate([(740, 960, 930), (735, 950, 955), (745, 965, 940)], start=1)
+        for w, r in zip((0, 2, 4), rates)
+    ]
+    later = turns_to_run(rows, budget_mb=None, within_best=0.05, user=None, max_rounds=8)
+    assert 0 not in [p.num_workers for p in later]

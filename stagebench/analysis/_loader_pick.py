@@ -239,8 +239,8 @@ def turns_to_run(
     user: LoaderRow | None,
     max_rounds: int | None = None,
 ) -> list[LoaderRow]:
-    """The settings to measure (again) in turns: yours, the fastest and those still open; [] once the
-    rule is settled (the sweep's last step, :mod:`stagebench.loader._turns`), or once the spread seen
+    """The settings to measure (again) in turns: yours, the fastest, those still open and the near settings
+    the rule would take up after them (at most three a round); [] once the rule is settled (the sweep's last step, :mod:`stagebench.loader._turns`), or once the spread seen
     says it would take more than ``max_rounds`` rounds in all to settle (:meth:`Decision.worth_more_rounds`)."""
     pts = _rows(rows)
     ok = [p for p in pts if p.ok]
@@ -252,7 +252,12 @@ def turns_to_run(
     if d.settled or (max_rounds is not None and not d.worth_more_rounds(max_rounds)):
         return []
     keys = [k for k in (d.yours, d.best, d.pick) if k is not None and k in by_key] + list(d.open)
-    return [by_key[k] for k in dict.fromkeys(keys)][:3]
+    # the near settings the rule would take up next, once the open ones are ruled out, join the same rounds
+    # where a round has room: each needs three rounds for an interval, so one at a time cost three rounds
+    # each (the slow-start bench: num_workers=0 at 0.82x of the fastest, then 2 workers: 7 rounds, 28.5 s,
+    # where the searches without 0 near took 3 rounds and 16 s)
+    later = {_knob_text(p): p for p in _near(pool) if _knob_text(p) not in by_key}
+    return [{**by_key, **later}[k] for k in dict.fromkeys([*keys, *later])][:3]
 
 
 @dataclass(frozen=True)
