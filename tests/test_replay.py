@@ -465,6 +465,11 @@ def test_a_stage_working_on_threads_of_its_own_stands_in_with_helpers_not_a_slee
     sleep = _stage(t=5e-3, frac=0.02, cpu=0.9e-3, harness=0.3e-3)
     sleep["alternatives"]["thread"]["call_cpu_s"] = 0.05e-3
     assert plan_stand_ins([sleep])["s"].helper_s == 0.0
+    # a call far shorter than the harness's cost per item (SPDL's pipeline_definitions: 0.8 us beside
+    # 0.143 ms): what is left beyond them, 0.018 ms, is the harness's drift between two points, not threads
+    tiny = _stage(t=0.8e-6, frac=0.9, cpu=0.1616e-3, harness=0.1427e-3)
+    tiny["alternatives"]["thread"]["call_cpu_s"] = 0.77e-6
+    assert plan_stand_ins([tiny])["s"].helper_s == 0.0
 
 
 def test_a_stand_in_s_helpers_spend_its_cpu_on_other_threads_while_the_call_waits(monkeypatch):
