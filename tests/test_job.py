@@ -463,6 +463,25 @@ def test_no_workers_shown_faster_in_the_job_is_said_so_not_that_loading_costs_th
     assert "costs your step little" not in said
 
 
+def test_where_yours_is_num_workers_0_the_note_does_not_hold_it_to_itself():
+    """Yours was num_workers=0 and the job runs picked 2 workers: the note compared num_workers=0 with yours,
+    itself ("not run in turns with yours: not shown more than 5% faster than yours")."""
+    rows = [_pt(0, 516), _pt(2, 940)]
+    meta = _meta(cuda=False, num_workers=0)
+    meta["trainer"] = {"samples_per_s": 320.0, "steps_per_s": 20.0}
+    job = _job(zero=(0.031, 0.050, "yours", 0), two=(0.001, 0.050, "best", 2))
+    for c, nw in zip(job["candidates"], (0, 2)):
+        c["settings"] = {"num_workers": nw, "prefetch_factor": 2 if nw else None, "persistent_workers": False}
+        c["settings"]["pin_memory"] = False
+    meta["job"] = job
+    s = summarize_loader(rows, meta)
+    said = s["job"]["zero_workers"]
+    assert said.startswith("num_workers=0 is your setting"), said
+    assert "than yours" not in said and "with yours" not in said
+    if s["recommended"]["num_workers"] == 2:
+        assert "the pick, with workers, was shown to do better" in said
+
+
 def test_the_loader_summary_follows_the_job_and_no_finding_contradicts_it():
     rows = [_pt(0, 516), _pt(1, 470), _pt(2, 940), _pt(4, 1880)]
     meta = _meta(cuda=False)

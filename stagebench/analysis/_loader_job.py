@@ -171,6 +171,11 @@ def _zero_workers_note(v: JobVerdict) -> str | None:
     f = zero.job
     if f is None:
         return "num_workers=0 was a candidate but did not run with your loop, so it is not advised"
+    if zero.key == v.yours:  # nothing to hold it to: it is what the others were held to
+        head = f"num_workers=0 is your setting and ran your job at {f.samples_per_s:,.0f} samples/s"
+        if zero.key == v.pick:
+            return f"{head}; it is kept: no setting with workers was shown to do better in turns"
+        return f"{head}, loading each batch between your steps; the pick, with workers, was shown to do better in turns"
     x = zero.versus_yours
     vs = x.text("yours") if x is not None else "not run in turns with yours"
     if zero.key == v.pick:
