@@ -298,13 +298,13 @@ class _Diagnosis:
         raise_if_signalled()  # a Ctrl-C Python dropped in a finalizer (an event loop's __del__)
         self._whole_pipeline(stages, src.items, Summary.from_json(summary))
         raise_if_signalled()
-        summary, report = self._finish(rows, t_begin)
+        summary, typed, report = self._finish(rows, t_begin)
         if run.out_of_memory:  # its last line is the caller's, as every failed run's is
             said = f", and a report of them: {report}" if report else ""
             raise DiagnoseError(f"{run.meta['error']}; the rows are in {run.run_dir.path}{said}", FAILED.exit_code)
         if self.session is not None:
             self.session.plan, self.session.source_items = run.plan, src.items
-            self.session.choices = choices_of(Summary.from_json(summary))
+            self.session.choices = choices_of(typed)
             self.session.items_per_sink_item = stages.items_per_sink_item or 1.0
             self.session.run_dir = run.run_dir.path
         return summary
@@ -384,8 +384,9 @@ class _Diagnosis:
             validation = changed(whole.validation, failed=failed) if failed else whole.validation
             run.meta["validation"] = validation.to_json()
 
-    def _finish(self, rows: Any, t_begin: float) -> tuple[dict[str, Any], Path | None]:
-        """The summary, the report, run.json's status, the terminal table and the last line."""
+    def _finish(self, rows: Any, t_begin: float) -> tuple[dict[str, Any], Summary, Path | None]:
+        """The summary (as written, and read), the report, run.json's status, the terminal table and the last
+        line."""
         run = self.run
         self.reserve.release()  # what it kept aside is for this: the summary and the report
         run.meta["provenance_after"] = collect_provenance()
@@ -401,7 +402,8 @@ class _Diagnosis:
                 report = write_run_report(run, summary) if self.write_report else None
             except OSError as e:  # a full disk, a permission: the rows are safe; said, and the exit code says it
                 run.unwritten = f"{type(e).__name__}: {e}"
-        run.meta["status"] = status_of(run, Summary.from_json(summary))
+        typed = Summary.from_json(summary)
+        run.meta["status"] = status_of(run, typed)
         if run.out_of_memory:
             run.meta["error"] = f"{run.out_of_memory}: {CAUSE}"
         elif run.internal_error:
@@ -416,7 +418,7 @@ class _Diagnosis:
         if self.show_table:
             print(format_table(summary, report), end="", flush=True)
         self._last_line(report)
-        return summary, report
+        return summary, typed, report
 
     def _last_line(self, report: Path | None) -> None:
         run = self.run
