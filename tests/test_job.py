@@ -444,19 +444,25 @@ def test_on_a_cuda_host_pin_memory_is_kept_as_yours_and_pinning_is_tried_where_y
     assert all(c.settings["pin_memory"] is False for c in plain if "pinned" not in c.origin)
 
 
+def _zero_and_two(zero: tuple, two: tuple, trainer: dict, **mine) -> dict:
+    """A loader run's meta whose job ran num_workers=0 and 2 (each ``_job``'s wait, body, origin, cost)."""
+    meta = _meta(cuda=False, **mine)
+    meta["trainer"] = trainer
+    job = _job(zero=zero, two=two)
+    for c, nw in zip(job["candidates"], (0, 2)):
+        c["settings"] = {"num_workers": nw, "prefetch_factor": 2 if nw else None, "persistent_workers": False}
+        c["settings"]["pin_memory"] = False
+    meta["job"] = job
+    return meta
+
+
 def test_no_workers_shown_faster_in_the_job_is_said_so_not_that_loading_costs_the_step_little():
     """Two ranks on two cores (benchmarks/ddp_jpeg_train.py): no workers ran the job 1.15x yours (1.01-1.31)
     with 70% of each step waiting for data, and the note said "loading between the steps costs your step
     little here". It costs the step plenty; the workers cost the job more."""
     rows = [_pt(0, 1873), _pt(1, 1554), _pt(2, 1478)]
-    meta = _meta(cuda=False)
-    meta["trainer"] = {"samples_per_s": 3069.0, "steps_per_s": 191.8}
-    job = _job(zero=(0.010, 0.004, "best", 0), two=(0.013, 0.004, "yours", 2))
-    for c, nw in zip(job["candidates"], (0, 2)):
-        c["settings"] = {"num_workers": nw, "prefetch_factor": 2 if nw else None, "persistent_workers": False}
-        c["settings"]["pin_memory"] = False
-    meta["job"] = job
-    s = summarize_loader(rows, meta)
+    trainer = {"samples_per_s": 3069.0, "steps_per_s": 191.8}
+    s = summarize_loader(rows, _zero_and_two((0.010, 0.004, "best", 0), (0.013, 0.004, "yours", 2), trainer))
     assert s["recommended"]["num_workers"] == 0
     said = s["job"]["zero_workers"]
     assert "shown faster than yours" in said and "workers cost your job more" in said
@@ -467,19 +473,14 @@ def test_where_yours_is_num_workers_0_the_note_does_not_hold_it_to_itself():
     """Yours was num_workers=0 and the job runs picked 2 workers: the note compared num_workers=0 with yours,
     itself ("not run in turns with yours: not shown more than 5% faster than yours")."""
     rows = [_pt(0, 516), _pt(2, 940)]
-    meta = _meta(cuda=False, num_workers=0)
-    meta["trainer"] = {"samples_per_s": 320.0, "steps_per_s": 20.0}
-    job = _job(zero=(0.031, 0.050, "yours", 0), two=(0.001, 0.050, "best", 2))
-    for c, nw in zip(job["candidates"], (0, 2)):
-        c["settings"] = {"num_workers": nw, "prefetch_factor": 2 if nw else None, "persistent_workers": False}
-        c["settings"]["pin_memory"] = False
-    meta["job"] = job
+    trainer = {"samples_per_s": 320.0, "steps_per_s": 20.0}
+    meta = _zero_and_two((0.031, 0.050, "yours", 0), (0.001, 0.050, "best", 2), trainer, num_workers=0)
     s = summarize_loader(rows, meta)
+    assert s["recommended"]["num_workers"] == 2
     said = s["job"]["zero_workers"]
     assert said.startswith("num_workers=0 is your setting"), said
     assert "than yours" not in said and "with yours" not in said
-    if s["recommended"]["num_workers"] == 2:
-        assert "the pick, with workers, was shown to do better" in said
+    assert "the pick, with workers, was shown to do better" in said
 
 
 def test_the_loader_summary_follows_the_job_and_no_finding_contradicts_it():
