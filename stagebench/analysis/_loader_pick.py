@@ -240,8 +240,9 @@ def turns_to_run(
     max_rounds: int | None = None,
 ) -> list[LoaderRow]:
     """The settings to measure (again) in turns: yours, the fastest, those still open and the near settings
-    the rule would take up after them (at most three a round); [] once the rule is settled (the sweep's last step, :mod:`stagebench.loader._turns`), or once the spread seen
-    says it would take more than ``max_rounds`` rounds in all to settle (:meth:`Decision.worth_more_rounds`)."""
+    the rule would take up after them (at most three a round); [] once the rule is settled (the sweep's last
+    step, :mod:`stagebench.loader._turns`), or once the spread seen says it would take more than
+    ``max_rounds`` rounds in all to settle (:meth:`Decision.worth_more_rounds`)."""
     pts = _rows(rows)
     ok = [p for p in pts if p.ok]
     if not ok:

@@ -364,8 +364,6 @@ def _measure_stall(
     t_stall = time.perf_counter()
     try:
         ctl = cons.control
-        if ctl is None and then is not None:
-            then(cons)
         if ctl is not None:
             cons.stall_batches = cfg.stall_epoch_batches or max(4, 2 * eff.num_workers)
             cons.max_epochs = 1 + cfg.stall_epochs
@@ -390,6 +388,8 @@ def _measure_stall(
                 time.sleep(0.01)
             return False
         # No epoch control: wait for a natural boundary if one is near.
+        if then is not None:
+            then(cons)
         start_epoch = cons.events[-1].epoch if cons.events else 0
         wait = cfg.stall_wait_s
         with suppress(TypeError):  # a loader without a length: no epoch end to foresee
