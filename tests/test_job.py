@@ -483,6 +483,26 @@ def test_where_yours_is_num_workers_0_the_note_does_not_hold_it_to_itself():
     assert "the pick, with workers, was shown to do better" in said
 
 
+def test_a_measured_step_with_no_job_run_keeps_yours_and_names_the_cheapest_that_feeds_it():
+    """A loop of 5 steps under --trainer (a 0.95 s step): the step was measured, the job never ran. The terminal
+    said "use num_workers=0" (the loader alone), summary.json "use num_workers=1" (the cheapest that feeds the
+    step, run with nothing), and yours was 2: advice on the job that no run with the loop stood behind."""
+    rows = [_pt(0, 25325), _pt(1, 11836), _pt(2, 13026)]
+    meta = _meta(cuda=False, persistent_workers=False)
+    stopped = "your loop stopped after taking 6 cached batches"
+    meta["trainer"] = {"samples_per_s": 33.6, "steps_per_s": 1.05, "stopped_early": stopped}
+    s = summarize_loader(rows, meta)
+    assert s["recommended"]["num_workers"] == 2 and s["recommended"]["why"].startswith("your setting, kept")
+    assert s["recommended_alone"]["num_workers"] == 1
+    assert s["verdict"].startswith("keep yours (num_workers=2, prefetch_factor=2): no setting was run with your loop")
+    assert "(your loop stopped after taking 6 cached batches)" in s["verdict"]
+    assert "by the loader alone, num_workers=1, prefetch_factor=2 is the cheapest setting that delivers" in s["verdict"]
+    # a demand stated, not measured: no loop to run with, and the cheapest that meets it is the pick
+    stated = _meta(cuda=False, persistent_workers=False)
+    stated["settings"]["target_rate"] = 33.6
+    assert summarize_loader(rows, stated)["recommended"]["num_workers"] == 1
+
+
 def test_the_loader_summary_follows_the_job_and_no_finding_contradicts_it():
     rows = [_pt(0, 516), _pt(1, 470), _pt(2, 940), _pt(4, 1880)]
     meta = _meta(cuda=False)

@@ -319,6 +319,18 @@ def test_num_workers_0_is_run_with_the_loop_before_it_is_advised(tmp_path):
     assert _check(tmp_path / "run") == []
 
 
+def test_a_loop_that_stops_before_the_job_runs_keeps_yours_and_says_so_last(tmp_path):
+    """A loop of 8 steps: the step is measured on cached batches and the loop ends before any job run. The table
+    printed before the loop is the loader's alone; the last word is the verdict for the job, which keeps yours."""
+    r, s, _ = _trap(tmp_path, 8)
+    assert s["job"] is None and s["trainer"]["samples_per_s"], s["trainer"]
+    said = r.stderr.splitlines()
+    last = next(i for i, line in enumerate(said) if "verdict for your job: " in line)
+    assert s["verdict"] in said[last] and "report: " in said[last + 1]
+    if s["recommended_alone"] is not None:  # the loader alone's pick differs from yours: yours is kept
+        assert s["verdict"].startswith("keep yours") and "no setting was run with your loop" in s["verdict"]
+
+
 def test_a_loop_that_stops_early_says_what_it_left_unchecked(tmp_path):
     """A loop of 40 steps: the step is measured, your setting and the next one run once, the rest never."""
     r, s, run = _trap(tmp_path, 40)
@@ -340,10 +352,10 @@ def test_a_loop_that_stops_before_its_step_is_measured_says_the_job_was_not_chec
     measured (fewer than 2 counted steps (the loop stopped after 0))", and its report nothing at all."""
     r, s, run = _trap(tmp_path, 1)
     assert s["trainer"]["samples_per_s"] is None and s["job"] is None
-    assert s["trainer"]["stopped_early"] == "your loop stopped after 1 step on cached batches"
+    assert s["trainer"]["stopped_early"] == "your loop stopped after taking 1 cached batch"
     scope = s["scope"]
     assert "the pick is for the loader alone" in scope and "so your job was not checked" in scope, scope
-    assert "trainer: not measured: your loop stopped after 1 step on cached batches" in r.stderr, r.stderr[-2000:]
+    assert "trainer: not measured: your loop stopped after taking 1 cached batch" in r.stderr, r.stderr[-2000:]
     assert "scope: the pick is for the loader alone" in r.stderr
     assert "so your job was not checked" in (run / "report.html").read_text()
 

@@ -85,6 +85,9 @@ class _Picks:
     rec: LoaderRow | None
     #: the loader alone's recommendation
     isolated: LoaderRow | None
+    #: yours is the recommendation although the loader alone's differs: your step was measured, so a change
+    #: is advised only where it ran with your loop, and the job did not run (:func:`_held`)
+    held: bool = False
     #: what the rounds in turns took: in all, and a round (:func:`_turn_seconds`)
     turn_seconds: tuple[float, float] | None = None
 
@@ -166,10 +169,13 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
     )
     rec = _kept_knobs(rec, ok, m)
     isolated = rec
+    held = False
     if decided and job is not None and verdict is not None:
         rec = _kept_knobs(apply_job_pick(pts, verdict), ok, m, with_loop=True)
         job["zero_workers"] = _zero_workers_note(verdict)
         verdict = replace(verdict, zero_workers=job["zero_workers"])
+    elif measured_demand and (kept := _held(rec, user)) is not None:
+        rec, held = _kept_knobs(kept, ok, m), True
     return _Picks(
         ranks=num(s.ranks),
         cores=num(s.usable_cores),
@@ -186,7 +192,25 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
         decided=decided,
         rec=rec,
         isolated=isolated,
+        held=held,
         turn_seconds=_turn_seconds(_raw(rows)),
+    )
+
+
+def _held(rec: LoaderRow | None, user: LoaderRow | None) -> LoaderRow | None:
+    """Yours, where the loader alone's pick is another setting chosen for the measured step's demand alone (the
+    cheapest that delivers it, no comparison behind it: ``decision`` None) and the job did not run; else None.
+
+    Why: what the step's demand leaves out is what the job runs measure (the loader's workers share the cores
+    with the step, and the copy to a GPU), and a change from yours is advised only where a run shows it.
+    """
+    if rec is None or user is None or rec.decision is not None or rec.knobs == user.knobs:
+        return None
+    return replace(
+        user,
+        why="your setting, kept: no setting was run with your loop, and a change from yours is advised only where "
+        "one was",
+        decision=None,
     )
 
 
@@ -225,9 +249,19 @@ def _verdict(c: _Picks, target: LoaderTarget | None) -> str:
         verdict = str(c.verdict.text)
     elif target is not None and not target.met:
         verdict = target.verdict
+    elif c.held and c.isolated is not None and c.rec is not None:
+        alone = c.isolated
+        stopped = c.verdict.stopped if c.verdict is not None else c.trainer.stopped_early
+        verdict = (
+            f"keep yours ({_knob_text(c.rec)}): no setting was run with your loop"
+            + (f" ({stopped})" if stopped else "")
+            + ", and a change from yours is advised only where one was; by the loader alone, "
+            f"{_knob_text(alone)} is the cheapest setting that delivers your step's {c.target_rate:,.1f} samples/s "
+            f"with {c.headroom:.0%} headroom ({alone.samples_per_s:,.1f} samples/s, yours {c.rec.samples_per_s:,.1f})"
+        )
     else:
         verdict = _pick_verdict(c, c.rec, target)
-    if target is not None and not c.decided:
+    if target is not None and not c.decided and not c.held:
         verdict += "; the job: " + _job_not_run(c.verdict, target)
     return verdict + _per_rank(c.rec, c.ranks, c.cores)
 

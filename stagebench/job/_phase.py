@@ -105,6 +105,10 @@ def finish_trainer(run_dir: Any, probe: TrainerProbe, runs: JobRuns | None, say:
         )
     for line in job_lines(summary):
         say(line)
+    if res.samples_per_s is not None and (summary.get("job") or {}).get("status") != "decided":
+        # the table printed before the loop ran was the loader's or the pipeline's alone; with the step
+        # measured the verdict can differ from it, and the last word a user reads is the one that holds
+        say(f"verdict for your job: {summary.get('verdict')}")
     say(f"report: {Path(run_dir) / 'report.html'}")
     return 0
 
@@ -158,7 +162,7 @@ def trainer_phases(
     except GeneratorExit:
         if runs is None:
             n = probe.steps_handed
-            probe.stopped_early = f"your loop stopped after {n} step{'' if n == 1 else 's'} on cached batches"
+            probe.stopped_early = f"your loop stopped after taking {n} cached batch{'' if n == 1 else 'es'}"
         finish_trainer(run_dir, probe, runs, probe.say)
         end(0)
         return 0
