@@ -322,8 +322,9 @@ def test_num_workers_0_is_run_with_the_loop_before_it_is_advised(tmp_path):
 def test_a_loop_that_stops_before_the_job_runs_keeps_yours_and_says_so_last(tmp_path):
     """A loop of 8 steps: the step is measured on cached batches and the loop ends before any job run. The table
     printed before the loop is the loader's alone; the last word is the verdict for the job, which keeps yours."""
-    r, s, _ = _trap(tmp_path, 8)
+    r, s, run = _trap(tmp_path, 8)
     assert s["job"] is None and s["trainer"]["samples_per_s"], s["trainer"]
+    assert _check(run) == []
     said = r.stderr.splitlines()
     last = next(i for i, line in enumerate(said) if "verdict for your job: " in line)
     assert s["verdict"] in said[last] and "report: " in said[last + 1]
