@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["finite", "num", "num_or_none", "fmt_q", "fmt_ms", "fmt_share_of", "fmt_above"]
+__all__ = ["finite", "num", "num_or_none", "fmt_q", "fmt_ms", "fmt_share_of", "fmt_above", "SourceItems"]
 
 
 def finite(*xs: Any) -> bool:
@@ -52,3 +52,45 @@ def fmt_above(share: float) -> str:
     if share <= 1:
         return ""
     return f"; it read {share - 1:.0%} above it, which only the noise between two points measured apart can do"
+
+
+class SourceItems:
+    """A stage's per-call figures in source items, the one unit a report states rates and times in.
+
+    A stage after a batching step handles ``k`` source items per call (``items_per_input``): its rate
+    per call times ``k`` is what it feeds the pipeline, its time per call over ``k`` what one source
+    item costs it. ``k`` of 1 (or None, 0, no number) leaves every figure as read.
+    """
+
+    __slots__ = ("k",)
+
+    def __init__(self, k: Any = 1.0) -> None:
+        self.k = num_or_none(k) or 1.0
+
+    def rate(self, per_call: Any) -> Any:
+        """Calls/s in source items/s (anything but a number kept as it is)."""
+        x = num_or_none(per_call)
+        return x * self.k if x is not None else per_call
+
+    def per_item(self, per_call: Any) -> Any:
+        """A figure per call (seconds, bytes) per source item (anything but a number kept as it is)."""
+        x = num_or_none(per_call)
+        return x / self.k if x is not None else per_call
+
+    def q(self, per_call: Any) -> str:
+        """A rate per call in prose, in source items/s (:func:`fmt_q`)."""
+        return fmt_q(self.rate(per_call))
+
+    def ms(self, per_call: Any) -> str:
+        """A time per call in prose, per source item (:func:`fmt_ms`)."""
+        return fmt_ms(self.per_item(per_call))
+
+    @property
+    def grouped(self) -> bool:
+        """Whether one call stands for more (or fewer) source items than one."""
+        return self.k != 1.0
+
+    def per_call(self) -> str:
+        """The unit said once where a grouped stage's figures could be read per call: ``15.4 items a call``;
+        empty for an ungrouped one."""
+        return f"{self.k:.3g} items a call" if self.grouped else ""

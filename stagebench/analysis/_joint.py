@@ -31,7 +31,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from stagebench._numbers import finite, fmt_q, num
+from stagebench._numbers import SourceItems, finite, fmt_q, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._predict import pipeline_bounds, stage_load
 from stagebench.core._paired import WITHIN_BEST
@@ -238,7 +238,7 @@ def _why(
     own: tuple[str, ...],
 ) -> str:
     """Why the joint choice differs from the stage's own, in one sentence."""
-    k = st.items_per_input
+    src = SourceItems(st.items_per_input)
     parts = []
     if chosen["executor"] != alone.executor:
         with_own = scored.get(own)
@@ -249,14 +249,12 @@ def _why(
         )
     if keeps_up:
         parts.append(
-            f"{chosen['executor']} x {chosen['concurrency']} ({fmt_q(chosen['qps'] * k)} items/s alone) keeps up "
+            f"{chosen['executor']} x {chosen['concurrency']} ({src.q(chosen['qps'])} items/s alone) keeps up "
             f"with the pipeline's pace of {fmt_q(pace)} items/s with {SPARE:.0%} to spare"
         )
     else:
         parts.append(f"concurrency {chosen['concurrency']}, the smallest within 5% of {chosen['executor']}'s best")
-    parts.append(
-        f"alone it would be set to {alone.executor} x {alone.concurrency} ({fmt_q(num(alone.qps) * k)} items/s)"
-    )
+    parts.append(f"alone it would be set to {alone.executor} x {alone.concurrency} ({src.q(num(alone.qps))} items/s)")
     return "; ".join(parts)
 
 

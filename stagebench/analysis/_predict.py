@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stagebench._numbers import finite, fmt_ms, fmt_q, num_or_none
+from stagebench._numbers import SourceItems, finite, fmt_ms, fmt_q, num_or_none
 from stagebench.model._pipeline import Prediction, StageChoice, WholeRun
 from stagebench.model._stage import HeadToHead, StageEntry, StageSetting, changed, keyed
 
@@ -511,7 +511,7 @@ def _lift_by_processes(main, loads, entries, cores, free_threaded, fixed=0.0, gi
             proc = {**proc, "qps": thread["qps"] * h2h.ratio}
             turns = (
                 f" (its capacity there: {h2h.ratio:.2f}x its threads', measured in turns, "
-                f"{fmt_q(proc['qps'] * st.items_per_input)} items/s)"
+                f"{SourceItems(st.items_per_input).q(proc['qps'])} items/s)"
             )
         new = [(stage_load(st, proc, fixed) if x.stage == d.stage else x) for x in loads]
         nb = pipeline_bounds(new, cores, free_threaded, fixed, ranks)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from stagebench._numbers import num_or_none
+from stagebench._numbers import SourceItems, num_or_none
 from stagebench.analysis._pipeline_job import user_setting
 from stagebench.model._stage import StageEntry, StageSetting
 from stagebench.report import _plots, _stage_plots
@@ -117,15 +117,15 @@ def _point_rows(rows: pd.DataFrame, stage: StageEntry) -> list[_Point]:
         if "mem_pss_mb" in ok and pd.to_numeric(ok["mem_pss_mb"], errors="coerce").notna().any()
         else "mem_peak_mb"
     )
-    k = num_or_none(stage.items_per_input) or 1.0
+    src = SourceItems(stage.items_per_input)
     return [
         _Point(
             executor=cell(r.get("executor")),
             harness=cell(r.get("harness")),
             concurrency=num_or_none(r.get("concurrency")),
-            qps=_per_source(r.get("qps"), k),
-            qps_low=_per_source(r.get("qps_low"), k),
-            qps_high=_per_source(r.get("qps_high"), k),
+            qps=src.rate(r.get("qps")),
+            qps_low=src.rate(r.get("qps_low")),
+            qps_high=src.rate(r.get("qps_high")),
             cores=num_or_none(r.get("cores_used")),
             p50=num_or_none(r.get("latency_p50_ms")),
             p99=num_or_none(r.get("latency_p99_ms")),
@@ -135,23 +135,12 @@ def _point_rows(rows: pd.DataFrame, stage: StageEntry) -> list[_Point]:
     ]
 
 
-def _per_source(v: Any, k: float) -> Any:
-    """A rate per call in source items/s: times the source items one call stands for (anything but a number kept)."""
-    x = num_or_none(v)
-    return x * k if x is not None else v
-
-
 def _in_items(point: StageSetting | None, stage: StageEntry) -> StageSetting:
     """A setting with its throughputs in source items/s (an empty setting where there is none)."""
     if point is None:
         return StageSetting()
-    k = num_or_none(stage.items_per_input) or 1.0
-    return replace(
-        point,
-        qps=_per_source(point.qps, k),
-        qps_low=_per_source(point.qps_low, k),
-        qps_high=_per_source(point.qps_high, k),
-    )
+    src = SourceItems(stage.items_per_input)
+    return replace(point, qps=src.rate(point.qps), qps_low=src.rate(point.qps_low), qps_high=src.rate(point.qps_high))
 
 
 def stage_cards(
@@ -181,6 +170,7 @@ def stage_cards(
         ev = st.evidence
         gi = st.gil_fraction_interval or (None, None)
         points = _point_rows(sub, st)
+        src = SourceItems(st.items_per_input)
         cards.append(
             {
                 "anchor": f"{anchor}-{i}",
@@ -207,7 +197,7 @@ def stage_cards(
                 "rec": _in_items(st.recommended, st),
                 "yours": user_setting(st),
                 "best": _in_items(st.best, st),
-                "ceiling": _per_source(st.ceiling_qps, num_or_none(st.items_per_input) or 1.0),
+                "ceiling": src.rate(st.ceiling_qps),
                 # measured at the stage's own best setting, where the pipeline's choice differs
                 "alone": _in_items(st.recommended_alone, st) if st.recommended_alone is not None else None,
                 "alone_unpaired": st.head_to_head_skipped if st.recommended_alone is not None else None,

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
-from stagebench._numbers import finite, num
+from stagebench._numbers import SourceItems, finite, num
 from stagebench.model._stage import StageEntry, StageSetting
 from stagebench.model._summary import Summary
 from stagebench.report._html import rate_text, si_label
@@ -231,8 +231,8 @@ def pipeline_overview_svg(sm: Summary, entries: Sequence[StageEntry]) -> str | N
         lines.append((float(val.qps), f"measured pipeline: {rate_text(float(val.qps))}/s", ":", OKABE_ITO["green"]))
     # One unit with the bound and pipeline lines: source items/s. A stage after a batch of 16 handles
     # 16 source items per call, so its calls/s times 16 is what it can feed the pipeline.
-    per_call = [s.items_per_input for s, _ in stages]
-    vals = [num(r.qps) * k for (_, r), k in zip(stages, per_call)]
+    units = [SourceItems(s.items_per_input) for s, _ in stages]
+    vals = [num(src.rate(r.qps)) for (_, r), src in zip(stages, units)]
     lo_all = min(vals + [v for v, *_ in lines])
     log = max(vals) / lo_all > 10
     xmin, xmax = (lo_all / 2, max(vals) * 6) if log else (0.0, max(vals) * 1.3)
@@ -243,10 +243,10 @@ def pipeline_overview_svg(sm: Summary, entries: Sequence[StageEntry]) -> str | N
     if log:
         ax.set_xscale("log")
     ys = np.arange(len(stages))[::-1]
-    for y, (s, r), q, k in zip(ys, stages, vals, per_call):
+    for y, (s, r), q, src in zip(ys, stages, vals, units):
         color = CLASS_COLORS.get(s.classification or "unknown", OKABE_ITO["grey"])
         lo, hi = num(r.qps_low), num(r.qps_high)
-        xerr = [[max(0.0, q - lo * k)], [max(0.0, hi * k - q)]] if finite(lo, hi) else None
+        xerr = [[max(0.0, q - src.rate(lo))], [max(0.0, src.rate(hi) - q)]] if finite(lo, hi) else None
         ax.barh(
             y,
             q - xmin,

@@ -15,7 +15,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stagebench._numbers import num, num_or_none
+from stagebench._numbers import SourceItems, num, num_or_none
 from stagebench.analysis._job import ORIGIN_SHORT
 from stagebench.analysis._labels import LIMIT_SHORT
 from stagebench.analysis._pipeline_job import user_setting
@@ -99,11 +99,7 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
         best = st.best or StageSetting()
         # Rates in source items/s, comparable across stages and with the prediction: a
         # stage after a batch of 16 handles 16 items per call.
-        k = num_or_none(st.items_per_input) or 1.0
-
-        def scaled(x: Any, k: float = k) -> float | None:
-            v = num_or_none(x)
-            return v * k if v is not None else None
+        src = SourceItems(st.items_per_input)
 
         notes = []
         limit = st.limit
@@ -113,15 +109,15 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
         if mine and mine != _setting(rec):
             notes.append(f"yours {mine}")
         if _setting(best) != _setting(rec):
-            notes.append(f"best {_setting(best)}: {format_rate(scaled(best.qps))}")
-        if k != 1.0 and num_or_none(rec.qps) is not None:
-            notes.append(f"{format_rate(rec.qps)} calls/s x {k:.3g} items")
+            notes.append(f"best {_setting(best)}: {format_rate(src.rate(best.qps))}")
+        if src.grouped and num_or_none(rec.qps) is not None:
+            notes.append(f"{format_rate(rec.qps)} calls/s x {src.k:.3g} items")
         rows.append(
             (
                 _clean(st.name if "name" in st.keys else "?", _MAX_NAME),
                 _clean(verdict, 48),
                 _setting(rec),
-                format_rate(scaled(rec.qps), scaled(rec.qps_low), scaled(rec.qps_high)),
+                format_rate(src.rate(rec.qps), src.rate(rec.qps_low), src.rate(rec.qps_high)),
                 "; ".join(notes),
             )
         )
