@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pandas as pd
 import pytest
 from _rows import analyzed, model_rows, row
 
+from stagebench._numbers import fmt_ms, fmt_q
+from stagebench.analysis._findings import build_findings
 from stagebench.analysis._labels import CLASSIFICATIONS
 from stagebench.analysis._pipeline import summarize
 from stagebench.model._pipeline import Prediction, WholeRun
-from stagebench.model._stage import StageEntry
+from stagebench.model._stage import StageEntry, changed
 from stagebench.runs._results import RunDir, read_rows, to_jsonable
 from stagebench.runs._schema import STAGE_COLUMNS
 
@@ -500,6 +503,58 @@ def test_a_stage_that_keeps_the_collector_busy_gets_a_finding():
     assert not [
         f for f in summarize(rows, _meta("gil", "sleep", "mixed"))["findings"] if "garbage collection" in f["title"]
     ]
+
+
+# ------------------------------------------------------------------ units of a grouped stage
+def _texts(entry: dict) -> list[str]:
+    """Every text a stage's analysis writes: its summary, its limit, its signals' details."""
+    ev = entry["evidence"]
+    details = [str(v.get("detail") or "") for v in ev["signals"].values()]
+    return [*ev["summary"], entry["limit"]["text"], entry["recommended"]["why"], *details]
+
+
+def _figure(text: str, fig: str) -> bool:
+    """``fig`` in ``text`` as a whole number (not part of a larger one)."""
+    return re.search(rf"(?<![\d,.]){re.escape(fig)}(?![\d,.])", text) is not None
+
+
+def test_a_grouped_stages_texts_are_in_source_items_as_its_card_is():
+    """A call of a stage after a batch of 16 stands for 16 source items: its texts say rates x 16 and
+    times / 16, the unit of the report's tables, plots and prediction; its figures stay per call."""
+    rows = model_rows("collate", gil_ms=0.05, wait_ms=0.2, free_cpu_ms=2.0, cores=2)
+    per_call = analyzed(rows, cores=2)
+    grouped = analyzed(rows, cores=2, items_per_input=16.0)
+
+    # the model is unchanged: only the words move (the summary, the limit, the recommendation's why)
+    def figures(e: dict) -> dict:
+        return {k: v for k, v in e.items() if k not in ("evidence", "limit")} | {
+            "recommended": {k: v for k, v in e["recommended"].items() if k != "why"}
+        }
+
+    assert figures(grouped) == figures(per_call)
+    assert grouped["evidence"]["signals"].keys() == per_call["evidence"]["signals"].keys()
+    rec, cpu = grouped["recommended"]["qps"], grouped["cpu_s_per_item"]
+    line = next(x for x in grouped["evidence"]["summary"] if x.startswith("recommended:"))
+    assert line.startswith(f"recommended: thread x 4 -> {fmt_q(rec * 16)} items/s (16 items a call; ")
+    assert f"({fmt_ms(cpu / 16)} CPU per item, {fmt_q(rec * 16)} items/s)" in grouped["limit"]["text"]
+    # no text of it gives the per-call rate or CPU, as the ungrouped stage's do
+    for fig in (fmt_q(rec), fmt_ms(cpu)):
+        assert any(_figure(t, fig) for t in _texts(per_call))
+        assert not [t for t in _texts(grouped) if _figure(t, fig)]
+    # and so do its findings
+    entry = changed(StageEntry.from_json(grouped), name="collate", items_per_input=16.0)
+    found = build_findings([entry], prediction=None, validation=None, warnings=[], not_isolated=[], cores=2)
+    cores = next(f for f in found if f.title == "collate is limited by the cores")
+    assert cores.detail.startswith(f"{fmt_q(rec * 16)} items/s at thread x 4, {cpu / 16 * 1e3:.3g} ms CPU per item")
+
+
+def test_an_ungrouped_stages_texts_are_as_read():
+    """One item a call: the texts are the per-call figures themselves (the goldens hold them byte for byte)."""
+    rows = model_rows("decode", gil_ms=0.05, wait_ms=0.2, free_cpu_ms=2.0, cores=2)
+    one = analyzed(rows, cores=2)
+    assert analyzed(rows, cores=2, items_per_input=1.0) == one
+    line = next(x for x in one["evidence"]["summary"] if x.startswith("recommended:"))
+    assert line.startswith(f"recommended: thread x 4 -> {fmt_q(one['recommended']['qps'])} items/s (thread beats")
 
 
 def test_stage_without_rows_and_extra_stages_in_rows():

@@ -17,6 +17,7 @@ from _machine import noisy_points
 from _signals import default_sigint
 
 from stagebench import MeasureConfig, RunDir, SweepConfig, read_rows, sweep_stage
+from stagebench._numbers import SourceItems
 from stagebench.core._stage_draft import StageDraft
 from stagebench.core._sweep import _LINEAR
 from stagebench.runs._schema import STAGE_COLUMNS
@@ -402,6 +403,11 @@ def test_the_plateau_rule_counts_levels_without_gain_beyond_noise():
     for r in (row(1, 100, 5), row(2, 190, 5), row(4, 195, 5, cores_used=1.7)):
         _watch_plateau(r, "direct", plateaus, stopped, 2, cores=2)
     assert "4 processes kept 1.7 of 2 usable cores busy" in stopped[("stage", "direct", "process")]
+    # after a batch of 16 a call stands for 16 source items: the reason says its rate in them, as the report does
+    plateaus, stopped = {}, {}
+    for r in (row(1, 100, 5), row(2, 190, 5), row(4, 195, 5, cores_used=1.7)):
+        _watch_plateau(r, "direct", plateaus, stopped, 2, cores=2, src=SourceItems(16))
+    assert "within noise of 3,040 items/s at c=2" in stopped[("stage", "direct", "process")]
 
 
 def test_the_at_ceiling_rule_compares_the_best_thread_point_with_the_median_ceiling():

@@ -27,7 +27,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from stagebench._numbers import finite, fmt_q, num
+from stagebench._numbers import SourceItems, finite, fmt_q, num
 from stagebench.analysis._job import job_findings
 from stagebench.model._finding import SEVERITIES, Finding
 from stagebench.model._job import JobVerdict
@@ -53,9 +53,10 @@ def _f(severity: str, title: str, detail: str, stage: str | None, evidence: dict
     return _Found(Finding(severity, title, detail, stage, evidence), gain)
 
 
-def _rate(point: StageSetting) -> str:
-    """``1,234 items/s``, or why there is none (a setting the job runs chose that the sweep did not measure)."""
-    return f"{fmt_q(num(point.qps))} items/s" if finite(point.qps) else "not measured alone at this setting"
+def _rate(point: StageSetting, src: SourceItems) -> str:
+    """``1,234 items/s`` (source items, ``src``), or why there is none (a setting the job runs chose that the
+    sweep did not measure)."""
+    return f"{src.q(num(point.qps))} items/s" if finite(point.qps) else "not measured alone at this setting"
 
 
 def _far_from_binding(e: StageEntry, prediction: Prediction | None) -> bool:
@@ -103,6 +104,11 @@ class _Stage:
     cores: float
     #: where a quota or an allocation sets the cores, in words (empty: the affinity mask does)
     cores_bound: str = ""
+
+    @property
+    def src(self) -> SourceItems:
+        """The unit of the findings' rates and times: source items, as the report's (per call x or / k)."""
+        return SourceItems(self.st.items_per_input)
 
 
 def _stage_findings(
@@ -217,15 +223,15 @@ def _versus(st: StageEntry, thr: StageSetting, proc: StageSetting, ev: dict) -> 
 
 def _processes_measured(c: _Stage, v: _Versus, ev: dict) -> _Found:
     """The GIL finding where both executors were measured: use processes, or why not."""
-    name, f = c.name, num(c.st.gil_fraction)
+    name, f, src = c.name, num(c.st.gil_fraction), c.src
     thr, proc, gain, how = v.thr, v.proc, v.gain, v.how
     if gain > 1 and v.beyond and c.rec.executor != "process":
         # faster alone, yet the pipeline's settings (chosen together) keep it on threads
         return _f(
             "info",
             f"{name} is faster on processes alone, but the pipeline does not need them",
-            f"{fmt_q(num(proc.qps))} items/s at {proc.concurrency} processes against "
-            f"{fmt_q(num(thr.qps))} on threads ({how}); {c.rec.why or ''}",
+            f"{src.q(num(proc.qps))} items/s at {proc.concurrency} processes against "
+            f"{src.q(num(thr.qps))} on threads ({how}); {c.rec.why or ''}",
             name,
             ev,
         )
@@ -234,7 +240,7 @@ def _processes_measured(c: _Stage, v: _Versus, ev: dict) -> _Found:
         return _f(
             sev,
             f"{name} holds the GIL {f:.0%} of its time: use a process executor",
-            f"expected {gain:.1f}x: {fmt_q(num(thr.qps))} items/s on threads -> {fmt_q(num(proc.qps))} "
+            f"expected {gain:.1f}x: {src.q(num(thr.qps))} items/s on threads -> {src.q(num(proc.qps))} "
             f"at {proc.concurrency} processes ({how})",
             name,
             ev,
@@ -245,7 +251,7 @@ def _processes_measured(c: _Stage, v: _Versus, ev: dict) -> _Found:
         return _f(
             "medium",
             f"{name} holds the GIL {f:.0%} of its time; processes were not clearly faster",
-            f"processes reached {fmt_q(num(proc.qps))} items/s vs {fmt_q(num(thr.qps))} on threads "
+            f"processes reached {src.q(num(proc.qps))} items/s vs {src.q(num(thr.qps))} on threads "
             f"({how}), within the noise of these measurements, so threads are kept (less memory, "
             "no IPC); longer windows (STAGEBENCH_BUDGET_S) would tell them apart. Less Python per "
             "item (vectorise, move work into C code that releases the GIL) helps either way",
@@ -255,7 +261,7 @@ def _processes_measured(c: _Stage, v: _Versus, ev: dict) -> _Found:
     return _f(
         "medium",
         f"{name} holds the GIL {f:.0%} of its time, but processes did not help",
-        f"processes reached {fmt_q(num(proc.qps))} items/s vs {fmt_q(num(thr.qps))} on threads "
+        f"processes reached {src.q(num(proc.qps))} items/s vs {src.q(num(thr.qps))} on threads "
         f"({how}): "
         "moving items between processes, or cores taken by other load, cancels the gain; "
         "less Python per item (vectorise, move work into C code that releases the GIL) "
@@ -298,11 +304,11 @@ def _harness_ceiling_finding(c: _Stage) -> _Found | None:
     name, cls, alone = c.name, c.cls, c.alone
     cap = num(c.st.ceiling_qps)
     at = f"{alone.executor} x {alone.concurrency}"
-    near = f", near the {fmt_q(cap)} items/s the harness can schedule there" if finite(cap) else ""
+    near = f", near the {c.src.q(cap)} items/s the harness can schedule there" if finite(cap) else ""
     found = _f(
         "high" if c.is_bn else "medium",
         f"{name} reaches the harness's per-item ceiling at {at}",
-        f"it {'waits' if cls == 'io-bound' else 'computes'} ({cls}), and at {at} it delivers {_rate(alone)}"
+        f"it {'waits' if cls == 'io-bound' else 'computes'} ({cls}), and at {at} it delivers {_rate(alone, c.src)}"
         f"{near}: more concurrency cannot lift it past that; fewer, larger items (batches) can",
         name,
         {"qps": alone.qps, "ceiling_qps": cap, "classification": cls},
@@ -326,7 +332,7 @@ def _overhead_finding(c: _Stage) -> _Found | None:
         return None
     name, st = c.name, c.st
     ceil, rec = st.ceiling_qps, c.alone
-    near = f"it reaches {fmt_q(num(rec.qps))} items/s, near the no-op ceiling of {fmt_q(ceil)} items/s"  # type: ignore[arg-type]
+    near = f"it reaches {c.src.q(num(rec.qps))} items/s, near the no-op ceiling of {c.src.q(ceil)} items/s"
     if c.own_step:
         title = f"{name} is overhead-bound: fewer, larger items must reach it"
         detail = (
@@ -384,7 +390,7 @@ def _io_finding(c: _Stage) -> _Found | None:
         finding = _f(
             "high" if c.is_bn else "medium",
             f"{name} waits: raise its concurrency",
-            f"it was still scaling at concurrency {alone.concurrency} ({fmt_q(num(alone.qps))} items/s), the "
+            f"it was still scaling at concurrency {alone.concurrency} ({c.src.q(num(alone.qps))} items/s), the "
             "largest level measured; measure higher levels to find where it stops",
             name,
             {"recommended": rec.to_json(), "recommended_alone": alone.to_json()},
@@ -394,7 +400,7 @@ def _io_finding(c: _Stage) -> _Found | None:
     return _f(
         "info",
         f"{name} waits (io-bound)",
-        f"concurrency {rec.concurrency} ({rec.executor}) covers the waiting: {_rate(rec)}",
+        f"concurrency {rec.concurrency} ({rec.executor}) covers the waiting: {_rate(rec, c.src)}",
         name,
         {"recommended": rec.to_json()},
     )
@@ -410,8 +416,8 @@ def _cores_finding(c: _Stage) -> _Found | None:
     return _f(
         "info" if not c.is_bn else "medium",
         f"{name} is limited by the cores" + (f": {c.cores_bound}" if c.cores_bound else ""),
-        f"{_rate(rec)} at {rec.executor} x {rec.concurrency}"
-        + (f", {cpu * 1e3:.3g} ms CPU per item" if cpu is not None and finite(cpu) else "")
+        f"{_rate(rec, c.src)} at {rec.executor} x {rec.concurrency}"
+        + (f", {c.src.per_item(cpu) * 1e3:.3g} ms CPU per item" if cpu is not None and finite(cpu) else "")
         + (": a larger CPU limit" if c.cores_bound else ": more cores")
         + " or less work per item; more concurrency will not help",
         name,
@@ -507,11 +513,11 @@ def _gc_finding(st: StageEntry, is_bn: bool) -> _Found | None:
     gc_s, cpu = alt.gc_s_per_item, alt.cpu_s_per_item
     if gc_s is None or cpu is None or not finite(gc_s) or not finite(cpu) or cpu <= 0 or gc_s < _GC_SHARE * cpu:
         return None
-    name, share = st.name, gc_s / cpu
+    name, share, src = st.name, gc_s / cpu, SourceItems(st.items_per_input)
     executor = alt.executor if "executor" in alt.keys else "thread"
     detail = (
-        f"the garbage collector ran {gc_s * 1e3:.3g} ms per item during its {executor} "
-        f"points, {share:.0%} of its {cpu * 1e3:.3g} ms of CPU per item, holding the GIL: the stage leaves "
+        f"the garbage collector ran {src.per_item(gc_s) * 1e3:.3g} ms per item during its {executor} "
+        f"points, {share:.0%} of its {src.per_item(cpu) * 1e3:.3g} ms of CPU per item, holding the GIL: the stage leaves "
         "container objects (lists, dicts, objects) behind often enough to trigger collections, and a full "
         "collection walks every object the process holds, so it costs more in a bigger process. Calling "
         "gc.freeze() once the model and data are set up (before the training loop) takes what exists then "

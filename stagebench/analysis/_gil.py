@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from stagebench._numbers import finite
+from stagebench._numbers import SourceItems, finite
 from stagebench.core._curves import Curve, Point, StageRows
 from stagebench.model._json import Written
 from stagebench.model._stage import GilEstimate, keyed
@@ -275,7 +275,7 @@ def _host_left(p: Point) -> float:
     return 1 - steal if finite(steal) and _STEAL_NOTABLE < steal < 1 else 1.0
 
 
-def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, _Signal], notes: list[str]) -> _CpuShare:
+def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, _Signal], notes: list[str], src: SourceItems) -> _CpuShare:
     """The ``cpu_share`` signal: CPU per item over time per item at the lowest level, read within one point.
 
     Over the time the host left this VM: where it took the CPUs for a share ``s`` of the window (steal),
@@ -310,7 +310,10 @@ def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, _Signal], notes: list[
         ) + "part of the CPU runs without the GIL, so this overstates the GIL share"
     else:
         role = "estimate"
-        detail = f"{cpu * 1e3:.3g} ms CPU in {t * 1e3:.3g} ms per item at {low.executor} concurrency {low.c0}"
+        detail = (
+            f"{src.per_item(cpu) * 1e3:.3g} ms CPU in {src.per_item(t) * 1e3:.3g} ms per item at {low.executor} "
+            f"concurrency {low.c0}"
+        )
     left = _host_left(p0)
     if left < 1:
         A, A_lo, A_hi = (min(1.0, x / left) for x in (A, A_lo, A_hi))
@@ -354,7 +357,13 @@ def _cpu_share_for_load(low: _Lowest, share: _CpuShare, signals: dict[str, _Sign
 
 
 def _thread_plateau(
-    sr: StageRows, T: Curve, low: _Lowest, share: _CpuShare, cores: float, signals: dict[str, _Signal]
+    sr: StageRows,
+    T: Curve,
+    low: _Lowest,
+    share: _CpuShare,
+    cores: float,
+    signals: dict[str, _Signal],
+    src: SourceItems,
 ) -> _Plateau:
     """The ``thread_plateau`` signal: the bound the peak thread throughput puts on GIL time per item.
 
@@ -382,7 +391,9 @@ def _thread_plateau(
     saturated = sublinear and not rising and not cores_limited
     serializer = None
     if len(T) >= 2:
-        why = _plateau_detail(pm, c0, k_m, cores, saturated=saturated, cores_limited=cores_limited, rising=rising)
+        why = _plateau_detail(
+            pm, c0, k_m, cores, saturated=saturated, cores_limited=cores_limited, rising=rising, src=src
+        )
         if saturated:
             A = share.value
             serializer = "gil" if (not finite(A) or share.gil_free or A >= 0.5 * B) else "other"
@@ -396,13 +407,21 @@ def _thread_plateau(
 
 
 def _plateau_detail(
-    pm: Point, c0: int, k_m: float, cores: float, *, saturated: bool, cores_limited: bool, rising: bool
+    pm: Point,
+    c0: int,
+    k_m: float,
+    cores: float,
+    *,
+    saturated: bool,
+    cores_limited: bool,
+    rising: bool,
+    src: SourceItems,
 ) -> str:
     """In words, what limited the thread curve at its peak ``pm``."""
     cm = pm.concurrency
     if saturated:
         why = (
-            f"threads flatten at {pm.qps:,.0f} items/s (concurrency {cm}) using "
+            f"threads flatten at {src.rate(pm.qps):,.0f} items/s (concurrency {cm}) using "
             f"{pm.cores_used:.2f} of {cores} cores: something inside the process serialises them"
         )
         if k_m != 1.0:
@@ -443,6 +462,7 @@ def _threads_vs_processes(
     plateau: _Plateau,
     signals: dict[str, _Signal],
     notes: list[str],
+    src: SourceItems,
 ) -> _Reading | None:
     """The ``threads_vs_processes`` signal, at the level where processes gain most over threads.
 
@@ -467,7 +487,7 @@ def _threads_vs_processes(
         imp_int = [(1.0 / pt.high - h_c) / low.t_hi / k_c, (1.0 / pt.low - h_c) / low.t_lo / k_c]
         est = _Reading(imp, imp_int[0], imp_int[1], "plateau")
         detail = (
-            f"at concurrency {c} processes deliver {pp.qps:,.0f} items/s, threads {pt.qps:,.0f}: "
+            f"at concurrency {c} processes deliver {src.rate(pp.qps):,.0f} items/s, threads {src.rate(pt.qps):,.0f}: "
             "the threads' cap lives inside one process"
         )
         role = "estimate" if plateau.gil_saturated else "check"
@@ -475,13 +495,13 @@ def _threads_vs_processes(
         imp, imp_int, role = None, None, "check"
         if faster:
             detail = (
-                f"at concurrency {c} processes beat threads ({pp.qps:,.0f} vs {pt.qps:,.0f}) "
+                f"at concurrency {c} processes beat threads ({src.rate(pp.qps):,.0f} vs {src.rate(pt.qps):,.0f}) "
                 "but the stage uses little CPU: a lock, not the GIL"
             )
         else:
             detail = (
                 f"at concurrency {c} processes {'trail' if pp.high < pt.low else 'match'} threads "
-                f"({pp.qps:,.0f} vs {pt.qps:,.0f} items/s): no sign of a per-process cap here"
+                f"({src.rate(pp.qps):,.0f} vs {src.rate(pt.qps):,.0f} items/s): no sign of a per-process cap here"
             )
     signals["threads_vs_processes"] = _signal(ratio, r_int, "threads_vs_processes", role, imp, imp_int, detail)
     if plateau.gil_saturated and not faster and not any(q.low > p.high for p, q in common):
@@ -677,6 +697,7 @@ def estimate_gil(
     fits: dict[str, dict] | None = None,
     free_threaded: bool = False,
     probe: dict[str, Any] | None = None,
+    src: SourceItems = SourceItems(),
 ) -> GilEstimate:
     """The GIL fraction of one stage, its interval, and every signal behind it.
 
@@ -696,7 +717,8 @@ def estimate_gil(
     machine), so a low reading is evidence the curves cannot give on few
     cores (C code that releases the GIL flattens at the cores as GIL-bound
     code flattens at the GIL). Above the curves it is only a check.
-    ``source`` says which decided.
+    ``source`` says which decided. ``src``: the unit of the signals' details (source items, after a
+    batching step); the figures stay per call.
     """
     fits = fits or {}
     notes: list[str] = []
@@ -717,12 +739,12 @@ def estimate_gil(
     if low.c0 > 1:
         notes.append(f"the lowest thread level measured is {low.c0}, not 1: per-item time is inferred from it")
 
-    share = _cpu_share(T, low, signals, notes)
+    share = _cpu_share(T, low, signals, notes, src)
     if "cpu_share" in signals:
         _cpu_share_for_load(low, share, signals, notes)
-    plateau = _thread_plateau(sr, T, low, share, cores, signals)
+    plateau = _thread_plateau(sr, T, low, share, cores, signals, src)
     at_plateau = _cpu_share_at_plateau(share, plateau, signals)
-    processes = _threads_vs_processes(sr, T, low, share, plateau, signals, notes)
+    processes = _threads_vs_processes(sr, T, low, share, plateau, signals, notes, src)
     serial = _serial_fraction(fits, low, plateau, signals)
 
     multi = len(T) >= 2

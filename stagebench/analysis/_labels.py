@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stagebench._numbers import finite, fmt_above, fmt_ms, fmt_q, fmt_share_of, num
+from stagebench._numbers import SourceItems, finite, fmt_above, fmt_share_of, num
 from stagebench.analysis._gil import harness_gil_s
 from stagebench.core._curves import Curve, Point, StageRows
 from stagebench.model._stage import GilEstimate, StageEntry, StageLimit, StageSetting, changed, keyed
@@ -49,8 +49,8 @@ _LARGE_PAYLOAD = 64 * 1024  # bytes an item moves between processes, above which
 
 
 # ------------------------------------------------------------------ classification
-def still_rising(curve: Curve | None) -> str | None:
-    """Why the curve has not flattened at its largest measured level, or None.
+def still_rising(curve: Curve | None, src: SourceItems = SourceItems()) -> str | None:
+    """Why the curve has not flattened at its largest measured level, or None (its rates in ``src``'s unit).
 
     Rising: the top level beats the one below it by half of what linear
     scaling would add (1.5x when it doubles), beyond noise; or the top level
@@ -62,13 +62,13 @@ def still_rising(curve: Curve | None) -> str | None:
     ideal = top.concurrency / prev.concurrency
     if top.qps > prev.qps * (1 + _RISING * (ideal - 1)) and top.low > prev.high:
         return (
-            f"still rising at the top of the grid ({fmt_q(top.qps)} items/s at {curve.executor} concurrency "
-            f"{top.concurrency}, {top.qps / prev.qps:.2f}x the {fmt_q(prev.qps)} at {prev.concurrency})"
+            f"still rising at the top of the grid ({src.q(top.qps)} items/s at {curve.executor} concurrency "
+            f"{top.concurrency}, {top.qps / prev.qps:.2f}x the {src.q(prev.qps)} at {prev.concurrency})"
         )
     efficiency = top.qps / (top.concurrency * p0.qps / p0.concurrency)
     if efficiency >= _EFFICIENT:
         return (
-            f"still rising at the top of the grid ({fmt_q(top.qps)} items/s at {curve.executor} concurrency "
+            f"still rising at the top of the grid ({src.q(top.qps)} items/s at {curve.executor} concurrency "
             f"{top.concurrency}, {efficiency:.0%} of linear scaling)"
         )
     return None
@@ -80,7 +80,8 @@ _Verdict = tuple[str, list[str]]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _AtBest:
-    """The stage at its best setting, as every limit rule reads it; the rules add to ``signals``."""
+    """The stage at its best setting, as every limit rule reads it; the rules add to ``signals``. Its
+    lines state rates and times per source item (``src``)."""
 
     sr: StageRows
     harness: str
@@ -92,6 +93,7 @@ class _AtBest:
     gil: GilEstimate
     cores: float
     signals: dict[str, dict]
+    src: SourceItems
 
     @property
     def u(self) -> float:
@@ -106,6 +108,7 @@ def limit_rules(
     bests: dict[str, Point],
     gil: GilEstimate,
     cores: float,
+    src: SourceItems = SourceItems(),
 ) -> tuple[str, list[str], dict[str, dict]]:
     """What limits the stage at its best setting: the first of the rules below that holds, in order.
 
@@ -113,7 +116,7 @@ def limit_rules(
     no-op ceiling (the harness, or IPC on processes); a large payload whose transfer costs more CPU
     than the work; a GIL that flattens the thread curve; the GIL busy at the best point; the cores
     full; threads serialised by something other than the GIL; and last, the stage's own work (the
-    harness's pace, waiting, or nothing that stands out).
+    harness's pace, waiting, or nothing that stands out). ``src``: the unit of the lines' rates and times.
     """
     ex, c = best.executor, best.concurrency
     assert ex is not None and c is not None  # ``best`` is a measured point (_recommend)
@@ -130,6 +133,7 @@ def limit_rules(
         gil=gil,
         cores=cores,
         signals={},
+        src=src,
     )
     _record_best(at)
     verdict = _near_ceiling(at) or _large_payload(at) or _gil_flattens(at)
@@ -162,15 +166,15 @@ def _near_ceiling(at: _AtBest) -> _Verdict | None:
     back by the cores, not the transfer)."""
     if at.ceil is None:
         return None
-    ex, c, bp, ceil, harness = at.ex, at.c, at.bp, at.ceil, at.harness
+    ex, c, bp, ceil, harness, src = at.ex, at.c, at.bp, at.ceil, at.harness, at.src
     share = bp.qps / ceil.qps
     near = share >= _NEAR_CEILING
     if near and ex != "process":
         return (
             "overhead-bound",
             [
-                f"{fmt_q(bp.qps)} items/s at {ex} concurrency {c} is {fmt_share_of(share)} the {harness} harness's "
-                f"no-op ceiling ({fmt_q(ceil.qps)} items/s{fmt_above(share)}): the per-item work is smaller than the "
+                f"{src.q(bp.qps)} items/s at {ex} concurrency {c} is {fmt_share_of(share)} the {harness} harness's "
+                f"no-op ceiling ({src.q(ceil.qps)} items/s{fmt_above(share)}): the per-item work is smaller than the "
                 "per-item overhead"
             ],
         )
@@ -178,8 +182,8 @@ def _near_ceiling(at: _AtBest) -> _Verdict | None:
         return (
             "ipc-bound",
             [
-                f"on processes it reaches {fmt_q(bp.qps)} items/s at concurrency {c}, {fmt_share_of(share)} the "
-                f"process no-op ceiling ({fmt_q(ceil.qps)} items/s{fmt_above(share)}): moving items between "
+                f"on processes it reaches {src.q(bp.qps)} items/s at concurrency {c}, {fmt_share_of(share)} the "
+                f"process no-op ceiling ({src.q(ceil.qps)} items/s{fmt_above(share)}): moving items between "
                 "processes is the limit"
             ],
         )
@@ -195,12 +199,13 @@ def _large_payload(at: _AtBest) -> _Verdict | None:
     if pt is None or not finite(pt.cpu_s_per_item, at.bp.cpu_s_per_item):
         return None
     ipc_cpu = at.bp.cpu_s_per_item - pt.cpu_s_per_item
+    src = at.src
     if ipc_cpu > pt.cpu_s_per_item:
         return (
             "ipc-bound",
             [
-                f"each item moves {payload / 1024:,.0f} KiB between processes; that costs {fmt_ms(ipc_cpu)} of CPU "
-                f"per item, more than the work itself ({fmt_ms(pt.cpu_s_per_item)} on threads)"
+                f"each item moves {src.per_item(payload) / 1024:,.0f} KiB between processes; that costs "
+                f"{src.ms(ipc_cpu)} of CPU per item, more than the work itself ({src.ms(pt.cpu_s_per_item)} on threads)"
             ],
         )
     return None
@@ -214,7 +219,7 @@ def _gil_flattens(at: _AtBest) -> _Verdict | None:
     through SPDL, a curve also flattens on SPDL's own per-item Python (its event loop holds the GIL
     to schedule every item): where the stage holds it less than half as long, the harness is the limit.
     """
-    gil, harness = at.gil, at.harness
+    gil, harness, src = at.gil, at.harness, at.src
     gil_curve = at.sr.curve(gil.harness or harness, gil.executor or "thread")
     tb = at.bests.get(gil.executor or "thread")
     if not (gil.saturated and gil.serializer == "gil" and tb is not None and not still_rising(gil_curve)):
@@ -229,9 +234,9 @@ def _gil_flattens(at: _AtBest) -> _Verdict | None:
             f"{tb.concurrency}): throughput x the stage's own GIL time per item",
         }
     lines = [
-        f"{gil.executor}s flatten at {fmt_q(tb.qps)} items/s (concurrency {tb.concurrency}, "
+        f"{gil.executor}s flatten at {src.q(tb.qps)} items/s (concurrency {tb.concurrency}, "
         f"{tb.cores_used:.2f} of {at.cores} cores): the stage holds the GIL about {f:.0%} of each item "
-        f"({fmt_ms(num(gil.gil_s_per_item))} of {fmt_ms(num(gil.stage_s_per_item))})"
+        f"({src.ms(num(gil.gil_s_per_item))} of {src.ms(num(gil.stage_s_per_item))})"
     ]
     g_own = gil.gil_s_per_item
     h = harness_gil_s(at.sr.ceiling(gil.harness or harness, gil.executor or "thread", tb.concurrency))
@@ -239,13 +244,13 @@ def _gil_flattens(at: _AtBest) -> _Verdict | None:
         return (
             "overhead-bound",
             [
-                lines[0] + f", under half of the {fmt_ms(h)} the harness's own per-item Python holds it: "
+                lines[0] + f", under half of the {src.ms(h)} the harness's own per-item Python holds it: "
                 "the per-item scheduling is the limit"
             ],
         )
     pb = at.bests.get("process")
     if pb is not None:
-        lines.append(f"processes, each with its own GIL, reach {fmt_q(pb.qps)} items/s (concurrency {pb.concurrency})")
+        lines.append(f"processes, each with its own GIL, reach {src.q(pb.qps)} items/s (concurrency {pb.concurrency})")
     return "gil-bound", lines
 
 
@@ -257,15 +262,15 @@ def _gil_busy_at_best(at: _AtBest) -> tuple[_Verdict | None, str | None]:
     verdict rests on this share, not on the stage's own GIL share (which can be small). A busy GIL on
     a curve still rising is no verdict: the note says so, for the last rule's lines.
     """
-    ex, c, bp, gil = at.ex, at.c, at.bp, at.gil
+    ex, c, bp, gil, src = at.ex, at.c, at.bp, at.gil, at.src
     g = gil.gil_s_per_item
     if not (ex in ("thread", "async") and g is not None and not gil.serializer == "other"):
         return None, None
-    rising = still_rising(at.sr.curve(at.harness, ex))
+    rising = still_rising(at.sr.curve(at.harness, ex), src)
     h = harness_gil_s(at.sr.ceiling(at.harness, ex, c))
     busy = bp.qps * (g + h)
     line = (
-        f"at {ex} concurrency {c}, {fmt_q(bp.qps)} items/s x ({fmt_ms(g)} of the stage's own Python + {fmt_ms(h)} "
+        f"at {ex} concurrency {c}, {src.q(bp.qps)} items/s x ({src.ms(g)} of the stage's own Python + {src.ms(h)} "
         f"of the harness's) keeps the GIL {busy:.0%} busy"
     )
     at.signals["gil_busy_at_best"] = {
@@ -292,8 +297,8 @@ def _cores_full(at: _AtBest) -> _Verdict | None:
         return (
             "cpu-bound",
             [
-                f"at {at.ex} concurrency {at.c} it uses {u:.2f} of {cores} cores ({fmt_ms(cpu)} CPU per item, "
-                f"{fmt_q(at.bp.qps)} items/s): the cores are the limit"
+                f"at {at.ex} concurrency {at.c} it uses {u:.2f} of {cores} cores ({at.src.ms(cpu)} CPU per item, "
+                f"{at.src.q(at.bp.qps)} items/s): the cores are the limit"
             ],
         )
     return None
@@ -344,8 +349,8 @@ def _own_cores(at: _AtBest) -> _OwnCores:
         f"no-op CPU per item) x throughput, of {cores} usable",
     }
     used = (
-        f"{own_u:.2f} of {cores} cores for its own work ({fmt_ms(own_cpu)} CPU per item; {u:.2f} cores with "
-        f"the {harness} harness's own per-item scheduling, {fmt_ms(ceil.cpu_s_per_item)} per item)"
+        f"{own_u:.2f} of {cores} cores for its own work ({at.src.ms(own_cpu)} CPU per item; {u:.2f} cores with "
+        f"the {harness} harness's own per-item scheduling, {at.src.ms(ceil.cpu_s_per_item)} per item)"
     )
     return _OwnCores(own_u=own_u, used=used, own_cpu=own_cpu)
 
@@ -372,7 +377,7 @@ def _own_work(at: _AtBest, rising_note: str | None) -> _Verdict:
     harness. A stage that waits (few cores of its own, scaling) is limited by its concurrency.
     ``rising_note`` (a busy GIL on a curve still rising) follows the verdict's line.
     """
-    ex, c, bp, ceil, cores = at.ex, at.c, at.bp, at.ceil, at.cores
+    ex, c, bp, ceil, cores, src = at.ex, at.c, at.bp, at.ceil, at.cores, at.src
     p0 = at.sr.curve(at.harness, ex).points[0]
     linear_share = bp.qps / (bp.concurrency * p0.qps / p0.concurrency)
     own = _own_cores(at)
@@ -383,20 +388,20 @@ def _own_work(at: _AtBest, rising_note: str | None) -> _Verdict:
     if computes and ceil is not None and finite(own.own_cpu) and own.own_cpu < ceil.cpu_s_per_item:
         lines.insert(
             0,
-            f"at {ex} concurrency {c} it delivers {fmt_q(bp.qps)} items/s, {bp.qps / ceil.qps:.0%} of the "
-            f"{at.harness} harness's no-op ceiling; its own work ({fmt_ms(own.own_cpu)} CPU per item; it computes "
+            f"at {ex} concurrency {c} it delivers {src.q(bp.qps)} items/s, {bp.qps / ceil.qps:.0%} of the "
+            f"{at.harness} harness's no-op ceiling; its own work ({src.ms(own.own_cpu)} CPU per item; it computes "
             f"{alone:.0%} of its call alone) is less than the harness's per-item scheduling "
-            f"({fmt_ms(ceil.cpu_s_per_item)}): the overhead sets the pace",
+            f"({src.ms(ceil.cpu_s_per_item)}): the overhead sets the pace",
         )
         return "overhead-bound", lines
     if finite(own.own_u) and own.own_u < _IO_CORES * cores and (c > cores or linear_share >= 0.75) and not computes:
         lines.insert(
             0,
-            f"at {ex} concurrency {c} it delivers {fmt_q(bp.qps)} items/s ({linear_share:.0%} of linear scaling) "
+            f"at {ex} concurrency {c} it delivers {src.q(bp.qps)} items/s ({linear_share:.0%} of linear scaling) "
             f"using only {own.used}: it waits (I/O, sleep, GIL-free waiting)",
         )
         return "io-bound", lines
-    lines.insert(0, f"at {ex} concurrency {c}: {fmt_q(bp.qps)} items/s, {own.used}; no single limit stands out")
+    lines.insert(0, f"at {ex} concurrency {c}: {src.q(bp.qps)} items/s, {own.used}; no single limit stands out")
     return "unknown", lines
 
 
@@ -432,7 +437,7 @@ LIMIT_WORDS = {
 }
 
 
-def nature(sr: StageRows, gil: GilEstimate) -> tuple[str, list[str], dict[str, dict]]:
+def nature(sr: StageRows, gil: GilEstimate, src: SourceItems = SourceItems()) -> tuple[str, list[str], dict[str, dict]]:
     """What a stage *is* limited by, the same on 2 or 96 cores: one decision table over its call alone.
 
     Read at the lowest thread (or event-loop) level, where the stage runs without competing with itself:
@@ -451,7 +456,7 @@ def nature(sr: StageRows, gil: GilEstimate) -> tuple[str, list[str], dict[str, d
     where the curves only bound it), the CPU share ``A`` (CPU of the call over its time), waiting
     ``1 - max(A, f)`` and GIL-free computing ``max(A, f) - f``. A thread descheduled while holding
     the GIL reads as not computing, so ``f`` counts as CPU. Where nothing says how the call spends its
-    time, the label is ``unknown`` with what would settle it.
+    time, the label is ``unknown`` with what would settle it. The lines' times are per source item (``src``).
     """
     signals: dict[str, dict] = {}
     H, E = gil.harness, gil.executor
@@ -483,7 +488,7 @@ def nature(sr: StageRows, gil: GilEstimate) -> tuple[str, list[str], dict[str, d
             return (
                 "overhead-bound",
                 [
-                    f"its own call takes {fmt_ms(own)} per item, less than the {fmt_ms(h)} the {H} harness spends "
+                    f"its own call takes {src.ms(own)} per item, less than the {src.ms(h)} the {H} harness spends "
                     f"per item on a no-op ({E} concurrency {c0}): scheduling an item costs more than the stage"
                 ],
                 signals,
@@ -501,7 +506,7 @@ def nature(sr: StageRows, gil: GilEstimate) -> tuple[str, list[str], dict[str, d
             ],
             signals,
         )
-    label, line, share_signals = label_of_call(own, A, num(f), f"{E} concurrency {c0}")
+    label, line, share_signals = label_of_call(own, A, num(f), f"{E} concurrency {c0}", src)
     signals.update(share_signals)
     return label, [line], signals
 
@@ -527,10 +532,12 @@ def _largest(shares: Mapping[str, float]) -> str:
     return max(shares, key=lambda k: (shares[k], k == "gil-bound", k == "cpu-bound"))
 
 
-def label_of_call(own: float, A: float, f: float, where: str) -> tuple[str, str, dict[str, dict]]:
+def label_of_call(
+    own: float, A: float, f: float, where: str, src: SourceItems = SourceItems()
+) -> tuple[str, str, dict[str, dict]]:
     """The table's last three rows (:func:`nature`): the largest share of the call; its line and signals.
 
-    ``own``: the call's time per item; ``A``: its CPU share (NaN: unknown); ``f``: its GIL share (NaN:
+    ``own``: the call's time (per source item in the line, ``src``); ``A``: its CPU share (NaN: unknown); ``f``: its GIL share (NaN:
     unknown, taken as none). Decided with the GIL share's noise: where the largest share changes as
     ``f`` moves by :data:`SHARE_NOISE` either way, the shares are within their noise of each other,
     the tie rule gives the label (:data:`TIE_ORDER`), and the line says it is a mix (``signals["mix"]``
@@ -573,7 +580,7 @@ def label_of_call(own: float, A: float, f: float, where: str) -> tuple[str, str,
             "label": f"labels the shares allow within the GIL share's noise (±{SHARE_NOISE:g}) ({where})",
         }
     line = (
-        f"of each item's {fmt_ms(own)}: {shares['io-bound']:.0%} waiting, {shares['gil-bound']:.0%} holding the "
+        f"of each item's {src.ms(own)}: {shares['io-bound']:.0%} waiting, {shares['gil-bound']:.0%} holding the "
         f"GIL, {shares['cpu-bound']:.0%} computing without it ({where}): {what}"
     )
     return label, line, signals
@@ -592,7 +599,9 @@ def relabel_unfused(e: StageEntry) -> StageEntry:
     base = e.alternative("async" if e.is_async else "thread")
     cpu = num(base.call_cpu_s if base is not None else None)
     A = min(1.0, cpu / t) if finite(cpu) else math.nan
-    label, line, signals = label_of_call(t, A, num(e.gil_fraction), "its own share of the fused call")
+    label, line, signals = label_of_call(
+        t, A, num(e.gil_fraction), "its own share of the fused call", SourceItems(e.items_per_input)
+    )
     ev = e.evidence
     kept = {k: v for k, v in ev.signals.items() if k != "share_mix"}
     evidence = changed(ev, signals={**kept, **signals}, summary=(line, *ev.summary))

@@ -196,7 +196,9 @@ class _RunContext:
         stages: list[StageEntry] = []
         for i, (name, decl) in enumerate(zip(names, declared)):
             part = df[df["stage"] == name]
-            key = (name, cores, free_threaded, len(part), cores_bound)
+            # its texts are in source items: the items one call stands for is part of what it is read from
+            per_input = float(decl.get("items_per_input") or 1.0)
+            key = (name, cores, free_threaded, len(part), cores_bound, per_input)
             if stage_cache is not None and key in stage_cache:
                 entry = stage_cache[key]
             else:
@@ -207,6 +209,7 @@ class _RunContext:
                         free_threaded=free_threaded,
                         gil_probe=decl.get("gil_probe"),
                         cores_bound=cores_bound,
+                        items_per_input=per_input,
                     )
                     if len(part)
                     else _unmeasured(name)
@@ -219,7 +222,7 @@ class _RunContext:
                 index=decl.get("index", i),
                 type=decl.get("type", "pipe"),
                 is_async=bool(decl.get("is_async", False)),
-                items_per_input=float(decl.get("items_per_input") or 1.0),
+                items_per_input=per_input,
                 **{k: decl[k] for k in ("user_executor", "user_concurrency") if k in decl},
             )
             skipped, rec = decl.get("head_to_head_skipped"), entry.recommended

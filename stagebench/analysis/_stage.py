@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from stagebench._numbers import finite, fmt_q
+from stagebench._numbers import SourceItems, finite
 from stagebench.analysis._fit import fit_scaling
 from stagebench.analysis._gil import estimate_gil, harness_gil_s
 from stagebench.analysis._labels import label_mix, limit_of, limit_rules, nature
@@ -93,7 +93,7 @@ def _stage_status(sr: StageRows) -> tuple[str, str]:
 
 # ------------------------------------------------------------------ recommendation
 def _recommend(
-    sr: StageRows, harness: str
+    sr: StageRows, harness: str, src: SourceItems
 ) -> tuple[StageSetting | None, StageSetting | None, dict[str, Point], HeadToHead | None]:
     curves = {e: sr.curve(harness, e) for e in _EXEC_PREFERENCE if sr.curve(harness, e)}
     if not curves:
@@ -115,8 +115,8 @@ def _recommend(
         others = [e for e in bests if e != chosen]
         if chosen != top_exec:
             why.append(
-                f"{chosen} and {top_exec} are within noise of each other ({fmt_q(bests[chosen].qps)} vs "
-                f"{fmt_q(top.qps)} items/s at their best): {chosen} preferred (less memory, no IPC)"
+                f"{chosen} and {top_exec} are within noise of each other ({src.q(bests[chosen].qps)} vs "
+                f"{src.q(top.qps)} items/s at their best): {chosen} preferred (less memory, no IPC)"
             )
         elif others:
             alt = max(others, key=lambda e: bests[e].qps)
@@ -124,7 +124,7 @@ def _recommend(
                 why.append(f"{chosen} and {alt} are within noise; {chosen} preferred (less memory, no IPC)")
             else:
                 why.append(
-                    f"{chosen} beats {alt} beyond noise ({fmt_q(top.qps)} vs {fmt_q(bests[alt].qps)} items/s at their best)"
+                    f"{chosen} beats {alt} beyond noise ({src.q(top.qps)} vs {src.q(bests[alt].qps)} items/s at their best)"
                 )
     curve = curves[chosen]
     target = WITHIN_BEST * bests[chosen].qps
@@ -135,7 +135,7 @@ def _recommend(
     else:
         why.append(
             f"concurrency {rec.concurrency} is the smallest within 5% of {chosen}'s best "
-            f"({fmt_q(bests[chosen].qps)} items/s at {best_c})"
+            f"({src.q(bests[chosen].qps)} items/s at {best_c})"
         )
     if rec.concurrency == curve.levels[-1] and len(curve) >= 2:
         prev = curve.points[-2]
@@ -170,13 +170,16 @@ def analyze_stage(
     n_boot: int = 200,
     gil_probe: dict[str, Any] | None = None,
     cores_bound: str = "",
+    items_per_input: float = 1.0,
 ) -> StageEntry:
     """Analyse the rows of one stage (all harnesses, executors, roles).
 
     ``gil_probe``: the stage's direct GIL reading, if one was taken (see
     :func:`stagebench.analysis._gil.estimate_gil`). ``cores_bound``: where a quota or an allocation
     sets ``cores``, in words (:meth:`stagebench.model._limits.HostLimits.cores_bound`), for a limit
-    of the cores to name it; empty where the affinity mask sets them.
+    of the cores to name it; empty where the affinity mask sets them. ``items_per_input``: the source
+    items one call stands for (after a batching step): the texts state rates and times per source item,
+    as the report does; the entry's figures stay per call.
 
     Returns the stage entry of ``summary.json`` (``index`` and ``type`` are
     ``None``; :func:`summarize` fills them from ``run.json``). Never raises for
@@ -206,17 +209,18 @@ def analyze_stage(
         return changed(entry, evidence=changed(entry.evidence, summary=summary))
 
     entry = _read_curves(entry, sr, n_boot)
-    gil = estimate_gil(sr, cores=cores, fits=dict(entry.fit), free_threaded=free_threaded, probe=gil_probe)
+    src = SourceItems(items_per_input)
+    gil = estimate_gil(sr, cores=cores, fits=dict(entry.fit), free_threaded=free_threaded, probe=gil_probe, src=src)
     harness = sr.recommendation_harness()
     assert harness is not None  # status ok: there are ok rows, so a harness with a curve
-    recommended, best, bests, paired = _recommend(sr, harness)
+    recommended, best, bests, paired = _recommend(sr, harness, src)
     # recommended and best are None only when no curve of this harness is of a known executor (rows
     # not written by stagebench), which the analysis does not read.
     assert recommended is not None and best is not None, f"no curve of a known executor in {harness}"
-    label, lines, nature_signals = nature(sr, gil)
-    kind, limit_lines, limit_signals = limit_rules(sr, harness, best, bests, gil, cores)
+    label, lines, nature_signals = nature(sr, gil, src)
+    kind, limit_lines, limit_signals = limit_rules(sr, harness, best, bests, gil, cores, src)
     limit = limit_of(kind, limit_lines, sr, best, gil, cores_bound=cores_bound)
-    summary = _explain([*lines, f"at its best alone ({limit.at}): {limit.text}"], gil, recommended, problems)
+    summary = _explain([*lines, f"at its best alone ({limit.at}): {limit.text}"], gil, recommended, problems, src)
     releases = (gil_probe or {}).get("releases")  # how often a call lets the GIL go (its stand-in does the same)
     return changed(
         _at_recommended(entry, sr, harness, recommended, bests),
@@ -295,10 +299,11 @@ def _at_recommended(
 
 
 def _explain(
-    lines: list[str], gil: GilEstimate, recommended: StageSetting, problems: tuple[str, ...]
+    lines: list[str], gil: GilEstimate, recommended: StageSetting, problems: tuple[str, ...], src: SourceItems
 ) -> tuple[str, ...]:
     """The evidence summary: the label's lines (the limit at the best setting last), the GIL share and how it
-    was read, its notes, the recommendation and the points that did not measure."""
+    was read, its notes, the recommendation and the points that did not measure. A grouped stage's
+    recommendation says its unit once: its rate is in source items, not calls."""
     summary = list(lines)
     if gil.fraction is not None:
         assert gil.interval is not None  # estimate_gil gives a fraction with its interval
@@ -312,9 +317,10 @@ def _explain(
         )
         summary.append(f"GIL share {gil.fraction:.2f} (interval {lo:.2f}-{hi:.2f}, {kind}; not a direct measurement)")
     summary.extend(gil.notes)
+    unit = f"{src.per_call()}; " if src.grouped else ""
     summary.append(
         f"recommended: {recommended.executor} x {recommended.concurrency} -> "
-        f"{fmt_q(recommended.qps or 0.0)} items/s ({recommended.why})"
+        f"{src.q(recommended.qps or 0.0)} items/s ({unit}{recommended.why})"
     )
     return (*summary, *problems)
 

@@ -37,7 +37,7 @@ from typing import NamedTuple, TypedDict, Unpack
 import cloudpickle
 import pandas as pd
 
-from stagebench._numbers import finite, fmt_above, fmt_share_of
+from stagebench._numbers import SourceItems, finite, fmt_above, fmt_share_of
 from stagebench.core import _paired
 from stagebench.core._config import CANNOT_MATTER, MeasureConfig, SweepConfig, in_turns_precision
 from stagebench.core._curves import StageRows
@@ -115,6 +115,9 @@ class StageOptions(TypedDict, total=False):
     """Called with each point as it lands."""
     shared_ceilings: dict[tuple[str, str, int], StageDraft] | None
     """Ceilings measured once for several stages (:func:`sweep_stage`)."""
+    items_per_input: float | None
+    """Source items one call stands for (after a batching step; default 1): the skip reasons state rates
+    in source items/s, as the report does."""
 
 
 def sweep_stage(fn: Callable, inputs: Sequence, **options: Unpack[StageOptions]):
@@ -155,6 +158,7 @@ class StageSweep:
         self.inputs = list(inputs)
         self.writer, self.progress = options.get("writer"), options.get("progress")
         self.on_row, self.shared = options.get("on_row"), options.get("shared_ceilings")
+        self.src = SourceItems(options.get("items_per_input"))
         self.payload = payload_bytes(self.inputs) if self.inputs else math.nan
         self.noop = async_identity if is_coroutine_callable(fn) else identity
         m = self.cfg.measure
@@ -191,7 +195,7 @@ class StageSweep:
             self._linear_checked.add(harness)
             why = (
                 _threads_linear(self.rows, harness)
-                or _threads_at_ceiling(self.rows, harness)
+                or _threads_at_ceiling(self.rows, harness, self.src)
                 or _cores_bind(self.rows, harness, self.gil_high)
             )
             if why:
@@ -217,13 +221,13 @@ class StageSweep:
                 if shared is not None and row.status == "ok":
                     shared[(harness, ex, c)] = row
                 if role == "stage" and ex == "process" and cfg.process_flat_levels:
-                    _watch_plateau(row, harness, self._plateaus, stopped, cfg.process_flat_levels)
+                    _watch_plateau(row, harness, self._plateaus, stopped, cfg.process_flat_levels, src=self.src)
                 if role == "stage" and ex == "thread" and cfg.process_flat_levels:
-                    ended = _threads_cores_bound(row, self.rows, harness, self.gil_high)
+                    ended = _threads_cores_bound(row, self.rows, harness, self.gil_high, self.src)
                     if ended:
                         stopped[("stage", harness, "thread")] = ended
                 if role == "stage" and ex == "process" and cfg.process_ceilings == "near_best":
-                    _skip_ceiling_unless_near_best(row, self.rows, harness, stopped)
+                    _skip_ceiling_unless_near_best(row, self.rows, harness, stopped, self.src)
             self._record(row)
 
     def _point(self, role: str, harness: str, ex: str, c: int, pool: WorkerPool | None) -> StageDraft:
@@ -398,7 +402,7 @@ def _threads_linear(rows: list[StageDraft], harness: str) -> str | None:
     )
 
 
-def _threads_at_ceiling(rows: list[StageDraft], harness: str) -> str | None:
+def _threads_at_ceiling(rows: list[StageDraft], harness: str, src: SourceItems = SourceItems()) -> str | None:
     """Why processes cannot change this stage's answer because threads already reach the harness's limit.
 
     The thread no-op ceiling is the most this harness delivers with any thread
@@ -417,7 +421,7 @@ def _threads_at_ceiling(rows: list[StageDraft], harness: str) -> str | None:
         return None
     return (
         f"not measured: threads already deliver {fmt_share_of(best / ceiling)} the harness's thread no-op ceiling "
-        f"({best:,.0f} vs {ceiling:,.0f} items/s, the median over levels{fmt_above(best / ceiling)}): the stage is "
+        f"({src.rate(best):,.0f} vs {src.rate(ceiling):,.0f} items/s, the median over levels{fmt_above(best / ceiling)}): the stage is "
         "overhead-bound, and a "
         "process executor adds IPC to the same per-item overhead, so it cannot beat threads; "
         "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures them"
@@ -452,7 +456,9 @@ def _ok_points(rows: list[StageDraft], harness: str, executor: str, role: str = 
     return [r for r in rows if r.role == role and r.executor == executor and r.harness == harness and r.status == "ok"]
 
 
-def _threads_cores_bound(row: StageDraft, rows: list[StageDraft], harness: str, gil_high: float | None) -> str | None:
+def _threads_cores_bound(
+    row: StageDraft, rows: list[StageDraft], harness: str, gil_high: float | None, src: SourceItems = SourceItems()
+) -> str | None:
     """Why the thread levels above ``row`` are not measured, or None.
 
     When a probe read the stage GIL-free (at most :data:`_GIL_FREE` of a call)
@@ -474,7 +480,7 @@ def _threads_cores_bound(row: StageDraft, rows: list[StageDraft], harness: str, 
         return None
     return (
         f"{_THREADS_PLATEAU} ({row.concurrency} threads used {used:.1f} cores, no more than "
-        f"{best.concurrency} threads' {had:.1f}, within noise of {best.qps:,.0f} items/s, and the stage "
+        f"{best.concurrency} threads' {had:.1f}, within noise of {src.rate(best.qps):,.0f} items/s, and the stage "
         f"holds the GIL for at most {gil_high:.0%} of a call): more threads get no more of the cores, and only "
         "queue for them; process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures every level"
     )
@@ -499,6 +505,7 @@ def _watch_plateau(
     stopped: dict[tuple[str, str, str], str],
     flat_levels: int,
     cores: float | None = None,
+    src: SourceItems = SourceItems(),
 ) -> None:
     """Stop the process curve (and its ceilings) after ``flat_levels`` levels in a row without gain.
 
@@ -522,7 +529,7 @@ def _watch_plateau(
             else f"{flat} levels up to c={row.concurrency}"
         )
         stopped[("stage", harness, "process")] = (
-            f"{_PLATEAU} ({why}, within noise of {best.qps:,.0f} items/s at c={best.concurrency}; "
+            f"{_PLATEAU} ({why}, within noise of {src.rate(best.qps):,.0f} items/s at c={best.concurrency}; "
             "process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures every level)"
         )
 
@@ -531,7 +538,11 @@ _NEAR_BEST = 0.95  # must not be above _paired.WITHIN_BEST, or the recommended l
 
 
 def _skip_ceiling_unless_near_best(
-    row: StageDraft, rows: list[StageDraft], harness: str, stopped: dict[tuple[str, str, str], str]
+    row: StageDraft,
+    rows: list[StageDraft],
+    harness: str,
+    stopped: dict[tuple[str, str, str], str],
+    src: SourceItems = SourceItems(),
 ) -> None:
     """Skip this level's process ceiling when its stage point is more than 5% below the best so far.
 
@@ -548,7 +559,7 @@ def _skip_ceiling_unless_near_best(
     best = max((r.qps for r in _ok_points(rows, harness, "process") if r.qps > 0), default=0.0)
     if row.qps < _NEAR_BEST * best and key not in stopped:
         stopped[key] = (
-            f"{_NOT_NEAR} ({row.qps:,.0f} items/s against {best:,.0f} at a lower level): "
+            f"{_NOT_NEAR} ({src.rate(row.qps):,.0f} items/s against {src.rate(best):,.0f} at a lower level): "
             "the analysis reads process ceilings only at the best level and the smallest within 5% "
             "of it; process_ceilings='all' or STAGEBENCH_PROCESS_CEILINGS=all measures every level"
         )

@@ -473,6 +473,7 @@ class StagesPhase:
             progress=self.run.progress,
             shared_ceilings=self.shared_ceilings,
             on_row=functools.partial(self._on_row, inputs),
+            items_per_input=self.run.stage_meta(step.name).get("items_per_input"),
         )
         # the lowest thread level first: the probe needs it (_computes), and what it reads may end the
         # thread curve early (a GIL-free stage whose cores are busy) and rule out process points

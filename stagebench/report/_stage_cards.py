@@ -203,8 +203,9 @@ def stage_cards(
                 "alone_unpaired": st.head_to_head_skipped if st.recommended_alone is not None else None,
                 "items_per_call": num_or_none(st.items_per_input) if "items_per_input" in st.keys else None,
                 "calls_qps": st.recommended.qps if st.recommended is not None else None,
-                "cpu_ms": to_ms(st.cpu_s_per_item),
-                "gil_ms": to_ms(st.gil_s_per_item),
+                # per source item, as the evidence's words say them
+                "cpu_ms": to_ms(src.per_item(st.cpu_s_per_item)),
+                "gil_ms": to_ms(src.per_item(st.gil_s_per_item)),
                 "img_qps": svg_uri(_stage_plots.stage_throughput_svg(sub, st)) if len(sub) else None,
                 "img_res": svg_uri(_stage_plots.stage_resources_svg(sub, cores))
                 if len(sub) and resources_plot
