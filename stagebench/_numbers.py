@@ -38,8 +38,12 @@ def fmt_q(q: float) -> str:
 
 
 def fmt_ms(s: float) -> str:
-    """A duration in prose: ``4.56 ms``; from a second up, in seconds (``1.15 s``, not ``1.15e+03 ms``)."""
-    return f"{s:.3g} s" if s >= 1 else f"{s * 1e3:.3g} ms"
+    """A duration in prose: ``4.56 ms``; from a second up, in seconds (``1.15 s``, not ``1.15e+03 ms``); under
+    0.1 µs, where ``.3g`` writes an exponent, in microseconds (``0.0704 µs``, not ``7.04e-05 ms``: a grouped
+    stage's call over its items)."""
+    if s >= 1:
+        return f"{s:.3g} s"
+    return f"{s * 1e6:.3g} µs" if 0 < s < 1e-7 else f"{s * 1e3:.3g} ms"
 
 
 def fmt_share_of(share: float) -> str:

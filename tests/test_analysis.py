@@ -930,3 +930,4 @@ def test_a_duration_in_prose_is_in_milliseconds_below_a_second_and_in_seconds_fr
     from stagebench._numbers import fmt_ms
 
     assert fmt_ms(0.00456) == "4.56 ms" and fmt_ms(0.102) == "102 ms" and fmt_ms(1.1523) == "1.15 s"
+    assert fmt_ms(7.04e-8) == "0.0704 µs" and fmt_ms(1e-7) == "0.0001 ms" and fmt_ms(0.0) == "0 ms"

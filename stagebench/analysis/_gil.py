@@ -310,10 +310,7 @@ def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, _Signal], notes: list[
         ) + "part of the CPU runs without the GIL, so this overstates the GIL share"
     else:
         role = "estimate"
-        detail = (
-            f"{src.per_item(cpu) * 1e3:.3g} ms CPU in {src.per_item(t) * 1e3:.3g} ms per item at {low.executor} "
-            f"concurrency {low.c0}"
-        )
+        detail = f"{src.ms(cpu)} CPU in {src.ms(t)} per item at {low.executor} concurrency {low.c0}"
     left = _host_left(p0)
     if left < 1:
         A, A_lo, A_hi = (min(1.0, x / left) for x in (A, A_lo, A_hi))
