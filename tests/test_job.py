@@ -483,7 +483,7 @@ def test_where_yours_is_num_workers_0_the_note_does_not_hold_it_to_itself():
     assert "the pick, with workers, was shown to do better" in said
 
 
-def test_a_measured_step_with_no_job_run_keeps_yours_and_names_the_cheapest_that_feeds_it():
+def test_a_measured_step_with_no_job_run_keeps_yours_and_names_the_loader_alones_pick():
     """A loop of 5 steps under --trainer (a 0.95 s step): the step was measured, the job never ran. The terminal
     said "use num_workers=0" (the loader alone), summary.json "use num_workers=1" (the cheapest that feeds the
     step, run with nothing), and yours was 2: advice on the job that no run with the loop stood behind."""
@@ -497,6 +497,15 @@ def test_a_measured_step_with_no_job_run_keeps_yours_and_names_the_cheapest_that
     assert s["verdict"].startswith("keep yours (num_workers=2, prefetch_factor=2): no setting was run with your loop")
     assert "(your loop stopped after taking 6 cached batches)" in s["verdict"]
     assert "by the loader alone, num_workers=1, prefetch_factor=2 is the cheapest setting that delivers" in s["verdict"]
+    # data-bound, on two DDP ranks: num_workers=0 ran 1.26x yours alone in turns, and was advised with an
+    # 11.5 ms step measured that loading between the steps would slow
+    zero = [_pt(0, 1769), _pt(1, 1501), _pt(2, 1462)]
+    turns = [dict(r, search_phase="paired", turn=t) for t in (1, 2, 3) for r in (zero[0], zero[2])]
+    bound = summarize_loader(zero + turns, meta | {"trainer": {"samples_per_s": 2788.0, "steps_per_s": 87.1}})
+    assert bound["recommended"]["num_workers"] == 2 and bound["recommended_alone"]["num_workers"] == 0
+    assert bound["verdict"].startswith("data-bound: the best loader alone gives")
+    assert "; keep yours (num_workers=2, prefetch_factor=2): no setting was run with your loop" in bound["verdict"]
+    assert "by the loader alone, num_workers=0 was the pick" in bound["verdict"]
     # a demand stated, not measured: no loop to run with, and the cheapest that meets it is the pick
     stated = _meta(cuda=False, persistent_workers=False)
     stated["settings"]["target_rate"] = 33.6

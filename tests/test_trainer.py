@@ -329,7 +329,8 @@ def test_a_loop_that_stops_before_the_job_runs_keeps_yours_and_says_so_last(tmp_
     last = next(i for i, line in enumerate(said) if "verdict for your job: " in line)
     assert s["verdict"] in said[last] and "report: " in said[last + 1]
     if s["recommended_alone"] is not None:  # the loader alone's pick differs from yours: yours is kept
-        assert s["verdict"].startswith("keep yours") and "no setting was run with your loop" in s["verdict"]
+        assert "keep yours (" in s["verdict"] and "no setting was run with your loop" in s["verdict"]
+        assert s["recommended"]["why"].startswith("your setting, kept")
 
 
 def test_a_loop_that_stops_early_says_what_it_left_unchecked(tmp_path):

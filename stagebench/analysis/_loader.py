@@ -198,13 +198,15 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
 
 
 def _held(rec: LoaderRow | None, user: LoaderRow | None) -> LoaderRow | None:
-    """Yours, where the loader alone's pick is another setting chosen for the measured step's demand alone (the
-    cheapest that delivers it, no comparison behind it: ``decision`` None) and the job did not run; else None.
+    """Yours, where the loader alone's pick is another setting and the job, with the step measured, did not run;
+    else None.
 
-    Why: what the step's demand leaves out is what the job runs measure (the loader's workers share the cores
-    with the step, and the copy to a GPU), and a change from yours is advised only where a run shows it.
+    Why: the step measured makes the question the job's, and what a loader alone leaves out is what the job
+    runs measure: the workers sharing the cores with the step, the copy to a GPU, and for ``num_workers=0``
+    the loading added to every step (a loader 1.26x yours alone can make the job slower). A change from yours
+    is advised only where a run with the loop shows it.
     """
-    if rec is None or user is None or rec.decision is not None or rec.knobs == user.knobs:
+    if rec is None or user is None or rec.knobs == user.knobs:
         return None
     return replace(
         user,
@@ -247,23 +249,31 @@ def _verdict(c: _Picks, target: LoaderTarget | None) -> str:
         verdict = "no loader setting could be measured" + (f": {first.reason}" if first else "")
     elif c.decided and c.verdict is not None:
         verdict = str(c.verdict.text)
+    elif c.held and c.isolated is not None and c.rec is not None:
+        verdict = ("" if target is None or target.met else target.verdict + "; ") + _held_words(c, c.isolated, c.rec)
     elif target is not None and not target.met:
         verdict = target.verdict
-    elif c.held and c.isolated is not None and c.rec is not None:
-        alone = c.isolated
-        stopped = c.verdict.stopped if c.verdict is not None else c.trainer.stopped_early
-        verdict = (
-            f"keep yours ({_knob_text(c.rec)}): no setting was run with your loop"
-            + (f" ({stopped})" if stopped else "")
-            + ", and a change from yours is advised only where one was; by the loader alone, "
-            f"{_knob_text(alone)} is the cheapest setting that delivers your step's {c.target_rate:,.1f} samples/s "
-            f"with {c.headroom:.0%} headroom ({alone.samples_per_s:,.1f} samples/s, yours {c.rec.samples_per_s:,.1f})"
-        )
     else:
         verdict = _pick_verdict(c, c.rec, target)
     if target is not None and not c.decided and not c.held:
         verdict += "; the job: " + _job_not_run(c.verdict, target)
     return verdict + _per_rank(c.rec, c.ranks, c.cores)
+
+
+def _held_words(c: _Picks, alone: LoaderRow, yours: LoaderRow) -> str:
+    """Yours kept for the job (:func:`_held`), why, and what the loader alone would have picked, on what."""
+    stopped = c.verdict.stopped if c.verdict is not None else c.trainer.stopped_early
+    said = (
+        f"keep yours ({_knob_text(yours)}): no setting was run with your loop"
+        + (f" ({stopped})" if stopped else "")
+        + f", and a change from yours is advised only where one was; by the loader alone, {_knob_text(alone)} "
+    )
+    if alone.decision is None:  # the cheapest that delivers the step's demand
+        return said + (
+            f"is the cheapest setting that delivers your step's {c.target_rate:,.1f} samples/s with "
+            f"{c.headroom:.0%} headroom ({alone.samples_per_s:,.1f} samples/s, yours {yours.samples_per_s:,.1f})"
+        )
+    return said + f"was the pick: {_decision_words(alone.decision, {}, c.within, c.turn_seconds)}"
 
 
 def _per_rank(rec: LoaderRow | None, ranks: float, cores: float) -> str:
