@@ -365,8 +365,24 @@ def test_loader_snippet_is_your_own_call_with_only_the_knobs_changed() -> None:
     snip = _snippets.loader_snippet(Summary.from_json({"loader": g.describe(), "recommended": recommended}))
     lines = [ln.strip() for ln in snip.splitlines()]
     assert "batch_size=4," in lines and "drop_last=True," in lines and "shuffle=True," not in lines
-    assert "sampler=...,  # yours: WeightedRandomSampler" in lines and "collate_fn" not in snip
+    # a sampler made in the call has no name: the argument's, said to be a guess; never `...` (an Ellipsis)
+    assert (
+        "sampler=sampler,  # yours: WeightedRandomSampler; the name is a guess: use the one your script gives it"
+        in lines
+    )
+    assert "collate_fn" not in snip
     compile(snip, "snippet", "exec")
+    # the DDP script's `train_sampler = DistributedSampler(...)`: the snippet passes it by that name
+    train_sampler = WeightedRandomSampler(torch.ones(32), 32)
+    h = make_loader_factory(data, batch_size=4, sampler=train_sampler, collate_fn=lambda b: b, num_workers=0)
+    lines = [
+        ln.strip()
+        for ln in _snippets.loader_snippet(
+            Summary.from_json({"loader": h.describe(), "recommended": recommended})
+        ).splitlines()
+    ]
+    assert "sampler=train_sampler,  # yours: WeightedRandomSampler" in lines and lines[3] == "data,"
+    assert any(ln.startswith("collate_fn=collate_fn,  # yours: function; the name is a guess") for ln in lines), lines
 
 
 def test_pipeline_snippet_handles_every_executor_and_odd_names() -> None:

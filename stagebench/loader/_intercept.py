@@ -27,6 +27,7 @@ import importlib
 import inspect
 import os
 import sys
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
@@ -308,37 +309,65 @@ def _from_template(
     )
 
 
+#: calling frames outside stagebench and torch searched for the name of the user's own sampler or collate_fn
+_USER_FRAMES = 8
+
+
 def _call_of(loader: Any) -> tuple[tuple[str, str, str], ...]:
     """The arguments a torch DataLoader was built with, other than the four knobs, as code to paste.
 
     Read back from the loader (diagnostic mode catches it built): ``batch_size=None``
     stays None, a ``RandomSampler`` it made itself is ``shuffle=True``, a sampler,
-    batch sampler or collate function of the user's own is kept (by name where it has
-    one, else ``...`` with its type), ``drop_last`` when set.
+    batch sampler or collate function of the user's own is kept (by the name it has or the
+    user's code holds it by, :func:`_yours`), ``drop_last`` when set.
     """
     # start-up cost: torch, only where a loader is built
     import torch.utils.data as tud
     from torch.utils.data._utils.collate import default_collate, default_convert
 
     out: list[tuple[str, str, str]] = []
+    name, _ = _yours("dataset", loader.dataset)
+    if name != "dataset":  # the snippet's first argument, where the user's code names it otherwise
+        out.append(("dataset", name, ""))
     sampler, bsampler = getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)
     own_batches = bsampler is not None and type(bsampler) is not tud.BatchSampler
     if own_batches:
-        out.append(("batch_sampler", "...", f"yours: {type(bsampler).__name__}"))
+        out.append(("batch_sampler", *_yours("batch_sampler", bsampler)))
     else:
         out.append(("batch_size", repr(loader.batch_size), ""))
     if type(sampler) is tud.RandomSampler and not own_batches:
         out.append(("shuffle", "True", ""))
     elif sampler is not None and type(sampler) not in (tud.SequentialSampler, tud.RandomSampler) and not own_batches:
-        out.append(("sampler", "...", f"yours: {type(sampler).__name__}"))
+        out.append(("sampler", *_yours("sampler", sampler)))
     fn = getattr(loader, "collate_fn", None)
     if fn is not None and fn not in (default_collate, default_convert):
         name = getattr(fn, "__qualname__", "")
-        code = name if name.isidentifier() else "..."
-        out.append(("collate_fn", code, "" if code != "..." else f"yours: {type(fn).__name__}"))
+        out.append(("collate_fn", name, "") if name.isidentifier() else ("collate_fn", *_yours("collate_fn", fn)))
     if getattr(loader, "drop_last", False) and not own_batches:
         out.append(("drop_last", "True", ""))
     return tuple(out)
+
+
+def _yours(arg: str, obj: Any) -> tuple[str, str]:
+    """(code, comment) for an object of the user's own in the snippet: the name their code holds it by, found
+    in the calling frames outside stagebench and torch, else the argument's own name, said to be a guess.
+
+    Why a name and never ``...``: a snippet pasted with ``sampler=...`` runs, and hands DataLoader an
+    Ellipsis; a DistributedSampler under DDP is the commonest case.
+    """
+    kind = type(obj).__name__
+    frame: types.FrameType | None = sys._getframe(1)
+    looked = 0
+    while frame is not None and looked < _USER_FRAMES:
+        module = str(frame.f_globals.get("__name__", ""))
+        if not module.startswith(("stagebench", "torch")):
+            looked += 1
+            for scope in (frame.f_locals, frame.f_globals):
+                name = next((k for k, v in scope.items() if v is obj and k.isidentifier() and k != "_"), None)
+                if name is not None:
+                    return name, f"yours: {kind}"
+        frame = frame.f_back
+    return arg, f"yours: {kind}; the name is a guess: use the one your script gives it"
 
 
 def _probe_batch_size(batch_sampler: Any) -> int:

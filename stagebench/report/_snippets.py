@@ -128,8 +128,12 @@ def _diff_of_your_call(call: Sequence[Mapping[str, Any]], knobs: Mapping[str, An
     A knob of the user's that does not apply on the measuring host (pin_memory without a CUDA
     device) is kept as they wrote it: dropped, pasting the snippet on their GPU host would change it.
     """
-    lines = ["from torch.utils.data import DataLoader", "", "loader = DataLoader(", "    dataset,"]
+    # the dataset by the name the user's code holds it by, where recorded (its first, positional argument)
+    named = next((a["code"] for a in call if a["arg"] == "dataset"), "dataset")
+    lines = ["from torch.utils.data import DataLoader", "", "loader = DataLoader(", f"    {named},"]
     for a in call:
+        if a["arg"] == "dataset":
+            continue
         comment = f"  # {a['comment']}" if a.get("comment") else ""
         lines.append(f"    {a['arg']}={a['code']},{comment}")
     for k, v in knobs.items():
