@@ -323,6 +323,25 @@ def _rounds_job(rounds: int, swing: float) -> dict:
     return job
 
 
+def test_num_workers_0_left_open_is_said_held_to_more_than_5_percent_and_the_stop_counts_the_same_rounds():
+    """pytorch/examples ImageNet --dummy, resnet18 on 2 cores under --trainer: num_workers=0 ran 1.01x yours
+    (0.83-1.22 over 5 rounds). The verdict said "about 26 more rounds (~431 s) would show whether it is within 5%
+    of yours" (it is never advised for being as fast and cheaper), and the stop said "about 4 more rounds (~102 s)
+    would settle" (the nearest of every bound, 0.95 included, for the cheaper setting that bound does not apply
+    to, and the time of two settings' rounds where three ran)."""
+    job = _rounds_job(6, 1.06)
+    job["candidates"][1]["settings"] = {"num_workers": 0}  # "one" loads in the training process
+    job["candidates"][1]["cost"] = [0]
+    rec = JobRecord.from_json(job)
+    d = decide_job(rec, TRAINER)
+    assert d["advice"] == "keep yours" and d["decision"]["rival"] == "one", d["text"]
+    assert "would show whether it is more than 5% faster than yours" in d["text"], d["text"]
+    why = futile(rec, seconds_left=2.0)
+    more = d["decision"]["rounds_to_settle"] - 6
+    assert why is not None and f"about {more} more rounds (~{2 * more} s) would settle the nearest of" in why, why
+    assert f"about {more} more rounds (~{2 * more} s, STAGEBENCH_JOB_S)" in d["text"], d["text"]
+
+
 def test_the_job_runs_stop_where_more_rounds_within_the_budget_cannot_settle_it():
     """Issue 60: a 1 s step's job phase ran its whole budget (282 s, 123 steps) on settings that tie. Where
     the spread seen says the rounds that fit in the time left cannot settle any comparison still open, the

@@ -27,7 +27,16 @@ from typing import Any
 
 from stagebench._numbers import finite, num
 from stagebench._settings import setting
-from stagebench.model._evidence import EQUIVALENT, MIN_ROUNDS, PRACTICAL_ROUNDS, Decision, Option, Ratio, decide
+from stagebench.model._evidence import (
+    EQUIVALENT,
+    MIN_ROUNDS,
+    PRACTICAL_ROUNDS,
+    Decision,
+    Option,
+    Ratio,
+    decide,
+    settling_bounds,
+)
 from stagebench.model._finding import Finding
 from stagebench.model._job import JobCandidate, JobFigures, JobRecord, JobSlice, JobVerdict, StepAlone
 from stagebench.model._meta import RunSettings
@@ -210,12 +219,14 @@ def futile(rec: JobRecord, seconds_left: float) -> str | None:
         return None
     fit = int(seconds_left // per)
     ref = d.yours if d.yours is not None else d.best
+    cands = {c.key: c for c in rec.candidates}
     needs: list[int] = []
     for k in d.open:
         x = ratio(k, ref) if ref is not None else None
-        if x is None or x.log_sd is None or x.rounds < MIN_ROUNDS + 1:
+        if ref is None or x is None or x.log_sd is None or x.rounds < MIN_ROUNDS + 1:
             return None  # not enough rounds to say what more would do
-        ends = [n for b in (EQUIVALENT, 1.0, 1 / EQUIVALENT) if (n := x.rounds_to_clear(b)) is not None]
+        bounds = settling_bounds(cands[k], cands[ref], ref_is_yours=ref == d.yours)
+        ends = [n for b in bounds if (n := x.rounds_to_clear(b)) is not None]
         more = min(ends) - x.rounds if ends else None
         if more is not None and more <= fit:
             return None
@@ -224,12 +235,12 @@ def futile(rec: JobRecord, seconds_left: float) -> str | None:
         return None
     known = [n for n in needs if n > 0]
     what = (
-        f"about {min(known)} more rounds (~{min(known) * per:.0f} s) would"
+        f"about {min(known)} more rounds (~{min(known) * per:.0f} s) would settle the nearest of"
         if known and min(known) <= PRACTICAL_ROUNDS
-        else "no practical number of rounds would"
+        else "no practical number of rounds would settle"
     )
     return (
-        f"the job runs stopped after {rec.rounds} rounds: at the spread seen, {what} settle the comparisons "
+        f"the job runs stopped after {rec.rounds} rounds: at the spread seen, {what} the comparisons "
         f"still open, and {seconds_left:.0f} s of the budget were left (STAGEBENCH_JOB_S)"
     )
 
@@ -258,16 +269,24 @@ def _could_not_tell(d: Decision, job: JobRecord, label: Mapping[str, str]) -> st
     if x is None:
         return said + " (they never ran in the same round)"
     said += f": {x.text('yours' if ref == d.yours else 'it')}"
-    cost = {c.key: c.cost for c in job.candidates}
+    cands = {c.key: c for c in job.candidates}
     whose = "yours" if ref == d.yours else "the fastest"
+    bounds = (
+        settling_bounds(cands[d.rival], cands[ref], ref_is_yours=ref == d.yours)
+        if ref in cands and d.rival in cands
+        else ()
+    )
     bound = (
-        f"within {1 - EQUIVALENT:.0%} of {whose}"
-        if cost.get(d.rival, ()) < cost.get(ref or "", ())
+        f"more than {1 - EQUIVALENT:.0%} faster than {whose}"  # it loads in the training process: held to more
+        if bounds == (1 / EQUIVALENT,)
+        else f"within {1 - EQUIVALENT:.0%} of {whose}"
+        if bounds == (EQUIVALENT,)
         else f"faster than {whose} beyond noise"
     )
     more = d.rounds_more(x.rounds)
     if more is not None:
-        per = _seconds_per_round(job, [d.rival] + ([ref] if ref else []))
+        # a round as the runs would go on: every setting still in them, as the stop's words count it (futile)
+        per = _seconds_per_round(job, contenders(job))
         said += (
             f"; about {more} more round{'s' if more != 1 else ''}"
             + (f" (~{more * per:.0f} s, STAGEBENCH_JOB_S)" if per else "")

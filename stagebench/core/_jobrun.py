@@ -249,7 +249,7 @@ class JobRuns:
         labels = "; ".join(c.label for c in self.candidates)  # a label holds commas of its own
         self.say(
             f"job: your loop runs on {self.what} at {len(self.candidates)} setting(s) in turns, until the "
-            f"comparisons settle (at most {self.budget_s:g} s): {labels}"
+            f"comparisons settle (at most {self.budget_s:.0f} s): {labels}"
         )
         keys: list[str] = []  # what the decision hinges on, most important first
 
@@ -275,7 +275,7 @@ class JobRuns:
                     for cand in todo:
                         if self.clock() - self._t0 >= self.budget_s:
                             self.stopped = (
-                                f"the job runs' budget of {self.budget_s:g} s was spent before the comparisons "
+                                f"the job runs' budget of {self.budget_s:.0f} s was spent before the comparisons "
                                 "settled (STAGEBENCH_JOB_S)"
                             )
                             return

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from stagebench.model._json import ReadIfGiven, dict_of, items
 from stagebench.model._rate import Rate, t_quantile
@@ -63,6 +63,7 @@ __all__ = [
     "Option",
     "Decision",
     "decide",
+    "settling_bounds",
     "more_rounds_text",
     "ADVICE",
 ]
@@ -241,6 +242,23 @@ class Option:
     that loads beside it, it must be shown faster by more than 5% (:data:`EQUIVALENT`), never merely as
     fast and cheaper, because then every fetch waits in the step's own time, and a reading in turns of a
     few minutes does not see the epochs where the data or the host is slower (the knob guide's T4)."""
+
+
+class _Costed(Protocol):
+    @property
+    def cost(self) -> tuple[float, ...]: ...
+    @property
+    def in_step(self) -> bool: ...
+
+
+def settling_bounds(c: _Costed, ref: _Costed, *, ref_is_yours: bool, margin: float = EQUIVALENT) -> tuple[float, ...]:
+    """The bounds whose clearing by ``c``'s ratio to ``ref`` settles their comparison: shown more than 5% faster
+    (or not) for a setting that loads in the training process against yours beside it; shown within the margin
+    (or under it) for a cheaper one; shown faster, or under 5% faster, for a costlier one. One source for the
+    rule (:func:`decide`) and for what the runs say more rounds would settle."""
+    if ref_is_yours and c.in_step and not ref.in_step:
+        return (1 / margin,)
+    return (margin,) if c.cost < ref.cost else (1.0, 1 / margin)
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,7 +459,7 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
         rival, versus = first.key, ratio(first.key, ref.key)
         others = {c.key: ratio(c.key, ref.key) for c in open_ if c is not first}
         if versus is not None:
-            bounds = [1 / margin] if into_step(first) else [margin] if first.cost < ref.cost else [1.0, 1 / margin]
+            bounds = settling_bounds(first, ref, ref_is_yours=ref is me, margin=margin)
             ests = [n for n in (versus.rounds_to_clear(b) for b in bounds) if n is not None]
             rounds = min(ests) if ests else None
     return Decision(
