@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
+from torch.utils.data import IterableDataset
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 
@@ -724,7 +725,7 @@ def test_with_cuda_the_search_keeps_the_scripts_pin_memory(tmp_path, monkeypatch
 
     monkeypatch.setattr(loader_mod, "_cuda_available", lambda: True)
     cfg = LoaderSweepConfig(
-        num_workers=(0, 1),
+        num_workers=(0, 2),
         prefetch_factors=(2,),
         budget_s=0.3,
         warmup_s=0.1,
@@ -1074,3 +1075,38 @@ def test_a_new_loaders_workers_fork_only_once_a_suspended_loader_finished_its_ba
         _teardown(a, hung=False)
         if b is not None:
             _teardown(b, hung=False)
+
+
+class _Stream(IterableDataset):
+    """A stream that never ends (a loader with no length and no epoch end); 1 ms of waiting an item, so that two
+    workers deliver about twice what none does, on any core count."""
+
+    def __iter__(self):
+        i = 0
+        while True:
+            time.sleep(0.001)
+            yield i
+            i += 1
+
+
+def test_a_stream_that_never_ends_waits_for_one_epoch_end_not_two(tmp_path):
+    """An IterableDataset script's search spent 10 s of its 18 waiting for an epoch end twice: at the pick,
+    then again with persistent_workers=True, where no epoch ends either."""
+    f = make_loader_factory(_Stream(), batch_size=8)
+    cfg = LoaderSweepConfig(
+        num_workers=(0, 2),
+        prefetch_factors=(2,),
+        budget_s=0.3,
+        min_window_s=0.1,
+        warmup_s=0.1,
+        min_batches=4,
+        tie_rounds=1,
+        memory_pass_s=0.3,
+        stall_wait_s=0.5,
+        transforms=False,
+    )
+    run_loader_sweep(f, name="stream", backend="torch", batch_size=8, run_dir=tmp_path / "r", config=cfg)
+    df = pd.read_csv(tmp_path / "r" / "results.csv")
+    stalls = df[df["search_phase"] == "epoch_stall"]
+    assert len(stalls) == 1, stalls[["num_workers", "persistent_workers", "notes"]]
+    assert "no epoch ended within 0.5s" in str(stalls["notes"].iloc[0])

@@ -365,9 +365,16 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...]) -> list[str]:
         # the stall decides one thing, persistent_workers at the pick (analysis/_loader_pick._kept_knobs): measured there
         # alone, once, instead of restarting epochs after every point's window
         knobs = LoaderKnobs(num_workers=rec.num_workers, prefetch_factor=rec.prefetch_factor, pin_memory=pin0)
-        sw.point(knobs, "epoch_stall", stall=True, throughput=False, during=sw.memory_hook(knobs))
-        if sw.epoch_batches is None and sw.backend != "spdl_pytorch" and True in cfg.persistent_workers:
-            # no epoch length to weigh the stall against: what persistent workers save decides instead
+        at_pick = sw.point(knobs, "epoch_stall", stall=True, throughput=False, during=sw.memory_hook(knobs))
+        if (
+            sw.epoch_batches is None
+            and sw.backend != "spdl_pytorch"
+            and True in cfg.persistent_workers
+            and math.isfinite(at_pick.epoch_stall_s)
+        ):
+            # no epoch length to weigh the stall against: what persistent workers save decides instead. Where no
+            # epoch ended within stall_wait_s (a stream that does not end), persistent workers meet none either:
+            # another stall_wait_s would show only that again
             sw.point(replace(knobs, persistent_workers=True), "epoch_stall", stall=True, throughput=False)
     if rec is not None and sw.cuda and True in cfg.pin_memory and cfg.yours is None:
         sw.point(
