@@ -1110,3 +1110,26 @@ def test_a_stream_that_never_ends_waits_for_one_epoch_end_not_two(tmp_path):
     stalls = df[df["search_phase"] == "epoch_stall"]
     assert len(stalls) == 1, stalls[["num_workers", "persistent_workers", "notes"]]
     assert "no epoch ended within 0.5s" in str(stalls["notes"].iloc[0])
+
+
+def test_the_stall_and_the_memory_pass_run_at_the_pick_the_summary_makes_yours_kept(tmp_path):
+    """ImageNet --dummy (yours 2 workers, kept: 4 not shown faster in turns): the stall and the memory pass ran
+    at 4 workers, the search's own pick, which knew nothing of yours; the memory pass then ran again at 2."""
+    cfg = LoaderSweepConfig(
+        num_workers=(1, 2),
+        prefetch_factors=(2,),
+        budget_s=0.3,
+        min_window_s=0.1,
+        warmup_s=0.1,
+        min_batches=4,
+        tie_rounds=0,  # no turns: readings apart decide nothing, and yours is kept
+        memory_pass_s=0.3,
+        transforms=False,
+    )
+    ds = SleepDataset(n=256, d=0.002)
+    s = sweep_dataset(ds, batch_size=4, num_workers=1, prefetch_factor=2, run_dir=tmp_path / "r", config=cfg)
+    df = pd.read_csv(tmp_path / "r" / "results.csv")
+    assert s["recommended"]["num_workers"] == 1, s["verdict"]
+    assert list(df[df["search_phase"] == "epoch_stall"]["num_workers"]) == [1]
+    meta = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert meta["worker_costs"]["memory_on_stall_point"] is True  # read once, on the stall point's workers

@@ -348,7 +348,11 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...]) -> list[str]:
             sw.point(LoaderKnobs(num_workers=best.num_workers, prefetch_factor=pf, pin_memory=pin0), "prefetch_factor")
     _measure_yours(sw)  # before the turns, which may keep the script's own
     _in_turns(sw, cfg.yours)
-    rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best, max_rounds=cfg.tie_rounds)
+    # the pick as the summary makes it, yours kept where the turns did not show another better: the stall and
+    # the memory pass run there (ImageNet --dummy's ran at 4 workers, then the memory pass again at yours, 2)
+    meta_user = _user_meta(cfg.yours, sw)
+    mine = user_point(sw.rows, meta_user) if meta_user is not None else None
+    rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best, user=mine, max_rounds=cfg.tie_rounds)
     if cfg.stall_at == "every":  # the protocol before: persistence measured as a point, then pinning
         if rec is not None and rec.num_workers > 0 and sw.backend != "spdl_pytorch" and True in cfg.persistent_workers:
             sw.point(
