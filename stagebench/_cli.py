@@ -52,7 +52,7 @@ def _cmd_diagnose(ns: argparse.Namespace) -> int:
         os.environ["STAGEBENCH_QUICK"] = "on"
     if ns.trainer:
         os.environ["STAGEBENCH_TRAINER"] = "measure"
-    return run_script(ns.script, ns.args, out=ns.out, nproc_per_node=ns.nproc_per_node)
+    return run_script(ns.script, ns.args, out=ns.out, nproc_per_node=ns.nproc_per_node, own_process=True)
 
 
 def _cmd_report(ns: argparse.Namespace) -> int:

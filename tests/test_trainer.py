@@ -447,3 +447,35 @@ def test_the_job_runs_open_loaders_beyond_the_cores_without_torchs_warning():
         assert not [w for w in seen if "worker processes in total" in str(w.message)]
         torch.utils.data.DataLoader(items, num_workers=many)  # outside the job runs: torch's own
     assert [w for w in seen if "worker processes in total" in str(w.message)]
+
+
+PIPELINE_STOP_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from spdl.pipeline import PipelineBuilder
+
+    def load(x):
+        time.sleep(0.004)
+        return x
+
+    pipeline = PipelineBuilder().add_source(range(10**6)).pipe(load, concurrency=2).aggregate(8).add_sink(4).build(num_threads=4)
+    with pipeline.auto_stop():
+        for i, batch in enumerate(pipeline):
+            time.sleep(0.02)  # the step
+            if i + 1 >= int(sys.argv[1]):
+                break
+    print("after the loop: a checkpoint saved here")
+    """
+)
+
+
+def test_a_pipeline_loop_that_breaks_early_ends_the_program_under_the_command(tmp_path):
+    """A pipeline loop that breaks after 8 steps under `stagebench diagnose --trainer`: the close of its generator
+    came from the collector, which drops the SystemExit raised there ("Exception ignored in: <generator object
+    DiagnosticPipeline._stagebench_iter>" and its traceback), and the script went on past its loop, to what it
+    does after training (a checkpoint). The command now ends there, as diagnostic mode does."""
+    r, s, _ = _diagnose_with_loop(tmp_path, PIPELINE_STOP_SCRIPT, "8", STAGEBENCH_QUICK="on")
+    assert "after the loop" not in r.stdout, r.stdout
+    assert "Exception ignored" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert s["trainer"]["stopped_early"] == "your loop stopped after taking 8 cached batches"
+    assert "verdict for your job: " in r.stderr.splitlines()[-2], r.stderr[-1000:]

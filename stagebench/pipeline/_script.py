@@ -23,11 +23,15 @@ from stagebench.runs._results import RunDir, RunDirInUseError, UnwritableOutputE
 __all__ = ["run_script", "launch_ranks", "restore_env"]
 
 
-def run_script(script: str, args: list[str], *, out: str | None, nproc_per_node: int | None = None) -> int:
+def run_script(
+    script: str, args: list[str], *, out: str | None, nproc_per_node: int | None = None, own_process: bool = False
+) -> int:
     """Run ``script`` with ``args`` as ``__main__`` in diagnostic mode; return the exit code.
 
     ``nproc_per_node`` (or ``STAGEBENCH_NPROC_PER_NODE``): run it as that many ranks of a data-parallel job
-    instead (:func:`launch_ranks`)."""
+    instead (:func:`launch_ranks`). ``own_process``: the caller is the command itself, whose process may end
+    where the user's loop stops early (:func:`stagebench.job._phase.end_from_close`): raised there instead, as
+    for a test or a notebook, the end is lost where the loop's generator is closed by the collector."""
     path = Path(script)
     if not path.is_file():
         say(f"error: script not found: {script}")
@@ -74,7 +78,7 @@ def run_script(script: str, args: list[str], *, out: str | None, nproc_per_node:
     sys.path.insert(0, str(path.resolve().parent))
     code: int
     raised: str | None = None
-    State.in_process = True
+    State.in_process, State.own_process = True, own_process
     try:
         runpy.run_path(str(path), run_name="__main__")
         code = 0
@@ -87,7 +91,7 @@ def run_script(script: str, args: list[str], *, out: str | None, nproc_per_node:
         _print_script_traceback(e, str(path))
         raised, code = f"{type(e).__name__}: {e}", 1
     finally:
-        State.in_process = False
+        State.in_process = State.own_process = False
         sys.argv, sys.path[:] = saved_argv, saved_path
         restore_env(saved_env)
         if not was_installed:  # in-process callers (tests, notebooks) get their import system back

@@ -290,4 +290,4 @@ def _end_from_close(code: int) -> None:
     """End the program from the user's loop stopping early (:func:`stagebench.job._phase.end_from_close`)."""
     State.finished, State.code = True, code
     _end_ranks(code)
-    end_from_close(code, in_process=State.in_process)
+    end_from_close(code, in_process=State.in_process and not State.own_process)

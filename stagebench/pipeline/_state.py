@@ -39,6 +39,9 @@ class State:
     group: Any = None  # the host's ranks (core/_ranks.HostGroup) where a torchrun job runs several
     walk: Any = None  # a follower's walk of its pipeline (pipeline/_follow.Walk), for the job phase
     in_process = False  # run_script is running the script: it, not the interpreter's exit, ends the diagnosis
+    # the command itself runs the script (stagebench diagnose), not a test or notebook: the process may end with
+    # the diagnosis, as it does in diagnostic mode
+    own_process = False
     end_parent: int | None = None  # a multiprocessing.Pool worker diagnosed: the pid of the program to end
     claim: str | None = None  # that worker's claim on the diagnosis (a lock file), removed as it ends
 
