@@ -931,3 +931,24 @@ def test_a_duration_in_prose_is_in_milliseconds_below_a_second_and_in_seconds_fr
 
     assert fmt_ms(0.00456) == "4.56 ms" and fmt_ms(0.102) == "102 ms" and fmt_ms(1.1523) == "1.15 s"
     assert fmt_ms(7.04e-8) == "0.0704 µs" and fmt_ms(1e-7) == "0.0001 ms" and fmt_ms(0.0) == "0 ms"
+
+
+@pytest.mark.parametrize(
+    "kind, ms",
+    [("spin", {"gil_ms": 4.0, "wait_ms": 0.0}), ("sleep", {"gil_ms": 0.3, "wait_ms": 5.0})],
+)
+def test_two_ranks_read_each_ranks_time_per_item_not_the_hosts(kind, ms):
+    """A torchrun job's SPDL pipeline, 2 ranks: the rows' rates are the host's (the sum over the ranks), and
+    every time per item read off a rate (Little's law, 1/peak, a ceiling's 1/rate) was half a rank's. The
+    replay's stand-ins then ran twice as fast (1,413 items/s against a bound of 756), and a GIL share
+    divided by that time read high. Each rank runs its own pipeline, at its own rate, under its own GIL."""
+    one = model_rows(kind, **ms)
+    two = one.copy()
+    for col in ("qps", "qps_low", "qps_high", "cores_used"):
+        two[col] = two[col] * 2  # the host's: both ranks at once; CPU per item and latency as one rank's
+    two["ranks"] = 2
+    a, b = analyzed(one, cores=4), analyzed(two, cores=4)
+    assert b["stage_s_per_item"] == pytest.approx(a["stage_s_per_item"], rel=1e-9)
+    assert b["gil_fraction"] == pytest.approx(a["gil_fraction"], abs=1e-9)
+    assert b["classification"] == a["classification"]
+    assert b["recommended"]["qps"] == pytest.approx(2 * a["recommended"]["qps"])  # the host's rate, as shown

@@ -107,7 +107,7 @@ def harness_gil_s(ceiling: Point | SimpleNamespace | None) -> float:
     """
     if ceiling is None or not ceiling.qps > 0:
         return 0.0
-    wall = 1.0 / ceiling.qps
+    wall = getattr(ceiling, "lanes", 1.0) / ceiling.qps  # one rank's: each rank its own harness and GIL
     cpu = ceiling.cpu_s_per_item
     return min(wall, cpu) if finite(cpu) and cpu > 0 else wall
 
@@ -249,7 +249,7 @@ def _lowest(sr: StageRows, H: str, E: str, T: Curve) -> _Lowest:
     p0 = T.points[0]
     c0 = p0.concurrency
     ceil0 = sr.ceiling(H, E, c0)
-    lane = c0 / p0.qps  # seconds per item per lane (Little's law in a closed loop)
+    lane = c0 * p0.lanes / p0.qps  # seconds per item per lane (Little's law in a closed loop), one rank's
     t = lane - harness_gil_s(ceil0)  # the harness's own time per item is not the stage's
     p50 = p0.latency_p50_ms / 1e3 if finite(p0.latency_p50_ms) else math.nan
     if finite(p50) and p50 > 0 and t < min(p50, lane):
@@ -284,8 +284,9 @@ def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, _Signal], notes: list[
     p0, t = low.p0, low.t
     # the cores the threads wanted: under a CPU quota those it held back count (threads that queue for the
     # GIL want one core between them, whatever the quota lets them use)
-    top = max((p for p in T if finite(p.cores_used)), key=lambda p: p.cores_wanted, default=None)
-    u_max = top.cores_wanted if top is not None else math.nan
+    # one rank's process, where several ran at once: each its own GIL
+    top = max((p for p in T if finite(p.cores_used)), key=lambda p: p.rank_cores_wanted, default=None)
+    u_max = top.rank_cores_wanted if top is not None else math.nan
     gil_free = finite(u_max) and u_max > _GIL_FREE_CORES
     own = p0.call_cpu_ms / 1e3 if finite(p0.call_cpu_ms) else math.nan
     if not (finite(own) or finite(p0.cpu_s_per_item)):
@@ -302,11 +303,13 @@ def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, _Signal], notes: list[
         assert top is not None  # gil_free reads it
         role = "upper bound"
         held = top.cores_throttled
+        a_rank = " in each rank's process" if top.lanes > 1 else ""
         detail = (
-            f"threads used up to {u_max:.2f} cores, more than GIL-held work can: "
+            f"threads used up to {u_max:.2f} cores{a_rank}, more than GIL-held work can: "
             if not (finite(held) and held > 0)
-            else f"threads wanted {u_max:.2f} cores at concurrency {top.concurrency} ({top.cores_used:.2f} used, "
-            f"{held:.2f} more the CPU quota held back), more than GIL-held work can: "
+            else f"threads wanted {u_max:.2f} cores{a_rank} at concurrency {top.concurrency} "
+            f"({top.cores_used / top.lanes:.2f} used, {held / top.lanes:.2f} more the CPU quota held back), "
+            "more than GIL-held work can: "
         ) + "part of the CPU runs without the GIL, so this overstates the GIL share"
     else:
         role = "estimate"
@@ -334,7 +337,7 @@ def _cpu_share_for_load(low: _Lowest, share: _CpuShare, signals: dict[str, _Sign
     if low.harness == "direct" and ceil0 is not None and finite(ceil0.cores_used) and ceil0.cores_used > 0:
         # GIL-bound: at most one core at any concurrency; over the time the host left this VM, as the CPU
         # share it corrects already is (else the host's steal would be divided out twice)
-        avail = min(1.0, ceil0.cores_used / _host_left(ceil0))
+        avail = min(1.0, ceil0.cores_used / ceil0.lanes / _host_left(ceil0))  # a busy thread of one rank
     if not (finite(avail) and 0.2 <= avail < 0.95 and not share.gil_free):
         return
     # Only a correction: the load fluctuates between the two windows, and a
@@ -374,8 +377,9 @@ def _thread_plateau(
     h_m = harness_gil_s(sr.ceiling(low.harness, low.executor, pm.concurrency))
     # GIL time read at the plateau, at the lowest level's machine speed
     k_m = _slowdown(sr, low.harness, low.executor, pm, p0, share.value)
-    B = (1.0 / pm.qps - h_m) / low.t / k_m
-    B_lo, B_hi = (1.0 / pm.high - h_m) / low.t_hi / k_m, (1.0 / pm.low - h_m) / low.t_lo / k_m
+    r = pm.lanes  # a time per item off a rate is one rank's
+    B = (r / pm.qps - h_m) / low.t / k_m
+    B_lo, B_hi = (r / pm.high - h_m) / low.t_hi / k_m, (r / pm.low - h_m) / low.t_lo / k_m
     # Flattened: some level's whole interval lies well below linear scaling from
     # the lowest level (a noisy point that merely dips does not count).
     sublinear = any(p.high < _SUBLINEAR * p.concurrency * p0.qps / c0 for p in T.points[1:])
@@ -436,7 +440,7 @@ def _plateau_detail(
 
 def _cpu_share_at_plateau(share: _CpuShare, plateau: _Plateau, signals: dict[str, _Signal]) -> _Reading | None:
     """The ``cpu_share_at_plateau`` signal, when the GIL saturates the threads on at most about one core."""
-    u = plateau.peak.cores_used
+    u = plateau.peak.cores_used / plateau.peak.lanes  # one rank's process: its GIL's core
     if not (
         plateau.gil_saturated
         and finite(share.value)
@@ -480,8 +484,9 @@ def _threads_vs_processes(
     if faster and plateau.serializer != "other":
         k_c = _slowdown(sr, H, E, pt, low.p0, share.value)
         h_c = harness_gil_s(sr.ceiling(H, E, c))
-        imp = (1.0 / pt.qps - h_c) / t / k_c
-        imp_int = [(1.0 / pt.high - h_c) / low.t_hi / k_c, (1.0 / pt.low - h_c) / low.t_lo / k_c]
+        r = pt.lanes  # a time per item off a rate is one rank's
+        imp = (r / pt.qps - h_c) / t / k_c
+        imp_int = [(r / pt.high - h_c) / low.t_hi / k_c, (r / pt.low - h_c) / low.t_lo / k_c]
         est = _Reading(imp, imp_int[0], imp_int[1], "plateau")
         detail = (
             f"at concurrency {c} processes deliver {src.rate(pp.qps):,.0f} items/s, threads {src.rate(pt.qps):,.0f}: "
@@ -753,7 +758,7 @@ def estimate_gil(
     if multi:
         # Threads reached the peak, so per-item GIL time cannot exceed 1/peak (minus
         # the harness's share): a physical bound that holds even when t drifted.
-        g = min(g, max(0.0, 1.0 / plateau.peak.qps - plateau.harness_gil))
+        g = min(g, max(0.0, plateau.peak.lanes / plateau.peak.qps - plateau.harness_gil))
     return keyed(
         GilEstimate,
         fraction=point,

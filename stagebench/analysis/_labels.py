@@ -268,9 +268,10 @@ def _gil_busy_at_best(at: _AtBest) -> tuple[_Verdict | None, str | None]:
         return None, None
     rising = still_rising(at.sr.curve(at.harness, ex), src)
     h = harness_gil_s(at.sr.ceiling(at.harness, ex, c))
-    busy = bp.qps * (g + h)
+    busy = bp.qps / bp.lanes * (g + h)  # one rank's GIL: its rate, not the host's
+    rate = f"{src.q(bp.qps / bp.lanes)} items/s" + (" a rank" if bp.lanes > 1 else "")
     line = (
-        f"at {ex} concurrency {c}, {src.q(bp.qps)} items/s x ({src.ms(g)} of the stage's own Python + {src.ms(h)} "
+        f"at {ex} concurrency {c}, {rate} x ({src.ms(g)} of the stage's own Python + {src.ms(h)} "
         f"of the harness's) keeps the GIL {busy:.0%} busy"
     )
     at.signals["gil_busy_at_best"] = {
@@ -474,7 +475,7 @@ def nature(sr: StageRows, gil: GilEstimate, src: SourceItems = SourceItems()) ->
     p0 = curve.points[0]
     c0 = p0.concurrency
     ceil0 = sr.ceiling(H, E, c0)
-    h = c0 / ceil0.qps if ceil0 is not None and finite(ceil0.qps) and ceil0.qps > 0 else math.nan
+    h = c0 * ceil0.lanes / ceil0.qps if ceil0 is not None and finite(ceil0.qps) and ceil0.qps > 0 else math.nan
     own = p0.latency_p50_ms / 1e3 if finite(p0.latency_p50_ms) and p0.latency_p50_ms > 0 else float(t)
     if finite(h):
         signals["own_call_vs_harness"] = {

@@ -79,12 +79,26 @@ class Point:
     """The share of the CPUs' time the host took from this VM in the window (steal)."""
     cores_throttled: float = math.nan
     """The cores' worth of time the CPU quota held the process back in the window (NaN: no quota)."""
+    ranks: float = math.nan
+    """The host's ranks that ran the point at once (NaN: one process): its rates are their sum."""
+
+    @property
+    def lanes(self) -> float:
+        """What a rate of the point is divided by for one rank's (1 on one process): a time per item read off
+        a rate (Little's law, a ceiling's 1/rate) is one rank's, each rank a process and a GIL of its own,
+        and the host's rate is the sum over them."""
+        return self.ranks if finite(self.ranks) and self.ranks >= 1 else 1.0
 
     @property
     def cores_wanted(self) -> float:
         """The cores the point's threads and workers wanted: those used, and those a CPU quota held back."""
         held = self.cores_throttled
         return self.cores_used + (held if finite(held) else 0.0)
+
+    @property
+    def rank_cores_wanted(self) -> float:
+        """:attr:`cores_wanted` of one rank's process (the host's over :attr:`lanes`): what its one GIL allows."""
+        return self.cores_wanted / self.lanes
 
     @property
     def has_interval(self) -> bool:
