@@ -417,7 +417,7 @@ def _cores_finding(c: _Stage) -> _Found | None:
         "info" if not c.is_bn else "medium",
         f"{name} is limited by the cores" + (f": {c.cores_bound}" if c.cores_bound else ""),
         f"{_rate(rec, c.src)} at {rec.executor} x {rec.concurrency}"
-        + (f", {c.src.per_item(cpu) * 1e3:.3g} ms CPU per item" if cpu is not None and finite(cpu) else "")
+        + (f", {c.src.ms(cpu)} CPU per item" if cpu is not None and finite(cpu) else "")
         + (": a larger CPU limit" if c.cores_bound else ": more cores")
         + " or less work per item; more concurrency will not help",
         name,
@@ -516,8 +516,8 @@ def _gc_finding(st: StageEntry, is_bn: bool) -> _Found | None:
     name, share, src = st.name, gc_s / cpu, SourceItems(st.items_per_input)
     executor = alt.executor if "executor" in alt.keys else "thread"
     detail = (
-        f"the garbage collector ran {src.per_item(gc_s) * 1e3:.3g} ms per item during its {executor} "
-        f"points, {share:.0%} of its {src.per_item(cpu) * 1e3:.3g} ms of CPU per item, holding the GIL: the stage leaves "
+        f"the garbage collector ran {src.ms(gc_s)} per item during its {executor} "
+        f"points, {share:.0%} of its {src.ms(cpu)} of CPU per item, holding the GIL: the stage leaves "
         "container objects (lists, dicts, objects) behind often enough to trigger collections, and a full "
         "collection walks every object the process holds, so it costs more in a bigger process. Calling "
         "gc.freeze() once the model and data are set up (before the training loop) takes what exists then "

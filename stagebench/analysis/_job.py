@@ -259,8 +259,9 @@ def _seconds_per_round(job: JobRecord, keys: list[str]) -> float | None:
     return sum(known) if len(known) == len(keys) else None
 
 
-def _could_not_tell(d: Decision, job: JobRecord, label: Mapping[str, str]) -> str:
-    """The runs could not tell the rival from yours: the ratio, and what would settle it."""
+def _could_not_tell(d: Decision, job: JobRecord, label: Mapping[str, str], figs: Figures) -> str:
+    """The runs could not tell the rival from yours: the ratio, and what would settle it (``figs``: the figures
+    ``d`` was decided on)."""
     if d.rival is None:
         return ""
     x = d.versus_yours
@@ -286,7 +287,7 @@ def _could_not_tell(d: Decision, job: JobRecord, label: Mapping[str, str]) -> st
     more = d.rounds_more(x.rounds)
     if more is not None:
         # a round as the runs would go on: every setting still in them, as the stop's words count it (futile)
-        per = _seconds_per_round(job, contenders(job))
+        per = _seconds_per_round(job, _contenders_of(d, job, figs))
         said += (
             f"; about {more} more round{'s' if more != 1 else ''}"
             + (f" (~{more * per:.0f} s, STAGEBENCH_JOB_S)" if per else "")
@@ -367,7 +368,7 @@ def decide_job(job: JobRecord | None, trainer: StepAlone | None, *, unit: str = 
         )
     text = v.headline() + f", {v.p.data_wait_share:.0%} of each step waiting for data; {bound_text}"
     if d.advice == "keep yours" and d.rival is not None:
-        text += "; " + _could_not_tell(d, job, label)
+        text += "; " + _could_not_tell(d, job, label, figs)
     if bound == "data-bound" or (v.p.data_wait_share or 0.0) >= SHOWN_WAIT:
         # whatever the bound, a verdict that says its pick waits names the settings that waited far less
         text += v.calmer(text)
@@ -465,7 +466,7 @@ class _Verdict:
                 f"and within {1 - EQUIVALENT:.0%}"
             )
             return f"your setting ran your job at {_rate(p, unit)}; " + (
-                _could_not_tell(d, self.job, self.label) or nothing
+                _could_not_tell(d, self.job, self.label, self.ran) or nothing
             )
         if d.advice == "cheaper":
             return (
