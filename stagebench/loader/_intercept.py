@@ -309,7 +309,7 @@ def _from_template(
     )
 
 
-#: calling frames outside stagebench and torch searched for the name of the user's own sampler or collate_fn
+#: calling frames outside stagebench and torch searched for the name of the user's own dataset, sampler or collate_fn
 _USER_FRAMES = 8
 
 

@@ -350,8 +350,7 @@ def _adaptive(sw: _Sweep, levels: tuple[int, ...]) -> list[str]:
     _in_turns(sw, cfg.yours)
     # the pick as the summary makes it, yours kept where the turns did not show another better: the stall and
     # the memory pass run there (ImageNet --dummy's ran at 4 workers, then the memory pass again at yours, 2)
-    meta_user = _user_meta(cfg.yours, sw)
-    mine = user_point(sw.rows, meta_user) if meta_user is not None else None
+    mine = _yours_point(sw, cfg.yours)
     rec = recommend(sw.rows, budget_mb=budget_mb, within_best=cfg.within_best, user=mine, max_rounds=cfg.tie_rounds)
     if cfg.stall_at == "every":  # the protocol before: persistence measured as a point, then pinning
         if rec is not None and rec.num_workers > 0 and sw.backend != "spdl_pytorch" and True in cfg.persistent_workers:
@@ -406,10 +405,9 @@ def _in_turns(sw: _Sweep, user: LoaderKnobs | None) -> None:
     cfg = sw.cfg
     if cfg.tie_rounds <= 0:
         return
-    meta_user = _user_meta(user, sw)
 
     def next_settings() -> list[LoaderKnobs]:
-        mine = user_point(sw.rows, meta_user) if meta_user else None
+        mine = _yours_point(sw, user)
         todo = [
             p.knobs
             for p in turns_to_run(
@@ -495,10 +493,12 @@ def _worker_costs(sw: _Sweep, meta: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _user_meta(user: LoaderKnobs | None, sw: _Sweep) -> RunMeta | None:
-    """What the pick reads of the run before run.json holds it: the script's own setting, the backend, CUDA."""
+def _yours_point(sw: _Sweep, user: LoaderKnobs | None) -> LoaderRow | None:
+    """The point measured at the script's own setting so far, read as the summary will read it (before run.json
+    holds the setting: the backend and CUDA decide which knobs apply); None without a setting of yours."""
     if user is None:
         return None
-    return RunMeta.from_json(
+    meta = RunMeta.from_json(
         {"loader": {"user_knobs": asdict(user), "backend": sw.backend}, "settings": {"cuda": sw.cuda}}
     )
+    return user_point(sw.rows, meta)
