@@ -1077,6 +1077,19 @@ def test_a_new_loaders_workers_fork_only_once_a_suspended_loader_finished_its_ba
             _teardown(b, hung=False)
 
 
+#: a search of two levels in short windows, one prefetch factor, a short memory pass: what the tests of where
+#: the search measures what need, not figures
+_SHORT = dict(
+    prefetch_factors=(2,),
+    budget_s=0.3,
+    min_window_s=0.1,
+    warmup_s=0.1,
+    min_batches=4,
+    memory_pass_s=0.3,
+    transforms=False,
+)
+
+
 class _Stream(IterableDataset):
     """A stream that never ends (a loader with no length and no epoch end); 1 ms of waiting an item, so that two
     workers deliver about twice what none does, on any core count."""
@@ -1093,18 +1106,7 @@ def test_a_stream_that_never_ends_waits_for_one_epoch_end_not_two(tmp_path):
     """An IterableDataset script's search spent 10 s of its 18 waiting for an epoch end twice: at the pick,
     then again with persistent_workers=True, where no epoch ends either."""
     f = make_loader_factory(_Stream(), batch_size=8)
-    cfg = LoaderSweepConfig(
-        num_workers=(0, 2),
-        prefetch_factors=(2,),
-        budget_s=0.3,
-        min_window_s=0.1,
-        warmup_s=0.1,
-        min_batches=4,
-        tie_rounds=1,
-        memory_pass_s=0.3,
-        stall_wait_s=0.5,
-        transforms=False,
-    )
+    cfg = LoaderSweepConfig(num_workers=(0, 2), tie_rounds=1, stall_wait_s=0.5, **_SHORT)
     run_loader_sweep(f, name="stream", backend="torch", batch_size=8, run_dir=tmp_path / "r", config=cfg)
     df = pd.read_csv(tmp_path / "r" / "results.csv")
     stalls = df[df["search_phase"] == "epoch_stall"]
@@ -1115,17 +1117,8 @@ def test_a_stream_that_never_ends_waits_for_one_epoch_end_not_two(tmp_path):
 def test_the_stall_and_the_memory_pass_run_at_the_pick_the_summary_makes_yours_kept(tmp_path):
     """ImageNet --dummy (yours 2 workers, kept: 4 not shown faster in turns): the stall and the memory pass ran
     at 4 workers, the search's own pick, which knew nothing of yours; the memory pass then ran again at 2."""
-    cfg = LoaderSweepConfig(
-        num_workers=(1, 2),
-        prefetch_factors=(2,),
-        budget_s=0.3,
-        min_window_s=0.1,
-        warmup_s=0.1,
-        min_batches=4,
-        tie_rounds=0,  # no turns: readings apart decide nothing, and yours is kept
-        memory_pass_s=0.3,
-        transforms=False,
-    )
+    # no turns: readings apart decide nothing, and yours is kept
+    cfg = LoaderSweepConfig(num_workers=(1, 2), tie_rounds=0, **_SHORT)
     ds = SleepDataset(n=256, d=0.002)
     s = sweep_dataset(ds, batch_size=4, num_workers=1, prefetch_factor=2, run_dir=tmp_path / "r", config=cfg)
     df = pd.read_csv(tmp_path / "r" / "results.csv")
