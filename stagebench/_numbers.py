@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["finite", "num", "num_or_none", "fmt_q", "fmt_ms", "fmt_share_of", "fmt_above", "SourceItems"]
+__all__ = ["finite", "num", "num_or_none", "fmt_q", "fmt_ms", "fmt_share_of", "fmt_above", "fmt_cores", "SourceItems"]
 
 
 def finite(*xs: Any) -> bool:
@@ -44,6 +44,11 @@ def fmt_ms(s: float) -> str:
     if s >= 1:
         return f"{s:.3g} s"
     return f"{s * 1e6:.3g} µs" if 0 < s < 1e-7 else f"{s * 1e3:.3g} ms"
+
+
+def fmt_cores(n: float) -> str:
+    """``1 core``, ``2 cores``, ``1.5 cores``: a count of cores in prose (a 1-CPU quota reads "on 1 core")."""
+    return f"{n:g} core{'' if n == 1 else 's'}"
 
 
 def fmt_share_of(share: float) -> str:

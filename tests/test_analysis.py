@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from _rows import analyzed, model_rows, row
 
-from stagebench._numbers import fmt_ms, fmt_q
+from stagebench._numbers import fmt_cores, fmt_ms, fmt_q
 from stagebench.analysis._findings import build_findings
 from stagebench.analysis._labels import CLASSIFICATIONS
 from stagebench.analysis._pipeline import summarize
@@ -931,6 +931,7 @@ def test_a_duration_in_prose_is_in_milliseconds_below_a_second_and_in_seconds_fr
 
     assert fmt_ms(0.00456) == "4.56 ms" and fmt_ms(0.102) == "102 ms" and fmt_ms(1.1523) == "1.15 s"
     assert fmt_ms(7.04e-8) == "0.0704 µs" and fmt_ms(1e-7) == "0.0001 ms" and fmt_ms(0.0) == "0 ms"
+    assert fmt_cores(1.0) == "1 core" and fmt_cores(2.0) == "2 cores" and fmt_cores(1.5) == "1.5 cores"
 
 
 @pytest.mark.parametrize(

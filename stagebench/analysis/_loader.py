@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from stagebench._numbers import finite, num
+from stagebench._numbers import finite, fmt_cores, num
 from stagebench._settings import DEMAND_HEADROOM, LOADER_TIE_ROUNDS
 from stagebench.analysis._job import decide_job
 from stagebench.analysis._kind import job_keys, summary_head
@@ -282,7 +282,7 @@ def _per_rank(rec: LoaderRow | None, ranks: float, cores: float) -> str:
     if rec is None or not math.isfinite(ranks) or ranks <= 1:
         return ""
     n, nw = int(ranks), int(rec.num_workers)
-    on = f" on {cores:g} cores" if math.isfinite(cores) else ""
+    on = f" on {fmt_cores(cores)}" if math.isfinite(cores) else ""
     workers = f"{n} ranks x {nw} worker{'' if nw == 1 else 's'} = {n * nw} worker processes{on}"
     if nw == 0:
         workers = f"{n} ranks, each loading in its own process{on}"

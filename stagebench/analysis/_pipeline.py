@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from stagebench._numbers import finite, num, num_or_none
+from stagebench._numbers import finite, fmt_cores, num, num_or_none
 from stagebench.analysis._findings import build_findings
 from stagebench.analysis._fused import unfuse
 from stagebench.analysis._gil import harness_gil_s
@@ -260,7 +260,7 @@ def _per_rank(ranks: int, cores: float) -> str:
     if ranks <= 1:
         return ""
     return (
-        f"; the settings are each rank's pipeline's: {ranks} ranks run one each on {cores:g} cores, and items/s "
+        f"; the settings are each rank's pipeline's: {ranks} ranks run one each on {fmt_cores(cores)}, and items/s "
         "are the host's, every rank's pipeline at once"
     )
 
