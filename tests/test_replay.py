@@ -190,6 +190,21 @@ def test_a_stand_in_releases_the_gil_as_often_as_the_probe_read_less_its_own_sle
     assert plan_stand_ins([proc])["s"].releases == 1
 
 
+def test_a_stage_the_probe_saw_never_release_the_gil_holds_it_for_all_its_cpu_in_its_stand_in():
+    """A pure-Python stage reads a GIL share of 95%, not 100%, and no release a call: the 5% is not work
+    done without the GIL, and a stand-in that did it so would take the GIL back once a call."""
+    st = _stage(t=0.6e-3, frac=0.95, cpu=0.6e-3, harness=0.0, concurrency=1)
+    st["gil"] = {"releases_per_call": 0.0}
+    s = plan_stand_ins([st])["s"]
+    assert (s.gil_s, s.free_s) == (pytest.approx(0.6e-3), 0.0)
+    assert "no GIL release probed" in s.note
+    # any release probed (a lower bound), or none read: the GIL-free share stays GIL-free
+    for read in ({"releases_per_call": 1.0}, {"releases_per_call": 0.2}, None):
+        st["gil"] = read
+        s = plan_stand_ins([st])["s"]
+        assert s.free_s == pytest.approx(0.03e-3) and s.gil_s == pytest.approx(0.57e-3)
+
+
 def test_a_stand_in_does_its_work_in_as_many_gil_releases_as_it_can():
     from stagebench.pipeline._replay import _HASH_MIN_BYTES, _Work
 
