@@ -46,11 +46,13 @@ def job_label(run_dir: Path, label: str | None = None) -> str:
     """A name for a run: its own ``label`` (run.json's), the job's label, its Hydra overrides, or the
     folder name."""
     run_dir = Path(run_dir)
-    st = job_status(run_dir)
-    if label or st.get("label"):
-        return str(label or st["label"])
-    items = job_overrides(run_dir)
-    return ", ".join(items) if items else run_dir.name
+    own = label or job_status(run_dir).get("label")
+    return str(own) if own else _by_overrides(run_dir, job_overrides(run_dir))
+
+
+def _by_overrides(run_dir: Path, overrides: list[str]) -> str:
+    """A run's name without a label of its own: its Hydra overrides, or its folder's name."""
+    return ", ".join(overrides) if overrides else run_dir.name
 
 
 def short_labels(run_dirs: Sequence[Path], labels: Sequence[str | None]) -> list[str]:
@@ -61,12 +63,14 @@ def short_labels(run_dirs: Sequence[Path], labels: Sequence[str | None]) -> list
     parsed = [{k: v for k, _, v in (o.partition("=") for o in ov)} for ov in overrides]
     differ = [k for k in dict.fromkeys(k for p in parsed for k in p) if len({p.get(k) for p in parsed}) > 1]
     out = []
-    for d, label, p in zip(run_dirs, labels, parsed):
+    for d, label, ov, p in zip(run_dirs, labels, overrides, parsed):
         own = label or job_status(Path(d)).get("label")
-        if not own and p and differ and len(run_dirs) > 1:
+        if own:
+            out.append(str(own))
+        elif p and differ and len(run_dirs) > 1:
             out.append(", ".join(f"{k}={p[k]}" for k in differ if k in p))
         else:
-            out.append(job_label(Path(d), label))
+            out.append(_by_overrides(Path(d), ov))
     return out
 
 
