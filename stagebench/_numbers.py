@@ -37,13 +37,15 @@ def fmt_q(q: float) -> str:
     return f"{q:,.0f}" if q >= 10 else f"{q:.3g}"
 
 
-def fmt_ms(s: float) -> str:
+def fmt_ms(s: float, *, unit_of: float | None = None) -> str:
     """A duration in prose: ``4.56 ms``; from a second up, in seconds (``1.15 s``, not ``1.15e+03 ms``); under
-    0.1 µs, where ``.3g`` writes an exponent, in microseconds (``0.0704 µs``, not ``7.04e-05 ms``: a grouped
-    stage's call over its items)."""
-    if s >= 1:
+    10 µs, in microseconds (``0.3 µs``, not ``0.0003 ms``; ``0.0704 µs``, not ``7.04e-05 ms``: a harness's cost
+    per item, a grouped stage's call over its items). ``unit_of``: the duration whose unit this one takes, so
+    that two set side by side in a sentence read in one unit (``0.3 µs ... less than the 24.3 µs``)."""
+    u = s if unit_of is None else unit_of
+    if u >= 1:
         return f"{s:.3g} s"
-    return f"{s * 1e6:.3g} µs" if 0 < s < 1e-7 else f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} µs" if 0 < u < 1e-5 else f"{s * 1e3:.3g} ms"
 
 
 def fmt_cores(n: float) -> str:
@@ -90,9 +92,10 @@ class SourceItems:
         """A rate per call in prose, in source items/s (:func:`fmt_q`)."""
         return fmt_q(self.rate(per_call))
 
-    def ms(self, per_call: Any) -> str:
-        """A time per call in prose, per source item (:func:`fmt_ms`)."""
-        return fmt_ms(self.per_item(per_call))
+    def ms(self, per_call: Any, *, unit_of: Any = None) -> str:
+        """A time per call in prose, per source item (:func:`fmt_ms`), in the unit of ``unit_of`` (per call too)
+        where given."""
+        return fmt_ms(self.per_item(per_call), unit_of=None if unit_of is None else self.per_item(unit_of))
 
     @property
     def grouped(self) -> bool:

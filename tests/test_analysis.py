@@ -161,7 +161,7 @@ def test_a_stage_that_computes_a_little_next_to_a_costly_harness_is_overhead_bou
         st = analyzed(rows, cores=2, gil_probe=probe)
         assert st["classification"] == "overhead-bound", st["evidence"]["summary"]
         # its own call (0.18 us) is shorter than the direct harness's no-op per item (0.49 us)
-        assert "its own call takes 0.00018 ms per item, less than the 0.000491 ms" in st["evidence"]["summary"][0]
+        assert "its own call takes 0.18 µs per item, less than the 0.491 µs" in st["evidence"]["summary"][0]
     # a stage that waits with as few cores of its own stays io-bound (the sleep through SPDL below)
 
 
@@ -239,7 +239,7 @@ def test_a_probe_that_reads_pure_python_says_the_stage_computes_where_its_cpu_sh
     )
     st = analyzed(rows, cores=2, gil_probe={"share": 0.97, "low": 0.85, "high": 1.0})
     assert st["classification"] == "overhead-bound", st["evidence"]["summary"]
-    assert "its own call takes 0.00012 ms per item, less than" in st["evidence"]["summary"][0]
+    assert "its own call takes 0.12 µs per item, less than" in st["evidence"]["summary"][0]
     # its call is shorter than the harness's no-op, whatever the probe or the CPU share (0.42, noise at 0.12 us)
     # read: it was called "io-bound, it waits" on the CPU share alone
     for probe in (None, {"share": 0.05, "low": 0.0, "high": 0.1}):
@@ -930,8 +930,21 @@ def test_a_duration_in_prose_is_in_milliseconds_below_a_second_and_in_seconds_fr
     from stagebench._numbers import fmt_ms
 
     assert fmt_ms(0.00456) == "4.56 ms" and fmt_ms(0.102) == "102 ms" and fmt_ms(1.1523) == "1.15 s"
-    assert fmt_ms(7.04e-8) == "0.0704 µs" and fmt_ms(1e-7) == "0.0001 ms" and fmt_ms(0.0) == "0 ms"
+    assert fmt_ms(7.04e-8) == "0.0704 µs" and fmt_ms(3e-7) == "0.3 µs" and fmt_ms(0.0) == "0 ms"
+    assert fmt_ms(9.9e-6) == "9.9 µs" and fmt_ms(1e-5) == "0.01 ms"
     assert fmt_cores(1.0) == "1 core" and fmt_cores(2.0) == "2 cores" and fmt_cores(1.5) == "1.5 cores"
+    # two durations set side by side read in one unit: "0.3 µs ... less than the 24.3 µs", not "0.0243 ms"
+    assert fmt_ms(24.3e-6, unit_of=3e-7) == "24.3 µs" and fmt_ms(0.5, unit_of=2.0) == "0.5 s"
+
+
+def test_an_overhead_bound_stage_gives_its_call_and_the_harness_in_one_unit():
+    """A grouped stage's call over its 16 items (0.05 µs) beside the harness's no-op (24.3 µs an item)."""
+    from stagebench._numbers import SourceItems
+
+    src = SourceItems(16.0)
+    own, h = 0.8e-6, 388.8e-6  # per call
+    assert (src.ms(own), src.ms(h, unit_of=own)) == ("0.05 µs", "24.3 µs")
+    assert src.ms(h) == "0.0243 ms"
 
 
 @pytest.mark.parametrize(

@@ -489,7 +489,7 @@ def nature(sr: StageRows, gil: GilEstimate, src: SourceItems = SourceItems()) ->
             return (
                 "overhead-bound",
                 [
-                    f"its own call takes {src.ms(own)} per item, less than the {src.ms(h)} the {H} harness spends "
+                    f"its own call takes {src.ms(own)} per item, less than the {src.ms(h, unit_of=own)} the {H} harness spends "
                     f"per item on a no-op ({E} concurrency {c0}): scheduling an item costs more than the stage"
                 ],
                 signals,
