@@ -190,6 +190,18 @@ def test_a_stand_in_releases_the_gil_as_often_as_the_probe_read_less_its_own_sle
     assert plan_stand_ins([proc])["s"].releases == 1
 
 
+def test_a_stand_in_runs_the_probed_loop_in_runs_no_longer_than_the_probe_s(monkeypatch):
+    """The probe times 20,000 iterations; one run of 88,000 costs more per iteration (its sum outgrows a
+    one-digit int), and a 1.5 ms stand-in ran 1.07x the CPU of the same loop it was built from."""
+    from stagebench.core import _speed
+    from stagebench.pipeline import _replay
+
+    runs: list[int] = []
+    monkeypatch.setattr(_speed, "speed_loop", lambda n: runs.append(n) or 0)
+    _replay._Work(gil_s=88_000 * 17e-9, free_s=0.0, speed_ns=17.0)()
+    assert sum(runs) == 88_000 and max(runs) == _speed._LOOPS
+
+
 def test_a_stage_the_probe_saw_never_release_the_gil_holds_it_for_all_its_cpu_in_its_stand_in():
     """A pure-Python stage reads a GIL share of 95%, not 100%, and no release a call: the 5% is not work
     done without the GIL, and a stand-in that did it so would take the GIL back once a call."""

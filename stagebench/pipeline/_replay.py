@@ -27,8 +27,9 @@ replay is a prediction, which the validation run checks.
 
 A stand-in does a fixed amount of *work*, not a fixed CPU time: a shared host's cores change speed in
 phases of seconds, and a fixed CPU time would do less work in a slow phase than the stage did. So its
-GIL-held part is iterations of the speed probe's loop (:mod:`stagebench.core._speed`) and its GIL-free
-part bytes of SHA-256, both at the sweep's speed; without a speed probed, it spins for the CPU time.
+GIL-held part is iterations of the speed probe's loop, in runs of the probe's length so that each costs
+what the probe read (:func:`stagebench.core._speed.speed_work`), and its GIL-free part bytes of SHA-256,
+both at the sweep's speed; without a speed probed, it spins for the CPU time.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from stagebench._numbers import num_or_none
-from stagebench.core._speed import cpu_speed_ns, speed_loop
+from stagebench.core._speed import cpu_speed_ns, speed_work
 from stagebench.model._stage import StageEntry, StageSetting
 
 __all__ = ["StandIn", "plan_stand_ins"]
@@ -141,7 +142,7 @@ class _Work:
         loops, gil_s, nbytes = self._piece
         for _ in range(self.pieces):
             if loops:
-                speed_loop(loops)
+                speed_work(loops)
             elif gil_s > 0:
                 _spin(gil_s)
             if nbytes:
