@@ -105,9 +105,9 @@ class _Point:
     mem: float | None
 
 
-def _point_rows(rows: pd.DataFrame, stage: StageEntry) -> list[_Point]:
+def _point_rows(rows: pd.DataFrame, src: SourceItems) -> list[_Point]:
     """The stage's measured points, the numbers behind its two figures: throughput in source items/s
-    (the card's unit), cores used, latency and memory."""
+    (``src``, the card's unit), cores used, latency and memory."""
     if rows.empty or not {"role", "status", "qps"} <= set(rows.columns):
         return []
     ok = rows[(rows["role"].astype(str) == "stage") & (rows["status"].astype(str) == "ok")]
@@ -117,7 +117,6 @@ def _point_rows(rows: pd.DataFrame, stage: StageEntry) -> list[_Point]:
         if "mem_pss_mb" in ok and pd.to_numeric(ok["mem_pss_mb"], errors="coerce").notna().any()
         else "mem_peak_mb"
     )
-    src = SourceItems(stage.items_per_input)
     return [
         _Point(
             executor=cell(r.get("executor")),
@@ -135,11 +134,10 @@ def _point_rows(rows: pd.DataFrame, stage: StageEntry) -> list[_Point]:
     ]
 
 
-def _in_items(point: StageSetting | None, stage: StageEntry) -> StageSetting:
+def _in_items(point: StageSetting | None, src: SourceItems) -> StageSetting:
     """A setting with its throughputs in source items/s (an empty setting where there is none)."""
     if point is None:
         return StageSetting()
-    src = SourceItems(stage.items_per_input)
     return replace(point, qps=src.rate(point.qps), qps_low=src.rate(point.qps_low), qps_high=src.rate(point.qps_high))
 
 
@@ -169,8 +167,8 @@ def stage_cards(
         cls = st.classification or "unknown"
         ev = st.evidence
         gi = st.gil_fraction_interval or (None, None)
-        points = _point_rows(sub, st)
         src = SourceItems(st.items_per_input)
+        points = _point_rows(sub, src)
         cards.append(
             {
                 "anchor": f"{anchor}-{i}",
@@ -194,12 +192,12 @@ def stage_cards(
                 "signals": _signal_items(ev.signals),
                 "fits": _fit_items(st.fit),
                 # source items/s, the unit of the bounds and the pipeline lines; calls/s as a side note
-                "rec": _in_items(st.recommended, st),
+                "rec": _in_items(st.recommended, src),
                 "yours": user_setting(st),
-                "best": _in_items(st.best, st),
+                "best": _in_items(st.best, src),
                 "ceiling": src.rate(st.ceiling_qps),
                 # measured at the stage's own best setting, where the pipeline's choice differs
-                "alone": _in_items(st.recommended_alone, st) if st.recommended_alone is not None else None,
+                "alone": _in_items(st.recommended_alone, src) if st.recommended_alone is not None else None,
                 "alone_unpaired": st.head_to_head_skipped if st.recommended_alone is not None else None,
                 "items_per_call": num_or_none(st.items_per_input) if "items_per_input" in st.keys else None,
                 "calls_qps": st.recommended.qps if st.recommended is not None else None,
