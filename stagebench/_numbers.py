@@ -9,7 +9,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["finite", "num", "num_or_none", "fmt_q", "fmt_ms", "fmt_share_of", "fmt_above", "fmt_cores", "SourceItems"]
+__all__ = [
+    "finite",
+    "num",
+    "num_or_none",
+    "fmt_q",
+    "fmt_ms",
+    "fmt_ms_each",
+    "fmt_share_of",
+    "fmt_above",
+    "fmt_cores",
+    "SourceItems",
+]
 
 
 def finite(*xs: Any) -> bool:
@@ -40,12 +51,24 @@ def fmt_q(q: float) -> str:
 def fmt_ms(s: float, *, unit_of: float | None = None) -> str:
     """A duration in prose: ``4.56 ms``; from a second up, in seconds (``1.15 s``, not ``1.15e+03 ms``); under
     10 µs, in microseconds (``0.3 µs``, not ``0.0003 ms``; ``0.0704 µs``, not ``7.04e-05 ms``: a harness's cost
-    per item, a grouped stage's call over its items). ``unit_of``: the duration whose unit this one takes, so
-    that two set side by side in a sentence read in one unit (``0.3 µs ... less than the 24.3 µs``)."""
+    per item, a grouped stage's call over its items). ``unit_of``: the duration whose unit this one takes
+    (:func:`fmt_ms_each`)."""
     u = s if unit_of is None else unit_of
     if u >= 1:
         return f"{s:.3g} s"
     return f"{s * 1e6:.3g} µs" if 0 < u < 1e-5 else f"{s * 1e3:.3g} ms"
+
+
+def fmt_ms_each(*xs: float) -> list[str]:
+    """Durations set side by side in one sentence, in one unit: :func:`fmt_ms`'s for the smallest above 0, so
+    long as the largest reads there without an exponent (``2.01 µs ... and 254 µs``, not ``2.01 µs ... and
+    0.254 ms``); in ms where the largest is a millisecond or more; each its own from a second up."""
+    pos = [x for x in xs if finite(x) and x > 0]
+    if not pos or max(pos) >= 1:
+        return [fmt_ms(x) for x in xs]
+    lo = min(pos)
+    unit = lo if max(pos) < 9.995e-4 else max(lo, 1e-5)  # 999.5 µs reads "1e+03 µs"
+    return [fmt_ms(x, unit_of=unit) for x in xs]
 
 
 def fmt_cores(n: float) -> str:
@@ -92,10 +115,13 @@ class SourceItems:
         """A rate per call in prose, in source items/s (:func:`fmt_q`)."""
         return fmt_q(self.rate(per_call))
 
-    def ms(self, per_call: Any, *, unit_of: Any = None) -> str:
-        """A time per call in prose, per source item (:func:`fmt_ms`), in the unit of ``unit_of`` (per call too)
-        where given."""
-        return fmt_ms(self.per_item(per_call), unit_of=None if unit_of is None else self.per_item(unit_of))
+    def ms(self, per_call: Any) -> str:
+        """A time per call in prose, per source item (:func:`fmt_ms`)."""
+        return fmt_ms(self.per_item(per_call))
+
+    def ms_each(self, *per_call: Any) -> list[str]:
+        """Times per call set side by side in one sentence, per source item, in one unit (:func:`fmt_ms_each`)."""
+        return fmt_ms_each(*(self.per_item(x) for x in per_call))
 
     @property
     def grouped(self) -> bool:

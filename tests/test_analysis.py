@@ -937,13 +937,23 @@ def test_a_duration_in_prose_is_in_milliseconds_below_a_second_and_in_seconds_fr
     assert fmt_ms(24.3e-6, unit_of=3e-7) == "24.3 µs" and fmt_ms(0.5, unit_of=2.0) == "0.5 s"
 
 
-def test_an_overhead_bound_stage_gives_its_call_and_the_harness_in_one_unit():
-    """A grouped stage's call over its 16 items (0.05 µs) beside the harness's no-op (24.3 µs an item)."""
-    from stagebench._numbers import SourceItems
+def test_durations_in_one_sentence_read_in_one_unit():
+    """SPDL's pipeline_definitions: "one item needs 0.256 ms of the main process's GIL: 2.01 µs of its stages'
+    own Python (normalize_to_lists 1.27 µs, disaggregate 0.734 µs) and 0.254 ms of the pipeline's own
+    scheduling": the sum in µs and ms at once."""
+    from stagebench._numbers import SourceItems, fmt_ms_each
 
+    assert fmt_ms_each(256e-6, 2.01e-6, 0.734e-6, 254e-6) == ["256 µs", "2.01 µs", "0.734 µs", "254 µs"]
+    # the largest a millisecond or more: ms throughout, not "1.2e+03 µs"
+    assert fmt_ms_each(5e-6, 1.2e-3) == ["0.005 ms", "1.2 ms"]
+    assert fmt_ms_each(50e-6, 500e-6) == ["0.05 ms", "0.5 ms"]
+    # at a second and up each its own; zeros and NaN take no part in the choice
+    assert fmt_ms_each(1.5, 0.02) == ["1.5 s", "20 ms"]
+    assert fmt_ms_each(0.0, 3e-6, math.nan) == ["0 µs", "3 µs", "nan µs"]
+    # a grouped stage's call over its 16 items (0.05 µs) beside the harness's no-op (24.3 µs an item)
     src = SourceItems(16.0)
     own, h = 0.8e-6, 388.8e-6  # per call
-    assert (src.ms(own), src.ms(h, unit_of=own)) == ("0.05 µs", "24.3 µs")
+    assert src.ms_each(own, h) == ["0.05 µs", "24.3 µs"]
     assert src.ms(h) == "0.0243 ms"
 
 

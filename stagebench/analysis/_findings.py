@@ -515,9 +515,10 @@ def _gc_finding(st: StageEntry, is_bn: bool) -> _Found | None:
         return None
     name, share, src = st.name, gc_s / cpu, SourceItems(st.items_per_input)
     executor = alt.executor if "executor" in alt.keys else "thread"
+    collected, on_cpu = src.ms_each(gc_s, cpu)
     detail = (
-        f"the garbage collector ran {src.ms(gc_s)} per item during its {executor} "
-        f"points, {share:.0%} of its {src.ms(cpu)} of CPU per item, holding the GIL: the stage leaves "
+        f"the garbage collector ran {collected} per item during its {executor} "
+        f"points, {share:.0%} of its {on_cpu} of CPU per item, holding the GIL: the stage leaves "
         "container objects (lists, dicts, objects) behind often enough to trigger collections, and a full "
         "collection walks every object the process holds, so it costs more in a bigger process. Calling "
         "gc.freeze() once the model and data are set up (before the training loop) takes what exists then "

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from stagebench._numbers import finite, fmt_ms, num
+from stagebench._numbers import finite, fmt_ms_each, num
 from stagebench.model._meta import RunMeta
 from stagebench.model._stage import StageEntry, StageSetting, changed
 
@@ -74,7 +74,7 @@ def unfuse(stages: list[StageEntry], meta: RunMeta) -> list[str]:
         cpu = num(e.cpu_s_per_item)
         said = (
             f"measured fused with {', '.join(chain)} (it consumes its inputs): their work alone "
-            f"({fmt_ms(t_chain)} and {fmt_ms(cpu_chain)} of CPU per call) is taken out of its figures, so that "
+            f"({' and '.join(fmt_ms_each(t_chain, cpu_chain))} of CPU per call) is taken out of its figures, so that "
             "the pipeline's bounds and replay count it once"
         )
         # every measured setting loses the chain's time per call and its CPU; the ceiling is the harness's: kept

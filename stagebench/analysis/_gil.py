@@ -313,7 +313,8 @@ def _cpu_share(T: Curve, low: _Lowest, signals: dict[str, _Signal], notes: list[
         ) + "part of the CPU runs without the GIL, so this overstates the GIL share"
     else:
         role = "estimate"
-        detail = f"{src.ms(cpu)} CPU in {src.ms(t)} per item at {low.executor} concurrency {low.c0}"
+        on_cpu, per_item = src.ms_each(cpu, t)
+        detail = f"{on_cpu} CPU in {per_item} per item at {low.executor} concurrency {low.c0}"
     left = _host_left(p0)
     if left < 1:
         A, A_lo, A_hi = (min(1.0, x / left) for x in (A, A_lo, A_hi))

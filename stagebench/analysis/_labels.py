@@ -201,11 +201,12 @@ def _large_payload(at: _AtBest) -> _Verdict | None:
     ipc_cpu = at.bp.cpu_s_per_item - pt.cpu_s_per_item
     src = at.src
     if ipc_cpu > pt.cpu_s_per_item:
+        ipc, work = src.ms_each(ipc_cpu, pt.cpu_s_per_item)
         return (
             "ipc-bound",
             [
                 f"each item moves {src.per_item(payload) / 1024:,.0f} KiB between processes; that costs "
-                f"{src.ms(ipc_cpu)} of CPU per item, more than the work itself ({src.ms(pt.cpu_s_per_item)} on threads)"
+                f"{ipc} of CPU per item, more than the work itself ({work} on threads)"
             ],
         )
     return None
@@ -233,18 +234,19 @@ def _gil_flattens(at: _AtBest) -> _Verdict | None:
             "label": f"share of the time the GIL is held where the {gil.executor}s flatten (concurrency "
             f"{tb.concurrency}): throughput x the stage's own GIL time per item",
         }
+    g_own = gil.gil_s_per_item
+    h = harness_gil_s(at.sr.ceiling(gil.harness or harness, gil.executor or "thread", tb.concurrency))
+    held, whole, by_harness = src.ms_each(num(gil.gil_s_per_item), num(gil.stage_s_per_item), h)
     lines = [
         f"{gil.executor}s flatten at {src.q(tb.qps)} items/s (concurrency {tb.concurrency}, "
         f"{tb.cores_used:.2f} of {at.cores} cores): the stage holds the GIL about {f:.0%} of each item "
-        f"({src.ms(num(gil.gil_s_per_item))} of {src.ms(num(gil.stage_s_per_item))})"
+        f"({held} of {whole})"
     ]
-    g_own = gil.gil_s_per_item
-    h = harness_gil_s(at.sr.ceiling(gil.harness or harness, gil.executor or "thread", tb.concurrency))
     if g_own is not None and h > 0 and g_own < _OWN_GIL_SHARE * h:
         return (
             "overhead-bound",
             [
-                lines[0] + f", under half of the {src.ms(h)} the harness's own per-item Python holds it: "
+                lines[0] + f", under half of the {by_harness} the harness's own per-item Python holds it: "
                 "the per-item scheduling is the limit"
             ],
         )
@@ -270,8 +272,9 @@ def _gil_busy_at_best(at: _AtBest) -> tuple[_Verdict | None, str | None]:
     h = harness_gil_s(at.sr.ceiling(at.harness, ex, c))
     busy = bp.qps / bp.lanes * (g + h)  # one rank's GIL: its rate, not the host's
     rate = f"{src.q(bp.qps / bp.lanes)} items/s" + (" a rank" if bp.lanes > 1 else "")
+    own, by_harness = src.ms_each(g, h)
     line = (
-        f"at {ex} concurrency {c}, {rate} x ({src.ms(g)} of the stage's own Python + {src.ms(h)} "
+        f"at {ex} concurrency {c}, {rate} x ({own} of the stage's own Python + {by_harness} "
         f"of the harness's) keeps the GIL {busy:.0%} busy"
     )
     at.signals["gil_busy_at_best"] = {
@@ -349,9 +352,10 @@ def _own_cores(at: _AtBest) -> _OwnCores:
         "label": f"cores used by the stage itself at the best point: (CPU per item - the {harness} harness's "
         f"no-op CPU per item) x throughput, of {cores} usable",
     }
+    own, by_harness = at.src.ms_each(own_cpu, ceil.cpu_s_per_item)
     used = (
-        f"{own_u:.2f} of {cores} cores for its own work ({at.src.ms(own_cpu)} CPU per item; {u:.2f} cores with "
-        f"the {harness} harness's own per-item scheduling, {at.src.ms(ceil.cpu_s_per_item)} per item)"
+        f"{own_u:.2f} of {cores} cores for its own work ({own} CPU per item; {u:.2f} cores with "
+        f"the {harness} harness's own per-item scheduling, {by_harness} per item)"
     )
     return _OwnCores(own_u=own_u, used=used, own_cpu=own_cpu)
 
@@ -387,12 +391,13 @@ def _own_work(at: _AtBest, rising_note: str | None) -> _Verdict:
     computes = finite(alone) and alone >= _COMPUTE_BOUND
     # own_cpu is finite only with a ceiling; the explicit test is for the type checker
     if computes and ceil is not None and finite(own.own_cpu) and own.own_cpu < ceil.cpu_s_per_item:
+        mine, by_harness = src.ms_each(own.own_cpu, ceil.cpu_s_per_item)
         lines.insert(
             0,
             f"at {ex} concurrency {c} it delivers {src.q(bp.qps)} items/s, {bp.qps / ceil.qps:.0%} of the "
-            f"{at.harness} harness's no-op ceiling; its own work ({src.ms(own.own_cpu)} CPU per item; it computes "
+            f"{at.harness} harness's no-op ceiling; its own work ({mine} CPU per item; it computes "
             f"{alone:.0%} of its call alone) is less than the harness's per-item scheduling "
-            f"({src.ms(ceil.cpu_s_per_item)}): the overhead sets the pace",
+            f"({by_harness}): the overhead sets the pace",
         )
         return "overhead-bound", lines
     if finite(own.own_u) and own.own_u < _IO_CORES * cores and (c > cores or linear_share >= 0.75) and not computes:
@@ -486,10 +491,11 @@ def nature(sr: StageRows, gil: GilEstimate, src: SourceItems = SourceItems()) ->
             f"concurrency {c0})",
         }
         if own < h:
+            call, by_harness = src.ms_each(own, h)
             return (
                 "overhead-bound",
                 [
-                    f"its own call takes {src.ms(own)} per item, less than the {src.ms(h, unit_of=own)} the {H} harness spends "
+                    f"its own call takes {call} per item, less than the {by_harness} the {H} harness spends "
                     f"per item on a no-op ({E} concurrency {c0}): scheduling an item costs more than the stage"
                 ],
                 signals,

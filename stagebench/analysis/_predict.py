@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stagebench._numbers import SourceItems, finite, fmt_ms, fmt_q, num_or_none
+from stagebench._numbers import SourceItems, finite, fmt_ms_each, fmt_q, num_or_none
 from stagebench.model._pipeline import Prediction, StageChoice, WholeRun
 from stagebench.model._stage import HeadToHead, StageEntry, StageSetting, changed, keyed
 
@@ -41,8 +41,9 @@ def _names(xs: list[str]) -> str:
     return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
 
 
-def _shares(loads: list[StageLoad], key: str) -> str:
-    return ", ".join(f"{d.stage} {fmt_ms(getattr(d, key))}" for d in loads)
+def _shares(loads: list[StageLoad], times: Sequence[str]) -> str:
+    """Each stage with its time per item, as formatted (in the sentence's one unit)."""
+    return ", ".join(f"{d.stage} {t}" for d, t in zip(loads, times))
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,13 +340,12 @@ class _Pipeline:
     """Where a quota or an allocation sets the cores, in words (empty: the affinity mask does)."""
 
 
-def _spread(p: _Pipeline) -> str:
-    """Where the once-paid cost is spread over an aggregate's groups (:func:`pipeline_bounds`), in words."""
+def _spread(p: _Pipeline, fixed: str) -> str:
+    """Where the once-paid cost (``fixed``, per sink item, formatted) is spread over an aggregate's groups
+    (:func:`pipeline_bounds`), in words."""
     k = p.loads[-1].items_per_call
     return (
-        f": {fmt_ms(p.fixed)} per item the sink gets, spread over its {k:.3g} source items, the least it costs"
-        if k > 1
-        else ""
+        f": {fixed} per item the sink gets, spread over its {k:.3g} source items, the least it costs" if k > 1 else ""
     )
 
 
@@ -371,17 +371,19 @@ def _gil_binds(p: _Pipeline, out: Prediction) -> tuple[Prediction, list[str]]:
         out, scheduling_gil_s_per_item=sched, bottleneck=owns[0][0] if owns else holders[0].stage if holders else None
     )
     whose = "the main process's GIL" if p.ranks == 1 else f"its rank's main process's GIL ({p.ranks} ranks, a GIL each)"
+    # one sentence, one unit: the total, its parts, each stage's, the once-paid cost and what it is per sink item
+    total, own_sum, by_pipeline, once, per_sink, *each = fmt_ms_each(
+        b.gil_sum, sum(g for _, g in owns), sched, b.fixed, p.fixed, *(g for _, g in owns)
+    )
     parts = [
-        f"the GIL binds: one item needs {fmt_ms(b.gil_sum)} of {whose}: "
+        f"the GIL binds: one item needs {total} of {whose}: "
         + (
-            f"{fmt_ms(sum(g for _, g in owns))} of its stages' own Python ("
-            + ", ".join(f"{n} {fmt_ms(g)}" for n, g in owns)
-            + ")"
+            f"{own_sum} of its stages' own Python (" + ", ".join(f"{n} {t}" for (n, _), t in zip(owns, each)) + ")"
             if owns
             else "none of it the stages' own Python"
         )
-        + (f" and {fmt_ms(sched)} of the pipeline's own scheduling" if sched > 0 else "")
-        + (f" ({fmt_ms(b.fixed)} of that paid once: source, sink, consumer{_spread(p)})" if b.fixed > 0 else "")
+        + (f" and {by_pipeline} of the pipeline's own scheduling" if sched > 0 else "")
+        + (f" ({once} of that paid once: source, sink, consumer{_spread(p, per_sink)})" if b.fixed > 0 else "")
         + f"; so at most {fmt_q(b.qps)} items/s, below the slowest stage alone "
         f"({b.cap_stage}, {fmt_q(b.stage)} items/s)"
     ]
@@ -412,10 +414,11 @@ def _cores_bind(p: _Pipeline, out: Prediction) -> tuple[Prediction, list[str]]:
     b = p.b
     cores = f"{p.cores} cores ({p.cores_bound})" if p.cores_bound else f"{p.cores} cores"
     users = sorted((d for d in p.loads if d.cpu_s_per_item), key=lambda d: -(d.cpu_s_per_item or 0.0))
+    total, *each = fmt_ms_each(b.cpu_sum, *(d.cpu_s_per_item or 0.0 for d in users))
     return changed(out, bottleneck=users[0].stage if users else None), [
-        f"the cores bind: one item needs {fmt_ms(b.cpu_sum)} of CPU across the stages "
+        f"the cores bind: one item needs {total} of CPU across the stages "
         + (
-            f"({_shares(users, 'cpu_s_per_item')}); {cores} give at most {fmt_q(b.qps)} items/s. "
+            f"({_shares(users, each)}); {cores} give at most {fmt_q(b.qps)} items/s. "
             f"More cores, or less work in {users[0].stage}, would lift it"
             if users
             else f"(the pipeline's own); {cores} give at most {fmt_q(b.qps)} items/s"

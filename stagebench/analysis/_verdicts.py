@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from stagebench._numbers import finite, fmt_ms, fmt_q, num
+from stagebench._numbers import finite, fmt_ms_each, fmt_q, num
 from stagebench._settings import DEMAND_HEADROOM, WHOLE_RUN_ROUNDS
 from stagebench.analysis._pipeline_job import settings_cost
 from stagebench.model._evidence import EQUIVALENT, Option, Ratio, decide, look_confidence, more_rounds_text
@@ -368,9 +368,10 @@ def pipeline_verdict(
             f"the lowest bound of its measured stages ({pred.binding}, {fmt_q(lowest)} items/s)"
         )
     elif pred.binding == "gil" and finite(sched, gil_bound) and sched > SCHEDULING_BINDS / gil_bound:
+        by_pipeline, per_item = fmt_ms_each(sched, 1.0 / gil_bound)
         line = (
-            f"the GIL binds, held mostly by the pipeline's own scheduling ({fmt_ms(sched)} of the "
-            f"{fmt_ms(1.0 / gil_bound)} each item needs): predicted {q} items/s; of the stages, {name} holds it "
+            f"the GIL binds, held mostly by the pipeline's own scheduling ({by_pipeline} of the "
+            f"{per_item} each item needs): predicted {q} items/s; of the stages, {name} holds it "
             f"longest ({cls})"
         )
     # a shared resource that binds is the bottleneck, not the stage that uses most of it
