@@ -221,6 +221,9 @@ def console() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    from stagebench.pipeline._state import freeze_for_exit
+
+    freeze_for_exit()  # the command is done: no collection at exit walks what its imports made
     sys.exit(code)
 
 

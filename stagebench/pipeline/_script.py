@@ -17,7 +17,7 @@ from stagebench.loader._intercept import loader_was_caught
 from stagebench.pipeline import _spdl_hook
 from stagebench.pipeline._loader_hook import install_loader_hook
 from stagebench.pipeline._settings import DiagnoseSettings
-from stagebench.pipeline._state import State, release_held, say
+from stagebench.pipeline._state import State, release_at_exit, release_held, say
 from stagebench.runs._results import RunDir, RunDirInUseError, UnwritableOutputError
 
 __all__ = ["run_script", "launch_ranks", "restore_env"]
@@ -98,7 +98,7 @@ def run_script(
             _spdl_hook.uninstall()
         if State.started:  # the script's frames are gone: what the diagnosis held is garbage, freed now
             release_held()
-            atexit.unregister(release_held)
+            atexit.unregister(release_at_exit)
     for hook in State.on_start:
         hook()
     State.on_start = []

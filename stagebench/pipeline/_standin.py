@@ -36,7 +36,7 @@ from stagebench.pipeline._diagnose import DiagnoseError, diagnose_pipeline
 from stagebench.pipeline._follow import follow_pipeline
 from stagebench.pipeline._run import Session
 from stagebench.pipeline._settings import DiagnoseSettings
-from stagebench.pipeline._state import LISTENING_VAR, State, claim_path, release_held, say
+from stagebench.pipeline._state import LISTENING_VAR, State, claim_path, release_at_exit, say
 from stagebench.pipeline._trainer import follower_trainer_phases, run_trainer_phases
 from stagebench.runs._outcome import FAILED, INTERNAL, RANK_LOST, TERMINATED, interrupted_outcome, outcome
 from stagebench.runs._ranks import no_job_across_hosts
@@ -196,8 +196,8 @@ def _diagnose(
     settings = _in_a_pool_worker(settings)
     State.started = True
 
-    atexit.unregister(release_held)  # once, however many pipelines this process diagnoses
-    atexit.register(release_held)  # the program ends by SystemExit: what the diagnosis held goes first
+    atexit.unregister(release_at_exit)  # once, however many pipelines this process diagnoses
+    atexit.register(release_at_exit)  # the program ends by SystemExit: what the diagnosis held goes first
     for hook in State.on_start:
         hook()  # e.g. remove the DataLoader hook: this run diagnoses the pipeline
     State.on_start = []
