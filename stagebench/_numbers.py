@@ -56,7 +56,14 @@ def fmt_ms(s: float, *, unit_of: float | None = None) -> str:
     u = s if unit_of is None else unit_of
     if u >= 1:
         return f"{s:.3g} s"
-    return f"{s * 1e6:.3g} µs" if 0 < u < 1e-5 else f"{s * 1e3:.3g} ms"
+    if 0 < u < 1e-5:
+        return f"{s * 1e6:.3g} µs"
+    ms = s * 1e3
+    if 0 < ms < 1e-4:  # a part under 0.1 µs in a sentence read in ms: "0.00005 ms", not "5e-05 ms"
+        import numpy as np  # only here: this module loads in every process, most of which never get here
+
+        return f"{np.format_float_positional(ms, precision=3, unique=False, fractional=False, trim='-')} ms"
+    return f"{ms:.3g} ms"
 
 
 def fmt_ms_each(*xs: float) -> list[str]:

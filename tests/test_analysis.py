@@ -946,6 +946,8 @@ def test_durations_in_one_sentence_read_in_one_unit():
     assert fmt_ms_each(256e-6, 2.01e-6, 0.734e-6, 254e-6) == ["256 µs", "2.01 µs", "0.734 µs", "254 µs"]
     # the largest a millisecond or more: ms throughout, not "1.2e+03 µs"
     assert fmt_ms_each(5e-6, 1.2e-3) == ["0.005 ms", "1.2 ms"]
+    # a trivial grouped stage's part beside millisecond stages: in ms, and still no exponent
+    assert fmt_ms_each(5e-11, 1.23e-8, 1.2e-3) == ["0.00000005 ms", "0.0000123 ms", "1.2 ms"]
     assert fmt_ms_each(50e-6, 500e-6) == ["0.05 ms", "0.5 ms"]
     # at a second and up each its own; zeros and NaN take no part in the choice
     assert fmt_ms_each(1.5, 0.02) == ["1.5 s", "20 ms"]
