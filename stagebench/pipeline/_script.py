@@ -67,7 +67,7 @@ def run_script(
             restore_env(saved_env)
             return 2
     os.environ[MODE_VAR] = "1"
-    State.started = State.finished = False
+    State.started = State.finished = State.released = False
     State.code = None
     State.on_start, State.loader_hook = [], None
     install_loader_hook(settings)  # before spdl's: a pipeline diagnosed first removes it

@@ -46,6 +46,7 @@ class State:
     own_process = False
     end_parent: int | None = None  # a multiprocessing.Pool worker diagnosed: the pid of the program to end
     claim: str | None = None  # that worker's claim on the diagnosis (a lock file), removed as it ends
+    released = False  # release_held has collected what the diagnosis held: freeze_for_exit need not again
 
 
 def say(text: str) -> None:
@@ -87,6 +88,7 @@ def release_held() -> None:
     if harness is not None:
         harness.settle(timeout=0)  # the runners whose pipeline has stopped, and their inputs, go
     gc.collect()
+    State.released = True
 
 
 def freeze_for_exit() -> None:
@@ -97,9 +99,12 @@ def freeze_for_exit() -> None:
     exit here, about 5% of a quick one), where what was garbage is collected here, while the interpreter is
     still whole (:func:`release_held`). What the modules' teardown frees goes by its reference counts as
     before; frozen objects left in cycles are never collected, which Python never promised at exit either
-    (``tests/test_clean_exit.py``: no native library reports an instance leaked).
+    (``tests/test_clean_exit.py``: no native library reports an instance leaked). Where
+    :func:`release_held` has just collected (a diagnosis ran), its collection is the one: a second walk
+    of the same objects costs 0.06 s here.
     """
-    gc.collect()
+    if not State.released:
+        gc.collect()
     gc.freeze()
 
 
@@ -107,4 +112,4 @@ def release_at_exit() -> None:
     """:func:`release_held`, then :func:`freeze_for_exit`: the ``atexit`` hook of a diagnosis that ends its
     program (diagnostic mode), where :func:`release_held` alone is what an in-process caller gets."""
     release_held()
-    gc.freeze()
+    freeze_for_exit()
