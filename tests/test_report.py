@@ -630,8 +630,8 @@ def test_stage_rates_are_in_source_items_after_a_batch(tmp_path):
     items/s in the unit of the bound lines, with the calls/s as a side note."""
     import _rows
 
-    from stagebench._numbers import fmt_q
-    from stagebench.report._html import num_text, rate_text
+    from stagebench._numbers import SourceItems, fmt_q
+    from stagebench.report._html import rate_text
 
     rows = pd.concat(
         [
@@ -657,7 +657,8 @@ def test_stage_rates_are_in_source_items_after_a_batch(tmp_path):
     assert rate_text(per_call * 16) in html and "calls/s × 16" in html
     # the card's CPU per item and its evidence are per source item too: one unit in the card
     card = html[html.index('id="stage-2"') :]  # decode is stage-1
-    assert f"<dt>CPU per item</dt><dd>{num_text(collate['cpu_s_per_item'] / 16 * 1e3)} ms" in card
+    cpu, gil = SourceItems(16).ms_each(collate["cpu_s_per_item"], collate["gil_s_per_item"])
+    assert f"<dt>CPU per item</dt><dd>{cpu}, of which {gil} holding the GIL</dd>" in card
     alone = collate["best"]["qps"]  # the evidence recommends for the stage alone
     assert f"-&gt; {fmt_q(alone * 16)} items/s (16 items a call; " in card
 

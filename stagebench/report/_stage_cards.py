@@ -18,7 +18,7 @@ from stagebench.analysis._pipeline_job import user_setting
 from stagebench.model._stage import StageEntry, StageSetting
 from stagebench.report import _plots, _stage_plots
 from stagebench.report._html import svg_uri
-from stagebench.report._page_parts import cell, problem_rows, to_ms
+from stagebench.report._page_parts import cell, problem_rows
 
 __all__ = ["stage_cards"]
 
@@ -134,6 +134,18 @@ def _point_rows(rows: pd.DataFrame, src: SourceItems) -> list[_Point]:
     ]
 
 
+def _cpu_text(st: StageEntry, src: SourceItems) -> str | None:
+    """The stage's CPU per source item, and the part of it holding the GIL, in one unit (``32.4 µs, of which
+    0.167 µs holding the GIL``, not ``0.0324 ms, of which 0.000167 ms``); None where no CPU was read."""
+    cpu, gil = num_or_none(st.cpu_s_per_item), num_or_none(st.gil_s_per_item)
+    if cpu is None:
+        return None
+    if gil is None:
+        return src.ms(cpu)
+    on_cpu, held = src.ms_each(cpu, gil)
+    return f"{on_cpu}, of which {held} holding the GIL"
+
+
 def _in_items(point: StageSetting | None, src: SourceItems) -> StageSetting:
     """A setting with its throughputs in source items/s (an empty setting where there is none)."""
     if point is None:
@@ -202,8 +214,7 @@ def stage_cards(
                 "items_per_call": num_or_none(st.items_per_input) if "items_per_input" in st.keys else None,
                 "calls_qps": st.recommended.qps if st.recommended is not None else None,
                 # per source item, as the evidence's words say them
-                "cpu_ms": to_ms(src.per_item(st.cpu_s_per_item)),
-                "gil_ms": to_ms(src.per_item(st.gil_s_per_item)),
+                "cpu": _cpu_text(st, src),
                 "img_qps": svg_uri(_stage_plots.stage_throughput_svg(sub, st)) if len(sub) else None,
                 "img_res": svg_uri(_stage_plots.stage_resources_svg(sub, cores))
                 if len(sub) and resources_plot
