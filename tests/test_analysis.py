@@ -579,6 +579,27 @@ def test_validation_is_copied_with_its_error_against_the_prediction():
     assert summarize(_pipeline_rows(), _meta("gil", "sleep", "mixed"))["validation"] is None
 
 
+def test_the_prediction_is_read_against_the_round_the_replay_took_part_in():
+    """The replay ran in the first round in turns only; the validation run took three rounds more, in which
+    the host ran slower: the error is read against the first round's windows, not the drift after it."""
+    replay = {"qps": 140.0, "qps_low": 130.0, "qps_high": 150.0, "seconds": 1.0, "stand_ins": []}
+    rates = [150.0, 150.0, 100.0, 100.0, 100.0]  # equal windows: 120 over all five
+    val = {"qps": 120.0, "qps_low": 100.0, "qps_high": 140.0, "seconds": 2.5, "window_rates": rates}
+    s = summarize(
+        _pipeline_rows(), _meta("gil", "sleep", "mixed", validation={**val, "first_round_windows": 2}, replay=replay)
+    )
+    assert s["prediction"]["method"] == "replay" and s["prediction"]["qps"] == 140.0
+    v = s["validation"]
+    assert v["qps"] == 120.0 and v["qps_with_replay"] == pytest.approx(150.0)
+    assert v["error_vs_prediction"] == pytest.approx(140.0 / 150.0 - 1)
+    confirms = next(f for f in s["findings"] if f["title"] == "the whole-pipeline run confirms the prediction")
+    assert confirms["detail"].startswith("measured 120 items/s (150 in the round the replay took part in, read")
+    # one round only (or no record of rounds): the error is read against the whole run
+    for one in ({**val, "first_round_windows": 5}, val):
+        w = summarize(_pipeline_rows(), _meta("gil", "sleep", "mixed", validation=one, replay=replay))["validation"]
+        assert w["error_vs_prediction"] == pytest.approx(140.0 / 120.0 - 1) and w.get("qps_with_replay") is None
+
+
 def test_empty_rows_give_an_honest_summary():
     s = summarize(pd.DataFrame(columns=list(STAGE_COLUMNS)), _meta())
     assert s["stages"] == [] and s["prediction"] is None

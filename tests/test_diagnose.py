@@ -1324,6 +1324,38 @@ def test_three_runs_take_turns_and_each_keeps_its_own_settings():
     assert out["yours"].qps < 105 and out["validation"].qps > 2 * out["yours"].qps
 
 
+def test_each_run_records_the_windows_of_the_round_the_replay_took_part_in():
+    """The replay counts in the first round only; where the comparison with yours asks for more rounds, the
+    real runs count more windows, and each run says how many of its first ones that round counted (the
+    prediction's error is read over those: tests/test_analysis.py)."""
+    from stagebench.pipeline._wholerun import SLICES, run_pipelines
+
+    asked: list[dict[str, list[float]]] = []
+
+    def more(rates: dict[str, list[float]]) -> bool:
+        asked.append(rates)
+        return True
+
+    out = run_pipelines(
+        _two_sleeps_plan(),
+        list(range(40)),
+        {"slow": ("thread", 4), "fast": ("thread", 2)},
+        {"replay": _two_sleeps_stand_ins(), "validation": None, "yours": None},
+        warmup_s=0.3,
+        window_s=0.6,
+        timeout_s=10,
+        own_choices={"yours": {"slow": ("thread", 1)}},
+        more=more,
+        max_extra_rounds=2,
+    )
+    assert len(asked) == 2 and set(asked[0]) == {"replay", "validation", "yours"}
+    assert out["replay"].windows == SLICES and len(out["replay"].window_rates) == SLICES
+    for name in ("validation", "yours"):  # one slice each in each of the two rounds more
+        assert out[name].windows == SLICES + 2 and len(out[name].window_rates) == SLICES + 2
+    assert {x.first_round_windows for x in out.values()} == {SLICES}
+    assert {x.extra_rounds for x in out.values()} == {2}
+
+
 def test_the_recommendation_is_run_against_the_users_own_settings(tmp_path, capsys):
     """A 10 ms wait on the user's one thread: the recommended 8 threads are measured faster beyond noise, in turns."""
     out = tmp_path / "run"

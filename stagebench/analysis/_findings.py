@@ -645,11 +645,14 @@ def _validation_finding(validation: WholeRun | None, prediction: Prediction | No
         return None
     err = num(v.error_vs_prediction)
     seen = _interference_seen(v)
+    measured = f"measured {fmt_q(num(v.qps))} items/s"
+    if finite(v.qps_with_replay):
+        measured += f" ({fmt_q(num(v.qps_with_replay))} in the round the replay took part in, read against it)"
     if abs(err) > 0.15:
         return _f(
             "medium",
             "the whole-pipeline run differs from the prediction",
-            f"measured {fmt_q(num(v.qps))} items/s vs predicted "
+            f"{measured} vs predicted "
             f"{fmt_q(num(p.qps))} ({err:+.0%} error): "
             + ("the prediction leaves out SPDL's own per-item scheduling (direct harness only); " if p.caveat else "")
             + "stages interfere in ways the bounds do not capture (the GIL held by one stage "
@@ -662,7 +665,7 @@ def _validation_finding(validation: WholeRun | None, prediction: Prediction | No
     return _f(
         "info",
         "the whole-pipeline run confirms the prediction",
-        f"measured {fmt_q(num(v.qps))} items/s vs predicted {fmt_q(num(p.qps))} ({err:+.0%})",
+        f"{measured} vs predicted {fmt_q(num(p.qps))} ({err:+.0%})",
         None,
         {"validation": validation},
     )

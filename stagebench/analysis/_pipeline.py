@@ -472,14 +472,33 @@ def _validation(
     pred = predicted.qps
     measured = num(val.qps)
     replay_lat = (predicted.replay or {}).get("stage_latency")
+    shared = _with_replay(val) if predicted.method == "replay" else None
+    against = measured if shared is None else shared
+    if shared is not None:
+        val = changed(val, qps_with_replay=shared)
     return changed(
         val,
         # relative error of the prediction against the measurement: +0.10 = predicted 10% too high
-        error_vs_prediction=(pred - measured) / measured
-        if pred is not None and finite(pred) and measured > 0
-        else None,
+        error_vs_prediction=(pred - against) / against if pred is not None and finite(pred) and against > 0 else None,
         interference=tuple(_interference(val.stage_latency, rows, stages, replay_lat)),
     )
+
+
+def _with_replay(val: WholeRun) -> float | None:
+    """The validation run's rate in the round the replay took part in, where later rounds counted more
+    (None where it counted no more, or cannot tell which were which).
+
+    The replay runs in the first round in turns only; the validation run takes more rounds where its
+    comparison with yours asks for them. A prediction read against those reads the host's drift between
+    rounds as its own error. The windows are of equal length, so the rate over the first ones is the
+    whole rate scaled by their mean over all the windows' mean (the local rank's windows, in a ranked
+    diagnosis, where ``qps`` is the host's).
+    """
+    k, rates = val.first_round_windows, val.window_rates
+    if not isinstance(k, int) or not 0 < k < len(rates) or not finite(val.qps):
+        return None
+    first, every = sum(rates[:k]) / k, sum(rates) / len(rates)
+    return num(val.qps) * first / every if every > 0 else None
 
 
 def _interference(lat: Any, rows: pd.DataFrame, stages: Sequence[StageEntry], replay_lat: Any) -> list[Interference]:

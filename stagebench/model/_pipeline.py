@@ -200,10 +200,19 @@ class WholeRun(Read):
     """Seconds the whole runs in turns took (one call, shared by the runs that took turns in it)."""
     settle_s: float | None = None
     extra_rounds: int | None = None
+    first_round_windows: int | None = None
+    """How many of its counted windows, the first ones, it counted in the first round in turns: the one
+    round every run took part in. The replay ran in that round only."""
     interleaved_with: str | list[str] | None = None
     stand_ins: tuple[Mapping[str, float | str], ...] = ()
     """The replay's stand-ins, as :class:`StandIn` reads them."""
     error_vs_prediction: float | None = None
+    """The validation run's: the prediction over the rate it is read against (``qps_with_replay`` where
+    there is one, else ``qps``), less one: +0.10 predicted 10% too high."""
+    qps_with_replay: float | None = None
+    """The validation run's rate over its windows in the round the replay took part in, where the
+    prediction is the replay's and later rounds counted more: the prediction is read against it, not
+    against rounds it did not share, as the host's speed moves between rounds."""
     interference: tuple[Interference, ...] = ()
     failed: str | None = None
     same: bool = False
@@ -214,7 +223,9 @@ class WholeRun(Read):
     READ: ClassVar[Coercions] = {
         "same": bool,
         **dict.fromkeys(("not_run", "error"), lambda v: str(v) if v else None),  # "" or 0: none
-        **dict.fromkeys(("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction", "wall_s"), number),
+        **dict.fromkeys(
+            ("qps", "qps_low", "qps_high", "seconds", "error_vs_prediction", "qps_with_replay", "wall_s"), number
+        ),
         "window_rates": nums,
         "stand_ins": maps,
         "settings": maps,

@@ -83,6 +83,7 @@ class WholePipelineRun:
         self._t_open, self._n0 = 0.0, 0
         self.settle_s: float | None = None  # when it took turns with another run: its longest settle
         self.extra_rounds = 0  # rounds in turns beyond forth and back, where a comparison asked for them
+        self.first_round_windows: int | None = None  # windows counted in that first round, every run in it
         self.partners: list[str] = []
         # stage call timings: the real stages' (compared with the stage alone) and the stand-ins'
         # (compared with the real stages in the validation run)
@@ -323,7 +324,8 @@ def run_pipelines(
     from the source in the windows: a cross-check), ``warmup_s``,
     ``settings``, ``windows``, ``wall_s`` (the whole call's) and
     ``stage_latency`` (median call duration inside the pipeline per thread /
-    async stage, real or stand-in), ``window_rates`` (each counted slice's rate). A
+    async stage, real or stand-in), ``window_rates`` (each counted slice's rate), ``first_round_windows`` (how many of
+    them the first round counted, where runs took turns). A
     run that fails has ``qps`` None and its ``error``; the other goes on
     alone. ``more``: asked with every run's window rates after the turns, whether the
     comparison they serve is settled (False) or needs more rounds (True): then the real runs
@@ -376,6 +378,8 @@ def run_pipelines(
                     _take_turns(order, window_s)
                     for r in made:
                         r.extra_rounds = extra
+                        if extra == 0:  # the round every run took part in: the replay's only one
+                            r.first_round_windows = len(r.windows)
             others = {r.name: _others(ranked, r, items_per_sink_item) for r in made}
         finally:
             for r in made:
@@ -391,7 +395,13 @@ def run_pipelines(
         res = changed(res, wall_s=wall)  # of the whole call, shared when two took turns
         if r.partners and res.qps is not None:
             partners = r.partners[0] if len(r.partners) == 1 else r.partners
-            res = changed(res, settle_s=r.settle_s, extra_rounds=r.extra_rounds, interleaved_with=partners)
+            res = changed(
+                res,
+                settle_s=r.settle_s,
+                extra_rounds=r.extra_rounds,
+                first_round_windows=r.first_round_windows,
+                interleaved_with=partners,
+            )
         out[r.name] = res
     return out
 

@@ -53,8 +53,13 @@ def pipeline_context(run: RunData) -> dict[str, Any]:
         )
     if val.qps is not None:
         sub = f"{interval_text(val.qps_low, val.qps_high)}"
-        if finite(val.qps) and finite(pred.qps) and num(pred.qps) > 0:
+        if finite(val.qps_with_replay) and finite(pred.qps) and num(pred.qps) > 0:
             # computed here, not read from error_vs_prediction: the sign convention is then unambiguous
+            sub += (
+                f" · {pct_text(num(val.qps_with_replay) / num(pred.qps) - 1, signed=True)} vs predicted in the "
+                f"round the replay took part in ({rate_text(val.qps_with_replay)})"
+            )
+        elif finite(val.qps) and finite(pred.qps) and num(pred.qps) > 0:
             sub += f" · {pct_text(num(val.qps) / num(pred.qps) - 1, signed=True)} vs predicted"
         tiles.append(tile("measured whole pipeline", f"{rate_text(val.qps)} items/s", sub))
     trainer = sm.trainer
