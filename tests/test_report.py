@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote
@@ -194,6 +195,22 @@ def test_the_csv_download_is_the_saved_rows_and_the_summary_island_the_summary(p
     ]
     # the per-stage curves, fits and evidence are drawn and listed in the page: not copied into the island
     assert not {"curves", "fit", "evidence"} & set(island["stages"][0])
+
+
+def test_the_measured_tile_reads_the_prediction_against_the_round_the_replay_took_part_in(pipeline_run: Path) -> None:
+    """Where the validation run took more rounds than the replay, the tile sets the prediction against the
+    round both ran (summary's ``qps_with_replay``), and says so; without it, against the whole run."""
+    path = pipeline_run / "summary.json"
+    summary = json.loads(path.read_text())
+    pred = summary["prediction"]["qps"]
+    summary["validation"] |= {"qps": pred * 0.8, "qps_with_replay": pred * 1.1}
+    path.write_text(json.dumps(summary))
+    text = " ".join(unescape(_render.write_report(pipeline_run).read_text()).split())
+    assert "+10% vs predicted in the round the replay took part in (" in text
+    del summary["validation"]["qps_with_replay"]
+    path.write_text(json.dumps(summary))
+    text = " ".join(unescape(_render.write_report(pipeline_run).read_text()).split())
+    assert "-20% vs predicted" in text and "in the round the replay took part in" not in text
 
 
 def test_no_external_references(pipeline_report, loader_run: Path) -> None:
