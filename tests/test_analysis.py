@@ -709,6 +709,29 @@ def test_the_users_own_settings_are_set_against_the_recommended_ones_as_measured
         assert "not checked" in mine[0]["title"] + mine[0]["detail"]
 
 
+@pytest.mark.parametrize(
+    ("mine", "verdict", "said"),
+    [
+        # yours on 8 threads, the recommended on 2 processes: a process costs more than any number of threads
+        (("thread", 8), "yours", "use more worker processes (2 against 0 of yours) and were not shown faster"),
+        # yours on 4 processes: the recommended 2 are cheaper, and as fast within 5%
+        (("process", 4), "cheaper", "as fast within 5% with fewer worker processes (2 against 4 of yours)"),
+    ],
+)
+def test_worker_processes_cost_more_than_threads_against_yours(mine, verdict, said):
+    """Found on gil_mix: 8 processes beside 12 threads were "as fast within 5% with fewer workers" than 28
+    threads, and advised. A pipeline's cost counts its worker processes first."""
+    meta = _meta("spin")
+    meta["stages"][0].update(user_executor=mine[0], user_concurrency=mine[1])
+    windows = [478.0, 485.0, 476.0, 481.0, 479.0]
+    meta["validation"] = {"qps": 480.0, "qps_low": 475.0, "qps_high": 485.0, "seconds": 2.5, "window_rates": windows}
+    meta["yours"] = _yours_run(480.0, 475.0, 485.0, [479.0, 483.0, 477.0, 480.0, 480.0])
+    s = summarize(model_rows("spin", gil_ms=4.0, wait_ms=0.0), meta)
+    y = s["recommended_vs_yours"]
+    assert y["changes"] == [{"stage": "spin", "yours": f"{mine[0]} x {mine[1]}", "recommended": "process x 2"}]
+    assert y["verdict"] == verdict and said in y["text"], y["text"]
+
+
 def test_settings_that_are_the_users_own_are_not_run_twice():
     meta = _meta("spin")
     meta["yours"] = {"same": True}

@@ -174,8 +174,8 @@ def yours_verdict(
     """The recommended settings against the user's own, both run for real in turns (``run.json["yours"]``),
     by the rule of :mod:`stagebench.model._evidence` on their windows' ratio.
 
-    ``recommended``: faster than yours beyond noise; ``cheaper``: fewer workers, and within 5% of
-    yours, shown; ``yours``: yours faster beyond noise (keep them); ``could not tell``: the windows in
+    ``recommended``: faster than yours beyond noise; ``cheaper``: fewer worker processes, else fewer workers
+    and threads (:func:`settings_cost`), and within 5% of yours, shown; ``yours``: yours faster beyond noise (keep them); ``could not tell``: the windows in
     turns could not tell them apart, so yours are kept (the ratio's interval, and how many rounds
     would settle it); ``same``: the user's settings are the recommended ones; ``inconclusive``: one
     of the two runs has no number; ``not run``: neither was run (quick mode,
@@ -240,8 +240,8 @@ def yours_verdict(
     elif d.advice == "cheaper":
         verdict, text = (
             "cheaper",
-            f"the recommended settings are as fast within {1 - EQUIVALENT:.0%} with fewer workers, "
-            f"{x.text('yours')}: {figures}",
+            f"the recommended settings are as fast within {1 - EQUIVALENT:.0%} with "
+            f"{_cost_words(recommended, {**recommended, **mine}, 'fewer')}, {x.text('yours')}: {figures}",
         )
     elif x.below(1.0):
         verdict, text = (
@@ -251,8 +251,8 @@ def yours_verdict(
     elif d.settled:  # yours the fastest, the recommended costlier: nothing it could gain once the rounds say so
         verdict, text = (
             "yours",
-            f"keep yours: the recommended settings use more workers and were not shown faster, {x.text('yours')}: "
-            f"{figures}",
+            f"keep yours: the recommended settings use {_cost_words(recommended, {**recommended, **mine}, 'more')} and "
+            f"were not shown faster, {x.text('yours')}: {figures}",
         )
     else:
         # what the rounds cost: the whole runs in turns (one call, its seconds recorded with each run)
@@ -272,6 +272,15 @@ def yours_verdict(
             f"{more}; {figures}",
         )
     return changed(out, verdict=verdict, ratio=x.value, ratio_low=x.low, ratio_high=x.high, decision=d, text=text)
+
+
+def _cost_words(recommended: Mapping[str, tuple[str, int]], yours: Mapping[str, tuple[str, int]], word: str) -> str:
+    """Where the recommended settings' cost and yours part, in the order :func:`settings_cost` compares
+    them (worker processes, else workers and threads), after ``word`` ("fewer", "more"): "fewer worker
+    processes (2 against 8 of yours)"."""
+    (pr, tr), (py, ty) = settings_cost(recommended), settings_cost(yours)
+    what, r, y = ("worker processes", pr, py) if pr != py else ("workers and threads", tr, ty)
+    return f"{word} {what} ({r:g} against {y:g} of yours)"
 
 
 # ------------------------------------------------------------------ the CPU's speed

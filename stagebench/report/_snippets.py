@@ -73,7 +73,7 @@ def pipeline_snippet(sm: Summary, m: RunMeta) -> str:
             {
                 "keep yours": "# run with your training loop: no setting run was shown faster than yours, nor "
                 "cheaper and within 5%; keep them",
-                "cheaper": f"# run with your training loop: as fast as yours within 5%, with fewer workers: {x}",
+                "cheaper": f"# run with your training loop: as fast as yours within 5%, with fewer resources: {x}",
                 "change": f"# run with your training loop: faster than yours, beyond noise: {x}",
                 "use": "# run with your training loop: the cheapest setting shown within 5% of the fastest run",
             }.get((job.advice if job is not None else None) or "", "# run with your training loop")
@@ -85,7 +85,7 @@ def pipeline_snippet(sm: Summary, m: RunMeta) -> str:
                 "# measured in turns: the runs could not tell these from your settings; keep yours (the rule: a "
                 "change must show faster, or cheaper and within 5%)"
             ],
-            "cheaper": [f"# measured in turns: as fast as yours within 5%, with fewer workers: {x}"],
+            "cheaper": [f"# measured in turns: as fast as yours within 5%, with fewer resources: {x}"],
             "recommended": [f"# measured in turns: faster than yours, beyond noise: {x}"],
             "yours": ["# measured in turns: your settings are faster than these; keep yours"],
             "inconclusive": ["# not checked against your settings: one of the two runs gave no number"],
