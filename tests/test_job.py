@@ -227,6 +227,12 @@ def _job(**wait_body: tuple[float, float, str, int]) -> dict:
 TRAINER = StepAlone(samples_per_s=320.0, steps_per_s=20.0)
 
 
+def _verdict(rec: JobRecord) -> dict | None:
+    """The job's verdict on ``rec`` as summary.json holds it (None where no job ran)."""
+    v = decide_job(rec, TRAINER)
+    return None if v is None else v.to_json()
+
+
 def test_num_workers_0_starves_the_step_and_the_job_says_so():
     """The trap of issue 30: alone 516 samples/s at 0 workers, but the load adds to every 50 ms step."""
     job = _job(
@@ -234,7 +240,7 @@ def test_num_workers_0_starves_the_step_and_the_job_says_so():
         one=(0.001, 0.050, "above", 1),  # 51 ms: 314
         two=(0.001, 0.050, "yours", 2),
     )
-    d = decide_job(JobRecord.from_json(job), TRAINER)
+    d = _verdict(JobRecord.from_json(job))
     assert d["pick"] == "one" and d["advice"] == "cheaper" and d["bound"] == "trainer-bound"
     # "as fast" carries the ratio to yours in turns, the evidence for it
     x = d["decision"]["versus_yours"]
@@ -250,29 +256,29 @@ def test_num_workers_0_starves_the_step_and_the_job_says_so():
 
 def test_yours_is_kept_when_nothing_cheaper_is_as_fast_and_nothing_is_faster():
     job = _job(yours=(0.001, 0.050, "yours", 2), best=(0.001, 0.0495, "best", 8), slow=(0.05, 0.05, "feeds", 1))
-    d = decide_job(JobRecord.from_json(job), TRAINER)
+    d = _verdict(JobRecord.from_json(job))
     assert d["pick"] == "yours" and d["advice"] == "keep yours" and d["text"].startswith("keep yours")
 
 
 def test_a_faster_setting_beyond_noise_is_a_change():
     job = _job(yours=(0.100, 0.050, "yours", 2), more=(0.001, 0.050, "feeds", 4))
-    d = decide_job(JobRecord.from_json(job), TRAINER)
+    d = _verdict(JobRecord.from_json(job))
     assert d["pick"] == "more" and d["advice"] == "change" and "beyond noise" in d["why"]
 
 
 def test_a_step_slowed_by_the_loader_reads_as_shared_cores():
     job = _job(only=(0.001, 0.080, "yours", 2))  # the body alone took 80 ms next to the loader, 50 ms alone
-    assert decide_job(JobRecord.from_json(job), TRAINER)["bound"] == "shared cores"
+    assert _verdict(JobRecord.from_json(job))["bound"] == "shared cores"
 
 
 def test_what_did_not_run_is_listed_and_nothing_is_decided_without_a_run():
     job = _job(yours=(0.001, 0.050, "yours", 2))
     job["candidates"].append({**job["candidates"][0], "key": "best", "label": "best", "origin": ["best"]})
     job["stopped"] = "your loop stopped after 30 steps of the job runs"
-    d = decide_job(JobRecord.from_json(job), TRAINER)
+    d = _verdict(JobRecord.from_json(job))
     assert any("best (the fastest alone) was not run with your loop" in u for u in d["unproven"])
     job["slices"] = []
-    d = decide_job(JobRecord.from_json(job), TRAINER)
+    d = _verdict(JobRecord.from_json(job))
     assert d["status"] == "not run" and d["pick"] is None and d["text"].startswith("inconclusive")
 
 
@@ -295,7 +301,7 @@ def test_a_cheaper_setting_the_runs_cannot_tell_from_yours_keeps_yours_and_says_
             s["bodies"] = [b * f for b in s["bodies"]]
     for s in job["slices"]:
         s["wall_s"] = 0.5
-    d = decide_job(JobRecord.from_json(job), TRAINER)
+    d = _verdict(JobRecord.from_json(job))
     assert d["advice"] == "keep yours" and d["pick"] == "two" and d["decision"]["rival"] == "one"
     # three rounds at 1.15x, 0.87x and 1x: an interval far wider than 0.5x-2x, said as such (issue 60)
     assert (
@@ -333,7 +339,7 @@ def test_num_workers_0_left_open_is_said_held_to_more_than_5_percent_and_the_sto
     job["candidates"][1]["settings"] = {"num_workers": 0}  # "one" loads in the training process
     job["candidates"][1]["cost"] = [0]
     rec = JobRecord.from_json(job)
-    d = decide_job(rec, TRAINER)
+    d = _verdict(rec)
     assert d["advice"] == "keep yours" and d["decision"]["rival"] == "one", d["text"]
     assert "would show whether it is more than 5% faster than yours" in d["text"], d["text"]
     why = futile(rec, seconds_left=2.0)
@@ -361,7 +367,7 @@ def test_the_job_runs_stop_where_more_rounds_within_the_budget_cannot_settle_it(
         futile(JobRecord.from_json(_rounds_job(3, 1.15)), seconds_left=10.0) is None
     )  # three rounds: the spread is not known yet
     # the verdict keeps yours, says could not tell and what more would take; the record keeps why they stopped
-    d = decide_job(JobRecord.from_json({**tie, "stopped": why}), TRAINER)
+    d = _verdict(JobRecord.from_json({**tie, "stopped": why}))
     assert d["advice"] == "keep yours" and d["stopped"] == why, d
     assert "the runs could not tell one from yours" in d["text"] and "more rounds" in d["text"], d["text"]
 
@@ -602,7 +608,7 @@ def test_a_data_bound_verdict_names_every_setting_whose_loop_waited_far_less():
     for s in job["slices"]:  # rounds that disagree: the runs cannot tell them from yours
         f = {1: 1.15, 2: 1 / 1.15, 3: 1.0}[s["round"]] if s["candidate"] != "yours" else 1.0
         s["bodies"] = [b * f for b in s["bodies"]]
-    d = decide_job(JobRecord.from_json(job), TRAINER)
+    d = _verdict(JobRecord.from_json(job))
     assert d["advice"] == "keep yours" and d["bound"] == "data-bound", d["text"]
     assert rule({"job": d}) == [], d["text"]
     assert "four waited 1%, but its ratio to the pick spans more than 0.5x-2x" in d["text"], d["text"]
@@ -616,7 +622,7 @@ def test_a_trainer_bound_pick_that_waits_names_the_settings_that_waited_less():
     from test_consistency import rule_a_waiting_pick_names_the_setting_that_waited_less as rule
 
     job = _job(one=(0.0015, 0.0485, "feeds", 1), two=(0.0, 0.050, "yours", 2))  # 50 ms a step each
-    d = decide_job(JobRecord.from_json(job), TRAINER)
+    d = _verdict(JobRecord.from_json(job))
     assert d["pick"] == "one" and d["advice"] == "cheaper" and d["bound"] == "trainer-bound", d["text"]
     assert "3% of each step waiting for data" in d["text"]
     assert "; yours waited 0%, but ran 1.00x the pick (" in d["text"], d["text"]
@@ -627,7 +633,7 @@ def test_a_trainer_bound_pick_that_waits_names_the_settings_that_waited_less():
 
 def test_without_a_setting_of_yours_the_cheapest_as_fast_carries_its_ratio_to_the_fastest():
     """Issue 36: every "as fast" carries a ratio interval, also where the script set no loader knob."""
-    d = decide_job(JobRecord.from_json(_job(one=(0.001, 0.050, "feeds", 1), two=(0.001, 0.050, "best", 2))), TRAINER)
+    d = _verdict(JobRecord.from_json(_job(one=(0.001, 0.050, "feeds", 1), two=(0.001, 0.050, "best", 2))))
     assert d["advice"] == "use" and d["pick"] == "one"
     assert d["why"].endswith(", 1.00x two (1.00-1.00 over 3 rounds in turns)"), d["why"]
 
@@ -637,7 +643,7 @@ def test_num_workers_0_as_fast_as_yours_is_not_advised_as_cheaper():
     "cheaper" at 1.00x yours (2 workers). Loading in the training process replaces a setting with workers
     only shown faster by more than 5%; as fast, yours stays, and the decision is settled, not open."""
     job = _job(zero=(0.0015, 0.0485, "feeds", 0), two=(0.0, 0.050, "yours", 2))  # 50 ms a step each
-    d = decide_job(JobRecord.from_json(job), TRAINER)
+    d = _verdict(JobRecord.from_json(job))
     assert d["pick"] == "two" and d["advice"] == "keep yours", d["text"]
     assert d["decision"]["settled"] is True, d["text"]
     assert "training process" in d["decision"]["reasons"]["zero"]

@@ -307,8 +307,8 @@ def _could_not_tell(d: Decision, job: JobRecord, label: Mapping[str, str], figs:
     return said
 
 
-def decide_job(job: JobRecord | None, trainer: StepAlone | None, *, unit: str = "samples/s") -> dict[str, Any] | None:
-    """The job's verdict for ``summary.json["job"]``, or None where no job run was planned.
+def decide_job(job: JobRecord | None, trainer: StepAlone | None, *, unit: str = "samples/s") -> JobVerdict | None:
+    """The job's verdict (``summary.json["job"]``), or None where no job run was planned.
 
     ``status``: ``decided`` (the pick was run with the loop), ``not run`` (no candidate was: the
     callers fall back to the isolated pick). ``pick`` and ``best`` are candidate keys; ``advice``
@@ -344,16 +344,18 @@ def decide_job(job: JobRecord | None, trainer: StepAlone | None, *, unit: str = 
     }
     if not ran or d.pick is None:
         text = "inconclusive: no setting was run with your loop" + (f" ({stopped})" if stopped else "")
-        return {
-            **base,
-            "status": "not run",
-            "pick": None,
-            "best": None,
-            "advice": None,
-            "bound": None,
-            "unproven": unproven,
-            "text": text,
-        }
+        return _verdict(
+            {
+                **base,
+                "status": "not run",
+                "pick": None,
+                "best": None,
+                "advice": None,
+                "bound": None,
+                "unproven": unproven,
+                "text": text,
+            }
+        )
     for e in entries:
         e["as_good"] = e["key"] in d.as_good
     v = _Verdict(d, job, ran, label, unit, _ratio_of(figs))
@@ -372,22 +374,32 @@ def decide_job(job: JobRecord | None, trainer: StepAlone | None, *, unit: str = 
     if bound == "data-bound" or (v.p.data_wait_share or 0.0) >= SHOWN_WAIT:
         # whatever the bound, a verdict that says its pick waits names the settings that waited far less
         text += v.calmer(text)
-    return {
-        **base,
-        "status": "decided",
-        "pick": v.pick,
-        "best": d.best or v.pick,
-        "as_good": list(d.as_good),
-        "advice": d.advice,
-        "why": why,
-        "bound": bound,
-        "samples_per_s": v.p.samples_per_s,
-        "samples_per_s_low": v.p.samples_per_s_low,
-        "samples_per_s_high": v.p.samples_per_s_high,
-        "data_wait_share": v.p.data_wait_share,
-        "unproven": unproven,
-        "text": text,
-    }
+    return _verdict(
+        {
+            **base,
+            "status": "decided",
+            "pick": v.pick,
+            "best": d.best or v.pick,
+            "as_good": list(d.as_good),
+            "advice": d.advice,
+            "why": why,
+            "bound": bound,
+            "samples_per_s": v.p.samples_per_s,
+            "samples_per_s_low": v.p.samples_per_s_low,
+            "samples_per_s_high": v.p.samples_per_s_high,
+            "data_wait_share": v.p.data_wait_share,
+            "unproven": unproven,
+            "text": text,
+        }
+    )
+
+
+def _verdict(d: dict[str, Any]) -> JobVerdict:
+    """The verdict as the model reads it: the candidates' figures and the rule's record typed, the keys as
+    set here (:meth:`JobVerdict.to_json` gives them back)."""
+    verdict = JobVerdict.from_json(d)
+    assert verdict is not None  # a verdict always holds its candidates
+    return verdict
 
 
 def _not_run(job: JobRecord, figs: Figures) -> list[str]:

@@ -71,13 +71,11 @@ def summary_head(kind: str, m: RunMeta, no_provenance: dict[str, Any] | None) ->
     }
 
 
-def job_keys(
-    what: str, m: RunMeta, job: dict[str, Any] | None, v: JobVerdict | None, *, planned: bool
-) -> dict[str, Any]:
-    """The summary's ``trainer``, ``job`` and ``scope``: the step alone, the job runs' verdict (``job`` as written,
-    ``v`` read; None where they did not run), and what the pick is for (``what``: "the loader", "the pipeline")."""
+def job_keys(what: str, m: RunMeta, v: JobVerdict | None, *, planned: bool) -> dict[str, Any]:
+    """The summary's ``trainer``, ``job`` and ``scope``: the step alone, the job runs' verdict (None where they
+    did not run), and what the pick is for (``what``: "the loader", "the pipeline")."""
     return {
         "trainer": trainer_summary(m.trainer, v),
-        "job": job,
+        "job": None if v is None else v.to_json(),
         "scope": alone_scope(what, m.step, m.settings, planned=planned),
     }

@@ -25,6 +25,7 @@ from stagebench.model._finding import by_severity
 from stagebench.model._job import JobVerdict, StepAlone
 from stagebench.model._loader import LoaderRow, LoaderTarget
 from stagebench.model._meta import RunMeta
+from stagebench.model._stage import changed
 from stagebench.runs._provenance import load_warnings
 
 __all__ = ["summarize_loader", "loader_pick", "pooled_frame"]
@@ -76,8 +77,7 @@ class _Picks:
     pts: list[LoaderRow]
     best: LoaderRow | None
     user: LoaderRow | None
-    job: dict[str, Any] | None
-    #: the same, read (None without a job)
+    #: the job runs' verdict (None without a job)
     verdict: JobVerdict | None
     #: the job runs decided the pick
     decided: bool
@@ -120,7 +120,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "points": [p.to_json() for p in c.pts],
         "search": _search_summary(m, c.pts),
         "target": None if target is None else target.to_json(),
-        **job_keys("the loader", m, c.job, c.verdict, planned=m.trainer_planned),
+        **job_keys("the loader", m, c.verdict, planned=m.trainer_planned),
         "findings": [
             f.to_json()
             for f in by_severity(loader_findings(c.pts, m, rec, target, c.verdict) + worker_cost_findings(costs, rec))
@@ -153,8 +153,7 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
     pts = _rows(rows)
     ok = [p for p in pts if p.ok]
     user = user_point(pts, m)
-    job = decide_job(m.job, m.step)
-    verdict = JobVerdict.from_json(job)
+    verdict = decide_job(m.job, m.step)
     decided = verdict is not None and verdict.decided
     rec = recommend(
         rows,  # as measured: the tie-break's rows are read in their order
@@ -170,10 +169,9 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
     rec = _kept_knobs(rec, ok, m)
     isolated = rec
     held = False
-    if decided and job is not None and verdict is not None:
+    if decided and verdict is not None:
         rec = _kept_knobs(apply_job_pick(pts, verdict), ok, m, with_loop=True)
-        job["zero_workers"] = _zero_workers_note(verdict)
-        verdict = replace(verdict, zero_workers=job["zero_workers"])
+        verdict = changed(verdict, zero_workers=_zero_workers_note(verdict))
     elif measured_demand and (kept := _held(rec, user)) is not None:
         rec, held = _kept_knobs(kept, ok, m), True
     return _Picks(
@@ -187,7 +185,6 @@ def _picks(rows: Any, m: RunMeta) -> _Picks:
         pts=pts,
         best=max(ok, key=lambda p: p.samples_per_s) if ok else None,
         user=user,
-        job=job,
         verdict=verdict,
         decided=decided,
         rec=rec,

@@ -42,7 +42,6 @@ from stagebench.core._jobrun import Ladder
 from stagebench.core._paired import HOST_PHASES
 from stagebench.core._resources import usable_cores
 from stagebench.core._stage_draft import StageDraft
-from stagebench.model._job import JobVerdict
 from stagebench.model._meta import Provenance, RunMeta
 from stagebench.model._pipeline import Interference, Prediction, WholeRun
 from stagebench.model._rate import Rate
@@ -410,10 +409,9 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
     yours = yours_verdict(m.yours, validation, entries)
     # the training job, where it ran with the user's loop: its pick becomes every stage's recommendation
     # (after the prediction and the whole-pipeline runs, which were made at the isolated choice)
-    job = decide_job(m.job, m.step, unit="items/s")
-    verdict = JobVerdict.from_json(job)
-    if job is not None and verdict is not None and verdict.decided:
-        job["changed"] = apply_job_pick(stages, verdict)
+    verdict = decide_job(m.job, m.step, unit="items/s")
+    if verdict is not None and verdict.decided:
+        verdict = changed(verdict, changed=tuple(apply_job_pick(stages, verdict)))
         entries = stages
     findings = build_findings(
         entries,
@@ -448,7 +446,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         "prediction": None if prediction is None else prediction.to_json(),
         "validation": None if validation is None else validation.to_json(),
         "recommended_vs_yours": None if yours is None else yours.to_json(),
-        **job_keys("the pipeline", m, job, verdict, planned=m.settings.trainer == "measure"),
+        **job_keys("the pipeline", m, verdict, planned=m.settings.trainer == "measure"),
         "demand": None if demand is None else demand.to_json(),
         "cpu_speed": None if speed is None else speed.to_json(),
         "findings": [f.to_json() for f in findings],

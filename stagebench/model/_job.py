@@ -302,6 +302,10 @@ class JobVerdict(ReadIfGiven):
     text: str | None = None
     zero_workers: str | None = None
     changed: tuple[str, ...] = ()
+    keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    """The keys it was built or read with, in order: ``to_json`` writes those (a loader's verdict has no
+    ``changed``, a pipeline's no ``zero_workers``, one that did not run no rate)."""
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     READ: ClassVar[Coercions] = {
         "candidates": each(JobCandidate.from_json),
