@@ -174,9 +174,9 @@ def yours_verdict(
     """The recommended settings against the user's own, both run for real in turns (``run.json["yours"]``),
     by the rule of :mod:`stagebench.model._evidence` on their windows' ratio.
 
-    ``recommended``: faster than yours beyond noise; ``cheaper``: fewer worker processes, else fewer workers
-    and threads (:func:`settings_cost`), and within 5% of yours, shown; ``yours``: yours faster beyond noise (keep them); ``could not tell``: the windows in
-    turns could not tell them apart, so yours are kept (the ratio's interval, and how many rounds
+    ``recommended``: faster than yours beyond noise; ``cheaper``: fewer worker processes, else fewer
+    workers and threads (:func:`settings_cost`), and within 5% of yours, shown; ``yours``: yours faster
+    beyond noise (keep them); ``could not tell``: the windows in turns could not tell them apart, so yours are kept (the ratio's interval, and how many rounds
     would settle it); ``same``: the user's settings are the recommended ones; ``inconclusive``: one
     of the two runs has no number; ``not run``: neither was run (quick mode,
     ``STAGEBENCH_VALIDATE=off``). ``changes`` lists each stage whose setting differs (its name, the
@@ -227,6 +227,7 @@ def yours_verdict(
     figures = f"{r_rate.text('items/s')} with the recommended settings, {m_rate.text()} with yours"
     rec_w, your_w = list(val.window_rates), list(yours.window_rates)
     d = versus_yours_decision(rec_w, your_w, recommended, mine, (r_rate, m_rate))
+    full_yours = {**recommended, **mine}  # a stage without a setting of yours runs as recommended
     x = Ratio.of_pairs(list(zip(rec_w, your_w)), confidence=_LEVEL)  # the recommended over yours, round by round
     if d is None or x is None:  # saved before the windows were kept: no ratio in turns to decide on
         return changed(
@@ -241,7 +242,7 @@ def yours_verdict(
         verdict, text = (
             "cheaper",
             f"the recommended settings are as fast within {1 - EQUIVALENT:.0%} with "
-            f"{_cost_words(recommended, {**recommended, **mine}, 'fewer')}, {x.text('yours')}: {figures}",
+            f"{_cost_words(recommended, full_yours, 'fewer')}, {x.text('yours')}: {figures}",
         )
     elif x.below(1.0):
         verdict, text = (
@@ -251,7 +252,7 @@ def yours_verdict(
     elif d.settled:  # yours the fastest, the recommended costlier: nothing it could gain once the rounds say so
         verdict, text = (
             "yours",
-            f"keep yours: the recommended settings use {_cost_words(recommended, {**recommended, **mine}, 'more')} and "
+            f"keep yours: the recommended settings use {_cost_words(recommended, full_yours, 'more')} and "
             f"were not shown faster, {x.text('yours')}: {figures}",
         )
     else:
