@@ -594,6 +594,7 @@ def test_the_prediction_is_read_against_the_round_the_replay_took_part_in():
     assert v["error_vs_prediction"] == pytest.approx(140.0 / 150.0 - 1)
     confirms = next(f for f in s["findings"] if f["title"] == "the whole-pipeline run confirms the prediction")
     assert confirms["detail"].startswith("measured 120 items/s (150 in the round the replay took part in, read")
+    assert confirms["detail"].endswith("vs predicted 140: the prediction 7% low")
     # one round only (or no record of rounds): the error is read against the whole run
     for one in ({**val, "first_round_windows": 5}, val):
         w = summarize(_pipeline_rows(), _meta("gil", "sleep", "mixed", validation=one, replay=replay))["validation"]
