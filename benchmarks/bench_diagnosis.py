@@ -408,9 +408,8 @@ def _prediction(mode: str, sb: dict | None) -> dict:
     pred_err = naive_err = bounds_err = None
     if sb and sb["measured_qps"]:
         m = sb.get("measured_with_replay") or sb["measured_qps"]
-        pred_err, naive_err, bounds_err = (_rel(sb.get(k), m) for k in ("predicted_qps", "naive_qps", "bounds_qps"))
-        if sb.get("prediction_error") is not None:
-            pred_err = sb["prediction_error"]  # stagebench's own reading (the same, where it had one)
+        pred_err = sb.get("prediction_error")  # stagebench's own reading, against ``m``
+        naive_err, bounds_err = (_rel(sb.get(k), m) for k in ("naive_qps", "bounds_qps"))
         shared = f"; {fmt_q(m, 0)}/s in the round the replay took part in" if sb.get("measured_with_replay") else ""
         print(
             f"   {mode}: prediction ({sb.get('method')}) {fmt_q(sb['predicted_qps'], 0)}/s; the bounds "

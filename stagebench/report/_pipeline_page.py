@@ -53,14 +53,14 @@ def pipeline_context(run: RunData) -> dict[str, Any]:
         )
     if val.qps is not None:
         sub = f"{interval_text(val.qps_low, val.qps_high)}"
-        if finite(val.qps_with_replay) and finite(pred.qps) and num(pred.qps) > 0:
+        # the rate the prediction is read against (the analysis's), where it is one
+        shared = finite(val.qps_with_replay)
+        against = val.qps_with_replay if shared else val.qps
+        if finite(against) and finite(pred.qps) and num(pred.qps) > 0:
             # computed here, not read from error_vs_prediction: the sign convention is then unambiguous
-            sub += (
-                f" · {pct_text(num(val.qps_with_replay) / num(pred.qps) - 1, signed=True)} vs predicted in the "
-                f"round the replay took part in ({rate_text(val.qps_with_replay)})"
+            sub += f" · {pct_text(num(against) / num(pred.qps) - 1, signed=True)} vs predicted" + (
+                f" in the round the replay took part in ({rate_text(against)})" if shared else ""
             )
-        elif finite(val.qps) and finite(pred.qps) and num(pred.qps) > 0:
-            sub += f" · {pct_text(num(val.qps) / num(pred.qps) - 1, signed=True)} vs predicted"
         tiles.append(tile("measured whole pipeline", f"{rate_text(val.qps)} items/s", sub))
     trainer = sm.trainer
     if finite(trainer.samples_per_s):
