@@ -111,6 +111,10 @@ def test_process_stand_in_keeps_the_work_off_the_main_gil_and_charges_the_ipc():
     assert s.gil_s == pytest.approx(0.7e-3)  # process ceiling's main-process cost beyond the thread one
     assert s.free_s == pytest.approx(1.5e-3)  # all the stage's CPU runs in a worker
     assert s.wait_s == pytest.approx(1.5e-3)
+    assert s.python_free_s == pytest.approx(1.5e-3)  # its GIL share is Python, which follows the loop's speed
+    native = plan_stand_ins([_stage(executor="process", proc_harness=0.9e-3, frac=0.2)])["s"]
+    assert native.free_s == pytest.approx(1.5e-3)
+    assert native.python_free_s == pytest.approx(0.6e-3)  # 0.2 of its 3 ms: the rest is native work
 
 
 def test_unmeasured_and_non_pipe_stages_run_as_themselves():
@@ -166,12 +170,18 @@ def test_a_stand_in_with_the_sweeps_speed_does_fixed_work_not_fixed_time():
     # changed 2.2x between the probe and the calls
     assert 10e-3 < sorted(sames)[1] < 40e-3
     assert 0.35 < sorted(ratios)[1] < 0.7
-    # the GIL-free part scales the same way: half the bytes for a sweep twice as slow as the calibration
+    # the GIL-free part is native work: bytes at the hash's speed now, whatever the loop's speed was; only a
+    # process stage's own Python (python_free_s) follows the loop's: half its bytes for a sweep twice as slow
     from stagebench.pipeline._replay import _calibration, _Work
 
     _, cal_ns = _calibration()
-    assert _Work(0.0, 0.1, 2 * cal_ns).free_bytes == pytest.approx(_Work(0.0, 0.1, cal_ns).free_bytes / 2, rel=0.01)
-    assert _Work(0.0, 0.1, None).free_bytes == pytest.approx(_Work(0.0, 0.1, cal_ns).free_bytes, rel=0.01)
+    native = _Work(0.0, 0.1, cal_ns).free_bytes
+    assert _Work(0.0, 0.1, 2 * cal_ns).free_bytes == native
+    assert _Work(0.0, 0.1, None).free_bytes == native
+    python = _Work(0.0, 0.1, 2 * cal_ns, python_free_s=0.1).free_bytes
+    assert python == pytest.approx(native / 2, rel=0.01)
+    half = _Work(0.0, 0.1, 2 * cal_ns, python_free_s=0.05).free_bytes
+    assert half == pytest.approx(native * 0.75, rel=0.01)
 
 
 def test_a_stand_in_releases_the_gil_as_often_as_the_probe_read_less_its_own_sleep():

@@ -28,8 +28,14 @@ replay is a prediction, which the validation run checks.
 A stand-in does a fixed amount of *work*, not a fixed CPU time: a shared host's cores change speed in
 phases of seconds, and a fixed CPU time would do less work in a slow phase than the stage did. So its
 GIL-held part is iterations of the speed probe's loop, in runs of the probe's length so that each costs
-what the probe read (:func:`stagebench.core._speed.speed_work`), and its GIL-free part bytes of SHA-256,
-both at the sweep's speed; without a speed probed, it spins for the CPU time.
+what the probe read (:func:`stagebench.core._speed.speed_work`), at the sweep's speed; without a speed
+probed, it spins for the CPU time. Its GIL-free part is bytes of SHA-256 at the hash's speed now, not
+scaled by the loop's: native code does not keep the interpreter's clock. Here, in phases where the loop
+ran 1.77x slower, SHA-256 ran 1.04x slower, inflating 1.19x and a JPEG decode 1.28x; bytes scaled by the
+loop's speed (until 2026-11-30) put 1.8x or 0.8x the work into a decode's stand-in, and SPDL's
+imagenet_classification replayed at 0.51x and 1.18x the pipeline it measured. Only a process stage's own
+Python (``python_free_s``: GIL-free here, as it runs outside this process's GIL) follows the loop's speed,
+as the GIL-held part does.
 """
 
 from __future__ import annotations
@@ -69,8 +75,8 @@ def _calibration() -> tuple[float, float]:
     speed probe. The mean over several milliseconds, not the median of a few:
     a shared host's core speed flips every few tens of milliseconds, and a
     calibration taken in one phase would make every GIL-free stand-in that
-    much too long or too short. The speed read alongside says which phase the
-    calibration saw, so the bytes can be scaled to the sweep's speed.
+    much too long or too short. The loop's speed read alongside converts the
+    Python a process stage runs (at the loop's speed then against now).
     """
     global _CALIBRATION
     if _CALIBRATION is None:
@@ -119,18 +125,25 @@ class _Work:
     """One stand-in's CPU as fixed work: loop iterations (GIL held) and SHA-256 bytes (GIL free).
 
     ``speed_ns``: the speed probe's ns per loop iteration while the stage was
-    measured; None: fixed CPU time instead (no speed was probed).
+    measured; None: fixed CPU time instead (no speed was probed). ``python_free_s``:
+    of ``free_s``, Python run outside this process's GIL (a process stage's own),
+    whose work follows the loop's speed (module docstring).
     """
 
-    def __init__(self, gil_s: float, free_s: float, speed_ns: float | None, releases: int = 1) -> None:
+    def __init__(
+        self, gil_s: float, free_s: float, speed_ns: float | None, releases: int = 1, python_free_s: float = 0.0
+    ) -> None:
         self.gil_s = gil_s
         self.loops = int(round(gil_s * 1e9 / speed_ns)) if speed_ns and gil_s > 0 else 0
         self.free_bytes = 0
         if free_s > 0:
             s_per_byte, now_ns = _calibration()
-            # bytes at the sweep's speed: a core slower now (more ns per loop) hashes slower too
-            at_sweep = s_per_byte * (speed_ns / now_ns) if speed_ns and now_ns > 0 else s_per_byte
-            self.free_bytes = int(free_s / at_sweep)
+            python = min(max(0.0, python_free_s), free_s)
+            # native work: bytes at the hash's speed now (it does not keep the loop's clock: module docstring)
+            nbytes = (free_s - python) / s_per_byte
+            if python > 0:  # Python run outside this GIL: what it costs now, from the loop's speed then and now
+                nbytes += python * (now_ns / speed_ns if speed_ns and now_ns > 0 else 1.0) / s_per_byte
+            self.free_bytes = int(nbytes)
         # each piece: its share of the loops, then its share of the bytes (a GIL release);
         # SHA-256 keeps the GIL for buffers under _HASH_MIN_BYTES, so no piece is smaller
         self.pieces = n = max(1, min(int(releases), _MAX_PIECES, self.free_bytes // _HASH_MIN_BYTES))
@@ -183,6 +196,7 @@ class StandIn:
     note: str = ""
     speed_ns: float | None = None  # the core's speed while the stage was measured (see the module docstring)
     releases: int = 1  # GIL releases per call in its GIL-free work (see the module docstring)
+    python_free_s: float = 0.0  # of free_s, a process stage's own Python (see the module docstring)
     helper_s: float = 0.0  # CPU per call on threads of the stage's own (see the module docstring)
     helpers: int = 1  # how many of those threads work at once
 
@@ -235,7 +249,7 @@ class _Helpers:
 
 class _ThreadStandIn:
     def __init__(self, s: StandIn, outputs: Sequence[Any] | None = None) -> None:
-        self.work = _Work(s.gil_s, s.free_s, s.speed_ns, s.releases)
+        self.work = _Work(s.gil_s, s.free_s, s.speed_ns, s.releases, s.python_free_s)
         self.helpers = _Helpers(s)
         self.wait_s = max(0.0, s.wait_s - self.helpers.wall_s)  # the rest of its wait, after its helpers
         self.output = _Outputs(outputs)
@@ -431,6 +445,7 @@ def _stand_in(st: StageEntry, speed_ns: float | None) -> StandIn | None:
             c,
             gil_s=ipc,
             free_s=gil + free,
+            python_free_s=gil,
             wait_s=wait,
             speed_ns=speed_ns,
             note="process: its work runs outside the main process's GIL; the main process "
