@@ -31,11 +31,11 @@ GIL-held part is iterations of the speed probe's loop, in runs of the probe's le
 what the probe read (:func:`stagebench.core._speed.speed_work`), at the sweep's speed; without a speed
 probed, it spins for the CPU time. Its GIL-free part is bytes of SHA-256 at the hash's speed now, not
 scaled by the loop's: native code does not keep the interpreter's clock. Here, in phases where the loop
-ran 1.77x slower, SHA-256 ran 1.04x slower, inflating 1.19x and a JPEG decode 1.28x; bytes scaled by the
-loop's speed (until 2026-11-30) put 1.8x or 0.8x the work into a decode's stand-in, and SPDL's
-imagenet_classification replayed at 0.51x and 1.18x the pipeline it measured. Only a process stage's own
-Python (``python_free_s``: GIL-free here, as it runs outside this process's GIL) follows the loop's speed,
-as the GIL-held part does.
+ran 1.77x slower, SHA-256 ran 1.04x slower, inflating 1.19x and a JPEG decode 1.28x, so bytes scaled by
+the loop's speed would follow a clock the stage does not: one calibration in a slow phase of the loop
+would put 1.8x a decode's work into its stand-in (docs/accuracy.md). Only a process stage's own Python
+(``python_free_s``: GIL-free here, as it runs outside this process's GIL) follows the loop's speed, as
+the GIL-held part does.
 """
 
 from __future__ import annotations
