@@ -199,6 +199,11 @@ def advance(
     first = cached.first
     if first.capped and first.n_inputs:
         cur.fraction *= first.n_run / first.n_inputs
+    if step.type == "aggregate" and first.n_run:
+        # A remainder that drop_last throws away, or a group the cap stopped, reaches no stage after this
+        # one: it is an end of the cached items, not work they did (over an epoch it is at most one batch).
+        # Counted, a batch of 32 after 200 cached items would stand for 200 / 6 = 33.3 source items.
+        cur.fraction *= sum(b - a for a, b in first.groups or ()) / first.n_run
     if not cached.items:
         why = _no_outputs_why(first, timeout_s)
         cur.blocked = f"not measured: the earlier stage {step.name!r} produced no outputs: {why}"
