@@ -262,11 +262,17 @@ def _gil_busy_at_best(at: _AtBest) -> tuple[_Verdict | None, str | None]:
     The busy share is the stage's own GIL time plus the harness's per item, times the throughput: it
     catches a GIL that saturates only together with SPDL's own Python, at the top of the curve. A
     verdict rests on this share, not on the stage's own GIL share (which can be small). A busy GIL on
-    a curve still rising is no verdict: the note says so, for the last rule's lines.
+    a curve still rising is no verdict: the note says so, for the last rule's lines. Nor is a share
+    the curves only bound from above (``gil.pinned`` false): the rules after this one decide.
     """
     ex, c, bp, gil, src = at.ex, at.c, at.bp, at.gil, at.src
     g = gil.gil_s_per_item
     if not (ex in ("thread", "async") and g is not None and not gil.serializer == "other"):
+        return None, None
+    if not gil.pinned:
+        # The curves bound the stage's GIL share only from above: its GIL time per item is the bound's
+        # midpoint, a guess, and so is a busy share read from it. A verdict on it named the GIL beside a
+        # label that gave the share as only bounded (an FFmpeg decode "81% busy" where the cores bind).
         return None, None
     rising = still_rising(at.sr.curve(at.harness, ex), src)
     h = harness_gil_s(at.sr.ceiling(at.harness, ex, c))
