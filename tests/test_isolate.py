@@ -125,7 +125,7 @@ def test_cached_outputs_equal_what_spdl_delivers():
         .pipe(odd_only)
         .pipe(twice)
         .pipe(atwice)
-        .aggregate(6)
+        .aggregate(8)  # 80 items: whole batches (a short last one is flushed only where no whole one formed)
         .pipe(lambda b: [x * 10 for x in b])
         .disaggregate()
     )
@@ -137,10 +137,18 @@ def test_cached_outputs_equal_what_spdl_delivers():
 
 
 def test_aggregate_groups_and_drop_last():
-    for drop_last, groups in ((False, ((0, 3), (3, 6), (6, 9), (9, 10))), (True, ((0, 3), (3, 6), (6, 9)))):
-        plan = plan_pipeline(cfg_of(PipelineBuilder().add_source(range(10)).aggregate(3, drop_last=drop_last)))
+    # The short last group SPDL flushes where the source ends is where the cache ends, not an epoch: it is
+    # kept only where no full group formed (a cache smaller than a batch), and with drop_last never.
+    cases = (
+        (10, False, ((0, 3), (3, 6), (6, 9))),
+        (10, True, ((0, 3), (3, 6), (6, 9))),
+        (2, False, ((0, 2),)),
+        (2, True, ()),
+    )
+    for n, drop_last, groups in cases:
+        plan = plan_pipeline(cfg_of(PipelineBuilder().add_source(range(n)).aggregate(3, drop_last=drop_last)))
         st = plan.stages[0]
-        items = list(range(10))
+        items = list(range(n))
         out, meta = compute_outputs(st, items, max_bytes=1e12)
         assert meta.groups == groups
         measured = measure_inputs(st, items, meta)
@@ -170,8 +178,11 @@ class EveryThird(Aggregator):
 def test_custom_aggregator_runs_on_fresh_copies():
     cfg = PipelineConfig(src=SourceConfig(range(8)), pipes=[Aggregate(EveryThird())], sink=SinkConfig(2))
     st = plan_pipeline(cfg).stages[0]
+    # 6 + 7, flushed where the 8 cached items end, is no batch of an epoch; where no whole one forms it is kept
+    short, meta = compute_outputs(st, [6, 7], max_bytes=1e12)
+    assert short == [13] and [st.fn(g) for g in measure_inputs(st, [6, 7], meta)] == short
     out, meta = compute_outputs(st, list(range(8)), max_bytes=1e12)
-    assert out == [3, 12, 13]
+    assert out == [3, 12]
     groups = measure_inputs(st, list(range(8)), meta)
     assert [st.fn(g) for g in groups] == out
     # concurrent calls must not share state

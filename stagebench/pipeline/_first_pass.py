@@ -346,7 +346,13 @@ def compute_outputs(
 def _aggregate(
     stage: Stage, inputs: Sequence, keep: Callable[[Any], bool], raised: Callable[[BaseException], None]
 ) -> tuple[int, tuple[tuple[int, int], ...]]:
-    """An aggregate's pass, in order as SPDL runs it: (inputs run, each output's ``[start, end)`` inputs)."""
+    """An aggregate's pass, in order as SPDL runs it: (inputs run, each output's ``[start, end)`` inputs).
+
+    Without ``drop_last`` SPDL flushes a short last group where its source ends. The cached items end where
+    the cache does, not where an epoch does: over an epoch that group comes once, and in the whole-pipeline
+    runs (a source that cycles) never. So it is flushed only where no full group formed (a cache smaller
+    than a batch); measured, the calls after it read as batches of 28.6 where every batch holds 32.
+    """
     agg = copy.deepcopy(stage.proto) if stage.proto is not None else stage.config.op
     groups: list[tuple[int, int]] = []
     start = 0
@@ -365,7 +371,7 @@ def _aggregate(
             groups.append((start, i + 1))
             start = i + 1
     else:
-        if not stage.drop_last and start < len(inputs):
+        if not stage.drop_last and start < len(inputs) and not groups:
             try:
                 r = agg.flush()
             except Exception as e:

@@ -279,13 +279,18 @@ def items_key(items: Sequence[Any]) -> tuple[str, str | None]:
         return f"unstable-{uuid.uuid4().hex}", f"the source items cannot be hashed ({type(e).__name__})"
 
 
+#: What a stored first pass holds changes with this tag (2: an aggregate's short last group is flushed
+#: only where no full group formed): entries stored under another are not looked up.
+_FORMAT = "stagebench-stage-2"
+
+
 def chain_key(*parts: Any) -> str:
     """Key of a stage from its parts; one-off (``unstable-``) when any part is.
 
     A key chained from a one-off key is never looked up again, so storing
     under it would only fill the cache folder run after run.
     """
-    key = joblib.hash(("stagebench-stage", *parts))
+    key = joblib.hash((_FORMAT, *parts))
     if any(isinstance(p, str) and p.startswith("unstable-") for p in parts):
         return f"unstable-{key}"
     return key
