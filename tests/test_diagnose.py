@@ -1514,6 +1514,25 @@ def test_a_batch_after_the_cached_items_end_stands_for_what_a_batch_holds(tmp_pa
         assert stages["after"]["items_per_input"] == pytest.approx(3.0), drop_last
 
 
+def test_cached_items_that_make_no_whole_batch_are_said(tmp_path):
+    """20 cached items, batches of 32: the only batch is the short one flushed where they end. It is measured,
+    and the warning names the variable that reads enough for whole ones."""
+
+    def after(batch):
+        time.sleep(0.002)
+        return len(batch)
+
+    cfg = PipelineBuilder().add_source(range(100)).aggregate(32).pipe(after).add_sink(2).get_config()
+    s = small(concurrency=(1,), validation_s=0)
+    summary = diagnose_pipeline(cfg, out=tmp_path / "run", settings=s, show_table=False, report=False)
+    stages = {st["name"]: st for st in json.loads((tmp_path / "run" / "run.json").read_text())["stages"]}
+    agg = stages["aggregate(op=collate(32), drop_last=False)"]
+    assert "20 cached inputs make no whole batch" in agg["short_batch"]
+    assert stages["after"]["items_per_input"] == pytest.approx(20.0) and stages["after"]["short_batch"] is None
+    said = [w for w in summary["warnings"] if "no whole batch" in w]
+    assert len(said) == 1 and "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS" in said[0]
+
+
 def test_the_outputs_cap_does_not_inflate_items_per_call(tmp_path):
     """STAGEBENCH_CACHE_MAX_MB cuts a stage's run short: its calls still stand for one source item each."""
 

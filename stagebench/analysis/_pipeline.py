@@ -108,8 +108,7 @@ def _run_warnings(df: pd.DataFrame, stages: Sequence[StageEntry], m: RunMeta, co
         )
         out.append(f"the diagnosis was cut short: {how}; this summary covers the points measured before it")
     for st in m.stages:
-        if st.get("inputs_cut"):
-            out.append(f"{st.get('name')}: {st['inputs_cut']}")
+        out.extend(f"{st.get('name')}: {st[k]}" for k in ("inputs_cut", "short_batch") if st.get(k))
     prov, after = m.provenance or Provenance(), m.provenance_after
     if prov.recorded:
         out.extend(load_warnings(prov.to_json(), None if after is None else after.to_json()))

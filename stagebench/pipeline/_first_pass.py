@@ -79,6 +79,8 @@ class FirstPass:
     process_note: str | None = None
     #: an aggregate's ``[start, end)`` input range of each output
     groups: tuple[tuple[int, int], ...] | None = None
+    #: an aggregate's one output is the short group flushed where the cached items end: no whole one formed
+    flushed: bool = False
 
 
 @dataclass(slots=True)
@@ -304,9 +306,9 @@ def compute_outputs(
             tally.out_of_memory = what
 
     groups: tuple[tuple[int, int], ...] | None = None
-    stalled = False
+    stalled = flushed = False
     if stage.type == "aggregate":
-        n_run, groups = _aggregate(stage, inputs, keep, raised)
+        n_run, groups, flushed = _aggregate(stage, inputs, keep, raised)
     else:
 
         def accept(_i: int, ok: bool, value: Any) -> bool:
@@ -339,14 +341,16 @@ def compute_outputs(
         seconds=time.perf_counter() - t0,
         stalled=stalled,
         groups=groups,
+        flushed=flushed,
         **asdict(tally),
     )
 
 
 def _aggregate(
     stage: Stage, inputs: Sequence, keep: Callable[[Any], bool], raised: Callable[[BaseException], None]
-) -> tuple[int, tuple[tuple[int, int], ...]]:
-    """An aggregate's pass, in order as SPDL runs it: (inputs run, each output's ``[start, end)`` inputs).
+) -> tuple[int, tuple[tuple[int, int], ...], bool]:
+    """An aggregate's pass, in order as SPDL runs it: (inputs run, each output's ``[start, end)`` inputs,
+    whether the one output is a flushed short group).
 
     Without ``drop_last`` SPDL flushes a short last group where its source ends. The cached items end where
     the cache does, not where an epoch does: over an epoch that group comes once, and in the whole-pipeline
@@ -379,7 +383,8 @@ def _aggregate(
                 raised(e)
             if r is not None and keep(r):
                 groups.append((start, len(inputs)))
-    return n_run, tuple(groups)
+                return n_run, tuple(groups), True
+    return n_run, tuple(groups), False
 
 
 def unfinished(first: FirstPass) -> str | None:

@@ -368,12 +368,22 @@ class StagesPhase:
         )
         if cut:
             self.say(f"{step.name!r}: {cut}")
+        short = (
+            f"its {len(cur.inputs)} cached inputs make no whole batch: it and the stages after it are measured on "
+            f"that short one, and the whole-pipeline runs (whose batches are whole) count each batch as "
+            f"{len(cur.inputs)} inputs; raise SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS past two batches"
+            if cached.first.flushed
+            else None
+        )
+        if short:
+            self.say(f"{step.name!r}: {short}")
         smeta.update(
             status="measured",
             n_inputs=len(minputs),
             n_outputs=len(cached.items),
             items_per_input=per_input * per_call if minputs else None,
             inputs_cut=cut,
+            short_batch=short,
             cache="hit" if cached.hit else ("off" if self.run.cache_dir is None else "computed"),
             caching_errors=cached.first.n_errors,
             caching_error_example=cached.first.error_example,
