@@ -842,6 +842,18 @@ def test_a_gil_share_the_curves_only_bound_does_not_make_the_gil_the_limit():
     assert "gil_busy_at_best" not in st["evidence"]["signals"]
 
 
+def test_a_gil_bound_stage_at_its_best_on_processes_is_not_limited_by_the_gil():
+    """1 ms of Python a call on 2 cores: the GIL flattens its threads at 1,000 items/s, and processes, each
+    with its own GIL, reach 1,667 on both cores. At its best (process x 2) the cores hold it back; the
+    demo's augment read "alone at process x 4: limited by the GIL" with a line about its threads."""
+    st = analyzed(model_rows("aug", gil_ms=1.0, wait_ms=0.0, harness="spdl"), cores=2)
+    assert st["classification"] == "gil-bound" and st["recommended"]["executor"] == "process"
+    assert st["limit"]["kind"] == "cores" and st["limit"]["at"] == "process x 2", st["limit"]
+    # where the threads stay best, the GIL that flattens them is still the limit
+    st = analyzed(model_rows("aug", gil_ms=1.0, wait_ms=0.0, harness="spdl", process_ceiling=900.0), cores=2)
+    assert st["limit"]["kind"] == "gil" and st["limit"]["at"] == "thread x 1", st["limit"]
+
+
 def test_a_process_stage_charges_the_main_process_its_process_ceilings_time_per_item():
     # Pickling, the pipe and loky's threads run in the main process for every item: the
     # process no-op ceiling (1,000 items/s, 0.6 ms CPU per item here) is that cost, far above

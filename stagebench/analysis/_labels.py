@@ -219,8 +219,13 @@ def _gil_flattens(at: _AtBest) -> _Verdict | None:
     whatever small GIL share its CPU suggests. The rule reads the GIL estimate's curve. Measured
     through SPDL, a curve also flattens on SPDL's own per-item Python (its event loop holds the GIL
     to schedule every item): where the stage holds it less than half as long, the harness is the limit.
+    Not where the best point is on processes: the rules after this one say what holds them back.
     """
     gil, harness, src = at.gil, at.harness, at.src
+    if at.ex == "process":
+        # Best on processes, each with its own GIL: the GIL that flattens the threads does not hold it back
+        # there (the demo's augment read "alone at process x 4: limited by the GIL")
+        return None
     gil_curve = at.sr.curve(gil.harness or harness, gil.executor or "thread")
     tb = at.bests.get(gil.executor or "thread")
     if not (gil.saturated and gil.serializer == "gil" and tb is not None and not still_rising(gil_curve)):
