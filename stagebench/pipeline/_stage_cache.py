@@ -39,7 +39,7 @@ import time
 import types
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -279,9 +279,10 @@ def items_key(items: Sequence[Any]) -> tuple[str, str | None]:
         return f"unstable-{uuid.uuid4().hex}", f"the source items cannot be hashed ({type(e).__name__})"
 
 
-#: What a stored first pass holds changes with this tag (2: an aggregate's short last group is flushed
-#: only where no full group formed): entries stored under another are not looked up.
-_FORMAT = "stagebench-stage-2"
+#: What a stored first pass holds: its fields (a field added since would be missing from an entry stored
+#: before), and a tag for changes in what they mean (2: an aggregate's short last group is flushed only
+#: where no whole one forms). An entry stored under another format is not looked up.
+_FORMAT = ("stagebench-stage-2", tuple(f.name for f in fields(FirstPass)))
 
 
 def chain_key(*parts: Any) -> str:
