@@ -36,12 +36,20 @@ __all__ = [
     "SettingsError",
     "DEMAND_HEADROOM",
     "QUICK",
+    "NUM_ITEMS",
+    "NUM_ITEMS_MAX",
     "check",
     "read_env",
     "env_help",
     "local_rank",
 ]
 
+#: Source items a diagnosis reads where SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS is unset: enough for a steady
+#: window (the inputs are cycled) while decoded images held in memory stay modest.
+NUM_ITEMS = 200
+#: Most source items read unasked, to make two whole batches of a batching step (batches of 2,048 and up
+#: get fewer, and a warning where none is whole).
+NUM_ITEMS_MAX = 4096
 #: Longest steady-state window of one stage point, seconds (MeasureConfig, diagnostic mode).
 STAGE_WINDOW_S = 0.5
 #: Shortest window of a stage point: it closes early, from here on, once its interval is within PRECISION.
@@ -145,8 +153,9 @@ SETTINGS: tuple[Setting, ...] = (
         "num_items",
         "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS",
         "int",
-        200,
-        "source items read once and cached (SPDL's own variable)",
+        None,
+        f"source items read once and cached (SPDL's own variable); default: {NUM_ITEMS}, or two whole batches "
+        f"of each batching step where that is more (at most {NUM_ITEMS_MAX:,}): a short batch is no batch of an epoch",
         minimum=1,
     ),
     Setting(

@@ -93,7 +93,7 @@ def test_settings_from_env_defaults_and_values(monkeypatch):
     monkeypatch.setattr(_resources, "usable_cores", lambda: 2)  # the default grid follows the cores above 16
     s = DiagnoseSettings.from_env({})
     assert (s.num_items, s.budget_s, s.concurrency, s.executors, s.harnesses) == (
-        200,
+        None,  # 200, or two whole batches of each batching step (items_to_read)
         0.5,
         (1, 2, 4, 8, 16),
         ("thread", "process"),
@@ -1531,6 +1531,24 @@ def test_cached_items_that_make_no_whole_batch_are_said(tmp_path):
     assert stages["after"]["items_per_input"] == pytest.approx(20.0) and stages["after"]["short_batch"] is None
     said = [w for w in summary["warnings"] if "no whole batch" in w]
     assert len(said) == 1 and "SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS" in said[0]
+
+
+def test_unset_num_items_reads_whole_batches_for_the_stages_after_the_batching(tmp_path):
+    """SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS unset, batches of 150: 300 items read, not 200 (one whole
+    batch and a short one); no warning; the stage after stands for 150 items a call."""
+
+    def after(batch):
+        time.sleep(0.002)
+        return len(batch)
+
+    cfg = PipelineBuilder().add_source(range(1000)).aggregate(150).pipe(after).add_sink(2).get_config()
+    s = small(num_items=None, concurrency=(1,), validation_s=0)
+    summary = diagnose_pipeline(cfg, out=tmp_path / "run", settings=s, show_table=False, report=False)
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["source"]["items"] == 300
+    stages = {st["name"]: st for st in meta["stages"]}
+    assert stages["after"]["n_inputs"] == 2 and stages["after"]["items_per_input"] == pytest.approx(150.0)
+    assert not any("no whole batch" in w for w in summary["warnings"])
 
 
 def test_the_outputs_cap_does_not_inflate_items_per_call(tmp_path):

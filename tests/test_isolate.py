@@ -24,6 +24,7 @@ from stagebench.pipeline._first_pass import (
     FirstPass,
     SourceError,
     compute_outputs,
+    items_to_read,
     measure_inputs,
     read_source,
     run_passthrough,
@@ -155,6 +156,36 @@ def test_aggregate_groups_and_drop_last():
         assert measured == [items[a:b] for a, b in groups]
         # the measured callable turns each group into exactly the output SPDL emits
         assert [st.fn(g) for g in measured] == out
+
+
+class ReadsItsItems(Aggregator):
+    """A custom aggregator that groups by the items' own sizes: placeholders tell nothing of its batches."""
+
+    def accumulate(self, item):
+        return len(item)
+
+    def flush(self):
+        return None
+
+
+def test_unset_num_items_reads_two_whole_batches_of_each_batching_step():
+    """200 items, unless the batching needs more for two whole batches (at most 4,096); what the user set
+    stands; a batching whose size placeholders do not show leaves 200."""
+    plan = lambda b: plan_pipeline(cfg_of(b))
+    src = PipelineBuilder().add_source(range(10))
+    assert items_to_read(plan(src.pipe(double)), None) == (200, None)
+    assert items_to_read(plan(PipelineBuilder().add_source(range(10)).aggregate(64)), None) == (200, None)
+    n, why = items_to_read(plan(PipelineBuilder().add_source(range(10)).aggregate(256)), None)
+    assert n == 512 and "two whole batches of 'aggregate(op=collate(256), drop_last=False)'" in why
+    assert items_to_read(plan(PipelineBuilder().add_source(range(10)).aggregate(256)), 20) == (20, None)
+    nested = PipelineBuilder().add_source(range(10)).aggregate(16).aggregate(16)
+    assert items_to_read(plan(nested), None)[0] == 512  # 2 batches of 16 batches of 16
+    n, why = items_to_read(plan(PipelineBuilder().add_source(range(10)).aggregate(3000)), None)
+    assert n == 4096 and "as many as read unasked" in why
+    every_third = PipelineConfig(src=SourceConfig(range(8)), pipes=[Aggregate(EveryThird())], sink=SinkConfig(2))
+    assert items_to_read(plan_pipeline(every_third), None) == (200, None)  # 6 <= 200
+    own = PipelineConfig(src=SourceConfig(range(8)), pipes=[Aggregate(ReadsItsItems())], sink=SinkConfig(2))
+    assert items_to_read(plan_pipeline(own), None) == (200, None)
 
 
 class EveryThird(Aggregator):

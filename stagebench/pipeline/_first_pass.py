@@ -24,6 +24,7 @@ from typing import Any
 from spdl.pipeline.defs import PipelineConfig, SinkConfig, SourceConfig
 
 from stagebench._memory import describe, out_of_memory, said_out_of_memory
+from stagebench._settings import NUM_ITEMS, NUM_ITEMS_MAX
 from stagebench.core._executors import WorkerPool, WorkerReply, is_coroutine_callable, pool_failure
 from stagebench.core._sizes import approx_nbytes
 from stagebench.pipeline._isolate import Passthrough, Plan, Stage, real_pipeline
@@ -33,6 +34,8 @@ __all__ = [
     "SourceError",
     "SourceRead",
     "read_source",
+    "items_to_read",
+    "batch_size",
     "compute_outputs",
     "unfinished",
     "measure_inputs",
@@ -105,6 +108,42 @@ class SourceRead:
     asked: int
     note: str | None = None
     seconds: float = 0.0
+
+
+def batch_size(stage: Stage) -> int | None:
+    """The inputs ``stage``, an aggregate, takes to emit an output: a copy of its op fed placeholders (0)
+    until it does. None where it raises on them or emits nothing within :data:`NUM_ITEMS_MAX`."""
+    try:
+        agg = copy.deepcopy(stage.proto if stage.proto is not None else stage.config.op)
+        for i in range(1, NUM_ITEMS_MAX + 1):
+            if agg.accumulate(0) is not None:
+                return i
+    except Exception:  # an aggregator that reads its items: its size does not show this way
+        return None
+    return None
+
+
+def items_to_read(plan: Plan, asked: int | None) -> tuple[int, str | None]:
+    """How many source items to read, and why where it is not what the user asked: ``asked`` where set;
+    else :data:`NUM_ITEMS`, or two whole batches of each aggregate whose size shows where that is more (at
+    most :data:`NUM_ITEMS_MAX`). 200 items before batches of 256 make only the short batch SPDL flushes at
+    the end, which an epoch has once, and the stages after it would be measured on that alone."""
+    if asked is not None:
+        return asked, None
+    need, per, biggest = 0, 1, None
+    for step in plan.steps:
+        if isinstance(step, Stage) and step.type == "aggregate" and (k := batch_size(step)) is not None:
+            per *= k
+            if 2 * per > need:
+                need, biggest = 2 * per, step.name
+    n = min(need, NUM_ITEMS_MAX)
+    if n <= NUM_ITEMS:
+        return NUM_ITEMS, None
+    return n, (
+        f"reading {n} source items, not {NUM_ITEMS}: "
+        + ("two whole batches" if n == need else "as many as read unasked")
+        + f" of {biggest!r} (SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS sets it)"
+    )
 
 
 def read_source(plan: Plan, n: int, *, timeout_s: float = 600.0) -> SourceRead:

@@ -40,7 +40,7 @@ class DiagnoseSettings:
     """What a diagnosis measures; read from the environment by :meth:`from_env`. Each field is the setting of
     the same key in :data:`stagebench._settings.SETTINGS`, which says what it means and checks its value."""
 
-    num_items: int = _default("num_items")
+    num_items: int | None = _default("num_items")
     output_dir: str | None = None
     budget_s: float = _default("budget_s")
     min_window_s: float = _default("min_window_s")
