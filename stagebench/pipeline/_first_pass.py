@@ -13,7 +13,6 @@ for a stage the user runs on processes, a worker pool (a native crash there must
 from __future__ import annotations
 
 import asyncio
-import copy
 import itertools
 import threading
 import time
@@ -114,7 +113,7 @@ def batch_size(stage: Stage) -> int | None:
     """The inputs ``stage``, an aggregate, takes to emit an output: a copy of its op fed placeholders (0)
     until it does. None where it raises on them or emits nothing within :data:`NUM_ITEMS_MAX`."""
     try:
-        agg = copy.deepcopy(stage.proto if stage.proto is not None else stage.config.op)
+        agg = stage.fresh_aggregator()
         for i in range(1, NUM_ITEMS_MAX + 1):
             if agg.accumulate(0) is not None:
                 return i
@@ -396,7 +395,7 @@ def _aggregate(
     runs (a source that cycles) never. So it is flushed only where no full group formed (a cache smaller
     than a batch); measured, the calls after it read as batches of 28.6 where every batch holds 32.
     """
-    agg = copy.deepcopy(stage.proto) if stage.proto is not None else stage.config.op
+    agg = stage.fresh_aggregator()
     groups: list[tuple[int, int]] = []
     start = 0
     n_run = 0

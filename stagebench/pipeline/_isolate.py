@@ -119,6 +119,11 @@ class Stage:
     """Pristine aggregator (aggregates only)."""
     drop_last: bool = False
 
+    def fresh_aggregator(self) -> Any:
+        """An aggregate's own aggregator, nothing accumulated: a copy of :attr:`proto` (aggregators are
+        stateful, and the user's must stay untouched for the runs after)."""
+        return copy.deepcopy(self.proto) if self.proto is not None else self.config.op
+
     def as_meta(self) -> dict[str, Any]:
         keys = ("name", "index", "type", "is_async", "user_executor", "user_concurrency", "ordered")
         return {k: getattr(self, k) for k in keys}
@@ -413,8 +418,7 @@ def build_validation_config(
         cfg = step.config
         if step.type != "pipe":  # an aggregate (with a fresh aggregator) or a disaggregate: run inline
             if step.type == "aggregate":
-                proto = copy.deepcopy(step.proto) if step.proto is not None else cfg.op
-                cfg = AggregateConfig(name=cfg.name, op=proto, drop_last=cfg.drop_last)
+                cfg = AggregateConfig(name=cfg.name, op=step.fresh_aggregator(), drop_last=cfg.drop_last)
             pipes.append(cfg)
             used.append({"stage": step.name, "executor": "inline", "concurrency": 1})
             continue
