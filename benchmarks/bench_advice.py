@@ -81,7 +81,7 @@ def _verdict(a: dict, b: dict) -> str:
 
 def bench_one(name: str, cfg, run_dir: Path, window_s: float, *, smoke: bool = False) -> dict:
     from stagebench.pipeline._diagnose import diagnose_pipeline
-    from stagebench.pipeline._first_pass import items_to_read, read_source
+    from stagebench.pipeline._first_pass import read_source
     from stagebench.pipeline._isolate import plan_pipeline
     from stagebench.pipeline._settings import DiagnoseSettings
     from stagebench.pipeline._wholerun import run_pipelines
@@ -98,7 +98,7 @@ def bench_one(name: str, cfg, run_dir: Path, window_s: float, *, smoke: bool = F
         joint[st["name"]] = (rec["executor"], int(rec["concurrency"]))
         alone[st["name"]] = (own["executor"], int(own["concurrency"]))
     plan = plan_pipeline(cfg)
-    items = read_source(plan, items_to_read(plan, settings.num_items)[0]).items
+    items = read_source(plan, settings.num_items).items
     k = float(
         next((s.get("items_per_input") for s in reversed(summary["stages"]) if s.get("items_per_input")), 1.0) or 1.0
     )

@@ -62,7 +62,7 @@ from stagebench.pipeline._finish import (
     summarize_run,
     write_run_report,
 )
-from stagebench.pipeline._first_pass import SourceError, items_to_read, read_source
+from stagebench.pipeline._first_pass import SourceError, read_source
 from stagebench.pipeline._isolate import PlanError, plan_pipeline
 from stagebench.pipeline._run import Run, Session
 from stagebench.pipeline._settings import DiagnoseSettings
@@ -328,12 +328,11 @@ class _Diagnosis:
             ranked.tell("source")
         try:
             with run.phase("source"):
-                n, raised = items_to_read(plan, settings.num_items)
-                if raised:
-                    run.say(raised)
-                src = read_source(plan, n, timeout_s=max(60.0, settings.timeout_s))
+                src = read_source(plan, settings.num_items, timeout_s=max(60.0, settings.timeout_s))
         except SourceError as e:
             raise DiagnoseError(str(e), 1) from None
+        if src.more:
+            run.say(src.more)
         run.say(f"read {len(src.items)} source items in {src.seconds:.1f} s")
         if src.note:
             run.say(src.note)

@@ -107,6 +107,8 @@ class SourceRead:
     asked: int
     note: str | None = None
     seconds: float = 0.0
+    #: why it asked for more than the default number, where it did (:func:`items_to_read`)
+    more: str | None = None
 
 
 def batch_size(stage: Stage) -> int | None:
@@ -145,13 +147,14 @@ def items_to_read(plan: Plan, asked: int | None) -> tuple[int, str | None]:
     )
 
 
-def read_source(plan: Plan, n: int, *, timeout_s: float = 600.0) -> SourceRead:
-    """The first ``n`` items of ``plan``'s source (fewer if it ends sooner, with a note), as a
-    :class:`SourceRead`; ``timeout_s``: the longest wait for an item of a merged source (read as a real
-    SPDL pipeline).
+def read_source(plan: Plan, asked: int | None, *, timeout_s: float = 600.0) -> SourceRead:
+    """The first ``asked`` items of ``plan``'s source (None: as many as :func:`items_to_read` says; fewer
+    if it ends sooner, with a note), as a :class:`SourceRead`; ``timeout_s``: the longest wait for an item
+    of a merged source (read as a real SPDL pipeline).
 
     Raises :class:`SourceError` when the source raises or yields nothing.
     """
+    n, more = items_to_read(plan, asked)
     t0 = time.perf_counter()
     items: list = []
     try:
@@ -184,7 +187,7 @@ def read_source(plan: Plan, n: int, *, timeout_s: float = 600.0) -> SourceRead:
             f"the source yielded {len(items)} items, fewer than the {n} asked "
             "(SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS); diagnosing with those"
         )
-    return SourceRead(items=items, asked=n, note=note, seconds=time.perf_counter() - t0)
+    return SourceRead(items=items, asked=n, note=note, seconds=time.perf_counter() - t0, more=more)
 
 
 def _run_in_loop_thread(coro_fn: Callable[[], Any]) -> None:

@@ -25,7 +25,7 @@ from stagebench.core._ranks import HostGroup
 from stagebench.model import _pipeline as model
 from stagebench.model._stage import keyed
 from stagebench.pipeline._calls import Fused
-from stagebench.pipeline._first_pass import items_to_read, measure_inputs, read_source, run_passthrough
+from stagebench.pipeline._first_pass import measure_inputs, read_source, run_passthrough
 from stagebench.pipeline._isolate import Passthrough, plan_pipeline
 from stagebench.pipeline._replay import StandIn
 from stagebench.pipeline._settings import DiagnoseSettings
@@ -48,8 +48,9 @@ class Walk:
         self.cache = StageCache(cache_folder(settings.cache_dir), max_disk_mb=10 * settings.cache_max_mb)
 
     def read_source(self) -> None:
-        n, _ = items_to_read(self.plan, self.settings.num_items)  # the leader's count: the same plan's
-        self.source_items = read_source(self.plan, n, timeout_s=max(60.0, self.settings.timeout_s)).items
+        self.source_items = read_source(
+            self.plan, self.settings.num_items, timeout_s=max(60.0, self.settings.timeout_s)
+        ).items
         self.cur = Cursor(inputs=self.source_items, key=items_key(self.source_items)[0])
 
     def step(self, index: int) -> None:
