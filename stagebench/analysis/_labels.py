@@ -242,14 +242,8 @@ def _gil_flattens(at: _AtBest) -> _Verdict | None:
     if g_own is not None:
         # The harness's own Python holds the same GIL: a stage that holds it 4% of its call can meet it at
         # 16 threads together with SPDL's scheduling (the demo's read: 41% its own, 100% with the harness's)
-        busy = tb.qps / tb.lanes * (g_own + h)
-        at.signals["gil_busy_at_best"] = {
-            "value": busy,
-            "interval": None,
-            "role": "verdict",
-            "label": f"share of the time the GIL is held where the {gil.executor}s flatten (concurrency "
-            f"{tb.concurrency}): throughput x (the stage's own GIL time + the harness's per item)",
-        }
+        where = f"where the {gil.executor}s flatten (concurrency {tb.concurrency})"
+        busy = _record_gil_busy(at, tb, g_own, h, where, "verdict")
     if g_own is not None and h > 0 and g_own < _OWN_GIL_SHARE * h:
         return (
             "overhead-bound",
@@ -264,6 +258,20 @@ def _gil_flattens(at: _AtBest) -> _Verdict | None:
     if pb is not None:
         lines.append(f"processes, each with its own GIL, reach {src.q(pb.qps)} items/s (concurrency {pb.concurrency})")
     return "gil-bound", lines
+
+
+def _record_gil_busy(at: _AtBest, p: Point, g: float, h: float, where: str, role: str) -> float:
+    """The share of the time the GIL is held at ``p`` (the stage's own ``g`` and the harness's ``h`` an
+    item, times one rank's rate: its GIL, not the host's), recorded as the ``gil_busy_at_best`` signal."""
+    busy = p.qps / p.lanes * (g + h)
+    at.signals["gil_busy_at_best"] = {
+        "value": busy,
+        "interval": None,
+        "label": f"share of the time the GIL is held {where}: throughput x (the stage's own GIL time + the "
+        "harness's per item)",
+        "role": role,
+    }
+    return busy
 
 
 def _gil_busy_at_best(at: _AtBest) -> tuple[_Verdict | None, str | None]:
@@ -286,20 +294,13 @@ def _gil_busy_at_best(at: _AtBest) -> tuple[_Verdict | None, str | None]:
         return None, None
     rising = still_rising(at.sr.curve(at.harness, ex), src)
     h = harness_gil_s(at.sr.ceiling(at.harness, ex, c))
-    busy = bp.qps / bp.lanes * (g + h)  # one rank's GIL: its rate, not the host's
+    busy = _record_gil_busy(at, bp, g, h, f"at the best point ({ex} concurrency {c})", "check")
     rate = f"{src.q(bp.qps / bp.lanes)} items/s" + (" a rank" if bp.lanes > 1 else "")
     own, by_harness = src.ms_each(g, h)
     line = (
         f"at {ex} concurrency {c}, {rate} x ({own} of the stage's own Python + {by_harness} "
         f"of the harness's) keeps the GIL {busy:.0%} busy"
     )
-    at.signals["gil_busy_at_best"] = {
-        "value": busy,
-        "interval": None,
-        "label": f"share of the time the GIL is held at the best point ({ex} concurrency {c}): throughput x "
-        "(the stage's own GIL time + the harness's per item)",
-        "role": "check",
-    }
     if busy >= _NEAR_CEILING and rising:
         return None, f"{line}, yet the curve is {rising}: the GIL is not the limit yet"
     if busy >= _NEAR_CEILING:
