@@ -315,3 +315,28 @@ def test_more_rounds_run_only_where_the_cap_could_settle_them():
     # settled: nothing more to run
     d = _decide({"two": (2, 100.0), "one": (1, 99.0)}, {("one", "two"): _rounds(0.99, 6)}, "two")
     assert d.settled and not d.worth_more_rounds(40)
+
+
+def test_two_rounds_against_yours_stop_only_where_even_the_low_end_of_their_spread_could_not_settle():
+    """The diagnosis's first forth and back gives two rounds: no interval, but a spread. cpu_free's bench run
+    read 1.05x and 0.92x (the cheaper recommended settings against yours), a 5% question the five rounds
+    could not settle: its third round only cost 1.2 s. Two rounds that agree run on."""
+    hopeless = [(414.0, 394.0), (366.0, 399.0)]
+    d = _decide({"two": (2, 390.0), "one": (1, 396.5)}, {("one", "two"): hopeless}, "two")
+    x = d.versus_yours
+    assert x.rounds == 2 and x.low is None and x.log_sd is not None and not d.settled
+    # the low end of the spread two rounds allow: fewer rounds than at the spread seen, still over the cap
+    assert d.rounds_to_settle_early is not None and d.rounds_to_settle is not None
+    assert 5 < d.rounds_to_settle_early < d.rounds_to_settle
+    assert not d.worth_more_rounds(5)
+    assert d.worth_more_rounds(d.rounds_to_settle_early)
+    # two rounds that agree (sleep_chain: 1.51x and 1.63x): worth a third
+    agree = [(881.0, 584.0), (943.0, 580.0)]
+    d = _decide({"two": (2, 582.0), "one": (1, 912.0)}, {("one", "two"): agree}, "two")
+    assert d.rounds_to_settle_early is not None and d.rounds_to_settle_early <= 5 and d.worth_more_rounds(5)
+    # without a setting of yours, stopping would pick by the larger of two readings: the rounds go on
+    d = _decide({"two": (2, 390.0), "one": (1, 396.5)}, {("one", "two"): hopeless}, None)
+    assert d.rounds_to_settle_early is None and (d.settled or d.worth_more_rounds(5))
+    # one round: no spread, worth more
+    d = _decide({"two": (2, 390.0), "one": (1, 396.5)}, {("one", "two"): hopeless[:1]}, "two")
+    assert d.versus_yours.log_sd is None and d.worth_more_rounds(5)

@@ -96,11 +96,24 @@ def look_confidence(max_rounds: int) -> float:
 #: ``change`` (faster beyond noise), ``use`` (no setting of the user's to compare), ``none`` (nothing ran).
 ADVICE = ("keep yours", "cheaper", "change", "use", "none")
 _MAX_ROUNDS_ESTIMATE = 1000
+#: Before a ratio has an interval (two rounds), its spread is one difference, so whether more rounds are
+#: worth running is read at the low end of the spreads two such rounds allow: this one-sided lower bound
+#: (about 0.61 of the spread seen). Only a comparison that even that spread could not settle within its cap
+#: stops there, and stopping keeps yours (:meth:`Decision.worth_more_rounds`).
+EARLY_SPREAD_LEVEL = 0.90
 #: More rounds than this to settle a comparison is no advice: the verdicts say the two cannot be told apart.
 PRACTICAL_ROUNDS = 40
 #: A ratio whose interval spans more than this (high over low: the span of 0.5x-2x) is not printed in a
 #: verdict line: three rounds at 0.01-37x say nothing a reader can use (issue 60); the report's details give it.
 WIDEST = 4.0
+
+
+def _spread_low(sd: float, rounds: int) -> float:
+    """The lower :data:`EARLY_SPREAD_LEVEL` bound of a spread ``sd`` read from ``rounds`` rounds (chi-square)."""
+    from scipy.special import chdtri  # as t_quantile: scipy.stats is not imported for one quantile
+
+    df = rounds - 1
+    return sd * math.sqrt(df / float(chdtri(df, 1 - EARLY_SPREAD_LEVEL)))
 
 
 def more_rounds_text(n: int | None) -> str:
@@ -144,9 +157,10 @@ class Ratio:
         if not n:
             return None
         m = sum(logs) / n
-        if n < max(min_rounds, 2):
-            return cls(math.exp(m), None, None, n, None, confidence)
-        sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (n - 1))
+        sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (n - 1)) if n > 1 else None
+        if n < max(min_rounds, 2) or sd is None:
+            # no interval yet, but from two rounds a spread (what decides whether more rounds are worth it)
+            return cls(math.exp(m), None, None, n, sd, confidence)
         half = t_quantile(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
         return cls(math.exp(m), math.exp(m - half), math.exp(m + half), n, sd, confidence)
 
@@ -158,20 +172,21 @@ class Ratio:
         """Shown below ``bound``: the whole interval lies below it."""
         return self.high is not None and self.high < bound
 
-    def rounds_to_clear(self, bound: float) -> int | None:
+    def rounds_to_clear(self, bound: float, spread: float | None = None) -> int | None:
         """Rounds in all for the interval to clear ``bound`` on the side the ratio lies, were the ratio and
-        its spread to stay as seen, at its own level (None: the ratio sits on the bound, or no spread is
-        known yet)."""
+        its spread to stay as seen (or be ``spread``), at its own level (None: the ratio sits on the bound,
+        no spread is known yet, or it would take over a thousand rounds)."""
         confidence = self.confidence
-        if self.log_sd is None or bound <= 0:
+        sd = self.log_sd if spread is None else spread
+        if sd is None or bound <= 0:
             return None
         gap = abs(math.log(self.value) - math.log(bound))
         if gap <= 0:
             return None
-        if self.log_sd == 0:
+        if sd == 0:
             return max(self.rounds, MIN_ROUNDS)
         for n in range(MIN_ROUNDS, _MAX_ROUNDS_ESTIMATE):
-            if t_quantile(0.5 + confidence / 2, n - 1) * self.log_sd / math.sqrt(n) < gap:
+            if t_quantile(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n) < gap:
                 return max(n, self.rounds + 1)
         return None
 
@@ -282,6 +297,10 @@ class Decision(ReadIfGiven):
     """Yours kept while the runs could not tell this setting from it (None: nothing open)."""
     rounds_to_settle: int | None = None
     """Rounds in all that would settle the rival at the spread seen (None: not known)."""
+    rounds_to_settle_early: int | None = None
+    """Before the rival's ratio against yours has an interval (two rounds): rounds in all that would settle
+    it at the low end of the spread those rounds allow (:data:`EARLY_SPREAD_LEVEL`); None otherwise, or
+    where even that would take over a thousand rounds."""
     reasons: Mapping[str, str] = field(default_factory=dict)
     """Per setting not picked, why, in a few words."""
     others: Mapping[str, Ratio | None] = field(default_factory=dict)
@@ -313,8 +332,13 @@ class Decision(ReadIfGiven):
         if self.settled:
             return False
         x = self.versus_yours
-        if self.rival is None or x is None or x.low is None:
+        if self.rival is None or x is None or x.log_sd is None:
             return True
+        if x.low is None:  # two rounds against yours: stop only where even a spread at their low end could not
+            if self.yours is None:  # without yours, stopping would pick by the larger of two readings
+                return True
+            n = self.rounds_to_settle_early
+            return n is not None and n <= max_rounds
         return self.rounds_to_settle is not None and self.rounds_to_settle <= max_rounds
 
     def rounds_more(self, ran: int) -> int | None:
@@ -337,6 +361,7 @@ class Decision(ReadIfGiven):
             "versus_yours": self.versus_yours.to_json() if self.versus_yours else None,
             "rival": self.rival,
             "rounds_to_settle": self.rounds_to_settle,
+            **({"rounds_to_settle_early": self.rounds_to_settle_early} if self.rounds_to_settle_early else {}),
             "reasons": dict(self.reasons),
             **({"others": {k: r.to_json() if r else None for k, r in self.others.items()}} if self.others else {}),
         }
@@ -449,7 +474,7 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
             reasons[c.key] = reason
         elif not (c in good and beats_yours(c)):
             open_.append(c)
-    rival, versus, rounds = None, None, None
+    rival, versus, rounds, early = None, None, None, None
     others: dict[str, Ratio | None] = {}
     if me is not None and pick is not me:
         versus = ratio(pick.key, me.key)
@@ -462,6 +487,10 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
             bounds = settling_bounds(first, ref, ref_is_yours=ref is me, margin=margin)
             ests = [n for n in (versus.rounds_to_clear(b) for b in bounds) if n is not None]
             rounds = min(ests) if ests else None
+            if ref is me and versus.low is None and versus.log_sd is not None:
+                low = _spread_low(versus.log_sd, versus.rounds)
+                ests = [n for n in (versus.rounds_to_clear(b, low) for b in bounds) if n is not None]
+                early = min(ests) if ests else None
     return Decision(
         advice=advice,
         pick=pick.key,
@@ -472,6 +501,7 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
         versus_yours=versus,
         rival=rival,
         rounds_to_settle=rounds,
+        rounds_to_settle_early=early,
         reasons=reasons,
         others=others,
     )
