@@ -1200,6 +1200,26 @@ def test_a_gil_share_only_bounded_from_above_is_shown_as_its_bound(gil, shown):
     assert shown in line, line
 
 
+def test_a_gil_share_bounded_only_by_all_of_it_is_shown_as_not_read():
+    """SPDL's image_dataloading.py: a decode whose curves bounded its GIL share to 0-100% read "GIL ≤100%",
+    a bound that says nothing; the table and the report say the share was not read."""
+    from stagebench.model._stage import StageEntry
+    from stagebench.report._terminal import format_table
+
+    st = {
+        "name": "decode",
+        "status": "ok",
+        "classification": "cpu-bound",
+        "gil_fraction": 0.5,
+        "gil_fraction_interval": [0.0, 0.998],
+        "gil": {"pinned": False, "source": "curves"},
+    }
+    line = next(ln for ln in format_table({"stages": [st]}).splitlines() if ln.startswith("decode"))
+    assert "cpu-bound, GIL not read " in line and "≤" not in line, line
+    assert StageEntry.from_json(st).gil_unread
+    assert not StageEntry.from_json({**st, "gil_fraction_interval": [0.0, 0.99]}).gil_unread
+
+
 def _two_sleeps_config(items: int = 10, batch: int | None = None):
     """A 10 ms sleep, then a 2 ms one (then batches of ``batch``, if given)."""
 

@@ -380,6 +380,13 @@ class StageEntry(Read):
         return float(lo), float(hi)
 
     @property
+    def gil_unread(self) -> bool:
+        """Whether the GIL share is only bounded, and at 100% (its upper end rounds to it): a bound that says
+        nothing, which the tables give as "not read" rather than "GIL ≤100%"."""
+        b = self.gil_only_bounded
+        return b is not None and b[1] >= 0.995
+
+    @property
     def user_choice(self) -> tuple[str, int] | None:
         """The user's own (executor, concurrency) of a pipe stage (:func:`own_choice`), or None."""
         return own_choice(self.user_executor, self.user_concurrency, self.type)

@@ -198,6 +198,7 @@ def stage_cards(
                 "class_color": _plots.CLASS_COLORS.get(cls, _plots.OKABE_ITO["grey"]),
                 "gil": st.gil_fraction,
                 "gil_at_most": (st.gil_only_bounded or (None, None))[1],
+                "gil_unread": st.gil_unread,
                 "gil_low": gi[0],
                 "gil_high": gi[1] if len(gi) > 1 else None,
                 "evidence": [str(x) for x in ev.summary],

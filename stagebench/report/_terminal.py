@@ -91,6 +91,8 @@ def format_table(summary: Mapping[str, Any], report_path: str | os.PathLike | No
                 if (v := num_or_none(st.evidence.signal_value(words[k][1]))) is not None
             ]
             verdict += " (mix)" + (", " + ", ".join(parts) if parts else "")
+        elif st.gil_unread:
+            verdict += ", GIL not read"
         elif (bounded := st.gil_only_bounded) is not None:
             verdict += f", GIL ≤{bounded[1]:.0%}"  # only bounded: its midpoint is a guess
         elif gil is not None:
