@@ -68,9 +68,10 @@ LOADER_WINDOW_S = 2.0
 #: holds at least min_batches of whole rounds of its workers, whatever its length).
 LOADER_MIN_WINDOW_S = 0.3
 #: Shortest window of a loader setting in a round in turns, seconds. One round's ratio is one sample of
-#: the host's noise, and a shorter window lets one stall of a process held off the cores (a fraction of
-#: a second) swing a round's ratio several-fold; a second outlasts such stalls.
-LOADER_TURN_WINDOW_S = 1.0
+#: the host's noise, and a window of 0.3 s let one stall of a process held off the cores (0.2-0.8 s here)
+#: swing a round's ratio several-fold; at 0.5 s the rounds' intervals stayed as narrow as at 1 s, the
+#: picks the same, at half the time a round costs (docs/method.md#_settingspy).
+LOADER_TURN_WINDOW_S = 0.5
 #: Most rounds in turns of a loader sweep (``LoaderSweepConfig.tie_rounds``): what its intervals' level
 #: is fitted to (:func:`stagebench.model._evidence.look_confidence`), in the sweep and in a rebuild.
 LOADER_TIE_ROUNDS = 8

@@ -917,9 +917,9 @@ def test_a_window_in_turns_closes_at_its_shortest_where_precision_may_close_it()
         assert row.status == "ok", row
         lengths[precision] = row.window_s
     # ±0.0001% is out of reach for a sleeping loader: without the rule the window would run its 4 s; with it,
-    # it runs the turn's 1 s, not the 0.3 s a search's window may close at
-    assert LoaderSweepConfig().turn_window_s == 1.0
-    assert 1.0 <= lengths[1e-6] < 2.5, lengths
+    # it runs the turn's 0.5 s, not the 0.3 s a search's window may close at
+    assert LoaderSweepConfig().turn_window_s == 0.5
+    assert 0.5 <= lengths[1e-6] < 2.5, lengths
     assert lengths[0.0] >= 4.0, lengths
 
 
