@@ -1175,6 +1175,25 @@ def test_terminal_table_shows_the_label_with_its_own_share_and_the_limit_beside_
     assert f"alone at {st['limit']['at']}: limited by the GIL" in line
 
 
+def _decode_stage(gil: dict | None, high: float) -> dict:
+    """A CPU-bound decode's summary entry whose GIL share the curves bound to 0-``high`` (midpoint 38%)."""
+    return {
+        "name": "decode",
+        "status": "ok",
+        "classification": "cpu-bound",
+        "gil_fraction": 0.38,
+        "gil_fraction_interval": [0.0, high],
+        **({"gil": gil} if gil is not None else {}),
+    }
+
+
+def _table_line(st: dict) -> str:
+    """The terminal table's line of the stage ``st``."""
+    from stagebench.report._terminal import format_table
+
+    return next(ln for ln in format_table({"stages": [st]}).splitlines() if ln.startswith(st["name"]))
+
+
 @pytest.mark.parametrize(
     ("gil", "shown"),
     [
@@ -1186,17 +1205,7 @@ def test_terminal_table_shows_the_label_with_its_own_share_and_the_limit_beside_
 def test_a_gil_share_only_bounded_from_above_is_shown_as_its_bound(gil, shown):
     """SPDL's performance_analysis.py: a video decode whose GIL share the curves bounded to 0-76% (its calls,
     0.18 s each, too long to probe) read "cpu-bound, GIL 38%", a midpoint, beside its own evidence of 0%."""
-    from stagebench.report._terminal import format_table
-
-    st = {
-        "name": "decode",
-        "status": "ok",
-        "classification": "cpu-bound",
-        "gil_fraction": 0.38,
-        "gil_fraction_interval": [0.0, 0.76],
-        **({"gil": gil} if gil is not None else {}),
-    }
-    line = next(ln for ln in format_table({"stages": [st]}).splitlines() if ln.startswith("decode"))
+    line = _table_line(_decode_stage(gil, 0.76))
     assert shown in line, line
 
 
@@ -1204,20 +1213,12 @@ def test_a_gil_share_bounded_only_by_all_of_it_is_shown_as_not_read():
     """SPDL's image_dataloading.py: a decode whose curves bounded its GIL share to 0-100% read "GIL ≤100%",
     a bound that says nothing; the table and the report say the share was not read."""
     from stagebench.model._stage import StageEntry
-    from stagebench.report._terminal import format_table
 
-    st = {
-        "name": "decode",
-        "status": "ok",
-        "classification": "cpu-bound",
-        "gil_fraction": 0.5,
-        "gil_fraction_interval": [0.0, 0.998],
-        "gil": {"pinned": False, "source": "curves"},
-    }
-    line = next(ln for ln in format_table({"stages": [st]}).splitlines() if ln.startswith("decode"))
+    st = _decode_stage({"pinned": False, "source": "curves"}, 0.998)
+    line = _table_line(st)
     assert "cpu-bound, GIL not read " in line and "≤" not in line, line
     assert StageEntry.from_json(st).gil_unread
-    assert not StageEntry.from_json({**st, "gil_fraction_interval": [0.0, 0.99]}).gil_unread
+    assert not StageEntry.from_json(_decode_stage({"pinned": False, "source": "curves"}, 0.99)).gil_unread
 
 
 def _two_sleeps_config(items: int = 10, batch: int | None = None):

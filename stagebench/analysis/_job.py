@@ -226,8 +226,8 @@ def futile(rec: JobRecord, seconds_left: float) -> str | None:
         if ref is None or x is None or x.log_sd is None or x.rounds < MIN_ROUNDS + 1:
             return None  # not enough rounds to say what more would do
         bounds = settling_bounds(cands[k], cands[ref], ref_is_yours=ref == d.yours)
-        ends = [n for b in bounds if (n := x.rounds_to_clear(b)) is not None]
-        more = min(ends) - x.rounds if ends else None
+        end = x.rounds_to_settle(bounds)
+        more = end - x.rounds if end is not None else None
         if more is not None and more <= fit:
             return None
         needs.append(more if more is not None else -1)

@@ -190,6 +190,12 @@ class Ratio:
                 return max(n, self.rounds + 1)
         return None
 
+    def rounds_to_settle(self, bounds: Sequence[float], spread: float | None = None) -> int | None:
+        """Rounds in all for the interval to clear the nearest of ``bounds`` (:func:`settling_bounds`), as
+        :meth:`rounds_to_clear` reads each; None where it reads none."""
+        ends = [n for b in bounds if (n := self.rounds_to_clear(b, spread)) is not None]
+        return min(ends) if ends else None
+
     @property
     def wide(self) -> bool:
         """The interval spans more than :data:`WIDEST` (the span of 0.5x-2x) and holds 1: a ratio that
@@ -485,12 +491,9 @@ def decide(options: Sequence[Option], *, yours: str | None, ratio: RatioOf, marg
         others = {c.key: ratio(c.key, ref.key) for c in open_ if c is not first}
         if versus is not None:
             bounds = settling_bounds(first, ref, ref_is_yours=ref is me, margin=margin)
-            ests = [n for n in (versus.rounds_to_clear(b) for b in bounds) if n is not None]
-            rounds = min(ests) if ests else None
+            rounds = versus.rounds_to_settle(bounds)
             if ref is me and versus.low is None and versus.log_sd is not None:
-                low = _spread_low(versus.log_sd, versus.rounds)
-                ests = [n for n in (versus.rounds_to_clear(b, low) for b in bounds) if n is not None]
-                early = min(ests) if ests else None
+                early = versus.rounds_to_settle(bounds, _spread_low(versus.log_sd, versus.rounds))
     return Decision(
         advice=advice,
         pick=pick.key,
