@@ -14,7 +14,8 @@ its stages' process points level by level on one pool
 (:func:`_watch_plateau`), and none is measured where its thread curve shows
 processes cannot win (:func:`_threads_linear`, :func:`_threads_at_ceiling`,
 :func:`_cores_bind`); a GIL-free stage's thread curve ends once a level gains
-neither throughput nor CPU over a smaller one (:func:`_threads_cores_bound`).
+neither throughput nor CPU over a smaller one (:func:`_threads_cores_bound`), and a stage that holds
+the GIL for half of each call or more once a level gains nothing (:func:`_threads_gil_bound`).
 
 A stage point closes early once it cannot matter (:data:`CANNOT_MATTER`); no-op
 ceilings may close from half the minimum window; head-to-head windows are read
@@ -60,6 +61,7 @@ _NOT_NEAR = "not measured: this level's process throughput is more than 5% below
 _LINEAR = 0.95  # threads within 5% of linear scaling: processes cannot win by more
 _AT_CEILING = 0.9  # threads within 10% of the thread no-op ceiling: the process ceiling is lower still
 _GIL_FREE = 0.10  # a stage's GIL share (probe, upper quartile) at or under which the GIL is not its limit
+_GIL_HELD = 0.5  # a stage's GIL share (probe, lower quartile) from which threads can give at most 2x one
 _CORES_BUSY = 0.75  # ... and threads keeping this share of the usable cores busy: the cores bind
 _SHARED_REASON = "shared: measured once for all stages (a no-op on threads or the event loop does not touch the items)"
 # A process no-op ships each item to a worker and back. Up to this pickled size its cost is per item,
@@ -171,6 +173,8 @@ class StageSweep:
         #: The stage's GIL share as a direct probe read it (its upper quartile), when the caller probed
         #: it after the thread points (:func:`_cores_bind`); None: not probed.
         self.gil_high: float | None = None
+        #: ... and its lower quartile (:func:`_threads_gil_bound`); None: not probed.
+        self.gil_low: float | None = None
         #: Harnesses whose thread curve was judged (before its first process point).
         self._linear_checked: set[str] = set()
 
@@ -223,7 +227,9 @@ class StageSweep:
                 if role == "stage" and ex == "process" and cfg.process_flat_levels:
                     _watch_plateau(row, harness, self._plateaus, stopped, cfg.process_flat_levels, src=self.src)
                 if role == "stage" and ex == "thread" and cfg.process_flat_levels:
-                    ended = _threads_cores_bound(row, self.rows, harness, self.gil_high, self.src)
+                    ended = _threads_cores_bound(row, self.rows, harness, self.gil_high, self.src) or (
+                        _threads_gil_bound(row, self.rows, harness, self.gil_low, self.src)
+                    )
                     if ended:
                         stopped[("stage", harness, "thread")] = ended
                 if role == "stage" and ex == "process" and cfg.process_ceilings == "near_best":
@@ -466,9 +472,8 @@ def _threads_cores_bound(
     neither more throughput beyond noise nor more CPU (its cores used within 5%
     of that level's), its threads have run out of something more threads do not
     bring: the cores, or a lock or resource of its own. The curve cannot rise
-    again. (Where the GIL is held, a thread curve that falls at high concurrency
-    is evidence of contention, and is measured to the top; a stage that waits is
-    not probed and keeps its curve.)
+    again. (A stage that holds the GIL: :func:`_threads_gil_bound`; a stage
+    that waits is not probed and keeps its curve.)
     """
     if gil_high is None or not gil_high <= _GIL_FREE or row.status != "ok" or not row.qps > 0:
         return None
@@ -483,6 +488,32 @@ def _threads_cores_bound(
         f"{best.concurrency} threads' {had:.1f}, within noise of {src.rate(best.qps):,.0f} items/s, and the stage "
         f"holds the GIL for at most {gil_high:.0%} of a call): more threads get no more of the cores, and only "
         "queue for them; process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 measures every level"
+    )
+
+
+def _threads_gil_bound(
+    row: StageDraft, rows: list[StageDraft], harness: str, gil_low: float | None, src: SourceItems = SourceItems()
+) -> str | None:
+    """Why the thread levels above ``row`` are not measured, or None.
+
+    When a probe read that the stage holds the GIL for at least :data:`_GIL_HELD`
+    of each call, threads together can run at most 1/share times as fast as one
+    (the GIL's own bound, at most 2x here), and two calls in flight already
+    overlap all of one call's GIL-free part. Once ``row``, with more threads than
+    the best level before it, is not faster beyond noise, more threads only
+    queue for the GIL: the curve cannot rise again, and processes are what can
+    (they are measured as before).
+    """
+    if gil_low is None or not gil_low >= _GIL_HELD or row.status != "ok" or not row.qps > 0:
+        return None
+    best = max(_ok_points(rows, harness, "thread"), key=lambda r: r.qps, default=None)
+    if best is None or _beats(row, best) or not row.concurrency > best.concurrency:
+        return None
+    return (
+        f"{_THREADS_PLATEAU} (c={row.concurrency} ran within noise of, or under, c={best.concurrency}'s "
+        f"{src.rate(best.qps):,.0f} items/s, and the stage holds the GIL for at least {gil_low:.0%} of a "
+        "call): more threads only wait for the GIL; process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 "
+        "measures every level"
     )
 
 

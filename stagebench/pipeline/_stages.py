@@ -491,8 +491,8 @@ class StagesPhase:
             items_per_input=self.run.stage_meta(step.name).get("items_per_input"),
         )
         # the lowest thread level first: the probe needs it (_computes), and what it reads may end the
-        # thread curve early (a GIL-free stage whose cores are busy) and rule out process points
-        # (core/_sweep._threads_cores_bound, core/_sweep._cores_bind)
+        # thread curve early (a GIL-free stage whose cores are busy, a stage that holds the GIL) and rule
+        # out process points (core/_sweep._threads_cores_bound, _threads_gil_bound, _cores_bind)
         pts = [p for p in s.points if p.executor != "process"]
         first = next((p for p in pts if p.role == "stage" and p.executor == "thread"), None)
         # that point and its harness's ceiling at the same setting
@@ -502,6 +502,8 @@ class StagesPhase:
             reading = self._probe_gil(step, inputs, s.rows)
         if reading and finite(reading.get("high")):
             s.gil_high = float(reading["high"])
+        if reading and finite(reading.get("low")):
+            s.gil_low = float(reading["low"])
         s.run([p for p in pts if p not in head], None)
         if s.process_pending():
             self.process_sweeps.append(s)
