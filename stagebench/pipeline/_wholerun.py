@@ -11,7 +11,7 @@ warmed up once, and then their sources are opened in turn, in slices, in the ord
 R V Y Y V R). Once forth and back, not twice: each switch costs a settle (below) that counts nothing;
 each slice is cut into three sub-windows for the interval's batches instead. While one runs, the other's
 source is closed and its stages idle. After each switch, ``settle`` seconds pass before counting starts:
-the other pipeline drains and this one refills (three times the slowest pipeline's steady-state latency,
+the other pipeline drains and this one refills (twice the slowest pipeline's steady-state latency,
 source to sink, as it runs alone, the same for every switch, at least 0.1 s, at most 1 s:
 :func:`_take_turns`). All warm up at the same time, before the first slice: warming up is not measured.
 
@@ -48,7 +48,9 @@ WHOLE = "pipeline"
 SLICES = 2  # counting windows per pipeline when two or three take turns (once forth and back)
 _SUB_WINDOWS = 3  # per slice, for the interval's batch means
 _MIN_SETTLE_S, _MAX_SETTLE_S = 0.1, 1.0
-_SETTLE_LATENCIES = 3  # steady-state latencies per settle (module docstring)
+#: steady-state latencies per settle (module docstring): the one closed drains its items in flight within
+#: about one, the one opened reaches its pace within about one of its unloaded latency, shorter
+_SETTLE_LATENCIES = 2
 _ARRIVALS_PER_SLICE = 2  # a window is lengthened until each slice can see this many sink items
 _MAX_WINDOW_S = 30.0  # ... but not beyond this (a pipeline slower than that is reported as it is)
 # ... and, up to 10 s, until each slice can see 20: each slice's count is uncertain by one arrival at
@@ -509,7 +511,7 @@ def host_result(res: WholeRun, others: list[WholeRun]) -> WholeRun:
 def _take_turns(order: list[WholePipelineRun], window_s: float) -> None:
     """Count one round in turns: a slice of ``window_s / SLICES`` of each run in ``order``, settling after each switch.
 
-    Each settle is three steady-state latencies of the slowest run (the same settle for all, so that none
+    Each settle is two steady-state latencies of the slowest run (the same settle for all, so that none
     is favoured), as each runs alone: read in its counted slices once it has one, before that from its
     warm-up divided by n, where the runs warmed up side by side and Little's law reads n times the latency
     alone.
