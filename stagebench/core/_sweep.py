@@ -475,10 +475,7 @@ def _threads_cores_bound(
     again. (A stage that holds the GIL: :func:`_threads_gil_bound`; a stage
     that waits is not probed and keeps its curve.)
     """
-    if gil_high is None or not gil_high <= _GIL_FREE or row.status != "ok" or not row.qps > 0:
-        return None
-    best = max(_ok_points(rows, harness, "thread"), key=lambda r: r.qps, default=None)
-    if best is None or _beats(row, best) or not row.concurrency > best.concurrency:
+    if gil_high is None or not gil_high <= _GIL_FREE or (best := _no_gain(row, rows, harness)) is None:
         return None
     used, had = row.cores_used, best.cores_used
     if not used <= _SAME_CORES * had:  # NaN (not read) too
@@ -504,10 +501,7 @@ def _threads_gil_bound(
     queue for the GIL: the curve cannot rise again, and processes are what can
     (they are measured as before).
     """
-    if gil_low is None or not gil_low >= _GIL_HELD or row.status != "ok" or not row.qps > 0:
-        return None
-    best = max(_ok_points(rows, harness, "thread"), key=lambda r: r.qps, default=None)
-    if best is None or _beats(row, best) or not row.concurrency > best.concurrency:
+    if gil_low is None or not gil_low >= _GIL_HELD or (best := _no_gain(row, rows, harness)) is None:
         return None
     return (
         f"{_THREADS_PLATEAU} (c={row.concurrency} ran within noise of, or under, c={best.concurrency}'s "
@@ -515,6 +509,17 @@ def _threads_gil_bound(
         "call): more threads only wait for the GIL; process_flat_levels=0 or STAGEBENCH_PROCESS_FLAT_LEVELS=0 "
         "measures every level"
     )
+
+
+def _no_gain(row: StageDraft, rows: list[StageDraft], harness: str) -> StageDraft | None:
+    """The best thread level measured before ``row``, where ``row`` has more threads and is not faster beyond
+    noise; else None."""
+    if row.status != "ok" or not row.qps > 0:
+        return None
+    best = max(_ok_points(rows, harness, "thread"), key=lambda r: r.qps, default=None)
+    if best is None or _beats(row, best) or not row.concurrency > best.concurrency:
+        return None
+    return best
 
 
 def _beats(new: StageDraft, best: StageDraft) -> bool:
