@@ -74,3 +74,28 @@ def test_a_saved_run_rebuilds_to_the_same_summary_and_terminal_text(tmp_path, na
     diffs = _same(expected, summary)
     assert not diffs, "\n".join(diffs[:20])
     assert text == (want / "terminal.txt").read_text()
+
+
+def test_the_report_says_which_gil_shares_the_probe_read_directly(tmp_path):
+    """The host16 demo: three stages' GIL shares were read by the probe, the others inferred from the curves;
+    each stage card says which (it said "not measured directly" of every one)."""
+    import html
+    import re
+
+    from stagebench.model._stage import StageEntry
+
+    run = tmp_path / "demo"
+    shutil.copytree(RUNS["host16-demo"], run, ignore=shutil.ignore_patterns("report.html", "screenshot.png"))
+    page = html.unescape(rebuild(run).read_text())
+    stages = [StageEntry.from_json(s) for s in json.loads((run / "summary.json").read_text())["stages"]]
+    direct = {s.name for s in stages if s.gil_read_directly}
+    inferred = {s.name for s in stages if s.gil_fraction is not None and not s.gil_read_directly}
+    assert direct and inferred
+    cards = re.findall(r'<article class="card stage".*?</article>', page, flags=re.S)
+    said = {}
+    for card in cards:
+        name = re.search(r"<h3>.*?</span> (.*?)(?: <span|</h3>)", card, flags=re.S)
+        if name and "GIL held" in card:
+            said[name.group(1)] = "read directly" in card, "not measured directly" in card
+    assert {n for n, (d, _) in said.items() if d} == direct
+    assert {n for n, (_, i) in said.items() if i} == inferred

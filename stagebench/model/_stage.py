@@ -387,6 +387,12 @@ class StageEntry(Read):
         return b is not None and b[1] >= 0.995
 
     @property
+    def gil_read_directly(self) -> bool:
+        """Whether the GIL probe's reading (a counter thread beside the stage) decided the GIL share, not
+        the curves' signals (:func:`stagebench.analysis._gil.estimate_gil`)."""
+        return self.gil is not None and self.gil.source == "probe"
+
+    @property
     def user_choice(self) -> tuple[str, int] | None:
         """The user's own (executor, concurrency) of a pipe stage (:func:`own_choice`), or None."""
         return own_choice(self.user_executor, self.user_concurrency, self.type)

@@ -199,6 +199,7 @@ def stage_cards(
                 "gil": st.gil_fraction,
                 "gil_at_most": (st.gil_only_bounded or (None, None))[1],
                 "gil_unread": st.gil_unread,
+                "gil_direct": st.gil_read_directly,
                 "gil_low": gi[0],
                 "gil_high": gi[1] if len(gi) > 1 else None,
                 "evidence": [str(x) for x in ev.summary],
