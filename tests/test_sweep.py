@@ -448,15 +448,11 @@ def test_processes_are_not_measured_where_a_gil_free_stage_already_keeps_the_cor
     assert _cores_bind([replace(x, status="failed") for x in busy], "spdl", 0.0) is None
 
 
-def test_a_gil_free_stage_whose_threads_keep_the_cores_busy_without_gain_measures_no_higher_thread_level(
-    monkeypatch,
-):
-    """cpu_free's checksum: 2 threads take 1.8 cores, 4 gain neither throughput nor CPU; 8 and 16 are not measured
-    (nor their ceilings)."""
+def _thread_sweeper(monkeypatch, name: str, curve: dict[int, tuple[float, float]]):
+    """A thread-only sweep over c=1-16 whose stage points read ``curve`` (c -> items/s, cores used; read at each
+    call, so a test may change it), each ±3%: ``sweep(gil_high=, gil_low=)`` runs it with those probe readings
+    and gives its rows by (role, concurrency)."""
     import stagebench.core._sweep as sw
-
-    monkeypatch.setattr(sw, "usable_cores", lambda: 2)
-    curve = {1: (420.0, 1.0), 2: (735.0, 1.79), 4: (681.0, 1.69), 8: (620.0, 1.52), 16: (587.0, 1.5)}
 
     def fake_measure(fn, inputs, *, executor, concurrency, config, name, role, harness, payload, pool):
         q, used = (4000.0, 0.9) if role == "ceiling" else curve[concurrency]
@@ -466,62 +462,61 @@ def test_a_gil_free_stage_whose_threads_keep_the_cores_busy_without_gain_measure
     monkeypatch.setattr(sw, "measure_stage", fake_measure)
     cfg = SweepConfig(executors=("thread",), concurrency=(1, 2, 4, 8, 16))
 
-    def sweep(gil_high):
-        s = sw.StageSweep(double, [1, 2], name="checksum", config=cfg)
-        s.gil_high = gil_high
+    def sweep(gil_high: float | None = None, gil_low: float | None = None):
+        s = sw.StageSweep(double, [1, 2], name=name, config=cfg)
+        s.gil_high, s.gil_low = gil_high, gil_low
         s.run(s.points, None)
         return s.frame().set_index(["role", "concurrency"])
 
-    rows = sweep(0.02)
+    return sweep
+
+
+def test_a_gil_free_stage_whose_threads_keep_the_cores_busy_without_gain_measures_no_higher_thread_level(
+    monkeypatch,
+):
+    """cpu_free's checksum: 2 threads take 1.8 cores, 4 gain neither throughput nor CPU; 8 and 16 are not measured
+    (nor their ceilings)."""
+    import stagebench.core._sweep as sw
+
+    monkeypatch.setattr(sw, "usable_cores", lambda: 2)
+    curve = {1: (420.0, 1.0), 2: (735.0, 1.79), 4: (681.0, 1.69), 8: (620.0, 1.52), 16: (587.0, 1.5)}
+    sweep = _thread_sweeper(monkeypatch, "checksum", curve)
+
+    rows = sweep(gil_high=0.02)
     assert [rows.loc[("stage", c), "status"] for c in (1, 2, 4, 8, 16)] == ["ok"] * 3 + ["skipped"] * 2
     assert rows.loc[("ceiling", 4), "status"] == "ok" and rows.loc[("ceiling", 8), "status"] == "skipped"
     why = rows.loc[("stage", 8), "reason"]
     assert "4 threads used 1.7 cores, no more than 2 threads' 1.8" in why and "735 items/s" in why
     # holding some GIL (processes may relieve it, threads still may not), or not probed: every level
     for gil in (0.3, None):
-        assert (sweep(gil)["status"] == "ok").all()
+        assert (sweep(gil_high=gil)["status"] == "ok").all()
     # more CPU at the level without gain beyond noise (a stage still taking up cores): measured on
     curve[4] = (700.0, 1.95)
-    assert sweep(0.02).loc[("stage", 8), "status"] == "ok"
+    assert sweep(gil_high=0.02).loc[("stage", 8), "status"] == "ok"
     # still rising beyond noise: measured on
     curve[4] = (900.0, 1.7)
-    assert sweep(0.02).loc[("stage", 8), "status"] == "ok"
+    assert sweep(gil_high=0.02).loc[("stage", 8), "status"] == "ok"
 
 
 def test_a_stage_holding_the_gil_measures_no_thread_level_above_one_without_gain(monkeypatch):
     """gil_mix's tokenize: the probe reads 94%; 2 threads run under one; 4, 8 and 16 are not measured (~1.7 s)."""
-    import stagebench.core._sweep as sw
+    curve = {c: (q, 1.0) for c, q in ((1, 869.0), (2, 671.0), (4, 686.0), (8, 714.0), (16, 667.0))}
+    sweep = _thread_sweeper(monkeypatch, "tokenize", curve)
 
-    curve = {1: 869.0, 2: 671.0, 4: 686.0, 8: 714.0, 16: 667.0}
-
-    def fake_measure(fn, inputs, *, executor, concurrency, config, name, role, harness, payload, pool):
-        q = 4000.0 if role == "ceiling" else curve[concurrency]
-        return StageDraft(name, role, executor, harness, concurrency, qps=q, qps_low=q * 0.97, qps_high=q * 1.03,
-                          cores_used=1.0, payload_bytes=payload, elapsed_s=0.1, started_at="t")  # fmt: skip
-
-    monkeypatch.setattr(sw, "measure_stage", fake_measure)
-    cfg = SweepConfig(executors=("thread",), concurrency=(1, 2, 4, 8, 16))
-
-    def sweep(gil_low):
-        s = sw.StageSweep(double, [1, 2], name="tokenize", config=cfg)
-        s.gil_low = gil_low
-        s.run(s.points, None)
-        return s.frame().set_index(["role", "concurrency"])
-
-    rows = sweep(0.92)
+    rows = sweep(gil_low=0.92)
     assert [rows.loc[("stage", c), "status"] for c in (1, 2, 4, 8, 16)] == ["ok"] * 2 + ["skipped"] * 3
     why = rows.loc[("stage", 4), "reason"]
     assert "c=2 ran within noise of, or under, c=1's 869 items/s" in why and "at least 92%" in why
     # under half the call (threads may still overlap more than one call's GIL-free part), or not probed
     for gil in (0.45, None):
-        assert (sweep(gil)["status"] == "ok").all()
+        assert (sweep(gil_low=gil)["status"] == "ok").all()
     # still rising beyond noise: measured on, and stopped at the first level without gain
-    curve[2] = 1000.0
-    rows = sweep(0.6)
+    curve[2] = (1000.0, 1.0)
+    rows = sweep(gil_low=0.6)
     assert [rows.loc[("stage", c), "status"] for c in (1, 2, 4, 8)] == ["ok"] * 3 + ["skipped"]
     # within noise of the best at a level above it: no gain, stopped
-    curve[2] = 900.0
-    assert sweep(0.6).loc[("stage", 4), "status"] == "skipped"
+    curve[2] = (900.0, 1.0)
+    assert sweep(gil_low=0.6).loc[("stage", 4), "status"] == "skipped"
 
 
 def test_ceilings_close_from_half_the_minimum_window_and_head_to_head_windows_at_ten_percent():
