@@ -221,6 +221,20 @@ def test_persistent_workers_recommended_when_the_stall_matters_and_the_finding_a
     assert not [f for f in s["findings"] if f["title"].startswith("Workers restart")]
 
 
+def test_a_pick_that_keeps_your_workers_and_adds_persistent_workers_says_keep_yours():
+    """Your num_workers kept, persistent_workers=True added for the stall: the verdict keeps yours and names the
+    flag ("use ...; your setting, kept" read as two answers); a pick with other workers still says "use"."""
+    rows = [_row(0, 100), _row(2, 200, stall=0.5), _row(2, 199, pw=True, stall=0.05)]
+    s = summarize_loader(rows, _stall_meta(persistent_workers=False))
+    assert s["recommended"]["num_workers"] == 2 and s["recommended"]["persistent_workers"] is True
+    assert s["verdict"].startswith("keep yours (num_workers=2, prefetch_factor=2) and set persistent_workers=True:")
+    assert "(best" not in s["verdict"].split(";")[0]  # the best is yours, without the flag: not a rival
+    meta = _stall_meta(persistent_workers=False)
+    meta["loader"]["user_knobs"]["num_workers"] = 4  # not measured: the pick is another setting
+    s = summarize_loader(rows, meta)
+    assert s["verdict"].startswith("use num_workers=2, prefetch_factor=2, persistent_workers=True:")
+
+
 def test_the_users_persistent_workers_is_kept_without_evidence_against_it():
     """An isolated sweep sees no epoch boundary in its window: persistent_workers=True is never switched off
     for a throughput difference (issue 30: "Set persistent_workers=True" next to "persistent_workers=False")."""

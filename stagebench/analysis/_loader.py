@@ -286,18 +286,32 @@ def _per_rank(rec: LoaderRow | None, ranks: float, cores: float) -> str:
     return f"; num_workers={nw} a rank: {workers}; samples/s are the host's, every rank's loader at once"
 
 
+def _keep_or_use(user: LoaderRow | None, rec: LoaderRow) -> str:
+    """The pick's head, in the same words as the job's verdict and the pipeline's: a pick that is your
+    setting is "keep yours"; one that keeps your workers and sets a flag the windows do not judge (the
+    epoch stall's ``persistent_workers``, the device copy's ``pin_memory``) keeps yours and names the flag,
+    so that "use" never heads a verdict whose workers are yours."""
+    if user is None or user.knobs.label(flags=False) != rec.knobs.label(flags=False):
+        return f"use {_knob_text(rec)}"
+    if user.knobs == rec.knobs:
+        return f"keep yours ({_knob_text(rec)})"
+    flags = [
+        f"{k}={getattr(rec.knobs, k)}"
+        for k in ("persistent_workers", "pin_memory")
+        if getattr(rec.knobs, k) != getattr(user.knobs, k)
+    ]
+    return f"keep yours ({user.knobs.label(as_call=True)}) and set {' and '.join(flags)}"
+
+
 def _pick_verdict(c: _Picks, rec: LoaderRow, target: LoaderTarget | None) -> str:
     """The loader alone's pick: use it (or keep yours), its throughput and interval, and what it rests on."""
     lo, hi = rec.samples_per_s_low, rec.samples_per_s_high
     ci = f" [{lo:,.1f}, {hi:,.1f}]" if math.isfinite(lo) and math.isfinite(hi) else ""
-    # the same words as the job's verdict and the pipeline's: a pick that is your setting is "keep yours"
-    keep = c.user is not None and _knob_text(c.user) == _knob_text(rec)
-    said = f"keep yours ({_knob_text(rec)})" if keep else f"use {_knob_text(rec)}"
-    verdict = f"{said}: {rec.samples_per_s:,.1f} samples/s{ci}"
+    verdict = f"{_keep_or_use(c.user, rec)}: {rec.samples_per_s:,.1f} samples/s{ci}"
     if target is not None:
         verdict += " by the loader alone"
     best = c.best
-    if best is not None and best.knobs != rec.knobs:
+    if best is not None and best.knobs.label(flags=False) != rec.knobs.label(flags=False):
         verdict += f" (best {best.samples_per_s:,.1f} at num_workers={best.num_workers})"
     decision = rec.decision
     if decision is not None and target is None:
