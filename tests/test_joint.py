@@ -203,3 +203,63 @@ def test_processes_are_measured_only_for_stages_whose_processes_could_raise_the_
     wait = _stage("wait", gil_ms=0.01, cpu_ms=0.02, thread=[(1, 100)], own=("thread", 1))
     spin = _stage("spin", gil_ms=1.0, cpu_ms=1.0, thread=[(1, 1000), (2, 980)], own=("thread", 1))
     assert process_headroom([spin, wait], {"spin": [1, 2]}, cores=2, free_threaded=False)["spin"]["gain"] == 1.0
+
+
+def _near_tie():
+    """A 1.2 ms GIL-holding spin (830 items/s on one thread, 1,500 on two processes) beside a wait that does 1,000
+    on 8 threads: on threads the GIL binds at 1 / 1.22 ms = 820 items/s, on processes the wait at 1,000. 820 is
+    within TRUSTED (80%) of 1,000, so the bounds alone pick the cheaper threads; it is 18% under, more than the
+    5% the bounds cannot tell apart, so the processes are the runner-up, for the replays to settle."""
+    spin = _stage(
+        "spin", gil_ms=1.2, cpu_ms=1.2, thread=[(1, 830), (2, 820)], process=[(1, 800), (2, 1500)], own=("process", 2)
+    )
+    wait = _stage("wait", gil_ms=0.02, cpu_ms=0.05, thread=[(1, 125), (2, 250), (4, 500), (8, 1000)], own=("thread", 8))
+    return spin, wait
+
+
+def _replays(pick, runner_up, chosen):
+    from stagebench.model._pipeline import JointReplays, WholeRun
+
+    rate = lambda q: WholeRun(qps=q, qps_low=q * 0.97, qps_high=q * 1.03)
+    return JointReplays(
+        executors={"spin": "process", "wait": "thread"}, pick=rate(pick), runner_up=rate(runner_up), chosen=chosen
+    )
+
+
+def test_a_cheaper_pick_the_bounds_put_over_5_percent_under_their_best_leaves_a_runner_up_for_the_replays():
+    joint, (spin, _) = _jointly(*_near_tie())
+    assert _setting(spin) == ("thread", 1)  # the cheaper, within TRUSTED
+    assert joint.runner_up == {"spin": "process", "wait": "thread"} and joint.runner_up_pace == 1000
+    assert "was not replayed against the cheaper one" in joint.text
+    # where the best is the pick, or the pick within 5% of it, there is nothing to replay
+    joint, _ = _jointly(*_tie())
+    assert joint.runner_up is None and joint.runner_up_pace is None
+    assert "runner_up" not in joint.to_json()  # written only where there is one
+
+
+def _tie():
+    """A 0.5 ms spin as fast on a thread as on a process beside a wait: the pick is the bounds' best."""
+    a = _stage("a", gil_ms=0.5, cpu_ms=0.5, thread=[(1, 1000)], process=[(1, 990)], own=("thread", 1))
+    b = _stage("b", gil_ms=0.02, cpu_ms=0.05, thread=[(1, 125), (2, 250), (4, 500)], own=("thread", 4))
+    return a, b
+
+
+def test_the_replays_take_the_runner_up_only_where_it_ran_faster_beyond_noise():
+    from stagebench.model._pipeline import KEPT, RUNNER_UP, JointReplays
+
+    faster = _replays(600, 900, None)
+    assert JointReplays.choose(faster.pick, faster.runner_up) == RUNNER_UP
+    faster = _replays(600, 900, RUNNER_UP)
+    joint, (spin, wait) = _jointly(*_near_tie(), replays=faster)
+    assert _setting(spin) == ("process", 2) and spin.recommended_alone is None  # as alone: processes
+    assert joint.pace == 1000 and "replayed at 900 (873-927) items/s" in joint.text
+    assert "faster beyond noise: its executors are taken" in joint.text
+    # intervals that overlap (600 against 615, 3% each way): the cheaper pick stays
+    tie = _replays(600, 615, None)
+    assert JointReplays.choose(tie.pick, tie.runner_up) == KEPT
+    joint, (spin, _) = _jointly(*_near_tie(), replays=_replays(600, 615, KEPT))
+    assert _setting(spin) == ("thread", 1) and "the cheaper one is kept" in joint.text
+    # a replay that failed keeps the pick
+    from stagebench.model._pipeline import WholeRun
+
+    assert JointReplays.choose(WholeRun(qps=None, error="x"), WholeRun(qps=900, qps_low=870, qps_high=930)) == KEPT

@@ -10,7 +10,11 @@ chosen jointly, with the bounds of :mod:`._predict` over the points each stage w
    beyond that, one stage at a time switched while the score improves). Among those within
    :data:`TRUSTED` of the best: fewest stages on processes (memory, pickling, start-up), then the
    most stages on their own choice. The bounds leave out what the stages cost each other, so a small
-   gain they promise is not evidence.
+   gain they promise is not evidence. Where the cheaper pick is more than 5% under the best, that best is
+   the ``runner_up``: the diagnosis replays both in turns before its whole runs
+   (:class:`~stagebench.model._pipeline.JointReplays`), and a second call takes the runner-up's executors
+   where its replay was faster beyond noise (a GIL-bound stage on threads loses more to hand-offs than the
+   GIL bound counts).
 2. **Concurrency.** With the assignment's pace P known, each stage gets the smallest measured level
    whose capacity alone is at least P x (1 + :data:`SPARE`): a margin for what the stages cost each
    other (a thread waking from a wait queues for the GIL behind the others). A stage with no such
@@ -35,7 +39,7 @@ from stagebench._numbers import SourceItems, finite, fmt_q, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._predict import pipeline_bounds, stage_load
 from stagebench.core._paired import WITHIN_BEST
-from stagebench.model._pipeline import Joint
+from stagebench.model._pipeline import Joint, JointReplays, WholeRun
 from stagebench.model._stage import HeadToHead, StageEntry, StageSetting, changed, keyed
 
 __all__ = ["recommend_jointly", "process_headroom"]
@@ -120,6 +124,7 @@ def recommend_jointly(
     fixed: float = 0.0,
     demand: float | None = None,
     ranks: int = 1,
+    replays: JointReplays | None = None,
 ) -> Joint | None:
     """Choose every measured stage's (executor, concurrency) for the pipeline; update the stage entries.
 
@@ -139,6 +144,10 @@ def recommend_jointly(
     is below the pace, the stages are cut to what feeds the trainer with
     :data:`stagebench._settings.DEMAND_HEADROOM` to spare instead: the cheapest settings
     that keep up, which the validation run then measures against the demand.
+
+    ``replays``: the diagnosis's replays of the pick and the runner-up (:class:`JointReplays`), where a
+    first call left a ``runner_up`` (the bounds' best assignment, more than 5% over a cheaper pick): the
+    runner-up's executors are taken where its replay was faster beyond noise, and the text says so.
     """
     measured, options = _measured(stages)
     ok = [e for _, e in measured]
@@ -171,10 +180,17 @@ def recommend_jointly(
                         current, improved = trial, True
     top = max(scored.values())
     near = [a for a, q in scored.items() if q >= TRUSTED * top]
-    pick = min(
+    cheaper = min(
         near,
         key=lambda a: (a.count("process"), sum(x != y for x, y in zip(a, own)), -scored[a]),
     )
+    best = max(scored, key=lambda a: scored[a])
+    # the bounds put the cheaper pick more than 5% under their best: only a replay of both can say whether
+    # what they leave out (hand-offs, waits for the GIL) takes that back
+    runner_up = best if cheaper != best and scored[cheaper] < WITHIN_BEST * top else None
+    prefer = replays.prefer if replays is not None else None
+    taken = tuple(prefer.get(st.name, "") for st in ok) if prefer else None
+    pick = runner_up if runner_up is not None and taken == runner_up else cheaper
     pace = scored[pick]
     feeds = demand is not None and demand > 0 and demand * (1 + DEMAND_HEADROOM) < pace
     target = demand * (1 + DEMAND_HEADROOM) if feeds and demand is not None else pace
@@ -214,6 +230,7 @@ def recommend_jointly(
         f"that keep up with it with {SPARE:.0%} to spare"
         + (f"; set differently from their own best: {', '.join(moved)}" if moved else "; every stage as alone")
         + (f"; cut to feed the trainer's {fmt_q(float(demand or 0))} items/s (+{DEMAND_HEADROOM:.0%})" if feeds else "")
+        + _replayed(replays, runner_up, cheaper, ok)
     )
     return Joint(
         pace=pace,
@@ -223,8 +240,39 @@ def recommend_jointly(
         exhaustive=exhaustive,
         changed=tuple(moved),
         for_demand=demand if feeds else None,
+        runner_up=None if runner_up is None else {st.name: ex for st, ex in zip(ok, runner_up)},
+        runner_up_pace=None if runner_up is None else scored[runner_up],
         text=text,
     )
+
+
+def _replayed(
+    replays: JointReplays | None,
+    runner_up: tuple[str, ...] | None,
+    cheaper: tuple[str, ...],
+    ok: list[StageEntry],
+) -> str:
+    """What the replays of the cheaper pick and the runner-up found, for the joint's text ("" where none ran)."""
+    if runner_up is None:
+        return ""
+    moved = ", ".join(f"{st.name} on {ex} rather than {c}" for st, ex, c in zip(ok, runner_up, cheaper) if ex != c)
+    if replays is None or replays.pick.qps is None or replays.runner_up.qps is None:
+        return f"; the bounds' best assignment ({moved}) was not replayed against the cheaper one"
+    said = (
+        "faster beyond noise: its executors are taken"
+        if replays.prefer
+        else "not faster beyond noise: the cheaper one is kept"
+    )
+    return (
+        f"; the bounds' best assignment ({moved}) replayed at {_rate_text(replays.runner_up)} items/s against "
+        f"the cheaper one's {_rate_text(replays.pick)}, in turns: {said}"
+    )
+
+
+def _rate_text(run: WholeRun) -> str:
+    lo, hi = run.qps_low, run.qps_high
+    band = f" ({fmt_q(lo)}-{fmt_q(hi)})" if lo is not None and hi is not None else ""
+    return f"{fmt_q(num(run.qps))}{band}"
 
 
 def _why(

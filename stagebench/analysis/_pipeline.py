@@ -378,6 +378,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         fixed=run.fixed,
         demand=num_or_none(target),
         ranks=run.ranks,
+        replays=m.joint_replays,
     )
     entries = list(stages)  # as chosen together; the job's pick comes later
     failed = None if m.validation is None else m.validation.failed

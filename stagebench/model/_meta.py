@@ -37,7 +37,7 @@ from stagebench.model._json import (
 from stagebench.model._knobs import KNOBS
 from stagebench.model._limits import HostLimits
 from stagebench.model._loader import WorkerCosts
-from stagebench.model._pipeline import WholeRun
+from stagebench.model._pipeline import JointReplays, WholeRun
 from stagebench.model._ranks import Ranks
 
 __all__ = [
@@ -264,6 +264,8 @@ class RunMeta(Read):
     validation: WholeRun | None = None
     replay: WholeRun | None = None
     yours: WholeRun | None = None
+    #: the replays that settled the joint choice between the bounds' best assignment and a cheaper one
+    joint_replays: JointReplays | None = None
     cpu_speed: CpuReadings | None = None
     page_fault: PageFault | None = None
     pipeline_overhead: dict[str, Any] | None = None
@@ -287,6 +289,7 @@ class RunMeta(Read):
         "cpu_speed": given(CpuReadings.from_json),
         "page_fault": given(PageFault.from_json),
         **dict.fromkeys(("validation", "replay", "yours"), given(WholeRun.from_json)),
+        "joint_replays": given(JointReplays.from_json),
         "worker_costs": filled(WorkerCosts.from_json),
         "ended": RunEnd.from_json,
         **dict.fromkeys(("not_isolated", "transforms"), items),

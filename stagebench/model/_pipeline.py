@@ -42,6 +42,7 @@ __all__ = [
     "Demand",
     "CpuSpeed",
     "Joint",
+    "JointReplays",
     "Search",
 ]
 
@@ -344,6 +345,11 @@ class CpuSpeed(Written):
         )
 
 
+def _executors(v: Any) -> dict[str, str]:
+    """Executors by stage name, as written; {} where there are none."""
+    return {str(k): str(x) for k, x in v.items()} if isinstance(v, Mapping) else {}
+
+
 @dataclass(frozen=True, slots=True)
 class Joint(Read):
     """The settings chosen for the whole pipeline together (``summary["joint"]``): the pace the bounds
@@ -359,15 +365,61 @@ class Joint(Read):
     exhaustive: bool | None = None
     changed: tuple[str, ...] = ()
     for_demand: float | None = None
+    runner_up: Mapping[str, str] | None = None
+    """The bounds' best executor assignment, by stage name, where the pick is a cheaper one they put more than
+    5% under it; None otherwise. The diagnosis replays both before its whole runs (:class:`JointReplays`)."""
+    runner_up_pace: float | None = None
+    """The bounds' pace at :attr:`runner_up` (each stage at its fastest)."""
     text: str | None = None
 
     READ: ClassVar[Coercions] = {
-        **dict.fromkeys(("qps", "pace", "for_demand"), number),
+        **dict.fromkeys(("qps", "pace", "for_demand", "runner_up_pace"), number),
         **dict.fromkeys(("binding", "text"), _text),
         "assignments": integer,
         "exhaustive": flag,
         "changed": texts,
+        "runner_up": lambda v: _executors(v) or None,
     }
+    OPTIONAL = frozenset({"runner_up", "runner_up_pace"})
+
+
+#: :attr:`JointReplays.chosen`: the replays kept the cheaper pick, or chose the bounds' best assignment
+KEPT, RUNNER_UP = "pick", "runner_up"
+
+
+@dataclass(frozen=True, slots=True)
+class JointReplays(Read):
+    """The replays that settle the joint choice (``run.json["joint_replays"]``), where the bounds' best executor
+    assignment and the cheaper one picked (within :data:`stagebench.analysis._joint.TRUSTED` of it) differ by
+    more than 5%: the pipeline with stand-ins at each one's settings, in turns, before the whole runs. The
+    bounds leave out what the stages cost each other (hand-offs, waits for the GIL), which the replay runs;
+    the runner-up is chosen only where its replay is faster beyond noise (its interval above the pick's)."""
+
+    executors: Mapping[str, str] = field(default_factory=dict)
+    """The runner-up's executors, by stage name (:attr:`Joint.runner_up`)."""
+    pick: WholeRun = field(default_factory=WholeRun)
+    runner_up: WholeRun = field(default_factory=WholeRun)
+    chosen: str | None = None
+    """:data:`KEPT` or :data:`RUNNER_UP`."""
+
+    READ: ClassVar[Coercions] = {
+        "executors": _executors,
+        **dict.fromkeys(("pick", "runner_up"), WholeRun.from_json),
+        "chosen": _text,
+    }
+
+    @property
+    def prefer(self) -> dict[str, str] | None:
+        """The executors the joint choice takes from the replays, by stage; None where it keeps its pick."""
+        return dict(self.executors) if self.chosen == RUNNER_UP and self.executors else None
+
+    @staticmethod
+    def choose(pick: WholeRun, runner_up: WholeRun) -> str:
+        """:data:`RUNNER_UP` where its replay is faster than the pick's beyond noise (their intervals apart),
+        else :data:`KEPT`: the cheaper pick stays where the replays cannot tell them apart, or one failed."""
+        if pick.qps_high is not None and runner_up.qps_low is not None and runner_up.qps_low > pick.qps_high:
+            return RUNNER_UP
+        return KEPT
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,7 @@ from stagebench.core._spdl_harness import deferred_teardown
 from stagebench.core._stats import mean_interval
 from stagebench.core._sweep import plan_points
 from stagebench.model._meta import PageFault
+from stagebench.model._pipeline import RUNNER_UP, JointReplays
 from stagebench.model._stage import changed
 from stagebench.model._summary import Summary
 from stagebench.pipeline._finish import (
@@ -69,7 +70,7 @@ from stagebench.pipeline._settings import DiagnoseSettings
 from stagebench.pipeline._stage_cache import CacheDirError, cache_folder, private_dir
 from stagebench.pipeline._stages import StagesPhase, sweep_config
 from stagebench.pipeline._state import State
-from stagebench.pipeline._validate import choices_of, replay_and_validate
+from stagebench.pipeline._validate import choices_of, replay_and_validate, replay_runner_up
 from stagebench.report._terminal import format_table
 from stagebench.runs._outcome import COMPLETE, FAILED, INTERNAL, PARTIAL, interrupted_outcome
 from stagebench.runs._provenance import collect_provenance
@@ -363,6 +364,7 @@ class _Diagnosis:
         if run.out_of_memory:  # it would run out too (the stage that took it all runs again), or hang starting
             run.meta["validation"] = {"qps": None, "error": f"skipped: {run.out_of_memory}"}
             return
+        summary = self._settle_joint(stages, source_items, summary)
         with run.phase("whole_pipeline_runs"):
             whole = replay_and_validate(
                 run.plan,
@@ -385,6 +387,35 @@ class _Diagnosis:
             failed = delivered_nothing(whole.validation)
             validation = changed(whole.validation, failed=failed) if failed else whole.validation
             run.meta["validation"] = validation.to_json()
+
+    def _settle_joint(self, stages: StagesPhase, source_items: list, summary: Summary) -> Summary:
+        """Where the joint choice left a runner-up (the bounds' best executor assignment, more than 5% over
+        the cheaper one picked), both replayed in turns (:func:`replay_runner_up`); the summary the whole runs
+        then run at: the runner-up's where its replay was faster beyond noise. ``run.json["joint_replays"]``
+        records them, and every later summary reads its choice from there."""
+        run = self.run
+        joint = summary.joint
+        if joint is None or not joint.runner_up or "joint_replays" in run.meta:
+            return summary
+        with run.phase("joint_replays"):
+            # the summary as if the runner-up were chosen: its stages' settings and stand-ins
+            run.meta["joint_replays"] = JointReplays(executors=joint.runner_up, chosen=RUNNER_UP).to_json()
+            rows = run.rows()
+            runner_up = Summary.from_json(summarize_run(run, rows))
+            replays = replay_runner_up(
+                run.plan,
+                run.settings,
+                source_items,
+                summary,
+                runner_up,
+                stage_speeds=stages.stage_speeds,
+                items_per_sink_item=stages.items_per_sink_item or 1.0,
+                say=run.say,
+                log_error=run.log_error,
+            )
+            run.meta["joint_replays"] = replays.to_json()
+            run.write_meta()
+            return runner_up if replays.prefer else Summary.from_json(summarize_run(run, rows))
 
     def _finish(self, rows: Any, t_begin: float) -> tuple[dict[str, Any], Summary, Path | None]:
         """The summary (as written, and read), the report, run.json's status, the terminal table and the last

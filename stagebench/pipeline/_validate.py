@@ -22,7 +22,7 @@ from stagebench._settings import WHOLE_RUN_ROUNDS
 from stagebench.analysis._verdicts import versus_yours_decision
 from stagebench.core._speed import cpu_speed_ns
 from stagebench.model._meta import CpuReadings
-from stagebench.model._pipeline import WholeRun
+from stagebench.model._pipeline import KEPT, RUNNER_UP, JointReplays, WholeRun
 from stagebench.model._stage import changed, keyed, own_choice
 from stagebench.model._summary import Summary
 from stagebench.pipeline._replay import StandIn, plan_stand_ins
@@ -30,6 +30,7 @@ from stagebench.pipeline._wholerun import SLICES, run_pipelines
 
 __all__ = [
     "replay_and_validate",
+    "replay_runner_up",
     "WholePipelines",
     "choices_of",
     "yours_of",
@@ -120,6 +121,65 @@ def replay_and_validate(
         yours=_yours_result(out, whole, settings, say),
         cpu_speed=CpuReadings(stage_ns=speeds, validation_ns=around),
     )
+
+
+def replay_runner_up(
+    plan: Any,
+    settings: Any,
+    source_items: list,
+    pick: Summary,
+    runner_up: Summary,
+    *,
+    stage_speeds: dict[str, list[float]],
+    items_per_sink_item: float,
+    say: Callable[[str], None],
+    log_error: Callable[[str, BaseException], None],
+) -> JointReplays:
+    """The pipeline with stand-ins at the joint's cheaper pick and at its runner-up (each summary's
+    recommended settings), in turns, with the replay's warm-up and window: which one the joint takes
+    (:meth:`JointReplays.choose`). A replay that cannot run is its ``error``; the pick is then kept."""
+    speeds = {name: statistics.median(v) for name, v in stage_speeds.items() if v}
+    runs: dict[str, dict[str, StandIn] | None] = {
+        KEPT: plan_stand_ins(pick.stages, speeds),
+        RUNNER_UP: plan_stand_ins(runner_up.stages, speeds),
+    }
+    executors = dict(pick.joint.runner_up or {}) if pick.joint is not None else {}
+    window = settings.validation_window_s
+    warm = 0.5 * min(1.0, window)
+    now = choices_of(pick)
+    moved = ", ".join(f"{k} on {v}" for k, v in executors.items() if k in now and now[k][0] != v)
+    say(
+        f"the bounds put a cheaper assignment of executors within reach of their best ({moved}): both replayed "
+        f"with stand-ins, taking turns, {warm:g} s warm-up + {window:g} s of counting each, in slices"
+    )
+    try:
+        out = run_pipelines(
+            plan,
+            source_items,
+            choices_of(pick),
+            runs,
+            warmup_s=warm,
+            window_s=window,
+            timeout_s=settings.timeout_s,
+            items_per_sink_item=items_per_sink_item,
+            own_choices={RUNNER_UP: choices_of(runner_up)},
+        )
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:
+        log_error("the joint's replays", e)
+        out = {k: keyed(WholeRun, qps=None, error=describe(e)) for k in runs}
+    mine = out.get(KEPT) or keyed(WholeRun, qps=None, error="not run")
+    theirs = out.get(RUNNER_UP) or keyed(WholeRun, qps=None, error="not run")
+    chosen = JointReplays.choose(mine, theirs)
+    if mine.qps is not None and theirs.qps is not None:
+        say(
+            f"replays: {theirs.qps:,.1f} items/s at the bounds' best, {mine.qps:,.1f} at the cheaper pick: "
+            + ("the best taken (faster beyond noise)" if chosen == RUNNER_UP else "the cheaper kept")
+        )
+    else:
+        say(f"replays failed ({mine.error or theirs.error}): the cheaper pick kept")
+    return JointReplays(executors=executors, pick=mine, runner_up=theirs, chosen=chosen)
 
 
 def _whole_runs(plan: Any, settings: Any, summary: Summary, stand_ins: dict[str, StandIn]) -> _WholeRuns:
