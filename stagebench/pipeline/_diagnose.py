@@ -395,13 +395,17 @@ class _Diagnosis:
         records them, and every later summary reads its choice from there."""
         run = self.run
         joint = summary.joint
-        if joint is None or not joint.runner_up or "joint_replays" in run.meta:
+        if joint is None or not joint.runner_up:
             return summary
         with run.phase("joint_replays"):
-            # the summary as if the runner-up were chosen: its stages' settings and stand-ins
+            # the summary as if the runner-up were chosen (its stages' settings and stand-ins), read with a
+            # choice no replay has made yet: taken out again at once, so that nothing cut short reads it
             run.meta["joint_replays"] = JointReplays(executors=joint.runner_up, chosen=RUNNER_UP).to_json()
             rows = run.rows()
-            runner_up = Summary.from_json(summarize_run(run, rows))
+            try:
+                runner_up = Summary.from_json(summarize_run(run, rows))
+            finally:
+                del run.meta["joint_replays"]
             replays = replay_runner_up(
                 run.plan,
                 run.settings,

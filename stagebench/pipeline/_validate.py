@@ -144,6 +144,9 @@ def replay_runner_up(
         RUNNER_UP: plan_stand_ins(runner_up.stages, speeds),
     }
     executors = dict(pick.joint.runner_up or {}) if pick.joint is not None else {}
+    if not all(runs.values()):  # a replay with no stand-in would be the real pipeline: nothing to settle it with
+        none = keyed(WholeRun, qps=None, error="no stage could be stood in")
+        return JointReplays(executors=executors, pick=none, runner_up=none, chosen=KEPT)
     window = settings.validation_window_s
     warm = 0.5 * min(1.0, window)
     now = choices_of(pick)
@@ -156,7 +159,7 @@ def replay_runner_up(
         out = run_pipelines(
             plan,
             source_items,
-            choices_of(pick),
+            now,
             runs,
             warmup_s=warm,
             window_s=window,
