@@ -252,7 +252,7 @@ def test_the_replays_take_the_runner_up_only_where_it_ran_faster_beyond_noise():
     faster = _replays(600, 900, RUNNER_UP)
     joint, (spin, wait) = _jointly(*_near_tie(), replays=faster)
     assert _setting(spin) == ("process", 2) and spin.recommended_alone is None  # as alone: processes
-    assert joint.pace == 1000 and "replayed at 900 (873-927) items/s" in joint.text
+    assert joint.pace == 1000 and "replayed at 900 items/s (873-927)" in joint.text
     assert "faster beyond noise: its executors are taken" in joint.text
     # intervals that overlap (600 against 615, 3% each way): the cheaper pick stays
     tie = _replays(600, 615, None)

@@ -39,7 +39,7 @@ from stagebench._numbers import SourceItems, finite, fmt_q, num
 from stagebench._settings import DEMAND_HEADROOM
 from stagebench.analysis._predict import pipeline_bounds, stage_load
 from stagebench.core._paired import WITHIN_BEST
-from stagebench.model._pipeline import Joint, JointReplays, WholeRun
+from stagebench.model._pipeline import Joint, JointReplays
 from stagebench.model._stage import HeadToHead, StageEntry, StageSetting, changed, keyed
 
 __all__ = ["recommend_jointly", "process_headroom"]
@@ -256,7 +256,8 @@ def _replayed(
     if runner_up is None:
         return ""
     moved = ", ".join(f"{st.name} on {ex} rather than {c}" for st, ex, c in zip(ok, runner_up, cheaper) if ex != c)
-    if replays is None or replays.pick.qps is None or replays.runner_up.qps is None:
+    mine, theirs = (replays.pick.rate, replays.runner_up.rate) if replays is not None else (None, None)
+    if replays is None or mine is None or theirs is None:
         return f"; the bounds' best assignment ({moved}) was not replayed against the cheaper one"
     said = (
         "faster beyond noise: its executors are taken"
@@ -264,15 +265,9 @@ def _replayed(
         else "not faster beyond noise: the cheaper one is kept"
     )
     return (
-        f"; the bounds' best assignment ({moved}) replayed at {_rate_text(replays.runner_up)} items/s against "
-        f"the cheaper one's {_rate_text(replays.pick)}, in turns: {said}"
+        f"; the bounds' best assignment ({moved}) replayed at {theirs.text('items/s')} against the cheaper "
+        f"one's {mine.text('items/s')}, in turns: {said}"
     )
-
-
-def _rate_text(run: WholeRun) -> str:
-    lo, hi = run.qps_low, run.qps_high
-    band = f" ({fmt_q(lo)}-{fmt_q(hi)})" if lo is not None and hi is not None else ""
-    return f"{fmt_q(num(run.qps))}{band}"
 
 
 def _why(

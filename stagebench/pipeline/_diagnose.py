@@ -419,7 +419,9 @@ class _Diagnosis:
             )
             run.meta["joint_replays"] = replays.to_json()
             run.write_meta()
-            return runner_up if replays.prefer else Summary.from_json(summarize_run(run, rows))
+            # kept: the summary the whole runs take is the one before (the replays change only the joint's text,
+            # which the summary at the end reads from run.json)
+            return runner_up if replays.prefer else summary
 
     def _finish(self, rows: Any, t_begin: float) -> tuple[dict[str, Any], Summary, Path | None]:
         """The summary (as written, and read), the report, run.json's status, the terminal table and the last

@@ -88,6 +88,20 @@ class WholePipelines:
     the validation run."""
 
 
+def _stage_speeds(stage_speeds: dict[str, list[float]]) -> dict[str, float]:
+    """Each stage's core speed for its stand-in: the median of the probes after its points."""
+    return {name: statistics.median(v) for name, v in stage_speeds.items() if v}
+
+
+def _warm_and_window(settings: Any) -> tuple[float, float]:
+    """A whole run's warm-up and counting window (s). Warm once items have reached the sink for 0.5 s
+    (_wholerun.WholePipelineRun.warm), pools included: a process pool starts its c workers together, on its
+    first c calls, so the first item arrives once they have started. A window under 1 s (quick mode's
+    replay) gets a warm-up as much shorter."""
+    window = settings.validation_window_s
+    return 0.5 * min(1.0, window), window
+
+
 def replay_and_validate(
     plan: Any,
     settings: Any,
@@ -109,7 +123,7 @@ def replay_and_validate(
     validation and the user's run are None (not run, by request: no warning). Where the user's
     settings are the recommended ones, the user's run is ``{"same": True}``: one run is both.
     """
-    speeds = {name: statistics.median(v) for name, v in stage_speeds.items() if v}
+    speeds = _stage_speeds(stage_speeds)
     whole = _whole_runs(plan, settings, summary, plan_stand_ins(summary.stages, speeds))
     if not whole.runs:  # no stage could be stood in, and no validation run
         return WholePipelines(replay=_no_replay(), validation=None, yours=None, cpu_speed=CpuReadings(stage_ns=speeds))
@@ -138,7 +152,7 @@ def replay_runner_up(
     """The pipeline with stand-ins at the joint's cheaper pick and at its runner-up (each summary's
     recommended settings), in turns, with the replay's warm-up and window: which one the joint takes
     (:meth:`JointReplays.choose`). A replay that cannot run is its ``error``; the pick is then kept."""
-    speeds = {name: statistics.median(v) for name, v in stage_speeds.items() if v}
+    speeds = _stage_speeds(stage_speeds)
     runs: dict[str, dict[str, StandIn] | None] = {
         KEPT: plan_stand_ins(pick.stages, speeds),
         RUNNER_UP: plan_stand_ins(runner_up.stages, speeds),
@@ -147,8 +161,7 @@ def replay_runner_up(
     if not all(runs.values()):  # a replay with no stand-in would be the real pipeline: nothing to settle it with
         none = keyed(WholeRun, qps=None, error="no stage could be stood in")
         return JointReplays(executors=executors, pick=none, runner_up=none, chosen=KEPT)
-    window = settings.validation_window_s
-    warm = 0.5 * min(1.0, window)
+    warm, window = _warm_and_window(settings)
     now = choices_of(pick)
     moved = ", ".join(f"{k} on {v}" for k, v in executors.items() if k in now and now[k][0] != v)
     say(
@@ -190,11 +203,7 @@ def _whole_runs(plan: Any, settings: Any, summary: Summary, stand_ins: dict[str,
     """Which whole pipelines run: the replay where a stage could be stood in, the real stages where
     validation is on, and the user's settings beside them where they differ from the recommended ones."""
     choices = choices_of(summary)
-    # Warm once items have reached the sink for 0.5 s (_wholerun.WholePipelineRun.warm), pools included:
-    # a process pool starts its c workers together, on its first c calls, so the first item arrives once
-    # they have started. A window under 1 s (quick mode's replay) gets a warm-up as much shorter.
-    window = settings.validation_window_s
-    warm = 0.5 * min(1.0, window)
+    warm, window = _warm_and_window(settings)
     validate = settings.validate == "on"
     yours = yours_of(plan)
     differs = any(name in yours and yours[name] != c for name, c in choices.items())
