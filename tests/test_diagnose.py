@@ -1425,6 +1425,37 @@ def test_each_run_records_the_windows_of_the_round_the_replay_took_part_in():
     assert {x.extra_rounds for x in out.values()} == {2}
 
 
+def test_a_comparison_that_is_not_precise_does_not_lengthen_a_batched_pipelines_slices_to_20_sink_items():
+    """Batches of 40 at ~400 items/s: a sink item every ~0.1 s. The validation's slices grow until each can
+    hold 20 of them (~2 s of counting a run); the joint's replays (``precise=False``) only until each holds
+    a few (~0.4 s): the 20 keep a slice's count within 5%, which a rule acting only beyond its interval
+    does not need."""
+    from stagebench.pipeline._wholerun import _ARRIVALS_PER_SLICE, _PRECISE_ARRIVALS, SLICES, run_pipelines
+
+    def counted(precise: bool) -> dict:
+        return run_pipelines(
+            _two_sleeps_plan(batch=40),
+            list(range(40)),
+            {"slow": ("thread", 4), "fast": ("thread", 2)},
+            {"replay": _two_sleeps_stand_ins(), "validation": None},
+            warmup_s=0.5,
+            window_s=0.1,
+            timeout_s=20,
+            items_per_sink_item=40,
+            precise=precise,
+        )
+
+    short, long = counted(False), counted(True)
+    print({k: (x.seconds, x.qps) for k, x in short.items()}, {k: (x.seconds, x.qps) for k, x in long.items()})
+    for out in (short, long):
+        assert all(x.windows == SLICES and x.qps and 200 < x.qps < 440 for x in out.values())
+    # with the same gap between sink items, 20 arrivals over 2 runs against 2 a slice: 5x the counting
+    expected = _PRECISE_ARRIVALS / (2 * _ARRIVALS_PER_SLICE)
+    for name in short:
+        assert long[name].seconds > 0.5 * expected * short[name].seconds
+        assert short[name].seconds < 1.0  # a few sink items a slice: ~0.2 s each, not ~1 s
+
+
 def test_the_recommendation_is_run_against_the_users_own_settings(tmp_path, capsys):
     """A 10 ms wait on the user's one thread: the recommended 8 threads are measured faster beyond noise, in turns."""
     out = tmp_path / "run"
