@@ -1028,6 +1028,23 @@ def test_a_used_output_dir_exits_2_with_one_line_and_keeps_the_old_run(tmp_path,
     assert {p.name: p.read_text() for p in out.iterdir()} == before  # nothing appended, nothing measured
 
 
+def test_a_used_output_dir_exits_2_with_one_line_where_the_variable_catches_a_dataloader(tmp_path):
+    """The variable alone on a PyTorch script: the DataLoader's sweep is refused the folder as a pipeline's is,
+    with one line naming the variable, not a traceback (pytorch/examples' ImageNet script printed one)."""
+    out = tmp_path / "run"
+    before = _previous_run(out)
+    marker = tmp_path / "marker"
+    script = Path(__file__).parent / "scripts" / "loader_train.py"
+    env = {**FAST, "STAGEBENCH_OUTPUT_DIR": str(out), "LOADER_TRAIN_MARKER": str(marker)}
+    r = run_env(tmp_path, str(script), env=env)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "error" in ln]
+    assert len(lines) == 1 and f"{str(out)!r} already holds results.csv" in lines[0], r.stderr
+    assert lines[0].endswith("(STAGEBENCH_OUTPUT_DIR)"), lines[0]
+    assert "Traceback" not in r.stderr and not marker.exists()
+    assert {p.name: p.read_text() for p in out.iterdir()} == before
+
+
 def test_unwritable_output_dir_exits_2(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

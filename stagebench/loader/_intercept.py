@@ -48,9 +48,17 @@ from stagebench.loader._sweep import LoaderSweepConfig, run_loader_sweep
 from stagebench.loader._trainer import follower_trainer_phases, loader_trainer_phases
 from stagebench.model._knobs import KNOBS, LoaderKnobs
 from stagebench.runs._knobs import KNOWN_BACKENDS, loader_knobs
-from stagebench.runs._outcome import FAILED, INTERNAL, PARTIAL, RANK_LOST, TERMINATED, interrupted_outcome
+from stagebench.runs._outcome import (
+    BAD_INPUT,
+    FAILED,
+    INTERNAL,
+    PARTIAL,
+    RANK_LOST,
+    TERMINATED,
+    interrupted_outcome,
+)
 from stagebench.runs._ranks import no_job_across_hosts, per_host
-from stagebench.runs._results import default_run_dir
+from stagebench.runs._results import RunDirInUseError, UnwritableOutputError, default_run_dir
 
 __all__ = [
     "DatasetLoaderFactory",
@@ -543,6 +551,10 @@ def diagnose_first_loader(
                     progress=progress,
                     trainer_planned=trainer is not None,
                 )
+        except (UnwritableOutputError, RunDirInUseError) as e:  # refused before anything ran: one line, as a pipeline's
+            where = " (STAGEBENCH_OUTPUT_DIR)" if out is not None and os.environ.get("STAGEBENCH_OUTPUT_DIR") else ""
+            print(f"stagebench: error: {e}{where}", file=sys.stderr, flush=True)
+            raise SystemExit(BAD_INPUT.exit_code) from None
         except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, a rank lost: the rows are kept; said, and its code
             end = interrupted_outcome(e)
             how = {RANK_LOST: "stopped", TERMINATED: "terminated (SIGTERM)"}.get(end, "interrupted")
