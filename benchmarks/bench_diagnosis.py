@@ -67,6 +67,7 @@ from _common import (  # noqa: E402
     PIPELINES,
     ROOT,
     SPDL_DEFAULT_NUM_INPUTS,
+    USER_CWD,
     fmt_pct,
     fmt_q,
     machine_line,
@@ -136,7 +137,7 @@ def _child_spdl(name: str, result: str, num_inputs: int) -> int:
 def _run(cmd: list[str], env: dict[str, str], log: Path) -> tuple[int, float]:
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        rc = subprocess.call(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        rc = subprocess.call(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=USER_CWD)
     return rc, time.perf_counter() - t0
 
 

@@ -41,7 +41,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from _common import fmt_q, machine_line, second_tenant, write_json
+from _common import USER_CWD, fmt_q, machine_line, second_tenant, write_json
 
 TARGET = 0.95
 WORKERS = (0, 1, 2, 4)
@@ -109,7 +109,7 @@ def _env() -> dict[str, str]:
 
 def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """Run ``cmd``; where it fails, what it printed last comes with the error (not a bare exit status)."""
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=USER_CWD)
     if res.returncode != 0:
         tail = "\n".join((res.stdout + res.stderr).splitlines()[-20:])
         raise RuntimeError(f"{' '.join(cmd[1:])} ended {res.returncode}:\n{tail}")

@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import fmt_q, machine_line, usable_cores, write_json
+from _common import USER_CWD, fmt_q, machine_line, usable_cores, write_json
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "ddp_jpeg_train.py"
@@ -99,7 +99,7 @@ def diagnose(ranks: int, data: Path, out: Path, *, trainer: bool) -> tuple[dict,
     cmd += ["--trainer"] if trainer else []
     cmd += [str(SCRIPT), "--data", str(data), "--workers", str(YOURS), "--epochs", "1000", *DATA_ARGS]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, env=_env() | DIAGNOSE_ENV, capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(cmd, env=_env() | DIAGNOSE_ENV, capture_output=True, text=True, timeout=1800, cwd=USER_CWD)
     if r.returncode != 0:  # what it printed last, not a bare exit status
         tail = "\n".join((r.stdout + r.stderr).splitlines()[-20:])
         raise RuntimeError(f"stagebench diagnose on {ranks} rank(s) ended {r.returncode}:\n{tail}")
