@@ -1596,6 +1596,7 @@ def test_a_pipeline_that_delivers_nothing_is_a_failed_validation(tmp_path):
     assert summary["verdict"].startswith("validation failed")
     # issue 60: no throughput is predicted for it, in the summary or on the terminal
     assert summary["prediction"] is None
+    assert summary["scope"] is None  # nor is a pick said to be for the pipeline alone
     # the command: exit code 1, with the reason on one line
     script = tmp_path / "train.py"
     script.write_text(

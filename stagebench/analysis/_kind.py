@@ -71,11 +71,12 @@ def summary_head(kind: str, m: RunMeta, no_provenance: dict[str, Any] | None) ->
     }
 
 
-def job_keys(what: str, m: RunMeta, v: JobVerdict | None, *, planned: bool) -> dict[str, Any]:
+def job_keys(what: str, m: RunMeta, v: JobVerdict | None, *, planned: bool, picked: bool = True) -> dict[str, Any]:
     """The summary's ``trainer``, ``job`` and ``scope``: the step alone, the job runs' verdict (None where they
-    did not run), and what the pick is for (``what``: "the loader", "the pipeline")."""
+    did not run), and what the pick is for (``what``: "the loader", "the pipeline"; no scope where nothing was
+    picked: ``picked`` False, a loader no setting of which ran, a pipeline that delivers nothing)."""
     return {
         "trainer": trainer_summary(m.trainer, v),
         "job": None if v is None else v.to_json(),
-        "scope": alone_scope(what, m.step, m.settings, planned=planned),
+        "scope": alone_scope(what, m.step, m.settings, planned=planned) if picked else None,
     }

@@ -120,7 +120,7 @@ def summarize_loader(rows: Any, meta: dict[str, Any]) -> dict[str, Any]:
         "points": [p.to_json() for p in c.pts],
         "search": _search_summary(m, c.pts),
         "target": None if target is None else target.to_json(),
-        **job_keys("the loader", m, c.verdict, planned=m.trainer_planned),
+        **job_keys("the loader", m, c.verdict, planned=m.trainer_planned, picked=rec is not None),
         "findings": [
             f.to_json()
             for f in by_severity(loader_findings(c.pts, m, rec, target, c.verdict) + worker_cost_findings(costs, rec))

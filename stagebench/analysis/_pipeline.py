@@ -446,7 +446,7 @@ def summarize(rows: pd.DataFrame, meta: dict, *, stage_cache: dict | None = None
         "prediction": None if prediction is None else prediction.to_json(),
         "validation": None if validation is None else validation.to_json(),
         "recommended_vs_yours": None if yours is None else yours.to_json(),
-        **job_keys("the pipeline", m, verdict, planned=m.settings.trainer == "measure"),
+        **job_keys("the pipeline", m, verdict, planned=m.settings.trainer == "measure", picked=not failed),
         "demand": None if demand is None else demand.to_json(),
         "cpu_speed": None if speed is None else speed.to_json(),
         "findings": [f.to_json() for f in findings],
