@@ -131,6 +131,7 @@ def test_a_loader_that_raises_exits_failed_and_names_where_the_rows_are(tmp_path
     assert (out / "report.html").is_file()
     # nothing was picked: no line says what "the pick" is for
     assert json.loads((out / "summary.json").read_text())["scope"] is None and "scope:" not in r.stdout
+    assert "* recommended" not in r.stdout and "full grid about 0s" not in r.stdout  # no key to marks, no estimate
 
 
 def test_an_analysis_that_fails_on_saved_rows_is_an_internal_error_not_a_traceback(tmp_path, capsys, monkeypatch):

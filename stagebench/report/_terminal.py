@@ -262,7 +262,8 @@ def format_loader_table(summary: Mapping[str, Any]) -> str:
             f"{_fmt(p.epoch_stall_s, '.2f', 's'):>7} {_fmt(p.mem_pss_mb, ',.0f'):>8} "
             f"{_fmt(p.cores_used, '.2f'):>5}  {status}"
         )
-    lines.append("  * recommended   + best throughput")
+    if rec is not None or best is not None:  # a key to marks that are there
+        lines.append("  * recommended   + best throughput")
     lines.append(f"verdict: {sm.verdict or ''}")
     if sm.scope:
         lines.append(f"scope: {_clean(sm.scope)}")
@@ -270,9 +271,11 @@ def format_loader_table(summary: Mapping[str, Any]) -> str:
         lines.append(f"  [{f.severity}] {f.title}")
     s = sm.search
     if s is not None:
+        full = num(s.estimated_full_grid_seconds)
         lines.append(
             f"search: {s.strategy} measured {s.points_measured} of {s.full_grid_points} grid "
-            f"points in {_fmt(num(s.seconds), '.0f', 's')} (full grid about "
-            f"{_fmt(num(s.estimated_full_grid_seconds), '.0f', 's')})"
+            f"points in {_fmt(num(s.seconds), '.0f', 's')}"
+            # no estimate where nothing ran long enough to time (NaN, or "about 0s", which reads as a figure)
+            + (f" (full grid about {_fmt(full, '.0f', 's')})" if full >= 0.5 else "")
         )
     return "\n".join(lines)
