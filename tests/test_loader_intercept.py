@@ -175,6 +175,9 @@ def test_stagebench_diagnose_catches_a_dataloader_script(tmp_path, spdl_loader):
     assert summary["kind"] == "loader" and summary["recommended"]["num_workers"] >= 0
     assert summary["loader"]["backend"] == ("spdl_pytorch" if spdl_loader else "torch")
     assert all(p["status"] == "ok" for p in summary["points"]), summary["points"]
+    # the sweep turns the diagnostic mode off for SPDL's own loader's pipeline; the run records the mode as set
+    env = json.loads((out / "run.json").read_text())["provenance"]["env"]
+    assert env["SPDL_PIPELINE_DIAGNOSTIC_MODE"] == "1", env
 
 
 def test_two_post_import_hooks_on_one_module_both_run_and_do_not_ask_each_other_for_ever(tmp_path, monkeypatch):

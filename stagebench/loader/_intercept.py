@@ -28,7 +28,7 @@ import inspect
 import os
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -515,11 +515,14 @@ def diagnose_first_loader(
     calls it: a pipeline whose source is a DataLoader is diagnosed as a pipeline).
     """
 
+    given: dict[str, str | None] = {}  # the variables' values as the user set them, before the sweep's
+
     def on_loader(loader: Any) -> Any:
         _Caught.loader = True
         # This run diagnoses the loader. SPDL's PyTorch-style loader builds an SPDL pipeline each time it
         # is iterated; with the mode still on, that pipeline would be the stand-in and start a pipeline
-        # diagnosis of its own into the same folder.
+        # diagnosis of its own into the same folder. The run's provenance records the user's value.
+        given[MODE_VAR] = os.environ.get(MODE_VAR)
         os.environ[MODE_VAR] = "0"
         group = meet("loader", message)  # torchrun: the host's ranks, measured together
         factory, backend = factory_from_loader(loader)
@@ -550,6 +553,7 @@ def diagnose_first_loader(
                     target_rate=target_rate,
                     progress=progress,
                     trainer_planned=trainer is not None,
+                    env_as_given=given,
                 )
         except (UnwritableOutputError, RunDirInUseError) as e:  # refused before anything ran: one line, as a pipeline's
             where = " (STAGEBENCH_OUTPUT_DIR)" if out is not None and os.environ.get("STAGEBENCH_OUTPUT_DIR") else ""
@@ -680,6 +684,7 @@ def _sweep_factory(
     target_rate: float | None,
     progress: Any,
     trainer_planned: bool = False,
+    env_as_given: Mapping[str, str | None] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Sweep a user's loader, their own setting included (measured after the search, so the report
     compares it); the run directory defaults to a new folder under $STAGEBENCH_OUTPUT_DIR or ./reports.
@@ -702,5 +707,6 @@ def _sweep_factory(
         target_rate=target_rate,
         extra_meta={"loader": factory.describe(), "trainer_planned": trainer_planned},
         progress=progress,
+        env_as_given=env_as_given,
     )
     return out, summary

@@ -11,6 +11,7 @@ import datetime as _dt
 import math
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,7 @@ def run_loader_sweep(
     target_rate: float | None = None,
     extra_meta: dict[str, Any] | None = None,
     progress: Any = None,
+    env_as_given: Mapping[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """Sweep a loader's knobs and write the run directory; returns the summary.
 
@@ -103,7 +105,9 @@ def run_loader_sweep(
     their real samples). ``target_rate``: samples/s the trainer consumes.
     Writes ``run.json`` first, ``results.csv`` row by row, then ``summary.json``
     and ``report.html``. ``KeyboardInterrupt`` propagates after the summary of
-    the rows measured so far is written.
+    the rows measured so far is written. ``env_as_given``: variables the caller changed for the sweep, with
+    the values the user gave them (None: unset), which the provenance records (the diagnostic mode's, set
+    to 0 while a caught DataLoader is swept).
     """
     cfg = config or LoaderSweepConfig()
     _check_arguments(factory, name=name, backend=backend, batch_size=batch_size, target_rate=target_rate)
@@ -112,7 +116,14 @@ def run_loader_sweep(
     from scipy import special  # noqa: F401
 
     run = _open_run(
-        run_dir, cfg, name=name, backend=backend, batch_size=batch_size, target_rate=target_rate, extra_meta=extra_meta
+        run_dir,
+        cfg,
+        name=name,
+        backend=backend,
+        batch_size=batch_size,
+        target_rate=target_rate,
+        extra_meta=extra_meta,
+        env_as_given=env_as_given,
     )
     own_progress = progress is None
     if own_progress:
@@ -172,11 +183,18 @@ def _open_run(
     batch_size: int,
     target_rate: float | None,
     extra_meta: dict[str, Any] | None,
+    env_as_given: Mapping[str, str | None] | None = None,
 ) -> _Run:
     """Create the run directory and write its ``run.json`` (status ``running``): the machine, the settings
     and the plan of the search, with ``extra_meta`` merged in (its ``loader`` into the loader's own)."""
     rd = RunDir.create(run_dir, fresh=True)
     prov = collect_provenance()
+    env = prov.setdefault("env", {})
+    for k, v in (env_as_given or {}).items():  # what the user set, not what the sweep set meanwhile
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     limits = HostLimits.from_json(prov.get("limits"))
     cuda = _cuda_available()
     ranks = RunMeta.from_json({"provenance": prov}).ranks

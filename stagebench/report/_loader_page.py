@@ -109,16 +109,11 @@ def _tiles(
             )
         )
     if search is not None and search.points_measured is not None:
-        sub = f"{search.points_measured} points in {num_text(search.seconds)} s"
-        if finite(search.time_saved_s):
+        points = f"{search.points_measured} point{'' if search.points_measured == 1 else 's'}"
+        sub = f"{points} in {num_text(search.seconds)} s"
+        if finite(search.time_saved_s) and best_rate is not None:  # a saving only where a setting was measured
             sub += f"; saved {num_text(search.time_saved_s)} s vs the full grid"
-        tiles.append(
-            tile(
-                f"search ({'?' if search.strategy is None else search.strategy})",
-                f"{search.points_measured} points",
-                sub,
-            )
-        )
+        tiles.append(tile(f"search ({'?' if search.strategy is None else search.strategy})", points, sub))
     if user.samples_per_s is not None:
         tiles.append(
             tile("your setting, loader alone", f"{rate_text(user.samples_per_s.value)} samples/s", _knobs_text(user))
