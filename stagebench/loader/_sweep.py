@@ -188,13 +188,7 @@ def _open_run(
     """Create the run directory and write its ``run.json`` (status ``running``): the machine, the settings
     and the plan of the search, with ``extra_meta`` merged in (its ``loader`` into the loader's own)."""
     rd = RunDir.create(run_dir, fresh=True)
-    prov = collect_provenance()
-    env = prov.setdefault("env", {})
-    for k, v in (env_as_given or {}).items():  # what the user set, not what the sweep set meanwhile
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
+    prov = collect_provenance(env_as_given)
     limits = HostLimits.from_json(prov.get("limits"))
     cuda = _cuda_available()
     ranks = RunMeta.from_json({"provenance": prov}).ranks

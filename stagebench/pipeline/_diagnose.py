@@ -213,7 +213,8 @@ class _Diagnosis:
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "command": command,
             "status": "running",
-            "provenance": collect_provenance(),
+            # the mode as the user set it, not the 0 set for the workers
+            "provenance": collect_provenance(env_as_given={MODE_VAR: mode_value}),
             "settings": {**settings.as_meta(), "cache_dir": str(cache_dir) if cache_dir else None},
             "stages": [s.as_meta() for s in plan.stages],
             "not_isolated": list(plan.not_isolated),
@@ -221,11 +222,6 @@ class _Diagnosis:
             "sink_buffer": plan.sink_buffer,  # the user's add_sink(buffer_size), for the snippet
             "validation": None,
         }
-        env = meta["provenance"].setdefault("env", {})
-        if mode_value is None:
-            env.pop(MODE_VAR, None)
-        else:
-            env[MODE_VAR] = mode_value  # what the user set, not the 0 we set for workers
         self.run = Run(plan, run, settings, cache_dir, Progress(desc="stagebench"), meta)
         self.run.write_meta()
         # room for the summary and the report, given back at the end: a stage that keeps what it allocates

@@ -12,6 +12,7 @@ import platform
 import socket
 import sys
 import sysconfig
+from collections.abc import Mapping
 from importlib import metadata
 
 import psutil
@@ -73,8 +74,16 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def collect_provenance() -> dict:
-    """A JSON-ready description of this machine and process, taken now."""
+def collect_provenance(env_as_given: Mapping[str, str | None] | None = None) -> dict:
+    """A JSON-ready description of this machine and process, taken now. ``env_as_given``: variables the
+    caller changed for the run, with the values the user gave them (None: unset), recorded in their place
+    (the diagnostic mode, which a diagnosis sets to 0 for its pool workers and SPDL's loader's pipeline)."""
+    env = {k: os.environ.get(k) for k in _ENV_KNOBS if k in os.environ}
+    for k, v in (env_as_given or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     vm = psutil.virtual_memory()
     try:
         affinity = sorted(os.sched_getaffinity(0))
@@ -96,7 +105,7 @@ def collect_provenance() -> dict:
         "python_implementation": platform.python_implementation(),
         "free_threaded": is_free_threaded(),
         "libraries": {name: _version(name) for name in _LIBRARIES},
-        "env": {k: os.environ.get(k) for k in _ENV_KNOBS if k in os.environ},
+        "env": env,
         "load_avg": list(os.getloadavg()),
         "ranks": _ranks(),
         "limits": limits.to_json(),
