@@ -53,7 +53,7 @@ from stagebench.sweep._transforms import Compose, DecodeImage, Normalize, Random
 
 QUALITY_TARGET = 0.95
 TIME_TARGET = 1 / 3
-#: What the windows in turns' floor (``turn_window_s``) may add to a search of a fast loader, at most.
+#: What the windows in turns' rule against stalls (``turn_gap_span``) may add to a search of a fast loader, at most.
 FLOOR_TARGET = 0.10
 _SPLIT = ("startup_s", "warmup_s", "window_s", "stall_phase_s", "teardown_s")
 BEFORE = {"precision": 0.0, "stall_at": "every", "search_prefetch": True, "tie_rounds": 0, "stall_epochs": 2}
@@ -91,11 +91,11 @@ def _search(factory, run_dir: Path, **cfg) -> tuple[dict, float]:
 
 
 def _turn_floor(csv: Path, search_s: float, cfg: LoaderSweepConfig) -> tuple[float, float, float]:
-    """(seconds of the windows in turns, seconds their ``turn_window_s`` floor added, that over ``search_s``),
+    """(seconds of the windows in turns, seconds their rule against stalls added, that over ``search_s``),
     under ``cfg``, the searches' settings.
-    A window in turns closes at the floor or at its shortest (``min_window_s`` and
-    :meth:`LoaderSweepConfig.fewest_batches`), whichever is later; what the floor added is the window's time beyond its shortest (its
-    rate taken as even over the window)."""
+    A window in turns closes at its shortest (``min_window_s`` and :meth:`LoaderSweepConfig.fewest_batches`),
+    or later where it must last ``turn_gap_span`` times its longest wait between arrivals; what the rule
+    added is the window's time beyond its shortest (its rate taken as even over the window)."""
     import pandas as pd
 
     df = pd.read_csv(csv)
@@ -196,7 +196,8 @@ def _parts(ns, plain, slow, dataset, tmp: Path) -> dict:
     floor = [_turn_floor(tmp / f"plain{i}" / "results.csv", t, cfg) for i, t in enumerate(tooks)]
     for i, (paired_s, extra_s, share) in enumerate(floor):
         print(
-            f"  search {i + 1}: windows in turns {paired_s:.1f} s; their {cfg.turn_window_s:g} s floor added "
+            f"  search {i + 1}: windows in turns {paired_s:.1f} s; their rule against stalls "
+            f"({cfg.turn_gap_span:g}x the longest wait) added "
             f"{extra_s:.1f} s, {share:.1%} of the search (target under {FLOOR_TARGET:.0%}: "
             f"{'met' if share < FLOOR_TARGET else 'MISSED'})"
         )

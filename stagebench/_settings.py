@@ -67,11 +67,12 @@ LOADER_WINDOW_S = 2.0
 #: Shortest window of a loader point: from here it closes once its interval is within PRECISION (and
 #: holds at least min_batches of whole rounds of its workers, whatever its length).
 LOADER_MIN_WINDOW_S = 0.3
-#: Shortest window of a loader setting in a round in turns, seconds. One round's ratio is one sample of
-#: the host's noise, and a window of 0.3 s let one stall of a process held off the cores (0.2-0.8 s here)
-#: swing a round's ratio several-fold; at 0.5 s the rounds' intervals stayed as narrow as at 1 s, the
-#: picks the same, at half the time a round costs (docs/method.md#_settingspy).
-LOADER_TURN_WINDOW_S = 0.5
+#: A window of a loader setting in a round in turns lasts at least this many times its longest wait between
+#: two arrivals (the one still open included): one stall of the host (a process held off the cores for
+#: 0.2-0.8 s here) then takes at most a quarter of the window, and moves that round's ratio by at most a
+#: third, where a fixed 0.3 s window let it swing the ratio several-fold. A window with no stall closes at its
+#: shortest, so the floor costs only what the host's noise asks for (docs/method.md#_settingspy).
+LOADER_TURN_GAP_SPAN = 4.0
 #: Most rounds in turns of a loader sweep (``LoaderSweepConfig.tie_rounds``): what its intervals' level
 #: is fitted to (:func:`stagebench.model._evidence.look_confidence`), in the sweep and in a rebuild.
 LOADER_TIE_ROUNDS = 8

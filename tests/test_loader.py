@@ -910,9 +910,9 @@ def test_the_stall_on_a_held_loader_runs_during_on_the_workers_its_last_epoch_st
 
 def test_a_window_in_turns_closes_at_its_shortest_where_precision_may_close_it():
     """A window in a round is one sample of a ratio whose interval comes from the rounds' spread: it closes
-    once it has an interval, after ``turn_window_s`` (long enough to outlast the host's stalls, issue 60),
-    however tight ``precision`` is; at precision 0 (every window the whole budget, the protocol kept for
-    comparisons) it runs the budget as any window."""
+    once it has an interval (after ``min_window_s``), however tight ``precision`` is, where no stall asks for
+    more; at precision 0 (every window the whole budget, the protocol kept for comparisons) it runs the
+    budget as any window."""
     from stagebench.loader._turns import HeldLoaders
 
     factory = make_loader_factory(SleepDataset(n=64, d=0.002), batch_size=4)
@@ -930,11 +930,54 @@ def test_a_window_in_turns_closes_at_its_shortest_where_precision_may_close_it()
             held.close()
         assert row.status == "ok", row
         lengths[precision] = row.window_s
-    # ±0.0001% is out of reach for a sleeping loader: without the rule the window would run its 4 s; with it,
-    # it runs the turn's 0.5 s, not the 0.3 s a search's window may close at
-    assert LoaderSweepConfig().turn_window_s == 0.5
-    assert 0.5 <= lengths[1e-6] < 2.5, lengths
+    # ±0.0001% is out of reach for a sleeping loader: without the rule the window would run its 4 s
+    assert 0.3 <= lengths[1e-6] < 2.5, lengths
     assert lengths[0.0] >= 4.0, lengths
+
+
+class _StallOnce(SleepDataset):
+    """A sleeping dataset that, once ``armed`` is set, stalls ``stall_s`` at its ``after``-th item (in this
+    process: the loader runs without workers), as a host holding the process off the cores does."""
+
+    def __init__(self, stall_s: float, after: int) -> None:
+        super().__init__(n=100_000, d=0.002)
+        self.stall_s, self.after = stall_s, after
+        self.armed = False
+        self.calls = 0
+
+    def __getitem__(self, i: int):
+        if self.armed:
+            self.calls += 1
+            if self.calls == self.after:
+                time.sleep(self.stall_s)
+        return super().__getitem__(i)
+
+
+def test_a_window_in_turns_outlasts_a_stall_inside_it_by_its_gap_span():
+    """One stall inside a window in turns would swing its round's ratio (issue 60: 0.3 s windows with stalls
+    of 0.2-0.8 s gave intervals like 0.01-37x): the window runs on to ``turn_gap_span`` times its longest
+    wait between arrivals, so that the stall takes at most that share of it; without one it closes at its
+    shortest."""
+    from stagebench.loader._turns import HeldLoaders
+
+    ds = _StallOnce(stall_s=0.4, after=20)  # 4 items a batch: the 5th batch after the first in the turn
+    factory = make_loader_factory(ds, batch_size=4)
+    knobs = LoaderKnobs(num_workers=0)
+    cfg = LoaderSweepConfig(budget_s=4.0, min_window_s=0.3, warmup_s=0.1, timeout_s=60, transforms=False)
+    assert cfg.turn_gap_span == 4.0
+    held = HeldLoaders(factory, name="x", backend="torch", batch_size=4, cuda=False)
+    try:
+        held.window(knobs, cfg, phase="num_workers")
+        quiet = held.window(knobs, cfg, phase="paired", turn=1)
+        ds.armed = True
+        stalled = held.window(knobs, cfg, phase="paired", turn=2)
+    finally:
+        held.close()
+    assert quiet.status == "ok" and stalled.status == "ok", (quiet, stalled)
+    assert quiet.window_s < 1.0, quiet.window_s  # its longest wait is a batch's 8 ms
+    assert ds.calls > ds.after  # the stall fell inside the turn's window, not before it
+    # four times the 0.4 s wait, and not the whole budget
+    assert 4 * 0.4 <= stalled.window_s < 3.5, stalled.window_s
 
 
 def test_the_search_keeps_open_only_loaders_the_turns_may_ask_for(monkeypatch):

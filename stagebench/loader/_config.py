@@ -9,7 +9,7 @@ from stagebench._settings import (
     DEMAND_HEADROOM,
     LOADER_MIN_WINDOW_S,
     LOADER_TIE_ROUNDS,
-    LOADER_TURN_WINDOW_S,
+    LOADER_TURN_GAP_SPAN,
     LOADER_WINDOW_S,
     PRECISION,
     check,
@@ -72,10 +72,14 @@ class LoaderSweepConfig:
     min_window_s: float = LOADER_MIN_WINDOW_S
     """Shortest window before it may close on precision."""
 
-    turn_window_s: float = LOADER_TURN_WINDOW_S
-    """Shortest window of a setting in a round in turns (whatever ``budget_s``, which bounds the search's
-    windows): long enough that one round's ratio outlasts the host's stalls
-    (``stagebench._settings.LOADER_TURN_WINDOW_S``)."""
+    turn_gap_span: float = LOADER_TURN_GAP_SPAN
+    """A window of a setting in a round in turns lasts at least this many times its longest wait between two
+    arrivals, so that one stall of the host moves its round's ratio by a bounded share; a window without
+    one closes at its shortest (``stagebench._settings.LOADER_TURN_GAP_SPAN``). At most ``turn_budget_s``."""
+
+    turn_budget_s: float = LOADER_WINDOW_S
+    """Longest window of a setting in a round in turns, whatever ``budget_s`` (the zero-code sweep's windows
+    share the stage points' 0.5 s): what a stall may stretch it to, as long as a sweep's loader point."""
 
     stall_at: str = "pick"
     """Where the epoch-boundary stall is measured: ``pick`` (once, at the recommendation, after
@@ -204,8 +208,10 @@ class LoaderSweepConfig:
         check("precision", self.precision, "precision")
         if not 0 < self.min_window_s <= self.budget_s:
             raise ValueError(f"min_window_s must be in (0, budget_s={self.budget_s:g}], got {self.min_window_s}")
-        if not 0 < self.turn_window_s:
-            raise ValueError(f"turn_window_s must be above 0, got {self.turn_window_s}")
+        if not self.turn_gap_span >= 1:
+            raise ValueError(f"turn_gap_span must be at least 1, got {self.turn_gap_span}")
+        if not self.turn_budget_s > 0:
+            raise ValueError(f"turn_budget_s must be above 0, got {self.turn_budget_s}")
         if self.stall_at not in ("pick", "every"):
             raise ValueError(f"stall_at: unknown {self.stall_at!r}; allowed: pick, every")
         if self.yours is not None and not isinstance(self.yours, LoaderKnobs):

@@ -272,8 +272,9 @@ def timed_window(cons, eff, cfg, deadline, row: PointDraft, errors, plan: _Plan)
     :class:`Window` or None, hung).
 
     It closes once its interval is within ``cfg.precision`` (after ``cfg.min_window_s``; a window in turns,
-    ``plan.shortest``, once it has an interval at all after ``cfg.turn_window_s``), or once the interval lies wholly under ``plan.floor``
-    (it cannot be the answer), or at ``cfg.budget_s``.
+    ``plan.shortest``, once it has an interval at all and lasts ``cfg.turn_gap_span`` times its longest wait
+    between arrivals), or once the interval lies wholly under ``plan.floor`` (it cannot be the answer), or at
+    ``cfg.budget_s`` (a window in turns: ``cfg.turn_budget_s``, where longer).
     """
     mirror = cons.mirror if cons.cid is not None else None
     t0 = time.perf_counter()
@@ -282,15 +283,22 @@ def timed_window(cons, eff, cfg, deadline, row: PointDraft, errors, plan: _Plan)
     pids = cons.worker_pids() + ([] if mirror is None else mirror.processes + cons.others_pids)
     snap0 = TreeSnapshot.take(pids, opening=True)
     min_gaps = cfg.fewest_batches(eff.num_workers)
-    # a window in turns: at least the turn's window, whatever its precision or the search's budget (one
-    # round's ratio must outlast the host's stalls)
-    end = t0 + (max(cfg.budget_s, cfg.turn_window_s) if plan.shortest else cfg.budget_s)
+    # a window in turns may run on past the search's budget while a stall inside it asks for more (at
+    # precision 0, the protocol kept for comparisons, every window runs the budget)
+    longer = plan.shortest and cfg.precision > 0
+    end = t0 + (max(cfg.budget_s, cfg.turn_budget_s) if longer else cfg.budget_s)
     reserve = min(5.0, 0.1 * cfg.timeout_s)
-    next_check = t0 + (max(cfg.min_window_s, cfg.turn_window_s) if plan.shortest else cfg.min_window_s)
+    next_check = t0 + cfg.min_window_s
+    waits = _Waits(cons.events, max(0, i0 - 1))
 
     def enough(got: int) -> bool:
         """This rank's window holds what timing it needs, and (asked only then) every other rank's too."""
         return got >= min_gaps and (mirror is None or min(mirror.counts(cons.cid, t0)) > min_gaps)
+
+    def outlasts_stalls(now: float) -> bool:
+        """A window in turns: ``cfg.turn_gap_span`` times its longest wait between arrivals (one round's ratio
+        must outlast the host's stalls); any other window: always."""
+        return not plan.shortest or now - t0 >= cfg.turn_gap_span * waits.longest(now)
 
     for now in _polls(cons, errors, row, check_workers_every=5):
         got = len(cons.events) - i0 - 1
@@ -298,7 +306,7 @@ def timed_window(cons, eff, cfg, deadline, row: PointDraft, errors, plan: _Plan)
             break
         if got >= min_gaps and now >= next_check and (cfg.precision > 0 or plan.floor):
             next_check = now + _CHECK_S
-            if _settled(cons.events, t0, now, eff, cfg, plan) and enough(got):
+            if _settled(cons.events, t0, now, eff, cfg, plan) and enough(got) and outlasts_stalls(now):
                 break
         if now >= deadline - reserve:
             last = cons.events[-1].t if cons.events else t0
@@ -327,6 +335,26 @@ def timed_window(cons, eff, cfg, deadline, row: PointDraft, errors, plan: _Plan)
             return None, False
         others = tuple(WindowShare.from_json(d) for d in got_rates)
     return Window(t0, t1, snap0, snap1, mem, others, slices), False
+
+
+class _Waits:
+    """The longest wait between two arrivals of ``events`` from index ``i0`` on, read as they land."""
+
+    def __init__(self, events: Sequence[_Event], i0: int):
+        self.events = events
+        self.seen = i0  # the index of the latest arrival read
+        self.gap = 0.0
+
+    def longest(self, now: float) -> float:
+        """The longest wait so far, the one still open at ``now`` included."""
+        ev = self.events
+        n = len(ev)
+        if n == 0:
+            return 0.0
+        for i in range(self.seen + 1, n):
+            self.gap = max(self.gap, ev[i].t - ev[i - 1].t)
+        self.seen = max(self.seen, n - 1)
+        return max(self.gap, now - ev[n - 1].t)
 
 
 def _settled(

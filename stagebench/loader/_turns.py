@@ -13,9 +13,10 @@ pick runs on it, so that a slow start-up is paid once per setting:
 3. **Resume** (later windows): take what the workers queued meanwhile (a DataLoader holds
    ``num_workers x prefetch_factor`` batches in flight; other loaders, what arrives at once), then
    one round of the workers, then time a window. A window in turns closes once it has an interval, after
-   ``turn_window_s`` (0.5 s), ``min_batches`` and three rounds of the workers: it is one sample of a ratio
-   whose interval comes from the rounds' spread, not from the window's own interval, so holding it open
-   to ±10% buys the verdict little; but it must outlast the host's stalls (docs/method.md#_settingspy).
+   ``min_window_s``, ``min_batches`` and three rounds of the workers: it is one sample of a ratio whose
+   interval comes from the rounds' spread, not from the window's own interval, so holding it open to ±10%
+   buys the verdict little; but it must outlast the host's stalls, so it also lasts ``turn_gap_span``
+   times its longest wait between arrivals, up to ``turn_budget_s`` (docs/method.md#_settingspy).
 
 Rounds go on while the rule is not settled, at most ``tie_rounds``. Each window is a row with
 ``search_phase`` ``paired`` and its round in ``turn``, written as it is measured; the analysis reads the
