@@ -1159,16 +1159,21 @@ class _Stream(IterableDataset):
             i += 1
 
 
-def test_a_stream_that_never_ends_waits_for_one_epoch_end_not_two(tmp_path):
+def test_a_stream_that_never_ends_waits_for_one_epoch_end_not_two_and_says_why_no_stall(tmp_path):
     """An IterableDataset script's search spent 10 s of its 18 waiting for an epoch end twice: at the pick,
-    then again with persistent_workers=True, where no epoch ends either."""
+    then again with persistent_workers=True, where no epoch ends either. The wait it does spend is explained:
+    the stall column of the pick holds no figure, and a finding says why (only results.csv did)."""
     f = make_loader_factory(_Stream(), batch_size=8)
     cfg = LoaderSweepConfig(num_workers=(0, 2), tie_rounds=1, stall_wait_s=0.5, **_SHORT)
-    run_loader_sweep(f, name="stream", backend="torch", batch_size=8, run_dir=tmp_path / "r", config=cfg)
+    s = run_loader_sweep(f, name="stream", backend="torch", batch_size=8, run_dir=tmp_path / "r", config=cfg)
     df = pd.read_csv(tmp_path / "r" / "results.csv")
     stalls = df[df["search_phase"] == "epoch_stall"]
     assert len(stalls) == 1, stalls[["num_workers", "persistent_workers", "notes"]]
-    assert "no epoch ended within 0.5s" in str(stalls["notes"].iloc[0])
+    why = "no epoch ended in the 0.5s waited for one (the loader has no length"
+    assert why in str(stalls["notes"].iloc[0])
+    found = [x for x in s["findings"] if x["title"] == "The pause at each epoch's start was not measured"]
+    assert len(found) == 1 and why in found[0]["detail"], s["findings"]
+    assert found[0]["evidence"]["num_workers"] == s["recommended"]["num_workers"]
 
 
 def test_the_stall_and_the_memory_pass_run_at_the_pick_the_summary_makes_yours_kept(tmp_path):

@@ -58,6 +58,21 @@ def test_the_stall_measured_alone_joins_its_setting():
     assert p.samples_per_s == 1800.0 and p.epoch_stall_s == pytest.approx(1.06) and p.measurements == 1
 
 
+def test_a_stall_not_measured_joins_its_setting_with_the_reason():
+    """The stall row's note says why no stall was measured; the pooled point keeps it (its finding reads it),
+    once, and a point whose stall was measured keeps none."""
+    from dataclasses import replace
+
+    from stagebench.model._loader import STALL_NOT_MEASURED
+
+    why = "no epoch ended in the 5s waited for one"
+    stall = replace(_row(4, math.nan, phase="epoch_stall"), notes=f"a caveat; {STALL_NOT_MEASURED}{why}")
+    (p,) = pool_points([_row(4, 1800.0), stall])
+    assert math.isnan(p.epoch_stall_s) and p.stall_unmeasured == why and p.notes.count(STALL_NOT_MEASURED) == 1
+    (q,) = pool_points([_row(4, 1800.0), _row(4, math.nan, phase="epoch_stall", stall=1.06)])
+    assert q.stall_unmeasured is None
+
+
 def _paired(pairs: list[tuple[float, float]], *, cheap: int = 2, fast: int = 4, turn: bool = True) -> list[dict]:
     """Windows in turns of ``cheap`` and ``fast`` workers, one pair per round, order alternating."""
     out = []

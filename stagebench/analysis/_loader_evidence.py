@@ -23,7 +23,7 @@ from dataclasses import replace
 from stagebench._settings import LOADER_TIE_ROUNDS
 from stagebench.model._evidence import Ratio, look_confidence
 from stagebench.model._knobs import LoaderKnobs
-from stagebench.model._loader import LoaderRow
+from stagebench.model._loader import STALL_NOT_MEASURED, LoaderRow
 
 __all__ = ["pool_points", "paired_rounds", "paired_ratio", "Z95"]
 
@@ -39,7 +39,8 @@ def pool_points(raw: list[LoaderRow]) -> list[LoaderRow]:
     """One point per setting (in the order first measured), its readings pooled (module docstring).
 
     Each point keeps ``measurements`` (how many readings), ``readings`` (their samples/s) and the
-    epoch stall of any of its rows (the stall alone, measured at the pick, is a row of its own).
+    epoch stall of any of its rows (the stall alone, measured at the pick, is a row of its own), or, where
+    none measured it, the note of the row that says why not (:attr:`LoaderRow.stall_unmeasured`).
     """
     groups: dict[LoaderKnobs, list[LoaderRow]] = {}
     for r in raw:
@@ -54,6 +55,10 @@ def pool_points(raw: list[LoaderRow]) -> list[LoaderRow]:
         stalls = _finite(r.epoch_stall_s for r in rows)
         if stalls:
             base = replace(base, epoch_stall_s=sum(stalls) / len(stalls))
+        elif base.stall_unmeasured is None:  # the stall row's reason why not, kept with the point
+            why = next((w for r in rows if (w := r.stall_unmeasured) is not None), None)
+            if why is not None:
+                base = replace(base, notes="; ".join(n for n in (base.notes, STALL_NOT_MEASURED + why) if n))
         firsts = _finite(r.time_to_first_batch_s for r in rows)
         if firsts:
             base = replace(base, time_to_first_batch_s=sum(firsts) / len(firsts))

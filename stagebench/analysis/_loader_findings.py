@@ -95,6 +95,7 @@ def loader_findings(
             *_cpu_or_wait_bound(c),
             *_oversubscribed(c),
             *_workers_restart(c),
+            *_stall_not_measured(c),
             *_your_setting(c),
         ]
     )
@@ -334,6 +335,24 @@ def _oversubscribed(c: _SweepRead) -> list[Finding]:
                 )
             ]
     return []
+
+
+def _stall_not_measured(c: _SweepRead) -> list[Finding]:
+    """The pause at each epoch's start, measured at the pick, could not be: say why, so that a stall column
+    without a figure (and the seconds spent waiting for an epoch to end) is explained."""
+    rec = c.rec
+    why = rec.stall_unmeasured if rec is not None and not math.isfinite(rec.epoch_stall_s) else None
+    if rec is None or why is None:
+        return []
+    return [
+        Finding(
+            "info",
+            "The pause at each epoch's start was not measured",
+            f"At {_knob_text(rec)}: {why}. The figures leave out that pause (workers that are not persistent "
+            "start again at every epoch); a run of many epochs pays it once an epoch.",
+            evidence={"num_workers": rec.num_workers, "reason": why},
+        )
+    ]
 
 
 def _workers_restart(c: _SweepRead) -> list[Finding]:

@@ -44,6 +44,7 @@ from stagebench.loader._window import (
     window_share,
 )
 from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._loader import STALL_NOT_MEASURED
 from stagebench.model._ranks import WindowShare
 from stagebench.runs._knobs import normalize_knobs
 
@@ -405,7 +406,7 @@ def _measure_stall(
                     return False
                 if time.perf_counter() >= deadline:
                     last = cons.events[-1].t if cons.events else t1
-                    row.note("epoch stall not measured: the epochs did not end before the point's deadline")
+                    row.note(f"{STALL_NOT_MEASURED}the epochs did not end before the point's deadline")
                     if time.perf_counter() - last > 1.0:
                         row.fail(
                             "timeout",
@@ -420,14 +421,18 @@ def _measure_stall(
             then(cons)
         start_epoch = cons.events[-1].epoch if cons.events else 0
         wait = cfg.stall_wait_s
+        sized = False
         with suppress(TypeError):  # a loader without a length: no epoch end to foresee
             per_epoch = len(cons.loader)
+            sized = True
             in_epoch = sum(1 for e in cons.events if e.epoch == start_epoch)
             rate = _rough_batch_rate(cons.events)
             if rate > 0:
                 est = max(0, per_epoch - in_epoch) / rate
                 if est > wait:
-                    row.note(f"epoch stall not measured: the epoch ends in about {est:.0f}s (> stall_wait_s)")
+                    row.note(
+                        f"{STALL_NOT_MEASURED}an epoch ends in about {est:.0f}s, after the {wait:g}s waited for one"
+                    )
                     return False
         until = min(deadline, time.perf_counter() + wait)
         while time.perf_counter() < until:
@@ -438,7 +443,8 @@ def _measure_stall(
                 return False
             time.sleep(0.01)
         if not any(e.epoch > 0 for e in cons.events):
-            row.note(f"epoch stall not measured: no epoch ended within {wait:g}s")
+            unsized = "" if sized else " (the loader has no length, so its epoch's end could not be foreseen)"
+            row.note(f"{STALL_NOT_MEASURED}no epoch ended in the {wait:g}s waited for one{unsized}")
         return False
     finally:
         row.stall_phase_s = time.perf_counter() - t_stall

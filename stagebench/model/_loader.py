@@ -52,7 +52,12 @@ __all__ = [
     "Shm",
     "WorkerCosts",
     "STARTUP_KEYS",
+    "STALL_NOT_MEASURED",
 ]
+
+#: How a row's note begins where its epoch stall was to be measured and was not (the reason follows): the
+#: sweep writes it, the analysis carries it to the pick's finding.
+STALL_NOT_MEASURED = "epoch stall not measured: "
 
 #: The start-up split of a setting with workers, as the rows record it (seconds; docs/loaders.md).
 STARTUP_KEYS = (
@@ -336,6 +341,15 @@ class LoaderRow(Written):
     def ok(self) -> bool:
         """Measured ok, with a positive rate."""
         return self.status == "ok" and math.isfinite(self.samples_per_s) and self.samples_per_s > 0
+
+    @property
+    def stall_unmeasured(self) -> str | None:
+        """Why the row's epoch stall, asked for, was not measured (its note after :data:`STALL_NOT_MEASURED`);
+        None where its notes say no such thing."""
+        for note in self.notes.split("; "):
+            if note.startswith(STALL_NOT_MEASURED):
+                return note.removeprefix(STALL_NOT_MEASURED)
+        return None
 
 
 #: What ``summary.json`` holds of a pick (:meth:`LoaderRow.pick_json`), in order.
