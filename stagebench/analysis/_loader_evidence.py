@@ -23,7 +23,7 @@ from dataclasses import replace
 from stagebench._settings import LOADER_TIE_ROUNDS
 from stagebench.model._evidence import Ratio, look_confidence
 from stagebench.model._knobs import LoaderKnobs
-from stagebench.model._loader import STALL_NOT_MEASURED, LoaderRow
+from stagebench.model._loader import STALL_NOT_MEASURED, LoaderRow, with_note
 
 __all__ = ["pool_points", "paired_rounds", "paired_ratio", "Z95"]
 
@@ -58,7 +58,7 @@ def pool_points(raw: list[LoaderRow]) -> list[LoaderRow]:
         elif base.stall_unmeasured is None:  # the stall row's reason why not, kept with the point
             why = next((w for r in rows if (w := r.stall_unmeasured) is not None), None)
             if why is not None:
-                base = replace(base, notes="; ".join(n for n in (base.notes, STALL_NOT_MEASURED + why) if n))
+                base = replace(base, notes=with_note(base.notes, STALL_NOT_MEASURED + why))
         firsts = _finite(r.time_to_first_batch_s for r in rows)
         if firsts:
             base = replace(base, time_to_first_batch_s=sum(firsts) / len(firsts))

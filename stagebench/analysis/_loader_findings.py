@@ -341,8 +341,7 @@ def _stall_not_measured(c: _SweepRead) -> list[Finding]:
     """The pause at each epoch's start, measured at the pick, could not be: say why, so that a stall column
     without a figure (and the seconds spent waiting for an epoch to end) is explained."""
     rec = c.rec
-    why = rec.stall_unmeasured if rec is not None and not math.isfinite(rec.epoch_stall_s) else None
-    if rec is None or why is None:
+    if rec is None or math.isfinite(rec.epoch_stall_s) or (why := rec.stall_unmeasured) is None:
         return []
     return [
         Finding(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stagebench.model._knobs import LoaderKnobs
+from stagebench.model._loader import with_note
 from stagebench.runs._schema import LOADER_COLUMNS
 
 __all__ = ["PointDraft"]
@@ -102,7 +103,7 @@ class PointDraft:
 
     def note(self, note: str) -> None:
         """Add a caveat to the point's notes."""
-        self.notes = f"{self.notes}; {note}" if self.notes else note
+        self.notes = with_note(self.notes, note)
 
     def set(self, figures: Mapping[str, float]) -> None:
         """Set the columns a window's or a start-up's figures name (each one of :data:`LOADER_COLUMNS`)."""

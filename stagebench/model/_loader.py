@@ -53,11 +53,20 @@ __all__ = [
     "WorkerCosts",
     "STARTUP_KEYS",
     "STALL_NOT_MEASURED",
+    "with_note",
 ]
 
 #: How a row's note begins where its epoch stall was to be measured and was not (the reason follows): the
 #: sweep writes it, the analysis carries it to the pick's finding.
 STALL_NOT_MEASURED = "epoch stall not measured: "
+#: Between two notes in a row's ``notes``.
+_NOTE_SEP = "; "
+
+
+def with_note(notes: str, note: str) -> str:
+    """``notes`` with ``note`` added (a row's ``notes``: as the sweep writes them and the analysis reads them)."""
+    return f"{notes}{_NOTE_SEP}{note}" if notes else note
+
 
 #: The start-up split of a setting with workers, as the rows record it (seconds; docs/loaders.md).
 STARTUP_KEYS = (
@@ -346,7 +355,7 @@ class LoaderRow(Written):
     def stall_unmeasured(self) -> str | None:
         """Why the row's epoch stall, asked for, was not measured (its note after :data:`STALL_NOT_MEASURED`);
         None where its notes say no such thing."""
-        for note in self.notes.split("; "):
+        for note in self.notes.split(_NOTE_SEP):
             if note.startswith(STALL_NOT_MEASURED):
                 return note.removeprefix(STALL_NOT_MEASURED)
         return None
