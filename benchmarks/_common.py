@@ -42,9 +42,14 @@ import _stages  # noqa: E402  (tests/_stages.py: the known-answer stages)
 #: again: 0.2 s more start-up a diagnosis (1.5 against 1.3 s of imports, three runs each).
 USER_CWD = tempfile.gettempdir()
 
+#: Where ``bench_diagnosis`` keeps its stagebench runs, one folder ``<pipeline>-<mode>`` each (their
+#: reports, for a look); ``bench_advice`` takes the defaults' advice from there under ``run_all``.
+DIAGNOSIS_RUNS = ROOT / "reports" / "bench-runs" / "diagnosis"
+
 __all__ = [
     "ROOT",
     "USER_CWD",
+    "DIAGNOSIS_RUNS",
     "_stages",
     "DirectCost",
     "direct_cost",

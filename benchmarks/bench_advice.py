@@ -3,7 +3,10 @@
 For the demo pipeline and the reference pipelines (``_common.PIPELINES``), with
 stagebench's **default** settings (nothing set: what a user runs):
 
-1. diagnose the pipeline (in this process, as diagnostic mode does);
+1. diagnose the pipeline (in this process, as diagnostic mode does), or, with ``--summaries DIR``, take
+   the advice of the diagnosis at the defaults already in ``DIR/<pipeline>-default/summary.json``
+   (``run_all`` hands on ``bench_diagnosis``'s runs, minutes old, on the same code: a whole
+   ``make bench`` does not diagnose the same pipelines at the same settings twice);
 2. run the real pipeline three ways, in turns (Y A J J A Y, twice; the same
    warm-up and counting for each: :func:`stagebench.pipeline._wholerun.run_pipelines`):
    - **yours**: the settings written in the pipeline's code;
@@ -23,12 +26,14 @@ not a figure to read.
 
 The exit status is 1 where a run of the real pipeline failed (the JSON is written all the same).
 
-Usage: python benchmarks/bench_advice.py [--pipelines demo,gil_mix,...] [--window 6] [--smoke] [--json OUT]
+Usage: python benchmarks/bench_advice.py [--pipelines demo,gil_mix,...] [--window 6] [--summaries DIR] [--smoke]
+       [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -79,7 +84,9 @@ def _verdict(a: dict, b: dict) -> str:
     return f"tie ({a['qps'] / b['qps']:.2f}x)"
 
 
-def bench_one(name: str, cfg, run_dir: Path, window_s: float, *, smoke: bool = False) -> dict:
+def bench_one(
+    name: str, cfg, run_dir: Path, window_s: float, *, smoke: bool = False, summaries: Path | None = None
+) -> dict:
     from stagebench.pipeline._diagnose import diagnose_pipeline
     from stagebench.pipeline._first_pass import read_source
     from stagebench.pipeline._isolate import plan_pipeline
@@ -88,7 +95,12 @@ def bench_one(name: str, cfg, run_dir: Path, window_s: float, *, smoke: bool = F
 
     # the defaults: what a user runs (--smoke: the quick preset)
     settings = DiagnoseSettings.from_env({"STAGEBENCH_QUICK": "on"} if smoke else {})
-    summary = diagnose_pipeline(cfg, out=run_dir, settings=settings, show_table=False, report=False)
+    given = summaries / f"{name}-default" / "summary.json" if summaries is not None and not smoke else None
+    if given is not None and given.is_file():
+        summary = json.loads(given.read_text())
+        print(f"\n{name}: the advice of {given}")
+    else:
+        summary = diagnose_pipeline(cfg, out=run_dir, settings=settings, show_table=False, report=False)
     joint, alone = {}, {}
     for st in summary.get("stages") or []:
         rec = st.get("recommended") or {}
@@ -151,6 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pipelines", default="demo," + ",".join(PIPELINES))
     ap.add_argument("--window", type=float, default=6.0, help="seconds of counting per setting")
+    ap.add_argument(
+        "--summaries",
+        type=Path,
+        default=None,
+        help="take each pipeline's advice from DIR/<pipeline>-default/summary.json where there (bench_diagnosis's "
+        "runs at the defaults); diagnose the others",
+    )
     ap.add_argument("--smoke", action="store_true", help="the demo, quick mode, 0.3 s windows: does it run (tests)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -166,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = (
                 _demo_config(Path(tmp), 64 if args.smoke else 200) if name == "demo" else PIPELINES[name](SOURCE_ITEMS)
             )
-            rows.append(bench_one(name, cfg, Path(tmp) / f"run-{name}", args.window, smoke=args.smoke))
+            run_dir = Path(tmp) / f"run-{name}"
+            rows.append(bench_one(name, cfg, run_dir, args.window, smoke=args.smoke, summaries=args.summaries))
     ok = sum(1 for r in rows if not r["joint_vs_yours"].startswith(("slower", "n/a")))
     failed = [f"{r['pipeline']} {k}" for r in rows for k, run in r["runs"].items() if run.get("qps") is None]
     print(f"\njoint at least as fast as yours (within noise) on {ok} of {len(rows)} pipelines")

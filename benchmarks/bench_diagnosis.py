@@ -62,10 +62,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _common import (  # noqa: E402
+    DIAGNOSIS_RUNS,
     LABEL_TRUTH,
     PIPELINE_NOTES,
     PIPELINES,
-    ROOT,
     SPDL_DEFAULT_NUM_INPUTS,
     USER_CWD,
     fmt_pct,
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         elif ns.smoke:  # never over the reports of a real run
             runs = Path(tmp) / "runs"
         else:
-            runs = ROOT / "reports" / "bench-runs" / ("diagnosis-lean" if ns.lean else "diagnosis")
+            runs = DIAGNOSIS_RUNS.with_name("diagnosis-lean") if ns.lean else DIAGNOSIS_RUNS
         runs.mkdir(parents=True, exist_ok=True)
         for name in names:
             res = Path(tmp) / f"{name}-spdl.json"
