@@ -71,16 +71,21 @@ _CALIBRATION: tuple[float, float] | None = None
 def _calibration() -> tuple[float, float]:
     """(CPU seconds per byte of SHA-256, the speed probe's ns per loop) here, now, taken together.
 
-    SHA-256: the mean of 16 runs over 256 KiB (~8 ms), interleaved with the
-    speed probe. The mean over several milliseconds, not the median of a few:
-    a shared host's core speed flips every few tens of milliseconds, and a
-    calibration taken in one phase would make every GIL-free stand-in that
-    much too long or too short. The loop's speed read alongside converts the
-    Python a process stage runs (at the loop's speed then against now).
+    SHA-256: the mean of 16 runs over 256 KiB (~0.15 ms each here), interleaved
+    with the speed probe, after one that is not timed. The mean, not the median
+    of a few: a shared host's core speed flips in phases, and a calibration taken
+    in one would make every GIL-free stand-in that much too long or too short.
+    The hash before is left out: the first over a buffer out of the caches, after
+    the pause before a replay, ran 0.3-1.4 ms against 0.15 for the rest, and put
+    the mean 15-26% above the hash the stand-ins then run on a buffer they keep
+    hot (in three demo runs); every GIL-free stand-in did that much less work than
+    its stage. The loop's speed read alongside converts the Python a process stage
+    runs (at the loop's speed then against now).
     """
     global _CALIBRATION
     if _CALIBRATION is None:
         view = memoryview(_BUF)[: 1 << 18]
+        hashlib.sha256(view).digest()  # not timed: brings the buffer into the caches (docstring)
         ts, speeds = [], []
         for _ in range(16):
             c0 = time.thread_time()
