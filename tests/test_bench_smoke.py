@@ -101,3 +101,38 @@ def test_run_all_passes_smoke_and_writes_where_told(tmp_path: Path):
     data = json.loads((tmp_path / "startup.json").read_text(), parse_constant=_no_nan)
     assert data["benchmark"] == "startup" and "provenance" in data and "seconds" in data
     assert not _changed(before), f"run_all.py --smoke --out wrote under reports/: {_changed(before)}"
+
+
+def test_run_all_runs_the_diagnosis_first_and_hands_its_runs_to_the_advice(tmp_path: Path, monkeypatch):
+    """bench_advice takes bench_diagnosis's runs at the defaults (``--summaries``) only where that one ran to
+    the end in the same call, and never in --smoke; the scripts' own runs are stood in for here."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import run_all
+    finally:
+        sys.path.remove(str(BENCH))
+    calls: list[list[str]] = []
+    failing: set[str] = set()
+
+    def call(cmd: list[str]) -> int:
+        calls.append(cmd)
+        name = Path(cmd[1]).stem.removeprefix("bench_")
+        if name in failing:
+            return 1
+        Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps({"benchmark": name}))
+        return 0
+
+    monkeypatch.setattr(run_all.subprocess, "call", call)
+
+    def advice_args(*argv: str) -> list[str]:
+        calls.clear()
+        run_all.main([*argv, "--out", str(tmp_path), "diagnosis", "advice", "accuracy"])
+        names = [Path(c[1]).stem for c in calls]
+        assert names == ["bench_diagnosis", "bench_accuracy", "bench_advice"], names
+        return calls[-1][2:]
+
+    given = ["--summaries", str(run_all.DIAGNOSIS_RUNS)]
+    assert advice_args()[: len(given)] == given
+    assert "--summaries" not in advice_args("--smoke")
+    failing.add("diagnosis")
+    assert "--summaries" not in advice_args()
