@@ -46,10 +46,17 @@ USER_CWD = tempfile.gettempdir()
 #: reports, for a look); ``bench_advice`` takes the defaults' advice from there under ``run_all``.
 DIAGNOSIS_RUNS = ROOT / "reports" / "bench-runs" / "diagnosis"
 
+
+def diagnosis_run(runs: Path, pipeline: str, mode: str) -> Path:
+    """The folder of ``bench_diagnosis``'s stagebench run of ``pipeline`` in ``mode`` under ``runs``."""
+    return runs / f"{pipeline}-{mode}"
+
+
 __all__ = [
     "ROOT",
     "USER_CWD",
     "DIAGNOSIS_RUNS",
+    "diagnosis_run",
     "_stages",
     "DirectCost",
     "direct_cost",

@@ -41,7 +41,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import PIPELINES, fmt_q, machine_line, write_json  # noqa: E402
+from _common import PIPELINES, diagnosis_run, fmt_q, machine_line, write_json  # noqa: E402
 
 SOURCE_ITEMS = 1_000_000  # range(): lazy
 
@@ -95,7 +95,7 @@ def bench_one(
 
     # the defaults: what a user runs (--smoke: the quick preset)
     settings = DiagnoseSettings.from_env({"STAGEBENCH_QUICK": "on"} if smoke else {})
-    given = summaries / f"{name}-default" / "summary.json" if summaries is not None and not smoke else None
+    given = diagnosis_run(summaries, name, "default") / "summary.json" if summaries is not None and not smoke else None
     if given is not None and given.is_file():
         summary = json.loads(given.read_text())
         print(f"\n{name}: the advice of {given}")

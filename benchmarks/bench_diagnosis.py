@@ -68,6 +68,7 @@ from _common import (  # noqa: E402
     PIPELINES,
     SPDL_DEFAULT_NUM_INPUTS,
     USER_CWD,
+    diagnosis_run,
     fmt_pct,
     fmt_q,
     machine_line,
@@ -205,9 +206,9 @@ def _matplotlib_cache() -> str:
 
 
 def _stagebench(name: str, mode: str, env: dict[str, str], runs: Path, tmp: str) -> tuple[float, dict | None]:
-    run_dir = runs / f"{name}-{mode}"
+    run_dir = diagnosis_run(runs, name, mode)
     shutil.rmtree(run_dir, ignore_errors=True)
-    log = runs / f"{name}-{mode}.log"
+    log = run_dir.with_name(f"{run_dir.name}.log")
     cache = Path(tmp) / f"cache-{name}-{mode}"  # an empty stage cache: a first diagnosis
     cmd = [sys.executable, "-m", "stagebench", "diagnose", "--out", str(run_dir), str(Path(__file__).resolve())]
     # matplotlib keeps its font list under XDG_CACHE_HOME too: the machine's own, built once (as any

@@ -123,8 +123,9 @@ def diagnose(script: Path, kind: str, out: Path, extra_env: dict[str, str] | Non
     return json.loads((out / "summary.json").read_text())
 
 
-#: Steps of the plain runs per kind (the slow step's: 1 s each). Six: twelve read each setting within 0.6%
-#: from round to round (13.4, 13.4, 13.4 against 15.9-16.0 samples/s), where the target is 95% of the best.
+#: Steps of the plain runs per kind (the slow step's: 1 s each). Six read each setting within 1.3% from round to
+#: round (13.1 at num_workers=0 against 15.3-15.6 with workers; twelve: within 0.6%), where the target is 95% of the
+#: best.
 TRUTH_STEPS = {"slow": 6}
 #: Plain runs' warm-up steps per kind (the slow step's: two batches at 0.19 s each are ready within the first step).
 TRUTH_WARMUP = {"slow": 2}
