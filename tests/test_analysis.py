@@ -499,6 +499,18 @@ def test_a_stage_that_keeps_the_collector_busy_gets_a_finding():
     f = [f for f in s["findings"] if "garbage collection" in f["title"]]
     assert [x["stage"] for x in f] == ["gil"] and f[0]["title"] == "gil spends 20% of its CPU in garbage collection"
     assert "0.25 ms per item" in f[0]["detail"] and "gc.freeze()" in f[0]["detail"]
+    # which collections the time went to says which remedy comes first
+    stage_rows = gil & (rows["role"] == "stage")
+    rows.loc[stage_rows, "gc_full_s_per_item"] = 0.28e-3
+    rows.loc[gil & (rows["role"] == "ceiling"), "gc_full_s_per_item"] = 0.03e-3
+    f = [f for f in summarize(rows, _meta("gil", "sleep", "mixed"))["findings"] if "garbage collection" in f["title"]]
+    assert "100% of it went to full collections" in f[0]["detail"] and "gc.freeze()" in f[0]["detail"]
+    assert f[0]["evidence"]["gc_full_s_per_item"] == pytest.approx(0.25e-3)  # beyond the harness's, as the total
+    rows.loc[stage_rows, "gc_full_s_per_item"] = 0.08e-3
+    f = [f for f in summarize(rows, _meta("gil", "sleep", "mixed"))["findings"] if "garbage collection" in f["title"]]
+    d = f[0]["detail"]
+    assert "80% of it went to young collections" in d and "would save only the 20% in full collections" in d
+    assert d.index("arrays instead of lists of lists") < d.index("gc.freeze()")
     # a collector share under a tenth of the stage's CPU is not worth a finding
     rows.loc[gil & (rows["role"] == "stage"), "cpu_s_per_item"] = 5e-3
     assert not [

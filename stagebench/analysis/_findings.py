@@ -501,13 +501,21 @@ def _page_fault_finding(st: StageEntry, page_fault: PageFault | None, is_bn: boo
 _GC_SHARE = 0.1  # the collector's time per item, as a share of the stage's CPU per item, worth a finding
 
 
+#: Full collections' share of the collector's time above which they, not the young ones, are the cause
+_GC_FULL_MOSTLY = 0.5
+
+
 def _gc_finding(st: StageEntry, is_bn: bool) -> _Found | None:
     """A stage whose allocations make the cyclic garbage collector run a good share of its time.
 
     Why it is worth saying: a full collection walks every object the process
     holds, with the GIL held, so what a loader stage pays grows with the
     training process around it (torch, the model, the dataset's index), and
-    ``gc.freeze()`` after set-up takes those objects out of its walk.
+    ``gc.freeze()`` after set-up takes those objects out of its walk. Which
+    collections the time went to says which remedy applies: full ones (the
+    process's size: ``gc.freeze()``), or young ones (the stage's own containers
+    per item: ``gc.freeze()`` leaves them). Rows without the split (written
+    before it was measured) say both.
     """
     alt = st.alternative("thread") or st.alternative("async") or StageSetting()
     gc_s, cpu = alt.gc_s_per_item, alt.cpu_s_per_item
@@ -516,22 +524,45 @@ def _gc_finding(st: StageEntry, is_bn: bool) -> _Found | None:
     name, share, src = st.name, gc_s / cpu, SourceItems(st.items_per_input)
     executor = alt.executor if "executor" in alt.keys else "thread"
     collected, on_cpu = src.ms_each(gc_s, cpu)
+    full = alt.gc_full_s_per_item
+    full_share = min(1.0, full / gc_s) if full is not None and finite(full) and gc_s > 0 else None
+    cause = "the stage leaves container objects (lists, dicts, objects) behind often enough to trigger collections"
+    freeze = (
+        "Calling gc.freeze() once the model and data are set up (before the training loop) takes what exists "
+        "then out of every later collection"
+    )
+    fewer = "fewer Python containers per item (arrays instead of lists of lists) removes the cause"
+    if full_share is None:
+        why = (
+            f"{cause}, and a full collection walks every object the process holds, so it costs more in a "
+            f"bigger process. {freeze}; {fewer}"
+        )
+    elif full_share >= _GC_FULL_MOSTLY:
+        why = (
+            f"{cause}; {full_share:.0%} of it went to full collections, each of which walks every object the "
+            f"process holds, so it grows with the process around the stage (torch, the model, the dataset's "
+            f"index). {freeze}; {fewer}"
+        )
+    else:
+        why = (
+            f"{cause}; {1 - full_share:.0%} of it went to young collections, which walk only what is new: the "
+            f"stage's own containers per item are the cost, so {fewer}; gc.freeze() would save only the "
+            f"{full_share:.0%} in full collections"
+        )
     detail = (
         f"the garbage collector ran {collected} per item during its {executor} "
-        f"points, {share:.0%} of its {on_cpu} of CPU per item, holding the GIL: the stage leaves "
-        "container objects (lists, dicts, objects) behind often enough to trigger collections, and a full "
-        "collection walks every object the process holds, so it costs more in a bigger process. Calling "
-        "gc.freeze() once the model and data are set up (before the training loop) takes what exists then "
-        "out of every later collection; fewer Python containers per item (arrays instead of lists of "
-        "lists) removes the cause"
+        f"points, {share:.0%} of its {on_cpu} of CPU per item, holding the GIL: {why}"
     )
     gain = 1.0 + share  # for ranking only: what removing it gains depends on what the collector then still does
+    evidence = {"gc_s_per_item": gc_s, "cpu_s_per_item": cpu, "executor": alt.executor}
+    if full_share is not None:
+        evidence["gc_full_s_per_item"] = full
     return _f(
         "medium" if is_bn else "low",
         f"{name} spends {share:.0%} of its CPU in garbage collection",
         detail,
         name,
-        {"gc_s_per_item": gc_s, "cpu_s_per_item": cpu, "executor": alt.executor},
+        evidence,
         gain,
     )
 

@@ -29,18 +29,21 @@ _STATUS_ORDER = ("crashed", "failed", "timeout", "skipped")
 _GIL_KEYS = ("pinned", "source", "saturated", "serializer", "harness", "executor", "notes")  # an entry's ``gil``
 
 
-def _own_gc(sr: StageRows, harness: str, executor: str, p: Point) -> float | None:
-    """Garbage-collector seconds per item the stage's own allocations cost: its point's less its ceiling's.
+def _own_gc(sr: StageRows, harness: str, executor: str, p: Point, key: str = "gc_s_per_item") -> float | None:
+    """Garbage-collector seconds per item the stage's own allocations cost: its point's less its ceiling's
+    (``key``: all its collections; ``gc_full_s_per_item``, the full ones; ``gc_young_per_item``, how many
+    young collections).
 
     The harness allocates too (futures, queue entries), and the replay runs
     the same harness, which pays that part by itself. Below the ceiling's
     (noise) the stage's own part is none.
     """
-    if not finite(p.gc_s_per_item):
+    mine = getattr(p, key)
+    if not finite(mine):
         return None
     ceil = sr.ceiling(harness, executor, p.concurrency)
-    base = ceil.gc_s_per_item if ceil is not None and finite(ceil.gc_s_per_item) else 0.0
-    return max(0.0, p.gc_s_per_item - base)
+    base = getattr(ceil, key) if ceil is not None and finite(getattr(ceil, key)) else 0.0
+    return max(0.0, mine - base)
 
 
 def _best(curve: Curve) -> Point:
@@ -280,6 +283,8 @@ def _at_recommended(
             cpu_s_per_item=p.cpu_s_per_item if finite(p.cpu_s_per_item) else None,
             call_cpu_s=p.call_cpu_ms / 1e3 if finite(p.call_cpu_ms) else None,
             gc_s_per_item=_own_gc(sr, harness, e, p),
+            gc_full_s_per_item=_own_gc(sr, harness, e, p, "gc_full_s_per_item"),
+            gc_young_per_item=_own_gc(sr, harness, e, p, "gc_young_per_item"),
             harness_gil_s_per_item=_main_gil_overhead(sr, harness, e, p.concurrency),
         )
         for e, p in bests.items()

@@ -51,6 +51,8 @@ _NUMERIC = (
     "cores_throttled",
     "minor_faults_per_item",
     "gc_s_per_item",
+    "gc_full_s_per_item",
+    "gc_young_per_item",
 )
 
 
@@ -75,6 +77,10 @@ class Point:
     """The calling thread's CPU per call (spdl harness, threads): the stage's own work."""
     gc_s_per_item: float = math.nan
     """Seconds this process's cyclic garbage collector ran per item (holding the GIL)."""
+    gc_full_s_per_item: float = math.nan
+    """Of them, its full collections' (each walks every object the process holds)."""
+    gc_young_per_item: float = math.nan
+    """Young collections per item: each one the collector's threshold of containers more alive."""
     steal_share: float = math.nan
     """The share of the CPUs' time the host took from this VM in the window (steal)."""
     cores_throttled: float = math.nan

@@ -61,8 +61,13 @@ _POLL_S = 0.01
 POINT = "point"
 
 
+#: The cyclic collector's oldest generation: a collection of it walks every object the process tracks.
+_OLDEST = 2
+
+
 class _GcClock:
-    """Seconds the cyclic garbage collector runs in this process while installed (``gc.callbacks``).
+    """Seconds the cyclic garbage collector runs in this process while installed (``gc.callbacks``), and
+    of them, its full collections' (the oldest generation's).
 
     Why: a collection holds the GIL, and a stage that leaves many container
     objects behind triggers collections whose cost grows with everything else
@@ -73,13 +78,20 @@ class _GcClock:
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.full_seconds = 0.0  # of them, the full collections' (the oldest generation: every object walked)
+        self.young = 0  # collections of the younger generations: each one the allocations' threshold reached
         self._t: float | None = None
 
     def __call__(self, phase: str, info: dict) -> None:
         if phase == "start":
             self._t = time.perf_counter()
         elif self._t is not None:
-            self.seconds += time.perf_counter() - self._t
+            took = time.perf_counter() - self._t
+            self.seconds += took
+            if info.get("generation") == _OLDEST:
+                self.full_seconds += took
+            else:
+                self.young += 1
             self._t = None
 
     def __enter__(self) -> "_GcClock":
@@ -309,13 +321,15 @@ def _measure(fn, inputs, executor, concurrency, cfg, harness, pool, spdl_extra_p
     row.elapsed_s = time.perf_counter() - t_begin
 
 
-_Outcome = tuple[float, float, TreeSnapshot, TreeSnapshot, float, float]  # t0, t1, snap0, snap1, gc_s, check_cpu_s
+#: t0, t1, snap0, snap1, the collector (its seconds, its full collections' and its young collections), check_cpu_s
+_Outcome = tuple[float, float, TreeSnapshot, TreeSnapshot, tuple[float, float, int], float]
 
 
 def _run_window(runner, cfg, deadline, t_begin, row: StageDraft, mon, ranks: _Ranked | None = None) -> _Outcome | None:
-    """Warm up, then time the window. Returns (t0, t1, snap0, snap1, gc_s, check_cpu_s) or None.
+    """Warm up, then time the window. Returns (t0, t1, snap0, snap1, gc, check_cpu_s) or None.
 
-    ``gc_s``: seconds the garbage collector ran in this process during the window;
+    ``gc``: seconds the garbage collector ran in this process during the window, of them its full
+    collections', and how many young collections it ran;
     ``check_cpu_s``: CPU seconds this thread spent on sequential-stopping checks (not the stage's).
     ``ranks``: a ranked diagnosis's other ranks, each running this point: the window opens once each has
     warmed up, its CPU counts theirs, and their rates over it are read as it closes.
@@ -389,7 +403,7 @@ def _run_window(runner, cfg, deadline, t_begin, row: StageDraft, mon, ranks: _Ra
         if ranks.failed is not None:
             row.fail(*ranks.failed)
             return None
-    return t0, t1, snap0, snap1, gc_clock.seconds, check_cpu
+    return t0, t1, snap0, snap1, (gc_clock.seconds, gc_clock.full_seconds, gc_clock.young), check_cpu
 
 
 _CHECK_MAX_RECORDS = 100_000  # above this, copying the records to check would itself slow the point
@@ -477,7 +491,9 @@ def window_rate(lanes, t0: float, t1: float, cfg: MeasureConfig) -> WindowRate:
     return WindowRate(qps if n > 0 else 0.0, lo, hi, n)
 
 
-def _fill_from_records(row: StageDraft, lanes, t0, t1, snap0, snap1, gc_s, check_cpu, cfg: MeasureConfig) -> None:
+def _fill_from_records(
+    row: StageDraft, lanes, t0, t1, snap0, snap1, gc: tuple[float, float, int], check_cpu, cfg: MeasureConfig
+) -> None:
     starts, ends, bad, call_cpu = _collect(lanes, t0, t1)
     window = t1 - t0
     row.window_s = window
@@ -507,7 +523,9 @@ def _fill_from_records(row: StageDraft, lanes, t0, t1, snap0, snap1, gc_s, check
     for key, total in (
         ("cpu_s_per_item", cpu),
         ("minor_faults_per_item", snap1.minor_faults_since(snap0)),
-        ("gc_s_per_item", gc_s),
+        ("gc_s_per_item", gc[0]),
+        ("gc_full_s_per_item", gc[1]),
+        ("gc_young_per_item", gc[2]),
     ):
         setattr(row, key, total / span_items if n_items > 0 else math.nan)
     row.disk_read_mb_s = snap1.read_bytes_since(snap0) / window / 2**20

@@ -48,6 +48,8 @@ class StageDraft:
     cpu_s_per_item: float = _NAN
     minor_faults_per_item: float = _NAN
     gc_s_per_item: float = _NAN
+    gc_full_s_per_item: float = _NAN
+    gc_young_per_item: float = _NAN
     cores_used: float = _NAN
     mem_peak_mb: float = _NAN
     mem_pss_mb: float = _NAN

@@ -109,6 +109,8 @@ class StageSetting(ReadIfGiven):
     cpu_s_per_item: float | None = None
     call_cpu_s: float | None = None
     gc_s_per_item: float | None = None
+    gc_full_s_per_item: float | None = None
+    gc_young_per_item: float | None = None
     harness_gil_s_per_item: float | None = None
     cores_used: float | None = None
     latency_p50_ms: float | None = None

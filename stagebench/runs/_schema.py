@@ -72,6 +72,8 @@ STAGE_COLUMN_DOCS: dict[str, str] = {
     "cpu_s_per_item": "CPU seconds (process + workers) per successful item",
     "minor_faults_per_item": "pages the kernel mapped and zeroed (process + workers) per item; NaN off Linux",
     "gc_s_per_item": "seconds this process's cyclic garbage collector ran per item (it holds the GIL)",
+    "gc_full_s_per_item": "of those, its full collections' (each walks every object the process holds)",
+    "gc_young_per_item": "young collections per item: each one the collector's threshold (700 by default) more containers",
     "cores_used": "CPU seconds / wall seconds in the window",
     "mem_peak_mb": "peak of summed RSS of the process and its workers (sampled)",
     "mem_pss_mb": "PSS of the process and its workers at window end (no double count)",
