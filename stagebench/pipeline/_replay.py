@@ -8,7 +8,17 @@ stage replaced by a **stand-in** built from its isolated measurements only:
 
 - ``gil_s``: pure Python (holds the GIL): the stage's GIL share of its time per call, capped by its own
   CPU per call, plus the cyclic garbage collection its allocations cost per item (``gc_s_per_item``),
-  which neither the calls' median time nor the probed GIL share includes;
+  which neither the calls' median time nor the probed GIL share includes, where the stand-in does
+  not make that collection happen itself (``containers``);
+- ``containers``: a stage that left at least one young collection a call behind it alone
+  (``gc_young_per_item``, beyond its no-op ceiling's: each is the collector's threshold of containers,
+  700 by default) makes its stand-in allocate as many, held through the call, as the stage's own lists
+  of lists are: the collector then runs in the replay as it does in the pipeline, young collections and
+  the full ones that what they find alive sets off, each walking what the process holds *then*. Its
+  ``gc_s_per_item`` is not added: read in one short window alone, it is a few full collections (tens
+  of ms each), a count that moves 2x from window to window, where the demo's augment spends most of
+  its collector time (docs/accuracy.md). A stage under one young collection a call keeps what it left
+  behind alive past its calls, which a stand-in cannot: it carries ``gc_s_per_item`` as GIL-held work;
 - ``free_s``: the rest of that CPU, without the GIL (``hashlib`` over a buffer);
 - ``wait_s``: a sleep for what remains of its time per call, less what a sleep itself costs here
   (calibrated right before the replay: it is already in the stage's measured CPU and duration), and
@@ -41,6 +51,7 @@ the GIL-held part does.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import itertools
 import os
@@ -119,6 +130,52 @@ def _sleep_cost(seconds: float) -> tuple[float, float]:
     return _SLEEP_COST[key]
 
 
+_CONTAINER_S: float | None = None
+_MAX_CONTAINERS = 1_000_000  # a stand-in holds at most this many lists (about 70 MB) through a call
+
+
+def _container_cost() -> float:
+    """CPU seconds to make one container of the stand-ins' (a one-item list, in a list), here, now: the
+    median of a few runs of 4,096, with the collector off (its collections are not the allocation's)."""
+    global _CONTAINER_S
+    if _CONTAINER_S is None:
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            ts = []
+            for _ in range(7):
+                c0 = time.thread_time()
+                held = _make_containers(4096)
+                ts.append(time.thread_time() - c0)
+                del held
+        finally:
+            if was:
+                gc.enable()
+        _CONTAINER_S = statistics.median(ts) / 4096
+    return _CONTAINER_S
+
+
+def _make_containers(n: int) -> list:
+    """``n`` containers the collector tracks, alive while the list is (as a stage's list of lists)."""
+    return [[None] for _ in range(n)]
+
+
+def containers_for(young_per_call: float | None) -> int:
+    """Containers a stand-in allocates and holds through a call so that the collector runs as often as its
+    stage made it (``young_per_call`` young collections a call, beyond its no-op ceiling's), or 0 where it
+    made fewer than one a call (or the collector is off).
+
+    A call that makes n containers and lets them go at its end sets off floor(n / threshold) collections:
+    the count restarts at each one and cannot go below zero as they are freed, so the next call starts
+    from about zero. So k collections a call take between k and k + 1 thresholds of containers; the
+    middle is taken. Under one a call, the stage kept what it made alive past its calls (in its outputs,
+    a cache), which a stand-in that returns the stage's kept outputs cannot do."""
+    threshold = gc.get_threshold()[0]
+    if young_per_call is None or not young_per_call >= 1 or threshold <= 0 or not gc.isenabled():
+        return 0
+    return min(_MAX_CONTAINERS, int(round((young_per_call + 0.5) * threshold)))
+
+
 def _spin(seconds: float) -> None:
     """Hold the GIL for ``seconds`` of this thread's CPU time (waiting for a core does not count)."""
     t0 = time.thread_time()
@@ -136,8 +193,22 @@ class _Work:
     """
 
     def __init__(
-        self, gil_s: float, free_s: float, speed_ns: float | None, releases: int = 1, python_free_s: float = 0.0
+        self,
+        gil_s: float,
+        free_s: float,
+        speed_ns: float | None,
+        releases: int = 1,
+        python_free_s: float = 0.0,
+        containers: int = 0,
     ) -> None:
+        self.containers = containers
+        if containers:  # making them is the stage's Python too: out of its GIL-held work, at what it costs now
+            made_s = containers * _container_cost()
+            if speed_ns:
+                _, now_ns = _calibration()
+                gil_s = max(0.0, gil_s - made_s * speed_ns / now_ns)  # the work, at the loop's speed then
+            else:
+                gil_s = max(0.0, gil_s - made_s)
         self.gil_s = gil_s
         self.loops = int(round(gil_s * 1e9 / speed_ns)) if speed_ns and gil_s > 0 else 0
         self.free_bytes = 0
@@ -158,6 +229,7 @@ class _Work:
 
     def __call__(self) -> None:
         loops, gil_s, nbytes = self._piece
+        held = _make_containers(self.containers) if self.containers else None  # made first, as a list of lists
         for _ in range(self.pieces):
             if loops:
                 speed_work(loops)
@@ -165,6 +237,7 @@ class _Work:
                 _spin(gil_s)
             if nbytes:
                 _burn_free(nbytes)
+        del held  # let go at the call's end, as the stage's own
 
 
 def _burn_free(n_bytes: int) -> None:
@@ -204,6 +277,7 @@ class StandIn:
     python_free_s: float = 0.0  # of free_s, a process stage's own Python (see the module docstring)
     helper_s: float = 0.0  # CPU per call on threads of the stage's own (see the module docstring)
     helpers: int = 1  # how many of those threads work at once
+    containers: int = 0  # allocated and held through each call: the collector runs for real (module docstring)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -254,7 +328,7 @@ class _Helpers:
 
 class _ThreadStandIn:
     def __init__(self, s: StandIn, outputs: Sequence[Any] | None = None) -> None:
-        self.work = _Work(s.gil_s, s.free_s, s.speed_ns, s.releases, s.python_free_s)
+        self.work = _Work(s.gil_s, s.free_s, s.speed_ns, s.releases, s.python_free_s, s.containers)
         self.helpers = _Helpers(s)
         self.wait_s = max(0.0, s.wait_s - self.helpers.wall_s)  # the rest of its wait, after its helpers
         self.output = _Outputs(outputs)
@@ -275,7 +349,7 @@ class _AsyncStandIn:
     """Runs on the event loop: all its CPU holds the GIL, its waits are awaits."""
 
     def __init__(self, s: StandIn, outputs: Sequence[Any] | None = None) -> None:
-        self.work, self.wait_s = _Work(s.gil_s + s.free_s, 0.0, s.speed_ns), s.wait_s
+        self.work, self.wait_s = _Work(s.gil_s + s.free_s, 0.0, s.speed_ns, containers=s.containers), s.wait_s
         self.output = _Outputs(outputs)
 
     async def __call__(self, item: Any) -> Any:
@@ -434,7 +508,18 @@ def _stand_in(st: StageEntry, speed_ns: float | None) -> StandIn | None:
         own, wait = _less_sleep_cost(own, wait)
     gil = min(own, frac * t) if frac is not None else own
     free = own - gil
-    gil += gc_part
+    # on threads or the event loop, a stage that set off a young collection a call or more: its stand-in
+    # allocates as it did and the collector runs for real; else its collections are GIL-held work
+    containers = 0 if ex == "process" else containers_for(num_or_none(base.gc_young_per_item))
+    if containers:
+        young = num_or_none(base.gc_young_per_item) or 0.0
+        note = "; ".join(
+            x
+            for x in (note, f"{young:.2g} young collections a call: holds {containers:,} containers through each")
+            if x
+        )
+    else:
+        gil += gc_part
     helpers = 1
     if helper_s > 0:
         # as many at once as its CPU over the time the call spent off its own CPU (its wait)
@@ -481,6 +566,7 @@ def _stand_in(st: StageEntry, speed_ns: float | None) -> StandIn | None:
         releases=releases,
         helper_s=helper_s,
         helpers=helpers,
+        containers=containers,
     )
 
 
