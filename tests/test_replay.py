@@ -156,11 +156,18 @@ def test_a_stand_in_sets_off_as_many_young_collections_as_its_stage_for_about_it
     finally:
         gc.enable()
     work = _Work(own, 0.0, cpu_speed_ns(), containers=containers_for(young))
-    stand_young, stand_cpu = _young_collections_per_call(work)
+    stand_young, _ = _young_collections_per_call(work)
     assert young >= 1 and abs(stand_young - young) <= 0.5, (stand_young, young)
-    # here: 1.98-1.99 young collections a call both; 0.43-0.47 ms of CPU a call against 0.46-0.48 for the
-    # stand-in, 0.25-0.27 of it the stage's own. The full collections they set off vary from run to run.
-    assert 0.67 * cpu <= stand_cpu <= 1.5 * cpu, (stand_cpu, cpu)
+    # Its own CPU, the allocation included, is the stage's, compared with the collector off: with it on, the
+    # full collections either sets off walk the whole test session's heap, a handful in 300 calls, which one
+    # of the two may see and the other not (0.30 against 1.2 ms a call once in a whole `make test`).
+    # Here: 1.98-1.99 young collections a call both; 0.25-0.27 ms of the stage's own CPU a call.
+    gc.disable()
+    try:
+        _, stand_own = _young_collections_per_call(work)
+    finally:
+        gc.enable()
+    assert 0.67 * own <= stand_own <= 1.5 * own, (stand_own, own)
 
 
 def test_cpu_beyond_the_gil_share_is_gil_free():
