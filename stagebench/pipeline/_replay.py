@@ -510,9 +510,9 @@ def _stand_in(st: StageEntry, speed_ns: float | None) -> StandIn | None:
     free = own - gil
     # on threads or the event loop, a stage that set off a young collection a call or more: its stand-in
     # allocates as it did and the collector runs for real; else its collections are GIL-held work
-    containers = 0 if ex == "process" else containers_for(num_or_none(base.gc_young_per_item))
+    young = num_or_none(base.gc_young_per_item)
+    containers = 0 if ex == "process" else containers_for(young)
     if containers:
-        young = num_or_none(base.gc_young_per_item) or 0.0
         note = "; ".join(
             x
             for x in (note, f"{young:.2g} young collections a call: holds {containers:,} containers through each")
