@@ -19,8 +19,21 @@ def _curve(points, *, cpu_ms, executor):
     ]
 
 
-def _stage(name, *, gil_ms, cpu_ms, thread=None, process=None, own=None, harness_ms=0.0, items_per_input=1.0):
-    """A stage entry as analyze_stage writes it; ``own``: its own recommendation (executor, level)."""
+def _stage(
+    name,
+    *,
+    gil_ms,
+    cpu_ms,
+    thread=None,
+    process=None,
+    own=None,
+    harness_ms=0.0,
+    items_per_input=1.0,
+    label="unknown",
+    yours=None,
+):
+    """A stage entry as analyze_stage writes it; ``own``: its own recommendation (executor, level); ``label``
+    its classification; ``yours``: the user's own (executor, concurrency) in the config."""
     curves, alts = {}, {}
     for ex, pts in (("thread", thread), ("process", process)):
         if pts:
@@ -52,7 +65,10 @@ def _stage(name, *, gil_ms, cpu_ms, thread=None, process=None, own=None, harness
         "head_to_head": None,
         "ceiling_qps": None,
         "evidence": {"summary": [], "signals": {}},
+        "classification": label,
     }
+    if yours is not None:
+        entry |= {"type": "pipe", "user_executor": yours[0], "user_concurrency": yours[1]}
     return StageEntry.from_json(entry)
 
 
@@ -82,6 +98,44 @@ def test_a_stage_that_outruns_the_bottleneck_gets_only_the_threads_that_keep_up(
     assert joint.changed == ("wait",) and joint.exhaustive
     # the pace: the spin alone (500) or the GIL (1 / 2.02 ms = 495), whichever is lower
     assert 490 <= joint.pace <= 500
+
+
+def _wait_and_spin(*, label="io-bound", yours=("thread", 6)):
+    """The wait and spin of the test above, the wait labelled ``label`` and set at ``yours`` in the config."""
+    wait = _stage(
+        "wait",
+        gil_ms=0.02,
+        cpu_ms=0.05,
+        thread=[(1, 250), (2, 500), (4, 1000), (6, 1500), (8, 2000)],
+        own=("thread", 8),
+        label=label,
+        yours=yours,
+    )
+    spin = _stage("spin", gil_ms=2.0, cpu_ms=2.0, thread=[(1, 500), (2, 490)], own=("thread", 1))
+    return _jointly(wait, spin)
+
+
+def test_a_waiting_stage_that_keeps_up_at_your_level_keeps_it():
+    """The 4 ms wait is set to 6 threads in the config: 1,500 items/s, above the 750 the pipeline needs. Cutting
+    it to 4 frees no core and no GIL time (its threads wait): yours is kept, and the text says why."""
+    joint, (wait, _) = _wait_and_spin()
+    assert _setting(wait) == ("thread", 6) and wait.recommended_alone.concurrency == 8
+    assert "your thread x 6" in wait.recommended.why and "mostly wait" in wait.recommended.why
+    assert "keep up at your own level keep it: wait" in joint.text
+
+
+def test_a_waiting_stage_is_cut_where_your_level_does_not_keep_up_or_it_is_not_waiting():
+    """Yours kept only for a waiting stage on threads above the cut that keeps up with the margin: at 2 threads
+    (500, under 750) it is raised to 4; labelled GIL-bound, or set on processes, it is cut to 4 as before."""
+    for label, yours, want in (
+        ("io-bound", ("thread", 2), 4),  # yours does not keep up: the fewest that do
+        ("gil-bound", ("thread", 6), 4),  # its threads hold the GIL: each one competes with the spin
+        ("io-bound", ("process", 6), 4),  # a level on another executor is not a level of this one
+        ("io-bound", None, 4),  # no setting of the user's known
+    ):
+        _, (wait, _) = _wait_and_spin(label=label, yours=yours)
+        assert _setting(wait) == ("thread", want), (label, yours)
+        assert "your thread" not in wait.recommended.why
 
 
 def test_processes_that_win_alone_are_not_used_where_the_pipeline_does_not_need_them():

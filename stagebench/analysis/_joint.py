@@ -18,7 +18,12 @@ chosen jointly, with the bounds of :mod:`._predict` over the points each stage w
 2. **Concurrency.** With the assignment's pace P known, each stage gets the smallest measured level
    whose capacity alone is at least P x (1 + :data:`SPARE`): a margin for what the stages cost each
    other (a thread waking from a wait queues for the GIL behind the others). A stage with no such
-   level is (near) the one that binds and keeps its own rule.
+   level is (near) the one that binds and keeps its own rule. A waiting stage (labelled io-bound) on
+   threads or async whose own level, in the user's config, keeps up with that margin keeps it: its
+   threads mostly wait, so fewer of them free no core and no GIL time, and a cut there never
+   measured faster in turns (on ``bench_advice``'s cpu_free a 1 ms wait cut from 4 threads to 1-2 ran
+   the pipeline at 0.79-0.85x and "could not tell"): a change the comparison with the user's settings
+   could not show is not one to make.
 3. The bounds at the chosen settings explain the joint prediction; the diagnosis replays and runs the
    pipeline at these settings next to the user's (:mod:`stagebench.pipeline._diagnose`), and the
    advice is the number measured, never this search's score.
@@ -197,18 +202,22 @@ def recommend_jointly(
     need = target * (1 + SPARE)
 
     moved: list[str] = []
+    waiting: list[str] = []  # waiting stages kept at the user's own level (_waiting_yours)
     loads = []
     for (i, e), ex in zip(measured, pick):
         k = e.items_per_input
         settings = options[e.name][ex]
         enough = next((s for s in settings if s["qps"] * k >= need), None)
-        chosen = enough if enough is not None else _own_rule(settings)
+        kept = _waiting_yours(e, settings, enough, need)
+        chosen = kept or (enough if enough is not None else _own_rule(settings))
+        if kept is not None:
+            waiting.append(e.name)
         loads.append(stage_load(e, chosen, fixed))
         alone = _own(e)
         if (chosen["executor"], chosen["concurrency"]) == (alone.executor, alone.concurrency):
             continue
         moved.append(e.name)
-        why = _why(e, chosen, alone, enough is not None, target, scored, pick, own) + (
+        why = _why(e, chosen, alone, enough is not None, target, scored, pick, own, kept=kept is not None) + (
             f"; the trainer needs {fmt_q(float(demand or 0))} items/s, below the pipeline's pace" if feeds else ""
         )
         said = f"in the pipeline: {chosen['executor']} x {chosen['concurrency']} ({why})"
@@ -229,6 +238,7 @@ def recommend_jointly(
         + f"; the pace is {fmt_q(pace)} items/s (set by {binding}); each stage gets the fewest workers "
         f"that keep up with it with {SPARE:.0%} to spare"
         + (f"; set differently from their own best: {', '.join(moved)}" if moved else "; every stage as alone")
+        + (f"; waiting stages that keep up at your own level keep it: {', '.join(waiting)}" if waiting else "")
         + (f"; cut to feed the trainer's {fmt_q(float(demand or 0))} items/s (+{DEMAND_HEADROOM:.0%})" if feeds else "")
         + _replayed(replays, runner_up, cheaper, ok)
     )
@@ -244,6 +254,20 @@ def recommend_jointly(
         runner_up_pace=None if runner_up is None else scored[runner_up],
         text=text,
     )
+
+
+def _waiting_yours(e: StageEntry, settings: list[dict], enough: dict | None, need: float) -> dict | None:
+    """The user's own level of a waiting stage where it keeps up with ``need`` above the cut ``enough``
+    (module docstring, 2), else None: on the same executor, not processes (each costs memory and start-up),
+    measured, the stage labelled io-bound."""
+    yours = e.user_choice
+    if enough is None or yours is None or e.classification != "io-bound":
+        return None
+    ex, level = yours
+    if ex == "process" or ex != enough["executor"] or level <= enough["concurrency"]:
+        return None
+    at = next((s for s in settings if s["concurrency"] == level), None)
+    return at if at is not None and at["qps"] * e.items_per_input >= need else None
 
 
 def _replayed(
@@ -279,8 +303,11 @@ def _why(
     scored: dict[tuple[str, ...], float],
     pick: tuple[str, ...],
     own: tuple[str, ...],
+    *,
+    kept: bool = False,
 ) -> str:
-    """Why the joint choice differs from the stage's own, in one sentence."""
+    """Why the joint choice differs from the stage's own, in one sentence (``kept``: the user's own level
+    of a waiting stage, :func:`_waiting_yours`)."""
     src = SourceItems(st.items_per_input)
     parts = []
     if chosen["executor"] != alone.executor:
@@ -290,7 +317,13 @@ def _why(
             f"{fmt_q(scored[pick])} items/s this way"
             + (f" against {fmt_q(with_own)} with every stage on its own executor" if with_own else "")
         )
-    if keeps_up:
+    if kept:
+        parts.append(
+            f"your {chosen['executor']} x {chosen['concurrency']} ({src.q(chosen['qps'])} items/s alone) keeps up "
+            f"with the pipeline's pace of {fmt_q(pace)} items/s with {SPARE:.0%} to spare: kept, since its threads "
+            "mostly wait and fewer of them would free no core"
+        )
+    elif keeps_up:
         parts.append(
             f"{chosen['executor']} x {chosen['concurrency']} ({src.q(chosen['qps'])} items/s alone) keeps up "
             f"with the pipeline's pace of {fmt_q(pace)} items/s with {SPARE:.0%} to spare"
