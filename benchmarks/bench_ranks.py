@@ -2,9 +2,10 @@
 
 The script is an ordinary DDP one (``benchmarks/ddp_jpeg_train.py``: JPEG decoding in each rank's
 DataLoader, DistributedSampler, a small CNN over gloo, one torch thread a rank), run by torch's own
-launcher. The truth is the script itself, without stagebench, at each ``num_workers`` a rank, in turns
+launcher. The truth is the script's own loop, without stagebench, at each ``num_workers`` a rank, in turns
 (each round every setting once, alternating direction): the loaders alone (the loop takes the batches
-and trains nothing) and the DDP job, each as the host's samples/s (every rank's).
+and trains nothing) and the DDP job, each as the host's samples/s (every rank's). All in one launch
+(``ddp_truth.py``): 24 launches cost ~5 s of start-up each, which no rate counts.
 
 Set beside the truth:
 
@@ -41,6 +42,7 @@ from _common import USER_CWD, fmt_q, machine_line, usable_cores, write_json
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "ddp_jpeg_train.py"
+TRUTH = HERE / "ddp_truth.py"
 TARGET = 0.95
 #: The user's own setting the script is diagnosed at (its --workers).
 YOURS = 2
@@ -64,34 +66,21 @@ def _launch(ranks: int, *args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *args]
 
 
-def plain(ranks: int, data: Path, workers: int, *, loader_only: bool, epochs: int, out: Path) -> float:
-    """The host's samples/s of one plain run of the script (no stagebench)."""
-    args = [str(SCRIPT), "--data", str(data), "--workers", str(workers), "--epochs", str(epochs), "--timing", str(out)]
-    args += DATA_ARGS
-    for attempt in range(3):
-        out.unlink(missing_ok=True)
-        r = subprocess.run(
-            _launch(ranks, *args, *(["--loader-only"] if loader_only else [])),
-            env=_env(),
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if r.returncode == 0:
-            return float(out.read_text())
-        # torch's gloo at times aborts a rank at exit ("terminate called without an active exception"),
-        # after the timing was written: that run is not counted, it runs again
-        print(f"  (a plain run at num_workers={workers} ended {r.returncode}: {r.stderr.strip()[-200:]!r}; run again)")
-    raise RuntimeError(f"the plain run at num_workers={workers} failed 3 times")
-
-
 def truth(ranks: int, data: Path, workers: list[int], rounds: int, tmp: Path) -> dict[str, dict[int, list[float]]]:
-    got: dict[str, dict[int, list[float]]] = {"alone": {w: [] for w in workers}, "job": {w: [] for w in workers}}
-    for r in range(rounds):
-        for w in workers if r % 2 == 0 else workers[::-1]:
-            got["alone"][w].append(plain(ranks, data, w, loader_only=True, epochs=2, out=tmp / "t"))
-            got["job"][w].append(plain(ranks, data, w, loader_only=False, epochs=2, out=tmp / "t"))
-    return got
+    """The script's plain truth at each setting in turns, in one launch (``ddp_truth.py``)."""
+    out = tmp / "truth.json"
+    args = [str(TRUTH), "--data", str(data), "--workers", *map(str, workers), "--rounds", str(rounds)]
+    args += ["--epochs", "2", "--out", str(out), *DATA_ARGS]
+    for _ in range(3):
+        out.unlink(missing_ok=True)
+        r = subprocess.run(_launch(ranks, *args), env=_env(), capture_output=True, text=True, timeout=1800)
+        # torch's gloo at times aborts a rank at exit ("terminate called without an active exception"); the
+        # rates are written once every run is over, so a file written is a truth measured to the end
+        if out.exists():
+            got = json.loads(out.read_text())
+            return {k: {int(w): v for w, v in got[k].items()} for k in ("alone", "job")}
+        print(f"  (the truth's launch ended {r.returncode} before its rates: {r.stderr.strip()[-200:]!r}; run again)")
+    raise RuntimeError("the truth's launch failed 3 times")
 
 
 def diagnose(ranks: int, data: Path, out: Path, *, trainer: bool) -> tuple[dict, float]:

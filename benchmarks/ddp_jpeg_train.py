@@ -65,6 +65,64 @@ class Net(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
+def host_rate(root: Path, *, workers: int, batch_size: int, epochs: int, skip: int, loader_only: bool) -> float:
+    """One run of the loop: the host's samples/s (every rank's) after the first ``skip`` steps."""
+    distributed = dist.is_initialized()
+    ds = JpegFolder(root)
+    sampler = DistributedSampler(ds) if distributed else None
+    loader = DataLoader(
+        ds,
+        batch_size=batch_size,
+        sampler=sampler,
+        shuffle=sampler is None,
+        num_workers=workers,
+        drop_last=True,
+    )
+    model: nn.Module = Net()
+    if distributed:
+        model = DDP(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    step, seen, t0 = 0, 0, None
+    for epoch in range(epochs):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        for x, y in loader:
+            if not loader_only:
+                loss = F.cross_entropy(model(x), torch.as_tensor(y))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            step += 1
+            if step == skip:
+                t0 = time.perf_counter()
+            elif step > skip:
+                seen += x.shape[0]
+    rate = torch.tensor([seen / (time.perf_counter() - t0) if t0 is not None else 0.0], dtype=torch.float64)
+    if distributed:
+        dist.all_reduce(rate)  # the host's samples/s: every rank's
+    return float(rate.item())
+
+
+def start(data: str, images: int) -> Path:
+    """One torch thread a rank, the process group under torchrun, the data made once (by rank 0)."""
+    torch.set_num_threads(1)
+    distributed = "LOCAL_RANK" in os.environ
+    if distributed:
+        dist.init_process_group("gloo")
+    root = Path(data)
+    if not distributed or dist.get_rank() == 0:
+        make_data(root, images)
+    if distributed:
+        dist.barrier()
+    return root
+
+
+def finish() -> None:
+    if dist.is_initialized():
+        dist.barrier()  # no rank tears gloo down while another still talks to it
+        dist.destroy_process_group()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--data", default="/tmp/ddp-jpegs")
@@ -76,53 +134,18 @@ def main() -> None:
     p.add_argument("--timing", default="")
     p.add_argument("--loader-only", action="store_true")
     args = p.parse_args()
-    torch.set_num_threads(1)
-    distributed = "LOCAL_RANK" in os.environ
-    if distributed:
-        dist.init_process_group("gloo")
-    rank = dist.get_rank() if distributed else 0
-    root = Path(args.data)
-    if rank == 0:
-        make_data(root, args.images)
-    if distributed:
-        dist.barrier()
-    ds = JpegFolder(root)
-    sampler = DistributedSampler(ds) if distributed else None
-    loader = DataLoader(
-        ds,
+    root = start(args.data, args.images)
+    rate = host_rate(
+        root,
+        workers=args.workers,
         batch_size=args.batch_size,
-        sampler=sampler,
-        shuffle=sampler is None,
-        num_workers=args.workers,
-        drop_last=True,
+        epochs=args.epochs,
+        skip=args.skip,
+        loader_only=args.loader_only,
     )
-    model: nn.Module = Net()
-    if distributed:
-        model = DDP(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    step, seen, t0 = 0, 0, None
-    for epoch in range(args.epochs):
-        if sampler is not None:
-            sampler.set_epoch(epoch)
-        for x, y in loader:
-            if not args.loader_only:
-                loss = F.cross_entropy(model(x), torch.as_tensor(y))
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            step += 1
-            if step == args.skip:
-                t0 = time.perf_counter()
-            elif step > args.skip:
-                seen += x.shape[0]
-    rate = torch.tensor([seen / (time.perf_counter() - t0) if t0 is not None else 0.0], dtype=torch.float64)
-    if distributed:
-        dist.all_reduce(rate)  # the host's samples/s: every rank's
-    if args.timing and rank == 0:
-        Path(args.timing).write_text(f"{rate.item()}\n")
-    if distributed:
-        dist.barrier()  # no rank tears gloo down while another still talks to it
-        dist.destroy_process_group()
+    if args.timing and (not dist.is_initialized() or dist.get_rank() == 0):
+        Path(args.timing).write_text(f"{rate}\n")
+    finish()
 
 
 if __name__ == "__main__":
