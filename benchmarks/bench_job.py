@@ -2,8 +2,9 @@
 
 Each script is an ordinary DataLoader training script (written to a temporary folder), diagnosed the
 way a user would: ``stagebench diagnose --trainer train.py`` at stagebench's defaults. Then the
-truth: the same script, without stagebench, run at each ``num_workers`` in turns (``--rounds``
-rounds, each setting a fresh process), its own loop timed over ``--steps`` steps after a warm-up.
+truth: the script's own loop, without stagebench, at each ``num_workers`` in turns (``--rounds``
+rounds, each setting its own DataLoader and workers, all in one process: :data:`TRUTH`), timed over
+``--steps`` steps after a warm-up.
 
 - ``wait``: 2 ms of waiting per item, batches of 16, a 50 ms step (an accelerator's): alone, no
   workers make ~500 samples/s against a step that needs ~320, but in the job the load adds to every
@@ -51,17 +52,10 @@ SMOKE_WORKERS = (0, 1)
 
 SCRIPT = textwrap.dedent(
     """
-    import argparse, json, sys, time
+    import argparse, json, time
     import numpy as np
     import torch
     from torch.utils.data import DataLoader, Dataset
-
-    p = argparse.ArgumentParser()
-    p.add_argument("kind")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--steps", type=int, default=10**9)
-    p.add_argument("--warmup", type=int, default=8)
-    a = p.parse_args()
 
     def spin(seconds):
         t = time.thread_time()
@@ -71,34 +65,64 @@ SCRIPT = textwrap.dedent(
         return x
 
     class Items(Dataset):
+        def __init__(self, kind):
+            self.kind = kind
+
         def __len__(self):
             return 1 << 20
 
         def __getitem__(self, i):
-            if a.kind == "wait":
+            if self.kind == "wait":
                 time.sleep(0.002)
-            elif a.kind == "slow":
+            elif self.kind == "slow":
                 spin(0.012)
             else:
                 spin(0.001)
             return torch.full((8,), float(i))
 
-    loader = DataLoader(Items(), batch_size=16, shuffle=True, num_workers=a.workers,
-                        persistent_workers=a.workers > 0)
-    n, t0 = 0, None
-    for batch in loader:
-        if a.kind == "wait":
-            time.sleep(0.050)  # the step on an accelerator
-        elif a.kind == "slow":
-            spin(1.0)  # a real model's step on the CPU
-        else:
-            spin(0.025)  # a step that computes on the CPU
-        n += 1
-        if n == a.warmup:
-            t0 = time.perf_counter()
-        if n == a.warmup + a.steps:
-            print(json.dumps({"samples_per_s": a.steps * 16 / (time.perf_counter() - t0)}))
-            sys.exit(0)
+    def train(kind, workers, steps=10**9, warmup=8):
+        \"\"\"The loop: samples/s over ``steps`` steps after ``warmup``.\"\"\"
+        loader = DataLoader(Items(kind), batch_size=16, shuffle=True, num_workers=workers,
+                            persistent_workers=workers > 0)
+        n, t0 = 0, None
+        for batch in loader:
+            if kind == "wait":
+                time.sleep(0.050)  # the step on an accelerator
+            elif kind == "slow":
+                spin(1.0)  # a real model's step on the CPU
+            else:
+                spin(0.025)  # a step that computes on the CPU
+            n += 1
+            if n == warmup:
+                t0 = time.perf_counter()
+            if n == warmup + steps:
+                return steps * 16 / (time.perf_counter() - t0)
+
+    if __name__ == "__main__":
+        p = argparse.ArgumentParser()
+        p.add_argument("kind")
+        p.add_argument("--workers", type=int, default=2)
+        p.add_argument("--steps", type=int, default=10**9)
+        p.add_argument("--warmup", type=int, default=8)
+        a = p.parse_args()
+        print(json.dumps({"samples_per_s": train(a.kind, a.workers, a.steps, a.warmup)}))
+    """
+)
+#: The truth's runner (written beside the script): the script's own loop at each setting in turns, in one
+#: process (each setting its own DataLoader, so its own workers, started at its first batch and not counted:
+#: the warm-up steps), what a plain run of the script at that setting does, without one interpreter start and
+#: torch import (~2.5 s) a run that no rate counts.
+TRUTH = textwrap.dedent(
+    """
+    import json, sys
+    from train import train
+
+    kind, rounds, steps, warmup, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
+    got = {w: [] for w in workers}
+    for r in range(rounds):
+        for w in workers if r % 2 == 0 else workers[::-1]:
+            got[w].append(train(kind, int(w), steps, warmup))
+    print(json.dumps(got))
     """
 )
 
@@ -134,15 +158,14 @@ TRUTH_WARMUP = {"slow": 2}
 def truth(
     script: Path, kind: str, rounds: int, steps: int, workers: tuple[int, ...] = WORKERS, warmup: int | None = None
 ) -> dict[int, list[float]]:
-    got: dict[int, list[float]] = {w: [] for w in workers}
+    """Samples/s of the script's own loop at each ``workers`` in turns, ``rounds`` rounds (:data:`TRUTH`)."""
+    runner = script.with_name("truth.py")
+    runner.write_text(TRUTH)
     steps = TRUTH_STEPS.get(kind, steps)
-    for r in range(rounds):
-        for w in workers if r % 2 == 0 else workers[::-1]:
-            cmd = [sys.executable, str(script), kind, "--workers", str(w), "--steps", str(steps)]
-            cmd += ["--warmup", str(warmup if warmup is not None else TRUTH_WARMUP.get(kind, 8))]
-            res = _run(cmd, _env(), timeout=600)
-            got[w].append(json.loads(res.stdout.strip().splitlines()[-1])["samples_per_s"])
-    return got
+    warm = warmup if warmup is not None else TRUTH_WARMUP.get(kind, 8)
+    cmd = [sys.executable, str(runner), kind, str(rounds), str(steps), str(warm), *map(str, workers)]
+    got = json.loads(_run(cmd, _env(), timeout=1800).stdout.strip().splitlines()[-1])
+    return {int(w): v for w, v in got.items()}
 
 
 def main() -> int:
