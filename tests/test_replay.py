@@ -618,6 +618,14 @@ def test_a_stage_working_on_threads_of_its_own_stands_in_with_helpers_not_a_slee
     tiny = _stage(t=0.8e-6, frac=0.9, cpu=0.1616e-3, harness=0.1427e-3)
     tiny["alternatives"]["thread"]["call_cpu_s"] = 0.77e-6
     assert plan_stand_ins([tiny])["s"].helper_s == 0.0
+    # a call that holds the GIL for most of its time (bench cpu_free's 0.2 ms spin, GIL 0.96: 0.26 ms on its
+    # calling thread, 0.68 ms of the process's, 0.26 the harness's): what is beyond is the GIL's hand-offs
+    spin = _stage(t=0.267e-3, frac=0.96, cpu=0.683e-3, harness=0.257e-3)
+    spin["alternatives"]["thread"]["call_cpu_s"] = 0.256e-3
+    assert plan_stand_ins([spin])["s"].helper_s == 0.0
+    # the same figures with the GIL let go (native code beside a pool of its own): helpers, as before
+    spin["gil_fraction"] = 0.02
+    assert plan_stand_ins([spin])["s"].helper_s == pytest.approx(0.17e-3)
 
 
 def test_a_stand_in_s_helpers_spend_its_cpu_on_other_threads_while_the_call_waits(monkeypatch):

@@ -422,8 +422,13 @@ def _own_cpu(
         # harness's own cost per item, which is read at another point and moves with the host's speed
         # (SPDL's pipeline_definitions: a 0.8 us call beside 0.14 ms of harness read 0.002-0.018 ms
         # "beyond" from run to run, and 4-12 spinning helper threads slowed its replay 25-30%)
+        # A call that holds the GIL for most of its time runs Python on its calling thread: the process's CPU
+        # beyond it is then the GIL's hand-offs with the harness's threads, which the no-op, holding it for no
+        # time, never pays (bench cpu_free's 0.2 ms spin, GIL 0.96: 0.17 ms "beyond", and its stand-in's
+        # helper thread took it to 1.46 ms a call in the replay against the real 0.21; the prediction -22%).
         beyond = cpu - harness - max(0.0, call_cpu)
-        if beyond >= 0.5 * max(t, harness):
+        frac = num_or_none(st.gil_fraction)
+        if beyond >= 0.5 * max(t, harness) and (frac is None or frac < 0.5):
             return own, beyond
     return own, 0.0
 
