@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 SCRIPTS = sorted(BENCH.glob("bench_*.py"))
 #: What else lives in benchmarks/ and is not a benchmark: the runner and the scripts the benchmarks run.
-HELPERS = {"run_all.py", "ddp_jpeg_train.py"}
+HELPERS = {"run_all.py", "ddp_jpeg_train.py", "ddp_truth.py"}
 #: Where real runs keep their figures and reports: a smoke run must leave them as they were.
 KEPT = (ROOT / "reports" / "benchmarks", ROOT / "reports" / "bench-runs")
 #: Seconds one script may take in --smoke: 0.2-70 s each on the loaded 2-core VM (bench_ranks the longest:
