@@ -403,10 +403,10 @@ def _call_time(t: float, curve: Sequence[StageSetting]) -> tuple[float, float | 
 
 
 def _own_cpu(
-    st: StageEntry, base: StageSetting, curve: Sequence[StageSetting], t: float, gc_s: float
+    st: StageEntry, base: StageSetting, curve: Sequence[StageSetting], t: float, gc_s: float, cores: float | None
 ) -> tuple[float | None, float]:
     """The stage's own CPU per call (None where nothing measured it), and the CPU of threads of its own
-    beyond it (0 where none)."""
+    beyond it (0 where none). ``cores``: the cores the run could use (None: not recorded)."""
     cpu, harness = num_or_none(base.cpu_s_per_item), num_or_none(base.harness_gil_s_per_item) or 0.0
     call_cpu = num_or_none(base.call_cpu_s)
     if call_cpu is None:
@@ -426,9 +426,14 @@ def _own_cpu(
         # beyond it is then the GIL's hand-offs with the harness's threads, which the no-op, holding it for no
         # time, never pays (bench cpu_free's 0.2 ms spin, GIL 0.96: 0.17 ms "beyond", and its stand-in's
         # helper thread took it to 1.46 ms a call in the replay against the real 0.21; the prediction -22%).
+        # Threads of its own work while its call runs, at most on every core the run has: CPU beyond that is
+        # not theirs but the harness's, read at another moment of the host's speed (bench mixed6's tag, a
+        # 4 us call, read 0.20 ms beyond in a sweep whose speed moved 2x: 55 helper threads, its stand-in
+        # 3.2 ms a call in the replay and the prediction -33%).
         beyond = cpu - harness - max(0.0, call_cpu)
         frac = num_or_none(st.gil_fraction)
-        if beyond >= 0.5 * max(t, harness) and (frac is None or frac < 0.5):
+        room = cores * t if cores is not None else float("inf")
+        if 0.5 * max(t, harness) <= beyond <= room and (frac is None or frac < 0.5):
             return own, beyond
     return own, 0.0
 
@@ -468,7 +473,7 @@ def _given(s: StageSetting | None) -> StageSetting | None:
     return s if s is not None and s.keys else None
 
 
-def _stand_in(st: StageEntry, speed_ns: float | None) -> StandIn | None:
+def _stand_in(st: StageEntry, speed_ns: float | None, cores: float | None = None) -> StandIn | None:
     rec = _given(st.recommended)
     t = num_or_none(st.stage_s_per_item)
     if not st.ok or rec is None or not rec.executor or t is None or t <= 0:
@@ -484,7 +489,7 @@ def _stand_in(st: StageEntry, speed_ns: float | None) -> StandIn | None:
     # The collections its allocations trigger: inside its calls' mean CPU, outside their
     # median time and outside the probed GIL share (the probe pauses the collector).
     gc_s = max(0.0, num_or_none(base.gc_s_per_item) or 0.0)
-    own, helper_s = _own_cpu(st, base, curve, t, gc_s)
+    own, helper_s = _own_cpu(st, base, curve, t, gc_s, cores)
     frac, note = _gil_share(st)
     if own is None:
         # no CPU reading: the GIL share of the time is all there is
@@ -575,15 +580,19 @@ def _stand_in(st: StageEntry, speed_ns: float | None) -> StandIn | None:
     )
 
 
-def plan_stand_ins(stages: list[StageEntry], speed_ns: dict[str, float] | None = None) -> dict[str, StandIn]:
+def plan_stand_ins(
+    stages: list[StageEntry], speed_ns: dict[str, float] | None = None, cores: float | None = None
+) -> dict[str, StandIn]:
     """Stand-ins for the measured stages of a summary (its entries), by name.
 
     ``speed_ns``: per stage, the core's speed while it was measured (the
     median of the speed probes after its points); a stage without one does
-    fixed CPU time instead of fixed work. Stages left out (not measured, no
+    fixed CPU time instead of fixed work. ``cores``: the cores the run could
+    use, which bound what a stage's own threads can do during its call (None:
+    not recorded, no bound). Stages left out (not measured, no
     per-call time, or yielding several items per input) run as themselves in
     the replay.
     """
     pipes = [st for st in stages if (st.type if "type" in st.keys else "pipe") == "pipe"]
-    made = (_stand_in(st, speed_ns.get(st.name) if speed_ns else None) for st in pipes)
+    made = (_stand_in(st, speed_ns.get(st.name) if speed_ns else None, cores) for st in pipes)
     return {s.name: s for s in made if s is not None}

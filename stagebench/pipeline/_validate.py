@@ -124,7 +124,7 @@ def replay_and_validate(
     settings are the recommended ones, the user's run is ``{"same": True}``: one run is both.
     """
     speeds = _stage_speeds(stage_speeds)
-    whole = _whole_runs(plan, settings, summary, plan_stand_ins(summary.stages, speeds))
+    whole = _whole_runs(plan, settings, summary, plan_stand_ins(summary.stages, speeds, summary.cores))
     if not whole.runs:  # no stage could be stood in, and no validation run
         return WholePipelines(replay=_no_replay(), validation=None, yours=None, cpu_speed=CpuReadings(stage_ns=speeds))
     _say_whole_runs(whole, say)
@@ -154,8 +154,8 @@ def replay_runner_up(
     (:meth:`JointReplays.choose`). A replay that cannot run is its ``error``; the pick is then kept."""
     speeds = _stage_speeds(stage_speeds)
     runs: dict[str, dict[str, StandIn] | None] = {
-        KEPT: plan_stand_ins(pick.stages, speeds),
-        RUNNER_UP: plan_stand_ins(runner_up.stages, speeds),
+        KEPT: plan_stand_ins(pick.stages, speeds, pick.cores),
+        RUNNER_UP: plan_stand_ins(runner_up.stages, speeds, runner_up.cores),
     }
     executors = dict(pick.joint.runner_up or {}) if pick.joint is not None else {}
     if not all(runs.values()):  # a replay with no stand-in would be the real pipeline: nothing to settle it with
