@@ -1060,3 +1060,21 @@ def test_two_ranks_read_each_ranks_time_per_item_not_the_hosts(kind, ms):
     assert b["gil_fraction"] == pytest.approx(a["gil_fraction"], abs=1e-9)
     assert b["classification"] == a["classification"]
     assert b["recommended"]["qps"] == pytest.approx(2 * a["recommended"]["qps"])  # the host's rate, as shown
+
+
+def test_a_process_stage_s_ipc_is_the_median_of_ceiling_pairs_at_the_same_concurrency():
+    """The main process's cost of moving an item to a worker and back is the same at every concurrency; each
+    pair of no-op ceilings differs by the host's speed between its readings (gil_mix: 0.13-0.24 ms at most
+    levels, -0.02 at one). The process ceiling at 1 waits on the round trip: not a pair."""
+    rows = model_rows("s", gil_ms=1.0, wait_ms=2.0, harness="spdl", ceiling=False)
+    thread_ms = {1: 0.26, 2: 0.35, 4: 0.39, 8: 0.43}
+    process_ms = {1: 0.67, 2: 0.50, 4: 0.52, 8: 0.41}
+    ceilings = [
+        row("s", ex, c, 1e3 / ms, role="ceiling", harness="spdl", cores_used=1.2, cpu_s_per_item=1.2 * ms / 1e3)
+        for ex, table in (("thread", thread_ms), ("process", process_ms))
+        for c, ms in table.items()
+    ]
+    st = analyzed(pd.concat([rows, pd.DataFrame(ceilings)], ignore_index=True), cores=2)
+    # pairs from 2: 0.15, 0.13, -0.02 ms; their median
+    assert st["alternatives"]["process"]["ipc_s_per_item"] == pytest.approx(0.13e-3)
+    assert "ipc_s_per_item" not in st["alternatives"]["thread"]

@@ -196,6 +196,10 @@ def test_process_stand_in_keeps_the_work_off_the_main_gil_and_charges_the_ipc():
     native = plan_stand_ins([_stage(executor="process", proc_harness=0.9e-3, frac=0.2)])["s"]
     assert native.free_s == pytest.approx(1.5e-3)
     assert native.python_free_s == pytest.approx(0.6e-3)  # 0.2 of its 3 ms: the rest is native work
+    # the analysis's own reading of the cost, from pairs of ceilings at the same concurrency, where it kept one
+    kept = _stage(executor="process", proc_harness=0.9e-3)
+    kept["alternatives"]["process"]["ipc_s_per_item"] = 0.15e-3
+    assert plan_stand_ins([kept])["s"].gil_s == pytest.approx(0.15e-3)
 
 
 def test_unmeasured_and_non_pipe_stages_run_as_themselves():

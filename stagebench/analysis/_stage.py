@@ -9,6 +9,7 @@ preferred where measured (what the user's pipeline can deliver).
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import pandas as pd
@@ -286,6 +287,7 @@ def _at_recommended(
             gc_full_s_per_item=_own_gc(sr, harness, e, p, "gc_full_s_per_item"),
             gc_young_per_item=_own_gc(sr, harness, e, p, "gc_young_per_item"),
             harness_gil_s_per_item=_main_gil_overhead(sr, harness, e, p.concurrency),
+            **({"ipc_s_per_item": _ipc_s(sr, harness)} if e == "process" else {}),
         )
         for e, p in bests.items()
     }
@@ -328,6 +330,24 @@ def _explain(
         f"{src.q(recommended.qps or 0.0)} items/s ({unit}{recommended.why})"
     )
     return (*summary, *problems)
+
+
+def _ipc_s(sr: StageRows, harness: str) -> float | None:
+    """The main process's cost of moving an item to a process worker and back, beyond the thread harness's.
+
+    The process no-op ceiling's time per item less the thread one's at the same concurrency, the median over
+    the concurrencies from 2 where both measured: the cost is the same at every concurrency (each item is
+    pickled and unpickled once each way), while each pair differs by the host's speed between two short
+    readings (gil_mix on the 2-core VM: 0.13-0.24 ms at most levels, -0.02 at one, and the stand-in took 0 to
+    0.30 from one pair chosen by the stage's own best points). At 1 a process ceiling waits on each round
+    trip, which the main process does not spend. None: no pair measured.
+    """
+    pairs = []
+    for c in sr.ceiling_levels(harness, "process"):
+        proc, thread = sr.ceiling(harness, "process", c), sr.ceiling(harness, "thread", c)
+        if c >= 2 and proc is not None and thread is not None:
+            pairs.append(harness_gil_s(proc) - harness_gil_s(thread))
+    return max(0.0, statistics.median(pairs)) if pairs else None
 
 
 def _main_gil_overhead(sr: StageRows, harness: str, executor: str, concurrency: int) -> float:

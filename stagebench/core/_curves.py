@@ -216,6 +216,11 @@ class StageRows:
         c = self._ceilings.get((harness, executor))
         return c.at(concurrency) if c else None
 
+    def ceiling_levels(self, harness: str, executor: str) -> list[int]:
+        """The concurrencies at which the no-op ceiling of ``harness``/``executor`` measured."""
+        c = self._ceilings.get((harness, executor))
+        return c.levels if c else []
+
     def paired_rows(self, harness: str) -> pd.DataFrame:
         """The head-to-head windows of ``harness`` (role ``paired``, any status), in measuring order."""
         return self._paired[self._paired["harness"] == harness]

@@ -112,6 +112,9 @@ class StageSetting(ReadIfGiven):
     gc_full_s_per_item: float | None = None
     gc_young_per_item: float | None = None
     harness_gil_s_per_item: float | None = None
+    #: a process alternative's: the main process's cost of moving an item to a worker and back, beyond
+    #: what the thread harness costs (None: not a process setting, or no pair of ceilings read)
+    ipc_s_per_item: float | None = None
     cores_used: float | None = None
     latency_p50_ms: float | None = None
     keys: tuple[str, ...] = field(default=(), compare=False, repr=False)

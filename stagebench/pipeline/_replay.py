@@ -537,8 +537,10 @@ def _stand_in(st: StageEntry, speed_ns: float | None, cores: float | None = None
         note = "; ".join(x for x in (note, f"{helper_s * 1e3:.3g} ms a call on {helpers} thread(s) of its own") if x)
     if ex == "process":
         proc = _given(alts.get("process")) or StageSetting()
-        harness = num_or_none(base.harness_gil_s_per_item) or 0.0
-        ipc = max(0.0, (num_or_none(proc.harness_gil_s_per_item) or 0.0) - harness)
+        ipc = num_or_none(proc.ipc_s_per_item)
+        if ipc is None:  # a summary from before it was kept: the two ceilings at the two best points
+            harness = num_or_none(base.harness_gil_s_per_item) or 0.0
+            ipc = max(0.0, (num_or_none(proc.harness_gil_s_per_item) or 0.0) - harness)
         return StandIn(
             st.name,
             ex,
