@@ -61,3 +61,11 @@ def test_a_missing_section_reads_as_its_defaults():
     assert s.recommended_vs_yours.verdict is None and s.recommended_vs_yours.versus_yours is None
     assert s.demand.text is None and s.cpu_speed is None and s.search is None
     assert s.warnings == () and s.findings == [] and s.stages == []
+
+
+def test_a_quota_s_fraction_of_a_core_reads_as_the_cores_the_run_had():
+    """A cgroup quota of 1.5 cores is the summary's ``cores``: the replay bounds a stage's own threads by it
+    (it read None where only an int counted, and the bound fell away)."""
+    assert Summary.from_json({"kind": "pipeline", "cores": 1.5}).cores == 1.5
+    assert Summary.from_json({"kind": "pipeline", "cores": 2}).cores == 2
+    assert Summary.from_json({"kind": "pipeline", "cores": "2"}).cores is None

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from stagebench.model._finding import Finding
 from stagebench.model._job import JobVerdict, StepAlone
-from stagebench.model._json import Coercions, Read, filled, integer, mapping, text, texts
+from stagebench.model._json import Coercions, Read, filled, integer, mapping, number, text, texts
 from stagebench.model._loader import LoaderPoint, WorkerCosts
 from stagebench.model._meta import LoaderInfo, Provenance, RunSettings
 from stagebench.model._pipeline import CpuSpeed, Demand, Joint, Prediction, Search, VersusYours, WholeRun
@@ -46,7 +46,7 @@ class Summary(Read):
     findings: list[Finding] = field(default_factory=list)
     stagebench_version: str | None = None
     schema_version: int | None = None
-    cores: int | None = None
+    cores: int | float | None = None
     prediction: Prediction = field(default_factory=Prediction)
     validation: WholeRun = field(default_factory=WholeRun)
     recommended_vs_yours: VersusYours = field(default_factory=VersusYours)
@@ -91,7 +91,8 @@ class Summary(Read):
         "validation_failed": text,
         "fallback": bool,
         "points": lambda v: [LoaderPoint.from_json(x) for x in _list(v)],
-        **dict.fromkeys(("schema_version", "cores"), integer),
+        "schema_version": integer,
+        "cores": number,  # a quota's share is a fraction of a core (1.5)
         "job": JobVerdict.from_json,
         "trainer": StepAlone.from_json,
         "provenance": filled(Provenance.from_json),
