@@ -20,8 +20,8 @@ def _entries(stages):
     return [StageEntry.from_json(st) for st in stages]
 
 
-def plan_stand_ins(stages):  # the entries as summary.json holds them
-    return _plan_stand_ins(_entries(stages))
+def plan_stand_ins(stages, cores=None):  # the entries as summary.json holds them
+    return _plan_stand_ins(_entries(stages), cores=cores)
 
 
 @pytest.fixture(autouse=True)
@@ -638,14 +638,15 @@ def test_cpu_beyond_what_the_cores_could_do_during_a_call_is_not_the_stage_s_thr
     own could do at most 8 us of it during the call: no helpers (it had 55, and the prediction read -33%)."""
     tag = _stage(t=4e-6, frac=0.01, cpu=0.50e-3, harness=0.30e-3)
     tag["alternatives"]["thread"]["call_cpu_s"] = 3.6e-6
-    assert _plan_stand_ins(_entries([tag]), cores=2)["s"].helper_s == 0.0
-    assert _plan_stand_ins(_entries([tag]), cores=2)["s"].helpers == 1
+    s = plan_stand_ins([tag], cores=2)["s"]
+    assert s.helper_s == 0.0
+    assert s.helpers == 1
     # a decoder's pool inside a 4.1 ms call on 2 cores: 4.1 ms beyond fits the cores, and stays
     pool = _stage(t=4.1e-3, frac=0.02, cpu=4.5e-3, harness=0.3e-3)
     pool["alternatives"]["thread"]["call_cpu_s"] = 0.07e-3
-    assert _plan_stand_ins(_entries([pool]), cores=2)["s"].helper_s == pytest.approx(4.13e-3)
+    assert plan_stand_ins([pool], cores=2)["s"].helper_s == pytest.approx(4.13e-3)
     # the same on one core: more than the one core could do while the call ran
-    assert _plan_stand_ins(_entries([pool]), cores=1)["s"].helper_s == 0.0
+    assert plan_stand_ins([pool], cores=1)["s"].helper_s == 0.0
 
 
 def test_a_stand_in_s_helpers_spend_its_cpu_on_other_threads_while_the_call_waits(monkeypatch):

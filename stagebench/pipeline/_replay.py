@@ -538,7 +538,7 @@ def _stand_in(st: StageEntry, speed_ns: float | None, cores: float | None = None
     if ex == "process":
         proc = _given(alts.get("process")) or StageSetting()
         ipc = num_or_none(proc.ipc_s_per_item)
-        if ipc is None:  # a summary from before it was kept: the two ceilings at the two best points
+        if ipc is None:  # no pair of ceilings at one concurrency: the two at the stage's two best points
             harness = num_or_none(base.harness_gil_s_per_item) or 0.0
             ipc = max(0.0, (num_or_none(proc.harness_gil_s_per_item) or 0.0) - harness)
         return StandIn(
