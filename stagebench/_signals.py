@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-__all__ = ["Signalled", "on_sigterm", "raise_if_signalled", "ignore_sigterm", "signals"]
+__all__ = ["Signalled", "on_sigterm", "raise_if_signalled", "ignore_sigterm", "ending", "signals"]
 
 
 def signals() -> ModuleType:
@@ -61,6 +61,9 @@ class on_sigterm:  # lower case: used as a function, `with on_sigterm():`
     @staticmethod
     def _raise(signum: int, frame: Any) -> None:
         Signalled.kind = Terminated
+        signal = signals()
+        # the run is ending: a second SIGTERM may not cut its saving short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated()
 
     @staticmethod
@@ -91,3 +94,17 @@ def ignore_sigterm() -> None:
     if _main_thread():
         signal = signals()
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def ending() -> None:
+    """The run is ending by an interrupt (Ctrl-C, SIGTERM, a rank lost) and writes what it measured: from
+    here on SIGTERM does nothing, so a second one cannot cut that short. Under torch's launcher it comes as a
+    matter of course: a rank that sees another rank gone ends by :class:`RankLost`, and the launcher, seeing
+    that rank's exit, terminates the rest a moment later. A second Ctrl-C still stops the process.
+
+    Only inside :class:`on_sigterm`, whose exit puts the handler before it back: a library call that ends
+    by Ctrl-C leaves the caller's SIGTERM as it was."""
+    if _main_thread():
+        signal = signals()
+        if signal.getsignal(signal.SIGTERM) is on_sigterm._raise:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)

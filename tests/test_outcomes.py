@@ -355,6 +355,37 @@ def test_ctrl_c_during_a_loader_sweep_keeps_rows_writes_a_report_and_says_where(
     assert f"a report of them: {out / 'report.html'}" in last
 
 
+def test_sigterms_while_an_interrupted_loader_sweep_saves_do_not_cut_the_saving_short(tmp_path):
+    """Ctrl-C, then SIGTERM after SIGTERM while the rows are saved: under torch's launcher a rank that saw
+    another rank go ends by that, and the launcher terminates it a moment later. The run still ends as the
+    first interrupt said, with its status, summary and report written (a status left at "running" was seen)."""
+    (tmp_path / "train.py").write_text(SWEEP_SCRIPT)
+    out = tmp_path / "run"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "stagebench", "diagnose", "--out", str(out), "train.py"],
+        cwd=tmp_path,
+        env=_env(STAGEBENCH_BUDGET_S="1", STAGEBENCH_TIMEOUT_S="20"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+    )
+    csv = out / "results.csv"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (csv.exists() and len(csv.read_text().splitlines()) > 2):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    for _ in range(10):  # the saving (the summary, pandas and the report) takes longer than these 0.3 s
+        time.sleep(0.03)
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == INTERRUPTED.exit_code, err[-2000:]
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "interrupted"
+    assert (out / "report.html").is_file() and (out / "summary.json").is_file()
+
+
 @pytest.mark.parametrize("rows_before", [2, 5, -1])
 def test_ctrl_c_during_a_pipeline_diagnosis_keeps_rows_writes_a_report_and_says_where(tmp_path, rows_before):
     """SIGINT at three moments of a diagnosis (early in the sweeps, later, and in the whole-pipeline runs)."""

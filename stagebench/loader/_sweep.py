@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from stagebench._errors import RankLost, Terminated
+from stagebench._signals import ending
 from stagebench.analysis._loader import summarize_loader
 from stagebench.core._progress import Progress
 from stagebench.core._ranks import alone, leading
@@ -247,6 +248,7 @@ def _search(sw: _Sweep, run: _Run) -> KeyboardInterrupt | None:
             else:
                 stops = _adaptive(sw, run.levels)
     except KeyboardInterrupt as e:
+        ending()
         interrupted = _rank_lost(e)
     finally:
         sw.held.close(hung=interrupted is not None)  # on Ctrl-C, without waiting for the workers
@@ -286,6 +288,7 @@ def _measure_beside(sw: _Sweep, run: _Run) -> KeyboardInterrupt | None:
         if sw.cfg.transforms:
             _transforms_into(sw, run)
     except KeyboardInterrupt as e:
+        ending()
         run.meta["search"]["interrupted"] = True
         return _rank_lost(e)
     return None
@@ -327,15 +330,22 @@ def _close_run(run: _Run, interrupted: KeyboardInterrupt | None, progress: Any) 
     meta["provenance_after"] = collect_provenance()
     meta["status"] = interrupted_outcome(interrupted).status if interrupted is not None else "running"
     rd.write_meta(meta)
-    rows = read_rows(rd.results_csv)
-    summary = summarize_loader(rows, meta)
-    unwritten = None
     try:
-        rd.write_summary(summary)
-    except OSError as e:
-        unwritten = f"summary.json not written: {type(e).__name__}: {e}"
-    # the report of what was measured: after an interrupt too, from the rows kept
-    unwritten = unwritten or _write_report(rd.path, progress)
+        rows = read_rows(rd.results_csv)
+        summary = summarize_loader(rows, meta)
+        unwritten = None
+        try:
+            rd.write_summary(summary)
+        except OSError as e:
+            unwritten = f"summary.json not written: {type(e).__name__}: {e}"
+        # the report of what was measured: after an interrupt too, from the rows kept
+        unwritten = unwritten or _write_report(rd.path, progress)
+    except KeyboardInterrupt as e:  # while closing: the run ends by it, and run.json says so, not "running"
+        ending()
+        cut = interrupted or _rank_lost(e)
+        meta["status"] = interrupted_outcome(cut).status
+        rd.write_meta(meta)
+        raise cut from None
     if interrupted is None:
         meta["status"] = (
             PARTIAL.status if unwritten else FAILED.status if summary.get("recommended") is None else COMPLETE.status

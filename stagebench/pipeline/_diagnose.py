@@ -42,7 +42,7 @@ from stagebench._memory import (
     quieted,
 )
 from stagebench._settings import SettingsError
-from stagebench._signals import on_sigterm, raise_if_signalled
+from stagebench._signals import ending, on_sigterm, raise_if_signalled
 from stagebench._spdl_private import MODE_VAR
 from stagebench.core._mirror import mirror
 from stagebench.core._progress import Progress
@@ -234,6 +234,7 @@ class _Diagnosis:
         try:
             return self._run()
         except KeyboardInterrupt as e:
+            ending()  # a rank lost, then torch's launcher's SIGTERM a moment later: the saving goes on
             run.meta["status"] = interrupted_outcome(e).status
             run.write_meta()
             report_what_was_kept(run, self.write_report)
