@@ -686,3 +686,20 @@ def test_a_stage_measured_fused_stands_in_with_its_own_cpu_and_no_wait():
     assert "measured fused with decode, batch" in s.note
     alone = plan_stand_ins([_stage(t=28e-3, frac=0.9, cpu=1.1e-3, harness=0.2e-3)])["s"]
     assert alone.wait_s > 20e-3  # the same figures, not fused: a stage that waits
+
+
+def test_a_fused_stage_whose_time_left_is_below_its_cpu_stands_in_with_its_cpu():
+    """SPDL's convert again, the other way: its time left by the subtraction (floored at 1% of the fused
+    call) was 0.013 ms beside 0.13 ms of CPU read on its own thread inside the call, and its stand-in did
+    0.013 ms a call against 0.14 ms in the pipeline. A call lasts at least its CPU: the stand-in does it all."""
+    st = {**_stage(t=0.013e-3, frac=1.0, cpu=0.5e-3, harness=0.2e-3), "fused_chain": ["decode", "batch"]}
+    st["alternatives"]["thread"]["call_cpu_s"] = 0.13e-3
+    s = plan_stand_ins([st])["s"]
+    assert s.wait_s == 0.0
+    assert s.gil_s + s.free_s == pytest.approx(0.13e-3)
+    assert s.gil_s == pytest.approx(0.13e-3)  # all of it GIL-held, at its GIL share of 1
+    # not fused, the same time is a reading of its own: the CPU stays within it
+    alone = {**_stage(t=0.013e-3, frac=1.0, cpu=0.5e-3, harness=0.2e-3)}
+    alone["alternatives"]["thread"]["call_cpu_s"] = 0.13e-3
+    a = plan_stand_ins([alone])["s"]
+    assert a.gil_s + a.free_s == pytest.approx(0.013e-3)
