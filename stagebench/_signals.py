@@ -61,9 +61,7 @@ class on_sigterm:  # lower case: used as a function, `with on_sigterm():`
     @staticmethod
     def _raise(signum: int, frame: Any) -> None:
         Signalled.kind = Terminated
-        signal = signals()
-        # the run is ending: a second SIGTERM may not cut its saving short
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_sigterm()  # the run is ending: a second SIGTERM may not cut its saving short
         raise Terminated()
 
     @staticmethod
@@ -104,7 +102,6 @@ def ending() -> None:
 
     Only inside :class:`on_sigterm`, whose exit puts the handler before it back: a library call that ends
     by Ctrl-C leaves the caller's SIGTERM as it was."""
-    if _main_thread():
-        signal = signals()
-        if signal.getsignal(signal.SIGTERM) is on_sigterm._raise:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal = signals()
+    if signal.getsignal(signal.SIGTERM) is on_sigterm._raise:
+        ignore_sigterm()

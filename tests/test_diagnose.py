@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from _machine import free_cores
-from _signals import default_sigint
+from _signals import start_interruptible, wait_for_rows
 from spdl.pipeline import PipelineBuilder
 
 from stagebench._settings import SettingsError
@@ -1112,19 +1112,9 @@ def test_ctrl_c_or_sigterm_keeps_the_rows_and_exits(tmp_path, sig, code, says, s
         STAGEBENCH_HARNESSES="direct",
         STAGEBENCH_BUDGET_S="1",
     )
-    p = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--marker", str(tmp_path / "m")],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=default_sigint,
-    )
+    p = start_interruptible([sys.executable, str(SCRIPT), "--marker", str(tmp_path / "m")], cwd=tmp_path, env=env)
     csv = out / "results.csv"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not csv.exists() or len(csv.read_text().splitlines()) < 3):
-        time.sleep(0.1)
+    wait_for_rows(csv, 2)
     n_before = len(csv.read_text().splitlines())
     p.send_signal(sig)
     t0 = time.monotonic()

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _signals import default_sigint
+from _signals import start_interruptible, wait_for_rows
 
 from stagebench._cli import main
 from stagebench.runs._outcome import FAILED, INTERRUPTED, OUTCOMES, PARTIAL
@@ -321,28 +321,20 @@ SWEEP_SCRIPT = textwrap.dedent(
 )
 
 
+def _start_loader_sweep(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """``stagebench diagnose`` of :data:`SWEEP_SCRIPT`, started as from a terminal; (the process, its run dir)."""
+    (tmp_path / "train.py").write_text(SWEEP_SCRIPT)
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "stagebench", "diagnose", "--out", str(out), "train.py"]
+    return start_interruptible(argv, cwd=tmp_path, env=_env(STAGEBENCH_BUDGET_S="1", STAGEBENCH_TIMEOUT_S="20")), out
+
+
 @pytest.mark.parametrize("rows_before", [0, 2, 4])
 def test_ctrl_c_during_a_loader_sweep_keeps_rows_writes_a_report_and_says_where(tmp_path, rows_before):
     """SIGINT at three moments of a loader sweep: status interrupted, the rows, a report of them, and a line
     naming both."""
-    (tmp_path / "train.py").write_text(SWEEP_SCRIPT)
-    out = tmp_path / "run"
-    p = subprocess.Popen(
-        [sys.executable, "-m", "stagebench", "diagnose", "--out", str(out), "train.py"],
-        cwd=tmp_path,
-        env=_env(STAGEBENCH_BUDGET_S="1", STAGEBENCH_TIMEOUT_S="20"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=default_sigint,
-    )
-    csv = out / "results.csv"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        n = len(csv.read_text().splitlines()) - 1 if csv.exists() else -1
-        if n >= rows_before:
-            break
-        time.sleep(0.05)
+    p, out = _start_loader_sweep(tmp_path)
+    wait_for_rows(out / "results.csv", rows_before)
     time.sleep(0.2)  # inside the next point
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
@@ -359,21 +351,8 @@ def test_sigterms_while_an_interrupted_loader_sweep_saves_do_not_cut_the_saving_
     """Ctrl-C, then SIGTERM after SIGTERM while the rows are saved: under torch's launcher a rank that saw
     another rank go ends by that, and the launcher terminates it a moment later. The run still ends as the
     first interrupt said, with its status, summary and report written (a status left at "running" was seen)."""
-    (tmp_path / "train.py").write_text(SWEEP_SCRIPT)
-    out = tmp_path / "run"
-    p = subprocess.Popen(
-        [sys.executable, "-m", "stagebench", "diagnose", "--out", str(out), "train.py"],
-        cwd=tmp_path,
-        env=_env(STAGEBENCH_BUDGET_S="1", STAGEBENCH_TIMEOUT_S="20"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=default_sigint,
-    )
-    csv = out / "results.csv"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (csv.exists() and len(csv.read_text().splitlines()) > 2):
-        time.sleep(0.05)
+    p, out = _start_loader_sweep(tmp_path)
+    wait_for_rows(out / "results.csv", 2)
     p.send_signal(signal.SIGINT)
     for _ in range(10):  # the saving (the summary, pandas and the report) takes longer than these 0.3 s
         time.sleep(0.03)
@@ -391,7 +370,7 @@ def test_ctrl_c_during_a_pipeline_diagnosis_keeps_rows_writes_a_report_and_says_
     """SIGINT at three moments of a diagnosis (early in the sweeps, later, and in the whole-pipeline runs)."""
     script = Path(__file__).resolve().parent / "scripts" / "diag_train.py"
     out = tmp_path / "run"
-    p = subprocess.Popen(
+    p = start_interruptible(
         [sys.executable, str(script), "--marker", str(tmp_path / "m")],
         cwd=tmp_path,
         env=_env(
@@ -407,16 +386,11 @@ def test_ctrl_c_during_a_pipeline_diagnosis_keeps_rows_writes_a_report_and_says_
             SPDL_PIPELINE_DIAGNOSTIC_MODE_NUM_ITEMS="40",
         ),
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=default_sigint,
     )
     deadline = time.monotonic() + 180
-    csv = out / "results.csv"
     said = ""
     if rows_before >= 0:
-        while time.monotonic() < deadline and (not csv.exists() or len(csv.read_text().splitlines()) - 1 < rows_before):
-            time.sleep(0.05)
+        wait_for_rows(out / "results.csv", rows_before, timeout=180)
     else:
         # The whole-pipeline runs, by the line that starts them: three runs of 0.5 s warm-up and 3 s of
         # counting follow it. A wait on time alone (for run.json's CPU speed, then 0.5 s) let a loaded

@@ -248,7 +248,6 @@ def _search(sw: _Sweep, run: _Run) -> KeyboardInterrupt | None:
             else:
                 stops = _adaptive(sw, run.levels)
     except KeyboardInterrupt as e:
-        ending()
         interrupted = _rank_lost(e)
     finally:
         sw.held.close(hung=interrupted is not None)  # on Ctrl-C, without waiting for the workers
@@ -266,7 +265,9 @@ def _search(sw: _Sweep, run: _Run) -> KeyboardInterrupt | None:
 
 def _rank_lost(e: KeyboardInterrupt) -> KeyboardInterrupt:
     """The interrupt as the run ends by it: SIGTERM where a rank of a ranked sweep is gone is that rank lost
-    (torch's launcher terminates the others once one rank ended with a code other than 0)."""
+    (torch's launcher terminates the others once one rank ended with a code other than 0). From here on the
+    run is ending, and a further SIGTERM does nothing (:func:`stagebench._signals.ending`)."""
+    ending()
     group = leading()
     if isinstance(e, Terminated) and group is not None:
         try:
@@ -288,7 +289,6 @@ def _measure_beside(sw: _Sweep, run: _Run) -> KeyboardInterrupt | None:
         if sw.cfg.transforms:
             _transforms_into(sw, run)
     except KeyboardInterrupt as e:
-        ending()
         run.meta["search"]["interrupted"] = True
         return _rank_lost(e)
     return None
@@ -341,7 +341,6 @@ def _close_run(run: _Run, interrupted: KeyboardInterrupt | None, progress: Any) 
         # the report of what was measured: after an interrupt too, from the rows kept
         unwritten = unwritten or _write_report(rd.path, progress)
     except KeyboardInterrupt as e:  # while closing: the run ends by it, and run.json says so, not "running"
-        ending()
         cut = interrupted or _rank_lost(e)
         meta["status"] = interrupted_outcome(cut).status
         rd.write_meta(meta)
